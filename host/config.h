@@ -1,0 +1,147 @@
+/* Run configuration: one table of keys with types and defaults, loaded from
+ * YAML (libyaml) and then `key=value` overrides. configs/base.yml lists every
+ * key with its default; cfg_defaults() and base.yml must agree (tested). */
+#ifndef MESHRUN_CONFIG_H
+#define MESHRUN_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CFG_MAX_LIST 64
+#define CFG_STR 256
+
+/* Mesh axes in MaxText order (DESIGN §3). */
+enum mesh_axis {
+	AX_DATA, AX_STAGE, AX_FSDP, AX_FSDP_T, AX_SEQUENCE, AX_CONTEXT,
+	AX_TENSOR, AX_TENSOR_T, AX_EXPERT, AX_COUNT
+};
+extern const char *const mesh_axis_names[AX_COUNT];
+
+struct cfg_list {
+	int n;
+	char item[CFG_MAX_LIST][CFG_STR];
+};
+
+/* X(type, name, default-as-string, help). Types: INT, FLOAT, BOOL, STR, LIST.
+ * `hash` = 0 marks keys that may differ between hosts (not in config hash). */
+#define CFG_KEYS(X) \
+	/* --- cluster --- */ \
+	X(STR,   coordinator_address, "127.0.0.1:7000", 1, "host:port of host 0's rendezvous listener") \
+	X(LIST,  hosts, "", 1, "per-host data addresses host:port (index = host id); empty: 127.0.0.1 with ports after coordinator's") \
+	X(STR,   certs_dir, "certs", 0, "directory with ca.pem, host<N>.pem, host<N>.key (deploy/gen-certs.sh)") \
+	X(FLOAT, heartbeat_interval_s, "0.5", 1, "seconds between heartbeats on every link") \
+	X(FLOAT, heartbeat_timeout_s, "10", 1, "a peer silent this long is dead") \
+	X(FLOAT, connect_timeout_s, "30", 1, "rendezvous and link set-up deadline") \
+	X(FLOAT, collective_timeout_s, "600", 1, "deadline for one collective") \
+	X(INT,   segment_bytes, "1048576", 1, "ring segment size in bytes") \
+	X(INT,   max_frame_bytes, "67108864", 1, "largest frame payload accepted") \
+	/* --- mesh (DESIGN §3); -1 = fill in --- */ \
+	X(INT, ici_data_parallelism, "1", 1, "") \
+	X(INT, ici_pipeline_parallelism, "1", 1, "") \
+	X(INT, ici_fsdp_parallelism, "1", 1, "") \
+	X(INT, ici_fsdp_transpose_parallelism, "1", 1, "") \
+	X(INT, ici_sequence_parallelism, "1", 1, "") \
+	X(INT, ici_context_parallelism, "1", 1, "") \
+	X(INT, ici_tensor_parallelism, "1", 1, "") \
+	X(INT, ici_tensor_transpose_parallelism, "1", 1, "") \
+	X(INT, ici_expert_parallelism, "1", 1, "") \
+	X(INT, dcn_data_parallelism, "1", 1, "") \
+	X(INT, dcn_pipeline_parallelism, "1", 1, "") \
+	X(INT, dcn_fsdp_parallelism, "1", 1, "") \
+	X(INT, dcn_fsdp_transpose_parallelism, "1", 1, "") \
+	X(INT, dcn_sequence_parallelism, "1", 1, "") \
+	X(INT, dcn_context_parallelism, "1", 1, "") \
+	X(INT, dcn_tensor_parallelism, "1", 1, "") \
+	X(INT, dcn_tensor_transpose_parallelism, "1", 1, "") \
+	X(INT, dcn_expert_parallelism, "1", 1, "") \
+	/* --- model (MaxText names) --- */ \
+	X(INT,   base_emb_dim, "256", 1, "d_model") \
+	X(INT,   base_num_query_heads, "4", 1, "") \
+	X(INT,   base_num_kv_heads, "4", 1, "grouped-query heads (divides query heads)") \
+	X(INT,   head_dim, "0", 1, "0: base_emb_dim / base_num_query_heads") \
+	X(INT,   base_mlp_dim, "704", 1, "SwiGLU hidden size of dense layers") \
+	X(INT,   base_num_decoder_layers, "2", 1, "") \
+	X(INT,   vocab_size, "256", 1, "byte-level tokens: 256") \
+	X(INT,   max_target_length, "128", 1, "sequence length") \
+	X(FLOAT, normalization_layer_epsilon, "1e-05", 1, "RMSNorm epsilon") \
+	X(FLOAT, rope_max_timescale, "10000", 1, "RoPE theta") \
+	X(BOOL,  logits_via_embedding, "false", 1, "tie output projection to the embedding") \
+	X(INT,   num_experts, "1", 1, "1: dense model") \
+	X(INT,   num_experts_per_tok, "1", 1, "top-k") \
+	X(INT,   first_num_dense_layers, "0", 1, "leading dense layers of an MoE model") \
+	X(INT,   shared_experts, "0", 1, "shared experts per MoE layer") \
+	X(INT,   base_moe_mlp_dim, "0", 1, "hidden size of one expert (0: base_mlp_dim)") \
+	X(STR,   routed_score_func, "softmax", 1, "softmax | sigmoid") \
+	X(BOOL,  routed_bias, "false", 1, "sigmoid router selection bias (e_score_correction_bias)") \
+	X(FLOAT, routed_bias_update_rate, "0", 1, "DeepSeek aux-loss-free bias update speed (0: off)") \
+	X(FLOAT, routed_scaling_factor, "1", 1, "") \
+	X(BOOL,  norm_topk_prob, "true", 1, "renormalise the top-k weights") \
+	X(FLOAT, load_balance_loss_weight, "0.01", 1, "") \
+	X(FLOAT, init_std, "0.02", 1, "") \
+	X(INT,   init_weights_seed, "0", 1, "") \
+	/* --- training --- */ \
+	X(INT,   per_device_batch_size, "4", 1, "") \
+	X(INT,   steps, "20", 1, "") \
+	X(STR,   opt_type, "adamw", 1, "adamw | muon") \
+	X(FLOAT, learning_rate, "0.003", 1, "peak learning rate") \
+	X(FLOAT, warmup_steps_fraction, "0.1", 1, "") \
+	X(FLOAT, cosine_learning_rate_final_fraction, "0.1", 1, "") \
+	X(INT,   learning_rate_schedule_steps, "-1", 1, "-1: steps") \
+	X(FLOAT, adam_b1, "0.9", 1, "") \
+	X(FLOAT, adam_b2, "0.95", 1, "") \
+	X(FLOAT, adam_eps, "1e-08", 1, "") \
+	X(FLOAT, adam_weight_decay, "0.1", 1, "") \
+	X(FLOAT, muon_momentum, "0.95", 1, "") \
+	X(FLOAT, gradient_clipping_threshold, "1", 1, "0: off") \
+	X(STR,   dataset_type, "synthetic", 1, "synthetic | text") \
+	X(STR,   dataset_path, "", 1, "text file for dataset_type=text") \
+	X(INT,   data_shuffle_seed, "0", 1, "") \
+	X(INT,   log_period, "1", 1, "") \
+	X(INT,   checkpoint_period, "0", 1, "0: only at the end when --checkpoint-dir is given") \
+	X(INT,   openblas_threads, "0", 0, "0: cores / devices on this host")
+
+enum cfg_type { CFG_T_INT, CFG_T_FLOAT, CFG_T_BOOL, CFG_T_STR, CFG_T_LIST };
+
+#define CFG_CTYPE_INT   long long
+#define CFG_CTYPE_FLOAT double
+#define CFG_CTYPE_BOOL  bool
+#define CFG_CTYPE_STR   char
+#define CFG_CTYPE_LIST  struct cfg_list
+#define CFG_ARR_INT
+#define CFG_ARR_FLOAT
+#define CFG_ARR_BOOL
+#define CFG_ARR_STR     [CFG_STR]
+#define CFG_ARR_LIST
+
+struct cfg {
+#define CFG_FIELD(t, name, def, hash, help) CFG_CTYPE_##t name CFG_ARR_##t;
+	CFG_KEYS(CFG_FIELD)
+#undef CFG_FIELD
+	/* derived by cfg_finish() */
+	int ici[AX_COUNT], dcn[AX_COUNT];
+	int num_hosts, devices_per_host;
+};
+
+/* Fills every key with its default. */
+void cfg_defaults(struct cfg *c);
+/* Loads a YAML file over c (keys it names replace what c holds); a key
+ * `base_config: FILE` loads FILE (relative to this file) first. 0 or -errno,
+ * detail in err. */
+int cfg_load_file(struct cfg *c, const char *path, char *err, size_t errlen);
+/* Applies one `key=value`. 0 or -EINVAL with err naming the key. */
+int cfg_set(struct cfg *c, const char *key, const char *value, const char *origin,
+	    char *err, size_t errlen);
+int cfg_override(struct cfg *c, const char *kv, char *err, size_t errlen);
+/* Validates and derives mesh sizes; fills one -1 per family. With
+ * want_hosts/want_devices > 0, checks the mesh multiplies to them (and fills
+ * -1 from them). 0 or -EINVAL with err. */
+int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_t errlen);
+/* SHA-256 over the canonical text of every hashed key. */
+void cfg_hash(const struct cfg *c, uint8_t out[32]);
+/* Writes the canonical `key: value` text of every key (a YAML file). */
+int cfg_write_yaml(const struct cfg *c, const char *path, char *err, size_t errlen);
+/* Value of key as text; -ENOENT for unknown keys. */
+int cfg_get_text(const struct cfg *c, const char *key, char *out, size_t outlen);
+
+#endif

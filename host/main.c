@@ -1,0 +1,37 @@
+/* meshrun: one binary, several subcommands (see README). */
+#include <stdio.h>
+#include <string.h>
+
+#include "host/cli.h"
+
+struct command {
+	const char *name;
+	int (*fn)(int argc, char **argv);
+	const char *usage;
+};
+
+static const struct command commands[] = {
+	/* each subcommand registers one line here */
+	{ NULL, NULL, NULL },
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: meshrun COMMAND [args]\n");
+	for (const struct command *c = commands; c->name; c++)
+		fprintf(f, "  %s\n", c->usage);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+		usage(argc < 2 ? stderr : stdout);
+		return argc < 2 ? EXIT_USAGE : EXIT_OK;
+	}
+	for (const struct command *c = commands; c->name; c++)
+		if (!strcmp(argv[1], c->name))
+			return c->fn(argc - 1, argv + 1);
+	fprintf(stderr, "meshrun: unknown command '%s'\n", argv[1]);
+	usage(stderr);
+	return EXIT_USAGE;
+}

@@ -1,0 +1,92 @@
+/* Mesh coordinates and groups; see host/mesh.h. */
+#include "host/mesh.h"
+
+#include <string.h>
+
+void mesh_init(struct mesh *m, const struct cfg *c)
+{
+	memset(m, 0, sizeof(*m));
+	m->num_devices = 1;
+	for (int a = 0; a < AX_COUNT; a++) {
+		m->ici[a] = c->ici[a];
+		m->dcn[a] = c->dcn[a];
+		m->size[a] = c->ici[a] * c->dcn[a];
+		m->num_devices *= m->size[a];
+	}
+	m->num_hosts = c->num_hosts;
+	m->devices_per_host = c->devices_per_host;
+}
+
+void mesh_coords(const struct mesh *m, int dev, int coord[AX_COUNT])
+{
+	for (int a = AX_COUNT - 1; a >= 0; a--) {
+		coord[a] = dev % m->size[a];
+		dev /= m->size[a];
+	}
+}
+
+int mesh_device(const struct mesh *m, const int coord[AX_COUNT])
+{
+	int dev = 0;
+	for (int a = 0; a < AX_COUNT; a++)
+		dev = dev * m->size[a] + coord[a];
+	return dev;
+}
+
+int mesh_host_of(const struct mesh *m, int dev)
+{
+	int c[AX_COUNT], h = 0;
+	mesh_coords(m, dev, c);
+	for (int a = 0; a < AX_COUNT; a++)
+		h = h * m->dcn[a] + c[a] / m->ici[a];
+	return h;
+}
+
+int mesh_local_index(const struct mesh *m, int dev)
+{
+	int c[AX_COUNT], l = 0;
+	mesh_coords(m, dev, c);
+	for (int a = 0; a < AX_COUNT; a++)
+		l = l * m->ici[a] + c[a] % m->ici[a];
+	return l;
+}
+
+int mesh_device_of(const struct mesh *m, int host, int local)
+{
+	int c[AX_COUNT];
+	for (int a = AX_COUNT - 1; a >= 0; a--) {
+		int hi = host % m->dcn[a], li = local % m->ici[a];
+		host /= m->dcn[a];
+		local /= m->ici[a];
+		c[a] = hi * m->ici[a] + li;
+	}
+	return mesh_device(m, c);
+}
+
+void mesh_group(const struct mesh *m, int dev, uint32_t axes, struct mesh_group *g)
+{
+	int base[AX_COUNT], c[AX_COUNT];
+	mesh_coords(m, dev, base);
+	g->axes = axes;
+	g->n = 1;
+	for (int a = 0; a < AX_COUNT; a++)
+		if (axes & (1u << a))
+			g->n *= m->size[a];
+	/* enumerate the group's members row-major over its axes */
+	for (int i = 0; i < g->n; i++) {
+		int r = i;
+		memcpy(c, base, sizeof(c));
+		for (int a = AX_COUNT - 1; a >= 0; a--) {
+			if (!(axes & (1u << a)))
+				continue;
+			c[a] = r % m->size[a];
+			r /= m->size[a];
+		}
+		g->devs[i] = mesh_device(m, c);
+		if (g->devs[i] == dev)
+			g->rank = i;
+	}
+	/* Groups over the same axes are disjoint, so the axes set alone keeps
+	 * (src, dst, group, seq) unique; ids >= 512 are free for other uses. */
+	g->id = axes & 0x1ff;
+}

@@ -1,0 +1,41 @@
+/* Device mesh (DESIGN §3): axes in MaxText order, each of size
+ * dcn(a)*ici(a); coordinate = dcn_idx*ici(a) + ici_idx; global device id =
+ * row-major index of the coordinates; host = the DCN part. Groups are
+ * computed from coordinates, never written down. */
+#ifndef MESHRUN_MESH_H
+#define MESHRUN_MESH_H
+
+#include <stdint.h>
+
+#include "host/config.h"
+
+#define MESH_MAX_DEVICES 4096
+
+struct mesh {
+	int ici[AX_COUNT], dcn[AX_COUNT], size[AX_COUNT];
+	int num_hosts, devices_per_host, num_devices;
+};
+
+/* A group: the devices that agree on every coordinate outside `axes`
+ * (a bit mask of 1<<AX_*), ordered by their coordinates in axes (row-major
+ * over the axes in mesh order: host-major, since DCN is the major part). */
+struct mesh_group {
+	uint32_t axes;
+	uint32_t id;          /* same on every member; distinct per axes set */
+	int n;                /* members */
+	int rank;             /* this device's index in devs */
+	int devs[MESH_MAX_DEVICES];
+};
+
+void mesh_init(struct mesh *m, const struct cfg *c);   /* after cfg_finish */
+void mesh_coords(const struct mesh *m, int dev, int coord[AX_COUNT]);
+int mesh_device(const struct mesh *m, const int coord[AX_COUNT]);
+int mesh_host_of(const struct mesh *m, int dev);
+/* index of dev among its host's devices, 0..devices_per_host-1 */
+int mesh_local_index(const struct mesh *m, int dev);
+/* global id of host h's i-th device */
+int mesh_device_of(const struct mesh *m, int host, int local);
+/* Fills g with dev's group over axes. */
+void mesh_group(const struct mesh *m, int dev, uint32_t axes, struct mesh_group *g);
+
+#endif

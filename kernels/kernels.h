@@ -1,0 +1,143 @@
+/* Pure compute on float32 row-major buffers (DESIGN §7, llm.c conventions):
+ * op_forward(out, cache..., in, params..., dims) and
+ * op_backward(din, dparams..., dout, in, params, cache..., dims); backward
+ * ACCUMULATES (+=) into every d-buffer; a NULL d-buffer is skipped.
+ * No I/O, no threads of our own, no allocation: scratch is passed in.
+ * matmul.c is the only caller of OpenBLAS. */
+#ifndef MESHRUN_KERNELS_H
+#define MESHRUN_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- matmul (the one BLAS entry point) ---- */
+/* out (N,OC) = inp (N,C) . weight(OC,C)^T      [+= if accumulate] */
+void matmul_forward(float *out, const float *inp, const float *weight,
+		    int N, int C, int OC, int accumulate);
+/* dinp (N,C) += dout . weight;  dweight (OC,C) += dout^T . inp */
+void matmul_backward(float *dinp, float *dweight, const float *dout,
+		     const float *inp, const float *weight, int N, int C, int OC);
+/* General sgemm wrapper: C(M,N) = alpha*op(A).op(B) + beta*C, row-major,
+ * with leading dimensions, for kernels that need strided views. */
+void sgemm_rm(int transA, int transB, int M, int N, int K, float alpha,
+	      const float *A, int lda, const float *B, int ldb, float beta,
+	      float *C, int ldc);
+/* Naive references used by tests. */
+void matmul_forward_ref(float *out, const float *inp, const float *weight,
+			int N, int C, int OC);
+/* Sets OpenBLAS's process-wide thread count (0 leaves it). */
+void blas_set_threads(int n);
+int blas_get_threads(void);
+const char *blas_core_name(void);
+
+/* ---- embedding ---- */
+/* out (N,C) = wte[tokens[n]]; tokens (N) in [0,V) */
+void embedding_forward(float *out, const int32_t *tokens, const float *wte, int N, int C);
+void embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int N, int C);
+
+/* ---- RMSNorm ---- */
+/* inp (N,C), weight (C); rstd (N) cached for backward */
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+		     int N, int C, float eps);
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+		      const float *weight, const float *rstd, int N, int C);
+
+/* ---- RoPE (Hugging Face Llama rotate_half: dim i pairs with i + D/2) ---- */
+/* cos,sin (T, D/2): theta^(-2i/D) frequencies, positions 0..T-1 */
+void rope_table(float *cos_t, float *sin_t, int T, int D, float theta);
+/* x (B,T,H,D) rotated in place (out may equal inp) */
+void rope_forward(float *out, const float *inp, const float *cos_t, const float *sin_t,
+		  int B, int T, int H, int D);
+/* dinp += R^T dout */
+void rope_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
+		   int B, int T, int H, int D);
+
+/* ---- causal attention, grouped-query ---- */
+/* q (B,T,Hq,D), k,v (B,T,Hkv,D), out (B,T,Hq,D); att (B,Hq,T,T) softmax
+ * probabilities cached for backward (upper triangle zero). Scale 1/sqrt(D).
+ * Hq % Hkv == 0; query head h uses kv head h / (Hq/Hkv). */
+void attention_forward(float *out, float *att, const float *q, const float *k,
+		       const float *v, int B, int T, int Hq, int Hkv, int D);
+/* scratch: at least T*T + T*D floats */
+void attention_backward(float *dq, float *dk, float *dv, float *scratch,
+			const float *dout, const float *q, const float *k, const float *v,
+			const float *att, int B, int T, int Hq, int Hkv, int D);
+
+/* ---- SwiGLU ---- */
+/* out (N,H) = silu(gate) * up */
+void swiglu_forward(float *out, const float *gate, const float *up, int N, int H);
+void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+		     const float *up, int N, int H);
+
+/* ---- residual ---- */
+void residual_forward(float *out, const float *a, const float *b, int n);
+
+/* ---- softmax cross-entropy ---- */
+/* logits (N,V), targets (N); losses (N) per-token -log p; probs (N,V) cached.
+ * Returns the mean loss (double accumulation). */
+double softmax_xent_forward(float *losses, float *probs, const float *logits,
+			    const int32_t *targets, int N, int V);
+/* dlogits += (probs - onehot(target)) * scale   (scale = 1/N for a mean) */
+void softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,
+			   float scale, int N, int V);
+
+/* ---- MoE (kernels/moe.c) ---- */
+enum moe_score { MOE_SOFTMAX = 0, MOE_SIGMOID = 1 };
+/* logits (N,E) -> scores (N,E) (softmax or sigmoid, cached); selects top-k
+ * experts per token by scores + bias (bias may be NULL; only used for
+ * selection, DeepSeek-V3's e_score_correction_bias); ties go to the lower
+ * expert index. weights (N,k) = selected scores, renormalised to sum 1 if
+ * norm_topk, times scale. idx (N,k) ascending by rank (best first). */
+void moe_router_forward(float *weights, int32_t *idx, float *scores, const float *logits,
+			const float *bias, int N, int E, int k, enum moe_score score,
+			int norm_topk, float scale);
+/* dlogits += d(weights)/d(logits)^T dweights  (selection is not differentiated) */
+void moe_router_backward(float *dlogits, const float *dweights, const float *scores,
+			 const int32_t *idx, int N, int E, int k, enum moe_score score,
+			 int norm_topk, float scale);
+/* Switch/DeepSeek load-balance loss over N tokens:
+ *   L = E/(k) * sum_e f_e * P_e, f_e = (tokens choosing e)/N (constant),
+ *   P_e = mean_n p(n,e) with p = scores normalised per token to sum 1.
+ * Returns L; counts (E) receives the per-expert token counts. */
+double moe_aux_loss_forward(int32_t *counts, const float *scores, const int32_t *idx,
+			    int N, int E, int k);
+/* dscores += dL * dL/dscores */
+void moe_aux_loss_backward(float *dscores, const float *scores, const int32_t *counts,
+			   float dL, int N, int E, int k);
+/* Groups the N*k (token, slot) assignments by expert, stable by token:
+ * order (N*k) lists flat assignment ids a = n*k + j sorted by (expert, n);
+ * offsets (E+1) are the start of each expert's run in order. */
+void moe_sort(int32_t *order, int32_t *offsets, const int32_t *idx, int N, int E, int k);
+/* xs (N*k, C): xs[r] = x[order[r] / k] */
+void moe_gather(float *xs, const float *x, const int32_t *order, int Nk, int k, int C);
+/* dx (N,C) += dxs[r] for the token of each row */
+void moe_gather_backward(float *dx, const float *dxs, const int32_t *order, int Nk, int k, int C);
+/* out (N,C) += weights[a] * ys[r] where a = order[r] */
+void moe_combine(float *out, const float *ys, const float *weights, const int32_t *order,
+		 int Nk, int k, int C);
+/* dys[r] += weights[a] * dout[n];  dweights[a] += dot(dout[n], ys[r]) */
+void moe_combine_backward(float *dys, float *dweights, const float *dout, const float *ys,
+			  const float *weights, const int32_t *order, int Nk, int k, int C);
+
+/* ---- optimizers (kernels/optim.c) ---- */
+/* AdamW, decoupled weight decay, bias-corrected; t is the 1-based step.
+ *   m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+ *   p -= lr * ( mhat / (sqrt(vhat) + eps) + wd * p ) */
+void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
+		  float b1, float b2, float eps, float wd, int t);
+/* Newton–Schulz orthogonalisation, 5 steps, (a,b,c) = (3.4445, -4.7750,
+ * 2.0315), of G (R,C) scaled by 1/(||G||_F + 1e-7); works on the wide
+ * orientation internally. out (R,C). scratch >= 3*max(R,C)^2 + 2*R*C floats. */
+void newton_schulz5(float *out, const float *G, float *scratch, int R, int C);
+/* Muon step on one 2-D matrix: buf = mu buf + g; g' = g + mu buf (Nesterov);
+ * O = NS5(g'); p -= lr * (O * sqrt(max(1, R/C)) + wd * p). */
+void muon_update(float *p, const float *g, float *buf, float *scratch, int R, int C,
+		 float lr, float mu, float wd);
+/* sum of squares in double (global-norm clipping sums these across shards) */
+double sumsq(const float *x, size_t n);
+void scale_inplace(float *x, size_t n, float s);
+/* warmup (linear from 0 over warmup steps) then cosine from lr to
+ * lr*final_fraction at total steps; step is 0-based. */
+float lr_schedule(int step, float lr, int warmup, int total, float final_fraction);
+
+#endif

@@ -1,0 +1,439 @@
+/* The matching engine behind net/xport.h: one hash table of posted receives,
+ * waiting sends and early RecvReady records, keyed by (src, dst, tag).
+ * Copies and network I/O happen outside the lock. */
+#include "net/xport.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum {
+	ST_RECV_LOCAL = 1,   /* recv from a device on this host, waiting for its send */
+	ST_RECV_REMOTE,      /* recv from a remote device, RecvReady sent */
+	ST_SEND_LOCAL,       /* send to a device on this host, waiting for its recv */
+	ST_SEND_WAIT_READY,  /* send to a remote device, waiting for RecvReady */
+	ST_READY,            /* RecvReady arrived before the send was posted */
+	ST_NET,              /* handed to the net layer */
+	ST_DONE,
+};
+
+#define NBUCKETS 4096
+
+struct xport {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;       /* any completion or failure */
+	int host_id;
+	int ndev;
+	int *dev_host;
+	struct xport_remote_ops ops;
+	void *ops_ctx;
+	struct xreq *bucket[NBUCKETS];
+	int fail_rc;
+	char fail_msg[512];
+};
+
+uint64_t xport_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static unsigned hash_key(int src, int dst, uint64_t tag)
+{
+	uint64_t h = tag * 0x9E3779B97F4A7C15ull;
+	h ^= (uint64_t)src * 0xC2B2AE3D27D4EB4Full + (uint64_t)dst * 0x165667B19E3779F9ull;
+	h ^= h >> 29;
+	return (unsigned)(h % NBUCKETS);
+}
+
+struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
+			const struct xport_remote_ops *ops, void *ops_ctx)
+{
+	struct xport *x = calloc(1, sizeof(*x));
+	if (!x)
+		return NULL;
+	x->dev_host = malloc(sizeof(int) * (size_t)(ndev_total > 0 ? ndev_total : 1));
+	if (!x->dev_host) {
+		free(x);
+		return NULL;
+	}
+	memcpy(x->dev_host, dev_host, sizeof(int) * (size_t)ndev_total);
+	x->host_id = host_id;
+	x->ndev = ndev_total;
+	if (ops)
+		x->ops = *ops;
+	x->ops_ctx = ops_ctx;
+	pthread_mutex_init(&x->mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&x->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	return x;
+}
+
+static void req_free(struct xreq *r)
+{
+	free(r);
+}
+
+void xport_free(struct xport *x)
+{
+	if (!x)
+		return;
+	for (int b = 0; b < NBUCKETS; b++) {
+		struct xreq *r = x->bucket[b], *n;
+		for (; r; r = n) {
+			n = r->next;
+			if (r->state == ST_READY || r->orphan)
+				req_free(r);
+		}
+	}
+	pthread_mutex_destroy(&x->mu);
+	pthread_cond_destroy(&x->cv);
+	free(x->dev_host);
+	free(x);
+}
+
+int xport_host_of(const struct xport *x, int dev)
+{
+	return (dev >= 0 && dev < x->ndev) ? x->dev_host[dev] : -1;
+}
+
+int xport_host_id(const struct xport *x) { return x->host_id; }
+int xport_num_devices(const struct xport *x) { return x->ndev; }
+
+/* Removes and returns the first entry with key and a state in [s1, s2]. */
+static struct xreq *take(struct xport *x, int src, int dst, uint64_t tag, int s1, int s2)
+{
+	struct xreq **pp = &x->bucket[hash_key(src, dst, tag)];
+	for (; *pp; pp = &(*pp)->next) {
+		struct xreq *r = *pp;
+		if (r->src == src && r->dst == dst && r->tag == tag &&
+		    r->state >= s1 && r->state <= s2) {
+			*pp = r->next;
+			r->next = NULL;
+			return r;
+		}
+	}
+	return NULL;
+}
+
+static bool present(struct xport *x, int src, int dst, uint64_t tag, int s1, int s2)
+{
+	for (struct xreq *r = x->bucket[hash_key(src, dst, tag)]; r; r = r->next)
+		if (r->src == src && r->dst == dst && r->tag == tag &&
+		    r->state >= s1 && r->state <= s2)
+			return true;
+	return false;
+}
+
+static void insert(struct xport *x, struct xreq *r)
+{
+	unsigned h = hash_key(r->src, r->dst, r->tag);
+	r->next = x->bucket[h];
+	x->bucket[h] = r;
+}
+
+/* Caller holds x->mu. */
+static void finish_locked(struct xreq *r, int rc)
+{
+	r->rc = rc;
+	r->done = true;
+	r->state = ST_DONE;
+	if (r->orphan)
+		req_free(r);
+	else
+		pthread_cond_broadcast(&r->x->cv);
+}
+
+static struct xreq *req_new(struct xport *x, enum xreq_kind kind, int src, int dst,
+			    const struct xmeta *m, void *buf, size_t len)
+{
+	struct xreq *r = calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	r->kind = kind;
+	r->src = src;
+	r->dst = dst;
+	if (m) {
+		r->meta = *m;
+		r->tag = xmeta_tag(m);
+	}
+	r->buf = buf;
+	r->len = len;
+	r->x = x;
+	return r;
+}
+
+static int check_ids(struct xport *x, int local, int peer)
+{
+	if (local < 0 || local >= x->ndev || peer < 0 || peer >= x->ndev)
+		return -EINVAL;
+	if (x->dev_host[local] != x->host_id)
+		return -EINVAL;
+	if (x->dev_host[peer] != x->host_id && !x->ops.send_ready)
+		return -EINVAL;
+	return 0;
+}
+
+int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
+		const void *buf, size_t len, struct xreq **out)
+{
+	int rc = check_ids(x, src, dst);
+	if (rc)
+		return rc;
+	struct xreq *r = req_new(x, XREQ_SEND, src, dst, m, (void *)buf, len);
+	if (!r)
+		return -ENOMEM;
+	bool remote = x->dev_host[dst] != x->host_id;
+	struct xreq *peer = NULL;
+
+	pthread_mutex_lock(&x->mu);
+	if (x->fail_rc) {
+		rc = x->fail_rc;
+		goto out_unlock_free;
+	}
+	if (present(x, src, dst, r->tag, ST_SEND_LOCAL, ST_SEND_WAIT_READY)) {
+		rc = -EEXIST;
+		goto out_unlock_free;
+	}
+	if (remote) {
+		peer = take(x, src, dst, r->tag, ST_READY, ST_READY);
+		if (peer && peer->len != len) {
+			/* the receiver posted a different size: a programming error
+			 * on one side; fail this send loudly */
+			req_free(peer);
+			pthread_mutex_unlock(&x->mu);
+			*out = r;
+			pthread_mutex_lock(&x->mu);
+			finish_locked(r, -EMSGSIZE);
+			pthread_mutex_unlock(&x->mu);
+			return 0;
+		}
+		r->state = peer ? ST_NET : ST_SEND_WAIT_READY;
+		if (!peer)
+			insert(x, r);
+	} else {
+		peer = take(x, src, dst, r->tag, ST_RECV_LOCAL, ST_RECV_LOCAL);
+		if (peer) {
+			r->state = ST_NET;
+			peer->state = ST_NET;
+		} else {
+			r->state = ST_SEND_LOCAL;
+			insert(x, r);
+		}
+	}
+	pthread_mutex_unlock(&x->mu);
+	*out = r;
+
+	if (remote) {
+		if (peer) {
+			req_free(peer);
+			x->ops.send_ready(x->ops_ctx, r);
+		}
+	} else if (peer) {
+		int mrc = peer->len == len ? 0 : -EMSGSIZE;
+		if (!mrc && len)
+			memcpy(peer->buf, buf, len);
+		pthread_mutex_lock(&x->mu);
+		finish_locked(peer, mrc);
+		finish_locked(r, mrc);
+		pthread_mutex_unlock(&x->mu);
+	}
+	return 0;
+
+out_unlock_free:
+	pthread_mutex_unlock(&x->mu);
+	req_free(r);
+	return rc;
+}
+
+int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
+		void *buf, size_t len, struct xreq **out)
+{
+	int rc = check_ids(x, dst, src);
+	if (rc)
+		return rc;
+	struct xreq *r = req_new(x, XREQ_RECV, src, dst, m, buf, len);
+	if (!r)
+		return -ENOMEM;
+	bool remote = x->dev_host[src] != x->host_id;
+	struct xreq *peer = NULL;
+
+	pthread_mutex_lock(&x->mu);
+	if (x->fail_rc) {
+		rc = x->fail_rc;
+		goto out_unlock_free;
+	}
+	if (present(x, src, dst, r->tag, ST_RECV_LOCAL, ST_RECV_REMOTE)) {
+		rc = -EEXIST;
+		goto out_unlock_free;
+	}
+	if (!remote)
+		peer = take(x, src, dst, r->tag, ST_SEND_LOCAL, ST_SEND_LOCAL);
+	if (peer) {
+		r->state = ST_NET;
+		peer->state = ST_NET;
+	} else {
+		r->state = remote ? ST_RECV_REMOTE : ST_RECV_LOCAL;
+		insert(x, r);
+	}
+	pthread_mutex_unlock(&x->mu);
+	*out = r;
+
+	if (remote) {
+		x->ops.recv_posted(x->ops_ctx, r);
+	} else if (peer) {
+		int mrc = peer->len == len ? 0 : -EMSGSIZE;
+		if (!mrc && len)
+			memcpy(buf, peer->buf, len);
+		pthread_mutex_lock(&x->mu);
+		finish_locked(peer, mrc);
+		finish_locked(r, mrc);
+		pthread_mutex_unlock(&x->mu);
+	}
+	return 0;
+
+out_unlock_free:
+	pthread_mutex_unlock(&x->mu);
+	req_free(r);
+	return rc;
+}
+
+static void describe(const struct xreq *r, char *err, size_t errlen, const char *what)
+{
+	snprintf(err, errlen, "%s %s device %d -> device %d (group %u seq %llu chunk %u step %llu)",
+		 r->kind == XREQ_SEND ? "send" : "recv", what, r->src, r->dst, r->meta.group,
+		 (unsigned long long)r->meta.seq, r->meta.chunk, (unsigned long long)r->meta.step);
+}
+
+int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
+{
+	struct xport *x = r->x;
+	int rc;
+
+	pthread_mutex_lock(&x->mu);
+	for (;;) {
+		if (r->done) {
+			rc = r->rc;
+			pthread_mutex_unlock(&x->mu);
+			if (rc)
+				describe(r, err, errlen, rc == -EMSGSIZE ? "size mismatch" : "failed");
+			req_free(r);
+			return rc;
+		}
+		if (x->fail_rc) {
+			rc = x->fail_rc;
+			snprintf(err, errlen, "%s", x->fail_msg);
+			break;
+		}
+		if (deadline_ns == 0) {
+			pthread_mutex_unlock(&x->mu);
+			return -EAGAIN;
+		}
+		if (xport_now_ns() >= deadline_ns) {
+			rc = -ETIMEDOUT;
+			describe(r, err, errlen, "timed out");
+			break;
+		}
+		struct timespec ts = {
+			.tv_sec = (time_t)(deadline_ns / 1000000000ull),
+			.tv_nsec = (long)(deadline_ns % 1000000000ull),
+		};
+		pthread_cond_timedwait(&x->cv, &x->mu, &ts);
+	}
+	/* abandoned: whoever holds it frees it on completion */
+	r->orphan = true;
+	pthread_mutex_unlock(&x->mu);
+	return rc;
+}
+
+void xport_fail(struct xport *x, int rc, const char *msg)
+{
+	pthread_mutex_lock(&x->mu);
+	if (!x->fail_rc) {
+		x->fail_rc = rc ? rc : -EIO;
+		snprintf(x->fail_msg, sizeof(x->fail_msg), "%s", msg);
+		/* complete everything still in the table; what the net layer holds
+		 * it completes itself */
+		for (int b = 0; b < NBUCKETS; b++) {
+			struct xreq *r = x->bucket[b], *n;
+			x->bucket[b] = NULL;
+			for (; r; r = n) {
+				n = r->next;
+				r->next = NULL;
+				if (r->state == ST_READY)
+					req_free(r);
+				else
+					finish_locked(r, x->fail_rc);
+			}
+		}
+		/* waiters on requests the net layer holds see fail_rc */
+		pthread_cond_broadcast(&x->cv);
+	}
+	pthread_mutex_unlock(&x->mu);
+}
+
+int xport_failed(struct xport *x, char *err, size_t errlen)
+{
+	pthread_mutex_lock(&x->mu);
+	int rc = x->fail_rc;
+	if (rc && err)
+		snprintf(err, errlen, "%s", x->fail_msg);
+	pthread_mutex_unlock(&x->mu);
+	return rc;
+}
+
+struct xreq *xport_remote_ready(struct xport *x, int src, int dst, uint64_t tag, size_t len)
+{
+	struct xreq *r = NULL;
+	pthread_mutex_lock(&x->mu);
+	if (x->fail_rc)
+		goto out;
+	r = take(x, src, dst, tag, ST_SEND_WAIT_READY, ST_SEND_WAIT_READY);
+	if (r) {
+		if (r->len != len) {
+			finish_locked(r, -EMSGSIZE);
+			r = NULL;
+		} else {
+			r->state = ST_NET;
+		}
+		goto out;
+	}
+	struct xreq *rec = req_new(x, XREQ_SEND, src, dst, NULL, NULL, len);
+	if (rec) {
+		rec->tag = tag;
+		rec->state = ST_READY;
+		insert(x, rec);
+	}
+out:
+	pthread_mutex_unlock(&x->mu);
+	return r;
+}
+
+struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, size_t len)
+{
+	struct xreq *r;
+	pthread_mutex_lock(&x->mu);
+	r = take(x, src, dst, tag, ST_RECV_REMOTE, ST_RECV_REMOTE);
+	if (r && r->len != len) {
+		finish_locked(r, -EMSGSIZE);
+		r = NULL;
+	} else if (r) {
+		r->state = ST_NET;
+	}
+	pthread_mutex_unlock(&x->mu);
+	return r;
+}
+
+void xport_complete(struct xreq *r, int rc)
+{
+	struct xport *x = r->x;
+	pthread_mutex_lock(&x->mu);
+	finish_locked(r, rc);
+	pthread_mutex_unlock(&x->mu);
+}

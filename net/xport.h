@@ -1,0 +1,116 @@
+/* Point-to-point messages between devices of one job (gloo's pair/buffer
+ * layer). Collectives are written only against this: isend/irecv with a
+ * (src device, dst device, tag) key, and wait with a deadline.
+ *
+ * Receiver-driven: data moves only into a posted receive buffer. Between two
+ * devices of one host a matched send is one memcpy. For a remote peer, a
+ * posted receive makes the net thread send RecvReady to the sender's host;
+ * the sender's data frame goes out only after that, and its payload is read
+ * straight into the posted buffer. So no host ever queues unexpected data.
+ *
+ * Device ids are global (mesh row-major ids); dev_host[] maps each to its
+ * host. A send and its receive must agree on the byte count exactly.
+ *
+ * Thread model: any device/comm thread may call isend/irecv/wait; the net
+ * thread calls the xport_remote_* functions. Every function is thread-safe. */
+#ifndef MESHRUN_XPORT_H
+#define MESHRUN_XPORT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct xport;
+
+/* What a message belongs to; travels in the CollectiveChunk header and names
+ * the operation in errors. tag = group<<48 | (seq & 0xffffffff)<<16 | chunk. */
+struct xmeta {
+	uint32_t op;      /* MESHRUN__COLL_OP__* */
+	uint32_t group;   /* < 65536 */
+	uint64_t seq;     /* collective sequence number within the group */
+	uint64_t step;    /* training step, for error messages */
+	uint32_t chunk;   /* < 65536, unique within (src, dst, group, seq) */
+	uint64_t offset;  /* byte offset within the collective's buffer (info) */
+};
+
+static inline uint64_t xmeta_tag(const struct xmeta *m)
+{
+	return ((uint64_t)m->group << 48) | ((m->seq & 0xffffffffu) << 16) | m->chunk;
+}
+
+enum xreq_kind { XREQ_SEND, XREQ_RECV };
+
+/* A request. Fields are read by the net layer; only xport.c writes them. */
+struct xreq {
+	enum xreq_kind kind;
+	int src, dst;            /* global device ids */
+	uint64_t tag;
+	struct xmeta meta;
+	void *buf;               /* recv: destination; send: source (const) */
+	size_t len;
+	/* private to xport.c */
+	int state;
+	int rc;
+	bool done, orphan;
+	struct xreq *next;       /* hash chain */
+	struct xport *x;
+};
+
+/* Hooks into the network layer for peers on other hosts. Called from the
+ * posting thread, without xport locks held; must not block.
+ *  recv_posted: send RecvReady{src,dst,tag,len} to the host of req->src.
+ *  send_ready:  write req (a data frame) to the host of req->dst, then call
+ *               xport_complete(req, rc) when the payload has left. */
+struct xport_remote_ops {
+	void (*recv_posted)(void *ctx, struct xreq *req);
+	void (*send_ready)(void *ctx, struct xreq *req);
+};
+
+/* ndev_total devices; dev_host[d] is device d's host (copied). NULL ops:
+ * a single-host job. Constructor: NULL on allocation failure. */
+struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
+			const struct xport_remote_ops *ops, void *ops_ctx);
+void xport_free(struct xport *x);
+int xport_host_of(const struct xport *x, int dev);
+int xport_host_id(const struct xport *x);
+int xport_num_devices(const struct xport *x);
+
+/* Post a send/receive. On success *out is a request the caller must pass to
+ * xport_wait exactly once. src (send) / dst (recv) must be a device of this
+ * host. 0, or -EINVAL (bad ids), -ENOMEM, or the failure code after
+ * xport_fail. buf must stay valid until the wait returns 0. */
+int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
+		const void *buf, size_t len, struct xreq **out);
+int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
+		void *buf, size_t len, struct xreq **out);
+
+/* Waits until req completes or deadline_ns (CLOCK_MONOTONIC; 0 = no wait,
+ * just test) passes. Returns 0 and frees req; -EAGAIN if deadline_ns was 0
+ * and it is still pending (req stays valid); -ETIMEDOUT, or the failure code
+ * after xport_fail, with detail in err — then req is abandoned (freed when
+ * the net layer lets go of it) and the transport must be considered failed. */
+int xport_wait(struct xreq *req, uint64_t deadline_ns, char *err, size_t errlen);
+
+/* Fails every pending and future request with rc and message msg (e.g.
+ * "lost host 2 (127.0.0.1:7002): no heartbeat for 4.0 s"). First call wins. */
+void xport_fail(struct xport *x, int rc, const char *msg);
+/* 0, or the failure code with the message copied into err. */
+int xport_failed(struct xport *x, char *err, size_t errlen);
+
+/* ---- for the net thread ---- */
+/* RecvReady arrived from a peer: returns the matching local send (now owned
+ * by the caller until xport_complete) or NULL if none is posted yet (the
+ * readiness is remembered and send_ready fires at post time). -EMSGSIZE
+ * style mismatches are returned as a send completed with an error and NULL. */
+struct xreq *xport_remote_ready(struct xport *x, int src, int dst, uint64_t tag, size_t len);
+/* A data frame header arrived: returns the posted receive it belongs to (the
+ * caller reads len bytes into req->buf, then xport_complete), or NULL if
+ * none is posted or the length differs (a protocol error: close the link). */
+struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, size_t len);
+/* Completes a request handed to the net layer. */
+void xport_complete(struct xreq *req, int rc);
+
+uint64_t xport_now_ns(void);
+
+#endif
