@@ -416,6 +416,12 @@ int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_
 	return 0;
 }
 
+void cfg_single_device(struct cfg *c)
+{
+	for (int a = 0; a < AX_COUNT; a++)
+		*ici_key(c, a) = *dcn_key(c, a) = 1;
+}
+
 /* ---- canonical text ---- */
 
 static void value_text(const struct cfg *c, const struct cfg_key *k, char *out, size_t n)

@@ -37,7 +37,7 @@ struct cfg_list {
 	X(INT,   segment_bytes, "1048576", 1, "ring segment size in bytes") \
 	X(INT,   max_frame_bytes, "67108864", 1, "largest frame payload accepted") \
 	/* --- mesh (DESIGN §3); -1 = fill in --- */ \
-	X(INT, ici_data_parallelism, "1", 1, "") \
+	X(INT, ici_data_parallelism, "-1", 1, "default: all devices of a host do data parallelism") \
 	X(INT, ici_pipeline_parallelism, "1", 1, "") \
 	X(INT, ici_fsdp_parallelism, "1", 1, "") \
 	X(INT, ici_fsdp_transpose_parallelism, "1", 1, "") \
@@ -46,7 +46,7 @@ struct cfg_list {
 	X(INT, ici_tensor_parallelism, "1", 1, "") \
 	X(INT, ici_tensor_transpose_parallelism, "1", 1, "") \
 	X(INT, ici_expert_parallelism, "1", 1, "") \
-	X(INT, dcn_data_parallelism, "1", 1, "") \
+	X(INT, dcn_data_parallelism, "-1", 1, "default: all hosts do data parallelism") \
 	X(INT, dcn_pipeline_parallelism, "1", 1, "") \
 	X(INT, dcn_fsdp_parallelism, "1", 1, "") \
 	X(INT, dcn_fsdp_transpose_parallelism, "1", 1, "") \
@@ -137,6 +137,8 @@ int cfg_override(struct cfg *c, const char *kv, char *err, size_t errlen);
  * want_hosts/want_devices > 0, checks the mesh multiplies to them (and fills
  * -1 from them). 0 or -EINVAL with err. */
 int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_t errlen);
+/* Sets every ici_* and dcn_* size to 1. */
+void cfg_single_device(struct cfg *c);
 /* SHA-256 over the canonical text of every hashed key. */
 void cfg_hash(const struct cfg *c, uint8_t out[32]);
 /* Writes the canonical `key: value` text of every key (a YAML file). */

@@ -32,6 +32,7 @@ struct xport {
 	struct xreq *bucket[NBUCKETS];
 	int fail_rc;
 	char fail_msg[512];
+	uint64_t local_bytes;    /* memcpy'd between devices of this host */
 };
 
 uint64_t xport_now_ns(void)
@@ -104,6 +105,11 @@ int xport_host_of(const struct xport *x, int dev)
 }
 
 int xport_host_id(const struct xport *x) { return x->host_id; }
+
+uint64_t xport_local_bytes(struct xport *x)
+{
+	return __atomic_load_n(&x->local_bytes, __ATOMIC_RELAXED);
+}
 int xport_num_devices(const struct xport *x) { return x->ndev; }
 
 /* Removes and returns the first entry with key and a state in [s1, s2]. */
@@ -237,8 +243,10 @@ int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 		}
 	} else if (peer) {
 		int mrc = peer->len == len ? 0 : -EMSGSIZE;
-		if (!mrc && len)
+		if (!mrc && len) {
 			memcpy(peer->buf, buf, len);
+			__atomic_add_fetch(&x->local_bytes, len, __ATOMIC_RELAXED);
+		}
 		pthread_mutex_lock(&x->mu);
 		finish_locked(peer, mrc);
 		finish_locked(r, mrc);
@@ -289,8 +297,10 @@ int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
 		x->ops.recv_posted(x->ops_ctx, r);
 	} else if (peer) {
 		int mrc = peer->len == len ? 0 : -EMSGSIZE;
-		if (!mrc && len)
+		if (!mrc && len) {
 			memcpy(buf, peer->buf, len);
+			__atomic_add_fetch(&x->local_bytes, len, __ATOMIC_RELAXED);
+		}
 		pthread_mutex_lock(&x->mu);
 		finish_locked(peer, mrc);
 		finish_locked(r, mrc);

@@ -75,6 +75,8 @@ void xport_free(struct xport *x);
 int xport_host_of(const struct xport *x, int dev);
 int xport_host_id(const struct xport *x);
 int xport_num_devices(const struct xport *x);
+/* Bytes copied between devices of this host so far (ICI traffic). */
+uint64_t xport_local_bytes(struct xport *x);
 
 /* Post a send/receive. On success *out is a request the caller must pass to
  * xport_wait exactly once. src (send) / dst (recv) must be a device of this

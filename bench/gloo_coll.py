@@ -1,0 +1,45 @@
+#!/usr/bin/python3
+"""gloo (torch.distributed) baseline for `meshrun bench collectives`, 2 ranks
+over loopback TCP, float32, nccl-tests bus-bandwidth arithmetic. Run by
+bench/peers.sh. gloo has no reduce_scatter on CPU; that row is skipped."""
+import os, sys, time
+import torch, torch.distributed as dist
+import torch.multiprocessing as mp
+
+def run(rank, n, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"; os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=n)
+    for op in ["all_gather", "all_reduce", "all_to_all", "permute", "broadcast"]:
+        for size in [65536, 16 << 20]:
+            cnt = size // 4
+            a = torch.ones(cnt)
+            best = 1e30
+            for it in range(-2, 10):
+                dist.barrier(); t0 = time.perf_counter()
+                if op == "all_gather":
+                    outs = [torch.empty(cnt // n) for _ in range(n)]
+                    dist.all_gather(outs, a[: cnt // n])
+                elif op == "all_reduce":
+                    dist.all_reduce(a)
+                elif op == "all_to_all":
+                    ins = list(a.chunk(n)); outs = [torch.empty(cnt // n) for _ in range(n)]
+                    dist.all_to_all(outs, ins)
+                elif op == "permute":
+                    b = torch.empty(cnt)
+                    reqs = [dist.isend(a, (rank + 1) % n), dist.irecv(b, (rank - 1) % n)]
+                    for r in reqs: r.wait()
+                elif op == "broadcast":
+                    dist.broadcast(a, 0)
+                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+                if it >= 0: best = min(best, dt.item())
+            alg = size / best / 1e9; f = (n - 1) / n
+            bus = alg * 2 * f if op == "all_reduce" else (alg if op in ("permute", "broadcast") else alg * f)
+            if rank == 0:
+                print(f"gloo    {op:<14} {size:9d} time_us {best*1e6:10.1f} algbw {alg:6.3f} busbw {bus:6.3f}", flush=True)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 29517
+    mp.spawn(run, args=(2, port), nprocs=2)

@@ -1,0 +1,62 @@
+/* Open MPI baseline for `meshrun bench collectives`: the same ops, sizes and
+ * bus-bandwidth arithmetic (nccl-tests definitions, DESIGN §5), float32.
+ * Built and run by bench/peers.sh; not part of meshrun. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double run(const char *op, size_t bytes, int iters, int n, int rank)
+{
+	size_t cnt = bytes / 4;
+	float *a = malloc(bytes + 64), *b = malloc(bytes + 64);
+	for (size_t i = 0; i < cnt; i++)
+		a[i] = (float)(i % 7);
+	double best = 1e30;
+	for (int it = -2; it < iters; it++) {
+		MPI_Barrier(MPI_COMM_WORLD);
+		double t0 = MPI_Wtime();
+		if (!strcmp(op, "all_gather"))
+			MPI_Allgather(a, (int)(cnt / n), MPI_FLOAT, b, (int)(cnt / n), MPI_FLOAT, MPI_COMM_WORLD);
+		else if (!strcmp(op, "reduce_scatter"))
+			MPI_Reduce_scatter_block(a, b, (int)(cnt / n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+		else if (!strcmp(op, "all_reduce"))
+			MPI_Allreduce(a, b, (int)cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+		else if (!strcmp(op, "all_to_all"))
+			MPI_Alltoall(a, (int)(cnt / n), MPI_FLOAT, b, (int)(cnt / n), MPI_FLOAT, MPI_COMM_WORLD);
+		else if (!strcmp(op, "permute"))
+			MPI_Sendrecv(a, (int)cnt, MPI_FLOAT, (rank + 1) % n, 0, b, (int)cnt, MPI_FLOAT,
+				     (rank + n - 1) % n, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+		else if (!strcmp(op, "broadcast"))
+			MPI_Bcast(a, (int)cnt, MPI_FLOAT, 0, MPI_COMM_WORLD);
+		double dt = MPI_Wtime() - t0, mx;
+		MPI_Allreduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+		if (it >= 0 && mx < best)
+			best = mx;
+	}
+	free(a);
+	free(b);
+	return best;
+}
+
+int main(int argc, char **argv)
+{
+	int n, rank;
+	const char *ops[] = { "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "permute", "broadcast" };
+	size_t sizes[] = { 65536, 16u << 20 };
+	MPI_Init(&argc, &argv);
+	MPI_Comm_size(MPI_COMM_WORLD, &n);
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	for (int o = 0; o < 6; o++)
+		for (int s = 0; s < 2; s++) {
+			double t = run(ops[o], sizes[s], 10, n, rank);
+			double alg = sizes[s] / t / 1e9, f = (double)(n - 1) / n;
+			double bus = !strcmp(ops[o], "all_reduce") ? alg * 2 * f :
+				     (!strcmp(ops[o], "permute") || !strcmp(ops[o], "broadcast")) ? alg : alg * f;
+			if (rank == 0)
+				printf("openmpi %-14s %9zu time_us %10.1f algbw %6.3f busbw %6.3f\n",
+				       ops[o], sizes[s], t * 1e6, alg, bus);
+		}
+	MPI_Finalize();
+	return 0;
+}

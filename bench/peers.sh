@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Collectives next to their peers, in one run, 2 ranks over loopback:
+#   meshrun bench link      (TLS ceiling, both directions at once)
+#   meshrun bench collectives --hosts 2 (every op, 64 KiB and 16 MiB, TLS)
+#   Open MPI (unencrypted TCP, bench/mpi_coll.c)
+#   gloo via torch.distributed (unencrypted TCP, bench/gloo_coll.py)
+# Installs the peers from Debian if missing. usage: bench/peers.sh [ITERS]
+set -eu
+cd "$(dirname "$0")/.."
+iters=${1:-20}
+need=""
+command -v mpicc >/dev/null || need="$need openmpi-bin libopenmpi-dev"
+/usr/bin/python3 -c 'import torch' 2>/dev/null || need="$need python3-torch"
+if [ -n "$need" ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
+fi
+make -s all
+bin=build/meshrun
+echo "# meshrun link ceiling"
+$bin bench link --hosts 2 --sizes 64K,16M --iters "$iters"
+for op in all_gather reduce_scatter all_reduce all_to_all permute broadcast; do
+  echo "# meshrun $op"
+  $bin bench collectives --hosts 2 --op "$op" --sizes 64K,16M --iters "$iters" --warmup 3
+done
+echo "# Open MPI (unencrypted)"
+mpicc -O2 -o build/mpi_coll bench/mpi_coll.c
+mpirun --allow-run-as-root --oversubscribe -np 2 --mca btl tcp,self \
+  --mca btl_tcp_if_include lo --mca pml ob1 build/mpi_coll
+echo "# gloo (unencrypted)"
+OMP_NUM_THREADS=1 /usr/bin/python3 bench/gloo_coll.py $(( 20000 + RANDOM % 20000 ))

@@ -1,0 +1,100 @@
+#!/usr/bin/python3
+"""PyTorch eager float32 baseline for `configs/llama-bench.yml`: the same
+decoder (RMSNorm, RoPE rotate_half, causal attention, SwiGLU, untied head),
+the same batch, AdamW, measured the same way as meshrun's step log.
+
+usage: OMP_WAIT_POLICY=PASSIVE bench/torch_llama.py --threads N [--steps K]
+Prints one line: `torch threads=N tokens_per_s=X gflops=Y step_s=Z`."""
+import argparse, math, time
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+p = argparse.ArgumentParser()
+p.add_argument("--threads", type=int, default=1)
+p.add_argument("--steps", type=int, default=6)
+p.add_argument("--warmup", type=int, default=2)
+p.add_argument("--d", type=int, default=512)
+p.add_argument("--heads", type=int, default=8)
+p.add_argument("--mlp", type=int, default=1408)
+p.add_argument("--layers", type=int, default=4)
+p.add_argument("--vocab", type=int, default=256)
+p.add_argument("--seq", type=int, default=256)
+p.add_argument("--batch", type=int, default=8)
+a = p.parse_args()
+torch.set_num_threads(a.threads)
+torch.manual_seed(0)
+D = a.d // a.heads
+
+def rope(T, D, theta=10000.0):
+    inv = 1.0 / theta ** (torch.arange(0, D, 2).float() / D)
+    f = torch.outer(torch.arange(T).float(), inv)
+    emb = torch.cat([f, f], dim=-1)
+    return emb.cos(), emb.sin()
+
+def rot_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+class Block(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.n1 = nn.RMSNorm(a.d, eps=1e-5) if hasattr(nn, "RMSNorm") else None
+        s.w1 = nn.Parameter(torch.ones(a.d)); s.w2 = nn.Parameter(torch.ones(a.d))
+        s.q = nn.Linear(a.d, a.d, bias=False); s.k = nn.Linear(a.d, a.d, bias=False)
+        s.v = nn.Linear(a.d, a.d, bias=False); s.o = nn.Linear(a.d, a.d, bias=False)
+        s.g = nn.Linear(a.d, a.mlp, bias=False); s.u = nn.Linear(a.d, a.mlp, bias=False)
+        s.dn = nn.Linear(a.mlp, a.d, bias=False)
+    @staticmethod
+    def norm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+    def forward(s, x, cos, sin):
+        B, T, C = x.shape
+        h = s.norm(x, s.w1)
+        q = s.q(h).view(B, T, a.heads, D).transpose(1, 2)
+        k = s.k(h).view(B, T, a.heads, D).transpose(1, 2)
+        v = s.v(h).view(B, T, a.heads, D).transpose(1, 2)
+        q = q * cos + rot_half(q) * sin
+        k = k * cos + rot_half(k) * sin
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+        att = att.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+        y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + s.o(y)
+        h = s.norm(x, s.w2)
+        return x + s.dn(F.silu(s.g(h)) * s.u(h))
+
+class Model(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.emb = nn.Embedding(a.vocab, a.d)
+        s.blocks = nn.ModuleList([Block() for _ in range(a.layers)])
+        s.wf = nn.Parameter(torch.ones(a.d))
+        s.head = nn.Linear(a.d, a.vocab, bias=False)
+    def forward(s, idx, tgt, cos, sin):
+        x = s.emb(idx)
+        for b in s.blocks:
+            x = b(x, cos, sin)
+        logits = s.head(Block.norm(x, s.wf))
+        return F.cross_entropy(logits.view(-1, a.vocab), tgt.view(-1))
+
+m = Model()
+opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1)
+cos, sin = rope(a.seq, D)
+idx = torch.randint(0, a.vocab, (a.batch, a.seq))
+tgt = torch.randint(0, a.vocab, (a.batch, a.seq))
+C, L, T = a.d, a.layers, a.seq
+flops_tok = 6 * (L * (4 * C * C + 3 * C * a.mlp) + a.vocab * C) + 12 * L * T * C
+times = []
+for i in range(a.warmup + a.steps):
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    loss = m(idx, tgt, cos, sin)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    opt.step()
+    dt = time.perf_counter() - t0
+    if i >= a.warmup:
+        times.append(dt)
+best = sorted(times)[len(times) // 2]
+tok = a.batch * a.seq / best
+print(f"torch threads={a.threads} tokens_per_s={tok:.1f} gflops={tok * flops_tok * 1e-9:.1f} step_s={best:.4f}")

@@ -1,0 +1,645 @@
+/* The decoder of host/model.h on one device's rows. Every linear layer goes
+ * through linear_forward/linear_backward (host/linear.h), the one entry
+ * point the sharded-matmul planner takes over. */
+#include "host/model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/linear.h"
+#include "kernels/kernels.h"
+
+enum {
+	P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_MLP_NORM,
+	P_W_GATE, P_W_UP, P_W_DOWN,
+	P_ROUTER, P_ROUTER_BIAS, P_E_GATE, P_E_UP, P_E_DOWN,
+	P_S_GATE, P_S_UP, P_S_DOWN,
+	P_FINAL_NORM, P_LM_HEAD, P_COUNT
+};
+
+/* Saved activations of one layer (pointers into one allocation). */
+struct layer_acts {
+	float *ln1, *rstd1, *q, *k, *v, *att, *atty, *xmid, *ln2, *rstd2;
+	/* dense */
+	float *g, *u, *h;
+	/* moe */
+	float *scores, *weights, *xs, *eg, *eu, *eh, *ey, *sg, *su, *sh;
+	int32_t *idx, *order, *offsets, *counts;
+};
+
+struct model {
+	struct model_dims d;
+	int B, N;
+	struct param_info p[P_COUNT];
+	int pidx[P_COUNT];          /* index into the table or -1 */
+	struct param_info table[MODEL_MAX_PARAMS];
+	int ntable;
+	size_t numel;
+	float *params, *grads;
+	/* activations */
+	float *resid;               /* [L+1, N, C] */
+	struct layer_acts *la;
+	float *lnf, *rstdf, *logits, *probs, *losses;
+	float *cos_t, *sin_t;
+	/* backward scratch */
+	float *dresid, *dln, *dbig1, *dbig2, *dbig3, *dq, *dk, *dv, *dqr, *dkr, *datty,
+	      *att_scratch, *dlogits, *dscores, *dweights, *dxs, *dey, *dlogits_r;
+	int32_t *counts_all;        /* [L_moe, E] */
+	void *act_mem;
+	size_t act_bytes;
+};
+
+/* ---- dims ---- */
+
+int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, size_t errlen)
+{
+	memset(d, 0, sizeof(*d));
+#define NEED(cond, ...) do { if (!(cond)) { snprintf(err, errlen, "config: " __VA_ARGS__); return -EINVAL; } } while (0)
+	NEED(c->vocab_size >= 2 && c->vocab_size <= (1 << 24), "key 'vocab_size' must be in [2, 2^24], got %lld", c->vocab_size);
+	NEED(c->base_emb_dim >= 1 && c->base_emb_dim <= 65536, "key 'base_emb_dim' must be in [1, 65536], got %lld", c->base_emb_dim);
+	NEED(c->max_target_length >= 1 && c->max_target_length <= 65536, "key 'max_target_length' must be in [1, 65536], got %lld", c->max_target_length);
+	NEED(c->base_num_decoder_layers >= 1 && c->base_num_decoder_layers <= 1024, "key 'base_num_decoder_layers' must be in [1, 1024], got %lld", c->base_num_decoder_layers);
+	NEED(c->base_num_query_heads >= 1, "key 'base_num_query_heads' must be >= 1, got %lld", c->base_num_query_heads);
+	NEED(c->base_num_kv_heads >= 1 && c->base_num_query_heads % c->base_num_kv_heads == 0,
+	     "key 'base_num_kv_heads' (%lld) must divide 'base_num_query_heads' (%lld)",
+	     c->base_num_kv_heads, c->base_num_query_heads);
+	if (c->head_dim == 0)
+		NEED(c->base_emb_dim % c->base_num_query_heads == 0,
+		     "key 'base_num_query_heads' (%lld) must divide 'base_emb_dim' (%lld) when 'head_dim' is 0",
+		     c->base_num_query_heads, c->base_emb_dim);
+	d->D = c->head_dim ? (int)c->head_dim : (int)(c->base_emb_dim / c->base_num_query_heads);
+	NEED(d->D >= 2 && d->D % 2 == 0, "head dim must be even for RoPE, got %d (keys 'head_dim', 'base_emb_dim')", d->D);
+	NEED(c->base_mlp_dim >= 1, "key 'base_mlp_dim' must be >= 1, got %lld", c->base_mlp_dim);
+	NEED(c->num_experts >= 1 && c->num_experts <= 1024, "key 'num_experts' must be in [1, 1024], got %lld", c->num_experts);
+	NEED(c->per_device_batch_size >= 1, "key 'per_device_batch_size' must be >= 1, got %lld", c->per_device_batch_size);
+	d->V = (int)c->vocab_size;
+	d->C = (int)c->base_emb_dim;
+	d->T = (int)c->max_target_length;
+	d->L = (int)c->base_num_decoder_layers;
+	d->Hq = (int)c->base_num_query_heads;
+	d->Hkv = (int)c->base_num_kv_heads;
+	d->F = (int)c->base_mlp_dim;
+	d->eps = (float)c->normalization_layer_epsilon;
+	d->theta = (float)c->rope_max_timescale;
+	d->tied = c->logits_via_embedding;
+	if (c->num_experts > 1) {
+		NEED(c->num_experts_per_tok >= 1 && c->num_experts_per_tok <= c->num_experts,
+		     "key 'num_experts_per_tok' must be in [1, num_experts=%lld], got %lld",
+		     c->num_experts, c->num_experts_per_tok);
+		NEED(c->first_num_dense_layers >= 0 && c->first_num_dense_layers < c->base_num_decoder_layers,
+		     "key 'first_num_dense_layers' must be in [0, layers), got %lld", c->first_num_dense_layers);
+		NEED(c->shared_experts >= 0 && c->shared_experts <= 64, "key 'shared_experts' must be in [0, 64], got %lld", c->shared_experts);
+		NEED(c->base_moe_mlp_dim >= 0, "key 'base_moe_mlp_dim' must be >= 0, got %lld", c->base_moe_mlp_dim);
+		d->E = (int)c->num_experts;
+		d->K = (int)c->num_experts_per_tok;
+		d->L_dense = (int)c->first_num_dense_layers;
+		d->L_moe = d->L - d->L_dense;
+		d->Fe = c->base_moe_mlp_dim ? (int)c->base_moe_mlp_dim : d->F;
+		d->S = (int)c->shared_experts;
+		if (!strcmp(c->routed_score_func, "softmax"))
+			d->moe_score = MOE_SOFTMAX;
+		else if (!strcmp(c->routed_score_func, "sigmoid"))
+			d->moe_score = MOE_SIGMOID;
+		else
+			NEED(0, "key 'routed_score_func' must be softmax or sigmoid, got '%s'", c->routed_score_func);
+		d->norm_topk = c->norm_topk_prob;
+		d->router_bias = c->routed_bias;
+		d->routed_scale = (float)c->routed_scaling_factor;
+		d->lb_weight = (float)c->load_balance_loss_weight;
+	} else {
+		d->E = 1;
+		d->L_dense = d->L;
+	}
+#undef NEED
+	return 0;
+}
+
+/* ---- parameter table ---- */
+
+static void add_param(struct model *m, int id, const char *name, enum param_opt opt, bool decay,
+		      int ndim, const int *shape, const char *const *axes)
+{
+	struct param_info *p = &m->p[id];
+	size_t n = 1;
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	p->ndim = ndim;
+	for (int i = 0; i < ndim; i++) {
+		p->shape[i] = shape[i];
+		p->axes[i] = axes[i];
+		n *= (size_t)shape[i];
+	}
+	p->numel = n;
+	p->opt = opt;
+	p->decay = decay;
+	if (ndim >= 2) {
+		p->mat_rows = shape[ndim - 2];
+		p->mat_cols = shape[ndim - 1];
+	}
+	m->pidx[id] = -1;
+	if (n == 0)
+		return;
+	p->offset = m->numel;
+	m->numel += n;
+	m->pidx[id] = m->ntable;
+	m->table[m->ntable++] = *p;
+}
+
+#define SHAPE(...) (const int[]){ __VA_ARGS__ }
+#define AXES(...) (const char *const[]){ __VA_ARGS__ }
+#define NDIM(...) (int)(sizeof((int[]){ __VA_ARGS__ }) / sizeof(int))
+#define PARAM(id, name, opt, decay, shape, axes) \
+	add_param(m, id, name, opt, decay, (int)(sizeof(shape) / sizeof(int)), shape, axes)
+
+static void build_table(struct model *m)
+{
+	const struct model_dims *d = &m->d;
+	int L = d->L, Ld = d->L_dense, Lm = d->L_moe, QD = d->Hq * d->D, KD = d->Hkv * d->D;
+	int SF = d->S * d->Fe;
+	int s_embed[] = { d->V, d->C };
+	int s_norm[] = { L, d->C };
+	int s_q[] = { L, QD, d->C }, s_k[] = { L, KD, d->C }, s_o[] = { L, d->C, QD };
+	int s_up[] = { Ld, d->F, d->C }, s_down[] = { Ld, d->C, d->F };
+	int s_router[] = { Lm, d->E, d->C }, s_rbias[] = { Lm, d->E };
+	int s_eup[] = { Lm, d->E, d->Fe, d->C }, s_edown[] = { Lm, d->E, d->C, d->Fe };
+	int s_sup[] = { Lm, SF, d->C }, s_sdown[] = { Lm, d->C, SF };
+	int s_fnorm[] = { d->C };
+
+	PARAM(P_EMBED, "embed", OPT_ADAMW, true, s_embed, AXES("vocab", "embed"));
+	PARAM(P_ATTN_NORM, "attn_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"));
+	PARAM(P_WQ, "wq", OPT_MUON, true, s_q, AXES("layers", "q_heads", "embed"));
+	PARAM(P_WK, "wk", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"));
+	PARAM(P_WV, "wv", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"));
+	PARAM(P_WO, "wo", OPT_MUON, true, s_o, AXES("layers", "embed", "q_heads"));
+	PARAM(P_MLP_NORM, "mlp_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"));
+	PARAM(P_W_GATE, "w_gate", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"));
+	PARAM(P_W_UP, "w_up", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"));
+	PARAM(P_W_DOWN, "w_down", OPT_MUON, true, s_down, AXES("layers", "embed", "mlp"));
+	PARAM(P_ROUTER, "router", OPT_ADAMW, true, s_router, AXES("layers", "exp", "embed_moe"));
+	PARAM(P_ROUTER_BIAS, "router_bias", OPT_NONE, false, s_rbias, AXES("layers", "exp"));
+	PARAM(P_E_GATE, "e_gate", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"));
+	PARAM(P_E_UP, "e_up", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"));
+	PARAM(P_E_DOWN, "e_down", OPT_MUON, true, s_edown, AXES("layers", "exp", "embed_moe", "mlp_moe"));
+	PARAM(P_S_GATE, "s_gate", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"));
+	PARAM(P_S_UP, "s_up", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"));
+	PARAM(P_S_DOWN, "s_down", OPT_MUON, true, s_sdown, AXES("layers", "embed", "mlp"));
+	PARAM(P_FINAL_NORM, "final_norm", OPT_ADAMW, false, s_fnorm, AXES("norm"));
+	if (!d->tied) {
+		int s_head[] = { d->V, d->C };
+		PARAM(P_LM_HEAD, "lm_head", OPT_ADAMW, true, s_head, AXES("vocab", "embed"));
+	} else {
+		m->pidx[P_LM_HEAD] = -1;
+	}
+}
+
+/* Pointer to layer l's slice of stacked parameter id in buf (params/grads). */
+static float *pl(const struct model *m, float *buf, int id, int l)
+{
+	const struct param_info *p = &m->p[id];
+	if (m->pidx[id] < 0)
+		return NULL;
+	size_t per = p->numel / (size_t)p->shape[0];
+	return buf + p->offset + per * (size_t)l;
+}
+
+static float *pp(const struct model *m, float *buf, int id)
+{
+	return m->pidx[id] < 0 ? NULL : buf + m->p[id].offset;
+}
+
+/* ---- allocation ---- */
+
+struct arena {
+	char *base;
+	size_t used;
+};
+
+static void *take(struct arena *a, size_t bytes)
+{
+	void *p = a->base ? a->base + a->used : NULL;
+	a->used += (bytes + 63) & ~(size_t)63;
+	return p;
+}
+
+#define TAKEF(a, n) ((float *)take(a, sizeof(float) * (size_t)(n)))
+#define TAKEI(a, n) ((int32_t *)take(a, sizeof(int32_t) * (size_t)(n)))
+
+static void lay_out(struct model *m, struct arena *a)
+{
+	const struct model_dims *d = &m->d;
+	size_t N = (size_t)m->N, C = d->C, QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
+	size_t NK = N * (size_t)d->K, SF = (size_t)d->S * d->Fe;
+	size_t att = (size_t)m->B * d->Hq * d->T * d->T;
+	size_t big = N * (size_t)d->F;
+	if (d->L_moe) {
+		big = big > NK * (size_t)d->Fe ? big : NK * (size_t)d->Fe;
+		big = big > N * SF ? big : N * SF;
+	}
+
+	m->resid = TAKEF(a, (d->L + 1) * N * C);
+	for (int l = 0; l < d->L; l++) {
+		struct layer_acts *x = &m->la[l];
+		x->ln1 = TAKEF(a, N * C);
+		x->rstd1 = TAKEF(a, N);
+		x->q = TAKEF(a, N * QD);
+		x->k = TAKEF(a, N * KD);
+		x->v = TAKEF(a, N * KD);
+		x->att = TAKEF(a, att);
+		x->atty = TAKEF(a, N * QD);
+		x->xmid = TAKEF(a, N * C);
+		x->ln2 = TAKEF(a, N * C);
+		x->rstd2 = TAKEF(a, N);
+		if (l < d->L_dense) {
+			x->g = TAKEF(a, N * d->F);
+			x->u = TAKEF(a, N * d->F);
+			x->h = TAKEF(a, N * d->F);
+		} else {
+			x->scores = TAKEF(a, N * d->E);
+			x->weights = TAKEF(a, NK);
+			x->idx = TAKEI(a, NK);
+			x->order = TAKEI(a, NK);
+			x->offsets = TAKEI(a, d->E + 1);
+			x->counts = TAKEI(a, d->E);
+			x->xs = TAKEF(a, NK * C);
+			x->eg = TAKEF(a, NK * d->Fe);
+			x->eu = TAKEF(a, NK * d->Fe);
+			x->eh = TAKEF(a, NK * d->Fe);
+			x->ey = TAKEF(a, NK * C);
+			if (SF) {
+				x->sg = TAKEF(a, N * SF);
+				x->su = TAKEF(a, N * SF);
+				x->sh = TAKEF(a, N * SF);
+			}
+		}
+	}
+	m->lnf = TAKEF(a, N * C);
+	m->rstdf = TAKEF(a, N);
+	m->logits = TAKEF(a, N * d->V);
+	m->probs = TAKEF(a, N * d->V);
+	m->losses = TAKEF(a, N);
+	m->cos_t = TAKEF(a, (size_t)d->T * d->D / 2);
+	m->sin_t = TAKEF(a, (size_t)d->T * d->D / 2);
+	m->dresid = TAKEF(a, N * C);
+	m->dln = TAKEF(a, N * C);
+	m->dbig1 = TAKEF(a, big);
+	m->dbig2 = TAKEF(a, big);
+	m->dbig3 = TAKEF(a, big);
+	m->dq = TAKEF(a, N * QD);
+	m->dk = TAKEF(a, N * KD);
+	m->dv = TAKEF(a, N * KD);
+	m->dqr = TAKEF(a, N * QD);
+	m->dkr = TAKEF(a, N * KD);
+	m->datty = TAKEF(a, N * QD);
+	m->att_scratch = TAKEF(a, (size_t)d->T * d->T + (size_t)d->T * d->D);
+	m->dlogits = TAKEF(a, N * d->V);
+	if (d->L_moe) {
+		m->dscores = TAKEF(a, N * d->E);
+		m->dlogits_r = TAKEF(a, N * d->E);
+		m->dweights = TAKEF(a, NK);
+		m->dxs = TAKEF(a, NK * C);
+		m->dey = TAKEF(a, NK * C);
+		m->counts_all = TAKEI(a, (size_t)d->L_moe * d->E);
+	}
+}
+
+struct model *model_new(const struct model_dims *d, int B, char *err, size_t errlen)
+{
+	struct model *m = calloc(1, sizeof(*m));
+	if (!m)
+		goto oom;
+	m->d = *d;
+	m->B = B;
+	m->N = B * d->T;
+	build_table(m);
+	m->la = calloc((size_t)d->L, sizeof(*m->la));
+	m->params = aligned_alloc(64, ((m->numel * sizeof(float)) + 63) & ~(size_t)63);
+	m->grads = aligned_alloc(64, ((m->numel * sizeof(float)) + 63) & ~(size_t)63);
+	if (!m->la || !m->params || !m->grads)
+		goto oom;
+	memset(m->params, 0, m->numel * sizeof(float));
+	memset(m->grads, 0, m->numel * sizeof(float));
+	struct arena a = { 0 };
+	lay_out(m, &a);                 /* sizing pass */
+	m->act_bytes = a.used;
+	m->act_mem = aligned_alloc(64, a.used);
+	if (!m->act_mem)
+		goto oom;
+	memset(m->act_mem, 0, a.used);
+	a.base = m->act_mem;
+	a.used = 0;
+	lay_out(m, &a);
+	rope_table(m->cos_t, m->sin_t, d->T, d->D, d->theta);
+	return m;
+oom:
+	snprintf(err, errlen, "model: out of memory for %d sequences of %d tokens", B, d->T);
+	model_free(m);
+	return NULL;
+}
+
+void model_free(struct model *m)
+{
+	if (!m)
+		return;
+	free(m->act_mem);
+	free(m->params);
+	free(m->grads);
+	free(m->la);
+	free(m);
+}
+
+const struct model_dims *model_dims(const struct model *m) { return &m->d; }
+int model_num_params(const struct model *m) { return m->ntable; }
+const struct param_info *model_param(const struct model *m, int i) { return &m->table[i]; }
+float *model_params(struct model *m) { return m->params; }
+float *model_grads(struct model *m) { return m->grads; }
+size_t model_numel(const struct model *m) { return m->numel; }
+const int32_t *model_expert_counts(const struct model *m) { return m->counts_all; }
+
+const struct param_info *model_param_by_name(const struct model *m, const char *name)
+{
+	for (int i = 0; i < m->ntable; i++)
+		if (!strcmp(m->table[i].name, name))
+			return &m->table[i];
+	return NULL;
+}
+
+/* ---- init ---- */
+
+static uint64_t splitmix64(uint64_t x)
+{
+	x += 0x9E3779B97F4A7C15ull;
+	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+	x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+	return x ^ (x >> 31);
+}
+
+static uint64_t name_hash(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	return h;
+}
+
+/* N(0,1) for element i of a tensor: Box-Muller on two counter-based
+ * uniforms; a pure function of (key, i). */
+static float normal_at(uint64_t key, size_t i)
+{
+	uint64_t a = splitmix64(key ^ (2 * (uint64_t)i));
+	uint64_t b = splitmix64(key ^ (2 * (uint64_t)i + 1));
+	double u1 = ((a >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+	double u2 = (b >> 11) * (1.0 / 9007199254740992.0);
+	return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+}
+
+void model_init(struct model *m, uint64_t seed, float std)
+{
+	for (int t = 0; t < m->ntable; t++) {
+		const struct param_info *p = &m->table[t];
+		float *w = m->params + p->offset;
+		if (!strcmp(p->axes[p->ndim - 1], "norm")) {
+			for (size_t i = 0; i < p->numel; i++)
+				w[i] = 1.0f;
+		} else if (p->opt == OPT_NONE) {
+			memset(w, 0, p->numel * sizeof(float));
+		} else {
+			uint64_t key = splitmix64(seed ^ name_hash(p->name));
+			for (size_t i = 0; i < p->numel; i++)
+				w[i] = std * normal_at(key, i);
+		}
+	}
+}
+
+/* ---- forward ---- */
+
+static void layer_forward(struct model *m, int l)
+{
+	const struct model_dims *d = &m->d;
+	struct layer_acts *a = &m->la[l];
+	int N = m->N, C = d->C, QD = d->Hq * d->D, KD = d->Hkv * d->D;
+	float *x = m->resid + (size_t)l * N * C, *xo = x + (size_t)N * C;
+	float *P = m->params, *tmp = m->dln; /* dln is free during forward */
+
+	rmsnorm_forward(a->ln1, a->rstd1, x, pl(m, P, P_ATTN_NORM, l), N, C, d->eps);
+	linear_forward(a->q, a->ln1, pl(m, P, P_WQ, l), N, C, QD);
+	linear_forward(a->k, a->ln1, pl(m, P, P_WK, l), N, C, KD);
+	linear_forward(a->v, a->ln1, pl(m, P, P_WV, l), N, C, KD);
+	rope_forward(a->q, a->q, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
+	rope_forward(a->k, a->k, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
+	attention_forward(a->atty, a->att, a->q, a->k, a->v, m->B, d->T, d->Hq, d->Hkv, d->D);
+	linear_forward(tmp, a->atty, pl(m, P, P_WO, l), N, QD, C);
+	residual_forward(a->xmid, x, tmp, N * C);
+	rmsnorm_forward(a->ln2, a->rstd2, a->xmid, pl(m, P, P_MLP_NORM, l), N, C, d->eps);
+
+	if (l < d->L_dense) {
+		linear_forward(a->g, a->ln2, pl(m, P, P_W_GATE, l), N, C, d->F);
+		linear_forward(a->u, a->ln2, pl(m, P, P_W_UP, l), N, C, d->F);
+		swiglu_forward(a->h, a->g, a->u, N, d->F);
+		linear_forward(tmp, a->h, pl(m, P, P_W_DOWN, l), N, d->F, C);
+		residual_forward(xo, a->xmid, tmp, N * C);
+		return;
+	}
+
+	/* MoE: route, run each expert on its rows, combine */
+	int lm = l - d->L_dense, E = d->E, K = d->K, Fe = d->Fe, NK = N * K;
+	float *logits = m->dlogits_r; /* scratch in forward */
+	linear_forward(logits, a->ln2, pl(m, P, P_ROUTER, lm), N, C, E);
+	moe_router_forward(a->weights, a->idx, a->scores, logits,
+			   d->router_bias ? pl(m, P, P_ROUTER_BIAS, lm) : NULL, N, E, K,
+			   (enum moe_score)d->moe_score, d->norm_topk, d->routed_scale);
+	moe_sort(a->order, a->offsets, a->idx, N, E, K);
+	moe_gather(a->xs, a->ln2, a->order, NK, K, C);
+	float *wg = pl(m, P, P_E_GATE, lm), *wu = pl(m, P, P_E_UP, lm), *wd = pl(m, P, P_E_DOWN, lm);
+	for (int e = 0; e < E; e++) {
+		int r0 = a->offsets[e], ne = a->offsets[e + 1] - r0;
+		size_t wsz = (size_t)Fe * C;
+		a->counts[e] = ne;
+		if (!ne)
+			continue;
+		linear_forward(a->eg + (size_t)r0 * Fe, a->xs + (size_t)r0 * C, wg + e * wsz, ne, C, Fe);
+		linear_forward(a->eu + (size_t)r0 * Fe, a->xs + (size_t)r0 * C, wu + e * wsz, ne, C, Fe);
+		swiglu_forward(a->eh + (size_t)r0 * Fe, a->eg + (size_t)r0 * Fe, a->eu + (size_t)r0 * Fe, ne, Fe);
+		linear_forward(a->ey + (size_t)r0 * C, a->eh + (size_t)r0 * Fe, wd + e * wsz, ne, Fe, C);
+	}
+	memcpy(m->counts_all + (size_t)lm * E, a->counts, sizeof(int32_t) * E);
+	memset(tmp, 0, sizeof(float) * (size_t)N * C);
+	moe_combine(tmp, a->ey, a->weights, a->order, NK, K, C);
+	if (d->S) {
+		int SF = d->S * Fe;
+		linear_forward(a->sg, a->ln2, pl(m, P, P_S_GATE, lm), N, C, SF);
+		linear_forward(a->su, a->ln2, pl(m, P, P_S_UP, lm), N, C, SF);
+		swiglu_forward(a->sh, a->sg, a->su, N, SF);
+		linear_forward_acc(tmp, a->sh, pl(m, P, P_S_DOWN, lm), N, SF, C);
+	}
+	residual_forward(xo, a->xmid, tmp, N * C);
+}
+
+static float *head_weight(struct model *m, float *buf)
+{
+	return m->d.tied ? pp(m, buf, P_EMBED) : pp(m, buf, P_LM_HEAD);
+}
+
+/* Runs the forward over all N rows; returns the sum of token losses and
+ * the load-balance loss in *aux. */
+static double forward_all(struct model *m, const int32_t *inputs, const int32_t *targets, double *aux)
+{
+	const struct model_dims *d = &m->d;
+	int N = m->N, C = d->C;
+	double lb = 0;
+
+	embedding_forward(m->resid, inputs, pp(m, m->params, P_EMBED), N, C);
+	for (int l = 0; l < d->L; l++) {
+		layer_forward(m, l);
+		if (l >= d->L_dense) {
+			struct layer_acts *a = &m->la[l];
+			int32_t cnt[1024];
+			lb += moe_aux_loss_forward(cnt, a->scores, a->idx, N, d->E, d->K);
+		}
+	}
+	float *xL = m->resid + (size_t)d->L * N * C;
+	rmsnorm_forward(m->lnf, m->rstdf, xL, pp(m, m->params, P_FINAL_NORM), N, C, d->eps);
+	linear_forward(m->logits, m->lnf, head_weight(m, m->params), N, C, d->V);
+	double mean = softmax_xent_forward(m->losses, m->probs, m->logits, targets, N, d->V);
+	if (aux)
+		*aux = lb;
+	return mean * N;
+}
+
+double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows)
+{
+	double aux;
+	forward_all(m, inputs, targets, &aux);
+	double s = 0;
+	for (int i = 0; i < rows * m->d.T; i++)
+		s += m->losses[i];
+	return s;
+}
+
+/* ---- backward ---- */
+
+/* dresid holds dL/d(output of layer l); on return dL/d(input of layer l). */
+static void layer_backward(struct model *m, int l, float aux_scale)
+{
+	const struct model_dims *d = &m->d;
+	struct layer_acts *a = &m->la[l];
+	int N = m->N, C = d->C, QD = d->Hq * d->D, KD = d->Hkv * d->D;
+	float *x = m->resid + (size_t)l * N * C;
+	float *P = m->params, *G = m->grads, *dres = m->dresid, *dln = m->dln;
+
+	memset(dln, 0, sizeof(float) * (size_t)N * C);
+	if (l < d->L_dense) {
+		float *dh = m->dbig1, *dg = m->dbig2, *du = m->dbig3;
+		size_t nf = (size_t)N * d->F;
+		memset(dh, 0, nf * sizeof(float));
+		linear_backward(dh, pl(m, G, P_W_DOWN, l), dres, a->h, pl(m, P, P_W_DOWN, l), N, d->F, C);
+		memset(dg, 0, nf * sizeof(float));
+		memset(du, 0, nf * sizeof(float));
+		swiglu_backward(dg, du, dh, a->g, a->u, N, d->F);
+		linear_backward(dln, pl(m, G, P_W_GATE, l), dg, a->ln2, pl(m, P, P_W_GATE, l), N, C, d->F);
+		linear_backward(dln, pl(m, G, P_W_UP, l), du, a->ln2, pl(m, P, P_W_UP, l), N, C, d->F);
+	} else {
+		int lm = l - d->L_dense, E = d->E, K = d->K, Fe = d->Fe, NK = N * K;
+		if (d->S) {
+			int SF = d->S * Fe;
+			size_t ns = (size_t)N * SF;
+			float *dh = m->dbig1, *dg = m->dbig2, *du = m->dbig3;
+			memset(dh, 0, ns * sizeof(float));
+			linear_backward(dh, pl(m, G, P_S_DOWN, lm), dres, a->sh, pl(m, P, P_S_DOWN, lm), N, SF, C);
+			memset(dg, 0, ns * sizeof(float));
+			memset(du, 0, ns * sizeof(float));
+			swiglu_backward(dg, du, dh, a->sg, a->su, N, SF);
+			linear_backward(dln, pl(m, G, P_S_GATE, lm), dg, a->ln2, pl(m, P, P_S_GATE, lm), N, C, SF);
+			linear_backward(dln, pl(m, G, P_S_UP, lm), du, a->ln2, pl(m, P, P_S_UP, lm), N, C, SF);
+		}
+		memset(m->dey, 0, sizeof(float) * (size_t)NK * C);
+		memset(m->dweights, 0, sizeof(float) * (size_t)NK);
+		moe_combine_backward(m->dey, m->dweights, dres, a->ey, a->weights, a->order, NK, K, C);
+		float *wg = pl(m, P, P_E_GATE, lm), *wu = pl(m, P, P_E_UP, lm), *wd = pl(m, P, P_E_DOWN, lm);
+		float *gg = pl(m, G, P_E_GATE, lm), *gu = pl(m, G, P_E_UP, lm), *gd = pl(m, G, P_E_DOWN, lm);
+		float *deh = m->dbig1, *deg = m->dbig2, *deu = m->dbig3;
+		size_t wsz = (size_t)Fe * C;
+		memset(deh, 0, sizeof(float) * (size_t)NK * Fe);
+		memset(deg, 0, sizeof(float) * (size_t)NK * Fe);
+		memset(deu, 0, sizeof(float) * (size_t)NK * Fe);
+		memset(m->dxs, 0, sizeof(float) * (size_t)NK * C);
+		for (int e = 0; e < E; e++) {
+			int r0 = a->offsets[e], ne = a->offsets[e + 1] - r0;
+			if (!ne)
+				continue;
+			size_t rf = (size_t)r0 * Fe, rc = (size_t)r0 * C;
+			linear_backward(deh + rf, gd + e * wsz, m->dey + rc, a->eh + rf, wd + e * wsz, ne, Fe, C);
+			swiglu_backward(deg + rf, deu + rf, deh + rf, a->eg + rf, a->eu + rf, ne, Fe);
+			linear_backward(m->dxs + rc, gg + e * wsz, deg + rf, a->xs + rc, wg + e * wsz, ne, C, Fe);
+			linear_backward(m->dxs + rc, gu + e * wsz, deu + rf, a->xs + rc, wu + e * wsz, ne, C, Fe);
+		}
+		moe_gather_backward(dln, m->dxs, a->order, NK, K, C);
+		/* router: through the top-k weights and the load-balance loss */
+		memset(m->dlogits_r, 0, sizeof(float) * (size_t)N * E);
+		moe_router_backward(m->dlogits_r, m->dweights, a->scores, a->idx, N, E, K,
+				    (enum moe_score)d->moe_score, d->norm_topk, d->routed_scale);
+		if (aux_scale != 0.0f) {
+			int32_t cnt[1024];
+			moe_aux_loss_forward(cnt, a->scores, a->idx, N, E, K);
+			memset(m->dscores, 0, sizeof(float) * (size_t)N * E);
+			moe_aux_loss_backward(m->dscores, a->scores, cnt, aux_scale, N, E, K);
+			moe_scores_backward(m->dlogits_r, m->dscores, a->scores, N, E,
+					    (enum moe_score)d->moe_score);
+		}
+		linear_backward(dln, pl(m, G, P_ROUTER, lm), m->dlogits_r, a->ln2, pl(m, P, P_ROUTER, lm), N, C, E);
+	}
+	rmsnorm_backward(dres, pl(m, G, P_MLP_NORM, l), dln, a->xmid, pl(m, P, P_MLP_NORM, l), a->rstd2, N, C);
+
+	/* attention block: dres now holds dL/d(xmid) */
+	memset(m->datty, 0, sizeof(float) * (size_t)N * QD);
+	linear_backward(m->datty, pl(m, G, P_WO, l), dres, a->atty, pl(m, P, P_WO, l), N, QD, C);
+	memset(m->dq, 0, sizeof(float) * (size_t)N * QD);
+	memset(m->dk, 0, sizeof(float) * (size_t)N * KD);
+	memset(m->dv, 0, sizeof(float) * (size_t)N * KD);
+	attention_backward(m->dq, m->dk, m->dv, m->att_scratch, m->datty, a->q, a->k, a->v, a->att,
+			   m->B, d->T, d->Hq, d->Hkv, d->D);
+	memset(m->dqr, 0, sizeof(float) * (size_t)N * QD);
+	memset(m->dkr, 0, sizeof(float) * (size_t)N * KD);
+	rope_backward(m->dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
+	rope_backward(m->dkr, m->dk, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
+	memset(dln, 0, sizeof(float) * (size_t)N * C);
+	linear_backward(dln, pl(m, G, P_WQ, l), m->dqr, a->ln1, pl(m, P, P_WQ, l), N, C, QD);
+	linear_backward(dln, pl(m, G, P_WK, l), m->dkr, a->ln1, pl(m, P, P_WK, l), N, C, KD);
+	linear_backward(dln, pl(m, G, P_WV, l), m->dv, a->ln1, pl(m, P, P_WV, l), N, C, KD);
+	rmsnorm_backward(dres, pl(m, G, P_ATTN_NORM, l), dln, x, pl(m, P, P_ATTN_NORM, l), a->rstd1, N, C);
+}
+
+double model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
+			      float loss_scale, float aux_scale, double *aux)
+{
+	const struct model_dims *d = &m->d;
+	int N = m->N, C = d->C;
+	double lb = 0;
+	double sum = forward_all(m, inputs, targets, &lb);
+	if (aux)
+		*aux = lb;
+
+	float *G = m->grads;
+	memset(m->dlogits, 0, sizeof(float) * (size_t)N * d->V);
+	softmax_xent_backward(m->dlogits, m->probs, targets, loss_scale, N, d->V);
+	memset(m->dln, 0, sizeof(float) * (size_t)N * C);
+	linear_backward(m->dln, head_weight(m, G), m->dlogits, m->lnf, head_weight(m, m->params), N, C, d->V);
+	memset(m->dresid, 0, sizeof(float) * (size_t)N * C);
+	rmsnorm_backward(m->dresid, pp(m, G, P_FINAL_NORM), m->dln, m->resid + (size_t)d->L * N * C,
+			 pp(m, m->params, P_FINAL_NORM), m->rstdf, N, C);
+	for (int l = d->L - 1; l >= 0; l--)
+		layer_backward(m, l, aux_scale);
+	embedding_backward(pp(m, G, P_EMBED), m->dresid, inputs, N, C);
+	return sum;
+}
+
+double model_flops_per_token(const struct model_dims *d)
+{
+	double C = d->C, QD = (double)d->Hq * d->D, KD = (double)d->Hkv * d->D;
+	double attn = C * QD * 2 + C * KD * 2;
+	double dense = 3.0 * C * d->F;
+	double moe = C * d->E + 3.0 * C * d->Fe * (d->K + d->S);
+	double mat = d->L * attn + d->L_dense * dense + d->L_moe * moe + (double)d->V * C;
+	return 6.0 * mat + 12.0 * d->L * d->T * QD;
+}

@@ -1,0 +1,89 @@
+/* Decoder-only transformer (DESIGN §7): embedding; per layer RMSNorm ->
+ * causal GQA attention with RoPE -> residual -> RMSNorm -> SwiGLU MLP or MoE
+ * -> residual; final RMSNorm; output projection; softmax cross-entropy.
+ *
+ * Parameters and gradients each live in one allocation with the same
+ * layout; every tensor is addressed by name, carries logical axis names
+ * (DESIGN §6) and is stacked per layer ([layers, ...]) so a pipeline can view
+ * it as [repeats, stages, layers_per_stage, ...]. Linear weights are stored
+ * [out, in] as in Hugging Face checkpoints. */
+#ifndef MESHRUN_MODEL_H
+#define MESHRUN_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "host/config.h"
+
+struct model_dims {
+	int V, C, T;           /* vocab, d_model, sequence length */
+	int L, L_dense, L_moe; /* layers; first L_dense dense, then L_moe MoE */
+	int Hq, Hkv, D;        /* heads, kv heads, head dim */
+	int F;                 /* dense SwiGLU hidden */
+	int E, K, Fe, S;       /* experts, top-k, expert hidden, shared experts */
+	int moe_score;         /* enum moe_score */
+	bool norm_topk, tied, router_bias;
+	float routed_scale, eps, theta, lb_weight;
+};
+
+enum param_opt { OPT_ADAMW, OPT_MUON, OPT_NONE };
+
+#define MODEL_MAX_DIMS 5
+#define MODEL_MAX_PARAMS 32
+
+/* One named parameter tensor (stacked over `layers` when stacked). */
+struct param_info {
+	char name[48];
+	int ndim;
+	int shape[MODEL_MAX_DIMS];
+	const char *axes[MODEL_MAX_DIMS]; /* logical axis names */
+	size_t offset, numel;             /* into the one allocation, in floats */
+	enum param_opt opt;               /* AdamW, Muon (per 2-D matrix), none */
+	bool decay;                       /* weight decay applies */
+	int mat_rows, mat_cols;           /* Muon: each [rows, cols] slice */
+};
+
+struct model;
+
+/* Reads and checks model dims from the config; -EINVAL with err naming the
+ * key for impossible shapes. */
+int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, size_t errlen);
+
+/* Allocates parameters, gradients and activations for B sequences of T.
+ * NULL with err on failure. */
+struct model *model_new(const struct model_dims *d, int B, char *err, size_t errlen);
+void model_free(struct model *m);
+const struct model_dims *model_dims(const struct model *m);
+
+/* Parameter table. */
+int model_num_params(const struct model *m);
+const struct param_info *model_param(const struct model *m, int i);
+const struct param_info *model_param_by_name(const struct model *m, const char *name);
+float *model_params(struct model *m);      /* the one allocation */
+float *model_grads(struct model *m);       /* same layout */
+size_t model_numel(const struct model *m); /* floats in each */
+
+/* Deterministic init: value of element i of tensor t depends only on
+ * (seed, tensor name, i), so any sharding can recompute its shard. */
+void model_init(struct model *m, uint64_t seed, float std);
+
+/* Forward and backward on B x T tokens; gradients are ACCUMULATED into
+ * model_grads (zero them first). Cross-entropy gradients are scaled by
+ * loss_scale (1/global tokens for a mean over the global batch); the MoE
+ * load-balance loss by aux_scale. Returns the sum of per-token losses of
+ * these tokens; *aux receives the load-balance loss (0 for dense). */
+double model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
+			      float loss_scale, float aux_scale, double *aux);
+/* Forward only: sum of per-token cross-entropy over the first `rows` rows. */
+double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows);
+
+/* Per-expert token counts of the last forward, [L_moe, E] (NULL if dense);
+ * used by the aux-loss-free router bias update. */
+const int32_t *model_expert_counts(const struct model *m);
+
+/* Matmul FLOPs per token for forward+backward (6 x matmul params active per
+ * token + 12 x L x T x Hq x D for attention), for TFLOP/s and MFU. */
+double model_flops_per_token(const struct model_dims *d);
+
+#endif

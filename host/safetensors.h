@@ -1,0 +1,77 @@
+/* safetensors files (the Hugging Face checkpoint format, DESIGN §7) and the
+ * small JSON-file helpers a checkpoint directory's config.json needs.
+ *
+ * Layout: u64 little-endian header length N; N bytes of JSON
+ *   {"__metadata__": {str: str}, "name": {"dtype": "F32", "shape": [...],
+ *    "data_offsets": [begin, end]}, ...}
+ * padded with spaces so N is a multiple of 8; then the data section, which
+ * the tensors tile exactly (offsets relative to its start). Everything read
+ * from a file is validated before it is trusted. Writes are atomic: a
+ * temporary file beside the target, fsync, rename, fsync of the directory. */
+#ifndef MESHRUN_SAFETENSORS_H
+#define MESHRUN_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ST_MAX_DIMS 8
+/* headers larger than this are refused (the reference reader's limit) */
+#define ST_MAX_HEADER (100u << 20)
+
+struct cJSON;
+
+/* One tensor to write: float32, row-major, `shape[0..ndim)` (ndim 0 is a
+ * scalar). data may be NULL only when the tensor has no elements. */
+struct st_tensor {
+	const char *name;
+	int ndim;
+	int64_t shape[ST_MAX_DIMS];
+	const float *data;
+};
+
+/* One tensor of an open file. data is float32 whatever the stored dtype
+ * (BF16 is widened on load), aligned, valid until st_close. */
+struct st_entry {
+	const char *name;
+	int ndim;
+	int64_t shape[ST_MAX_DIMS];
+	const float *data;
+	int64_t numel;
+	const char *dtype; /* as stored: "F32" or "BF16" */
+};
+
+struct st_file;
+
+/* Writes n tensors, packed in the order given, with optional string
+ * metadata meta_kv = { key, value, ..., NULL } (NULL for none), atomically
+ * to path (via path.tmp, removed on failure; an existing file at path is
+ * untouched unless the write succeeds). Names must be unique, non-empty and
+ * not "__metadata__". 0 or a negative errno, detail in err. */
+int st_write(const char *path, const struct st_tensor *t, int n, const char *const *meta_kv,
+	     char *err, size_t errlen);
+
+/* Reads and validates a whole file: header length within the file and
+ * <= ST_MAX_HEADER, JSON header, dtype F32 or BF16, shapes matching their
+ * byte ranges, ranges inside the data section, not overlapping and covering
+ * it exactly, unique names, string-only metadata. NULL with a one-line
+ * error naming the file (and tensor) in err. The caller frees with
+ * st_close. */
+struct st_file *st_open(const char *path, char *err, size_t errlen);
+void st_close(struct st_file *f);
+
+/* Tensors in data-section order, i in [0, st_count). */
+int st_count(const struct st_file *f);
+const struct st_entry *st_entry_at(const struct st_file *f, int i);
+/* NULL if there is no tensor of that name. */
+const struct st_entry *st_find(const struct st_file *f, const char *name);
+/* Metadata value or NULL. */
+const char *st_meta(const struct st_file *f, const char *key);
+
+/* Writes root (pretty-printed, newline-terminated) to path atomically, like
+ * st_write. Does not take ownership of root. 0 or a negative errno. */
+int json_write_atomic(const char *path, const struct cJSON *root, char *err, size_t errlen);
+/* Parses a JSON file (at most 64 MiB). The caller frees the result with
+ * cJSON_Delete. NULL with err naming the file. */
+struct cJSON *json_read_file(const char *path, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,198 @@
+/* Per-device trainer: see host/train.h. The optimizer keeps two buffers in
+ * the parameters' layout: AdamW's m and v, or Muon's momentum in m. */
+#include "host/train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/data.h"
+#include "kernels/kernels.h"
+
+struct trainer {
+	struct cfg cfg;
+	struct model *model;
+	struct dataset *data;
+	int rows;
+	float *m, *v, *scratch;
+	int32_t *inputs, *targets;
+	double *scal;       /* loss sum, aux, expert counts [L_moe, E]: reduced */
+	int nscal;
+	bool muon;
+};
+
+struct model *trainer_model(struct trainer *t) { return t->model; }
+struct dataset *trainer_data(struct trainer *t) { return t->data; }
+int trainer_rows(const struct trainer *t) { return t->rows; }
+float *trainer_opt_m(struct trainer *t) { return t->m; }
+float *trainer_opt_v(struct trainer *t) { return t->v; }
+const struct cfg *trainer_cfg(const struct trainer *t) { return &t->cfg; }
+
+struct trainer *trainer_new(const struct cfg *c, int rows, char *err, size_t errlen)
+{
+	struct model_dims d;
+	struct trainer *t;
+
+	if (model_dims_from_cfg(&d, c, err, errlen))
+		return NULL;
+	if (strcmp(c->opt_type, "adamw") && strcmp(c->opt_type, "muon")) {
+		snprintf(err, errlen, "config: key 'opt_type' must be adamw or muon, got '%s'", c->opt_type);
+		return NULL;
+	}
+	if (c->steps < 0) {
+		snprintf(err, errlen, "config: key 'steps' must be >= 0, got %lld", c->steps);
+		return NULL;
+	}
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		goto oom;
+	t->cfg = *c;
+	t->rows = rows;
+	t->muon = !strcmp(c->opt_type, "muon");
+	t->data = data_open(c, err, errlen);
+	if (!t->data)
+		goto fail;
+	t->model = model_new(&d, rows, err, errlen);
+	if (!t->model)
+		goto fail;
+	model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
+	size_t n = model_numel(t->model);
+	t->m = calloc(n, sizeof(float));
+	t->v = calloc(n, sizeof(float));
+	size_t big = 0;
+	for (int i = 0; i < model_num_params(t->model); i++) {
+		const struct param_info *p = model_param(t->model, i);
+		if (p->opt != OPT_MUON)
+			continue;
+		size_t mx = (size_t)(p->mat_rows > p->mat_cols ? p->mat_rows : p->mat_cols);
+		size_t need = 3 * mx * mx + 2 * (size_t)p->mat_rows * p->mat_cols;
+		if (need > big)
+			big = need;
+	}
+	t->scratch = malloc(sizeof(float) * (big ? big : 1));
+	t->inputs = malloc(sizeof(int32_t) * (size_t)rows * d.T);
+	t->targets = malloc(sizeof(int32_t) * (size_t)rows * d.T);
+	t->nscal = 2 + d.L_moe * d.E;
+	t->scal = calloc((size_t)t->nscal, sizeof(double));
+	if (!t->m || !t->v || !t->scratch || !t->inputs || !t->targets || !t->scal)
+		goto oom;
+	return t;
+oom:
+	snprintf(err, errlen, "train: out of memory");
+fail:
+	trainer_free(t);
+	return NULL;
+}
+
+void trainer_free(struct trainer *t)
+{
+	if (!t)
+		return;
+	model_free(t->model);
+	if (t->data)
+		data_close(t->data);
+	free(t->m);
+	free(t->v);
+	free(t->scratch);
+	free(t->inputs);
+	free(t->targets);
+	free(t->scal);
+	free(t);
+}
+
+/* DeepSeek-V3's auxiliary-loss-free balancing: nudge each expert's
+ * selection bias toward the mean load (counts summed over all replicas, so
+ * every replica makes the same update). */
+static void update_router_bias(struct trainer *t, const struct param_info *p)
+{
+	const struct model_dims *d = model_dims(t->model);
+	const double *counts = t->scal + 2;
+	float rate = (float)t->cfg.routed_bias_update_rate;
+	float *b = model_params(t->model) + p->offset;
+	if (!d->L_moe || rate == 0.0f)
+		return;
+	for (int l = 0; l < d->L_moe; l++) {
+		int32_t c[1024];
+		for (int e = 0; e < d->E; e++)
+			c[e] = (int32_t)counts[(size_t)l * d->E + e];
+		moe_bias_update(b + (size_t)l * d->E, c, d->E, rate);
+	}
+}
+
+static void optimizer_update(struct trainer *t, int64_t step, float lr)
+{
+	struct model *m = t->model;
+	const struct cfg *c = &t->cfg;
+	float *P = model_params(m), *G = model_grads(m);
+	float wd = (float)c->adam_weight_decay;
+
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		size_t o = p->offset;
+		if (p->opt == OPT_NONE) {
+			update_router_bias(t, p);
+		} else if (p->opt == OPT_MUON && t->muon) {
+			size_t per = (size_t)p->mat_rows * p->mat_cols;
+			for (size_t s = 0; s < p->numel / per; s++)
+				muon_update(P + o + s * per, G + o + s * per, t->m + o + s * per,
+					    t->scratch, p->mat_rows, p->mat_cols, lr,
+					    (float)c->muon_momentum, p->decay ? wd : 0.0f);
+		} else {
+			adamw_update(P + o, G + o, t->m + o, t->v + o, p->numel, lr,
+				     (float)c->adam_b1, (float)c->adam_b2, (float)c->adam_eps,
+				     p->decay ? wd : 0.0f, (int)step + 1);
+		}
+	}
+}
+
+int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
+		 train_reduce_fn reduce, void *ctx, struct step_stats *st,
+		 char *err, size_t errlen)
+{
+	struct model *m = t->model;
+	const struct cfg *c = &t->cfg;
+	const struct model_dims *d = model_dims(m);
+	size_t n = model_numel(m);
+	double global_tokens = (double)global_rows * d->T;
+	double aux = 0, *scal = t->scal;
+	int rc;
+
+	data_batch(t->data, step, global_rows, row0, t->rows, t->inputs, t->targets);
+	memset(model_grads(m), 0, n * sizeof(float));
+	/* The load-balance loss is averaged over the replicas' shares. */
+	float aux_scale = (float)(c->load_balance_loss_weight * t->rows / global_rows);
+	double sum = model_forward_backward(m, t->inputs, t->targets, (float)(1.0 / global_tokens),
+					    d->L_moe ? aux_scale : 0.0f, &aux);
+	scal[0] = sum;
+	scal[1] = aux * t->rows / global_rows;
+	const int32_t *cnt = model_expert_counts(m);
+	for (int i = 0; i < d->L_moe * d->E; i++)
+		scal[2 + i] = cnt[i];
+	if (reduce && (rc = reduce(ctx, model_grads(m), n, scal, t->nscal, err, errlen)))
+		return rc;
+
+	/* global-norm clipping over every trained parameter */
+	double ss = 0;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		if (p->opt != OPT_NONE)
+			ss += sumsq(model_grads(m) + p->offset, p->numel);
+	}
+	double norm = sqrt(ss);
+	if (c->gradient_clipping_threshold > 0 && norm > c->gradient_clipping_threshold)
+		scale_inplace(model_grads(m), n, (float)(c->gradient_clipping_threshold / norm));
+
+	int total = c->learning_rate_schedule_steps > 0 ? (int)c->learning_rate_schedule_steps : (int)c->steps;
+	int warmup = (int)(c->warmup_steps_fraction * total);
+	float lr = lr_schedule((int)step, (float)c->learning_rate, warmup, total,
+			       (float)c->cosine_learning_rate_final_fraction);
+	optimizer_update(t, step, lr);
+
+	st->loss = scal[0] / global_tokens;
+	st->aux = scal[1];
+	st->grad_norm = norm;
+	st->lr = lr;
+	return 0;
+}

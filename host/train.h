@@ -1,0 +1,52 @@
+/* Training on one device's rows: model + optimizer + data. A step computes
+ * gradients for rows [row0, row0+rows) of the global batch, hands them to a
+ * reduce callback (identity on one device; an all-reduce over the data
+ * devices in a mesh), clips by the global norm, and updates. The step loop
+ * is driven from outside so a pipeline schedule can drive it later. */
+#ifndef MESHRUN_TRAIN_H
+#define MESHRUN_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "host/config.h"
+#include "host/model.h"
+
+struct trainer;
+
+struct step_stats {
+	double loss;        /* mean cross-entropy over the global batch */
+	double aux;         /* load-balance loss (MoE) */
+	double grad_norm;   /* before clipping */
+	double lr;
+};
+
+/* Sums n floats and `nscalars` doubles over every device that holds a
+ * replica (in place). 0 or an exit code with err filled. */
+typedef int (*train_reduce_fn)(void *ctx, float *grads, size_t n, double *scalars,
+			       int nscalars, char *err, size_t errlen);
+
+/* rows = sequences this device computes per step. NULL with err. */
+struct trainer *trainer_new(const struct cfg *c, int rows, char *err, size_t errlen);
+void trainer_free(struct trainer *t);
+struct model *trainer_model(struct trainer *t);
+int trainer_rows(const struct trainer *t);
+
+/* One optimizer step (0-based) over rows [row0, row0 + rows) of a global
+ * batch of global_rows sequences; reduce may be NULL on one device. */
+int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
+		 train_reduce_fn reduce, void *ctx, struct step_stats *st,
+		 char *err, size_t errlen);
+
+/* Checkpoint (host/ckpt.c): a Hugging Face style directory. */
+int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen);
+/* Loads params and optimizer state; *next_step = the step to run next. */
+int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen);
+
+/* Optimizer state, for the checkpoint code. */
+float *trainer_opt_m(struct trainer *t);
+float *trainer_opt_v(struct trainer *t);
+const struct cfg *trainer_cfg(const struct trainer *t);
+struct dataset *trainer_data(struct trainer *t);
+
+#endif

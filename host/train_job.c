@@ -1,0 +1,175 @@
+/* The training job every agent runs (`meshrun agent`, `meshrun local`):
+ * one trainer per device thread, each computing its rows of the global
+ * batch. Today the mesh may only be sized along `data` (replicated
+ * parameters, gradients all-reduced); other axes are refused at start-up
+ * until the sharded-matmul planner lands (DESIGN §6). Global device 0
+ * prints the step log, writes metrics and checkpoints; on --resume it loads
+ * the checkpoint and broadcasts it, so only host 0 needs the directory. */
+#include "host/train_job.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/cli.h"
+#include "net/coll.h"
+
+struct reduce_ctx {
+	struct coll_dev *coll;
+	struct coll_group group;
+	double *gathered;       /* [n, nscal] */
+	int cap;
+};
+
+/* Gradients: ring all-reduce (deterministic order). Scalars (loss sums,
+ * expert counts) travel as doubles: gathered, then summed in rank order on
+ * every rank, so every replica sees the same bits. */
+static int reduce_all(void *vctx, float *grads, size_t n, double *scal, int nscal,
+		      char *err, size_t errlen)
+{
+	struct reduce_ctx *c = vctx;
+	int rc = coll_all_reduce(c->coll, &c->group, grads, n, err, errlen);
+	if (rc)
+		return EXIT_PEER_LOST;
+	if (nscal > c->cap) {
+		free(c->gathered);
+		c->gathered = malloc(sizeof(double) * (size_t)nscal * c->group.n);
+		if (!c->gathered) {
+			snprintf(err, errlen, "train: out of memory");
+			return EXIT_FAIL;
+		}
+		c->cap = nscal;
+	}
+	rc = coll_all_gather(c->coll, &c->group, c->gathered, scal, sizeof(double) * nscal, err, errlen);
+	if (rc)
+		return EXIT_PEER_LOST;
+	for (int i = 0; i < nscal; i++) {
+		double s = 0;
+		for (int r = 0; r < c->group.n; r++)
+			s += c->gathered[(size_t)r * nscal + i];
+		scal[i] = s;
+	}
+	return 0;
+}
+
+/* Only data parallelism trains today: every other axis must be 1. */
+static int check_mesh(const struct cfg *c, char *err, size_t errlen)
+{
+	for (int a = 0; a < AX_COUNT; a++) {
+		if (a == AX_DATA || (c->ici[a] == 1 && c->dcn[a] == 1))
+			continue;
+		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
+			 "along it is not implemented yet; only data parallelism "
+			 "(ici_data_parallelism, dcn_data_parallelism) trains today",
+			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int broadcast_state(struct trainer *t, struct reduce_ctx *rc, int64_t *start,
+			   char *err, size_t errlen)
+{
+	struct model *m = trainer_model(t);
+	size_t n = model_numel(m);
+	int64_t s = *start;
+	if (coll_broadcast(rc->coll, &rc->group, model_params(m), n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(rc->coll, &rc->group, trainer_opt_m(t), n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(rc->coll, &rc->group, trainer_opt_v(t), n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(rc->coll, &rc->group, &s, sizeof(s), 0, err, errlen))
+		return EXIT_PEER_LOST;
+	*start = s;
+	return 0;
+}
+
+int train_job(struct device_ctx *dev)
+{
+	const struct train_job_arg *arg = dev->job_arg;
+	const struct cfg *c = dev->cfg;
+	const struct run_opts *o = &arg->opts;
+	char *err = dev->err;
+	size_t errlen = sizeof(dev->err);
+	struct reduce_ctx rc = { 0 };
+	struct mesh_group *g = NULL;
+	struct trainer *t = NULL;
+	struct run_log log = { 0 };
+	int ret = 0;
+	int64_t start = 0;
+	bool leader = dev->device_id == 0;
+
+	if (check_mesh(c, err, errlen))
+		return EXIT_CONFIG;
+	g = malloc(sizeof(*g));
+	if (!g) {
+		snprintf(err, errlen, "train: out of memory");
+		return EXIT_FAIL;
+	}
+	mesh_group(dev->mesh, dev->device_id, (1u << AX_COUNT) - 1, g);
+	rc.group = (struct coll_group){ .id = g->id, .n = g->n, .rank = g->rank, .devs = g->devs };
+	rc.coll = coll_dev_new(dev->xport, dev->device_id, (size_t)c->segment_bytes,
+			       c->collective_timeout_s);
+	if (!rc.coll) {
+		snprintf(err, errlen, "train: unable to start the communication thread");
+		ret = EXIT_FAIL;
+		goto out;
+	}
+	int B = (int)c->per_device_batch_size, global_rows = B * g->n;
+	t = trainer_new(c, B, err, errlen);
+	if (!t) {
+		ret = strncmp(err, "config", 6) ? EXIT_INPUT : EXIT_CONFIG;
+		goto out;
+	}
+	/* every replica starts from the same state: device 0's */
+	if (o->resume && leader && trainer_load(t, o->ckpt_dir, &start, err, errlen)) {
+		ret = EXIT_INPUT;
+		goto out;
+	}
+	if ((ret = broadcast_state(t, &rc, &start, err, errlen)))
+		goto out;
+	if (leader && (ret = run_log_open(&log, o, c, model_dims(trainer_model(t)), g->n, err, errlen)))
+		goto out;
+
+	uint64_t dcn0 = agent_dcn_bytes_sent(dev->agent), ici0 = xport_local_bytes(dev->xport);
+	for (int64_t s = start; s < c->steps; s++) {
+		struct step_stats st;
+		coll_set_step(rc.coll, (uint64_t)s);
+		double t0 = run_now();
+		ret = trainer_step(t, s, global_rows, g->rank * B, reduce_all, &rc, &st, err, errlen);
+		if (ret)
+			goto out;
+		double dt = run_now() - t0;
+		if (!isfinite(st.loss)) {
+			snprintf(err, errlen, "train: loss is %g at step %" PRId64, st.loss, s);
+			ret = EXIT_FAIL;
+			goto out;
+		}
+		if (!leader)
+			continue;
+		uint64_t dcn = agent_dcn_bytes_sent(dev->agent), ici = xport_local_bytes(dev->xport);
+		if (c->log_period > 0 && (s % c->log_period == 0 || s == c->steps - 1))
+			run_log_step(&log, s, &st, dt, dcn - dcn0, ici - ici0);
+		dcn0 = dcn;
+		ici0 = ici;
+		bool last = s == c->steps - 1;
+		if (o->ckpt_dir && ((c->checkpoint_period > 0 && (s + 1) % c->checkpoint_period == 0) || last) &&
+		    trainer_save(t, o->ckpt_dir, s + 1, err, errlen)) {
+			ret = EXIT_FAIL;
+			goto out;
+		}
+	}
+	/* nobody leaves before the checkpoint is written */
+	if (coll_barrier(rc.coll, &rc.group, err, errlen))
+		ret = EXIT_PEER_LOST;
+out:
+	if (leader)
+		run_log_close(&log);
+	trainer_free(t);
+	if (rc.coll)
+		coll_dev_free(rc.coll);
+	free(rc.gathered);
+	free(g);
+	return ret;
+}

@@ -1,0 +1,220 @@
+/* Config loading: defaults agree with configs/base.yml, presets load, and
+ * every kind of bad input is refused naming the key and where it was. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "host/config.h"
+#include "host/mesh.h"
+
+static char err[1024];
+
+static const char *write_tmp(const char *text)
+{
+	static char path[64];
+	strcpy(path, "/tmp/meshrun-cfg-XXXXXX");
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	close(fd);
+	return path;
+}
+
+START_TEST(test_base_yml_matches_defaults)
+{
+	struct cfg a, b;
+	uint8_t ha[32], hb[32];
+	cfg_defaults(&a);
+	cfg_defaults(&b);
+	b.steps = 12345; /* make sure loading really overwrites */
+	ck_assert_msg(cfg_load_file(&b, "configs/base.yml", err, sizeof(err)) == 0, "%s", err);
+	cfg_hash(&a, ha);
+	cfg_hash(&b, hb);
+	ck_assert_int_eq(b.steps, a.steps);
+	ck_assert_msg(memcmp(ha, hb, 32) == 0, "configs/base.yml disagrees with the key table");
+}
+END_TEST
+
+START_TEST(test_presets_load)
+{
+	const char *files[] = { "configs/llama-tiny.yml", "configs/llama-bench.yml",
+				"configs/deepseek-tiny.yml" };
+	for (int i = 0; i < 3; i++) {
+		struct cfg c;
+		cfg_defaults(&c);
+		ck_assert_msg(cfg_load_file(&c, files[i], err, sizeof(err)) == 0, "%s", err);
+		ck_assert_msg(cfg_finish(&c, 1, 1, err, sizeof(err)) == 0, "%s", err);
+	}
+	struct cfg c;
+	cfg_defaults(&c);
+	cfg_load_file(&c, "configs/llama-bench.yml", err, sizeof(err));
+	ck_assert_int_eq(c.base_emb_dim, 512);
+	ck_assert_int_eq(c.base_mlp_dim, 1408);
+	ck_assert_int_eq(c.max_target_length, 256);
+	ck_assert_double_eq(c.heartbeat_timeout_s, 10); /* from base.yml */
+}
+END_TEST
+
+START_TEST(test_unknown_key_in_file)
+{
+	struct cfg c;
+	cfg_defaults(&c);
+	const char *p = write_tmp("steps: 3\nbase_emb_dimm: 64\n");
+	ck_assert_int_ne(cfg_load_file(&c, p, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "unknown key 'base_emb_dimm'") && strstr(err, "line 2") &&
+		      strstr(err, p), "%s", err);
+	unlink(p);
+}
+END_TEST
+
+START_TEST(test_wrong_types)
+{
+	struct cfg c;
+	cfg_defaults(&c);
+	ck_assert_int_ne(cfg_override(&c, "steps=ten", err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "'steps'") && strstr(err, "integer") && strstr(err, "ten"), "%s", err);
+	ck_assert_int_ne(cfg_override(&c, "learning_rate=fast", err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "'learning_rate'"), "%s", err);
+	ck_assert_int_ne(cfg_override(&c, "logits_via_embedding=maybe", err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "true or false"), "%s", err);
+	ck_assert_int_ne(cfg_override(&c, "nokey", err, sizeof(err)), 0);
+	ck_assert_int_ne(cfg_override(&c, "bogus=1", err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "unknown key 'bogus'") && strstr(err, "command line"), "%s", err);
+	const char *p = write_tmp("steps: [1, 2]\n");
+	ck_assert_int_ne(cfg_load_file(&c, p, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "'steps'") && strstr(err, "list"), "%s", err);
+	unlink(p);
+	p = write_tmp("steps: 3\n  bad: [\n");
+	ck_assert_int_ne(cfg_load_file(&c, p, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, p), "%s", err);
+	unlink(p);
+	ck_assert_int_ne(cfg_load_file(&c, "/nonexistent/x.yml", err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "unable to open '/nonexistent/x.yml'"), "%s", err);
+}
+END_TEST
+
+START_TEST(test_overrides_and_lists)
+{
+	struct cfg c;
+	cfg_defaults(&c);
+	ck_assert_int_eq(cfg_override(&c, "steps=7", err, sizeof(err)), 0);
+	ck_assert_int_eq(c.steps, 7);
+	ck_assert_int_eq(cfg_override(&c, "hosts=10.0.0.1:1,10.0.0.2:2", err, sizeof(err)), 0);
+	ck_assert_int_eq(c.hosts.n, 2);
+	ck_assert_str_eq(c.hosts.item[1], "10.0.0.2:2");
+	const char *p = write_tmp("hosts:\n  - a:1\n  - b:2\n  - c:3\n");
+	ck_assert_msg(cfg_load_file(&c, p, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(c.hosts.n, 3);
+	ck_assert_str_eq(c.hosts.item[2], "c:3");
+	unlink(p);
+	/* the hash sees overrides */
+	struct cfg d;
+	uint8_t h1[32], h2[32];
+	cfg_defaults(&d);
+	cfg_hash(&d, h1);
+	cfg_override(&d, "learning_rate=0.5", err, sizeof(err));
+	cfg_hash(&d, h2);
+	ck_assert(memcmp(h1, h2, 32) != 0);
+}
+END_TEST
+
+START_TEST(test_mesh_sizes)
+{
+	struct cfg c;
+	cfg_defaults(&c);
+	/* defaults fill data parallelism from the run's shape */
+	ck_assert_msg(cfg_finish(&c, 2, 3, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(c.dcn[AX_DATA], 2);
+	ck_assert_int_eq(c.ici[AX_DATA], 3);
+	cfg_defaults(&c);
+	cfg_override(&c, "ici_fsdp_parallelism=2", err, sizeof(err));
+	ck_assert_int_eq(cfg_finish(&c, 1, 4, err, sizeof(err)), 0);
+	ck_assert_int_eq(c.ici[AX_DATA], 2);
+	ck_assert_int_ne(cfg_finish(&c, 1, 3, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "ici_data_parallelism"), "%s", err);
+	cfg_defaults(&c);
+	cfg_override(&c, "ici_data_parallelism=1", err, sizeof(err));
+	cfg_override(&c, "ici_tensor_parallelism=2", err, sizeof(err));
+	ck_assert_int_ne(cfg_finish(&c, 1, 4, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "multiplies to 2 devices per host") && strstr(err, "4"), "%s", err);
+	cfg_defaults(&c);
+	cfg_override(&c, "ici_fsdp_parallelism=-1", err, sizeof(err));
+	ck_assert_int_ne(cfg_finish(&c, 1, 4, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "both -1"), "%s", err);
+	cfg_defaults(&c);
+	cfg_override(&c, "dcn_fsdp_parallelism=0", err, sizeof(err));
+	ck_assert_int_ne(cfg_finish(&c, 1, 1, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "'dcn_fsdp_parallelism'"), "%s", err);
+}
+END_TEST
+
+START_TEST(test_mesh_groups)
+{
+	struct cfg c;
+	struct mesh m;
+	struct mesh_group g;
+	cfg_defaults(&c);
+	cfg_override(&c, "ici_data_parallelism=1", err, sizeof(err));
+	cfg_override(&c, "ici_fsdp_parallelism=2", err, sizeof(err));
+	cfg_override(&c, "ici_tensor_parallelism=2", err, sizeof(err));
+	ck_assert_int_eq(cfg_finish(&c, 2, 4, err, sizeof(err)), 0);
+	mesh_init(&m, &c);
+	ck_assert_int_eq(m.num_devices, 8);
+	/* every device: coords round-trip, host/local agree with device_of */
+	int seen[8] = { 0 };
+	for (int d = 0; d < 8; d++) {
+		int co[AX_COUNT];
+		mesh_coords(&m, d, co);
+		ck_assert_int_eq(mesh_device(&m, co), d);
+		int h = mesh_host_of(&m, d), l = mesh_local_index(&m, d);
+		ck_assert_int_eq(mesh_device_of(&m, h, l), d);
+		ck_assert_int_eq(h, co[AX_DATA]); /* data is the only dcn axis */
+		seen[h * 4 + l]++;
+	}
+	for (int i = 0; i < 8; i++)
+		ck_assert_int_eq(seen[i], 1);
+	/* device 5 = (data 1, fsdp 0, tensor 1): its tensor group is {4, 5} */
+	mesh_group(&m, 5, 1u << AX_TENSOR, &g);
+	ck_assert_int_eq(g.n, 2);
+	ck_assert_int_eq(g.devs[0], 4);
+	ck_assert_int_eq(g.devs[1], 5);
+	ck_assert_int_eq(g.rank, 1);
+	/* its (data, fsdp) group: host-major {1, 3, 5, 7} */
+	mesh_group(&m, 5, (1u << AX_DATA) | (1u << AX_FSDP), &g);
+	ck_assert_int_eq(g.n, 4);
+	int want[4] = { 1, 3, 5, 7 };
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(g.devs[i], want[i]);
+	ck_assert_int_eq(g.rank, 2);
+	struct mesh_group g2;
+	mesh_group(&m, 1, (1u << AX_DATA) | (1u << AX_FSDP), &g2);
+	ck_assert_int_eq(g2.id, g.id);
+	mesh_group(&m, 1, 1u << AX_TENSOR, &g2);
+	ck_assert_int_ne(g2.id, g.id);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("config");
+	TCase *tc = tcase_create("load");
+	tcase_set_timeout(tc, 20);
+	tcase_add_test(tc, test_base_yml_matches_defaults);
+	tcase_add_test(tc, test_presets_load);
+	tcase_add_test(tc, test_unknown_key_in_file);
+	tcase_add_test(tc, test_wrong_types);
+	tcase_add_test(tc, test_overrides_and_lists);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("mesh");
+	tcase_set_timeout(tc, 20);
+	tcase_add_test(tc, test_mesh_sizes);
+	tcase_add_test(tc, test_mesh_groups);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

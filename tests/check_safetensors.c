@@ -1,0 +1,567 @@
+/* safetensors and JSON files: round trips, the exact byte layout, a
+ * hand-built file, every truncation and a catalogue of malformed headers
+ * (each refused with a one-line error naming the file), and atomic writes
+ * that leave no temp file and an existing file intact when they fail. */
+#include <check.h>
+#include <cJSON.h>
+#include <errno.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "host/safetensors.h"
+
+static char dir[64];
+static char err[512];
+
+/* one directory per TCase, made and removed by the parent process so a
+ * failing (forked) test leaves nothing behind */
+static void setup(void)
+{
+	strcpy(dir, "/tmp/check_st.XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	err[0] = '\0';
+}
+
+static int rm_one(const char *p, const struct stat *sb, int type, struct FTW *ftw)
+{
+	(void)sb;
+	(void)type;
+	(void)ftw;
+	return remove(p);
+}
+
+static void teardown(void)
+{
+	nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static char *path_in(const char *name)
+{
+	static char buf[4][256];
+	static int next;
+	char *p = buf[next++ % 4];
+	snprintf(p, 256, "%s/%s", dir, name);
+	return p;
+}
+
+static int exists(const char *p)
+{
+	struct stat st;
+	return lstat(p, &st) == 0;
+}
+
+static uint8_t *slurp(const char *p, size_t *len)
+{
+	FILE *f = fopen(p, "rb");
+	ck_assert_ptr_nonnull(f);
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	uint8_t *b = malloc((size_t)n + 1);
+	ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+	fclose(f);
+	*len = (size_t)n;
+	return b;
+}
+
+static void spit(const char *p, const void *b, size_t len)
+{
+	FILE *f = fopen(p, "wb");
+	ck_assert_ptr_nonnull(f);
+	ck_assert_int_eq(fwrite(b, 1, len, f), len);
+	ck_assert_int_eq(fclose(f), 0);
+}
+
+/* header length field + header text + data bytes */
+static void make_file(const char *p, uint64_t hlen_field, const char *header, const void *data,
+		      size_t dlen)
+{
+	size_t hl = strlen(header);
+	uint8_t *b = malloc(8 + hl + dlen + 1);
+	for (int i = 0; i < 8; i++)
+		b[i] = (uint8_t)(hlen_field >> (8 * i));
+	memcpy(b + 8, header, hl);
+	if (dlen)
+		memcpy(b + 8 + hl, data, dlen);
+	spit(p, b, 8 + hl + dlen);
+	free(b);
+}
+
+/* ---- round trip ---- */
+
+START_TEST(test_roundtrip)
+{
+	float emb[12], norm[3] = { 1, 1.5f, -0.0f }, scalar = 42.5f;
+	for (int i = 0; i < 12; i++)
+		emb[i] = (float)i * 0.37f - 2.0f;
+	struct st_tensor t[4] = {
+		{ "model.embed_tokens.weight", 2, { 4, 3 }, emb },
+		{ "scalar", 0, { 0 }, &scalar },
+		{ "empty", 2, { 0, 5 }, NULL },
+		{ "model.norm.weight", 1, { 3 }, norm },
+	};
+	const char *meta[] = { "format", "pt", "note", "h\xc3\xa9llo \"quoted\"\n", NULL };
+	const char *p = path_in("model.safetensors");
+	ck_assert_int_eq(st_write(p, t, 4, meta, err, sizeof(err)), 0);
+	ck_assert(!exists(path_in("model.safetensors.tmp")));
+
+	struct st_file *f = st_open(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	ck_assert_int_eq(st_count(f), 4);
+	for (int i = 0; i < 4; i++) {
+		/* data-section order is the order written */
+		const struct st_entry *e = st_entry_at(f, i);
+		ck_assert_str_eq(e->name, t[i].name);
+		ck_assert_ptr_eq(st_find(f, t[i].name), e);
+		ck_assert_int_eq(e->ndim, t[i].ndim);
+		int64_t numel = 1;
+		for (int d = 0; d < e->ndim; d++) {
+			ck_assert_int_eq(e->shape[d], t[i].shape[d]);
+			numel *= t[i].shape[d];
+		}
+		ck_assert_int_eq(e->numel, numel);
+		ck_assert_str_eq(e->dtype, "F32");
+		if (numel)
+			ck_assert(!memcmp(e->data, t[i].data, sizeof(float) * (size_t)numel));
+	}
+	ck_assert_ptr_null(st_entry_at(f, 4));
+	ck_assert_ptr_null(st_entry_at(f, -1));
+	ck_assert_ptr_null(st_find(f, "model.missing"));
+	ck_assert_str_eq(st_meta(f, "format"), "pt");
+	ck_assert_str_eq(st_meta(f, "note"), meta[3]);
+	ck_assert_ptr_null(st_meta(f, "absent"));
+	st_close(f);
+
+	/* overwriting replaces the file */
+	struct st_tensor one = { "only", 1, { 2 }, norm };
+	ck_assert_int_eq(st_write(p, &one, 1, NULL, err, sizeof(err)), 0);
+	f = st_open(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	ck_assert_int_eq(st_count(f), 1);
+	ck_assert_ptr_null(st_find(f, "scalar"));
+	ck_assert_ptr_null(st_meta(f, "format"));
+	ck_assert_float_eq(st_find(f, "only")->data[1], 1.5f);
+	st_close(f);
+
+	/* no tensors at all is a valid file */
+	ck_assert_int_eq(st_write(p, NULL, 0, NULL, err, sizeof(err)), 0);
+	f = st_open(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	ck_assert_int_eq(st_count(f), 0);
+	ck_assert_ptr_null(st_find(f, "x"));
+	st_close(f);
+}
+END_TEST
+
+START_TEST(test_layout_bytes)
+{
+	float v[2] = { 1.0f, -2.0f };
+	struct st_tensor t = { "a", 1, { 2 }, v };
+	const char *p = path_in("a.safetensors");
+	ck_assert_int_eq(st_write(p, &t, 1, NULL, err, sizeof(err)), 0);
+	const char *json = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+	size_t jl = strlen(json), hl = (jl + 7) / 8 * 8, len;
+	ck_assert_int_eq(jl, 54);
+	ck_assert_int_eq(hl, 56);
+	uint8_t *b = slurp(p, &len);
+	ck_assert_int_eq(len, 8 + hl + 8);
+	const uint8_t len8[8] = { 56, 0, 0, 0, 0, 0, 0, 0 };
+	ck_assert(!memcmp(b, len8, 8));
+	ck_assert(!memcmp(b + 8, json, jl));
+	for (size_t i = jl; i < hl; i++)
+		ck_assert_int_eq(b[8 + i], ' ');
+	/* data starts at 8 + N, little-endian IEEE floats */
+	const uint8_t data[8] = { 0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0xc0 };
+	ck_assert(!memcmp(b + 8 + hl, data, 8));
+	free(b);
+}
+END_TEST
+
+START_TEST(test_hand_built)
+{
+	/* unpadded header, BF16 first so the F32 tensor sits at an odd
+	 * offset of the file: the reader must still hand back aligned floats */
+	const char *header =
+		"{\"w\": {\"dtype\": \"F32\", \"shape\": [2, 2], \"data_offsets\": [6, 22]},"
+		" \"__metadata__\": {\"format\": \"pt\"},"
+		" \"h\": {\"dtype\": \"BF16\", \"shape\": [3], \"data_offsets\": [0, 6]}}";
+	uint8_t data[22] = {
+		0x80, 0x3f, 0x00, 0xc0, 0x00, 0x3f, /* bf16 1.0, -2.0, 0.5 */
+		0x00, 0x00, 0xc0, 0x3f, /* 1.5 */
+		0x00, 0x00, 0x80, 0xbe, /* -0.25 */
+		0x00, 0x00, 0x40, 0x40, /* 3 */
+		0x00, 0x00, 0x20, 0x41, /* 10 */
+	};
+	ck_assert_int_ne(strlen(header) % 4, 0);
+	const char *p = path_in("hand.safetensors");
+	make_file(p, strlen(header), header, data, sizeof(data));
+	struct st_file *f = st_open(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	ck_assert_int_eq(st_count(f), 2);
+	ck_assert_str_eq(st_entry_at(f, 0)->name, "h");
+	ck_assert_str_eq(st_entry_at(f, 1)->name, "w");
+	const struct st_entry *w = st_find(f, "w"), *h = st_find(f, "h");
+	ck_assert_int_eq(w->ndim, 2);
+	ck_assert_int_eq(w->shape[0], 2);
+	ck_assert_int_eq(w->shape[1], 2);
+	ck_assert_int_eq((uintptr_t)w->data % sizeof(float), 0);
+	ck_assert_float_eq(w->data[0], 1.5f);
+	ck_assert_float_eq(w->data[1], -0.25f);
+	ck_assert_float_eq(w->data[2], 3.0f);
+	ck_assert_float_eq(w->data[3], 10.0f);
+	ck_assert_str_eq(h->dtype, "BF16");
+	ck_assert_int_eq(h->numel, 3);
+	ck_assert_float_eq(h->data[0], 1.0f);
+	ck_assert_float_eq(h->data[1], -2.0f);
+	ck_assert_float_eq(h->data[2], 0.5f);
+	ck_assert_str_eq(st_meta(f, "format"), "pt");
+	st_close(f);
+}
+END_TEST
+
+/* ---- refusals ---- */
+
+START_TEST(test_truncated)
+{
+	float a[3] = { 1, 2, 3 }, b[2] = { 4, 5 };
+	struct st_tensor t[2] = { { "a", 1, { 3 }, a }, { "b", 2, { 1, 2 }, b } };
+	const char *p = path_in("full.safetensors"), *q = path_in("cut.safetensors");
+	ck_assert_int_eq(st_write(p, t, 2, NULL, err, sizeof(err)), 0);
+	size_t len;
+	uint8_t *bytes = slurp(p, &len);
+	uint64_t hlen = 0;
+	for (int i = 7; i >= 0; i--)
+		hlen = hlen << 8 | bytes[i];
+	ck_assert_int_eq(len, 8 + hlen + 20);
+	for (size_t cut = 0; cut < len; cut++) {
+		spit(q, bytes, cut);
+		err[0] = '\0';
+		struct st_file *f = st_open(q, err, sizeof(err));
+		ck_assert_msg(!f, "a file cut to %zu of %zu bytes was accepted", cut, len);
+		ck_assert_msg(strstr(err, q) && !strncmp(err, "safetensors: ", 13) &&
+				      !strchr(err, '\n'),
+			      "cut %zu: bad error '%s'", cut, err);
+		if (cut < 8)
+			ck_assert_msg(strstr(err, "too short"), "cut %zu: %s", cut, err);
+		else if (cut < 8 + hlen)
+			ck_assert_msg(strstr(err, "header length"), "cut %zu: %s", cut, err);
+		else
+			ck_assert_msg(strstr(err, "outside the"), "cut %zu: %s", cut, err);
+	}
+	free(bytes);
+	/* and a missing file */
+	ck_assert_ptr_null(st_open(path_in("none.safetensors"), err, sizeof(err)));
+	ck_assert_msg(strstr(err, "unable to open") && strstr(err, "none.safetensors"), "%s", err);
+	ck_assert_ptr_null(st_open(dir, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "not a regular file"), "%s", err);
+}
+END_TEST
+
+static const struct bad_case {
+	const char *header;
+	size_t dlen;
+	const char *want; /* substring of the error */
+} bad_cases[] = {
+	{ "{not json", 0, "header is not valid JSON" },
+	{ "{} trailing", 0, "header is not valid JSON" },
+	{ "", 0, "header is not valid JSON" },
+	{ "[1, 2]", 0, "header is not a JSON object" },
+	{ "{\"x\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4,
+	  "tensor 'x' has dtype 'F16' (only F32 and BF16 are supported)" },
+	{ "{\"x\": {\"dtype\": 7, \"shape\": [2], \"data_offsets\": [0, 8]}}", 8, "tensor 'x' needs" },
+	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [2]}}", 8, "tensor 'x' needs" },
+	{ "{\"x\": 5}", 0, "tensor 'x' needs" },
+	{ "{\"model.norm.weight\": {\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [0, 12]}}", 8,
+	  "tensor 'model.norm.weight' data_offsets [0, 12] outside the 8-byte data section" },
+	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [8, 0]}}", 8,
+	  "tensor 'x' data_offsets must be" },
+	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0.5, 8]}}", 8,
+	  "tensor 'x' data_offsets must be" },
+	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8, 9]}}", 9,
+	  "tensor 'x' data_offsets must be" },
+	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [-8, 0]}}", 8,
+	  "tensor 'x' data_offsets must be" },
+	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 1e300]}}", 8,
+	  "tensor 'x' data_offsets must be" },
+	{ "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
+	  " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}",
+	  12, "tensor 'b' data_offsets [4, 12] overlap tensor 'a'" },
+	{ "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
+	  " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}",
+	  8, "tensor 'b' data_offsets [0, 8] overlap tensor 'a'" },
+	{ "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+	  " \"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [8, 12]}}",
+	  12, "bytes [4, 8) of the data section belong to no tensor" },
+	{ "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 8,
+	  "tensors cover 4 bytes of the 8-byte data section" },
+	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [2, 2], \"data_offsets\": [0, 12]}}", 12,
+	  "tensor 'x' shape [2, 2] of F32 does not fit data_offsets [0, 12]" },
+	{ "{\"x\": {\"dtype\": \"BF16\", \"shape\": [3], \"data_offsets\": [0, 12]}}", 12,
+	  "tensor 'x' shape [3] of BF16 does not fit" },
+	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296], \"data_offsets\": [0, 0]}}", 0,
+	  "tensor 'x' shape [4294967296, 4294967296] of F32 does not fit" },
+	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 0]}}", 0,
+	  "tensor 'x' shape entry 0 is not a non-negative integer" },
+	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [1, \"2\"], \"data_offsets\": [0, 8]}}", 8,
+	  "tensor 'x' shape entry 1" },
+	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [1,1,1,1,1,1,1,1,1], \"data_offsets\": [0, 4]}}", 4,
+	  "tensor 'x' has 9 dimensions" },
+	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+	  " \"x\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}",
+	  8, "tensor 'x' appears twice" },
+	{ "{\"__metadata__\": {\"a\": 1}}", 0, "__metadata__ value of 'a' is not a string" },
+	{ "{\"__metadata__\": [\"a\"]}", 0, "__metadata__ is not an object" },
+	{ "{\"__metadata__\": {}, \"__metadata__\": {}}", 0, "__metadata__ appears twice" },
+};
+
+START_TEST(test_bad_header)
+{
+	const struct bad_case *c = &bad_cases[_i];
+	const char *p = path_in("bad.safetensors");
+	uint8_t zeros[64] = { 0 };
+	make_file(p, strlen(c->header), c->header, zeros, c->dlen);
+	struct st_file *f = st_open(p, err, sizeof(err));
+	ck_assert_msg(!f, "case %d accepted: %s", _i, c->header);
+	char want[512];
+	snprintf(want, sizeof(want), "safetensors: '%s': %s", p, c->want);
+	ck_assert_msg(!strncmp(err, want, strlen(want)), "case %d: got '%s', want '%s...'", _i, err,
+		      want);
+	ck_assert(!strchr(err, '\n'));
+}
+END_TEST
+
+START_TEST(test_bad_lengths)
+{
+	const char *p = path_in("len.safetensors");
+	const char *h = "{}";
+	/* header length beyond the file */
+	make_file(p, 1000, h, NULL, 0);
+	ck_assert_ptr_null(st_open(p, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "header length 1000 exceeds the rest of the file (2 bytes)"), "%s", err);
+	/* beyond the 100 MiB limit (and the file) */
+	make_file(p, 200u << 20, h, NULL, 0);
+	ck_assert_ptr_null(st_open(p, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "100 MiB"), "%s", err);
+	/* a length that wraps when added to 8 */
+	make_file(p, UINT64_MAX - 3, h, NULL, 0);
+	ck_assert_ptr_null(st_open(p, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "header length"), "%s", err);
+	/* a NUL inside the header */
+	uint8_t b[12] = { 4, 0, 0, 0, 0, 0, 0, 0, '{', '}', 0, ' ' };
+	spit(p, b, sizeof(b));
+	ck_assert_ptr_null(st_open(p, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "not valid JSON"), "%s", err);
+	/* and the same with a space is fine */
+	b[10] = ' ';
+	spit(p, b, sizeof(b));
+	struct st_file *f = st_open(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	ck_assert_int_eq(st_count(f), 0);
+	st_close(f);
+}
+END_TEST
+
+START_TEST(test_write_invalid)
+{
+	float v[4] = { 0 };
+	const char *p = path_in("w.safetensors");
+	struct st_tensor dup[2] = { { "a", 1, { 1 }, v }, { "a", 1, { 1 }, v } };
+	ck_assert_int_eq(st_write(p, dup, 2, NULL, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "'a' used twice"), "%s", err);
+	struct st_tensor bad[] = {
+		{ "__metadata__", 1, { 1 }, v },
+		{ "", 1, { 1 }, v },
+		{ NULL, 1, { 1 }, v },
+		{ "x", 9, { 1 }, v },
+		{ "x", -1, { 1 }, v },
+		{ "x", 1, { -2 }, v },
+		{ "x", 1, { 3 }, NULL },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		err[0] = '\0';
+		ck_assert_int_eq(st_write(p, &bad[i], 1, NULL, err, sizeof(err)), -EINVAL);
+		ck_assert_msg(strstr(err, p), "case %zu: %s", i, err);
+	}
+	const char *meta_odd[] = { "k", NULL, NULL };
+	ck_assert_int_eq(st_write(p, dup, 1, meta_odd, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "metadata key 'k' has no value"), "%s", err);
+	ck_assert(!exists(p));
+	ck_assert(!exists(path_in("w.safetensors.tmp")));
+}
+END_TEST
+
+/* ---- atomic writes ---- */
+
+static void write_small(const char *p, float val)
+{
+	float v[2] = { val, val };
+	struct st_tensor t = { "v", 1, { 2 }, v };
+	ck_assert_int_eq(st_write(p, &t, 1, NULL, err, sizeof(err)), 0);
+}
+
+static void assert_small(const char *p, float val)
+{
+	struct st_file *f = st_open(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	ck_assert_int_eq(st_count(f), 1);
+	ck_assert_float_eq(st_find(f, "v")->data[1], val);
+	st_close(f);
+}
+
+START_TEST(test_atomic_not_dir)
+{
+	/* tests run as root, so a permission failure cannot be relied on:
+	 * make the parent a regular file instead */
+	const char *plain = path_in("plain");
+	spit(plain, "x", 1);
+	char p[300];
+	snprintf(p, sizeof(p), "%s/model.safetensors", plain);
+	float v = 1;
+	struct st_tensor t = { "v", 0, { 0 }, &v };
+	ck_assert_int_eq(st_write(p, &t, 1, NULL, err, sizeof(err)), -ENOTDIR);
+	ck_assert_msg(strstr(err, "unable to create") && strstr(err, plain), "%s", err);
+
+	cJSON *root = cJSON_CreateObject();
+	cJSON_AddNumberToObject(root, "a", 1);
+	snprintf(p, sizeof(p), "%s/config.json", plain);
+	ck_assert_int_eq(json_write_atomic(p, root, err, sizeof(err)), -ENOTDIR);
+	ck_assert_msg(strstr(err, "json: unable to create"), "%s", err);
+	cJSON_Delete(root);
+}
+END_TEST
+
+START_TEST(test_atomic_midwrite_failure)
+{
+	const char *p = path_in("m.safetensors"), *tmp = path_in("m.safetensors.tmp");
+	write_small(p, 7.0f);
+
+	/* a file-size limit makes the data write fail half way */
+	size_t n = 1 << 16;
+	float *big = calloc(n, sizeof(float));
+	struct st_tensor t = { "v", 1, { (int64_t)n }, big };
+	struct rlimit old, lim;
+	ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+	void (*oldsig)(int) = signal(SIGXFSZ, SIG_IGN);
+	lim = old;
+	lim.rlim_cur = 4096;
+	ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	int rc = st_write(p, &t, 1, NULL, err, sizeof(err));
+	setrlimit(RLIMIT_FSIZE, &old);
+	signal(SIGXFSZ, oldsig);
+	free(big);
+	ck_assert_int_eq(rc, -EFBIG);
+	ck_assert_msg(strstr(err, "unable to write") && strstr(err, tmp), "%s", err);
+	ck_assert(!exists(tmp));
+	assert_small(p, 7.0f);
+}
+END_TEST
+
+START_TEST(test_atomic_tmp_occupied)
+{
+	/* something that is not our temp file sits at path.tmp: refuse, and
+	 * neither it nor the existing file is touched */
+	const char *p = path_in("o.safetensors"), *tmp = path_in("o.safetensors.tmp");
+	write_small(p, 3.0f);
+	ck_assert_int_eq(mkdir(tmp, 0755), 0);
+	float v[2] = { 9, 9 };
+	struct st_tensor t = { "v", 1, { 2 }, v };
+	ck_assert_int_lt(st_write(p, &t, 1, NULL, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "unable to create"), "%s", err);
+	struct stat st;
+	ck_assert_int_eq(stat(tmp, &st), 0);
+	ck_assert(S_ISDIR(st.st_mode));
+	assert_small(p, 3.0f);
+
+	/* a stale temp file from a crash is simply replaced */
+	ck_assert_int_eq(rmdir(tmp), 0);
+	spit(tmp, "junk", 4);
+	write_small(p, 5.0f);
+	assert_small(p, 5.0f);
+	ck_assert(!exists(tmp));
+}
+END_TEST
+
+/* ---- JSON files ---- */
+
+START_TEST(test_json_files)
+{
+	const char *p = path_in("config.json");
+	cJSON *root = cJSON_CreateObject();
+	cJSON_AddStringToObject(root, "model_type", "llama");
+	cJSON_AddNumberToObject(root, "hidden_size", 256);
+	cJSON_AddNumberToObject(root, "rms_norm_eps", 1e-5);
+	ck_assert_int_eq(json_write_atomic(p, root, err, sizeof(err)), 0);
+	cJSON_Delete(root);
+	ck_assert(!exists(path_in("config.json.tmp")));
+
+	size_t len;
+	uint8_t *b = slurp(p, &len);
+	ck_assert(len > 0 && b[len - 1] == '\n');
+	free(b);
+
+	cJSON *back = json_read_file(p, err, sizeof(err));
+	ck_assert_msg(back, "%s", err);
+	ck_assert_str_eq(cJSON_GetObjectItem(back, "model_type")->valuestring, "llama");
+	ck_assert_int_eq(cJSON_GetObjectItem(back, "hidden_size")->valueint, 256);
+	ck_assert_double_eq(cJSON_GetObjectItem(back, "rms_norm_eps")->valuedouble, 1e-5);
+	cJSON_Delete(back);
+
+	ck_assert_ptr_null(json_read_file(path_in("missing.json"), err, sizeof(err)));
+	ck_assert_msg(strstr(err, "json: unable to open") && strstr(err, "missing.json"), "%s", err);
+	spit(p, "{\"a\": 1,,}", 10);
+	ck_assert_ptr_null(json_read_file(p, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "is not valid JSON (near byte ") && strstr(err, p), "%s", err);
+	spit(p, "", 0);
+	ck_assert_ptr_null(json_read_file(p, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "is not valid JSON"), "%s", err);
+}
+END_TEST
+
+static Suite *st_suite(void)
+{
+	Suite *s = suite_create("safetensors");
+	TCase *tc;
+
+	tc = tcase_create("roundtrip");
+	tcase_set_timeout(tc, 30);
+	tcase_add_unchecked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, test_roundtrip);
+	tcase_add_test(tc, test_layout_bytes);
+	tcase_add_test(tc, test_hand_built);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("refusals");
+	tcase_set_timeout(tc, 30);
+	tcase_add_unchecked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, test_truncated);
+	tcase_add_loop_test(tc, test_bad_header, 0, (int)(sizeof(bad_cases) / sizeof(bad_cases[0])));
+	tcase_add_test(tc, test_bad_lengths);
+	tcase_add_test(tc, test_write_invalid);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("atomic");
+	tcase_set_timeout(tc, 30);
+	tcase_add_unchecked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, test_atomic_not_dir);
+	tcase_add_test(tc, test_atomic_midwrite_failure);
+	tcase_add_test(tc, test_atomic_tmp_occupied);
+	tcase_add_test(tc, test_json_files);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(st_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
