@@ -5,7 +5,16 @@ the same batch, AdamW, measured the same way as meshrun's step log.
 
 usage: OMP_WAIT_POLICY=PASSIVE bench/torch_llama.py --threads N [--steps K]
 Prints one line: `torch threads=N tokens_per_s=X gflops=Y step_s=Z`."""
-import argparse, math, time
+import argparse, math, os, sys, time
+
+# Debian's torch does its matmuls in the system OpenBLAS (BLAS_INFO=generic),
+# whose threads ignore torch.set_num_threads: pin both, before torch loads.
+_t = "1"
+for i, x in enumerate(sys.argv):
+    if x == "--threads" and i + 1 < len(sys.argv):
+        _t = sys.argv[i + 1]
+os.environ["OPENBLAS_NUM_THREADS"] = _t
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

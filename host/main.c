@@ -12,6 +12,8 @@ struct command {
 
 static const struct command commands[] = {
 	/* each subcommand registers one line here */
+	{ "train", cmd_train, "train --config FILE [key=value ...] [--metrics FILE] [--checkpoint-dir DIR] [--resume]" },
+	{ "eval", cmd_eval, "eval --checkpoint DIR --text FILE [key=value ...]" },
 	{ NULL, NULL, NULL },
 };
 

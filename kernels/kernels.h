@@ -104,6 +104,13 @@ double moe_aux_loss_forward(int32_t *counts, const float *scores, const int32_t 
 /* dscores += dL * dL/dscores */
 void moe_aux_loss_backward(float *dscores, const float *scores, const int32_t *counts,
 			   float dL, int N, int E, int k);
+/* dlogits (N,E) += d(scores)/d(logits)^T dscores: the scoring function's
+ * own backward, to carry the load-balance loss's dscores to the logits. */
+void moe_scores_backward(float *dlogits, const float *dscores, const float *scores,
+			 int N, int E, enum moe_score score);
+/* DeepSeek-V3 aux-loss-free balancing: bias[e] += rate * sign(mean - counts[e])
+ * where counts (E) are the token counts of the whole (global) batch. */
+void moe_bias_update(float *bias, const int32_t *counts, int E, float rate);
 /* Groups the N*k (token, slot) assignments by expert, stable by token:
  * order (N*k) lists flat assignment ids a = n*k + j sorted by (expert, n);
  * offsets (E+1) are the start of each expert's run in order. */

@@ -1,0 +1,522 @@
+/* Transformer building blocks (DESIGN §7): embedding, RMSNorm, RoPE, causal
+ * GQA attention, SwiGLU, residual, softmax cross-entropy. Products go
+ * through sgemm_rm; everything else is elementwise work kept in loops that
+ * gcc vectorises without extra flags.
+ *
+ * gcc 12 at -O2 vectorises only loops whose trip count is a known multiple of
+ * the vector width and that need no run-time alias check, so hot loops run in
+ * blocks of VW into a local array that is then stored, with a scalar tail,
+ * and reductions keep VW partial results. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+#define VW 8
+/* attention rows per sgemm: the causal mask lets block i skip the keys of
+ * blocks > i, halving the products for long sequences */
+#define ATT_BLK 64
+
+/* exp(x) within 1.4 ulp on [-87.3, 88.3]; 0 below (no denormals), +inf above.
+ * Cephes' polynomial on x - n ln2, scaled by 2^n through the exponent bits.
+ * The range is fixed up with integer masks at the end: under gcc's default
+ * -ftrapping-math any float operation after a branch stops vectorisation. */
+static inline float exp_fast(float x)
+{
+	float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(x/ln2) */
+	float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+	float p = 1.9875691500e-4f;
+	p = p * r + 1.3981999507e-3f;
+	p = p * r + 8.3334519073e-3f;
+	p = p * r + 4.1665795894e-2f;
+	p = p * r + 1.6666665459e-1f;
+	p = p * r + 5.0000001201e-1f;
+	float y = p * r * r + r + 1.0f;
+	uint32_t sb = (uint32_t)((int32_t)n + 127) << 23;
+	float s, v;
+	memcpy(&s, &sb, sizeof s);
+	v = y * s;
+	int32_t vb, lo = -(int32_t)(x < -87.33654f), hi = -(int32_t)(x > 88.37626f);
+	memcpy(&vb, &v, sizeof vb);
+	vb = (vb & ~(lo | hi)) | (hi & 0x7f800000);
+	memcpy(&v, &vb, sizeof v);
+	return v;
+}
+
+static inline float sigmoid_fast(float x)
+{
+	return 1.0f / (1.0f + exp_fast(-x));
+}
+
+static float max_row(const float *x, int n)
+{
+	// x (n), n >= 1
+	float acc[VW], m;
+	int i = 0;
+	for (int j = 0; j < VW; j++)
+		acc[j] = x[0];
+	for (; i + VW <= n; i += VW)
+		for (int j = 0; j < VW; j++)
+			acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+	m = acc[0];
+	for (int j = 1; j < VW; j++)
+		m = acc[j] > m ? acc[j] : m;
+	for (; i < n; i++)
+		m = x[i] > m ? x[i] : m;
+	return m;
+}
+
+/* out (n) = exp(x - m); returns the sum (out may equal x) */
+static float exp_sum_row(float *out, const float *x, float m, int n)
+{
+	float acc[VW] = { 0 }, sum = 0.0f;
+	int i = 0;
+	for (; i + VW <= n; i += VW) {
+		float t[VW];
+		for (int j = 0; j < VW; j++)
+			t[j] = exp_fast(x[i + j] - m);
+		for (int j = 0; j < VW; j++) {
+			acc[j] += t[j];
+			out[i + j] = t[j];
+		}
+	}
+	for (; i < n; i++) {
+		out[i] = exp_fast(x[i] - m);
+		sum += out[i];
+	}
+	for (int j = 0; j < VW; j++)
+		sum += acc[j];
+	return sum;
+}
+
+static void scale_row(float *x, float s, int n)
+{
+	int i = 0;
+	for (; i + VW <= n; i += VW)
+		for (int j = 0; j < VW; j++)
+			x[i + j] *= s;
+	for (; i < n; i++)
+		x[i] *= s;
+}
+
+/* y (n) += x */
+static void add_row(float *y, const float *x, int n)
+{
+	int i = 0;
+	for (; i + VW <= n; i += VW) {
+		float t[VW];
+		for (int j = 0; j < VW; j++)
+			t[j] = y[i + j] + x[i + j];
+		for (int j = 0; j < VW; j++)
+			y[i + j] = t[j];
+	}
+	for (; i < n; i++)
+		y[i] += x[i];
+}
+
+static float dot_row(const float *a, const float *b, int n)
+{
+	float acc[VW] = { 0 }, s = 0.0f;
+	int i = 0;
+	for (; i + VW <= n; i += VW)
+		for (int j = 0; j < VW; j++)
+			acc[j] += a[i + j] * b[i + j];
+	for (; i < n; i++)
+		s += a[i] * b[i];
+	for (int j = 0; j < VW; j++)
+		s += acc[j];
+	return s;
+}
+
+/* ---- embedding ---- */
+
+void embedding_forward(float *out, const int32_t *tokens, const float *wte, int N, int C)
+{
+	// tokens (N), wte (V,C), out (N,C)
+	for (int n = 0; n < N; n++)
+		memcpy(out + (size_t)n * C, wte + (size_t)tokens[n] * C, sizeof(float) * C);
+}
+
+void embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int N, int C)
+{
+	// dout (N,C), tokens (N), dwte (V,C)
+	if (!dwte)
+		return;
+	for (int n = 0; n < N; n++)
+		add_row(dwte + (size_t)tokens[n] * C, dout + (size_t)n * C, C);
+}
+
+/* ---- RMSNorm ---- */
+
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+		     int N, int C, float eps)
+{
+	// inp (N,C), weight (C), out (N,C), rstd (N)
+	for (int n = 0; n < N; n++) {
+		const float *x = inp + (size_t)n * C;
+		float *o = out + (size_t)n * C;
+		float r = 1.0f / sqrtf(dot_row(x, x, C) / C + eps);
+		int i = 0;
+		for (; i + VW <= C; i += VW) {
+			float t[VW];
+			for (int j = 0; j < VW; j++)
+				t[j] = x[i + j] * r * weight[i + j];
+			for (int j = 0; j < VW; j++)
+				o[i + j] = t[j];
+		}
+		for (; i < C; i++)
+			o[i] = x[i] * r * weight[i];
+		rstd[n] = r;
+	}
+}
+
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+		      const float *weight, const float *rstd, int N, int C)
+{
+	// dout, inp (N,C), weight (C), rstd (N); dinp (N,C), dweight (C)
+	for (int n = 0; n < N; n++) {
+		const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+		float r = rstd[n];
+		if (dweight) {
+			int i = 0;
+			for (; i + VW <= C; i += VW) {
+				float t[VW];
+				for (int j = 0; j < VW; j++)
+					t[j] = dweight[i + j] + d[i + j] * x[i + j] * r;
+				for (int j = 0; j < VW; j++)
+					dweight[i + j] = t[j];
+			}
+			for (; i < C; i++)
+				dweight[i] += d[i] * x[i] * r;
+		}
+		if (dinp) {
+			/* dx = r (g - x r^2 mean(g x)),  g = dout * weight */
+			float acc[VW] = { 0 }, gx = 0.0f;
+			float *dx = dinp + (size_t)n * C;
+			int i = 0;
+			for (; i + VW <= C; i += VW)
+				for (int j = 0; j < VW; j++)
+					acc[j] += d[i + j] * weight[i + j] * x[i + j];
+			for (; i < C; i++)
+				gx += d[i] * weight[i] * x[i];
+			for (int j = 0; j < VW; j++)
+				gx += acc[j];
+			float k = r * r * r * gx / C;
+			i = 0;
+			for (; i + VW <= C; i += VW) {
+				float t[VW];
+				for (int j = 0; j < VW; j++)
+					t[j] = dx[i + j] + r * d[i + j] * weight[i + j] - k * x[i + j];
+				for (int j = 0; j < VW; j++)
+					dx[i + j] = t[j];
+			}
+			for (; i < C; i++)
+				dx[i] += r * d[i] * weight[i] - k * x[i];
+		}
+	}
+}
+
+/* ---- RoPE ---- */
+
+void rope_table(float *cos_t, float *sin_t, int T, int D, float theta)
+{
+	// cos_t, sin_t (T, D/2); angles in double, positions up to T-1
+	int half = D / 2;
+	for (int i = 0; i < half; i++) {
+		double inv_freq = pow((double)theta, -2.0 * i / D);
+		for (int t = 0; t < T; t++) {
+			double a = t * inv_freq;
+			cos_t[(size_t)t * half + i] = (float)cos(a);
+			sin_t[(size_t)t * half + i] = (float)sin(a);
+		}
+	}
+}
+
+/* one head vector: o = R x, pairing i with i + half (o may equal x) */
+static void rope_vec(float *o, const float *x, const float *c, const float *s, int half)
+{
+	int i = 0;
+	for (; i + VW <= half; i += VW) {
+		float lo[VW], hi[VW];
+		for (int j = 0; j < VW; j++) {
+			float x1 = x[i + j], x2 = x[i + half + j];
+			lo[j] = x1 * c[i + j] - x2 * s[i + j];
+			hi[j] = x2 * c[i + j] + x1 * s[i + j];
+		}
+		for (int j = 0; j < VW; j++) {
+			o[i + j] = lo[j];
+			o[i + half + j] = hi[j];
+		}
+	}
+	for (; i < half; i++) {
+		float x1 = x[i], x2 = x[i + half];
+		o[i] = x1 * c[i] - x2 * s[i];
+		o[i + half] = x2 * c[i] + x1 * s[i];
+	}
+}
+
+/* one head vector: o += R^T x */
+static void rope_vec_t(float *o, const float *x, const float *c, const float *s, int half)
+{
+	int i = 0;
+	for (; i + VW <= half; i += VW) {
+		float lo[VW], hi[VW];
+		for (int j = 0; j < VW; j++) {
+			float x1 = x[i + j], x2 = x[i + half + j];
+			lo[j] = o[i + j] + x1 * c[i + j] + x2 * s[i + j];
+			hi[j] = o[i + half + j] + x2 * c[i + j] - x1 * s[i + j];
+		}
+		for (int j = 0; j < VW; j++) {
+			o[i + j] = lo[j];
+			o[i + half + j] = hi[j];
+		}
+	}
+	for (; i < half; i++) {
+		float x1 = x[i], x2 = x[i + half];
+		o[i] += x1 * c[i] + x2 * s[i];
+		o[i + half] += x2 * c[i] - x1 * s[i];
+	}
+}
+
+void rope_forward(float *out, const float *inp, const float *cos_t, const float *sin_t,
+		  int B, int T, int H, int D)
+{
+	// inp, out (B,T,H,D); cos_t, sin_t (T, D/2); out may equal inp
+	int half = D / 2;
+	for (int b = 0; b < B; b++)
+		for (int t = 0; t < T; t++)
+			for (int h = 0; h < H; h++) {
+				size_t off = (((size_t)b * T + t) * H + h) * D;
+				rope_vec(out + off, inp + off, cos_t + (size_t)t * half,
+					 sin_t + (size_t)t * half, half);
+			}
+}
+
+void rope_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
+		   int B, int T, int H, int D)
+{
+	// dout, dinp (B,T,H,D); cos_t, sin_t (T, D/2)
+	int half = D / 2;
+	if (!dinp)
+		return;
+	for (int b = 0; b < B; b++)
+		for (int t = 0; t < T; t++)
+			for (int h = 0; h < H; h++) {
+				size_t off = (((size_t)b * T + t) * H + h) * D;
+				rope_vec_t(dinp + off, dout + off, cos_t + (size_t)t * half,
+					   sin_t + (size_t)t * half, half);
+			}
+}
+
+/* ---- causal attention ---- */
+
+void attention_forward(float *out, float *att, const float *q, const float *k,
+		       const float *v, int B, int T, int Hq, int Hkv, int D)
+{
+	// q (B,T,Hq,D), k,v (B,T,Hkv,D), att (B,Hq,T,T), out (B,T,Hq,D)
+	int group = Hq / Hkv, ldq = Hq * D, ldk = Hkv * D;
+	float scale = 1.0f / sqrtf((float)D);
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < Hq; h++) {
+			const float *qh = q + (size_t)b * T * ldq + (size_t)h * D;
+			const float *kh = k + (size_t)b * T * ldk + (size_t)(h / group) * D;
+			const float *vh = v + (size_t)b * T * ldk + (size_t)(h / group) * D;
+			float *oh = out + (size_t)b * T * ldq + (size_t)h * D;
+			float *ah = att + ((size_t)b * Hq + h) * T * T;
+			for (int i0 = 0; i0 < T; i0 += ATT_BLK) {
+				int i1 = i0 + ATT_BLK < T ? i0 + ATT_BLK : T;
+				/* scores of rows i0..i1 against keys 0..i1 */
+				sgemm_rm(0, 1, i1 - i0, i1, D, scale, qh + (size_t)i0 * ldq, ldq,
+					 kh, ldk, 0.0f, ah + (size_t)i0 * T, T);
+				for (int i = i0; i < i1; i++) {
+					float *row = ah + (size_t)i * T;
+					float sum = exp_sum_row(row, row, max_row(row, i + 1), i + 1);
+					scale_row(row, 1.0f / sum, i + 1);
+					memset(row + i + 1, 0, sizeof(float) * (T - i - 1));
+				}
+				sgemm_rm(0, 0, i1 - i0, D, i1, 1.0f, ah + (size_t)i0 * T, T, vh, ldk,
+					 0.0f, oh + (size_t)i0 * ldq, ldq);
+			}
+		}
+}
+
+void attention_backward(float *dq, float *dk, float *dv, float *scratch,
+			const float *dout, const float *q, const float *k, const float *v,
+			const float *att, int B, int T, int Hq, int Hkv, int D)
+{
+	// dout, q, dq (B,T,Hq,D); k, v, dk, dv (B,T,Hkv,D); att (B,Hq,T,T); scratch (T,T)
+	int group = Hq / Hkv, ldq = Hq * D, ldk = Hkv * D;
+	float scale = 1.0f / sqrtf((float)D);
+	float *ds = scratch; /* dL/dscores of one head, lower triangle */
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < Hq; h++) {
+			size_t qo = (size_t)b * T * ldq + (size_t)h * D;
+			size_t ko = (size_t)b * T * ldk + (size_t)(h / group) * D;
+			const float *ah = att + ((size_t)b * Hq + h) * T * T;
+			if (dq || dk)
+				for (int i0 = 0; i0 < T; i0 += ATT_BLK) {
+					int i1 = i0 + ATT_BLK < T ? i0 + ATT_BLK : T;
+					/* dP = dout V^T, then dS = P (dP - rowsum(P dP)) */
+					sgemm_rm(0, 1, i1 - i0, i1, D, 1.0f, dout + qo + (size_t)i0 * ldq,
+						 ldq, v + ko, ldk, 0.0f, ds + (size_t)i0 * T, T);
+					for (int i = i0; i < i1; i++) {
+						const float *p = ah + (size_t)i * T;
+						float *d = ds + (size_t)i * T;
+						float pd = dot_row(p, d, i + 1);
+						int j = 0;
+						for (; j + VW <= i + 1; j += VW) {
+							float t[VW];
+							for (int l = 0; l < VW; l++)
+								t[l] = p[j + l] * (d[j + l] - pd);
+							for (int l = 0; l < VW; l++)
+								d[j + l] = t[l];
+						}
+						for (; j <= i; j++)
+							d[j] = p[j] * (d[j] - pd);
+						/* the dK product below reads this block's upper part */
+						memset(d + i + 1, 0, sizeof(float) * (i1 - i - 1));
+					}
+					if (dq)
+						sgemm_rm(0, 0, i1 - i0, D, i1, scale, ds + (size_t)i0 * T, T,
+							 k + ko, ldk, 1.0f, dq + qo + (size_t)i0 * ldq, ldq);
+				}
+			/* key block j0..j1 is seen by query rows j0..T-1 */
+			for (int j0 = 0; j0 < T; j0 += ATT_BLK) {
+				int j1 = j0 + ATT_BLK < T ? j0 + ATT_BLK : T;
+				if (dv)
+					sgemm_rm(1, 0, j1 - j0, D, T - j0, 1.0f, ah + (size_t)j0 * T + j0, T,
+						 dout + qo + (size_t)j0 * ldq, ldq, 1.0f,
+						 dv + ko + (size_t)j0 * ldk, ldk);
+				if (dk)
+					sgemm_rm(1, 0, j1 - j0, D, T - j0, scale, ds + (size_t)j0 * T + j0, T,
+						 q + qo + (size_t)j0 * ldq, ldq, 1.0f,
+						 dk + ko + (size_t)j0 * ldk, ldk);
+			}
+		}
+}
+
+/* ---- SwiGLU ---- */
+
+void swiglu_forward(float *out, const float *gate, const float *up, int N, int H)
+{
+	// gate, up, out (N,H)
+	size_t n = (size_t)N * H, i = 0;
+	for (; i + VW <= n; i += VW) {
+		float t[VW];
+		for (int j = 0; j < VW; j++)
+			t[j] = gate[i + j] * sigmoid_fast(gate[i + j]) * up[i + j];
+		for (int j = 0; j < VW; j++)
+			out[i + j] = t[j];
+	}
+	for (; i < n; i++)
+		out[i] = gate[i] * sigmoid_fast(gate[i]) * up[i];
+}
+
+void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+		     const float *up, int N, int H)
+{
+	// dout, gate, up, dgate, dup (N,H)
+	/* silu'(g) = s (1 + g (1 - s)),  s = sigmoid(g) */
+	size_t n = (size_t)N * H, i = 0;
+	if (dgate && dup) {
+		for (; i + VW <= n; i += VW) {
+			float tg[VW], tu[VW];
+			for (int j = 0; j < VW; j++) {
+				float g = gate[i + j], s = sigmoid_fast(g), d = dout[i + j];
+				tg[j] = dgate[i + j] + d * up[i + j] * s * (1.0f + g * (1.0f - s));
+				tu[j] = dup[i + j] + d * g * s;
+			}
+			for (int j = 0; j < VW; j++) {
+				dgate[i + j] = tg[j];
+				dup[i + j] = tu[j];
+			}
+		}
+	} else if (dgate) {
+		for (; i + VW <= n; i += VW) {
+			float tg[VW];
+			for (int j = 0; j < VW; j++) {
+				float g = gate[i + j], s = sigmoid_fast(g);
+				tg[j] = dgate[i + j] + dout[i + j] * up[i + j] * s * (1.0f + g * (1.0f - s));
+			}
+			for (int j = 0; j < VW; j++)
+				dgate[i + j] = tg[j];
+		}
+	} else if (dup) {
+		for (; i + VW <= n; i += VW) {
+			float tu[VW];
+			for (int j = 0; j < VW; j++)
+				tu[j] = dup[i + j] + dout[i + j] * gate[i + j] * sigmoid_fast(gate[i + j]);
+			for (int j = 0; j < VW; j++)
+				dup[i + j] = tu[j];
+		}
+	}
+	for (; i < n; i++) {
+		float g = gate[i], s = sigmoid_fast(g), d = dout[i];
+		if (dgate)
+			dgate[i] += d * up[i] * s * (1.0f + g * (1.0f - s));
+		if (dup)
+			dup[i] += d * g * s;
+	}
+}
+
+/* ---- residual ---- */
+
+void residual_forward(float *out, const float *a, const float *b, int n)
+{
+	// a, b, out (n); out may equal a or b
+	int i = 0;
+	for (; i + VW <= n; i += VW) {
+		float t[VW];
+		for (int j = 0; j < VW; j++)
+			t[j] = a[i + j] + b[i + j];
+		for (int j = 0; j < VW; j++)
+			out[i + j] = t[j];
+	}
+	for (; i < n; i++)
+		out[i] = a[i] + b[i];
+}
+
+/* ---- softmax cross-entropy ---- */
+
+double softmax_xent_forward(float *losses, float *probs, const float *logits,
+			    const int32_t *targets, int N, int V)
+{
+	// logits, probs (N,V), targets (N), losses (N)
+	double total = 0.0;
+	for (int n = 0; n < N; n++) {
+		const float *x = logits + (size_t)n * V;
+		float *p = probs + (size_t)n * V;
+		float m = max_row(x, V);
+		float sum = exp_sum_row(p, x, m, V);
+		scale_row(p, 1.0f / sum, V);
+		/* -log p_t = log(sum exp(x - m)) - (x_t - m), exact even when p_t underflows */
+		double loss = log((double)sum) - ((double)x[targets[n]] - m);
+		losses[n] = (float)loss;
+		total += loss;
+	}
+	return N > 0 ? total / N : 0.0;
+}
+
+void softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,
+			   float scale, int N, int V)
+{
+	// probs, dlogits (N,V), targets (N)
+	if (!dlogits)
+		return;
+	for (int n = 0; n < N; n++) {
+		const float *p = probs + (size_t)n * V;
+		float *d = dlogits + (size_t)n * V;
+		int i = 0;
+		for (; i + VW <= V; i += VW) {
+			float t[VW];
+			for (int j = 0; j < VW; j++)
+				t[j] = d[i + j] + p[i + j] * scale;
+			for (int j = 0; j < VW; j++)
+				d[i + j] = t[j];
+		}
+		for (; i < V; i++)
+			d[i] += p[i] * scale;
+		d[targets[n]] -= scale;
+	}
+}

@@ -1,0 +1,129 @@
+/* Optimizer arithmetic on flat parameter shards: AdamW, Muon (Newton-Schulz
+ * orthogonalisation through sgemm_rm), global-norm helpers and the learning
+ * rate schedule. The caller owns the state buffers and their sharding. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+/* blocks of VW with a local array: see kernels/nn.c for why */
+#define VW 8
+
+void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
+		  float b1, float b2, float eps, float wd, int t)
+{
+	// p, g, m, v (n)
+	float bc1 = (float)(1.0 - pow(b1, t)), bc2 = (float)(1.0 - pow(b2, t));
+	for (size_t i = 0; i < n; i++) {
+		float mi = b1 * m[i] + (1.0f - b1) * g[i];
+		float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+		m[i] = mi;
+		v[i] = vi;
+		p[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p[i]);
+	}
+}
+
+double sumsq(const float *x, size_t n)
+{
+	// x (n)
+	double acc[VW] = { 0 }, s = 0.0;
+	size_t i = 0;
+	for (; i + VW <= n; i += VW)
+		for (int j = 0; j < VW; j++)
+			acc[j] += (double)x[i + j] * x[i + j];
+	for (; i < n; i++)
+		s += (double)x[i] * x[i];
+	for (int j = 0; j < VW; j++)
+		s += acc[j];
+	return s;
+}
+
+void scale_inplace(float *x, size_t n, float s)
+{
+	// x (n)
+	size_t i = 0;
+	for (; i + VW <= n; i += VW)
+		for (int j = 0; j < VW; j++)
+			x[i + j] *= s;
+	for (; i < n; i++)
+		x[i] *= s;
+}
+
+/* y (n) = a x + y */
+static void axpy(float *y, float a, const float *x, size_t n)
+{
+	size_t i = 0;
+	for (; i + VW <= n; i += VW) {
+		float t[VW];
+		for (int j = 0; j < VW; j++)
+			t[j] = y[i + j] + a * x[i + j];
+		for (int j = 0; j < VW; j++)
+			y[i + j] = t[j];
+	}
+	for (; i < n; i++)
+		y[i] += a * x[i];
+}
+
+void newton_schulz5(float *out, const float *G, float *scratch, int R, int C)
+{
+	// G, out (R,C); works on X (r,c) with r = min(R,C) <= c = max(R,C); out may equal G
+	const float a = 3.4445f, b = -4.7750f, c2 = 2.0315f;
+	int tr = R > C, r = tr ? C : R, c = tr ? R : C;
+	size_t rc = (size_t)r * c;
+	float *X = scratch, *Y = X + rc, *A = Y + rc, *Bm = A + (size_t)r * r;
+	float s = (float)(1.0 / (sqrt(sumsq(G, rc)) + 1e-7));
+
+	if (tr) {
+		for (int i = 0; i < R; i++)
+			for (int j = 0; j < C; j++)
+				X[(size_t)j * R + i] = G[(size_t)i * C + j] * s;
+	} else {
+		for (size_t i = 0; i < rc; i++)
+			X[i] = G[i] * s;
+	}
+	for (int step = 0; step < 5; step++) {
+		/* X <- a X + (b A + c A A) X,  A = X X^T */
+		sgemm_rm(0, 1, r, r, c, 1.0f, X, c, X, c, 0.0f, A, r);
+		sgemm_rm(0, 0, r, r, r, c2, A, r, A, r, 0.0f, Bm, r);
+		axpy(Bm, b, A, (size_t)r * r);
+		memcpy(Y, X, sizeof(float) * rc);
+		sgemm_rm(0, 0, r, c, r, 1.0f, Bm, r, X, c, a, Y, c);
+		float *t = X;
+		X = Y;
+		Y = t;
+	}
+	if (tr) {
+		for (int i = 0; i < R; i++)
+			for (int j = 0; j < C; j++)
+				out[(size_t)i * C + j] = X[(size_t)j * R + i];
+	} else {
+		memcpy(out, X, sizeof(float) * rc);
+	}
+}
+
+void muon_update(float *p, const float *g, float *buf, float *scratch, int R, int C,
+		 float lr, float mu, float wd)
+{
+	// p, g, buf (R,C); scratch as newton_schulz5's (3 max(R,C)^2 + 2 R C floats)
+	size_t n = (size_t)R * C;
+	float *o = scratch, *ns = scratch + n;
+	float k = sqrtf(R > C ? (float)R / (float)C : 1.0f);
+	for (size_t i = 0; i < n; i++) {
+		buf[i] = mu * buf[i] + g[i];
+		o[i] = g[i] + mu * buf[i];
+	}
+	newton_schulz5(o, o, ns, R, C);
+	for (size_t i = 0; i < n; i++)
+		p[i] -= lr * (o[i] * k + wd * p[i]);
+}
+
+float lr_schedule(int step, float lr, int warmup, int total, float final_fraction)
+{
+	if (step < warmup)
+		return lr * (float)step / (float)warmup;
+	if (step >= total)
+		return lr * final_fraction;
+	double progress = (double)(step - warmup) / (double)(total - warmup);
+	double cosine = 0.5 * (1.0 + cos(3.14159265358979323846 * progress));
+	return (float)(lr * (final_fraction + (1.0 - final_fraction) * cosine));
+}
