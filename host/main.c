@@ -13,7 +13,10 @@ struct command {
 static const struct command commands[] = {
 	/* each subcommand registers one line here */
 	{ "train", cmd_train, "train --config FILE [key=value ...] [--metrics FILE] [--checkpoint-dir DIR] [--resume]" },
+	{ "bench", cmd_bench, "bench matmul | link | collectives ... (see meshrun bench)" },
 	{ "eval", cmd_eval, "eval --checkpoint DIR --text FILE [key=value ...]" },
+	{ "agent", cmd_agent, "agent --config FILE --host-id I [--hosts N] [--devices-per-host D] [--listen ADDR] [--job NAME] [key=value ...]" },
+	{ "local", cmd_local, "local --hosts N [--devices-per-host D] --config FILE [key=value ...]" },
 	{ NULL, NULL, NULL },
 };
 

@@ -83,9 +83,25 @@ void mesh_group(const struct mesh *m, int dev, uint32_t axes, struct mesh_group 
 			r /= m->size[a];
 		}
 		g->devs[i] = mesh_device(m, c);
+	}
+	/* Ring order is host-major (DESIGN §5): sort by (host, local index).
+	 * Members differ only along the group's axes, so for one axis this is
+	 * its coordinate order; for several it differs only when an ICI-only
+	 * axis precedes a DCN axis in the set. Insertion sort: n is small. */
+	for (int i = 1; i < g->n; i++) {
+		int d = g->devs[i], hd = mesh_host_of(m, d), ld = mesh_local_index(m, d), j = i - 1;
+		while (j >= 0) {
+			int hj = mesh_host_of(m, g->devs[j]);
+			if (hj < hd || (hj == hd && mesh_local_index(m, g->devs[j]) <= ld))
+				break;
+			g->devs[j + 1] = g->devs[j];
+			j--;
+		}
+		g->devs[j + 1] = d;
+	}
+	for (int i = 0; i < g->n; i++)
 		if (g->devs[i] == dev)
 			g->rank = i;
-	}
 	/* Groups over the same axes are disjoint, so the axes set alone keeps
 	 * (src, dst, group, seq) unique; ids >= 512 are free for other uses. */
 	g->id = axes & 0x1ff;

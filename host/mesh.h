@@ -17,8 +17,10 @@ struct mesh {
 };
 
 /* A group: the devices that agree on every coordinate outside `axes`
- * (a bit mask of 1<<AX_*), ordered by their coordinates in axes (row-major
- * over the axes in mesh order: host-major, since DCN is the major part). */
+ * (a bit mask of 1<<AX_*), in ring order: host-major, then local index.
+ * For a single axis that is its coordinate order (DCN is the major part of
+ * a coordinate); for several axes it is row-major over the axes unless an
+ * ICI-only axis precedes a DCN axis in the set. */
 struct mesh_group {
 	uint32_t axes;
 	uint32_t id;          /* same on every member; distinct per axes set */

@@ -1,0 +1,312 @@
+/* `meshrun bench link`: the launcher half starts two agents on loopback;
+ * the agent half streams messages both ways through xport and the net
+ * thread's TLS links, keeping a window of messages in flight so the figure
+ * is the link's, not the round trip's. */
+#include "host/bench_link.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/agent.h"
+#include "host/cli.h"
+#include "host/config.h"
+#include "host/local.h"
+#include "host/mesh.h"
+#include "proto/meshrun.pb-c.h"
+
+#define MAX_SIZES 32
+#define LINK_GROUP 0xfffd
+
+struct link_opts {
+	bool agent;
+	int hosts;
+	int nsizes;
+	size_t sizes[MAX_SIZES];
+	int iters;                 /* 0: about 512 MiB per size */
+	bool oneway;               /* host 0 sends, host 1 receives */
+	int rest_argc;
+	char **rest;
+};
+
+static int parse_size(const char *s, size_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s || *s == '-')
+		return -1;
+	unsigned long long mul = 1;
+	if (*end == 'K' || *end == 'k')
+		mul = 1ull << 10;
+	else if (*end == 'M' || *end == 'm')
+		mul = 1ull << 20;
+	else if (*end == 'G' || *end == 'g')
+		mul = 1ull << 30;
+	if (mul != 1)
+		end++;
+	if (*end || v == 0 || v > (1ull << 32) / mul)
+		return -1;
+	*out = (size_t)(v * mul);
+	return 0;
+}
+
+static int parse_opts(int argc, char **argv, struct link_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->rest = calloc((size_t)argc + 1, sizeof(char *));
+	if (!o->rest) {
+		fprintf(stderr, "bench link: out of memory\n");
+		return EXIT_FAIL;
+	}
+	o->rest[o->rest_argc++] = argv[0];
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = NULL;
+		char flag[64];
+		const char *eq = !strncmp(a, "--", 2) ? strchr(a, '=') : NULL;
+		if (eq && (size_t)(eq - a) < sizeof(flag)) {
+			memcpy(flag, a, (size_t)(eq - a));
+			flag[eq - a] = 0;
+			v = eq + 1;
+		} else {
+			snprintf(flag, sizeof(flag), "%s", a);
+		}
+		bool ours = !strcmp(flag, "--sizes") || !strcmp(flag, "--iters") ||
+			    (!strcmp(flag, "--hosts") && !o->agent);
+		if (ours && !v) {
+			if (i + 1 >= argc) {
+				fprintf(stderr, "bench link: '%s' needs a value\n", flag);
+				return EXIT_USAGE;
+			}
+			v = argv[++i];
+		}
+		if (!strcmp(flag, "--agent")) {
+			o->agent = true;
+		} else if (!strcmp(flag, "--oneway")) {
+			o->oneway = true;
+		} else if (!strcmp(flag, "--sizes")) {
+			char buf[512];
+			snprintf(buf, sizeof(buf), "%s", v);
+			o->nsizes = 0;
+			for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
+			     t = strtok_r(NULL, ",", &save)) {
+				if (o->nsizes == MAX_SIZES || parse_size(t, &o->sizes[o->nsizes])) {
+					fprintf(stderr, "bench link: bad size list '%s'\n", v);
+					return EXIT_USAGE;
+				}
+				o->nsizes++;
+			}
+		} else if (!strcmp(flag, "--iters")) {
+			char *end;
+			long k = strtol(v, &end, 10);
+			if (*end || k < 1 || k > 10000000) {
+				fprintf(stderr, "bench link: bad value '%s' for --iters\n", v);
+				return EXIT_USAGE;
+			}
+			o->iters = (int)k;
+		} else if (!strcmp(flag, "--hosts") && !o->agent) {
+			char *end;
+			long h = strtol(v, &end, 10);
+			if (*end || h != 2) {
+				fprintf(stderr, "bench link: --hosts must be 2, got '%s'\n", v);
+				return EXIT_USAGE;
+			}
+			o->hosts = 2;
+		} else {
+			o->rest[o->rest_argc++] = argv[i];
+		}
+	}
+	o->rest[o->rest_argc] = NULL;
+	if (!o->nsizes) {
+		fprintf(stderr, "usage: meshrun bench link --hosts 2 --sizes 16M[,64K...] [--iters K]\n");
+		return EXIT_USAGE;
+	}
+	return 0;
+}
+
+/* ---- the job ---- */
+
+static void fill(uint8_t *b, size_t n, int dev)
+{
+	uint32_t x = 0x9e3779b9u * (uint32_t)(dev + 1);
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 17;
+		x ^= x << 5;
+		b[i] = (uint8_t)x;
+	}
+}
+
+struct flight {
+	struct xreq *s, *r;
+};
+
+static int wait_pair(struct device_ctx *d, struct flight *f, char *why, size_t len)
+{
+	uint64_t deadline = xport_now_ns() + (uint64_t)(d->cfg->collective_timeout_s * 1e9);
+	int e1 = f->s ? xport_wait(f->s, deadline, why, len) : 0;
+	int e2 = 0;
+	if (f->r)
+		e2 = e1 ? xport_wait(f->r, 1, why + strlen(why), 1)
+			: xport_wait(f->r, deadline, why, len);
+	f->s = f->r = NULL;
+	return e1 ? e1 : e2;
+}
+
+static int link_job(struct device_ctx *d)
+{
+	const struct link_opts *o = d->job_arg;
+	const struct mesh *m = d->mesh;
+	int peer = mesh_device_of(m, 1 - d->host_id, d->local_index);
+	uint64_t seq = 0;
+	char why[512];
+	int rc = EXIT_OK;
+
+	for (int si = 0; si < o->nsizes && !rc; si++) {
+		size_t s = o->sizes[si];
+		int win = (int)((64u << 20) / s);
+		win = win < 2 ? 2 : win > 16 ? 16 : win;
+		long iters = o->iters ? o->iters : (long)((512ull << 20) / s);
+		if (iters < 10)
+			iters = 10;
+		if (iters > 100000)
+			iters = 100000;
+		uint8_t *sb = malloc(s), *want = malloc(s), *rb = malloc(s * (size_t)win);
+		struct flight *fl = calloc((size_t)win, sizeof(*fl));
+		if (!sb || !want || !rb || !fl) {
+			snprintf(d->err, sizeof(d->err), "bench link: out of memory for %zu bytes", s);
+			rc = EXIT_FAIL;
+			goto next;
+		}
+		fill(sb, s, d->device_id);
+		fill(want, s, peer);
+		uint64_t t0 = 0;
+		long total = iters + win;   /* the first win are the warm-up */
+		for (long i = 0; i < total + win && !rc; i++) {
+			struct flight *f = &fl[i % win];
+			if (i >= win) {
+				why[0] = 0;
+				int e = wait_pair(d, f, why, sizeof(why));
+				if (e) {
+					snprintf(d->err, sizeof(d->err), "bench link: %s", why);
+					rc = EXIT_PEER_LOST;
+					break;
+				}
+				if (i - win == total - 1 && (!o->oneway || d->host_id == 1) &&
+				    memcmp(rb + (size_t)(i % win) * s, want, s)) {
+					snprintf(d->err, sizeof(d->err),
+						 "bench link: %zu-byte message from device %d arrived corrupted",
+						 s, peer);
+					rc = EXIT_FAIL;
+					break;
+				}
+			}
+			if (i == win)
+				t0 = xport_now_ns();
+			if (i >= total)
+				continue;
+			struct xmeta meta = { .op = MESHRUN__COLL_OP__COLL_P2P, .group = LINK_GROUP,
+					      .seq = seq++, .step = (uint64_t)si };
+			uint8_t *dst = rb + (size_t)(i % win) * s;
+			bool rx = !o->oneway || d->host_id == 1, tx = !o->oneway || d->host_id == 0;
+			int e = rx ? xport_irecv(d->xport, peer, d->device_id, &meta, dst, s, &f->r) : 0;
+			if (!e && tx) {
+				e = xport_isend(d->xport, d->device_id, peer, &meta, sb, s, &f->s);
+				if (e && f->r)
+					xport_wait(f->r, 1, why, sizeof(why));
+			}
+			if (e) {
+				xport_failed(d->xport, why, sizeof(why));
+				snprintf(d->err, sizeof(d->err), "bench link: %s", why[0] ? why : strerror(-e));
+				rc = EXIT_PEER_LOST;
+				break;
+			}
+		}
+		if (!rc && d->host_id == 0) {
+			/* timed from the completion of message 0 (the window full)
+			 * to that of the last: total - 1 messages per direction */
+			double us = (double)(xport_now_ns() - t0) / 1e3 / (double)(total - 1);
+			if (si == 0 && d->local_index == 0)
+				printf("size time_us GBps\n");
+			if (d->local_index == 0)
+				printf("%zu %.1f %.3f\n", s, us, (double)s / us / 1e3);
+			fflush(stdout);
+		}
+next:
+		free(sb);
+		free(want);
+		free(rb);
+		free(fl);
+	}
+	return rc;
+}
+
+static int run_agent(struct link_opts *o)
+{
+	static struct cfg cfg;
+	char err[640];
+	int host_id = -1;
+	int argc = o->rest_argc;
+	int rc = agent_args(&argc, o->rest, &cfg, &host_id, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "bench link: %s\n", err);
+		return rc;
+	}
+	if (argc > 1) {
+		fprintf(stderr, "bench link: unexpected argument '%s'\n", o->rest[1]);
+		return EXIT_USAGE;
+	}
+	if (cfg.num_hosts != 2) {
+		fprintf(stderr, "bench link: needs exactly 2 hosts, the mesh has %d\n", cfg.num_hosts);
+		return EXIT_USAGE;
+	}
+	rc = agent_run(&cfg, host_id, link_job, o, err, sizeof(err));
+	if (rc)
+		fprintf(stderr, "bench link: host %d: %s\n", host_id, err);
+	return rc;
+}
+
+static int run_launcher(struct link_opts *o, int argc, char **argv)
+{
+	char err[1024];
+	if (o->hosts != 2) {
+		fprintf(stderr, "bench link: give --hosts 2\n");
+		return EXIT_USAGE;
+	}
+	char **cargv = calloc((size_t)argc + 4, sizeof(char *));
+	if (!cargv) {
+		fprintf(stderr, "bench link: out of memory\n");
+		return EXIT_FAIL;
+	}
+	int cargc = 0;
+	cargv[cargc++] = "bench";
+	cargv[cargc++] = argv[0];
+	cargv[cargc++] = "--agent";
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--hosts")) {
+			i++;
+			continue;
+		}
+		if (!strncmp(argv[i], "--hosts=", 8))
+			continue;
+		cargv[cargc++] = argv[i];
+	}
+	int rc = local_launch(2, cargc, cargv, err, sizeof(err));
+	if (rc)
+		fprintf(stderr, "bench link: %s\n", err);
+	free(cargv);
+	return rc;
+}
+
+int bench_link_main(int argc, char **argv)
+{
+	struct link_opts o;
+	int rc = parse_opts(argc, argv, &o);
+	if (!rc)
+		rc = o.agent ? run_agent(&o) : run_launcher(&o, argc, argv);
+	free(o.rest);
+	return rc;
+}

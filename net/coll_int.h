@@ -1,0 +1,85 @@
+/* Private to net/coll*.c: one collective fully described (struct coll_args),
+ * its execution context (struct coll_run) and the helpers every algorithm
+ * uses to post, wait and fail. */
+#ifndef MESHRUN_COLL_INT_H
+#define MESHRUN_COLL_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "net/coll.h"
+#include "net/xport.h"
+
+/* segments in flight per direction in the ring and pairwise engines */
+#define COLL_WINDOW 2
+/* largest group that may use a direct (all-to-all) exchange */
+#define COLL_DIRECT_MAX_N 16
+
+struct coll_args {
+	uint32_t op;              /* MESHRUN__COLL_OP__* value */
+	uint32_t group;
+	int n, rank;
+	const int *devs;
+	uint64_t seq, step;
+	void *out;
+	const void *in;
+	size_t bytes;             /* all_gather: per rank; permute, broadcast: buffer */
+	size_t count;             /* reduce_scatter: per rank; all_reduce: buffer */
+	int shift, root;
+	const size_t *send_bytes, *recv_bytes;
+	size_t seg;               /* segment bytes, multiple of 4 */
+	size_t direct_max;
+};
+
+/* A growable scratch buffer; one per executing thread of a device. */
+struct coll_scratch {
+	void *p;
+	size_t cap;
+};
+
+struct coll_run {
+	struct xport *x;
+	int me;
+	const struct coll_args *a;
+	uint64_t deadline;
+	struct coll_scratch *scr;
+	char *err;
+	size_t errlen;
+};
+
+/* Runs a (checked) collective to completion on the calling thread. */
+int coll_exec(struct coll_run *R);
+
+/* coll_ring.c */
+int coll_ring_all_gather(struct coll_run *R);
+int coll_ring_reduce_scatter(struct coll_run *R);
+int coll_ring_all_reduce(struct coll_run *R);
+int coll_chain_broadcast(struct coll_run *R);
+int coll_dissemination_barrier(struct coll_run *R);
+/* coll_a2a.c */
+int coll_pair_all_to_all(struct coll_run *R);
+int coll_pair_permute(struct coll_run *R);
+
+/* ---- helpers (coll.c) ---- */
+void *coll_scratch_get(struct coll_scratch *s, size_t bytes);
+int coll_post_send(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
+		   const void *buf, size_t len, struct xreq **out);
+int coll_post_recv(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
+		   void *buf, size_t len, struct xreq **out);
+/* Waits for *req (NULL: nothing to wait for) with the collective's deadline;
+ * sets *req = NULL. */
+int coll_wait_req(struct coll_run *R, struct xreq **req);
+/* After an error: abandons every non-NULL request in reqs (the transport is
+ * failed first, so nothing more lands in the caller's buffers through a
+ * local peer). */
+void coll_abandon(struct coll_run *R, struct xreq **reqs, size_t n);
+/* Formats "<op> (group g, seq s, step t): <detail>" into R->err, fails the
+ * transport with it and returns rc. */
+int coll_fail(struct coll_run *R, int rc, const char *detail);
+
+/* dst[i] = a[i] + b[i] and dst[i] += a[i]. */
+void coll_add_f32(float *restrict dst, const float *restrict a, const float *restrict b, size_t n);
+void coll_acc_f32(float *restrict dst, const float *restrict a, size_t n);
+
+#endif

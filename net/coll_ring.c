@@ -1,0 +1,496 @@
+/* Ring algorithms (gloo/NCCL style) for all-gather, reduce-scatter and
+ * all-reduce, a pipelined chain for broadcast, direct exchanges for small
+ * buffers, and the dissemination barrier.
+ *
+ * Ring: rank r sends to r+1 and receives from r-1. A block is cut into S
+ * segments; item j = k*S + s is segment s of ring step k. Receives are
+ * posted up to COLL_WINDOW items ahead so data lands in place (the
+ * receiver-driven transport sends only into a posted buffer) and at most
+ * COLL_WINDOW sends are outstanding; send j (k >= 1) waits for receive j-S,
+ * the segment it forwards. A device always blocks on its oldest outstanding
+ * item, whose counterpart depends only on older items, so the ring cannot
+ * deadlock.
+ *
+ * Reduction order is fixed: block b is summed along the ring starting at
+ * rank b+1 ((x[b+1] + x[b+2]) + ...) + x[b], whatever the timing, and
+ * all-reduce then copies the finished block to everyone, so every rank holds
+ * the same bits. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/coll_int.h"
+#include "proto/meshrun.pb-c.h"
+
+#define W COLL_WINDOW
+
+struct ring {
+	int n, r, left, right;
+	int K, S;               /* steps, segments per block */
+	int nrs;                /* steps [0, nrs) reduce, [nrs, K) gather */
+	size_t seg;
+	const size_t *boff, *blen;
+	const uint8_t *in;      /* reduce: input blocks at boff; gather only: own block */
+	uint8_t *out;           /* gather: output blocks at boff */
+	uint8_t *fin;           /* reduce: where the finished own block goes */
+	uint8_t *alt;           /* reduce_scatter: scratch block alternating with fin */
+	uint8_t *inplace;       /* all_reduce: partial sums overwrite the buffer */
+	uint8_t *land[W];       /* reduce: receive landing slots */
+	uint32_t chunk0;
+};
+
+static inline int mod(int a, int n)
+{
+	a %= n;
+	return a < 0 ? a + n : a;
+}
+
+static int send_block(const struct ring *g, int k)
+{
+	return k < g->nrs ? mod(g->r - k - 1, g->n) : mod(g->r - (k - g->nrs), g->n);
+}
+
+static int recv_block(const struct ring *g, int k)
+{
+	return k < g->nrs ? mod(g->r - k - 2, g->n) : mod(g->r - (k - g->nrs) - 1, g->n);
+}
+
+static size_t seg_len(const struct ring *g, int b, int s)
+{
+	size_t off = (size_t)s * g->seg;
+	if (off >= g->blen[b])
+		return 0;
+	size_t left = g->blen[b] - off;
+	return left < g->seg ? left : g->seg;
+}
+
+/* Buffer that holds the partial sum produced by reduce step k (and is sent
+ * at step k+1). */
+static uint8_t *partial(const struct ring *g, int k)
+{
+	if (g->inplace)
+		return g->inplace + g->boff[recv_block(g, k)];
+	if (k == g->nrs - 1 || !g->alt || (g->nrs - 1 - k) % 2 == 0)
+		return g->fin;
+	return g->alt;
+}
+
+static const uint8_t *send_src(const struct ring *g, int k, int s)
+{
+	size_t off = (size_t)s * g->seg;
+	if (k == 0)
+		return g->nrs ? g->in + g->boff[send_block(g, 0)] + off : g->in + off;
+	if (k - 1 < g->nrs)
+		return partial(g, k - 1) + off;
+	return g->out + g->boff[send_block(g, k)] + off;
+}
+
+/* Send index that must have completed before receive j may be posted (its
+ * destination is still being read by that send), or -1. */
+static long recv_needs_send(const struct ring *g, long j)
+{
+	int k = (int)(j / g->S);
+	if (k < g->nrs) {
+		/* reduce_scatter: partial(k) is partial(k-2), sent at step k-1 */
+		if (g->alt && k >= 2)
+			return j - g->S;
+		return -1;
+	}
+	/* all_reduce gather phase overwrites the block sent at reduce step
+	 * k - nrs */
+	if (g->inplace)
+		return j - (long)g->nrs * g->S;
+	return -1;
+}
+
+static int ring_run(struct coll_run *R, struct ring *g)
+{
+	long T = (long)g->K * g->S;
+	long rp = 0, rd = 0, sp = 0, sd = 0;
+	struct xreq *rq[W] = { 0 }, *sq[W] = { 0 };
+	int rc = 0;
+
+	while (rd < T || sd < T) {
+		while (rp < T && rp < rd + W) {
+			long need = recv_needs_send(g, rp);
+			if (need >= 0 && sd <= need)
+				break;
+			int k = (int)(rp / g->S), s = (int)(rp % g->S), b = recv_block(g, k);
+			size_t len = seg_len(g, b, s), off = (size_t)s * g->seg;
+			void *dst = k < g->nrs ? (void *)g->land[rp % W] : (void *)(g->out + g->boff[b] + off);
+			rq[rp % W] = NULL;
+			if (len && (rc = coll_post_recv(R, g->left, g->chunk0 + (uint32_t)rp,
+							 g->boff[b] + off, dst, len, &rq[rp % W])))
+				goto out_abandon;
+			rp++;
+		}
+		while (sp < T && sp < sd + W && (sp < g->S || rd > sp - g->S)) {
+			int k = (int)(sp / g->S), s = (int)(sp % g->S), b = send_block(g, k);
+			size_t len = seg_len(g, b, s);
+			sq[sp % W] = NULL;
+			if (len && (rc = coll_post_send(R, g->right, g->chunk0 + (uint32_t)sp,
+							 g->boff[b] + (size_t)s * g->seg,
+							 send_src(g, k, s), len, &sq[sp % W])))
+				goto out_abandon;
+			sp++;
+		}
+		bool r_out = rp > rd, s_out = sp > sd;
+		if (r_out && (!s_out || rd <= sd)) {
+			if ((rc = coll_wait_req(R, &rq[rd % W])))
+				goto out_abandon;
+			int k = (int)(rd / g->S), s = (int)(rd % g->S);
+			if (k < g->nrs) {
+				int b = recv_block(g, k);
+				size_t len = seg_len(g, b, s), off = (size_t)s * g->seg;
+				float *dst = (float *)(partial(g, k) + off);
+				const float *own = (const float *)(g->in + g->boff[b] + off);
+				const float *got = (const float *)g->land[rd % W];
+				if ((const uint8_t *)dst == (const uint8_t *)own)
+					coll_acc_f32(dst, got, len / sizeof(float));
+				else
+					coll_add_f32(dst, got, own, len / sizeof(float));
+			}
+			rd++;
+		} else if (s_out) {
+			if ((rc = coll_wait_req(R, &sq[sd % W])))
+				goto out_abandon;
+			sd++;
+		} else {
+			rc = coll_fail(R, -EDEADLK, "ring schedule stalled (bug)");
+			goto out_abandon;
+		}
+	}
+	return 0;
+
+out_abandon:
+	coll_abandon(R, rq, W);
+	coll_abandon(R, sq, W);
+	return rc;
+}
+
+/* Segment size: at least the configured one, and large enough that chunk
+ * indices of all items fit in 16 bits. */
+static size_t pick_seg(size_t seg, size_t maxblock, int steps)
+{
+	long max_s = 65535 / (steps > 0 ? steps : 1);
+	if (max_s < 1)
+		max_s = 1;
+	size_t need = (maxblock + (size_t)max_s - 1) / (size_t)max_s;
+	need = (need + 3) & ~(size_t)3;
+	return need > seg ? need : seg;
+}
+
+/* Fills the ring geometry; scratch holds alt_bytes for the alternate
+ * partial-sum block (reduce_scatter) and, for reducing rings, COLL_WINDOW
+ * landing slots. */
+static int ring_setup(struct ring *g, struct coll_run *R, const size_t *blen, int K, int nrs,
+		      size_t alt_bytes)
+{
+	const struct coll_args *a = R->a;
+	size_t maxb = 0;
+	g->n = a->n;
+	g->r = a->rank;
+	g->left = a->devs[mod(a->rank - 1, a->n)];
+	g->right = a->devs[mod(a->rank + 1, a->n)];
+	g->K = K;
+	g->nrs = nrs;
+	for (int b = 0; b < a->n; b++)
+		if (blen[b] > maxb)
+			maxb = blen[b];
+	g->seg = pick_seg(a->seg, maxb, K);
+	g->S = (int)((maxb + g->seg - 1) / g->seg);
+	if (nrs) {
+		size_t slot = g->seg < maxb ? g->seg : maxb;
+		size_t alt = (alt_bytes + 63) & ~(size_t)63;
+		uint8_t *p = coll_scratch_get(R->scr, alt + slot * W);
+		if (!p)
+			return coll_fail(R, -ENOMEM, "out of memory for ring segments");
+		g->alt = alt_bytes ? p : NULL;
+		for (int i = 0; i < W; i++)
+			g->land[i] = p + alt + (size_t)i * slot;
+	}
+	return 0;
+}
+
+/* ---- block tables ---- */
+
+struct blocks {
+	size_t *off, *len;
+	size_t small_off[COLL_DIRECT_MAX_N], small_len[COLL_DIRECT_MAX_N];
+};
+
+/* n blocks of total elements of elem bytes, as equal as possible (the first
+ * total % n blocks one element longer). */
+static int blocks_init(struct blocks *bl, int n, size_t total, size_t elem)
+{
+	if (n <= COLL_DIRECT_MAX_N) {
+		bl->off = bl->small_off;
+		bl->len = bl->small_len;
+	} else {
+		bl->off = malloc(sizeof(size_t) * 2 * (size_t)n);
+		if (!bl->off)
+			return -ENOMEM;
+		bl->len = bl->off + n;
+	}
+	size_t q = total / (size_t)n, rem = total % (size_t)n, o = 0;
+	for (int b = 0; b < n; b++) {
+		size_t c = q + ((size_t)b < rem ? 1 : 0);
+		bl->off[b] = o * elem;
+		bl->len[b] = c * elem;
+		o += c;
+	}
+	return 0;
+}
+
+static void blocks_release(struct blocks *bl)
+{
+	if (bl->off != bl->small_off)
+		free(bl->off);
+}
+
+/* ---- direct exchanges for small buffers ---- */
+
+static bool use_direct(const struct coll_args *a, size_t total)
+{
+	return a->n <= COLL_DIRECT_MAX_N && total <= a->direct_max;
+}
+
+/* Every rank sends src (len bytes) to every other rank; rank p's copy lands
+ * at dst + p * stride (own slot untouched unless own_copy). */
+static int direct_exchange(struct coll_run *R, uint8_t *dst, size_t stride,
+			   const uint8_t *(*src_for)(struct coll_run *, int peer, const void *),
+			   const void *ctx, size_t len)
+{
+	const struct coll_args *a = R->a;
+	struct xreq *reqs[2 * COLL_DIRECT_MAX_N] = { 0 };
+	int nr = 0, rc = 0;
+	for (int i = 1; i < a->n; i++) {
+		int p = mod(a->rank - i, a->n);
+		if ((rc = coll_post_recv(R, a->devs[p], 0, (size_t)p * stride,
+					 dst + (size_t)p * stride, len, &reqs[nr++])))
+			goto out_abandon;
+	}
+	for (int i = 1; i < a->n; i++) {
+		int p = mod(a->rank + i, a->n);
+		if ((rc = coll_post_send(R, a->devs[p], 0, (size_t)a->rank * stride,
+					 src_for(R, p, ctx), len, &reqs[nr++])))
+			goto out_abandon;
+	}
+	for (int i = 0; i < nr; i++)
+		if ((rc = coll_wait_req(R, &reqs[i])))
+			goto out_abandon;
+	return 0;
+
+out_abandon:
+	coll_abandon(R, reqs, (size_t)nr);
+	return rc;
+}
+
+static const uint8_t *src_same(struct coll_run *R, int peer, const void *ctx)
+{
+	(void)R;
+	(void)peer;
+	return ctx;
+}
+
+static const uint8_t *src_block(struct coll_run *R, int peer, const void *ctx)
+{
+	return (const uint8_t *)ctx + (size_t)peer * R->a->count * sizeof(float);
+}
+
+/* ---- all-gather ---- */
+
+int coll_ring_all_gather(struct coll_run *R)
+{
+	const struct coll_args *a = R->a;
+	size_t bpr = a->bytes;
+	uint8_t *out = a->out;
+	const uint8_t *in = a->in;
+	uint8_t *own = out + (size_t)a->rank * bpr;
+
+	if (bpr == 0)
+		return 0;
+	if (own != in)
+		memcpy(own, in, bpr);
+	if (a->n == 1)
+		return 0;
+	if (use_direct(a, bpr * (size_t)a->n))
+		return direct_exchange(R, out, bpr, src_same, own, bpr);
+
+	struct blocks bl;
+	if (blocks_init(&bl, a->n, (size_t)a->n * bpr, 1))
+		return coll_fail(R, -ENOMEM, "out of memory");
+	struct ring g = { .boff = bl.off, .blen = bl.len, .in = own, .out = out };
+	int rc = ring_setup(&g, R, bl.len, a->n - 1, 0, 0);
+	if (!rc)
+		rc = ring_run(R, &g);
+	blocks_release(&bl);
+	return rc;
+}
+
+/* ---- reduce-scatter ---- */
+
+/* out = sum over ranks p = 0..n-1 of parts[p], in rank order. */
+static void sum_in_order(float *out, const float *const *parts, int n, size_t count)
+{
+	memcpy(out, parts[0], count * sizeof(float));
+	for (int p = 1; p < n; p++)
+		coll_acc_f32(out, parts[p], count);
+}
+
+int coll_ring_reduce_scatter(struct coll_run *R)
+{
+	const struct coll_args *a = R->a;
+	size_t cnt = a->count, bytes = cnt * sizeof(float);
+	const float *in = a->in;
+	float *out = a->out;
+
+	if (cnt == 0)
+		return 0;
+	if (a->n == 1) {
+		memcpy(out, in, bytes);
+		return 0;
+	}
+	if (use_direct(a, bytes * (size_t)a->n)) {
+		float *scr = coll_scratch_get(R->scr, bytes * (size_t)a->n);
+		if (!scr)
+			return coll_fail(R, -ENOMEM, "out of memory");
+		int rc = direct_exchange(R, (uint8_t *)scr, bytes, src_block, in, bytes);
+		if (rc)
+			return rc;
+		const float *parts[COLL_DIRECT_MAX_N] = { 0 };
+		for (int p = 0; p < a->n; p++)
+			parts[p] = p == a->rank ? in + (size_t)a->rank * cnt : scr + (size_t)p * cnt;
+		sum_in_order(out, parts, a->n, cnt);
+		return 0;
+	}
+
+	struct blocks bl;
+	if (blocks_init(&bl, a->n, (size_t)a->n * cnt, sizeof(float)))
+		return coll_fail(R, -ENOMEM, "out of memory");
+	struct ring g = { .boff = bl.off, .blen = bl.len, .in = (const uint8_t *)in,
+			  .fin = (uint8_t *)out };
+	/* n > 2: partial sums alternate between out and one scratch block */
+	int rc = ring_setup(&g, R, bl.len, a->n - 1, a->n - 1, a->n > 2 ? bytes : 0);
+	if (!rc)
+		rc = ring_run(R, &g);
+	blocks_release(&bl);
+	return rc;
+}
+
+/* ---- all-reduce ---- */
+
+int coll_ring_all_reduce(struct coll_run *R)
+{
+	const struct coll_args *a = R->a;
+	size_t cnt = a->count, bytes = cnt * sizeof(float);
+	float *buf = a->out;
+
+	if (cnt == 0 || a->n == 1)
+		return 0;
+	if (use_direct(a, bytes)) {
+		float *scr = coll_scratch_get(R->scr, bytes * (size_t)a->n);
+		if (!scr)
+			return coll_fail(R, -ENOMEM, "out of memory");
+		int rc = direct_exchange(R, (uint8_t *)scr, bytes, src_same, buf, bytes);
+		if (rc)
+			return rc;
+		const float *parts[COLL_DIRECT_MAX_N] = { 0 };
+		memcpy(scr + (size_t)a->rank * cnt, buf, bytes);
+		for (int p = 0; p < a->n; p++)
+			parts[p] = scr + (size_t)p * cnt;
+		sum_in_order(buf, parts, a->n, cnt);
+		return 0;
+	}
+
+	struct blocks bl;
+	if (blocks_init(&bl, a->n, cnt, sizeof(float)))
+		return coll_fail(R, -ENOMEM, "out of memory");
+	struct ring g = { .boff = bl.off, .blen = bl.len, .in = (const uint8_t *)buf,
+			  .out = (uint8_t *)buf, .inplace = (uint8_t *)buf,
+			  .fin = (uint8_t *)buf + bl.off[a->rank] };
+	int rc = ring_setup(&g, R, bl.len, 2 * (a->n - 1), a->n - 1, 0);
+	if (!rc)
+		rc = ring_run(R, &g);
+	blocks_release(&bl);
+	return rc;
+}
+
+/* ---- broadcast: a chain root -> root+1 -> ... pipelined by segment ---- */
+
+int coll_chain_broadcast(struct coll_run *R)
+{
+	const struct coll_args *a = R->a;
+	int n = a->n, pos = mod(a->rank - a->root, n);
+	bool has_recv = pos > 0, has_send = pos < n - 1;
+	int prev = a->devs[mod(a->rank - 1, n)], next = a->devs[mod(a->rank + 1, n)];
+	uint8_t *buf = a->out;
+
+	if (a->bytes == 0 || n == 1)
+		return 0;
+	size_t seg = pick_seg(a->seg, a->bytes, 1);
+	long T = (long)((a->bytes + seg - 1) / seg);
+	long rp = 0, rd = 0, sp = 0, sd = 0;
+	struct xreq *rq[W] = { 0 }, *sq[W] = { 0 };
+	int rc = 0;
+	if (!has_recv)
+		rp = rd = T;
+	if (!has_send)
+		sp = sd = T;
+
+	while (rd < T || sd < T) {
+		while (rp < T && rp < rd + W) {
+			size_t off = (size_t)rp * seg, len = a->bytes - off < seg ? a->bytes - off : seg;
+			if ((rc = coll_post_recv(R, prev, (uint32_t)rp, off, buf + off, len, &rq[rp % W])))
+				goto out_abandon;
+			rp++;
+		}
+		while (sp < T && sp < sd + W && (!has_recv || rd > sp)) {
+			size_t off = (size_t)sp * seg, len = a->bytes - off < seg ? a->bytes - off : seg;
+			if ((rc = coll_post_send(R, next, (uint32_t)sp, off, buf + off, len, &sq[sp % W])))
+				goto out_abandon;
+			sp++;
+		}
+		bool r_out = rp > rd, s_out = sp > sd;
+		if (r_out && (!s_out || rd <= sd)) {
+			if ((rc = coll_wait_req(R, &rq[rd % W])))
+				goto out_abandon;
+			rd++;
+		} else if (s_out) {
+			if ((rc = coll_wait_req(R, &sq[sd % W])))
+				goto out_abandon;
+			sd++;
+		} else {
+			rc = coll_fail(R, -EDEADLK, "broadcast schedule stalled (bug)");
+			goto out_abandon;
+		}
+	}
+	return 0;
+
+out_abandon:
+	coll_abandon(R, rq, W);
+	coll_abandon(R, sq, W);
+	return rc;
+}
+
+/* ---- barrier: dissemination, ceil(log2 n) rounds of empty messages ---- */
+
+int coll_dissemination_barrier(struct coll_run *R)
+{
+	const struct coll_args *a = R->a;
+	int rc = 0;
+	uint32_t round = 0;
+	for (int dist = 1; dist < a->n; dist *= 2, round++) {
+		struct xreq *reqs[2] = { 0 };
+		if ((rc = coll_post_recv(R, a->devs[mod(a->rank - dist, a->n)], round, 0, NULL, 0,
+					 &reqs[0])) ||
+		    (rc = coll_post_send(R, a->devs[mod(a->rank + dist, a->n)], round, 0, NULL, 0,
+					 &reqs[1])) ||
+		    (rc = coll_wait_req(R, &reqs[0])) || (rc = coll_wait_req(R, &reqs[1]))) {
+			coll_abandon(R, reqs, 2);
+			return rc;
+		}
+	}
+	return 0;
+}

@@ -1,0 +1,93 @@
+/* A connection as a table of functions (Redis connection.h): plain TCP for
+ * framing tests and TLS for everything between hosts. TLS overrides only
+ * handshake, read, write and shutdown, so the link code never knows which it
+ * holds. Sockets are non-blocking; a call that cannot progress returns
+ * -EAGAIN and sets c->want to the readiness it waits for.
+ * Contract for every call: on an error other than -EAGAIN the caller must
+ * close the connection (conn_free); c->err says why. */
+#ifndef MESHRUN_CONN_H
+#define MESHRUN_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include <openssl/ssl.h>
+
+enum conn_want { CONN_WANT_NONE = 0, CONN_WANT_READ = 1, CONN_WANT_WRITE = 2 };
+
+struct conn;
+
+struct conn_type {
+	const char *name;
+	/* 0 once the handshake is done; -EAGAIN (see want); -EPROTO etc. */
+	int (*handshake)(struct conn *c);
+	/* > 0 bytes read; 0 at the peer's orderly close; -EAGAIN; < 0 error */
+	ssize_t (*read)(struct conn *c, void *buf, size_t len);
+	/* > 0 bytes written (possibly fewer than len); -EAGAIN; < 0 error.
+	 * After -EAGAIN, retry with the same len (the buffer may move). */
+	ssize_t (*write)(struct conn *c, const void *buf, size_t len);
+	/* Hands written bytes still buffered in user space to the kernel.
+	 * 0 when none are left; -EAGAIN (socket full); < 0 error. Call it
+	 * when a burst of writes is over. */
+	int (*flush)(struct conn *c);
+	/* Starts an orderly close of the sending side (TLS close_notify, then
+	 * shutdown(SHUT_WR)). 0 when done; -EAGAIN; < 0 error. */
+	int (*shutdown)(struct conn *c);
+	void (*free)(struct conn *c);
+};
+
+struct conn {
+	const struct conn_type *type;
+	int fd;
+	SSL *ssl;                 /* TLS only */
+	bool server;
+	enum conn_want want;
+	char peer_addr[64];       /* "ip:port" of the other end */
+	char err[256];
+};
+
+extern const struct conn_type conn_type_tcp;
+extern const struct conn_type conn_type_tls;
+
+/* Wrap a connected (or connecting) non-blocking socket. Both take ownership
+ * of fd, even on failure; NULL on allocation failure. */
+struct conn *conn_new_tcp(int fd);
+struct conn *conn_new_tls(SSL_CTX *ctx, int fd, bool server);
+
+static inline int conn_handshake(struct conn *c) { return c->type->handshake(c); }
+static inline ssize_t conn_read(struct conn *c, void *buf, size_t len)
+{
+	return c->type->read(c, buf, len);
+}
+static inline ssize_t conn_write(struct conn *c, const void *buf, size_t len)
+{
+	return c->type->write(c, buf, len);
+}
+static inline int conn_flush(struct conn *c) { return c->type->flush(c); }
+static inline int conn_shutdown(struct conn *c) { return c->type->shutdown(c); }
+/* Closes the socket and frees c; NULL is fine. */
+void conn_free(struct conn *c);
+
+/* ---- sockets ---- */
+/* Splits "host:port" or "[v6]:port". 0 or -EINVAL. */
+int conn_split_addr(const char *addr, char *host, size_t hostlen, int *port);
+/* A non-blocking listening socket on addr (port 0: any). 0 or -errno. */
+int conn_listen(const char *addr, int *fd_out, char *err, size_t errlen);
+/* Starts a non-blocking connect to addr. fd, or -errno with err. The
+ * connection is established when the socket turns writable and
+ * conn_connect_result() returns 0. */
+int conn_connect_start(const char *addr, char *err, size_t errlen);
+/* 0, or -errno of a finished non-blocking connect. */
+int conn_connect_result(int fd);
+/* Accepts one connection as non-blocking; fd, -EAGAIN, or -errno. */
+int conn_accept(int lfd, char *peer, size_t peerlen);
+/* "ip:port" of the local (local=true) or remote end of fd. */
+void conn_sockname(int fd, bool local, char *out, size_t outlen);
+/* TCP_NODELAY and socket buffer sizes for a data link. */
+void conn_tune(int fd);
+int conn_set_nonblock(int fd);
+/* strerror(e) in the lower case of our messages (thread-local buffer). */
+const char *conn_strerror(int e);
+
+#endif

@@ -1,0 +1,98 @@
+/* The network thread of one host: a libevent loop on its own pthread that
+ * owns every DCN byte. It runs the rendezvous (host 0 is the coordinator),
+ * opens one mutually authenticated TLS 1.3 link per host pair (the lower id
+ * dials), holds a barrier, then carries xport traffic (receiver-driven:
+ * RecvReady, then a CollectiveChunk whose payload is read straight into the
+ * posted buffer), heartbeats every link, turns a dead or silent peer into an
+ * xport_fail() plus Abort to the others, and ends with a Done exchange so a
+ * clean exit is never taken for a lost peer.
+ *
+ * net knows nothing of configs or jobs: the agent fills struct net_params.
+ * Thread model: net_new/net_start/net_finish/net_abort/net_free from one
+ * control thread; the xport hooks from any device thread. */
+#ifndef MESHRUN_NET_H
+#define MESHRUN_NET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "net/xport.h"
+#include "proto/meshrun.pb-c.h"
+
+#define NET_VERSION "meshrun 0.1 wire 1"
+
+/* Failure classes. The values equal the exit codes of host/cli.h so the
+ * agent can pass them through (and Abort.code carries them between hosts). */
+enum net_status {
+	NET_OK = 0,
+	NET_ERR = 1,            /* generic failure: timeouts, I/O errors */
+	NET_ERR_CONFIG = 3,     /* certificates, addresses */
+	NET_ERR_PEER_LOST = 5,  /* a peer died, fell silent or broke its link */
+	NET_ERR_REFUSED = 6,    /* rendezvous refused */
+};
+
+struct net_params {
+	int host_id, num_hosts, devices_per_host;
+	const char *coordinator;     /* host 0's rendezvous address host:port */
+	const char *listen;          /* this host's link listener (port 0: any) */
+	int coord_fd;                /* -1, or an inherited listening socket for
+				      * the coordinator (host 0); net takes it */
+	int data_fd;                 /* -1, or an inherited link listener; taken */
+	const char *certs_dir;
+	double heartbeat_interval_s;
+	double heartbeat_timeout_s;
+	double connect_timeout_s;    /* rendezvous + links + barrier */
+	double done_timeout_s;       /* waiting for the other hosts' Done */
+	uint64_t max_frame_bytes;
+	uint8_t config_hash[32];
+	/* one line per event worth telling the operator (refused connections);
+	 * NULL: stderr */
+	void (*log)(void *ctx, const char *line);
+	void *log_ctx;
+};
+
+struct net;
+
+/* Loads the TLS context and opens the listeners. NULL with *status (an
+ * enum net_status) and err on failure. Strings in p are copied. */
+struct net *net_new(const struct net_params *p, int *status, char *err, size_t errlen);
+
+/* The hooks to pass to xport_new(..., net_xport_ops(), net). */
+const struct xport_remote_ops *net_xport_ops(void);
+/* Must be called before net_start; x must outlive the net. */
+void net_set_xport(struct net *n, struct xport *x);
+
+/* Starts the thread and blocks until rendezvous, links and barrier are done.
+ * NET_OK, or a status with the one-line reason in err. */
+int net_start(struct net *n, char *err, size_t errlen);
+
+/* Clean end: sends Done to every peer, waits (done_timeout_s) for Done from
+ * all, closes the links in order. NET_OK or a status with err. */
+int net_finish(struct net *n, char *err, size_t errlen);
+
+/* A local failure: fails the xport (waking every waiter), sends Abort with
+ * status and msg to every peer and closes the links. First failure wins. */
+void net_abort(struct net *n, int status, const char *msg);
+
+/* NET_OK, or the first failure's status with its message in err (may be
+ * NULL). */
+int net_failed(struct net *n, char *err, size_t errlen);
+
+/* Plaintext bytes written to all links so far (frames and payloads). */
+uint64_t net_bytes_sent(struct net *n);
+
+/* Flushes what can be flushed within about a second, closes every link,
+ * stops the thread and frees n. NULL is fine. */
+void net_free(struct net *n);
+
+/* The single place every frame passes, sent (outgoing, when its header is
+ * encoded) or received (when its header is decoded), on the link to host
+ * peer. Today it only counts frames; drop, delay, corrupt and close-at-k
+ * faults (DESIGN §9) will hang off it. Returns 0; callers ignore the value
+ * until there are actions to take. */
+int net_fault_hook(struct net *n, int peer, bool outgoing, const Meshrun__Frame *f);
+/* Frames counted by net_fault_hook on the link to host peer. */
+void net_frame_counts(struct net *n, int peer, uint64_t *sent, uint64_t *received);
+
+#endif

@@ -1,0 +1,731 @@
+/* Collectives: every op on groups of 1..8 in-process devices (one xport, no
+ * network) for element counts {0, 1, 7, 262147} with every element checked,
+ * in ring and direct modes; uneven all-to-all; async overlap; bit-exact
+ * reduction order; concurrent groups on a 2x2x2 mesh; errors name the
+ * collective. Then the same checks across real agents over TLS on loopback
+ * via `$MESHRUN bench collectives --check-counts`. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "host/config.h"
+#include "host/mesh.h"
+#include "net/coll.h"
+#include "net/xport.h"
+
+static const size_t counts[] = { 0, 1, 7, 262147 };
+#define NCOUNTS (sizeof(counts) / sizeof(counts[0]))
+
+/* ---- an in-process world: one host, D device threads ---- */
+
+struct world;
+typedef void (*dev_fn)(struct world *w, int dev, struct coll_dev *cd);
+
+struct world {
+	int D;
+	struct mesh m;
+	struct xport *x;
+	size_t seg, direct_max;
+	double timeout_s;
+	dev_fn fn;
+	void *arg;
+	pthread_mutex_t mu;
+	int failures;
+	char first[1024];
+	/* per-device result pointers for cross-rank comparisons */
+	float *res[8];
+	pthread_barrier_t bar;
+	int counter;
+};
+
+static void failf(struct world *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void failf(struct world *w, const char *fmt, ...)
+{
+	pthread_mutex_lock(&w->mu);
+	if (!w->failures++) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(w->first, sizeof(w->first), fmt, ap);
+		va_end(ap);
+	}
+	pthread_mutex_unlock(&w->mu);
+}
+
+struct dev_arg {
+	struct world *w;
+	int dev;
+};
+
+static void *dev_main(void *p)
+{
+	struct dev_arg *da = p;
+	struct world *w = da->w;
+	struct coll_dev *cd = coll_dev_new(w->x, da->dev, w->seg, w->timeout_s);
+	if (!cd) {
+		failf(w, "coll_dev_new failed");
+		return NULL;
+	}
+	coll_set_direct_max(cd, w->direct_max);
+	w->fn(w, da->dev, cd);
+	coll_dev_free(cd);
+	return NULL;
+}
+
+/* mesh of one host with the given ici sizes (data, fsdp, tensor) */
+static void world_mesh(struct world *w, int data, int fsdp, int tensor)
+{
+	struct cfg c;
+	char err[256];
+	cfg_defaults(&c);
+	c.ici_data_parallelism = data;
+	c.ici_fsdp_parallelism = fsdp;
+	c.ici_tensor_parallelism = tensor;
+	c.dcn_data_parallelism = 1;
+	ck_assert_msg(cfg_finish(&c, 1, data * fsdp * tensor, err, sizeof(err)) == 0, "%s", err);
+	mesh_init(&w->m, &c);
+	w->D = w->m.num_devices;
+}
+
+static void world_run(struct world *w, dev_fn fn, void *arg)
+{
+	int hosts[8] = { 0 };
+	pthread_t t[8];
+	struct dev_arg da[8];
+	w->x = xport_new(0, w->D, hosts, NULL, NULL);
+	ck_assert_ptr_nonnull(w->x);
+	w->fn = fn;
+	w->arg = arg;
+	w->failures = 0;
+	w->first[0] = 0;
+	w->counter = 0;
+	pthread_mutex_init(&w->mu, NULL);
+	pthread_barrier_init(&w->bar, NULL, (unsigned)w->D);
+	for (int i = 0; i < w->D; i++) {
+		da[i] = (struct dev_arg){ w, i };
+		ck_assert_int_eq(pthread_create(&t[i], NULL, dev_main, &da[i]), 0);
+	}
+	for (int i = 0; i < w->D; i++)
+		pthread_join(t[i], NULL);
+	pthread_barrier_destroy(&w->bar);
+	pthread_mutex_destroy(&w->mu);
+	xport_free(w->x);
+	w->x = NULL;
+}
+
+static void group_of(struct world *w, int dev, uint32_t axes, struct mesh_group *mg,
+		     struct coll_group *g)
+{
+	mesh_group(&w->m, dev, axes, mg);
+	g->id = mg->id;
+	g->n = mg->n;
+	g->rank = mg->rank;
+	g->devs = mg->devs;
+}
+
+/* Inputs: small integers so every sum is exact. */
+static float val(int dev, size_t i, int salt)
+{
+	return (float)((dev * 37 + (int)(i % 1009) * 3 + salt * 11) % 61) - 20.0f;
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	if (!p)
+		abort();
+	return p;
+}
+
+#define CHECK_RC(w, rc, what, err) \
+	do { \
+		if (rc) { \
+			failf(w, "%s: rc %d: %s", what, rc, err); \
+			return; \
+		} \
+	} while (0)
+
+/* ---- every op, one group over all devices ---- */
+
+static void a2a_count(int r, int q, size_t count, size_t *out)
+{
+	*out = ((r + 2 * q) % 3 == 0) ? 0 : count + (size_t)((r * 5 + q * 3) % 7);
+}
+
+static void all_ops(struct world *w, int dev, struct coll_dev *cd)
+{
+	struct mesh_group mg;
+	struct coll_group g;
+	char err[1024];
+	int rc;
+	group_of(w, dev, 1u << AX_DATA, &mg, &g);
+	int n = g.n, r = g.rank;
+
+	for (size_t ci = 0; ci < NCOUNTS; ci++) {
+		size_t c = counts[ci];
+		float *in = xmalloc(sizeof(float) * c * (size_t)n);
+		float *out = xmalloc(sizeof(float) * c * (size_t)n);
+
+		/* all_gather */
+		for (size_t i = 0; i < c; i++)
+			in[i] = val(dev, i, 1);
+		rc = coll_all_gather(cd, &g, out, in, c * sizeof(float), err, sizeof(err));
+		CHECK_RC(w, rc, "all_gather", err);
+		for (size_t k = 0; k < c * (size_t)n; k++)
+			if (out[k] != val(g.devs[k / c], k % c, 1)) {
+				failf(w, "all_gather n=%d count=%zu: rank %d block %zu elem %zu = %g", n, c, r, k / c, k % c, out[k]);
+				break;
+			}
+
+		/* reduce_scatter */
+		for (size_t i = 0; i < c * (size_t)n; i++)
+			in[i] = val(dev, i, 2);
+		rc = coll_reduce_scatter(cd, &g, out, in, c, err, sizeof(err));
+		CHECK_RC(w, rc, "reduce_scatter", err);
+		for (size_t i = 0; i < c; i++) {
+			float want = 0;
+			for (int p = 0; p < n; p++)
+				want += val(g.devs[p], (size_t)r * c + i, 2);
+			if (out[i] != want) {
+				failf(w, "reduce_scatter n=%d count=%zu: rank %d elem %zu = %g want %g", n, c, r, i, out[i], want);
+				break;
+			}
+		}
+
+		/* all_reduce */
+		for (size_t i = 0; i < c; i++)
+			out[i] = val(dev, i, 3);
+		rc = coll_all_reduce(cd, &g, out, c, err, sizeof(err));
+		CHECK_RC(w, rc, "all_reduce", err);
+		for (size_t i = 0; i < c; i++) {
+			float want = 0;
+			for (int p = 0; p < n; p++)
+				want += val(g.devs[p], i, 3);
+			if (out[i] != want) {
+				failf(w, "all_reduce n=%d count=%zu: rank %d elem %zu = %g want %g", n, c, r, i, out[i], want);
+				break;
+			}
+		}
+
+		/* permute by +1, -1, +2 */
+		static const int shifts[] = { 1, -1, 2 };
+		for (int si = 0; si < 3; si++) {
+			int sh = shifts[si];
+			for (size_t i = 0; i < c; i++)
+				in[i] = val(dev, i, 4 + si);
+			rc = coll_permute(cd, &g, out, in, c * sizeof(float), sh, err, sizeof(err));
+			CHECK_RC(w, rc, "permute", err);
+			int from = g.devs[((r - sh) % n + n) % n];
+			for (size_t i = 0; i < c; i++)
+				if (out[i] != val(from, i, 4 + si)) {
+					failf(w, "permute shift %d n=%d count=%zu: rank %d elem %zu = %g", sh, n, c, r, i, out[i]);
+					break;
+				}
+		}
+
+		/* broadcast from the first and the last rank */
+		for (int root = 0; root < n; root += (n > 1 ? n - 1 : 1)) {
+			for (size_t i = 0; i < c; i++)
+				out[i] = val(dev, i, 8 + root);
+			rc = coll_broadcast(cd, &g, out, c * sizeof(float), root, err, sizeof(err));
+			CHECK_RC(w, rc, "broadcast", err);
+			for (size_t i = 0; i < c; i++)
+				if (out[i] != val(g.devs[root], i, 8 + root)) {
+					failf(w, "broadcast root %d n=%d count=%zu: rank %d elem %zu = %g", root, n, c, r, i, out[i]);
+					break;
+				}
+		}
+
+		/* all_to_all with uneven per-peer counts, zeros included */
+		{
+			size_t sb[8], rb[8], st = 0, rt = 0;
+			for (int q = 0; q < n; q++) {
+				a2a_count(r, q, c, &sb[q]);
+				a2a_count(q, r, c, &rb[q]);
+				st += sb[q];
+				rt += rb[q];
+			}
+			float *ain = xmalloc(sizeof(float) * st), *aout = xmalloc(sizeof(float) * rt);
+			size_t o = 0;
+			for (int q = 0; q < n; q++)
+				for (size_t i = 0; i < sb[q]; i++)
+					ain[o++] = (float)(r * 64 + q * 8 + (int)(i % 8));
+			for (int q = 0; q < n; q++) {
+				sb[q] *= sizeof(float);
+				rb[q] *= sizeof(float);
+			}
+			rc = coll_all_to_all(cd, &g, aout, rb, ain, sb, err, sizeof(err));
+			if (rc) {
+				free(ain);
+				free(aout);
+			}
+			CHECK_RC(w, rc, "all_to_all", err);
+			o = 0;
+			for (int q = 0; q < n; q++) {
+				for (size_t i = 0; i < rb[q] / sizeof(float); i++, o++) {
+					if (aout[o] != (float)(q * 64 + r * 8 + (int)(i % 8))) {
+						failf(w, "all_to_all n=%d count=%zu: rank %d from %d elem %zu = %g", n, c, r, q, i, aout[o]);
+						q = n;
+						break;
+					}
+				}
+			}
+			free(ain);
+			free(aout);
+		}
+
+		/* barrier: nobody leaves before everyone has arrived */
+		__atomic_add_fetch(&w->counter, 1, __ATOMIC_SEQ_CST);
+		rc = coll_barrier(cd, &g, err, sizeof(err));
+		CHECK_RC(w, rc, "barrier", err);
+		if (__atomic_load_n(&w->counter, __ATOMIC_SEQ_CST) < (int)(ci + 1) * n)
+			failf(w, "barrier n=%d: rank %d left before everyone arrived", n, r);
+		free(in);
+		free(out);
+	}
+}
+
+static void run_all_ops(int D, size_t seg, size_t direct_max)
+{
+	struct world w = { .seg = seg, .direct_max = direct_max, .timeout_s = 30 };
+	world_mesh(&w, D, 1, 1);
+	world_run(&w, all_ops, NULL);
+	ck_assert_msg(w.failures == 0, "D=%d seg=%zu direct_max=%zu: %d failures, first: %s",
+		      D, seg, direct_max, w.failures, w.first);
+}
+
+START_TEST(test_ops_default)
+{
+	/* _i = D - 1; default segment and direct threshold */
+	run_all_ops(_i + 1, 1 << 20, 65536);
+}
+END_TEST
+
+START_TEST(test_ops_ring_small_segments)
+{
+	/* ring only, many segments per block (and chunk-index growth) */
+	run_all_ops(_i + 1, 4096 + 4 * (size_t)_i, 0);
+}
+END_TEST
+
+/* ---- async: overlap, FIFO, and a sync collective in between ---- */
+
+static void async_ops(struct world *w, int dev, struct coll_dev *cd)
+{
+	struct mesh_group mg;
+	struct coll_group g;
+	char err[1024];
+	int rc;
+	group_of(w, dev, 1u << AX_DATA, &mg, &g);
+	int n = g.n, r = g.rank;
+	size_t c = 100003;
+	float *ag_in = xmalloc(sizeof(float) * c), *ag_out = xmalloc(sizeof(float) * c * (size_t)n);
+	float *rs_in = xmalloc(sizeof(float) * c * (size_t)n), *rs_out = xmalloc(sizeof(float) * c);
+	float *ar = xmalloc(sizeof(float) * c), *ar2 = xmalloc(sizeof(float) * c);
+	float *pin = xmalloc(sizeof(float) * c), *pout = xmalloc(sizeof(float) * c);
+	for (size_t i = 0; i < c; i++) {
+		ag_in[i] = val(dev, i, 20);
+		ar[i] = val(dev, i, 21);
+		ar2[i] = val(dev, i, 22);
+		pin[i] = val(dev, i, 23);
+	}
+	for (size_t i = 0; i < c * (size_t)n; i++)
+		rs_in[i] = val(dev, i, 24);
+
+	struct coll_handle *h1 = coll_all_gather_async(cd, &g, ag_out, ag_in, c * sizeof(float), err, sizeof(err));
+	struct coll_handle *h2 = coll_all_reduce_async(cd, &g, ar, c, err, sizeof(err));
+	struct coll_handle *h3 = coll_reduce_scatter_async(cd, &g, rs_out, rs_in, c, err, sizeof(err));
+	struct coll_handle *h4 = coll_permute_async(cd, &g, pout, pin, c * sizeof(float), 1, err, sizeof(err));
+	if (!h1 || !h2 || !h3 || !h4) {
+		failf(w, "async issue: %s", err);
+		return;
+	}
+	/* a synchronous collective on the same group while those run */
+	rc = coll_all_reduce(cd, &g, ar2, c, err, sizeof(err));
+	CHECK_RC(w, rc, "sync all_reduce during async", err);
+	/* test-only wait, then real waits (out of issue order) */
+	rc = coll_wait(h4, 0, err, sizeof(err));
+	if (rc == 0)
+		h4 = NULL;
+	else if (rc != -EAGAIN)
+		CHECK_RC(w, rc, "permute test", err);
+	uint64_t dl = xport_now_ns() + 30000000000ull;
+	rc = coll_wait(h3, dl, err, sizeof(err));
+	CHECK_RC(w, rc, "reduce_scatter wait", err);
+	rc = coll_wait(h1, dl, err, sizeof(err));
+	CHECK_RC(w, rc, "all_gather wait", err);
+	rc = coll_wait(h2, dl, err, sizeof(err));
+	CHECK_RC(w, rc, "all_reduce wait", err);
+	if (h4) {
+		rc = coll_wait(h4, dl, err, sizeof(err));
+		CHECK_RC(w, rc, "permute wait", err);
+	}
+	for (size_t i = 0; i < c; i++) {
+		float want = 0, want2 = 0, want3 = 0;
+		for (int p = 0; p < n; p++) {
+			want += val(g.devs[p], i, 21);
+			want2 += val(g.devs[p], i, 22);
+			want3 += val(g.devs[p], (size_t)r * c + i, 24);
+		}
+		if (ar[i] != want || ar2[i] != want2 || rs_out[i] != want3 ||
+		    pout[i] != val(g.devs[(r - 1 + n) % n], i, 23)) {
+			failf(w, "async n=%d rank %d elem %zu wrong", n, r, i);
+			break;
+		}
+		for (int p = 0; p < n; p++)
+			if (ag_out[(size_t)p * c + i] != val(g.devs[p], i, 20)) {
+				failf(w, "async all_gather n=%d rank %d elem %zu wrong", n, r, i);
+				i = c;
+				break;
+			}
+	}
+	free(ag_in); free(ag_out); free(rs_in); free(rs_out);
+	free(ar); free(ar2); free(pin); free(pout);
+}
+
+START_TEST(test_async_overlap)
+{
+	struct world w = { .seg = 65536, .direct_max = 65536, .timeout_s = 30 };
+	world_mesh(&w, _i + 2, 1, 1);
+	world_run(&w, async_ops, NULL);
+	ck_assert_msg(w.failures == 0, "D=%d: %s", w.D, w.first);
+}
+END_TEST
+
+/* ---- determinism: exact reduction order, equal bits on every rank ---- */
+
+static float fval(int dev, size_t i)
+{
+	/* not integers: the summation order shows in the bits */
+	return (float)sin((double)(dev * 1000003 + (long)i) * 0.37) * (float)(1 + dev);
+}
+
+static void det_ops(struct world *w, int dev, struct coll_dev *cd)
+{
+	struct mesh_group mg;
+	struct coll_group g;
+	char err[1024];
+	group_of(w, dev, 1u << AX_DATA, &mg, &g);
+	int n = g.n, r = g.rank;
+	size_t c = *(size_t *)w->arg;
+	float *buf = xmalloc(sizeof(float) * c);
+	for (size_t i = 0; i < c; i++)
+		buf[i] = fval(dev, i);
+	int rc = coll_all_reduce(cd, &g, buf, c, err, sizeof(err));
+	CHECK_RC(w, rc, "all_reduce", err);
+	w->res[r] = buf;
+	pthread_barrier_wait(&w->bar);
+	/* ring order: block b summed from rank b+1 around to b */
+	size_t q = c / (size_t)n, rem = c % (size_t)n, lo = 0;
+	for (int b = 0; b < n; b++) {
+		size_t len = q + ((size_t)b < rem), i;
+		for (i = lo; i < lo + len; i++) {
+			float want = fval(g.devs[(b + 1) % n], i);
+			for (int k = 2; k <= n; k++)
+				want = want + fval(g.devs[(b + k) % n], i);
+			if (memcmp(&want, &buf[i], sizeof(float)) ||
+			    memcmp(&buf[i], &w->res[0][i], sizeof(float))) {
+				failf(w, "n=%d rank %d elem %zu: %.9g, ring order gives %.9g, rank 0 has %.9g",
+				      n, r, i, buf[i], want, w->res[0][i]);
+				break;
+			}
+		}
+		lo += len;
+	}
+	pthread_barrier_wait(&w->bar);
+	free(buf);
+}
+
+START_TEST(test_all_reduce_bit_exact)
+{
+	size_t c = 262147;
+	for (int rep = 0; rep < 2; rep++) {
+		struct world w = { .seg = 16384, .direct_max = 0, .timeout_s = 30 };
+		world_mesh(&w, _i + 2, 1, 1);
+		world_run(&w, det_ops, &c);
+		ck_assert_msg(w.failures == 0, "D=%d rep %d: %s", w.D, rep, w.first);
+	}
+}
+END_TEST
+
+/* ---- concurrent groups over axis subsets on a 2x2x2 mesh ---- */
+
+static void mesh_groups(struct world *w, int dev, struct coll_dev *cd)
+{
+	static const uint32_t axes[3] = { 1u << AX_DATA, 1u << AX_FSDP, 1u << AX_TENSOR };
+	struct mesh_group mg[4];
+	struct coll_group g[4];
+	struct coll_handle *h[3];
+	char err[1024];
+	size_t c = 70001;
+	float *buf[4];
+	for (int k = 0; k < 3; k++)
+		group_of(w, dev, axes[k], &mg[k], &g[k]);
+	group_of(w, dev, (1u << AX_FSDP) | (1u << AX_TENSOR), &mg[3], &g[3]);
+	for (int k = 0; k < 4; k++) {
+		buf[k] = xmalloc(sizeof(float) * c);
+		for (size_t i = 0; i < c; i++)
+			buf[k][i] = val(dev, i, 30 + k);
+	}
+	/* three groups at once on the comm thread, a fourth (two axes) on the
+	 * caller's thread */
+	for (int k = 0; k < 3; k++) {
+		h[k] = coll_all_reduce_async(cd, &g[k], buf[k], c, err, sizeof(err));
+		if (!h[k]) {
+			failf(w, "issue: %s", err);
+			return;
+		}
+	}
+	int rc = coll_all_reduce(cd, &g[3], buf[3], c, err, sizeof(err));
+	CHECK_RC(w, rc, "two-axis all_reduce", err);
+	for (int k = 0; k < 3; k++) {
+		rc = coll_wait(h[k], xport_now_ns() + 30000000000ull, err, sizeof(err));
+		CHECK_RC(w, rc, "wait", err);
+	}
+	for (int k = 0; k < 4; k++) {
+		if (g[k].n != (k < 3 ? 2 : 4))
+			failf(w, "group %d has %d members", k, g[k].n);
+		for (size_t i = 0; i < c; i++) {
+			float want = 0;
+			for (int p = 0; p < g[k].n; p++)
+				want += val(g[k].devs[p], i, 30 + k);
+			if (buf[k][i] != want) {
+				failf(w, "axes group %d dev %d elem %zu = %g want %g", k, dev, i, buf[k][i], want);
+				break;
+			}
+		}
+		free(buf[k]);
+	}
+}
+
+START_TEST(test_concurrent_groups)
+{
+	struct world w = { .seg = 32768, .direct_max = 0, .timeout_s = 30 };
+	world_mesh(&w, 2, 2, 2);
+	ck_assert_int_eq(w.D, 8);
+	world_run(&w, mesh_groups, NULL);
+	ck_assert_msg(w.failures == 0, "%s", w.first);
+}
+END_TEST
+
+/* ---- errors: a missing peer times out with a message naming the op ---- */
+
+static void lonely(struct world *w, int dev, struct coll_dev *cd)
+{
+	struct mesh_group mg;
+	struct coll_group g;
+	char err[1024] = "";
+	float buf[4] = { 1, 2, 3, 4 };
+	group_of(w, dev, 1u << AX_DATA, &mg, &g);
+	coll_set_step(cd, 42);
+	if (dev != 0)
+		return;
+	int rc = coll_all_reduce(cd, &g, buf, 4, err, sizeof(err));
+	if (rc != -ETIMEDOUT)
+		failf(w, "rc %d, want -ETIMEDOUT", rc);
+	else if (!strstr(err, "all_reduce") || !strstr(err, "group") || !strstr(err, "seq 0") ||
+		 !strstr(err, "step 42") || !strstr(err, "timed out"))
+		failf(w, "error does not name the collective: '%s'", err);
+	/* the transport is failed now: the next collective fails at once */
+	rc = coll_barrier(cd, &g, err, sizeof(err));
+	if (rc == 0)
+		failf(w, "barrier after failure succeeded");
+	/* bad arguments are refused before anything is sent */
+	struct coll_group bad = g;
+	bad.rank = 1;
+	if (coll_all_reduce(cd, &bad, buf, 4, err, sizeof(err)) != -EINVAL)
+		failf(w, "wrong rank accepted");
+}
+
+START_TEST(test_timeout_names_collective)
+{
+	struct world w = { .seg = 65536, .direct_max = 65536, .timeout_s = 0.3 };
+	world_mesh(&w, 2, 1, 1);
+	world_run(&w, lonely, NULL);
+	ck_assert_msg(w.failures == 0, "%s", w.first);
+}
+END_TEST
+
+/* ---- multi-host: real agents over TLS on loopback ---- */
+
+/* Runs argv with stdout+stderr captured to out; kills the process group
+ * after timeout_s. Returns the exit status (or 128+signal). */
+static int run_capture(char *const argv[], char *out, size_t outlen, int timeout_s)
+{
+	int fd[2];
+	ck_assert_int_eq(pipe(fd), 0);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		setpgid(0, 0);
+		dup2(fd[1], 1);
+		dup2(fd[1], 2);
+		close(fd[0]);
+		close(fd[1]);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	setpgid(pid, pid);
+	close(fd[1]);
+	fcntl(fd[0], F_SETFL, O_NONBLOCK);
+	size_t used = 0;
+	int status = -1;
+	time_t end = time(NULL) + timeout_s;
+	for (;;) {
+		char tmp[4096];
+		ssize_t k = read(fd[0], tmp, sizeof(tmp));
+		if (k > 0) {
+			size_t cp = (size_t)k < outlen - 1 - used ? (size_t)k : outlen - 1 - used;
+			memcpy(out + used, tmp, cp);
+			used += cp;
+			continue;
+		}
+		pid_t wp = waitpid(pid, &status, WNOHANG);
+		if (wp == pid) {
+			while ((k = read(fd[0], tmp, sizeof(tmp))) > 0) {
+				size_t cp = (size_t)k < outlen - 1 - used ? (size_t)k : outlen - 1 - used;
+				memcpy(out + used, tmp, cp);
+				used += cp;
+			}
+			break;
+		}
+		if (time(NULL) > end) {
+			kill(-pid, SIGKILL);
+			waitpid(pid, &status, 0);
+			status = -1;
+			break;
+		}
+		usleep(20000);
+	}
+	/* agents are in the launcher's process group: make sure none survive */
+	kill(-pid, SIGKILL);
+	close(fd[0]);
+	out[used] = 0;
+	if (status == -1)
+		return -1;
+	if (WIFEXITED(status))
+		return WEXITSTATUS(status);
+	return 128 + WTERMSIG(status);
+}
+
+static const char *meshrun_path(void)
+{
+	const char *p = getenv("MESHRUN");
+	ck_assert_msg(p && *p, "MESHRUN is not set (make test sets it to build/meshrun)");
+	ck_assert_msg(access(p, X_OK) == 0, "%s is not an executable", p);
+	return p;
+}
+
+START_TEST(test_multihost_check)
+{
+	static const int hosts[] = { 1, 2, 3, 4 };
+	int H = hosts[_i / 2], D = 1 + _i % 2;
+	char hs[16], ds[16];
+	static char out[1 << 16];
+	snprintf(hs, sizeof(hs), "%d", H);
+	snprintf(ds, sizeof(ds), "%d", D);
+	char *argv[] = { (char *)meshrun_path(), "bench", "collectives", "--hosts", hs,
+			 "--devices-per-host", ds, "--check-counts", "0,1,7,262147",
+			 "segment_bytes=65536", "collective_timeout_s=60", NULL };
+	int rc = run_capture(argv, out, sizeof(out), 100);
+	ck_assert_msg(rc == 0, "hosts %d devices %d: exit %d\n%s", H, D, rc, out);
+	ck_assert_msg(strstr(out, "check ok"), "no 'check ok' line:\n%s", out);
+	ck_assert_msg(!strstr(out, "mismatch"), "%s", out);
+}
+END_TEST
+
+START_TEST(test_multihost_detects_wrong)
+{
+	static char out[1 << 16];
+	char *argv[] = { (char *)meshrun_path(), "bench", "collectives", "--hosts", "2",
+			 "--devices-per-host", "1", "--check-counts", "7",
+			 "--corrupt-for-test", NULL };
+	int rc = run_capture(argv, out, sizeof(out), 60);
+	ck_assert_msg(rc != 0, "a corrupted element went unnoticed:\n%s", out);
+	ck_assert_msg(strstr(out, "mismatch"), "no mismatch reported:\n%s", out);
+}
+END_TEST
+
+START_TEST(test_multihost_table)
+{
+	static char out[1 << 16];
+	char *argv[] = { (char *)meshrun_path(), "bench", "collectives", "--hosts", "2",
+			 "--devices-per-host", "2", "--op", "all", "--sizes", "4K,1M",
+			 "--iters", "2", "--warmup", "1", NULL };
+	int rc = run_capture(argv, out, sizeof(out), 100);
+	ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
+	/* one row per size per op, wrong = 0 in each */
+	static const char *ops[] = { "all_gather", "reduce_scatter", "all_reduce",
+				     "all_to_all", "permute", "broadcast" };
+	for (int k = 0; k < 6; k++)
+		ck_assert_msg(strstr(out, ops[k]), "no %s section:\n%s", ops[k], out);
+	int rows = 0;
+	for (char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+		unsigned long long size, count;
+		double t, alg, bus;
+		long wrong;
+		if (sscanf(line, "%llu %llu %lf %lf %lf %ld", &size, &count, &t, &alg, &bus, &wrong) == 6) {
+			rows++;
+			ck_assert_msg(wrong == 0, "wrong elements in:\n%s", out);
+			ck_assert_msg(t > 0 && alg > 0 && bus > 0, "bad figures in:\n%s", out);
+		}
+	}
+	ck_assert_msg(rows == 12, "%d table rows, want 12:\n%s", rows, out);
+}
+END_TEST
+
+static Suite *coll_suite(void)
+{
+	Suite *s = suite_create("coll");
+	TCase *tc = tcase_create("ops");
+	tcase_set_timeout(tc, 120);
+	tcase_add_loop_test(tc, test_ops_default, 0, 8);
+	tcase_add_loop_test(tc, test_ops_ring_small_segments, 0, 8);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("async");
+	tcase_set_timeout(tc, 60);
+	tcase_add_loop_test(tc, test_async_overlap, 0, 3);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("determinism");
+	tcase_set_timeout(tc, 60);
+	tcase_add_loop_test(tc, test_all_reduce_bit_exact, 0, 4);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("groups");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_concurrent_groups);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("errors");
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, test_timeout_names_collective);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("multihost");
+	tcase_set_timeout(tc, 120);
+	tcase_add_loop_test(tc, test_multihost_check, 0, 8);
+	tcase_add_test(tc, test_multihost_detects_wrong);
+	tcase_add_test(tc, test_multihost_table);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(coll_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
