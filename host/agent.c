@@ -510,6 +510,8 @@ int cmd_agent(int argc, char **argv)
 			job_name);
 		return EXIT_USAGE;
 	}
+	if (train)
+		run_blas_threads(&cfg, cfg.devices_per_host * run_agents_on_machine());
 	rc = agent_run(&cfg, host_id, j->fn, train ? (void *)&train_arg : (void *)&pp, err,
 		       sizeof(err));
 	if (rc)

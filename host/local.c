@@ -163,6 +163,10 @@ static char **child_env(int coord_fd, int data_fd)
 
 int local_launch(int hosts, int argc, char **argv, char *err, size_t errlen)
 {
+	/* agents on this machine share its cores (README: threads and cores) */
+	char nagents[16];
+	snprintf(nagents, sizeof(nagents), "%d", hosts);
+	setenv("MESHRUN_LOCAL_AGENTS", nagents, 1);
 	char exe[PATH_MAX], dir[PATH_MAX], why[256];
 	const char *tmp = getenv("TMPDIR");
 	int coord_fd = -1, port = 0, rc = EXIT_FAIL;

@@ -481,36 +481,25 @@ static float *head_weight(struct model *m, float *buf)
 	return m->d.tied ? pp(m, buf, P_EMBED) : pp(m, buf, P_LM_HEAD);
 }
 
-/* Runs the forward over all N rows; returns the sum of token losses and
- * the load-balance loss in *aux. */
-static double forward_all(struct model *m, const int32_t *inputs, const int32_t *targets, double *aux)
+/* Runs the forward over all N rows; returns the sum of token losses. */
+static double forward_all(struct model *m, const int32_t *inputs, const int32_t *targets)
 {
 	const struct model_dims *d = &m->d;
 	int N = m->N, C = d->C;
-	double lb = 0;
 
 	embedding_forward(m->resid, inputs, pp(m, m->params, P_EMBED), N, C);
-	for (int l = 0; l < d->L; l++) {
+	for (int l = 0; l < d->L; l++)
 		layer_forward(m, l);
-		if (l >= d->L_dense) {
-			struct layer_acts *a = &m->la[l];
-			int32_t cnt[1024];
-			lb += moe_aux_loss_forward(cnt, a->scores, a->idx, N, d->E, d->K);
-		}
-	}
 	float *xL = m->resid + (size_t)d->L * N * C;
 	rmsnorm_forward(m->lnf, m->rstdf, xL, pp(m, m->params, P_FINAL_NORM), N, C, d->eps);
 	linear_forward(m->logits, m->lnf, head_weight(m, m->params), N, C, d->V);
 	double mean = softmax_xent_forward(m->losses, m->probs, m->logits, targets, N, d->V);
-	if (aux)
-		*aux = lb;
 	return mean * N;
 }
 
 double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows)
 {
-	double aux;
-	forward_all(m, inputs, targets, &aux);
+	forward_all(m, inputs, targets);
 	double s = 0;
 	for (int i = 0; i < rows * m->d.T; i++)
 		s += m->losses[i];
@@ -520,7 +509,7 @@ double model_forward(struct model *m, const int32_t *inputs, const int32_t *targ
 /* ---- backward ---- */
 
 /* dresid holds dL/d(output of layer l); on return dL/d(input of layer l). */
-static void layer_backward(struct model *m, int l, float aux_scale)
+static void layer_backward(struct model *m, int l, struct model_step *st)
 {
 	const struct model_dims *d = &m->d;
 	struct layer_acts *a = &m->la[l];
@@ -579,11 +568,15 @@ static void layer_backward(struct model *m, int l, float aux_scale)
 		memset(m->dlogits_r, 0, sizeof(float) * (size_t)N * E);
 		moe_router_backward(m->dlogits_r, m->dweights, a->scores, a->idx, N, E, K,
 				    (enum moe_score)d->moe_score, d->norm_topk, d->routed_scale);
-		if (aux_scale != 0.0f) {
-			int32_t cnt[1024];
-			moe_aux_loss_forward(cnt, a->scores, a->idx, N, E, K);
+		/* load-balance loss of the global batch of Ng tokens, with the
+		 * counts summed over replicas: L = E/(k Ng^2) sum_n sum_e C_e p(n,e);
+		 * the kernels normalise by the local N, hence (N/Ng)^2 */
+		const int32_t *cnt = m->counts_all + (size_t)lm * E;
+		double ng = st->global_tokens, r2 = ((double)N / ng) * ((double)N / ng);
+		st->aux += (double)E / ((double)K * ng * ng) * moe_aux_loss_dot(a->scores, cnt, N, E);
+		if (st->lb_weight != 0.0f) {
 			memset(m->dscores, 0, sizeof(float) * (size_t)N * E);
-			moe_aux_loss_backward(m->dscores, a->scores, cnt, aux_scale, N, E, K);
+			moe_aux_loss_backward(m->dscores, a->scores, cnt, (float)(st->lb_weight * r2), N, E, K);
 			moe_scores_backward(m->dlogits_r, m->dscores, a->scores, N, E,
 					    (enum moe_score)d->moe_score);
 		}
@@ -610,15 +603,19 @@ static void layer_backward(struct model *m, int l, float aux_scale)
 	rmsnorm_backward(dres, pl(m, G, P_ATTN_NORM, l), dln, x, pl(m, P, P_ATTN_NORM, l), a->rstd1, N, C);
 }
 
-double model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
-			      float loss_scale, float aux_scale, double *aux)
+int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
+			   struct model_step *st)
 {
 	const struct model_dims *d = &m->d;
 	int N = m->N, C = d->C;
-	double lb = 0;
-	double sum = forward_all(m, inputs, targets, &lb);
-	if (aux)
-		*aux = lb;
+	st->loss_sum = forward_all(m, inputs, targets);
+	st->aux = 0;
+	if (d->L_moe && st->counts) {
+		int rc = st->counts(st->ctx, m->counts_all, d->L_moe * d->E);
+		if (rc)
+			return rc;
+	}
+	float loss_scale = st->loss_scale;
 
 	float *G = m->grads;
 	memset(m->dlogits, 0, sizeof(float) * (size_t)N * d->V);
@@ -629,9 +626,9 @@ double model_forward_backward(struct model *m, const int32_t *inputs, const int3
 	rmsnorm_backward(m->dresid, pp(m, G, P_FINAL_NORM), m->dln, m->resid + (size_t)d->L * N * C,
 			 pp(m, m->params, P_FINAL_NORM), m->rstdf, N, C);
 	for (int l = d->L - 1; l >= 0; l--)
-		layer_backward(m, l, aux_scale);
+		layer_backward(m, l, st);
 	embedding_backward(pp(m, G, P_EMBED), m->dresid, inputs, N, C);
-	return sum;
+	return 0;
 }
 
 double model_flops_per_token(const struct model_dims *d)

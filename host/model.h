@@ -68,18 +68,31 @@ size_t model_numel(const struct model *m); /* floats in each */
  * (seed, tensor name, i), so any sharding can recompute its shard. */
 void model_init(struct model *m, uint64_t seed, float std);
 
+/* Sums per-expert token counts (n ints) over every replica, in place; 0 or
+ * an error code. Called between forward and backward so the MoE
+ * load-balance loss is that of the global batch, as on one device. */
+typedef int (*model_counts_fn)(void *ctx, int32_t *counts, int n);
+
+struct model_step {
+	float loss_scale;        /* cross-entropy gradient scale: 1 / global tokens */
+	float lb_weight;         /* load-balance loss weight (MoE) */
+	double global_tokens;    /* tokens in the global batch */
+	model_counts_fn counts;  /* NULL when this is the only replica */
+	void *ctx;
+	/* results */
+	double loss_sum;         /* sum of the per-token losses of these rows */
+	double aux;              /* this replica's share of the global load-balance loss */
+};
+
 /* Forward and backward on B x T tokens; gradients are ACCUMULATED into
- * model_grads (zero them first). Cross-entropy gradients are scaled by
- * loss_scale (1/global tokens for a mean over the global batch); the MoE
- * load-balance loss by aux_scale. Returns the sum of per-token losses of
- * these tokens; *aux receives the load-balance loss (0 for dense). */
-double model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
-			      float loss_scale, float aux_scale, double *aux);
+ * model_grads (zero them first). Returns 0, or the counts hook's error. */
+int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
+			   struct model_step *st);
 /* Forward only: sum of per-token cross-entropy over the first `rows` rows. */
 double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows);
 
-/* Per-expert token counts of the last forward, [L_moe, E] (NULL if dense);
- * used by the aux-loss-free router bias update. */
+/* Per-expert token counts of the last step, [L_moe, E] (NULL if dense),
+ * summed over replicas by the counts hook; used by the router bias update. */
 const int32_t *model_expert_counts(const struct model *m);
 
 /* Matmul FLOPs per token for forward+backward (6 x matmul params active per

@@ -31,6 +31,13 @@ long run_peak_rss_mb(void)
 	return ru.ru_maxrss / 1024;
 }
 
+int run_agents_on_machine(void)
+{
+	const char *v = getenv("MESHRUN_LOCAL_AGENTS");
+	int n = v ? atoi(v) : 1;
+	return n > 0 ? n : 1;
+}
+
 int run_blas_threads(const struct cfg *c, int devices_on_machine)
 {
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -207,7 +214,7 @@ int cmd_train(int argc, char **argv)
 	for (int64_t s = start; s < c.steps; s++) {
 		struct step_stats st;
 		double t0 = run_now();
-		trainer_step(t, s, (int)c.per_device_batch_size, 0, NULL, NULL, &st, err, sizeof(err));
+		trainer_step(t, s, (int)c.per_device_batch_size, 0, NULL, &st, err, sizeof(err));
 		double dt = run_now() - t0;
 		if (!isfinite(st.loss)) {
 			snprintf(err, sizeof(err), "train: loss is %g at step %" PRId64, st.loss, s);

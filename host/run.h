@@ -37,6 +37,10 @@ void run_log_close(struct run_log *l);
  * max(1, online cores / devices on this machine); returns the count. */
 int run_blas_threads(const struct cfg *c, int devices_on_machine);
 
+/* Agents sharing this machine: set by `meshrun local` for its children
+ * (MESHRUN_LOCAL_AGENTS), else 1. */
+int run_agents_on_machine(void);
+
 double run_now(void);
 long run_peak_rss_mb(void);
 

@@ -18,8 +18,6 @@ struct trainer {
 	int rows;
 	float *m, *v, *scratch;
 	int32_t *inputs, *targets;
-	double *scal;       /* loss sum, aux, expert counts [L_moe, E]: reduced */
-	int nscal;
 	bool muon;
 };
 
@@ -74,9 +72,7 @@ struct trainer *trainer_new(const struct cfg *c, int rows, char *err, size_t err
 	t->scratch = malloc(sizeof(float) * (big ? big : 1));
 	t->inputs = malloc(sizeof(int32_t) * (size_t)rows * d.T);
 	t->targets = malloc(sizeof(int32_t) * (size_t)rows * d.T);
-	t->nscal = 2 + d.L_moe * d.E;
-	t->scal = calloc((size_t)t->nscal, sizeof(double));
-	if (!t->m || !t->v || !t->scratch || !t->inputs || !t->targets || !t->scal)
+	if (!t->m || !t->v || !t->scratch || !t->inputs || !t->targets)
 		goto oom;
 	return t;
 oom:
@@ -98,7 +94,6 @@ void trainer_free(struct trainer *t)
 	free(t->scratch);
 	free(t->inputs);
 	free(t->targets);
-	free(t->scal);
 	free(t);
 }
 
@@ -108,17 +103,13 @@ void trainer_free(struct trainer *t)
 static void update_router_bias(struct trainer *t, const struct param_info *p)
 {
 	const struct model_dims *d = model_dims(t->model);
-	const double *counts = t->scal + 2;
+	const int32_t *counts = model_expert_counts(t->model);
 	float rate = (float)t->cfg.routed_bias_update_rate;
 	float *b = model_params(t->model) + p->offset;
 	if (!d->L_moe || rate == 0.0f)
 		return;
-	for (int l = 0; l < d->L_moe; l++) {
-		int32_t c[1024];
-		for (int e = 0; e < d->E; e++)
-			c[e] = (int32_t)counts[(size_t)l * d->E + e];
-		moe_bias_update(b + (size_t)l * d->E, c, d->E, rate);
-	}
+	for (int l = 0; l < d->L_moe; l++)
+		moe_bias_update(b + (size_t)l * d->E, counts + (size_t)l * d->E, d->E, rate);
 }
 
 static void optimizer_update(struct trainer *t, int64_t step, float lr)
@@ -148,29 +139,30 @@ static void optimizer_update(struct trainer *t, int64_t step, float lr)
 }
 
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
-		 train_reduce_fn reduce, void *ctx, struct step_stats *st,
-		 char *err, size_t errlen)
+		 const struct train_comm *comm, struct step_stats *st, char *err, size_t errlen)
 {
 	struct model *m = t->model;
 	const struct cfg *c = &t->cfg;
 	const struct model_dims *d = model_dims(m);
 	size_t n = model_numel(m);
 	double global_tokens = (double)global_rows * d->T;
-	double aux = 0, *scal = t->scal;
 	int rc;
 
 	data_batch(t->data, step, global_rows, row0, t->rows, t->inputs, t->targets);
 	memset(model_grads(m), 0, n * sizeof(float));
-	/* The load-balance loss is averaged over the replicas' shares. */
-	float aux_scale = (float)(c->load_balance_loss_weight * t->rows / global_rows);
-	double sum = model_forward_backward(m, t->inputs, t->targets, (float)(1.0 / global_tokens),
-					    d->L_moe ? aux_scale : 0.0f, &aux);
-	scal[0] = sum;
-	scal[1] = aux * t->rows / global_rows;
-	const int32_t *cnt = model_expert_counts(m);
-	for (int i = 0; i < d->L_moe * d->E; i++)
-		scal[2 + i] = cnt[i];
-	if (reduce && (rc = reduce(ctx, model_grads(m), n, scal, t->nscal, err, errlen)))
+	struct model_step ms = {
+		.loss_scale = (float)(1.0 / global_tokens),
+		.lb_weight = (float)c->load_balance_loss_weight,
+		.global_tokens = global_tokens,
+		.counts = comm ? comm->counts : NULL,
+		.ctx = comm ? comm->ctx : NULL,
+	};
+	if ((rc = model_forward_backward(m, t->inputs, t->targets, &ms))) {
+		snprintf(err, errlen, "%s", comm && comm->err ? comm->err : "train: counts reduce failed");
+		return rc;
+	}
+	double scal[2] = { ms.loss_sum, ms.aux };
+	if (comm && (rc = comm->reduce(comm->ctx, model_grads(m), n, scal, 2, err, errlen)))
 		return rc;
 
 	/* global-norm clipping over every trained parameter */

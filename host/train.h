@@ -21,10 +21,17 @@ struct step_stats {
 	double lr;
 };
 
-/* Sums n floats and `nscalars` doubles over every device that holds a
- * replica (in place). 0 or an exit code with err filled. */
-typedef int (*train_reduce_fn)(void *ctx, float *grads, size_t n, double *scalars,
-			       int nscalars, char *err, size_t errlen);
+/* How replicas talk. reduce sums n floats and nscalars doubles over every
+ * device that holds a replica, in place; counts sums MoE expert counts
+ * between forward and backward. 0 or an exit code, with err filled. */
+struct train_comm {
+	int (*reduce)(void *ctx, float *grads, size_t n, double *scalars, int nscalars,
+		      char *err, size_t errlen);
+	model_counts_fn counts;
+	void *ctx;
+	char *err;               /* where counts writes its error */
+	size_t errlen;
+};
 
 /* rows = sequences this device computes per step. NULL with err. */
 struct trainer *trainer_new(const struct cfg *c, int rows, char *err, size_t errlen);
@@ -33,10 +40,9 @@ struct model *trainer_model(struct trainer *t);
 int trainer_rows(const struct trainer *t);
 
 /* One optimizer step (0-based) over rows [row0, row0 + rows) of a global
- * batch of global_rows sequences; reduce may be NULL on one device. */
+ * batch of global_rows sequences; comm is NULL on one device. */
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
-		 train_reduce_fn reduce, void *ctx, struct step_stats *st,
-		 char *err, size_t errlen);
+		 const struct train_comm *comm, struct step_stats *st, char *err, size_t errlen);
 
 /* Checkpoint (host/ckpt.c): a Hugging Face style directory. */
 int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen);

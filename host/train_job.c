@@ -22,7 +22,36 @@ struct reduce_ctx {
 	struct coll_group group;
 	double *gathered;       /* [n, nscal] */
 	int cap;
+	int32_t *counts;        /* [n, ncounts] */
+	int ccap;
+	char *err;
+	size_t errlen;
 };
+
+/* MoE expert counts between forward and backward: gathered and summed in
+ * rank order (exact integers). */
+static int reduce_counts(void *vctx, int32_t *counts, int n)
+{
+	struct reduce_ctx *c = vctx;
+	if (n > c->ccap) {
+		free(c->counts);
+		c->counts = malloc(sizeof(int32_t) * (size_t)n * c->group.n);
+		if (!c->counts) {
+			snprintf(c->err, c->errlen, "train: out of memory");
+			return EXIT_FAIL;
+		}
+		c->ccap = n;
+	}
+	if (coll_all_gather(c->coll, &c->group, c->counts, counts, sizeof(int32_t) * n, c->err, c->errlen))
+		return EXIT_PEER_LOST;
+	for (int i = 0; i < n; i++) {
+		int32_t s = 0;
+		for (int r = 0; r < c->group.n; r++)
+			s += c->counts[(size_t)r * n + i];
+		counts[i] = s;
+	}
+	return 0;
+}
 
 /* Gradients: ring all-reduce (deterministic order). Scalars (loss sums,
  * expert counts) travel as doubles: gathered, then summed in rank order on
@@ -132,12 +161,16 @@ int train_job(struct device_ctx *dev)
 	if (leader && (ret = run_log_open(&log, o, c, model_dims(trainer_model(t)), g->n, err, errlen)))
 		goto out;
 
+	rc.err = err;
+	rc.errlen = errlen;
+	struct train_comm comm = { .reduce = reduce_all, .counts = reduce_counts, .ctx = &rc,
+				   .err = err, .errlen = errlen };
 	uint64_t dcn0 = agent_dcn_bytes_sent(dev->agent), ici0 = xport_local_bytes(dev->xport);
 	for (int64_t s = start; s < c->steps; s++) {
 		struct step_stats st;
 		coll_set_step(rc.coll, (uint64_t)s);
 		double t0 = run_now();
-		ret = trainer_step(t, s, global_rows, g->rank * B, reduce_all, &rc, &st, err, errlen);
+		ret = trainer_step(t, s, global_rows, g->rank * B, &comm, &st, err, errlen);
 		if (ret)
 			goto out;
 		double dt = run_now() - t0;
@@ -170,6 +203,7 @@ out:
 	if (rc.coll)
 		coll_dev_free(rc.coll);
 	free(rc.gathered);
+	free(rc.counts);
 	free(g);
 	return ret;
 }

@@ -101,6 +101,11 @@ void moe_router_backward(float *dlogits, const float *dweights, const float *sco
  * Returns L; counts (E) receives the per-expert token counts. */
 double moe_aux_loss_forward(int32_t *counts, const float *scores, const int32_t *idx,
 			    int N, int E, int k);
+/* Sum over these N tokens of sum_e counts[e] p(n,e) (p = scores
+ * normalised per token). With counts of a global batch of Ng tokens spread
+ * over replicas, the global loss is E/(k Ng^2) times the sum of this over
+ * the replicas. */
+double moe_aux_loss_dot(const float *scores, const int32_t *counts, int N, int E);
 /* dscores += dL * dL/dscores */
 void moe_aux_loss_backward(float *dscores, const float *scores, const int32_t *counts,
 			   float dL, int N, int E, int k);

@@ -175,6 +175,23 @@ double moe_aux_loss_forward(int32_t *counts, const float *scores, const int32_t 
 	return L * E / ((double)k * N * N);
 }
 
+// scores (N,E), counts (E) -> sum over these N tokens of sum_e counts_e p(n,e)
+double moe_aux_loss_dot(const float *scores, const int32_t *counts, int N, int E)
+{
+	double L = 0;
+	for (int n = 0; n < N; n++) {
+		const float *s = scores + (size_t)n * E;
+		double sum = 0, dot = 0;
+		for (int e = 0; e < E; e++) {
+			sum += s[e];
+			dot += (double)counts[e] * s[e];
+		}
+		if (sum > 0)
+			L += dot / sum;
+	}
+	return L;
+}
+
 // scores (N,E), counts (E) -> dscores (N,E)
 void moe_aux_loss_backward(float *dscores, const float *scores, const int32_t *counts,
 			   float dL, int N, int E, int k)

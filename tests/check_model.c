@@ -46,11 +46,12 @@ static int32_t last_counts[64];
 static double total_loss(struct model *m, const int32_t *in, const int32_t *tg, int ntok,
 			 float lbw)
 {
-	double aux = 0;
 	size_t n = model_numel(m);
 	float *gsave = malloc(n * sizeof(float));
 	memcpy(gsave, model_grads(m), n * sizeof(float));
-	double s = model_forward_backward(m, in, tg, 1.0f / ntok, lbw, &aux);
+	struct model_step st = { .loss_scale = 1.0f / ntok, .lb_weight = lbw, .global_tokens = ntok };
+	ck_assert_int_eq(model_forward_backward(m, in, tg, &st), 0);
+	double s = st.loss_sum, aux = st.aux;
 	memcpy(model_grads(m), gsave, n * sizeof(float));
 	free(gsave);
 	const struct model_dims *d = model_dims(m);
@@ -83,8 +84,8 @@ static void grad_check(bool moe, const char *score)
 	}
 	float lbw = moe ? 0.1f : 0.0f;
 	memset(model_grads(m), 0, model_numel(m) * sizeof(float));
-	double aux;
-	model_forward_backward(m, in, tg, 1.0f / ntok, lbw, &aux);
+	struct model_step st = { .loss_scale = 1.0f / ntok, .lb_weight = lbw, .global_tokens = ntok };
+	ck_assert_int_eq(model_forward_backward(m, in, tg, &st), 0);
 	float *P = model_params(m), *G = model_grads(m);
 	int checked = 0, bad = 0, flips = 0;
 	int32_t base_counts[64], cp[64];
@@ -148,8 +149,8 @@ START_TEST(test_grad_checker_detects)
 	model_init(m, 7, 0.3f);
 	int32_t in[10] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }, tg[10] = { 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 };
 	memset(model_grads(m), 0, model_numel(m) * sizeof(float));
-	double aux;
-	model_forward_backward(m, in, tg, 0.1f, 0, &aux);
+	struct model_step st = { .loss_scale = 0.1f, .global_tokens = 10 };
+	ck_assert_int_eq(model_forward_backward(m, in, tg, &st), 0);
 	const struct param_info *p = model_param_by_name(m, "wo");
 	size_t i = p->offset + 3;
 	float *P = model_params(m);
@@ -185,7 +186,7 @@ static double train_steps(struct trainer *t, int from, int to, double *losses)
 	struct step_stats st = { 0 };
 	const struct cfg *c = trainer_cfg(t);
 	for (int s = from; s < to; s++) {
-		ck_assert(trainer_step(t, s, (int)c->per_device_batch_size, 0, NULL, NULL, &st,
+		ck_assert(trainer_step(t, s, (int)c->per_device_batch_size, 0, NULL, &st,
 				       err, sizeof(err)) == 0);
 		if (losses)
 			losses[s] = st.loss;
