@@ -94,6 +94,7 @@ struct cfg_list {
 	X(FLOAT, adam_weight_decay, "0.1", 1, "") \
 	X(FLOAT, muon_momentum, "0.95", 1, "") \
 	X(FLOAT, gradient_clipping_threshold, "1", 1, "0: off") \
+	X(BOOL,  shard_optimizer_over_data, "false", 1, "ZeRO-1: shard optimizer state over the data axis") \
 	X(STR,   dataset_type, "synthetic", 1, "synthetic | text") \
 	X(STR,   dataset_path, "", 1, "text file for dataset_type=text") \
 	X(INT,   data_shuffle_seed, "0", 1, "") \

@@ -19,13 +19,20 @@ struct trainer {
 	float *m, *v, *scratch;
 	int32_t *inputs, *targets;
 	bool muon;
+	/* optimizer sharding (ZeRO): this replica updates floats [s0, s0 +
+	 * shard_n) of the flat layout; m and v hold only that range */
+	int nshards, srank;
+	size_t shard_n, s0;
+	float *pad;              /* [nshards * shard_n]: gradients in, parameters out */
+	float *gshard;           /* reduced gradient shard */
+	float *mfull, *vfull;    /* whole optimizer state, for checkpoints */
 };
 
 struct model *trainer_model(struct trainer *t) { return t->model; }
 struct dataset *trainer_data(struct trainer *t) { return t->data; }
 int trainer_rows(const struct trainer *t) { return t->rows; }
-float *trainer_opt_m(struct trainer *t) { return t->m; }
-float *trainer_opt_v(struct trainer *t) { return t->v; }
+float *trainer_opt_m(struct trainer *t) { return t->nshards > 1 ? t->mfull : t->m; }
+float *trainer_opt_v(struct trainer *t) { return t->nshards > 1 ? t->vfull : t->v; }
 const struct cfg *trainer_cfg(const struct trainer *t) { return &t->cfg; }
 
 struct trainer *trainer_new(const struct cfg *c, int rows, char *err, size_t errlen)
@@ -49,6 +56,7 @@ struct trainer *trainer_new(const struct cfg *c, int rows, char *err, size_t err
 	t->cfg = *c;
 	t->rows = rows;
 	t->muon = !strcmp(c->opt_type, "muon");
+	t->nshards = 1;
 	t->data = data_open(c, err, errlen);
 	if (!t->data)
 		goto fail;
@@ -94,6 +102,10 @@ void trainer_free(struct trainer *t)
 	free(t->scratch);
 	free(t->inputs);
 	free(t->targets);
+	free(t->pad);
+	free(t->gshard);
+	free(t->mfull);
+	free(t->vfull);
 	free(t);
 }
 
@@ -112,30 +124,107 @@ static void update_router_bias(struct trainer *t, const struct param_info *p)
 		moe_bias_update(b + (size_t)l * d->E, counts + (size_t)l * d->E, d->E, rate);
 }
 
-static void optimizer_update(struct trainer *t, int64_t step, float lr)
+/* Updates parameters [s0, s1) of the flat layout from gradients g (indexed
+ * from s0), with t->m and t->v indexed from s0 too. Muon needs whole
+ * matrices, so it only runs unsharded. */
+static void optimizer_update(struct trainer *t, int64_t step, float lr, const float *g,
+			     size_t s0, size_t s1)
 {
 	struct model *m = t->model;
 	const struct cfg *c = &t->cfg;
-	float *P = model_params(m), *G = model_grads(m);
+	float *P = model_params(m);
 	float wd = (float)c->adam_weight_decay;
 
 	for (int i = 0; i < model_num_params(m); i++) {
 		const struct param_info *p = model_param(m, i);
-		size_t o = p->offset;
+		size_t a = p->offset > s0 ? p->offset : s0;
+		size_t b = p->offset + p->numel < s1 ? p->offset + p->numel : s1;
 		if (p->opt == OPT_NONE) {
 			update_router_bias(t, p);
+		} else if (a >= b) {
+			continue;
 		} else if (p->opt == OPT_MUON && t->muon) {
 			size_t per = (size_t)p->mat_rows * p->mat_cols;
-			for (size_t s = 0; s < p->numel / per; s++)
-				muon_update(P + o + s * per, G + o + s * per, t->m + o + s * per,
-					    t->scratch, p->mat_rows, p->mat_cols, lr,
-					    (float)c->muon_momentum, p->decay ? wd : 0.0f);
+			for (size_t o = a; o < b; o += per)
+				muon_update(P + o, g + (o - s0), t->m + (o - s0), t->scratch,
+					    p->mat_rows, p->mat_cols, lr, (float)c->muon_momentum,
+					    p->decay ? wd : 0.0f);
 		} else {
-			adamw_update(P + o, G + o, t->m + o, t->v + o, p->numel, lr,
+			adamw_update(P + a, g + (a - s0), t->m + (a - s0), t->v + (a - s0), b - a, lr,
 				     (float)c->adam_b1, (float)c->adam_b2, (float)c->adam_eps,
 				     p->decay ? wd : 0.0f, (int)step + 1);
 		}
 	}
+}
+
+int trainer_set_shards(struct trainer *t, int nshards, int rank, char *err, size_t errlen)
+{
+	size_t n = model_numel(t->model);
+	if (nshards <= 1)
+		return 0;
+	if (t->muon) {
+		snprintf(err, errlen, "config: opt_type=muon cannot shard its optimizer state over "
+			 "flat shards yet (it needs whole matrices); use opt_type=adamw with "
+			 "shard_optimizer_over_data or fsdp");
+		return -EINVAL;
+	}
+	t->nshards = nshards;
+	t->srank = rank;
+	t->shard_n = (n + (size_t)nshards - 1) / (size_t)nshards;
+	t->s0 = t->shard_n * (size_t)rank;
+	size_t full = t->shard_n * (size_t)nshards;
+	free(t->m);
+	free(t->v);
+	t->m = calloc(t->shard_n, sizeof(float));
+	t->v = calloc(t->shard_n, sizeof(float));
+	t->gshard = calloc(t->shard_n, sizeof(float));
+	t->pad = calloc(full, sizeof(float));
+	t->mfull = calloc(full, sizeof(float));
+	t->vfull = calloc(full, sizeof(float));
+	if (!t->m || !t->v || !t->gshard || !t->pad || !t->mfull || !t->vfull) {
+		snprintf(err, errlen, "train: out of memory");
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+size_t trainer_shard_len(const struct trainer *t) { return t->shard_n; }
+
+void trainer_opt_take_shard(struct trainer *t)
+{
+	if (t->nshards > 1) {
+		memcpy(t->m, t->mfull + t->s0, t->shard_n * sizeof(float));
+		memcpy(t->v, t->vfull + t->s0, t->shard_n * sizeof(float));
+	}
+}
+
+int trainer_opt_gather(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen)
+{
+	int rc;
+	if (t->nshards <= 1)
+		return 0;
+	memcpy(t->mfull + t->s0, t->m, t->shard_n * sizeof(float));
+	memcpy(t->vfull + t->s0, t->v, t->shard_n * sizeof(float));
+	if ((rc = comm->shard_all_gather(comm->ctx, t->mfull, t->shard_n, err, errlen)) ||
+	    (rc = comm->shard_all_gather(comm->ctx, t->vfull, t->shard_n, err, errlen)))
+		return rc;
+	return 0;
+}
+
+/* Sum of squares of the trained parameters' gradients within [s0, s1), g
+ * indexed from s0. */
+static double grad_sumsq(struct trainer *t, const float *g, size_t s0, size_t s1)
+{
+	struct model *m = t->model;
+	double ss = 0;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		size_t a = p->offset > s0 ? p->offset : s0;
+		size_t b = p->offset + p->numel < s1 ? p->offset + p->numel : s1;
+		if (p->opt != OPT_NONE && a < b)
+			ss += sumsq(g + (a - s0), b - a);
+	}
+	return ss;
 }
 
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
@@ -162,25 +251,48 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		return rc;
 	}
 	double scal[2] = { ms.loss_sum, ms.aux };
-	if (comm && (rc = comm->reduce(comm->ctx, model_grads(m), n, scal, 2, err, errlen)))
+	bool sharded = t->nshards > 1;
+	if (comm && (rc = comm->reduce(comm->ctx, model_grads(m), sharded ? 0 : n, scal, 2, err, errlen)))
 		return rc;
 
-	/* global-norm clipping over every trained parameter */
-	double ss = 0;
-	for (int i = 0; i < model_num_params(m); i++) {
-		const struct param_info *p = model_param(m, i);
-		if (p->opt != OPT_NONE)
-			ss += sumsq(model_grads(m) + p->offset, p->numel);
+	/* the gradient this replica applies, over [s0, s1) of the layout */
+	const float *g = model_grads(m);
+	size_t s0 = 0, s1 = n;
+	double ss;
+	if (sharded) {
+		/* ZeRO: reduce-scatter the gradients, update the own shard, then
+		 * all-gather the parameters */
+		memcpy(t->pad, model_grads(m), n * sizeof(float));
+		memset(t->pad + n, 0, (t->shard_n * t->nshards - n) * sizeof(float));
+		if ((rc = comm->shard_reduce_scatter(comm->ctx, t->gshard, t->pad, t->shard_n, err, errlen)))
+			return rc;
+		g = t->gshard;
+		s0 = t->s0;
+		s1 = t->s0 + t->shard_n < n ? t->s0 + t->shard_n : n;
+		s1 = s1 > s0 ? s1 : s0;
+		ss = grad_sumsq(t, g, s0, s1);
+		if ((rc = comm->shard_sum(comm->ctx, &ss, 1, err, errlen)))
+			return rc;
+	} else {
+		ss = grad_sumsq(t, g, 0, n);
 	}
+	/* global-norm clipping over every trained parameter */
 	double norm = sqrt(ss);
 	if (c->gradient_clipping_threshold > 0 && norm > c->gradient_clipping_threshold)
-		scale_inplace(model_grads(m), n, (float)(c->gradient_clipping_threshold / norm));
+		scale_inplace((float *)g, s1 - s0, (float)(c->gradient_clipping_threshold / norm));
 
 	int total = c->learning_rate_schedule_steps > 0 ? (int)c->learning_rate_schedule_steps : (int)c->steps;
 	int warmup = (int)(c->warmup_steps_fraction * total);
 	float lr = lr_schedule((int)step, (float)c->learning_rate, warmup, total,
 			       (float)c->cosine_learning_rate_final_fraction);
-	optimizer_update(t, step, lr);
+	optimizer_update(t, step, lr, g, s0, s1);
+	if (sharded) {
+		float *P = model_params(m);
+		memcpy(t->pad + t->s0, P + s0, (s1 - s0) * sizeof(float));
+		if ((rc = comm->shard_all_gather(comm->ctx, t->pad, t->shard_n, err, errlen)))
+			return rc;
+		memcpy(P, t->pad, n * sizeof(float));
+	}
 
 	st->loss = scal[0] / global_tokens;
 	st->aux = scal[1];

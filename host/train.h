@@ -28,6 +28,14 @@ struct train_comm {
 	int (*reduce)(void *ctx, float *grads, size_t n, double *scalars, int nscalars,
 		      char *err, size_t errlen);
 	model_counts_fn counts;
+	/* optimizer sharding (see trainer_set_shards): reduce-scatter full
+	 * (nshards * shard_n floats) into this replica's shard, summed over
+	 * every replica; all-gather full in place from each replica's shard;
+	 * sum n doubles over the shard group */
+	int (*shard_reduce_scatter)(void *ctx, float *shard, const float *full, size_t shard_n,
+				    char *err, size_t errlen);
+	int (*shard_all_gather)(void *ctx, float *full, size_t shard_n, char *err, size_t errlen);
+	int (*shard_sum)(void *ctx, double *x, int n, char *err, size_t errlen);
 	void *ctx;
 	char *err;               /* where counts writes its error */
 	size_t errlen;
@@ -39,6 +47,17 @@ void trainer_free(struct trainer *t);
 struct model *trainer_model(struct trainer *t);
 int trainer_rows(const struct trainer *t);
 
+/* Shards the optimizer (ZeRO): this replica keeps and updates 1/nshards of
+ * the flat parameter layout (shard `rank`); gradients are reduce-scattered
+ * and parameters all-gathered through the train_comm shard functions. 0 or
+ * -EINVAL (Muon needs whole matrices) with err. */
+int trainer_set_shards(struct trainer *t, int nshards, int rank, char *err, size_t errlen);
+size_t trainer_shard_len(const struct trainer *t);
+/* Sharded only: fill the whole optimizer state (trainer_opt_m/v) from
+ * every shard (collective), or take this replica's shard from it. */
+int trainer_opt_gather(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen);
+void trainer_opt_take_shard(struct trainer *t);
+
 /* One optimizer step (0-based) over rows [row0, row0 + rows) of a global
  * batch of global_rows sequences; comm is NULL on one device. */
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
@@ -49,7 +68,8 @@ int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *er
 /* Loads params and optimizer state; *next_step = the step to run next. */
 int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen);
 
-/* Optimizer state, for the checkpoint code. */
+/* Optimizer state in the parameters' layout, for the checkpoint code (when
+ * sharded: the whole-state buffers filled by trainer_opt_gather). */
 float *trainer_opt_m(struct trainer *t);
 float *trainer_opt_v(struct trainer *t);
 const struct cfg *trainer_cfg(const struct trainer *t);

@@ -1,10 +1,15 @@
 /* The training job every agent runs (`meshrun agent`, `meshrun local`):
  * one trainer per device thread, each computing its rows of the global
- * batch. Today the mesh may only be sized along `data` (replicated
- * parameters, gradients all-reduced); other axes are refused at start-up
- * until the sharded-matmul planner lands (DESIGN §6). Global device 0
- * prints the step log, writes metrics and checkpoints; on --resume it loads
- * the checkpoint and broadcasts it, so only host 0 needs the directory. */
+ * batch. Today the batch axes train: `data`, and `fsdp`/`fsdp_transpose`
+ * whose devices also split the optimizer state and its update into flat
+ * shards (ZeRO style: gradients reduce-scattered over the shard group,
+ * parameters all-gathered after the update); `shard_optimizer_over_data`
+ * adds `data` to the shard group (ZeRO-1). Parameters are still gathered
+ * whole for the step: per-layer gathering (real FSDP memory) and the other
+ * axes wait for the sharded-matmul planner (DESIGN §6) and are refused.
+ * Global device 0 prints the step log, writes metrics and checkpoints; on
+ * --resume it loads the checkpoint and broadcasts it, so only host 0 needs
+ * the directory. */
 #include "host/train_job.h"
 
 #include <errno.h>
@@ -19,7 +24,9 @@
 
 struct reduce_ctx {
 	struct coll_dev *coll;
-	struct coll_group group;
+	struct coll_group group;     /* every device */
+	struct coll_group shard;     /* optimizer shard group */
+	struct coll_group repl;      /* replicas of one shard */
 	double *gathered;       /* [n, nscal] */
 	int cap;
 	int32_t *counts;        /* [n, ncounts] */
@@ -60,7 +67,7 @@ static int reduce_all(void *vctx, float *grads, size_t n, double *scal, int nsca
 		      char *err, size_t errlen)
 {
 	struct reduce_ctx *c = vctx;
-	int rc = coll_all_reduce(c->coll, &c->group, grads, n, err, errlen);
+	int rc = n ? coll_all_reduce(c->coll, &c->group, grads, n, err, errlen) : 0;
 	if (rc)
 		return EXIT_PEER_LOST;
 	if (nscal > c->cap) {
@@ -84,15 +91,54 @@ static int reduce_all(void *vctx, float *grads, size_t n, double *scal, int nsca
 	return 0;
 }
 
-/* Only data parallelism trains today: every other axis must be 1. */
+static int shard_reduce_scatter(void *vctx, float *shard, const float *full, size_t shard_n,
+				char *err, size_t errlen)
+{
+	struct reduce_ctx *c = vctx;
+	if (coll_reduce_scatter(c->coll, &c->shard, shard, full, shard_n, err, errlen))
+		return EXIT_PEER_LOST;
+	if (c->repl.n > 1 && coll_all_reduce(c->coll, &c->repl, shard, shard_n, err, errlen))
+		return EXIT_PEER_LOST;
+	return 0;
+}
+
+static int shard_all_gather(void *vctx, float *full, size_t shard_n, char *err, size_t errlen)
+{
+	struct reduce_ctx *c = vctx;
+	if (coll_all_gather(c->coll, &c->shard, full, full + shard_n * (size_t)c->shard.rank,
+			    shard_n * sizeof(float), err, errlen))
+		return EXIT_PEER_LOST;
+	return 0;
+}
+
+static int shard_sum(void *vctx, double *x, int n, char *err, size_t errlen)
+{
+	struct reduce_ctx *c = vctx;
+	double *all = malloc(sizeof(double) * (size_t)n * c->shard.n);
+	if (!all) {
+		snprintf(err, errlen, "train: out of memory");
+		return EXIT_FAIL;
+	}
+	int rc = coll_all_gather(c->coll, &c->shard, all, x, sizeof(double) * n, err, errlen);
+	for (int i = 0; !rc && i < n; i++) {
+		double s = 0;
+		for (int r = 0; r < c->shard.n; r++)
+			s += all[(size_t)r * n + i];
+		x[i] = s;
+	}
+	free(all);
+	return rc ? EXIT_PEER_LOST : 0;
+}
+
+/* The batch axes train today; every other axis must be 1. */
 static int check_mesh(const struct cfg *c, char *err, size_t errlen)
 {
 	for (int a = 0; a < AX_COUNT; a++) {
-		if (a == AX_DATA || (c->ici[a] == 1 && c->dcn[a] == 1))
+		if (a == AX_DATA || a == AX_FSDP || a == AX_FSDP_T || (c->ici[a] == 1 && c->dcn[a] == 1))
 			continue;
 		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
-			 "along it is not implemented yet; only data parallelism "
-			 "(ici_data_parallelism, dcn_data_parallelism) trains today",
+			 "along it is not implemented yet; today data, fsdp and fsdp_transpose "
+			 "parallelism train",
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
 		return -EINVAL;
 	}
@@ -122,7 +168,7 @@ int train_job(struct device_ctx *dev)
 	char *err = dev->err;
 	size_t errlen = sizeof(dev->err);
 	struct reduce_ctx rc = { 0 };
-	struct mesh_group *g = NULL;
+	struct mesh_group *g = NULL, *gs = NULL, *gr = NULL;
 	struct trainer *t = NULL;
 	struct run_log log = { 0 };
 	int ret = 0;
@@ -132,12 +178,22 @@ int train_job(struct device_ctx *dev)
 	if (check_mesh(c, err, errlen))
 		return EXIT_CONFIG;
 	g = malloc(sizeof(*g));
-	if (!g) {
+	gs = malloc(sizeof(*gs));
+	gr = malloc(sizeof(*gr));
+	if (!g || !gs || !gr) {
 		snprintf(err, errlen, "train: out of memory");
-		return EXIT_FAIL;
+		ret = EXIT_FAIL;
+		goto out;
 	}
+	uint32_t shard_axes = (1u << AX_FSDP) | (1u << AX_FSDP_T);
+	if (c->shard_optimizer_over_data)
+		shard_axes |= 1u << AX_DATA;
 	mesh_group(dev->mesh, dev->device_id, (1u << AX_COUNT) - 1, g);
+	mesh_group(dev->mesh, dev->device_id, shard_axes, gs);
+	mesh_group(dev->mesh, dev->device_id, ((1u << AX_COUNT) - 1) & ~shard_axes, gr);
 	rc.group = (struct coll_group){ .id = g->id, .n = g->n, .rank = g->rank, .devs = g->devs };
+	rc.shard = (struct coll_group){ .id = gs->id, .n = gs->n, .rank = gs->rank, .devs = gs->devs };
+	rc.repl = (struct coll_group){ .id = gr->id, .n = gr->n, .rank = gr->rank, .devs = gr->devs };
 	rc.coll = coll_dev_new(dev->xport, dev->device_id, (size_t)c->segment_bytes,
 			       c->collective_timeout_s);
 	if (!rc.coll) {
@@ -151,6 +207,10 @@ int train_job(struct device_ctx *dev)
 		ret = strncmp(err, "config", 6) ? EXIT_INPUT : EXIT_CONFIG;
 		goto out;
 	}
+	if (trainer_set_shards(t, rc.shard.n, rc.shard.rank, err, errlen)) {
+		ret = strncmp(err, "config", 6) ? EXIT_FAIL : EXIT_CONFIG;
+		goto out;
+	}
 	/* every replica starts from the same state: device 0's */
 	if (o->resume && leader && trainer_load(t, o->ckpt_dir, &start, err, errlen)) {
 		ret = EXIT_INPUT;
@@ -158,13 +218,16 @@ int train_job(struct device_ctx *dev)
 	}
 	if ((ret = broadcast_state(t, &rc, &start, err, errlen)))
 		goto out;
+	trainer_opt_take_shard(t);
 	if (leader && (ret = run_log_open(&log, o, c, model_dims(trainer_model(t)), g->n, err, errlen)))
 		goto out;
 
 	rc.err = err;
 	rc.errlen = errlen;
-	struct train_comm comm = { .reduce = reduce_all, .counts = reduce_counts, .ctx = &rc,
-				   .err = err, .errlen = errlen };
+	struct train_comm comm = { .reduce = reduce_all, .counts = reduce_counts,
+				   .shard_reduce_scatter = shard_reduce_scatter,
+				   .shard_all_gather = shard_all_gather, .shard_sum = shard_sum,
+				   .ctx = &rc, .err = err, .errlen = errlen };
 	uint64_t dcn0 = agent_dcn_bytes_sent(dev->agent), ici0 = xport_local_bytes(dev->xport);
 	for (int64_t s = start; s < c->steps; s++) {
 		struct step_stats st;
@@ -179,6 +242,10 @@ int train_job(struct device_ctx *dev)
 			ret = EXIT_FAIL;
 			goto out;
 		}
+		bool last = s == c->steps - 1;
+		bool save = o->ckpt_dir && ((c->checkpoint_period > 0 && (s + 1) % c->checkpoint_period == 0) || last);
+		if (save && (ret = trainer_opt_gather(t, &comm, err, errlen)))
+			goto out;
 		if (!leader)
 			continue;
 		uint64_t dcn = agent_dcn_bytes_sent(dev->agent), ici = xport_local_bytes(dev->xport);
@@ -186,9 +253,7 @@ int train_job(struct device_ctx *dev)
 			run_log_step(&log, s, &st, dt, dcn - dcn0, ici - ici0);
 		dcn0 = dcn;
 		ici0 = ici;
-		bool last = s == c->steps - 1;
-		if (o->ckpt_dir && ((c->checkpoint_period > 0 && (s + 1) % c->checkpoint_period == 0) || last) &&
-		    trainer_save(t, o->ckpt_dir, s + 1, err, errlen)) {
+		if (save && trainer_save(t, o->ckpt_dir, s + 1, err, errlen)) {
 			ret = EXIT_FAIL;
 			goto out;
 		}
@@ -205,5 +270,7 @@ out:
 	free(rc.gathered);
 	free(rc.counts);
 	free(g);
+	free(gs);
+	free(gr);
 	return ret;
 }

@@ -91,58 +91,81 @@ static void show_log_on_failure(int rc, int want)
  * changes step 1's loss by > 1e-2). */
 #define REL_TOL 1e-4
 
-static void equivalence(const char *preset, const char *extra)
+/* 10 steps of `preset` on hosts x dph devices (global batch 8) against one
+ * device with per_device_batch_size=8; twice, to check determinism. */
+static void equivalence(const char *preset, int hosts, int dph, const char *extra)
 {
 	char args[1024];
 	double one[10], dp[10], dp2[10];
-	snprintf(args, sizeof(args), "train --config %s steps=10 per_device_batch_size=8 %s --metrics %s/one.jsonl",
-		 preset, extra, tmpdir);
+	int pdb = 8 / (hosts * dph);
+	snprintf(args, sizeof(args), "train --config %s steps=10 per_device_batch_size=8 --metrics %s/one.jsonl",
+		 preset, tmpdir);
 	show_log_on_failure(run(args), 0);
-	snprintf(args, sizeof(args), "local --hosts 2 --devices-per-host 2 --config %s steps=10 "
-		 "per_device_batch_size=2 %s --metrics %s/dp.jsonl", preset, extra, tmpdir);
-	show_log_on_failure(run(args), 0);
-	snprintf(args, sizeof(args), "local --hosts 2 --devices-per-host 2 --config %s steps=10 "
-		 "per_device_batch_size=2 %s --metrics %s/dp2.jsonl", preset, extra, tmpdir);
-	show_log_on_failure(run(args), 0);
+	for (int k = 0; k < 2; k++) {
+		snprintf(args, sizeof(args), "local --hosts %d --devices-per-host %d --config %s steps=10 "
+			 "per_device_batch_size=%d %s --metrics %s/dp%d.jsonl", hosts, dph, preset, pdb,
+			 extra, tmpdir, k);
+		show_log_on_failure(run(args), 0);
+	}
 	ck_assert_int_eq(losses("one.jsonl", one, 10), 10);
-	ck_assert_int_eq(losses("dp.jsonl", dp, 10), 10);
-	ck_assert_int_eq(losses("dp2.jsonl", dp2, 10), 10);
+	ck_assert_int_eq(losses("dp0.jsonl", dp, 10), 10);
+	ck_assert_int_eq(losses("dp1.jsonl", dp2, 10), 10);
 	double worst = 0;
 	for (int s = 0; s < 10; s++) {
 		double rel = fabs(dp[s] - one[s]) / fabs(one[s]);
 		worst = rel > worst ? rel : worst;
-		ck_assert_msg(rel < REL_TOL, "%s step %d: 2x2 data-parallel loss %.9g, one device %.9g",
-			      preset, s, dp[s], one[s]);
+		ck_assert_msg(rel < REL_TOL, "%s %dx%d %s step %d: loss %.9g, one device %.9g",
+			      preset, hosts, dph, extra, s, dp[s], one[s]);
 		ck_assert_msg(dp[s] == dp2[s], "step %d: two identical runs differ: %a vs %a", s, dp[s], dp2[s]);
 	}
 	ck_assert(one[9] < one[0] - 0.5); /* and it trains */
-	fprintf(stderr, "%s: 2x2 data-parallel vs one device, worst relative loss difference %.2e\n",
-		preset, worst);
+	fprintf(stderr, "%s %dx%d %s: worst relative loss difference to one device %.2e\n",
+		preset, hosts, dph, extra, worst);
 }
 
-START_TEST(test_dp_equals_single_dense) { equivalence("configs/llama-tiny.yml", ""); }
+START_TEST(test_dp_equals_single_dense) { equivalence("configs/llama-tiny.yml", 2, 2, ""); }
 END_TEST
-START_TEST(test_dp_equals_single_moe) { equivalence("configs/deepseek-tiny.yml", ""); }
+START_TEST(test_dp_equals_single_moe) { equivalence("configs/deepseek-tiny.yml", 2, 2, ""); }
+END_TEST
+START_TEST(test_zero1_equals_single)
+{
+	equivalence("configs/llama-tiny.yml", 2, 1, "shard_optimizer_over_data=true");
+}
+END_TEST
+START_TEST(test_fsdp_equals_single)
+{
+	equivalence("configs/llama-tiny.yml", 1, 2, "ici_fsdp_parallelism=2");
+}
+END_TEST
+START_TEST(test_dcn_fsdp_equals_single)
+{
+	equivalence("configs/deepseek-tiny.yml", 2, 2, "dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2");
+}
+END_TEST
+START_TEST(test_fsdp_with_data_equals_single)
+{
+	equivalence("configs/llama-tiny.yml", 2, 2, "ici_fsdp_parallelism=2");
+}
 END_TEST
 
-START_TEST(test_dp_resume_and_eval)
+static void resume_and_eval(const char *mesh)
 {
 	char args[1024];
 	double straight[8], part[8], rest[8];
-	snprintf(args, sizeof(args), "local --hosts 2 --config configs/llama-tiny.yml steps=8 "
-		 "learning_rate_schedule_steps=8 --metrics %s/straight.jsonl", tmpdir);
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=8 "
+		 "learning_rate_schedule_steps=8 --metrics %s/straight.jsonl", mesh, tmpdir);
 	show_log_on_failure(run(args), 0);
-	snprintf(args, sizeof(args), "local --hosts 2 --config configs/llama-tiny.yml steps=8 "
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=8 "
 		 "learning_rate_schedule_steps=8 checkpoint_period=4 --checkpoint-dir %s/ckpt "
-		 "--metrics %s/part.jsonl", tmpdir, tmpdir);
+		 "--metrics %s/part.jsonl", mesh, tmpdir, tmpdir);
 	show_log_on_failure(run(args), 0);
 	/* a checkpoint at step 4 of the same schedule, then resume from it */
-	snprintf(args, sizeof(args), "local --hosts 2 --config configs/llama-tiny.yml steps=4 "
-		 "learning_rate_schedule_steps=8 --checkpoint-dir %s/ckpt4", tmpdir);
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=4 "
+		 "learning_rate_schedule_steps=8 --checkpoint-dir %s/ckpt4", mesh, tmpdir);
 	show_log_on_failure(run(args), 0);
-	snprintf(args, sizeof(args), "local --hosts 2 --config configs/llama-tiny.yml steps=8 "
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=8 "
 		 "learning_rate_schedule_steps=8 --checkpoint-dir %s/ckpt4 --resume "
-		 "--metrics %s/rest.jsonl", tmpdir, tmpdir);
+		 "--metrics %s/rest.jsonl", mesh, tmpdir, tmpdir);
 	show_log_on_failure(run(args), 0);
 	ck_assert_int_eq(losses("straight.jsonl", straight, 8), 8);
 	ck_assert_int_eq(losses("part.jsonl", part, 8), 8);
@@ -167,6 +190,14 @@ START_TEST(test_dp_resume_and_eval)
 	char path[256];
 	snprintf(path, sizeof(path), "%s/ckpt/config.json", tmpdir);
 	ck_assert(access(path, R_OK) == 0);
+}
+
+START_TEST(test_dp_resume_and_eval) { resume_and_eval("--hosts 2"); }
+END_TEST
+/* optimizer state sharded over fsdp: gathered for the checkpoint, scattered on resume */
+START_TEST(test_fsdp_resume_and_eval)
+{
+	resume_and_eval("--hosts 2 --devices-per-host 2 ici_fsdp_parallelism=2 shard_optimizer_over_data=true");
 }
 END_TEST
 
@@ -193,7 +224,12 @@ int main(void)
 	tcase_set_timeout(tc, 400);
 	tcase_add_test(tc, test_dp_equals_single_dense);
 	tcase_add_test(tc, test_dp_equals_single_moe);
+	tcase_add_test(tc, test_zero1_equals_single);
+	tcase_add_test(tc, test_fsdp_equals_single);
+	tcase_add_test(tc, test_dcn_fsdp_equals_single);
+	tcase_add_test(tc, test_fsdp_with_data_equals_single);
 	tcase_add_test(tc, test_dp_resume_and_eval);
+	tcase_add_test(tc, test_fsdp_resume_and_eval);
 	tcase_add_test(tc, test_unsupported_axis_refused);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
