@@ -31,7 +31,11 @@ struct layer_acts {
 };
 
 struct model {
-	struct model_dims d;
+	struct model_dims d;        /* the whole model */
+	struct model_dims l;        /* this device's part (tensor parallelism) */
+	int tp, tpr;
+	struct model_step *st;      /* hooks of the step in progress */
+	int hook_rc;
 	int B, N;
 	struct param_info p[P_COUNT];
 	int pidx[P_COUNT];          /* index into the table or -1 */
@@ -120,14 +124,18 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 /* ---- parameter table ---- */
 
 static void add_param(struct model *m, int id, const char *name, enum param_opt opt, bool decay,
-		      int ndim, const int *shape, const char *const *axes)
+		      int ndim, const int *shape, const char *const *axes, int shard_dim)
 {
 	struct param_info *p = &m->p[id];
 	size_t n = 1;
 	snprintf(p->name, sizeof(p->name), "%s", name);
 	p->ndim = ndim;
+	p->shard_dim = m->tp > 1 ? shard_dim : -1;
+	p->nshard = p->shard_dim >= 0 ? m->tp : 1;
+	p->shard_idx = p->shard_dim >= 0 ? m->tpr : 0;
 	for (int i = 0; i < ndim; i++) {
 		p->shape[i] = shape[i];
+		p->global_shape[i] = shape[i] * (i == p->shard_dim ? p->nshard : 1);
 		p->axes[i] = axes[i];
 		n *= (size_t)shape[i];
 	}
@@ -150,12 +158,12 @@ static void add_param(struct model *m, int id, const char *name, enum param_opt 
 #define SHAPE(...) (const int[]){ __VA_ARGS__ }
 #define AXES(...) (const char *const[]){ __VA_ARGS__ }
 #define NDIM(...) (int)(sizeof((int[]){ __VA_ARGS__ }) / sizeof(int))
-#define PARAM(id, name, opt, decay, shape, axes) \
-	add_param(m, id, name, opt, decay, (int)(sizeof(shape) / sizeof(int)), shape, axes)
+#define PARAM(id, name, opt, decay, shape, axes, sd) \
+	add_param(m, id, name, opt, decay, (int)(sizeof(shape) / sizeof(int)), shape, axes, sd)
 
 static void build_table(struct model *m)
 {
-	const struct model_dims *d = &m->d;
+	const struct model_dims *d = &m->l; /* local shapes */
 	int L = d->L, Ld = d->L_dense, Lm = d->L_moe, QD = d->Hq * d->D, KD = d->Hkv * d->D;
 	int SF = d->S * d->Fe;
 	int s_embed[] = { d->V, d->C };
@@ -167,31 +175,46 @@ static void build_table(struct model *m)
 	int s_sup[] = { Lm, SF, d->C }, s_sdown[] = { Lm, d->C, SF };
 	int s_fnorm[] = { d->C };
 
-	PARAM(P_EMBED, "embed", OPT_ADAMW, true, s_embed, AXES("vocab", "embed"));
-	PARAM(P_ATTN_NORM, "attn_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"));
-	PARAM(P_WQ, "wq", OPT_MUON, true, s_q, AXES("layers", "q_heads", "embed"));
-	PARAM(P_WK, "wk", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"));
-	PARAM(P_WV, "wv", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"));
-	PARAM(P_WO, "wo", OPT_MUON, true, s_o, AXES("layers", "embed", "q_heads"));
-	PARAM(P_MLP_NORM, "mlp_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"));
-	PARAM(P_W_GATE, "w_gate", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"));
-	PARAM(P_W_UP, "w_up", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"));
-	PARAM(P_W_DOWN, "w_down", OPT_MUON, true, s_down, AXES("layers", "embed", "mlp"));
-	PARAM(P_ROUTER, "router", OPT_ADAMW, true, s_router, AXES("layers", "exp", "embed_moe"));
-	PARAM(P_ROUTER_BIAS, "router_bias", OPT_NONE, false, s_rbias, AXES("layers", "exp"));
-	PARAM(P_E_GATE, "e_gate", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"));
-	PARAM(P_E_UP, "e_up", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"));
-	PARAM(P_E_DOWN, "e_down", OPT_MUON, true, s_edown, AXES("layers", "exp", "embed_moe", "mlp_moe"));
-	PARAM(P_S_GATE, "s_gate", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"));
-	PARAM(P_S_UP, "s_up", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"));
-	PARAM(P_S_DOWN, "s_down", OPT_MUON, true, s_sdown, AXES("layers", "embed", "mlp"));
-	PARAM(P_FINAL_NORM, "final_norm", OPT_ADAMW, false, s_fnorm, AXES("norm"));
+	PARAM(P_EMBED, "embed", OPT_ADAMW, true, s_embed, AXES("vocab", "embed"), -1);
+	PARAM(P_ATTN_NORM, "attn_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"), -1);
+	PARAM(P_WQ, "wq", OPT_MUON, true, s_q, AXES("layers", "q_heads", "embed"), 1);
+	PARAM(P_WK, "wk", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"), 1);
+	PARAM(P_WV, "wv", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"), 1);
+	PARAM(P_WO, "wo", OPT_MUON, true, s_o, AXES("layers", "embed", "q_heads"), 2);
+	PARAM(P_MLP_NORM, "mlp_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"), -1);
+	PARAM(P_W_GATE, "w_gate", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"), 1);
+	PARAM(P_W_UP, "w_up", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"), 1);
+	PARAM(P_W_DOWN, "w_down", OPT_MUON, true, s_down, AXES("layers", "embed", "mlp"), 2);
+	PARAM(P_ROUTER, "router", OPT_ADAMW, true, s_router, AXES("layers", "exp", "embed_moe"), -1);
+	PARAM(P_ROUTER_BIAS, "router_bias", OPT_NONE, false, s_rbias, AXES("layers", "exp"), -1);
+	PARAM(P_E_GATE, "e_gate", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"), 2);
+	PARAM(P_E_UP, "e_up", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"), 2);
+	PARAM(P_E_DOWN, "e_down", OPT_MUON, true, s_edown, AXES("layers", "exp", "embed_moe", "mlp_moe"), 3);
+	PARAM(P_S_GATE, "s_gate", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"), 1);
+	PARAM(P_S_UP, "s_up", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"), 1);
+	PARAM(P_S_DOWN, "s_down", OPT_MUON, true, s_sdown, AXES("layers", "embed", "mlp"), 2);
+	PARAM(P_FINAL_NORM, "final_norm", OPT_ADAMW, false, s_fnorm, AXES("norm"), -1);
 	if (!d->tied) {
 		int s_head[] = { d->V, d->C };
-		PARAM(P_LM_HEAD, "lm_head", OPT_ADAMW, true, s_head, AXES("vocab", "embed"));
+		PARAM(P_LM_HEAD, "lm_head", OPT_ADAMW, true, s_head, AXES("vocab", "embed"), -1);
 	} else {
 		m->pidx[P_LM_HEAD] = -1;
 	}
+}
+
+int model_param_table(const struct model_dims *d, struct param_info *out, int max)
+{
+	struct model *m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->d = *d;
+	m->l = *d;             /* whole tensors: no tensor-parallel split */
+	m->tp = 1;
+	build_table(m);
+	int n = m->ntable;
+	memcpy(out, m->table, sizeof(*out) * (size_t)(n < max ? n : max));
+	free(m);
+	return n;
 }
 
 /* Pointer to layer l's slice of stacked parameter id in buf (params/grads). */
@@ -228,7 +251,7 @@ static void *take(struct arena *a, size_t bytes)
 
 static void lay_out(struct model *m, struct arena *a)
 {
-	const struct model_dims *d = &m->d;
+	const struct model_dims *d = &m->l;
 	size_t N = (size_t)m->N, C = d->C, QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
 	size_t NK = N * (size_t)d->K, SF = (size_t)d->S * d->Fe;
 	size_t att = (size_t)m->B * d->Hq * d->T * d->T;
@@ -304,12 +327,37 @@ static void lay_out(struct model *m, struct arena *a)
 	}
 }
 
-struct model *model_new(const struct model_dims *d, int B, char *err, size_t errlen)
+struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, char *err, size_t errlen)
 {
+	const char *bad = NULL;
+	int badv = 0;
+	if (tp > 1) {
+		if (d->Hq % tp)
+			bad = "base_num_query_heads", badv = d->Hq;
+		else if (d->Hkv % tp)
+			bad = "base_num_kv_heads", badv = d->Hkv;
+		else if (d->L_dense && d->F % tp)
+			bad = "base_mlp_dim", badv = d->F;
+		else if (d->L_moe && d->Fe % tp)
+			bad = "base_moe_mlp_dim", badv = d->Fe;
+	}
+	if (bad) {
+		snprintf(err, errlen, "config: key '%s' (%d) is split over the tensor axis and must be "
+			 "divisible by its size %d", bad, badv, tp);
+		return NULL;
+	}
 	struct model *m = calloc(1, sizeof(*m));
 	if (!m)
 		goto oom;
 	m->d = *d;
+	m->l = *d;
+	m->tp = tp > 1 ? tp : 1;
+	m->tpr = tp > 1 ? tpr : 0;
+	m->l.Hq /= m->tp;
+	m->l.Hkv /= m->tp;
+	m->l.F /= m->tp;
+	if (d->L_moe)
+		m->l.Fe /= m->tp;
 	m->B = B;
 	m->N = B * d->T;
 	build_table(m);
@@ -394,6 +442,22 @@ static float normal_at(uint64_t key, size_t i)
 	return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
 
+size_t param_global_index(const struct param_info *p, size_t i)
+{
+	if (p->shard_dim < 0)
+		return i;
+	size_t g = 0, stride = 1;
+	for (int k = p->ndim - 1; k >= 0; k--) {
+		size_t c = i % (size_t)p->shape[k];
+		i /= (size_t)p->shape[k];
+		if (k == p->shard_dim)
+			c += (size_t)p->shard_idx * p->shape[k];
+		g += c * stride;
+		stride *= (size_t)p->global_shape[k];
+	}
+	return g;
+}
+
 void model_init(struct model *m, uint64_t seed, float std)
 {
 	for (int t = 0; t < m->ntable; t++) {
@@ -407,16 +471,24 @@ void model_init(struct model *m, uint64_t seed, float std)
 		} else {
 			uint64_t key = splitmix64(seed ^ name_hash(p->name));
 			for (size_t i = 0; i < p->numel; i++)
-				w[i] = std * normal_at(key, i);
+				w[i] = std * normal_at(key, param_global_index(p, i));
 		}
 	}
 }
 
 /* ---- forward ---- */
 
+/* Sums buf over the tensor-parallel group (partial sums of a row-parallel
+ * matmul). A failure is remembered and reported after the pass. */
+static void tp_sum(struct model *m, float *buf, size_t n)
+{
+	if (m->tp > 1 && !m->hook_rc)
+		m->hook_rc = m->st->tp_allreduce(m->st->ctx, buf, n);
+}
+
 static void layer_forward(struct model *m, int l)
 {
-	const struct model_dims *d = &m->d;
+	const struct model_dims *d = &m->l;
 	struct layer_acts *a = &m->la[l];
 	int N = m->N, C = d->C, QD = d->Hq * d->D, KD = d->Hkv * d->D;
 	float *x = m->resid + (size_t)l * N * C, *xo = x + (size_t)N * C;
@@ -430,6 +502,7 @@ static void layer_forward(struct model *m, int l)
 	rope_forward(a->k, a->k, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
 	attention_forward(a->atty, a->att, a->q, a->k, a->v, m->B, d->T, d->Hq, d->Hkv, d->D);
 	linear_forward(tmp, a->atty, pl(m, P, P_WO, l), N, QD, C);
+	tp_sum(m, tmp, (size_t)N * C);
 	residual_forward(a->xmid, x, tmp, N * C);
 	rmsnorm_forward(a->ln2, a->rstd2, a->xmid, pl(m, P, P_MLP_NORM, l), N, C, d->eps);
 
@@ -438,6 +511,7 @@ static void layer_forward(struct model *m, int l)
 		linear_forward(a->u, a->ln2, pl(m, P, P_W_UP, l), N, C, d->F);
 		swiglu_forward(a->h, a->g, a->u, N, d->F);
 		linear_forward(tmp, a->h, pl(m, P, P_W_DOWN, l), N, d->F, C);
+		tp_sum(m, tmp, (size_t)N * C);
 		residual_forward(xo, a->xmid, tmp, N * C);
 		return;
 	}
@@ -473,6 +547,7 @@ static void layer_forward(struct model *m, int l)
 		swiglu_forward(a->sh, a->sg, a->su, N, SF);
 		linear_forward_acc(tmp, a->sh, pl(m, P, P_S_DOWN, lm), N, SF, C);
 	}
+	tp_sum(m, tmp, (size_t)N * C);
 	residual_forward(xo, a->xmid, tmp, N * C);
 }
 
@@ -511,7 +586,7 @@ double model_forward(struct model *m, const int32_t *inputs, const int32_t *targ
 /* dresid holds dL/d(output of layer l); on return dL/d(input of layer l). */
 static void layer_backward(struct model *m, int l, struct model_step *st)
 {
-	const struct model_dims *d = &m->d;
+	const struct model_dims *d = &m->l;
 	struct layer_acts *a = &m->la[l];
 	int N = m->N, C = d->C, QD = d->Hq * d->D, KD = d->Hkv * d->D;
 	float *x = m->resid + (size_t)l * N * C;
@@ -528,6 +603,7 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 		swiglu_backward(dg, du, dh, a->g, a->u, N, d->F);
 		linear_backward(dln, pl(m, G, P_W_GATE, l), dg, a->ln2, pl(m, P, P_W_GATE, l), N, C, d->F);
 		linear_backward(dln, pl(m, G, P_W_UP, l), du, a->ln2, pl(m, P, P_W_UP, l), N, C, d->F);
+		tp_sum(m, dln, (size_t)N * C);
 	} else {
 		int lm = l - d->L_dense, E = d->E, K = d->K, Fe = d->Fe, NK = N * K;
 		if (d->S) {
@@ -564,6 +640,12 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 			linear_backward(m->dxs + rc, gu + e * wsz, deu + rf, a->xs + rc, wu + e * wsz, ne, C, Fe);
 		}
 		moe_gather_backward(dln, m->dxs, a->order, NK, K, C);
+		/* experts and shared experts gave partial sums (their hidden is
+		 * split over the tensor axis), and so did the routing weights'
+		 * gradients; the router below is replicated and adds its whole
+		 * gradient once */
+		tp_sum(m, dln, (size_t)N * C);
+		tp_sum(m, m->dweights, (size_t)NK);
 		/* router: through the top-k weights and the load-balance loss */
 		memset(m->dlogits_r, 0, sizeof(float) * (size_t)N * E);
 		moe_router_backward(m->dlogits_r, m->dweights, a->scores, a->idx, N, E, K,
@@ -600,6 +682,7 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 	linear_backward(dln, pl(m, G, P_WQ, l), m->dqr, a->ln1, pl(m, P, P_WQ, l), N, C, QD);
 	linear_backward(dln, pl(m, G, P_WK, l), m->dkr, a->ln1, pl(m, P, P_WK, l), N, C, KD);
 	linear_backward(dln, pl(m, G, P_WV, l), m->dv, a->ln1, pl(m, P, P_WV, l), N, C, KD);
+	tp_sum(m, dln, (size_t)N * C);
 	rmsnorm_backward(dres, pl(m, G, P_ATTN_NORM, l), dln, x, pl(m, P, P_ATTN_NORM, l), a->rstd1, N, C);
 }
 
@@ -608,8 +691,12 @@ int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t
 {
 	const struct model_dims *d = &m->d;
 	int N = m->N, C = d->C;
+	m->st = st;
+	m->hook_rc = 0;
 	st->loss_sum = forward_all(m, inputs, targets);
 	st->aux = 0;
+	if (m->hook_rc)
+		return m->hook_rc;
 	if (d->L_moe && st->counts) {
 		int rc = st->counts(st->ctx, m->counts_all, d->L_moe * d->E);
 		if (rc)
@@ -628,7 +715,7 @@ int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t
 	for (int l = d->L - 1; l >= 0; l--)
 		layer_backward(m, l, st);
 	embedding_backward(pp(m, G, P_EMBED), m->dresid, inputs, N, C);
-	return 0;
+	return m->hook_rc;
 }
 
 double model_flops_per_token(const struct model_dims *d)

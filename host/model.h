@@ -42,6 +42,11 @@ struct param_info {
 	enum param_opt opt;               /* AdamW, Muon (per 2-D matrix), none */
 	bool decay;                       /* weight decay applies */
 	int mat_rows, mat_cols;           /* Muon: each [rows, cols] slice */
+	/* tensor parallelism: shape is this device's shard; the whole tensor
+	 * is global_shape, split into nshard equal blocks along shard_dim
+	 * (-1: not split), of which this device holds block shard_idx */
+	int global_shape[MODEL_MAX_DIMS];
+	int shard_dim, nshard, shard_idx;
 };
 
 struct model;
@@ -50,11 +55,18 @@ struct model;
  * key for impossible shapes. */
 int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, size_t errlen);
 
-/* Allocates parameters, gradients and activations for B sequences of T.
- * NULL with err on failure. */
-struct model *model_new(const struct model_dims *d, int B, char *err, size_t errlen);
+/* Allocates parameters, gradients and activations for B sequences of T,
+ * as rank tpr of tp tensor-parallel devices (Megatron: heads, the MLP
+ * hidden and the expert hidden split over tp; 1, 0 for none). NULL with err
+ * on failure or when a split dimension is not divisible by tp. */
+struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, char *err, size_t errlen);
 void model_free(struct model *m);
 const struct model_dims *model_dims(const struct model *m);
+
+/* The parameter table for dims d without allocating a model: copies up to
+ * max entries (MODEL_MAX_PARAMS is enough) into out; returns the number of
+ * parameters, or -ENOMEM. */
+int model_param_table(const struct model_dims *d, struct param_info *out, int max);
 
 /* Parameter table. */
 int model_num_params(const struct model *m);
@@ -64,8 +76,8 @@ float *model_params(struct model *m);      /* the one allocation */
 float *model_grads(struct model *m);       /* same layout */
 size_t model_numel(const struct model *m); /* floats in each */
 
-/* Deterministic init: value of element i of tensor t depends only on
- * (seed, tensor name, i), so any sharding can recompute its shard. */
+/* Deterministic init: the value of element i of the whole tensor depends
+ * only on (seed, tensor name, i), so every sharding holds the same weights. */
 void model_init(struct model *m, uint64_t seed, float std);
 
 /* Sums per-expert token counts (n ints) over every replica, in place; 0 or
@@ -78,6 +90,8 @@ struct model_step {
 	float lb_weight;         /* load-balance loss weight (MoE) */
 	double global_tokens;    /* tokens in the global batch */
 	model_counts_fn counts;  /* NULL when this is the only replica */
+	/* sums n floats over the tensor-parallel group in place (NULL: tp 1) */
+	int (*tp_allreduce)(void *ctx, float *buf, size_t n);
 	void *ctx;
 	/* results */
 	double loss_sum;         /* sum of the per-token losses of these rows */
@@ -88,7 +102,10 @@ struct model_step {
  * model_grads (zero them first). Returns 0, or the counts hook's error. */
 int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
 			   struct model_step *st);
-/* Forward only: sum of per-token cross-entropy over the first `rows` rows. */
+/* Flat index in the whole tensor of element i of this device's shard. */
+size_t param_global_index(const struct param_info *p, size_t i);
+
+/* Forward only (tp 1): sum of per-token cross-entropy over the first `rows` rows. */
 double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows);
 
 /* Per-expert token counts of the last step, [L_moe, E] (NULL if dense),

@@ -35,7 +35,7 @@ float *trainer_opt_m(struct trainer *t) { return t->nshards > 1 ? t->mfull : t->
 float *trainer_opt_v(struct trainer *t) { return t->nshards > 1 ? t->vfull : t->v; }
 const struct cfg *trainer_cfg(const struct trainer *t) { return &t->cfg; }
 
-struct trainer *trainer_new(const struct cfg *c, int rows, char *err, size_t errlen)
+struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, char *err, size_t errlen)
 {
 	struct model_dims d;
 	struct trainer *t;
@@ -57,10 +57,15 @@ struct trainer *trainer_new(const struct cfg *c, int rows, char *err, size_t err
 	t->rows = rows;
 	t->muon = !strcmp(c->opt_type, "muon");
 	t->nshards = 1;
+	if (t->muon && tp > 1) {
+		snprintf(err, errlen, "config: opt_type=muon needs whole matrices, but tensor "
+			 "parallelism splits them; use opt_type=adamw with ici/dcn_tensor_parallelism");
+		goto fail;
+	}
 	t->data = data_open(c, err, errlen);
 	if (!t->data)
 		goto fail;
-	t->model = model_new(&d, rows, err, errlen);
+	t->model = model_new(&d, rows, tp, tpr, err, errlen);
 	if (!t->model)
 		goto fail;
 	model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
@@ -211,20 +216,20 @@ int trainer_opt_gather(struct trainer *t, const struct train_comm *comm, char *e
 	return 0;
 }
 
-/* Sum of squares of the trained parameters' gradients within [s0, s1), g
- * indexed from s0. */
-static double grad_sumsq(struct trainer *t, const float *g, size_t s0, size_t s1)
+/* Sums of squares of the trained parameters' gradients within [s0, s1), g
+ * indexed from s0: ss[0] over tensors split over the tensor axis (each
+ * device holds a different part), ss[1] over replicated ones. */
+static void grad_sumsq(struct trainer *t, const float *g, size_t s0, size_t s1, double ss[2])
 {
 	struct model *m = t->model;
-	double ss = 0;
+	ss[0] = ss[1] = 0;
 	for (int i = 0; i < model_num_params(m); i++) {
 		const struct param_info *p = model_param(m, i);
 		size_t a = p->offset > s0 ? p->offset : s0;
 		size_t b = p->offset + p->numel < s1 ? p->offset + p->numel : s1;
 		if (p->opt != OPT_NONE && a < b)
-			ss += sumsq(g + (a - s0), b - a);
+			ss[p->shard_dim >= 0 ? 0 : 1] += sumsq(g + (a - s0), b - a);
 	}
-	return ss;
 }
 
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
@@ -244,10 +249,12 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		.lb_weight = (float)c->load_balance_loss_weight,
 		.global_tokens = global_tokens,
 		.counts = comm ? comm->counts : NULL,
+		.tp_allreduce = comm ? comm->tp_allreduce : NULL,
 		.ctx = comm ? comm->ctx : NULL,
 	};
 	if ((rc = model_forward_backward(m, t->inputs, t->targets, &ms))) {
-		snprintf(err, errlen, "%s", comm && comm->err ? comm->err : "train: counts reduce failed");
+		if (comm && comm->err != err)
+			snprintf(err, errlen, "%s", comm->err);
 		return rc;
 	}
 	double scal[2] = { ms.loss_sum, ms.aux };
@@ -258,7 +265,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	/* the gradient this replica applies, over [s0, s1) of the layout */
 	const float *g = model_grads(m);
 	size_t s0 = 0, s1 = n;
-	double ss;
+	double ss[2];
 	if (sharded) {
 		/* ZeRO: reduce-scatter the gradients, update the own shard, then
 		 * all-gather the parameters */
@@ -270,14 +277,18 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		s0 = t->s0;
 		s1 = t->s0 + t->shard_n < n ? t->s0 + t->shard_n : n;
 		s1 = s1 > s0 ? s1 : s0;
-		ss = grad_sumsq(t, g, s0, s1);
-		if ((rc = comm->shard_sum(comm->ctx, &ss, 1, err, errlen)))
+		grad_sumsq(t, g, s0, s1, ss);
+		if ((rc = comm->shard_sum(comm->ctx, ss, 2, err, errlen)))
 			return rc;
 	} else {
-		ss = grad_sumsq(t, g, 0, n);
+		grad_sumsq(t, g, 0, n, ss);
 	}
+	/* tensor-split gradients: every device of the tensor group holds a
+	 * different part; replicated ones are the same on all of them */
+	if (comm && comm->tp_sum && (rc = comm->tp_sum(comm->ctx, ss, 1, err, errlen)))
+		return rc;
+	double norm = sqrt(ss[0] + ss[1]);
 	/* global-norm clipping over every trained parameter */
-	double norm = sqrt(ss);
 	if (c->gradient_clipping_threshold > 0 && norm > c->gradient_clipping_threshold)
 		scale_inplace((float *)g, s1 - s0, (float)(c->gradient_clipping_threshold / norm));
 

@@ -28,6 +28,10 @@ struct train_comm {
 	int (*reduce)(void *ctx, float *grads, size_t n, double *scalars, int nscalars,
 		      char *err, size_t errlen);
 	model_counts_fn counts;
+	/* sums partial activations/gradients over the tensor-parallel group */
+	int (*tp_allreduce)(void *ctx, float *buf, size_t n);
+	/* sums n doubles over the tensor-parallel group (NULL: tp 1) */
+	int (*tp_sum)(void *ctx, double *x, int n, char *err, size_t errlen);
 	/* optimizer sharding (see trainer_set_shards): reduce-scatter full
 	 * (nshards * shard_n floats) into this replica's shard, summed over
 	 * every replica; all-gather full in place from each replica's shard;
@@ -41,8 +45,9 @@ struct train_comm {
 	size_t errlen;
 };
 
-/* rows = sequences this device computes per step. NULL with err. */
-struct trainer *trainer_new(const struct cfg *c, int rows, char *err, size_t errlen);
+/* rows = sequences this device computes per step; rank tpr of tp
+ * tensor-parallel devices (1, 0 for none). NULL with err. */
+struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, char *err, size_t errlen);
 void trainer_free(struct trainer *t);
 struct model *trainer_model(struct trainer *t);
 int trainer_rows(const struct trainer *t);

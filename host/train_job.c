@@ -27,6 +27,7 @@ struct reduce_ctx {
 	struct coll_group group;     /* every device */
 	struct coll_group shard;     /* optimizer shard group */
 	struct coll_group repl;      /* replicas of one shard */
+	struct coll_group tensor;    /* tensor-parallel group */
 	double *gathered;       /* [n, nscal] */
 	int cap;
 	int32_t *counts;        /* [n, ncounts] */
@@ -91,6 +92,39 @@ static int reduce_all(void *vctx, float *grads, size_t n, double *scal, int nsca
 	return 0;
 }
 
+static int tp_allreduce(void *vctx, float *buf, size_t n)
+{
+	struct reduce_ctx *c = vctx;
+	return coll_all_reduce(c->coll, &c->tensor, buf, n, c->err, c->errlen) ? EXIT_PEER_LOST : 0;
+}
+
+/* Sums doubles over a group exactly the same way on every member:
+ * gathered, then added in rank order. */
+static int group_sum(struct coll_dev *coll, const struct coll_group *g, double *x, int n,
+		     char *err, size_t errlen)
+{
+	double *all = malloc(sizeof(double) * (size_t)n * g->n);
+	if (!all) {
+		snprintf(err, errlen, "train: out of memory");
+		return EXIT_FAIL;
+	}
+	int rc = coll_all_gather(coll, g, all, x, sizeof(double) * n, err, errlen);
+	for (int i = 0; !rc && i < n; i++) {
+		double s = 0;
+		for (int r = 0; r < g->n; r++)
+			s += all[(size_t)r * n + i];
+		x[i] = s;
+	}
+	free(all);
+	return rc ? EXIT_PEER_LOST : 0;
+}
+
+static int tp_sum(void *vctx, double *x, int n, char *err, size_t errlen)
+{
+	struct reduce_ctx *c = vctx;
+	return c->tensor.n > 1 ? group_sum(c->coll, &c->tensor, x, n, err, errlen) : 0;
+}
+
 static int shard_reduce_scatter(void *vctx, float *shard, const float *full, size_t shard_n,
 				char *err, size_t errlen)
 {
@@ -114,32 +148,25 @@ static int shard_all_gather(void *vctx, float *full, size_t shard_n, char *err, 
 static int shard_sum(void *vctx, double *x, int n, char *err, size_t errlen)
 {
 	struct reduce_ctx *c = vctx;
-	double *all = malloc(sizeof(double) * (size_t)n * c->shard.n);
-	if (!all) {
-		snprintf(err, errlen, "train: out of memory");
-		return EXIT_FAIL;
-	}
-	int rc = coll_all_gather(c->coll, &c->shard, all, x, sizeof(double) * n, err, errlen);
-	for (int i = 0; !rc && i < n; i++) {
-		double s = 0;
-		for (int r = 0; r < c->shard.n; r++)
-			s += all[(size_t)r * n + i];
-		x[i] = s;
-	}
-	free(all);
-	return rc ? EXIT_PEER_LOST : 0;
+	return group_sum(c->coll, &c->shard, x, n, err, errlen);
 }
 
-/* The batch axes train today; every other axis must be 1. */
-static int check_mesh(const struct cfg *c, char *err, size_t errlen)
+/* The batch axes and tensor train today; every other axis must be 1. */
+static int check_mesh(const struct cfg *c, const struct run_opts *o, char *err, size_t errlen)
 {
 	for (int a = 0; a < AX_COUNT; a++) {
-		if (a == AX_DATA || a == AX_FSDP || a == AX_FSDP_T || (c->ici[a] == 1 && c->dcn[a] == 1))
+		if (a == AX_DATA || a == AX_FSDP || a == AX_FSDP_T || a == AX_TENSOR ||
+		    (c->ici[a] == 1 && c->dcn[a] == 1))
 			continue;
 		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
-			 "along it is not implemented yet; today data, fsdp and fsdp_transpose "
-			 "parallelism train",
+			 "along it is not implemented yet; today data, fsdp, fsdp_transpose and "
+			 "tensor parallelism train",
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
+		return -EINVAL;
+	}
+	if (c->ici[AX_TENSOR] * c->dcn[AX_TENSOR] > 1 && (o->ckpt_dir || o->resume)) {
+		snprintf(err, errlen, "config: checkpoints of tensor-parallel runs (tensor axis > 1) "
+			 "are not implemented yet: drop --checkpoint-dir/--resume");
 		return -EINVAL;
 	}
 	return 0;
@@ -168,19 +195,20 @@ int train_job(struct device_ctx *dev)
 	char *err = dev->err;
 	size_t errlen = sizeof(dev->err);
 	struct reduce_ctx rc = { 0 };
-	struct mesh_group *g = NULL, *gs = NULL, *gr = NULL;
+	struct mesh_group *g = NULL, *gs = NULL, *gr = NULL, *gt = NULL;
 	struct trainer *t = NULL;
 	struct run_log log = { 0 };
 	int ret = 0;
 	int64_t start = 0;
 	bool leader = dev->device_id == 0;
 
-	if (check_mesh(c, err, errlen))
+	if (check_mesh(c, o, err, errlen))
 		return EXIT_CONFIG;
 	g = malloc(sizeof(*g));
 	gs = malloc(sizeof(*gs));
 	gr = malloc(sizeof(*gr));
-	if (!g || !gs || !gr) {
+	gt = malloc(sizeof(*gt));
+	if (!g || !gs || !gr || !gt) {
 		snprintf(err, errlen, "train: out of memory");
 		ret = EXIT_FAIL;
 		goto out;
@@ -188,9 +216,13 @@ int train_job(struct device_ctx *dev)
 	uint32_t shard_axes = (1u << AX_FSDP) | (1u << AX_FSDP_T);
 	if (c->shard_optimizer_over_data)
 		shard_axes |= 1u << AX_DATA;
-	mesh_group(dev->mesh, dev->device_id, (1u << AX_COUNT) - 1, g);
+	/* the batch group: every axis but tensor (tensor ranks share rows) */
+	uint32_t batch_axes = ((1u << AX_COUNT) - 1) & ~(1u << AX_TENSOR);
+	mesh_group(dev->mesh, dev->device_id, batch_axes, g);
 	mesh_group(dev->mesh, dev->device_id, shard_axes, gs);
-	mesh_group(dev->mesh, dev->device_id, ((1u << AX_COUNT) - 1) & ~shard_axes, gr);
+	mesh_group(dev->mesh, dev->device_id, batch_axes & ~shard_axes, gr);
+	mesh_group(dev->mesh, dev->device_id, 1u << AX_TENSOR, gt);
+	rc.tensor = (struct coll_group){ .id = gt->id, .n = gt->n, .rank = gt->rank, .devs = gt->devs };
 	rc.group = (struct coll_group){ .id = g->id, .n = g->n, .rank = g->rank, .devs = g->devs };
 	rc.shard = (struct coll_group){ .id = gs->id, .n = gs->n, .rank = gs->rank, .devs = gs->devs };
 	rc.repl = (struct coll_group){ .id = gr->id, .n = gr->n, .rank = gr->rank, .devs = gr->devs };
@@ -201,8 +233,11 @@ int train_job(struct device_ctx *dev)
 		ret = EXIT_FAIL;
 		goto out;
 	}
-	int B = (int)c->per_device_batch_size, global_rows = B * g->n;
-	t = trainer_new(c, B, err, errlen);
+	/* global batch = per_device_batch_size x every device (as in MaxText),
+	 * split over the batch group */
+	int global_rows = (int)c->per_device_batch_size * dev->mesh->num_devices;
+	int B = global_rows / g->n;
+	t = trainer_new(c, B, gt->n, gt->rank, err, errlen);
 	if (!t) {
 		ret = strncmp(err, "config", 6) ? EXIT_INPUT : EXIT_CONFIG;
 		goto out;
@@ -219,12 +254,14 @@ int train_job(struct device_ctx *dev)
 	if ((ret = broadcast_state(t, &rc, &start, err, errlen)))
 		goto out;
 	trainer_opt_take_shard(t);
-	if (leader && (ret = run_log_open(&log, o, c, model_dims(trainer_model(t)), g->n, err, errlen)))
+	if (leader && (ret = run_log_open(&log, o, c, model_dims(trainer_model(t)), dev->mesh->num_devices,
+					  err, errlen)))
 		goto out;
 
 	rc.err = err;
 	rc.errlen = errlen;
 	struct train_comm comm = { .reduce = reduce_all, .counts = reduce_counts,
+				   .tp_allreduce = tp_allreduce, .tp_sum = tp_sum,
 				   .shard_reduce_scatter = shard_reduce_scatter,
 				   .shard_all_gather = shard_all_gather, .shard_sum = shard_sum,
 				   .ctx = &rc, .err = err, .errlen = errlen };
@@ -272,5 +309,6 @@ out:
 	free(g);
 	free(gs);
 	free(gr);
+	free(gt);
 	return ret;
 }

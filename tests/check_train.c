@@ -142,6 +142,27 @@ START_TEST(test_dcn_fsdp_equals_single)
 	equivalence("configs/deepseek-tiny.yml", 2, 2, "dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2");
 }
 END_TEST
+START_TEST(test_tp_equals_single)
+{
+	equivalence("configs/llama-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_tensor_parallelism=2");
+}
+END_TEST
+START_TEST(test_tp_moe_equals_single)
+{
+	equivalence("configs/deepseek-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_tensor_parallelism=2");
+}
+END_TEST
+START_TEST(test_fsdp_tp_equals_single)
+{
+	equivalence("configs/llama-tiny.yml", 1, 4,
+		    "ici_data_parallelism=1 ici_fsdp_parallelism=2 ici_tensor_parallelism=2");
+}
+END_TEST
+START_TEST(test_dcn_data_tp_equals_single)
+{
+	equivalence("configs/deepseek-tiny.yml", 2, 2, "ici_data_parallelism=1 ici_tensor_parallelism=2");
+}
+END_TEST
 START_TEST(test_fsdp_with_data_equals_single)
 {
 	equivalence("configs/llama-tiny.yml", 2, 2, "ici_fsdp_parallelism=2");
@@ -204,10 +225,21 @@ END_TEST
 START_TEST(test_unsupported_axis_refused)
 {
 	int rc = run("local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
-		     "ici_data_parallelism=1 ici_tensor_parallelism=2 steps=2");
+		     "ici_data_parallelism=1 ici_expert_parallelism=2 steps=2");
 	char *log = slurp("log");
 	ck_assert_msg(rc == 3, "exit %d: %s", rc, log);
-	ck_assert_msg(strstr(log, "'tensor' mesh axis") && strstr(log, "not implemented"), "%s", log);
+	ck_assert_msg(strstr(log, "'expert' mesh axis") && strstr(log, "not implemented"), "%s", log);
+	free(log);
+	rc = run("local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
+		 "ici_data_parallelism=1 ici_tensor_parallelism=2 opt_type=muon steps=2");
+	log = slurp("log");
+	ck_assert_msg(rc == 3 && strstr(log, "muon") && strstr(log, "tensor"), "exit %d: %s", rc, log);
+	free(log);
+	rc = run("local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
+		 "ici_data_parallelism=1 ici_tensor_parallelism=2 base_num_kv_heads=1 steps=2");
+	log = slurp("log");
+	ck_assert_msg(rc == 3 && strstr(log, "'base_num_kv_heads' (1)") && strstr(log, "tensor"),
+		      "exit %d: %s", rc, log);
 	free(log);
 	rc = run("train --config configs/llama-tiny.yml dataset_path=/nonexistent/text steps=1");
 	log = slurp("log");
@@ -228,6 +260,10 @@ int main(void)
 	tcase_add_test(tc, test_fsdp_equals_single);
 	tcase_add_test(tc, test_dcn_fsdp_equals_single);
 	tcase_add_test(tc, test_fsdp_with_data_equals_single);
+	tcase_add_test(tc, test_tp_equals_single);
+	tcase_add_test(tc, test_tp_moe_equals_single);
+	tcase_add_test(tc, test_fsdp_tp_equals_single);
+	tcase_add_test(tc, test_dcn_data_tp_equals_single);
 	tcase_add_test(tc, test_dp_resume_and_eval);
 	tcase_add_test(tc, test_fsdp_resume_and_eval);
 	tcase_add_test(tc, test_unsupported_axis_refused);
