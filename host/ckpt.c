@@ -193,7 +193,7 @@ fail:
 
 int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen)
 {
-	struct model *m = trainer_model(t);
+	struct model *m = trainer_ckpt_model(t);
 	struct hf_list h;
 	char path[4096], stepbuf[32];
 	int rc;
@@ -205,15 +205,15 @@ int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *er
 	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, next_step);
 	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, NULL };
 
-	if ((rc = hf_tensors(m, model_params(m), "", &h)))
+	if ((rc = hf_tensors(m, trainer_ckpt_params(t), "", &h)))
 		goto out_free;
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 	if ((rc = st_write(path, h.t, h.n, meta, err, errlen)))
 		goto out_free;
 
 	h.n = 0;
-	if ((rc = hf_tensors(m, trainer_opt_m(t), "m.", &h)) ||
-	    (rc = hf_tensors(m, trainer_opt_v(t), "v.", &h)))
+	if ((rc = hf_tensors(m, trainer_ckpt_m(t), "m.", &h)) ||
+	    (rc = hf_tensors(m, trainer_ckpt_v(t), "v.", &h)))
 		goto out_free;
 	snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
 	if ((rc = st_write(path, h.t, h.n, meta, err, errlen)))
@@ -296,7 +296,7 @@ static int load_one(const char *path, const struct hf_list *h, int64_t *step, ch
 
 int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen)
 {
-	struct model *m = trainer_model(t);
+	struct model *m = trainer_ckpt_model(t);
 	struct hf_list h;
 	char path[4096];
 	int64_t s1 = -1, s2 = -1;
@@ -306,15 +306,15 @@ int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *e
 		snprintf(err, errlen, "checkpoint: out of memory");
 		return -ENOMEM;
 	}
-	if ((rc = hf_tensors(m, model_params(m), "", &h)))
+	if ((rc = hf_tensors(m, trainer_ckpt_params(t), "", &h)))
 		goto out;
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 	if ((rc = load_one(path, &h, &s1, err, errlen)))
 		goto out;
 	if (next_step) {
 		h.n = 0;
-		if ((rc = hf_tensors(m, trainer_opt_m(t), "m.", &h)) ||
-		    (rc = hf_tensors(m, trainer_opt_v(t), "v.", &h)))
+		if ((rc = hf_tensors(m, trainer_ckpt_m(t), "m.", &h)) ||
+		    (rc = hf_tensors(m, trainer_ckpt_v(t), "v.", &h)))
 			goto out;
 		snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
 		if ((rc = load_one(path, &h, &s2, err, errlen)))

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/cli.h"
 #include "host/data.h"
 #include "kernels/kernels.h"
 
@@ -26,6 +27,11 @@ struct trainer {
 	float *pad;              /* [nshards * shard_n]: gradients in, parameters out */
 	float *gshard;           /* reduced gradient shard */
 	float *mfull, *vfull;    /* whole optimizer state, for checkpoints */
+	/* tensor parallelism: the whole model's table and buffers, filled
+	 * for checkpoints by trainer_tp_gather (tp > 1 only) */
+	int tp, tpr;
+	struct model *gmodel;
+	float *gp, *gm, *gv;
 };
 
 struct model *trainer_model(struct trainer *t) { return t->model; }
@@ -57,6 +63,8 @@ struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, char
 	t->rows = rows;
 	t->muon = !strcmp(c->opt_type, "muon");
 	t->nshards = 1;
+	t->tp = tp > 1 ? tp : 1;
+	t->tpr = tp > 1 ? tpr : 0;
 	if (t->muon && tp > 1) {
 		snprintf(err, errlen, "config: opt_type=muon needs whole matrices, but tensor "
 			 "parallelism splits them; use opt_type=adamw with ici/dcn_tensor_parallelism");
@@ -111,6 +119,10 @@ void trainer_free(struct trainer *t)
 	free(t->gshard);
 	free(t->mfull);
 	free(t->vfull);
+	model_free(t->gmodel);
+	free(t->gp);
+	free(t->gm);
+	free(t->gv);
 	free(t);
 }
 
@@ -194,6 +206,99 @@ int trainer_set_shards(struct trainer *t, int nshards, int rank, char *err, size
 }
 
 size_t trainer_shard_len(const struct trainer *t) { return t->shard_n; }
+
+/* ---- tensor-parallel checkpoints ---- */
+
+struct model *trainer_ckpt_model(struct trainer *t) { return t->tp > 1 ? t->gmodel : t->model; }
+float *trainer_ckpt_params(struct trainer *t) { return t->tp > 1 ? t->gp : model_params(t->model); }
+float *trainer_ckpt_m(struct trainer *t) { return t->tp > 1 ? t->gm : trainer_opt_m(t); }
+float *trainer_ckpt_v(struct trainer *t) { return t->tp > 1 ? t->gv : trainer_opt_v(t); }
+
+/* The whole model's table (a tp=1 model of one sequence) and buffers. */
+static int global_view(struct trainer *t, char *err, size_t errlen)
+{
+	if (t->gmodel)
+		return 0;
+	struct model_dims d = *model_dims(t->model);
+	d.T = 1;
+	t->gmodel = model_new(&d, 1, 1, 0, err, errlen);
+	if (!t->gmodel)
+		return -ENOMEM;
+	size_t n = model_numel(t->gmodel);
+	t->gp = calloc(n, sizeof(float));
+	t->gm = calloc(n, sizeof(float));
+	t->gv = calloc(n, sizeof(float));
+	if (!t->gp || !t->gm || !t->gv) {
+		snprintf(err, errlen, "train: out of memory");
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+/* Copies between this device's shard layout (local) and the whole layout
+ * (global) for one shard index r; to_global picks the direction. */
+static void tp_copy(struct trainer *t, int r, float *local, float *global, bool to_global)
+{
+	for (int i = 0; i < model_num_params(t->model); i++) {
+		struct param_info p = *model_param(t->model, i);
+		const struct param_info *gpi = model_param_by_name(t->gmodel, p.name);
+		if (p.shard_dim >= 0)
+			p.shard_idx = r;
+		else if (r != t->tpr && to_global)
+			continue; /* replicated: one copy is enough */
+		for (size_t k = 0; k < p.numel; k++) {
+			size_t gk = gpi->offset + param_global_index(&p, k);
+			if (to_global)
+				global[gk] = local[p.offset + k];
+			else
+				local[p.offset + k] = global[gk];
+		}
+	}
+}
+
+int trainer_tp_gather(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen)
+{
+	int rc;
+	if (t->tp <= 1)
+		return 0;
+	if ((rc = global_view(t, err, errlen)))
+		return EXIT_FAIL;
+	size_t n = model_numel(t->model);
+	float *all = malloc(sizeof(float) * n * (size_t)t->tp);
+	if (!all) {
+		snprintf(err, errlen, "train: out of memory");
+		return EXIT_FAIL;
+	}
+	float *src[3] = { model_params(t->model), trainer_opt_m(t), trainer_opt_v(t) };
+	float *dst[3] = { t->gp, t->gm, t->gv };
+	for (int b = 0; b < 3; b++) {
+		if ((rc = comm->tp_all_gather(comm->ctx, all, src[b], n, err, errlen)))
+			break;
+		for (int r = 0; r < t->tp; r++)
+			tp_copy(t, r, all + (size_t)r * n, dst[b], true);
+	}
+	free(all);
+	return rc;
+}
+
+int trainer_tp_prepare_load(struct trainer *t, char *err, size_t errlen)
+{
+	return t->tp > 1 && global_view(t, err, errlen) ? EXIT_FAIL : 0;
+}
+
+size_t trainer_ckpt_numel(struct trainer *t)
+{
+	return model_numel(trainer_ckpt_model(t));
+}
+
+void trainer_tp_scatter(struct trainer *t)
+{
+	if (t->tp <= 1)
+		return;
+	tp_copy(t, t->tpr, model_params(t->model), t->gp, false);
+	tp_copy(t, t->tpr, trainer_opt_m(t), t->gm, false);
+	tp_copy(t, t->tpr, trainer_opt_v(t), t->gv, false);
+}
 
 void trainer_opt_take_shard(struct trainer *t)
 {

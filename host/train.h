@@ -32,6 +32,8 @@ struct train_comm {
 	int (*tp_allreduce)(void *ctx, float *buf, size_t n);
 	/* sums n doubles over the tensor-parallel group (NULL: tp 1) */
 	int (*tp_sum)(void *ctx, double *x, int n, char *err, size_t errlen);
+	/* all = every tensor-group member's n floats, in rank order */
+	int (*tp_all_gather)(void *ctx, float *all, const float *mine, size_t n, char *err, size_t errlen);
 	/* optimizer sharding (see trainer_set_shards): reduce-scatter full
 	 * (nshards * shard_n floats) into this replica's shard, summed over
 	 * every replica; all-gather full in place from each replica's shard;
@@ -72,6 +74,21 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen);
 /* Loads params and optimizer state; *next_step = the step to run next. */
 int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen);
+
+/* Tensor parallelism: checkpoints hold whole tensors. trainer_tp_gather
+ * (collective over the tensor group) fills the whole-model buffers from every
+ * device's shard; trainer_tp_prepare_load makes them before a load, and
+ * trainer_tp_scatter takes this device's shard from them. The checkpoint
+ * code reads and writes trainer_ckpt_*: the whole-model buffers when tp > 1,
+ * else the trainer's own. */
+int trainer_tp_gather(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen);
+int trainer_tp_prepare_load(struct trainer *t, char *err, size_t errlen);
+void trainer_tp_scatter(struct trainer *t);
+struct model *trainer_ckpt_model(struct trainer *t);
+float *trainer_ckpt_params(struct trainer *t);
+float *trainer_ckpt_m(struct trainer *t);
+float *trainer_ckpt_v(struct trainer *t);
+size_t trainer_ckpt_numel(struct trainer *t);
 
 /* Optimizer state in the parameters' layout, for the checkpoint code (when
  * sharded: the whole-state buffers filled by trainer_opt_gather). */

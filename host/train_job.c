@@ -164,26 +164,33 @@ static int check_mesh(const struct cfg *c, const struct run_opts *o, char *err, 
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
 		return -EINVAL;
 	}
-	if (c->ici[AX_TENSOR] * c->dcn[AX_TENSOR] > 1 && (o->ckpt_dir || o->resume)) {
-		snprintf(err, errlen, "config: checkpoints of tensor-parallel runs (tensor axis > 1) "
-			 "are not implemented yet: drop --checkpoint-dir/--resume");
-		return -EINVAL;
-	}
+	(void)o;
 	return 0;
 }
 
-static int broadcast_state(struct trainer *t, struct reduce_ctx *rc, int64_t *start,
-			   char *err, size_t errlen)
+/* Resume: device 0 loaded the checkpoint (whole tensors); every device
+ * takes it, then its own shards. */
+static int broadcast_state(struct trainer *t, struct reduce_ctx *rc, const struct coll_group *all,
+			   int64_t *start, char *err, size_t errlen)
 {
-	struct model *m = trainer_model(t);
-	size_t n = model_numel(m);
+	size_t n = trainer_ckpt_numel(t);
 	int64_t s = *start;
-	if (coll_broadcast(rc->coll, &rc->group, model_params(m), n * sizeof(float), 0, err, errlen) ||
-	    coll_broadcast(rc->coll, &rc->group, trainer_opt_m(t), n * sizeof(float), 0, err, errlen) ||
-	    coll_broadcast(rc->coll, &rc->group, trainer_opt_v(t), n * sizeof(float), 0, err, errlen) ||
-	    coll_broadcast(rc->coll, &rc->group, &s, sizeof(s), 0, err, errlen))
+	if (coll_broadcast(rc->coll, all, trainer_ckpt_params(t), n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(rc->coll, all, trainer_ckpt_m(t), n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(rc->coll, all, trainer_ckpt_v(t), n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(rc->coll, all, &s, sizeof(s), 0, err, errlen))
 		return EXIT_PEER_LOST;
 	*start = s;
+	trainer_tp_scatter(t);
+	trainer_opt_take_shard(t);
+	return 0;
+}
+
+static int tp_all_gather(void *vctx, float *all, const float *mine, size_t n, char *err, size_t errlen)
+{
+	struct reduce_ctx *c = vctx;
+	if (coll_all_gather(c->coll, &c->tensor, all, mine, n * sizeof(float), err, errlen))
+		return EXIT_PEER_LOST;
 	return 0;
 }
 
@@ -195,7 +202,7 @@ int train_job(struct device_ctx *dev)
 	char *err = dev->err;
 	size_t errlen = sizeof(dev->err);
 	struct reduce_ctx rc = { 0 };
-	struct mesh_group *g = NULL, *gs = NULL, *gr = NULL, *gt = NULL;
+	struct mesh_group *g = NULL, *gs = NULL, *gr = NULL, *gt = NULL, *ga = NULL;
 	struct trainer *t = NULL;
 	struct run_log log = { 0 };
 	int ret = 0;
@@ -208,7 +215,8 @@ int train_job(struct device_ctx *dev)
 	gs = malloc(sizeof(*gs));
 	gr = malloc(sizeof(*gr));
 	gt = malloc(sizeof(*gt));
-	if (!g || !gs || !gr || !gt) {
+	ga = malloc(sizeof(*ga));
+	if (!g || !gs || !gr || !gt || !ga) {
 		snprintf(err, errlen, "train: out of memory");
 		ret = EXIT_FAIL;
 		goto out;
@@ -222,6 +230,8 @@ int train_job(struct device_ctx *dev)
 	mesh_group(dev->mesh, dev->device_id, shard_axes, gs);
 	mesh_group(dev->mesh, dev->device_id, batch_axes & ~shard_axes, gr);
 	mesh_group(dev->mesh, dev->device_id, 1u << AX_TENSOR, gt);
+	mesh_group(dev->mesh, dev->device_id, (1u << AX_COUNT) - 1, ga);
+	struct coll_group all = { .id = ga->id, .n = ga->n, .rank = ga->rank, .devs = ga->devs };
 	rc.tensor = (struct coll_group){ .id = gt->id, .n = gt->n, .rank = gt->rank, .devs = gt->devs };
 	rc.group = (struct coll_group){ .id = g->id, .n = g->n, .rank = g->rank, .devs = g->devs };
 	rc.shard = (struct coll_group){ .id = gs->id, .n = gs->n, .rank = gs->rank, .devs = gs->devs };
@@ -246,14 +256,20 @@ int train_job(struct device_ctx *dev)
 		ret = strncmp(err, "config", 6) ? EXIT_FAIL : EXIT_CONFIG;
 		goto out;
 	}
-	/* every replica starts from the same state: device 0's */
-	if (o->resume && leader && trainer_load(t, o->ckpt_dir, &start, err, errlen)) {
-		ret = EXIT_INPUT;
-		goto out;
+	/* every device starts from the same weights (init is a function of each
+	 * element's global index); on resume, from device 0's checkpoint */
+	if (o->resume) {
+		if (trainer_tp_prepare_load(t, err, errlen)) {
+			ret = EXIT_FAIL;
+			goto out;
+		}
+		if (leader && trainer_load(t, o->ckpt_dir, &start, err, errlen)) {
+			ret = EXIT_INPUT;
+			goto out;
+		}
+		if ((ret = broadcast_state(t, &rc, &all, &start, err, errlen)))
+			goto out;
 	}
-	if ((ret = broadcast_state(t, &rc, &start, err, errlen)))
-		goto out;
-	trainer_opt_take_shard(t);
 	if (leader && (ret = run_log_open(&log, o, c, model_dims(trainer_model(t)), dev->mesh->num_devices,
 					  err, errlen)))
 		goto out;
@@ -262,6 +278,7 @@ int train_job(struct device_ctx *dev)
 	rc.errlen = errlen;
 	struct train_comm comm = { .reduce = reduce_all, .counts = reduce_counts,
 				   .tp_allreduce = tp_allreduce, .tp_sum = tp_sum,
+				   .tp_all_gather = tp_all_gather,
 				   .shard_reduce_scatter = shard_reduce_scatter,
 				   .shard_all_gather = shard_all_gather, .shard_sum = shard_sum,
 				   .ctx = &rc, .err = err, .errlen = errlen };
@@ -281,7 +298,8 @@ int train_job(struct device_ctx *dev)
 		}
 		bool last = s == c->steps - 1;
 		bool save = o->ckpt_dir && ((c->checkpoint_period > 0 && (s + 1) % c->checkpoint_period == 0) || last);
-		if (save && (ret = trainer_opt_gather(t, &comm, err, errlen)))
+		if (save && ((ret = trainer_opt_gather(t, &comm, err, errlen)) ||
+			     (ret = trainer_tp_gather(t, &comm, err, errlen))))
 			goto out;
 		if (!leader)
 			continue;
@@ -310,5 +328,6 @@ out:
 	free(gs);
 	free(gr);
 	free(gt);
+	free(ga);
 	return ret;
 }

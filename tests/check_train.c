@@ -169,7 +169,22 @@ START_TEST(test_fsdp_with_data_equals_single)
 }
 END_TEST
 
-static void resume_and_eval(const char *mesh)
+static double eval_loss(const char *ckpt)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "eval --checkpoint %s/%s --text /usr/share/common-licenses/GPL-3",
+		 tmpdir, ckpt);
+	show_log_on_failure(run(args), 0);
+	char *log = slurp("log");
+	char *p = strstr(log, "eval_loss: ");
+	ck_assert_msg(p, "%s", log);
+	double ev = strtod(p + 11, NULL);
+	free(log);
+	return ev;
+}
+
+/* mesh: the local flags; ndev devices in all (global batch 8 x ndev) */
+static void resume_and_eval(const char *mesh, int ndev)
 {
 	char args[1024];
 	double straight[8], part[8], rest[8];
@@ -197,28 +212,34 @@ static void resume_and_eval(const char *mesh)
 		ck_assert_msg(rest[s] == straight[4 + s], "resumed step %d: %a vs %a", 4 + s, rest[s],
 			      straight[4 + s]);
 
-	/* the multi-host checkpoint is a plain single-device checkpoint */
-	snprintf(args, sizeof(args), "eval --checkpoint %s/ckpt --text /usr/share/common-licenses/GPL-3",
-		 tmpdir);
+	/* the multi-host checkpoint is a plain single-device checkpoint: it
+	 * evaluates like the checkpoint of the same training on one device */
+	snprintf(args, sizeof(args), "train --config configs/llama-tiny.yml steps=8 "
+		 "learning_rate_schedule_steps=8 per_device_batch_size=%d --checkpoint-dir %s/one",
+		 8 * ndev, tmpdir);
 	show_log_on_failure(run(args), 0);
-	char *log = slurp("log");
-	char *p = strstr(log, "eval_loss: ");
-	ck_assert_msg(p, "%s", log);
-	double ev = strtod(p + 11, NULL);
-	/* a trained model: below uniform, near the last training loss */
+	double ev = eval_loss("ckpt"), ev1 = eval_loss("one");
+	fprintf(stderr, "%s: eval of the multi-host checkpoint %.6f, one device %.6f\n", mesh, ev, ev1);
 	ck_assert_msg(ev < 4.5 && ev > 1.0, "eval_loss %g", ev);
-	free(log);
+	ck_assert_msg(fabs(ev - ev1) < 1e-4 * ev1, "eval %.8f vs one device %.8f", ev, ev1);
 	char path[256];
 	snprintf(path, sizeof(path), "%s/ckpt/config.json", tmpdir);
 	ck_assert(access(path, R_OK) == 0);
 }
 
-START_TEST(test_dp_resume_and_eval) { resume_and_eval("--hosts 2"); }
+START_TEST(test_dp_resume_and_eval) { resume_and_eval("--hosts 2", 2); }
 END_TEST
 /* optimizer state sharded over fsdp: gathered for the checkpoint, scattered on resume */
 START_TEST(test_fsdp_resume_and_eval)
 {
-	resume_and_eval("--hosts 2 --devices-per-host 2 ici_fsdp_parallelism=2 shard_optimizer_over_data=true");
+	resume_and_eval("--hosts 2 --devices-per-host 2 ici_fsdp_parallelism=2 shard_optimizer_over_data=true", 4);
+}
+END_TEST
+/* whole tensors gathered from the tensor group for the checkpoint, split again on resume */
+START_TEST(test_tp_resume_and_eval)
+{
+	resume_and_eval("--hosts 2 --devices-per-host 2 ici_data_parallelism=1 ici_tensor_parallelism=2 "
+			"shard_optimizer_over_data=true", 4);
 }
 END_TEST
 
@@ -266,6 +287,7 @@ int main(void)
 	tcase_add_test(tc, test_dcn_data_tp_equals_single);
 	tcase_add_test(tc, test_dp_resume_and_eval);
 	tcase_add_test(tc, test_fsdp_resume_and_eval);
+	tcase_add_test(tc, test_tp_resume_and_eval);
 	tcase_add_test(tc, test_unsupported_axis_refused);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
