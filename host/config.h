@@ -55,6 +55,19 @@ struct cfg_list {
 	X(INT, dcn_tensor_parallelism, "1", 1, "") \
 	X(INT, dcn_tensor_transpose_parallelism, "1", 1, "") \
 	X(INT, dcn_expert_parallelism, "1", 1, "") \
+	/* --- sharding (DESIGN §6) --- */ \
+	X(LIST, logical_axis_rules, \
+		"vocab=tensor," \
+		"embed=fsdp|fsdp_transpose|tensor_transpose|context|expert," \
+		"embed_moe=fsdp|fsdp_transpose|tensor_transpose|context," \
+		"mlp=fsdp_transpose|tensor,mlp_moe=fsdp_transpose|tensor,heads=tensor," \
+		"q_heads=tensor,kv_heads=tensor,kv=,norm=,exp=expert,layers=stage," \
+		"activation_batch=data|fsdp|fsdp_transpose|expert," \
+		"activation_length=context,activation_embed=tensor_transpose," \
+		"activation_mlp=tensor,activation_heads=tensor,activation_vocab=tensor," \
+		"activation_exp=expert,activation_stage=stage", \
+	  1, "logical=axis1|axis2|... in order; the first rule that fits a dimension wins; logical= replicates") \
+	X(STR,  custom_mesh_and_rule, "", 1, "\"\" or shard-exp-on-fsdp") \
 	/* --- model (MaxText names) --- */ \
 	X(INT,   base_emb_dim, "256", 1, "d_model") \
 	X(INT,   base_num_query_heads, "4", 1, "") \

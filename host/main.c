@@ -17,6 +17,7 @@ static const struct command commands[] = {
 	{ "eval", cmd_eval, "eval --checkpoint DIR --text FILE [key=value ...]" },
 	{ "agent", cmd_agent, "agent --config FILE --host-id I [--hosts N] [--devices-per-host D] [--listen ADDR] [--job NAME] [key=value ...]" },
 	{ "local", cmd_local, "local --hosts N [--devices-per-host D] --config FILE [key=value ...]" },
+	{ "shardings", cmd_shardings, "shardings --config FILE [--hosts N] [--devices-per-host D] [key=value ...]" },
 	{ NULL, NULL, NULL },
 };
 
