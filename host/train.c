@@ -10,6 +10,7 @@
 
 #include "host/cli.h"
 #include "host/data.h"
+#include "host/run.h"
 #include "kernels/kernels.h"
 
 struct trainer {
@@ -357,7 +358,10 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		.tp_allreduce = comm ? comm->tp_allreduce : NULL,
 		.ctx = comm ? comm->ctx : NULL,
 	};
-	if ((rc = model_forward_backward(m, t->inputs, t->targets, &ms))) {
+	st->t_fb0 = run_now();
+	rc = model_forward_backward(m, t->inputs, t->targets, &ms);
+	st->t_fb1 = run_now();
+	if (rc) {
 		if (comm && comm->err != err)
 			snprintf(err, errlen, "%s", comm->err);
 		return rc;
@@ -394,6 +398,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		return rc;
 	double norm = sqrt(ss[0] + ss[1]);
 	/* global-norm clipping over every trained parameter */
+	st->t_opt0 = run_now();
 	if (c->gradient_clipping_threshold > 0 && norm > c->gradient_clipping_threshold)
 		scale_inplace((float *)g, s1 - s0, (float)(c->gradient_clipping_threshold / norm));
 
@@ -402,6 +407,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	float lr = lr_schedule((int)step, (float)c->learning_rate, warmup, total,
 			       (float)c->cosine_learning_rate_final_fraction);
 	optimizer_update(t, step, lr, g, s0, s1);
+	st->t_opt1 = run_now();
 	if (sharded) {
 		float *P = model_params(m);
 		memcpy(t->pad + t->s0, P + s0, (s1 - s0) * sizeof(float));

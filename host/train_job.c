@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "host/cli.h"
+#include "host/trace.h"
 #include "net/coll.h"
 
 struct reduce_ctx {
@@ -34,7 +35,11 @@ struct reduce_ctx {
 	int ccap;
 	char *err;
 	size_t errlen;
+	struct trace *tr;
 };
+
+#define SPAN(c, name, call) ({ double t0_ = run_now(); int r_ = (call); \
+	trace_span((c)->tr, name, "comm", t0_, run_now()); r_; })
 
 /* MoE expert counts between forward and backward: gathered and summed in
  * rank order (exact integers). */
@@ -50,7 +55,8 @@ static int reduce_counts(void *vctx, int32_t *counts, int n)
 		}
 		c->ccap = n;
 	}
-	if (coll_all_gather(c->coll, &c->group, c->counts, counts, sizeof(int32_t) * n, c->err, c->errlen))
+	if (SPAN(c, "moe counts", coll_all_gather(c->coll, &c->group, c->counts, counts,
+						  sizeof(int32_t) * n, c->err, c->errlen)))
 		return EXIT_PEER_LOST;
 	for (int i = 0; i < n; i++) {
 		int32_t s = 0;
@@ -68,7 +74,7 @@ static int reduce_all(void *vctx, float *grads, size_t n, double *scal, int nsca
 		      char *err, size_t errlen)
 {
 	struct reduce_ctx *c = vctx;
-	int rc = n ? coll_all_reduce(c->coll, &c->group, grads, n, err, errlen) : 0;
+	int rc = n ? SPAN(c, "all_reduce grads", coll_all_reduce(c->coll, &c->group, grads, n, err, errlen)) : 0;
 	if (rc)
 		return EXIT_PEER_LOST;
 	if (nscal > c->cap) {
@@ -95,7 +101,8 @@ static int reduce_all(void *vctx, float *grads, size_t n, double *scal, int nsca
 static int tp_allreduce(void *vctx, float *buf, size_t n)
 {
 	struct reduce_ctx *c = vctx;
-	return coll_all_reduce(c->coll, &c->tensor, buf, n, c->err, c->errlen) ? EXIT_PEER_LOST : 0;
+	return SPAN(c, "tp all_reduce", coll_all_reduce(c->coll, &c->tensor, buf, n, c->err, c->errlen))
+	       ? EXIT_PEER_LOST : 0;
 }
 
 /* Sums doubles over a group exactly the same way on every member:
@@ -129,9 +136,11 @@ static int shard_reduce_scatter(void *vctx, float *shard, const float *full, siz
 				char *err, size_t errlen)
 {
 	struct reduce_ctx *c = vctx;
-	if (coll_reduce_scatter(c->coll, &c->shard, shard, full, shard_n, err, errlen))
+	if (SPAN(c, "reduce_scatter grads", coll_reduce_scatter(c->coll, &c->shard, shard, full, shard_n,
+								err, errlen)))
 		return EXIT_PEER_LOST;
-	if (c->repl.n > 1 && coll_all_reduce(c->coll, &c->repl, shard, shard_n, err, errlen))
+	if (c->repl.n > 1 && SPAN(c, "all_reduce shard", coll_all_reduce(c->coll, &c->repl, shard,
+									 shard_n, err, errlen)))
 		return EXIT_PEER_LOST;
 	return 0;
 }
@@ -139,8 +148,9 @@ static int shard_reduce_scatter(void *vctx, float *shard, const float *full, siz
 static int shard_all_gather(void *vctx, float *full, size_t shard_n, char *err, size_t errlen)
 {
 	struct reduce_ctx *c = vctx;
-	if (coll_all_gather(c->coll, &c->shard, full, full + shard_n * (size_t)c->shard.rank,
-			    shard_n * sizeof(float), err, errlen))
+	if (SPAN(c, "all_gather params", coll_all_gather(c->coll, &c->shard, full,
+							 full + shard_n * (size_t)c->shard.rank,
+							 shard_n * sizeof(float), err, errlen)))
 		return EXIT_PEER_LOST;
 	return 0;
 }
@@ -192,6 +202,35 @@ static int tp_all_gather(void *vctx, float *all, const float *mine, size_t n, ch
 	if (coll_all_gather(c->coll, &c->tensor, all, mine, n * sizeof(float), err, errlen))
 		return EXIT_PEER_LOST;
 	return 0;
+}
+
+/* Gathers every device's spans to device 0, which writes the file. */
+static int write_trace(struct device_ctx *dev, struct reduce_ctx *rc, const struct coll_group *all,
+		       const char *path, char *err, size_t errlen)
+{
+	int n = all->n, ret = 0;
+	bool leader = dev->device_id == 0;
+	int *counts = calloc((size_t)n, sizeof(int)), *host_of = calloc((size_t)n, sizeof(int));
+	struct trace_event *ev = malloc(sizeof(*ev) * TRACE_MAX_EVENTS * (size_t)n);
+	if (!counts || !host_of || !ev) {
+		snprintf(err, errlen, "train: out of memory for the trace");
+		ret = EXIT_FAIL;
+		goto out;
+	}
+	if (coll_all_gather(rc->coll, all, counts, &rc->tr->n, sizeof(int), err, errlen) ||
+	    coll_all_gather(rc->coll, all, ev, rc->tr->ev, sizeof(*ev) * TRACE_MAX_EVENTS, err, errlen)) {
+		ret = EXIT_PEER_LOST;
+		goto out;
+	}
+	for (int i = 0; i < n; i++)
+		host_of[i] = mesh_host_of(dev->mesh, all->devs[i]);
+	if (leader && trace_write(path, ev, counts, host_of, n, err, errlen))
+		ret = EXIT_FAIL;
+out:
+	free(counts);
+	free(host_of);
+	free(ev);
+	return ret;
 }
 
 int train_job(struct device_ctx *dev)
@@ -282,15 +321,34 @@ int train_job(struct device_ctx *dev)
 				   .shard_reduce_scatter = shard_reduce_scatter,
 				   .shard_all_gather = shard_all_gather, .shard_sum = shard_sum,
 				   .ctx = &rc, .err = err, .errlen = errlen };
+	if (o->trace) {
+		rc.tr = malloc(sizeof(*rc.tr));
+		if (!rc.tr) {
+			snprintf(err, errlen, "train: out of memory for the trace");
+			ret = EXIT_FAIL;
+			goto out;
+		}
+		/* line the devices' clocks up on a barrier */
+		if (coll_barrier(rc.coll, &all, err, errlen)) {
+			ret = EXIT_PEER_LOST;
+			goto out;
+		}
+		trace_start(rc.tr, true);
+	}
 	uint64_t dcn0 = agent_dcn_bytes_sent(dev->agent), ici0 = xport_local_bytes(dev->xport);
 	for (int64_t s = start; s < c->steps; s++) {
 		struct step_stats st;
 		coll_set_step(rc.coll, (uint64_t)s);
+		if (rc.tr)
+			rc.tr->step = s;
 		double t0 = run_now();
 		ret = trainer_step(t, s, global_rows, g->rank * B, &comm, &st, err, errlen);
 		if (ret)
 			goto out;
 		double dt = run_now() - t0;
+		trace_span(rc.tr, "forward+backward", "compute", st.t_fb0, st.t_fb1);
+		trace_span(rc.tr, "optimizer", "compute", st.t_opt0, st.t_opt1);
+		trace_span(rc.tr, "step", "step", t0, t0 + dt);
 		if (!isfinite(st.loss)) {
 			snprintf(err, errlen, "train: loss is %g at step %" PRId64, st.loss, s);
 			ret = EXIT_FAIL;
@@ -313,8 +371,10 @@ int train_job(struct device_ctx *dev)
 			goto out;
 		}
 	}
+	if (rc.tr && (ret = write_trace(dev, &rc, &all, o->trace, err, errlen)))
+		goto out;
 	/* nobody leaves before the checkpoint is written */
-	if (coll_barrier(rc.coll, &rc.group, err, errlen))
+	if (coll_barrier(rc.coll, &all, err, errlen))
 		ret = EXIT_PEER_LOST;
 out:
 	if (leader)
@@ -329,5 +389,6 @@ out:
 	free(gr);
 	free(gt);
 	free(ga);
+	free(rc.tr);
 	return ret;
 }

@@ -2,6 +2,7 @@
  * data parallelism gives the single-device losses of the same global batch,
  * runs are bit-identical, checkpoints resume bit-identically and load into
  * the single-device eval; unsupported mesh axes are refused clearly. */
+#include <cJSON.h>
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -48,7 +49,7 @@ static char *slurp(const char *name)
 	FILE *f = fopen(path, "r");
 	if (!f)
 		return strdup("");
-	static char buf[1 << 16];
+	static char buf[1 << 20];
 	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
 	buf[n] = 0;
 	fclose(f);
@@ -243,6 +244,61 @@ START_TEST(test_tp_resume_and_eval)
 }
 END_TEST
 
+/* --trace: one Chrome trace with, per device, a span per step holding its
+ * forward+backward and communication spans */
+START_TEST(test_trace)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "local --hosts 2 --devices-per-host 2 --config configs/llama-tiny.yml "
+		 "steps=3 ici_data_parallelism=1 ici_tensor_parallelism=2 --trace %s/t.json", tmpdir);
+	show_log_on_failure(run(args), 0);
+	char *text = slurp("t.json");
+	cJSON *root = cJSON_Parse(text);
+	ck_assert_msg(root, "trace is not JSON");
+	cJSON *evs = cJSON_GetObjectItem(root, "traceEvents"), *e;
+	int steps[4] = { 0 }, fb[4] = { 0 }, comm[4] = { 0 }, inside = 0, spans = 0;
+	double st0[4][3] = { { 0 } }, st1[4][3] = { { 0 } };
+	cJSON_ArrayForEach(e, evs) {
+		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+			continue;
+		int tid = cJSON_GetObjectItem(e, "tid")->valueint;
+		int pid = cJSON_GetObjectItem(e, "pid")->valueint;
+		ck_assert(tid >= 0 && tid < 4);
+		ck_assert_int_eq(pid, tid / 2); /* host of the device */
+		const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
+		int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
+		double ts = cJSON_GetObjectItem(e, "ts")->valuedouble, dur = cJSON_GetObjectItem(e, "dur")->valuedouble;
+		ck_assert(step >= 0 && step < 3 && dur >= 0);
+		if (!strcmp(name, "step")) {
+			steps[tid]++;
+			st0[tid][step] = ts;
+			st1[tid][step] = ts + dur;
+		}
+		fb[tid] += !strcmp(name, "forward+backward");
+		comm[tid] += !strcmp(cJSON_GetObjectItem(e, "cat")->valuestring, "comm");
+	}
+	cJSON_ArrayForEach(e, evs) {
+		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X") ||
+		    !strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "step"))
+			continue;
+		int tid = cJSON_GetObjectItem(e, "tid")->valueint;
+		int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
+		double ts = cJSON_GetObjectItem(e, "ts")->valuedouble, dur = cJSON_GetObjectItem(e, "dur")->valuedouble;
+		spans++;
+		inside += ts >= st0[tid][step] - 1 && ts + dur <= st1[tid][step] + 1;
+	}
+	for (int d = 0; d < 4; d++) {
+		ck_assert_int_eq(steps[d], 3);
+		ck_assert_int_eq(fb[d], 3);
+		/* per step: 2 layers x 4 tensor all-reduces, and the gradient all-reduce */
+		ck_assert_int_eq(comm[d], 3 * (8 + 1));
+	}
+	ck_assert_int_eq(inside, spans);
+	cJSON_Delete(root);
+	free(text);
+}
+END_TEST
+
 START_TEST(test_unsupported_axis_refused)
 {
 	int rc = run("local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
@@ -289,6 +345,7 @@ int main(void)
 	tcase_add_test(tc, test_fsdp_resume_and_eval);
 	tcase_add_test(tc, test_tp_resume_and_eval);
 	tcase_add_test(tc, test_unsupported_axis_refused);
+	tcase_add_test(tc, test_trace);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

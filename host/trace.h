@@ -1,0 +1,40 @@
+/* Chrome trace-event spans (open the file in Perfetto or chrome://tracing):
+ * each device records compute and communication spans into a bounded
+ * buffer; at the end the buffers are gathered to device 0, which writes one
+ * JSON file with a process per host and a thread per device. Times are
+ * CLOCK_MONOTONIC microseconds since each device's start, taken right after
+ * a barrier, so hosts line up to within one barrier's latency. */
+#ifndef MESHRUN_TRACE_H
+#define MESHRUN_TRACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TRACE_MAX_EVENTS 16384
+
+struct trace_event {
+	char name[24];
+	char cat[8];          /* "compute" or "comm" */
+	double ts_us, dur_us;
+	int64_t step;
+};
+
+struct trace {
+	bool on;
+	double t0;
+	int n;
+	int64_t step;
+	struct trace_event ev[TRACE_MAX_EVENTS];
+};
+
+void trace_start(struct trace *t, bool on);
+/* Records [t0, t1) (run_now() seconds) as a span; drops spans past the cap;
+ * t may be NULL (not tracing). */
+void trace_span(struct trace *t, const char *name, const char *cat, double t0, double t1);
+/* Writes the gathered events of every device: ev[d * TRACE_MAX_EVENTS ...],
+ * counts[d], host_of[d]. 0 or -errno with err. */
+int trace_write(const char *path, const struct trace_event *ev, const int *counts,
+		const int *host_of, int ndev, char *err, size_t errlen);
+
+#endif
