@@ -28,12 +28,20 @@ struct layer_acts {
 	/* moe */
 	float *scores, *weights, *xs, *eg, *eu, *eh, *ey, *sg, *su, *sh;
 	int32_t *idx, *order, *offsets, *counts;
+	/* expert parallelism: rows received for this device's experts (from
+	 * each source device, by expert), their outputs, and the exchange */
+	float *xr, *yr;
+	int32_t *cnt_all;           /* [ep, E] every device's per-expert counts */
+	size_t *send_b, *recv_b;    /* [ep] bytes of rows to/from each device */
 };
 
 struct model {
 	struct model_dims d;        /* the whole model */
 	struct model_dims l;        /* this device's part (tensor parallelism) */
 	int tp, tpr;
+	int ep, epr, El;            /* expert parallelism: El of E experts here */
+	int mp, mpr;                /* the one model-parallel split: tp or ep */
+	size_t rmax;                /* rows an expert device may receive */
 	struct model_step *st;      /* hooks of the step in progress */
 	int hook_rc;
 	int B, N;
@@ -50,7 +58,7 @@ struct model {
 	float *cos_t, *sin_t;
 	/* backward scratch */
 	float *dresid, *dln, *dbig1, *dbig2, *dbig3, *dq, *dk, *dv, *dqr, *dkr, *datty,
-	      *att_scratch, *dlogits, *dscores, *dweights, *dxs, *dey, *dlogits_r;
+	      *att_scratch, *dlogits, *dscores, *dweights, *dxs, *dey, *dlogits_r, *dxr, *dyr;
 	int32_t *counts_all;        /* [L_moe, E] */
 	void *act_mem;
 	size_t act_bytes;
@@ -130,9 +138,9 @@ static void add_param(struct model *m, int id, const char *name, enum param_opt 
 	size_t n = 1;
 	snprintf(p->name, sizeof(p->name), "%s", name);
 	p->ndim = ndim;
-	p->shard_dim = m->tp > 1 ? shard_dim : -1;
-	p->nshard = p->shard_dim >= 0 ? m->tp : 1;
-	p->shard_idx = p->shard_dim >= 0 ? m->tpr : 0;
+	p->shard_dim = m->mp > 1 ? shard_dim : -1;
+	p->nshard = p->shard_dim >= 0 ? m->mp : 1;
+	p->shard_idx = p->shard_dim >= 0 ? m->mpr : 0;
 	for (int i = 0; i < ndim; i++) {
 		p->shape[i] = shape[i];
 		p->global_shape[i] = shape[i] * (i == p->shard_dim ? p->nshard : 1);
@@ -161,6 +169,9 @@ static void add_param(struct model *m, int id, const char *name, enum param_opt 
 #define PARAM(id, name, opt, decay, shape, axes, sd) \
 	add_param(m, id, name, opt, decay, (int)(sizeof(shape) / sizeof(int)), shape, axes, sd)
 
+/* split dimension of a tensor-parallel weight: none under expert parallelism */
+#define TPD(k) (m->tp > 1 ? (k) : -1)
+
 static void build_table(struct model *m)
 {
 	const struct model_dims *d = &m->l; /* local shapes */
@@ -171,28 +182,30 @@ static void build_table(struct model *m)
 	int s_q[] = { L, QD, d->C }, s_k[] = { L, KD, d->C }, s_o[] = { L, d->C, QD };
 	int s_up[] = { Ld, d->F, d->C }, s_down[] = { Ld, d->C, d->F };
 	int s_router[] = { Lm, d->E, d->C }, s_rbias[] = { Lm, d->E };
-	int s_eup[] = { Lm, d->E, d->Fe, d->C }, s_edown[] = { Lm, d->E, d->C, d->Fe };
+	int s_eup[] = { Lm, m->El, d->Fe, d->C }, s_edown[] = { Lm, m->El, d->C, d->Fe };
+	/* expert weights split over experts (ep) or over their hidden (tp) */
+	int sd_eup = m->ep > 1 ? 1 : 2, sd_edown = m->ep > 1 ? 1 : 3;
 	int s_sup[] = { Lm, SF, d->C }, s_sdown[] = { Lm, d->C, SF };
 	int s_fnorm[] = { d->C };
 
 	PARAM(P_EMBED, "embed", OPT_ADAMW, true, s_embed, AXES("vocab", "embed"), -1);
 	PARAM(P_ATTN_NORM, "attn_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"), -1);
-	PARAM(P_WQ, "wq", OPT_MUON, true, s_q, AXES("layers", "q_heads", "embed"), 1);
-	PARAM(P_WK, "wk", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"), 1);
-	PARAM(P_WV, "wv", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"), 1);
-	PARAM(P_WO, "wo", OPT_MUON, true, s_o, AXES("layers", "embed", "q_heads"), 2);
+	PARAM(P_WQ, "wq", OPT_MUON, true, s_q, AXES("layers", "q_heads", "embed"), TPD(1));
+	PARAM(P_WK, "wk", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"), TPD(1));
+	PARAM(P_WV, "wv", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"), TPD(1));
+	PARAM(P_WO, "wo", OPT_MUON, true, s_o, AXES("layers", "embed", "q_heads"), TPD(2));
 	PARAM(P_MLP_NORM, "mlp_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"), -1);
-	PARAM(P_W_GATE, "w_gate", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"), 1);
-	PARAM(P_W_UP, "w_up", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"), 1);
-	PARAM(P_W_DOWN, "w_down", OPT_MUON, true, s_down, AXES("layers", "embed", "mlp"), 2);
+	PARAM(P_W_GATE, "w_gate", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"), TPD(1));
+	PARAM(P_W_UP, "w_up", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"), TPD(1));
+	PARAM(P_W_DOWN, "w_down", OPT_MUON, true, s_down, AXES("layers", "embed", "mlp"), TPD(2));
 	PARAM(P_ROUTER, "router", OPT_ADAMW, true, s_router, AXES("layers", "exp", "embed_moe"), -1);
 	PARAM(P_ROUTER_BIAS, "router_bias", OPT_NONE, false, s_rbias, AXES("layers", "exp"), -1);
-	PARAM(P_E_GATE, "e_gate", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"), 2);
-	PARAM(P_E_UP, "e_up", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"), 2);
-	PARAM(P_E_DOWN, "e_down", OPT_MUON, true, s_edown, AXES("layers", "exp", "embed_moe", "mlp_moe"), 3);
-	PARAM(P_S_GATE, "s_gate", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"), 1);
-	PARAM(P_S_UP, "s_up", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"), 1);
-	PARAM(P_S_DOWN, "s_down", OPT_MUON, true, s_sdown, AXES("layers", "embed", "mlp"), 2);
+	PARAM(P_E_GATE, "e_gate", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"), sd_eup);
+	PARAM(P_E_UP, "e_up", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"), sd_eup);
+	PARAM(P_E_DOWN, "e_down", OPT_MUON, true, s_edown, AXES("layers", "exp", "embed_moe", "mlp_moe"), sd_edown);
+	PARAM(P_S_GATE, "s_gate", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"), TPD(1));
+	PARAM(P_S_UP, "s_up", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"), TPD(1));
+	PARAM(P_S_DOWN, "s_down", OPT_MUON, true, s_sdown, AXES("layers", "embed", "mlp"), TPD(2));
 	PARAM(P_FINAL_NORM, "final_norm", OPT_ADAMW, false, s_fnorm, AXES("norm"), -1);
 	if (!d->tied) {
 		int s_head[] = { d->V, d->C };
@@ -253,11 +266,11 @@ static void lay_out(struct model *m, struct arena *a)
 {
 	const struct model_dims *d = &m->l;
 	size_t N = (size_t)m->N, C = d->C, QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
-	size_t NK = N * (size_t)d->K, SF = (size_t)d->S * d->Fe;
+	size_t NK = N * (size_t)d->K, SF = (size_t)d->S * d->Fe, R = m->rmax;
 	size_t att = (size_t)m->B * d->Hq * d->T * d->T;
 	size_t big = N * (size_t)d->F;
 	if (d->L_moe) {
-		big = big > NK * (size_t)d->Fe ? big : NK * (size_t)d->Fe;
+		big = big > R * (size_t)d->Fe ? big : R * (size_t)d->Fe;
 		big = big > N * SF ? big : N * SF;
 	}
 
@@ -286,10 +299,17 @@ static void lay_out(struct model *m, struct arena *a)
 			x->offsets = TAKEI(a, d->E + 1);
 			x->counts = TAKEI(a, d->E);
 			x->xs = TAKEF(a, NK * C);
-			x->eg = TAKEF(a, NK * d->Fe);
-			x->eu = TAKEF(a, NK * d->Fe);
-			x->eh = TAKEF(a, NK * d->Fe);
+			x->eg = TAKEF(a, R * d->Fe);
+			x->eu = TAKEF(a, R * d->Fe);
+			x->eh = TAKEF(a, R * d->Fe);
 			x->ey = TAKEF(a, NK * C);
+			if (m->ep > 1) {
+				x->xr = TAKEF(a, R * C);
+				x->yr = TAKEF(a, R * C);
+				x->cnt_all = TAKEI(a, (size_t)m->ep * d->E);
+				x->send_b = take(a, sizeof(size_t) * (size_t)m->ep);
+				x->recv_b = take(a, sizeof(size_t) * (size_t)m->ep);
+			}
 			if (SF) {
 				x->sg = TAKEF(a, N * SF);
 				x->su = TAKEF(a, N * SF);
@@ -323,14 +343,25 @@ static void lay_out(struct model *m, struct arena *a)
 		m->dweights = TAKEF(a, NK);
 		m->dxs = TAKEF(a, NK * C);
 		m->dey = TAKEF(a, NK * C);
+		if (m->ep > 1) {
+			m->dxr = TAKEF(a, R * C);
+			m->dyr = TAKEF(a, R * C);
+		}
 		m->counts_all = TAKEI(a, (size_t)d->L_moe * d->E);
 	}
 }
 
-struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, char *err, size_t errlen)
+struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, int ep, int epr,
+			char *err, size_t errlen)
 {
 	const char *bad = NULL;
 	int badv = 0;
+	if (ep > 1 && (tp > 1 || !d->L_moe || d->E % ep)) {
+		snprintf(err, errlen, "config: expert parallelism %d needs an MoE model whose "
+			 "'num_experts' (%d) it divides, and no tensor parallelism at the same time",
+			 ep, d->E);
+		return NULL;
+	}
 	if (tp > 1) {
 		if (d->Hq % tp)
 			bad = "base_num_query_heads", badv = d->Hq;
@@ -353,6 +384,12 @@ struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, char
 	m->l = *d;
 	m->tp = tp > 1 ? tp : 1;
 	m->tpr = tp > 1 ? tpr : 0;
+	m->ep = ep > 1 ? ep : 1;
+	m->epr = ep > 1 ? epr : 0;
+	m->El = d->E / m->ep;
+	m->mp = m->tp > 1 ? m->tp : m->ep;
+	m->mpr = m->tp > 1 ? m->tpr : m->epr;
+	m->rmax = (size_t)m->ep * (size_t)B * d->T * (size_t)(d->L_moe ? d->K : 1);
 	m->l.Hq /= m->tp;
 	m->l.Hkv /= m->tp;
 	m->l.F /= m->tp;
@@ -360,6 +397,8 @@ struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, char
 		m->l.Fe /= m->tp;
 	m->B = B;
 	m->N = B * d->T;
+	if (m->rmax == 0)
+		m->rmax = 1;
 	build_table(m);
 	m->la = calloc((size_t)d->L, sizeof(*m->la));
 	m->params = aligned_alloc(64, ((m->numel * sizeof(float)) + 63) & ~(size_t)63);
@@ -442,6 +481,15 @@ static float normal_at(uint64_t key, size_t i)
 	return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
 
+void model_expert_range(const struct model *m, size_t *first, size_t *end)
+{
+	*first = *end = 0;
+	if (m->pidx[P_E_GATE] < 0)
+		return;
+	*first = m->p[P_E_GATE].offset;
+	*end = m->p[P_E_DOWN].offset + m->p[P_E_DOWN].numel;
+}
+
 size_t param_global_index(const struct param_info *p, size_t i)
 {
 	if (p->shard_dim < 0)
@@ -486,6 +534,59 @@ static void tp_sum(struct model *m, float *buf, size_t n)
 		m->hook_rc = m->st->tp_allreduce(m->st->ctx, buf, n);
 }
 
+/* Blocks of rows one local expert processes: rows [bs, bs + bn) of the
+ * expert input (sorted by expert; with expert parallelism, by source device
+ * then expert), local expert bj. Returns the count. */
+static int expert_blocks(const struct model *m, const struct layer_acts *a, int *bs, int *bn, int *bj)
+{
+	int E = m->d.E, nb = 0, r = 0;
+	if (m->ep <= 1) {
+		for (int e = 0; e < E; e++) {
+			bs[nb] = a->offsets[e];
+			bn[nb] = a->offsets[e + 1] - a->offsets[e];
+			bj[nb++] = e;
+		}
+		return nb;
+	}
+	for (int src = 0; src < m->ep; src++)
+		for (int j = 0; j < m->El; j++) {
+			int n = a->cnt_all[src * E + m->epr * m->El + j];
+			bs[nb] = r;
+			bn[nb] = n;
+			bj[nb++] = j;
+			r += n;
+		}
+	return nb;
+}
+
+static void ep_exchange(struct model *m, void *out, const size_t *recv_b, const void *in,
+			const size_t *send_b)
+{
+	if (!m->hook_rc)
+		m->hook_rc = m->st->ep_all_to_all(m->st->ctx, out, recv_b, in, send_b);
+}
+
+/* Learns every device's per-expert counts, then sends each device the rows
+ * (sorted by expert, so contiguous) of the experts it owns. */
+static void ep_dispatch(struct model *m, struct layer_acts *a, int C)
+{
+	int E = m->d.E, El = m->El;
+	if (!m->hook_rc)
+		m->hook_rc = m->st->ep_all_gather(m->st->ctx, a->cnt_all, a->counts, E);
+	if (m->hook_rc)
+		return;
+	for (int x = 0; x < m->ep; x++) {
+		size_t sr = 0, rr = 0;
+		for (int j = 0; j < El; j++) {
+			sr += (size_t)a->counts[x * El + j];
+			rr += (size_t)a->cnt_all[x * E + m->epr * El + j];
+		}
+		a->send_b[x] = sr * (size_t)C * sizeof(float);
+		a->recv_b[x] = rr * (size_t)C * sizeof(float);
+	}
+	ep_exchange(m, a->xr, a->recv_b, a->xs, a->send_b);
+}
+
 static void layer_forward(struct model *m, int l)
 {
 	const struct model_dims *d = &m->l;
@@ -525,18 +626,30 @@ static void layer_forward(struct model *m, int l)
 			   (enum moe_score)d->moe_score, d->norm_topk, d->routed_scale);
 	moe_sort(a->order, a->offsets, a->idx, N, E, K);
 	moe_gather(a->xs, a->ln2, a->order, NK, K, C);
+	for (int e = 0; e < E; e++)
+		a->counts[e] = a->offsets[e + 1] - a->offsets[e];
+	/* expert parallelism: rows travel to the device owning their expert */
+	float *X = a->xs, *Y = a->ey;
+	if (m->ep > 1) {
+		ep_dispatch(m, a, C);
+		X = a->xr;
+		Y = a->yr;
+	}
 	float *wg = pl(m, P, P_E_GATE, lm), *wu = pl(m, P, P_E_UP, lm), *wd = pl(m, P, P_E_DOWN, lm);
-	for (int e = 0; e < E; e++) {
-		int r0 = a->offsets[e], ne = a->offsets[e + 1] - r0;
-		size_t wsz = (size_t)Fe * C;
-		a->counts[e] = ne;
+	int bs[1024], bn[1024], bj[1024], nb = m->hook_rc ? 0 : expert_blocks(m, a, bs, bn, bj);
+	size_t wsz = (size_t)Fe * C;
+	for (int b = 0; b < nb; b++) {
+		size_t rf = (size_t)bs[b] * Fe, rc = (size_t)bs[b] * C;
+		int ne = bn[b], j = bj[b];
 		if (!ne)
 			continue;
-		linear_forward(a->eg + (size_t)r0 * Fe, a->xs + (size_t)r0 * C, wg + e * wsz, ne, C, Fe);
-		linear_forward(a->eu + (size_t)r0 * Fe, a->xs + (size_t)r0 * C, wu + e * wsz, ne, C, Fe);
-		swiglu_forward(a->eh + (size_t)r0 * Fe, a->eg + (size_t)r0 * Fe, a->eu + (size_t)r0 * Fe, ne, Fe);
-		linear_forward(a->ey + (size_t)r0 * C, a->eh + (size_t)r0 * Fe, wd + e * wsz, ne, Fe, C);
+		linear_forward(a->eg + rf, X + rc, wg + j * wsz, ne, C, Fe);
+		linear_forward(a->eu + rf, X + rc, wu + j * wsz, ne, C, Fe);
+		swiglu_forward(a->eh + rf, a->eg + rf, a->eu + rf, ne, Fe);
+		linear_forward(Y + rc, a->eh + rf, wd + j * wsz, ne, Fe, C);
 	}
+	if (m->ep > 1)  /* and the outputs come back */
+		ep_exchange(m, a->ey, a->send_b, a->yr, a->recv_b);
 	memcpy(m->counts_all + (size_t)lm * E, a->counts, sizeof(int32_t) * E);
 	memset(tmp, 0, sizeof(float) * (size_t)N * C);
 	moe_combine(tmp, a->ey, a->weights, a->order, NK, K, C);
@@ -624,21 +737,33 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 		float *wg = pl(m, P, P_E_GATE, lm), *wu = pl(m, P, P_E_UP, lm), *wd = pl(m, P, P_E_DOWN, lm);
 		float *gg = pl(m, G, P_E_GATE, lm), *gu = pl(m, G, P_E_UP, lm), *gd = pl(m, G, P_E_DOWN, lm);
 		float *deh = m->dbig1, *deg = m->dbig2, *deu = m->dbig3;
-		size_t wsz = (size_t)Fe * C;
-		memset(deh, 0, sizeof(float) * (size_t)NK * Fe);
-		memset(deg, 0, sizeof(float) * (size_t)NK * Fe);
-		memset(deu, 0, sizeof(float) * (size_t)NK * Fe);
-		memset(m->dxs, 0, sizeof(float) * (size_t)NK * C);
-		for (int e = 0; e < E; e++) {
-			int r0 = a->offsets[e], ne = a->offsets[e + 1] - r0;
+		float *X = a->xs, *dY = m->dey, *dX = m->dxs;
+		size_t wsz = (size_t)Fe * C, R = m->rmax;
+		if (m->ep > 1) {
+			/* output gradients go to the experts' devices, input
+			 * gradients come back: the forward exchange reversed */
+			ep_exchange(m, m->dyr, a->recv_b, m->dey, a->send_b);
+			X = a->xr;
+			dY = m->dyr;
+			dX = m->dxr;
+		}
+		memset(deh, 0, sizeof(float) * R * Fe);
+		memset(deg, 0, sizeof(float) * R * Fe);
+		memset(deu, 0, sizeof(float) * R * Fe);
+		memset(dX, 0, sizeof(float) * (m->ep > 1 ? R : (size_t)NK) * C);
+		int bs[1024], bn[1024], bj[1024], nb = m->hook_rc ? 0 : expert_blocks(m, a, bs, bn, bj);
+		for (int b = 0; b < nb; b++) {
+			size_t rf = (size_t)bs[b] * Fe, rc = (size_t)bs[b] * C;
+			int ne = bn[b], j = bj[b];
 			if (!ne)
 				continue;
-			size_t rf = (size_t)r0 * Fe, rc = (size_t)r0 * C;
-			linear_backward(deh + rf, gd + e * wsz, m->dey + rc, a->eh + rf, wd + e * wsz, ne, Fe, C);
+			linear_backward(deh + rf, gd + j * wsz, dY + rc, a->eh + rf, wd + j * wsz, ne, Fe, C);
 			swiglu_backward(deg + rf, deu + rf, deh + rf, a->eg + rf, a->eu + rf, ne, Fe);
-			linear_backward(m->dxs + rc, gg + e * wsz, deg + rf, a->xs + rc, wg + e * wsz, ne, C, Fe);
-			linear_backward(m->dxs + rc, gu + e * wsz, deu + rf, a->xs + rc, wu + e * wsz, ne, C, Fe);
+			linear_backward(dX + rc, gg + j * wsz, deg + rf, X + rc, wg + j * wsz, ne, C, Fe);
+			linear_backward(dX + rc, gu + j * wsz, deu + rf, X + rc, wu + j * wsz, ne, C, Fe);
 		}
+		if (m->ep > 1)
+			ep_exchange(m, m->dxs, a->send_b, m->dxr, a->recv_b);
 		moe_gather_backward(dln, m->dxs, a->order, NK, K, C);
 		/* experts and shared experts gave partial sums (their hidden is
 		 * split over the tensor axis), and so did the routing weights'

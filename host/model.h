@@ -57,9 +57,12 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 
 /* Allocates parameters, gradients and activations for B sequences of T,
  * as rank tpr of tp tensor-parallel devices (Megatron: heads, the MLP
- * hidden and the expert hidden split over tp; 1, 0 for none). NULL with err
- * on failure or when a split dimension is not divisible by tp. */
-struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, char *err, size_t errlen);
+ * hidden and the expert hidden split over tp) and rank epr of ep
+ * expert-parallel devices (the routed experts split over ep; tokens travel
+ * to their expert's device and back); 1, 0 for none; not both. NULL with
+ * err on failure or when a split dimension is not divisible. */
+struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, int ep, int epr,
+			char *err, size_t errlen);
 void model_free(struct model *m);
 const struct model_dims *model_dims(const struct model *m);
 
@@ -92,6 +95,11 @@ struct model_step {
 	model_counts_fn counts;  /* NULL when this is the only replica */
 	/* sums n floats over the tensor-parallel group in place (NULL: tp 1) */
 	int (*tp_allreduce)(void *ctx, float *buf, size_t n);
+	/* expert parallelism: all = every expert-group member's n ints in rank
+	 * order; all_to_all with per-peer byte counts (net/coll.h's contract) */
+	int (*ep_all_gather)(void *ctx, int32_t *all, const int32_t *mine, int n);
+	int (*ep_all_to_all)(void *ctx, void *out, const size_t *recv_bytes, const void *in,
+			     const size_t *send_bytes);
 	void *ctx;
 	/* results */
 	double loss_sum;         /* sum of the per-token losses of these rows */
@@ -102,6 +110,11 @@ struct model_step {
  * model_grads (zero them first). Returns 0, or the counts hook's error. */
 int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
 			   struct model_step *st);
+/* [first, end) of the routed experts' weights in the flat layout (0, 0 for
+ * a dense model): under expert parallelism their gradients are summed only
+ * over devices that hold the same experts. */
+void model_expert_range(const struct model *m, size_t *first, size_t *end);
+
 /* Flat index in the whole tensor of element i of this device's shard. */
 size_t param_global_index(const struct param_info *p, size_t i);
 

@@ -28,8 +28,9 @@ struct trainer {
 	float *pad;              /* [nshards * shard_n]: gradients in, parameters out */
 	float *gshard;           /* reduced gradient shard */
 	float *mfull, *vfull;    /* whole optimizer state, for checkpoints */
-	/* tensor parallelism: the whole model's table and buffers, filled
-	 * for checkpoints by trainer_tp_gather (tp > 1 only) */
+	/* model parallelism (tensor or expert: tp holds whichever is > 1):
+	 * the whole model's table and buffers, filled for checkpoints by
+	 * trainer_tp_gather */
 	int tp, tpr;
 	struct model *gmodel;
 	float *gp, *gm, *gv;
@@ -42,7 +43,8 @@ float *trainer_opt_m(struct trainer *t) { return t->nshards > 1 ? t->mfull : t->
 float *trainer_opt_v(struct trainer *t) { return t->nshards > 1 ? t->vfull : t->v; }
 const struct cfg *trainer_cfg(const struct trainer *t) { return &t->cfg; }
 
-struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, char *err, size_t errlen)
+struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, int ep, int epr,
+			    char *err, size_t errlen)
 {
 	struct model_dims d;
 	struct trainer *t;
@@ -64,8 +66,9 @@ struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, char
 	t->rows = rows;
 	t->muon = !strcmp(c->opt_type, "muon");
 	t->nshards = 1;
-	t->tp = tp > 1 ? tp : 1;
-	t->tpr = tp > 1 ? tpr : 0;
+	/* the model-parallel split (tensor or expert) checkpoints gather over */
+	t->tp = tp > 1 ? tp : (ep > 1 ? ep : 1);
+	t->tpr = tp > 1 ? tpr : (ep > 1 ? epr : 0);
 	if (t->muon && tp > 1) {
 		snprintf(err, errlen, "config: opt_type=muon needs whole matrices, but tensor "
 			 "parallelism splits them; use opt_type=adamw with ici/dcn_tensor_parallelism");
@@ -74,7 +77,7 @@ struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, char
 	t->data = data_open(c, err, errlen);
 	if (!t->data)
 		goto fail;
-	t->model = model_new(&d, rows, tp, tpr, err, errlen);
+	t->model = model_new(&d, rows, tp, tpr, ep, epr, err, errlen);
 	if (!t->model)
 		goto fail;
 	model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
@@ -222,7 +225,7 @@ static int global_view(struct trainer *t, char *err, size_t errlen)
 		return 0;
 	struct model_dims d = *model_dims(t->model);
 	d.T = 1;
-	t->gmodel = model_new(&d, 1, 1, 0, err, errlen);
+	t->gmodel = model_new(&d, 1, 1, 0, 1, 0, err, errlen);
 	if (!t->gmodel)
 		return -ENOMEM;
 	size_t n = model_numel(t->gmodel);
@@ -356,6 +359,8 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		.global_tokens = global_tokens,
 		.counts = comm ? comm->counts : NULL,
 		.tp_allreduce = comm ? comm->tp_allreduce : NULL,
+		.ep_all_gather = comm ? comm->ep_all_gather : NULL,
+		.ep_all_to_all = comm ? comm->ep_all_to_all : NULL,
 		.ctx = comm ? comm->ctx : NULL,
 	};
 	st->t_fb0 = run_now();

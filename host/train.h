@@ -33,9 +33,13 @@ struct train_comm {
 	model_counts_fn counts;
 	/* sums partial activations/gradients over the tensor-parallel group */
 	int (*tp_allreduce)(void *ctx, float *buf, size_t n);
-	/* sums n doubles over the tensor-parallel group (NULL: tp 1) */
+	/* expert parallelism (see struct model_step) */
+	int (*ep_all_gather)(void *ctx, int32_t *all, const int32_t *mine, int n);
+	int (*ep_all_to_all)(void *ctx, void *out, const size_t *recv_bytes, const void *in,
+			     const size_t *send_bytes);
+	/* sums n doubles over the model-parallel (tensor or expert) group */
 	int (*tp_sum)(void *ctx, double *x, int n, char *err, size_t errlen);
-	/* all = every tensor-group member's n floats, in rank order */
+	/* all = every model-parallel group member's n floats, in rank order */
 	int (*tp_all_gather)(void *ctx, float *all, const float *mine, size_t n, char *err, size_t errlen);
 	/* optimizer sharding (see trainer_set_shards): reduce-scatter full
 	 * (nshards * shard_n floats) into this replica's shard, summed over
@@ -51,8 +55,10 @@ struct train_comm {
 };
 
 /* rows = sequences this device computes per step; rank tpr of tp
- * tensor-parallel devices (1, 0 for none). NULL with err. */
-struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, char *err, size_t errlen);
+ * tensor-parallel and rank epr of ep expert-parallel devices (1, 0 for
+ * none). NULL with err. */
+struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, int ep, int epr,
+			    char *err, size_t errlen);
 void trainer_free(struct trainer *t);
 struct model *trainer_model(struct trainer *t);
 int trainer_rows(const struct trainer *t);

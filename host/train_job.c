@@ -29,6 +29,10 @@ struct reduce_ctx {
 	struct coll_group shard;     /* optimizer shard group */
 	struct coll_group repl;      /* replicas of one shard */
 	struct coll_group tensor;    /* tensor-parallel group */
+	struct coll_group expert;    /* expert-parallel group */
+	struct coll_group mp;        /* the model-parallel one: tensor or expert */
+	struct coll_group xrepl;     /* batch group less expert: holders of the same experts */
+	size_t e0, e1;               /* the experts' range of the flat layout */
 	double *gathered;       /* [n, nscal] */
 	int cap;
 	int32_t *counts;        /* [n, ncounts] */
@@ -74,7 +78,17 @@ static int reduce_all(void *vctx, float *grads, size_t n, double *scal, int nsca
 		      char *err, size_t errlen)
 {
 	struct reduce_ctx *c = vctx;
-	int rc = n ? SPAN(c, "all_reduce grads", coll_all_reduce(c->coll, &c->group, grads, n, err, errlen)) : 0;
+	int rc = 0;
+	if (n && c->expert.n > 1 && c->e1 > c->e0) {
+		/* expert weights: only over the devices holding the same experts */
+		rc = SPAN(c, "all_reduce grads", coll_all_reduce(c->coll, &c->group, grads, c->e0, err, errlen)) ||
+		     SPAN(c, "all_reduce experts", coll_all_reduce(c->coll, &c->xrepl, grads + c->e0,
+								  c->e1 - c->e0, err, errlen)) ||
+		     SPAN(c, "all_reduce grads", coll_all_reduce(c->coll, &c->group, grads + c->e1,
+								n - c->e1, err, errlen));
+	} else if (n) {
+		rc = SPAN(c, "all_reduce grads", coll_all_reduce(c->coll, &c->group, grads, n, err, errlen));
+	}
 	if (rc)
 		return EXIT_PEER_LOST;
 	if (nscal > c->cap) {
@@ -129,7 +143,22 @@ static int group_sum(struct coll_dev *coll, const struct coll_group *g, double *
 static int tp_sum(void *vctx, double *x, int n, char *err, size_t errlen)
 {
 	struct reduce_ctx *c = vctx;
-	return c->tensor.n > 1 ? group_sum(c->coll, &c->tensor, x, n, err, errlen) : 0;
+	return c->mp.n > 1 ? group_sum(c->coll, &c->mp, x, n, err, errlen) : 0;
+}
+
+static int ep_all_gather(void *vctx, int32_t *all, const int32_t *mine, int n)
+{
+	struct reduce_ctx *c = vctx;
+	return SPAN(c, "ep counts", coll_all_gather(c->coll, &c->expert, all, mine, sizeof(int32_t) * n,
+						    c->err, c->errlen)) ? EXIT_PEER_LOST : 0;
+}
+
+static int ep_all_to_all(void *vctx, void *out, const size_t *recv_bytes, const void *in,
+			 const size_t *send_bytes)
+{
+	struct reduce_ctx *c = vctx;
+	return SPAN(c, "ep all_to_all", coll_all_to_all(c->coll, &c->expert, out, recv_bytes, in,
+							send_bytes, c->err, c->errlen)) ? EXIT_PEER_LOST : 0;
 }
 
 static int shard_reduce_scatter(void *vctx, float *shard, const float *full, size_t shard_n,
@@ -165,13 +194,20 @@ static int shard_sum(void *vctx, double *x, int n, char *err, size_t errlen)
 static int check_mesh(const struct cfg *c, const struct run_opts *o, char *err, size_t errlen)
 {
 	for (int a = 0; a < AX_COUNT; a++) {
-		if (a == AX_DATA || a == AX_FSDP || a == AX_FSDP_T || a == AX_TENSOR ||
+		if (a == AX_DATA || a == AX_FSDP || a == AX_FSDP_T || a == AX_TENSOR || a == AX_EXPERT ||
 		    (c->ici[a] == 1 && c->dcn[a] == 1))
 			continue;
 		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
-			 "along it is not implemented yet; today data, fsdp, fsdp_transpose and "
-			 "tensor parallelism train",
+			 "along it is not implemented yet; today data, fsdp, fsdp_transpose, "
+			 "tensor and expert parallelism train",
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
+		return -EINVAL;
+	}
+	int fsdp = c->ici[AX_FSDP] * c->dcn[AX_FSDP] * c->ici[AX_FSDP_T] * c->dcn[AX_FSDP_T];
+	if (c->ici[AX_EXPERT] * c->dcn[AX_EXPERT] > 1 && (fsdp > 1 || c->shard_optimizer_over_data)) {
+		snprintf(err, errlen, "config: expert parallelism together with fsdp or "
+			 "shard_optimizer_over_data is not implemented yet; use data and expert "
+			 "parallelism");
 		return -EINVAL;
 	}
 	(void)o;
@@ -199,7 +235,7 @@ static int broadcast_state(struct trainer *t, struct reduce_ctx *rc, const struc
 static int tp_all_gather(void *vctx, float *all, const float *mine, size_t n, char *err, size_t errlen)
 {
 	struct reduce_ctx *c = vctx;
-	if (coll_all_gather(c->coll, &c->tensor, all, mine, n * sizeof(float), err, errlen))
+	if (coll_all_gather(c->coll, &c->mp, all, mine, n * sizeof(float), err, errlen))
 		return EXIT_PEER_LOST;
 	return 0;
 }
@@ -241,7 +277,7 @@ int train_job(struct device_ctx *dev)
 	char *err = dev->err;
 	size_t errlen = sizeof(dev->err);
 	struct reduce_ctx rc = { 0 };
-	struct mesh_group *g = NULL, *gs = NULL, *gr = NULL, *gt = NULL, *ga = NULL;
+	struct mesh_group *g = NULL, *gs = NULL, *gr = NULL, *gt = NULL, *ga = NULL, *gx = NULL, *gxr = NULL;
 	struct trainer *t = NULL;
 	struct run_log log = { 0 };
 	int ret = 0;
@@ -255,7 +291,9 @@ int train_job(struct device_ctx *dev)
 	gr = malloc(sizeof(*gr));
 	gt = malloc(sizeof(*gt));
 	ga = malloc(sizeof(*ga));
-	if (!g || !gs || !gr || !gt || !ga) {
+	gx = malloc(sizeof(*gx));
+	gxr = malloc(sizeof(*gxr));
+	if (!g || !gs || !gr || !gt || !ga || !gx || !gxr) {
 		snprintf(err, errlen, "train: out of memory");
 		ret = EXIT_FAIL;
 		goto out;
@@ -270,8 +308,13 @@ int train_job(struct device_ctx *dev)
 	mesh_group(dev->mesh, dev->device_id, batch_axes & ~shard_axes, gr);
 	mesh_group(dev->mesh, dev->device_id, 1u << AX_TENSOR, gt);
 	mesh_group(dev->mesh, dev->device_id, (1u << AX_COUNT) - 1, ga);
+	mesh_group(dev->mesh, dev->device_id, 1u << AX_EXPERT, gx);
+	mesh_group(dev->mesh, dev->device_id, batch_axes & ~(1u << AX_EXPERT), gxr);
+	rc.expert = (struct coll_group){ .id = gx->id, .n = gx->n, .rank = gx->rank, .devs = gx->devs };
+	rc.xrepl = (struct coll_group){ .id = gxr->id, .n = gxr->n, .rank = gxr->rank, .devs = gxr->devs };
 	struct coll_group all = { .id = ga->id, .n = ga->n, .rank = ga->rank, .devs = ga->devs };
 	rc.tensor = (struct coll_group){ .id = gt->id, .n = gt->n, .rank = gt->rank, .devs = gt->devs };
+	rc.mp = rc.tensor.n > 1 ? rc.tensor : rc.expert;
 	rc.group = (struct coll_group){ .id = g->id, .n = g->n, .rank = g->rank, .devs = g->devs };
 	rc.shard = (struct coll_group){ .id = gs->id, .n = gs->n, .rank = gs->rank, .devs = gs->devs };
 	rc.repl = (struct coll_group){ .id = gr->id, .n = gr->n, .rank = gr->rank, .devs = gr->devs };
@@ -286,11 +329,12 @@ int train_job(struct device_ctx *dev)
 	 * split over the batch group */
 	int global_rows = (int)c->per_device_batch_size * dev->mesh->num_devices;
 	int B = global_rows / g->n;
-	t = trainer_new(c, B, gt->n, gt->rank, err, errlen);
+	t = trainer_new(c, B, gt->n, gt->rank, gx->n, gx->rank, err, errlen);
 	if (!t) {
 		ret = strncmp(err, "config", 6) ? EXIT_INPUT : EXIT_CONFIG;
 		goto out;
 	}
+	model_expert_range(trainer_model(t), &rc.e0, &rc.e1);
 	if (trainer_set_shards(t, rc.shard.n, rc.shard.rank, err, errlen)) {
 		ret = strncmp(err, "config", 6) ? EXIT_FAIL : EXIT_CONFIG;
 		goto out;
@@ -317,6 +361,7 @@ int train_job(struct device_ctx *dev)
 	rc.errlen = errlen;
 	struct train_comm comm = { .reduce = reduce_all, .counts = reduce_counts,
 				   .tp_allreduce = tp_allreduce, .tp_sum = tp_sum,
+				   .ep_all_gather = ep_all_gather, .ep_all_to_all = ep_all_to_all,
 				   .tp_all_gather = tp_all_gather,
 				   .shard_reduce_scatter = shard_reduce_scatter,
 				   .shard_all_gather = shard_all_gather, .shard_sum = shard_sum,
@@ -389,6 +434,8 @@ out:
 	free(gr);
 	free(gt);
 	free(ga);
+	free(gx);
+	free(gxr);
 	free(rc.tr);
 	return ret;
 }

@@ -94,18 +94,18 @@ static void show_log_on_failure(int rc, int want)
 
 /* 10 steps of `preset` on hosts x dph devices (global batch 8) against one
  * device with per_device_batch_size=8; twice, to check determinism. */
-static void equivalence(const char *preset, int hosts, int dph, const char *extra)
+static void equivalence_opt(const char *preset, int hosts, int dph, const char *extra, const char *opt)
 {
 	char args[1024];
 	double one[10], dp[10], dp2[10];
 	int pdb = 8 / (hosts * dph);
-	snprintf(args, sizeof(args), "train --config %s steps=10 per_device_batch_size=8 --metrics %s/one.jsonl",
-		 preset, tmpdir);
+	snprintf(args, sizeof(args), "train --config %s steps=10 per_device_batch_size=8 %s --metrics %s/one.jsonl",
+		 preset, opt, tmpdir);
 	show_log_on_failure(run(args), 0);
 	for (int k = 0; k < 2; k++) {
 		snprintf(args, sizeof(args), "local --hosts %d --devices-per-host %d --config %s steps=10 "
-			 "per_device_batch_size=%d %s --metrics %s/dp%d.jsonl", hosts, dph, preset, pdb,
-			 extra, tmpdir, k);
+			 "per_device_batch_size=%d %s %s --metrics %s/dp%d.jsonl", hosts, dph, preset, pdb,
+			 extra, opt, tmpdir, k);
 		show_log_on_failure(run(args), 0);
 	}
 	ck_assert_int_eq(losses("one.jsonl", one, 10), 10);
@@ -123,6 +123,29 @@ static void equivalence(const char *preset, int hosts, int dph, const char *extr
 	fprintf(stderr, "%s %dx%d %s: worst relative loss difference to one device %.2e\n",
 		preset, hosts, dph, extra, worst);
 }
+
+static void equivalence(const char *preset, int hosts, int dph, const char *extra)
+{
+	equivalence_opt(preset, hosts, dph, extra, "");
+}
+
+START_TEST(test_ep_equals_single)
+{
+	equivalence("configs/deepseek-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_expert_parallelism=2");
+}
+END_TEST
+START_TEST(test_dcn_ep_equals_single)
+{
+	equivalence("configs/deepseek-tiny.yml", 2, 2, "dcn_data_parallelism=1 dcn_expert_parallelism=2");
+}
+END_TEST
+/* Muon on whole local expert matrices (each device holds whole experts) */
+START_TEST(test_ep_muon_equals_single)
+{
+	equivalence_opt("configs/deepseek-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_expert_parallelism=2",
+			"opt_type=muon learning_rate=0.01");
+}
+END_TEST
 
 START_TEST(test_dp_equals_single_dense) { equivalence("configs/llama-tiny.yml", 2, 2, ""); }
 END_TEST
@@ -302,10 +325,10 @@ END_TEST
 START_TEST(test_unsupported_axis_refused)
 {
 	int rc = run("local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
-		     "ici_data_parallelism=1 ici_expert_parallelism=2 steps=2");
+		     "ici_data_parallelism=1 ici_context_parallelism=2 steps=2");
 	char *log = slurp("log");
 	ck_assert_msg(rc == 3, "exit %d: %s", rc, log);
-	ck_assert_msg(strstr(log, "'expert' mesh axis") && strstr(log, "not implemented"), "%s", log);
+	ck_assert_msg(strstr(log, "'context' mesh axis") && strstr(log, "not implemented"), "%s", log);
 	free(log);
 	rc = run("local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
 		 "ici_data_parallelism=1 ici_tensor_parallelism=2 opt_type=muon steps=2");
@@ -341,6 +364,9 @@ int main(void)
 	tcase_add_test(tc, test_tp_moe_equals_single);
 	tcase_add_test(tc, test_fsdp_tp_equals_single);
 	tcase_add_test(tc, test_dcn_data_tp_equals_single);
+	tcase_add_test(tc, test_ep_equals_single);
+	tcase_add_test(tc, test_dcn_ep_equals_single);
+	tcase_add_test(tc, test_ep_muon_equals_single);
 	tcase_add_test(tc, test_dp_resume_and_eval);
 	tcase_add_test(tc, test_fsdp_resume_and_eval);
 	tcase_add_test(tc, test_tp_resume_and_eval);
