@@ -190,6 +190,16 @@ static int shard_sum(void *vctx, double *x, int n, char *err, size_t errlen)
 	return group_sum(c->coll, &c->shard, x, n, err, errlen);
 }
 
+/* Axes the routed experts are split over: expert, and fsdp too under
+ * custom_mesh_and_rule=shard-exp-on-fsdp (DESIGN §6: exp -> expert, fsdp). */
+static uint32_t expert_axes(const struct cfg *c)
+{
+	uint32_t a = 1u << AX_EXPERT;
+	if (!strcmp(c->custom_mesh_and_rule, "shard-exp-on-fsdp"))
+		a |= 1u << AX_FSDP;
+	return a;
+}
+
 /* The batch axes and tensor train today; every other axis must be 1. */
 static int check_mesh(const struct cfg *c, const struct run_opts *o, char *err, size_t errlen)
 {
@@ -203,12 +213,17 @@ static int check_mesh(const struct cfg *c, const struct run_opts *o, char *err, 
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
 		return -EINVAL;
 	}
-	int fsdp = c->ici[AX_FSDP] * c->dcn[AX_FSDP] * c->ici[AX_FSDP_T] * c->dcn[AX_FSDP_T];
-	if (c->ici[AX_EXPERT] * c->dcn[AX_EXPERT] > 1 && (fsdp > 1 || c->shard_optimizer_over_data)) {
-		snprintf(err, errlen, "config: expert parallelism together with fsdp or "
-			 "shard_optimizer_over_data is not implemented yet; use data and expert "
-			 "parallelism");
+	if (c->custom_mesh_and_rule[0] && strcmp(c->custom_mesh_and_rule, "shard-exp-on-fsdp")) {
+		snprintf(err, errlen, "config: key 'custom_mesh_and_rule' must be \"\" or shard-exp-on-fsdp, got '%s'",
+			 c->custom_mesh_and_rule);
 		return -EINVAL;
+	}
+	if (expert_axes(c) != (1u << AX_EXPERT) || c->ici[AX_EXPERT] * c->dcn[AX_EXPERT] > 1) {
+		if (c->shard_optimizer_over_data && c->num_experts > 1) {
+			snprintf(err, errlen, "config: expert parallelism together with "
+				 "shard_optimizer_over_data is not implemented yet");
+			return -EINVAL;
+		}
 	}
 	(void)o;
 	return 0;
@@ -301,6 +316,12 @@ int train_job(struct device_ctx *dev)
 	uint32_t shard_axes = (1u << AX_FSDP) | (1u << AX_FSDP_T);
 	if (c->shard_optimizer_over_data)
 		shard_axes |= 1u << AX_DATA;
+	/* experts split over devices: the flat optimizer shards would cut
+	 * across different experts, so the optimizer stays whole (fsdp then
+	 * splits the batch and, with shard-exp-on-fsdp, the experts) */
+	mesh_group(dev->mesh, dev->device_id, expert_axes(c), g);
+	if (c->num_experts > 1 && g->n > 1)
+		shard_axes = 0;
 	/* the batch group: every axis but tensor (tensor ranks share rows) */
 	uint32_t batch_axes = ((1u << AX_COUNT) - 1) & ~(1u << AX_TENSOR);
 	mesh_group(dev->mesh, dev->device_id, batch_axes, g);
@@ -308,8 +329,8 @@ int train_job(struct device_ctx *dev)
 	mesh_group(dev->mesh, dev->device_id, batch_axes & ~shard_axes, gr);
 	mesh_group(dev->mesh, dev->device_id, 1u << AX_TENSOR, gt);
 	mesh_group(dev->mesh, dev->device_id, (1u << AX_COUNT) - 1, ga);
-	mesh_group(dev->mesh, dev->device_id, 1u << AX_EXPERT, gx);
-	mesh_group(dev->mesh, dev->device_id, batch_axes & ~(1u << AX_EXPERT), gxr);
+	mesh_group(dev->mesh, dev->device_id, c->num_experts > 1 ? expert_axes(c) : 0, gx);
+	mesh_group(dev->mesh, dev->device_id, batch_axes & ~(c->num_experts > 1 ? expert_axes(c) : 0), gxr);
 	rc.expert = (struct coll_group){ .id = gx->id, .n = gx->n, .rank = gx->rank, .devs = gx->devs };
 	rc.xrepl = (struct coll_group){ .id = gxr->id, .n = gxr->n, .rank = gxr->rank, .devs = gxr->devs };
 	struct coll_group all = { .id = ga->id, .n = ga->n, .rank = ga->rank, .devs = ga->devs };

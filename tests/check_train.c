@@ -147,6 +147,20 @@ START_TEST(test_ep_muon_equals_single)
 }
 END_TEST
 
+START_TEST(test_dcn_ep_fsdp_equals_single)
+{
+	equivalence("configs/deepseek-tiny.yml", 2, 2, "dcn_data_parallelism=1 dcn_expert_parallelism=2 "
+		    "ici_data_parallelism=1 ici_fsdp_parallelism=2");
+}
+END_TEST
+/* shard-exp-on-fsdp: experts split over fsdp, whole matrices local, Muon */
+START_TEST(test_shard_exp_on_fsdp_muon_equals_single)
+{
+	equivalence_opt("configs/deepseek-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_fsdp_parallelism=2 "
+			"custom_mesh_and_rule=shard-exp-on-fsdp", "opt_type=muon learning_rate=0.01");
+}
+END_TEST
+
 START_TEST(test_dp_equals_single_dense) { equivalence("configs/llama-tiny.yml", 2, 2, ""); }
 END_TEST
 START_TEST(test_dp_equals_single_moe) { equivalence("configs/deepseek-tiny.yml", 2, 2, ""); }
@@ -367,6 +381,8 @@ int main(void)
 	tcase_add_test(tc, test_ep_equals_single);
 	tcase_add_test(tc, test_dcn_ep_equals_single);
 	tcase_add_test(tc, test_ep_muon_equals_single);
+	tcase_add_test(tc, test_dcn_ep_fsdp_equals_single);
+	tcase_add_test(tc, test_shard_exp_on_fsdp_muon_equals_single);
 	tcase_add_test(tc, test_dp_resume_and_eval);
 	tcase_add_test(tc, test_fsdp_resume_and_eval);
 	tcase_add_test(tc, test_tp_resume_and_eval);
