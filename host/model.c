@@ -40,7 +40,9 @@ struct model {
 	struct model_dims l;        /* this device's part (tensor parallelism) */
 	int tp, tpr;
 	int ep, epr, El;            /* expert parallelism: El of E experts here */
-	int mp, mpr;                /* the one model-parallel split: tp or ep */
+	int tt, ttr;                /* tensor-transpose: the embedding split over tt */
+	int mp, mpr;                /* the one model-parallel split: tp, ep or tt */
+	float *nstat;               /* [N] split-norm statistics */
 	size_t rmax;                /* rows an expert device may receive */
 	struct model_step *st;      /* hooks of the step in progress */
 	int hook_rc;
@@ -169,8 +171,11 @@ static void add_param(struct model *m, int id, const char *name, enum param_opt 
 #define PARAM(id, name, opt, decay, shape, axes, sd) \
 	add_param(m, id, name, opt, decay, (int)(sizeof(shape) / sizeof(int)), shape, axes, sd)
 
-/* split dimension of a tensor-parallel weight: none under expert parallelism */
+/* split dimension of a weight: the embedding dimension under
+ * tensor-transpose parallelism (ttd), else the tensor-parallel one (tpd;
+ * none under expert parallelism) */
 #define TPD(k) (m->tp > 1 ? (k) : -1)
+#define SD(tpd, ttd) (m->tt > 1 ? (ttd) : (tpd))
 
 static void build_table(struct model *m)
 {
@@ -188,28 +193,28 @@ static void build_table(struct model *m)
 	int s_sup[] = { Lm, SF, d->C }, s_sdown[] = { Lm, d->C, SF };
 	int s_fnorm[] = { d->C };
 
-	PARAM(P_EMBED, "embed", OPT_ADAMW, true, s_embed, AXES("vocab", "embed"), -1);
-	PARAM(P_ATTN_NORM, "attn_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"), -1);
-	PARAM(P_WQ, "wq", OPT_MUON, true, s_q, AXES("layers", "q_heads", "embed"), TPD(1));
-	PARAM(P_WK, "wk", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"), TPD(1));
-	PARAM(P_WV, "wv", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"), TPD(1));
-	PARAM(P_WO, "wo", OPT_MUON, true, s_o, AXES("layers", "embed", "q_heads"), TPD(2));
-	PARAM(P_MLP_NORM, "mlp_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"), -1);
-	PARAM(P_W_GATE, "w_gate", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"), TPD(1));
-	PARAM(P_W_UP, "w_up", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"), TPD(1));
-	PARAM(P_W_DOWN, "w_down", OPT_MUON, true, s_down, AXES("layers", "embed", "mlp"), TPD(2));
-	PARAM(P_ROUTER, "router", OPT_ADAMW, true, s_router, AXES("layers", "exp", "embed_moe"), -1);
+	PARAM(P_EMBED, "embed", OPT_ADAMW, true, s_embed, AXES("vocab", "embed"), SD(-1, 1));
+	PARAM(P_ATTN_NORM, "attn_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"), SD(-1, 1));
+	PARAM(P_WQ, "wq", OPT_MUON, true, s_q, AXES("layers", "q_heads", "embed"), SD(TPD(1), 2));
+	PARAM(P_WK, "wk", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"), SD(TPD(1), 2));
+	PARAM(P_WV, "wv", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"), SD(TPD(1), 2));
+	PARAM(P_WO, "wo", OPT_MUON, true, s_o, AXES("layers", "embed", "q_heads"), SD(TPD(2), 1));
+	PARAM(P_MLP_NORM, "mlp_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"), SD(-1, 1));
+	PARAM(P_W_GATE, "w_gate", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"), SD(TPD(1), 2));
+	PARAM(P_W_UP, "w_up", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"), SD(TPD(1), 2));
+	PARAM(P_W_DOWN, "w_down", OPT_MUON, true, s_down, AXES("layers", "embed", "mlp"), SD(TPD(2), 1));
+	PARAM(P_ROUTER, "router", OPT_ADAMW, true, s_router, AXES("layers", "exp", "embed_moe"), SD(-1, 2));
 	PARAM(P_ROUTER_BIAS, "router_bias", OPT_NONE, false, s_rbias, AXES("layers", "exp"), -1);
-	PARAM(P_E_GATE, "e_gate", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"), sd_eup);
-	PARAM(P_E_UP, "e_up", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"), sd_eup);
-	PARAM(P_E_DOWN, "e_down", OPT_MUON, true, s_edown, AXES("layers", "exp", "embed_moe", "mlp_moe"), sd_edown);
-	PARAM(P_S_GATE, "s_gate", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"), TPD(1));
-	PARAM(P_S_UP, "s_up", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"), TPD(1));
-	PARAM(P_S_DOWN, "s_down", OPT_MUON, true, s_sdown, AXES("layers", "embed", "mlp"), TPD(2));
-	PARAM(P_FINAL_NORM, "final_norm", OPT_ADAMW, false, s_fnorm, AXES("norm"), -1);
+	PARAM(P_E_GATE, "e_gate", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"), SD(sd_eup, 3));
+	PARAM(P_E_UP, "e_up", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"), SD(sd_eup, 3));
+	PARAM(P_E_DOWN, "e_down", OPT_MUON, true, s_edown, AXES("layers", "exp", "embed_moe", "mlp_moe"), SD(sd_edown, 2));
+	PARAM(P_S_GATE, "s_gate", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"), SD(TPD(1), 2));
+	PARAM(P_S_UP, "s_up", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"), SD(TPD(1), 2));
+	PARAM(P_S_DOWN, "s_down", OPT_MUON, true, s_sdown, AXES("layers", "embed", "mlp"), SD(TPD(2), 1));
+	PARAM(P_FINAL_NORM, "final_norm", OPT_ADAMW, false, s_fnorm, AXES("norm"), SD(-1, 0));
 	if (!d->tied) {
 		int s_head[] = { d->V, d->C };
-		PARAM(P_LM_HEAD, "lm_head", OPT_ADAMW, true, s_head, AXES("vocab", "embed"), -1);
+		PARAM(P_LM_HEAD, "lm_head", OPT_ADAMW, true, s_head, AXES("vocab", "embed"), SD(-1, 1));
 	} else {
 		m->pidx[P_LM_HEAD] = -1;
 	}
@@ -319,6 +324,7 @@ static void lay_out(struct model *m, struct arena *a)
 	}
 	m->lnf = TAKEF(a, N * C);
 	m->rstdf = TAKEF(a, N);
+	m->nstat = TAKEF(a, N);
 	m->logits = TAKEF(a, N * d->V);
 	m->probs = TAKEF(a, N * d->V);
 	m->losses = TAKEF(a, N);
@@ -352,10 +358,15 @@ static void lay_out(struct model *m, struct arena *a)
 }
 
 struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, int ep, int epr,
-			char *err, size_t errlen)
+			int tt, int ttr, char *err, size_t errlen)
 {
 	const char *bad = NULL;
 	int badv = 0;
+	if (tt > 1 && (tp > 1 || ep > 1 || d->C % tt)) {
+		snprintf(err, errlen, "config: tensor_transpose parallelism %d needs 'base_emb_dim' (%d) "
+			 "divisible by it, and no tensor or expert parallelism at the same time", tt, d->C);
+		return NULL;
+	}
 	if (ep > 1 && (tp > 1 || !d->L_moe || d->E % ep)) {
 		snprintf(err, errlen, "config: expert parallelism %d needs an MoE model whose "
 			 "'num_experts' (%d) it divides, and no tensor parallelism at the same time",
@@ -387,8 +398,11 @@ struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, int 
 	m->ep = ep > 1 ? ep : 1;
 	m->epr = ep > 1 ? epr : 0;
 	m->El = d->E / m->ep;
-	m->mp = m->tp > 1 ? m->tp : m->ep;
-	m->mpr = m->tp > 1 ? m->tpr : m->epr;
+	m->tt = tt > 1 ? tt : 1;
+	m->ttr = tt > 1 ? ttr : 0;
+	m->mp = m->tp > 1 ? m->tp : (m->ep > 1 ? m->ep : m->tt);
+	m->mpr = m->tp > 1 ? m->tpr : (m->ep > 1 ? m->epr : m->ttr);
+	m->l.C /= m->tt;
 	m->rmax = (size_t)m->ep * (size_t)B * d->T * (size_t)(d->L_moe ? d->K : 1);
 	m->l.Hq /= m->tp;
 	m->l.Hkv /= m->tp;
@@ -587,6 +601,38 @@ static void ep_dispatch(struct model *m, struct layer_acts *a, int C)
 	ep_exchange(m, a->xr, a->recv_b, a->xs, a->send_b);
 }
 
+/* Sums buf over the tensor-transpose group (partial sums of a contraction
+ * over the split embedding dimension). */
+static void tt_sum(struct model *m, float *buf, size_t n)
+{
+	if (m->tt > 1 && !m->hook_rc)
+		m->hook_rc = m->st->tt_allreduce(m->st->ctx, buf, n);
+}
+
+/* RMSNorm over the embedding, which tensor-transpose splits over devices. */
+static void norm_forward(struct model *m, float *out, float *rstd, const float *x, const float *w)
+{
+	if (m->tt <= 1) {
+		rmsnorm_forward(out, rstd, x, w, m->N, m->l.C, m->d.eps);
+		return;
+	}
+	rmsnorm_partial_sumsq(m->nstat, x, m->N, m->l.C);
+	tt_sum(m, m->nstat, (size_t)m->N);
+	rmsnorm_forward_split(out, rstd, x, w, m->nstat, m->N, m->l.C, m->d.C, m->d.eps);
+}
+
+static void norm_backward(struct model *m, float *dx, float *dw, const float *dout, const float *x,
+			  const float *w, const float *rstd)
+{
+	if (m->tt <= 1) {
+		rmsnorm_backward(dx, dw, dout, x, w, rstd, m->N, m->l.C);
+		return;
+	}
+	rmsnorm_backward_partial(m->nstat, dout, x, w, m->N, m->l.C);
+	tt_sum(m, m->nstat, (size_t)m->N);
+	rmsnorm_backward_split(dx, dw, dout, x, w, rstd, m->nstat, m->N, m->l.C, m->d.C);
+}
+
 static void layer_forward(struct model *m, int l)
 {
 	const struct model_dims *d = &m->l;
@@ -595,21 +641,27 @@ static void layer_forward(struct model *m, int l)
 	float *x = m->resid + (size_t)l * N * C, *xo = x + (size_t)N * C;
 	float *P = m->params, *tmp = m->dln; /* dln is free during forward */
 
-	rmsnorm_forward(a->ln1, a->rstd1, x, pl(m, P, P_ATTN_NORM, l), N, C, d->eps);
+	norm_forward(m, a->ln1, a->rstd1, x, pl(m, P, P_ATTN_NORM, l));
 	linear_forward(a->q, a->ln1, pl(m, P, P_WQ, l), N, C, QD);
 	linear_forward(a->k, a->ln1, pl(m, P, P_WK, l), N, C, KD);
 	linear_forward(a->v, a->ln1, pl(m, P, P_WV, l), N, C, KD);
+	/* tensor-transpose: contractions over the split embedding are partial */
+	tt_sum(m, a->q, (size_t)N * QD);
+	tt_sum(m, a->k, (size_t)N * KD);
+	tt_sum(m, a->v, (size_t)N * KD);
 	rope_forward(a->q, a->q, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
 	rope_forward(a->k, a->k, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
 	attention_forward(a->atty, a->att, a->q, a->k, a->v, m->B, d->T, d->Hq, d->Hkv, d->D);
 	linear_forward(tmp, a->atty, pl(m, P, P_WO, l), N, QD, C);
 	tp_sum(m, tmp, (size_t)N * C);
 	residual_forward(a->xmid, x, tmp, N * C);
-	rmsnorm_forward(a->ln2, a->rstd2, a->xmid, pl(m, P, P_MLP_NORM, l), N, C, d->eps);
+	norm_forward(m, a->ln2, a->rstd2, a->xmid, pl(m, P, P_MLP_NORM, l));
 
 	if (l < d->L_dense) {
 		linear_forward(a->g, a->ln2, pl(m, P, P_W_GATE, l), N, C, d->F);
 		linear_forward(a->u, a->ln2, pl(m, P, P_W_UP, l), N, C, d->F);
+		tt_sum(m, a->g, (size_t)N * d->F);
+		tt_sum(m, a->u, (size_t)N * d->F);
 		swiglu_forward(a->h, a->g, a->u, N, d->F);
 		linear_forward(tmp, a->h, pl(m, P, P_W_DOWN, l), N, d->F, C);
 		tp_sum(m, tmp, (size_t)N * C);
@@ -621,6 +673,7 @@ static void layer_forward(struct model *m, int l)
 	int lm = l - d->L_dense, E = d->E, K = d->K, Fe = d->Fe, NK = N * K;
 	float *logits = m->dlogits_r; /* scratch in forward */
 	linear_forward(logits, a->ln2, pl(m, P, P_ROUTER, lm), N, C, E);
+	tt_sum(m, logits, (size_t)N * E);
 	moe_router_forward(a->weights, a->idx, a->scores, logits,
 			   d->router_bias ? pl(m, P, P_ROUTER_BIAS, lm) : NULL, N, E, K,
 			   (enum moe_score)d->moe_score, d->norm_topk, d->routed_scale);
@@ -638,13 +691,23 @@ static void layer_forward(struct model *m, int l)
 	float *wg = pl(m, P, P_E_GATE, lm), *wu = pl(m, P, P_E_UP, lm), *wd = pl(m, P, P_E_DOWN, lm);
 	int bs[1024], bn[1024], bj[1024], nb = m->hook_rc ? 0 : expert_blocks(m, a, bs, bn, bj);
 	size_t wsz = (size_t)Fe * C;
+	size_t rows = 0;
+	for (int b = 0; b < nb; b++) {
+		size_t rf = (size_t)bs[b] * Fe, rc = (size_t)bs[b] * C;
+		int ne = bn[b], j = bj[b];
+		rows += (size_t)ne;
+		if (!ne)
+			continue;
+		linear_forward(a->eg + rf, X + rc, wg + j * wsz, ne, C, Fe);
+		linear_forward(a->eu + rf, X + rc, wu + j * wsz, ne, C, Fe);
+	}
+	tt_sum(m, a->eg, rows * Fe);
+	tt_sum(m, a->eu, rows * Fe);
 	for (int b = 0; b < nb; b++) {
 		size_t rf = (size_t)bs[b] * Fe, rc = (size_t)bs[b] * C;
 		int ne = bn[b], j = bj[b];
 		if (!ne)
 			continue;
-		linear_forward(a->eg + rf, X + rc, wg + j * wsz, ne, C, Fe);
-		linear_forward(a->eu + rf, X + rc, wu + j * wsz, ne, C, Fe);
 		swiglu_forward(a->eh + rf, a->eg + rf, a->eu + rf, ne, Fe);
 		linear_forward(Y + rc, a->eh + rf, wd + j * wsz, ne, Fe, C);
 	}
@@ -657,6 +720,8 @@ static void layer_forward(struct model *m, int l)
 		int SF = d->S * Fe;
 		linear_forward(a->sg, a->ln2, pl(m, P, P_S_GATE, lm), N, C, SF);
 		linear_forward(a->su, a->ln2, pl(m, P, P_S_UP, lm), N, C, SF);
+		tt_sum(m, a->sg, (size_t)N * SF);
+		tt_sum(m, a->su, (size_t)N * SF);
 		swiglu_forward(a->sh, a->sg, a->su, N, SF);
 		linear_forward_acc(tmp, a->sh, pl(m, P, P_S_DOWN, lm), N, SF, C);
 	}
@@ -673,14 +738,15 @@ static float *head_weight(struct model *m, float *buf)
 static double forward_all(struct model *m, const int32_t *inputs, const int32_t *targets)
 {
 	const struct model_dims *d = &m->d;
-	int N = m->N, C = d->C;
+	int N = m->N, C = m->l.C;
 
 	embedding_forward(m->resid, inputs, pp(m, m->params, P_EMBED), N, C);
 	for (int l = 0; l < d->L; l++)
 		layer_forward(m, l);
 	float *xL = m->resid + (size_t)d->L * N * C;
-	rmsnorm_forward(m->lnf, m->rstdf, xL, pp(m, m->params, P_FINAL_NORM), N, C, d->eps);
+	norm_forward(m, m->lnf, m->rstdf, xL, pp(m, m->params, P_FINAL_NORM));
 	linear_forward(m->logits, m->lnf, head_weight(m, m->params), N, C, d->V);
+	tt_sum(m, m->logits, (size_t)N * d->V);
 	double mean = softmax_xent_forward(m->losses, m->probs, m->logits, targets, N, d->V);
 	return mean * N;
 }
@@ -711,6 +777,7 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 		size_t nf = (size_t)N * d->F;
 		memset(dh, 0, nf * sizeof(float));
 		linear_backward(dh, pl(m, G, P_W_DOWN, l), dres, a->h, pl(m, P, P_W_DOWN, l), N, d->F, C);
+		tt_sum(m, dh, nf);
 		memset(dg, 0, nf * sizeof(float));
 		memset(du, 0, nf * sizeof(float));
 		swiglu_backward(dg, du, dh, a->g, a->u, N, d->F);
@@ -725,6 +792,7 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 			float *dh = m->dbig1, *dg = m->dbig2, *du = m->dbig3;
 			memset(dh, 0, ns * sizeof(float));
 			linear_backward(dh, pl(m, G, P_S_DOWN, lm), dres, a->sh, pl(m, P, P_S_DOWN, lm), N, SF, C);
+			tt_sum(m, dh, ns);
 			memset(dg, 0, ns * sizeof(float));
 			memset(du, 0, ns * sizeof(float));
 			swiglu_backward(dg, du, dh, a->sg, a->su, N, SF);
@@ -734,6 +802,7 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 		memset(m->dey, 0, sizeof(float) * (size_t)NK * C);
 		memset(m->dweights, 0, sizeof(float) * (size_t)NK);
 		moe_combine_backward(m->dey, m->dweights, dres, a->ey, a->weights, a->order, NK, K, C);
+		tt_sum(m, m->dweights, (size_t)NK);
 		float *wg = pl(m, P, P_E_GATE, lm), *wu = pl(m, P, P_E_UP, lm), *wd = pl(m, P, P_E_DOWN, lm);
 		float *gg = pl(m, G, P_E_GATE, lm), *gu = pl(m, G, P_E_UP, lm), *gd = pl(m, G, P_E_DOWN, lm);
 		float *deh = m->dbig1, *deg = m->dbig2, *deu = m->dbig3;
@@ -752,12 +821,20 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 		memset(deu, 0, sizeof(float) * R * Fe);
 		memset(dX, 0, sizeof(float) * (m->ep > 1 ? R : (size_t)NK) * C);
 		int bs[1024], bn[1024], bj[1024], nb = m->hook_rc ? 0 : expert_blocks(m, a, bs, bn, bj);
+		size_t rows = 0;
+		for (int b = 0; b < nb; b++) {
+			size_t rf = (size_t)bs[b] * Fe, rc = (size_t)bs[b] * C;
+			int ne = bn[b], j = bj[b];
+			rows += (size_t)ne;
+			if (ne)
+				linear_backward(deh + rf, gd + j * wsz, dY + rc, a->eh + rf, wd + j * wsz, ne, Fe, C);
+		}
+		tt_sum(m, deh, rows * Fe);
 		for (int b = 0; b < nb; b++) {
 			size_t rf = (size_t)bs[b] * Fe, rc = (size_t)bs[b] * C;
 			int ne = bn[b], j = bj[b];
 			if (!ne)
 				continue;
-			linear_backward(deh + rf, gd + j * wsz, dY + rc, a->eh + rf, wd + j * wsz, ne, Fe, C);
 			swiglu_backward(deg + rf, deu + rf, deh + rf, a->eg + rf, a->eu + rf, ne, Fe);
 			linear_backward(dX + rc, gg + j * wsz, deg + rf, X + rc, wg + j * wsz, ne, C, Fe);
 			linear_backward(dX + rc, gu + j * wsz, deu + rf, X + rc, wu + j * wsz, ne, C, Fe);
@@ -789,11 +866,12 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 		}
 		linear_backward(dln, pl(m, G, P_ROUTER, lm), m->dlogits_r, a->ln2, pl(m, P, P_ROUTER, lm), N, C, E);
 	}
-	rmsnorm_backward(dres, pl(m, G, P_MLP_NORM, l), dln, a->xmid, pl(m, P, P_MLP_NORM, l), a->rstd2, N, C);
+	norm_backward(m, dres, pl(m, G, P_MLP_NORM, l), dln, a->xmid, pl(m, P, P_MLP_NORM, l), a->rstd2);
 
 	/* attention block: dres now holds dL/d(xmid) */
 	memset(m->datty, 0, sizeof(float) * (size_t)N * QD);
 	linear_backward(m->datty, pl(m, G, P_WO, l), dres, a->atty, pl(m, P, P_WO, l), N, QD, C);
+	tt_sum(m, m->datty, (size_t)N * QD);
 	memset(m->dq, 0, sizeof(float) * (size_t)N * QD);
 	memset(m->dk, 0, sizeof(float) * (size_t)N * KD);
 	memset(m->dv, 0, sizeof(float) * (size_t)N * KD);
@@ -808,14 +886,14 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 	linear_backward(dln, pl(m, G, P_WK, l), m->dkr, a->ln1, pl(m, P, P_WK, l), N, C, KD);
 	linear_backward(dln, pl(m, G, P_WV, l), m->dv, a->ln1, pl(m, P, P_WV, l), N, C, KD);
 	tp_sum(m, dln, (size_t)N * C);
-	rmsnorm_backward(dres, pl(m, G, P_ATTN_NORM, l), dln, x, pl(m, P, P_ATTN_NORM, l), a->rstd1, N, C);
+	norm_backward(m, dres, pl(m, G, P_ATTN_NORM, l), dln, x, pl(m, P, P_ATTN_NORM, l), a->rstd1);
 }
 
 int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
 			   struct model_step *st)
 {
 	const struct model_dims *d = &m->d;
-	int N = m->N, C = d->C;
+	int N = m->N, C = m->l.C;
 	m->st = st;
 	m->hook_rc = 0;
 	st->loss_sum = forward_all(m, inputs, targets);
@@ -835,8 +913,8 @@ int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t
 	memset(m->dln, 0, sizeof(float) * (size_t)N * C);
 	linear_backward(m->dln, head_weight(m, G), m->dlogits, m->lnf, head_weight(m, m->params), N, C, d->V);
 	memset(m->dresid, 0, sizeof(float) * (size_t)N * C);
-	rmsnorm_backward(m->dresid, pp(m, G, P_FINAL_NORM), m->dln, m->resid + (size_t)d->L * N * C,
-			 pp(m, m->params, P_FINAL_NORM), m->rstdf, N, C);
+	norm_backward(m, m->dresid, pp(m, G, P_FINAL_NORM), m->dln, m->resid + (size_t)d->L * N * C,
+		      pp(m, m->params, P_FINAL_NORM), m->rstdf);
 	for (int l = d->L - 1; l >= 0; l--)
 		layer_backward(m, l, st);
 	embedding_backward(pp(m, G, P_EMBED), m->dresid, inputs, N, C);

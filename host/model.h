@@ -59,10 +59,13 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
  * as rank tpr of tp tensor-parallel devices (Megatron: heads, the MLP
  * hidden and the expert hidden split over tp) and rank epr of ep
  * expert-parallel devices (the routed experts split over ep; tokens travel
- * to their expert's device and back); 1, 0 for none; not both. NULL with
+ * to their expert's device and back) and rank ttr of tt tensor-transpose
+ * devices (the embedding dimension split: contractions over it are summed
+ * over tt, RMSNorm statistics too); 1, 0 for none; at most one of the
+ * three. NULL with
  * err on failure or when a split dimension is not divisible. */
 struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, int ep, int epr,
-			char *err, size_t errlen);
+			int tt, int ttr, char *err, size_t errlen);
 void model_free(struct model *m);
 const struct model_dims *model_dims(const struct model *m);
 
@@ -95,6 +98,8 @@ struct model_step {
 	model_counts_fn counts;  /* NULL when this is the only replica */
 	/* sums n floats over the tensor-parallel group in place (NULL: tp 1) */
 	int (*tp_allreduce)(void *ctx, float *buf, size_t n);
+	/* the same over the tensor-transpose group (NULL: tt 1) */
+	int (*tt_allreduce)(void *ctx, float *buf, size_t n);
 	/* expert parallelism: all = every expert-group member's n ints in rank
 	 * order; all_to_all with per-peer byte counts (net/coll.h's contract) */
 	int (*ep_all_gather)(void *ctx, int32_t *all, const int32_t *mine, int n);

@@ -44,7 +44,7 @@ float *trainer_opt_v(struct trainer *t) { return t->nshards > 1 ? t->vfull : t->
 const struct cfg *trainer_cfg(const struct trainer *t) { return &t->cfg; }
 
 struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, int ep, int epr,
-			    char *err, size_t errlen)
+			    int tt, int ttr, char *err, size_t errlen)
 {
 	struct model_dims d;
 	struct trainer *t;
@@ -67,17 +67,17 @@ struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, int 
 	t->muon = !strcmp(c->opt_type, "muon");
 	t->nshards = 1;
 	/* the model-parallel split (tensor or expert) checkpoints gather over */
-	t->tp = tp > 1 ? tp : (ep > 1 ? ep : 1);
-	t->tpr = tp > 1 ? tpr : (ep > 1 ? epr : 0);
-	if (t->muon && tp > 1) {
+	t->tp = tp > 1 ? tp : (ep > 1 ? ep : (tt > 1 ? tt : 1));
+	t->tpr = tp > 1 ? tpr : (ep > 1 ? epr : (tt > 1 ? ttr : 0));
+	if (t->muon && (tp > 1 || tt > 1)) {
 		snprintf(err, errlen, "config: opt_type=muon needs whole matrices, but tensor "
-			 "parallelism splits them; use opt_type=adamw with ici/dcn_tensor_parallelism");
+			 "(or tensor_transpose) parallelism splits them; use opt_type=adamw with it");
 		goto fail;
 	}
 	t->data = data_open(c, err, errlen);
 	if (!t->data)
 		goto fail;
-	t->model = model_new(&d, rows, tp, tpr, ep, epr, err, errlen);
+	t->model = model_new(&d, rows, tp, tpr, ep, epr, tt, ttr, err, errlen);
 	if (!t->model)
 		goto fail;
 	model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
@@ -225,7 +225,7 @@ static int global_view(struct trainer *t, char *err, size_t errlen)
 		return 0;
 	struct model_dims d = *model_dims(t->model);
 	d.T = 1;
-	t->gmodel = model_new(&d, 1, 1, 0, 1, 0, err, errlen);
+	t->gmodel = model_new(&d, 1, 1, 0, 1, 0, 1, 0, err, errlen);
 	if (!t->gmodel)
 		return -ENOMEM;
 	size_t n = model_numel(t->gmodel);
@@ -359,6 +359,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		.global_tokens = global_tokens,
 		.counts = comm ? comm->counts : NULL,
 		.tp_allreduce = comm ? comm->tp_allreduce : NULL,
+		.tt_allreduce = comm ? comm->tt_allreduce : NULL,
 		.ep_all_gather = comm ? comm->ep_all_gather : NULL,
 		.ep_all_to_all = comm ? comm->ep_all_to_all : NULL,
 		.ctx = comm ? comm->ctx : NULL,

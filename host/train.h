@@ -33,6 +33,7 @@ struct train_comm {
 	model_counts_fn counts;
 	/* sums partial activations/gradients over the tensor-parallel group */
 	int (*tp_allreduce)(void *ctx, float *buf, size_t n);
+	int (*tt_allreduce)(void *ctx, float *buf, size_t n);
 	/* expert parallelism (see struct model_step) */
 	int (*ep_all_gather)(void *ctx, int32_t *all, const int32_t *mine, int n);
 	int (*ep_all_to_all)(void *ctx, void *out, const size_t *recv_bytes, const void *in,
@@ -55,10 +56,10 @@ struct train_comm {
 };
 
 /* rows = sequences this device computes per step; rank tpr of tp
- * tensor-parallel and rank epr of ep expert-parallel devices (1, 0 for
- * none). NULL with err. */
+ * tensor-parallel, epr of ep expert-parallel and ttr of tt
+ * tensor-transpose devices (1, 0 for none). NULL with err. */
 struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, int ep, int epr,
-			    char *err, size_t errlen);
+			    int tt, int ttr, char *err, size_t errlen);
 void trainer_free(struct trainer *t);
 struct model *trainer_model(struct trainer *t);
 int trainer_rows(const struct trainer *t);

@@ -29,6 +29,7 @@ struct reduce_ctx {
 	struct coll_group shard;     /* optimizer shard group */
 	struct coll_group repl;      /* replicas of one shard */
 	struct coll_group tensor;    /* tensor-parallel group */
+	struct coll_group ttg;       /* tensor-transpose group */
 	struct coll_group expert;    /* expert-parallel group */
 	struct coll_group mp;        /* the model-parallel one: tensor or expert */
 	struct coll_group xrepl;     /* batch group less expert: holders of the same experts */
@@ -110,6 +111,13 @@ static int reduce_all(void *vctx, float *grads, size_t n, double *scal, int nsca
 		scal[i] = s;
 	}
 	return 0;
+}
+
+static int tt_allreduce(void *vctx, float *buf, size_t n)
+{
+	struct reduce_ctx *c = vctx;
+	return SPAN(c, "tt all_reduce", coll_all_reduce(c->coll, &c->ttg, buf, n, c->err, c->errlen))
+	       ? EXIT_PEER_LOST : 0;
 }
 
 static int tp_allreduce(void *vctx, float *buf, size_t n)
@@ -205,11 +213,11 @@ static int check_mesh(const struct cfg *c, const struct run_opts *o, char *err, 
 {
 	for (int a = 0; a < AX_COUNT; a++) {
 		if (a == AX_DATA || a == AX_FSDP || a == AX_FSDP_T || a == AX_TENSOR || a == AX_EXPERT ||
-		    (c->ici[a] == 1 && c->dcn[a] == 1))
+		    a == AX_TENSOR_T || (c->ici[a] == 1 && c->dcn[a] == 1))
 			continue;
 		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
 			 "along it is not implemented yet; today data, fsdp, fsdp_transpose, "
-			 "tensor and expert parallelism train",
+			 "tensor, tensor_transpose and expert parallelism train",
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
 		return -EINVAL;
 	}
@@ -292,7 +300,8 @@ int train_job(struct device_ctx *dev)
 	char *err = dev->err;
 	size_t errlen = sizeof(dev->err);
 	struct reduce_ctx rc = { 0 };
-	struct mesh_group *g = NULL, *gs = NULL, *gr = NULL, *gt = NULL, *ga = NULL, *gx = NULL, *gxr = NULL;
+	struct mesh_group *g = NULL, *gs = NULL, *gr = NULL, *gt = NULL, *ga = NULL, *gx = NULL, *gxr = NULL,
+			  *gtt = NULL;
 	struct trainer *t = NULL;
 	struct run_log log = { 0 };
 	int ret = 0;
@@ -308,7 +317,8 @@ int train_job(struct device_ctx *dev)
 	ga = malloc(sizeof(*ga));
 	gx = malloc(sizeof(*gx));
 	gxr = malloc(sizeof(*gxr));
-	if (!g || !gs || !gr || !gt || !ga || !gx || !gxr) {
+	gtt = malloc(sizeof(*gtt));
+	if (!g || !gs || !gr || !gt || !ga || !gx || !gxr || !gtt) {
 		snprintf(err, errlen, "train: out of memory");
 		ret = EXIT_FAIL;
 		goto out;
@@ -322,20 +332,23 @@ int train_job(struct device_ctx *dev)
 	mesh_group(dev->mesh, dev->device_id, expert_axes(c), g);
 	if (c->num_experts > 1 && g->n > 1)
 		shard_axes = 0;
-	/* the batch group: every axis but tensor (tensor ranks share rows) */
-	uint32_t batch_axes = ((1u << AX_COUNT) - 1) & ~(1u << AX_TENSOR);
+	/* the batch group: every axis but tensor and tensor_transpose (their
+	 * devices share rows) */
+	uint32_t batch_axes = ((1u << AX_COUNT) - 1) & ~(1u << AX_TENSOR) & ~(1u << AX_TENSOR_T);
 	mesh_group(dev->mesh, dev->device_id, batch_axes, g);
 	mesh_group(dev->mesh, dev->device_id, shard_axes, gs);
 	mesh_group(dev->mesh, dev->device_id, batch_axes & ~shard_axes, gr);
 	mesh_group(dev->mesh, dev->device_id, 1u << AX_TENSOR, gt);
 	mesh_group(dev->mesh, dev->device_id, (1u << AX_COUNT) - 1, ga);
+	mesh_group(dev->mesh, dev->device_id, 1u << AX_TENSOR_T, gtt);
+	rc.ttg = (struct coll_group){ .id = gtt->id, .n = gtt->n, .rank = gtt->rank, .devs = gtt->devs };
 	mesh_group(dev->mesh, dev->device_id, c->num_experts > 1 ? expert_axes(c) : 0, gx);
 	mesh_group(dev->mesh, dev->device_id, batch_axes & ~(c->num_experts > 1 ? expert_axes(c) : 0), gxr);
 	rc.expert = (struct coll_group){ .id = gx->id, .n = gx->n, .rank = gx->rank, .devs = gx->devs };
 	rc.xrepl = (struct coll_group){ .id = gxr->id, .n = gxr->n, .rank = gxr->rank, .devs = gxr->devs };
 	struct coll_group all = { .id = ga->id, .n = ga->n, .rank = ga->rank, .devs = ga->devs };
 	rc.tensor = (struct coll_group){ .id = gt->id, .n = gt->n, .rank = gt->rank, .devs = gt->devs };
-	rc.mp = rc.tensor.n > 1 ? rc.tensor : rc.expert;
+	rc.mp = rc.tensor.n > 1 ? rc.tensor : (rc.expert.n > 1 ? rc.expert : rc.ttg);
 	rc.group = (struct coll_group){ .id = g->id, .n = g->n, .rank = g->rank, .devs = g->devs };
 	rc.shard = (struct coll_group){ .id = gs->id, .n = gs->n, .rank = gs->rank, .devs = gs->devs };
 	rc.repl = (struct coll_group){ .id = gr->id, .n = gr->n, .rank = gr->rank, .devs = gr->devs };
@@ -350,7 +363,7 @@ int train_job(struct device_ctx *dev)
 	 * split over the batch group */
 	int global_rows = (int)c->per_device_batch_size * dev->mesh->num_devices;
 	int B = global_rows / g->n;
-	t = trainer_new(c, B, gt->n, gt->rank, gx->n, gx->rank, err, errlen);
+	t = trainer_new(c, B, gt->n, gt->rank, gx->n, gx->rank, gtt->n, gtt->rank, err, errlen);
 	if (!t) {
 		ret = strncmp(err, "config", 6) ? EXIT_INPUT : EXIT_CONFIG;
 		goto out;
@@ -381,7 +394,7 @@ int train_job(struct device_ctx *dev)
 	rc.err = err;
 	rc.errlen = errlen;
 	struct train_comm comm = { .reduce = reduce_all, .counts = reduce_counts,
-				   .tp_allreduce = tp_allreduce, .tp_sum = tp_sum,
+				   .tp_allreduce = tp_allreduce, .tt_allreduce = tt_allreduce, .tp_sum = tp_sum,
 				   .ep_all_gather = ep_all_gather, .ep_all_to_all = ep_all_to_all,
 				   .tp_all_gather = tp_all_gather,
 				   .shard_reduce_scatter = shard_reduce_scatter,
@@ -457,6 +470,7 @@ out:
 	free(ga);
 	free(gx);
 	free(gxr);
+	free(gtt);
 	free(rc.tr);
 	return ret;
 }

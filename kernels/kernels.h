@@ -42,6 +42,17 @@ void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *wei
 void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
 		      const float *weight, const float *rstd, int N, int C);
 
+/* Split RMSNorm, for a row spread over devices (columns C of Cg): the
+ * caller sums ss (resp. gx) over the devices between the two calls. */
+void rmsnorm_partial_sumsq(float *ss, const float *inp, int N, int C);
+void rmsnorm_forward_split(float *out, float *rstd, const float *inp, const float *weight,
+			   const float *ss, int N, int C, int Cg, float eps);
+void rmsnorm_backward_partial(float *gx, const float *dout, const float *inp, const float *weight,
+			      int N, int C);
+void rmsnorm_backward_split(float *dinp, float *dweight, const float *dout, const float *inp,
+			    const float *weight, const float *rstd, const float *gx, int N, int C,
+			    int Cg);
+
 /* ---- RoPE (Hugging Face Llama rotate_half: dim i pairs with i + D/2) ---- */
 /* cos,sin (T, D/2): theta^(-2i/D) frequencies, positions 0..T-1 */
 void rope_table(float *cos_t, float *sin_t, int T, int D, float theta);

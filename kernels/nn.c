@@ -217,6 +217,62 @@ void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const floa
 	}
 }
 
+/* Split RMSNorm: a row spread over devices (tensor-transpose parallelism
+ * splits the embedding); the caller sums the partial statistics over the
+ * devices between the two halves of each pass. */
+void rmsnorm_partial_sumsq(float *ss, const float *inp, int N, int C)
+{
+	// inp (N,C) -> ss (N)
+	for (int n = 0; n < N; n++)
+		ss[n] = dot_row(inp + (size_t)n * C, inp + (size_t)n * C, C);
+}
+
+void rmsnorm_forward_split(float *out, float *rstd, const float *inp, const float *weight,
+			   const float *ss, int N, int C, int Cg, float eps)
+{
+	// inp (N,C) of a row of Cg, ss (N) over all Cg; out (N,C), rstd (N)
+	for (int n = 0; n < N; n++) {
+		const float *x = inp + (size_t)n * C;
+		float *o = out + (size_t)n * C;
+		float r = 1.0f / sqrtf(ss[n] / Cg + eps);
+		for (int i = 0; i < C; i++)
+			o[i] = x[i] * r * weight[i];
+		rstd[n] = r;
+	}
+}
+
+void rmsnorm_backward_partial(float *gx, const float *dout, const float *inp, const float *weight,
+			      int N, int C)
+{
+	// dout, inp (N,C), weight (C) -> gx (N) = sum over these C of dout*weight*x
+	for (int n = 0; n < N; n++) {
+		const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+		float acc = 0.0f;
+		for (int i = 0; i < C; i++)
+			acc += d[i] * weight[i] * x[i];
+		gx[n] = acc;
+	}
+}
+
+void rmsnorm_backward_split(float *dinp, float *dweight, const float *dout, const float *inp,
+			    const float *weight, const float *rstd, const float *gx, int N, int C,
+			    int Cg)
+{
+	// gx (N) summed over all Cg columns; dinp (N,C) +=, dweight (C) +=
+	for (int n = 0; n < N; n++) {
+		const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+		float r = rstd[n], k = r * r * r * gx[n] / Cg;
+		if (dweight)
+			for (int i = 0; i < C; i++)
+				dweight[i] += d[i] * x[i] * r;
+		if (dinp) {
+			float *dx = dinp + (size_t)n * C;
+			for (int i = 0; i < C; i++)
+				dx[i] += r * d[i] * weight[i] - k * x[i];
+		}
+	}
+}
+
 /* ---- RoPE ---- */
 
 void rope_table(float *cos_t, float *sin_t, int T, int D, float theta)

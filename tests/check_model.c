@@ -70,7 +70,7 @@ static void grad_check(bool moe, const char *score)
 		c.routed_bias = !strcmp(score, "sigmoid");
 	}
 	ck_assert_msg(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0, "%s", err);
-	struct model *m = model_new(&d, 2, 1, 0, 1, 0, err, sizeof(err));
+	struct model *m = model_new(&d, 2, 1, 0, 1, 0, 1, 0, err, sizeof(err));
 	ck_assert_msg(m != NULL, "%s", err);
 	model_init(m, 7, 0.3f);
 	int ntok = 2 * d.T;
@@ -145,7 +145,7 @@ START_TEST(test_grad_checker_detects)
 	struct model_dims d;
 	tiny_cfg(&c, false);
 	model_dims_from_cfg(&d, &c, err, sizeof(err));
-	struct model *m = model_new(&d, 2, 1, 0, 1, 0, err, sizeof(err));
+	struct model *m = model_new(&d, 2, 1, 0, 1, 0, 1, 0, err, sizeof(err));
 	model_init(m, 7, 0.3f);
 	int32_t in[10] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }, tg[10] = { 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 };
 	memset(model_grads(m), 0, model_numel(m) * sizeof(float));
@@ -176,7 +176,7 @@ static struct trainer *make_trainer(const char *preset, const char *const *over)
 	for (; over && *over; over++)
 		ck_assert_msg(cfg_override(&c, *over, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(cfg_finish(&c, 1, 1, err, sizeof(err)) == 0, "%s", err);
-	struct trainer *t = trainer_new(&c, (int)c.per_device_batch_size, 1, 0, 1, 0, err, sizeof(err));
+	struct trainer *t = trainer_new(&c, (int)c.per_device_batch_size, 1, 0, 1, 0, 1, 0, err, sizeof(err));
 	ck_assert_msg(t != NULL, "%s", err);
 	return t;
 }

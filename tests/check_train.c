@@ -185,6 +185,20 @@ START_TEST(test_shard_exp_on_fsdp_muon_equals_single)
 }
 END_TEST
 
+START_TEST(test_tt_equals_single)
+{
+	equivalence("configs/llama-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_tensor_transpose_parallelism=2");
+	equivalence("configs/deepseek-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_tensor_transpose_parallelism=2");
+}
+END_TEST
+START_TEST(test_tt_fsdp_data_equals_single)
+{
+	equivalence("configs/llama-tiny.yml", 2, 2, "ici_data_parallelism=1 ici_tensor_transpose_parallelism=2");
+	equivalence("configs/deepseek-tiny.yml", 1, 4,
+		    "ici_data_parallelism=1 ici_fsdp_parallelism=2 ici_tensor_transpose_parallelism=2");
+}
+END_TEST
+
 START_TEST(test_dp_equals_single_dense) { equivalence("configs/llama-tiny.yml", 2, 2, ""); }
 END_TEST
 START_TEST(test_dp_equals_single_moe) { equivalence("configs/deepseek-tiny.yml", 2, 2, ""); }
@@ -312,6 +326,13 @@ END_TEST
 
 /* --trace: one Chrome trace with, per device, a span per step holding its
  * forward+backward and communication spans */
+START_TEST(test_tt_resume_and_eval)
+{
+	resume_and_eval("--hosts 2 --devices-per-host 2 ici_data_parallelism=1 "
+			"ici_tensor_transpose_parallelism=2", 4);
+}
+END_TEST
+
 START_TEST(test_trace)
 {
 	char args[512];
@@ -412,6 +433,9 @@ int main(void)
 	tcase_add_test(tc, test_ep_muon_equals_single);
 	tcase_add_test(tc, test_dcn_ep_fsdp_equals_single);
 	tcase_add_test(tc, test_shard_exp_on_fsdp_muon_equals_single);
+	tcase_add_test(tc, test_tt_equals_single);
+	tcase_add_test(tc, test_tt_fsdp_data_equals_single);
+	tcase_add_test(tc, test_tt_resume_and_eval);
 	tcase_add_test(tc, test_dp_resume_and_eval);
 	tcase_add_test(tc, test_fsdp_resume_and_eval);
 	tcase_add_test(tc, test_tp_resume_and_eval);
