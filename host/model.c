@@ -226,8 +226,9 @@ int model_param_table(const struct model_dims *d, struct param_info *out, int ma
 	if (!m)
 		return -ENOMEM;
 	m->d = *d;
-	m->l = *d;             /* whole tensors: no tensor-parallel split */
-	m->tp = 1;
+	m->l = *d;             /* whole tensors: no split of any kind */
+	m->tp = m->ep = m->tt = m->mp = 1;
+	m->El = d->E;
 	build_table(m);
 	int n = m->ntable;
 	memcpy(out, m->table, sizeof(*out) * (size_t)(n < max ? n : max));
