@@ -161,17 +161,7 @@ double moe_aux_loss_forward(int32_t *counts, const float *scores, const int32_t 
 	if (N == 0 || k == 0)
 		return 0.0;
 	/* L = E/(k N^2) sum_n sum_e counts_e p(n,e) */
-	double L = 0;
-	for (int n = 0; n < N; n++) {
-		const float *s = scores + (size_t)n * E;
-		double sum = 0, dot = 0;
-		for (int e = 0; e < E; e++) {
-			sum += s[e];
-			dot += (double)counts[e] * s[e];
-		}
-		if (sum > 0)
-			L += dot / sum;
-	}
+	double L = moe_aux_loss_dot(scores, counts, N, E);
 	return L * E / ((double)k * N * N);
 }
 

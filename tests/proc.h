@@ -1,0 +1,208 @@
+/* Process helpers shared by the suites that start real agents
+ * (check_agent, check_tls): start with output to files, wait with a
+ * timeout, kill everything at exit, read outputs, free loopback ports.
+ * Header-only: each suite is one translation unit. */
+#ifndef MESHRUN_TESTS_PROC_H
+#define MESHRUN_TESTS_PROC_H
+
+#include <check.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "net/conn.h"
+#include "net/tls.h"
+
+/* ---- processes (every one is killed when the test ends, however it
+ * ends: atexit here, PR_SET_PDEATHSIG if the test process is killed) ---- */
+
+#define MAXPROC 16
+
+struct proc {
+	pid_t pid;
+	int status;             /* exit code, or 128 + signal */
+	bool done;
+	char out[320], err[320];
+};
+
+static pid_t live[MAXPROC];
+static char tmpdir[64];
+
+static void kill_all(void)
+{
+	for (int i = 0; i < MAXPROC; i++)
+		if (live[i] > 0) {
+			kill(live[i], SIGKILL);
+			waitpid(live[i], NULL, 0);
+			live[i] = 0;
+		}
+}
+
+static const char *meshrun(void)
+{
+	const char *m = getenv("MESHRUN");
+	return m && *m ? m : "./build/meshrun";
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Starts argv (argv[0] is the program) with stdout/stderr to files in
+ * tmpdir and stdin from in_fd (-1: /dev/null). */
+static void proc_start(struct proc *p, const char *name, char *const argv[], int in_fd)
+{
+	memset(p, 0, sizeof(*p));
+	snprintf(p->out, sizeof(p->out), "%s/%s.out", tmpdir, name);
+	snprintf(p->err, sizeof(p->err), "%s/%s.err", tmpdir, name);
+	pid_t parent = getpid();
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
+		int o = open(p->out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		int e = open(p->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		int i = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY);
+		dup2(i, 0);
+		dup2(o, 1);
+		dup2(e, 2);
+		execvp(argv[0], argv);
+		_exit(127);
+	}
+	p->pid = pid;
+	for (int i = 0; i < MAXPROC; i++)
+		if (!live[i]) {
+			live[i] = pid;
+			break;
+		}
+}
+
+/* Exit code (128 + signal if killed), or -1 if still running at timeout. */
+static int proc_wait(struct proc *p, double timeout_s)
+{
+	double end = now_s() + timeout_s;
+	while (!p->done) {
+		int st;
+		pid_t w = waitpid(p->pid, &st, WNOHANG);
+		if (w == p->pid) {
+			p->done = true;
+			p->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+			for (int i = 0; i < MAXPROC; i++)
+				if (live[i] == p->pid)
+					live[i] = 0;
+			break;
+		}
+		if (now_s() > end)
+			return -1;
+		usleep(20000);
+	}
+	return p->status;
+}
+
+static char *slurp(const char *path)
+{
+	static char buf[65536];
+	FILE *f = fopen(path, "r");
+	size_t n = 0;
+	if (f) {
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+	}
+	/* binary output (frames) may hold zeros: make it searchable */
+	for (size_t i = 0; i < n; i++)
+		if (!buf[i])
+			buf[i] = ' ';
+	buf[n] = 0;
+	return buf;
+}
+
+static bool file_has(const char *path, const char *needle)
+{
+	return strstr(slurp(path), needle) != NULL;
+}
+
+#define ck_assert_file_has(path, needle) \
+	ck_assert_msg(file_has(path, needle), "'%s' not in %s:\n%s", needle, path, slurp(path))
+
+static void rm_rf(const char *dir)
+{
+	char cmd[512];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd)) {
+		/* best effort */
+	}
+}
+
+static void cleanup_all(void)
+{
+	kill_all();
+	if (tmpdir[0])
+		rm_rf(tmpdir);
+	tmpdir[0] = 0;
+}
+
+/* A fresh temporary directory named after the suite, with a cluster CA and
+ * ncerts host certificates in tmpdir/certs. */
+static void proc_setup(const char *suite, int ncerts)
+{
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/%s-XXXXXX", suite);
+	ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+	char dir[300], err[256];
+	snprintf(dir, sizeof(dir), "%s/certs", tmpdir);
+	mkdir(dir, 0700);
+	ck_assert_msg(tls_gen_certs(dir, ncerts, err, sizeof(err)) == 0, "%s", err);
+	/* a failed assertion exits the test process without the teardown */
+	atexit(cleanup_all);
+}
+
+static void teardown(void)
+{
+	cleanup_all();
+}
+
+/* A loopback port nobody listens on right now. */
+static int free_port(void)
+{
+	int fd, port;
+	char addr[64], h[64];
+	char err[128];
+	ck_assert_int_eq(conn_listen("127.0.0.1:0", &fd, err, sizeof(err)), 0);
+	conn_sockname(fd, true, addr, sizeof(addr));
+	ck_assert_int_eq(conn_split_addr(addr, h, sizeof(h), &port), 0);
+	close(fd);
+	return port;
+}
+
+/* true once something accepts TCP connections on 127.0.0.1:port */
+static bool wait_listening(int port, double timeout_s)
+{
+	double end = now_s() + timeout_s;
+	while (now_s() < end) {
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+					 .sin_addr.s_addr = htonl(0x7f000001) };
+		int ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+		close(fd);
+		if (ok)
+			return true;
+		usleep(20000);
+	}
+	return false;
+}
+
+#endif
