@@ -415,6 +415,7 @@ int train_job(struct device_ctx *dev)
 		trace_start(rc.tr, true);
 	}
 	uint64_t dcn0 = agent_dcn_bytes_sent(dev->agent), ici0 = xport_local_bytes(dev->xport);
+	double first_loss = NAN, last_loss = NAN, run_t0 = run_now();
 	for (int64_t s = start; s < c->steps; s++) {
 		struct step_stats st;
 		coll_set_step(rc.coll, (uint64_t)s);
@@ -440,6 +441,9 @@ int train_job(struct device_ctx *dev)
 			goto out;
 		if (!leader)
 			continue;
+		if (s == start)
+			first_loss = st.loss;
+		last_loss = st.loss;
 		uint64_t dcn = agent_dcn_bytes_sent(dev->agent), ici = xport_local_bytes(dev->xport);
 		if (c->log_period > 0 && (s % c->log_period == 0 || s == c->steps - 1))
 			run_log_step(&log, s, &st, dt, dcn - dcn0, ici - ici0);
@@ -449,6 +453,19 @@ int train_job(struct device_ctx *dev)
 			ret = EXIT_FAIL;
 			goto out;
 		}
+	}
+	if (leader && c->steps > start) {
+		char mesh[256] = "";
+		size_t used = 0;
+		for (int a = 0; a < AX_COUNT; a++)
+			if (dev->mesh->size[a] > 1)
+				used += snprintf(mesh + used, sizeof(mesh) - used, "%s%s=%d", used ? " " : "",
+						 mesh_axis_names[a], dev->mesh->size[a]);
+		printf("finished: %" PRId64 " steps on %d hosts x %d devices (%s), loss %.4f -> %.4f, %.1f s%s%s\n",
+		       (int64_t)(c->steps - start), dev->mesh->num_hosts, dev->mesh->devices_per_host,
+		       used ? mesh : "one device", first_loss, last_loss, run_now() - run_t0,
+		       o->ckpt_dir ? ", checkpoint in " : "", o->ckpt_dir ? o->ckpt_dir : "");
+		fflush(stdout);
 	}
 	if (rc.tr && (ret = write_trace(dev, &rc, &all, o->trace, err, errlen)))
 		goto out;
