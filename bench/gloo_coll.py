@@ -23,8 +23,8 @@ def run(rank, n, port):
                 elif op == "all_reduce":
                     dist.all_reduce(a)
                 elif op == "all_to_all":
-                    ins = list(a.chunk(n)); outs = [torch.empty(cnt // n) for _ in range(n)]
-                    dist.all_to_all(outs, ins)
+                    b = torch.empty(cnt)
+                    dist.all_to_all_single(b, a)
                 elif op == "permute":
                     b = torch.empty(cnt)
                     reqs = [dist.isend(a, (rank + 1) % n), dist.irecv(b, (rank - 1) % n)]

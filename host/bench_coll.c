@@ -39,6 +39,7 @@ struct bench_opts {
 	int iters, warmup;
 	long direct_max;          /* -1: default */
 	bool corrupt;             /* test hook: corrupt one result element */
+	bool batch;               /* time iters back to back (nccl-tests) */
 	/* what is left for agent_args / the children */
 	int rest_argc;
 	char **rest;
@@ -133,6 +134,8 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o)
 			o->agent = true;
 		} else if (!strcmp(flag, "--corrupt-for-test")) {
 			o->corrupt = true;
+		} else if (!strcmp(flag, "--batch")) {
+			o->batch = true;
 		} else if (!strcmp(flag, "--op")) {
 			NEED_VALUE();
 			o->all_ops = !strcmp(v, "all");
@@ -490,9 +493,10 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 	struct device_ctx *dc = s->dc;
 	int n = s->g.n;
 	if (dc->device_id == 0) {
-		printf("# %s: %d hosts x %d devices, segment %lld bytes, %d iters, %d warmup\n",
+		printf("# %s: %d hosts x %d devices, segment %lld bytes, %d iters, %d warmup, %s\n",
 		       bop_names[op], dc->mesh->num_hosts, dc->mesh->devices_per_host,
-		       (long long)dc->cfg->segment_bytes, o->iters, o->warmup);
+		       (long long)dc->cfg->segment_bytes, o->iters, o->warmup,
+		       o->batch ? "timed back to back" : "barrier before each");
 		printf("# %12s %12s %12s %11s %11s %6s\n", "size", "count", "time_us", "algbw_GBps",
 		       "busbw_GBps", "wrong");
 		fflush(stdout);
@@ -523,9 +527,13 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		for (int it = 0; it < o->warmup; it++)
 			if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
 				return EXIT_PEER_LOST;
+		/* default: a barrier before every timed collective, so each one
+		 * pays its own start-up (latency view). --batch: one barrier, then
+		 * iters back to back, as nccl-tests times them (throughput view). */
 		double total = 0;
 		for (int it = 0; it < o->iters; it++) {
-			if ((rc = coll_barrier(s->cd, &s->g, dc->err, sizeof(dc->err))))
+			if ((!o->batch || it == 0) &&
+			    (rc = coll_barrier(s->cd, &s->g, dc->err, sizeof(dc->err))))
 				return EXIT_PEER_LOST;
 			uint64_t t0 = xport_now_ns();
 			if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))

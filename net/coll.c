@@ -148,6 +148,20 @@ int coll_wait_req(struct coll_run *R, struct xreq **req)
 	return 0;
 }
 
+int coll_test_req(struct coll_run *R, struct xreq **req)
+{
+	if (!*req)
+		return 0;
+	char terr[512];
+	int rc = xport_wait(*req, 0, terr, sizeof(terr));
+	if (rc == -EAGAIN)
+		return rc;
+	*req = NULL;
+	if (rc)
+		return coll_fail(R, rc, terr);
+	return 0;
+}
+
 void coll_abandon(struct coll_run *R, struct xreq **reqs, size_t n)
 {
 	char terr[64];

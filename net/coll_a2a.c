@@ -3,10 +3,12 @@
  *
  * Both run two independent streams of segments, sends and receives, each
  * ordered by key (phase, segment) and bounded to a window of outstanding
- * requests. In phase p of all-to-all rank r sends to r+p and receives from
- * r-p, so a send and the receive that matches it have the same key on both
- * sides; each device blocks on its smallest outstanding key, which depends
- * only on smaller keys elsewhere, so the exchange cannot deadlock. Empty
+ * requests (COLL_SEND_WINDOW sends; receives, which only say where data may
+ * land, COLL_RECV_AHEAD). In phase p of all-to-all rank r sends to r+p and
+ * receives from r-p, so a send and the receive that matches it have the
+ * same key on both sides; each device retires what has finished and, when
+ * nothing has, blocks on its smallest outstanding key, which depends only
+ * on smaller keys elsewhere, so the exchange cannot deadlock. Empty
  * blocks send nothing (both sides know the size). Chunk index = segment
  * index within the pair's block. */
 #include <errno.h>
@@ -15,11 +17,11 @@
 
 #include "net/coll_int.h"
 
-#define A2A_WINDOW 4
-#define MAXW 4
+#define MAXW (COLL_RECV_AHEAD > COLL_SEND_WINDOW ? COLL_RECV_AHEAD : COLL_SEND_WINDOW)
 
 struct stream {
 	bool send;
+	int window;               /* items outstanding at most */
 	int nphase;
 	/* position of the next item to post */
 	int p;
@@ -31,7 +33,6 @@ struct stream {
 
 struct pairwise {
 	struct coll_run *R;
-	int window;
 	/* phase p: peer device, buffer and length, per direction */
 	void (*block)(const struct pairwise *pw, bool send, int p, int *peer, uint8_t **buf,
 		      size_t *len);
@@ -69,7 +70,7 @@ static int post_next(struct pairwise *pw, struct stream *st, bool *posted)
 			continue;
 		}
 		size_t n = len - off < seg ? len - off : seg;
-		int slot = (int)(st->posted % pw->window);
+		int slot = (int)(st->posted % st->window);
 		int rc = st->send ?
 			coll_post_send(pw->R, peer, (uint32_t)st->s, off, buf + off, n, &st->req[slot]) :
 			coll_post_recv(pw->R, peer, (uint32_t)st->s, off, buf + off, n, &st->req[slot]);
@@ -87,30 +88,45 @@ static int post_next(struct pairwise *pw, struct stream *st, bool *posted)
 static int pairwise_run(struct pairwise *pw, int nphase)
 {
 	struct stream st[2] = {
-		{ .send = false, .nphase = nphase },
-		{ .send = true, .nphase = nphase },
+		{ .send = false, .window = COLL_RECV_AHEAD, .nphase = nphase },
+		{ .send = true, .window = COLL_SEND_WINDOW, .nphase = nphase },
 	};
 	int rc = 0;
 	for (;;) {
 		for (int i = 0; i < 2; i++) {
 			bool more = true;
-			while (more && st[i].posted < st[i].done + pw->window)
+			while (more && st[i].posted < st[i].done + st[i].window)
 				if ((rc = post_next(pw, &st[i], &more)))
 					goto out_abandon;
 		}
-		/* block on the smallest outstanding key */
+		/* retire whatever finished meanwhile, oldest first */
+		bool moved = false;
+		for (int i = 0; i < 2; i++) {
+			struct stream *s = &st[i];
+			while (s->done < s->posted &&
+			       !(rc = coll_test_req(pw->R, &s->req[s->done % s->window]))) {
+				s->done++;
+				moved = true;
+			}
+			if (rc && rc != -EAGAIN)
+				goto out_abandon;
+			rc = 0;
+		}
+		if (moved)
+			continue;
+		/* nothing finished: block on the smallest outstanding key */
 		int pick = -1;
 		for (int i = 0; i < 2; i++) {
 			if (st[i].posted == st[i].done)
 				continue;
-			if (pick < 0 || st[i].key[st[i].done % pw->window] <
-					st[pick].key[st[pick].done % pw->window])
+			if (pick < 0 || st[i].key[st[i].done % st[i].window] <
+					st[pick].key[st[pick].done % st[pick].window])
 				pick = i;
 		}
 		if (pick < 0)
 			return 0;
 		struct stream *s = &st[pick];
-		if ((rc = coll_wait_req(pw->R, &s->req[s->done % pw->window])))
+		if ((rc = coll_wait_req(pw->R, &s->req[s->done % s->window])))
 			goto out_abandon;
 		s->done++;
 	}
@@ -154,7 +170,7 @@ int coll_pair_all_to_all(struct coll_run *R)
 	if (!offs)
 		return coll_fail(R, -ENOMEM, "out of memory");
 	struct a2a x = {
-		.pw = { .R = R, .window = A2A_WINDOW, .block = a2a_block, .seg = a->seg },
+		.pw = { .R = R, .block = a2a_block, .seg = a->seg },
 		.soff = offs, .roff = offs + n,
 	};
 	size_t so = 0, ro = 0;
@@ -196,6 +212,6 @@ int coll_pair_permute(struct coll_run *R)
 			memmove(a->out, a->in, a->bytes);
 		return 0;
 	}
-	struct pairwise pw = { .R = R, .window = COLL_WINDOW, .block = permute_block, .seg = a->seg };
+	struct pairwise pw = { .R = R, .block = permute_block, .seg = a->seg };
 	return pairwise_run(&pw, 1);
 }

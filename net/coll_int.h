@@ -11,8 +11,12 @@
 #include "net/coll.h"
 #include "net/xport.h"
 
-/* segments in flight per direction in the ring and pairwise engines */
-#define COLL_WINDOW 2
+/* Sends outstanding per collective in the ring and pairwise engines, and
+ * receives posted ahead of the oldest unfinished one. Both are deep enough
+ * that the net thread always holds queued work: a device thread woken late
+ * (the net threads keep the cores busy) must not leave the link idle. */
+#define COLL_SEND_WINDOW 8
+#define COLL_RECV_AHEAD 64
 /* largest group that may use a direct (all-to-all) exchange */
 #define COLL_DIRECT_MAX_N 16
 
@@ -70,6 +74,9 @@ int coll_post_recv(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
 /* Waits for *req (NULL: nothing to wait for) with the collective's deadline;
  * sets *req = NULL. */
 int coll_wait_req(struct coll_run *R, struct xreq **req);
+/* Like coll_wait_req without waiting: -EAGAIN (and *req kept) while it is
+ * pending. */
+int coll_test_req(struct coll_run *R, struct xreq **req);
 /* After an error: abandons every non-NULL request in reqs (the transport is
  * failed first, so nothing more lands in the caller's buffers through a
  * local peer). */

@@ -3,13 +3,21 @@
  * buffers, and the dissemination barrier.
  *
  * Ring: rank r sends to r+1 and receives from r-1. A block is cut into S
- * segments; item j = k*S + s is segment s of ring step k. Receives are
- * posted up to COLL_WINDOW items ahead so data lands in place (the
- * receiver-driven transport sends only into a posted buffer) and at most
- * COLL_WINDOW sends are outstanding; send j (k >= 1) waits for receive j-S,
- * the segment it forwards. A device always blocks on its oldest outstanding
- * item, whose counterpart depends only on older items, so the ring cannot
+ * segments; item j = k*S + s is segment s of ring step k. Every receive is
+ * posted as soon as its destination is free (up to COLL_RECV_AHEAD items): the
+ * receiver-driven transport sends only into a posted buffer, so the sooner
+ * the RecvReady leaves, the sooner the data may follow, and a RecvReady
+ * posted mid-stream would wait behind a data fragment on the busy link. At
+ * most COLL_SEND_WINDOW sends are outstanding; send j (k >= 1) waits for
+ * receive j-S, the segment it forwards. A device retires whatever has
+ * finished and, when nothing has, blocks on its oldest outstanding item,
+ * whose counterpart depends only on older items, so the ring cannot
  * deadlock.
+ *
+ * Reduce steps receive straight into the buffer the partial sum goes to and
+ * add the own block there (got + own either way: the same bits); only the
+ * in-place all-reduce, whose destination still holds the own input, lands
+ * in scratch slots first.
  *
  * Reduction order is fixed: block b is summed along the ring starting at
  * rank b+1 ((x[b+1] + x[b+2]) + ...) + x[b], whatever the timing, and
@@ -23,7 +31,11 @@
 #include "net/coll_int.h"
 #include "proto/meshrun.pb-c.h"
 
-#define W COLL_WINDOW
+#define W 2                   /* broadcast chain: segments in flight */
+#define SW COLL_SEND_WINDOW
+#define RA COLL_RECV_AHEAD
+/* scratch landing slots of the in-place all-reduce */
+#define LAND_MAX 8
 
 struct ring {
 	int n, r, left, right;
@@ -36,8 +48,14 @@ struct ring {
 	uint8_t *fin;           /* reduce: where the finished own block goes */
 	uint8_t *alt;           /* reduce_scatter: scratch block alternating with fin */
 	uint8_t *inplace;       /* all_reduce: partial sums overwrite the buffer */
-	uint8_t *land[W];       /* reduce: receive landing slots */
+	int nland;              /* in-place reduce: landing slots in use */
+	uint8_t *land[LAND_MAX];
 	uint32_t chunk0;
+	/* all_gather: own block copied into the output while the first
+	 * segments are in flight (sends read it from the input) */
+	uint8_t *copy_dst;
+	const uint8_t *copy_src;
+	size_t copy_len;
 };
 
 static inline int mod(int a, int n)
@@ -104,56 +122,96 @@ static long recv_needs_send(const struct ring *g, long j)
 	return -1;
 }
 
+/* Receive j is in: reduce steps add the own block into the partial sum. */
+static void recv_finish(const struct ring *g, long j)
+{
+	int k = (int)(j / g->S), s = (int)(j % g->S);
+	if (k >= g->nrs)
+		return;
+	int b = recv_block(g, k);
+	size_t len = seg_len(g, b, s), off = (size_t)s * g->seg;
+	float *dst = (float *)(partial(g, k) + off);
+	const float *own = (const float *)(g->in + g->boff[b] + off);
+	if (!g->nland) {
+		/* the partial sum landed in dst: got + own */
+		coll_acc_f32(dst, own, len / sizeof(float));
+		return;
+	}
+	const float *got = (const float *)g->land[j % g->nland];
+	if ((const uint8_t *)dst == (const uint8_t *)own)
+		coll_acc_f32(dst, got, len / sizeof(float));
+	else
+		coll_add_f32(dst, got, own, len / sizeof(float));
+}
+
 static int ring_run(struct coll_run *R, struct ring *g)
 {
 	long T = (long)g->K * g->S;
 	long rp = 0, rd = 0, sp = 0, sd = 0;
-	struct xreq *rq[W] = { 0 }, *sq[W] = { 0 };
+	struct xreq *rq[RA] = { 0 }, *sq[SW] = { 0 };
 	int rc = 0;
 
 	while (rd < T || sd < T) {
-		while (rp < T && rp < rd + W) {
+		while (rp < T && rp < rd + RA) {
 			long need = recv_needs_send(g, rp);
 			if (need >= 0 && sd <= need)
 				break;
 			int k = (int)(rp / g->S), s = (int)(rp % g->S), b = recv_block(g, k);
+			if (k < g->nrs && g->nland && rp >= rd + g->nland)
+				break;  /* landing slot still holds an unreduced segment */
 			size_t len = seg_len(g, b, s), off = (size_t)s * g->seg;
-			void *dst = k < g->nrs ? (void *)g->land[rp % W] : (void *)(g->out + g->boff[b] + off);
-			rq[rp % W] = NULL;
+			void *dst;
+			if (k >= g->nrs)
+				dst = g->out + g->boff[b] + off;
+			else if (g->nland)
+				dst = g->land[rp % g->nland];
+			else
+				dst = partial(g, k) + off;
+			rq[rp % RA] = NULL;
 			if (len && (rc = coll_post_recv(R, g->left, g->chunk0 + (uint32_t)rp,
-							 g->boff[b] + off, dst, len, &rq[rp % W])))
+							 g->boff[b] + off, dst, len, &rq[rp % RA])))
 				goto out_abandon;
 			rp++;
 		}
-		while (sp < T && sp < sd + W && (sp < g->S || rd > sp - g->S)) {
+		while (sp < T && sp < sd + SW && (sp < g->S || rd > sp - g->S)) {
 			int k = (int)(sp / g->S), s = (int)(sp % g->S), b = send_block(g, k);
 			size_t len = seg_len(g, b, s);
-			sq[sp % W] = NULL;
+			sq[sp % SW] = NULL;
 			if (len && (rc = coll_post_send(R, g->right, g->chunk0 + (uint32_t)sp,
 							 g->boff[b] + (size_t)s * g->seg,
-							 send_src(g, k, s), len, &sq[sp % W])))
+							 send_src(g, k, s), len, &sq[sp % SW])))
 				goto out_abandon;
 			sp++;
 		}
+		if (g->copy_len) {
+			memcpy(g->copy_dst, g->copy_src, g->copy_len);
+			g->copy_len = 0;
+		}
+		/* retire whatever finished meanwhile, oldest first */
+		bool moved = false;
+		while (rd < rp && !(rc = coll_test_req(R, &rq[rd % RA]))) {
+			recv_finish(g, rd++);
+			moved = true;
+		}
+		if (rc && rc != -EAGAIN)
+			goto out_abandon;
+		while (sd < sp && !(rc = coll_test_req(R, &sq[sd % SW]))) {
+			sd++;
+			moved = true;
+		}
+		if (rc && rc != -EAGAIN)
+			goto out_abandon;
+		rc = 0;
+		if (moved)
+			continue;
+		/* nothing finished: block on the oldest outstanding item */
 		bool r_out = rp > rd, s_out = sp > sd;
 		if (r_out && (!s_out || rd <= sd)) {
-			if ((rc = coll_wait_req(R, &rq[rd % W])))
+			if ((rc = coll_wait_req(R, &rq[rd % RA])))
 				goto out_abandon;
-			int k = (int)(rd / g->S), s = (int)(rd % g->S);
-			if (k < g->nrs) {
-				int b = recv_block(g, k);
-				size_t len = seg_len(g, b, s), off = (size_t)s * g->seg;
-				float *dst = (float *)(partial(g, k) + off);
-				const float *own = (const float *)(g->in + g->boff[b] + off);
-				const float *got = (const float *)g->land[rd % W];
-				if ((const uint8_t *)dst == (const uint8_t *)own)
-					coll_acc_f32(dst, got, len / sizeof(float));
-				else
-					coll_add_f32(dst, got, own, len / sizeof(float));
-			}
-			rd++;
+			recv_finish(g, rd++);
 		} else if (s_out) {
-			if ((rc = coll_wait_req(R, &sq[sd % W])))
+			if ((rc = coll_wait_req(R, &sq[sd % SW])))
 				goto out_abandon;
 			sd++;
 		} else {
@@ -164,8 +222,8 @@ static int ring_run(struct coll_run *R, struct ring *g)
 	return 0;
 
 out_abandon:
-	coll_abandon(R, rq, W);
-	coll_abandon(R, sq, W);
+	coll_abandon(R, rq, RA);
+	coll_abandon(R, sq, SW);
 	return rc;
 }
 
@@ -182,7 +240,7 @@ static size_t pick_seg(size_t seg, size_t maxblock, int steps)
 }
 
 /* Fills the ring geometry; scratch holds alt_bytes for the alternate
- * partial-sum block (reduce_scatter) and, for reducing rings, COLL_WINDOW
+ * partial-sum block (reduce_scatter) and, for the in-place all-reduce,
  * landing slots. */
 static int ring_setup(struct ring *g, struct coll_run *R, const size_t *blen, int K, int nrs,
 		      size_t alt_bytes)
@@ -203,11 +261,17 @@ static int ring_setup(struct ring *g, struct coll_run *R, const size_t *blen, in
 	if (nrs) {
 		size_t slot = g->seg < maxb ? g->seg : maxb;
 		size_t alt = (alt_bytes + 63) & ~(size_t)63;
-		uint8_t *p = coll_scratch_get(R->scr, alt + slot * W);
-		if (!p)
+		long items = (long)nrs * g->S;
+		int nland = 0;
+		if (g->inplace)
+			nland = items < LAND_MAX ? (int)items : LAND_MAX;
+		size_t need = alt + slot * (size_t)nland;
+		uint8_t *p = need ? coll_scratch_get(R->scr, need) : NULL;
+		if (need && !p)
 			return coll_fail(R, -ENOMEM, "out of memory for ring segments");
 		g->alt = alt_bytes ? p : NULL;
-		for (int i = 0; i < W; i++)
+		g->nland = nland;
+		for (int i = 0; i < nland; i++)
 			g->land[i] = p + alt + (size_t)i * slot;
 	}
 	return 0;
@@ -311,17 +375,20 @@ int coll_ring_all_gather(struct coll_run *R)
 
 	if (bpr == 0)
 		return 0;
-	if (own != in)
-		memcpy(own, in, bpr);
-	if (a->n == 1)
-		return 0;
-	if (use_direct(a, bpr * (size_t)a->n))
+	if (a->n == 1 || use_direct(a, bpr * (size_t)a->n)) {
+		if (own != in)
+			memcpy(own, in, bpr);
+		if (a->n == 1)
+			return 0;
 		return direct_exchange(R, out, bpr, src_same, own, bpr);
+	}
 
 	struct blocks bl;
 	if (blocks_init(&bl, a->n, (size_t)a->n * bpr, 1))
 		return coll_fail(R, -ENOMEM, "out of memory");
-	struct ring g = { .boff = bl.off, .blen = bl.len, .in = own, .out = out };
+	/* the own block is sent from in and copied once the ring is moving */
+	struct ring g = { .boff = bl.off, .blen = bl.len, .in = in, .out = out,
+			  .copy_dst = own, .copy_src = in, .copy_len = own != in ? bpr : 0 };
 	int rc = ring_setup(&g, R, bl.len, a->n - 1, 0, 0);
 	if (!rc)
 		rc = ring_run(R, &g);

@@ -3,8 +3,11 @@
  * in ring and direct modes; uneven all-to-all; async overlap; bit-exact
  * reduction order; concurrent groups on a 2x2x2 mesh; errors name the
  * collective. Then the same checks across real agents over TLS on loopback
- * via `$MESHRUN bench collectives --check-counts`. */
+ * via `$MESHRUN bench collectives --check-counts`, and a host killed in the
+ * middle of an all_reduce. */
 #include <check.h>
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -14,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -683,6 +687,180 @@ START_TEST(test_multihost_table)
 }
 END_TEST
 
+/* ---- a host dies while collectives run ---- */
+
+static pid_t lost_pgid;
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* atexit: however the test ends, nothing it started survives */
+static void lost_cleanup(void)
+{
+	if (lost_pgid > 0)
+		kill(-lost_pgid, SIGKILL);
+	lost_pgid = 0;
+}
+
+/* The pid of the agent of host `host` among launcher's children, or -1:
+ * local_launch starts each as `<exe> bench ... --host-id <h> ...`. */
+static pid_t agent_of(pid_t launcher, int host)
+{
+	char want[16], path[300], buf[4096];
+	pid_t found = -1;
+	snprintf(want, sizeof(want), "%d", host);
+	DIR *d = opendir("/proc");
+	if (!d)
+		return -1;
+	struct dirent *e;
+	while (found < 0 && (e = readdir(d))) {
+		if (!isdigit((unsigned char)e->d_name[0]))
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[n] = 0;
+		char *rp = strrchr(buf, ')');
+		char state;
+		int ppid;
+		if (!rp || sscanf(rp + 1, " %c %d", &state, &ppid) != 2 || ppid != launcher)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[n] = 0;
+		for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+			if (!strcmp(buf + i, "--host-id") && i + 10 < n && !strcmp(buf + i + 10, want))
+				found = (pid_t)atoi(e->d_name);
+	}
+	closedir(d);
+	return found;
+}
+
+/* Appends what fd has to buf (non-blocking fd, NUL-terminated buf). */
+static void drain(int fd, char *buf, size_t *used, size_t cap)
+{
+	char tmp[4096];
+	ssize_t k;
+	while ((k = read(fd, tmp, sizeof(tmp))) > 0) {
+		size_t cp = (size_t)k < cap - 1 - *used ? (size_t)k : cap - 1 - *used;
+		memcpy(buf + *used, tmp, cp);
+		*used += cp;
+		buf[*used] = 0;
+	}
+}
+
+/* Some line of text contains both a and b. */
+static bool line_with(const char *text, const char *a, const char *b)
+{
+	for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+		const char *end = strchr(l, '\n');
+		size_t len = end ? (size_t)(end - l) : strlen(l);
+		const char *pa = strstr(l, a), *pb = strstr(l, b);
+		if (pa && pb && (size_t)(pa - l) < len && (size_t)(pb - l) < len)
+			return true;
+	}
+	return false;
+}
+
+/* Three agents run all_reduce for good; host 1's agent is SIGKILLed in the
+ * middle. The whole run must fail within heartbeat_timeout_s + 4 s, and
+ * stderr must blame host 1 during all_reduce (and nobody else). */
+START_TEST(test_multihost_host_lost)
+{
+	const double hb = 2.0;
+	static char out[1 << 16], errs[1 << 16];
+	size_t nout = 0, nerr = 0;
+	int po[2], pe[2];
+	out[0] = errs[0] = 0;
+	char *argv[] = { (char *)meshrun_path(), "bench", "collectives", "--hosts", "3",
+			 "--op", "all_reduce", "--sizes", "16M", "--iters", "100000",
+			 "heartbeat_timeout_s=2", NULL };
+	ck_assert_int_eq(pipe(po), 0);
+	ck_assert_int_eq(pipe(pe), 0);
+	atexit(lost_cleanup);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		/* own process group (the agents join it); dies with the test */
+		setpgid(0, 0);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(po[1], 1);
+		dup2(pe[1], 2);
+		close(po[0]);
+		close(po[1]);
+		close(pe[0]);
+		close(pe[1]);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	setpgid(pid, pid);
+	lost_pgid = pid;
+	close(po[1]);
+	close(pe[1]);
+	fcntl(po[0], F_SETFL, O_NONBLOCK);
+	fcntl(pe[0], F_SETFL, O_NONBLOCK);
+
+	/* running collectives: host 0 prints the table header just before the
+	 * first (warm-up) all_reduce */
+	int status = 0;
+	bool exited = false;
+	double t_end = now_s() + 60;
+	while (!strstr(out, "# all_reduce") && now_s() < t_end) {
+		drain(po[0], out, &nout, sizeof(out));
+		drain(pe[0], errs, &nerr, sizeof(errs));
+		if (waitpid(pid, &status, WNOHANG) == pid) {
+			exited = true;
+			break;
+		}
+		usleep(20000);
+	}
+	ck_assert_msg(!exited && strstr(out, "# all_reduce"),
+		      "collectives never started:\n%s\n%s", out, errs);
+	usleep(300000);
+	pid_t victim = agent_of(pid, 1);
+	ck_assert_msg(victim > 0, "no agent of host 1 among the children of %d", (int)pid);
+
+	double t_kill = now_s();
+	ck_assert_int_eq(kill(victim, SIGKILL), 0);
+	while (now_s() < t_kill + hb + 4.0) {
+		drain(po[0], out, &nout, sizeof(out));
+		drain(pe[0], errs, &nerr, sizeof(errs));
+		if (waitpid(pid, &status, WNOHANG) == pid) {
+			exited = true;
+			break;
+		}
+		usleep(20000);
+	}
+	double took = now_s() - t_kill;
+	lost_cleanup();
+	if (!exited)
+		waitpid(pid, &status, 0);
+	drain(po[0], out, &nout, sizeof(out));
+	drain(pe[0], errs, &nerr, sizeof(errs));
+	close(po[0]);
+	close(pe[0]);
+
+	ck_assert_msg(exited, "still running %.1f s after host 1 was killed:\n%s", took, errs);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) != 0,
+		      "run ended with status 0x%x after host 1 was killed:\n%s", status, errs);
+	ck_assert_msg(line_with(errs, "lost host 1", "all_reduce"),
+		      "stderr does not say host 1 was lost during all_reduce:\n%s", errs);
+	ck_assert_msg(!strstr(errs, "lost host 0") && !strstr(errs, "lost host 2"),
+		      "a surviving host is blamed:\n%s", errs);
+}
+END_TEST
+
 static Suite *coll_suite(void)
 {
 	Suite *s = suite_create("coll");
@@ -717,6 +895,11 @@ static Suite *coll_suite(void)
 	tcase_add_loop_test(tc, test_multihost_check, 0, 8);
 	tcase_add_test(tc, test_multihost_detects_wrong);
 	tcase_add_test(tc, test_multihost_table);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("failure");
+	tcase_set_timeout(tc, 90);
+	tcase_add_test(tc, test_multihost_host_lost);
 	suite_add_tcase(s, tc);
 	return s;
 }
