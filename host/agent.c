@@ -390,28 +390,6 @@ static const struct job_entry jobs[] = {
 	{ NULL, NULL },
 };
 
-static int parse_bytes(const char *s, size_t *out)
-{
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s || *s == '-')
-		return -1;
-	unsigned long long mul = 1;
-	if (*end == 'K' || *end == 'k')
-		mul = 1ull << 10;
-	else if (*end == 'M' || *end == 'm')
-		mul = 1ull << 20;
-	else if (*end == 'G' || *end == 'g')
-		mul = 1ull << 30;
-	if (mul > 1)
-		end++;
-	if (*end || v > (1ull << 40) / mul)
-		return -1;
-	*out = (size_t)(v * mul);
-	return 0;
-}
-
 /* "--name value" or "--name=value" at argv[*i]: the value, advancing *i. */
 static const char *flag_value(int argc, char **argv, int *i, const char *name, bool *bad)
 {
@@ -453,7 +431,7 @@ int cmd_agent(int argc, char **argv)
 		} else if ((v = flag_value(argc, argv, &i, "--job", &bad))) {
 			job_name = v;
 		} else if ((v = flag_value(argc, argv, &i, "--size", &bad))) {
-			if (parse_bytes(v, &pp.size)) {
+			if (cfg_parse_bytes(v, &pp.size) || pp.size > (1ull << 40)) {
 				fprintf(stderr, "meshrun: agent: --size wants a byte count like 64K or 16M, got '%s'\n", v);
 				free(rest);
 				return EXIT_USAGE;

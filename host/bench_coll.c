@@ -45,37 +45,13 @@ struct bench_opts {
 	char **rest;
 };
 
-static int parse_size(const char *s, size_t *out)
-{
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return -1;
-	unsigned long long mul = 1;
-	if (*end == 'K' || *end == 'k')
-		mul = 1ull << 10;
-	else if (*end == 'M' || *end == 'm')
-		mul = 1ull << 20;
-	else if (*end == 'G' || *end == 'g')
-		mul = 1ull << 30;
-	if (mul != 1)
-		end++;
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end || v > SIZE_MAX / mul)
-		return -1;
-	*out = (size_t)(v * mul);
-	return 0;
-}
-
 static int parse_list(const char *s, size_t *out, int *n)
 {
 	char buf[512];
 	snprintf(buf, sizeof(buf), "%s", s);
 	*n = 0;
 	for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-		if (*n == MAX_LIST || parse_size(t, &out[*n]))
+		if (*n == MAX_LIST || cfg_parse_bytes(t, &out[*n]))
 			return -1;
 		(*n)++;
 	}
@@ -660,29 +636,9 @@ static int run_launcher(struct bench_opts *o, int argc, char **argv)
 		fprintf(stderr, "bench collectives: give --hosts N\n");
 		return EXIT_USAGE;
 	}
-	/* children: bench collectives --agent <our args without --hosts> */
-	char **cargv = calloc((size_t)argc + 3, sizeof(char *));
-	if (!cargv) {
-		fprintf(stderr, "bench collectives: out of memory\n");
-		return EXIT_FAIL;
-	}
-	int cargc = 0;
-	cargv[cargc++] = "bench";
-	cargv[cargc++] = argv[0];
-	cargv[cargc++] = "--agent";
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--hosts")) {
-			i++;
-			continue;
-		}
-		if (!strncmp(argv[i], "--hosts=", 8))
-			continue;
-		cargv[cargc++] = argv[i];
-	}
-	int rc = local_launch(o->hosts, cargc, cargv, err, sizeof(err));
+	int rc = local_launch_agents(o->hosts, "bench", argc, argv, err, sizeof(err));
 	if (rc)
 		fprintf(stderr, "bench collectives: %s\n", err);
-	free(cargv);
 	return rc;
 }
 

@@ -32,28 +32,6 @@ struct link_opts {
 	char **rest;
 };
 
-static int parse_size(const char *s, size_t *out)
-{
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s || *s == '-')
-		return -1;
-	unsigned long long mul = 1;
-	if (*end == 'K' || *end == 'k')
-		mul = 1ull << 10;
-	else if (*end == 'M' || *end == 'm')
-		mul = 1ull << 20;
-	else if (*end == 'G' || *end == 'g')
-		mul = 1ull << 30;
-	if (mul != 1)
-		end++;
-	if (*end || v == 0 || v > (1ull << 32) / mul)
-		return -1;
-	*out = (size_t)(v * mul);
-	return 0;
-}
-
 static int parse_opts(int argc, char **argv, struct link_opts *o)
 {
 	memset(o, 0, sizeof(*o));
@@ -93,7 +71,8 @@ static int parse_opts(int argc, char **argv, struct link_opts *o)
 			o->nsizes = 0;
 			for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
 			     t = strtok_r(NULL, ",", &save)) {
-				if (o->nsizes == MAX_SIZES || parse_size(t, &o->sizes[o->nsizes])) {
+				if (o->nsizes == MAX_SIZES || cfg_parse_bytes(t, &o->sizes[o->nsizes]) ||
+				    o->sizes[o->nsizes] == 0 || o->sizes[o->nsizes] > (1ull << 32)) {
 					fprintf(stderr, "bench link: bad size list '%s'\n", v);
 					return EXIT_USAGE;
 				}
@@ -276,28 +255,9 @@ static int run_launcher(struct link_opts *o, int argc, char **argv)
 		fprintf(stderr, "bench link: give --hosts 2\n");
 		return EXIT_USAGE;
 	}
-	char **cargv = calloc((size_t)argc + 4, sizeof(char *));
-	if (!cargv) {
-		fprintf(stderr, "bench link: out of memory\n");
-		return EXIT_FAIL;
-	}
-	int cargc = 0;
-	cargv[cargc++] = "bench";
-	cargv[cargc++] = argv[0];
-	cargv[cargc++] = "--agent";
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--hosts")) {
-			i++;
-			continue;
-		}
-		if (!strncmp(argv[i], "--hosts=", 8))
-			continue;
-		cargv[cargc++] = argv[i];
-	}
-	int rc = local_launch(2, cargc, cargv, err, sizeof(err));
+	int rc = local_launch_agents(2, "bench", argc, argv, err, sizeof(err));
 	if (rc)
 		fprintf(stderr, "bench link: %s\n", err);
-	free(cargv);
 	return rc;
 }
 

@@ -416,6 +416,30 @@ int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_
 	return 0;
 }
 
+int cfg_parse_bytes(const char *s, size_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s || *s == '-')
+		return -EINVAL;
+	unsigned long long mul = 1;
+	if (*end == 'K' || *end == 'k')
+		mul = 1ull << 10;
+	else if (*end == 'M' || *end == 'm')
+		mul = 1ull << 20;
+	else if (*end == 'G' || *end == 'g')
+		mul = 1ull << 30;
+	if (mul != 1)
+		end++;
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end || v > SIZE_MAX / mul)
+		return -EINVAL;
+	*out = (size_t)(v * mul);
+	return 0;
+}
+
 void cfg_single_device(struct cfg *c)
 {
 	for (int a = 0; a < AX_COUNT; a++)

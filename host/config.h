@@ -151,6 +151,8 @@ int cfg_override(struct cfg *c, const char *kv, char *err, size_t errlen);
  * want_hosts/want_devices > 0, checks the mesh multiplies to them (and fills
  * -1 from them). 0 or -EINVAL with err. */
 int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_t errlen);
+/* A byte count like 4096, 64K, 16M, 1G (optional B): 0 or -EINVAL. */
+int cfg_parse_bytes(const char *s, size_t *out);
 /* Sets every ici_* and dcn_* size to 1. */
 void cfg_single_device(struct cfg *c);
 /* SHA-256 over the canonical text of every hashed key. */

@@ -563,3 +563,28 @@ int cmd_local(int argc, char **argv)
 	free(cargv);
 	return rc;
 }
+
+int local_launch_agents(int hosts, const char *cmd, int argc, char **argv, char *err, size_t errlen)
+{
+	char **cargv = calloc((size_t)argc + 3, sizeof(char *));
+	if (!cargv) {
+		snprintf(err, errlen, "out of memory");
+		return EXIT_FAIL;
+	}
+	int cargc = 0;
+	cargv[cargc++] = (char *)cmd;
+	cargv[cargc++] = argv[0];
+	cargv[cargc++] = "--agent";
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--hosts")) {
+			i++;
+			continue;
+		}
+		if (!strncmp(argv[i], "--hosts=", 8))
+			continue;
+		cargv[cargc++] = argv[i];
+	}
+	int rc = local_launch(hosts, cargc, cargv, err, errlen);
+	free(cargv);
+	return rc;
+}

@@ -16,6 +16,12 @@
  * which host failed and how. The temporary certificate directory is removed. */
 int local_launch(int hosts, int argc, char **argv, char *err, size_t errlen);
 
+/* For subcommands that run as their own agents (`bench link`, `bench
+ * collectives`): starts `hosts` children running
+ *     cmd argv[0] --agent argv[1..] (without --hosts N / --hosts=N)
+ * through local_launch. Same return as local_launch. */
+int local_launch_agents(int hosts, const char *cmd, int argc, char **argv, char *err, size_t errlen);
+
 /* Shared agent-side argument parsing for subcommands that run as agents:
  * consumes --config FILE, --host-id I, --hosts N, --devices-per-host D and
  * key=value overrides from argv; loads and finishes the config (mesh sizes
