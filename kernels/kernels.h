@@ -34,6 +34,13 @@ const char *blas_core_name(void);
 /* out (N,C) = wte[tokens[n]]; tokens (N) in [0,V) */
 void embedding_forward(float *out, const int32_t *tokens, const float *wte, int N, int C);
 void embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int N, int C);
+/* The same with the vocabulary split over devices: wte (Vl,C) holds rows
+ * [v0, v0+Vl); a token outside them gives a zero row (the caller sums the
+ * partial rows over the vocab devices) and no gradient. */
+void embedding_forward_range(float *out, const int32_t *tokens, const float *wte, int v0, int Vl,
+			     int N, int C);
+void embedding_backward_range(float *dwte, const float *dout, const int32_t *tokens, int v0, int Vl,
+			      int N, int C);
 
 /* ---- RMSNorm ---- */
 /* inp (N,C), weight (C); rstd (N) cached for backward */
@@ -91,6 +98,25 @@ double softmax_xent_forward(float *losses, float *probs, const float *logits,
 /* dlogits += (probs - onehot(target)) * scale   (scale = 1/N for a mean) */
 void softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,
 			   float scale, int N, int V);
+/* Cross-entropy over a vocabulary split over devices: logits (N,Vl) are
+ * columns [v0, v0+Vl) of V. Three passes with the caller combining
+ * statistics over the vocab devices between them:
+ *   xent_split_max:   mx (N) = row maxima of the local columns
+ *                     (the caller takes the maximum over devices)
+ *   xent_split_sums:  st (2N): st[n] = sum exp(x - mx[n]) over the local
+ *                     columns, st[N+n] = the target's logit if it is local,
+ *                     else 0 (the caller sums st over devices)
+ *   xent_split_finish: losses (N) = log st[n] - (st[N+n] - mx[n]), probs
+ *                     (N,Vl) the local softmax columns; returns the loss sum
+ * and xent_split_backward adds (probs - onehot) * scale to the local
+ * columns. */
+void xent_split_max(float *mx, const float *logits, int N, int Vl);
+void xent_split_sums(float *st, const float *logits, const float *mx, const int32_t *targets,
+		     int v0, int N, int Vl);
+double xent_split_finish(float *losses, float *probs, const float *logits, const float *mx,
+			 const float *st, int N, int Vl);
+void xent_split_backward(float *dlogits, const float *probs, const int32_t *targets, int v0,
+			 float scale, int N, int Vl);
 
 /* ---- MoE (kernels/moe.c) ---- */
 enum moe_score { MOE_SOFTMAX = 0, MOE_SIGMOID = 1 };
@@ -156,6 +182,12 @@ void newton_schulz5(float *out, const float *G, float *scratch, int R, int C);
  * O = NS5(g'); p -= lr * (O * sqrt(max(1, R/C)) + wd * p). */
 void muon_update(float *p, const float *g, float *buf, float *scratch, int R, int C,
 		 float lr, float mu, float wd);
+/* muon_update in three parts, for a matrix split over devices: the
+ * momentum is elementwise on each device's part (o = g + mu buf after
+ * buf = mu buf + g), NS5 needs the whole o, and the update is elementwise
+ * again with k = sqrt(max(1, R/C)) of the whole matrix. */
+void muon_momentum(float *o, float *buf, const float *g, size_t n, float mu);
+void muon_apply(float *p, const float *o, size_t n, float lr, float k, float wd);
 /* sum of squares in double (global-norm clipping sums these across shards) */
 double sumsq(const float *x, size_t n);
 void scale_inplace(float *x, size_t n, float s);

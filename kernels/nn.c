@@ -147,6 +147,32 @@ void embedding_backward(float *dwte, const float *dout, const int32_t *tokens, i
 		add_row(dwte + (size_t)tokens[n] * C, dout + (size_t)n * C, C);
 }
 
+void embedding_forward_range(float *out, const int32_t *tokens, const float *wte, int v0, int Vl,
+			     int N, int C)
+{
+	// tokens (N), wte (Vl,C) = rows [v0, v0+Vl), out (N,C)
+	for (int n = 0; n < N; n++) {
+		int t = tokens[n] - v0;
+		if (t >= 0 && t < Vl)
+			memcpy(out + (size_t)n * C, wte + (size_t)t * C, sizeof(float) * C);
+		else
+			memset(out + (size_t)n * C, 0, sizeof(float) * C);
+	}
+}
+
+void embedding_backward_range(float *dwte, const float *dout, const int32_t *tokens, int v0, int Vl,
+			      int N, int C)
+{
+	// dout (N,C), tokens (N), dwte (Vl,C) = rows [v0, v0+Vl)
+	if (!dwte)
+		return;
+	for (int n = 0; n < N; n++) {
+		int t = tokens[n] - v0;
+		if (t >= 0 && t < Vl)
+			add_row(dwte + (size_t)t * C, dout + (size_t)n * C, C);
+	}
+}
+
 /* ---- RMSNorm ---- */
 
 void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
@@ -574,5 +600,62 @@ void softmax_xent_backward(float *dlogits, const float *probs, const int32_t *ta
 		for (; i < V; i++)
 			d[i] += p[i] * scale;
 		d[targets[n]] -= scale;
+	}
+}
+
+void xent_split_max(float *mx, const float *logits, int N, int Vl)
+{
+	// logits (N,Vl), mx (N)
+	for (int n = 0; n < N; n++)
+		mx[n] = Vl > 0 ? max_row(logits + (size_t)n * Vl, Vl) : -INFINITY;
+}
+
+void xent_split_sums(float *st, const float *logits, const float *mx, const int32_t *targets,
+		     int v0, int N, int Vl)
+{
+	// logits (N,Vl), mx (N), targets (N), st (2N)
+	for (int n = 0; n < N; n++) {
+		const float *x = logits + (size_t)n * Vl;
+		double s = 0.0;
+		for (int i = 0; i < Vl; i++)
+			s += expf(x[i] - mx[n]);
+		int t = targets[n] - v0;
+		st[n] = (float)s;
+		st[N + n] = t >= 0 && t < Vl ? x[t] : 0.0f;
+	}
+}
+
+double xent_split_finish(float *losses, float *probs, const float *logits, const float *mx,
+			 const float *st, int N, int Vl)
+{
+	// logits, probs (N,Vl), mx (N), st (2N), losses (N)
+	double total = 0.0;
+	for (int n = 0; n < N; n++) {
+		const float *x = logits + (size_t)n * Vl;
+		float *p = probs + (size_t)n * Vl;
+		float inv = 1.0f / st[n];
+		for (int i = 0; i < Vl; i++)
+			p[i] = expf(x[i] - mx[n]) * inv;
+		double loss = log((double)st[n]) - ((double)st[N + n] - mx[n]);
+		losses[n] = (float)loss;
+		total += loss;
+	}
+	return total;
+}
+
+void xent_split_backward(float *dlogits, const float *probs, const int32_t *targets, int v0,
+			 float scale, int N, int Vl)
+{
+	// probs, dlogits (N,Vl), targets (N)
+	if (!dlogits)
+		return;
+	for (int n = 0; n < N; n++) {
+		const float *p = probs + (size_t)n * Vl;
+		float *d = dlogits + (size_t)n * Vl;
+		for (int i = 0; i < Vl; i++)
+			d[i] += p[i] * scale;
+		int t = targets[n] - v0;
+		if (t >= 0 && t < Vl)
+			d[t] -= scale;
 	}
 }

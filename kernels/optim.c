@@ -101,20 +101,31 @@ void newton_schulz5(float *out, const float *G, float *scratch, int R, int C)
 	}
 }
 
+void muon_momentum(float *o, float *buf, const float *g, size_t n, float mu)
+{
+	// o, buf, g (n)
+	for (size_t i = 0; i < n; i++) {
+		buf[i] = mu * buf[i] + g[i];
+		o[i] = g[i] + mu * buf[i];
+	}
+}
+
+void muon_apply(float *p, const float *o, size_t n, float lr, float k, float wd)
+{
+	// p, o (n)
+	for (size_t i = 0; i < n; i++)
+		p[i] -= lr * (o[i] * k + wd * p[i]);
+}
+
 void muon_update(float *p, const float *g, float *buf, float *scratch, int R, int C,
 		 float lr, float mu, float wd)
 {
 	// p, g, buf (R,C); scratch as newton_schulz5's (3 max(R,C)^2 + 2 R C floats)
 	size_t n = (size_t)R * C;
 	float *o = scratch, *ns = scratch + n;
-	float k = sqrtf(R > C ? (float)R / (float)C : 1.0f);
-	for (size_t i = 0; i < n; i++) {
-		buf[i] = mu * buf[i] + g[i];
-		o[i] = g[i] + mu * buf[i];
-	}
+	muon_momentum(o, buf, g, n, mu);
 	newton_schulz5(o, o, ns, R, C);
-	for (size_t i = 0; i < n; i++)
-		p[i] -= lr * (o[i] * k + wd * p[i]);
+	muon_apply(p, o, n, lr, sqrtf(R > C ? (float)R / (float)C : 1.0f), wd);
 }
 
 float lr_schedule(int step, float lr, int warmup, int total, float final_fraction)

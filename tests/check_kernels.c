@@ -747,6 +747,82 @@ START_TEST(test_xent)
 }
 END_TEST
 
+START_TEST(test_xent_split)
+{
+	/* the vocabulary cut into uneven parts (as devices would hold it), the
+	 * statistics combined as the caller does, gives the whole-row losses,
+	 * probabilities and gradients; so do the range embeddings */
+	const int N = 6, V = 29, cuts[] = { 0, 7, 8, 29 }, nparts = 3, C = 5;
+	size_t n = (size_t)N * V;
+	int32_t tg[6];
+	float *x = frand(n, 4), *probs = fzero(n), *losses = fzero(N), *d = fzero(n);
+	for (int i = 0; i < N; i++)
+		tg[i] = (i * 11 + 2) % V;
+	softmax_xent_forward(losses, probs, x, tg, N, V);
+	softmax_xent_backward(d, probs, tg, 0.25f, N, V);
+
+	float mx[6], gmx[6], st[12], gst[12] = { 0 }, pl[6], part_loss = 0;
+	float *xs[3], *ps[3], *ds[3];
+	for (int i = 0; i < N; i++)
+		gmx[i] = -INFINITY;
+	for (int k = 0; k < nparts; k++) {
+		int v0 = cuts[k], vl = cuts[k + 1] - v0;
+		xs[k] = fzero((size_t)N * vl);
+		ps[k] = fzero((size_t)N * vl);
+		ds[k] = fzero((size_t)N * vl);
+		for (int r = 0; r < N; r++)
+			memcpy(xs[k] + (size_t)r * vl, x + (size_t)r * V + v0, sizeof(float) * vl);
+		xent_split_max(mx, xs[k], N, vl);
+		for (int r = 0; r < N; r++)
+			gmx[r] = fmaxf(gmx[r], mx[r]);
+	}
+	for (int k = 0; k < nparts; k++) {
+		xent_split_sums(st, xs[k], gmx, tg, cuts[k], N, cuts[k + 1] - cuts[k]);
+		for (int r = 0; r < 2 * N; r++)
+			gst[r] += st[r];
+	}
+	for (int k = 0; k < nparts; k++) {
+		int v0 = cuts[k], vl = cuts[k + 1] - v0;
+		double tot = xent_split_finish(pl, ps[k], xs[k], gmx, gst, N, vl);
+		xent_split_backward(ds[k], ps[k], tg, v0, 0.25f, N, vl);
+		for (int r = 0; r < N; r++) {
+			ck_assert_float_eq_tol(pl[r], losses[r], 1e-5f);
+			for (int i = 0; i < vl; i++) {
+				ck_assert_float_eq_tol(ps[k][(size_t)r * vl + i], probs[(size_t)r * V + v0 + i], 1e-6f);
+				ck_assert_float_eq_tol(ds[k][(size_t)r * vl + i], d[(size_t)r * V + v0 + i], 1e-6f);
+			}
+		}
+		part_loss = (float)tot;
+	}
+	double whole = 0;
+	for (int r = 0; r < N; r++)
+		whole += losses[r];
+	ck_assert_double_eq_tol(part_loss, whole, 1e-4);
+
+	/* embedding rows: the parts' outputs sum to the whole lookup */
+	float *w = frand((size_t)V * C, 1), *e = fzero((size_t)N * C), *es = fzero((size_t)N * C);
+	float *part = fzero((size_t)N * C), *dw = fzero((size_t)V * C), *dws = fzero((size_t)V * C);
+	float *dout = frand((size_t)N * C, 1);
+	embedding_forward(e, tg, w, N, C);
+	embedding_backward(dw, dout, tg, N, C);
+	for (int k = 0; k < nparts; k++) {
+		int v0 = cuts[k], vl = cuts[k + 1] - v0;
+		embedding_forward_range(part, tg, w + (size_t)v0 * C, v0, vl, N, C);
+		for (int i = 0; i < N * C; i++)
+			es[i] += part[i];
+		embedding_backward_range(dws + (size_t)v0 * C, dout, tg, v0, vl, N, C);
+	}
+	for (int i = 0; i < N * C; i++)
+		ck_assert_float_eq(es[i], e[i]);
+	for (int i = 0; i < V * C; i++)
+		ck_assert_float_eq(dws[i], dw[i]);
+	for (int k = 0; k < nparts; k++)
+		free(xs[k]), free(ps[k]), free(ds[k]);
+	free(x), free(probs), free(losses), free(d), free(w), free(e), free(es), free(part), free(dw),
+		free(dws), free(dout);
+}
+END_TEST
+
 START_TEST(test_xent_stable)
 {
 	/* logits shifted by +-1000 or with huge gaps give the same losses,
@@ -1095,7 +1171,7 @@ static Suite *kernels_suite(void)
 		{ "attention", { test_attention_forward, test_attention_backward }, 3 },
 		{ "swiglu residual", { test_swiglu, test_residual }, 0 },
 		{ "xent", { test_xent }, 2 },
-		{ "xent stable", { test_xent_stable }, 0 },
+		{ "xent stable", { test_xent_stable, test_xent_split }, 0 },
 		{ "adamw", { test_adamw }, 0 },
 		{ "newton-schulz muon", { test_newton_schulz, test_muon }, 3 },
 		{ "norms schedule", { test_sumsq_scale, test_lr_schedule }, 0 },
