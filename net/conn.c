@@ -70,6 +70,12 @@ static int tcp_flush(struct conn *c)
 	return 0;
 }
 
+static bool tcp_pending(struct conn *c)
+{
+	(void)c;
+	return false;
+}
+
 static int tcp_shutdown(struct conn *c)
 {
 	shutdown(c->fd, SHUT_WR);
@@ -89,6 +95,7 @@ const struct conn_type conn_type_tcp = {
 	.read = tcp_read,
 	.write = tcp_write,
 	.flush = tcp_flush,
+	.pending = tcp_pending,
 	.shutdown = tcp_shutdown,
 	.free = tcp_free,
 };
@@ -370,6 +377,11 @@ static int tls_flush(struct conn *c)
 	return rc;
 }
 
+static bool tls_pending(struct conn *c)
+{
+	return SSL_has_pending(c->ssl) || BIO_ctrl_pending(SSL_get_rbio(c->ssl)) > 0;
+}
+
 static int tls_shutdown(struct conn *c)
 {
 	ERR_clear_error();
@@ -401,6 +413,7 @@ const struct conn_type conn_type_tls = {
 	.read = tls_read,
 	.write = tls_write,
 	.flush = tls_flush,
+	.pending = tls_pending,
 	.shutdown = tls_shutdown,
 	.free = tls_free,
 };

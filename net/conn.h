@@ -31,6 +31,10 @@ struct conn_type {
 	 * 0 when none are left; -EAGAIN (socket full); < 0 error. Call it
 	 * when a burst of writes is over. */
 	int (*flush)(struct conn *c);
+	/* true if bytes already taken off the socket wait in user space (TLS
+	 * records, the socket BIO's buffer): a read would make progress that
+	 * no readiness event will announce. */
+	bool (*pending)(struct conn *c);
 	/* Starts an orderly close of the sending side (TLS close_notify, then
 	 * shutdown(SHUT_WR)). 0 when done; -EAGAIN; < 0 error. */
 	int (*shutdown)(struct conn *c);
@@ -65,6 +69,7 @@ static inline ssize_t conn_write(struct conn *c, const void *buf, size_t len)
 	return c->type->write(c, buf, len);
 }
 static inline int conn_flush(struct conn *c) { return c->type->flush(c); }
+static inline bool conn_pending(struct conn *c) { return c->type->pending(c); }
 static inline int conn_shutdown(struct conn *c) { return c->type->shutdown(c); }
 /* Closes the socket and frees c; NULL is fine. */
 void conn_free(struct conn *c);

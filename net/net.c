@@ -29,7 +29,11 @@
 #include "net/tls.h"
 
 #define TICK_MS        50
-#define READ_BUDGET    (1u << 20)      /* bytes per read callback before yielding */
+/* Bytes per read or write callback before yielding to the poll. Reading
+ * gets the larger turn: on a link busy both ways, 1 MiB turns each way
+ * (or 8 MiB each way) measured 15-20% slower than this; a receiver that
+ * lets its socket fill seems to stall its sender. */
+#define READ_BUDGET    (1u << 23)
 #define WRITE_BUDGET   (1u << 20)
 #define FRAG_MAX       (1u << 20)      /* largest data fragment we write */
 #define SMALL_PAYLOAD  (16384 - 256)   /* payloads copied into the header's record */
@@ -69,6 +73,7 @@ struct link {
 	char addr[128];
 	struct conn *c;
 	struct event *ev_read, *ev_write;
+	struct event *ev_resume;       /* zero timeout: read on after the next poll */
 	bool write_armed, rd_wants_write, wr_wants_read;
 	bool refused;                  /* a refusal was logged already */
 	uint64_t deadline_ns;          /* handshake/hello or close deadline */
@@ -288,6 +293,7 @@ static int failed_status(struct net *n)
 /* ---- links: creation, teardown ---- */
 
 static void link_event_cb(evutil_socket_t fd, short what, void *arg);
+static void link_resume_cb(evutil_socket_t fd, short what, void *arg);
 static void link_write(struct link *l);
 static void link_read(struct link *l);
 static void net_fail(struct net *n, int status, int rc, const char *msg);
@@ -309,19 +315,16 @@ static struct link *link_new(struct net *n, enum role role, struct conn *c, int 
 	snprintf(l->addr, sizeof(l->addr), "%s", addr);
 	l->ev_read = event_new(n->base, c->fd, EV_READ | EV_PERSIST, link_event_cb, l);
 	l->ev_write = event_new(n->base, c->fd, EV_WRITE | EV_PERSIST, link_event_cb, l);
-	if (!l->ev_read || !l->ev_write) {
+	l->ev_resume = evtimer_new(n->base, link_resume_cb, l);
+	l->tx_stage = malloc(FRAME_PREFIX_LEN + 1024 + SMALL_PAYLOAD);
+	if (!l->ev_read || !l->ev_write || !l->ev_resume || !l->tx_stage) {
 		if (l->ev_read)
 			event_free(l->ev_read);
 		if (l->ev_write)
 			event_free(l->ev_write);
-		conn_free(c);
-		free(l);
-		return NULL;
-	}
-	l->tx_stage = malloc(FRAME_PREFIX_LEN + 1024 + SMALL_PAYLOAD);
-	if (!l->tx_stage) {
-		event_free(l->ev_read);
-		event_free(l->ev_write);
+		if (l->ev_resume)
+			event_free(l->ev_resume);
+		free(l->tx_stage);
 		conn_free(c);
 		free(l);
 		return NULL;
@@ -387,6 +390,7 @@ static void link_kill(struct link *l)
 		return;
 	l->state = LS_DEAD;
 	event_del(l->ev_read);
+	event_del(l->ev_resume);
 	disarm_write(l);
 	link_release_reqs(l, failed_status(n) ? -ECANCELED : -EPIPE);
 	if (l->peer >= 0 && l->peer < n->num_hosts) {
@@ -406,6 +410,7 @@ static void link_free(struct link *l)
 	struct send_msg *m;
 	event_free(l->ev_read);
 	event_free(l->ev_write);
+	event_free(l->ev_resume);
 	conn_free(l->c);
 	while ((c = l->cq_head)) {
 		l->cq_head = c->next;
@@ -1380,9 +1385,17 @@ static void link_read(struct link *l)
 
 	while (l->state != LS_DEAD) {
 		if (!budget) {
-			/* yield to other links; OpenSSL may hold buffered records the
-			 * socket no longer signals, so come back explicitly */
-			event_active(l->ev_read, EV_READ, 0);
+			/* Yield through the poll, not around it: re-activating
+			 * ourselves here would run again before epoll and the
+			 * timers, so a link that never runs dry would starve its
+			 * own writes, the other links and the heartbeats. Bytes
+			 * left in the socket fire EV_READ again (level-triggered);
+			 * bytes already in user space do not, so a zero timeout
+			 * brings us back after the next poll. */
+			if (conn_pending(l->c)) {
+				static const struct timeval now_tv = { 0, 0 };
+				event_add(l->ev_resume, &now_tv);
+			}
 			break;
 		}
 		uint8_t *dst;
@@ -1564,6 +1577,12 @@ static void link_event_cb(evutil_socket_t fd, short what, void *arg)
 		if (l->state != LS_DEAD)
 			link_write(l);
 	}
+}
+
+static void link_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)what;
+	link_event_cb(fd, EV_READ, arg);
 }
 
 static void dial_addr(struct net *n, enum role role, int peer, const char *addr)

@@ -4,11 +4,14 @@
  * makes every other agent exit with EXIT_PEER_LOST within
  * heartbeat_timeout_s + 2 s, naming the lost host; config errors (unknown
  * key, wrong type, a mesh that does not multiply to hosts x devices) exit
- * with EXIT_CONFIG and a message naming the key. */
+ * with EXIT_CONFIG and a message naming the key. A fake host 0 that pours
+ * a stream of frames into a real agent faster than it can read them still
+ * gets that agent's heartbeats during the stream (read fairness). */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -24,6 +27,8 @@
 
 #include "host/cli.h"
 #include "net/conn.h"
+#include "net/frame.h"
+#include "net/net.h"
 #include "net/tls.h"
 
 #include "tests/proc.h"
@@ -201,6 +206,254 @@ START_TEST(test_local_reports_failure)
 }
 END_TEST
 
+/* ---- a fake host 0 on blocking-style TLS (poll on c->want) ---- */
+
+struct fake_rx {
+	uint8_t buf[1 << 16];
+	size_t len;
+};
+
+static void fake_poll(struct conn *c, double end, const char *what)
+{
+	ck_assert_msg(now_s() < end, "fake host 0: timed out in %s", what);
+	struct pollfd p = { .fd = c->fd, .events = c->want == CONN_WANT_WRITE ? POLLOUT : POLLIN };
+	poll(&p, 1, 50);
+}
+
+static void fake_handshake(struct conn *c, struct proc *agent)
+{
+	double end = now_s() + 10;
+	int rc;
+	while ((rc = conn_handshake(c)) == -EAGAIN)
+		fake_poll(c, end, "the handshake");
+	ck_assert_msg(rc == 0, "fake host 0: handshake: %s\nagent:\n%s", c->err, slurp(agent->err));
+}
+
+static void fake_send(struct conn *c, Meshrun__Frame *f)
+{
+	static uint8_t buf[4096];
+	double end = now_s() + 10;
+	size_t n = frame_encode(f, 0, buf), off = 0;
+	ck_assert_uint_gt(n, 0);
+	while (off < n) {
+		ssize_t w = conn_write(c, buf + off, n - off);
+		if (w == -EAGAIN) {
+			fake_poll(c, end, "a write");
+			continue;
+		}
+		ck_assert_msg(w > 0, "fake host 0: write: %s", c->err);
+		off += (size_t)w;
+	}
+	while (conn_flush(c) == -EAGAIN)
+		fake_poll(c, end, "a flush");
+}
+
+/* The next whole frame on c, or NULL if none arrives before end (only when
+ * may_time_out; otherwise that fails the test). */
+static Meshrun__Frame *fake_recv(struct conn *c, struct fake_rx *rx, double end, bool may_time_out)
+{
+	const struct frame_limits lim = { .max_payload = 1 << 20 };
+	for (;;) {
+		Meshrun__Frame *f;
+		const uint8_t *pay;
+		uint64_t plen;
+		size_t used;
+		char why[200];
+		int rc = frame_decode(rx->buf, rx->len, &lim, &f, &pay, &plen, &used, why, sizeof(why));
+		if (rc == 0) {
+			memmove(rx->buf, rx->buf + used, rx->len - used);
+			rx->len -= used;
+			return f;
+		}
+		ck_assert_msg(rc == -EAGAIN, "fake host 0: bad frame from the agent: %s", why);
+		ck_assert_uint_lt(rx->len, sizeof(rx->buf));
+		ssize_t r = conn_read(c, rx->buf + rx->len, sizeof(rx->buf) - rx->len);
+		if (r == -EAGAIN) {
+			if (may_time_out && now_s() >= end)
+				return NULL;
+			fake_poll(c, end, "a read");
+			continue;
+		}
+		ck_assert_msg(r > 0, "fake host 0: read: %s", r ? c->err : "closed by the agent");
+		rx->len += (size_t)r;
+	}
+}
+
+/* The next frame of kind body, skipping heartbeats and receive posts. */
+static Meshrun__Frame *fake_expect(struct conn *c, struct fake_rx *rx, int body)
+{
+	double end = now_s() + 10;
+	for (;;) {
+		Meshrun__Frame *f = fake_recv(c, rx, end, false);
+		if ((int)f->body_case == body)
+			return f;
+		ck_assert_msg(f->body_case == MESHRUN__FRAME__BODY_HEARTBEAT ||
+			      f->body_case == MESHRUN__FRAME__BODY_RECV_READY,
+			      "fake host 0: unexpected %s frame", frame_body_name(f->body_case));
+		frame_header_free(f);
+	}
+}
+
+/* A link that receives without pause must still write: the agent (host 1)
+ * gets a stream of heartbeat frames, TLS records encrypted in advance and
+ * poured into the socket far faster than the agent can decrypt and parse
+ * them, so its socket is never empty. A read loop that never returns to
+ * the poll would send nothing until the stream ends (and, with a real
+ * peer, be taken for dead); a fair one sends a heartbeat every tick. */
+START_TEST(test_read_fairness)
+{
+	char certs[300], err[256], addr[128], hid[32];
+	int port = free_port(), lfd;
+	struct fake_rx *rx = calloc(1, sizeof(*rx));
+	struct proc a;
+	ck_assert_ptr_nonnull(rx);
+	snprintf(certs, sizeof(certs), "%s/certs", tmpdir);
+	snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+	ck_assert_msg(conn_listen(addr, &lfd, err, sizeof(err)) == 0, "%s", err);
+	SSL_CTX *ctx = tls_ctx_new(certs, 0, err, sizeof(err));
+	ck_assert_msg(ctx, "%s", err);
+
+	snprintf(certs_kv, sizeof(certs_kv), "certs_dir=%s/certs", tmpdir);
+	snprintf(coord_kv, sizeof(coord_kv), "coordinator_address=127.0.0.1:%d", port);
+	snprintf(hid, sizeof(hid), "--host-id=1");
+	run_meshrun(&a, "agent", "agent", hid, "--hosts=2", "--listen=127.0.0.1:0", "--job=pingpong",
+		    "--rounds=1", "--size=1K", certs_kv, coord_kv, "heartbeat_interval_s=0.05",
+		    "heartbeat_timeout_s=60", "collective_timeout_s=60", "connect_timeout_s=20",
+		    (char *)NULL);
+
+	/* rendezvous: the agent's Hello, our Topology */
+	int fd = -EAGAIN;
+	for (double end = now_s() + 10; fd == -EAGAIN && now_s() < end;) {
+		struct pollfd p = { .fd = lfd, .events = POLLIN };
+		poll(&p, 1, 50);
+		fd = conn_accept(lfd, NULL, 0);
+	}
+	ck_assert_msg(fd >= 0, "the agent never dialled the coordinator:\n%s", slurp(a.err));
+	close(lfd);
+	struct conn *cc = conn_new_tls(ctx, fd, true);
+	ck_assert_ptr_nonnull(cc);
+	fake_handshake(cc, &a);
+	Meshrun__Frame *f = fake_expect(cc, rx, MESHRUN__FRAME__BODY_HELLO);
+	char data_addr[128];
+	snprintf(data_addr, sizeof(data_addr), "%s", f->hello->data_address);
+	uint32_t devices = f->hello->devices;
+	frame_header_free(f);
+	{
+		Meshrun__HostInfo h0 = MESHRUN__HOST_INFO__INIT, h1 = MESHRUN__HOST_INFO__INIT;
+		Meshrun__HostInfo *hosts[2] = { &h0, &h1 };
+		Meshrun__Topology t = MESHRUN__TOPOLOGY__INIT;
+		Meshrun__Frame tf = MESHRUN__FRAME__INIT;
+		h0.host_id = 0;
+		h0.data_address = "127.0.0.1:9";
+		h0.devices = devices;
+		h1.host_id = 1;
+		h1.data_address = data_addr;
+		h1.devices = devices;
+		t.n_hosts = 2;
+		t.hosts = hosts;
+		t.job_id = 42;
+		tf.link_seq = 1;
+		tf.body_case = MESHRUN__FRAME__BODY_TOPOLOGY;
+		tf.topology = &t;
+		fake_send(cc, &tf);
+	}
+
+	/* the link: host 0 dials, LinkHello both ways, Barrier both ways */
+	fd = conn_connect_start(data_addr, err, sizeof(err));
+	ck_assert_msg(fd >= 0, "%s", err);
+	struct conn *c = conn_new_tls(ctx, fd, false);
+	ck_assert_ptr_nonnull(c);
+	{
+		struct pollfd p = { .fd = fd, .events = POLLOUT };
+		ck_assert_int_eq(poll(&p, 1, 10000), 1);
+		ck_assert_int_eq(conn_connect_result(fd), 0);
+	}
+	rx->len = 0;
+	fake_handshake(c, &a);
+	uint64_t seq = 0;
+	Meshrun__Frame lf = MESHRUN__FRAME__INIT;
+	Meshrun__LinkHello lh = MESHRUN__LINK_HELLO__INIT;
+	lh.host_id = 0;
+	lh.job_id = 42;
+	lf.link_seq = ++seq;
+	lf.body_case = MESHRUN__FRAME__BODY_LINK_HELLO;
+	lf.link_hello = &lh;
+	fake_send(c, &lf);
+	frame_header_free(fake_expect(c, rx, MESHRUN__FRAME__BODY_LINK_HELLO));
+	Meshrun__Frame bf = MESHRUN__FRAME__INIT;
+	Meshrun__Barrier b = MESHRUN__BARRIER__INIT;
+	b.seq = 1;
+	bf.link_seq = ++seq;
+	bf.body_case = MESHRUN__FRAME__BODY_BARRIER;
+	bf.barrier = &b;
+	fake_send(c, &bf);
+	frame_header_free(fake_expect(c, rx, MESHRUN__FRAME__BODY_BARRIER));
+
+	/* the stream: 4M heartbeat frames (~100 MB), encrypted into memory */
+	enum { FRAMES = 4000000 };
+	size_t cap = (size_t)FRAMES * 48, plen = 0;
+	uint8_t *plain = malloc(cap);
+	ck_assert_ptr_nonnull(plain);
+	for (int i = 0; i < FRAMES; i++) {
+		Meshrun__Frame hf = MESHRUN__FRAME__INIT;
+		Meshrun__Heartbeat hb = MESHRUN__HEARTBEAT__INIT;
+		hb.sent_ns = 1;
+		hf.link_seq = ++seq;
+		hf.body_case = MESHRUN__FRAME__BODY_HEARTBEAT;
+		hf.heartbeat = &hb;
+		ck_assert_uint_le(plen + frame_encoded_len(&hf), cap);
+		plen += frame_encode(&hf, 0, plain + plen);
+	}
+	BIO *mem = BIO_new(BIO_s_mem());
+	ck_assert_ptr_nonnull(mem);
+	SSL_set0_wbio(c->ssl, mem);     /* reads still come off the socket */
+	for (size_t off = 0; off < plen;) {
+		size_t w = 0;
+		ck_assert_int_eq(SSL_write_ex(c->ssl, plain + off, plen - off, &w), 1);
+		off += w;
+	}
+	free(plain);
+	char *wire;
+	long wlen = BIO_get_mem_data(mem, &wire);
+	ck_assert_int_gt(wlen, (long)plen);
+
+	/* pour it in; count the heartbeats the agent sent while it was busy
+	 * reading (its clock is ours: CLOCK_MONOTONIC on one machine) */
+	int beats = 0;
+	uint64_t t0 = xport_now_ns(), t1 = 0;
+	double end = now_s() + 60;
+	for (long off = 0; off < wlen || !t1 || xport_now_ns() < t1 + 200000000ull;) {
+		ck_assert_msg(now_s() < end, "the agent read only %ld of %ld bytes in 60 s", off, wlen);
+		struct pollfd p = { .fd = fd, .events = off < wlen ? POLLIN | POLLOUT : POLLIN };
+		poll(&p, 1, 50);
+		if (p.revents & POLLOUT) {
+			ssize_t n = send(fd, wire + off, (size_t)(wlen - off), MSG_NOSIGNAL);
+			ck_assert_msg(n > 0 || errno == EAGAIN, "send: %s", strerror(errno));
+			if (n > 0)
+				off += n;
+			if (off == wlen)
+				t1 = xport_now_ns();
+		}
+		if (p.revents & POLLIN)
+			while ((f = fake_recv(c, rx, 0, true))) {
+				beats += f->body_case == MESHRUN__FRAME__BODY_HEARTBEAT &&
+					 f->heartbeat->sent_ns > t0 && (!t1 || f->heartbeat->sent_ns < t1);
+				frame_header_free(f);
+			}
+	}
+	double dt = (double)(t1 - t0) / 1e9;
+	ck_assert_msg(proc_wait(&a, 0) == -1, "the agent ended during the stream:\n%s", slurp(a.err));
+	/* ticks are 50 ms apart and a read turn is at most READ_BUDGET (8 MiB,
+	 * tens of ms here); a read loop that never yields sends none at all */
+	ck_assert_msg(dt >= 0.3, "the stream took only %.2f s: too short to tell", dt);
+	ck_assert_msg(beats >= 3, "%d heartbeats from the agent during a %.2f s stream", beats, dt);
+	conn_free(c);
+	conn_free(cc);
+	SSL_CTX_free(ctx);
+	free(rx);
+}
+END_TEST
+
 START_TEST(test_config_errors)
 {
 	struct proc a, b, c, d, e, f;
@@ -267,6 +520,12 @@ static Suite *agent_suite(void)
 	tcase_add_test(tc, test_sigkill_peer);
 	tcase_add_test(tc, test_sigstop_peer);
 	tcase_add_test(tc, test_slow_finisher);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("fairness");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 90);
+	tcase_add_test(tc, test_read_fairness);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("config");
