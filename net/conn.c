@@ -106,7 +106,13 @@ const struct conn_type conn_type_tcp = {
  * instead gathers written records and hands them to the kernel in writes of
  * up to OBUF_FLUSH bytes, and reads the socket IBUF_CAP bytes at a time:
  * a copy of the ciphertext each way buys an order of magnitude fewer
- * syscalls and TCP wake-ups. */
+ * syscalls and TCP wake-ups.
+ * Once a burst of writes has passed OBUF_FLUSH bytes it is a bulk transfer,
+ * where the copy costs more than the syscall it saves: records then go
+ * straight to the kernel with MSG_MORE (which lets TCP build full-sized
+ * segments as the gathering did) and the flush that ends the burst pushes
+ * them out. Short bursts (small messages, control frames) keep gathering:
+ * there the syscalls cost more than the copy. */
 
 #define OBUF_CAP   (512 * 1024)
 #define OBUF_FLUSH (256 * 1024)
@@ -117,7 +123,44 @@ struct sbio {
 	int err;                  /* errno of a failed background send */
 	uint8_t *obuf, *ibuf;
 	size_t olen, ooff, ilen, ioff;
+	size_t burst;             /* bytes written since the last flush */
+	bool corked;              /* records sent with MSG_MORE, not pushed */
 };
+
+/* Pushes records sent with MSG_MORE: setting TCP_NODELAY (already set)
+ * sends what the kernel holds back. */
+static void sbio_push(struct sbio *s)
+{
+	int one = 1;
+	if (s->corked) {
+		s->corked = false;
+		setsockopt(s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	}
+}
+
+/* In a bulk burst with nothing gathered: hands the record to the kernel
+ * without copying it; what the socket does not take is gathered. len, or
+ * -1 on a socket error (errno). */
+static int sbio_write_direct(struct sbio *s, const char *data, int len)
+{
+	ssize_t n;
+	do
+		n = send(s->fd, data, (size_t)len, MSG_NOSIGNAL | MSG_MORE);
+	while (n < 0 && errno == EINTR);
+	if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+		s->err = errno;
+		return -1;
+	}
+	size_t done = n > 0 ? (size_t)n : 0;
+	if (done)
+		s->corked = true;
+	s->olen = s->ooff = 0;
+	if (done < (size_t)len) {
+		memcpy(s->obuf, data + done, (size_t)len - done);
+		s->olen = (size_t)len - done;
+	}
+	return len;
+}
 
 /* 1: all sent; 0: the socket is full; -1: error (errno). */
 static int sbio_send(struct sbio *s)
@@ -150,6 +193,9 @@ static int sbio_write(BIO *b, const char *data, int len)
 	BIO_clear_retry_flags(b);
 	if (len <= 0)
 		return 0;
+	s->burst += (size_t)len;
+	if (s->burst > OBUF_FLUSH && s->olen == s->ooff && !s->err)
+		return sbio_write_direct(s, data, len);
 	if (s->olen + (size_t)len > OBUF_CAP) {
 		int r = sbio_send(s);
 		if (r < 0)
@@ -210,6 +256,10 @@ static long sbio_ctrl(BIO *b, int cmd, long num, void *ptr)
 	case BIO_CTRL_FLUSH: {
 		BIO_clear_retry_flags(b);
 		int r = sbio_send(s);
+		if (r > 0) {
+			sbio_push(s);
+			s->burst = 0;
+		}
 		if (r == 0)
 			BIO_set_retry_write(b);
 		return r > 0 ? 1 : r == 0 ? 0 : -1;
