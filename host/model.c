@@ -1,6 +1,12 @@
-/* The decoder of host/model.h on one device's rows. Every linear layer goes
- * through linear_forward/linear_backward (host/linear.h), the one entry
- * point the sharded-matmul planner takes over. */
+/* The decoder of host/model.h on one device's rows and shards. Placement
+ * comes from the sharding rules through the planner (host/plan.h): every
+ * parameter has a plan (storage spec, gathered axes, gradient-sum axes) and
+ * every linear layer one (what its output and input gradient are partial
+ * over). This file executes the plans: it gathers weights per layer
+ * before use and reduce-scatters their gradients after (FSDP), all-reduces
+ * partial sums where the plans say, splits norm statistics, softmax and
+ * cross-entropy over split dimensions, and sends tokens to their experts.
+ * No parallelism has a code path of its own. */
 #include "host/model.h"
 
 #include <errno.h>
@@ -10,6 +16,7 @@
 #include <string.h>
 
 #include "host/linear.h"
+#include "host/plan.h"
 #include "kernels/kernels.h"
 
 enum {
@@ -35,22 +42,52 @@ struct layer_acts {
 	size_t *send_b, *recv_b;    /* [ep] bytes of rows to/from each device */
 };
 
+/* The members of one gather group, for placing their blocks. */
+struct gather_group {
+	uint32_t axes;
+	int n;
+	int (*coord)[AX_COUNT];
+};
+
+#define MAX_GGROUPS 8
+
 struct model {
 	struct model_dims d;        /* the whole model */
-	struct model_dims l;        /* this device's part (tensor parallelism) */
-	int tp, tpr;
-	int ep, epr, El;            /* expert parallelism: El of E experts here */
-	int tt, ttr;                /* tensor-transpose: the embedding split over tt */
-	int mp, mpr;                /* the one model-parallel split: tp, ep or tt */
-	float *nstat;               /* [N] split-norm statistics */
+	struct model_dims l;        /* what this device computes on */
+	int SF;                     /* shared-expert hidden here */
+	int El;                     /* local experts */
+	/* placement */
+	const struct mesh *mesh;
+	int coord[AX_COUNT];
+	uint32_t rows, ax_emb, ax_vocab, ax_exp, ax_moe_out;
+	int v0, c0, e0;             /* first vocab row, embedding column, expert here */
+	int v0e, Ve;                /* the embedding table's rows here */
+	int ep;                     /* devices experts are spread over */
+	int *ep_blk;                /* [ep] expert block of each of them */
+	struct plan_param pp[P_COUNT];
+	struct plan_linear pl[P_COUNT];
+	struct gather_group gg[MAX_GGROUPS];
+	int ngg;
+	/* FSDP windows: compute-shaped gathered weights and their gradients,
+	 * the non-layer ones (embed, norms, head) for the whole step, one
+	 * layer's at a time */
+	float *win, *gwin;
+	size_t woff[P_COUNT];       /* offset of each gathered tensor's block */
+	size_t win_numel, win_layer0;
+	float *stage_a, *stage_b;   /* packing buffers for gathers */
+	size_t stage_numel;
+	float *nstat;               /* [2N] split-norm / split-softmax statistics */
+	float *xstat;               /* [ngather * N] gathered maxima */
 	size_t rmax;                /* rows an expert device may receive */
-	struct model_step *st;      /* hooks of the step in progress */
+	struct model_step *st;      /* the step in progress */
 	int hook_rc;
 	int B, N;
 	struct param_info p[P_COUNT];
 	int pidx[P_COUNT];          /* index into the table or -1 */
 	struct param_info table[MODEL_MAX_PARAMS];
 	int ntable;
+	struct model_bucket bucket[MODEL_MAX_PARAMS];
+	int nbucket;
 	size_t numel;
 	float *params, *grads;
 	/* activations */
@@ -62,6 +99,7 @@ struct model {
 	float *dresid, *dln, *dbig1, *dbig2, *dbig3, *dq, *dk, *dv, *dqr, *dkr, *datty,
 	      *att_scratch, *dlogits, *dscores, *dweights, *dxs, *dey, *dlogits_r, *dxr, *dyr;
 	int32_t *counts_all;        /* [L_moe, E] */
+	int32_t *counts_tmp;        /* [replicas, L_moe, E] */
 	void *act_mem;
 	size_t act_bytes;
 };
@@ -133,53 +171,71 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 
 /* ---- parameter table ---- */
 
+/* which layers a stacked parameter has a slice for */
+enum stack_kind { STACK_NONE, STACK_ALL, STACK_DENSE, STACK_MOE };
+
+static enum stack_kind stack_kind(int id)
+{
+	switch (id) {
+	case P_EMBED: case P_FINAL_NORM: case P_LM_HEAD:
+		return STACK_NONE;
+	case P_W_GATE: case P_W_UP: case P_W_DOWN:
+		return STACK_DENSE;
+	case P_ROUTER: case P_ROUTER_BIAS: case P_E_GATE: case P_E_UP: case P_E_DOWN:
+	case P_S_GATE: case P_S_UP: case P_S_DOWN:
+		return STACK_MOE;
+	default:
+		return STACK_ALL;
+	}
+}
+
+/* The slice of stacked parameter id that layer l uses, or -1. */
+static int layer_slot(const struct model *m, int id, int l)
+{
+	switch (stack_kind(id)) {
+	case STACK_ALL:
+		return l;
+	case STACK_DENSE:
+		return l < m->d.L_dense ? l : -1;
+	case STACK_MOE:
+		return l >= m->d.L_dense ? l - m->d.L_dense : -1;
+	default:
+		return -1;
+	}
+}
+
 static void add_param(struct model *m, int id, const char *name, enum param_opt opt, bool decay,
-		      int ndim, const int *shape, const char *const *axes, int shard_dim)
+		      int ndim, const int *shape, const char *const *axes)
 {
 	struct param_info *p = &m->p[id];
 	size_t n = 1;
+	memset(p, 0, sizeof(*p));
 	snprintf(p->name, sizeof(p->name), "%s", name);
 	p->ndim = ndim;
-	p->shard_dim = m->mp > 1 ? shard_dim : -1;
-	p->nshard = p->shard_dim >= 0 ? m->mp : 1;
-	p->shard_idx = p->shard_dim >= 0 ? m->mpr : 0;
 	for (int i = 0; i < ndim; i++) {
-		p->shape[i] = shape[i];
-		p->global_shape[i] = shape[i] * (i == p->shard_dim ? p->nshard : 1);
+		p->shape[i] = p->global_shape[i] = shape[i];
 		p->axes[i] = axes[i];
 		n *= (size_t)shape[i];
 	}
 	p->numel = n;
 	p->opt = opt;
 	p->decay = decay;
+	p->stacked = !strcmp(axes[0], "layers");
 	if (ndim >= 2) {
 		p->mat_rows = shape[ndim - 2];
 		p->mat_cols = shape[ndim - 1];
 	}
-	m->pidx[id] = -1;
-	if (n == 0)
-		return;
-	p->offset = m->numel;
-	m->numel += n;
-	m->pidx[id] = m->ntable;
-	m->table[m->ntable++] = *p;
+	m->pidx[id] = n ? 0 : -1;
 }
 
-#define SHAPE(...) (const int[]){ __VA_ARGS__ }
 #define AXES(...) (const char *const[]){ __VA_ARGS__ }
-#define NDIM(...) (int)(sizeof((int[]){ __VA_ARGS__ }) / sizeof(int))
-#define PARAM(id, name, opt, decay, shape, axes, sd) \
-	add_param(m, id, name, opt, decay, (int)(sizeof(shape) / sizeof(int)), shape, axes, sd)
+#define PARAM(id, name, opt, decay, shape, axes) \
+	add_param(m, id, name, opt, decay, (int)(sizeof(shape) / sizeof(int)), shape, axes)
 
-/* split dimension of a weight: the embedding dimension under
- * tensor-transpose parallelism (ttd), else the tensor-parallel one (tpd;
- * none under expert parallelism) */
-#define TPD(k) (m->tp > 1 ? (k) : -1)
-#define SD(tpd, ttd) (m->tt > 1 ? (ttd) : (tpd))
-
+/* The whole model's tensors, global shapes. */
 static void build_table(struct model *m)
 {
-	const struct model_dims *d = &m->l; /* local shapes */
+	const struct model_dims *d = &m->d;
 	int L = d->L, Ld = d->L_dense, Lm = d->L_moe, QD = d->Hq * d->D, KD = d->Hkv * d->D;
 	int SF = d->S * d->Fe;
 	int s_embed[] = { d->V, d->C };
@@ -187,37 +243,68 @@ static void build_table(struct model *m)
 	int s_q[] = { L, QD, d->C }, s_k[] = { L, KD, d->C }, s_o[] = { L, d->C, QD };
 	int s_up[] = { Ld, d->F, d->C }, s_down[] = { Ld, d->C, d->F };
 	int s_router[] = { Lm, d->E, d->C }, s_rbias[] = { Lm, d->E };
-	int s_eup[] = { Lm, m->El, d->Fe, d->C }, s_edown[] = { Lm, m->El, d->C, d->Fe };
-	/* expert weights split over experts (ep) or over their hidden (tp) */
-	int sd_eup = m->ep > 1 ? 1 : 2, sd_edown = m->ep > 1 ? 1 : 3;
+	int s_eup[] = { Lm, d->E, d->Fe, d->C }, s_edown[] = { Lm, d->E, d->C, d->Fe };
 	int s_sup[] = { Lm, SF, d->C }, s_sdown[] = { Lm, d->C, SF };
 	int s_fnorm[] = { d->C };
 
-	PARAM(P_EMBED, "embed", OPT_ADAMW, true, s_embed, AXES("vocab", "embed"), SD(-1, 1));
-	PARAM(P_ATTN_NORM, "attn_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"), SD(-1, 1));
-	PARAM(P_WQ, "wq", OPT_MUON, true, s_q, AXES("layers", "q_heads", "embed"), SD(TPD(1), 2));
-	PARAM(P_WK, "wk", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"), SD(TPD(1), 2));
-	PARAM(P_WV, "wv", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"), SD(TPD(1), 2));
-	PARAM(P_WO, "wo", OPT_MUON, true, s_o, AXES("layers", "embed", "q_heads"), SD(TPD(2), 1));
-	PARAM(P_MLP_NORM, "mlp_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"), SD(-1, 1));
-	PARAM(P_W_GATE, "w_gate", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"), SD(TPD(1), 2));
-	PARAM(P_W_UP, "w_up", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"), SD(TPD(1), 2));
-	PARAM(P_W_DOWN, "w_down", OPT_MUON, true, s_down, AXES("layers", "embed", "mlp"), SD(TPD(2), 1));
-	PARAM(P_ROUTER, "router", OPT_ADAMW, true, s_router, AXES("layers", "exp", "embed_moe"), SD(-1, 2));
-	PARAM(P_ROUTER_BIAS, "router_bias", OPT_NONE, false, s_rbias, AXES("layers", "exp"), -1);
-	PARAM(P_E_GATE, "e_gate", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"), SD(sd_eup, 3));
-	PARAM(P_E_UP, "e_up", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"), SD(sd_eup, 3));
-	PARAM(P_E_DOWN, "e_down", OPT_MUON, true, s_edown, AXES("layers", "exp", "embed_moe", "mlp_moe"), SD(sd_edown, 2));
-	PARAM(P_S_GATE, "s_gate", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"), SD(TPD(1), 2));
-	PARAM(P_S_UP, "s_up", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"), SD(TPD(1), 2));
-	PARAM(P_S_DOWN, "s_down", OPT_MUON, true, s_sdown, AXES("layers", "embed", "mlp"), SD(TPD(2), 1));
-	PARAM(P_FINAL_NORM, "final_norm", OPT_ADAMW, false, s_fnorm, AXES("norm"), SD(-1, 0));
+	PARAM(P_EMBED, "embed", OPT_ADAMW, true, s_embed, AXES("vocab", "embed"));
+	PARAM(P_ATTN_NORM, "attn_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"));
+	PARAM(P_WQ, "wq", OPT_MUON, true, s_q, AXES("layers", "q_heads", "embed"));
+	PARAM(P_WK, "wk", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"));
+	PARAM(P_WV, "wv", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"));
+	PARAM(P_WO, "wo", OPT_MUON, true, s_o, AXES("layers", "embed", "q_heads"));
+	PARAM(P_MLP_NORM, "mlp_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"));
+	PARAM(P_W_GATE, "w_gate", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"));
+	PARAM(P_W_UP, "w_up", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"));
+	PARAM(P_W_DOWN, "w_down", OPT_MUON, true, s_down, AXES("layers", "embed", "mlp"));
+	PARAM(P_ROUTER, "router", OPT_ADAMW, true, s_router, AXES("layers", "exp", "embed_moe"));
+	PARAM(P_ROUTER_BIAS, "router_bias", OPT_NONE, false, s_rbias, AXES("layers", "exp"));
+	PARAM(P_E_GATE, "e_gate", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"));
+	PARAM(P_E_UP, "e_up", OPT_MUON, true, s_eup, AXES("layers", "exp", "mlp_moe", "embed_moe"));
+	PARAM(P_E_DOWN, "e_down", OPT_MUON, true, s_edown, AXES("layers", "exp", "embed_moe", "mlp_moe"));
+	PARAM(P_S_GATE, "s_gate", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"));
+	PARAM(P_S_UP, "s_up", OPT_MUON, true, s_sup, AXES("layers", "mlp", "embed"));
+	PARAM(P_S_DOWN, "s_down", OPT_MUON, true, s_sdown, AXES("layers", "embed", "mlp"));
+	PARAM(P_FINAL_NORM, "final_norm", OPT_ADAMW, false, s_fnorm, AXES("norm"));
 	if (!d->tied) {
 		int s_head[] = { d->V, d->C };
-		PARAM(P_LM_HEAD, "lm_head", OPT_ADAMW, true, s_head, AXES("vocab", "embed"), SD(-1, 1));
+		PARAM(P_LM_HEAD, "lm_head", OPT_ADAMW, true, s_head, AXES("vocab", "embed"));
 	} else {
 		m->pidx[P_LM_HEAD] = -1;
 	}
+	if (!d->router_bias)
+		m->pidx[P_ROUTER_BIAS] = -1;
+}
+
+/* Offsets in the one allocation, ordered by gradient-sum axes so that each
+ * bucket is one contiguous range; the table keeps the declaration order. */
+static void lay_out_params(struct model *m)
+{
+	bool done[P_COUNT] = { false };
+	m->numel = 0;
+	m->ntable = m->nbucket = 0;
+	for (int id = 0; id < P_COUNT; id++)
+		if (m->pidx[id] >= 0)
+			m->pidx[id] = m->ntable++;
+	for (int id = 0; id < P_COUNT; id++) {
+		if (m->pidx[id] < 0 || done[id])
+			continue;
+		uint32_t axes = m->p[id].gsum;
+		struct model_bucket *b = &m->bucket[m->nbucket++];
+		b->axes = axes;
+		b->offset = m->numel;
+		for (int j = id; j < P_COUNT; j++) {
+			if (m->pidx[j] < 0 || done[j] || m->p[j].gsum != axes)
+				continue;
+			m->p[j].offset = m->numel;
+			m->numel += m->p[j].numel;
+			done[j] = true;
+		}
+		b->numel = m->numel - b->offset;
+	}
+	for (int id = 0; id < P_COUNT; id++)
+		if (m->pidx[id] >= 0)
+			m->table[m->pidx[id]] = m->p[id];
 }
 
 int model_param_table(const struct model_dims *d, struct param_info *out, int max)
@@ -226,29 +313,306 @@ int model_param_table(const struct model_dims *d, struct param_info *out, int ma
 	if (!m)
 		return -ENOMEM;
 	m->d = *d;
-	m->l = *d;             /* whole tensors: no split of any kind */
-	m->tp = m->ep = m->tt = m->mp = 1;
-	m->El = d->E;
 	build_table(m);
+	lay_out_params(m);
 	int n = m->ntable;
 	memcpy(out, m->table, sizeof(*out) * (size_t)(n < max ? n : max));
 	free(m);
 	return n;
 }
 
-/* Pointer to layer l's slice of stacked parameter id in buf (params/grads). */
-static float *pl(const struct model *m, float *buf, int id, int l)
+size_t param_global_index(const struct param_info *p, size_t i)
 {
-	const struct param_info *p = &m->p[id];
-	if (m->pidx[id] < 0)
-		return NULL;
-	size_t per = p->numel / (size_t)p->shape[0];
-	return buf + p->offset + per * (size_t)l;
+	size_t g = 0, stride = 1;
+	for (int k = p->ndim - 1; k >= 0; k--) {
+		size_t c = i % (size_t)p->shape[k];
+		i /= (size_t)p->shape[k];
+		g += (c + (size_t)p->goff[k]) * stride;
+		stride *= (size_t)p->global_shape[k];
+	}
+	return g;
 }
 
-static float *pp(const struct model *m, float *buf, int id)
+/* ---- placement ---- */
+
+static int mesh_axes_size(const struct mesh *ms, uint32_t mask)
 {
-	return m->pidx[id] < 0 ? NULL : buf + m->p[id].offset;
+	int n = 1;
+	for (int a = 0; a < AX_COUNT; a++)
+		if (mask & (1u << a))
+			n *= ms->size[a];
+	return n;
+}
+
+static int mesh_axes_size_or1(const struct model *m, uint32_t mask)
+{
+	return m->mesh ? mesh_axes_size(m->mesh, mask) : 1;
+}
+
+/* Index of this device's block over axes in the order listed. */
+static int block_index(const struct mesh *ms, const int *coord, const int *axes, int n)
+{
+	int idx = 0;
+	for (int k = 0; k < n; k++)
+		idx = idx * ms->size[axes[k]] + coord[axes[k]];
+	return idx;
+}
+
+/* One activation's spec: [batch, length, dim] with the given logical name
+ * for dim, of size n (unit: heads). */
+static int act_axes(struct plan_axes *out, uint32_t *rows, const struct model_mesh *mm,
+		    const char *name, const char *logical, int n, int unit, char *err, size_t errlen)
+{
+	struct shard_spec s;
+	int shape[3] = { mm->mesh->num_devices, 1, n };
+	int units[3] = { 1, 1, unit };
+	const char *const names[3] = { "activation_batch", "activation_length", logical };
+	int rc = shard_resolve(mm->rules, mm->mesh, name, 3, shape, units, names, &s, err, errlen);
+	if (rc)
+		return rc;
+	if (s.axes[1]) {
+		snprintf(err, errlen, "sharding: '%s' splits activation_length over context or sequence "
+			 "axes, which are not implemented yet", name);
+		return -EINVAL;
+	}
+	plan_axes_of(out, &s, 2);
+	if (*rows == UINT32_MAX)
+		*rows = s.axes[0];
+	else if (*rows != s.axes[0]) {
+		snprintf(err, errlen, "sharding: the rules split activation_batch differently in '%s'", name);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* The config key behind a logical dimension, for messages. */
+static const char *dim_key(const char *msg)
+{
+	static const char *const keys[][2] = {
+		{ "('q_heads',", "base_num_query_heads" }, { "('kv_heads',", "base_num_kv_heads" },
+		{ "('mlp',", "base_mlp_dim" }, { "('mlp_moe',", "base_moe_mlp_dim (or base_mlp_dim)" },
+		{ "('embed',", "base_emb_dim" }, { "('embed_moe',", "base_emb_dim" },
+		{ "('vocab',", "vocab_size" }, { "('exp',", "num_experts" },
+	};
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (strstr(msg, keys[i][0]))
+			return keys[i][1];
+	return NULL;
+}
+
+static int plan_one(struct model *m, const struct model_mesh *mm, int id, uint32_t rows,
+		    char *err, size_t errlen)
+{
+	struct param_info *p = &m->p[id];
+	if (m->pidx[id] < 0)
+		return 0;
+	int rc = plan_param(&m->pp[id], mm->rules, mm->mesh, p->name, p->ndim, p->global_shape, p->axes,
+			    m->d.D, rows, err, errlen);
+	const char *key = rc ? dim_key(err) : NULL;
+	size_t used = strlen(err);
+	if (key && used < errlen)
+		snprintf(err + used, errlen - used, " (key '%s')", key);
+	return rc;
+}
+
+static int lin(struct model *m, int id, const char *name, int wid, int out_dim, int in_dim,
+	       const struct plan_axes *x_in, const struct plan_axes *y_out, char *err, size_t errlen)
+{
+	if (m->pidx[wid] < 0)
+		return 0;
+	return plan_linear(&m->pl[id], name, &m->pp[wid], out_dim, in_dim, x_in, y_out, err, errlen);
+}
+
+static int add_gather_group(struct model *m, uint32_t axes, int dev)
+{
+	for (int k = 0; k < m->ngg; k++)
+		if (m->gg[k].axes == axes)
+			return 0;
+	if (m->ngg == MAX_GGROUPS)
+		return -ENOSPC;
+	struct mesh_group *g = malloc(sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	mesh_group(m->mesh, dev, axes, g);
+	struct gather_group *x = &m->gg[m->ngg];
+	x->coord = malloc(sizeof(*x->coord) * (size_t)g->n);
+	if (!x->coord) {
+		free(g);
+		return -ENOMEM;
+	}
+	x->axes = axes;
+	x->n = g->n;
+	for (int r = 0; r < g->n; r++)
+		mesh_coords(m->mesh, g->devs[r], x->coord[r]);
+	m->ngg++;
+	free(g);
+	return 0;
+}
+
+/* Plans every tensor and linear layer for this device and sets the local
+ * dims; fills the table's storage shapes and offsets. */
+static int plan_model(struct model *m, const struct model_mesh *mm, char *err, size_t errlen)
+{
+	const struct model_dims *d = &m->d;
+	const struct mesh *ms = mm->mesh;
+	struct plan_axes a_emb, a_heads, a_kv, a_mlp, a_mlpe, a_mlps, a_vocab, none = { 0 };
+	uint32_t rows = UINT32_MAX;
+	int rc;
+
+	m->mesh = ms;
+	mesh_coords(ms, mm->device, m->coord);
+	if ((rc = act_axes(&a_emb, &rows, mm, "activation", "activation_embed", d->C, 1, err, errlen)))
+		return rc;
+	/* the weights first: a split that does not divide is reported on them */
+	for (int id = 0; id < P_COUNT; id++)
+		if ((rc = plan_one(m, mm, id, rows, err, errlen)))
+			return rc;
+	if ((rc = act_axes(&a_heads, &rows, mm, "q", "activation_heads", d->Hq * d->D, d->D, err, errlen)) ||
+	    (rc = act_axes(&a_kv, &rows, mm, "k", "activation_heads", d->Hkv * d->D, d->D, err, errlen)) ||
+	    (rc = act_axes(&a_vocab, &rows, mm, "logits", "activation_vocab", d->V, 1, err, errlen)))
+		return rc;
+	if (d->L_dense && (rc = act_axes(&a_mlp, &rows, mm, "mlp hidden", "activation_mlp", d->F, 1, err, errlen)))
+		return rc;
+	if (d->L_moe && ((rc = act_axes(&a_mlpe, &rows, mm, "expert hidden", "activation_mlp", d->Fe, 1, err, errlen)) ||
+			 (d->S && (rc = act_axes(&a_mlps, &rows, mm, "shared expert hidden", "activation_mlp",
+						 d->S * d->Fe, 1, err, errlen)))))
+		return rc;
+	if (plan_axes_mask(&a_heads) != plan_axes_mask(&a_kv)) {
+		snprintf(err, errlen, "sharding: query and kv heads must split over the same axes");
+		return -EINVAL;
+	}
+	m->rows = rows;
+	m->ax_emb = plan_axes_mask(&a_emb);
+	m->ax_vocab = plan_axes_mask(&a_vocab);
+
+	/* experts: their `exp` axes carry the tokens (all_to_all), so what
+	 * splits the rows there is the rest of the batch axes */
+	m->ep = 1;
+	uint32_t rows_exp = rows;
+	int exp_axes[AX_COUNT], nexp = 0;
+	if (d->L_moe) {
+		if ((rc = plan_one(m, mm, P_E_GATE, 0, err, errlen)))
+			return rc;
+		m->ax_exp = m->pp[P_E_GATE].spec.axes[1];
+		nexp = m->pp[P_E_GATE].spec.naxes[1];
+		memcpy(exp_axes, m->pp[P_E_GATE].spec.axis[1], sizeof(int) * (size_t)nexp);
+		if (m->ax_exp & ~rows) {
+			char a[96];
+			plan_mask_text(m->ax_exp & ~rows, a, sizeof(a));
+			snprintf(err, errlen, "sharding: experts ('exp') are split over %s, which does not "
+				 "split the batch (activation_batch), so tokens cannot travel to them", a);
+			return -EINVAL;
+		}
+		rows_exp = rows & ~m->ax_exp;
+		m->ep = mesh_axes_size(ms, m->ax_exp);
+	}
+	for (int id = 0; id < P_COUNT; id++) {
+		bool expert = id == P_E_GATE || id == P_E_UP || id == P_E_DOWN;
+		if ((rc = plan_one(m, mm, id, expert ? rows_exp : rows, err, errlen)))
+			return rc;
+	}
+	if ((rc = plan_param_slice(&m->pp[P_ATTN_NORM], ms, 1, &a_emb, err, errlen)) ||
+	    (rc = plan_param_slice(&m->pp[P_MLP_NORM], ms, 1, &a_emb, err, errlen)) ||
+	    (rc = plan_param_slice(&m->pp[P_FINAL_NORM], ms, 0, &a_emb, err, errlen)))
+		return rc;
+	for (int id = 0; id < P_COUNT; id++) {
+		if (m->pidx[id] < 0 || !m->pp[id].gather || !m->pp[id].slice)
+			continue;
+		snprintf(err, errlen, "sharding: tensor '%s' is both gathered and sliced", m->p[id].name);
+		return -EINVAL;
+	}
+
+	/* the embedding lookup is a matmul of one-hot rows by the table: a
+	 * split vocabulary gives partial rows */
+	struct plan_axes a_ev;
+	a_ev.n = plan_kept_axes(&m->pp[P_EMBED], 0, a_ev.axis);
+	int head = d->tied ? P_EMBED : P_LM_HEAD;
+	if ((rc = lin(m, P_EMBED, "embedding", P_EMBED, 1, 0, &a_ev, &a_emb, err, errlen)) ||
+	    (rc = lin(m, P_LM_HEAD, "output projection", head, 0, 1, &a_emb, &a_vocab, err, errlen)) ||
+	    (rc = lin(m, P_WQ, "q projection", P_WQ, 1, 2, &a_emb, &a_heads, err, errlen)) ||
+	    (rc = lin(m, P_WK, "k projection", P_WK, 1, 2, &a_emb, &a_kv, err, errlen)) ||
+	    (rc = lin(m, P_WV, "v projection", P_WV, 1, 2, &a_emb, &a_kv, err, errlen)) ||
+	    (rc = lin(m, P_WO, "attention output", P_WO, 1, 2, &a_heads, &a_emb, err, errlen)))
+		return rc;
+	if (d->L_dense &&
+	    ((rc = lin(m, P_W_GATE, "mlp gate", P_W_GATE, 1, 2, &a_emb, &a_mlp, err, errlen)) ||
+	     (rc = lin(m, P_W_UP, "mlp up", P_W_UP, 1, 2, &a_emb, &a_mlp, err, errlen)) ||
+	     (rc = lin(m, P_W_DOWN, "mlp down", P_W_DOWN, 1, 2, &a_mlp, &a_emb, err, errlen))))
+		return rc;
+	if (d->L_moe &&
+	    ((rc = lin(m, P_ROUTER, "router", P_ROUTER, 1, 2, &a_emb, &none, err, errlen)) ||
+	     (rc = lin(m, P_E_GATE, "expert gate", P_E_GATE, 2, 3, &a_emb, &a_mlpe, err, errlen)) ||
+	     (rc = lin(m, P_E_UP, "expert up", P_E_UP, 2, 3, &a_emb, &a_mlpe, err, errlen)) ||
+	     (rc = lin(m, P_E_DOWN, "expert down", P_E_DOWN, 2, 3, &a_mlpe, &a_emb, err, errlen))))
+		return rc;
+	if (d->L_moe && d->S &&
+	    ((rc = lin(m, P_S_GATE, "shared gate", P_S_GATE, 1, 2, &a_emb, &a_mlps, err, errlen)) ||
+	     (rc = lin(m, P_S_UP, "shared up", P_S_UP, 1, 2, &a_emb, &a_mlps, err, errlen)) ||
+	     (rc = lin(m, P_S_DOWN, "shared down", P_S_DOWN, 1, 2, &a_mlps, &a_emb, err, errlen))))
+		return rc;
+	m->ax_moe_out = m->pl[P_E_DOWN].reduce;
+	if (d->L_moe && d->S && (m->pl[P_S_DOWN].reduce != m->ax_moe_out ||
+				 m->pl[P_S_GATE].dx_reduce != m->pl[P_E_GATE].dx_reduce)) {
+		snprintf(err, errlen, "sharding: shared and routed experts must split their hidden over the same axes");
+		return -EINVAL;
+	}
+
+	/* what this device computes on */
+	m->l.C = d->C / mesh_axes_size(ms, m->ax_emb);
+	m->l.Hq = d->Hq / mesh_axes_size(ms, plan_axes_mask(&a_heads));
+	m->l.Hkv = d->Hkv / mesh_axes_size(ms, plan_axes_mask(&a_heads));
+	m->l.V = d->V / mesh_axes_size(ms, m->ax_vocab);
+	if (d->L_dense)
+		m->l.F = d->F / mesh_axes_size(ms, plan_axes_mask(&a_mlp));
+	if (d->L_moe) {
+		m->l.Fe = d->Fe / mesh_axes_size(ms, plan_axes_mask(&a_mlpe));
+		m->SF = d->S ? d->S * d->Fe / mesh_axes_size(ms, plan_axes_mask(&a_mlps)) : 0;
+		m->El = d->E / m->ep;
+	}
+	m->c0 = block_index(ms, m->coord, a_emb.axis, a_emb.n) * m->l.C;
+	m->v0 = block_index(ms, m->coord, a_vocab.axis, a_vocab.n) * m->l.V;
+	m->e0 = block_index(ms, m->coord, exp_axes, nexp) * m->El;
+	struct plan_axes kv;
+	kv.n = plan_kept_axes(&m->pp[P_EMBED], 0, kv.axis);
+	m->Ve = m->pp[P_EMBED].cshape[0];
+	m->v0e = block_index(ms, m->coord, kv.axis, kv.n) * m->Ve;
+	if (m->ep > 1) {
+		struct mesh_group *g = malloc(sizeof(*g));
+		m->ep_blk = malloc(sizeof(int) * (size_t)m->ep);
+		if (!g || !m->ep_blk) {
+			free(g);
+			return -ENOMEM;
+		}
+		mesh_group(ms, mm->device, m->ax_exp, g);
+		for (int r = 0; r < g->n; r++) {
+			int c[AX_COUNT];
+			mesh_coords(ms, g->devs[r], c);
+			m->ep_blk[r] = block_index(ms, c, exp_axes, nexp);
+		}
+		free(g);
+	}
+
+	/* storage shapes of this device's shards */
+	for (int id = 0; id < P_COUNT; id++) {
+		struct param_info *p = &m->p[id];
+		const struct plan_param *pp = &m->pp[id];
+		if (m->pidx[id] < 0)
+			continue;
+		int off[SHARD_MAX_DIMS];
+		plan_block_offsets(pp, ms, pp->spec.used, m->coord, off);
+		p->numel = pp->spec.local_numel;
+		p->split = pp->spec.used;
+		p->gsum = pp->gsum;
+		for (int k = 0; k < p->ndim; k++) {
+			p->shape[k] = pp->spec.local[k];
+			p->goff[k] = off[k];
+		}
+		if (p->ndim >= 2)
+			p->mat_split = pp->spec.axes[p->ndim - 2] | pp->spec.axes[p->ndim - 1];
+		if (pp->gather && (rc = add_gather_group(m, pp->gather, mm->device)))
+			return rc;
+	}
+	return 0;
 }
 
 /* ---- allocation ---- */
@@ -268,14 +632,60 @@ static void *take(struct arena *a, size_t bytes)
 #define TAKEF(a, n) ((float *)take(a, sizeof(float) * (size_t)(n)))
 #define TAKEI(a, n) ((int32_t *)take(a, sizeof(int32_t) * (size_t)(n)))
 
+/* floats of one slice of a stacked tensor (or the whole tensor) */
+static size_t per_slice(const struct param_info *p)
+{
+	return p->stacked ? p->numel / (size_t)p->shape[0] : p->numel;
+}
+
+static size_t per_cslice(const struct plan_param *pp, const struct param_info *p)
+{
+	return p->stacked ? pp->cnumel / (size_t)pp->cshape[0] : pp->cnumel;
+}
+
+/* Window offsets: the non-layer gathered tensors first, then one slice of
+ * every stacked one; and the largest packing buffer a gather needs. */
+static void lay_out_windows(struct model *m)
+{
+	size_t off = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass == 1)
+			m->win_layer0 = off;
+		for (int id = 0; id < P_COUNT; id++) {
+			const struct param_info *p = &m->p[id];
+			if (m->pidx[id] < 0 || !m->pp[id].gather || p->stacked != (pass == 1))
+				continue;
+			m->woff[id] = off;
+			off += per_cslice(&m->pp[id], p);
+		}
+	}
+	m->win_numel = off;
+	m->stage_numel = 0;
+	for (int k = 0; k < m->ngg; k++) {
+		size_t nl = 0, lay = 0;
+		for (int id = 0; id < P_COUNT; id++) {
+			const struct param_info *p = &m->p[id];
+			if (m->pidx[id] < 0 || m->pp[id].gather != m->gg[k].axes)
+				continue;
+			if (p->stacked)
+				lay += per_slice(p);
+			else
+				nl += per_slice(p);
+		}
+		size_t need = (nl > lay ? nl : lay) * (size_t)m->gg[k].n;
+		if (need > m->stage_numel)
+			m->stage_numel = need;
+	}
+}
+
 static void lay_out(struct model *m, struct arena *a)
 {
 	const struct model_dims *d = &m->l;
 	size_t N = (size_t)m->N, C = d->C, QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
-	size_t NK = N * (size_t)d->K, SF = (size_t)d->S * d->Fe, R = m->rmax;
+	size_t NK = N * (size_t)m->d.K, SF = (size_t)m->SF, R = m->rmax, E = m->d.E;
 	size_t att = (size_t)m->B * d->Hq * d->T * d->T;
 	size_t big = N * (size_t)d->F;
-	if (d->L_moe) {
+	if (m->d.L_moe) {
 		big = big > R * (size_t)d->Fe ? big : R * (size_t)d->Fe;
 		big = big > N * SF ? big : N * SF;
 	}
@@ -298,12 +708,12 @@ static void lay_out(struct model *m, struct arena *a)
 			x->u = TAKEF(a, N * d->F);
 			x->h = TAKEF(a, N * d->F);
 		} else {
-			x->scores = TAKEF(a, N * d->E);
+			x->scores = TAKEF(a, N * E);
 			x->weights = TAKEF(a, NK);
 			x->idx = TAKEI(a, NK);
 			x->order = TAKEI(a, NK);
-			x->offsets = TAKEI(a, d->E + 1);
-			x->counts = TAKEI(a, d->E);
+			x->offsets = TAKEI(a, E + 1);
+			x->counts = TAKEI(a, E);
 			x->xs = TAKEF(a, NK * C);
 			x->eg = TAKEF(a, R * d->Fe);
 			x->eu = TAKEF(a, R * d->Fe);
@@ -312,7 +722,7 @@ static void lay_out(struct model *m, struct arena *a)
 			if (m->ep > 1) {
 				x->xr = TAKEF(a, R * C);
 				x->yr = TAKEF(a, R * C);
-				x->cnt_all = TAKEI(a, (size_t)m->ep * d->E);
+				x->cnt_all = TAKEI(a, (size_t)m->ep * E);
 				x->send_b = take(a, sizeof(size_t) * (size_t)m->ep);
 				x->recv_b = take(a, sizeof(size_t) * (size_t)m->ep);
 			}
@@ -325,7 +735,8 @@ static void lay_out(struct model *m, struct arena *a)
 	}
 	m->lnf = TAKEF(a, N * C);
 	m->rstdf = TAKEF(a, N);
-	m->nstat = TAKEF(a, N);
+	m->nstat = TAKEF(a, 2 * N);
+	m->xstat = TAKEF(a, N * (size_t)mesh_axes_size_or1(m, m->ax_vocab));
 	m->logits = TAKEF(a, N * d->V);
 	m->probs = TAKEF(a, N * d->V);
 	m->losses = TAKEF(a, N);
@@ -344,9 +755,13 @@ static void lay_out(struct model *m, struct arena *a)
 	m->datty = TAKEF(a, N * QD);
 	m->att_scratch = TAKEF(a, (size_t)d->T * d->T + (size_t)d->T * d->D);
 	m->dlogits = TAKEF(a, N * d->V);
-	if (d->L_moe) {
-		m->dscores = TAKEF(a, N * d->E);
-		m->dlogits_r = TAKEF(a, N * d->E);
+	m->win = TAKEF(a, m->win_numel);
+	m->gwin = TAKEF(a, m->win_numel);
+	m->stage_a = TAKEF(a, m->stage_numel);
+	m->stage_b = TAKEF(a, m->stage_numel);
+	if (m->d.L_moe) {
+		m->dscores = TAKEF(a, N * E);
+		m->dlogits_r = TAKEF(a, N * E);
 		m->dweights = TAKEF(a, NK);
 		m->dxs = TAKEF(a, NK * C);
 		m->dey = TAKEF(a, NK * C);
@@ -354,67 +769,40 @@ static void lay_out(struct model *m, struct arena *a)
 			m->dxr = TAKEF(a, R * C);
 			m->dyr = TAKEF(a, R * C);
 		}
-		m->counts_all = TAKEI(a, (size_t)d->L_moe * d->E);
+		m->counts_all = TAKEI(a, (size_t)d->L_moe * E);
+		m->counts_tmp = TAKEI(a, (size_t)d->L_moe * E * (size_t)mesh_axes_size_or1(m, m->rows));
 	}
 }
 
-struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, int ep, int epr,
-			int tt, int ttr, char *err, size_t errlen)
+struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
+			char *err, size_t errlen)
 {
-	const char *bad = NULL;
-	int badv = 0;
-	if (tt > 1 && (tp > 1 || ep > 1 || d->C % tt)) {
-		snprintf(err, errlen, "config: tensor_transpose parallelism %d needs 'base_emb_dim' (%d) "
-			 "divisible by it, and no tensor or expert parallelism at the same time", tt, d->C);
-		return NULL;
-	}
-	if (ep > 1 && (tp > 1 || !d->L_moe || d->E % ep)) {
-		snprintf(err, errlen, "config: expert parallelism %d needs an MoE model whose "
-			 "'num_experts' (%d) it divides, and no tensor parallelism at the same time",
-			 ep, d->E);
-		return NULL;
-	}
-	if (tp > 1) {
-		if (d->Hq % tp)
-			bad = "base_num_query_heads", badv = d->Hq;
-		else if (d->Hkv % tp)
-			bad = "base_num_kv_heads", badv = d->Hkv;
-		else if (d->L_dense && d->F % tp)
-			bad = "base_mlp_dim", badv = d->F;
-		else if (d->L_moe && d->Fe % tp)
-			bad = "base_moe_mlp_dim", badv = d->Fe;
-	}
-	if (bad) {
-		snprintf(err, errlen, "config: key '%s' (%d) is split over the tensor axis and must be "
-			 "divisible by its size %d", bad, badv, tp);
-		return NULL;
-	}
 	struct model *m = calloc(1, sizeof(*m));
 	if (!m)
 		goto oom;
 	m->d = *d;
 	m->l = *d;
-	m->tp = tp > 1 ? tp : 1;
-	m->tpr = tp > 1 ? tpr : 0;
-	m->ep = ep > 1 ? ep : 1;
-	m->epr = ep > 1 ? epr : 0;
-	m->El = d->E / m->ep;
-	m->tt = tt > 1 ? tt : 1;
-	m->ttr = tt > 1 ? ttr : 0;
-	m->mp = m->tp > 1 ? m->tp : (m->ep > 1 ? m->ep : m->tt);
-	m->mpr = m->tp > 1 ? m->tpr : (m->ep > 1 ? m->epr : m->ttr);
-	m->l.C /= m->tt;
+	m->El = d->E;
+	m->SF = d->S * d->Fe;
+	m->ep = 1;
+	m->Ve = d->V;
+	build_table(m);
+	if (mm && mm->mesh->num_devices > 1) {
+		int rc = plan_model(m, mm, err, errlen);
+		if (rc == -ENOMEM || rc == -ENOSPC)
+			goto oom;
+		if (rc) {
+			model_free(m);
+			return NULL;
+		}
+	}
+	lay_out_params(m);
+	lay_out_windows(m);
 	m->rmax = (size_t)m->ep * (size_t)B * d->T * (size_t)(d->L_moe ? d->K : 1);
-	m->l.Hq /= m->tp;
-	m->l.Hkv /= m->tp;
-	m->l.F /= m->tp;
-	if (d->L_moe)
-		m->l.Fe /= m->tp;
 	m->B = B;
 	m->N = B * d->T;
 	if (m->rmax == 0)
 		m->rmax = 1;
-	build_table(m);
 	m->la = calloc((size_t)d->L, sizeof(*m->la));
 	m->params = aligned_alloc(64, ((m->numel * sizeof(float)) + 63) & ~(size_t)63);
 	m->grads = aligned_alloc(64, ((m->numel * sizeof(float)) + 63) & ~(size_t)63);
@@ -448,6 +836,9 @@ void model_free(struct model *m)
 	free(m->params);
 	free(m->grads);
 	free(m->la);
+	free(m->ep_blk);
+	for (int k = 0; k < m->ngg; k++)
+		free(m->gg[k].coord);
 	free(m);
 }
 
@@ -458,6 +849,23 @@ float *model_params(struct model *m) { return m->params; }
 float *model_grads(struct model *m) { return m->grads; }
 size_t model_numel(const struct model *m) { return m->numel; }
 const int32_t *model_expert_counts(const struct model *m) { return m->counts_all; }
+uint32_t model_rows_axes(const struct model *m) { return m->rows; }
+const struct mesh *model_mesh(const struct model *m) { return m->mesh; }
+
+const struct plan_param *model_param_plan(const struct model *m, int i)
+{
+	for (int id = 0; m->mesh && id < P_COUNT; id++)
+		if (m->pidx[id] == i)
+			return &m->pp[id];
+	return NULL;
+}
+size_t model_window_numel(const struct model *m) { return 2 * m->win_numel; }
+
+int model_buckets(const struct model *m, struct model_bucket *out, int max)
+{
+	memcpy(out, m->bucket, sizeof(*out) * (size_t)(m->nbucket < max ? m->nbucket : max));
+	return m->nbucket;
+}
 
 const struct param_info *model_param_by_name(const struct model *m, const char *name)
 {
@@ -496,31 +904,6 @@ static float normal_at(uint64_t key, size_t i)
 	return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
 
-void model_expert_range(const struct model *m, size_t *first, size_t *end)
-{
-	*first = *end = 0;
-	if (m->pidx[P_E_GATE] < 0)
-		return;
-	*first = m->p[P_E_GATE].offset;
-	*end = m->p[P_E_DOWN].offset + m->p[P_E_DOWN].numel;
-}
-
-size_t param_global_index(const struct param_info *p, size_t i)
-{
-	if (p->shard_dim < 0)
-		return i;
-	size_t g = 0, stride = 1;
-	for (int k = p->ndim - 1; k >= 0; k--) {
-		size_t c = i % (size_t)p->shape[k];
-		i /= (size_t)p->shape[k];
-		if (k == p->shard_dim)
-			c += (size_t)p->shard_idx * p->shape[k];
-		g += c * stride;
-		stride *= (size_t)p->global_shape[k];
-	}
-	return g;
-}
-
 void model_init(struct model *m, uint64_t seed, float std)
 {
 	for (int t = 0; t < m->ntable; t++) {
@@ -539,15 +922,136 @@ void model_init(struct model *m, uint64_t seed, float std)
 	}
 }
 
-/* ---- forward ---- */
+/* ---- executing the plans ---- */
 
-/* Sums buf over the tensor-parallel group (partial sums of a row-parallel
- * matmul). A failure is remembered and reported after the pass. */
-static void tp_sum(struct model *m, float *buf, size_t n)
+/* Sums buf over axes (partial sums the plan named). A failure is
+ * remembered and reported after the pass. */
+static void psum(struct model *m, uint32_t axes, float *buf, size_t n)
 {
-	if (m->tp > 1 && !m->hook_rc)
-		m->hook_rc = m->st->tp_allreduce(m->st->ctx, buf, n);
+	if (axes && !m->hook_rc)
+		m->hook_rc = m->st->comm->all_reduce(m->st->comm->ctx, axes, buf, n);
 }
+
+/* Compute-shaped weights (or gradients, grads) of parameter id for layer l:
+ * the gathered window, or this device's storage (a slice of it for a
+ * replicated norm under a split embedding). */
+static float *wsel(struct model *m, bool grads, int id, int l)
+{
+	const struct param_info *p = &m->p[id];
+	if (m->pidx[id] < 0)
+		return NULL;
+	if (m->pp[id].gather)
+		return (grads ? m->gwin : m->win) + m->woff[id];
+	float *b = (grads ? m->grads : m->params) + p->offset;
+	if (p->stacked)
+		b += per_slice(p) * (size_t)layer_slot(m, id, l);
+	if (m->pp[id].slice)
+		b += m->c0;
+	return b;
+}
+
+#define WP(id, l) wsel(m, false, id, l)
+#define GP(id, l) wsel(m, true, id, l)
+
+/* Is id gathered and in group g (-1: the non-layer tensors, else layer g)? */
+static bool in_group(const struct model *m, int id, int g, uint32_t axes, bool grads)
+{
+	const struct param_info *p = &m->p[id];
+	if (m->pidx[id] < 0 || m->pp[id].gather != axes || (grads && p->opt == OPT_NONE))
+		return false;
+	return g < 0 ? !p->stacked : p->stacked && layer_slot(m, id, g) >= 0;
+}
+
+/* Moves member r's blocks of group g's tensors between the packed buffer
+ * (pack floats per member) and the window. */
+static void place_blocks(struct model *m, const struct gather_group *gg, int g, bool grads,
+			 float *packed, size_t pack, bool into_window)
+{
+	for (int r = 0; r < gg->n; r++) {
+		size_t off = 0;
+		for (int id = 0; id < P_COUNT; id++) {
+			if (!in_group(m, id, g, gg->axes, grads))
+				continue;
+			const struct param_info *p = &m->p[id];
+			const struct plan_param *pp = &m->pp[id];
+			int o[SHARD_MAX_DIMS], k = p->stacked ? 1 : 0;
+			plan_block_offsets(pp, m->mesh, gg->axes, gg->coord[r], o);
+			plan_copy_block((grads ? m->gwin : m->win) + m->woff[id], pp->cshape + k,
+					packed + (size_t)r * pack + off, p->shape + k, o + k, p->ndim - k,
+					into_window);
+			off += per_slice(p);
+		}
+	}
+}
+
+/* Storage slice of id for group g. */
+static float *storage(struct model *m, float *buf, int id, int g)
+{
+	const struct param_info *p = &m->p[id];
+	return buf + p->offset + (p->stacked ? per_slice(p) * (size_t)layer_slot(m, id, g) : 0);
+}
+
+/* FSDP: all-gathers group g's sharded weights into the window. */
+static void gather_weights(struct model *m, int g)
+{
+	for (int k = 0; k < m->ngg && !m->hook_rc; k++) {
+		const struct gather_group *gg = &m->gg[k];
+		size_t pack = 0;
+		for (int id = 0; id < P_COUNT; id++) {
+			if (!in_group(m, id, g, gg->axes, false))
+				continue;
+			size_t n = per_slice(&m->p[id]);
+			memcpy(m->stage_b + pack, storage(m, m->params, id, g), n * sizeof(float));
+			pack += n;
+		}
+		if (!pack)
+			continue;
+		const struct model_comm *c = m->st->comm;
+		m->hook_rc = c->all_gather(c->ctx, gg->axes, m->stage_a, m->stage_b, pack * sizeof(float));
+		if (!m->hook_rc)
+			place_blocks(m, gg, g, false, m->stage_a, pack, true);
+	}
+}
+
+/* Zeroes group g's gradient window. */
+static void zero_grad_window(struct model *m, int g)
+{
+	for (int id = 0; id < P_COUNT; id++)
+		if (m->pidx[id] >= 0 && m->pp[id].gather && in_group(m, id, g, m->pp[id].gather, true))
+			memset(m->gwin + m->woff[id], 0, per_cslice(&m->pp[id], &m->p[id]) * sizeof(float));
+}
+
+/* FSDP, the transpose of the gather: reduce-scatters group g's window
+ * gradients into this device's shards. */
+static void scatter_grads(struct model *m, int g)
+{
+	for (int k = 0; k < m->ngg && !m->hook_rc; k++) {
+		const struct gather_group *gg = &m->gg[k];
+		size_t pack = 0;
+		for (int id = 0; id < P_COUNT; id++)
+			if (in_group(m, id, g, gg->axes, true))
+				pack += per_slice(&m->p[id]);
+		if (!pack)
+			continue;
+		place_blocks(m, gg, g, true, m->stage_a, pack, false);
+		const struct model_comm *c = m->st->comm;
+		m->hook_rc = c->reduce_scatter(c->ctx, gg->axes, m->stage_b, m->stage_a, pack);
+		if (m->hook_rc)
+			return;
+		size_t off = 0;
+		for (int id = 0; id < P_COUNT; id++) {
+			if (!in_group(m, id, g, gg->axes, true))
+				continue;
+			size_t n = per_slice(&m->p[id]);
+			float *dst = storage(m, m->grads, id, g);
+			for (size_t i = 0; i < n; i++)
+				dst[i] += m->stage_b[off + i];
+			off += n;
+		}
+	}
+}
+
+/* ---- forward ---- */
 
 /* Blocks of rows one local expert processes: rows [bs, bs + bn) of the
  * expert input (sorted by expert; with expert parallelism, by source device
@@ -565,7 +1069,7 @@ static int expert_blocks(const struct model *m, const struct layer_acts *a, int 
 	}
 	for (int src = 0; src < m->ep; src++)
 		for (int j = 0; j < m->El; j++) {
-			int n = a->cnt_all[src * E + m->epr * m->El + j];
+			int n = a->cnt_all[src * E + m->e0 + j];
 			bs[nb] = r;
 			bn[nb] = n;
 			bj[nb++] = j;
@@ -577,24 +1081,38 @@ static int expert_blocks(const struct model *m, const struct layer_acts *a, int 
 static void ep_exchange(struct model *m, void *out, const size_t *recv_b, const void *in,
 			const size_t *send_b)
 {
+	const struct model_comm *c = m->st->comm;
 	if (!m->hook_rc)
-		m->hook_rc = m->st->ep_all_to_all(m->st->ctx, out, recv_b, in, send_b);
+		m->hook_rc = c->all_to_all(c->ctx, m->ax_exp, out, recv_b, in, send_b);
 }
 
-/* Learns every device's per-expert counts, then sends each device the rows
- * (sorted by expert, so contiguous) of the experts it owns. */
+/* Expert parallelism: lays the expert-sorted rows out by destination
+ * device (the devices of the expert group in rank order, each holding one
+ * block of El experts), learns every device's per-expert counts, and sends
+ * each device the rows of its experts. */
 static void ep_dispatch(struct model *m, struct layer_acts *a, int C)
 {
-	int E = m->d.E, El = m->El;
+	int E = m->d.E, El = m->El, NK = m->N * m->d.K;
+	int32_t *tmp = (int32_t *)m->dweights; /* free during forward: NK ints */
+	size_t r = 0;
+	for (int x = 0; x < m->ep; x++) {
+		int b = m->ep_blk[x];
+		int lo = a->offsets[b * El], hi = a->offsets[(b + 1) * El];
+		memcpy(tmp + r, a->order + lo, sizeof(int32_t) * (size_t)(hi - lo));
+		r += (size_t)(hi - lo);
+	}
+	memcpy(a->order, tmp, sizeof(int32_t) * (size_t)NK);
+	moe_gather(a->xs, a->ln2, a->order, NK, m->d.K, C);
+	const struct model_comm *c = m->st->comm;
 	if (!m->hook_rc)
-		m->hook_rc = m->st->ep_all_gather(m->st->ctx, a->cnt_all, a->counts, E);
+		m->hook_rc = c->all_gather(c->ctx, m->ax_exp, a->cnt_all, a->counts, sizeof(int32_t) * E);
 	if (m->hook_rc)
 		return;
 	for (int x = 0; x < m->ep; x++) {
 		size_t sr = 0, rr = 0;
 		for (int j = 0; j < El; j++) {
-			sr += (size_t)a->counts[x * El + j];
-			rr += (size_t)a->cnt_all[x * E + m->epr * El + j];
+			sr += (size_t)a->counts[m->ep_blk[x] * El + j];
+			rr += (size_t)a->cnt_all[x * E + m->e0 + j];
 		}
 		a->send_b[x] = sr * (size_t)C * sizeof(float);
 		a->recv_b[x] = rr * (size_t)C * sizeof(float);
@@ -602,35 +1120,27 @@ static void ep_dispatch(struct model *m, struct layer_acts *a, int C)
 	ep_exchange(m, a->xr, a->recv_b, a->xs, a->send_b);
 }
 
-/* Sums buf over the tensor-transpose group (partial sums of a contraction
- * over the split embedding dimension). */
-static void tt_sum(struct model *m, float *buf, size_t n)
-{
-	if (m->tt > 1 && !m->hook_rc)
-		m->hook_rc = m->st->tt_allreduce(m->st->ctx, buf, n);
-}
-
-/* RMSNorm over the embedding, which tensor-transpose splits over devices. */
+/* RMSNorm over the embedding, which may be split over devices. */
 static void norm_forward(struct model *m, float *out, float *rstd, const float *x, const float *w)
 {
-	if (m->tt <= 1) {
+	if (!m->ax_emb) {
 		rmsnorm_forward(out, rstd, x, w, m->N, m->l.C, m->d.eps);
 		return;
 	}
 	rmsnorm_partial_sumsq(m->nstat, x, m->N, m->l.C);
-	tt_sum(m, m->nstat, (size_t)m->N);
+	psum(m, m->ax_emb, m->nstat, (size_t)m->N);
 	rmsnorm_forward_split(out, rstd, x, w, m->nstat, m->N, m->l.C, m->d.C, m->d.eps);
 }
 
 static void norm_backward(struct model *m, float *dx, float *dw, const float *dout, const float *x,
 			  const float *w, const float *rstd)
 {
-	if (m->tt <= 1) {
+	if (!m->ax_emb) {
 		rmsnorm_backward(dx, dw, dout, x, w, rstd, m->N, m->l.C);
 		return;
 	}
 	rmsnorm_backward_partial(m->nstat, dout, x, w, m->N, m->l.C);
-	tt_sum(m, m->nstat, (size_t)m->N);
+	psum(m, m->ax_emb, m->nstat, (size_t)m->N);
 	rmsnorm_backward_split(dx, dw, dout, x, w, rstd, m->nstat, m->N, m->l.C, m->d.C);
 }
 
@@ -640,32 +1150,32 @@ static void layer_forward(struct model *m, int l)
 	struct layer_acts *a = &m->la[l];
 	int N = m->N, C = d->C, QD = d->Hq * d->D, KD = d->Hkv * d->D;
 	float *x = m->resid + (size_t)l * N * C, *xo = x + (size_t)N * C;
-	float *P = m->params, *tmp = m->dln; /* dln is free during forward */
+	float *tmp = m->dln; /* dln is free during forward */
 
-	norm_forward(m, a->ln1, a->rstd1, x, pl(m, P, P_ATTN_NORM, l));
-	linear_forward(a->q, a->ln1, pl(m, P, P_WQ, l), N, C, QD);
-	linear_forward(a->k, a->ln1, pl(m, P, P_WK, l), N, C, KD);
-	linear_forward(a->v, a->ln1, pl(m, P, P_WV, l), N, C, KD);
-	/* tensor-transpose: contractions over the split embedding are partial */
-	tt_sum(m, a->q, (size_t)N * QD);
-	tt_sum(m, a->k, (size_t)N * KD);
-	tt_sum(m, a->v, (size_t)N * KD);
+	gather_weights(m, l);
+	norm_forward(m, a->ln1, a->rstd1, x, WP(P_ATTN_NORM, l));
+	linear_forward(a->q, a->ln1, WP(P_WQ, l), N, C, QD);
+	linear_forward(a->k, a->ln1, WP(P_WK, l), N, C, KD);
+	linear_forward(a->v, a->ln1, WP(P_WV, l), N, C, KD);
+	psum(m, m->pl[P_WQ].reduce, a->q, (size_t)N * QD);
+	psum(m, m->pl[P_WK].reduce, a->k, (size_t)N * KD);
+	psum(m, m->pl[P_WV].reduce, a->v, (size_t)N * KD);
 	rope_forward(a->q, a->q, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
 	rope_forward(a->k, a->k, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
 	attention_forward(a->atty, a->att, a->q, a->k, a->v, m->B, d->T, d->Hq, d->Hkv, d->D);
-	linear_forward(tmp, a->atty, pl(m, P, P_WO, l), N, QD, C);
-	tp_sum(m, tmp, (size_t)N * C);
+	linear_forward(tmp, a->atty, WP(P_WO, l), N, QD, C);
+	psum(m, m->pl[P_WO].reduce, tmp, (size_t)N * C);
 	residual_forward(a->xmid, x, tmp, N * C);
-	norm_forward(m, a->ln2, a->rstd2, a->xmid, pl(m, P, P_MLP_NORM, l));
+	norm_forward(m, a->ln2, a->rstd2, a->xmid, WP(P_MLP_NORM, l));
 
 	if (l < d->L_dense) {
-		linear_forward(a->g, a->ln2, pl(m, P, P_W_GATE, l), N, C, d->F);
-		linear_forward(a->u, a->ln2, pl(m, P, P_W_UP, l), N, C, d->F);
-		tt_sum(m, a->g, (size_t)N * d->F);
-		tt_sum(m, a->u, (size_t)N * d->F);
+		linear_forward(a->g, a->ln2, WP(P_W_GATE, l), N, C, d->F);
+		linear_forward(a->u, a->ln2, WP(P_W_UP, l), N, C, d->F);
+		psum(m, m->pl[P_W_GATE].reduce, a->g, (size_t)N * d->F);
+		psum(m, m->pl[P_W_UP].reduce, a->u, (size_t)N * d->F);
 		swiglu_forward(a->h, a->g, a->u, N, d->F);
-		linear_forward(tmp, a->h, pl(m, P, P_W_DOWN, l), N, d->F, C);
-		tp_sum(m, tmp, (size_t)N * C);
+		linear_forward(tmp, a->h, WP(P_W_DOWN, l), N, d->F, C);
+		psum(m, m->pl[P_W_DOWN].reduce, tmp, (size_t)N * C);
 		residual_forward(xo, a->xmid, tmp, N * C);
 		return;
 	}
@@ -673,13 +1183,11 @@ static void layer_forward(struct model *m, int l)
 	/* MoE: route, run each expert on its rows, combine */
 	int lm = l - d->L_dense, E = d->E, K = d->K, Fe = d->Fe, NK = N * K;
 	float *logits = m->dlogits_r; /* scratch in forward */
-	linear_forward(logits, a->ln2, pl(m, P, P_ROUTER, lm), N, C, E);
-	tt_sum(m, logits, (size_t)N * E);
-	moe_router_forward(a->weights, a->idx, a->scores, logits,
-			   d->router_bias ? pl(m, P, P_ROUTER_BIAS, lm) : NULL, N, E, K,
+	linear_forward(logits, a->ln2, WP(P_ROUTER, l), N, C, E);
+	psum(m, m->pl[P_ROUTER].reduce, logits, (size_t)N * E);
+	moe_router_forward(a->weights, a->idx, a->scores, logits, WP(P_ROUTER_BIAS, l), N, E, K,
 			   (enum moe_score)d->moe_score, d->norm_topk, d->routed_scale);
 	moe_sort(a->order, a->offsets, a->idx, N, E, K);
-	moe_gather(a->xs, a->ln2, a->order, NK, K, C);
 	for (int e = 0; e < E; e++)
 		a->counts[e] = a->offsets[e + 1] - a->offsets[e];
 	/* expert parallelism: rows travel to the device owning their expert */
@@ -688,8 +1196,10 @@ static void layer_forward(struct model *m, int l)
 		ep_dispatch(m, a, C);
 		X = a->xr;
 		Y = a->yr;
+	} else {
+		moe_gather(a->xs, a->ln2, a->order, NK, K, C);
 	}
-	float *wg = pl(m, P, P_E_GATE, lm), *wu = pl(m, P, P_E_UP, lm), *wd = pl(m, P, P_E_DOWN, lm);
+	float *wg = WP(P_E_GATE, l), *wu = WP(P_E_UP, l), *wd = WP(P_E_DOWN, l);
 	int bs[1024], bn[1024], bj[1024], nb = m->hook_rc ? 0 : expert_blocks(m, a, bs, bn, bj);
 	size_t wsz = (size_t)Fe * C;
 	size_t rows = 0;
@@ -702,8 +1212,8 @@ static void layer_forward(struct model *m, int l)
 		linear_forward(a->eg + rf, X + rc, wg + j * wsz, ne, C, Fe);
 		linear_forward(a->eu + rf, X + rc, wu + j * wsz, ne, C, Fe);
 	}
-	tt_sum(m, a->eg, rows * Fe);
-	tt_sum(m, a->eu, rows * Fe);
+	psum(m, m->pl[P_E_GATE].reduce, a->eg, rows * Fe);
+	psum(m, m->pl[P_E_UP].reduce, a->eu, rows * Fe);
 	for (int b = 0; b < nb; b++) {
 		size_t rf = (size_t)bs[b] * Fe, rc = (size_t)bs[b] * C;
 		int ne = bn[b], j = bj[b];
@@ -718,21 +1228,47 @@ static void layer_forward(struct model *m, int l)
 	memset(tmp, 0, sizeof(float) * (size_t)N * C);
 	moe_combine(tmp, a->ey, a->weights, a->order, NK, K, C);
 	if (d->S) {
-		int SF = d->S * Fe;
-		linear_forward(a->sg, a->ln2, pl(m, P, P_S_GATE, lm), N, C, SF);
-		linear_forward(a->su, a->ln2, pl(m, P, P_S_UP, lm), N, C, SF);
-		tt_sum(m, a->sg, (size_t)N * SF);
-		tt_sum(m, a->su, (size_t)N * SF);
+		int SF = m->SF;
+		linear_forward(a->sg, a->ln2, WP(P_S_GATE, l), N, C, SF);
+		linear_forward(a->su, a->ln2, WP(P_S_UP, l), N, C, SF);
+		psum(m, m->pl[P_S_GATE].reduce, a->sg, (size_t)N * SF);
+		psum(m, m->pl[P_S_UP].reduce, a->su, (size_t)N * SF);
 		swiglu_forward(a->sh, a->sg, a->su, N, SF);
-		linear_forward_acc(tmp, a->sh, pl(m, P, P_S_DOWN, lm), N, SF, C);
+		linear_forward_acc(tmp, a->sh, WP(P_S_DOWN, l), N, SF, C);
 	}
-	tp_sum(m, tmp, (size_t)N * C);
+	psum(m, m->ax_moe_out, tmp, (size_t)N * C);
 	residual_forward(xo, a->xmid, tmp, N * C);
 }
 
-static float *head_weight(struct model *m, float *buf)
+static int head_id(const struct model *m)
 {
-	return m->d.tied ? pp(m, buf, P_EMBED) : pp(m, buf, P_LM_HEAD);
+	return m->d.tied ? P_EMBED : P_LM_HEAD;
+}
+
+/* Cross-entropy over the (possibly split) vocabulary; returns the sum of
+ * the token losses. */
+static double xent_forward(struct model *m, const int32_t *targets)
+{
+	int N = m->N, V = m->l.V;
+	if (!m->ax_vocab)
+		return softmax_xent_forward(m->losses, m->probs, m->logits, targets, N, V) * N;
+	const struct model_comm *c = m->st->comm;
+	float *mx = m->nstat;
+	xent_split_max(mx, m->logits, N, V);
+	if (!m->hook_rc)
+		m->hook_rc = c->all_gather(c->ctx, m->ax_vocab, m->xstat, mx, sizeof(float) * (size_t)N);
+	if (m->hook_rc)
+		return 0;
+	int n = mesh_axes_size(m->mesh, m->ax_vocab);
+	for (int i = 0; i < N; i++)
+		for (int r = 0; r < n; r++)
+			mx[i] = fmaxf(mx[i], m->xstat[(size_t)r * N + i]);
+	float *st = m->xstat;  /* the gathered maxima are consumed */
+	xent_split_sums(st, m->logits, mx, targets, m->v0, N, V);
+	psum(m, m->ax_vocab, st, 2 * (size_t)N);
+	if (m->hook_rc)
+		return 0;
+	return xent_split_finish(m->losses, m->probs, m->logits, mx, st, N, V);
 }
 
 /* Runs the forward over all N rows; returns the sum of token losses. */
@@ -741,19 +1277,26 @@ static double forward_all(struct model *m, const int32_t *inputs, const int32_t 
 	const struct model_dims *d = &m->d;
 	int N = m->N, C = m->l.C;
 
-	embedding_forward(m->resid, inputs, pp(m, m->params, P_EMBED), N, C);
+	gather_weights(m, -1);
+	if (m->pl[P_EMBED].reduce) {
+		embedding_forward_range(m->resid, inputs, WP(P_EMBED, 0), m->v0e, m->Ve, N, C);
+		psum(m, m->pl[P_EMBED].reduce, m->resid, (size_t)N * C);
+	} else {
+		embedding_forward(m->resid, inputs, WP(P_EMBED, 0), N, C);
+	}
 	for (int l = 0; l < d->L; l++)
 		layer_forward(m, l);
 	float *xL = m->resid + (size_t)d->L * N * C;
-	norm_forward(m, m->lnf, m->rstdf, xL, pp(m, m->params, P_FINAL_NORM));
-	linear_forward(m->logits, m->lnf, head_weight(m, m->params), N, C, d->V);
-	tt_sum(m, m->logits, (size_t)N * d->V);
-	double mean = softmax_xent_forward(m->losses, m->probs, m->logits, targets, N, d->V);
-	return mean * N;
+	norm_forward(m, m->lnf, m->rstdf, xL, WP(P_FINAL_NORM, 0));
+	linear_forward(m->logits, m->lnf, WP(head_id(m), 0), N, C, m->l.V);
+	psum(m, m->pl[P_LM_HEAD].reduce, m->logits, (size_t)N * m->l.V);
+	return xent_forward(m, targets);
 }
 
 double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows)
 {
+	struct model_step st = { 0 };
+	m->st = &st;
 	forward_all(m, inputs, targets);
 	double s = 0;
 	for (int i = 0; i < rows * m->d.T; i++)
@@ -770,42 +1313,47 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 	struct layer_acts *a = &m->la[l];
 	int N = m->N, C = d->C, QD = d->Hq * d->D, KD = d->Hkv * d->D;
 	float *x = m->resid + (size_t)l * N * C;
-	float *P = m->params, *G = m->grads, *dres = m->dresid, *dln = m->dln;
+	float *dres = m->dresid, *dln = m->dln;
 
+	if (l != d->L - 1)    /* the last layer's weights are still gathered */
+		gather_weights(m, l);
+	zero_grad_window(m, l);
 	memset(dln, 0, sizeof(float) * (size_t)N * C);
 	if (l < d->L_dense) {
 		float *dh = m->dbig1, *dg = m->dbig2, *du = m->dbig3;
 		size_t nf = (size_t)N * d->F;
 		memset(dh, 0, nf * sizeof(float));
-		linear_backward(dh, pl(m, G, P_W_DOWN, l), dres, a->h, pl(m, P, P_W_DOWN, l), N, d->F, C);
-		tt_sum(m, dh, nf);
+		linear_backward(dh, GP(P_W_DOWN, l), dres, a->h, WP(P_W_DOWN, l), N, d->F, C);
+		psum(m, m->pl[P_W_DOWN].dx_reduce, dh, nf);
 		memset(dg, 0, nf * sizeof(float));
 		memset(du, 0, nf * sizeof(float));
 		swiglu_backward(dg, du, dh, a->g, a->u, N, d->F);
-		linear_backward(dln, pl(m, G, P_W_GATE, l), dg, a->ln2, pl(m, P, P_W_GATE, l), N, C, d->F);
-		linear_backward(dln, pl(m, G, P_W_UP, l), du, a->ln2, pl(m, P, P_W_UP, l), N, C, d->F);
-		tp_sum(m, dln, (size_t)N * C);
+		linear_backward(dln, GP(P_W_GATE, l), dg, a->ln2, WP(P_W_GATE, l), N, C, d->F);
+		linear_backward(dln, GP(P_W_UP, l), du, a->ln2, WP(P_W_UP, l), N, C, d->F);
+		psum(m, m->pl[P_W_GATE].dx_reduce, dln, (size_t)N * C);
 	} else {
 		int lm = l - d->L_dense, E = d->E, K = d->K, Fe = d->Fe, NK = N * K;
 		if (d->S) {
-			int SF = d->S * Fe;
+			int SF = m->SF;
 			size_t ns = (size_t)N * SF;
 			float *dh = m->dbig1, *dg = m->dbig2, *du = m->dbig3;
 			memset(dh, 0, ns * sizeof(float));
-			linear_backward(dh, pl(m, G, P_S_DOWN, lm), dres, a->sh, pl(m, P, P_S_DOWN, lm), N, SF, C);
-			tt_sum(m, dh, ns);
+			linear_backward(dh, GP(P_S_DOWN, l), dres, a->sh, WP(P_S_DOWN, l), N, SF, C);
+			psum(m, m->pl[P_S_DOWN].dx_reduce, dh, ns);
 			memset(dg, 0, ns * sizeof(float));
 			memset(du, 0, ns * sizeof(float));
 			swiglu_backward(dg, du, dh, a->sg, a->su, N, SF);
-			linear_backward(dln, pl(m, G, P_S_GATE, lm), dg, a->ln2, pl(m, P, P_S_GATE, lm), N, C, SF);
-			linear_backward(dln, pl(m, G, P_S_UP, lm), du, a->ln2, pl(m, P, P_S_UP, lm), N, C, SF);
+			linear_backward(dln, GP(P_S_GATE, l), dg, a->ln2, WP(P_S_GATE, l), N, C, SF);
+			linear_backward(dln, GP(P_S_UP, l), du, a->ln2, WP(P_S_UP, l), N, C, SF);
 		}
 		memset(m->dey, 0, sizeof(float) * (size_t)NK * C);
 		memset(m->dweights, 0, sizeof(float) * (size_t)NK);
 		moe_combine_backward(m->dey, m->dweights, dres, a->ey, a->weights, a->order, NK, K, C);
-		tt_sum(m, m->dweights, (size_t)NK);
-		float *wg = pl(m, P, P_E_GATE, lm), *wu = pl(m, P, P_E_UP, lm), *wd = pl(m, P, P_E_DOWN, lm);
-		float *gg = pl(m, G, P_E_GATE, lm), *gu = pl(m, G, P_E_UP, lm), *gd = pl(m, G, P_E_DOWN, lm);
+		/* the expert outputs were partial over the hidden's axes and
+		 * split over the embedding's: so are the weights' gradients */
+		psum(m, m->ax_moe_out | m->ax_emb, m->dweights, (size_t)NK);
+		float *wg = WP(P_E_GATE, l), *wu = WP(P_E_UP, l), *wd = WP(P_E_DOWN, l);
+		float *gg = GP(P_E_GATE, l), *gu = GP(P_E_UP, l), *gd = GP(P_E_DOWN, l);
 		float *deh = m->dbig1, *deg = m->dbig2, *deu = m->dbig3;
 		float *X = a->xs, *dY = m->dey, *dX = m->dxs;
 		size_t wsz = (size_t)Fe * C, R = m->rmax;
@@ -830,7 +1378,7 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 			if (ne)
 				linear_backward(deh + rf, gd + j * wsz, dY + rc, a->eh + rf, wd + j * wsz, ne, Fe, C);
 		}
-		tt_sum(m, deh, rows * Fe);
+		psum(m, m->pl[P_E_DOWN].dx_reduce, deh, rows * Fe);
 		for (int b = 0; b < nb; b++) {
 			size_t rf = (size_t)bs[b] * Fe, rc = (size_t)bs[b] * C;
 			int ne = bn[b], j = bj[b];
@@ -843,12 +1391,9 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 		if (m->ep > 1)
 			ep_exchange(m, m->dxs, a->send_b, m->dxr, a->recv_b);
 		moe_gather_backward(dln, m->dxs, a->order, NK, K, C);
-		/* experts and shared experts gave partial sums (their hidden is
-		 * split over the tensor axis), and so did the routing weights'
-		 * gradients; the router below is replicated and adds its whole
-		 * gradient once */
-		tp_sum(m, dln, (size_t)N * C);
-		tp_sum(m, m->dweights, (size_t)NK);
+		/* experts and shared experts gave partial sums over their
+		 * hidden's axes; the router below adds its whole gradient once */
+		psum(m, m->pl[P_E_GATE].dx_reduce, dln, (size_t)N * C);
 		/* router: through the top-k weights and the load-balance loss */
 		memset(m->dlogits_r, 0, sizeof(float) * (size_t)N * E);
 		moe_router_backward(m->dlogits_r, m->dweights, a->scores, a->idx, N, E, K,
@@ -865,14 +1410,14 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 			moe_scores_backward(m->dlogits_r, m->dscores, a->scores, N, E,
 					    (enum moe_score)d->moe_score);
 		}
-		linear_backward(dln, pl(m, G, P_ROUTER, lm), m->dlogits_r, a->ln2, pl(m, P, P_ROUTER, lm), N, C, E);
+		linear_backward(dln, GP(P_ROUTER, l), m->dlogits_r, a->ln2, WP(P_ROUTER, l), N, C, E);
 	}
-	norm_backward(m, dres, pl(m, G, P_MLP_NORM, l), dln, a->xmid, pl(m, P, P_MLP_NORM, l), a->rstd2);
+	norm_backward(m, dres, GP(P_MLP_NORM, l), dln, a->xmid, WP(P_MLP_NORM, l), a->rstd2);
 
 	/* attention block: dres now holds dL/d(xmid) */
 	memset(m->datty, 0, sizeof(float) * (size_t)N * QD);
-	linear_backward(m->datty, pl(m, G, P_WO, l), dres, a->atty, pl(m, P, P_WO, l), N, QD, C);
-	tt_sum(m, m->datty, (size_t)N * QD);
+	linear_backward(m->datty, GP(P_WO, l), dres, a->atty, WP(P_WO, l), N, QD, C);
+	psum(m, m->pl[P_WO].dx_reduce, m->datty, (size_t)N * QD);
 	memset(m->dq, 0, sizeof(float) * (size_t)N * QD);
 	memset(m->dk, 0, sizeof(float) * (size_t)N * KD);
 	memset(m->dv, 0, sizeof(float) * (size_t)N * KD);
@@ -883,42 +1428,66 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 	rope_backward(m->dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
 	rope_backward(m->dkr, m->dk, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
 	memset(dln, 0, sizeof(float) * (size_t)N * C);
-	linear_backward(dln, pl(m, G, P_WQ, l), m->dqr, a->ln1, pl(m, P, P_WQ, l), N, C, QD);
-	linear_backward(dln, pl(m, G, P_WK, l), m->dkr, a->ln1, pl(m, P, P_WK, l), N, C, KD);
-	linear_backward(dln, pl(m, G, P_WV, l), m->dv, a->ln1, pl(m, P, P_WV, l), N, C, KD);
-	tp_sum(m, dln, (size_t)N * C);
-	norm_backward(m, dres, pl(m, G, P_ATTN_NORM, l), dln, x, pl(m, P, P_ATTN_NORM, l), a->rstd1);
+	linear_backward(dln, GP(P_WQ, l), m->dqr, a->ln1, WP(P_WQ, l), N, C, QD);
+	linear_backward(dln, GP(P_WK, l), m->dkr, a->ln1, WP(P_WK, l), N, C, KD);
+	linear_backward(dln, GP(P_WV, l), m->dv, a->ln1, WP(P_WV, l), N, C, KD);
+	psum(m, m->pl[P_WQ].dx_reduce, dln, (size_t)N * C);
+	norm_backward(m, dres, GP(P_ATTN_NORM, l), dln, x, WP(P_ATTN_NORM, l), a->rstd1);
+	scatter_grads(m, l);
+}
+
+/* MoE expert counts between forward and backward, summed over every
+ * device with other rows (exact integers, added in rank order), so the
+ * load-balance loss is that of the global batch. */
+static void sum_counts(struct model *m)
+{
+	const struct model_comm *c = m->st->comm;
+	int n = m->d.L_moe * m->d.E, reps = mesh_axes_size_or1(m, m->rows);
+	if (!m->rows || m->hook_rc)
+		return;
+	m->hook_rc = c->all_gather(c->ctx, m->rows, m->counts_tmp, m->counts_all, sizeof(int32_t) * (size_t)n);
+	for (int i = 0; !m->hook_rc && i < n; i++) {
+		int32_t s = 0;
+		for (int r = 0; r < reps; r++)
+			s += m->counts_tmp[(size_t)r * n + i];
+		m->counts_all[i] = s;
+	}
 }
 
 int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
 			   struct model_step *st)
 {
 	const struct model_dims *d = &m->d;
-	int N = m->N, C = m->l.C;
+	int N = m->N, C = m->l.C, V = m->l.V;
 	m->st = st;
 	m->hook_rc = 0;
 	st->loss_sum = forward_all(m, inputs, targets);
 	st->aux = 0;
+	if (d->L_moe)
+		sum_counts(m);
 	if (m->hook_rc)
 		return m->hook_rc;
-	if (d->L_moe && st->counts) {
-		int rc = st->counts(st->ctx, m->counts_all, d->L_moe * d->E);
-		if (rc)
-			return rc;
-	}
 	float loss_scale = st->loss_scale;
 
-	float *G = m->grads;
-	memset(m->dlogits, 0, sizeof(float) * (size_t)N * d->V);
-	softmax_xent_backward(m->dlogits, m->probs, targets, loss_scale, N, d->V);
+	zero_grad_window(m, -1);
+	memset(m->dlogits, 0, sizeof(float) * (size_t)N * V);
+	if (m->ax_vocab)
+		xent_split_backward(m->dlogits, m->probs, targets, m->v0, loss_scale, N, V);
+	else
+		softmax_xent_backward(m->dlogits, m->probs, targets, loss_scale, N, V);
 	memset(m->dln, 0, sizeof(float) * (size_t)N * C);
-	linear_backward(m->dln, head_weight(m, G), m->dlogits, m->lnf, head_weight(m, m->params), N, C, d->V);
+	linear_backward(m->dln, GP(head_id(m), 0), m->dlogits, m->lnf, WP(head_id(m), 0), N, C, V);
+	psum(m, m->pl[P_LM_HEAD].dx_reduce, m->dln, (size_t)N * C);
 	memset(m->dresid, 0, sizeof(float) * (size_t)N * C);
-	norm_backward(m, m->dresid, pp(m, G, P_FINAL_NORM), m->dln, m->resid + (size_t)d->L * N * C,
-		      pp(m, m->params, P_FINAL_NORM), m->rstdf);
+	norm_backward(m, m->dresid, GP(P_FINAL_NORM, 0), m->dln, m->resid + (size_t)d->L * N * C,
+		      WP(P_FINAL_NORM, 0), m->rstdf);
 	for (int l = d->L - 1; l >= 0; l--)
 		layer_backward(m, l, st);
-	embedding_backward(pp(m, G, P_EMBED), m->dresid, inputs, N, C);
+	if (m->pl[P_EMBED].reduce)
+		embedding_backward_range(GP(P_EMBED, 0), m->dresid, inputs, m->v0e, m->Ve, N, C);
+	else
+		embedding_backward(GP(P_EMBED, 0), m->dresid, inputs, N, C);
+	scatter_grads(m, -1);
 	return m->hook_rc;
 }
 

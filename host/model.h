@@ -15,6 +15,8 @@
 #include <stdint.h>
 
 #include "host/config.h"
+#include "host/mesh.h"
+#include "host/shard.h"
 
 struct model_dims {
 	int V, C, T;           /* vocab, d_model, sequence length */
@@ -36,17 +38,38 @@ enum param_opt { OPT_ADAMW, OPT_MUON, OPT_NONE };
 struct param_info {
 	char name[48];
 	int ndim;
-	int shape[MODEL_MAX_DIMS];
+	int shape[MODEL_MAX_DIMS];        /* this device's storage shard */
+	int global_shape[MODEL_MAX_DIMS]; /* the whole tensor */
+	int goff[MODEL_MAX_DIMS];         /* where the shard starts in it */
 	const char *axes[MODEL_MAX_DIMS]; /* logical axis names */
 	size_t offset, numel;             /* into the one allocation, in floats */
 	enum param_opt opt;               /* AdamW, Muon (per 2-D matrix), none */
 	bool decay;                       /* weight decay applies */
-	int mat_rows, mat_cols;           /* Muon: each [rows, cols] slice */
-	/* tensor parallelism: shape is this device's shard; the whole tensor
-	 * is global_shape, split into nshard equal blocks along shard_dim
-	 * (-1: not split), of which this device holds block shard_idx */
-	int global_shape[MODEL_MAX_DIMS];
-	int shard_dim, nshard, shard_idx;
+	bool stacked;                     /* dimension 0 is `layers` */
+	int mat_rows, mat_cols;           /* Muon: each whole [rows, cols] matrix */
+	uint32_t split;                   /* mesh axes the storage is sharded over */
+	uint32_t mat_split;               /* those of them on the matrix dimensions */
+	uint32_t gsum;                    /* axes the local gradient is summed over */
+};
+
+/* Where this device sits in a mesh; NULL for one device. */
+struct model_mesh {
+	const struct mesh *mesh;
+	const struct shard_rules *rules;
+	int device;                       /* global device id */
+};
+
+/* Collectives over the devices that differ from this one only on `axes`
+ * (a mask of 1 << AX_*), ordered as mesh_group orders them. Each returns
+ * 0 or an exit code (host/cli.h) and keeps its message for the caller. */
+struct model_comm {
+	int (*all_reduce)(void *ctx, uint32_t axes, float *buf, size_t n);
+	int (*all_gather)(void *ctx, uint32_t axes, void *out, const void *in, size_t bytes);
+	/* out (n floats) = sum over members of their in[rank n, rank n + n) */
+	int (*reduce_scatter)(void *ctx, uint32_t axes, float *out, const float *in, size_t n);
+	int (*all_to_all)(void *ctx, uint32_t axes, void *out, const size_t *recv_bytes,
+			  const void *in, const size_t *send_bytes);
+	void *ctx;
 };
 
 struct model;
@@ -55,23 +78,23 @@ struct model;
  * key for impossible shapes. */
 int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, size_t errlen);
 
-/* Allocates parameters, gradients and activations for B sequences of T,
- * as rank tpr of tp tensor-parallel devices (Megatron: heads, the MLP
- * hidden and the expert hidden split over tp) and rank epr of ep
- * expert-parallel devices (the routed experts split over ep; tokens travel
- * to their expert's device and back) and rank ttr of tt tensor-transpose
- * devices (the embedding dimension split: contractions over it are summed
- * over tt, RMSNorm statistics too); 1, 0 for none; at most one of the
- * three. NULL with
- * err on failure or when a split dimension is not divisible. */
-struct model *model_new(const struct model_dims *d, int B, int tp, int tpr, int ep, int epr,
-			int tt, int ttr, char *err, size_t errlen);
+/* Allocates parameters (this device's shards), gradients and activations
+ * for B sequences of T. With a mesh, every tensor is placed by the
+ * sharding rules and every linear layer planned (host/plan.h): weights
+ * split over the rows' axes are gathered per layer (FSDP), heads, MLP and
+ * vocabulary split over the tensor axes, the embedding over
+ * tensor_transpose, experts over their `exp` axes (tokens travel to them
+ * with all_to_all). NULL with err (a "config:" or "sharding:" line naming
+ * the key, tensor and axes) when a shape does not split or a combination
+ * cannot run. */
+struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
+			char *err, size_t errlen);
 void model_free(struct model *m);
 const struct model_dims *model_dims(const struct model *m);
 
-/* The parameter table for dims d without allocating a model: copies up to
- * max entries (MODEL_MAX_PARAMS is enough) into out; returns the number of
- * parameters, or -ENOMEM. */
+/* The parameter table of the whole (unsharded) model for dims d without
+ * allocating one: copies up to max entries into out; returns the number
+ * of parameters, or -ENOMEM. */
 int model_param_table(const struct model_dims *d, struct param_info *out, int max);
 
 /* Parameter table. */
@@ -82,30 +105,33 @@ float *model_params(struct model *m);      /* the one allocation */
 float *model_grads(struct model *m);       /* same layout */
 size_t model_numel(const struct model *m); /* floats in each */
 
+/* The layout is ordered by gradient-sum axes: bucket i is floats
+ * [offset, offset + numel) whose gradients are all summed over `axes`. */
+struct model_bucket {
+	uint32_t axes;
+	size_t offset, numel;
+};
+int model_buckets(const struct model *m, struct model_bucket *out, int max);
+/* The plan of parameter i (host/plan.h), NULL on one device; and the
+ * mesh it was made for. */
+struct plan_param;
+const struct plan_param *model_param_plan(const struct model *m, int i);
+const struct mesh *model_mesh(const struct model *m);
+/* Mesh axes that split the rows (activation_batch); 0 on one device. */
+uint32_t model_rows_axes(const struct model *m);
+/* Floats of gathered (FSDP) weights and their gradients held during a
+ * step, the per-layer windows included. */
+size_t model_window_numel(const struct model *m);
+
 /* Deterministic init: the value of element i of the whole tensor depends
  * only on (seed, tensor name, i), so every sharding holds the same weights. */
 void model_init(struct model *m, uint64_t seed, float std);
-
-/* Sums per-expert token counts (n ints) over every replica, in place; 0 or
- * an error code. Called between forward and backward so the MoE
- * load-balance loss is that of the global batch, as on one device. */
-typedef int (*model_counts_fn)(void *ctx, int32_t *counts, int n);
 
 struct model_step {
 	float loss_scale;        /* cross-entropy gradient scale: 1 / global tokens */
 	float lb_weight;         /* load-balance loss weight (MoE) */
 	double global_tokens;    /* tokens in the global batch */
-	model_counts_fn counts;  /* NULL when this is the only replica */
-	/* sums n floats over the tensor-parallel group in place (NULL: tp 1) */
-	int (*tp_allreduce)(void *ctx, float *buf, size_t n);
-	/* the same over the tensor-transpose group (NULL: tt 1) */
-	int (*tt_allreduce)(void *ctx, float *buf, size_t n);
-	/* expert parallelism: all = every expert-group member's n ints in rank
-	 * order; all_to_all with per-peer byte counts (net/coll.h's contract) */
-	int (*ep_all_gather)(void *ctx, int32_t *all, const int32_t *mine, int n);
-	int (*ep_all_to_all)(void *ctx, void *out, const size_t *recv_bytes, const void *in,
-			     const size_t *send_bytes);
-	void *ctx;
+	const struct model_comm *comm; /* NULL on one device */
 	/* results */
 	double loss_sum;         /* sum of the per-token losses of these rows */
 	double aux;              /* this replica's share of the global load-balance loss */
@@ -115,15 +141,10 @@ struct model_step {
  * model_grads (zero them first). Returns 0, or the counts hook's error. */
 int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
 			   struct model_step *st);
-/* [first, end) of the routed experts' weights in the flat layout (0, 0 for
- * a dense model): under expert parallelism their gradients are summed only
- * over devices that hold the same experts. */
-void model_expert_range(const struct model *m, size_t *first, size_t *end);
-
 /* Flat index in the whole tensor of element i of this device's shard. */
 size_t param_global_index(const struct param_info *p, size_t i);
 
-/* Forward only (tp 1): sum of per-token cross-entropy over the first `rows` rows. */
+/* Forward only (one device): sum of per-token cross-entropy over the first `rows` rows. */
 double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows);
 
 /* Per-expert token counts of the last step, [L_moe, E] (NULL if dense),

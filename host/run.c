@@ -200,7 +200,7 @@ int cmd_train(int argc, char **argv)
 		goto out_err;
 	}
 	run_blas_threads(&c, 1);
-	struct trainer *t = trainer_new(&c, (int)c.per_device_batch_size, 1, 0, 1, 0, 1, 0, err, sizeof(err));
+	struct trainer *t = trainer_new(&c, (int)c.per_device_batch_size, NULL, err, sizeof(err));
 	if (!t) {
 		rc = strncmp(err, "config", 6) ? EXIT_INPUT : EXIT_CONFIG;
 		goto out_err;
@@ -311,7 +311,7 @@ int cmd_eval(int argc, char **argv)
 		return EXIT_CONFIG;
 	}
 	run_blas_threads(&c, 1);
-	struct trainer *t = trainer_new(&c, (int)c.per_device_batch_size, 1, 0, 1, 0, 1, 0, err, sizeof(err));
+	struct trainer *t = trainer_new(&c, (int)c.per_device_batch_size, NULL, err, sizeof(err));
 	if (!t) {
 		fprintf(stderr, "eval: %s\n", err);
 		return EXIT_INPUT;

@@ -1,5 +1,7 @@
-/* Per-device trainer: see host/train.h. The optimizer keeps two buffers in
- * the parameters' layout: AdamW's m and v, or Muon's momentum in m. */
+/* Per-device trainer: see host/train.h. The optimizer keeps two buffers:
+ * AdamW's m and v, or Muon's momentum in m, laid out bucket by bucket like
+ * the parameters, except that a bucket whose state ZeRO-1 splits over
+ * `data` keeps only this device's part of it. */
 #include "host/train.h"
 
 #include <errno.h>
@@ -10,28 +12,48 @@
 
 #include "host/cli.h"
 #include "host/data.h"
+#include "host/plan.h"
 #include "host/run.h"
 #include "kernels/kernels.h"
+
+/* One gradient bucket of the layout and its optimizer state. */
+struct seg {
+	size_t p0, n;        /* floats [p0, p0 + n) of the parameter layout */
+	uint32_t axes;       /* its gradients are summed over these */
+	bool zero;           /* ZeRO-1: the state is split over `data` */
+	size_t shard_n;      /* zero: floats per data rank (the last padded) */
+	size_t s0, len;      /* zero: this device's part [p0 + s0, + len) */
+	size_t o0;           /* where its state starts in m and v */
+};
+
+/* Members of the group over some axes, for placing their blocks. */
+struct tgroup {
+	uint32_t axes;
+	int n;
+	int (*coord)[AX_COUNT];
+};
+
+#define MAX_TGROUPS 8
 
 struct trainer {
 	struct cfg cfg;
 	struct model *model;
 	struct dataset *data;
 	int rows;
+	const struct mesh *mesh;     /* NULL on one device */
+	int device, coord[AX_COUNT];
+	int ndata, rdata;            /* ZeRO-1: data ranks and this one */
+	struct seg seg[MODEL_MAX_PARAMS];
+	int nseg;
+	size_t opt_n;
 	float *m, *v, *scratch;
+	float *gshard;               /* zero buckets' reduced gradient parts */
+	float *pad;                  /* [ndata * shard_n] staging */
 	int32_t *inputs, *targets;
 	bool muon;
-	/* optimizer sharding (ZeRO): this replica updates floats [s0, s0 +
-	 * shard_n) of the flat layout; m and v hold only that range */
-	int nshards, srank;
-	size_t shard_n, s0;
-	float *pad;              /* [nshards * shard_n]: gradients in, parameters out */
-	float *gshard;           /* reduced gradient shard */
-	float *mfull, *vfull;    /* whole optimizer state, for checkpoints */
-	/* model parallelism (tensor or expert: tp holds whichever is > 1):
-	 * the whole model's table and buffers, filled for checkpoints by
-	 * trainer_tp_gather */
-	int tp, tpr;
+	struct tgroup tg[MAX_TGROUPS];
+	int ntg;
+	/* checkpoints: the whole model's table and buffers */
 	struct model *gmodel;
 	float *gp, *gm, *gv;
 };
@@ -39,12 +61,99 @@ struct trainer {
 struct model *trainer_model(struct trainer *t) { return t->model; }
 struct dataset *trainer_data(struct trainer *t) { return t->data; }
 int trainer_rows(const struct trainer *t) { return t->rows; }
-float *trainer_opt_m(struct trainer *t) { return t->nshards > 1 ? t->mfull : t->m; }
-float *trainer_opt_v(struct trainer *t) { return t->nshards > 1 ? t->vfull : t->v; }
 const struct cfg *trainer_cfg(const struct trainer *t) { return &t->cfg; }
+size_t trainer_opt_numel(const struct trainer *t) { return 2 * t->opt_n; }
 
-struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, int ep, int epr,
-			    int tt, int ttr, char *err, size_t errlen)
+static int axes_size(const struct mesh *ms, uint32_t mask)
+{
+	int n = 1;
+	for (int a = 0; a < AX_COUNT; a++)
+		if (mask & (1u << a))
+			n *= ms->size[a];
+	return n;
+}
+
+static const struct tgroup *tgroup(struct trainer *t, uint32_t axes)
+{
+	for (int k = 0; k < t->ntg; k++)
+		if (t->tg[k].axes == axes)
+			return &t->tg[k];
+	if (t->ntg == MAX_TGROUPS)
+		return NULL;
+	struct mesh_group *g = malloc(sizeof(*g));
+	struct tgroup *x = &t->tg[t->ntg];
+	x->coord = g ? malloc(sizeof(*x->coord) * (size_t)axes_size(t->mesh, axes)) : NULL;
+	if (!x->coord) {
+		free(g);
+		return NULL;
+	}
+	mesh_group(t->mesh, t->device, axes, g);
+	x->axes = axes;
+	x->n = g->n;
+	for (int r = 0; r < g->n; r++)
+		mesh_coords(t->mesh, g->devs[r], x->coord[r]);
+	free(g);
+	t->ntg++;
+	return x;
+}
+
+/* Buckets and their optimizer state; ZeRO-1 splits the state of buckets
+ * summed over `data`. */
+static int lay_out_state(struct trainer *t, char *err, size_t errlen)
+{
+	struct model_bucket b[MODEL_MAX_PARAMS];
+	struct model *m = t->model;
+	int nb = model_buckets(m, b, MODEL_MAX_PARAMS);
+	size_t pad = 0;
+	t->ndata = 1;
+	t->rdata = 0;
+	if (t->mesh && t->cfg.shard_optimizer_over_data && t->mesh->size[AX_DATA] > 1) {
+		t->ndata = t->mesh->size[AX_DATA];
+		t->rdata = t->coord[AX_DATA]; /* one axis: its coordinate order */
+	}
+	t->nseg = nb;
+	t->opt_n = 0;
+	for (int i = 0; i < nb; i++) {
+		struct seg *s = &t->seg[i];
+		memset(s, 0, sizeof(*s));
+		s->p0 = b[i].offset;
+		s->n = b[i].numel;
+		s->axes = b[i].axes;
+		s->zero = t->ndata > 1 && (s->axes & (1u << AX_DATA));
+		s->o0 = t->opt_n;
+		if (!s->zero) {
+			t->opt_n += s->n;
+			continue;
+		}
+		s->shard_n = (s->n + (size_t)t->ndata - 1) / (size_t)t->ndata;
+		s->s0 = s->shard_n * (size_t)t->rdata;
+		s->len = s->s0 < s->n ? (s->n - s->s0 < s->shard_n ? s->n - s->s0 : s->shard_n) : 0;
+		t->opt_n += s->shard_n;
+		if (s->shard_n * (size_t)t->ndata > pad)
+			pad = s->shard_n * (size_t)t->ndata;
+		for (int k = 0; t->muon && k < model_num_params(m); k++) {
+			const struct param_info *p = model_param(m, k);
+			if (p->opt == OPT_MUON && p->offset >= s->p0 && p->offset < s->p0 + s->n) {
+				snprintf(err, errlen, "config: opt_type=muon cannot split its state over data "
+					 "(shard_optimizer_over_data cuts '%s' into flat shards, Muon needs "
+					 "whole matrices); use opt_type=adamw with it", p->name);
+				return -EINVAL;
+			}
+		}
+	}
+	t->m = calloc(t->opt_n ? t->opt_n : 1, sizeof(float));
+	t->v = calloc(t->opt_n ? t->opt_n : 1, sizeof(float));
+	if (pad) {
+		t->gshard = calloc(t->opt_n, sizeof(float));
+		t->pad = calloc(pad, sizeof(float));
+	}
+	if (!t->m || !t->v || (pad && (!t->gshard || !t->pad)))
+		return -ENOMEM;
+	return 0;
+}
+
+struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_mesh *mm,
+			    char *err, size_t errlen)
 {
 	struct model_dims d;
 	struct trainer *t;
@@ -65,39 +174,37 @@ struct trainer *trainer_new(const struct cfg *c, int rows, int tp, int tpr, int 
 	t->cfg = *c;
 	t->rows = rows;
 	t->muon = !strcmp(c->opt_type, "muon");
-	t->nshards = 1;
-	/* the model-parallel split (tensor or expert) checkpoints gather over */
-	t->tp = tp > 1 ? tp : (ep > 1 ? ep : (tt > 1 ? tt : 1));
-	t->tpr = tp > 1 ? tpr : (ep > 1 ? epr : (tt > 1 ? ttr : 0));
-	if (t->muon && (tp > 1 || tt > 1)) {
-		snprintf(err, errlen, "config: opt_type=muon needs whole matrices, but tensor "
-			 "(or tensor_transpose) parallelism splits them; use opt_type=adamw with it");
-		goto fail;
+	if (mm && mm->mesh->num_devices > 1) {
+		t->mesh = mm->mesh;
+		t->device = mm->device;
+		mesh_coords(t->mesh, t->device, t->coord);
 	}
 	t->data = data_open(c, err, errlen);
 	if (!t->data)
 		goto fail;
-	t->model = model_new(&d, rows, tp, tpr, ep, epr, tt, ttr, err, errlen);
+	t->model = model_new(&d, rows, mm, err, errlen);
 	if (!t->model)
 		goto fail;
 	model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
-	size_t n = model_numel(t->model);
-	t->m = calloc(n, sizeof(float));
-	t->v = calloc(n, sizeof(float));
+	int rc = lay_out_state(t, err, errlen);
+	if (rc == -ENOMEM)
+		goto oom;
+	if (rc)
+		goto fail;
 	size_t big = 0;
 	for (int i = 0; i < model_num_params(t->model); i++) {
 		const struct param_info *p = model_param(t->model, i);
 		if (p->opt != OPT_MUON)
 			continue;
-		size_t mx = (size_t)(p->mat_rows > p->mat_cols ? p->mat_rows : p->mat_cols);
-		size_t need = 3 * mx * mx + 2 * (size_t)p->mat_rows * p->mat_cols;
+		size_t R = (size_t)p->mat_rows, C = (size_t)p->mat_cols, mx = R > C ? R : C;
+		size_t need = 3 * mx * mx + 6 * R * C;
 		if (need > big)
 			big = need;
 	}
 	t->scratch = malloc(sizeof(float) * (big ? big : 1));
 	t->inputs = malloc(sizeof(int32_t) * (size_t)rows * d.T);
 	t->targets = malloc(sizeof(int32_t) * (size_t)rows * d.T);
-	if (!t->m || !t->v || !t->scratch || !t->inputs || !t->targets)
+	if (!t->scratch || !t->inputs || !t->targets)
 		goto oom;
 	return t;
 oom:
@@ -117,12 +224,12 @@ void trainer_free(struct trainer *t)
 	free(t->m);
 	free(t->v);
 	free(t->scratch);
+	free(t->gshard);
+	free(t->pad);
 	free(t->inputs);
 	free(t->targets);
-	free(t->pad);
-	free(t->gshard);
-	free(t->mfull);
-	free(t->vfull);
+	for (int k = 0; k < t->ntg; k++)
+		free(t->tg[k].coord);
 	model_free(t->gmodel);
 	free(t->gp);
 	free(t->gm);
@@ -132,24 +239,69 @@ void trainer_free(struct trainer *t)
 
 /* DeepSeek-V3's auxiliary-loss-free balancing: nudge each expert's
  * selection bias toward the mean load (counts summed over all replicas, so
- * every replica makes the same update). */
+ * every device makes the same update to the part it holds). */
 static void update_router_bias(struct trainer *t, const struct param_info *p)
 {
 	const struct model_dims *d = model_dims(t->model);
 	const int32_t *counts = model_expert_counts(t->model);
 	float rate = (float)t->cfg.routed_bias_update_rate;
 	float *b = model_params(t->model) + p->offset;
+	int E = d->E, El = p->shape[1], e0 = p->goff[1];
 	if (!d->L_moe || rate == 0.0f)
 		return;
-	for (int l = 0; l < d->L_moe; l++)
-		moe_bias_update(b + (size_t)l * d->E, counts + (size_t)l * d->E, d->E, rate);
+	for (int l = 0; l < p->shape[0]; l++) {
+		const int32_t *c = counts + (size_t)(l + p->goff[0]) * E;
+		double mean = 0;
+		for (int e = 0; e < E; e++)
+			mean += c[e];
+		mean /= E;
+		for (int j = 0; j < El; j++) {
+			int32_t n = c[e0 + j];
+			b[(size_t)l * El + j] += n < mean ? rate : n > mean ? -rate : 0.0f;
+		}
+	}
 }
 
-/* Updates parameters [s0, s1) of the flat layout from gradients g (indexed
- * from s0), with t->m and t->v indexed from s0 too. Muon needs whole
- * matrices, so it only runs unsharded. */
-static void optimizer_update(struct trainer *t, int64_t step, float lr, const float *g,
-			     size_t s0, size_t s1)
+/* Muon on matrices split over devices: the momentum is local, the
+ * orthogonalisation needs the whole matrix, so every member gathers it,
+ * runs NS5 (the same bits everywhere) and applies its own block. */
+static int muon_split(struct trainer *t, const struct train_comm *comm, int i, float *P,
+		      const float *g, float *buf, float lr, float wd)
+{
+	const struct param_info *p = model_param(t->model, i);
+	const struct plan_param *pp = model_param_plan(t->model, i);
+	const struct tgroup *tg = tgroup(t, p->mat_split);
+	int nd = p->ndim, R = p->mat_rows, C = p->mat_cols;
+	int bshape[2] = { p->shape[nd - 2], p->shape[nd - 1] }, wshape[2] = { R, C };
+	size_t per = (size_t)bshape[0] * bshape[1], nmat = p->numel / per, whole = (size_t)R * C;
+	size_t mx = (size_t)(R > C ? R : C);
+	float *o = t->scratch, *w = o + whole, *recv = w + whole, *ns = recv + whole;
+	float k = sqrtf(R > C ? (float)R / (float)C : 1.0f);
+	int off[SHARD_MAX_DIMS];
+	(void)mx;
+	if (!tg)
+		return EXIT_FAIL;
+	for (size_t j = 0; j < nmat; j++) {
+		muon_momentum(o, buf + j * per, g + j * per, per, (float)t->cfg.muon_momentum);
+		int rc = comm->mc.all_gather(comm->mc.ctx, p->mat_split, recv, o, per * sizeof(float));
+		if (rc)
+			return rc;
+		for (int r = 0; r < tg->n; r++) {
+			plan_block_offsets(pp, t->mesh, p->mat_split, tg->coord[r], off);
+			plan_copy_block(w, wshape, recv + (size_t)r * per, bshape, off + nd - 2, 2, true);
+		}
+		newton_schulz5(w, w, ns, R, C);
+		plan_block_offsets(pp, t->mesh, p->mat_split, t->coord, off);
+		plan_copy_block(w, wshape, o, bshape, off + nd - 2, 2, false);
+		muon_apply(P + j * per, o, per, lr, k, wd);
+	}
+	return 0;
+}
+
+/* Updates parameters [a, b) of the layout from gradients g, with state m
+ * and v, all three indexed from a. */
+static int optimizer_update(struct trainer *t, const struct train_comm *comm, int64_t step, float lr,
+			    const float *g, float *mb, float *vb, size_t a, size_t b)
 {
 	struct model *m = t->model;
 	const struct cfg *c = &t->cfg;
@@ -158,187 +310,49 @@ static void optimizer_update(struct trainer *t, int64_t step, float lr, const fl
 
 	for (int i = 0; i < model_num_params(m); i++) {
 		const struct param_info *p = model_param(m, i);
-		size_t a = p->offset > s0 ? p->offset : s0;
-		size_t b = p->offset + p->numel < s1 ? p->offset + p->numel : s1;
-		if (p->opt == OPT_NONE) {
-			update_router_bias(t, p);
-		} else if (a >= b) {
+		size_t x = p->offset > a ? p->offset : a;
+		size_t y = p->offset + p->numel < b ? p->offset + p->numel : b;
+		if (p->opt == OPT_NONE || x >= y)
 			continue;
+		float pwd = p->decay ? wd : 0.0f;
+		if (p->opt == OPT_MUON && t->muon && p->mat_split) {
+			int rc = muon_split(t, comm, i, P + x, g + (x - a), mb + (x - a), lr, pwd);
+			if (rc)
+				return rc;
 		} else if (p->opt == OPT_MUON && t->muon) {
-			size_t per = (size_t)p->mat_rows * p->mat_cols;
-			for (size_t o = a; o < b; o += per)
-				muon_update(P + o, g + (o - s0), t->m + (o - s0), t->scratch,
-					    p->mat_rows, p->mat_cols, lr, (float)c->muon_momentum,
-					    p->decay ? wd : 0.0f);
+			int R = p->shape[p->ndim - 2], C = p->shape[p->ndim - 1];
+			size_t per = (size_t)R * C;
+			for (size_t o = x; o < y; o += per)
+				muon_update(P + o, g + (o - a), mb + (o - a), t->scratch, R, C, lr,
+					    (float)c->muon_momentum, pwd);
 		} else {
-			adamw_update(P + a, g + (a - s0), t->m + (a - s0), t->v + (a - s0), b - a, lr,
-				     (float)c->adam_b1, (float)c->adam_b2, (float)c->adam_eps,
-				     p->decay ? wd : 0.0f, (int)step + 1);
+			adamw_update(P + x, g + (x - a), mb + (x - a), vb + (x - a), y - x, lr,
+				     (float)c->adam_b1, (float)c->adam_b2, (float)c->adam_eps, pwd, (int)step + 1);
 		}
 	}
-}
-
-int trainer_set_shards(struct trainer *t, int nshards, int rank, char *err, size_t errlen)
-{
-	size_t n = model_numel(t->model);
-	if (nshards <= 1)
-		return 0;
-	if (t->muon) {
-		snprintf(err, errlen, "config: opt_type=muon cannot shard its optimizer state over "
-			 "flat shards yet (it needs whole matrices); use opt_type=adamw with "
-			 "shard_optimizer_over_data or fsdp");
-		return -EINVAL;
-	}
-	t->nshards = nshards;
-	t->srank = rank;
-	t->shard_n = (n + (size_t)nshards - 1) / (size_t)nshards;
-	t->s0 = t->shard_n * (size_t)rank;
-	size_t full = t->shard_n * (size_t)nshards;
-	free(t->m);
-	free(t->v);
-	t->m = calloc(t->shard_n, sizeof(float));
-	t->v = calloc(t->shard_n, sizeof(float));
-	t->gshard = calloc(t->shard_n, sizeof(float));
-	t->pad = calloc(full, sizeof(float));
-	t->mfull = calloc(full, sizeof(float));
-	t->vfull = calloc(full, sizeof(float));
-	if (!t->m || !t->v || !t->gshard || !t->pad || !t->mfull || !t->vfull) {
-		snprintf(err, errlen, "train: out of memory");
-		return -ENOMEM;
-	}
 	return 0;
 }
 
-size_t trainer_shard_len(const struct trainer *t) { return t->shard_n; }
-
-/* ---- tensor-parallel checkpoints ---- */
-
-struct model *trainer_ckpt_model(struct trainer *t) { return t->tp > 1 ? t->gmodel : t->model; }
-float *trainer_ckpt_params(struct trainer *t) { return t->tp > 1 ? t->gp : model_params(t->model); }
-float *trainer_ckpt_m(struct trainer *t) { return t->tp > 1 ? t->gm : trainer_opt_m(t); }
-float *trainer_ckpt_v(struct trainer *t) { return t->tp > 1 ? t->gv : trainer_opt_v(t); }
-
-/* The whole model's table (a tp=1 model of one sequence) and buffers. */
-static int global_view(struct trainer *t, char *err, size_t errlen)
-{
-	if (t->gmodel)
-		return 0;
-	struct model_dims d = *model_dims(t->model);
-	d.T = 1;
-	t->gmodel = model_new(&d, 1, 1, 0, 1, 0, 1, 0, err, errlen);
-	if (!t->gmodel)
-		return -ENOMEM;
-	size_t n = model_numel(t->gmodel);
-	t->gp = calloc(n, sizeof(float));
-	t->gm = calloc(n, sizeof(float));
-	t->gv = calloc(n, sizeof(float));
-	if (!t->gp || !t->gm || !t->gv) {
-		snprintf(err, errlen, "train: out of memory");
-		return -ENOMEM;
-	}
-	return 0;
-}
-
-/* Copies between this device's shard layout (local) and the whole layout
- * (global) for one shard index r; to_global picks the direction. */
-static void tp_copy(struct trainer *t, int r, float *local, float *global, bool to_global)
-{
-	for (int i = 0; i < model_num_params(t->model); i++) {
-		struct param_info p = *model_param(t->model, i);
-		const struct param_info *gpi = model_param_by_name(t->gmodel, p.name);
-		if (p.shard_dim >= 0)
-			p.shard_idx = r;
-		else if (r != t->tpr && to_global)
-			continue; /* replicated: one copy is enough */
-		for (size_t k = 0; k < p.numel; k++) {
-			size_t gk = gpi->offset + param_global_index(&p, k);
-			if (to_global)
-				global[gk] = local[p.offset + k];
-			else
-				local[p.offset + k] = global[gk];
-		}
-	}
-}
-
-int trainer_tp_gather(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen)
-{
-	int rc;
-	if (t->tp <= 1)
-		return 0;
-	if ((rc = global_view(t, err, errlen)))
-		return EXIT_FAIL;
-	size_t n = model_numel(t->model);
-	float *all = malloc(sizeof(float) * n * (size_t)t->tp);
-	if (!all) {
-		snprintf(err, errlen, "train: out of memory");
-		return EXIT_FAIL;
-	}
-	float *src[3] = { model_params(t->model), trainer_opt_m(t), trainer_opt_v(t) };
-	float *dst[3] = { t->gp, t->gm, t->gv };
-	for (int b = 0; b < 3; b++) {
-		if ((rc = comm->tp_all_gather(comm->ctx, all, src[b], n, err, errlen)))
-			break;
-		for (int r = 0; r < t->tp; r++)
-			tp_copy(t, r, all + (size_t)r * n, dst[b], true);
-	}
-	free(all);
-	return rc;
-}
-
-int trainer_tp_prepare_load(struct trainer *t, char *err, size_t errlen)
-{
-	return t->tp > 1 && global_view(t, err, errlen) ? EXIT_FAIL : 0;
-}
-
-size_t trainer_ckpt_numel(struct trainer *t)
-{
-	return model_numel(trainer_ckpt_model(t));
-}
-
-void trainer_tp_scatter(struct trainer *t)
-{
-	if (t->tp <= 1)
-		return;
-	tp_copy(t, t->tpr, model_params(t->model), t->gp, false);
-	tp_copy(t, t->tpr, trainer_opt_m(t), t->gm, false);
-	tp_copy(t, t->tpr, trainer_opt_v(t), t->gv, false);
-}
-
-void trainer_opt_take_shard(struct trainer *t)
-{
-	if (t->nshards > 1) {
-		memcpy(t->m, t->mfull + t->s0, t->shard_n * sizeof(float));
-		memcpy(t->v, t->vfull + t->s0, t->shard_n * sizeof(float));
-	}
-}
-
-int trainer_opt_gather(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen)
-{
-	int rc;
-	if (t->nshards <= 1)
-		return 0;
-	memcpy(t->mfull + t->s0, t->m, t->shard_n * sizeof(float));
-	memcpy(t->vfull + t->s0, t->v, t->shard_n * sizeof(float));
-	if ((rc = comm->shard_all_gather(comm->ctx, t->mfull, t->shard_n, err, errlen)) ||
-	    (rc = comm->shard_all_gather(comm->ctx, t->vfull, t->shard_n, err, errlen)))
-		return rc;
-	return 0;
-}
-
-/* Sums of squares of the trained parameters' gradients within [s0, s1), g
- * indexed from s0: ss[0] over tensors split over the tensor axis (each
- * device holds a different part), ss[1] over replicated ones. */
-static void grad_sumsq(struct trainer *t, const float *g, size_t s0, size_t s1, double ss[2])
+/* Sum of squares of the trained gradients in [a, b) (g indexed from a),
+ * each divided by the number of devices holding the same values
+ * (`copies` per whole-layout float), so that summing over every device
+ * counts each element of the whole model once. */
+static double grad_sumsq(struct trainer *t, const float *g, size_t a, size_t b, int extra_split)
 {
 	struct model *m = t->model;
-	ss[0] = ss[1] = 0;
+	double ss = 0;
 	for (int i = 0; i < model_num_params(m); i++) {
 		const struct param_info *p = model_param(m, i);
-		size_t a = p->offset > s0 ? p->offset : s0;
-		size_t b = p->offset + p->numel < s1 ? p->offset + p->numel : s1;
-		if (p->opt != OPT_NONE && a < b)
-			ss[p->shard_dim >= 0 ? 0 : 1] += sumsq(g + (a - s0), b - a);
+		size_t x = p->offset > a ? p->offset : a;
+		size_t y = p->offset + p->numel < b ? p->offset + p->numel : b;
+		if (p->opt == OPT_NONE || x >= y)
+			continue;
+		double copies = 1;
+		if (t->mesh)
+			copies = (double)t->mesh->num_devices / axes_size(t->mesh, p->split) / extra_split;
+		ss += sumsq(g + (x - a), y - x) / copies;
 	}
+	return ss;
 }
 
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
@@ -348,83 +362,239 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	const struct cfg *c = &t->cfg;
 	const struct model_dims *d = model_dims(m);
 	size_t n = model_numel(m);
+	float *G = model_grads(m), *P = model_params(m);
 	double global_tokens = (double)global_rows * d->T;
-	int rc;
+	const uint32_t data = 1u << AX_DATA, all = (1u << AX_COUNT) - 1;
+	void *ctx = comm ? comm->mc.ctx : NULL;
+	int rc = 0;
 
 	data_batch(t->data, step, global_rows, row0, t->rows, t->inputs, t->targets);
-	memset(model_grads(m), 0, n * sizeof(float));
+	memset(G, 0, n * sizeof(float));
 	struct model_step ms = {
 		.loss_scale = (float)(1.0 / global_tokens),
 		.lb_weight = (float)c->load_balance_loss_weight,
 		.global_tokens = global_tokens,
-		.counts = comm ? comm->counts : NULL,
-		.tp_allreduce = comm ? comm->tp_allreduce : NULL,
-		.tt_allreduce = comm ? comm->tt_allreduce : NULL,
-		.ep_all_gather = comm ? comm->ep_all_gather : NULL,
-		.ep_all_to_all = comm ? comm->ep_all_to_all : NULL,
-		.ctx = comm ? comm->ctx : NULL,
+		.comm = comm ? &comm->mc : NULL,
 	};
 	st->t_fb0 = run_now();
 	rc = model_forward_backward(m, t->inputs, t->targets, &ms);
 	st->t_fb1 = run_now();
-	if (rc) {
-		if (comm && comm->err != err)
-			snprintf(err, errlen, "%s", comm->err);
-		return rc;
-	}
+	if (rc)
+		goto comm_failed;
 	double scal[2] = { ms.loss_sum, ms.aux };
-	bool sharded = t->nshards > 1;
-	if (comm && (rc = comm->reduce(comm->ctx, model_grads(m), sharded ? 0 : n, scal, 2, err, errlen)))
-		return rc;
+	if (comm && (rc = comm->sum(ctx, model_rows_axes(m), scal, 2)))
+		goto comm_failed;
 
-	/* the gradient this replica applies, over [s0, s1) of the layout */
-	const float *g = model_grads(m);
-	size_t s0 = 0, s1 = n;
-	double ss[2];
-	if (sharded) {
-		/* ZeRO: reduce-scatter the gradients, update the own shard, then
-		 * all-gather the parameters */
-		memcpy(t->pad, model_grads(m), n * sizeof(float));
-		memset(t->pad + n, 0, (t->shard_n * t->nshards - n) * sizeof(float));
-		if ((rc = comm->shard_reduce_scatter(comm->ctx, t->gshard, t->pad, t->shard_n, err, errlen)))
-			return rc;
-		g = t->gshard;
-		s0 = t->s0;
-		s1 = t->s0 + t->shard_n < n ? t->s0 + t->shard_n : n;
-		s1 = s1 > s0 ? s1 : s0;
-		grad_sumsq(t, g, s0, s1, ss);
-		if ((rc = comm->shard_sum(comm->ctx, ss, 2, err, errlen)))
-			return rc;
-	} else {
-		grad_sumsq(t, g, 0, n, ss);
+	/* gradients: each bucket summed over its axes; ZeRO-1 buckets
+	 * reduce-scattered over data (the rest of their axes summed on the
+	 * part) */
+	double ss = 0;
+	for (int i = 0; i < t->nseg; i++) {
+		struct seg *s = &t->seg[i];
+		uint32_t rest = s->axes & ~(s->zero ? data : 0);
+		if (!s->zero) {
+			if (comm && rest && (rc = comm->mc.all_reduce(ctx, rest, G + s->p0, s->n)))
+				goto comm_failed;
+			ss += grad_sumsq(t, G + s->p0, s->p0, s->p0 + s->n, 1);
+			continue;
+		}
+		memcpy(t->pad, G + s->p0, s->n * sizeof(float));
+		memset(t->pad + s->n, 0, (s->shard_n * (size_t)t->ndata - s->n) * sizeof(float));
+		float *gs = t->gshard + s->o0;
+		if ((rc = comm->mc.reduce_scatter(ctx, data, gs, t->pad, s->shard_n)) ||
+		    (rest && (rc = comm->mc.all_reduce(ctx, rest, gs, s->shard_n))))
+			goto comm_failed;
+		ss += grad_sumsq(t, gs, s->p0 + s->s0, s->p0 + s->s0 + s->len, t->ndata);
 	}
-	/* tensor-split gradients: every device of the tensor group holds a
-	 * different part; replicated ones are the same on all of them */
-	if (comm && comm->tp_sum && (rc = comm->tp_sum(comm->ctx, ss, 1, err, errlen)))
-		return rc;
-	double norm = sqrt(ss[0] + ss[1]);
+	if (comm && (rc = comm->sum(ctx, all, &ss, 1)))
+		goto comm_failed;
+	double norm = sqrt(ss);
 	/* global-norm clipping over every trained parameter */
 	st->t_opt0 = run_now();
+	float clip = 1.0f;
 	if (c->gradient_clipping_threshold > 0 && norm > c->gradient_clipping_threshold)
-		scale_inplace((float *)g, s1 - s0, (float)(c->gradient_clipping_threshold / norm));
+		clip = (float)(c->gradient_clipping_threshold / norm);
 
 	int total = c->learning_rate_schedule_steps > 0 ? (int)c->learning_rate_schedule_steps : (int)c->steps;
 	int warmup = (int)(c->warmup_steps_fraction * total);
 	float lr = lr_schedule((int)step, (float)c->learning_rate, warmup, total,
 			       (float)c->cosine_learning_rate_final_fraction);
-	optimizer_update(t, step, lr, g, s0, s1);
+	for (int i = 0; i < t->nseg; i++) {
+		struct seg *s = &t->seg[i];
+		float *g = s->zero ? t->gshard + s->o0 : G + s->p0;
+		size_t a = s->p0 + s->s0, len = s->zero ? s->len : s->n;
+		if (clip != 1.0f)
+			scale_inplace(g, len, clip);
+		if ((rc = optimizer_update(t, comm, step, lr, g, t->m + s->o0, t->v + s->o0, a, a + len)))
+			goto comm_failed;
+	}
+	for (int i = 0; i < model_num_params(m); i++)
+		if (model_param(m, i)->opt == OPT_NONE)
+			update_router_bias(t, model_param(m, i));
 	st->t_opt1 = run_now();
-	if (sharded) {
-		float *P = model_params(m);
-		memcpy(t->pad + t->s0, P + s0, (s1 - s0) * sizeof(float));
-		if ((rc = comm->shard_all_gather(comm->ctx, t->pad, t->shard_n, err, errlen)))
-			return rc;
-		memcpy(P, t->pad, n * sizeof(float));
+	/* ZeRO-1: every data rank takes the others' updated parts */
+	for (int i = 0; i < t->nseg; i++) {
+		struct seg *s = &t->seg[i];
+		if (!s->zero)
+			continue;
+		float *part = t->gshard + s->o0;
+		memcpy(part, P + s->p0 + s->s0, s->len * sizeof(float));
+		memset(part + s->len, 0, (s->shard_n - s->len) * sizeof(float));
+		if ((rc = comm->mc.all_gather(ctx, data, t->pad, part, s->shard_n * sizeof(float))))
+			goto comm_failed;
+		memcpy(P + s->p0, t->pad, s->n * sizeof(float));
 	}
 
 	st->loss = scal[0] / global_tokens;
 	st->aux = scal[1];
 	st->grad_norm = norm;
 	st->lr = lr;
+	return 0;
+comm_failed:
+	if (comm && comm->err != err)
+		snprintf(err, errlen, "%s", comm->err);
+	return rc;
+}
+
+/* ---- checkpoints: whole tensors ---- */
+
+struct model *trainer_ckpt_model(struct trainer *t) { return t->mesh ? t->gmodel : t->model; }
+float *trainer_ckpt_params(struct trainer *t) { return t->mesh ? t->gp : model_params(t->model); }
+float *trainer_ckpt_m(struct trainer *t) { return t->mesh ? t->gm : t->m; }
+float *trainer_ckpt_v(struct trainer *t) { return t->mesh ? t->gv : t->v; }
+size_t trainer_ckpt_numel(struct trainer *t) { return model_numel(trainer_ckpt_model(t)); }
+
+/* The whole model's table (a one-device model of one token) and buffers. */
+int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen)
+{
+	if (!t->mesh || t->gmodel)
+		return 0;
+	struct model_dims d = *model_dims(t->model);
+	d.T = 1;
+	t->gmodel = model_new(&d, 1, NULL, err, errlen);
+	if (!t->gmodel)
+		return EXIT_FAIL;
+	size_t n = model_numel(t->gmodel);
+	t->gp = calloc(n, sizeof(float));
+	t->gm = calloc(n, sizeof(float));
+	t->gv = calloc(n, sizeof(float));
+	if (!t->gp || !t->gm || !t->gv) {
+		snprintf(err, errlen, "train: out of memory");
+		return EXIT_FAIL;
+	}
+	return 0;
+}
+
+/* Optimizer state in the parameters' layout (loc) from m or v: ZeRO-1
+ * parts are gathered over data (collective). */
+static int state_to_layout(struct trainer *t, const struct train_comm *comm, float *loc, const float *st)
+{
+	for (int i = 0; i < t->nseg; i++) {
+		struct seg *s = &t->seg[i];
+		if (!s->zero) {
+			memcpy(loc + s->p0, st + s->o0, s->n * sizeof(float));
+			continue;
+		}
+		int rc = comm->mc.all_gather(comm->mc.ctx, 1u << AX_DATA, t->pad, st + s->o0,
+					     s->shard_n * sizeof(float));
+		if (rc)
+			return rc;
+		memcpy(loc + s->p0, t->pad, s->n * sizeof(float));
+	}
+	return 0;
+}
+
+static void layout_to_state(struct trainer *t, float *st, const float *loc)
+{
+	for (int i = 0; i < t->nseg; i++) {
+		struct seg *s = &t->seg[i];
+		memcpy(st + s->o0, loc + s->p0 + s->s0, (s->zero ? s->len : s->n) * sizeof(float));
+	}
+}
+
+int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen)
+{
+	struct model *m = t->model;
+	size_t n = model_numel(m), big = 0;
+	int rc;
+	if (!t->mesh)
+		return 0;
+	if ((rc = trainer_ckpt_prepare(t, err, errlen)))
+		return rc;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		size_t need = p->numel * (size_t)axes_size(t->mesh, p->split);
+		big = need > big ? need : big;
+	}
+	float *loc = malloc(sizeof(float) * n), *recv = malloc(sizeof(float) * (big ? big : 1));
+	if (!loc || !recv) {
+		free(loc);
+		free(recv);
+		snprintf(err, errlen, "train: out of memory");
+		return EXIT_FAIL;
+	}
+	const float *src[3] = { model_params(m), t->m, t->v };
+	float *dst[3] = { t->gp, t->gm, t->gv };
+	for (int b = 0; b < 3 && !rc; b++) {
+		if (b == 0)
+			memcpy(loc, src[0], n * sizeof(float));
+		else if ((rc = state_to_layout(t, comm, loc, src[b])))
+			break;
+		for (int i = 0; i < model_num_params(m) && !rc; i++) {
+			const struct param_info *p = model_param(m, i);
+			const struct param_info *gpi = model_param_by_name(t->gmodel, p->name);
+			const struct plan_param *pp = model_param_plan(m, i);
+			const struct tgroup *tg = p->split ? tgroup(t, p->split) : NULL;
+			float *whole = dst[b] + gpi->offset;
+			if (!p->split) {
+				memcpy(whole, loc + p->offset, p->numel * sizeof(float));
+				continue;
+			}
+			if (!tg) {
+				rc = EXIT_FAIL;
+				break;
+			}
+			if ((rc = comm->mc.all_gather(comm->mc.ctx, p->split, recv, loc + p->offset,
+						      p->numel * sizeof(float))))
+				break;
+			for (int r = 0; r < tg->n; r++) {
+				int off[SHARD_MAX_DIMS];
+				plan_block_offsets(pp, t->mesh, p->split, tg->coord[r], off);
+				plan_copy_block(whole, p->global_shape, recv + (size_t)r * p->numel,
+						p->shape, off, p->ndim, true);
+			}
+		}
+	}
+	free(loc);
+	free(recv);
+	if (rc && comm->err != err)
+		snprintf(err, errlen, "%s", comm->err[0] ? comm->err : "train: out of memory");
+	return rc;
+}
+
+int trainer_ckpt_scatter(struct trainer *t, char *err, size_t errlen)
+{
+	struct model *m = t->model;
+	size_t n = model_numel(m);
+	if (!t->mesh)
+		return 0;
+	float *loc = malloc(sizeof(float) * n);
+	if (!loc) {
+		snprintf(err, errlen, "train: out of memory");
+		return EXIT_FAIL;
+	}
+	float *src[3] = { t->gp, t->gm, t->gv };
+	for (int b = 0; b < 3; b++) {
+		float *out = b == 0 ? model_params(m) : loc;
+		for (int i = 0; i < model_num_params(m); i++) {
+			const struct param_info *p = model_param(m, i);
+			const struct param_info *gpi = model_param_by_name(t->gmodel, p->name);
+			plan_copy_block(src[b] + gpi->offset, p->global_shape, out + p->offset, p->shape,
+					p->goff, p->ndim, false);
+		}
+		if (b > 0)
+			layout_to_state(t, b == 1 ? t->m : t->v, loc);
+	}
+	free(loc);
 	return 0;
 }

@@ -70,7 +70,7 @@ static void grad_check(bool moe, const char *score)
 		c.routed_bias = !strcmp(score, "sigmoid");
 	}
 	ck_assert_msg(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0, "%s", err);
-	struct model *m = model_new(&d, 2, 1, 0, 1, 0, 1, 0, err, sizeof(err));
+	struct model *m = model_new(&d, 2, NULL, err, sizeof(err));
 	ck_assert_msg(m != NULL, "%s", err);
 	model_init(m, 7, 0.3f);
 	int ntok = 2 * d.T;
@@ -145,7 +145,7 @@ START_TEST(test_grad_checker_detects)
 	struct model_dims d;
 	tiny_cfg(&c, false);
 	model_dims_from_cfg(&d, &c, err, sizeof(err));
-	struct model *m = model_new(&d, 2, 1, 0, 1, 0, 1, 0, err, sizeof(err));
+	struct model *m = model_new(&d, 2, NULL, err, sizeof(err));
 	model_init(m, 7, 0.3f);
 	int32_t in[10] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }, tg[10] = { 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 };
 	memset(model_grads(m), 0, model_numel(m) * sizeof(float));
@@ -176,7 +176,7 @@ static struct trainer *make_trainer(const char *preset, const char *const *over)
 	for (; over && *over; over++)
 		ck_assert_msg(cfg_override(&c, *over, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(cfg_finish(&c, 1, 1, err, sizeof(err)) == 0, "%s", err);
-	struct trainer *t = trainer_new(&c, (int)c.per_device_batch_size, 1, 0, 1, 0, 1, 0, err, sizeof(err));
+	struct trainer *t = trainer_new(&c, (int)c.per_device_batch_size, NULL, err, sizeof(err));
 	ck_assert_msg(t != NULL, "%s", err);
 	return t;
 }
@@ -252,8 +252,8 @@ static void resume_case(const char *preset, const char *opt)
 	struct model *mb = trainer_model(b), *mc = trainer_model(c);
 	size_t n = model_numel(mb);
 	ck_assert(memcmp(model_params(mb), model_params(mc), n * sizeof(float)) == 0);
-	ck_assert(memcmp(trainer_opt_m(b), trainer_opt_m(c), n * sizeof(float)) == 0);
-	ck_assert(memcmp(trainer_opt_v(b), trainer_opt_v(c), n * sizeof(float)) == 0);
+	ck_assert(memcmp(trainer_ckpt_m(b), trainer_ckpt_m(c), n * sizeof(float)) == 0);
+	ck_assert(memcmp(trainer_ckpt_v(b), trainer_ckpt_v(c), n * sizeof(float)) == 0);
 	train_steps(c, 4, 8, resumed);
 	for (int s = 0; s < 8; s++)
 		ck_assert_msg(straight[s] == resumed[s], "step %d: %.17g vs %.17g", s, straight[s], resumed[s]);

@@ -250,6 +250,37 @@ START_TEST(test_fsdp_with_data_equals_single)
 }
 END_TEST
 
+/* Combinations no hand-placed code path covers: the planner composes them.
+ * Muon on split matrices (tensor, fsdp) gathers each matrix for
+ * Newton-Schulz; tied embeddings use one vocab-split table both ways. */
+START_TEST(test_tp_muon_tied_equals_single)
+{
+	equivalence_opt("configs/llama-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_tensor_parallelism=2",
+			"opt_type=muon learning_rate=0.01");
+	equivalence_opt("configs/llama-tiny.yml", 1, 2, "ici_fsdp_parallelism=2",
+			"opt_type=muon learning_rate=0.01");
+	equivalence_opt("configs/llama-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_tensor_parallelism=2",
+			"logits_via_embedding=true");
+}
+END_TEST
+START_TEST(test_tp_ep_tt_combinations_equal_single)
+{
+	equivalence("configs/deepseek-tiny.yml", 1, 4,
+		    "ici_data_parallelism=1 ici_tensor_parallelism=2 ici_expert_parallelism=2");
+	equivalence("configs/llama-tiny.yml", 1, 4,
+		    "ici_data_parallelism=1 ici_tensor_parallelism=2 ici_tensor_transpose_parallelism=2");
+	equivalence("configs/deepseek-tiny.yml", 1, 4,
+		    "ici_data_parallelism=1 ici_expert_parallelism=2 ici_tensor_transpose_parallelism=2");
+}
+END_TEST
+START_TEST(test_ep_zero1_fsdp_t_equals_single)
+{
+	equivalence("configs/deepseek-tiny.yml", 2, 2,
+		    "ici_data_parallelism=1 ici_expert_parallelism=2 shard_optimizer_over_data=true");
+	equivalence("configs/llama-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_fsdp_transpose_parallelism=2");
+}
+END_TEST
+
 static double eval_loss(const char *ckpt)
 {
 	char args[512];
@@ -377,8 +408,12 @@ START_TEST(test_trace)
 	for (int d = 0; d < 4; d++) {
 		ck_assert_int_eq(steps[d], 3);
 		ck_assert_int_eq(fb[d], 3);
-		/* per step: 2 layers x 4 tensor all-reduces, and the gradient all-reduce */
-		ck_assert_int_eq(comm[d], 3 * (8 + 1));
+		/* per step: 2 layers x 4 tensor all-reduces (attention and
+		 * MLP outputs forward, their input gradients backward); the
+		 * vocab split over tensor: the embedding's partial rows, the
+		 * softmax maxima and sums, the output projection's input
+		 * gradient; and the gradient all-reduce over data */
+		ck_assert_int_eq(comm[d], 3 * (8 + 4 + 1));
 	}
 	ck_assert_int_eq(inside, spans);
 	cJSON_Delete(root);
@@ -394,15 +429,16 @@ START_TEST(test_unsupported_axis_refused)
 	ck_assert_msg(rc == 3, "exit %d: %s", rc, log);
 	ck_assert_msg(strstr(log, "'context' mesh axis") && strstr(log, "not implemented"), "%s", log);
 	free(log);
-	rc = run("local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
-		 "ici_data_parallelism=1 ici_tensor_parallelism=2 opt_type=muon steps=2");
+	rc = run("local --hosts 2 --config configs/llama-tiny.yml "
+		 "shard_optimizer_over_data=true opt_type=muon steps=2");
 	log = slurp("log");
-	ck_assert_msg(rc == 3 && strstr(log, "muon") && strstr(log, "tensor"), "exit %d: %s", rc, log);
+	ck_assert_msg(rc == 3 && strstr(log, "muon") && strstr(log, "over data"), "exit %d: %s", rc, log);
 	free(log);
 	rc = run("local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
 		 "ici_data_parallelism=1 ici_tensor_parallelism=2 base_num_kv_heads=1 steps=2");
 	log = slurp("log");
-	ck_assert_msg(rc == 3 && strstr(log, "'base_num_kv_heads' (1)") && strstr(log, "tensor"),
+	ck_assert_msg(rc == 3 && strstr(log, "tensor 'wk'") && strstr(log, "'base_num_kv_heads'") &&
+		      strstr(log, "1 heads of 32") && strstr(log, "axes tensor"),
 		      "exit %d: %s", rc, log);
 	free(log);
 	rc = run("train --config configs/llama-tiny.yml dataset_path=/nonexistent/text steps=1");
@@ -435,6 +471,9 @@ int main(void)
 	tcase_add_test(tc, test_shard_exp_on_fsdp_muon_equals_single);
 	tcase_add_test(tc, test_tt_equals_single);
 	tcase_add_test(tc, test_tt_fsdp_data_equals_single);
+	tcase_add_test(tc, test_tp_muon_tied_equals_single);
+	tcase_add_test(tc, test_tp_ep_tt_combinations_equal_single);
+	tcase_add_test(tc, test_ep_zero1_fsdp_t_equals_single);
 	tcase_add_test(tc, test_tt_resume_and_eval);
 	tcase_add_test(tc, test_dp_resume_and_eval);
 	tcase_add_test(tc, test_fsdp_resume_and_eval);
