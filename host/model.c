@@ -66,6 +66,8 @@ struct model {
 	int *ep_blk;                /* [ep] expert block of each of them */
 	struct plan_param pp[P_COUNT];
 	struct plan_linear pl[P_COUNT];
+	const char *lin_name[P_COUNT]; /* planned linear layers, by id */
+	int lin_w[P_COUNT];            /* and the weight each multiplies by */
 	struct gather_group gg[MAX_GGROUPS];
 	int ngg;
 	/* FSDP windows: compute-shaped gathered weights and their gradients,
@@ -420,6 +422,8 @@ static int lin(struct model *m, int id, const char *name, int wid, int out_dim, 
 {
 	if (m->pidx[wid] < 0)
 		return 0;
+	m->lin_name[id] = name;
+	m->lin_w[id] = wid;
 	return plan_linear(&m->pl[id], name, &m->pp[wid], out_dim, in_dim, x_in, y_out, err, errlen);
 }
 
@@ -774,12 +778,15 @@ static void lay_out(struct model *m, struct arena *a)
 	}
 }
 
-struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
-			char *err, size_t errlen)
+/* The table, the plans and the layout; no buffers. */
+static struct model *model_make(const struct model_dims *d, const struct model_mesh *mm,
+				char *err, size_t errlen)
 {
 	struct model *m = calloc(1, sizeof(*m));
-	if (!m)
-		goto oom;
+	if (!m) {
+		snprintf(err, errlen, "model: out of memory");
+		return NULL;
+	}
 	m->d = *d;
 	m->l = *d;
 	m->El = d->E;
@@ -790,7 +797,7 @@ struct model *model_new(const struct model_dims *d, int B, const struct model_me
 	if (mm && mm->mesh->num_devices > 1) {
 		int rc = plan_model(m, mm, err, errlen);
 		if (rc == -ENOMEM || rc == -ENOSPC)
-			goto oom;
+			snprintf(err, errlen, "model: out of memory for the plans");
 		if (rc) {
 			model_free(m);
 			return NULL;
@@ -798,6 +805,21 @@ struct model *model_new(const struct model_dims *d, int B, const struct model_me
 	}
 	lay_out_params(m);
 	lay_out_windows(m);
+	return m;
+}
+
+struct model *model_plan_new(const struct model_dims *d, const struct model_mesh *mm,
+			     char *err, size_t errlen)
+{
+	return model_make(d, mm, err, errlen);
+}
+
+struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
+			char *err, size_t errlen)
+{
+	struct model *m = model_make(d, mm, err, errlen);
+	if (!m)
+		return NULL;
 	m->rmax = (size_t)m->ep * (size_t)B * d->T * (size_t)(d->L_moe ? d->K : 1);
 	m->B = B;
 	m->N = B * d->T;
@@ -826,6 +848,26 @@ oom:
 	snprintf(err, errlen, "model: out of memory for %d sequences of %d tokens", B, d->T);
 	model_free(m);
 	return NULL;
+}
+
+int model_linears(const struct model *m, struct model_linear_info *out, int max)
+{
+	int n = 0;
+	for (int id = 0; id < P_COUNT; id++) {
+		if (!m->lin_name[id] || m->pidx[m->lin_w[id]] < 0)
+			continue;
+		if (n < max) {
+			const struct plan_param *w = &m->pp[m->lin_w[id]];
+			out[n] = (struct model_linear_info){
+				.name = m->lin_name[id], .weight = m->p[m->lin_w[id]].name,
+				.gather = w->gather, .reduce = m->pl[id].reduce,
+				.dx_reduce = id == P_EMBED ? 0 : m->pl[id].dx_reduce,
+				.dw_scatter = m->pl[id].dw_scatter, .gsum = w->gsum,
+			};
+		}
+		n++;
+	}
+	return n;
 }
 
 void model_free(struct model *m)

@@ -89,6 +89,11 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
  * cannot run. */
 struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
 			char *err, size_t errlen);
+/* The same placement and plans without any buffer: for describing a run
+ * (`meshrun shardings`) before making it. Only the table, the plans and
+ * the buckets may be read from it. */
+struct model *model_plan_new(const struct model_dims *d, const struct model_mesh *mm,
+			     char *err, size_t errlen);
 void model_free(struct model *m);
 const struct model_dims *model_dims(const struct model *m);
 
@@ -117,6 +122,16 @@ int model_buckets(const struct model *m, struct model_bucket *out, int max);
 struct plan_param;
 const struct plan_param *model_param_plan(const struct model *m, int i);
 const struct mesh *model_mesh(const struct model *m);
+/* What one planned linear layer moves (axis masks, 0 for nothing): its
+ * weight gathered before use (FSDP), its output's partial sums
+ * all-reduced, backward: the input gradient's partial sums all-reduced,
+ * the weight gradient reduce-scattered, then summed at the end of the
+ * step over gsum. */
+struct model_linear_info {
+	const char *name, *weight;
+	uint32_t gather, reduce, dx_reduce, dw_scatter, gsum;
+};
+int model_linears(const struct model *m, struct model_linear_info *out, int max);
 /* Mesh axes that split the rows (activation_batch); 0 on one device. */
 uint32_t model_rows_axes(const struct model *m);
 /* Floats of gathered (FSDP) weights and their gradients held during a

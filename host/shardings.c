@@ -10,6 +10,7 @@
 #include "host/config.h"
 #include "host/mesh.h"
 #include "host/model.h"
+#include "host/plan.h"
 #include "host/shard.h"
 
 #define NCOL 6
@@ -68,6 +69,33 @@ static void print_table(const struct table *t)
 	for (int i = 0; i < t->n; i++)
 		for (int k = 0; k < NCOL; k++)
 			printf(k < NCOL - 1 ? "%-*s  " : "%*s\n", w[k], t->cell[i][k]);
+}
+
+static void print_linears(const struct model_linear_info *li, int n)
+{
+	static const char *const head[7] = {
+		"linear", "weight", "gather (fsdp)", "fwd all-reduce", "bwd dx all-reduce",
+		"dW reduce-scatter", "dW sum at step end",
+	};
+	char cell[MODEL_MAX_PARAMS][7][96];
+	int w[7];
+	for (int k = 0; k < 7; k++)
+		w[k] = (int)strlen(head[k]);
+	for (int i = 0; i < n; i++) {
+		uint32_t v[5] = { li[i].gather, li[i].reduce, li[i].dx_reduce, li[i].dw_scatter, li[i].gsum };
+		snprintf(cell[i][0], sizeof(cell[i][0]), "%s", li[i].name);
+		snprintf(cell[i][1], sizeof(cell[i][1]), "%s", li[i].weight);
+		for (int k = 0; k < 5; k++)
+			plan_mask_text(v[k], cell[i][2 + k], sizeof(cell[i][2 + k]));
+		for (int k = 0; k < 7; k++)
+			if ((int)strlen(cell[i][k]) > w[k])
+				w[k] = (int)strlen(cell[i][k]);
+	}
+	for (int k = 0; k < 7; k++)
+		printf("%-*s%s", k < 6 ? w[k] : 0, head[k], k < 6 ? "  " : "\n");
+	for (int i = 0; i < n; i++)
+		for (int k = 0; k < 7; k++)
+			printf("%-*s%s", k < 6 ? w[k] : 0, cell[i][k], k < 6 ? "  " : "\n");
 }
 
 static void print_total(const char *what, size_t bytes)
@@ -172,7 +200,7 @@ int cmd_shardings(int argc, char **argv)
 	struct table *pt = malloc(sizeof(*pt)), *at = malloc(sizeof(*at)), *ot = malloc(sizeof(*ot));
 	struct mesh m;
 	struct model_dims d;
-	struct param_info p[MODEL_MAX_PARAMS];
+	struct model *model = NULL;
 	if (!c || !rules || !pt || !at || !ot) {
 		fprintf(stderr, "shardings: out of memory\n");
 		rc = EXIT_FAIL;
@@ -204,44 +232,50 @@ int cmd_shardings(int argc, char **argv)
 		goto out;
 	}
 	mesh_init(&m, c);
-	int np = model_param_table(&d, p, MODEL_MAX_PARAMS);
-	if (np < 0) {
-		fprintf(stderr, "shardings: out of memory\n");
-		rc = EXIT_FAIL;
+	/* device 0's plans: every device's shards have the same shapes */
+	struct model_mesh mm = { .mesh = &m, .rules = rules, .device = 0 };
+	model = model_plan_new(&d, &mm, err, sizeof(err));
+	if (!model) {
+		fprintf(stderr, "%s\n", err);
 		goto out;
 	}
-	bool muon = !strcmp(c->opt_type, "muon"), zero = c->shard_optimizer_over_data;
+	bool muon = !strcmp(c->opt_type, "muon");
+	int ndata = c->shard_optimizer_over_data ? m.size[AX_DATA] : 1;
 	size_t ptotal = 0, ototal = 0;
-	char unsharded[512] = "";
-	for (int i = 0; i < np; i++) {
-		struct shard_spec s;
-		int unit[SHARD_MAX_DIMS];
-		shard_head_units(p[i].ndim, p[i].axes, d.D, unit);
-		if (shard_resolve(rules, &m, p[i].name, p[i].ndim, p[i].shape, unit, p[i].axes,
-				  &s, err, sizeof(err))) {
-			fprintf(stderr, "%s\n", err);
-			goto out;
+	for (int i = 0; i < model_num_params(model); i++) {
+		const struct param_info *p = model_param(model, i);
+		const struct plan_param *pp = model_param_plan(model, i);
+		struct shard_spec whole;
+		const struct shard_spec *s = pp ? &pp->spec : &whole;
+		if (!pp) {
+			memset(&whole, 0, sizeof(whole));
+			whole.ndim = p->ndim;
+			for (int k = 0; k < p->ndim; k++)
+				whole.shape[k] = whole.local[k] = p->global_shape[k];
 		}
-		add_row(pt, p[i].name, p[i].axes, &s, s.local_bytes);
-		ptotal += s.local_bytes;
+		size_t bytes = p->numel * sizeof(float);
+		add_row(pt, p->name, p->axes, s, bytes);
+		ptotal += bytes;
 
 		/* AdamW keeps m and v; Muon keeps one momentum per matrix */
-		int slots = p[i].opt == OPT_NONE ? 0 : (p[i].opt == OPT_MUON && muon) ? 1 : 2;
+		int slots = p->opt == OPT_NONE ? 0 : (p->opt == OPT_MUON && muon) ? 1 : 2;
 		if (!slots)
 			continue;
-		/* ZeRO-1: Muon orthogonalises whole matrices, so only the
-		 * stacking dimensions may take data for its momentum */
-		int dmax = slots == 1 ? p[i].ndim - 2 : p[i].ndim;
-		if (zero && m.size[AX_DATA] > 1 && !(s.used & (1u << AX_DATA)) &&
-		    shard_add_axis(&s, &m, AX_DATA, dmax) < 0) {
-			size_t u = strlen(unsharded);
-			snprintf(unsharded + u, sizeof(unsharded) - u, "%s%.47s", u ? ", " : "", p[i].name);
+		bool zero = ndata > 1 && (p->gsum & (1u << AX_DATA));
+		if (zero && slots == 1) {
+			fprintf(stderr, "config: opt_type=muon cannot split its state over data "
+				"(shard_optimizer_over_data cuts '%s' into flat shards, Muon needs "
+				"whole matrices); use opt_type=adamw with it\n", p->name);
+			goto out;
 		}
 		char name[64];
-		snprintf(name, sizeof(name), "%.47s.%s", p[i].name, slots == 2 ? "m+v" : "m");
-		add_row(ot, name, p[i].axes, &s, s.local_bytes * (size_t)slots);
-		ototal += s.local_bytes * (size_t)slots;
+		snprintf(name, sizeof(name), "%.47s.%s%s", p->name, slots == 2 ? "m+v" : "m", zero ? " /data" : "");
+		size_t ob = bytes * (size_t)slots / (zero ? (size_t)ndata : 1);
+		add_row(ot, name, p->axes, s, ob);
+		ototal += ob;
 	}
+	struct model_linear_info li[MODEL_MAX_PARAMS];
+	int nl = model_linears(model, li, MODEL_MAX_PARAMS);
 	/* MaxText's global batch: per_device_batch_size on every device */
 	int batch = (int)c->per_device_batch_size * m.num_devices;
 	if (add_activation(at, rules, &m, "embed_out", batch, d.T, d.C, "activation_embed", d.D, err, sizeof(err)) ||
@@ -267,19 +301,19 @@ int cmd_shardings(int argc, char **argv)
 	printf("\nactivations (batch = per_device_batch_size %lld x %d devices = %d)\n",
 	       c->per_device_batch_size, m.num_devices, batch);
 	print_table(at);
+	printf("\nlinear layers (the planner's decisions, host/plan.c; axes, or none)\n");
+	print_linears(li, nl);
 	printf("\noptimizer state (%s; %s)\n",
 	       muon ? "muon: momentum m for matrices, adamw m+v for the rest"
 		    : "adamw: m+v per parameter",
-	       !zero ? "shard_optimizer_over_data=false: sharded like the parameters"
-	       : m.size[AX_DATA] > 1 ? "shard_optimizer_over_data: also over data, on the first dimension it divides"
-				      : "shard_optimizer_over_data, but data has size 1");
+	       ndata > 1 ? "shard_optimizer_over_data: state of gradients summed over data split flat "
+			   "over data (/data), average bytes shown"
+			 : "sharded like the parameters");
 	print_table(ot);
-	if (unsharded[0])
-		printf("not sharded over data (%d divides no dimension%s): %s\n", m.size[AX_DATA],
-		       muon ? "; Muon momentum: no stacking dimension" : "", unsharded);
 	print_total("optimizer state", ototal);
 	rc = EXIT_OK;
 out:
+	model_free(model);
 	free(c);
 	free(rules);
 	free(pt);

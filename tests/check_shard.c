@@ -450,6 +450,24 @@ START_TEST(test_cli_llama)
 		      + 3 * (2 * 176 * 64)  /* w_gate, w_up, w_down */
 		      + 2 * (2 * 128)       /* attn_norm, mlp_norm */
 		      + 128;                /* final_norm */
+	/* the planner: weights gathered over fsdp (the rows' axis) and their
+	 * gradients reduce-scattered back; Megatron's all-reduces over tensor
+	 * (row-parallel outputs forward, column-parallel inputs backward); the
+	 * embedding's rows partial over the vocab split */
+	char lc[6][128];
+	const char *const plans[][6] = {
+		{ "q projection", "wq", "fsdp", "none", "tensor", "fsdp" },
+		{ "attention output", "wo", "fsdp", "tensor", "none", "fsdp" },
+		{ "mlp down", "w_down", "fsdp", "tensor", "none", "fsdp" },
+		{ "embedding", "embed", "fsdp", "tensor", "none", "fsdp" },
+		{ "output projection", "lm_head", "fsdp", "none", "tensor", "fsdp" },
+	};
+	for (size_t i = 0; i < sizeof(plans) / sizeof(plans[0]); i++) {
+		row(out, plans[i][0], lc);
+		for (int k = 1; k < 6; k++)
+			ck_assert_msg(!strcmp(lc[k], plans[i][k]), "%s column %d: '%s', want '%s'",
+				      plans[i][0], k, lc[k], plans[i][k]);
+	}
 	char want[128];
 	snprintf(want, sizeof(want), "total parameters: %ld bytes per device", params * 4);
 	ck_assert_msg(strstr(out, want), "want '%s' in:\n%s", want, out);
@@ -460,18 +478,24 @@ END_TEST
 
 START_TEST(test_cli_zero1)
 {
-	/* 2 hosts x 2 devices: data=2 over DCN, tensor=2; the optimizer state
-	 * takes data on its first dimension that 2 divides */
+	/* 2 hosts x 2 devices: data=2 over DCN, tensor=2; ZeRO-1 splits the
+	 * state of every bucket summed over data flat over the 2 data ranks:
+	 * half of each tensor's m+v per device */
 	int rc = run_meshrun("shardings --config configs/llama-tiny.yml --hosts 2 --devices-per-host 2 "
 			     "ici_data_parallelism=1 ici_tensor_parallelism=2 shard_optimizer_over_data=true",
 			     out, sizeof(out));
 	ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
 	row_is(out, "wq", "(None, 'tensor', None)", "[2, 128, 128]", "[2, 64, 128]", 2 * 64 * 128 * 4);
-	row_is(out, "wq.m+v", "('data', 'tensor', None)", "[2, 128, 128]", "[1, 64, 128]", 2 * 64 * 128 * 4);
-	row_is(out, "embed.m+v", "(('tensor', 'data'), None)", "[256, 128]", "[64, 128]", 2 * 64 * 128 * 4);
-	row_is(out, "final_norm.m+v", "('data',)", "[128]", "[64]", 2 * 64 * 4);
+	row_is(out, "wq.m+v", "(None, 'tensor', None)", "[2, 128, 128]", "[2, 64, 128]", 2 * 64 * 128 * 4);
+	row_is(out, "embed.m+v", "('tensor', None)", "[256, 128]", "[128, 128]", 128 * 128 * 4);
+	row_is(out, "final_norm.m+v", "(None,)", "[128]", "[128]", 128 * 4);
 	/* batch 8 x 4 = 32 on data */
 	row_is(out, "logits", "('data', None, 'tensor')", "[32, 64, 256]", "[16, 64, 128]", 16 * 64 * 128 * 4);
+	/* Muon cannot take flat shards: refused, naming a matrix */
+	rc = run_meshrun("shardings --config configs/llama-tiny.yml --hosts 2 shard_optimizer_over_data=true "
+			 "opt_type=muon", out, sizeof(out));
+	ck_assert_int_eq(rc, 3);
+	ck_assert_msg(strstr(out, "opt_type=muon cannot split its state over data"), "%s", out);
 }
 END_TEST
 
