@@ -75,9 +75,13 @@ struct model {
 	 * layer's at a time */
 	float *win, *gwin;
 	size_t woff[P_COUNT];       /* offset of each gathered tensor's block */
-	size_t win_numel, win_layer0;
-	float *stage_a, *stage_b;   /* packing buffers for gathers */
-	size_t stage_numel;
+	size_t win_nl, win_layer;   /* floats of the non-layer part, of one layer */
+	/* gathers in flight, one set of buffers per layer parity (layer l+1
+	 * is fetched while layer l computes; the non-layer tensors use set
+	 * 0 before layer 0's starts); and the one reduce-scatter in flight */
+	float *gsend[2], *grecv[2], *ssend, *srecv;
+	void *gh[2][MAX_GGROUPS], *sh[MAX_GGROUPS];
+	int sl;                     /* layer whose gradients are in flight, or NONE */
 	float *nstat;               /* [2N] split-norm / split-softmax statistics */
 	float *xstat;               /* [ngather * N] gathered maxima */
 	size_t rmax;                /* rows an expert device may receive */
@@ -647,40 +651,25 @@ static size_t per_cslice(const struct plan_param *pp, const struct param_info *p
 	return p->stacked ? pp->cnumel / (size_t)pp->cshape[0] : pp->cnumel;
 }
 
-/* Window offsets: the non-layer gathered tensors first, then one slice of
- * every stacked one; and the largest packing buffer a gather needs. */
+/* Window offsets: the non-layer gathered tensors, then one slice of every
+ * stacked one (twice for weights: layers alternate between two copies so
+ * the next one can arrive while one computes). A gather's or
+ * reduce-scatter's buffers never exceed the window part they serve. */
 static void lay_out_windows(struct model *m)
 {
-	size_t off = 0;
-	for (int pass = 0; pass < 2; pass++) {
-		if (pass == 1)
-			m->win_layer0 = off;
-		for (int id = 0; id < P_COUNT; id++) {
-			const struct param_info *p = &m->p[id];
-			if (m->pidx[id] < 0 || !m->pp[id].gather || p->stacked != (pass == 1))
-				continue;
-			m->woff[id] = off;
-			off += per_cslice(&m->pp[id], p);
-		}
+	size_t off[2] = { 0, 0 };
+	for (int id = 0; id < P_COUNT; id++) {
+		const struct param_info *p = &m->p[id];
+		if (m->pidx[id] < 0 || !m->pp[id].gather)
+			continue;
+		m->woff[id] = off[p->stacked];
+		off[p->stacked] += per_cslice(&m->pp[id], p);
 	}
-	m->win_numel = off;
-	m->stage_numel = 0;
-	for (int k = 0; k < m->ngg; k++) {
-		size_t nl = 0, lay = 0;
-		for (int id = 0; id < P_COUNT; id++) {
-			const struct param_info *p = &m->p[id];
-			if (m->pidx[id] < 0 || m->pp[id].gather != m->gg[k].axes)
-				continue;
-			if (p->stacked)
-				lay += per_slice(p);
-			else
-				nl += per_slice(p);
-		}
-		size_t need = (nl > lay ? nl : lay) * (size_t)m->gg[k].n;
-		if (need > m->stage_numel)
-			m->stage_numel = need;
-	}
+	m->win_nl = off[0];
+	m->win_layer = off[1];
 }
+
+#define NONE_LAYER (-2)
 
 static void lay_out(struct model *m, struct arena *a)
 {
@@ -759,10 +748,15 @@ static void lay_out(struct model *m, struct arena *a)
 	m->datty = TAKEF(a, N * QD);
 	m->att_scratch = TAKEF(a, (size_t)d->T * d->T + (size_t)d->T * d->D);
 	m->dlogits = TAKEF(a, N * d->V);
-	m->win = TAKEF(a, m->win_numel);
-	m->gwin = TAKEF(a, m->win_numel);
-	m->stage_a = TAKEF(a, m->stage_numel);
-	m->stage_b = TAKEF(a, m->stage_numel);
+	size_t stage = m->win_nl > m->win_layer ? m->win_nl : m->win_layer;
+	m->win = TAKEF(a, m->win_nl + 2 * m->win_layer);
+	m->gwin = TAKEF(a, m->win_nl + m->win_layer);
+	for (int k = 0; k < 2; k++) {
+		m->gsend[k] = TAKEF(a, stage);
+		m->grecv[k] = TAKEF(a, stage);
+	}
+	m->ssend = TAKEF(a, stage);
+	m->srecv = TAKEF(a, stage);
 	if (m->d.L_moe) {
 		m->dscores = TAKEF(a, N * E);
 		m->dlogits_r = TAKEF(a, N * E);
@@ -901,7 +895,7 @@ const struct plan_param *model_param_plan(const struct model *m, int i)
 			return &m->pp[id];
 	return NULL;
 }
-size_t model_window_numel(const struct model *m) { return 2 * m->win_numel; }
+size_t model_window_numel(const struct model *m) { return 2 * m->win_nl + 3 * m->win_layer; }
 
 int model_buckets(const struct model *m, struct model_bucket *out, int max)
 {
@@ -974,6 +968,16 @@ static void psum(struct model *m, uint32_t axes, float *buf, size_t n)
 		m->hook_rc = m->st->comm->all_reduce(m->st->comm->ctx, axes, buf, n);
 }
 
+/* Where gathered parameter id's compute-shaped block for layer l lives:
+ * weights of even and odd layers in two copies, gradients in one. */
+static float *window(struct model *m, bool grads, int id, int l)
+{
+	if (!m->p[id].stacked)
+		return (grads ? m->gwin : m->win) + m->woff[id];
+	size_t set = grads ? 0 : (size_t)(l & 1);
+	return (grads ? m->gwin : m->win) + m->win_nl + set * m->win_layer + m->woff[id];
+}
+
 /* Compute-shaped weights (or gradients, grads) of parameter id for layer l:
  * the gathered window, or this device's storage (a slice of it for a
  * replicated norm under a split embedding). */
@@ -983,7 +987,7 @@ static float *wsel(struct model *m, bool grads, int id, int l)
 	if (m->pidx[id] < 0)
 		return NULL;
 	if (m->pp[id].gather)
-		return (grads ? m->gwin : m->win) + m->woff[id];
+		return window(m, grads, id, l);
 	float *b = (grads ? m->grads : m->params) + p->offset;
 	if (p->stacked)
 		b += per_slice(p) * (size_t)layer_slot(m, id, l);
@@ -1018,7 +1022,7 @@ static void place_blocks(struct model *m, const struct gather_group *gg, int g, 
 			const struct plan_param *pp = &m->pp[id];
 			int o[SHARD_MAX_DIMS], k = p->stacked ? 1 : 0;
 			plan_block_offsets(pp, m->mesh, gg->axes, gg->coord[r], o);
-			plan_copy_block((grads ? m->gwin : m->win) + m->woff[id], pp->cshape + k,
+			plan_copy_block(window(m, grads, id, g), pp->cshape + k,
 					packed + (size_t)r * pack + off, p->shape + k, o + k, p->ndim - k,
 					into_window);
 			off += per_slice(p);
@@ -1033,25 +1037,72 @@ static float *storage(struct model *m, float *buf, int id, int g)
 	return buf + p->offset + (p->stacked ? per_slice(p) * (size_t)layer_slot(m, id, g) : 0);
 }
 
-/* FSDP: all-gathers group g's sharded weights into the window. */
-static void gather_weights(struct model *m, int g)
+/* Floats group g packs for gather group gg (per member). */
+static size_t pack_size(const struct model *m, const struct gather_group *gg, int g, bool grads)
 {
+	size_t pack = 0;
+	for (int id = 0; id < P_COUNT; id++)
+		if (in_group(m, id, g, gg->axes, grads))
+			pack += per_slice(&m->p[id]);
+	return pack;
+}
+
+/* A collective that finished (or failed): the first failure is kept. */
+static void wait_handle(struct model *m, void **h)
+{
+	if (!*h)
+		return;
+	const struct model_comm *c = m->st->comm;
+	int rc = c->wait(c->ctx, *h);
+	*h = NULL;
+	if (!m->hook_rc)
+		m->hook_rc = rc;
+}
+
+/* FSDP: starts all-gathering group g's sharded weights (layer g, or the
+ * non-layer tensors for -1) into buffer set g & 1; without async hooks it
+ * gathers at once. */
+static void gather_start(struct model *m, int g)
+{
+	const struct model_comm *c = m->st->comm;
+	int set = g < 0 ? 0 : g & 1;
+	size_t soff = 0, roff = 0;
 	for (int k = 0; k < m->ngg && !m->hook_rc; k++) {
 		const struct gather_group *gg = &m->gg[k];
 		size_t pack = 0;
+		float *send = m->gsend[set] + soff, *recv = m->grecv[set] + roff;
 		for (int id = 0; id < P_COUNT; id++) {
 			if (!in_group(m, id, g, gg->axes, false))
 				continue;
 			size_t n = per_slice(&m->p[id]);
-			memcpy(m->stage_b + pack, storage(m, m->params, id, g), n * sizeof(float));
+			memcpy(send + pack, storage(m, m->params, id, g), n * sizeof(float));
 			pack += n;
 		}
 		if (!pack)
 			continue;
-		const struct model_comm *c = m->st->comm;
-		m->hook_rc = c->all_gather(c->ctx, gg->axes, m->stage_a, m->stage_b, pack * sizeof(float));
-		if (!m->hook_rc)
-			place_blocks(m, gg, g, false, m->stage_a, pack, true);
+		if (c->start_all_gather)
+			m->hook_rc = c->start_all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float),
+							 &m->gh[set][k]);
+		else
+			m->hook_rc = c->all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float));
+		soff += pack;
+		roff += pack * (size_t)gg->n;
+	}
+}
+
+/* Waits for group g's gather and places the blocks in its window. */
+static void gather_finish(struct model *m, int g)
+{
+	int set = g < 0 ? 0 : g & 1;
+	size_t roff = 0;
+	for (int k = 0; k < m->ngg; k++) {
+		const struct gather_group *gg = &m->gg[k];
+		size_t pack = pack_size(m, gg, g, false);
+		wait_handle(m, &m->gh[set][k]);
+		if (!pack || m->hook_rc)
+			continue;
+		place_blocks(m, gg, g, false, m->grecv[set] + roff, pack, true);
+		roff += pack * (size_t)gg->n;
 	}
 }
 
@@ -1060,37 +1111,68 @@ static void zero_grad_window(struct model *m, int g)
 {
 	for (int id = 0; id < P_COUNT; id++)
 		if (m->pidx[id] >= 0 && m->pp[id].gather && in_group(m, id, g, m->pp[id].gather, true))
-			memset(m->gwin + m->woff[id], 0, per_cslice(&m->pp[id], &m->p[id]) * sizeof(float));
+			memset(window(m, true, id, g), 0, per_cslice(&m->pp[id], &m->p[id]) * sizeof(float));
 }
 
-/* FSDP, the transpose of the gather: reduce-scatters group g's window
- * gradients into this device's shards. */
-static void scatter_grads(struct model *m, int g)
+/* Waits for the reduce-scatter in flight and adds its parts to this
+ * device's gradient shards. */
+static void scatter_finish(struct model *m)
 {
-	for (int k = 0; k < m->ngg && !m->hook_rc; k++) {
+	int g = m->sl;
+	size_t roff = 0;
+	if (g == NONE_LAYER)
+		return;
+	m->sl = NONE_LAYER;
+	for (int k = 0; k < m->ngg; k++) {
 		const struct gather_group *gg = &m->gg[k];
-		size_t pack = 0;
-		for (int id = 0; id < P_COUNT; id++)
-			if (in_group(m, id, g, gg->axes, true))
-				pack += per_slice(&m->p[id]);
-		if (!pack)
-			continue;
-		place_blocks(m, gg, g, true, m->stage_a, pack, false);
-		const struct model_comm *c = m->st->comm;
-		m->hook_rc = c->reduce_scatter(c->ctx, gg->axes, m->stage_b, m->stage_a, pack);
-		if (m->hook_rc)
-			return;
-		size_t off = 0;
-		for (int id = 0; id < P_COUNT; id++) {
+		wait_handle(m, &m->sh[k]);
+		for (int id = 0; id < P_COUNT && !m->hook_rc; id++) {
 			if (!in_group(m, id, g, gg->axes, true))
 				continue;
 			size_t n = per_slice(&m->p[id]);
 			float *dst = storage(m, m->grads, id, g);
 			for (size_t i = 0; i < n; i++)
-				dst[i] += m->stage_b[off + i];
-			off += n;
+				dst[i] += m->srecv[roff + i];
+			roff += n;
 		}
 	}
+}
+
+/* FSDP, the transpose of the gather: reduce-scatters group g's window
+ * gradients to their shards, in the background (the previous group's
+ * is finished first: one in flight). */
+static void scatter_start(struct model *m, int g)
+{
+	const struct model_comm *c = m->st->comm;
+	size_t soff = 0, roff = 0;
+	scatter_finish(m);
+	for (int k = 0; k < m->ngg && !m->hook_rc; k++) {
+		const struct gather_group *gg = &m->gg[k];
+		size_t pack = pack_size(m, gg, g, true);
+		if (!pack)
+			continue;
+		float *send = m->ssend + soff, *recv = m->srecv + roff;
+		place_blocks(m, gg, g, true, send, pack, false);
+		if (c->start_reduce_scatter)
+			m->hook_rc = c->start_reduce_scatter(c->ctx, gg->axes, recv, send, pack, &m->sh[k]);
+		else
+			m->hook_rc = c->reduce_scatter(c->ctx, gg->axes, recv, send, pack);
+		soff += pack * (size_t)gg->n;
+		roff += pack;
+	}
+	m->sl = g;
+}
+
+/* After a failure: every collective in flight is waited for (its buffers
+ * are ours), none started. */
+static void drain(struct model *m)
+{
+	for (int set = 0; set < 2; set++)
+		for (int k = 0; k < m->ngg; k++)
+			wait_handle(m, &m->gh[set][k]);
+	for (int k = 0; k < m->ngg; k++)
+		wait_handle(m, &m->sh[k]);
+	m->sl = NONE_LAYER;
 }
 
 /* ---- forward ---- */
@@ -1194,7 +1276,9 @@ static void layer_forward(struct model *m, int l)
 	float *x = m->resid + (size_t)l * N * C, *xo = x + (size_t)N * C;
 	float *tmp = m->dln; /* dln is free during forward */
 
-	gather_weights(m, l);
+	gather_finish(m, l);
+	if (l + 1 < d->L)     /* the next layer's weights arrive meanwhile */
+		gather_start(m, l + 1);
 	norm_forward(m, a->ln1, a->rstd1, x, WP(P_ATTN_NORM, l));
 	linear_forward(a->q, a->ln1, WP(P_WQ, l), N, C, QD);
 	linear_forward(a->k, a->ln1, WP(P_WK, l), N, C, KD);
@@ -1319,7 +1403,9 @@ static double forward_all(struct model *m, const int32_t *inputs, const int32_t 
 	const struct model_dims *d = &m->d;
 	int N = m->N, C = m->l.C;
 
-	gather_weights(m, -1);
+	gather_start(m, -1);
+	gather_finish(m, -1);
+	gather_start(m, 0);
 	if (m->pl[P_EMBED].reduce) {
 		embedding_forward_range(m->resid, inputs, WP(P_EMBED, 0), m->v0e, m->Ve, N, C);
 		psum(m, m->pl[P_EMBED].reduce, m->resid, (size_t)N * C);
@@ -1357,8 +1443,13 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 	float *x = m->resid + (size_t)l * N * C;
 	float *dres = m->dresid, *dln = m->dln;
 
-	if (l != d->L - 1)    /* the last layer's weights are still gathered */
-		gather_weights(m, l);
+	/* the last two layers' weights are still in their windows from the
+	 * forward; below them each layer's arrives while the one above it
+	 * computes */
+	if (l <= d->L - 3)
+		gather_finish(m, l);
+	if (l >= 1 && l <= d->L - 2)
+		gather_start(m, l - 1);
 	zero_grad_window(m, l);
 	memset(dln, 0, sizeof(float) * (size_t)N * C);
 	if (l < d->L_dense) {
@@ -1475,7 +1566,7 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 	linear_backward(dln, GP(P_WV, l), m->dv, a->ln1, WP(P_WV, l), N, C, KD);
 	psum(m, m->pl[P_WQ].dx_reduce, dln, (size_t)N * C);
 	norm_backward(m, dres, GP(P_ATTN_NORM, l), dln, x, WP(P_ATTN_NORM, l), a->rstd1);
-	scatter_grads(m, l);
+	scatter_start(m, l);
 }
 
 /* MoE expert counts between forward and backward, summed over every
@@ -1503,12 +1594,15 @@ int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t
 	int N = m->N, C = m->l.C, V = m->l.V;
 	m->st = st;
 	m->hook_rc = 0;
+	m->sl = NONE_LAYER;
 	st->loss_sum = forward_all(m, inputs, targets);
 	st->aux = 0;
 	if (d->L_moe)
 		sum_counts(m);
-	if (m->hook_rc)
+	if (m->hook_rc) {
+		drain(m);
 		return m->hook_rc;
+	}
 	float loss_scale = st->loss_scale;
 
 	zero_grad_window(m, -1);
@@ -1529,7 +1623,10 @@ int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t
 		embedding_backward_range(GP(P_EMBED, 0), m->dresid, inputs, m->v0e, m->Ve, N, C);
 	else
 		embedding_backward(GP(P_EMBED, 0), m->dresid, inputs, N, C);
-	scatter_grads(m, -1);
+	scatter_start(m, -1);
+	scatter_finish(m);
+	if (m->hook_rc)
+		drain(m);
 	return m->hook_rc;
 }
 

@@ -69,6 +69,14 @@ struct model_comm {
 	int (*reduce_scatter)(void *ctx, uint32_t axes, float *out, const float *in, size_t n);
 	int (*all_to_all)(void *ctx, uint32_t axes, void *out, const size_t *recv_bytes,
 			  const void *in, const size_t *send_bytes);
+	/* Optional (NULL: the model runs these synchronously): start an
+	 * all_gather or reduce_scatter in the background and set *h; wait(h)
+	 * returns its result. Buffers stay untouched until then. FSDP uses
+	 * them to fetch the next layer's weights while one computes and to
+	 * return gradients while the next layer's backward runs. */
+	int (*start_all_gather)(void *ctx, uint32_t axes, void *out, const void *in, size_t bytes, void **h);
+	int (*start_reduce_scatter)(void *ctx, uint32_t axes, float *out, const float *in, size_t n, void **h);
+	int (*wait)(void *ctx, void *h);
 	void *ctx;
 };
 

@@ -39,6 +39,7 @@ struct job_ctx {
 	char *err;
 	size_t errlen;
 	struct trace *tr;
+	double timeout_s;           /* collective_timeout_s */
 };
 
 #define SPAN(c, name, call) ({ double t0_ = run_now(); int r_ = (call); \
@@ -125,6 +126,60 @@ static int job_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *re
 	span_name(name, sizeof(name), "all_to_all", axes);
 	return SPAN(c, name, coll_all_to_all(c->coll, g, out, recv_bytes, in, send_bytes, c->err,
 					     c->errlen)) ? EXIT_PEER_LOST : 0;
+}
+
+/* Background collectives for FSDP's prefetch: queued on the device's
+ * communication thread; the span recorded is the time spent waiting. */
+struct job_pending {
+	struct coll_handle *h;
+	char name[160];
+};
+
+static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes, void **out)
+{
+	if (!h)
+		return EXIT_FAIL;       /* c->err says why */
+	struct job_pending *p = malloc(sizeof(*p));
+	if (!p) {
+		coll_wait(h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
+		snprintf(c->err, c->errlen, "train: out of memory");
+		return EXIT_FAIL;
+	}
+	p->h = h;
+	span_name(p->name, sizeof(p->name), op, axes);
+	*out = p;
+	return 0;
+}
+
+static int job_start_all_gather(void *vctx, uint32_t axes, void *out, const void *in, size_t bytes, void **h)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	if (!g)
+		return EXIT_FAIL;
+	return job_start(c, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
+			 "all_gather (prefetch)", axes, h);
+}
+
+static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const float *in, size_t n, void **h)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	if (!g)
+		return EXIT_FAIL;
+	return job_start(c, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
+			 "reduce_scatter (background)", axes, h);
+}
+
+static int job_wait(void *vctx, void *vh)
+{
+	struct job_ctx *c = vctx;
+	struct job_pending *p = vh;
+	double t0 = run_now();
+	int rc = coll_wait(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
+	trace_span(c->tr, p->name, "comm", t0, run_now());
+	free(p);
+	return rc ? EXIT_PEER_LOST : 0;
 }
 
 /* Sums doubles over a group exactly the same way on every member:
@@ -237,7 +292,8 @@ int train_job(struct device_ctx *dev)
 	const struct run_opts *o = &arg->opts;
 	char *err = dev->err;
 	size_t errlen = sizeof(dev->err);
-	struct job_ctx jc = { .mesh = dev->mesh, .device = dev->device_id, .err = err, .errlen = errlen };
+	struct job_ctx jc = { .mesh = dev->mesh, .device = dev->device_id, .err = err, .errlen = errlen,
+			      .timeout_s = c->collective_timeout_s };
 	struct shard_rules *rules = NULL;
 	struct trainer *t = NULL;
 	struct run_log log = { 0 };
@@ -305,7 +361,9 @@ int train_job(struct device_ctx *dev)
 
 	struct train_comm comm = {
 		.mc = { .all_reduce = job_all_reduce, .all_gather = job_all_gather,
-			.reduce_scatter = job_reduce_scatter, .all_to_all = job_all_to_all, .ctx = &jc },
+			.reduce_scatter = job_reduce_scatter, .all_to_all = job_all_to_all,
+			.start_all_gather = job_start_all_gather,
+			.start_reduce_scatter = job_start_reduce_scatter, .wait = job_wait, .ctx = &jc },
 		.sum = job_sum, .err = err, .errlen = errlen,
 	};
 	if (o->trace) {
