@@ -106,3 +106,12 @@ void mesh_group(const struct mesh *m, int dev, uint32_t axes, struct mesh_group 
 	 * (src, dst, group, seq) unique; ids >= 512 are free for other uses. */
 	g->id = axes & 0x1ff;
 }
+
+int mesh_axes_size(const struct mesh *m, uint32_t axes)
+{
+	int n = 1;
+	for (int a = 0; a < AX_COUNT; a++)
+		if (axes & (1u << a))
+			n *= m->size[a];
+	return n;
+}

@@ -37,6 +37,8 @@ int mesh_host_of(const struct mesh *m, int dev);
 int mesh_local_index(const struct mesh *m, int dev);
 /* global id of host h's i-th device */
 int mesh_device_of(const struct mesh *m, int host, int local);
+/* Devices in a group over axes: the product of their sizes. */
+int mesh_axes_size(const struct mesh *m, uint32_t axes);
 /* Fills g with dev's group over axes. */
 void mesh_group(const struct mesh *m, int dev, uint32_t axes, struct mesh_group *g);
 

@@ -341,15 +341,6 @@ size_t param_global_index(const struct param_info *p, size_t i)
 
 /* ---- placement ---- */
 
-static int mesh_axes_size(const struct mesh *ms, uint32_t mask)
-{
-	int n = 1;
-	for (int a = 0; a < AX_COUNT; a++)
-		if (mask & (1u << a))
-			n *= ms->size[a];
-	return n;
-}
-
 static int mesh_axes_size_or1(const struct model *m, uint32_t mask)
 {
 	return m->mesh ? mesh_axes_size(m->mesh, mask) : 1;

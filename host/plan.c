@@ -5,15 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static int axes_size(const struct mesh *m, uint32_t mask)
-{
-	int n = 1;
-	for (int a = 0; a < AX_COUNT; a++)
-		if (mask & (1u << a))
-			n *= m->size[a];
-	return n;
-}
-
 void plan_mask_text(uint32_t mask, char *out, size_t outlen)
 {
 	size_t used = 0;
@@ -86,7 +77,7 @@ int plan_param(struct plan_param *p, const struct shard_rules *r, const struct m
 			if (p->gather & (1u << p->spec.axis[d][i]))
 				kept[k++] = p->spec.axis[d][i];
 		memcpy(p->spec.axis[d], kept, sizeof(int) * (size_t)k);
-		p->cshape[d] = shape[d] / axes_size(m, plan_kept_mask(p, d));
+		p->cshape[d] = shape[d] / mesh_axes_size(m, plan_kept_mask(p, d));
 		p->cnumel *= (size_t)p->cshape[d];
 	}
 	return 0;
@@ -96,7 +87,7 @@ int plan_param_slice(struct plan_param *p, const struct mesh *m, int dim,
 		     const struct plan_axes *axes, char *err, size_t errlen)
 {
 	uint32_t mask = plan_axes_mask(axes);
-	int n = axes_size(m, mask);
+	int n = mesh_axes_size(m, mask);
 	if (p->spec.axes[dim] & ~mask || p->spec.shape[dim] % n) {
 		char a[96], b[96];
 		plan_mask_text(p->spec.axes[dim], a, sizeof(a));

@@ -64,13 +64,12 @@ int trainer_rows(const struct trainer *t) { return t->rows; }
 const struct cfg *trainer_cfg(const struct trainer *t) { return &t->cfg; }
 size_t trainer_opt_numel(const struct trainer *t) { return 2 * t->opt_n; }
 
-static int axes_size(const struct mesh *ms, uint32_t mask)
+/* The part of parameter p inside layout floats [a, b): [*x, *y), empty
+ * when *x >= *y. */
+static void param_range(const struct param_info *p, size_t a, size_t b, size_t *x, size_t *y)
 {
-	int n = 1;
-	for (int a = 0; a < AX_COUNT; a++)
-		if (mask & (1u << a))
-			n *= ms->size[a];
-	return n;
+	*x = p->offset > a ? p->offset : a;
+	*y = p->offset + p->numel < b ? p->offset + p->numel : b;
 }
 
 static const struct tgroup *tgroup(struct trainer *t, uint32_t axes)
@@ -82,7 +81,7 @@ static const struct tgroup *tgroup(struct trainer *t, uint32_t axes)
 		return NULL;
 	struct mesh_group *g = malloc(sizeof(*g));
 	struct tgroup *x = &t->tg[t->ntg];
-	x->coord = g ? malloc(sizeof(*x->coord) * (size_t)axes_size(t->mesh, axes)) : NULL;
+	x->coord = g ? malloc(sizeof(*x->coord) * (size_t)mesh_axes_size(t->mesh, axes)) : NULL;
 	if (!x->coord) {
 		free(g);
 		return NULL;
@@ -310,8 +309,8 @@ static int optimizer_update(struct trainer *t, const struct train_comm *comm, in
 
 	for (int i = 0; i < model_num_params(m); i++) {
 		const struct param_info *p = model_param(m, i);
-		size_t x = p->offset > a ? p->offset : a;
-		size_t y = p->offset + p->numel < b ? p->offset + p->numel : b;
+		size_t x, y;
+		param_range(p, a, b, &x, &y);
 		if (p->opt == OPT_NONE || x >= y)
 			continue;
 		float pwd = p->decay ? wd : 0.0f;
@@ -343,13 +342,13 @@ static double grad_sumsq(struct trainer *t, const float *g, size_t a, size_t b, 
 	double ss = 0;
 	for (int i = 0; i < model_num_params(m); i++) {
 		const struct param_info *p = model_param(m, i);
-		size_t x = p->offset > a ? p->offset : a;
-		size_t y = p->offset + p->numel < b ? p->offset + p->numel : b;
+		size_t x, y;
+		param_range(p, a, b, &x, &y);
 		if (p->opt == OPT_NONE || x >= y)
 			continue;
 		double copies = 1;
 		if (t->mesh)
-			copies = (double)t->mesh->num_devices / axes_size(t->mesh, p->split) / extra_split;
+			copies = (double)t->mesh->num_devices / mesh_axes_size(t->mesh, p->split) / extra_split;
 		ss += sumsq(g + (x - a), y - x) / copies;
 	}
 	return ss;
@@ -523,7 +522,7 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 		return rc;
 	for (int i = 0; i < model_num_params(m); i++) {
 		const struct param_info *p = model_param(m, i);
-		size_t need = p->numel * (size_t)axes_size(t->mesh, p->split);
+		size_t need = p->numel * (size_t)mesh_axes_size(t->mesh, p->split);
 		big = need > big ? need : big;
 	}
 	float *loc = malloc(sizeof(float) * n), *recv = malloc(sizeof(float) * (big ? big : 1));
