@@ -1,12 +1,15 @@
 #!/usr/bin/python3
 """gloo (torch.distributed) baseline for `meshrun bench collectives`, 2 ranks
-over loopback TCP, float32, nccl-tests bus-bandwidth arithmetic. Run by
-bench/peers.sh. gloo has no reduce_scatter on CPU; that row is skipped."""
+over loopback TCP, float32, the same statistic (barrier, collective; the
+slowest rank's time averaged over the iterations after 2 warm-ups) and
+nccl-tests bus-bandwidth arithmetic. Run by bench/peers.sh. gloo has no
+reduce_scatter on CPU; that row is skipped.
+usage: gloo_coll.py PORT [ITERS_16M [ITERS_64K]]"""
 import os, sys, time
 import torch, torch.distributed as dist
 import torch.multiprocessing as mp
 
-def run(rank, n, port):
+def run(rank, n, port, iters):
     os.environ["MASTER_ADDR"] = "127.0.0.1"; os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=n)
@@ -14,8 +17,8 @@ def run(rank, n, port):
         for size in [65536, 16 << 20]:
             cnt = size // 4
             a = torch.ones(cnt)
-            best = 1e30
-            for it in range(-2, 10):
+            total = 0.0
+            for it in range(-2, iters[size]):
                 dist.barrier(); t0 = time.perf_counter()
                 if op == "all_gather":
                     outs = [torch.empty(cnt // n) for _ in range(n)]
@@ -33,13 +36,16 @@ def run(rank, n, port):
                     dist.broadcast(a, 0)
                 dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-                if it >= 0: best = min(best, dt.item())
-            alg = size / best / 1e9; f = (n - 1) / n
+                if it >= 0: total += dt.item()
+            mean = total / iters[size]
+            alg = size / mean / 1e9; f = (n - 1) / n
             bus = alg * 2 * f if op == "all_reduce" else (alg if op in ("permute", "broadcast") else alg * f)
             if rank == 0:
-                print(f"gloo    {op:<14} {size:9d} time_us {best*1e6:10.1f} algbw {alg:6.3f} busbw {bus:6.3f}", flush=True)
+                print(f"gloo    {op:<14} {size:9d} time_us {mean*1e6:10.1f} algbw {alg:6.3f} busbw {bus:6.3f}", flush=True)
     dist.destroy_process_group()
 
 if __name__ == "__main__":
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 29517
-    mp.spawn(run, args=(2, port), nprocs=2)
+    iters = {16 << 20: int(sys.argv[2]) if len(sys.argv) > 2 else 20,
+             65536: int(sys.argv[3]) if len(sys.argv) > 3 else 500}
+    mp.spawn(run, args=(2, port, iters), nprocs=2)

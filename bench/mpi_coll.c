@@ -1,6 +1,8 @@
-/* Open MPI baseline for `meshrun bench collectives`: the same ops, sizes and
- * bus-bandwidth arithmetic (nccl-tests definitions, DESIGN §5), float32.
- * Built and run by bench/peers.sh; not part of meshrun. */
+/* Open MPI baseline for `meshrun bench collectives`: the same ops, sizes,
+ * statistic (barrier, collective; the slowest rank's time, averaged over
+ * the iterations after 2 warm-ups) and bus-bandwidth arithmetic
+ * (nccl-tests definitions, DESIGN §5), float32. Built and run by
+ * bench/peers.sh; not part of meshrun. usage: mpi_coll [ITERS_16M [ITERS_64K]] */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +14,7 @@ static double run(const char *op, size_t bytes, int iters, int n, int rank)
 	float *a = malloc(bytes + 64), *b = malloc(bytes + 64);
 	for (size_t i = 0; i < cnt; i++)
 		a[i] = (float)(i % 7);
-	double best = 1e30;
+	double sum = 0;
 	for (int it = -2; it < iters; it++) {
 		MPI_Barrier(MPI_COMM_WORLD);
 		double t0 = MPI_Wtime();
@@ -31,12 +33,12 @@ static double run(const char *op, size_t bytes, int iters, int n, int rank)
 			MPI_Bcast(a, (int)cnt, MPI_FLOAT, 0, MPI_COMM_WORLD);
 		double dt = MPI_Wtime() - t0, mx;
 		MPI_Allreduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-		if (it >= 0 && mx < best)
-			best = mx;
+		if (it >= 0)
+			sum += mx;
 	}
 	free(a);
 	free(b);
-	return best;
+	return sum / iters;
 }
 
 int main(int argc, char **argv)
@@ -44,12 +46,17 @@ int main(int argc, char **argv)
 	int n, rank;
 	const char *ops[] = { "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "permute", "broadcast" };
 	size_t sizes[] = { 65536, 16u << 20 };
+	int iters[2] = { 500, 20 };
 	MPI_Init(&argc, &argv);
+	if (argc > 1)
+		iters[1] = atoi(argv[1]);
+	if (argc > 2)
+		iters[0] = atoi(argv[2]);
 	MPI_Comm_size(MPI_COMM_WORLD, &n);
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	for (int o = 0; o < 6; o++)
 		for (int s = 0; s < 2; s++) {
-			double t = run(ops[o], sizes[s], 10, n, rank);
+			double t = run(ops[o], sizes[s], iters[s], n, rank);
 			double alg = sizes[s] / t / 1e9, f = (double)(n - 1) / n;
 			double bus = !strcmp(ops[o], "all_reduce") ? alg * 2 * f :
 				     (!strcmp(ops[o], "permute") || !strcmp(ops[o], "broadcast")) ? alg : alg * f;
