@@ -48,6 +48,11 @@ uint64_t agent_dcn_bytes_sent(struct agent *a)
 	return a && a->net ? net_bytes_sent(a->net) : 0;
 }
 
+uint64_t agent_tls_key_updates(struct agent *a)
+{
+	return a && a->net ? net_key_updates(a->net) : 0;
+}
+
 static void *device_main(void *p)
 {
 	struct device_ctx *d = p;
@@ -149,6 +154,7 @@ int agent_run(const struct cfg *cfg, int host_id, agent_job_fn job, void *job_ar
 		.connect_timeout_s = cfg->connect_timeout_s,
 		.done_timeout_s = cfg->collective_timeout_s,
 		.max_frame_bytes = (uint64_t)cfg->max_frame_bytes,
+		.key_update_bytes = (uint64_t)cfg->tls_key_update_bytes,
 	};
 	cfg_hash(cfg, p.config_hash);
 	a.net = net_new(&p, &status, err, errlen);

@@ -37,5 +37,7 @@ int agent_run(const struct cfg *cfg, int host_id, agent_job_fn job, void *job_ar
 
 /* Bytes this host sent over DCN links so far (for step logs). */
 uint64_t agent_dcn_bytes_sent(struct agent *a);
+/* TLS sending keys this agent renewed on its links so far. */
+uint64_t agent_tls_key_updates(struct agent *a);
 
 #endif

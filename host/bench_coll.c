@@ -556,6 +556,11 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 			return EXIT_FAIL;
 		}
 	}
+	if (dc->device_id == 0 && dc->mesh->num_hosts > 1) {
+		printf("# tls key updates sent by host 0 so far: %llu (every %lld bytes per link)\n",
+		       (unsigned long long)agent_tls_key_updates(dc->agent), dc->cfg->tls_key_update_bytes);
+		fflush(stdout);
+	}
 	return 0;
 }
 

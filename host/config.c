@@ -403,6 +403,12 @@ int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_
 			 c->heartbeat_timeout_s, c->heartbeat_interval_s);
 		return -EINVAL;
 	}
+	if (c->tls_key_update_bytes < 65536 || c->tls_key_update_bytes > (1ll << 38)) {
+		snprintf(err, errlen, "config: key 'tls_key_update_bytes' must be in [65536, 2^38] "
+			 "(AES-GCM must not encrypt much more than 2^38 bytes under one key), got %lld",
+			 c->tls_key_update_bytes);
+		return -EINVAL;
+	}
 	if (c->segment_bytes < 4096 || c->segment_bytes > c->max_frame_bytes) {
 		snprintf(err, errlen, "config: key 'segment_bytes' must be in [4096, max_frame_bytes], got %lld",
 			 c->segment_bytes);

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <stdatomic.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -385,8 +386,23 @@ static ssize_t tls_write(struct conn *c, const void *buf, size_t len)
 	size_t n = 0;
 	errno = 0;
 	int ret = SSL_write_ex(c->ssl, buf, len, &n);
-	if (ret == 1)
+	if (ret == 1) {
+		c->tx_bytes += n;
+		/* the write is complete, as SSL_key_update wants; the
+		 * KeyUpdate message goes out ahead of the next record */
+		if (c->key_update_every && c->tx_bytes >= c->key_update_at) {
+			if (SSL_key_update(c->ssl, SSL_KEY_UPDATE_NOT_REQUESTED) != 1) {
+				snprintf(c->err, sizeof(c->err), "tls key update failed after %llu bytes",
+					 (unsigned long long)c->tx_bytes);
+				tls_error_string(c->ssl, c->err, sizeof(c->err));
+				return -EPROTO;
+			}
+			c->key_update_at = c->tx_bytes + c->key_update_every;
+			if (c->key_updates)
+				atomic_fetch_add_explicit(c->key_updates, 1, memory_order_relaxed);
+		}
 		return (ssize_t)n;
+	}
 	int rc = tls_result(c, ret, "tls write");
 	if (rc == 0) {
 		snprintf(c->err, sizeof(c->err), "tls write: connection closed by peer");
@@ -488,6 +504,13 @@ struct conn *conn_new_tls(SSL_CTX *ctx, int fd, bool server)
 	else
 		SSL_set_connect_state(c->ssl);
 	return c;
+}
+
+void conn_set_key_update(struct conn *c, uint64_t bytes, _Atomic uint64_t *count)
+{
+	c->key_update_every = bytes;
+	c->key_update_at = c->tx_bytes + bytes;
+	c->key_updates = count;
 }
 
 void conn_free(struct conn *c)

@@ -1,7 +1,7 @@
 /* A connection as a table of functions (Redis connection.h): plain TCP for
- * framing tests and TLS for everything between hosts. TLS overrides only
- * handshake, read, write and shutdown, so the link code never knows which it
- * holds. Sockets are non-blocking; a call that cannot progress returns
+ * framing tests and TLS for everything between hosts. TLS overrides the
+ * byte-moving calls (handshake, read, write, flush, pending, shutdown), so
+ * the link code never knows which it holds. Sockets are non-blocking; a call that cannot progress returns
  * -EAGAIN and sets c->want to the readiness it waits for.
  * Contract for every call: on an error other than -EAGAIN the caller must
  * close the connection (conn_free); c->err says why. */
@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include <openssl/ssl.h>
@@ -49,6 +50,9 @@ struct conn {
 	enum conn_want want;
 	char peer_addr[64];       /* "ip:port" of the other end */
 	char err[256];
+	/* TLS: the sending key is renewed every key_update_every bytes */
+	uint64_t tx_bytes, key_update_at, key_update_every;
+	_Atomic uint64_t *key_updates; /* counts them (may be NULL) */
 };
 
 extern const struct conn_type conn_type_tcp;
@@ -71,6 +75,11 @@ static inline ssize_t conn_write(struct conn *c, const void *buf, size_t len)
 static inline int conn_flush(struct conn *c) { return c->type->flush(c); }
 static inline bool conn_pending(struct conn *c) { return c->type->pending(c); }
 static inline int conn_shutdown(struct conn *c) { return c->type->shutdown(c); }
+/* TLS: renew the sending key (a TLS 1.3 KeyUpdate, the peer keeps its
+ * own) after every `bytes` written (0: never), counting each in *count
+ * (NULL: not counted). AES-GCM must not encrypt more than about 2^24.5
+ * full records under one key (RFC 8446 §5.5). */
+void conn_set_key_update(struct conn *c, uint64_t bytes, _Atomic uint64_t *count);
 /* Closes the socket and frees c; NULL is fine. */
 void conn_free(struct conn *c);
 

@@ -170,6 +170,8 @@ struct net {
 	struct cmd *cmd_head, *cmd_tail;
 
 	_Atomic uint64_t bytes_sent;
+	_Atomic uint64_t key_updates;
+	uint64_t key_update_bytes;
 	_Atomic uint32_t last_op;
 	_Atomic uint64_t last_step;
 };
@@ -1380,7 +1382,8 @@ static void link_read(struct link *l)
 {
 	struct net *n = l->net;
 	size_t budget = READ_BUDGET;
-	static uint8_t scratch[64 * 1024];   /* discarded payloads; net thread only */
+	/* discarded payloads, never read: one per net thread */
+	static _Thread_local uint8_t scratch[64 * 1024];
 	char why[300];
 
 	while (l->state != LS_DEAD) {
@@ -1598,6 +1601,8 @@ static void dial_addr(struct net *n, enum role role, int peer, const char *addr)
 		return;
 	}
 	struct conn *c = conn_new_tls(n->ctx, fd, false);
+	if (c)
+		conn_set_key_update(c, n->key_update_bytes, &n->key_updates);
 	struct link *l = c ? link_new(n, role, c, peer, addr) : NULL;
 	if (!l) {
 		net_fail(n, NET_ERR, -ENOMEM, "out of memory opening a connection");
@@ -1643,6 +1648,8 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 			return;
 		}
 		struct conn *c = conn_new_tls(n->ctx, fd, true);
+		if (c)
+			conn_set_key_update(c, n->key_update_bytes, &n->key_updates);
 		struct link *l = c ? link_new(n, coord ? ROLE_COORD_IN : ROLE_LINK_IN, c, -1, peer) : NULL;
 		if (!l) {
 			net_log(n, "out of memory accepting %s", peer);
@@ -2030,6 +2037,7 @@ struct net *net_new(const struct net_params *p, int *status, char *err, size_t e
 	n->log = p->log;
 	n->log_ctx = p->log_ctx;
 	n->lim.max_payload = p->max_frame_bytes;
+	n->key_update_bytes = p->key_update_bytes;
 	pthread_mutex_init(&n->mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -2195,6 +2203,11 @@ int net_failed(struct net *n, char *err, size_t errlen)
 uint64_t net_bytes_sent(struct net *n)
 {
 	return atomic_load_explicit(&n->bytes_sent, memory_order_relaxed);
+}
+
+uint64_t net_key_updates(struct net *n)
+{
+	return atomic_load_explicit(&n->key_updates, memory_order_relaxed);
 }
 
 void net_free(struct net *n)

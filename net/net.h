@@ -45,6 +45,9 @@ struct net_params {
 	double connect_timeout_s;    /* rendezvous + links + barrier */
 	double done_timeout_s;       /* waiting for the other hosts' Done */
 	uint64_t max_frame_bytes;
+	/* every link renews its TLS sending key after this many bytes sent
+	 * (0: never); AES-GCM's limit is about 2^24.5 records per key */
+	uint64_t key_update_bytes;
 	uint8_t config_hash[32];
 	/* one line per event worth telling the operator (refused connections);
 	 * NULL: stderr */
@@ -81,6 +84,8 @@ int net_failed(struct net *n, char *err, size_t errlen);
 
 /* Plaintext bytes written to all links so far (frames and payloads). */
 uint64_t net_bytes_sent(struct net *n);
+/* TLS 1.3 KeyUpdates sent on all links so far. */
+uint64_t net_key_updates(struct net *n);
 
 /* Flushes what can be flushed within about a second, closes every link,
  * stops the thread and frees n. NULL is fine. */

@@ -6,7 +6,9 @@
  * and with a valid cluster certificate claiming another host id is refused
  * while the cluster still completes its job; a mismatched config hash, a
  * duplicate host id and an out-of-range host id are refused with clear
- * errors on both sides. */
+ * errors on both sides. A link renews its sending key (TLS 1.3 KeyUpdate)
+ * every tls_key_update_bytes and the data arrives intact across the
+ * renewals. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -310,6 +312,33 @@ START_TEST(test_out_of_range_host_id)
 }
 END_TEST
 
+/* Keys renewed every 64 KiB: an all_to_all and a permute of 1 MiB, 8
+ * times each, arrive intact (`wrong` 0) and host 0 counts its KeyUpdates:
+ * at least one per 64 KiB it sent. */
+START_TEST(test_key_update)
+{
+	struct proc p;
+	char *const argv[] = { (char *)meshrun(), "bench", "collectives", "--hosts", "2", "--op", "permute",
+			       "--sizes", "1M", "--iters", "8", "--warmup", "1", "tls_key_update_bytes=65536",
+			       NULL };
+	proc_start(&p, "bench", argv, -1);
+	ck_assert_int_eq(proc_wait(&p, 60), 0);
+	char *out = slurp(p.out);
+	ck_assert_msg(strstr(out, "  1048576       262144") && strstr(out, "      0\n"), "%s", out);
+	const char *k = strstr(out, "# tls key updates sent by host 0 so far: ");
+	ck_assert_msg(k, "%s", out);
+	long n = strtol(k + strlen("# tls key updates sent by host 0 so far: "), NULL, 10);
+	/* 9 permutes of 1 MiB from host 0 = 144 renewals, and the barriers */
+	ck_assert_msg(n >= 144 && n < 400, "%ld key updates:\n%s", n, out);
+
+	char *const bad[] = { (char *)meshrun(), "bench", "collectives", "--hosts", "2", "--op", "permute",
+			      "--sizes", "1M", "tls_key_update_bytes=1000", NULL };
+	proc_start(&p, "bad", bad, -1);
+	ck_assert_int_eq(proc_wait(&p, 30), EXIT_CONFIG);
+	ck_assert_file_has(p.err, "key 'tls_key_update_bytes' must be in [65536, 2^38]");
+}
+END_TEST
+
 static Suite *tls_suite(void)
 {
 	Suite *s = suite_create("tls");
@@ -333,6 +362,7 @@ static Suite *tls_suite(void)
 	tcase_add_test(tc, test_config_hash_mismatch);
 	tcase_add_test(tc, test_duplicate_host_id);
 	tcase_add_test(tc, test_out_of_range_host_id);
+	tcase_add_test(tc, test_key_update);
 	suite_add_tcase(s, tc);
 	return s;
 }
