@@ -76,11 +76,12 @@ struct model {
 	float *win, *gwin;
 	size_t woff[P_COUNT];       /* offset of each gathered tensor's block */
 	size_t win_nl, win_layer;   /* floats of the non-layer part, of one layer */
-	/* gathers in flight, one set of buffers per layer parity (layer l+1
-	 * is fetched while layer l computes; the non-layer tensors use set
-	 * 0 before layer 0's starts); and the one reduce-scatter in flight */
-	float *gsend[2], *grecv[2], *ssend, *srecv;
-	void *gh[2][MAX_GGROUPS], *sh[MAX_GGROUPS];
+	size_t shard_nl, shard_layer; /* the same, this device's shards of them */
+	/* at most one gather in flight (layer l+1 lands in grecv while layer
+	 * l computes from the window, and moves into the window when l is
+	 * done) and one reduce-scatter */
+	float *gsend, *grecv, *ssend, *srecv;
+	void *gh[MAX_GGROUPS], *sh[MAX_GGROUPS];
 	int sl;                     /* layer whose gradients are in flight, or NONE */
 	float *nstat;               /* [2N] split-norm / split-softmax statistics */
 	float *xstat;               /* [ngather * N] gathered maxima */
@@ -648,16 +649,19 @@ static size_t per_cslice(const struct plan_param *pp, const struct param_info *p
  * reduce-scatter's buffers never exceed the window part they serve. */
 static void lay_out_windows(struct model *m)
 {
-	size_t off[2] = { 0, 0 };
+	size_t off[2] = { 0, 0 }, part[2] = { 0, 0 };
 	for (int id = 0; id < P_COUNT; id++) {
 		const struct param_info *p = &m->p[id];
 		if (m->pidx[id] < 0 || !m->pp[id].gather)
 			continue;
 		m->woff[id] = off[p->stacked];
 		off[p->stacked] += per_cslice(&m->pp[id], p);
+		part[p->stacked] += per_slice(p);
 	}
 	m->win_nl = off[0];
 	m->win_layer = off[1];
+	m->shard_nl = part[0];
+	m->shard_layer = part[1];
 }
 
 #define NONE_LAYER (-2)
@@ -739,15 +743,16 @@ static void lay_out(struct model *m, struct arena *a)
 	m->datty = TAKEF(a, N * QD);
 	m->att_scratch = TAKEF(a, (size_t)d->T * d->T + (size_t)d->T * d->D);
 	m->dlogits = TAKEF(a, N * d->V);
-	size_t stage = m->win_nl > m->win_layer ? m->win_nl : m->win_layer;
-	m->win = TAKEF(a, m->win_nl + 2 * m->win_layer);
+	/* a gather sends this device's shards and receives every member's:
+	 * the compute-shaped size; a reduce-scatter the other way round */
+	size_t whole = m->win_nl > m->win_layer ? m->win_nl : m->win_layer;
+	size_t part = m->shard_nl > m->shard_layer ? m->shard_nl : m->shard_layer;
+	m->win = TAKEF(a, m->win_nl + m->win_layer);
 	m->gwin = TAKEF(a, m->win_nl + m->win_layer);
-	for (int k = 0; k < 2; k++) {
-		m->gsend[k] = TAKEF(a, stage);
-		m->grecv[k] = TAKEF(a, stage);
-	}
-	m->ssend = TAKEF(a, stage);
-	m->srecv = TAKEF(a, stage);
+	m->gsend = TAKEF(a, part);
+	m->grecv = TAKEF(a, whole);
+	m->ssend = TAKEF(a, whole);
+	m->srecv = TAKEF(a, part);
 	if (m->d.L_moe) {
 		m->dscores = TAKEF(a, N * E);
 		m->dlogits_r = TAKEF(a, N * E);
@@ -886,7 +891,12 @@ const struct plan_param *model_param_plan(const struct model *m, int i)
 			return &m->pp[id];
 	return NULL;
 }
-size_t model_window_numel(const struct model *m) { return 2 * m->win_nl + 3 * m->win_layer; }
+size_t model_window_numel(const struct model *m)
+{
+	size_t whole = m->win_nl > m->win_layer ? m->win_nl : m->win_layer;
+	size_t part = m->shard_nl > m->shard_layer ? m->shard_nl : m->shard_layer;
+	return 2 * (m->win_nl + m->win_layer) + 2 * whole + 2 * part;
+}
 
 int model_buckets(const struct model *m, struct model_bucket *out, int max)
 {
@@ -959,14 +969,11 @@ static void psum(struct model *m, uint32_t axes, float *buf, size_t n)
 		m->hook_rc = m->st->comm->all_reduce(m->st->comm->ctx, axes, buf, n);
 }
 
-/* Where gathered parameter id's compute-shaped block for layer l lives:
- * weights of even and odd layers in two copies, gradients in one. */
-static float *window(struct model *m, bool grads, int id, int l)
+/* Where gathered parameter id's compute-shaped block lives: the
+ * non-layer part, or the one layer's. */
+static float *window(struct model *m, bool grads, int id)
 {
-	if (!m->p[id].stacked)
-		return (grads ? m->gwin : m->win) + m->woff[id];
-	size_t set = grads ? 0 : (size_t)(l & 1);
-	return (grads ? m->gwin : m->win) + m->win_nl + set * m->win_layer + m->woff[id];
+	return (grads ? m->gwin : m->win) + (m->p[id].stacked ? m->win_nl : 0) + m->woff[id];
 }
 
 /* Compute-shaped weights (or gradients, grads) of parameter id for layer l:
@@ -978,7 +985,7 @@ static float *wsel(struct model *m, bool grads, int id, int l)
 	if (m->pidx[id] < 0)
 		return NULL;
 	if (m->pp[id].gather)
-		return window(m, grads, id, l);
+		return window(m, grads, id);
 	float *b = (grads ? m->grads : m->params) + p->offset;
 	if (p->stacked)
 		b += per_slice(p) * (size_t)layer_slot(m, id, l);
@@ -1013,7 +1020,7 @@ static void place_blocks(struct model *m, const struct gather_group *gg, int g, 
 			const struct plan_param *pp = &m->pp[id];
 			int o[SHARD_MAX_DIMS], k = p->stacked ? 1 : 0;
 			plan_block_offsets(pp, m->mesh, gg->axes, gg->coord[r], o);
-			plan_copy_block(window(m, grads, id, g), pp->cshape + k,
+			plan_copy_block(window(m, grads, id), pp->cshape + k,
 					packed + (size_t)r * pack + off, p->shape + k, o + k, p->ndim - k,
 					into_window);
 			off += per_slice(p);
@@ -1051,17 +1058,16 @@ static void wait_handle(struct model *m, void **h)
 }
 
 /* FSDP: starts all-gathering group g's sharded weights (layer g, or the
- * non-layer tensors for -1) into buffer set g & 1; without async hooks it
- * gathers at once. */
+ * non-layer tensors for -1) into grecv; without async hooks it gathers at
+ * once. The previous group's gather must be finished. */
 static void gather_start(struct model *m, int g)
 {
 	const struct model_comm *c = m->st->comm;
-	int set = g < 0 ? 0 : g & 1;
 	size_t soff = 0, roff = 0;
 	for (int k = 0; k < m->ngg && !m->hook_rc; k++) {
 		const struct gather_group *gg = &m->gg[k];
 		size_t pack = 0;
-		float *send = m->gsend[set] + soff, *recv = m->grecv[set] + roff;
+		float *send = m->gsend + soff, *recv = m->grecv + roff;
 		for (int id = 0; id < P_COUNT; id++) {
 			if (!in_group(m, id, g, gg->axes, false))
 				continue;
@@ -1073,7 +1079,7 @@ static void gather_start(struct model *m, int g)
 			continue;
 		if (c->start_all_gather)
 			m->hook_rc = c->start_all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float),
-							 &m->gh[set][k]);
+							 &m->gh[k]);
 		else
 			m->hook_rc = c->all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float));
 		soff += pack;
@@ -1084,15 +1090,14 @@ static void gather_start(struct model *m, int g)
 /* Waits for group g's gather and places the blocks in its window. */
 static void gather_finish(struct model *m, int g)
 {
-	int set = g < 0 ? 0 : g & 1;
 	size_t roff = 0;
 	for (int k = 0; k < m->ngg; k++) {
 		const struct gather_group *gg = &m->gg[k];
 		size_t pack = pack_size(m, gg, g, false);
-		wait_handle(m, &m->gh[set][k]);
+		wait_handle(m, &m->gh[k]);
 		if (!pack || m->hook_rc)
 			continue;
-		place_blocks(m, gg, g, false, m->grecv[set] + roff, pack, true);
+		place_blocks(m, gg, g, false, m->grecv + roff, pack, true);
 		roff += pack * (size_t)gg->n;
 	}
 }
@@ -1102,7 +1107,7 @@ static void zero_grad_window(struct model *m, int g)
 {
 	for (int id = 0; id < P_COUNT; id++)
 		if (m->pidx[id] >= 0 && m->pp[id].gather && in_group(m, id, g, m->pp[id].gather, true))
-			memset(window(m, true, id, g), 0, per_cslice(&m->pp[id], &m->p[id]) * sizeof(float));
+			memset(window(m, true, id), 0, per_cslice(&m->pp[id], &m->p[id]) * sizeof(float));
 }
 
 /* Waits for the reduce-scatter in flight and adds its parts to this
@@ -1158,11 +1163,10 @@ static void scatter_start(struct model *m, int g)
  * are ours), none started. */
 static void drain(struct model *m)
 {
-	for (int set = 0; set < 2; set++)
-		for (int k = 0; k < m->ngg; k++)
-			wait_handle(m, &m->gh[set][k]);
-	for (int k = 0; k < m->ngg; k++)
+	for (int k = 0; k < m->ngg; k++) {
+		wait_handle(m, &m->gh[k]);
 		wait_handle(m, &m->sh[k]);
+	}
 	m->sl = NONE_LAYER;
 }
 
@@ -1434,12 +1438,11 @@ static void layer_backward(struct model *m, int l, struct model_step *st)
 	float *x = m->resid + (size_t)l * N * C;
 	float *dres = m->dresid, *dln = m->dln;
 
-	/* the last two layers' weights are still in their windows from the
-	 * forward; below them each layer's arrives while the one above it
-	 * computes */
-	if (l <= d->L - 3)
+	/* the last layer's weights are still in the window from the forward;
+	 * below it each layer's arrives while the one above it computes */
+	if (l != d->L - 1)
 		gather_finish(m, l);
-	if (l >= 1 && l <= d->L - 2)
+	if (l >= 1)
 		gather_start(m, l - 1);
 	zero_grad_window(m, l);
 	memset(dln, 0, sizeof(float) * (size_t)N * C);

@@ -142,8 +142,9 @@ struct model_linear_info {
 int model_linears(const struct model *m, struct model_linear_info *out, int max);
 /* Mesh axes that split the rows (activation_batch); 0 on one device. */
 uint32_t model_rows_axes(const struct model *m);
-/* Floats of gathered (FSDP) weights and their gradients held during a
- * step, the per-layer windows included. */
+/* Floats FSDP holds during a step besides the shards: gathered weights
+ * (the non-layer tensors and two layers), their gradients (one layer),
+ * and the buffers gathers and reduce-scatters move them through. */
 size_t model_window_numel(const struct model *m);
 
 /* Deterministic init: the value of element i of the whole tensor depends

@@ -206,11 +206,25 @@ START_TEST(test_fsdp_memory)
 	ck_assert_ptr_nonnull(m1);
 	size_t norms = 2 * 2 * 128 + 128, whole = model_numel(m1);
 	ck_assert_uint_eq(model_numel(m), (whole - norms) / 4 + norms);
-	/* window: embed + lm_head whole (weights and gradients), and one
-	 * layer of wq wk wv wo and the MLP three times: two weight copies
-	 * (one computing, the next arriving) and one for its gradients */
-	size_t layer = 128 * 128 * 2 + 64 * 128 * 2 + 352 * 128 * 3;
-	ck_assert_uint_eq(model_window_numel(m), 2 * (2 * 256 * 128) + 3 * layer);
+	/* windows: embed + lm_head whole and one layer of wq wk wv wo and
+	 * the MLP, for weights and for gradients; the gather and
+	 * reduce-scatter buffers: one of the whole layer each way, one of
+	 * this device's quarter each way */
+	size_t layer = 128 * 128 * 2 + 64 * 128 * 2 + 352 * 128 * 3, nl = 2 * 256 * 128;
+	ck_assert_uint_eq(model_window_numel(m), 2 * (nl + layer) + 2 * layer + 2 * (layer / 4));
+	/* the windows are a fixed few layers: for a deep model the shards
+	 * save more than they cost, even counting the weights alone (their
+	 * gradients and optimizer state shrink as much again) */
+	struct fixture *deep1 = make("configs/llama-tiny.yml", (const char *[]){ "base_num_decoder_layers=32", NULL });
+	struct fixture *deep = make("configs/llama-tiny.yml",
+				    (const char *[]){ "base_num_decoder_layers=32", "ici_fsdp_parallelism=4", NULL });
+	struct model *d1 = model_plan_new(&deep1->d, NULL, err, sizeof(err)), *d4 = plan_of(deep, 0);
+	ck_assert_ptr_nonnull(d1);
+	ck_assert_uint_lt(model_window_numel(d4), model_numel(d1) - model_numel(d4));
+	model_free(d1);
+	model_free(d4);
+	free(deep1);
+	free(deep);
 	model_free(m1);
 	model_free(m);
 	free(one);
