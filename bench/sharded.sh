@@ -4,7 +4,8 @@
 # same OpenBLAS threads per device (1: two agents share the 2 cores), in
 # one run. Prints step time, tokens/s, DCN bytes per step, the ratio to the
 # single-device step, and the share of step time in communication spans
-# (read from --trace). usage: bench/sharded.sh [STEPS]
+# (read from --trace), and each agent's peak resident memory.
+# usage: bench/sharded.sh [STEPS]
 set -eu
 cd "$(dirname "$0")/.."
 steps=${1:-6}
@@ -12,6 +13,8 @@ make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 avg() { # mean of a metrics field over steps >= 1
   python3 -c "import json,sys; r=[json.loads(l) for l in open('$1')][1:]; print(sum(x['$2'] for x in r)/len(r))"; }
+peak() { # peak resident MB over the run
+  python3 -c "import json,sys; print(max(json.loads(l)['peak_mem_mb'] for l in open('$1')))"; }
 commshare() {
   python3 - "$1" <<'PY'
 import json, sys, collections
@@ -25,8 +28,9 @@ PY
 }
 build/meshrun train --config configs/llama-bench.yml steps=$steps openblas_threads=1 --metrics $tmp/one.jsonl > /dev/null
 one=$(avg $tmp/one.jsonl step_time_s)
-printf "%-8s %10s %12s %14s %10s %10s\n" mode step_s tokens_per_s dcn_bytes_step vs_single comm_share
-printf "%-8s %10.3f %12.1f %14s %10s %10s\n" single "$one" "$(avg $tmp/one.jsonl tokens_per_s)" 0 1.00 -
+printf "%-8s %10s %12s %14s %10s %10s %8s\n" mode step_s tokens_per_s dcn_bytes_step vs_single comm_share peak_mb
+printf "%-8s %10.3f %12.1f %14s %10s %10s %8s\n" single "$one" "$(avg $tmp/one.jsonl tokens_per_s)" 0 1.00 - \
+  "$(peak $tmp/one.jsonl)"
 for mode in dp fsdp zero1; do
   case $mode in
     dp) extra="" ;;
@@ -36,6 +40,7 @@ for mode in dp fsdp zero1; do
   build/meshrun local --hosts 2 --config configs/llama-bench.yml steps=$steps $extra \
     --metrics $tmp/$mode.jsonl --trace $tmp/$mode.json > /dev/null
   t=$(avg $tmp/$mode.jsonl step_time_s)
-  printf "%-8s %10.3f %12.1f %14.0f %10.2f %10s\n" $mode "$t" "$(avg $tmp/$mode.jsonl tokens_per_s)" \
-    "$(avg $tmp/$mode.jsonl dcn_bytes)" "$(python3 -c "print($t/$one)")" "$(commshare $tmp/$mode.json)"
+  printf "%-8s %10.3f %12.1f %14.0f %10.2f %10s %8s\n" $mode "$t" "$(avg $tmp/$mode.jsonl tokens_per_s)" \
+    "$(avg $tmp/$mode.jsonl dcn_bytes)" "$(python3 -c "print($t/$one)")" "$(commshare $tmp/$mode.json)" \
+    "$(peak $tmp/$mode.jsonl)"
 done

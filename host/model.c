@@ -285,7 +285,7 @@ static void build_table(struct model *m)
 
 /* Offsets in the one allocation, ordered by gradient-sum axes so that each
  * bucket is one contiguous range; the table keeps the declaration order. */
-static void lay_out_params(struct model *m)
+static void lay_out_params(struct model *m, size_t align)
 {
 	bool done[P_COUNT] = { false };
 	m->numel = 0;
@@ -308,6 +308,8 @@ static void lay_out_params(struct model *m)
 			done[j] = true;
 		}
 		b->numel = m->numel - b->offset;
+		b->padded = align > 1 ? (b->numel + align - 1) / align * align : b->numel;
+		m->numel = b->offset + b->padded;
 	}
 	for (int id = 0; id < P_COUNT; id++)
 		if (m->pidx[id] >= 0)
@@ -321,7 +323,7 @@ int model_param_table(const struct model_dims *d, struct param_info *out, int ma
 		return -ENOMEM;
 	m->d = *d;
 	build_table(m);
-	lay_out_params(m);
+	lay_out_params(m, 1);
 	int n = m->ntable;
 	memcpy(out, m->table, sizeof(*out) * (size_t)(n < max ? n : max));
 	free(m);
@@ -793,7 +795,7 @@ static struct model *model_make(const struct model_dims *d, const struct model_m
 			return NULL;
 		}
 	}
-	lay_out_params(m);
+	lay_out_params(m, mm && mm->bucket_align > 1 ? (size_t)mm->bucket_align : 1);
 	lay_out_windows(m);
 	return m;
 }

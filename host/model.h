@@ -57,6 +57,9 @@ struct model_mesh {
 	const struct mesh *mesh;
 	const struct shard_rules *rules;
 	int device;                       /* global device id */
+	/* each gradient bucket is padded to a multiple of this many floats
+	 * (0 or 1: none), so ZeRO-1 can split it evenly in place */
+	int bucket_align;
 };
 
 /* Collectives over the devices that differ from this one only on `axes`
@@ -119,10 +122,11 @@ float *model_grads(struct model *m);       /* same layout */
 size_t model_numel(const struct model *m); /* floats in each */
 
 /* The layout is ordered by gradient-sum axes: bucket i is floats
- * [offset, offset + numel) whose gradients are all summed over `axes`. */
+ * [offset, offset + numel) whose gradients are all summed over `axes`,
+ * followed by zeros up to offset + padded (a multiple of bucket_align). */
 struct model_bucket {
 	uint32_t axes;
-	size_t offset, numel;
+	size_t offset, numel, padded;
 };
 int model_buckets(const struct model *m, struct model_bucket *out, int max);
 /* The plan of parameter i (host/plan.h), NULL on one device; and the

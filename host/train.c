@@ -21,7 +21,8 @@ struct seg {
 	size_t p0, n;        /* floats [p0, p0 + n) of the parameter layout */
 	uint32_t axes;       /* its gradients are summed over these */
 	bool zero;           /* ZeRO-1: the state is split over `data` */
-	size_t shard_n;      /* zero: floats per data rank (the last padded) */
+	size_t padded;       /* n and the zeros after it: shard_n * ndata */
+	size_t shard_n;      /* zero: floats per data rank */
 	size_t s0, len;      /* zero: this device's part [p0 + s0, + len) */
 	size_t o0;           /* where its state starts in m and v */
 };
@@ -48,7 +49,6 @@ struct trainer {
 	size_t opt_n;
 	float *m, *v, *scratch;
 	float *gshard;               /* zero buckets' reduced gradient parts */
-	float *pad;                  /* [ndata * shard_n] staging */
 	int32_t *inputs, *targets;
 	bool muon;
 	struct tgroup tg[MAX_TGROUPS];
@@ -103,13 +103,7 @@ static int lay_out_state(struct trainer *t, char *err, size_t errlen)
 	struct model_bucket b[MODEL_MAX_PARAMS];
 	struct model *m = t->model;
 	int nb = model_buckets(m, b, MODEL_MAX_PARAMS);
-	size_t pad = 0;
-	t->ndata = 1;
-	t->rdata = 0;
-	if (t->mesh && t->cfg.shard_optimizer_over_data && t->mesh->size[AX_DATA] > 1) {
-		t->ndata = t->mesh->size[AX_DATA];
-		t->rdata = t->coord[AX_DATA]; /* one axis: its coordinate order */
-	}
+	bool any_zero = false;
 	t->nseg = nb;
 	t->opt_n = 0;
 	for (int i = 0; i < nb; i++) {
@@ -117,6 +111,7 @@ static int lay_out_state(struct trainer *t, char *err, size_t errlen)
 		memset(s, 0, sizeof(*s));
 		s->p0 = b[i].offset;
 		s->n = b[i].numel;
+		s->padded = b[i].padded;
 		s->axes = b[i].axes;
 		s->zero = t->ndata > 1 && (s->axes & (1u << AX_DATA));
 		s->o0 = t->opt_n;
@@ -124,12 +119,11 @@ static int lay_out_state(struct trainer *t, char *err, size_t errlen)
 			t->opt_n += s->n;
 			continue;
 		}
-		s->shard_n = (s->n + (size_t)t->ndata - 1) / (size_t)t->ndata;
+		any_zero = true;
+		s->shard_n = s->padded / (size_t)t->ndata;
 		s->s0 = s->shard_n * (size_t)t->rdata;
 		s->len = s->s0 < s->n ? (s->n - s->s0 < s->shard_n ? s->n - s->s0 : s->shard_n) : 0;
 		t->opt_n += s->shard_n;
-		if (s->shard_n * (size_t)t->ndata > pad)
-			pad = s->shard_n * (size_t)t->ndata;
 		for (int k = 0; t->muon && k < model_num_params(m); k++) {
 			const struct param_info *p = model_param(m, k);
 			if (p->opt == OPT_MUON && p->offset >= s->p0 && p->offset < s->p0 + s->n) {
@@ -142,11 +136,9 @@ static int lay_out_state(struct trainer *t, char *err, size_t errlen)
 	}
 	t->m = calloc(t->opt_n ? t->opt_n : 1, sizeof(float));
 	t->v = calloc(t->opt_n ? t->opt_n : 1, sizeof(float));
-	if (pad) {
+	if (any_zero)
 		t->gshard = calloc(t->opt_n, sizeof(float));
-		t->pad = calloc(pad, sizeof(float));
-	}
-	if (!t->m || !t->v || (pad && (!t->gshard || !t->pad)))
+	if (!t->m || !t->v || (any_zero && !t->gshard))
 		return -ENOMEM;
 	return 0;
 }
@@ -173,10 +165,20 @@ struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_me
 	t->cfg = *c;
 	t->rows = rows;
 	t->muon = !strcmp(c->opt_type, "muon");
+	t->ndata = 1;
+	struct model_mesh mmz;
 	if (mm && mm->mesh->num_devices > 1) {
 		t->mesh = mm->mesh;
 		t->device = mm->device;
 		mesh_coords(t->mesh, t->device, t->coord);
+		mmz = *mm;
+		/* ZeRO-1: buckets padded to split evenly over data, in place */
+		if (c->shard_optimizer_over_data && t->mesh->size[AX_DATA] > 1) {
+			t->ndata = t->mesh->size[AX_DATA];
+			t->rdata = t->coord[AX_DATA]; /* one axis: its coordinate order */
+			mmz.bucket_align = t->ndata;
+		}
+		mm = &mmz;
 	}
 	t->data = data_open(c, err, errlen);
 	if (!t->data)
@@ -224,7 +226,6 @@ void trainer_free(struct trainer *t)
 	free(t->v);
 	free(t->scratch);
 	free(t->gshard);
-	free(t->pad);
 	free(t->inputs);
 	free(t->targets);
 	for (int k = 0; k < t->ntg; k++)
@@ -397,10 +398,9 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 			ss += grad_sumsq(t, G + s->p0, s->p0, s->p0 + s->n, 1);
 			continue;
 		}
-		memcpy(t->pad, G + s->p0, s->n * sizeof(float));
-		memset(t->pad + s->n, 0, (s->shard_n * (size_t)t->ndata - s->n) * sizeof(float));
+		/* the bucket's padding is zero: the grads were zeroed whole */
 		float *gs = t->gshard + s->o0;
-		if ((rc = comm->mc.reduce_scatter(ctx, data, gs, t->pad, s->shard_n)) ||
+		if ((rc = comm->mc.reduce_scatter(ctx, data, gs, G + s->p0, s->shard_n)) ||
 		    (rest && (rc = comm->mc.all_reduce(ctx, rest, gs, s->shard_n))))
 			goto comm_failed;
 		ss += grad_sumsq(t, gs, s->p0 + s->s0, s->p0 + s->s0 + s->len, t->ndata);
@@ -436,12 +436,10 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		struct seg *s = &t->seg[i];
 		if (!s->zero)
 			continue;
-		float *part = t->gshard + s->o0;
-		memcpy(part, P + s->p0 + s->s0, s->len * sizeof(float));
-		memset(part + s->len, 0, (s->shard_n - s->len) * sizeof(float));
-		if ((rc = comm->mc.all_gather(ctx, data, t->pad, part, s->shard_n * sizeof(float))))
+		/* in place: this rank's part already sits in the bucket */
+		if ((rc = comm->mc.all_gather(ctx, data, P + s->p0, P + s->p0 + s->s0,
+					      s->shard_n * sizeof(float))))
 			goto comm_failed;
-		memcpy(P + s->p0, t->pad, s->n * sizeof(float));
 	}
 
 	st->loss = scal[0] / global_tokens;
@@ -494,11 +492,11 @@ static int state_to_layout(struct trainer *t, const struct train_comm *comm, flo
 			memcpy(loc + s->p0, st + s->o0, s->n * sizeof(float));
 			continue;
 		}
-		int rc = comm->mc.all_gather(comm->mc.ctx, 1u << AX_DATA, t->pad, st + s->o0,
+		/* loc has the bucket's padding too: gather straight into it */
+		int rc = comm->mc.all_gather(comm->mc.ctx, 1u << AX_DATA, loc + s->p0, st + s->o0,
 					     s->shard_n * sizeof(float));
 		if (rc)
 			return rc;
-		memcpy(loc + s->p0, t->pad, s->n * sizeof(float));
 	}
 	return 0;
 }
