@@ -646,9 +646,8 @@ static size_t per_cslice(const struct plan_param *pp, const struct param_info *p
 }
 
 /* Window offsets: the non-layer gathered tensors, then one slice of every
- * stacked one (twice for weights: layers alternate between two copies so
- * the next one can arrive while one computes). A gather's or
- * reduce-scatter's buffers never exceed the window part they serve. */
+ * stacked one; and the sizes of this device's shards of them, which the
+ * gather and reduce-scatter buffers are cut to. */
 static void lay_out_windows(struct model *m)
 {
 	size_t off[2] = { 0, 0 }, part[2] = { 0, 0 };

@@ -274,11 +274,9 @@ static int muon_split(struct trainer *t, const struct train_comm *comm, int i, f
 	int nd = p->ndim, R = p->mat_rows, C = p->mat_cols;
 	int bshape[2] = { p->shape[nd - 2], p->shape[nd - 1] }, wshape[2] = { R, C };
 	size_t per = (size_t)bshape[0] * bshape[1], nmat = p->numel / per, whole = (size_t)R * C;
-	size_t mx = (size_t)(R > C ? R : C);
 	float *o = t->scratch, *w = o + whole, *recv = w + whole, *ns = recv + whole;
 	float k = sqrtf(R > C ? (float)R / (float)C : 1.0f);
 	int off[SHARD_MAX_DIMS];
-	(void)mx;
 	if (!tg)
 		return EXIT_FAIL;
 	for (size_t j = 0; j < nmat; j++) {
