@@ -151,16 +151,7 @@ int plan_linear(struct plan_linear *l, const char *name, const struct plan_param
 void plan_block_offsets(const struct plan_param *p, const struct mesh *m, uint32_t axes,
 			const int coord[AX_COUNT], int *off)
 {
-	const struct shard_spec *s = &p->spec;
-	for (int d = 0; d < s->ndim; d++) {
-		int idx = 0;
-		for (int k = 0; k < s->naxes[d]; k++) {
-			int a = s->axis[d][k];
-			if (axes & (1u << a))
-				idx = idx * m->size[a] + coord[a];
-		}
-		off[d] = idx * s->local[d];
-	}
+	shard_block_offsets(&p->spec, m, axes, coord, off);
 }
 
 void plan_copy_block(float *tensor, const int *tshape, float *block, const int *bshape,

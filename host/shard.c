@@ -234,37 +234,24 @@ int shard_resolve(const struct shard_rules *r, const struct mesh *m, const char 
 	return 0;
 }
 
-int shard_add_axis(struct shard_spec *s, const struct mesh *m, int axis, int ndim_max)
-{
-	int n = m->size[axis];
-	if (n <= 1 || (s->used & (1u << axis)))
-		return -1;
-	for (int d = 0; d < s->ndim && d < ndim_max; d++) {
-		if (s->local[d] % n)
-			continue;
-		s->axis[d][s->naxes[d]++] = axis;
-		s->axes[d] |= 1u << axis;
-		s->used |= 1u << axis;
-		s->nshard[d] *= n;
-		s->local[d] /= n;
-		s->local_numel /= (size_t)n;
-		s->local_bytes = s->local_numel * sizeof(float);
-		return d;
-	}
-	return -1;
-}
-
-void shard_offsets(const struct shard_spec *s, const struct mesh *m, const int coord[AX_COUNT],
-		   int *offset)
+void shard_block_offsets(const struct shard_spec *s, const struct mesh *m, uint32_t axes,
+			 const int coord[AX_COUNT], int *offset)
 {
 	for (int d = 0; d < s->ndim; d++) {
 		int idx = 0;
 		for (int k = 0; k < s->naxes[d]; k++) {
 			int a = s->axis[d][k];
-			idx = idx * m->size[a] + coord[a];
+			if (axes & (1u << a))
+				idx = idx * m->size[a] + coord[a];
 		}
 		offset[d] = idx * s->local[d];
 	}
+}
+
+void shard_offsets(const struct shard_spec *s, const struct mesh *m, const int coord[AX_COUNT],
+		   int *offset)
+{
+	shard_block_offsets(s, m, s->used, coord, offset);
 }
 
 void shard_spec_text(const struct shard_spec *s, char *out, size_t outlen)

@@ -81,20 +81,16 @@ int shard_resolve(const struct shard_rules *r, const struct mesh *m, const char 
  * activation_heads (they hold heads x head_dim), else 1. */
 void shard_head_units(int ndim, const char *const *logical, int head_dim, int *unit);
 
-/* Adds mesh axis `axis` (minor, after the axes a dimension already has) to
- * the first of the first `ndim_max` dimensions whose local size it divides:
- * ZeRO-1 sharding of optimizer state over `data`. The first such dimension
- * keeps each shard one contiguous block of the local tensor and, on stacked
- * tensors, whole per-layer matrices (pass ndim - 2 to insist on that, as
- * Muon must). Returns the dimension, or -1 when the axis has size 1, the
- * tensor already uses it, or no dimension divides (s is then unchanged). */
-int shard_add_axis(struct shard_spec *s, const struct mesh *m, int axis, int ndim_max);
-
 /* For a device's mesh coordinates, the element offset of its shard along
  * each dimension: the shard index is row-major over the dimension's axes in
  * the order listed (the first axis is the major one), times local[d]. */
 void shard_offsets(const struct shard_spec *s, const struct mesh *m, const int coord[AX_COUNT],
 		   int *offset);
+/* The same counting only the axes in `axes` (a mask of 1 << AX_*): the
+ * offsets of a device's block inside the tensor gathered over them, when
+ * they are the minor axes of each dimension they split. */
+void shard_block_offsets(const struct shard_spec *s, const struct mesh *m, uint32_t axes,
+			 const int coord[AX_COUNT], int *offset);
 
 /* The spec in MaxText style: (None, 'fsdp', 'tensor') or, for a dimension
  * on several axes, ('data', 'fsdp'). Writes at most outlen bytes. */

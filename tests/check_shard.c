@@ -1,6 +1,6 @@
 /* Sharding specs: rule order, axes already taken, size-1 axes, replicated
  * dimensions, rule parsing and shard-exp-on-fsdp, divisibility errors,
- * shard offsets tiling the tensor, ZeRO-1's extra data axis; and
+ * shard offsets tiling the tensor, offsets over a subset of the axes; and
  * `meshrun shardings` against local shapes worked out by hand. */
 #include <check.h>
 #include <errno.h>
@@ -334,29 +334,11 @@ START_TEST(test_offsets)
 	ck_assert_int_eq(off[1], 8);
 	check_tiling(&s, &m);
 
-	/* ZeRO-1: data is added to the first dimension it divides, minor */
-	int d = shard_add_axis(&s, &m, AX_DATA, 2);
-	ck_assert_int_eq(d, 0);
-	spec_is(&s, "(('tensor', 'data'), 'fsdp')");
-	ck_assert_int_eq(s.local[0], 2);
-	ck_assert_uint_eq(s.local_bytes, 2 * 8 * 4);
-	coord[AX_TENSOR] = 1;
-	coord[AX_DATA] = 1;
-	shard_offsets(&s, &m, coord, off);
-	ck_assert_int_eq(off[0], 6); /* index 1*2 + 1 = 3, times 2 */
-	check_tiling(&s, &m);
-	/* a second time: data is already used */
-	ck_assert_int_eq(shard_add_axis(&s, &m, AX_DATA, 2), -1);
-	/* an axis of size 1, or a dimension limit that excludes the divisible one */
-	resolve(&r, &m, 2, shape, lg, &s);
-	ck_assert_int_eq(shard_add_axis(&s, &m, AX_EXPERT, 2), -1);
-	int odd[] = { 3, 16 };
-	rules_of(&r, &c, "");
-	resolve(&r, &m, 2, odd, lg, &s);
-	ck_assert_int_eq(shard_add_axis(&s, &m, AX_DATA, 1), -1);
-	spec_is(&s, "(None, None)");
-	ck_assert_int_eq(shard_add_axis(&s, &m, AX_DATA, 2), 1);
-	spec_is(&s, "(None, 'data')");
+	/* counting only fsdp: the offset inside the block tensor keeps */
+	int part[2];
+	shard_block_offsets(&s, &m, 1u << AX_FSDP, coord, part);
+	ck_assert_int_eq(part[0], 0);
+	ck_assert_int_eq(part[1], 8);
 }
 END_TEST
 
