@@ -300,24 +300,24 @@ static double eval_loss(const char *ckpt)
 }
 
 /* mesh: the local flags; ndev devices in all (global batch 8 x ndev) */
-static void resume_and_eval(const char *mesh, int ndev)
+static void resume_and_eval_preset(const char *preset, const char *mesh, int ndev)
 {
 	char args[1024];
 	double straight[8], part[8], rest[8];
-	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=8 "
-		 "learning_rate_schedule_steps=8 --metrics %s/straight.jsonl", mesh, tmpdir);
+	snprintf(args, sizeof(args), "local %s --config %s steps=8 "
+		 "learning_rate_schedule_steps=8 --metrics %s/straight.jsonl", mesh, preset, tmpdir);
 	show_log_on_failure(run(args), 0);
-	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=8 "
+	snprintf(args, sizeof(args), "local %s --config %s steps=8 "
 		 "learning_rate_schedule_steps=8 checkpoint_period=4 --checkpoint-dir %s/ckpt "
-		 "--metrics %s/part.jsonl", mesh, tmpdir, tmpdir);
+		 "--metrics %s/part.jsonl", mesh, preset, tmpdir, tmpdir);
 	show_log_on_failure(run(args), 0);
 	/* a checkpoint at step 4 of the same schedule, then resume from it */
-	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=4 "
-		 "learning_rate_schedule_steps=8 --checkpoint-dir %s/ckpt4", mesh, tmpdir);
+	snprintf(args, sizeof(args), "local %s --config %s steps=4 "
+		 "learning_rate_schedule_steps=8 --checkpoint-dir %s/ckpt4", mesh, preset, tmpdir);
 	show_log_on_failure(run(args), 0);
-	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=8 "
+	snprintf(args, sizeof(args), "local %s --config %s steps=8 "
 		 "learning_rate_schedule_steps=8 --checkpoint-dir %s/ckpt4 --resume "
-		 "--metrics %s/rest.jsonl", mesh, tmpdir, tmpdir);
+		 "--metrics %s/rest.jsonl", mesh, preset, tmpdir, tmpdir);
 	show_log_on_failure(run(args), 0);
 	ck_assert_int_eq(losses("straight.jsonl", straight, 8), 8);
 	ck_assert_int_eq(losses("part.jsonl", part, 8), 8);
@@ -330,9 +330,9 @@ static void resume_and_eval(const char *mesh, int ndev)
 
 	/* the multi-host checkpoint is a plain single-device checkpoint: it
 	 * evaluates like the checkpoint of the same training on one device */
-	snprintf(args, sizeof(args), "train --config configs/llama-tiny.yml steps=8 "
+	snprintf(args, sizeof(args), "train --config %s steps=8 "
 		 "learning_rate_schedule_steps=8 per_device_batch_size=%d --checkpoint-dir %s/one",
-		 8 * ndev, tmpdir);
+		 preset, 8 * ndev, tmpdir);
 	show_log_on_failure(run(args), 0);
 	double ev = eval_loss("ckpt"), ev1 = eval_loss("one");
 	fprintf(stderr, "%s: eval of the multi-host checkpoint %.6f, one device %.6f\n", mesh, ev, ev1);
@@ -341,6 +341,11 @@ static void resume_and_eval(const char *mesh, int ndev)
 	char path[256];
 	snprintf(path, sizeof(path), "%s/ckpt/config.json", tmpdir);
 	ck_assert(access(path, R_OK) == 0);
+}
+
+static void resume_and_eval(const char *mesh, int ndev)
+{
+	resume_and_eval_preset("configs/llama-tiny.yml", mesh, ndev);
 }
 
 START_TEST(test_dp_resume_and_eval) { resume_and_eval("--hosts 2", 2); }
@@ -356,6 +361,16 @@ START_TEST(test_tp_resume_and_eval)
 {
 	resume_and_eval("--hosts 2 --devices-per-host 2 ici_data_parallelism=1 ici_tensor_parallelism=2 "
 			"shard_optimizer_over_data=true", 4);
+}
+END_TEST
+
+/* experts split over expert, their hidden and the vocabulary over tensor:
+ * gathered whole into a checkpoint one device evaluates, split again on
+ * resume */
+START_TEST(test_ep_tp_resume_and_eval)
+{
+	resume_and_eval_preset("configs/deepseek-tiny.yml", "--hosts 1 --devices-per-host 4 "
+			       "ici_data_parallelism=1 ici_expert_parallelism=2 ici_tensor_parallelism=2", 4);
 }
 END_TEST
 
@@ -482,6 +497,7 @@ int main(void)
 	tcase_add_test(tc, test_dp_resume_and_eval);
 	tcase_add_test(tc, test_fsdp_resume_and_eval);
 	tcase_add_test(tc, test_tp_resume_and_eval);
+	tcase_add_test(tc, test_ep_tp_resume_and_eval);
 	tcase_add_test(tc, test_unsupported_axis_refused);
 	tcase_add_test(tc, test_trace);
 	suite_add_tcase(s, tc);
