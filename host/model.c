@@ -493,11 +493,8 @@ static int plan_model(struct model *m, const struct model_mesh *mm, char *err, s
 	uint32_t rows_exp = rows;
 	int exp_axes[AX_COUNT], nexp = 0;
 	if (d->L_moe) {
-		if ((rc = plan_one(m, mm, P_E_GATE, 0, err, errlen)))
-			return rc;
+		/* the weights' plans above resolved exp already */
 		m->ax_exp = m->pp[P_E_GATE].spec.axes[1];
-		nexp = m->pp[P_E_GATE].spec.naxes[1];
-		memcpy(exp_axes, m->pp[P_E_GATE].spec.axis[1], sizeof(int) * (size_t)nexp);
 		if (m->ax_exp & ~rows) {
 			char a[96];
 			plan_mask_text(m->ax_exp & ~rows, a, sizeof(a));
@@ -507,11 +504,11 @@ static int plan_model(struct model *m, const struct model_mesh *mm, char *err, s
 		}
 		rows_exp = rows & ~m->ax_exp;
 		m->ep = mesh_axes_size(ms, m->ax_exp);
-	}
-	for (int id = 0; id < P_COUNT; id++) {
-		bool expert = id == P_E_GATE || id == P_E_UP || id == P_E_DOWN;
-		if ((rc = plan_one(m, mm, id, expert ? rows_exp : rows, err, errlen)))
-			return rc;
+		for (int id = P_E_GATE; id <= P_E_DOWN; id++)
+			if ((rc = plan_one(m, mm, id, rows_exp, err, errlen)))
+				return rc;
+		nexp = m->pp[P_E_GATE].spec.naxes[1];
+		memcpy(exp_axes, m->pp[P_E_GATE].spec.axis[1], sizeof(int) * (size_t)nexp);
 	}
 	if ((rc = plan_param_slice(&m->pp[P_ATTN_NORM], ms, 1, &a_emb, err, errlen)) ||
 	    (rc = plan_param_slice(&m->pp[P_MLP_NORM], ms, 1, &a_emb, err, errlen)) ||
