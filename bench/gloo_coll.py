@@ -5,7 +5,7 @@ slowest rank's time averaged over the iterations after 2 warm-ups) and
 nccl-tests bus-bandwidth arithmetic. Run by bench/peers.sh. gloo has no
 reduce_scatter on CPU; that row is skipped.
 usage: gloo_coll.py PORT [ITERS_16M [ITERS_64K]]"""
-import os, sys, time
+import os, resource, sys, time
 import torch, torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -19,6 +19,8 @@ def run(rank, n, port, iters):
             a = torch.ones(cnt)
             total = 0.0
             for it in range(-2, iters[size]):
+                if it == 0:
+                    w0 = time.perf_counter(); ru = resource.getrusage(resource.RUSAGE_SELF); c0 = ru.ru_utime + ru.ru_stime
                 dist.barrier(); t0 = time.perf_counter()
                 if op == "all_gather":
                     outs = [torch.empty(cnt // n) for _ in range(n)]
@@ -37,11 +39,16 @@ def run(rank, n, port, iters):
                 dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
                 if it >= 0: total += dt.item()
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            # CPU of both processes per iteration against the loop's wall time
+            cw = torch.tensor([ru.ru_utime + ru.ru_stime - c0, time.perf_counter() - w0], dtype=torch.float64)
+            dist.all_reduce(cw)
+            cpu_us = cw[0].item() / iters[size] * 1e6; cores = cw[0].item() / (cw[1].item() / n)
             mean = total / iters[size]
             alg = size / mean / 1e9; f = (n - 1) / n
             bus = alg * 2 * f if op == "all_reduce" else (alg if op in ("permute", "broadcast") else alg * f)
             if rank == 0:
-                print(f"gloo    {op:<14} {size:9d} time_us {mean*1e6:10.1f} algbw {alg:6.3f} busbw {bus:6.3f}", flush=True)
+                print(f"gloo    {op:<14} {size:9d} time_us {mean*1e6:10.1f} algbw {alg:6.3f} busbw {bus:6.3f} cpu_us {cpu_us:10.1f} cores {cores:4.2f}", flush=True)
     dist.destroy_process_group()
 
 if __name__ == "__main__":

@@ -7,15 +7,32 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
-static double run(const char *op, size_t bytes, int iters, int n, int rank)
+static double cpu_s(void)
 {
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+/* Mean of the slowest rank's time; *cpu_us: CPU of all ranks per
+ * iteration, *cores: that against the loop's wall time. */
+static double run(const char *op, size_t bytes, int iters, int n, int rank, double *cpu_us,
+		  double *cores)
+{
+	double c0 = 0, w0 = 0;
 	size_t cnt = bytes / 4;
 	float *a = malloc(bytes + 64), *b = malloc(bytes + 64);
 	for (size_t i = 0; i < cnt; i++)
 		a[i] = (float)(i % 7);
 	double sum = 0;
 	for (int it = -2; it < iters; it++) {
+		if (it == 0) {
+			c0 = cpu_s();
+			w0 = MPI_Wtime();
+		}
 		MPI_Barrier(MPI_COMM_WORLD);
 		double t0 = MPI_Wtime();
 		if (!strcmp(op, "all_gather"))
@@ -36,6 +53,10 @@ static double run(const char *op, size_t bytes, int iters, int n, int rank)
 		if (it >= 0)
 			sum += mx;
 	}
+	double mine[2] = { cpu_s() - c0, MPI_Wtime() - w0 }, all[2];
+	MPI_Allreduce(mine, all, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+	*cpu_us = all[0] / iters * 1e6;
+	*cores = all[0] / (all[1] / n);
 	free(a);
 	free(b);
 	return sum / iters;
@@ -56,13 +77,15 @@ int main(int argc, char **argv)
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	for (int o = 0; o < 6; o++)
 		for (int s = 0; s < 2; s++) {
-			double t = run(ops[o], sizes[s], iters[s], n, rank);
+			double cpu, cores;
+			double t = run(ops[o], sizes[s], iters[s], n, rank, &cpu, &cores);
 			double alg = sizes[s] / t / 1e9, f = (double)(n - 1) / n;
 			double bus = !strcmp(ops[o], "all_reduce") ? alg * 2 * f :
 				     (!strcmp(ops[o], "permute") || !strcmp(ops[o], "broadcast")) ? alg : alg * f;
 			if (rank == 0)
-				printf("openmpi %-14s %9zu time_us %10.1f algbw %6.3f busbw %6.3f\n",
-				       ops[o], sizes[s], t * 1e6, alg, bus);
+				printf("openmpi %-14s %9zu time_us %10.1f algbw %6.3f busbw %6.3f "
+				       "cpu_us %10.1f cores %4.2f\n", ops[o], sizes[s], t * 1e6, alg, bus,
+				       cpu, cores);
 		}
 	MPI_Finalize();
 	return 0;

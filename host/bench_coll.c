@@ -17,6 +17,7 @@
 #include "host/config.h"
 #include "host/local.h"
 #include "host/mesh.h"
+#include "host/run.h"
 #include "net/coll.h"
 
 #define MAX_LIST 32
@@ -379,6 +380,10 @@ static uint64_t verify(struct dev_state *s, const struct ccase *c, int salt)
 /* What every rank contributes to the summary: time and wrong count. */
 struct rank_stat {
 	double time_us;
+	double cpu_us;            /* the agent process's user+sys over the timed
+				   * loop, per iteration; first device of a host only */
+	double loop_us;           /* wall time of the timed loop, barriers
+				   * included, per iteration */
 	uint64_t wrong;
 };
 
@@ -477,6 +482,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		       "busbw_GBps", "wrong");
 		fflush(stdout);
 	}
+	double cpu_us[MAX_LIST] = { 0 }, loop_us[MAX_LIST] = { 0 };
 	for (int si = 0; si < o->nsizes; si++) {
 		/* size = the full buffer as nccl-tests defines it */
 		size_t floats = o->sizes[si] / sizeof(float);
@@ -506,7 +512,8 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		/* default: a barrier before every timed collective, so each one
 		 * pays its own start-up (latency view). --batch: one barrier, then
 		 * iters back to back, as nccl-tests times them (throughput view). */
-		double total = 0;
+		double total = 0, cpu0 = run_cpu_us();
+		uint64_t loop0 = xport_now_ns();
 		for (int it = 0; it < o->iters; it++) {
 			if ((!o->batch || it == 0) &&
 			    (rc = coll_barrier(s->cd, &s->g, dc->err, sizeof(dc->err))))
@@ -523,7 +530,12 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 			return EXIT_PEER_LOST;
 		if (o->corrupt && s->g.rank == 0 && c.count)
 			s->out[0] += 1.0f;
-		struct rank_stat mine = { .time_us = total / o->iters / 1e3, .wrong = verify(s, &c, salt) };
+		double cpu = (run_cpu_us() - cpu0) / o->iters;
+		double loop = (double)(xport_now_ns() - loop0) / 1e3 / o->iters;
+		struct rank_stat mine = { .time_us = total / o->iters / 1e3,
+					  .cpu_us = dc->local_index == 0 ? cpu : 0,
+					  .loop_us = loop,
+					  .wrong = verify(s, &c, salt) };
 		if (mine.wrong)
 			fprintf(stderr, "mismatch: %s size %zu on device %d: element %zu is %.9g, "
 				"want %.9g (%llu wrong)\n", bop_names[op], size_floats * sizeof(float),
@@ -537,6 +549,9 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 			if (all[p].time_us > t)
 				t = all[p].time_us;
 			wrong += all[p].wrong;
+			cpu_us[si] += all[p].cpu_us;
+			if (all[p].loop_us > loop_us[si])
+				loop_us[si] = all[p].loop_us;
 		}
 		if (dc->device_id == 0) {
 			double bytes = (double)size_floats * sizeof(float);
@@ -555,6 +570,16 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 				 bop_names[op], (unsigned long long)wrong);
 			return EXIT_FAIL;
 		}
+	}
+	if (dc->device_id == 0) {
+		/* CPU the agents spent per iteration against the wall time of
+		 * the same loop (barriers included in both): a figure near the
+		 * machine's core count means the op is CPU-bound here */
+		for (int si = 0; si < o->nsizes; si++)
+			printf("# cpu %zu: %.1f us per iteration, all agents (user+sys); "
+			       "%.2f cores busy\n", o->sizes[si] / sizeof(float) * sizeof(float),
+			       cpu_us[si], loop_us[si] > 0 ? cpu_us[si] / loop_us[si] : 0);
+		fflush(stdout);
 	}
 	if (dc->device_id == 0 && dc->mesh->num_hosts > 1) {
 		printf("# tls key updates sent by host 0 so far: %llu (every %lld bytes per link)\n",

@@ -16,6 +16,7 @@
 #include "host/config.h"
 #include "host/local.h"
 #include "host/mesh.h"
+#include "host/run.h"
 #include "proto/meshrun.pb-c.h"
 
 #define MAX_SIZES 32
@@ -135,6 +136,27 @@ static int wait_pair(struct device_ctx *d, struct flight *f, char *why, size_t l
 	return e1 ? e1 : e2;
 }
 
+/* Host 1 sends cpu[0] to host 0, which keeps it in cpu[1]. */
+static int swap_cpu(struct device_ctx *d, int peer, const struct xmeta *meta, double cpu[2])
+{
+	struct xreq *r = NULL;
+	char why[512] = "";
+	int e = d->host_id == 0 ? xport_irecv(d->xport, peer, d->device_id, meta, &cpu[1],
+					      sizeof(cpu[1]), &r)
+				: xport_isend(d->xport, d->device_id, peer, meta, &cpu[0],
+					      sizeof(cpu[0]), &r);
+	if (!e)
+		e = xport_wait(r, xport_now_ns() + (uint64_t)(d->cfg->collective_timeout_s * 1e9),
+			       why, sizeof(why));
+	else
+		xport_failed(d->xport, why, sizeof(why));
+	if (e) {
+		snprintf(d->err, sizeof(d->err), "bench link: %s", why[0] ? why : strerror(-e));
+		return EXIT_PEER_LOST;
+	}
+	return 0;
+}
+
 static int link_job(struct device_ctx *d)
 {
 	const struct link_opts *o = d->job_arg;
@@ -144,6 +166,7 @@ static int link_job(struct device_ctx *d)
 	char why[512];
 	int rc = EXIT_OK;
 
+	double cpu_us[MAX_SIZES] = { 0 }, wall_us[MAX_SIZES] = { 0 };
 	for (int si = 0; si < o->nsizes && !rc; si++) {
 		size_t s = o->sizes[si];
 		int win = (int)((64u << 20) / s);
@@ -163,6 +186,7 @@ static int link_job(struct device_ctx *d)
 		fill(sb, s, d->device_id);
 		fill(want, s, peer);
 		uint64_t t0 = 0;
+		double cpu0 = 0;
 		long total = iters + win;   /* the first win are the warm-up */
 		for (long i = 0; i < total + win && !rc; i++) {
 			struct flight *f = &fl[i % win];
@@ -183,8 +207,10 @@ static int link_job(struct device_ctx *d)
 					break;
 				}
 			}
-			if (i == win)
+			if (i == win) {
 				t0 = xport_now_ns();
+				cpu0 = run_cpu_us();
+			}
 			if (i >= total)
 				continue;
 			struct xmeta meta = { .op = MESHRUN__COLL_OP__COLL_P2P, .group = LINK_GROUP,
@@ -204,14 +230,23 @@ static int link_job(struct device_ctx *d)
 				break;
 			}
 		}
+		double us = (double)(xport_now_ns() - t0) / 1e3 / (double)(total - 1);
+		double cpu[2] = { (run_cpu_us() - cpu0) / (double)(total - 1), 0 };
+		/* host 1 tells host 0 what its process spent over the same span */
+		if (!rc && d->local_index == 0 &&
+		    (rc = swap_cpu(d, peer, &(struct xmeta){ .op = MESHRUN__COLL_OP__COLL_P2P,
+				   .group = LINK_GROUP, .seq = seq++, .step = (uint64_t)si }, cpu)))
+			goto next;
 		if (!rc && d->host_id == 0) {
 			/* timed from the completion of message 0 (the window full)
 			 * to that of the last: total - 1 messages per direction */
-			double us = (double)(xport_now_ns() - t0) / 1e3 / (double)(total - 1);
 			if (si == 0 && d->local_index == 0)
 				printf("size time_us GBps\n");
-			if (d->local_index == 0)
+			if (d->local_index == 0) {
 				printf("%zu %.1f %.3f\n", s, us, (double)s / us / 1e3);
+				cpu_us[si] = cpu[0] + cpu[1];
+				wall_us[si] = us;
+			}
 			fflush(stdout);
 		}
 next:
@@ -219,6 +254,15 @@ next:
 		free(want);
 		free(rb);
 		free(fl);
+	}
+	if (!rc && d->host_id == 0 && d->local_index == 0) {
+		/* both agents' CPU per message against its wall time: near the
+		 * core count means the link is CPU-bound on this machine */
+		for (int si = 0; si < o->nsizes; si++)
+			printf("# cpu %zu: %.1f us per message%s, both agents (user+sys); "
+			       "%.2f cores busy\n", o->sizes[si], cpu_us[si],
+			       o->oneway ? "" : " each way", wall_us[si] > 0 ? cpu_us[si] / wall_us[si] : 0);
+		fflush(stdout);
 	}
 	return rc;
 }

@@ -31,6 +31,15 @@ long run_peak_rss_mb(void)
 	return ru.ru_maxrss / 1024;
 }
 
+double run_cpu_us(void)
+{
+	struct rusage ru;
+	if (getrusage(RUSAGE_SELF, &ru))
+		return 0;
+	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 int run_agents_on_machine(void)
 {
 	const char *v = getenv("MESHRUN_LOCAL_AGENTS");

@@ -43,5 +43,7 @@ int run_agents_on_machine(void);
 
 double run_now(void);
 long run_peak_rss_mb(void);
+/* user + system CPU time of this process (all threads), microseconds */
+double run_cpu_us(void);
 
 #endif

@@ -659,6 +659,28 @@ START_TEST(test_multihost_detects_wrong)
 }
 END_TEST
 
+/* The benches' CPU lines ("# cpu SIZE: X us WHAT (user+sys); Y cores busy"):
+ * want of them, each with CPU spent and a busy-core count the machine can
+ * hold. */
+static void check_cpu_lines(const char *out, int want, const char *what)
+{
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	int n = 0;
+	for (const char *p = out; (p = strstr(p, "# cpu ")); p++) {
+		unsigned long long size;
+		double us, busy;
+		char w[128];
+		ck_assert_msg(sscanf(p, "# cpu %llu: %lf us %127[^(](user+sys); %lf cores busy", &size,
+				     &us, w, &busy) == 4, "bad cpu line in:\n%s", out);
+		ck_assert_msg(strstr(w, what), "cpu line does not say '%s':\n%s", what, out);
+		ck_assert_msg(us > 0 && busy > 0 && busy <= (double)cores + 0.25,
+			      "implausible cpu figures (%.1f us, %.2f cores of %ld):\n%s", us, busy,
+			      cores, out);
+		n++;
+	}
+	ck_assert_msg(n == want, "%d cpu lines, want %d:\n%s", n, want, out);
+}
+
 START_TEST(test_multihost_table)
 {
 	static char out[1 << 16];
@@ -684,6 +706,38 @@ START_TEST(test_multihost_table)
 		}
 	}
 	ck_assert_msg(rows == 12, "%d table rows, want 12:\n%s", rows, out);
+	check_cpu_lines(out, 12, "per iteration, all agents");
+}
+END_TEST
+
+START_TEST(test_link_table)
+{
+	static char out[1 << 16];
+	for (int oneway = 0; oneway < 2; oneway++) {
+		char *argv[] = { (char *)meshrun_path(), "bench", "link", "--hosts", "2",
+				 "--sizes", "64K,1M", "--iters", "20", oneway ? "--oneway" : NULL, NULL };
+		int rc = run_capture(argv, out, sizeof(out), 100);
+		ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
+		ck_assert_msg(strstr(out, "size time_us GBps\n"), "no header:\n%s", out);
+		unsigned long long want[] = { 65536, 1048576 };
+		int rows = 0;
+		for (char *line = out; line && *line;
+		     line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+			unsigned long long size;
+			double t, gbps;
+			char end;
+			if (sscanf(line, "%llu %lf %lf%c", &size, &t, &gbps, &end) == 4 && end == '\n') {
+				ck_assert_msg(rows < 2 && size == want[rows], "unexpected row:\n%s", out);
+				/* GBps is size / time_us / 1e3, to the printed digits */
+				ck_assert_msg(t > 0 && fabs(gbps - (double)size / t / 1e3) < 1e-3,
+					      "bad figures in:\n%s", out);
+				rows++;
+			}
+		}
+		ck_assert_msg(rows == 2, "%d rows, want 2:\n%s", rows, out);
+		check_cpu_lines(out, 2, oneway ? "per message, both agents" :
+					    "per message each way, both agents");
+	}
 }
 END_TEST
 
@@ -895,6 +949,7 @@ static Suite *coll_suite(void)
 	tcase_add_loop_test(tc, test_multihost_check, 0, 8);
 	tcase_add_test(tc, test_multihost_detects_wrong);
 	tcase_add_test(tc, test_multihost_table);
+	tcase_add_test(tc, test_link_table);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("failure");
