@@ -4,10 +4,15 @@
 #   meshrun bench collectives --hosts 2 (every op, 64 KiB and 16 MiB, TLS)
 #   Open MPI (unencrypted TCP, bench/mpi_coll.c)
 #   gloo via torch.distributed (unencrypted TCP, bench/gloo_coll.py)
-# Installs the peers from Debian if missing. usage: bench/peers.sh [ITERS]
+# ROUNDS rounds, each running everything once (interleaved, so a noisy
+# stretch of the shared machine hits all of them); the raw output goes to
+# build/peers.log and bench/peers_summary.py prints medians, ratios and
+# what the CPU allows. Installs the peers from Debian if missing.
+# usage: bench/peers.sh [ITERS_16M [ROUNDS]]
 set -eu
 cd "$(dirname "$0")/.."
 iters=${1:-20}
+rounds=${2:-1}
 need=""
 command -v mpicc >/dev/null || need="$need openmpi-bin libopenmpi-dev"
 /usr/bin/python3 -c 'import torch' 2>/dev/null || need="$need python3-torch"
@@ -19,19 +24,27 @@ bin=build/meshrun
 # 64 KiB collectives take ~0.1 ms: they get 500 iterations so each figure
 # is a mean over ~50 ms, not a handful of wake-ups
 small=500
-echo "# meshrun link ceiling"
-$bin bench link --hosts 2 --sizes 64K --iters "$small"
-$bin bench link --hosts 2 --sizes 16M --iters "$iters"
-for op in all_gather reduce_scatter all_reduce all_to_all permute broadcast; do
-  echo "# meshrun $op"
-  $bin bench collectives --hosts 2 --op "$op" --sizes 64K --iters "$small" --warmup 20
-  $bin bench collectives --hosts 2 --op "$op" --sizes 16M --iters "$iters" --warmup 3
-done
-# the peers report the same statistic: the slowest rank's time, averaged
-# over the iterations
-echo "# Open MPI (unencrypted)"
 mpicc -O2 -o build/mpi_coll bench/mpi_coll.c
-mpirun --allow-run-as-root --oversubscribe -np 2 --mca btl tcp,self \
-  --mca btl_tcp_if_include lo --mca pml ob1 build/mpi_coll "$iters" "$small"
-echo "# gloo (unencrypted)"
-OMP_NUM_THREADS=1 /usr/bin/python3 bench/gloo_coll.py $(( 20000 + RANDOM % 20000 )) "$iters" "$small"
+log=build/peers.log
+: > "$log"
+for round in $(seq 1 "$rounds"); do
+  {
+    echo "# round $round"
+    echo "# meshrun link"
+    $bin bench link --hosts 2 --sizes 64K --iters "$small"
+    $bin bench link --hosts 2 --sizes 16M --iters "$iters"
+    for op in all_gather reduce_scatter all_reduce all_to_all permute broadcast; do
+      echo "# meshrun $op"
+      $bin bench collectives --hosts 2 --op "$op" --sizes 64K --iters "$small" --warmup 20
+      $bin bench collectives --hosts 2 --op "$op" --sizes 16M --iters "$iters" --warmup 3
+    done
+    # the peers report the same statistic: the slowest rank's time,
+    # averaged over the iterations
+    echo "# Open MPI (unencrypted)"
+    mpirun --allow-run-as-root --oversubscribe -np 2 --mca btl tcp,self \
+      --mca btl_tcp_if_include lo --mca pml ob1 build/mpi_coll "$iters" "$small"
+    echo "# gloo (unencrypted)"
+    OMP_NUM_THREADS=1 /usr/bin/python3 bench/gloo_coll.py $(( 20000 + RANDOM % 20000 )) "$iters" "$small"
+  } 2>&1 | tee -a "$log"
+done
+/usr/bin/python3 bench/peers_summary.py "$log"

@@ -37,6 +37,11 @@ struct pairwise {
 	void (*block)(const struct pairwise *pw, bool send, int p, int *peer, uint8_t **buf,
 		      size_t *len);
 	size_t seg;
+	/* all-to-all: the own block, copied a segment per pass of the
+	 * schedule once the exchange is moving, the rest at the end */
+	uint8_t *copy_dst;
+	const uint8_t *copy_src;
+	size_t copy_len;
 };
 
 static inline int mod(int a, int n)
@@ -99,6 +104,13 @@ static int pairwise_run(struct pairwise *pw, int nphase)
 				if ((rc = post_next(pw, &st[i], &more)))
 					goto out_abandon;
 		}
+		if (pw->copy_len) {
+			size_t k = pw->copy_len < pw->seg ? pw->copy_len : pw->seg;
+			memcpy(pw->copy_dst, pw->copy_src, k);
+			pw->copy_dst += k;
+			pw->copy_src += k;
+			pw->copy_len -= k;
+		}
 		/* retire whatever finished meanwhile, oldest first */
 		bool moved = false;
 		for (int i = 0; i < 2; i++) {
@@ -123,8 +135,11 @@ static int pairwise_run(struct pairwise *pw, int nphase)
 					st[pick].key[st[pick].done % st[pick].window])
 				pick = i;
 		}
-		if (pick < 0)
+		if (pick < 0) {
+			if (pw->copy_len)
+				memcpy(pw->copy_dst, pw->copy_src, pw->copy_len);
 			return 0;
+		}
 		struct stream *s = &st[pick];
 		if ((rc = coll_wait_req(pw->R, &s->req[s->done % s->window])))
 			goto out_abandon;
@@ -180,9 +195,18 @@ int coll_pair_all_to_all(struct coll_run *R)
 		so += a->send_bytes[i];
 		ro += a->recv_bytes[i];
 	}
-	if (a->send_bytes[a->rank])
-		memmove((uint8_t *)a->out + x.roff[a->rank], (const uint8_t *)a->in + x.soff[a->rank],
-			a->send_bytes[a->rank]);
+	size_t own = a->send_bytes[a->rank];
+	uint8_t *dst = (uint8_t *)a->out + x.roff[a->rank];
+	const uint8_t *src = (const uint8_t *)a->in + x.soff[a->rank];
+	if (own && (dst + own <= src || src + own <= dst)) {
+		/* sent while the exchange runs: one 8 MiB copy ahead of the
+		 * first receive delayed every RecvReady by over a millisecond */
+		x.pw.copy_dst = dst;
+		x.pw.copy_src = src;
+		x.pw.copy_len = own;
+	} else if (own && dst != src) {
+		memmove(dst, src, own);
+	}
 	int rc = pairwise_run(&x.pw, n - 1);
 	if (offs != small)
 		free(offs);
