@@ -207,6 +207,17 @@ void coll_acc_f32(float *restrict dst, const float *restrict a, size_t n)
 		dst[i] += a[i];
 }
 
+void coll_copy_step(struct coll_copy *c, size_t chunk)
+{
+	size_t k = chunk && chunk < c->len ? chunk : c->len;
+	if (!k)
+		return;
+	memcpy(c->dst, c->src, k);
+	c->dst += k;
+	c->src += k;
+	c->len -= k;
+}
+
 /* ---- dispatch ---- */
 
 int coll_exec(struct coll_run *R)

@@ -38,10 +38,8 @@ struct pairwise {
 		      size_t *len);
 	size_t seg;
 	/* all-to-all: the own block, copied a segment per pass of the
-	 * schedule once the exchange is moving, the rest at the end */
-	uint8_t *copy_dst;
-	const uint8_t *copy_src;
-	size_t copy_len;
+	 * schedule while the exchange moves, the rest at the end */
+	struct coll_copy own;
 };
 
 static inline int mod(int a, int n)
@@ -104,13 +102,7 @@ static int pairwise_run(struct pairwise *pw, int nphase)
 				if ((rc = post_next(pw, &st[i], &more)))
 					goto out_abandon;
 		}
-		if (pw->copy_len) {
-			size_t k = pw->copy_len < pw->seg ? pw->copy_len : pw->seg;
-			memcpy(pw->copy_dst, pw->copy_src, k);
-			pw->copy_dst += k;
-			pw->copy_src += k;
-			pw->copy_len -= k;
-		}
+		coll_copy_step(&pw->own, pw->seg);
 		/* retire whatever finished meanwhile, oldest first */
 		bool moved = false;
 		for (int i = 0; i < 2; i++) {
@@ -136,8 +128,7 @@ static int pairwise_run(struct pairwise *pw, int nphase)
 				pick = i;
 		}
 		if (pick < 0) {
-			if (pw->copy_len)
-				memcpy(pw->copy_dst, pw->copy_src, pw->copy_len);
+			coll_copy_step(&pw->own, 0);
 			return 0;
 		}
 		struct stream *s = &st[pick];
@@ -198,15 +189,10 @@ int coll_pair_all_to_all(struct coll_run *R)
 	size_t own = a->send_bytes[a->rank];
 	uint8_t *dst = (uint8_t *)a->out + x.roff[a->rank];
 	const uint8_t *src = (const uint8_t *)a->in + x.soff[a->rank];
-	if (own && (dst + own <= src || src + own <= dst)) {
-		/* sent while the exchange runs: one 8 MiB copy ahead of the
-		 * first receive delayed every RecvReady by over a millisecond */
-		x.pw.copy_dst = dst;
-		x.pw.copy_src = src;
-		x.pw.copy_len = own;
-	} else if (own && dst != src) {
+	if (own && (dst + own <= src || src + own <= dst))
+		x.pw.own = (struct coll_copy){ dst, src, own };
+	else if (own && dst != src)
 		memmove(dst, src, own);
-	}
 	int rc = pairwise_run(&x.pw, n - 1);
 	if (offs != small)
 		free(offs);

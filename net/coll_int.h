@@ -89,4 +89,17 @@ int coll_fail(struct coll_run *R, int rc, const char *detail);
 void coll_add_f32(float *restrict dst, const float *restrict a, const float *restrict b, size_t n);
 void coll_acc_f32(float *restrict dst, const float *restrict a, size_t n);
 
+/* A copy done a piece at a time between the passes of a schedule (the own
+ * block of all_gather and all_to_all): one 8 MiB copy up front delays the
+ * first RecvReady, or keeps a core from the link threads, by over a
+ * millisecond. dst and src must not overlap. */
+struct coll_copy {
+	uint8_t *dst;
+	const uint8_t *src;
+	size_t len;
+};
+
+/* Copies up to chunk bytes (all that is left when chunk is 0). */
+void coll_copy_step(struct coll_copy *c, size_t chunk);
+
 #endif

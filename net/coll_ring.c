@@ -51,12 +51,10 @@ struct ring {
 	int nland;              /* in-place reduce: landing slots in use */
 	uint8_t *land[LAND_MAX];
 	uint32_t chunk0;
-	/* all_gather: own block copied into the output one segment per pass
+	/* all_gather: own block copied into the output a segment per pass
 	 * of the schedule while the ring moves (sends read it from the
-	 * input); the rest after the last item */
-	uint8_t *copy_dst;
-	const uint8_t *copy_src;
-	size_t copy_len;
+	 * input), the rest after the last item */
+	struct coll_copy own;
 };
 
 static inline int mod(int a, int n)
@@ -184,16 +182,7 @@ static int ring_run(struct coll_run *R, struct ring *g)
 				goto out_abandon;
 			sp++;
 		}
-		if (g->copy_len) {
-			/* a segment at a time: one 8 MiB copy up front kept a
-			 * core from the link threads for over a millisecond and
-			 * cost 2 ranks ~12% of all_gather at 16 MiB */
-			size_t k = g->copy_len < g->seg ? g->copy_len : g->seg;
-			memcpy(g->copy_dst, g->copy_src, k);
-			g->copy_dst += k;
-			g->copy_src += k;
-			g->copy_len -= k;
-		}
+		coll_copy_step(&g->own, g->seg);
 		/* retire whatever finished meanwhile, oldest first */
 		bool moved = false;
 		while (rd < rp && !(rc = coll_test_req(R, &rq[rd % RA]))) {
@@ -226,8 +215,7 @@ static int ring_run(struct coll_run *R, struct ring *g)
 			goto out_abandon;
 		}
 	}
-	if (g->copy_len)
-		memcpy(g->copy_dst, g->copy_src, g->copy_len);
+	coll_copy_step(&g->own, 0);
 	return 0;
 
 out_abandon:
@@ -397,7 +385,7 @@ int coll_ring_all_gather(struct coll_run *R)
 		return coll_fail(R, -ENOMEM, "out of memory");
 	/* the own block is sent from in and copied while the ring moves */
 	struct ring g = { .boff = bl.off, .blen = bl.len, .in = in, .out = out,
-			  .copy_dst = own, .copy_src = in, .copy_len = own != in ? bpr : 0 };
+			  .own = { own, in, own != in ? bpr : 0 } };
 	int rc = ring_setup(&g, R, bl.len, a->n - 1, 0, 0);
 	if (!rc)
 		rc = ring_run(R, &g);
