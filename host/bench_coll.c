@@ -483,6 +483,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		fflush(stdout);
 	}
 	double cpu_us[MAX_LIST] = { 0 }, loop_us[MAX_LIST] = { 0 };
+	size_t row_bytes[MAX_LIST] = { 0 };   /* the size column of each row */
 	for (int si = 0; si < o->nsizes; si++) {
 		/* size = the full buffer as nccl-tests defines it */
 		size_t floats = o->sizes[si] / sizeof(float);
@@ -553,6 +554,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 			if (all[p].loop_us > loop_us[si])
 				loop_us[si] = all[p].loop_us;
 		}
+		row_bytes[si] = size_floats * sizeof(float);
 		if (dc->device_id == 0) {
 			double bytes = (double)size_floats * sizeof(float);
 			double alg = t > 0 ? bytes / t / 1e3 : 0;
@@ -577,7 +579,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		 * machine's core count means the op is CPU-bound here */
 		for (int si = 0; si < o->nsizes; si++)
 			printf("# cpu %zu: %.1f us per iteration, all agents (user+sys); "
-			       "%.2f cores busy\n", o->sizes[si] / sizeof(float) * sizeof(float),
+			       "%.2f cores busy\n", row_bytes[si],
 			       cpu_us[si], loop_us[si] > 0 ? cpu_us[si] / loop_us[si] : 0);
 		fflush(stdout);
 	}

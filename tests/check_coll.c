@@ -673,6 +673,13 @@ static void check_cpu_lines(const char *out, int want, const char *what)
 		ck_assert_msg(sscanf(p, "# cpu %llu: %lf us %127[^(](user+sys); %lf cores busy", &size,
 				     &us, w, &busy) == 4, "bad cpu line in:\n%s", out);
 		ck_assert_msg(strstr(w, what), "cpu line does not say '%s':\n%s", what, out);
+		/* it names the size of a table row */
+		bool row = false;
+		for (const char *l = out; l && *l && !row; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+			unsigned long long first;
+			row = l[strspn(l, " ")] != '#' && sscanf(l, "%llu", &first) == 1 && first == size;
+		}
+		ck_assert_msg(row, "cpu line for %llu bytes names no row:\n%s", size, out);
 		ck_assert_msg(us > 0 && busy > 0 && busy <= (double)cores + 0.25,
 			      "implausible cpu figures (%.1f us, %.2f cores of %ld):\n%s", us, busy,
 			      cores, out);
