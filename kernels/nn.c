@@ -583,24 +583,7 @@ double softmax_xent_forward(float *losses, float *probs, const float *logits,
 void softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,
 			   float scale, int N, int V)
 {
-	// probs, dlogits (N,V), targets (N)
-	if (!dlogits)
-		return;
-	for (int n = 0; n < N; n++) {
-		const float *p = probs + (size_t)n * V;
-		float *d = dlogits + (size_t)n * V;
-		int i = 0;
-		for (; i + VW <= V; i += VW) {
-			float t[VW];
-			for (int j = 0; j < VW; j++)
-				t[j] = d[i + j] + p[i + j] * scale;
-			for (int j = 0; j < VW; j++)
-				d[i + j] = t[j];
-		}
-		for (; i < V; i++)
-			d[i] += p[i] * scale;
-		d[targets[n]] -= scale;
-	}
+	xent_split_backward(dlogits, probs, targets, 0, scale, N, V);
 }
 
 void xent_split_max(float *mx, const float *logits, int N, int Vl)
@@ -646,13 +629,21 @@ double xent_split_finish(float *losses, float *probs, const float *logits, const
 void xent_split_backward(float *dlogits, const float *probs, const int32_t *targets, int v0,
 			 float scale, int N, int Vl)
 {
-	// probs, dlogits (N,Vl), targets (N)
+	// probs, dlogits (N,Vl), targets (N); the whole vocabulary when v0 = 0, Vl = V
 	if (!dlogits)
 		return;
 	for (int n = 0; n < N; n++) {
 		const float *p = probs + (size_t)n * Vl;
 		float *d = dlogits + (size_t)n * Vl;
-		for (int i = 0; i < Vl; i++)
+		int i = 0;
+		for (; i + VW <= Vl; i += VW) {
+			float t[VW];
+			for (int j = 0; j < VW; j++)
+				t[j] = d[i + j] + p[i + j] * scale;
+			for (int j = 0; j < VW; j++)
+				d[i + j] = t[j];
+		}
+		for (; i < Vl; i++)
 			d[i] += p[i] * scale;
 		int t = targets[n] - v0;
 		if (t >= 0 && t < Vl)
