@@ -7,6 +7,7 @@
  * the vector width and that need no run-time alias check, so hot loops run in
  * blocks of VW into a local array that is then stored, with a scalar tail,
  * and reductions keep VW partial results. */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -133,18 +134,13 @@ static float dot_row(const float *a, const float *b, int n)
 
 void embedding_forward(float *out, const int32_t *tokens, const float *wte, int N, int C)
 {
-	// tokens (N), wte (V,C), out (N,C)
-	for (int n = 0; n < N; n++)
-		memcpy(out + (size_t)n * C, wte + (size_t)tokens[n] * C, sizeof(float) * C);
+	// tokens (N) in [0, V), wte (V,C), out (N,C)
+	embedding_forward_range(out, tokens, wte, 0, INT_MAX, N, C);
 }
 
 void embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int N, int C)
 {
-	// dout (N,C), tokens (N), dwte (V,C)
-	if (!dwte)
-		return;
-	for (int n = 0; n < N; n++)
-		add_row(dwte + (size_t)tokens[n] * C, dout + (size_t)n * C, C);
+	embedding_backward_range(dwte, dout, tokens, 0, INT_MAX, N, C);
 }
 
 void embedding_forward_range(float *out, const int32_t *tokens, const float *wte, int v0, int Vl,
