@@ -17,7 +17,7 @@ int cmd_bench(int argc, char **argv)
 	if (argc >= 2 && !strcmp(argv[1], "collectives"))
 		return bench_coll_main(argc - 1, argv + 1);
 	fprintf(stderr, "usage: meshrun bench matmul [--threads N] [--size N]\n"
-			"       meshrun bench link --hosts 2 --sizes 16M[,64K] [--iters K]\n"
+			"       meshrun bench link --hosts 2 --sizes 16M[,64K] [--iters K] [--oneway]\n"
 			"       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "
 			"--sizes 64K,1M,16M [--iters K] [--warmup W] [--batch] [key=value ...]\n");
 	return EXIT_USAGE;

@@ -101,7 +101,7 @@ static int parse_opts(int argc, char **argv, struct link_opts *o)
 	}
 	o->rest[o->rest_argc] = NULL;
 	if (!o->nsizes) {
-		fprintf(stderr, "usage: meshrun bench link --hosts 2 --sizes 16M[,64K...] [--iters K]\n");
+		fprintf(stderr, "usage: meshrun bench link --hosts 2 --sizes 16M[,64K...] [--iters K] [--oneway]\n");
 		return EXIT_USAGE;
 	}
 	return 0;
