@@ -482,7 +482,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		       "busbw_GBps", "wrong");
 		fflush(stdout);
 	}
-	double cpu_us[MAX_LIST] = { 0 }, loop_us[MAX_LIST] = { 0 };
+	double cpu_us[MAX_LIST] = { 0 }, busy[MAX_LIST] = { 0 };
 	size_t row_bytes[MAX_LIST] = { 0 };   /* the size column of each row */
 	for (int si = 0; si < o->nsizes; si++) {
 		/* size = the full buffer as nccl-tests defines it */
@@ -551,8 +551,9 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 				t = all[p].time_us;
 			wrong += all[p].wrong;
 			cpu_us[si] += all[p].cpu_us;
-			if (all[p].loop_us > loop_us[si])
-				loop_us[si] = all[p].loop_us;
+			/* each agent's CPU against its own loop's wall time */
+			if (all[p].loop_us > 0)
+				busy[si] += all[p].cpu_us / all[p].loop_us;
 		}
 		row_bytes[si] = size_floats * sizeof(float);
 		if (dc->device_id == 0) {
@@ -580,7 +581,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		for (int si = 0; si < o->nsizes; si++)
 			printf("# cpu %zu: %.1f us per iteration, all agents (user+sys); "
 			       "%.2f cores busy\n", row_bytes[si],
-			       cpu_us[si], loop_us[si] > 0 ? cpu_us[si] / loop_us[si] : 0);
+			       cpu_us[si], busy[si]);
 		fflush(stdout);
 	}
 	if (dc->device_id == 0 && dc->mesh->num_hosts > 1) {

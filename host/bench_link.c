@@ -137,14 +137,16 @@ static int wait_pair(struct device_ctx *d, struct flight *f, char *why, size_t l
 }
 
 /* Host 1 sends cpu[0] to host 0, which keeps it in cpu[1]. */
-static int swap_cpu(struct device_ctx *d, int peer, const struct xmeta *meta, double cpu[2])
+/* Host 1 tells host 0 what its process spent over its own timed span and
+ * how long that span was: { cpu, wall } each. */
+static int swap_cpu(struct device_ctx *d, int peer, const struct xmeta *meta, double mine[2],
+		    double theirs[2])
 {
 	struct xreq *r = NULL;
 	char why[512] = "";
-	int e = d->host_id == 0 ? xport_irecv(d->xport, peer, d->device_id, meta, &cpu[1],
-					      sizeof(cpu[1]), &r)
-				: xport_isend(d->xport, d->device_id, peer, meta, &cpu[0],
-					      sizeof(cpu[0]), &r);
+	size_t len = 2 * sizeof(double);
+	int e = d->host_id == 0 ? xport_irecv(d->xport, peer, d->device_id, meta, theirs, len, &r)
+				: xport_isend(d->xport, d->device_id, peer, meta, mine, len, &r);
 	if (!e)
 		e = xport_wait(r, xport_now_ns() + (uint64_t)(d->cfg->collective_timeout_s * 1e9),
 			       why, sizeof(why));
@@ -166,7 +168,7 @@ static int link_job(struct device_ctx *d)
 	char why[512];
 	int rc = EXIT_OK;
 
-	double cpu_us[MAX_SIZES] = { 0 }, wall_us[MAX_SIZES] = { 0 };
+	double cpu_us[MAX_SIZES] = { 0 }, busy[MAX_SIZES] = { 0 };
 	for (int si = 0; si < o->nsizes && !rc; si++) {
 		size_t s = o->sizes[si];
 		int win = (int)((64u << 20) / s);
@@ -231,11 +233,12 @@ static int link_job(struct device_ctx *d)
 			}
 		}
 		double us = (double)(xport_now_ns() - t0) / 1e3 / (double)(total - 1);
-		double cpu[2] = { (run_cpu_us() - cpu0) / (double)(total - 1), 0 };
-		/* host 1 tells host 0 what its process spent over the same span */
+		/* per message, over this host's own span; host 1 sends its pair */
+		double mine[2] = { (run_cpu_us() - cpu0) / (double)(total - 1), us }, theirs[2] = { 0 };
 		if (!rc && d->local_index == 0 &&
 		    (rc = swap_cpu(d, peer, &(struct xmeta){ .op = MESHRUN__COLL_OP__COLL_P2P,
-				   .group = LINK_GROUP, .seq = seq++, .step = (uint64_t)si }, cpu)))
+				   .group = LINK_GROUP, .seq = seq++, .step = (uint64_t)si },
+				   mine, theirs)))
 			goto next;
 		if (!rc && d->host_id == 0) {
 			/* timed from the completion of message 0 (the window full)
@@ -244,8 +247,10 @@ static int link_job(struct device_ctx *d)
 				printf("size time_us GBps\n");
 			if (d->local_index == 0) {
 				printf("%zu %.1f %.3f\n", s, us, (double)s / us / 1e3);
-				cpu_us[si] = cpu[0] + cpu[1];
-				wall_us[si] = us;
+				cpu_us[si] = mine[0] + theirs[0];
+				/* each agent's CPU against its own span: the spans
+				 * of the two hosts are offset by a message or so */
+				busy[si] = mine[0] / mine[1] + (theirs[1] > 0 ? theirs[0] / theirs[1] : 0);
 			}
 			fflush(stdout);
 		}
@@ -256,12 +261,12 @@ next:
 		free(fl);
 	}
 	if (!rc && d->host_id == 0 && d->local_index == 0) {
-		/* both agents' CPU per message against its wall time: near the
+		/* both agents' CPU per message, each against its own span: near the
 		 * core count means the link is CPU-bound on this machine */
 		for (int si = 0; si < o->nsizes; si++)
 			printf("# cpu %zu: %.1f us per message%s, both agents (user+sys); "
 			       "%.2f cores busy\n", o->sizes[si], cpu_us[si],
-			       o->oneway ? "" : " each way", wall_us[si] > 0 ? cpu_us[si] / wall_us[si] : 0);
+			       o->oneway ? "" : " each way", busy[si]);
 		fflush(stdout);
 	}
 	return rc;

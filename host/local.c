@@ -136,7 +136,7 @@ static char **child_env(int coord_fd, int data_fd)
 	int n = 0;
 	while (environ[n])
 		n++;
-	char **e = calloc((size_t)n + 3, sizeof(char *));
+	char **e = calloc((size_t)n + 4, sizeof(char *));
 	if (!e)
 		return NULL;
 	int k = 0;
@@ -147,6 +147,12 @@ static char **child_env(int coord_fd, int data_fd)
 		e[k++] = strdup(environ[i]);
 	}
 	char buf[64];
+	/* OpenBLAS starts its worker pool when it is loaded and spins those
+	 * threads for ~0.1 s; the agent then sets the number its rule chooses
+	 * (run_blas_threads), and the pool grows to it. Starting from one keeps
+	 * agents that never multiply (benches) from spinning cores at start. */
+	if (!getenv("OPENBLAS_NUM_THREADS"))
+		e[k++] = strdup("OPENBLAS_NUM_THREADS=1");
 	if (coord_fd >= 0) {
 		snprintf(buf, sizeof(buf), "MESHRUN_COORD_FD=%d", coord_fd);
 		e[k++] = strdup(buf);
