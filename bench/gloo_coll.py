@@ -4,16 +4,16 @@ over loopback TCP, float32, the same statistic (barrier, collective; the
 slowest rank's time averaged over the iterations after 2 warm-ups) and
 nccl-tests bus-bandwidth arithmetic. Run by bench/peers.sh. gloo has no
 reduce_scatter on CPU; that row is skipped.
-usage: gloo_coll.py PORT [ITERS_16M [ITERS_64K]]"""
+usage: gloo_coll.py PORT [ITERS_16M [ITERS_64K [OPS]]]   (OPS: comma list)"""
 import os, resource, sys, time
 import torch, torch.distributed as dist
 import torch.multiprocessing as mp
 
-def run(rank, n, port, iters):
+def run(rank, n, port, iters, ops):
     os.environ["MASTER_ADDR"] = "127.0.0.1"; os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=n)
-    for op in ["all_gather", "all_reduce", "all_to_all", "permute", "broadcast"]:
+    for op in ops:
         for size in [65536, 16 << 20]:
             cnt = size // 4
             a = torch.ones(cnt)
@@ -55,4 +55,11 @@ if __name__ == "__main__":
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 29517
     iters = {16 << 20: int(sys.argv[2]) if len(sys.argv) > 2 else 20,
              65536: int(sys.argv[3]) if len(sys.argv) > 3 else 500}
-    mp.spawn(run, args=(2, port, iters), nprocs=2)
+    ops = ["all_gather", "all_reduce", "all_to_all", "permute", "broadcast"]
+    if len(sys.argv) > 4:
+        want = sys.argv[4].split(",")
+        bad = [o for o in want if o not in ops]
+        if bad:
+            sys.exit(f"gloo_coll.py: unknown op {bad[0]} (one of {', '.join(ops)})")
+        ops = want
+    mp.spawn(run, args=(2, port, iters, ops), nprocs=2)

@@ -136,6 +136,19 @@ int coll_post_recv(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
 	return 0;
 }
 
+int coll_post_recv_add(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
+		       float *buf, const float *addend, size_t len, struct xreq **out)
+{
+	struct xmeta m;
+	fill_meta(R, chunk, off, &m);
+	int rc = xport_irecv_add(R->x, peer, R->me, &m, buf, addend, len, out);
+	if (rc) {
+		*out = NULL;
+		return post_failed(R, rc, "receive from", peer);
+	}
+	return 0;
+}
+
 int coll_wait_req(struct coll_run *R, struct xreq **req)
 {
 	if (!*req)
@@ -173,38 +186,6 @@ void coll_abandon(struct coll_run *R, struct xreq **reqs, size_t n)
 			reqs[i] = NULL;
 		}
 	}
-}
-
-/* Explicit 8-wide blocks: -O2's cheap vectorizer skips loops that need an
- * epilogue, and these sit on the reduce-scatter critical path. */
-typedef float v8f __attribute__((vector_size(32)));
-
-void coll_add_f32(float *restrict dst, const float *restrict a, const float *restrict b, size_t n)
-{
-	size_t i = 0;
-	for (; i + 8 <= n; i += 8) {
-		v8f x, y;
-		memcpy(&x, a + i, sizeof(x));
-		memcpy(&y, b + i, sizeof(y));
-		x += y;
-		memcpy(dst + i, &x, sizeof(x));
-	}
-	for (; i < n; i++)
-		dst[i] = a[i] + b[i];
-}
-
-void coll_acc_f32(float *restrict dst, const float *restrict a, size_t n)
-{
-	size_t i = 0;
-	for (; i + 8 <= n; i += 8) {
-		v8f x, y;
-		memcpy(&x, dst + i, sizeof(x));
-		memcpy(&y, a + i, sizeof(y));
-		x += y;
-		memcpy(dst + i, &x, sizeof(x));
-	}
-	for (; i < n; i++)
-		dst[i] += a[i];
 }
 
 void coll_copy_step(struct coll_copy *c, size_t chunk)

@@ -71,6 +71,9 @@ int coll_post_send(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
 		   const void *buf, size_t len, struct xreq **out);
 int coll_post_recv(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
 		   void *buf, size_t len, struct xreq **out);
+/* A receive that sums on arrival: buf = received + addend (xport_irecv_add). */
+int coll_post_recv_add(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
+		       float *buf, const float *addend, size_t len, struct xreq **out);
 /* Waits for *req (NULL: nothing to wait for) with the collective's deadline;
  * sets *req = NULL. */
 int coll_wait_req(struct coll_run *R, struct xreq **req);
@@ -84,10 +87,6 @@ void coll_abandon(struct coll_run *R, struct xreq **reqs, size_t n);
 /* Formats "<op> (group g, seq s, step t): <detail>" into R->err, fails the
  * transport with it and returns rc. */
 int coll_fail(struct coll_run *R, int rc, const char *detail);
-
-/* dst[i] = a[i] + b[i] and dst[i] += a[i]. */
-void coll_add_f32(float *restrict dst, const float *restrict a, const float *restrict b, size_t n);
-void coll_acc_f32(float *restrict dst, const float *restrict a, size_t n);
 
 /* A copy done a piece at a time between the passes of a schedule (the own
  * block of all_gather and all_to_all): one 8 MiB copy up front delays the

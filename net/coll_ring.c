@@ -14,10 +14,11 @@
  * whose counterpart depends only on older items, so the ring cannot
  * deadlock.
  *
- * Reduce steps receive straight into the buffer the partial sum goes to and
- * add the own block there (got + own either way: the same bits); only the
- * in-place all-reduce, whose destination still holds the own input, lands
- * in scratch slots first.
+ * Reduce steps receive with a sum (xport_irecv_add): the partial sum is
+ * got + own, computed as the bytes arrive and written once, straight into
+ * the buffer it goes to; the in-place all-reduce adds into its buffer,
+ * which holds the own input there. Nothing lands raw and is summed later:
+ * that cost a pass over cold memory per reduce step.
  *
  * Reduction order is fixed: block b is summed along the ring starting at
  * rank b+1 ((x[b+1] + x[b+2]) + ...) + x[b], whatever the timing, and
@@ -29,13 +30,12 @@
 #include <string.h>
 
 #include "net/coll_int.h"
+#include "net/fsum.h"
 #include "proto/meshrun.pb-c.h"
 
 #define W 8                   /* broadcast chain: segments in flight */
 #define SW COLL_SEND_WINDOW
 #define RA COLL_RECV_AHEAD
-/* scratch landing slots of the in-place all-reduce */
-#define LAND_MAX 8
 
 struct ring {
 	int n, r, left, right;
@@ -48,8 +48,6 @@ struct ring {
 	uint8_t *fin;           /* reduce: where the finished own block goes */
 	uint8_t *alt;           /* reduce_scatter: scratch block alternating with fin */
 	uint8_t *inplace;       /* all_reduce: partial sums overwrite the buffer */
-	int nland;              /* in-place reduce: landing slots in use */
-	uint8_t *land[LAND_MAX];
 	uint32_t chunk0;
 	/* all_gather: own block copied into the output a segment per pass
 	 * of the schedule while the ring moves (sends read it from the
@@ -121,28 +119,6 @@ static long recv_needs_send(const struct ring *g, long j)
 	return -1;
 }
 
-/* Receive j is in: reduce steps add the own block into the partial sum. */
-static void recv_finish(const struct ring *g, long j)
-{
-	int k = (int)(j / g->S), s = (int)(j % g->S);
-	if (k >= g->nrs)
-		return;
-	int b = recv_block(g, k);
-	size_t len = seg_len(g, b, s), off = (size_t)s * g->seg;
-	float *dst = (float *)(partial(g, k) + off);
-	const float *own = (const float *)(g->in + g->boff[b] + off);
-	if (!g->nland) {
-		/* the partial sum landed in dst: got + own */
-		coll_acc_f32(dst, own, len / sizeof(float));
-		return;
-	}
-	const float *got = (const float *)g->land[j % g->nland];
-	if ((const uint8_t *)dst == (const uint8_t *)own)
-		coll_acc_f32(dst, got, len / sizeof(float));
-	else
-		coll_add_f32(dst, got, own, len / sizeof(float));
-}
-
 static int ring_run(struct coll_run *R, struct ring *g)
 {
 	long T = (long)g->K * g->S;
@@ -156,19 +132,18 @@ static int ring_run(struct coll_run *R, struct ring *g)
 			if (need >= 0 && sd <= need)
 				break;
 			int k = (int)(rp / g->S), s = (int)(rp % g->S), b = recv_block(g, k);
-			if (k < g->nrs && g->nland && rp >= rd + g->nland)
-				break;  /* landing slot still holds an unreduced segment */
 			size_t len = seg_len(g, b, s), off = (size_t)s * g->seg;
-			void *dst;
-			if (k >= g->nrs)
-				dst = g->out + g->boff[b] + off;
-			else if (g->nland)
-				dst = g->land[rp % g->nland];
-			else
-				dst = partial(g, k) + off;
+			uint32_t chunk = g->chunk0 + (uint32_t)rp;
 			rq[rp % RA] = NULL;
-			if (len && (rc = coll_post_recv(R, g->left, g->chunk0 + (uint32_t)rp,
-							 g->boff[b] + off, dst, len, &rq[rp % RA])))
+			if (len && k >= g->nrs)
+				rc = coll_post_recv(R, g->left, chunk, g->boff[b] + off,
+						    g->out + g->boff[b] + off, len, &rq[rp % RA]);
+			else if (len)   /* partial sum = got + own */
+				rc = coll_post_recv_add(R, g->left, chunk, g->boff[b] + off,
+							(float *)(partial(g, k) + off),
+							(const float *)(g->in + g->boff[b] + off),
+							len, &rq[rp % RA]);
+			if (rc)
 				goto out_abandon;
 			rp++;
 		}
@@ -186,7 +161,7 @@ static int ring_run(struct coll_run *R, struct ring *g)
 		/* retire whatever finished meanwhile, oldest first */
 		bool moved = false;
 		while (rd < rp && !(rc = coll_test_req(R, &rq[rd % RA]))) {
-			recv_finish(g, rd++);
+			rd++;
 			moved = true;
 		}
 		if (rc && rc != -EAGAIN)
@@ -205,7 +180,7 @@ static int ring_run(struct coll_run *R, struct ring *g)
 		if (r_out && (!s_out || rd <= sd)) {
 			if ((rc = coll_wait_req(R, &rq[rd % RA])))
 				goto out_abandon;
-			recv_finish(g, rd++);
+			rd++;
 		} else if (s_out) {
 			if ((rc = coll_wait_req(R, &sq[sd % SW])))
 				goto out_abandon;
@@ -237,8 +212,7 @@ static size_t pick_seg(size_t seg, size_t maxblock, int steps)
 }
 
 /* Fills the ring geometry; scratch holds alt_bytes for the alternate
- * partial-sum block (reduce_scatter) and, for the in-place all-reduce,
- * landing slots. */
+ * partial-sum block (reduce_scatter). */
 static int ring_setup(struct ring *g, struct coll_run *R, const size_t *blen, int K, int nrs,
 		      size_t alt_bytes)
 {
@@ -255,21 +229,10 @@ static int ring_setup(struct ring *g, struct coll_run *R, const size_t *blen, in
 			maxb = blen[b];
 	g->seg = pick_seg(a->seg, maxb, K);
 	g->S = (int)((maxb + g->seg - 1) / g->seg);
-	if (nrs) {
-		size_t slot = g->seg < maxb ? g->seg : maxb;
-		size_t alt = (alt_bytes + 63) & ~(size_t)63;
-		long items = (long)nrs * g->S;
-		int nland = 0;
-		if (g->inplace)
-			nland = items < LAND_MAX ? (int)items : LAND_MAX;
-		size_t need = alt + slot * (size_t)nland;
-		uint8_t *p = need ? coll_scratch_get(R->scr, need) : NULL;
-		if (need && !p)
+	if (alt_bytes) {
+		g->alt = coll_scratch_get(R->scr, alt_bytes);
+		if (!g->alt)
 			return coll_fail(R, -ENOMEM, "out of memory for ring segments");
-		g->alt = alt_bytes ? p : NULL;
-		g->nland = nland;
-		for (int i = 0; i < nland; i++)
-			g->land[i] = p + alt + (size_t)i * slot;
 	}
 	return 0;
 }
@@ -400,7 +363,7 @@ static void sum_in_order(float *out, const float *const *parts, int n, size_t co
 {
 	memcpy(out, parts[0], count * sizeof(float));
 	for (int p = 1; p < n; p++)
-		coll_acc_f32(out, parts[p], count);
+		fsum_acc(out, parts[p], count);
 }
 
 int coll_ring_reduce_scatter(struct coll_run *R)

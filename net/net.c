@@ -91,6 +91,12 @@ struct link {
 	struct xreq *rx_req;           /* message in progress */
 	int rx_src, rx_dst_dev;
 	uint64_t rx_tag, rx_total, rx_next;
+	/* a receive that sums (rx_req->addend): the payload goes through the
+	 * net thread's bounce buffer; the bytes of a float split across reads
+	 * wait here, and rx_add_off is where the next whole float lands */
+	uint8_t rx_carry[sizeof(float)];
+	size_t rx_ncarry;
+	uint64_t rx_add_off;
 
 	/* send */
 	struct ctrl_frame *cq_head, *cq_tail;
@@ -1178,6 +1184,8 @@ static void on_chunk(struct link *l, const Meshrun__CollectiveChunk *c)
 		l->rx_tag = c->tag;
 		l->rx_total = c->msg_bytes;
 		l->rx_next = 0;
+		l->rx_ncarry = 0;
+		l->rx_add_off = 0;
 	} else if (src != l->rx_src || dst != l->rx_dst_dev || c->tag != l->rx_tag ||
 		   c->msg_offset != l->rx_next || c->msg_bytes != l->rx_total) {
 		bad_frame(l, "chunk fragment out of order");
@@ -1384,6 +1392,9 @@ static void link_read(struct link *l)
 	size_t budget = READ_BUDGET;
 	/* discarded payloads, never read: one per net thread */
 	static _Thread_local uint8_t scratch[64 * 1024];
+	/* payloads of receives that sum, on their way to the sum: small
+	 * enough to stay in L1, a TLS record's worth */
+	static _Thread_local _Alignas(64) uint8_t bounce[16 * 1024 + sizeof(float)];
 	char why[300];
 
 	while (l->state != LS_DEAD) {
@@ -1403,6 +1414,7 @@ static void link_read(struct link *l)
 		}
 		uint8_t *dst;
 		size_t want;
+		bool sum = false;
 		switch (l->rx_stage) {
 		case RX_PREFIX:
 			dst = l->rx_prefix + l->rx_got;
@@ -1414,7 +1426,13 @@ static void link_read(struct link *l)
 			break;
 		default:
 			want = (size_t)(l->rx_p.payload_len - l->rx_got);
-			if (l->rx_dst && l->rx_req && l->state == LS_UP) {
+			if (l->rx_dst && l->rx_req && l->state == LS_UP && l->rx_req->addend) {
+				sum = true;
+				memcpy(bounce, l->rx_carry, l->rx_ncarry);
+				dst = bounce + l->rx_ncarry;
+				if (want > sizeof(bounce) - l->rx_ncarry)
+					want = sizeof(bounce) - l->rx_ncarry;
+			} else if (l->rx_dst && l->rx_req && l->state == LS_UP) {
 				dst = l->rx_dst + l->rx_got;
 			} else {
 				dst = scratch;
@@ -1442,6 +1460,14 @@ static void link_read(struct link *l)
 			return;
 		}
 		l->last_rx_ns = now_ns();
+		if (sum) {
+			size_t have = l->rx_ncarry + (size_t)r;
+			size_t whole = have - have % sizeof(float);
+			xport_land(l->rx_req, l->rx_add_off, bounce, whole);
+			l->rx_add_off += whole;
+			l->rx_ncarry = have - whole;
+			memcpy(l->rx_carry, bounce + whole, l->rx_ncarry);
+		}
 		l->rx_got += (size_t)r;
 		budget = (size_t)r >= budget ? 0 : budget - (size_t)r;
 		switch (l->rx_stage) {

@@ -2,6 +2,7 @@
  * waiting sends and early RecvReady records, keyed by (src, dst, tag).
  * Copies and network I/O happen outside the lock. */
 #include "net/xport.h"
+#include "net/fsum.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -244,7 +245,7 @@ int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 	} else if (peer) {
 		int mrc = peer->len == len ? 0 : -EMSGSIZE;
 		if (!mrc && len) {
-			memcpy(peer->buf, buf, len);
+			xport_land(peer, 0, buf, len);
 			__atomic_add_fetch(&x->local_bytes, len, __ATOMIC_RELAXED);
 		}
 		pthread_mutex_lock(&x->mu);
@@ -260,8 +261,8 @@ out_unlock_free:
 	return rc;
 }
 
-int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
-		void *buf, size_t len, struct xreq **out)
+static int irecv(struct xport *x, int src, int dst, const struct xmeta *m, void *buf,
+		 const float *addend, size_t len, struct xreq **out)
 {
 	int rc = check_ids(x, dst, src);
 	if (rc)
@@ -269,6 +270,7 @@ int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
 	struct xreq *r = req_new(x, XREQ_RECV, src, dst, m, buf, len);
 	if (!r)
 		return -ENOMEM;
+	r->addend = addend;
 	bool remote = x->dev_host[src] != x->host_id;
 	struct xreq *peer = NULL;
 
@@ -298,7 +300,7 @@ int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
 	} else if (peer) {
 		int mrc = peer->len == len ? 0 : -EMSGSIZE;
 		if (!mrc && len) {
-			memcpy(buf, peer->buf, len);
+			xport_land(r, 0, peer->buf, len);
 			__atomic_add_fetch(&x->local_bytes, len, __ATOMIC_RELAXED);
 		}
 		pthread_mutex_lock(&x->mu);
@@ -312,6 +314,53 @@ out_unlock_free:
 	pthread_mutex_unlock(&x->mu);
 	req_free(r);
 	return rc;
+}
+
+int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
+		void *buf, size_t len, struct xreq **out)
+{
+	return irecv(x, src, dst, m, buf, NULL, len, out);
+}
+
+int xport_irecv_add(struct xport *x, int src, int dst, const struct xmeta *m,
+		    float *buf, const float *addend, size_t len, struct xreq **out)
+{
+	if (len % sizeof(float) || (len && !addend))
+		return -EINVAL;
+	return irecv(x, src, dst, m, buf, addend, len, out);
+}
+
+void xport_land(struct xreq *r, size_t off, const void *data, size_t len)
+{
+	if (!r->addend) {
+		memcpy((uint8_t *)r->buf + off, data, len);
+		return;
+	}
+	float *dst = (float *)((uint8_t *)r->buf + off);
+	const float *add = (const float *)((const uint8_t *)r->addend + off);
+	const uint8_t *src = data;
+	size_t n = len / sizeof(float);
+	if ((uintptr_t)src % _Alignof(float) == 0) {
+		if (add == dst)
+			fsum_acc(dst, data, n);
+		else
+			fsum_add(dst, data, add, n);
+		return;
+	}
+	/* unaligned bytes: through aligned storage a block at a time */
+	while (n) {
+		float tmp[1024];
+		size_t k = n < 1024 ? n : 1024;
+		memcpy(tmp, src, k * sizeof(float));
+		if (add == dst)
+			fsum_acc(dst, tmp, k);
+		else
+			fsum_add(dst, tmp, add, k);
+		dst += k;
+		add += k;
+		src += k * sizeof(float);
+		n -= k;
+	}
 }
 
 static void describe(const struct xreq *r, char *err, size_t errlen, const char *what)

@@ -49,6 +49,7 @@ struct xreq {
 	struct xmeta meta;
 	void *buf;               /* recv: destination; send: source (const) */
 	size_t len;
+	const float *addend;     /* recv: NULL, or buf = data + addend (float32) */
 	/* private to xport.c */
 	int state;
 	int rc;
@@ -87,6 +88,15 @@ int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
 		void *buf, size_t len, struct xreq **out);
 
+/* A receive that sums on arrival, for float32 messages: the data never lands
+ * raw; buf[i] = received[i] + addend[i], computed as the bytes come in (on
+ * the net thread, or by the local sender's copy). addend may be buf itself
+ * (accumulate in place); otherwise it must not overlap buf, and it must
+ * stay unchanged until the wait returns. len must be a multiple of 4
+ * (-EINVAL otherwise). One pass over buf instead of landing and summing. */
+int xport_irecv_add(struct xport *x, int src, int dst, const struct xmeta *m,
+		    float *buf, const float *addend, size_t len, struct xreq **out);
+
 /* Waits until req completes or deadline_ns (CLOCK_MONOTONIC; 0 = no wait,
  * just test) passes. Returns 0 and frees req; -EAGAIN if deadline_ns was 0
  * and it is still pending (req stays valid); -ETIMEDOUT, or the failure code
@@ -107,9 +117,14 @@ int xport_failed(struct xport *x, char *err, size_t errlen);
  * style mismatches are returned as a send completed with an error and NULL. */
 struct xreq *xport_remote_ready(struct xport *x, int src, int dst, uint64_t tag, size_t len);
 /* A data frame header arrived: returns the posted receive it belongs to (the
- * caller reads len bytes into req->buf, then xport_complete), or NULL if
- * none is posted or the length differs (a protocol error: close the link). */
+ * caller reads len bytes into req->buf, or for a receive with an addend
+ * passes them through xport_land, then xport_complete), or NULL if none is
+ * posted or the length differs (a protocol error: close the link). */
 struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, size_t len);
+/* Puts len received bytes at byte offset off of receive r: a copy, or for a
+ * receive with an addend, data + addend. off and len multiples of 4 then;
+ * data needs no alignment. */
+void xport_land(struct xreq *r, size_t off, const void *data, size_t len);
 /* Completes a request handed to the net layer. */
 void xport_complete(struct xreq *req, int rc);
 

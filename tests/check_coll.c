@@ -930,6 +930,71 @@ START_TEST(test_multihost_host_lost)
 }
 END_TEST
 
+/* ---- receives that sum on arrival (xport_irecv_add) ---- */
+
+START_TEST(test_xport_recv_add)
+{
+	int hosts[2] = { 0, 0 };
+	struct xport *x = xport_new(0, 2, hosts, NULL, NULL);
+	ck_assert_ptr_nonnull(x);
+	enum { N = 1003 };
+	float *snd = xmalloc(sizeof(float) * N), *buf = xmalloc(sizeof(float) * N);
+	float *add = xmalloc(sizeof(float) * N), *old = xmalloc(sizeof(float) * N);
+	for (int i = 0; i < N; i++) {
+		snd[i] = 1.0f / (float)(i + 3);
+		add[i] = (float)i * 1.1f + 1e-3f;
+		buf[i] = old[i] = -0.7f * (float)i;
+	}
+	struct xmeta m = { .group = 1, .seq = 1 };
+	struct xreq *rr, *sr;
+	char err[256];
+	/* only whole floats */
+	ck_assert_int_eq(xport_irecv_add(x, 0, 1, &m, buf, add, 6, &rr), -EINVAL);
+
+	/* receive posted first, separate addend: buf = sent + addend */
+	ck_assert_int_eq(xport_irecv_add(x, 0, 1, &m, buf, add, sizeof(float) * N, &rr), 0);
+	ck_assert_int_eq(xport_isend(x, 0, 1, &m, snd, sizeof(float) * N, &sr), 0);
+	ck_assert_int_eq(xport_wait(rr, xport_now_ns() + 1000000000ull, err, sizeof(err)), 0);
+	ck_assert_int_eq(xport_wait(sr, xport_now_ns() + 1000000000ull, err, sizeof(err)), 0);
+	for (int i = 0; i < N; i++) {
+		float want = snd[i] + add[i];
+		ck_assert_msg(!memcmp(&buf[i], &want, sizeof(float)), "elem %d: %.9g want %.9g", i,
+			      buf[i], want);
+	}
+	/* send first, in place: buf += sent */
+	memcpy(buf, old, sizeof(float) * N);
+	m.seq = 2;
+	ck_assert_int_eq(xport_isend(x, 0, 1, &m, snd, sizeof(float) * N, &sr), 0);
+	ck_assert_int_eq(xport_irecv_add(x, 0, 1, &m, buf, buf, sizeof(float) * N, &rr), 0);
+	ck_assert_int_eq(xport_wait(rr, xport_now_ns() + 1000000000ull, err, sizeof(err)), 0);
+	ck_assert_int_eq(xport_wait(sr, xport_now_ns() + 1000000000ull, err, sizeof(err)), 0);
+	for (int i = 0; i < N; i++) {
+		float want = old[i] + snd[i];
+		ck_assert_msg(!memcmp(&buf[i], &want, sizeof(float)), "elem %d: %.9g want %.9g", i,
+			      buf[i], want);
+	}
+	/* bytes off a stream need no alignment: N - 2 floats land at offset 8 from
+	 * an odd address, the rest of buf untouched */
+	uint8_t *raw = xmalloc(sizeof(float) * N + 1);
+	memcpy(raw + 1, snd, sizeof(float) * N);
+	memcpy(buf, old, sizeof(float) * N);
+	struct xreq fake = { .kind = XREQ_RECV, .buf = buf, .len = sizeof(float) * N,
+			     .addend = add };
+	xport_land(&fake, 8, raw + 1, sizeof(float) * (N - 2));
+	for (int i = 0; i < N; i++) {
+		float want = i < 2 ? old[i] : snd[i - 2] + add[i];
+		ck_assert_msg(!memcmp(&buf[i], &want, sizeof(float)), "elem %d: %.9g want %.9g", i,
+			      buf[i], want);
+	}
+	free(raw);
+	free(snd);
+	free(buf);
+	free(add);
+	free(old);
+	xport_free(x);
+}
+END_TEST
+
 static Suite *coll_suite(void)
 {
 	Suite *s = suite_create("coll");
@@ -937,6 +1002,10 @@ static Suite *coll_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_loop_test(tc, test_ops_default, 0, 8);
 	tcase_add_loop_test(tc, test_ops_ring_small_segments, 0, 8);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("xport");
+	tcase_add_test(tc, test_xport_recv_add);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("async");
