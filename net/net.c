@@ -92,11 +92,8 @@ struct link {
 	int rx_src, rx_dst_dev;
 	uint64_t rx_tag, rx_total, rx_next;
 	/* a receive that sums (rx_req->addend): the payload goes through the
-	 * net thread's bounce buffer; the bytes of a float split across reads
-	 * wait here, and rx_add_off is where the next whole float lands */
-	uint8_t rx_carry[sizeof(float)];
-	size_t rx_ncarry;
-	uint64_t rx_add_off;
+	 * net thread's bounce buffer and lands a float at a time */
+	struct xland rx_land;
 
 	/* send */
 	struct ctrl_frame *cq_head, *cq_tail;
@@ -1184,8 +1181,7 @@ static void on_chunk(struct link *l, const Meshrun__CollectiveChunk *c)
 		l->rx_tag = c->tag;
 		l->rx_total = c->msg_bytes;
 		l->rx_next = 0;
-		l->rx_ncarry = 0;
-		l->rx_add_off = 0;
+		l->rx_land = (struct xland){ 0 };
 	} else if (src != l->rx_src || dst != l->rx_dst_dev || c->tag != l->rx_tag ||
 		   c->msg_offset != l->rx_next || c->msg_bytes != l->rx_total) {
 		bad_frame(l, "chunk fragment out of order");
@@ -1394,7 +1390,7 @@ static void link_read(struct link *l)
 	static _Thread_local uint8_t scratch[64 * 1024];
 	/* payloads of receives that sum, on their way to the sum: small
 	 * enough to stay in L1, a TLS record's worth */
-	static _Thread_local _Alignas(64) uint8_t bounce[16 * 1024 + sizeof(float)];
+	static _Thread_local _Alignas(64) uint8_t bounce[16 * 1024];
 	char why[300];
 
 	while (l->state != LS_DEAD) {
@@ -1428,10 +1424,9 @@ static void link_read(struct link *l)
 			want = (size_t)(l->rx_p.payload_len - l->rx_got);
 			if (l->rx_dst && l->rx_req && l->state == LS_UP && l->rx_req->addend) {
 				sum = true;
-				memcpy(bounce, l->rx_carry, l->rx_ncarry);
-				dst = bounce + l->rx_ncarry;
-				if (want > sizeof(bounce) - l->rx_ncarry)
-					want = sizeof(bounce) - l->rx_ncarry;
+				dst = bounce;
+				if (want > sizeof(bounce))
+					want = sizeof(bounce);
 			} else if (l->rx_dst && l->rx_req && l->state == LS_UP) {
 				dst = l->rx_dst + l->rx_got;
 			} else {
@@ -1460,14 +1455,8 @@ static void link_read(struct link *l)
 			return;
 		}
 		l->last_rx_ns = now_ns();
-		if (sum) {
-			size_t have = l->rx_ncarry + (size_t)r;
-			size_t whole = have - have % sizeof(float);
-			xport_land(l->rx_req, l->rx_add_off, bounce, whole);
-			l->rx_add_off += whole;
-			l->rx_ncarry = have - whole;
-			memcpy(l->rx_carry, bounce + whole, l->rx_ncarry);
-		}
+		if (sum)
+			xport_land_stream(l->rx_req, &l->rx_land, bounce, (size_t)r);
 		l->rx_got += (size_t)r;
 		budget = (size_t)r >= budget ? 0 : budget - (size_t)r;
 		switch (l->rx_stage) {

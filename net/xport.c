@@ -363,6 +363,30 @@ void xport_land(struct xreq *r, size_t off, const void *data, size_t len)
 	}
 }
 
+void xport_land_stream(struct xreq *r, struct xland *s, const void *data, size_t len)
+{
+	const uint8_t *p = data;
+	if (s->ncarry) {
+		size_t k = sizeof(float) - s->ncarry;
+		if (k > len)
+			k = len;
+		memcpy(s->carry + s->ncarry, p, k);
+		s->ncarry += k;
+		p += k;
+		len -= k;
+		if (s->ncarry < sizeof(float))
+			return;
+		xport_land(r, s->off, s->carry, sizeof(float));
+		s->off += sizeof(float);
+		s->ncarry = 0;
+	}
+	size_t whole = len - len % sizeof(float);
+	xport_land(r, s->off, p, whole);
+	s->off += whole;
+	s->ncarry = len - whole;
+	memcpy(s->carry, p + whole, s->ncarry);
+}
+
 static void describe(const struct xreq *r, char *err, size_t errlen, const char *what)
 {
 	snprintf(err, errlen, "%s %s device %d -> device %d (group %u seq %llu chunk %u step %llu)",

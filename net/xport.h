@@ -125,6 +125,16 @@ struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, 
  * receive with an addend, data + addend. off and len multiples of 4 then;
  * data needs no alignment. */
 void xport_land(struct xreq *r, size_t off, const void *data, size_t len);
+/* The payload of receive r as a byte stream in pieces of any length (TLS
+ * records need not split it at float boundaries): lands every whole float
+ * at once and keeps the bytes of a split one for the next piece. Start each
+ * message with a zeroed struct xland. */
+struct xland {
+	uint64_t off;                  /* where the next whole float lands */
+	uint8_t carry[sizeof(float)];
+	size_t ncarry;
+};
+void xport_land_stream(struct xreq *r, struct xland *s, const void *data, size_t len);
 /* Completes a request handed to the net layer. */
 void xport_complete(struct xreq *req, int rc);
 
