@@ -136,7 +136,6 @@ static int wait_pair(struct device_ctx *d, struct flight *f, char *why, size_t l
 	return e1 ? e1 : e2;
 }
 
-/* Host 1 sends cpu[0] to host 0, which keeps it in cpu[1]. */
 /* Host 1 tells host 0 what its process spent over its own timed span and
  * how long that span was: { cpu, wall } each. */
 static int swap_cpu(struct device_ctx *d, int peer, const struct xmeta *meta, double mine[2],

@@ -1,8 +1,9 @@
 /* A connection as a table of functions (Redis connection.h): plain TCP for
  * framing tests and TLS for everything between hosts. TLS overrides the
  * byte-moving calls (handshake, read, write, flush, pending, shutdown), so
- * the link code never knows which it holds. Sockets are non-blocking; a call that cannot progress returns
- * -EAGAIN and sets c->want to the readiness it waits for.
+ * the link code never knows which it holds. Sockets are non-blocking; a call
+ * that cannot progress returns -EAGAIN and sets c->want to the readiness it
+ * waits for.
  * Contract for every call: on an error other than -EAGAIN the caller must
  * close the connection (conn_free); c->err says why. */
 #ifndef MESHRUN_CONN_H

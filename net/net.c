@@ -1603,6 +1603,16 @@ static void link_resume_cb(evutil_socket_t fd, short what, void *arg)
 	link_event_cb(fd, EV_READ, arg);
 }
 
+/* Every link's TLS connection, dialed or accepted, renews its sending key
+ * as configured. NULL on allocation failure. */
+static struct conn *tls_conn(struct net *n, int fd, bool server)
+{
+	struct conn *c = conn_new_tls(n->ctx, fd, server);
+	if (c)
+		conn_set_key_update(c, n->key_update_bytes, &n->key_updates);
+	return c;
+}
+
 static void dial_addr(struct net *n, enum role role, int peer, const char *addr)
 {
 	char err[256];
@@ -1615,9 +1625,7 @@ static void dial_addr(struct net *n, enum role role, int peer, const char *addr)
 			n->peers[peer].retry_at = now_ns() + RETRY_NS;
 		return;
 	}
-	struct conn *c = conn_new_tls(n->ctx, fd, false);
-	if (c)
-		conn_set_key_update(c, n->key_update_bytes, &n->key_updates);
+	struct conn *c = tls_conn(n, fd, false);
 	struct link *l = c ? link_new(n, role, c, peer, addr) : NULL;
 	if (!l) {
 		net_fail(n, NET_ERR, -ENOMEM, "out of memory opening a connection");
@@ -1662,9 +1670,7 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 			net_log(n, "accept failed: %s", conn_strerror(-fd));
 			return;
 		}
-		struct conn *c = conn_new_tls(n->ctx, fd, true);
-		if (c)
-			conn_set_key_update(c, n->key_update_bytes, &n->key_updates);
+		struct conn *c = tls_conn(n, fd, true);
 		struct link *l = c ? link_new(n, coord ? ROLE_COORD_IN : ROLE_LINK_IN, c, -1, peer) : NULL;
 		if (!l) {
 			net_log(n, "out of memory accepting %s", peer);
