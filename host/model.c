@@ -571,10 +571,8 @@ static int plan_model(struct model *m, const struct model_mesh *mm, char *err, s
 	m->c0 = block_index(ms, m->coord, a_emb.axis, a_emb.n) * m->l.C;
 	m->v0 = block_index(ms, m->coord, a_vocab.axis, a_vocab.n) * m->l.V;
 	m->e0 = block_index(ms, m->coord, exp_axes, nexp) * m->El;
-	struct plan_axes kv;
-	kv.n = plan_kept_axes(&m->pp[P_EMBED], 0, kv.axis);
 	m->Ve = m->pp[P_EMBED].cshape[0];
-	m->v0e = block_index(ms, m->coord, kv.axis, kv.n) * m->Ve;
+	m->v0e = block_index(ms, m->coord, a_ev.axis, a_ev.n) * m->Ve;
 	if (m->ep > 1) {
 		struct mesh_group *g = malloc(sizeof(*g));
 		m->ep_blk = malloc(sizeof(int) * (size_t)m->ep);
@@ -977,16 +975,20 @@ static float *window(struct model *m, bool grads, int id)
 /* Compute-shaped weights (or gradients, grads) of parameter id for layer l:
  * the gathered window, or this device's storage (a slice of it for a
  * replicated norm under a split embedding). */
-static float *wsel(struct model *m, bool grads, int id, int l)
+/* Storage slice of id for group g. */
+static float *storage(struct model *m, float *buf, int id, int g)
 {
 	const struct param_info *p = &m->p[id];
+	return buf + p->offset + (p->stacked ? per_slice(p) * (size_t)layer_slot(m, id, g) : 0);
+}
+
+static float *wsel(struct model *m, bool grads, int id, int l)
+{
 	if (m->pidx[id] < 0)
 		return NULL;
 	if (m->pp[id].gather)
 		return window(m, grads, id);
-	float *b = (grads ? m->grads : m->params) + p->offset;
-	if (p->stacked)
-		b += per_slice(p) * (size_t)layer_slot(m, id, l);
+	float *b = storage(m, grads ? m->grads : m->params, id, l);
 	if (m->pp[id].slice)
 		b += m->c0;
 	return b;
@@ -1024,13 +1026,6 @@ static void place_blocks(struct model *m, const struct gather_group *gg, int g, 
 			off += per_slice(p);
 		}
 	}
-}
-
-/* Storage slice of id for group g. */
-static float *storage(struct model *m, float *buf, int id, int g)
-{
-	const struct param_info *p = &m->p[id];
-	return buf + p->offset + (p->stacked ? per_slice(p) * (size_t)layer_slot(m, id, g) : 0);
 }
 
 /* Floats group g packs for gather group gg (per member). */
@@ -1399,12 +1394,9 @@ static double forward_all(struct model *m, const int32_t *inputs, const int32_t 
 	gather_start(m, -1);
 	gather_finish(m, -1);
 	gather_start(m, 0);
-	if (m->pl[P_EMBED].reduce) {
-		embedding_forward_range(m->resid, inputs, WP(P_EMBED, 0), m->v0e, m->Ve, N, C);
-		psum(m, m->pl[P_EMBED].reduce, m->resid, (size_t)N * C);
-	} else {
-		embedding_forward(m->resid, inputs, WP(P_EMBED, 0), N, C);
-	}
+	/* this device's rows of the table (all of them unless split) */
+	embedding_forward_range(m->resid, inputs, WP(P_EMBED, 0), m->v0e, m->Ve, N, C);
+	psum(m, m->pl[P_EMBED].reduce, m->resid, (size_t)N * C);
 	for (int l = 0; l < d->L; l++)
 		layer_forward(m, l);
 	float *xL = m->resid + (size_t)d->L * N * C;
@@ -1599,10 +1591,7 @@ int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t
 
 	zero_grad_window(m, -1);
 	memset(m->dlogits, 0, sizeof(float) * (size_t)N * V);
-	if (m->ax_vocab)
-		xent_split_backward(m->dlogits, m->probs, targets, m->v0, loss_scale, N, V);
-	else
-		softmax_xent_backward(m->dlogits, m->probs, targets, loss_scale, N, V);
+	xent_split_backward(m->dlogits, m->probs, targets, m->v0, loss_scale, N, V);
 	memset(m->dln, 0, sizeof(float) * (size_t)N * C);
 	linear_backward(m->dln, GP(head_id(m), 0), m->dlogits, m->lnf, WP(head_id(m), 0), N, C, V);
 	psum(m, m->pl[P_LM_HEAD].dx_reduce, m->dln, (size_t)N * C);
@@ -1611,10 +1600,7 @@ int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t
 		      WP(P_FINAL_NORM, 0), m->rstdf);
 	for (int l = d->L - 1; l >= 0; l--)
 		layer_backward(m, l, st);
-	if (m->pl[P_EMBED].reduce)
-		embedding_backward_range(GP(P_EMBED, 0), m->dresid, inputs, m->v0e, m->Ve, N, C);
-	else
-		embedding_backward(GP(P_EMBED, 0), m->dresid, inputs, N, C);
+	embedding_backward_range(GP(P_EMBED, 0), m->dresid, inputs, m->v0e, m->Ve, N, C);
 	scatter_start(m, -1);
 	scatter_finish(m);
 	if (m->hook_rc)

@@ -249,17 +249,9 @@ static void update_router_bias(struct trainer *t, const struct param_info *p)
 	int E = d->E, El = p->shape[1], e0 = p->goff[1];
 	if (!d->L_moe || rate == 0.0f)
 		return;
-	for (int l = 0; l < p->shape[0]; l++) {
-		const int32_t *c = counts + (size_t)(l + p->goff[0]) * E;
-		double mean = 0;
-		for (int e = 0; e < E; e++)
-			mean += c[e];
-		mean /= E;
-		for (int j = 0; j < El; j++) {
-			int32_t n = c[e0 + j];
-			b[(size_t)l * El + j] += n < mean ? rate : n > mean ? -rate : 0.0f;
-		}
-	}
+	for (int l = 0; l < p->shape[0]; l++)
+		moe_bias_update(b + (size_t)l * El, counts + (size_t)(l + p->goff[0]) * E, E, e0, El,
+				rate);
 }
 
 /* Muon on matrices split over devices: the momentum is local, the
@@ -531,9 +523,9 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 	const float *src[3] = { model_params(m), t->m, t->v };
 	float *dst[3] = { t->gp, t->gm, t->gv };
 	for (int b = 0; b < 3 && !rc; b++) {
-		if (b == 0)
-			memcpy(loc, src[0], n * sizeof(float));
-		else if ((rc = state_to_layout(t, comm, loc, src[b])))
+		/* parameters are in the layout already; optimizer state may not be */
+		const float *lay = b ? loc : src[0];
+		if (b && (rc = state_to_layout(t, comm, loc, src[b])))
 			break;
 		for (int i = 0; i < model_num_params(m) && !rc; i++) {
 			const struct param_info *p = model_param(m, i);
@@ -542,14 +534,14 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 			const struct tgroup *tg = p->split ? tgroup(t, p->split) : NULL;
 			float *whole = dst[b] + gpi->offset;
 			if (!p->split) {
-				memcpy(whole, loc + p->offset, p->numel * sizeof(float));
+				memcpy(whole, lay + p->offset, p->numel * sizeof(float));
 				continue;
 			}
 			if (!tg) {
 				rc = EXIT_FAIL;
 				break;
 			}
-			if ((rc = comm->mc.all_gather(comm->mc.ctx, p->split, recv, loc + p->offset,
+			if ((rc = comm->mc.all_gather(comm->mc.ctx, p->split, recv, lay + p->offset,
 						      p->numel * sizeof(float))))
 				break;
 			for (int r = 0; r < tg->n; r++) {

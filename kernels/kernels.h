@@ -151,8 +151,10 @@ void moe_aux_loss_backward(float *dscores, const float *scores, const int32_t *c
 void moe_scores_backward(float *dlogits, const float *dscores, const float *scores,
 			 int N, int E, enum moe_score score);
 /* DeepSeek-V3 aux-loss-free balancing: bias[e] += rate * sign(mean - counts[e])
- * where counts (E) are the token counts of the whole (global) batch. */
-void moe_bias_update(float *bias, const int32_t *counts, int E, float rate);
+ * where counts (E) are the token counts of the whole (global) batch and the
+ * mean is over all E. bias holds experts [e0, e0 + n) (a device's slice;
+ * 0, E for all of them): bias[j] is expert e0 + j's. */
+void moe_bias_update(float *bias, const int32_t *counts, int E, int e0, int n, float rate);
 /* Groups the N*k (token, slot) assignments by expert, stable by token:
  * order (N*k) lists flat assignment ids a = n*k + j sorted by (expert, n);
  * offsets (E+1) are the start of each expert's run in order. */

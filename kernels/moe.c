@@ -281,12 +281,14 @@ void moe_combine_backward(float *dys, float *dweights, const float *dout, const 
 }
 
 // counts (E) global token counts -> bias (E) nudged toward balance
-void moe_bias_update(float *bias, const int32_t *counts, int E, float rate)
+void moe_bias_update(float *bias, const int32_t *counts, int E, int e0, int n, float rate)
 {
 	double mean = 0;
 	for (int e = 0; e < E; e++)
 		mean += counts[e];
 	mean /= E > 0 ? E : 1;
-	for (int e = 0; e < E; e++)
-		bias[e] += counts[e] < mean ? rate : counts[e] > mean ? -rate : 0.0f;
+	for (int j = 0; j < n; j++) {
+		int32_t c = counts[e0 + j];
+		bias[j] += c < mean ? rate : c > mean ? -rate : 0.0f;
+	}
 }

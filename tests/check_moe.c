@@ -598,11 +598,16 @@ START_TEST(test_bias_update)
 {
 	float bias[4] = { 0, 0.5f, -0.5f, 1 };
 	int32_t counts[4] = { 1, 3, 2, 2 }; /* mean 2 */
-	moe_bias_update(bias, counts, 4, 0.125f);
+	moe_bias_update(bias, counts, 4, 0, 4, 0.125f);
 	ck_assert_float_eq(bias[0], 0.125f);
 	ck_assert_float_eq(bias[1], 0.375f);
 	ck_assert_float_eq(bias[2], -0.5f);
 	ck_assert_float_eq(bias[3], 1.0f);
+	/* a device's slice, experts 1 and 2: the mean is still over all 4 */
+	float part[2] = { 0, 0 };
+	moe_bias_update(part, counts, 4, 1, 2, 0.125f);
+	ck_assert_float_eq(part[0], -0.125f);
+	ck_assert_float_eq(part[1], 0.0f);
 }
 END_TEST
 
