@@ -1,6 +1,8 @@
 /* Mesh coordinates and groups; see host/mesh.h. */
 #include "host/mesh.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 void mesh_init(struct mesh *m, const struct cfg *c)
@@ -68,10 +70,7 @@ void mesh_group(const struct mesh *m, int dev, uint32_t axes, struct mesh_group 
 	int base[AX_COUNT], c[AX_COUNT];
 	mesh_coords(m, dev, base);
 	g->axes = axes;
-	g->n = 1;
-	for (int a = 0; a < AX_COUNT; a++)
-		if (axes & (1u << a))
-			g->n *= m->size[a];
+	g->n = mesh_axes_size(m, axes);
 	/* enumerate the group's members row-major over its axes */
 	for (int i = 0; i < g->n; i++) {
 		int r = i;
@@ -114,4 +113,28 @@ int mesh_axes_size(const struct mesh *m, uint32_t axes)
 		if (axes & (1u << a))
 			n *= m->size[a];
 	return n;
+}
+
+int mesh_members_init(const struct mesh *m, int dev, uint32_t axes, struct mesh_members *out)
+{
+	struct mesh_group *g = malloc(sizeof(*g));
+	out->coord = g ? malloc(sizeof(*out->coord) * (size_t)mesh_axes_size(m, axes)) : NULL;
+	if (!out->coord) {
+		free(g);
+		return -ENOMEM;
+	}
+	mesh_group(m, dev, axes, g);
+	out->axes = axes;
+	out->n = g->n;
+	for (int r = 0; r < g->n; r++)
+		mesh_coords(m, g->devs[r], out->coord[r]);
+	free(g);
+	return 0;
+}
+
+void mesh_members_free(struct mesh_members *x)
+{
+	free(x->coord);
+	x->coord = NULL;
+	x->n = 0;
 }

@@ -42,4 +42,16 @@ int mesh_axes_size(const struct mesh *m, uint32_t axes);
 /* Fills g with dev's group over axes. */
 void mesh_group(const struct mesh *m, int dev, uint32_t axes, struct mesh_group *g);
 
+/* The coordinates of dev's group members over axes, in ring order (as
+ * mesh_group lists them): where each member's block of a split tensor
+ * goes. */
+struct mesh_members {
+	uint32_t axes;
+	int n;
+	int (*coord)[AX_COUNT];   /* n rows, malloc'd */
+};
+/* 0, or -ENOMEM. Free with mesh_members_free. */
+int mesh_members_init(const struct mesh *m, int dev, uint32_t axes, struct mesh_members *out);
+void mesh_members_free(struct mesh_members *x);
+
 #endif

@@ -42,13 +42,6 @@ struct layer_acts {
 	size_t *send_b, *recv_b;    /* [ep] bytes of rows to/from each device */
 };
 
-/* The members of one gather group, for placing their blocks. */
-struct gather_group {
-	uint32_t axes;
-	int n;
-	int (*coord)[AX_COUNT];
-};
-
 #define MAX_GGROUPS 8
 
 struct model {
@@ -68,7 +61,7 @@ struct model {
 	struct plan_linear pl[P_COUNT];
 	const char *lin_name[P_COUNT]; /* planned linear layers, by id */
 	int lin_w[P_COUNT];            /* and the weight each multiplies by */
-	struct gather_group gg[MAX_GGROUPS];
+	struct mesh_members gg[MAX_GGROUPS];   /* gather groups */
 	int ngg;
 	/* FSDP windows: compute-shaped gathered weights and their gradients,
 	 * the non-layer ones (embed, norms, head) for the whole step, one
@@ -432,23 +425,10 @@ static int add_gather_group(struct model *m, uint32_t axes, int dev)
 			return 0;
 	if (m->ngg == MAX_GGROUPS)
 		return -ENOSPC;
-	struct mesh_group *g = malloc(sizeof(*g));
-	if (!g)
-		return -ENOMEM;
-	mesh_group(m->mesh, dev, axes, g);
-	struct gather_group *x = &m->gg[m->ngg];
-	x->coord = malloc(sizeof(*x->coord) * (size_t)g->n);
-	if (!x->coord) {
-		free(g);
-		return -ENOMEM;
-	}
-	x->axes = axes;
-	x->n = g->n;
-	for (int r = 0; r < g->n; r++)
-		mesh_coords(m->mesh, g->devs[r], x->coord[r]);
-	m->ngg++;
-	free(g);
-	return 0;
+	int rc = mesh_members_init(m->mesh, dev, axes, &m->gg[m->ngg]);
+	if (!rc)
+		m->ngg++;
+	return rc;
 }
 
 /* Plans every tensor and linear layer for this device and sets the local
@@ -574,19 +554,13 @@ static int plan_model(struct model *m, const struct model_mesh *mm, char *err, s
 	m->Ve = m->pp[P_EMBED].cshape[0];
 	m->v0e = block_index(ms, m->coord, a_ev.axis, a_ev.n) * m->Ve;
 	if (m->ep > 1) {
-		struct mesh_group *g = malloc(sizeof(*g));
+		struct mesh_members eg;
 		m->ep_blk = malloc(sizeof(int) * (size_t)m->ep);
-		if (!g || !m->ep_blk) {
-			free(g);
+		if (!m->ep_blk || mesh_members_init(ms, mm->device, m->ax_exp, &eg))
 			return -ENOMEM;
-		}
-		mesh_group(ms, mm->device, m->ax_exp, g);
-		for (int r = 0; r < g->n; r++) {
-			int c[AX_COUNT];
-			mesh_coords(ms, g->devs[r], c);
-			m->ep_blk[r] = block_index(ms, c, exp_axes, nexp);
-		}
-		free(g);
+		for (int r = 0; r < eg.n; r++)
+			m->ep_blk[r] = block_index(ms, eg.coord[r], exp_axes, nexp);
+		mesh_members_free(&eg);
 	}
 
 	/* storage shapes of this device's shards */
@@ -866,7 +840,7 @@ void model_free(struct model *m)
 	free(m->la);
 	free(m->ep_blk);
 	for (int k = 0; k < m->ngg; k++)
-		free(m->gg[k].coord);
+		mesh_members_free(&m->gg[k]);
 	free(m);
 }
 
@@ -1008,7 +982,7 @@ static bool in_group(const struct model *m, int id, int g, uint32_t axes, bool g
 
 /* Moves member r's blocks of group g's tensors between the packed buffer
  * (pack floats per member) and the window. */
-static void place_blocks(struct model *m, const struct gather_group *gg, int g, bool grads,
+static void place_blocks(struct model *m, const struct mesh_members *gg, int g, bool grads,
 			 float *packed, size_t pack, bool into_window)
 {
 	for (int r = 0; r < gg->n; r++) {
@@ -1029,7 +1003,7 @@ static void place_blocks(struct model *m, const struct gather_group *gg, int g, 
 }
 
 /* Floats group g packs for gather group gg (per member). */
-static size_t pack_size(const struct model *m, const struct gather_group *gg, int g, bool grads)
+static size_t pack_size(const struct model *m, const struct mesh_members *gg, int g, bool grads)
 {
 	size_t pack = 0;
 	for (int id = 0; id < P_COUNT; id++)
@@ -1058,7 +1032,7 @@ static void gather_start(struct model *m, int g)
 	const struct model_comm *c = m->st->comm;
 	size_t soff = 0, roff = 0;
 	for (int k = 0; k < m->ngg && !m->hook_rc; k++) {
-		const struct gather_group *gg = &m->gg[k];
+		const struct mesh_members *gg = &m->gg[k];
 		size_t pack = 0;
 		float *send = m->gsend + soff, *recv = m->grecv + roff;
 		for (int id = 0; id < P_COUNT; id++) {
@@ -1085,7 +1059,7 @@ static void gather_finish(struct model *m, int g)
 {
 	size_t roff = 0;
 	for (int k = 0; k < m->ngg; k++) {
-		const struct gather_group *gg = &m->gg[k];
+		const struct mesh_members *gg = &m->gg[k];
 		size_t pack = pack_size(m, gg, g, false);
 		wait_handle(m, &m->gh[k]);
 		if (!pack || m->hook_rc)
@@ -1113,7 +1087,7 @@ static void scatter_finish(struct model *m)
 		return;
 	m->sl = NONE_LAYER;
 	for (int k = 0; k < m->ngg; k++) {
-		const struct gather_group *gg = &m->gg[k];
+		const struct mesh_members *gg = &m->gg[k];
 		wait_handle(m, &m->sh[k]);
 		for (int id = 0; id < P_COUNT && !m->hook_rc; id++) {
 			if (!in_group(m, id, g, gg->axes, true))
@@ -1136,7 +1110,7 @@ static void scatter_start(struct model *m, int g)
 	size_t soff = 0, roff = 0;
 	scatter_finish(m);
 	for (int k = 0; k < m->ngg && !m->hook_rc; k++) {
-		const struct gather_group *gg = &m->gg[k];
+		const struct mesh_members *gg = &m->gg[k];
 		size_t pack = pack_size(m, gg, g, true);
 		if (!pack)
 			continue;
@@ -1378,11 +1352,11 @@ static double xent_forward(struct model *m, const int32_t *targets)
 		for (int r = 0; r < n; r++)
 			mx[i] = fmaxf(mx[i], m->xstat[(size_t)r * N + i]);
 	float *st = m->xstat;  /* the gathered maxima are consumed */
-	xent_split_sums(st, m->logits, mx, targets, m->v0, N, V);
+	xent_split_sums(st, m->probs, m->logits, mx, targets, m->v0, N, V);
 	psum(m, m->ax_vocab, st, 2 * (size_t)N);
 	if (m->hook_rc)
 		return 0;
-	return xent_split_finish(m->losses, m->probs, m->logits, mx, st, N, V);
+	return xent_split_finish(m->losses, m->probs, mx, st, N, V);
 }
 
 /* Runs the forward over all N rows; returns the sum of token losses. */

@@ -27,13 +27,6 @@ struct seg {
 	size_t o0;           /* where its state starts in m and v */
 };
 
-/* Members of the group over some axes, for placing their blocks. */
-struct tgroup {
-	uint32_t axes;
-	int n;
-	int (*coord)[AX_COUNT];
-};
-
 #define MAX_TGROUPS 8
 
 struct trainer {
@@ -51,7 +44,7 @@ struct trainer {
 	float *gshard;               /* zero buckets' reduced gradient parts */
 	int32_t *inputs, *targets;
 	bool muon;
-	struct tgroup tg[MAX_TGROUPS];
+	struct mesh_members tg[MAX_TGROUPS];   /* groups that gather split tensors */
 	int ntg;
 	/* checkpoints: the whole model's table and buffers */
 	struct model *gmodel;
@@ -72,28 +65,14 @@ static void param_range(const struct param_info *p, size_t a, size_t b, size_t *
 	*y = p->offset + p->numel < b ? p->offset + p->numel : b;
 }
 
-static const struct tgroup *tgroup(struct trainer *t, uint32_t axes)
+static const struct mesh_members *tgroup(struct trainer *t, uint32_t axes)
 {
 	for (int k = 0; k < t->ntg; k++)
 		if (t->tg[k].axes == axes)
 			return &t->tg[k];
-	if (t->ntg == MAX_TGROUPS)
+	if (t->ntg == MAX_TGROUPS || mesh_members_init(t->mesh, t->device, axes, &t->tg[t->ntg]))
 		return NULL;
-	struct mesh_group *g = malloc(sizeof(*g));
-	struct tgroup *x = &t->tg[t->ntg];
-	x->coord = g ? malloc(sizeof(*x->coord) * (size_t)mesh_axes_size(t->mesh, axes)) : NULL;
-	if (!x->coord) {
-		free(g);
-		return NULL;
-	}
-	mesh_group(t->mesh, t->device, axes, g);
-	x->axes = axes;
-	x->n = g->n;
-	for (int r = 0; r < g->n; r++)
-		mesh_coords(t->mesh, g->devs[r], x->coord[r]);
-	free(g);
-	t->ntg++;
-	return x;
+	return &t->tg[t->ntg++];
 }
 
 /* Buckets and their optimizer state; ZeRO-1 splits the state of buckets
@@ -229,7 +208,7 @@ void trainer_free(struct trainer *t)
 	free(t->inputs);
 	free(t->targets);
 	for (int k = 0; k < t->ntg; k++)
-		free(t->tg[k].coord);
+		mesh_members_free(&t->tg[k]);
 	model_free(t->gmodel);
 	free(t->gp);
 	free(t->gm);
@@ -254,6 +233,22 @@ static void update_router_bias(struct trainer *t, const struct param_info *p)
 				rate);
 }
 
+/* After an all-gather over tg's axes (member r's block at recv + r * per),
+ * puts every member's block of pp's tensor in its place in whole: the last
+ * dims dimensions of an nd-dimensional tensor, shapes wshape (whole) and
+ * bshape (block). */
+static void place_gathered(const struct trainer *t, const struct plan_param *pp,
+			   const struct mesh_members *tg, int nd, int dims, float *whole,
+			   const int *wshape, float *recv, const int *bshape, size_t per)
+{
+	int off[SHARD_MAX_DIMS];
+	for (int r = 0; r < tg->n; r++) {
+		plan_block_offsets(pp, t->mesh, tg->axes, tg->coord[r], off);
+		plan_copy_block(whole, wshape, recv + (size_t)r * per, bshape, off + nd - dims, dims,
+				true);
+	}
+}
+
 /* Muon on matrices split over devices: the momentum is local, the
  * orthogonalisation needs the whole matrix, so every member gathers it,
  * runs NS5 (the same bits everywhere) and applies its own block. */
@@ -262,12 +257,12 @@ static int muon_split(struct trainer *t, const struct train_comm *comm, int i, f
 {
 	const struct param_info *p = model_param(t->model, i);
 	const struct plan_param *pp = model_param_plan(t->model, i);
-	const struct tgroup *tg = tgroup(t, p->mat_split);
+	const struct mesh_members *tg = tgroup(t, p->mat_split);
 	int nd = p->ndim, R = p->mat_rows, C = p->mat_cols;
 	int bshape[2] = { p->shape[nd - 2], p->shape[nd - 1] }, wshape[2] = { R, C };
 	size_t per = (size_t)bshape[0] * bshape[1], nmat = p->numel / per, whole = (size_t)R * C;
 	float *o = t->scratch, *w = o + whole, *recv = w + whole, *ns = recv + whole;
-	float k = sqrtf(R > C ? (float)R / (float)C : 1.0f);
+	float k = muon_scale(R, C);
 	int off[SHARD_MAX_DIMS];
 	if (!tg)
 		return EXIT_FAIL;
@@ -276,10 +271,7 @@ static int muon_split(struct trainer *t, const struct train_comm *comm, int i, f
 		int rc = comm->mc.all_gather(comm->mc.ctx, p->mat_split, recv, o, per * sizeof(float));
 		if (rc)
 			return rc;
-		for (int r = 0; r < tg->n; r++) {
-			plan_block_offsets(pp, t->mesh, p->mat_split, tg->coord[r], off);
-			plan_copy_block(w, wshape, recv + (size_t)r * per, bshape, off + nd - 2, 2, true);
-		}
+		place_gathered(t, pp, tg, nd, 2, w, wshape, recv, bshape, per);
 		newton_schulz5(w, w, ns, R, C);
 		plan_block_offsets(pp, t->mesh, p->mat_split, t->coord, off);
 		plan_copy_block(w, wshape, o, bshape, off + nd - 2, 2, false);
@@ -531,7 +523,7 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 			const struct param_info *p = model_param(m, i);
 			const struct param_info *gpi = model_param_by_name(t->gmodel, p->name);
 			const struct plan_param *pp = model_param_plan(m, i);
-			const struct tgroup *tg = p->split ? tgroup(t, p->split) : NULL;
+			const struct mesh_members *tg = p->split ? tgroup(t, p->split) : NULL;
 			float *whole = dst[b] + gpi->offset;
 			if (!p->split) {
 				memcpy(whole, lay + p->offset, p->numel * sizeof(float));
@@ -544,12 +536,8 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 			if ((rc = comm->mc.all_gather(comm->mc.ctx, p->split, recv, lay + p->offset,
 						      p->numel * sizeof(float))))
 				break;
-			for (int r = 0; r < tg->n; r++) {
-				int off[SHARD_MAX_DIMS];
-				plan_block_offsets(pp, t->mesh, p->split, tg->coord[r], off);
-				plan_copy_block(whole, p->global_shape, recv + (size_t)r * p->numel,
-						p->shape, off, p->ndim, true);
-			}
+			place_gathered(t, pp, tg, p->ndim, p->ndim, whole, p->global_shape, recv, p->shape,
+				       p->numel);
 		}
 	}
 	free(loc);

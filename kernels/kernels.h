@@ -105,16 +105,18 @@ void softmax_xent_backward(float *dlogits, const float *probs, const int32_t *ta
  *                     (the caller takes the maximum over devices)
  *   xent_split_sums:  st (2N): st[n] = sum exp(x - mx[n]) over the local
  *                     columns, st[N+n] = the target's logit if it is local,
- *                     else 0 (the caller sums st over devices)
+ *                     else 0 (the caller sums st over devices); probs
+ *                     (N,Vl) keeps each exp(x - mx[n]) for the last pass
  *   xent_split_finish: losses (N) = log st[n] - (st[N+n] - mx[n]), probs
- *                     (N,Vl) the local softmax columns; returns the loss sum
+ *                     scaled into the local softmax columns; returns the
+ *                     loss sum
  * and xent_split_backward adds (probs - onehot) * scale to the local
  * columns. */
 void xent_split_max(float *mx, const float *logits, int N, int Vl);
-void xent_split_sums(float *st, const float *logits, const float *mx, const int32_t *targets,
-		     int v0, int N, int Vl);
-double xent_split_finish(float *losses, float *probs, const float *logits, const float *mx,
-			 const float *st, int N, int Vl);
+void xent_split_sums(float *st, float *probs, const float *logits, const float *mx,
+		     const int32_t *targets, int v0, int N, int Vl);
+double xent_split_finish(float *losses, float *probs, const float *mx, const float *st, int N,
+			 int Vl);
 void xent_split_backward(float *dlogits, const float *probs, const int32_t *targets, int v0,
 			 float scale, int N, int Vl);
 
@@ -189,6 +191,8 @@ void muon_update(float *p, const float *g, float *buf, float *scratch, int R, in
  * buf = mu buf + g), NS5 needs the whole o, and the update is elementwise
  * again with k = sqrt(max(1, R/C)) of the whole matrix. */
 void muon_momentum(float *o, float *buf, const float *g, size_t n, float mu);
+/* the update's scale for an R x C matrix: sqrt(max(1, R/C)) */
+float muon_scale(int R, int C);
 void muon_apply(float *p, const float *o, size_t n, float lr, float k, float wd);
 /* sum of squares in double (global-norm clipping sums these across shards) */
 double sumsq(const float *x, size_t n);

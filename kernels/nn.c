@@ -589,32 +589,31 @@ void xent_split_max(float *mx, const float *logits, int N, int Vl)
 		mx[n] = Vl > 0 ? max_row(logits + (size_t)n * Vl, Vl) : -INFINITY;
 }
 
-void xent_split_sums(float *st, const float *logits, const float *mx, const int32_t *targets,
-		     int v0, int N, int Vl)
+void xent_split_sums(float *st, float *probs, const float *logits, const float *mx,
+		     const int32_t *targets, int v0, int N, int Vl)
 {
-	// logits (N,Vl), mx (N), targets (N), st (2N)
+	// logits, probs (N,Vl), mx (N), targets (N), st (2N)
 	for (int n = 0; n < N; n++) {
 		const float *x = logits + (size_t)n * Vl;
+		float *p = probs + (size_t)n * Vl;
 		double s = 0.0;
-		for (int i = 0; i < Vl; i++)
-			s += expf(x[i] - mx[n]);
+		for (int i = 0; i < Vl; i++) {
+			p[i] = expf(x[i] - mx[n]);
+			s += p[i];
+		}
 		int t = targets[n] - v0;
 		st[n] = (float)s;
 		st[N + n] = t >= 0 && t < Vl ? x[t] : 0.0f;
 	}
 }
 
-double xent_split_finish(float *losses, float *probs, const float *logits, const float *mx,
-			 const float *st, int N, int Vl)
+double xent_split_finish(float *losses, float *probs, const float *mx, const float *st, int N,
+			 int Vl)
 {
-	// logits, probs (N,Vl), mx (N), st (2N), losses (N)
+	// probs (N,Vl) in: exp(x - mx) from xent_split_sums; out: softmax
 	double total = 0.0;
 	for (int n = 0; n < N; n++) {
-		const float *x = logits + (size_t)n * Vl;
-		float *p = probs + (size_t)n * Vl;
-		float inv = 1.0f / st[n];
-		for (int i = 0; i < Vl; i++)
-			p[i] = expf(x[i] - mx[n]) * inv;
+		scale_row(probs + (size_t)n * Vl, 1.0f / st[n], Vl);
 		double loss = log((double)st[n]) - ((double)st[N + n] - mx[n]);
 		losses[n] = (float)loss;
 		total += loss;

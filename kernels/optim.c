@@ -117,6 +117,11 @@ void muon_apply(float *p, const float *o, size_t n, float lr, float k, float wd)
 		p[i] -= lr * (o[i] * k + wd * p[i]);
 }
 
+float muon_scale(int R, int C)
+{
+	return sqrtf(R > C ? (float)R / (float)C : 1.0f);
+}
+
 void muon_update(float *p, const float *g, float *buf, float *scratch, int R, int C,
 		 float lr, float mu, float wd)
 {
@@ -125,7 +130,7 @@ void muon_update(float *p, const float *g, float *buf, float *scratch, int R, in
 	float *o = scratch, *ns = scratch + n;
 	muon_momentum(o, buf, g, n, mu);
 	newton_schulz5(o, o, ns, R, C);
-	muon_apply(p, o, n, lr, sqrtf(R > C ? (float)R / (float)C : 1.0f), wd);
+	muon_apply(p, o, n, lr, muon_scale(R, C), wd);
 }
 
 float lr_schedule(int step, float lr, int warmup, int total, float final_fraction)

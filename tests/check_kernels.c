@@ -777,13 +777,13 @@ START_TEST(test_xent_split)
 			gmx[r] = fmaxf(gmx[r], mx[r]);
 	}
 	for (int k = 0; k < nparts; k++) {
-		xent_split_sums(st, xs[k], gmx, tg, cuts[k], N, cuts[k + 1] - cuts[k]);
+		xent_split_sums(st, ps[k], xs[k], gmx, tg, cuts[k], N, cuts[k + 1] - cuts[k]);
 		for (int r = 0; r < 2 * N; r++)
 			gst[r] += st[r];
 	}
 	for (int k = 0; k < nparts; k++) {
 		int v0 = cuts[k], vl = cuts[k + 1] - v0;
-		double tot = xent_split_finish(pl, ps[k], xs[k], gmx, gst, N, vl);
+		double tot = xent_split_finish(pl, ps[k], gmx, gst, N, vl);
 		xent_split_backward(ds[k], ps[k], tg, v0, 0.25f, N, vl);
 		for (int r = 0; r < N; r++) {
 			ck_assert_float_eq_tol(pl[r], losses[r], 1e-5f);
