@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 void mesh_init(struct mesh *m, const struct cfg *c)
@@ -137,4 +138,15 @@ void mesh_members_free(struct mesh_members *x)
 	free(x->coord);
 	x->coord = NULL;
 	x->n = 0;
+}
+
+void mesh_axes_text(const int *axes, int n, const char *sep, char *out, size_t outlen)
+{
+	size_t used = 0;
+	out[0] = 0;
+	for (int i = 0; i < n && used < outlen; i++)
+		used += (size_t)snprintf(out + used, outlen - used, "%s%s", i ? sep : "",
+					 mesh_axis_names[axes[i]]);
+	if (!n)
+		snprintf(out, outlen, "none");
 }

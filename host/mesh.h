@@ -39,6 +39,8 @@ int mesh_local_index(const struct mesh *m, int dev);
 int mesh_device_of(const struct mesh *m, int host, int local);
 /* Devices in a group over axes: the product of their sizes. */
 int mesh_axes_size(const struct mesh *m, uint32_t axes);
+/* "a<sep>b..." for the n axes (AX_* values), or "none" when n is 0. */
+void mesh_axes_text(const int *axes, int n, const char *sep, char *out, size_t outlen);
 /* Fills g with dev's group over axes. */
 void mesh_group(const struct mesh *m, int dev, uint32_t axes, struct mesh_group *g);
 

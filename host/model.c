@@ -57,6 +57,7 @@ struct model {
 	int v0e, Ve;                /* the embedding table's rows here */
 	int ep;                     /* devices experts are spread over */
 	int *ep_blk;                /* [ep] expert block of each of them */
+	bool ep_permute;            /* ep_blk is not the identity */
 	struct plan_param pp[P_COUNT];
 	struct plan_linear pl[P_COUNT];
 	const char *lin_name[P_COUNT]; /* planned linear layers, by id */
@@ -558,8 +559,10 @@ static int plan_model(struct model *m, const struct model_mesh *mm, char *err, s
 		m->ep_blk = malloc(sizeof(int) * (size_t)m->ep);
 		if (!m->ep_blk || mesh_members_init(ms, mm->device, m->ax_exp, &eg))
 			return -ENOMEM;
-		for (int r = 0; r < eg.n; r++)
+		for (int r = 0; r < eg.n; r++) {
 			m->ep_blk[r] = block_index(ms, eg.coord[r], exp_axes, nexp);
+			m->ep_permute |= m->ep_blk[r] != r;
+		}
 		mesh_members_free(&eg);
 	}
 
@@ -635,6 +638,15 @@ static void lay_out_windows(struct model *m)
 }
 
 #define NONE_LAYER (-2)
+
+/* The largest gathered window (whole: what a gather receives and a
+ * reduce-scatter sends) and the largest shard (part), non-layer or one
+ * layer. */
+static void window_sizes(const struct model *m, size_t *whole, size_t *part)
+{
+	*whole = m->win_nl > m->win_layer ? m->win_nl : m->win_layer;
+	*part = m->shard_nl > m->shard_layer ? m->shard_nl : m->shard_layer;
+}
 
 static void lay_out(struct model *m, struct arena *a)
 {
@@ -715,8 +727,8 @@ static void lay_out(struct model *m, struct arena *a)
 	m->dlogits = TAKEF(a, N * d->V);
 	/* a gather sends this device's shards and receives every member's:
 	 * the compute-shaped size; a reduce-scatter the other way round */
-	size_t whole = m->win_nl > m->win_layer ? m->win_nl : m->win_layer;
-	size_t part = m->shard_nl > m->shard_layer ? m->shard_nl : m->shard_layer;
+	size_t whole, part;
+	window_sizes(m, &whole, &part);
 	m->win = TAKEF(a, m->win_nl + m->win_layer);
 	m->gwin = TAKEF(a, m->win_nl + m->win_layer);
 	m->gsend = TAKEF(a, part);
@@ -852,6 +864,13 @@ float *model_grads(struct model *m) { return m->grads; }
 size_t model_numel(const struct model *m) { return m->numel; }
 const int32_t *model_expert_counts(const struct model *m) { return m->counts_all; }
 uint32_t model_rows_axes(const struct model *m) { return m->rows; }
+
+int model_plan_rows(const struct model_mesh *mm, int C, uint32_t *rows, char *err, size_t errlen)
+{
+	struct plan_axes a;
+	*rows = UINT32_MAX;
+	return act_axes(&a, rows, mm, "activation", "activation_embed", C, 1, err, errlen);
+}
 const struct mesh *model_mesh(const struct model *m) { return m->mesh; }
 
 const struct plan_param *model_param_plan(const struct model *m, int i)
@@ -863,8 +882,8 @@ const struct plan_param *model_param_plan(const struct model *m, int i)
 }
 size_t model_window_numel(const struct model *m)
 {
-	size_t whole = m->win_nl > m->win_layer ? m->win_nl : m->win_layer;
-	size_t part = m->shard_nl > m->shard_layer ? m->shard_nl : m->shard_layer;
+	size_t whole, part;
+	window_sizes(m, &whole, &part);
 	return 2 * (m->win_nl + m->win_layer) + 2 * whole + 2 * part;
 }
 
@@ -1179,15 +1198,18 @@ static void ep_exchange(struct model *m, void *out, const size_t *recv_b, const 
 static void ep_dispatch(struct model *m, struct layer_acts *a, int C)
 {
 	int E = m->d.E, El = m->El, NK = m->N * m->d.K;
-	int32_t *tmp = (int32_t *)m->dweights; /* free during forward: NK ints */
-	size_t r = 0;
-	for (int x = 0; x < m->ep; x++) {
-		int b = m->ep_blk[x];
-		int lo = a->offsets[b * El], hi = a->offsets[(b + 1) * El];
-		memcpy(tmp + r, a->order + lo, sizeof(int32_t) * (size_t)(hi - lo));
-		r += (size_t)(hi - lo);
+	if (m->ep_permute) {
+		/* rows in the order of the group's members, not of the blocks */
+		int32_t *tmp = (int32_t *)m->dweights; /* free during forward: NK ints */
+		size_t r = 0;
+		for (int x = 0; x < m->ep; x++) {
+			int b = m->ep_blk[x];
+			int lo = a->offsets[b * El], hi = a->offsets[(b + 1) * El];
+			memcpy(tmp + r, a->order + lo, sizeof(int32_t) * (size_t)(hi - lo));
+			r += (size_t)(hi - lo);
+		}
+		memcpy(a->order, tmp, sizeof(int32_t) * (size_t)NK);
 	}
-	memcpy(a->order, tmp, sizeof(int32_t) * (size_t)NK);
 	moe_gather(a->xs, a->ln2, a->order, NK, m->d.K, C);
 	const struct model_comm *c = m->st->comm;
 	if (!m->hook_rc)

@@ -146,6 +146,10 @@ struct model_linear_info {
 int model_linears(const struct model *m, struct model_linear_info *out, int max);
 /* Mesh axes that split the rows (activation_batch); 0 on one device. */
 uint32_t model_rows_axes(const struct model *m);
+/* The same axes before there is a model (a job sizes each model's batch
+ * by them): the rules resolved for the activation of width C, as
+ * model_new resolves them. 0 or -EINVAL with err. */
+int model_plan_rows(const struct model_mesh *mm, int C, uint32_t *rows, char *err, size_t errlen);
 /* Floats FSDP holds during a step besides the shards: gathered weights
  * (the non-layer tensors and two layers), their gradients (one layer),
  * and the buffers gathers and reduce-scatters move them through. */

@@ -17,17 +17,6 @@ void plan_mask_text(uint32_t mask, char *out, size_t outlen)
 		snprintf(out, outlen, "none");
 }
 
-static void list_text(const int *axes, int n, char *out, size_t outlen)
-{
-	size_t used = 0;
-	out[0] = 0;
-	for (int i = 0; i < n && used < outlen; i++)
-		used += (size_t)snprintf(out + used, outlen - used, "%s%s", i ? "," : "",
-					 mesh_axis_names[axes[i]]);
-	if (!n)
-		snprintf(out, outlen, "none");
-}
-
 uint32_t plan_axes_mask(const struct plan_axes *a)
 {
 	uint32_t m = 0;
@@ -128,16 +117,16 @@ int plan_linear(struct plan_linear *l, const char *name, const struct plan_param
 
 	memset(l, 0, sizeof(*l));
 	if (!same_axes(kin, nin, x_in->axis, x_in->n)) {
-		list_text(kin, nin, a, sizeof(a));
-		list_text(x_in->axis, x_in->n, b, sizeof(b));
+		mesh_axes_text(kin, nin, ",", a, sizeof(a));
+		mesh_axes_text(x_in->axis, x_in->n, ",", b, sizeof(b));
 		snprintf(err, errlen, "sharding: linear '%s' contracts weight '%s' dimension %d over (%s) "
 			 "but its input over (%s); only equal splits are implemented (no "
 			 "sequence-parallel all-gather)", name, s->name, in_dim, a, b);
 		return -EINVAL;
 	}
 	if (!same_axes(kout, nout, y_out->axis, y_out->n)) {
-		list_text(kout, nout, a, sizeof(a));
-		list_text(y_out->axis, y_out->n, b, sizeof(b));
+		mesh_axes_text(kout, nout, ",", a, sizeof(a));
+		mesh_axes_text(y_out->axis, y_out->n, ",", b, sizeof(b));
 		snprintf(err, errlen, "sharding: linear '%s' gives weight '%s' dimension %d split over (%s) "
 			 "but its output is wanted over (%s)", name, s->name, out_dim, a, b);
 		return -EINVAL;

@@ -152,15 +152,6 @@ int shard_rules_from_cfg(struct shard_rules *r, const struct cfg *c, char *err, 
 	return 0;
 }
 
-static void axes_text(const struct shard_spec *s, int d, const char *sep, char *out, size_t outlen)
-{
-	size_t used = 0;
-	out[0] = 0;
-	for (int i = 0; i < s->naxes[d] && used < outlen; i++)
-		used += (size_t)snprintf(out + used, outlen - used, "%s%s", i ? sep : "",
-					 mesh_axis_names[s->axis[d][i]]);
-}
-
 void shard_head_units(int ndim, const char *const *logical, int head_dim, int *unit)
 {
 	static const char *const heads[] = { "heads", "q_heads", "kv_heads", "activation_heads" };
@@ -218,7 +209,7 @@ int shard_resolve(const struct shard_rules *r, const struct mesh *m, const char 
 			out->nshard[d] *= m->size[out->axis[d][k]];
 		if (shape[d] % u || (shape[d] / u) % out->nshard[d]) {
 			char axes[128], size[64];
-			axes_text(out, d, ", ", axes, sizeof(axes));
+			mesh_axes_text(out->axis[d], out->naxes[d], ", ", axes, sizeof(axes));
 			if (u > 1 && shape[d] % u == 0)
 				snprintf(size, sizeof(size), "%d = %d heads of %d", shape[d], shape[d] / u, u);
 			else

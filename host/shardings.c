@@ -12,6 +12,7 @@
 #include "host/model.h"
 #include "host/plan.h"
 #include "host/shard.h"
+#include "host/train.h"
 
 #define NCOL 6
 #define MAX_ROWS (2 * MODEL_MAX_PARAMS + 8)
@@ -263,9 +264,9 @@ int cmd_shardings(int argc, char **argv)
 			continue;
 		bool zero = ndata > 1 && (p->gsum & (1u << AX_DATA));
 		if (zero && slots == 1) {
-			fprintf(stderr, "config: opt_type=muon cannot split its state over data "
-				"(shard_optimizer_over_data cuts '%s' into flat shards, Muon needs "
-				"whole matrices); use opt_type=adamw with it\n", p->name);
+			char why[512];
+			trainer_muon_zero_refusal(p->name, why, sizeof(why));
+			fprintf(stderr, "%s\n", why);
 			goto out;
 		}
 		char name[64];

@@ -106,10 +106,7 @@ static int lay_out_state(struct trainer *t, char *err, size_t errlen)
 		for (int k = 0; t->muon && k < model_num_params(m); k++) {
 			const struct param_info *p = model_param(m, k);
 			if (p->opt == OPT_MUON && p->offset >= s->p0 && p->offset < s->p0 + s->n) {
-				snprintf(err, errlen, "config: opt_type=muon cannot split its state over data "
-					 "(shard_optimizer_over_data cuts '%s' into flat shards, Muon needs "
-					 "whole matrices); use opt_type=adamw with it", p->name);
-				return -EINVAL;
+				return trainer_muon_zero_refusal(p->name, err, errlen);
 			}
 		}
 	}
@@ -120,6 +117,14 @@ static int lay_out_state(struct trainer *t, char *err, size_t errlen)
 	if (!t->m || !t->v || (any_zero && !t->gshard))
 		return -ENOMEM;
 	return 0;
+}
+
+int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
+{
+	snprintf(err, errlen, "config: opt_type=muon cannot split its state over data "
+		 "(shard_optimizer_over_data cuts '%s' into flat shards, Muon needs "
+		 "whole matrices); use opt_type=adamw with it", tensor);
+	return -EINVAL;
 }
 
 struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_mesh *mm,

@@ -38,6 +38,9 @@ struct train_comm {
 /* rows = sequences this device computes per step; mm places it in a mesh
  * (NULL: one device). NULL with err ("config:" / "sharding:" lines for
  * impossible shapes and combinations). */
+/* ZeRO-1 (shard_optimizer_over_data) and Muon cannot share a tensor: the
+ * error for tensor, in err; returns -EINVAL. */
+int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen);
 struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_mesh *mm,
 			    char *err, size_t errlen);
 void trainer_free(struct trainer *t);

@@ -226,20 +226,6 @@ static int check_mesh(const struct cfg *c, char *err, size_t errlen)
 	return 0;
 }
 
-/* The axes that split the batch rows (activation_batch), as the model
- * will resolve them. */
-static int rows_axes(const struct cfg *c, const struct mesh *ms, const struct shard_rules *r,
-		     uint32_t *rows, char *err, size_t errlen)
-{
-	struct shard_spec s;
-	int shape[3] = { ms->num_devices, 1, (int)c->base_emb_dim };
-	const char *const names[3] = { "activation_batch", "activation_length", "activation_embed" };
-	if (shard_resolve(r, ms, "activation", 3, shape, NULL, names, &s, err, errlen))
-		return -EINVAL;
-	*rows = s.axes[0];
-	return 0;
-}
-
 /* Resume: device 0 loaded the checkpoint (whole tensors); every device
  * takes it, then its own shards. */
 static int broadcast_state(struct trainer *t, struct job_ctx *jc, const struct coll_group *all,
@@ -309,7 +295,9 @@ int train_job(struct device_ctx *dev)
 		snprintf(err, errlen, "train: out of memory");
 		return EXIT_FAIL;
 	}
-	if (shard_rules_from_cfg(rules, c, err, errlen) || rows_axes(c, dev->mesh, rules, &rows, err, errlen)) {
+	struct model_mesh mm = { .mesh = dev->mesh, .rules = rules, .device = dev->device_id };
+	if (shard_rules_from_cfg(rules, c, err, errlen) ||
+	    model_plan_rows(&mm, (int)c->base_emb_dim, &rows, err, errlen)) {
 		ret = EXIT_CONFIG;
 		goto out;
 	}
@@ -330,15 +318,9 @@ int train_job(struct device_ctx *dev)
 	 * tensor_transpose) share theirs */
 	int global_rows = (int)c->per_device_batch_size * dev->mesh->num_devices;
 	int B = global_rows / rg->n, row0 = rg->rank * B;
-	struct model_mesh mm = { .mesh = dev->mesh, .rules = rules, .device = dev->device_id };
 	t = trainer_new(c, B, &mm, err, errlen);
 	if (!t) {
 		ret = strncmp(err, "config", 6) && strncmp(err, "sharding", 8) ? EXIT_INPUT : EXIT_CONFIG;
-		goto out;
-	}
-	if (model_rows_axes(trainer_model(t)) != rows) {
-		snprintf(err, errlen, "sharding: the model splits its rows differently from the job");
-		ret = EXIT_CONFIG;
 		goto out;
 	}
 	/* every device starts from the same weights (init is a function of each
