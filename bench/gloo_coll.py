@@ -1,15 +1,18 @@
 #!/usr/bin/python3
 """gloo (torch.distributed) baseline for `meshrun bench collectives`, 2 ranks
-over loopback TCP, float32, the same statistic (barrier, collective; the
-slowest rank's time averaged over the iterations after 2 warm-ups) and
-nccl-tests bus-bandwidth arithmetic. Run by bench/peers.sh. gloo has no
-reduce_scatter on CPU; that row is skipped.
-usage: gloo_coll.py PORT [ITERS_16M [ITERS_64K [OPS]]]   (OPS: comma list)"""
+over loopback TCP, float32, the same statistic and nccl-tests bus-bandwidth
+arithmetic. By default, as meshrun's default: one barrier, then the
+iterations back to back, the slowest rank's loop time over the iterations;
+--barrier, as meshrun's --barrier: a barrier before each iteration, the
+slowest rank's time of each, averaged. 2 warm-ups; buffers are allocated
+before the loop. Run by bench/peers.sh. gloo has no reduce_scatter on CPU;
+that row is skipped.
+usage: gloo_coll.py PORT [ITERS_16M [ITERS_64K [OPS]]] [--barrier]   (OPS: comma list)"""
 import os, resource, sys, time
 import torch, torch.distributed as dist
 import torch.multiprocessing as mp
 
-def run(rank, n, port, iters, ops):
+def run(rank, n, port, iters, ops, each):
     os.environ["MASTER_ADDR"] = "127.0.0.1"; os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=n)
@@ -17,28 +20,34 @@ def run(rank, n, port, iters, ops):
         for size in [65536, 16 << 20]:
             cnt = size // 4
             a = torch.ones(cnt)
+            b = torch.empty(cnt)
+            outs = [torch.empty(cnt // n) for _ in range(n)]
             total = 0.0
             for it in range(-2, iters[size]):
+                if it <= 0 or each:
+                    dist.barrier()
                 if it == 0:
                     w0 = time.perf_counter(); ru = resource.getrusage(resource.RUSAGE_SELF); c0 = ru.ru_utime + ru.ru_stime
-                dist.barrier(); t0 = time.perf_counter()
+                t0 = time.perf_counter()
                 if op == "all_gather":
-                    outs = [torch.empty(cnt // n) for _ in range(n)]
                     dist.all_gather(outs, a[: cnt // n])
                 elif op == "all_reduce":
                     dist.all_reduce(a)
                 elif op == "all_to_all":
-                    b = torch.empty(cnt)
                     dist.all_to_all_single(b, a)
                 elif op == "permute":
-                    b = torch.empty(cnt)
                     reqs = [dist.isend(a, (rank + 1) % n), dist.irecv(b, (rank - 1) % n)]
                     for r in reqs: r.wait()
                 elif op == "broadcast":
                     dist.broadcast(a, 0)
-                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                if each:
+                    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+                    if it >= 0: total += dt.item()
+            if not each:
+                dt = torch.tensor([time.perf_counter() - w0], dtype=torch.float64)
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-                if it >= 0: total += dt.item()
+                total = dt.item()
             ru = resource.getrusage(resource.RUSAGE_SELF)
             # CPU of both processes per iteration against the loop's wall time
             cw = torch.tensor([ru.ru_utime + ru.ru_stime - c0, time.perf_counter() - w0], dtype=torch.float64)
@@ -52,6 +61,8 @@ def run(rank, n, port, iters, ops):
     dist.destroy_process_group()
 
 if __name__ == "__main__":
+    each = "--barrier" in sys.argv
+    sys.argv = [x for x in sys.argv if x != "--barrier"]
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 29517
     iters = {16 << 20: int(sys.argv[2]) if len(sys.argv) > 2 else 20,
              65536: int(sys.argv[3]) if len(sys.argv) > 3 else 500}
@@ -62,4 +73,4 @@ if __name__ == "__main__":
         if bad:
             sys.exit(f"gloo_coll.py: unknown op {bad[0]} (one of {', '.join(ops)})")
         ops = want
-    mp.spawn(run, args=(2, port, iters, ops), nprocs=2)
+    mp.spawn(run, args=(2, port, iters, ops, each), nprocs=2)

@@ -1,9 +1,13 @@
 /* Open MPI baseline for `meshrun bench collectives`: the same ops, sizes,
- * statistic (barrier, collective; the slowest rank's time, averaged over
- * the iterations after 2 warm-ups) and bus-bandwidth arithmetic
- * (nccl-tests definitions, DESIGN §5), float32. Built and run by
- * bench/peers.sh; not part of meshrun. usage: mpi_coll [ITERS_16M [ITERS_64K]] */
+ * statistic and bus-bandwidth arithmetic (nccl-tests definitions, DESIGN
+ * §5), float32. By default, as meshrun's default: one barrier, then the
+ * iterations back to back, the slowest rank's loop time over the
+ * iterations. --barrier, as meshrun's --barrier: a barrier before each
+ * iteration, the slowest rank's time of each, averaged. 2 warm-ups.
+ * Built and run by bench/peers.sh; not part of meshrun.
+ * usage: mpi_coll [ITERS_16M [ITERS_64K]] [--barrier] */
 #include <mpi.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,8 +23,8 @@ static double cpu_s(void)
 
 /* Mean of the slowest rank's time; *cpu_us: CPU of all ranks per
  * iteration, *cores: that against the loop's wall time. */
-static double run(const char *op, size_t bytes, int iters, int n, int rank, double *cpu_us,
-		  double *cores)
+static double run(const char *op, size_t bytes, int iters, int n, int rank, bool each,
+		  double *cpu_us, double *cores)
 {
 	double c0 = 0, w0 = 0;
 	size_t cnt = bytes / 4;
@@ -29,11 +33,12 @@ static double run(const char *op, size_t bytes, int iters, int n, int rank, doub
 		a[i] = (float)(i % 7);
 	double sum = 0;
 	for (int it = -2; it < iters; it++) {
+		if (it <= 0 || each)
+			MPI_Barrier(MPI_COMM_WORLD);
 		if (it == 0) {
 			c0 = cpu_s();
 			w0 = MPI_Wtime();
 		}
-		MPI_Barrier(MPI_COMM_WORLD);
 		double t0 = MPI_Wtime();
 		if (!strcmp(op, "all_gather"))
 			MPI_Allgather(a, (int)(cnt / n), MPI_FLOAT, b, (int)(cnt / n), MPI_FLOAT, MPI_COMM_WORLD);
@@ -48,12 +53,16 @@ static double run(const char *op, size_t bytes, int iters, int n, int rank, doub
 				     (rank + n - 1) % n, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
 		else if (!strcmp(op, "broadcast"))
 			MPI_Bcast(a, (int)cnt, MPI_FLOAT, 0, MPI_COMM_WORLD);
-		double dt = MPI_Wtime() - t0, mx;
-		MPI_Allreduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-		if (it >= 0)
-			sum += mx;
+		if (each) {
+			double dt = MPI_Wtime() - t0, mx;
+			MPI_Allreduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+			if (it >= 0)
+				sum += mx;
+		}
 	}
 	double mine[2] = { cpu_s() - c0, MPI_Wtime() - w0 }, all[2];
+	if (!each)
+		MPI_Allreduce(&mine[1], &sum, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 	MPI_Allreduce(mine, all, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
 	*cpu_us = all[0] / iters * 1e6;
 	*cores = all[0] / (all[1] / n);
@@ -68,17 +77,21 @@ int main(int argc, char **argv)
 	const char *ops[] = { "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "permute", "broadcast" };
 	size_t sizes[] = { 65536, 16u << 20 };
 	int iters[2] = { 500, 20 };
+	bool each = false;
 	MPI_Init(&argc, &argv);
-	if (argc > 1)
-		iters[1] = atoi(argv[1]);
-	if (argc > 2)
-		iters[0] = atoi(argv[2]);
+	int k = 0;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--barrier"))
+			each = true;
+		else if (k < 2)
+			iters[1 - k++] = atoi(argv[i]);
+	}
 	MPI_Comm_size(MPI_COMM_WORLD, &n);
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	for (int o = 0; o < 6; o++)
 		for (int s = 0; s < 2; s++) {
 			double cpu, cores;
-			double t = run(ops[o], sizes[s], iters[s], n, rank, &cpu, &cores);
+			double t = run(ops[o], sizes[s], iters[s], n, rank, each, &cpu, &cores);
 			double alg = sizes[s] / t / 1e9, f = (double)(n - 1) / n;
 			double bus = !strcmp(ops[o], "all_reduce") ? alg * 2 * f :
 				     (!strcmp(ops[o], "permute") || !strcmp(ops[o], "broadcast")) ? alg : alg * f;

@@ -7,12 +7,21 @@
 # ROUNDS rounds, each running everything once (interleaved, so a noisy
 # stretch of the shared machine hits all of them); the raw output goes to
 # build/peers.log and bench/peers_summary.py prints medians, ratios and
-# what the CPU allows. Installs the peers from Debian if missing.
-# usage: bench/peers.sh [ITERS_16M [ROUNDS]]
+# what the CPU allows. All three time their iterations back to back after
+# one barrier, as nccl-tests does (bench link streams the same way); with
+# --barrier, all three put a barrier before each iteration instead (the
+# latency view; raw output in build/peers-barrier.log). Installs the peers
+# from Debian if missing.
+# usage: bench/peers.sh [ITERS_16M [ROUNDS]] [--barrier]
 set -eu
 cd "$(dirname "$0")/.."
-iters=${1:-20}
-rounds=${2:-1}
+view=""
+args=()
+for a in "$@"; do
+  if [ "$a" = --barrier ]; then view=--barrier; else args+=("$a"); fi
+done
+iters=${args[0]:-20}
+rounds=${args[1]:-1}
 need=""
 command -v mpicc >/dev/null || need="$need openmpi-bin libopenmpi-dev"
 /usr/bin/python3 -c 'import torch' 2>/dev/null || need="$need python3-torch"
@@ -25,7 +34,7 @@ bin=build/meshrun
 # is a mean over ~50 ms, not a handful of wake-ups
 small=500
 mpicc -O2 -o build/mpi_coll bench/mpi_coll.c
-log=build/peers.log
+log=build/peers${view:+-barrier}.log
 : > "$log"
 for round in $(seq 1 "$rounds"); do
   {
@@ -35,16 +44,16 @@ for round in $(seq 1 "$rounds"); do
     $bin bench link --hosts 2 --sizes 16M --iters "$iters"
     for op in all_gather reduce_scatter all_reduce all_to_all permute broadcast; do
       echo "# meshrun $op"
-      $bin bench collectives --hosts 2 --op "$op" --sizes 64K --iters "$small" --warmup 20
-      $bin bench collectives --hosts 2 --op "$op" --sizes 16M --iters "$iters" --warmup 3
+      $bin bench collectives --hosts 2 --op "$op" --sizes 64K --iters "$small" --warmup 20 $view
+      $bin bench collectives --hosts 2 --op "$op" --sizes 16M --iters "$iters" --warmup 3 $view
     done
     # the peers report the same statistic: the slowest rank's time,
     # averaged over the iterations
     echo "# Open MPI (unencrypted)"
     mpirun --allow-run-as-root --oversubscribe -np 2 --mca btl tcp,self \
-      --mca btl_tcp_if_include lo --mca pml ob1 build/mpi_coll "$iters" "$small"
+      --mca btl_tcp_if_include lo --mca pml ob1 build/mpi_coll "$iters" "$small" $view
     echo "# gloo (unencrypted)"
-    OMP_NUM_THREADS=1 /usr/bin/python3 bench/gloo_coll.py $(( 20000 + RANDOM % 20000 )) "$iters" "$small"
+    OMP_NUM_THREADS=1 /usr/bin/python3 bench/gloo_coll.py $(( 20000 + RANDOM % 20000 )) "$iters" "$small" $view
   } 2>&1 | tee -a "$log"
 done
 /usr/bin/python3 bench/peers_summary.py "$log"

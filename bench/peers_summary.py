@@ -5,9 +5,9 @@ meshrun's ratios to each peer and to the link measured in the same rounds,
 and what the CPU allows: each implementation's CPU per iteration (user+sys
 of all its processes) divided by the machine's cores is the shortest time
 the iteration could take if it kept every core busy; 'cpu-bound busbw' is
-the busbw that time would give. The CPU figures include the barrier before
-each iteration, which at 64 KiB costs as much as the op itself, so the
-cpu-bound column is printed for 16 MiB only.
+the busbw that time would give. With peers.sh --barrier the CPU figures
+include the barrier before each iteration, which at 64 KiB costs as much
+as the op itself, so the cpu-bound column is printed for 16 MiB only.
 usage: peers_summary.py LOG [CORES]"""
 import os, re, statistics, sys
 

@@ -19,6 +19,6 @@ int cmd_bench(int argc, char **argv)
 	fprintf(stderr, "usage: meshrun bench matmul [--threads N] [--size N]\n"
 			"       meshrun bench link --hosts 2 --sizes 16M[,64K] [--iters K] [--oneway]\n"
 			"       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "
-			"--sizes 64K,1M,16M [--iters K] [--warmup W] [--batch] [key=value ...]\n");
+			"--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [key=value ...]\n");
 	return EXIT_USAGE;
 }

@@ -40,7 +40,7 @@ struct bench_opts {
 	int iters, warmup;
 	long direct_max;          /* -1: default */
 	bool corrupt;             /* test hook: corrupt one result element */
-	bool batch;               /* time iters back to back (nccl-tests) */
+	bool barrier;             /* a barrier before each timed iteration */
 	/* what is left for agent_args / the children */
 	int rest_argc;
 	char **rest;
@@ -111,8 +111,8 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o)
 			o->agent = true;
 		} else if (!strcmp(flag, "--corrupt-for-test")) {
 			o->corrupt = true;
-		} else if (!strcmp(flag, "--batch")) {
-			o->batch = true;
+		} else if (!strcmp(flag, "--barrier")) {
+			o->barrier = true;
 		} else if (!strcmp(flag, "--op")) {
 			NEED_VALUE();
 			o->all_ops = !strcmp(v, "all");
@@ -477,7 +477,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		printf("# %s: %d hosts x %d devices, segment %lld bytes, %d iters, %d warmup, %s\n",
 		       bop_names[op], dc->mesh->num_hosts, dc->mesh->devices_per_host,
 		       (long long)dc->cfg->segment_bytes, o->iters, o->warmup,
-		       o->batch ? "timed back to back" : "barrier before each");
+		       o->barrier ? "barrier before each" : "timed back to back");
 		printf("# %12s %12s %12s %11s %11s %6s\n", "size", "count", "time_us", "algbw_GBps",
 		       "busbw_GBps", "wrong");
 		fflush(stdout);
@@ -510,13 +510,15 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		for (int it = 0; it < o->warmup; it++)
 			if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
 				return EXIT_PEER_LOST;
-		/* default: a barrier before every timed collective, so each one
-		 * pays its own start-up (latency view). --batch: one barrier, then
-		 * iters back to back, as nccl-tests times them (throughput view). */
+		/* default: one barrier, then iters back to back, as nccl-tests
+		 * times them (throughput view, the one bench link's stream
+		 * matches). --barrier: a barrier before every timed collective,
+		 * so each one pays its own start-up and drains its own tail
+		 * (latency view). */
 		double total = 0, cpu0 = run_cpu_us();
 		uint64_t loop0 = xport_now_ns();
 		for (int it = 0; it < o->iters; it++) {
-			if ((!o->batch || it == 0) &&
+			if ((o->barrier || it == 0) &&
 			    (rc = coll_barrier(s->cd, &s->g, dc->err, sizeof(dc->err))))
 				return EXIT_PEER_LOST;
 			uint64_t t0 = xport_now_ns();
