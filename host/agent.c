@@ -178,6 +178,8 @@ int agent_run(const struct cfg *cfg, int host_id, agent_job_fn job, void *job_ar
 		status = EXIT_FAIL;
 		goto out_free;
 	}
+	/* 8 small messages in flight to each host before one has to wait */
+	xport_set_eager(a.x, (size_t)cfg->eager_max_bytes, 8 * (size_t)cfg->eager_max_bytes);
 	net_set_xport(a.net, a.x);
 
 	status = net_start(a.net, err, errlen);

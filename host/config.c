@@ -409,6 +409,11 @@ int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_
 			 c->tls_key_update_bytes);
 		return -EINVAL;
 	}
+	if (c->eager_max_bytes < 0 || c->eager_max_bytes > (1 << 20)) {
+		snprintf(err, errlen, "config: key 'eager_max_bytes' must be in [0, 1048576], got %lld",
+			 c->eager_max_bytes);
+		return -EINVAL;
+	}
 	if (c->segment_bytes < 4096 || c->segment_bytes > c->max_frame_bytes) {
 		snprintf(err, errlen, "config: key 'segment_bytes' must be in [4096, max_frame_bytes], got %lld",
 			 c->segment_bytes);

@@ -36,6 +36,7 @@ struct cfg_list {
 	X(FLOAT, collective_timeout_s, "600", 1, "deadline for one collective") \
 	X(INT,   segment_bytes, "1048576", 1, "ring segment size in bytes") \
 	X(INT,   max_frame_bytes, "67108864", 1, "largest frame payload accepted") \
+	X(INT,   eager_max_bytes, "65536", 1, "a message to another host of at most this many bytes goes out without waiting for the receiver's RecvReady; each host stages at most 8x this from each peer; 0: every message waits") \
 	X(INT,   tls_key_update_bytes, "34359738368", 1, "a link renews its TLS sending key (TLS 1.3 KeyUpdate) after this many bytes; AES-GCM is good for ~2^24.5 records (~390 GB) per key") \
 	/* --- mesh (DESIGN §3); -1 = fill in --- */ \
 	X(INT, ici_data_parallelism, "-1", 1, "default: all devices of a host do data parallelism") \

@@ -575,6 +575,7 @@ static bool tx_next(struct link *l)
 	ch.tag = r->tag;
 	ch.msg_bytes = r->len;
 	ch.msg_offset = m->off;
+	ch.eager = r->eager;
 	f.body_case = MESHRUN__FRAME__BODY_CHUNK;
 	f.chunk = &ch;
 	f.link_seq = ++l->tx_seq;
@@ -1165,13 +1166,16 @@ static void on_chunk(struct link *l, const Meshrun__CollectiveChunk *c)
 			bad_frame(l, "chunk fragment without its start");
 			return;
 		}
-		struct xreq *r = xport_remote_data(n->x, src, dst, c->tag, (size_t)c->msg_bytes);
+		const char *what;
+		struct xreq *r = xport_remote_data(n->x, src, dst, c->tag, (size_t)c->msg_bytes,
+						   c->eager, &what);
 		if (!r) {
 			if (failed_status(n))
 				return;
 			snprintf(why, sizeof(why),
-				 "data from device %d to device %d (tag 0x%llx, %llu bytes) matches no posted receive",
-				 src, dst, (unsigned long long)c->tag, (unsigned long long)c->msg_bytes);
+				 "data from device %d to device %d (tag 0x%llx, %llu bytes) %s",
+				 src, dst, (unsigned long long)c->tag, (unsigned long long)c->msg_bytes,
+				 what);
 			bad_frame(l, why);
 			return;
 		}

@@ -1,6 +1,7 @@
 /* The matching engine behind net/xport.h: one hash table of posted receives,
- * waiting sends and early RecvReady records, keyed by (src, dst, tag).
- * Copies and network I/O happen outside the lock. */
+ * waiting sends, early RecvReady records, eager sends awaiting their
+ * RecvReady and staged eager data, keyed by (src, dst, tag). Copies and
+ * network I/O happen outside the lock. */
 #include "net/xport.h"
 #include "net/fsum.h"
 
@@ -18,6 +19,10 @@ enum {
 	ST_READY,            /* RecvReady arrived before the send was posted */
 	ST_NET,              /* handed to the net layer */
 	ST_DONE,
+	/* internal records, never a caller's request */
+	ST_EAGER_SENT,       /* sent eagerly; its RecvReady returns the credit */
+	ST_STAGING,          /* eager data arriving with no receive posted */
+	ST_STAGED,           /* eager data in, waiting for its receive */
 };
 
 #define NBUCKETS 4096
@@ -34,6 +39,11 @@ struct xport {
 	int fail_rc;
 	char fail_msg[512];
 	uint64_t local_bytes;    /* memcpy'd between devices of this host */
+	/* eager sends (xport_set_eager): bytes sent to each host whose
+	 * RecvReady has not come back, and bytes staged from each host */
+	size_t eager_max, eager_credit;
+	int nhosts;
+	size_t *eager_out, *staged_in;
 };
 
 uint64_t xport_now_ns(void)
@@ -63,6 +73,19 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 		return NULL;
 	}
 	memcpy(x->dev_host, dev_host, sizeof(int) * (size_t)ndev_total);
+	x->nhosts = host_id + 1;
+	for (int d = 0; d < ndev_total; d++)
+		if (dev_host[d] + 1 > x->nhosts)
+			x->nhosts = dev_host[d] + 1;
+	x->eager_out = calloc((size_t)x->nhosts, sizeof(size_t));
+	x->staged_in = calloc((size_t)x->nhosts, sizeof(size_t));
+	if (!x->eager_out || !x->staged_in) {
+		free(x->eager_out);
+		free(x->staged_in);
+		free(x->dev_host);
+		free(x);
+		return NULL;
+	}
 	x->host_id = host_id;
 	x->ndev = ndev_total;
 	if (ops)
@@ -79,7 +102,24 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 
 static void req_free(struct xreq *r)
 {
+	if (r->state == ST_STAGING || r->state == ST_STAGED)
+		free(r->buf);
 	free(r);
+}
+
+/* Records of the engine itself (not a caller's request): freed, never
+ * completed, when the transport fails or is freed. */
+static bool internal(const struct xreq *r)
+{
+	return r->state == ST_READY || r->state >= ST_EAGER_SENT;
+}
+
+void xport_set_eager(struct xport *x, size_t max_bytes, size_t credit_bytes)
+{
+	pthread_mutex_lock(&x->mu);
+	x->eager_max = credit_bytes >= max_bytes ? max_bytes : 0;
+	x->eager_credit = x->eager_max ? credit_bytes : 0;
+	pthread_mutex_unlock(&x->mu);
 }
 
 void xport_free(struct xport *x)
@@ -90,12 +130,14 @@ void xport_free(struct xport *x)
 		struct xreq *r = x->bucket[b], *n;
 		for (; r; r = n) {
 			n = r->next;
-			if (r->state == ST_READY || r->orphan)
+			if (internal(r) || r->orphan)
 				req_free(r);
 		}
 	}
 	pthread_mutex_destroy(&x->mu);
 	pthread_cond_destroy(&x->cv);
+	free(x->eager_out);
+	free(x->staged_in);
 	free(x->dev_host);
 	free(x);
 }
@@ -221,8 +263,21 @@ int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 			pthread_mutex_unlock(&x->mu);
 			return 0;
 		}
-		r->state = peer ? ST_NET : ST_SEND_WAIT_READY;
-		if (!peer)
+		if (!peer && len <= x->eager_max &&
+		    x->eager_out[x->dev_host[dst]] + len <= x->eager_credit) {
+			/* eager: out now; a record waits for the RecvReady the
+			 * receiver sends anyway, which gives the credit back */
+			struct xreq *rec = req_new(x, XREQ_SEND, src, dst, NULL, NULL, len);
+			if (rec) {
+				rec->tag = r->tag;
+				rec->state = ST_EAGER_SENT;
+				insert(x, rec);
+				x->eager_out[x->dev_host[dst]] += len;
+				r->eager = true;
+			}
+		}
+		r->state = peer || r->eager ? ST_NET : ST_SEND_WAIT_READY;
+		if (r->state == ST_SEND_WAIT_READY)
 			insert(x, r);
 	} else {
 		peer = take(x, src, dst, r->tag, ST_RECV_LOCAL, ST_RECV_LOCAL);
@@ -238,10 +293,10 @@ int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 	*out = r;
 
 	if (remote) {
-		if (peer) {
+		if (peer)
 			req_free(peer);
+		if (peer || r->eager)
 			x->ops.send_ready(x->ops_ctx, r);
-		}
 	} else if (peer) {
 		int mrc = peer->len == len ? 0 : -EMSGSIZE;
 		if (!mrc && len) {
@@ -285,18 +340,33 @@ static int irecv(struct xport *x, int src, int dst, const struct xmeta *m, void 
 	}
 	if (!remote)
 		peer = take(x, src, dst, r->tag, ST_SEND_LOCAL, ST_SEND_LOCAL);
+	else if ((peer = take(x, src, dst, r->tag, ST_STAGED, ST_STAGED)))
+		x->staged_in[x->dev_host[src]] -= peer->len;
 	if (peer) {
 		r->state = ST_NET;
-		peer->state = ST_NET;
+		if (!remote)
+			peer->state = ST_NET;
 	} else {
 		r->state = remote ? ST_RECV_REMOTE : ST_RECV_LOCAL;
 		insert(x, r);
 	}
+	/* what the RecvReady says, read before eager data may complete r */
+	struct xreq posted = *r;
 	pthread_mutex_unlock(&x->mu);
 	*out = r;
 
 	if (remote) {
-		x->ops.recv_posted(x->ops_ctx, r);
+		/* always, even when the data is in: the sender waits for it
+		 * (or, after an eager send, takes its credit back) */
+		x->ops.recv_posted(x->ops_ctx, &posted);
+	}
+	if (remote && peer) {
+		/* its eager data is already here */
+		int mrc = peer->len == len ? 0 : -EMSGSIZE;
+		if (!mrc && len)
+			xport_land(r, 0, peer->buf, len);
+		req_free(peer);
+		xport_complete(r, mrc);
 	} else if (peer) {
 		int mrc = peer->len == len ? 0 : -EMSGSIZE;
 		if (!mrc && len) {
@@ -449,7 +519,7 @@ void xport_fail(struct xport *x, int rc, const char *msg)
 			for (; r; r = n) {
 				n = r->next;
 				r->next = NULL;
-				if (r->state == ST_READY)
+				if (internal(r))
 					req_free(r);
 				else
 					finish_locked(r, x->fail_rc);
@@ -487,7 +557,14 @@ struct xreq *xport_remote_ready(struct xport *x, int src, int dst, uint64_t tag,
 		}
 		goto out;
 	}
-	struct xreq *rec = req_new(x, XREQ_SEND, src, dst, NULL, NULL, len);
+	struct xreq *rec = take(x, src, dst, tag, ST_EAGER_SENT, ST_EAGER_SENT);
+	if (rec) {
+		/* the send went out eagerly: its credit comes back */
+		x->eager_out[x->dev_host[dst]] -= rec->len;
+		req_free(rec);
+		goto out;
+	}
+	rec = req_new(x, XREQ_SEND, src, dst, NULL, NULL, len);
 	if (rec) {
 		rec->tag = tag;
 		rec->state = ST_READY;
@@ -498,16 +575,36 @@ out:
 	return r;
 }
 
-struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, size_t len)
+struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, size_t len,
+			       bool eager, const char **why)
 {
 	struct xreq *r;
+	*why = "matches no posted receive";
 	pthread_mutex_lock(&x->mu);
 	r = take(x, src, dst, tag, ST_RECV_REMOTE, ST_RECV_REMOTE);
 	if (r && r->len != len) {
 		finish_locked(r, -EMSGSIZE);
 		r = NULL;
+		*why = "differs in size from its posted receive";
 	} else if (r) {
 		r->state = ST_NET;
+	} else if (eager) {
+		/* no receive yet: stage it, within the credit the sender keeps */
+		int h = x->dev_host[src];
+		if (len > x->eager_max || x->staged_in[h] + len > x->eager_credit) {
+			*why = "is eager data beyond the credit (eager_max_bytes)";
+		} else if (present(x, src, dst, tag, ST_STAGED, ST_STAGED)) {
+			*why = "repeats a message that is still staged";
+		} else if ((r = req_new(x, XREQ_RECV, src, dst, NULL, NULL, len)) &&
+			   (r->buf = malloc(len ? len : 1))) {
+			r->tag = tag;
+			r->state = ST_STAGING;
+			x->staged_in[h] += len;
+		} else {
+			free(r);
+			r = NULL;
+			*why = "has no memory to stage it";
+		}
 	}
 	pthread_mutex_unlock(&x->mu);
 	return r;
@@ -517,6 +614,31 @@ void xport_complete(struct xreq *r, int rc)
 {
 	struct xport *x = r->x;
 	pthread_mutex_lock(&x->mu);
-	finish_locked(r, rc);
+	if (r->state != ST_STAGING) {
+		finish_locked(r, rc);
+		pthread_mutex_unlock(&x->mu);
+		return;
+	}
+	/* staged eager data is in: to its receive if one was posted meanwhile,
+	 * else into the table for the receive to find */
+	struct xreq *want = NULL;
+	if (rc || x->fail_rc) {
+		x->staged_in[x->dev_host[r->src]] -= r->len;
+	} else if ((want = take(x, r->src, r->dst, r->tag, ST_RECV_REMOTE, ST_RECV_REMOTE))) {
+		x->staged_in[x->dev_host[r->src]] -= r->len;
+		want->state = ST_NET;
+	} else {
+		r->state = ST_STAGED;
+		insert(x, r);
+		r = NULL;
+	}
 	pthread_mutex_unlock(&x->mu);
+	if (want) {
+		int mrc = want->len == r->len ? 0 : -EMSGSIZE;
+		if (!mrc && r->len)
+			xport_land(want, 0, r->buf, r->len);
+		xport_complete(want, mrc);
+	}
+	if (r)
+		req_free(r);
 }

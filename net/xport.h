@@ -6,7 +6,17 @@
  * devices of one host a matched send is one memcpy. For a remote peer, a
  * posted receive makes the net thread send RecvReady to the sender's host;
  * the sender's data frame goes out only after that, and its payload is read
- * straight into the posted buffer. So no host ever queues unexpected data.
+ * straight into the posted buffer.
+ *
+ * Except small messages (xport_set_eager): a send of at most max bytes
+ * goes out at once, without waiting for the RecvReady, while the bytes
+ * sent eagerly to that host and not yet answered by a RecvReady stay
+ * within credit. The receiver lands it in the posted buffer, or, if none
+ * is posted yet, stages it (at most credit bytes per sending host, checked
+ * on arrival) until the receive comes. Every remote receive still sends its
+ * RecvReady, and the one that answers an eager send returns its credit. So
+ * unexpected data is bounded per host, and a send without credit just
+ * waits for its RecvReady as a large one does.
  *
  * Device ids are global (mesh row-major ids); dev_host[] maps each to its
  * host. A send and its receive must agree on the byte count exactly.
@@ -50,6 +60,7 @@ struct xreq {
 	void *buf;               /* recv: destination; send: source (const) */
 	size_t len;
 	const float *addend;     /* recv: NULL, or buf = data + addend (float32) */
+	bool eager;              /* send: goes out without a RecvReady */
 	/* private to xport.c */
 	int state;
 	int rc;
@@ -97,6 +108,13 @@ int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
 int xport_irecv_add(struct xport *x, int src, int dst, const struct xmeta *m,
 		    float *buf, const float *addend, size_t len, struct xreq **out);
 
+/* Sends of at most max_bytes to a remote device go out without waiting for
+ * the receiver's RecvReady, while at most credit_bytes sent eagerly to a
+ * host are unanswered; as many bytes from each host may be staged here.
+ * Every host of a job must set the same values. max_bytes 0 (the default):
+ * every send waits for its RecvReady. */
+void xport_set_eager(struct xport *x, size_t max_bytes, size_t credit_bytes);
+
 /* Waits until req completes or deadline_ns (CLOCK_MONOTONIC; 0 = no wait,
  * just test) passes. Returns 0 and frees req; -EAGAIN if deadline_ns was 0
  * and it is still pending (req stays valid); -ETIMEDOUT, or the failure code
@@ -118,9 +136,13 @@ int xport_failed(struct xport *x, char *err, size_t errlen);
 struct xreq *xport_remote_ready(struct xport *x, int src, int dst, uint64_t tag, size_t len);
 /* A data frame header arrived: returns the posted receive it belongs to (the
  * caller reads len bytes into req->buf, or for a receive with an addend
- * passes them through xport_land, then xport_complete), or NULL if none is
- * posted or the length differs (a protocol error: close the link). */
-struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, size_t len);
+ * passes them through xport_land, then xport_complete). For eager data with
+ * no receive posted, a staging request to read it into the same way; its
+ * xport_complete hands the data to the receive. NULL, with the reason in
+ * *why, if none is posted (and the data is not eager), the length differs,
+ * or eager data exceeds the credit: a protocol error, close the link. */
+struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, size_t len,
+			       bool eager, const char **why);
 /* Puts len received bytes at byte offset off of receive r: a copy, or for a
  * receive with an addend, data + addend. off and len multiples of 4 then;
  * data needs no alignment. */
