@@ -147,6 +147,14 @@ START_TEST(test_mesh_sizes)
 	cfg_override(&c, "dcn_fsdp_parallelism=0", err, sizeof(err));
 	ck_assert_int_ne(cfg_finish(&c, 1, 1, err, sizeof(err)), 0);
 	ck_assert_msg(strstr(err, "'dcn_fsdp_parallelism'"), "%s", err);
+	/* eager sends: 0 turns them off, more than 1 MiB is refused */
+	cfg_defaults(&c);
+	ck_assert_int_eq(c.eager_max_bytes, 65536);
+	cfg_override(&c, "eager_max_bytes=0", err, sizeof(err));
+	ck_assert_msg(cfg_finish(&c, 1, 1, err, sizeof(err)) == 0, "%s", err);
+	cfg_override(&c, "eager_max_bytes=2097152", err, sizeof(err));
+	ck_assert_int_ne(cfg_finish(&c, 1, 1, err, sizeof(err)), 0);
+	ck_assert_str_eq(err, "config: key 'eager_max_bytes' must be in [0, 1048576], got 2097152");
 }
 END_TEST
 
