@@ -10,7 +10,8 @@
  * 16 KiB in L1). */
 typedef float v4f __attribute__((vector_size(16)));
 
-void fsum_add(float *restrict dst, const float *restrict a, const float *restrict b, size_t n)
+/* dst may be a itself (fsum_acc): each block is loaded before it is stored */
+static void add_blocks(float *dst, const float *a, const float *b, size_t n)
 {
 	size_t i = 0;
 	for (; i + 8 <= n; i += 8) {
@@ -28,20 +29,12 @@ void fsum_add(float *restrict dst, const float *restrict a, const float *restric
 		dst[i] = a[i] + b[i];
 }
 
+void fsum_add(float *restrict dst, const float *restrict a, const float *restrict b, size_t n)
+{
+	add_blocks(dst, a, b, n);
+}
+
 void fsum_acc(float *restrict dst, const float *restrict a, size_t n)
 {
-	size_t i = 0;
-	for (; i + 8 <= n; i += 8) {
-		v4f x0, x1, y0, y1;
-		memcpy(&x0, dst + i, sizeof(x0));
-		memcpy(&x1, dst + i + 4, sizeof(x1));
-		memcpy(&y0, a + i, sizeof(y0));
-		memcpy(&y1, a + i + 4, sizeof(y1));
-		x0 += y0;
-		x1 += y1;
-		memcpy(dst + i, &x0, sizeof(x0));
-		memcpy(dst + i + 4, &x1, sizeof(x1));
-	}
-	for (; i < n; i++)
-		dst[i] += a[i];
+	add_blocks(dst, dst, a, n);
 }
