@@ -42,7 +42,6 @@ struct xport {
 	/* eager sends (xport_set_eager): bytes sent to each host whose
 	 * RecvReady has not come back, and bytes staged from each host */
 	size_t eager_max, eager_credit;
-	int nhosts;
 	size_t *eager_out, *staged_in;
 };
 
@@ -73,12 +72,12 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 		return NULL;
 	}
 	memcpy(x->dev_host, dev_host, sizeof(int) * (size_t)ndev_total);
-	x->nhosts = host_id + 1;
+	int nhosts = host_id + 1;
 	for (int d = 0; d < ndev_total; d++)
-		if (dev_host[d] + 1 > x->nhosts)
-			x->nhosts = dev_host[d] + 1;
-	x->eager_out = calloc((size_t)x->nhosts, sizeof(size_t));
-	x->staged_in = calloc((size_t)x->nhosts, sizeof(size_t));
+		if (dev_host[d] + 1 > nhosts)
+			nhosts = dev_host[d] + 1;
+	x->eager_out = calloc((size_t)nhosts, sizeof(size_t));
+	x->staged_in = calloc((size_t)nhosts, sizeof(size_t));
 	if (!x->eager_out || !x->staged_in) {
 		free(x->eager_out);
 		free(x->staged_in);
@@ -112,6 +111,17 @@ static void req_free(struct xreq *r)
 static bool internal(const struct xreq *r)
 {
 	return r->state == ST_READY || r->state >= ST_EAGER_SENT;
+}
+
+/* Staged eager data meets its receive (both out of the table): lands it,
+ * frees the staging and completes the receive. */
+static void land_staged(struct xreq *recv, struct xreq *staged)
+{
+	int rc = recv->len == staged->len ? 0 : -EMSGSIZE;
+	if (!rc && staged->len)
+		xport_land(recv, 0, staged->buf, staged->len);
+	req_free(staged);
+	xport_complete(recv, rc);
 }
 
 void xport_set_eager(struct xport *x, size_t max_bytes, size_t credit_bytes)
@@ -361,12 +371,7 @@ static int irecv(struct xport *x, int src, int dst, const struct xmeta *m, void 
 		x->ops.recv_posted(x->ops_ctx, &posted);
 	}
 	if (remote && peer) {
-		/* its eager data is already here */
-		int mrc = peer->len == len ? 0 : -EMSGSIZE;
-		if (!mrc && len)
-			xport_land(r, 0, peer->buf, len);
-		req_free(peer);
-		xport_complete(r, mrc);
+		land_staged(r, peer);     /* its eager data is already here */
 	} else if (peer) {
 		int mrc = peer->len == len ? 0 : -EMSGSIZE;
 		if (!mrc && len) {
@@ -633,12 +638,8 @@ void xport_complete(struct xreq *r, int rc)
 		r = NULL;
 	}
 	pthread_mutex_unlock(&x->mu);
-	if (want) {
-		int mrc = want->len == r->len ? 0 : -EMSGSIZE;
-		if (!mrc && r->len)
-			xport_land(want, 0, r->buf, r->len);
-		xport_complete(want, mrc);
-	}
-	if (r)
+	if (want)
+		land_staged(want, r);
+	else if (r)
 		req_free(r);
 }
