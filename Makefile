@@ -22,7 +22,7 @@ LDLIBS      = $(PKG_LIBS) -lm -pthread
 
 PROTO_C  := $(B)/proto/meshrun.pb-c.c
 PROTO_H  := $(B)/proto/meshrun.pb-c.h
-LIB_SRC  := $(wildcard kernels/*.c net/*.c) $(filter-out host/main.c,$(wildcard host/*.c))
+LIB_SRC  := $(wildcard kernels/*.c net/*.c) $(filter-out host/cli/main.c,$(wildcard host/*/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(B)/%.o) $(B)/proto/meshrun.pb-c.o
 TEST_SRC := $(wildcard tests/check_*.c)
 TESTS    := $(TEST_SRC:tests/%.c=$(B)/tests/%)
@@ -55,7 +55,7 @@ $(B)/proto/meshrun.pb-c.o: $(PROTO_C)
 $(B)/libmeshrun.a: $(LIB_OBJ)
 	ar rcs $@ $^
 
-$(B)/meshrun: $(B)/host/main.o $(B)/libmeshrun.a
+$(B)/meshrun: $(B)/host/cli/main.o $(B)/libmeshrun.a
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(B)/tests/%: tests/%.c $(B)/libmeshrun.a

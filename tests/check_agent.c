@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "host/cli.h"
+#include "host/cli/cli.h"
 #include "net/conn.h"
 #include "net/frame.h"
 #include "net/net.h"

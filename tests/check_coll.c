@@ -22,8 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "host/config.h"
-#include "host/mesh.h"
+#include "host/config/config.h"
+#include "host/mesh/mesh.h"
 #include "net/coll.h"
 #include "net/xport.h"
 

@@ -6,8 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "host/config.h"
-#include "host/mesh.h"
+#include "host/config/config.h"
+#include "host/mesh/mesh.h"
 
 static char err[1024];
 

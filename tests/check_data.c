@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host/config.h"
-#include "host/data.h"
+#include "host/config/config.h"
+#include "host/train/data.h"
 
 #define GPL3 "/usr/share/common-licenses/GPL-3"
 

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/config.h"
-#include "host/mesh.h"
+#include "host/config/config.h"
+#include "host/mesh/mesh.h"
 
 /* dcn_data=2, ici_fsdp=2, ici_tensor=2: 2 hosts x 4 devices */
 static void mesh_dcn_ici(struct mesh *m)

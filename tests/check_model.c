@@ -8,9 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "host/config.h"
-#include "host/model.h"
-#include "host/train.h"
+#include "host/config/config.h"
+#include "host/model/model.h"
+#include "host/train/train.h"
 #include "kernels/kernels.h"
 
 static char err[1024];

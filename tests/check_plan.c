@@ -1,4 +1,4 @@
-/* The sharded-matmul planner (host/plan.c) and the model's plans: gathered
+/* The sharded-matmul planner (host/mesh/plan.c) and the model's plans: gathered
  * and reduced axes worked out by hand for FSDP, tensor, tensor-transpose
  * and expert meshes; the storage order that makes a gathered block
  * contiguous; block placement tiling a tensor; FSDP halving the weights a
@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/config.h"
-#include "host/mesh.h"
-#include "host/model.h"
-#include "host/plan.h"
-#include "host/shard.h"
+#include "host/config/config.h"
+#include "host/mesh/mesh.h"
+#include "host/model/model.h"
+#include "host/mesh/plan.h"
+#include "host/mesh/shard.h"
 
 static char err[1024];
 

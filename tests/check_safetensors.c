@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host/safetensors.h"
+#include "host/ckpt/safetensors.h"
 
 static char dir[64];
 static char err[512];

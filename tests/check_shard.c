@@ -9,9 +9,9 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "host/config.h"
-#include "host/mesh.h"
-#include "host/shard.h"
+#include "host/config/config.h"
+#include "host/mesh/mesh.h"
+#include "host/mesh/shard.h"
 
 static char err[1024];
 

@@ -6,7 +6,7 @@
 #include <check.h>
 #include <stdarg.h>
 
-#include "host/cli.h"
+#include "host/cli/cli.h"
 #include "tests/proc.h"
 
 static void setup(void)

@@ -1,0 +1,688 @@
+/* `meshrun bench collectives`: the launcher half starts N agents on
+ * loopback; the agent half runs every device thread through the timed loop
+ * (barrier, collective; mean per iteration, max over ranks) and then checks
+ * every element of one more run against inputs whose expected results are
+ * exact small integers. Bandwidths are defined as in nccl-tests. */
+#include "host/bench/bench_coll.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/agent/agent.h"
+#include "host/cli/cli.h"
+#include "host/config/config.h"
+#include "host/launch/local.h"
+#include "host/mesh/mesh.h"
+#include "host/train/run.h"
+#include "net/coll.h"
+
+#define MAX_LIST 32
+
+enum bop { B_AG, B_RS, B_AR, B_A2A, B_PERM, B_BCAST, B_NOPS };
+
+static const char *const bop_names[B_NOPS] = {
+	"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "permute", "broadcast",
+};
+
+struct bench_opts {
+	bool agent;
+	int hosts;
+	bool all_ops;
+	int op;                   /* enum bop when !all_ops */
+	int nsizes;
+	size_t sizes[MAX_LIST];
+	int ncounts;              /* > 0: check mode */
+	size_t counts[MAX_LIST];
+	int iters, warmup;
+	long direct_max;          /* -1: default */
+	bool corrupt;             /* test hook: corrupt one result element */
+	bool barrier;             /* a barrier before each timed iteration */
+	/* what is left for agent_args / the children */
+	int rest_argc;
+	char **rest;
+};
+
+static int parse_list(const char *s, size_t *out, int *n)
+{
+	char buf[512];
+	snprintf(buf, sizeof(buf), "%s", s);
+	*n = 0;
+	for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (*n == MAX_LIST || cfg_parse_bytes(t, &out[*n]))
+			return -1;
+		(*n)++;
+	}
+	return *n ? 0 : -1;
+}
+
+static int parse_int(const char *s, int lo, int *out)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (end == s || *end || v < lo || v > 1000000000)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+/* Takes our own flags out of argv (argv[0] is the subcommand name); the rest
+ * stays for agent_args or the children, in order. */
+static int parse_opts(int argc, char **argv, struct bench_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->op = -1;
+	o->iters = 20;
+	o->warmup = 5;
+	o->direct_max = -1;
+	o->rest = calloc((size_t)argc + 1, sizeof(char *));
+	if (!o->rest) {
+		fprintf(stderr, "bench collectives: out of memory\n");
+		return EXIT_FAIL;
+	}
+	o->rest[o->rest_argc++] = argv[0];
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *v = NULL;
+		char flag[64];
+		/* --flag=value and --flag value */
+		const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
+		if (eq && (size_t)(eq - a) < sizeof(flag)) {
+			memcpy(flag, a, (size_t)(eq - a));
+			flag[eq - a] = 0;
+			v = eq + 1;
+		} else {
+			snprintf(flag, sizeof(flag), "%s", a);
+		}
+#define NEED_VALUE() \
+	do { \
+		if (!v) { \
+			if (i + 1 >= argc) { \
+				fprintf(stderr, "bench collectives: '%s' needs a value\n", flag); \
+				return EXIT_USAGE; \
+			} \
+			v = argv[++i]; \
+		} \
+	} while (0)
+		if (!strcmp(flag, "--agent")) {
+			o->agent = true;
+		} else if (!strcmp(flag, "--corrupt-for-test")) {
+			o->corrupt = true;
+		} else if (!strcmp(flag, "--barrier")) {
+			o->barrier = true;
+		} else if (!strcmp(flag, "--op")) {
+			NEED_VALUE();
+			o->all_ops = !strcmp(v, "all");
+			for (int k = 0; k < B_NOPS; k++)
+				if (!strcmp(v, bop_names[k]))
+					o->op = k;
+			if (!o->all_ops && o->op < 0) {
+				fprintf(stderr, "bench collectives: unknown op '%s' (all_gather, "
+					"reduce_scatter, all_reduce, all_to_all, permute, broadcast, all)\n", v);
+				return EXIT_USAGE;
+			}
+		} else if (!strcmp(flag, "--sizes")) {
+			NEED_VALUE();
+			if (parse_list(v, o->sizes, &o->nsizes)) {
+				fprintf(stderr, "bench collectives: bad size list '%s'\n", v);
+				return EXIT_USAGE;
+			}
+		} else if (!strcmp(flag, "--check-counts")) {
+			NEED_VALUE();
+			if (parse_list(v, o->counts, &o->ncounts)) {
+				fprintf(stderr, "bench collectives: bad count list '%s'\n", v);
+				return EXIT_USAGE;
+			}
+		} else if (!strcmp(flag, "--iters") || !strcmp(flag, "--warmup")) {
+			NEED_VALUE();
+			if (parse_int(v, flag[2] == 'i' ? 1 : 0, flag[2] == 'i' ? &o->iters : &o->warmup)) {
+				fprintf(stderr, "bench collectives: bad value '%s' for %s\n", v, flag);
+				return EXIT_USAGE;
+			}
+		} else if (!strcmp(flag, "--direct-max")) {
+			int dm;
+			NEED_VALUE();
+			if (parse_int(v, 0, &dm)) {
+				fprintf(stderr, "bench collectives: bad value '%s' for %s\n", v, flag);
+				return EXIT_USAGE;
+			}
+			o->direct_max = dm;
+		} else if (!strcmp(flag, "--hosts") && !o->agent) {
+			/* the launcher's; agents get --hosts from local_launch */
+			NEED_VALUE();
+			if (parse_int(v, 1, &o->hosts)) {
+				fprintf(stderr, "bench collectives: bad host count '%s'\n", v);
+				return EXIT_USAGE;
+			}
+		} else {
+			o->rest[o->rest_argc++] = argv[i];
+		}
+#undef NEED_VALUE
+	}
+	o->rest[o->rest_argc] = NULL;
+	if (!o->ncounts && !o->nsizes) {
+		fprintf(stderr, "bench collectives: give --sizes (with --op) or --check-counts\n");
+		return EXIT_USAGE;
+	}
+	if (!o->ncounts && o->op < 0 && !o->all_ops) {
+		fprintf(stderr, "bench collectives: give --op (all_gather, reduce_scatter, "
+			"all_reduce, all_to_all, permute, broadcast, all)\n");
+		return EXIT_USAGE;
+	}
+	return 0;
+}
+
+/* ---- the job on each device ---- */
+
+struct job {
+	const struct bench_opts *o;
+};
+
+
+/* exact small integers: any sum over <= 4096 devices is exact */
+static float val(int dev, size_t i, int salt)
+{
+	return (float)((dev * 37 + (int)(i % 1009) * 3 + salt * 11) % 61) - 20.0f;
+}
+
+/* all_to_all block from rank r to rank q: `per` floats, or uneven with
+ * zeros in check mode */
+static size_t a2a_count(int r, int q, size_t per, bool uneven)
+{
+	if (!uneven)
+		return per;
+	return ((r + 2 * q) % 3 == 0) ? 0 : per + (size_t)((r * 5 + q * 3) % 7);
+}
+
+static float a2a_val(int r, int q, size_t i)
+{
+	return (float)(((r * 64 + q * 8) % 2039) + (int)(i % 8));
+}
+
+/* One case: op at `count` (per-rank count for check mode; derived from a
+ * byte size in timed mode). */
+struct ccase {
+	int op;
+	size_t count;             /* floats: see setup() */
+	int shift, root;
+	bool uneven;
+};
+
+struct dev_state {
+	struct device_ctx *dc;
+	struct coll_dev *cd;
+	struct coll_group g;
+	struct mesh_group mg;
+	float *in, *out;
+	size_t cap_in, cap_out;
+	size_t *sb, *rb;          /* all_to_all sizes, bytes */
+	size_t first_bad;         /* first wrong element, or SIZE_MAX */
+	float got, want;
+};
+
+static int reserve(float **p, size_t *cap, size_t n)
+{
+	if (n <= *cap)
+		return 0;
+	free(*p);
+	*p = malloc(n * sizeof(float) + 64);
+	if (!*p) {
+		*cap = 0;
+		return -1;
+	}
+	*cap = n;
+	return 0;
+}
+
+/* Sizes the buffers for case c and fills inputs. */
+static int setup(struct dev_state *s, const struct ccase *c, int salt)
+{
+	int n = s->g.n, r = s->g.rank, dev = s->dc->device_id;
+	size_t cnt = c->count, nin = 0, nout = 0;
+	switch (c->op) {
+	case B_AG: nin = cnt; nout = cnt * (size_t)n; break;
+	case B_RS: nin = cnt * (size_t)n; nout = cnt; break;
+	case B_AR: nin = 0; nout = cnt; break;
+	case B_PERM: nin = cnt; nout = cnt; break;
+	case B_BCAST: nin = 0; nout = cnt; break;
+	case B_A2A:
+		for (int q = 0; q < n; q++) {
+			s->sb[q] = a2a_count(r, q, cnt, c->uneven);
+			s->rb[q] = a2a_count(q, r, cnt, c->uneven);
+			nin += s->sb[q];
+			nout += s->rb[q];
+		}
+		break;
+	}
+	if (reserve(&s->in, &s->cap_in, nin) || reserve(&s->out, &s->cap_out, nout))
+		return -1;
+	switch (c->op) {
+	case B_AG:
+	case B_RS:
+	case B_PERM:
+		for (size_t i = 0; i < nin; i++)
+			s->in[i] = val(dev, i, salt);
+		memset(s->out, 0, nout * sizeof(float));
+		break;
+	case B_AR:
+	case B_BCAST:
+		for (size_t i = 0; i < nout; i++)
+			s->out[i] = val(dev, i, salt);
+		break;
+	case B_A2A: {
+		size_t o = 0;
+		for (int q = 0; q < n; q++)
+			for (size_t i = 0; i < s->sb[q]; i++)
+				s->in[o++] = a2a_val(r, q, i);
+		memset(s->out, 0, nout * sizeof(float));
+		for (int q = 0; q < n; q++) {
+			s->sb[q] *= sizeof(float);
+			s->rb[q] *= sizeof(float);
+		}
+		break;
+	}
+	}
+	return 0;
+}
+
+static int run_case(struct dev_state *s, const struct ccase *c, char *err, size_t errlen)
+{
+	size_t cnt = c->count;
+	switch (c->op) {
+	case B_AG:
+		return coll_all_gather(s->cd, &s->g, s->out, s->in, cnt * sizeof(float), err, errlen);
+	case B_RS:
+		return coll_reduce_scatter(s->cd, &s->g, s->out, s->in, cnt, err, errlen);
+	case B_AR:
+		return coll_all_reduce(s->cd, &s->g, s->out, cnt, err, errlen);
+	case B_A2A:
+		return coll_all_to_all(s->cd, &s->g, s->out, s->rb, s->in, s->sb, err, errlen);
+	case B_PERM:
+		return coll_permute(s->cd, &s->g, s->out, s->in, cnt * sizeof(float), c->shift,
+				    err, errlen);
+	case B_BCAST:
+		return coll_broadcast(s->cd, &s->g, s->out, cnt * sizeof(float), c->root, err, errlen);
+	}
+	return -EINVAL;
+}
+
+static void note_bad(struct dev_state *s, size_t idx, float got, float want, uint64_t *wrong)
+{
+	if (!*wrong) {
+		s->first_bad = idx;
+		s->got = got;
+		s->want = want;
+	}
+	(*wrong)++;
+}
+
+/* Counts elements of the output that differ from the expected result. */
+static uint64_t verify(struct dev_state *s, const struct ccase *c, int salt)
+{
+	int n = s->g.n, r = s->g.rank;
+	const int *devs = s->g.devs;
+	size_t cnt = c->count;
+	uint64_t wrong = 0;
+	s->first_bad = SIZE_MAX;
+	switch (c->op) {
+	case B_AG:
+		for (size_t k = 0; k < cnt * (size_t)n; k++) {
+			float want = val(devs[k / cnt], k % cnt, salt);
+			if (s->out[k] != want)
+				note_bad(s, k, s->out[k], want, &wrong);
+		}
+		break;
+	case B_RS:
+	case B_AR:
+		for (size_t i = 0; i < cnt; i++) {
+			size_t src_i = c->op == B_RS ? (size_t)r * cnt + i : i;
+			float want = 0;
+			for (int p = 0; p < n; p++)
+				want += val(devs[p], src_i, salt);
+			if (s->out[i] != want)
+				note_bad(s, i, s->out[i], want, &wrong);
+		}
+		break;
+	case B_PERM: {
+		int sh = ((c->shift % n) + n) % n;
+		int from = devs[(r - sh + n) % n];
+		for (size_t i = 0; i < cnt; i++) {
+			float want = val(from, i, salt);
+			if (s->out[i] != want)
+				note_bad(s, i, s->out[i], want, &wrong);
+		}
+		break;
+	}
+	case B_BCAST:
+		for (size_t i = 0; i < cnt; i++) {
+			float want = val(devs[c->root], i, salt);
+			if (s->out[i] != want)
+				note_bad(s, i, s->out[i], want, &wrong);
+		}
+		break;
+	case B_A2A: {
+		size_t o = 0;
+		for (int q = 0; q < n; q++)
+			for (size_t i = 0; i < s->rb[q] / sizeof(float); i++, o++) {
+				float want = a2a_val(q, r, i);
+				if (s->out[o] != want)
+					note_bad(s, o, s->out[o], want, &wrong);
+			}
+		break;
+	}
+	}
+	return wrong;
+}
+
+/* What every rank contributes to the summary: time and wrong count. */
+struct rank_stat {
+	double time_us;
+	double cpu_us;            /* the agent process's user+sys over the timed
+				   * loop, per iteration; first device of a host only */
+	double loop_us;           /* wall time of the timed loop, barriers
+				   * included, per iteration */
+	uint64_t wrong;
+};
+
+static int gather_stats(struct dev_state *s, struct rank_stat *mine, struct rank_stat *all,
+			char *err, size_t errlen)
+{
+	return coll_all_gather(s->cd, &s->g, all, mine, sizeof(*mine), err, errlen);
+}
+
+static void case_label(const struct ccase *c, char *buf, size_t len)
+{
+	if (c->op == B_PERM)
+		snprintf(buf, len, "%s shift %+d", bop_names[c->op], c->shift);
+	else if (c->op == B_BCAST)
+		snprintf(buf, len, "%s root %d", bop_names[c->op], c->root);
+	else
+		snprintf(buf, len, "%s", bop_names[c->op]);
+}
+
+/* Check mode: every op at every count; returns 0 or EXIT_FAIL. */
+static int check_all(struct dev_state *s, const struct bench_opts *o, struct rank_stat *all)
+{
+	struct device_ctx *dc = s->dc;
+	int n = s->g.n;
+	uint64_t total_wrong = 0;
+	int salt = 0;
+	for (int ci = 0; ci < o->ncounts; ci++) {
+		struct ccase cases[16];
+		int nc = 0;
+		size_t cnt = o->counts[ci];
+		cases[nc++] = (struct ccase){ .op = B_AG, .count = cnt };
+		cases[nc++] = (struct ccase){ .op = B_RS, .count = cnt };
+		cases[nc++] = (struct ccase){ .op = B_AR, .count = cnt };
+		cases[nc++] = (struct ccase){ .op = B_A2A, .count = cnt, .uneven = true };
+		cases[nc++] = (struct ccase){ .op = B_PERM, .count = cnt, .shift = 1 };
+		cases[nc++] = (struct ccase){ .op = B_PERM, .count = cnt, .shift = -1 };
+		cases[nc++] = (struct ccase){ .op = B_PERM, .count = cnt, .shift = 2 };
+		cases[nc++] = (struct ccase){ .op = B_BCAST, .count = cnt, .root = 0 };
+		cases[nc++] = (struct ccase){ .op = B_BCAST, .count = cnt, .root = n - 1 };
+		for (int k = 0; k < nc; k++) {
+			const struct ccase *c = &cases[k];
+			char label[64];
+			case_label(c, label, sizeof(label));
+			salt++;
+			if (setup(s, c, salt)) {
+				snprintf(dc->err, sizeof(dc->err), "bench collectives: out of memory");
+				return EXIT_FAIL;
+			}
+			int rc = run_case(s, c, dc->err, sizeof(dc->err));
+			if (rc)
+				return rc == -EINVAL ? EXIT_FAIL : EXIT_PEER_LOST;
+			if (o->corrupt && s->g.rank == 0 && c->op == B_AR && cnt)
+				s->out[cnt / 2] += 1.0f;
+			struct rank_stat mine = { .wrong = verify(s, c, salt) };
+			if (mine.wrong)
+				fprintf(stderr, "mismatch: %s count %zu on device %d: element %zu is %.9g, "
+					"want %.9g (%llu wrong)\n", label, cnt, dc->device_id,
+					s->first_bad, s->got, s->want, (unsigned long long)mine.wrong);
+			if ((rc = gather_stats(s, &mine, all, dc->err, sizeof(dc->err))))
+				return EXIT_PEER_LOST;
+			uint64_t w = 0;
+			for (int p = 0; p < n; p++)
+				w += all[p].wrong;
+			total_wrong += w;
+			if (dc->device_id == 0)
+				printf("check %-18s count %-9zu wrong %llu\n", label, cnt,
+				       (unsigned long long)w);
+		}
+	}
+	if (dc->device_id == 0) {
+		if (total_wrong)
+			printf("check failed: %llu wrong elements\n", (unsigned long long)total_wrong);
+		else
+			printf("check ok: %d ops x %d counts on %d devices\n", 9, o->ncounts, n);
+		fflush(stdout);
+	}
+	if (total_wrong) {
+		snprintf(dc->err, sizeof(dc->err), "bench collectives: %llu wrong elements",
+			 (unsigned long long)total_wrong);
+		return EXIT_FAIL;
+	}
+	return 0;
+}
+
+/* Timed mode: one table per op. */
+static int time_op(struct dev_state *s, const struct bench_opts *o, int op, struct rank_stat *all)
+{
+	struct device_ctx *dc = s->dc;
+	int n = s->g.n;
+	if (dc->device_id == 0) {
+		printf("# %s: %d hosts x %d devices, segment %lld bytes, %d iters, %d warmup, %s\n",
+		       bop_names[op], dc->mesh->num_hosts, dc->mesh->devices_per_host,
+		       (long long)dc->cfg->segment_bytes, o->iters, o->warmup,
+		       o->barrier ? "barrier before each" : "timed back to back");
+		printf("# %12s %12s %12s %11s %11s %6s\n", "size", "count", "time_us", "algbw_GBps",
+		       "busbw_GBps", "wrong");
+		fflush(stdout);
+	}
+	double cpu_us[MAX_LIST] = { 0 }, busy[MAX_LIST] = { 0 };
+	size_t row_bytes[MAX_LIST] = { 0 };   /* the size column of each row */
+	for (int si = 0; si < o->nsizes; si++) {
+		/* size = the full buffer as nccl-tests defines it */
+		size_t floats = o->sizes[si] / sizeof(float);
+		struct ccase c = { .op = op, .shift = 1, .root = 0 };
+		size_t size_floats;
+		switch (op) {
+		case B_AG:
+		case B_RS:
+		case B_A2A:
+			c.count = floats / (size_t)n;
+			size_floats = c.count * (size_t)n;
+			break;
+		default:
+			c.count = floats;
+			size_floats = floats;
+			break;
+		}
+		int salt = 100 + si;
+		if (setup(s, &c, salt)) {
+			snprintf(dc->err, sizeof(dc->err), "bench collectives: out of memory");
+			return EXIT_FAIL;
+		}
+		int rc;
+		for (int it = 0; it < o->warmup; it++)
+			if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
+				return EXIT_PEER_LOST;
+		/* default: one barrier, then iters back to back, as nccl-tests
+		 * times them (throughput view, the one bench link's stream
+		 * matches). --barrier: a barrier before every timed collective,
+		 * so each one pays its own start-up and drains its own tail
+		 * (latency view). */
+		double total = 0, cpu0 = run_cpu_us();
+		uint64_t loop0 = xport_now_ns();
+		for (int it = 0; it < o->iters; it++) {
+			if ((o->barrier || it == 0) &&
+			    (rc = coll_barrier(s->cd, &s->g, dc->err, sizeof(dc->err))))
+				return EXIT_PEER_LOST;
+			uint64_t t0 = xport_now_ns();
+			if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
+				return EXIT_PEER_LOST;
+			total += (double)(xport_now_ns() - t0);
+		}
+		/* fresh inputs (all_reduce worked in place), one checked run */
+		if (setup(s, &c, salt))
+			return EXIT_FAIL;
+		if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
+			return EXIT_PEER_LOST;
+		if (o->corrupt && s->g.rank == 0 && c.count)
+			s->out[0] += 1.0f;
+		double cpu = (run_cpu_us() - cpu0) / o->iters;
+		double loop = (double)(xport_now_ns() - loop0) / 1e3 / o->iters;
+		struct rank_stat mine = { .time_us = total / o->iters / 1e3,
+					  .cpu_us = dc->local_index == 0 ? cpu : 0,
+					  .loop_us = loop,
+					  .wrong = verify(s, &c, salt) };
+		if (mine.wrong)
+			fprintf(stderr, "mismatch: %s size %zu on device %d: element %zu is %.9g, "
+				"want %.9g (%llu wrong)\n", bop_names[op], size_floats * sizeof(float),
+				dc->device_id, s->first_bad, s->got, s->want,
+				(unsigned long long)mine.wrong);
+		if ((rc = gather_stats(s, &mine, all, dc->err, sizeof(dc->err))))
+			return EXIT_PEER_LOST;
+		double t = 0;
+		uint64_t wrong = 0;
+		for (int p = 0; p < n; p++) {
+			if (all[p].time_us > t)
+				t = all[p].time_us;
+			wrong += all[p].wrong;
+			cpu_us[si] += all[p].cpu_us;
+			/* each agent's CPU against its own loop's wall time */
+			if (all[p].loop_us > 0)
+				busy[si] += all[p].cpu_us / all[p].loop_us;
+		}
+		row_bytes[si] = size_floats * sizeof(float);
+		if (dc->device_id == 0) {
+			double bytes = (double)size_floats * sizeof(float);
+			double alg = t > 0 ? bytes / t / 1e3 : 0;
+			double f = 1;
+			if (op == B_AG || op == B_RS || op == B_A2A)
+				f = (double)(n - 1) / n;
+			else if (op == B_AR)
+				f = 2.0 * (n - 1) / n;
+			printf("  %12zu %12zu %12.1f %11.3f %11.3f %6llu\n", size_floats * sizeof(float),
+			       size_floats, t, alg, alg * f, (unsigned long long)wrong);
+			fflush(stdout);
+		}
+		if (wrong) {
+			snprintf(dc->err, sizeof(dc->err), "bench collectives: %s: %llu wrong elements",
+				 bop_names[op], (unsigned long long)wrong);
+			return EXIT_FAIL;
+		}
+	}
+	if (dc->device_id == 0) {
+		/* CPU the agents spent per iteration against the wall time of
+		 * the same loop (barriers included in both): a figure near the
+		 * machine's core count means the op is CPU-bound here */
+		for (int si = 0; si < o->nsizes; si++)
+			printf("# cpu %zu: %.1f us per iteration, all agents (user+sys); "
+			       "%.2f cores busy\n", row_bytes[si],
+			       cpu_us[si], busy[si]);
+		fflush(stdout);
+	}
+	if (dc->device_id == 0 && dc->mesh->num_hosts > 1) {
+		printf("# tls key updates sent by host 0 so far: %llu (every %lld bytes per link)\n",
+		       (unsigned long long)agent_tls_key_updates(dc->agent), dc->cfg->tls_key_update_bytes);
+		fflush(stdout);
+	}
+	return 0;
+}
+
+static int coll_job(struct device_ctx *dc)
+{
+	const struct job *j = dc->job_arg;
+	const struct bench_opts *o = j->o;
+	struct dev_state *s = calloc(1, sizeof(*s));
+	int rc = EXIT_FAIL;
+	if (!s) {
+		snprintf(dc->err, sizeof(dc->err), "bench collectives: out of memory");
+		return EXIT_FAIL;
+	}
+	s->dc = dc;
+	/* one group over every device, host-major ring order */
+	mesh_group(dc->mesh, dc->device_id, (1u << AX_COUNT) - 1, &s->mg);
+	s->g = (struct coll_group){ .id = s->mg.id, .n = s->mg.n, .rank = s->mg.rank,
+				    .devs = s->mg.devs };
+	int n = s->g.n;
+	s->sb = calloc((size_t)n * 2, sizeof(size_t));
+	struct rank_stat *all = calloc((size_t)n, sizeof(*all));
+	s->cd = coll_dev_new(dc->xport, dc->device_id, (size_t)dc->cfg->segment_bytes,
+			     dc->cfg->collective_timeout_s);
+	if (!s->sb || !all || !s->cd) {
+		snprintf(dc->err, sizeof(dc->err), "bench collectives: out of memory");
+		goto out;
+	}
+	s->rb = s->sb + n;
+	if (o->direct_max >= 0)
+		coll_set_direct_max(s->cd, (size_t)o->direct_max);
+
+	if (o->ncounts) {
+		rc = check_all(s, o, all);
+	} else {
+		rc = 0;
+		for (int op = 0; op < B_NOPS && !rc; op++)
+			if (o->all_ops || op == o->op)
+				rc = time_op(s, o, op, all);
+	}
+out:
+	coll_dev_free(s->cd);
+	free(all);
+	free(s->sb);
+	free(s->in);
+	free(s->out);
+	free(s);
+	return rc;
+}
+
+/* ---- entry ---- */
+
+static int run_agent(struct bench_opts *o)
+{
+	static struct cfg cfg;
+	char err[512];
+	int host_id = -1;
+	int argc = o->rest_argc;
+	int rc = agent_args(&argc, o->rest, &cfg, &host_id, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "bench collectives: %s\n", err);
+		return rc;
+	}
+	if (argc > 1) {
+		fprintf(stderr, "bench collectives: unexpected argument '%s'\n", o->rest[1]);
+		return EXIT_USAGE;
+	}
+	struct job j = { .o = o };
+	rc = agent_run(&cfg, host_id, coll_job, &j, err, sizeof(err));
+	if (rc)
+		fprintf(stderr, "bench collectives: host %d: %s\n", host_id, err);
+	return rc;
+}
+
+static int run_launcher(struct bench_opts *o, int argc, char **argv)
+{
+	char err[512];
+	if (o->hosts < 1) {
+		fprintf(stderr, "bench collectives: give --hosts N\n");
+		return EXIT_USAGE;
+	}
+	int rc = local_launch_agents(o->hosts, "bench", argc, argv, err, sizeof(err));
+	if (rc)
+		fprintf(stderr, "bench collectives: %s\n", err);
+	return rc;
+}
+
+int bench_coll_main(int argc, char **argv)
+{
+	struct bench_opts o;
+	int rc = parse_opts(argc, argv, &o);
+	if (!rc)
+		rc = o.agent ? run_agent(&o) : run_launcher(&o, argc, argv);
+	free(o.rest);
+	return rc;
+}

@@ -1,0 +1,137 @@
+/* Measures square sgemm through matmul_forward, the path every linear layer
+ * takes, so the figure is the ceiling the model's MFU is measured against. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "host/bench/bench_matmul.h"
+#include "host/cli/cli.h"
+#include "kernels/kernels.h"
+
+struct sgemm_bufs {
+	float *a, *b, *c;
+	int n;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static int bufs_init(struct sgemm_bufs *s, int n)
+{
+	size_t nn = (size_t)n * n;
+	s->n = n;
+	s->a = malloc(sizeof(float) * nn);
+	s->b = malloc(sizeof(float) * nn);
+	s->c = malloc(sizeof(float) * nn);
+	if (!s->a || !s->b || !s->c) {
+		free(s->a);
+		free(s->b);
+		free(s->c);
+		return -1;
+	}
+	/* small values that stay finite; content does not affect sgemm speed */
+	for (size_t i = 0; i < nn; i++) {
+		s->a[i] = (float)((i * 7) % 13) * 0.01f - 0.06f;
+		s->b[i] = (float)((i * 5) % 11) * 0.01f - 0.05f;
+	}
+	return 0;
+}
+
+static void bufs_release(struct sgemm_bufs *s)
+{
+	free(s->a);
+	free(s->b);
+	free(s->c);
+}
+
+/* seconds of one call */
+static double time_one(struct sgemm_bufs *s)
+{
+	double t = now_s();
+	matmul_forward(s->c, s->a, s->b, s->n, s->n, s->n, 0);
+	return now_s() - t;
+}
+
+static double gflops(int n, double secs)
+{
+	return 2.0 * n * n * (double)n / secs / 1e9;
+}
+
+double bench_sgemm_peak_gflops(int threads, double seconds)
+{
+	struct sgemm_bufs s;
+	int old = blas_get_threads();
+	double best, start;
+
+	if (bufs_init(&s, 1024))
+		return 0.0;
+	blas_set_threads(threads);
+	time_one(&s); /* warm-up: OpenBLAS sets up its buffers on first use */
+	start = now_s();
+	best = time_one(&s);
+	while (now_s() - start < seconds) {
+		double t = time_one(&s);
+		if (t < best)
+			best = t;
+	}
+	blas_set_threads(old);
+	bufs_release(&s);
+	return gflops(1024, best);
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (end == s || *end || v < lo || v > hi)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+int bench_matmul_main(int argc, char **argv)
+{
+	int threads = 0, size = 2048, reps = 5;
+	struct sgemm_bufs s;
+	double best = 0.0, total = 0.0;
+
+	for (int i = 1; i < argc; i += 2) {
+		int *dst = NULL, hi = 0;
+		if (!strcmp(argv[i], "--threads")) {
+			dst = &threads;
+			hi = 1024;
+		} else if (!strcmp(argv[i], "--size")) {
+			dst = &size;
+			hi = 16384;
+		} else if (!strcmp(argv[i], "--reps")) {
+			dst = &reps;
+			hi = 1000;
+		}
+		if (!dst || i + 1 >= argc || parse_int(argv[i + 1], 1, hi, dst)) {
+			fprintf(stderr, "usage: meshrun bench matmul [--threads N] [--size N] [--reps N]\n");
+			return EXIT_USAGE;
+		}
+	}
+	if (bufs_init(&s, size)) {
+		fprintf(stderr, "bench matmul: unable to allocate 3 x %d^2 floats\n", size);
+		return EXIT_FAIL;
+	}
+	blas_set_threads(threads);
+	time_one(&s);
+	for (int r = 0; r < reps; r++) {
+		double t = time_one(&s);
+		total += t;
+		if (r == 0 || t < best)
+			best = t;
+	}
+	printf("sgemm %dx%dx%d, %d threads, core %s: best %.1f GFLOP/s, mean %.1f GFLOP/s over %d reps\n",
+	       size, size, size, blas_get_threads(), blas_core_name(), gflops(size, best),
+	       gflops(size, total / reps), reps);
+	bufs_release(&s);
+	return EXIT_OK;
+}

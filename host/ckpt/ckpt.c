@@ -1,0 +1,335 @@
+/* Checkpoints as Hugging Face style directories (DESIGN §7):
+ *   model.safetensors      Llama / DeepSeek-V3 tensor names, [out, in]
+ *   config.json            Hugging Face config keys
+ *   meshrun.yml            the full meshrun config (eval and resume read it)
+ *   optimizer.safetensors  optimizer state in our names, plus the step
+ * Each file is written atomically (temp, fsync, rename); the step is
+ * recorded in both safetensors files and must agree on load. Parameter
+ * slices are written straight from the one parameter allocation. */
+#include "host/train/train.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "host/ckpt/safetensors.h"
+
+#define MAX_TENSORS 65536
+
+struct hf_list {
+	struct st_tensor *t;
+	char (*names)[128];
+	int n, cap;
+};
+
+static int hf_add(struct hf_list *h, const char *name, const float *data, int ndim, const int *shape)
+{
+	if (h->n == h->cap)
+		return -ENOSPC;
+	struct st_tensor *t = &h->t[h->n];
+	snprintf(h->names[h->n], sizeof(h->names[0]), "%s", name);
+	t->name = h->names[h->n];
+	t->data = data;
+	t->ndim = ndim;
+	for (int i = 0; i < ndim; i++)
+		t->shape[i] = shape[i];
+	h->n++;
+	return 0;
+}
+
+/* Hugging Face name of one per-layer slice of our stacked tensor. */
+static const char *hf_suffix(const char *ours)
+{
+	static const char *const map[][2] = {
+		{ "attn_norm", "input_layernorm.weight" },
+		{ "wq", "self_attn.q_proj.weight" },
+		{ "wk", "self_attn.k_proj.weight" },
+		{ "wv", "self_attn.v_proj.weight" },
+		{ "wo", "self_attn.o_proj.weight" },
+		{ "mlp_norm", "post_attention_layernorm.weight" },
+		{ "w_gate", "mlp.gate_proj.weight" },
+		{ "w_up", "mlp.up_proj.weight" },
+		{ "w_down", "mlp.down_proj.weight" },
+		{ "router", "mlp.gate.weight" },
+		{ "router_bias", "mlp.gate.e_score_correction_bias" },
+		{ "s_gate", "mlp.shared_experts.gate_proj.weight" },
+		{ "s_up", "mlp.shared_experts.up_proj.weight" },
+		{ "s_down", "mlp.shared_experts.down_proj.weight" },
+		{ "e_gate", "gate_proj.weight" },
+		{ "e_up", "up_proj.weight" },
+		{ "e_down", "down_proj.weight" },
+	};
+	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+		if (!strcmp(map[i][0], ours))
+			return map[i][1];
+	return NULL;
+}
+
+/* Lists every Hugging Face tensor of the model as a view into buf (params
+ * or an optimizer buffer in the same layout). prefix is prepended. */
+static int hf_tensors(struct model *m, const float *buf, const char *prefix, struct hf_list *h)
+{
+	const struct model_dims *d = model_dims(m);
+	char name[128];
+	int rc = 0;
+
+	for (int i = 0; i < model_num_params(m) && !rc; i++) {
+		const struct param_info *p = model_param(m, i);
+		const float *base = buf + p->offset;
+		if (!strcmp(p->name, "embed")) {
+			snprintf(name, sizeof(name), "%smodel.embed_tokens.weight", prefix);
+			rc = hf_add(h, name, base, 2, p->shape);
+		} else if (!strcmp(p->name, "final_norm")) {
+			snprintf(name, sizeof(name), "%smodel.norm.weight", prefix);
+			rc = hf_add(h, name, base, 1, p->shape);
+		} else if (!strcmp(p->name, "lm_head")) {
+			snprintf(name, sizeof(name), "%slm_head.weight", prefix);
+			rc = hf_add(h, name, base, 2, p->shape);
+		} else {
+			/* stacked: [layers, ...]; dense tensors start at layer 0,
+			 * MoE tensors at layer L_dense */
+			bool moe = !strncmp(p->name, "router", 6) || !strncmp(p->name, "e_", 2) ||
+				   !strncmp(p->name, "s_", 2);
+			int l0 = moe ? d->L_dense : 0;
+			size_t per = p->numel / (size_t)p->shape[0];
+			for (int l = 0; l < p->shape[0] && !rc; l++) {
+				const float *slice = base + per * (size_t)l;
+				if (!strncmp(p->name, "e_", 2)) {
+					/* experts: [E, rows, cols] -> one tensor per expert */
+					size_t pe = per / (size_t)p->shape[1];
+					for (int e = 0; e < p->shape[1] && !rc; e++) {
+						snprintf(name, sizeof(name), "%smodel.layers.%d.mlp.experts.%d.%s",
+							 prefix, l0 + l, e, hf_suffix(p->name));
+						rc = hf_add(h, name, slice + pe * (size_t)e, 2, p->shape + 2);
+					}
+				} else {
+					snprintf(name, sizeof(name), "%smodel.layers.%d.%s", prefix, l0 + l,
+						 hf_suffix(p->name));
+					rc = hf_add(h, name, slice, p->ndim - 1, p->shape + 1);
+				}
+			}
+		}
+	}
+	return rc;
+}
+
+static int hf_list_init(struct hf_list *h, int cap)
+{
+	h->t = calloc((size_t)cap, sizeof(*h->t));
+	h->names = calloc((size_t)cap, sizeof(*h->names));
+	h->n = 0;
+	h->cap = cap;
+	return h->t && h->names ? 0 : -ENOMEM;
+}
+
+static void hf_list_free(struct hf_list *h)
+{
+	free(h->t);
+	free(h->names);
+}
+
+static int write_config_json(const struct cfg *c, const struct model_dims *d, const char *path,
+			     char *err, size_t errlen)
+{
+	cJSON *j = cJSON_CreateObject();
+	cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
+	bool moe = d->L_moe > 0;
+	cJSON_AddItemToArray(arch, cJSON_CreateString(moe ? "DeepseekV3ForCausalLM" : "LlamaForCausalLM"));
+	cJSON_AddStringToObject(j, "model_type", moe ? "deepseek_v3" : "llama");
+	cJSON_AddNumberToObject(j, "hidden_size", d->C);
+	cJSON_AddNumberToObject(j, "intermediate_size", d->F);
+	cJSON_AddNumberToObject(j, "num_attention_heads", d->Hq);
+	cJSON_AddNumberToObject(j, "num_key_value_heads", d->Hkv);
+	cJSON_AddNumberToObject(j, "head_dim", d->D);
+	cJSON_AddNumberToObject(j, "num_hidden_layers", d->L);
+	cJSON_AddNumberToObject(j, "vocab_size", d->V);
+	cJSON_AddNumberToObject(j, "rms_norm_eps", d->eps);
+	cJSON_AddNumberToObject(j, "rope_theta", d->theta);
+	cJSON_AddNumberToObject(j, "max_position_embeddings", d->T);
+	cJSON_AddBoolToObject(j, "tie_word_embeddings", d->tied);
+	cJSON_AddStringToObject(j, "hidden_act", "silu");
+	cJSON_AddBoolToObject(j, "attention_bias", false);
+	cJSON_AddBoolToObject(j, "mlp_bias", false);
+	cJSON_AddStringToObject(j, "torch_dtype", "float32");
+	if (moe) {
+		cJSON_AddNumberToObject(j, "n_routed_experts", d->E);
+		cJSON_AddNumberToObject(j, "num_experts_per_tok", d->K);
+		cJSON_AddNumberToObject(j, "moe_intermediate_size", d->Fe);
+		cJSON_AddNumberToObject(j, "n_shared_experts", d->S);
+		cJSON_AddNumberToObject(j, "first_k_dense_replace", d->L_dense);
+		cJSON_AddStringToObject(j, "scoring_func", d->moe_score ? "sigmoid" : "softmax");
+		cJSON_AddBoolToObject(j, "norm_topk_prob", d->norm_topk);
+		cJSON_AddNumberToObject(j, "routed_scaling_factor", d->routed_scale);
+	}
+	cJSON_AddStringToObject(j, "meshrun_opt_type", c->opt_type);
+	int rc = json_write_atomic(path, j, err, errlen);
+	cJSON_Delete(j);
+	return rc;
+}
+
+static int mkdir_p(const char *dir, char *err, size_t errlen)
+{
+	char tmp[4096];
+	snprintf(tmp, sizeof(tmp), "%s", dir);
+	for (char *p = tmp + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = 0;
+		if (mkdir(tmp, 0755) && errno != EEXIST)
+			goto fail;
+		*p = '/';
+	}
+	if (mkdir(tmp, 0755) && errno != EEXIST)
+		goto fail;
+	return 0;
+fail:
+	snprintf(err, errlen, "checkpoint: unable to create directory '%s': %s", tmp, strerror(errno));
+	return -errno;
+}
+
+int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen)
+{
+	struct model *m = trainer_ckpt_model(t);
+	struct hf_list h;
+	char path[4096], stepbuf[32];
+	int rc;
+
+	if ((rc = mkdir_p(dir, err, errlen)))
+		return rc;
+	if (hf_list_init(&h, MAX_TENSORS))
+		goto oom;
+	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, next_step);
+	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, NULL };
+
+	if ((rc = hf_tensors(m, trainer_ckpt_params(t), "", &h)))
+		goto out_free;
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	if ((rc = st_write(path, h.t, h.n, meta, err, errlen)))
+		goto out_free;
+
+	h.n = 0;
+	if ((rc = hf_tensors(m, trainer_ckpt_m(t), "m.", &h)) ||
+	    (rc = hf_tensors(m, trainer_ckpt_v(t), "v.", &h)))
+		goto out_free;
+	snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
+	if ((rc = st_write(path, h.t, h.n, meta, err, errlen)))
+		goto out_free;
+
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	if ((rc = write_config_json(trainer_cfg(t), model_dims(m), path, err, errlen)))
+		goto out_free;
+	snprintf(path, sizeof(path), "%s/meshrun.yml.tmp", dir);
+	if ((rc = cfg_write_yaml(trainer_cfg(t), path, err, errlen)))
+		goto out_free;
+	char final[4096];
+	snprintf(final, sizeof(final), "%s/meshrun.yml", dir);
+	if (rename(path, final)) {
+		rc = -errno;
+		snprintf(err, errlen, "checkpoint: unable to rename '%s': %s", path, strerror(errno));
+	}
+out_free:
+	if (rc == -ENOSPC)
+		snprintf(err, errlen, "checkpoint: more than %d tensors", MAX_TENSORS);
+	hf_list_free(&h);
+	return rc;
+oom:
+	hf_list_free(&h);
+	snprintf(err, errlen, "checkpoint: out of memory");
+	return -ENOMEM;
+}
+
+/* Copies every listed tensor from f into its slot (the list's data pointers
+ * are views into our buffers). */
+static int load_tensors(struct st_file *f, const char *path, const struct hf_list *h,
+			char *err, size_t errlen)
+{
+	if (st_count(f) != h->n) {
+		snprintf(err, errlen, "checkpoint: '%s' has %d tensors, the model has %d",
+			 path, st_count(f), h->n);
+		return -EINVAL;
+	}
+	for (int i = 0; i < h->n; i++) {
+		const struct st_tensor *t = &h->t[i];
+		const struct st_entry *e = st_find(f, t->name);
+		if (!e) {
+			snprintf(err, errlen, "checkpoint: '%s' has no tensor '%s'", path, t->name);
+			return -EINVAL;
+		}
+		bool same = e->ndim == t->ndim;
+		size_t n = 1;
+		for (int k = 0; same && k < t->ndim; k++) {
+			same = e->shape[k] == t->shape[k];
+			n *= (size_t)t->shape[k];
+		}
+		if (!same) {
+			snprintf(err, errlen, "checkpoint: '%s': tensor '%s' has a different shape than the model",
+				 path, t->name);
+			return -EINVAL;
+		}
+		memcpy((float *)t->data, e->data, n * sizeof(float));
+	}
+	return 0;
+}
+
+static int load_one(const char *path, const struct hf_list *h, int64_t *step, char *err, size_t errlen)
+{
+	struct st_file *f = st_open(path, err, errlen);
+	if (!f)
+		return -EINVAL;
+	int rc = load_tensors(f, path, h, err, errlen);
+	const char *s = st_meta(f, "meshrun_step");
+	if (!rc && step) {
+		char *end;
+		*step = s ? strtoll(s, &end, 10) : -1;
+		if (!s || *end || *step < 0) {
+			snprintf(err, errlen, "checkpoint: '%s' has no valid meshrun_step metadata", path);
+			rc = -EINVAL;
+		}
+	}
+	st_close(f);
+	return rc;
+}
+
+int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen)
+{
+	struct model *m = trainer_ckpt_model(t);
+	struct hf_list h;
+	char path[4096];
+	int64_t s1 = -1, s2 = -1;
+	int rc;
+
+	if (hf_list_init(&h, MAX_TENSORS)) {
+		snprintf(err, errlen, "checkpoint: out of memory");
+		return -ENOMEM;
+	}
+	if ((rc = hf_tensors(m, trainer_ckpt_params(t), "", &h)))
+		goto out;
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	if ((rc = load_one(path, &h, &s1, err, errlen)))
+		goto out;
+	if (next_step) {
+		h.n = 0;
+		if ((rc = hf_tensors(m, trainer_ckpt_m(t), "m.", &h)) ||
+		    (rc = hf_tensors(m, trainer_ckpt_v(t), "v.", &h)))
+			goto out;
+		snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
+		if ((rc = load_one(path, &h, &s2, err, errlen)))
+			goto out;
+		if (s1 != s2) {
+			snprintf(err, errlen, "checkpoint: '%s': model is at step %" PRId64 " but optimizer at %" PRId64,
+				 dir, s1, s2);
+			rc = -EINVAL;
+			goto out;
+		}
+		*next_step = s1;
+	}
+out:
+	if (rc == -ENOSPC)
+		snprintf(err, errlen, "checkpoint: more than %d tensors", MAX_TENSORS);
+	hf_list_free(&h);
+	return rc;
+}

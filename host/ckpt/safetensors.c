@@ -1,0 +1,784 @@
+/* safetensors reader and writer, and atomic JSON files (see safetensors.h).
+ * The reader trusts nothing in the file: every length, offset and shape is
+ * checked against the file's real size before a byte of data is read, and
+ * tensor data lands in one aligned float arena whatever the header says. */
+#include "host/ckpt/safetensors.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors.c stores floats as they lie in memory: little-endian hosts only"
+#endif
+
+/* JSON numbers are doubles: integers above this are not exact */
+#define ST_MAX_INT 9007199254740992.0 /* 2^53 */
+/* cJSON prints integers below 1e15 without an exponent */
+#define ST_MAX_WRITE_BYTES 1000000000000000ULL
+#define JSON_MAX_FILE (64u << 20)
+
+struct st_item {
+	struct st_entry pub; /* first: st_entry pointers are st_item pointers */
+	uint64_t begin, end;
+	int esize;
+};
+
+struct st_file {
+	cJSON *root; /* owns every name and metadata string */
+	const cJSON *meta;
+	int n;
+	struct st_item *items;    /* data-section order */
+	struct st_item **by_name; /* sorted by name */
+	float *arena;
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	if (!err || !errlen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+	while (len) {
+		ssize_t w = write(fd, p, len);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += w;
+		len -= (size_t)w;
+	}
+	return 0;
+}
+
+/* 0, or -EIO when the file ended early, or -errno */
+static int pread_all(int fd, void *buf, size_t len, uint64_t off)
+{
+	char *p = buf;
+	while (len) {
+		ssize_t r = pread(fd, p, len, (off_t)off);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (r == 0)
+			return -EIO;
+		p += r;
+		len -= (size_t)r;
+		off += (uint64_t)r;
+	}
+	return 0;
+}
+
+/* ---- atomic files: path.tmp, fsync, rename, fsync the directory ---- */
+
+struct atomic_file {
+	int fd;
+	const char *path;
+	char tmp[PATH_MAX];
+};
+
+static int atomic_begin(struct atomic_file *a, const char *path, const char *who, char *err,
+			size_t errlen)
+{
+	a->fd = -1;
+	a->path = path;
+	if ((size_t)snprintf(a->tmp, sizeof(a->tmp), "%s.tmp", path) >= sizeof(a->tmp)) {
+		seterr(err, errlen, "%s: path '%s' too long", who, path);
+		return -ENAMETOOLONG;
+	}
+	/* a stale temp file from a crash is ours to replace; O_EXCL then
+	 * refuses to write through anything else planted there */
+	unlink(a->tmp);
+	a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (a->fd < 0) {
+		int e = errno;
+		seterr(err, errlen, "%s: unable to create '%s': %s", who, a->tmp, strerror(e));
+		return -e;
+	}
+	return 0;
+}
+
+static int atomic_write(struct atomic_file *a, const void *buf, size_t len, const char *who,
+			char *err, size_t errlen)
+{
+	int rc = write_all(a->fd, buf, len);
+	if (rc)
+		seterr(err, errlen, "%s: unable to write '%s': %s", who, a->tmp, strerror(-rc));
+	return rc;
+}
+
+/* Undoes atomic_begin after a failure: the target is left as it was. */
+static void atomic_abort(struct atomic_file *a)
+{
+	if (a->fd >= 0) {
+		close(a->fd);
+		unlink(a->tmp);
+		a->fd = -1;
+	}
+}
+
+static int atomic_commit(struct atomic_file *a, const char *who, char *err, size_t errlen)
+{
+	int e;
+	if (fsync(a->fd) < 0) {
+		e = errno;
+		seterr(err, errlen, "%s: unable to sync '%s': %s", who, a->tmp, strerror(e));
+		atomic_abort(a);
+		return -e;
+	}
+	e = close(a->fd) < 0 ? errno : 0;
+	a->fd = -1;
+	if (e || rename(a->tmp, a->path) < 0) {
+		e = e ? e : errno;
+		seterr(err, errlen, "%s: unable to replace '%s': %s", who, a->path, strerror(e));
+		unlink(a->tmp);
+		return -e;
+	}
+	/* the rename itself must survive a crash */
+	char dir[PATH_MAX];
+	snprintf(dir, sizeof(dir), "%s", a->path);
+	char *slash = strrchr(dir, '/');
+	if (!slash)
+		strcpy(dir, ".");
+	else if (slash == dir)
+		dir[1] = '\0';
+	else
+		*slash = '\0';
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0 || fsync(dfd) < 0) {
+		e = errno;
+		if (dfd >= 0)
+			close(dfd);
+		seterr(err, errlen, "%s: wrote '%s' but unable to sync its directory: %s", who,
+		       a->path, strerror(e));
+		return -e;
+	}
+	close(dfd);
+	return 0;
+}
+
+/* ---- writer ---- */
+
+static int cmp_str_ptr(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Checks the caller's tensors; *bytes receives each one's byte count. */
+static int check_tensors(const char *path, const struct st_tensor *t, int n, uint64_t *bytes,
+			 char *err, size_t errlen)
+{
+	uint64_t total = 0;
+	for (int i = 0; i < n; i++) {
+		const char *name = t[i].name;
+		if (!name || !*name || !strcmp(name, "__metadata__")) {
+			seterr(err, errlen, "safetensors: '%s': tensor %d has name '%s'", path, i,
+			       name ? name : "(null)");
+			return -EINVAL;
+		}
+		if (t[i].ndim < 0 || t[i].ndim > ST_MAX_DIMS) {
+			seterr(err, errlen, "safetensors: '%s': tensor '%s' has %d dimensions (0..%d)",
+			       path, name, t[i].ndim, ST_MAX_DIMS);
+			return -EINVAL;
+		}
+		uint64_t numel = 1;
+		for (int d = 0; d < t[i].ndim; d++) {
+			int64_t s = t[i].shape[d];
+			if (s < 0 || (s && numel > ST_MAX_WRITE_BYTES / 4 / (uint64_t)s)) {
+				seterr(err, errlen, "safetensors: '%s': tensor '%s' has bad shape entry %lld",
+				       path, name, (long long)s);
+				return -EINVAL;
+			}
+			numel *= (uint64_t)s;
+		}
+		bytes[i] = numel * 4;
+		if (bytes[i] && !t[i].data) {
+			seterr(err, errlen, "safetensors: '%s': tensor '%s' has no data", path, name);
+			return -EINVAL;
+		}
+		total += bytes[i];
+		if (total > ST_MAX_WRITE_BYTES) {
+			seterr(err, errlen, "safetensors: '%s': tensors too large", path);
+			return -EFBIG;
+		}
+	}
+	const char **names = malloc(sizeof(*names) * (n ? (size_t)n : 1));
+	if (!names) {
+		seterr(err, errlen, "safetensors: '%s': out of memory", path);
+		return -ENOMEM;
+	}
+	for (int i = 0; i < n; i++)
+		names[i] = t[i].name;
+	qsort(names, (size_t)n, sizeof(*names), cmp_str_ptr);
+	for (int i = 1; i < n; i++)
+		if (!strcmp(names[i - 1], names[i])) {
+			seterr(err, errlen, "safetensors: '%s': tensor name '%s' used twice", path,
+			       names[i]);
+			free(names);
+			return -EINVAL;
+		}
+	free(names);
+	return 0;
+}
+
+/* Builds the header text, padded with spaces to a multiple of 8. */
+static char *build_header(const char *path, const struct st_tensor *t, int n,
+			  const uint64_t *bytes, const char *const *meta_kv, size_t *len,
+			  char *err, size_t errlen)
+{
+	cJSON *root = cJSON_CreateObject();
+	char *text = NULL, *out = NULL;
+	if (!root)
+		goto out_nomem;
+	if (meta_kv && meta_kv[0]) {
+		cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
+		if (!meta)
+			goto out_nomem;
+		for (int i = 0; meta_kv[i]; i += 2) {
+			if (!meta_kv[i + 1]) {
+				seterr(err, errlen, "safetensors: '%s': metadata key '%s' has no value",
+				       path, meta_kv[i]);
+				goto out_free;
+			}
+			if (cJSON_GetObjectItemCaseSensitive(meta, meta_kv[i])) {
+				seterr(err, errlen, "safetensors: '%s': metadata key '%s' given twice",
+				       path, meta_kv[i]);
+				goto out_free;
+			}
+			if (!cJSON_AddStringToObject(meta, meta_kv[i], meta_kv[i + 1]))
+				goto out_nomem;
+		}
+	}
+	uint64_t off = 0;
+	for (int i = 0; i < n; i++) {
+		cJSON *e = cJSON_AddObjectToObject(root, t[i].name), *shape, *offs;
+		if (!e || !cJSON_AddStringToObject(e, "dtype", "F32") ||
+		    !(shape = cJSON_AddArrayToObject(e, "shape")))
+			goto out_nomem;
+		for (int d = 0; d < t[i].ndim; d++) {
+			cJSON *num = cJSON_CreateNumber((double)t[i].shape[d]);
+			if (!num || !cJSON_AddItemToArray(shape, num)) {
+				cJSON_Delete(num);
+				goto out_nomem;
+			}
+		}
+		if (!(offs = cJSON_AddArrayToObject(e, "data_offsets")))
+			goto out_nomem;
+		double be[2] = { (double)off, (double)(off + bytes[i]) };
+		for (int j = 0; j < 2; j++) {
+			cJSON *num = cJSON_CreateNumber(be[j]);
+			if (!num || !cJSON_AddItemToArray(offs, num)) {
+				cJSON_Delete(num);
+				goto out_nomem;
+			}
+		}
+		off += bytes[i];
+	}
+	text = cJSON_PrintUnformatted(root);
+	if (!text)
+		goto out_nomem;
+	size_t tl = strlen(text), padded = (tl + 7) / 8 * 8;
+	out = malloc(padded + 1);
+	if (!out)
+		goto out_nomem;
+	memcpy(out, text, tl);
+	memset(out + tl, ' ', padded - tl);
+	out[padded] = '\0';
+	*len = padded;
+	goto out_free;
+out_nomem:
+	seterr(err, errlen, "safetensors: '%s': out of memory", path);
+out_free:
+	free(text);
+	cJSON_Delete(root);
+	return out;
+}
+
+int st_write(const char *path, const struct st_tensor *t, int n, const char *const *meta_kv,
+	     char *err, size_t errlen)
+{
+	if (n < 0) {
+		seterr(err, errlen, "safetensors: '%s': negative tensor count", path);
+		return -EINVAL;
+	}
+	uint64_t *bytes = malloc(sizeof(*bytes) * (n ? (size_t)n : 1));
+	if (!bytes) {
+		seterr(err, errlen, "safetensors: '%s': out of memory", path);
+		return -ENOMEM;
+	}
+	int rc = check_tensors(path, t, n, bytes, err, errlen);
+	if (rc)
+		goto out_free_bytes;
+	size_t hlen = 0;
+	char *header = build_header(path, t, n, bytes, meta_kv, &hlen, err, errlen);
+	if (!header) {
+		rc = -EINVAL;
+		goto out_free_bytes;
+	}
+
+	struct atomic_file a;
+	rc = atomic_begin(&a, path, "safetensors", err, errlen);
+	if (rc)
+		goto out_free_header;
+	uint8_t len8[8];
+	for (int i = 0; i < 8; i++)
+		len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+	rc = atomic_write(&a, len8, 8, "safetensors", err, errlen);
+	if (!rc)
+		rc = atomic_write(&a, header, hlen, "safetensors", err, errlen);
+	for (int i = 0; i < n && !rc; i++)
+		rc = atomic_write(&a, t[i].data, bytes[i], "safetensors", err, errlen);
+	if (rc)
+		atomic_abort(&a);
+	else
+		rc = atomic_commit(&a, "safetensors", err, errlen);
+out_free_header:
+	free(header);
+out_free_bytes:
+	free(bytes);
+	return rc;
+}
+
+/* ---- reader ---- */
+
+/* A non-negative integer that a double holds exactly. */
+static bool json_uint(const cJSON *v, uint64_t *out)
+{
+	if (!cJSON_IsNumber(v))
+		return false;
+	double d = v->valuedouble;
+	if (!(d >= 0 && d <= ST_MAX_INT) || d != (double)(uint64_t)d)
+		return false;
+	*out = (uint64_t)d;
+	return true;
+}
+
+static int cmp_offset(const void *a, const void *b)
+{
+	const struct st_item *x = a, *y = b;
+	if (x->begin != y->begin)
+		return x->begin < y->begin ? -1 : 1;
+	if (x->end != y->end)
+		return x->end < y->end ? -1 : 1;
+	return strcmp(x->pub.name, y->pub.name); /* deterministic errors */
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+	const struct st_item *x = *(struct st_item *const *)a, *y = *(struct st_item *const *)b;
+	return strcmp(x->pub.name, y->pub.name);
+}
+
+/* Fills it from one header entry; datalen bounds its byte range. */
+static int parse_entry(struct st_item *it, const cJSON *e, uint64_t datalen, const char *path,
+		       char *err, size_t errlen)
+{
+	const char *name = e->string;
+	const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+	const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
+	const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+
+	memset(it, 0, sizeof(*it));
+	it->pub.name = name;
+	if (!cJSON_IsObject(e) || !cJSON_IsString(dtype) || !cJSON_IsArray(shape) ||
+	    !cJSON_IsArray(offs)) {
+		seterr(err, errlen, "safetensors: '%s': tensor '%s' needs dtype, shape and data_offsets",
+		       path, name);
+		return -EPROTO;
+	}
+	if (!strcmp(dtype->valuestring, "F32")) {
+		it->esize = 4;
+	} else if (!strcmp(dtype->valuestring, "BF16")) {
+		it->esize = 2;
+	} else {
+		seterr(err, errlen, "safetensors: '%s': tensor '%s' has dtype '%.32s' (only F32 and BF16 are supported)",
+		       path, name, dtype->valuestring);
+		return -ENOTSUP;
+	}
+	it->pub.dtype = dtype->valuestring;
+
+	int nd = cJSON_GetArraySize(shape);
+	if (nd > ST_MAX_DIMS) {
+		seterr(err, errlen, "safetensors: '%s': tensor '%s' has %d dimensions (at most %d)",
+		       path, name, nd, ST_MAX_DIMS);
+		return -EPROTO;
+	}
+	it->pub.ndim = nd;
+	uint64_t numel = 1;
+	bool overflow = false;
+	int d = 0;
+	const cJSON *v;
+	cJSON_ArrayForEach(v, shape) {
+		uint64_t s;
+		if (!json_uint(v, &s)) {
+			seterr(err, errlen, "safetensors: '%s': tensor '%s' shape entry %d is not a non-negative integer",
+			       path, name, d);
+			return -EPROTO;
+		}
+		it->pub.shape[d++] = (int64_t)s;
+		if (s && numel > UINT64_MAX / 8 / s)
+			overflow = true;
+		else
+			numel *= s;
+	}
+
+	uint64_t be[2];
+	if (cJSON_GetArraySize(offs) != 2 || !json_uint(offs->child, &be[0]) ||
+	    !json_uint(offs->child->next, &be[1]) || be[0] > be[1]) {
+		seterr(err, errlen, "safetensors: '%s': tensor '%s' data_offsets must be [begin, end] integers with begin <= end",
+		       path, name);
+		return -EPROTO;
+	}
+	it->begin = be[0];
+	it->end = be[1];
+	if (be[1] > datalen) {
+		seterr(err, errlen, "safetensors: '%s': tensor '%s' data_offsets [%llu, %llu] outside the %llu-byte data section",
+		       path, name, (unsigned long long)be[0], (unsigned long long)be[1],
+		       (unsigned long long)datalen);
+		return -EPROTO;
+	}
+	if (overflow || numel * (uint64_t)it->esize != be[1] - be[0]) {
+		char dims[ST_MAX_DIMS * 22 + 1] = "", *p = dims;
+		for (int i = 0; i < nd; i++)
+			p += sprintf(p, "%s%lld", i ? ", " : "", (long long)it->pub.shape[i]);
+		seterr(err, errlen, "safetensors: '%s': tensor '%s' shape [%s] of %s does not fit data_offsets [%llu, %llu]",
+		       path, name, dims, it->pub.dtype, (unsigned long long)be[0],
+		       (unsigned long long)be[1]);
+		return -EPROTO;
+	}
+	it->pub.numel = (int64_t)numel;
+	return 0;
+}
+
+/* Checks names are unique and the ranges tile [0, datalen); sorts f->items
+ * by offset and fills f->by_name. */
+static int check_layout(struct st_file *f, uint64_t datalen, const char *path, char *err,
+			size_t errlen)
+{
+	qsort(f->items, (size_t)f->n, sizeof(*f->items), cmp_offset);
+	for (int i = 0; i < f->n; i++)
+		f->by_name[i] = &f->items[i];
+	qsort(f->by_name, (size_t)f->n, sizeof(*f->by_name), cmp_name);
+	for (int i = 1; i < f->n; i++)
+		if (!strcmp(f->by_name[i - 1]->pub.name, f->by_name[i]->pub.name)) {
+			seterr(err, errlen, "safetensors: '%s': tensor '%s' appears twice", path,
+			       f->by_name[i]->pub.name);
+			return -EPROTO;
+		}
+
+	uint64_t at = 0;
+	for (int i = 0; i < f->n; i++) {
+		const struct st_item *it = &f->items[i];
+		if (it->begin < at) {
+			seterr(err, errlen, "safetensors: '%s': tensor '%s' data_offsets [%llu, %llu] overlap tensor '%s'",
+			       path, it->pub.name, (unsigned long long)it->begin,
+			       (unsigned long long)it->end, f->items[i - 1].pub.name);
+			return -EPROTO;
+		}
+		if (it->begin > at) {
+			seterr(err, errlen, "safetensors: '%s': bytes [%llu, %llu) of the data section belong to no tensor (before '%s')",
+			       path, (unsigned long long)at, (unsigned long long)it->begin,
+			       it->pub.name);
+			return -EPROTO;
+		}
+		at = it->end;
+	}
+	if (at != datalen) {
+		seterr(err, errlen, "safetensors: '%s': tensors cover %llu bytes of the %llu-byte data section",
+		       path, (unsigned long long)at, (unsigned long long)datalen);
+		return -EPROTO;
+	}
+	return 0;
+}
+
+static int check_meta(const cJSON *meta, const char *path, char *err, size_t errlen)
+{
+	if (!cJSON_IsObject(meta)) {
+		seterr(err, errlen, "safetensors: '%s': __metadata__ is not an object", path);
+		return -EPROTO;
+	}
+	const cJSON *v;
+	cJSON_ArrayForEach(v, meta) {
+		if (!cJSON_IsString(v)) {
+			seterr(err, errlen, "safetensors: '%s': __metadata__ value of '%s' is not a string",
+			       path, v->string);
+			return -EPROTO;
+		}
+	}
+	return 0;
+}
+
+/* Reads every tensor into the arena, widening BF16 in place. */
+static int load_data(struct st_file *f, int fd, uint64_t data_start, const char *path,
+		     char *err, size_t errlen)
+{
+	size_t total = 0;
+	for (int i = 0; i < f->n; i++)
+		total += (size_t)f->items[i].pub.numel;
+	f->arena = malloc(sizeof(float) * (total ? total : 1));
+	if (!f->arena) {
+		seterr(err, errlen, "safetensors: '%s': out of memory for %zu floats", path, total);
+		return -ENOMEM;
+	}
+	float *dst = f->arena;
+	for (int i = 0; i < f->n; i++) {
+		struct st_item *it = &f->items[i];
+		size_t ne = (size_t)it->pub.numel;
+		/* BF16 lands in the upper half of its slot, so widening
+		 * front to back never overwrites a value not yet read */
+		uint16_t *half = (uint16_t *)(dst + ne) - ne;
+		void *to = it->esize == 4 ? (void *)dst : (void *)half;
+		int rc = pread_all(fd, to, it->end - it->begin, data_start + it->begin);
+		if (rc) {
+			seterr(err, errlen, "safetensors: '%s': unable to read tensor '%s': %s", path,
+			       it->pub.name, rc == -EIO ? "file ended early" : strerror(-rc));
+			return rc;
+		}
+		if (it->esize == 2) {
+			for (size_t j = 0; j < ne; j++) {
+				uint32_t u = (uint32_t)half[j] << 16;
+				memcpy(dst + j, &u, sizeof(u));
+			}
+		}
+		it->pub.data = dst;
+		dst += ne;
+	}
+	return 0;
+}
+
+struct st_file *st_open(const char *path, char *err, size_t errlen)
+{
+	struct st_file *f = calloc(1, sizeof(*f));
+	char *header = NULL;
+	int fd = -1;
+	if (!f) {
+		seterr(err, errlen, "safetensors: '%s': out of memory", path);
+		return NULL;
+	}
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		seterr(err, errlen, "safetensors: unable to open '%s': %s", path, strerror(errno));
+		goto out_fail;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		seterr(err, errlen, "safetensors: '%s' is not a regular file", path);
+		goto out_fail;
+	}
+	uint64_t size = (uint64_t)st.st_size;
+	if (size < 8) {
+		seterr(err, errlen, "safetensors: '%s': file is %llu bytes, too short for the 8-byte header length",
+		       path, (unsigned long long)size);
+		goto out_fail;
+	}
+	uint8_t len8[8];
+	int rc = pread_all(fd, len8, 8, 0);
+	if (rc) {
+		seterr(err, errlen, "safetensors: unable to read '%s': %s", path,
+		       rc == -EIO ? "file ended early" : strerror(-rc));
+		goto out_fail;
+	}
+	uint64_t hlen = 0;
+	for (int i = 7; i >= 0; i--)
+		hlen = hlen << 8 | len8[i];
+	if (hlen > ST_MAX_HEADER || hlen > size - 8) {
+		seterr(err, errlen, "safetensors: '%s': header length %llu exceeds %s (%llu bytes)", path,
+		       (unsigned long long)hlen,
+		       hlen > ST_MAX_HEADER ? "the 100 MiB limit" : "the rest of the file",
+		       hlen > ST_MAX_HEADER ? (unsigned long long)ST_MAX_HEADER
+					    : (unsigned long long)(size - 8));
+		goto out_fail;
+	}
+	header = malloc((size_t)hlen + 1);
+	if (!header) {
+		seterr(err, errlen, "safetensors: '%s': out of memory for the header", path);
+		goto out_fail;
+	}
+	rc = pread_all(fd, header, (size_t)hlen, 8);
+	if (rc) {
+		seterr(err, errlen, "safetensors: unable to read '%s': %s", path,
+		       rc == -EIO ? "file ended early" : strerror(-rc));
+		goto out_fail;
+	}
+	header[hlen] = '\0';
+	const char *end = NULL;
+	if (memchr(header, '\0', (size_t)hlen) ||
+	    !(f->root = cJSON_ParseWithOpts(header, &end, 1))) {
+		size_t at = end ? (size_t)(end - header) : strlen(header);
+		seterr(err, errlen, "safetensors: '%s': header is not valid JSON (near byte %zu of %llu)",
+		       path, at, (unsigned long long)hlen);
+		goto out_fail;
+	}
+	if (!cJSON_IsObject(f->root)) {
+		seterr(err, errlen, "safetensors: '%s': header is not a JSON object", path);
+		goto out_fail;
+	}
+
+	uint64_t datalen = size - 8 - hlen;
+	int n = 0;
+	const cJSON *e;
+	cJSON_ArrayForEach(e, f->root) {
+		if (!strcmp(e->string, "__metadata__")) {
+			if (f->meta) {
+				seterr(err, errlen, "safetensors: '%s': __metadata__ appears twice", path);
+				goto out_fail;
+			}
+			if (check_meta(e, path, err, errlen))
+				goto out_fail;
+			f->meta = e;
+		} else {
+			n++;
+		}
+	}
+	f->items = calloc(n ? (size_t)n : 1, sizeof(*f->items));
+	f->by_name = calloc(n ? (size_t)n : 1, sizeof(*f->by_name));
+	if (!f->items || !f->by_name) {
+		seterr(err, errlen, "safetensors: '%s': out of memory for %d tensors", path, n);
+		goto out_fail;
+	}
+	cJSON_ArrayForEach(e, f->root) {
+		if (e == f->meta)
+			continue;
+		if (parse_entry(&f->items[f->n], e, datalen, path, err, errlen))
+			goto out_fail;
+		f->n++;
+	}
+	if (check_layout(f, datalen, path, err, errlen) ||
+	    load_data(f, fd, 8 + hlen, path, err, errlen))
+		goto out_fail;
+	free(header);
+	close(fd);
+	return f;
+
+out_fail:
+	free(header);
+	if (fd >= 0)
+		close(fd);
+	st_close(f);
+	return NULL;
+}
+
+void st_close(struct st_file *f)
+{
+	if (!f)
+		return;
+	free(f->arena);
+	free(f->by_name);
+	free(f->items);
+	cJSON_Delete(f->root);
+	free(f);
+}
+
+int st_count(const struct st_file *f)
+{
+	return f->n;
+}
+
+const struct st_entry *st_entry_at(const struct st_file *f, int i)
+{
+	return i >= 0 && i < f->n ? &f->items[i].pub : NULL;
+}
+
+const struct st_entry *st_find(const struct st_file *f, const char *name)
+{
+	int lo = 0, hi = f->n;
+	while (lo < hi) {
+		int mid = lo + (hi - lo) / 2, c = strcmp(f->by_name[mid]->pub.name, name);
+		if (!c)
+			return &f->by_name[mid]->pub;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+const char *st_meta(const struct st_file *f, const char *key)
+{
+	const cJSON *v = f->meta ? cJSON_GetObjectItemCaseSensitive(f->meta, key) : NULL;
+	return v ? v->valuestring : NULL;
+}
+
+/* ---- JSON files ---- */
+
+int json_write_atomic(const char *path, const struct cJSON *root, char *err, size_t errlen)
+{
+	char *text = cJSON_Print(root);
+	if (!text) {
+		seterr(err, errlen, "json: '%s': unable to print", path);
+		return -ENOMEM;
+	}
+	struct atomic_file a;
+	int rc = atomic_begin(&a, path, "json", err, errlen);
+	if (!rc) {
+		rc = atomic_write(&a, text, strlen(text), "json", err, errlen);
+		if (!rc)
+			rc = atomic_write(&a, "\n", 1, "json", err, errlen);
+		if (rc)
+			atomic_abort(&a);
+		else
+			rc = atomic_commit(&a, "json", err, errlen);
+	}
+	free(text);
+	return rc;
+}
+
+struct cJSON *json_read_file(const char *path, char *err, size_t errlen)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	char *buf = NULL;
+	cJSON *root = NULL;
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		seterr(err, errlen, "json: unable to open '%s': %s", path, strerror(errno));
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > JSON_MAX_FILE) {
+		seterr(err, errlen, "json: '%s' is not a regular file of at most 64 MiB", path);
+		goto out;
+	}
+	size_t len = (size_t)st.st_size;
+	buf = malloc(len + 1);
+	if (!buf) {
+		seterr(err, errlen, "json: '%s': out of memory", path);
+		goto out;
+	}
+	int rc = pread_all(fd, buf, len, 0);
+	if (rc) {
+		seterr(err, errlen, "json: unable to read '%s': %s", path,
+		       rc == -EIO ? "file ended early" : strerror(-rc));
+		goto out;
+	}
+	buf[len] = '\0';
+	const char *end = NULL;
+	if (memchr(buf, '\0', len) || !(root = cJSON_ParseWithOpts(buf, &end, 1))) {
+		size_t at = end ? (size_t)(end - buf) : strlen(buf);
+		seterr(err, errlen, "json: '%s' is not valid JSON (near byte %zu)", path, at);
+	}
+out:
+	free(buf);
+	if (fd >= 0)
+		close(fd);
+	return root;
+}

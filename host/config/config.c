@@ -1,0 +1,538 @@
+/* Config loading: a key table built from CFG_KEYS, a small libyaml reader for
+ * flat mappings (scalars and sequences of scalars), and `key=value`
+ * overrides. Every error names the key and where it came from. */
+#include "host/config/config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <openssl/evp.h>
+#include <yaml.h>
+
+const char *const mesh_axis_names[AX_COUNT] = {
+	"data", "stage", "fsdp", "fsdp_transpose", "sequence", "context",
+	"tensor", "tensor_transpose", "expert",
+};
+
+struct cfg_key {
+	const char *name;
+	enum cfg_type type;
+	size_t off;
+	const char *def;
+	bool hashed;
+};
+
+static const struct cfg_key keys[] = {
+#define CFG_DESC(t, n, d, h, help) { #n, CFG_T_##t, offsetof(struct cfg, n), d, h },
+	CFG_KEYS(CFG_DESC)
+#undef CFG_DESC
+};
+#define NKEYS (sizeof(keys) / sizeof(keys[0]))
+
+static const struct cfg_key *find_key(const char *name)
+{
+	for (size_t i = 0; i < NKEYS; i++)
+		if (!strcmp(keys[i].name, name))
+			return &keys[i];
+	return NULL;
+}
+
+static const char *type_name(enum cfg_type t)
+{
+	switch (t) {
+	case CFG_T_INT: return "an integer";
+	case CFG_T_FLOAT: return "a number";
+	case CFG_T_BOOL: return "true or false";
+	case CFG_T_STR: return "a string";
+	case CFG_T_LIST: return "a list";
+	}
+	return "?";
+}
+
+/* Parses text into the key's slot. A LIST from text is comma-separated. */
+static int set_value(struct cfg *c, const struct cfg_key *k, const char *v,
+		     const char *origin, char *err, size_t errlen)
+{
+	char *p = (char *)c + k->off;
+	char *end;
+
+	errno = 0;
+	switch (k->type) {
+	case CFG_T_INT: {
+		long long x = strtoll(v, &end, 10);
+		if (!*v || *end || errno)
+			goto bad;
+		*(long long *)p = x;
+		return 0;
+	}
+	case CFG_T_FLOAT: {
+		double x = strtod(v, &end);
+		if (!*v || *end || errno || !isfinite(x))
+			goto bad;
+		*(double *)p = x;
+		return 0;
+	}
+	case CFG_T_BOOL:
+		if (!strcasecmp(v, "true") || !strcmp(v, "1"))
+			*(bool *)p = true;
+		else if (!strcasecmp(v, "false") || !strcmp(v, "0"))
+			*(bool *)p = false;
+		else
+			goto bad;
+		return 0;
+	case CFG_T_STR:
+		if (strlen(v) >= CFG_STR) {
+			snprintf(err, errlen, "config: key '%s' (%s): value longer than %d bytes",
+				 k->name, origin, CFG_STR - 1);
+			return -EINVAL;
+		}
+		strcpy(p, v);
+		return 0;
+	case CFG_T_LIST: {
+		struct cfg_list *l = (struct cfg_list *)p;
+		l->n = 0;
+		const char *s = v;
+		while (*s) {
+			const char *e = strchr(s, ',');
+			size_t n = e ? (size_t)(e - s) : strlen(s);
+			if (l->n >= CFG_MAX_LIST || n >= CFG_STR) {
+				snprintf(err, errlen, "config: key '%s' (%s): list too long",
+					 k->name, origin);
+				return -EINVAL;
+			}
+			memcpy(l->item[l->n], s, n);
+			l->item[l->n][n] = 0;
+			l->n++;
+			s += n;
+			if (*s == ',')
+				s++;
+		}
+		return 0;
+	}
+	}
+bad:
+	snprintf(err, errlen, "config: key '%s' (%s) wants %s, got '%s'",
+		 k->name, origin, type_name(k->type), v);
+	return -EINVAL;
+}
+
+void cfg_defaults(struct cfg *c)
+{
+	char err[256];
+	memset(c, 0, sizeof(*c));
+	for (size_t i = 0; i < NKEYS; i++)
+		if (set_value(c, &keys[i], keys[i].def, "default", err, sizeof(err)))
+			abort(); /* a bad default in the table is a programmer error */
+}
+
+int cfg_set(struct cfg *c, const char *key, const char *value, const char *origin,
+	    char *err, size_t errlen)
+{
+	const struct cfg_key *k = find_key(key);
+	if (!k) {
+		snprintf(err, errlen, "config: unknown key '%s' (%s)", key, origin);
+		return -EINVAL;
+	}
+	return set_value(c, k, value, origin, err, errlen);
+}
+
+int cfg_override(struct cfg *c, const char *kv, char *err, size_t errlen)
+{
+	const char *eq = strchr(kv, '=');
+	char key[CFG_STR];
+	if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof(key)) {
+		snprintf(err, errlen, "config: override '%s' is not key=value", kv);
+		return -EINVAL;
+	}
+	memcpy(key, kv, eq - kv);
+	key[eq - kv] = 0;
+	return cfg_set(c, key, eq + 1, "command line", err, errlen);
+}
+
+/* ---- YAML ---- */
+
+static int load_depth(struct cfg *c, const char *path, int depth, char *err, size_t errlen);
+
+static int yaml_fail(yaml_parser_t *p, const char *path, char *err, size_t errlen)
+{
+	snprintf(err, errlen, "config: '%s' line %zu: %s", path,
+		 p->problem_mark.line + 1, p->problem ? p->problem : "malformed yaml");
+	return -EINVAL;
+}
+
+static int load_depth(struct cfg *c, const char *path, int depth, char *err, size_t errlen)
+{
+	FILE *f;
+	yaml_parser_t p;
+	yaml_event_t ev;
+	int rc = 0, level = 0;
+	char key[CFG_STR] = "";
+	bool have_key = false, in_seq = false;
+	char seqbuf[CFG_MAX_LIST * CFG_STR];
+	size_t seqlen = 0, key_line = 0;
+	char origin[CFG_STR + 64];
+
+	if (depth > 8) {
+		snprintf(err, errlen, "config: '%s': base_config nests too deep", path);
+		return -ELOOP;
+	}
+	f = fopen(path, "r");
+	if (!f) {
+		rc = -errno;
+		snprintf(err, errlen, "config: unable to open '%s': %s", path, strerror(errno));
+		return rc;
+	}
+	if (!yaml_parser_initialize(&p)) {
+		fclose(f);
+		snprintf(err, errlen, "config: out of memory");
+		return -ENOMEM;
+	}
+	yaml_parser_set_input_file(&p, f);
+	for (;;) {
+		if (!yaml_parser_parse(&p, &ev)) {
+			rc = yaml_fail(&p, path, err, errlen);
+			break;
+		}
+		yaml_event_type_t t = ev.type;
+		size_t line = ev.start_mark.line + 1;
+		if (t == YAML_STREAM_END_EVENT) {
+			yaml_event_delete(&ev);
+			break;
+		}
+		if (t == YAML_MAPPING_START_EVENT) {
+			if (++level > 1) {
+				snprintf(err, errlen, "config: '%s' line %zu: key '%s': nested mappings are not supported",
+					 path, line, key);
+				rc = -EINVAL;
+			}
+		} else if (t == YAML_MAPPING_END_EVENT) {
+			level--;
+		} else if (t == YAML_SEQUENCE_START_EVENT) {
+			if (!have_key || in_seq) {
+				snprintf(err, errlen, "config: '%s' line %zu: unexpected list", path, line);
+				rc = -EINVAL;
+			}
+			in_seq = true;
+			seqlen = 0;
+			seqbuf[0] = 0;
+		} else if (t == YAML_SEQUENCE_END_EVENT) {
+			snprintf(origin, sizeof(origin), "'%s' line %zu", path, key_line);
+			const struct cfg_key *k = find_key(key);
+			if (!k) {
+				snprintf(err, errlen, "config: unknown key '%s' (%s)", key, origin);
+				rc = -EINVAL;
+			} else if (k->type != CFG_T_LIST) {
+				snprintf(err, errlen, "config: key '%s' (%s) wants %s, got a list",
+					 key, origin, type_name(k->type));
+				rc = -EINVAL;
+			} else {
+				rc = set_value(c, k, seqbuf, origin, err, errlen);
+			}
+			in_seq = false;
+			have_key = false;
+		} else if (t == YAML_SCALAR_EVENT) {
+			const char *v = (const char *)ev.data.scalar.value;
+			if (level != 1) {
+				snprintf(err, errlen, "config: '%s' line %zu: expected a mapping of keys", path, line);
+				rc = -EINVAL;
+			} else if (in_seq) {
+				size_t n = strlen(v);
+				if (strchr(v, ',') || seqlen + n + 2 > sizeof(seqbuf)) {
+					snprintf(err, errlen, "config: '%s' line %zu: key '%s': bad list item '%s'",
+						 path, line, key, v);
+					rc = -EINVAL;
+				} else {
+					if (seqlen)
+						seqbuf[seqlen++] = ',';
+					memcpy(seqbuf + seqlen, v, n + 1);
+					seqlen += n;
+				}
+			} else if (!have_key) {
+				if (strlen(v) >= sizeof(key)) {
+					snprintf(err, errlen, "config: '%s' line %zu: key too long", path, line);
+					rc = -EINVAL;
+				} else {
+					strcpy(key, v);
+					have_key = true;
+					key_line = line;
+				}
+			} else {
+				have_key = false;
+				snprintf(origin, sizeof(origin), "'%s' line %zu", path, key_line);
+				if (!strcmp(key, "base_config")) {
+					char base[4096];
+					const char *slash = strrchr(path, '/');
+					if (v[0] == '/' || !slash)
+						snprintf(base, sizeof(base), "%s", v);
+					else
+						snprintf(base, sizeof(base), "%.*s/%s",
+							 (int)(slash - path), path, v);
+					rc = load_depth(c, base, depth + 1, err, errlen);
+				} else {
+					/* an empty scalar means "empty" for strings and lists */
+					rc = cfg_set(c, key, v, origin, err, errlen);
+				}
+			}
+		}
+		yaml_event_delete(&ev);
+		if (rc)
+			break;
+	}
+	yaml_parser_delete(&p);
+	fclose(f);
+	return rc;
+}
+
+int cfg_load_file(struct cfg *c, const char *path, char *err, size_t errlen)
+{
+	return load_depth(c, path, 0, err, errlen);
+}
+
+/* ---- mesh derivation ---- */
+
+static long long *ici_key(struct cfg *c, int a)
+{
+	long long *v[AX_COUNT] = {
+		&c->ici_data_parallelism, &c->ici_pipeline_parallelism,
+		&c->ici_fsdp_parallelism, &c->ici_fsdp_transpose_parallelism,
+		&c->ici_sequence_parallelism, &c->ici_context_parallelism,
+		&c->ici_tensor_parallelism, &c->ici_tensor_transpose_parallelism,
+		&c->ici_expert_parallelism,
+	};
+	return v[a];
+}
+
+static long long *dcn_key(struct cfg *c, int a)
+{
+	long long *v[AX_COUNT] = {
+		&c->dcn_data_parallelism, &c->dcn_pipeline_parallelism,
+		&c->dcn_fsdp_parallelism, &c->dcn_fsdp_transpose_parallelism,
+		&c->dcn_sequence_parallelism, &c->dcn_context_parallelism,
+		&c->dcn_tensor_parallelism, &c->dcn_tensor_transpose_parallelism,
+		&c->dcn_expert_parallelism,
+	};
+	return v[a];
+}
+
+static const char *family_key(int dcn, int a)
+{
+	static const char *const ici[AX_COUNT] = {
+		"ici_data_parallelism", "ici_pipeline_parallelism", "ici_fsdp_parallelism",
+		"ici_fsdp_transpose_parallelism", "ici_sequence_parallelism",
+		"ici_context_parallelism", "ici_tensor_parallelism",
+		"ici_tensor_transpose_parallelism", "ici_expert_parallelism",
+	};
+	static const char *const dcnk[AX_COUNT] = {
+		"dcn_data_parallelism", "dcn_pipeline_parallelism", "dcn_fsdp_parallelism",
+		"dcn_fsdp_transpose_parallelism", "dcn_sequence_parallelism",
+		"dcn_context_parallelism", "dcn_tensor_parallelism",
+		"dcn_tensor_transpose_parallelism", "dcn_expert_parallelism",
+	};
+	return dcn ? dcnk[a] : ici[a];
+}
+
+/* Resolves one family (ici or dcn): at most one -1, product must be want
+ * (if want > 0). Returns the product. */
+static int resolve_family(struct cfg *c, int dcn, int want, int *out, char *err, size_t errlen)
+{
+	int fill = -1;
+	long long prod = 1;
+	for (int a = 0; a < AX_COUNT; a++) {
+		long long v = dcn ? *dcn_key(c, a) : *ici_key(c, a);
+		if (v == -1) {
+			if (fill >= 0) {
+				snprintf(err, errlen, "config: keys '%s' and '%s' are both -1; at most one %s key may be -1",
+					 family_key(dcn, fill), family_key(dcn, a), dcn ? "dcn" : "ici");
+				return -EINVAL;
+			}
+			fill = a;
+		} else if (v < 1 || v > 4096) {
+			snprintf(err, errlen, "config: key '%s' must be a positive size or -1, got %lld",
+				 family_key(dcn, a), v);
+			return -EINVAL;
+		} else {
+			prod *= v;
+		}
+	}
+	for (int a = 0; a < AX_COUNT; a++)
+		out[a] = (int)(dcn ? *dcn_key(c, a) : *ici_key(c, a));
+	if (fill >= 0) {
+		if (want <= 0 || want % prod) {
+			snprintf(err, errlen, "config: key '%s' is -1 but %s",
+				 family_key(dcn, fill),
+				 want <= 0 ? "the number of hosts/devices is not known here"
+					   : "the other sizes do not divide it");
+			return -EINVAL;
+		}
+		out[fill] = (int)(want / prod);
+		prod = want;
+	}
+	if (prod > 4096) {
+		snprintf(err, errlen, "config: %s mesh of %lld is too large", dcn ? "dcn" : "ici", prod);
+		return -EINVAL;
+	}
+	return (int)prod;
+}
+
+int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_t errlen)
+{
+	int h = resolve_family(c, 1, want_hosts, c->dcn, err, errlen);
+	if (h < 0)
+		return h;
+	int d = resolve_family(c, 0, want_devices, c->ici, err, errlen);
+	if (d < 0)
+		return d;
+	if (want_hosts > 0 && h != want_hosts) {
+		snprintf(err, errlen, "config: dcn_* parallelism multiplies to %d hosts, but the run has %d hosts",
+			 h, want_hosts);
+		return -EINVAL;
+	}
+	if (want_devices > 0 && d != want_devices) {
+		snprintf(err, errlen, "config: ici_* parallelism multiplies to %d devices per host, but the run has %d",
+			 d, want_devices);
+		return -EINVAL;
+	}
+	c->num_hosts = h;
+	c->devices_per_host = d;
+	if (c->heartbeat_interval_s <= 0 || c->heartbeat_timeout_s <= c->heartbeat_interval_s) {
+		snprintf(err, errlen, "config: key 'heartbeat_timeout_s' (%g) must exceed 'heartbeat_interval_s' (%g) > 0",
+			 c->heartbeat_timeout_s, c->heartbeat_interval_s);
+		return -EINVAL;
+	}
+	if (c->tls_key_update_bytes < 65536 || c->tls_key_update_bytes > (1ll << 38)) {
+		snprintf(err, errlen, "config: key 'tls_key_update_bytes' must be in [65536, 2^38] "
+			 "(AES-GCM must not encrypt much more than 2^38 bytes under one key), got %lld",
+			 c->tls_key_update_bytes);
+		return -EINVAL;
+	}
+	if (c->eager_max_bytes < 0 || c->eager_max_bytes > (1 << 20)) {
+		snprintf(err, errlen, "config: key 'eager_max_bytes' must be in [0, 1048576], got %lld",
+			 c->eager_max_bytes);
+		return -EINVAL;
+	}
+	if (c->segment_bytes < 4096 || c->segment_bytes > c->max_frame_bytes) {
+		snprintf(err, errlen, "config: key 'segment_bytes' must be in [4096, max_frame_bytes], got %lld",
+			 c->segment_bytes);
+		return -EINVAL;
+	}
+	if (c->hosts.n && c->hosts.n != h) {
+		snprintf(err, errlen, "config: key 'hosts' lists %d addresses but the mesh has %d hosts",
+			 c->hosts.n, h);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int cfg_parse_bytes(const char *s, size_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s || *s == '-')
+		return -EINVAL;
+	unsigned long long mul = 1;
+	if (*end == 'K' || *end == 'k')
+		mul = 1ull << 10;
+	else if (*end == 'M' || *end == 'm')
+		mul = 1ull << 20;
+	else if (*end == 'G' || *end == 'g')
+		mul = 1ull << 30;
+	if (mul != 1)
+		end++;
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end || v > SIZE_MAX / mul)
+		return -EINVAL;
+	*out = (size_t)(v * mul);
+	return 0;
+}
+
+void cfg_single_device(struct cfg *c)
+{
+	for (int a = 0; a < AX_COUNT; a++)
+		*ici_key(c, a) = *dcn_key(c, a) = 1;
+}
+
+/* ---- canonical text ---- */
+
+static void value_text(const struct cfg *c, const struct cfg_key *k, char *out, size_t n)
+{
+	const char *p = (const char *)c + k->off;
+	switch (k->type) {
+	case CFG_T_INT: snprintf(out, n, "%lld", *(const long long *)p); break;
+	case CFG_T_FLOAT: snprintf(out, n, "%.17g", *(const double *)p); break;
+	case CFG_T_BOOL: snprintf(out, n, "%s", *(const bool *)p ? "true" : "false"); break;
+	case CFG_T_STR: snprintf(out, n, "%s", p); break;
+	case CFG_T_LIST: {
+		const struct cfg_list *l = (const struct cfg_list *)p;
+		size_t used = 0;
+		out[0] = 0;
+		for (int i = 0; i < l->n && used < n; i++)
+			used += snprintf(out + used, n - used, "%s%s", i ? "," : "", l->item[i]);
+		break;
+	}
+	}
+}
+
+int cfg_get_text(const struct cfg *c, const char *key, char *out, size_t outlen)
+{
+	const struct cfg_key *k = find_key(key);
+	if (!k)
+		return -ENOENT;
+	value_text(c, k, out, outlen);
+	return 0;
+}
+
+void cfg_hash(const struct cfg *c, uint8_t out[32])
+{
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+	char buf[CFG_MAX_LIST * CFG_STR + 64];
+	unsigned int len = 32;
+	EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+	for (size_t i = 0; i < NKEYS; i++) {
+		if (!keys[i].hashed)
+			continue;
+		value_text(c, &keys[i], buf, sizeof(buf));
+		EVP_DigestUpdate(md, keys[i].name, strlen(keys[i].name));
+		EVP_DigestUpdate(md, "=", 1);
+		EVP_DigestUpdate(md, buf, strlen(buf));
+		EVP_DigestUpdate(md, "\n", 1);
+	}
+	EVP_DigestFinal_ex(md, out, &len);
+	EVP_MD_CTX_free(md);
+}
+
+int cfg_write_yaml(const struct cfg *c, const char *path, char *err, size_t errlen)
+{
+	char buf[CFG_MAX_LIST * CFG_STR + 64];
+	FILE *f = fopen(path, "w");
+	if (!f) {
+		int rc = -errno;
+		snprintf(err, errlen, "config: unable to write '%s': %s", path, strerror(errno));
+		return rc;
+	}
+	for (size_t i = 0; i < NKEYS; i++) {
+		const struct cfg_key *k = &keys[i];
+		value_text(c, k, buf, sizeof(buf));
+		if (k->type == CFG_T_LIST) {
+			const struct cfg_list *l = (const void *)((const char *)c + k->off);
+			fprintf(f, "%s: [", k->name);
+			for (int j = 0; j < l->n; j++)
+				fprintf(f, "%s\"%s\"", j ? ", " : "", l->item[j]);
+			fprintf(f, "]\n");
+		} else if (k->type == CFG_T_STR) {
+			fprintf(f, "%s: \"%s\"\n", k->name, buf);
+		} else {
+			fprintf(f, "%s: %s\n", k->name, buf);
+		}
+	}
+	if (fclose(f)) {
+		snprintf(err, errlen, "config: unable to write '%s'", path);
+		return -EIO;
+	}
+	return 0;
+}

@@ -1,0 +1,324 @@
+/* `meshrun shardings`: prints how every parameter, the main activations and
+ * the optimizer state are sharded over the mesh a config describes, with
+ * local shapes and bytes per device (DESIGN §6). Touches no devices. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/cli/cli.h"
+#include "host/config/config.h"
+#include "host/mesh/mesh.h"
+#include "host/model/model.h"
+#include "host/mesh/plan.h"
+#include "host/mesh/shard.h"
+#include "host/train/train.h"
+
+#define NCOL 6
+#define MAX_ROWS (2 * MODEL_MAX_PARAMS + 8)
+
+struct table {
+	int n;
+	char cell[MAX_ROWS][NCOL][192];
+};
+
+static const char *const header[NCOL] = {
+	"name", "logical axes", "partition spec", "global shape", "local shape", "bytes/device",
+};
+
+static void dims_text(char *out, size_t outlen, int n, const int *v)
+{
+	size_t used = (size_t)snprintf(out, outlen, "[");
+	for (int i = 0; i < n && used < outlen; i++)
+		used += (size_t)snprintf(out + used, outlen - used, "%s%d", i ? ", " : "", v[i]);
+	if (used < outlen)
+		snprintf(out + used, outlen - used, "]");
+}
+
+static void logical_text(char *out, size_t outlen, int n, const char *const *logical)
+{
+	size_t used = (size_t)snprintf(out, outlen, "(");
+	for (int i = 0; i < n && used < outlen; i++)
+		used += (size_t)snprintf(out + used, outlen - used, "%s%s", i ? ", " : "", logical[i]);
+	if (used < outlen)
+		snprintf(out + used, outlen - used, ")");
+}
+
+static void add_row(struct table *t, const char *name, const char *const *logical,
+		    const struct shard_spec *s, size_t bytes)
+{
+	char (*r)[192] = t->cell[t->n++];
+	snprintf(r[0], sizeof(r[0]), "%s", name);
+	logical_text(r[1], sizeof(r[1]), s->ndim, logical);
+	shard_spec_text(s, r[2], sizeof(r[2]));
+	dims_text(r[3], sizeof(r[3]), s->ndim, s->shape);
+	dims_text(r[4], sizeof(r[4]), s->ndim, s->local);
+	snprintf(r[5], sizeof(r[5]), "%zu", bytes);
+}
+
+static void print_table(const struct table *t)
+{
+	int w[NCOL];
+	for (int k = 0; k < NCOL; k++) {
+		w[k] = (int)strlen(header[k]);
+		for (int i = 0; i < t->n; i++)
+			if ((int)strlen(t->cell[i][k]) > w[k])
+				w[k] = (int)strlen(t->cell[i][k]);
+	}
+	for (int k = 0; k < NCOL; k++)
+		printf(k < NCOL - 1 ? "%-*s  " : "%*s\n", w[k], header[k]);
+	for (int i = 0; i < t->n; i++)
+		for (int k = 0; k < NCOL; k++)
+			printf(k < NCOL - 1 ? "%-*s  " : "%*s\n", w[k], t->cell[i][k]);
+}
+
+static void print_linears(const struct model_linear_info *li, int n)
+{
+	static const char *const head[7] = {
+		"linear", "weight", "gather (fsdp)", "fwd all-reduce", "bwd dx all-reduce",
+		"dW reduce-scatter", "dW sum at step end",
+	};
+	char cell[MODEL_MAX_PARAMS][7][96];
+	int w[7];
+	for (int k = 0; k < 7; k++)
+		w[k] = (int)strlen(head[k]);
+	for (int i = 0; i < n; i++) {
+		uint32_t v[5] = { li[i].gather, li[i].reduce, li[i].dx_reduce, li[i].dw_scatter, li[i].gsum };
+		snprintf(cell[i][0], sizeof(cell[i][0]), "%s", li[i].name);
+		snprintf(cell[i][1], sizeof(cell[i][1]), "%s", li[i].weight);
+		for (int k = 0; k < 5; k++)
+			plan_mask_text(v[k], cell[i][2 + k], sizeof(cell[i][2 + k]));
+		for (int k = 0; k < 7; k++)
+			if ((int)strlen(cell[i][k]) > w[k])
+				w[k] = (int)strlen(cell[i][k]);
+	}
+	for (int k = 0; k < 7; k++)
+		printf("%-*s%s", k < 6 ? w[k] : 0, head[k], k < 6 ? "  " : "\n");
+	for (int i = 0; i < n; i++)
+		for (int k = 0; k < 7; k++)
+			printf("%-*s%s", k < 6 ? w[k] : 0, cell[i][k], k < 6 ? "  " : "\n");
+}
+
+static void print_total(const char *what, size_t bytes)
+{
+	printf("total %s: %zu bytes per device (%.2f MiB)\n", what, bytes, bytes / 1048576.0);
+}
+
+/* Mesh size of one family when the command line does not give it: what its
+ * sizes multiply to, a -1 counting as 1. */
+static int family_product(const struct cfg *c, int dcn)
+{
+	const long long ici[AX_COUNT] = {
+		c->ici_data_parallelism, c->ici_pipeline_parallelism, c->ici_fsdp_parallelism,
+		c->ici_fsdp_transpose_parallelism, c->ici_sequence_parallelism,
+		c->ici_context_parallelism, c->ici_tensor_parallelism,
+		c->ici_tensor_transpose_parallelism, c->ici_expert_parallelism,
+	};
+	const long long dcnv[AX_COUNT] = {
+		c->dcn_data_parallelism, c->dcn_pipeline_parallelism, c->dcn_fsdp_parallelism,
+		c->dcn_fsdp_transpose_parallelism, c->dcn_sequence_parallelism,
+		c->dcn_context_parallelism, c->dcn_tensor_parallelism,
+		c->dcn_tensor_transpose_parallelism, c->dcn_expert_parallelism,
+	};
+	long long p = 1;
+	for (int a = 0; a < AX_COUNT; a++) {
+		long long v = dcn ? dcnv[a] : ici[a];
+		if (v > 1)
+			p *= v;
+		if (p > MESH_MAX_DEVICES)
+			return 0; /* cfg_finish names the problem */
+	}
+	return (int)p;
+}
+
+static int parse_count(const char *flag, const char *v, int *out)
+{
+	char *end;
+	long x = strtol(v, &end, 10);
+	if (!*v || *end || x < 1 || x > MESH_MAX_DEVICES) {
+		fprintf(stderr, "shardings: %s wants a count in [1, %d], got '%s'\n", flag, MESH_MAX_DEVICES, v);
+		return -EINVAL;
+	}
+	*out = (int)x;
+	return 0;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: meshrun shardings --config FILE [--hosts N] [--devices-per-host D] [key=value ...]\n");
+}
+
+/* One activation: [batch, length, width] with its logical names. */
+static int add_activation(struct table *t, const struct shard_rules *r, const struct mesh *m,
+			  const char *name, int batch, int length, int width, const char *wname,
+			  int head_dim, char *err, size_t errlen)
+{
+	const char *logical[3] = { "activation_batch", "activation_length", wname };
+	int shape[3] = { batch, length, width }, unit[3];
+	struct shard_spec s;
+	shard_head_units(3, logical, head_dim, unit);
+	int rc = shard_resolve(r, m, name, 3, shape, unit, logical, &s, err, errlen);
+	if (rc)
+		return rc;
+	add_row(t, name, logical, &s, s.local_bytes);
+	return 0;
+}
+
+int cmd_shardings(int argc, char **argv)
+{
+	const char *path = NULL;
+	int hosts = 0, devs = 0, nkv = 0;
+	char err[1024];
+	int rc = EXIT_CONFIG;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "--config") && i + 1 < argc) {
+			path = argv[++i];
+		} else if (!strncmp(a, "--config=", 9)) {
+			path = a + 9;
+		} else if (!strcmp(a, "--hosts") && i + 1 < argc) {
+			if (parse_count("--hosts", argv[++i], &hosts))
+				return EXIT_USAGE;
+		} else if (!strcmp(a, "--devices-per-host") && i + 1 < argc) {
+			if (parse_count("--devices-per-host", argv[++i], &devs))
+				return EXIT_USAGE;
+		} else if (a[0] != '-' && strchr(a, '=')) {
+			argv[1 + nkv++] = argv[i]; /* overrides, applied after the file */
+		} else {
+			fprintf(stderr, "shardings: unknown argument '%s'\n", a);
+			usage();
+			return EXIT_USAGE;
+		}
+	}
+	if (!path) {
+		usage();
+		return EXIT_USAGE;
+	}
+
+	struct cfg *c = malloc(sizeof(*c));
+	struct shard_rules *rules = malloc(sizeof(*rules));
+	struct table *pt = malloc(sizeof(*pt)), *at = malloc(sizeof(*at)), *ot = malloc(sizeof(*ot));
+	struct mesh m;
+	struct model_dims d;
+	struct model *model = NULL;
+	if (!c || !rules || !pt || !at || !ot) {
+		fprintf(stderr, "shardings: out of memory\n");
+		rc = EXIT_FAIL;
+		goto out;
+	}
+	pt->n = at->n = ot->n = 0;
+	cfg_defaults(c);
+	if (cfg_load_file(c, path, err, sizeof(err))) {
+		fprintf(stderr, "%s\n", err);
+		goto out;
+	}
+	for (int i = 0; i < nkv; i++)
+		if (cfg_override(c, argv[1 + i], err, sizeof(err))) {
+			fprintf(stderr, "%s\n", err);
+			goto out;
+		}
+	if (!hosts)
+		hosts = family_product(c, 1);
+	if (!devs)
+		devs = family_product(c, 0);
+	if (cfg_finish(c, hosts, devs, err, sizeof(err)) ||
+	    model_dims_from_cfg(&d, c, err, sizeof(err)) ||
+	    shard_rules_from_cfg(rules, c, err, sizeof(err))) {
+		fprintf(stderr, "%s\n", err);
+		goto out;
+	}
+	if (strcmp(c->opt_type, "adamw") && strcmp(c->opt_type, "muon")) {
+		fprintf(stderr, "config: key 'opt_type' must be adamw or muon, got '%s'\n", c->opt_type);
+		goto out;
+	}
+	mesh_init(&m, c);
+	/* device 0's plans: every device's shards have the same shapes */
+	struct model_mesh mm = { .mesh = &m, .rules = rules, .device = 0 };
+	model = model_plan_new(&d, &mm, err, sizeof(err));
+	if (!model) {
+		fprintf(stderr, "%s\n", err);
+		goto out;
+	}
+	bool muon = !strcmp(c->opt_type, "muon");
+	int ndata = c->shard_optimizer_over_data ? m.size[AX_DATA] : 1;
+	size_t ptotal = 0, ototal = 0;
+	for (int i = 0; i < model_num_params(model); i++) {
+		const struct param_info *p = model_param(model, i);
+		const struct plan_param *pp = model_param_plan(model, i);
+		struct shard_spec whole;
+		const struct shard_spec *s = pp ? &pp->spec : &whole;
+		if (!pp) {
+			memset(&whole, 0, sizeof(whole));
+			whole.ndim = p->ndim;
+			for (int k = 0; k < p->ndim; k++)
+				whole.shape[k] = whole.local[k] = p->global_shape[k];
+		}
+		size_t bytes = p->numel * sizeof(float);
+		add_row(pt, p->name, p->axes, s, bytes);
+		ptotal += bytes;
+
+		/* AdamW keeps m and v; Muon keeps one momentum per matrix */
+		int slots = p->opt == OPT_NONE ? 0 : (p->opt == OPT_MUON && muon) ? 1 : 2;
+		if (!slots)
+			continue;
+		bool zero = ndata > 1 && (p->gsum & (1u << AX_DATA));
+		if (zero && slots == 1) {
+			char why[512];
+			trainer_muon_zero_refusal(p->name, why, sizeof(why));
+			fprintf(stderr, "%s\n", why);
+			goto out;
+		}
+		char name[64];
+		snprintf(name, sizeof(name), "%.47s.%s%s", p->name, slots == 2 ? "m+v" : "m", zero ? " /data" : "");
+		size_t ob = bytes * (size_t)slots / (zero ? (size_t)ndata : 1);
+		add_row(ot, name, p->axes, s, ob);
+		ototal += ob;
+	}
+	struct model_linear_info li[MODEL_MAX_PARAMS];
+	int nl = model_linears(model, li, MODEL_MAX_PARAMS);
+	/* MaxText's global batch: per_device_batch_size on every device */
+	int batch = (int)c->per_device_batch_size * m.num_devices;
+	if (add_activation(at, rules, &m, "embed_out", batch, d.T, d.C, "activation_embed", d.D, err, sizeof(err)) ||
+	    add_activation(at, rules, &m, "q", batch, d.T, d.Hq * d.D, "activation_heads", d.D, err, sizeof(err)) ||
+	    add_activation(at, rules, &m, "mlp_hidden", batch, d.T, d.F, "activation_mlp", d.D, err, sizeof(err)) ||
+	    add_activation(at, rules, &m, "logits", batch, d.T, d.V, "activation_vocab", d.D, err, sizeof(err))) {
+		fprintf(stderr, "%s\n", err);
+		goto out;
+	}
+
+	printf("mesh: %d host%s x %d device%s = %d;", m.num_hosts, m.num_hosts == 1 ? "" : "s",
+	       m.devices_per_host, m.devices_per_host == 1 ? "" : "s", m.num_devices);
+	int shown = 0;
+	for (int a = 0; a < AX_COUNT; a++)
+		if (m.size[a] > 1)
+			printf(" %s=%d", mesh_axis_names[a], m.size[a]), shown++;
+	printf("%s\n", shown ? "" : " every axis 1");
+	printf("rules: %d from logical_axis_rules%s%s\n", c->logical_axis_rules.n,
+	       c->custom_mesh_and_rule[0] ? ", custom_mesh_and_rule=" : "", c->custom_mesh_and_rule);
+	printf("\nparameters\n");
+	print_table(pt);
+	print_total("parameters", ptotal);
+	printf("\nactivations (batch = per_device_batch_size %lld x %d devices = %d)\n",
+	       c->per_device_batch_size, m.num_devices, batch);
+	print_table(at);
+	printf("\nlinear layers (the planner's decisions, host/plan.c; axes, or none)\n");
+	print_linears(li, nl);
+	printf("\noptimizer state (%s; %s)\n",
+	       muon ? "muon: momentum m for matrices, adamw m+v for the rest"
+		    : "adamw: m+v per parameter",
+	       ndata > 1 ? "shard_optimizer_over_data: state of gradients summed over data split flat "
+			   "over data (/data), average bytes shown"
+			 : "sharded like the parameters");
+	print_table(ot);
+	print_total("optimizer state", ototal);
+	rc = EXIT_OK;
+out:
+	model_free(model);
+	free(c);
+	free(rules);
+	free(pt);
+	free(at);
+	free(ot);
+	return rc;
+}

@@ -1,0 +1,20 @@
+/* See host/linear.h. */
+#include "host/model/linear.h"
+
+#include "kernels/kernels.h"
+
+void linear_forward(float *out, const float *inp, const float *w, int N, int C, int OC)
+{
+	matmul_forward(out, inp, w, N, C, OC, 0);
+}
+
+void linear_forward_acc(float *out, const float *inp, const float *w, int N, int C, int OC)
+{
+	matmul_forward(out, inp, w, N, C, OC, 1);
+}
+
+void linear_backward(float *dinp, float *dw, const float *dout, const float *inp,
+		     const float *w, int N, int C, int OC)
+{
+	matmul_backward(dinp, dw, dout, inp, w, N, C, OC);
+}

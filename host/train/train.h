@@ -1,0 +1,81 @@
+/* Training on one device's rows and shards: model + optimizer + data. A
+ * step computes gradients for rows [row0, row0+rows) of the global batch
+ * (the model runs its plans' collectives), sums each gradient bucket over
+ * its axes (data parallelism; ZeRO-1 reduce-scatters over `data` instead),
+ * clips by the global norm, and updates this device's shards. The step
+ * loop is driven from outside so a pipeline schedule can drive it later. */
+#ifndef MESHRUN_TRAIN_H
+#define MESHRUN_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "host/config/config.h"
+#include "host/model/model.h"
+
+struct trainer;
+
+struct step_stats {
+	double loss;        /* mean cross-entropy over the global batch */
+	double aux;         /* load-balance loss (MoE) */
+	double grad_norm;   /* before clipping */
+	double lr;
+	/* run_now() times, for traces */
+	double t_fb0, t_fb1;    /* forward and backward */
+	double t_opt0, t_opt1;  /* clipping and optimizer update */
+};
+
+/* How devices talk: the model's collectives by axis set, and an exact sum
+ * of doubles over an axis set (gathered, then added in rank order, so
+ * every member gets the same bits). 0 or an exit code with *err filled. */
+struct train_comm {
+	struct model_comm mc;
+	int (*sum)(void *ctx, uint32_t axes, double *x, int n);
+	char *err;               /* where the collectives write their errors */
+	size_t errlen;
+};
+
+/* rows = sequences this device computes per step; mm places it in a mesh
+ * (NULL: one device). NULL with err ("config:" / "sharding:" lines for
+ * impossible shapes and combinations). */
+/* ZeRO-1 (shard_optimizer_over_data) and Muon cannot share a tensor: the
+ * error for tensor, in err; returns -EINVAL. */
+int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen);
+struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_mesh *mm,
+			    char *err, size_t errlen);
+void trainer_free(struct trainer *t);
+struct model *trainer_model(struct trainer *t);
+int trainer_rows(const struct trainer *t);
+/* Floats of optimizer state this device keeps (m and v together). */
+size_t trainer_opt_numel(const struct trainer *t);
+
+/* One optimizer step (0-based) over rows [row0, row0 + rows) of a global
+ * batch of global_rows sequences; comm is NULL on one device. */
+int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
+		 const struct train_comm *comm, struct step_stats *st, char *err, size_t errlen);
+
+/* Checkpoint (host/ckpt.c): a Hugging Face style directory of whole
+ * tensors. */
+int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen);
+/* Loads params and optimizer state; *next_step = the step to run next. */
+int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen);
+
+/* Checkpoints hold whole tensors. In a mesh, trainer_ckpt_gather
+ * (collective over every device) fills whole-model buffers from every
+ * device's shards (parameters, m and v); trainer_ckpt_prepare makes them
+ * before a load, and trainer_ckpt_scatter takes this device's shards from
+ * them. trainer_save and trainer_load read and write trainer_ckpt_*: the
+ * whole-model buffers in a mesh, else the trainer's own. */
+int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen);
+int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen);
+int trainer_ckpt_scatter(struct trainer *t, char *err, size_t errlen);
+struct model *trainer_ckpt_model(struct trainer *t);
+float *trainer_ckpt_params(struct trainer *t);
+float *trainer_ckpt_m(struct trainer *t);
+float *trainer_ckpt_v(struct trainer *t);
+size_t trainer_ckpt_numel(struct trainer *t);
+
+const struct cfg *trainer_cfg(const struct trainer *t);
+struct dataset *trainer_data(struct trainer *t);
+
+#endif

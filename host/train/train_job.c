@@ -1,0 +1,433 @@
+/* The training job every agent runs (`meshrun agent`, `meshrun local`):
+ * one trainer per device thread. Its rows of the global batch follow from
+ * the axes that split activation_batch; everything else (which weights are
+ * gathered per layer, which partial sums are all-reduced, where tokens go)
+ * comes from the model's plans (host/plan.h); this file supplies the
+ * collectives by axis set and runs the step loop. Global device 0 prints
+ * the step log, writes metrics and checkpoints; on --resume it loads the
+ * checkpoint and broadcasts it, so only host 0 needs the directory. */
+#include "host/train/train_job.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/cli/cli.h"
+#include "host/mesh/plan.h"
+#include "host/mesh/shard.h"
+#include "host/obs/trace.h"
+#include "net/coll.h"
+
+/* A collective group by axis set, made on first use. */
+struct axes_group {
+	uint32_t axes;
+	struct mesh_group *mg;
+	struct coll_group cg;
+};
+
+#define MAX_AXES_GROUPS 16
+
+struct job_ctx {
+	struct coll_dev *coll;
+	const struct mesh *mesh;
+	int device;
+	struct axes_group grp[MAX_AXES_GROUPS];
+	int ngrp;
+	char *err;
+	size_t errlen;
+	struct trace *tr;
+	double timeout_s;           /* collective_timeout_s */
+};
+
+#define SPAN(c, name, call) ({ double t0_ = run_now(); int r_ = (call); \
+	trace_span((c)->tr, name, "comm", t0_, run_now()); r_; })
+
+/* The group over axes; NULL (with err) when out of memory or slots. */
+static const struct coll_group *group_of(struct job_ctx *c, uint32_t axes)
+{
+	for (int i = 0; i < c->ngrp; i++)
+		if (c->grp[i].axes == axes)
+			return &c->grp[i].cg;
+	struct axes_group *g = &c->grp[c->ngrp];
+	if (c->ngrp == MAX_AXES_GROUPS || !(g->mg = malloc(sizeof(*g->mg)))) {
+		snprintf(c->err, c->errlen, "train: out of memory for collective groups");
+		return NULL;
+	}
+	mesh_group(c->mesh, c->device, axes, g->mg);
+	g->axes = axes;
+	g->cg = (struct coll_group){ .id = g->mg->id, .n = g->mg->n, .rank = g->mg->rank,
+				     .devs = g->mg->devs };
+	c->ngrp++;
+	return &g->cg;
+}
+
+/* Span names say what moved and over which axes ("all_reduce data"). */
+static void span_name(char *out, size_t outlen, const char *op, uint32_t axes)
+{
+	char a[96];
+	plan_mask_text(axes, a, sizeof(a));
+	snprintf(out, outlen, "%s %s", op, a);
+}
+
+static int job_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	char name[128];
+	if (!g)
+		return EXIT_FAIL;
+	if (g->n == 1)
+		return 0;
+	span_name(name, sizeof(name), "all_reduce", axes);
+	return SPAN(c, name, coll_all_reduce(c->coll, g, buf, n, c->err, c->errlen)) ? EXIT_PEER_LOST : 0;
+}
+
+static int job_all_gather(void *vctx, uint32_t axes, void *out, const void *in, size_t bytes)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	char name[128];
+	if (!g)
+		return EXIT_FAIL;
+	if (g->n == 1) {
+		memmove(out, in, bytes);
+		return 0;
+	}
+	span_name(name, sizeof(name), "all_gather", axes);
+	return SPAN(c, name, coll_all_gather(c->coll, g, out, in, bytes, c->err, c->errlen)) ? EXIT_PEER_LOST : 0;
+}
+
+static int job_reduce_scatter(void *vctx, uint32_t axes, float *out, const float *in, size_t n)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	char name[128];
+	if (!g)
+		return EXIT_FAIL;
+	if (g->n == 1) {
+		memmove(out, in, n * sizeof(float));
+		return 0;
+	}
+	span_name(name, sizeof(name), "reduce_scatter", axes);
+	return SPAN(c, name, coll_reduce_scatter(c->coll, g, out, in, n, c->err, c->errlen)) ? EXIT_PEER_LOST : 0;
+}
+
+static int job_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *recv_bytes,
+			  const void *in, const size_t *send_bytes)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	char name[128];
+	if (!g)
+		return EXIT_FAIL;
+	span_name(name, sizeof(name), "all_to_all", axes);
+	return SPAN(c, name, coll_all_to_all(c->coll, g, out, recv_bytes, in, send_bytes, c->err,
+					     c->errlen)) ? EXIT_PEER_LOST : 0;
+}
+
+/* Background collectives for FSDP's prefetch: queued on the device's
+ * communication thread; the span recorded is the time spent waiting. */
+struct job_pending {
+	struct coll_handle *h;
+	char name[160];
+};
+
+static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes, void **out)
+{
+	if (!h)
+		return EXIT_FAIL;       /* c->err says why */
+	struct job_pending *p = malloc(sizeof(*p));
+	if (!p) {
+		coll_wait(h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
+		snprintf(c->err, c->errlen, "train: out of memory");
+		return EXIT_FAIL;
+	}
+	p->h = h;
+	span_name(p->name, sizeof(p->name), op, axes);
+	*out = p;
+	return 0;
+}
+
+static int job_start_all_gather(void *vctx, uint32_t axes, void *out, const void *in, size_t bytes, void **h)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	if (!g)
+		return EXIT_FAIL;
+	return job_start(c, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
+			 "all_gather (prefetch)", axes, h);
+}
+
+static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const float *in, size_t n, void **h)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	if (!g)
+		return EXIT_FAIL;
+	return job_start(c, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
+			 "reduce_scatter (background)", axes, h);
+}
+
+static int job_wait(void *vctx, void *vh)
+{
+	struct job_ctx *c = vctx;
+	struct job_pending *p = vh;
+	double t0 = run_now();
+	int rc = coll_wait(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
+	trace_span(c->tr, p->name, "comm", t0, run_now());
+	free(p);
+	return rc ? EXIT_PEER_LOST : 0;
+}
+
+/* Sums doubles over a group exactly the same way on every member:
+ * gathered, then added in rank order. */
+static int job_sum(void *vctx, uint32_t axes, double *x, int n)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	if (!g)
+		return EXIT_FAIL;
+	if (g->n == 1)
+		return 0;
+	double *all = malloc(sizeof(double) * (size_t)n * g->n);
+	if (!all) {
+		snprintf(c->err, c->errlen, "train: out of memory");
+		return EXIT_FAIL;
+	}
+	int rc = coll_all_gather(c->coll, g, all, x, sizeof(double) * n, c->err, c->errlen);
+	for (int i = 0; !rc && i < n; i++) {
+		double s = 0;
+		for (int r = 0; r < g->n; r++)
+			s += all[(size_t)r * n + i];
+		x[i] = s;
+	}
+	free(all);
+	return rc ? EXIT_PEER_LOST : 0;
+}
+
+/* Sharded training runs every axis but these; they are refused until
+ * something stands behind them. */
+static int check_mesh(const struct cfg *c, char *err, size_t errlen)
+{
+	static const int later[] = { AX_STAGE, AX_SEQUENCE, AX_CONTEXT };
+	for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
+		int a = later[i];
+		if (c->ici[a] * c->dcn[a] == 1)
+			continue;
+		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
+			 "along it is not implemented yet; today data, fsdp, fsdp_transpose, "
+			 "tensor, tensor_transpose and expert parallelism train",
+			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Resume: device 0 loaded the checkpoint (whole tensors); every device
+ * takes it, then its own shards. */
+static int broadcast_state(struct trainer *t, struct job_ctx *jc, const struct coll_group *all,
+			   int64_t *start, char *err, size_t errlen)
+{
+	size_t n = trainer_ckpt_numel(t);
+	int64_t s = *start;
+	if (coll_broadcast(jc->coll, all, trainer_ckpt_params(t), n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(jc->coll, all, trainer_ckpt_m(t), n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(jc->coll, all, trainer_ckpt_v(t), n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(jc->coll, all, &s, sizeof(s), 0, err, errlen))
+		return EXIT_PEER_LOST;
+	*start = s;
+	return trainer_ckpt_scatter(t, err, errlen);
+}
+
+/* Gathers every device's spans to device 0, which writes the file. */
+static int write_trace(struct device_ctx *dev, struct job_ctx *rc, const struct coll_group *all,
+		       const char *path, char *err, size_t errlen)
+{
+	int n = all->n, ret = 0;
+	bool leader = dev->device_id == 0;
+	int *counts = calloc((size_t)n, sizeof(int)), *host_of = calloc((size_t)n, sizeof(int));
+	struct trace_event *ev = malloc(sizeof(*ev) * TRACE_MAX_EVENTS * (size_t)n);
+	if (!counts || !host_of || !ev) {
+		snprintf(err, errlen, "train: out of memory for the trace");
+		ret = EXIT_FAIL;
+		goto out;
+	}
+	if (coll_all_gather(rc->coll, all, counts, &rc->tr->n, sizeof(int), err, errlen) ||
+	    coll_all_gather(rc->coll, all, ev, rc->tr->ev, sizeof(*ev) * TRACE_MAX_EVENTS, err, errlen)) {
+		ret = EXIT_PEER_LOST;
+		goto out;
+	}
+	for (int i = 0; i < n; i++)
+		host_of[i] = mesh_host_of(dev->mesh, all->devs[i]);
+	if (leader && trace_write(path, ev, counts, host_of, n, err, errlen))
+		ret = EXIT_FAIL;
+out:
+	free(counts);
+	free(host_of);
+	free(ev);
+	return ret;
+}
+
+int train_job(struct device_ctx *dev)
+{
+	const struct train_job_arg *arg = dev->job_arg;
+	const struct cfg *c = dev->cfg;
+	const struct run_opts *o = &arg->opts;
+	char *err = dev->err;
+	size_t errlen = sizeof(dev->err);
+	struct job_ctx jc = { .mesh = dev->mesh, .device = dev->device_id, .err = err, .errlen = errlen,
+			      .timeout_s = c->collective_timeout_s };
+	struct shard_rules *rules = NULL;
+	struct trainer *t = NULL;
+	struct run_log log = { 0 };
+	int ret = 0;
+	int64_t start = 0;
+	bool leader = dev->device_id == 0;
+	uint32_t rows = 0;
+
+	if (check_mesh(c, err, errlen))
+		return EXIT_CONFIG;
+	rules = malloc(sizeof(*rules));
+	if (!rules) {
+		snprintf(err, errlen, "train: out of memory");
+		return EXIT_FAIL;
+	}
+	struct model_mesh mm = { .mesh = dev->mesh, .rules = rules, .device = dev->device_id };
+	if (shard_rules_from_cfg(rules, c, err, errlen) ||
+	    model_plan_rows(&mm, (int)c->base_emb_dim, &rows, err, errlen)) {
+		ret = EXIT_CONFIG;
+		goto out;
+	}
+	jc.coll = coll_dev_new(dev->xport, dev->device_id, (size_t)c->segment_bytes, c->collective_timeout_s);
+	if (!jc.coll) {
+		snprintf(err, errlen, "train: unable to start the communication thread");
+		ret = EXIT_FAIL;
+		goto out;
+	}
+	const struct coll_group *rg = group_of(&jc, rows), *allg = group_of(&jc, (1u << AX_COUNT) - 1);
+	if (!rg || !allg) {
+		ret = EXIT_FAIL;
+		goto out;
+	}
+	struct coll_group all = *allg;
+	/* global batch = per_device_batch_size x every device (as in MaxText),
+	 * split over the devices that split the rows; the others (tensor,
+	 * tensor_transpose) share theirs */
+	int global_rows = (int)c->per_device_batch_size * dev->mesh->num_devices;
+	int B = global_rows / rg->n, row0 = rg->rank * B;
+	t = trainer_new(c, B, &mm, err, errlen);
+	if (!t) {
+		ret = strncmp(err, "config", 6) && strncmp(err, "sharding", 8) ? EXIT_INPUT : EXIT_CONFIG;
+		goto out;
+	}
+	/* every device starts from the same weights (init is a function of each
+	 * element's global index); on resume, from device 0's checkpoint */
+	if (o->resume) {
+		if (trainer_ckpt_prepare(t, err, errlen)) {
+			ret = EXIT_FAIL;
+			goto out;
+		}
+		if (leader && trainer_load(t, o->ckpt_dir, &start, err, errlen)) {
+			ret = EXIT_INPUT;
+			goto out;
+		}
+		if ((ret = broadcast_state(t, &jc, &all, &start, err, errlen)))
+			goto out;
+	}
+	if (leader && (ret = run_log_open(&log, o, c, model_dims(trainer_model(t)), dev->mesh->num_devices,
+					  err, errlen)))
+		goto out;
+
+	struct train_comm comm = {
+		.mc = { .all_reduce = job_all_reduce, .all_gather = job_all_gather,
+			.reduce_scatter = job_reduce_scatter, .all_to_all = job_all_to_all,
+			.start_all_gather = job_start_all_gather,
+			.start_reduce_scatter = job_start_reduce_scatter, .wait = job_wait, .ctx = &jc },
+		.sum = job_sum, .err = err, .errlen = errlen,
+	};
+	if (o->trace) {
+		jc.tr = malloc(sizeof(*jc.tr));
+		if (!jc.tr) {
+			snprintf(err, errlen, "train: out of memory for the trace");
+			ret = EXIT_FAIL;
+			goto out;
+		}
+		/* line the devices' clocks up on a barrier */
+		if (coll_barrier(jc.coll, &all, err, errlen)) {
+			ret = EXIT_PEER_LOST;
+			goto out;
+		}
+		trace_start(jc.tr, true);
+	}
+	uint64_t dcn0 = agent_dcn_bytes_sent(dev->agent), ici0 = xport_local_bytes(dev->xport);
+	double first_loss = NAN, last_loss = NAN, run_t0 = run_now();
+	for (int64_t s = start; s < c->steps; s++) {
+		struct step_stats st;
+		coll_set_step(jc.coll, (uint64_t)s);
+		if (jc.tr)
+			jc.tr->step = s;
+		double t0 = run_now();
+		ret = trainer_step(t, s, global_rows, row0, &comm, &st, err, errlen);
+		if (ret)
+			goto out;
+		double dt = run_now() - t0;
+		trace_span(jc.tr, "forward+backward", "compute", st.t_fb0, st.t_fb1);
+		trace_span(jc.tr, "optimizer", "compute", st.t_opt0, st.t_opt1);
+		trace_span(jc.tr, "step", "step", t0, t0 + dt);
+		if (!isfinite(st.loss)) {
+			snprintf(err, errlen, "train: loss is %g at step %" PRId64, st.loss, s);
+			ret = EXIT_FAIL;
+			goto out;
+		}
+		bool last = s == c->steps - 1;
+		bool save = o->ckpt_dir && ((c->checkpoint_period > 0 && (s + 1) % c->checkpoint_period == 0) || last);
+		if (save && (ret = trainer_ckpt_gather(t, &comm, err, errlen)))
+			goto out;
+		if (!leader)
+			continue;
+		if (s == start)
+			first_loss = st.loss;
+		last_loss = st.loss;
+		uint64_t dcn = agent_dcn_bytes_sent(dev->agent), ici = xport_local_bytes(dev->xport);
+		if (c->log_period > 0 && (s % c->log_period == 0 || s == c->steps - 1))
+			run_log_step(&log, s, &st, dt, dcn - dcn0, ici - ici0);
+		dcn0 = dcn;
+		ici0 = ici;
+		if (save && trainer_save(t, o->ckpt_dir, s + 1, err, errlen)) {
+			ret = EXIT_FAIL;
+			goto out;
+		}
+	}
+	if (leader && c->steps > start) {
+		char mesh[256] = "";
+		size_t used = 0;
+		for (int a = 0; a < AX_COUNT; a++)
+			if (dev->mesh->size[a] > 1)
+				used += snprintf(mesh + used, sizeof(mesh) - used, "%s%s=%d", used ? " " : "",
+						 mesh_axis_names[a], dev->mesh->size[a]);
+		printf("finished: %" PRId64 " steps on %d hosts x %d devices (%s), loss %.4f -> %.4f, %.1f s%s%s\n",
+		       (int64_t)(c->steps - start), dev->mesh->num_hosts, dev->mesh->devices_per_host,
+		       used ? mesh : "one device", first_loss, last_loss, run_now() - run_t0,
+		       o->ckpt_dir ? ", checkpoint in " : "", o->ckpt_dir ? o->ckpt_dir : "");
+		fflush(stdout);
+	}
+	if (jc.tr && (ret = write_trace(dev, &jc, &all, o->trace, err, errlen)))
+		goto out;
+	/* nobody leaves before the checkpoint is written */
+	if (coll_barrier(jc.coll, &all, err, errlen))
+		ret = EXIT_PEER_LOST;
+out:
+	if (leader)
+		run_log_close(&log);
+	trainer_free(t);
+	if (jc.coll)
+		coll_dev_free(jc.coll);
+	for (int i = 0; i < jc.ngrp; i++)
+		free(jc.grp[i].mg);
+	free(jc.tr);
+	free(rules);
+	return ret;
+}
