@@ -622,8 +622,8 @@ static void svg_bar_panel(FILE *f, double top, const struct trace_sum *ts)
 		"(cat \"comm\");",
 		"compute = its forward+backward and optimizer spans (cat \"compute\") minus their overlap "
 		"with communication;",
-		"idle = step span time minus both: inside the step but outside every compute and "
-		"collective span (waits, untraced work, bubbles).",
+		"idle = step span time minus both: in the step but outside every compute and "
+		"collective span.",
 	};
 	for (int k = 0; k < 3; k++) {
 		fprintf(f, "<text class=\"caption\" x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#333\">",
