@@ -20,5 +20,6 @@ int cmd_bench(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_shardings(int argc, char **argv);
+int cmd_schedule(int argc, char **argv);
 
 #endif

@@ -18,6 +18,7 @@ static const struct command commands[] = {
 	{ "agent", cmd_agent, "agent --config FILE --host-id I [--hosts N] [--devices-per-host D] [--listen ADDR] [--job NAME] [key=value ...]" },
 	{ "local", cmd_local, "local --hosts N [--devices-per-host D] --config FILE [key=value ...]" },
 	{ "shardings", cmd_shardings, "shardings --config FILE [--hosts N] [--devices-per-host D] [key=value ...]" },
+	{ "schedule", cmd_schedule, "schedule --config FILE [key=value ...]" },
 	{ NULL, NULL, NULL },
 };
 
