@@ -156,8 +156,11 @@ static int print_weights(const struct pipe_config *pc, const struct layer_bytes 
 	size_t copy = (size_t)lps * lb->gathered, own = (size_t)lps * lb->stored;
 	size_t moved = copy - own;
 	plan_mask_text(lb->gather, axes, sizeof(axes));
-	printf("\nweights of one stage and repeat, per device: %zu bytes stored, %zu gathered "
-	       "(over %s; %zu received per gather)\n", own, copy, axes, moved);
+	printf("\nweights of one stage and repeat, per device: %zu bytes stored, %zu gathered ", own, copy);
+	if (lb->gather)
+		printf("(over %s; %zu received per gather)\n", axes, moved);
+	else
+		printf("(no FSDP axes: a gather moves nothing)\n");
 	printf("  %-30s %8s %16s %8s %16s %16s\n", "mode", "gathers", "received bytes",
 	       "r-scat", "sent bytes", "weight window");
 	for (int w = 0; w < PIPE_W_COUNT; w++) {
@@ -184,14 +187,16 @@ static int print_weights(const struct pipe_config *pc, const struct layer_bytes 
 	return 0;
 }
 
-static int print_memory(const struct pipe_schedule *sc, size_t act)
+static int print_memory(const struct pipe_schedule *sc, const struct shard_spec *in)
 {
 	struct pipe_stats st;
 	char label[64];
+	size_t act = in->local_bytes;
 	pipe_schedule_stats(sc, &st);
 	if (st.max_circ < 0)
 		return -ENOMEM;
-	printf("\nactivations per device (one microbatch's stage input: %zu bytes)\n", act);
+	printf("\nactivations per device (one microbatch's stage input: %d rows x %d x %d floats = "
+	       "%zu bytes)\n", in->local[0], in->local[1], in->local[2], act);
 	snprintf(label, sizeof(label), "saved stage inputs (%d)", st.saved_inputs);
 	print_bytes(label, act * (size_t)st.saved_inputs);
 	snprintf(label, sizeof(label), "circular storage, stage 0 (%d)", st.max_circ);
@@ -252,18 +257,14 @@ static void usage(void)
 	fprintf(stderr, "usage: meshrun schedule --config FILE [key=value ...]\n");
 }
 
-/* The bytes one device holds of one microbatch's stage input. */
-static int stage_input_bytes(const struct pipe_config *pc, const struct model_dims *d,
-			     const struct shard_rules *rules, const struct mesh *m, size_t *out,
-			     char *err, size_t errlen)
+/* One microbatch's stage input [rows, T, C] as the rules shard it. */
+static int stage_input(const struct pipe_config *pc, const struct model_dims *d,
+		       const struct shard_rules *rules, const struct mesh *m, struct shard_spec *out,
+		       char *err, size_t errlen)
 {
 	const char *logical[3] = { "activation_batch", "activation_length", "activation_embed" };
 	int shape[3] = { pc->microbatch_rows, d->T, d->C };
-	struct shard_spec s;
-	int rc = shard_resolve(rules, m, "stage_input", 3, shape, NULL, logical, &s, err, errlen);
-	if (!rc)
-		*out = s.local_bytes;
-	return rc;
+	return shard_resolve(rules, m, "stage_input", 3, shape, NULL, logical, out, err, errlen);
 }
 
 int cmd_schedule(int argc, char **argv)
@@ -296,14 +297,14 @@ int cmd_schedule(int argc, char **argv)
 	struct mesh m;
 	struct pipe_config pc;
 	struct layer_bytes lb;
-	size_t act;
+	struct shard_spec in;
 	if (!c || !rules) {
 		fprintf(stderr, "schedule: out of memory\n");
 		rc = EXIT_FAIL;
 		goto out;
 	}
 	if (load(c, path, argv + 1, nkv, &d, rules, &m, &pc, err, sizeof(err)) ||
-	    stage_input_bytes(&pc, &d, rules, &m, &act, err, sizeof(err)) ||
+	    stage_input(&pc, &d, rules, &m, &in, err, sizeof(err)) ||
 	    layer_bytes(&lb, &d, rules, &m, err, sizeof(err)) ||
 	    pipe_schedule_circular(&sc, &pc.shape, err, sizeof(err))) {
 		fprintf(stderr, "%s\n", err);
@@ -317,7 +318,7 @@ int cmd_schedule(int argc, char **argv)
 	printf("backward: the same slots from iteration %d down to 0; each recomputes its stage's "
 	       "forward from the saved input, then back-propagates; input gradients go to stage s-1 "
 	       "(from stage 0 to stage %d for repeats > 0)\n", sc.iterations - 1, pc.shape.stages - 1);
-	if (print_weights(&pc, &lb) || print_memory(&sc, act))
+	if (print_weights(&pc, &lb) || print_memory(&sc, &in))
 		goto out;
 	rc = EXIT_OK;
 out:
