@@ -204,6 +204,37 @@ START_TEST(test_mesh_groups)
 }
 END_TEST
 
+/* The pipeline keys: MaxText's names and defaults, typed like the rest
+ * (their resolution is tested in check_schedule). */
+START_TEST(test_pipeline_keys)
+{
+	struct cfg c;
+	cfg_defaults(&c);
+	ck_assert_int_eq(c.num_pipeline_microbatches, -1);
+	ck_assert_int_eq(c.num_layers_per_pipeline_stage, 1);
+	ck_assert_int_eq(c.num_pipeline_repeats, -1);
+	ck_assert_int_eq(c.pipeline_parallel_layers, -1);
+	ck_assert(!c.pipeline_delay_activation_forwarding);
+	ck_assert(!c.pipeline_fsdp_ag_once);
+	ck_assert(!c.pipeline_fsdp_ag_per_repeat);
+	ck_assert_int_eq(cfg_override(&c, "pipeline_fsdp_ag_per_repeat=true", err, sizeof(err)), 0);
+	ck_assert(c.pipeline_fsdp_ag_per_repeat);
+	ck_assert_int_eq(cfg_override(&c, "num_pipeline_microbatches=8", err, sizeof(err)), 0);
+	ck_assert_int_eq(c.num_pipeline_microbatches, 8);
+	ck_assert_int_ne(cfg_override(&c, "pipeline_fsdp_ag_once=maybe", err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "'pipeline_fsdp_ag_once'") && strstr(err, "true or false"), "%s", err);
+	ck_assert_int_ne(cfg_override(&c, "num_pipeline_repeats=two", err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "'num_pipeline_repeats'"), "%s", err);
+	/* they change the config hash: hosts with different pipelines refuse each other */
+	uint8_t a[32], b[32];
+	cfg_defaults(&c);
+	cfg_hash(&c, a);
+	cfg_override(&c, "pipeline_delay_activation_forwarding=true", err, sizeof(err));
+	cfg_hash(&c, b);
+	ck_assert(memcmp(a, b, 32) != 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("config");
@@ -219,6 +250,10 @@ int main(void)
 	tcase_set_timeout(tc, 20);
 	tcase_add_test(tc, test_mesh_sizes);
 	tcase_add_test(tc, test_mesh_groups);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("pipeline");
+	tcase_set_timeout(tc, 20);
+	tcase_add_test(tc, test_pipeline_keys);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

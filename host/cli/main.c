@@ -19,6 +19,7 @@ static const struct command commands[] = {
 	{ "local", cmd_local, "local --hosts N [--devices-per-host D] --config FILE [key=value ...]" },
 	{ "shardings", cmd_shardings, "shardings --config FILE [--hosts N] [--devices-per-host D] [key=value ...]" },
 	{ "report", cmd_report, "report METRICS.jsonl [--trace TRACE.json] -o FILE.svg" },
+	{ "schedule", cmd_schedule, "schedule --config FILE [key=value ...]" },
 	{ NULL, NULL, NULL },
 };
 

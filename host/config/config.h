@@ -70,6 +70,14 @@ struct cfg_list {
 		"activation_exp=expert,activation_stage=stage", \
 	  1, "logical=axis1|axis2|... in order; the first rule that fits a dimension wins; logical= replicates") \
 	X(STR,  custom_mesh_and_rule, "", 1, "\"\" or shard-exp-on-fsdp") \
+	/* --- pipeline (MaxText names); stages = ici_ x dcn_pipeline_parallelism --- */ \
+	X(INT,  num_pipeline_microbatches, "-1", 1, "M: microbatches per step, a multiple of the stages; -1: the stages (2 x stages with pipeline_delay_activation_forwarding)") \
+	X(INT,  num_layers_per_pipeline_stage, "1", 1, "layers one stage runs back to back in one iteration") \
+	X(INT,  num_pipeline_repeats, "-1", 1, "R: times a microbatch circles the stages; -1: pipelined layers / (stages x num_layers_per_pipeline_stage)") \
+	X(INT,  pipeline_parallel_layers, "-1", 1, "decoder layers in the pipeline, the rest run data-parallel over stage; -1: all (MoE models: all MoE layers, the dense ones run before)") \
+	X(BOOL, pipeline_delay_activation_forwarding, "false", 1, "a stage takes its input two iterations after the previous stage made it, so sends overlap compute; doubles the bubble") \
+	X(BOOL, pipeline_fsdp_ag_once, "false", 1, "gather all of a stage's weights (every repeat) once per step and reduce-scatter once at the end: repeats x weight memory") \
+	X(BOOL, pipeline_fsdp_ag_per_repeat, "false", 1, "two gathered weight slots per stage; the next repeat's weights are gathered one repeat ahead") \
 	/* --- model (MaxText names) --- */ \
 	X(INT,   base_emb_dim, "256", 1, "d_model") \
 	X(INT,   base_num_query_heads, "4", 1, "") \

@@ -1,0 +1,38 @@
+/* The pipeline keys of a config, resolved against the model and the batch:
+ * defaults filled in (MaxText's), every constraint checked with the keys
+ * named. Reads a finished config; decides nothing about devices. */
+#ifndef MESHRUN_PIPELINE_PIPE_CONFIG_H
+#define MESHRUN_PIPELINE_PIPE_CONFIG_H
+
+#include <stddef.h>
+
+#include "host/config/config.h"
+#include "host/model/model.h"
+#include "host/pipeline/schedule.h"
+
+struct pipe_config {
+	struct pipe_shape shape; /* S, M, R, Lps, d and the weight mode */
+	int layers;              /* pipelined decoder layers: S * R * Lps */
+	int first_layer;         /* decoder layer index of pipelined layer 0 */
+	int layers_before;       /* decoder layers run before the pipeline
+				  * (MoE models: the dense ones, then MoE
+				  * layers left out of it) */
+	int layers_after;        /* decoder layers run after it (dense models) */
+	int global_batch;        /* per_device_batch_size x every device */
+	int microbatch_rows;     /* global_batch / M */
+};
+
+/* Resolves c's pipeline keys for the model d on c's mesh (c has been
+ * through cfg_finish): stages S = ici_pipeline_parallelism x
+ * dcn_pipeline_parallelism; pipeline_parallel_layers -1 = every decoder
+ * layer (MoE models: every MoE layer); num_pipeline_repeats -1 = pipelined
+ * layers / (S x Lps); num_pipeline_microbatches -1 = S (2S with the delay).
+ * Checks, each refused with one line naming the keys: S x R x Lps equals
+ * the pipelined layers, M a multiple of S, M >= 2S with the delay, the
+ * global batch divisible by M, not both pipeline_fsdp_ag_once and
+ * pipeline_fsdp_ag_per_repeat. Applies with one stage too (the keys then
+ * describe a pipeline of one stage). 0 or -EINVAL with err. */
+int pipe_config_resolve(struct pipe_config *out, const struct cfg *c, const struct model_dims *d,
+			char *err, size_t errlen);
+
+#endif
