@@ -4,7 +4,7 @@
 
 DEB_PKGS := build-essential pkg-config libevent-dev libssl-dev libprotobuf-c-dev \
             protobuf-c-compiler libopenblas-dev check libyaml-dev libcjson-dev \
-            openssl iproute2 procps
+            openssl iproute2 procps iputils-ping
 PKGS     := openblas libcjson yaml-0.1 libprotobuf-c libevent_core \
             libevent_pthreads libssl libcrypto
 
@@ -29,7 +29,7 @@ TESTS    := $(TEST_SRC:tests/%.c=$(B)/tests/%)
 # suites that also run under AddressSanitizer in `make test`
 ASAN_TESTS := check_frame
 
-.PHONY: all deps test test-long asan clean demo
+.PHONY: all deps test test-long asan clean demo fuzz fuzz-deps fuzz-seeds FORCE
 all: $(B)/meshrun
 
 deps:
@@ -69,8 +69,10 @@ $(B)/asan/tests/%: tests/%.c
 	$(CC) $(CFLAGS_BASE) -I$(B)/asan $(PKG_CFLAGS) -fsanitize=address,undefined -fno-omit-frame-pointer -o $@ $< $(B)/asan/libmeshrun.a $(CHECK_LIBS) $(LDLIBS)
 
 test: deps
-	@$(MAKE) --no-print-directory all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%)
-	@MESHRUN=$(abspath $(B)/meshrun) tests/run-all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%)
+	@$(MAKE) --no-print-directory all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) $(FUZZ_REPLAY)
+	@netns=tests/check_netns.sh; tests/check_netns.sh --probe || netns=; \
+	MESHRUN=$(abspath $(B)/meshrun) tests/run-all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) \
+	  $(FUZZ_REPLAY) $$netns
 
 test-long: deps
 	@$(MAKE) --no-print-directory all $(TESTS)
@@ -87,5 +89,67 @@ asan:
 
 clean:
 	rm -rf $(B)
+
+# ---- fuzzing (tests/fuzz/) ----
+# `make fuzz [FUZZ_S=60]` builds every target with clang, libFuzzer, ASan
+# and UBSan and runs each FUZZ_S seconds on a scratch corpus (new inputs go
+# to $(B)/fuzz/corpus/, never into the seeds in git); a finding is saved in
+# $(B)/fuzz/findings/ and fails the run. `make test` replays the seeds of
+# every target with gcc's ASan/UBSan (no clang needed).
+FUZZ_PKGS    := clang libclang-rt-14-dev
+FUZZ_TARGETS := frame control stream config safetensors
+FUZZ_S       ?= 60
+FUZZ_CC      ?= clang
+FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
+                -fno-omit-frame-pointer
+FUZZ_REPLAY  := $(FUZZ_TARGETS:%=$(B)/asan/tests/fuzz_%)
+FUZZ_COMMON  := tests/fuzz/fuzz_util.c tests/fuzz/link_model.c
+# fuzz_config opens nothing outside its scratch directory
+FUZZ_LDFLAGS_config := -Wl,--wrap=fopen
+
+fuzz-deps:
+	@$(MAKE) --no-print-directory deps DEB_PKGS="$(FUZZ_PKGS)"
+
+fuzz: deps fuzz-deps
+	@$(MAKE) --no-print-directory $(FUZZ_TARGETS:%=$(B)/fuzz/fuzz_%)
+	@tests/fuzz/run-fuzz $(FUZZ_S) $(B)/fuzz $(FUZZ_TARGETS)
+
+# the library trees, each built by one recursive make (not once per target)
+$(B)/fuzz/libmeshrun.a: FORCE
+	@$(MAKE) --no-print-directory B=$(B)/fuzz CC=$(FUZZ_CC) SAN="$(FUZZ_SAN)" $@
+
+$(B)/asan/libmeshrun.a: FORCE
+	@$(MAKE) --no-print-directory B=$(B)/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" $@
+
+FORCE:
+
+$(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_COMMON) tests/fuzz/*.h $(B)/fuzz/libmeshrun.a
+	$(FUZZ_CC) $(CFLAGS_BASE) -I$(B)/fuzz $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=undefined -fno-omit-frame-pointer -o $@ $< $(FUZZ_COMMON) \
+	  $(B)/fuzz/libmeshrun.a $(LDLIBS) $(FUZZ_LDFLAGS_$*)
+
+# the same targets driven by tests/fuzz/replay.c over their seeds, for make test
+$(B)/asan/tests/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_COMMON) tests/fuzz/*.h \
+                        $(B)/asan/libmeshrun.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -I$(B)/asan $(PKG_CFLAGS) -fsanitize=address,undefined -fno-omit-frame-pointer \
+	  -DFUZZ_CORPUS='"$(abspath tests/fuzz/$*)"' -o $@ $< tests/fuzz/replay.c $(FUZZ_COMMON) \
+	  $(B)/asan/libmeshrun.a $(LDLIBS) $(FUZZ_LDFLAGS_$*)
+
+# Regenerates the seeds in git: frames encoded with protobuf-c, configs,
+# safetensors files, and a real tiny checkpoint's model and config.
+$(B)/tests/gen_seeds: tests/fuzz/gen_seeds.c tests/fuzz/link_model.h $(B)/libmeshrun.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(B)/libmeshrun.a $(LDLIBS)
+
+fuzz-seeds: deps
+	@$(MAKE) --no-print-directory all $(B)/tests/gen_seeds
+	$(B)/tests/gen_seeds tests/fuzz configs/llama-tiny.yml configs/deepseek-tiny.yml
+	@tmp=$$(mktemp -d) && \
+	$(B)/meshrun train --config configs/llama-tiny.yml steps=1 base_emb_dim=8 base_mlp_dim=16 \
+	  base_num_query_heads=2 base_num_kv_heads=1 base_num_decoder_layers=1 max_target_length=8 \
+	  per_device_batch_size=1 logits_via_embedding=true --checkpoint-dir $$tmp/ck >/dev/null && \
+	cp $$tmp/ck/model.safetensors tests/fuzz/safetensors/checkpoint-model && \
+	cp $$tmp/ck/meshrun.yml tests/fuzz/config/checkpoint-meshrun.yml; rc=$$?; rm -rf $$tmp; exit $$rc
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

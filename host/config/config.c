@@ -506,6 +506,42 @@ void cfg_hash(const struct cfg *c, uint8_t out[32])
 	EVP_MD_CTX_free(md);
 }
 
+/* s as a YAML double-quoted scalar that reads back as the same bytes:
+ * quotes, backslashes and control characters escaped, and the code points
+ * libyaml takes as line breaks or refuses raw (C1 controls, NEL, U+2028,
+ * U+2029, U+FEFF, U+FFFE, U+FFFF) as \u escapes. Other UTF-8 passes as is;
+ * bytes that are not UTF-8 (only a command-line override can hold them)
+ * pass too, and the file then fails to load with libyaml's error. */
+static void write_quoted(FILE *f, const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	fputc('"', f);
+	while (*p) {
+		unsigned cp = 0;
+		int n = 0;
+		if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+			cp = p[1], n = 2;
+		else if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9))
+			cp = 0x2000 | (p[2] & 0x3f), n = 3;
+		else if (p[0] == 0xef && ((p[1] == 0xbb && p[2] == 0xbf) ||
+					  (p[1] == 0xbf && (p[2] == 0xbe || p[2] == 0xbf))))
+			cp = 0xf000 | ((p[1] & 0x3fu) << 6) | (p[2] & 0x3f), n = 3;
+		if (n) {
+			fprintf(f, "\\u%04x", cp);
+			p += n;
+			continue;
+		}
+		if (*p == '"' || *p == '\\')
+			fprintf(f, "\\%c", *p);
+		else if (*p < 0x20 || *p == 0x7f)
+			fprintf(f, "\\x%02x", *p);
+		else
+			fputc(*p, f);
+		p++;
+	}
+	fputc('"', f);
+}
+
 int cfg_write_yaml(const struct cfg *c, const char *path, char *err, size_t errlen)
 {
 	char buf[CFG_MAX_LIST * CFG_STR + 64];
@@ -521,11 +557,15 @@ int cfg_write_yaml(const struct cfg *c, const char *path, char *err, size_t errl
 		if (k->type == CFG_T_LIST) {
 			const struct cfg_list *l = (const void *)((const char *)c + k->off);
 			fprintf(f, "%s: [", k->name);
-			for (int j = 0; j < l->n; j++)
-				fprintf(f, "%s\"%s\"", j ? ", " : "", l->item[j]);
+			for (int j = 0; j < l->n; j++) {
+				fputs(j ? ", " : "", f);
+				write_quoted(f, l->item[j]);
+			}
 			fprintf(f, "]\n");
 		} else if (k->type == CFG_T_STR) {
-			fprintf(f, "%s: \"%s\"\n", k->name, buf);
+			fprintf(f, "%s: ", k->name);
+			write_quoted(f, buf);
+			fputc('\n', f);
 		} else {
 			fprintf(f, "%s: %s\n", k->name, buf);
 		}

@@ -1,0 +1,59 @@
+/* A model of what net/net.c does with a frame that arrived on a running
+ * link, for the fuzz targets. net.c's handlers (header_done, dispatch,
+ * on_chunk, on_recv_ready, coord_on_hello, agent_on_topology,
+ * accept_link_hello) are static and need a live net, links and TLS, so
+ * their checks are restated here, line for line, around the real frame
+ * and xport code: a chunk's payload lands through the real
+ * xport_remote_data / xport_land_stream into buffers of the exact posted
+ * size, so a check missing in either place shows up under ASan.
+ *
+ * The job: 4 devices, 0-1 on host 0 (the peer), 2-3 on host 1 (us). Posted
+ * when the model starts: receives 0->2 (LM_RECV0_BYTES, tag LM_TAG(0)) and
+ * 1->3 summing into float32 (LM_RECV1_BYTES, tag LM_TAG(1)), sends 2->0
+ * (eager) and 3->1 (waits for its RecvReady). Eager data up to
+ * LM_EAGER_MAX bytes is staged within LM_EAGER_CREDIT. */
+#ifndef MESHRUN_FUZZ_LINK_MODEL_H
+#define MESHRUN_FUZZ_LINK_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/meshrun.pb-c.h"
+
+#define LM_GROUP 1
+#define LM_SEQ 2
+#define LM_TAG(chunk) (((uint64_t)LM_GROUP << 48) | ((uint64_t)LM_SEQ << 16) | (chunk))
+#define LM_RECV0_BYTES 64
+#define LM_RECV1_BYTES 256
+#define LM_SEND_EAGER_BYTES 32  /* 2->0, tag LM_TAG(2): goes out eagerly */
+#define LM_SEND_BYTES 256       /* 3->1, tag LM_TAG(3): waits for its RecvReady */
+#define LM_EAGER_MAX 128
+#define LM_EAGER_CREDIT 512
+#define LM_NUM_HOSTS 2
+#define LM_HOST_ID 1
+#define LM_PEER 0
+#define LM_CONFIG_HASH_BYTE 0xab /* the config hash is 32 bytes of this */
+
+struct lm;
+
+struct lm *lm_new(void);
+/* A frame header that passed frame_parse_header, carrying payload_len
+ * bytes to follow. 0, or -EPROTO when net.c would call bad_frame (the
+ * link is lost; feed it nothing more), with the reason in why. */
+int lm_frame(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *why,
+	     size_t whylen);
+/* Part of the current frame's payload (as link_read reads it). */
+void lm_payload(struct lm *m, const uint8_t *p, size_t n);
+/* The current frame's payload is all in. */
+void lm_payload_done(struct lm *m);
+/* Fails what is still pending, waits every posted request once, frees. */
+void lm_free(struct lm *m);
+
+/* The rendezvous checks, for a body that a running link would refuse:
+ * what the coordinator (hello), an agent (topology) and a link's
+ * acceptor (link_hello) check before trusting one. 0 or -EPROTO. */
+int lm_check_hello(const Meshrun__Hello *h, char *why, size_t whylen);
+int lm_check_topology(const Meshrun__Topology *t, char *why, size_t whylen);
+int lm_check_link_hello(const Meshrun__LinkHello *h, char *why, size_t whylen);
+
+#endif
