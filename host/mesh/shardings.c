@@ -108,21 +108,9 @@ static void print_total(const char *what, size_t bytes)
  * sizes multiply to, a -1 counting as 1. */
 static int family_product(const struct cfg *c, int dcn)
 {
-	const long long ici[AX_COUNT] = {
-		c->ici_data_parallelism, c->ici_pipeline_parallelism, c->ici_fsdp_parallelism,
-		c->ici_fsdp_transpose_parallelism, c->ici_sequence_parallelism,
-		c->ici_context_parallelism, c->ici_tensor_parallelism,
-		c->ici_tensor_transpose_parallelism, c->ici_expert_parallelism,
-	};
-	const long long dcnv[AX_COUNT] = {
-		c->dcn_data_parallelism, c->dcn_pipeline_parallelism, c->dcn_fsdp_parallelism,
-		c->dcn_fsdp_transpose_parallelism, c->dcn_sequence_parallelism,
-		c->dcn_context_parallelism, c->dcn_tensor_parallelism,
-		c->dcn_tensor_transpose_parallelism, c->dcn_expert_parallelism,
-	};
 	long long p = 1;
 	for (int a = 0; a < AX_COUNT; a++) {
-		long long v = dcn ? dcnv[a] : ici[a];
+		long long v = cfg_axis_key(c, dcn, a);
 		if (v > 1)
 			p *= v;
 		if (p > MESH_MAX_DEVICES)
