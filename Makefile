@@ -29,7 +29,7 @@ TESTS    := $(TEST_SRC:tests/%.c=$(B)/tests/%)
 # suites that also run under AddressSanitizer in `make test`
 ASAN_TESTS := check_frame
 
-.PHONY: all deps test test-long asan clean demo
+.PHONY: all deps test asan clean demo
 all: $(B)/meshrun
 
 deps:
@@ -71,10 +71,6 @@ $(B)/asan/tests/%: tests/%.c
 test: deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%)
 	@MESHRUN=$(abspath $(B)/meshrun) tests/run-all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%)
-
-test-long: deps
-	@$(MAKE) --no-print-directory all $(TESTS)
-	@MESHRUN_LONG=1 MESHRUN=$(abspath $(B)/meshrun) tests/run-all $(TESTS)
 
 # The main job: a real multi-host training run on loopback (2 agents x 2
 # device threads, mutually authenticated TLS 1.3 between them).
