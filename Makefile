@@ -18,6 +18,8 @@ CHECK_LIBS  = $(shell pkg-config --libs check 2>/dev/null)
 CFLAGS     ?=
 SAN        ?=
 ALL_CFLAGS  = $(CFLAGS_BASE) $(PKG_CFLAGS) $(SAN) $(CFLAGS)
+# a sanitizer finding ends the process, so the suite fails on it
+ASAN_FLAGS  = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 LDLIBS      = $(PKG_LIBS) -lm -pthread
 
 PROTO_C  := $(B)/proto/meshrun.pb-c.c
@@ -26,10 +28,11 @@ LIB_SRC  := $(wildcard kernels/*.c net/*.c) $(filter-out host/cli/main.c,$(wildc
 LIB_OBJ  := $(LIB_SRC:%.c=$(B)/%.o) $(B)/proto/meshrun.pb-c.o
 TEST_SRC := $(wildcard tests/check_*.c)
 TESTS    := $(TEST_SRC:tests/%.c=$(B)/tests/%)
-# suites that also run under AddressSanitizer in `make test`
-ASAN_TESTS := check_frame
+# suites that also run under ASan/UBSan in `make test`: every parser of
+# untrusted input (frames, safetensors, config, data files)
+ASAN_TESTS := check_frame check_safetensors check_config check_data
 
-.PHONY: all deps test asan clean demo
+.PHONY: all deps test asan clean demo FORCE
 all: $(B)/meshrun
 
 deps:
@@ -62,11 +65,15 @@ $(B)/tests/%: tests/%.c $(B)/libmeshrun.a
 	@mkdir -p $(B)/tests
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(B)/libmeshrun.a $(CHECK_LIBS) $(LDLIBS)
 
-# ASan build of selected suites, from a separate object tree
-$(B)/asan/tests/%: tests/%.c
-	$(MAKE) --no-print-directory B=$(B)/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" $(B)/asan/libmeshrun.a
+# ASan build of selected suites, from a separate object tree. The library
+# is one target (made once per run, however many suites need it); a sub-make
+# with B=$(B)/asan keeps its dependencies.
+$(B)/asan/libmeshrun.a: FORCE
+	@$(MAKE) --no-print-directory B=$(B)/asan SAN="$(ASAN_FLAGS)" $@
+
+$(B)/asan/tests/%: tests/%.c $(B)/asan/libmeshrun.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -I$(B)/asan $(PKG_CFLAGS) -fsanitize=address,undefined -fno-omit-frame-pointer -o $@ $< $(B)/asan/libmeshrun.a $(CHECK_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) -I$(B)/asan $(PKG_CFLAGS) $(ASAN_FLAGS) -o $@ $< $(B)/asan/libmeshrun.a $(CHECK_LIBS) $(LDLIBS)
 
 test: deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%)
@@ -79,9 +86,11 @@ demo: deps
 	$(B)/meshrun local --hosts 2 --devices-per-host 2 --config configs/llama-tiny.yml
 
 asan:
-	$(MAKE) B=$(B)/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" $(B)/asan/meshrun
+	$(MAKE) B=$(B)/asan SAN="$(ASAN_FLAGS)" $(B)/asan/meshrun
 
 clean:
 	rm -rf $(B)
+
+FORCE:
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
