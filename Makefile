@@ -4,7 +4,7 @@
 
 DEB_PKGS := build-essential pkg-config libevent-dev libssl-dev libprotobuf-c-dev \
             protobuf-c-compiler libopenblas-dev check libyaml-dev libcjson-dev \
-            openssl iproute2 procps
+            openssl iproute2 procps python3 universal-ctags
 PKGS     := openblas libcjson yaml-0.1 libprotobuf-c libevent_core \
             libevent_pthreads libssl libcrypto
 
@@ -31,8 +31,13 @@ TESTS    := $(TEST_SRC:tests/%.c=$(B)/tests/%)
 # suites that also run under ASan/UBSan in `make test`: every parser of
 # untrusted input (frames, safetensors, config, data files)
 ASAN_TESTS := check_frame check_safetensors check_config check_data
+# tests/check-layout (file and function sizes, objects that use each other,
+# includes across host/ net/ kernels/, ../shared in the docs) joins `make
+# test` with LAYOUT_CHECK=1; its self-test always runs. `make layout` runs it.
+LAYOUT_CHECK ?= 0
+LAYOUT_SUITES := tests/check-layout-selftest $(if $(filter 1,$(LAYOUT_CHECK)),tests/check-layout)
 
-.PHONY: all deps test asan clean demo FORCE
+.PHONY: all deps test layout asan clean demo FORCE
 all: $(B)/meshrun
 
 deps:
@@ -77,7 +82,11 @@ $(B)/asan/tests/%: tests/%.c $(B)/asan/libmeshrun.a
 
 test: deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%)
-	@MESHRUN=$(abspath $(B)/meshrun) tests/run-all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%)
+	@MESHRUN=$(abspath $(B)/meshrun) MESHRUN_BUILD=$(abspath $(B)) tests/run-all \
+	  $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) $(LAYOUT_SUITES)
+
+layout: all
+	@MESHRUN_BUILD=$(abspath $(B)) tests/check-layout
 
 # The main job: a real multi-host training run on loopback (2 agents x 2
 # device threads, mutually authenticated TLS 1.3 between them).
