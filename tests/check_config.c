@@ -227,6 +227,16 @@ START_TEST(test_axis_keys)
 	cfg_single_device(&c);
 	for (int a = 0; a < AX_COUNT; a++)
 		ck_assert(cfg_axis_key(&c, false, a) == 1 && cfg_axis_key(&c, true, a) == 1);
+	/* what a family multiplies to before cfg_finish: -1 counts as 1 */
+	cfg_defaults(&c);
+	ck_assert_int_eq(cfg_family_product(&c, false), 1);
+	cfg_override(&c, "ici_fsdp_parallelism=2", err, sizeof(err));
+	cfg_override(&c, "ici_expert_parallelism=3", err, sizeof(err));
+	cfg_override(&c, "dcn_tensor_parallelism=5", err, sizeof(err));
+	ck_assert_int_eq(cfg_family_product(&c, false), 6);
+	ck_assert_int_eq(cfg_family_product(&c, true), 5);
+	cfg_override(&c, "dcn_pipeline_parallelism=1000", err, sizeof(err));
+	ck_assert_int_eq(cfg_family_product(&c, true), 0);
 }
 END_TEST
 

@@ -438,6 +438,19 @@ int cfg_parse_bytes(const char *s, size_t *out)
 	return 0;
 }
 
+int cfg_family_product(const struct cfg *c, bool dcn)
+{
+	long long p = 1;
+	for (int a = 0; a < AX_COUNT; a++) {
+		long long v = cfg_axis_key(c, dcn, a);
+		if (v > 1)
+			p *= v;
+		if (p > 4096)
+			return 0;
+	}
+	return (int)p;
+}
+
 void cfg_single_device(struct cfg *c)
 {
 	for (int a = 0; a < AX_COUNT; a++)

@@ -160,6 +160,10 @@ int cfg_parse_bytes(const char *s, size_t *out);
 /* The value of axis a's dcn_* (dcn) or ici_* size key, as configured
  * (-1 = fill in); cfg_finish's results are in c->dcn[] and c->ici[]. */
 long long cfg_axis_key(const struct cfg *c, bool dcn, enum mesh_axis a);
+/* What the configured sizes of one family (dcn or ici) multiply to, a -1
+ * counting as 1: the hosts or devices per host a run needs when nothing
+ * else gives them. 0 past 4096 (cfg_finish then names the problem). */
+int cfg_family_product(const struct cfg *c, bool dcn);
 /* Sets every ici_* and dcn_* size to 1. */
 void cfg_single_device(struct cfg *c);
 /* SHA-256 over the canonical text of every hashed key. */
