@@ -4,7 +4,7 @@
 
 DEB_PKGS := build-essential pkg-config libevent-dev libssl-dev libprotobuf-c-dev \
             protobuf-c-compiler libopenblas-dev check libyaml-dev libcjson-dev \
-            openssl iproute2 procps iputils-ping
+            openssl iproute2 procps iputils-ping python3 universal-ctags
 PKGS     := openblas libcjson yaml-0.1 libprotobuf-c libevent_core \
             libevent_pthreads libssl libcrypto
 
@@ -18,6 +18,8 @@ CHECK_LIBS  = $(shell pkg-config --libs check 2>/dev/null)
 CFLAGS     ?=
 SAN        ?=
 ALL_CFLAGS  = $(CFLAGS_BASE) $(PKG_CFLAGS) $(SAN) $(CFLAGS)
+# a sanitizer finding ends the process, so the suite fails on it
+ASAN_FLAGS  = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 LDLIBS      = $(PKG_LIBS) -lm -pthread
 
 PROTO_C  := $(B)/proto/meshrun.pb-c.c
@@ -26,10 +28,16 @@ LIB_SRC  := $(wildcard kernels/*.c net/*.c) $(filter-out host/cli/main.c,$(wildc
 LIB_OBJ  := $(LIB_SRC:%.c=$(B)/%.o) $(B)/proto/meshrun.pb-c.o
 TEST_SRC := $(wildcard tests/check_*.c)
 TESTS    := $(TEST_SRC:tests/%.c=$(B)/tests/%)
-# suites that also run under AddressSanitizer in `make test`
-ASAN_TESTS := check_frame
+# suites that also run under ASan/UBSan in `make test`: every parser of
+# untrusted input (frames, safetensors, config, data files)
+ASAN_TESTS := check_frame check_safetensors check_config check_data
+# tests/check-layout (file and function sizes, objects that use each other,
+# includes across host/ net/ kernels/, ../shared in the docs) joins `make
+# test` with LAYOUT_CHECK=1; its self-test always runs. `make layout` runs it.
+LAYOUT_CHECK ?= 0
+LAYOUT_SUITES := tests/check-layout-selftest $(if $(filter 1,$(LAYOUT_CHECK)),tests/check-layout)
 
-.PHONY: all deps test test-long asan clean demo fuzz fuzz-deps fuzz-seeds FORCE
+.PHONY: all deps test layout asan clean demo fuzz fuzz-deps fuzz-seeds FORCE
 all: $(B)/meshrun
 
 deps:
@@ -62,21 +70,24 @@ $(B)/tests/%: tests/%.c $(B)/libmeshrun.a
 	@mkdir -p $(B)/tests
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(B)/libmeshrun.a $(CHECK_LIBS) $(LDLIBS)
 
-# ASan build of selected suites, from a separate object tree
-$(B)/asan/tests/%: tests/%.c
-	$(MAKE) --no-print-directory B=$(B)/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" $(B)/asan/libmeshrun.a
+# ASan build of selected suites, from a separate object tree. The library
+# is one target (made once per run, however many suites need it); a sub-make
+# with B=$(B)/asan keeps its dependencies.
+$(B)/asan/libmeshrun.a: FORCE
+	@$(MAKE) --no-print-directory B=$(B)/asan SAN="$(ASAN_FLAGS)" $@
+
+$(B)/asan/tests/%: tests/%.c $(B)/asan/libmeshrun.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -I$(B)/asan $(PKG_CFLAGS) -fsanitize=address,undefined -fno-omit-frame-pointer -o $@ $< $(B)/asan/libmeshrun.a $(CHECK_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) -I$(B)/asan $(PKG_CFLAGS) $(ASAN_FLAGS) -o $@ $< $(B)/asan/libmeshrun.a $(CHECK_LIBS) $(LDLIBS)
 
 test: deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) $(FUZZ_REPLAY)
 	@netns=tests/check_netns.sh; tests/check_netns.sh --probe || netns=; \
-	MESHRUN=$(abspath $(B)/meshrun) tests/run-all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) \
-	  $(FUZZ_REPLAY) $$netns
+	MESHRUN=$(abspath $(B)/meshrun) MESHRUN_BUILD=$(abspath $(B)) tests/run-all \
+	  $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) $(FUZZ_REPLAY) $$netns $(LAYOUT_SUITES)
 
-test-long: deps
-	@$(MAKE) --no-print-directory all $(TESTS)
-	@MESHRUN_LONG=1 MESHRUN=$(abspath $(B)/meshrun) tests/run-all $(TESTS)
+layout: all
+	@MESHRUN_BUILD=$(abspath $(B)) tests/check-layout
 
 # The main job: a real multi-host training run on loopback (2 agents x 2
 # device threads, mutually authenticated TLS 1.3 between them).
@@ -85,7 +96,7 @@ demo: deps
 	$(B)/meshrun local --hosts 2 --devices-per-host 2 --config configs/llama-tiny.yml
 
 asan:
-	$(MAKE) B=$(B)/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" $(B)/asan/meshrun
+	$(MAKE) B=$(B)/asan SAN="$(ASAN_FLAGS)" $(B)/asan/meshrun
 
 clean:
 	rm -rf $(B)
@@ -118,9 +129,6 @@ fuzz: deps fuzz-deps
 $(B)/fuzz/libmeshrun.a: FORCE
 	@$(MAKE) --no-print-directory B=$(B)/fuzz CC=$(FUZZ_CC) SAN="$(FUZZ_SAN)" $@
 
-$(B)/asan/libmeshrun.a: FORCE
-	@$(MAKE) --no-print-directory B=$(B)/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" $@
-
 FORCE:
 
 $(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_COMMON) tests/fuzz/*.h $(B)/fuzz/libmeshrun.a
@@ -132,7 +140,7 @@ $(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_COMMON) tests/fuzz/*.h $(B)/fuzz/li
 $(B)/asan/tests/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_COMMON) tests/fuzz/*.h \
                         $(B)/asan/libmeshrun.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -I$(B)/asan $(PKG_CFLAGS) -fsanitize=address,undefined -fno-omit-frame-pointer \
+	$(CC) $(CFLAGS_BASE) -I$(B)/asan $(PKG_CFLAGS) $(ASAN_FLAGS) \
 	  -DFUZZ_CORPUS='"$(abspath tests/fuzz/$*)"' -o $@ $< tests/fuzz/replay.c $(FUZZ_COMMON) \
 	  $(B)/asan/libmeshrun.a $(LDLIBS) $(FUZZ_LDFLAGS_$*)
 

@@ -9,7 +9,6 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -17,15 +16,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "host/config/config.h"
 #include "host/mesh/mesh.h"
 #include "net/coll.h"
 #include "net/xport.h"
+#include "tests/proc.h"
 
 static const size_t counts[] = { 0, 1, 7, 262147 };
 #define NCOUNTS (sizeof(counts) / sizeof(counts[0]))
@@ -561,64 +558,19 @@ END_TEST
 
 /* ---- multi-host: real agents over TLS on loopback ---- */
 
-/* Runs argv with stdout+stderr captured to out; kills the process group
- * after timeout_s. Returns the exit status (or 128+signal). */
+/* Runs argv (a launcher: its agents share its process group) to its end or
+ * timeout_s, then kills the group; out gets its stdout, then its stderr.
+ * Returns the exit status (or 128+signal), -1 at the timeout. */
 static int run_capture(char *const argv[], char *out, size_t outlen, int timeout_s)
 {
-	int fd[2];
-	ck_assert_int_eq(pipe(fd), 0);
-	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		setpgid(0, 0);
-		dup2(fd[1], 1);
-		dup2(fd[1], 2);
-		close(fd[0]);
-		close(fd[1]);
-		execv(argv[0], argv);
-		_exit(127);
-	}
-	setpgid(pid, pid);
-	close(fd[1]);
-	fcntl(fd[0], F_SETFL, O_NONBLOCK);
-	size_t used = 0;
-	int status = -1;
-	time_t end = time(NULL) + timeout_s;
-	for (;;) {
-		char tmp[4096];
-		ssize_t k = read(fd[0], tmp, sizeof(tmp));
-		if (k > 0) {
-			size_t cp = (size_t)k < outlen - 1 - used ? (size_t)k : outlen - 1 - used;
-			memcpy(out + used, tmp, cp);
-			used += cp;
-			continue;
-		}
-		pid_t wp = waitpid(pid, &status, WNOHANG);
-		if (wp == pid) {
-			while ((k = read(fd[0], tmp, sizeof(tmp))) > 0) {
-				size_t cp = (size_t)k < outlen - 1 - used ? (size_t)k : outlen - 1 - used;
-				memcpy(out + used, tmp, cp);
-				used += cp;
-			}
-			break;
-		}
-		if (time(NULL) > end) {
-			kill(-pid, SIGKILL);
-			waitpid(pid, &status, 0);
-			status = -1;
-			break;
-		}
-		usleep(20000);
-	}
-	/* agents are in the launcher's process group: make sure none survive */
-	kill(-pid, SIGKILL);
-	close(fd[0]);
-	out[used] = 0;
-	if (status == -1)
-		return -1;
-	if (WIFEXITED(status))
-		return WEXITSTATUS(status);
-	return 128 + WTERMSIG(status);
+	struct proc p;
+	proc_start(&p, "run", argv, -1);
+	int rc = proc_wait(&p, timeout_s);
+	proc_kill(&p);
+	size_t n = (size_t)snprintf(out, outlen, "%s", slurp(p.out));
+	if (n < outlen)
+		snprintf(out + n, outlen - n, "%s", slurp(p.err));
+	return rc;
 }
 
 static const char *meshrun_path(void)
@@ -627,6 +579,11 @@ static const char *meshrun_path(void)
 	ck_assert_msg(p && *p, "MESHRUN is not set (make test sets it to build/meshrun)");
 	ck_assert_msg(access(p, X_OK) == 0, "%s is not an executable", p);
 	return p;
+}
+
+static void setup(void)
+{
+	proc_setup("check_coll", 0);
 }
 
 START_TEST(test_multihost_check)
@@ -758,23 +715,6 @@ END_TEST
 
 /* ---- a host dies while collectives run ---- */
 
-static pid_t lost_pgid;
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* atexit: however the test ends, nothing it started survives */
-static void lost_cleanup(void)
-{
-	if (lost_pgid > 0)
-		kill(-lost_pgid, SIGKILL);
-	lost_pgid = 0;
-}
-
 /* The pid of the agent of host `host` among launcher's children, or -1:
  * local_launch starts each as `<exe> bench ... --host-id <h> ...`. */
 static pid_t agent_of(pid_t launcher, int host)
@@ -816,19 +756,6 @@ static pid_t agent_of(pid_t launcher, int host)
 	return found;
 }
 
-/* Appends what fd has to buf (non-blocking fd, NUL-terminated buf). */
-static void drain(int fd, char *buf, size_t *used, size_t cap)
-{
-	char tmp[4096];
-	ssize_t k;
-	while ((k = read(fd, tmp, sizeof(tmp))) > 0) {
-		size_t cp = (size_t)k < cap - 1 - *used ? (size_t)k : cap - 1 - *used;
-		memcpy(buf + *used, tmp, cp);
-		*used += cp;
-		buf[*used] = 0;
-	}
-}
-
 /* Some line of text contains both a and b. */
 static bool line_with(const char *text, const char *a, const char *b)
 {
@@ -848,81 +775,31 @@ static bool line_with(const char *text, const char *a, const char *b)
 START_TEST(test_multihost_host_lost)
 {
 	const double hb = 2.0;
-	static char out[1 << 16], errs[1 << 16];
-	size_t nout = 0, nerr = 0;
-	int po[2], pe[2];
-	out[0] = errs[0] = 0;
+	static char errs[1 << 16];
 	char *argv[] = { (char *)meshrun_path(), "bench", "collectives", "--hosts", "3",
 			 "--op", "all_reduce", "--sizes", "16M", "--iters", "100000",
 			 "heartbeat_timeout_s=2", NULL };
-	ck_assert_int_eq(pipe(po), 0);
-	ck_assert_int_eq(pipe(pe), 0);
-	atexit(lost_cleanup);
-	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		/* own process group (the agents join it); dies with the test */
-		setpgid(0, 0);
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		dup2(po[1], 1);
-		dup2(pe[1], 2);
-		close(po[0]);
-		close(po[1]);
-		close(pe[0]);
-		close(pe[1]);
-		execv(argv[0], argv);
-		_exit(127);
-	}
-	setpgid(pid, pid);
-	lost_pgid = pid;
-	close(po[1]);
-	close(pe[1]);
-	fcntl(po[0], F_SETFL, O_NONBLOCK);
-	fcntl(pe[0], F_SETFL, O_NONBLOCK);
+	struct proc p;
+	proc_start(&p, "lost", argv, -1);
 
 	/* running collectives: host 0 prints the table header just before the
 	 * first (warm-up) all_reduce */
-	int status = 0;
-	bool exited = false;
-	double t_end = now_s() + 60;
-	while (!strstr(out, "# all_reduce") && now_s() < t_end) {
-		drain(po[0], out, &nout, sizeof(out));
-		drain(pe[0], errs, &nerr, sizeof(errs));
-		if (waitpid(pid, &status, WNOHANG) == pid) {
-			exited = true;
-			break;
-		}
-		usleep(20000);
-	}
-	ck_assert_msg(!exited && strstr(out, "# all_reduce"),
-		      "collectives never started:\n%s\n%s", out, errs);
+	ck_assert_msg(proc_wait_output(&p, "# all_reduce", 60) && proc_wait(&p, 0) == -1,
+		      "collectives never started:\n%s", slurp(p.err));
 	usleep(300000);
-	pid_t victim = agent_of(pid, 1);
-	ck_assert_msg(victim > 0, "no agent of host 1 among the children of %d", (int)pid);
+	pid_t victim = agent_of(p.pid, 1);
+	ck_assert_msg(victim > 0, "no agent of host 1 among the children of %d", (int)p.pid);
 
 	double t_kill = now_s();
 	ck_assert_int_eq(kill(victim, SIGKILL), 0);
-	while (now_s() < t_kill + hb + 4.0) {
-		drain(po[0], out, &nout, sizeof(out));
-		drain(pe[0], errs, &nerr, sizeof(errs));
-		if (waitpid(pid, &status, WNOHANG) == pid) {
-			exited = true;
-			break;
-		}
-		usleep(20000);
-	}
+	int rc = proc_wait(&p, hb + 4.0);
 	double took = now_s() - t_kill;
-	lost_cleanup();
-	if (!exited)
-		waitpid(pid, &status, 0);
-	drain(po[0], out, &nout, sizeof(out));
-	drain(pe[0], errs, &nerr, sizeof(errs));
-	close(po[0]);
-	close(pe[0]);
+	proc_kill(&p);
+	snprintf(errs, sizeof(errs), "%s", slurp(p.err));
 
-	ck_assert_msg(exited, "still running %.1f s after host 1 was killed:\n%s", took, errs);
-	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) != 0,
-		      "run ended with status 0x%x after host 1 was killed:\n%s", status, errs);
+	ck_assert_msg(rc != -1, "still running %.1f s after host 1 was killed:\n%s", took, errs);
+	ck_assert_msg(rc > 0 && rc < 128, "run ended with status %d after host 1 was killed:\n%s",
+		      rc, errs);
 	ck_assert_msg(line_with(errs, "lost host 1", "all_reduce"),
 		      "stderr does not say host 1 was lost during all_reduce:\n%s", errs);
 	ck_assert_msg(!strstr(errs, "lost host 0") && !strstr(errs, "lost host 2"),
@@ -1201,6 +1078,7 @@ static Suite *coll_suite(void)
 
 	tc = tcase_create("multihost");
 	tcase_set_timeout(tc, 120);
+	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_loop_test(tc, test_multihost_check, 0, 8);
 	tcase_add_test(tc, test_multihost_detects_wrong);
 	tcase_add_test(tc, test_multihost_table);
@@ -1209,6 +1087,7 @@ static Suite *coll_suite(void)
 
 	tc = tcase_create("failure");
 	tcase_set_timeout(tc, 90);
+	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_multihost_host_lost);
 	suite_add_tcase(s, tc);
 	return s;

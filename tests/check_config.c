@@ -158,6 +158,88 @@ START_TEST(test_mesh_sizes)
 }
 END_TEST
 
+/* Every axis's two keys, written out here as users write them (not from
+ * MESH_AXES): each is accepted from the command line and from a file, lands
+ * in its own axis and nowhere else, and messages name it. */
+START_TEST(test_axis_keys)
+{
+	static const struct { enum mesh_axis a; const char *name, *ici, *dcn; } ax[] = {
+		{ AX_DATA, "data", "ici_data_parallelism", "dcn_data_parallelism" },
+		{ AX_STAGE, "stage", "ici_pipeline_parallelism", "dcn_pipeline_parallelism" },
+		{ AX_FSDP, "fsdp", "ici_fsdp_parallelism", "dcn_fsdp_parallelism" },
+		{ AX_FSDP_T, "fsdp_transpose", "ici_fsdp_transpose_parallelism",
+		  "dcn_fsdp_transpose_parallelism" },
+		{ AX_SEQUENCE, "sequence", "ici_sequence_parallelism", "dcn_sequence_parallelism" },
+		{ AX_CONTEXT, "context", "ici_context_parallelism", "dcn_context_parallelism" },
+		{ AX_TENSOR, "tensor", "ici_tensor_parallelism", "dcn_tensor_parallelism" },
+		{ AX_TENSOR_T, "tensor_transpose", "ici_tensor_transpose_parallelism",
+		  "dcn_tensor_transpose_parallelism" },
+		{ AX_EXPERT, "expert", "ici_expert_parallelism", "dcn_expert_parallelism" },
+	};
+	ck_assert_int_eq(sizeof(ax) / sizeof(ax[0]), AX_COUNT);
+	for (int i = 0; i < AX_COUNT; i++) {
+		enum mesh_axis a = ax[i].a;
+		ck_assert_str_eq(mesh_axis_names[a], ax[i].name);
+		for (int dcn = 0; dcn < 2; dcn++) {
+			const char *key = dcn ? ax[i].dcn : ax[i].ici;
+			char kv[128], yml[128];
+			struct cfg c;
+			for (int from_file = 0; from_file < 2; from_file++) {
+				cfg_defaults(&c);
+				ck_assert_int_eq(cfg_override(&c, "ici_data_parallelism=1", err, sizeof(err)), 0);
+				ck_assert_int_eq(cfg_override(&c, "dcn_data_parallelism=1", err, sizeof(err)), 0);
+				if (from_file) {
+					snprintf(yml, sizeof(yml), "%s: 3\n", key);
+					const char *p = write_tmp(yml);
+					ck_assert_msg(cfg_load_file(&c, p, err, sizeof(err)) == 0, "%s", err);
+					unlink(p);
+				} else {
+					snprintf(kv, sizeof(kv), "%s=3", key);
+					ck_assert_msg(cfg_override(&c, kv, err, sizeof(err)) == 0, "%s", err);
+				}
+				ck_assert_int_eq(cfg_axis_key(&c, dcn, a), 3);
+				ck_assert_int_eq(cfg_axis_key(&c, !dcn, a), 1);
+				ck_assert_msg(cfg_finish(&c, dcn ? 3 : 1, dcn ? 1 : 3, err, sizeof(err)) == 0,
+					      "%s: %s", key, err);
+				for (int b = 0; b < AX_COUNT; b++) {
+					ck_assert_int_eq(c.ici[b], !dcn && b == (int)a ? 3 : 1);
+					ck_assert_int_eq(c.dcn[b], dcn && b == (int)a ? 3 : 1);
+				}
+			}
+			/* a bad size is reported under this key's name */
+			snprintf(kv, sizeof(kv), "%s=0", key);
+			ck_assert_int_eq(cfg_override(&c, kv, err, sizeof(err)), 0);
+			ck_assert_int_ne(cfg_finish(&c, 0, 0, err, sizeof(err)), 0);
+			snprintf(kv, sizeof(kv), "'%s'", key);
+			ck_assert_msg(strstr(err, kv), "%s", err);
+		}
+	}
+	/* cfg_single_device reaches every key */
+	struct cfg c;
+	cfg_defaults(&c);
+	for (int i = 0; i < AX_COUNT; i++) {
+		char kv[128];
+		snprintf(kv, sizeof(kv), "%s=2", ax[i].ici);
+		cfg_override(&c, kv, err, sizeof(err));
+		snprintf(kv, sizeof(kv), "%s=2", ax[i].dcn);
+		cfg_override(&c, kv, err, sizeof(err));
+	}
+	cfg_single_device(&c);
+	for (int a = 0; a < AX_COUNT; a++)
+		ck_assert(cfg_axis_key(&c, false, a) == 1 && cfg_axis_key(&c, true, a) == 1);
+	/* what a family multiplies to before cfg_finish: -1 counts as 1 */
+	cfg_defaults(&c);
+	ck_assert_int_eq(cfg_family_product(&c, false), 1);
+	cfg_override(&c, "ici_fsdp_parallelism=2", err, sizeof(err));
+	cfg_override(&c, "ici_expert_parallelism=3", err, sizeof(err));
+	cfg_override(&c, "dcn_tensor_parallelism=5", err, sizeof(err));
+	ck_assert_int_eq(cfg_family_product(&c, false), 6);
+	ck_assert_int_eq(cfg_family_product(&c, true), 5);
+	cfg_override(&c, "dcn_pipeline_parallelism=1000", err, sizeof(err));
+	ck_assert_int_eq(cfg_family_product(&c, true), 0);
+}
+END_TEST
+
 START_TEST(test_mesh_groups)
 {
 	struct cfg c;
@@ -249,6 +331,7 @@ int main(void)
 	tc = tcase_create("mesh");
 	tcase_set_timeout(tc, 20);
 	tcase_add_test(tc, test_mesh_sizes);
+	tcase_add_test(tc, test_axis_keys);
 	tcase_add_test(tc, test_mesh_groups);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("pipeline");

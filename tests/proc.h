@@ -1,7 +1,9 @@
-/* Process helpers shared by the suites that start real agents
- * (check_agent, check_tls): start with output to files, wait with a
- * timeout, kill everything at exit, read outputs, free loopback ports.
- * Header-only: each suite is one translation unit. */
+/* Process helpers shared by the suites that start real processes
+ * (check_agent, check_tls, check_train_fault, check_coll): start with
+ * output to files, wait with a timeout or for a line of output, kill
+ * everything at exit, read outputs, free loopback ports. Header-only: each
+ * suite is one translation unit; `static inline` keeps a suite that does
+ * not use every helper free of unused-function warnings. */
 #ifndef MESHRUN_TESTS_PROC_H
 #define MESHRUN_TESTS_PROC_H
 
@@ -24,7 +26,9 @@
 #include "net/tls.h"
 
 /* ---- processes (every one is killed when the test ends, however it
- * ends: atexit here, PR_SET_PDEATHSIG if the test process is killed) ---- */
+ * ends: atexit here, PR_SET_PDEATHSIG if the test process is killed).
+ * Each leads its own process group, so what it starts and keeps in its
+ * group (a launcher's agents) is killed with it. ---- */
 
 #define MAXPROC 16
 
@@ -38,23 +42,24 @@ struct proc {
 static pid_t live[MAXPROC];
 static char tmpdir[64];
 
-static void kill_all(void)
+static inline void kill_all(void)
 {
 	for (int i = 0; i < MAXPROC; i++)
 		if (live[i] > 0) {
+			kill(-live[i], SIGKILL);
 			kill(live[i], SIGKILL);
 			waitpid(live[i], NULL, 0);
 			live[i] = 0;
 		}
 }
 
-static const char *meshrun(void)
+static inline const char *meshrun(void)
 {
 	const char *m = getenv("MESHRUN");
 	return m && *m ? m : "./build/meshrun";
 }
 
-static double now_s(void)
+static inline double now_s(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -63,7 +68,7 @@ static double now_s(void)
 
 /* Starts argv (argv[0] is the program) with stdout/stderr to files in
  * tmpdir and stdin from in_fd (-1: /dev/null). */
-static void proc_start(struct proc *p, const char *name, char *const argv[], int in_fd)
+static inline void proc_start(struct proc *p, const char *name, char *const argv[], int in_fd)
 {
 	memset(p, 0, sizeof(*p));
 	snprintf(p->out, sizeof(p->out), "%s/%s.out", tmpdir, name);
@@ -72,6 +77,7 @@ static void proc_start(struct proc *p, const char *name, char *const argv[], int
 	pid_t pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
+		setpgid(0, 0);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		if (getppid() != parent)
 			_exit(127);
@@ -84,6 +90,7 @@ static void proc_start(struct proc *p, const char *name, char *const argv[], int
 		execvp(argv[0], argv);
 		_exit(127);
 	}
+	setpgid(pid, pid); /* here too: the child may not have run yet */
 	p->pid = pid;
 	for (int i = 0; i < MAXPROC; i++)
 		if (!live[i]) {
@@ -92,19 +99,23 @@ static void proc_start(struct proc *p, const char *name, char *const argv[], int
 		}
 }
 
+static inline void proc_reaped(struct proc *p, int st)
+{
+	p->done = true;
+	p->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	for (int i = 0; i < MAXPROC; i++)
+		if (live[i] == p->pid)
+			live[i] = 0;
+}
+
 /* Exit code (128 + signal if killed), or -1 if still running at timeout. */
-static int proc_wait(struct proc *p, double timeout_s)
+static inline int proc_wait(struct proc *p, double timeout_s)
 {
 	double end = now_s() + timeout_s;
 	while (!p->done) {
 		int st;
-		pid_t w = waitpid(p->pid, &st, WNOHANG);
-		if (w == p->pid) {
-			p->done = true;
-			p->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-			for (int i = 0; i < MAXPROC; i++)
-				if (live[i] == p->pid)
-					live[i] = 0;
+		if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
+			proc_reaped(p, st);
 			break;
 		}
 		if (now_s() > end)
@@ -114,7 +125,21 @@ static int proc_wait(struct proc *p, double timeout_s)
 	return p->status;
 }
 
-static char *slurp(const char *path)
+/* Kills p's process group (p, and what it started that is still in the
+ * group) and reaps p. Returns p's status as proc_wait does. */
+static inline int proc_kill(struct proc *p)
+{
+	kill(-p->pid, SIGKILL);
+	if (!p->done) {
+		int st;
+		kill(p->pid, SIGKILL);
+		if (waitpid(p->pid, &st, 0) == p->pid)
+			proc_reaped(p, st);
+	}
+	return p->status;
+}
+
+static inline char *slurp(const char *path)
 {
 	static char buf[65536];
 	FILE *f = fopen(path, "r");
@@ -131,7 +156,7 @@ static char *slurp(const char *path)
 	return buf;
 }
 
-static bool file_has(const char *path, const char *needle)
+static inline bool file_has(const char *path, const char *needle)
 {
 	return strstr(slurp(path), needle) != NULL;
 }
@@ -139,7 +164,20 @@ static bool file_has(const char *path, const char *needle)
 #define ck_assert_file_has(path, needle) \
 	ck_assert_msg(file_has(path, needle), "'%s' not in %s:\n%s", needle, path, slurp(path))
 
-static void rm_rf(const char *dir)
+/* true once p's stdout holds needle; false if p ends or timeout_s passes
+ * first. */
+static inline bool proc_wait_output(struct proc *p, const char *needle, double timeout_s)
+{
+	double end = now_s() + timeout_s;
+	while (!file_has(p->out, needle)) {
+		if (proc_wait(p, 0) >= 0 || now_s() > end)
+			return file_has(p->out, needle);
+		usleep(20000);
+	}
+	return true;
+}
+
+static inline void rm_rf(const char *dir)
 {
 	char cmd[512];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -148,7 +186,7 @@ static void rm_rf(const char *dir)
 	}
 }
 
-static void cleanup_all(void)
+static inline void cleanup_all(void)
 {
 	kill_all();
 	if (tmpdir[0])
@@ -156,27 +194,53 @@ static void cleanup_all(void)
 	tmpdir[0] = 0;
 }
 
+/* A failed assertion ends a forked test with _exit: neither the teardown
+ * nor atexit runs. So a helper process waits for the test process to end,
+ * however it ends, and then removes dir (the processes it started die of
+ * PR_SET_PDEATHSIG). */
+static inline void rm_rf_at_death(const char *dir)
+{
+	pid_t parent = getpid();
+	sigset_t term, old;
+	sigemptyset(&term);
+	sigaddset(&term, SIGTERM);
+	sigprocmask(SIG_BLOCK, &term, &old);
+	pid_t pid = fork();
+	if (pid == 0) {
+		int sig;
+		setpgid(0, 0); /* check kills the test's process group */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		if (getppid() == parent)
+			sigwait(&term, &sig);
+		rm_rf(dir);
+		_exit(0);
+	}
+	sigprocmask(SIG_SETMASK, &old, NULL);
+}
+
 /* A fresh temporary directory named after the suite, with a cluster CA and
- * ncerts host certificates in tmpdir/certs. */
-static void proc_setup(const char *suite, int ncerts)
+ * ncerts host certificates in tmpdir/certs (none when ncerts is 0). */
+static inline void proc_setup(const char *suite, int ncerts)
 {
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/%s-XXXXXX", suite);
 	ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-	char dir[300], err[256];
-	snprintf(dir, sizeof(dir), "%s/certs", tmpdir);
-	mkdir(dir, 0700);
-	ck_assert_msg(tls_gen_certs(dir, ncerts, err, sizeof(err)) == 0, "%s", err);
-	/* a failed assertion exits the test process without the teardown */
+	rm_rf_at_death(tmpdir);
 	atexit(cleanup_all);
+	if (ncerts > 0) {
+		char dir[300], err[256];
+		snprintf(dir, sizeof(dir), "%s/certs", tmpdir);
+		mkdir(dir, 0700);
+		ck_assert_msg(tls_gen_certs(dir, ncerts, err, sizeof(err)) == 0, "%s", err);
+	}
 }
 
-static void teardown(void)
+static inline void teardown(void)
 {
 	cleanup_all();
 }
 
 /* A loopback port nobody listens on right now. */
-static int free_port(void)
+static inline int free_port(void)
 {
 	int fd, port;
 	char addr[64], h[64];
@@ -189,7 +253,7 @@ static int free_port(void)
 }
 
 /* true once something accepts TCP connections on 127.0.0.1:port */
-static bool wait_listening(int port, double timeout_s)
+static inline bool wait_listening(int port, double timeout_s)
 {
 	double end = now_s() + timeout_s;
 	while (now_s() < end) {

@@ -13,9 +13,21 @@
 #include <openssl/evp.h>
 #include <yaml.h>
 
-const char *const mesh_axis_names[AX_COUNT] = {
-	"data", "stage", "fsdp", "fsdp_transpose", "sequence", "context",
-	"tensor", "tensor_transpose", "expert",
+#define AXIS_NAME(X, e, name, stem, def) [e] = #name,
+const char *const mesh_axis_names[AX_COUNT] = { MESH_AXES(AXIS_NAME, ) };
+#undef AXIS_NAME
+
+/* Each axis's two size keys: names for messages, fields by offset. */
+static const struct axis_keys {
+	const char *ici_key, *dcn_key;
+	size_t ici_off, dcn_off;
+} axis_keys[AX_COUNT] = {
+#define AXIS_KEYS(X, e, name, stem, def) \
+	[e] = { "ici_" #stem "_parallelism", "dcn_" #stem "_parallelism", \
+		offsetof(struct cfg, ici_##stem##_parallelism), \
+		offsetof(struct cfg, dcn_##stem##_parallelism) },
+	MESH_AXES(AXIS_KEYS, )
+#undef AXIS_KEYS
 };
 
 struct cfg_key {
@@ -129,8 +141,8 @@ void cfg_defaults(struct cfg *c)
 			abort(); /* a bad default in the table is a programmer error */
 }
 
-int cfg_set(struct cfg *c, const char *key, const char *value, const char *origin,
-	    char *err, size_t errlen)
+static int cfg_set(struct cfg *c, const char *key, const char *value, const char *origin,
+		   char *err, size_t errlen)
 {
 	const struct cfg_key *k = find_key(key);
 	if (!k) {
@@ -294,45 +306,20 @@ int cfg_load_file(struct cfg *c, const char *path, char *err, size_t errlen)
 
 /* ---- mesh derivation ---- */
 
-static long long *ici_key(struct cfg *c, int a)
+static long long *axis_slot(struct cfg *c, int dcn, int a)
 {
-	long long *v[AX_COUNT] = {
-		&c->ici_data_parallelism, &c->ici_pipeline_parallelism,
-		&c->ici_fsdp_parallelism, &c->ici_fsdp_transpose_parallelism,
-		&c->ici_sequence_parallelism, &c->ici_context_parallelism,
-		&c->ici_tensor_parallelism, &c->ici_tensor_transpose_parallelism,
-		&c->ici_expert_parallelism,
-	};
-	return v[a];
+	return (long long *)((char *)c + (dcn ? axis_keys[a].dcn_off : axis_keys[a].ici_off));
 }
 
-static long long *dcn_key(struct cfg *c, int a)
+long long cfg_axis_key(const struct cfg *c, bool dcn, enum mesh_axis a)
 {
-	long long *v[AX_COUNT] = {
-		&c->dcn_data_parallelism, &c->dcn_pipeline_parallelism,
-		&c->dcn_fsdp_parallelism, &c->dcn_fsdp_transpose_parallelism,
-		&c->dcn_sequence_parallelism, &c->dcn_context_parallelism,
-		&c->dcn_tensor_parallelism, &c->dcn_tensor_transpose_parallelism,
-		&c->dcn_expert_parallelism,
-	};
-	return v[a];
+	const struct axis_keys *k = &axis_keys[a];
+	return *(const long long *)((const char *)c + (dcn ? k->dcn_off : k->ici_off));
 }
 
 static const char *family_key(int dcn, int a)
 {
-	static const char *const ici[AX_COUNT] = {
-		"ici_data_parallelism", "ici_pipeline_parallelism", "ici_fsdp_parallelism",
-		"ici_fsdp_transpose_parallelism", "ici_sequence_parallelism",
-		"ici_context_parallelism", "ici_tensor_parallelism",
-		"ici_tensor_transpose_parallelism", "ici_expert_parallelism",
-	};
-	static const char *const dcnk[AX_COUNT] = {
-		"dcn_data_parallelism", "dcn_pipeline_parallelism", "dcn_fsdp_parallelism",
-		"dcn_fsdp_transpose_parallelism", "dcn_sequence_parallelism",
-		"dcn_context_parallelism", "dcn_tensor_parallelism",
-		"dcn_tensor_transpose_parallelism", "dcn_expert_parallelism",
-	};
-	return dcn ? dcnk[a] : ici[a];
+	return dcn ? axis_keys[a].dcn_key : axis_keys[a].ici_key;
 }
 
 /* Resolves one family (ici or dcn): at most one -1, product must be want
@@ -342,7 +329,7 @@ static int resolve_family(struct cfg *c, int dcn, int want, int *out, char *err,
 	int fill = -1;
 	long long prod = 1;
 	for (int a = 0; a < AX_COUNT; a++) {
-		long long v = dcn ? *dcn_key(c, a) : *ici_key(c, a);
+		long long v = *axis_slot(c, dcn, a);
 		if (v == -1) {
 			if (fill >= 0) {
 				snprintf(err, errlen, "config: keys '%s' and '%s' are both -1; at most one %s key may be -1",
@@ -359,7 +346,7 @@ static int resolve_family(struct cfg *c, int dcn, int want, int *out, char *err,
 		}
 	}
 	for (int a = 0; a < AX_COUNT; a++)
-		out[a] = (int)(dcn ? *dcn_key(c, a) : *ici_key(c, a));
+		out[a] = (int)*axis_slot(c, dcn, a);
 	if (fill >= 0) {
 		if (want <= 0 || want % prod) {
 			snprintf(err, errlen, "config: key '%s' is -1 but %s",
@@ -451,10 +438,23 @@ int cfg_parse_bytes(const char *s, size_t *out)
 	return 0;
 }
 
+int cfg_family_product(const struct cfg *c, bool dcn)
+{
+	long long p = 1;
+	for (int a = 0; a < AX_COUNT; a++) {
+		long long v = cfg_axis_key(c, dcn, a);
+		if (v > 1)
+			p *= v;
+		if (p > 4096)
+			return 0;
+	}
+	return (int)p;
+}
+
 void cfg_single_device(struct cfg *c)
 {
 	for (int a = 0; a < AX_COUNT; a++)
-		*ici_key(c, a) = *dcn_key(c, a) = 1;
+		*axis_slot(c, 0, a) = *axis_slot(c, 1, a) = 1;
 }
 
 /* ---- canonical text ---- */
@@ -476,15 +476,6 @@ static void value_text(const struct cfg *c, const struct cfg_key *k, char *out, 
 		break;
 	}
 	}
-}
-
-int cfg_get_text(const struct cfg *c, const char *key, char *out, size_t outlen)
-{
-	const struct cfg_key *k = find_key(key);
-	if (!k)
-		return -ENOENT;
-	value_text(c, k, out, outlen);
-	return 0;
 }
 
 void cfg_hash(const struct cfg *c, uint8_t out[32])

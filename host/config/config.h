@@ -11,11 +11,26 @@
 #define CFG_MAX_LIST 64
 #define CFG_STR 256
 
-/* Mesh axes in MaxText order (DESIGN §3). */
-enum mesh_axis {
-	AX_DATA, AX_STAGE, AX_FSDP, AX_FSDP_T, AX_SEQUENCE, AX_CONTEXT,
-	AX_TENSOR, AX_TENSOR_T, AX_EXPERT, AX_COUNT
-};
+/* The mesh axes in MaxText order, written once. Each row is
+ * M(X, enum, axis name, key stem, default): the axis has two size keys,
+ * ici_<stem>_parallelism (devices within a host) and dcn_<stem>_parallelism
+ * (hosts), both defaulting to `default`; -1 = fill in from the run's shape
+ * (the data axis by default: all devices of a host, all hosts). X is passed
+ * through to M so that CFG_KEYS can list the keys in its own form. */
+#define MESH_AXES(M, X) \
+	M(X, AX_DATA,      data,             data,             "-1") \
+	M(X, AX_STAGE,     stage,            pipeline,         "1") \
+	M(X, AX_FSDP,      fsdp,             fsdp,             "1") \
+	M(X, AX_FSDP_T,    fsdp_transpose,   fsdp_transpose,   "1") \
+	M(X, AX_SEQUENCE,  sequence,         sequence,         "1") \
+	M(X, AX_CONTEXT,   context,          context,          "1") \
+	M(X, AX_TENSOR,    tensor,           tensor,           "1") \
+	M(X, AX_TENSOR_T,  tensor_transpose, tensor_transpose, "1") \
+	M(X, AX_EXPERT,    expert,           expert,           "1")
+
+#define MESH_AXIS_ENUM(X, e, name, stem, def) e,
+enum mesh_axis { MESH_AXES(MESH_AXIS_ENUM, ) AX_COUNT };
+#undef MESH_AXIS_ENUM
 extern const char *const mesh_axis_names[AX_COUNT];
 
 struct cfg_list {
@@ -38,25 +53,9 @@ struct cfg_list {
 	X(INT,   max_frame_bytes, "67108864", 1, "largest frame payload accepted") \
 	X(INT,   eager_max_bytes, "65536", 1, "a message to another host of at most this many bytes goes out without waiting for the receiver's RecvReady; each host stages at most 8x this from each peer; 0: every message waits") \
 	X(INT,   tls_key_update_bytes, "34359738368", 1, "a link renews its TLS sending key (TLS 1.3 KeyUpdate) after this many bytes; AES-GCM is good for ~2^24.5 records (~390 GB) per key") \
-	/* --- mesh (DESIGN §3); -1 = fill in --- */ \
-	X(INT, ici_data_parallelism, "-1", 1, "default: all devices of a host do data parallelism") \
-	X(INT, ici_pipeline_parallelism, "1", 1, "") \
-	X(INT, ici_fsdp_parallelism, "1", 1, "") \
-	X(INT, ici_fsdp_transpose_parallelism, "1", 1, "") \
-	X(INT, ici_sequence_parallelism, "1", 1, "") \
-	X(INT, ici_context_parallelism, "1", 1, "") \
-	X(INT, ici_tensor_parallelism, "1", 1, "") \
-	X(INT, ici_tensor_transpose_parallelism, "1", 1, "") \
-	X(INT, ici_expert_parallelism, "1", 1, "") \
-	X(INT, dcn_data_parallelism, "-1", 1, "default: all hosts do data parallelism") \
-	X(INT, dcn_pipeline_parallelism, "1", 1, "") \
-	X(INT, dcn_fsdp_parallelism, "1", 1, "") \
-	X(INT, dcn_fsdp_transpose_parallelism, "1", 1, "") \
-	X(INT, dcn_sequence_parallelism, "1", 1, "") \
-	X(INT, dcn_context_parallelism, "1", 1, "") \
-	X(INT, dcn_tensor_parallelism, "1", 1, "") \
-	X(INT, dcn_tensor_transpose_parallelism, "1", 1, "") \
-	X(INT, dcn_expert_parallelism, "1", 1, "") \
+	/* --- mesh: every ici_* key, then every dcn_* key, from MESH_AXES --- */ \
+	MESH_AXES(CFG_ICI_KEY, X) \
+	MESH_AXES(CFG_DCN_KEY, X) \
 	/* --- sharding (DESIGN §6) --- */ \
 	X(LIST, logical_axis_rules, \
 		"vocab=tensor," \
@@ -125,6 +124,11 @@ struct cfg_list {
 	X(INT,   checkpoint_period, "0", 1, "0: only at the end when --checkpoint-dir is given") \
 	X(INT,   openblas_threads, "0", 0, "0: cores / devices on this host")
 
+#define CFG_ICI_KEY(X, e, name, stem, def) \
+	X(INT, ici_##stem##_parallelism, def, 1, "devices of a host along the " #name " axis")
+#define CFG_DCN_KEY(X, e, name, stem, def) \
+	X(INT, dcn_##stem##_parallelism, def, 1, "hosts along the " #name " axis")
+
 enum cfg_type { CFG_T_INT, CFG_T_FLOAT, CFG_T_BOOL, CFG_T_STR, CFG_T_LIST };
 
 #define CFG_CTYPE_INT   long long
@@ -154,8 +158,6 @@ void cfg_defaults(struct cfg *c);
  * detail in err. */
 int cfg_load_file(struct cfg *c, const char *path, char *err, size_t errlen);
 /* Applies one `key=value`. 0 or -EINVAL with err naming the key. */
-int cfg_set(struct cfg *c, const char *key, const char *value, const char *origin,
-	    char *err, size_t errlen);
 int cfg_override(struct cfg *c, const char *kv, char *err, size_t errlen);
 /* Validates and derives mesh sizes; fills one -1 per family. With
  * want_hosts/want_devices > 0, checks the mesh multiplies to them (and fills
@@ -163,13 +165,18 @@ int cfg_override(struct cfg *c, const char *kv, char *err, size_t errlen);
 int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_t errlen);
 /* A byte count like 4096, 64K, 16M, 1G (optional B): 0 or -EINVAL. */
 int cfg_parse_bytes(const char *s, size_t *out);
+/* The value of axis a's dcn_* (dcn) or ici_* size key, as configured
+ * (-1 = fill in); cfg_finish's results are in c->dcn[] and c->ici[]. */
+long long cfg_axis_key(const struct cfg *c, bool dcn, enum mesh_axis a);
+/* What the configured sizes of one family (dcn or ici) multiply to, a -1
+ * counting as 1: the hosts or devices per host a run needs when nothing
+ * else gives them. 0 past 4096 (cfg_finish then names the problem). */
+int cfg_family_product(const struct cfg *c, bool dcn);
 /* Sets every ici_* and dcn_* size to 1. */
 void cfg_single_device(struct cfg *c);
 /* SHA-256 over the canonical text of every hashed key. */
 void cfg_hash(const struct cfg *c, uint8_t out[32]);
 /* Writes the canonical `key: value` text of every key (a YAML file). */
 int cfg_write_yaml(const struct cfg *c, const char *path, char *err, size_t errlen);
-/* Value of key as text; -ENOENT for unknown keys. */
-int cfg_get_text(const struct cfg *c, const char *key, char *out, size_t outlen);
 
 #endif

@@ -40,7 +40,8 @@ int plan_kept_axes(const struct plan_param *p, int d, int *axes)
 	return n;
 }
 
-uint32_t plan_kept_mask(const struct plan_param *p, int d)
+/* plan_kept_axes as a bit mask */
+static uint32_t plan_kept_mask(const struct plan_param *p, int d)
 {
 	return p->spec.axes[d] & ~p->gather;
 }

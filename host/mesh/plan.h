@@ -61,7 +61,6 @@ int plan_param_slice(struct plan_param *p, const struct mesh *m, int dim,
 /* The kept axes of dimension d (sharded and not gathered), in storage
  * order; returns their count. */
 int plan_kept_axes(const struct plan_param *p, int d, int *axes);
-uint32_t plan_kept_mask(const struct plan_param *p, int d);
 
 /* One linear layer y = x . W^T, W stored [out, in]. */
 struct plan_linear {

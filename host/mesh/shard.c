@@ -6,7 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
-const char *const shard_logical_names[] = {
+/* The logical axis names rules may use, NULL-terminated. */
+static const char *const shard_logical_names[] = {
 	"vocab", "embed", "embed_moe", "mlp", "mlp_moe", "heads", "q_heads", "kv_heads",
 	"kv", "norm", "exp", "layers",
 	"activation_batch", "activation_length", "activation_embed", "activation_mlp",

@@ -53,9 +53,6 @@ struct shard_spec {
 	size_t local_bytes;             /* float32: 4 * local_numel */
 };
 
-/* The logical axis names rules may use (DESIGN §6), NULL-terminated. */
-extern const char *const shard_logical_names[];
-
 /* Parses c->logical_axis_rules ("logical=axis1|axis2|...", "logical=" is
  * replicated) and applies c->custom_mesh_and_rule: "shard-exp-on-fsdp"
  * makes every `exp` rule exp=expert|fsdp (appending one if there is none)

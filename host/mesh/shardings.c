@@ -104,33 +104,6 @@ static void print_total(const char *what, size_t bytes)
 	printf("total %s: %zu bytes per device (%.2f MiB)\n", what, bytes, bytes / 1048576.0);
 }
 
-/* Mesh size of one family when the command line does not give it: what its
- * sizes multiply to, a -1 counting as 1. */
-static int family_product(const struct cfg *c, int dcn)
-{
-	const long long ici[AX_COUNT] = {
-		c->ici_data_parallelism, c->ici_pipeline_parallelism, c->ici_fsdp_parallelism,
-		c->ici_fsdp_transpose_parallelism, c->ici_sequence_parallelism,
-		c->ici_context_parallelism, c->ici_tensor_parallelism,
-		c->ici_tensor_transpose_parallelism, c->ici_expert_parallelism,
-	};
-	const long long dcnv[AX_COUNT] = {
-		c->dcn_data_parallelism, c->dcn_pipeline_parallelism, c->dcn_fsdp_parallelism,
-		c->dcn_fsdp_transpose_parallelism, c->dcn_sequence_parallelism,
-		c->dcn_context_parallelism, c->dcn_tensor_parallelism,
-		c->dcn_tensor_transpose_parallelism, c->dcn_expert_parallelism,
-	};
-	long long p = 1;
-	for (int a = 0; a < AX_COUNT; a++) {
-		long long v = dcn ? dcnv[a] : ici[a];
-		if (v > 1)
-			p *= v;
-		if (p > MESH_MAX_DEVICES)
-			return 0; /* cfg_finish names the problem */
-	}
-	return (int)p;
-}
-
 static int parse_count(const char *flag, const char *v, int *out)
 {
 	char *end;
@@ -219,9 +192,9 @@ int cmd_shardings(int argc, char **argv)
 			goto out;
 		}
 	if (!hosts)
-		hosts = family_product(c, 1);
+		hosts = cfg_family_product(c, true);
 	if (!devs)
-		devs = family_product(c, 0);
+		devs = cfg_family_product(c, false);
 	if (cfg_finish(c, hosts, devs, err, sizeof(err)) ||
 	    model_dims_from_cfg(&d, c, err, sizeof(err)) ||
 	    shard_rules_from_cfg(rules, c, err, sizeof(err))) {
