@@ -207,30 +207,6 @@ static int print_memory(const struct pipe_schedule *sc, const struct shard_spec 
 	return 0;
 }
 
-/* Mesh size of one family when nothing else gives it: what its sizes
- * multiply to, a -1 counting as 1 (as `meshrun shardings` does). */
-static int family_product(const struct cfg *c, int dcn)
-{
-	const long long v[2][AX_COUNT] = {
-		{ c->ici_data_parallelism, c->ici_pipeline_parallelism, c->ici_fsdp_parallelism,
-		  c->ici_fsdp_transpose_parallelism, c->ici_sequence_parallelism,
-		  c->ici_context_parallelism, c->ici_tensor_parallelism,
-		  c->ici_tensor_transpose_parallelism, c->ici_expert_parallelism },
-		{ c->dcn_data_parallelism, c->dcn_pipeline_parallelism, c->dcn_fsdp_parallelism,
-		  c->dcn_fsdp_transpose_parallelism, c->dcn_sequence_parallelism,
-		  c->dcn_context_parallelism, c->dcn_tensor_parallelism,
-		  c->dcn_tensor_transpose_parallelism, c->dcn_expert_parallelism },
-	};
-	long long p = 1;
-	for (int a = 0; a < AX_COUNT; a++) {
-		if (v[dcn][a] > 1)
-			p *= v[dcn][a];
-		if (p > MESH_MAX_DEVICES)
-			return 0; /* cfg_finish names the problem */
-	}
-	return (int)p;
-}
-
 /* Loads the config and resolves everything the printout needs. */
 static int load(struct cfg *c, const char *path, char **kv, int nkv, struct model_dims *d,
 		struct shard_rules *rules, struct mesh *m, struct pipe_config *pc,
@@ -241,7 +217,7 @@ static int load(struct cfg *c, const char *path, char **kv, int nkv, struct mode
 	for (int i = 0; !rc && i < nkv; i++)
 		rc = cfg_override(c, kv[i], err, errlen);
 	if (!rc)
-		rc = cfg_finish(c, family_product(c, 1), family_product(c, 0), err, errlen);
+		rc = cfg_finish(c, cfg_family_product(c, true), cfg_family_product(c, false), err, errlen);
 	if (!rc)
 		rc = model_dims_from_cfg(d, c, err, errlen);
 	if (!rc)
