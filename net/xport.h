@@ -85,7 +85,6 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 			const struct xport_remote_ops *ops, void *ops_ctx);
 void xport_free(struct xport *x);
 int xport_host_of(const struct xport *x, int dev);
-int xport_host_id(const struct xport *x);
 int xport_num_devices(const struct xport *x);
 /* Bytes copied between devices of this host so far (ICI traffic). */
 uint64_t xport_local_bytes(struct xport *x);

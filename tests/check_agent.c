@@ -30,8 +30,10 @@
 #include "net/frame.h"
 #include "net/net.h"
 #include "net/tls.h"
+#include "net/tls_conn.h"
 
 #include "tests/proc.h"
+#include "tests/fake_peer.h"
 
 static void setup(void)
 {
@@ -206,94 +208,6 @@ START_TEST(test_local_reports_failure)
 }
 END_TEST
 
-/* ---- a fake host 0 on blocking-style TLS (poll on c->want) ---- */
-
-struct fake_rx {
-	uint8_t buf[1 << 16];
-	size_t len;
-};
-
-static void fake_poll(struct conn *c, double end, const char *what)
-{
-	ck_assert_msg(now_s() < end, "fake host 0: timed out in %s", what);
-	struct pollfd p = { .fd = c->fd, .events = c->want == CONN_WANT_WRITE ? POLLOUT : POLLIN };
-	poll(&p, 1, 50);
-}
-
-static void fake_handshake(struct conn *c, struct proc *agent)
-{
-	double end = now_s() + 10;
-	int rc;
-	while ((rc = conn_handshake(c)) == -EAGAIN)
-		fake_poll(c, end, "the handshake");
-	ck_assert_msg(rc == 0, "fake host 0: handshake: %s\nagent:\n%s", c->err, slurp(agent->err));
-}
-
-static void fake_send(struct conn *c, Meshrun__Frame *f)
-{
-	static uint8_t buf[4096];
-	double end = now_s() + 10;
-	size_t n = frame_encode(f, 0, buf), off = 0;
-	ck_assert_uint_gt(n, 0);
-	while (off < n) {
-		ssize_t w = conn_write(c, buf + off, n - off);
-		if (w == -EAGAIN) {
-			fake_poll(c, end, "a write");
-			continue;
-		}
-		ck_assert_msg(w > 0, "fake host 0: write: %s", c->err);
-		off += (size_t)w;
-	}
-	while (conn_flush(c) == -EAGAIN)
-		fake_poll(c, end, "a flush");
-}
-
-/* The next whole frame on c, or NULL if none arrives before end (only when
- * may_time_out; otherwise that fails the test). */
-static Meshrun__Frame *fake_recv(struct conn *c, struct fake_rx *rx, double end, bool may_time_out)
-{
-	const struct frame_limits lim = { .max_payload = 1 << 20 };
-	for (;;) {
-		Meshrun__Frame *f;
-		const uint8_t *pay;
-		uint64_t plen;
-		size_t used;
-		char why[200];
-		int rc = frame_decode(rx->buf, rx->len, &lim, &f, &pay, &plen, &used, why, sizeof(why));
-		if (rc == 0) {
-			memmove(rx->buf, rx->buf + used, rx->len - used);
-			rx->len -= used;
-			return f;
-		}
-		ck_assert_msg(rc == -EAGAIN, "fake host 0: bad frame from the agent: %s", why);
-		ck_assert_uint_lt(rx->len, sizeof(rx->buf));
-		ssize_t r = conn_read(c, rx->buf + rx->len, sizeof(rx->buf) - rx->len);
-		if (r == -EAGAIN) {
-			if (may_time_out && now_s() >= end)
-				return NULL;
-			fake_poll(c, end, "a read");
-			continue;
-		}
-		ck_assert_msg(r > 0, "fake host 0: read: %s", r ? c->err : "closed by the agent");
-		rx->len += (size_t)r;
-	}
-}
-
-/* The next frame of kind body, skipping heartbeats and receive posts. */
-static Meshrun__Frame *fake_expect(struct conn *c, struct fake_rx *rx, int body)
-{
-	double end = now_s() + 10;
-	for (;;) {
-		Meshrun__Frame *f = fake_recv(c, rx, end, false);
-		if ((int)f->body_case == body)
-			return f;
-		ck_assert_msg(f->body_case == MESHRUN__FRAME__BODY_HEARTBEAT ||
-			      f->body_case == MESHRUN__FRAME__BODY_RECV_READY,
-			      "fake host 0: unexpected %s frame", frame_body_name(f->body_case));
-		frame_header_free(f);
-	}
-}
-
 /* A link that receives without pause must still write: the agent (host 1)
  * gets a stream of heartbeat frames, TLS records encrypted in advance and
  * poured into the socket far faster than the agent can decrypt and parse
@@ -330,7 +244,7 @@ START_TEST(test_read_fairness)
 	}
 	ck_assert_msg(fd >= 0, "the agent never dialled the coordinator:\n%s", slurp(a.err));
 	close(lfd);
-	struct conn *cc = conn_new_tls(ctx, fd, true);
+	struct conn *cc = tls_conn_new(ctx, fd, true);
 	ck_assert_ptr_nonnull(cc);
 	fake_handshake(cc, &a);
 	Meshrun__Frame *f = fake_expect(cc, rx, MESHRUN__FRAME__BODY_HELLO);
@@ -361,7 +275,7 @@ START_TEST(test_read_fairness)
 	/* the link: host 0 dials, LinkHello both ways, Barrier both ways */
 	fd = conn_connect_start(data_addr, err, sizeof(err));
 	ck_assert_msg(fd >= 0, "%s", err);
-	struct conn *c = conn_new_tls(ctx, fd, false);
+	struct conn *c = tls_conn_new(ctx, fd, false);
 	ck_assert_ptr_nonnull(c);
 	{
 		struct pollfd p = { .fd = fd, .events = POLLOUT };
@@ -406,10 +320,12 @@ START_TEST(test_read_fairness)
 	}
 	BIO *mem = BIO_new(BIO_s_mem());
 	ck_assert_ptr_nonnull(mem);
-	SSL_set0_wbio(c->ssl, mem);     /* reads still come off the socket */
+	SSL *ssl = tls_conn_ssl(c);
+	ck_assert_ptr_nonnull(ssl);
+	SSL_set0_wbio(ssl, mem);        /* reads still come off the socket */
 	for (size_t off = 0; off < plen;) {
 		size_t w = 0;
-		ck_assert_int_eq(SSL_write_ex(c->ssl, plain + off, plen - off, &w), 1);
+		ck_assert_int_eq(SSL_write_ex(ssl, plain + off, plen - off, &w), 1);
 		off += w;
 	}
 	free(plain);
