@@ -73,7 +73,9 @@ struct xreq {
  * posting thread, without xport locks held; must not block.
  *  recv_posted: send RecvReady{src,dst,tag,len} to the host of req->src.
  *  send_ready:  write req (a data frame) to the host of req->dst, then call
- *               xport_complete(req, rc) when the payload has left. */
+ *               xport_complete(req, rc) when the payload has left (handed
+ *               to the connection, not yet acknowledged by the peer; replay
+ *               after a reconnect will hold it until then). */
 struct xport_remote_ops {
 	void (*recv_posted)(void *ctx, struct xreq *req);
 	void (*send_ready)(void *ctx, struct xreq *req);

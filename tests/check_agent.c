@@ -12,7 +12,9 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -370,6 +372,208 @@ START_TEST(test_read_fairness)
 }
 END_TEST
 
+/* ---- two nets in one process: the fault point ---- */
+
+/* Where a test's net_params.fault closes a link, and what it saw. */
+struct fault_plan {
+	int peer;                      /* the link to this host... */
+	bool outgoing;                 /* ...sending (or receiving)... */
+	uint64_t at;                   /* ...its frame of this index; UINT64_MAX: never */
+	_Atomic int closes;            /* CLOSE returned */
+	_Atomic int body;              /* body of the frame closed */
+	_Atomic int chunks[2];         /* data frames seen: [0] received, [1] sent */
+};
+
+static int fault_plan_cb(void *ctx, int peer, bool outgoing, uint64_t frame_index,
+			 const Meshrun__Frame *f)
+{
+	struct fault_plan *p = ctx;
+	if (f->body_case == MESHRUN__FRAME__BODY_CHUNK)
+		atomic_fetch_add(&p->chunks[outgoing], 1);
+	if (peer != p->peer || outgoing != p->outgoing || frame_index != p->at)
+		return LINK_FAULT_PASS;
+	atomic_fetch_add(&p->closes, 1);
+	atomic_store(&p->body, (int)f->body_case);
+	return LINK_FAULT_CLOSE;
+}
+
+/* Host 0 and host 1 of one job, each a struct net with its xport (one
+ * device each), on loopback with the suite's certificates. */
+struct two_nets {
+	struct net *n[2];
+	struct xport *x[2];
+	struct fault_plan plan[2];
+	int rc[2];
+	char err[2][512];
+};
+
+struct net_call {
+	struct two_nets *t;
+	int host;
+	bool finish;
+};
+
+static void *net_call_main(void *arg)
+{
+	struct net_call *c = arg;
+	struct two_nets *t = c->t;
+	int h = c->host;
+	t->rc[h] = c->finish ? net_finish(t->n[h], t->err[h], sizeof(t->err[h]))
+			     : net_start(t->n[h], t->err[h], sizeof(t->err[h]));
+	return NULL;
+}
+
+/* net_start (or net_finish) on both hosts at once: each blocks until the
+ * other answers. */
+static void two_nets_call(struct two_nets *t, bool finish)
+{
+	pthread_t th[2];
+	struct net_call c[2] = { { t, 0, finish }, { t, 1, finish } };
+	for (int h = 0; h < 2; h++)
+		ck_assert_int_eq(pthread_create(&th[h], NULL, net_call_main, &c[h]), 0);
+	for (int h = 0; h < 2; h++)
+		pthread_join(th[h], NULL);
+}
+
+static void two_nets_start(struct two_nets *t)
+{
+	char certs[300], coord[64];
+	static const int dev_host[2] = { 0, 1 };
+	int port = free_port();
+	snprintf(certs, sizeof(certs), "%s/certs", tmpdir);
+	snprintf(coord, sizeof(coord), "127.0.0.1:%d", port);
+	for (int h = 0; h < 2; h++) {
+		struct net_params p = {
+			.host_id = h, .num_hosts = 2, .devices_per_host = 1,
+			.coordinator = coord, .listen = "127.0.0.1:0",
+			.coord_fd = -1, .data_fd = -1, .certs_dir = certs,
+			.heartbeat_interval_s = 0.1, .heartbeat_timeout_s = 5,
+			.connect_timeout_s = 10, .done_timeout_s = 10,
+			.max_frame_bytes = 65536,   /* 1 MiB goes as 16 data frames */
+			.fault = fault_plan_cb, .fault_ctx = &t->plan[h],
+		};
+		int status;
+		t->n[h] = net_new(&p, &status, t->err[h], sizeof(t->err[h]));
+		ck_assert_msg(t->n[h], "host %d: %s", h, t->err[h]);
+		t->x[h] = xport_new(h, 2, dev_host, net_xport_ops(), t->n[h]);
+		ck_assert_ptr_nonnull(t->x[h]);
+		net_set_xport(t->n[h], t->x[h]);
+	}
+	two_nets_call(t, false);
+	for (int h = 0; h < 2; h++)
+		ck_assert_msg(t->rc[h] == NET_OK, "host %d: start: %s", h, t->err[h]);
+}
+
+static void two_nets_free(struct two_nets *t)
+{
+	for (int h = 0; h < 2; h++) {
+		net_free(t->n[h]);
+		xport_free(t->x[h]);
+	}
+}
+
+/* 1 MiB from device 0 to device 1 and back at once; 0 or the first
+ * failure's code with err. */
+static int exchange(struct two_nets *t, uint8_t *buf[4], char *err, size_t errlen)
+{
+	struct xmeta m = { .op = MESHRUN__COLL_OP__COLL_P2P, .group = 1 };
+	struct xreq *r[4];
+	size_t len = 1 << 20;
+	ck_assert_int_eq(xport_irecv(t->x[1], 0, 1, &m, buf[1], len, &r[0]), 0);
+	ck_assert_int_eq(xport_irecv(t->x[0], 1, 0, &m, buf[3], len, &r[1]), 0);
+	ck_assert_int_eq(xport_isend(t->x[0], 0, 1, &m, buf[0], len, &r[2]), 0);
+	ck_assert_int_eq(xport_isend(t->x[1], 1, 0, &m, buf[2], len, &r[3]), 0);
+	uint64_t deadline = xport_now_ns() + 10ull * 1000 * 1000 * 1000;
+	int first = 0;
+	for (int i = 0; i < 4; i++) {
+		char why[512];
+		int rc = xport_wait(r[i], deadline, why, sizeof(why));
+		if (rc && !first) {
+			first = rc;
+			snprintf(err, errlen, "%s", why);
+		}
+	}
+	return first;
+}
+
+static uint8_t *pattern(size_t len, unsigned seed)
+{
+	uint8_t *b = malloc(len);
+	ck_assert_ptr_nonnull(b);
+	for (size_t i = 0; i < len; i++)
+		b[i] = (uint8_t)(i * 31 + seed);
+	return b;
+}
+
+/* Every frame passes the fault point, both ways: with a callback that
+ * never closes, the data arrives, each side counts the 16 data frames it
+ * sent and the 16 it received, and the job ends cleanly. */
+START_TEST(test_fault_pass)
+{
+	struct two_nets t = { 0 };
+	char err[512];
+	uint8_t *buf[4] = { pattern(1 << 20, 1), calloc(1, 1 << 20), pattern(1 << 20, 2),
+			    calloc(1, 1 << 20) };
+	for (int h = 0; h < 2; h++)
+		t.plan[h] = (struct fault_plan){ .peer = 1 - h, .at = UINT64_MAX };
+	two_nets_start(&t);
+	ck_assert_msg(exchange(&t, buf, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_mem_eq(buf[1], buf[0], 1 << 20);
+	ck_assert_mem_eq(buf[3], buf[2], 1 << 20);
+	for (int h = 0; h < 2; h++) {
+		ck_assert_int_eq(atomic_load(&t.plan[h].chunks[1]), 16);
+		ck_assert_int_eq(atomic_load(&t.plan[h].chunks[0]), 16);
+		ck_assert_int_eq(atomic_load(&t.plan[h].closes), 0);
+	}
+	two_nets_call(&t, true);
+	for (int h = 0; h < 2; h++)
+		ck_assert_msg(t.rc[h] == NET_OK, "host %d: finish: %s", h, t.err[h]);
+	two_nets_free(&t);
+	for (int i = 0; i < 4; i++)
+		free(buf[i]);
+}
+END_TEST
+
+/* CLOSE at frame k, sent by one host (loop 0) or received by the other
+ * (loop 1): the link fails as on a read error, and both hosts end with
+ * the peer-lost class naming the other host. */
+START_TEST(test_fault_close)
+{
+	struct two_nets t = { 0 };
+	char err[512], want[2][64];
+	uint8_t *buf[4] = { pattern(1 << 20, 1), calloc(1, 1 << 20), pattern(1 << 20, 2),
+			    calloc(1, 1 << 20) };
+	int faulty = _i == 0 ? 1 : 0;     /* the host whose link closes */
+	const uint64_t k = 5;             /* past the hellos and the barrier */
+	for (int h = 0; h < 2; h++)
+		t.plan[h] = (struct fault_plan){ .peer = 1 - h, .at = UINT64_MAX };
+	t.plan[faulty].outgoing = _i == 0;
+	t.plan[faulty].at = k;
+	two_nets_start(&t);
+	ck_assert_int_ne(exchange(&t, buf, err, sizeof(err)), 0);
+	ck_assert_int_eq(atomic_load(&t.plan[faulty].closes), 1);
+	for (int h = 0; h < 2; h++) {
+		char why[512] = "";
+		snprintf(want[h], sizeof(want[h]), "lost host %d (127.0.0.1:", 1 - h);
+		/* the other side learns from its own read: allow it a moment */
+		for (double end = now_s() + 5; !net_failed(t.n[h], NULL, 0) && now_s() < end;)
+			usleep(10000);
+		int st = net_failed(t.n[h], why, sizeof(why));
+		ck_assert_msg(st == NET_ERR_PEER_LOST, "host %d: status %d: %s", h, st, why);
+		ck_assert_msg(strstr(why, want[h]), "host %d: %s", h, why);
+		if (h == faulty) {
+			char at[80];
+			snprintf(at, sizeof(at), "closed by an injected fault at %s frame %llu",
+				 _i == 0 ? "sent" : "received", (unsigned long long)k);
+			ck_assert_msg(strstr(why, at), "host %d: %s", h, why);
+		}
+	}
+	two_nets_free(&t);
+	for (int i = 0; i < 4; i++)
+		free(buf[i]);
+}
+END_TEST
+
 START_TEST(test_config_errors)
 {
 	struct proc a, b, c, d, e, f;
@@ -442,6 +646,13 @@ static Suite *agent_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 90);
 	tcase_add_test(tc, test_read_fairness);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("fault");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 40);
+	tcase_add_test(tc, test_fault_pass);
+	tcase_add_loop_test(tc, test_fault_close, 0, 2);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("config");
