@@ -6,7 +6,10 @@
  * key, wrong type, a mesh that does not multiply to hosts x devices) exit
  * with EXIT_CONFIG and a message naming the key. A fake host 0 that pours
  * a stream of frames into a real agent faster than it can read them still
- * gets that agent's heartbeats during the stream (read fairness). */
+ * gets that agent's heartbeats during the stream (read fairness).
+ * In-process, two struct net on loopback: every frame passes the fault
+ * point both ways, and a link closed there at frame k ends both hosts
+ * with NET_ERR_PEER_LOST naming the other. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>

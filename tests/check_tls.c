@@ -1,7 +1,7 @@
-/* TLS between hosts (net/tls.h, net/conn.h) and the rendezvous checks.
- * In-process: two TLS connections over a socketpair pin each other's host
- * identity, use TLS 1.3 with AES-128-GCM, and refuse a certificate from
- * another CA. Against real agents on 127.0.0.1 (build/meshrun, or $MESHRUN):
+/* TLS between hosts (net/tls.h, net/tls_conn.h, net/conn.h) and the
+ * rendezvous checks. In-process: two TLS connections over a socketpair pin
+ * each other's host identity (asked through the connection table), use
+ * TLS 1.3 with AES-128-GCM, and refuse a certificate from another CA. Against real agents on 127.0.0.1 (build/meshrun, or $MESHRUN):
  * `openssl s_client` without a certificate, with another CA's certificate,
  * and with a valid cluster certificate claiming another host id is refused
  * while the cluster still completes its job; a mismatched config hash, a
