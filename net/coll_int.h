@@ -65,7 +65,7 @@ int coll_dissemination_barrier(struct coll_run *R);
 int coll_pair_all_to_all(struct coll_run *R);
 int coll_pair_permute(struct coll_run *R);
 
-/* ---- helpers (coll.c) ---- */
+/* ---- helpers (coll_step.c) ---- */
 void *coll_scratch_get(struct coll_scratch *s, size_t bytes);
 int coll_post_send(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
 		   const void *buf, size_t len, struct xreq **out);

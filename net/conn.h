@@ -1,9 +1,10 @@
-/* A connection as a table of functions (Redis connection.h): plain TCP for
- * framing tests and TLS for everything between hosts. TLS overrides the
- * byte-moving calls (handshake, read, write, flush, pending, shutdown), so
- * the link code never knows which it holds. Sockets are non-blocking; a call
- * that cannot progress returns -EAGAIN and sets c->want to the readiness it
- * waits for.
+/* A connection as a table of functions (Valkey connection.h): plain TCP for
+ * framing tests, and TLS (net/tls_conn.h) for everything between hosts. A
+ * type overrides the byte-moving calls (handshake, read, write, flush,
+ * pending, shutdown) and answers what callers may ask of it (the peer's
+ * host identity, key renewal), so the link code never knows which it
+ * holds. Sockets are non-blocking; a call that cannot progress returns
+ * -EAGAIN and sets c->want to the readiness it waits for.
  * Contract for every call: on an error other than -EAGAIN the caller must
  * close the connection (conn_free); c->err says why. */
 #ifndef MESHRUN_CONN_H
@@ -13,8 +14,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
-
-#include <openssl/ssl.h>
 
 enum conn_want { CONN_WANT_NONE = 0, CONN_WANT_READ = 1, CONN_WANT_WRITE = 2 };
 
@@ -40,29 +39,34 @@ struct conn_type {
 	/* Starts an orderly close of the sending side (TLS close_notify, then
 	 * shutdown(SHUT_WR)). 0 when done; -EAGAIN; < 0 error. */
 	int (*shutdown)(struct conn *c);
+	/* After the handshake: the host id (>= 0) the peer's certificate
+	 * names, or a negative errno with err saying why (no certificate, no
+	 * meshrun-host-<id> identity; plain TCP carries none). */
+	int (*peer_host)(struct conn *c, char *err, size_t errlen);
+	/* Renews the sending key after every `bytes` written (0: never),
+	 * counting each renewal in *count (NULL: not counted; the counter may
+	 * be shared by many connections and read from other threads). A type
+	 * without keys ignores it. */
+	void (*set_key_update)(struct conn *c, uint64_t bytes, _Atomic uint64_t *count);
+	/* Closes the socket and frees the connection. */
 	void (*free)(struct conn *c);
 };
 
+/* The part every type shares; a type embeds it first (net/tls_conn.c). */
 struct conn {
 	const struct conn_type *type;
 	int fd;
-	SSL *ssl;                 /* TLS only */
-	bool server;
 	enum conn_want want;
 	char peer_addr[64];       /* "ip:port" of the other end */
 	char err[256];
-	/* TLS: the sending key is renewed every key_update_every bytes */
-	uint64_t tx_bytes, key_update_at, key_update_every;
-	_Atomic uint64_t *key_updates; /* counts them (may be NULL) */
 };
 
-extern const struct conn_type conn_type_tcp;
-extern const struct conn_type conn_type_tls;
+/* For connection types: fills the shared part for a socket. */
+void conn_init(struct conn *c, const struct conn_type *type, int fd);
 
-/* Wrap a connected (or connecting) non-blocking socket. Both take ownership
- * of fd, even on failure; NULL on allocation failure. */
+/* Wraps a connected (or connecting) non-blocking socket in plain TCP. Takes
+ * ownership of fd, even on failure; NULL on allocation failure. */
 struct conn *conn_new_tcp(int fd);
-struct conn *conn_new_tls(SSL_CTX *ctx, int fd, bool server);
 
 static inline int conn_handshake(struct conn *c) { return c->type->handshake(c); }
 static inline ssize_t conn_read(struct conn *c, void *buf, size_t len)
@@ -76,11 +80,17 @@ static inline ssize_t conn_write(struct conn *c, const void *buf, size_t len)
 static inline int conn_flush(struct conn *c) { return c->type->flush(c); }
 static inline bool conn_pending(struct conn *c) { return c->type->pending(c); }
 static inline int conn_shutdown(struct conn *c) { return c->type->shutdown(c); }
-/* TLS: renew the sending key (a TLS 1.3 KeyUpdate, the peer keeps its
- * own) after every `bytes` written (0: never), counting each in *count
- * (NULL: not counted). AES-GCM must not encrypt more than about 2^24.5
- * full records under one key (RFC 8446 §5.5). */
-void conn_set_key_update(struct conn *c, uint64_t bytes, _Atomic uint64_t *count);
+static inline int conn_peer_host(struct conn *c, char *err, size_t errlen)
+{
+	return c->type->peer_host(c, err, errlen);
+}
+/* AES-GCM must not encrypt more than about 2^24.5 full records under one
+ * key (RFC 8446 section 5.5): TLS renews its sending key (a TLS 1.3
+ * KeyUpdate, the peer keeps its own) after every `bytes` written. */
+static inline void conn_set_key_update(struct conn *c, uint64_t bytes, _Atomic uint64_t *count)
+{
+	c->type->set_key_update(c, bytes, count);
+}
 /* Closes the socket and frees c; NULL is fine. */
 void conn_free(struct conn *c);
 
@@ -99,8 +109,6 @@ int conn_connect_result(int fd);
 int conn_accept(int lfd, char *peer, size_t peerlen);
 /* "ip:port" of the local (local=true) or remote end of fd. */
 void conn_sockname(int fd, bool local, char *out, size_t outlen);
-/* TCP_NODELAY and socket buffer sizes for a data link. */
-void conn_tune(int fd);
 int conn_set_nonblock(int fd);
 /* strerror(e) in the lower case of our messages (thread-local buffer). */
 const char *conn_strerror(int e);

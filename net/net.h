@@ -13,6 +13,7 @@
 #ifndef MESHRUN_NET_H
 #define MESHRUN_NET_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -22,14 +23,24 @@
 
 #define NET_VERSION "meshrun 0.1 wire 1"
 
-/* Failure classes. The values equal the exit codes of host/cli.h so the
- * agent can pass them through (and Abort.code carries them between hosts). */
+/* Failure classes: 0 or a negative errno, as every library call reports
+ * them (the CLI turns them into exit codes). Between hosts, Abort.code
+ * carries the class as a positive errno. */
 enum net_status {
 	NET_OK = 0,
-	NET_ERR = 1,            /* generic failure: timeouts, I/O errors */
-	NET_ERR_CONFIG = 3,     /* certificates, addresses */
-	NET_ERR_PEER_LOST = 5,  /* a peer died, fell silent or broke its link */
-	NET_ERR_REFUSED = 6,    /* rendezvous refused */
+	NET_ERR = -EIO,                  /* generic failure: I/O errors */
+	NET_ERR_CONFIG = -EINVAL,        /* certificates, addresses */
+	NET_ERR_PEER_LOST = -EHOSTDOWN,  /* a peer died, fell silent or broke its link */
+	NET_ERR_REFUSED = -ECONNREFUSED, /* rendezvous refused */
+	NET_ERR_TIMEOUT = -ETIMEDOUT,    /* a start-up or finish deadline passed */
+};
+
+/* What a link does with a frame at its fault point (net_params.fault).
+ * The reliability work will add drop, delay, corrupt and black-hole. */
+enum link_fault {
+	LINK_FAULT_PASS = 0,   /* the frame goes on as usual */
+	LINK_FAULT_CLOSE,      /* the link fails exactly as on a read error; a
+				* sent frame is not sent */
 };
 
 struct net_params {
@@ -53,12 +64,28 @@ struct net_params {
 	 * NULL: stderr */
 	void (*log)(void *ctx, const char *line);
 	void *log_ctx;
+	/* The fault point: NULL (every frame passes), or called on the net
+	 * thread once for every frame on every link, sent (after its header
+	 * is encoded) or received (after its header is decoded and its
+	 * sequence number checked), before anything acts on it. peer is the
+	 * other host (-1 on an accepted connection before its hello);
+	 * frame_index counts the frames of that direction on that one link
+	 * from 0 (the rendezvous connection and the data link to a host count
+	 * apart). Returns an enum link_fault, which the link honours.
+	 * Ownership: fault_ctx is the caller's and must outlive the net; f is
+	 * lent for the call only (do not keep or change it). The callback runs
+	 * inside the net thread's loop: it must be quick, must not block and
+	 * must not call any net_* function. For tests and fault drills. */
+	int (*fault)(void *ctx, int peer, bool outgoing, uint64_t frame_index,
+		     const Meshrun__Frame *f);
+	void *fault_ctx;
 };
 
 struct net;
 
 /* Loads the TLS context and opens the listeners. NULL with *status (an
- * enum net_status) and err on failure. Strings in p are copied. */
+ * enum net_status) and err on failure. Strings in p are copied; the
+ * inherited sockets in p are taken, even on failure. */
 struct net *net_new(const struct net_params *p, int *status, char *err, size_t errlen);
 
 /* The hooks to pass to xport_new(..., net_xport_ops(), net). */
@@ -75,7 +102,8 @@ int net_start(struct net *n, char *err, size_t errlen);
 int net_finish(struct net *n, char *err, size_t errlen);
 
 /* A local failure: fails the xport (waking every waiter), sends Abort with
- * status and msg to every peer and closes the links. First failure wins. */
+ * status (an enum net_status; anything not negative counts as NET_ERR) and
+ * msg to every peer and closes the links. First failure wins. */
 void net_abort(struct net *n, int status, const char *msg);
 
 /* NET_OK, or the first failure's status with its message in err (may be
@@ -90,14 +118,5 @@ uint64_t net_key_updates(struct net *n);
 /* Flushes what can be flushed within about a second, closes every link,
  * stops the thread and frees n. NULL is fine. */
 void net_free(struct net *n);
-
-/* The single place every frame passes, sent (outgoing, when its header is
- * encoded) or received (when its header is decoded), on the link to host
- * peer. Today it only counts frames; drop, delay, corrupt and close-at-k
- * faults (DESIGN §9) will hang off it. Returns 0; callers ignore the value
- * until there are actions to take. */
-int net_fault_hook(struct net *n, int peer, bool outgoing, const Meshrun__Frame *f);
-/* Frames counted by net_fault_hook on the link to host peer. */
-void net_frame_counts(struct net *n, int peer, uint64_t *sent, uint64_t *received);
 
 #endif

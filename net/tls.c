@@ -1,5 +1,5 @@
 /* TLS contexts, peer identity pinning and cluster certificates; see
- * net/tls.h. */
+ * net/tls.h. The TLS connection type itself is net/tls_conn.c. */
 #include "net/tls.h"
 
 #include <errno.h>
@@ -23,9 +23,6 @@
  * wins so both sides pick it. */
 static const char suites[] =
 	"TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
-
-
-
 
 static void last_ssl_error(char *buf, size_t len)
 {
@@ -177,9 +174,9 @@ int tls_peer_host(SSL *ssl, char *err, size_t errlen)
 	return id;
 }
 
-bool tls_peer_is_host(SSL *ssl, int host_id, char *err, size_t errlen)
+bool tls_peer_is_host(struct conn *c, int host_id, char *err, size_t errlen)
 {
-	int id = tls_peer_host(ssl, err, errlen);
+	int id = conn_peer_host(c, err, errlen);
 	if (id < 0)
 		return false;
 	if (id != host_id) {

@@ -12,6 +12,8 @@
 
 #define TLS_IDENTITY_PREFIX "meshrun-host-"
 
+struct conn;
+
 /* A context for host host_id: CA from certs_dir/ca.pem, own certificate and
  * key from certs_dir/host<id>.pem and .key, verify-peer with
  * fail-if-no-peer-cert, TLS 1.3 only, no session tickets. Used for both
@@ -21,11 +23,12 @@ void tls_ctx_free(SSL_CTX *ctx);
 
 /* The host id the peer certificate of a finished handshake names, or -1
  * with err saying why (no certificate, no meshrun-host-<id> identity, or
- * the CN and SAN name different hosts). */
+ * the CN and SAN name different hosts). For net/tls_conn.c; everyone else
+ * asks a connection (conn_peer_host). */
 int tls_peer_host(SSL *ssl, char *err, size_t errlen);
-/* true if the peer certificate names host_id; else false with err saying
- * which identity it carries. */
-bool tls_peer_is_host(SSL *ssl, int host_id, char *err, size_t errlen);
+/* true if the peer of connection c (handshake done) is host_id; else false
+ * with err saying which identity it carries. */
+bool tls_peer_is_host(struct conn *c, int host_id, char *err, size_t errlen);
 
 /* Appends the reason of the last OpenSSL failure (error queue, verify
  * result) to buf. */

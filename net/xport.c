@@ -157,7 +157,6 @@ int xport_host_of(const struct xport *x, int dev)
 	return (dev >= 0 && dev < x->ndev) ? x->dev_host[dev] : -1;
 }
 
-int xport_host_id(const struct xport *x) { return x->host_id; }
 
 uint64_t xport_local_bytes(struct xport *x)
 {

@@ -73,7 +73,9 @@ struct xreq {
  * posting thread, without xport locks held; must not block.
  *  recv_posted: send RecvReady{src,dst,tag,len} to the host of req->src.
  *  send_ready:  write req (a data frame) to the host of req->dst, then call
- *               xport_complete(req, rc) when the payload has left. */
+ *               xport_complete(req, rc) when the payload has left (handed
+ *               to the connection, not yet acknowledged by the peer; replay
+ *               after a reconnect will hold it until then). */
 struct xport_remote_ops {
 	void (*recv_posted)(void *ctx, struct xreq *req);
 	void (*send_ready)(void *ctx, struct xreq *req);
@@ -85,7 +87,6 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 			const struct xport_remote_ops *ops, void *ops_ctx);
 void xport_free(struct xport *x);
 int xport_host_of(const struct xport *x, int dev);
-int xport_host_id(const struct xport *x);
 int xport_num_devices(const struct xport *x);
 /* Bytes copied between devices of this host so far (ICI traffic). */
 uint64_t xport_local_bytes(struct xport *x);

@@ -6,13 +6,18 @@
  * key, wrong type, a mesh that does not multiply to hosts x devices) exit
  * with EXIT_CONFIG and a message naming the key. A fake host 0 that pours
  * a stream of frames into a real agent faster than it can read them still
- * gets that agent's heartbeats during the stream (read fairness). */
+ * gets that agent's heartbeats during the stream (read fairness).
+ * In-process, two struct net on loopback: every frame passes the fault
+ * point both ways, and a link closed there at frame k ends both hosts
+ * with NET_ERR_PEER_LOST naming the other. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,8 +35,10 @@
 #include "net/frame.h"
 #include "net/net.h"
 #include "net/tls.h"
+#include "net/tls_conn.h"
 
 #include "tests/proc.h"
+#include "tests/fake_peer.h"
 
 static void setup(void)
 {
@@ -206,94 +213,6 @@ START_TEST(test_local_reports_failure)
 }
 END_TEST
 
-/* ---- a fake host 0 on blocking-style TLS (poll on c->want) ---- */
-
-struct fake_rx {
-	uint8_t buf[1 << 16];
-	size_t len;
-};
-
-static void fake_poll(struct conn *c, double end, const char *what)
-{
-	ck_assert_msg(now_s() < end, "fake host 0: timed out in %s", what);
-	struct pollfd p = { .fd = c->fd, .events = c->want == CONN_WANT_WRITE ? POLLOUT : POLLIN };
-	poll(&p, 1, 50);
-}
-
-static void fake_handshake(struct conn *c, struct proc *agent)
-{
-	double end = now_s() + 10;
-	int rc;
-	while ((rc = conn_handshake(c)) == -EAGAIN)
-		fake_poll(c, end, "the handshake");
-	ck_assert_msg(rc == 0, "fake host 0: handshake: %s\nagent:\n%s", c->err, slurp(agent->err));
-}
-
-static void fake_send(struct conn *c, Meshrun__Frame *f)
-{
-	static uint8_t buf[4096];
-	double end = now_s() + 10;
-	size_t n = frame_encode(f, 0, buf), off = 0;
-	ck_assert_uint_gt(n, 0);
-	while (off < n) {
-		ssize_t w = conn_write(c, buf + off, n - off);
-		if (w == -EAGAIN) {
-			fake_poll(c, end, "a write");
-			continue;
-		}
-		ck_assert_msg(w > 0, "fake host 0: write: %s", c->err);
-		off += (size_t)w;
-	}
-	while (conn_flush(c) == -EAGAIN)
-		fake_poll(c, end, "a flush");
-}
-
-/* The next whole frame on c, or NULL if none arrives before end (only when
- * may_time_out; otherwise that fails the test). */
-static Meshrun__Frame *fake_recv(struct conn *c, struct fake_rx *rx, double end, bool may_time_out)
-{
-	const struct frame_limits lim = { .max_payload = 1 << 20 };
-	for (;;) {
-		Meshrun__Frame *f;
-		const uint8_t *pay;
-		uint64_t plen;
-		size_t used;
-		char why[200];
-		int rc = frame_decode(rx->buf, rx->len, &lim, &f, &pay, &plen, &used, why, sizeof(why));
-		if (rc == 0) {
-			memmove(rx->buf, rx->buf + used, rx->len - used);
-			rx->len -= used;
-			return f;
-		}
-		ck_assert_msg(rc == -EAGAIN, "fake host 0: bad frame from the agent: %s", why);
-		ck_assert_uint_lt(rx->len, sizeof(rx->buf));
-		ssize_t r = conn_read(c, rx->buf + rx->len, sizeof(rx->buf) - rx->len);
-		if (r == -EAGAIN) {
-			if (may_time_out && now_s() >= end)
-				return NULL;
-			fake_poll(c, end, "a read");
-			continue;
-		}
-		ck_assert_msg(r > 0, "fake host 0: read: %s", r ? c->err : "closed by the agent");
-		rx->len += (size_t)r;
-	}
-}
-
-/* The next frame of kind body, skipping heartbeats and receive posts. */
-static Meshrun__Frame *fake_expect(struct conn *c, struct fake_rx *rx, int body)
-{
-	double end = now_s() + 10;
-	for (;;) {
-		Meshrun__Frame *f = fake_recv(c, rx, end, false);
-		if ((int)f->body_case == body)
-			return f;
-		ck_assert_msg(f->body_case == MESHRUN__FRAME__BODY_HEARTBEAT ||
-			      f->body_case == MESHRUN__FRAME__BODY_RECV_READY,
-			      "fake host 0: unexpected %s frame", frame_body_name(f->body_case));
-		frame_header_free(f);
-	}
-}
-
 /* A link that receives without pause must still write: the agent (host 1)
  * gets a stream of heartbeat frames, TLS records encrypted in advance and
  * poured into the socket far faster than the agent can decrypt and parse
@@ -330,7 +249,7 @@ START_TEST(test_read_fairness)
 	}
 	ck_assert_msg(fd >= 0, "the agent never dialled the coordinator:\n%s", slurp(a.err));
 	close(lfd);
-	struct conn *cc = conn_new_tls(ctx, fd, true);
+	struct conn *cc = tls_conn_new(ctx, fd, true);
 	ck_assert_ptr_nonnull(cc);
 	fake_handshake(cc, &a);
 	Meshrun__Frame *f = fake_expect(cc, rx, MESHRUN__FRAME__BODY_HELLO);
@@ -361,7 +280,7 @@ START_TEST(test_read_fairness)
 	/* the link: host 0 dials, LinkHello both ways, Barrier both ways */
 	fd = conn_connect_start(data_addr, err, sizeof(err));
 	ck_assert_msg(fd >= 0, "%s", err);
-	struct conn *c = conn_new_tls(ctx, fd, false);
+	struct conn *c = tls_conn_new(ctx, fd, false);
 	ck_assert_ptr_nonnull(c);
 	{
 		struct pollfd p = { .fd = fd, .events = POLLOUT };
@@ -406,10 +325,12 @@ START_TEST(test_read_fairness)
 	}
 	BIO *mem = BIO_new(BIO_s_mem());
 	ck_assert_ptr_nonnull(mem);
-	SSL_set0_wbio(c->ssl, mem);     /* reads still come off the socket */
+	SSL *ssl = tls_conn_ssl(c);
+	ck_assert_ptr_nonnull(ssl);
+	SSL_set0_wbio(ssl, mem);        /* reads still come off the socket */
 	for (size_t off = 0; off < plen;) {
 		size_t w = 0;
-		ck_assert_int_eq(SSL_write_ex(c->ssl, plain + off, plen - off, &w), 1);
+		ck_assert_int_eq(SSL_write_ex(ssl, plain + off, plen - off, &w), 1);
 		off += w;
 	}
 	free(plain);
@@ -451,6 +372,208 @@ START_TEST(test_read_fairness)
 	conn_free(cc);
 	SSL_CTX_free(ctx);
 	free(rx);
+}
+END_TEST
+
+/* ---- two nets in one process: the fault point ---- */
+
+/* Where a test's net_params.fault closes a link, and what it saw. */
+struct fault_plan {
+	int peer;                      /* the link to this host... */
+	bool outgoing;                 /* ...sending (or receiving)... */
+	uint64_t at;                   /* ...its frame of this index; UINT64_MAX: never */
+	_Atomic int closes;            /* CLOSE returned */
+	_Atomic int body;              /* body of the frame closed */
+	_Atomic int chunks[2];         /* data frames seen: [0] received, [1] sent */
+};
+
+static int fault_plan_cb(void *ctx, int peer, bool outgoing, uint64_t frame_index,
+			 const Meshrun__Frame *f)
+{
+	struct fault_plan *p = ctx;
+	if (f->body_case == MESHRUN__FRAME__BODY_CHUNK)
+		atomic_fetch_add(&p->chunks[outgoing], 1);
+	if (peer != p->peer || outgoing != p->outgoing || frame_index != p->at)
+		return LINK_FAULT_PASS;
+	atomic_fetch_add(&p->closes, 1);
+	atomic_store(&p->body, (int)f->body_case);
+	return LINK_FAULT_CLOSE;
+}
+
+/* Host 0 and host 1 of one job, each a struct net with its xport (one
+ * device each), on loopback with the suite's certificates. */
+struct two_nets {
+	struct net *n[2];
+	struct xport *x[2];
+	struct fault_plan plan[2];
+	int rc[2];
+	char err[2][512];
+};
+
+struct net_call {
+	struct two_nets *t;
+	int host;
+	bool finish;
+};
+
+static void *net_call_main(void *arg)
+{
+	struct net_call *c = arg;
+	struct two_nets *t = c->t;
+	int h = c->host;
+	t->rc[h] = c->finish ? net_finish(t->n[h], t->err[h], sizeof(t->err[h]))
+			     : net_start(t->n[h], t->err[h], sizeof(t->err[h]));
+	return NULL;
+}
+
+/* net_start (or net_finish) on both hosts at once: each blocks until the
+ * other answers. */
+static void two_nets_call(struct two_nets *t, bool finish)
+{
+	pthread_t th[2];
+	struct net_call c[2] = { { t, 0, finish }, { t, 1, finish } };
+	for (int h = 0; h < 2; h++)
+		ck_assert_int_eq(pthread_create(&th[h], NULL, net_call_main, &c[h]), 0);
+	for (int h = 0; h < 2; h++)
+		pthread_join(th[h], NULL);
+}
+
+static void two_nets_start(struct two_nets *t)
+{
+	char certs[300], coord[64];
+	static const int dev_host[2] = { 0, 1 };
+	int port = free_port();
+	snprintf(certs, sizeof(certs), "%s/certs", tmpdir);
+	snprintf(coord, sizeof(coord), "127.0.0.1:%d", port);
+	for (int h = 0; h < 2; h++) {
+		struct net_params p = {
+			.host_id = h, .num_hosts = 2, .devices_per_host = 1,
+			.coordinator = coord, .listen = "127.0.0.1:0",
+			.coord_fd = -1, .data_fd = -1, .certs_dir = certs,
+			.heartbeat_interval_s = 0.1, .heartbeat_timeout_s = 5,
+			.connect_timeout_s = 10, .done_timeout_s = 10,
+			.max_frame_bytes = 65536,   /* 1 MiB goes as 16 data frames */
+			.fault = fault_plan_cb, .fault_ctx = &t->plan[h],
+		};
+		int status;
+		t->n[h] = net_new(&p, &status, t->err[h], sizeof(t->err[h]));
+		ck_assert_msg(t->n[h], "host %d: %s", h, t->err[h]);
+		t->x[h] = xport_new(h, 2, dev_host, net_xport_ops(), t->n[h]);
+		ck_assert_ptr_nonnull(t->x[h]);
+		net_set_xport(t->n[h], t->x[h]);
+	}
+	two_nets_call(t, false);
+	for (int h = 0; h < 2; h++)
+		ck_assert_msg(t->rc[h] == NET_OK, "host %d: start: %s", h, t->err[h]);
+}
+
+static void two_nets_free(struct two_nets *t)
+{
+	for (int h = 0; h < 2; h++) {
+		net_free(t->n[h]);
+		xport_free(t->x[h]);
+	}
+}
+
+/* 1 MiB from device 0 to device 1 and back at once; 0 or the first
+ * failure's code with err. */
+static int exchange(struct two_nets *t, uint8_t *buf[4], char *err, size_t errlen)
+{
+	struct xmeta m = { .op = MESHRUN__COLL_OP__COLL_P2P, .group = 1 };
+	struct xreq *r[4];
+	size_t len = 1 << 20;
+	ck_assert_int_eq(xport_irecv(t->x[1], 0, 1, &m, buf[1], len, &r[0]), 0);
+	ck_assert_int_eq(xport_irecv(t->x[0], 1, 0, &m, buf[3], len, &r[1]), 0);
+	ck_assert_int_eq(xport_isend(t->x[0], 0, 1, &m, buf[0], len, &r[2]), 0);
+	ck_assert_int_eq(xport_isend(t->x[1], 1, 0, &m, buf[2], len, &r[3]), 0);
+	uint64_t deadline = xport_now_ns() + 10ull * 1000 * 1000 * 1000;
+	int first = 0;
+	for (int i = 0; i < 4; i++) {
+		char why[512];
+		int rc = xport_wait(r[i], deadline, why, sizeof(why));
+		if (rc && !first) {
+			first = rc;
+			snprintf(err, errlen, "%s", why);
+		}
+	}
+	return first;
+}
+
+static uint8_t *pattern(size_t len, unsigned seed)
+{
+	uint8_t *b = malloc(len);
+	ck_assert_ptr_nonnull(b);
+	for (size_t i = 0; i < len; i++)
+		b[i] = (uint8_t)(i * 31 + seed);
+	return b;
+}
+
+/* Every frame passes the fault point, both ways: with a callback that
+ * never closes, the data arrives, each side counts the 16 data frames it
+ * sent and the 16 it received, and the job ends cleanly. */
+START_TEST(test_fault_pass)
+{
+	struct two_nets t = { 0 };
+	char err[512];
+	uint8_t *buf[4] = { pattern(1 << 20, 1), calloc(1, 1 << 20), pattern(1 << 20, 2),
+			    calloc(1, 1 << 20) };
+	for (int h = 0; h < 2; h++)
+		t.plan[h] = (struct fault_plan){ .peer = 1 - h, .at = UINT64_MAX };
+	two_nets_start(&t);
+	ck_assert_msg(exchange(&t, buf, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_mem_eq(buf[1], buf[0], 1 << 20);
+	ck_assert_mem_eq(buf[3], buf[2], 1 << 20);
+	for (int h = 0; h < 2; h++) {
+		ck_assert_int_eq(atomic_load(&t.plan[h].chunks[1]), 16);
+		ck_assert_int_eq(atomic_load(&t.plan[h].chunks[0]), 16);
+		ck_assert_int_eq(atomic_load(&t.plan[h].closes), 0);
+	}
+	two_nets_call(&t, true);
+	for (int h = 0; h < 2; h++)
+		ck_assert_msg(t.rc[h] == NET_OK, "host %d: finish: %s", h, t.err[h]);
+	two_nets_free(&t);
+	for (int i = 0; i < 4; i++)
+		free(buf[i]);
+}
+END_TEST
+
+/* CLOSE at frame k, sent by one host (loop 0) or received by the other
+ * (loop 1): the link fails as on a read error, and both hosts end with
+ * the peer-lost class naming the other host. */
+START_TEST(test_fault_close)
+{
+	struct two_nets t = { 0 };
+	char err[512], want[2][64];
+	uint8_t *buf[4] = { pattern(1 << 20, 1), calloc(1, 1 << 20), pattern(1 << 20, 2),
+			    calloc(1, 1 << 20) };
+	int faulty = _i == 0 ? 1 : 0;     /* the host whose link closes */
+	const uint64_t k = 5;             /* past the hellos and the barrier */
+	for (int h = 0; h < 2; h++)
+		t.plan[h] = (struct fault_plan){ .peer = 1 - h, .at = UINT64_MAX };
+	t.plan[faulty].outgoing = _i == 0;
+	t.plan[faulty].at = k;
+	two_nets_start(&t);
+	ck_assert_int_ne(exchange(&t, buf, err, sizeof(err)), 0);
+	ck_assert_int_eq(atomic_load(&t.plan[faulty].closes), 1);
+	for (int h = 0; h < 2; h++) {
+		char why[512] = "";
+		snprintf(want[h], sizeof(want[h]), "lost host %d (127.0.0.1:", 1 - h);
+		/* the other side learns from its own read: allow it a moment */
+		for (double end = now_s() + 5; !net_failed(t.n[h], NULL, 0) && now_s() < end;)
+			usleep(10000);
+		int st = net_failed(t.n[h], why, sizeof(why));
+		ck_assert_msg(st == NET_ERR_PEER_LOST, "host %d: status %d: %s", h, st, why);
+		ck_assert_msg(strstr(why, want[h]), "host %d: %s", h, why);
+		if (h == faulty) {
+			char at[80];
+			snprintf(at, sizeof(at), "closed by an injected fault at %s frame %llu",
+				 _i == 0 ? "sent" : "received", (unsigned long long)k);
+			ck_assert_msg(strstr(why, at), "host %d: %s", h, why);
+		}
+	}
+	two_nets_free(&t);
+	for (int i = 0; i < 4; i++)
+		free(buf[i]);
 }
 END_TEST
 
@@ -526,6 +649,13 @@ static Suite *agent_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 90);
 	tcase_add_test(tc, test_read_fairness);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("fault");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 40);
+	tcase_add_test(tc, test_fault_pass);
+	tcase_add_loop_test(tc, test_fault_close, 0, 2);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("config");

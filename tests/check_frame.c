@@ -343,6 +343,11 @@ START_TEST(test_tcp_conn_stream)
 	ck_assert_ptr_nonnull(a);
 	ck_assert_ptr_nonnull(z);
 	ck_assert_int_eq(conn_handshake(a), 0);
+	/* plain TCP names no host, and has no keys to renew */
+	char why[128] = "";
+	ck_assert_int_lt(conn_peer_host(a, why, sizeof(why)), 0);
+	ck_assert_ptr_nonnull(strstr(why, "no host identity"));
+	conn_set_key_update(a, 65536, NULL);
 
 	enum { NFRAMES = 50 };
 	uint8_t *stream = NULL;

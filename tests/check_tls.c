@@ -1,7 +1,7 @@
-/* TLS between hosts (net/tls.h, net/conn.h) and the rendezvous checks.
- * In-process: two TLS connections over a socketpair pin each other's host
- * identity, use TLS 1.3 with AES-128-GCM, and refuse a certificate from
- * another CA. Against real agents on 127.0.0.1 (build/meshrun, or $MESHRUN):
+/* TLS between hosts (net/tls.h, net/tls_conn.h, net/conn.h) and the
+ * rendezvous checks. In-process: two TLS connections over a socketpair pin
+ * each other's host identity (asked through the connection table), use
+ * TLS 1.3 with AES-128-GCM, and refuse a certificate from another CA. Against real agents on 127.0.0.1 (build/meshrun, or $MESHRUN):
  * `openssl s_client` without a certificate, with another CA's certificate,
  * and with a valid cluster certificate claiming another host id is refused
  * while the cluster still completes its job; a mismatched config hash, a
@@ -30,6 +30,7 @@
 #include "net/frame.h"
 #include "net/net.h"
 #include "net/tls.h"
+#include "net/tls_conn.h"
 
 #include "tests/proc.h"
 
@@ -84,8 +85,8 @@ static int handshake_pair(SSL_CTX *sctx, SSL_CTX *cctx, struct conn **s, struct 
 	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
 	conn_set_nonblock(sv[0]);
 	conn_set_nonblock(sv[1]);
-	*s = conn_new_tls(sctx, sv[0], true);
-	*c = conn_new_tls(cctx, sv[1], false);
+	*s = tls_conn_new(sctx, sv[0], true);
+	*c = tls_conn_new(cctx, sv[1], false);
 	ck_assert_ptr_nonnull(*s);
 	ck_assert_ptr_nonnull(*c);
 	int rs = -EAGAIN, rcl = -EAGAIN;
@@ -110,13 +111,17 @@ START_TEST(test_identity_pinned)
 	int srs;
 	ck_assert_int_eq(handshake_pair(h0, h2, &s, &c, &srs), 0);
 	ck_assert_int_eq(srs, 0);
-	ck_assert_str_eq(SSL_get_version(c->ssl), "TLSv1.3");
-	ck_assert_str_eq(SSL_CIPHER_get_name(SSL_get_current_cipher(c->ssl)), "TLS_AES_128_GCM_SHA256");
-	ck_assert_int_eq(tls_peer_host(c->ssl, err, sizeof(err)), 0);
-	ck_assert_int_eq(tls_peer_host(s->ssl, err, sizeof(err)), 2);
-	ck_assert(tls_peer_is_host(s->ssl, 2, err, sizeof(err)));
+	SSL *cssl = tls_conn_ssl(c);
+	ck_assert_ptr_nonnull(cssl);
+	ck_assert_str_eq(SSL_get_version(cssl), "TLSv1.3");
+	ck_assert_str_eq(SSL_CIPHER_get_name(SSL_get_current_cipher(cssl)), "TLS_AES_128_GCM_SHA256");
+	ck_assert_int_eq(tls_peer_host(cssl, err, sizeof(err)), 0);
+	/* the same identity through the connection table */
+	ck_assert_int_eq(conn_peer_host(c, err, sizeof(err)), 0);
+	ck_assert_int_eq(conn_peer_host(s, err, sizeof(err)), 2);
+	ck_assert(tls_peer_is_host(s, 2, err, sizeof(err)));
 	/* a valid cluster certificate for host 2 cannot pose as host 1 */
-	ck_assert(!tls_peer_is_host(s->ssl, 1, err, sizeof(err)));
+	ck_assert(!tls_peer_is_host(s, 1, err, sizeof(err)));
 	ck_assert_ptr_nonnull(strstr(err, "'meshrun-host-2' does not match claimed host 1"));
 
 	/* data both ways through the buffering BIO */

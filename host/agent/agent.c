@@ -20,10 +20,31 @@
 #include "net/conn.h"
 #include "net/net.h"
 
-_Static_assert((int)NET_ERR == (int)EXIT_FAIL && (int)NET_ERR_CONFIG == (int)EXIT_CONFIG &&
-		       (int)NET_ERR_PEER_LOST == (int)EXIT_PEER_LOST &&
-		       (int)NET_ERR_REFUSED == (int)EXIT_REFUSED,
-	       "net statuses pass through as exit codes");
+/* net reports failure classes as negative errnos (enum net_status); jobs
+ * and agent_run speak exit codes. These two keep the codes users see. */
+static int exit_of_net(int status)
+{
+	switch (status) {
+	case NET_OK: return EXIT_OK;
+	case NET_ERR_CONFIG: return EXIT_CONFIG;
+	case -EBADMSG: return EXIT_INPUT;
+	case NET_ERR_PEER_LOST: return EXIT_PEER_LOST;
+	case NET_ERR_REFUSED: return EXIT_REFUSED;
+	default: return EXIT_FAIL;
+	}
+}
+
+static int net_of_exit(int code)
+{
+	switch (code) {
+	case EXIT_OK: return NET_OK;
+	case EXIT_CONFIG: return NET_ERR_CONFIG;
+	case EXIT_INPUT: return -EBADMSG;
+	case EXIT_PEER_LOST: return NET_ERR_PEER_LOST;
+	case EXIT_REFUSED: return NET_ERR_REFUSED;
+	default: return NET_ERR;
+	}
+}
 
 /* How long device threads get to notice a failure before we stop waiting. */
 #define DEVICE_GRACE_NS (2000ull * 1000 * 1000)
@@ -63,7 +84,7 @@ static void *device_main(void *p)
 		snprintf(msg, sizeof(msg), "device %d: %s", d->device_id,
 			 d->err[0] ? d->err : "job failed");
 		/* wakes the sibling devices and tells the other hosts */
-		net_abort(a->net, rc, msg);
+		net_abort(a->net, net_of_exit(rc), msg);
 	}
 	pthread_mutex_lock(&a->mu);
 	a->running--;
@@ -159,7 +180,7 @@ int agent_run(const struct cfg *cfg, int host_id, agent_job_fn job, void *job_ar
 	cfg_hash(cfg, p.config_hash);
 	a.net = net_new(&p, &status, err, errlen);
 	if (!a.net)
-		return status;
+		return exit_of_net(status);
 
 	dev_host = malloc(sizeof(int) * (size_t)a.mesh.num_devices);
 	devs = calloc((size_t)a.mesh.devices_per_host, sizeof(*devs));
@@ -182,7 +203,7 @@ int agent_run(const struct cfg *cfg, int host_id, agent_job_fn job, void *job_ar
 	xport_set_eager(a.x, (size_t)cfg->eager_max_bytes, 8 * (size_t)cfg->eager_max_bytes);
 	net_set_xport(a.net, a.x);
 
-	status = net_start(a.net, err, errlen);
+	status = exit_of_net(net_start(a.net, err, errlen));
 	if (status)
 		goto out_free;
 
@@ -210,7 +231,7 @@ int agent_run(const struct cfg *cfg, int host_id, agent_job_fn job, void *job_ar
 			pthread_mutex_lock(&a.mu);
 			a.running--;
 			pthread_mutex_unlock(&a.mu);
-			net_abort(a.net, EXIT_FAIL, "unable to start a device thread");
+			net_abort(a.net, NET_ERR, "unable to start a device thread");
 			break;
 		}
 		started++;
@@ -236,7 +257,7 @@ int agent_run(const struct cfg *cfg, int host_id, agent_job_fn job, void *job_ar
 	if (!all_back) {
 		/* a device is stuck outside the transport: report and leave the
 		 * process to exit around it (nothing it uses may be freed) */
-		status = net_failed(a.net, why, sizeof(why));
+		status = exit_of_net(net_failed(a.net, why, sizeof(why)));
 		snprintf(err, errlen, "%s (a device thread did not stop)", why);
 		return status ? status : EXIT_FAIL;
 	}
@@ -248,6 +269,7 @@ int agent_run(const struct cfg *cfg, int host_id, agent_job_fn job, void *job_ar
 	status = net_failed(a.net, err, errlen);
 	if (!status)
 		status = net_finish(a.net, err, errlen);
+	status = exit_of_net(status);
 
 out_free:
 	net_free(a.net);

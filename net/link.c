@@ -1,0 +1,419 @@
+/* Links (net/link.h): creation, the state machine, send queues, teardown,
+ * the fault point every frame passes, and failure: what a broken link
+ * means for the job, and failing the whole net. The bottom of the net
+ * thread's files: it calls only status.c (and conn, frame, xport). */
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/net_int.h"
+
+/* ---- state ---- */
+
+#define EDGE(s) (1u << (s))
+
+/* The allowed edges of the state diagram in net/link.h: link_next[from]
+ * has bit `to` set if from -> to is legal. */
+static const unsigned link_next[LS_COUNT] = {
+	[LS_NEW] = EDGE(LS_CONNECTING) | EDGE(LS_HANDSHAKE) | EDGE(LS_DEAD),
+	[LS_CONNECTING] = EDGE(LS_HANDSHAKE) | EDGE(LS_DEAD),
+	[LS_HANDSHAKE] = EDGE(LS_HELLO) | EDGE(LS_DEAD),
+	[LS_HELLO] = EDGE(LS_UP) | EDGE(LS_CLOSING) | EDGE(LS_DEAD),
+	[LS_UP] = EDGE(LS_CLOSING) | EDGE(LS_DEAD),
+	[LS_CLOSING] = EDGE(LS_DRAIN) | EDGE(LS_DEAD),
+	[LS_DRAIN] = EDGE(LS_DEAD),
+	[LS_DEAD] = 0,
+};
+
+static const char *link_state_name(enum link_state s)
+{
+	static const char *const names[LS_COUNT] = {
+		[LS_NEW] = "new", [LS_CONNECTING] = "connecting", [LS_HANDSHAKE] = "handshake",
+		[LS_HELLO] = "hello", [LS_UP] = "up", [LS_CLOSING] = "closing",
+		[LS_DRAIN] = "drain", [LS_DEAD] = "dead",
+	};
+	return s >= 0 && s < LS_COUNT ? names[s] : "?";
+}
+
+void link_set_state(struct link *l, enum link_state to)
+{
+	bool legal = l->state < LS_COUNT && to < LS_COUNT && (link_next[l->state] & EDGE(to));
+	if (!legal) {
+		fprintf(stderr, "meshrun: link to %s (role %d): illegal state change %s -> %s\n",
+			l->addr, (int)l->role, link_state_name(l->state), link_state_name(to));
+		assert(legal && "illegal link state change");
+	}
+	l->state = to;
+}
+
+/* ---- creation, teardown ---- */
+
+static void link_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct link *l = arg;
+	(void)what;
+	l->net->link_cb(fd, EV_READ, l);
+}
+
+struct link *link_new(struct net *n, enum link_role role, struct conn *c, int peer,
+		      const char *addr)
+{
+	struct link *l = calloc(1, sizeof(*l));
+	if (!l) {
+		conn_free(c);
+		return NULL;
+	}
+	l->net = n;
+	l->role = role;
+	l->state = LS_NEW;
+	l->c = c;
+	l->peer = peer;
+	snprintf(l->addr, sizeof(l->addr), "%s", addr);
+	l->ev_read = event_new(n->base, c->fd, EV_READ | EV_PERSIST, n->link_cb, l);
+	l->ev_write = event_new(n->base, c->fd, EV_WRITE | EV_PERSIST, n->link_cb, l);
+	l->ev_resume = evtimer_new(n->base, link_resume_cb, l);
+	l->tx_stage = malloc(FRAME_PREFIX_LEN + 1024 + SMALL_PAYLOAD);
+	if (!l->ev_read || !l->ev_write || !l->ev_resume || !l->tx_stage) {
+		if (l->ev_read)
+			event_free(l->ev_read);
+		if (l->ev_write)
+			event_free(l->ev_write);
+		if (l->ev_resume)
+			event_free(l->ev_resume);
+		free(l->tx_stage);
+		conn_free(c);
+		free(l);
+		return NULL;
+	}
+	l->last_rx_ns = l->last_hb_ns = now_ns();
+	l->next = n->links;
+	n->links = l;
+	return l;
+}
+
+void link_arm_write(struct link *l)
+{
+	if (!l->write_armed && l->state != LS_DEAD) {
+		event_add(l->ev_write, NULL);
+		l->write_armed = true;
+	}
+}
+
+void link_disarm_write(struct link *l)
+{
+	if (l->write_armed) {
+		event_del(l->ev_write);
+		l->write_armed = false;
+	}
+}
+
+/* A half-written payload continues as zeros (so the stream stays framed
+ * for the Abort behind it) and a half-read one is discarded. */
+void link_release_reqs(struct link *l, int rc)
+{
+	struct send_msg *m;
+	if (l->tx_msg) {
+		if (l->tx_msg->req) {
+			xport_complete(l->tx_msg->req, rc);
+			l->tx_msg->req = NULL;
+		}
+		l->tx_pay = NULL;
+		/* a message with fragments still to come is also on the data
+		 * queue and is freed with it below */
+		if (!l->tx_msg_last)
+			l->tx_msg = NULL;
+	}
+	while ((m = l->dq_head)) {
+		l->dq_head = m->next;
+		if (m->req)
+			xport_complete(m->req, rc);
+		free(m);
+	}
+	l->dq_tail = NULL;
+	if (l->rx_req) {
+		xport_complete(l->rx_req, rc);
+		l->rx_req = NULL;
+		l->rx_dst = NULL;
+	}
+}
+
+void link_kill(struct link *l)
+{
+	struct net *n = l->net;
+	if (l->state == LS_DEAD)
+		return;
+	link_set_state(l, LS_DEAD);
+	event_del(l->ev_read);
+	event_del(l->ev_resume);
+	link_disarm_write(l);
+	link_release_reqs(l, status_failed(n) ? -ECANCELED : -EPIPE);
+	if (l->peer >= 0 && l->peer < n->num_hosts) {
+		if (n->peers[l->peer].l == l)
+			n->peers[l->peer].l = NULL;
+		if (n->peers[l->peer].coord_in == l)
+			n->peers[l->peer].coord_in = NULL;
+	}
+	if (n->coord == l)
+		n->coord = NULL;
+	event_active(n->ev_reap, EV_READ, 0);
+}
+
+void link_free(struct link *l)
+{
+	struct ctrl_frame *c;
+	struct send_msg *m;
+	event_free(l->ev_read);
+	event_free(l->ev_write);
+	event_free(l->ev_resume);
+	conn_free(l->c);
+	while ((c = l->cq_head)) {
+		l->cq_head = c->next;
+		free(c);
+	}
+	while ((m = l->dq_head)) {
+		l->dq_head = m->next;
+		free(m);
+	}
+	if (l->tx_ctrl)
+		free(l->tx_ctrl);
+	if (l->tx_msg && l->tx_msg_last)
+		free(l->tx_msg);
+	free(l->tx_stage);
+	free(l->rx_hdr);
+	free(l);
+}
+
+void link_reap_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct net *n = arg;
+	(void)fd;
+	(void)what;
+	struct link **pp = &n->links;
+	while (*pp) {
+		struct link *l = *pp;
+		if (l->state == LS_DEAD) {
+			*pp = l->next;
+			link_free(l);
+		} else {
+			pp = &l->next;
+		}
+	}
+	if (!n->links && (n->phase == PH_CLOSING || n->phase == PH_FAILED))
+		status_set_closed(n);
+	if (!n->links && n->stopping)
+		event_base_loopbreak(n->base);
+}
+
+/* ---- the fault point ---- */
+
+enum link_fault link_fault(struct link *l, bool outgoing, const Meshrun__Frame *f)
+{
+	struct net *n = l->net;
+	if (!n->fault)
+		return LINK_FAULT_PASS;
+	int a = n->fault(n->fault_ctx, l->peer, outgoing, f->link_seq - 1, f);
+	if (a != LINK_FAULT_PASS && a != LINK_FAULT_CLOSE) {
+		fprintf(stderr, "meshrun: net_params.fault returned %d, not an enum link_fault\n", a);
+		assert(!"unknown fault action");
+	}
+	return (enum link_fault)a;
+}
+
+void link_fault_close(struct link *l, uint64_t frame_index)
+{
+	if (l->fault_close)
+		return;
+	l->fault_close = true;
+	snprintf(l->fault_msg, sizeof(l->fault_msg), "closed by an injected fault at sent frame %llu",
+		 (unsigned long long)frame_index);
+	event_active(l->ev_read, EV_READ, 0);
+}
+
+/* ---- queueing ---- */
+
+int link_send(struct link *l, Meshrun__Frame *f)
+{
+	if (l->state == LS_DEAD || l->state == LS_DRAIN)
+		return -EPIPE;
+	f->link_seq = ++l->tx_seq;
+	f->ack_seq = l->rx_seq;        /* sent, never read yet (replay will) */
+	if (link_fault(l, true, f) == LINK_FAULT_CLOSE) {
+		link_fault_close(l, f->link_seq - 1);
+		return 0;
+	}
+	size_t len = frame_encoded_len(f);
+	struct ctrl_frame *c = malloc(sizeof(*c) + len);
+	if (!c)
+		return -ENOMEM;
+	c->next = NULL;
+	c->len = frame_encode(f, 0, c->data);
+	c->heartbeat = f->body_case == MESHRUN__FRAME__BODY_HEARTBEAT;
+	if (!c->len) {
+		free(c);
+		return -EMSGSIZE;
+	}
+	if (c->heartbeat)
+		l->hb_queued++;
+	if (l->cq_tail)
+		l->cq_tail->next = c;
+	else
+		l->cq_head = c;
+	l->cq_tail = c;
+	link_arm_write(l);
+	return 0;
+}
+
+int link_queue_msg(struct link *l, struct xreq *req)
+{
+	struct send_msg *m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->req = req;
+	if (l->dq_tail)
+		l->dq_tail->next = m;
+	else
+		l->dq_head = m;
+	l->dq_tail = m;
+	link_arm_write(l);
+	return 0;
+}
+
+/* ---- closing and failure ---- */
+
+void link_begin_close(struct link *l, uint64_t deadline)
+{
+	if (l->state == LS_DEAD || l->state == LS_CLOSING || l->state == LS_DRAIN)
+		return;
+	if (l->state == LS_NEW || l->state == LS_CONNECTING || l->state == LS_HANDSHAKE) {
+		link_kill(l);
+		return;
+	}
+	link_set_state(l, LS_CLOSING);
+	l->deadline_ns = deadline;
+	link_arm_write(l);
+}
+
+static void peer_desc(struct link *l, char *buf, size_t len)
+{
+	struct net *n = l->net;
+	if (l->peer >= 0 && l->peer < n->num_hosts)
+		snprintf(buf, len, "host %d (%s)", l->peer, l->addr);
+	else
+		snprintf(buf, len, "%s", l->addr);
+}
+
+void link_fail_all(struct net *n, int status, int rc, const char *msg)
+{
+	status = status < 0 ? status : NET_ERR;
+	if (!status_record(n, status, msg))
+		return;
+	if (n->x)
+		xport_fail(n->x, rc, msg);
+	n->phase = PH_FAILED;
+	uint64_t deadline = now_ns() + CLOSE_GRACE_NS;
+	for (struct link *l = n->links; l; l = l->next) {
+		if (l->state == LS_DEAD)
+			continue;
+		link_release_reqs(l, rc);
+		if (l->state == LS_UP) {
+			Meshrun__Frame f = MESHRUN__FRAME__INIT;
+			Meshrun__Abort a = MESHRUN__ABORT__INIT;
+			a.host_id = (uint32_t)n->host_id;
+			a.reason = (char *)msg;
+			a.code = -status;      /* the class as a positive errno */
+			f.body_case = MESHRUN__FRAME__BODY_ABORT;
+			f.abort = &a;
+			link_send(l, &f);
+		}
+		link_begin_close(l, deadline);
+	}
+	if (!n->links)
+		status_set_closed(n);
+	event_active(n->ev_reap, EV_READ, 0);
+}
+
+void link_lost(struct link *l, int rc, const char *reason)
+{
+	struct net *n = l->net;
+	char who[200], during[96], msg[512];
+
+	if (l->state == LS_DEAD)
+		return;
+	peer_desc(l, who, sizeof(who));
+	bool quiet = l->state == LS_CLOSING || l->state == LS_DRAIN || status_failed(n);
+
+	switch (l->role) {
+	case ROLE_COORD_IN:
+		if (!quiet && l->peer >= 0 && n->peers[l->peer].coord_in == l && !n->topology_done) {
+			snprintf(msg, sizeof(msg), "lost host %d (%s) during rendezvous: %s",
+				 l->peer, l->addr, reason);
+			link_kill(l);
+			link_fail_all(n, NET_ERR_PEER_LOST, rc, msg);
+			return;
+		}
+		if (!quiet && l->peer < 0 && !l->refused)
+			status_log(n, "refused connection from %s: %s", l->addr, reason);
+		link_kill(l);
+		return;
+	case ROLE_COORD_OUT:
+		if (quiet || n->topology_done) {
+			link_kill(l);
+			return;
+		}
+		snprintf(msg, sizeof(msg), "lost the coordinator (%s) during rendezvous: %s",
+			 l->addr, reason);
+		link_kill(l);
+		link_fail_all(n, NET_ERR_PEER_LOST, rc, msg);
+		return;
+	case ROLE_LINK_IN:
+		if (l->state != LS_UP && l->peer < 0) {
+			if (!quiet && !l->refused)
+				status_log(n, "refused link from %s: %s", l->addr, reason);
+			link_kill(l);
+			return;
+		}
+		break;
+	case ROLE_LINK_OUT:
+		break;
+	}
+	if (quiet || (l->peer >= 0 && n->peers[l->peer].done_rx)) {
+		link_kill(l);
+		return;
+	}
+	status_activity(n, during, sizeof(during));
+	if (l->state == LS_UP)
+		snprintf(msg, sizeof(msg), "lost %s: %s%s", who, reason, during);
+	else
+		snprintf(msg, sizeof(msg), "link to %s failed: %s", who, reason);
+	link_kill(l);
+	link_fail_all(n, NET_ERR_PEER_LOST, rc, msg);
+}
+
+void link_bad_frame(struct link *l, const char *reason)
+{
+	char msg[400];
+	snprintf(msg, sizeof(msg), "bad frame: %.380s", reason);
+	link_lost(l, -EPROTO, msg);
+}
+
+void link_check_finish(struct net *n)
+{
+	if (n->phase != PH_FINISHING)
+		return;
+	for (int h = 0; h < n->num_hosts; h++)
+		if (h != n->host_id && !n->peers[h].done_rx)
+			return;
+	n->phase = PH_CLOSING;
+	if (n->ev_coord_l) {
+		event_free(n->ev_coord_l);
+		n->ev_coord_l = NULL;
+	}
+	uint64_t deadline = now_ns() + 2 * CLOSE_GRACE_NS;
+	for (struct link *l = n->links; l; l = l->next)
+		link_begin_close(l, deadline);
+	if (!n->links)
+		status_set_closed(n);
+	event_active(n->ev_reap, EV_READ, 0);
+}

@@ -1,0 +1,186 @@
+/* A link: one connection between this host and another as the net thread
+ * drives it (rendezvous connections and data links alike). Its state, its
+ * send queues and receive progress, its teardown, and what a broken link
+ * means for the job. Net-thread only; private to net/. */
+#ifndef MESHRUN_LINK_H
+#define MESHRUN_LINK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+
+#include "net/conn.h"
+#include "net/frame.h"
+#include "net/net.h"
+#include "net/xport.h"
+
+struct net;
+
+/* What the connection is for. */
+enum link_role {
+	ROLE_COORD_IN,      /* coordinator: an agent's rendezvous connection */
+	ROLE_COORD_OUT,     /* agent: our connection to the coordinator */
+	ROLE_LINK_IN,       /* data link a lower host id dialed */
+	ROLE_LINK_OUT,      /* data link we dialed (to a higher host id) */
+};
+
+/* A link's life. State changes only in link_set_state(), and only along
+ * these edges (its table in net/link.c is the one to extend: reconnect
+ * will add states between UP and DEAD):
+ *
+ *   NEW --------> CONNECTING     we dial (the socket connects)
+ *   NEW --------> HANDSHAKE      we accepted
+ *   CONNECTING -> HANDSHAKE      the socket connected
+ *   HANDSHAKE --> HELLO          TLS is up; hellos go both ways
+ *   HELLO ------> UP             a data link's hellos agree
+ *   HELLO, UP --> CLOSING        we start an orderly close (close_notify)
+ *   CLOSING ----> DRAIN          our side is shut; read the peer's goodbye
+ *   any but DEAD -> DEAD         link_kill: freed by the reap event
+ *
+ * A rendezvous connection never reaches UP: it closes after the hello and
+ * the topology. Anything else is a programmer error (assert). */
+enum link_state {
+	LS_NEW,
+	LS_CONNECTING,
+	LS_HANDSHAKE,
+	LS_HELLO,
+	LS_UP,
+	LS_CLOSING,
+	LS_DRAIN,
+	LS_DEAD,
+	LS_COUNT
+};
+
+enum rxstage { RX_PREFIX, RX_HEADER, RX_PAYLOAD };
+
+/* A control frame encoded and queued. */
+struct ctrl_frame {
+	struct ctrl_frame *next;
+	size_t len;
+	bool heartbeat;
+	uint8_t data[];
+};
+
+/* A data message (a send the peer asked for, or an eager one) queued. */
+struct send_msg {
+	struct send_msg *next;
+	struct xreq *req;      /* NULL once completed */
+	uint64_t off;          /* next fragment */
+};
+
+struct link {
+	struct net *net;
+	struct link *next;             /* n->links list */
+	enum link_role role;
+	enum link_state state;         /* only link_set_state() writes it */
+	int peer;                      /* host id, -1 until known */
+	char addr[128];
+	struct conn *c;
+	struct event *ev_read, *ev_write;
+	struct event *ev_resume;       /* zero timeout: read on after the next poll */
+	bool write_armed, rd_wants_write, wr_wants_read;
+	bool refused;                  /* a refusal was logged already */
+	uint64_t deadline_ns;          /* handshake/hello or close deadline */
+	uint64_t last_rx_ns, last_hb_ns;
+	/* link_seq of the last frame sent and received. The frames also carry
+	 * ack_seq (rx_seq at sending), which nothing reads yet: replay after a
+	 * reconnect will. */
+	uint64_t tx_seq, rx_seq;
+	/* a sent frame's fault said close: the link fails from its own event
+	 * callback (as on a read error), and writes nothing more before that */
+	bool fault_close;
+	char fault_msg[96];
+
+	/* receive */
+	enum rxstage rx_stage;
+	uint8_t rx_prefix[FRAME_PREFIX_LEN];
+	struct frame_prefix rx_p;
+	size_t rx_got;
+	uint8_t *rx_hdr;
+	size_t rx_hdr_cap;
+	uint8_t *rx_dst;               /* payload destination, NULL: discard */
+	struct xreq *rx_req;           /* message in progress */
+	int rx_src, rx_dst_dev;
+	uint64_t rx_tag, rx_total, rx_next;
+	/* a receive that sums (rx_req->addend): the payload goes through the
+	 * net thread's bounce buffer and lands a float at a time */
+	struct xland rx_land;
+
+	/* send */
+	struct ctrl_frame *cq_head, *cq_tail;
+	struct send_msg *dq_head, *dq_tail;
+	int hb_queued;
+	bool tx_active;
+	const uint8_t *tx_hdr;
+	size_t tx_hdr_len, tx_hdr_off;
+	const uint8_t *tx_pay;         /* NULL while tx_pay_len > 0: zero fill */
+	uint64_t tx_pay_len, tx_pay_off;
+	struct ctrl_frame *tx_ctrl;
+	struct send_msg *tx_msg;
+	bool tx_msg_last;
+	uint8_t *tx_stage;             /* header (+ small payload) of a data frame */
+};
+
+/* ---- creation, state, teardown ---- */
+
+/* A link on connection c (taken, even on failure), in state NEW, with its
+ * events set up (not armed) and on n's list. NULL on allocation failure. */
+struct link *link_new(struct net *n, enum link_role role, struct conn *c, int peer,
+		      const char *addr);
+/* The one place a link's state changes. An edge not in the table above is
+ * a programmer error: assert, with both states named. */
+void link_set_state(struct link *l, enum link_state to);
+void link_arm_write(struct link *l);
+void link_disarm_write(struct link *l);
+/* Lets go of every request the link holds: each completes with rc. After
+ * this the link never touches a user buffer again. */
+void link_release_reqs(struct link *l, int rc);
+/* Marks l dead (idempotent): events off, requests released, unhooked from
+ * the peer table; the reap event frees it. Never frees inside a callback. */
+void link_kill(struct link *l);
+/* Frees a link that is off n's list. */
+void link_free(struct link *l);
+/* The reap event: frees dead links; reports closed/stops the loop when
+ * none are left. */
+void link_reap_cb(evutil_socket_t fd, short what, void *arg);
+
+/* ---- queueing ---- */
+
+/* Queues a control frame, filling its sequence numbers; it passes the
+ * fault point here. 0, -EPIPE (link dead or draining), -ENOMEM or
+ * -EMSGSIZE. A fault that closes the link drops the frame and returns 0:
+ * the link fails from its event callback. */
+int link_send(struct link *l, Meshrun__Frame *f);
+/* Queues a data message for req (the link completes it). 0 or -ENOMEM
+ * (req untouched). */
+int link_queue_msg(struct link *l, struct xreq *req);
+
+/* ---- the fault point ---- */
+
+/* Every frame passes here once, sent (f's header encoded, link_seq set)
+ * or received (header decoded and its sequence number checked), and the
+ * link honours the action returned: net_params.fault, or PASS. */
+enum link_fault link_fault(struct link *l, bool outgoing, const Meshrun__Frame *f);
+/* For a sent frame whose fault said close: flags the link (fault_close)
+ * and wakes its event callback, which fails it. */
+void link_fault_close(struct link *l, uint64_t frame_index);
+
+/* ---- ending: closing, failure ---- */
+
+/* Starts an orderly close (CLOSING) with a deadline; a link that is not
+ * talking frames yet is killed instead. */
+void link_begin_close(struct link *l, uint64_t deadline);
+/* A link broke (EOF, I/O error, bad frame, silence). Whether that fails
+ * the job depends on what the link was for. */
+void link_lost(struct link *l, int rc, const char *reason);
+/* The peer sent something it must not: the link is lost with "bad frame". */
+void link_bad_frame(struct link *l, const char *reason);
+/* Fails the net (first failure wins): records status and msg, fails the
+ * xport with rc, sends Abort on every running link and closes them all. */
+void link_fail_all(struct net *n, int status, int rc, const char *msg);
+/* In the finish phase, once every peer's Done is in: closes every link. */
+void link_check_finish(struct net *n);
+
+#endif

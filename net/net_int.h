@@ -1,0 +1,168 @@
+/* What the files of the net thread share (private to net/): struct net,
+ * the per-peer table, tunables, and each file's entry points. Layering,
+ * each file calling only those below it:
+ *   net.c        lifecycle, commands from other threads, tick, xport hooks
+ *   recv.c       link events: handshake, reading, dispatching frames
+ *   rendezvous.c rendezvous (both sides), dialing, link set-up, barrier
+ *   send.c       control frames, the write path
+ *   link.c       links: state, queues, teardown, failure, the fault point
+ *   status.c     what the control thread sees; log lines */
+#ifndef MESHRUN_NET_INT_H
+#define MESHRUN_NET_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+
+#include "net/link.h"
+#include "net/net.h"
+#include "net/tls_conn.h"
+
+#define TICK_MS        50
+/* Bytes per read or write callback before yielding to the poll. Reading
+ * gets the larger turn: on a link busy both ways, 1 MiB turns each way
+ * (or 8 MiB each way) measured 15-20% slower than this; a receiver that
+ * lets its socket fill seems to stall its sender. */
+#define READ_BUDGET    (1u << 23)
+#define WRITE_BUDGET   (1u << 20)
+#define FRAG_MAX       (1u << 20)      /* largest data fragment we write */
+#define SMALL_PAYLOAD  (16384 - 256)   /* payloads copied into the header's record */
+#define CLOSE_GRACE_NS (1000ull * 1000 * 1000)
+#define RETRY_NS       (100ull * 1000 * 1000)
+#define ACCEPT_MAX     64
+
+enum phase {
+	PH_INIT, PH_RENDEZVOUS, PH_LINKS, PH_BARRIER, PH_RUNNING, PH_FINISHING,
+	PH_CLOSING, PH_FAILED,
+};
+
+struct peer {
+	struct link *l;
+	char addr[128];                /* data address from Topology */
+	uint32_t devices;
+	bool joined;                   /* coordinator: Hello accepted */
+	struct link *coord_in;         /* coordinator: its rendezvous connection */
+	bool barrier_rx, done_rx;
+	uint64_t retry_at;
+};
+
+struct cmd;
+
+struct net {
+	int host_id, num_hosts, devices_per_host;
+	char coordinator[256], listen[256], certs_dir[4096];
+	double connect_timeout_s, done_timeout_s;
+	uint64_t hb_interval_ns, hb_timeout_ns;
+	uint8_t config_hash[32];
+	void (*log)(void *ctx, const char *line);
+	void *log_ctx;
+	int (*fault)(void *ctx, int peer, bool outgoing, uint64_t frame_index,
+		     const Meshrun__Frame *f);
+	void *fault_ctx;
+	struct frame_limits lim;
+
+	SSL_CTX *ctx;
+	struct xport *x;
+	struct event_base *base;
+	struct event *ev_cmd, *ev_tick, *ev_reap, *ev_coord_l, *ev_data_l;
+	/* every link's read/write event callback (recv_event_cb), given to
+	 * link_new here so that link.c need not call up into recv.c */
+	event_callback_fn link_cb;
+	int coord_lfd, data_lfd;
+	char data_addr[128];
+	pthread_t thread;
+	bool thread_started;
+
+	enum phase phase;
+	uint64_t phase_deadline_ns, finish_deadline_ns, stop_deadline_ns;
+	bool stopping;
+	uint64_t job_id;
+	struct peer *peers;
+	int joined;
+	struct link *links;
+	struct link *coord;            /* agent: connection to the coordinator */
+	uint64_t coord_retry_at;
+	char coord_err[256];
+	bool topology_done;
+
+	pthread_mutex_t mu;            /* guards the fields below */
+	pthread_cond_t cv;
+	int status;
+	char msg[512];
+	bool ready, closed;
+	struct cmd *cmd_head, *cmd_tail;
+
+	_Atomic uint64_t bytes_sent;
+	_Atomic uint64_t key_updates;
+	uint64_t key_update_bytes;
+	_Atomic uint32_t last_op;
+	_Atomic uint64_t last_step;
+};
+
+static inline uint64_t now_ns(void)
+{
+	return xport_now_ns();
+}
+
+static inline uint64_t sec_ns(double s)
+{
+	return s <= 0 ? 0 : (uint64_t)(s * 1e9);
+}
+
+/* ---- status.c: shared with the control thread; the operator's log ---- */
+
+/* One line for the operator ("host <id>: " first): net_params.log or stderr. */
+void status_log(struct net *n, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* " during all_reduce step 3", or "" before any traffic. */
+void status_activity(struct net *n, char *buf, size_t len);
+void status_set_ready(struct net *n);
+void status_set_closed(struct net *n);
+/* First failure wins; true if this call recorded it. A status that is not
+ * negative is recorded as NET_ERR. */
+bool status_record(struct net *n, int status, const char *msg);
+/* NET_OK, or the recorded failure's status. */
+int status_failed(struct net *n);
+
+/* ---- send.c: control frames and the write path ---- */
+
+void send_refuse(struct link *l, const char *reason);
+/* A Heartbeat, Barrier or Done frame. */
+void send_simple(struct link *l, int body);
+void send_link_hello(struct link *l);
+/* Writes queued frames until the socket is full or the budget is spent.
+ * 0, or -EPIPE when writing failed (l->c->err says why): the caller reads
+ * what the peer sent before blaming it, then fails the link. */
+int send_write(struct link *l);
+
+/* ---- rendezvous.c: rendezvous, dialing, link set-up, barrier ---- */
+
+/* Refuses one connection (logged, Refuse sent, closed); the rendezvous
+ * goes on. */
+void rdv_refuse_conn(struct link *l, const char *reason);
+void rdv_coord_on_hello(struct link *l, const Meshrun__Hello *h);
+void rdv_send_hello(struct link *l);
+void rdv_agent_on_topology(struct link *l, const Meshrun__Topology *t);
+void rdv_accept_link_hello(struct link *l, const Meshrun__LinkHello *h);
+/* A data link's hellos agree: it is UP and carries peer's traffic. */
+void rdv_link_up(struct link *l, int peer);
+void rdv_check_barrier(struct net *n);
+/* Opens a connection to addr (the coordinator, or peer's link listener);
+ * a failure to start it is retried from the tick. */
+void rdv_dial_addr(struct net *n, enum link_role role, int peer, const char *addr);
+void rdv_dial(struct net *n, int peer);
+/* A TLS connection for a link, renewing its sending key as configured.
+ * Takes fd; NULL on allocation failure. */
+struct conn *rdv_conn_new(struct net *n, int fd, bool server);
+
+/* ---- recv.c: link events ---- */
+
+/* The read/write event callback of every link (arg: the link). */
+void recv_event_cb(evutil_socket_t fd, short what, void *arg);
+/* The listeners' callback (arg: the net). */
+void recv_accept_cb(evutil_socket_t lfd, short what, void *arg);
+
+#endif

@@ -1,0 +1,526 @@
+/* Receiving: a link's events (connect, TLS handshake, readable, writable),
+ * the read path that decrypts payloads straight into posted receive
+ * buffers (or sums them on the way), and dispatching each frame to what
+ * handles it. The top of the link code: calls rendezvous.c, send.c,
+ * link.c and status.c in net/; called through the event callbacks net.c
+ * registers. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/net_int.h"
+#include "net/tls.h"
+
+static void link_read(struct link *l);
+
+/* Writes what is queued. If writing failed (the peer closed or reset): a
+ * peer that leaves on purpose says why first (Abort, Done), so read what
+ * it sent before blaming it. */
+static void link_write(struct link *l)
+{
+	if (!send_write(l))
+		return;
+	char why[256];
+	snprintf(why, sizeof(why), "%s", l->c->err);
+	if (l->state != LS_DRAIN)
+		link_read(l);
+	if (l->state != LS_DEAD)
+		link_lost(l, -EPIPE, why);
+}
+
+/* The failure class carried by an Abort's code or a Done's status (a
+ * positive errno), as a status. */
+static int done_status(int32_t code)
+{
+	return code > 0 && code < 4096 ? -code : NET_ERR;
+}
+
+/* ---- receiving ---- */
+
+/* A data frame header: find the posted receive and aim the payload at it. */
+static void on_chunk(struct link *l, const Meshrun__CollectiveChunk *c)
+{
+	struct net *n = l->net;
+	char why[300];
+	int src = (int)c->src_device, dst = (int)c->dst_device;
+
+	l->rx_dst = NULL;
+	if (l->state != LS_UP || status_failed(n))
+		return;                 /* discard */
+	if (xport_host_of(n->x, src) != l->peer || xport_host_of(n->x, dst) != n->host_id) {
+		snprintf(why, sizeof(why), "chunk from device %d to device %d does not belong on this link",
+			 src, dst);
+		link_bad_frame(l, why);
+		return;
+	}
+	if (!l->rx_req) {
+		if (c->msg_offset != 0) {
+			link_bad_frame(l, "chunk fragment without its start");
+			return;
+		}
+		const char *what;
+		struct xreq *r = xport_remote_data(n->x, src, dst, c->tag, (size_t)c->msg_bytes,
+						   c->eager, &what);
+		if (!r) {
+			if (status_failed(n))
+				return;
+			snprintf(why, sizeof(why),
+				 "data from device %d to device %d (tag 0x%llx, %llu bytes) %s",
+				 src, dst, (unsigned long long)c->tag, (unsigned long long)c->msg_bytes,
+				 what);
+			link_bad_frame(l, why);
+			return;
+		}
+		l->rx_req = r;
+		l->rx_src = src;
+		l->rx_dst_dev = dst;
+		l->rx_tag = c->tag;
+		l->rx_total = c->msg_bytes;
+		l->rx_next = 0;
+		l->rx_land = (struct xland){ 0 };
+	} else if (src != l->rx_src || dst != l->rx_dst_dev || c->tag != l->rx_tag ||
+		   c->msg_offset != l->rx_next || c->msg_bytes != l->rx_total) {
+		link_bad_frame(l, "chunk fragment out of order");
+		return;
+	}
+	l->rx_dst = (uint8_t *)l->rx_req->buf + c->msg_offset;
+	l->rx_next += c->byte_count;
+}
+
+/* The payload of the current data frame (possibly empty) is in. */
+static void chunk_payload_done(struct link *l)
+{
+	if (l->rx_req && l->rx_next == l->rx_total) {
+		xport_complete(l->rx_req, 0);
+		l->rx_req = NULL;
+	}
+	l->rx_dst = NULL;
+}
+
+static void on_recv_ready(struct link *l, const Meshrun__RecvReady *rr)
+{
+	struct net *n = l->net;
+	char why[200];
+	int src = (int)rr->src_device, dst = (int)rr->dst_device;
+	if (status_failed(n))
+		return;
+	if (xport_host_of(n->x, src) != n->host_id || xport_host_of(n->x, dst) != l->peer) {
+		snprintf(why, sizeof(why), "recv_ready for device %d -> %d does not belong on this link",
+			 src, dst);
+		link_bad_frame(l, why);
+		return;
+	}
+	struct xreq *r = xport_remote_ready(n->x, src, dst, rr->tag, (size_t)rr->byte_count);
+	if (!r)
+		return;
+	if (link_queue_msg(l, r))
+		xport_complete(r, -ENOMEM);
+}
+
+/* One complete frame header arrived on l. */
+static void dispatch(struct link *l, Meshrun__Frame *f)
+{
+	struct net *n = l->net;
+	char why[600];
+	int body = f->body_case;
+
+	if (l->state == LS_CLOSING || l->state == LS_DRAIN) {
+		if (body == MESHRUN__FRAME__BODY_CHUNK)
+			l->rx_dst = NULL;
+		if (body == MESHRUN__FRAME__BODY_REFUSE && l->role == ROLE_COORD_OUT &&
+		    !n->topology_done)
+			goto refused;
+		return;
+	}
+	if (l->state == LS_HELLO) {
+		switch (l->role) {
+		case ROLE_COORD_IN:
+			if (body == MESHRUN__FRAME__BODY_HELLO) {
+				rdv_coord_on_hello(l, f->hello);
+				return;
+			}
+			break;
+		case ROLE_COORD_OUT:
+			if (body == MESHRUN__FRAME__BODY_TOPOLOGY) {
+				rdv_agent_on_topology(l, f->topology);
+				return;
+			}
+			if (body == MESHRUN__FRAME__BODY_REFUSE)
+				goto refused;
+			break;
+		case ROLE_LINK_IN:
+			if (body == MESHRUN__FRAME__BODY_LINK_HELLO) {
+				rdv_accept_link_hello(l, f->link_hello);
+				return;
+			}
+			break;
+		case ROLE_LINK_OUT:
+			if (body == MESHRUN__FRAME__BODY_LINK_HELLO) {
+				if ((int)f->link_hello->host_id != l->peer ||
+				    f->link_hello->job_id != n->job_id) {
+					snprintf(why, sizeof(why), "host %d answered as host %u of job %llx",
+						 l->peer, f->link_hello->host_id,
+						 (unsigned long long)f->link_hello->job_id);
+					link_bad_frame(l, why);
+					return;
+				}
+				rdv_link_up(l, l->peer);
+				return;
+			}
+			if (body == MESHRUN__FRAME__BODY_REFUSE) {
+				snprintf(why, sizeof(why), "host %d (%s) refused our link: %s", l->peer,
+					 l->addr, f->refuse->reason);
+				link_kill(l);
+				link_fail_all(n, NET_ERR_REFUSED, -ECONNREFUSED, why);
+				return;
+			}
+			break;
+		}
+		snprintf(why, sizeof(why), "unexpected %s frame before the hello", frame_body_name(body));
+		if (l->role == ROLE_COORD_IN || (l->role == ROLE_LINK_IN && l->peer < 0))
+			rdv_refuse_conn(l, why);
+		else
+			link_bad_frame(l, why);
+		return;
+	}
+	/* LS_UP */
+	switch (body) {
+	case MESHRUN__FRAME__BODY_HEARTBEAT:
+		return;
+	case MESHRUN__FRAME__BODY_CHUNK:
+		on_chunk(l, f->chunk);
+		return;
+	case MESHRUN__FRAME__BODY_RECV_READY:
+		on_recv_ready(l, f->recv_ready);
+		return;
+	case MESHRUN__FRAME__BODY_BARRIER:
+		n->peers[l->peer].barrier_rx = true;
+		rdv_check_barrier(n);
+		return;
+	case MESHRUN__FRAME__BODY_DONE:
+		n->peers[l->peer].done_rx = true;
+		if (f->done->status) {
+			snprintf(why, sizeof(why), "host %d finished with status %d", l->peer,
+				 f->done->status);
+			link_fail_all(n, done_status(f->done->status), -ECONNABORTED, why);
+			return;
+		}
+		link_check_finish(n);
+		return;
+	case MESHRUN__FRAME__BODY_ABORT: {
+		int code = done_status(f->abort->code);
+		snprintf(why, sizeof(why), "host %d aborted the job: %s", l->peer,
+			 f->abort->reason ? f->abort->reason : "");
+		/* the sender closes next; that is not news */
+		n->peers[l->peer].done_rx = true;
+		link_fail_all(n, code, -ECONNABORTED, why);
+		return;
+	}
+	default:
+		snprintf(why, sizeof(why), "unexpected %s frame on a running link", frame_body_name(body));
+		link_bad_frame(l, why);
+		return;
+	}
+
+refused:
+	snprintf(why, sizeof(why), "rendezvous refused by the coordinator (%s): %s", l->addr,
+		 f->refuse->reason ? f->refuse->reason : "");
+	link_kill(l);
+	link_fail_all(n, NET_ERR_REFUSED, -ECONNREFUSED, why);
+}
+
+/* Header bytes are in: check, dispatch, set up the payload. */
+static void header_done(struct link *l)
+{
+	struct net *n = l->net;
+	char why[300];
+	Meshrun__Frame *f = frame_parse_header(l->rx_hdr, l->rx_p.header_len, l->rx_p.payload_len,
+					       &n->lim, why, sizeof(why));
+	if (!f) {
+		link_bad_frame(l, why);
+		return;
+	}
+	if (f->link_seq != l->rx_seq + 1) {
+		snprintf(why, sizeof(why), "%s frame has sequence number %llu, expected %llu",
+			 frame_body_name(f->body_case), (unsigned long long)f->link_seq,
+			 (unsigned long long)(l->rx_seq + 1));
+		frame_header_free(f);
+		link_bad_frame(l, why);
+		return;
+	}
+	l->rx_seq = f->link_seq;
+	if (link_fault(l, false, f) == LINK_FAULT_CLOSE) {
+		/* as if the read had failed */
+		snprintf(why, sizeof(why), "closed by an injected fault at received frame %llu",
+			 (unsigned long long)(f->link_seq - 1));
+		frame_header_free(f);
+		link_lost(l, -EPIPE, why);
+		return;
+	}
+	bool chunk = f->body_case == MESHRUN__FRAME__BODY_CHUNK;
+	dispatch(l, f);
+	frame_header_free(f);
+	if (l->state == LS_DEAD)
+		return;
+	l->rx_got = 0;
+	if (l->rx_p.payload_len) {
+		l->rx_stage = RX_PAYLOAD;
+	} else {
+		l->rx_stage = RX_PREFIX;
+		if (chunk)
+			chunk_payload_done(l);
+	}
+}
+
+static void link_read(struct link *l)
+{
+	struct net *n = l->net;
+	size_t budget = READ_BUDGET;
+	/* discarded payloads, never read: one per net thread */
+	static _Thread_local uint8_t scratch[64 * 1024];
+	/* payloads of receives that sum, on their way to the sum: small
+	 * enough to stay in L1, a TLS record's worth */
+	static _Thread_local _Alignas(64) uint8_t bounce[16 * 1024];
+	char why[300];
+
+	/* a fault that closed the link while we read: stop, the event fails it */
+	while (l->state != LS_DEAD && !l->fault_close) {
+		if (!budget) {
+			/* Yield through the poll, not around it: re-activating
+			 * ourselves here would run again before epoll and the
+			 * timers, so a link that never runs dry would starve its
+			 * own writes, the other links and the heartbeats. Bytes
+			 * left in the socket fire EV_READ again (level-triggered);
+			 * bytes already in user space do not, so a zero timeout
+			 * brings us back after the next poll. */
+			if (conn_pending(l->c)) {
+				static const struct timeval now_tv = { 0, 0 };
+				event_add(l->ev_resume, &now_tv);
+			}
+			break;
+		}
+		uint8_t *dst;
+		size_t want;
+		bool sum = false;
+		switch (l->rx_stage) {
+		case RX_PREFIX:
+			dst = l->rx_prefix + l->rx_got;
+			want = FRAME_PREFIX_LEN - l->rx_got;
+			break;
+		case RX_HEADER:
+			dst = l->rx_hdr + l->rx_got;
+			want = l->rx_p.header_len - l->rx_got;
+			break;
+		default:
+			want = (size_t)(l->rx_p.payload_len - l->rx_got);
+			if (l->rx_dst && l->rx_req && l->state == LS_UP && l->rx_req->addend) {
+				sum = true;
+				dst = bounce;
+				if (want > sizeof(bounce))
+					want = sizeof(bounce);
+			} else if (l->rx_dst && l->rx_req && l->state == LS_UP) {
+				dst = l->rx_dst + l->rx_got;
+			} else {
+				dst = scratch;
+				if (want > sizeof(scratch))
+					want = sizeof(scratch);
+			}
+			break;
+		}
+		ssize_t r = conn_read(l->c, dst, want);
+		if (r == -EAGAIN) {
+			if (l->c->want == CONN_WANT_WRITE) {
+				l->rd_wants_write = true;
+				link_arm_write(l);
+			}
+			break;
+		}
+		if (r == 0) {
+			link_lost(l, -EPIPE, l->rx_stage == RX_PREFIX && !l->rx_got
+					  ? "connection closed by peer"
+					  : "connection closed by peer in the middle of a frame");
+			return;
+		}
+		if (r < 0) {
+			link_lost(l, -EPIPE, l->c->err);
+			return;
+		}
+		l->last_rx_ns = now_ns();
+		if (sum)
+			xport_land_stream(l->rx_req, &l->rx_land, bounce, (size_t)r);
+		l->rx_got += (size_t)r;
+		budget = (size_t)r >= budget ? 0 : budget - (size_t)r;
+		switch (l->rx_stage) {
+		case RX_PREFIX:
+			if (l->rx_got < FRAME_PREFIX_LEN)
+				break;
+			if (frame_parse_prefix(l->rx_prefix, &n->lim, &l->rx_p, why, sizeof(why))) {
+				link_bad_frame(l, why);
+				return;
+			}
+			if (l->rx_hdr_cap < l->rx_p.header_len) {
+				uint8_t *b = realloc(l->rx_hdr, l->rx_p.header_len);
+				if (!b) {
+					link_lost(l, -ENOMEM, "out of memory");
+					return;
+				}
+				l->rx_hdr = b;
+				l->rx_hdr_cap = l->rx_p.header_len;
+			}
+			l->rx_stage = RX_HEADER;
+			l->rx_got = 0;
+			break;
+		case RX_HEADER:
+			if (l->rx_got == l->rx_p.header_len)
+				header_done(l);
+			break;
+		case RX_PAYLOAD:
+			if (l->rx_got == l->rx_p.payload_len) {
+				chunk_payload_done(l);
+				l->rx_stage = RX_PREFIX;
+				l->rx_got = 0;
+			}
+			break;
+		}
+	}
+	if (l->state != LS_DEAD && l->wr_wants_read) {
+		l->wr_wants_read = false;
+		link_write(l);
+	}
+	/* reading may have made OpenSSL write (alerts, key updates) */
+	if (l->state != LS_DEAD && l->state != LS_DRAIN && conn_flush(l->c) == -EAGAIN)
+		link_arm_write(l);
+}
+
+/* ---- handshake and events ---- */
+
+static void link_handshake(struct link *l)
+{
+	struct net *n = l->net;
+	char why[300];
+	int rc = conn_handshake(l->c);
+	if (rc == -EAGAIN) {
+		if (l->c->want == CONN_WANT_WRITE)
+			link_arm_write(l);
+		else
+			link_disarm_write(l);
+		return;
+	}
+	link_disarm_write(l);
+	if (rc < 0) {
+		link_lost(l, -EPROTO, l->c->err);
+		return;
+	}
+	link_set_state(l, LS_HELLO);
+	switch (l->role) {
+	case ROLE_COORD_OUT:
+		if (!tls_peer_is_host(l->c, 0, why, sizeof(why))) {
+			char msg[512];
+			snprintf(msg, sizeof(msg), "coordinator %s: %s", l->addr, why);
+			link_kill(l);
+			link_fail_all(n, NET_ERR_REFUSED, -EPROTO, msg);
+			return;
+		}
+		rdv_send_hello(l);
+		break;
+	case ROLE_LINK_OUT:
+		if (!tls_peer_is_host(l->c, l->peer, why, sizeof(why))) {
+			char msg[512];
+			snprintf(msg, sizeof(msg), "link to host %d (%s): %s", l->peer, l->addr, why);
+			link_kill(l);
+			link_fail_all(n, NET_ERR_REFUSED, -EPROTO, msg);
+			return;
+		}
+		send_link_hello(l);
+		break;
+	default:
+		break;
+	}
+	/* records may already sit in OpenSSL's buffer */
+	link_read(l);
+}
+
+static void link_connected(struct link *l)
+{
+	struct net *n = l->net;
+	int rc = conn_connect_result(l->c->fd);
+	if (rc) {
+		/* not listening yet (or gone): retry until the phase deadline */
+		snprintf(n->coord_err, sizeof(n->coord_err), "%s", conn_strerror(-rc));
+		if (l->role == ROLE_COORD_OUT)
+			n->coord_retry_at = now_ns() + RETRY_NS;
+		else
+			n->peers[l->peer].retry_at = now_ns() + RETRY_NS;
+		link_kill(l);
+		return;
+	}
+	link_set_state(l, LS_HANDSHAKE);
+	event_add(l->ev_read, NULL);
+	link_handshake(l);
+}
+
+void recv_event_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct link *l = arg;
+	(void)fd;
+	if (l->state != LS_DEAD && l->fault_close) {
+		/* as if the read had failed (link_fault_close woke us) */
+		link_lost(l, -EPIPE, l->fault_msg);
+		return;
+	}
+	switch (l->state) {
+	case LS_DEAD:
+		return;
+	case LS_CONNECTING:
+		if (what & EV_WRITE)
+			link_connected(l);
+		return;
+	case LS_HANDSHAKE:
+		link_handshake(l);
+		return;
+	default:
+		break;
+	}
+	if (what & EV_READ)
+		link_read(l);
+	if ((what & EV_WRITE) && l->state != LS_DEAD) {
+		if (l->rd_wants_write) {
+			l->rd_wants_write = false;
+			link_read(l);
+		}
+		if (l->state != LS_DEAD)
+			link_write(l);
+	}
+}
+
+
+void recv_accept_cb(evutil_socket_t lfd, short what, void *arg)
+{
+	struct net *n = arg;
+	(void)what;
+	bool coord = lfd == n->coord_lfd;
+	char peer[128];
+	for (int i = 0; i < ACCEPT_MAX; i++) {
+		int fd = conn_accept(lfd, peer, sizeof(peer));
+		if (fd == -EAGAIN)
+			return;
+		if (fd < 0) {
+			status_log(n, "accept failed: %s", conn_strerror(-fd));
+			return;
+		}
+		struct conn *c = rdv_conn_new(n, fd, true);
+		struct link *l = c ? link_new(n, coord ? ROLE_COORD_IN : ROLE_LINK_IN, c, -1, peer) : NULL;
+		if (!l) {
+			status_log(n, "out of memory accepting %s", peer);
+			continue;
+		}
+		link_set_state(l, LS_HANDSHAKE);
+		l->deadline_ns = now_ns() + sec_ns(n->connect_timeout_s);
+		event_add(l->ev_read, NULL);
+		link_handshake(l);
+		/* that may have brought up the last link and closed the listener */
+		if (coord ? !n->ev_coord_l : n->data_lfd != lfd)
+			return;
+	}
+}

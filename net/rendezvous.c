@@ -1,0 +1,361 @@
+/* Getting a job onto the wire: the rendezvous (host 0 collects every
+ * agent's Hello and answers with the Topology; agents dial it), then one
+ * data link per host pair (the lower id dials, LinkHello both ways) and the
+ * start-up barrier. Calls send.c, link.c and status.c in net/. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "net/net_int.h"
+#include "net/tls.h"
+
+static void start_links(struct net *n);
+static void check_links(struct net *n);
+
+/* ---- rendezvous: coordinator side ---- */
+
+static void hex8(const uint8_t *h, size_t len, char *out)
+{
+	static const char d[] = "0123456789abcdef";
+	size_t i;
+	for (i = 0; i < 4 && i < len; i++) {
+		out[2 * i] = d[h[i] >> 4];
+		out[2 * i + 1] = d[h[i] & 15];
+	}
+	out[2 * i] = 0;
+}
+
+/* Refuses one connection; the rendezvous goes on. */
+void rdv_refuse_conn(struct link *l, const char *reason)
+{
+	struct net *n = l->net;
+	status_log(n, "refused %s from %s: %s",
+		l->role == ROLE_COORD_IN ? "agent" : "link", l->addr, reason);
+	l->refused = true;
+	l->peer = -1;
+	send_refuse(l, reason);
+	link_begin_close(l, now_ns() + CLOSE_GRACE_NS);
+}
+
+/* A mismatch that no waiting can fix: refuse everyone and fail. */
+static void rendezvous_fail(struct net *n, struct link *l, const char *reason)
+{
+	char msg[600];
+	snprintf(msg, sizeof(msg), "rendezvous failed: %s", reason);
+	rdv_refuse_conn(l, reason);
+	for (int h = 1; h < n->num_hosts; h++) {
+		struct link *o = n->peers[h].coord_in;
+		if (o && o != l && o->state != LS_DEAD)
+			send_refuse(o, msg);
+	}
+	link_fail_all(n, NET_ERR_REFUSED, -ECONNREFUSED, msg);
+}
+
+static void send_topology(struct net *n)
+{
+	Meshrun__HostInfo *infos = calloc((size_t)n->num_hosts, sizeof(*infos));
+	Meshrun__HostInfo **ptrs = calloc((size_t)n->num_hosts, sizeof(*ptrs));
+	if (!infos || !ptrs) {
+		free(infos);
+		free(ptrs);
+		link_fail_all(n, NET_ERR, -ENOMEM, "out of memory sending the topology");
+		return;
+	}
+	for (int h = 0; h < n->num_hosts; h++) {
+		Meshrun__HostInfo init = MESHRUN__HOST_INFO__INIT;
+		infos[h] = init;
+		infos[h].host_id = (uint32_t)h;
+		infos[h].data_address = n->peers[h].addr;
+		infos[h].devices = n->peers[h].devices;
+		ptrs[h] = &infos[h];
+	}
+	Meshrun__Topology t = MESHRUN__TOPOLOGY__INIT;
+	t.n_hosts = (size_t)n->num_hosts;
+	t.hosts = ptrs;
+	t.job_id = n->job_id;
+	Meshrun__Frame f = MESHRUN__FRAME__INIT;
+	f.body_case = MESHRUN__FRAME__BODY_TOPOLOGY;
+	f.topology = &t;
+	for (int h = 1; h < n->num_hosts; h++) {
+		struct link *l = n->peers[h].coord_in;
+		if (!l)
+			continue;
+		link_send(l, &f);
+		link_begin_close(l, now_ns() + sec_ns(n->connect_timeout_s));
+	}
+	free(infos);
+	free(ptrs);
+	n->topology_done = true;
+	start_links(n);
+}
+
+void rdv_coord_on_hello(struct link *l, const Meshrun__Hello *h)
+{
+	struct net *n = l->net;
+	char why[400], a[16], b[16];
+	int id = (int)h->host_id;
+
+	if (l->peer >= 0) {
+		link_bad_frame(l, "second hello on one connection");
+		return;
+	}
+	if (!tls_peer_is_host(l->c, id, why, sizeof(why))) {
+		rdv_refuse_conn(l, why);
+		return;
+	}
+	if (id <= 0 || id >= n->num_hosts) {
+		if (id == 0)
+			snprintf(why, sizeof(why), "duplicate host id 0: host 0 is the coordinator");
+		else
+			snprintf(why, sizeof(why), "host id %d is out of range: the cluster has %d hosts (0..%d)",
+				 id, n->num_hosts, n->num_hosts - 1);
+		rdv_refuse_conn(l, why);
+		return;
+	}
+	if (n->topology_done && !n->peers[id].joined) {
+		snprintf(why, sizeof(why), "the rendezvous is over: the cluster started without host %d", id);
+		rdv_refuse_conn(l, why);
+		return;
+	}
+	if (n->peers[id].joined) {
+		snprintf(why, sizeof(why), "duplicate host id %d: host %d already joined%s%s", id, id,
+			 n->peers[id].coord_in ? " from " : "",
+			 n->peers[id].coord_in ? n->peers[id].coord_in->addr : "");
+		rdv_refuse_conn(l, why);
+		return;
+	}
+	if (!h->version || strcmp(h->version, NET_VERSION)) {
+		snprintf(why, sizeof(why), "host %d runs version '%s', the coordinator '%s'", id,
+			 h->version ? h->version : "", NET_VERSION);
+		rendezvous_fail(n, l, why);
+		return;
+	}
+	if ((int)h->num_hosts != n->num_hosts) {
+		snprintf(why, sizeof(why), "host %d was started for %u hosts, the coordinator for %d",
+			 id, h->num_hosts, n->num_hosts);
+		rendezvous_fail(n, l, why);
+		return;
+	}
+	if (h->config_hash.len != sizeof(n->config_hash) ||
+	    memcmp(h->config_hash.data, n->config_hash, sizeof(n->config_hash))) {
+		hex8(h->config_hash.data, h->config_hash.len, a);
+		hex8(n->config_hash, sizeof(n->config_hash), b);
+		snprintf(why, sizeof(why),
+			 "host %d's config hash %s differs from the coordinator's %s: run every host with the same config and overrides",
+			 id, a, b);
+		rendezvous_fail(n, l, why);
+		return;
+	}
+	if ((int)h->devices != n->devices_per_host) {
+		snprintf(why, sizeof(why), "host %d has %u devices, the mesh wants %d per host",
+			 id, h->devices, n->devices_per_host);
+		rendezvous_fail(n, l, why);
+		return;
+	}
+	char hostpart[128];
+	int port;
+	if (!h->data_address || conn_split_addr(h->data_address, hostpart, sizeof(hostpart), &port) ||
+	    !port || strlen(h->data_address) >= sizeof(n->peers[id].addr)) {
+		snprintf(why, sizeof(why), "host %d sent a bad data address '%s'", id,
+			 h->data_address ? h->data_address : "");
+		rdv_refuse_conn(l, why);
+		return;
+	}
+	l->peer = id;
+	l->deadline_ns = 0;
+	n->peers[id].joined = true;
+	n->peers[id].coord_in = l;
+	n->peers[id].devices = h->devices;
+	snprintf(n->peers[id].addr, sizeof(n->peers[id].addr), "%s", h->data_address);
+	n->joined++;
+	if (n->joined == n->num_hosts)
+		send_topology(n);
+}
+
+/* ---- rendezvous: agent side ---- */
+
+void rdv_send_hello(struct link *l)
+{
+	struct net *n = l->net;
+	char addr[200], lhost[128], dhost[128];
+	int lport, dport;
+
+	/* a wildcard listener reports the address we reach the coordinator from */
+	snprintf(addr, sizeof(addr), "%s", n->data_addr);
+	if (!conn_split_addr(n->data_addr, dhost, sizeof(dhost), &dport) &&
+	    (!strcmp(dhost, "0.0.0.0") || !strcmp(dhost, "::") || !dhost[0])) {
+		char local[160];
+		conn_sockname(l->c->fd, true, local, sizeof(local));
+		if (!conn_split_addr(local, lhost, sizeof(lhost), &lport))
+			snprintf(addr, sizeof(addr), strchr(lhost, ':') ? "[%s]:%d" : "%s:%d",
+				 lhost, dport);
+	}
+	Meshrun__Frame f = MESHRUN__FRAME__INIT;
+	Meshrun__Hello h = MESHRUN__HELLO__INIT;
+	h.host_id = (uint32_t)n->host_id;
+	h.num_hosts = (uint32_t)n->num_hosts;
+	h.devices = (uint32_t)n->devices_per_host;
+	h.data_address = addr;
+	h.config_hash.data = n->config_hash;
+	h.config_hash.len = sizeof(n->config_hash);
+	h.version = (char *)NET_VERSION;
+	f.body_case = MESHRUN__FRAME__BODY_HELLO;
+	f.hello = &h;
+	link_send(l, &f);
+}
+
+void rdv_agent_on_topology(struct link *l, const Meshrun__Topology *t)
+{
+	struct net *n = l->net;
+	char msg[400];
+	if ((int)t->n_hosts != n->num_hosts) {
+		snprintf(msg, sizeof(msg), "coordinator sent a topology of %zu hosts, expected %d",
+			 t->n_hosts, n->num_hosts);
+		link_fail_all(n, NET_ERR, -EPROTO, msg);
+		return;
+	}
+	for (size_t i = 0; i < t->n_hosts; i++) {
+		const Meshrun__HostInfo *h = t->hosts[i];
+		if (h->host_id != i || !h->data_address || !h->data_address[0] ||
+		    strlen(h->data_address) >= sizeof(n->peers[i].addr)) {
+			snprintf(msg, sizeof(msg), "coordinator sent a bad topology entry %zu", i);
+			link_fail_all(n, NET_ERR, -EPROTO, msg);
+			return;
+		}
+		snprintf(n->peers[i].addr, sizeof(n->peers[i].addr), "%s", h->data_address);
+		n->peers[i].devices = h->devices;
+	}
+	n->job_id = t->job_id;
+	n->topology_done = true;
+	link_begin_close(l, now_ns() + CLOSE_GRACE_NS);
+	start_links(n);
+}
+
+/* ---- data links: dialing, set-up, the start-up barrier ---- */
+
+/* Every link's TLS connection, dialed or accepted, renews its sending key
+ * as configured. NULL on allocation failure. */
+struct conn *rdv_conn_new(struct net *n, int fd, bool server)
+{
+	struct conn *c = tls_conn_new(n->ctx, fd, server);
+	if (c)
+		conn_set_key_update(c, n->key_update_bytes, &n->key_updates);
+	return c;
+}
+
+void rdv_dial_addr(struct net *n, enum link_role role, int peer, const char *addr)
+{
+	char err[256];
+	int fd = conn_connect_start(addr, err, sizeof(err));
+	if (fd < 0) {
+		snprintf(n->coord_err, sizeof(n->coord_err), "%s", err);
+		if (role == ROLE_COORD_OUT)
+			n->coord_retry_at = now_ns() + RETRY_NS;
+		else
+			n->peers[peer].retry_at = now_ns() + RETRY_NS;
+		return;
+	}
+	struct conn *c = rdv_conn_new(n, fd, false);
+	struct link *l = c ? link_new(n, role, c, peer, addr) : NULL;
+	if (!l) {
+		link_fail_all(n, NET_ERR, -ENOMEM, "out of memory opening a connection");
+		return;
+	}
+	link_set_state(l, LS_CONNECTING);
+	l->write_armed = true;
+	event_add(l->ev_write, NULL);
+	if (role == ROLE_COORD_OUT)
+		n->coord = l;
+	else
+		n->peers[peer].l = l;
+}
+
+void rdv_dial(struct net *n, int peer)
+{
+	n->peers[peer].retry_at = 0;
+	rdv_dial_addr(n, ROLE_LINK_OUT, peer, n->peers[peer].addr);
+}
+
+static void start_links(struct net *n)
+{
+	n->phase = PH_LINKS;
+	if (n->ev_data_l)
+		event_add(n->ev_data_l, NULL);
+	for (int h = n->host_id + 1; h < n->num_hosts; h++)
+		rdv_dial(n, h);
+	check_links(n);
+}
+
+void rdv_check_barrier(struct net *n)
+{
+	if (n->phase != PH_BARRIER)
+		return;
+	for (int h = 0; h < n->num_hosts; h++)
+		if (h != n->host_id && !n->peers[h].barrier_rx)
+			return;
+	n->phase = PH_RUNNING;
+	status_set_ready(n);
+}
+
+static void check_links(struct net *n)
+{
+	if (n->phase != PH_LINKS)
+		return;
+	for (int h = 0; h < n->num_hosts; h++)
+		if (h != n->host_id && (!n->peers[h].l || n->peers[h].l->state != LS_UP))
+			return;
+	/* every link is up: no one else may dial us */
+	if (n->ev_data_l) {
+		event_free(n->ev_data_l);
+		n->ev_data_l = NULL;
+	}
+	if (n->data_lfd >= 0) {
+		close(n->data_lfd);
+		n->data_lfd = -1;
+	}
+	n->phase = PH_BARRIER;
+	for (int h = 0; h < n->num_hosts; h++)
+		if (h != n->host_id)
+			send_simple(n->peers[h].l, MESHRUN__FRAME__BODY_BARRIER);
+	rdv_check_barrier(n);
+}
+
+void rdv_link_up(struct link *l, int peer)
+{
+	struct net *n = l->net;
+	l->peer = peer;
+	link_set_state(l, LS_UP);
+	l->last_rx_ns = l->last_hb_ns = now_ns();
+	n->peers[peer].l = l;
+	check_links(n);
+}
+
+void rdv_accept_link_hello(struct link *l, const Meshrun__LinkHello *h)
+{
+	struct net *n = l->net;
+	char why[400];
+	int id = (int)h->host_id;
+	if (h->job_id != n->job_id) {
+		rdv_refuse_conn(l, "link hello for another job (stale agent?)");
+		return;
+	}
+	if (id < 0 || id >= n->host_id) {
+		snprintf(why, sizeof(why), "host %d may not dial host %d (the lower id dials)",
+			 id, n->host_id);
+		rdv_refuse_conn(l, why);
+		return;
+	}
+	if (!tls_peer_is_host(l->c, id, why, sizeof(why))) {
+		rdv_refuse_conn(l, why);
+		return;
+	}
+	if (n->peers[id].l) {
+		snprintf(why, sizeof(why), "duplicate link from host %d", id);
+		rdv_refuse_conn(l, why);
+		return;
+	}
+	send_link_hello(l);
+	rdv_link_up(l, id);
+}

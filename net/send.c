@@ -1,0 +1,249 @@
+/* Sending: control frames built for each purpose, and the write path that
+ * turns the link's queues (control frames first, then data fragments) into
+ * connection writes. Fragments are encrypted straight from the send buffer;
+ * small ones ride in their header's record. Calls only link.c and
+ * status.c in net/. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/net_int.h"
+
+static const uint8_t zeros[64 * 1024];
+
+void send_refuse(struct link *l, const char *reason)
+{
+	Meshrun__Frame f = MESHRUN__FRAME__INIT;
+	Meshrun__Refuse r = MESHRUN__REFUSE__INIT;
+	r.reason = (char *)reason;
+	f.body_case = MESHRUN__FRAME__BODY_REFUSE;
+	f.refuse = &r;
+	link_send(l, &f);
+}
+
+void send_simple(struct link *l, int body)
+{
+	Meshrun__Frame f = MESHRUN__FRAME__INIT;
+	Meshrun__Heartbeat hb = MESHRUN__HEARTBEAT__INIT;
+	Meshrun__Barrier b = MESHRUN__BARRIER__INIT;
+	Meshrun__Done d = MESHRUN__DONE__INIT;
+	f.body_case = body;
+	switch (body) {
+	case MESHRUN__FRAME__BODY_HEARTBEAT:
+		hb.sent_ns = now_ns();
+		f.heartbeat = &hb;
+		break;
+	case MESHRUN__FRAME__BODY_BARRIER:
+		b.seq = 1;
+		f.barrier = &b;
+		break;
+	case MESHRUN__FRAME__BODY_DONE:
+		d.host_id = (uint32_t)l->net->host_id;
+		f.done = &d;
+		break;
+	default:
+		return;
+	}
+	link_send(l, &f);
+}
+
+void send_link_hello(struct link *l)
+{
+	Meshrun__Frame f = MESHRUN__FRAME__INIT;
+	Meshrun__LinkHello h = MESHRUN__LINK_HELLO__INIT;
+	h.host_id = (uint32_t)l->net->host_id;
+	h.job_id = l->net->job_id;
+	f.body_case = MESHRUN__FRAME__BODY_LINK_HELLO;
+	f.link_hello = &h;
+	link_send(l, &f);
+}
+
+
+/* Picks the next frame to write: control frames first, then the next
+ * fragment of the first queued message. false if there is nothing. */
+static bool tx_next(struct link *l)
+{
+	struct ctrl_frame *c = l->cq_head;
+	if (c) {
+		l->cq_head = c->next;
+		if (!l->cq_head)
+			l->cq_tail = NULL;
+		l->tx_ctrl = c;
+		l->tx_hdr = c->data;
+		l->tx_hdr_len = c->len;
+		l->tx_hdr_off = 0;
+		l->tx_pay = NULL;
+		l->tx_pay_len = l->tx_pay_off = 0;
+		l->tx_active = true;
+		return true;
+	}
+	struct send_msg *m = l->dq_head;
+	if (!m || l->state != LS_UP)
+		return false;
+	struct xreq *r = m->req;
+	uint64_t left = r->len - m->off;
+	uint64_t cnt = left < FRAG_MAX ? left : FRAG_MAX;
+	if (cnt > l->net->lim.max_payload)
+		cnt = l->net->lim.max_payload;
+
+	Meshrun__Frame f = MESHRUN__FRAME__INIT;
+	Meshrun__CollectiveChunk ch = MESHRUN__COLLECTIVE_CHUNK__INIT;
+	ch.op = (Meshrun__CollOp)r->meta.op;
+	ch.group_id = r->meta.group;
+	ch.coll_seq = r->meta.seq;
+	ch.step = r->meta.step;
+	ch.src_device = (uint32_t)r->src;
+	ch.dst_device = (uint32_t)r->dst;
+	ch.chunk_index = r->meta.chunk;
+	ch.offset = r->meta.offset;
+	ch.byte_count = cnt;
+	ch.tag = r->tag;
+	ch.msg_bytes = r->len;
+	ch.msg_offset = m->off;
+	ch.eager = r->eager;
+	f.body_case = MESHRUN__FRAME__BODY_CHUNK;
+	f.chunk = &ch;
+	f.link_seq = ++l->tx_seq;
+	f.ack_seq = l->rx_seq;         /* sent, never read yet (replay will) */
+	if (link_fault(l, true, &f) == LINK_FAULT_CLOSE) {
+		link_fault_close(l, f.link_seq - 1);
+		return false;
+	}
+	size_t hl = frame_encode(&f, cnt, l->tx_stage);
+	l->tx_hdr = l->tx_stage;
+	l->tx_hdr_off = 0;
+	if (cnt <= SMALL_PAYLOAD) {
+		/* one record for header and payload */
+		if (cnt)
+			memcpy(l->tx_stage + hl, (const uint8_t *)r->buf + m->off, cnt);
+		l->tx_hdr_len = hl + cnt;
+		l->tx_pay = NULL;
+		l->tx_pay_len = 0;
+	} else {
+		l->tx_hdr_len = hl;
+		l->tx_pay = (const uint8_t *)r->buf + m->off;
+		l->tx_pay_len = cnt;
+	}
+	l->tx_pay_off = 0;
+	m->off += cnt;
+	l->tx_msg = m;
+	l->tx_msg_last = m->off == r->len;
+	if (l->tx_msg_last) {
+		l->dq_head = m->next;
+		if (!l->dq_head)
+			l->dq_tail = NULL;
+	}
+	l->tx_active = true;
+	return true;
+}
+
+/* The frame's last byte went to the connection. A data message whose last
+ * fragment this was completes now, when its bytes leave, not when the peer
+ * has them: nothing is kept to send again. Replay after a reconnect will
+ * hold it until the peer's ack_seq covers it. */
+static void tx_frame_done(struct link *l)
+{
+	if (l->tx_ctrl) {
+		if (l->tx_ctrl->heartbeat)
+			l->hb_queued--;
+		free(l->tx_ctrl);
+		l->tx_ctrl = NULL;
+	}
+	if (l->tx_msg && l->tx_msg_last) {
+		if (l->tx_msg->req)
+			xport_complete(l->tx_msg->req, 0);
+		free(l->tx_msg);
+	}
+	l->tx_msg = NULL;
+	l->tx_active = false;
+}
+
+
+
+/* Nothing is left to write: flush, and in CLOSING finish our side. 0 to
+ * stop writing for now, -EPIPE if writing failed. */
+static int tx_idle(struct link *l)
+{
+	struct net *n = l->net;
+	int frc = conn_flush(l->c);
+	if (frc == -EAGAIN) {
+		link_arm_write(l);
+		return 0;
+	}
+	if (frc < 0)
+		return -EPIPE;
+	if (l->state == LS_CLOSING) {
+		int rc = conn_shutdown(l->c);
+		if (rc == -EAGAIN) {
+			if (l->c->want == CONN_WANT_READ)
+				l->wr_wants_read = true;
+			return 0;
+		}
+		link_disarm_write(l);
+		/* after a failure nobody waits for the peer's goodbye */
+		if (status_failed(n) || n->stopping)
+			link_kill(l);
+		else
+			link_set_state(l, LS_DRAIN);
+		return 0;
+	}
+	link_disarm_write(l);
+	return 0;
+}
+
+int send_write(struct link *l)
+{
+	struct net *n = l->net;
+	size_t budget = WRITE_BUDGET;
+
+	while (budget) {
+		if (l->state == LS_DEAD || l->state == LS_DRAIN || l->fault_close)
+			return 0;
+		if (!l->tx_active && !tx_next(l))
+			return l->fault_close ? 0 : tx_idle(l);
+		const uint8_t *src;
+		size_t len;
+		bool hdr = l->tx_hdr_off < l->tx_hdr_len;
+		if (hdr) {
+			src = l->tx_hdr + l->tx_hdr_off;
+			len = l->tx_hdr_len - l->tx_hdr_off;
+		} else if (l->tx_pay_off < l->tx_pay_len) {
+			len = (size_t)(l->tx_pay_len - l->tx_pay_off);
+			if (l->tx_pay) {
+				src = l->tx_pay + l->tx_pay_off;
+			} else {
+				src = zeros;
+				if (len > sizeof(zeros))
+					len = sizeof(zeros);
+			}
+		} else {
+			tx_frame_done(l);
+			continue;
+		}
+		ssize_t w = conn_write(l->c, src, len);
+		if (w == -EAGAIN) {
+			conn_flush(l->c);
+			if (l->c->want == CONN_WANT_READ) {
+				l->wr_wants_read = true;
+				link_disarm_write(l);
+			} else {
+				link_arm_write(l);
+			}
+			return 0;
+		}
+		if (w < 0)
+			return -EPIPE;
+		if (hdr)
+			l->tx_hdr_off += (size_t)w;
+		else
+			l->tx_pay_off += (uint64_t)w;
+		atomic_fetch_add_explicit(&n->bytes_sent, (uint64_t)w, memory_order_relaxed);
+		budget = (size_t)w >= budget ? 0 : budget - (size_t)w;
+	}
+	/* budget spent: the write event stays armed and the loop comes back */
+	int frc = conn_flush(l->c);
+	if (frc < 0 && frc != -EAGAIN)
+		return -EPIPE;
+	link_arm_write(l);
+	return 0;
+}

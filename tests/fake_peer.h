@@ -1,0 +1,107 @@
+/* A fake peer host for suites that talk to real agents: blocking-style
+ * TLS over a non-blocking connection (poll on c->want), whole frames sent
+ * and received, every failure a test failure naming what was awaited.
+ * Header-only, static functions, like tests/proc.h (which it needs for
+ * now_s and slurp). */
+#ifndef MESHRUN_TESTS_FAKE_PEER_H
+#define MESHRUN_TESTS_FAKE_PEER_H
+
+#include <check.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "net/conn.h"
+#include "net/frame.h"
+#include "tests/proc.h"
+
+/* Bytes read but not yet decoded into a frame. */
+struct fake_rx {
+	uint8_t buf[1 << 16];
+	size_t len;
+};
+
+static void fake_poll(struct conn *c, double end, const char *what)
+{
+	ck_assert_msg(now_s() < end, "fake peer: timed out in %s", what);
+	struct pollfd p = { .fd = c->fd, .events = c->want == CONN_WANT_WRITE ? POLLOUT : POLLIN };
+	poll(&p, 1, 50);
+}
+
+static void fake_handshake(struct conn *c, struct proc *agent)
+{
+	double end = now_s() + 10;
+	int rc;
+	while ((rc = conn_handshake(c)) == -EAGAIN)
+		fake_poll(c, end, "the handshake");
+	ck_assert_msg(rc == 0, "fake peer: handshake: %s\nagent:\n%s", c->err, slurp(agent->err));
+}
+
+static void fake_send(struct conn *c, Meshrun__Frame *f)
+{
+	static uint8_t buf[4096];
+	double end = now_s() + 10;
+	size_t n = frame_encode(f, 0, buf), off = 0;
+	ck_assert_uint_gt(n, 0);
+	while (off < n) {
+		ssize_t w = conn_write(c, buf + off, n - off);
+		if (w == -EAGAIN) {
+			fake_poll(c, end, "a write");
+			continue;
+		}
+		ck_assert_msg(w > 0, "fake peer: write: %s", c->err);
+		off += (size_t)w;
+	}
+	while (conn_flush(c) == -EAGAIN)
+		fake_poll(c, end, "a flush");
+}
+
+/* The next whole frame on c, or NULL if none arrives before end (only when
+ * may_time_out; otherwise that fails the test). */
+static Meshrun__Frame *fake_recv(struct conn *c, struct fake_rx *rx, double end, bool may_time_out)
+{
+	const struct frame_limits lim = { .max_payload = 1 << 20 };
+	for (;;) {
+		Meshrun__Frame *f;
+		const uint8_t *pay;
+		uint64_t plen;
+		size_t used;
+		char why[200];
+		int rc = frame_decode(rx->buf, rx->len, &lim, &f, &pay, &plen, &used, why, sizeof(why));
+		if (rc == 0) {
+			memmove(rx->buf, rx->buf + used, rx->len - used);
+			rx->len -= used;
+			return f;
+		}
+		ck_assert_msg(rc == -EAGAIN, "fake peer: bad frame from the agent: %s", why);
+		ck_assert_uint_lt(rx->len, sizeof(rx->buf));
+		ssize_t r = conn_read(c, rx->buf + rx->len, sizeof(rx->buf) - rx->len);
+		if (r == -EAGAIN) {
+			if (may_time_out && now_s() >= end)
+				return NULL;
+			fake_poll(c, end, "a read");
+			continue;
+		}
+		ck_assert_msg(r > 0, "fake peer: read: %s", r ? c->err : "closed by the agent");
+		rx->len += (size_t)r;
+	}
+}
+
+/* The next frame of kind body, skipping heartbeats and receive posts. */
+static Meshrun__Frame *fake_expect(struct conn *c, struct fake_rx *rx, int body)
+{
+	double end = now_s() + 10;
+	for (;;) {
+		Meshrun__Frame *f = fake_recv(c, rx, end, false);
+		if ((int)f->body_case == body)
+			return f;
+		ck_assert_msg(f->body_case == MESHRUN__FRAME__BODY_HEARTBEAT ||
+			      f->body_case == MESHRUN__FRAME__BODY_RECV_READY,
+			      "fake peer: unexpected %s frame", frame_body_name(f->body_case));
+		frame_header_free(f);
+	}
+}
+
+#endif
