@@ -17,7 +17,7 @@
 #include "host/config/config.h"
 #include "host/launch/local.h"
 #include "host/mesh/mesh.h"
-#include "host/train/run.h"
+#include "host/util/clock.h"
 #include "net/coll.h"
 
 #define MAX_LIST 32
@@ -515,7 +515,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		 * matches). --barrier: a barrier before every timed collective,
 		 * so each one pays its own start-up and drains its own tail
 		 * (latency view). */
-		double total = 0, cpu0 = run_cpu_us();
+		double total = 0, cpu0 = util_cpu_us();
 		uint64_t loop0 = xport_now_ns();
 		for (int it = 0; it < o->iters; it++) {
 			if ((o->barrier || it == 0) &&
@@ -533,7 +533,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 			return EXIT_PEER_LOST;
 		if (o->corrupt && s->g.rank == 0 && c.count)
 			s->out[0] += 1.0f;
-		double cpu = (run_cpu_us() - cpu0) / o->iters;
+		double cpu = (util_cpu_us() - cpu0) / o->iters;
 		double loop = (double)(xport_now_ns() - loop0) / 1e3 / o->iters;
 		struct rank_stat mine = { .time_us = total / o->iters / 1e3,
 					  .cpu_us = dc->local_index == 0 ? cpu : 0,

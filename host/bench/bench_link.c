@@ -16,7 +16,7 @@
 #include "host/config/config.h"
 #include "host/launch/local.h"
 #include "host/mesh/mesh.h"
-#include "host/train/run.h"
+#include "host/util/clock.h"
 #include "proto/meshrun.pb-c.h"
 
 #define MAX_SIZES 32
@@ -210,7 +210,7 @@ static int link_job(struct device_ctx *d)
 			}
 			if (i == win) {
 				t0 = xport_now_ns();
-				cpu0 = run_cpu_us();
+				cpu0 = util_cpu_us();
 			}
 			if (i >= total)
 				continue;
@@ -233,7 +233,7 @@ static int link_job(struct device_ctx *d)
 		}
 		double us = (double)(xport_now_ns() - t0) / 1e3 / (double)(total - 1);
 		/* per message, over this host's own span; host 1 sends its pair */
-		double mine[2] = { (run_cpu_us() - cpu0) / (double)(total - 1), us }, theirs[2] = { 0 };
+		double mine[2] = { (util_cpu_us() - cpu0) / (double)(total - 1), us }, theirs[2] = { 0 };
 		if (!rc && d->local_index == 0 &&
 		    (rc = swap_cpu(d, peer, &(struct xmeta){ .op = MESHRUN__COLL_OP__COLL_P2P,
 				   .group = LINK_GROUP, .seq = seq++, .step = (uint64_t)si },

@@ -3,23 +3,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "host/bench/bench_matmul.h"
 #include "host/cli/cli.h"
+#include "host/util/clock.h"
 #include "kernels/kernels.h"
 
 struct sgemm_bufs {
 	float *a, *b, *c;
 	int n;
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 static int bufs_init(struct sgemm_bufs *s, int n)
 {
@@ -52,9 +45,9 @@ static void bufs_release(struct sgemm_bufs *s)
 /* seconds of one call */
 static double time_one(struct sgemm_bufs *s)
 {
-	double t = now_s();
+	double t = util_now_s();
 	matmul_forward(s->c, s->a, s->b, s->n, s->n, s->n, 0);
-	return now_s() - t;
+	return util_now_s() - t;
 }
 
 static double gflops(int n, double secs)
@@ -72,9 +65,9 @@ double bench_sgemm_peak_gflops(int threads, double seconds)
 		return 0.0;
 	blas_set_threads(threads);
 	time_one(&s); /* warm-up: OpenBLAS sets up its buffers on first use */
-	start = now_s();
+	start = util_now_s();
 	best = time_one(&s);
-	while (now_s() - start < seconds) {
+	while (util_now_s() - start < seconds) {
 		double t = time_one(&s);
 		if (t < best)
 			best = t;

@@ -22,6 +22,7 @@
 
 #include "host/cli/cli.h"
 #include "host/config/config.h"
+#include "host/util/clock.h"
 #include "net/conn.h"
 #include "net/tls.h"
 
@@ -53,13 +54,6 @@ static const char *exit_name(int code)
 	case EXIT_REFUSED: return "refused";
 	default: return "failed";
 	}
-}
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static void remove_dir(const char *dir)
@@ -330,12 +324,12 @@ int local_launch(int hosts, int argc, char **argv, char *err, size_t errlen)
 			if (!ok) {
 				k[i].order = ++failures;
 				if (!kill_at)
-					kill_at = mono_ns() + (uint64_t)((hb + 3.0) * 1e9);
+					kill_at = util_now_ns() + (uint64_t)((hb + 3.0) * 1e9);
 			}
 		}
 		if (!alive)
 			break;
-		if (kill_at && mono_ns() > kill_at) {
+		if (kill_at && util_now_ns() > kill_at) {
 			for (int i = 0; i < started; i++)
 				if (!k[i].done) {
 					k[i].killed_by_us = true;

@@ -8,37 +8,13 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "host/bench/bench_matmul.h"
 #include "host/cli/cli.h"
 #include "host/train/data.h"
+#include "host/util/clock.h"
 #include "kernels/kernels.h"
-
-double run_now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-long run_peak_rss_mb(void)
-{
-	struct rusage ru;
-	getrusage(RUSAGE_SELF, &ru);
-	return ru.ru_maxrss / 1024;
-}
-
-double run_cpu_us(void)
-{
-	struct rusage ru;
-	if (getrusage(RUSAGE_SELF, &ru))
-		return 0;
-	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
-	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-}
 
 int run_agents_on_machine(void)
 {
@@ -124,7 +100,7 @@ void run_log_step(struct run_log *l, int64_t step, const struct step_stats *st, 
 	double tok_s = l->tokens_per_step / seconds;
 	double tflops = tok_s * l->flops_per_token / l->devices * 1e-12;
 	double mfu = l->peak_gflops > 0 ? tflops * 1e3 / l->peak_gflops : 0;
-	long mem = run_peak_rss_mb();
+	long mem = util_peak_rss_mb();
 
 	printf("completed step: %" PRId64 ", seconds: %.3f, TFLOP/s/device: %.4f, "
 	       "Tokens/s/device: %.1f, MFU: %.1f%%, loss: %.5f",
@@ -222,9 +198,9 @@ int cmd_train(int argc, char **argv)
 		goto out_free;
 	for (int64_t s = start; s < c.steps; s++) {
 		struct step_stats st;
-		double t0 = run_now();
+		double t0 = util_now_s();
 		trainer_step(t, s, (int)c.per_device_batch_size, 0, NULL, &st, err, sizeof(err));
-		double dt = run_now() - t0;
+		double dt = util_now_s() - t0;
 		if (!isfinite(st.loss)) {
 			snprintf(err, sizeof(err), "train: loss is %g at step %" PRId64, st.loss, s);
 			rc = EXIT_FAIL;

@@ -41,9 +41,5 @@ int run_blas_threads(const struct cfg *c, int devices_on_machine);
  * (MESHRUN_LOCAL_AGENTS), else 1. */
 int run_agents_on_machine(void);
 
-double run_now(void);
-long run_peak_rss_mb(void);
-/* user + system CPU time of this process (all threads), microseconds */
-double run_cpu_us(void);
 
 #endif

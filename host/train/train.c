@@ -13,7 +13,7 @@
 #include "host/cli/cli.h"
 #include "host/train/data.h"
 #include "host/mesh/plan.h"
-#include "host/train/run.h"
+#include "host/util/clock.h"
 #include "kernels/kernels.h"
 
 /* One gradient bucket of the layout and its optimizer state. */
@@ -363,9 +363,9 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		.global_tokens = global_tokens,
 		.comm = comm ? &comm->mc : NULL,
 	};
-	st->t_fb0 = run_now();
+	st->t_fb0 = util_now_s();
 	rc = model_forward_backward(m, t->inputs, t->targets, &ms);
-	st->t_fb1 = run_now();
+	st->t_fb1 = util_now_s();
 	if (rc)
 		goto comm_failed;
 	double scal[2] = { ms.loss_sum, ms.aux };
@@ -396,7 +396,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		goto comm_failed;
 	double norm = sqrt(ss);
 	/* global-norm clipping over every trained parameter */
-	st->t_opt0 = run_now();
+	st->t_opt0 = util_now_s();
 	float clip = 1.0f;
 	if (c->gradient_clipping_threshold > 0 && norm > c->gradient_clipping_threshold)
 		clip = (float)(c->gradient_clipping_threshold / norm);
@@ -417,7 +417,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	for (int i = 0; i < model_num_params(m); i++)
 		if (model_param(m, i)->opt == OPT_NONE)
 			update_router_bias(t, model_param(m, i));
-	st->t_opt1 = run_now();
+	st->t_opt1 = util_now_s();
 	/* ZeRO-1: every data rank takes the others' updated parts */
 	for (int i = 0; i < t->nseg; i++) {
 		struct seg *s = &t->seg[i];

@@ -19,6 +19,7 @@
 #include "host/mesh/plan.h"
 #include "host/mesh/shard.h"
 #include "host/obs/trace.h"
+#include "host/util/clock.h"
 #include "net/coll.h"
 
 /* A collective group by axis set, made on first use. */
@@ -42,8 +43,8 @@ struct job_ctx {
 	double timeout_s;           /* collective_timeout_s */
 };
 
-#define SPAN(c, name, call) ({ double t0_ = run_now(); int r_ = (call); \
-	trace_span((c)->tr, name, "comm", t0_, run_now()); r_; })
+#define SPAN(c, name, call) ({ double t0_ = util_now_s(); int r_ = (call); \
+	trace_span((c)->tr, name, "comm", t0_, util_now_s()); r_; })
 
 /* The group over axes; NULL (with err) when out of memory or slots. */
 static const struct coll_group *group_of(struct job_ctx *c, uint32_t axes)
@@ -175,9 +176,9 @@ static int job_wait(void *vctx, void *vh)
 {
 	struct job_ctx *c = vctx;
 	struct job_pending *p = vh;
-	double t0 = run_now();
+	double t0 = util_now_s();
 	int rc = coll_wait(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
-	trace_span(c->tr, p->name, "comm", t0, run_now());
+	trace_span(c->tr, p->name, "comm", t0, util_now_s());
 	free(p);
 	return rc ? EXIT_PEER_LOST : 0;
 }
@@ -363,17 +364,17 @@ int train_job(struct device_ctx *dev)
 		trace_start(jc.tr, true);
 	}
 	uint64_t dcn0 = agent_dcn_bytes_sent(dev->agent), ici0 = xport_local_bytes(dev->xport);
-	double first_loss = NAN, last_loss = NAN, run_t0 = run_now();
+	double first_loss = NAN, last_loss = NAN, run_t0 = util_now_s();
 	for (int64_t s = start; s < c->steps; s++) {
 		struct step_stats st;
 		coll_set_step(jc.coll, (uint64_t)s);
 		if (jc.tr)
 			jc.tr->step = s;
-		double t0 = run_now();
+		double t0 = util_now_s();
 		ret = trainer_step(t, s, global_rows, row0, &comm, &st, err, errlen);
 		if (ret)
 			goto out;
-		double dt = run_now() - t0;
+		double dt = util_now_s() - t0;
 		trace_span(jc.tr, "forward+backward", "compute", st.t_fb0, st.t_fb1);
 		trace_span(jc.tr, "optimizer", "compute", st.t_opt0, st.t_opt1);
 		trace_span(jc.tr, "step", "step", t0, t0 + dt);
@@ -410,7 +411,7 @@ int train_job(struct device_ctx *dev)
 						 mesh_axis_names[a], dev->mesh->size[a]);
 		printf("finished: %" PRId64 " steps on %d hosts x %d devices (%s), loss %.4f -> %.4f, %.1f s%s%s\n",
 		       (int64_t)(c->steps - start), dev->mesh->num_hosts, dev->mesh->devices_per_host,
-		       used ? mesh : "one device", first_loss, last_loss, run_now() - run_t0,
+		       used ? mesh : "one device", first_loss, last_loss, util_now_s() - run_t0,
 		       o->ckpt_dir ? ", checkpoint in " : "", o->ckpt_dir ? o->ckpt_dir : "");
 		fflush(stdout);
 	}
