@@ -55,7 +55,6 @@ struct model *trainer_model(struct trainer *t) { return t->model; }
 struct dataset *trainer_data(struct trainer *t) { return t->data; }
 int trainer_rows(const struct trainer *t) { return t->rows; }
 const struct cfg *trainer_cfg(const struct trainer *t) { return &t->cfg; }
-size_t trainer_opt_numel(const struct trainer *t) { return 2 * t->opt_n; }
 
 /* The part of parameter p inside layout floats [a, b): [*x, *y), empty
  * when *x >= *y. */
@@ -442,11 +441,36 @@ comm_failed:
 
 /* ---- checkpoints: whole tensors ---- */
 
-struct model *trainer_ckpt_model(struct trainer *t) { return t->mesh ? t->gmodel : t->model; }
-float *trainer_ckpt_params(struct trainer *t) { return t->mesh ? t->gp : model_params(t->model); }
 float *trainer_ckpt_m(struct trainer *t) { return t->mesh ? t->gm : t->m; }
 float *trainer_ckpt_v(struct trainer *t) { return t->mesh ? t->gv : t->v; }
-size_t trainer_ckpt_numel(struct trainer *t) { return model_numel(trainer_ckpt_model(t)); }
+
+void trainer_ckpt_state(struct trainer *t, struct ckpt_state *s, int64_t next_step)
+{
+	s->cfg = &t->cfg;
+	s->model = t->mesh ? t->gmodel : t->model;
+	s->params = t->mesh ? t->gp : model_params(t->model);
+	s->m = trainer_ckpt_m(t);
+	s->v = trainer_ckpt_v(t);
+	s->numel = model_numel(s->model);
+	s->next_step = next_step;
+}
+
+int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen)
+{
+	struct ckpt_state s;
+	trainer_ckpt_state(t, &s, next_step);
+	return ckpt_save(&s, dir, err, errlen);
+}
+
+int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen)
+{
+	struct ckpt_state s;
+	trainer_ckpt_state(t, &s, 0);
+	int rc = ckpt_load(&s, dir, next_step != NULL, err, errlen);
+	if (!rc && next_step)
+		*next_step = s.next_step;
+	return rc;
+}
 
 /* The whole model's table (a one-device model of one token) and buffers. */
 int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen)

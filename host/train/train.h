@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "host/ckpt/ckpt.h"
 #include "host/config/config.h"
 #include "host/model/model.h"
 
@@ -46,34 +47,29 @@ struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_me
 void trainer_free(struct trainer *t);
 struct model *trainer_model(struct trainer *t);
 int trainer_rows(const struct trainer *t);
-/* Floats of optimizer state this device keeps (m and v together). */
-size_t trainer_opt_numel(const struct trainer *t);
 
 /* One optimizer step (0-based) over rows [row0, row0 + rows) of a global
  * batch of global_rows sequences; comm is NULL on one device. */
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		 const struct train_comm *comm, struct step_stats *st, char *err, size_t errlen);
 
-/* Checkpoint (host/ckpt.c): a Hugging Face style directory of whole
- * tensors. */
-int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen);
-/* Loads params and optimizer state; *next_step = the step to run next. */
-int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen);
-
-/* Checkpoints hold whole tensors. In a mesh, trainer_ckpt_gather
- * (collective over every device) fills whole-model buffers from every
- * device's shards (parameters, m and v); trainer_ckpt_prepare makes them
- * before a load, and trainer_ckpt_scatter takes this device's shards from
- * them. trainer_save and trainer_load read and write trainer_ckpt_*: the
- * whole-model buffers in a mesh, else the trainer's own. */
+/* Checkpoints (host/ckpt/ckpt.h) hold whole tensors. trainer_ckpt_state
+ * fills a view of them: in a mesh the whole-model buffers that
+ * trainer_ckpt_gather (collective over every device) fills from every
+ * device's shards and trainer_ckpt_scatter takes this device's shards
+ * from (trainer_ckpt_prepare makes them before a load); on one device the
+ * trainer's own buffers. */
 int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen);
 int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen);
 int trainer_ckpt_scatter(struct trainer *t, char *err, size_t errlen);
-struct model *trainer_ckpt_model(struct trainer *t);
-float *trainer_ckpt_params(struct trainer *t);
+void trainer_ckpt_state(struct trainer *t, struct ckpt_state *s, int64_t next_step);
+/* ckpt_save / ckpt_load of trainer_ckpt_state; on load, *next_step (may be
+ * NULL: parameters only) is the step to run next. */
+int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen);
+int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen);
+/* the optimizer buffers of trainer_ckpt_state (tests compare them) */
 float *trainer_ckpt_m(struct trainer *t);
 float *trainer_ckpt_v(struct trainer *t);
-size_t trainer_ckpt_numel(struct trainer *t);
 
 const struct cfg *trainer_cfg(const struct trainer *t);
 struct dataset *trainer_data(struct trainer *t);

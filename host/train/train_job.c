@@ -232,11 +232,13 @@ static int check_mesh(const struct cfg *c, char *err, size_t errlen)
 static int broadcast_state(struct trainer *t, struct job_ctx *jc, const struct coll_group *all,
 			   int64_t *start, char *err, size_t errlen)
 {
-	size_t n = trainer_ckpt_numel(t);
+	struct ckpt_state cs;
+	trainer_ckpt_state(t, &cs, *start);
+	size_t n = cs.numel;
 	int64_t s = *start;
-	if (coll_broadcast(jc->coll, all, trainer_ckpt_params(t), n * sizeof(float), 0, err, errlen) ||
-	    coll_broadcast(jc->coll, all, trainer_ckpt_m(t), n * sizeof(float), 0, err, errlen) ||
-	    coll_broadcast(jc->coll, all, trainer_ckpt_v(t), n * sizeof(float), 0, err, errlen) ||
+	if (coll_broadcast(jc->coll, all, cs.params, n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(jc->coll, all, cs.m, n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(jc->coll, all, cs.v, n * sizeof(float), 0, err, errlen) ||
 	    coll_broadcast(jc->coll, all, &s, sizeof(s), 0, err, errlen))
 		return EXIT_PEER_LOST;
 	*start = s;
