@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/cli/cli.h"
 #include "host/train/data.h"
 #include "host/mesh/plan.h"
 #include "host/util/clock.h"
@@ -126,21 +125,23 @@ int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
 	return -EINVAL;
 }
 
-struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_mesh *mm,
-			    char *err, size_t errlen)
+int trainer_open(struct trainer **out, const struct cfg *c, int rows, const struct model_mesh *mm,
+		 char *err, size_t errlen)
 {
 	struct model_dims d;
 	struct trainer *t;
+	int rc;
 
-	if (model_dims_from_cfg(&d, c, err, errlen))
-		return NULL;
+	*out = NULL;
+	if ((rc = model_dims_from_cfg(&d, c, err, errlen)))
+		return rc;
 	if (strcmp(c->opt_type, "adamw") && strcmp(c->opt_type, "muon")) {
 		snprintf(err, errlen, "config: key 'opt_type' must be adamw or muon, got '%s'", c->opt_type);
-		return NULL;
+		return -EINVAL;
 	}
 	if (c->steps < 0) {
 		snprintf(err, errlen, "config: key 'steps' must be >= 0, got %lld", c->steps);
-		return NULL;
+		return -EINVAL;
 	}
 	t = calloc(1, sizeof(*t));
 	if (!t)
@@ -163,14 +164,20 @@ struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_me
 		}
 		mm = &mmz;
 	}
+	/* the data's keys, files and their contents are the run's input */
 	t->data = data_open(c, err, errlen);
-	if (!t->data)
+	if (!t->data) {
+		rc = -EBADMSG;
 		goto fail;
+	}
+	/* the model refuses shapes and shardings it cannot make */
 	t->model = model_new(&d, rows, mm, err, errlen);
-	if (!t->model)
+	if (!t->model) {
+		rc = -EINVAL;
 		goto fail;
+	}
 	model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
-	int rc = lay_out_state(t, err, errlen);
+	rc = lay_out_state(t, err, errlen);
 	if (rc == -ENOMEM)
 		goto oom;
 	if (rc)
@@ -190,12 +197,21 @@ struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_me
 	t->targets = malloc(sizeof(int32_t) * (size_t)rows * d.T);
 	if (!t->scratch || !t->inputs || !t->targets)
 		goto oom;
-	return t;
+	*out = t;
+	return 0;
 oom:
 	snprintf(err, errlen, "train: out of memory");
+	rc = -ENOMEM;
 fail:
 	trainer_free(t);
-	return NULL;
+	return rc;
+}
+
+struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_mesh *mm,
+			    char *err, size_t errlen)
+{
+	struct trainer *t;
+	return trainer_open(&t, c, rows, mm, err, errlen) ? NULL : t;
 }
 
 void trainer_free(struct trainer *t)
@@ -269,7 +285,7 @@ static int muon_split(struct trainer *t, const struct train_comm *comm, int i, f
 	float k = muon_scale(R, C);
 	int off[SHARD_MAX_DIMS];
 	if (!tg)
-		return EXIT_FAIL;
+		return -ENOMEM;
 	for (size_t j = 0; j < nmat; j++) {
 		muon_momentum(o, buf + j * per, g + j * per, per, (float)t->cfg.muon_momentum);
 		int rc = comm->mc.all_gather(comm->mc.ctx, p->mat_split, recv, o, per * sizeof(float));
@@ -481,14 +497,14 @@ int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen)
 	d.T = 1;
 	t->gmodel = model_new(&d, 1, NULL, err, errlen);
 	if (!t->gmodel)
-		return EXIT_FAIL;
+		return -ENOMEM;
 	size_t n = model_numel(t->gmodel);
 	t->gp = calloc(n, sizeof(float));
 	t->gm = calloc(n, sizeof(float));
 	t->gv = calloc(n, sizeof(float));
 	if (!t->gp || !t->gm || !t->gv) {
 		snprintf(err, errlen, "train: out of memory");
-		return EXIT_FAIL;
+		return -ENOMEM;
 	}
 	return 0;
 }
@@ -539,7 +555,7 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 		free(loc);
 		free(recv);
 		snprintf(err, errlen, "train: out of memory");
-		return EXIT_FAIL;
+		return -ENOMEM;
 	}
 	const float *src[3] = { model_params(m), t->m, t->v };
 	float *dst[3] = { t->gp, t->gm, t->gv };
@@ -559,7 +575,7 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 				continue;
 			}
 			if (!tg) {
-				rc = EXIT_FAIL;
+				rc = -ENOMEM;
 				break;
 			}
 			if ((rc = comm->mc.all_gather(comm->mc.ctx, p->split, recv, lay + p->offset,
@@ -585,7 +601,7 @@ int trainer_ckpt_scatter(struct trainer *t, char *err, size_t errlen)
 	float *loc = malloc(sizeof(float) * n);
 	if (!loc) {
 		snprintf(err, errlen, "train: out of memory");
-		return EXIT_FAIL;
+		return -ENOMEM;
 	}
 	float *src[3] = { t->gp, t->gm, t->gv };
 	for (int b = 0; b < 3; b++) {

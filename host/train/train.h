@@ -28,7 +28,7 @@ struct step_stats {
 
 /* How devices talk: the model's collectives by axis set, and an exact sum
  * of doubles over an axis set (gathered, then added in rank order, so
- * every member gets the same bits). 0 or an exit code with *err filled. */
+ * every member gets the same bits). 0 or -errno with *err filled. */
 struct train_comm {
 	struct model_comm mc;
 	int (*sum)(void *ctx, uint32_t axes, double *x, int n);
@@ -36,12 +36,16 @@ struct train_comm {
 	size_t errlen;
 };
 
-/* rows = sequences this device computes per step; mm places it in a mesh
- * (NULL: one device). NULL with err ("config:" / "sharding:" lines for
- * impossible shapes and combinations). */
 /* ZeRO-1 (shard_optimizer_over_data) and Muon cannot share a tensor: the
  * error for tensor, in err; returns -EINVAL. */
 int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen);
+/* rows = sequences this device computes per step; mm places it in a mesh
+ * (NULL: one device). 0 and *t, or with err: -EINVAL for impossible
+ * shapes, combinations and shardings; -EBADMSG when the data cannot be
+ * opened (its keys, its file); -ENOMEM. */
+int trainer_open(struct trainer **t, const struct cfg *c, int rows, const struct model_mesh *mm,
+		 char *err, size_t errlen);
+/* trainer_open for callers that need no error class: NULL on failure. */
 struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_mesh *mm,
 			    char *err, size_t errlen);
 void trainer_free(struct trainer *t);
@@ -49,7 +53,8 @@ struct model *trainer_model(struct trainer *t);
 int trainer_rows(const struct trainer *t);
 
 /* One optimizer step (0-based) over rows [row0, row0 + rows) of a global
- * batch of global_rows sequences; comm is NULL on one device. */
+ * batch of global_rows sequences; comm is NULL on one device. 0, or the
+ * first failing collective's -errno with err. */
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		 const struct train_comm *comm, struct step_stats *st, char *err, size_t errlen);
 
