@@ -17,22 +17,7 @@
 
 #define END_FLAGS { NULL, 0, NULL, 0, 0, NULL }
 
-int cmd_bench(int argc, char **argv)
-{
-	if (argc >= 2 && !strcmp(argv[1], "matmul"))
-		return cmd_bench_matmul(argc - 1, argv + 1);
-	if (argc >= 2 && !strcmp(argv[1], "link"))
-		return cmd_bench_link(argc - 1, argv + 1);
-	if (argc >= 2 && !strcmp(argv[1], "collectives"))
-		return cmd_bench_coll(argc - 1, argv + 1);
-	fprintf(stderr, "usage: meshrun bench matmul [--threads N] [--size N]\n"
-			"       meshrun bench link --hosts 2 --sizes 16M[,64K] [--iters K] [--oneway]\n"
-			"       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "
-			"--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [key=value ...]\n");
-	return EXIT_USAGE;
-}
-
-int cmd_bench_matmul(int argc, char **argv)
+static int cmd_bench_matmul(int argc, char **argv)
 {
 	int threads = 0, size = 2048, reps = 5;
 	struct args a;
@@ -100,7 +85,7 @@ static const struct arg_flag launcher_only[] = {
 	END_FLAGS,
 };
 
-int cmd_bench_link(int argc, char **argv)
+static int cmd_bench_link(int argc, char **argv)
 {
 	static struct link_opts o;
 	const char *sizes = NULL;
@@ -175,7 +160,7 @@ static int coll_check_opts(struct bench_opts *o, const char *op, const char *siz
 	return 0;
 }
 
-int cmd_bench_coll(int argc, char **argv)
+static int cmd_bench_coll(int argc, char **argv)
 {
 	static struct bench_opts o;
 	const char *op = NULL, *sizes = NULL, *counts = NULL;
@@ -216,4 +201,19 @@ int cmd_bench_coll(int argc, char **argv)
 	}
 	args_release(&a);
 	return rc;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+	if (argc >= 2 && !strcmp(argv[1], "matmul"))
+		return cmd_bench_matmul(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "link"))
+		return cmd_bench_link(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "collectives"))
+		return cmd_bench_coll(argc - 1, argv + 1);
+	fprintf(stderr, "usage: meshrun bench matmul [--threads N] [--size N]\n"
+			"       meshrun bench link --hosts 2 --sizes 16M[,64K] [--iters K] [--oneway]\n"
+			"       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "
+			"--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [key=value ...]\n");
+	return EXIT_USAGE;
 }

@@ -36,9 +36,4 @@ int cli_agent_cfg(const struct args *a, const struct mesh_args *m, struct cfg *c
 int cli_launch_local(const char *who, int hosts, const struct args *a, char **argv,
 		     const struct arg_flag *skip, const char *const *prefix, int nprefix);
 
-/* Sub-commands of `meshrun bench`. */
-int cmd_bench_matmul(int argc, char **argv);
-int cmd_bench_link(int argc, char **argv);
-int cmd_bench_coll(int argc, char **argv);
-
 #endif
