@@ -34,29 +34,21 @@ static void remove_dir(const char *dir)
 	rmdir(dir);
 }
 
-/* A listening socket on 127.0.0.1:0 (blocking, close-on-exec). */
-static int loopback_listener(char *err, size_t errlen)
+/* A listening socket on 127.0.0.1:0 (blocking, close-on-exec) and its
+ * port. */
+static int loopback_listener(int *port, char *err, size_t errlen)
 {
-	int fd, port;
+	int fd;
 	char addr[64], h[64];
 	if (conn_listen("127.0.0.1:0", &fd, err, errlen))
 		return -1;
 	conn_sockname(fd, true, addr, sizeof(addr));
-	if (conn_split_addr(addr, h, sizeof(h), &port)) {
+	if (conn_split_addr(addr, h, sizeof(h), port)) {
 		close(fd);
 		snprintf(err, errlen, "unable to read a listener's port");
 		return -1;
 	}
 	return fd;
-}
-
-static int listener_port(int fd)
-{
-	char addr[64], h[64];
-	int port = 0;
-	conn_sockname(fd, true, addr, sizeof(addr));
-	conn_split_addr(addr, h, sizeof(h), &port);
-	return port;
 }
 
 static void free_strv(char **v)
@@ -150,17 +142,17 @@ static int make_children(struct launch_child *k, int hosts, int argc, char **arg
 		snprintf(err, errlen, "%s", why);
 		return -EIO;
 	}
-	int coord_fd = loopback_listener(why, sizeof(why));
+	int port, data_port;
+	int coord_fd = loopback_listener(&port, why, sizeof(why));
 	if (coord_fd < 0) {
 		snprintf(err, errlen, "coordinator listener: %s", why);
 		return -EIO;
 	}
-	int port = listener_port(coord_fd);
 	/* host 0 takes the coordinator's socket; until then it is host 0's */
 	k[0].fds[k[0].nfds++] = coord_fd;
 	for (int i = 0; i < hosts; i++) {
 		snprintf(k[i].name, sizeof(k[i].name), "host %d", i);
-		int fd = loopback_listener(why, sizeof(why));
+		int fd = loopback_listener(&data_port, why, sizeof(why));
 		if (fd < 0) {
 			snprintf(err, errlen, "link listener: %s", why);
 			return -EIO;
