@@ -1,4 +1,4 @@
-/* Checkpoints as Hugging Face style directories (DESIGN §7):
+/* Checkpoints as Hugging Face style directories (host/ckpt/ckpt.h):
  *   model.safetensors      Llama / DeepSeek-V3 tensor names, [out, in]
  *   config.json            Hugging Face config keys
  *   meshrun.yml            the full meshrun config (eval and resume read it)

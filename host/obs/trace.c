@@ -1,4 +1,4 @@
-/* See host/trace.h. JSON through cJSON. */
+/* See host/obs/trace.h. JSON through cJSON. */
 #include "host/obs/trace.h"
 
 #include <cJSON.h>

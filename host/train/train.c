@@ -1,4 +1,4 @@
-/* Per-device trainer: see host/train.h. The optimizer keeps two buffers:
+/* Per-device trainer: see host/train/train.h. The optimizer keeps two buffers:
  * AdamW's m and v, or Muon's momentum in m, laid out bucket by bucket like
  * the parameters, except that a bucket whose state ZeRO-1 splits over
  * `data` keeps only this device's part of it. */
