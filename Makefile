@@ -61,6 +61,7 @@ $(B)/proto/meshrun.pb-c.o: $(PROTO_C)
 	$(CC) $(filter-out -Werror,$(ALL_CFLAGS)) -c $< -o $@
 
 $(B)/libmeshrun.a: $(LIB_OBJ)
+	@rm -f $@   # members of deleted sources must not linger
 	ar rcs $@ $^
 
 $(B)/meshrun: $(B)/host/cli/main.o $(B)/libmeshrun.a

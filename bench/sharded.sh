@@ -28,8 +28,8 @@ PY
 }
 build/meshrun train --config configs/llama-bench.yml steps=$steps openblas_threads=1 --metrics $tmp/one.jsonl > /dev/null
 one=$(avg $tmp/one.jsonl step_time_s)
-printf "%-8s %10s %12s %14s %10s %10s %8s\n" mode step_s tokens_per_s dcn_bytes_step vs_single comm_share peak_mb
-printf "%-8s %10.3f %12.1f %14s %10s %10s %8s\n" single "$one" "$(avg $tmp/one.jsonl tokens_per_s)" 0 1.00 - \
+printf "%-8s %10s %19s %14s %10s %10s %8s\n" mode step_s tokens_per_s_global dcn_bytes_step vs_single comm_share peak_mb
+printf "%-8s %10.3f %19.1f %14s %10s %10s %8s\n" single "$one" "$(avg $tmp/one.jsonl tokens_per_s_global)" 0 1.00 - \
   "$(peak $tmp/one.jsonl)"
 for mode in dp fsdp zero1; do
   case $mode in
@@ -40,7 +40,7 @@ for mode in dp fsdp zero1; do
   build/meshrun local --hosts 2 --config configs/llama-bench.yml steps=$steps $extra \
     --metrics $tmp/$mode.jsonl --trace $tmp/$mode.json > /dev/null
   t=$(avg $tmp/$mode.jsonl step_time_s)
-  printf "%-8s %10.3f %12.1f %14.0f %10.2f %10s %8s\n" $mode "$t" "$(avg $tmp/$mode.jsonl tokens_per_s)" \
+  printf "%-8s %10.3f %19.1f %14.0f %10.2f %10s %8s\n" $mode "$t" "$(avg $tmp/$mode.jsonl tokens_per_s_global)" \
     "$(avg $tmp/$mode.jsonl dcn_bytes)" "$(python3 -c "print($t/$one)")" "$(commshare $tmp/$mode.json)" \
     "$(peak $tmp/$mode.jsonl)"
 done

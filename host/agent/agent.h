@@ -1,6 +1,7 @@
 /* One host's agent: rendezvous with the other hosts over TLS, one device
  * thread per local device running a job (SPMD), clean shutdown or abort.
- * Jobs (training, benchmarks, self-tests) plug in as a function. */
+ * Jobs (training, benchmarks, self-tests) plug in as a function chosen by
+ * the caller; the agent knows none of them. */
 #ifndef MESHRUN_AGENT_H
 #define MESHRUN_AGENT_H
 
@@ -22,18 +23,22 @@ struct device_ctx {
 	int local_index;          /* 0..devices_per_host-1 */
 	int device_id;            /* global mesh id */
 	void *job_arg;            /* shared by all devices of the host */
-	/* a job that fails fills err and returns non-zero (an enum exit_code) */
+	/* a job that fails fills err and returns -errno */
 	char err[512];
 };
 
-/* Runs on every device thread. Returns 0 or an exit code; err explains. */
+/* Runs on every device thread. Returns 0 or -errno (the classes: -EINVAL
+ * config, -EBADMSG bad input, -EHOSTDOWN a peer lost, anything else a
+ * failure); err explains. The first failure on any host aborts the job
+ * everywhere and is what every agent_run returns. */
 typedef int (*agent_job_fn)(struct device_ctx *dev);
 
 /* Blocks until every local device's job has returned on every host (or a
- * failure aborted the job). Returns an exit code; err has the one-line
- * reason. */
-int agent_run(const struct cfg *cfg, int host_id, agent_job_fn job, void *job_arg,
-	      char *err, size_t errlen);
+ * failure aborted the job). listen: where to accept links (NULL: from the
+ * config). 0 or -errno (a job's, or -EHOSTDOWN a peer lost, -ECONNREFUSED
+ * rendezvous refused, -EINVAL config) with the one-line reason in err. */
+int agent_run(const struct cfg *cfg, int host_id, const char *listen, agent_job_fn job,
+	      void *job_arg, char *err, size_t errlen);
 
 /* Bytes this host sent over DCN links so far (for step logs). */
 uint64_t agent_dcn_bytes_sent(struct agent *a);

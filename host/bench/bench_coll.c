@@ -1,5 +1,4 @@
-/* `meshrun bench collectives`: the launcher half starts N agents on
- * loopback; the agent half runs every device thread through the timed loop
+/* `meshrun bench collectives`, the job: every device thread runs the timed loop
  * (barrier, collective; mean per iteration, max over ranks) and then checks
  * every element of one more run against inputs whose expected results are
  * exact small integers. Bandwidths are defined as in nccl-tests. */
@@ -13,174 +12,15 @@
 #include <string.h>
 
 #include "host/agent/agent.h"
-#include "host/cli/cli.h"
 #include "host/config/config.h"
-#include "host/launch/local.h"
 #include "host/mesh/mesh.h"
-#include "host/train/run.h"
+#include "host/util/clock.h"
 #include "net/coll.h"
 
-#define MAX_LIST 32
-
-enum bop { B_AG, B_RS, B_AR, B_A2A, B_PERM, B_BCAST, B_NOPS };
-
-static const char *const bop_names[B_NOPS] = {
+const char *const bench_coll_op_names[B_NOPS] = {
 	"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "permute", "broadcast",
 };
-
-struct bench_opts {
-	bool agent;
-	int hosts;
-	bool all_ops;
-	int op;                   /* enum bop when !all_ops */
-	int nsizes;
-	size_t sizes[MAX_LIST];
-	int ncounts;              /* > 0: check mode */
-	size_t counts[MAX_LIST];
-	int iters, warmup;
-	long direct_max;          /* -1: default */
-	bool corrupt;             /* test hook: corrupt one result element */
-	bool barrier;             /* a barrier before each timed iteration */
-	/* what is left for agent_args / the children */
-	int rest_argc;
-	char **rest;
-};
-
-static int parse_list(const char *s, size_t *out, int *n)
-{
-	char buf[512];
-	snprintf(buf, sizeof(buf), "%s", s);
-	*n = 0;
-	for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-		if (*n == MAX_LIST || cfg_parse_bytes(t, &out[*n]))
-			return -1;
-		(*n)++;
-	}
-	return *n ? 0 : -1;
-}
-
-static int parse_int(const char *s, int lo, int *out)
-{
-	char *end;
-	long v = strtol(s, &end, 10);
-	if (end == s || *end || v < lo || v > 1000000000)
-		return -1;
-	*out = (int)v;
-	return 0;
-}
-
-/* Takes our own flags out of argv (argv[0] is the subcommand name); the rest
- * stays for agent_args or the children, in order. */
-static int parse_opts(int argc, char **argv, struct bench_opts *o)
-{
-	memset(o, 0, sizeof(*o));
-	o->op = -1;
-	o->iters = 20;
-	o->warmup = 5;
-	o->direct_max = -1;
-	o->rest = calloc((size_t)argc + 1, sizeof(char *));
-	if (!o->rest) {
-		fprintf(stderr, "bench collectives: out of memory\n");
-		return EXIT_FAIL;
-	}
-	o->rest[o->rest_argc++] = argv[0];
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		const char *v = NULL;
-		char flag[64];
-		/* --flag=value and --flag value */
-		const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
-		if (eq && (size_t)(eq - a) < sizeof(flag)) {
-			memcpy(flag, a, (size_t)(eq - a));
-			flag[eq - a] = 0;
-			v = eq + 1;
-		} else {
-			snprintf(flag, sizeof(flag), "%s", a);
-		}
-#define NEED_VALUE() \
-	do { \
-		if (!v) { \
-			if (i + 1 >= argc) { \
-				fprintf(stderr, "bench collectives: '%s' needs a value\n", flag); \
-				return EXIT_USAGE; \
-			} \
-			v = argv[++i]; \
-		} \
-	} while (0)
-		if (!strcmp(flag, "--agent")) {
-			o->agent = true;
-		} else if (!strcmp(flag, "--corrupt-for-test")) {
-			o->corrupt = true;
-		} else if (!strcmp(flag, "--barrier")) {
-			o->barrier = true;
-		} else if (!strcmp(flag, "--op")) {
-			NEED_VALUE();
-			o->all_ops = !strcmp(v, "all");
-			for (int k = 0; k < B_NOPS; k++)
-				if (!strcmp(v, bop_names[k]))
-					o->op = k;
-			if (!o->all_ops && o->op < 0) {
-				fprintf(stderr, "bench collectives: unknown op '%s' (all_gather, "
-					"reduce_scatter, all_reduce, all_to_all, permute, broadcast, all)\n", v);
-				return EXIT_USAGE;
-			}
-		} else if (!strcmp(flag, "--sizes")) {
-			NEED_VALUE();
-			if (parse_list(v, o->sizes, &o->nsizes)) {
-				fprintf(stderr, "bench collectives: bad size list '%s'\n", v);
-				return EXIT_USAGE;
-			}
-		} else if (!strcmp(flag, "--check-counts")) {
-			NEED_VALUE();
-			if (parse_list(v, o->counts, &o->ncounts)) {
-				fprintf(stderr, "bench collectives: bad count list '%s'\n", v);
-				return EXIT_USAGE;
-			}
-		} else if (!strcmp(flag, "--iters") || !strcmp(flag, "--warmup")) {
-			NEED_VALUE();
-			if (parse_int(v, flag[2] == 'i' ? 1 : 0, flag[2] == 'i' ? &o->iters : &o->warmup)) {
-				fprintf(stderr, "bench collectives: bad value '%s' for %s\n", v, flag);
-				return EXIT_USAGE;
-			}
-		} else if (!strcmp(flag, "--direct-max")) {
-			int dm;
-			NEED_VALUE();
-			if (parse_int(v, 0, &dm)) {
-				fprintf(stderr, "bench collectives: bad value '%s' for %s\n", v, flag);
-				return EXIT_USAGE;
-			}
-			o->direct_max = dm;
-		} else if (!strcmp(flag, "--hosts") && !o->agent) {
-			/* the launcher's; agents get --hosts from local_launch */
-			NEED_VALUE();
-			if (parse_int(v, 1, &o->hosts)) {
-				fprintf(stderr, "bench collectives: bad host count '%s'\n", v);
-				return EXIT_USAGE;
-			}
-		} else {
-			o->rest[o->rest_argc++] = argv[i];
-		}
-#undef NEED_VALUE
-	}
-	o->rest[o->rest_argc] = NULL;
-	if (!o->ncounts && !o->nsizes) {
-		fprintf(stderr, "bench collectives: give --sizes (with --op) or --check-counts\n");
-		return EXIT_USAGE;
-	}
-	if (!o->ncounts && o->op < 0 && !o->all_ops) {
-		fprintf(stderr, "bench collectives: give --op (all_gather, reduce_scatter, "
-			"all_reduce, all_to_all, permute, broadcast, all)\n");
-		return EXIT_USAGE;
-	}
-	return 0;
-}
-
-/* ---- the job on each device ---- */
-
-struct job {
-	const struct bench_opts *o;
-};
-
+#define bop_names bench_coll_op_names
 
 /* exact small integers: any sum over <= 4096 devices is exact */
 static float val(int dev, size_t i, int salt)
@@ -403,7 +243,7 @@ static void case_label(const struct ccase *c, char *buf, size_t len)
 		snprintf(buf, len, "%s", bop_names[c->op]);
 }
 
-/* Check mode: every op at every count; returns 0 or EXIT_FAIL. */
+/* Check mode: every op at every count; returns 0 or -errno. */
 static int check_all(struct dev_state *s, const struct bench_opts *o, struct rank_stat *all)
 {
 	struct device_ctx *dc = s->dc;
@@ -430,11 +270,11 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 			salt++;
 			if (setup(s, c, salt)) {
 				snprintf(dc->err, sizeof(dc->err), "bench collectives: out of memory");
-				return EXIT_FAIL;
+				return -ENOMEM;
 			}
 			int rc = run_case(s, c, dc->err, sizeof(dc->err));
 			if (rc)
-				return rc == -EINVAL ? EXIT_FAIL : EXIT_PEER_LOST;
+				return rc == -EINVAL ? -EIO : -EHOSTDOWN;
 			if (o->corrupt && s->g.rank == 0 && c->op == B_AR && cnt)
 				s->out[cnt / 2] += 1.0f;
 			struct rank_stat mine = { .wrong = verify(s, c, salt) };
@@ -443,7 +283,7 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 					"want %.9g (%llu wrong)\n", label, cnt, dc->device_id,
 					s->first_bad, s->got, s->want, (unsigned long long)mine.wrong);
 			if ((rc = gather_stats(s, &mine, all, dc->err, sizeof(dc->err))))
-				return EXIT_PEER_LOST;
+				return -EHOSTDOWN;
 			uint64_t w = 0;
 			for (int p = 0; p < n; p++)
 				w += all[p].wrong;
@@ -463,7 +303,7 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 	if (total_wrong) {
 		snprintf(dc->err, sizeof(dc->err), "bench collectives: %llu wrong elements",
 			 (unsigned long long)total_wrong);
-		return EXIT_FAIL;
+		return -EIO;
 	}
 	return 0;
 }
@@ -482,8 +322,8 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		       "busbw_GBps", "wrong");
 		fflush(stdout);
 	}
-	double cpu_us[MAX_LIST] = { 0 }, busy[MAX_LIST] = { 0 };
-	size_t row_bytes[MAX_LIST] = { 0 };   /* the size column of each row */
+	double cpu_us[BENCH_MAX_LIST] = { 0 }, busy[BENCH_MAX_LIST] = { 0 };
+	size_t row_bytes[BENCH_MAX_LIST] = { 0 };   /* the size column of each row */
 	for (int si = 0; si < o->nsizes; si++) {
 		/* size = the full buffer as nccl-tests defines it */
 		size_t floats = o->sizes[si] / sizeof(float);
@@ -504,36 +344,36 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		int salt = 100 + si;
 		if (setup(s, &c, salt)) {
 			snprintf(dc->err, sizeof(dc->err), "bench collectives: out of memory");
-			return EXIT_FAIL;
+			return -EIO;
 		}
 		int rc;
 		for (int it = 0; it < o->warmup; it++)
 			if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
-				return EXIT_PEER_LOST;
+				return -EHOSTDOWN;
 		/* default: one barrier, then iters back to back, as nccl-tests
 		 * times them (throughput view, the one bench link's stream
 		 * matches). --barrier: a barrier before every timed collective,
 		 * so each one pays its own start-up and drains its own tail
 		 * (latency view). */
-		double total = 0, cpu0 = run_cpu_us();
+		double total = 0, cpu0 = util_cpu_us();
 		uint64_t loop0 = xport_now_ns();
 		for (int it = 0; it < o->iters; it++) {
 			if ((o->barrier || it == 0) &&
 			    (rc = coll_barrier(s->cd, &s->g, dc->err, sizeof(dc->err))))
-				return EXIT_PEER_LOST;
+				return -EHOSTDOWN;
 			uint64_t t0 = xport_now_ns();
 			if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
-				return EXIT_PEER_LOST;
+				return -EHOSTDOWN;
 			total += (double)(xport_now_ns() - t0);
 		}
 		/* fresh inputs (all_reduce worked in place), one checked run */
 		if (setup(s, &c, salt))
-			return EXIT_FAIL;
+			return -EIO;
 		if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
-			return EXIT_PEER_LOST;
+			return -EHOSTDOWN;
 		if (o->corrupt && s->g.rank == 0 && c.count)
 			s->out[0] += 1.0f;
-		double cpu = (run_cpu_us() - cpu0) / o->iters;
+		double cpu = (util_cpu_us() - cpu0) / o->iters;
 		double loop = (double)(xport_now_ns() - loop0) / 1e3 / o->iters;
 		struct rank_stat mine = { .time_us = total / o->iters / 1e3,
 					  .cpu_us = dc->local_index == 0 ? cpu : 0,
@@ -545,7 +385,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 				dc->device_id, s->first_bad, s->got, s->want,
 				(unsigned long long)mine.wrong);
 		if ((rc = gather_stats(s, &mine, all, dc->err, sizeof(dc->err))))
-			return EXIT_PEER_LOST;
+			return -EHOSTDOWN;
 		double t = 0;
 		uint64_t wrong = 0;
 		for (int p = 0; p < n; p++) {
@@ -573,7 +413,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		if (wrong) {
 			snprintf(dc->err, sizeof(dc->err), "bench collectives: %s: %llu wrong elements",
 				 bop_names[op], (unsigned long long)wrong);
-			return EXIT_FAIL;
+			return -EIO;
 		}
 	}
 	if (dc->device_id == 0) {
@@ -594,15 +434,14 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 	return 0;
 }
 
-static int coll_job(struct device_ctx *dc)
+int bench_coll_job(struct device_ctx *dc)
 {
-	const struct job *j = dc->job_arg;
-	const struct bench_opts *o = j->o;
+	const struct bench_opts *o = dc->job_arg;
 	struct dev_state *s = calloc(1, sizeof(*s));
-	int rc = EXIT_FAIL;
+	int rc = -EIO;
 	if (!s) {
 		snprintf(dc->err, sizeof(dc->err), "bench collectives: out of memory");
-		return EXIT_FAIL;
+		return -EIO;
 	}
 	s->dc = dc;
 	/* one group over every device, host-major ring order */
@@ -637,52 +476,5 @@ out:
 	free(s->in);
 	free(s->out);
 	free(s);
-	return rc;
-}
-
-/* ---- entry ---- */
-
-static int run_agent(struct bench_opts *o)
-{
-	static struct cfg cfg;
-	char err[512];
-	int host_id = -1;
-	int argc = o->rest_argc;
-	int rc = agent_args(&argc, o->rest, &cfg, &host_id, err, sizeof(err));
-	if (rc) {
-		fprintf(stderr, "bench collectives: %s\n", err);
-		return rc;
-	}
-	if (argc > 1) {
-		fprintf(stderr, "bench collectives: unexpected argument '%s'\n", o->rest[1]);
-		return EXIT_USAGE;
-	}
-	struct job j = { .o = o };
-	rc = agent_run(&cfg, host_id, coll_job, &j, err, sizeof(err));
-	if (rc)
-		fprintf(stderr, "bench collectives: host %d: %s\n", host_id, err);
-	return rc;
-}
-
-static int run_launcher(struct bench_opts *o, int argc, char **argv)
-{
-	char err[512];
-	if (o->hosts < 1) {
-		fprintf(stderr, "bench collectives: give --hosts N\n");
-		return EXIT_USAGE;
-	}
-	int rc = local_launch_agents(o->hosts, "bench", argc, argv, err, sizeof(err));
-	if (rc)
-		fprintf(stderr, "bench collectives: %s\n", err);
-	return rc;
-}
-
-int bench_coll_main(int argc, char **argv)
-{
-	struct bench_opts o;
-	int rc = parse_opts(argc, argv, &o);
-	if (!rc)
-		rc = o.agent ? run_agent(&o) : run_launcher(&o, argc, argv);
-	free(o.rest);
 	return rc;
 }

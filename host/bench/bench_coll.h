@@ -1,18 +1,38 @@
-/* `meshrun bench collectives`: nccl-tests-style bandwidth table of every
- * collective across real agents, and a correctness sweep used by the tests. */
+/* `meshrun bench collectives`, the job each agent's devices run: an
+ * nccl-tests-style bandwidth table of every collective across real agents,
+ * and a correctness sweep used by the tests. */
 #ifndef MESHRUN_BENCH_COLL_H
 #define MESHRUN_BENCH_COLL_H
 
-/* argv[0] is "collectives".
- *   bench collectives --hosts N [--devices-per-host D] --op OP|all
- *       --sizes 64K,1M,16M [--iters K] [--warmup W] [key=value ...]
- *   bench collectives --hosts N [--devices-per-host D] --check-counts 0,1,7
- * Launches N local agents (local_launch); each runs the job on its devices
- * (the children run `bench collectives --agent ...`). Global device 0 prints
- * one row per size: size count time_us algbw_GBps busbw_GBps wrong. With
- * --check-counts every op runs at those per-rank element counts and every
- * element is verified. Returns an exit code: non-zero if any element was
- * wrong (the first mismatch is printed). */
-int bench_coll_main(int argc, char **argv);
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "host/agent/agent.h"
+
+#define BENCH_MAX_LIST 32
+
+enum bop { B_AG, B_RS, B_AR, B_A2A, B_PERM, B_BCAST, B_NOPS };
+
+extern const char *const bench_coll_op_names[B_NOPS];
+
+struct bench_opts {
+	bool all_ops;
+	int op;                   /* enum bop when !all_ops */
+	int nsizes;
+	size_t sizes[BENCH_MAX_LIST];
+	int ncounts;              /* > 0: check mode */
+	size_t counts[BENCH_MAX_LIST];
+	int iters, warmup;
+	long direct_max;          /* -1: default */
+	bool corrupt;             /* test hook: corrupt one result element */
+	bool barrier;             /* a barrier before each timed iteration */
+};
+
+/* An agent_job_fn; dev->job_arg is a const struct bench_opts. Global
+ * device 0 prints one row per size: size count time_us algbw_GBps
+ * busbw_GBps wrong. With ncounts every op runs at those per-rank element
+ * counts and every element is verified. 0, or -errno: -EIO if any element
+ * was wrong (the first mismatch is printed), -EHOSTDOWN a peer lost. */
+int bench_coll_job(struct device_ctx *dev);
 
 #endif

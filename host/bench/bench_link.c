@@ -1,6 +1,5 @@
-/* `meshrun bench link`: the launcher half starts two agents on loopback;
- * the agent half streams messages both ways through xport and the net
- * thread's TLS links, keeping a window of messages in flight so the figure
+/* `meshrun bench link`, the job: each device streams messages both ways
+ * through xport and the net thread's TLS links, keeping a window of messages in flight so the figure
  * is the link's, not the round trip's. */
 #include "host/bench/bench_link.h"
 
@@ -12,100 +11,12 @@
 #include <string.h>
 
 #include "host/agent/agent.h"
-#include "host/cli/cli.h"
 #include "host/config/config.h"
-#include "host/launch/local.h"
 #include "host/mesh/mesh.h"
-#include "host/train/run.h"
+#include "host/util/clock.h"
 #include "proto/meshrun.pb-c.h"
 
-#define MAX_SIZES 32
 #define LINK_GROUP 0xfffd
-
-struct link_opts {
-	bool agent;
-	int hosts;
-	int nsizes;
-	size_t sizes[MAX_SIZES];
-	int iters;                 /* 0: about 512 MiB per size */
-	bool oneway;               /* host 0 sends, host 1 receives */
-	int rest_argc;
-	char **rest;
-};
-
-static int parse_opts(int argc, char **argv, struct link_opts *o)
-{
-	memset(o, 0, sizeof(*o));
-	o->rest = calloc((size_t)argc + 1, sizeof(char *));
-	if (!o->rest) {
-		fprintf(stderr, "bench link: out of memory\n");
-		return EXIT_FAIL;
-	}
-	o->rest[o->rest_argc++] = argv[0];
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i], *v = NULL;
-		char flag[64];
-		const char *eq = !strncmp(a, "--", 2) ? strchr(a, '=') : NULL;
-		if (eq && (size_t)(eq - a) < sizeof(flag)) {
-			memcpy(flag, a, (size_t)(eq - a));
-			flag[eq - a] = 0;
-			v = eq + 1;
-		} else {
-			snprintf(flag, sizeof(flag), "%s", a);
-		}
-		bool ours = !strcmp(flag, "--sizes") || !strcmp(flag, "--iters") ||
-			    (!strcmp(flag, "--hosts") && !o->agent);
-		if (ours && !v) {
-			if (i + 1 >= argc) {
-				fprintf(stderr, "bench link: '%s' needs a value\n", flag);
-				return EXIT_USAGE;
-			}
-			v = argv[++i];
-		}
-		if (!strcmp(flag, "--agent")) {
-			o->agent = true;
-		} else if (!strcmp(flag, "--oneway")) {
-			o->oneway = true;
-		} else if (!strcmp(flag, "--sizes")) {
-			char buf[512];
-			snprintf(buf, sizeof(buf), "%s", v);
-			o->nsizes = 0;
-			for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
-			     t = strtok_r(NULL, ",", &save)) {
-				if (o->nsizes == MAX_SIZES || cfg_parse_bytes(t, &o->sizes[o->nsizes]) ||
-				    o->sizes[o->nsizes] == 0 || o->sizes[o->nsizes] > (1ull << 32)) {
-					fprintf(stderr, "bench link: bad size list '%s'\n", v);
-					return EXIT_USAGE;
-				}
-				o->nsizes++;
-			}
-		} else if (!strcmp(flag, "--iters")) {
-			char *end;
-			long k = strtol(v, &end, 10);
-			if (*end || k < 1 || k > 10000000) {
-				fprintf(stderr, "bench link: bad value '%s' for --iters\n", v);
-				return EXIT_USAGE;
-			}
-			o->iters = (int)k;
-		} else if (!strcmp(flag, "--hosts") && !o->agent) {
-			char *end;
-			long h = strtol(v, &end, 10);
-			if (*end || h != 2) {
-				fprintf(stderr, "bench link: --hosts must be 2, got '%s'\n", v);
-				return EXIT_USAGE;
-			}
-			o->hosts = 2;
-		} else {
-			o->rest[o->rest_argc++] = argv[i];
-		}
-	}
-	o->rest[o->rest_argc] = NULL;
-	if (!o->nsizes) {
-		fprintf(stderr, "usage: meshrun bench link --hosts 2 --sizes 16M[,64K...] [--iters K] [--oneway]\n");
-		return EXIT_USAGE;
-	}
-	return 0;
-}
 
 /* ---- the job ---- */
 
@@ -153,21 +64,21 @@ static int swap_cpu(struct device_ctx *d, int peer, const struct xmeta *meta, do
 		xport_failed(d->xport, why, sizeof(why));
 	if (e) {
 		snprintf(d->err, sizeof(d->err), "bench link: %s", why[0] ? why : strerror(-e));
-		return EXIT_PEER_LOST;
+		return -EHOSTDOWN;
 	}
 	return 0;
 }
 
-static int link_job(struct device_ctx *d)
+int bench_link_job(struct device_ctx *d)
 {
 	const struct link_opts *o = d->job_arg;
 	const struct mesh *m = d->mesh;
 	int peer = mesh_device_of(m, 1 - d->host_id, d->local_index);
 	uint64_t seq = 0;
 	char why[512];
-	int rc = EXIT_OK;
+	int rc = 0;
 
-	double cpu_us[MAX_SIZES] = { 0 }, busy[MAX_SIZES] = { 0 };
+	double cpu_us[BENCH_MAX_LIST] = { 0 }, busy[BENCH_MAX_LIST] = { 0 };
 	for (int si = 0; si < o->nsizes && !rc; si++) {
 		size_t s = o->sizes[si];
 		int win = (int)((64u << 20) / s);
@@ -181,7 +92,7 @@ static int link_job(struct device_ctx *d)
 		struct flight *fl = calloc((size_t)win, sizeof(*fl));
 		if (!sb || !want || !rb || !fl) {
 			snprintf(d->err, sizeof(d->err), "bench link: out of memory for %zu bytes", s);
-			rc = EXIT_FAIL;
+			rc = -ENOMEM;
 			goto next;
 		}
 		fill(sb, s, d->device_id);
@@ -196,7 +107,7 @@ static int link_job(struct device_ctx *d)
 				int e = wait_pair(d, f, why, sizeof(why));
 				if (e) {
 					snprintf(d->err, sizeof(d->err), "bench link: %s", why);
-					rc = EXIT_PEER_LOST;
+					rc = -EHOSTDOWN;
 					break;
 				}
 				if (i - win == total - 1 && (!o->oneway || d->host_id == 1) &&
@@ -204,13 +115,13 @@ static int link_job(struct device_ctx *d)
 					snprintf(d->err, sizeof(d->err),
 						 "bench link: %zu-byte message from device %d arrived corrupted",
 						 s, peer);
-					rc = EXIT_FAIL;
+					rc = -EIO;
 					break;
 				}
 			}
 			if (i == win) {
 				t0 = xport_now_ns();
-				cpu0 = run_cpu_us();
+				cpu0 = util_cpu_us();
 			}
 			if (i >= total)
 				continue;
@@ -227,13 +138,13 @@ static int link_job(struct device_ctx *d)
 			if (e) {
 				xport_failed(d->xport, why, sizeof(why));
 				snprintf(d->err, sizeof(d->err), "bench link: %s", why[0] ? why : strerror(-e));
-				rc = EXIT_PEER_LOST;
+				rc = -EHOSTDOWN;
 				break;
 			}
 		}
 		double us = (double)(xport_now_ns() - t0) / 1e3 / (double)(total - 1);
 		/* per message, over this host's own span; host 1 sends its pair */
-		double mine[2] = { (run_cpu_us() - cpu0) / (double)(total - 1), us }, theirs[2] = { 0 };
+		double mine[2] = { (util_cpu_us() - cpu0) / (double)(total - 1), us }, theirs[2] = { 0 };
 		if (!rc && d->local_index == 0 &&
 		    (rc = swap_cpu(d, peer, &(struct xmeta){ .op = MESHRUN__COLL_OP__COLL_P2P,
 				   .group = LINK_GROUP, .seq = seq++, .step = (uint64_t)si },
@@ -268,53 +179,5 @@ next:
 			       o->oneway ? "" : " each way", busy[si]);
 		fflush(stdout);
 	}
-	return rc;
-}
-
-static int run_agent(struct link_opts *o)
-{
-	static struct cfg cfg;
-	char err[640];
-	int host_id = -1;
-	int argc = o->rest_argc;
-	int rc = agent_args(&argc, o->rest, &cfg, &host_id, err, sizeof(err));
-	if (rc) {
-		fprintf(stderr, "bench link: %s\n", err);
-		return rc;
-	}
-	if (argc > 1) {
-		fprintf(stderr, "bench link: unexpected argument '%s'\n", o->rest[1]);
-		return EXIT_USAGE;
-	}
-	if (cfg.num_hosts != 2) {
-		fprintf(stderr, "bench link: needs exactly 2 hosts, the mesh has %d\n", cfg.num_hosts);
-		return EXIT_USAGE;
-	}
-	rc = agent_run(&cfg, host_id, link_job, o, err, sizeof(err));
-	if (rc)
-		fprintf(stderr, "bench link: host %d: %s\n", host_id, err);
-	return rc;
-}
-
-static int run_launcher(struct link_opts *o, int argc, char **argv)
-{
-	char err[1024];
-	if (o->hosts != 2) {
-		fprintf(stderr, "bench link: give --hosts 2\n");
-		return EXIT_USAGE;
-	}
-	int rc = local_launch_agents(2, "bench", argc, argv, err, sizeof(err));
-	if (rc)
-		fprintf(stderr, "bench link: %s\n", err);
-	return rc;
-}
-
-int bench_link_main(int argc, char **argv)
-{
-	struct link_opts o;
-	int rc = parse_opts(argc, argv, &o);
-	if (!rc)
-		rc = o.agent ? run_agent(&o) : run_launcher(&o, argc, argv);
-	free(o.rest);
 	return rc;
 }

@@ -3,10 +3,10 @@
 #ifndef MESHRUN_BENCH_MATMUL_H
 #define MESHRUN_BENCH_MATMUL_H
 
-/* `meshrun bench matmul [--threads N] [--size N] [--reps N]`; argv[0] is
- * "matmul". Prints the best GFLOP/s of square sgemm (matmul_forward) and
- * returns an exit code (enum exit_code). */
-int bench_matmul_main(int argc, char **argv);
+/* Prints the best and mean GFLOP/s of square size^3 sgemm
+ * (matmul_forward) over reps calls with OpenBLAS set to threads (0: as it
+ * is). 0 or -ENOMEM (message printed). */
+int bench_matmul_run(int threads, int size, int reps);
 
 /* Best GFLOP/s of 1024^3 matmul_forward with OpenBLAS set to `threads`
  * (0: as it is) over about `seconds` (at least two calls, the first a

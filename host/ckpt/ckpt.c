@@ -1,4 +1,4 @@
-/* Checkpoints as Hugging Face style directories (DESIGN §7):
+/* Checkpoints as Hugging Face style directories (host/ckpt/ckpt.h):
  *   model.safetensors      Llama / DeepSeek-V3 tensor names, [out, in]
  *   config.json            Hugging Face config keys
  *   meshrun.yml            the full meshrun config (eval and resume read it)
@@ -6,7 +6,7 @@
  * Each file is written atomically (temp, fsync, rename); the step is
  * recorded in both safetensors files and must agree on load. Parameter
  * slices are written straight from the one parameter allocation. */
-#include "host/train/train.h"
+#include "host/ckpt/ckpt.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 
 #include "host/ckpt/safetensors.h"
+#include "host/config/config.h"
+#include "host/model/model.h"
 
 #define MAX_TENSORS 65536
 
@@ -191,9 +193,9 @@ fail:
 	return -errno;
 }
 
-int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen)
+int ckpt_save(const struct ckpt_state *s, const char *dir, char *err, size_t errlen)
 {
-	struct model *m = trainer_ckpt_model(t);
+	struct model *m = s->model;
 	struct hf_list h;
 	char path[4096], stepbuf[32];
 	int rc;
@@ -202,28 +204,28 @@ int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *er
 		return rc;
 	if (hf_list_init(&h, MAX_TENSORS))
 		goto oom;
-	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, next_step);
+	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, s->next_step);
 	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, NULL };
 
-	if ((rc = hf_tensors(m, trainer_ckpt_params(t), "", &h)))
+	if ((rc = hf_tensors(m, s->params, "", &h)))
 		goto out_free;
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 	if ((rc = st_write(path, h.t, h.n, meta, err, errlen)))
 		goto out_free;
 
 	h.n = 0;
-	if ((rc = hf_tensors(m, trainer_ckpt_m(t), "m.", &h)) ||
-	    (rc = hf_tensors(m, trainer_ckpt_v(t), "v.", &h)))
+	if ((rc = hf_tensors(m, s->m, "m.", &h)) ||
+	    (rc = hf_tensors(m, s->v, "v.", &h)))
 		goto out_free;
 	snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
 	if ((rc = st_write(path, h.t, h.n, meta, err, errlen)))
 		goto out_free;
 
 	snprintf(path, sizeof(path), "%s/config.json", dir);
-	if ((rc = write_config_json(trainer_cfg(t), model_dims(m), path, err, errlen)))
+	if ((rc = write_config_json(s->cfg, model_dims(m), path, err, errlen)))
 		goto out_free;
 	snprintf(path, sizeof(path), "%s/meshrun.yml.tmp", dir);
-	if ((rc = cfg_write_yaml(trainer_cfg(t), path, err, errlen)))
+	if ((rc = cfg_write_yaml(s->cfg, path, err, errlen)))
 		goto out_free;
 	char final[4096];
 	snprintf(final, sizeof(final), "%s/meshrun.yml", dir);
@@ -294,9 +296,9 @@ static int load_one(const char *path, const struct hf_list *h, int64_t *step, ch
 	return rc;
 }
 
-int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen)
+int ckpt_load(struct ckpt_state *s, const char *dir, bool optimizer, char *err, size_t errlen)
 {
-	struct model *m = trainer_ckpt_model(t);
+	struct model *m = s->model;
 	struct hf_list h;
 	char path[4096];
 	int64_t s1 = -1, s2 = -1;
@@ -306,15 +308,15 @@ int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *e
 		snprintf(err, errlen, "checkpoint: out of memory");
 		return -ENOMEM;
 	}
-	if ((rc = hf_tensors(m, trainer_ckpt_params(t), "", &h)))
+	if ((rc = hf_tensors(m, s->params, "", &h)))
 		goto out;
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 	if ((rc = load_one(path, &h, &s1, err, errlen)))
 		goto out;
-	if (next_step) {
+	if (optimizer) {
 		h.n = 0;
-		if ((rc = hf_tensors(m, trainer_ckpt_m(t), "m.", &h)) ||
-		    (rc = hf_tensors(m, trainer_ckpt_v(t), "v.", &h)))
+		if ((rc = hf_tensors(m, s->m, "m.", &h)) ||
+		    (rc = hf_tensors(m, s->v, "v.", &h)))
 			goto out;
 		snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
 		if ((rc = load_one(path, &h, &s2, err, errlen)))
@@ -325,11 +327,12 @@ int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *e
 			rc = -EINVAL;
 			goto out;
 		}
-		*next_step = s1;
+		s->next_step = s1;
 	}
 out:
 	if (rc == -ENOSPC)
 		snprintf(err, errlen, "checkpoint: more than %d tensors", MAX_TENSORS);
 	hf_list_free(&h);
-	return rc;
+	/* whatever went wrong reading it, the checkpoint is bad input */
+	return rc && rc != -ENOMEM ? -EBADMSG : rc;
 }

@@ -1,9 +1,13 @@
 /* Subcommands of build/meshrun. Each returns the process exit code
- * (see enum exit_code); argv[0] is the subcommand name. */
+ * (enum exit_code); argv[0] is the subcommand name. Below the CLI every
+ * layer returns 0 or a negative errno; cli_exit_code is the one place that
+ * turns those into exit codes. */
 #ifndef MESHRUN_CLI_H
 #define MESHRUN_CLI_H
 
-/* Exit codes distinguish what went wrong (DESIGN §10). */
+#include <stddef.h>
+
+/* Exit codes distinguish what went wrong. */
 enum exit_code {
 	EXIT_OK = 0,
 	EXIT_FAIL = 1,        /* generic runtime failure */
@@ -13,6 +17,13 @@ enum exit_code {
 	EXIT_PEER_LOST = 5,   /* a peer host died or fell silent */
 	EXIT_REFUSED = 6,     /* rendezvous refused (mismatch, duplicate id) */
 };
+
+/* The exit code for a library result: 0 -> EXIT_OK, -EINVAL -> config,
+ * -EBADMSG -> bad input, -EHOSTDOWN -> peer lost, -ECONNREFUSED ->
+ * refused, anything else -> EXIT_FAIL. */
+int cli_exit_code(int rc);
+/* A few words for an exit code ("config error"), for launch reports. */
+const char *cli_exit_name(int code);
 
 int cmd_agent(int argc, char **argv);
 int cmd_local(int argc, char **argv);

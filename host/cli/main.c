@@ -1,4 +1,5 @@
-/* meshrun: one binary, several subcommands (see README). */
+/* meshrun: one binary, several subcommands (see README). Each command
+ * lives in host/cli/cmd_*.c and registers one line here. */
 #include <stdio.h>
 #include <string.h>
 

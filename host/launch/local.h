@@ -1,33 +1,27 @@
-/* Single-machine launcher: makes throwaway certificates, picks a free
- * loopback port for the coordinator, starts one agent child process per
- * host, forwards SIGINT/SIGTERM to them, waits for all, reports each failed
- * exit, and kills the rest if one fails. Used by `meshrun local` and by every
- * benchmark that runs agents (`bench link`, `bench collectives`). */
+/* The local backend of the launcher (host/launch/launch.h): N agents on
+ * this machine, on loopback, with throwaway certificates. Used by `meshrun
+ * local` and by the benchmarks that run agents (`bench link`, `bench
+ * collectives`). It binds the coordinator and every link listener itself
+ * on 127.0.0.1:0 and hands each child its sockets (MESHRUN_COORD_FD,
+ * MESHRUN_DATA_FD), so no port is ever chosen and then raced for. */
 #ifndef MESHRUN_LOCAL_H
 #define MESHRUN_LOCAL_H
 
 #include <stddef.h>
 
-/* Starts `hosts` children, child i running
+#include "host/launch/launch.h"
+
+#define LOCAL_MAX_HOSTS 256
+
+/* Starts `hosts` children named "host I", child I running
  *     <path of this binary> argv[0] ... argv[argc-1] --host-id I --hosts N
  *         certs_dir=<tmp> coordinator_address=127.0.0.1:<port>
- * with stdout/stderr inherited. Returns 0 if every child exited 0, else the
- * exit code of the first child that failed (an enum exit_code); err says
- * which host failed and how. The temporary certificate directory is removed. */
-int local_launch(int hosts, int argc, char **argv, char *err, size_t errlen);
-
-/* For subcommands that run as their own agents (`bench link`, `bench
- * collectives`): starts `hosts` children running
- *     cmd argv[0] --agent argv[1..] (without --hosts N / --hosts=N)
- * through local_launch. Same return as local_launch. */
-int local_launch_agents(int hosts, const char *cmd, int argc, char **argv, char *err, size_t errlen);
-
-/* Shared agent-side argument parsing for subcommands that run as agents:
- * consumes --config FILE, --host-id I, --hosts N, --devices-per-host D and
- * key=value overrides from argv; loads and finishes the config (mesh sizes
- * checked against N x D). Unknown --flags are left in argv (compacted) for
- * the caller: *argc is updated. 0 or an exit code with err filled. */
-struct cfg;
-int agent_args(int *argc, char **argv, struct cfg *c, int *host_id, char *err, size_t errlen);
+ * with stdout/stderr inherited and MESHRUN_LOCAL_AGENTS=N, then supervises
+ * them with launch_run (o: grace and report words). Returns launch_run's
+ * result, or -EINVAL (hosts out of [1, LOCAL_MAX_HOSTS]) or another -errno
+ * when the certificates, listeners or children's arguments cannot be made;
+ * err says what. The temporary certificate directory is removed. */
+int local_launch(int hosts, int argc, char **argv, const struct launch_opts *o,
+		 struct launch_result *r, char *err, size_t errlen);
 
 #endif

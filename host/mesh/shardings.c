@@ -1,12 +1,14 @@
-/* `meshrun shardings`: prints how every parameter, the main activations and
- * the optimizer state are sharded over the mesh a config describes, with
- * local shapes and bytes per device (DESIGN §6). Touches no devices. */
+/* What `meshrun shardings` prints (host/mesh/shardings.h): how every
+ * parameter, the main activations and the optimizer state are sharded over
+ * the mesh a config describes, with local shapes and bytes per device.
+ * Touches no devices. */
+#include "host/mesh/shardings.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/cli/cli.h"
 #include "host/config/config.h"
 #include "host/mesh/mesh.h"
 #include "host/model/model.h"
@@ -104,23 +106,6 @@ static void print_total(const char *what, size_t bytes)
 	printf("total %s: %zu bytes per device (%.2f MiB)\n", what, bytes, bytes / 1048576.0);
 }
 
-static int parse_count(const char *flag, const char *v, int *out)
-{
-	char *end;
-	long x = strtol(v, &end, 10);
-	if (!*v || *end || x < 1 || x > MESH_MAX_DEVICES) {
-		fprintf(stderr, "shardings: %s wants a count in [1, %d], got '%s'\n", flag, MESH_MAX_DEVICES, v);
-		return -EINVAL;
-	}
-	*out = (int)x;
-	return 0;
-}
-
-static void usage(void)
-{
-	fprintf(stderr, "usage: meshrun shardings --config FILE [--hosts N] [--devices-per-host D] [key=value ...]\n");
-}
-
 /* One activation: [batch, length, width] with its logical names. */
 static int add_activation(struct table *t, const struct shard_rules *r, const struct mesh *m,
 			  const char *name, int batch, int length, int width, const char *wname,
@@ -137,82 +122,38 @@ static int add_activation(struct table *t, const struct shard_rules *r, const st
 	return 0;
 }
 
-int cmd_shardings(int argc, char **argv)
+int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t errlen)
 {
-	const char *path = NULL;
-	int hosts = 0, devs = 0, nkv = 0;
-	char err[1024];
-	int rc = EXIT_CONFIG;
+	int rc = -EINVAL;
 
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (!strcmp(a, "--config") && i + 1 < argc) {
-			path = argv[++i];
-		} else if (!strncmp(a, "--config=", 9)) {
-			path = a + 9;
-		} else if (!strcmp(a, "--hosts") && i + 1 < argc) {
-			if (parse_count("--hosts", argv[++i], &hosts))
-				return EXIT_USAGE;
-		} else if (!strcmp(a, "--devices-per-host") && i + 1 < argc) {
-			if (parse_count("--devices-per-host", argv[++i], &devs))
-				return EXIT_USAGE;
-		} else if (a[0] != '-' && strchr(a, '=')) {
-			argv[1 + nkv++] = argv[i]; /* overrides, applied after the file */
-		} else {
-			fprintf(stderr, "shardings: unknown argument '%s'\n", a);
-			usage();
-			return EXIT_USAGE;
-		}
-	}
-	if (!path) {
-		usage();
-		return EXIT_USAGE;
-	}
-
-	struct cfg *c = malloc(sizeof(*c));
 	struct shard_rules *rules = malloc(sizeof(*rules));
 	struct table *pt = malloc(sizeof(*pt)), *at = malloc(sizeof(*at)), *ot = malloc(sizeof(*ot));
 	struct mesh m;
 	struct model_dims d;
 	struct model *model = NULL;
-	if (!c || !rules || !pt || !at || !ot) {
-		fprintf(stderr, "shardings: out of memory\n");
-		rc = EXIT_FAIL;
+	if (!rules || !pt || !at || !ot) {
+		snprintf(err, errlen, "shardings: out of memory");
+		rc = -ENOMEM;
 		goto out;
 	}
 	pt->n = at->n = ot->n = 0;
-	cfg_defaults(c);
-	if (cfg_load_file(c, path, err, sizeof(err))) {
-		fprintf(stderr, "%s\n", err);
-		goto out;
-	}
-	for (int i = 0; i < nkv; i++)
-		if (cfg_override(c, argv[1 + i], err, sizeof(err))) {
-			fprintf(stderr, "%s\n", err);
-			goto out;
-		}
 	if (!hosts)
 		hosts = cfg_family_product(c, true);
 	if (!devs)
 		devs = cfg_family_product(c, false);
-	if (cfg_finish(c, hosts, devs, err, sizeof(err)) ||
-	    model_dims_from_cfg(&d, c, err, sizeof(err)) ||
-	    shard_rules_from_cfg(rules, c, err, sizeof(err))) {
-		fprintf(stderr, "%s\n", err);
+	if (cfg_finish(c, hosts, devs, err, errlen) || model_dims_from_cfg(&d, c, err, errlen) ||
+	    shard_rules_from_cfg(rules, c, err, errlen))
 		goto out;
-	}
 	if (strcmp(c->opt_type, "adamw") && strcmp(c->opt_type, "muon")) {
-		fprintf(stderr, "config: key 'opt_type' must be adamw or muon, got '%s'\n", c->opt_type);
+		snprintf(err, errlen, "config: key 'opt_type' must be adamw or muon, got '%s'", c->opt_type);
 		goto out;
 	}
 	mesh_init(&m, c);
 	/* device 0's plans: every device's shards have the same shapes */
 	struct model_mesh mm = { .mesh = &m, .rules = rules, .device = 0 };
-	model = model_plan_new(&d, &mm, err, sizeof(err));
-	if (!model) {
-		fprintf(stderr, "%s\n", err);
+	model = model_plan_new(&d, &mm, err, errlen);
+	if (!model)
 		goto out;
-	}
 	bool muon = !strcmp(c->opt_type, "muon");
 	int ndata = c->shard_optimizer_over_data ? m.size[AX_DATA] : 1;
 	size_t ptotal = 0, ototal = 0;
@@ -237,9 +178,7 @@ int cmd_shardings(int argc, char **argv)
 			continue;
 		bool zero = ndata > 1 && (p->gsum & (1u << AX_DATA));
 		if (zero && slots == 1) {
-			char why[512];
-			trainer_muon_zero_refusal(p->name, why, sizeof(why));
-			fprintf(stderr, "%s\n", why);
+			trainer_muon_zero_refusal(p->name, err, errlen);
 			goto out;
 		}
 		char name[64];
@@ -252,13 +191,11 @@ int cmd_shardings(int argc, char **argv)
 	int nl = model_linears(model, li, MODEL_MAX_PARAMS);
 	/* MaxText's global batch: per_device_batch_size on every device */
 	int batch = (int)c->per_device_batch_size * m.num_devices;
-	if (add_activation(at, rules, &m, "embed_out", batch, d.T, d.C, "activation_embed", d.D, err, sizeof(err)) ||
-	    add_activation(at, rules, &m, "q", batch, d.T, d.Hq * d.D, "activation_heads", d.D, err, sizeof(err)) ||
-	    add_activation(at, rules, &m, "mlp_hidden", batch, d.T, d.F, "activation_mlp", d.D, err, sizeof(err)) ||
-	    add_activation(at, rules, &m, "logits", batch, d.T, d.V, "activation_vocab", d.D, err, sizeof(err))) {
-		fprintf(stderr, "%s\n", err);
+	if (add_activation(at, rules, &m, "embed_out", batch, d.T, d.C, "activation_embed", d.D, err, errlen) ||
+	    add_activation(at, rules, &m, "q", batch, d.T, d.Hq * d.D, "activation_heads", d.D, err, errlen) ||
+	    add_activation(at, rules, &m, "mlp_hidden", batch, d.T, d.F, "activation_mlp", d.D, err, errlen) ||
+	    add_activation(at, rules, &m, "logits", batch, d.T, d.V, "activation_vocab", d.D, err, errlen))
 		goto out;
-	}
 
 	printf("mesh: %d host%s x %d device%s = %d;", m.num_hosts, m.num_hosts == 1 ? "" : "s",
 	       m.devices_per_host, m.devices_per_host == 1 ? "" : "s", m.num_devices);
@@ -285,10 +222,9 @@ int cmd_shardings(int argc, char **argv)
 			 : "sharded like the parameters");
 	print_table(ot);
 	print_total("optimizer state", ototal);
-	rc = EXIT_OK;
+	rc = 0;
 out:
 	model_free(model);
-	free(c);
 	free(rules);
 	free(pt);
 	free(at);

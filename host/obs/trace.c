@@ -1,4 +1,4 @@
-/* See host/trace.h. JSON through cJSON. */
+/* See host/obs/trace.h. JSON through cJSON. */
 #include "host/obs/trace.h"
 
 #include <cJSON.h>
@@ -6,14 +6,14 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "host/train/run.h"
+#include "host/util/clock.h"
 
 void trace_start(struct trace *t, bool on)
 {
 	t->on = on;
 	t->n = 0;
 	t->step = -1;
-	t->t0 = run_now();
+	t->t0 = util_now_s();
 }
 
 void trace_span(struct trace *t, const char *name, const char *cat, double t0, double t1)

@@ -29,7 +29,7 @@ struct trace {
 };
 
 void trace_start(struct trace *t, bool on);
-/* Records [t0, t1) (run_now() seconds) as a span; drops spans past the cap;
+/* Records [t0, t1) (util_now_s() seconds) as a span; drops spans past the cap;
  * t may be NULL (not tracing). */
 void trace_span(struct trace *t, const char *name, const char *cat, double t0, double t1);
 /* Writes the gathered events of every device: ev[d * TRACE_MAX_EVENTS ...],

@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "host/config/config.h"
+#include "host/util/mix.h"
 
-#define GOLDEN 0x9e3779b97f4a7c15ULL
 /* the synthetic successor function's key: fixed, not seeded */
 #define SUCC_KEY 0x6d65736872756e21ULL
 /* a synthetic token is noise when the top 4 bits of its draw are 0 */
@@ -43,17 +43,9 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...)
 	va_end(ap);
 }
 
-static uint64_t mix(uint64_t x)
-{
-	x += GOLDEN;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-	return x ^ (x >> 31);
-}
-
 static uint64_t row_hash(uint64_t seed, int64_t step, int64_t row)
 {
-	return mix(mix(mix(seed) ^ (uint64_t)step) ^ (uint64_t)row);
+	return mix64(mix64(mix64(seed) ^ (uint64_t)step) ^ (uint64_t)row);
 }
 
 static int read_text(struct dataset *d, const char *path, char *err, size_t errlen)
@@ -182,10 +174,10 @@ int64_t data_text_len(const struct dataset *d)
  * seeded with the row hash decides between succ(previous) and noise. */
 static uint32_t synthetic_next(uint64_t h, int t, uint64_t prev, uint64_t V)
 {
-	uint64_t x = mix(h + (uint64_t)t * GOLDEN);
+	uint64_t x = mix64(h + (uint64_t)t * MIX64_GOLDEN);
 	if (t == 0 || (x >> NOISE_SHIFT) == 0)
 		return (uint32_t)(x % V);
-	return (uint32_t)(mix(prev ^ SUCC_KEY) % V);
+	return (uint32_t)(mix64(prev ^ SUCC_KEY) % V);
 }
 
 // inputs, targets (nrows, T): rows [row0, row0+nrows) of the global batch

@@ -1,4 +1,4 @@
-/* Per-device trainer: see host/train.h. The optimizer keeps two buffers:
+/* Per-device trainer: see host/train/train.h. The optimizer keeps two buffers:
  * AdamW's m and v, or Muon's momentum in m, laid out bucket by bucket like
  * the parameters, except that a bucket whose state ZeRO-1 splits over
  * `data` keeps only this device's part of it. */
@@ -10,10 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/cli/cli.h"
 #include "host/train/data.h"
 #include "host/mesh/plan.h"
-#include "host/train/run.h"
+#include "host/util/clock.h"
 #include "kernels/kernels.h"
 
 /* One gradient bucket of the layout and its optimizer state. */
@@ -55,7 +54,6 @@ struct model *trainer_model(struct trainer *t) { return t->model; }
 struct dataset *trainer_data(struct trainer *t) { return t->data; }
 int trainer_rows(const struct trainer *t) { return t->rows; }
 const struct cfg *trainer_cfg(const struct trainer *t) { return &t->cfg; }
-size_t trainer_opt_numel(const struct trainer *t) { return 2 * t->opt_n; }
 
 /* The part of parameter p inside layout floats [a, b): [*x, *y), empty
  * when *x >= *y. */
@@ -127,21 +125,23 @@ int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
 	return -EINVAL;
 }
 
-struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_mesh *mm,
-			    char *err, size_t errlen)
+int trainer_open(struct trainer **out, const struct cfg *c, int rows, const struct model_mesh *mm,
+		 char *err, size_t errlen)
 {
 	struct model_dims d;
 	struct trainer *t;
+	int rc;
 
-	if (model_dims_from_cfg(&d, c, err, errlen))
-		return NULL;
+	*out = NULL;
+	if ((rc = model_dims_from_cfg(&d, c, err, errlen)))
+		return rc;
 	if (strcmp(c->opt_type, "adamw") && strcmp(c->opt_type, "muon")) {
 		snprintf(err, errlen, "config: key 'opt_type' must be adamw or muon, got '%s'", c->opt_type);
-		return NULL;
+		return -EINVAL;
 	}
 	if (c->steps < 0) {
 		snprintf(err, errlen, "config: key 'steps' must be >= 0, got %lld", c->steps);
-		return NULL;
+		return -EINVAL;
 	}
 	t = calloc(1, sizeof(*t));
 	if (!t)
@@ -164,14 +164,20 @@ struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_me
 		}
 		mm = &mmz;
 	}
+	/* the data's keys, files and their contents are the run's input */
 	t->data = data_open(c, err, errlen);
-	if (!t->data)
+	if (!t->data) {
+		rc = -EBADMSG;
 		goto fail;
+	}
+	/* the model refuses shapes and shardings it cannot make */
 	t->model = model_new(&d, rows, mm, err, errlen);
-	if (!t->model)
+	if (!t->model) {
+		rc = -EINVAL;
 		goto fail;
+	}
 	model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
-	int rc = lay_out_state(t, err, errlen);
+	rc = lay_out_state(t, err, errlen);
 	if (rc == -ENOMEM)
 		goto oom;
 	if (rc)
@@ -191,12 +197,21 @@ struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_me
 	t->targets = malloc(sizeof(int32_t) * (size_t)rows * d.T);
 	if (!t->scratch || !t->inputs || !t->targets)
 		goto oom;
-	return t;
+	*out = t;
+	return 0;
 oom:
 	snprintf(err, errlen, "train: out of memory");
+	rc = -ENOMEM;
 fail:
 	trainer_free(t);
-	return NULL;
+	return rc;
+}
+
+struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_mesh *mm,
+			    char *err, size_t errlen)
+{
+	struct trainer *t;
+	return trainer_open(&t, c, rows, mm, err, errlen) ? NULL : t;
 }
 
 void trainer_free(struct trainer *t)
@@ -270,7 +285,7 @@ static int muon_split(struct trainer *t, const struct train_comm *comm, int i, f
 	float k = muon_scale(R, C);
 	int off[SHARD_MAX_DIMS];
 	if (!tg)
-		return EXIT_FAIL;
+		return -ENOMEM;
 	for (size_t j = 0; j < nmat; j++) {
 		muon_momentum(o, buf + j * per, g + j * per, per, (float)t->cfg.muon_momentum);
 		int rc = comm->mc.all_gather(comm->mc.ctx, p->mat_split, recv, o, per * sizeof(float));
@@ -363,9 +378,9 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		.global_tokens = global_tokens,
 		.comm = comm ? &comm->mc : NULL,
 	};
-	st->t_fb0 = run_now();
+	st->t_fb0 = util_now_s();
 	rc = model_forward_backward(m, t->inputs, t->targets, &ms);
-	st->t_fb1 = run_now();
+	st->t_fb1 = util_now_s();
 	if (rc)
 		goto comm_failed;
 	double scal[2] = { ms.loss_sum, ms.aux };
@@ -396,7 +411,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		goto comm_failed;
 	double norm = sqrt(ss);
 	/* global-norm clipping over every trained parameter */
-	st->t_opt0 = run_now();
+	st->t_opt0 = util_now_s();
 	float clip = 1.0f;
 	if (c->gradient_clipping_threshold > 0 && norm > c->gradient_clipping_threshold)
 		clip = (float)(c->gradient_clipping_threshold / norm);
@@ -417,7 +432,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	for (int i = 0; i < model_num_params(m); i++)
 		if (model_param(m, i)->opt == OPT_NONE)
 			update_router_bias(t, model_param(m, i));
-	st->t_opt1 = run_now();
+	st->t_opt1 = util_now_s();
 	/* ZeRO-1: every data rank takes the others' updated parts */
 	for (int i = 0; i < t->nseg; i++) {
 		struct seg *s = &t->seg[i];
@@ -442,11 +457,36 @@ comm_failed:
 
 /* ---- checkpoints: whole tensors ---- */
 
-struct model *trainer_ckpt_model(struct trainer *t) { return t->mesh ? t->gmodel : t->model; }
-float *trainer_ckpt_params(struct trainer *t) { return t->mesh ? t->gp : model_params(t->model); }
 float *trainer_ckpt_m(struct trainer *t) { return t->mesh ? t->gm : t->m; }
 float *trainer_ckpt_v(struct trainer *t) { return t->mesh ? t->gv : t->v; }
-size_t trainer_ckpt_numel(struct trainer *t) { return model_numel(trainer_ckpt_model(t)); }
+
+void trainer_ckpt_state(struct trainer *t, struct ckpt_state *s, int64_t next_step)
+{
+	s->cfg = &t->cfg;
+	s->model = t->mesh ? t->gmodel : t->model;
+	s->params = t->mesh ? t->gp : model_params(t->model);
+	s->m = trainer_ckpt_m(t);
+	s->v = trainer_ckpt_v(t);
+	s->numel = model_numel(s->model);
+	s->next_step = next_step;
+}
+
+int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen)
+{
+	struct ckpt_state s;
+	trainer_ckpt_state(t, &s, next_step);
+	return ckpt_save(&s, dir, err, errlen);
+}
+
+int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen)
+{
+	struct ckpt_state s;
+	trainer_ckpt_state(t, &s, 0);
+	int rc = ckpt_load(&s, dir, next_step != NULL, err, errlen);
+	if (!rc && next_step)
+		*next_step = s.next_step;
+	return rc;
+}
 
 /* The whole model's table (a one-device model of one token) and buffers. */
 int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen)
@@ -457,14 +497,14 @@ int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen)
 	d.T = 1;
 	t->gmodel = model_new(&d, 1, NULL, err, errlen);
 	if (!t->gmodel)
-		return EXIT_FAIL;
+		return -ENOMEM;
 	size_t n = model_numel(t->gmodel);
 	t->gp = calloc(n, sizeof(float));
 	t->gm = calloc(n, sizeof(float));
 	t->gv = calloc(n, sizeof(float));
 	if (!t->gp || !t->gm || !t->gv) {
 		snprintf(err, errlen, "train: out of memory");
-		return EXIT_FAIL;
+		return -ENOMEM;
 	}
 	return 0;
 }
@@ -515,7 +555,7 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 		free(loc);
 		free(recv);
 		snprintf(err, errlen, "train: out of memory");
-		return EXIT_FAIL;
+		return -ENOMEM;
 	}
 	const float *src[3] = { model_params(m), t->m, t->v };
 	float *dst[3] = { t->gp, t->gm, t->gv };
@@ -535,7 +575,7 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 				continue;
 			}
 			if (!tg) {
-				rc = EXIT_FAIL;
+				rc = -ENOMEM;
 				break;
 			}
 			if ((rc = comm->mc.all_gather(comm->mc.ctx, p->split, recv, lay + p->offset,
@@ -561,7 +601,7 @@ int trainer_ckpt_scatter(struct trainer *t, char *err, size_t errlen)
 	float *loc = malloc(sizeof(float) * n);
 	if (!loc) {
 		snprintf(err, errlen, "train: out of memory");
-		return EXIT_FAIL;
+		return -ENOMEM;
 	}
 	float *src[3] = { t->gp, t->gm, t->gv };
 	for (int b = 0; b < 3; b++) {

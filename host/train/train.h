@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "host/ckpt/ckpt.h"
 #include "host/config/config.h"
 #include "host/model/model.h"
 
@@ -20,14 +21,14 @@ struct step_stats {
 	double aux;         /* load-balance loss (MoE) */
 	double grad_norm;   /* before clipping */
 	double lr;
-	/* run_now() times, for traces */
+	/* util_now_s() times, for traces */
 	double t_fb0, t_fb1;    /* forward and backward */
 	double t_opt0, t_opt1;  /* clipping and optimizer update */
 };
 
 /* How devices talk: the model's collectives by axis set, and an exact sum
  * of doubles over an axis set (gathered, then added in rank order, so
- * every member gets the same bits). 0 or an exit code with *err filled. */
+ * every member gets the same bits). 0 or -errno with *err filled. */
 struct train_comm {
 	struct model_comm mc;
 	int (*sum)(void *ctx, uint32_t axes, double *x, int n);
@@ -35,45 +36,45 @@ struct train_comm {
 	size_t errlen;
 };
 
-/* rows = sequences this device computes per step; mm places it in a mesh
- * (NULL: one device). NULL with err ("config:" / "sharding:" lines for
- * impossible shapes and combinations). */
 /* ZeRO-1 (shard_optimizer_over_data) and Muon cannot share a tensor: the
  * error for tensor, in err; returns -EINVAL. */
 int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen);
+/* rows = sequences this device computes per step; mm places it in a mesh
+ * (NULL: one device). 0 and *t, or with err: -EINVAL for impossible
+ * shapes, combinations and shardings; -EBADMSG when the data cannot be
+ * opened (its keys, its file); -ENOMEM. */
+int trainer_open(struct trainer **t, const struct cfg *c, int rows, const struct model_mesh *mm,
+		 char *err, size_t errlen);
+/* trainer_open for callers that need no error class: NULL on failure. */
 struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_mesh *mm,
 			    char *err, size_t errlen);
 void trainer_free(struct trainer *t);
 struct model *trainer_model(struct trainer *t);
 int trainer_rows(const struct trainer *t);
-/* Floats of optimizer state this device keeps (m and v together). */
-size_t trainer_opt_numel(const struct trainer *t);
 
 /* One optimizer step (0-based) over rows [row0, row0 + rows) of a global
- * batch of global_rows sequences; comm is NULL on one device. */
+ * batch of global_rows sequences; comm is NULL on one device. 0, or the
+ * first failing collective's -errno with err. */
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		 const struct train_comm *comm, struct step_stats *st, char *err, size_t errlen);
 
-/* Checkpoint (host/ckpt.c): a Hugging Face style directory of whole
- * tensors. */
-int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen);
-/* Loads params and optimizer state; *next_step = the step to run next. */
-int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen);
-
-/* Checkpoints hold whole tensors. In a mesh, trainer_ckpt_gather
- * (collective over every device) fills whole-model buffers from every
- * device's shards (parameters, m and v); trainer_ckpt_prepare makes them
- * before a load, and trainer_ckpt_scatter takes this device's shards from
- * them. trainer_save and trainer_load read and write trainer_ckpt_*: the
- * whole-model buffers in a mesh, else the trainer's own. */
+/* Checkpoints (host/ckpt/ckpt.h) hold whole tensors. trainer_ckpt_state
+ * fills a view of them: in a mesh the whole-model buffers that
+ * trainer_ckpt_gather (collective over every device) fills from every
+ * device's shards and trainer_ckpt_scatter takes this device's shards
+ * from (trainer_ckpt_prepare makes them before a load); on one device the
+ * trainer's own buffers. */
 int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen);
 int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen);
 int trainer_ckpt_scatter(struct trainer *t, char *err, size_t errlen);
-struct model *trainer_ckpt_model(struct trainer *t);
-float *trainer_ckpt_params(struct trainer *t);
+void trainer_ckpt_state(struct trainer *t, struct ckpt_state *s, int64_t next_step);
+/* ckpt_save / ckpt_load of trainer_ckpt_state; on load, *next_step (may be
+ * NULL: parameters only) is the step to run next. */
+int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen);
+int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen);
+/* the optimizer buffers of trainer_ckpt_state (tests compare them) */
 float *trainer_ckpt_m(struct trainer *t);
 float *trainer_ckpt_v(struct trainer *t);
-size_t trainer_ckpt_numel(struct trainer *t);
 
 const struct cfg *trainer_cfg(const struct trainer *t);
 struct dataset *trainer_data(struct trainer *t);

@@ -2,8 +2,10 @@
  * one trainer per device thread. Its rows of the global batch follow from
  * the axes that split activation_batch; everything else (which weights are
  * gathered per layer, which partial sums are all-reduced, where tokens go)
- * comes from the model's plans (host/plan.h); this file supplies the
- * collectives by axis set and runs the step loop. Global device 0 prints
+ * comes from the model's plans (host/mesh/plan.h); this file supplies the
+ * collectives by axis set and drives the step loop (host/train/loop.h).
+ * Every hook returns 0 or -errno: -EHOSTDOWN when a collective fails (a
+ * peer is gone or its link broke), -ENOMEM. Global device 0 prints
  * the step log, writes metrics and checkpoints; on --resume it loads the
  * checkpoint and broadcasts it, so only host 0 needs the directory. */
 #include "host/train/train_job.h"
@@ -15,10 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/cli/cli.h"
 #include "host/mesh/plan.h"
+#include "host/train/loop.h"
 #include "host/mesh/shard.h"
 #include "host/obs/trace.h"
+#include "host/util/clock.h"
 #include "net/coll.h"
 
 /* A collective group by axis set, made on first use. */
@@ -40,10 +43,14 @@ struct job_ctx {
 	size_t errlen;
 	struct trace *tr;
 	double timeout_s;           /* collective_timeout_s */
+	double waited_s;            /* blocked inside collectives so far */
+	struct agent *agent;        /* byte counters */
+	struct xport *xport;
 };
 
-#define SPAN(c, name, call) ({ double t0_ = run_now(); int r_ = (call); \
-	trace_span((c)->tr, name, "comm", t0_, run_now()); r_; })
+/* Runs a collective call, recording its span and the time spent in it. */
+#define SPAN(c, name, call) ({ double t0_ = util_now_s(); int r_ = (call); double t1_ = util_now_s(); \
+	(c)->waited_s += t1_ - t0_; trace_span((c)->tr, name, "comm", t0_, t1_); r_; })
 
 /* The group over axes; NULL (with err) when out of memory or slots. */
 static const struct coll_group *group_of(struct job_ctx *c, uint32_t axes)
@@ -78,11 +85,11 @@ static int job_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n)
 	const struct coll_group *g = group_of(c, axes);
 	char name[128];
 	if (!g)
-		return EXIT_FAIL;
+		return -ENOMEM;
 	if (g->n == 1)
 		return 0;
 	span_name(name, sizeof(name), "all_reduce", axes);
-	return SPAN(c, name, coll_all_reduce(c->coll, g, buf, n, c->err, c->errlen)) ? EXIT_PEER_LOST : 0;
+	return SPAN(c, name, coll_all_reduce(c->coll, g, buf, n, c->err, c->errlen)) ? -EHOSTDOWN : 0;
 }
 
 static int job_all_gather(void *vctx, uint32_t axes, void *out, const void *in, size_t bytes)
@@ -91,13 +98,13 @@ static int job_all_gather(void *vctx, uint32_t axes, void *out, const void *in, 
 	const struct coll_group *g = group_of(c, axes);
 	char name[128];
 	if (!g)
-		return EXIT_FAIL;
+		return -ENOMEM;
 	if (g->n == 1) {
 		memmove(out, in, bytes);
 		return 0;
 	}
 	span_name(name, sizeof(name), "all_gather", axes);
-	return SPAN(c, name, coll_all_gather(c->coll, g, out, in, bytes, c->err, c->errlen)) ? EXIT_PEER_LOST : 0;
+	return SPAN(c, name, coll_all_gather(c->coll, g, out, in, bytes, c->err, c->errlen)) ? -EHOSTDOWN : 0;
 }
 
 static int job_reduce_scatter(void *vctx, uint32_t axes, float *out, const float *in, size_t n)
@@ -106,13 +113,13 @@ static int job_reduce_scatter(void *vctx, uint32_t axes, float *out, const float
 	const struct coll_group *g = group_of(c, axes);
 	char name[128];
 	if (!g)
-		return EXIT_FAIL;
+		return -ENOMEM;
 	if (g->n == 1) {
 		memmove(out, in, n * sizeof(float));
 		return 0;
 	}
 	span_name(name, sizeof(name), "reduce_scatter", axes);
-	return SPAN(c, name, coll_reduce_scatter(c->coll, g, out, in, n, c->err, c->errlen)) ? EXIT_PEER_LOST : 0;
+	return SPAN(c, name, coll_reduce_scatter(c->coll, g, out, in, n, c->err, c->errlen)) ? -EHOSTDOWN : 0;
 }
 
 static int job_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *recv_bytes,
@@ -122,10 +129,10 @@ static int job_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *re
 	const struct coll_group *g = group_of(c, axes);
 	char name[128];
 	if (!g)
-		return EXIT_FAIL;
+		return -ENOMEM;
 	span_name(name, sizeof(name), "all_to_all", axes);
 	return SPAN(c, name, coll_all_to_all(c->coll, g, out, recv_bytes, in, send_bytes, c->err,
-					     c->errlen)) ? EXIT_PEER_LOST : 0;
+					     c->errlen)) ? -EHOSTDOWN : 0;
 }
 
 /* Background collectives for FSDP's prefetch: queued on the device's
@@ -138,12 +145,12 @@ struct job_pending {
 static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes, void **out)
 {
 	if (!h)
-		return EXIT_FAIL;       /* c->err says why */
+		return -EIO;            /* c->err says why */
 	struct job_pending *p = malloc(sizeof(*p));
 	if (!p) {
 		coll_wait(h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
 		snprintf(c->err, c->errlen, "train: out of memory");
-		return EXIT_FAIL;
+		return -ENOMEM;
 	}
 	p->h = h;
 	span_name(p->name, sizeof(p->name), op, axes);
@@ -156,7 +163,7 @@ static int job_start_all_gather(void *vctx, uint32_t axes, void *out, const void
 	struct job_ctx *c = vctx;
 	const struct coll_group *g = group_of(c, axes);
 	if (!g)
-		return EXIT_FAIL;
+		return -ENOMEM;
 	return job_start(c, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
 			 "all_gather (prefetch)", axes, h);
 }
@@ -166,7 +173,7 @@ static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const
 	struct job_ctx *c = vctx;
 	const struct coll_group *g = group_of(c, axes);
 	if (!g)
-		return EXIT_FAIL;
+		return -ENOMEM;
 	return job_start(c, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
 			 "reduce_scatter (background)", axes, h);
 }
@@ -175,11 +182,10 @@ static int job_wait(void *vctx, void *vh)
 {
 	struct job_ctx *c = vctx;
 	struct job_pending *p = vh;
-	double t0 = run_now();
-	int rc = coll_wait(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
-	trace_span(c->tr, p->name, "comm", t0, run_now());
+	int rc = SPAN(c, p->name, coll_wait(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
+					    c->err, c->errlen));
 	free(p);
-	return rc ? EXIT_PEER_LOST : 0;
+	return rc ? -EHOSTDOWN : 0;
 }
 
 /* Sums doubles over a group exactly the same way on every member:
@@ -189,15 +195,18 @@ static int job_sum(void *vctx, uint32_t axes, double *x, int n)
 	struct job_ctx *c = vctx;
 	const struct coll_group *g = group_of(c, axes);
 	if (!g)
-		return EXIT_FAIL;
+		return -ENOMEM;
 	if (g->n == 1)
 		return 0;
 	double *all = malloc(sizeof(double) * (size_t)n * g->n);
 	if (!all) {
 		snprintf(c->err, c->errlen, "train: out of memory");
-		return EXIT_FAIL;
+		return -ENOMEM;
 	}
+	/* timed but not traced: the trace shows the model's collectives */
+	double t0 = util_now_s();
 	int rc = coll_all_gather(c->coll, g, all, x, sizeof(double) * n, c->err, c->errlen);
+	c->waited_s += util_now_s() - t0;
 	for (int i = 0; !rc && i < n; i++) {
 		double s = 0;
 		for (int r = 0; r < g->n; r++)
@@ -205,7 +214,7 @@ static int job_sum(void *vctx, uint32_t axes, double *x, int n)
 		x[i] = s;
 	}
 	free(all);
-	return rc ? EXIT_PEER_LOST : 0;
+	return rc ? -EHOSTDOWN : 0;
 }
 
 /* Sharded training runs every axis but these; they are refused until
@@ -231,13 +240,15 @@ static int check_mesh(const struct cfg *c, char *err, size_t errlen)
 static int broadcast_state(struct trainer *t, struct job_ctx *jc, const struct coll_group *all,
 			   int64_t *start, char *err, size_t errlen)
 {
-	size_t n = trainer_ckpt_numel(t);
+	struct ckpt_state cs;
+	trainer_ckpt_state(t, &cs, *start);
+	size_t n = cs.numel;
 	int64_t s = *start;
-	if (coll_broadcast(jc->coll, all, trainer_ckpt_params(t), n * sizeof(float), 0, err, errlen) ||
-	    coll_broadcast(jc->coll, all, trainer_ckpt_m(t), n * sizeof(float), 0, err, errlen) ||
-	    coll_broadcast(jc->coll, all, trainer_ckpt_v(t), n * sizeof(float), 0, err, errlen) ||
+	if (coll_broadcast(jc->coll, all, cs.params, n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(jc->coll, all, cs.m, n * sizeof(float), 0, err, errlen) ||
+	    coll_broadcast(jc->coll, all, cs.v, n * sizeof(float), 0, err, errlen) ||
 	    coll_broadcast(jc->coll, all, &s, sizeof(s), 0, err, errlen))
-		return EXIT_PEER_LOST;
+		return -EHOSTDOWN;
 	*start = s;
 	return trainer_ckpt_scatter(t, err, errlen);
 }
@@ -252,18 +263,19 @@ static int write_trace(struct device_ctx *dev, struct job_ctx *rc, const struct 
 	struct trace_event *ev = malloc(sizeof(*ev) * TRACE_MAX_EVENTS * (size_t)n);
 	if (!counts || !host_of || !ev) {
 		snprintf(err, errlen, "train: out of memory for the trace");
-		ret = EXIT_FAIL;
+		ret = -ENOMEM;
 		goto out;
 	}
 	if (coll_all_gather(rc->coll, all, counts, &rc->tr->n, sizeof(int), err, errlen) ||
 	    coll_all_gather(rc->coll, all, ev, rc->tr->ev, sizeof(*ev) * TRACE_MAX_EVENTS, err, errlen)) {
-		ret = EXIT_PEER_LOST;
+		ret = -EHOSTDOWN;
 		goto out;
 	}
 	for (int i = 0; i < n; i++)
 		host_of[i] = mesh_host_of(dev->mesh, all->devs[i]);
+	/* a trace file that cannot be written is a plain failure */
 	if (leader && trace_write(path, ev, counts, host_of, n, err, errlen))
-		ret = EXIT_FAIL;
+		ret = -EIO;
 out:
 	free(counts);
 	free(host_of);
@@ -271,45 +283,104 @@ out:
 	return ret;
 }
 
+static void job_step_begin(void *vctx, int64_t step)
+{
+	struct job_ctx *c = vctx;
+	coll_set_step(c->coll, (uint64_t)step);
+	if (c->tr)
+		c->tr->step = step;
+}
+
+static void job_step_end(void *vctx, const struct step_stats *st, double t0, double t1)
+{
+	struct job_ctx *c = vctx;
+	trace_span(c->tr, "forward+backward", "compute", st->t_fb0, st->t_fb1);
+	trace_span(c->tr, "optimizer", "compute", st->t_opt0, st->t_opt1);
+	trace_span(c->tr, "step", "step", t0, t1);
+}
+
+static void job_bytes(void *vctx, uint64_t *dcn, uint64_t *ici)
+{
+	struct job_ctx *c = vctx;
+	*dcn = agent_dcn_bytes_sent(c->agent);
+	*ici = xport_local_bytes(c->xport);
+}
+
+static double job_waited(void *vctx)
+{
+	return ((struct job_ctx *)vctx)->waited_s;
+}
+
+/* The one line device 0 prints at the end. */
+static void print_finished(const struct device_ctx *dev, const struct train_loop *l, int64_t start,
+			   double seconds)
+{
+	const struct cfg *c = dev->cfg;
+	const char *dir = l->opts->ckpt_dir;
+	char mesh[256] = "";
+	size_t used = 0;
+	for (int a = 0; a < AX_COUNT; a++)
+		if (dev->mesh->size[a] > 1)
+			used += snprintf(mesh + used, sizeof(mesh) - used, "%s%s=%d", used ? " " : "",
+					 mesh_axis_names[a], dev->mesh->size[a]);
+	printf("finished: %" PRId64 " steps on %d hosts x %d devices (%s), loss %.4f -> %.4f, %.1f s%s%s\n",
+	       (int64_t)(c->steps - start), dev->mesh->num_hosts, dev->mesh->devices_per_host,
+	       used ? mesh : "one device", l->first_loss, l->last_loss, seconds,
+	       dir ? ", checkpoint in " : "", dir ? dir : "");
+	fflush(stdout);
+}
+
+/* Resume: device 0 loads the checkpoint, every device takes it. */
+static int resume(struct trainer *t, struct job_ctx *jc, const struct coll_group *all, bool leader,
+		  const char *dir, int64_t *start, char *err, size_t errlen)
+{
+	int rc = trainer_ckpt_prepare(t, err, errlen);
+	if (!rc && leader)
+		rc = trainer_load(t, dir, start, err, errlen);
+	if (!rc)
+		rc = broadcast_state(t, jc, all, start, err, errlen);
+	return rc;
+}
+
 int train_job(struct device_ctx *dev)
 {
-	const struct train_job_arg *arg = dev->job_arg;
+	const struct train_opts *o = dev->job_arg;
 	const struct cfg *c = dev->cfg;
-	const struct run_opts *o = &arg->opts;
 	char *err = dev->err;
 	size_t errlen = sizeof(dev->err);
 	struct job_ctx jc = { .mesh = dev->mesh, .device = dev->device_id, .err = err, .errlen = errlen,
-			      .timeout_s = c->collective_timeout_s };
+			      .timeout_s = c->collective_timeout_s, .agent = dev->agent,
+			      .xport = dev->xport };
 	struct shard_rules *rules = NULL;
 	struct trainer *t = NULL;
-	struct run_log log = { 0 };
+	struct steplog log = { 0 };
 	int ret = 0;
 	int64_t start = 0;
 	bool leader = dev->device_id == 0;
 	uint32_t rows = 0;
 
-	if (check_mesh(c, err, errlen))
-		return EXIT_CONFIG;
+	if ((ret = check_mesh(c, err, errlen)))
+		return ret;
 	rules = malloc(sizeof(*rules));
 	if (!rules) {
 		snprintf(err, errlen, "train: out of memory");
-		return EXIT_FAIL;
+		return -ENOMEM;
 	}
 	struct model_mesh mm = { .mesh = dev->mesh, .rules = rules, .device = dev->device_id };
 	if (shard_rules_from_cfg(rules, c, err, errlen) ||
 	    model_plan_rows(&mm, (int)c->base_emb_dim, &rows, err, errlen)) {
-		ret = EXIT_CONFIG;
+		ret = -EINVAL;
 		goto out;
 	}
 	jc.coll = coll_dev_new(dev->xport, dev->device_id, (size_t)c->segment_bytes, c->collective_timeout_s);
 	if (!jc.coll) {
 		snprintf(err, errlen, "train: unable to start the communication thread");
-		ret = EXIT_FAIL;
+		ret = -EAGAIN;
 		goto out;
 	}
 	const struct coll_group *rg = group_of(&jc, rows), *allg = group_of(&jc, (1u << AX_COUNT) - 1);
 	if (!rg || !allg) {
-		ret = EXIT_FAIL;
+		ret = -ENOMEM;
 		goto out;
 	}
 	struct coll_group all = *allg;
@@ -318,27 +389,13 @@ int train_job(struct device_ctx *dev)
 	 * tensor_transpose) share theirs */
 	int global_rows = (int)c->per_device_batch_size * dev->mesh->num_devices;
 	int B = global_rows / rg->n, row0 = rg->rank * B;
-	t = trainer_new(c, B, &mm, err, errlen);
-	if (!t) {
-		ret = strncmp(err, "config", 6) && strncmp(err, "sharding", 8) ? EXIT_INPUT : EXIT_CONFIG;
+	if ((ret = trainer_open(&t, c, B, &mm, err, errlen)))
 		goto out;
-	}
 	/* every device starts from the same weights (init is a function of each
 	 * element's global index); on resume, from device 0's checkpoint */
-	if (o->resume) {
-		if (trainer_ckpt_prepare(t, err, errlen)) {
-			ret = EXIT_FAIL;
-			goto out;
-		}
-		if (leader && trainer_load(t, o->ckpt_dir, &start, err, errlen)) {
-			ret = EXIT_INPUT;
-			goto out;
-		}
-		if ((ret = broadcast_state(t, &jc, &all, &start, err, errlen)))
-			goto out;
-	}
-	if (leader && (ret = run_log_open(&log, o, c, model_dims(trainer_model(t)), dev->mesh->num_devices,
-					  err, errlen)))
+	if (o->resume && (ret = resume(t, &jc, &all, leader, o->ckpt_dir, &start, err, errlen)))
+		goto out;
+	if (leader && (ret = train_log_open(&log, o, t, dev->mesh->num_devices, err, errlen)))
 		goto out;
 
 	struct train_comm comm = {
@@ -352,76 +409,34 @@ int train_job(struct device_ctx *dev)
 		jc.tr = malloc(sizeof(*jc.tr));
 		if (!jc.tr) {
 			snprintf(err, errlen, "train: out of memory for the trace");
-			ret = EXIT_FAIL;
+			ret = -ENOMEM;
 			goto out;
 		}
 		/* line the devices' clocks up on a barrier */
 		if (coll_barrier(jc.coll, &all, err, errlen)) {
-			ret = EXIT_PEER_LOST;
+			ret = -EHOSTDOWN;
 			goto out;
 		}
 		trace_start(jc.tr, true);
 	}
-	uint64_t dcn0 = agent_dcn_bytes_sent(dev->agent), ici0 = xport_local_bytes(dev->xport);
-	double first_loss = NAN, last_loss = NAN, run_t0 = run_now();
-	for (int64_t s = start; s < c->steps; s++) {
-		struct step_stats st;
-		coll_set_step(jc.coll, (uint64_t)s);
-		if (jc.tr)
-			jc.tr->step = s;
-		double t0 = run_now();
-		ret = trainer_step(t, s, global_rows, row0, &comm, &st, err, errlen);
-		if (ret)
-			goto out;
-		double dt = run_now() - t0;
-		trace_span(jc.tr, "forward+backward", "compute", st.t_fb0, st.t_fb1);
-		trace_span(jc.tr, "optimizer", "compute", st.t_opt0, st.t_opt1);
-		trace_span(jc.tr, "step", "step", t0, t0 + dt);
-		if (!isfinite(st.loss)) {
-			snprintf(err, errlen, "train: loss is %g at step %" PRId64, st.loss, s);
-			ret = EXIT_FAIL;
-			goto out;
-		}
-		bool last = s == c->steps - 1;
-		bool save = o->ckpt_dir && ((c->checkpoint_period > 0 && (s + 1) % c->checkpoint_period == 0) || last);
-		if (save && (ret = trainer_ckpt_gather(t, &comm, err, errlen)))
-			goto out;
-		if (!leader)
-			continue;
-		if (s == start)
-			first_loss = st.loss;
-		last_loss = st.loss;
-		uint64_t dcn = agent_dcn_bytes_sent(dev->agent), ici = xport_local_bytes(dev->xport);
-		if (c->log_period > 0 && (s % c->log_period == 0 || s == c->steps - 1))
-			run_log_step(&log, s, &st, dt, dcn - dcn0, ici - ici0);
-		dcn0 = dcn;
-		ici0 = ici;
-		if (save && trainer_save(t, o->ckpt_dir, s + 1, err, errlen)) {
-			ret = EXIT_FAIL;
-			goto out;
-		}
-	}
-	if (leader && c->steps > start) {
-		char mesh[256] = "";
-		size_t used = 0;
-		for (int a = 0; a < AX_COUNT; a++)
-			if (dev->mesh->size[a] > 1)
-				used += snprintf(mesh + used, sizeof(mesh) - used, "%s%s=%d", used ? " " : "",
-						 mesh_axis_names[a], dev->mesh->size[a]);
-		printf("finished: %" PRId64 " steps on %d hosts x %d devices (%s), loss %.4f -> %.4f, %.1f s%s%s\n",
-		       (int64_t)(c->steps - start), dev->mesh->num_hosts, dev->mesh->devices_per_host,
-		       used ? mesh : "one device", first_loss, last_loss, run_now() - run_t0,
-		       o->ckpt_dir ? ", checkpoint in " : "", o->ckpt_dir ? o->ckpt_dir : "");
-		fflush(stdout);
-	}
+	struct train_loop loop = {
+		.t = t, .opts = o, .global_rows = global_rows, .row0 = row0, .comm = &comm,
+		.leader = leader, .log = &log, .step_begin = job_step_begin, .step_end = job_step_end,
+		.bytes = job_bytes, .comm_wait_s = job_waited, .ctx = &jc,
+	};
+	double run_t0 = util_now_s();
+	if ((ret = train_loop_run(&loop, start, err, errlen)))
+		goto out;
+	if (leader && c->steps > start)
+		print_finished(dev, &loop, start, util_now_s() - run_t0);
 	if (jc.tr && (ret = write_trace(dev, &jc, &all, o->trace, err, errlen)))
 		goto out;
 	/* nobody leaves before the checkpoint is written */
 	if (coll_barrier(jc.coll, &all, err, errlen))
-		ret = EXIT_PEER_LOST;
+		ret = -EHOSTDOWN;
 out:
 	if (leader)
-		run_log_close(&log);
+		steplog_close(&log);
 	trainer_free(t);
 	if (jc.coll)
 		coll_dev_free(jc.coll);

@@ -3,13 +3,9 @@
 #define MESHRUN_TRAIN_JOB_H
 
 #include "host/agent/agent.h"
-#include "host/train/run.h"
 
-struct train_job_arg {
-	struct run_opts opts;
-};
-
-/* agent_job_fn for training; job_arg is a struct train_job_arg. */
+/* An agent_job_fn for training; dev->job_arg is a const struct
+ * train_opts (host/train/loop.h). 0 or -errno with dev->err. */
 int train_job(struct device_ctx *dev);
 
 #endif

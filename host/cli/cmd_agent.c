@@ -1,0 +1,154 @@
+/* `meshrun agent`: one host of a run. The CLI chooses the job (training or
+ * the pingpong self-test); the agent runs it. Also the mesh flags and
+ * config loading every agent-running command shares. */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "host/agent/agent.h"
+#include "host/agent/pingpong.h"
+#include "host/cli/cli.h"
+#include "host/cli/cmds.h"
+#include "host/config/config.h"
+#include "host/train/loop.h"
+#include "host/train/train_job.h"
+#include "host/util/threads.h"
+
+void cli_mesh_flags(struct arg_flag t[MESH_FLAGS], struct mesh_args *m)
+{
+	t[0] = (struct arg_flag){ "--config", ARG_CONFIG, NULL, 0, 0, NULL };
+	t[1] = (struct arg_flag){ "--host-id", ARG_INT, &m->host_id, 0, 1000000, NULL };
+	t[2] = (struct arg_flag){ "--hosts", ARG_INT, &m->hosts, 1, 1000000, NULL };
+	t[3] = (struct arg_flag){ "--devices-per-host", ARG_INT, &m->devs, 1, 1000000, NULL };
+	t[4] = (struct arg_flag){ NULL, 0, NULL, 0, 0, NULL };
+}
+
+static bool any_fill(const long long *v[], int n)
+{
+	for (int i = 0; i < n; i++)
+		if (*v[i] == -1)
+			return true;
+	return false;
+}
+
+int cli_agent_cfg(const struct args *a, const struct mesh_args *m, struct cfg *c, int *host_id,
+		  char *err, size_t errlen)
+{
+	int hosts = m->hosts, devs = m->devs, hid = m->host_id;
+	if (args_load_cfg(a, c, err, errlen))
+		return EXIT_CONFIG;
+	/* without --hosts / --devices-per-host a -1 size means one */
+	const long long *dcn[] = {
+		&c->dcn_data_parallelism, &c->dcn_pipeline_parallelism, &c->dcn_fsdp_parallelism,
+		&c->dcn_fsdp_transpose_parallelism, &c->dcn_sequence_parallelism,
+		&c->dcn_context_parallelism, &c->dcn_tensor_parallelism,
+		&c->dcn_tensor_transpose_parallelism, &c->dcn_expert_parallelism,
+	};
+	const long long *ici[] = {
+		&c->ici_data_parallelism, &c->ici_pipeline_parallelism, &c->ici_fsdp_parallelism,
+		&c->ici_fsdp_transpose_parallelism, &c->ici_sequence_parallelism,
+		&c->ici_context_parallelism, &c->ici_tensor_parallelism,
+		&c->ici_tensor_transpose_parallelism, &c->ici_expert_parallelism,
+	};
+	if (!hosts && any_fill(dcn, AX_COUNT))
+		hosts = c->hosts.n ? c->hosts.n : 1;
+	if (!devs && any_fill(ici, AX_COUNT))
+		devs = 1;
+	if (cfg_finish(c, hosts, devs, err, errlen))
+		return EXIT_CONFIG;
+	if (hid < 0)
+		hid = 0;
+	if (hid >= c->num_hosts) {
+		snprintf(err, errlen, "--host-id %d is out of range: the mesh has %d hosts (0..%d)",
+			 hid, c->num_hosts, c->num_hosts - 1);
+		return EXIT_USAGE;
+	}
+	*host_id = hid;
+	return EXIT_OK;
+}
+
+/* ---- `meshrun agent` ---- */
+
+struct agent_cli {
+	const char *listen, *job;
+	struct pingpong_arg pp;
+	struct train_opts run;
+};
+
+static struct agent_cli ao;
+
+static const struct arg_flag agent_flags[] = {
+	{ "--listen", ARG_STR, &ao.listen, 0, 0, NULL },
+	{ "--job", ARG_STR, &ao.job, 0, 0, NULL },
+	{ "--size", ARG_BYTES, &ao.pp.size, 0, 1ull << 40, NULL },
+	{ "--rounds", ARG_LONG, &ao.pp.rounds, 0, 2e9, NULL },
+	{ "--hold-s", ARG_DOUBLE, &ao.pp.hold_s, 0, 3600, NULL },
+	{ "--metrics", ARG_STR, &ao.run.metrics, 0, 0, NULL },
+	{ "--checkpoint-dir", ARG_STR, &ao.run.ckpt_dir, 0, 0, NULL },
+	{ "--trace", ARG_STR, &ao.run.trace, 0, 0, NULL },
+	{ "--resume", ARG_BOOL, &ao.run.resume, 0, 0, NULL },
+	{ NULL, 0, NULL, 0, 0, NULL },
+};
+
+const struct arg_flag *cli_agent_flags(void)
+{
+	return agent_flags;
+}
+
+struct job_entry {
+	const char *name;
+	agent_job_fn fn;
+};
+
+static const struct job_entry jobs[] = {
+	{ "train", train_job },
+	{ "pingpong", pingpong_job },
+	{ NULL, NULL },
+};
+
+int cmd_agent(int argc, char **argv)
+{
+	static struct cfg cfg;
+	struct mesh_args m = { .host_id = -1 };
+	struct arg_flag mesh[MESH_FLAGS];
+	struct args a;
+	char err[640];
+	int host_id = -1, rc;
+
+	ao = (struct agent_cli){ .job = "train", .pp = { .size = 1 << 20, .rounds = 10 } };
+	cli_mesh_flags(mesh, &m);
+	const struct arg_flag *const tables[] = { agent_flags, mesh, NULL };
+	if (args_parse(&a, tables, argc, argv, err, sizeof(err))) {
+		fprintf(stderr, "meshrun: agent: %s\n", err);
+		args_release(&a);
+		return EXIT_USAGE;
+	}
+	const struct job_entry *j = jobs;
+	while (j->name && strcmp(j->name, ao.job))
+		j++;
+	bool train = j->fn == train_job;
+	if (train && ao.run.resume && !ao.run.ckpt_dir) {
+		fprintf(stderr, "meshrun: --resume needs --checkpoint-dir DIR\n");
+		args_release(&a);
+		return EXIT_USAGE;
+	}
+	rc = cli_agent_cfg(&a, &m, &cfg, &host_id, err, sizeof(err));
+	args_release(&a);
+	if (rc) {
+		fprintf(stderr, "meshrun: agent: %s\n", err);
+		return rc;
+	}
+	if (!j->name) {
+		fprintf(stderr, "meshrun: agent: unknown job '%s' (this build has: train, pingpong)\n",
+			ao.job);
+		return EXIT_USAGE;
+	}
+	if (train)
+		util_blas_threads(&cfg, cfg.devices_per_host * util_agents_on_machine());
+	rc = agent_run(&cfg, host_id, ao.listen, j->fn, train ? (void *)&ao.run : (void *)&ao.pp, err,
+		       sizeof(err));
+	if (rc)
+		fprintf(stderr, "meshrun: host %d: %s\n", host_id, err);
+	return cli_exit_code(rc);
+}

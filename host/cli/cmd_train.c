@@ -1,0 +1,142 @@
+/* `meshrun train` and `meshrun eval`: one device. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "host/cli/args.h"
+#include "host/cli/cli.h"
+#include "host/config/config.h"
+#include "host/train/eval.h"
+#include "host/train/loop.h"
+#include "host/train/train.h"
+#include "host/util/threads.h"
+
+static int train_run(const struct cfg *c, const struct train_opts *o, char *err, size_t errlen)
+{
+	struct trainer *t;
+	struct steplog log;
+	int64_t start = 0;
+	int rc = trainer_open(&t, c, (int)c->per_device_batch_size, NULL, err, errlen);
+	if (rc)
+		return rc;
+	if (o->resume && (rc = trainer_load(t, o->ckpt_dir, &start, err, errlen)))
+		goto out;
+	if ((rc = train_log_open(&log, o, t, 1, err, errlen)))
+		goto out;
+	struct train_loop loop = {
+		.t = t, .opts = o, .global_rows = (int)c->per_device_batch_size, .leader = true,
+		.log = &log,
+	};
+	rc = train_loop_run(&loop, start, err, errlen);
+	steplog_close(&log);
+out:
+	trainer_free(t);
+	return rc;
+}
+
+int cmd_train(int argc, char **argv)
+{
+	struct train_opts o = { 0 };
+	static struct cfg c;
+	struct args a;
+	char err[1024];
+	const struct arg_flag flags[] = {
+		{ "--config", ARG_CONFIG, NULL, 0, 0, NULL },
+		{ "--metrics", ARG_STR, &o.metrics, 0, 0, NULL },
+		{ "--checkpoint-dir", ARG_STR, &o.ckpt_dir, 0, 0, NULL },
+		{ "--trace", ARG_STR, &o.trace, 0, 0, NULL },
+		{ "--resume", ARG_BOOL, &o.resume, 0, 0, NULL },
+		{ NULL, 0, NULL, 0, 0, NULL },
+	};
+	const struct arg_flag *const tables[] = { flags, NULL };
+	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
+	if (!rc && o.resume && !o.ckpt_dir) {
+		snprintf(err, sizeof(err), "--resume needs --checkpoint-dir DIR");
+		rc = -EINVAL;
+	}
+	if (rc) {
+		fprintf(stderr, "meshrun: train: %s\n", err);
+		args_release(&a);
+		return EXIT_USAGE;
+	}
+	rc = args_load_cfg(&a, &c, err, sizeof(err));
+	args_release(&a);
+	if (!rc && !(rc = cfg_finish(&c, 1, 1, err, sizeof(err)) ? -EINVAL : 0)) {
+		util_blas_threads(&c, 1);
+		rc = train_run(&c, &o, err, sizeof(err));
+	}
+	if (rc)
+		fprintf(stderr, "%s\n", err);
+	return cli_exit_code(rc);
+}
+
+/* The config eval runs: the checkpoint's, overridden, on one device, with
+ * the text as its data. A checkpoint without a readable meshrun.yml is bad
+ * input; a bad override a config error. */
+static int eval_cfg(struct cfg *c, const char *dir, const char *text, const struct args *a,
+		    char *err, size_t errlen)
+{
+	char path[4096], why[1024];
+	cfg_defaults(c);
+	snprintf(path, sizeof(path), "%s/meshrun.yml", dir);
+	if (cfg_load_file(c, path, why, sizeof(why))) {
+		snprintf(err, errlen, "eval: %s", why);
+		return -EBADMSG;
+	}
+	for (int i = 0; i < a->noverrides; i++)
+		if (cfg_override(c, a->overrides[i], err, errlen))
+			return -EINVAL;
+	/* eval runs on one device whatever mesh trained the checkpoint */
+	cfg_single_device(c);
+	snprintf(c->dataset_type, sizeof(c->dataset_type), "text");
+	snprintf(c->dataset_path, sizeof(c->dataset_path), "%s", text);
+	return cfg_finish(c, 1, 1, err, errlen) ? -EINVAL : 0;
+}
+
+static int eval_run(const struct cfg *c, const char *dir, const char *text, char *err, size_t errlen)
+{
+	struct trainer *t;
+	struct eval_result r;
+	char why[1024];
+	int rc = trainer_open(&t, c, (int)c->per_device_batch_size, NULL, why, sizeof(why));
+	if (!rc && (rc = trainer_load(t, dir, NULL, why, sizeof(why))) == 0 &&
+	    (rc = eval_text(t, text, &r, why, sizeof(why))) == 0)
+		printf("eval_windows: %" PRId64 "\neval_tokens: %" PRId64 "\neval_loss: %.6f\n", r.windows,
+		       r.tokens, r.loss);
+	if (rc)
+		snprintf(err, errlen, "eval: %s", why);
+	trainer_free(t);
+	return rc;
+}
+
+int cmd_eval(int argc, char **argv)
+{
+	const char *dir = NULL, *text = NULL;
+	static struct cfg c;
+	struct args a;
+	char err[1280];
+	const struct arg_flag flags[] = {
+		{ "--checkpoint", ARG_STR, &dir, 0, 0, NULL },
+		{ "--text", ARG_STR, &text, 0, 0, NULL },
+		{ NULL, 0, NULL, 0, 0, NULL },
+	};
+	const struct arg_flag *const tables[] = { flags, NULL };
+	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
+	if (rc || !dir || !text) {
+		if (rc)
+			fprintf(stderr, "meshrun: eval: %s\n", err);
+		fprintf(stderr, "usage: meshrun eval --checkpoint DIR --text FILE [key=value ...]\n");
+		args_release(&a);
+		return EXIT_USAGE;
+	}
+	rc = eval_cfg(&c, dir, text, &a, err, sizeof(err));
+	args_release(&a);
+	if (!rc) {
+		util_blas_threads(&c, 1);
+		rc = eval_run(&c, dir, text, err, sizeof(err));
+	}
+	if (rc)
+		fprintf(stderr, "%s\n", err);
+	return cli_exit_code(rc);
+}

@@ -1,0 +1,39 @@
+/* What the subcommands share: the mesh flags every agent takes, turning
+ * them into a finished config, and starting agents on this machine. */
+#ifndef MESHRUN_CMDS_H
+#define MESHRUN_CMDS_H
+
+#include <stddef.h>
+
+#include "host/cli/args.h"
+
+struct cfg;
+
+/* --config FILE, --host-id I, --hosts N, --devices-per-host D. */
+struct mesh_args {
+	int host_id;          /* -1: not given */
+	int hosts, devs;      /* 0: not given */
+};
+#define MESH_FLAGS 5
+void cli_mesh_flags(struct arg_flag t[MESH_FLAGS], struct mesh_args *m);
+
+/* The flags `meshrun agent` takes besides the mesh's (--job, --listen, the
+ * run flags, ...): `local` accepts them too and passes them on. */
+const struct arg_flag *cli_agent_flags(void);
+
+/* Loads the config of an agent (files, overrides) and finishes it for the
+ * mesh m asks for (sizes left -1 without --hosts / --devices-per-host
+ * mean one). EXIT_OK, or EXIT_CONFIG / EXIT_USAGE (host id out of range)
+ * with err. */
+int cli_agent_cfg(const struct args *a, const struct mesh_args *m, struct cfg *c, int *host_id,
+		  char *err, size_t errlen);
+
+/* Starts `hosts` agents on loopback (host/launch/local.h), each running
+ * this binary with prefix[0..nprefix-1] and then every argument of argv
+ * except those taken by a flag named in the table `skip`; prints "<who>: <what failed>" and
+ * returns the exit code: the first failed host's, EXIT_FAIL when one was
+ * killed or nothing could start, EXIT_USAGE for a host count out of range. */
+int cli_launch_local(const char *who, int hosts, const struct args *a, char **argv,
+		     const struct arg_flag *skip, const char *const *prefix, int nprefix);
+
+#endif

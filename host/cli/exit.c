@@ -1,0 +1,29 @@
+/* The one mapping from library results (0 / -errno) to exit codes. */
+#include <errno.h>
+
+#include "host/cli/cli.h"
+
+int cli_exit_code(int rc)
+{
+	switch (rc) {
+	case 0: return EXIT_OK;
+	case -EINVAL: return EXIT_CONFIG;
+	case -EBADMSG: return EXIT_INPUT;
+	case -EHOSTDOWN: return EXIT_PEER_LOST;
+	case -ECONNREFUSED: return EXIT_REFUSED;
+	default: return EXIT_FAIL;
+	}
+}
+
+const char *cli_exit_name(int code)
+{
+	switch (code) {
+	case EXIT_FAIL: return "failed";
+	case EXIT_USAGE: return "usage error";
+	case EXIT_CONFIG: return "config error";
+	case EXIT_INPUT: return "bad input";
+	case EXIT_PEER_LOST: return "peer lost";
+	case EXIT_REFUSED: return "refused";
+	default: return "failed";
+	}
+}

@@ -1,0 +1,63 @@
+/* The launcher core: starts a set of child processes, supervises them,
+ * and stops them all when one fails or the user interrupts. Backends say
+ * what to start; the core knows nothing of agents, certificates or hosts.
+ *
+ * A backend (local today; ssh and Slurm later) fills one struct
+ * launch_child per process it wants: the argv and environment to exec
+ * (argv[0] a path, e.g. this binary, `ssh` or `srun`), a name for reports
+ * ("host 1"), and the file descriptors the child must inherit. It may set
+ * a stop action, run once when the core gives up on the children (an ssh
+ * backend would stop the remote agents there; Slurm would scancel). The
+ * core then:
+ *   - forks and execs every child (each dies with the launcher:
+ *     PR_SET_PDEATHSIG), closing the inherited descriptors in the parent;
+ *   - forwards SIGINT and SIGTERM to every child while it runs;
+ *   - waits; after the first failure the others get grace_s to fail on
+ *     their own, then are killed (SIGKILL) and the stop action runs;
+ *   - reports every failure in the order seen, the first first:
+ *     "host 1 exited with code 5 (peer lost); host 0 was stopped by
+ *     signal 9 (it outlived the others' failure)". */
+#ifndef MESHRUN_LAUNCH_H
+#define MESHRUN_LAUNCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define LAUNCH_MAX_FDS 4
+
+struct launch_child {
+	char name[32];                 /* "host 1" */
+	char **argv;                   /* NULL-terminated; argv[0] is the path */
+	char **envp;                   /* NULL-terminated */
+	int fds[LAUNCH_MAX_FDS];       /* inherited by this child only */
+	int nfds;
+};
+
+struct launch_opts {
+	double grace_s;                /* after a failure, before killing the rest */
+	/* words for a child's exit code in reports ("peer lost"); NULL: none */
+	const char *(*exit_name)(int code);
+	/* optional: run once when the core kills the survivors */
+	void (*stop)(void *ctx);
+	void *stop_ctx;
+};
+
+/* What happened. */
+struct launch_result {
+	int failures;                  /* children that did not exit 0 */
+	int first;                     /* index of the first failure, or -1 */
+	int first_code;                /* its exit code, or -1 if a signal ended it */
+	bool interrupted;              /* SIGINT or SIGTERM arrived */
+};
+
+/* Starts n children, supervises them until all have ended and fills *r.
+ * Returns 0 when every child exited 0 (and no signal arrived); -ECHILD
+ * when some failed, with every failure reported in err as above; -EINTR
+ * when interrupted and every child still exited 0; another -errno when a
+ * child could not be started (err says which; the ones started are killed
+ * and their ends reported after it). The parent's descriptors in the
+ * children's fds are closed whatever happens. */
+int launch_run(struct launch_child *kids, int n, const struct launch_opts *o,
+	       struct launch_result *r, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,87 @@
+/* See host/obs/steplog.h. */
+#include "host/obs/steplog.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+
+#include "host/util/clock.h"
+
+int steplog_open(struct steplog *l, const struct steplog_info *info, const char *metrics,
+		 bool append, char *err, size_t errlen)
+{
+	memset(l, 0, sizeof(*l));
+	l->devices = info->devices;
+	l->flops_per_token = info->flops_per_token;
+	l->tokens_per_step = info->tokens_per_step;
+	l->peak_gflops = info->peak_gflops;
+	if (metrics) {
+		l->metrics = fopen(metrics, append ? "a" : "w");
+		if (!l->metrics) {
+			snprintf(err, errlen, "meshrun: unable to open metrics file '%s': %s", metrics,
+				 strerror(errno));
+			return -EBADMSG;
+		}
+	}
+	printf("sgemm peak: %.1f GFLOP/s per device (%d OpenBLAS threads, core %s); "
+	       "model: %.3g matmul FLOPs/token\n",
+	       l->peak_gflops, info->blas_threads, info->blas_core, l->flops_per_token);
+	fflush(stdout);
+	return 0;
+}
+
+static void write_metrics(struct steplog *l, const struct step_report *r, double tok_s,
+			  double tflops, double mfu, long mem)
+{
+	cJSON *j = cJSON_CreateObject();
+	cJSON_AddNumberToObject(j, "step", (double)r->step);
+	cJSON_AddNumberToObject(j, "loss", r->loss);
+	cJSON_AddNumberToObject(j, "aux_loss", r->aux);
+	cJSON_AddNumberToObject(j, "grad_norm", r->grad_norm);
+	cJSON_AddNumberToObject(j, "lr", r->lr);
+	cJSON_AddNumberToObject(j, "step_time_s", r->seconds);
+	cJSON_AddNumberToObject(j, "tokens_per_s_global", tok_s);
+	cJSON_AddNumberToObject(j, "tokens_per_s_per_device", tok_s / l->devices);
+	cJSON_AddNumberToObject(j, "comm_wait_s", r->comm_wait_s);
+	cJSON_AddNumberToObject(j, "tflops_per_device", tflops);
+	cJSON_AddNumberToObject(j, "mfu", mfu);
+	cJSON_AddNumberToObject(j, "dcn_bytes", (double)r->dcn_bytes);
+	cJSON_AddNumberToObject(j, "ici_bytes", (double)r->ici_bytes);
+	cJSON_AddNumberToObject(j, "peak_mem_mb", (double)mem);
+	/* losses printed with full precision so runs can be compared bit for bit */
+	char buf[64];
+	snprintf(buf, sizeof(buf), "%a", r->loss);
+	cJSON_AddStringToObject(j, "loss_hex", buf);
+	char *s = cJSON_PrintUnformatted(j);
+	fprintf(l->metrics, "%s\n", s);
+	fflush(l->metrics);
+	cJSON_free(s);
+	cJSON_Delete(j);
+}
+
+void steplog_step(struct steplog *l, const struct step_report *r)
+{
+	double tok_s = l->tokens_per_step / r->seconds;
+	double tflops = tok_s * l->flops_per_token / l->devices * 1e-12;
+	double mfu = l->peak_gflops > 0 ? tflops * 1e3 / l->peak_gflops : 0;
+	long mem = util_peak_rss_mb();
+
+	printf("completed step: %" PRId64 ", seconds: %.3f, TFLOP/s/device: %.4f, "
+	       "Tokens/s/device: %.1f, MFU: %.1f%%, loss: %.5f",
+	       r->step, r->seconds, tflops, tok_s / l->devices, mfu * 100, r->loss);
+	if (r->aux)
+		printf(", aux_loss: %.5f", r->aux);
+	printf(", grad_norm: %.4f, lr: %.3g, dcn_bytes: %" PRIu64 ", ici_bytes: %" PRIu64
+	       ", peak_mem_mb: %ld\n", r->grad_norm, r->lr, r->dcn_bytes, r->ici_bytes, mem);
+	fflush(stdout);
+	if (l->metrics)
+		write_metrics(l, r, tok_s, tflops, mfu, mem);
+}
+
+void steplog_close(struct steplog *l)
+{
+	if (l->metrics)
+		fclose(l->metrics);
+	l->metrics = NULL;
+}

@@ -1,0 +1,46 @@
+/* The step log (MaxText-like lines on stdout) and the --metrics file (one
+ * JSON object per logged step). Field names say what they measure:
+ * tokens_per_s_global counts every device's tokens, the step log's
+ * Tokens/s/device and tokens_per_s_per_device one device's share. */
+#ifndef MESHRUN_STEPLOG_H
+#define MESHRUN_STEPLOG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct steplog {
+	FILE *metrics;
+	double peak_gflops;       /* measured sgemm peak per device */
+	double flops_per_token;
+	int devices;              /* devices in the job */
+	int64_t tokens_per_step;  /* global */
+};
+
+/* What the run looks like, for the header line and the rates. */
+struct steplog_info {
+	double peak_gflops;
+	int blas_threads;
+	const char *blas_core;
+	double flops_per_token;   /* matmul FLOPs per token */
+	int64_t tokens_per_step;  /* every device's */
+	int devices;
+};
+
+/* What one step measured. */
+struct step_report {
+	int64_t step;
+	double loss, aux, grad_norm, lr;
+	double seconds;           /* wall time of the step */
+	uint64_t dcn_bytes, ici_bytes;
+	double comm_wait_s;       /* blocked inside collectives during the step */
+};
+
+/* Prints the header line; opens metrics (NULL: none), appending when
+ * append. 0, or -EBADMSG when the metrics file cannot be opened. */
+int steplog_open(struct steplog *l, const struct steplog_info *info, const char *metrics,
+		 bool append, char *err, size_t errlen);
+void steplog_step(struct steplog *l, const struct step_report *r);
+void steplog_close(struct steplog *l);
+
+#endif

@@ -1,0 +1,90 @@
+/* See host/train/loop.h. */
+#include "host/train/loop.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "host/bench/bench_matmul.h"
+#include "host/util/clock.h"
+#include "kernels/kernels.h"
+
+int train_log_open(struct steplog *log, const struct train_opts *o, struct trainer *t,
+		   int devices, char *err, size_t errlen)
+{
+	const struct model_dims *d = model_dims(trainer_model(t));
+	struct steplog_info info = {
+		.peak_gflops = bench_sgemm_peak_gflops(blas_get_threads(), 0.3),
+		.blas_threads = blas_get_threads(),
+		.blas_core = blas_core_name(),
+		.flops_per_token = model_flops_per_token(d),
+		.tokens_per_step = (int64_t)trainer_cfg(t)->per_device_batch_size * devices * d->T,
+		.devices = devices,
+	};
+	return steplog_open(log, &info, o->metrics, o->resume, err, errlen);
+}
+
+static double comm_wait(const struct train_loop *l)
+{
+	return l->comm_wait_s ? l->comm_wait_s(l->ctx) : 0;
+}
+
+static void bytes(const struct train_loop *l, uint64_t *dcn, uint64_t *ici)
+{
+	*dcn = *ici = 0;
+	if (l->bytes)
+		l->bytes(l->ctx, dcn, ici);
+}
+
+int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen)
+{
+	const struct cfg *c = trainer_cfg(l->t);
+	const struct train_opts *o = l->opts;
+	uint64_t dcn0, ici0;
+	int rc;
+
+	l->first_loss = l->last_loss = NAN;
+	bytes(l, &dcn0, &ici0);
+	for (int64_t s = start; s < c->steps; s++) {
+		struct step_stats st;
+		if (l->step_begin)
+			l->step_begin(l->ctx, s);
+		double w0 = comm_wait(l), t0 = util_now_s();
+		if ((rc = trainer_step(l->t, s, l->global_rows, l->row0, l->comm, &st, err, errlen)))
+			return rc;
+		double t1 = util_now_s(), waited = comm_wait(l) - w0;
+		if (l->step_end)
+			l->step_end(l->ctx, &st, t0, t1);
+		if (!isfinite(st.loss)) {
+			snprintf(err, errlen, "train: loss is %g at step %" PRId64, st.loss, s);
+			return -ERANGE;
+		}
+		bool last = s == c->steps - 1;
+		bool save = o->ckpt_dir &&
+			    ((c->checkpoint_period > 0 && (s + 1) % c->checkpoint_period == 0) || last);
+		/* every device takes part in gathering the whole tensors */
+		if (save && (rc = trainer_ckpt_gather(l->t, l->comm, err, errlen)))
+			return rc;
+		if (!l->leader)
+			continue;
+		if (s == start)
+			l->first_loss = st.loss;
+		l->last_loss = st.loss;
+		uint64_t dcn, ici;
+		bytes(l, &dcn, &ici);
+		if (c->log_period > 0 && (s % c->log_period == 0 || last)) {
+			struct step_report r = {
+				.step = s, .loss = st.loss, .aux = st.aux, .grad_norm = st.grad_norm,
+				.lr = st.lr, .seconds = t1 - t0, .dcn_bytes = dcn - dcn0,
+				.ici_bytes = ici - ici0, .comm_wait_s = waited,
+			};
+			steplog_step(l->log, &r);
+		}
+		dcn0 = dcn;
+		ici0 = ici;
+		if (save && (rc = trainer_save(l->t, o->ckpt_dir, s + 1, err, errlen)))
+			return rc;
+	}
+	return 0;
+}

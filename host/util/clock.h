@@ -1,0 +1,18 @@
+/* The one monotonic clock of host/, and what this process has used: CPU
+ * time and peak resident memory. */
+#ifndef MESHRUN_CLOCK_H
+#define MESHRUN_CLOCK_H
+
+#include <stdint.h>
+
+/* CLOCK_MONOTONIC in seconds / nanoseconds. */
+double util_now_s(void);
+uint64_t util_now_ns(void);
+
+/* User + system CPU time of this process (all threads), microseconds. */
+double util_cpu_us(void);
+
+/* Peak resident set size of this process, MiB. */
+long util_peak_rss_mb(void);
+
+#endif

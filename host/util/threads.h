@@ -1,0 +1,16 @@
+/* How many OpenBLAS threads a process gets: the rule of README "Threads
+ * and cores". */
+#ifndef MESHRUN_THREADS_H
+#define MESHRUN_THREADS_H
+
+struct cfg;
+
+/* Sets OpenBLAS threads from openblas_threads or the rule
+ * max(1, online cores / devices on this machine); returns the count. */
+int util_blas_threads(const struct cfg *c, int devices_on_machine);
+
+/* Agents sharing this machine: set by `meshrun local` for its children
+ * (MESHRUN_LOCAL_AGENTS), else 1. */
+int util_agents_on_machine(void);
+
+#endif
