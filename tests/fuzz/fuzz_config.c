@@ -82,7 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static struct cfg c, d, e;
 	static char path[256], base[256], out[256], out2[256], line[1024];
-	char err[600], text[16];
+	char err[600];
 	bool roundtrip = true;
 	int rc;
 
@@ -123,9 +123,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			s += n + (nl ? 1 : 0);
 		}
 	}
-	cfg_get_text(&c, "hosts", text, sizeof(text));
-	cfg_get_text(&c, "logical_axis_rules", text, sizeof(text));
-	cfg_get_text(&c, "coordinator_address", text, sizeof(text));
 
 	e = c;
 	err[0] = 0;
