@@ -77,18 +77,19 @@ is_ours() {
     [ "$(readlink "/proc/$1/ns/net" 2>/dev/null)" = "$3" ]
 }
 
-# stop_pids PID...: SIGTERM, up to 10 s to exit, then SIGKILL
+# stop_pids GRACE PID...: SIGTERM, up to GRACE seconds to exit, then SIGKILL
 stop_pids() {
-  local p left i
+  local grace=$1 p left i
+  shift
   [ $# -gt 0 ] || return 0
   kill -TERM "$@" 2>/dev/null || true
-  for ((i = 0; i < 100; i++)); do
+  for ((i = 0; i < grace * 10; i++)); do
     left=()
     for p in "$@"; do alive "$p" && left+=("$p"); done
     [ ${#left[@]} -eq 0 ] && return 0
     sleep 0.1
   done
-  echo "$prog: pids ${left[*]} ignored SIGTERM for 10 s; sending SIGKILL" >&2
+  echo "$prog: pids ${left[*]} ignored SIGTERM for $grace s; sending SIGKILL" >&2
   kill -KILL "${left[@]}" 2>/dev/null || true
   for ((i = 0; i < 50; i++)); do
     for p in "${left[@]}"; do alive "$p" && continue 2; done
@@ -146,9 +147,20 @@ mntns_of() { cat "$dir/$1/mntns" 2>/dev/null || true; }
 # teardown: everything DIR records, newest first, then DIR itself. Safe on
 # a half-built cluster (used by up's trap) and idempotent.
 teardown() {
-  local m comm rec pidf f p pids ns
+  local m comm rec pidf f p pids ns jobs i
   [ -f "$dir/.meshrun-cluster" ] || return 0
   set +e # best effort: one step failing must not leave the rest standing
+  # jobs first, while slurmctld can still end them (a slurmstepd ignores
+  # SIGTERM); KillWait=1 gives their steps a second
+  if [ "$(state_get slurm)" = 1 ] && [ -f "$dir/slurm/slurm.conf" ] &&
+    jobs=$(client timeout 10 squeue -h -o %A 2>/dev/null) && [ -n "$jobs" ]; then
+    # shellcheck disable=SC2086
+    client timeout 10 scancel $jobs 2>/dev/null
+    for ((i = 0; i < 50; i++)); do
+      [ -z "$(client timeout 10 squeue -h -o %A 2>/dev/null)" ] && break
+      sleep 0.1
+    done
+  fi
   # the daemons, newest first: slurmd before slurmctld before munged
   if [ -f "$dir/daemons" ]; then
     while read -r m comm rec pidf; do
@@ -160,7 +172,7 @@ teardown() {
         [ -n "$ns" ] && is_ours "$p" "$comm" "$ns" && pids+=("$p")
       done
       [ ${#pids[@]} -eq 2 ] && [ "${pids[0]}" = "${pids[1]}" ] && pids=("${pids[0]}")
-      stop_pids "${pids[@]}"
+      stop_pids 10 "${pids[@]}"
     done < <(tac "$dir/daemons")
   fi
   # whatever else runs inside a machine (ssh sessions, job steps, the
@@ -184,7 +196,7 @@ teardown() {
         echo "$prog: stopping pid $p ($(cat "/proc/$p/comm" 2>/dev/null)) still running in ${inside[$ns]}" >&2
     done < <(find /proc -mindepth 3 -maxdepth 3 \( -path '/proc/[0-9]*/ns/net' -o -path '/proc/[0-9]*/ns/mnt' \) \
       -printf '%h %l\n' 2>/dev/null)
-    stop_pids "${!hit[@]}"
+    stop_pids 3 "${!hit[@]}"
   fi
   if [ "$(state_get net)" = 1 ]; then
     "$netns_sh" down --prefix "$(state_get prefix)" || echo "$prog: netns.sh down failed" >&2
@@ -368,6 +380,8 @@ SelectType=select/linear
 SchedulerType=sched/builtin
 ReturnToService=2
 MinJobAge=600
+KillWait=1
+MailProg=/bin/true
 SlurmdParameters=config_overrides
 EOF
   while read -r m ns addr; do
@@ -385,7 +399,7 @@ client() {
 
 all_idle() {
   local states
-  states=$(client sinfo -h -N -o '%N %t') || return 1
+  states=$(client timeout 10 sinfo -h -N -o '%N %t') || return 1
   [ "$(grep -c ' idle$' <<<"$states")" -eq "$n" ]
 }
 
@@ -408,8 +422,9 @@ setup_slurm() {
     nsenter --target "$(cat "$dir/$ctl/holder.launch")" --uts --mount --net="/run/netns/$(machine_ns $ctl)" -- \
     /usr/sbin/slurmctld -D -i
   echo "$ctl slurmctld $dir/slurm/ctld/slurmctld.launch $dir/slurm/ctld/slurmctld.pid" >>"$dir/daemons"
-  wait_for "$ready_timeout" "slurmctld (see $dir/slurm/ctld/slurmctld.log)" client scontrol ping
+  wait_for "$ready_timeout" "slurmctld (see $dir/slurm/ctld/slurmctld.log)" client timeout 10 scontrol ping
   while read -r m ns addr; do
+    mkdir -p "$dir/$m/slurmd"
     launch "$dir/$m/slurmd.launch" "$dir/$m/slurmd.out" \
       env SLURM_CONF="$dir/slurm/slurm.conf" \
       nsenter --target "$(cat "$dir/$m/holder.launch")" --uts --mount --net="/run/netns/$ns" -- \
