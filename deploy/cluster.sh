@@ -198,9 +198,14 @@ teardown() {
       -printf '%h %l\n' 2>/dev/null)
     stop_pids 3 "${!hit[@]}"
   fi
-  if [ "$(state_get net)" = 1 ]; then
-    "$netns_sh" down --prefix "$(state_get prefix)" || echo "$prog: netns.sh down failed" >&2
-  fi
+  case $(state_get net) in
+    1) "$netns_sh" down --prefix "$(state_get prefix)" || echo "$prog: netns.sh down failed" >&2 ;;
+    pending)
+      if "$netns_sh" list --prefix "$(state_get prefix)" >/dev/null 2>&1; then
+        "$netns_sh" down --prefix "$(state_get prefix)" || echo "$prog: netns.sh down failed" >&2
+      fi
+      ;;
+  esac
   rm -rf -- "$dir"
   [ "${dir%/*}" = /var/lib/meshrun-cluster ] && rmdir /var/lib/meshrun-cluster 2>/dev/null
   return 0
@@ -518,7 +523,11 @@ state_set subnet "$subnet"
 state_set ssh "$ssh"
 state_set slurm "$slurm"
 
-hosts=$("$netns_sh" up "$n" --prefix "$prefix" --subnet "$subnet")
+# netns.sh runs in its own session so that a ^C meant for up cannot stop
+# it half-way; "pending" tells teardown to ask netns.sh whether it got up
+"$netns_sh" list --prefix "$prefix" >/dev/null 2>&1 && die "network '$prefix' is already up: choose another --prefix"
+state_set net pending
+hosts=$(setsid -w "$netns_sh" up "$n" --prefix "$prefix" --subnet "$subnet")
 state_set net 1
 : >"$dir/machines"
 while read -r h ns addr; do
