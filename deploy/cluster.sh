@@ -19,8 +19,9 @@
 #   namespace `ssh -F DIR/ssh/ssh_config node1 CMD` logs in as root.
 #   --slurm: munged and slurmctld on node0 (the control machine), one slurmd
 #   per machine; clients need SLURM_CONF=DIR/slurm/slurm.conf (`run` sets it).
-#   Prints `node<i> <namespace> <addr>` per machine. If anything fails, up
-#   takes down everything it made before it exits.
+#   Prints `node<i> <namespace> <addr>` per machine and writes DIR/hostfile
+#   (one machine name a line). If anything fails, up takes down everything
+#   it made before it exits.
 # down: stops exactly the processes up started (by their pid files, checked
 #   against name and namespace), then anything still running inside the
 #   machines, removes the namespaces (netns.sh down) and DIR.
@@ -534,6 +535,7 @@ while read -r h ns addr; do
   echo "node${h#host} $ns $addr" >>"$dir/machines"
 done <<<"$hosts"
 [ "$(wc -l <"$dir/machines")" -eq "$n" ] || die "netns.sh printed $(wc -l <"$dir/machines") hosts, not $n"
+awk '{print $1}' "$dir/machines" >"$dir/hostfile"
 check_routes
 
 {
