@@ -8,7 +8,7 @@
 # of a machine is started inside the holder's namespaces, so what lands on
 # machine 1's /tmp is invisible from machine 0 and from this namespace.
 #
-#   deploy/cluster.sh up N [--ssh] [--slurm] [--dir DIR] [--prefix NAME] [--subnet A.B.C]
+#   deploy/cluster.sh up N [--ssh] [--slurm] [--dir DIR] [--prefix NAME] [--subnet A.B.C] [--rate RATE]
 #   deploy/cluster.sh down [--dir DIR]
 #   deploy/cluster.sh run [--dir DIR] -- CMD [ARG...]
 #   deploy/cluster.sh exec [--dir DIR] nodeI -- CMD [ARG...]
@@ -19,6 +19,7 @@
 #   namespace `ssh -F DIR/ssh/ssh_config node1 CMD` logs in as root.
 #   --slurm: munged and slurmctld on node0 (the control machine), one slurmd
 #   per machine; clients need SLURM_CONF=DIR/slurm/slurm.conf (`run` sets it).
+#   --rate RATE shapes each machine's link both ways (netns.sh --rate).
 #   Prints `node<i> <namespace> <addr>` per machine and writes DIR/hostfile
 #   (one machine name a line). If anything fails, up takes down everything
 #   it made before it exits.
@@ -52,7 +53,7 @@ die() {
 }
 
 usage() {
-  echo "usage: $prog up N [--ssh] [--slurm] [--dir DIR] [--prefix NAME] [--subnet A.B.C]" >&2
+  echo "usage: $prog up N [--ssh] [--slurm] [--dir DIR] [--prefix NAME] [--subnet A.B.C] [--rate RATE]" >&2
   echo "       $prog down [--dir DIR]" >&2
   echo "       $prog run [--dir DIR] -- CMD [ARG...]" >&2
   echo "       $prog exec [--dir DIR] nodeI -- CMD [ARG...]" >&2
@@ -445,7 +446,7 @@ setup_slurm() {
 [ $# -ge 1 ] || usage
 cmd=$1
 shift
-n="" ssh=0 slurm=0 dir="" prefix=mrc subnet=10.232.0 target=""
+n="" ssh=0 slurm=0 dir="" prefix=mrc subnet=10.232.0 rate="" target=""
 [ "$cmd" = up ] && { [ $# -ge 1 ] || usage; n=$1; shift; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -454,6 +455,7 @@ while [ $# -gt 0 ]; do
     --dir) [ $# -ge 2 ] || usage; dir=$2; shift 2 ;;
     --prefix) [ $# -ge 2 ] || usage; prefix=$2; shift 2 ;;
     --subnet) [ $# -ge 2 ] || usage; subnet=$2; shift 2 ;;
+    --rate) [ $# -ge 2 ] || usage; rate=$2; shift 2 ;;
     --) shift; break ;;
     *) [ "$cmd" = exec ] && [ -z "$target" ] && [[ "$1" != -* ]] && { target=$1; shift; continue; }
        usage ;;
@@ -528,7 +530,7 @@ state_set slurm "$slurm"
 # it half-way; "pending" tells teardown to ask netns.sh whether it got up
 "$netns_sh" list --prefix "$prefix" >/dev/null 2>&1 && die "network '$prefix' is already up: choose another --prefix"
 state_set net pending
-hosts=$(setsid -w "$netns_sh" up "$n" --prefix "$prefix" --subnet "$subnet")
+hosts=$(setsid -w "$netns_sh" up "$n" --prefix "$prefix" --subnet "$subnet" ${rate:+--rate "$rate"})
 state_set net 1
 : >"$dir/machines"
 while read -r h ns addr; do
