@@ -33,7 +33,10 @@
 # list: the `node<i> <namespace> <addr>` lines of a cluster that is up.
 #
 # Defaults: --dir /var/lib/meshrun-cluster/NAME, --prefix mrc, --subnet
-# 10.232.0. Safety: every machine address must route through the new bridge
+# 10.232.0 (the other commands take --prefix too, to find the default DIR).
+# MESHRUN_NETNS_SH overrides netns.sh; MESHRUN_CLUSTER_FAIL=machines|ssh
+# makes up fail after that step (tests/check-cluster checks the clean-up).
+# Safety: every machine address must route through the new bridge
 # (checked with `ip route get` before any daemon starts), the machines have
 # no default route and an nftables guard that drops any packet leaving them
 # for an address outside the subnet, and the client configs name only the
