@@ -99,6 +99,28 @@ demo: deps
 asan:
 	$(MAKE) B=$(B)/asan SAN="$(ASAN_FLAGS)" $(B)/asan/meshrun
 
+# What deploy/cluster.sh and tests/check-cluster need: a test cluster of
+# network namespaces with a real sshd and a real Slurm. Installing must not
+# start the system's own sshd, munged, slurmctld or slurmd: where no
+# policy-rc.d forbids it, one is put in place for the install and removed.
+CLUSTER_PKGS := openssh-server slurm-wlm munge nftables iproute2
+
+.PHONY: cluster-deps
+cluster-deps:
+	@missing=""; for p in $(CLUSTER_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  guard=""; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    printf '#!/bin/sh\n# make cluster-deps: start no service while installing\nexit 101\n' >/usr/sbin/policy-rc.d && \
+	    chmod 755 /usr/sbin/policy-rc.d && guard=1; \
+	  fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  rc=$$?; [ -z "$$guard" ] || rm -f /usr/sbin/policy-rc.d; exit $$rc; \
+	fi
+
 clean:
 	rm -rf $(B)
 
