@@ -21,7 +21,7 @@
 #include "net/xport.h"
 #include "proto/meshrun.pb-c.h"
 
-#define NET_VERSION "meshrun 0.1 wire 1"
+#define NET_VERSION "meshrun 0.2 wire 2"  /* wire 2: Abort.code and Done carry errno classes */
 
 /* Failure classes: 0 or a negative errno, as every library call reports
  * them (the CLI turns them into exit codes). Between hosts, Abort.code

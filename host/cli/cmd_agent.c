@@ -24,10 +24,11 @@ void cli_mesh_flags(struct arg_flag t[MESH_FLAGS], struct mesh_args *m)
 	t[4] = (struct arg_flag){ NULL, 0, NULL, 0, 0, NULL };
 }
 
-static bool any_fill(const long long *v[], int n)
+/* Is any axis of the family left to fill in (-1)? */
+static bool any_fill(const struct cfg *c, bool dcn)
 {
-	for (int i = 0; i < n; i++)
-		if (*v[i] == -1)
+	for (int a = 0; a < AX_COUNT; a++)
+		if (cfg_axis_key(c, dcn, a) == -1)
 			return true;
 	return false;
 }
@@ -39,21 +40,9 @@ int cli_agent_cfg(const struct args *a, const struct mesh_args *m, struct cfg *c
 	if (args_load_cfg(a, c, err, errlen))
 		return EXIT_CONFIG;
 	/* without --hosts / --devices-per-host a -1 size means one */
-	const long long *dcn[] = {
-		&c->dcn_data_parallelism, &c->dcn_pipeline_parallelism, &c->dcn_fsdp_parallelism,
-		&c->dcn_fsdp_transpose_parallelism, &c->dcn_sequence_parallelism,
-		&c->dcn_context_parallelism, &c->dcn_tensor_parallelism,
-		&c->dcn_tensor_transpose_parallelism, &c->dcn_expert_parallelism,
-	};
-	const long long *ici[] = {
-		&c->ici_data_parallelism, &c->ici_pipeline_parallelism, &c->ici_fsdp_parallelism,
-		&c->ici_fsdp_transpose_parallelism, &c->ici_sequence_parallelism,
-		&c->ici_context_parallelism, &c->ici_tensor_parallelism,
-		&c->ici_tensor_transpose_parallelism, &c->ici_expert_parallelism,
-	};
-	if (!hosts && any_fill(dcn, AX_COUNT))
+	if (!hosts && any_fill(c, true))
 		hosts = c->hosts.n ? c->hosts.n : 1;
-	if (!devs && any_fill(ici, AX_COUNT))
+	if (!devs && any_fill(c, false))
 		devs = 1;
 	if (cfg_finish(c, hosts, devs, err, errlen))
 		return EXIT_CONFIG;
