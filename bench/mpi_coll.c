@@ -1,6 +1,6 @@
 /* Open MPI baseline for `meshrun bench collectives`: the same ops, sizes,
- * statistic and bus-bandwidth arithmetic (nccl-tests definitions, DESIGN
- * §5), float32. By default, as meshrun's default: one barrier, then the
+ * statistic and bus-bandwidth arithmetic (nccl-tests definitions,
+ * docs/collectives.md#bandwidth-figures), float32. By default, as meshrun's default: one barrier, then the
  * iterations back to back, the slowest rank's loop time over the
  * iterations. --barrier, as meshrun's --barrier: a barrier before each
  * iteration, the slowest rank's time of each, averaged. 2 warm-ups.

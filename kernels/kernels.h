@@ -1,4 +1,4 @@
-/* Pure compute on float32 row-major buffers (DESIGN §7, llm.c conventions):
+/* Pure compute on float32 row-major buffers (docs/conventions.md#kernels, llm.c conventions):
  * op_forward(out, cache..., in, params..., dims) and
  * op_backward(din, dparams..., dout, in, params, cache..., dims); backward
  * ACCUMULATES (+=) into every d-buffer; a NULL d-buffer is skipped.

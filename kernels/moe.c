@@ -1,4 +1,4 @@
-/* MoE routing kernels (DESIGN §7, DeepSeek-style): router scoring and top-k
+/* MoE routing kernels (DeepSeek-style; docs/training-step.md#the-model): router scoring and top-k
  * selection, the load-balance loss, and the sort / gather / combine steps
  * that move tokens to their experts and back. Experts themselves are plain
  * SwiGLU MLPs run by the caller on each expert's run of sorted rows. */

@@ -1,4 +1,4 @@
-/* Transformer building blocks (DESIGN §7): embedding, RMSNorm, RoPE, causal
+/* Transformer building blocks (docs/conventions.md#kernels): embedding, RMSNorm, RoPE, causal
  * GQA attention, SwiGLU, residual, softmax cross-entropy. Products go
  * through sgemm_rm; everything else is elementwise work kept in loops that
  * gcc vectorises without extra flags.

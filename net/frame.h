@@ -1,4 +1,4 @@
-/* The DCN frame (DESIGN §4):
+/* The DCN frame (docs/wire.md):
  *     u32 magic | u16 version | u16 header_len | u64 payload_len | header | payload
  * little-endian; header is one protobuf-c Meshrun__Frame. Pure functions on
  * buffers, no sockets: the link code reads the 16-byte prefix, checks it,

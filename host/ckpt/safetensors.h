@@ -1,4 +1,4 @@
-/* safetensors files (the Hugging Face checkpoint format, DESIGN §7) and the
+/* safetensors files (the Hugging Face checkpoint format, docs/training-step.md#checkpoints) and the
  * small JSON-file helpers a checkpoint directory's config.json needs.
  *
  * Layout: u64 little-endian header length N; N bytes of JSON

@@ -56,7 +56,7 @@ struct cfg_list {
 	/* --- mesh: every ici_* key, then every dcn_* key, from MESH_AXES --- */ \
 	MESH_AXES(CFG_ICI_KEY, X) \
 	MESH_AXES(CFG_DCN_KEY, X) \
-	/* --- sharding (DESIGN §6) --- */ \
+	/* --- sharding (docs/sharding.md) --- */ \
 	X(LIST, logical_axis_rules, \
 		"vocab=tensor," \
 		"embed=fsdp|fsdp_transpose|tensor_transpose|context|expert," \

@@ -84,7 +84,7 @@ void mesh_group(const struct mesh *m, int dev, uint32_t axes, struct mesh_group 
 		}
 		g->devs[i] = mesh_device(m, c);
 	}
-	/* Ring order is host-major (DESIGN §5): sort by (host, local index).
+	/* Ring order is host-major (docs/collectives.md#rings-and-segments): sort by (host, local index).
 	 * Members differ only along the group's axes, so for one axis this is
 	 * its coordinate order; for several it differs only when an ICI-only
 	 * axis precedes a DCN axis in the set. Insertion sort: n is small. */

@@ -1,4 +1,4 @@
-/* Device mesh (DESIGN §3): axes in MaxText order, each of size
+/* Device mesh (docs/sharding.md#the-mesh): axes in MaxText order, each of size
  * dcn(a)*ici(a); coordinate = dcn_idx*ici(a) + ici_idx; global device id =
  * row-major index of the coordinates; host = the DCN part. Groups are
  * computed from coordinates, never written down. */

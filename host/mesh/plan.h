@@ -1,4 +1,4 @@
-/* The sharded-matmul planner (DESIGN §6). From the partition specs of a
+/* The sharded-matmul planner (docs/sharding.md#the-planner). From the partition specs of a
  * linear layer's input activation, its weight and the wanted output it
  * decides what has to move:
  *   - weight dimensions sharded on mesh axes the activation's rows are split

@@ -1,4 +1,4 @@
-/* Explicit sharding (DESIGN §6): turns a tensor's logical axis names into a
+/* Explicit sharding (docs/sharding.md#resolution): turns a tensor's logical axis names into a
  * partition spec over the mesh through `logical_axis_rules`, and from the
  * spec its local shard shape and a device's shard offsets. Pure arithmetic:
  * no collectives, no allocation; the training code and `meshrun shardings`
