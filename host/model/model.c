@@ -5,6 +5,7 @@
  * planner (params.c); every parallelism is a plan executed by the same
  * code: gathered weights (window.c), partial sums all-reduced, statistics
  * split, tokens sent to their experts (layer.c, moe.c). */
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -254,6 +255,7 @@ static float *layer_input(struct model *m, int l, int l0, const float *x)
 
 int model_layers_forward(struct model *m, int l0, int l1, float *y, const float *x)
 {
+	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L);
 	for (int l = l0; l < l1; l++)
 		layer_forward(m, l, l + 1 == l1 ? y : layer_input(m, l + 1, l0, x), layer_input(m, l, l0, x));
 	return m->hook_rc;
@@ -261,6 +263,7 @@ int model_layers_forward(struct model *m, int l0, int l1, float *y, const float 
 
 int model_layers_backward(struct model *m, int l0, int l1, float *d, const float *x)
 {
+	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L);
 	for (int l = l1 - 1; l >= l0; l--)
 		layer_backward(m, l, d, layer_input(m, l, l0, x));
 	return m->hook_rc;

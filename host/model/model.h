@@ -209,9 +209,10 @@ int model_embed_forward(struct model *m, float *x0, const int32_t *inputs);
  * the forward. */
 int model_embed_backward(struct model *m, const float *dx0, const int32_t *inputs);
 
-/* Layers [l0, l1) on x (N, C): y (N, C) = the output of layer l1 - 1.
- * Saves what their backward needs: each layer's activations and the
- * inputs of layers l0 + 1 .. l1 - 1 (in the model), but not x: the caller
+/* Layers [l0, l1) (0 <= l0 < l1 <= L) on x (N, C): y (N, C) = the
+ * output of layer l1 - 1. Saves what their backward needs: each layer's
+ * activations and the inputs of layers l0 + 1 .. l1 - 1 (in the model),
+ * but not x: the caller
  * keeps x unchanged until the backward. y is not read afterwards. x and y
  * must not overlap. A MoE layer records its expert counts
  * (model_expert_counts), which its backward uses for the load-balance
