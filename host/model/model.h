@@ -197,6 +197,9 @@ double model_forward(struct model *m, const int32_t *inputs, const int32_t *targ
  * set), so forward and backward of the same layers alternate (a pipeline
  * stage that runs several microbatches recomputes the forward just before
  * each backward); the caller keeps the buffers it passed as inputs. */
+
+/* Begins a step with st's collectives (st->aux starts at 0); st stays
+ * the caller's and alive until model_step_end. */
 void model_step_begin(struct model *m, struct model_step *st);
 /* Waits for whatever is still in flight (after a failure; its data is
  * dropped) and frees every window slot. Returns the step's first hook
@@ -210,17 +213,18 @@ int model_embed_forward(struct model *m, float *x0, const int32_t *inputs);
 int model_embed_backward(struct model *m, const float *dx0, const int32_t *inputs);
 
 /* Layers [l0, l1) (0 <= l0 < l1 <= L) on x (N, C): y (N, C) = the
- * output of layer l1 - 1. Saves what their backward needs: each layer's
- * activations and the inputs of layers l0 + 1 .. l1 - 1 (in the model),
- * but not x: the caller
- * keeps x unchanged until the backward. y is not read afterwards. x and y
- * must not overlap. A MoE layer records its expert counts
- * (model_expert_counts), which its backward uses for the load-balance
- * loss; model_forward_backward sums them over replicas in between. */
+ * output of layer l1 - 1. Saves what their backward needs in the model:
+ * each layer's activations and the inputs of layers l0 + 1 .. l1 - 1;
+ * not x, which the caller keeps unchanged until the backward. The model
+ * does not read y again. x and y must not overlap. A MoE layer records
+ * its expert counts (model_expert_counts), which its backward uses for
+ * the load-balance loss; model_forward_backward sums them over replicas
+ * in between. */
 int model_layers_forward(struct model *m, int l0, int l1, float *y, const float *x);
 /* Backward of the last model_layers_forward of [l0, l1), given the same
- * x: d (N, C) holds dL/dy on entry and dL/dx on return. Weight gradients
- * accumulate; a MoE layer adds its load-balance loss to the step's aux. */
+ * x: d (N, C, not overlapping x) holds dL/dy on entry and dL/dx on
+ * return. Weight gradients accumulate; a MoE layer adds its load-balance
+ * loss to the step's aux. */
 int model_layers_backward(struct model *m, int l0, int l1, float *d, const float *x);
 
 /* Final norm, output projection and cross-entropy of x (N, C, the last
@@ -228,8 +232,8 @@ int model_layers_backward(struct model *m, int l0, int l1, float *d, const float
  * losses. Keeps what its backward needs; x stays unchanged until then. */
 int model_head_forward(struct model *m, double *loss_sum, const float *x, const int32_t *targets);
 /* Backward of the last model_head_forward (same x and targets), scaled by
- * the step's loss_scale: dx (N, C) = dL/dx (overwritten); the head's and
- * final norm's gradients accumulate. */
+ * the step's loss_scale: dx (N, C, not overlapping x) = dL/dx
+ * (overwritten); the head's and final norm's gradients accumulate. */
 int model_head_backward(struct model *m, float *dx, const float *x, const int32_t *targets);
 
 /* The FSDP weight window, for a caller that schedules the gathers itself
