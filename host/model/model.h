@@ -64,7 +64,8 @@ struct model_mesh {
 
 /* Collectives over the devices that differ from this one only on `axes`
  * (a mask of 1 << AX_*), ordered as mesh_group orders them. Each returns
- * 0 or an exit code (host/cli.h) and keeps its message for the caller. */
+ * 0 or a negative errno and keeps its message for the caller; the model
+ * passes that value through unchanged. */
 struct model_comm {
 	int (*all_reduce)(void *ctx, uint32_t axes, float *buf, size_t n);
 	int (*all_gather)(void *ctx, uint32_t axes, void *out, const void *in, size_t bytes);
@@ -108,11 +109,6 @@ struct model *model_plan_new(const struct model_dims *d, const struct model_mesh
 void model_free(struct model *m);
 const struct model_dims *model_dims(const struct model *m);
 
-/* The parameter table of the whole (unsharded) model for dims d without
- * allocating one: copies up to max entries into out; returns the number
- * of parameters, or -ENOMEM. */
-int model_param_table(const struct model_dims *d, struct param_info *out, int max);
-
 /* Parameter table. */
 int model_num_params(const struct model *m);
 const struct param_info *model_param(const struct model *m, int i);
@@ -129,11 +125,9 @@ struct model_bucket {
 	size_t offset, numel, padded;
 };
 int model_buckets(const struct model *m, struct model_bucket *out, int max);
-/* The plan of parameter i (host/plan.h), NULL on one device; and the
- * mesh it was made for. */
+/* The plan of parameter i (host/mesh/plan.h), NULL on one device. */
 struct plan_param;
 const struct plan_param *model_param_plan(const struct model *m, int i);
-const struct mesh *model_mesh(const struct model *m);
 /* What one planned linear layer moves (axis masks, 0 for nothing): its
  * weight gathered before use (FSDP), its output's partial sums
  * all-reduced, backward: the input gradient's partial sums all-reduced,
@@ -150,9 +144,10 @@ uint32_t model_rows_axes(const struct model *m);
  * by them): the rules resolved for the activation of width C, as
  * model_new resolves them. 0 or -EINVAL with err. */
 int model_plan_rows(const struct model_mesh *mm, int C, uint32_t *rows, char *err, size_t errlen);
-/* Floats FSDP holds during a step besides the shards: gathered weights
- * (the non-layer tensors and two layers), their gradients (one layer),
- * and the buffers gathers and reduce-scatters move them through. */
+/* Floats FSDP holds during a step besides the shards (the weight window,
+ * host/model/window.h): the gathered non-layer tensors and one layer,
+ * their gradients, and the packed buffers gathers and reduce-scatters
+ * move them through (the next layer lands in one of them). */
 size_t model_window_numel(const struct model *m);
 
 /* Deterministic init: the value of element i of the whole tensor depends
@@ -169,15 +164,82 @@ struct model_step {
 	double aux;              /* this replica's share of the global load-balance loss */
 };
 
-/* Forward and backward on B x T tokens; gradients are ACCUMULATED into
- * model_grads (zero them first). Returns 0, or the counts hook's error. */
+/* Forward and backward on B x T tokens: the stage calls below in
+ * sequence, with the FSDP window one layer ahead. Gradients are
+ * ACCUMULATED into model_grads (zero them first). Returns 0, or the first
+ * hook error. */
 int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
 			   struct model_step *st);
-/* Flat index in the whole tensor of element i of this device's shard. */
-size_t param_global_index(const struct param_info *p, size_t i);
 
 /* Forward only (one device): sum of per-token cross-entropy over the first `rows` rows. */
 double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows);
+
+/* ---- one step, stage by stage ----
+ *
+ * A step is model_step_begin, stage calls, model_step_end. Every stage
+ * call works on the model's N = B x T rows (B as given to model_new) of
+ * width C (this device's part of the embedding) and returns 0 or the
+ * step's first hook error; after one, no call of the step starts a
+ * collective (what they compute is garbage) and the caller goes on to
+ * model_step_end.
+ *
+ * Weights split over the rows' axes are read from the FSDP weight window
+ * (model_window, host/model/window.h): the group a call uses (the
+ * non-layer tensors for the embedding and the head, each layer for a
+ * layers call) must be READY there during the call, and its gradient
+ * window zeroed before the first backward that adds to it; their
+ * gradients reach model_grads by the window's reduce-scatter. Other
+ * weights are read from model_params, their gradients added to
+ * model_grads.
+ *
+ * What stays alive between a forward and its backward: the model keeps
+ * the activations of every layer (one set per layer) and of the head (one
+ * set), so forward and backward of the same layers alternate (a pipeline
+ * stage that runs several microbatches recomputes the forward just before
+ * each backward); the caller keeps the buffers it passed as inputs. */
+
+/* Begins a step with st's collectives (st->aux starts at 0); st stays
+ * the caller's and alive until model_step_end. */
+void model_step_begin(struct model *m, struct model_step *st);
+/* Waits for whatever is still in flight (after a failure; its data is
+ * dropped) and frees every window slot. Returns the step's first hook
+ * error, or 0. */
+int model_step_end(struct model *m);
+
+/* x0 (N, C) = the embeddings of inputs (N tokens). */
+int model_embed_forward(struct model *m, float *x0, const int32_t *inputs);
+/* Adds the embedding's gradient for dx0 (N, C) = dL/dx0; inputs as in
+ * the forward. */
+int model_embed_backward(struct model *m, const float *dx0, const int32_t *inputs);
+
+/* Layers [l0, l1) (0 <= l0 < l1 <= L) on x (N, C): y (N, C) = the
+ * output of layer l1 - 1. Saves what their backward needs in the model:
+ * each layer's activations and the inputs of layers l0 + 1 .. l1 - 1;
+ * not x, which the caller keeps unchanged until the backward. The model
+ * does not read y again. x and y must not overlap. A MoE layer records
+ * its expert counts (model_expert_counts), which its backward uses for
+ * the load-balance loss; model_forward_backward sums them over replicas
+ * in between. */
+int model_layers_forward(struct model *m, int l0, int l1, float *y, const float *x);
+/* Backward of the last model_layers_forward of [l0, l1), given the same
+ * x: d (N, C, not overlapping x) holds dL/dy on entry and dL/dx on
+ * return. Weight gradients accumulate; a MoE layer adds its load-balance
+ * loss to the step's aux. */
+int model_layers_backward(struct model *m, int l0, int l1, float *d, const float *x);
+
+/* Final norm, output projection and cross-entropy of x (N, C, the last
+ * layer's output) against targets: *loss_sum = the sum of the N token
+ * losses. Keeps what its backward needs; x stays unchanged until then. */
+int model_head_forward(struct model *m, double *loss_sum, const float *x, const int32_t *targets);
+/* Backward of the last model_head_forward (same x and targets), scaled by
+ * the step's loss_scale: dx (N, C, not overlapping x) = dL/dx
+ * (overwritten); the head's and final norm's gradients accumulate. */
+int model_head_backward(struct model *m, float *dx, const float *x, const int32_t *targets);
+
+/* The FSDP weight window, for a caller that schedules the gathers itself
+ * (a pipeline stage). Its groups hold one layer. */
+struct win;
+struct win *model_window(struct model *m);
 
 /* Per-expert token counts of the last step, [L_moe, E] (NULL if dense),
  * summed over replicas by the counts hook; used by the router bias update. */

@@ -1,0 +1,195 @@
+/* One decoder layer on this device's rows and shards, forward and
+ * backward, as a flat list of kernel calls: RMSNorm, attention with RoPE,
+ * residual, RMSNorm, a SwiGLU MLP or the MoE block (moe.c routes), and
+ * residual. Where the plans say, partial sums are all-reduced (psum);
+ * weights come from wsel (storage or the FSDP window, whose schedule is
+ * the caller's). */
+#include <string.h>
+
+#include "host/model/linear.h"
+#include "host/model/model_int.h"
+#include "kernels/kernels.h"
+
+void norm_forward(struct model *m, float *out, float *rstd, const float *x, const float *w)
+{
+	if (!m->ax_emb) {
+		rmsnorm_forward(out, rstd, x, w, m->N, m->l.C, m->d.eps);
+		return;
+	}
+	rmsnorm_partial_sumsq(m->nstat, x, m->N, m->l.C);
+	psum(m, m->ax_emb, m->nstat, (size_t)m->N);
+	rmsnorm_forward_split(out, rstd, x, w, m->nstat, m->N, m->l.C, m->d.C, m->d.eps);
+}
+
+void norm_backward(struct model *m, float *dx, float *dw, const float *dout, const float *x,
+		   const float *w, const float *rstd)
+{
+	if (!m->ax_emb) {
+		rmsnorm_backward(dx, dw, dout, x, w, rstd, m->N, m->l.C);
+		return;
+	}
+	rmsnorm_backward_partial(m->nstat, dout, x, w, m->N, m->l.C);
+	psum(m, m->ax_emb, m->nstat, (size_t)m->N);
+	rmsnorm_backward_split(dx, dw, dout, x, w, rstd, m->nstat, m->N, m->l.C, m->d.C);
+}
+
+/* Rows of a SwiGLU feed-forward in blocks: block b is rows [start[b],
+ * start[b] + rows[b]) and uses matrix w[b] of the weight stacks (the
+ * experts; a dense MLP or the shared expert is one block of every row). */
+struct ffn_blocks {
+	int n;
+	const int *start, *rows, *w;
+};
+
+/* y (rows, C) = down(swiglu(gate x, up x)) over the blocks, added to y
+ * with acc; g, u, h (rows, F) are saved for the backward. gate is the id
+ * of the gate weight; up and down follow it. */
+static void ffn_forward(struct model *m, int gate, int l, float *y, float *h, float *g, float *u,
+			const float *x, const struct ffn_blocks *b, int F, bool acc)
+{
+	int C = m->l.C;
+	float *wg = WP(gate, l), *wu = WP(gate + 1, l), *wd = WP(gate + 2, l);
+	size_t wsz = (size_t)F * C, rows = 0;
+	for (int i = 0; i < b->n; i++) {
+		size_t rf = (size_t)b->start[i] * F, rc = (size_t)b->start[i] * C;
+		int ne = b->rows[i], j = b->w[i];
+		rows += (size_t)ne;
+		if (!ne)
+			continue;
+		linear_forward(g + rf, x + rc, wg + j * wsz, ne, C, F);
+		linear_forward(u + rf, x + rc, wu + j * wsz, ne, C, F);
+	}
+	psum(m, m->pl[gate].reduce, g, rows * F);
+	psum(m, m->pl[gate + 1].reduce, u, rows * F);
+	for (int i = 0; i < b->n; i++) {
+		size_t rf = (size_t)b->start[i] * F, rc = (size_t)b->start[i] * C;
+		int ne = b->rows[i], j = b->w[i];
+		if (!ne)
+			continue;
+		swiglu_forward(h + rf, g + rf, u + rf, ne, F);
+		if (acc)
+			linear_forward_acc(y + rc, h + rf, wd + j * wsz, ne, F, C);
+		else
+			linear_forward(y + rc, h + rf, wd + j * wsz, ne, F, C);
+	}
+}
+
+/* Backward of ffn_forward: dx += the input gradient (partial over the
+ * hidden's axes: the caller sums it), weight gradients accumulated. */
+static void ffn_backward(struct model *m, int gate, int l, float *dx, const float *dy, const float *h,
+			 const float *g, const float *u, const float *x, const struct ffn_blocks *b, int F)
+{
+	int C = m->l.C;
+	float *wg = WP(gate, l), *wu = WP(gate + 1, l), *wd = WP(gate + 2, l);
+	float *gg = GP(gate, l), *gu = GP(gate + 1, l), *gd = GP(gate + 2, l);
+	float *dh = m->dbig1, *dg = m->dbig2, *du = m->dbig3;
+	size_t wsz = (size_t)F * C, rows = 0;
+	for (int i = 0; i < b->n; i++)
+		rows += (size_t)b->rows[i];
+	memset(dh, 0, rows * F * sizeof(float));
+	for (int i = 0; i < b->n; i++) {
+		size_t rf = (size_t)b->start[i] * F, rc = (size_t)b->start[i] * C;
+		int ne = b->rows[i], j = b->w[i];
+		if (ne)
+			linear_backward(dh + rf, gd + j * wsz, dy + rc, h + rf, wd + j * wsz, ne, F, C);
+	}
+	psum(m, m->pl[gate + 2].dx_reduce, dh, rows * F);
+	memset(dg, 0, rows * F * sizeof(float));
+	memset(du, 0, rows * F * sizeof(float));
+	for (int i = 0; i < b->n; i++) {
+		size_t rf = (size_t)b->start[i] * F, rc = (size_t)b->start[i] * C;
+		int ne = b->rows[i], j = b->w[i];
+		if (!ne)
+			continue;
+		swiglu_backward(dg + rf, du + rf, dh + rf, g + rf, u + rf, ne, F);
+		linear_backward(dx + rc, gg + j * wsz, dg + rf, x + rc, wg + j * wsz, ne, C, F);
+		linear_backward(dx + rc, gu + j * wsz, du + rf, x + rc, wu + j * wsz, ne, C, F);
+	}
+}
+
+void layer_forward(struct model *m, int l, float *y, const float *x)
+{
+	const struct model_dims *d = &m->l;
+	struct layer_acts *a = &m->la[l];
+	int N = m->N, C = d->C, QD = d->Hq * d->D, KD = d->Hkv * d->D, zero = 0;
+	struct ffn_blocks all = { 1, &zero, &N, &zero };
+	float *tmp = m->dln; /* dln is free during forward */
+
+	norm_forward(m, a->ln1, a->rstd1, x, WP(P_ATTN_NORM, l));
+	linear_forward(a->q, a->ln1, WP(P_WQ, l), N, C, QD);
+	linear_forward(a->k, a->ln1, WP(P_WK, l), N, C, KD);
+	linear_forward(a->v, a->ln1, WP(P_WV, l), N, C, KD);
+	psum(m, m->pl[P_WQ].reduce, a->q, (size_t)N * QD);
+	psum(m, m->pl[P_WK].reduce, a->k, (size_t)N * KD);
+	psum(m, m->pl[P_WV].reduce, a->v, (size_t)N * KD);
+	rope_forward(a->q, a->q, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
+	rope_forward(a->k, a->k, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
+	attention_forward(a->atty, a->att, a->q, a->k, a->v, m->B, d->T, d->Hq, d->Hkv, d->D);
+	linear_forward(tmp, a->atty, WP(P_WO, l), N, QD, C);
+	psum(m, m->pl[P_WO].reduce, tmp, (size_t)N * C);
+	residual_forward(a->xmid, x, tmp, N * C);
+	norm_forward(m, a->ln2, a->rstd2, a->xmid, WP(P_MLP_NORM, l));
+
+	if (l < d->L_dense) {
+		ffn_forward(m, P_W_GATE, l, tmp, a->h, a->g, a->u, a->ln2, &all, d->F, false);
+		psum(m, m->pl[P_W_DOWN].reduce, tmp, (size_t)N * C);
+	} else {
+		/* MoE: route, run each expert on its rows, combine, add the
+		 * shared experts; all partial over the hidden's axes */
+		int bs[MOE_MAX_BLOCKS], bn[MOE_MAX_BLOCKS], bj[MOE_MAX_BLOCKS];
+		float *X, *Y;
+		moe_route_forward(m, l, &X, &Y);
+		struct ffn_blocks eb = { moe_expert_blocks(m, l, bs, bn, bj), bs, bn, bj };
+		ffn_forward(m, P_E_GATE, l, Y, a->eh, a->eg, a->eu, X, &eb, d->Fe, false);
+		moe_return_forward(m, l, tmp);
+		if (d->S)
+			ffn_forward(m, P_S_GATE, l, tmp, a->sh, a->sg, a->su, a->ln2, &all, m->SF, true);
+		psum(m, m->ax_moe_out, tmp, (size_t)N * C);
+	}
+	residual_forward(y, a->xmid, tmp, N * C);
+}
+
+void layer_backward(struct model *m, int l, float *dres, const float *x)
+{
+	const struct model_dims *d = &m->l;
+	struct layer_acts *a = &m->la[l];
+	int N = m->N, C = d->C, QD = d->Hq * d->D, KD = d->Hkv * d->D, zero = 0;
+	struct ffn_blocks all = { 1, &zero, &N, &zero };
+	float *dln = m->dln;
+
+	memset(dln, 0, sizeof(float) * (size_t)N * C);
+	if (l < d->L_dense) {
+		ffn_backward(m, P_W_GATE, l, dln, dres, a->h, a->g, a->u, a->ln2, &all, d->F);
+		psum(m, m->pl[P_W_GATE].dx_reduce, dln, (size_t)N * C);
+	} else {
+		int bs[MOE_MAX_BLOCKS], bn[MOE_MAX_BLOCKS], bj[MOE_MAX_BLOCKS];
+		float *X, *dY, *dX;
+		if (d->S)
+			ffn_backward(m, P_S_GATE, l, dln, dres, a->sh, a->sg, a->su, a->ln2, &all, m->SF);
+		moe_return_backward(m, l, dres, &X, &dY, &dX);
+		struct ffn_blocks eb = { moe_expert_blocks(m, l, bs, bn, bj), bs, bn, bj };
+		ffn_backward(m, P_E_GATE, l, dX, dY, a->eh, a->eg, a->eu, X, &eb, d->Fe);
+		moe_route_backward(m, l, dln);
+	}
+	norm_backward(m, dres, GP(P_MLP_NORM, l), dln, a->xmid, WP(P_MLP_NORM, l), a->rstd2);
+
+	/* attention block: dres now holds dL/d(xmid) */
+	memset(m->datty, 0, sizeof(float) * (size_t)N * QD);
+	linear_backward(m->datty, GP(P_WO, l), dres, a->atty, WP(P_WO, l), N, QD, C);
+	psum(m, m->pl[P_WO].dx_reduce, m->datty, (size_t)N * QD);
+	memset(m->dq, 0, sizeof(float) * (size_t)N * QD);
+	memset(m->dk, 0, sizeof(float) * (size_t)N * KD);
+	memset(m->dv, 0, sizeof(float) * (size_t)N * KD);
+	attention_backward(m->dq, m->dk, m->dv, m->att_scratch, m->datty, a->q, a->k, a->v, a->att,
+			   m->B, d->T, d->Hq, d->Hkv, d->D);
+	memset(m->dqr, 0, sizeof(float) * (size_t)N * QD);
+	memset(m->dkr, 0, sizeof(float) * (size_t)N * KD);
+	rope_backward(m->dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
+	rope_backward(m->dkr, m->dk, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
+	memset(dln, 0, sizeof(float) * (size_t)N * C);
+	linear_backward(dln, GP(P_WQ, l), m->dqr, a->ln1, WP(P_WQ, l), N, C, QD);
+	linear_backward(dln, GP(P_WK, l), m->dkr, a->ln1, WP(P_WK, l), N, C, KD);
+	linear_backward(dln, GP(P_WV, l), m->dv, a->ln1, WP(P_WV, l), N, C, KD);
+	psum(m, m->pl[P_WQ].dx_reduce, dln, (size_t)N * C);
+	norm_backward(m, dres, GP(P_ATTN_NORM, l), dln, x, WP(P_ATTN_NORM, l), a->rstd1);
+}

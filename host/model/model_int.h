@@ -1,0 +1,171 @@
+/* Private to host/model: the model's state and the calls between its
+ * files. They go one way only:
+ *
+ *	model.c  -> layer.c -> moe.c
+ *	all of them -> params.c (table, placement), window.c (FSDP window)
+ *
+ * params.c and window.c call nothing of the others. */
+#ifndef MESHRUN_MODEL_INT_H
+#define MESHRUN_MODEL_INT_H
+
+#include "host/model/model.h"
+#include "host/model/window.h"
+#include "host/mesh/plan.h"
+
+/* Parameter ids; each SwiGLU's gate, up and down follow each other. */
+enum {
+	P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_MLP_NORM,
+	P_W_GATE, P_W_UP, P_W_DOWN,
+	P_ROUTER, P_ROUTER_BIAS, P_E_GATE, P_E_UP, P_E_DOWN,
+	P_S_GATE, P_S_UP, P_S_DOWN,
+	P_FINAL_NORM, P_LM_HEAD, P_COUNT
+};
+
+/* Saved activations of one layer (pointers into one allocation): what
+ * its backward needs besides its input. */
+struct layer_acts {
+	float *ln1, *rstd1, *q, *k, *v, *att, *atty, *xmid, *ln2, *rstd2;
+	/* dense */
+	float *g, *u, *h;
+	/* moe */
+	float *scores, *weights, *xs, *eg, *eu, *eh, *ey, *sg, *su, *sh;
+	int32_t *idx, *order, *offsets, *counts;
+	/* expert parallelism: rows received for this device's experts (from
+	 * each source device, by expert), their outputs, and the exchange */
+	float *xr, *yr;
+	int32_t *cnt_all;           /* [ep, E] every device's per-expert counts */
+	size_t *send_b, *recv_b;    /* [ep] bytes of rows to/from each device */
+};
+
+struct model {
+	struct model_dims d;        /* the whole model */
+	struct model_dims l;        /* what this device computes on */
+	int SF;                     /* shared-expert hidden here */
+	int El;                     /* local experts */
+	/* placement */
+	const struct mesh *mesh;
+	int device;
+	int coord[AX_COUNT];
+	uint32_t rows, ax_emb, ax_vocab, ax_exp, ax_moe_out;
+	int v0, c0, e0;             /* first vocab row, embedding column, expert here */
+	int v0e, Ve;                /* the embedding table's rows here */
+	int ep;                     /* devices experts are spread over */
+	int *ep_blk;                /* [ep] expert block of each of them */
+	bool ep_permute;            /* ep_blk is not the identity */
+	struct plan_param pp[P_COUNT];
+	struct plan_linear pl[P_COUNT];
+	const char *lin_name[P_COUNT]; /* planned linear layers, by id */
+	int lin_w[P_COUNT];            /* and the weight each multiplies by */
+	struct win *win;            /* FSDP: gathered weights, by parameter id */
+	float *nstat;               /* [2N] split-norm / split-softmax statistics */
+	float *xstat;               /* [ngather * N] gathered maxima */
+	size_t rmax;                /* rows an expert device may receive */
+	struct model_step *st;      /* the step in progress */
+	int hook_rc;                /* its first hook error */
+	int B, N;
+	struct param_info p[P_COUNT];
+	int pidx[P_COUNT];          /* index into the table or -1 */
+	struct param_info table[MODEL_MAX_PARAMS];
+	int ntable;
+	struct model_bucket bucket[MODEL_MAX_PARAMS];
+	int nbucket;
+	size_t numel;
+	float *params, *grads;
+	/* activations */
+	float *resid;               /* [L+1, N, C]: slot l is layer l's input */
+	struct layer_acts *la;
+	float *lnf, *rstdf, *logits, *probs, *losses;
+	float *cos_t, *sin_t;
+	/* backward scratch */
+	float *dresid, *dln, *dbig1, *dbig2, *dbig3, *dq, *dk, *dv, *dqr, *dkr, *datty,
+	      *att_scratch, *dlogits, *dscores, *dweights, *dxs, *dey, *dlogits_r, *dxr, *dyr;
+	int32_t *counts_all;        /* [L_moe, E] */
+	int32_t *counts_tmp;        /* [replicas, L_moe, E] */
+	void *act_mem;
+	size_t act_bytes;
+};
+
+/* ---- params.c ---- */
+
+/* The table, the plans and the layout, no buffers; NULL with err. */
+struct model *params_make(const struct model_dims *d, const struct model_mesh *mm, char *err, size_t errlen);
+/* Frees what params_make allocated besides the struct. */
+void params_free(struct model *m);
+/* The layers [*first, *first + *count) stacked parameter id has slices
+ * for (0, 0 when not stacked). */
+void param_layers(const struct model *m, int id, int *first, int *count);
+/* The slice of stacked parameter id that layer l uses, or -1. */
+int layer_slot(const struct model *m, int id, int l);
+int mesh_axes_size_or1(const struct model *m, uint32_t mask);
+
+/* floats of one slice of a stacked tensor (or the whole tensor) */
+static inline size_t per_slice(const struct param_info *p)
+{
+	return p->stacked ? p->numel / (size_t)p->shape[0] : p->numel;
+}
+
+/* Sums buf over axes (partial sums the plan named). A failure is
+ * remembered and reported after the pass; none starts after it. */
+static inline void psum(struct model *m, uint32_t axes, float *buf, size_t n)
+{
+	if (axes && !m->hook_rc)
+		m->hook_rc = m->st->comm->all_reduce(m->st->comm->ctx, axes, buf, n);
+}
+
+/* Compute-shaped weights (or gradients) of parameter id for layer l: the
+ * gathered window, or this device's storage (a slice of it for a
+ * replicated norm under a split embedding). NULL for an absent one. */
+static inline float *wsel(struct model *m, bool grads, int id, int l)
+{
+	if (m->pidx[id] < 0)
+		return NULL;
+	if (m->pp[id].gather)
+		return win_block(m->win, grads, id, l);
+	const struct param_info *p = &m->p[id];
+	float *b = (grads ? m->grads : m->params) + p->offset +
+		   (p->stacked ? per_slice(p) * (size_t)layer_slot(m, id, l) : 0);
+	if (m->pp[id].slice)
+		b += m->c0;
+	return b;
+}
+
+#define WP(id, l) wsel(m, false, id, l)
+#define GP(id, l) wsel(m, true, id, l)
+
+/* ---- layer.c ---- */
+
+/* One layer on the model's N rows: y (N, C) from x (N, C), saving what
+ * the backward needs in m->la[l]. */
+void layer_forward(struct model *m, int l, float *y, const float *x);
+/* d holds dL/dy on entry and dL/dx on return; x as in the forward.
+ * Accumulates the layer's weight gradients. */
+void layer_backward(struct model *m, int l, float *d, const float *x);
+/* RMSNorm over the embedding, which may be split over devices. */
+void norm_forward(struct model *m, float *out, float *rstd, const float *x, const float *w);
+void norm_backward(struct model *m, float *dx, float *dw, const float *dout, const float *x,
+		   const float *w, const float *rstd);
+
+/* ---- moe.c ---- */
+
+#define MOE_MAX_BLOCKS 1024         /* num_experts <= 1024 */
+
+/* The blocks of X this device's experts process: block b is rows
+ * [start[b], start[b] + rows[b]) for local expert w[b]. Returns their
+ * number (0 after a failure). */
+int moe_expert_blocks(const struct model *m, int l, int *start, int *rows, int *w);
+/* Router, top-k, sort by expert, the expert inputs gathered and, with
+ * expert parallelism, sent to the experts' devices. *X: the rows this
+ * device's experts read, *Y: where they write their outputs. */
+void moe_route_forward(struct model *m, int l, float **X, float **Y);
+/* The outputs back from the experts' devices, the counts recorded, and
+ * out (N, C) = their weighted sum per token. */
+void moe_return_forward(struct model *m, int l, float *out);
+/* Backward of moe_return_forward: the output gradients dout reach the
+ * experts as *dY (rows of *X); *dX, zeroed, receives their inputs'. */
+void moe_return_backward(struct model *m, int l, const float *dout, float **X, float **dY, float **dX);
+/* Backward of moe_route_forward: the input gradients back from the
+ * experts' devices, added into dln, and the router's (with the
+ * load-balance loss, whose value is added to the step's aux). */
+void moe_route_backward(struct model *m, int l, float *dln);
+
+#endif

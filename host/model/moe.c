@@ -1,0 +1,177 @@
+/* The MoE block's routing, for layer.c: router and top-k, tokens sorted
+ * by expert, the blocks of rows each local expert runs on, and with
+ * expert parallelism the exchange of rows with the devices owning the
+ * experts (all_to_all over the `exp` axes), forward and backward. The
+ * experts' feed-forward itself is layer.c's. */
+#include <string.h>
+
+#include "host/model/linear.h"
+#include "host/model/model_int.h"
+#include "kernels/kernels.h"
+
+int moe_expert_blocks(const struct model *m, int l, int *bs, int *bn, int *bj)
+{
+	const struct layer_acts *a = &m->la[l];
+	int E = m->d.E, nb = 0, r = 0;
+	if (m->hook_rc)
+		return 0;
+	if (m->ep <= 1) {
+		for (int e = 0; e < E; e++) {
+			bs[nb] = a->offsets[e];
+			bn[nb] = a->offsets[e + 1] - a->offsets[e];
+			bj[nb++] = e;
+		}
+		return nb;
+	}
+	/* sorted by source device, then expert */
+	for (int src = 0; src < m->ep; src++)
+		for (int j = 0; j < m->El; j++) {
+			int n = a->cnt_all[src * E + m->e0 + j];
+			bs[nb] = r;
+			bn[nb] = n;
+			bj[nb++] = j;
+			r += n;
+		}
+	return nb;
+}
+
+static void ep_exchange(struct model *m, void *out, const size_t *recv_b, const void *in,
+			const size_t *send_b)
+{
+	const struct model_comm *c = m->st->comm;
+	if (!m->hook_rc)
+		m->hook_rc = c->all_to_all(c->ctx, m->ax_exp, out, recv_b, in, send_b);
+}
+
+/* Expert parallelism: lays the expert-sorted rows out by destination
+ * device (the devices of the expert group in rank order, each holding one
+ * block of El experts), learns every device's per-expert counts, and sends
+ * each device the rows of its experts. */
+static void ep_dispatch(struct model *m, struct layer_acts *a, int C)
+{
+	int E = m->d.E, El = m->El, NK = m->N * m->d.K;
+	if (m->ep_permute) {
+		/* rows in the order of the group's members, not of the blocks */
+		int32_t *tmp = (int32_t *)m->dweights; /* free during forward: NK ints */
+		size_t r = 0;
+		for (int x = 0; x < m->ep; x++) {
+			int b = m->ep_blk[x];
+			int lo = a->offsets[b * El], hi = a->offsets[(b + 1) * El];
+			memcpy(tmp + r, a->order + lo, sizeof(int32_t) * (size_t)(hi - lo));
+			r += (size_t)(hi - lo);
+		}
+		memcpy(a->order, tmp, sizeof(int32_t) * (size_t)NK);
+	}
+	moe_gather(a->xs, a->ln2, a->order, NK, m->d.K, C);
+	const struct model_comm *c = m->st->comm;
+	if (!m->hook_rc)
+		m->hook_rc = c->all_gather(c->ctx, m->ax_exp, a->cnt_all, a->counts, sizeof(int32_t) * E);
+	if (m->hook_rc)
+		return;
+	for (int x = 0; x < m->ep; x++) {
+		size_t sr = 0, rr = 0;
+		for (int j = 0; j < El; j++) {
+			sr += (size_t)a->counts[m->ep_blk[x] * El + j];
+			rr += (size_t)a->cnt_all[x * E + m->e0 + j];
+		}
+		a->send_b[x] = sr * (size_t)C * sizeof(float);
+		a->recv_b[x] = rr * (size_t)C * sizeof(float);
+	}
+	ep_exchange(m, a->xr, a->recv_b, a->xs, a->send_b);
+}
+
+void moe_route_forward(struct model *m, int l, float **X, float **Y)
+{
+	const struct model_dims *d = &m->l;
+	struct layer_acts *a = &m->la[l];
+	int N = m->N, C = d->C, E = d->E, K = d->K;
+	float *logits = m->dlogits_r; /* scratch in forward */
+
+	linear_forward(logits, a->ln2, WP(P_ROUTER, l), N, C, E);
+	psum(m, m->pl[P_ROUTER].reduce, logits, (size_t)N * E);
+	moe_router_forward(a->weights, a->idx, a->scores, logits, WP(P_ROUTER_BIAS, l), N, E, K,
+			   (enum moe_score)d->moe_score, d->norm_topk, d->routed_scale);
+	moe_sort(a->order, a->offsets, a->idx, N, E, K);
+	for (int e = 0; e < E; e++)
+		a->counts[e] = a->offsets[e + 1] - a->offsets[e];
+	/* expert parallelism: rows travel to the device owning their expert */
+	if (m->ep > 1) {
+		ep_dispatch(m, a, C);
+		*X = a->xr;
+		*Y = a->yr;
+	} else {
+		moe_gather(a->xs, a->ln2, a->order, N * K, K, C);
+		*X = a->xs;
+		*Y = a->ey;
+	}
+}
+
+void moe_return_forward(struct model *m, int l, float *out)
+{
+	const struct model_dims *d = &m->l;
+	struct layer_acts *a = &m->la[l];
+	int N = m->N, E = d->E, K = d->K;
+
+	if (m->ep > 1)  /* the outputs come back */
+		ep_exchange(m, a->ey, a->send_b, a->yr, a->recv_b);
+	memcpy(m->counts_all + (size_t)(l - d->L_dense) * E, a->counts, sizeof(int32_t) * E);
+	memset(out, 0, sizeof(float) * (size_t)N * d->C);
+	moe_combine(out, a->ey, a->weights, a->order, N * K, K, d->C);
+}
+
+void moe_return_backward(struct model *m, int l, const float *dout, float **X, float **dY, float **dX)
+{
+	const struct model_dims *d = &m->l;
+	struct layer_acts *a = &m->la[l];
+	int K = d->K, C = d->C, NK = m->N * K;
+
+	memset(m->dey, 0, sizeof(float) * (size_t)NK * C);
+	memset(m->dweights, 0, sizeof(float) * (size_t)NK);
+	moe_combine_backward(m->dey, m->dweights, dout, a->ey, a->weights, a->order, NK, K, C);
+	/* the expert outputs were partial over the hidden's axes and split
+	 * over the embedding's: so are the weights' gradients */
+	psum(m, m->ax_moe_out | m->ax_emb, m->dweights, (size_t)NK);
+	*X = a->xs;
+	*dY = m->dey;
+	*dX = m->dxs;
+	if (m->ep > 1) {
+		/* output gradients go to the experts' devices, input gradients
+		 * come back: the forward exchange reversed */
+		ep_exchange(m, m->dyr, a->recv_b, m->dey, a->send_b);
+		*X = a->xr;
+		*dY = m->dyr;
+		*dX = m->dxr;
+	}
+	memset(*dX, 0, sizeof(float) * (m->ep > 1 ? m->rmax : (size_t)NK) * C);
+}
+
+void moe_route_backward(struct model *m, int l, float *dln)
+{
+	const struct model_dims *d = &m->l;
+	struct layer_acts *a = &m->la[l];
+	struct model_step *st = m->st;
+	int N = m->N, C = d->C, E = d->E, K = d->K, NK = N * K;
+
+	if (m->ep > 1)
+		ep_exchange(m, m->dxs, a->send_b, m->dxr, a->recv_b);
+	moe_gather_backward(dln, m->dxs, a->order, NK, K, C);
+	/* experts and shared experts gave partial sums over their hidden's
+	 * axes; the router below adds its whole gradient once */
+	psum(m, m->pl[P_E_GATE].dx_reduce, dln, (size_t)N * C);
+	/* router: through the top-k weights and the load-balance loss */
+	memset(m->dlogits_r, 0, sizeof(float) * (size_t)N * E);
+	moe_router_backward(m->dlogits_r, m->dweights, a->scores, a->idx, N, E, K,
+			    (enum moe_score)d->moe_score, d->norm_topk, d->routed_scale);
+	/* load-balance loss of the global batch of Ng tokens, with the counts
+	 * summed over replicas: L = E/(k Ng^2) sum_n sum_e C_e p(n,e); the
+	 * kernels normalise by the local N, hence (N/Ng)^2 */
+	const int32_t *cnt = m->counts_all + (size_t)(l - d->L_dense) * E;
+	double ng = st->global_tokens, r2 = ((double)N / ng) * ((double)N / ng);
+	st->aux += (double)E / ((double)K * ng * ng) * moe_aux_loss_dot(a->scores, cnt, N, E);
+	if (st->lb_weight != 0.0f) {
+		memset(m->dscores, 0, sizeof(float) * (size_t)N * E);
+		moe_aux_loss_backward(m->dscores, a->scores, cnt, (float)(st->lb_weight * r2), N, E, K);
+		moe_scores_backward(m->dlogits_r, m->dscores, a->scores, N, E, (enum moe_score)d->moe_score);
+	}
+	linear_backward(dln, GP(P_ROUTER, l), m->dlogits_r, a->ln2, WP(P_ROUTER, l), N, C, E);
+}
