@@ -1,7 +1,8 @@
 /* The one entry point every linear layer of the model goes through:
- * y (N,OC) = x (N,C) . W(OC,C)^T. Today it is a local matmul; the sharded
- * matmul planner (DESIGN §6) takes it over, deciding what to all-gather and
- * what to reduce from the operands' partition specs. */
+ * y (N,OC) = x (N,C) . W(OC,C)^T, a local matmul on this device's shards.
+ * What is gathered before it and reduced after it is the planner's
+ * decision (host/mesh/plan.h, docs/sharding.md#the-planner), executed by
+ * the layer code around these calls. */
 #ifndef MESHRUN_LINEAR_H
 #define MESHRUN_LINEAR_H
 

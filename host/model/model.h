@@ -1,10 +1,10 @@
-/* Decoder-only transformer (DESIGN §7): embedding; per layer RMSNorm ->
+/* Decoder-only transformer (docs/training-step.md#the-model): embedding; per layer RMSNorm ->
  * causal GQA attention with RoPE -> residual -> RMSNorm -> SwiGLU MLP or MoE
  * -> residual; final RMSNorm; output projection; softmax cross-entropy.
  *
  * Parameters and gradients each live in one allocation with the same
  * layout; every tensor is addressed by name, carries logical axis names
- * (DESIGN §6) and is stacked per layer ([layers, ...]) so a pipeline can view
+ * (docs/sharding.md) and is stacked per layer ([layers, ...]) so a pipeline can view
  * it as [repeats, stages, layers_per_stage, ...]. Linear weights are stored
  * [out, in] as in Hugging Face checkpoints. */
 #ifndef MESHRUN_MODEL_H
@@ -110,6 +110,10 @@ void model_free(struct model *m);
 const struct model_dims *model_dims(const struct model *m);
 
 /* Parameter table. */
+/* The parameter table of the whole (unsharded) model for dims d without
+ * allocating one: copies up to max entries into out; returns the number
+ * of parameters, or -ENOMEM. */
+int model_param_table(const struct model_dims *d, struct param_info *out, int max);
 int model_num_params(const struct model *m);
 const struct param_info *model_param(const struct model *m, int i);
 const struct param_info *model_param_by_name(const struct model *m, const char *name);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "host/model/model_int.h"
+#include "host/util/mix.h"
 #include "kernels/kernels.h"
 
 /* ---- dims ---- */
@@ -593,6 +594,22 @@ int model_linears(const struct model *m, struct model_linear_info *out, int max)
 }
 
 const struct model_dims *model_dims(const struct model *m) { return &m->d; }
+/* The whole model's table without a model: `meshrun schedule` sizes one
+ * pipelined layer from it before anything is allocated. */
+int model_param_table(const struct model_dims *d, struct param_info *out, int max)
+{
+	struct model *m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->d = *d;
+	build_table(m);
+	lay_out_params(m, 1);
+	int n = m->ntable;
+	memcpy(out, m->table, sizeof(*out) * (size_t)(n < max ? n : max));
+	free(m);
+	return n;
+}
+
 int model_num_params(const struct model *m) { return m->ntable; }
 const struct param_info *model_param(const struct model *m, int i) { return &m->table[i]; }
 uint32_t model_rows_axes(const struct model *m) { return m->rows; }
@@ -629,14 +646,6 @@ const struct param_info *model_param_by_name(const struct model *m, const char *
 
 /* ---- init ---- */
 
-static uint64_t splitmix64(uint64_t x)
-{
-	x += 0x9E3779B97F4A7C15ull;
-	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-	x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-	return x ^ (x >> 31);
-}
-
 static uint64_t name_hash(const char *s)
 {
 	uint64_t h = 1469598103934665603ull;
@@ -649,8 +658,8 @@ static uint64_t name_hash(const char *s)
  * uniforms; a pure function of (key, i). */
 static float normal_at(uint64_t key, size_t i)
 {
-	uint64_t a = splitmix64(key ^ (2 * (uint64_t)i));
-	uint64_t b = splitmix64(key ^ (2 * (uint64_t)i + 1));
+	uint64_t a = mix64(key ^ (2 * (uint64_t)i));
+	uint64_t b = mix64(key ^ (2 * (uint64_t)i + 1));
 	double u1 = ((a >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 	double u2 = (b >> 11) * (1.0 / 9007199254740992.0);
 	return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
@@ -667,7 +676,7 @@ void model_init(struct model *m, uint64_t seed, float std)
 		} else if (p->opt == OPT_NONE) {
 			memset(w, 0, p->numel * sizeof(float));
 		} else {
-			uint64_t key = splitmix64(seed ^ name_hash(p->name));
+			uint64_t key = mix64(seed ^ name_hash(p->name));
 			for (size_t i = 0; i < p->numel; i++)
 				w[i] = std * normal_at(key, param_global_index(p, i));
 		}
