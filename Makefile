@@ -34,7 +34,7 @@ ASAN_TESTS := check_frame check_safetensors check_config check_data
 # tests/check-layout (file and function sizes, objects that use each other,
 # includes across host/ net/ kernels/, ../shared in the docs) joins `make
 # test` with LAYOUT_CHECK=1; its self-test always runs. `make layout` runs it.
-LAYOUT_CHECK ?= 0
+LAYOUT_CHECK ?= 1
 LAYOUT_SUITES := tests/check-layout-selftest $(if $(filter 1,$(LAYOUT_CHECK)),tests/check-layout)
 
 .PHONY: all deps test layout asan clean demo fuzz fuzz-deps fuzz-seeds FORCE
