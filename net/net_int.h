@@ -17,6 +17,7 @@
 
 #include <event2/event.h>
 
+#include "net/fault.h"
 #include "net/link.h"
 #include "net/net.h"
 #include "net/tls_conn.h"
@@ -62,6 +63,7 @@ struct net {
 	int (*fault)(void *ctx, int peer, bool outgoing, uint64_t frame_index,
 		     const Meshrun__Frame *f);
 	void *fault_ctx;
+	struct fault_plan faults;      /* net_params.faults, with our counters */
 	struct frame_limits lim;
 
 	SSL_CTX *ctx;
