@@ -38,6 +38,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 "$root/deploy/gen-certs.sh" "$tmp/certs" 3 >/dev/null 2>&1 || { fail "gen-certs"; echo "$passed passed, $failed failed"; exit 1; }
+# a network this script left behind when it was killed (netns.sh removes
+# only what its state file records)
+"$netns" down --prefix $prefix >/dev/null 2>&1
 if ! "$netns" up 3 --rate 8mbit --prefix $prefix --subnet $subnet >"$tmp/hosts" 2>"$tmp/netns.err"; then
   cat "$tmp/netns.err"
   fail "netns up"
