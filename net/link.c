@@ -57,6 +57,22 @@ static void link_resume_cb(evutil_socket_t fd, short what, void *arg)
 	l->net->link_cb(fd, EV_READ, l);
 }
 
+/* A hold ran out: reading and writing go on. */
+static void link_hold_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct link *l = arg;
+	(void)fd;
+	(void)what;
+	l->held = false;
+	if (l->hold_reads) {
+		l->hold_reads = false;
+		event_add(l->ev_read, NULL);
+		/* records that arrived meanwhile may sit in user space */
+		event_active(l->ev_read, EV_READ, 0);
+	}
+	link_arm_write(l);
+}
+
 struct link *link_new(struct net *n, enum link_role role, struct conn *c, int peer,
 		      const char *addr)
 {
@@ -74,14 +90,17 @@ struct link *link_new(struct net *n, enum link_role role, struct conn *c, int pe
 	l->ev_read = event_new(n->base, c->fd, EV_READ | EV_PERSIST, n->link_cb, l);
 	l->ev_write = event_new(n->base, c->fd, EV_WRITE | EV_PERSIST, n->link_cb, l);
 	l->ev_resume = evtimer_new(n->base, link_resume_cb, l);
+	l->ev_hold = evtimer_new(n->base, link_hold_cb, l);
 	l->tx_stage = malloc(FRAME_PREFIX_LEN + 1024 + SMALL_PAYLOAD);
-	if (!l->ev_read || !l->ev_write || !l->ev_resume || !l->tx_stage) {
+	if (!l->ev_read || !l->ev_write || !l->ev_resume || !l->ev_hold || !l->tx_stage) {
 		if (l->ev_read)
 			event_free(l->ev_read);
 		if (l->ev_write)
 			event_free(l->ev_write);
 		if (l->ev_resume)
 			event_free(l->ev_resume);
+		if (l->ev_hold)
+			event_free(l->ev_hold);
 		free(l->tx_stage);
 		conn_free(c);
 		free(l);
@@ -147,6 +166,7 @@ void link_kill(struct link *l)
 	link_set_state(l, LS_DEAD);
 	event_del(l->ev_read);
 	event_del(l->ev_resume);
+	event_del(l->ev_hold);
 	link_disarm_write(l);
 	link_release_reqs(l, status_failed(n) ? -ECANCELED : -EPIPE);
 	if (l->peer >= 0 && l->peer < n->num_hosts) {
@@ -167,6 +187,7 @@ void link_free(struct link *l)
 	event_free(l->ev_read);
 	event_free(l->ev_write);
 	event_free(l->ev_resume);
+	event_free(l->ev_hold);
 	conn_free(l->c);
 	while ((c = l->cq_head)) {
 		l->cq_head = c->next;
@@ -208,17 +229,66 @@ void link_reap_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- the fault point ---- */
 
+void link_hold(struct link *l, uint64_t ns, bool reads)
+{
+	struct timeval tv = { .tv_sec = (time_t)(ns / 1000000000ull),
+			      .tv_usec = (suseconds_t)(ns % 1000000000ull / 1000) };
+	l->held = true;
+	if (reads && !l->hold_reads) {
+		l->hold_reads = true;
+		event_del(l->ev_read);
+		event_del(l->ev_resume);
+	}
+	link_disarm_write(l);
+	event_add(l->ev_hold, &tv);
+}
+
+/* The fault specs' part of link_fault: a data frame this host sends. */
+static enum link_fault link_fault_spec(struct link *l, const Meshrun__Frame *f)
+{
+	struct net *n = l->net;
+	struct fault_hit h;
+	if (!fault_decide(&n->faults, n->host_id, l->peer, f->chunk->byte_count, &h))
+		return LINK_FAULT_PASS;
+	/* a delay fires at every frame: logged once, at its first */
+	if (h.kind != FAULT_DELAY || h.first)
+		status_log(n, "fault: injected %s on link %d-%d at frame %llu", fault_kind_name(h.kind),
+			   n->host_id, l->peer, (unsigned long long)h.frame);
+	switch (h.kind) {
+	case FAULT_CLOSE:
+		l->fault_data_frame = h.frame;
+		return LINK_FAULT_CLOSE;
+	case FAULT_DELAY:
+	case FAULT_BLACKHOLE:
+		link_hold(l, h.hold_ns, h.kind == FAULT_BLACKHOLE);
+		break;
+	case FAULT_CORRUPT:
+		/* nothing else is written before this frame's header */
+		if (!tls_conn_corrupt_next(l->c))
+			status_log(n, "fault: corrupt on link %d-%d: not a TLS link, nothing done",
+				   n->host_id, l->peer);
+		break;
+	default:
+		break;
+	}
+	return LINK_FAULT_PASS;
+}
+
 enum link_fault link_fault(struct link *l, bool outgoing, const Meshrun__Frame *f)
 {
 	struct net *n = l->net;
-	if (!n->fault)
-		return LINK_FAULT_PASS;
-	int a = n->fault(n->fault_ctx, l->peer, outgoing, f->link_seq - 1, f);
-	if (a != LINK_FAULT_PASS && a != LINK_FAULT_CLOSE) {
-		fprintf(stderr, "meshrun: net_params.fault returned %d, not an enum link_fault\n", a);
-		assert(!"unknown fault action");
+	if (n->fault) {
+		int a = n->fault(n->fault_ctx, l->peer, outgoing, f->link_seq - 1, f);
+		if (a != LINK_FAULT_PASS && a != LINK_FAULT_CLOSE) {
+			fprintf(stderr, "meshrun: net_params.fault returned %d, not an enum link_fault\n", a);
+			assert(!"unknown fault action");
+		}
+		if (a != LINK_FAULT_PASS)
+			return (enum link_fault)a;
 	}
-	return (enum link_fault)a;
+	if (n->faults.n && outgoing && l->peer >= 0 && f->body_case == MESHRUN__FRAME__BODY_CHUNK)
+		return link_fault_spec(l, f);
+	return LINK_FAULT_PASS;
 }
 
 void link_fault_close(struct link *l, uint64_t frame_index)
@@ -226,8 +296,13 @@ void link_fault_close(struct link *l, uint64_t frame_index)
 	if (l->fault_close)
 		return;
 	l->fault_close = true;
-	snprintf(l->fault_msg, sizeof(l->fault_msg), "closed by an injected fault at sent frame %llu",
-		 (unsigned long long)frame_index);
+	if (l->fault_data_frame)
+		snprintf(l->fault_msg, sizeof(l->fault_msg),
+			 "closed by an injected fault at sent frame %llu (data frame %llu)",
+			 (unsigned long long)frame_index, (unsigned long long)l->fault_data_frame);
+	else
+		snprintf(l->fault_msg, sizeof(l->fault_msg), "closed by an injected fault at sent frame %llu",
+			 (unsigned long long)frame_index);
 	event_active(l->ev_read, EV_READ, 0);
 }
 

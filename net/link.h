@@ -92,6 +92,11 @@ struct link {
 	 * callback (as on a read error), and writes nothing more before that */
 	bool fault_close;
 	char fault_msg[96];
+	uint64_t fault_data_frame;     /* a fault spec's close: its data frame */
+	/* an injected delay or black hole: nothing is written (nor read, if
+	 * hold_reads) until ev_hold fires */
+	struct event *ev_hold;
+	bool held, hold_reads;
 
 	/* receive */
 	enum rxstage rx_stage;
@@ -161,11 +166,19 @@ int link_queue_msg(struct link *l, struct xreq *req);
 
 /* Every frame passes here once, sent (f's header encoded, link_seq set)
  * or received (header decoded and its sequence number checked), and the
- * link honours the action returned: net_params.fault, or PASS. */
+ * link honours the action returned: net_params.fault, or PASS. Then the
+ * data frames this host sends meet its fault specs (net/fault.h): close
+ * is returned like the callback's; delay and blackhole hold the link
+ * here (link_hold) and corrupt arms the connection, and PASS is returned:
+ * the frame goes out as usual when the hold ends. Each one is logged. */
 enum link_fault link_fault(struct link *l, bool outgoing, const Meshrun__Frame *f);
 /* For a sent frame whose fault said close: flags the link (fault_close)
  * and wakes its event callback, which fails it. */
 void link_fault_close(struct link *l, uint64_t frame_index);
+
+/* Writes nothing for ns (and reads nothing, if reads) on l; the socket
+ * stays open. A hold already running is extended. */
+void link_hold(struct link *l, uint64_t ns, bool reads);
 
 /* ---- ending: closing, failure ---- */
 

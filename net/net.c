@@ -379,6 +379,8 @@ struct net *net_new(const struct net_params *p, int *status, char *err, size_t e
 	n->log_ctx = p->log_ctx;
 	n->fault = p->fault;
 	n->fault_ctx = p->fault_ctx;
+	if (p->faults)
+		n->faults = *p->faults;
 	n->link_cb = recv_event_cb;
 	n->lim.max_payload = p->max_frame_bytes;
 	n->key_update_bytes = p->key_update_bytes;

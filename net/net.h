@@ -79,9 +79,13 @@ struct net_params {
 	int (*fault)(void *ctx, int peer, bool outgoing, uint64_t frame_index,
 		     const Meshrun__Frame *f);
 	void *fault_ctx;
+	/* Fault specs (net/fault.h) this host applies to the data frames it
+	 * sends, after the callback above; NULL: none. Copied. */
+	const struct fault_plan *faults;
 };
 
 struct net;
+struct fault_plan;
 
 /* Loads the TLS context and opens the listeners. NULL with *status (an
  * enum net_status) and err on failure. Strings in p are copied; the

@@ -285,7 +285,7 @@ static void link_read(struct link *l)
 	char why[300];
 
 	/* a fault that closed the link while we read: stop, the event fails it */
-	while (l->state != LS_DEAD && !l->fault_close) {
+	while (l->state != LS_DEAD && !l->fault_close && !l->hold_reads) {
 		if (!budget) {
 			/* Yield through the poll, not around it: re-activating
 			 * ourselves here would run again before epoll and the

@@ -199,6 +199,11 @@ int send_write(struct link *l)
 	while (budget) {
 		if (l->state == LS_DEAD || l->state == LS_DRAIN || l->fault_close)
 			return 0;
+		if (l->held) {
+			/* an injected delay or black hole: ev_hold re-arms us */
+			link_disarm_write(l);
+			return 0;
+		}
 		if (!l->tx_active && !tx_next(l))
 			return l->fault_close ? 0 : tx_idle(l);
 		const uint8_t *src;

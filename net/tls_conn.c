@@ -53,6 +53,7 @@ static inline struct tls_conn *tc(struct conn *c)
 struct sbio {
 	int fd;
 	int err;                  /* errno of a failed background send */
+	bool corrupt_next;        /* fault injection: flip a byte of the next record */
 	uint8_t *obuf, *ibuf;
 	size_t olen, ooff, ilen, ioff;
 };
@@ -109,6 +110,12 @@ static int sbio_write(BIO *b, const char *data, int len)
 		}
 	}
 	memcpy(s->obuf + s->olen, data, (size_t)len);
+	if (s->corrupt_next && len > 5) {
+		/* past the 5-byte record header: ciphertext or tag, which the
+		 * peer's TLS must reject (bad record mac) */
+		s->obuf[s->olen + 5 + (size_t)(len - 5) / 2] ^= 0x5a;
+		s->corrupt_next = false;
+	}
 	s->olen += (size_t)len;
 	return len;
 }
@@ -411,6 +418,17 @@ struct conn *tls_conn_new(SSL_CTX *ctx, int fd, bool server)
 	else
 		SSL_set_connect_state(t->ssl);
 	return &t->c;
+}
+
+bool tls_conn_corrupt_next(struct conn *c)
+{
+	if (c->type != &conn_type_tls)
+		return false;
+	struct sbio *s = BIO_get_data(SSL_get_wbio(tc(c)->ssl));
+	if (!s)
+		return false;
+	s->corrupt_next = true;
+	return true;
 }
 
 SSL *tls_conn_ssl(struct conn *c)

@@ -24,4 +24,10 @@ struct conn *tls_conn_new(SSL_CTX *ctx, int fd, bool server);
  * encrypted into memory); the runtime never needs it. */
 SSL *tls_conn_ssl(struct conn *c);
 
+/* Fault injection: the next TLS record this connection writes gets one
+ * byte of its ciphertext flipped on its way to the socket, after
+ * encryption, so the peer's TLS rejects it. false (nothing armed) for a
+ * connection that is not TLS. */
+bool tls_conn_corrupt_next(struct conn *c);
+
 #endif

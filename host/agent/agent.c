@@ -108,6 +108,19 @@ static int listen_address(const struct cfg *cfg, const char *listen, int host_id
 	return 0;
 }
 
+int agent_faults(const struct cfg *cfg, int num_hosts, struct fault_plan *p, char *err,
+		 size_t errlen)
+{
+	char why[400];
+	memset(p, 0, sizeof(*p));
+	for (int i = 0; i < cfg->faults.n; i++)
+		if (fault_parse(p, cfg->faults.item[i], num_hosts, why, sizeof(why))) {
+			snprintf(err, errlen, "config: key 'faults': %s", why);
+			return -EINVAL;
+		}
+	return 0;
+}
+
 int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_job_fn job,
 	      void *job_arg, char *err, size_t errlen)
 {
@@ -127,6 +140,9 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 	}
 	if (listen_address(cfg, listen_at, host_id, listen, sizeof(listen), err, errlen))
 		return -EINVAL;
+	struct fault_plan faults;
+	if (agent_faults(cfg, a.mesh.num_hosts, &faults, err, errlen))
+		return -EINVAL;
 
 	struct net_params p = {
 		.host_id = host_id,
@@ -143,6 +159,7 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 		.done_timeout_s = cfg->collective_timeout_s,
 		.max_frame_bytes = (uint64_t)cfg->max_frame_bytes,
 		.key_update_bytes = (uint64_t)cfg->tls_key_update_bytes,
+		.faults = &faults,
 	};
 	cfg_hash(cfg, p.config_hash);
 	a.net = net_new(&p, &status, err, errlen);

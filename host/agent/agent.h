@@ -10,6 +10,7 @@
 
 #include "host/config/config.h"
 #include "host/mesh/mesh.h"
+#include "net/fault.h"
 #include "net/xport.h"
 
 struct agent;
@@ -39,6 +40,11 @@ typedef int (*agent_job_fn)(struct device_ctx *dev);
  * rendezvous refused, -EINVAL config) with the one-line reason in err. */
 int agent_run(const struct cfg *cfg, int host_id, const char *listen, agent_job_fn job,
 	      void *job_arg, char *err, size_t errlen);
+
+/* The config's `faults` specs, parsed (net/fault.h). 0, or -EINVAL (a
+ * config error naming the spec) with err. */
+int agent_faults(const struct cfg *cfg, int num_hosts, struct fault_plan *p, char *err,
+		 size_t errlen);
 
 /* Bytes this host sent over DCN links so far (for step logs). */
 uint64_t agent_dcn_bytes_sent(struct agent *a);

@@ -38,6 +38,10 @@ static int store(struct args *a, const struct arg_flag *f, const char *v, char *
 	case ARG_CONFIG:
 		a->configs[a->nconfigs++] = v;
 		return 0;
+	case ARG_APPEND:
+		a->append_flag[a->nappends] = f;
+		a->appends[a->nappends++] = v;
+		return 0;
 	case ARG_INT:
 	case ARG_LONG: {
 		errno = 0;
@@ -88,8 +92,10 @@ int args_parse(struct args *a, const struct arg_flag *const *tables, int argc, c
 	a->configs = calloc(n, sizeof(*a->configs));
 	a->overrides = calloc(n, sizeof(*a->overrides));
 	a->owner = calloc(n, sizeof(*a->owner));
+	a->appends = calloc(n, sizeof(*a->appends));
+	a->append_flag = calloc(n, sizeof(*a->append_flag));
 	a->argc = argc;
-	if (!a->configs || !a->overrides || !a->owner) {
+	if (!a->configs || !a->overrides || !a->owner || !a->appends || !a->append_flag) {
 		args_release(a);
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
@@ -137,6 +143,8 @@ void args_release(struct args *a)
 	free(a->configs);
 	free(a->overrides);
 	free(a->owner);
+	free(a->appends);
+	free(a->append_flag);
 	memset(a, 0, sizeof(*a));
 }
 
@@ -148,6 +156,9 @@ int args_load_cfg(const struct args *a, struct cfg *c, char *err, size_t errlen)
 			return -EINVAL;
 	for (int i = 0; i < a->noverrides; i++)
 		if (cfg_override(c, a->overrides[i], err, errlen))
+			return -EINVAL;
+	for (int i = 0; i < a->nappends; i++)
+		if (cfg_list_append(c, a->append_flag[i]->why, a->appends[i], err, errlen))
 			return -EINVAL;
 	return 0;
 }

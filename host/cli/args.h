@@ -21,6 +21,8 @@ enum arg_type {
 	ARG_BYTES,     /* *(size_t *)dst, a byte count like 64K or 16M, <= max */
 	ARG_CONFIG,    /* a config file: appended to args.configs (dst unused) */
 	ARG_REFUSE,    /* refused with `why` (a flag another part sets) */
+	ARG_APPEND,    /* repeatable: each value is appended to the config
+			* LIST key named by `why`, after the overrides */
 };
 
 struct arg_flag {
@@ -37,6 +39,9 @@ struct args {
 	int nconfigs;
 	const char **overrides;  /* key=value, in order */
 	int noverrides;
+	const char **appends;    /* ARG_APPEND values, in order ... */
+	const struct arg_flag **append_flag;  /* ... and their flags */
+	int nappends;
 	/* for each argv index, the flag that took it (its name or value),
 	 * NULL for overrides and argv[0]: lets a launcher forward what it
 	 * does not use itself */
@@ -54,7 +59,7 @@ int args_parse(struct args *a, const struct arg_flag *const *tables, int argc, c
 void args_release(struct args *a);
 
 /* cfg_defaults, then every --config file in order, then every override
- * in order. 0, or -EINVAL (a config error: a file that cannot be read or
+ * in order, then every ARG_APPEND value. 0, or -EINVAL (a config error: a file that cannot be read or
  * parsed, an unknown key, a bad value) with err. */
 int args_load_cfg(const struct args *a, struct cfg *c, char *err, size_t errlen);
 

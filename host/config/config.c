@@ -165,6 +165,22 @@ int cfg_override(struct cfg *c, const char *kv, char *err, size_t errlen)
 	return cfg_set(c, key, eq + 1, "command line", err, errlen);
 }
 
+int cfg_list_append(struct cfg *c, const char *key, const char *item, char *err, size_t errlen)
+{
+	const struct cfg_key *k = find_key(key);
+	if (!k || k->type != CFG_T_LIST) {
+		snprintf(err, errlen, "config: key '%s' is not a list", key);
+		return -EINVAL;
+	}
+	struct cfg_list *l = (struct cfg_list *)((char *)c + k->off);
+	if (l->n >= CFG_MAX_LIST || strlen(item) >= CFG_STR || strchr(item, ',') || !*item) {
+		snprintf(err, errlen, "config: key '%s': bad list item '%s'", key, item);
+		return -EINVAL;
+	}
+	snprintf(l->item[l->n++], CFG_STR, "%s", item);
+	return 0;
+}
+
 /* ---- YAML ---- */
 
 static int load_depth(struct cfg *c, const char *path, int depth, char *err, size_t errlen);

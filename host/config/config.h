@@ -53,6 +53,7 @@ struct cfg_list {
 	X(INT,   max_frame_bytes, "67108864", 1, "largest frame payload accepted") \
 	X(INT,   eager_max_bytes, "65536", 1, "a message to another host of at most this many bytes goes out without waiting for the receiver's RecvReady; each host stages at most 8x this from each peer; 0: every message waits") \
 	X(INT,   tls_key_update_bytes, "34359738368", 1, "a link renews its TLS sending key (TLS 1.3 KeyUpdate) after this many bytes; AES-GCM is good for ~2^24.5 records (~390 GB) per key") \
+	X(LIST,  faults, "", 0, "fault injection for drills: specs like close:link=0-1:frame=40, delay:link=0-2:ms=5, corrupt:link=1-2:frame=40, blackhole:link=0-1:frame=10:s=1, kill:host=1:step=3, stop:host=1:step=3 (docs/failures.md)") \
 	/* --- mesh: every ici_* key, then every dcn_* key, from MESH_AXES --- */ \
 	MESH_AXES(CFG_ICI_KEY, X) \
 	MESH_AXES(CFG_DCN_KEY, X) \
@@ -159,6 +160,9 @@ void cfg_defaults(struct cfg *c);
 int cfg_load_file(struct cfg *c, const char *path, char *err, size_t errlen);
 /* Applies one `key=value`. 0 or -EINVAL with err naming the key. */
 int cfg_override(struct cfg *c, const char *kv, char *err, size_t errlen);
+/* Appends item to the LIST key (a repeated command-line flag such as
+ * --fault). 0 or -EINVAL with err (not a list, full, a ',' in item). */
+int cfg_list_append(struct cfg *c, const char *key, const char *item, char *err, size_t errlen);
 /* Validates and derives mesh sizes; fills one -1 per family. With
  * want_hosts/want_devices > 0, checks the mesh multiplies to them (and fills
  * -1 from them). 0 or -EINVAL with err. */

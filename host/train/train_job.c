@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,9 @@ struct job_ctx {
 	double waited_s;            /* blocked inside collectives so far */
 	struct agent *agent;        /* byte counters */
 	struct xport *xport;
+	/* host-level faults (kill, stop): asked by the host's first device */
+	const struct fault_plan *faults;
+	int host;
 };
 
 /* Runs a collective call, recording its span and the time spent in it. */
@@ -283,9 +287,23 @@ out:
 	return ret;
 }
 
+/* A kill or stop fault for this host at this step: the whole agent
+ * process gets SIGKILL or SIGSTOP, as a crash or a hang would. */
+static void host_fault(const struct job_ctx *c, int64_t step)
+{
+	int a = c->faults ? fault_host_action(c->faults, c->host, step) : -1;
+	if (a < 0)
+		return;
+	fprintf(stderr, "meshrun: host %d: fault: injected %s on host %d at step %" PRId64 "\n",
+		c->host, fault_kind_name((enum fault_kind)a), c->host, step);
+	fflush(stderr);
+	raise(a == FAULT_KILL ? SIGKILL : SIGSTOP);
+}
+
 static void job_step_begin(void *vctx, int64_t step)
 {
 	struct job_ctx *c = vctx;
+	host_fault(c, step);
 	coll_set_step(c->coll, (uint64_t)step);
 	if (c->tr)
 		c->tr->step = step;
@@ -361,6 +379,12 @@ int train_job(struct device_ctx *dev)
 
 	if ((ret = check_mesh(c, err, errlen)))
 		return ret;
+	struct fault_plan faults;
+	if ((ret = agent_faults(c, dev->mesh->num_hosts, &faults, err, errlen)))
+		return ret;
+	if (dev->local_index == 0)
+		jc.faults = &faults;
+	jc.host = dev->host_id;
 	rules = malloc(sizeof(*rules));
 	if (!rules) {
 		snprintf(err, errlen, "train: out of memory");
