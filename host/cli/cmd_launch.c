@@ -118,16 +118,15 @@ static int run(struct launch_cli *l, const struct args *a, const struct mesh_arg
 	sigemptyset(&s.sa_mask);
 	sigaction(SIGINT, &s, &old_int);
 	sigaction(SIGTERM, &s, &old_term);
-	if (!l->quiet)
-		fprintf(stderr, "meshrun: launch: %d machines, logs in %s/\n", n, log_dir);
 	rc = ssh_launch(&sa, &cfg, &o, &r, &t, err, sizeof(err));
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
 	free(hosts);
-	if (!l->quiet)
+	if (!l->quiet && t.first_output > 0)
 		fprintf(stderr,
-			"meshrun: launch: staged in %.2f s, copied by %.2f s, first output at %.2f s, "
-			"first step at %.2f s\n", t.staged, t.copied, t.first_output, t.first_step);
+			"meshrun: launch: %d machines, logs in %s/; staged in %.2f s, copied by %.2f s, "
+			"first output at %.2f s, first step at %.2f s\n", n, log_dir, t.staged, t.copied,
+			t.first_output, t.first_step);
 	if (r.interrupted || launch_signals) {
 		fprintf(stderr, "meshrun: launch: interrupted; every agent stopped\n");
 		return 130;

@@ -166,7 +166,7 @@ static pid_t spawn(char *const *argv, const char *log)
 	setpgid(0, 0);
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	int in = open("/dev/null", O_RDONLY);
-	int out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+	int out = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
 	if (in < 0 || out < 0)
 		_exit(127);
 	dup2(in, 0);
@@ -176,8 +176,9 @@ static pid_t spawn(char *const *argv, const char *log)
 	_exit(127);
 }
 
-/* The last non-empty line of a log, for one-line errors. */
-static void last_line(const char *log, char *out, size_t len)
+/* The first non-empty line of a log (ssh's own reason comes first), for
+ * one-line errors. */
+static void first_line(const char *log, char *out, size_t len)
 {
 	FILE *f = fopen(log, "r");
 	char line[512];
@@ -186,17 +187,20 @@ static void last_line(const char *log, char *out, size_t len)
 		return;
 	while (fgets(line, sizeof(line), f)) {
 		line[strcspn(line, "\r\n")] = 0;
-		if (line[0])
+		if (line[0]) {
 			fmt(out, len, "%s", line);
+			break;
+		}
 	}
 	fclose(f);
 }
 
 /* Runs argv[i] for every machine i with want[i] at once, waits for all.
  * 0, or the index + 1 of the first machine whose command failed, with
- * "hostI (name): what" in err. */
+ * "hostI (name): what" in err; failed[i] (when given) says which failed. */
 static int run_each(struct argv_buf *cmds, const bool *want, int n, const char *log_dir,
-		    const char *what, const struct hostfile_entry *hosts, char *err, size_t errlen)
+		    const char *what, const struct hostfile_entry *hosts, bool *failed, char *err,
+		    size_t errlen)
 {
 	pid_t *pid = calloc((size_t)n, sizeof(pid_t));
 	char log[PATH_MAX];
@@ -220,10 +224,12 @@ static int run_each(struct argv_buf *cmds, const bool *want, int n, const char *
 		}
 		while (waitpid(pid[i], &st, 0) < 0 && errno == EINTR)
 			;
+		if ((!WIFEXITED(st) || WEXITSTATUS(st)) && failed)
+			failed[i] = true;
 		if ((!WIFEXITED(st) || WEXITSTATUS(st)) && !bad) {
 			char line[400];
 			fmt(log, sizeof(log), "%s/host%d.setup.log", log_dir, i);
-			last_line(log, line, sizeof(line));
+			first_line(log, line, sizeof(line));
 			fmt(err, errlen, "host%d (%s, %s line %d): %s failed: %s", i, hosts[i].host,
 				 "hostfile", hosts[i].line, what, line[0] ? line : "no message");
 			bad = i + 1;
@@ -336,7 +342,7 @@ static int stage_all(struct run *rn, struct cfg *c, char *err, size_t errlen)
 }
 
 /* One scp per machine, all at once: stage/hostI becomes RUN there. */
-static int copy_all(struct run *rn, char *err, size_t errlen)
+static int copy_all(struct run *rn, bool *failed, char *err, size_t errlen)
 {
 	const struct ssh_launch_args *a = rn->a;
 	struct argv_buf *b = calloc((size_t)a->n, sizeof(*b));
@@ -348,7 +354,6 @@ static int copy_all(struct run *rn, char *err, size_t errlen)
 	for (int i = 0; i < a->n; i++) {
 		const struct hostfile_entry *h = &a->hosts[i];
 		av_add(&b[i], "scp");
-		av_add(&b[i], "-q");
 		av_add(&b[i], "-r");
 		av_add(&b[i], "-p");
 		ssh_common(&b[i], a, true, h);
@@ -358,7 +363,7 @@ static int copy_all(struct run *rn, char *err, size_t errlen)
 		av_add(&b[i], src);
 		av_add(&b[i], dst);
 	}
-	int bad = run_each(b, NULL, a->n, a->log_dir, "copy (scp)", a->hosts, err, errlen);
+	int bad = run_each(b, NULL, a->n, a->log_dir, "copy (scp)", a->hosts, failed, err, errlen);
 	free(b);
 	return bad ? -EHOSTUNREACH : 0;
 }
@@ -561,7 +566,7 @@ out:
 /* Stops what still runs, fetches metrics and trace from host 0, removes
  * the remote directories (unless keep). Best effort; problems go to
  * stderr. */
-static void finish(struct run *rn, const bool *copied)
+static void finish(struct run *rn, const bool *copied, bool ran)
 {
 	const struct ssh_launch_args *a = rn->a;
 	int n = a->n;
@@ -572,32 +577,32 @@ static void finish(struct run *rn, const bool *copied)
 	stop_script(script, sizeof(script), rn->remote, false);
 	for (int i = 0; i < n; i++)
 		ssh_argv(&b[i], a, &a->hosts[i], script);
-	if (run_each(b, copied, n, a->log_dir, "stopping the agent", a->hosts, err, sizeof(err)))
+	if (ran && run_each(b, copied, n, a->log_dir, "stopping the agent", a->hosts, NULL, err,
+			    sizeof(err)))
 		fprintf(stderr, "meshrun: launch: %s\n", err);
 	const char *back[2][2] = { { a->metrics, "metrics.jsonl" }, { a->trace, "trace.json" } };
 	for (int f = 0; f < 2; f++) {
-		if (!back[f][0] || !copied[0])
+		if (!back[f][0] || !copied[0] || !ran)
 			continue;
 		char src[400];
 		bool want1[1] = { true };
 		const struct hostfile_entry *h = &a->hosts[0];
 		b[0].n = 0;
 		av_add(&b[0], "scp");
-		av_add(&b[0], "-q");
 		ssh_common(&b[0], a, true, h);
 		fmt(src, sizeof(src), "%s%s%s:%s/%s", h->user, h->user[0] ? "@" : "", h->host,
 			 rn->remote, back[f][1]);
 		av_add(&b[0], src);
 		av_add(&b[0], back[f][0]);
-		if (run_each(b, want1, 1, a->log_dir, "copying back", a->hosts, err, sizeof(err)))
+		if (run_each(b, want1, 1, a->log_dir, "copying back", a->hosts, NULL, err, sizeof(err)))
 			fprintf(stderr, "meshrun: launch: %s (%s)\n", err, back[f][0]);
 	}
 	if (!a->keep) {
 		fmt(script, sizeof(script), "rm -rf %s", rn->remote);
 		for (int i = 0; i < n; i++)
 			ssh_argv(&b[i], a, &a->hosts[i], script);
-		if (run_each(b, copied, n, a->log_dir, "removing the run directory", a->hosts, err,
-			     sizeof(err)))
+		if (run_each(b, copied, n, a->log_dir, "removing the run directory", a->hosts, NULL,
+			     err, sizeof(err)))
 			fprintf(stderr, "meshrun: launch: %s\n", err);
 	} else {
 		fprintf(stderr, "meshrun: launch: kept %s on every machine\n", rn->remote);
@@ -627,18 +632,21 @@ int ssh_launch(const struct ssh_launch_args *a, struct cfg *c, const struct laun
 	rc = stage_all(&rn, c, err, errlen);
 	t->staged = since(rn.t0);
 	if (!rc) {
-		rc = copy_all(&rn, err, errlen);
+		bool *failed = calloc((size_t)a->n, sizeof(bool));
+		rc = failed ? copy_all(&rn, failed, err, errlen) : -ENOMEM;
 		t->copied = since(rn.t0);
-		/* a failed scp may still have left part of RUN: clean every machine */
-		for (int i = 0; i < a->n; i++)
-			copied[i] = true;
+		/* a failed scp may still have left part of RUN: clean every
+		 * machine that could be reached */
+		for (int i = 0; failed && i < a->n; i++)
+			copied[i] = !failed[i];
+		free(failed);
 	}
 	/* the staged keys are needed no longer */
 	remove_tree(rn.stage);
+	bool ran = !rc;
 	if (!rc)
 		rc = run_agents(&rn, o, r, err, errlen);
-	if (copied[0] || rc != -EHOSTUNREACH)
-		finish(&rn, copied);
+	finish(&rn, copied, ran);
 	free(copied);
 	return rc;
 }
