@@ -57,6 +57,14 @@ static const char *absolute(const char *p, char *buf, size_t len)
 	return buf;
 }
 
+/* ssh's own failures and an agent killed by a signal both end ssh with
+ * 255 */
+static const char *ssh_exit_name(int code)
+{
+	return code == 255 ? "ssh lost the agent: it was killed, or the connection failed"
+			   : cli_exit_name(code);
+}
+
 static volatile sig_atomic_t launch_signals;
 
 static void count_signal(int sig)
@@ -111,7 +119,7 @@ static int run(struct launch_cli *l, const struct args *a, const struct mesh_arg
 		.quiet = l->quiet,
 	};
 	/* the first failure names its host; the others are stopped at once */
-	struct launch_opts o = { .grace_s = 1.0, .exit_name = cli_exit_name };
+	struct launch_opts o = { .grace_s = 1.0, .exit_name = ssh_exit_name };
 	struct launch_result r;
 	struct ssh_timing t;
 	struct sigaction s = { .sa_handler = count_signal }, old_int, old_term;

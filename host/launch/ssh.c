@@ -26,6 +26,8 @@
 
 #define ARGV_MAX 48
 #define CMD_MAX 4096
+/* the agent's exit code for "a peer host was lost" (host/cli/cli.h) */
+#define SSH_PEER_LOST_CODE 5
 
 /* ---- small helpers ---- */
 
@@ -735,6 +737,13 @@ int ssh_child_main(int argc, char **argv)
 			seen = now_sig;
 		}
 		struct timespec ts = { 0, 20 * 1000 * 1000 };
+		nanosleep(&ts, NULL);
+	}
+	/* An agent that lost a peer (exit 5) reports it a moment later, so
+	 * that the launcher sees the host that caused it fail first: the
+	 * others notice a dead peer's connection before its own ssh does. */
+	if (WIFEXITED(st) && WEXITSTATUS(st) == SSH_PEER_LOST_CODE && !child_signals) {
+		struct timespec ts = { 0, 300 * 1000 * 1000 };
 		nanosleep(&ts, NULL);
 	}
 	if (WIFEXITED(st))
