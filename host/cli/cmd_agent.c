@@ -136,6 +136,7 @@ static const struct arg_flag agent_flags[] = {
 	{ "--checkpoint-dir", ARG_STR, &ao.run.ckpt_dir, 0, 0, NULL },
 	{ "--trace", ARG_STR, &ao.run.trace, 0, 0, NULL },
 	{ "--resume", ARG_BOOL, &ao.run.resume, 0, 0, NULL },
+	{ "--quiet", ARG_BOOL, &ao.run.quiet, 0, 0, NULL },
 	{ NULL, 0, NULL, 0, 0, NULL },
 };
 

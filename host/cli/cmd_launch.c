@@ -117,6 +117,7 @@ static int run(struct launch_cli *l, const struct args *a, const struct mesh_arg
 		.ckpt_dir = l->ckpt_dir,
 		.keep = l->keep,
 		.quiet = l->quiet,
+		.total_steps = cfg.steps,
 	};
 	/* the first failure names its host; the others are stopped at once */
 	struct launch_opts o = { .grace_s = 1.0, .exit_name = ssh_exit_name };

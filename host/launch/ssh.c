@@ -257,6 +257,9 @@ struct run {
 	FILE **log;
 	int hosts;
 	pthread_t pump;
+	bool tty, line_open;        /* the progress line (stdout a terminal) */
+	double step_s_sum;
+	long long steps_seen;
 };
 
 static int stage_host(struct run *rn, int i, const char *exe, const char *cfg_yaml, char *err,
@@ -386,10 +389,35 @@ static void stop_script(char *out, size_t len, const char *remote, bool remove)
 
 /* ---- the output pump: "[hostI] line" on stdout, the line in hostI.log ---- */
 
+/* On a terminal host 0's step lines become one updating line: "[host0]
+ * step 12/100  loss 4.1306  52310 tokens/s  ETA 0:00:42". 1 when shown. */
+static int progress(struct run *rn, int i, const char *line)
+{
+	long long step;
+	double sec, tok_dev, loss;
+	const char *t = strstr(line, "Tokens/s/device: "), *lo = strstr(line, ", loss: ");
+	if (!rn->tty || i != 0 || rn->a->total_steps <= 0 ||
+	    sscanf(line, "completed step: %lld, seconds: %lf", &step, &sec) != 2 || !t || !lo ||
+	    sscanf(t + 17, "%lf", &tok_dev) != 1 || sscanf(lo + 8, "%lf", &loss) != 1)
+		return 0;
+	long long left = rn->a->total_steps - 1 - step;
+	rn->step_s_sum += sec;
+	rn->steps_seen++;
+	long e = left > 0 ? (long)(rn->step_s_sum / rn->steps_seen * (double)left + 0.5) : 0;
+	printf("\r\033[K[host0] step %lld/%lld  loss %.4f  %.0f tokens/s  ETA %ld:%02ld:%02ld", step + 1,
+	       (long long)rn->a->total_steps, loss, tok_dev * rn->a->n * rn->a->devices_per_host,
+	       e / 3600, e / 60 % 60, e % 60);
+	rn->line_open = left > 0;
+	if (!rn->line_open)
+		putchar('\n');
+	fflush(stdout);
+	return 1;
+}
+
 static void pump_line(struct run *rn, int i, const char *line)
 {
-	if (!rn->a->quiet) {
-		printf("[host%d] %s\n", i, line);
+	if (!rn->a->quiet && !progress(rn, i, line)) {
+		printf("%s[host%d] %s\n", rn->line_open ? "\r\033[K" : "", i, line);
 		fflush(stdout);
 	}
 	if (rn->log[i]) {
@@ -547,9 +575,12 @@ static int run_agents(struct run *rn, const struct launch_opts *o, struct launch
 			goto out;
 		}
 	}
+	rn->tty = isatty(STDOUT_FILENO);
 	pthread_create(&rn->pump, NULL, pump_main, rn);
 	rc = launch_run(k, n, o, r, err, errlen);
 	pthread_join(rn->pump, NULL);
+	if (rn->line_open)
+		putchar('\n');
 out:
 	for (int i = 0; i < n; i++) {
 		if (k)

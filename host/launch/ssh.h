@@ -16,7 +16,8 @@
  * reaches only the launcher, which forwards it; the supervisor then stops
  * its remote agent by the recorded pid (SIGTERM, SIGKILL after 5 s or a
  * second signal). Every output line is printed as "[hostI] line" and kept
- * in LOGDIR/hostI.log. At the end every remote agent still running is
+ * in LOGDIR/hostI.log; on a terminal host 0's step lines show as one
+ * updating progress line instead (quiet: nothing is printed). At the end every remote agent still running is
  * stopped by its pid, the metrics and trace files (written by host 0) are
  * copied back, and the remote directory is removed unless keep. */
 #ifndef MESHRUN_SSH_H
@@ -41,6 +42,7 @@ struct ssh_launch_args {
 	const char *trace;
 	const char *ckpt_dir;     /* a path on the machines, NULL: none */
 	bool keep, quiet;
+	long long total_steps;    /* for the progress line on a terminal; 0: none */
 };
 
 /* What the launch took, for bench/README.md (seconds from the call). */
