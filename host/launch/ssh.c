@@ -605,41 +605,44 @@ static void finish(struct run *rn, const bool *copied, bool ran)
 	int n = a->n;
 	struct argv_buf *b = calloc((size_t)n, sizeof(*b));
 	char script[1024], err[600];
+	bool want0[1] = { true };
+	bool fetch = ran && copied[0] && (a->metrics || a->trace);
 	if (!b)
 		return;
-	stop_script(script, sizeof(script), rn->remote, false);
-	for (int i = 0; i < n; i++)
+	/* one round to every machine: stop, and remove RUN where nothing is
+	 * fetched from it */
+	for (int i = 0; i < n; i++) {
+		stop_script(script, sizeof(script), rn->remote, !a->keep && !(i == 0 && fetch));
 		ssh_argv(&b[i], a, &a->hosts[i], script);
-	if (ran && run_each(b, copied, n, a->log_dir, "stopping the agent", a->hosts, NULL, err,
-			    sizeof(err)))
+	}
+	if (run_each(b, copied, n, a->log_dir, ran ? "stopping the agent" : "cleaning up", a->hosts,
+		     NULL, err, sizeof(err)))
 		fprintf(stderr, "meshrun: launch: %s\n", err);
 	const char *back[2][2] = { { a->metrics, "metrics.jsonl" }, { a->trace, "trace.json" } };
-	for (int f = 0; f < 2; f++) {
-		if (!back[f][0] || !copied[0] || !ran)
+	for (int f = 0; f < 2 && fetch; f++) {
+		if (!back[f][0])
 			continue;
 		char src[400];
-		bool want1[1] = { true };
 		const struct hostfile_entry *h = &a->hosts[0];
 		b[0].n = 0;
 		av_add(&b[0], "scp");
 		ssh_common(&b[0], a, true, h);
 		fmt(src, sizeof(src), "%s%s%s:%s/%s", h->user, h->user[0] ? "@" : "", h->host,
-			 rn->remote, back[f][1]);
+		    rn->remote, back[f][1]);
 		av_add(&b[0], src);
 		av_add(&b[0], back[f][0]);
-		if (run_each(b, want1, 1, a->log_dir, "copying back", a->hosts, NULL, err, sizeof(err)))
+		if (run_each(b, want0, 1, a->log_dir, "copying back", a->hosts, NULL, err, sizeof(err)))
 			fprintf(stderr, "meshrun: launch: %s (%s)\n", err, back[f][0]);
 	}
-	if (!a->keep) {
+	if (fetch && !a->keep) {
 		fmt(script, sizeof(script), "rm -rf %s", rn->remote);
-		for (int i = 0; i < n; i++)
-			ssh_argv(&b[i], a, &a->hosts[i], script);
-		if (run_each(b, copied, n, a->log_dir, "removing the run directory", a->hosts, NULL,
+		ssh_argv(&b[0], a, &a->hosts[0], script);
+		if (run_each(b, want0, 1, a->log_dir, "removing the run directory", a->hosts, NULL,
 			     err, sizeof(err)))
 			fprintf(stderr, "meshrun: launch: %s\n", err);
-	} else {
-		fprintf(stderr, "meshrun: launch: kept %s on every machine\n", rn->remote);
 	}
+	if (a->keep)
+		fprintf(stderr, "meshrun: launch: kept %s on every machine\n", rn->remote);
 	free(b);
 }
 
