@@ -65,7 +65,7 @@ static const char *ssh_exit_name(int code)
 			   : cli_exit_name(code);
 }
 
-static volatile sig_atomic_t launch_signals;
+static volatile int launch_signals;
 
 static void count_signal(int sig)
 {
@@ -118,6 +118,7 @@ static int run(struct launch_cli *l, const struct args *a, const struct mesh_arg
 		.keep = l->keep,
 		.quiet = l->quiet,
 		.total_steps = cfg.steps,
+		.interrupted = &launch_signals,
 	};
 	/* the first failure names its host; the others are stopped at once */
 	struct launch_opts o = { .grace_s = 1.0, .exit_name = ssh_exit_name };

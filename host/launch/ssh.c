@@ -679,6 +679,10 @@ int ssh_launch(const struct ssh_launch_args *a, struct cfg *c, const struct laun
 	}
 	/* the staged keys are needed no longer */
 	remove_tree(rn.stage);
+	if (!rc && a->interrupted && *a->interrupted) {
+		fmt(err, errlen, "interrupted before the agents started");
+		rc = -EINTR;
+	}
 	bool ran = !rc;
 	if (!rc)
 		rc = run_agents(&rn, o, r, err, errlen);

@@ -43,6 +43,9 @@ struct ssh_launch_args {
 	const char *ckpt_dir;     /* a path on the machines, NULL: none */
 	bool keep, quiet;
 	long long total_steps;    /* for the progress line on a terminal; 0: none */
+	/* set (by the caller's signal handler) when the user interrupted:
+	 * checked after the copy, so that nothing starts; NULL: never */
+	const volatile int *interrupted;
 };
 
 /* What the launch took, for bench/README.md (seconds from the call). */
@@ -56,7 +59,8 @@ struct ssh_timing {
  * coordinator_address host becomes the first machine's, certs_dir and
  * hosts are set for the machines). Returns launch_run's result, or
  * -EHOSTUNREACH when a machine could not be prepared (nothing started),
- * or another -errno; err says what. */
+ * -EINTR when interrupted before the agents started, or another -errno;
+ * err says what. */
 int ssh_launch(const struct ssh_launch_args *a, struct cfg *c, const struct launch_opts *o,
 	       struct launch_result *r, struct ssh_timing *t, char *err, size_t errlen);
 
