@@ -185,6 +185,13 @@ int cmd_launch(int argc, char **argv)
 		args_release(&a);
 		return EXIT_USAGE;
 	}
+	if (l.ckpt_dir && l.ckpt_dir[0] != '/') {
+		fprintf(stderr, "meshrun: launch: --checkpoint-dir wants an absolute path on the "
+				"machines (a relative one would land in the run directory, which is "
+				"removed)\n");
+		args_release(&a);
+		return EXIT_USAGE;
+	}
 	if (!l.hostfile || !a.nconfigs) {
 		fputs(usage_line, stderr);
 		args_release(&a);
