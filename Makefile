@@ -30,7 +30,7 @@ TEST_SRC := $(wildcard tests/check_*.c)
 TESTS    := $(TEST_SRC:tests/%.c=$(B)/tests/%)
 # suites that also run under ASan/UBSan in `make test`: every parser of
 # untrusted input (frames, safetensors, config, data files)
-ASAN_TESTS := check_frame check_safetensors check_config check_data
+ASAN_TESTS := check_frame check_safetensors check_config check_data check_hostfile
 # tests/check-layout (file and function sizes, objects that use each other,
 # includes across host/ net/ kernels/, ../shared in the docs) joins `make
 # test` with LAYOUT_CHECK=1; its self-test always runs. `make layout` runs it.
@@ -40,7 +40,9 @@ LAYOUT_SUITES := tests/check-layout-selftest $(if $(filter 1,$(LAYOUT_CHECK)),te
 .PHONY: all deps test layout asan clean demo fuzz fuzz-deps fuzz-seeds FORCE
 all: $(B)/meshrun
 
-deps:
+# deps includes the cluster packages (cluster-deps, installed without
+# starting their services): tests/check-launch needs sshd and Slurm
+deps: cluster-deps
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
 	done; \
@@ -85,7 +87,8 @@ test: deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) $(FUZZ_REPLAY)
 	@netns="tests/check_netns.sh tests/check_fault_netns.sh"; tests/check_netns.sh --probe || netns=; \
 	MESHRUN=$(abspath $(B)/meshrun) MESHRUN_BUILD=$(abspath $(B)) tests/run-all \
-	  $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) $(FUZZ_REPLAY) $$netns $(LAYOUT_SUITES)
+	  $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) $(FUZZ_REPLAY) $$netns tests/check-launch \
+	  $(LAYOUT_SUITES)
 
 layout: all
 	@MESHRUN_BUILD=$(abspath $(B)) tests/check-layout

@@ -27,6 +27,7 @@ const char *cli_exit_name(int code);
 
 int cmd_agent(int argc, char **argv);
 int cmd_local(int argc, char **argv);
+int cmd_launch(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);

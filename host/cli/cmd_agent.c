@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "host/agent/agent.h"
@@ -59,6 +60,64 @@ int cli_agent_cfg(const struct args *a, const struct mesh_args *m, struct cfg *c
 
 /* ---- `meshrun agent` ---- */
 
+/* An integer from the first of two environment variables that is set:
+ * 0 and *v, 1 when neither is set, -1 (err) when the value is not an
+ * integer in [lo, hi]. */
+static int env_int(const char *a, const char *b, long lo, long hi, int *v, char *err, size_t errlen)
+{
+	const char *name = getenv(a) ? a : b;
+	const char *s = getenv(name);
+	char *end;
+	if (!s)
+		return 1;
+	errno = 0;
+	long x = strtol(s, &end, 10);
+	if (!*s || *end || errno || x < lo || x > hi) {
+		snprintf(err, errlen, "%s='%s' is not an integer in [%ld, %ld]", name, s, lo, hi);
+		return -1;
+	}
+	*v = (int)x;
+	return 0;
+}
+
+/* Identity from the environment when the flags do not give it: the host
+ * id from MESHRUN_HOST_ID, else SLURM_NODEID; the host count from
+ * MESHRUN_NUM_HOSTS, else SLURM_NNODES (each node of a Slurm step reads
+ * its own). 0, or -1 with err. */
+static int env_identity(struct mesh_args *m, char *err, size_t errlen)
+{
+	if (m->host_id < 0 &&
+	    env_int("MESHRUN_HOST_ID", "SLURM_NODEID", 0, 1000000, &m->host_id, err, errlen) < 0)
+		return -1;
+	if (!m->hosts &&
+	    env_int("MESHRUN_NUM_HOSTS", "SLURM_NNODES", 1, 1000000, &m->hosts, err, errlen) < 0)
+		return -1;
+	return 0;
+}
+
+/* MESHRUN_COORDINATOR (host:port, or a host that keeps the config's
+ * port) replaces coordinator_address. 0, or -1 with err. */
+static int env_coordinator(struct cfg *c, char *err, size_t errlen)
+{
+	const char *v = getenv("MESHRUN_COORDINATOR");
+	char host[CFG_STR];
+	const char *colon;
+	if (!v || !*v)
+		return 0;
+	colon = strrchr(v, ':');
+	if (colon && colon[1] && !strchr(v, ']') && strchr(v, ':') == colon) {
+		snprintf(c->coordinator_address, sizeof(c->coordinator_address), "%s", v);
+		return 0;
+	}
+	colon = strrchr(c->coordinator_address, ':');
+	if (!colon || snprintf(host, sizeof(host), "%s%s", v, colon) >= (int)sizeof(host)) {
+		snprintf(err, errlen, "MESHRUN_COORDINATOR='%.200s' wants host:port", v);
+		return -1;
+	}
+	memcpy(c->coordinator_address, host, sizeof(host));
+	return 0;
+}
+
 struct agent_cli {
 	const char *listen, *job;
 	struct pingpong_arg pp;
@@ -78,6 +137,7 @@ static const struct arg_flag agent_flags[] = {
 	{ "--trace", ARG_STR, &ao.run.trace, 0, 0, NULL },
 	{ "--resume", ARG_BOOL, &ao.run.resume, 0, 0, NULL },
 	{ "--fault", ARG_APPEND, NULL, 0, 0, "faults" },
+	{ "--quiet", ARG_BOOL, &ao.run.quiet, 0, 0, NULL },
 	{ NULL, 0, NULL, 0, 0, NULL },
 };
 
@@ -114,6 +174,11 @@ int cmd_agent(int argc, char **argv)
 		args_release(&a);
 		return EXIT_USAGE;
 	}
+	if (env_identity(&m, err, sizeof(err))) {
+		fprintf(stderr, "meshrun: agent: %s\n", err);
+		args_release(&a);
+		return EXIT_USAGE;
+	}
 	const struct job_entry *j = jobs;
 	while (j->name && strcmp(j->name, ao.job))
 		j++;
@@ -125,6 +190,8 @@ int cmd_agent(int argc, char **argv)
 	}
 	rc = cli_agent_cfg(&a, &m, &cfg, &host_id, err, sizeof(err));
 	args_release(&a);
+	if (!rc && env_coordinator(&cfg, err, sizeof(err)))
+		rc = EXIT_USAGE;
 	if (rc) {
 		fprintf(stderr, "meshrun: agent: %s\n", err);
 		return rc;

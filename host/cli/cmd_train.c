@@ -47,6 +47,7 @@ int cmd_train(int argc, char **argv)
 		{ "--checkpoint-dir", ARG_STR, &o.ckpt_dir, 0, 0, NULL },
 		{ "--trace", ARG_STR, &o.trace, 0, 0, NULL },
 		{ "--resume", ARG_BOOL, &o.resume, 0, 0, NULL },
+		{ "--quiet", ARG_BOOL, &o.quiet, 0, 0, NULL },
 		{ NULL, 0, NULL, 0, 0, NULL },
 	};
 	const struct arg_flag *const tables[] = { flags, NULL };

@@ -18,6 +18,7 @@ static const struct command commands[] = {
 	{ "eval", cmd_eval, "eval --checkpoint DIR --text FILE [key=value ...]" },
 	{ "agent", cmd_agent, "agent --config FILE --host-id I [--hosts N] [--devices-per-host D] [--listen ADDR] [--job NAME] [key=value ...]" },
 	{ "local", cmd_local, "local --hosts N [--devices-per-host D] --config FILE [key=value ...]" },
+	{ "launch", cmd_launch, "launch --hostfile FILE [--ssh-config FILE] [--devices-per-host D] --config FILE [key=value ...] [--metrics FILE] [--keep] [--quiet]" },
 	{ "shardings", cmd_shardings, "shardings --config FILE [--hosts N] [--devices-per-host D] [key=value ...]" },
 	{ "report", cmd_report, "report METRICS.jsonl [--trace TRACE.json] -o FILE.svg" },
 	{ "schedule", cmd_schedule, "schedule --config FILE [key=value ...]" },

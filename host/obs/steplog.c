@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "host/util/clock.h"
 
@@ -16,6 +17,9 @@ int steplog_open(struct steplog *l, const struct steplog_info *info, const char 
 	l->flops_per_token = info->flops_per_token;
 	l->tokens_per_step = info->tokens_per_step;
 	l->peak_gflops = info->peak_gflops;
+	l->total_steps = info->total_steps;
+	l->mode = info->quiet ? STEPLOG_QUIET
+		  : isatty(STDOUT_FILENO) ? STEPLOG_PROGRESS : STEPLOG_LINES;
 	if (metrics) {
 		l->metrics = fopen(metrics, append ? "a" : "w");
 		if (!l->metrics) {
@@ -24,6 +28,8 @@ int steplog_open(struct steplog *l, const struct steplog_info *info, const char 
 			return -EBADMSG;
 		}
 	}
+	if (l->mode == STEPLOG_QUIET)
+		return 0;
 	printf("sgemm peak: %.1f GFLOP/s per device (%d OpenBLAS threads, core %s); "
 	       "model: %.3g matmul FLOPs/token\n",
 	       l->peak_gflops, info->blas_threads, info->blas_core, l->flops_per_token);
@@ -60,12 +66,36 @@ static void write_metrics(struct steplog *l, const struct step_report *r, double
 	cJSON_Delete(j);
 }
 
+/* "step 12/100  loss 4.1306  52,310 tokens/s  ETA 0:42" over the last one */
+static void progress_line(struct steplog *l, const struct step_report *r, double tok_s)
+{
+	int64_t left = l->total_steps - 1 - r->step;
+	l->step_s_sum += r->seconds;
+	l->steps_seen++;
+	double eta = left > 0 ? l->step_s_sum / (double)l->steps_seen * (double)left : 0;
+	long e = (long)(eta + 0.5);
+	printf("\r\033[Kstep %" PRId64 "/%" PRId64 "  loss %.4f  %.0f tokens/s  ETA %ld:%02ld:%02ld",
+	       r->step + 1, l->total_steps, r->loss, tok_s, e / 3600, e / 60 % 60, e % 60);
+	l->line_open = left > 0;
+	if (!l->line_open)
+		putchar('\n');
+	fflush(stdout);
+}
+
 void steplog_step(struct steplog *l, const struct step_report *r)
 {
 	double tok_s = l->tokens_per_step / r->seconds;
 	double tflops = tok_s * l->flops_per_token / l->devices * 1e-12;
 	double mfu = l->peak_gflops > 0 ? tflops * 1e3 / l->peak_gflops : 0;
 	long mem = util_peak_rss_mb();
+
+	if (l->mode != STEPLOG_LINES) {
+		if (l->mode == STEPLOG_PROGRESS)
+			progress_line(l, r, tok_s);
+		if (l->metrics)
+			write_metrics(l, r, tok_s, tflops, mfu, mem);
+		return;
+	}
 
 	printf("completed step: %" PRId64 ", seconds: %.3f, TFLOP/s/device: %.4f, "
 	       "Tokens/s/device: %.1f, MFU: %.1f%%, loss: %.5f",
@@ -81,6 +111,11 @@ void steplog_step(struct steplog *l, const struct step_report *r)
 
 void steplog_close(struct steplog *l)
 {
+	if (l->line_open) {
+		putchar('\n');
+		fflush(stdout);
+		l->line_open = false;
+	}
 	if (l->metrics)
 		fclose(l->metrics);
 	l->metrics = NULL;

@@ -9,8 +9,19 @@
 #include <stdint.h>
 #include <stdio.h>
 
+enum steplog_mode {
+	STEPLOG_LINES,            /* one line per logged step (not a terminal) */
+	STEPLOG_PROGRESS,         /* one updating line: stdout is a terminal */
+	STEPLOG_QUIET,            /* nothing on stdout (--quiet) */
+};
+
 struct steplog {
 	FILE *metrics;
+	enum steplog_mode mode;
+	int64_t total_steps;
+	double step_s_sum;        /* for the ETA: logged steps' time */
+	int64_t steps_seen;
+	bool line_open;           /* a progress line waits for its newline */
 	double peak_gflops;       /* measured sgemm peak per device */
 	double flops_per_token;
 	int devices;              /* devices in the job */
@@ -25,6 +36,8 @@ struct steplog_info {
 	double flops_per_token;   /* matmul FLOPs per token */
 	int64_t tokens_per_step;  /* every device's */
 	int devices;
+	int64_t total_steps;      /* the run's last step + 1 (for the progress line) */
+	bool quiet;               /* --quiet: no header, no step lines */
 };
 
 /* What one step measured. */
@@ -37,7 +50,9 @@ struct step_report {
 };
 
 /* Prints the header line; opens metrics (NULL: none), appending when
- * append. 0, or -EBADMSG when the metrics file cannot be opened. */
+ * append. When stdout is a terminal the steps show as one updating line
+ * (step/total, loss, tokens/s, ETA) instead of a line each; quiet prints
+ * nothing. 0, or -EBADMSG when the metrics file cannot be opened. */
 int steplog_open(struct steplog *l, const struct steplog_info *info, const char *metrics,
 		 bool append, char *err, size_t errlen);
 void steplog_step(struct steplog *l, const struct step_report *r);

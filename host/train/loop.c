@@ -21,6 +21,8 @@ int train_log_open(struct steplog *log, const struct train_opts *o, struct train
 		.flops_per_token = model_flops_per_token(d),
 		.tokens_per_step = (int64_t)trainer_cfg(t)->per_device_batch_size * devices * d->T,
 		.devices = devices,
+		.total_steps = trainer_cfg(t)->steps,
+		.quiet = o->quiet,
 	};
 	return steplog_open(log, &info, o->metrics, o->resume, err, errlen);
 }

@@ -19,6 +19,7 @@ struct train_opts {
 	const char *ckpt_dir;     /* --checkpoint-dir DIR */
 	const char *trace;        /* --trace FILE */
 	bool resume;              /* --resume */
+	bool quiet;               /* --quiet: no step log on stdout */
 };
 
 struct train_loop {

@@ -1,0 +1,203 @@
+/* `meshrun launch`: one agent per machine of a hostfile, over ssh
+ * (host/launch/ssh.h). Also the hidden `meshrun launch --ssh-child ...`,
+ * the supervisor the ssh backend runs around each ssh. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "host/cli/cli.h"
+#include "host/cli/cmds.h"
+#include "host/config/config.h"
+#include "host/launch/hostfile.h"
+#include "host/launch/ssh.h"
+
+struct launch_cli {
+	const char *hostfile, *ssh_config, *certs, *log_dir;
+	const char *metrics, *trace, *ckpt_dir;
+	bool keep, quiet;
+};
+
+static const char usage_line[] =
+	"usage: meshrun launch --hostfile FILE [--ssh-config FILE] [--devices-per-host D] "
+	"--config FILE [key=value ...] [--metrics FILE] [--trace FILE] [--checkpoint-dir DIR] "
+	"[--certs DIR] [--log-dir DIR] [--keep] [--quiet]\n";
+
+/* mkdir -p with mode for the last part */
+static int make_dirs(const char *path, char *err, size_t errlen)
+{
+	char p[4096];
+	snprintf(p, sizeof(p), "%s", path);
+	for (char *s = p + 1; *s; s++)
+		if (*s == '/') {
+			*s = 0;
+			mkdir(p, 0755);
+			*s = '/';
+		}
+	if (mkdir(p, 0700) && errno != EEXIST) {
+		snprintf(err, errlen, "unable to make the log directory '%.900s': %s", path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* a path made absolute against the working directory (the agents' files
+ * are copied back after the launcher may have been told a relative one) */
+static const char *absolute(const char *p, char *buf, size_t len)
+{
+	char cwd[2048];
+	if (!p || p[0] == '/' || !getcwd(cwd, sizeof(cwd)))
+		return p;
+	if (snprintf(buf, len, "%s/%s", cwd, p) >= (int)len)
+		return p;
+	return buf;
+}
+
+/* ssh's own failures and an agent killed by a signal both end ssh with
+ * 255 */
+static const char *ssh_exit_name(int code)
+{
+	return code == 255 ? "ssh lost the agent: it was killed, or the connection failed"
+			   : cli_exit_name(code);
+}
+
+static volatile int launch_signals;
+
+static void count_signal(int sig)
+{
+	(void)sig;
+	launch_signals++;
+}
+
+static int run(struct launch_cli *l, const struct args *a, const struct mesh_args *m)
+{
+	static struct cfg cfg;
+	struct hostfile_entry *hosts = NULL;
+	struct mesh_args mm = *m;
+	char err[1024] = "", log_dir[2048], mbuf[2048], tbuf[2048];
+	int n = 0, host_id, rc;
+
+	if (hostfile_read(l->hostfile, &hosts, &n, err, sizeof(err))) {
+		fprintf(stderr, "meshrun: launch: %s\n", err);
+		return EXIT_INPUT;
+	}
+	mm.hosts = n;
+	rc = cli_agent_cfg(a, &mm, &cfg, &host_id, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "meshrun: launch: %s\n", err);
+		free(hosts);
+		return rc;
+	}
+	if (l->log_dir) {
+		snprintf(log_dir, sizeof(log_dir), "%s", l->log_dir);
+	} else {
+		char stamp[32];
+		time_t now = time(NULL);
+		strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", localtime(&now));
+		snprintf(log_dir, sizeof(log_dir), "meshrun-runs/launch-%s-%d", stamp, (int)getpid());
+	}
+	if (make_dirs(log_dir, err, sizeof(err))) {
+		fprintf(stderr, "meshrun: launch: %s\n", err);
+		free(hosts);
+		return EXIT_FAIL;
+	}
+	struct ssh_launch_args sa = {
+		.hosts = hosts,
+		.n = n,
+		.ssh_config = l->ssh_config,
+		.certs = l->certs,
+		.log_dir = log_dir,
+		.devices_per_host = cfg.devices_per_host,
+		.metrics = absolute(l->metrics, mbuf, sizeof(mbuf)),
+		.trace = absolute(l->trace, tbuf, sizeof(tbuf)),
+		.ckpt_dir = l->ckpt_dir,
+		.keep = l->keep,
+		.quiet = l->quiet,
+		.total_steps = cfg.steps,
+		.interrupted = &launch_signals,
+	};
+	/* the first failure names its host; the others are stopped at once */
+	struct launch_opts o = { .grace_s = 1.0, .exit_name = ssh_exit_name };
+	struct launch_result r;
+	struct ssh_timing t;
+	struct sigaction s = { .sa_handler = count_signal }, old_int, old_term;
+	sigemptyset(&s.sa_mask);
+	sigaction(SIGINT, &s, &old_int);
+	sigaction(SIGTERM, &s, &old_term);
+	rc = ssh_launch(&sa, &cfg, &o, &r, &t, err, sizeof(err));
+	sigaction(SIGINT, &old_int, NULL);
+	sigaction(SIGTERM, &old_term, NULL);
+	free(hosts);
+	if (!l->quiet && t.first_output > 0)
+		fprintf(stderr,
+			"meshrun: launch: %d machines, logs in %s/; staged in %.2f s, copied by %.2f s, "
+			"first output at %.2f s, first step at %.2f s\n", n, log_dir, t.staged, t.copied,
+			t.first_output, t.first_step);
+	if (r.interrupted || launch_signals) {
+		fprintf(stderr, "meshrun: launch: interrupted; every agent stopped\n");
+		return 130;
+	}
+	if (rc) {
+		fprintf(stderr, "meshrun: launch: %s\n", err[0] ? err : "failed");
+		if (rc == -ECHILD)
+			return r.first_code > 0 ? r.first_code : EXIT_FAIL;
+		if (rc == -EHOSTUNREACH)
+			return EXIT_FAIL;
+		return cli_exit_code(rc);
+	}
+	if (!l->quiet && l->metrics)
+		fprintf(stderr, "meshrun: launch: metrics in %s\n", l->metrics);
+	return EXIT_OK;
+}
+
+int cmd_launch(int argc, char **argv)
+{
+	struct launch_cli l = { 0 };
+	struct mesh_args m = { .host_id = -1 };
+	struct arg_flag mesh[MESH_FLAGS];
+	struct args a;
+	char err[640];
+
+	if (argc > 1 && !strcmp(argv[1], "--ssh-child"))
+		return ssh_child_main(argc - 1, argv + 1);
+	const struct arg_flag own[] = {
+		{ "--hostfile", ARG_STR, &l.hostfile, 0, 0, NULL },
+		{ "--ssh-config", ARG_STR, &l.ssh_config, 0, 0, NULL },
+		{ "--certs", ARG_STR, &l.certs, 0, 0, NULL },
+		{ "--log-dir", ARG_STR, &l.log_dir, 0, 0, NULL },
+		{ "--metrics", ARG_STR, &l.metrics, 0, 0, NULL },
+		{ "--trace", ARG_STR, &l.trace, 0, 0, NULL },
+		{ "--checkpoint-dir", ARG_STR, &l.ckpt_dir, 0, 0, NULL },
+		{ "--keep", ARG_BOOL, &l.keep, 0, 0, NULL },
+		{ "--quiet", ARG_BOOL, &l.quiet, 0, 0, NULL },
+		{ "--hosts", ARG_REFUSE, NULL, 0, 0, "--hosts is the hostfile's line count" },
+		{ "--host-id", ARG_REFUSE, NULL, 0, 0, "--host-id is the hostfile's line order" },
+		{ NULL, 0, NULL, 0, 0, NULL },
+	};
+	cli_mesh_flags(mesh, &m);
+	const struct arg_flag *const tables[] = { own, mesh, NULL };
+	if (args_parse(&a, tables, argc, argv, err, sizeof(err))) {
+		fprintf(stderr, "meshrun: launch: %s\n", err);
+		args_release(&a);
+		return EXIT_USAGE;
+	}
+	if (l.ckpt_dir && l.ckpt_dir[0] != '/') {
+		fprintf(stderr, "meshrun: launch: --checkpoint-dir wants an absolute path on the "
+				"machines (a relative one would land in the run directory, which is "
+				"removed)\n");
+		args_release(&a);
+		return EXIT_USAGE;
+	}
+	if (!l.hostfile || !a.nconfigs) {
+		fputs(usage_line, stderr);
+		args_release(&a);
+		return EXIT_USAGE;
+	}
+	int rc = run(&l, &a, &m);
+	args_release(&a);
+	return rc;
+}

@@ -1,0 +1,72 @@
+/* The ssh backend of the launcher (host/launch/launch.h): one agent per
+ * machine of a hostfile, started over ssh.
+ *
+ * Before anything starts it stages, for each machine, a directory holding
+ * this binary, the resolved config, ca.pem and that machine's own
+ * host<I>.pem/.key (nothing else's key), and copies it with one scp per
+ * machine, all at once, to /tmp/meshrun-<run id> there (mode 0700). A
+ * machine that cannot be reached stops the launch there: nothing runs, the
+ * copies made are removed. Then each agent starts as
+ *     ssh -n [-F CONFIG] [-p PORT] [user@]host \
+ *         'cd RUN && echo $$ >pid && exec RUN/meshrun agent --config RUN/config.yaml
+ *          --host-id I --hosts N --devices-per-host D --listen HOST:0 ...'
+ * (BatchMode, absolute paths, nothing from a profile) and records its pid
+ * in RUN/pid. Each ssh runs under a small supervisor in its own session
+ * (`meshrun launch --ssh-child`, ssh_child_main): the terminal's Ctrl-C
+ * reaches only the launcher, which forwards it; the supervisor then stops
+ * its remote agent by the recorded pid (SIGTERM, SIGKILL after 5 s or a
+ * second signal). Every output line is printed as "[hostI] line" and kept
+ * in LOGDIR/hostI.log; on a terminal host 0's step lines show as one
+ * updating progress line instead (quiet: nothing is printed). At the end every remote agent still running is
+ * stopped by its pid, the metrics and trace files (written by host 0) are
+ * copied back, and the remote directory is removed unless keep. */
+#ifndef MESHRUN_SSH_H
+#define MESHRUN_SSH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "host/launch/hostfile.h"
+#include "host/launch/launch.h"
+
+struct cfg;
+
+struct ssh_launch_args {
+	const struct hostfile_entry *hosts;
+	int n;
+	const char *ssh_config;   /* ssh -F; NULL: ssh's own */
+	const char *certs;        /* ca.pem, host<I>.pem/.key (deploy/gen-certs.sh); NULL: throwaway */
+	const char *log_dir;      /* local, exists: hostI.log, config.yaml */
+	int devices_per_host;
+	const char *metrics;      /* local paths, NULL: none */
+	const char *trace;
+	const char *ckpt_dir;     /* a path on the machines, NULL: none */
+	bool keep, quiet;
+	long long total_steps;    /* for the progress line on a terminal; 0: none */
+	/* set (by the caller's signal handler) when the user interrupted:
+	 * checked after the copy, so that nothing starts; NULL: never */
+	const volatile int *interrupted;
+};
+
+/* What the launch took, for bench/README.md (seconds from the call). */
+struct ssh_timing {
+	double staged, copied;    /* certificates + staging; every scp done */
+	double first_output;      /* the first line from any agent (ssh + exec) */
+	double first_step;        /* the first "completed step" line; 0: none */
+};
+
+/* Launches and supervises the run for the finished config c (its
+ * coordinator_address host becomes the first machine's, certs_dir and
+ * hosts are set for the machines). Returns launch_run's result, or
+ * -EHOSTUNREACH when a machine could not be prepared (nothing started),
+ * -EINTR when interrupted before the agents started, or another -errno;
+ * err says what. */
+int ssh_launch(const struct ssh_launch_args *a, struct cfg *c, const struct launch_opts *o,
+	       struct launch_result *r, struct ssh_timing *t, char *err, size_t errlen);
+
+/* The per-agent supervisor: argv is {"--ssh-child", OUTFD, RUNDIR, "--",
+ * ssh argv ..., remote command}. Returns its exit code (ssh's, or 128 +
+ * the signal that ended ssh). */
+int ssh_child_main(int argc, char **argv);
+
+#endif
