@@ -14,7 +14,10 @@
 
 #include "host/ckpt/ckpt.h"
 #include "host/cli/cli.h"
+#include "host/launch/launch.h"
 #include "tests/proc.h"
+
+extern char **environ;
 
 #define MAX_STEPS 64
 
@@ -302,13 +305,72 @@ START_TEST(test_find_newest_complete)
 }
 END_TEST
 
+/* The launcher core with shell children: a "lost" line on either kind
+ * of status channel kills the named child at once, even stopped, and the
+ * rest (one stopped, one sleeping) are stopped after the grace. */
+static void core_case(enum launch_status how, const char *report)
+{
+	char *sh[3][4] = {
+		{ "/bin/sh", "-c", (char *)report, NULL },
+		{ "/bin/sh", "-c", "kill -STOP $$", NULL },
+		{ "/bin/sh", "-c", "exec sleep 100", NULL },
+	};
+	struct launch_child c[4] = { 0 };
+	for (int i = 0; i < 3; i++) {
+		snprintf(c[i].name, sizeof(c[i].name), "host %d", i);
+		c[i].argv = sh[i];
+		c[i].envp = environ;
+		c[i].status = how;
+	}
+	/* a fourth: stopped, not reported: SIGTERM alone would not end it */
+	char *stop[] = { "/bin/sh", "-c", "kill -STOP $$", NULL };
+	snprintf(c[3].name, sizeof(c[3].name), "host 3");
+	c[3].argv = stop;
+	c[3].envp = environ;
+	struct launch_opts o = { .grace_s = 0.5, .term_grace_s = 0.5 };
+	struct launch_result r;
+	char err[1024];
+	double t0 = now_s();
+	ck_assert_int_eq(launch_run(c, 4, &o, &r, err, sizeof(err)), -ECHILD);
+	double dt = now_s() - t0;
+	ck_assert_msg(dt < 20, "took %.1f s", dt);
+	ck_assert_int_eq(r.failures, 4);
+	ck_assert_int_eq(r.first, 1);
+	ck_assert(r.first_lost);
+	ck_assert_msg(strstr(err, "host 1 was lost (host 0 reported it; killed by the launcher)"), "%s", err);
+	ck_assert_msg(strstr(err, "host 0 exited with code 5"), "%s", err);
+	ck_assert_msg(strstr(err, "host 2 was stopped by signal 15"), "%s", err);
+	ck_assert_msg(strstr(err, "host 3 was stopped by signal 15"), "%s", err);
+}
+
+START_TEST(test_core_status_fd)
+{
+	core_case(LAUNCH_STATUS_FD, "sleep 0.3; echo 'meshrun-status: lost 1' >&$MESHRUN_STATUS_FD; "
+		  "sleep 0.2; exit 5");
+}
+END_TEST
+
+START_TEST(test_core_status_stderr)
+{
+	/* ssh's way: the status line comes on stderr among other lines */
+	core_case(LAUNCH_STATUS_STDERR, "sleep 0.3; echo 'a message' >&2; "
+		  "echo 'meshrun-status: lost 1' >&2; sleep 0.2; exit 5");
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("restart");
-	TCase *tc = tcase_create("checkpoint dir");
+	TCase *tc = tcase_create("ckpt_dir");
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_find_newest_complete);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("core");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_core_status_fd);
+	tcase_add_test(tc, test_core_status_stderr);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("restart");
 	tcase_add_checked_fixture(tc, setup, teardown);
