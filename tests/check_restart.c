@@ -305,6 +305,24 @@ START_TEST(test_find_newest_complete)
 }
 END_TEST
 
+/* --max-restarts without checkpoints to restart from is refused before
+ * anything starts: no --checkpoint-dir is a usage error, no
+ * checkpoint_period a config error. */
+START_TEST(test_restarts_need_checkpoints)
+{
+	struct proc p;
+	char ck[300];
+	snprintf(ck, sizeof(ck), "%s/ck", tmpdir);
+	local_start(&p, "nodir", "steps=4", "--max-restarts", "1", NULL);
+	ck_assert_int_eq(proc_wait(&p, 30), EXIT_USAGE);
+	ck_assert_file_has(p.err, "--max-restarts needs --checkpoint-dir DIR");
+	local_start(&p, "noperiod", "steps=4", "--checkpoint-dir", ck, "--max-restarts", "1", NULL);
+	ck_assert_int_eq(proc_wait(&p, 30), EXIT_CONFIG);
+	ck_assert_file_has(p.err, "--max-restarts needs checkpoint_period > 0");
+	ck_assert(access(ck, F_OK) != 0);
+}
+END_TEST
+
 /* The launcher core with shell children: a "lost" line on either kind
  * of status channel kills the named child at once, even stopped, and the
  * rest (one stopped, one sleeping) are stopped after the grace. */
@@ -365,6 +383,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_find_newest_complete);
+	tcase_add_test(tc, test_restarts_need_checkpoints);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("core");
 	tcase_add_checked_fixture(tc, setup, teardown);
