@@ -338,9 +338,16 @@ static void resume_and_eval_preset(const char *preset, const char *mesh, int nde
 	fprintf(stderr, "%s: eval of the multi-host checkpoint %.6f, one device %.6f\n", mesh, ev, ev1);
 	ck_assert_msg(ev < 4.5 && ev > 1.0, "eval_loss %g", ev);
 	ck_assert_msg(fabs(ev - ev1) < 1e-4 * ev1, "eval %.8f vs one device %.8f", ev, ev1);
+	/* a step directory named directly is the same checkpoint */
+	ck_assert(eval_loss("ckpt/step-000008") == ev);
 	char path[256];
-	snprintf(path, sizeof(path), "%s/ckpt/config.json", tmpdir);
+	snprintf(path, sizeof(path), "%s/ckpt/step-000008/config.json", tmpdir);
 	ck_assert(access(path, R_OK) == 0);
+	/* only the newest step is kept, and no *.tmp is left behind */
+	snprintf(path, sizeof(path), "%s/ckpt/step-000004", tmpdir);
+	ck_assert(access(path, F_OK) != 0);
+	snprintf(path, sizeof(path), "%s/ckpt/step-000008.tmp", tmpdir);
+	ck_assert(access(path, F_OK) != 0);
 }
 
 static void resume_and_eval(const char *mesh, int ndev)

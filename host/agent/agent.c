@@ -4,6 +4,7 @@
 #include "host/agent/agent.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "host/launch/status.h"
 #include "net/conn.h"
 #include "net/net.h"
 
@@ -78,6 +80,44 @@ static int env_fd(const char *name)
 	return fd;
 }
 
+/* The launcher's status channel (host/launch/status.h), or -1. Consumed
+ * like env_fd, and kept from anything this process starts. */
+static int status_fd(void)
+{
+	const char *v = getenv(LAUNCH_STATUS_ENV);
+	int fd = -1;
+	if (v) {
+		char *end;
+		long x = strtol(v, &end, 10);
+		if (!*end && x >= 0 && x < 65536 && fcntl((int)x, F_GETFD) >= 0)
+			fd = (int)x;
+		if (fd > 2)
+			fcntl(fd, F_SETFD, FD_CLOEXEC);
+		unsetenv(LAUNCH_STATUS_ENV);
+	}
+	return fd;
+}
+
+/* Tells the launcher which host this host's net declared lost, so it can
+ * stop that host's agent at once (a stopped or hung one would otherwise
+ * outlive the job). net reports the lost host only in its failure message
+ * ("lost host 2 (127.0.0.1:7002): no heartbeat for 4.0 s"), and net/ has
+ * no accessor for it, so the id is read from that message; any other
+ * failure (an abort, a refused link) sends nothing. */
+static void report_lost(struct net *n, int fd)
+{
+	char msg[512], line[64];
+	int h;
+	if (fd < 0 || net_failed(n, msg, sizeof(msg)) != NET_ERR_PEER_LOST ||
+	    sscanf(msg, "lost host %d (", &h) != 1)
+		return;
+	int len = snprintf(line, sizeof(line), "%s%d\n", LAUNCH_STATUS_LOST, h);
+	ssize_t w;
+	do
+		w = write(fd, line, (size_t)len);
+	while (w < 0 && errno == EINTR);
+}
+
 static bool is_loopback(const char *host)
 {
 	return !strncmp(host, "127.", 4) || !strcmp(host, "localhost") || !strcmp(host, "::1");
@@ -126,7 +166,7 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 {
 	struct agent a = { .cfg = cfg, .host_id = host_id, .job = job };
 	char listen[CFG_STR], why[512];
-	int status = 0;
+	int status = 0, report_fd = status_fd();
 	int *dev_host = NULL;
 	struct device_ctx *devs = NULL;
 	pthread_t *threads = NULL;
@@ -230,13 +270,17 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 		struct timespec ts = { .tv_sec = (time_t)(t / 1000000000ull),
 				       .tv_nsec = (long)(t % 1000000000ull) };
 		pthread_cond_timedwait(&a.cv, &a.mu, &ts);
-		if (!give_up && net_failed(a.net, NULL, 0))
+		if (!give_up && net_failed(a.net, NULL, 0)) {
 			give_up = now + DEVICE_GRACE_NS;
+			report_lost(a.net, report_fd);
+		}
 		if (give_up && xport_now_ns() > give_up)
 			break;
 	}
 	bool all_back = a.running == 0;
 	pthread_mutex_unlock(&a.mu);
+	if (!give_up)   /* the devices came back before the loop saw a failure */
+		report_lost(a.net, report_fd);
 
 	if (!all_back) {
 		/* a device is stuck outside the transport: report and leave the

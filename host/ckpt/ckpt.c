@@ -1,20 +1,26 @@
-/* Checkpoints as Hugging Face style directories (host/ckpt/ckpt.h):
+/* Checkpoints as Hugging Face style directories (host/ckpt/ckpt.h), one
+ * per step (DIR/step-000004), each complete or absent:
  *   model.safetensors      Llama / DeepSeek-V3 tensor names, [out, in]
  *   config.json            Hugging Face config keys
  *   meshrun.yml            the full meshrun config (eval and resume read it)
  *   optimizer.safetensors  optimizer state in our names, plus the step
- * Each file is written atomically (temp, fsync, rename); the step is
- * recorded in both safetensors files and must agree on load. Parameter
+ * Each file is synced, then the step directory is synced and renamed
+ * from its *.tmp name; the step is recorded in both safetensors files and must agree on load. Parameter
  * slices are written straight from the one parameter allocation. */
 #include "host/ckpt/ckpt.h"
 
 #include <cJSON.h>
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "host/ckpt/safetensors.h"
 #include "host/config/config.h"
@@ -193,17 +199,98 @@ fail:
 	return -errno;
 }
 
-int ckpt_save(const struct ckpt_state *s, const char *dir, char *err, size_t errlen)
+/* Test-only (ckpt.h): a pause after each file of a checkpoint. */
+static void test_delay(void)
+{
+	const char *v = getenv("MESHRUN_TEST_CKPT_DELAY_MS");
+	long ms = v ? strtol(v, NULL, 10) : 0;
+	if (ms > 0) {
+		struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+		nanosleep(&ts, NULL);
+	}
+}
+
+/* fsync of a file or directory by path. */
+static int sync_path(const char *path, char *err, size_t errlen)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || fsync(fd) < 0) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		snprintf(err, errlen, "checkpoint: unable to sync '%s': %s", path, strerror(e));
+		return -e;
+	}
+	close(fd);
+	return 0;
+}
+
+/* Removes a step directory: its files, then itself. */
+static void remove_step_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char path[4400];
+	if (!d)
+		return;
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		unlink(path);
+	}
+	closedir(d);
+	rmdir(dir);
+}
+
+/* "step-<digits>" (complete) or "step-<digits>.tmp" (being written). */
+static bool step_name(const char *name, int64_t *step, bool *tmp)
+{
+	if (strncmp(name, "step-", 5) || !isdigit((unsigned char)name[5]))
+		return false;
+	char *end;
+	errno = 0;
+	long long v = strtoll(name + 5, &end, 10);
+	if (errno || v < 0)
+		return false;
+	*step = v;
+	*tmp = !strcmp(end, ".tmp");
+	return !*end || *tmp;
+}
+
+/* After step `keep` is complete: every older step directory and every
+ * stale *.tmp goes. */
+static void prune(const char *dir, int64_t keep)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char path[4400];
+	if (!d)
+		return;
+	while ((e = readdir(d))) {
+		int64_t step;
+		bool tmp;
+		if (!step_name(e->d_name, &step, &tmp) || (!tmp && step >= keep))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		remove_step_dir(path);
+	}
+	closedir(d);
+}
+
+/* The four files of one checkpoint into dir. */
+static int write_files(const struct ckpt_state *s, const char *dir, char *err, size_t errlen)
 {
 	struct model *m = s->model;
 	struct hf_list h;
-	char path[4096], stepbuf[32];
+	char path[4400], stepbuf[32];
 	int rc;
 
-	if ((rc = mkdir_p(dir, err, errlen)))
-		return rc;
-	if (hf_list_init(&h, MAX_TENSORS))
-		goto oom;
+	if (hf_list_init(&h, MAX_TENSORS)) {
+		hf_list_free(&h);
+		snprintf(err, errlen, "checkpoint: out of memory");
+		return -ENOMEM;
+	}
 	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, s->next_step);
 	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, NULL };
 
@@ -212,6 +299,7 @@ int ckpt_save(const struct ckpt_state *s, const char *dir, char *err, size_t err
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 	if ((rc = st_write(path, h.t, h.n, meta, err, errlen)))
 		goto out_free;
+	test_delay();
 
 	h.n = 0;
 	if ((rc = hf_tensors(m, s->m, "m.", &h)) ||
@@ -220,28 +308,94 @@ int ckpt_save(const struct ckpt_state *s, const char *dir, char *err, size_t err
 	snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
 	if ((rc = st_write(path, h.t, h.n, meta, err, errlen)))
 		goto out_free;
+	test_delay();
 
 	snprintf(path, sizeof(path), "%s/config.json", dir);
 	if ((rc = write_config_json(s->cfg, model_dims(m), path, err, errlen)))
 		goto out_free;
-	snprintf(path, sizeof(path), "%s/meshrun.yml.tmp", dir);
-	if ((rc = cfg_write_yaml(s->cfg, path, err, errlen)))
+	test_delay();
+	snprintf(path, sizeof(path), "%s/meshrun.yml", dir);
+	if ((rc = cfg_write_yaml(s->cfg, path, err, errlen)) ||
+	    (rc = sync_path(path, err, errlen)))
 		goto out_free;
-	char final[4096];
-	snprintf(final, sizeof(final), "%s/meshrun.yml", dir);
-	if (rename(path, final)) {
-		rc = -errno;
-		snprintf(err, errlen, "checkpoint: unable to rename '%s': %s", path, strerror(errno));
-	}
+	test_delay();
 out_free:
 	if (rc == -ENOSPC)
 		snprintf(err, errlen, "checkpoint: more than %d tensors", MAX_TENSORS);
 	hf_list_free(&h);
 	return rc;
-oom:
-	hf_list_free(&h);
-	snprintf(err, errlen, "checkpoint: out of memory");
-	return -ENOMEM;
+}
+
+/* Renames the complete tmp to final; a final already there (the same
+ * step saved again) is swapped out atomically and removed. */
+static int publish(const char *tmp, const char *final, char *err, size_t errlen)
+{
+	if (!rename(tmp, final))
+		return 0;
+	if ((errno == ENOTEMPTY || errno == EEXIST) &&
+	    !renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE)) {
+		remove_step_dir(tmp);
+		return 0;
+	}
+	int e = errno;
+	snprintf(err, errlen, "checkpoint: unable to rename '%s' to '%s': %s", tmp, final, strerror(e));
+	return -e;
+}
+
+int ckpt_save(const struct ckpt_state *s, const char *dir, char *err, size_t errlen)
+{
+	char tmp[4110], final[4096];
+	int rc;
+
+	if ((rc = mkdir_p(dir, err, errlen)))
+		return rc;
+	snprintf(final, sizeof(final), "%s/step-%06" PRId64, dir, s->next_step);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", final);
+	remove_step_dir(tmp);   /* a crashed writer's */
+	if (mkdir(tmp, 0755)) {
+		rc = -errno;
+		snprintf(err, errlen, "checkpoint: unable to create directory '%s': %s", tmp,
+			 strerror(errno));
+		return rc;
+	}
+	if ((rc = write_files(s, tmp, err, errlen)) ||
+	    (rc = sync_path(tmp, err, errlen)) ||
+	    (rc = publish(tmp, final, err, errlen)) ||
+	    (rc = sync_path(dir, err, errlen)))
+		return rc;
+	prune(dir, s->next_step);
+	return 0;
+}
+
+int ckpt_find(const char *dir, char *out, size_t outlen, int64_t *step, char *err, size_t errlen)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int64_t best = -1;
+	char path[4200];
+	if (step)
+		*step = -1;
+	while (d && (e = readdir(d))) {
+		int64_t n;
+		bool tmp;
+		if (step_name(e->d_name, &n, &tmp) && !tmp && n > best)
+			best = n;
+	}
+	if (d)
+		closedir(d);
+	if (best >= 0) {
+		snprintf(out, outlen, "%s/step-%06" PRId64, dir, best);
+		if (step)
+			*step = best;
+		return 0;
+	}
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	if (!access(path, F_OK)) {
+		snprintf(out, outlen, "%s", dir);
+		return 0;
+	}
+	snprintf(err, errlen, "checkpoint: no complete checkpoint in '%s'", dir);
+	return -EBADMSG;
 }
 
 /* Copies every listed tensor from f into its slot (the list's data pointers
@@ -296,14 +450,16 @@ static int load_one(const char *path, const struct hf_list *h, int64_t *step, ch
 	return rc;
 }
 
-int ckpt_load(struct ckpt_state *s, const char *dir, bool optimizer, char *err, size_t errlen)
+int ckpt_load(struct ckpt_state *s, const char *run_dir, bool optimizer, char *err, size_t errlen)
 {
 	struct model *m = s->model;
 	struct hf_list h;
-	char path[4096];
+	char path[4200], dir[4096];
 	int64_t s1 = -1, s2 = -1;
 	int rc;
 
+	if ((rc = ckpt_find(run_dir, dir, sizeof(dir), NULL, err, errlen)))
+		return rc;
 	if (hf_list_init(&h, MAX_TENSORS)) {
 		snprintf(err, errlen, "checkpoint: out of memory");
 		return -ENOMEM;

@@ -6,6 +6,7 @@
 
 #include "host/cli/args.h"
 #include "host/cli/cli.h"
+#include "host/ckpt/ckpt.h"
 #include "host/config/config.h"
 #include "host/train/eval.h"
 #include "host/train/loop.h"
@@ -72,15 +73,21 @@ int cmd_train(int argc, char **argv)
 	return cli_exit_code(rc);
 }
 
-/* The config eval runs: the checkpoint's, overridden, on one device, with
- * the text as its data. A checkpoint without a readable meshrun.yml is bad
- * input; a bad override a config error. */
+/* The config eval runs: the checkpoint's (dir: a run's checkpoint
+ * directory, whose newest step it takes, or one step directory),
+ * overridden, on one device, with the text as its data. A checkpoint
+ * without a readable meshrun.yml is bad input; a bad override a config
+ * error. */
 static int eval_cfg(struct cfg *c, const char *dir, const char *text, const struct args *a,
 		    char *err, size_t errlen)
 {
-	char path[4096], why[1024];
+	char path[4200], step_dir[4096], why[1024];
 	cfg_defaults(c);
-	snprintf(path, sizeof(path), "%s/meshrun.yml", dir);
+	if (ckpt_find(dir, step_dir, sizeof(step_dir), NULL, why, sizeof(why))) {
+		snprintf(err, errlen, "eval: %s", why);
+		return -EBADMSG;
+	}
+	snprintf(path, sizeof(path), "%s/meshrun.yml", step_dir);
 	if (cfg_load_file(c, path, why, sizeof(why))) {
 		snprintf(err, errlen, "eval: %s", why);
 		return -EBADMSG;

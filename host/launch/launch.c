@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "host/launch/status.h"
 #include "host/util/clock.h"
 
 #define LAUNCH_MAX_CHILDREN 4096
@@ -36,6 +38,13 @@ struct kid {
 	int status;        /* waitpid status */
 	int order;         /* 1 + the order in which failures were seen; 0: ok/running */
 	bool killed_by_us;
+	int lost_by;       /* -1, or the child that reported this one lost */
+	/* the status channel: the parent's read end, the child's write end
+	 * (until started), a partial line */
+	int rd, wr;
+	char line[512];
+	size_t used;
+	char **envp;       /* the child's environment with LAUNCH_STATUS_ENV, or NULL */
 };
 
 static void close_fds(struct launch_child *c, int n)
@@ -48,18 +57,74 @@ static void close_fds(struct launch_child *c, int n)
 			}
 }
 
-/* In the child: die with the launcher, default signals, keep its fds. */
-static void exec_child(const struct launch_child *c, pid_t parent)
+/* In the child: die with the launcher, default signals, keep its fds and
+ * its end of the status channel. */
+static void exec_child(const struct launch_child *c, const struct kid *k, pid_t parent)
 {
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() != parent)
 		_exit(1);
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
-	for (int k = 0; k < c->nfds; k++)
-		fcntl(c->fds[k], F_SETFD, 0);
-	execve(c->argv[0], c->argv, c->envp);
+	for (int i = 0; i < c->nfds; i++)
+		fcntl(c->fds[i], F_SETFD, 0);
+	if (c->status == LAUNCH_STATUS_FD)
+		fcntl(k->wr, F_SETFD, 0);
+	else if (c->status == LAUNCH_STATUS_STDERR && dup2(k->wr, 2) < 0)
+		_exit(127);
+	execve(c->argv[0], c->argv, k->envp ? k->envp : c->envp);
 	_exit(127);
+}
+
+/* The status pipe of child k, and for LAUNCH_STATUS_FD its environment
+ * naming the child's end. */
+static int open_status(const struct launch_child *c, struct kid *k)
+{
+	int p[2];
+	if (c->status == LAUNCH_STATUS_NONE)
+		return 0;
+	if (pipe2(p, O_CLOEXEC))
+		return -errno;
+	k->rd = p[0];
+	k->wr = p[1];
+	fcntl(k->rd, F_SETFL, fcntl(k->rd, F_GETFL) | O_NONBLOCK);
+	if (c->status != LAUNCH_STATUS_FD)
+		return 0;
+	int n = 0;
+	while (c->envp[n])
+		n++;
+	k->envp = calloc((size_t)n + 2, sizeof(char *));
+	char *var = malloc(64);
+	if (!k->envp || !var) {
+		free(var);
+		return -ENOMEM;
+	}
+	snprintf(var, 64, "%s=%d", LAUNCH_STATUS_ENV, k->wr);
+	int j = 0;
+	for (int i = 0; i < n; i++)
+		if (strncmp(c->envp[i], LAUNCH_STATUS_ENV "=", sizeof(LAUNCH_STATUS_ENV)))
+			k->envp[j++] = c->envp[i];
+	k->envp[j] = var;     /* the last entry is ours to free */
+	return 0;
+}
+
+static void close_status(struct kid *k, int n)
+{
+	for (int i = 0; i < n; i++) {
+		if (k[i].rd >= 0)
+			close(k[i].rd);
+		if (k[i].wr >= 0)
+			close(k[i].wr);
+		k[i].rd = k[i].wr = -1;
+		if (k[i].envp) {
+			int j = 0;
+			while (k[i].envp[j + 1])
+				j++;
+			free(k[i].envp[j]);
+			free(k[i].envp);
+			k[i].envp = NULL;
+		}
+	}
 }
 
 /* Forks every child; returns how many started (err and *why set when
@@ -78,54 +143,196 @@ static int start_all(struct launch_child *c, int n, struct kid *k, pid_t *pids, 
 			return i;
 		}
 		if (pid == 0)
-			exec_child(&c[i], parent);
+			exec_child(&c[i], &k[i], parent);
 		k[i].pid = pid;
 		pids[i] = pid;
 	}
 	return n;
 }
 
-/* Waits for every started child; once one fails the others get grace_s
- * to fail on their own, then they are killed. Returns the failure count. */
-static int supervise(struct kid *k, int started, pid_t *pids, const struct launch_opts *o)
+/* ---- supervision ---- */
+
+struct sup {
+	struct kid *k;
+	int started, alive, failures;
+	pid_t *pids;
+	const struct launch_opts *o;
+	uint64_t stop_at;      /* when the survivors get SIGTERM (0: no failure yet) */
+	uint64_t kill_at;      /* when they get SIGKILL (0: not yet planned) */
+};
+
+static bool reap_one(struct sup *s, int i);
+
+static void start_stopping(struct sup *s)
 {
-	int alive = started, failures = 0;
-	uint64_t kill_at = 0;
-	while (alive > 0) {
-		for (int i = 0; i < started; i++) {
-			int st;
-			if (k[i].done)
-				continue;
-			pid_t w = waitpid(k[i].pid, &st, WNOHANG);
-			if (w == 0 || (w < 0 && errno == EINTR))
-				continue;
-			k[i].done = true;
-			pids[i] = 0;
-			alive--;
-			k[i].status = w < 0 ? (1 << 8) : st;
-			bool ok = w > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-			if (!ok) {
-				k[i].order = ++failures;
-				if (!kill_at)
-					kill_at = util_now_ns() + (uint64_t)(o->grace_s * 1e9);
-			}
+	if (!s->stop_at)
+		s->stop_at = util_now_ns() + (uint64_t)(s->o->grace_s * 1e9);
+}
+
+/* Child j reported child h lost: kill h now. */
+static void lost(struct sup *s, int j, int h)
+{
+	struct kid *k = s->k;
+	if (h < 0 || h >= s->started || h == j || k[h].done || k[h].lost_by >= 0)
+		return;
+	/* one that already ended (it died, and that is how it was lost) is
+	 * reported as it ended */
+	if (reap_one(s, h))
+		return;
+	k[h].lost_by = j;
+	if (!k[h].order)
+		k[h].order = ++s->failures;
+	kill(k[h].pid, SIGKILL);
+	if (s->o->stop_one)
+		s->o->stop_one(s->o->stop_ctx, h);
+	start_stopping(s);
+}
+
+static void status_line(struct sup *s, int j, const char *line)
+{
+	const size_t pl = sizeof(LAUNCH_STATUS_LOST) - 1;
+	if (!strncmp(line, LAUNCH_STATUS_LOST, pl)) {
+		char *end;
+		long h = strtol(line + pl, &end, 10);
+		if (end != line + pl && !*end)
+			lost(s, j, (int)h);
+	} else if (strncmp(line, LAUNCH_STATUS_PREFIX, sizeof(LAUNCH_STATUS_PREFIX) - 1)) {
+		/* a child's stderr carried over the channel */
+		fprintf(stderr, "%s\n", line);
+	}
+}
+
+/* Reads what child j's channel holds; at EOF (or with flush) a partial
+ * line counts as a line and the channel closes. */
+static void status_read(struct sup *s, int j, bool flush)
+{
+	struct kid *k = &s->k[j];
+	while (k->rd >= 0) {
+		ssize_t r = read(k->rd, k->line + k->used, sizeof(k->line) - 1 - k->used);
+		if (r < 0 && errno == EINTR)
+			continue;
+		bool eof = r == 0 || (r < 0 && errno != EAGAIN) || (r < 0 && flush);
+		if (r > 0)
+			k->used += (size_t)r;
+		char *nl;
+		k->line[k->used] = 0;
+		while ((nl = strchr(k->line, '\n'))) {
+			*nl = 0;
+			status_line(s, j, k->line);
+			k->used -= (size_t)(nl + 1 - k->line);
+			memmove(k->line, nl + 1, k->used + 1);
 		}
-		if (!alive)
-			break;
-		if (kill_at && util_now_ns() > kill_at) {
-			for (int i = 0; i < started; i++)
-				if (!k[i].done) {
-					k[i].killed_by_us = true;
-					kill(k[i].pid, SIGKILL);
-				}
-			if (o->stop)
-				o->stop(o->stop_ctx);
-			kill_at = UINT64_MAX;
+		if (k->used == sizeof(k->line) - 1 || (eof && k->used)) {
+			status_line(s, j, k->line);
+			k->used = 0;
 		}
+		if (eof) {
+			close(k->rd);
+			k->rd = -1;
+		}
+		if (r <= 0)
+			return;
+	}
+}
+
+/* Waits up to 20 ms for status lines and handles them. */
+static void status_poll(struct sup *s)
+{
+	struct pollfd pf[64];
+	int who[64], n = 0;
+	for (int i = 0; i < s->started && n < 64; i++)
+		if (s->k[i].rd >= 0) {
+			pf[n] = (struct pollfd){ .fd = s->k[i].rd, .events = POLLIN };
+			who[n++] = i;
+		}
+	if (n == 0 || s->started > 64) {
 		struct timespec ts = { 0, 20 * 1000 * 1000 };
 		nanosleep(&ts, NULL);
+		if (n == 0)
+			return;
 	}
-	return failures;
+	if (poll(pf, (nfds_t)n, s->started > 64 ? 0 : 20) <= 0)
+		return;
+	for (int i = 0; i < n; i++)
+		if (pf[i].revents)
+			status_read(s, who[i], false);
+	for (int i = 64; i < s->started; i++)
+		if (s->k[i].rd >= 0)
+			status_read(s, i, false);
+}
+
+/* Reaps child i if it ended; true then. */
+static bool reap_one(struct sup *s, int i)
+{
+	struct kid *k = &s->k[i];
+	int st;
+	if (k->done)
+		return false;
+	pid_t w = waitpid(k->pid, &st, WNOHANG);
+	if (w == 0 || (w < 0 && errno == EINTR))
+		return false;
+	status_read(s, i, true);
+	k->done = true;
+	s->pids[i] = 0;
+	s->alive--;
+	k->status = w < 0 ? (1 << 8) : st;
+	bool ok = w > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+	if (!ok && !k->order)
+		k->order = ++s->failures;
+	if (!ok)
+		start_stopping(s);
+	return true;
+}
+
+static void reap(struct sup *s)
+{
+	for (int i = 0; i < s->started; i++)
+		reap_one(s, i);
+}
+
+/* SIGTERM (and SIGCONT, for a stopped child) or SIGKILL to every child
+ * still running. */
+static void signal_rest(struct sup *s, int sig)
+{
+	for (int i = 0; i < s->started; i++)
+		if (!s->k[i].done) {
+			s->k[i].killed_by_us = true;
+			kill(s->k[i].pid, sig);
+			if (sig != SIGKILL)
+				kill(s->k[i].pid, SIGCONT);
+		}
+}
+
+/* Waits for every started child, reading their status channels; once
+ * one fails (or is reported lost, or a signal arrives) the others get
+ * grace_s to fail on their own, then are stopped. Returns the failure
+ * count. */
+static int supervise(struct kid *k, int started, pid_t *pids, const struct launch_opts *o)
+{
+	struct sup s = { .k = k, .started = started, .alive = started, .pids = pids, .o = o };
+	bool stopped = false;
+	while (s.alive > 0) {
+		reap(&s);
+		if (!s.alive)
+			break;
+		if (interrupted)
+			start_stopping(&s);
+		uint64_t now = util_now_ns();
+		if (s.stop_at && now > s.stop_at && !s.kill_at) {
+			bool term = o->term_grace_s > 0;
+			signal_rest(&s, term ? SIGTERM : SIGKILL);
+			s.kill_at = term ? now + (uint64_t)(o->term_grace_s * 1e9) : UINT64_MAX;
+			if (o->stop && !stopped)
+				o->stop(o->stop_ctx);
+			stopped = true;
+		}
+		if (s.kill_at && s.kill_at != UINT64_MAX && now > s.kill_at) {
+			signal_rest(&s, SIGKILL);
+			s.kill_at = UINT64_MAX;
+		}
+		status_poll(&s);
+	}
+	return s.failures;
 }
 
 /* Appends every failure, first one first, to err (after used bytes). */
@@ -144,6 +351,9 @@ static void report(const struct launch_child *c, const struct kid *k, int starte
 				const char *name = o->exit_name ? o->exit_name(code) : NULL;
 				snprintf(one, sizeof(one), "%s exited with code %d%s%s%s", c[i].name, code,
 					 name ? " (" : "", name ? name : "", name ? ")" : "");
+			} else if (k[i].lost_by >= 0) {
+				snprintf(one, sizeof(one), "%s was lost (%s reported it; killed by the launcher)",
+					 c[i].name, c[k[i].lost_by].name);
 			} else {
 				int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
 				snprintf(one, sizeof(one), "%s %s by signal %d (%s)", c[i].name,
@@ -153,6 +363,7 @@ static void report(const struct launch_child *c, const struct kid *k, int starte
 			if (f == 1) {
 				r->first = i;
 				r->first_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+				r->first_lost = k[i].lost_by >= 0;
 			}
 			if (used < errlen)
 				used += snprintf(err + used, errlen - used, "%s%s", used ? "; " : "", one);
@@ -189,9 +400,21 @@ int launch_run(struct launch_child *c, int n, const struct launch_opts *o,
 	sigaction(SIGTERM, &sa, &old_term);
 
 	err[0] = 0;
-	int start_errno = 0;
-	int started = start_all(c, n, k, pids, &start_errno, err, errlen);
+	int start_errno = 0, started = 0;
+	for (int i = 0; i < n; i++)
+		k[i] = (struct kid){ .rd = -1, .wr = -1, .lost_by = -1 };
+	for (int i = 0; i < n && !start_errno; i++)
+		if ((start_errno = -open_status(&c[i], &k[i])))
+			snprintf(err, errlen, "unable to open %s's status channel: %s", c[i].name,
+				 strerror(start_errno));
+	if (!start_errno)
+		started = start_all(c, n, k, pids, &start_errno, err, errlen);
 	close_fds(c, n);
+	for (int i = 0; i < n; i++)
+		if (k[i].wr >= 0) {
+			close(k[i].wr);
+			k[i].wr = -1;
+		}
 	if (started < n)
 		for (int i = 0; i < started; i++)
 			kill(k[i].pid, SIGKILL);
@@ -202,6 +425,7 @@ int launch_run(struct launch_child *c, int n, const struct launch_opts *o,
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
 	kids_n = 0;
+	close_status(k, n);
 	free(k);
 	if (started < n)
 		return start_errno ? -start_errno : -EAGAIN;

@@ -13,7 +13,14 @@
  *     PR_SET_PDEATHSIG), closing the inherited descriptors in the parent;
  *   - forwards SIGINT and SIGTERM to every child while it runs;
  *   - waits; after the first failure the others get grace_s to fail on
- *     their own, then are killed (SIGKILL) and the stop action runs;
+ *     their own, then are stopped: SIGTERM (and SIGCONT, so a stopped
+ *     child takes it) and SIGKILL term_grace_s later (term_grace_s 0:
+ *     SIGKILL at once), and the stop action runs;
+ *   - reads each child's status channel (host/launch/status.h) when the
+ *     backend asks for one: when child j reports "lost H", child H is
+ *     killed (SIGKILL, which also ends a stopped process) at once, counts
+ *     as a failure from that moment and stop_one(ctx, H) runs; children
+ *     are numbered as hosts (child H is host H);
  *   - reports every failure in the order seen, the first first:
  *     "host 1 exited with code 5 (peer lost); host 0 was stopped by
  *     signal 9 (it outlived the others' failure)". */
@@ -25,21 +32,38 @@
 
 #define LAUNCH_MAX_FDS 4
 
+/* Where a child's status lines (host/launch/status.h) come from. */
+enum launch_status {
+	LAUNCH_STATUS_NONE = 0,        /* no channel */
+	/* a pipe the child inherits, its number in the child's environment
+	 * as LAUNCH_STATUS_ENV (local) */
+	LAUNCH_STATUS_FD,
+	/* the pipe is the child's stderr: status lines are taken, every other
+	 * line is copied to the launcher's stderr (ssh: the remote agent runs
+	 * with LAUNCH_STATUS_ENV=2 and ssh carries its stderr back) */
+	LAUNCH_STATUS_STDERR,
+};
+
 struct launch_child {
 	char name[32];                 /* "host 1" */
 	char **argv;                   /* NULL-terminated; argv[0] is the path */
 	char **envp;                   /* NULL-terminated */
 	int fds[LAUNCH_MAX_FDS];       /* inherited by this child only */
 	int nfds;
+	enum launch_status status;     /* zero: none */
 };
 
 struct launch_opts {
-	double grace_s;                /* after a failure, before killing the rest */
+	double grace_s;                /* after a failure, before stopping the rest */
+	double term_grace_s;           /* SIGTERM to SIGKILL; 0: SIGKILL at once */
 	/* words for a child's exit code in reports ("peer lost"); NULL: none */
 	const char *(*exit_name)(int code);
 	/* optional: run once when the core kills the survivors */
 	void (*stop)(void *ctx);
 	void *stop_ctx;
+	/* optional: run when child i is killed because another reported it
+	 * lost (ssh: stop the remote agent too), with stop_ctx */
+	void (*stop_one)(void *ctx, int i);
 };
 
 /* What happened. */
@@ -47,6 +71,7 @@ struct launch_result {
 	int failures;                  /* children that did not exit 0 */
 	int first;                     /* index of the first failure, or -1 */
 	int first_code;                /* its exit code, or -1 if a signal ended it */
+	bool first_lost;               /* the first failure: a child reported lost */
 	bool interrupted;              /* SIGINT or SIGTERM arrived */
 };
 

@@ -158,6 +158,7 @@ static int make_children(struct launch_child *k, int hosts, int argc, char **arg
 			return -EIO;
 		}
 		k[i].fds[k[i].nfds++] = fd;
+		k[i].status = LAUNCH_STATUS_FD;
 		k[i].argv = child_argv(exe, argc, argv, i, hosts, dir, port);
 		k[i].envp = child_env(i == 0 ? coord_fd : -1, fd);
 		if (!k[i].argv || !k[i].envp) {

@@ -16,7 +16,8 @@
 /* Starts `hosts` children named "host I", child I running
  *     <path of this binary> argv[0] ... argv[argc-1] --host-id I --hosts N
  *         certs_dir=<tmp> coordinator_address=127.0.0.1:<port>
- * with stdout/stderr inherited and MESHRUN_LOCAL_AGENTS=N, then supervises
+ * with stdout/stderr inherited, MESHRUN_LOCAL_AGENTS=N and a status
+ * channel (MESHRUN_STATUS_FD: host/launch/status.h), then supervises
  * them with launch_run (o: grace and report words). Returns launch_run's
  * result, or -EINVAL (hosts out of [1, LOCAL_MAX_HOSTS]) or another -errno
  * when the certificates, listeners or children's arguments cannot be made;

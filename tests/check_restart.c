@@ -1,0 +1,410 @@
+/* Restart and stop through `meshrun local` with real agents on loopback:
+ * a host's agent SIGKILLed mid-run under --max-restarts finishes the run
+ * with every step's loss equal to an uninterrupted run's bit for bit (the
+ * last metrics line per step counts); so does one killed while a
+ * checkpoint is being written, and a plain --resume after such a kill; a
+ * SIGSTOPped host is reported lost by its peer and killed by the
+ * launcher, which returns within heartbeat_timeout_s + 2 s with no agent
+ * left. Checkpoint directories: the newest complete step is found, *.tmp
+ * is ignored. */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+
+#include "host/ckpt/ckpt.h"
+#include "host/cli/cli.h"
+#include "host/launch/launch.h"
+#include "tests/proc.h"
+
+extern char **environ;
+
+#define MAX_STEPS 64
+
+static void setup(void)
+{
+	proc_setup("check_restart", 0);
+}
+
+/* Starts `meshrun local --hosts 2` on llama-tiny with the arguments given
+ * (a NULL-terminated list) and the run's metrics in tmpdir/metrics. */
+static void local_start(struct proc *p, const char *name, ...)
+{
+	char a[32][300];
+	char *argv[34];
+	int n = 0;
+	va_list ap;
+#define ARG(...) (snprintf(a[n], sizeof(a[n]), __VA_ARGS__), argv[n] = a[n], n++)
+	ARG("%s", meshrun());
+	ARG("local");
+	ARG("--hosts");
+	ARG("2");
+	ARG("--config");
+	ARG("configs/llama-tiny.yml");
+	ARG("openblas_threads=1");
+	ARG("learning_rate_schedule_steps=24");
+	va_start(ap, name);
+	for (const char *s; (s = va_arg(ap, const char *)) && n < 32;)
+		ARG("%s", s);
+	va_end(ap);
+#undef ARG
+	argv[n] = NULL;
+	proc_start(p, name, argv, -1);
+}
+
+/* Losses by step from a metrics file, the last line of a step winning;
+ * returns 1 + the highest step seen. */
+static int losses(const char *file, double out[MAX_STEPS])
+{
+	char path[400], line[4096];
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, file);
+	FILE *f = fopen(path, "r");
+	int n = 0;
+	for (int i = 0; i < MAX_STEPS; i++)
+		out[i] = -1;
+	while (f && fgets(line, sizeof(line), f)) {
+		char *s = strstr(line, "\"step\":"), *p = strstr(line, "\"loss_hex\":\"");
+		if (!s || !p)
+			continue;   /* a line cut by a kill */
+		int step = atoi(s + 7);
+		ck_assert(step >= 0 && step < MAX_STEPS);
+		out[step] = strtod(p + 12, NULL);
+		if (step + 1 > n)
+			n = step + 1;
+	}
+	if (f)
+		fclose(f);
+	return n;
+}
+
+static int lines(const char *file)
+{
+	char path[400];
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, file);
+	char *s = slurp(path);
+	int n = 0;
+	for (char *c = s; *c; c++)
+		n += *c == '\n';
+	return n;
+}
+
+/* The agent pid of `host` among the children of the launcher `parent`,
+ * found by parent pid in /proc and the child's --host-id; -1 if none
+ * (yet). */
+static pid_t agent_pid(pid_t parent, int host)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	pid_t found = -1;
+	char path[300], buf[4096], want[16];
+	snprintf(want, sizeof(want), "%d", host);
+	while (d && (e = readdir(d)) && found < 0) {
+		pid_t pid = (pid_t)atoi(e->d_name);
+		if (pid <= 0)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		int ppid = -1;
+		size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[n] = 0;
+		char *rp = strrchr(buf, ')');
+		if (!rp || sscanf(rp + 2, "%*c %d", &ppid) != 1 || ppid != parent)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		for (size_t i = 0; i < n; i += strlen(buf + i) + 1) {
+			size_t j = i + strlen(buf + i) + 1;
+			if (!strcmp(buf + i, "--host-id") && j < n && !strcmp(buf + j, want))
+				found = pid;
+		}
+	}
+	if (d)
+		closedir(d);
+	return found;
+}
+
+/* Waits until the run has logged `n` steps (the launcher still running). */
+static void wait_lines(struct proc *p, const char *file, int n)
+{
+	double end = now_s() + 90;
+	while (lines(file) < n) {
+		ck_assert_msg(proc_wait(p, 0) == -1, "local ended early (%d):\n%s", p->status,
+			      slurp(p->err));
+		ck_assert_msg(now_s() < end, "no step %d logged:\n%s", n, slurp(p->err));
+		usleep(10000);
+	}
+}
+
+/* The uninterrupted run's losses (24 steps). */
+static void straight(double out[MAX_STEPS])
+{
+	struct proc p;
+	char m[300];
+	snprintf(m, sizeof(m), "%s/straight.jsonl", tmpdir);
+	local_start(&p, "straight", "steps=24", "--metrics", m, NULL);
+	ck_assert_msg(proc_wait(&p, 120) == 0, "%s", slurp(p.err));
+	ck_assert_int_eq(losses("straight.jsonl", out), 24);
+}
+
+static void assert_same_losses(const char *file, const double *want)
+{
+	double got[MAX_STEPS];
+	ck_assert_int_eq(losses(file, got), 24);
+	for (int s = 0; s < 24; s++)
+		ck_assert_msg(got[s] == want[s], "step %d: %a, uninterrupted %a", s, got[s], want[s]);
+}
+
+START_TEST(test_kill_restarts)
+{
+	double want[MAX_STEPS];
+	char m[300], ck[300];
+	straight(want);
+	snprintf(m, sizeof(m), "%s/r.jsonl", tmpdir);
+	snprintf(ck, sizeof(ck), "%s/ck", tmpdir);
+	struct proc p;
+	local_start(&p, "restart", "steps=24", "checkpoint_period=4", "--checkpoint-dir", ck,
+		    "--metrics", m, "--max-restarts", "2", NULL);
+	wait_lines(&p, "r.jsonl", 7);
+	pid_t h1 = agent_pid(p.pid, 1);
+	ck_assert_int_gt(h1, 0);
+	kill(h1, SIGKILL);
+	ck_assert_msg(proc_wait(&p, 120) == 0, "%s", slurp(p.err));
+	ck_assert_file_has(p.err, "host 1 was killed by signal 9");
+	ck_assert_file_has(p.err, "; restart 1 of 2 from checkpoint step ");
+	assert_same_losses("r.jsonl", want);
+	ck_assert_int_gt(lines("r.jsonl"), 24);   /* some steps ran twice */
+}
+END_TEST
+
+/* Waits until host 0 writes a checkpoint after a complete one: a
+ * step-N.tmp beside a complete step-M, M < N. */
+static void wait_writing(struct proc *p, const char *ck)
+{
+	double end = now_s() + 90;
+	for (;;) {
+		long done = -1, tmp = -1;
+		DIR *d = opendir(ck);
+		struct dirent *e;
+		while (d && (e = readdir(d))) {
+			long n;
+			char rest[16] = "";
+			if (sscanf(e->d_name, "step-%ld%15s", &n, rest) < 1)
+				continue;
+			if (!strcmp(rest, ".tmp"))
+				tmp = n;
+			else if (!rest[0] && n > done)
+				done = n;
+		}
+		if (d)
+			closedir(d);
+		if (done >= 0 && tmp > done)
+			return;
+		ck_assert_msg(proc_wait(p, 0) == -1, "local ended early (%d):\n%s", p->status,
+			      slurp(p->err));
+		ck_assert_msg(now_s() < end, "no checkpoint being written:\n%s", slurp(p->err));
+		usleep(5000);
+	}
+}
+
+START_TEST(test_kill_during_checkpoint)
+{
+	double want[MAX_STEPS];
+	char m[300], ck[300], path[400], err[256];
+	straight(want);
+	/* 4 files x 150 ms: each checkpoint takes 0.6 s to write */
+	setenv("MESHRUN_TEST_CKPT_DELAY_MS", "150", 1);
+	snprintf(ck, sizeof(ck), "%s/ck", tmpdir);
+
+	/* under --max-restarts */
+	snprintf(m, sizeof(m), "%s/w.jsonl", tmpdir);
+	struct proc p;
+	local_start(&p, "restart", "steps=24", "checkpoint_period=4", "--checkpoint-dir", ck,
+		    "--metrics", m, "--max-restarts", "2", NULL);
+	wait_writing(&p, ck);
+	kill(agent_pid(p.pid, 0), SIGKILL);
+	ck_assert_msg(proc_wait(&p, 120) == 0, "%s", slurp(p.err));
+	ck_assert_file_has(p.err, "; restart 1 of 2 from checkpoint step ");
+	assert_same_losses("w.jsonl", want);
+
+	/* a plain --resume after the same kill */
+	rm_rf(ck);
+	snprintf(m, sizeof(m), "%s/x.jsonl", tmpdir);
+	local_start(&p, "plain", "steps=24", "checkpoint_period=4", "--checkpoint-dir", ck,
+		    "--metrics", m, NULL);
+	wait_writing(&p, ck);
+	kill(agent_pid(p.pid, 0), SIGKILL);
+	ck_assert_int_ne(proc_wait(&p, 60), 0);
+	int64_t step;
+	ck_assert_msg(ckpt_find(ck, path, sizeof(path), &step, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_gt(step, 0);
+	local_start(&p, "resume", "steps=24", "checkpoint_period=4", "--checkpoint-dir", ck,
+		    "--metrics", m, "--resume", NULL);
+	ck_assert_msg(proc_wait(&p, 120) == 0, "%s", slurp(p.err));
+	assert_same_losses("x.jsonl", want);
+	unsetenv("MESHRUN_TEST_CKPT_DELAY_MS");
+}
+END_TEST
+
+START_TEST(test_stop_is_killed)
+{
+	char m[300];
+	snprintf(m, sizeof(m), "%s/s.jsonl", tmpdir);
+	struct proc p;
+	local_start(&p, "stop", "steps=1000000", "heartbeat_timeout_s=4", "--metrics", m, NULL);
+	wait_lines(&p, "s.jsonl", 3);
+	pid_t h0 = agent_pid(p.pid, 0), h1 = agent_pid(p.pid, 1);
+	ck_assert_int_gt(h0, 0);
+	ck_assert_int_gt(h1, 0);
+	kill(h1, SIGSTOP);
+	double t0 = now_s();
+	int rc = proc_wait(&p, 30);
+	double dt = now_s() - t0;
+	fprintf(stderr, "local returned %.2f s after SIGSTOP (heartbeat_timeout_s=4)\n", dt);
+	ck_assert_int_eq(rc, EXIT_PEER_LOST);
+	ck_assert_double_le(dt, 4 + 2);
+	ck_assert_file_has(p.err, "host 1 was lost (host 0 reported it");
+	ck_assert_file_has(p.err, "lost host 1 (127.0.0.1:");
+	/* local reaped both agents before returning: neither pid exists */
+	ck_assert(kill(h0, 0) != 0 && errno == ESRCH);
+	ck_assert(kill(h1, 0) != 0 && errno == ESRCH);
+}
+END_TEST
+
+/* The newest complete step is found; *.tmp and other names are not. */
+START_TEST(test_find_newest_complete)
+{
+	char d[400], path[500], out[600], err[256];
+	int64_t step;
+	snprintf(d, sizeof(d), "%s/find", tmpdir);
+	ck_assert_int_eq(ckpt_find(d, out, sizeof(out), &step, err, sizeof(err)), -EBADMSG);
+	ck_assert_msg(strstr(err, "no complete checkpoint"), "%s", err);
+	mkdir(d, 0755);
+	const char *names[] = { "step-000004", "step-000012", "step-000020.tmp", "step-x", "latest" };
+	for (int i = 0; i < 5; i++) {
+		snprintf(path, sizeof(path), "%s/%s", d, names[i]);
+		ck_assert_int_eq(mkdir(path, 0755), 0);
+	}
+	ck_assert_int_eq(ckpt_find(d, out, sizeof(out), &step, err, sizeof(err)), 0);
+	ck_assert_int_eq(step, 12);
+	snprintf(path, sizeof(path), "%s/step-000012", d);
+	ck_assert_str_eq(out, path);
+	/* a step directory named directly (it holds model.safetensors) */
+	snprintf(path, sizeof(path), "%s/step-000012/model.safetensors", d);
+	fclose(fopen(path, "w"));
+	snprintf(path, sizeof(path), "%s/step-000012", d);
+	ck_assert_int_eq(ckpt_find(path, out, sizeof(out), &step, err, sizeof(err)), 0);
+	ck_assert_str_eq(out, path);
+	ck_assert_int_eq(step, -1);
+}
+END_TEST
+
+/* --max-restarts without checkpoints to restart from is refused before
+ * anything starts: no --checkpoint-dir is a usage error, no
+ * checkpoint_period a config error. */
+START_TEST(test_restarts_need_checkpoints)
+{
+	struct proc p;
+	char ck[300];
+	snprintf(ck, sizeof(ck), "%s/ck", tmpdir);
+	local_start(&p, "nodir", "steps=4", "--max-restarts", "1", NULL);
+	ck_assert_int_eq(proc_wait(&p, 30), EXIT_USAGE);
+	ck_assert_file_has(p.err, "--max-restarts needs --checkpoint-dir DIR");
+	local_start(&p, "noperiod", "steps=4", "--checkpoint-dir", ck, "--max-restarts", "1", NULL);
+	ck_assert_int_eq(proc_wait(&p, 30), EXIT_CONFIG);
+	ck_assert_file_has(p.err, "--max-restarts needs checkpoint_period > 0");
+	ck_assert(access(ck, F_OK) != 0);
+}
+END_TEST
+
+/* The launcher core with shell children: a "lost" line on either kind
+ * of status channel kills the named child at once, even stopped, and the
+ * rest (one stopped, one sleeping) are stopped after the grace. */
+static void core_case(enum launch_status how, const char *report)
+{
+	char *sh[3][4] = {
+		{ "/bin/sh", "-c", (char *)report, NULL },
+		{ "/bin/sh", "-c", "kill -STOP $$", NULL },
+		{ "/bin/sh", "-c", "exec sleep 100", NULL },
+	};
+	struct launch_child c[4] = { 0 };
+	for (int i = 0; i < 3; i++) {
+		snprintf(c[i].name, sizeof(c[i].name), "host %d", i);
+		c[i].argv = sh[i];
+		c[i].envp = environ;
+		c[i].status = how;
+	}
+	/* a fourth: stopped, not reported: SIGTERM alone would not end it */
+	char *stop[] = { "/bin/sh", "-c", "kill -STOP $$", NULL };
+	snprintf(c[3].name, sizeof(c[3].name), "host 3");
+	c[3].argv = stop;
+	c[3].envp = environ;
+	struct launch_opts o = { .grace_s = 0.5, .term_grace_s = 0.5 };
+	struct launch_result r;
+	char err[1024];
+	double t0 = now_s();
+	ck_assert_int_eq(launch_run(c, 4, &o, &r, err, sizeof(err)), -ECHILD);
+	double dt = now_s() - t0;
+	ck_assert_msg(dt < 20, "took %.1f s", dt);
+	ck_assert_int_eq(r.failures, 4);
+	ck_assert_int_eq(r.first, 1);
+	ck_assert(r.first_lost);
+	ck_assert_msg(strstr(err, "host 1 was lost (host 0 reported it; killed by the launcher)"), "%s", err);
+	ck_assert_msg(strstr(err, "host 0 exited with code 5"), "%s", err);
+	ck_assert_msg(strstr(err, "host 2 was stopped by signal 15"), "%s", err);
+	ck_assert_msg(strstr(err, "host 3 was stopped by signal 15"), "%s", err);
+}
+
+START_TEST(test_core_status_fd)
+{
+	core_case(LAUNCH_STATUS_FD, "sleep 0.3; echo 'meshrun-status: lost 1' >&$MESHRUN_STATUS_FD; "
+		  "sleep 0.2; exit 5");
+}
+END_TEST
+
+START_TEST(test_core_status_stderr)
+{
+	/* ssh's way: the status line comes on stderr among other lines */
+	core_case(LAUNCH_STATUS_STDERR, "sleep 0.3; echo 'a message' >&2; "
+		  "echo 'meshrun-status: lost 1' >&2; sleep 0.2; exit 5");
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("restart");
+	TCase *tc = tcase_create("ckpt_dir");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, test_find_newest_complete);
+	tcase_add_test(tc, test_restarts_need_checkpoints);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("core");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_core_status_fd);
+	tcase_add_test(tc, test_core_status_stderr);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("restart");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 400);
+	tcase_add_test(tc, test_kill_restarts);
+	tcase_add_test(tc, test_kill_during_checkpoint);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("stop");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_stop_is_killed);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
