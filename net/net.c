@@ -196,6 +196,30 @@ static void phase_timeout(struct net *n)
 	link_fail_all(n, NET_ERR_TIMEOUT, -ETIMEDOUT, msg);
 }
 
+/* A broken link (or one reconnecting): it fails the job when it has been
+ * down reconnect_timeout_s, or its peer silent heartbeat_timeout_s; the
+ * host that dialed it first redials when its backoff is over. false if
+ * it failed. */
+static bool tick_broken(struct net *n, struct link *l, uint64_t now)
+{
+	char msg[300];
+	if (now - l->broken_at_ns > n->reconnect_timeout_ns) {
+		snprintf(msg, sizeof(msg), "link down for %.0f s (it broke: %.200s)",
+			 (double)(now - l->broken_at_ns) / 1e9, l->broken_why);
+		link_lost(l, -ETIMEDOUT, msg);
+		return false;
+	}
+	if (now - l->last_rx_ns > n->hb_timeout_ns) {
+		snprintf(msg, sizeof(msg), "no heartbeat for %.1f s (its link broke: %.200s)",
+			 (double)(now - l->last_rx_ns) / 1e9, l->broken_why);
+		link_lost(l, -ETIMEDOUT, msg);
+		return false;
+	}
+	if (l->state == LS_BROKEN && l->role == ROLE_LINK_OUT && now >= l->retry_at_ns)
+		rdv_redial(l);
+	return true;
+}
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct net *n = arg;
@@ -219,11 +243,20 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 				if (!l->hb_queued)
 					send_simple(l, MESHRUN__FRAME__BODY_HEARTBEAT);
 			}
+			/* an idle link still acknowledges what it got */
+			if (n->replay_cap)
+				link_send_ack(l);
+			break;
+		case LS_BROKEN:
+		case LS_RECONNECTING:
+			tick_broken(n, l, now);
 			break;
 		case LS_HANDSHAKE:
 		case LS_HELLO:
+			if (l->was_up && !tick_broken(n, l, now))
+				break;
 			if (l->deadline_ns && now > l->deadline_ns)
-				link_lost(l, -ETIMEDOUT, "no hello in time");
+				link_conn_failed(l, -ETIMEDOUT, "no hello in time");
 			break;
 		case LS_CLOSING:
 		case LS_DRAIN:
@@ -382,6 +415,8 @@ struct net *net_new(const struct net_params *p, int *status, char *err, size_t e
 	n->link_cb = recv_event_cb;
 	n->lim.max_payload = p->max_frame_bytes;
 	n->key_update_bytes = p->key_update_bytes;
+	n->replay_cap = p->replay_buffer_bytes;
+	n->reconnect_timeout_ns = sec_ns(p->reconnect_timeout_s > 0 ? p->reconnect_timeout_s : 30);
 	pthread_mutex_init(&n->mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -547,6 +582,16 @@ int net_failed(struct net *n, char *err, size_t errlen)
 uint64_t net_bytes_sent(struct net *n)
 {
 	return atomic_load_explicit(&n->bytes_sent, memory_order_relaxed);
+}
+
+uint64_t net_reconnects(struct net *n)
+{
+	return n ? atomic_load_explicit(&n->reconnects, memory_order_relaxed) : 0;
+}
+
+uint64_t net_frames_resent(struct net *n)
+{
+	return n ? atomic_load_explicit(&n->frames_resent, memory_order_relaxed) : 0;
 }
 
 uint64_t net_key_updates(struct net *n)

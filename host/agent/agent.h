@@ -44,5 +44,8 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen, agent_job_
 uint64_t agent_dcn_bytes_sent(struct agent *a);
 /* TLS sending keys this agent renewed on its links so far. */
 uint64_t agent_tls_key_updates(struct agent *a);
+/* Links resumed after breaking, and frames sent again doing so. */
+uint64_t agent_reconnects(struct agent *a);
+uint64_t agent_frames_resent(struct agent *a);
 
 #endif
