@@ -66,6 +66,8 @@ static struct link *peer_link(struct net *n, int host)
 	if (host < 0 || host >= n->num_hosts)
 		return NULL;
 	struct link *l = n->peers[host].l;
+	if (l && l->was_up && l->state != LS_CLOSING && l->state != LS_DRAIN && l->state != LS_DEAD)
+		return l;              /* up, or recovering: frames queue for it */
 	return l && l->state == LS_UP ? l : NULL;
 }
 

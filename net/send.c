@@ -155,7 +155,7 @@ static bool tx_next(struct link *l)
 		return true;
 	}
 	/* resuming: nothing else goes out before the hellos agree */
-	if (keep && l->was_up && l->state != LS_UP)
+	if (keep && l->was_up && l->state == LS_HELLO)
 		return false;
 	if ((c = l->rp_next)) {
 		l->rp_next = c->next;
