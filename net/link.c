@@ -416,17 +416,29 @@ void link_check_finish(struct net *n)
 {
 	if (n->phase != PH_FINISHING)
 		return;
-	for (int h = 0; h < n->num_hosts; h++)
-		if (h != n->host_id && !n->peers[h].done_rx)
+	for (int h = 0; h < n->num_hosts; h++) {
+		if (h == n->host_id)
+			continue;
+		if (!n->peers[h].done_rx)
 			return;
+		/* with recovery, our Done may still need resending: close
+		 * only when every peer has acknowledged it */
+		struct link *l = n->peers[h].l;
+		if (n->replay_cap && l && l->done_seq && l->acked < l->done_seq)
+			return;
+	}
 	n->phase = PH_CLOSING;
 	if (n->ev_coord_l) {
 		event_free(n->ev_coord_l);
 		n->ev_coord_l = NULL;
 	}
 	uint64_t deadline = now_ns() + 2 * CLOSE_GRACE_NS;
-	for (struct link *l = n->links; l; l = l->next)
+	for (struct link *l = n->links; l; l = l->next) {
+		/* the peers wait for their Done to be acknowledged */
+		if (n->replay_cap)
+			link_send_ack(l);
 		link_begin_close(l, deadline);
+	}
 	if (!n->links)
 		status_set_closed(n);
 	event_active(n->ev_reap, EV_READ, 0);
@@ -527,6 +539,8 @@ void link_acked(struct link *l, uint64_t ack)
 	/* a sender waiting for room writes on */
 	if (freed && l->state == LS_UP && l->dq_head)
 		link_arm_write(l);
+	if (l->done_seq && ack >= l->done_seq)
+		link_check_finish(l->net);
 }
 
 void link_replay_from(struct link *l, uint64_t last_seq)

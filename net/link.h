@@ -112,6 +112,7 @@ struct link {
 	struct ctrl_frame *rp_head, *rp_tail, *rp_next;
 	uint64_t rp_bytes;
 	bool was_up;                   /* reached UP once: a break is recoverable */
+	uint64_t done_seq;             /* our Done's link_seq (0: not sent) */
 	struct ctrl_frame *hello_out;  /* resume hello: goes before anything */
 	uint64_t broken_at_ns, retry_at_ns, retry_delay_ns;
 	char broken_why[200];          /* what broke it (for the final failure) */

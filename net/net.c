@@ -294,7 +294,8 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 					rdv_dial(n, h);
 		break;
 	case PH_FINISHING:
-		if (now > n->finish_deadline_ns) {
+		link_check_finish(n);
+		if (n->phase == PH_FINISHING && now > n->finish_deadline_ns) {
 			char hosts[200], m2[400];
 			missing_hosts(n, no_done, hosts, sizeof(hosts));
 			snprintf(m2, sizeof(m2), "timed out after %g s waiting for hosts %s to finish",

@@ -45,7 +45,8 @@ void send_simple(struct link *l, int body)
 	default:
 		return;
 	}
-	link_send(l, &f);
+	if (!link_send(l, &f) && body == MESHRUN__FRAME__BODY_DONE)
+		l->done_seq = l->tx_seq;
 }
 
 void send_link_hello(struct link *l)
