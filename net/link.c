@@ -187,6 +187,10 @@ void link_free(struct link *l)
 		l->rp_head = c->next;
 		free(c);
 	}
+	while ((c = l->rp_pool)) {
+		l->rp_pool = c->next;
+		free(c);
+	}
 	free(l->hello_out);
 	free(l->tx_stage);
 	free(l->rx_hdr);
@@ -533,7 +537,13 @@ void link_acked(struct link *l, uint64_t ack)
 		if (l->rp_next == c)
 			l->rp_next = c->next;
 		l->rp_bytes -= c->len;
-		free(c);
+		if (c->pooled && l->rp_pool_n < RP_POOL_MAX) {
+			c->next = l->rp_pool;
+			l->rp_pool = c;
+			l->rp_pool_n++;
+		} else {
+			free(c);
+		}
 		freed = true;
 	}
 	/* a sender waiting for room writes on */

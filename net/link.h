@@ -70,12 +70,18 @@ enum link_state {
 
 enum rxstage { RX_PREFIX, RX_HEADER, RX_PAYLOAD };
 
+/* A pooled replay copy's data: a data frame's header and largest payload
+ * (FRAG_MAX in net_int.h). */
+#define RP_BLOCK (64 + 1024 + (1u << 20))
+#define RP_POOL_MAX 16
+
 /* A control frame encoded and queued. */
 struct ctrl_frame {
 	struct ctrl_frame *next;
 	size_t len;
 	bool heartbeat;
 	bool unseq;            /* Ack or resume hello: link_seq 0, never kept */
+	bool pooled;           /* a data frame's replay copy of RP_BLOCK bytes */
 	uint64_t seq;          /* its link_seq */
 	uint8_t data[];
 };
@@ -110,6 +116,8 @@ struct link {
 	 * here, whole, until the peer acknowledges it; rp_next is the next
 	 * one to send again after a reconnect */
 	struct ctrl_frame *rp_head, *rp_tail, *rp_next;
+	struct ctrl_frame *rp_pool;    /* acked data copies, reused (no page faults) */
+	int rp_pool_n;                 /* at most RP_POOL_MAX */
 	uint64_t rp_bytes;
 	bool was_up;                   /* reached UP once: a break is recoverable */
 	uint64_t done_seq;             /* our Done's link_seq (0: not sent) */

@@ -115,7 +115,15 @@ static bool tx_chunk_keep(struct link *l, struct send_msg *m, Meshrun__Frame *f,
 {
 	struct xreq *r = m->req;
 	size_t hl = frame_encode(f, cnt, l->tx_stage);
-	struct ctrl_frame *c = malloc(sizeof(*c) + hl + cnt);
+	struct ctrl_frame *c;
+	bool pooled = hl + cnt <= RP_BLOCK && cnt > SMALL_PAYLOAD;
+	if (pooled && l->rp_pool) {
+		c = l->rp_pool;
+		l->rp_pool = c->next;
+		l->rp_pool_n--;
+	} else {
+		c = malloc(sizeof(*c) + (pooled ? RP_BLOCK : hl + cnt));
+	}
 	if (!c) {
 		/* as if the link failed: recovery cannot keep this frame */
 		link_fault_close(l, f->link_seq - 1);
@@ -126,6 +134,7 @@ static bool tx_chunk_keep(struct link *l, struct send_msg *m, Meshrun__Frame *f,
 	if (cnt)
 		memcpy(c->data + hl, (const uint8_t *)r->buf + m->off, cnt);
 	c->len = hl + cnt;
+	c->pooled = pooled;
 	c->heartbeat = c->unseq = false;
 	c->seq = f->link_seq;
 	rp_keep(l, c);
