@@ -266,6 +266,7 @@ int link_send(struct link *l, Meshrun__Frame *f)
 	c->len = frame_encode(f, 0, c->data);
 	c->heartbeat = f->body_case == MESHRUN__FRAME__BODY_HEARTBEAT;
 	c->unseq = unseq;
+	c->pooled = false;
 	c->seq = f->link_seq;
 	if (!c->len) {
 		free(c);
