@@ -463,9 +463,10 @@ bool link_break(struct link *l, const char *reason)
 	if (l->state != LS_UP && l->state != LS_RECONNECTING && l->state != LS_HANDSHAKE &&
 	    l->state != LS_HELLO)
 		return false;
-	if (l->state == LS_UP) {
+	bool first = l->state == LS_UP;
+	if (first) {
 		l->broken_at_ns = now;
-		l->retry_delay_ns = REDIAL_MIN_NS;
+		l->retry_delay_ns = 0;         /* the first redial at once */
 		snprintf(l->broken_why, sizeof(l->broken_why), "%s", reason);
 		status_log(n, "link to host %d (%s) broke: %s; %s", l->peer, l->addr, reason,
 			   l->role == ROLE_LINK_OUT ? "redialing" : "waiting for its redial");
@@ -497,8 +498,11 @@ bool link_break(struct link *l, const char *reason)
 	l->deadline_ns = 0;
 	l->retry_at_ns = now + l->retry_delay_ns;
 	l->retry_delay_ns = l->retry_delay_ns * 2 > REDIAL_MAX_NS ? REDIAL_MAX_NS
-								   : l->retry_delay_ns * 2;
+			    : l->retry_delay_ns ? l->retry_delay_ns * 2 : REDIAL_MIN_NS;
 	link_set_state(l, LS_BROKEN);
+	/* the tick redials (it runs now, not at its next 50 ms) */
+	if (first && l->role == ROLE_LINK_OUT)
+		event_active(n->ev_tick, EV_TIMEOUT, 0);
 	return true;
 }
 

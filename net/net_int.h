@@ -33,7 +33,7 @@
 #define CLOSE_GRACE_NS (1000ull * 1000 * 1000)
 #define RETRY_NS       (100ull * 1000 * 1000)
 #define ACCEPT_MAX     64
-#define REDIAL_MIN_NS  (50ull * 1000 * 1000)    /* a broken link's first redial */
+#define REDIAL_MIN_NS  (50ull * 1000 * 1000)    /* redial backoff: the first redial is at once, then 50 ms */
 #define REDIAL_MAX_NS  (1000ull * 1000 * 1000)  /* backoff doubles up to this */
 
 enum phase {

@@ -343,15 +343,19 @@ static void resumed_up(struct link *l, uint64_t peer_last)
 	uint64_t now = now_ns();
 	link_replay_from(l, peer_last);
 	unsigned resend = 0;
-	for (struct ctrl_frame *c = l->rp_next; c; c = c->next)
+	uint64_t bytes = 0;
+	for (struct ctrl_frame *c = l->rp_next; c; c = c->next) {
 		resend++;
+		bytes += c->len;
+	}
 	link_set_state(l, LS_UP);
 	l->last_rx_ns = l->last_hb_ns = now;
 	l->deadline_ns = 0;
 	l->retry_delay_ns = REDIAL_MIN_NS;
 	atomic_fetch_add_explicit(&n->reconnects, 1, memory_order_relaxed);
-	status_log(n, "link to host %d (%s) resumed after %.0f ms: resending %u frames", l->peer,
-		   l->addr, (double)(now - l->broken_at_ns) / 1e6, resend);
+	status_log(n, "link to host %d (%s) resumed after %.0f ms: resending %u frames (%llu bytes)",
+		   l->peer, l->addr, (double)(now - l->broken_at_ns) / 1e6, resend,
+		   (unsigned long long)bytes);
 	event_add(l->ev_read, NULL);
 	link_arm_write(l);
 	/* records may already sit in OpenSSL's buffer */
