@@ -487,6 +487,7 @@ bool link_break(struct link *l, const char *reason)
 	l->rx_stage = RX_PREFIX;
 	l->rx_got = 0;
 	l->rx_skip = 0;
+	l->rx_dup = false;
 	/* the frame being written is whole in the replay copies */
 	l->tx_active = false;
 	free(l->tx_ctrl);              /* unsequenced (Ack) or none */

@@ -128,6 +128,7 @@ struct link {
 	 * comes again, its first rx_skip bytes are skipped (they landed) */
 	uint64_t rx_part_seq, rx_part_got, rx_skip;
 	bool rx_in_frame;              /* frame rx_seq's payload is still coming */
+	bool rx_dup;                   /* the payload coming is a frame we have */
 	/* a sent frame's fault said close: the link fails from its own event
 	 * callback (as on a read error), and writes nothing more before that */
 	bool fault_close;

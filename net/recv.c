@@ -259,6 +259,7 @@ static bool recv_resumed(struct link *l, Meshrun__Frame *f)
 		l->rx_got = 0;
 		l->rx_stage = l->rx_p.payload_len ? RX_PAYLOAD : RX_PREFIX;
 		l->rx_skip = l->rx_p.payload_len;
+		l->rx_dup = l->rx_p.payload_len > 0;
 		return true;
 	}
 	if (l->rx_part_seq && f->link_seq == l->rx_part_seq && f->link_seq == l->rx_seq + 1) {
@@ -443,7 +444,10 @@ static void link_read(struct link *l)
 			if (l->rx_got == l->rx_p.payload_len) {
 				l->rx_skip = 0;
 				l->rx_in_frame = false;
-				chunk_payload_done(l);
+				if (l->rx_dup)
+					l->rx_dup = false;     /* a frame we had: nothing lands */
+				else
+					chunk_payload_done(l);
 				l->rx_stage = RX_PREFIX;
 				l->rx_got = 0;
 			}

@@ -379,7 +379,9 @@ void rdv_redial(struct link *l)
 		return;
 	}
 	link_set_state(l, LS_RECONNECTING);
-	l->deadline_ns = now_ns() + sec_ns(n->connect_timeout_s);
+	/* an attempt that stalls is given up for the next one */
+	double t = n->connect_timeout_s < 5 ? n->connect_timeout_s : 5;
+	l->deadline_ns = now_ns() + sec_ns(t);
 	link_arm_write(l);
 }
 
