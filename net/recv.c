@@ -448,6 +448,8 @@ static void link_read(struct link *l)
 					l->rx_dup = false;     /* a frame we had: nothing lands */
 				else
 					chunk_payload_done(l);
+				if (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4)
+					link_send_ack(l);
 				l->rx_stage = RX_PREFIX;
 				l->rx_got = 0;
 			}
