@@ -221,7 +221,10 @@ int link_queue_msg(struct link *l, struct xreq *req);
 
 /* Every frame passes here once, sent (f's header encoded, link_seq set)
  * or received (header decoded and its sequence number checked), and the
- * link honours the action returned: net_params.fault, or PASS. */
+ * link honours the action returned: net_params.fault, or PASS. Not the
+ * unsequenced ones (Ack, resume LinkHello); a frame resent after a
+ * reconnect, or received again, does not pass a second time. A CLOSE is
+ * never recovered: the link fails the job. */
 enum link_fault link_fault(struct link *l, bool outgoing, const Meshrun__Frame *f);
 /* For a sent frame whose fault said close: flags the link (fault_close)
  * and wakes its event callback, which fails it. */

@@ -77,7 +77,9 @@ struct net_params {
 	/* The fault point: NULL (every frame passes), or called on the net
 	 * thread once for every frame on every link, sent (after its header
 	 * is encoded) or received (after its header is decoded and its
-	 * sequence number checked), before anything acts on it. peer is the
+	 * sequence number checked), before anything acts on it (recovery's
+	 * unsequenced Ack and resume LinkHello excepted; a frame resent after a
+	 * reconnect passes once, when first sent). peer is the
 	 * other host (-1 on an accepted connection before its hello);
 	 * frame_index counts the frames of that direction on that one link
 	 * from 0 (the rendezvous connection and the data link to a host count
