@@ -115,6 +115,7 @@ const char *frame_body_name(int body_case)
 	case MESHRUN__FRAME__BODY_DONE: return "done";
 	case MESHRUN__FRAME__BODY_CHUNK: return "chunk";
 	case MESHRUN__FRAME__BODY_RECV_READY: return "recv_ready";
+	case MESHRUN__FRAME__BODY_ACK: return "ack";
 	default: return "unknown";
 	}
 }
@@ -146,6 +147,7 @@ Meshrun__Frame *frame_parse_header(const uint8_t *hdr, size_t len, uint64_t payl
 	case MESHRUN__FRAME__BODY_ABORT:
 	case MESHRUN__FRAME__BODY_DONE:
 	case MESHRUN__FRAME__BODY_RECV_READY:
+	case MESHRUN__FRAME__BODY_ACK:
 		if (payload_len) {
 			snprintf(err, errlen, "%s frame carries a payload of %llu bytes",
 				 frame_body_name(f->body_case), (unsigned long long)payload_len);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "net/net_int.h"
 
@@ -19,12 +20,14 @@
 static const unsigned link_next[LS_COUNT] = {
 	[LS_NEW] = EDGE(LS_CONNECTING) | EDGE(LS_HANDSHAKE) | EDGE(LS_DEAD),
 	[LS_CONNECTING] = EDGE(LS_HANDSHAKE) | EDGE(LS_DEAD),
-	[LS_HANDSHAKE] = EDGE(LS_HELLO) | EDGE(LS_DEAD),
-	[LS_HELLO] = EDGE(LS_UP) | EDGE(LS_CLOSING) | EDGE(LS_DEAD),
-	[LS_UP] = EDGE(LS_CLOSING) | EDGE(LS_DEAD),
+	[LS_HANDSHAKE] = EDGE(LS_HELLO) | EDGE(LS_BROKEN) | EDGE(LS_DEAD),
+	[LS_HELLO] = EDGE(LS_UP) | EDGE(LS_CLOSING) | EDGE(LS_BROKEN) | EDGE(LS_DEAD),
+	[LS_UP] = EDGE(LS_CLOSING) | EDGE(LS_BROKEN) | EDGE(LS_DEAD),
 	[LS_CLOSING] = EDGE(LS_DRAIN) | EDGE(LS_DEAD),
 	[LS_DRAIN] = EDGE(LS_DEAD),
 	[LS_DEAD] = 0,
+	[LS_BROKEN] = EDGE(LS_RECONNECTING) | EDGE(LS_HELLO) | EDGE(LS_CLOSING) | EDGE(LS_DEAD),
+	[LS_RECONNECTING] = EDGE(LS_HANDSHAKE) | EDGE(LS_BROKEN) | EDGE(LS_DEAD),
 };
 
 static const char *link_state_name(enum link_state s)
@@ -32,7 +35,8 @@ static const char *link_state_name(enum link_state s)
 	static const char *const names[LS_COUNT] = {
 		[LS_NEW] = "new", [LS_CONNECTING] = "connecting", [LS_HANDSHAKE] = "handshake",
 		[LS_HELLO] = "hello", [LS_UP] = "up", [LS_CLOSING] = "closing",
-		[LS_DRAIN] = "drain", [LS_DEAD] = "dead",
+		[LS_DRAIN] = "drain", [LS_DEAD] = "dead", [LS_BROKEN] = "broken",
+		[LS_RECONNECTING] = "reconnecting",
 	};
 	return s >= 0 && s < LS_COUNT ? names[s] : "?";
 }
@@ -114,7 +118,7 @@ struct link *link_new(struct net *n, enum link_role role, struct conn *c, int pe
 
 void link_arm_write(struct link *l)
 {
-	if (!l->write_armed && l->state != LS_DEAD) {
+	if (!l->write_armed && l->state != LS_DEAD && l->state != LS_BROKEN) {
 		event_add(l->ev_write, NULL);
 		l->write_armed = true;
 	}
@@ -201,6 +205,15 @@ void link_free(struct link *l)
 		free(l->tx_ctrl);
 	if (l->tx_msg && l->tx_msg_last)
 		free(l->tx_msg);
+	while ((c = l->rp_head)) {
+		l->rp_head = c->next;
+		free(c);
+	}
+	while ((c = l->rp_pool)) {
+		l->rp_pool = c->next;
+		free(c);
+	}
+	free(l->hello_out);
 	free(l->tx_stage);
 	free(l->rx_hdr);
 	free(l);
@@ -256,6 +269,15 @@ static enum link_fault link_fault_spec(struct link *l, const Meshrun__Frame *f)
 			   n->host_id, l->peer, (unsigned long long)h.frame);
 	switch (h.kind) {
 	case FAULT_CLOSE:
+		if (n->replay_cap) {
+			/* with recovery the drill is a reset, as a middlebox
+			 * would make one: the link breaks on its next read or
+			 * write, redials and resends this frame */
+			if (shutdown(l->c->fd, SHUT_RDWR))
+				status_log(n, "fault: close on link %d-%d: shutdown: %s", n->host_id,
+					   l->peer, strerror(errno));
+			break;
+		}
 		l->fault_data_frame = h.frame;
 		return LINK_FAULT_CLOSE;
 	case FAULT_DELAY:
@@ -312,9 +334,12 @@ int link_send(struct link *l, Meshrun__Frame *f)
 {
 	if (l->state == LS_DEAD || l->state == LS_DRAIN)
 		return -EPIPE;
-	f->link_seq = ++l->tx_seq;
-	f->ack_seq = l->rx_seq;        /* sent, never read yet (replay will) */
-	if (link_fault(l, true, f) == LINK_FAULT_CLOSE) {
+	/* an Ack is unsequenced: never kept, never resent, no fault point */
+	bool unseq = f->body_case == MESHRUN__FRAME__BODY_ACK;
+	f->link_seq = unseq ? 0 : ++l->tx_seq;
+	f->ack_seq = l->ack_sent = link_rx_done(l);
+	l->rx_unacked_bytes = 0;
+	if (!unseq && link_fault(l, true, f) == LINK_FAULT_CLOSE) {
 		link_fault_close(l, f->link_seq - 1);
 		return 0;
 	}
@@ -325,6 +350,9 @@ int link_send(struct link *l, Meshrun__Frame *f)
 	c->next = NULL;
 	c->len = frame_encode(f, 0, c->data);
 	c->heartbeat = f->body_case == MESHRUN__FRAME__BODY_HEARTBEAT;
+	c->unseq = unseq;
+	c->pooled = false;
+	c->seq = f->link_seq;
 	if (!c->len) {
 		free(c);
 		return -EMSGSIZE;
@@ -361,7 +389,8 @@ void link_begin_close(struct link *l, uint64_t deadline)
 {
 	if (l->state == LS_DEAD || l->state == LS_CLOSING || l->state == LS_DRAIN)
 		return;
-	if (l->state == LS_NEW || l->state == LS_CONNECTING || l->state == LS_HANDSHAKE) {
+	if (l->state == LS_NEW || l->state == LS_CONNECTING || l->state == LS_HANDSHAKE ||
+	    l->state == LS_BROKEN || l->state == LS_RECONNECTING) {
 		link_kill(l);
 		return;
 	}
@@ -458,7 +487,7 @@ void link_lost(struct link *l, int rc, const char *reason)
 		return;
 	}
 	status_activity(n, during, sizeof(during));
-	if (l->state == LS_UP)
+	if (l->state == LS_UP || l->was_up)
 		snprintf(msg, sizeof(msg), "lost %s: %s%s", who, reason, during);
 	else
 		snprintf(msg, sizeof(msg), "link to %s failed: %s", who, reason);
@@ -477,18 +506,163 @@ void link_check_finish(struct net *n)
 {
 	if (n->phase != PH_FINISHING)
 		return;
-	for (int h = 0; h < n->num_hosts; h++)
-		if (h != n->host_id && !n->peers[h].done_rx)
+	for (int h = 0; h < n->num_hosts; h++) {
+		if (h == n->host_id)
+			continue;
+		if (!n->peers[h].done_rx)
 			return;
+		/* with recovery, our Done may still need resending: close
+		 * only when every peer has acknowledged it */
+		struct link *l = n->peers[h].l;
+		if (n->replay_cap && l && l->done_seq && l->acked < l->done_seq)
+			return;
+	}
 	n->phase = PH_CLOSING;
 	if (n->ev_coord_l) {
 		event_free(n->ev_coord_l);
 		n->ev_coord_l = NULL;
 	}
 	uint64_t deadline = now_ns() + 2 * CLOSE_GRACE_NS;
-	for (struct link *l = n->links; l; l = l->next)
+	for (struct link *l = n->links; l; l = l->next) {
+		/* the peers wait for their Done to be acknowledged */
+		if (n->replay_cap)
+			link_send_ack(l);
 		link_begin_close(l, deadline);
+	}
 	if (!n->links)
 		status_set_closed(n);
 	event_active(n->ev_reap, EV_READ, 0);
+}
+
+/* ---- recovery: breaking, reattaching, acknowledgements ---- */
+
+bool link_break(struct link *l, const char *reason)
+{
+	struct net *n = l->net;
+	uint64_t now = now_ns();
+
+	if (!n->replay_cap || !l->was_up || (l->role != ROLE_LINK_IN && l->role != ROLE_LINK_OUT) ||
+	    l->peer < 0 || n->peers[l->peer].done_rx || status_failed(n) || n->stopping ||
+	    n->phase >= PH_CLOSING || l->fault_close)
+		return false;
+	if (l->state != LS_UP && l->state != LS_RECONNECTING && l->state != LS_HANDSHAKE &&
+	    l->state != LS_HELLO)
+		return false;
+	bool first = l->state == LS_UP;
+	if (first) {
+		l->broken_at_ns = now;
+		l->retry_delay_ns = 0;         /* the first redial at once */
+		snprintf(l->broken_why, sizeof(l->broken_why), "%s", reason);
+		status_log(n, "link to host %d (%s) broke: %s; %s", l->peer, l->addr, reason,
+			   l->role == ROLE_LINK_OUT ? "redialing" : "waiting for its redial");
+		/* a payload half read: its frame comes again, and the bytes
+		 * that landed are skipped then (a sum must not add twice) */
+		if (l->rx_in_frame) {
+			l->rx_part_seq = l->rx_seq;
+			l->rx_part_got = l->rx_got > l->rx_skip ? l->rx_got : l->rx_skip;
+			l->rx_seq--;
+			l->rx_in_frame = false;
+		}
+	}
+	event_del(l->ev_read);
+	event_del(l->ev_resume);
+	link_disarm_write(l);
+	conn_free(l->c);
+	l->c = NULL;
+	l->rx_stage = RX_PREFIX;
+	l->rx_got = 0;
+	l->rx_skip = 0;
+	l->rx_dup = false;
+	/* the frame being written is whole in the replay copies */
+	l->tx_active = false;
+	free(l->tx_ctrl);              /* unsequenced (Ack) or none */
+	l->tx_ctrl = NULL;
+	free(l->hello_out);
+	l->hello_out = NULL;
+	l->rp_next = NULL;
+	l->rd_wants_write = l->wr_wants_read = false;
+	l->deadline_ns = 0;
+	l->retry_at_ns = now + l->retry_delay_ns;
+	l->retry_delay_ns = l->retry_delay_ns * 2 > REDIAL_MAX_NS ? REDIAL_MAX_NS
+			    : l->retry_delay_ns ? l->retry_delay_ns * 2 : REDIAL_MIN_NS;
+	link_set_state(l, LS_BROKEN);
+	/* the tick redials (it runs now, not at its next 50 ms) */
+	if (first && l->role == ROLE_LINK_OUT)
+		event_active(n->ev_tick, EV_TIMEOUT, 0);
+	return true;
+}
+
+int link_attach_conn(struct link *l, struct conn *c)
+{
+	struct net *n = l->net;
+	struct event *r = event_new(n->base, c->fd, EV_READ | EV_PERSIST, n->link_cb, l);
+	struct event *w = event_new(n->base, c->fd, EV_WRITE | EV_PERSIST, n->link_cb, l);
+	if (!r || !w) {
+		if (r)
+			event_free(r);
+		if (w)
+			event_free(w);
+		conn_free(c);
+		return -ENOMEM;
+	}
+	event_free(l->ev_read);
+	event_free(l->ev_write);
+	l->ev_read = r;
+	l->ev_write = w;
+	l->write_armed = false;
+	l->c = c;
+	return 0;
+}
+
+void link_acked(struct link *l, uint64_t ack)
+{
+	struct ctrl_frame *c;
+	bool freed = false;
+	if (ack <= l->acked)
+		return;
+	l->acked = ack;
+	while ((c = l->rp_head) && c->seq <= ack) {
+		l->rp_head = c->next;
+		if (!l->rp_head)
+			l->rp_tail = NULL;
+		if (l->rp_next == c)
+			l->rp_next = c->next;
+		l->rp_bytes -= c->len;
+		if (c->pooled && l->rp_pool_n < RP_POOL_MAX) {
+			c->next = l->rp_pool;
+			l->rp_pool = c;
+			l->rp_pool_n++;
+		} else {
+			free(c);
+		}
+		freed = true;
+	}
+	/* a sender waiting for room writes on */
+	if (freed && l->state == LS_UP && l->dq_head)
+		link_arm_write(l);
+	if (l->done_seq && ack >= l->done_seq)
+		link_check_finish(l->net);
+}
+
+void link_replay_from(struct link *l, uint64_t last_seq)
+{
+	link_acked(l, last_seq);
+	l->rp_next = l->rp_head;
+}
+
+void link_send_ack(struct link *l)
+{
+	if (l->state != LS_UP || link_rx_done(l) <= l->ack_sent)
+		return;
+	Meshrun__Frame f = MESHRUN__FRAME__INIT;
+	Meshrun__Ack a = MESHRUN__ACK__INIT;
+	f.body_case = MESHRUN__FRAME__BODY_ACK;
+	f.ack = &a;
+	link_send(l, &f);
+}
+
+void link_conn_failed(struct link *l, int rc, const char *reason)
+{
+	if (!link_break(l, reason))
+		link_lost(l, rc, reason);
 }

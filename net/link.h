@@ -27,8 +27,7 @@ enum link_role {
 };
 
 /* A link's life. State changes only in link_set_state(), and only along
- * these edges (its table in net/link.c is the one to extend: reconnect
- * will add states between UP and DEAD):
+ * these edges (its table in net/link.c):
  *
  *   NEW --------> CONNECTING     we dial (the socket connects)
  *   NEW --------> HANDSHAKE      we accepted
@@ -38,6 +37,20 @@ enum link_role {
  *   HELLO, UP --> CLOSING        we start an orderly close (close_notify)
  *   CLOSING ----> DRAIN          our side is shut; read the peer's goodbye
  *   any but DEAD -> DEAD         link_kill: freed by the reap event
+ *
+ * With recovery on (net_params.replay_buffer_bytes), a data link that was
+ * UP and whose connection fails keeps its queues, sequence numbers and
+ * replay copies and gets a new connection:
+ *
+ *   UP ----------> BROKEN        the connection failed (EOF, reset, TLS)
+ *   BROKEN ------> RECONNECTING  the lower host id redials (backoff)
+ *   RECONNECTING > HANDSHAKE     the socket connected
+ *   BROKEN ------> HELLO         the higher id accepted the peer's redial
+ *                                (handshake done on a connection of its own)
+ *   RECONNECTING, HANDSHAKE, HELLO -> BROKEN   that attempt failed
+ *   HELLO ------> UP             resume hellos agree; the frames after the
+ *                                peer's last_seq are resent first
+ *   BROKEN -----> CLOSING        the job ends while it is down
  *
  * A rendezvous connection never reaches UP: it closes after the hello and
  * the topology. Anything else is a programmer error (assert). */
@@ -50,16 +63,26 @@ enum link_state {
 	LS_CLOSING,
 	LS_DRAIN,
 	LS_DEAD,
+	LS_BROKEN,
+	LS_RECONNECTING,
 	LS_COUNT
 };
 
 enum rxstage { RX_PREFIX, RX_HEADER, RX_PAYLOAD };
+
+/* A pooled replay copy's data: a data frame's header and largest payload
+ * (FRAG_MAX in net_int.h). */
+#define RP_BLOCK (64 + 1024 + (1u << 20))
+#define RP_POOL_MAX 16
 
 /* A control frame encoded and queued. */
 struct ctrl_frame {
 	struct ctrl_frame *next;
 	size_t len;
 	bool heartbeat;
+	bool unseq;            /* Ack or resume hello: link_seq 0, never kept */
+	bool pooled;           /* a data frame's replay copy of RP_BLOCK bytes */
+	uint64_t seq;          /* its link_seq */
 	uint8_t data[];
 };
 
@@ -84,10 +107,28 @@ struct link {
 	bool refused;                  /* a refusal was logged already */
 	uint64_t deadline_ns;          /* handshake/hello or close deadline */
 	uint64_t last_rx_ns, last_hb_ns;
-	/* link_seq of the last frame sent and received. The frames also carry
-	 * ack_seq (rx_seq at sending), which nothing reads yet: replay after a
-	 * reconnect will. */
+	/* link_seq of the last frame sent and received complete; ack_sent is
+	 * the highest ack_seq we sent, acked the highest the peer sent. */
 	uint64_t tx_seq, rx_seq;
+	uint64_t ack_sent, acked, rx_unacked_bytes;
+
+	/* recovery (net->replay_cap > 0): every sequenced frame written is kept
+	 * here, whole, until the peer acknowledges it; rp_next is the next
+	 * one to send again after a reconnect */
+	struct ctrl_frame *rp_head, *rp_tail, *rp_next;
+	struct ctrl_frame *rp_pool;    /* acked data copies, reused (no page faults) */
+	int rp_pool_n;                 /* at most RP_POOL_MAX */
+	uint64_t rp_bytes;
+	bool was_up;                   /* reached UP once: a break is recoverable */
+	uint64_t done_seq;             /* our Done's link_seq (0: not sent) */
+	struct ctrl_frame *hello_out;  /* resume hello: goes before anything */
+	uint64_t broken_at_ns, retry_at_ns, retry_delay_ns;
+	char broken_why[200];          /* what broke it (for the final failure) */
+	/* a frame whose payload was half read when the link broke: when it
+	 * comes again, its first rx_skip bytes are skipped (they landed) */
+	uint64_t rx_part_seq, rx_part_got, rx_skip;
+	bool rx_in_frame;              /* frame rx_seq's payload is still coming */
+	bool rx_dup;                   /* the payload coming is a frame we have */
 	/* a sent frame's fault said close: the link fails from its own event
 	 * callback (as on a read error), and writes nothing more before that */
 	bool fault_close;
@@ -128,6 +169,12 @@ struct link {
 	uint8_t *tx_stage;             /* header (+ small payload) of a data frame */
 };
 
+/* The highest link_seq received complete (what ack_seq says). */
+static inline uint64_t link_rx_done(const struct link *l)
+{
+	return l->rx_seq - (l->rx_in_frame ? 1 : 0);
+}
+
 /* ---- creation, state, teardown ---- */
 
 /* A link on connection c (taken, even on failure), in state NEW, with its
@@ -145,6 +192,19 @@ void link_release_reqs(struct link *l, int rc);
 /* Marks l dead (idempotent): events off, requests released, unhooked from
  * the peer table; the reap event frees it. Never frees inside a callback. */
 void link_kill(struct link *l);
+/* Recovery: detaches l's connection (closed) and puts an UP or
+ * reconnecting link into BROKEN with its queues and replay copies kept.
+ * false if l cannot recover (recovery off, never up, job ending): the
+ * caller fails it as before. */
+bool link_break(struct link *l, const char *reason);
+/* A broken link's next connection c (taken): new events, armed to read. */
+int link_attach_conn(struct link *l, struct conn *c);
+/* The peer's ack_seq: frees replay copies up to it. */
+void link_acked(struct link *l, uint64_t ack);
+/* On resuming: the peer has every frame up to last_seq; resend the rest. */
+void link_replay_from(struct link *l, uint64_t last_seq);
+/* Queues an Ack (unsequenced) if frames arrived since our last ack_seq. */
+void link_send_ack(struct link *l);
 /* Frees a link that is off n's list. */
 void link_free(struct link *l);
 /* The reap event: frees dead links; reports closed/stops the loop when
@@ -166,11 +226,15 @@ int link_queue_msg(struct link *l, struct xreq *req);
 
 /* Every frame passes here once, sent (f's header encoded, link_seq set)
  * or received (header decoded and its sequence number checked), and the
- * link honours the action returned: net_params.fault, or PASS. Then the
+ * link honours the action returned: net_params.fault, or PASS. Not the
+ * unsequenced ones (Ack, resume LinkHello); a frame resent after a
+ * reconnect, or received again, does not pass a second time. Then the
  * data frames this host sends meet its fault specs (net/fault.h): close
  * is returned like the callback's; delay and blackhole hold the link
  * here (link_hold) and corrupt arms the connection, and PASS is returned:
- * the frame goes out as usual when the hold ends. Each one is logged. */
+ * the frame goes out as usual when the hold ends. Each one is logged.
+ * A CLOSE returned here is never recovered: the link fails the job (a
+ * close spec with recovery on is a reset instead: the link redials). */
 enum link_fault link_fault(struct link *l, bool outgoing, const Meshrun__Frame *f);
 /* For a sent frame whose fault said close: flags the link (fault_close)
  * and wakes its event callback, which fails it. */
@@ -188,6 +252,9 @@ void link_begin_close(struct link *l, uint64_t deadline);
 /* A link broke (EOF, I/O error, bad frame, silence). Whether that fails
  * the job depends on what the link was for. */
 void link_lost(struct link *l, int rc, const char *reason);
+/* The connection failed (EOF, reset, TLS error): a recoverable data link
+ * goes BROKEN and is redialed; anything else is link_lost. */
+void link_conn_failed(struct link *l, int rc, const char *reason);
 /* The peer sent something it must not: the link is lost with "bad frame". */
 void link_bad_frame(struct link *l, const char *reason);
 /* Fails the net (first failure wins): records status and msg, fails the

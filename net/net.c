@@ -66,6 +66,8 @@ static struct link *peer_link(struct net *n, int host)
 	if (host < 0 || host >= n->num_hosts)
 		return NULL;
 	struct link *l = n->peers[host].l;
+	if (l && l->was_up && l->state != LS_CLOSING && l->state != LS_DRAIN && l->state != LS_DEAD)
+		return l;              /* up, or recovering: frames queue for it */
 	return l && l->state == LS_UP ? l : NULL;
 }
 
@@ -196,6 +198,30 @@ static void phase_timeout(struct net *n)
 	link_fail_all(n, NET_ERR_TIMEOUT, -ETIMEDOUT, msg);
 }
 
+/* A broken link (or one reconnecting): it fails the job when it has been
+ * down reconnect_timeout_s, or its peer silent heartbeat_timeout_s; the
+ * host that dialed it first redials when its backoff is over. false if
+ * it failed. */
+static bool tick_broken(struct net *n, struct link *l, uint64_t now)
+{
+	char msg[300];
+	if (now - l->broken_at_ns > n->reconnect_timeout_ns) {
+		snprintf(msg, sizeof(msg), "link down for %.0f s (it broke: %.200s)",
+			 (double)(now - l->broken_at_ns) / 1e9, l->broken_why);
+		link_lost(l, -ETIMEDOUT, msg);
+		return false;
+	}
+	if (now - l->last_rx_ns > n->hb_timeout_ns) {
+		snprintf(msg, sizeof(msg), "no heartbeat for %.1f s (its link broke: %.200s)",
+			 (double)(now - l->last_rx_ns) / 1e9, l->broken_why);
+		link_lost(l, -ETIMEDOUT, msg);
+		return false;
+	}
+	if (l->state == LS_BROKEN && l->role == ROLE_LINK_OUT && now >= l->retry_at_ns)
+		rdv_redial(l);
+	return true;
+}
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct net *n = arg;
@@ -219,11 +245,20 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 				if (!l->hb_queued)
 					send_simple(l, MESHRUN__FRAME__BODY_HEARTBEAT);
 			}
+			/* an idle link still acknowledges what it got */
+			if (n->replay_cap)
+				link_send_ack(l);
+			break;
+		case LS_BROKEN:
+		case LS_RECONNECTING:
+			tick_broken(n, l, now);
 			break;
 		case LS_HANDSHAKE:
 		case LS_HELLO:
+			if (l->was_up && !tick_broken(n, l, now))
+				break;
 			if (l->deadline_ns && now > l->deadline_ns)
-				link_lost(l, -ETIMEDOUT, "no hello in time");
+				link_conn_failed(l, -ETIMEDOUT, "no hello in time");
 			break;
 		case LS_CLOSING:
 		case LS_DRAIN:
@@ -259,7 +294,8 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 					rdv_dial(n, h);
 		break;
 	case PH_FINISHING:
-		if (now > n->finish_deadline_ns) {
+		link_check_finish(n);
+		if (n->phase == PH_FINISHING && now > n->finish_deadline_ns) {
 			char hosts[200], m2[400];
 			missing_hosts(n, no_done, hosts, sizeof(hosts));
 			snprintf(m2, sizeof(m2), "timed out after %g s waiting for hosts %s to finish",
@@ -384,6 +420,8 @@ struct net *net_new(const struct net_params *p, int *status, char *err, size_t e
 	n->link_cb = recv_event_cb;
 	n->lim.max_payload = p->max_frame_bytes;
 	n->key_update_bytes = p->key_update_bytes;
+	n->replay_cap = p->replay_buffer_bytes;
+	n->reconnect_timeout_ns = sec_ns(p->reconnect_timeout_s > 0 ? p->reconnect_timeout_s : 30);
 	pthread_mutex_init(&n->mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -549,6 +587,16 @@ int net_failed(struct net *n, char *err, size_t errlen)
 uint64_t net_bytes_sent(struct net *n)
 {
 	return atomic_load_explicit(&n->bytes_sent, memory_order_relaxed);
+}
+
+uint64_t net_reconnects(struct net *n)
+{
+	return n ? atomic_load_explicit(&n->reconnects, memory_order_relaxed) : 0;
+}
+
+uint64_t net_frames_resent(struct net *n)
+{
+	return n ? atomic_load_explicit(&n->frames_resent, memory_order_relaxed) : 0;
 }
 
 uint64_t net_key_updates(struct net *n)

@@ -21,7 +21,9 @@
 #include "net/xport.h"
 #include "proto/meshrun.pb-c.h"
 
-#define NET_VERSION "meshrun 0.2 wire 2"  /* wire 2: Abort.code and Done carry errno classes */
+/* wire 2: Abort.code and Done carry errno classes; wire 3: links resume
+ * (LinkHello.resume/last_seq, Ack, ack_seq read) */
+#define NET_VERSION "meshrun 0.2 wire 3"
 
 /* Failure classes: 0 or a negative errno, as every library call reports
  * them (the CLI turns them into exit codes). Between hosts, Abort.code
@@ -59,6 +61,14 @@ struct net_params {
 	/* every link renews its TLS sending key after this many bytes sent
 	 * (0: never); AES-GCM's limit is about 2^24.5 records per key */
 	uint64_t key_update_bytes;
+	/* Link recovery: a data link that breaks (EOF, reset, TLS error) while
+	 * its peer is alive is redialed by the lower host id and resumed:
+	 * each side resends what the other had not received. Frames are kept
+	 * until acknowledged, at most this many bytes per link (a sender
+	 * waits when it is full). 0: no recovery, a broken link fails the
+	 * job at once. */
+	uint64_t replay_buffer_bytes;
+	double reconnect_timeout_s;  /* a link not back by then fails the job */
 	uint8_t config_hash[32];
 	/* one line per event worth telling the operator (refused connections);
 	 * NULL: stderr */
@@ -67,7 +77,9 @@ struct net_params {
 	/* The fault point: NULL (every frame passes), or called on the net
 	 * thread once for every frame on every link, sent (after its header
 	 * is encoded) or received (after its header is decoded and its
-	 * sequence number checked), before anything acts on it. peer is the
+	 * sequence number checked), before anything acts on it (recovery's
+	 * unsequenced Ack and resume LinkHello excepted; a frame resent after a
+	 * reconnect passes once, when first sent). peer is the
 	 * other host (-1 on an accepted connection before its hello);
 	 * frame_index counts the frames of that direction on that one link
 	 * from 0 (the rendezvous connection and the data link to a host count
@@ -118,6 +130,9 @@ int net_failed(struct net *n, char *err, size_t errlen);
 uint64_t net_bytes_sent(struct net *n);
 /* TLS 1.3 KeyUpdates sent on all links so far. */
 uint64_t net_key_updates(struct net *n);
+/* Links resumed after breaking, and frames sent again on resuming. */
+uint64_t net_reconnects(struct net *n);
+uint64_t net_frames_resent(struct net *n);
 
 /* Flushes what can be flushed within about a second, closes every link,
  * stops the thread and frees n. NULL is fine. */

@@ -39,6 +39,8 @@
 #define CLOSE_GRACE_NS (1000ull * 1000 * 1000)
 #define RETRY_NS       (100ull * 1000 * 1000)
 #define ACCEPT_MAX     64
+#define REDIAL_MIN_NS  (50ull * 1000 * 1000)    /* redial backoff: the first redial is at once, then 50 ms */
+#define REDIAL_MAX_NS  (1000ull * 1000 * 1000)  /* backoff doubles up to this */
 
 enum phase {
 	PH_INIT, PH_RENDEZVOUS, PH_LINKS, PH_BARRIER, PH_RUNNING, PH_FINISHING,
@@ -105,6 +107,9 @@ struct net {
 	_Atomic uint64_t bytes_sent;
 	_Atomic uint64_t key_updates;
 	uint64_t key_update_bytes;
+	uint64_t replay_cap;           /* 0: no recovery */
+	uint64_t reconnect_timeout_ns;
+	_Atomic uint64_t reconnects, frames_resent;
 	_Atomic uint32_t last_op;
 	_Atomic uint64_t last_step;
 };
@@ -140,6 +145,8 @@ void send_refuse(struct link *l, const char *reason);
 /* A Heartbeat, Barrier or Done frame. */
 void send_simple(struct link *l, int body);
 void send_link_hello(struct link *l);
+/* The resume hello (unsequenced, written before anything queued). */
+int send_resume_hello(struct link *l);
 /* Writes queued frames until the socket is full or the budget is spent.
  * 0, or -EPIPE when writing failed (l->c->err says why): the caller reads
  * what the peer sent before blaming it, then fails the link. */
@@ -154,6 +161,10 @@ void rdv_coord_on_hello(struct link *l, const Meshrun__Hello *h);
 void rdv_send_hello(struct link *l);
 void rdv_agent_on_topology(struct link *l, const Meshrun__Topology *t);
 void rdv_accept_link_hello(struct link *l, const Meshrun__LinkHello *h);
+/* Recovery: the tick redials a broken link we dialed first. */
+void rdv_redial(struct link *l);
+/* Our resumed link's peer answered with its resume hello. */
+void rdv_link_resumed(struct link *l, const Meshrun__LinkHello *h);
 /* A data link's hellos agree: it is UP and carries peer's traffic. */
 void rdv_link_up(struct link *l, int peer);
 void rdv_check_barrier(struct net *n);

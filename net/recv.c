@@ -13,6 +13,7 @@
 #include "net/tls.h"
 
 static void link_read(struct link *l);
+static void dispatch(struct link *l, Meshrun__Frame *f);
 
 /* Writes what is queued. If writing failed (the peer closed or reset): a
  * peer that leaves on purpose says why first (Abort, Done), so read what
@@ -25,8 +26,8 @@ static void link_write(struct link *l)
 	snprintf(why, sizeof(why), "%s", l->c->err);
 	if (l->state != LS_DRAIN)
 		link_read(l);
-	if (l->state != LS_DEAD)
-		link_lost(l, -EPIPE, why);
+	if (l->state != LS_DEAD && l->state != LS_BROKEN)
+		link_conn_failed(l, -EPIPE, why);
 }
 
 /* The failure class carried by an Abort's code or a Done's status (a
@@ -156,6 +157,10 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 			}
 			break;
 		case ROLE_LINK_OUT:
+			if (body == MESHRUN__FRAME__BODY_LINK_HELLO && l->was_up) {
+				rdv_link_resumed(l, f->link_hello);
+				return;
+			}
 			if (body == MESHRUN__FRAME__BODY_LINK_HELLO) {
 				if ((int)f->link_hello->host_id != l->peer ||
 				    f->link_hello->job_id != n->job_id) {
@@ -230,6 +235,47 @@ refused:
 	link_fail_all(n, NET_ERR_REFUSED, -ECONNREFUSED, why);
 }
 
+/* Recovery, before the sequence check: the ack_seq every frame carries;
+ * an Ack; the peer's resume hello; a frame we have already (dropped);
+ * the frame whose payload was half read when the link broke (the rest
+ * of it is read). true if f was handled (and freed) here. */
+static bool recv_resumed(struct link *l, Meshrun__Frame *f)
+{
+	int body = f->body_case;
+	if (body == MESHRUN__FRAME__BODY_LINK_HELLO && f->link_seq == 0 && l->state == LS_HELLO) {
+		/* the resume hello (unsequenced) */
+		dispatch(l, f);
+		frame_header_free(f);
+		l->rx_got = 0;
+		l->rx_stage = RX_PREFIX;
+		return true;
+	}
+	if (l->state == LS_UP || l->state == LS_CLOSING)
+		link_acked(l, f->ack_seq);
+	if (body == MESHRUN__FRAME__BODY_ACK || (f->link_seq && f->link_seq <= l->rx_seq)) {
+		/* an Ack, or a frame we have: its payload (if any) is skipped */
+		frame_header_free(f);
+		l->rx_dst = NULL;
+		l->rx_got = 0;
+		l->rx_stage = l->rx_p.payload_len ? RX_PAYLOAD : RX_PREFIX;
+		l->rx_skip = l->rx_p.payload_len;
+		l->rx_dup = l->rx_p.payload_len > 0;
+		return true;
+	}
+	if (l->rx_part_seq && f->link_seq == l->rx_part_seq && f->link_seq == l->rx_seq + 1) {
+		/* on_chunk ran for it before the break and its receive is set */
+		l->rx_seq = f->link_seq;
+		l->rx_in_frame = true;
+		l->rx_skip = l->rx_part_got;
+		l->rx_part_seq = 0;
+		frame_header_free(f);
+		l->rx_got = 0;
+		l->rx_stage = RX_PAYLOAD;
+		return true;
+	}
+	return false;
+}
+
 /* Header bytes are in: check, dispatch, set up the payload. */
 static void header_done(struct link *l)
 {
@@ -241,6 +287,8 @@ static void header_done(struct link *l)
 		link_bad_frame(l, why);
 		return;
 	}
+	if (n->replay_cap && recv_resumed(l, f))
+		return;
 	if (f->link_seq != l->rx_seq + 1) {
 		snprintf(why, sizeof(why), "%s frame has sequence number %llu, expected %llu",
 			 frame_body_name(f->body_case), (unsigned long long)f->link_seq,
@@ -258,11 +306,19 @@ static void header_done(struct link *l)
 		link_lost(l, -EPIPE, why);
 		return;
 	}
+	if (n->replay_cap) {
+		l->rx_unacked_bytes += l->rx_p.header_len + l->rx_p.payload_len;
+		l->rx_in_frame = l->rx_p.payload_len > 0;
+	}
 	bool chunk = f->body_case == MESHRUN__FRAME__BODY_CHUNK;
 	dispatch(l, f);
 	frame_header_free(f);
-	if (l->state == LS_DEAD)
+	if (l->state == LS_DEAD || l->state == LS_BROKEN)
 		return;
+	/* much arrived without our sending: say so before the peer's replay
+	 * copies fill */
+	if (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4)
+		link_send_ack(l);
 	l->rx_got = 0;
 	if (l->rx_p.payload_len) {
 		l->rx_stage = RX_PAYLOAD;
@@ -285,7 +341,7 @@ static void link_read(struct link *l)
 	char why[300];
 
 	/* a fault that closed the link while we read: stop, the event fails it */
-	while (l->state != LS_DEAD && !l->fault_close && !l->hold_reads) {
+	while (l->state != LS_DEAD && l->state != LS_BROKEN && !l->fault_close && !l->hold_reads) {
 		if (!budget) {
 			/* Yield through the poll, not around it: re-activating
 			 * ourselves here would run again before epoll and the
@@ -314,7 +370,14 @@ static void link_read(struct link *l)
 			break;
 		default:
 			want = (size_t)(l->rx_p.payload_len - l->rx_got);
-			if (l->rx_dst && l->rx_req && l->state == LS_UP && l->rx_req->addend) {
+			if (l->rx_got < l->rx_skip) {
+				/* landed before a break, or a frame we have */
+				dst = scratch;
+				if (want > l->rx_skip - l->rx_got)
+					want = (size_t)(l->rx_skip - l->rx_got);
+				if (want > sizeof(scratch))
+					want = sizeof(scratch);
+			} else if (l->rx_dst && l->rx_req && l->state == LS_UP && l->rx_req->addend) {
 				sum = true;
 				dst = bounce;
 				if (want > sizeof(bounce))
@@ -337,13 +400,15 @@ static void link_read(struct link *l)
 			break;
 		}
 		if (r == 0) {
-			link_lost(l, -EPIPE, l->rx_stage == RX_PREFIX && !l->rx_got
+			link_conn_failed(l, -EPIPE, l->rx_stage == RX_PREFIX && !l->rx_got
 					  ? "connection closed by peer"
 					  : "connection closed by peer in the middle of a frame");
 			return;
 		}
 		if (r < 0) {
-			link_lost(l, -EPIPE, l->c->err);
+			char err[256];
+			snprintf(err, sizeof(err), "%s", l->c->err);
+			link_conn_failed(l, -EPIPE, err);
 			return;
 		}
 		l->last_rx_ns = now_ns();
@@ -377,19 +442,29 @@ static void link_read(struct link *l)
 			break;
 		case RX_PAYLOAD:
 			if (l->rx_got == l->rx_p.payload_len) {
-				chunk_payload_done(l);
+				l->rx_skip = 0;
+				l->rx_in_frame = false;
+				if (l->rx_dup)
+					l->rx_dup = false;     /* a frame we had: nothing lands */
+				else
+					chunk_payload_done(l);
+				if (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4)
+					link_send_ack(l);
 				l->rx_stage = RX_PREFIX;
 				l->rx_got = 0;
 			}
 			break;
 		}
 	}
+	if (l->state == LS_BROKEN)
+		return;
 	if (l->state != LS_DEAD && l->wr_wants_read) {
 		l->wr_wants_read = false;
 		link_write(l);
 	}
 	/* reading may have made OpenSSL write (alerts, key updates) */
-	if (l->state != LS_DEAD && l->state != LS_DRAIN && conn_flush(l->c) == -EAGAIN)
+	if (l->state != LS_DEAD && l->state != LS_DRAIN && l->state != LS_BROKEN &&
+	    conn_flush(l->c) == -EAGAIN)
 		link_arm_write(l);
 }
 
@@ -409,7 +484,9 @@ static void link_handshake(struct link *l)
 	}
 	link_disarm_write(l);
 	if (rc < 0) {
-		link_lost(l, -EPROTO, l->c->err);
+		char err[256];
+		snprintf(err, sizeof(err), "%s", l->c->err);
+		link_conn_failed(l, -EPROTO, err);
 		return;
 	}
 	link_set_state(l, LS_HELLO);
@@ -425,6 +502,18 @@ static void link_handshake(struct link *l)
 		rdv_send_hello(l);
 		break;
 	case ROLE_LINK_OUT:
+		if (l->was_up) {
+			/* a redial: the same pinning, and a failed check is one
+			 * failed attempt (logged), not the job's end */
+			if (!tls_peer_is_host(l->c, l->peer, why, sizeof(why))) {
+				status_log(n, "redial of host %d (%s): %s", l->peer, l->addr, why);
+				link_conn_failed(l, -EPROTO, why);
+				return;
+			}
+			if (send_resume_hello(l))
+				link_conn_failed(l, -ENOMEM, "out of memory");
+			break;
+		}
 		if (!tls_peer_is_host(l->c, l->peer, why, sizeof(why))) {
 			char msg[512];
 			snprintf(msg, sizeof(msg), "link to host %d (%s): %s", l->peer, l->addr, why);
@@ -445,6 +534,14 @@ static void link_connected(struct link *l)
 {
 	struct net *n = l->net;
 	int rc = conn_connect_result(l->c->fd);
+	if (rc && l->was_up) {
+		/* nobody listens there any more: the peer is gone */
+		if (rc == -ECONNREFUSED)
+			link_lost(l, -EPIPE, l->broken_why);
+		else
+			link_conn_failed(l, rc, conn_strerror(-rc));
+		return;
+	}
 	if (rc) {
 		/* not listening yet (or gone): retry until the phase deadline */
 		snprintf(n->coord_err, sizeof(n->coord_err), "%s", conn_strerror(-rc));
@@ -471,8 +568,10 @@ void recv_event_cb(evutil_socket_t fd, short what, void *arg)
 	}
 	switch (l->state) {
 	case LS_DEAD:
+	case LS_BROKEN:
 		return;
 	case LS_CONNECTING:
+	case LS_RECONNECTING:
 		if (what & EV_WRITE)
 			link_connected(l);
 		return;

@@ -306,12 +306,13 @@ static void check_links(struct net *n)
 	for (int h = 0; h < n->num_hosts; h++)
 		if (h != n->host_id && (!n->peers[h].l || n->peers[h].l->state != LS_UP))
 			return;
-	/* every link is up: no one else may dial us */
-	if (n->ev_data_l) {
+	/* every link is up: no one else may dial us, unless links recover
+	 * (a broken link's peer redials this listener) */
+	if (n->ev_data_l && !n->replay_cap) {
 		event_free(n->ev_data_l);
 		n->ev_data_l = NULL;
 	}
-	if (n->data_lfd >= 0) {
+	if (n->data_lfd >= 0 && !n->replay_cap) {
 		close(n->data_lfd);
 		n->data_lfd = -1;
 	}
@@ -327,9 +328,111 @@ void rdv_link_up(struct link *l, int peer)
 	struct net *n = l->net;
 	l->peer = peer;
 	link_set_state(l, LS_UP);
+	l->was_up = true;
 	l->last_rx_ns = l->last_hb_ns = now_ns();
 	n->peers[peer].l = l;
 	check_links(n);
+}
+
+/* ---- recovery: redialing and resuming a broken link ---- */
+
+/* The resumed link is UP again: resend what the peer lacks, then go on. */
+static void resumed_up(struct link *l, uint64_t peer_last)
+{
+	struct net *n = l->net;
+	uint64_t now = now_ns();
+	link_replay_from(l, peer_last);
+	unsigned resend = 0;
+	uint64_t bytes = 0;
+	for (struct ctrl_frame *c = l->rp_next; c; c = c->next) {
+		resend++;
+		bytes += c->len;
+	}
+	link_set_state(l, LS_UP);
+	l->last_rx_ns = l->last_hb_ns = now;
+	l->deadline_ns = 0;
+	l->retry_delay_ns = REDIAL_MIN_NS;
+	atomic_fetch_add_explicit(&n->reconnects, 1, memory_order_relaxed);
+	status_log(n, "link to host %d (%s) resumed after %.0f ms: resending %u frames (%llu bytes)",
+		   l->peer, l->addr, (double)(now - l->broken_at_ns) / 1e6, resend,
+		   (unsigned long long)bytes);
+	event_add(l->ev_read, NULL);
+	link_arm_write(l);
+	/* records may already sit in OpenSSL's buffer */
+	event_active(l->ev_read, EV_READ, 0);
+}
+
+void rdv_redial(struct link *l)
+{
+	struct net *n = l->net;
+	char err[256];
+	int fd = conn_connect_start(l->addr, err, sizeof(err));
+	if (fd < 0) {
+		l->retry_at_ns = now_ns() + l->retry_delay_ns;
+		l->retry_delay_ns = l->retry_delay_ns * 2 > REDIAL_MAX_NS ? REDIAL_MAX_NS
+									   : l->retry_delay_ns * 2;
+		return;
+	}
+	struct conn *c = rdv_conn_new(n, fd, false);
+	if (!c || link_attach_conn(l, c)) {
+		l->retry_at_ns = now_ns() + l->retry_delay_ns;
+		return;
+	}
+	link_set_state(l, LS_RECONNECTING);
+	/* an attempt that stalls is given up for the next one */
+	double t = n->connect_timeout_s < 5 ? n->connect_timeout_s : 5;
+	l->deadline_ns = now_ns() + sec_ns(t);
+	link_arm_write(l);
+}
+
+void rdv_link_resumed(struct link *l, const Meshrun__LinkHello *h)
+{
+	struct net *n = l->net;
+	char why[200];
+	if ((int)h->host_id != l->peer || h->job_id != n->job_id || !h->resume) {
+		snprintf(why, sizeof(why), "host %d (%s) answered our redial as host %u of job %llx",
+			 l->peer, l->addr, h->host_id, (unsigned long long)h->job_id);
+		status_log(n, "%s", why);
+		link_conn_failed(l, -EPROTO, why);
+		return;
+	}
+	resumed_up(l, h->last_seq);
+}
+
+/* A redial from host id that passed the checks (job id, identity): its
+ * connection replaces the link's broken one. Nothing before this touches
+ * the link it claims. */
+static void resume_accepted(struct link *t, int id, const Meshrun__LinkHello *h)
+{
+	struct net *n = t->net;
+	char why[200];
+	struct link *l = n->peers[id].l;
+	if (!n->replay_cap || !l || !l->was_up || (l->state != LS_UP && l->state != LS_BROKEN)) {
+		snprintf(why, sizeof(why), "host %d asked to resume a link that is not running", id);
+		rdv_refuse_conn(t, why);
+		return;
+	}
+	if (l->state == LS_UP && !link_break(l, "the peer redialed")) {
+		rdv_refuse_conn(t, "this link cannot be resumed now");
+		return;
+	}
+	/* the connection moves; the temporary link dies without it */
+	struct conn *c = t->c;
+	event_del(t->ev_read);
+	event_del(t->ev_resume);
+	link_disarm_write(t);
+	t->c = NULL;
+	link_kill(t);
+	if (link_attach_conn(l, c)) {
+		link_lost(l, -ENOMEM, "out of memory resuming the link");
+		return;
+	}
+	link_set_state(l, LS_HELLO);
+	if (send_resume_hello(l)) {
+		link_lost(l, -ENOMEM, "out of memory resuming the link");
+		return;
+	}
+	resumed_up(l, h->last_seq);
 }
 
 void rdv_accept_link_hello(struct link *l, const Meshrun__LinkHello *h)
@@ -349,6 +452,10 @@ void rdv_accept_link_hello(struct link *l, const Meshrun__LinkHello *h)
 	}
 	if (!tls_peer_is_host(l->c, id, why, sizeof(why))) {
 		rdv_refuse_conn(l, why);
+		return;
+	}
+	if (h->resume) {
+		resume_accepted(l, id, h);
 		return;
 	}
 	if (n->peers[id].l) {

@@ -4,6 +4,7 @@
  * small ones ride in their header's record. Calls only link.c and
  * status.c in net/. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,7 +45,8 @@ void send_simple(struct link *l, int body)
 	default:
 		return;
 	}
-	link_send(l, &f);
+	if (!link_send(l, &f) && body == MESHRUN__FRAME__BODY_DONE)
+		l->done_seq = l->tx_seq;
 }
 
 void send_link_hello(struct link *l)
@@ -58,12 +60,130 @@ void send_link_hello(struct link *l)
 	link_send(l, &f);
 }
 
+int send_resume_hello(struct link *l)
+{
+	Meshrun__Frame f = MESHRUN__FRAME__INIT;
+	Meshrun__LinkHello h = MESHRUN__LINK_HELLO__INIT;
+	h.host_id = (uint32_t)l->net->host_id;
+	h.job_id = l->net->job_id;
+	h.resume = true;
+	h.last_seq = l->rx_seq;
+	f.body_case = MESHRUN__FRAME__BODY_LINK_HELLO;
+	f.link_hello = &h;
+	f.ack_seq = l->ack_sent = l->rx_seq;
+	size_t len = frame_encoded_len(&f);
+	struct ctrl_frame *c = calloc(1, sizeof(*c) + len);
+	if (!c)
+		return -ENOMEM;
+	c->len = frame_encode(&f, 0, c->data);
+	c->unseq = true;
+	free(l->hello_out);
+	l->hello_out = c;
+	link_arm_write(l);
+	return 0;
+}
+
+/* Recovery: a sequenced frame being written is kept whole until acked. */
+static void rp_keep(struct link *l, struct ctrl_frame *c)
+{
+	c->next = NULL;
+	if (l->rp_tail)
+		l->rp_tail->next = c;
+	else
+		l->rp_head = c;
+	l->rp_tail = c;
+	l->rp_bytes += c->len;
+}
+
+static void tx_set(struct link *l, struct ctrl_frame *c, bool owned)
+{
+	l->tx_ctrl = owned ? c : NULL;
+	l->tx_hdr = c->data;
+	l->tx_hdr_len = c->len;
+	l->tx_hdr_off = 0;
+	l->tx_pay = NULL;
+	l->tx_pay_len = l->tx_pay_off = 0;
+	l->tx_active = true;
+}
+
+/* Recovery: the next data fragment is copied whole (header and payload)
+ * into a replay copy and written from there; its message completes when
+ * its last fragment is copied, as the caller's buffer is then free. false
+ * if the replay copies are full (the sender waits for acks) or a fault
+ * closed the link. */
+static bool tx_chunk_keep(struct link *l, struct send_msg *m, Meshrun__Frame *f, uint64_t cnt)
+{
+	struct xreq *r = m->req;
+	size_t hl = frame_encode(f, cnt, l->tx_stage);
+	struct ctrl_frame *c;
+	bool pooled = hl + cnt <= RP_BLOCK && cnt > SMALL_PAYLOAD;
+	if (pooled && l->rp_pool) {
+		c = l->rp_pool;
+		l->rp_pool = c->next;
+		l->rp_pool_n--;
+	} else {
+		c = malloc(sizeof(*c) + (pooled ? RP_BLOCK : hl + cnt));
+	}
+	if (!c) {
+		/* as if the link failed: recovery cannot keep this frame */
+		link_fault_close(l, f->link_seq - 1);
+		snprintf(l->fault_msg, sizeof(l->fault_msg), "out of memory for a replay copy");
+		return false;
+	}
+	memcpy(c->data, l->tx_stage, hl);
+	if (cnt)
+		memcpy(c->data + hl, (const uint8_t *)r->buf + m->off, cnt);
+	c->len = hl + cnt;
+	c->pooled = pooled;
+	c->heartbeat = c->unseq = false;
+	c->seq = f->link_seq;
+	rp_keep(l, c);
+	tx_set(l, c, false);
+	m->off += cnt;
+	l->tx_msg = NULL;
+	if (m->off == r->len) {
+		l->dq_head = m->next;
+		if (!l->dq_head)
+			l->dq_tail = NULL;
+		xport_complete(r, 0);
+		free(m);
+	}
+	return true;
+}
+
 
 /* Picks the next frame to write: control frames first, then the next
  * fragment of the first queued message. false if there is nothing. */
 static bool tx_next(struct link *l)
 {
-	struct ctrl_frame *c = l->cq_head;
+	struct net *n = l->net;
+	bool keep = n->replay_cap > 0;
+	struct ctrl_frame *c = l->hello_out;
+	if (c) {
+		l->hello_out = NULL;
+		tx_set(l, c, true);
+		return true;
+	}
+	/* resuming: nothing else goes out before the hellos agree */
+	if (keep && l->was_up && l->state == LS_HELLO)
+		return false;
+	if ((c = l->rp_next)) {
+		l->rp_next = c->next;
+		tx_set(l, c, false);
+		atomic_fetch_add_explicit(&n->frames_resent, 1, memory_order_relaxed);
+		return true;
+	}
+	c = l->cq_head;
+	if (c && keep && !c->unseq) {
+		l->cq_head = c->next;
+		if (!l->cq_head)
+			l->cq_tail = NULL;
+		if (c->heartbeat)
+			l->hb_queued--;
+		rp_keep(l, c);
+		tx_set(l, c, false);
+		return true;
+	}
 	if (c) {
 		l->cq_head = c->next;
 		if (!l->cq_head)
@@ -85,6 +205,9 @@ static bool tx_next(struct link *l)
 	uint64_t cnt = left < FRAG_MAX ? left : FRAG_MAX;
 	if (cnt > l->net->lim.max_payload)
 		cnt = l->net->lim.max_payload;
+	/* recovery: room for its replay copy, or wait for acks */
+	if (keep && l->rp_head && l->rp_bytes + cnt + 1024 > n->replay_cap)
+		return false;
 
 	Meshrun__Frame f = MESHRUN__FRAME__INIT;
 	Meshrun__CollectiveChunk ch = MESHRUN__COLLECTIVE_CHUNK__INIT;
@@ -104,11 +227,14 @@ static bool tx_next(struct link *l)
 	f.body_case = MESHRUN__FRAME__BODY_CHUNK;
 	f.chunk = &ch;
 	f.link_seq = ++l->tx_seq;
-	f.ack_seq = l->rx_seq;         /* sent, never read yet (replay will) */
+	f.ack_seq = l->ack_sent = link_rx_done(l);
+	l->rx_unacked_bytes = 0;
 	if (link_fault(l, true, &f) == LINK_FAULT_CLOSE) {
 		link_fault_close(l, f.link_seq - 1);
 		return false;
 	}
+	if (keep)
+		return tx_chunk_keep(l, m, &f, cnt);
 	size_t hl = frame_encode(&f, cnt, l->tx_stage);
 	l->tx_hdr = l->tx_stage;
 	l->tx_hdr_off = 0;
@@ -137,10 +263,11 @@ static bool tx_next(struct link *l)
 	return true;
 }
 
-/* The frame's last byte went to the connection. A data message whose last
- * fragment this was completes now, when its bytes leave, not when the peer
- * has them: nothing is kept to send again. Replay after a reconnect will
- * hold it until the peer's ack_seq covers it. */
+/* The frame's last byte went to the connection. Without recovery, a data
+ * message whose last fragment this was completes now, when its bytes
+ * leave, not when the peer has them: nothing is kept to send again. With
+ * recovery the frame is a replay copy (tx_ctrl NULL) and its message
+ * completed when it was copied. */
 static void tx_frame_done(struct link *l)
 {
 	if (l->tx_ctrl) {

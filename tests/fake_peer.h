@@ -89,7 +89,7 @@ static Meshrun__Frame *fake_recv(struct conn *c, struct fake_rx *rx, double end,
 	}
 }
 
-/* The next frame of kind body, skipping heartbeats and receive posts. */
+/* The next frame of kind body, skipping heartbeats, acks and receive posts. */
 static Meshrun__Frame *fake_expect(struct conn *c, struct fake_rx *rx, int body)
 {
 	double end = now_s() + 10;
@@ -98,6 +98,7 @@ static Meshrun__Frame *fake_expect(struct conn *c, struct fake_rx *rx, int body)
 		if ((int)f->body_case == body)
 			return f;
 		ck_assert_msg(f->body_case == MESHRUN__FRAME__BODY_HEARTBEAT ||
+			      f->body_case == MESHRUN__FRAME__BODY_ACK ||
 			      f->body_case == MESHRUN__FRAME__BODY_RECV_READY,
 			      "fake peer: unexpected %s frame", frame_body_name(f->body_case));
 		frame_header_free(f);

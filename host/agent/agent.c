@@ -38,6 +38,16 @@ uint64_t agent_dcn_bytes_sent(struct agent *a)
 	return a && a->net ? net_bytes_sent(a->net) : 0;
 }
 
+uint64_t agent_reconnects(struct agent *a)
+{
+	return a && a->net ? net_reconnects(a->net) : 0;
+}
+
+uint64_t agent_frames_resent(struct agent *a)
+{
+	return a && a->net ? net_frames_resent(a->net) : 0;
+}
+
 uint64_t agent_tls_key_updates(struct agent *a)
 {
 	return a && a->net ? net_key_updates(a->net) : 0;
@@ -200,6 +210,8 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 		.max_frame_bytes = (uint64_t)cfg->max_frame_bytes,
 		.key_update_bytes = (uint64_t)cfg->tls_key_update_bytes,
 		.faults = &faults,
+		.replay_buffer_bytes = (uint64_t)cfg->replay_buffer_bytes,
+		.reconnect_timeout_s = cfg->link_reconnect_timeout_s,
 	};
 	cfg_hash(cfg, p.config_hash);
 	a.net = net_new(&p, &status, err, errlen);

@@ -50,5 +50,8 @@ int agent_faults(const struct cfg *cfg, int num_hosts, struct fault_plan *p, cha
 uint64_t agent_dcn_bytes_sent(struct agent *a);
 /* TLS sending keys this agent renewed on its links so far. */
 uint64_t agent_tls_key_updates(struct agent *a);
+/* Links resumed after breaking, and frames sent again doing so. */
+uint64_t agent_reconnects(struct agent *a);
+uint64_t agent_frames_resent(struct agent *a);
 
 #endif

@@ -406,6 +406,11 @@ int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_
 			 c->heartbeat_timeout_s, c->heartbeat_interval_s);
 		return -EINVAL;
 	}
+	if (c->replay_buffer_bytes < 0 || c->link_reconnect_timeout_s <= 0) {
+		snprintf(err, errlen, "config: key 'replay_buffer_bytes' (%lld) must be >= 0 and 'link_reconnect_timeout_s' (%g) > 0",
+			 (long long)c->replay_buffer_bytes, c->link_reconnect_timeout_s);
+		return -EINVAL;
+	}
 	if (c->tls_key_update_bytes < 65536 || c->tls_key_update_bytes > (1ll << 38)) {
 		snprintf(err, errlen, "config: key 'tls_key_update_bytes' must be in [65536, 2^38] "
 			 "(AES-GCM must not encrypt much more than 2^38 bytes under one key), got %lld",

@@ -55,6 +55,8 @@ static void write_metrics(struct steplog *l, const struct step_report *r, double
 	cJSON_AddNumberToObject(j, "dcn_bytes", (double)r->dcn_bytes);
 	cJSON_AddNumberToObject(j, "ici_bytes", (double)r->ici_bytes);
 	cJSON_AddNumberToObject(j, "peak_mem_mb", (double)mem);
+	cJSON_AddNumberToObject(j, "reconnects", (double)r->reconnects);
+	cJSON_AddNumberToObject(j, "frames_resent", (double)r->frames_resent);
 	/* losses printed with full precision so runs can be compared bit for bit */
 	char buf[64];
 	snprintf(buf, sizeof(buf), "%a", r->loss);
@@ -103,7 +105,12 @@ void steplog_step(struct steplog *l, const struct step_report *r)
 	if (r->aux)
 		printf(", aux_loss: %.5f", r->aux);
 	printf(", grad_norm: %.4f, lr: %.3g, dcn_bytes: %" PRIu64 ", ici_bytes: %" PRIu64
-	       ", peak_mem_mb: %ld\n", r->grad_norm, r->lr, r->dcn_bytes, r->ici_bytes, mem);
+	       ", peak_mem_mb: %ld", r->grad_norm, r->lr, r->dcn_bytes, r->ici_bytes, mem);
+	/* only once a link broke: the usual line stays as it was */
+	if (r->reconnects || r->frames_resent)
+		printf(", reconnects: %" PRIu64 ", frames_resent: %" PRIu64, r->reconnects,
+		       r->frames_resent);
+	printf("\n");
 	fflush(stdout);
 	if (l->metrics)
 		write_metrics(l, r, tok_s, tflops, mfu, mem);

@@ -47,6 +47,8 @@ struct step_report {
 	double seconds;           /* wall time of the step */
 	uint64_t dcn_bytes, ici_bytes;
 	double comm_wait_s;       /* blocked inside collectives during the step */
+	/* so far in the job: links resumed after breaking, frames resent */
+	uint64_t reconnects, frames_resent;
 };
 
 /* Prints the header line; opens metrics (NULL: none), appending when

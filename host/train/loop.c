@@ -81,6 +81,8 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 				.lr = st.lr, .seconds = t1 - t0, .dcn_bytes = dcn - dcn0,
 				.ici_bytes = ici - ici0, .comm_wait_s = waited,
 			};
+			if (l->recovery)
+				l->recovery(l->ctx, &r.reconnects, &r.frames_resent);
 			steplog_step(l->log, &r);
 		}
 		dcn0 = dcn;

@@ -35,6 +35,8 @@ struct train_loop {
 	/* cumulative counters: bytes sent over DCN and ICI, seconds blocked
 	 * in collectives */
 	void (*bytes)(void *ctx, uint64_t *dcn, uint64_t *ici);
+	/* cumulative: links this host resumed, frames it sent again doing so */
+	void (*recovery)(void *ctx, uint64_t *reconnects, uint64_t *frames_resent);
 	double (*comm_wait_s)(void *ctx);
 	void *ctx;
 	/* results: the leader's first and last loss */

@@ -324,6 +324,13 @@ static void job_bytes(void *vctx, uint64_t *dcn, uint64_t *ici)
 	*ici = xport_local_bytes(c->xport);
 }
 
+static void job_recovery(void *vctx, uint64_t *reconnects, uint64_t *resent)
+{
+	struct job_ctx *c = vctx;
+	*reconnects = agent_reconnects(c->agent);
+	*resent = agent_frames_resent(c->agent);
+}
+
 static double job_waited(void *vctx)
 {
 	return ((struct job_ctx *)vctx)->waited_s;
@@ -446,7 +453,7 @@ int train_job(struct device_ctx *dev)
 	struct train_loop loop = {
 		.t = t, .opts = o, .global_rows = global_rows, .row0 = row0, .comm = &comm,
 		.leader = leader, .log = &log, .step_begin = job_step_begin, .step_end = job_step_end,
-		.bytes = job_bytes, .comm_wait_s = job_waited, .ctx = &jc,
+		.bytes = job_bytes, .recovery = job_recovery, .comm_wait_s = job_waited, .ctx = &jc,
 	};
 	double run_t0 = util_now_s();
 	if ((ret = train_loop_run(&loop, start, err, errlen)))

@@ -1,0 +1,408 @@
+/* Link recovery with real agents on loopback: `ss -K` (iproute2) resets
+ * live TCP connections from outside the processes, and the job must go on
+ * with every collective element right and training losses bit-identical;
+ * a reconnect presenting another host's certificate or another job's id
+ * is refused without touching the running link; a link that cannot come
+ * back fails the job within link_reconnect_timeout_s, naming the host, its
+ * address and what was running. Needs MESHRUN (the binary) and root (ss
+ * -K). */
+#include <check.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "net/conn.h"
+#include "net/frame.h"
+#include "net/tls.h"
+#include "net/tls_conn.h"
+#include "tests/proc.h"
+#include "tests/fake_peer.h"
+
+static void setup(void)
+{
+	proc_setup("check_recover", 3);
+}
+
+/* Runs `meshrun ARGS...` (NULL-terminated) as proc p. */
+static void run_meshrun(struct proc *p, const char *name, ...)
+{
+	static char store[MAXPROC][24][200];
+	static int slot;
+	char (*args)[200] = store[slot++ % MAXPROC];
+	char *argv[26];
+	va_list ap;
+	int n = 0;
+	snprintf(args[n], 200, "%s", meshrun());
+	argv[n] = args[n];
+	n++;
+	va_start(ap, name);
+	for (const char *a; n < 24 && (a = va_arg(ap, const char *));) {
+		snprintf(args[n], 200, "%s", a);
+		argv[n] = args[n];
+		n++;
+	}
+	va_end(ap);
+	argv[n] = NULL;
+	proc_start(p, name, argv, -1);
+}
+
+/* Resets (ss -K) every established TCP connection to or from a port that
+ * a process of group pgid listens on: every link its agents have. The
+ * number of connections reset. */
+static int reset_links(pid_t pgid)
+{
+	int ports[64], np = 0, killed = 0;
+	char line[1024];
+	FILE *f = popen("ss -tlnpH 2>/dev/null", "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f) && np < 64) {
+		char local[128];
+		if (sscanf(line, "%*s %*s %*s %127s", local) != 1)
+			continue;
+		char *colon = strrchr(local, ':');
+		bool ours = false;
+		for (char *q = line; (q = strstr(q, "pid=")); q += 4)
+			ours |= getpgid((pid_t)atoi(q + 4)) == pgid;
+		if (colon && ours)
+			ports[np++] = atoi(colon + 1);
+	}
+	pclose(f);
+	for (int i = 0; i < np; i++) {
+		char cmd[200];
+		snprintf(cmd, sizeof(cmd),
+			 "ss -K -tnH state established '( sport = :%d or dport = :%d )' 2>/dev/null",
+			 ports[i], ports[i]);
+		f = popen(cmd, "r");
+		ck_assert_ptr_nonnull(f);
+		while (fgets(line, sizeof(line), f))
+			killed++;
+		pclose(f);
+	}
+	return killed;
+}
+
+/* While p runs: `times` resets of all its links, `gap_s` apart, the first
+ * after first_s. The number of connections reset. */
+static int reset_during(struct proc *p, double first_s, int times, double gap_s)
+{
+	int killed = 0;
+	usleep((useconds_t)(first_s * 1e6));
+	for (int i = 0; i < times && proc_wait(p, 0) == -1; i++) {
+		killed += reset_links(p->pid);
+		usleep((useconds_t)(gap_s * 1e6));
+	}
+	return killed;
+}
+
+/* ---- collectives ---- */
+
+/* Every op at 16 MiB per rank on 3 hosts, each checked element by element,
+ * four rounds, with every link reset every 2 s meanwhile. */
+START_TEST(test_reset_collectives)
+{
+	struct proc p;
+	const char *c = "4194304";
+	char counts[200];
+	snprintf(counts, sizeof(counts), "%s,%s,%s,%s", c, c, c, c);
+	run_meshrun(&p, "coll", "bench", "collectives", "--hosts", "3", "--check-counts", counts,
+		    (char *)NULL);
+	int killed = reset_during(&p, 2.0, 5, 2.0);
+	ck_assert_msg(proc_wait(&p, 200) == 0, "bench failed:\n%s\n%s", slurp(p.out), slurp(p.err));
+	ck_assert_msg(killed >= 3, "only %d connections were reset", killed);
+	ck_assert_file_has(p.out, "check ok: 9 ops x 4 counts on 3 devices");
+	ck_assert_file_has(p.err, "resumed after");
+}
+END_TEST
+
+/* ---- training ---- */
+
+static char *loss_lines(const char *metrics, long *reconnects)
+{
+	char *all = strdup(slurp(metrics)), *out = all ? calloc(1, strlen(all) + 1) : NULL;
+	ck_assert_ptr_nonnull(out);
+	*reconnects = 0;
+	for (char *l = strtok(all, "\n"); l; l = strtok(NULL, "\n")) {
+		char *h = strstr(l, "\"loss_hex\":\""), *r = strstr(l, "\"reconnects\":");
+		if (h) {
+			strncat(out, h, (size_t)(strchr(h + 12, '"') - h + 1));
+			strcat(out, "\n");
+		}
+		if (r)
+			*reconnects = atol(r + 13);
+	}
+	free(all);
+	return out;
+}
+
+/* llama-tiny on 3 hosts (data parallel), links reset three times: per-step
+ * losses bit-identical to an undisturbed run, reconnects in the metrics. */
+START_TEST(test_reset_training)
+{
+	struct proc a, b;
+	char ma[300], mb[300];
+	snprintf(ma, sizeof(ma), "%s/a.jsonl", tmpdir);
+	snprintf(mb, sizeof(mb), "%s/b.jsonl", tmpdir);
+	run_meshrun(&a, "train_a", "local", "--hosts", "3", "--config", "configs/llama-tiny.yml",
+		    "per_device_batch_size=2", "dcn_data_parallelism=3", "steps=80", "--metrics", ma,
+		    (char *)NULL);
+	ck_assert_msg(proc_wait(&a, 120) == 0, "undisturbed run failed:\n%s", slurp(a.err));
+	run_meshrun(&b, "train_b", "local", "--hosts", "3", "--config", "configs/llama-tiny.yml",
+		    "per_device_batch_size=2", "dcn_data_parallelism=3", "steps=80", "--metrics", mb,
+		    (char *)NULL);
+	ck_assert_msg(proc_wait_output(&b, "completed step: 5,", 60), "no step 5:\n%s",
+		      slurp(b.err));
+	int killed = reset_during(&b, 0.2, 3, 1.0);
+	ck_assert_msg(proc_wait(&b, 120) == 0, "disturbed run failed:\n%s", slurp(b.err));
+	ck_assert_msg(killed >= 3, "only %d connections were reset", killed);
+	long ra, rb;
+	char *la = loss_lines(ma, &ra), *lb = loss_lines(mb, &rb);
+	ck_assert_msg(strlen(la) > 0, "no losses in %s", ma);
+	ck_assert_str_eq(la, lb);
+	ck_assert_int_eq(ra, 0);
+	ck_assert_msg(rb > 0, "no reconnects in the metrics:\n%s", slurp(mb));
+	free(la);
+	free(lb);
+}
+END_TEST
+
+/* ---- refused reconnects ---- */
+
+/* The next frame of kind body on c; heartbeats, acks, receive posts skipped. */
+static Meshrun__Frame *next_of(struct conn *c, struct fake_rx *rx, int body)
+{
+	return fake_expect(c, rx, body);
+}
+
+/* Dials the agent's link listener as `cert_host`, sends a resume hello
+ * claiming host 0 of job `job`, and expects a Refuse naming `why`. */
+static void bad_resume(const char *certs, int cert_host, const char *data_addr, uint64_t job,
+		       const char *why, struct proc *agent)
+{
+	char err[256];
+	struct fake_rx *rx = calloc(1, sizeof(*rx));
+	ck_assert_ptr_nonnull(rx);
+	SSL_CTX *ctx = tls_ctx_new(certs, cert_host, err, sizeof(err));
+	ck_assert_msg(ctx, "%s", err);
+	int fd = conn_connect_start(data_addr, err, sizeof(err));
+	ck_assert_msg(fd >= 0, "%s", err);
+	struct pollfd p = { .fd = fd, .events = POLLOUT };
+	ck_assert_int_eq(poll(&p, 1, 10000), 1);
+	ck_assert_int_eq(conn_connect_result(fd), 0);
+	struct conn *c = tls_conn_new(ctx, fd, false);
+	ck_assert_ptr_nonnull(c);
+	fake_handshake(c, agent);
+	Meshrun__Frame f = MESHRUN__FRAME__INIT;
+	Meshrun__LinkHello h = MESHRUN__LINK_HELLO__INIT;
+	h.host_id = 0;
+	h.job_id = job;
+	h.resume = true;
+	h.last_seq = 0;
+	f.link_seq = 0;
+	f.body_case = MESHRUN__FRAME__BODY_LINK_HELLO;
+	f.link_hello = &h;
+	fake_send(c, &f);
+	Meshrun__Frame *r = next_of(c, rx, MESHRUN__FRAME__BODY_REFUSE);
+	ck_assert_msg(strstr(r->refuse->reason, why), "refused for '%s', want '%s'",
+		      r->refuse->reason, why);
+	frame_header_free(r);
+	conn_free(c);
+	SSL_CTX_free(ctx);
+	free(rx);
+}
+
+/* A real agent (host 1) and a fake host 0 (coordinator and link peer).
+ * With the link up, two reconnects claim to be host 0's: one with host
+ * 2's certificate, one with another job's id. Both are refused; the link
+ * goes on (its sequence numbers continue) and the agent runs on. */
+START_TEST(test_refused_resume)
+{
+	char certs[300], err[256], addr[128], coord_kv[160], certs_kv[330];
+	int port = free_port(), lfd;
+	struct fake_rx *rx = calloc(1, sizeof(*rx));
+	struct proc a;
+	ck_assert_ptr_nonnull(rx);
+	snprintf(certs, sizeof(certs), "%s/certs", tmpdir);
+	snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+	ck_assert_msg(conn_listen(addr, &lfd, err, sizeof(err)) == 0, "%s", err);
+	SSL_CTX *ctx = tls_ctx_new(certs, 0, err, sizeof(err));
+	ck_assert_msg(ctx, "%s", err);
+	snprintf(certs_kv, sizeof(certs_kv), "certs_dir=%s", certs);
+	snprintf(coord_kv, sizeof(coord_kv), "coordinator_address=%s", addr);
+	run_meshrun(&a, "agent", "agent", "--host-id=1", "--hosts=2", "--listen=127.0.0.1:0",
+		    "--job=pingpong", "--rounds=1", "--size=1K", certs_kv, coord_kv,
+		    "heartbeat_interval_s=0.05", "heartbeat_timeout_s=60", "collective_timeout_s=60",
+		    "connect_timeout_s=20", (char *)NULL);
+
+	/* rendezvous: the agent's Hello, our Topology (job 42) */
+	int fd = -EAGAIN;
+	for (double end = now_s() + 10; fd == -EAGAIN && now_s() < end;) {
+		struct pollfd p = { .fd = lfd, .events = POLLIN };
+		poll(&p, 1, 50);
+		fd = conn_accept(lfd, NULL, 0);
+	}
+	ck_assert_msg(fd >= 0, "the agent never dialled the coordinator:\n%s", slurp(a.err));
+	close(lfd);
+	struct conn *cc = tls_conn_new(ctx, fd, true);
+	ck_assert_ptr_nonnull(cc);
+	fake_handshake(cc, &a);
+	Meshrun__Frame *f = fake_expect(cc, rx, MESHRUN__FRAME__BODY_HELLO);
+	char data_addr[128];
+	snprintf(data_addr, sizeof(data_addr), "%s", f->hello->data_address);
+	uint32_t devices = f->hello->devices;
+	frame_header_free(f);
+	{
+		Meshrun__HostInfo h0 = MESHRUN__HOST_INFO__INIT, h1 = MESHRUN__HOST_INFO__INIT;
+		Meshrun__HostInfo *hosts[2] = { &h0, &h1 };
+		Meshrun__Topology t = MESHRUN__TOPOLOGY__INIT;
+		Meshrun__Frame tf = MESHRUN__FRAME__INIT;
+		h0.host_id = 0;
+		h0.data_address = "127.0.0.1:9";
+		h0.devices = devices;
+		h1.host_id = 1;
+		h1.data_address = data_addr;
+		h1.devices = devices;
+		t.n_hosts = 2;
+		t.hosts = hosts;
+		t.job_id = 42;
+		tf.link_seq = 1;
+		tf.body_case = MESHRUN__FRAME__BODY_TOPOLOGY;
+		tf.topology = &t;
+		fake_send(cc, &tf);
+	}
+
+	/* the link: we dial as host 0, LinkHello both ways, Barrier both ways */
+	fd = conn_connect_start(data_addr, err, sizeof(err));
+	ck_assert_msg(fd >= 0, "%s", err);
+	struct conn *c = tls_conn_new(ctx, fd, false);
+	ck_assert_ptr_nonnull(c);
+	{
+		struct pollfd p = { .fd = fd, .events = POLLOUT };
+		ck_assert_int_eq(poll(&p, 1, 10000), 1);
+		ck_assert_int_eq(conn_connect_result(fd), 0);
+	}
+	rx->len = 0;
+	fake_handshake(c, &a);
+	Meshrun__Frame lf = MESHRUN__FRAME__INIT;
+	Meshrun__LinkHello lh = MESHRUN__LINK_HELLO__INIT;
+	lh.host_id = 0;
+	lh.job_id = 42;
+	lf.link_seq = 1;
+	lf.body_case = MESHRUN__FRAME__BODY_LINK_HELLO;
+	lf.link_hello = &lh;
+	fake_send(c, &lf);
+	frame_header_free(fake_expect(c, rx, MESHRUN__FRAME__BODY_LINK_HELLO));
+	Meshrun__Frame bf = MESHRUN__FRAME__INIT;
+	Meshrun__Barrier b = MESHRUN__BARRIER__INIT;
+	b.seq = 1;
+	bf.link_seq = 2;
+	bf.body_case = MESHRUN__FRAME__BODY_BARRIER;
+	bf.barrier = &b;
+	fake_send(c, &bf);
+	f = fake_expect(c, rx, MESHRUN__FRAME__BODY_BARRIER);
+	uint64_t seq0 = f->link_seq;
+	frame_header_free(f);
+
+	bad_resume(certs, 2, data_addr, 42, "host-2", &a);
+	bad_resume(certs, 0, data_addr, 43, "another job", &a);
+
+	/* the link runs on: heartbeats with the next sequence numbers */
+	uint64_t last = seq0;
+	for (int beats = 0; beats < 5;) {
+		f = fake_recv(c, rx, now_s() + 10, false);
+		if (f->link_seq) {
+			ck_assert_uint_eq(f->link_seq, last + 1);
+			last = f->link_seq;
+		}
+		beats += f->body_case == MESHRUN__FRAME__BODY_HEARTBEAT;
+		frame_header_free(f);
+	}
+	ck_assert_msg(proc_wait(&a, 0) == -1, "the agent ended:\n%s", slurp(a.err));
+	char *log = slurp(a.err);
+	ck_assert_msg(strstr(log, "refused link from") && !strstr(log, "broke") &&
+		      !strstr(log, "lost"), "agent log:\n%s", log);
+	conn_free(c);
+	conn_free(cc);
+	SSL_CTX_free(ctx);
+	free(rx);
+}
+END_TEST
+
+/* ---- a link that cannot come back ---- */
+
+/* Host 1 is stopped (SIGSTOP) and its links are reset: host 0 redials,
+ * the kernel accepts, nobody answers the handshake. Host 0 fails after
+ * link_reconnect_timeout_s (heartbeats would take far longer), naming the
+ * host, its address and what was running. */
+START_TEST(test_reconnect_timeout)
+{
+	struct proc h[2];
+	char certs_kv[330], coord_kv[64];
+	int port = free_port();
+	snprintf(certs_kv, sizeof(certs_kv), "certs_dir=%s/certs", tmpdir);
+	snprintf(coord_kv, sizeof(coord_kv), "coordinator_address=127.0.0.1:%d", port);
+	for (int i = 0; i < 2; i++) {
+		char hid[32], name[8];
+		snprintf(hid, sizeof(hid), "--host-id=%d", i);
+		snprintf(name, sizeof(name), "h%d", i);
+		run_meshrun(&h[i], name, "agent", hid, "--hosts=2", "--listen=127.0.0.1:0",
+			    "--job=pingpong", "--rounds=100000000", "--size=1M", certs_kv, coord_kv,
+			    "heartbeat_interval_s=0.25", "heartbeat_timeout_s=30",
+			    "link_reconnect_timeout_s=2", "connect_timeout_s=10", (char *)NULL);
+	}
+	ck_assert_msg(wait_listening(port, 10), "coordinator never listened");
+	usleep(1500000);
+	for (int i = 0; i < 2; i++)
+		ck_assert_msg(proc_wait(&h[i], 0) == -1, "host %d ended early:\n%s", i,
+			      slurp(h[i].err));
+	ck_assert_int_eq(kill(h[1].pid, SIGSTOP), 0);
+	double t0 = now_s();
+	ck_assert_int_ge(reset_links(h[1].pid), 1);
+	int rc = proc_wait(&h[0], 20);
+	double dt = now_s() - t0;
+	kill(h[1].pid, SIGKILL);
+	ck_assert_msg(rc == 5, "host 0 exited %d:\n%s", rc, slurp(h[0].err));
+	ck_assert_msg(dt < 15, "host 0 took %.1f s", dt);
+	ck_assert_file_has(h[0].err, "lost host 1 (127.0.0.1:");
+	ck_assert_file_has(h[0].err, "link down for 2 s");
+	ck_assert_file_has(h[0].err, " during ");
+}
+END_TEST
+
+static Suite *recover_suite(void)
+{
+	Suite *s = suite_create("recover");
+	TCase *tc = tcase_create("reset");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, test_reset_collectives);
+	tcase_add_test(tc, test_reset_training);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("refused");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_refused_resume);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("timeout");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_reconnect_timeout);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	SRunner *sr = srunner_create(recover_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
