@@ -100,16 +100,22 @@ static enum stack_kind stack_kind(int id)
 
 int layer_slot(const struct model *m, int id, int l)
 {
+	int k;
 	switch (stack_kind(id)) {
 	case STACK_ALL:
-		return l;
+		k = l;
+		break;
 	case STACK_DENSE:
-		return l < m->d.L_dense ? l : -1;
+		k = l < m->d.L_dense ? l : -1;
+		break;
 	case STACK_MOE:
-		return l >= m->d.L_dense ? l - m->d.L_dense : -1;
+		k = l >= m->d.L_dense ? l - m->d.L_dense : -1;
+		break;
 	default:
 		return -1;
 	}
+	/* storage split over `layers` (a pipeline stage's block) starts at goff[0] */
+	return k < 0 ? -1 : k - m->p[id].goff[0];
 }
 
 void param_layers(const struct model *m, int id, int *first, int *count)

@@ -23,6 +23,7 @@
 #include "host/obs/trace.h"
 #include "host/util/clock.h"
 #include "net/coll.h"
+#include "proto/meshrun.pb-c.h"
 
 /* A collective group by axis set, made on first use. */
 struct axes_group {
@@ -46,6 +47,9 @@ struct job_ctx {
 	double waited_s;            /* blocked inside collectives so far */
 	struct agent *agent;        /* byte counters */
 	struct xport *xport;
+	int64_t step;
+	struct xreq **sends;        /* point-to-point sends not yet waited */
+	int nsends, capsends;
 };
 
 /* Runs a collective call, recording its span and the time spent in it. */
@@ -217,17 +221,88 @@ static int job_sum(void *vctx, uint32_t axes, double *x, int n)
 	return rc ? -EHOSTDOWN : 0;
 }
 
+/* Point-to-point messages of a pipeline: their own group id (above any
+ * mesh group's, which are axis masks), the step and kind in the sequence
+ * number, the index as the chunk. */
+#define P2P_GROUP 0xfff0u
+
+static struct xmeta p2p_meta(const struct job_ctx *c, uint32_t kind, uint32_t idx)
+{
+	return (struct xmeta){ .op = MESHRUN__COLL_OP__COLL_P2P, .group = P2P_GROUP,
+			       .seq = ((uint64_t)c->step << 3) | (kind & 7), .step = (uint64_t)c->step,
+			       .chunk = idx & 0xffff };
+}
+
+static int job_p2p_send(void *vctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes)
+{
+	struct job_ctx *c = vctx;
+	struct xmeta m = p2p_meta(c, kind, idx);
+	struct xreq *r;
+	if (c->nsends == c->capsends) {
+		int cap = c->capsends ? 2 * c->capsends : 64;
+		struct xreq **n = realloc(c->sends, sizeof(*n) * (size_t)cap);
+		if (!n) {
+			snprintf(c->err, c->errlen, "train: out of memory");
+			return -ENOMEM;
+		}
+		c->sends = n;
+		c->capsends = cap;
+	}
+	int rc = xport_isend(c->xport, c->device, dev, &m, buf, bytes, &r);
+	if (rc) {
+		xport_failed(c->xport, c->err, c->errlen);
+		return rc == -ENOMEM ? rc : -EHOSTDOWN;
+	}
+	c->sends[c->nsends++] = r;
+	return 0;
+}
+
+static int job_p2p_recv(void *vctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes)
+{
+	struct job_ctx *c = vctx;
+	struct xmeta m = p2p_meta(c, kind, idx);
+	struct xreq *r;
+	double t0 = util_now_s();
+	int rc = xport_irecv(c->xport, dev, c->device, &m, buf, bytes, &r);
+	if (!rc)
+		rc = xport_wait(r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
+	else
+		xport_failed(c->xport, c->err, c->errlen);
+	double t1 = util_now_s();
+	c->waited_s += t1 - t0;
+	trace_span(c->tr, kind == 2 ? "recv activation (stage)" : kind == 5 ? "recv gradient (stage)"
+		   : "recv (stage)", "comm", t0, t1);
+	return rc ? (rc == -ENOMEM ? rc : -EHOSTDOWN) : 0;
+}
+
+static int job_p2p_flush(void *vctx)
+{
+	struct job_ctx *c = vctx;
+	int rc = 0;
+	double t0 = util_now_s();
+	for (int i = 0; i < c->nsends; i++) {
+		int r = xport_wait(c->sends[i], xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
+				   rc ? NULL : c->err, rc ? 0 : c->errlen);
+		if (r && !rc)
+			rc = -EHOSTDOWN;
+	}
+	c->nsends = 0;
+	c->waited_s += util_now_s() - t0;
+	trace_span(c->tr, "send flush (stage)", "comm", t0, util_now_s());
+	return rc;
+}
+
 /* Sharded training runs every axis but these; they are refused until
  * something stands behind them. */
 static int check_mesh(const struct cfg *c, char *err, size_t errlen)
 {
-	static const int later[] = { AX_STAGE, AX_SEQUENCE, AX_CONTEXT };
+	static const int later[] = { AX_SEQUENCE, AX_CONTEXT };
 	for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
 		int a = later[i];
 		if (c->ici[a] * c->dcn[a] == 1)
 			continue;
 		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
-			 "along it is not implemented yet; today data, fsdp, fsdp_transpose, "
+			 "along it is not implemented yet; today data, stage, fsdp, fsdp_transpose, "
 			 "tensor, tensor_transpose and expert parallelism train",
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
 		return -EINVAL;
@@ -287,6 +362,7 @@ static void job_step_begin(void *vctx, int64_t step)
 {
 	struct job_ctx *c = vctx;
 	coll_set_step(c->coll, (uint64_t)step);
+	c->step = step;
 	if (c->tr)
 		c->tr->step = step;
 }
@@ -404,6 +480,7 @@ int train_job(struct device_ctx *dev)
 			.start_all_gather = job_start_all_gather,
 			.start_reduce_scatter = job_start_reduce_scatter, .wait = job_wait, .ctx = &jc },
 		.sum = job_sum, .err = err, .errlen = errlen,
+		.p2p = { .send = job_p2p_send, .recv = job_p2p_recv, .flush = job_p2p_flush, .ctx = &jc },
 	};
 	if (o->trace) {
 		jc.tr = malloc(sizeof(*jc.tr));
@@ -443,6 +520,7 @@ out:
 	for (int i = 0; i < jc.ngrp; i++)
 		free(jc.grp[i].mg);
 	free(jc.tr);
+	free(jc.sends);
 	free(rules);
 	return ret;
 }
