@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,24 +37,31 @@ struct pipe_exec {
 
 static int owner(const struct pipe_exec *x, int mb) { return mb % x->sh.stages; }
 
+/* Whether the model stores layer l of stacked tensor p on this device. */
+static bool holds(const struct pipe_exec *x, const struct param_info *p, int l)
+{
+	for (int q = p->goff[0]; q < p->goff[0] + p->shape[0]; q++)
+		if (model_stack_layer(x->m, q, p->global_shape[0]) == l)
+			return true;
+	return false;
+}
+
 /* Checks that the model holds (in its own storage) the layers of every
  * repeat of this stage. */
 static int check_layers(const struct pipe_exec *x, char *err, size_t errlen)
 {
 	for (int i = 0; i < model_num_params(x->m); i++) {
 		const struct param_info *p = model_param(x->m, i);
-		if (!p->stacked)
-			continue;
-		for (int r = 0; r < x->sh.repeats; r++) {
-			int l = x->first_layer + pipe_layer(&x->sh, r, x->stage, 0);
-			int g0 = p->goff[0], g1 = p->goff[0] + p->shape[0];
-			if (l >= g0 && l + x->sh.layers_per_stage <= g1)
-				continue;
-			snprintf(err, errlen, "config: pipeline stage %d runs layers %d..%d of repeat %d, "
-				 "but '%s' holds layers %d..%d on it; num_pipeline_repeats > 1 is not "
-				 "supported yet (set num_layers_per_pipeline_stage so that repeats is 1)",
-				 x->stage, l, l + x->sh.layers_per_stage - 1, r, p->name, g0, g1 - 1);
-			return -EINVAL;
+		for (int r = 0; p->stacked && r < x->sh.repeats; r++) {
+			for (int j = 0; j < x->sh.layers_per_stage; j++) {
+				int l = x->first_layer + pipe_layer(&x->sh, r, x->stage, j);
+				if (holds(x, p, l))
+					continue;
+				snprintf(err, errlen, "config: pipeline stage %d runs layer %d, which "
+					 "'%s' does not store on it (logical_axis_rules must split "
+					 "'layers' over stage alone)", x->stage, l, p->name);
+				return -EINVAL;
+			}
 		}
 	}
 	return 0;

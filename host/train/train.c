@@ -174,7 +174,10 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 	    (rc = pipe_supported(c, d, &pc, t->rows, err, errlen)))
 		return rc;
 	int mb = t->rows / pc.shape.microbatches;
-	t->model = model_new(d, mb, mm, err, errlen);
+	struct model_mesh pm = *mm;
+	pm.pipe_stages = pc.shape.stages;
+	pm.pipe_repeats = pc.shape.repeats;
+	t->model = model_new(d, mb, &pm, err, errlen);
 	if (!t->model)
 		return -EINVAL;
 	mesh_coords(t->mesh, t->device, coord);
