@@ -625,6 +625,33 @@ static void layout_to_state(struct trainer *t, float *st, const float *loc)
 	}
 }
 
+/* The whole stacked tensors of buf (the checkpoint's layout) from the
+ * model's storage order to layer order (to_layers) or back: a pipeline
+ * with repeats stores its layers in stage order (model_stack_layer). */
+static int reorder_layers(struct trainer *t, float *buf, bool to_layers)
+{
+	struct model *m = t->model;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		const struct param_info *gpi = model_param_by_name(t->gmodel, p->name);
+		int n = p->global_shape[0];
+		if (!p->stacked || model_stack_layer(m, 1, n) == 1)
+			continue;
+		size_t per = gpi->numel / (size_t)n;
+		float *w = buf + gpi->offset, *tmp = malloc(sizeof(float) * gpi->numel);
+		if (!tmp)
+			return -ENOMEM;
+		for (int q = 0; q < n; q++) {
+			size_t l = (size_t)model_stack_layer(m, q, n);
+			memcpy(tmp + (to_layers ? l : (size_t)q) * per, w + (to_layers ? (size_t)q : l) * per,
+			       per * sizeof(float));
+		}
+		memcpy(w, tmp, sizeof(float) * gpi->numel);
+		free(tmp);
+	}
+	return 0;
+}
+
 int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen)
 {
 	struct model *m = t->model;
@@ -676,7 +703,12 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 	}
 	free(loc);
 	free(recv);
-	if (rc && comm->err != err)
+	for (int b = 0; b < 3 && !rc; b++)
+		if (reorder_layers(t, dst[b], true))
+			rc = -ENOMEM;
+	if (rc == -ENOMEM)
+		snprintf(err, errlen, "train: out of memory");
+	else if (rc && comm->err != err)
 		snprintf(err, errlen, "%s", comm->err[0] ? comm->err : "train: out of memory");
 	return rc;
 }
@@ -693,6 +725,12 @@ int trainer_ckpt_scatter(struct trainer *t, char *err, size_t errlen)
 		return -ENOMEM;
 	}
 	float *src[3] = { t->gp, t->gm, t->gv };
+	for (int b = 0; b < 3; b++)
+		if (reorder_layers(t, src[b], false)) {
+			free(loc);
+			snprintf(err, errlen, "train: out of memory");
+			return -ENOMEM;
+		}
 	for (int b = 0; b < 3; b++) {
 		float *out = b == 0 ? model_params(m) : loc;
 		for (int i = 0; i < model_num_params(m); i++) {
@@ -705,5 +743,10 @@ int trainer_ckpt_scatter(struct trainer *t, char *err, size_t errlen)
 			layout_to_state(t, b == 1 ? t->m : t->v, loc);
 	}
 	free(loc);
+	for (int b = 0; b < 3; b++)  /* the whole tensors stay in layer order */
+		if (reorder_layers(t, src[b], true)) {
+			snprintf(err, errlen, "train: out of memory");
+			return -ENOMEM;
+		}
 	return 0;
 }

@@ -48,6 +48,7 @@ struct job_ctx {
 	struct agent *agent;        /* byte counters */
 	struct xport *xport;
 	int64_t step;
+	struct trainer *t;
 	struct xreq **sends;        /* point-to-point sends not yet waited */
 	int nsends, capsends;
 };
@@ -270,8 +271,9 @@ static int job_p2p_recv(void *vctx, int dev, uint32_t kind, uint32_t idx, void *
 		xport_failed(c->xport, c->err, c->errlen);
 	double t1 = util_now_s();
 	c->waited_s += t1 - t0;
-	trace_span(c->tr, kind == 2 ? "recv activation (stage)" : kind == 5 ? "recv gradient (stage)"
-		   : "recv (stage)", "comm", t0, t1);
+	char name[24];
+	snprintf(name, sizeof(name), "stage recv %s %u", kind == 2 ? "act" : kind == 5 ? "grad" : "io", idx);
+	trace_span(c->tr, name, "comm", t0, t1);
 	return rc ? (rc == -ENOMEM ? rc : -EHOSTDOWN) : 0;
 }
 
@@ -288,7 +290,7 @@ static int job_p2p_flush(void *vctx)
 	}
 	c->nsends = 0;
 	c->waited_s += util_now_s() - t0;
-	trace_span(c->tr, "send flush (stage)", "comm", t0, util_now_s());
+	trace_span(c->tr, "stage send wait", "comm", t0, util_now_s());
 	return rc;
 }
 
@@ -371,6 +373,15 @@ static void job_step_end(void *vctx, const struct step_stats *st, double t0, dou
 {
 	struct job_ctx *c = vctx;
 	trace_span(c->tr, "forward+backward", "compute", st->t_fb0, st->t_fb1);
+	struct pipe_exec *px = c->t ? trainer_pipe(c->t) : NULL;
+	int n = 0;
+	const struct pipe_slot_time *pt = px && c->tr ? pipe_exec_times(px, &n) : NULL;
+	for (int i = 0; i < n; i++) {
+		char name[24];
+		snprintf(name, sizeof(name), "%s i%d r%d mb%d", pt[i].pass == PIPE_PASS_FWD ? "fwd" : "bwd",
+			 pt[i].iter, pt[i].repeat, pt[i].mb);
+		trace_span(c->tr, name, "pipeline", pt[i].t0, pt[i].t1);
+	}
 	trace_span(c->tr, "optimizer", "compute", st->t_opt0, st->t_opt1);
 	trace_span(c->tr, "step", "step", t0, t1);
 }
@@ -467,6 +478,10 @@ int train_job(struct device_ctx *dev)
 	int B = global_rows / rg->n, row0 = rg->rank * B;
 	if ((ret = trainer_open(&t, c, B, &mm, err, errlen)))
 		goto out;
+	jc.t = t;
+	/* test hook: an idle pipeline slot that read its buffers would see NaN */
+	if (trainer_pipe(t) && getenv("MESHRUN_TEST_PIPE_POISON"))
+		pipe_exec_poison(trainer_pipe(t), 1);
 	/* every device starts from the same weights (init is a function of each
 	 * element's global index); on resume, from device 0's checkpoint */
 	if (o->resume && (ret = resume(t, &jc, &all, leader, o->ckpt_dir, &start, err, errlen)))
