@@ -1,6 +1,7 @@
 /* Pipeline parallelism over `stage` across real agents on loopback: every
  * supported shape (stages, microbatches, repeats, delay, layers per
- * stage, stages across hosts, beside data parallelism) gives the
+ * stage, stages across hosts, beside data and tensor parallelism and
+ * ZeRO-1) gives the
  * single-device losses of the same global batch, bit-identically run to
  * run; idle slots read nothing (their buffers poisoned with NaN change
  * nothing); checkpoints of a pipeline with repeats hold layer order; the
@@ -208,6 +209,19 @@ START_TEST(test_pp_data)
 			"base_num_decoder_layers=4");
 }
 END_TEST
+/* 2 stages x 2 tensor ranks (heads, MLP and vocabulary split inside a stage) */
+START_TEST(test_pp_tensor)
+{
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_tensor_parallelism=2", "base_num_decoder_layers=4");
+}
+END_TEST
+/* 2 stages x 2 data replicas with the optimizer state split over data */
+START_TEST(test_pp_zero1)
+{
+	equivalence_opt(LLAMA, 2, 2, "dcn_data_parallelism=2 ici_data_parallelism=1 ici_pipeline_parallelism=2 "
+			"shard_optimizer_over_data=true", "base_num_decoder_layers=4");
+}
+END_TEST
 /* idle slots are idle: every buffer a slot could read is NaN before each
  * step; only what an active slot wrote first is read */
 START_TEST(test_idle_slots_poisoned)
@@ -307,17 +321,14 @@ static void refused(const char *args, const char *a, const char *b)
 
 START_TEST(test_unsupported_refused)
 {
-	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_tensor_parallelism=2 steps=1",
-		"tensor_parallelism=2", "not supported");
+	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_tensor_transpose_parallelism=2 steps=1",
+		"tensor_transpose_parallelism=2", "not supported");
 	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_fsdp_parallelism=2 steps=1",
 		"fsdp_parallelism=2", "not supported");
 	refused("local --hosts 1 --devices-per-host 2 --config configs/deepseek-tiny.yml " PP2
 		" pipeline_parallel_layers=2 steps=1", "MoE", "pipeline_parallel_layers");
 	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_fsdp_ag_once=true steps=1",
 		"pipeline_fsdp_ag_once", "not supported");
-	refused("local --hosts 2 --devices-per-host 2 --config " LLAMA " " PP2
-		" dcn_data_parallelism=2 shard_optimizer_over_data=true steps=1",
-		"shard_optimizer_over_data", "pipeline");
 }
 END_TEST
 
@@ -334,6 +345,8 @@ int main(void)
 	tcase_add_test(tc, test_lps2);
 	tcase_add_test(tc, test_dcn_stages);
 	tcase_add_test(tc, test_pp_data);
+	tcase_add_test(tc, test_pp_tensor);
+	tcase_add_test(tc, test_pp_zero1);
 	tcase_add_test(tc, test_idle_slots_poisoned);
 	tcase_add_test(tc, test_checkpoint_layer_order);
 	tcase_add_test(tc, test_trace_slots);

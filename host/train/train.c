@@ -128,20 +128,21 @@ int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
 	return -EINVAL;
 }
 
-/* What a pipeline over `stage` trains with today: data parallelism
- * beside it, every decoder layer of a dense model in it, weights local to
- * the stage. Anything else is refused, naming its keys. */
+/* What a pipeline over `stage` trains with today: data (ZeRO-1 too) and
+ * tensor parallelism beside it, every decoder layer of a dense model in
+ * it, weights local to the stage. Anything else is refused, naming its
+ * keys. */
 static int pipe_supported(const struct cfg *c, const struct model_dims *d, const struct pipe_config *pc,
 			  int rows, char *err, size_t errlen)
 {
-	static const int other[] = { AX_FSDP, AX_FSDP_T, AX_TENSOR, AX_TENSOR_T, AX_EXPERT,
-				     AX_SEQUENCE, AX_CONTEXT };
+	static const int other[] = { AX_FSDP, AX_FSDP_T, AX_TENSOR_T, AX_EXPERT, AX_SEQUENCE,
+				     AX_CONTEXT };
 	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
 		int a = other[i];
 		if (c->ici[a] * c->dcn[a] == 1)
 			continue;
-		snprintf(err, errlen, "config: pipeline parallelism (stage) trains beside data "
-			 "parallelism only; ici_/dcn_%s_parallelism=%d is not supported with it yet",
+		snprintf(err, errlen, "config: pipeline parallelism (stage) trains beside data and "
+			 "tensor parallelism only; ici_/dcn_%s_parallelism=%d is not supported with it yet",
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
 		return -EINVAL;
 	}
@@ -149,11 +150,6 @@ static int pipe_supported(const struct cfg *c, const struct model_dims *d, const
 		snprintf(err, errlen, "config: pipeline parallelism needs every decoder layer in the "
 			 "pipeline of a dense model; pipeline_parallel_layers < layers and MoE models "
 			 "(num_experts > 1) are not supported with it yet");
-		return -EINVAL;
-	}
-	if (c->shard_optimizer_over_data) {
-		snprintf(err, errlen, "config: shard_optimizer_over_data is not supported with "
-			 "pipeline parallelism yet");
 		return -EINVAL;
 	}
 	if (rows % pc->shape.microbatches) {
