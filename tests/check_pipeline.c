@@ -1,7 +1,7 @@
 /* Pipeline parallelism over `stage` across real agents on loopback: every
  * supported shape (stages, microbatches, repeats, delay, layers per
- * stage, stages across hosts, beside data and tensor parallelism and
- * ZeRO-1) gives the
+ * stage, stages across hosts, beside data, tensor and FSDP parallelism
+ * and ZeRO-1) gives the
  * single-device losses of the same global batch, bit-identically run to
  * run; idle slots read nothing (their buffers poisoned with NaN change
  * nothing); checkpoints of a pipeline with repeats hold layer order; the
@@ -222,6 +222,20 @@ START_TEST(test_pp_zero1)
 			"shard_optimizer_over_data=true", "base_num_decoder_layers=4");
 }
 END_TEST
+/* FSDP beside the pipeline: a stage's weights gathered per iteration
+ * through the model's window (its 2 layers at once), the non-layer ones
+ * once a step: fsdp within a host, over DCN, fsdp_transpose with the delay */
+START_TEST(test_pp_fsdp)
+{
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_fsdp_parallelism=2 num_layers_per_pipeline_stage=2",
+			"base_num_decoder_layers=4");
+	equivalence_opt(LLAMA, 2, 2, PP2 " dcn_data_parallelism=1 dcn_fsdp_parallelism=2 "
+			"num_layers_per_pipeline_stage=2 num_pipeline_microbatches=4", "base_num_decoder_layers=4");
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_fsdp_transpose_parallelism=2 num_layers_per_pipeline_stage=2 "
+			"num_pipeline_microbatches=4 pipeline_delay_activation_forwarding=true",
+			"base_num_decoder_layers=4");
+}
+END_TEST
 /* idle slots are idle: every buffer a slot could read is NaN before each
  * step; only what an active slot wrote first is read */
 START_TEST(test_idle_slots_poisoned)
@@ -323,8 +337,10 @@ START_TEST(test_unsupported_refused)
 {
 	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_tensor_transpose_parallelism=2 steps=1",
 		"tensor_transpose_parallelism=2", "not supported");
-	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_fsdp_parallelism=2 steps=1",
-		"fsdp_parallelism=2", "not supported");
+	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_expert_parallelism=2 steps=1",
+		"expert_parallelism=2", "not supported");
+	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_fsdp_parallelism=2 "
+		"base_num_decoder_layers=4 steps=1", "num_pipeline_repeats=2", "FSDP");
 	refused("local --hosts 1 --devices-per-host 2 --config configs/deepseek-tiny.yml " PP2
 		" pipeline_parallel_layers=2 steps=1", "MoE", "pipeline_parallel_layers");
 	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_fsdp_ag_once=true steps=1",
@@ -347,6 +363,7 @@ int main(void)
 	tcase_add_test(tc, test_pp_data);
 	tcase_add_test(tc, test_pp_tensor);
 	tcase_add_test(tc, test_pp_zero1);
+	tcase_add_test(tc, test_pp_fsdp);
 	tcase_add_test(tc, test_idle_slots_poisoned);
 	tcase_add_test(tc, test_checkpoint_layer_order);
 	tcase_add_test(tc, test_trace_slots);

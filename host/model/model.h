@@ -64,7 +64,8 @@ struct model_mesh {
 	 * (0 or 1: none): stacked tensors keep their layers in stage order,
 	 * storage index (s*R + r)*Lps + j holding layer (r*S + s)*Lps + j, so
 	 * the block of `layers` that stage s stores (split over `stage`) is
-	 * the layers it runs. Identity when R is 1. */
+	 * the layers it runs. Identity when R is 1. The FSDP window's layer
+	 * groups then hold a stage's L / (S*R) layers. */
 	int pipe_stages, pipe_repeats;
 };
 

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/model/window.h"
 #include "host/util/clock.h"
 
 /* Message kinds (exec.h's (kind, idx)). */
@@ -36,6 +37,12 @@ struct pipe_exec {
 };
 
 static int owner(const struct pipe_exec *x, int mb) { return mb % x->sh.stages; }
+
+/* Window slots (host/model/window.h): the non-layer tensors in 0, the
+ * table's weight slot k in 1 + k. Without FSDP axes the window holds no
+ * tensor and these move nothing. */
+#define WSLOT_NONLAYER 0
+#define WSLOT(k) (1 + (k))
 
 /* Whether the model stores layer l of stacked tensor p on this device. */
 static bool holds(const struct pipe_exec *x, const struct param_info *p, int l)
@@ -188,6 +195,26 @@ static void stamp(struct pipe_exec *x, const struct pipe_entry *e, double t0)
 							 .pass = e->pass, .t0 = t0, .t1 = util_now_s() };
 }
 
+/* A weight entry (either pass); 0 or the step's error. */
+static int run_weights(struct pipe_exec *x, const struct pipe_entry *e)
+{
+	struct win *w = model_window(x->m);
+	int l0, l1;
+	switch (e->op) {
+	case PIPE_GATHER:
+		layer_range(x, e->repeat, &l0, &l1);
+		return win_gather_start(w, WSLOT(e->slot), l0, l1);
+	case PIPE_RELEASE:
+		win_release(w, WSLOT(e->slot));
+		return 0;
+	case PIPE_REDUCE_SCATTER:
+		/* the gradients of the slot that just ran its backward */
+		return win_scatter_start(w, WSLOT(e->slot));
+	default:
+		return 0;
+	}
+}
+
 /* One forward-pass entry of this stage. */
 static int run_fwd(struct pipe_exec *x, const struct pipe_entry *e, const struct pipe_p2p *io)
 {
@@ -204,7 +231,8 @@ static int run_fwd(struct pipe_exec *x, const struct pipe_entry *e, const struct
 	case PIPE_FORWARD:
 		layer_range(x, e->repeat, &l0, &l1);
 		t0 = util_now_s();
-		rc = model_layers_forward(x->m, l0, l1, x->out[k], x->saved[k]);
+		if (!(rc = win_wait(model_window(x->m), WSLOT(e->slot))))
+			rc = model_layers_forward(x->m, l0, l1, x->out[k], x->saved[k]);
 		stamp(x, e, t0);
 		break;
 	case PIPE_SEND:
@@ -236,8 +264,13 @@ static int run_bwd(struct pipe_exec *x, const struct pipe_entry *e, const struct
 	case PIPE_BACKWARD:
 		layer_range(x, e->repeat, &l0, &l1);
 		t0 = util_now_s();
-		/* recompute the slot's forward from its saved input, then back */
-		if (!(rc = model_layers_forward(x->m, l0, l1, x->tmp, x->saved[k])))
+		/* recompute the slot's forward from its saved input, then back;
+		 * its weight gradients are reduce-scattered by the entry after */
+		if (!(rc = win_wait(model_window(x->m), WSLOT(e->slot)))) {
+			win_zero_grads(model_window(x->m), WSLOT(e->slot));
+			rc = model_layers_forward(x->m, l0, l1, x->tmp, x->saved[k]);
+		}
+		if (!rc)
 			rc = model_layers_backward(x->m, l0, l1, x->g[k], x->saved[k]);
 		stamp(x, e, t0);
 		break;
@@ -303,21 +336,32 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 			x->mem[i] = NAN;
 	x->ntimes = 0;
 	model_step_begin(x->m, st);
-	rc = embed_all(x, inputs, io);
-	for (int i = 0; i < x->sch.n && !rc; i++) {
-		const struct pipe_entry *e = &x->sch.e[i];
-		if (e->stage == x->stage && e->pass == PIPE_PASS_FWD)
-			rc = run_fwd(x, e, io);
+	/* the non-layer tensors stay gathered for the whole step */
+	struct win *w = model_window(x->m);
+	if (!(rc = win_gather_start(w, WSLOT_NONLAYER, WIN_NONLAYER, 0)) &&
+	    !(rc = win_wait(w, WSLOT_NONLAYER))) {
+		win_zero_grads(w, WSLOT_NONLAYER);
+		rc = embed_all(x, inputs, io);
 	}
-	if (!rc)
-		rc = head_all(x, targets, io, &st->loss_sum);
-	for (int i = 0; i < x->sch.n && !rc; i++) {
-		const struct pipe_entry *e = &x->sch.e[i];
-		if (e->stage == x->stage && e->pass == PIPE_PASS_BWD)
-			rc = run_bwd(x, e, io);
+	for (int pass = PIPE_PASS_FWD; pass <= PIPE_PASS_BWD && !rc; pass++) {
+		if (pass == PIPE_PASS_BWD)
+			rc = head_all(x, targets, io, &st->loss_sum);
+		for (int i = 0; i < x->sch.n && !rc; i++) {
+			const struct pipe_entry *e = &x->sch.e[i];
+			if (e->stage != x->stage || (int)e->pass != pass)
+				continue;
+			if (e->op == PIPE_GATHER || e->op == PIPE_RELEASE || e->op == PIPE_REDUCE_SCATTER)
+				rc = run_weights(x, e);
+			else
+				rc = pass == PIPE_PASS_FWD ? run_fwd(x, e, io) : run_bwd(x, e, io);
+		}
 	}
 	if (!rc)
 		rc = embed_back_all(x, inputs, io);
+	if (!rc && !(rc = win_scatter_start(w, WSLOT_NONLAYER)))
+		rc = win_scatter_finish(w);
+	if (!rc)
+		win_release(w, WSLOT_NONLAYER);
 	int frc = io->flush(io->ctx);
 	int erc = model_step_end(x->m);
 	return rc ? rc : frc ? frc : erc;

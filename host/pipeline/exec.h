@@ -13,9 +13,11 @@
  * stage's own layers, and the embedding and head of its microbatches
  * (the caller sums the latter over `stage`).
  *
- * Weights are the stage's own storage (the `layers` dimension split over
- * `stage`): no weight entries are run; a table with GATHER entries for a
- * weight mode other than PIPE_W_ITER is refused. */
+ * Weights: the `layers` dimension is split over `stage`, so a stage stores
+ * its layers; weights also split over FSDP axes are gathered through the
+ * model's window (host/model/window.h) as the table's GATHER, RELEASE and
+ * REDUCE_SCATTER entries say (PIPE_W_ITER: per slot), the non-layer ones
+ * once for the whole step. The other weight modes are refused. */
 #ifndef MESHRUN_PIPELINE_EXEC_H
 #define MESHRUN_PIPELINE_EXEC_H
 

@@ -128,22 +128,29 @@ int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
 	return -EINVAL;
 }
 
-/* What a pipeline over `stage` trains with today: data (ZeRO-1 too) and
- * tensor parallelism beside it, every decoder layer of a dense model in
- * it, weights local to the stage. Anything else is refused, naming its
- * keys. */
+/* What a pipeline over `stage` trains with today: data (ZeRO-1 too),
+ * tensor and FSDP (one repeat, weights gathered per iteration) beside it,
+ * every decoder layer of a dense model in it. Anything else is refused,
+ * naming its keys. */
 static int pipe_supported(const struct cfg *c, const struct model_dims *d, const struct pipe_config *pc,
 			  int rows, char *err, size_t errlen)
 {
-	static const int other[] = { AX_FSDP, AX_FSDP_T, AX_TENSOR_T, AX_EXPERT, AX_SEQUENCE,
-				     AX_CONTEXT };
+	static const int other[] = { AX_TENSOR_T, AX_EXPERT, AX_SEQUENCE, AX_CONTEXT };
 	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
 		int a = other[i];
 		if (c->ici[a] * c->dcn[a] == 1)
 			continue;
-		snprintf(err, errlen, "config: pipeline parallelism (stage) trains beside data and "
-			 "tensor parallelism only; ici_/dcn_%s_parallelism=%d is not supported with it yet",
+		snprintf(err, errlen, "config: pipeline parallelism (stage) trains beside data, fsdp, "
+			 "fsdp_transpose and tensor parallelism only; ici_/dcn_%s_parallelism=%d is not "
+			 "supported with it yet",
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
+		return -EINVAL;
+	}
+	int fsdp = c->ici[AX_FSDP] * c->dcn[AX_FSDP] * c->ici[AX_FSDP_T] * c->dcn[AX_FSDP_T];
+	if (fsdp > 1 && pc->shape.repeats > 1) {
+		snprintf(err, errlen, "config: pipeline repeats (num_pipeline_repeats=%d) with FSDP "
+			 "(fsdp x fsdp_transpose = %d) are not supported yet; use one repeat "
+			 "(num_layers_per_pipeline_stage = layers / stages)", pc->shape.repeats, fsdp);
 		return -EINVAL;
 	}
 	if (d->L_moe || pc->layers_before || pc->layers_after) {
