@@ -133,11 +133,19 @@ static void lay_out(struct model *m, struct arena *a)
 static int make_window(struct model *m)
 {
 	struct win_tensor t[P_COUNT];
+	int lcap = 1;
 	for (int id = 0; id < P_COUNT; id++) {
 		t[id] = (struct win_tensor){ .p = m->pidx[id] >= 0 ? &m->p[id] : NULL, .pp = &m->pp[id] };
 		param_layers(m, id, &t[id].first, &t[id].count);
+		if (t[id].p && t[id].p->stacked) {  /* the layers stored here (a stage's block) */
+			t[id].first += t[id].p->goff[0];
+			t[id].count = t[id].p->shape[0];
+		}
 	}
-	m->win = win_new(m->mesh, m->device, t, P_COUNT, 1);
+	/* a pipeline stage gathers the layers it runs in one iteration at once */
+	if (m->pipe_stages > 1 && m->pipe_repeats >= 1)
+		lcap = m->d.L / (m->pipe_stages * m->pipe_repeats);
+	m->win = win_new(m->mesh, m->device, t, P_COUNT, lcap > 1 ? lcap : 1);
 	return m->win ? 0 : -ENOMEM;
 }
 

@@ -60,6 +60,13 @@ struct model_mesh {
 	/* each gradient bucket is padded to a multiple of this many floats
 	 * (0 or 1: none), so ZeRO-1 can split it evenly in place */
 	int bucket_align;
+	/* A circular pipeline of pipe_stages stages and pipe_repeats repeats
+	 * (0 or 1: none): stacked tensors keep their layers in stage order,
+	 * storage index (s*R + r)*Lps + j holding layer (r*S + s)*Lps + j, so
+	 * the block of `layers` that stage s stores (split over `stage`) is
+	 * the layers it runs. Identity when R is 1. The FSDP window's layer
+	 * groups then hold a stage's L / (S*R) layers. */
+	int pipe_stages, pipe_repeats;
 };
 
 /* Collectives over the devices that differ from this one only on `axes`
@@ -142,6 +149,9 @@ struct model_linear_info {
 	uint32_t gather, reduce, dx_reduce, dw_scatter, gsum;
 };
 int model_linears(const struct model *m, struct model_linear_info *out, int max);
+/* The layer that storage index q of a stacked tensor of n layers holds
+ * (model_mesh's pipeline order); q without one. */
+int model_stack_layer(const struct model *m, int q, int n);
 /* Mesh axes that split the rows (activation_batch); 0 on one device. */
 uint32_t model_rows_axes(const struct model *m);
 /* The same axes before there is a model (a job sizes each model's batch

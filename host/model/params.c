@@ -98,18 +98,47 @@ static enum stack_kind stack_kind(int id)
 	}
 }
 
+/* The pipeline's layer order (model.h, model_mesh): storage index of
+ * layer l in a stack of n, and back. */
+static bool stage_order(const struct model *m, int n)
+{
+	return m->pipe_stages > 1 && m->pipe_repeats > 1 && n % (m->pipe_stages * m->pipe_repeats) == 0;
+}
+
+static int stack_index(const struct model *m, int l, int n)
+{
+	if (!stage_order(m, n))
+		return l;
+	int S = m->pipe_stages, R = m->pipe_repeats, lps = n / (S * R), b = l / lps;
+	return ((b % S) * R + b / S) * lps + l % lps;
+}
+
+int model_stack_layer(const struct model *m, int q, int n)
+{
+	if (!stage_order(m, n))
+		return q;
+	int S = m->pipe_stages, R = m->pipe_repeats, lps = n / (S * R), b = q / lps;
+	return ((b % R) * S + b / R) * lps + q % lps;
+}
+
 int layer_slot(const struct model *m, int id, int l)
 {
+	int k;
 	switch (stack_kind(id)) {
 	case STACK_ALL:
-		return l;
+		k = l;
+		break;
 	case STACK_DENSE:
-		return l < m->d.L_dense ? l : -1;
+		k = l < m->d.L_dense ? l : -1;
+		break;
 	case STACK_MOE:
-		return l >= m->d.L_dense ? l - m->d.L_dense : -1;
+		k = l >= m->d.L_dense ? l - m->d.L_dense : -1;
+		break;
 	default:
 		return -1;
 	}
+	/* storage split over `layers` (a pipeline stage's block) starts at goff[0] */
+	return k < 0 ? -1 : stack_index(m, k, m->p[id].global_shape[0]) - m->p[id].goff[0];
 }
 
 void param_layers(const struct model *m, int id, int *first, int *count)
@@ -237,13 +266,16 @@ static void lay_out_params(struct model *m, size_t align)
 }
 
 /* Flat index in the whole tensor of element i of this device's shard. */
-static size_t param_global_index(const struct param_info *p, size_t i)
+static size_t param_global_index(const struct model *m, const struct param_info *p, size_t i)
 {
 	size_t g = 0, stride = 1;
 	for (int k = p->ndim - 1; k >= 0; k--) {
 		size_t c = i % (size_t)p->shape[k];
 		i /= (size_t)p->shape[k];
-		g += (c + (size_t)p->goff[k]) * stride;
+		c += (size_t)p->goff[k];
+		if (k == 0 && p->stacked)  /* the layer stored there */
+			c = (size_t)model_stack_layer(m, (int)c, p->global_shape[0]);
+		g += c * stride;
 		stride *= (size_t)p->global_shape[k];
 	}
 	return g;
@@ -530,6 +562,8 @@ static int plan_model(struct model *m, const struct model_mesh *mm, char *err, s
 
 	m->mesh = mm->mesh;
 	m->device = mm->device;
+	m->pipe_stages = mm->pipe_stages;
+	m->pipe_repeats = mm->pipe_repeats;
 	mesh_coords(mm->mesh, mm->device, m->coord);
 	if ((rc = plan_tensors(m, mm, &a, err, errlen)) || (rc = plan_experts(m, mm, &a, err, errlen)) ||
 	    (rc = plan_slices(m, &a, err, errlen)) || (rc = plan_linears(m, &a, err, errlen)) ||
@@ -678,7 +712,7 @@ void model_init(struct model *m, uint64_t seed, float std)
 		} else {
 			uint64_t key = mix64(seed ^ name_hash(p->name));
 			for (size_t i = 0; i < p->numel; i++)
-				w[i] = std * normal_at(key, param_global_index(p, i));
+				w[i] = std * normal_at(key, param_global_index(m, p, i));
 		}
 	}
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "host/train/data.h"
+#include "host/pipeline/pipe_config.h"
 #include "host/mesh/plan.h"
 #include "host/util/clock.h"
 #include "kernels/kernels.h"
@@ -45,6 +46,7 @@ struct trainer {
 	bool muon;
 	struct mesh_members tg[MAX_TGROUPS];   /* groups that gather split tensors */
 	int ntg;
+	struct pipe_exec *px;        /* a pipeline over `stage`, else NULL */
 	/* checkpoints: the whole model's table and buffers */
 	struct model *gmodel;
 	float *gp, *gm, *gv;
@@ -54,6 +56,7 @@ struct model *trainer_model(struct trainer *t) { return t->model; }
 struct dataset *trainer_data(struct trainer *t) { return t->data; }
 int trainer_rows(const struct trainer *t) { return t->rows; }
 const struct cfg *trainer_cfg(const struct trainer *t) { return &t->cfg; }
+struct pipe_exec *trainer_pipe(struct trainer *t) { return t->px; }
 
 /* The part of parameter p inside layout floats [a, b): [*x, *y), empty
  * when *x >= *y. */
@@ -125,6 +128,71 @@ int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
 	return -EINVAL;
 }
 
+/* What a pipeline over `stage` trains with today: data (ZeRO-1 too),
+ * tensor and FSDP (one repeat, weights gathered per iteration) beside it,
+ * every decoder layer of a dense model in it. Anything else is refused,
+ * naming its keys. */
+static int pipe_supported(const struct cfg *c, const struct model_dims *d, const struct pipe_config *pc,
+			  int rows, char *err, size_t errlen)
+{
+	static const int other[] = { AX_TENSOR_T, AX_EXPERT, AX_SEQUENCE, AX_CONTEXT };
+	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
+		int a = other[i];
+		if (c->ici[a] * c->dcn[a] == 1)
+			continue;
+		snprintf(err, errlen, "config: pipeline parallelism (stage) trains beside data, fsdp, "
+			 "fsdp_transpose and tensor parallelism only; ici_/dcn_%s_parallelism=%d is not "
+			 "supported with it yet",
+			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
+		return -EINVAL;
+	}
+	int fsdp = c->ici[AX_FSDP] * c->dcn[AX_FSDP] * c->ici[AX_FSDP_T] * c->dcn[AX_FSDP_T];
+	if (fsdp > 1 && pc->shape.repeats > 1) {
+		snprintf(err, errlen, "config: pipeline repeats (num_pipeline_repeats=%d) with FSDP "
+			 "(fsdp x fsdp_transpose = %d) are not supported yet; use one repeat "
+			 "(num_layers_per_pipeline_stage = layers / stages)", pc->shape.repeats, fsdp);
+		return -EINVAL;
+	}
+	if (d->L_moe || pc->layers_before || pc->layers_after) {
+		snprintf(err, errlen, "config: pipeline parallelism needs every decoder layer in the "
+			 "pipeline of a dense model; pipeline_parallel_layers < layers and MoE models "
+			 "(num_experts > 1) are not supported with it yet");
+		return -EINVAL;
+	}
+	if (rows % pc->shape.microbatches) {
+		snprintf(err, errlen, "config: a stage group's %d rows do not split into "
+			 "num_pipeline_microbatches=%d microbatches", rows, pc->shape.microbatches);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* The model for one microbatch of rows and the executor of this stage. */
+static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_dims *d,
+		     const struct model_mesh *mm, char *err, size_t errlen)
+{
+	struct pipe_config pc;
+	int coord[AX_COUNT], S, rc, dev[MESH_MAX_DEVICES];
+	if ((rc = pipe_config_resolve(&pc, c, d, err, errlen)) ||
+	    (rc = pipe_supported(c, d, &pc, t->rows, err, errlen)))
+		return rc;
+	int mb = t->rows / pc.shape.microbatches;
+	struct model_mesh pm = *mm;
+	pm.pipe_stages = pc.shape.stages;
+	pm.pipe_repeats = pc.shape.repeats;
+	t->model = model_new(d, mb, &pm, err, errlen);
+	if (!t->model)
+		return -EINVAL;
+	mesh_coords(t->mesh, t->device, coord);
+	S = t->mesh->size[AX_STAGE];
+	int stage = coord[AX_STAGE];
+	for (int s = 0; s < S; s++) {
+		coord[AX_STAGE] = s;
+		dev[s] = mesh_device(t->mesh, coord);
+	}
+	return pipe_exec_new(&t->px, &pc.shape, stage, pc.first_layer, dev, t->model, mb, err, errlen);
+}
+
 int trainer_open(struct trainer **out, const struct cfg *c, int rows, const struct model_mesh *mm,
 		 char *err, size_t errlen)
 {
@@ -171,8 +239,10 @@ int trainer_open(struct trainer **out, const struct cfg *c, int rows, const stru
 		goto fail;
 	}
 	/* the model refuses shapes and shardings it cannot make */
-	t->model = model_new(&d, rows, mm, err, errlen);
-	if (!t->model) {
+	if (t->mesh && t->mesh->size[AX_STAGE] > 1) {
+		if ((rc = pipe_open(t, c, &d, mm, err, errlen)))
+			goto fail;
+	} else if (!(t->model = model_new(&d, rows, mm, err, errlen))) {
 		rc = -EINVAL;
 		goto fail;
 	}
@@ -218,6 +288,7 @@ void trainer_free(struct trainer *t)
 {
 	if (!t)
 		return;
+	pipe_exec_free(t->px);
 	model_free(t->model);
 	if (t->data)
 		data_close(t->data);
@@ -357,6 +428,23 @@ static double grad_sumsq(struct trainer *t, const float *g, size_t a, size_t b, 
 	return ss;
 }
 
+/* The pipelined forward and backward; then the gradients of what runs
+ * data-parallel over `stage` (every tensor not split over it: embedding,
+ * head, final norm) are summed over it. */
+static int pipe_step(struct trainer *t, const struct train_comm *comm, struct model_step *ms)
+{
+	struct model *m = t->model;
+	float *G = model_grads(m);
+	const uint32_t stage = 1u << AX_STAGE;
+	int rc = pipe_exec_step(t->px, t->inputs, t->targets, ms, &comm->p2p);
+	for (int i = 0; !rc && i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		if (!(p->split & stage))
+			rc = comm->mc.all_reduce(comm->mc.ctx, stage, G + p->offset, p->numel);
+	}
+	return rc;
+}
+
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		 const struct train_comm *comm, struct step_stats *st, char *err, size_t errlen)
 {
@@ -379,12 +467,16 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		.comm = comm ? &comm->mc : NULL,
 	};
 	st->t_fb0 = util_now_s();
-	rc = model_forward_backward(m, t->inputs, t->targets, &ms);
+	if (t->px)
+		rc = pipe_step(t, comm, &ms);
+	else
+		rc = model_forward_backward(m, t->inputs, t->targets, &ms);
 	st->t_fb1 = util_now_s();
 	if (rc)
 		goto comm_failed;
 	double scal[2] = { ms.loss_sum, ms.aux };
-	if (comm && (rc = comm->sum(ctx, model_rows_axes(m), scal, 2)))
+	uint32_t loss_axes = model_rows_axes(m) | (t->px ? 1u << AX_STAGE : 0);
+	if (comm && (rc = comm->sum(ctx, loss_axes, scal, 2)))
 		goto comm_failed;
 
 	/* gradients: each bucket summed over its axes; ZeRO-1 buckets
@@ -536,6 +628,33 @@ static void layout_to_state(struct trainer *t, float *st, const float *loc)
 	}
 }
 
+/* The whole stacked tensors of buf (the checkpoint's layout) from the
+ * model's storage order to layer order (to_layers) or back: a pipeline
+ * with repeats stores its layers in stage order (model_stack_layer). */
+static int reorder_layers(struct trainer *t, float *buf, bool to_layers)
+{
+	struct model *m = t->model;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		const struct param_info *gpi = model_param_by_name(t->gmodel, p->name);
+		int n = p->global_shape[0];
+		if (!p->stacked || model_stack_layer(m, 1, n) == 1)
+			continue;
+		size_t per = gpi->numel / (size_t)n;
+		float *w = buf + gpi->offset, *tmp = malloc(sizeof(float) * gpi->numel);
+		if (!tmp)
+			return -ENOMEM;
+		for (int q = 0; q < n; q++) {
+			size_t l = (size_t)model_stack_layer(m, q, n);
+			memcpy(tmp + (to_layers ? l : (size_t)q) * per, w + (to_layers ? (size_t)q : l) * per,
+			       per * sizeof(float));
+		}
+		memcpy(w, tmp, sizeof(float) * gpi->numel);
+		free(tmp);
+	}
+	return 0;
+}
+
 int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen)
 {
 	struct model *m = t->model;
@@ -587,7 +706,12 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 	}
 	free(loc);
 	free(recv);
-	if (rc && comm->err != err)
+	for (int b = 0; b < 3 && !rc; b++)
+		if (reorder_layers(t, dst[b], true))
+			rc = -ENOMEM;
+	if (rc == -ENOMEM)
+		snprintf(err, errlen, "train: out of memory");
+	else if (rc && comm->err != err)
 		snprintf(err, errlen, "%s", comm->err[0] ? comm->err : "train: out of memory");
 	return rc;
 }
@@ -604,6 +728,12 @@ int trainer_ckpt_scatter(struct trainer *t, char *err, size_t errlen)
 		return -ENOMEM;
 	}
 	float *src[3] = { t->gp, t->gm, t->gv };
+	for (int b = 0; b < 3; b++)
+		if (reorder_layers(t, src[b], false)) {
+			free(loc);
+			snprintf(err, errlen, "train: out of memory");
+			return -ENOMEM;
+		}
 	for (int b = 0; b < 3; b++) {
 		float *out = b == 0 ? model_params(m) : loc;
 		for (int i = 0; i < model_num_params(m); i++) {
@@ -616,5 +746,10 @@ int trainer_ckpt_scatter(struct trainer *t, char *err, size_t errlen)
 			layout_to_state(t, b == 1 ? t->m : t->v, loc);
 	}
 	free(loc);
+	for (int b = 0; b < 3; b++)  /* the whole tensors stay in layer order */
+		if (reorder_layers(t, src[b], true)) {
+			snprintf(err, errlen, "train: out of memory");
+			return -ENOMEM;
+		}
 	return 0;
 }

@@ -13,6 +13,7 @@
 #include "host/ckpt/ckpt.h"
 #include "host/config/config.h"
 #include "host/model/model.h"
+#include "host/pipeline/exec.h"
 
 struct trainer;
 
@@ -32,6 +33,8 @@ struct step_stats {
 struct train_comm {
 	struct model_comm mc;
 	int (*sum)(void *ctx, uint32_t axes, double *x, int n);
+	/* point-to-point messages (a pipeline over `stage`); unused otherwise */
+	struct pipe_p2p p2p;
 	char *err;               /* where the collectives write their errors */
 	size_t errlen;
 };
@@ -77,6 +80,8 @@ float *trainer_ckpt_m(struct trainer *t);
 float *trainer_ckpt_v(struct trainer *t);
 
 const struct cfg *trainer_cfg(const struct trainer *t);
+/* The pipeline executor when the mesh has stages, else NULL. */
+struct pipe_exec *trainer_pipe(struct trainer *t);
 struct dataset *trainer_data(struct trainer *t);
 
 #endif

@@ -24,6 +24,7 @@
 #include "host/obs/trace.h"
 #include "host/util/clock.h"
 #include "net/coll.h"
+#include "proto/meshrun.pb-c.h"
 
 /* A collective group by axis set, made on first use. */
 struct axes_group {
@@ -50,6 +51,10 @@ struct job_ctx {
 	/* host-level faults (kill, stop): asked by the host's first device */
 	const struct fault_plan *faults;
 	int host;
+	int64_t step;
+	struct trainer *t;
+	struct xreq **sends;        /* point-to-point sends not yet waited */
+	int nsends, capsends;
 };
 
 /* Runs a collective call, recording its span and the time spent in it. */
@@ -221,17 +226,89 @@ static int job_sum(void *vctx, uint32_t axes, double *x, int n)
 	return rc ? -EHOSTDOWN : 0;
 }
 
+/* Point-to-point messages of a pipeline: their own group id (above any
+ * mesh group's, which are axis masks), the step and kind in the sequence
+ * number, the index as the chunk. */
+#define P2P_GROUP 0xfff0u
+
+static struct xmeta p2p_meta(const struct job_ctx *c, uint32_t kind, uint32_t idx)
+{
+	return (struct xmeta){ .op = MESHRUN__COLL_OP__COLL_P2P, .group = P2P_GROUP,
+			       .seq = ((uint64_t)c->step << 3) | (kind & 7), .step = (uint64_t)c->step,
+			       .chunk = idx & 0xffff };
+}
+
+static int job_p2p_send(void *vctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes)
+{
+	struct job_ctx *c = vctx;
+	struct xmeta m = p2p_meta(c, kind, idx);
+	struct xreq *r;
+	if (c->nsends == c->capsends) {
+		int cap = c->capsends ? 2 * c->capsends : 64;
+		struct xreq **n = realloc(c->sends, sizeof(*n) * (size_t)cap);
+		if (!n) {
+			snprintf(c->err, c->errlen, "train: out of memory");
+			return -ENOMEM;
+		}
+		c->sends = n;
+		c->capsends = cap;
+	}
+	int rc = xport_isend(c->xport, c->device, dev, &m, buf, bytes, &r);
+	if (rc) {
+		xport_failed(c->xport, c->err, c->errlen);
+		return rc == -ENOMEM ? rc : -EHOSTDOWN;
+	}
+	c->sends[c->nsends++] = r;
+	return 0;
+}
+
+static int job_p2p_recv(void *vctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes)
+{
+	struct job_ctx *c = vctx;
+	struct xmeta m = p2p_meta(c, kind, idx);
+	struct xreq *r;
+	double t0 = util_now_s();
+	int rc = xport_irecv(c->xport, dev, c->device, &m, buf, bytes, &r);
+	if (!rc)
+		rc = xport_wait(r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
+	else
+		xport_failed(c->xport, c->err, c->errlen);
+	double t1 = util_now_s();
+	c->waited_s += t1 - t0;
+	char name[24];
+	snprintf(name, sizeof(name), "stage recv %s %u", kind == 2 ? "act" : kind == 5 ? "grad" : "io", idx);
+	trace_span(c->tr, name, "comm", t0, t1);
+	return rc ? (rc == -ENOMEM ? rc : -EHOSTDOWN) : 0;
+}
+
+static int job_p2p_flush(void *vctx)
+{
+	struct job_ctx *c = vctx;
+	int rc = 0;
+	double t0 = util_now_s();
+	for (int i = 0; i < c->nsends; i++) {
+		int r = xport_wait(c->sends[i], xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
+				   rc ? NULL : c->err, rc ? 0 : c->errlen);
+		if (r && !rc)
+			rc = -EHOSTDOWN;
+	}
+	c->nsends = 0;
+	c->waited_s += util_now_s() - t0;
+	trace_span(c->tr, "stage send wait", "comm", t0, util_now_s());
+	return rc;
+}
+
 /* Sharded training runs every axis but these; they are refused until
  * something stands behind them. */
 static int check_mesh(const struct cfg *c, char *err, size_t errlen)
 {
-	static const int later[] = { AX_STAGE, AX_SEQUENCE, AX_CONTEXT };
+	static const int later[] = { AX_SEQUENCE, AX_CONTEXT };
 	for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
 		int a = later[i];
 		if (c->ici[a] * c->dcn[a] == 1)
 			continue;
 		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
-			 "along it is not implemented yet; today data, fsdp, fsdp_transpose, "
+			 "along it is not implemented yet; today data, stage, fsdp, fsdp_transpose, "
 			 "tensor, tensor_transpose and expert parallelism train",
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
 		return -EINVAL;
@@ -305,6 +382,7 @@ static void job_step_begin(void *vctx, int64_t step)
 	struct job_ctx *c = vctx;
 	host_fault(c, step);
 	coll_set_step(c->coll, (uint64_t)step);
+	c->step = step;
 	if (c->tr)
 		c->tr->step = step;
 }
@@ -313,6 +391,15 @@ static void job_step_end(void *vctx, const struct step_stats *st, double t0, dou
 {
 	struct job_ctx *c = vctx;
 	trace_span(c->tr, "forward+backward", "compute", st->t_fb0, st->t_fb1);
+	struct pipe_exec *px = c->t ? trainer_pipe(c->t) : NULL;
+	int n = 0;
+	const struct pipe_slot_time *pt = px && c->tr ? pipe_exec_times(px, &n) : NULL;
+	for (int i = 0; i < n; i++) {
+		char name[24];
+		snprintf(name, sizeof(name), "%s i%d r%d mb%d", pt[i].pass == PIPE_PASS_FWD ? "fwd" : "bwd",
+			 pt[i].iter, pt[i].repeat, pt[i].mb);
+		trace_span(c->tr, name, "pipeline", pt[i].t0, pt[i].t1);
+	}
 	trace_span(c->tr, "optimizer", "compute", st->t_opt0, st->t_opt1);
 	trace_span(c->tr, "step", "step", t0, t1);
 }
@@ -422,6 +509,10 @@ int train_job(struct device_ctx *dev)
 	int B = global_rows / rg->n, row0 = rg->rank * B;
 	if ((ret = trainer_open(&t, c, B, &mm, err, errlen)))
 		goto out;
+	jc.t = t;
+	/* test hook: an idle pipeline slot that read its buffers would see NaN */
+	if (trainer_pipe(t) && getenv("MESHRUN_TEST_PIPE_POISON"))
+		pipe_exec_poison(trainer_pipe(t), 1);
 	/* every device starts from the same weights (init is a function of each
 	 * element's global index); on resume, from device 0's checkpoint */
 	if (o->resume && (ret = resume(t, &jc, &all, leader, o->ckpt_dir, &start, err, errlen)))
@@ -435,6 +526,7 @@ int train_job(struct device_ctx *dev)
 			.start_all_gather = job_start_all_gather,
 			.start_reduce_scatter = job_start_reduce_scatter, .wait = job_wait, .ctx = &jc },
 		.sum = job_sum, .err = err, .errlen = errlen,
+		.p2p = { .send = job_p2p_send, .recv = job_p2p_recv, .flush = job_p2p_flush, .ctx = &jc },
 	};
 	if (o->trace) {
 		jc.tr = malloc(sizeof(*jc.tr));
@@ -474,6 +566,7 @@ out:
 	for (int i = 0; i < jc.ngrp; i++)
 		free(jc.grp[i].mg);
 	free(jc.tr);
+	free(jc.sends);
 	free(rules);
 	return ret;
 }

@@ -1,0 +1,368 @@
+/* See host/pipeline/exec.h. Buffers, each one microbatch of activations
+ * (mb x T x C floats): in[m] the embedded microbatch m (made by its owner,
+ * taken by stage 0); saved[r][m] the stage input of slot (r, m), kept for
+ * the backward; out[r][m] its output (kept until the send completes);
+ * g[r][m] the gradient of its output, then of its input; y[m], dy[m],
+ * din[m] the owner's copies of the pipeline's output, its gradient and
+ * the gradient of the embedding. */
+#include "host/pipeline/exec.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/model/window.h"
+#include "host/util/clock.h"
+
+/* Message kinds (exec.h's (kind, idx)). */
+enum { MSG_IN = 1, MSG_ACT, MSG_OUT, MSG_DOUT, MSG_GRAD, MSG_DIN };
+
+struct pipe_exec {
+	struct pipe_schedule sch;
+	struct pipe_shape sh;
+	int stage, first_layer;
+	int *stage_dev;
+	struct model *m;
+	size_t nf;                   /* floats of one microbatch's activations */
+	int ntok;                    /* tokens of one microbatch */
+	float *mem;                  /* every buffer below */
+	float **in, **saved, **out, **g, **y, **dy, **din, *tmp;
+	size_t mem_n;
+	int poison;
+	struct pipe_slot_time *times;
+	int ntimes;
+};
+
+static int owner(const struct pipe_exec *x, int mb) { return mb % x->sh.stages; }
+
+/* Window slots (host/model/window.h): the non-layer tensors in 0, the
+ * table's weight slot k in 1 + k. Without FSDP axes the window holds no
+ * tensor and these move nothing. */
+#define WSLOT_NONLAYER 0
+#define WSLOT(k) (1 + (k))
+
+/* Whether the model stores layer l of stacked tensor p on this device. */
+static bool holds(const struct pipe_exec *x, const struct param_info *p, int l)
+{
+	for (int q = p->goff[0]; q < p->goff[0] + p->shape[0]; q++)
+		if (model_stack_layer(x->m, q, p->global_shape[0]) == l)
+			return true;
+	return false;
+}
+
+/* Checks that the model holds (in its own storage) the layers of every
+ * repeat of this stage. */
+static int check_layers(const struct pipe_exec *x, char *err, size_t errlen)
+{
+	for (int i = 0; i < model_num_params(x->m); i++) {
+		const struct param_info *p = model_param(x->m, i);
+		for (int r = 0; p->stacked && r < x->sh.repeats; r++) {
+			for (int j = 0; j < x->sh.layers_per_stage; j++) {
+				int l = x->first_layer + pipe_layer(&x->sh, r, x->stage, j);
+				if (holds(x, p, l))
+					continue;
+				snprintf(err, errlen, "config: pipeline stage %d runs layer %d, which "
+					 "'%s' does not store on it (logical_axis_rules must split "
+					 "'layers' over stage alone)", x->stage, l, p->name);
+				return -EINVAL;
+			}
+		}
+	}
+	return 0;
+}
+
+/* The buffers, sized for tok tokens of width C per microbatch. */
+static int alloc_bufs(struct pipe_exec *x, int tok, int C)
+{
+	int M = x->sh.microbatches, RM = x->sh.repeats * M;
+	size_t nbuf = (size_t)4 * M + 3 * (size_t)RM + 1;
+	x->ntok = tok;
+	x->nf = (size_t)tok * C;
+	x->mem_n = nbuf * x->nf;
+	x->mem = malloc(sizeof(float) * x->mem_n);
+	float **p = malloc(sizeof(float *) * (4 * (size_t)M + 3 * (size_t)RM));
+	x->in = p;
+	if (!x->mem || !p)
+		return -ENOMEM;
+	x->y = p + M;
+	x->dy = p + 2 * M;
+	x->din = p + 3 * M;
+	x->saved = p + 4 * M;
+	x->out = x->saved + RM;
+	x->g = x->out + RM;
+	for (size_t i = 0; i < nbuf - 1; i++)
+		p[i] = x->mem + i * x->nf;
+	x->tmp = x->mem + (nbuf - 1) * x->nf;
+	memset(x->mem, 0, sizeof(float) * x->mem_n);
+	return 0;
+}
+
+int pipe_exec_new(struct pipe_exec **out, const struct pipe_shape *sh, int stage, int first_layer,
+		  const int *stage_dev, struct model *m, int mb_rows, char *err, size_t errlen)
+{
+	const struct model_dims *d = model_dims(m);
+	struct pipe_exec *x = calloc(1, sizeof(*x));
+	int rc, S = sh->stages, M = sh->microbatches, RM = sh->repeats * M;
+	*out = NULL;
+	if (!x)
+		goto oom;
+	x->sh = *sh;
+	x->stage = stage;
+	x->first_layer = first_layer;
+	x->m = m;
+	if (sh->wmode != PIPE_W_ITER) {
+		snprintf(err, errlen, "config: pipeline_fsdp_ag_once and pipeline_fsdp_ag_per_repeat "
+			 "are not supported yet by the pipeline executor");
+		rc = -EINVAL;
+		goto fail;
+	}
+	if ((rc = pipe_schedule_circular(&x->sch, sh, err, errlen)) || (rc = check_layers(x, err, errlen)))
+		goto fail;
+	x->stage_dev = malloc(sizeof(int) * (size_t)S);
+	x->times = malloc(sizeof(*x->times) * (size_t)(2 * RM));
+	if (!x->stage_dev || !x->times || alloc_bufs(x, mb_rows * d->T, d->C))
+		goto oom;
+	memcpy(x->stage_dev, stage_dev, sizeof(int) * (size_t)S);
+	*out = x;
+	return 0;
+oom:
+	snprintf(err, errlen, "pipeline: out of memory");
+	rc = -ENOMEM;
+fail:
+	pipe_exec_free(x);
+	return rc;
+}
+
+void pipe_exec_free(struct pipe_exec *x)
+{
+	if (!x)
+		return;
+	pipe_schedule_release(&x->sch);
+	free(x->stage_dev);
+	free(x->times);
+	free(x->mem);
+	free(x->in);
+	free(x);
+}
+
+void pipe_exec_poison(struct pipe_exec *x, int on) { x->poison = on; }
+
+const struct pipe_slot_time *pipe_exec_times(const struct pipe_exec *x, int *n)
+{
+	*n = x->ntimes;
+	return x->times;
+}
+
+/* A transfer to or from stage `to` (a device of this group), or a copy
+ * when that is this device. */
+static int xfer_send(struct pipe_exec *x, const struct pipe_p2p *io, int to, int kind, int idx,
+		     const float *buf, float *self_dst)
+{
+	if (to == x->stage) {
+		if (self_dst != buf)
+			memcpy(self_dst, buf, sizeof(float) * x->nf);
+		return 0;
+	}
+	return io->send(io->ctx, x->stage_dev[to], (uint32_t)kind, (uint32_t)idx, buf,
+			sizeof(float) * x->nf);
+}
+
+static int xfer_recv(struct pipe_exec *x, const struct pipe_p2p *io, int from, int kind, int idx, float *buf)
+{
+	if (from == x->stage)
+		return 0;  /* xfer_send copied it */
+	return io->recv(io->ctx, x->stage_dev[from], (uint32_t)kind, (uint32_t)idx, buf,
+			sizeof(float) * x->nf);
+}
+
+static int slot_of(const struct pipe_exec *x, const struct pipe_entry *e)
+{
+	return e->repeat * x->sh.microbatches + e->mb;
+}
+
+static void layer_range(const struct pipe_exec *x, int repeat, int *l0, int *l1)
+{
+	*l0 = x->first_layer + pipe_layer(&x->sh, repeat, x->stage, 0);
+	*l1 = *l0 + x->sh.layers_per_stage;
+}
+
+static void stamp(struct pipe_exec *x, const struct pipe_entry *e, double t0)
+{
+	x->times[x->ntimes++] = (struct pipe_slot_time){ .iter = e->iter, .mb = e->mb, .repeat = e->repeat,
+							 .pass = e->pass, .t0 = t0, .t1 = util_now_s() };
+}
+
+/* A weight entry (either pass); 0 or the step's error. */
+static int run_weights(struct pipe_exec *x, const struct pipe_entry *e)
+{
+	struct win *w = model_window(x->m);
+	int l0, l1;
+	switch (e->op) {
+	case PIPE_GATHER:
+		layer_range(x, e->repeat, &l0, &l1);
+		return win_gather_start(w, WSLOT(e->slot), l0, l1);
+	case PIPE_RELEASE:
+		win_release(w, WSLOT(e->slot));
+		return 0;
+	case PIPE_REDUCE_SCATTER:
+		/* the gradients of the slot that just ran its backward */
+		return win_scatter_start(w, WSLOT(e->slot));
+	default:
+		return 0;
+	}
+}
+
+/* One forward-pass entry of this stage. */
+static int run_fwd(struct pipe_exec *x, const struct pipe_entry *e, const struct pipe_p2p *io)
+{
+	int k = slot_of(x, e), l0, l1, rc = 0;
+	double t0;
+	switch (e->op) {
+	case PIPE_TAKE_INPUT:
+		rc = xfer_recv(x, io, owner(x, e->mb), MSG_IN, e->mb, x->in[e->mb]);
+		memcpy(x->saved[k], x->in[e->mb], sizeof(float) * x->nf);
+		break;
+	case PIPE_RECV:
+		rc = xfer_recv(x, io, e->peer, MSG_ACT, e->peer_iter, x->saved[k]);
+		break;
+	case PIPE_FORWARD:
+		layer_range(x, e->repeat, &l0, &l1);
+		t0 = util_now_s();
+		if (!(rc = win_wait(model_window(x->m), WSLOT(e->slot))))
+			rc = model_layers_forward(x->m, l0, l1, x->out[k], x->saved[k]);
+		stamp(x, e, t0);
+		break;
+	case PIPE_SEND:
+		rc = xfer_send(x, io, e->peer, MSG_ACT, e->iter, x->out[k], NULL);
+		break;
+	case PIPE_GIVE_OUTPUT:
+		rc = xfer_send(x, io, owner(x, e->mb), MSG_OUT, e->mb, x->out[k], x->y[e->mb]);
+		break;
+	default:
+		break;
+	}
+	return rc;
+}
+
+/* One backward-pass entry of this stage. */
+static int run_bwd(struct pipe_exec *x, const struct pipe_entry *e, const struct pipe_p2p *io)
+{
+	int k = slot_of(x, e), l0, l1, rc = 0;
+	double t0;
+	switch (e->op) {
+	case PIPE_TAKE_DOUT:
+		if ((rc = xfer_recv(x, io, owner(x, e->mb), MSG_DOUT, e->mb, x->dy[e->mb])))
+			break;
+		memcpy(x->g[k], x->dy[e->mb], sizeof(float) * x->nf);
+		break;
+	case PIPE_RECV_GRAD:
+		rc = xfer_recv(x, io, e->peer, MSG_GRAD, e->peer_iter, x->g[k]);
+		break;
+	case PIPE_BACKWARD:
+		layer_range(x, e->repeat, &l0, &l1);
+		t0 = util_now_s();
+		/* recompute the slot's forward from its saved input, then back;
+		 * its weight gradients are reduce-scattered by the entry after */
+		if (!(rc = win_wait(model_window(x->m), WSLOT(e->slot)))) {
+			win_zero_grads(model_window(x->m), WSLOT(e->slot));
+			rc = model_layers_forward(x->m, l0, l1, x->tmp, x->saved[k]);
+		}
+		if (!rc)
+			rc = model_layers_backward(x->m, l0, l1, x->g[k], x->saved[k]);
+		stamp(x, e, t0);
+		break;
+	case PIPE_SEND_GRAD:
+		rc = xfer_send(x, io, e->peer, MSG_GRAD, e->iter, x->g[k], NULL);
+		break;
+	case PIPE_GIVE_DIN:
+		rc = xfer_send(x, io, owner(x, e->mb), MSG_DIN, e->mb, x->g[k], x->din[e->mb]);
+		break;
+	default:
+		break;
+	}
+	return rc;
+}
+
+/* The owner's part: embed its microbatches and send them to stage 0. */
+static int embed_all(struct pipe_exec *x, const int32_t *inputs, const struct pipe_p2p *io)
+{
+	int rc = 0;
+	for (int mb = x->stage; mb < x->sh.microbatches && !rc; mb += x->sh.stages) {
+		if (!(rc = model_embed_forward(x->m, x->in[mb], inputs + (size_t)mb * x->ntok)))
+			rc = xfer_send(x, io, 0, MSG_IN, mb, x->in[mb], x->in[mb]);
+	}
+	return rc;
+}
+
+/* The owner's part after the forward pass: loss and its gradient for
+ * each of its microbatches, the gradient sent to stage S-1. */
+static int head_all(struct pipe_exec *x, const int32_t *targets, const struct pipe_p2p *io,
+		    double *loss)
+{
+	int rc = 0, last = x->sh.stages - 1;
+	*loss = 0;
+	for (int mb = x->stage; mb < x->sh.microbatches && !rc; mb += x->sh.stages) {
+		double l = 0;
+		const int32_t *tg = targets + (size_t)mb * x->ntok;
+		if ((rc = xfer_recv(x, io, last, MSG_OUT, mb, x->y[mb])) ||
+		    (rc = model_head_forward(x->m, &l, x->y[mb], tg)) ||
+		    (rc = model_head_backward(x->m, x->dy[mb], x->y[mb], tg)))
+			break;
+		*loss += l;
+		rc = xfer_send(x, io, last, MSG_DOUT, mb, x->dy[mb], x->dy[mb]);
+	}
+	return rc;
+}
+
+static int embed_back_all(struct pipe_exec *x, const int32_t *inputs, const struct pipe_p2p *io)
+{
+	int rc = 0;
+	for (int mb = x->stage; mb < x->sh.microbatches && !rc; mb += x->sh.stages) {
+		if (!(rc = xfer_recv(x, io, 0, MSG_DIN, mb, x->din[mb])))
+			rc = model_embed_backward(x->m, x->din[mb], inputs + (size_t)mb * x->ntok);
+	}
+	return rc;
+}
+
+int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *targets,
+		   struct model_step *st, const struct pipe_p2p *io)
+{
+	int rc;
+	if (x->poison)
+		for (size_t i = 0; i < x->mem_n; i++)
+			x->mem[i] = NAN;
+	x->ntimes = 0;
+	model_step_begin(x->m, st);
+	/* the non-layer tensors stay gathered for the whole step */
+	struct win *w = model_window(x->m);
+	if (!(rc = win_gather_start(w, WSLOT_NONLAYER, WIN_NONLAYER, 0)) &&
+	    !(rc = win_wait(w, WSLOT_NONLAYER))) {
+		win_zero_grads(w, WSLOT_NONLAYER);
+		rc = embed_all(x, inputs, io);
+	}
+	for (int pass = PIPE_PASS_FWD; pass <= PIPE_PASS_BWD && !rc; pass++) {
+		if (pass == PIPE_PASS_BWD)
+			rc = head_all(x, targets, io, &st->loss_sum);
+		for (int i = 0; i < x->sch.n && !rc; i++) {
+			const struct pipe_entry *e = &x->sch.e[i];
+			if (e->stage != x->stage || (int)e->pass != pass)
+				continue;
+			if (e->op == PIPE_GATHER || e->op == PIPE_RELEASE || e->op == PIPE_REDUCE_SCATTER)
+				rc = run_weights(x, e);
+			else
+				rc = pass == PIPE_PASS_FWD ? run_fwd(x, e, io) : run_bwd(x, e, io);
+		}
+	}
+	if (!rc)
+		rc = embed_back_all(x, inputs, io);
+	if (!rc && !(rc = win_scatter_start(w, WSLOT_NONLAYER)))
+		rc = win_scatter_finish(w);
+	if (!rc)
+		win_release(w, WSLOT_NONLAYER);
+	int frc = io->flush(io->ctx);
+	int erc = model_step_end(x->m);
+	return rc ? rc : frc ? frc : erc;
+}

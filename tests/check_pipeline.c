@@ -1,0 +1,379 @@
+/* Pipeline parallelism over `stage` across real agents on loopback: every
+ * supported shape (stages, microbatches, repeats, delay, layers per
+ * stage, stages across hosts, beside data, tensor and FSDP parallelism
+ * and ZeRO-1) gives the
+ * single-device losses of the same global batch, bit-identically run to
+ * run; idle slots read nothing (their buffers poisoned with NaN change
+ * nothing); checkpoints of a pipeline with repeats hold layer order; the
+ * trace shows each stage's slots; what is not supported is refused. */
+#include <cJSON.h>
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *bin(void)
+{
+	const char *b = getenv("MESHRUN");
+	return b ? b : "./build/meshrun";
+}
+
+static char tmpdir[64];
+
+static void setup(void)
+{
+	strcpy(tmpdir, "/tmp/meshrun-train-XXXXXX");
+	ck_assert(mkdtemp(tmpdir));
+}
+
+static void teardown(void)
+{
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+	if (system(cmd)) {
+	}
+}
+
+/* Runs a meshrun command line (under timeout, output to tmpdir/log);
+ * returns its exit status. */
+static int run_env(const char *env, const char *args)
+{
+	char cmd[2048];
+	snprintf(cmd, sizeof(cmd), "%s timeout -k 5 120 %s %s > %s/log 2>&1", env, bin(), args, tmpdir);
+	int st = system(cmd);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static int run(const char *args) { return run_env("", args); }
+
+static char *slurp(const char *name)
+{
+	char path[256];
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return strdup("");
+	static char buf[1 << 20];
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = 0;
+	fclose(f);
+	return strdup(buf);
+}
+
+/* Reads the losses (exact, from loss_hex) of a metrics file. */
+static int losses(const char *name, double *out, int max)
+{
+	char path[256], line[4096];
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+	FILE *f = fopen(path, "r");
+	int n = 0;
+	if (!f)
+		return 0;
+	while (n < max && fgets(line, sizeof(line), f)) {
+		char *p = strstr(line, "\"loss_hex\":\"");
+		ck_assert_msg(p, "metrics line without loss_hex: %s", line);
+		out[n++] = strtod(p + 12, NULL);
+	}
+	fclose(f);
+	return n;
+}
+
+static void show_log_on_failure(int rc, int want)
+{
+	if (rc != want) {
+		char *log = slurp("log");
+		fprintf(stderr, "%s\n", log);
+		free(log);
+	}
+	ck_assert_int_eq(rc, want);
+}
+
+/* Tolerance: a sharded run sums gradients and partial products in another
+ * order (per-device partial sums, then a ring all-reduce; a vocabulary
+ * split sums its softmax per part) than one device does, so float32
+ * rounding differs at ~1e-7 relative per step and grows slowly through
+ * training; in an MoE model a near-tie in the router can then send a token
+ * to another expert, which moves the loss by ~1e-6 (measured: worst 3e-6,
+ * tensor-parallel deepseek-tiny). 1e-4 relative over 10 steps leaves a
+ * wide margin over that and is far below any real bug (a wrong row or a
+ * missing gradient changes step 1's loss by > 1e-2). */
+#define REL_TOL 1e-4
+
+/* 10 steps of `preset` on hosts x dph devices (global batch 8) against one
+ * device with per_device_batch_size=8; twice, to check determinism. */
+/* Single-device losses of (preset, opt), computed once per process: the
+ * check_train process runs the suite without forking (see main). */
+static struct {
+	char key[256];
+	double loss[10];
+} cache[8];
+static int ncache;
+
+static void single_losses(const char *preset, const char *opt, double *out)
+{
+	char key[256], args[1024];
+	snprintf(key, sizeof(key), "%s %s", preset, opt);
+	for (int i = 0; i < ncache; i++)
+		if (!strcmp(cache[i].key, key)) {
+			memcpy(out, cache[i].loss, sizeof(cache[i].loss));
+			return;
+		}
+	snprintf(args, sizeof(args), "train --config %s steps=10 per_device_batch_size=8 %s --metrics %s/one.jsonl",
+		 preset, opt, tmpdir);
+	show_log_on_failure(run(args), 0);
+	ck_assert_int_eq(losses("one.jsonl", out, 10), 10);
+	if (ncache < 8) {
+		snprintf(cache[ncache].key, sizeof(cache[ncache].key), "%s", key);
+		memcpy(cache[ncache++].loss, out, sizeof(cache[0].loss));
+	}
+}
+
+static const char *env_prefix = "";
+
+static void equivalence_opt(const char *preset, int hosts, int dph, const char *extra, const char *opt)
+{
+	char args[1024];
+	double one[10], dp[10], dp2[10];
+	int pdb = 8 / (hosts * dph);
+	single_losses(preset, opt, one);
+	for (int k = 0; k < 2; k++) {
+		snprintf(args, sizeof(args), "local --hosts %d --devices-per-host %d --config %s steps=10 "
+			 "per_device_batch_size=%d %s %s --metrics %s/dp%d.jsonl", hosts, dph, preset, pdb,
+			 extra, opt, tmpdir, k);
+		show_log_on_failure(run_env(env_prefix, args), 0);
+	}
+	ck_assert_int_eq(losses("dp0.jsonl", dp, 10), 10);
+	ck_assert_int_eq(losses("dp1.jsonl", dp2, 10), 10);
+	double worst = 0;
+	for (int s = 0; s < 10; s++) {
+		double rel = fabs(dp[s] - one[s]) / fabs(one[s]);
+		worst = rel > worst ? rel : worst;
+		ck_assert_msg(rel < REL_TOL, "%s %dx%d %s step %d: loss %.9g, one device %.9g",
+			      preset, hosts, dph, extra, s, dp[s], one[s]);
+		ck_assert_msg(dp[s] == dp2[s], "step %d: two identical runs differ: %a vs %a", s, dp[s], dp2[s]);
+	}
+	ck_assert(one[9] < one[0] - 0.5); /* and it trains */
+	fprintf(stderr, "%s %s %dx%d %s %s: worst relative loss difference to one device %.2e\n",
+		env_prefix, preset, hosts, dph, extra, opt, worst);
+}
+
+
+#define LLAMA "configs/llama-tiny.yml"
+#define PP2 "ici_data_parallelism=1 ici_pipeline_parallelism=2"
+
+/* S=2 R=1 M=2, 2 layers */
+START_TEST(test_s2_r1_m2) { equivalence_opt(LLAMA, 1, 2, PP2, ""); }
+END_TEST
+/* S=2 R=2 M=4, 4 layers (stage s stores layers s and s+2) */
+START_TEST(test_s2_r2_m4)
+{
+	equivalence_opt(LLAMA, 1, 2, PP2 " num_pipeline_microbatches=4", "base_num_decoder_layers=4");
+}
+END_TEST
+/* S=4 R=1 M=4, 4 layers, 1 host x 4 devices */
+START_TEST(test_s4_r1_m4)
+{
+	equivalence_opt(LLAMA, 1, 4, "ici_data_parallelism=1 ici_pipeline_parallelism=4",
+			"base_num_decoder_layers=4");
+}
+END_TEST
+/* the delay d=2: S=2 M=4, R=1 and R=2 */
+START_TEST(test_delay)
+{
+	equivalence_opt(LLAMA, 1, 2, PP2 " num_pipeline_microbatches=4 pipeline_delay_activation_forwarding=true", "");
+	equivalence_opt(LLAMA, 1, 2, PP2 " num_pipeline_microbatches=4 pipeline_delay_activation_forwarding=true",
+			"base_num_decoder_layers=4");
+}
+END_TEST
+/* two layers per stage: Lps=2 with R=1, and with R=2 (8 layers) */
+START_TEST(test_lps2)
+{
+	equivalence_opt(LLAMA, 1, 2, PP2 " num_layers_per_pipeline_stage=2", "base_num_decoder_layers=4");
+	equivalence_opt(LLAMA, 1, 2, PP2 " num_layers_per_pipeline_stage=2 num_pipeline_microbatches=4",
+			"base_num_decoder_layers=8");
+}
+END_TEST
+/* stages on two hosts (activations over DCN) */
+START_TEST(test_dcn_stages)
+{
+	equivalence_opt(LLAMA, 2, 1, "dcn_data_parallelism=1 dcn_pipeline_parallelism=2 "
+			"num_pipeline_microbatches=4", "base_num_decoder_layers=4");
+}
+END_TEST
+/* 2 stages x 2 data replicas (data over DCN, stages inside a host) */
+START_TEST(test_pp_data)
+{
+	equivalence_opt(LLAMA, 2, 2, "dcn_data_parallelism=2 ici_data_parallelism=1 ici_pipeline_parallelism=2",
+			"base_num_decoder_layers=4");
+}
+END_TEST
+/* 2 stages x 2 tensor ranks (heads, MLP and vocabulary split inside a stage) */
+START_TEST(test_pp_tensor)
+{
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_tensor_parallelism=2", "base_num_decoder_layers=4");
+}
+END_TEST
+/* 2 stages x 2 data replicas with the optimizer state split over data */
+START_TEST(test_pp_zero1)
+{
+	equivalence_opt(LLAMA, 2, 2, "dcn_data_parallelism=2 ici_data_parallelism=1 ici_pipeline_parallelism=2 "
+			"shard_optimizer_over_data=true", "base_num_decoder_layers=4");
+}
+END_TEST
+/* FSDP beside the pipeline: a stage's weights gathered per iteration
+ * through the model's window (its 2 layers at once), the non-layer ones
+ * once a step: fsdp within a host, over DCN, fsdp_transpose with the delay */
+START_TEST(test_pp_fsdp)
+{
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_fsdp_parallelism=2 num_layers_per_pipeline_stage=2",
+			"base_num_decoder_layers=4");
+	equivalence_opt(LLAMA, 2, 2, PP2 " dcn_data_parallelism=1 dcn_fsdp_parallelism=2 "
+			"num_layers_per_pipeline_stage=2 num_pipeline_microbatches=4", "base_num_decoder_layers=4");
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_fsdp_transpose_parallelism=2 num_layers_per_pipeline_stage=2 "
+			"num_pipeline_microbatches=4 pipeline_delay_activation_forwarding=true",
+			"base_num_decoder_layers=4");
+}
+END_TEST
+/* idle slots are idle: every buffer a slot could read is NaN before each
+ * step; only what an active slot wrote first is read */
+START_TEST(test_idle_slots_poisoned)
+{
+	env_prefix = "MESHRUN_TEST_PIPE_POISON=1";
+	equivalence_opt(LLAMA, 1, 2, PP2 " num_pipeline_microbatches=4 pipeline_delay_activation_forwarding=true",
+			"base_num_decoder_layers=4");
+	equivalence_opt(LLAMA, 1, 4, "ici_data_parallelism=1 ici_pipeline_parallelism=4", "base_num_decoder_layers=8");
+	env_prefix = "";
+}
+END_TEST
+
+/* a checkpoint of a pipeline with repeats is in layer order: resumed it
+ * continues bit-identically; one device evaluates it like its own */
+START_TEST(test_checkpoint_layer_order)
+{
+	char args[1024];
+	double straight[6], rest[6];
+	const char *mesh = "--hosts 1 --devices-per-host 2 " PP2 " num_pipeline_microbatches=4 "
+			   "base_num_decoder_layers=4 learning_rate_schedule_steps=6";
+	snprintf(args, sizeof(args), "local %s --config %s steps=6 --metrics %s/straight.jsonl", mesh, LLAMA, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "local %s --config %s steps=3 --checkpoint-dir %s/ck", mesh, LLAMA, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "local %s --config %s steps=6 --checkpoint-dir %s/ck --resume "
+		 "--metrics %s/rest.jsonl", mesh, LLAMA, tmpdir, tmpdir);
+	show_log_on_failure(run(args), 0);
+	ck_assert_int_eq(losses("straight.jsonl", straight, 6), 6);
+	ck_assert_int_eq(losses("rest.jsonl", rest, 6), 3);
+	for (int s = 0; s < 3; s++)
+		ck_assert_msg(rest[s] == straight[3 + s], "resumed step %d: %a vs %a", 3 + s, rest[s], straight[3 + s]);
+	/* one device, same training, its own checkpoint */
+	snprintf(args, sizeof(args), "train --config %s steps=6 learning_rate_schedule_steps=6 "
+		 "base_num_decoder_layers=4 per_device_batch_size=16 --checkpoint-dir %s/one", LLAMA, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "local %s --config %s steps=6 --checkpoint-dir %s/pp", mesh, LLAMA, tmpdir);
+	show_log_on_failure(run(args), 0);
+	double ev[2];
+	const char *dirs[2] = { "pp", "one" };
+	for (int k = 0; k < 2; k++) {
+		snprintf(args, sizeof(args), "eval --checkpoint %s/%s --text /usr/share/common-licenses/GPL-3",
+			 tmpdir, dirs[k]);
+		show_log_on_failure(run(args), 0);
+		char *log = slurp("log"), *p = strstr(log, "eval_loss: ");
+		ck_assert_msg(p, "%s", log);
+		ev[k] = strtod(p + 11, NULL);
+		free(log);
+	}
+	fprintf(stderr, "pipeline checkpoint eval %.6f, one device %.6f\n", ev[0], ev[1]);
+	ck_assert_msg(fabs(ev[0] - ev[1]) < 1e-4 * ev[1], "eval %.8f vs one device %.8f", ev[0], ev[1]);
+}
+END_TEST
+
+/* --trace: every device has R*M forward and R*M backward slot spans per
+ * step, and stage 1 its activation receives */
+START_TEST(test_trace_slots)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 2 --config %s steps=2 " PP2
+		 " num_pipeline_microbatches=4 base_num_decoder_layers=4 --trace %s/t.json", LLAMA, tmpdir);
+	show_log_on_failure(run(args), 0);
+	char *text = slurp("t.json");
+	cJSON *root = cJSON_Parse(text);
+	ck_assert_msg(root, "trace is not JSON");
+	cJSON *evs = cJSON_GetObjectItem(root, "traceEvents"), *e;
+	int fwd[2] = { 0 }, bwd[2] = { 0 }, recv_act[2] = { 0 };
+	cJSON_ArrayForEach(e, evs) {
+		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+			continue;
+		int tid = cJSON_GetObjectItem(e, "tid")->valueint;
+		const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
+		ck_assert(tid >= 0 && tid < 2);
+		fwd[tid] += !strncmp(name, "fwd i", 5);
+		bwd[tid] += !strncmp(name, "bwd i", 5);
+		recv_act[tid] += !strncmp(name, "stage recv act", 14);
+	}
+	for (int d = 0; d < 2; d++) {
+		ck_assert_int_eq(fwd[d], 2 * 2 * 4);
+		ck_assert_int_eq(bwd[d], 2 * 2 * 4);
+	}
+	/* stage 1 takes every slot's input from stage 0; stage 0 the
+	 * circular hop of repeat 1 */
+	ck_assert_int_eq(recv_act[1], 2 * 2 * 4);
+	ck_assert_int_eq(recv_act[0], 2 * 4);
+	cJSON_Delete(root);
+	free(text);
+}
+END_TEST
+
+static void refused(const char *args, const char *a, const char *b)
+{
+	int rc = run(args);
+	char *log = slurp("log");
+	ck_assert_msg(rc == 3 && strstr(log, a) && strstr(log, b), "exit %d: %s", rc, log);
+	free(log);
+}
+
+START_TEST(test_unsupported_refused)
+{
+	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_tensor_transpose_parallelism=2 steps=1",
+		"tensor_transpose_parallelism=2", "not supported");
+	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_expert_parallelism=2 steps=1",
+		"expert_parallelism=2", "not supported");
+	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_fsdp_parallelism=2 "
+		"base_num_decoder_layers=4 steps=1", "num_pipeline_repeats=2", "FSDP");
+	refused("local --hosts 1 --devices-per-host 2 --config configs/deepseek-tiny.yml " PP2
+		" pipeline_parallel_layers=2 steps=1", "MoE", "pipeline_parallel_layers");
+	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_fsdp_ag_once=true steps=1",
+		"pipeline_fsdp_ag_once", "not supported");
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("pipeline");
+	TCase *tc = tcase_create("pipeline");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 400);
+	tcase_add_test(tc, test_s2_r1_m2);
+	tcase_add_test(tc, test_s2_r2_m4);
+	tcase_add_test(tc, test_s4_r1_m4);
+	tcase_add_test(tc, test_delay);
+	tcase_add_test(tc, test_lps2);
+	tcase_add_test(tc, test_dcn_stages);
+	tcase_add_test(tc, test_pp_data);
+	tcase_add_test(tc, test_pp_tensor);
+	tcase_add_test(tc, test_pp_zero1);
+	tcase_add_test(tc, test_pp_fsdp);
+	tcase_add_test(tc, test_idle_slots_poisoned);
+	tcase_add_test(tc, test_checkpoint_layer_order);
+	tcase_add_test(tc, test_trace_slots);
+	tcase_add_test(tc, test_unsupported_refused);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	/* no fork: the single-device baselines are cached across tests */
+	srunner_set_fork_status(sr, CK_NOFORK);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
