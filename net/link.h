@@ -71,9 +71,11 @@ enum link_state {
 enum rxstage { RX_PREFIX, RX_HEADER, RX_PAYLOAD };
 
 /* A pooled replay copy's data: a data frame's header and largest payload
- * (FRAG_MAX in net_int.h). */
-#define RP_BLOCK (64 + 1024 + (1u << 20))
-#define RP_POOL_MAX 16
+ * (LINK_FRAG_MAX); the pool keeps up to 16 MiB of them for reuse, so the
+ * copies of a stream stop costing page faults. */
+#define LINK_FRAG_MAX (1u << 16)
+#define RP_BLOCK (64 + 1024 + LINK_FRAG_MAX)
+#define RP_POOL_MAX ((int)((16u << 20) / LINK_FRAG_MAX))
 
 /* A control frame encoded and queued. */
 struct ctrl_frame {

@@ -34,7 +34,7 @@
  * at most one fragment: 64 KiB is 65 ms at 8 Mbit/s, where 1 MiB was a
  * second. bench link and all_reduce at 16 MiB measured the same as 1 MiB
  * (within the noise of a shared machine). */
-#define FRAG_MAX       (1u << 16)
+#define FRAG_MAX       LINK_FRAG_MAX
 #define SMALL_PAYLOAD  (16384 - 256)   /* payloads copied into the header's record */
 #define CLOSE_GRACE_NS (1000ull * 1000 * 1000)
 #define RETRY_NS       (100ull * 1000 * 1000)

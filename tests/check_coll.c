@@ -645,7 +645,10 @@ static void check_cpu_lines(const char *out, int want, const char *what)
 			row = l[strspn(l, " ")] != '#' && sscanf(l, "%llu", &first) == 1 && first == size;
 		}
 		ck_assert_msg(row, "cpu line for %llu bytes names no row:\n%s", size, out);
-		ck_assert_msg(us > 0 && busy > 0 && busy <= (double)cores + 0.25,
+		/* CPU time is accounted in scheduler ticks: over the short span
+		 * of a small row it can read up to a core high; a count taken
+		 * twice (the bug this guards against) reads about 2x cores */
+		ck_assert_msg(us > 0 && busy > 0 && busy <= (double)cores + 1.0,
 			      "implausible cpu figures (%.1f us, %.2f cores of %ld):\n%s", us, busy,
 			      cores, out);
 		n++;

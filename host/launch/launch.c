@@ -39,6 +39,9 @@ struct kid {
 	int order;         /* 1 + the order in which failures were seen; 0: ok/running */
 	bool killed_by_us;
 	int lost_by;       /* -1, or the child that reported this one lost */
+	bool reported;     /* it reported a peer lost itself: it is alive */
+	uint64_t lost_kill_at; /* reported lost: SIGKILL then unless it reports or ends */
+	int reported_by;   /* the child whose report set lost_kill_at */
 	/* the status channel: the parent's read end, the child's write end
 	 * (until started), a partial line */
 	int rd, wr;
@@ -169,23 +172,65 @@ static void start_stopping(struct sup *s)
 		s->stop_at = util_now_ns() + (uint64_t)(s->o->grace_s * 1e9);
 }
 
-/* Child j reported child h lost: kill h now. */
+/* A report gives the lost child LOST_GRACE_NS to show it is alive (it
+ * reports a loss itself, as both ends of a broken link do) or to end;
+ * then it is killed. A stopped or hung host is gone well inside the
+ * heartbeat timeout + 2 s; a live one keeps its own last words. */
+#define LOST_GRACE_NS (300ull * 1000 * 1000)
+
+/* Child j reported child h lost. */
 static void lost(struct sup *s, int j, int h)
 {
 	struct kid *k = s->k;
 	if (h < 0 || h >= s->started || h == j || k[h].done || k[h].lost_by >= 0)
 		return;
-	/* one that already ended (it died, and that is how it was lost) is
-	 * reported as it ended */
-	if (reap_one(s, h))
+	/* a report from one we killed as lost is stale; one that reported a
+	 * loss itself is alive and failing on its own */
+	if (k[j].lost_by >= 0 || k[h].reported || k[h].lost_kill_at)
 		return;
-	k[h].lost_by = j;
+	k[h].lost_kill_at = util_now_ns() + LOST_GRACE_NS;
+	k[h].reported_by = j;
+	/* its failure dates from the report, not from the kill */
 	if (!k[h].order)
 		k[h].order = ++s->failures;
-	kill(k[h].pid, SIGKILL);
-	if (s->o->stop_one)
-		s->o->stop_one(s->o->stop_ctx, h);
 	start_stopping(s);
+}
+
+/* Child j reported a loss itself, so it is alive: a report that named it
+ * lost (both ends of a broken link report each other) no longer dates its
+ * failure; it fails, if it does, when it ends. */
+static void alive(struct sup *s, int j)
+{
+	struct kid *k = s->k;
+	k[j].reported = true;
+	if (!k[j].lost_kill_at || k[j].lost_kill_at == UINT64_MAX || k[j].done || !k[j].order)
+		return;
+	for (int i = 0; i < s->started; i++)
+		if (k[i].order > k[j].order)
+			k[i].order--;
+	k[j].order = 0;
+	s->failures--;
+}
+
+/* Kills the children reported lost whose grace is over. */
+static void kill_lost(struct sup *s)
+{
+	struct kid *k = s->k;
+	uint64_t now = util_now_ns();
+	for (int h = 0; h < s->started; h++) {
+		if (!k[h].lost_kill_at || k[h].lost_kill_at == UINT64_MAX || now < k[h].lost_kill_at)
+			continue;
+		k[h].lost_kill_at = UINT64_MAX;
+		/* one that ended meanwhile (it died, and that is how it was
+		 * lost), or showed it is alive, is reported as it ends */
+		if (k[h].done || k[h].reported || reap_one(s, h))
+			continue;
+		k[h].lost_by = k[h].reported_by;
+		kill(k[h].pid, SIGKILL);
+		if (s->o->stop_one)
+			s->o->stop_one(s->o->stop_ctx, h);
+		start_stopping(s);
+	}
 }
 
 static void status_line(struct sup *s, int j, const char *line)
@@ -194,8 +239,10 @@ static void status_line(struct sup *s, int j, const char *line)
 	if (!strncmp(line, LAUNCH_STATUS_LOST, pl)) {
 		char *end;
 		long h = strtol(line + pl, &end, 10);
-		if (end != line + pl && !*end)
+		if (end != line + pl && !*end) {
+			alive(s, j);
 			lost(s, j, (int)h);
+		}
 	} else if (strncmp(line, LAUNCH_STATUS_PREFIX, sizeof(LAUNCH_STATUS_PREFIX) - 1)) {
 		/* a child's stderr carried over the channel */
 		fprintf(stderr, "%s\n", line);
@@ -317,6 +364,7 @@ static int supervise(struct kid *k, int started, pid_t *pids, const struct launc
 			break;
 		if (interrupted)
 			start_stopping(&s);
+		kill_lost(&s);
 		uint64_t now = util_now_ns();
 		if (s.stop_at && now > s.stop_at && !s.kill_at) {
 			bool term = o->term_grace_s > 0;
