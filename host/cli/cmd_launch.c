@@ -25,7 +25,7 @@ struct launch_cli {
 static const char usage_line[] =
 	"usage: meshrun launch --hostfile FILE [--ssh-config FILE] [--devices-per-host D] "
 	"--config FILE [key=value ...] [--metrics FILE] [--trace FILE] [--checkpoint-dir DIR] "
-	"[--certs DIR] [--log-dir DIR] [--keep] [--quiet]\n";
+	"[--certs DIR] [--log-dir DIR] [--keep] [--quiet] [--fault SPEC ...]\n";
 
 /* mkdir -p with mode for the last part */
 static int make_dirs(const char *path, char *err, size_t errlen)
@@ -174,6 +174,7 @@ int cmd_launch(int argc, char **argv)
 		{ "--checkpoint-dir", ARG_STR, &l.ckpt_dir, 0, 0, NULL },
 		{ "--keep", ARG_BOOL, &l.keep, 0, 0, NULL },
 		{ "--quiet", ARG_BOOL, &l.quiet, 0, 0, NULL },
+		{ "--fault", ARG_APPEND, NULL, 0, 0, "faults" },
 		{ "--hosts", ARG_REFUSE, NULL, 0, 0, "--hosts is the hostfile's line count" },
 		{ "--host-id", ARG_REFUSE, NULL, 0, 0, "--host-id is the hostfile's line order" },
 		{ NULL, 0, NULL, 0, 0, NULL },
