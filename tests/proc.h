@@ -188,11 +188,13 @@ static inline bool proc_wait_output(struct proc *p, const char *needle, double t
 }
 
 /* Runs meshrun with the words of line as its arguments (split at spaces;
- * '...' makes one word of what it quotes, spaces included), stdout and
- * stderr both into tmpdir/name.out. Waits up to timeout_s, then kills it
- * (and its process group). Returns the exit code (128 + signal if
- * killed), or -1 if it had to be killed at timeout_s. */
-static inline int proc_run(struct proc *p, const char *name, const char *line, double timeout_s)
+ * '...' makes one word of what it quotes, spaces included), stdout into
+ * tmpdir/name.out and stderr into tmpdir/name.err (merged: into name.out
+ * too). Waits up to timeout_s, then kills it (and its process group).
+ * Returns the exit code (128 + signal if killed), or -1 if it had to be
+ * killed at timeout_s. */
+static inline int proc_run_words(struct proc *p, const char *name, const char *line,
+				 double timeout_s, bool merged)
 {
 	static char words[4096];
 	char *argv[128];
@@ -223,11 +225,17 @@ static inline int proc_run(struct proc *p, const char *name, const char *line, d
 		words[n++] = 0;
 	}
 	argv[argc] = NULL;
-	proc_spawn(p, name, argv, -1, true);
+	proc_spawn(p, name, argv, -1, merged);
 	int rc = proc_wait(p, timeout_s);
 	if (rc < 0)
 		proc_kill(p);
 	return rc;
+}
+
+/* proc_run_words with stdout and stderr both in p->out. */
+static inline int proc_run(struct proc *p, const char *name, const char *line, double timeout_s)
+{
+	return proc_run_words(p, name, line, timeout_s, true);
 }
 
 static inline int rm_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
