@@ -467,27 +467,10 @@ struct coll_handle *coll_all_reduce_async(struct coll_dev *d, const struct coll_
 	return run_async(d, g, &a, err, errlen);
 }
 
-struct coll_handle *coll_all_to_all_async(struct coll_dev *d, const struct coll_group *g,
-					  void *out, const size_t *recv_bytes, const void *in,
-					  const size_t *send_bytes, char *err, size_t errlen)
-{
-	struct coll_args a = { .op = OP(ALL_TO_ALL), .out = out, .in = in,
-			       .send_bytes = send_bytes, .recv_bytes = recv_bytes };
-	return run_async(d, g, &a, err, errlen);
-}
-
 struct coll_handle *coll_permute_async(struct coll_dev *d, const struct coll_group *g,
 				       void *out, const void *in, size_t bytes, int shift,
 				       char *err, size_t errlen)
 {
 	struct coll_args a = { .op = OP(PERMUTE), .out = out, .in = in, .bytes = bytes, .shift = shift };
-	return run_async(d, g, &a, err, errlen);
-}
-
-struct coll_handle *coll_broadcast_async(struct coll_dev *d, const struct coll_group *g,
-					 void *buf, size_t bytes, int root, char *err,
-					 size_t errlen)
-{
-	struct coll_args a = { .op = OP(BROADCAST), .out = buf, .in = buf, .bytes = bytes, .root = root };
 	return run_async(d, g, &a, err, errlen);
 }

@@ -100,15 +100,9 @@ struct coll_handle *coll_reduce_scatter_async(struct coll_dev *d, const struct c
 					      size_t count_per_rank, char *err, size_t errlen);
 struct coll_handle *coll_all_reduce_async(struct coll_dev *d, const struct coll_group *g,
 					  float *buf, size_t count, char *err, size_t errlen);
-struct coll_handle *coll_all_to_all_async(struct coll_dev *d, const struct coll_group *g,
-					  void *out, const size_t *recv_bytes, const void *in,
-					  const size_t *send_bytes, char *err, size_t errlen);
 struct coll_handle *coll_permute_async(struct coll_dev *d, const struct coll_group *g,
 				       void *out, const void *in, size_t bytes, int shift,
 				       char *err, size_t errlen);
-struct coll_handle *coll_broadcast_async(struct coll_dev *d, const struct coll_group *g,
-					 void *buf, size_t bytes, int root, char *err,
-					 size_t errlen);
 
 /* Waits for h until deadline_ns (CLOCK_MONOTONIC, xport_now_ns; 0 = just
  * test). Returns the collective's result and frees h; or -EAGAIN (deadline

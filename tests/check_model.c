@@ -12,6 +12,7 @@
 #include "host/model/model.h"
 #include "host/train/train.h"
 #include "kernels/kernels.h"
+#include "tests/proc.h"
 
 static char err[1024];
 
@@ -260,14 +261,13 @@ static void resume_case(const char *preset, const char *opt)
 	trainer_free(b);
 
 	/* a truncated model file is refused, naming the file */
-	char path[256], cmd[512];
+	char path[256];
 	snprintf(path, sizeof(path), "%s/step-000004/model.safetensors", dir);
 	ck_assert(truncate(path, 1000) == 0);
 	ck_assert_int_ne(trainer_load(c, dir, &next, err, sizeof(err)), 0);
 	ck_assert_msg(strstr(err, "model.safetensors"), "%s", err);
 	trainer_free(c);
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	ck_assert(system(cmd) == 0);
+	ck_assert_int_eq(rm_rf(dir), 0);
 }
 
 START_TEST(test_resume_bit_identical_dense) { resume_case("configs/llama-tiny.yml", "opt_type=adamw"); }

@@ -2,7 +2,9 @@
  * metrics value it stands for (data-value attributes, and the circle
  * positions must be a linear map of them that the axis ticks agree with);
  * old and new metrics names, duplicate steps, the trace split into
- * compute / communication / idle, one-line errors and the exit codes. */
+ * compute / communication / idle, one-line errors and the exit codes; and
+ * a real training run's metrics file plotted step by step. */
+#include <cJSON.h>
 #include <check.h>
 #include <errno.h>
 #include <math.h>
@@ -10,29 +12,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "host/obs/report.h"
+#include "tests/proc.h"
 
-static char tmpdir[64];
 static char path_m[128], path_t[128], path_svg[128];
 
 static void setup(void)
 {
-	strcpy(tmpdir, "/tmp/meshrun-report-XXXXXX");
-	ck_assert(mkdtemp(tmpdir));
+	proc_setup("meshrun-report", 0);
 	snprintf(path_m, sizeof(path_m), "%s/m.jsonl", tmpdir);
 	snprintf(path_t, sizeof(path_t), "%s/t.json", tmpdir);
 	snprintf(path_svg, sizeof(path_svg), "%s/r.svg", tmpdir);
-}
-
-static void teardown(void)
-{
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-	if (system(cmd)) {
-	}
 }
 
 static void write_file(const char *path, const char *text)
@@ -43,7 +35,7 @@ static void write_file(const char *path, const char *text)
 	ck_assert_int_eq(fclose(f), 0);
 }
 
-static char *slurp(const char *path)
+static char *read_all(const char *path)
 {
 	FILE *f = fopen(path, "r");
 	ck_assert_msg(f, "no %s", path);
@@ -185,7 +177,7 @@ START_TEST(test_points)
 	char err[256] = "";
 	write_new_metrics(path_m);
 	ck_assert_int_eq(report_write(path_m, NULL, path_svg, err, sizeof(err)), 0);
-	const char *svg = slurp(path_svg);
+	const char *svg = read_all(path_svg);
 	ck_assert(!strstr(svg, "<script") && !strstr(svg, "href") && !strstr(svg, "@import"));
 	ck_assert(strstr(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\""));
 	struct pt p[16];
@@ -222,7 +214,7 @@ START_TEST(test_old_names)
 			   "{\"step\":2,\"loss\":3,\"step_time_s\":0.2,\"tokens_per_s\":2500}\n");
 	char err[256] = "";
 	ck_assert_int_eq(report_write(path_m, NULL, path_svg, err, sizeof(err)), 0);
-	const char *svg = slurp(path_svg);
+	const char *svg = read_all(path_svg);
 	struct pt p[8];
 	ck_assert_int_eq(points(svg, "tokens_per_s", p, 8), 3);
 	assert_close(p[0].value, 1000);
@@ -248,7 +240,7 @@ START_TEST(test_duplicates)
 	char err[256] = "";
 	ck_assert_int_eq(report_write(path_m, NULL, path_svg, err, sizeof(err)), 0);
 	struct pt p[8];
-	ck_assert_int_eq(points(slurp(path_svg), "loss", p, 8), 4);
+	ck_assert_int_eq(points(read_all(path_svg), "loss", p, 8), 4);
 	static const double want[4] = { 4, 3.7, 3.6, 3.5 };
 	for (int s = 0; s < 4; s++) {
 		ck_assert_int_eq(p[s].step, s);
@@ -292,7 +284,7 @@ START_TEST(test_trace)
 			   "{\"step\":1,\"loss\":3.25,\"tokens_per_s\":3000}\n");
 	char err[256] = "";
 	ck_assert_int_eq(report_write(path_m, path_t, path_svg, err, sizeof(err)), 0);
-	const char *svg = slurp(path_svg);
+	const char *svg = read_all(path_svg);
 	assert_close(bar(svg, 0, "communication"), 30e-6);
 	assert_close(bar(svg, 0, "compute"), 40e-6);
 	assert_close(bar(svg, 0, "idle"), 30e-6);
@@ -358,16 +350,15 @@ END_TEST
 
 /* ---- through the binary ---- */
 
+/* `meshrun report args`: exit code, and its stderr into stderr_text. */
 static int run(const char *args, char *stderr_text, size_t len)
 {
-	const char *bin = getenv("MESHRUN");
-	char cmd[1024], errf[128];
-	snprintf(errf, sizeof(errf), "%s/stderr", tmpdir);
-	snprintf(cmd, sizeof(cmd), "timeout 30 %s report %s >/dev/null 2>%s", bin ? bin : "./build/meshrun",
-		 args, errf);
-	int st = system(cmd);
-	snprintf(stderr_text, len, "%s", slurp(errf));
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	char line[1024];
+	struct proc p;
+	snprintf(line, sizeof(line), "report %s", args);
+	int rc = proc_run_words(&p, "report", line, 30, false);
+	snprintf(stderr_text, len, "%s", read_all(p.err));
+	return rc;
 }
 
 START_TEST(test_binary)
@@ -377,7 +368,7 @@ START_TEST(test_binary)
 	snprintf(args, sizeof(args), "%s -o %s", path_m, path_svg);
 	ck_assert_int_eq(run(args, text, sizeof(text)), 0);
 	struct pt p[8];
-	ck_assert_int_eq(points(slurp(path_svg), "loss", p, 8), 5);
+	ck_assert_int_eq(points(read_all(path_svg), "loss", p, 8), 5);
 	assert_close(p[4].value, LOSS[4]);
 
 	write_file(path_m, "{\"step\":0}\n{\"step\":1}\n7\n");
@@ -392,6 +383,62 @@ START_TEST(test_binary)
 }
 END_TEST
 
+/* A real run's metrics file: the plotted loss of every step is the
+ * file's `loss` to the precision the SVG prints (%.9g). */
+START_TEST(test_real_metrics)
+{
+	char args[512];
+	struct proc p;
+	snprintf(args, sizeof(args), "train --config configs/llama-tiny.yml steps=4 --metrics %s", path_m);
+	int rc = proc_run(&p, "train", args, 120);
+	ck_assert_msg(rc == 0, "train: exit %d:\n%s", rc, slurp(p.out));
+	snprintf(args, sizeof(args), "report %s -o %s", path_m, path_svg);
+	rc = proc_run(&p, "report", args, 30);
+	ck_assert_msg(rc == 0, "report: exit %d:\n%s", rc, slurp(p.out));
+
+	/* the metrics file, one JSON object a line */
+	double loss[8];
+	long step[8];
+	int n = 0;
+	char line[4096];
+	FILE *f = fopen(path_m, "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f)) {
+		cJSON *o = cJSON_Parse(line);
+		ck_assert_msg(o, "not JSON: %s", line);
+		const cJSON *js = cJSON_GetObjectItemCaseSensitive(o, "step");
+		const cJSON *jl = cJSON_GetObjectItemCaseSensitive(o, "loss");
+		ck_assert_msg(cJSON_IsNumber(js) && cJSON_IsNumber(jl), "%s", line);
+		ck_assert_int_lt(n, 8);
+		step[n] = (long)js->valuedouble;
+		loss[n++] = jl->valuedouble;
+		cJSON_Delete(o);
+	}
+	fclose(f);
+	ck_assert_int_eq(n, 4);
+
+	const char *svg = read_all(path_svg);
+	struct pt pt[8];
+	ck_assert_int_eq(points(svg, "loss", pt, 8), n);
+	int k = 0;
+	for (const char *c = strstr(svg, "<circle "); c; c = strstr(c + 1, "<circle ")) {
+		char series[64], value[64], want[64];
+		if (!attr(c, "data-series", series, sizeof(series)) || strcmp(series, "loss"))
+			continue;
+		ck_assert_int_eq(pt[k].step, step[k]);
+		ck_assert_int_eq(step[k], k);
+		ck_assert(attr(c, "data-value", value, sizeof(value)));
+		snprintf(want, sizeof(want), "%.9g", loss[k]);
+		ck_assert_msg(!strcmp(value, want), "step %ld: plotted %s, metrics loss %.17g", step[k], value,
+			      loss[k]);
+		ck_assert_double_eq_tol(pt[k].value, loss[k], 1e-8 * fabs(loss[k]));
+		k++;
+	}
+	ck_assert_int_eq(k, n);
+	assert_mapping(svg, "loss", pt, n);
+}
+END_TEST
+
 static Suite *report_suite(void)
 {
 	Suite *s = suite_create("report");
@@ -399,6 +446,7 @@ static Suite *report_suite(void)
 		{ "points", test_points }, { "old_names", test_old_names },
 		{ "duplicates", test_duplicates }, { "trace", test_trace },
 		{ "errors", test_errors }, { "binary", test_binary },
+		{ "real_metrics", test_real_metrics },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		TCase *tc = tcase_create(cases[i].name);

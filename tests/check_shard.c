@@ -7,11 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "host/config/config.h"
 #include "host/mesh/mesh.h"
 #include "host/mesh/shard.h"
+#include "tests/proc.h"
 
 static char err[1024];
 
@@ -344,18 +344,19 @@ END_TEST
 
 /* ---- meshrun shardings ---- */
 
-/* Runs build/meshrun with args; stdout (and stderr) into out. Exit code. */
+/* Runs meshrun with args (proc_run's words); stdout and stderr into out.
+ * Exit code (-1 if it had to be killed after 20 s). */
 static int run_meshrun(const char *args, char *out, size_t outlen)
 {
-	const char *exe = getenv("MESHRUN");
-	char cmd[1024];
-	snprintf(cmd, sizeof(cmd), "%s %s 2>&1", exe && *exe ? exe : "build/meshrun", args);
-	FILE *f = popen(cmd, "r");
-	ck_assert_ptr_nonnull(f);
-	size_t n = fread(out, 1, outlen - 1, f);
-	out[n] = 0;
-	int st = pclose(f);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	struct proc p;
+	int rc = proc_run(&p, "shardings", args, 20);
+	snprintf(out, outlen, "%s", slurp(p.out));
+	return rc;
+}
+
+static void cli_setup(void)
+{
+	proc_setup("meshrun-shard", 0);
 }
 
 /* The columns of the row named name (columns are separated by two or more
@@ -549,6 +550,7 @@ int main(void)
 	tcase_add_test(tc, test_offsets);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("cli");
+	tcase_add_checked_fixture(tc, cli_setup, teardown);
 	tcase_set_timeout(tc, 20);
 	tcase_add_test(tc, test_cli_llama);
 	tcase_add_test(tc, test_cli_zero1);

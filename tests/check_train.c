@@ -11,39 +11,23 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *bin(void)
-{
-	const char *b = getenv("MESHRUN");
-	return b ? b : "./build/meshrun";
-}
-
-static char tmpdir[64];
+#include "tests/proc.h"
 
 static void setup(void)
 {
-	strcpy(tmpdir, "/tmp/meshrun-train-XXXXXX");
-	ck_assert(mkdtemp(tmpdir));
+	proc_setup("meshrun-train", 0);
 }
 
-static void teardown(void)
-{
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-	if (system(cmd)) {
-	}
-}
-
-/* Runs a meshrun command line (under timeout, output to tmpdir/log);
- * returns its exit status. */
+/* Runs a meshrun command line (killed after 120 s; stdout and stderr to
+ * tmpdir/log.out); returns its exit status (-1: killed at the deadline). */
 static int run(const char *args)
 {
-	char cmd[2048];
-	snprintf(cmd, sizeof(cmd), "timeout -k 5 120 %s %s > %s/log 2>&1", bin(), args, tmpdir);
-	int st = system(cmd);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+	struct proc p;
+	return proc_run(&p, "log", args, 120);
 }
 
-static char *slurp(const char *name)
+/* The contents of tmpdir/name (malloc'd; "" if absent). */
+static char *read_tmp(const char *name)
 {
 	char path[256];
 	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
@@ -78,7 +62,7 @@ static int losses(const char *name, double *out, int max)
 static void show_log_on_failure(int rc, int want)
 {
 	if (rc != want) {
-		char *log = slurp("log");
+		char *log = read_tmp("log.out");
 		fprintf(stderr, "%s\n", log);
 		free(log);
 	}
@@ -291,7 +275,7 @@ static double eval_loss(const char *ckpt)
 	snprintf(args, sizeof(args), "eval --checkpoint %s/%s --text /usr/share/common-licenses/GPL-3",
 		 tmpdir, ckpt);
 	show_log_on_failure(run(args), 0);
-	char *log = slurp("log");
+	char *log = read_tmp("log.out");
 	char *p = strstr(log, "eval_loss: ");
 	ck_assert_msg(p, "%s", log);
 	double ev = strtod(p + 11, NULL);
@@ -396,7 +380,7 @@ START_TEST(test_trace)
 	snprintf(args, sizeof(args), "local --hosts 2 --devices-per-host 2 --config configs/llama-tiny.yml "
 		 "steps=3 ici_data_parallelism=1 ici_tensor_parallelism=2 --trace %s/t.json", tmpdir);
 	show_log_on_failure(run(args), 0);
-	char *text = slurp("t.json");
+	char *text = read_tmp("t.json");
 	cJSON *root = cJSON_Parse(text);
 	ck_assert_msg(root, "trace is not JSON");
 	cJSON *evs = cJSON_GetObjectItem(root, "traceEvents"), *e;
@@ -451,24 +435,24 @@ START_TEST(test_unsupported_axis_refused)
 {
 	int rc = run("local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
 		     "ici_data_parallelism=1 ici_context_parallelism=2 steps=2");
-	char *log = slurp("log");
+	char *log = read_tmp("log.out");
 	ck_assert_msg(rc == 3, "exit %d: %s", rc, log);
 	ck_assert_msg(strstr(log, "'context' mesh axis") && strstr(log, "not implemented"), "%s", log);
 	free(log);
 	rc = run("local --hosts 2 --config configs/llama-tiny.yml "
 		 "shard_optimizer_over_data=true opt_type=muon steps=2");
-	log = slurp("log");
+	log = read_tmp("log.out");
 	ck_assert_msg(rc == 3 && strstr(log, "muon") && strstr(log, "over data"), "exit %d: %s", rc, log);
 	free(log);
 	rc = run("local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
 		 "ici_data_parallelism=1 ici_tensor_parallelism=2 base_num_kv_heads=1 steps=2");
-	log = slurp("log");
+	log = read_tmp("log.out");
 	ck_assert_msg(rc == 3 && strstr(log, "tensor 'wk'") && strstr(log, "'base_num_kv_heads'") &&
 		      strstr(log, "1 heads of 32") && strstr(log, "axes tensor"),
 		      "exit %d: %s", rc, log);
 	free(log);
 	rc = run("train --config configs/llama-tiny.yml dataset_path=/nonexistent/text steps=1");
-	log = slurp("log");
+	log = read_tmp("log.out");
 	ck_assert_msg(rc == 4 && strstr(log, "/nonexistent/text"), "exit %d: %s", rc, log);
 	free(log);
 }
@@ -510,7 +494,7 @@ int main(void)
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests; the
-	 * suite's own children are killed by `timeout` in run() */
+	 * suite's own children are killed at run()'s deadline and at exit */
 	srunner_set_fork_status(sr, CK_NOFORK);
 	srunner_run_all(sr, CK_NORMAL);
 	int failed = srunner_ntests_failed(sr);

@@ -1,14 +1,17 @@
 /* Process helpers shared by the suites that start real processes
- * (check_agent, check_tls, check_train_fault, check_coll): start with
- * output to files, wait with a timeout or for a line of output, kill
- * everything at exit, read outputs, free loopback ports. Header-only: each
- * suite is one translation unit; `static inline` keeps a suite that does
- * not use every helper free of unused-function warnings. */
+ * (check_agent, check_tls, check_train, check_train_fault, check_coll,
+ * check_shard, check_report, ...): start with output to files, wait with a
+ * timeout or for a line of output, run a meshrun command line to its end
+ * (proc_run), kill everything at exit, read outputs, remove directories,
+ * free loopback ports. Header-only: each suite is one translation unit;
+ * `static inline` keeps a suite that does not use every helper free of
+ * unused-function warnings. */
 #ifndef MESHRUN_TESTS_PROC_H
 #define MESHRUN_TESTS_PROC_H
 
 #include <check.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -66,13 +69,15 @@ static inline double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* Starts argv (argv[0] is the program) with stdout/stderr to files in
- * tmpdir and stdin from in_fd (-1: /dev/null). */
-static inline void proc_start(struct proc *p, const char *name, char *const argv[], int in_fd)
+/* Starts argv (argv[0] is the program) with stdout to tmpdir/name.out,
+ * stderr to tmpdir/name.err (merged: into name.out too, and p->err names
+ * that file) and stdin from in_fd (-1: /dev/null). */
+static inline void proc_spawn(struct proc *p, const char *name, char *const argv[], int in_fd,
+			      bool merged)
 {
 	memset(p, 0, sizeof(*p));
 	snprintf(p->out, sizeof(p->out), "%s/%s.out", tmpdir, name);
-	snprintf(p->err, sizeof(p->err), "%s/%s.err", tmpdir, name);
+	snprintf(p->err, sizeof(p->err), "%s/%s.%s", tmpdir, name, merged ? "out" : "err");
 	pid_t parent = getpid();
 	pid_t pid = fork();
 	ck_assert_int_ge(pid, 0);
@@ -82,7 +87,7 @@ static inline void proc_start(struct proc *p, const char *name, char *const argv
 		if (getppid() != parent)
 			_exit(127);
 		int o = open(p->out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		int e = open(p->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		int e = merged ? o : open(p->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 		int i = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY);
 		dup2(i, 0);
 		dup2(o, 1);
@@ -97,6 +102,11 @@ static inline void proc_start(struct proc *p, const char *name, char *const argv
 			live[i] = pid;
 			break;
 		}
+}
+
+static inline void proc_start(struct proc *p, const char *name, char *const argv[], int in_fd)
+{
+	proc_spawn(p, name, argv, in_fd, false);
 }
 
 static inline void proc_reaped(struct proc *p, int st)
@@ -177,13 +187,72 @@ static inline bool proc_wait_output(struct proc *p, const char *needle, double t
 	return true;
 }
 
-static inline void rm_rf(const char *dir)
+/* Runs meshrun with the words of line as its arguments (split at spaces;
+ * '...' makes one word of what it quotes, spaces included), stdout into
+ * tmpdir/name.out and stderr into tmpdir/name.err (merged: into name.out
+ * too). Waits up to timeout_s, then kills it (and its process group).
+ * Returns the exit code (128 + signal if killed), or -1 if it had to be
+ * killed at timeout_s. */
+static inline int proc_run_words(struct proc *p, const char *name, const char *line,
+				 double timeout_s, bool merged)
 {
-	char cmd[512];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd)) {
-		/* best effort */
+	static char words[4096];
+	char *argv[128];
+	int argc = 0;
+	size_t n = 0;
+	argv[argc++] = (char *)meshrun();
+	for (const char *c = line; *c;) {
+		while (*c == ' ')
+			c++;
+		if (!*c)
+			break;
+		ck_assert_int_lt(argc, 127);
+		argv[argc++] = &words[n];
+		while (*c && *c != ' ') {
+			if (*c == '\'') {
+				const char *q = strchr(c + 1, '\'');
+				ck_assert_msg(q, "unbalanced quote in: %s", line);
+				for (c++; c < q; c++) {
+					ck_assert_uint_lt(n, sizeof(words) - 2);
+					words[n++] = *c;
+				}
+				c++;
+				continue;
+			}
+			ck_assert_uint_lt(n, sizeof(words) - 2);
+			words[n++] = *c++;
+		}
+		words[n++] = 0;
 	}
+	argv[argc] = NULL;
+	proc_spawn(p, name, argv, -1, merged);
+	int rc = proc_wait(p, timeout_s);
+	if (rc < 0)
+		proc_kill(p);
+	return rc;
+}
+
+/* proc_run_words with stdout and stderr both in p->out. */
+static inline int proc_run(struct proc *p, const char *name, const char *line, double timeout_s)
+{
+	return proc_run_words(p, name, line, timeout_s, true);
+}
+
+static inline int rm_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)st;
+	(void)ftw;
+	return type == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+/* Removes dir and everything under it (symbolic links are not followed).
+ * 0, or -1 if something could not be removed; a missing dir is 0. */
+static inline int rm_rf(const char *dir)
+{
+	struct stat st;
+	if (lstat(dir, &st) != 0)
+		return 0;
+	return nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS) == 0 ? 0 : -1;
 }
 
 static inline void cleanup_all(void)
