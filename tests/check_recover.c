@@ -170,6 +170,89 @@ START_TEST(test_reset_training)
 }
 END_TEST
 
+/* ---- training under other parallelisms, links reset and a byte corrupted ---- */
+
+/* `meshrun local --hosts 2 --devices-per-host 2` training `config` for 10
+ * steps on the mesh `mesh1 mesh2`, metrics to tmpdir/NAME.jsonl, with the
+ * faults fault1 and fault2 (or none: both NULL). */
+static void run_mesh(struct proc *p, const char *name, const char *config, const char *mesh1,
+		     const char *mesh2, const char *fault1, const char *fault2)
+{
+	char cfg[200], metrics[300];
+	snprintf(cfg, sizeof(cfg), "--config=configs/%s", config);
+	snprintf(metrics, sizeof(metrics), "--metrics=%s/%s.jsonl", tmpdir, name);
+	if (fault1)
+		run_meshrun(p, name, "local", "--hosts", "2", "--devices-per-host", "2", cfg,
+			    "dcn_data_parallelism=1", mesh1, mesh2, "steps=10", "openblas_threads=1",
+			    metrics, "--fault", fault1, "--fault", fault2, (char *)NULL);
+	else
+		run_meshrun(p, name, "local", "--hosts", "2", "--devices-per-host", "2", cfg,
+			    "dcn_data_parallelism=1", mesh1, mesh2, "steps=10", "openblas_threads=1",
+			    metrics, (char *)NULL);
+}
+
+/* The mesh's traffic crosses the one DCN link (0-1). An undisturbed run,
+ * then the same run with: every data frame host 1 sends to host 0 delayed 3 ms
+ * (so the ten steps last long enough, on any machine, for what follows),
+ * one byte of host 0's 6th data frame to host 1 corrupted on the wire (a
+ * TLS error: the link redials and resends) and, from step 1 on, every link
+ * reset (ss -K) three times 0.3 s apart. Per-step losses are bit-identical
+ * and the metrics count reconnects. */
+static void disturbed_mesh(const char *config, const char *mesh1, const char *mesh2)
+{
+	struct proc a, b;
+	char ma[300], mb[300];
+	snprintf(ma, sizeof(ma), "%s/plain.jsonl", tmpdir);
+	snprintf(mb, sizeof(mb), "%s/hit.jsonl", tmpdir);
+	run_mesh(&a, "plain", config, mesh1, mesh2, NULL, NULL);
+	ck_assert_msg(proc_wait(&a, 90) == 0, "undisturbed run failed:\n%s", slurp(a.err));
+	run_mesh(&b, "hit", config, mesh1, mesh2, "delay:link=1-0:ms=3",
+		 "corrupt:link=0-1:frame=6");
+	ck_assert_msg(proc_wait_output(&b, "completed step: 1,", 60), "no step 1:\n%s",
+		      slurp(b.err));
+	int rounds = 0;
+	for (int i = 0; i < 3 && proc_wait(&b, 0) == -1; i++) {
+		rounds += reset_links(b.pid) > 0;
+		usleep(300000);
+	}
+	ck_assert_msg(proc_wait(&b, 90) == 0, "disturbed run failed:\n%s", slurp(b.err));
+	ck_assert_msg(rounds == 3, "only %d of 3 resets found live links:\n%s", rounds,
+		      slurp(b.err));
+	ck_assert_file_has(b.err, "host 0: fault: injected corrupt on link 0-1 at frame 6");
+	ck_assert_file_has(b.err, "bad record mac");
+	ck_assert_file_has(b.err, "resumed after");
+	long ra, rb;
+	char *la = loss_lines(ma, &ra), *lb = loss_lines(mb, &rb);
+	ck_assert_msg(strlen(la) > 0, "no losses in %s", ma);
+	ck_assert_str_eq(la, lb);
+	ck_assert_int_eq(ra, 0);
+	ck_assert_msg(rb > 0, "no reconnects in the metrics:\n%s", slurp(mb));
+	free(la);
+	free(lb);
+}
+
+/* FSDP across the hosts: parameter all-gathers and gradient
+ * reduce-scatters on the DCN link. */
+START_TEST(test_disturbed_fsdp)
+{
+	disturbed_mesh("llama-tiny.yml", "dcn_fsdp_parallelism=2", "ici_data_parallelism=2");
+}
+END_TEST
+
+/* Tensor parallel across the hosts: activations' all-reduces per layer. */
+START_TEST(test_disturbed_tensor)
+{
+	disturbed_mesh("llama-tiny.yml", "dcn_tensor_parallelism=2", "ici_data_parallelism=2");
+}
+END_TEST
+
+/* Expert parallel across the hosts: the MoE all-to-alls. */
+START_TEST(test_disturbed_expert)
+{
+	disturbed_mesh("deepseek-tiny.yml", "dcn_expert_parallelism=2", "ici_data_parallelism=2");
+}
+END_TEST
+
 /* ---- refused reconnects ---- */
 
 /* The next frame of kind body on c; heartbeats, acks, receive posts skipped. */
@@ -381,6 +464,14 @@ static Suite *recover_suite(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_reset_collectives);
 	tcase_add_test(tc, test_reset_training);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("meshes");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 200);
+	tcase_add_test(tc, test_disturbed_fsdp);
+	tcase_add_test(tc, test_disturbed_tensor);
+	tcase_add_test(tc, test_disturbed_expert);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("refused");
