@@ -253,6 +253,68 @@ START_TEST(test_disturbed_expert)
 }
 END_TEST
 
+/* ---- a black-holed link ---- */
+
+/* `meshrun local --hosts 2` pingpong (every byte checked), 8 rounds of
+ * 1 MiB, host 0 black-holing its link to host 1 for `secs` from its 20th
+ * data frame (round 1). Heartbeats every 0.25 s, heartbeat_timeout_s=2;
+ * link_reconnect_timeout_s stays at its 30 s: a black hole does not break
+ * the link (the socket stays open, nothing is read or written), so only
+ * the silence deadline can end it. */
+static void run_hole(struct proc *p, const char *name, const char *secs)
+{
+	char fault[80];
+	snprintf(fault, sizeof(fault), "blackhole:link=0-1:frame=20:s=%s", secs);
+	run_meshrun(p, name, "local", "--hosts", "2", "--job=pingpong", "--size=1M", "--rounds=8",
+		    "heartbeat_interval_s=0.25", "heartbeat_timeout_s=2",
+		    "link_reconnect_timeout_s=30", "--fault", fault, (char *)NULL);
+}
+
+#define HOLE_FIRED "host 0: fault: injected blackhole on link 0-1 at frame 20"
+
+/* Shorter than the deadline: the link carries on, every byte right. */
+START_TEST(test_blackhole_short)
+{
+	struct proc p;
+	run_hole(&p, "short", "0.8");
+	ck_assert_msg(proc_wait(&p, 60) == 0, "pingpong failed:\n%s", slurp(p.err));
+	ck_assert_file_has(p.out, "pingpong: 2 hosts x 1 devices, 8 rounds of 1048576 bytes: ok");
+	ck_assert_file_has(p.err, HOLE_FIRED);
+	ck_assert_msg(!file_has(p.err, "lost host") && !file_has(p.err, "broke"), "log:\n%s",
+		      slurp(p.err));
+}
+END_TEST
+
+/* Longer (6 s) than heartbeat_timeout_s (2 s): the hosts of the link find
+ * each other silent, the job fails with exit 5 naming the lost host, and
+ * no agent is left. The bound is from the moment the fault's log line is
+ * seen (polled every 10 ms): heartbeat_timeout_s for the silence (counted
+ * from the last frame before the hole, so at most that) plus 2 s for the
+ * launcher's grace to the other host, its kill and reaping on a loaded
+ * 2-core machine. It ends well before the hole would (6 s) and far before
+ * link_reconnect_timeout_s (30 s). */
+START_TEST(test_blackhole_long)
+{
+	struct proc p;
+	run_hole(&p, "long", "6");
+	double end = now_s() + 60;
+	while (!file_has(p.err, HOLE_FIRED) && proc_wait(&p, 0) == -1 && now_s() < end)
+		usleep(10000);
+	double t0 = now_s();
+	ck_assert_msg(file_has(p.err, HOLE_FIRED), "the fault never fired:\n%s", slurp(p.err));
+	int rc = proc_wait(&p, 60);
+	double dt = now_s() - t0;
+	ck_assert_msg(rc == 5, "local exited %d:\n%s", rc, slurp(p.err));
+	ck_assert_msg(dt <= 2.0 + 2.0, "failed %.2f s after the fault, want <= 4 s:\n%s", dt,
+		      slurp(p.err));
+	ck_assert_msg(kill(-p.pid, 0) == -1 && errno == ESRCH, "an agent is left");
+	ck_assert_file_has(p.err, ": lost host ");
+	ck_assert_file_has(p.err, "(127.0.0.1:");
+	ck_assert_file_has(p.err, "no heartbeat for 2.");
+	ck_assert_msg(!file_has(p.out, ": ok"), "pingpong reported ok");
+}
+END_TEST
+
 /* ---- refused reconnects ---- */
 
 /* The next frame of kind body on c; heartbeats, acks, receive posts skipped. */
@@ -472,6 +534,13 @@ static Suite *recover_suite(void)
 	tcase_add_test(tc, test_disturbed_fsdp);
 	tcase_add_test(tc, test_disturbed_tensor);
 	tcase_add_test(tc, test_disturbed_expert);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("blackhole");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_blackhole_short);
+	tcase_add_test(tc, test_blackhole_long);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("refused");
