@@ -1,11 +1,14 @@
 /* Link recovery with real agents on loopback: `ss -K` (iproute2) resets
  * live TCP connections from outside the processes, and the job must go on
- * with every collective element right and training losses bit-identical;
- * a reconnect presenting another host's certificate or another job's id
- * is refused without touching the running link; a link that cannot come
- * back fails the job within link_reconnect_timeout_s, naming the host, its
- * address and what was running. Needs MESHRUN (the binary) and root (ss
- * -K). */
+ * with every collective element right and training losses bit-identical
+ * (data parallel on 3 hosts; FSDP, tensor and expert parallel over the
+ * DCN link of 2 hosts x 2 devices, with a corrupted record too); a link
+ * black-holed for less than heartbeat_timeout_s carries on, for longer
+ * fails the job within that deadline; a reconnect presenting another
+ * host's certificate or another job's id is refused without touching the
+ * running link; a link that cannot come back fails the job within
+ * link_reconnect_timeout_s, naming the host, its address and what was
+ * running. Needs MESHRUN (the binary) and root (ss -K). */
 #include <check.h>
 #include <errno.h>
 #include <poll.h>
