@@ -1,11 +1,14 @@
 /* Link recovery with real agents on loopback: `ss -K` (iproute2) resets
  * live TCP connections from outside the processes, and the job must go on
- * with every collective element right and training losses bit-identical;
- * a reconnect presenting another host's certificate or another job's id
- * is refused without touching the running link; a link that cannot come
- * back fails the job within link_reconnect_timeout_s, naming the host, its
- * address and what was running. Needs MESHRUN (the binary) and root (ss
- * -K). */
+ * with every collective element right and training losses bit-identical
+ * (data parallel on 3 hosts; FSDP, tensor and expert parallel over the
+ * DCN link of 2 hosts x 2 devices, with a corrupted record too); a link
+ * black-holed for less than heartbeat_timeout_s carries on, for longer
+ * fails the job within that deadline; a reconnect presenting another
+ * host's certificate or another job's id is refused without touching the
+ * running link; a link that cannot come back fails the job within
+ * link_reconnect_timeout_s, naming the host, its address and what was
+ * running. Needs MESHRUN (the binary) and root (ss -K). */
 #include <check.h>
 #include <errno.h>
 #include <poll.h>
@@ -167,6 +170,151 @@ START_TEST(test_reset_training)
 	ck_assert_msg(rb > 0, "no reconnects in the metrics:\n%s", slurp(mb));
 	free(la);
 	free(lb);
+}
+END_TEST
+
+/* ---- training under other parallelisms, links reset and a byte corrupted ---- */
+
+/* `meshrun local --hosts 2 --devices-per-host 2` training `config` for 10
+ * steps on the mesh `mesh1 mesh2`, metrics to tmpdir/NAME.jsonl, with the
+ * faults fault1 and fault2 (or none: both NULL). */
+static void run_mesh(struct proc *p, const char *name, const char *config, const char *mesh1,
+		     const char *mesh2, const char *fault1, const char *fault2)
+{
+	char cfg[200], metrics[300];
+	snprintf(cfg, sizeof(cfg), "--config=configs/%s", config);
+	snprintf(metrics, sizeof(metrics), "--metrics=%s/%s.jsonl", tmpdir, name);
+	if (fault1)
+		run_meshrun(p, name, "local", "--hosts", "2", "--devices-per-host", "2", cfg,
+			    "dcn_data_parallelism=1", mesh1, mesh2, "steps=10", "openblas_threads=1",
+			    metrics, "--fault", fault1, "--fault", fault2, (char *)NULL);
+	else
+		run_meshrun(p, name, "local", "--hosts", "2", "--devices-per-host", "2", cfg,
+			    "dcn_data_parallelism=1", mesh1, mesh2, "steps=10", "openblas_threads=1",
+			    metrics, (char *)NULL);
+}
+
+/* The mesh's traffic crosses the one DCN link (0-1). An undisturbed run,
+ * then the same run with: every data frame host 1 sends to host 0 delayed 3 ms
+ * (so the ten steps last long enough, on any machine, for what follows),
+ * one byte of host 0's 6th data frame to host 1 corrupted on the wire (a
+ * TLS error: the link redials and resends) and, from step 1 on, every link
+ * reset (ss -K) three times 0.3 s apart. Per-step losses are bit-identical
+ * and the metrics count reconnects. */
+static void disturbed_mesh(const char *config, const char *mesh1, const char *mesh2)
+{
+	struct proc a, b;
+	char ma[300], mb[300];
+	snprintf(ma, sizeof(ma), "%s/plain.jsonl", tmpdir);
+	snprintf(mb, sizeof(mb), "%s/hit.jsonl", tmpdir);
+	run_mesh(&a, "plain", config, mesh1, mesh2, NULL, NULL);
+	ck_assert_msg(proc_wait(&a, 90) == 0, "undisturbed run failed:\n%s", slurp(a.err));
+	run_mesh(&b, "hit", config, mesh1, mesh2, "delay:link=1-0:ms=3",
+		 "corrupt:link=0-1:frame=6");
+	ck_assert_msg(proc_wait_output(&b, "completed step: 1,", 60), "no step 1:\n%s",
+		      slurp(b.err));
+	int rounds = 0;
+	for (int i = 0; i < 3 && proc_wait(&b, 0) == -1; i++) {
+		rounds += reset_links(b.pid) > 0;
+		usleep(300000);
+	}
+	ck_assert_msg(proc_wait(&b, 90) == 0, "disturbed run failed:\n%s", slurp(b.err));
+	ck_assert_msg(rounds == 3, "only %d of 3 resets found live links:\n%s", rounds,
+		      slurp(b.err));
+	ck_assert_file_has(b.err, "host 0: fault: injected corrupt on link 0-1 at frame 6");
+	ck_assert_file_has(b.err, "bad record mac");
+	ck_assert_file_has(b.err, "resumed after");
+	long ra, rb;
+	char *la = loss_lines(ma, &ra), *lb = loss_lines(mb, &rb);
+	ck_assert_msg(strlen(la) > 0, "no losses in %s", ma);
+	ck_assert_str_eq(la, lb);
+	ck_assert_int_eq(ra, 0);
+	ck_assert_msg(rb > 0, "no reconnects in the metrics:\n%s", slurp(mb));
+	free(la);
+	free(lb);
+}
+
+/* FSDP across the hosts: parameter all-gathers and gradient
+ * reduce-scatters on the DCN link. */
+START_TEST(test_disturbed_fsdp)
+{
+	disturbed_mesh("llama-tiny.yml", "dcn_fsdp_parallelism=2", "ici_data_parallelism=2");
+}
+END_TEST
+
+/* Tensor parallel across the hosts: activations' all-reduces per layer. */
+START_TEST(test_disturbed_tensor)
+{
+	disturbed_mesh("llama-tiny.yml", "dcn_tensor_parallelism=2", "ici_data_parallelism=2");
+}
+END_TEST
+
+/* Expert parallel across the hosts: the MoE all-to-alls. */
+START_TEST(test_disturbed_expert)
+{
+	disturbed_mesh("deepseek-tiny.yml", "dcn_expert_parallelism=2", "ici_data_parallelism=2");
+}
+END_TEST
+
+/* ---- a black-holed link ---- */
+
+/* `meshrun local --hosts 2` pingpong (every byte checked), 8 rounds of
+ * 1 MiB, host 0 black-holing its link to host 1 for `secs` from its 20th
+ * data frame (round 1). Heartbeats every 0.25 s, heartbeat_timeout_s=2;
+ * link_reconnect_timeout_s stays at its 30 s: a black hole does not break
+ * the link (the socket stays open, nothing is read or written), so only
+ * the silence deadline can end it. */
+static void run_hole(struct proc *p, const char *name, const char *secs)
+{
+	char fault[80];
+	snprintf(fault, sizeof(fault), "blackhole:link=0-1:frame=20:s=%s", secs);
+	run_meshrun(p, name, "local", "--hosts", "2", "--job=pingpong", "--size=1M", "--rounds=8",
+		    "heartbeat_interval_s=0.25", "heartbeat_timeout_s=2",
+		    "link_reconnect_timeout_s=30", "--fault", fault, (char *)NULL);
+}
+
+#define HOLE_FIRED "host 0: fault: injected blackhole on link 0-1 at frame 20"
+
+/* Shorter than the deadline: the link carries on, every byte right. */
+START_TEST(test_blackhole_short)
+{
+	struct proc p;
+	run_hole(&p, "short", "0.8");
+	ck_assert_msg(proc_wait(&p, 60) == 0, "pingpong failed:\n%s", slurp(p.err));
+	ck_assert_file_has(p.out, "pingpong: 2 hosts x 1 devices, 8 rounds of 1048576 bytes: ok");
+	ck_assert_file_has(p.err, HOLE_FIRED);
+	ck_assert_msg(!file_has(p.err, "lost host") && !file_has(p.err, "broke"), "log:\n%s",
+		      slurp(p.err));
+}
+END_TEST
+
+/* Longer (6 s) than heartbeat_timeout_s (2 s): the hosts of the link find
+ * each other silent, the job fails with exit 5 naming the lost host, and
+ * no agent is left. The bound is from the moment the fault's log line is
+ * seen (polled every 10 ms): heartbeat_timeout_s for the silence (counted
+ * from the last frame before the hole, so at most that) plus 2 s for the
+ * launcher's grace to the other host, its kill and reaping on a loaded
+ * 2-core machine. It ends well before the hole would (6 s) and far before
+ * link_reconnect_timeout_s (30 s). */
+START_TEST(test_blackhole_long)
+{
+	struct proc p;
+	run_hole(&p, "long", "6");
+	double end = now_s() + 60;
+	while (!file_has(p.err, HOLE_FIRED) && proc_wait(&p, 0) == -1 && now_s() < end)
+		usleep(10000);
+	double t0 = now_s();
+	ck_assert_msg(file_has(p.err, HOLE_FIRED), "the fault never fired:\n%s", slurp(p.err));
+	int rc = proc_wait(&p, 60);
+	double dt = now_s() - t0;
+	ck_assert_msg(rc == 5, "local exited %d:\n%s", rc, slurp(p.err));
+	ck_assert_msg(dt <= 2.0 + 2.0, "failed %.2f s after the fault, want <= 4 s:\n%s", dt,
+		      slurp(p.err));
+	ck_assert_msg(kill(-p.pid, 0) == -1 && errno == ESRCH, "an agent is left");
+	ck_assert_file_has(p.err, ": lost host ");
+	ck_assert_file_has(p.err, "(127.0.0.1:");
+	ck_assert_file_has(p.err, "no heartbeat for 2.");
+	ck_assert_msg(!file_has(p.out, ": ok"), "pingpong reported ok");
 }
 END_TEST
 
@@ -381,6 +529,21 @@ static Suite *recover_suite(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_reset_collectives);
 	tcase_add_test(tc, test_reset_training);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("meshes");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 200);
+	tcase_add_test(tc, test_disturbed_fsdp);
+	tcase_add_test(tc, test_disturbed_tensor);
+	tcase_add_test(tc, test_disturbed_expert);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("blackhole");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_blackhole_short);
+	tcase_add_test(tc, test_blackhole_long);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("refused");

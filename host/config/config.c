@@ -116,6 +116,13 @@ static int set_value(struct cfg *c, const struct cfg_key *k, const char *v,
 					 k->name, origin);
 				return -EINVAL;
 			}
+			if (n == 0) {
+				/* as cfg_list_add: an empty item could not be
+				 * written back (a list item is an index) */
+				snprintf(err, errlen, "config: key '%s' (%s): empty list item in '%s'",
+					 k->name, origin, v);
+				return -EINVAL;
+			}
 			memcpy(l->item[l->n], s, n);
 			l->item[l->n][n] = 0;
 			l->n++;

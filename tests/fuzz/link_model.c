@@ -254,6 +254,12 @@ int lm_frame(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *
 	char msg[600];
 	int rc;
 
+	if (f->body_case == MESHRUN__FRAME__BODY_ACK) {
+		/* recv_resumed: an Ack is dropped before the sequence check */
+		m->chunk = false;
+		m->rx_got = 0;
+		return 0;
+	}
 	if (f->link_seq != m->rx_seq + 1) {
 		snprintf(why, whylen, "frame has sequence number %llu, expected %llu",
 			 (unsigned long long)f->link_seq, (unsigned long long)(m->rx_seq + 1));
