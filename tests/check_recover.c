@@ -387,54 +387,12 @@ START_TEST(test_refused_resume)
 		    "connect_timeout_s=20", (char *)NULL);
 
 	/* rendezvous: the agent's Hello, our Topology (job 42) */
-	int fd = -EAGAIN;
-	for (double end = now_s() + 10; fd == -EAGAIN && now_s() < end;) {
-		struct pollfd p = { .fd = lfd, .events = POLLIN };
-		poll(&p, 1, 50);
-		fd = conn_accept(lfd, NULL, 0);
-	}
-	ck_assert_msg(fd >= 0, "the agent never dialled the coordinator:\n%s", slurp(a.err));
-	close(lfd);
-	struct conn *cc = tls_conn_new(ctx, fd, true);
-	ck_assert_ptr_nonnull(cc);
-	fake_handshake(cc, &a);
-	Meshrun__Frame *f = fake_expect(cc, rx, MESHRUN__FRAME__BODY_HELLO);
 	char data_addr[128];
-	snprintf(data_addr, sizeof(data_addr), "%s", f->hello->data_address);
-	uint32_t devices = f->hello->devices;
-	frame_header_free(f);
-	{
-		Meshrun__HostInfo h0 = MESHRUN__HOST_INFO__INIT, h1 = MESHRUN__HOST_INFO__INIT;
-		Meshrun__HostInfo *hosts[2] = { &h0, &h1 };
-		Meshrun__Topology t = MESHRUN__TOPOLOGY__INIT;
-		Meshrun__Frame tf = MESHRUN__FRAME__INIT;
-		h0.host_id = 0;
-		h0.data_address = "127.0.0.1:9";
-		h0.devices = devices;
-		h1.host_id = 1;
-		h1.data_address = data_addr;
-		h1.devices = devices;
-		t.n_hosts = 2;
-		t.hosts = hosts;
-		t.job_id = 42;
-		tf.link_seq = 1;
-		tf.body_case = MESHRUN__FRAME__BODY_TOPOLOGY;
-		tf.topology = &t;
-		fake_send(cc, &tf);
-	}
+	struct conn *cc = fake_rendezvous(lfd, ctx, &a, rx, 42, data_addr, sizeof(data_addr));
 
 	/* the link: we dial as host 0, LinkHello both ways, Barrier both ways */
-	fd = conn_connect_start(data_addr, err, sizeof(err));
-	ck_assert_msg(fd >= 0, "%s", err);
-	struct conn *c = tls_conn_new(ctx, fd, false);
-	ck_assert_ptr_nonnull(c);
-	{
-		struct pollfd p = { .fd = fd, .events = POLLOUT };
-		ck_assert_int_eq(poll(&p, 1, 10000), 1);
-		ck_assert_int_eq(conn_connect_result(fd), 0);
-	}
-	rx->len = 0;
-	fake_handshake(c, &a);
+	struct conn *c = fake_dial_link(ctx, data_addr, &a, rx);
+	Meshrun__Frame *f;
 	Meshrun__Frame lf = MESHRUN__FRAME__INIT;
 	Meshrun__LinkHello lh = MESHRUN__LINK_HELLO__INIT;
 	lh.host_id = 0;

@@ -12,9 +12,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "net/conn.h"
 #include "net/frame.h"
+#include "net/tls_conn.h"
 #include "tests/proc.h"
 
 /* Bytes read but not yet decoded into a frame. */
@@ -103,6 +105,67 @@ static Meshrun__Frame *fake_expect(struct conn *c, struct fake_rx *rx, int body)
 			      "fake peer: unexpected %s frame", frame_body_name(f->body_case));
 		frame_header_free(f);
 	}
+}
+
+/* As host 0, the coordinator of a 2-host job: accepts host 1's agent a on
+ * the listener lfd (closed here), takes its Hello and answers a Topology
+ * carrying job_id and the agent's own data address, which lands in
+ * data_addr. Returns the rendezvous connection. */
+static struct conn *fake_rendezvous(int lfd, SSL_CTX *ctx, struct proc *a, struct fake_rx *rx,
+				    uint64_t job_id, char *data_addr, size_t len)
+{
+	int fd = -EAGAIN;
+	for (double end = now_s() + 10; fd == -EAGAIN && now_s() < end;) {
+		struct pollfd p = { .fd = lfd, .events = POLLIN };
+		poll(&p, 1, 50);
+		fd = conn_accept(lfd, NULL, 0);
+	}
+	ck_assert_msg(fd >= 0, "the agent never dialled the coordinator:\n%s", slurp(a->err));
+	close(lfd);
+	struct conn *cc = tls_conn_new(ctx, fd, true);
+	ck_assert_ptr_nonnull(cc);
+	fake_handshake(cc, a);
+	Meshrun__Frame *f = fake_expect(cc, rx, MESHRUN__FRAME__BODY_HELLO);
+	snprintf(data_addr, len, "%s", f->hello->data_address);
+	uint32_t devices = f->hello->devices;
+	frame_header_free(f);
+
+	Meshrun__HostInfo h0 = MESHRUN__HOST_INFO__INIT, h1 = MESHRUN__HOST_INFO__INIT;
+	Meshrun__HostInfo *hosts[2] = { &h0, &h1 };
+	Meshrun__Topology t = MESHRUN__TOPOLOGY__INIT;
+	Meshrun__Frame tf = MESHRUN__FRAME__INIT;
+	h0.host_id = 0;
+	h0.data_address = "127.0.0.1:9";
+	h0.devices = devices;
+	h1.host_id = 1;
+	h1.data_address = data_addr;
+	h1.devices = devices;
+	t.n_hosts = 2;
+	t.hosts = hosts;
+	t.job_id = job_id;
+	tf.link_seq = 1;
+	tf.body_case = MESHRUN__FRAME__BODY_TOPOLOGY;
+	tf.topology = &t;
+	fake_send(cc, &tf);
+	return cc;
+}
+
+/* As host 0: dials the agent's link listener at data_addr and finishes
+ * TLS on it (rx starts empty). Returns the link's connection. */
+static struct conn *fake_dial_link(SSL_CTX *ctx, const char *data_addr, struct proc *a,
+				   struct fake_rx *rx)
+{
+	char err[256];
+	int fd = conn_connect_start(data_addr, err, sizeof(err));
+	ck_assert_msg(fd >= 0, "%s", err);
+	struct conn *c = tls_conn_new(ctx, fd, false);
+	ck_assert_ptr_nonnull(c);
+	struct pollfd p = { .fd = fd, .events = POLLOUT };
+	ck_assert_int_eq(poll(&p, 1, 10000), 1);
+	ck_assert_int_eq(conn_connect_result(fd), 0);
+	rx->len = 0;
+	fake_handshake(c, a);
+	return c;
 }
 
 #endif
