@@ -21,6 +21,7 @@
 #include "net/link.h"
 #include "net/net.h"
 #include "net/tls_conn.h"
+#include "net/wire_check.h"
 
 #define TICK_MS        50
 /* Bytes per read or write callback before yielding to the poll. Reading
@@ -117,6 +118,15 @@ struct net {
 static inline uint64_t now_ns(void)
 {
 	return xport_now_ns();
+}
+
+/* What the control-message checks (wire_check.h) read of this host. */
+static inline struct wire_self net_wire_self(const struct net *n)
+{
+	return (struct wire_self){ .host_id = n->host_id, .num_hosts = n->num_hosts,
+				   .devices_per_host = n->devices_per_host,
+				   .config_hash = n->config_hash, .job_id = n->job_id,
+				   .addr_max = sizeof(n->peers[0].addr), .x = n->x };
 }
 
 static inline uint64_t sec_ns(double s)

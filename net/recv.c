@@ -30,13 +30,6 @@ static void link_write(struct link *l)
 		link_conn_failed(l, -EPIPE, why);
 }
 
-/* The failure class carried by an Abort's code or a Done's status (a
- * positive errno), as a status. */
-static int done_status(int32_t code)
-{
-	return code > 0 && code < 4096 ? -code : NET_ERR;
-}
-
 /* ---- receiving ---- */
 
 /* A data frame header: find the posted receive and aim the payload at it. */
@@ -49,17 +42,15 @@ static void on_chunk(struct link *l, const Meshrun__CollectiveChunk *c)
 	l->rx_dst = NULL;
 	if (l->state != LS_UP || status_failed(n))
 		return;                 /* discard */
-	if (xport_host_of(n->x, src) != l->peer || xport_host_of(n->x, dst) != n->host_id) {
-		snprintf(why, sizeof(why), "chunk from device %d to device %d does not belong on this link",
-			 src, dst);
+	struct wire_self self = net_wire_self(n);
+	struct wire_rx_msg m = { .in_msg = l->rx_req != NULL, .src = l->rx_src,
+				 .dst = l->rx_dst_dev, .tag = l->rx_tag, .next = l->rx_next,
+				 .total = l->rx_total };
+	if (wire_check_chunk(&self, l->peer, &m, c, why, sizeof(why))) {
 		link_bad_frame(l, why);
 		return;
 	}
 	if (!l->rx_req) {
-		if (c->msg_offset != 0) {
-			link_bad_frame(l, "chunk fragment without its start");
-			return;
-		}
 		const char *what;
 		struct xreq *r = xport_remote_data(n->x, src, dst, c->tag, (size_t)c->msg_bytes,
 						   c->eager, &what);
@@ -80,10 +71,6 @@ static void on_chunk(struct link *l, const Meshrun__CollectiveChunk *c)
 		l->rx_total = c->msg_bytes;
 		l->rx_next = 0;
 		l->rx_land = (struct xland){ 0 };
-	} else if (src != l->rx_src || dst != l->rx_dst_dev || c->tag != l->rx_tag ||
-		   c->msg_offset != l->rx_next || c->msg_bytes != l->rx_total) {
-		link_bad_frame(l, "chunk fragment out of order");
-		return;
 	}
 	l->rx_dst = (uint8_t *)l->rx_req->buf + c->msg_offset;
 	l->rx_next += c->byte_count;
@@ -103,16 +90,15 @@ static void on_recv_ready(struct link *l, const Meshrun__RecvReady *rr)
 {
 	struct net *n = l->net;
 	char why[200];
-	int src = (int)rr->src_device, dst = (int)rr->dst_device;
 	if (status_failed(n))
 		return;
-	if (xport_host_of(n->x, src) != n->host_id || xport_host_of(n->x, dst) != l->peer) {
-		snprintf(why, sizeof(why), "recv_ready for device %d -> %d does not belong on this link",
-			 src, dst);
+	struct wire_self self = net_wire_self(n);
+	if (wire_check_recv_ready(&self, l->peer, rr, why, sizeof(why))) {
 		link_bad_frame(l, why);
 		return;
 	}
-	struct xreq *r = xport_remote_ready(n->x, src, dst, rr->tag, (size_t)rr->byte_count);
+	struct xreq *r = xport_remote_ready(n->x, (int)rr->src_device, (int)rr->dst_device, rr->tag,
+					    (size_t)rr->byte_count);
 	if (!r)
 		return;
 	if (link_queue_msg(l, r))
@@ -135,44 +121,26 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 		return;
 	}
 	if (l->state == LS_HELLO) {
+		if (wire_check_hello_stage(l->role, body, why, sizeof(why))) {
+			if (l->role == ROLE_COORD_IN || (l->role == ROLE_LINK_IN && l->peer < 0))
+				rdv_refuse_conn(l, why);
+			else
+				link_bad_frame(l, why);
+			return;
+		}
 		switch (l->role) {
 		case ROLE_COORD_IN:
-			if (body == MESHRUN__FRAME__BODY_HELLO) {
-				rdv_coord_on_hello(l, f->hello);
-				return;
-			}
-			break;
+			rdv_coord_on_hello(l, f->hello);
+			return;
 		case ROLE_COORD_OUT:
-			if (body == MESHRUN__FRAME__BODY_TOPOLOGY) {
-				rdv_agent_on_topology(l, f->topology);
-				return;
-			}
 			if (body == MESHRUN__FRAME__BODY_REFUSE)
 				goto refused;
-			break;
+			rdv_agent_on_topology(l, f->topology);
+			return;
 		case ROLE_LINK_IN:
-			if (body == MESHRUN__FRAME__BODY_LINK_HELLO) {
-				rdv_accept_link_hello(l, f->link_hello);
-				return;
-			}
-			break;
+			rdv_accept_link_hello(l, f->link_hello);
+			return;
 		case ROLE_LINK_OUT:
-			if (body == MESHRUN__FRAME__BODY_LINK_HELLO && l->was_up) {
-				rdv_link_resumed(l, f->link_hello);
-				return;
-			}
-			if (body == MESHRUN__FRAME__BODY_LINK_HELLO) {
-				if ((int)f->link_hello->host_id != l->peer ||
-				    f->link_hello->job_id != n->job_id) {
-					snprintf(why, sizeof(why), "host %d answered as host %u of job %llx",
-						 l->peer, f->link_hello->host_id,
-						 (unsigned long long)f->link_hello->job_id);
-					link_bad_frame(l, why);
-					return;
-				}
-				rdv_link_up(l, l->peer);
-				return;
-			}
 			if (body == MESHRUN__FRAME__BODY_REFUSE) {
 				snprintf(why, sizeof(why), "host %d (%s) refused our link: %s", l->peer,
 					 l->addr, f->refuse->reason);
@@ -180,16 +148,26 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 				link_fail_all(n, NET_ERR_REFUSED, -ECONNREFUSED, why);
 				return;
 			}
-			break;
+			if (l->was_up) {
+				rdv_link_resumed(l, f->link_hello);
+				return;
+			}
+			struct wire_self self = net_wire_self(n);
+			if (wire_check_link_answer(&self, l->peer, l->addr, false, f->link_hello, why,
+						   sizeof(why))) {
+				link_bad_frame(l, why);
+				return;
+			}
+			rdv_link_up(l, l->peer);
+			return;
 		}
-		snprintf(why, sizeof(why), "unexpected %s frame before the hello", frame_body_name(body));
-		if (l->role == ROLE_COORD_IN || (l->role == ROLE_LINK_IN && l->peer < 0))
-			rdv_refuse_conn(l, why);
-		else
-			link_bad_frame(l, why);
 		return;
 	}
 	/* LS_UP */
+	if (wire_check_running(body, why, sizeof(why))) {
+		link_bad_frame(l, why);
+		return;
+	}
 	switch (body) {
 	case MESHRUN__FRAME__BODY_HEARTBEAT:
 		return;
@@ -208,13 +186,13 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 		if (f->done->status) {
 			snprintf(why, sizeof(why), "host %d finished with status %d", l->peer,
 				 f->done->status);
-			link_fail_all(n, done_status(f->done->status), -ECONNABORTED, why);
+			link_fail_all(n, wire_done_status(f->done->status), -ECONNABORTED, why);
 			return;
 		}
 		link_check_finish(n);
 		return;
 	case MESHRUN__FRAME__BODY_ABORT: {
-		int code = done_status(f->abort->code);
+		int code = wire_done_status(f->abort->code);
 		snprintf(why, sizeof(why), "host %d aborted the job: %s", l->peer,
 			 f->abort->reason ? f->abort->reason : "");
 		/* the sender closes next; that is not news */
@@ -222,11 +200,8 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 		link_fail_all(n, code, -ECONNABORTED, why);
 		return;
 	}
-	default:
-		snprintf(why, sizeof(why), "unexpected %s frame on a running link", frame_body_name(body));
-		link_bad_frame(l, why);
-		return;
 	}
+	return;
 
 refused:
 	snprintf(why, sizeof(why), "rendezvous refused by the coordinator (%s): %s", l->addr,
@@ -235,24 +210,33 @@ refused:
 	link_fail_all(n, NET_ERR_REFUSED, -ECONNREFUSED, why);
 }
 
-/* Recovery, before the sequence check: the ack_seq every frame carries;
- * an Ack; the peer's resume hello; a frame we have already (dropped);
- * the frame whose payload was half read when the link broke (the rest
- * of it is read). true if f was handled (and freed) here. */
-static bool recv_resumed(struct link *l, Meshrun__Frame *f)
+/* Sequence numbers (wire_check_seq) and, with recovery, the ack_seq
+ * every frame carries; an Ack; the peer's resume hello; a frame we have
+ * already (dropped); the frame whose payload was half read when the link
+ * broke (the rest of it is read). true if f was handled (and freed) here:
+ * a bad number fails the link. */
+static bool recv_seq(struct link *l, Meshrun__Frame *f)
 {
-	int body = f->body_case;
-	if (body == MESHRUN__FRAME__BODY_LINK_HELLO && f->link_seq == 0 && l->state == LS_HELLO) {
-		/* the resume hello (unsequenced) */
+	struct net *n = l->net;
+	char why[300];
+	struct wire_rx_seq s = { .replay = n->replay_cap > 0, .hello = l->state == LS_HELLO,
+				 .rx_seq = l->rx_seq, .part_seq = l->rx_part_seq };
+	int k = wire_check_seq(&s, f, why, sizeof(why));
+	if (k == WIRE_SEQ_RESUME_HELLO) {
 		dispatch(l, f);
 		frame_header_free(f);
 		l->rx_got = 0;
 		l->rx_stage = RX_PREFIX;
 		return true;
 	}
-	if (l->state == LS_UP || l->state == LS_CLOSING)
+	if (n->replay_cap && (l->state == LS_UP || l->state == LS_CLOSING))
 		link_acked(l, f->ack_seq);
-	if (body == MESHRUN__FRAME__BODY_ACK || (f->link_seq && f->link_seq <= l->rx_seq)) {
+	if (k < 0) {
+		frame_header_free(f);
+		link_bad_frame(l, why);
+		return true;
+	}
+	if (k == WIRE_SEQ_SKIP) {
 		/* an Ack, or a frame we have: its payload (if any) is skipped */
 		frame_header_free(f);
 		l->rx_dst = NULL;
@@ -262,7 +246,7 @@ static bool recv_resumed(struct link *l, Meshrun__Frame *f)
 		l->rx_dup = l->rx_p.payload_len > 0;
 		return true;
 	}
-	if (l->rx_part_seq && f->link_seq == l->rx_part_seq && f->link_seq == l->rx_seq + 1) {
+	if (k == WIRE_SEQ_PART) {
 		/* on_chunk ran for it before the break and its receive is set */
 		l->rx_seq = f->link_seq;
 		l->rx_in_frame = true;
@@ -287,16 +271,8 @@ static void header_done(struct link *l)
 		link_bad_frame(l, why);
 		return;
 	}
-	if (n->replay_cap && recv_resumed(l, f))
+	if (recv_seq(l, f))
 		return;
-	if (f->link_seq != l->rx_seq + 1) {
-		snprintf(why, sizeof(why), "%s frame has sequence number %llu, expected %llu",
-			 frame_body_name(f->body_case), (unsigned long long)f->link_seq,
-			 (unsigned long long)(l->rx_seq + 1));
-		frame_header_free(f);
-		link_bad_frame(l, why);
-		return;
-	}
 	l->rx_seq = f->link_seq;
 	if (link_fault(l, false, f) == LINK_FAULT_CLOSE) {
 		/* as if the read had failed */

@@ -16,16 +16,7 @@ static void check_links(struct net *n);
 
 /* ---- rendezvous: coordinator side ---- */
 
-static void hex8(const uint8_t *h, size_t len, char *out)
-{
-	static const char d[] = "0123456789abcdef";
-	size_t i;
-	for (i = 0; i < 4 && i < len; i++) {
-		out[2 * i] = d[h[i] >> 4];
-		out[2 * i + 1] = d[h[i] & 15];
-	}
-	out[2 * i] = 0;
-}
+_Static_assert(sizeof(((struct net *)0)->config_hash) == WIRE_HASH_LEN, "config hash size");
 
 /* Refuses one connection; the rendezvous goes on. */
 void rdv_refuse_conn(struct link *l, const char *reason)
@@ -94,7 +85,7 @@ static void send_topology(struct net *n)
 void rdv_coord_on_hello(struct link *l, const Meshrun__Hello *h)
 {
 	struct net *n = l->net;
-	char why[400], a[16], b[16];
+	char why[400];
 	int id = (int)h->host_id;
 
 	if (l->peer >= 0) {
@@ -105,61 +96,18 @@ void rdv_coord_on_hello(struct link *l, const Meshrun__Hello *h)
 		rdv_refuse_conn(l, why);
 		return;
 	}
-	if (id <= 0 || id >= n->num_hosts) {
-		if (id == 0)
-			snprintf(why, sizeof(why), "duplicate host id 0: host 0 is the coordinator");
-		else
-			snprintf(why, sizeof(why), "host id %d is out of range: the cluster has %d hosts (0..%d)",
-				 id, n->num_hosts, n->num_hosts - 1);
-		rdv_refuse_conn(l, why);
-		return;
+	struct wire_self self = net_wire_self(n);
+	struct wire_join j = { .topology_done = n->topology_done };
+	if (id > 0 && id < n->num_hosts) {
+		j.joined = n->peers[id].joined;
+		j.joined_from = n->peers[id].coord_in ? n->peers[id].coord_in->addr : NULL;
 	}
-	if (n->topology_done && !n->peers[id].joined) {
-		snprintf(why, sizeof(why), "the rendezvous is over: the cluster started without host %d", id);
-		rdv_refuse_conn(l, why);
-		return;
-	}
-	if (n->peers[id].joined) {
-		snprintf(why, sizeof(why), "duplicate host id %d: host %d already joined%s%s", id, id,
-			 n->peers[id].coord_in ? " from " : "",
-			 n->peers[id].coord_in ? n->peers[id].coord_in->addr : "");
-		rdv_refuse_conn(l, why);
-		return;
-	}
-	if (!h->version || strcmp(h->version, NET_VERSION)) {
-		snprintf(why, sizeof(why), "host %d runs version '%s', the coordinator '%s'", id,
-			 h->version ? h->version : "", NET_VERSION);
+	int rc = wire_check_hello(&self, &j, h, why, sizeof(why));
+	if (rc == -EINVAL) {
 		rendezvous_fail(n, l, why);
 		return;
 	}
-	if ((int)h->num_hosts != n->num_hosts) {
-		snprintf(why, sizeof(why), "host %d was started for %u hosts, the coordinator for %d",
-			 id, h->num_hosts, n->num_hosts);
-		rendezvous_fail(n, l, why);
-		return;
-	}
-	if (h->config_hash.len != sizeof(n->config_hash) ||
-	    memcmp(h->config_hash.data, n->config_hash, sizeof(n->config_hash))) {
-		hex8(h->config_hash.data, h->config_hash.len, a);
-		hex8(n->config_hash, sizeof(n->config_hash), b);
-		snprintf(why, sizeof(why),
-			 "host %d's config hash %s differs from the coordinator's %s: run every host with the same config and overrides",
-			 id, a, b);
-		rendezvous_fail(n, l, why);
-		return;
-	}
-	if ((int)h->devices != n->devices_per_host) {
-		snprintf(why, sizeof(why), "host %d has %u devices, the mesh wants %d per host",
-			 id, h->devices, n->devices_per_host);
-		rendezvous_fail(n, l, why);
-		return;
-	}
-	char hostpart[128];
-	int port;
-	if (!h->data_address || conn_split_addr(h->data_address, hostpart, sizeof(hostpart), &port) ||
-	    !port || strlen(h->data_address) >= sizeof(n->peers[id].addr)) {
-		snprintf(why, sizeof(why), "host %d sent a bad data address '%s'", id,
-			 h->data_address ? h->data_address : "");
+	if (rc) {
 		rdv_refuse_conn(l, why);
 		return;
 	}
@@ -210,20 +158,13 @@ void rdv_agent_on_topology(struct link *l, const Meshrun__Topology *t)
 {
 	struct net *n = l->net;
 	char msg[400];
-	if ((int)t->n_hosts != n->num_hosts) {
-		snprintf(msg, sizeof(msg), "coordinator sent a topology of %zu hosts, expected %d",
-			 t->n_hosts, n->num_hosts);
+	struct wire_self self = net_wire_self(n);
+	if (wire_check_topology(&self, t, msg, sizeof(msg))) {
 		link_fail_all(n, NET_ERR, -EPROTO, msg);
 		return;
 	}
 	for (size_t i = 0; i < t->n_hosts; i++) {
 		const Meshrun__HostInfo *h = t->hosts[i];
-		if (h->host_id != i || !h->data_address || !h->data_address[0] ||
-		    strlen(h->data_address) >= sizeof(n->peers[i].addr)) {
-			snprintf(msg, sizeof(msg), "coordinator sent a bad topology entry %zu", i);
-			link_fail_all(n, NET_ERR, -EPROTO, msg);
-			return;
-		}
 		snprintf(n->peers[i].addr, sizeof(n->peers[i].addr), "%s", h->data_address);
 		n->peers[i].devices = h->devices;
 	}
@@ -388,10 +329,9 @@ void rdv_redial(struct link *l)
 void rdv_link_resumed(struct link *l, const Meshrun__LinkHello *h)
 {
 	struct net *n = l->net;
-	char why[200];
-	if ((int)h->host_id != l->peer || h->job_id != n->job_id || !h->resume) {
-		snprintf(why, sizeof(why), "host %d (%s) answered our redial as host %u of job %llx",
-			 l->peer, l->addr, h->host_id, (unsigned long long)h->job_id);
+	char why[300];
+	struct wire_self self = net_wire_self(n);
+	if (wire_check_link_answer(&self, l->peer, l->addr, true, h, why, sizeof(why))) {
 		status_log(n, "%s", why);
 		link_conn_failed(l, -EPROTO, why);
 		return;
@@ -399,19 +339,13 @@ void rdv_link_resumed(struct link *l, const Meshrun__LinkHello *h)
 	resumed_up(l, h->last_seq);
 }
 
-/* A redial from host id that passed the checks (job id, identity): its
- * connection replaces the link's broken one. Nothing before this touches
- * the link it claims. */
+/* A redial from host id that passed the checks (job id, identity, a link
+ * that can resume): its connection replaces the link's broken one.
+ * Nothing before this touches the link it claims. */
 static void resume_accepted(struct link *t, int id, const Meshrun__LinkHello *h)
 {
 	struct net *n = t->net;
-	char why[200];
 	struct link *l = n->peers[id].l;
-	if (!n->replay_cap || !l || !l->was_up || (l->state != LS_UP && l->state != LS_BROKEN)) {
-		snprintf(why, sizeof(why), "host %d asked to resume a link that is not running", id);
-		rdv_refuse_conn(t, why);
-		return;
-	}
 	if (l->state == LS_UP && !link_break(l, "the peer redialed")) {
 		rdv_refuse_conn(t, "this link cannot be resumed now");
 		return;
@@ -440,13 +374,8 @@ void rdv_accept_link_hello(struct link *l, const Meshrun__LinkHello *h)
 	struct net *n = l->net;
 	char why[400];
 	int id = (int)h->host_id;
-	if (h->job_id != n->job_id) {
-		rdv_refuse_conn(l, "link hello for another job (stale agent?)");
-		return;
-	}
-	if (id < 0 || id >= n->host_id) {
-		snprintf(why, sizeof(why), "host %d may not dial host %d (the lower id dials)",
-			 id, n->host_id);
+	struct wire_self self = net_wire_self(n);
+	if (wire_check_link_hello(&self, h, why, sizeof(why))) {
 		rdv_refuse_conn(l, why);
 		return;
 	}
@@ -454,13 +383,18 @@ void rdv_accept_link_hello(struct link *l, const Meshrun__LinkHello *h)
 		rdv_refuse_conn(l, why);
 		return;
 	}
-	if (h->resume) {
-		resume_accepted(l, id, h);
+	const struct link *o = n->peers[id].l;
+	struct wire_link_view v = {
+		.exists = o != NULL,
+		.resumable = n->replay_cap && o && o->was_up &&
+			     (o->state == LS_UP || o->state == LS_BROKEN),
+	};
+	if (wire_check_link_join(&v, h, why, sizeof(why))) {
+		rdv_refuse_conn(l, why);
 		return;
 	}
-	if (n->peers[id].l) {
-		snprintf(why, sizeof(why), "duplicate link from host %d", id);
-		rdv_refuse_conn(l, why);
+	if (h->resume) {
+		resume_accepted(l, id, h);
 		return;
 	}
 	send_link_hello(l);
