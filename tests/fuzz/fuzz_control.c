@@ -1,20 +1,40 @@
-/* (b) Each message body as it comes off a link: input byte 0 picks the body
- * (hello, topology, refuse, link_hello, heartbeat, barrier, abort, done,
- * chunk, recv_ready), the rest is that message's protobuf bytes. The
- * target wraps them in a Frame header (link_seq 1, the body's field),
- * runs the real frame_parse_header (protobuf-c unpack + frame checks),
- * then the link model's checks for that body (link_model.h: the rendezvous
- * checks for hello/topology/link_hello, xport matching and landing for
- * chunk/recv_ready); a chunk carries byte_count bytes of payload (up to
- * 64 KiB; larger ones are only parsed). */
+/* (b) Each control message through the real checks of its handler
+ * (net/wire_check.c, called by recv.c and rendezvous.c). Input: byte 0
+ * picks the body (hello .. ack), byte 1 the state of the link it arrives
+ * on (CTL_* bits below), byte 2 its link_seq; the rest is the body's
+ * protobuf bytes. The target wraps them in a Frame header, runs the real
+ * frame_parse_header, then what recv.c's header_done and dispatch run for
+ * that state: wire_check_seq; before the hello, wire_check_hello_stage and
+ * the role's check (coordinator: wire_check_hello; agent:
+ * wire_check_topology; acceptor: wire_check_link_hello and
+ * wire_check_link_join; dialer: wire_check_link_answer); on a running
+ * link, the link model (link_model.h: wire_check_running,
+ * wire_check_chunk, wire_check_recv_ready and the real xport). Properties:
+ * each check returns 0 or its documented errors with a one-line reason,
+ * and what the handler does next with a passed body (index its peer
+ * table, copy an address into its 128-byte slot) is in bounds. A chunk
+ * carries byte_count bytes of payload (up to 64 KiB; larger are only
+ * parsed). Real: every check, frame_parse_header, xport. Modelled: the
+ * link's receive state and the job (link_model.c). */
 #include <errno.h>
 #include <string.h>
 
 #include "net/frame.h"
+#include "net/wire_check.h"
 #include "tests/fuzz/fuzz.h"
 #include "tests/fuzz/link_model.h"
 
 #define MAX_PAYLOAD (64u << 10)
+
+/* byte 1 */
+#define CTL_ROLE(b)   ((enum link_role)((b) & 3))   /* before the hello */
+#define CTL_RUNNING   0x04   /* the link is UP (else it waits for a hello) */
+#define CTL_REPLAY    0x08   /* recovery on */
+#define CTL_WAS_UP    0x10   /* dialer: a redial; acceptor: the link can resume */
+#define CTL_TOPO_DONE 0x20   /* coordinator: the topology went out */
+#define CTL_JOINED    0x40   /* coordinator: the id joined; acceptor: a link exists */
+#define CTL_PART      0x80   /* a frame was half read when the link broke */
+#define CTL_RX_SEQ    4      /* frames received so far on a link that ran */
 
 static const struct frame_limits lim = { .max_payload = 64u << 20 };
 
@@ -28,20 +48,147 @@ static size_t put_varint(uint8_t *p, uint64_t v)
 	return n;
 }
 
+/* A check's result: rc is 0 or one of the allowed errors (a second
+ * allowed error, or 0 for none), and a failure says why on one line. */
+static void checked(int rc, int e1, int e2, const char *err, const char *what)
+{
+	FUZZ_CHECK(rc == 0 || rc == e1 || (e2 && rc == e2));
+	if (rc) {
+		FUZZ_CHECK(err[0] && !strchr(err, '\n') && !strchr(err, '\r'));
+		fuzz_note(what, err);
+	}
+}
+
+/* rendezvous.c rdv_coord_on_hello, after the certificate check */
+static void coord_hello(const struct wire_self *s, unsigned st, const Meshrun__Hello *h)
+{
+	char err[600] = "";
+	struct wire_join j = { .topology_done = st & CTL_TOPO_DONE, .joined = st & CTL_JOINED,
+			       .joined_from = st & CTL_REPLAY ? "127.0.0.1:40000" : NULL };
+	int rc = wire_check_hello(s, &j, h, err, sizeof(err));
+	checked(rc, -EBADMSG, -EINVAL, err, "hello");
+	if (rc)
+		return;
+	/* the handler indexes peers[id] and copies the address into its slot */
+	FUZZ_CHECK((int)h->host_id > 0 && (int)h->host_id < s->num_hosts);
+	FUZZ_CHECK(h->data_address && strlen(h->data_address) < s->addr_max);
+	FUZZ_CHECK(!(st & CTL_JOINED) && (int)h->devices == s->devices_per_host);
+}
+
+/* rendezvous.c rdv_agent_on_topology */
+static void agent_topology(const struct wire_self *s, const Meshrun__Topology *t)
+{
+	char err[600] = "", addr[LM_ADDR_MAX];
+	int rc = wire_check_topology(s, t, err, sizeof(err));
+	checked(rc, -EBADMSG, 0, err, "topology");
+	if (rc)
+		return;
+	FUZZ_CHECK((int)t->n_hosts == s->num_hosts);
+	for (size_t i = 0; i < t->n_hosts; i++) {
+		FUZZ_CHECK(t->hosts[i]->host_id == i && t->hosts[i]->data_address);
+		size_t n = strlen(t->hosts[i]->data_address);
+		FUZZ_CHECK(n > 0 && n < sizeof(addr));
+		memcpy(addr, t->hosts[i]->data_address, n + 1);
+	}
+}
+
+/* rendezvous.c rdv_accept_link_hello, the certificate taken as matching */
+static void accept_link_hello(const struct wire_self *s, unsigned st,
+			      const Meshrun__LinkHello *h)
+{
+	char err[600] = "";
+	int rc = wire_check_link_hello(s, h, err, sizeof(err));
+	checked(rc, -EBADMSG, 0, err, "link_hello");
+	if (rc)
+		return;
+	/* the handler reads peers[id] next */
+	FUZZ_CHECK((int)h->host_id >= 0 && (int)h->host_id < s->host_id);
+	FUZZ_CHECK(h->job_id == s->job_id);
+	struct wire_link_view v = { .exists = st & (CTL_JOINED | CTL_WAS_UP),
+				    .resumable = st & CTL_WAS_UP };
+	rc = wire_check_link_join(&v, h, err, sizeof(err));
+	checked(rc, -EBADMSG, 0, err, "link_hello join");
+	/* a resume takes over a running link; a new link replaces none */
+	FUZZ_CHECK(rc || (h->resume ? v.resumable : !v.exists));
+}
+
+/* recv.c dispatch (dialer, a first link) and rendezvous.c rdv_link_resumed */
+static void link_answer(const struct wire_self *s, unsigned st, const Meshrun__LinkHello *h)
+{
+	char err[600] = "";
+	bool was_up = st & CTL_WAS_UP;
+	int rc = wire_check_link_answer(s, LM_PEER, "127.0.0.1:7000", was_up, h, err,
+					sizeof(err));
+	checked(rc, -EBADMSG, 0, err, "link_hello answer");
+	FUZZ_CHECK(rc || ((int)h->host_id == LM_PEER && h->job_id == s->job_id &&
+			  (!was_up || h->resume)));
+}
+
+/* recv.c dispatch before the hello */
+static void hello_stage(const struct wire_self *s, unsigned st, const Meshrun__Frame *f)
+{
+	char err[600] = "";
+	enum link_role role = CTL_ROLE(st);
+	int rc = wire_check_hello_stage(role, f->body_case, err, sizeof(err));
+	checked(rc, -EBADMSG, 0, err, "before the hello");
+	if (rc || f->body_case == MESHRUN__FRAME__BODY_REFUSE)
+		return;
+	switch (role) {
+	case ROLE_COORD_IN:
+		coord_hello(s, st, f->hello);
+		break;
+	case ROLE_COORD_OUT:
+		agent_topology(s, f->topology);
+		break;
+	case ROLE_LINK_IN:
+		accept_link_hello(s, st, f->link_hello);
+		break;
+	case ROLE_LINK_OUT:
+		link_answer(s, st, f->link_hello);
+		break;
+	}
+}
+
+/* The link's running stage, through the link model: 0 if its payload is
+ * to be fed to the model. */
+static int running(const Meshrun__Frame *f, const uint8_t *body, size_t blen, uint64_t plen)
+{
+	char why[600] = "";
+	struct lm *m = lm_new();
+	int rc = lm_body(m, f, plen, why, sizeof(why));
+	checked(rc, -EBADMSG, 0, why, "running link");
+	if (rc == 0 && plen) {
+		/* the payload: the body's own bytes, repeated */
+		uint8_t *p = malloc((size_t)plen);
+		FUZZ_CHECK(p);
+		for (size_t i = 0; i < plen; i++)
+			p[i] = blen ? body[i % blen] : (uint8_t)i;
+		lm_payload(m, p, (size_t)plen);
+		free(p);
+	}
+	if (rc == 0)
+		lm_payload_done(m);
+	lm_free(m);
+	return rc;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+	static uint8_t hash[WIRE_HASH_LEN];
 	char why[600];
-	if (size < 1 || size > 4096)
+	if (size < 3 || size > 4096)
 		return 0;
-	unsigned field = MESHRUN__FRAME__BODY_HELLO + data[0] % 10; /* fields 10..19 */
-	const uint8_t *body = data + 1;
-	size_t blen = size - 1;
+	unsigned field = MESHRUN__FRAME__BODY_HELLO + data[0] % 11; /* fields 10..20 */
+	unsigned st = data[1];
+	uint64_t link_seq = data[2];
+	const uint8_t *body = data + 3;
+	size_t blen = size - 3;
 
-	uint8_t *hdr = malloc(blen + 16);
+	uint8_t *hdr = malloc(blen + 24);
 	FUZZ_CHECK(hdr);
 	size_t hl = 0;
-	hdr[hl++] = 0x08;                 /* link_seq = 1 */
-	hdr[hl++] = 0x01;
+	hdr[hl++] = 0x08;                 /* link_seq */
+	hl += put_varint(hdr + hl, link_seq);
 	hl += put_varint(hdr + hl, (uint64_t)field << 3 | 2);
 	hl += put_varint(hdr + hl, blen);
 	memcpy(hdr + hl, body, blen);
@@ -65,29 +212,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fuzz_note("header", why);
 		return 0;
 	}
-	FUZZ_CHECK((unsigned)f->body_case == field && f->link_seq == 1);
-	if (plen > MAX_PAYLOAD) {
-		frame_header_free(f);
-		return 0;
-	}
-	struct lm *m = lm_new();
+	FUZZ_CHECK((unsigned)f->body_case == field && f->link_seq == link_seq);
+
+	/* recv.c header_done: the sequence check for this link's state */
+	bool run = st & CTL_RUNNING, ran = run || (st & CTL_WAS_UP);
+	struct wire_rx_seq rs = { .replay = st & CTL_REPLAY, .hello = !run,
+				  .rx_seq = ran ? CTL_RX_SEQ : 0,
+				  .part_seq = (st & CTL_PART) && ran ? CTL_RX_SEQ + 1 : 0 };
 	why[0] = 0;
-	int rc = lm_frame(m, f, plen, why, sizeof(why));
-	FUZZ_CHECK(rc == 0 || (rc == -EPROTO && why[0]));
-	if (rc)
-		fuzz_note("link model", why);
-	if (rc == 0 && plen) {
-		/* the payload: the body's own bytes, repeated */
-		uint8_t *p = malloc((size_t)plen);
-		FUZZ_CHECK(p);
-		for (size_t i = 0; i < plen; i++)
-			p[i] = blen ? body[i % blen] : (uint8_t)i;
-		lm_payload(m, p, (size_t)plen);
-		free(p);
+	int k = wire_check_seq(&rs, f, why, sizeof(why));
+	checked(k < 0 ? k : 0, -EBADMSG, 0, why, "sequence");
+	FUZZ_CHECK(k <= WIRE_SEQ_PART);
+	FUZZ_CHECK(k != WIRE_SEQ_NEXT || f->link_seq == rs.rx_seq + 1);
+	FUZZ_CHECK(k != WIRE_SEQ_SKIP || field == MESHRUN__FRAME__BODY_ACK ||
+		   (f->link_seq && f->link_seq <= rs.rx_seq));
+	FUZZ_CHECK(k != WIRE_SEQ_RESUME_HELLO || (rs.replay && !run && f->link_seq == 0));
+	if (k == WIRE_SEQ_NEXT || k == WIRE_SEQ_RESUME_HELLO) {
+		memset(hash, LM_CONFIG_HASH_BYTE, sizeof(hash));
+		struct wire_self s = { .host_id = LM_HOST_ID, .num_hosts = LM_NUM_HOSTS,
+				       .devices_per_host = 2, .config_hash = hash,
+				       .job_id = LM_JOB_ID, .addr_max = LM_ADDR_MAX };
+		if (!run || k == WIRE_SEQ_RESUME_HELLO)
+			hello_stage(&s, st, f);
+		else if (plen <= MAX_PAYLOAD)
+			running(f, body, blen, plen);
 	}
-	if (rc == 0)
-		lm_payload_done(m);
 	frame_header_free(f);
-	lm_free(m);
 	return 0;
 }

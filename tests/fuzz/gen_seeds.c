@@ -13,6 +13,7 @@
 #include "host/ckpt/safetensors.h"
 #include "net/frame.h"
 #include "net/net.h"
+#include "net/link.h"
 #include "tests/fuzz/link_model.h"
 
 static const char *outdir;
@@ -155,8 +156,71 @@ static Meshrun__Frame frame(uint64_t seq, int body, void *msg)
 	return f;
 }
 
-/* fuzz_frame: each kind as one whole frame; fuzz_control: its body alone,
- * after the selector byte fuzz_control reads */
+/* fuzz_control's state bits (byte 1), as in fuzz_control.c */
+#define CTL_RUNNING   0x04
+#define CTL_REPLAY    0x08
+#define CTL_WAS_UP    0x10
+#define CTL_PART      0x80
+#define CTL_NEXT      5      /* the next link_seq on a link that ran */
+
+/* fuzz_control: the body selector, the link's state, the frame's link_seq,
+ * then the body alone */
+static void put_control(const char *name, int body, unsigned st, uint8_t seq, const void *msg)
+{
+	const ProtobufCMessage *m = msg;
+	size_t n = protobuf_c_message_get_packed_size(m);
+	uint8_t *p = malloc(n + 3);
+	if (!p)
+		exit(1);
+	p[0] = (uint8_t)(body - MESHRUN__FRAME__BODY_HELLO);
+	p[1] = (uint8_t)st;
+	p[2] = seq;
+	protobuf_c_message_pack(m, p + 3);
+	put("control", name, p, n + 3);
+	free(p);
+}
+
+/* The state each kind arrives in: a hello kind before the hello on the
+ * connection of the role that takes it, the rest on a running link. */
+static unsigned control_state(int body)
+{
+	switch (body) {
+	case MESHRUN__FRAME__BODY_HELLO: return ROLE_COORD_IN;
+	case MESHRUN__FRAME__BODY_TOPOLOGY: return ROLE_COORD_OUT;
+	case MESHRUN__FRAME__BODY_REFUSE: return ROLE_COORD_OUT;
+	case MESHRUN__FRAME__BODY_LINK_HELLO: return ROLE_LINK_IN;
+	default: return CTL_RUNNING;
+	}
+}
+
+/* The states the rendezvous and recovery checks tell apart. */
+static void control_states(void)
+{
+	static Meshrun__Ack ack = MESHRUN__ACK__INIT;
+	Meshrun__LinkHello resume = link_hello;
+	resume.resume = 1;
+	resume.last_seq = 3;
+	put_control("link_hello-answer", MESHRUN__FRAME__BODY_LINK_HELLO, ROLE_LINK_OUT, 1,
+		    &link_hello);
+	put_control("link_hello-resume-accept", MESHRUN__FRAME__BODY_LINK_HELLO,
+		    ROLE_LINK_IN | CTL_REPLAY | CTL_WAS_UP, 0, &resume);
+	put_control("link_hello-resume-answer", MESHRUN__FRAME__BODY_LINK_HELLO,
+		    ROLE_LINK_OUT | CTL_REPLAY | CTL_WAS_UP, 0, &resume);
+	put_control("link_hello-duplicate", MESHRUN__FRAME__BODY_LINK_HELLO, ROLE_LINK_IN | 0x40, 1,
+		    &link_hello);
+	put_control("refuse-link", MESHRUN__FRAME__BODY_REFUSE, ROLE_LINK_OUT, 1, &refuse);
+	put_control("hello-late", MESHRUN__FRAME__BODY_HELLO, ROLE_COORD_IN | 0x20, 1, &hello);
+	put_control("ack", MESHRUN__FRAME__BODY_ACK, CTL_RUNNING | CTL_REPLAY, 0, &ack);
+	put_control("heartbeat-dup", MESHRUN__FRAME__BODY_HEARTBEAT, CTL_RUNNING | CTL_REPLAY, 3,
+		    &heartbeat);
+	put_control("heartbeat-bad-seq", MESHRUN__FRAME__BODY_HEARTBEAT, CTL_RUNNING, 9,
+		    &heartbeat);
+	put_control("hello-on-running-link", MESHRUN__FRAME__BODY_HELLO, CTL_RUNNING, CTL_NEXT,
+		    &hello);
+}
+
+/* fuzz_frame: each kind as one whole frame; fuzz_control: its body alone
+ * (put_control) */
 static void one_of_each(void)
 {
 	static const struct { int body; void *msg; } kinds[] = {
@@ -187,14 +251,11 @@ static void one_of_each(void)
 		add_frame(&all, &f, 0);
 		free(b.p);
 
-		const ProtobufCMessage *m = kinds[i].msg;
-		size_t n = protobuf_c_message_get_packed_size(m);
-		uint8_t *p = malloc(n + 1);
-		p[0] = (uint8_t)(kinds[i].body - MESHRUN__FRAME__BODY_HELLO);
-		protobuf_c_message_pack(m, p + 1);
-		put("control", frame_body_name(kinds[i].body), p, n + 1);
-		free(p);
+		unsigned st = control_state(kinds[i].body);
+		put_control(frame_body_name(kinds[i].body), kinds[i].body, st,
+			    st & CTL_RUNNING ? CTL_NEXT : 1, kinds[i].msg);
 	}
+	control_states();
 	put("frame", "all-kinds", all.p, all.n);
 	free(all.p);
 	for (size_t i = 0; i < sizeof(chunks) / sizeof(chunks[0]); i++) {
@@ -203,13 +264,11 @@ static void one_of_each(void)
 		add_frame(&b, &f, 0x40);
 		put("frame", chunks[i].name, b.p, b.n);
 		free(b.p);
-		size_t n = meshrun__collective_chunk__get_packed_size(chunks[i].c);
-		uint8_t *p = malloc(n + 1);
-		p[0] = MESHRUN__FRAME__BODY_CHUNK - MESHRUN__FRAME__BODY_HELLO;
-		meshrun__collective_chunk__pack(chunks[i].c, p + 1);
-		put("control", chunks[i].name, p, n + 1);
-		free(p);
+		put_control(chunks[i].name, MESHRUN__FRAME__BODY_CHUNK, CTL_RUNNING, CTL_NEXT,
+			    chunks[i].c);
 	}
+	put_control("chunk-rest-after-break", MESHRUN__FRAME__BODY_CHUNK,
+		    CTL_RUNNING | CTL_REPLAY | CTL_PART, CTL_NEXT, &c0);
 }
 
 /* fuzz_stream: 4 bytes that seed the read splits, then a stream of frames

@@ -1,5 +1,6 @@
-/* See link_model.h: net.c's receive-side checks around the real frame and
- * xport code. Keep each function next to its counterpart in net/net.c. */
+/* See link_model.h: recv.c's receive state around the real checks
+ * (net/wire_check.c), frame and xport code. Keep each function next to its
+ * counterpart in net/recv.c. */
 #include "tests/fuzz/link_model.h"
 
 #include <errno.h>
@@ -11,6 +12,7 @@
 #include "net/conn.h"
 #include "net/frame.h"
 #include "net/net.h"
+#include "net/wire_check.h"
 #include "net/xport.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -119,76 +121,17 @@ static void fail(struct lm *m, const char *why)
 	m->failed = true;
 }
 
-/* coord_on_hello, the checks that do not need the coordinator's state */
-int lm_check_hello(const Meshrun__Hello *h, char *why, size_t whylen)
+/* What the real checks (net/wire_check.h) read of "this host". */
+static struct wire_self lm_self(const struct lm *m)
 {
-	static uint8_t hash[32];
-	char hostpart[128], a[16];
-	int port, id = (int)h->host_id;
-
+	static uint8_t hash[WIRE_HASH_LEN];
 	memset(hash, LM_CONFIG_HASH_BYTE, sizeof(hash));
-	if (id <= 0 || id >= LM_NUM_HOSTS) {
-		snprintf(why, whylen, "host id %d is out of range", id);
-		return -EPROTO;
-	}
-	if (!h->version || strcmp(h->version, NET_VERSION)) {
-		snprintf(why, whylen, "host %d runs version '%s'", id, h->version ? h->version : "");
-		return -EPROTO;
-	}
-	if ((int)h->num_hosts != LM_NUM_HOSTS || (int)h->devices != 2) {
-		snprintf(why, whylen, "host %d was started for %u hosts of %u devices", id,
-			 h->num_hosts, h->devices);
-		return -EPROTO;
-	}
-	if (h->config_hash.len != sizeof(hash) || memcmp(h->config_hash.data, hash, sizeof(hash))) {
-		size_t i; /* hex8 */
-		for (i = 0; i < 4 && i < h->config_hash.len; i++)
-			snprintf(a + 2 * i, 3, "%02x", h->config_hash.data[i]);
-		a[2 * i] = 0;
-		snprintf(why, whylen, "host %d's config hash %s differs", id, a);
-		return -EPROTO;
-	}
-	if (!h->data_address || conn_split_addr(h->data_address, hostpart, sizeof(hostpart), &port) ||
-	    !port || strlen(h->data_address) >= 64) {
-		snprintf(why, whylen, "host %d sent a bad data address '%s'", id,
-			 h->data_address ? h->data_address : "");
-		return -EPROTO;
-	}
-	return 0;
+	return (struct wire_self){ .host_id = LM_HOST_ID, .num_hosts = LM_NUM_HOSTS,
+				   .devices_per_host = 2, .config_hash = hash, .job_id = LM_JOB_ID,
+				   .addr_max = LM_ADDR_MAX, .x = m->x };
 }
 
-/* agent_on_topology */
-int lm_check_topology(const Meshrun__Topology *t, char *why, size_t whylen)
-{
-	char addr[64];
-	if ((int)t->n_hosts != LM_NUM_HOSTS) {
-		snprintf(why, whylen, "coordinator sent a topology of %zu hosts", t->n_hosts);
-		return -EPROTO;
-	}
-	for (size_t i = 0; i < t->n_hosts; i++) {
-		const Meshrun__HostInfo *h = t->hosts[i];
-		if (h->host_id != i || !h->data_address || !h->data_address[0] ||
-		    strlen(h->data_address) >= sizeof(addr)) {
-			snprintf(why, whylen, "coordinator sent a bad topology entry %zu", i);
-			return -EPROTO;
-		}
-		snprintf(addr, sizeof(addr), "%s", h->data_address);
-	}
-	return 0;
-}
-
-/* accept_link_hello, for the acceptor (host 1: only host 0 may dial it) */
-int lm_check_link_hello(const Meshrun__LinkHello *h, char *why, size_t whylen)
-{
-	int id = (int)h->host_id;
-	if (id < 0 || id >= LM_HOST_ID) {
-		snprintf(why, whylen, "host %d may not dial host %d", id, LM_HOST_ID);
-		return -EPROTO;
-	}
-	return 0;
-}
-
-/* on_chunk */
+/* recv.c on_chunk: the real check, then the model's receive state */
 static int on_chunk(struct lm *m, const Meshrun__CollectiveChunk *c, char *why, size_t whylen)
 {
 	int src = (int)c->src_device, dst = (int)c->dst_device;
@@ -196,22 +139,22 @@ static int on_chunk(struct lm *m, const Meshrun__CollectiveChunk *c, char *why, 
 	m->rx_dst = NULL;
 	if (m->failed)
 		return 0;
-	if (xport_host_of(m->x, src) != LM_PEER || xport_host_of(m->x, dst) != LM_HOST_ID) {
-		snprintf(why, whylen, "chunk from device %d to device %d does not belong on this link",
-			 src, dst);
-		return -EPROTO;
-	}
+	struct wire_self self = lm_self(m);
+	struct wire_rx_msg msg = { .in_msg = m->rx_req != NULL, .src = m->rx_src,
+				   .dst = m->rx_dst_dev, .tag = m->rx_tag, .next = m->rx_next,
+				   .total = m->rx_total };
+	int rc = wire_check_chunk(&self, LM_PEER, &msg, c, why, whylen);
+	if (rc)
+		return rc;
+	/* what the handler relies on once the check passed */
+	FUZZ_CHECK(xport_host_of(m->x, src) == LM_PEER && xport_host_of(m->x, dst) == LM_HOST_ID);
 	if (!m->rx_req) {
-		if (c->msg_offset != 0) {
-			snprintf(why, whylen, "chunk fragment without its start");
-			return -EPROTO;
-		}
 		const char *what;
 		struct xreq *r = xport_remote_data(m->x, src, dst, c->tag, (size_t)c->msg_bytes,
 						   c->eager, &what);
 		if (!r) {
 			snprintf(why, whylen, "data from device %d to device %d %s", src, dst, what);
-			return -EPROTO;
+			return -EBADMSG;
 		}
 		m->rx_req = r;
 		m->rx_src = src;
@@ -220,59 +163,42 @@ static int on_chunk(struct lm *m, const Meshrun__CollectiveChunk *c, char *why, 
 		m->rx_total = c->msg_bytes;
 		m->rx_next = 0;
 		m->rx_land = (struct xland){ 0 };
-	} else if (src != m->rx_src || dst != m->rx_dst_dev || c->tag != m->rx_tag ||
-		   c->msg_offset != m->rx_next || c->msg_bytes != m->rx_total) {
-		snprintf(why, whylen, "chunk fragment out of order");
-		return -EPROTO;
 	}
+	FUZZ_CHECK(c->msg_offset == m->rx_next && c->msg_bytes == m->rx_total);
 	m->rx_dst = (uint8_t *)m->rx_req->buf + c->msg_offset;
 	m->rx_next += c->byte_count;
 	return 0;
 }
 
-/* on_recv_ready */
+/* recv.c on_recv_ready */
 static int on_recv_ready(struct lm *m, const Meshrun__RecvReady *rr, char *why, size_t whylen)
 {
-	int src = (int)rr->src_device, dst = (int)rr->dst_device;
 	if (m->failed)
 		return 0;
-	if (xport_host_of(m->x, src) != LM_HOST_ID || xport_host_of(m->x, dst) != LM_PEER) {
-		snprintf(why, whylen, "recv_ready for device %d -> %d does not belong on this link",
-			 src, dst);
-		return -EPROTO;
-	}
-	struct xreq *r = xport_remote_ready(m->x, src, dst, rr->tag, (size_t)rr->byte_count);
+	struct wire_self self = lm_self(m);
+	int rc = wire_check_recv_ready(&self, LM_PEER, rr, why, whylen);
+	if (rc)
+		return rc;
+	struct xreq *r = xport_remote_ready(m->x, (int)rr->src_device, (int)rr->dst_device, rr->tag,
+					    (size_t)rr->byte_count);
 	if (r)
 		send_now(m, r);
 	return 0;
 }
 
-/* header_done's sequence check, then dispatch for a link in LS_UP */
-int lm_frame(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *why,
-	     size_t whylen)
+int lm_body(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *why,
+	    size_t whylen)
 {
 	char msg[600];
 	int rc;
 
-	if (f->body_case == MESHRUN__FRAME__BODY_ACK) {
-		/* recv_resumed: an Ack is dropped before the sequence check */
-		m->chunk = false;
-		m->rx_got = 0;
-		return 0;
-	}
-	if (f->link_seq != m->rx_seq + 1) {
-		snprintf(why, whylen, "frame has sequence number %llu, expected %llu",
-			 (unsigned long long)f->link_seq, (unsigned long long)(m->rx_seq + 1));
-		return -EPROTO;
-	}
-	m->rx_seq = f->link_seq;
 	m->chunk = f->body_case == MESHRUN__FRAME__BODY_CHUNK;
 	m->rx_got = 0;
 	FUZZ_CHECK(m->chunk || payload_len == 0); /* frame_parse_header's promise */
+	rc = wire_check_running(f->body_case, why, whylen);
+	if (rc)
+		return rc;
 	switch (f->body_case) {
-	case MESHRUN__FRAME__BODY_HEARTBEAT:
-	case MESHRUN__FRAME__BODY_BARRIER:
-		return 0;
 	case MESHRUN__FRAME__BODY_CHUNK:
 		FUZZ_CHECK(f->chunk->byte_count == payload_len);
 		return on_chunk(m, f->chunk, why, whylen);
@@ -280,37 +206,41 @@ int lm_frame(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *
 		return on_recv_ready(m, f->recv_ready, why, whylen);
 	case MESHRUN__FRAME__BODY_DONE:
 		if (f->done->status) {
+			FUZZ_CHECK(wire_done_status(f->done->status) < 0);
 			snprintf(msg, sizeof(msg), "host %d finished with status %d", LM_PEER,
 				 f->done->status);
 			fail(m, msg);
 		}
 		return 0;
 	case MESHRUN__FRAME__BODY_ABORT:
+		FUZZ_CHECK(wire_done_status(f->abort->code) < 0);
 		snprintf(msg, sizeof(msg), "host %d aborted the job: %s", LM_PEER,
 			 f->abort->reason ? f->abort->reason : "");
 		fail(m, msg);
 		return 0;
-	case MESHRUN__FRAME__BODY_HELLO:
-		rc = lm_check_hello(f->hello, msg, sizeof(msg));
-		break;
-	case MESHRUN__FRAME__BODY_TOPOLOGY:
-		rc = lm_check_topology(f->topology, msg, sizeof(msg));
-		break;
-	case MESHRUN__FRAME__BODY_LINK_HELLO:
-		rc = lm_check_link_hello(f->link_hello, msg, sizeof(msg));
-		break;
-	case MESHRUN__FRAME__BODY_REFUSE:
-		rc = snprintf(msg, sizeof(msg), "refused: %s",
-			      f->refuse->reason ? f->refuse->reason : "") < 0;
-		break;
-	default:
-		FUZZ_CHECK(!"frame_parse_header passed a frame without a known body");
-		return -EPROTO;
+	default:                        /* heartbeat, barrier */
+		return 0;
 	}
-	/* checked or not, a rendezvous frame ends a running link */
-	snprintf(why, whylen, "unexpected %s frame on a running link (rendezvous check: %.300s)",
-		 frame_body_name(f->body_case), rc ? msg : "passed");
-	return -EPROTO;
+}
+
+/* recv.c header_done: the real sequence check (recovery on), then the body */
+int lm_frame(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *why,
+	     size_t whylen)
+{
+	struct wire_rx_seq s = { .replay = true, .rx_seq = m->rx_seq };
+	int k = wire_check_seq(&s, f, why, whylen);
+	if (k < 0)
+		return k;
+	FUZZ_CHECK(k == WIRE_SEQ_NEXT || k == WIRE_SEQ_SKIP);
+	if (k == WIRE_SEQ_SKIP) {
+		/* an Ack, or a frame we have: its payload is read, nothing lands */
+		m->chunk = false;
+		m->rx_dst = NULL;
+		m->rx_got = 0;
+		return 0;
+	}
+	m->rx_seq = f->link_seq;
+	return lm_body(m, f, payload_len, why, whylen);
 }
 
 /* link_read's RX_PAYLOAD stage */

@@ -1,11 +1,12 @@
-/* A model of what net/net.c does with a frame that arrived on a running
- * link, for the fuzz targets. net.c's handlers (header_done, dispatch,
- * on_chunk, on_recv_ready, coord_on_hello, agent_on_topology,
- * accept_link_hello) are static and need a live net, links and TLS, so
- * their checks are restated here, line for line, around the real frame
- * and xport code: a chunk's payload lands through the real
- * xport_remote_data / xport_land_stream into buffers of the exact posted
- * size, so a check missing in either place shows up under ASan.
+/* A model of a running link's receive side, for the fuzz targets, around
+ * the real code: every check is net/wire_check.c's (the same functions
+ * recv.c's handlers call: sequence numbers, which bodies a running link
+ * takes, chunk and recv_ready ownership and fragment order, Done/Abort
+ * codes), and a chunk's payload lands through the real xport_remote_data /
+ * xport_land_stream into buffers of the exact posted size, so a check
+ * missing shows up under ASan. What is modelled: the link's receive state
+ * (recv.c keeps it in struct link, which needs a live net), the send side
+ * (a send "goes out" by reading its buffer) and the job's failure.
  *
  * The job: 4 devices, 0-1 on host 0 (the peer), 2-3 on host 1 (us). Posted
  * when the model starts: receives 0->2 (LM_RECV0_BYTES, tag LM_TAG(0)) and
@@ -33,27 +34,28 @@
 #define LM_HOST_ID 1
 #define LM_PEER 0
 #define LM_CONFIG_HASH_BYTE 0xab /* the config hash is 32 bytes of this */
+#define LM_JOB_ID 0x1234567890abcdefull
+#define LM_ADDR_MAX 128          /* sizeof(struct peer.addr) in net/net_int.h */
 
 struct lm;
 
 struct lm *lm_new(void);
 /* A frame header that passed frame_parse_header, carrying payload_len
- * bytes to follow. 0, or -EPROTO when net.c would call bad_frame (the
- * link is lost; feed it nothing more), with the reason in why. */
+ * bytes to follow: the sequence check (recovery on), then lm_body. 0, or
+ * the negative errno of the check that failed (recv.c would call
+ * link_bad_frame: the link is lost, feed it nothing more), with the reason
+ * in why. */
 int lm_frame(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *why,
 	     size_t whylen);
+/* The body of a frame whose sequence number passed: what recv.c's
+ * dispatch does with it on a running link. 0 or a negative errno. */
+int lm_body(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *why,
+	    size_t whylen);
 /* Part of the current frame's payload (as link_read reads it). */
 void lm_payload(struct lm *m, const uint8_t *p, size_t n);
 /* The current frame's payload is all in. */
 void lm_payload_done(struct lm *m);
 /* Fails what is still pending, waits every posted request once, frees. */
 void lm_free(struct lm *m);
-
-/* The rendezvous checks, for a body that a running link would refuse:
- * what the coordinator (hello), an agent (topology) and a link's
- * acceptor (link_hello) check before trusting one. 0 or -EPROTO. */
-int lm_check_hello(const Meshrun__Hello *h, char *why, size_t whylen);
-int lm_check_topology(const Meshrun__Topology *t, char *why, size_t whylen);
-int lm_check_link_hello(const Meshrun__LinkHello *h, char *why, size_t whylen);
 
 #endif
