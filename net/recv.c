@@ -109,7 +109,7 @@ static void on_recv_ready(struct link *l, const Meshrun__RecvReady *rr)
 static void dispatch(struct link *l, Meshrun__Frame *f)
 {
 	struct net *n = l->net;
-	char why[600];
+	char why[600], text[480];
 	int body = f->body_case;
 
 	if (l->state == LS_CLOSING || l->state == LS_DRAIN) {
@@ -143,7 +143,7 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 		case ROLE_LINK_OUT:
 			if (body == MESHRUN__FRAME__BODY_REFUSE) {
 				snprintf(why, sizeof(why), "host %d (%s) refused our link: %s", l->peer,
-					 l->addr, f->refuse->reason);
+					 l->addr, wire_peer_text(f->refuse->reason, text, sizeof(text)));
 				link_kill(l);
 				link_fail_all(n, NET_ERR_REFUSED, -ECONNREFUSED, why);
 				return;
@@ -194,7 +194,7 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 	case MESHRUN__FRAME__BODY_ABORT: {
 		int code = wire_done_status(f->abort->code);
 		snprintf(why, sizeof(why), "host %d aborted the job: %s", l->peer,
-			 f->abort->reason ? f->abort->reason : "");
+			 wire_peer_text(f->abort->reason, text, sizeof(text)));
 		/* the sender closes next; that is not news */
 		n->peers[l->peer].done_rx = true;
 		link_fail_all(n, code, -ECONNABORTED, why);
@@ -205,7 +205,7 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 
 refused:
 	snprintf(why, sizeof(why), "rendezvous refused by the coordinator (%s): %s", l->addr,
-		 f->refuse->reason ? f->refuse->reason : "");
+		 wire_peer_text(f->refuse->reason, text, sizeof(text)));
 	link_kill(l);
 	link_fail_all(n, NET_ERR_REFUSED, -ECONNREFUSED, why);
 }

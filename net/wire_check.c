@@ -73,6 +73,19 @@ int wire_check_running(int body, char *err, size_t errlen)
 	}
 }
 
+const char *wire_peer_text(const char *s, char *out, size_t outlen)
+{
+	size_t n = 0;
+	if (!outlen)
+		return "";
+	for (; s && *s && n + 1 < outlen; s++) {
+		unsigned char c = (unsigned char)*s;
+		out[n++] = c < 0x20 || c == 0x7f ? '?' : (char)c;
+	}
+	out[n] = 0;
+	return out;
+}
+
 /* The first 4 bytes of a hash in hex (out: 9 bytes). */
 static void hex8(const uint8_t *h, size_t len, char *out)
 {
@@ -88,7 +101,7 @@ static void hex8(const uint8_t *h, size_t len, char *out)
 int wire_check_hello(const struct wire_self *s, const struct wire_join *j,
 		     const Meshrun__Hello *h, char *err, size_t errlen)
 {
-	char a[16], b[16], hostpart[128];
+	char a[16], b[16], hostpart[128], text[160];
 	int id = (int)h->host_id, port;
 
 	if (id <= 0 || id >= s->num_hosts) {
@@ -112,7 +125,7 @@ int wire_check_hello(const struct wire_self *s, const struct wire_join *j,
 	}
 	if (!h->version || strcmp(h->version, NET_VERSION)) {
 		snprintf(err, errlen, "host %d runs version '%s', the coordinator '%s'", id,
-			 h->version ? h->version : "", NET_VERSION);
+			 wire_peer_text(h->version, text, sizeof(text)), NET_VERSION);
 		return -EINVAL;
 	}
 	if ((int)h->num_hosts != s->num_hosts) {
@@ -137,7 +150,7 @@ int wire_check_hello(const struct wire_self *s, const struct wire_join *j,
 	if (!h->data_address || conn_split_addr(h->data_address, hostpart, sizeof(hostpart), &port) ||
 	    !port || strlen(h->data_address) >= s->addr_max) {
 		snprintf(err, errlen, "host %d sent a bad data address '%s'", id,
-			 h->data_address ? h->data_address : "");
+			 wire_peer_text(h->data_address, text, sizeof(text)));
 		return -EBADMSG;
 	}
 	return 0;

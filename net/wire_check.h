@@ -124,6 +124,11 @@ int wire_check_chunk(const struct wire_self *s, int peer, const struct wire_rx_m
 int wire_check_recv_ready(const struct wire_self *s, int peer, const Meshrun__RecvReady *rr,
 			  char *err, size_t errlen);
 
+/* Text a peer sent (NULL: none), for a log line: copied into out with
+ * control characters (newlines among them) as '?', cut to outlen - 1
+ * bytes. Returns out. */
+const char *wire_peer_text(const char *s, char *out, size_t outlen);
+
 /* The failure class an Abort's code or a Done's status carries (a
  * positive errno) as a net status: -code, or NET_ERR when out of range. */
 int wire_done_status(int32_t code);
