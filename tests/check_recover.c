@@ -1,8 +1,8 @@
 /* Link recovery with real agents on loopback: `ss -K` (iproute2) resets
  * live TCP connections from outside the processes, and the job must go on
  * with every collective element right and training losses bit-identical
- * (data parallel on 3 hosts; FSDP, tensor and expert parallel over the
- * DCN link of 2 hosts x 2 devices, with a corrupted record too); a link
+ * (data parallel on 3 hosts; FSDP, tensor, expert and pipeline parallel
+ * over the DCN link of 2 hosts x 2 devices, with a corrupted record too); a link
  * black-holed for less than heartbeat_timeout_s carries on, for longer
  * fails the job within that deadline; a reconnect presenting another
  * host's certificate or another job's id is refused without touching the
@@ -176,22 +176,29 @@ END_TEST
 /* ---- training under other parallelisms, links reset and a byte corrupted ---- */
 
 /* `meshrun local --hosts 2 --devices-per-host 2` training `config` for 10
- * steps on the mesh `mesh1 mesh2`, metrics to tmpdir/NAME.jsonl, with the
- * faults fault1 and fault2 (or none: both NULL). */
-static void run_mesh(struct proc *p, const char *name, const char *config, const char *mesh1,
-		     const char *mesh2, const char *fault1, const char *fault2)
+ * steps with the keys `keys` (NULL-terminated, at most 6: the mesh and
+ * what else the run needs), metrics to tmpdir/NAME.jsonl, with the faults
+ * fault1 and fault2 (or none: both NULL). */
+static void run_mesh(struct proc *p, const char *name, const char *config,
+		     const char *const *keys, const char *fault1, const char *fault2)
 {
 	char cfg[200], metrics[300];
+	const char *k[6] = { 0 };
+	for (int i = 0; i < 6 && keys[i]; i++)
+		k[i] = keys[i];
+	ck_assert_ptr_null(k[5]);               /* room for the NULL below */
 	snprintf(cfg, sizeof(cfg), "--config=configs/%s", config);
 	snprintf(metrics, sizeof(metrics), "--metrics=%s/%s.jsonl", tmpdir, name);
+	/* the keys last: the first NULL ends the list */
 	if (fault1)
 		run_meshrun(p, name, "local", "--hosts", "2", "--devices-per-host", "2", cfg,
-			    "dcn_data_parallelism=1", mesh1, mesh2, "steps=10", "openblas_threads=1",
-			    metrics, "--fault", fault1, "--fault", fault2, (char *)NULL);
+			    "dcn_data_parallelism=1", "steps=10", "openblas_threads=1", metrics,
+			    "--fault", fault1, "--fault", fault2, k[0], k[1], k[2], k[3], k[4],
+			    (char *)NULL);
 	else
 		run_meshrun(p, name, "local", "--hosts", "2", "--devices-per-host", "2", cfg,
-			    "dcn_data_parallelism=1", mesh1, mesh2, "steps=10", "openblas_threads=1",
-			    metrics, (char *)NULL);
+			    "dcn_data_parallelism=1", "steps=10", "openblas_threads=1", metrics,
+			    k[0], k[1], k[2], k[3], k[4], (char *)NULL);
 }
 
 /* The mesh's traffic crosses the one DCN link (0-1). An undisturbed run,
@@ -201,15 +208,15 @@ static void run_mesh(struct proc *p, const char *name, const char *config, const
  * TLS error: the link redials and resends) and, from step 1 on, every link
  * reset (ss -K) three times 0.3 s apart. Per-step losses are bit-identical
  * and the metrics count reconnects. */
-static void disturbed_mesh(const char *config, const char *mesh1, const char *mesh2)
+static void disturbed_mesh(const char *config, const char *const *keys)
 {
 	struct proc a, b;
 	char ma[300], mb[300];
 	snprintf(ma, sizeof(ma), "%s/plain.jsonl", tmpdir);
 	snprintf(mb, sizeof(mb), "%s/hit.jsonl", tmpdir);
-	run_mesh(&a, "plain", config, mesh1, mesh2, NULL, NULL);
+	run_mesh(&a, "plain", config, keys, NULL, NULL);
 	ck_assert_msg(proc_wait(&a, 90) == 0, "undisturbed run failed:\n%s", slurp(a.err));
-	run_mesh(&b, "hit", config, mesh1, mesh2, "delay:link=1-0:ms=3",
+	run_mesh(&b, "hit", config, keys, "delay:link=1-0:ms=3",
 		 "corrupt:link=0-1:frame=6");
 	ck_assert_msg(proc_wait_output(&b, "completed step: 1,", 60), "no step 1:\n%s",
 		      slurp(b.err));
@@ -238,21 +245,37 @@ static void disturbed_mesh(const char *config, const char *mesh1, const char *me
  * reduce-scatters on the DCN link. */
 START_TEST(test_disturbed_fsdp)
 {
-	disturbed_mesh("llama-tiny.yml", "dcn_fsdp_parallelism=2", "ici_data_parallelism=2");
+	disturbed_mesh("llama-tiny.yml",
+		       (const char *[]){ "dcn_fsdp_parallelism=2", "ici_data_parallelism=2", NULL });
 }
 END_TEST
 
 /* Tensor parallel across the hosts: activations' all-reduces per layer. */
 START_TEST(test_disturbed_tensor)
 {
-	disturbed_mesh("llama-tiny.yml", "dcn_tensor_parallelism=2", "ici_data_parallelism=2");
+	disturbed_mesh("llama-tiny.yml",
+		       (const char *[]){ "dcn_tensor_parallelism=2", "ici_data_parallelism=2", NULL });
 }
 END_TEST
 
 /* Expert parallel across the hosts: the MoE all-to-alls. */
 START_TEST(test_disturbed_expert)
 {
-	disturbed_mesh("deepseek-tiny.yml", "dcn_expert_parallelism=2", "ici_data_parallelism=2");
+	disturbed_mesh("deepseek-tiny.yml",
+		       (const char *[]){ "dcn_expert_parallelism=2", "ici_data_parallelism=2", NULL });
+}
+END_TEST
+
+/* The pipeline across the hosts: stage 0 on host 0, stage 1 on host 1,
+ * four microbatches whose activations (forward) and their gradients
+ * (backward) cross the DCN link as point-to-point sends, besides the
+ * data-parallel all-reduces inside each host. */
+START_TEST(test_disturbed_pipeline)
+{
+	disturbed_mesh("llama-tiny.yml",
+		       (const char *[]){ "dcn_pipeline_parallelism=2", "ici_data_parallelism=2",
+					 "num_pipeline_microbatches=4", "base_num_decoder_layers=4",
+					 NULL });
 }
 END_TEST
 
@@ -495,6 +518,7 @@ static Suite *recover_suite(void)
 	tcase_add_test(tc, test_disturbed_fsdp);
 	tcase_add_test(tc, test_disturbed_tensor);
 	tcase_add_test(tc, test_disturbed_expert);
+	tcase_add_test(tc, test_disturbed_pipeline);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("blackhole");
