@@ -219,8 +219,10 @@ static bool recv_seq(struct link *l, Meshrun__Frame *f)
 {
 	struct net *n = l->net;
 	char why[300];
+	bool acks = l->state == LS_UP || l->state == LS_CLOSING;
 	struct wire_rx_seq s = { .replay = n->replay_cap > 0, .hello = l->state == LS_HELLO,
-				 .rx_seq = l->rx_seq, .part_seq = l->rx_part_seq };
+				 .acks = acks, .rx_seq = l->rx_seq, .tx_seq = l->tx_seq,
+				 .part_seq = l->rx_part_seq };
 	int k = wire_check_seq(&s, f, why, sizeof(why));
 	if (k == WIRE_SEQ_RESUME_HELLO) {
 		dispatch(l, f);
@@ -229,7 +231,7 @@ static bool recv_seq(struct link *l, Meshrun__Frame *f)
 		l->rx_stage = RX_PREFIX;
 		return true;
 	}
-	if (n->replay_cap && (l->state == LS_UP || l->state == LS_CLOSING))
+	if (k >= 0 && n->replay_cap && acks)
 		link_acked(l, f->ack_seq);
 	if (k < 0) {
 		frame_header_free(f);

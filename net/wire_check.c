@@ -20,6 +20,14 @@ int wire_check_seq(const struct wire_rx_seq *s, const Meshrun__Frame *f, char *e
 	if (s->replay) {
 		if (body == MESHRUN__FRAME__BODY_LINK_HELLO && f->link_seq == 0 && s->hello)
 			return WIRE_SEQ_RESUME_HELLO;
+		/* an ack past what we sent would free replay copies the peer
+		 * lacks, and hide every later ack */
+		if (s->acks && f->ack_seq > s->tx_seq) {
+			snprintf(err, errlen, "%s frame acknowledges frame %llu, only %llu sent",
+				 frame_body_name(body), (unsigned long long)f->ack_seq,
+				 (unsigned long long)s->tx_seq);
+			return -EBADMSG;
+		}
 		if (body == MESHRUN__FRAME__BODY_ACK || (f->link_seq && f->link_seq <= s->rx_seq))
 			return WIRE_SEQ_SKIP;
 		if (s->part_seq && f->link_seq == s->part_seq && f->link_seq == s->rx_seq + 1)

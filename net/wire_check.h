@@ -37,7 +37,9 @@ struct wire_self {
 struct wire_rx_seq {
 	bool replay;                   /* recovery on: acks, resumes, duplicates */
 	bool hello;                    /* the link waits for a hello (LS_HELLO) */
+	bool acks;                     /* the link takes acks (LS_UP, LS_CLOSING) */
 	uint64_t rx_seq;               /* last link_seq received */
+	uint64_t tx_seq;               /* last link_seq sent */
 	uint64_t part_seq;             /* half-read when the link broke (0: none) */
 };
 
@@ -49,7 +51,8 @@ enum wire_seq {
 };
 
 /* The class of frame f on a link in state s (>= 0, enum wire_seq), or
- * -EBADMSG when its link_seq is not the next one. */
+ * -EBADMSG when its link_seq is not the next one, or (with recovery, on a
+ * link that takes acks) its ack_seq acknowledges a frame never sent. */
 int wire_check_seq(const struct wire_rx_seq *s, const Meshrun__Frame *f, char *err,
 		   size_t errlen);
 

@@ -1,8 +1,8 @@
 /* (b) Each control message through the real checks of its handler
  * (net/wire_check.c, called by recv.c and rendezvous.c). Input: byte 0
  * picks the body (hello .. ack), byte 1 the state of the link it arrives
- * on (CTL_* bits below), byte 2 its link_seq; the rest is the body's
- * protobuf bytes. The target wraps them in a Frame header, runs the real
+ * on (CTL_* bits below), byte 2 its link_seq, byte 3 its ack_seq; the rest
+ * is the body's protobuf bytes. The target wraps them in a Frame header, runs the real
  * frame_parse_header, then what recv.c's header_done and dispatch run for
  * that state: wire_check_seq; before the hello, wire_check_hello_stage and
  * the role's check (coordinator: wire_check_hello; agent:
@@ -35,6 +35,7 @@
 #define CTL_JOINED    0x40   /* coordinator: the id joined; acceptor: a link exists */
 #define CTL_PART      0x80   /* a frame was half read when the link broke */
 #define CTL_RX_SEQ    4      /* frames received so far on a link that ran */
+#define CTL_TX_SEQ    6      /* frames sent so far on a link that ran */
 
 static const struct frame_limits lim = { .max_payload = 64u << 20 };
 
@@ -176,19 +177,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static uint8_t hash[WIRE_HASH_LEN];
 	char why[600];
-	if (size < 3 || size > 4096)
+	if (size < 4 || size > 4096)
 		return 0;
 	unsigned field = MESHRUN__FRAME__BODY_HELLO + data[0] % 11; /* fields 10..20 */
 	unsigned st = data[1];
-	uint64_t link_seq = data[2];
-	const uint8_t *body = data + 3;
-	size_t blen = size - 3;
+	uint64_t link_seq = data[2], ack_seq = data[3];
+	const uint8_t *body = data + 4;
+	size_t blen = size - 4;
 
-	uint8_t *hdr = malloc(blen + 24);
+	uint8_t *hdr = malloc(blen + 32);
 	FUZZ_CHECK(hdr);
 	size_t hl = 0;
 	hdr[hl++] = 0x08;                 /* link_seq */
 	hl += put_varint(hdr + hl, link_seq);
+	hdr[hl++] = 0x10;                 /* ack_seq */
+	hl += put_varint(hdr + hl, ack_seq);
 	hl += put_varint(hdr + hl, (uint64_t)field << 3 | 2);
 	hl += put_varint(hdr + hl, blen);
 	memcpy(hdr + hl, body, blen);
@@ -212,12 +215,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fuzz_note("header", why);
 		return 0;
 	}
-	FUZZ_CHECK((unsigned)f->body_case == field && f->link_seq == link_seq);
+	FUZZ_CHECK((unsigned)f->body_case == field && f->link_seq == link_seq &&
+		   f->ack_seq == ack_seq);
 
 	/* recv.c header_done: the sequence check for this link's state */
 	bool run = st & CTL_RUNNING, ran = run || (st & CTL_WAS_UP);
-	struct wire_rx_seq rs = { .replay = st & CTL_REPLAY, .hello = !run,
-				  .rx_seq = ran ? CTL_RX_SEQ : 0,
+	struct wire_rx_seq rs = { .replay = st & CTL_REPLAY, .hello = !run, .acks = run,
+				  .rx_seq = ran ? CTL_RX_SEQ : 0, .tx_seq = ran ? CTL_TX_SEQ : 0,
 				  .part_seq = (st & CTL_PART) && ran ? CTL_RX_SEQ + 1 : 0 };
 	why[0] = 0;
 	int k = wire_check_seq(&rs, f, why, sizeof(why));
@@ -227,6 +231,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_CHECK(k != WIRE_SEQ_SKIP || field == MESHRUN__FRAME__BODY_ACK ||
 		   (f->link_seq && f->link_seq <= rs.rx_seq));
 	FUZZ_CHECK(k != WIRE_SEQ_RESUME_HELLO || (rs.replay && !run && f->link_seq == 0));
+	/* what recv.c then passes to link_acked */
+	FUZZ_CHECK(k < 0 || !rs.replay || !rs.acks || f->ack_seq <= rs.tx_seq);
 	if (k == WIRE_SEQ_NEXT || k == WIRE_SEQ_RESUME_HELLO) {
 		memset(hash, LM_CONFIG_HASH_BYTE, sizeof(hash));
 		struct wire_self s = { .host_id = LM_HOST_ID, .num_hosts = LM_NUM_HOSTS,

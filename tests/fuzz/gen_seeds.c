@@ -163,21 +163,29 @@ static Meshrun__Frame frame(uint64_t seq, int body, void *msg)
 #define CTL_PART      0x80
 #define CTL_NEXT      5      /* the next link_seq on a link that ran */
 
-/* fuzz_control: the body selector, the link's state, the frame's link_seq,
- * then the body alone */
-static void put_control(const char *name, int body, unsigned st, uint8_t seq, const void *msg)
+/* fuzz_control: the body selector, the link's state, the frame's link_seq
+ * and ack_seq, then the body alone */
+static void put_control_ack(const char *name, int body, unsigned st, uint8_t seq, uint8_t ack,
+			    const void *msg)
 {
 	const ProtobufCMessage *m = msg;
 	size_t n = protobuf_c_message_get_packed_size(m);
-	uint8_t *p = malloc(n + 3);
+	uint8_t *p = malloc(n + 4);
 	if (!p)
 		exit(1);
 	p[0] = (uint8_t)(body - MESHRUN__FRAME__BODY_HELLO);
 	p[1] = (uint8_t)st;
 	p[2] = seq;
-	protobuf_c_message_pack(m, p + 3);
-	put("control", name, p, n + 3);
+	p[3] = ack;
+	protobuf_c_message_pack(m, p + 4);
+	put("control", name, p, n + 4);
 	free(p);
+}
+
+/* ... acknowledging what a link that ran has received before */
+static void put_control(const char *name, int body, unsigned st, uint8_t seq, const void *msg)
+{
+	put_control_ack(name, body, st, seq, st & CTL_RUNNING ? 3 : 0, msg);
 }
 
 /* The state each kind arrives in: a hello kind before the hello on the
@@ -213,6 +221,8 @@ static void control_states(void)
 	put_control("ack", MESHRUN__FRAME__BODY_ACK, CTL_RUNNING | CTL_REPLAY, 0, &ack);
 	put_control("heartbeat-dup", MESHRUN__FRAME__BODY_HEARTBEAT, CTL_RUNNING | CTL_REPLAY, 3,
 		    &heartbeat);
+	put_control_ack("heartbeat-ack-unsent", MESHRUN__FRAME__BODY_HEARTBEAT,
+			CTL_RUNNING | CTL_REPLAY, CTL_NEXT, 7, &heartbeat);
 	put_control("heartbeat-bad-seq", MESHRUN__FRAME__BODY_HEARTBEAT, CTL_RUNNING, 9,
 		    &heartbeat);
 	put_control("hello-on-running-link", MESHRUN__FRAME__BODY_HELLO, CTL_RUNNING, CTL_NEXT,

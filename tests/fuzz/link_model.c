@@ -227,11 +227,13 @@ int lm_body(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *w
 int lm_frame(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *why,
 	     size_t whylen)
 {
-	struct wire_rx_seq s = { .replay = true, .rx_seq = m->rx_seq };
+	struct wire_rx_seq s = { .replay = true, .acks = true, .rx_seq = m->rx_seq,
+				 .tx_seq = LM_TX_SEQ };
 	int k = wire_check_seq(&s, f, why, whylen);
 	if (k < 0)
 		return k;
 	FUZZ_CHECK(k == WIRE_SEQ_NEXT || k == WIRE_SEQ_SKIP);
+	FUZZ_CHECK(f->ack_seq <= LM_TX_SEQ);     /* what link_acked may take */
 	if (k == WIRE_SEQ_SKIP) {
 		/* an Ack, or a frame we have: its payload is read, nothing lands */
 		m->chunk = false;

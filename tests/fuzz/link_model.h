@@ -35,6 +35,7 @@
 #define LM_PEER 0
 #define LM_CONFIG_HASH_BYTE 0xab /* the config hash is 32 bytes of this */
 #define LM_JOB_ID 0x1234567890abcdefull
+#define LM_TX_SEQ 16             /* frames the model has sent: the highest ack it takes */
 #define LM_ADDR_MAX 128          /* sizeof(struct peer.addr) in net/net_int.h */
 
 struct lm;
