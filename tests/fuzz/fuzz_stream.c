@@ -2,10 +2,12 @@
  * places where reads split the stream (as TCP and TLS records do), the rest
  * is the stream. It goes through link_read's state machine (prefix ->
  * header -> payload, with the real frame_parse_prefix / frame_parse_header
- * and a header buffer grown to the exact length, as net.c keeps it) into
- * the link model (link_model.h: sequence numbers, chunk matching and
- * landing through the real xport). net.c's reader itself is not separable
- * from its sockets; this is its state machine, restated.
+ * and a header buffer grown to the exact length, as recv.c keeps it) into
+ * the link model (link_model.h). Real: the frame code, every check a frame
+ * meets (net/wire_check.c: sequence numbers and acks, which bodies a
+ * running link takes, chunk and recv_ready ownership and fragment order)
+ * and the xport matching and landing. Modelled: recv.c's link_read stages
+ * (not separable from its socket and TLS) and the link's receive state.
  * Property: the incremental reader agrees with frame_decode on the whole
  * rest of the stream at every frame boundary, however the reads split. */
 #include <errno.h>
