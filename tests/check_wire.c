@@ -1,0 +1,286 @@
+/* The control-message checks (net/wire_check.c) one by one: each rule gives
+ * the right class of error (-EBADMSG from the peer, -EINVAL between
+ * configs) with its reason, and the frame that should pass, passes. The
+ * fuzz target tests/fuzz/fuzz_control.c drives the same functions with
+ * random input; this suite pins the decisions. */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/net.h"
+#include "net/wire_check.h"
+#include "net/xport.h"
+
+static uint8_t hash[WIRE_HASH_LEN];
+static char err[600];
+
+static void noop_recv(void *ctx, struct xreq *r)
+{
+	(void)ctx;
+	(void)r;
+}
+
+static const struct xport_remote_ops ops = { noop_recv, noop_recv };
+
+/* host 1 of 3, 2 devices each (0-1 on host 0, 2-3 on 1, 4-5 on 2), job 42 */
+static struct wire_self self(const struct xport *x)
+{
+	memset(hash, 0xab, sizeof(hash));
+	return (struct wire_self){ .host_id = 1, .num_hosts = 3, .devices_per_host = 2,
+				   .config_hash = hash, .job_id = 42, .addr_max = 128, .x = x };
+}
+
+#define ck_err(call, want, text)                                                       \
+	do {                                                                           \
+		err[0] = 0;                                                            \
+		int rc_ = (call);                                                      \
+		ck_assert_msg(rc_ == (want), "%s: %d, want %d (%s)", #call, rc_, (want), err); \
+		if ((want) < 0)                                                        \
+			ck_assert_msg(strstr(err, (text)), "'%s' lacks '%s'", err, (text));    \
+	} while (0)
+
+static Meshrun__Frame frame(int body, uint64_t seq, uint64_t ack)
+{
+	Meshrun__Frame f = MESHRUN__FRAME__INIT;
+	f.body_case = body;
+	f.link_seq = seq;
+	f.ack_seq = ack;
+	return f;
+}
+
+START_TEST(test_seq)
+{
+	struct wire_rx_seq s = { .replay = true, .acks = true, .rx_seq = 4, .tx_seq = 6 };
+	Meshrun__Frame f = frame(MESHRUN__FRAME__BODY_HEARTBEAT, 5, 6);
+	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), WIRE_SEQ_NEXT, "");
+	f.ack_seq = 7;
+	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), -EBADMSG,
+	       "heartbeat frame acknowledges frame 7, only 6 sent");
+	f.ack_seq = 0;
+	f.link_seq = 4;
+	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), WIRE_SEQ_SKIP, "");
+	f.link_seq = 6;
+	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), -EBADMSG,
+	       "heartbeat frame has sequence number 6, expected 5");
+	f = frame(MESHRUN__FRAME__BODY_ACK, 0, 3);
+	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), WIRE_SEQ_SKIP, "");
+	s.part_seq = 5;
+	f = frame(MESHRUN__FRAME__BODY_CHUNK, 5, 0);
+	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), WIRE_SEQ_PART, "");
+	/* waiting for the hello: an unsequenced LinkHello is the resume */
+	s = (struct wire_rx_seq){ .replay = true, .hello = true, .rx_seq = 4, .tx_seq = 6 };
+	f = frame(MESHRUN__FRAME__BODY_LINK_HELLO, 0, 99);
+	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), WIRE_SEQ_RESUME_HELLO, "");
+	/* no recovery: no acks, no duplicates */
+	s = (struct wire_rx_seq){ .rx_seq = 4, .tx_seq = 6 };
+	f = frame(MESHRUN__FRAME__BODY_ACK, 0, 3);
+	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), -EBADMSG, "ack frame has sequence number 0");
+	f = frame(MESHRUN__FRAME__BODY_HEARTBEAT, 5, 99);
+	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), WIRE_SEQ_NEXT, "");
+}
+END_TEST
+
+START_TEST(test_stage)
+{
+	ck_err(wire_check_hello_stage(ROLE_COORD_IN, MESHRUN__FRAME__BODY_HELLO, err, sizeof(err)),
+	       0, "");
+	ck_err(wire_check_hello_stage(ROLE_COORD_IN, MESHRUN__FRAME__BODY_LINK_HELLO, err,
+				      sizeof(err)),
+	       -EBADMSG, "unexpected link_hello frame before the hello");
+	ck_err(wire_check_hello_stage(ROLE_COORD_OUT, MESHRUN__FRAME__BODY_REFUSE, err, sizeof(err)),
+	       0, "");
+	ck_err(wire_check_hello_stage(ROLE_LINK_IN, MESHRUN__FRAME__BODY_REFUSE, err, sizeof(err)),
+	       -EBADMSG, "unexpected refuse frame");
+	ck_err(wire_check_running(MESHRUN__FRAME__BODY_CHUNK, err, sizeof(err)), 0, "");
+	ck_err(wire_check_running(MESHRUN__FRAME__BODY_TOPOLOGY, err, sizeof(err)), -EBADMSG,
+	       "unexpected topology frame on a running link");
+}
+END_TEST
+
+START_TEST(test_hello)
+{
+	struct wire_self s = self(NULL);
+	struct wire_join j = { 0 };
+	Meshrun__Hello h = MESHRUN__HELLO__INIT;
+	h.host_id = 2;
+	h.num_hosts = 3;
+	h.devices = 2;
+	h.version = (char *)NET_VERSION;
+	h.data_address = "127.0.0.1:7002";
+	h.config_hash.data = hash;
+	h.config_hash.len = WIRE_HASH_LEN;
+	ck_err(wire_check_hello(&s, &j, &h, err, sizeof(err)), 0, "");
+	h.host_id = 3;
+	ck_err(wire_check_hello(&s, &j, &h, err, sizeof(err)), -EBADMSG,
+	       "host id 3 is out of range: the cluster has 3 hosts (0..2)");
+	h.host_id = 0;
+	ck_err(wire_check_hello(&s, &j, &h, err, sizeof(err)), -EBADMSG, "duplicate host id 0");
+	h.host_id = 2;
+	j = (struct wire_join){ .joined = true, .joined_from = "127.0.0.1:5555" };
+	ck_err(wire_check_hello(&s, &j, &h, err, sizeof(err)), -EBADMSG,
+	       "duplicate host id 2: host 2 already joined from 127.0.0.1:5555");
+	j = (struct wire_join){ .topology_done = true };
+	ck_err(wire_check_hello(&s, &j, &h, err, sizeof(err)), -EBADMSG, "the rendezvous is over");
+	j = (struct wire_join){ 0 };
+	h.version = "meshrun 9\nhost 0: forged";
+	ck_err(wire_check_hello(&s, &j, &h, err, sizeof(err)), -EINVAL,
+	       "runs version 'meshrun 9?host 0: forged'");
+	h.version = (char *)NET_VERSION;
+	h.num_hosts = 4;
+	ck_err(wire_check_hello(&s, &j, &h, err, sizeof(err)), -EINVAL, "started for 4 hosts");
+	h.num_hosts = 3;
+	uint8_t other[WIRE_HASH_LEN] = { 0x12, 0x34 };
+	h.config_hash.data = other;
+	ck_err(wire_check_hello(&s, &j, &h, err, sizeof(err)), -EINVAL,
+	       "host 2's config hash 12340000 differs from the coordinator's abababab");
+	h.config_hash.data = hash;
+	h.devices = 1;
+	ck_err(wire_check_hello(&s, &j, &h, err, sizeof(err)), -EINVAL, "host 2 has 1 devices");
+	h.devices = 2;
+	h.data_address = "127.0.0.1";
+	ck_err(wire_check_hello(&s, &j, &h, err, sizeof(err)), -EBADMSG,
+	       "host 2 sent a bad data address '127.0.0.1'");
+}
+END_TEST
+
+START_TEST(test_topology)
+{
+	struct wire_self s = self(NULL);
+	Meshrun__HostInfo hi[3], *ptrs[3];
+	for (int i = 0; i < 3; i++) {
+		Meshrun__HostInfo init = MESHRUN__HOST_INFO__INIT;
+		hi[i] = init;
+		hi[i].host_id = (uint32_t)i;
+		hi[i].data_address = "10.0.0.1:7000";
+		ptrs[i] = &hi[i];
+	}
+	Meshrun__Topology t = MESHRUN__TOPOLOGY__INIT;
+	t.hosts = ptrs;
+	t.n_hosts = 3;
+	ck_err(wire_check_topology(&s, &t, err, sizeof(err)), 0, "");
+	t.n_hosts = 2;
+	ck_err(wire_check_topology(&s, &t, err, sizeof(err)), -EBADMSG,
+	       "topology of 2 hosts, expected 3");
+	t.n_hosts = 3;
+	hi[1].host_id = 2;
+	ck_err(wire_check_topology(&s, &t, err, sizeof(err)), -EBADMSG,
+	       "bad topology entry 1 (host_id)");
+	hi[1].host_id = 1;
+	hi[2].data_address = "";
+	ck_err(wire_check_topology(&s, &t, err, sizeof(err)), -EBADMSG,
+	       "bad topology entry 2 (empty data_address)");
+}
+END_TEST
+
+START_TEST(test_link_hello)
+{
+	struct wire_self s = self(NULL);
+	Meshrun__LinkHello h = MESHRUN__LINK_HELLO__INIT;
+	h.host_id = 0;
+	h.job_id = 42;
+	ck_err(wire_check_link_hello(&s, &h, err, sizeof(err)), 0, "");
+	h.job_id = 43;
+	ck_err(wire_check_link_hello(&s, &h, err, sizeof(err)), -EBADMSG, "another job");
+	h.job_id = 42;
+	h.host_id = 2;
+	ck_err(wire_check_link_hello(&s, &h, err, sizeof(err)), -EBADMSG,
+	       "host 2 may not dial host 1 (the lower id dials)");
+	h.host_id = 0;
+	struct wire_link_view none = { 0 }, up = { .exists = true, .resumable = true };
+	ck_err(wire_check_link_join(&none, &h, err, sizeof(err)), 0, "");
+	ck_err(wire_check_link_join(&up, &h, err, sizeof(err)), -EBADMSG, "duplicate link from host 0");
+	h.resume = true;
+	ck_err(wire_check_link_join(&up, &h, err, sizeof(err)), 0, "");
+	ck_err(wire_check_link_join(&none, &h, err, sizeof(err)), -EBADMSG,
+	       "host 0 asked to resume a link that is not running");
+	/* the dialer (host 1 dials host 2) */
+	h.host_id = 2;
+	ck_err(wire_check_link_answer(&s, 2, "a:1", true, &h, err, sizeof(err)), 0, "");
+	h.resume = false;
+	ck_err(wire_check_link_answer(&s, 2, "a:1", true, &h, err, sizeof(err)), -EBADMSG,
+	       "host 2 (a:1) answered our redial as host 2 of job 2a");
+	ck_err(wire_check_link_answer(&s, 2, "a:1", false, &h, err, sizeof(err)), 0, "");
+	h.host_id = 0;
+	ck_err(wire_check_link_answer(&s, 2, "a:1", false, &h, err, sizeof(err)), -EBADMSG,
+	       "host 2 answered as host 0 of job 2a");
+}
+END_TEST
+
+START_TEST(test_data)
+{
+	static const int dev_host[6] = { 0, 0, 1, 1, 2, 2 };
+	struct xport *x = xport_new(1, 6, dev_host, &ops, NULL);
+	ck_assert_ptr_nonnull(x);
+	struct wire_self s = self(x);
+	struct wire_rx_msg none = { 0 };
+	Meshrun__CollectiveChunk c = MESHRUN__COLLECTIVE_CHUNK__INIT;
+	c.src_device = 4;
+	c.dst_device = 3;
+	c.tag = 7;
+	c.msg_bytes = 100;
+	c.byte_count = 60;
+	ck_err(wire_check_chunk(&s, 2, &none, &c, err, sizeof(err)), 0, "");
+	ck_err(wire_check_chunk(&s, 0, &none, &c, err, sizeof(err)), -EBADMSG,
+	       "chunk from device 4 to device 3 does not belong on this link");
+	c.src_device = 99;
+	ck_err(wire_check_chunk(&s, 2, &none, &c, err, sizeof(err)), -EBADMSG, "does not belong");
+	c.src_device = 4;
+	c.msg_offset = 60;
+	ck_err(wire_check_chunk(&s, 2, &none, &c, err, sizeof(err)), -EBADMSG,
+	       "chunk fragment without its start");
+	struct wire_rx_msg in = { .in_msg = true, .src = 4, .dst = 3, .tag = 7, .next = 60,
+				  .total = 100 };
+	c.byte_count = 40;
+	ck_err(wire_check_chunk(&s, 2, &in, &c, err, sizeof(err)), 0, "");
+	c.tag = 8;
+	ck_err(wire_check_chunk(&s, 2, &in, &c, err, sizeof(err)), -EBADMSG,
+	       "chunk fragment out of order");
+	Meshrun__RecvReady rr = MESHRUN__RECV_READY__INIT;
+	rr.src_device = 2;
+	rr.dst_device = 5;
+	ck_err(wire_check_recv_ready(&s, 2, &rr, err, sizeof(err)), 0, "");
+	ck_err(wire_check_recv_ready(&s, 0, &rr, err, sizeof(err)), -EBADMSG,
+	       "recv_ready for device 2 -> 5 does not belong on this link");
+	ck_assert_int_eq(wire_done_status(EHOSTDOWN), -EHOSTDOWN);
+	ck_assert_int_eq(wire_done_status(-5), NET_ERR);
+	ck_assert_int_eq(wire_done_status(1 << 20), NET_ERR);
+	xport_free(x);
+}
+END_TEST
+
+START_TEST(test_peer_text)
+{
+	char out[8];
+	ck_assert_str_eq(wire_peer_text("a\nb\r\x1b", out, sizeof(out)), "a?b??");
+	ck_assert_str_eq(wire_peer_text("0123456789", out, sizeof(out)), "0123456");
+	ck_assert_str_eq(wire_peer_text(NULL, out, sizeof(out)), "");
+	ck_assert_str_eq(wire_peer_text("h\xc3\xa9", out, sizeof(out)), "h\xc3\xa9");
+}
+END_TEST
+
+static Suite *wire_suite(void)
+{
+	Suite *s = suite_create("wire");
+	const struct { const char *name; const TTest *t; } cases[] = {
+		{ "seq", test_seq }, { "stage", test_stage }, { "hello", test_hello },
+		{ "topology", test_topology }, { "link_hello", test_link_hello },
+		{ "data", test_data }, { "peer_text", test_peer_text },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		TCase *tc = tcase_create(cases[i].name);
+		tcase_set_timeout(tc, 10);
+		tcase_add_test(tc, cases[i].t);
+		suite_add_tcase(s, tc);
+	}
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(wire_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
