@@ -144,9 +144,15 @@ static int make_window(struct model *m)
 			t[id].count = t[id].p->shape[0];
 		}
 	}
-	/* a pipeline stage gathers the layers it runs in one iteration at once */
-	if (m->pipe_stages > 1 && m->pipe_repeats >= 1)
-		lcap = m->d.L / (m->pipe_stages * m->pipe_repeats);
+	/* a pipeline stage gathers the layers it runs in one iteration at
+	 * once, and those outside the pipeline before it, or after it */
+	if (m->pipe_stages > 1 && m->pipe_repeats >= 1) {
+		int P = m->pipe_layers > 0 ? m->pipe_layers : m->d.L;
+		int before = m->pipe_first, after = m->d.L - m->pipe_first - P;
+		lcap = P / (m->pipe_stages * m->pipe_repeats);
+		lcap = before > lcap ? before : lcap;
+		lcap = after > lcap ? after : lcap;
+	}
 	m->win = win_new(m->mesh, m->device, t, P_COUNT, lcap > 1 ? lcap : 1);
 	return m->win ? 0 : -ENOMEM;
 }

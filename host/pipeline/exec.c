@@ -43,6 +43,8 @@ static int owner(const struct pipe_exec *x, int mb) { return mb % x->sh.stages; 
  * tensor and these move nothing. */
 #define WSLOT_NONLAYER 0
 #define WSLOT(k) (1 + (k))
+/* the layers outside the pipeline: gathered while no table slot is */
+#define WSLOT_OUTSIDE (WIN_SLOTS - 1)
 
 /* Checks that the model holds (in its own storage) the layers of every
  * repeat of this stage. */
@@ -285,6 +287,29 @@ static void outside(const struct pipe_exec *x, int *nb, int *a0)
 	*a0 = x->first_layer + sh->stages * sh->repeats * sh->layers_per_stage;
 }
 
+/* Layers [l0, l1) outside the pipeline into the window (weights split
+ * over the rows' axes; nothing moves without them), between the passes
+ * of the table, whose weight slots are all free then; their gradients
+ * zeroed. */
+static int outside_gather(struct pipe_exec *x, int l0, int l1)
+{
+	struct win *w = model_window(x->m);
+	int rc = win_gather_start(w, WSLOT_OUTSIDE, l0, l1);
+	if (!rc && !(rc = win_wait(w, WSLOT_OUTSIDE)))
+		win_zero_grads(w, WSLOT_OUTSIDE);
+	return rc;
+}
+
+/* Done with them: their gradients (if grads) reduce-scattered. */
+static int outside_release(struct pipe_exec *x, bool grads, int rc)
+{
+	struct win *w = model_window(x->m);
+	if (grads && !rc)
+		rc = win_scatter_start(w, WSLOT_OUTSIDE);
+	win_release(w, WSLOT_OUTSIDE);
+	return rc;
+}
+
 /* The owner's part: embed its microbatches, run the layers before the
  * pipeline on them and send them to stage 0. Every forward of the step
  * adds its expert counts (head_all sums them). */
@@ -294,6 +319,8 @@ static int embed_all(struct pipe_exec *x, const int32_t *inputs, const struct pi
 	outside(x, &nb, &a0);
 	model_zero_counts(x->m);
 	model_count_experts(x->m, MODEL_COUNTS_ADD);
+	if (nb && (rc = outside_gather(x, 0, nb)))
+		return outside_release(x, false, rc);
 	for (int mb = x->stage; mb < x->sh.microbatches && !rc; mb += x->sh.stages) {
 		const int32_t *in = inputs + (size_t)mb * x->ntok;
 		/* the embedding lands in tmp (free outside the backward pass) */
@@ -302,7 +329,7 @@ static int embed_all(struct pipe_exec *x, const int32_t *inputs, const struct pi
 		if (!rc)
 			rc = xfer_send(x, io, 0, MSG_IN, mb, x->in[mb], x->in[mb]);
 	}
-	return rc;
+	return nb ? outside_release(x, false, rc) : rc;
 }
 
 /* Between the passes, every forward of the step done: each MoE layer's
@@ -324,7 +351,8 @@ static int head_all(struct pipe_exec *x, const int32_t *targets, const struct pi
 	int rc, last = x->sh.stages - 1, nb, a0, L = model_dims(x->m)->L;
 	outside(x, &nb, &a0);
 	*loss = 0;
-	rc = count_experts(x);
+	if ((rc = count_experts(x)) || (a0 < L && (rc = outside_gather(x, a0, L))))
+		return a0 < L ? outside_release(x, false, rc) : rc;
 	for (int mb = x->stage; mb < x->sh.microbatches && !rc; mb += x->sh.stages) {
 		double l = 0;
 		const int32_t *tg = targets + (size_t)mb * x->ntok;
@@ -338,7 +366,7 @@ static int head_all(struct pipe_exec *x, const int32_t *targets, const struct pi
 		*loss += l;
 		rc = xfer_send(x, io, last, MSG_DOUT, mb, x->dy[mb], x->dy[mb]);
 	}
-	return rc;
+	return a0 < L ? outside_release(x, true, rc) : rc;
 }
 
 /* The owner's part after the backward pass: the layers before the
@@ -349,6 +377,8 @@ static int embed_back_all(struct pipe_exec *x, const int32_t *inputs, const stru
 {
 	int rc = 0, nb, a0;
 	outside(x, &nb, &a0);
+	if (nb && (rc = outside_gather(x, 0, nb)))
+		return outside_release(x, false, rc);
 	for (int mb = x->stage; mb < x->sh.microbatches && !rc; mb += x->sh.stages) {
 		const int32_t *in = inputs + (size_t)mb * x->ntok;
 		if ((rc = xfer_recv(x, io, 0, MSG_DIN, mb, x->din[mb])))
@@ -359,7 +389,7 @@ static int embed_back_all(struct pipe_exec *x, const int32_t *inputs, const stru
 			break;
 		rc = model_embed_backward(x->m, x->din[mb], in);
 	}
-	return rc;
+	return nb ? outside_release(x, true, rc) : rc;
 }
 
 int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *targets,

@@ -154,10 +154,19 @@ static int pipe_supported(const struct cfg *c, const struct model_dims *d, const
 			 "(num_layers_per_pipeline_stage = layers / stages)", pc->shape.repeats, fsdp);
 		return -EINVAL;
 	}
-	if (fsdp > 1 && (pc->layers_before || pc->layers_after)) {
+	/* experts split the batch, and the rules split the dense weights'
+	 * embed over them: gathered per iteration like FSDP's */
+	int ep = c->ici[AX_EXPERT] * c->dcn[AX_EXPERT];
+	if (ep > 1 && pc->shape.repeats > 1) {
+		snprintf(err, errlen, "config: pipeline repeats (num_pipeline_repeats=%d) with expert "
+			 "parallelism (ici_/dcn_expert_parallelism=%d) are not supported yet; use one repeat "
+			 "(num_layers_per_pipeline_stage = pipelined layers / stages)", pc->shape.repeats, ep);
+		return -EINVAL;
+	}
+	if ((pc->layers_before || pc->layers_after) && pc->shape.wmode != PIPE_W_ITER) {
 		snprintf(err, errlen, "config: decoder layers outside the pipeline (%d of %d pipelined: "
-			 "pipeline_parallel_layers, first_num_dense_layers) with FSDP (fsdp x fsdp_transpose "
-			 "= %d) are not supported yet", pc->layers, d->L, fsdp);
+			 "pipeline_parallel_layers, first_num_dense_layers) with pipeline_fsdp_ag_once or "
+			 "pipeline_fsdp_ag_per_repeat are not supported yet", pc->layers, d->L);
 		return -EINVAL;
 	}
 	if (rows % pc->shape.microbatches) {
