@@ -97,6 +97,49 @@ START_TEST(test_pp_fsdp)
 			"base_num_decoder_layers=4");
 }
 END_TEST
+/* 2 stages x 2 tensor_transpose ranks (the embedding dimension split
+ * inside a stage) */
+START_TEST(test_pp_tensor_transpose)
+{
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_tensor_transpose_parallelism=2", "base_num_decoder_layers=4");
+}
+END_TEST
+
+/* DeepSeek-style MoE (MaxText's cases): one dense layer, then MoE layers;
+ * the dense one runs before the pipeline, data-parallel over stage. The
+ * load-balance loss and the router bias update see the expert counts of
+ * the whole batch (summed over microbatches and stages between the
+ * passes), as one device does. Shrunk: 32 tokens per row. */
+#define DEEPSEEK "configs/deepseek-tiny.yml"
+#define DS_SHORT "max_target_length=32"
+#define DS9 "base_num_decoder_layers=9 " DS_SHORT /* 1 dense + 8 MoE layers */
+
+/* circular: S=4 R=2 M=8 over the 8 MoE layers */
+START_TEST(test_moe_circular)
+{
+	equivalence_opt(DEEPSEEK, 1, 4, "ici_data_parallelism=1 ici_pipeline_parallelism=4 "
+			"num_pipeline_repeats=2 num_pipeline_microbatches=8", DS9);
+}
+END_TEST
+/* expert parallelism beside stage: S=2 EP=2 M=4 (2 MoE layers, R=1) */
+START_TEST(test_moe_expert)
+{
+	equivalence_opt(DEEPSEEK, 1, 4, PP2 " ici_expert_parallelism=2 num_pipeline_microbatches=4", DS_SHORT);
+}
+END_TEST
+/* pipeline_parallel_layers below the layer count: a dense model's last 2
+ * of 6 layers run after the pipeline; an MoE model's dense layer and 4 of
+ * its 8 MoE layers before it (poisoned: the layers outside read only
+ * what they wrote) */
+START_TEST(test_layers_outside)
+{
+	equivalence_opt(LLAMA, 1, 2, PP2 " pipeline_parallel_layers=4", "base_num_decoder_layers=6");
+	setenv("MESHRUN_TEST_PIPE_POISON", "1", 1);
+	equivalence_opt(DEEPSEEK, 1, 2, PP2 " pipeline_parallel_layers=4 num_pipeline_microbatches=4", DS9);
+	unsetenv("MESHRUN_TEST_PIPE_POISON");
+}
+END_TEST
+
 /* idle slots are idle: every buffer a slot could read is NaN before each
  * step; only what an active slot wrote first is read */
 START_TEST(test_idle_slots_poisoned)
@@ -196,14 +239,12 @@ static void refused(const char *args, const char *a, const char *b)
 
 START_TEST(test_unsupported_refused)
 {
-	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_tensor_transpose_parallelism=2 steps=1",
-		"tensor_transpose_parallelism=2", "not supported");
-	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_expert_parallelism=2 steps=1",
-		"expert_parallelism=2", "not supported");
 	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_fsdp_parallelism=2 "
 		"base_num_decoder_layers=4 steps=1", "num_pipeline_repeats=2", "FSDP");
-	refused("local --hosts 1 --devices-per-host 2 --config configs/deepseek-tiny.yml " PP2
-		" pipeline_parallel_layers=2 steps=1", "MoE", "pipeline_parallel_layers");
+	refused("local --hosts 1 --devices-per-host 4 --config " DEEPSEEK " " PP2 " ici_expert_parallelism=2 "
+		"base_num_decoder_layers=5 steps=1", "num_pipeline_repeats=2", "expert_parallelism=2");
+	refused("local --hosts 1 --devices-per-host 2 --config " DEEPSEEK " " PP2
+		" pipeline_parallel_layers=3 steps=1", "pipeline_parallel_layers", "[1, 2]");
 	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_fsdp_ag_once=true steps=1",
 		"pipeline_fsdp_ag_once", "not supported");
 }
@@ -225,6 +266,10 @@ int main(void)
 	tcase_add_test(tc, test_pp_tensor);
 	tcase_add_test(tc, test_pp_zero1);
 	tcase_add_test(tc, test_pp_fsdp);
+	tcase_add_test(tc, test_pp_tensor_transpose);
+	tcase_add_test(tc, test_moe_circular);
+	tcase_add_test(tc, test_moe_expert);
+	tcase_add_test(tc, test_layers_outside);
 	tcase_add_test(tc, test_idle_slots_poisoned);
 	tcase_add_test(tc, test_checkpoint_layer_order);
 	tcase_add_test(tc, test_trace_slots);
