@@ -152,6 +152,19 @@ START_TEST(test_idle_slots_poisoned)
 }
 END_TEST
 
+/* eval_loss of checkpoint tmpdir/dir */
+static double eval_loss(const char *dir)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "eval --checkpoint %s/%s --text /usr/share/common-licenses/GPL-3", tmpdir, dir);
+	show_log_on_failure(run(args), 0);
+	char *log = read_tmp("log.out"), *p = strstr(log, "eval_loss: ");
+	ck_assert_msg(p, "%s", log);
+	double v = strtod(p + 11, NULL);
+	free(log);
+	return v;
+}
+
 /* a checkpoint of a pipeline with repeats is in layer order: resumed it
  * continues bit-identically; one device evaluates it like its own */
 START_TEST(test_checkpoint_layer_order)
@@ -177,18 +190,26 @@ START_TEST(test_checkpoint_layer_order)
 	show_log_on_failure(run(args), 0);
 	snprintf(args, sizeof(args), "local %s --config %s steps=6 --checkpoint-dir %s/pp", mesh, LLAMA, tmpdir);
 	show_log_on_failure(run(args), 0);
-	double ev[2];
-	const char *dirs[2] = { "pp", "one" };
-	for (int k = 0; k < 2; k++) {
-		snprintf(args, sizeof(args), "eval --checkpoint %s/%s --text /usr/share/common-licenses/GPL-3",
-			 tmpdir, dirs[k]);
-		show_log_on_failure(run(args), 0);
-		char *log = read_tmp("log.out"), *p = strstr(log, "eval_loss: ");
-		ck_assert_msg(p, "%s", log);
-		ev[k] = strtod(p + 11, NULL);
-		free(log);
-	}
+	double ev[2] = { eval_loss("pp"), eval_loss("one") };
 	fprintf(stderr, "pipeline checkpoint eval %.6f, one device %.6f\n", ev[0], ev[1]);
+	ck_assert_msg(fabs(ev[0] - ev[1]) < 1e-4 * ev[1], "eval %.8f vs one device %.8f", ev[0], ev[1]);
+}
+END_TEST
+
+/* the same with layers outside the pipeline: 4 of 8 pipelined with R=2,
+ * the attention tensors (stored whole on every stage) in the storage
+ * order of 2 layers per block */
+START_TEST(test_checkpoint_outside)
+{
+	char args[1024];
+	snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 2 " PP2 " num_pipeline_microbatches=4 "
+		 "pipeline_parallel_layers=4 --config %s steps=3 base_num_decoder_layers=8 --checkpoint-dir %s/pp",
+		 LLAMA, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "train --config %s steps=3 base_num_decoder_layers=8 per_device_batch_size=16 "
+		 "--checkpoint-dir %s/one", LLAMA, tmpdir);
+	show_log_on_failure(run(args), 0);
+	double ev[2] = { eval_loss("pp"), eval_loss("one") };
 	ck_assert_msg(fabs(ev[0] - ev[1]) < 1e-4 * ev[1], "eval %.8f vs one device %.8f", ev[0], ev[1]);
 }
 END_TEST
@@ -272,6 +293,7 @@ int main(void)
 	tcase_add_test(tc, test_layers_outside);
 	tcase_add_test(tc, test_idle_slots_poisoned);
 	tcase_add_test(tc, test_checkpoint_layer_order);
+	tcase_add_test(tc, test_checkpoint_outside);
 	tcase_add_test(tc, test_trace_slots);
 	tcase_add_test(tc, test_unsupported_refused);
 	suite_add_tcase(s, tc);

@@ -651,14 +651,16 @@ static int reorder_layers(struct trainer *t, float *buf, bool to_layers)
 	for (int i = 0; i < model_num_params(m); i++) {
 		const struct param_info *p = model_param(m, i);
 		const struct param_info *gpi = model_param_by_name(t->gmodel, p->name);
-		int n = p->global_shape[0];
-		if (!p->stacked || model_stack_layer(m, 1, n) == 1)
+		int n = p->global_shape[0], q = 0;
+		while (p->stacked && q < n && model_stack_layer(m, q, n) == q)
+			q++;
+		if (!p->stacked || q == n)  /* layer order already */
 			continue;
 		size_t per = gpi->numel / (size_t)n;
 		float *w = buf + gpi->offset, *tmp = malloc(sizeof(float) * gpi->numel);
 		if (!tmp)
 			return -ENOMEM;
-		for (int q = 0; q < n; q++) {
+		for (q = 0; q < n; q++) {
 			size_t l = (size_t)model_stack_layer(m, q, n);
 			memcpy(tmp + (to_layers ? l : (size_t)q) * per, w + (to_layers ? (size_t)q : l) * per,
 			       per * sizeof(float));
