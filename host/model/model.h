@@ -70,7 +70,8 @@ struct model_mesh {
 	/* The pipelined decoder layers [pipe_first, pipe_first + pipe_layers)
 	 * (pipe_layers 0: all of them). A stacked tensor that holds any other
 	 * layer (they run data-parallel over `stage`, outside the pipeline)
-	 * is not split over `layers`: every stage stores it whole. */
+	 * is not split over `layers`: every stage stores it whole, and runs
+	 * those layers (their activations are needed on every stage). */
 	int pipe_first, pipe_layers;
 };
 
