@@ -97,6 +97,49 @@ START_TEST(test_pp_fsdp)
 			"base_num_decoder_layers=4");
 }
 END_TEST
+/* 2 stages x 2 tensor_transpose ranks (the embedding dimension split
+ * inside a stage) */
+START_TEST(test_pp_tensor_transpose)
+{
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_tensor_transpose_parallelism=2", "base_num_decoder_layers=4");
+}
+END_TEST
+
+/* DeepSeek-style MoE (MaxText's cases): one dense layer, then MoE layers;
+ * the dense one runs before the pipeline, data-parallel over stage. The
+ * load-balance loss and the router bias update see the expert counts of
+ * the whole batch (summed over microbatches and stages between the
+ * passes), as one device does. Shrunk: 32 tokens per row. */
+#define DEEPSEEK "configs/deepseek-tiny.yml"
+#define DS_SHORT "max_target_length=32"
+#define DS9 "base_num_decoder_layers=9 " DS_SHORT /* 1 dense + 8 MoE layers */
+
+/* circular: S=4 R=2 M=8 over the 8 MoE layers */
+START_TEST(test_moe_circular)
+{
+	equivalence_opt(DEEPSEEK, 1, 4, "ici_data_parallelism=1 ici_pipeline_parallelism=4 "
+			"num_pipeline_repeats=2 num_pipeline_microbatches=8", DS9);
+}
+END_TEST
+/* expert parallelism beside stage: S=2 EP=2 M=4 (2 MoE layers, R=1) */
+START_TEST(test_moe_expert)
+{
+	equivalence_opt(DEEPSEEK, 1, 4, PP2 " ici_expert_parallelism=2 num_pipeline_microbatches=4", DS_SHORT);
+}
+END_TEST
+/* pipeline_parallel_layers below the layer count: a dense model's last 2
+ * of 6 layers run after the pipeline; an MoE model's dense layer and 4 of
+ * its 8 MoE layers before it (poisoned: the layers outside read only
+ * what they wrote) */
+START_TEST(test_layers_outside)
+{
+	equivalence_opt(LLAMA, 1, 2, PP2 " pipeline_parallel_layers=4", "base_num_decoder_layers=6");
+	setenv("MESHRUN_TEST_PIPE_POISON", "1", 1);
+	equivalence_opt(DEEPSEEK, 1, 2, PP2 " pipeline_parallel_layers=4 num_pipeline_microbatches=4", DS9);
+	unsetenv("MESHRUN_TEST_PIPE_POISON");
+}
+END_TEST
+
 /* idle slots are idle: every buffer a slot could read is NaN before each
  * step; only what an active slot wrote first is read */
 START_TEST(test_idle_slots_poisoned)
@@ -108,6 +151,19 @@ START_TEST(test_idle_slots_poisoned)
 	unsetenv("MESHRUN_TEST_PIPE_POISON");
 }
 END_TEST
+
+/* eval_loss of checkpoint tmpdir/dir */
+static double eval_loss(const char *dir)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "eval --checkpoint %s/%s --text /usr/share/common-licenses/GPL-3", tmpdir, dir);
+	show_log_on_failure(run(args), 0);
+	char *log = read_tmp("log.out"), *p = strstr(log, "eval_loss: ");
+	ck_assert_msg(p, "%s", log);
+	double v = strtod(p + 11, NULL);
+	free(log);
+	return v;
+}
 
 /* a checkpoint of a pipeline with repeats is in layer order: resumed it
  * continues bit-identically; one device evaluates it like its own */
@@ -134,18 +190,26 @@ START_TEST(test_checkpoint_layer_order)
 	show_log_on_failure(run(args), 0);
 	snprintf(args, sizeof(args), "local %s --config %s steps=6 --checkpoint-dir %s/pp", mesh, LLAMA, tmpdir);
 	show_log_on_failure(run(args), 0);
-	double ev[2];
-	const char *dirs[2] = { "pp", "one" };
-	for (int k = 0; k < 2; k++) {
-		snprintf(args, sizeof(args), "eval --checkpoint %s/%s --text /usr/share/common-licenses/GPL-3",
-			 tmpdir, dirs[k]);
-		show_log_on_failure(run(args), 0);
-		char *log = read_tmp("log.out"), *p = strstr(log, "eval_loss: ");
-		ck_assert_msg(p, "%s", log);
-		ev[k] = strtod(p + 11, NULL);
-		free(log);
-	}
+	double ev[2] = { eval_loss("pp"), eval_loss("one") };
 	fprintf(stderr, "pipeline checkpoint eval %.6f, one device %.6f\n", ev[0], ev[1]);
+	ck_assert_msg(fabs(ev[0] - ev[1]) < 1e-4 * ev[1], "eval %.8f vs one device %.8f", ev[0], ev[1]);
+}
+END_TEST
+
+/* the same with layers outside the pipeline: 4 of 8 pipelined with R=2,
+ * the attention tensors (stored whole on every stage) in the storage
+ * order of 2 layers per block */
+START_TEST(test_checkpoint_outside)
+{
+	char args[1024];
+	snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 2 " PP2 " num_pipeline_microbatches=4 "
+		 "pipeline_parallel_layers=4 --config %s steps=3 base_num_decoder_layers=8 --checkpoint-dir %s/pp",
+		 LLAMA, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "train --config %s steps=3 base_num_decoder_layers=8 per_device_batch_size=16 "
+		 "--checkpoint-dir %s/one", LLAMA, tmpdir);
+	show_log_on_failure(run(args), 0);
+	double ev[2] = { eval_loss("pp"), eval_loss("one") };
 	ck_assert_msg(fabs(ev[0] - ev[1]) < 1e-4 * ev[1], "eval %.8f vs one device %.8f", ev[0], ev[1]);
 }
 END_TEST
@@ -196,14 +260,12 @@ static void refused(const char *args, const char *a, const char *b)
 
 START_TEST(test_unsupported_refused)
 {
-	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_tensor_transpose_parallelism=2 steps=1",
-		"tensor_transpose_parallelism=2", "not supported");
-	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_expert_parallelism=2 steps=1",
-		"expert_parallelism=2", "not supported");
 	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_fsdp_parallelism=2 "
 		"base_num_decoder_layers=4 steps=1", "num_pipeline_repeats=2", "FSDP");
-	refused("local --hosts 1 --devices-per-host 2 --config configs/deepseek-tiny.yml " PP2
-		" pipeline_parallel_layers=2 steps=1", "MoE", "pipeline_parallel_layers");
+	refused("local --hosts 1 --devices-per-host 4 --config " DEEPSEEK " " PP2 " ici_expert_parallelism=2 "
+		"base_num_decoder_layers=5 steps=1", "num_pipeline_repeats=2", "expert_parallelism=2");
+	refused("local --hosts 1 --devices-per-host 2 --config " DEEPSEEK " " PP2
+		" pipeline_parallel_layers=3 steps=1", "pipeline_parallel_layers", "[1, 2]");
 	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_fsdp_ag_once=true steps=1",
 		"pipeline_fsdp_ag_once", "not supported");
 }
@@ -225,8 +287,13 @@ int main(void)
 	tcase_add_test(tc, test_pp_tensor);
 	tcase_add_test(tc, test_pp_zero1);
 	tcase_add_test(tc, test_pp_fsdp);
+	tcase_add_test(tc, test_pp_tensor_transpose);
+	tcase_add_test(tc, test_moe_circular);
+	tcase_add_test(tc, test_moe_expert);
+	tcase_add_test(tc, test_layers_outside);
 	tcase_add_test(tc, test_idle_slots_poisoned);
 	tcase_add_test(tc, test_checkpoint_layer_order);
+	tcase_add_test(tc, test_checkpoint_outside);
 	tcase_add_test(tc, test_trace_slots);
 	tcase_add_test(tc, test_unsupported_refused);
 	suite_add_tcase(s, tc);

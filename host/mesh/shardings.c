@@ -14,6 +14,7 @@
 #include "host/model/model.h"
 #include "host/mesh/plan.h"
 #include "host/mesh/shard.h"
+#include "host/pipeline/pipe_config.h"
 #include "host/train/train.h"
 
 #define NCOL 6
@@ -151,6 +152,17 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 	mesh_init(&m, c);
 	/* device 0's plans: every device's shards have the same shapes */
 	struct model_mesh mm = { .mesh = &m, .rules = rules, .device = 0 };
+	if (m.size[AX_STAGE] > 1) {
+		/* a pipeline: its layer order, and the layers outside it (stored
+		 * whole on every stage) */
+		struct pipe_config pc;
+		if (pipe_config_resolve(&pc, c, &d, err, errlen))
+			goto out;
+		mm.pipe_stages = pc.shape.stages;
+		mm.pipe_repeats = pc.shape.repeats;
+		mm.pipe_first = pc.first_layer;
+		mm.pipe_layers = pc.layers;
+	}
 	model = model_plan_new(&d, &mm, err, errlen);
 	if (!model)
 		goto out;

@@ -124,7 +124,9 @@ static void lay_out(struct model *m, struct arena *a)
 			m->dyr = TAKEF(a, R * C);
 		}
 		m->counts_all = TAKEI(a, (size_t)d->L_moe * E);
-		m->counts_tmp = TAKEI(a, (size_t)d->L_moe * E * (size_t)mesh_axes_size_or1(m, m->rows));
+		/* a pipeline sums the counts over `stage` too */
+		uint32_t cax = m->rows | (m->pipe_stages > 1 ? 1u << AX_STAGE : 0);
+		m->counts_tmp = TAKEI(a, (size_t)d->L_moe * E * (size_t)mesh_axes_size_or1(m, cax));
 	}
 }
 
@@ -142,9 +144,15 @@ static int make_window(struct model *m)
 			t[id].count = t[id].p->shape[0];
 		}
 	}
-	/* a pipeline stage gathers the layers it runs in one iteration at once */
-	if (m->pipe_stages > 1 && m->pipe_repeats >= 1)
-		lcap = m->d.L / (m->pipe_stages * m->pipe_repeats);
+	/* a pipeline stage gathers the layers it runs in one iteration at
+	 * once, and those outside the pipeline before it, or after it */
+	if (m->pipe_stages > 1 && m->pipe_repeats >= 1) {
+		int P = m->pipe_layers > 0 ? m->pipe_layers : m->d.L;
+		int before = m->pipe_first, after = m->d.L - m->pipe_first - P;
+		lcap = P / (m->pipe_stages * m->pipe_repeats);
+		lcap = before > lcap ? before : lcap;
+		lcap = after > lcap ? after : lcap;
+	}
 	m->win = win_new(m->mesh, m->device, t, P_COUNT, lcap > 1 ? lcap : 1);
 	return m->win ? 0 : -ENOMEM;
 }
@@ -380,22 +388,31 @@ double model_forward(struct model *m, const int32_t *inputs, const int32_t *targ
 	return s;
 }
 
+void model_count_experts(struct model *m, enum model_counts how) { m->counts_how = how; }
+
+void model_zero_counts(struct model *m)
+{
+	if (m->counts_all)
+		memset(m->counts_all, 0, sizeof(int32_t) * (size_t)m->d.L_moe * m->d.E);
+}
+
 /* MoE expert counts between forward and backward, summed over every
  * device with other rows (exact integers, added in rank order), so the
  * load-balance loss is that of the global batch. */
-static void sum_counts(struct model *m)
+int model_sum_counts(struct model *m, uint32_t axes)
 {
 	const struct model_comm *c = m->st->comm;
-	int n = m->d.L_moe * m->d.E, reps = mesh_axes_size_or1(m, m->rows);
-	if (!m->rows || m->hook_rc)
-		return;
-	m->hook_rc = c->all_gather(c->ctx, m->rows, m->counts_tmp, m->counts_all, sizeof(int32_t) * (size_t)n);
+	int n = m->d.L_moe * m->d.E, reps = mesh_axes_size_or1(m, axes);
+	if (!m->d.L_moe || !axes || m->hook_rc)
+		return m->hook_rc;
+	m->hook_rc = c->all_gather(c->ctx, axes, m->counts_tmp, m->counts_all, sizeof(int32_t) * (size_t)n);
 	for (int i = 0; !m->hook_rc && i < n; i++) {
 		int32_t s = 0;
 		for (int r = 0; r < reps; r++)
 			s += m->counts_tmp[(size_t)r * n + i];
 		m->counts_all[i] = s;
 	}
+	return m->hook_rc;
 }
 
 int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
@@ -407,7 +424,7 @@ int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t
 	model_step_begin(m, st);
 	st->loss_sum = forward_all(m, inputs, targets);
 	if (m->d.L_moe)
-		sum_counts(m);
+		model_sum_counts(m, m->rows);
 	if (m->hook_rc)
 		return model_step_end(m);
 

@@ -67,6 +67,12 @@ struct model_mesh {
 	 * the layers it runs. Identity when R is 1. The FSDP window's layer
 	 * groups then hold a stage's L / (S*R) layers. */
 	int pipe_stages, pipe_repeats;
+	/* The pipelined decoder layers [pipe_first, pipe_first + pipe_layers)
+	 * (pipe_layers 0: all of them). A stacked tensor that holds any other
+	 * layer (they run data-parallel over `stage`, outside the pipeline)
+	 * is not split over `layers`: every stage stores it whole, and runs
+	 * those layers (their activations are needed on every stage). */
+	int pipe_first, pipe_layers;
 };
 
 /* Collectives over the devices that differ from this one only on `axes`
@@ -152,6 +158,9 @@ int model_linears(const struct model *m, struct model_linear_info *out, int max)
 /* The layer that storage index q of a stacked tensor of n layers holds
  * (model_mesh's pipeline order); q without one. */
 int model_stack_layer(const struct model *m, int q, int n);
+/* A stacked tensor that has a slice for decoder layer l but does not
+ * store it on this device, or NULL when every one does. */
+const struct param_info *model_layer_missing(const struct model *m, int l);
 /* Mesh axes that split the rows (activation_batch); 0 on one device. */
 uint32_t model_rows_axes(const struct model *m);
 /* The same axes before there is a model (a job sizes each model's batch
@@ -258,6 +267,21 @@ struct win *model_window(struct model *m);
 /* Per-expert token counts of the last step, [L_moe, E] (NULL if dense),
  * summed over replicas by the counts hook; used by the router bias update. */
 const int32_t *model_expert_counts(const struct model *m);
+
+/* How a MoE layer's forward records its expert counts (the load-balance
+ * loss of its backward and the router bias update read them):
+ * MODEL_COUNTS_SET (the default) replaces the layer's counts with this
+ * forward's; MODEL_COUNTS_ADD adds them (a pipeline's forward passes, one
+ * per microbatch); MODEL_COUNTS_KEEP leaves them (a pipeline's recomputed
+ * forward in backward). */
+enum model_counts { MODEL_COUNTS_SET, MODEL_COUNTS_ADD, MODEL_COUNTS_KEEP };
+void model_count_experts(struct model *m, enum model_counts how);
+/* Zeroes every layer's counts (before a step's MODEL_COUNTS_ADD forwards). */
+void model_zero_counts(struct model *m);
+/* Sums the counts over the devices that differ from this one on `axes`
+ * (within a step, with its collectives; exact integers added in rank
+ * order). Returns the step's error. */
+int model_sum_counts(struct model *m, uint32_t axes);
 
 /* Matmul FLOPs per token for forward+backward (6 x matmul params active per
  * token + 12 x L x T x Hq x D for attention), for TFLOP/s and MFU. */

@@ -47,6 +47,7 @@ struct model {
 	int device;
 	int coord[AX_COUNT];
 	int pipe_stages, pipe_repeats; /* model_mesh's layer order (0: none) */
+	int pipe_first, pipe_layers;   /* and its pipelined layers */
 	uint32_t rows, ax_emb, ax_vocab, ax_exp, ax_moe_out;
 	int v0, c0, e0;             /* first vocab row, embedding column, expert here */
 	int v0e, Ve;                /* the embedding table's rows here */
@@ -82,6 +83,7 @@ struct model {
 	      *att_scratch, *dlogits, *dscores, *dweights, *dxs, *dey, *dlogits_r, *dxr, *dyr;
 	int32_t *counts_all;        /* [L_moe, E] */
 	int32_t *counts_tmp;        /* [replicas, L_moe, E] */
+	enum model_counts counts_how; /* how a forward records them */
 	void *act_mem;
 	size_t act_bytes;
 };

@@ -114,7 +114,11 @@ void moe_return_forward(struct model *m, int l, float *out)
 
 	if (m->ep > 1)  /* the outputs come back */
 		ep_exchange(m, a->ey, a->send_b, a->yr, a->recv_b);
-	memcpy(m->counts_all + (size_t)(l - d->L_dense) * E, a->counts, sizeof(int32_t) * E);
+	int32_t *cnt = m->counts_all + (size_t)(l - d->L_dense) * E;
+	if (m->counts_how == MODEL_COUNTS_SET)
+		memcpy(cnt, a->counts, sizeof(int32_t) * E);
+	for (int e = 0; m->counts_how == MODEL_COUNTS_ADD && e < E; e++)
+		cnt[e] += a->counts[e];
 	memset(out, 0, sizeof(float) * (size_t)N * d->C);
 	moe_combine(out, a->ey, a->weights, a->order, N * K, K, d->C);
 }

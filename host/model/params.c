@@ -141,6 +141,20 @@ int layer_slot(const struct model *m, int id, int l)
 	return k < 0 ? -1 : stack_index(m, k, m->p[id].global_shape[0]) - m->p[id].goff[0];
 }
 
+const struct param_info *model_layer_missing(const struct model *m, int l)
+{
+	for (int id = 0; id < P_COUNT; id++) {
+		int first, count;
+		if (m->pidx[id] < 0)
+			continue;
+		param_layers(m, id, &first, &count);
+		int q = layer_slot(m, id, l);
+		if (l >= first && l < first + count && (q < 0 || q >= m->p[id].shape[0]))
+			return &m->table[m->pidx[id]];
+	}
+	return NULL;
+}
+
 void param_layers(const struct model *m, int id, int *first, int *count)
 {
 	*first = *count = 0;
@@ -339,13 +353,28 @@ static const char *dim_key(const char *msg)
 	return NULL;
 }
 
+/* Whether stacked parameter id holds a layer a pipeline does not run
+ * (it runs data-parallel over `stage`, so every stage needs it whole). */
+static bool outside_pipeline(const struct model *m, int id)
+{
+	int first, count;
+	if (m->pipe_stages <= 1 || m->pipe_layers <= 0)
+		return false;
+	param_layers(m, id, &first, &count);
+	return count && (first < m->pipe_first || first + count > m->pipe_first + m->pipe_layers);
+}
+
 static int plan_one(struct model *m, const struct model_mesh *mm, int id, uint32_t rows,
 		    char *err, size_t errlen)
 {
 	struct param_info *p = &m->p[id];
+	const char *axes[MODEL_MAX_DIMS];
 	if (m->pidx[id] < 0)
 		return 0;
-	int rc = plan_param(&m->pp[id], mm->rules, mm->mesh, p->name, p->ndim, p->global_shape, p->axes,
+	memcpy(axes, p->axes, sizeof(axes));
+	if (outside_pipeline(m, id))
+		axes[0] = NULL;  /* `layers` not split: stored whole on every stage */
+	int rc = plan_param(&m->pp[id], mm->rules, mm->mesh, p->name, p->ndim, p->global_shape, axes,
 			    m->d.D, rows, err, errlen);
 	const char *key = rc ? dim_key(err) : NULL;
 	size_t used = strlen(err);
@@ -564,6 +593,8 @@ static int plan_model(struct model *m, const struct model_mesh *mm, char *err, s
 	m->device = mm->device;
 	m->pipe_stages = mm->pipe_stages;
 	m->pipe_repeats = mm->pipe_repeats;
+	m->pipe_first = mm->pipe_first;
+	m->pipe_layers = mm->pipe_layers;
 	mesh_coords(mm->mesh, mm->device, m->coord);
 	if ((rc = plan_tensors(m, mm, &a, err, errlen)) || (rc = plan_experts(m, mm, &a, err, errlen)) ||
 	    (rc = plan_slices(m, &a, err, errlen)) || (rc = plan_linears(m, &a, err, errlen)) ||

@@ -142,6 +142,9 @@ static void print_head(const struct pipe_config *pc, const struct model_dims *d,
 	if (pc->layers_after)
 		printf("; %d after it", pc->layers_after);
 	printf("; of %d\n", d->L);
+	if (pc->layers_before || pc->layers_after)
+		printf("outside the pipeline: layers run data-parallel over stage (each microbatch's "
+		       "owner, with its embedding and head); stored whole on every stage\n");
 	printf("batch: %d rows (per_device_batch_size x %d devices); microbatch %d rows\n",
 	       pc->global_batch, m->num_devices, pc->microbatch_rows);
 	printf("iterations: T = R*M + d*(S-1) = %d*%d + %d*%d = %d\n", R, M, dl, S - 1, T);

@@ -43,32 +43,23 @@ static int owner(const struct pipe_exec *x, int mb) { return mb % x->sh.stages; 
  * tensor and these move nothing. */
 #define WSLOT_NONLAYER 0
 #define WSLOT(k) (1 + (k))
-
-/* Whether the model stores layer l of stacked tensor p on this device. */
-static bool holds(const struct pipe_exec *x, const struct param_info *p, int l)
-{
-	for (int q = p->goff[0]; q < p->goff[0] + p->shape[0]; q++)
-		if (model_stack_layer(x->m, q, p->global_shape[0]) == l)
-			return true;
-	return false;
-}
+/* the layers outside the pipeline: gathered while no table slot is */
+#define WSLOT_OUTSIDE (WIN_SLOTS - 1)
 
 /* Checks that the model holds (in its own storage) the layers of every
  * repeat of this stage. */
 static int check_layers(const struct pipe_exec *x, char *err, size_t errlen)
 {
-	for (int i = 0; i < model_num_params(x->m); i++) {
-		const struct param_info *p = model_param(x->m, i);
-		for (int r = 0; p->stacked && r < x->sh.repeats; r++) {
-			for (int j = 0; j < x->sh.layers_per_stage; j++) {
-				int l = x->first_layer + pipe_layer(&x->sh, r, x->stage, j);
-				if (holds(x, p, l))
-					continue;
-				snprintf(err, errlen, "config: pipeline stage %d runs layer %d, which "
-					 "'%s' does not store on it (logical_axis_rules must split "
-					 "'layers' over stage alone)", x->stage, l, p->name);
-				return -EINVAL;
-			}
+	for (int r = 0; r < x->sh.repeats; r++) {
+		for (int j = 0; j < x->sh.layers_per_stage; j++) {
+			int l = x->first_layer + pipe_layer(&x->sh, r, x->stage, j);
+			const struct param_info *p = model_layer_missing(x->m, l);
+			if (!p)
+				continue;
+			snprintf(err, errlen, "config: pipeline stage %d runs layer %d, which "
+				 "'%s' does not store on it (logical_axis_rules must split "
+				 "'layers' over stage alone)", x->stage, l, p->name);
+			return -EINVAL;
 		}
 	}
 	return 0;
@@ -286,45 +277,119 @@ static int run_bwd(struct pipe_exec *x, const struct pipe_entry *e, const struct
 	return rc;
 }
 
-/* The owner's part: embed its microbatches and send them to stage 0. */
-static int embed_all(struct pipe_exec *x, const int32_t *inputs, const struct pipe_p2p *io)
+/* The layers outside the pipeline, run by a microbatch's owner: [0, *nb)
+ * after the embedding (the pipeline's first layer is first_layer), and
+ * [*a0, L) before the head. */
+static void outside(const struct pipe_exec *x, int *nb, int *a0)
 {
-	int rc = 0;
-	for (int mb = x->stage; mb < x->sh.microbatches && !rc; mb += x->sh.stages) {
-		if (!(rc = model_embed_forward(x->m, x->in[mb], inputs + (size_t)mb * x->ntok)))
-			rc = xfer_send(x, io, 0, MSG_IN, mb, x->in[mb], x->in[mb]);
-	}
+	const struct pipe_shape *sh = &x->sh;
+	*nb = x->first_layer;
+	*a0 = x->first_layer + sh->stages * sh->repeats * sh->layers_per_stage;
+}
+
+/* Layers [l0, l1) outside the pipeline into the window (weights split
+ * over the rows' axes; nothing moves without them), between the passes
+ * of the table, whose weight slots are all free then; their gradients
+ * zeroed. */
+static int outside_gather(struct pipe_exec *x, int l0, int l1)
+{
+	struct win *w = model_window(x->m);
+	int rc = win_gather_start(w, WSLOT_OUTSIDE, l0, l1);
+	if (!rc && !(rc = win_wait(w, WSLOT_OUTSIDE)))
+		win_zero_grads(w, WSLOT_OUTSIDE);
 	return rc;
 }
 
-/* The owner's part after the forward pass: loss and its gradient for
- * each of its microbatches, the gradient sent to stage S-1. */
+/* Done with them: their gradients (if grads) reduce-scattered. */
+static int outside_release(struct pipe_exec *x, bool grads, int rc)
+{
+	struct win *w = model_window(x->m);
+	if (grads && !rc)
+		rc = win_scatter_start(w, WSLOT_OUTSIDE);
+	win_release(w, WSLOT_OUTSIDE);
+	return rc;
+}
+
+/* The owner's part: embed its microbatches, run the layers before the
+ * pipeline on them and send them to stage 0. Every forward of the step
+ * adds its expert counts (head_all sums them). */
+static int embed_all(struct pipe_exec *x, const int32_t *inputs, const struct pipe_p2p *io)
+{
+	int rc = 0, nb, a0;
+	outside(x, &nb, &a0);
+	model_zero_counts(x->m);
+	model_count_experts(x->m, MODEL_COUNTS_ADD);
+	if (nb && (rc = outside_gather(x, 0, nb)))
+		return outside_release(x, false, rc);
+	for (int mb = x->stage; mb < x->sh.microbatches && !rc; mb += x->sh.stages) {
+		const int32_t *in = inputs + (size_t)mb * x->ntok;
+		/* the embedding lands in tmp (free outside the backward pass) */
+		if (!(rc = model_embed_forward(x->m, nb ? x->tmp : x->in[mb], in)) && nb)
+			rc = model_layers_forward(x->m, 0, nb, x->in[mb], x->tmp);
+		if (!rc)
+			rc = xfer_send(x, io, 0, MSG_IN, mb, x->in[mb], x->in[mb]);
+	}
+	return nb ? outside_release(x, false, rc) : rc;
+}
+
+/* Between the passes, every forward of the step done: each MoE layer's
+ * expert counts over the whole batch (a pipelined layer's are on its
+ * stage, the others' spread over the owners), as one device counts them;
+ * recomputed forwards leave them alone. */
+static int count_experts(struct pipe_exec *x)
+{
+	model_count_experts(x->m, MODEL_COUNTS_KEEP);
+	return model_sum_counts(x->m, model_rows_axes(x->m) | 1u << AX_STAGE);
+}
+
+/* The owner's part after the forward pass: the layers after the pipeline,
+ * the loss and their backward for each of its microbatches (one after
+ * the other, so nothing is recomputed), the gradient sent to stage S-1. */
 static int head_all(struct pipe_exec *x, const int32_t *targets, const struct pipe_p2p *io,
 		    double *loss)
 {
-	int rc = 0, last = x->sh.stages - 1;
+	int rc, last = x->sh.stages - 1, nb, a0, L = model_dims(x->m)->L;
+	outside(x, &nb, &a0);
 	*loss = 0;
+	if ((rc = count_experts(x)) || (a0 < L && (rc = outside_gather(x, a0, L))))
+		return a0 < L ? outside_release(x, false, rc) : rc;
 	for (int mb = x->stage; mb < x->sh.microbatches && !rc; mb += x->sh.stages) {
 		double l = 0;
 		const int32_t *tg = targets + (size_t)mb * x->ntok;
+		float *z = a0 < L ? x->tmp : x->y[mb];  /* the head's input */
 		if ((rc = xfer_recv(x, io, last, MSG_OUT, mb, x->y[mb])) ||
-		    (rc = model_head_forward(x->m, &l, x->y[mb], tg)) ||
-		    (rc = model_head_backward(x->m, x->dy[mb], x->y[mb], tg)))
+		    (a0 < L && (rc = model_layers_forward(x->m, a0, L, z, x->y[mb]))) ||
+		    (rc = model_head_forward(x->m, &l, z, tg)) ||
+		    (rc = model_head_backward(x->m, x->dy[mb], z, tg)) ||
+		    (a0 < L && (rc = model_layers_backward(x->m, a0, L, x->dy[mb], x->y[mb]))))
 			break;
 		*loss += l;
 		rc = xfer_send(x, io, last, MSG_DOUT, mb, x->dy[mb], x->dy[mb]);
 	}
-	return rc;
+	return a0 < L ? outside_release(x, true, rc) : rc;
 }
 
+/* The owner's part after the backward pass: the layers before the
+ * pipeline (their forward recomputed from the embedding, itself
+ * recomputed into tmp; y[mb] is free and takes the output) and the
+ * embedding's backward. */
 static int embed_back_all(struct pipe_exec *x, const int32_t *inputs, const struct pipe_p2p *io)
 {
-	int rc = 0;
+	int rc = 0, nb, a0;
+	outside(x, &nb, &a0);
+	if (nb && (rc = outside_gather(x, 0, nb)))
+		return outside_release(x, false, rc);
 	for (int mb = x->stage; mb < x->sh.microbatches && !rc; mb += x->sh.stages) {
-		if (!(rc = xfer_recv(x, io, 0, MSG_DIN, mb, x->din[mb])))
-			rc = model_embed_backward(x->m, x->din[mb], inputs + (size_t)mb * x->ntok);
+		const int32_t *in = inputs + (size_t)mb * x->ntok;
+		if ((rc = xfer_recv(x, io, 0, MSG_DIN, mb, x->din[mb])))
+			break;
+		if (nb && ((rc = model_embed_forward(x->m, x->tmp, in)) ||
+			   (rc = model_layers_forward(x->m, 0, nb, x->y[mb], x->tmp)) ||
+			   (rc = model_layers_backward(x->m, 0, nb, x->din[mb], x->tmp))))
+			break;
+		rc = model_embed_backward(x->m, x->din[mb], in);
 	}
-	return rc;
+	return nb ? outside_release(x, true, rc) : rc;
 }
 
 int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *targets,

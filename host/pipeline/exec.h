@@ -4,14 +4,27 @@
  *
  * A step covers the B = M x mb rows of the device's stage group (the
  * devices that differ only in `stage`); the model was made for mb rows
- * (one microbatch). The embedding and the head run data-parallel over
- * `stage`: stage s embeds, and computes the loss of, the microbatches m
- * with m mod S = s; their inputs go to stage 0, their outputs come back
- * from stage S-1, point to point. The pipelined layers run as the table
- * says: forward, then backward recomputing each slot's forward from its
- * saved stage input. Weight gradients accumulate into model_grads: the
- * stage's own layers, and the embedding and head of its microbatches
- * (the caller sums the latter over `stage`).
+ * (one microbatch). The embedding, the head and the decoder layers
+ * outside the pipeline run data-parallel over `stage`: stage s embeds,
+ * and computes the loss of, the microbatches m with m mod S = s, and runs
+ * on them the layers [0, first_layer) after the embedding (an MoE
+ * model's dense layers and MoE layers left out of the pipeline; their
+ * forward is recomputed before their backward, after the pipeline's) and
+ * the layers after the pipelined ones before the head (a dense model's;
+ * forward and backward back to back per microbatch). Their inputs go to
+ * stage 0, their outputs come back from stage S-1, point to point. The
+ * pipelined layers run as the table says: forward, then backward
+ * recomputing each slot's forward from its saved stage input. Weight
+ * gradients accumulate into model_grads: the stage's own layers, and the
+ * embedding, head and layers outside the pipeline of its microbatches
+ * (the model stores those whole on every stage; the caller sums their
+ * gradients over `stage`).
+ *
+ * MoE layers: every forward of the step adds its expert counts; between
+ * the passes they are summed over the rows' axes and `stage`, so each
+ * layer's load-balance loss (and the router bias update after the step)
+ * sees the counts of the whole batch, as on one device; the recomputed
+ * forwards leave them alone.
  *
  * Weights: the `layers` dimension is split over `stage`, so a stage stores
  * its layers; weights also split over FSDP axes are gathered through the

@@ -129,20 +129,21 @@ int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
 }
 
 /* What a pipeline over `stage` trains with today: data (ZeRO-1 too),
- * tensor and FSDP (one repeat, weights gathered per iteration) beside it,
- * every decoder layer of a dense model in it. Anything else is refused,
+ * tensor, tensor_transpose, expert and FSDP (one repeat, weights gathered
+ * per iteration) beside it; dense and MoE models, with decoder layers
+ * outside the pipeline (not beside FSDP). Anything else is refused,
  * naming its keys. */
 static int pipe_supported(const struct cfg *c, const struct model_dims *d, const struct pipe_config *pc,
 			  int rows, char *err, size_t errlen)
 {
-	static const int other[] = { AX_TENSOR_T, AX_EXPERT, AX_SEQUENCE, AX_CONTEXT };
+	static const int other[] = { AX_SEQUENCE, AX_CONTEXT };
 	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
 		int a = other[i];
 		if (c->ici[a] * c->dcn[a] == 1)
 			continue;
 		snprintf(err, errlen, "config: pipeline parallelism (stage) trains beside data, fsdp, "
-			 "fsdp_transpose and tensor parallelism only; ici_/dcn_%s_parallelism=%d is not "
-			 "supported with it yet",
+			 "fsdp_transpose, tensor, tensor_transpose and expert parallelism only; "
+			 "ici_/dcn_%s_parallelism=%d is not supported with it yet",
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
 		return -EINVAL;
 	}
@@ -153,10 +154,19 @@ static int pipe_supported(const struct cfg *c, const struct model_dims *d, const
 			 "(num_layers_per_pipeline_stage = layers / stages)", pc->shape.repeats, fsdp);
 		return -EINVAL;
 	}
-	if (d->L_moe || pc->layers_before || pc->layers_after) {
-		snprintf(err, errlen, "config: pipeline parallelism needs every decoder layer in the "
-			 "pipeline of a dense model; pipeline_parallel_layers < layers and MoE models "
-			 "(num_experts > 1) are not supported with it yet");
+	/* experts split the batch, and the rules split the dense weights'
+	 * embed over them: gathered per iteration like FSDP's */
+	int ep = c->ici[AX_EXPERT] * c->dcn[AX_EXPERT];
+	if (ep > 1 && pc->shape.repeats > 1) {
+		snprintf(err, errlen, "config: pipeline repeats (num_pipeline_repeats=%d) with expert "
+			 "parallelism (ici_/dcn_expert_parallelism=%d) are not supported yet; use one repeat "
+			 "(num_layers_per_pipeline_stage = pipelined layers / stages)", pc->shape.repeats, ep);
+		return -EINVAL;
+	}
+	if ((pc->layers_before || pc->layers_after) && pc->shape.wmode != PIPE_W_ITER) {
+		snprintf(err, errlen, "config: decoder layers outside the pipeline (%d of %d pipelined: "
+			 "pipeline_parallel_layers, first_num_dense_layers) with pipeline_fsdp_ag_once or "
+			 "pipeline_fsdp_ag_per_repeat are not supported yet", pc->layers, d->L);
 		return -EINVAL;
 	}
 	if (rows % pc->shape.microbatches) {
@@ -180,6 +190,8 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 	struct model_mesh pm = *mm;
 	pm.pipe_stages = pc.shape.stages;
 	pm.pipe_repeats = pc.shape.repeats;
+	pm.pipe_first = pc.first_layer;
+	pm.pipe_layers = pc.layers;
 	t->model = model_new(d, mb, &pm, err, errlen);
 	if (!t->model)
 		return -EINVAL;
@@ -319,9 +331,11 @@ static void update_router_bias(struct trainer *t, const struct param_info *p)
 	int E = d->E, El = p->shape[1], e0 = p->goff[1];
 	if (!d->L_moe || rate == 0.0f)
 		return;
-	for (int l = 0; l < p->shape[0]; l++)
-		moe_bias_update(b + (size_t)l * El, counts + (size_t)(l + p->goff[0]) * E, E, e0, El,
-				rate);
+	/* storage index q holds MoE layer model_stack_layer(q) (a pipeline's order) */
+	for (int l = 0; l < p->shape[0]; l++) {
+		int q = model_stack_layer(t->model, l + p->goff[0], p->global_shape[0]);
+		moe_bias_update(b + (size_t)l * El, counts + (size_t)q * E, E, e0, El, rate);
+	}
 }
 
 /* After an all-gather over tg's axes (member r's block at recv + r * per),
@@ -637,14 +651,16 @@ static int reorder_layers(struct trainer *t, float *buf, bool to_layers)
 	for (int i = 0; i < model_num_params(m); i++) {
 		const struct param_info *p = model_param(m, i);
 		const struct param_info *gpi = model_param_by_name(t->gmodel, p->name);
-		int n = p->global_shape[0];
-		if (!p->stacked || model_stack_layer(m, 1, n) == 1)
+		int n = p->global_shape[0], q = 0;
+		while (p->stacked && q < n && model_stack_layer(m, q, n) == q)
+			q++;
+		if (!p->stacked || q == n)  /* layer order already */
 			continue;
 		size_t per = gpi->numel / (size_t)n;
 		float *w = buf + gpi->offset, *tmp = malloc(sizeof(float) * gpi->numel);
 		if (!tmp)
 			return -ENOMEM;
-		for (int q = 0; q < n; q++) {
+		for (q = 0; q < n; q++) {
 			size_t l = (size_t)model_stack_layer(m, q, n);
 			memcpy(tmp + (to_layers ? l : (size_t)q) * per, w + (to_layers ? (size_t)q : l) * per,
 			       per * sizeof(float));
