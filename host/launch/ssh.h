@@ -41,6 +41,11 @@ struct ssh_launch_args {
 	const char *metrics;      /* local paths, NULL: none */
 	const char *trace;
 	const char *ckpt_dir;     /* a path on the machines, NULL: none */
+	bool resume;              /* the agents start with --resume */
+	/* restarts (host/launch/launch.h); ssh_launch fills in launch,
+	 * checkpoint and ctx. max 0: none */
+	struct launch_restarts restarts;
+	const char *who;          /* "meshrun: launch", for restart lines */
 	bool keep, quiet;
 	long long total_steps;    /* for the progress line on a terminal; 0: none */
 	/* set (by the caller's signal handler) when the user interrupted:
