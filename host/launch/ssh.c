@@ -739,7 +739,7 @@ static int ssh_once(void *ctx, bool resume, struct launch_result *r, char *err, 
 	}
 	on->rn->attempt++;
 	int rc = run_agents(on->rn, on->o, resume, r, err, errlen);
-	if (rc && !r->interrupted)
+	if (rc && !r->interrupted && on->rn->attempt <= on->rn->a->restarts.max)
 		stop_round(on->rn, on->b, false, false, "stopping the agent for a restart");
 	return rc;
 }
