@@ -505,14 +505,16 @@ static const char *ckpt_dir(const struct run *rn, char *buf, size_t len)
 }
 
 /* The agent's status lines (host/launch/status.h) go to its stderr, which
- * ssh carries back to the supervisor. */
+ * ssh carries back to the supervisor. RUN/started marks, on the machine's
+ * own clock, when the launch's first agent started there (ssh_checkpoint). */
 static void agent_cmd(char *out, size_t len, const struct run *rn, int i, bool resume)
 {
 	const struct ssh_launch_args *a = rn->a;
 	char q[PATH_MAX + 64], ck[PATH_MAX];
 	const char *dir = ckpt_dir(rn, ck, sizeof(ck));
 	int k = snprintf(out, len,
-			 "cd %s && echo $$ >pid && export %s=2 && exec %s/meshrun agent "
+			 "cd %s && { [ -e started ] || : >started; } && echo $$ >pid && "
+			 "export %s=2 && exec %s/meshrun agent "
 			 "--config %s/config.yaml --host-id %d --hosts %d --devices-per-host %d "
 			 "--listen %s:0",
 			 rn->remote, LAUNCH_STATUS_ENV, rn->remote, rn->remote, i, a->n,
@@ -746,7 +748,7 @@ static int ssh_once(void *ctx, bool resume, struct launch_result *r, char *err, 
 
 /* The newest complete step directory in host 0's checkpoint directory
  * (asked over ssh: `stat` of each step-* directory), written by this
- * launch (its mtime on host 0's clock not before the launch began, a
+ * launch (its mtime not before RUN/started, both on host 0's clock, a
  * second's slack) unless it resumed from the start; -1: none. */
 static int64_t ssh_checkpoint(void *ctx)
 {
@@ -759,23 +761,26 @@ static int64_t ssh_checkpoint(void *ctx)
 	if (!dir || !rn->copied[0])
 		return -1;
 	sq(q, sizeof(q), dir);
-	fmt(cmd, sizeof(cmd), "for d in %s/step-*; do [ -d \"$d\" ] && stat -c 'ckpt %%Y %%n' \"$d\"; "
-	    "done; true", q);
+	fmt(cmd, sizeof(cmd), "stat -c 'started %%Y' %s/started; "
+	    "for d in %s/step-*; do [ -d \"$d\" ] && stat -c 'ckpt %%Y %%n' \"$d\"; done; true",
+	    rn->remote, q);
 	ssh_argv(&b, rn->a, &rn->a->hosts[0], cmd);
 	fmt(log, sizeof(log), "%s/host0.ckpt.log", rn->a->log_dir);
 	pid_t p = spawn(b.v, log);
 	while (p > 0 && waitpid(p, &st, 0) < 0 && errno == EINTR)
 		;
 	FILE *f = p > 0 ? fopen(log, "r") : NULL;
+	long long started = (long long)rn->started;   /* if RUN/started is missing */
 	while (f && fgets(line, sizeof(line), f)) {
 		long long mtime, step;
 		char rest[8] = "";
 		const char *name = strrchr(line, '/');
 		line[strcspn(line, "\r\n")] = 0;
-		if (sscanf(line, "ckpt %lld ", &mtime) != 1 || !name ||
+		if (sscanf(line, "started %lld", &started) == 1 ||
+		    sscanf(line, "ckpt %lld ", &mtime) != 1 || !name ||
 		    sscanf(name, "/step-%lld%7s", &step, rest) < 1 || rest[0])
 			continue;
-		if ((rn->a->resume || mtime >= (long long)rn->started - 1) && step > best)
+		if ((rn->a->resume || mtime >= started - 1) && step > best)
 			best = step;
 	}
 	if (f)
