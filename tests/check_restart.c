@@ -419,6 +419,83 @@ START_TEST(test_core_status_stderr)
 }
 END_TEST
 
+/* The core's restart loop with a scripted backend: each launch's result
+ * and the checkpoint it leaves come from a table; the loop must relaunch
+ * only after failures worth it, at most max times, resuming once a
+ * checkpoint is there (and from then on). */
+struct script {
+	int n;                 /* launches so far */
+	int rc[4];             /* launch i's return */
+	int code[4];           /* its first failure's exit code (-1: a signal) */
+	bool lost[4], intr[4];
+	int64_t ckpt[4];       /* the checkpoint after launch i (-1: none) */
+	bool resumed[4];       /* what launch i was asked */
+};
+
+static int script_launch(void *ctx, bool resume, struct launch_result *r, char *err, size_t errlen)
+{
+	struct script *sc = ctx;
+	int i = sc->n++;
+	ck_assert_int_lt(i, 4);
+	sc->resumed[i] = resume;
+	memset(r, 0, sizeof(*r));
+	r->first = sc->rc[i] ? 0 : -1;
+	r->first_code = sc->code[i];
+	r->first_lost = sc->lost[i];
+	r->interrupted = sc->intr[i];
+	r->failures = sc->rc[i] ? 1 : 0;
+	snprintf(err, errlen, "%s", sc->rc[i] ? "host 0 failed" : "");
+	return sc->rc[i];
+}
+
+static int64_t script_ckpt(void *ctx)
+{
+	struct script *sc = ctx;
+	return sc->ckpt[sc->n - 1];
+}
+
+static bool script_retry(int code)
+{
+	return code == 1 || code == 5;
+}
+
+static int script_run(struct script *sc, int max)
+{
+	struct launch_restarts rs = { .max = max, .launch = script_launch, .checkpoint = script_ckpt,
+				      .retry_code = script_retry, .ctx = sc };
+	struct launch_result r;
+	char err[256];
+	return launch_restarting("check_restart", &rs, &r, err, sizeof(err));
+}
+
+START_TEST(test_core_restarting)
+{
+	/* killed (a signal), then lost with a checkpoint, then done */
+	struct script a = { .rc = { -ECHILD, -ECHILD, 0 }, .code = { -1, 5, 0 },
+			    .lost = { false, true }, .ckpt = { -1, 4, 8 } };
+	ck_assert_int_eq(script_run(&a, 2), 0);
+	ck_assert_int_eq(a.n, 3);
+	ck_assert(!a.resumed[0] && !a.resumed[1] && a.resumed[2]);
+	/* the limit: two restarts, then the failure stands; resume stays on */
+	struct script b = { .rc = { -ECHILD, -ECHILD, -ECHILD, 0 }, .code = { 1, 1, 1 },
+			    .ckpt = { 4, -1, -1 } };
+	ck_assert_int_eq(script_run(&b, 2), -ECHILD);
+	ck_assert_int_eq(b.n, 3);
+	ck_assert(!b.resumed[0] && b.resumed[1] && b.resumed[2]);
+	/* a config error (3) would repeat; an interrupt is the user's */
+	struct script c = { .rc = { -ECHILD, 0 }, .code = { 3 }, .ckpt = { 4 } };
+	ck_assert_int_eq(script_run(&c, 2), -ECHILD);
+	ck_assert_int_eq(c.n, 1);
+	struct script d = { .rc = { -ECHILD, 0 }, .code = { -1 }, .intr = { true }, .ckpt = { 4 } };
+	ck_assert_int_eq(script_run(&d, 2), -ECHILD);
+	ck_assert_int_eq(d.n, 1);
+	/* no restarts allowed: one launch */
+	struct script e = { .rc = { -ECHILD, 0 }, .code = { 5 }, .lost = { true }, .ckpt = { 4 } };
+	ck_assert_int_eq(script_run(&e, 0), -ECHILD);
+	ck_assert_int_eq(e.n, 1);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("restart");
@@ -433,6 +510,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_core_status_fd);
 	tcase_add_test(tc, test_core_status_stderr);
+	tcase_add_test(tc, test_core_restarting);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("restart");
 	tcase_add_checked_fixture(tc, setup, teardown);

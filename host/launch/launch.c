@@ -510,8 +510,9 @@ int launch_restarting(const char *who, const struct launch_restarts *rs, struct 
 				err, n, rs->max, step);
 			resuming = true;
 		} else {
-			fprintf(stderr, "%s: %s; restart %d of %d from the start (no checkpoint yet)\n",
-				who, err, n, rs->max);
+			fprintf(stderr, "%s: %s; restart %d of %d %s\n", who, err, n, rs->max,
+				resuming ? "resuming as before (no newer checkpoint found)"
+					 : "from the start (no checkpoint yet)");
 		}
 	}
 }

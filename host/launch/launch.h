@@ -109,7 +109,8 @@ struct launch_restarts {
  * failed with a retry_code; never after an interrupt) launches again, at
  * most rs->max times, with resume when a checkpoint is there; prints
  * "WHO: FAILURE; restart N of K from checkpoint step S" (or "from the
- * start (no checkpoint yet)") on stderr before each. Every launch is
+ * start (no checkpoint yet)"; once resuming, it stays so) on stderr
+ * before each. Every launch is
  * complete (its children all ended) before the next. Returns the last
  * launch's result. */
 int launch_restarting(const char *who, const struct launch_restarts *rs, struct launch_result *r,
