@@ -4,10 +4,12 @@
  * thread's files: it calls only status.c (and conn, frame, xport). */
 #include <assert.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "net/net_int.h"
 
@@ -90,6 +92,7 @@ struct link *link_new(struct net *n, enum link_role role, struct conn *c, int pe
 	l->state = LS_NEW;
 	l->c = c;
 	l->peer = peer;
+	l->probe_fd = -1;
 	snprintf(l->addr, sizeof(l->addr), "%s", addr);
 	l->ev_read = event_new(n->base, c->fd, EV_READ | EV_PERSIST, n->link_cb, l);
 	l->ev_write = event_new(n->base, c->fd, EV_WRITE | EV_PERSIST, n->link_cb, l);
@@ -216,6 +219,8 @@ void link_free(struct link *l)
 	free(l->hello_out);
 	free(l->tx_stage);
 	free(l->rx_hdr);
+	if (l->probe_fd >= 0)
+		close(l->probe_fd);
 	free(l);
 }
 
@@ -553,6 +558,10 @@ bool link_break(struct link *l, const char *reason)
 		l->broken_at_ns = now;
 		l->retry_delay_ns = 0;         /* the first redial at once */
 		snprintf(l->broken_why, sizeof(l->broken_why), "%s", reason);
+		if (l->probe_fd >= 0)
+			close(l->probe_fd);
+		l->probe_fd = -1;
+		l->probe_at_ns = now + LINK_PROBE_AFTER_NS;
 		status_log(n, "link to host %d (%s) broke: %s; %s", l->peer, l->addr, reason,
 			   l->role == ROLE_LINK_OUT ? "redialing" : "waiting for its redial");
 		/* a payload half read: its frame comes again, and the bytes
@@ -590,6 +599,41 @@ bool link_break(struct link *l, const char *reason)
 	if (first && l->role == ROLE_LINK_OUT)
 		event_active(n->ev_tick, EV_TIMEOUT, 0);
 	return true;
+}
+
+bool link_probe(struct link *l, uint64_t now)
+{
+	struct net *n = l->net;
+	char err[200], msg[400];
+	if (l->state != LS_BROKEN || l->role != ROLE_LINK_IN || l->peer < 0 ||
+	    l->peer >= n->num_hosts || !n->peers[l->peer].addr[0])
+		return true;
+	const char *addr = n->peers[l->peer].addr;
+	if (l->probe_fd < 0) {
+		if (now < l->probe_at_ns)
+			return true;
+		int fd = conn_connect_start(addr, err, sizeof(err));
+		l->probe_at_ns = now + LINK_PROBE_EVERY_NS;
+		if (fd >= 0) {
+			l->probe_fd = fd;
+			return true;
+		}
+		if (fd != -ECONNREFUSED)
+			return true;
+	} else {
+		struct pollfd p = { .fd = l->probe_fd, .events = POLLOUT };
+		int e = poll(&p, 1, 0) == 1 ? conn_connect_result(l->probe_fd) : -EINPROGRESS;
+		if (e == -EINPROGRESS && now < l->probe_at_ns)
+			return true;
+		close(l->probe_fd);
+		l->probe_fd = -1;
+		if (e != -ECONNREFUSED)
+			return true;
+	}
+	snprintf(msg, sizeof(msg), "its link broke (%.150s) and its listener %.128s refuses "
+		 "connections: the process is gone", l->broken_why, addr);
+	link_lost(l, -EHOSTDOWN, msg);
+	return false;
 }
 
 int link_attach_conn(struct link *l, struct conn *c)

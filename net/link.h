@@ -70,6 +70,11 @@ enum link_state {
 
 enum rxstage { RX_PREFIX, RX_HEADER, RX_PAYLOAD };
 
+/* link_probe: the first probe of a broken link's peer, after the break,
+ * and the next ones */
+#define LINK_PROBE_AFTER_NS (250ull * 1000 * 1000)
+#define LINK_PROBE_EVERY_NS (1000ull * 1000 * 1000)
+
 /* A pooled replay copy's data: a data frame's header and largest payload
  * (LINK_FRAG_MAX); the pool keeps up to 16 MiB of them for reuse, so the
  * copies of a stream stop costing page faults. */
@@ -126,6 +131,9 @@ struct link {
 	struct ctrl_frame *hello_out;  /* resume hello: goes before anything */
 	uint64_t broken_at_ns, retry_at_ns, retry_delay_ns;
 	char broken_why[200];          /* what broke it (for the final failure) */
+	/* the higher id of a broken link probes the peer's listener (link_probe) */
+	int probe_fd;                  /* a connect in flight, or -1 */
+	uint64_t probe_at_ns;          /* the next probe starts; the one in flight ends */
 	/* a frame whose payload was half read when the link broke: when it
 	 * comes again, its first rx_skip bytes are skipped (they landed) */
 	uint64_t rx_part_seq, rx_part_got, rx_skip;
@@ -199,6 +207,17 @@ void link_kill(struct link *l);
  * false if l cannot recover (recovery off, never up, job ending): the
  * caller fails it as before. */
 bool link_break(struct link *l, const char *reason);
+/* The higher id of a broken link waits for the peer's redial; a peer
+ * whose process is gone never redials. From the tick: while l is BROKEN
+ * and accepted (ROLE_LINK_IN), a TCP connect to the peer's own recorded
+ * listen address (its Topology address), once the first redial has had
+ * LINK_PROBE_AFTER_NS to come and then every LINK_PROBE_EVERY_NS; a
+ * refused connect (ECONNREFUSED: nothing listens) loses the peer at once
+ * (link_lost, -EHOSTDOWN) instead of at the heartbeat timeout. A connect
+ * that is accepted or unanswered says nothing (a live peer logs a
+ * "refused link" line for it: it closed before its handshake). false when
+ * l failed. */
+bool link_probe(struct link *l, uint64_t now);
 /* A broken link's next connection c (taken): new events, armed to read. */
 int link_attach_conn(struct link *l, struct conn *c);
 /* The peer's ack_seq: frees replay copies up to it. */

@@ -219,7 +219,7 @@ static bool tick_broken(struct net *n, struct link *l, uint64_t now)
 	}
 	if (l->state == LS_BROKEN && l->role == ROLE_LINK_OUT && now >= l->retry_at_ns)
 		rdv_redial(l);
-	return true;
+	return link_probe(l, now);
 }
 
 static void tick_cb(evutil_socket_t fd, short what, void *arg)

@@ -5,7 +5,8 @@
  * checkpoint is being written, and a plain --resume after such a kill; a
  * SIGSTOPped host is reported lost by its peer and killed by the
  * launcher, which returns within heartbeat_timeout_s + 2 s with no agent
- * left. Checkpoint directories: the newest complete step is found, *.tmp
+ * left; a SIGKILLed host 0 of 3 is found lost by its peers' probe of its
+ * listener, long before the heartbeat timeout. Checkpoint directories: the newest complete step is found, *.tmp
  * is ignored. */
 #include <check.h>
 #include <dirent.h>
@@ -26,30 +27,44 @@ static void setup(void)
 	proc_setup("check_restart", 0);
 }
 
-/* Starts `meshrun local --hosts 2` on llama-tiny with the arguments given
- * (a NULL-terminated list) and the run's metrics in tmpdir/metrics. */
-static void local_start(struct proc *p, const char *name, ...)
+/* Starts `meshrun local --hosts HOSTS` on llama-tiny with the arguments
+ * given (a NULL-terminated list). */
+static void local_vstart(struct proc *p, int hosts, const char *name, va_list ap)
 {
 	char a[32][300];
 	char *argv[34];
 	int n = 0;
-	va_list ap;
 #define ARG(...) (snprintf(a[n], sizeof(a[n]), __VA_ARGS__), argv[n] = a[n], n++)
 	ARG("%s", meshrun());
 	ARG("local");
 	ARG("--hosts");
-	ARG("2");
+	ARG("%d", hosts);
 	ARG("--config");
 	ARG("configs/llama-tiny.yml");
 	ARG("openblas_threads=1");
 	ARG("learning_rate_schedule_steps=24");
-	va_start(ap, name);
 	for (const char *s; (s = va_arg(ap, const char *)) && n < 32;)
 		ARG("%s", s);
-	va_end(ap);
 #undef ARG
 	argv[n] = NULL;
 	proc_start(p, name, argv, -1);
+}
+
+/* `meshrun local --hosts 2` */
+static void local_start(struct proc *p, const char *name, ...)
+{
+	va_list ap;
+	va_start(ap, name);
+	local_vstart(p, 2, name, ap);
+	va_end(ap);
+}
+
+static void local_start3(struct proc *p, const char *name, ...)
+{
+	va_list ap;
+	va_start(ap, name);
+	local_vstart(p, 3, name, ap);
+	va_end(ap);
 }
 
 /* Losses by step from a metrics file, the last line of a step winning;
@@ -277,6 +292,34 @@ START_TEST(test_stop_is_killed)
 }
 END_TEST
 
+/* A dead peer is found fast: host 0 of 3 is SIGKILLed; hosts 1 and 2
+ * each wait for host 0's redial of their link (the lower id redials), and
+ * host 0's listener refusing a connect tells them it is gone. They fail
+ * naming host 0 long before heartbeat_timeout_s (20 s), and before the
+ * launcher's grace (1.5 s) would stop them: exit 5, not a signal. */
+START_TEST(test_dead_peer_refuses)
+{
+	char m[300];
+	snprintf(m, sizeof(m), "%s/d.jsonl", tmpdir);
+	struct proc p;
+	local_start3(&p, "dead", "steps=1000000", "heartbeat_timeout_s=20", "--metrics", m, NULL);
+	wait_lines(&p, "d.jsonl", 3);
+	pid_t h0 = agent_pid(p.pid, 0);
+	ck_assert_int_gt(h0, 0);
+	kill(h0, SIGKILL);
+	double t0 = now_s();
+	int rc = proc_wait(&p, 30);
+	double dt = now_s() - t0;
+	fprintf(stderr, "local returned %.2f s after SIGKILL of host 0 (heartbeat_timeout_s=20)\n", dt);
+	ck_assert_int_ne(rc, 0);
+	ck_assert_double_lt(dt, 20);
+	ck_assert_file_has(p.err, "lost host 0 (127.0.0.1:");
+	ck_assert_file_has(p.err, "refuses connections: the process is gone");
+	ck_assert_file_has(p.err, "host 0 was killed by signal 9");
+	ck_assert_file_has(p.err, "exited with code 5 (peer lost)");
+}
+END_TEST
+
 /* The newest complete step is found; *.tmp and other names are not. */
 START_TEST(test_find_newest_complete)
 {
@@ -376,6 +419,83 @@ START_TEST(test_core_status_stderr)
 }
 END_TEST
 
+/* The core's restart loop with a scripted backend: each launch's result
+ * and the checkpoint it leaves come from a table; the loop must relaunch
+ * only after failures worth it, at most max times, resuming once a
+ * checkpoint is there (and from then on). */
+struct script {
+	int n;                 /* launches so far */
+	int rc[4];             /* launch i's return */
+	int code[4];           /* its first failure's exit code (-1: a signal) */
+	bool lost[4], intr[4];
+	int64_t ckpt[4];       /* the checkpoint after launch i (-1: none) */
+	bool resumed[4];       /* what launch i was asked */
+};
+
+static int script_launch(void *ctx, bool resume, struct launch_result *r, char *err, size_t errlen)
+{
+	struct script *sc = ctx;
+	int i = sc->n++;
+	ck_assert_int_lt(i, 4);
+	sc->resumed[i] = resume;
+	memset(r, 0, sizeof(*r));
+	r->first = sc->rc[i] ? 0 : -1;
+	r->first_code = sc->code[i];
+	r->first_lost = sc->lost[i];
+	r->interrupted = sc->intr[i];
+	r->failures = sc->rc[i] ? 1 : 0;
+	snprintf(err, errlen, "%s", sc->rc[i] ? "host 0 failed" : "");
+	return sc->rc[i];
+}
+
+static int64_t script_ckpt(void *ctx)
+{
+	struct script *sc = ctx;
+	return sc->ckpt[sc->n - 1];
+}
+
+static bool script_retry(int code)
+{
+	return code == 1 || code == 5;
+}
+
+static int script_run(struct script *sc, int max)
+{
+	struct launch_restarts rs = { .max = max, .launch = script_launch, .checkpoint = script_ckpt,
+				      .retry_code = script_retry, .ctx = sc };
+	struct launch_result r;
+	char err[256];
+	return launch_restarting("check_restart", &rs, &r, err, sizeof(err));
+}
+
+START_TEST(test_core_restarting)
+{
+	/* killed (a signal), then lost with a checkpoint, then done */
+	struct script a = { .rc = { -ECHILD, -ECHILD, 0 }, .code = { -1, 5, 0 },
+			    .lost = { false, true }, .ckpt = { -1, 4, 8 } };
+	ck_assert_int_eq(script_run(&a, 2), 0);
+	ck_assert_int_eq(a.n, 3);
+	ck_assert(!a.resumed[0] && !a.resumed[1] && a.resumed[2]);
+	/* the limit: two restarts, then the failure stands; resume stays on */
+	struct script b = { .rc = { -ECHILD, -ECHILD, -ECHILD, 0 }, .code = { 1, 1, 1 },
+			    .ckpt = { 4, -1, -1 } };
+	ck_assert_int_eq(script_run(&b, 2), -ECHILD);
+	ck_assert_int_eq(b.n, 3);
+	ck_assert(!b.resumed[0] && b.resumed[1] && b.resumed[2]);
+	/* a config error (3) would repeat; an interrupt is the user's */
+	struct script c = { .rc = { -ECHILD, 0 }, .code = { 3 }, .ckpt = { 4 } };
+	ck_assert_int_eq(script_run(&c, 2), -ECHILD);
+	ck_assert_int_eq(c.n, 1);
+	struct script d = { .rc = { -ECHILD, 0 }, .code = { -1 }, .intr = { true }, .ckpt = { 4 } };
+	ck_assert_int_eq(script_run(&d, 2), -ECHILD);
+	ck_assert_int_eq(d.n, 1);
+	/* no restarts allowed: one launch */
+	struct script e = { .rc = { -ECHILD, 0 }, .code = { 5 }, .lost = { true }, .ckpt = { 4 } };
+	ck_assert_int_eq(script_run(&e, 0), -ECHILD);
+	ck_assert_int_eq(e.n, 1);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("restart");
@@ -390,6 +510,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_core_status_fd);
 	tcase_add_test(tc, test_core_status_stderr);
+	tcase_add_test(tc, test_core_restarting);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("restart");
 	tcase_add_checked_fixture(tc, setup, teardown);
@@ -401,6 +522,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_stop_is_killed);
+	tcase_add_test(tc, test_dead_peer_refuses);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

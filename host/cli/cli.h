@@ -5,6 +5,7 @@
 #ifndef MESHRUN_CLI_H
 #define MESHRUN_CLI_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* Exit codes distinguish what went wrong. */
@@ -24,6 +25,15 @@ enum exit_code {
 int cli_exit_code(int rc);
 /* A few words for an exit code ("config error"), for launch reports. */
 const char *cli_exit_name(int code);
+
+struct launch_result;
+/* A launcher's exit code (local, launch): a lost host is EXIT_PEER_LOST,
+ * a child's failure its exit code (EXIT_FAIL if a signal ended it),
+ * anything else cli_exit_code(rc). */
+int cli_launch_exit_code(int rc, const struct launch_result *r);
+/* An agent's exit code worth a restart (host/launch/launch.h
+ * launch_restarts.retry_code): a run-time failure or a lost peer. */
+bool cli_restart_code(int code);
 
 int cmd_agent(int argc, char **argv);
 int cmd_local(int argc, char **argv);

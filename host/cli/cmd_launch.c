@@ -19,13 +19,15 @@
 struct launch_cli {
 	const char *hostfile, *ssh_config, *certs, *log_dir;
 	const char *metrics, *trace, *ckpt_dir;
-	bool keep, quiet;
+	bool keep, quiet, resume;
+	int max_restarts;
 };
 
 static const char usage_line[] =
 	"usage: meshrun launch --hostfile FILE [--ssh-config FILE] [--devices-per-host D] "
 	"--config FILE [key=value ...] [--metrics FILE] [--trace FILE] [--checkpoint-dir DIR] "
-	"[--certs DIR] [--log-dir DIR] [--keep] [--quiet] [--fault SPEC ...]\n";
+	"[--resume] [--max-restarts K] [--certs DIR] [--log-dir DIR] [--keep] [--quiet] "
+	"[--fault SPEC ...]\n";
 
 /* mkdir -p with mode for the last part */
 static int make_dirs(const char *path, char *err, size_t errlen)
@@ -65,6 +67,12 @@ static const char *ssh_exit_name(int code)
 			   : cli_exit_name(code);
 }
 
+/* an agent killed (ssh's 255) is worth a restart too */
+static bool ssh_restart_code(int code)
+{
+	return code == 255 || cli_restart_code(code);
+}
+
 static volatile int launch_signals;
 
 static void count_signal(int sig)
@@ -92,6 +100,12 @@ static int run(struct launch_cli *l, const struct args *a, const struct mesh_arg
 		free(hosts);
 		return rc;
 	}
+	if (l->max_restarts && cfg.checkpoint_period <= 0) {
+		fprintf(stderr, "meshrun: launch: config: --max-restarts needs checkpoint_period > 0 "
+			"(got %lld)\n", (long long)cfg.checkpoint_period);
+		free(hosts);
+		return EXIT_CONFIG;
+	}
 	if (l->log_dir) {
 		snprintf(log_dir, sizeof(log_dir), "%s", l->log_dir);
 	} else {
@@ -115,6 +129,9 @@ static int run(struct launch_cli *l, const struct args *a, const struct mesh_arg
 		.metrics = absolute(l->metrics, mbuf, sizeof(mbuf)),
 		.trace = absolute(l->trace, tbuf, sizeof(tbuf)),
 		.ckpt_dir = l->ckpt_dir,
+		.resume = l->resume,
+		.restarts = { .max = l->max_restarts, .retry_code = ssh_restart_code },
+		.who = "meshrun: launch",
 		.keep = l->keep,
 		.quiet = l->quiet,
 		.total_steps = cfg.steps,
@@ -143,11 +160,7 @@ static int run(struct launch_cli *l, const struct args *a, const struct mesh_arg
 	}
 	if (rc) {
 		fprintf(stderr, "meshrun: launch: %s\n", err[0] ? err : "failed");
-		if (rc == -ECHILD)
-			return r.first_code > 0 ? r.first_code : EXIT_FAIL;
-		if (rc == -EHOSTUNREACH)
-			return EXIT_FAIL;
-		return cli_exit_code(rc);
+		return cli_launch_exit_code(rc, &r);
 	}
 	if (!l->quiet && l->metrics)
 		fprintf(stderr, "meshrun: launch: metrics in %s\n", l->metrics);
@@ -172,6 +185,8 @@ int cmd_launch(int argc, char **argv)
 		{ "--metrics", ARG_STR, &l.metrics, 0, 0, NULL },
 		{ "--trace", ARG_STR, &l.trace, 0, 0, NULL },
 		{ "--checkpoint-dir", ARG_STR, &l.ckpt_dir, 0, 0, NULL },
+		{ "--resume", ARG_BOOL, &l.resume, 0, 0, NULL },
+		{ "--max-restarts", ARG_INT, &l.max_restarts, 0, 1000000, NULL },
 		{ "--keep", ARG_BOOL, &l.keep, 0, 0, NULL },
 		{ "--quiet", ARG_BOOL, &l.quiet, 0, 0, NULL },
 		{ "--fault", ARG_APPEND, NULL, 0, 0, "faults" },
@@ -190,6 +205,11 @@ int cmd_launch(int argc, char **argv)
 		fprintf(stderr, "meshrun: launch: --checkpoint-dir wants an absolute path on the "
 				"machines (a relative one would land in the run directory, which is "
 				"removed)\n");
+		args_release(&a);
+		return EXIT_USAGE;
+	}
+	if (l.resume && !l.ckpt_dir) {
+		fprintf(stderr, "meshrun: launch: --resume needs --checkpoint-dir DIR\n");
 		args_release(&a);
 		return EXIT_USAGE;
 	}

@@ -25,15 +25,6 @@ static const struct launch_opts local_opts = {
 	.grace_s = 1.5, .term_grace_s = 0.5, .exit_name = cli_exit_name,
 };
 
-static int launch_exit_code(int rc, const struct launch_result *r)
-{
-	if (rc == -ECHILD && r->first_lost)
-		return EXIT_PEER_LOST;
-	if (rc == -ECHILD)
-		return r->first_code > 0 ? r->first_code : EXIT_FAIL;
-	return cli_exit_code(rc);
-}
-
 /* What a restart needs: the limit, the checkpoint directory, whether the
  * command already resumes, when the first launch started. */
 struct restarts {
@@ -43,58 +34,55 @@ struct restarts {
 	time_t t0;
 };
 
-/* A failure worth a restart: a host died, was lost or failed at run time;
- * not a usage, config, input or refusal error, which would repeat. */
-static bool restartable(int rc, const struct launch_result *r)
+/* One local launch for launch_restarting; cargv has room for --resume. */
+struct local_run {
+	int hosts, cargc;
+	char **cargv;
+	bool resuming;                 /* --resume is in cargv */
+	const struct restarts *rs;
+};
+
+static int local_once(void *ctx, bool resume, struct launch_result *r, char *err, size_t errlen)
 {
-	if (rc != -ECHILD || r->interrupted)
-		return false;
-	if (r->first_lost || r->first_code < 0)
-		return true;
-	return r->first_code == EXIT_FAIL || r->first_code == EXIT_PEER_LOST;
+	struct local_run *lr = ctx;
+	if (resume && !lr->resuming) {
+		lr->cargv[lr->cargc++] = "--resume";
+		lr->resuming = true;
+	}
+	return local_launch(lr->hosts, lr->cargc, lr->cargv, &local_opts, r, err, errlen);
 }
 
-/* Whether restart `n` resumes: with the newest complete checkpoint (one
- * this command wrote, unless it resumed from the start), prints the line
- * for the restart and returns true. */
-static bool restart_line(const char *who, const struct restarts *rs, int n, const char *why)
+/* The newest complete checkpoint: one this command wrote, unless it
+ * resumed from the start (then any). */
+static int64_t local_checkpoint(void *ctx)
 {
+	const struct restarts *rs = ((struct local_run *)ctx)->rs;
 	char path[4096], err[256];
 	int64_t step = -1;
 	struct stat st;
-	bool found = !ckpt_find(rs->ckpt_dir, path, sizeof(path), &step, err, sizeof(err)) &&
-		     step >= 0 && !stat(path, &st) && (rs->resume || st.st_mtime >= rs->t0 - 1);
-	if (found)
-		fprintf(stderr, "%s: %s; restart %d of %d from checkpoint step %" PRId64 "\n", who, why,
-			n, rs->max, step);
-	else
-		fprintf(stderr, "%s: %s; restart %d of %d from the start (no checkpoint yet)\n", who,
-			why, n, rs->max);
-	return found;
+	if (!ckpt_find(rs->ckpt_dir, path, sizeof(path), &step, err, sizeof(err)) && step >= 0 &&
+	    !stat(path, &st) && (rs->resume || st.st_mtime >= rs->t0 - 1))
+		return step;
+	return -1;
 }
 
 /* Launches, and relaunches with --resume after each restartable failure,
  * at most rs->max times. cargv has room for one more argument. */
-static int launch_restarting(const char *who, int hosts, int cargc, char **cargv,
-			     const struct restarts *rs)
+static int launch_restarting_local(const char *who, int hosts, int cargc, char **cargv,
+				   const struct restarts *rs)
 {
 	char err[1024] = "";
 	struct launch_result r;
-	int rc;
-	bool resuming = rs->resume;
-	for (int n = 1;; n++) {
-		err[0] = 0;
-		rc = local_launch(hosts, cargc, cargv, &local_opts, &r, err, sizeof(err));
-		if (n > rs->max || !restartable(rc, &r))
-			break;
-		if (restart_line(who, rs, n, err) && !resuming) {
-			cargv[cargc++] = "--resume";
-			resuming = true;
-		}
-	}
+	struct local_run lr = { .hosts = hosts, .cargc = cargc, .cargv = cargv,
+				.resuming = rs->resume, .rs = rs };
+	const struct launch_restarts lrs = {
+		.max = rs->max, .resume = rs->resume, .launch = local_once,
+		.checkpoint = local_checkpoint, .retry_code = cli_restart_code, .ctx = &lr,
+	};
+	int rc = launch_restarting(who, &lrs, &r, err, sizeof(err));
 	if (rc)
 		fprintf(stderr, "%s: %s\n", who, err[0] ? err : "interrupted");
-	return launch_exit_code(rc, &r);
+	return cli_launch_exit_code(rc, &r);
 }
 
 static int launch_local(const char *who, int hosts, const struct args *a, char **argv,
@@ -121,7 +109,7 @@ static int launch_local(const char *who, int hosts, const struct args *a, char *
 		if (!skipped)
 			cargv[cargc++] = argv[i];
 	}
-	int rc = launch_restarting(who, hosts, cargc, cargv, rs);
+	int rc = launch_restarting_local(who, hosts, cargc, cargv, rs);
 	free(cargv);
 	return rc;
 }

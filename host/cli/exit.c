@@ -2,6 +2,7 @@
 #include <errno.h>
 
 #include "host/cli/cli.h"
+#include "host/launch/launch.h"
 
 int cli_exit_code(int rc)
 {
@@ -26,4 +27,18 @@ const char *cli_exit_name(int code)
 	case EXIT_REFUSED: return "refused";
 	default: return "failed";
 	}
+}
+
+int cli_launch_exit_code(int rc, const struct launch_result *r)
+{
+	if (rc == -ECHILD && r->first_lost)
+		return EXIT_PEER_LOST;
+	if (rc == -ECHILD)
+		return r->first_code > 0 ? r->first_code : EXIT_FAIL;
+	return cli_exit_code(rc);
+}
+
+bool cli_restart_code(int code)
+{
+	return code == EXIT_FAIL || code == EXIT_PEER_LOST;
 }

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -480,4 +481,38 @@ int launch_run(struct launch_child *c, int n, const struct launch_opts *o,
 	if (r->failures)
 		return -ECHILD;
 	return r->interrupted ? -EINTR : 0;
+}
+
+/* ---- restarts ---- */
+
+static bool restartable(const struct launch_restarts *rs, int rc, const struct launch_result *r)
+{
+	if (rc != -ECHILD || r->interrupted)
+		return false;
+	if (r->first_lost || r->first_code < 0)
+		return true;
+	return rs->retry_code && rs->retry_code(r->first_code);
+}
+
+int launch_restarting(const char *who, const struct launch_restarts *rs, struct launch_result *r,
+		      char *err, size_t errlen)
+{
+	bool resuming = rs->resume;
+	int rc;
+	for (int n = 1;; n++) {
+		err[0] = 0;
+		rc = rs->launch(rs->ctx, resuming, r, err, errlen);
+		if (n > rs->max || !restartable(rs, rc, r))
+			return rc;
+		int64_t step = rs->checkpoint ? rs->checkpoint(rs->ctx) : -1;
+		if (step >= 0) {
+			fprintf(stderr, "%s: %s; restart %d of %d from checkpoint step %" PRId64 "\n", who,
+				err, n, rs->max, step);
+			resuming = true;
+		} else {
+			fprintf(stderr, "%s: %s; restart %d of %d %s\n", who, err, n, rs->max,
+				resuming ? "resuming as before (no newer checkpoint found)"
+					 : "from the start (no checkpoint yet)");
+		}
+	}
 }

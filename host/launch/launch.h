@@ -29,6 +29,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define LAUNCH_MAX_FDS 4
 
@@ -84,5 +85,35 @@ struct launch_result {
  * children's fds are closed whatever happens. */
 int launch_run(struct launch_child *kids, int n, const struct launch_opts *o,
 	       struct launch_result *r, char *err, size_t errlen);
+
+/* Restarts (--max-restarts K, every backend): what the loop needs from
+ * the backend that launches. */
+struct launch_restarts {
+	int max;                       /* restarts allowed; 0: launch once */
+	bool resume;                   /* the first launch resumes already */
+	/* one launch of every child; resume: the children resume from the
+	 * newest complete checkpoint. Returns as launch_run. */
+	int (*launch)(void *ctx, bool resume, struct launch_result *r, char *err, size_t errlen);
+	/* the step of the checkpoint a relaunch would resume from: the newest
+	 * complete one this job wrote (or any, when it resumed from the
+	 * start); -1: none, the relaunch starts from step 0 */
+	int64_t (*checkpoint)(void *ctx);
+	/* whether a child's exit code is a run-time failure worth a restart
+	 * (a peer lost, a crash), not one that would repeat (usage, config,
+	 * input, refused) */
+	bool (*retry_code)(int code);
+	void *ctx;
+};
+
+/* Launches, and after each failure worth it (a child died, was lost or
+ * failed with a retry_code; never after an interrupt) launches again, at
+ * most rs->max times, with resume when a checkpoint is there; prints
+ * "WHO: FAILURE; restart N of K from checkpoint step S" (or "from the
+ * start (no checkpoint yet)"; once resuming, it stays so) on stderr
+ * before each. Every launch is
+ * complete (its children all ended) before the next. Returns the last
+ * launch's result. */
+int launch_restarting(const char *who, const struct launch_restarts *rs, struct launch_result *r,
+		      char *err, size_t errlen);
 
 #endif

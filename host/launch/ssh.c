@@ -20,6 +20,7 @@
 #include <openssl/rand.h>
 
 #include "host/config/config.h"
+#include "host/launch/status.h"
 #include "host/util/clock.h"
 #include "net/conn.h"
 #include "net/tls.h"
@@ -258,6 +259,10 @@ struct run {
 	int hosts;
 	pthread_t pump;
 	bool tty, line_open;        /* the progress line (stdout a terminal) */
+	int attempt;                /* 1 + restarts so far */
+	bool *copied;               /* the machines RUN reached */
+	pid_t *stopper;             /* per machine: an `ssh ... kill` in flight, or 0 */
+	time_t started;             /* for the checkpoints this launch wrote */
 	double step_s_sum;
 	long long steps_seen;
 };
@@ -374,14 +379,15 @@ static int copy_all(struct run *rn, bool *failed, char *err, size_t errlen)
 }
 
 /* The remote script that stops the agent recorded in RUN/pid (only if that
- * pid still runs RUN/meshrun), waiting up to 5 s after SIGTERM before
- * SIGKILL; then, unless keep, removes RUN. */
+ * pid still runs RUN/meshrun), waiting up to 5 s after SIGTERM (and
+ * SIGCONT, for a stopped one) before SIGKILL; then, unless keep, removes
+ * RUN. */
 static void stop_script(char *out, size_t len, const char *remote, bool remove)
 {
 	fmt(out, len,
 		 "d=%s; p=$(cat $d/pid 2>/dev/null); "
 		 "ours() { [ -n \"$p\" ] && [ \"$(readlink /proc/$p/exe 2>/dev/null)\" = $d/meshrun ]; }; "
-		 "if ours; then kill -TERM $p; i=0; "
+		 "if ours; then kill -TERM $p; kill -CONT $p; i=0; "
 		 "while ours && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
 		 "ours && kill -KILL $p; fi; %s true",
 		 remote, remove ? "rm -rf $d;" : "");
@@ -485,23 +491,44 @@ out:
 
 /* ---- the agents ---- */
 
-static void agent_cmd(char *out, size_t len, const struct run *rn, int i)
+/* Where the agents keep checkpoints: --checkpoint-dir, or with restarts
+ * RUN/ckpt (on host 0, device 0's machine, the one that writes and reads
+ * them; RUN lives as long as the launch). NULL: none. */
+static const char *ckpt_dir(const struct run *rn, char *buf, size_t len)
+{
+	if (rn->a->ckpt_dir)
+		return rn->a->ckpt_dir;
+	if (!rn->a->restarts.max)
+		return NULL;
+	fmt(buf, len, "%s/ckpt", rn->remote);
+	return buf;
+}
+
+/* The agent's status lines (host/launch/status.h) go to its stderr, which
+ * ssh carries back to the supervisor. RUN/started marks, on the machine's
+ * own clock, when the launch's first agent started there (ssh_checkpoint). */
+static void agent_cmd(char *out, size_t len, const struct run *rn, int i, bool resume)
 {
 	const struct ssh_launch_args *a = rn->a;
-	char q[PATH_MAX + 64];
+	char q[PATH_MAX + 64], ck[PATH_MAX];
+	const char *dir = ckpt_dir(rn, ck, sizeof(ck));
 	int k = snprintf(out, len,
-			 "cd %s && echo $$ >pid && exec %s/meshrun agent --config %s/config.yaml "
-			 "--host-id %d --hosts %d --devices-per-host %d --listen %s:0",
-			 rn->remote, rn->remote, rn->remote, i, a->n, a->devices_per_host,
-			 a->hosts[i].host);
+			 "cd %s && { [ -e started ] || : >started; } && echo $$ >pid && "
+			 "export %s=2 && exec %s/meshrun agent "
+			 "--config %s/config.yaml --host-id %d --hosts %d --devices-per-host %d "
+			 "--listen %s:0",
+			 rn->remote, LAUNCH_STATUS_ENV, rn->remote, rn->remote, i, a->n,
+			 a->devices_per_host, a->hosts[i].host);
 	if (i == 0 && a->metrics)
 		k += snprintf(out + k, len - (size_t)k, " --metrics %s/metrics.jsonl", rn->remote);
 	if (a->trace)
 		k += snprintf(out + k, len - (size_t)k, " --trace %s/trace.json", rn->remote);
-	if (a->ckpt_dir) {
-		sq(q, sizeof(q), a->ckpt_dir);
-		fmt(out + k, len - (size_t)k, " --checkpoint-dir %s", q);
+	if (dir) {
+		sq(q, sizeof(q), dir);
+		k += snprintf(out + k, len - (size_t)k, " --checkpoint-dir %s", q);
 	}
+	if (resume)
+		fmt(out + k, len - (size_t)k, " --resume");
 }
 
 static void free_child(struct launch_child *k)
@@ -514,7 +541,7 @@ static void free_child(struct launch_child *k)
 }
 
 /* child i: this binary as the supervisor of `ssh ... agent` */
-static int make_child(struct run *rn, int i, int wfd, struct launch_child *k)
+static int make_child(struct run *rn, int i, int wfd, bool resume, struct launch_child *k)
 {
 	struct argv_buf b;
 	char exe[PATH_MAX], fd[16], cmd[CMD_MAX];
@@ -522,7 +549,7 @@ static int make_child(struct run *rn, int i, int wfd, struct launch_child *k)
 	if (el <= 0)
 		return -EIO;
 	exe[el] = 0;
-	agent_cmd(cmd, sizeof(cmd), rn, i);
+	agent_cmd(cmd, sizeof(cmd), rn, i, resume);
 	ssh_argv(&b, rn->a, &rn->a->hosts[i], cmd);
 	k->argv = calloc((size_t)b.n + 8, sizeof(char *));
 	if (!k->argv)
@@ -539,15 +566,50 @@ static int make_child(struct run *rn, int i, int wfd, struct launch_child *k)
 			return -ENOMEM;
 	fmt(k->name, sizeof(k->name), "host%d (%.20s)", i, rn->a->hosts[i].host);
 	k->fds[k->nfds++] = wfd;
+	/* the supervisor's stderr carries only the agent's status lines */
+	k->status = LAUNCH_STATUS_STDERR;
 	return 0;
 }
 
 extern char **environ;
 
-static int run_agents(struct run *rn, const struct launch_opts *o, struct launch_result *r,
-		      char *err, size_t errlen)
+/* The core killed host i's supervisor because a peer reported it lost:
+ * its remote agent (stopped or hung, perhaps) is killed by its recorded
+ * pid, through ssh, as the Ctrl-C path does, without waiting here; the
+ * stop round reaps that ssh. */
+static void stop_lost(void *ctx, int i)
+{
+	struct run *rn = ctx;
+	struct argv_buf b;
+	char cmd[600], log[PATH_MAX];
+	if (i < 0 || i >= rn->a->n || rn->stopper[i] > 0)
+		return;
+	fmt(cmd, sizeof(cmd),
+	    "p=$(cat %s/pid 2>/dev/null); [ -n \"$p\" ] && "
+	    "[ \"$(readlink /proc/$p/exe 2>/dev/null)\" = %s/meshrun ] && kill -KILL $p",
+	    rn->remote, rn->remote);
+	ssh_argv(&b, rn->a, &rn->a->hosts[i], cmd);
+	fmt(log, sizeof(log), "%s/host%d.stop.log", rn->a->log_dir, i);
+	rn->stopper[i] = spawn(b.v, log);
+}
+
+static void reap_stoppers(struct run *rn)
+{
+	for (int i = 0; i < rn->a->n; i++)
+		if (rn->stopper[i] > 0) {
+			while (waitpid(rn->stopper[i], NULL, 0) < 0 && errno == EINTR)
+				;
+			rn->stopper[i] = 0;
+		}
+}
+
+static int run_agents(struct run *rn, const struct launch_opts *lo, bool resume,
+		      struct launch_result *r, char *err, size_t errlen)
 {
 	int n = rn->a->n, rc = 0;
+	struct launch_opts o = *lo;
+	o.stop_one = stop_lost;
+	o.stop_ctx = rn;
 	struct launch_child *k = calloc((size_t)n, sizeof(*k));
 	rn->rd = calloc((size_t)n, sizeof(int));
 	rn->log = calloc((size_t)n, sizeof(FILE *));
@@ -567,9 +629,9 @@ static int run_agents(struct run *rn, const struct launch_opts *o, struct launch
 		}
 		rn->rd[i] = p[0];
 		fmt(path, sizeof(path), "%s/host%d.log", rn->a->log_dir, i);
-		rn->log[i] = fopen(path, "w");
+		rn->log[i] = fopen(path, rn->attempt > 1 ? "a" : "w");
 		k[i].envp = environ;
-		rc = make_child(rn, i, p[1], &k[i]);
+		rc = make_child(rn, i, p[1], resume, &k[i]);
 		if (rc) {
 			fmt(err, errlen, "unable to prepare host%d's command", i);
 			goto out;
@@ -577,7 +639,7 @@ static int run_agents(struct run *rn, const struct launch_opts *o, struct launch
 	}
 	rn->tty = isatty(STDOUT_FILENO);
 	pthread_create(&rn->pump, NULL, pump_main, rn);
-	rc = launch_run(k, n, o, r, err, errlen);
+	rc = launch_run(k, n, &o, r, err, errlen);
 	pthread_join(rn->pump, NULL);
 	if (rn->line_open)
 		putchar('\n');
@@ -596,6 +658,22 @@ out:
 	return rc;
 }
 
+/* One round to every machine RUN reached: stop the agent still running
+ * there and, with remove, remove RUN except on host 0 when keep0. */
+static void stop_round(struct run *rn, struct argv_buf *b, bool remove, bool keep0,
+		       const char *what)
+{
+	const struct ssh_launch_args *a = rn->a;
+	char script[1024], err[600];
+	reap_stoppers(rn);
+	for (int i = 0; i < a->n; i++) {
+		stop_script(script, sizeof(script), rn->remote, remove && !(i == 0 && keep0));
+		ssh_argv(&b[i], a, &a->hosts[i], script);
+	}
+	if (run_each(b, rn->copied, a->n, a->log_dir, what, a->hosts, NULL, err, sizeof(err)))
+		fprintf(stderr, "meshrun: launch: %s\n", err);
+}
+
 /* Stops what still runs, fetches metrics and trace from host 0, removes
  * the remote directories (unless keep). Best effort; problems go to
  * stderr. */
@@ -611,13 +689,7 @@ static void finish(struct run *rn, const bool *copied, bool ran)
 		return;
 	/* one round to every machine: stop, and remove RUN where nothing is
 	 * fetched from it */
-	for (int i = 0; i < n; i++) {
-		stop_script(script, sizeof(script), rn->remote, !a->keep && !(i == 0 && fetch));
-		ssh_argv(&b[i], a, &a->hosts[i], script);
-	}
-	if (run_each(b, copied, n, a->log_dir, ran ? "stopping the agent" : "cleaning up", a->hosts,
-		     NULL, err, sizeof(err)))
-		fprintf(stderr, "meshrun: launch: %s\n", err);
+	stop_round(rn, b, !a->keep, fetch, ran ? "stopping the agent" : "cleaning up");
 	const char *back[2][2] = { { a->metrics, "metrics.jsonl" }, { a->trace, "trace.json" } };
 	for (int f = 0; f < 2 && fetch; f++) {
 		if (!back[f][0])
@@ -646,21 +718,97 @@ static void finish(struct run *rn, const bool *copied, bool ran)
 	free(b);
 }
 
+/* ---- restarts ---- */
+
+struct once {
+	struct run *rn;
+	const struct launch_opts *o;
+	struct argv_buf *b;            /* for the stop round, one per machine */
+};
+
+/* One launch for launch_restarting: the agents run; after a failure every
+ * agent still running is stopped (the relaunch's host 0 needs the
+ * coordinator's port), RUN kept. */
+static int ssh_once(void *ctx, bool resume, struct launch_result *r, char *err, size_t errlen)
+{
+	struct once *on = ctx;
+	const volatile int *intr = on->rn->a->interrupted;
+	memset(r, 0, sizeof(*r));
+	r->first = -1;
+	if (on->rn->attempt && intr && *intr) {
+		fmt(err, errlen, "interrupted before the restart");
+		return -EINTR;
+	}
+	on->rn->attempt++;
+	int rc = run_agents(on->rn, on->o, resume, r, err, errlen);
+	if (rc && !r->interrupted && on->rn->attempt <= on->rn->a->restarts.max)
+		stop_round(on->rn, on->b, false, false, "stopping the agent for a restart");
+	return rc;
+}
+
+/* The newest complete step directory in host 0's checkpoint directory
+ * (asked over ssh: `stat` of each step-* directory), written by this
+ * launch (its mtime not before RUN/started, both on host 0's clock, a
+ * second's slack) unless it resumed from the start; -1: none. */
+static int64_t ssh_checkpoint(void *ctx)
+{
+	struct run *rn = ((struct once *)ctx)->rn;
+	struct argv_buf b;
+	char ck[PATH_MAX], q[PATH_MAX + 64], cmd[CMD_MAX], log[PATH_MAX], line[PATH_MAX + 64];
+	const char *dir = ckpt_dir(rn, ck, sizeof(ck));
+	int64_t best = -1;
+	int st = 0;
+	if (!dir || !rn->copied[0])
+		return -1;
+	sq(q, sizeof(q), dir);
+	fmt(cmd, sizeof(cmd), "stat -c 'started %%Y' %s/started; "
+	    "for d in %s/step-*; do [ -d \"$d\" ] && stat -c 'ckpt %%Y %%n' \"$d\"; done; true",
+	    rn->remote, q);
+	ssh_argv(&b, rn->a, &rn->a->hosts[0], cmd);
+	fmt(log, sizeof(log), "%s/host0.ckpt.log", rn->a->log_dir);
+	pid_t p = spawn(b.v, log);
+	while (p > 0 && waitpid(p, &st, 0) < 0 && errno == EINTR)
+		;
+	FILE *f = p > 0 ? fopen(log, "r") : NULL;
+	long long started = (long long)rn->started;   /* if RUN/started is missing */
+	while (f && fgets(line, sizeof(line), f)) {
+		long long mtime, step;
+		char rest[8] = "";
+		const char *name = strrchr(line, '/');
+		line[strcspn(line, "\r\n")] = 0;
+		if (sscanf(line, "started %lld", &started) == 1 ||
+		    sscanf(line, "ckpt %lld ", &mtime) != 1 || !name ||
+		    sscanf(name, "/step-%lld%7s", &step, rest) < 1 || rest[0])
+			continue;
+		if ((rn->a->resume || mtime >= started - 1) && step > best)
+			best = step;
+	}
+	if (f)
+		fclose(f);
+	return best;
+}
+
 int ssh_launch(const struct ssh_launch_args *a, struct cfg *c, const struct launch_opts *o,
 	       struct launch_result *r, struct ssh_timing *t, char *err, size_t errlen)
 {
-	struct run rn = { .a = a, .t = t, .t0 = util_now_ns() };
+	struct run rn = { .a = a, .t = t, .t0 = util_now_ns(), .started = time(NULL) };
 	unsigned char rnd[6];
 	int rc;
 	bool *copied = calloc((size_t)a->n, sizeof(bool));
+	struct argv_buf *b = calloc((size_t)a->n, sizeof(*b));
 
 	memset(r, 0, sizeof(*r));
 	memset(t, 0, sizeof(*t));
 	r->first = -1;
-	if (!copied) {
+	rn.stopper = calloc((size_t)a->n, sizeof(pid_t));
+	if (!copied || !b || !rn.stopper) {
+		free(copied);
+		free(b);
+		free(rn.stopper);
 		fmt(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
+	rn.copied = copied;
 	RAND_bytes(rnd, sizeof(rnd));
 	fmt(rn.id, sizeof(rn.id), "%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2], rnd[3],
 		 rnd[4], rnd[5]);
@@ -684,10 +832,19 @@ int ssh_launch(const struct ssh_launch_args *a, struct cfg *c, const struct laun
 		rc = -EINTR;
 	}
 	bool ran = !rc;
-	if (!rc)
-		rc = run_agents(&rn, o, r, err, errlen);
+	if (!rc) {
+		struct once on = { .rn = &rn, .o = o, .b = b };
+		struct launch_restarts rs = a->restarts;
+		rs.resume = a->resume;
+		rs.launch = ssh_once;
+		rs.checkpoint = ssh_checkpoint;
+		rs.ctx = &on;
+		rc = launch_restarting(a->who ? a->who : "meshrun: launch", &rs, r, err, errlen);
+	}
 	finish(&rn, copied, ran);
 	free(copied);
+	free(b);
+	free(rn.stopper);
 	return rc;
 }
 
@@ -701,6 +858,126 @@ static void count_signal(int sig)
 	child_signals++;
 }
 
+/* ssh's stderr, split: the agent's status lines go to the launcher's
+ * status channel (the supervisor's stderr as launch_run gave it), every
+ * other line to the output pump with stdout. */
+struct errsplit {
+	int rd, status_fd;
+	char buf[4096];
+	size_t used;
+};
+
+static void write_all(int fd, const char *s, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(fd, s, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return;
+		s += w;
+		n -= (size_t)w;
+	}
+}
+
+static void split_line(struct errsplit *e, const char *s, size_t n)
+{
+	bool status = n >= sizeof(LAUNCH_STATUS_PREFIX) - 1 &&
+		      !memcmp(s, LAUNCH_STATUS_PREFIX, sizeof(LAUNCH_STATUS_PREFIX) - 1);
+	write_all(status && e->status_fd >= 0 ? e->status_fd : 1, s, n);
+}
+
+/* Waits up to ms for ssh's stderr and passes on whole lines (and, at EOF,
+ * the rest). false at EOF. */
+static bool split_read(struct errsplit *e, int ms)
+{
+	struct pollfd p = { .fd = e->rd, .events = POLLIN };
+	if (e->rd < 0) {
+		struct timespec ts = { 0, (long)ms * 1000 * 1000 };
+		nanosleep(&ts, NULL);
+		return false;
+	}
+	if (poll(&p, 1, ms) <= 0)
+		return true;
+	ssize_t r = read(e->rd, e->buf + e->used, sizeof(e->buf) - e->used);
+	if (r < 0 && (errno == EINTR || errno == EAGAIN))
+		return true;
+	if (r > 0)
+		e->used += (size_t)r;
+	char *nl, *s = e->buf;
+	while ((nl = memchr(s, '\n', e->used - (size_t)(s - e->buf)))) {
+		split_line(e, s, (size_t)(nl + 1 - s));
+		s = nl + 1;
+	}
+	e->used -= (size_t)(s - e->buf);
+	memmove(e->buf, s, e->used);
+	if (r <= 0 || e->used == sizeof(e->buf)) {
+		if (e->used)
+			split_line(e, e->buf, e->used);
+		e->used = 0;
+	}
+	if (r > 0)
+		return true;
+	close(e->rd);
+	e->rd = -1;
+	return false;
+}
+
+/* Stops the remote agent by its recorded pid: SIGTERM, or SIGKILL when
+ * hurry. ssh is the agent's ssh argv (nssh entries, its command last). */
+static void remote_kill(char **ssh, int nssh, const char *remote, bool hurry)
+{
+	char cmd[600];
+	fmt(cmd, sizeof(cmd),
+	    "p=$(cat %s/pid 2>/dev/null); [ -n \"$p\" ] && "
+	    "[ \"$(readlink /proc/$p/exe 2>/dev/null)\" = %s/meshrun ] && kill -%s $p",
+	    remote, remote, hurry ? "KILL" : "TERM");
+	char **v = calloc((size_t)nssh + 1, sizeof(char *));
+	if (!v)
+		return;
+	for (int j = 0; j < nssh - 1; j++)
+		v[j] = ssh[j];
+	v[nssh - 1] = cmd;
+	pid_t s = fork();
+	if (s == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		int dn = open("/dev/null", O_RDWR);
+		dup2(dn, 1);
+		dup2(dn, 2);
+		execvp(v[0], v);
+		_exit(127);
+	}
+	free(v);
+}
+
+/* Starts ssh with stderr into a pipe (e->rd); its pid or -1. */
+static pid_t start_ssh(char **ssh, struct errsplit *e)
+{
+	int p[2];
+	pid_t me = getpid();
+	e->rd = -1;
+	if (pipe2(p, O_CLOEXEC))
+		p[0] = p[1] = -1;
+	pid_t agent = fork();
+	if (agent == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != me)
+			_exit(255);
+		signal(SIGINT, SIG_DFL);
+		signal(SIGTERM, SIG_DFL);
+		signal(SIGHUP, SIG_DFL);
+		if (p[1] >= 0)
+			dup2(p[1], 2);
+		execvp(ssh[0], ssh);
+		fprintf(stderr, "meshrun: unable to run %s: %s\n", ssh[0], strerror(errno));
+		_exit(255);
+	}
+	if (p[1] >= 0)
+		close(p[1]);
+	e->rd = p[0];
+	return agent;
+}
+
 int ssh_child_main(int argc, char **argv)
 {
 	if (argc < 6 || strcmp(argv[3], "--")) {
@@ -712,28 +989,21 @@ int ssh_child_main(int argc, char **argv)
 	char **ssh = argv + 4;
 	int nssh = argc - 4;
 	struct sigaction sa = { .sa_handler = count_signal };
+	static struct errsplit e = { .rd = -1, .status_fd = -1 };
 	sigemptyset(&sa.sa_mask);
 	setsid();
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGHUP, &sa, NULL);
 	if (fd > 2) {
+		/* stderr is the launcher's status channel: kept for the status
+		 * lines alone; everything else goes to the output pump */
+		e.status_fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
 		dup2(fd, 1);
 		dup2(fd, 2);
 		close(fd);
 	}
-	pid_t me = getpid(), agent = fork();
-	if (agent == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != me)
-			_exit(255);
-		signal(SIGINT, SIG_DFL);
-		signal(SIGTERM, SIG_DFL);
-		signal(SIGHUP, SIG_DFL);
-		execvp(ssh[0], ssh);
-		fprintf(stderr, "meshrun: unable to run %s: %s\n", ssh[0], strerror(errno));
-		_exit(255);
-	}
+	pid_t agent = start_ssh(ssh, &e);
 	if (agent < 0)
 		return 255;
 	int seen = 0, st = 0;
@@ -748,35 +1018,18 @@ int ssh_child_main(int argc, char **argv)
 		int now_sig = child_signals;
 		bool hurry = now_sig >= 2 || (kill_at && util_now_ns() > kill_at);
 		if ((now_sig > seen && !kill_at) || (hurry && !killed)) {
-			char cmd[600];
-			fmt(cmd, sizeof(cmd),
-				 "p=$(cat %s/pid 2>/dev/null); [ -n \"$p\" ] && "
-				 "[ \"$(readlink /proc/$p/exe 2>/dev/null)\" = %s/meshrun ] && kill -%s $p",
-				 remote, remote, hurry ? "KILL" : "TERM");
-			char **v = calloc((size_t)nssh + 1, sizeof(char *));
-			if (v) {
-				for (int j = 0; j < nssh - 1; j++)
-					v[j] = ssh[j];
-				v[nssh - 1] = cmd;
-				pid_t s = fork();
-				if (s == 0) {
-					prctl(PR_SET_PDEATHSIG, SIGKILL);
-					int dn = open("/dev/null", O_RDWR);
-					dup2(dn, 1);
-					dup2(dn, 2);
-					execvp(v[0], v);
-					_exit(127);
-				}
-				free(v);
-			}
+			remote_kill(ssh, nssh, remote, hurry);
 			if (!kill_at)
 				kill_at = util_now_ns() + 5000000000ull;
 			killed |= hurry;
 			seen = now_sig;
 		}
-		struct timespec ts = { 0, 20 * 1000 * 1000 };
-		nanosleep(&ts, NULL);
+		split_read(&e, 20);
 	}
+	/* what ssh wrote last (its stderr ends with it) */
+	for (uint64_t end = util_now_ns() + 1000000000ull; util_now_ns() < end;)
+		if (!split_read(&e, 50))
+			break;
 	/* An agent that lost a peer (exit 5) reports it a moment later, so
 	 * that the launcher sees the host that caused it fail first: the
 	 * others notice a dead peer's connection before its own ssh does. */

@@ -8,10 +8,14 @@
  * machine that cannot be reached stops the launch there: nothing runs, the
  * copies made are removed. Then each agent starts as
  *     ssh -n [-F CONFIG] [-p PORT] [user@]host \
- *         'cd RUN && echo $$ >pid && exec RUN/meshrun agent --config RUN/config.yaml
+ *         'cd RUN && echo $$ >pid && export MESHRUN_STATUS_FD=2 &&
+ *          exec RUN/meshrun agent --config RUN/config.yaml
  *          --host-id I --hosts N --devices-per-host D --listen HOST:0 ...'
  * (BatchMode, absolute paths, nothing from a profile) and records its pid
- * in RUN/pid. Each ssh runs under a small supervisor in its own session
+ * in RUN/pid. Its status lines (host/launch/status.h) come back on ssh's
+ * stderr; the supervisor below passes them to the launcher core's status
+ * channel, so a host reported lost is killed at once: its supervisor by
+ * the core, its agent by the recorded pid through ssh (stop_one). Each ssh runs under a small supervisor in its own session
  * (`meshrun launch --ssh-child`, ssh_child_main): the terminal's Ctrl-C
  * reaches only the launcher, which forwards it; the supervisor then stops
  * its remote agent by the recorded pid (SIGTERM, SIGKILL after 5 s or a
@@ -19,7 +23,15 @@
  * in LOGDIR/hostI.log; on a terminal host 0's step lines show as one
  * updating progress line instead (quiet: nothing is printed). At the end every remote agent still running is
  * stopped by its pid, the metrics and trace files (written by host 0) are
- * copied back, and the remote directory is removed unless keep. */
+ * copied back, and the remote directory is removed unless keep.
+ *
+ * With restarts.max > 0 the core's restart loop (launch_restarting) runs
+ * the agents again after a failure, in the same RUN: every agent still
+ * running is stopped first (one ssh round), and the relaunch passes
+ * --resume when host 0's checkpoint directory (--checkpoint-dir, else
+ * RUN/ckpt: device 0, on host 0, writes and reads checkpoints) holds a
+ * complete step directory written by this launch (asked with stat over
+ * ssh). */
 #ifndef MESHRUN_SSH_H
 #define MESHRUN_SSH_H
 
@@ -41,6 +53,11 @@ struct ssh_launch_args {
 	const char *metrics;      /* local paths, NULL: none */
 	const char *trace;
 	const char *ckpt_dir;     /* a path on the machines, NULL: none */
+	bool resume;              /* the agents start with --resume */
+	/* restarts (host/launch/launch.h); ssh_launch fills in launch,
+	 * checkpoint and ctx. max 0: none */
+	struct launch_restarts restarts;
+	const char *who;          /* "meshrun: launch", for restart lines */
 	bool keep, quiet;
 	long long total_steps;    /* for the progress line on a terminal; 0: none */
 	/* set (by the caller's signal handler) when the user interrupted:
