@@ -51,6 +51,11 @@ void link_set_state(struct link *l, enum link_state to)
 			l->addr, (int)l->role, link_state_name(l->state), link_state_name(to));
 		assert(legal && "illegal link state change");
 	}
+	/* a probe of the peer's listener (link_probe) ends with the break */
+	if (to != LS_BROKEN && l->probe_fd >= 0) {
+		close(l->probe_fd);
+		l->probe_fd = -1;
+	}
 	l->state = to;
 }
 
