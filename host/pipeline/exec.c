@@ -32,6 +32,8 @@ struct pipe_exec {
 	float **in, **saved, **out, **g, **y, **dy, **din, *tmp;
 	size_t mem_n;
 	int poison;
+	bool *gzero;                 /* [grad_slots] the buffer's next BACKWARD zeroes it */
+	int gathers;                 /* layer-group gathers of the last step */
 	struct pipe_slot_time *times;
 	int ntimes;
 };
@@ -39,8 +41,11 @@ struct pipe_exec {
 static int owner(const struct pipe_exec *x, int mb) { return mb % x->sh.stages; }
 
 /* Window slots (host/model/window.h): the non-layer tensors in 0, the
- * table's weight slot k in 1 + k. Without FSDP axes the window holds no
- * tensor and these move nothing. */
+ * table's weight slot k in 1 + k (the model's window keeps the table's
+ * weight_slots layer groups: model_mesh.pipe_weight_slots). Gradient
+ * buffer k is the gradients beside weight slot k: the table uses one
+ * slot number for both. Without FSDP axes the window holds no tensor and
+ * these move nothing. */
 #define WSLOT_NONLAYER 0
 #define WSLOT(k) (1 + (k))
 
@@ -113,14 +118,11 @@ int pipe_exec_new(struct pipe_exec **out, const struct pipe_shape *sh, int stage
 	x->stage = stage;
 	x->first_layer = first_layer;
 	x->m = m;
-	if (sh->wmode != PIPE_W_ITER) {
-		snprintf(err, errlen, "config: pipeline_fsdp_ag_once and pipeline_fsdp_ag_per_repeat "
-			 "are not supported yet by the pipeline executor");
-		rc = -EINVAL;
-		goto fail;
-	}
 	if ((rc = pipe_schedule_circular(&x->sch, sh, err, errlen)) || (rc = check_layers(x, err, errlen)))
 		goto fail;
+	x->gzero = calloc((size_t)x->sch.grad_slots, sizeof(*x->gzero));
+	if (!x->gzero)
+		goto oom;
 	x->stage_dev = malloc(sizeof(int) * (size_t)S);
 	x->times = malloc(sizeof(*x->times) * (size_t)(2 * RM));
 	if (!x->stage_dev || !x->times || alloc_bufs(x, mb_rows * d->T, d->C))
@@ -142,6 +144,7 @@ void pipe_exec_free(struct pipe_exec *x)
 		return;
 	pipe_schedule_release(&x->sch);
 	free(x->stage_dev);
+	free(x->gzero);
 	free(x->times);
 	free(x->mem);
 	free(x->in);
@@ -149,6 +152,8 @@ void pipe_exec_free(struct pipe_exec *x)
 }
 
 void pipe_exec_poison(struct pipe_exec *x, int on) { x->poison = on; }
+
+int pipe_exec_gathers(const struct pipe_exec *x) { return x->gathers; }
 
 const struct pipe_slot_time *pipe_exec_times(const struct pipe_exec *x, int *n)
 {
@@ -208,7 +213,9 @@ static int run_weights(struct pipe_exec *x, const struct pipe_entry *e)
 		win_release(w, WSLOT(e->slot));
 		return 0;
 	case PIPE_REDUCE_SCATTER:
-		/* the gradients of the slot that just ran its backward */
+		/* dW[repeat, stage] is complete: packed and sent, its buffer
+		 * free again (the next BACKWARD into it starts from zero) */
+		x->gzero[e->slot] = true;
 		return win_scatter_start(w, WSLOT(e->slot));
 	default:
 		return 0;
@@ -265,9 +272,12 @@ static int run_bwd(struct pipe_exec *x, const struct pipe_entry *e, const struct
 		layer_range(x, e->repeat, &l0, &l1);
 		t0 = util_now_s();
 		/* recompute the slot's forward from its saved input, then back;
-		 * its weight gradients are reduce-scattered by the entry after */
+		 * dW accumulates into buffer gslot (the gradients beside weight
+		 * slot gslot) until a REDUCE_SCATTER entry sends it */
 		if (!(rc = win_wait(model_window(x->m), WSLOT(e->slot)))) {
-			win_zero_grads(model_window(x->m), WSLOT(e->slot));
+			if (x->gzero[e->gslot])
+				win_zero_grads(model_window(x->m), WSLOT(e->gslot));
+			x->gzero[e->gslot] = false;
 			rc = model_layers_forward(x->m, l0, l1, x->tmp, x->saved[k]);
 		}
 		if (!rc)
@@ -335,6 +345,8 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 		for (size_t i = 0; i < x->mem_n; i++)
 			x->mem[i] = NAN;
 	x->ntimes = 0;
+	for (int k = 0; k < x->sch.grad_slots; k++)
+		x->gzero[k] = true;
 	model_step_begin(x->m, st);
 	/* the non-layer tensors stay gathered for the whole step */
 	struct win *w = model_window(x->m);
@@ -363,6 +375,7 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	if (!rc)
 		win_release(w, WSLOT_NONLAYER);
 	int frc = io->flush(io->ctx);
+	x->gathers = win_gathers(w);
 	int erc = model_step_end(x->m);
 	return rc ? rc : frc ? frc : erc;
 }

@@ -129,7 +129,7 @@ int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
 }
 
 /* What a pipeline over `stage` trains with today: data (ZeRO-1 too),
- * tensor and FSDP (one repeat, weights gathered per iteration) beside it,
+ * tensor and FSDP (any repeats, any of the three weight modes) beside it,
  * every decoder layer of a dense model in it. Anything else is refused,
  * naming its keys. */
 static int pipe_supported(const struct cfg *c, const struct model_dims *d, const struct pipe_config *pc,
@@ -144,13 +144,6 @@ static int pipe_supported(const struct cfg *c, const struct model_dims *d, const
 			 "fsdp_transpose and tensor parallelism only; ici_/dcn_%s_parallelism=%d is not "
 			 "supported with it yet",
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
-		return -EINVAL;
-	}
-	int fsdp = c->ici[AX_FSDP] * c->dcn[AX_FSDP] * c->ici[AX_FSDP_T] * c->dcn[AX_FSDP_T];
-	if (fsdp > 1 && pc->shape.repeats > 1) {
-		snprintf(err, errlen, "config: pipeline repeats (num_pipeline_repeats=%d) with FSDP "
-			 "(fsdp x fsdp_transpose = %d) are not supported yet; use one repeat "
-			 "(num_layers_per_pipeline_stage = layers / stages)", pc->shape.repeats, fsdp);
 		return -EINVAL;
 	}
 	if (d->L_moe || pc->layers_before || pc->layers_after) {
@@ -180,6 +173,7 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 	struct model_mesh pm = *mm;
 	pm.pipe_stages = pc.shape.stages;
 	pm.pipe_repeats = pc.shape.repeats;
+	pm.pipe_weight_slots = pipe_weight_slots(&pc.shape);
 	t->model = model_new(d, mb, &pm, err, errlen);
 	if (!t->model)
 		return -EINVAL;
