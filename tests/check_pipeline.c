@@ -1,7 +1,7 @@
 /* Pipeline parallelism over `stage` across real agents on loopback: every
  * supported shape (stages, microbatches, repeats, delay, layers per
  * stage, stages across hosts, beside data, tensor and FSDP parallelism
- * and ZeRO-1) gives the
+ * in its three weight modes, and ZeRO-1) gives the
  * single-device losses of the same global batch, bit-identically run to
  * run; idle slots read nothing (their buffers poisoned with NaN change
  * nothing); checkpoints of a pipeline with repeats hold layer order; the
@@ -97,6 +97,53 @@ START_TEST(test_pp_fsdp)
 			"base_num_decoder_layers=4");
 }
 END_TEST
+/* FSDP with repeats, in the three weight modes (the window keeps the
+ * table's weight slots; a stage stores its layers in stage order).
+ * MaxText's cases: S=2, 8 layers, R=4, M=8 (global batch 16: a stage
+ * group's 8 rows split over fsdp), pipeline_fsdp_ag_once and
+ * pipeline_fsdp_ag_per_repeat */
+#define FSDP_R4 PP2 " ici_fsdp_parallelism=2 num_pipeline_microbatches=8"
+START_TEST(test_fsdp_ag_once)
+{
+	equivalence_batch(LLAMA, 1, 4, FSDP_R4 " pipeline_fsdp_ag_once=true", "base_num_decoder_layers=8", 16);
+}
+END_TEST
+START_TEST(test_fsdp_ag_per_repeat)
+{
+	equivalence_batch(LLAMA, 1, 4, FSDP_R4 " pipeline_fsdp_ag_per_repeat=true", "base_num_decoder_layers=8", 16);
+}
+END_TEST
+/* MaxText's blind spots for its window: ag_per_repeat with S=3 (6 layers,
+ * R=2, M=6 on 1 x 6 devices) and S=4 (8 layers, R=2, M=4, stages inside
+ * a host and fsdp across two), with the delay d=2 (S=2, 4 layers, R=2,
+ * M=4); and the default mode (a gather per slot) with R=2 */
+START_TEST(test_fsdp_ag_per_repeat_s3)
+{
+	equivalence_batch(LLAMA, 1, 6, "ici_data_parallelism=1 ici_pipeline_parallelism=3 ici_fsdp_parallelism=2 "
+			  "num_pipeline_microbatches=6 pipeline_fsdp_ag_per_repeat=true",
+			  "base_num_decoder_layers=6", 12);
+}
+END_TEST
+START_TEST(test_fsdp_ag_per_repeat_s4)
+{
+	equivalence_opt(LLAMA, 2, 4, "dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=1 "
+			"ici_pipeline_parallelism=4 pipeline_fsdp_ag_per_repeat=true", "base_num_decoder_layers=8");
+}
+END_TEST
+START_TEST(test_fsdp_ag_per_repeat_delay)
+{
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_fsdp_parallelism=2 num_pipeline_microbatches=4 "
+			"pipeline_delay_activation_forwarding=true pipeline_fsdp_ag_per_repeat=true",
+			"base_num_decoder_layers=4");
+}
+END_TEST
+START_TEST(test_fsdp_iter_repeats)
+{
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_fsdp_parallelism=2 num_pipeline_microbatches=4",
+			"base_num_decoder_layers=4");
+}
+END_TEST
+
 /* idle slots are idle: every buffer a slot could read is NaN before each
  * step; only what an active slot wrote first is read */
 START_TEST(test_idle_slots_poisoned)
@@ -200,12 +247,10 @@ START_TEST(test_unsupported_refused)
 		"tensor_transpose_parallelism=2", "not supported");
 	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_expert_parallelism=2 steps=1",
 		"expert_parallelism=2", "not supported");
-	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_fsdp_parallelism=2 "
-		"base_num_decoder_layers=4 steps=1", "num_pipeline_repeats=2", "FSDP");
 	refused("local --hosts 1 --devices-per-host 2 --config configs/deepseek-tiny.yml " PP2
 		" pipeline_parallel_layers=2 steps=1", "MoE", "pipeline_parallel_layers");
-	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_fsdp_ag_once=true steps=1",
-		"pipeline_fsdp_ag_once", "not supported");
+	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_fsdp_ag_once=true "
+		"pipeline_fsdp_ag_per_repeat=true steps=1", "pipeline_fsdp_ag_once", "pipeline_fsdp_ag_per_repeat");
 }
 END_TEST
 
@@ -230,6 +275,17 @@ int main(void)
 	tcase_add_test(tc, test_trace_slots);
 	tcase_add_test(tc, test_unsupported_refused);
 	suite_add_tcase(s, tc);
+	/* FSDP weight modes with repeats (CK_RUN_CASE=fsdp_window) */
+	TCase *tw = tcase_create("fsdp_window");
+	tcase_add_checked_fixture(tw, setup, teardown);
+	tcase_set_timeout(tw, 400);
+	tcase_add_test(tw, test_fsdp_ag_once);
+	tcase_add_test(tw, test_fsdp_ag_per_repeat);
+	tcase_add_test(tw, test_fsdp_ag_per_repeat_s3);
+	tcase_add_test(tw, test_fsdp_ag_per_repeat_s4);
+	tcase_add_test(tw, test_fsdp_ag_per_repeat_delay);
+	tcase_add_test(tw, test_fsdp_iter_repeats);
+	suite_add_tcase(s, tw);
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests */
 	srunner_set_fork_status(sr, CK_NOFORK);
