@@ -144,6 +144,43 @@ START_TEST(test_fsdp_iter_repeats)
 }
 END_TEST
 
+/* The gathers the run counts (metrics weight_gathers, from the window)
+ * are `meshrun schedule`'s figure for the run's weight mode */
+static int schedule_gathers(void)
+{
+	char *log = read_tmp("log.out"), *line = strstr(log, "\n  * ");
+	int n = -1;
+	ck_assert_msg(line, "%s", log);
+	for (char *tok = strtok(line + 5, " \n"); tok && n < 0; tok = strtok(NULL, " \n"))
+		if (strspn(tok, "0123456789") == strlen(tok))
+			n = atoi(tok);
+	free(log);
+	return n;
+}
+
+START_TEST(test_fsdp_gathers_counted)
+{
+	static const char *const modes[] = { "", "pipeline_fsdp_ag_once=true", "pipeline_fsdp_ag_per_repeat=true" };
+	const char *shape = FSDP_R4 " base_num_decoder_layers=8 per_device_batch_size=4";
+	char args[1024];
+	for (int k = 0; k < 3; k++) {
+		snprintf(args, sizeof(args), "schedule --config %s %s %s", LLAMA, shape, modes[k]);
+		show_log_on_failure(run(args), 0);
+		int want = schedule_gathers();
+		snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 4 --config %s steps=1 %s %s "
+			 "--metrics %s/g%d.jsonl", LLAMA, shape, modes[k], tmpdir, k);
+		show_log_on_failure(run(args), 0);
+		char name[32];
+		snprintf(name, sizeof(name), "g%d.jsonl", k);
+		char *m = read_tmp(name), *p = strstr(m, "\"weight_gathers\":");
+		ck_assert_msg(p, "%s", m);
+		int got = atoi(p + 17);
+		free(m);
+		ck_assert_msg(got == want && want > 0, "mode '%s': %d gathers run, %d scheduled", modes[k], got, want);
+	}
+}
+END_TEST
+
 /* idle slots are idle: every buffer a slot could read is NaN before each
  * step; only what an active slot wrote first is read */
 START_TEST(test_idle_slots_poisoned)
@@ -285,6 +322,7 @@ int main(void)
 	tcase_add_test(tw, test_fsdp_ag_per_repeat_s4);
 	tcase_add_test(tw, test_fsdp_ag_per_repeat_delay);
 	tcase_add_test(tw, test_fsdp_iter_repeats);
+	tcase_add_test(tw, test_fsdp_gathers_counted);
 	suite_add_tcase(s, tw);
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests */

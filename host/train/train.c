@@ -13,6 +13,7 @@
 #include "host/train/data.h"
 #include "host/pipeline/pipe_config.h"
 #include "host/mesh/plan.h"
+#include "host/model/window.h"
 #include "host/util/clock.h"
 #include "kernels/kernels.h"
 
@@ -466,6 +467,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	else
 		rc = model_forward_backward(m, t->inputs, t->targets, &ms);
 	st->t_fb1 = util_now_s();
+	st->weight_gathers = t->px ? pipe_exec_gathers(t->px) : win_gathers(model_window(m));
 	if (rc)
 		goto comm_failed;
 	double scal[2] = { ms.loss_sum, ms.aux };
