@@ -337,10 +337,29 @@ static int embed_back_all(struct pipe_exec *x, const int32_t *inputs, const stru
 	return rc;
 }
 
+/* This stage's forward entries before its first non-GATHER one (the
+ * gathers it starts first): run early, queued behind the non-layer
+ * gather, so they arrive while the embedding runs. *n: how many ran. */
+static int early_gathers(struct pipe_exec *x, int *n)
+{
+	int rc = 0;
+	*n = 0;
+	for (int i = 0; i < x->sch.n && !rc; i++) {
+		const struct pipe_entry *e = &x->sch.e[i];
+		if (e->stage != x->stage)
+			continue;
+		if (e->op != PIPE_GATHER || e->pass != PIPE_PASS_FWD)
+			break;
+		rc = run_weights(x, e);
+		++*n;
+	}
+	return rc;
+}
+
 int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *targets,
 		   struct model_step *st, const struct pipe_p2p *io)
 {
-	int rc;
+	int rc, early = 0, seen = 0;
 	if (x->poison)
 		for (size_t i = 0; i < x->mem_n; i++)
 			x->mem[i] = NAN;
@@ -351,7 +370,7 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	/* the non-layer tensors stay gathered for the whole step */
 	struct win *w = model_window(x->m);
 	if (!(rc = win_gather_start(w, WSLOT_NONLAYER, WIN_NONLAYER, 0)) &&
-	    !(rc = win_wait(w, WSLOT_NONLAYER))) {
+	    !(rc = early_gathers(x, &early)) && !(rc = win_wait(w, WSLOT_NONLAYER))) {
 		win_zero_grads(w, WSLOT_NONLAYER);
 		rc = embed_all(x, inputs, io);
 	}
@@ -360,7 +379,7 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 			rc = head_all(x, targets, io, &st->loss_sum);
 		for (int i = 0; i < x->sch.n && !rc; i++) {
 			const struct pipe_entry *e = &x->sch.e[i];
-			if (e->stage != x->stage || (int)e->pass != pass)
+			if (e->stage != x->stage || (int)e->pass != pass || seen++ < early)
 				continue;
 			if (e->op == PIPE_GATHER || e->op == PIPE_RELEASE || e->op == PIPE_REDUCE_SCATTER)
 				rc = run_weights(x, e);
