@@ -332,7 +332,7 @@ int win_gather_start(struct win *w, int k, int l0, int l1)
 	assert(w->slot[k].state == SLOT_FREE);
 	check_group(w, l0, l1);
 	w->slot[k] = (struct win_slot){ SLOT_GATHERING, l0, l1, -1 };
-	w->gathers += l0 >= 0;
+	w->gathers += l0 >= 0 && w->cnum[1] > 0;  /* one that moves weights */
 	w->queue[w->qn++] = k;
 	start_next(w);
 	return *w->rc;

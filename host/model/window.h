@@ -99,7 +99,8 @@ void win_release(struct win *w, int k);
 /* Zeroes READY slot k's gradient window (its gradients accumulate). */
 void win_zero_grads(struct win *w, int k);
 /* Layer-group gathers started since win_begin (the non-layer group's
- * are not counted): a schedule's gathers per step. */
+ * are not counted, nor any when no layer tensor is gathered): a
+ * schedule's gathers per step. */
 int win_gathers(const struct win *w);
 /* Starts reduce-scattering READY slot k's gradients into the gradient
  * shards (adding to them), after finishing the one before: one in
