@@ -12,7 +12,9 @@
 # "all_gather (prefetch)", the step's first one, the non-layer tensors,
 # left out) and the share of a gather hidden behind compute: 1 - (wait per
 # gather) / (wait per gather of the default mode, whose gathers are waited
-# right after they are issued). Means over steps 1..STEPS-1 and devices.
+# right after they are issued), and the time waiting for reduce-scatters
+# (all of them, the non-layer one too). Means over steps 1..STEPS-1 and
+# devices.
 # Run it on an idle machine: with other work on the cores the step times
 # mostly measure that work.
 set -eu
@@ -25,7 +27,7 @@ cfg="--config configs/llama-bench.yml steps=$steps per_device_batch_size=2"
 mesh="dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=1"
 pipe="ici_pipeline_parallelism=2 num_pipeline_microbatches=4"
 
-stats() { # metrics trace -> step_s peak_mb gathers wait_s_per_step wait_share_of_step wait_per_gather_ms
+stats() { # metrics trace -> step_s peak_mb gathers wait_s_per_step wait_share_of_step wait_per_gather_ms rs_wait_s_per_step
   python3 - "$1" "$2" <<'PY'
 import collections, json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])][1:]
@@ -40,11 +42,16 @@ for e in sorted(ev, key=lambda e: e["ts"]):
         per[(e["tid"], e["args"]["step"])].append(e["dur"] / 1e6)
 waits = [sum(v[1:]) for v in per.values()]   # the first: the non-layer tensors
 w = sum(waits) / len(waits) if waits else 0
-print("%.3f %d %d %.4f %.1f%% %.3f" % (step, peak, g, w, 100 * w / step, 1e3 * w / g if g else 0))
+rs = collections.defaultdict(float)           # (device, step) -> reduce-scatter waits
+for e in ev:
+    if e["name"].startswith("reduce_scatter (background)"):
+        rs[(e["tid"], e["args"]["step"])] += e["dur"] / 1e6
+r = sum(rs.values()) / len(per) if per else 0
+print("%.3f %d %d %.4f %.1f%% %.3f %.4f" % (step, peak, g, w, 100 * w / step, 1e3 * w / g if g else 0, r))
 PY
 }
 
-printf "%-28s %7s %8s %8s %9s %13s %11s %16s %8s\n" mode step_s peak_mb gathers scheduled gwait_s/step gwait/step gwait_ms/gather hidden
+printf "%-28s %7s %8s %8s %9s %13s %11s %16s %8s %14s\n" mode step_s peak_mb gathers scheduled gwait_s/step gwait/step gwait_ms/gather hidden rs_wait_s/step
 base=""
 for mode in iter once repeat nopipe; do
   case $mode in
@@ -59,8 +66,8 @@ for mode in iter once repeat nopipe; do
   if [ "$mode" != nopipe ]; then
     sched=$(build/meshrun schedule $cfg $extra | awk '/^  \* /{for(i=3;i<=NF;i++) if($i ~ /^[0-9]+$/){print $i; exit}}')
   fi
-  read -r t peak g w ws wpg <<<"$(stats "$tmp/$mode.jsonl" "$tmp/$mode.json")"
+  read -r t peak g w ws wpg rsw <<<"$(stats "$tmp/$mode.jsonl" "$tmp/$mode.json")"
   [ "$mode" = iter ] && base=$wpg
   hidden=$(python3 -c "b=float('$base'); print('%.0f%%' % (100 * (1 - float('$wpg') / b)) if b > 0 and '$mode' != 'iter' else '-')")
-  printf "%-28s %7.3f %8d %8d %9s %13.4f %11s %16.3f %8s\n" "$name" "$t" "$peak" "$g" "$sched" "$w" "$ws" "$wpg" "$hidden"
+  printf "%-28s %7.3f %8d %8d %9s %13.4f %11s %16.3f %8s %14.4f\n" "$name" "$t" "$peak" "$g" "$sched" "$w" "$ws" "$wpg" "$hidden" "$rsw"
 done

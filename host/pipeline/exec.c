@@ -58,6 +58,21 @@ static bool holds(const struct pipe_exec *x, const struct param_info *p, int l)
 	return false;
 }
 
+/* The window keeps a slot's gradients beside its weights: a BACKWARD's
+ * gradient buffer must be its weight slot (every table built so far). */
+static int check_grad_slots(const struct pipe_exec *x, char *err, size_t errlen)
+{
+	for (int i = 0; i < x->sch.n; i++) {
+		const struct pipe_entry *e = &x->sch.e[i];
+		if (e->op == PIPE_BACKWARD && e->gslot != e->slot) {
+			snprintf(err, errlen, "pipeline: the schedule puts dW of weight slot %d into "
+				 "gradient buffer %d; the executor keeps them together", e->slot, e->gslot);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
 /* Checks that the model holds (in its own storage) the layers of every
  * repeat of this stage. */
 static int check_layers(const struct pipe_exec *x, char *err, size_t errlen)
@@ -118,7 +133,8 @@ int pipe_exec_new(struct pipe_exec **out, const struct pipe_shape *sh, int stage
 	x->stage = stage;
 	x->first_layer = first_layer;
 	x->m = m;
-	if ((rc = pipe_schedule_circular(&x->sch, sh, err, errlen)) || (rc = check_layers(x, err, errlen)))
+	if ((rc = pipe_schedule_circular(&x->sch, sh, err, errlen)) || (rc = check_layers(x, err, errlen)) ||
+	    (rc = check_grad_slots(x, err, errlen)))
 		goto fail;
 	x->gzero = calloc((size_t)x->sch.grad_slots, sizeof(*x->gzero));
 	if (!x->gzero)
