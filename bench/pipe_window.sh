@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# bench/pipe_window.sh [STEPS]: the pipeline's FSDP weight window on
-# configs/llama-bench.yml (4 layers), FSDP=2 x PP=2 on 2 hosts x 2 devices
-# over loopback TLS (fsdp across the hosts, the 2 stages inside each;
-# S=2, R=2, M=4, per-device batch 2: a microbatch is one row), for the
+# bench/pipe_window.sh [STEPS] [LAYERS]: the pipeline's FSDP weight window
+# on configs/llama-bench.yml (4 layers, or LAYERS), FSDP=2 x PP=2 on 2
+# hosts x 2 devices over loopback TLS (fsdp across the hosts, the 2 stages
+# inside each; S=2, R=LAYERS/2, M=4, per-device batch 2: a microbatch is
+# one row), for the
 # three weight modes, next to the same 4 devices without the pipeline
 # (fsdp=2 x data=2). OpenBLAS threads by the README's rule (4 devices on
 # 2 cores: 1 each). Per mode: step time, host 0's peak resident memory
@@ -20,10 +21,11 @@
 set -eu
 cd "$(dirname "$0")/.."
 steps=${1:-5}
+layers=${2:-4}
 make -s all
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/meshrun-window.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-cfg="--config configs/llama-bench.yml steps=$steps per_device_batch_size=2"
+cfg="--config configs/llama-bench.yml steps=$steps per_device_batch_size=2 base_num_decoder_layers=$layers"
 mesh="dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=1"
 pipe="ici_pipeline_parallelism=2 num_pipeline_microbatches=4"
 
@@ -44,7 +46,7 @@ waits = [sum(v[1:]) for v in per.values()]   # the first: the non-layer tensors
 w = sum(waits) / len(waits) if waits else 0
 rs = collections.defaultdict(float)           # (device, step) -> reduce-scatter waits
 for e in ev:
-    if e["name"].startswith("reduce_scatter (background)"):
+    if e["name"].startswith("reduce_scatter ("):  # span names are cut at 23 characters
         rs[(e["tid"], e["args"]["step"])] += e["dur"] / 1e6
 r = sum(rs.values()) / len(per) if per else 0
 print("%.3f %d %d %.4f %.1f%% %.3f %.4f" % (step, peak, g, w, 100 * w / step, 1e3 * w / g if g else 0, r))
