@@ -189,6 +189,10 @@ START_TEST(test_idle_slots_poisoned)
 	equivalence_opt(LLAMA, 1, 2, PP2 " num_pipeline_microbatches=4 pipeline_delay_activation_forwarding=true",
 			"base_num_decoder_layers=4");
 	equivalence_opt(LLAMA, 1, 4, "ici_data_parallelism=1 ici_pipeline_parallelism=4", "base_num_decoder_layers=8");
+	/* and the weight window: a slot read before its gather landed is NaN */
+	equivalence_batch(LLAMA, 1, 6, "ici_data_parallelism=1 ici_pipeline_parallelism=3 ici_fsdp_parallelism=2 "
+			  "num_pipeline_microbatches=6 pipeline_fsdp_ag_per_repeat=true",
+			  "base_num_decoder_layers=6", 12);
 	unsetenv("MESHRUN_TEST_PIPE_POISON");
 }
 END_TEST

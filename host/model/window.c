@@ -8,6 +8,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -483,6 +484,14 @@ int win_end(struct win *w)
 	for (int k = 0; k < w->nslots; k++)
 		w->slot[k] = (struct win_slot){ SLOT_FREE, 0, 0, -1 };
 	return *w->rc;
+}
+
+void win_poison(struct win *w)
+{
+	size_t lay = (size_t)w->lo.lcap * w->cnum[1];
+	for (int j = 0; j < w->lo.windows && w->mem; j++)
+		for (size_t k = 0; k < lay; k++)
+			w->wl[j][k] = w->gl[j][k] = NAN;
 }
 
 float *win_block(struct win *w, bool grads, int i, int l)

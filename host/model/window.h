@@ -112,6 +112,11 @@ int win_scatter_finish(struct win *w);
  * what it brings is dropped) and frees every slot. */
 int win_end(struct win *w);
 
+/* Test hook: fills every layer window, weights and gradients, with NaN
+ * (call between steps): what a schedule reads without gathering or
+ * zeroing it first turns the loss into NaN. */
+void win_poison(struct win *w);
+
 /* The compute-shaped weights (or gradients) of gathered tensor i for
  * layer l (ignored for a non-layer tensor): the READY slot holding it. */
 float *win_block(struct win *w, bool grads, int i, int l);

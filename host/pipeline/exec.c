@@ -376,9 +376,11 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 		   struct model_step *st, const struct pipe_p2p *io)
 {
 	int rc, early = 0, seen = 0;
-	if (x->poison)
+	if (x->poison) {
 		for (size_t i = 0; i < x->mem_n; i++)
 			x->mem[i] = NAN;
+		win_poison(model_window(x->m));
+	}
 	x->ntimes = 0;
 	for (int k = 0; k < x->sch.grad_slots; k++)
 		x->gzero[k] = true;

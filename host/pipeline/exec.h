@@ -80,7 +80,8 @@ const struct pipe_slot_time *pipe_exec_times(const struct pipe_exec *x, int *n);
 int pipe_exec_gathers(const struct pipe_exec *x);
 
 /* Test hook: fills every buffer an idle slot could read (saved inputs,
- * received activations and gradients) with NaN before each step. */
+ * received activations and gradients, the weight window's layer groups)
+ * with NaN before each step. */
 void pipe_exec_poison(struct pipe_exec *x, int on);
 
 #endif
