@@ -1,7 +1,7 @@
 /* Pipeline parallelism over `stage` across real agents on loopback: every
  * supported shape (stages, microbatches, repeats, delay, layers per
  * stage, stages across hosts, beside data, tensor and FSDP parallelism
- * and ZeRO-1) gives the
+ * in its three weight modes, and ZeRO-1) gives the
  * single-device losses of the same global batch, bit-identically run to
  * run; idle slots read nothing (their buffers poisoned with NaN change
  * nothing); checkpoints of a pipeline with repeats hold layer order; the
@@ -125,6 +125,10 @@ END_TEST
 START_TEST(test_moe_expert)
 {
 	equivalence_opt(DEEPSEEK, 1, 4, PP2 " ici_expert_parallelism=2 num_pipeline_microbatches=4", DS_SHORT);
+	/* with repeats: 4 MoE layers, R=2 (the dense weights gathered per
+	 * slot from stage-order storage) */
+	equivalence_opt(DEEPSEEK, 1, 4, PP2 " ici_expert_parallelism=2 num_pipeline_microbatches=4",
+			"base_num_decoder_layers=5 " DS_SHORT);
 }
 END_TEST
 /* pipeline_parallel_layers below the layer count: a dense model's last 2
@@ -134,9 +138,96 @@ END_TEST
 START_TEST(test_layers_outside)
 {
 	equivalence_opt(LLAMA, 1, 2, PP2 " pipeline_parallel_layers=4", "base_num_decoder_layers=6");
+	/* beside FSDP: the layers after gathered in a window of their own
+	 * while the table's first gather may already be READY */
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_fsdp_parallelism=2 pipeline_parallel_layers=2",
+			"base_num_decoder_layers=4");
 	setenv("MESHRUN_TEST_PIPE_POISON", "1", 1);
 	equivalence_opt(DEEPSEEK, 1, 2, PP2 " pipeline_parallel_layers=4 num_pipeline_microbatches=4", DS9);
 	unsetenv("MESHRUN_TEST_PIPE_POISON");
+}
+END_TEST
+/* FSDP with repeats, in the three weight modes (the window keeps the
+ * table's weight slots; a stage stores its layers in stage order).
+ * MaxText's cases: S=2, 8 layers, R=4, M=8 (global batch 16: a stage
+ * group's 8 rows split over fsdp), pipeline_fsdp_ag_once and
+ * pipeline_fsdp_ag_per_repeat */
+#define FSDP_R4 PP2 " ici_fsdp_parallelism=2 num_pipeline_microbatches=8"
+START_TEST(test_fsdp_ag_once)
+{
+	equivalence_batch(LLAMA, 1, 4, FSDP_R4 " pipeline_fsdp_ag_once=true", "base_num_decoder_layers=8", 16);
+}
+END_TEST
+START_TEST(test_fsdp_ag_per_repeat)
+{
+	equivalence_batch(LLAMA, 1, 4, FSDP_R4 " pipeline_fsdp_ag_per_repeat=true", "base_num_decoder_layers=8", 16);
+}
+END_TEST
+/* MaxText's blind spots for its window: ag_per_repeat with S=3 (6 layers,
+ * R=2, M=6 on 1 x 6 devices) and S=4 (8 layers, R=2, M=4, stages inside
+ * a host and fsdp across two), with the delay d=2 (S=2, 4 layers, R=2,
+ * M=4); and the default mode (a gather per slot) with R=2 */
+START_TEST(test_fsdp_ag_per_repeat_s3)
+{
+	equivalence_batch(LLAMA, 1, 6, "ici_data_parallelism=1 ici_pipeline_parallelism=3 ici_fsdp_parallelism=2 "
+			  "num_pipeline_microbatches=6 pipeline_fsdp_ag_per_repeat=true",
+			  "base_num_decoder_layers=6", 12);
+}
+END_TEST
+START_TEST(test_fsdp_ag_per_repeat_s4)
+{
+	equivalence_opt(LLAMA, 2, 4, "dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=1 "
+			"ici_pipeline_parallelism=4 pipeline_fsdp_ag_per_repeat=true", "base_num_decoder_layers=8");
+}
+END_TEST
+START_TEST(test_fsdp_ag_per_repeat_delay)
+{
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_fsdp_parallelism=2 num_pipeline_microbatches=4 "
+			"pipeline_delay_activation_forwarding=true pipeline_fsdp_ag_per_repeat=true",
+			"base_num_decoder_layers=4");
+}
+END_TEST
+START_TEST(test_fsdp_iter_repeats)
+{
+	equivalence_opt(LLAMA, 1, 4, PP2 " ici_fsdp_parallelism=2 num_pipeline_microbatches=4",
+			"base_num_decoder_layers=4");
+}
+END_TEST
+
+/* The gathers the run counts (metrics weight_gathers, from the window)
+ * are `meshrun schedule`'s figure for the run's weight mode */
+static int schedule_gathers(void)
+{
+	char *log = read_tmp("log.out"), *line = strstr(log, "\n  * ");
+	int n = -1;
+	ck_assert_msg(line, "%s", log);
+	for (char *tok = strtok(line + 5, " \n"); tok && n < 0; tok = strtok(NULL, " \n"))
+		if (strspn(tok, "0123456789") == strlen(tok))
+			n = atoi(tok);
+	free(log);
+	return n;
+}
+
+START_TEST(test_fsdp_gathers_counted)
+{
+	static const char *const modes[] = { "", "pipeline_fsdp_ag_once=true", "pipeline_fsdp_ag_per_repeat=true" };
+	const char *shape = FSDP_R4 " base_num_decoder_layers=8 per_device_batch_size=4";
+	char args[1024];
+	for (int k = 0; k < 3; k++) {
+		snprintf(args, sizeof(args), "schedule --config %s %s %s", LLAMA, shape, modes[k]);
+		show_log_on_failure(run(args), 0);
+		int want = schedule_gathers();
+		snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 4 --config %s steps=1 %s %s "
+			 "--metrics %s/g%d.jsonl", LLAMA, shape, modes[k], tmpdir, k);
+		show_log_on_failure(run(args), 0);
+		char name[32];
+		snprintf(name, sizeof(name), "g%d.jsonl", k);
+		char *m = read_tmp(name), *p = strstr(m, "\"weight_gathers\":");
+		ck_assert_msg(p, "%s", m);
+		int got = atoi(p + 17);
+		free(m);
+		ck_assert_msg(got == want && want > 0, "mode '%s': %d gathers run, %d scheduled", modes[k], got, want);
+	}
 }
 END_TEST
 
@@ -148,6 +239,10 @@ START_TEST(test_idle_slots_poisoned)
 	equivalence_opt(LLAMA, 1, 2, PP2 " num_pipeline_microbatches=4 pipeline_delay_activation_forwarding=true",
 			"base_num_decoder_layers=4");
 	equivalence_opt(LLAMA, 1, 4, "ici_data_parallelism=1 ici_pipeline_parallelism=4", "base_num_decoder_layers=8");
+	/* and the weight window: a slot read before its gather landed is NaN */
+	equivalence_batch(LLAMA, 1, 6, "ici_data_parallelism=1 ici_pipeline_parallelism=3 ici_fsdp_parallelism=2 "
+			  "num_pipeline_microbatches=6 pipeline_fsdp_ag_per_repeat=true",
+			  "base_num_decoder_layers=6", 12);
 	unsetenv("MESHRUN_TEST_PIPE_POISON");
 }
 END_TEST
@@ -260,14 +355,13 @@ static void refused(const char *args, const char *a, const char *b)
 
 START_TEST(test_unsupported_refused)
 {
-	refused("local --hosts 1 --devices-per-host 4 --config " LLAMA " " PP2 " ici_fsdp_parallelism=2 "
-		"base_num_decoder_layers=4 steps=1", "num_pipeline_repeats=2", "FSDP");
-	refused("local --hosts 1 --devices-per-host 4 --config " DEEPSEEK " " PP2 " ici_expert_parallelism=2 "
-		"base_num_decoder_layers=5 steps=1", "num_pipeline_repeats=2", "expert_parallelism=2");
 	refused("local --hosts 1 --devices-per-host 2 --config " DEEPSEEK " " PP2
 		" pipeline_parallel_layers=3 steps=1", "pipeline_parallel_layers", "[1, 2]");
-	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_fsdp_ag_once=true steps=1",
-		"pipeline_fsdp_ag_once", "not supported");
+	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_fsdp_ag_once=true "
+		"pipeline_fsdp_ag_per_repeat=true steps=1", "pipeline_fsdp_ag_once", "pipeline_fsdp_ag_per_repeat");
+	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_parallel_layers=2 "
+		"pipeline_fsdp_ag_per_repeat=true base_num_decoder_layers=4 steps=1", "pipeline_parallel_layers",
+		"pipeline_fsdp_ag_per_repeat");
 }
 END_TEST
 
@@ -297,6 +391,18 @@ int main(void)
 	tcase_add_test(tc, test_trace_slots);
 	tcase_add_test(tc, test_unsupported_refused);
 	suite_add_tcase(s, tc);
+	/* FSDP weight modes with repeats (CK_RUN_CASE=fsdp_window) */
+	TCase *tw = tcase_create("fsdp_window");
+	tcase_add_checked_fixture(tw, setup, teardown);
+	tcase_set_timeout(tw, 400);
+	tcase_add_test(tw, test_fsdp_ag_once);
+	tcase_add_test(tw, test_fsdp_ag_per_repeat);
+	tcase_add_test(tw, test_fsdp_ag_per_repeat_s3);
+	tcase_add_test(tw, test_fsdp_ag_per_repeat_s4);
+	tcase_add_test(tw, test_fsdp_ag_per_repeat_delay);
+	tcase_add_test(tw, test_fsdp_iter_repeats);
+	tcase_add_test(tw, test_fsdp_gathers_counted);
+	suite_add_tcase(s, tw);
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests */
 	srunner_set_fork_status(sr, CK_NOFORK);

@@ -84,34 +84,38 @@ static void show_log_on_failure(int rc, int want)
 static struct {
 	char key[256];
 	double loss[10];
-} cache[8];
+} cache[16];
 static int ncache;
 
-static void single_losses(const char *preset, const char *opt, double *out)
+static void single_losses(const char *preset, const char *opt, int batch, double *out)
 {
 	char key[256], args[1024];
-	snprintf(key, sizeof(key), "%s %s", preset, opt);
+	snprintf(key, sizeof(key), "%s %s %d", preset, opt, batch);
 	for (int i = 0; i < ncache; i++)
 		if (!strcmp(cache[i].key, key)) {
 			memcpy(out, cache[i].loss, sizeof(cache[i].loss));
 			return;
 		}
-	snprintf(args, sizeof(args), "train --config %s steps=10 per_device_batch_size=8 %s --metrics %s/one.jsonl",
-		 preset, opt, tmpdir);
+	snprintf(args, sizeof(args), "train --config %s steps=10 per_device_batch_size=%d %s --metrics %s/one.jsonl",
+		 preset, batch, opt, tmpdir);
 	show_log_on_failure(run(args), 0);
 	ck_assert_int_eq(losses("one.jsonl", out, 10), 10);
-	if (ncache < 8) {
+	if (ncache < 16) {
 		snprintf(cache[ncache].key, sizeof(cache[ncache].key), "%s", key);
 		memcpy(cache[ncache++].loss, out, sizeof(cache[0].loss));
 	}
 }
 
-static void equivalence_opt(const char *preset, int hosts, int dph, const char *extra, const char *opt)
+/* The same with a global batch of `batch` rows (a multiple of the
+ * devices). */
+static void equivalence_batch(const char *preset, int hosts, int dph, const char *extra, const char *opt,
+			      int batch)
 {
 	char args[1024];
 	double one[10], dp[10], dp2[10];
-	int pdb = 8 / (hosts * dph);
-	single_losses(preset, opt, one);
+	int pdb = batch / (hosts * dph);
+	ck_assert_int_eq(pdb * hosts * dph, batch);
+	single_losses(preset, opt, batch, one);
 	for (int k = 0; k < 2; k++) {
 		snprintf(args, sizeof(args), "local --hosts %d --devices-per-host %d --config %s steps=10 "
 			 "per_device_batch_size=%d %s %s --metrics %s/dp%d.jsonl", hosts, dph, preset, pdb,
@@ -131,6 +135,11 @@ static void equivalence_opt(const char *preset, int hosts, int dph, const char *
 	ck_assert(one[9] < one[0] - 0.5); /* and it trains */
 	fprintf(stderr, "%s %dx%d %s %s: worst relative loss difference to one device %.2e\n",
 		preset, hosts, dph, extra, opt, worst);
+}
+
+static void equivalence_opt(const char *preset, int hosts, int dph, const char *extra, const char *opt)
+{
+	equivalence_batch(preset, hosts, dph, extra, opt, 8);
 }
 
 #endif

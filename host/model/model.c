@@ -130,30 +130,36 @@ static void lay_out(struct model *m, struct arena *a)
 	}
 }
 
+/* Where the window finds layer l of parameter i (its id) here. */
+static int win_slice(const void *ctx, int i, int l)
+{
+	return layer_slot(ctx, i, l);
+}
+
 /* The window over the gathered tensors, by parameter id; lays it out
  * (buffers: win_alloc). */
 static int make_window(struct model *m)
 {
 	struct win_tensor t[P_COUNT];
-	int lcap = 1;
-	for (int id = 0; id < P_COUNT; id++) {
+	struct win_layout lo = { .lcap = 1, .windows = 1, .slice = win_slice, .ctx = m };
+	for (int id = 0; id < P_COUNT; id++)
 		t[id] = (struct win_tensor){ .p = m->pidx[id] >= 0 ? &m->p[id] : NULL, .pp = &m->pp[id] };
-		param_layers(m, id, &t[id].first, &t[id].count);
-		if (t[id].p && t[id].p->stacked) {  /* the layers stored here (a stage's block) */
-			t[id].first += t[id].p->goff[0];
-			t[id].count = t[id].p->shape[0];
-		}
-	}
 	/* a pipeline stage gathers the layers it runs in one iteration at
-	 * once, and those outside the pipeline before it, or after it */
+	 * once (or those outside the pipeline before it, or after it), and
+	 * holds as many groups as its schedule's weight slots */
 	if (m->pipe_stages > 1 && m->pipe_repeats >= 1) {
 		int P = m->pipe_layers > 0 ? m->pipe_layers : m->d.L;
 		int before = m->pipe_first, after = m->d.L - m->pipe_first - P;
-		lcap = P / (m->pipe_stages * m->pipe_repeats);
-		lcap = before > lcap ? before : lcap;
-		lcap = after > lcap ? after : lcap;
+		lo.lcap = P / (m->pipe_stages * m->pipe_repeats);
+		lo.lcap = before > lo.lcap ? before : lo.lcap;
+		lo.lcap = after > lo.lcap ? after : lo.lcap;
+		lo.lcap = lo.lcap > 1 ? lo.lcap : 1;
+		lo.windows = m->pipe_weight_slots > 1 ? m->pipe_weight_slots : 1;
+		/* the layers outside hold one more (the table's first gather
+		 * may be READY beside them) */
+		lo.windows += before > 0 || after > 0;
 	}
-	m->win = win_new(m->mesh, m->device, t, P_COUNT, lcap > 1 ? lcap : 1);
+	m->win = win_new(m->mesh, m->device, t, P_COUNT, &lo);
 	return m->win ? 0 : -ENOMEM;
 }
 

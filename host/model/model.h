@@ -65,8 +65,10 @@ struct model_mesh {
 	 * storage index (s*R + r)*Lps + j holding layer (r*S + s)*Lps + j, so
 	 * the block of `layers` that stage s stores (split over `stage`) is
 	 * the layers it runs. Identity when R is 1. The FSDP window's layer
-	 * groups then hold a stage's L / (S*R) layers. */
-	int pipe_stages, pipe_repeats;
+	 * groups then hold a stage's L / (S*R) layers, and it keeps
+	 * pipe_weight_slots of them gathered at once (0 or 1: one; a
+	 * schedule's weight_slots, host/pipeline/schedule.h). */
+	int pipe_stages, pipe_repeats, pipe_weight_slots;
 	/* The pipelined decoder layers [pipe_first, pipe_first + pipe_layers)
 	 * (pipe_layers 0: all of them). A stacked tensor that holds any other
 	 * layer (they run data-parallel over `stage`, outside the pipeline)

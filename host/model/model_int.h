@@ -48,6 +48,7 @@ struct model {
 	int coord[AX_COUNT];
 	int pipe_stages, pipe_repeats; /* model_mesh's layer order (0: none) */
 	int pipe_first, pipe_layers;   /* and its pipelined layers */
+	int pipe_weight_slots;         /* model_mesh's: layer groups the window keeps */
 	uint32_t rows, ax_emb, ax_vocab, ax_exp, ax_moe_out;
 	int v0, c0, e0;             /* first vocab row, embedding column, expert here */
 	int v0e, Ve;                /* the embedding table's rows here */

@@ -595,6 +595,7 @@ static int plan_model(struct model *m, const struct model_mesh *mm, char *err, s
 	m->pipe_repeats = mm->pipe_repeats;
 	m->pipe_first = mm->pipe_first;
 	m->pipe_layers = mm->pipe_layers;
+	m->pipe_weight_slots = mm->pipe_weight_slots;
 	mesh_coords(mm->mesh, mm->device, m->coord);
 	if ((rc = plan_tensors(m, mm, &a, err, errlen)) || (rc = plan_experts(m, mm, &a, err, errlen)) ||
 	    (rc = plan_slices(m, &a, err, errlen)) || (rc = plan_linears(m, &a, err, errlen)) ||

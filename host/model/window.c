@@ -8,6 +8,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,40 +19,42 @@ enum slot_state { SLOT_FREE, SLOT_GATHERING, SLOT_READY };
 struct win_slot {
 	enum slot_state state;
 	int l0, l1;                 /* the group it holds */
+	int win;                    /* READY: its window (layer groups), else -1 */
 };
 
 struct win {
 	const struct mesh *mesh;
 	int n;
 	struct win_tensor *t;       /* [n] */
+	struct win_layout lo;
 	size_t *woff;               /* [n] a gathered tensor's block in its window (per layer) */
 	size_t cnum[2];             /* compute-shaped floats: [0] non-layer, [1] one layer */
 	size_t snum[2];             /* this device's shards of them */
-	int lcap;                   /* layers a layer group may hold */
 	struct mesh_members gg[WIN_MAX_GROUPS];  /* gather groups */
 	int ngg;
-	/* buffers: per kind the weights' and the gradients' windows; the
-	 * packed buffers a gather sends from (part) and lands in (whole), and
-	 * a reduce-scatter sends from (whole) and receives in (part) */
+	/* buffers: the non-layer group's weights and gradients, each layer
+	 * window's; the packed buffers a gather sends from (part) and lands
+	 * in (whole), and a reduce-scatter sends from (whole) and receives in
+	 * (part) */
 	void *mem;
-	float *wwin[2], *gwin[2];
+	float *wnl, *gnl;
+	float **wl, **gl;           /* [lo.windows] lcap layers each */
 	float *gsend, *grecv, *ssend, *srecv;
 	void *gh[WIN_MAX_GROUPS], *sh[WIN_MAX_GROUPS];
 	float *params, *grads;
 	/* state */
-	struct win_slot slot[WIN_SLOTS];
+	int nslots;                 /* lo.windows + 2 */
+	struct win_slot *slot;      /* [nslots] */
+	int *owner;                 /* [lo.windows] the READY slot in each layer window, or -1 */
+	int nl_ready;               /* the READY non-layer slot, or -1 */
 	int landing;                /* slot whose gather is in flight, or -1 */
-	int ready[2];               /* the READY slot of each kind, or -1 */
+	int *queue, qn;             /* GATHERING slots not started yet, oldest first */
+	int gathers;                /* layer-group gathers since win_begin */
 	bool scattering;            /* a reduce-scatter is in flight, of */
 	int s0, s1;                 /* this group */
 	const struct model_comm *comm;
 	int *rc;
 };
-
-static int kind_of(int l0)
-{
-	return l0 >= 0;
-}
 
 static size_t per_slice(const struct param_info *p)
 {
@@ -63,6 +66,13 @@ static size_t per_cslice(const struct plan_param *pp, const struct param_info *p
 	return p->stacked ? pp->cnumel / (size_t)pp->cshape[0] : pp->cnumel;
 }
 
+/* The storage slice of layer l of stacked tensor i here, or -1. */
+static int slice_of(const struct win *w, int i, int l)
+{
+	int q = w->lo.slice(w->lo.ctx, i, l);
+	return q >= 0 && q < w->t[i].p->shape[0] ? q : -1;
+}
+
 /* Is tensor i gathered over axes and in layer l's part of a group (l < 0:
  * the non-layer tensors)? With grads, only tensors that have gradients. */
 static bool in_group(const struct win *w, int i, int l, uint32_t axes, bool grads)
@@ -70,22 +80,24 @@ static bool in_group(const struct win *w, int i, int l, uint32_t axes, bool grad
 	const struct win_tensor *x = &w->t[i];
 	if (!x->p || x->pp->gather != axes || (grads && x->p->opt == OPT_NONE))
 		return false;
-	return l < 0 ? !x->p->stacked : x->p->stacked && l >= x->first && l < x->first + x->count;
+	return l < 0 ? !x->p->stacked : x->p->stacked && slice_of(w, i, l) >= 0;
 }
 
 /* Tensor i's storage slice for layer l in buf (params or grads). */
 static float *storage(const struct win *w, float *buf, int i, int l)
 {
 	const struct param_info *p = w->t[i].p;
-	return buf + p->offset + (p->stacked ? per_slice(p) * (size_t)(l - w->t[i].first) : 0);
+	return buf + p->offset + (p->stacked ? per_slice(p) * (size_t)slice_of(w, i, l) : 0);
 }
 
-/* Tensor i's compute-shaped block for layer l of a group starting at l0. */
-static float *block(const struct win *w, bool grads, int i, int l, int l0)
+/* Tensor i's compute-shaped block for layer l of the group in READY slot k. */
+static float *block(const struct win *w, bool grads, int i, int l, int k)
 {
-	int k = w->t[i].p->stacked;
-	float *base = grads ? w->gwin[k] : w->wwin[k];
-	return base + (k ? (size_t)(l - l0) * w->cnum[1] : 0) + w->woff[i];
+	const struct win_slot *s = &w->slot[k];
+	if (!w->t[i].p->stacked)
+		return (grads ? w->gnl : w->wnl) + w->woff[i];
+	float *base = grads ? w->gl[s->win] : w->wl[s->win];
+	return base + (size_t)(l - s->l0) * w->cnum[1] + w->woff[i];
 }
 
 /* Floats group [l0, l1) packs for gather group gg (per member). */
@@ -101,9 +113,10 @@ static size_t pack_size(const struct win *w, const struct mesh_members *gg, int 
 
 /* Moves member r's blocks of group [l0, l1) between the packed buffer
  * (pack floats per member) and the window. */
-static void place_blocks(struct win *w, const struct mesh_members *gg, int l0, int l1, bool grads,
+static void place_blocks(struct win *w, const struct mesh_members *gg, int ks, bool grads,
 			 float *packed, size_t pack, bool into_window)
 {
+	int l0 = w->slot[ks].l0, l1 = w->slot[ks].l1;
 	for (int r = 0; r < gg->n; r++) {
 		size_t off = 0;
 		for (int l = l0; l < l1; l++)
@@ -114,7 +127,7 @@ static void place_blocks(struct win *w, const struct mesh_members *gg, int l0, i
 				const struct plan_param *pp = w->t[i].pp;
 				int o[SHARD_MAX_DIMS], k = p->stacked ? 1 : 0;
 				plan_block_offsets(pp, w->mesh, gg->axes, gg->coord[r], o);
-				plan_copy_block(block(w, grads, i, l, l0), pp->cshape + k,
+				plan_copy_block(block(w, grads, i, l, ks), pp->cshape + k,
 						packed + (size_t)r * pack + off, p->shape + k, o + k,
 						p->ndim - k, into_window);
 				off += per_slice(p);
@@ -135,19 +148,31 @@ static int add_gather_group(struct win *w, uint32_t axes, int dev)
 	return rc;
 }
 
-struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *t, int n, int lcap)
+struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *t, int n,
+		    const struct win_layout *lo)
 {
 	struct win *w = calloc(1, sizeof(*w));
 	if (!w)
 		return NULL;
+	assert(lo->lcap >= 1 && lo->windows >= 1 && lo->slice);
 	w->mesh = ms;
 	w->n = n;
-	w->lcap = lcap;
-	w->landing = w->ready[0] = w->ready[1] = -1;
+	w->lo = *lo;
+	w->nslots = lo->windows + 2;
+	w->landing = w->nl_ready = -1;
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
-	if (!w->t || !w->woff)
+	w->wl = calloc((size_t)lo->windows, sizeof(*w->wl));
+	w->gl = calloc((size_t)lo->windows, sizeof(*w->gl));
+	w->owner = malloc(sizeof(*w->owner) * (size_t)lo->windows);
+	w->slot = calloc((size_t)w->nslots, sizeof(*w->slot));
+	w->queue = malloc(sizeof(*w->queue) * (size_t)w->nslots);
+	if (!w->t || !w->woff || !w->wl || !w->gl || !w->owner || !w->slot || !w->queue)
 		goto fail;
+	for (int j = 0; j < lo->windows; j++)
+		w->owner[j] = -1;
+	for (int k = 0; k < w->nslots; k++)
+		w->slot[k].win = -1;
 	memcpy(w->t, t, sizeof(*w->t) * (size_t)n);
 	/* the non-layer tensors, then one slice of every stacked one */
 	for (int i = 0; i < n; i++) {
@@ -175,6 +200,11 @@ void win_free(struct win *w)
 	free(w->mem);
 	free(w->woff);
 	free(w->t);
+	free(w->wl);
+	free(w->gl);
+	free(w->owner);
+	free(w->slot);
+	free(w->queue);
 	free(w);
 }
 
@@ -182,7 +212,7 @@ void win_free(struct win *w)
  * reduce-scatter sends) and the largest shard of one (part). */
 static void packed_sizes(const struct win *w, size_t *whole, size_t *part)
 {
-	size_t lw = (size_t)w->lcap * w->cnum[1], lp = (size_t)w->lcap * w->snum[1];
+	size_t lw = (size_t)w->lo.lcap * w->cnum[1], lp = (size_t)w->lo.lcap * w->snum[1];
 	*whole = w->cnum[0] > lw ? w->cnum[0] : lw;
 	*part = w->snum[0] > lp ? w->snum[0] : lp;
 }
@@ -191,7 +221,7 @@ size_t win_numel(const struct win *w)
 {
 	size_t whole, part;
 	packed_sizes(w, &whole, &part);
-	return 2 * (w->cnum[0] + (size_t)w->lcap * w->cnum[1]) + 2 * whole + 2 * part;
+	return 2 * (w->cnum[0] + (size_t)w->lo.windows * w->lo.lcap * w->cnum[1]) + 2 * whole + 2 * part;
 }
 
 static float *take(char *base, size_t *used, size_t n)
@@ -204,12 +234,14 @@ static float *take(char *base, size_t *used, size_t n)
 /* Cuts the buffers out of base (NULL: only counts); returns the bytes. */
 static size_t lay_out(struct win *w, char *base)
 {
-	size_t used = 0, whole, part, nl = w->cnum[0], lay = (size_t)w->lcap * w->cnum[1];
+	size_t used = 0, whole, part, nl = w->cnum[0], lay = (size_t)w->lo.lcap * w->cnum[1];
 	packed_sizes(w, &whole, &part);
-	w->wwin[0] = take(base, &used, nl);
-	w->wwin[1] = take(base, &used, lay);
-	w->gwin[0] = take(base, &used, nl);
-	w->gwin[1] = take(base, &used, lay);
+	w->wnl = take(base, &used, nl);
+	w->gnl = take(base, &used, nl);
+	for (int j = 0; j < w->lo.windows; j++) {
+		w->wl[j] = take(base, &used, lay);
+		w->gl[j] = take(base, &used, lay);
+	}
 	w->gsend = take(base, &used, part);
 	w->grecv = take(base, &used, whole);
 	w->ssend = take(base, &used, whole);
@@ -234,7 +266,12 @@ void win_begin(struct win *w, const struct model_comm *comm, int *rc)
 {
 	w->comm = comm;
 	w->rc = rc;
+	w->gathers = 0;
 }
+
+int win_gathers(const struct win *w) { return w->gathers; }
+
+int win_slots(const struct win *w) { return w->nslots; }
 
 /* A collective that finished (or failed): the first failure is kept. */
 static void wait_handle(struct win *w, void **h)
@@ -247,19 +284,27 @@ static void wait_handle(struct win *w, void **h)
 		*w->rc = rc;
 }
 
+static void check_slot(const struct win *w, int k)
+{
+	assert(k >= 0 && k < w->nslots);
+	(void)w, (void)k;
+}
+
 static void check_group(const struct win *w, int l0, int l1)
 {
-	assert(l0 == WIN_NONLAYER ? l1 == 0 : l0 >= 0 && l1 > l0 && l1 - l0 <= w->lcap);
+	assert(l0 == WIN_NONLAYER ? l1 == 0 : l0 >= 0 && l1 > l0 && l1 - l0 <= w->lo.lcap);
 	(void)w, (void)l0, (void)l1;
 }
 
-int win_gather_start(struct win *w, int k, int l0, int l1)
+/* Sends the oldest queued gather, when none is in flight. */
+static void start_next(struct win *w)
 {
 	const struct model_comm *c = w->comm;
 	size_t soff = 0, roff = 0;
-	assert(k >= 0 && k < WIN_SLOTS && w->slot[k].state == SLOT_FREE && w->landing < 0);
-	check_group(w, l0, l1);
-	w->slot[k] = (struct win_slot){ SLOT_GATHERING, l0, l1 };
+	if (w->landing >= 0 || !w->qn)
+		return;
+	int k = w->queue[0], l0 = w->slot[k].l0, l1 = w->slot[k].l1;
+	memmove(w->queue, w->queue + 1, sizeof(*w->queue) * (size_t)--w->qn);
 	w->landing = k;
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
@@ -282,45 +327,97 @@ int win_gather_start(struct win *w, int k, int l0, int l1)
 		soff += pack;
 		roff += pack * (size_t)gg->n;
 	}
+}
+
+int win_gather_start(struct win *w, int k, int l0, int l1)
+{
+	check_slot(w, k);
+	assert(w->slot[k].state == SLOT_FREE);
+	check_group(w, l0, l1);
+	w->slot[k] = (struct win_slot){ SLOT_GATHERING, l0, l1, -1 };
+	w->gathers += l0 >= 0 && w->cnum[1] > 0;  /* one that moves weights */
+	w->queue[w->qn++] = k;
+	start_next(w);
 	return *w->rc;
 }
 
-int win_wait(struct win *w, int k)
+/* A free window for READY slot k (a layer group); none is a caller's bug. */
+static int free_window(const struct win *w, int k)
 {
+	int free = -1;
+	for (int j = 0; j < w->lo.windows; j++) {
+		int o = w->owner[j];
+		if (o < 0 && free < 0)
+			free = j;
+		/* READY layer groups never overlap: win_block finds one by layer */
+		assert(o < 0 || w->slot[o].l1 <= w->slot[k].l0 || w->slot[o].l0 >= w->slot[k].l1);
+	}
+	assert(free >= 0);
+	return free;
+}
+
+/* Waits for the gather in flight, places it into a window (READY) and
+ * sends the next queued one. */
+static void finish_landing(struct win *w)
+{
+	int k = w->landing;
 	struct win_slot *s = &w->slot[k];
 	size_t roff = 0;
-	assert(k >= 0 && k < WIN_SLOTS && s->state == SLOT_GATHERING && w->landing == k);
-	assert(w->ready[kind_of(s->l0)] < 0);
 	w->landing = -1;
+	if (s->l0 == WIN_NONLAYER) {
+		assert(w->nl_ready < 0);
+		w->nl_ready = k;
+	} else {
+		s->win = free_window(w, k);
+		w->owner[s->win] = k;
+	}
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, s->l0, s->l1, false);
 		wait_handle(w, &w->gh[g]);
 		if (!pack || *w->rc)
 			continue;
-		place_blocks(w, gg, s->l0, s->l1, false, w->grecv + roff, pack, true);
+		place_blocks(w, gg, k, false, w->grecv + roff, pack, true);
 		roff += pack * (size_t)gg->n;
 	}
 	s->state = SLOT_READY;
-	w->ready[kind_of(s->l0)] = k;
+	start_next(w);
+}
+
+int win_wait(struct win *w, int k)
+{
+	check_slot(w, k);
+	assert(w->slot[k].state != SLOT_FREE);
+	while (w->slot[k].state != SLOT_READY) {
+		start_next(w);
+		assert(w->landing >= 0);
+		finish_landing(w);
+	}
 	return *w->rc;
 }
 
 void win_release(struct win *w, int k)
 {
-	assert(k >= 0 && k < WIN_SLOTS && w->slot[k].state == SLOT_READY);
-	w->ready[kind_of(w->slot[k].l0)] = -1;
-	w->slot[k].state = SLOT_FREE;
+	struct win_slot *s = &w->slot[k];
+	check_slot(w, k);
+	assert(s->state == SLOT_READY);
+	if (s->l0 == WIN_NONLAYER)
+		w->nl_ready = -1;
+	else
+		w->owner[s->win] = -1;
+	s->state = SLOT_FREE;
+	s->win = -1;
 }
 
 void win_zero_grads(struct win *w, int k)
 {
 	const struct win_slot *s = &w->slot[k];
-	assert(k >= 0 && k < WIN_SLOTS && s->state == SLOT_READY);
+	check_slot(w, k);
+	assert(s->state == SLOT_READY);
 	for (int l = s->l0; l < s->l1; l++)
 		for (int i = 0; i < w->n; i++)
 			if (w->t[i].p && w->t[i].pp->gather && in_group(w, i, l, w->t[i].pp->gather, true))
-				memset(block(w, true, i, l, s->l0), 0,
+				memset(block(w, true, i, l, k), 0,
 				       per_cslice(w->t[i].pp, w->t[i].p) * sizeof(float));
 }
 
@@ -352,7 +449,8 @@ int win_scatter_start(struct win *w, int k)
 	const struct model_comm *c = w->comm;
 	const struct win_slot *s = &w->slot[k];
 	size_t soff = 0, roff = 0;
-	assert(k >= 0 && k < WIN_SLOTS && s->state == SLOT_READY);
+	check_slot(w, k);
+	assert(s->state == SLOT_READY);
 	win_scatter_finish(w);
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
@@ -360,7 +458,7 @@ int win_scatter_start(struct win *w, int k)
 		if (!pack)
 			continue;
 		float *send = w->ssend + soff, *recv = w->srecv + roff;
-		place_blocks(w, gg, s->l0, s->l1, true, send, pack, false);
+		place_blocks(w, gg, k, true, send, pack, false);
 		if (c->start_reduce_scatter)
 			*w->rc = c->start_reduce_scatter(c->ctx, gg->axes, recv, send, pack, &w->sh[g]);
 		else
@@ -381,16 +479,34 @@ int win_end(struct win *w)
 		wait_handle(w, &w->sh[g]);
 	}
 	w->scattering = false;
-	w->landing = w->ready[0] = w->ready[1] = -1;
-	for (int k = 0; k < WIN_SLOTS; k++)
-		w->slot[k].state = SLOT_FREE;
+	w->landing = w->nl_ready = -1;
+	w->qn = 0;
+	for (int j = 0; j < w->lo.windows; j++)
+		w->owner[j] = -1;
+	for (int k = 0; k < w->nslots; k++)
+		w->slot[k] = (struct win_slot){ SLOT_FREE, 0, 0, -1 };
 	return *w->rc;
+}
+
+void win_poison(struct win *w)
+{
+	size_t lay = (size_t)w->lo.lcap * w->cnum[1];
+	for (int j = 0; j < w->lo.windows && w->mem; j++)
+		for (size_t k = 0; k < lay; k++)
+			w->wl[j][k] = w->gl[j][k] = NAN;
 }
 
 float *win_block(struct win *w, bool grads, int i, int l)
 {
-	int kind = w->t[i].p->stacked;
-	int k = w->ready[kind];
-	assert(k >= 0 && (!kind || (l >= w->slot[k].l0 && l < w->slot[k].l1)));
-	return block(w, grads, i, l, w->slot[k].l0);
+	if (!w->t[i].p->stacked) {
+		assert(w->nl_ready >= 0);
+		return block(w, grads, i, l, w->nl_ready);
+	}
+	for (int j = 0; j < w->lo.windows; j++) {
+		int k = w->owner[j];
+		if (k >= 0 && l >= w->slot[k].l0 && l < w->slot[k].l1)
+			return block(w, grads, i, l, k);
+	}
+	assert(!"no READY slot holds the layer");
+	return NULL;
 }

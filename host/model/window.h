@@ -6,24 +6,32 @@
  *
  * A group is the non-layer tensors (embedding, final norm, head: the range
  * [WIN_NONLAYER, 0)) or a range of layers [l0, l1) of at most `lcap`
- * layers. The caller holds groups in slots it numbers itself (any slot for
- * any group); a slot moves
+ * layers. The caller holds groups in slots it numbers itself (0 ..
+ * windows + 1, any slot for any group); a slot moves
  *
  *	FREE --gather_start--> GATHERING --wait--> READY --release--> FREE
  *
  * and while READY its weights can be read (win_block) and its gradients
  * accumulated, zeroed (win_zero_grads) and sent back (win_scatter_start).
  *
- * The memory is fixed at creation and is what one gather and one
- * reduce-scatter in flight need: per kind (non-layer, layers) one
- * compute-shaped window of weights and one of gradients, and one packed
- * buffer each way for the collectives. Hence the rules (programmer errors,
- * asserted): at most one slot GATHERING at a time; at most one READY slot
- * per kind, so wait() for a layer group needs the READY layer slot
- * released first; the gradients of a READY slot are free again once its
- * reduce-scatter has started. A gather lands packed and is placed into
- * the window by wait(); that is why a READY group and a GATHERING one
- * fit in the memory of one window and one packed buffer.
+ * The memory is fixed at creation: one compute-shaped window of weights
+ * and one of gradients for the non-layer group, `windows` of each for
+ * layer groups (lcap layers each), and one packed buffer each way for the
+ * collectives. A READY slot owns one window (its gradients live beside
+ * its weights); a GATHERING slot owns none: its gather lands packed and
+ * wait() places it into a free window. Hence the rules (programmer
+ * errors, asserted): at most one READY non-layer slot and at most
+ * `windows` READY layer slots, so wait() for a layer group needs a free
+ * layer window; a READY layer slot's layers overlap no other READY one's.
+ *
+ * Gathers run one at a time, in the order they were started: a gather
+ * started while another is in flight is queued, and goes out when the
+ * one before it has been waited for (wait() of a queued slot first
+ * finishes those before it). So a caller that starts a gather well before
+ * it waits (a schedule's GATHER entry, its first use later) hides it
+ * behind the compute in between. A reduce-scatter packs the gradients on
+ * start, so the slot's gradient window is free again at once; one is in
+ * flight at a time (the next start finishes it).
  *
  * Errors: every call returns the step's error (0 or the first hook
  * error, a negative errno), which lives in the int given to win_begin;
@@ -40,23 +48,35 @@
 #include "host/model/model.h"
 
 #define WIN_NONLAYER (-1)
-#define WIN_SLOTS 4
 
 /* One tensor of the model as the window sees it (p NULL: absent). Only
  * tensors whose plan gathers them (pp->gather) are in the window. */
 struct win_tensor {
 	const struct param_info *p;     /* storage shard: shape, offset */
 	const struct plan_param *pp;    /* gathered axes, compute shape */
-	int first, count;               /* stacked: its slices are of layers [first, first + count) */
+};
+
+/* How the window is cut. */
+struct win_layout {
+	int lcap;     /* layers a layer group may hold (>= 1) */
+	int windows;  /* layer groups READY at once (>= 1): 1 for a model
+		       * run layer by layer, a pipeline schedule's weight
+		       * slots for a stage */
+	/* The slice of stacked tensor i (an index of t) that holds layer l in
+	 * this device's storage, or -1 (or >= its shape[0]) when this device
+	 * does not store layer l of it. Called often: keep it cheap. */
+	int (*slice)(const void *ctx, int i, int l);
+	const void *ctx;
 };
 
 struct win;
 
 /* Lays out the window for tensors t[0, n) (copied; the pointers in them
- * must outlive the window) with layer groups of at most lcap layers; no
- * buffers yet. NULL when out of memory or the tensors are gathered over
- * more different axis sets than it keeps groups for. */
-struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *t, int n, int lcap);
+ * and lo->ctx must outlive the window) as lo says; no buffers yet. NULL
+ * when out of memory or the tensors are gathered over more different
+ * axis sets than it keeps groups for. */
+struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *t, int n,
+		    const struct win_layout *lo);
 /* Allocates the buffers (zeroed); params and grads are the model's one
  * allocation each, which gathers read and reduce-scatters add into.
  * 0 or -ENOMEM. */
@@ -64,19 +84,26 @@ int win_alloc(struct win *w, float *params, float *grads);
 void win_free(struct win *w);
 /* Floats the buffers take (whether allocated or not). */
 size_t win_numel(const struct win *w);
+/* The slots a caller may number: 0 .. win_slots() - 1 (windows + 2). */
+int win_slots(const struct win *w);
 
 /* A step begins: the collectives to use and where its error lives. */
 void win_begin(struct win *w, const struct model_comm *comm, int *rc);
 /* Starts all-gathering group [l0, l1) into FREE slot k (in the
  * background when the hooks allow it). */
 int win_gather_start(struct win *w, int k, int l0, int l1);
-/* Waits for slot k's gather and places the weights in the window: k is
- * READY. */
+/* Waits for slot k's gather (and for the queued ones before it) and
+ * places the weights in a free window: k is READY. Returns at once when
+ * k is READY already (a schedule's second use of a slot). */
 int win_wait(struct win *w, int k);
 /* The caller is done with READY slot k's weights. */
 void win_release(struct win *w, int k);
 /* Zeroes READY slot k's gradient window (its gradients accumulate). */
 void win_zero_grads(struct win *w, int k);
+/* Layer-group gathers started since win_begin (the non-layer group's
+ * are not counted, nor any when no layer tensor is gathered): a
+ * schedule's gathers per step. */
+int win_gathers(const struct win *w);
 /* Starts reduce-scattering READY slot k's gradients into the gradient
  * shards (adding to them), after finishing the one before: one in
  * flight. The gradient window is free again on return. */
@@ -87,8 +114,13 @@ int win_scatter_finish(struct win *w);
  * what it brings is dropped) and frees every slot. */
 int win_end(struct win *w);
 
+/* Test hook: fills every layer window, weights and gradients, with NaN
+ * (call between steps): what a schedule reads without gathering or
+ * zeroing it first turns the loss into NaN. */
+void win_poison(struct win *w);
+
 /* The compute-shaped weights (or gradients) of gathered tensor i for
- * layer l (ignored for a non-layer tensor): its group must be READY. */
+ * layer l (ignored for a non-layer tensor): the READY slot holding it. */
 float *win_block(struct win *w, bool grads, int i, int l);
 
 #endif

@@ -57,6 +57,8 @@ static void write_metrics(struct steplog *l, const struct step_report *r, double
 	cJSON_AddNumberToObject(j, "peak_mem_mb", (double)mem);
 	cJSON_AddNumberToObject(j, "reconnects", (double)r->reconnects);
 	cJSON_AddNumberToObject(j, "frames_resent", (double)r->frames_resent);
+	if (r->weight_gathers)
+		cJSON_AddNumberToObject(j, "weight_gathers", r->weight_gathers);
 	/* losses printed with full precision so runs can be compared bit for bit */
 	char buf[64];
 	snprintf(buf, sizeof(buf), "%a", r->loss);

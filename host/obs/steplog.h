@@ -47,6 +47,7 @@ struct step_report {
 	double seconds;           /* wall time of the step */
 	uint64_t dcn_bytes, ici_bytes;
 	double comm_wait_s;       /* blocked inside collectives during the step */
+	int weight_gathers;       /* FSDP layer-group all-gathers (0: none, not shown) */
 	/* so far in the job: links resumed after breaking, frames resent */
 	uint64_t reconnects, frames_resent;
 };

@@ -186,7 +186,8 @@ static int print_weights(const struct pipe_config *pc, const struct layer_bytes 
 		       copy * (size_t)(st.max_weights + st.max_grads));
 	}
 	printf("  (per step and device of a stage; * = this config; the window is the gathered "
-	       "weight copies plus gradient buffers live at most)\n");
+	       "weight copies plus gradient buffers live at most,\n   as the executor allocates "
+	       "them; besides, one gather's and one reduce-scatter's packed buffers)\n");
 	return 0;
 }
 

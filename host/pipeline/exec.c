@@ -32,6 +32,8 @@ struct pipe_exec {
 	float **in, **saved, **out, **g, **y, **dy, **din, *tmp;
 	size_t mem_n;
 	int poison;
+	bool *gzero;                 /* [grad_slots] the buffer's next BACKWARD zeroes it */
+	int gathers;                 /* layer-group gathers of the last step */
 	struct pipe_slot_time *times;
 	int ntimes;
 };
@@ -39,12 +41,31 @@ struct pipe_exec {
 static int owner(const struct pipe_exec *x, int mb) { return mb % x->sh.stages; }
 
 /* Window slots (host/model/window.h): the non-layer tensors in 0, the
- * table's weight slot k in 1 + k. Without FSDP axes the window holds no
- * tensor and these move nothing. */
+ * table's weight slot k in 1 + k (the model's window keeps the table's
+ * weight_slots layer groups: model_mesh.pipe_weight_slots). Gradient
+ * buffer k is the gradients beside weight slot k: the table uses one
+ * slot number for both. Without FSDP axes the window holds no tensor and
+ * these move nothing. */
 #define WSLOT_NONLAYER 0
 #define WSLOT(k) (1 + (k))
-/* the layers outside the pipeline: gathered while no table slot is */
-#define WSLOT_OUTSIDE (WIN_SLOTS - 1)
+/* the layers outside the pipeline: the last slot, gathered while no
+ * table slot is READY (so the per-iteration mode only) */
+#define WSLOT_OUTSIDE(w) (win_slots(w) - 1)
+
+/* The window keeps a slot's gradients beside its weights: a BACKWARD's
+ * gradient buffer must be its weight slot (every table built so far). */
+static int check_grad_slots(const struct pipe_exec *x, char *err, size_t errlen)
+{
+	for (int i = 0; i < x->sch.n; i++) {
+		const struct pipe_entry *e = &x->sch.e[i];
+		if (e->op == PIPE_BACKWARD && e->gslot != e->slot) {
+			snprintf(err, errlen, "pipeline: the schedule puts dW of weight slot %d into "
+				 "gradient buffer %d; the executor keeps them together", e->slot, e->gslot);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
 
 /* Checks that the model holds (in its own storage) the layers of every
  * repeat of this stage. */
@@ -104,14 +125,12 @@ int pipe_exec_new(struct pipe_exec **out, const struct pipe_shape *sh, int stage
 	x->stage = stage;
 	x->first_layer = first_layer;
 	x->m = m;
-	if (sh->wmode != PIPE_W_ITER) {
-		snprintf(err, errlen, "config: pipeline_fsdp_ag_once and pipeline_fsdp_ag_per_repeat "
-			 "are not supported yet by the pipeline executor");
-		rc = -EINVAL;
+	if ((rc = pipe_schedule_circular(&x->sch, sh, err, errlen)) || (rc = check_layers(x, err, errlen)) ||
+	    (rc = check_grad_slots(x, err, errlen)))
 		goto fail;
-	}
-	if ((rc = pipe_schedule_circular(&x->sch, sh, err, errlen)) || (rc = check_layers(x, err, errlen)))
-		goto fail;
+	x->gzero = calloc((size_t)x->sch.grad_slots, sizeof(*x->gzero));
+	if (!x->gzero)
+		goto oom;
 	x->stage_dev = malloc(sizeof(int) * (size_t)S);
 	x->times = malloc(sizeof(*x->times) * (size_t)(2 * RM));
 	if (!x->stage_dev || !x->times || alloc_bufs(x, mb_rows * d->T, d->C))
@@ -133,6 +152,7 @@ void pipe_exec_free(struct pipe_exec *x)
 		return;
 	pipe_schedule_release(&x->sch);
 	free(x->stage_dev);
+	free(x->gzero);
 	free(x->times);
 	free(x->mem);
 	free(x->in);
@@ -140,6 +160,8 @@ void pipe_exec_free(struct pipe_exec *x)
 }
 
 void pipe_exec_poison(struct pipe_exec *x, int on) { x->poison = on; }
+
+int pipe_exec_gathers(const struct pipe_exec *x) { return x->gathers; }
 
 const struct pipe_slot_time *pipe_exec_times(const struct pipe_exec *x, int *n)
 {
@@ -199,7 +221,9 @@ static int run_weights(struct pipe_exec *x, const struct pipe_entry *e)
 		win_release(w, WSLOT(e->slot));
 		return 0;
 	case PIPE_REDUCE_SCATTER:
-		/* the gradients of the slot that just ran its backward */
+		/* dW[repeat, stage] is complete: packed and sent, its buffer
+		 * free again (the next BACKWARD into it starts from zero) */
+		x->gzero[e->slot] = true;
 		return win_scatter_start(w, WSLOT(e->slot));
 	default:
 		return 0;
@@ -256,9 +280,12 @@ static int run_bwd(struct pipe_exec *x, const struct pipe_entry *e, const struct
 		layer_range(x, e->repeat, &l0, &l1);
 		t0 = util_now_s();
 		/* recompute the slot's forward from its saved input, then back;
-		 * its weight gradients are reduce-scattered by the entry after */
+		 * dW accumulates into buffer gslot (the gradients beside weight
+		 * slot gslot) until a REDUCE_SCATTER entry sends it */
 		if (!(rc = win_wait(model_window(x->m), WSLOT(e->slot)))) {
-			win_zero_grads(model_window(x->m), WSLOT(e->slot));
+			if (x->gzero[e->gslot])
+				win_zero_grads(model_window(x->m), WSLOT(e->gslot));
+			x->gzero[e->gslot] = false;
 			rc = model_layers_forward(x->m, l0, l1, x->tmp, x->saved[k]);
 		}
 		if (!rc)
@@ -294,9 +321,9 @@ static void outside(const struct pipe_exec *x, int *nb, int *a0)
 static int outside_gather(struct pipe_exec *x, int l0, int l1)
 {
 	struct win *w = model_window(x->m);
-	int rc = win_gather_start(w, WSLOT_OUTSIDE, l0, l1);
-	if (!rc && !(rc = win_wait(w, WSLOT_OUTSIDE)))
-		win_zero_grads(w, WSLOT_OUTSIDE);
+	int rc = win_gather_start(w, WSLOT_OUTSIDE(w), l0, l1);
+	if (!rc && !(rc = win_wait(w, WSLOT_OUTSIDE(w))))
+		win_zero_grads(w, WSLOT_OUTSIDE(w));
 	return rc;
 }
 
@@ -305,8 +332,8 @@ static int outside_release(struct pipe_exec *x, bool grads, int rc)
 {
 	struct win *w = model_window(x->m);
 	if (grads && !rc)
-		rc = win_scatter_start(w, WSLOT_OUTSIDE);
-	win_release(w, WSLOT_OUTSIDE);
+		rc = win_scatter_start(w, WSLOT_OUTSIDE(w));
+	win_release(w, WSLOT_OUTSIDE(w));
 	return rc;
 }
 
@@ -392,19 +419,42 @@ static int embed_back_all(struct pipe_exec *x, const int32_t *inputs, const stru
 	return nb ? outside_release(x, true, rc) : rc;
 }
 
+/* This stage's forward entries before its first non-GATHER one (the
+ * gathers it starts first): run early, queued behind the non-layer
+ * gather, so they arrive while the embedding runs. *n: how many ran. */
+static int early_gathers(struct pipe_exec *x, int *n)
+{
+	int rc = 0;
+	*n = 0;
+	for (int i = 0; i < x->sch.n && !rc; i++) {
+		const struct pipe_entry *e = &x->sch.e[i];
+		if (e->stage != x->stage)
+			continue;
+		if (e->op != PIPE_GATHER || e->pass != PIPE_PASS_FWD)
+			break;
+		rc = run_weights(x, e);
+		++*n;
+	}
+	return rc;
+}
+
 int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *targets,
 		   struct model_step *st, const struct pipe_p2p *io)
 {
-	int rc;
-	if (x->poison)
+	int rc, early = 0, seen = 0;
+	if (x->poison) {
 		for (size_t i = 0; i < x->mem_n; i++)
 			x->mem[i] = NAN;
+		win_poison(model_window(x->m));
+	}
 	x->ntimes = 0;
+	for (int k = 0; k < x->sch.grad_slots; k++)
+		x->gzero[k] = true;
 	model_step_begin(x->m, st);
 	/* the non-layer tensors stay gathered for the whole step */
 	struct win *w = model_window(x->m);
 	if (!(rc = win_gather_start(w, WSLOT_NONLAYER, WIN_NONLAYER, 0)) &&
-	    !(rc = win_wait(w, WSLOT_NONLAYER))) {
+	    !(rc = early_gathers(x, &early)) && !(rc = win_wait(w, WSLOT_NONLAYER))) {
 		win_zero_grads(w, WSLOT_NONLAYER);
 		rc = embed_all(x, inputs, io);
 	}
@@ -413,7 +463,7 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 			rc = head_all(x, targets, io, &st->loss_sum);
 		for (int i = 0; i < x->sch.n && !rc; i++) {
 			const struct pipe_entry *e = &x->sch.e[i];
-			if (e->stage != x->stage || (int)e->pass != pass)
+			if (e->stage != x->stage || (int)e->pass != pass || seen++ < early)
 				continue;
 			if (e->op == PIPE_GATHER || e->op == PIPE_RELEASE || e->op == PIPE_REDUCE_SCATTER)
 				rc = run_weights(x, e);
@@ -428,6 +478,7 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	if (!rc)
 		win_release(w, WSLOT_NONLAYER);
 	int frc = io->flush(io->ctx);
+	x->gathers = win_gathers(w);
 	int erc = model_step_end(x->m);
 	return rc ? rc : frc ? frc : erc;
 }

@@ -27,10 +27,15 @@
  * forwards leave them alone.
  *
  * Weights: the `layers` dimension is split over `stage`, so a stage stores
- * its layers; weights also split over FSDP axes are gathered through the
- * model's window (host/model/window.h) as the table's GATHER, RELEASE and
- * REDUCE_SCATTER entries say (PIPE_W_ITER: per slot), the non-layer ones
- * once for the whole step. The other weight modes are refused. */
+ * its layers (in stage order with repeats: model_mesh); weights also split
+ * over FSDP axes are gathered through the model's window
+ * (host/model/window.h) as the table's GATHER, RELEASE and REDUCE_SCATTER
+ * entries say, in any weight mode: a GATHER starts the all-gather, the
+ * first FORWARD or BACKWARD using the slot waits for it; a BACKWARD adds
+ * dW into its gradient buffer (zeroed first after a REDUCE_SCATTER), a
+ * REDUCE_SCATTER sends it. The model must have been made with the
+ * table's weight slots (model_mesh.pipe_weight_slots = pipe_weight_slots).
+ * The non-layer tensors are gathered once for the whole step. */
 #ifndef MESHRUN_PIPELINE_EXEC_H
 #define MESHRUN_PIPELINE_EXEC_H
 
@@ -62,7 +67,7 @@ struct pipe_slot_time {
 
 struct pipe_exec;
 
-/* sh: the shape (weight mode PIPE_W_ITER); stage: this device's stage;
+/* sh: the shape (any weight mode); stage: this device's stage;
  * first_layer: the model layer of pipelined layer 0; stage_dev[S]: the
  * global device id of each stage of this device's group; m: the model,
  * made for mb_rows rows (one microbatch), holding the layers of `stage`. 0, or
@@ -83,8 +88,13 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 /* The slots timed by the last step: *n of them. */
 const struct pipe_slot_time *pipe_exec_times(const struct pipe_exec *x, int *n);
 
+/* Layer-group all-gathers the last step started (the table's gathers per
+ * stage and step when the weights are split over FSDP axes). */
+int pipe_exec_gathers(const struct pipe_exec *x);
+
 /* Test hook: fills every buffer an idle slot could read (saved inputs,
- * received activations and gradients) with NaN before each step. */
+ * received activations and gradients, the weight window's layer groups)
+ * with NaN before each step. */
 void pipe_exec_poison(struct pipe_exec *x, int on);
 
 #endif

@@ -52,6 +52,18 @@ bool pipe_active(const struct pipe_shape *p, int i, int s, int *mb, int *repeat)
 	return true;
 }
 
+int pipe_weight_slots(const struct pipe_shape *p)
+{
+	switch (p->wmode) {
+	case PIPE_W_ONCE:
+		return p->repeats;
+	case PIPE_W_REPEAT:
+		return p->repeats < 2 ? p->repeats : 2;
+	default:
+		return 1;
+	}
+}
+
 int pipe_layer(const struct pipe_shape *p, int repeat, int stage, int j)
 {
 	return (repeat * p->stages + stage) * p->layers_per_stage + j;
@@ -256,9 +268,7 @@ int pipe_schedule_circular(struct pipe_schedule *out, const struct pipe_shape *p
 		return rc;
 	out->shape = *p;
 	out->iterations = pipe_iterations(p);
-	int slots = p->wmode == PIPE_W_ONCE ? p->repeats
-		  : p->wmode == PIPE_W_REPEAT ? (p->repeats < 2 ? p->repeats : 2) : 1;
-	out->weight_slots = out->grad_slots = slots;
+	out->weight_slots = out->grad_slots = pipe_weight_slots(p);
 
 	struct builder b = { .s = out, .p = p };
 	int T = out->iterations;

@@ -130,6 +130,9 @@ int pipe_shape_check(const struct pipe_shape *p, char *err, size_t errlen);
 int pipe_iterations(const struct pipe_shape *p);
 /* Whether stage s is active at iteration i; if so *mb and *repeat. */
 bool pipe_active(const struct pipe_shape *p, int i, int s, int *mb, int *repeat);
+/* The weight slots (and gradient buffers) a stage's table uses: 1, R
+ * (PIPE_W_ONCE), min(R, 2) (PIPE_W_REPEAT); slot k holds one W[r,s]. */
+int pipe_weight_slots(const struct pipe_shape *p);
 /* Index among the pipelined layers of layer j of stage s in repeat r. */
 int pipe_layer(const struct pipe_shape *p, int repeat, int stage, int j);
 

@@ -80,6 +80,7 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 				.step = s, .loss = st.loss, .aux = st.aux, .grad_norm = st.grad_norm,
 				.lr = st.lr, .seconds = t1 - t0, .dcn_bytes = dcn - dcn0,
 				.ici_bytes = ici - ici0, .comm_wait_s = waited,
+				.weight_gathers = st.weight_gathers,
 			};
 			if (l->recovery)
 				l->recovery(l->ctx, &r.reconnects, &r.frames_resent);

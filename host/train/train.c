@@ -13,6 +13,7 @@
 #include "host/train/data.h"
 #include "host/pipeline/pipe_config.h"
 #include "host/mesh/plan.h"
+#include "host/model/window.h"
 #include "host/util/clock.h"
 #include "kernels/kernels.h"
 
@@ -129,10 +130,10 @@ int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
 }
 
 /* What a pipeline over `stage` trains with today: data (ZeRO-1 too),
- * tensor, tensor_transpose, expert and FSDP (one repeat, weights gathered
- * per iteration) beside it; dense and MoE models, with decoder layers
- * outside the pipeline (not beside FSDP). Anything else is refused,
- * naming its keys. */
+ * tensor, tensor_transpose, expert and FSDP (any repeats, any of the
+ * three weight modes) beside it; dense and MoE models, with decoder
+ * layers outside the pipeline (weights gathered per iteration only).
+ * Anything else is refused, naming its keys. */
 static int pipe_supported(const struct cfg *c, const struct model_dims *d, const struct pipe_config *pc,
 			  int rows, char *err, size_t errlen)
 {
@@ -145,22 +146,6 @@ static int pipe_supported(const struct cfg *c, const struct model_dims *d, const
 			 "fsdp_transpose, tensor, tensor_transpose and expert parallelism only; "
 			 "ici_/dcn_%s_parallelism=%d is not supported with it yet",
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
-		return -EINVAL;
-	}
-	int fsdp = c->ici[AX_FSDP] * c->dcn[AX_FSDP] * c->ici[AX_FSDP_T] * c->dcn[AX_FSDP_T];
-	if (fsdp > 1 && pc->shape.repeats > 1) {
-		snprintf(err, errlen, "config: pipeline repeats (num_pipeline_repeats=%d) with FSDP "
-			 "(fsdp x fsdp_transpose = %d) are not supported yet; use one repeat "
-			 "(num_layers_per_pipeline_stage = layers / stages)", pc->shape.repeats, fsdp);
-		return -EINVAL;
-	}
-	/* experts split the batch, and the rules split the dense weights'
-	 * embed over them: gathered per iteration like FSDP's */
-	int ep = c->ici[AX_EXPERT] * c->dcn[AX_EXPERT];
-	if (ep > 1 && pc->shape.repeats > 1) {
-		snprintf(err, errlen, "config: pipeline repeats (num_pipeline_repeats=%d) with expert "
-			 "parallelism (ici_/dcn_expert_parallelism=%d) are not supported yet; use one repeat "
-			 "(num_layers_per_pipeline_stage = pipelined layers / stages)", pc->shape.repeats, ep);
 		return -EINVAL;
 	}
 	if ((pc->layers_before || pc->layers_after) && pc->shape.wmode != PIPE_W_ITER) {
@@ -192,6 +177,7 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 	pm.pipe_repeats = pc.shape.repeats;
 	pm.pipe_first = pc.first_layer;
 	pm.pipe_layers = pc.layers;
+	pm.pipe_weight_slots = pipe_weight_slots(&pc.shape);
 	t->model = model_new(d, mb, &pm, err, errlen);
 	if (!t->model)
 		return -EINVAL;
@@ -486,6 +472,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	else
 		rc = model_forward_backward(m, t->inputs, t->targets, &ms);
 	st->t_fb1 = util_now_s();
+	st->weight_gathers = t->px ? pipe_exec_gathers(t->px) : win_gathers(model_window(m));
 	if (rc)
 		goto comm_failed;
 	double scal[2] = { ms.loss_sum, ms.aux };

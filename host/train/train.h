@@ -22,6 +22,7 @@ struct step_stats {
 	double aux;         /* load-balance loss (MoE) */
 	double grad_norm;   /* before clipping */
 	double lr;
+	int weight_gathers; /* FSDP all-gathers of layer groups this step */
 	/* util_now_s() times, for traces */
 	double t_fb0, t_fb1;    /* forward and backward */
 	double t_opt0, t_opt1;  /* clipping and optimizer update */
