@@ -219,6 +219,9 @@ static int print_memory(const struct pipe_schedule *sc, const struct shard_spec 
 	printf("  circular storage: stage %d's outputs waiting for stage 0, at most %d (in its out "
 	       "buffers), and stage 0's gradients waiting for stage %d, at most %d (in its grad "
 	       "buffers): sends wait for the receiver\n", S - 1, st.max_circ, S - 1, st.max_circ_grad);
+	printf("  besides these, the model keeps the per-layer activations of one microbatch through "
+	       "the %d layer%s a stage runs at once (each slot's forward is recomputed in its backward)\n",
+	       sc->shape.layers_per_stage, sc->shape.layers_per_stage == 1 ? "" : "s");
 	return 0;
 }
 
