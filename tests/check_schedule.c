@@ -507,6 +507,88 @@ START_TEST(test_maxtext_rule_is_wrong)
 }
 END_TEST
 
+/* Each slot's life in one of its out (fwd) or grad buffers, in pass time:
+ * from its first write until the receiver took it (INT_MAX: after the
+ * pass). Walked off the table independently of pipe_stage_bufs. */
+struct life {
+	int from, until;
+};
+
+static void slot_lives(const struct pipe_schedule *sc, int s, struct life *fo, struct life *fg)
+{
+	const struct pipe_shape *p = &sc->shape;
+	int M = p->microbatches, T = sc->iterations;
+	for (int k = 0; k < sc->n; k++) {
+		const struct pipe_entry *e = &sc->e[k];
+		int q = e->repeat * M + e->mb, rt = T - 1 - e->iter;
+		if (e->stage != s)
+			continue;
+		if (e->op == PIPE_FORWARD)
+			fo[q].from = e->iter;
+		else if (e->op == PIPE_SEND)
+			fo[q].until = e->peer == s ? e->iter : e->peer_iter;
+		else if (e->op == PIPE_GIVE_OUTPUT)
+			fo[q].until = pipe_owner(p, e->mb) == s ? e->iter : 1 << 30;
+		else if (e->op == PIPE_TAKE_DOUT || e->op == PIPE_RECV_GRAD)
+			fg[q].from = rt;
+		else if (e->op == PIPE_SEND_GRAD)
+			fg[q].until = e->peer == s ? rt : T - 1 - e->peer_iter;
+		else if (e->op == PIPE_GIVE_DIN)
+			fg[q].until = pipe_owner(p, e->mb) == s ? rt : 1 << 30;
+	}
+}
+
+/* No two slots sharing a buffer live at once; n buffers are all used. */
+static void check_buffers(const struct life *lv, const int *buf_of, int RM, int n)
+{
+	int used[1024] = { 0 };
+	ck_assert_int_le(n, RM);
+	for (int a = 0; a < RM; a++) {
+		ck_assert(buf_of[a] >= 0 && buf_of[a] < n);
+		used[buf_of[a]] = 1;
+		for (int b = 0; b < RM; b++) {
+			if (a == b || buf_of[a] != buf_of[b])
+				continue;
+			/* one ends (its receiver took it) before the other starts */
+			ck_assert_msg(lv[a].until < lv[b].from || lv[b].until < lv[a].from,
+				      "slots %d and %d share buffer %d", a, b, buf_of[a]);
+		}
+	}
+	for (int b = 0; b < n; b++)
+		ck_assert(used[b]);
+}
+
+/* The executor's buffers: R*M saved inputs, outputs and gradients reused
+ * only once their receiver took them, four per owned microbatch. */
+START_TEST(test_buffers)
+{
+	static struct pipe_shape sh[MAX_SHAPES];
+	int n = sweep(sh, 1, 5, 1, PIPE_W_ITER);
+	for (int i = 0; i < n; i++) {
+		struct pipe_schedule sc;
+		int RM = sh[i].repeats * sh[i].microbatches;
+		ck_assert_int_eq(pipe_schedule_circular(&sc, &sh[i], err, sizeof(err)), 0);
+		int *oo = malloc(sizeof(int) * (size_t)RM), *go = malloc(sizeof(int) * (size_t)RM);
+		struct life *fo = calloc((size_t)RM, sizeof(*fo)), *fg = calloc((size_t)RM, sizeof(*fg));
+		for (int s = 0; s < sh[i].stages; s++) {
+			struct pipe_bufs b;
+			ck_assert_int_eq(pipe_stage_bufs(&sc, s, &b, oo, go), 0);
+			ck_assert_int_eq(b.saved, RM);
+			ck_assert_int_eq(b.owned, sh[i].microbatches / sh[i].stages);
+			ck_assert_int_eq(pipe_bufs_total(&b), RM + b.out + b.grad + 4 * b.owned + 1);
+			slot_lives(&sc, s, fo, fg);
+			check_buffers(fo, oo, RM, b.out);
+			check_buffers(fg, go, RM, b.grad);
+		}
+		free(oo);
+		free(go);
+		free(fo);
+		free(fg);
+		pipe_schedule_release(&sc);
+	}
+}
+END_TEST
+
 START_TEST(test_shape_refused)
 {
 	struct pipe_schedule sc;
@@ -693,9 +775,20 @@ START_TEST(test_command)
 	ck_assert_int_eq(row_cells(out, "\nstage 0", cells), 19);
 	ck_assert_str_eq(cells[15], "7.1");
 	ck_assert_str_eq(cells[16], ".");
-	/* stage 0 holds M - d(S-1) = 5 microbatches for the circular hop */
-	ck_assert_msg(strstr(out, "circular storage, stage 0 (5)"), "%s", out);
-	ck_assert_msg(strstr(out, "saved stage inputs (16)"), "%s", out);
+	/* M - d(S-1) = 5 microbatches wait for the circular hop; each stage
+	 * saves R*M = 16 inputs; stage 0 holds the circular gradients (7 grad
+	 * buffers), stage 3 the circular outputs (7 out buffers) */
+	ck_assert_msg(strstr(out, "circular storage: stage 3's outputs waiting for stage 0, at most 5"),
+		      "%s", out);
+	ck_assert_int_eq(row_cells(out, "\n  0 ", cells), 7);
+	ck_assert_str_eq(cells[0], "16");
+	ck_assert_str_eq(cells[1], "2");
+	ck_assert_str_eq(cells[2], "7");
+	ck_assert_str_eq(cells[3], "2");
+	ck_assert_str_eq(cells[5], "34");
+	ck_assert_int_eq(row_cells(out, "\n  3 ", cells), 7);
+	ck_assert_str_eq(cells[1], "7");
+	ck_assert_str_eq(cells[2], "2");
 
 	/* the delay: M defaults to 2S = 8, T = 2*8 + 2*3 = 22 */
 	rc = run_meshrun("schedule --config configs/llama-tiny.yml ici_pipeline_parallelism=4 "
@@ -723,6 +816,7 @@ int main(void)
 	tcase_add_test(tc, test_table_matches_formulas);
 	tcase_add_test(tc, test_layers_in_sequence);
 	tcase_add_test(tc, test_shape_refused);
+	tcase_add_test(tc, test_buffers);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("weights");
 	tcase_set_timeout(tc, 60);

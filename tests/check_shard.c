@@ -482,6 +482,19 @@ START_TEST(test_cli_zero1)
 }
 END_TEST
 
+/* a pipeline with repeats: the stage order of stacked layers is said */
+START_TEST(test_cli_stage_order)
+{
+	int rc = run_meshrun("shardings --config configs/llama-tiny.yml ici_data_parallelism=1 "
+			     "ici_pipeline_parallelism=2 base_num_decoder_layers=8 "
+			     "num_pipeline_microbatches=4", out, sizeof(out));
+	ck_assert_int_eq(rc, 0);
+	ck_assert_msg(strstr(out, "pipeline: 2 stages x 4 repeats x 1 layers per stage; stacked layers "
+				  "are stored in stage order: stage s holds layers (r*2 + s)*1 .. +0 for "
+				  "r = 0..3") && strstr(out, "stage 0: 0..0 2..2 4..4 6..6\n"), "%s", out);
+}
+END_TEST
+
 START_TEST(test_cli_indivisible)
 {
 	/* 3 query heads of 32 cannot be split over tensor=2 */
@@ -555,6 +568,7 @@ int main(void)
 	tcase_add_test(tc, test_cli_llama);
 	tcase_add_test(tc, test_cli_zero1);
 	tcase_add_test(tc, test_cli_indivisible);
+	tcase_add_test(tc, test_cli_stage_order);
 	tcase_add_test(tc, test_cli_exp_on_fsdp);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);

@@ -123,6 +123,33 @@ static int add_activation(struct table *t, const struct shard_rules *r, const st
 	return 0;
 }
 
+/* With a pipeline over `stage`: which layers each stage stores. Stacked
+ * tensors keep their layers in stage order (host/model/model.h), so the
+ * block of `layers` split over `stage` is what the stage runs. */
+static void print_stage_order(const struct cfg *c, const struct model_dims *d)
+{
+	struct pipe_config pc;
+	char why[512];
+	if (c->ici[AX_STAGE] * c->dcn[AX_STAGE] <= 1)
+		return;
+	if (pipe_config_resolve(&pc, c, d, why, sizeof(why))) {
+		printf("pipeline: %s\n", why);
+		return;
+	}
+	int S = pc.shape.stages, R = pc.shape.repeats, lps = pc.shape.layers_per_stage;
+	if (R > 1)
+		printf("pipeline: %d stages x %d repeats x %d layers per stage; stacked layers are stored "
+		       "in stage order: stage s holds layers (r*%d + s)*%d .. +%d for r = 0..%d",
+		       S, R, lps, S, lps, lps - 1, R - 1);
+	else
+		printf("pipeline: %d stages x %d layers per stage; stage s holds layers s*%d .. +%d", S,
+		       lps, lps, lps - 1);
+	printf(" (of the pipelined ones, from decoder layer %d), e.g. stage 0:", pc.first_layer);
+	for (int r = 0; r < R && r < 4; r++)
+		printf(" %d..%d", pc.first_layer + r * S * lps, pc.first_layer + r * S * lps + lps - 1);
+	printf("%s\n", R > 4 ? " ..." : "");
+}
+
 int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t errlen)
 {
 	int rc = -EINVAL;
@@ -216,6 +243,7 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 		if (m.size[a] > 1)
 			printf(" %s=%d", mesh_axis_names[a], m.size[a]), shown++;
 	printf("%s\n", shown ? "" : " every axis 1");
+	print_stage_order(c, &d);
 	printf("rules: %d from logical_axis_rules%s%s\n", c->logical_axis_rules.n,
 	       c->custom_mesh_and_rule[0] ? ", custom_mesh_and_rule=" : "", c->custom_mesh_and_rule);
 	printf("\nparameters\n");

@@ -19,7 +19,17 @@
 /* ---- allocation ---- */
 
 /* The activations (every layer's saved ones, the residual stream, the
- * head's) and the backward's scratch, cut out of one allocation. */
+ * head's) and the backward's scratch, cut out of one allocation.
+ *
+ * A pipeline stage runs Lps layers at once (model_layers_forward over one
+ * slot's layers), and the executor recomputes each slot's forward right
+ * before its backward, so what a layer saved is read only by the backward
+ * of the call that saved it: the stage stores the saved activations of
+ * act_layers layers (Lps, or the layers outside the pipeline if more),
+ * layer l in storage l mod act_layers (the first layer of that residue
+ * and kind, dense or MoE), not of all L. A call over more than act_layers
+ * layers is refused. The layers outside the pipeline pair their calls the
+ * same way (forward then backward, or a recompute right before it). */
 
 struct arena {
 	char *base;
@@ -48,9 +58,16 @@ static void lay_out(struct model *m, struct arena *a)
 		big = big > N * SF ? big : N * SF;
 	}
 
-	m->resid = TAKEF(a, (d->L + 1) * N * C);
+	m->resid = TAKEF(a, (size_t)(m->act_layers + 1) * N * C);
 	for (int l = 0; l < d->L; l++) {
 		struct layer_acts *x = &m->la[l];
+		int q = l % m->act_layers;
+		while (q < l && (q < d->L_dense) != (l < d->L_dense))
+			q += m->act_layers;
+		if (q < l) {  /* shares layer q's storage */
+			*x = m->la[q];
+			continue;
+		}
 		x->ln1 = TAKEF(a, N * C);
 		x->rstd1 = TAKEF(a, N);
 		x->q = TAKEF(a, N * QD);
@@ -182,6 +199,21 @@ struct model *model_plan_new(const struct model_dims *d, const struct model_mesh
 	return model_make(d, mm, err, errlen);
 }
 
+/* Layers whose saved activations a device stores: on a stage of a
+ * pipeline, the most one call runs: Lps = P / (S R) pipelined layers, or
+ * the layers outside the pipeline before it or after it (each run in one
+ * call by a microbatch's owner); else L. */
+static int act_layers(const struct model *m)
+{
+	int SR = m->pipe_stages * (m->pipe_repeats > 1 ? m->pipe_repeats : 1);
+	int P = m->pipe_layers > 0 ? m->pipe_layers : m->d.L;
+	if (m->pipe_stages < 2 || P % SR)
+		return m->d.L;
+	int before = m->pipe_first, after = m->d.L - m->pipe_first - P, n = P / SR;
+	n = before > n ? before : n;
+	return after > n ? after : n;
+}
+
 struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
 			char *err, size_t errlen)
 {
@@ -193,6 +225,7 @@ struct model *model_new(const struct model_dims *d, int B, const struct model_me
 	m->N = B * d->T;
 	if (m->rmax == 0)
 		m->rmax = 1;
+	m->act_layers = act_layers(m);
 	m->la = calloc((size_t)d->L, sizeof(*m->la));
 	m->params = aligned_alloc(64, ((m->numel * sizeof(float)) + 63) & ~(size_t)63);
 	m->grads = aligned_alloc(64, ((m->numel * sizeof(float)) + 63) & ~(size_t)63);
@@ -272,12 +305,12 @@ int model_embed_backward(struct model *m, const float *dx0, const int32_t *input
  * slot for it. */
 static float *layer_input(struct model *m, int l, int l0, const float *x)
 {
-	return l == l0 ? (float *)x : m->resid + (size_t)l * m->N * m->l.C;
+	return l == l0 ? (float *)x : m->resid + (size_t)(l % m->act_layers) * m->N * m->l.C;
 }
 
 int model_layers_forward(struct model *m, int l0, int l1, float *y, const float *x)
 {
-	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L);
+	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->act_layers);
 	for (int l = l0; l < l1; l++)
 		layer_forward(m, l, l + 1 == l1 ? y : layer_input(m, l + 1, l0, x), layer_input(m, l, l0, x));
 	return m->hook_rc;
@@ -285,7 +318,7 @@ int model_layers_forward(struct model *m, int l0, int l1, float *y, const float 
 
 int model_layers_backward(struct model *m, int l0, int l1, float *d, const float *x)
 {
-	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L);
+	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->act_layers);
 	for (int l = l1 - 1; l >= l0; l--)
 		layer_backward(m, l, d, layer_input(m, l, l0, x));
 	return m->hook_rc;
@@ -353,8 +386,11 @@ int model_head_backward(struct model *m, float *dx, const float *x, const int32_
 #define SLOT_NONLAYER 0
 #define SLOT_LAYER(l) (1 + ((l) & 1))
 
+/* The whole model's residual stream: every layer's activations are
+ * stored (act_layers = L) on a device that runs them all. */
 static float *resid(struct model *m, int l)
 {
+	assert(m->act_layers == m->d.L);
 	return m->resid + (size_t)l * m->N * m->l.C;
 }
 

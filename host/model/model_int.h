@@ -75,7 +75,13 @@ struct model {
 	size_t numel;
 	float *params, *grads;
 	/* activations */
-	float *resid;               /* [L+1, N, C]: slot l is layer l's input */
+	int act_layers;             /* layers whose saved activations are
+				     * stored: L, or in a pipeline stage the
+				     * Lps it runs at once (la[l] then shares
+				     * la[l mod Lps]'s storage, resid slot l
+				     * slot l mod Lps; see model_new) */
+	float *resid;               /* [act_layers + 1, N, C]: slot l is layer
+				     * l's input */
 	struct layer_acts *la;
 	float *lnf, *rstdf, *logits, *probs, *losses;
 	float *cos_t, *sin_t;

@@ -194,20 +194,38 @@ static int print_weights(const struct pipe_config *pc, const struct layer_bytes 
 static int print_memory(const struct pipe_schedule *sc, const struct shard_spec *in)
 {
 	struct pipe_stats st;
-	char label[64];
+	struct pipe_bufs b;
 	size_t act = in->local_bytes;
+	int S = sc->shape.stages, most = 0;
 	pipe_schedule_stats(sc, &st);
 	if (st.max_circ < 0)
 		return -ENOMEM;
 	printf("\nactivations per device (one microbatch's stage input: %d rows x %d x %d floats = "
-	       "%zu bytes)\n", in->local[0], in->local[1], in->local[2], act);
-	snprintf(label, sizeof(label), "saved stage inputs (%d)", st.saved_inputs);
-	print_bytes(label, act * (size_t)st.saved_inputs);
-	snprintf(label, sizeof(label), "circular storage, stage 0 (%d)", st.max_circ);
-	print_bytes(label, act * (size_t)st.max_circ);
-	snprintf(label, sizeof(label), "circular gradients, stage %d (%d)", sc->shape.stages - 1,
-		 st.max_circ_grad);
-	print_bytes(label, act * (size_t)st.max_circ_grad);
+	       "%zu bytes), the executor's buffers\n", in->local[0], in->local[1], in->local[2], act);
+	printf("  %-6s %6s %6s %6s %16s %8s %8s %16s\n", "stage", "saved", "out", "grad",
+	       "owned (x4 bufs)", "scratch", "buffers", "bytes");
+	for (int s = 0; s < S; s++) {
+		if (pipe_stage_bufs(sc, s, &b, NULL, NULL))
+			return -ENOMEM;
+		if (pipe_bufs_total(&b) > most)
+			most = pipe_bufs_total(&b);
+		if (s >= 3 && s < S - 1) {
+			if (s == 3)
+				printf("  ...\n");
+			continue;
+		}
+		printf("  %-6d %6d %6d %6d %16d %8d %8d %16zu\n", s, b.saved, b.out, b.grad, b.owned,
+		       b.scratch, pipe_bufs_total(&b), act * (size_t)pipe_bufs_total(&b));
+	}
+	print_bytes("most on one device", act * (size_t)most);
+	printf("  (saved: each active slot's stage input, R x M; out and grad: held until the "
+	       "receiver took them, then reused; owned: the microbatches m with m mod S = s)\n");
+	printf("  circular storage: stage %d's outputs waiting for stage 0, at most %d (in its out "
+	       "buffers), and stage 0's gradients waiting for stage %d, at most %d (in its grad "
+	       "buffers): sends wait for the receiver\n", S - 1, st.max_circ, S - 1, st.max_circ_grad);
+	printf("  besides these, the model keeps the per-layer activations of one microbatch through "
+	       "the %d layer%s a stage runs at once (each slot's forward is recomputed in its backward)\n",
+	       sc->shape.layers_per_stage, sc->shape.layers_per_stage == 1 ? "" : "s");
 	return 0;
 }
 

@@ -1,10 +1,14 @@
 /* See host/pipeline/exec.h. Buffers, each one microbatch of activations
- * (mb x T x C floats): in[m] the embedded microbatch m (made by its owner,
- * taken by stage 0); saved[r][m] the stage input of slot (r, m), kept for
- * the backward; out[r][m] its output (kept until the send completes);
- * g[r][m] the gradient of its output, then of its input; y[m], dy[m],
- * din[m] the owner's copies of the pipeline's output, its gradient and
- * the gradient of the embedding. */
+ * (mb x T x C floats), as many as pipe_stage_bufs reads off the table:
+ * saved[r M + m] the stage input of slot (r, m), kept for the backward;
+ * out[out_of[r M + m]] its output, until its receiver took it (the
+ * buffer's next user waits for that send first); g[grad_of[r M + m]]
+ * the gradient of its output, then of its input, likewise; in[m], y[m],
+ * dy[m], din[m] only for the microbatches m this stage owns (NULL for the
+ * others): the embedded microbatch (taken by stage 0), the pipeline's
+ * output, its gradient and the gradient of the embedding. Stage 0
+ * receives the other owners' inputs straight into saved[], stage S-1
+ * their output gradients straight into g[]. */
 #include "host/pipeline/exec.h"
 
 #include <errno.h>
@@ -30,6 +34,9 @@ struct pipe_exec {
 	int ntok;                    /* tokens of one microbatch */
 	float *mem;                  /* every buffer below */
 	float **in, **saved, **out, **g, **y, **dy, **din, *tmp;
+	int *out_of, *grad_of;       /* [R M]: each slot's out and g buffer */
+	struct pipe_sent *out_sent, *g_sent; /* each buffer's send not yet waited */
+	struct pipe_bufs nb;         /* how many of each */
 	size_t mem_n;
 	int poison;
 	bool *gzero;                 /* [grad_slots] the buffer's next BACKWARD zeroes it */
@@ -38,7 +45,12 @@ struct pipe_exec {
 	int ntimes;
 };
 
-static int owner(const struct pipe_exec *x, int mb) { return mb % x->sh.stages; }
+/* A send from a reused buffer: to dev (-1: none or waited), (kind, idx). */
+struct pipe_sent {
+	int dev, kind, idx;
+};
+
+static int owner(const struct pipe_exec *x, int mb) { return pipe_owner(&x->sh, mb); }
 
 /* Window slots (host/model/window.h): the non-layer tensors in 0, the
  * table's weight slot k in 1 + k (the model's window keeps the table's
@@ -86,28 +98,52 @@ static int check_layers(const struct pipe_exec *x, char *err, size_t errlen)
 	return 0;
 }
 
-/* The buffers, sized for tok tokens of width C per microbatch. */
+/* Points n entries of p at the next n buffers of the arena *at. */
+static void carve(float **p, int n, float **at, size_t nf)
+{
+	for (int i = 0; i < n; i++, *at += nf)
+		p[i] = *at;
+}
+
+/* The buffers the table needs (pipe_stage_bufs), sized for tok tokens of
+ * width C per microbatch. */
 static int alloc_bufs(struct pipe_exec *x, int tok, int C)
 {
-	int M = x->sh.microbatches, RM = x->sh.repeats * M;
-	size_t nbuf = (size_t)4 * M + 3 * (size_t)RM + 1;
+	int S = x->sh.stages, M = x->sh.microbatches, RM = x->sh.repeats * M;
+	struct pipe_bufs *b = &x->nb;
+	x->out_of = malloc(sizeof(int) * (size_t)RM);
+	x->grad_of = malloc(sizeof(int) * (size_t)RM);
+	if (!x->out_of || !x->grad_of || pipe_stage_bufs(&x->sch, x->stage, b, x->out_of, x->grad_of))
+		return -ENOMEM;
+	size_t nbuf = (size_t)pipe_bufs_total(b);
 	x->ntok = tok;
 	x->nf = (size_t)tok * C;
 	x->mem_n = nbuf * x->nf;
 	x->mem = malloc(sizeof(float) * x->mem_n);
-	float **p = malloc(sizeof(float *) * (4 * (size_t)M + 3 * (size_t)RM));
+	/* in, y, dy, din: M each (owned ones set); saved; out; g */
+	float **p = calloc(4 * (size_t)M + (size_t)RM + (size_t)b->out + (size_t)b->grad, sizeof(float *));
 	x->in = p;
-	if (!x->mem || !p)
+	x->out_sent = malloc(sizeof(*x->out_sent) * (size_t)(b->out + b->grad));
+	if (!x->mem || !p || !x->out_sent)
 		return -ENOMEM;
+	x->g_sent = x->out_sent + b->out;
 	x->y = p + M;
 	x->dy = p + 2 * M;
 	x->din = p + 3 * M;
 	x->saved = p + 4 * M;
 	x->out = x->saved + RM;
-	x->g = x->out + RM;
-	for (size_t i = 0; i < nbuf - 1; i++)
-		p[i] = x->mem + i * x->nf;
-	x->tmp = x->mem + (nbuf - 1) * x->nf;
+	x->g = x->out + b->out;
+	float *at = x->mem;
+	for (int mb = x->stage; mb < M; mb += S) {
+		carve(&x->in[mb], 1, &at, x->nf);
+		carve(&x->y[mb], 1, &at, x->nf);
+		carve(&x->dy[mb], 1, &at, x->nf);
+		carve(&x->din[mb], 1, &at, x->nf);
+	}
+	carve(x->saved, RM, &at, x->nf);
+	carve(x->out, b->out, &at, x->nf);
+	carve(x->g, b->grad, &at, x->nf);
+	x->tmp = at;
 	memset(x->mem, 0, sizeof(float) * x->mem_n);
 	return 0;
 }
@@ -156,6 +192,9 @@ void pipe_exec_free(struct pipe_exec *x)
 	free(x->times);
 	free(x->mem);
 	free(x->in);
+	free(x->out_of);
+	free(x->grad_of);
+	free(x->out_sent);
 	free(x);
 }
 
@@ -196,6 +235,33 @@ static int slot_of(const struct pipe_exec *x, const struct pipe_entry *e)
 	return e->repeat * x->sh.microbatches + e->mb;
 }
 
+/* Before a reused buffer is written: the send that read it last, waited
+ * (pipe_stage_bufs reuses it only after the receiver took that send). */
+static int reuse(const struct pipe_p2p *io, struct pipe_sent *ps)
+{
+	int rc = 0, dev = ps->dev;
+	ps->dev = -1;
+	if (dev >= 0)
+		rc = io->wait_send(io->ctx, dev, (uint32_t)ps->kind, (uint32_t)ps->idx);
+	return rc;
+}
+
+/* xfer_send from a reused buffer, remembering the send in *ps. */
+static int send_from(struct pipe_exec *x, const struct pipe_p2p *io, int to, int kind, int idx,
+		     const float *buf, float *self_dst, struct pipe_sent *ps)
+{
+	if (to != x->stage)
+		*ps = (struct pipe_sent){ .dev = x->stage_dev[to], .kind = kind, .idx = idx };
+	return xfer_send(x, io, to, kind, idx, buf, self_dst);
+}
+
+/* At the start of a step: the last step's flush waited every send. */
+static void forget_sends(struct pipe_exec *x)
+{
+	for (int b = 0; b < x->nb.out + x->nb.grad; b++)
+		x->out_sent[b].dev = -1;
+}
+
 static void layer_range(const struct pipe_exec *x, int repeat, int *l0, int *l1)
 {
 	*l0 = x->first_layer + pipe_layer(&x->sh, repeat, x->stage, 0);
@@ -233,10 +299,15 @@ static int run_weights(struct pipe_exec *x, const struct pipe_entry *e)
 /* One forward-pass entry of this stage. */
 static int run_fwd(struct pipe_exec *x, const struct pipe_entry *e, const struct pipe_p2p *io)
 {
-	int k = slot_of(x, e), l0, l1, rc = 0;
+	int k = slot_of(x, e), ob = x->out_of[k], l0, l1, rc = 0;
 	double t0;
 	switch (e->op) {
 	case PIPE_TAKE_INPUT:
+		/* another owner's input lands in the saved input at once */
+		if (!x->in[e->mb]) {
+			rc = xfer_recv(x, io, owner(x, e->mb), MSG_IN, e->mb, x->saved[k]);
+			break;
+		}
 		rc = xfer_recv(x, io, owner(x, e->mb), MSG_IN, e->mb, x->in[e->mb]);
 		memcpy(x->saved[k], x->in[e->mb], sizeof(float) * x->nf);
 		break;
@@ -246,15 +317,17 @@ static int run_fwd(struct pipe_exec *x, const struct pipe_entry *e, const struct
 	case PIPE_FORWARD:
 		layer_range(x, e->repeat, &l0, &l1);
 		t0 = util_now_s();
-		if (!(rc = win_wait(model_window(x->m), WSLOT(e->slot))))
-			rc = model_layers_forward(x->m, l0, l1, x->out[k], x->saved[k]);
+		if (!(rc = win_wait(model_window(x->m), WSLOT(e->slot))) &&
+		    !(rc = reuse(io, &x->out_sent[ob])))
+			rc = model_layers_forward(x->m, l0, l1, x->out[ob], x->saved[k]);
 		stamp(x, e, t0);
 		break;
 	case PIPE_SEND:
-		rc = xfer_send(x, io, e->peer, MSG_ACT, e->iter, x->out[k], NULL);
+		rc = send_from(x, io, e->peer, MSG_ACT, e->iter, x->out[ob], NULL, &x->out_sent[ob]);
 		break;
 	case PIPE_GIVE_OUTPUT:
-		rc = xfer_send(x, io, owner(x, e->mb), MSG_OUT, e->mb, x->out[k], x->y[e->mb]);
+		rc = send_from(x, io, owner(x, e->mb), MSG_OUT, e->mb, x->out[ob], x->y[e->mb],
+			       &x->out_sent[ob]);
 		break;
 	default:
 		break;
@@ -265,16 +338,23 @@ static int run_fwd(struct pipe_exec *x, const struct pipe_entry *e, const struct
 /* One backward-pass entry of this stage. */
 static int run_bwd(struct pipe_exec *x, const struct pipe_entry *e, const struct pipe_p2p *io)
 {
-	int k = slot_of(x, e), l0, l1, rc = 0;
+	int k = slot_of(x, e), gb = x->grad_of[k], l0, l1, rc = 0;
 	double t0;
 	switch (e->op) {
 	case PIPE_TAKE_DOUT:
+		if ((rc = reuse(io, &x->g_sent[gb])))
+			break;
+		if (!x->dy[e->mb]) {  /* another owner's: straight into g */
+			rc = xfer_recv(x, io, owner(x, e->mb), MSG_DOUT, e->mb, x->g[gb]);
+			break;
+		}
 		if ((rc = xfer_recv(x, io, owner(x, e->mb), MSG_DOUT, e->mb, x->dy[e->mb])))
 			break;
-		memcpy(x->g[k], x->dy[e->mb], sizeof(float) * x->nf);
+		memcpy(x->g[gb], x->dy[e->mb], sizeof(float) * x->nf);
 		break;
 	case PIPE_RECV_GRAD:
-		rc = xfer_recv(x, io, e->peer, MSG_GRAD, e->peer_iter, x->g[k]);
+		if (!(rc = reuse(io, &x->g_sent[gb])))
+			rc = xfer_recv(x, io, e->peer, MSG_GRAD, e->peer_iter, x->g[gb]);
 		break;
 	case PIPE_BACKWARD:
 		layer_range(x, e->repeat, &l0, &l1);
@@ -289,14 +369,15 @@ static int run_bwd(struct pipe_exec *x, const struct pipe_entry *e, const struct
 			rc = model_layers_forward(x->m, l0, l1, x->tmp, x->saved[k]);
 		}
 		if (!rc)
-			rc = model_layers_backward(x->m, l0, l1, x->g[k], x->saved[k]);
+			rc = model_layers_backward(x->m, l0, l1, x->g[gb], x->saved[k]);
 		stamp(x, e, t0);
 		break;
 	case PIPE_SEND_GRAD:
-		rc = xfer_send(x, io, e->peer, MSG_GRAD, e->iter, x->g[k], NULL);
+		rc = send_from(x, io, e->peer, MSG_GRAD, e->iter, x->g[gb], NULL, &x->g_sent[gb]);
 		break;
 	case PIPE_GIVE_DIN:
-		rc = xfer_send(x, io, owner(x, e->mb), MSG_DIN, e->mb, x->g[k], x->din[e->mb]);
+		rc = send_from(x, io, owner(x, e->mb), MSG_DIN, e->mb, x->g[gb], x->din[e->mb],
+			       &x->g_sent[gb]);
 		break;
 	default:
 		break;
@@ -450,6 +531,7 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	x->ntimes = 0;
 	for (int k = 0; k < x->sch.grad_slots; k++)
 		x->gzero[k] = true;
+	forget_sends(x);
 	model_step_begin(x->m, st);
 	/* the non-layer tensors stay gathered for the whole step */
 	struct win *w = model_window(x->m);

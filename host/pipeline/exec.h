@@ -47,12 +47,15 @@
 
 /* Point-to-point messages to another device. A message is named by
  * (kind, idx), unique within a step for a (sender, receiver) pair. send
- * starts the transfer and returns (buf stays untouched until flush);
- * recv waits for the message; flush waits for every send started. Each
+ * starts the transfer and returns (buf stays untouched until the send is
+ * waited: wait_send or flush); recv waits for the message; wait_send
+ * waits for the one send named (dev, kind, idx) of this step (0 at once
+ * if it was waited already); flush waits for every send started. Each
  * returns 0 or -errno (the caller keeps the message). */
 struct pipe_p2p {
 	int (*send)(void *ctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes);
 	int (*recv)(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes);
+	int (*wait_send)(void *ctx, int dev, uint32_t kind, uint32_t idx);
 	int (*flush)(void *ctx);
 	void *ctx;
 };

@@ -5,6 +5,7 @@
 #include "host/pipeline/schedule.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -384,6 +385,91 @@ void pipe_schedule_stats(const struct pipe_schedule *sc, struct pipe_stats *st)
 	st->max_circ_grad = max_running(bwd, T);
 	free(fwd);
 	free(bwd);
+}
+
+int pipe_owner(const struct pipe_shape *p, int mb)
+{
+	return mb % p->stages;
+}
+
+/* The lowest buffer free at pass time t among *n (one more if none). */
+static int buf_take(int *free_at, int *n, int t)
+{
+	int b = 0;
+	while (b < *n && free_at[b] > t)
+		b++;
+	if (b == *n)
+		(*n)++;
+	free_at[b] = INT_MAX;  /* busy until its send says when it frees */
+	return b;
+}
+
+/* When a buffer sent at pass time t to stage `to` (taken there at pass
+ * time taken) is free again; INT_MAX: not in this pass. */
+static int buf_free_at(int s, int to, int t, int taken)
+{
+	if (to == s)
+		return t + 1;  /* a copy */
+	return taken < 0 ? INT_MAX : taken + 1;
+}
+
+int pipe_stage_bufs(const struct pipe_schedule *sc, int s, struct pipe_bufs *b, int *out_of,
+		    int *grad_of)
+{
+	const struct pipe_shape *p = &sc->shape;
+	int M = p->microbatches, RM = p->repeats * M, T = sc->iterations;
+	int *fo = malloc(sizeof(int) * (size_t)RM), *fg = malloc(sizeof(int) * (size_t)RM);
+	int ob = -1, gb = -1;  /* the buffer of the slot in progress */
+	memset(b, 0, sizeof(*b));
+	if (!fo || !fg) {
+		free(fo);
+		free(fg);
+		return -ENOMEM;
+	}
+	for (int k = 0; k < sc->n; k++) {
+		const struct pipe_entry *e = &sc->e[k];
+		int slot = e->repeat * M + e->mb, rt = T - 1 - e->iter;
+		if (e->stage != s)
+			continue;
+		switch (e->op) {
+		case PIPE_FORWARD:
+			b->saved++;
+			ob = buf_take(fo, &b->out, e->iter);
+			if (out_of)
+				out_of[slot] = ob;
+			break;
+		case PIPE_SEND:
+			fo[ob] = buf_free_at(s, e->peer, e->iter, e->peer_iter);
+			break;
+		case PIPE_GIVE_OUTPUT:
+			fo[ob] = buf_free_at(s, pipe_owner(p, e->mb), e->iter, -1);
+			break;
+		case PIPE_TAKE_DOUT:
+		case PIPE_RECV_GRAD:
+			gb = buf_take(fg, &b->grad, rt);
+			if (grad_of)
+				grad_of[slot] = gb;
+			break;
+		case PIPE_SEND_GRAD:
+			fg[gb] = buf_free_at(s, e->peer, rt, T - 1 - e->peer_iter);
+			break;
+		case PIPE_GIVE_DIN:
+			fg[gb] = buf_free_at(s, pipe_owner(p, e->mb), rt, -1);
+			break;
+		default:
+			break;
+		}
+	}
+	b->owned = M / p->stages;
+	b->scratch = 1;
+	free(fo);
+	free(fg);
+	return 0;
+}
+
+int pipe_bufs_total(const struct pipe_bufs *b)
+{
+	return b->saved + b->out + b->grad + 4 * b->owned + b->scratch;
 }
 
 const char *pipe_op_name(enum pipe_op op)

@@ -151,6 +151,41 @@ struct pipe_stats {
 };
 void pipe_schedule_stats(const struct pipe_schedule *s, struct pipe_stats *st);
 
+/* The stage that embeds microbatch mb and computes its loss (the layers
+ * outside the pipeline run data-parallel over `stage`): mb mod S. */
+int pipe_owner(const struct pipe_shape *p, int mb);
+
+/* The activation buffers one device of stage s allocates to run the
+ * table, each one microbatch's stage input ([microbatch rows, T, C]),
+ * read off the table: the executor allocates exactly these and
+ * `meshrun schedule` prints them. */
+struct pipe_bufs {
+	int saved;   /* stage inputs of its active slots, from the forward to
+		      * the backward that recomputes from them: R*M */
+	int out;     /* forward outputs, each from its FORWARD until its
+		      * receiver took it */
+	int grad;    /* gradients, each from its arrival (TAKE_DOUT,
+		      * RECV_GRAD) until the receiver of the input gradient
+		      * took it */
+	int owned;   /* microbatches the stage owns (pipe_owner): M/S, each
+		      * with four buffers: its input, the pipeline's output,
+		      * that output's gradient, the input's gradient */
+	int scratch; /* the recompute's output in the backward: 1 */
+};
+
+/* The buffers of stage s. A buffer taken at pass time t (forward:
+ * iteration i; backward: T-1-i) is free for another slot from the
+ * iteration after its receiver took it (a RECV at iteration j frees it
+ * at j + 1; a copy to this stage at once); an output leaving the
+ * pipeline for another stage (GIVE_OUTPUT, GIVE_DIN) is taken after the
+ * pass and never reused in it. The lowest free buffer is taken. out_of
+ * and grad_of (each R*M ints, slot repeat*M + mb; either may be NULL)
+ * receive each slot's output and gradient buffer. 0 or -ENOMEM. */
+int pipe_stage_bufs(const struct pipe_schedule *sc, int s, struct pipe_bufs *b, int *out_of,
+		    int *grad_of);
+/* Every buffer of b. */
+int pipe_bufs_total(const struct pipe_bufs *b);
+
 const char *pipe_op_name(enum pipe_op op);
 const char *pipe_wmode_name(enum pipe_wmode m);
 

@@ -35,6 +35,13 @@ struct axes_group {
 
 #define MAX_AXES_GROUPS 16
 
+/* A point-to-point send not yet waited, by its name. */
+struct p2p_send {
+	struct xreq *r;
+	int dev;
+	uint32_t kind, idx;
+};
+
 struct job_ctx {
 	struct coll_dev *coll;
 	const struct mesh *mesh;
@@ -53,7 +60,7 @@ struct job_ctx {
 	int host;
 	int64_t step;
 	struct trainer *t;
-	struct xreq **sends;        /* point-to-point sends not yet waited */
+	struct p2p_send *sends;     /* point-to-point sends not yet waited */
 	int nsends, capsends;
 };
 
@@ -245,7 +252,7 @@ static int job_p2p_send(void *vctx, int dev, uint32_t kind, uint32_t idx, const 
 	struct xreq *r;
 	if (c->nsends == c->capsends) {
 		int cap = c->capsends ? 2 * c->capsends : 64;
-		struct xreq **n = realloc(c->sends, sizeof(*n) * (size_t)cap);
+		struct p2p_send *n = realloc(c->sends, sizeof(*n) * (size_t)cap);
 		if (!n) {
 			snprintf(c->err, c->errlen, "train: out of memory");
 			return -ENOMEM;
@@ -258,7 +265,7 @@ static int job_p2p_send(void *vctx, int dev, uint32_t kind, uint32_t idx, const 
 		xport_failed(c->xport, c->err, c->errlen);
 		return rc == -ENOMEM ? rc : -EHOSTDOWN;
 	}
-	c->sends[c->nsends++] = r;
+	c->sends[c->nsends++] = (struct p2p_send){ .r = r, .dev = dev, .kind = kind, .idx = idx };
 	return 0;
 }
 
@@ -281,13 +288,31 @@ static int job_p2p_recv(void *vctx, int dev, uint32_t kind, uint32_t idx, void *
 	return rc ? (rc == -ENOMEM ? rc : -EHOSTDOWN) : 0;
 }
 
+/* Waits for one send of this step (the executor reuses its buffer). */
+static int job_p2p_wait_send(void *vctx, int dev, uint32_t kind, uint32_t idx)
+{
+	struct job_ctx *c = vctx;
+	for (int i = 0; i < c->nsends; i++) {
+		struct p2p_send *p = &c->sends[i];
+		if (p->dev != dev || p->kind != kind || p->idx != idx)
+			continue;
+		double t0 = util_now_s();
+		int rc = xport_wait(p->r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
+		*p = c->sends[--c->nsends];
+		c->waited_s += util_now_s() - t0;
+		trace_span(c->tr, "stage send wait", "comm", t0, util_now_s());
+		return rc ? -EHOSTDOWN : 0;
+	}
+	return 0;
+}
+
 static int job_p2p_flush(void *vctx)
 {
 	struct job_ctx *c = vctx;
 	int rc = 0;
 	double t0 = util_now_s();
 	for (int i = 0; i < c->nsends; i++) {
-		int r = xport_wait(c->sends[i], xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
+		int r = xport_wait(c->sends[i].r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
 				   rc ? NULL : c->err, rc ? 0 : c->errlen);
 		if (r && !rc)
 			rc = -EHOSTDOWN;
@@ -526,7 +551,8 @@ int train_job(struct device_ctx *dev)
 			.start_all_gather = job_start_all_gather,
 			.start_reduce_scatter = job_start_reduce_scatter, .wait = job_wait, .ctx = &jc },
 		.sum = job_sum, .err = err, .errlen = errlen,
-		.p2p = { .send = job_p2p_send, .recv = job_p2p_recv, .flush = job_p2p_flush, .ctx = &jc },
+		.p2p = { .send = job_p2p_send, .recv = job_p2p_recv, .flush = job_p2p_flush,
+			 .wait_send = job_p2p_wait_send, .ctx = &jc },
 	};
 	if (o->trace) {
 		jc.tr = malloc(sizeof(*jc.tr));
