@@ -331,7 +331,8 @@ void rdv_link_resumed(struct link *l, const Meshrun__LinkHello *h)
 	struct net *n = l->net;
 	char why[300];
 	struct wire_self self = net_wire_self(n);
-	if (wire_check_link_answer(&self, l->peer, l->addr, true, h, why, sizeof(why))) {
+	if (wire_check_link_answer(&self, l->peer, l->addr, true, h, why, sizeof(why)) ||
+	    wire_check_resume_seq(h->host_id, h->last_seq, l->tx_seq, why, sizeof(why))) {
 		status_log(n, "%s", why);
 		link_conn_failed(l, -EPROTO, why);
 		return;
@@ -388,6 +389,7 @@ void rdv_accept_link_hello(struct link *l, const Meshrun__LinkHello *h)
 		.exists = o != NULL,
 		.resumable = n->replay_cap && o && o->was_up &&
 			     (o->state == LS_UP || o->state == LS_BROKEN),
+		.tx_seq = o ? o->tx_seq : 0,
 	};
 	if (wire_check_link_join(&v, h, why, sizeof(why))) {
 		rdv_refuse_conn(l, why);

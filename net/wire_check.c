@@ -202,6 +202,16 @@ int wire_check_link_hello(const struct wire_self *s, const Meshrun__LinkHello *h
 	return 0;
 }
 
+int wire_check_resume_seq(unsigned host, uint64_t last_seq, uint64_t tx_seq, char *err,
+			  size_t errlen)
+{
+	if (last_seq <= tx_seq)
+		return 0;
+	snprintf(err, errlen, "host %u resumes after frame %llu, but only %llu were sent to it",
+		 host, (unsigned long long)last_seq, (unsigned long long)tx_seq);
+	return -EBADMSG;
+}
+
 int wire_check_link_join(const struct wire_link_view *v, const Meshrun__LinkHello *h,
 			 char *err, size_t errlen)
 {
@@ -210,6 +220,8 @@ int wire_check_link_join(const struct wire_link_view *v, const Meshrun__LinkHell
 			 h->host_id);
 		return -EBADMSG;
 	}
+	if (h->resume && wire_check_resume_seq(h->host_id, h->last_seq, v->tx_seq, err, errlen))
+		return -EBADMSG;
 	if (!h->resume && v->exists) {
 		snprintf(err, errlen, "duplicate link from host %u", h->host_id);
 		return -EBADMSG;

@@ -97,10 +97,17 @@ int wire_check_link_hello(const struct wire_self *s, const Meshrun__LinkHello *h
 struct wire_link_view {
 	bool exists;                   /* a link to that host */
 	bool resumable;                /* recovery on, it ran and is UP or BROKEN */
+	uint64_t tx_seq;               /* the last link_seq it sent */
 };
 
+/* A resume from host `host` after its frame last_seq: it cannot have
+ * received more than the tx_seq frames this side sent (a replay from
+ * there would skip frames it never had). 0 or -EBADMSG. */
+int wire_check_resume_seq(unsigned host, uint64_t last_seq, uint64_t tx_seq, char *err,
+			  size_t errlen);
 /* The acceptor's check after the certificate: a resume needs a link that
- * can resume, a new link needs none yet. 0 or -EBADMSG. */
+ * can resume (and wire_check_resume_seq), a new link needs none yet. 0 or
+ * -EBADMSG. */
 int wire_check_link_join(const struct wire_link_view *v, const Meshrun__LinkHello *h,
 			 char *err, size_t errlen);
 /* The dialer's check of the answer from host peer (at addr): that host,

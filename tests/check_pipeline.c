@@ -40,6 +40,18 @@ START_TEST(test_s4_r1_m4)
 			"base_num_decoder_layers=4");
 }
 END_TEST
+/* MaxText's circular cases at S=4 with 8 layers (R=2): extra
+ * microbatches (M=8), and delayed forwarding (M=8, d=2); M=S is in
+ * test_idle_slots_poisoned */
+START_TEST(test_s4_r2_m8)
+{
+	equivalence_opt(LLAMA, 1, 4, "ici_data_parallelism=1 ici_pipeline_parallelism=4 "
+			"num_pipeline_microbatches=8", "base_num_decoder_layers=8");
+	equivalence_opt(LLAMA, 1, 4, "ici_data_parallelism=1 ici_pipeline_parallelism=4 "
+			"num_pipeline_microbatches=8 pipeline_delay_activation_forwarding=true",
+			"base_num_decoder_layers=8");
+}
+END_TEST
 /* the delay d=2: S=2 M=4, R=1 and R=2 */
 START_TEST(test_delay)
 {
@@ -374,6 +386,7 @@ int main(void)
 	tcase_add_test(tc, test_s2_r1_m2);
 	tcase_add_test(tc, test_s2_r2_m4);
 	tcase_add_test(tc, test_s4_r1_m4);
+	tcase_add_test(tc, test_s4_r2_m8);
 	tcase_add_test(tc, test_delay);
 	tcase_add_test(tc, test_lps2);
 	tcase_add_test(tc, test_dcn_stages);

@@ -194,6 +194,17 @@ START_TEST(test_link_hello)
 	ck_err(wire_check_link_join(&up, &h, err, sizeof(err)), 0, "");
 	ck_err(wire_check_link_join(&none, &h, err, sizeof(err)), -EBADMSG,
 	       "host 0 asked to resume a link that is not running");
+	/* a resume after a frame never sent (the link sent 5) */
+	struct wire_link_view sent5 = { .exists = true, .resumable = true, .tx_seq = 5 };
+	h.last_seq = 5;
+	ck_err(wire_check_link_join(&sent5, &h, err, sizeof(err)), 0, "");
+	h.last_seq = 6;
+	ck_err(wire_check_link_join(&sent5, &h, err, sizeof(err)), -EBADMSG,
+	       "host 0 resumes after frame 6, but only 5 were sent to it");
+	ck_err(wire_check_resume_seq(2, 9, 8, err, sizeof(err)), -EBADMSG,
+	       "host 2 resumes after frame 9, but only 8 were sent to it");
+	ck_err(wire_check_resume_seq(2, 8, 8, err, sizeof(err)), 0, "");
+	h.last_seq = 0;
 	/* the dialer (host 1 dials host 2) */
 	h.host_id = 2;
 	ck_err(wire_check_link_answer(&s, 2, "a:1", true, &h, err, sizeof(err)), 0, "");

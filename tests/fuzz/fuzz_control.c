@@ -106,11 +106,13 @@ static void accept_link_hello(const struct wire_self *s, unsigned st,
 	FUZZ_CHECK((int)h->host_id >= 0 && (int)h->host_id < s->host_id);
 	FUZZ_CHECK(h->job_id == s->job_id);
 	struct wire_link_view v = { .exists = st & (CTL_JOINED | CTL_WAS_UP),
-				    .resumable = st & CTL_WAS_UP };
+				    .resumable = st & CTL_WAS_UP,
+				    .tx_seq = st & CTL_WAS_UP ? CTL_TX_SEQ : 0 };
 	rc = wire_check_link_join(&v, h, err, sizeof(err));
 	checked(rc, -EBADMSG, 0, err, "link_hello join");
-	/* a resume takes over a running link; a new link replaces none */
-	FUZZ_CHECK(rc || (h->resume ? v.resumable : !v.exists));
+	/* a resume takes over a running link; a new link replaces none; a
+	 * resume never asks for frames after the last one sent */
+	FUZZ_CHECK(rc || (h->resume ? v.resumable && h->last_seq <= v.tx_seq : !v.exists));
 }
 
 /* recv.c dispatch (dialer, a first link) and rendezvous.c rdv_link_resumed */
@@ -123,6 +125,11 @@ static void link_answer(const struct wire_self *s, unsigned st, const Meshrun__L
 	checked(rc, -EBADMSG, 0, err, "link_hello answer");
 	FUZZ_CHECK(rc || ((int)h->host_id == LM_PEER && h->job_id == s->job_id &&
 			  (!was_up || h->resume)));
+	if (rc || !was_up)
+		return;
+	rc = wire_check_resume_seq(h->host_id, h->last_seq, CTL_TX_SEQ, err, sizeof(err));
+	checked(rc, -EBADMSG, 0, err, "link_hello resume");
+	FUZZ_CHECK(rc || h->last_seq <= CTL_TX_SEQ);
 }
 
 /* recv.c dispatch before the hello */
