@@ -132,10 +132,10 @@ int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
 /* What a pipeline over `stage` trains with today: data (ZeRO-1 too),
  * tensor, tensor_transpose, expert and FSDP (any repeats, any of the
  * three weight modes) beside it; dense and MoE models, with decoder
- * layers outside the pipeline (weights gathered per iteration only).
- * Anything else is refused, naming its keys. */
-static int pipe_supported(const struct cfg *c, const struct model_dims *d, const struct pipe_config *pc,
-			  int rows, char *err, size_t errlen)
+ * layers outside the pipeline. Anything else is refused, naming its
+ * keys. */
+static int pipe_supported(const struct cfg *c, const struct pipe_config *pc, int rows, char *err,
+			  size_t errlen)
 {
 	static const int other[] = { AX_SEQUENCE, AX_CONTEXT };
 	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
@@ -146,12 +146,6 @@ static int pipe_supported(const struct cfg *c, const struct model_dims *d, const
 			 "fsdp_transpose, tensor, tensor_transpose and expert parallelism only; "
 			 "ici_/dcn_%s_parallelism=%d is not supported with it yet",
 			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
-		return -EINVAL;
-	}
-	if ((pc->layers_before || pc->layers_after) && pc->shape.wmode != PIPE_W_ITER) {
-		snprintf(err, errlen, "config: decoder layers outside the pipeline (%d of %d pipelined: "
-			 "pipeline_parallel_layers, first_num_dense_layers) with pipeline_fsdp_ag_once or "
-			 "pipeline_fsdp_ag_per_repeat are not supported yet", pc->layers, d->L);
 		return -EINVAL;
 	}
 	if (rows % pc->shape.microbatches) {
@@ -169,7 +163,7 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 	struct pipe_config pc;
 	int coord[AX_COUNT], S, rc, dev[MESH_MAX_DEVICES];
 	if ((rc = pipe_config_resolve(&pc, c, d, err, errlen)) ||
-	    (rc = pipe_supported(c, d, &pc, t->rows, err, errlen)))
+	    (rc = pipe_supported(c, &pc, t->rows, err, errlen)))
 		return rc;
 	int mb = t->rows / pc.shape.microbatches;
 	struct model_mesh pm = *mm;
