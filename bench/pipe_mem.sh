@@ -7,7 +7,7 @@
 #   fsdp+pp  S=2 (a stage a host) x FSDP=2, M=8  (dcn_pipeline=2 ici_fsdp=2)
 #   zero4    ZeRO-1 over data=4, no pipeline    (dcn_data=2 ici_data=2)
 #   zero+pp  S=2 x data=2 with ZeRO-1, M=8
-# Pipelines run 2 layers a stage (R=1: FSDP with repeats is refused).
+# Pipelines run 2 layers a stage (R=1).
 # Per run: the mean step time over steps >= 1, the CPU seconds of all its
 # processes per step (user + system over the whole run / steps: steadier
 # than step time on a shared machine), each host's agent's peak resident
