@@ -6,6 +6,8 @@
 # 2. The price of replay: `bench link` and `bench collectives --op
 #    all_reduce` at 16 MiB with recovery on (replay_buffer_bytes default)
 #    and off (replay_buffer_bytes=0), interleaved, ROUNDS rounds; medians.
+# 3. The same for llama-bench data-parallel training (2 hosts x 1 device,
+#    4 steps): the mean step time over steps 1-3, median over rounds.
 set -u
 B=${MESHRUN:-$(dirname "$0")/../build/meshrun}
 N=${1:-20}; R=${2:-5}
@@ -55,4 +57,25 @@ for l in open(sys.argv[1]):
 for (op, mode), v in sorted(d.items()):
     print(f"{op:10} recovery {mode:3}: busbw median {st.median(x[0] for x in v):.3f} GB/s, "
           f"cpu median {st.median(x[1] for x in v):.0f} us per iteration ({len(v)} rounds)")
+PY
+
+for i in $(seq "$R"); do
+  for r in on off; do
+    kv=""; [ $r = off ] && kv="replay_buffer_bytes=0"
+    "$B" local --hosts 2 --config configs/llama-bench.yml steps=4 $kv \
+      --metrics "$tmp/dp-$r-$i.jsonl" >/dev/null 2>&1
+    echo "$r $(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])][1:]; print(sum(x['step_time_s'] for x in r)/len(r))" "$tmp/dp-$r-$i.jsonl")"
+  done
+done >"$tmp/dp.txt"
+python3 - "$tmp/dp.txt" <<'PY'
+import statistics as st, sys
+d = {}
+for l in open(sys.argv[1]):
+    mode, s = l.split()
+    d.setdefault(mode, []).append(float(s))
+for mode, v in sorted(d.items()):
+    print(f"llama-bench data-parallel recovery {mode:3}: step median {st.median(v):.3f} s "
+          f"({' '.join('%.3f' % x for x in v)})")
+if 'on' in d and 'off' in d:
+    print(f"on / off: {st.median(d['on']) / st.median(d['off']):.3f}")
 PY
