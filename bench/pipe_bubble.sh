@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # bench/pipe_bubble.sh [STEPS]: the pipeline bubble of S=2 on 1 host x 2
-# devices (llama-tiny, 32 rows a step, 2 layers a stage, layers 4 or 8 so that R is 1 or 2), measured from
-# --trace by bench/pipe_bubble.py, for M in {2,4,8}, R in {1,2}, d in {1,2}.
+# devices (llama-tiny, 32 rows a step, 2 layers a stage, layers 4, 8 or 16 so that R is 1, 2 or 4), measured from
+# --trace by bench/pipe_bubble.py, for M in {2,4,8}, R in {1,2,4}, d in {1,2}.
 set -eu
 cd "$(dirname "$0")/.."
 steps=${1:-4}
 out=$(mktemp -d "${TMPDIR:-/tmp}/meshrun-bubble.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 for D in 1 2; do
-  for R in 1 2; do
+  for R in 1 2 4; do
     for M in 2 4 8; do
       [ "$D" = 2 ] && [ "$M" -lt 4 ] && continue   # the delay needs M >= 2S
       delay=false; [ "$D" = 2 ] && delay=true
