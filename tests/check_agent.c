@@ -45,29 +45,6 @@ static void setup(void)
 	proc_setup("check_agent", 4);
 }
 
-/* Runs `meshrun ARGS...` (NULL-terminated) as proc p. */
-static void run_meshrun(struct proc *p, const char *name, ...)
-{
-	static char store[MAXPROC][24][200];
-	static int slot;
-	char (*args)[200] = store[slot++ % MAXPROC];
-	char *argv[26];
-	va_list ap;
-	int n = 0;
-	snprintf(args[n], 200, "%s", meshrun());
-	argv[n] = args[n];
-	n++;
-	va_start(ap, name);
-	for (const char *a; n < 24 && (a = va_arg(ap, const char *));) {
-		snprintf(args[n], 200, "%s", a);
-		argv[n] = args[n];
-		n++;
-	}
-	va_end(ap);
-	argv[n] = NULL;
-	proc_start(p, name, argv, -1);
-}
-
 static char certs_kv[128], coord_kv[64];
 
 /* A long pingpong agent of a cluster of `hosts` with a 2 s heartbeat
@@ -80,7 +57,7 @@ static void long_agent(struct proc *p, const char *name, int host, int hosts, in
 	snprintf(hid, sizeof(hid), "--host-id=%d", host);
 	snprintf(nh, sizeof(nh), "--hosts=%d", hosts);
 	/* messages of 16 frames, so failures often land mid-message */
-	run_meshrun(p, name, "agent", hid, nh, "--listen=127.0.0.1:0", "--job=pingpong",
+	proc_meshrun(p, name, "agent", hid, nh, "--listen=127.0.0.1:0", "--job=pingpong",
 		    "--rounds=100000000", "--size=1M", certs_kv, coord_kv,
 		    "max_frame_bytes=65536", "segment_bytes=4096",
 		    "heartbeat_interval_s=0.25", "heartbeat_timeout_s=2", "connect_timeout_s=10",
@@ -90,7 +67,7 @@ static void long_agent(struct proc *p, const char *name, int host, int hosts, in
 START_TEST(test_pingpong_2_hosts)
 {
 	struct proc p;
-	run_meshrun(&p, "local", "local", "--hosts", "2", "--job", "pingpong", "--rounds", "20",
+	proc_meshrun(&p, "local", "local", "--hosts", "2", "--job", "pingpong", "--rounds", "20",
 		    "--size", "1M", (char *)NULL);
 	ck_assert_int_eq(proc_wait(&p, 60), 0);
 	ck_assert_file_has(p.out, "pingpong: 2 hosts x 1 devices, 20 rounds of 1048576 bytes: ok");
@@ -101,7 +78,7 @@ START_TEST(test_pingpong_3_hosts_fragments)
 {
 	struct proc p;
 	/* 1000003-byte messages in frames of at most 64 KiB, two devices a host */
-	run_meshrun(&p, "local", "local", "--hosts", "3", "--devices-per-host", "2", "--job",
+	proc_meshrun(&p, "local", "local", "--hosts", "3", "--devices-per-host", "2", "--job",
 		    "pingpong", "--rounds", "10", "--size", "1000003", "max_frame_bytes=65536",
 		    "segment_bytes=4096", (char *)NULL);
 	ck_assert_int_eq(proc_wait(&p, 60), 0);
@@ -112,9 +89,9 @@ END_TEST
 START_TEST(test_pingpong_small_and_empty)
 {
 	struct proc a, b;
-	run_meshrun(&a, "empty", "local", "--hosts", "3", "--job", "pingpong", "--rounds", "30",
+	proc_meshrun(&a, "empty", "local", "--hosts", "3", "--job", "pingpong", "--rounds", "30",
 		    "--size", "0", (char *)NULL);
-	run_meshrun(&b, "small", "local", "--hosts", "2", "--devices-per-host", "3", "--job",
+	proc_meshrun(&b, "small", "local", "--hosts", "2", "--devices-per-host", "3", "--job",
 		    "pingpong", "--rounds", "100", "--size", "13", (char *)NULL);
 	ck_assert_int_eq(proc_wait(&a, 60), 0);
 	ck_assert_int_eq(proc_wait(&b, 60), 0);
@@ -189,7 +166,7 @@ START_TEST(test_slow_finisher)
 	double t0 = now_s();
 	for (int i = 0; i < 3; i++) {
 		snprintf(hid[i], sizeof(hid[i]), "--host-id=%d", i);
-		run_meshrun(&h[i], i == 0 ? "h0" : i == 1 ? "h1" : "h2", "agent", hid[i], "--hosts=3",
+		proc_meshrun(&h[i], i == 0 ? "h0" : i == 1 ? "h1" : "h2", "agent", hid[i], "--hosts=3",
 			    "--listen=127.0.0.1:0", "--job=pingpong", "--rounds=20", "--size=64K",
 			    i == 2 ? "--hold-s=3" : "--hold-s=0", certs_kv, coord_kv,
 			    "heartbeat_interval_s=0.2", "heartbeat_timeout_s=1", (char *)NULL);
@@ -205,7 +182,7 @@ START_TEST(test_local_reports_failure)
 {
 	struct proc p;
 	/* every agent refuses the config: local says so and exits with it */
-	run_meshrun(&p, "local", "local", "--hosts", "2", "--job", "pingpong",
+	proc_meshrun(&p, "local", "local", "--hosts", "2", "--job", "pingpong",
 		    "dcn_data_parallelism=3", (char *)NULL);
 	ck_assert_int_eq(proc_wait(&p, 30), EXIT_CONFIG);
 	ck_assert_file_has(p.err, "dcn_* parallelism multiplies to 3 hosts, but the run has 2 hosts");
@@ -238,7 +215,7 @@ START_TEST(test_read_fairness)
 	snprintf(certs_kv, sizeof(certs_kv), "certs_dir=%s/certs", tmpdir);
 	snprintf(coord_kv, sizeof(coord_kv), "coordinator_address=127.0.0.1:%d", port);
 	snprintf(hid, sizeof(hid), "--host-id=1");
-	run_meshrun(&a, "agent", "agent", hid, "--hosts=2", "--listen=127.0.0.1:0", "--job=pingpong",
+	proc_meshrun(&a, "agent", "agent", hid, "--hosts=2", "--listen=127.0.0.1:0", "--job=pingpong",
 		    "--rounds=1", "--size=1K", certs_kv, coord_kv, "heartbeat_interval_s=0.05",
 		    "heartbeat_timeout_s=60", "collective_timeout_s=60", "connect_timeout_s=20",
 		    (char *)NULL);
@@ -550,15 +527,15 @@ START_TEST(test_config_errors)
 	fclose(y);
 	snprintf(cfgarg, sizeof(cfgarg), "--config=%s", yml);
 
-	run_meshrun(&a, "unknown", "agent", "--hosts=1", "--job=pingpong", "bogus_key=1", (char *)NULL);
-	run_meshrun(&b, "type", "agent", "--hosts=1", "--job=pingpong", "heartbeat_timeout_s=soon",
+	proc_meshrun(&a, "unknown", "agent", "--hosts=1", "--job=pingpong", "bogus_key=1", (char *)NULL);
+	proc_meshrun(&b, "type", "agent", "--hosts=1", "--job=pingpong", "heartbeat_timeout_s=soon",
 		    (char *)NULL);
-	run_meshrun(&c, "yaml", "agent", "--hosts=1", "--job=pingpong", cfgarg, (char *)NULL);
-	run_meshrun(&d, "mesh", "agent", "--hosts=2", "--host-id=0", "--job=pingpong",
+	proc_meshrun(&c, "yaml", "agent", "--hosts=1", "--job=pingpong", cfgarg, (char *)NULL);
+	proc_meshrun(&d, "mesh", "agent", "--hosts=2", "--host-id=0", "--job=pingpong",
 		    "dcn_data_parallelism=3", (char *)NULL);
-	run_meshrun(&e, "devices", "agent", "--hosts=1", "--devices-per-host=2", "--job=pingpong",
+	proc_meshrun(&e, "devices", "agent", "--hosts=1", "--devices-per-host=2", "--job=pingpong",
 		    "ici_data_parallelism=3", (char *)NULL);
-	run_meshrun(&f, "job", "agent", "--hosts=1", "--job=nope", (char *)NULL);
+	proc_meshrun(&f, "job", "agent", "--hosts=1", "--job=nope", (char *)NULL);
 
 	ck_assert_int_eq(proc_wait(&a, 20), EXIT_CONFIG);
 	ck_assert_file_has(a.err, "unknown key 'bogus_key'");
@@ -580,7 +557,7 @@ START_TEST(test_single_host)
 {
 	struct proc p;
 	/* one host needs no certificates and no sockets */
-	run_meshrun(&p, "one", "agent", "--hosts=1", "--devices-per-host=4", "--job=pingpong",
+	proc_meshrun(&p, "one", "agent", "--hosts=1", "--devices-per-host=4", "--job=pingpong",
 		    "--rounds=5", "--size=4K", "certs_dir=/nonexistent", (char *)NULL);
 	ck_assert_int_eq(proc_wait(&p, 20), 0);
 	ck_assert_file_has(p.out, "1 hosts x 4 devices, 5 rounds of 4096 bytes: ok");

@@ -150,26 +150,20 @@ static void setup(void)
  * after ours: a 2 s heartbeat timeout, our certificates, a free port. */
 static void run_local(struct proc *p, const char *name, ...)
 {
-	char a[32][200];
-	char *argv[34];
-	int n = 0;
-#define ARG(...) (snprintf(a[n], sizeof(a[n]), __VA_ARGS__), argv[n] = a[n], n++)
-	ARG("%s", meshrun());
-	ARG("local");
-	ARG("--hosts=2");
-	ARG("certs_dir=%s/certs", tmpdir);
-	ARG("coordinator_address=127.0.0.1:%d", free_port());
-	ARG("heartbeat_interval_s=0.25");
-	ARG("heartbeat_timeout_s=2");
-	ARG("connect_timeout_s=20");
+	struct proc_args pa;
 	va_list ap;
+	proc_args_meshrun(&pa);
+	proc_arg(&pa, "local");
+	proc_arg(&pa, "--hosts=2");
+	proc_arg(&pa, "certs_dir=%s/certs", tmpdir);
+	proc_arg(&pa, "coordinator_address=127.0.0.1:%d", free_port());
+	proc_arg(&pa, "heartbeat_interval_s=0.25");
+	proc_arg(&pa, "heartbeat_timeout_s=2");
+	proc_arg(&pa, "connect_timeout_s=20");
 	va_start(ap, name);
-	for (const char *s; n < 32 && (s = va_arg(ap, const char *));)
-		ARG("%s", s);
+	proc_args_va(&pa, ap);
 	va_end(ap);
-#undef ARG
-	argv[n] = NULL;
-	proc_start(p, name, argv, -1);
+	proc_start_args(p, name, &pa);
 }
 
 #define PINGPONG "--job=pingpong", "--size=1M", "--rounds=4"

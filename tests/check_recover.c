@@ -31,29 +31,6 @@ static void setup(void)
 	proc_setup("check_recover", 3);
 }
 
-/* Runs `meshrun ARGS...` (NULL-terminated) as proc p. */
-static void run_meshrun(struct proc *p, const char *name, ...)
-{
-	static char store[MAXPROC][24][200];
-	static int slot;
-	char (*args)[200] = store[slot++ % MAXPROC];
-	char *argv[26];
-	va_list ap;
-	int n = 0;
-	snprintf(args[n], 200, "%s", meshrun());
-	argv[n] = args[n];
-	n++;
-	va_start(ap, name);
-	for (const char *a; n < 24 && (a = va_arg(ap, const char *));) {
-		snprintf(args[n], 200, "%s", a);
-		argv[n] = args[n];
-		n++;
-	}
-	va_end(ap);
-	argv[n] = NULL;
-	proc_start(p, name, argv, -1);
-}
-
 /* Resets (ss -K) every established TCP connection to or from a port that
  * a process of group pgid listens on: every link its agents have. The
  * number of connections reset. */
@@ -112,7 +89,7 @@ START_TEST(test_reset_collectives)
 	const char *c = "4194304";
 	char counts[200];
 	snprintf(counts, sizeof(counts), "%s,%s,%s,%s", c, c, c, c);
-	run_meshrun(&p, "coll", "bench", "collectives", "--hosts", "3", "--check-counts", counts,
+	proc_meshrun(&p, "coll", "bench", "collectives", "--hosts", "3", "--check-counts", counts,
 		    (char *)NULL);
 	int killed = reset_during(&p, 2.0, 5, 2.0);
 	ck_assert_msg(proc_wait(&p, 200) == 0, "bench failed:\n%s\n%s", slurp(p.out), slurp(p.err));
@@ -150,11 +127,11 @@ START_TEST(test_reset_training)
 	char ma[300], mb[300];
 	snprintf(ma, sizeof(ma), "%s/a.jsonl", tmpdir);
 	snprintf(mb, sizeof(mb), "%s/b.jsonl", tmpdir);
-	run_meshrun(&a, "train_a", "local", "--hosts", "3", "--config", "configs/llama-tiny.yml",
+	proc_meshrun(&a, "train_a", "local", "--hosts", "3", "--config", "configs/llama-tiny.yml",
 		    "per_device_batch_size=2", "dcn_data_parallelism=3", "steps=80", "--metrics", ma,
 		    (char *)NULL);
 	ck_assert_msg(proc_wait(&a, 120) == 0, "undisturbed run failed:\n%s", slurp(a.err));
-	run_meshrun(&b, "train_b", "local", "--hosts", "3", "--config", "configs/llama-tiny.yml",
+	proc_meshrun(&b, "train_b", "local", "--hosts", "3", "--config", "configs/llama-tiny.yml",
 		    "per_device_batch_size=2", "dcn_data_parallelism=3", "steps=80", "--metrics", mb,
 		    (char *)NULL);
 	ck_assert_msg(proc_wait_output(&b, "completed step: 5,", 60), "no step 5:\n%s",
@@ -191,12 +168,12 @@ static void run_mesh(struct proc *p, const char *name, const char *config,
 	snprintf(metrics, sizeof(metrics), "--metrics=%s/%s.jsonl", tmpdir, name);
 	/* the keys last: the first NULL ends the list */
 	if (fault1)
-		run_meshrun(p, name, "local", "--hosts", "2", "--devices-per-host", "2", cfg,
+		proc_meshrun(p, name, "local", "--hosts", "2", "--devices-per-host", "2", cfg,
 			    "dcn_data_parallelism=1", "steps=10", "openblas_threads=1", metrics,
 			    "--fault", fault1, "--fault", fault2, k[0], k[1], k[2], k[3], k[4],
 			    (char *)NULL);
 	else
-		run_meshrun(p, name, "local", "--hosts", "2", "--devices-per-host", "2", cfg,
+		proc_meshrun(p, name, "local", "--hosts", "2", "--devices-per-host", "2", cfg,
 			    "dcn_data_parallelism=1", "steps=10", "openblas_threads=1", metrics,
 			    k[0], k[1], k[2], k[3], k[4], (char *)NULL);
 }
@@ -291,7 +268,7 @@ static void run_hole(struct proc *p, const char *name, const char *secs)
 {
 	char fault[80];
 	snprintf(fault, sizeof(fault), "blackhole:link=0-1:frame=20:s=%s", secs);
-	run_meshrun(p, name, "local", "--hosts", "2", "--job=pingpong", "--size=1M", "--rounds=8",
+	proc_meshrun(p, name, "local", "--hosts", "2", "--job=pingpong", "--size=1M", "--rounds=8",
 		    "heartbeat_interval_s=0.25", "heartbeat_timeout_s=2",
 		    "link_reconnect_timeout_s=30", "--fault", fault, (char *)NULL);
 }
@@ -404,7 +381,7 @@ START_TEST(test_refused_resume)
 	ck_assert_msg(ctx, "%s", err);
 	snprintf(certs_kv, sizeof(certs_kv), "certs_dir=%s", certs);
 	snprintf(coord_kv, sizeof(coord_kv), "coordinator_address=%s", addr);
-	run_meshrun(&a, "agent", "agent", "--host-id=1", "--hosts=2", "--listen=127.0.0.1:0",
+	proc_meshrun(&a, "agent", "agent", "--host-id=1", "--hosts=2", "--listen=127.0.0.1:0",
 		    "--job=pingpong", "--rounds=1", "--size=1K", certs_kv, coord_kv,
 		    "heartbeat_interval_s=0.05", "heartbeat_timeout_s=60", "collective_timeout_s=60",
 		    "connect_timeout_s=20", (char *)NULL);
@@ -478,7 +455,7 @@ START_TEST(test_reconnect_timeout)
 		char hid[32], name[8];
 		snprintf(hid, sizeof(hid), "--host-id=%d", i);
 		snprintf(name, sizeof(name), "h%d", i);
-		run_meshrun(&h[i], name, "agent", hid, "--hosts=2", "--listen=127.0.0.1:0",
+		proc_meshrun(&h[i], name, "agent", hid, "--hosts=2", "--listen=127.0.0.1:0",
 			    "--job=pingpong", "--rounds=100000000", "--size=1M", certs_kv, coord_kv,
 			    "heartbeat_interval_s=0.25", "heartbeat_timeout_s=30",
 			    "link_reconnect_timeout_s=2", "connect_timeout_s=10", (char *)NULL);

@@ -31,23 +31,17 @@ static void setup(void)
  * given (a NULL-terminated list). */
 static void local_vstart(struct proc *p, int hosts, const char *name, va_list ap)
 {
-	char a[32][300];
-	char *argv[34];
-	int n = 0;
-#define ARG(...) (snprintf(a[n], sizeof(a[n]), __VA_ARGS__), argv[n] = a[n], n++)
-	ARG("%s", meshrun());
-	ARG("local");
-	ARG("--hosts");
-	ARG("%d", hosts);
-	ARG("--config");
-	ARG("configs/llama-tiny.yml");
-	ARG("openblas_threads=1");
-	ARG("learning_rate_schedule_steps=24");
-	for (const char *s; (s = va_arg(ap, const char *)) && n < 32;)
-		ARG("%s", s);
-#undef ARG
-	argv[n] = NULL;
-	proc_start(p, name, argv, -1);
+	struct proc_args pa;
+	proc_args_meshrun(&pa);
+	proc_arg(&pa, "local");
+	proc_arg(&pa, "--hosts");
+	proc_arg(&pa, "%d", hosts);
+	proc_arg(&pa, "--config");
+	proc_arg(&pa, "configs/llama-tiny.yml");
+	proc_arg(&pa, "openblas_threads=1");
+	proc_arg(&pa, "learning_rate_schedule_steps=24");
+	proc_args_va(&pa, ap);
+	proc_start_args(p, name, &pa);
 }
 
 /* `meshrun local --hosts 2` */

@@ -13,6 +13,7 @@
 #include "host/model/model.h"
 #include "host/pipeline/pipe_config.h"
 #include "host/pipeline/schedule.h"
+#include "tests/proc.h"
 
 static char err[1024];
 
@@ -723,18 +724,19 @@ END_TEST
 
 /* ---- meshrun schedule ---- */
 
-/* Runs build/meshrun with args; stdout and stderr into out. Exit code. */
+/* Runs meshrun with args (proc_run: a timeout, nothing left behind);
+ * stdout and stderr into out. Exit code. */
 static int run_meshrun(const char *args, char *out, size_t outlen)
 {
-	const char *exe = getenv("MESHRUN");
-	char cmd[1024];
-	snprintf(cmd, sizeof(cmd), "%s %s 2>&1", exe && *exe ? exe : "build/meshrun", args);
-	FILE *f = popen(cmd, "r");
-	ck_assert_ptr_nonnull(f);
-	size_t n = fread(out, 1, outlen - 1, f);
-	out[n] = 0;
-	int st = pclose(f);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	struct proc p;
+	int rc = proc_run(&p, "schedule", args, 20);
+	snprintf(out, outlen, "%s", slurp(p.out));
+	return rc;
+}
+
+static void setup(void)
+{
+	proc_setup("check_schedule", 0);
 }
 
 /* The cells of the table row that starts with `label` (first block). */
@@ -831,6 +833,7 @@ int main(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("command");
 	tcase_set_timeout(tc, 30);
+	tcase_add_checked_fixture(tc, setup, NULL);
 	tcase_add_test(tc, test_command);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);

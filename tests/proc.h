@@ -14,6 +14,7 @@
 #include <ftw.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +108,60 @@ static inline void proc_spawn(struct proc *p, const char *name, char *const argv
 static inline void proc_start(struct proc *p, const char *name, char *const argv[], int in_fd)
 {
 	proc_spawn(p, name, argv, in_fd, false);
+}
+
+/* A meshrun command line built argument by argument: argv[0] is
+ * meshrun(); the strings live in the struct (proc_start forks, so a
+ * struct on the caller's stack is enough). */
+#define PROC_MAX_ARGS 40
+struct proc_args {
+	char a[PROC_MAX_ARGS][300];
+	char *argv[PROC_MAX_ARGS + 1];
+	int n;
+};
+
+/* Appends one printf-formatted argument. */
+__attribute__((format(printf, 2, 3)))
+static inline void proc_arg(struct proc_args *pa, const char *fmt, ...)
+{
+	va_list ap;
+	ck_assert_int_lt(pa->n, PROC_MAX_ARGS);
+	va_start(ap, fmt);
+	vsnprintf(pa->a[pa->n], sizeof(pa->a[0]), fmt, ap);
+	va_end(ap);
+	pa->argv[pa->n] = pa->a[pa->n];
+	pa->n++;
+}
+
+static inline void proc_args_meshrun(struct proc_args *pa)
+{
+	pa->n = 0;
+	proc_arg(pa, "%s", meshrun());
+}
+
+/* Appends the strings of a NULL-terminated list. */
+static inline void proc_args_va(struct proc_args *pa, va_list ap)
+{
+	for (const char *s; (s = va_arg(ap, const char *));)
+		proc_arg(pa, "%s", s);
+}
+
+static inline void proc_start_args(struct proc *p, const char *name, struct proc_args *pa)
+{
+	pa->argv[pa->n] = NULL;
+	proc_start(p, name, pa->argv, -1);
+}
+
+/* Starts `meshrun ARGS...` (a NULL-terminated list) as proc p. */
+static inline void proc_meshrun(struct proc *p, const char *name, ...)
+{
+	struct proc_args pa;
+	va_list ap;
+	proc_args_meshrun(&pa);
+	va_start(ap, name);
+	proc_args_va(&pa, ap);
+	va_end(ap);
+	proc_start_args(p, name, &pa);
 }
 
 static inline void proc_reaped(struct proc *p, int st)
