@@ -25,6 +25,7 @@
 #include "host/ckpt/safetensors.h"
 #include "host/config/config.h"
 #include "host/model/model.h"
+#include "host/util/fs.h"
 
 #define MAX_TENSORS 65536
 
@@ -225,24 +226,6 @@ static int sync_path(const char *path, char *err, size_t errlen)
 	return 0;
 }
 
-/* Removes a step directory: its files, then itself. */
-static void remove_step_dir(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char path[4400];
-	if (!d)
-		return;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		unlink(path);
-	}
-	closedir(d);
-	rmdir(dir);
-}
-
 /* "step-<digits>" (complete) or "step-<digits>.tmp" (being written). */
 static bool step_name(const char *name, int64_t *step, bool *tmp)
 {
@@ -273,7 +256,7 @@ static void prune(const char *dir, int64_t keep)
 		if (!step_name(e->d_name, &step, &tmp) || (!tmp && step >= keep))
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		remove_step_dir(path);
+		util_remove_flat_dir(path);
 	}
 	closedir(d);
 }
@@ -334,7 +317,7 @@ static int publish(const char *tmp, const char *final, char *err, size_t errlen)
 		return 0;
 	if ((errno == ENOTEMPTY || errno == EEXIST) &&
 	    !renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE)) {
-		remove_step_dir(tmp);
+		util_remove_flat_dir(tmp);
 		return 0;
 	}
 	int e = errno;
@@ -351,7 +334,7 @@ int ckpt_save(const struct ckpt_state *s, const char *dir, char *err, size_t err
 		return rc;
 	snprintf(final, sizeof(final), "%s/step-%06" PRId64, dir, s->next_step);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", final);
-	remove_step_dir(tmp);   /* a crashed writer's */
+	util_remove_flat_dir(tmp);   /* a crashed writer's */
 	if (mkdir(tmp, 0755)) {
 		rc = -errno;
 		snprintf(err, errlen, "checkpoint: unable to create directory '%s': %s", tmp,

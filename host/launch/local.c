@@ -3,7 +3,6 @@
  * arguments and environment. */
 #include "host/launch/local.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
@@ -14,25 +13,9 @@
 
 #include "net/conn.h"
 #include "net/tls.h"
+#include "host/util/fs.h"
 
 extern char **environ;
-
-static void remove_dir(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char path[PATH_MAX + 256];
-	if (!d)
-		return;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		unlink(path);
-	}
-	closedir(d);
-	rmdir(dir);
-}
 
 /* A listening socket on 127.0.0.1:0 (blocking, close-on-exec) and its
  * port. */
@@ -210,6 +193,6 @@ int local_launch(int hosts, int argc, char **argv, const struct launch_opts *o,
 	}
 	free(k);
 out:
-	remove_dir(dir);
+	util_remove_flat_dir(dir);
 	return rc;
 }
