@@ -185,10 +185,7 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 		struct pipe_config pc;
 		if (pipe_config_resolve(&pc, c, &d, err, errlen))
 			goto out;
-		mm.pipe_stages = pc.shape.stages;
-		mm.pipe_repeats = pc.shape.repeats;
-		mm.pipe_first = pc.first_layer;
-		mm.pipe_layers = pc.layers;
+		pipe_config_model_mesh(&pc, &mm);
 	}
 	model = model_plan_new(&d, &mm, err, errlen);
 	if (!model)

@@ -133,3 +133,12 @@ int pipe_config_resolve(struct pipe_config *out, const struct cfg *c, const stru
 	*out = p;
 	return 0;
 }
+
+void pipe_config_model_mesh(const struct pipe_config *pc, struct model_mesh *mm)
+{
+	mm->pipe_stages = pc->shape.stages;
+	mm->pipe_repeats = pc->shape.repeats;
+	mm->pipe_first = pc->first_layer;
+	mm->pipe_layers = pc->layers;
+	mm->pipe_weight_slots = pipe_weight_slots(&pc->shape);
+}

@@ -35,4 +35,8 @@ struct pipe_config {
 int pipe_config_resolve(struct pipe_config *out, const struct cfg *c, const struct model_dims *d,
 			char *err, size_t errlen);
 
+/* What the model needs of the pipeline (model.h, struct model_mesh): its
+ * layer order, the pipelined layers and the window's weight slots. */
+void pipe_config_model_mesh(const struct pipe_config *pc, struct model_mesh *mm);
+
 #endif

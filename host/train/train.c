@@ -167,11 +167,7 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 		return rc;
 	int mb = t->rows / pc.shape.microbatches;
 	struct model_mesh pm = *mm;
-	pm.pipe_stages = pc.shape.stages;
-	pm.pipe_repeats = pc.shape.repeats;
-	pm.pipe_first = pc.first_layer;
-	pm.pipe_layers = pc.layers;
-	pm.pipe_weight_slots = pipe_weight_slots(&pc.shape);
+	pipe_config_model_mesh(&pc, &pm);
 	t->model = model_new(d, mb, &pm, err, errlen);
 	if (!t->model)
 		return -EINVAL;
