@@ -103,8 +103,27 @@ struct cfg_list {
 	X(FLOAT, routed_scaling_factor, "1", 1, "") \
 	X(BOOL,  norm_topk_prob, "true", 1, "renormalise the top-k weights") \
 	X(FLOAT, load_balance_loss_weight, "0.01", 1, "") \
+	X(INT,   n_routing_groups, "-1", 1, "DeepSeek-V3 group-limited routing: expert groups (-1: none)") \
+	X(INT,   topk_routing_group, "-1", 1, "groups whose experts compete for each token (-1: all)") \
+	/* --- attention (MaxText names; docs/deepseek.md) --- */ \
+	X(STR,   attention_type, "global", 1, "global (grouped-query attention) | mla (multi-head latent attention)") \
+	X(INT,   q_lora_rank, "0", 1, "mla: rank of the query down-projection (0: a plain q_proj)") \
+	X(INT,   kv_lora_rank, "512", 1, "mla: rank of the compressed kv") \
+	X(INT,   qk_nope_head_dim, "128", 1, "mla: per-head query/key dims without rotary embedding") \
+	X(INT,   qk_rope_head_dim, "64", 1, "mla: per-head query/key dims with rotary embedding (the key's are shared by all heads)") \
+	X(INT,   v_head_dim, "128", 1, "mla: per-head value dims") \
+	X(STR,   rope_type, "default", 1, "default | yarn") \
+	X(FLOAT, rope_factor, "40", 1, "yarn: context extension factor") \
+	X(INT,   original_max_position_embeddings, "4096", 1, "yarn: the context length the model was trained at first") \
+	X(FLOAT, beta_fast, "32", 1, "yarn: rotations above which frequencies are kept") \
+	X(FLOAT, beta_slow, "1", 1, "yarn: rotations below which frequencies are interpolated") \
+	X(FLOAT, mscale, "1", 1, "yarn: attention factor mscale") \
+	X(FLOAT, mscale_all_dim, "0", 1, "yarn: mscale_all_dim (0: unset)") \
+	X(BOOL,  use_batch_split_schedule, "false", 1, "DeepSeek batch split: halves of a device's batch run staggered so one half's expert all-to-all overlaps the other's compute") \
+	X(INT,   batch_split_factor, "1", 1, "parts a device's batch is split into by use_batch_split_schedule") \
 	X(FLOAT, init_std, "0.02", 1, "") \
 	X(INT,   init_weights_seed, "0", 1, "") \
+	X(STR,   load_parameters_path, "", 1, "start from the weights in this directory: a meshrun checkpoint or a Hugging Face llama / deepseek_v3 directory") \
 	/* --- training --- */ \
 	X(INT,   per_device_batch_size, "4", 1, "") \
 	X(INT,   steps, "20", 1, "") \
@@ -125,6 +144,7 @@ struct cfg_list {
 	X(INT,   data_shuffle_seed, "0", 1, "") \
 	X(INT,   log_period, "1", 1, "") \
 	X(INT,   checkpoint_period, "0", 1, "0: only at the end when --checkpoint-dir is given") \
+	X(STR,   checkpoint_dtype, "f32", 1, "f32 | bf16: the dtype of saved model weights") \
 	X(INT,   openblas_threads, "0", 0, "0: cores / devices on this host")
 
 #define CFG_ICI_KEY(X, e, name, stem, def) \

@@ -74,6 +74,16 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 		d->E = 1;
 		d->L_dense = d->L;
 	}
+	/* keys of DeepSeek-V3's architecture whose implementation is on its way */
+	NEED(!strcmp(c->attention_type, "global"),
+	     "key 'attention_type' must be global (mla is not implemented yet), got '%s'", c->attention_type);
+	NEED(!strcmp(c->rope_type, "default"),
+	     "key 'rope_type' must be default (yarn is not implemented yet), got '%s'", c->rope_type);
+	NEED(c->n_routing_groups == -1, "key 'n_routing_groups' is not implemented yet (must be -1)");
+	NEED(!c->use_batch_split_schedule, "key 'use_batch_split_schedule' is not implemented yet");
+	NEED(!c->load_parameters_path[0], "key 'load_parameters_path' is not implemented yet");
+	NEED(!strcmp(c->checkpoint_dtype, "f32"),
+	     "key 'checkpoint_dtype' must be f32 (bf16 is not implemented yet), got '%s'", c->checkpoint_dtype);
 #undef NEED
 	return 0;
 }
