@@ -185,6 +185,8 @@ static struct model *model_make(const struct model_dims *d, const struct model_m
 				char *err, size_t errlen)
 {
 	struct model *m = params_make(d, mm, err, errlen);
+	if (m)
+		m->attn = &attn_gqa;
 	if (m && make_window(m)) {
 		snprintf(err, errlen, "model: out of memory for the plans");
 		model_free(m);

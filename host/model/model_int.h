@@ -2,6 +2,8 @@
  * files. They go one way only:
  *
  *	model.c  -> layer.c -> moe.c
+ *	layer.c  -> the attention model.c chose (struct attn_ops: attn.c
+ *	            or attn_mla.c), through the table only
  *	all of them -> params.c (table, placement), window.c (FSDP window)
  *
  * params.c and window.c call nothing of the others. */
@@ -37,8 +39,24 @@ struct layer_acts {
 	size_t *send_b, *recv_b;    /* [ep] bytes of rows to/from each device */
 };
 
+struct model;
+
+/* One attention implementation (attention_type), chosen once in
+ * model_new. forward: out (N, C) = the attention block of layer l on the
+ * normed input ln (N, C), output projection included and its partial
+ * sums reduced; what the backward needs is saved in m->la[l]. backward:
+ * dln (N, C) += dL/dln, complete (every partial sum of it reduced), from
+ * dout = dL/dout; the block's weight gradients accumulate. */
+struct attn_ops {
+	void (*forward)(struct model *m, int l, float *out, const float *ln);
+	void (*backward)(struct model *m, int l, float *dln, const float *dout, const float *ln);
+};
+
+extern const struct attn_ops attn_gqa; /* attn.c */
+
 struct model {
 	struct model_dims d;        /* the whole model */
+	const struct attn_ops *attn; /* grouped-query or latent attention */
 	struct model_dims l;        /* what this device computes on */
 	int SF;                     /* shared-expert hidden here */
 	int El;                     /* local experts */
