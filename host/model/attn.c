@@ -23,7 +23,8 @@ static void gqa_forward(struct model *m, int l, float *out, const float *ln)
 	psum(m, m->pl[P_WV].reduce, a->v, (size_t)N * KD);
 	rope_forward(a->q, a->q, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
 	rope_forward(a->k, a->k, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
-	attention_forward(a->atty, a->att, a->q, a->k, a->v, m->B, d->T, d->Hq, d->Hkv, d->D);
+	attention_forward(a->atty, a->att, a->q, a->k, a->v, m->B, d->T, d->Hq, d->Hkv, d->D, d->D,
+			  m->att_scale);
 	linear_forward(out, a->atty, WP(P_WO, l), N, QD, C);
 	psum(m, m->pl[P_WO].reduce, out, (size_t)N * C);
 }
@@ -41,7 +42,7 @@ static void gqa_backward(struct model *m, int l, float *dln, const float *dout, 
 	memset(m->dk, 0, sizeof(float) * (size_t)N * KD);
 	memset(m->dv, 0, sizeof(float) * (size_t)N * KD);
 	attention_backward(m->dq, m->dk, m->dv, m->att_scratch, m->datty, a->q, a->k, a->v, a->att,
-			   m->B, d->T, d->Hq, d->Hkv, d->D);
+			   m->B, d->T, d->Hq, d->Hkv, d->D, d->D, m->att_scale);
 	memset(m->dqr, 0, sizeof(float) * (size_t)N * QD);
 	memset(m->dkr, 0, sizeof(float) * (size_t)N * KD);
 	rope_backward(m->dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);

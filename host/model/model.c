@@ -246,6 +246,7 @@ struct model *model_new(const struct model_dims *d, int B, const struct model_me
 	a.used = 0;
 	lay_out(m, &a);
 	rope_table(m->cos_t, m->sin_t, d->T, d->D, d->theta);
+	m->att_scale = 1.0f / sqrtf((float)d->D);
 	return m;
 oom:
 	snprintf(err, errlen, "model: out of memory for %d sequences of %d tokens", B, d->T);

@@ -103,6 +103,7 @@ struct model {
 	struct layer_acts *la;
 	float *lnf, *rstdf, *logits, *probs, *losses;
 	float *cos_t, *sin_t;
+	float att_scale;            /* attention scores = att_scale * q.k */
 	/* backward scratch */
 	float *dresid, *dln, *dbig1, *dbig2, *dbig3, *dq, *dk, *dv, *dqr, *dkr, *datty,
 	      *att_scratch, *dlogits, *dscores, *dweights, *dxs, *dey, *dlogits_r, *dxr, *dyr;
