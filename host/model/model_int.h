@@ -14,9 +14,13 @@
 #include "host/model/window.h"
 #include "host/mesh/plan.h"
 
-/* Parameter ids; each SwiGLU's gate, up and down follow each other. */
+/* Parameter ids; each SwiGLU's gate, up and down follow each other.
+ * Attention has wq, wk, wv, wo (grouped-query) or wq (q_lora_rank 0) or
+ * wq_a, q_a_norm, wq_b, then wkv_a, kv_a_norm, wkv_b, wo (latent). */
 enum {
-	P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_MLP_NORM,
+	P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV,
+	P_WQ_A, P_Q_A_NORM, P_WQ_B, P_WKV_A, P_KV_A_NORM, P_WKV_B,
+	P_WO, P_MLP_NORM,
 	P_W_GATE, P_W_UP, P_W_DOWN,
 	P_ROUTER, P_ROUTER_BIAS, P_E_GATE, P_E_UP, P_E_DOWN,
 	P_S_GATE, P_S_UP, P_S_DOWN,
@@ -27,6 +31,10 @@ enum {
  * its backward needs besides its input. */
 struct layer_acts {
 	float *ln1, *rstd1, *q, *k, *v, *att, *atty, *xmid, *ln2, *rstd2;
+	/* latent attention: the q latent before and after its norm, the kv
+	 * latent and the rotary key [N, Rkv + Dr] (kv before its norm), the
+	 * kv latent normed */
+	float *qa, *qrstd, *qn, *kva, *kvrstd, *kvn;
 	/* dense */
 	float *g, *u, *h;
 	/* moe */
@@ -53,6 +61,7 @@ struct attn_ops {
 };
 
 extern const struct attn_ops attn_gqa; /* attn.c */
+extern const struct attn_ops attn_mla; /* attn_mla.c */
 
 struct model {
 	struct model_dims d;        /* the whole model */
@@ -107,6 +116,10 @@ struct model {
 	/* backward scratch */
 	float *dresid, *dln, *dbig1, *dbig2, *dbig3, *dq, *dk, *dv, *dqr, *dkr, *datty,
 	      *att_scratch, *dlogits, *dscores, *dweights, *dxs, *dey, *dlogits_r, *dxr, *dyr;
+	/* latent attention's: kv_b_proj's output (its forward's too), the
+	 * gradients of [normed kv latent | rotary key], of the kv latent, of
+	 * the normed and the raw q latent */
+	float *dkvb, *dlat, *dkva, *dqn, *dqa;
 	int32_t *counts_all;        /* [L_moe, E] */
 	int32_t *counts_tmp;        /* [replicas, L_moe, E] */
 	enum model_counts counts_how; /* how a forward records them */
