@@ -9,7 +9,7 @@
  *   loop; and the reference must notice a wrong rotary pairing;
  * - equivalence: deepseek3-tiny on MaxText's three sharding setups (FSDP4,
  *   FSDP2+TP2, FSDP2+TPT2 on 2 hosts x 2 devices), expert parallelism 2
- *   and 4, shard-exp-on-fsdp, ZeRO-1, a pipeline of 2 stages with 2
+ *   and 4, shard-exp-on-fsdp, ZeRO-1, fsdp_transpose, a pipeline of 2 stages with 2
  *   repeats in its three weight modes, and Muon: 10 steps each, every
  *   loss within 1e-4 of one device's, two runs bit-identical. */
 #include <check.h>
@@ -176,7 +176,13 @@ START_TEST(test_shard_exp_on_fsdp)
 		    "custom_mesh_and_rule=shard-exp-on-fsdp");
 }
 END_TEST
-START_TEST(test_zero1) { equivalence(2, 2, "shard_optimizer_over_data=true"); }
+/* data parallelism with the optimizer state split over data; and
+ * fsdp_transpose (the latents' up-projections split on it too) */
+START_TEST(test_zero1_fsdp_transpose)
+{
+	equivalence(2, 2, "shard_optimizer_over_data=true");
+	equivalence(1, 2, "ici_data_parallelism=1 ici_fsdp_transpose_parallelism=2");
+}
 END_TEST
 /* 2 stages, the 4 MoE layers pipelined with 2 repeats (the 2 dense ones
  * before, data-parallel over stage), beside fsdp: per iteration,
@@ -217,7 +223,7 @@ int main(void)
 	tcase_add_test(te, test_fsdp2_tpt2);
 	tcase_add_test(te, test_ep);
 	tcase_add_test(te, test_shard_exp_on_fsdp);
-	tcase_add_test(te, test_zero1);
+	tcase_add_test(te, test_zero1_fsdp_transpose);
 	tcase_add_test(te, test_pp_weight_modes);
 	tcase_add_test(te, test_muon);
 	suite_add_tcase(s, te);
