@@ -9,9 +9,12 @@
  *   loop; and the reference must notice a wrong rotary pairing;
  * - equivalence: deepseek3-tiny on MaxText's three sharding setups (FSDP4,
  *   FSDP2+TP2, FSDP2+TPT2 on 2 hosts x 2 devices), expert parallelism 2
- *   and 4, shard-exp-on-fsdp, ZeRO-1, fsdp_transpose, a pipeline of 2 stages with 2
- *   repeats in its three weight modes, and Muon: 10 steps each, every
- *   loss within 1e-4 of one device's, two runs bit-identical. */
+ *   and 4, shard-exp-on-fsdp, ZeRO-1, fsdp_transpose, a pipeline of 2
+ *   stages with 2 repeats in its three weight modes, and Muon: 10 steps
+ *   each, every loss within 1e-4 of one device's, two runs
+ *   bit-identical;
+ * - a checkpoint of FSDP2+TP2 resumes bit-identically and evaluates as
+ *   one device's. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -203,6 +206,43 @@ START_TEST(test_muon)
 }
 END_TEST
 
+/* A checkpoint of FSDP2+TP2 (latent attention's tensors gathered whole
+ * from fsdp and tensor) resumes bit-identically on the same mesh and
+ * evaluates as the checkpoint of the same training on one device */
+START_TEST(test_resume_and_eval)
+{
+	char args[1024];
+	double straight[8], rest[8];
+	struct proc p;
+	const char *mesh = "--hosts 2 --devices-per-host 2 " H2D2 "ici_tensor_parallelism=2 per_device_batch_size=2";
+	write_text();
+	snprintf(args, sizeof(args), "local %s --config " DS3 " steps=8 learning_rate_schedule_steps=8 "
+		 "--metrics %s/straight.jsonl", mesh, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "local %s --config " DS3 " steps=4 learning_rate_schedule_steps=8 "
+		 "--checkpoint-dir %s/ckpt", mesh, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "local %s --config " DS3 " steps=8 learning_rate_schedule_steps=8 "
+		 "--checkpoint-dir %s/ckpt --resume --metrics %s/rest.jsonl", mesh, tmpdir, tmpdir);
+	show_log_on_failure(run(args), 0);
+	ck_assert_int_eq(losses("straight.jsonl", straight, 8), 8);
+	ck_assert_int_eq(losses("rest.jsonl", rest, 8), 4);
+	for (int s = 0; s < 4; s++)
+		ck_assert_msg(rest[s] == straight[4 + s], "resumed step %d: %a vs %a", 4 + s, rest[s],
+			      straight[4 + s]);
+	snprintf(args, sizeof(args), "train --config " DS3 " steps=8 learning_rate_schedule_steps=8 "
+		 "per_device_batch_size=8 --checkpoint-dir %s/one", tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "eval --checkpoint %s/ckpt --text %s/text.txt", tmpdir, tmpdir);
+	ck_assert_int_eq(proc_run(&p, "eval", args, 120), 0);
+	double ev = value_after("eval", "eval_loss: ");
+	snprintf(args, sizeof(args), "eval --checkpoint %s/one --text %s/text.txt", tmpdir, tmpdir);
+	ck_assert_int_eq(proc_run(&p, "eval", args, 120), 0);
+	double ev1 = value_after("eval", "eval_loss: ");
+	ck_assert_msg(fabs(ev - ev1) < 1e-4 * ev1, "eval %.6f vs one device %.6f", ev, ev1);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("deepseek3");
@@ -226,6 +266,7 @@ int main(void)
 	tcase_add_test(te, test_zero1_fsdp_transpose);
 	tcase_add_test(te, test_pp_weight_modes);
 	tcase_add_test(te, test_muon);
+	tcase_add_test(te, test_resume_and_eval);
 	suite_add_tcase(s, te);
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests; the
