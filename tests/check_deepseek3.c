@@ -148,6 +148,34 @@ START_TEST(test_ref_gqa_yarn)
 }
 END_TEST
 
+/* `meshrun shardings` and `meshrun schedule` size latent attention's
+ * tensors by their own heads: wkv_b's 128 rows are 4 heads of 32 (no-rope
+ * key and value), wo's 64 columns 4 heads of 16, split whole over tensor */
+START_TEST(test_describe)
+{
+	struct proc p;
+	const char *tp = "ici_data_parallelism=1 ici_tensor_parallelism=2";
+	char args[512];
+	snprintf(args, sizeof(args), "shardings --config " DS3 " --hosts 1 --devices-per-host 2 %s", tp);
+	ck_assert_int_eq(proc_run(&p, "shardings", args, 60), 0);
+	char *out = read_tmp("shardings.out");
+	ck_assert_msg(strstr(out, "[6, 128, 16]     [6, 64, 16]") && strstr(out, "[6, 64, 64]      [6, 64, 32]") &&
+		      strstr(out, "kv up projection    wkv_b    none           none            tensor") &&
+		      strstr(out, "q_latent") && strstr(out, "model activations and backward scratch: "), "%s", out);
+	free(out);
+	snprintf(args, sizeof(args), "schedule --config " DS3 " %s ici_pipeline_parallelism=2 "
+		 "num_pipeline_microbatches=4", tp);
+	ck_assert_int_eq(proc_run(&p, "schedule", args, 60), 0);
+	ck_assert(file_has(p.out, "R=2 repeats"));
+	/* 3 value heads do not split over 2 */
+	snprintf(args, sizeof(args), "shardings --config " DS3 " --hosts 1 --devices-per-host 2 %s "
+		 "base_num_query_heads=3 base_num_kv_heads=3", tp);
+	ck_assert_int_eq(proc_run(&p, "shardings", args, 60), 3);
+	ck_assert_msg(file_has(p.out, "3 heads of 24") && file_has(p.out, "'base_num_query_heads'"), "%s",
+		      read_tmp("shardings.out"));
+}
+END_TEST
+
 /* ---- equivalence with one device ---- */
 
 static void equivalence(int hosts, int dph, const char *mesh)
@@ -254,6 +282,7 @@ int main(void)
 	tcase_add_test(tr, test_ref_plain_yarn);
 	tcase_add_test(tr, test_ref_qlora_default);
 	tcase_add_test(tr, test_ref_gqa_yarn);
+	tcase_add_test(tr, test_describe);
 	suite_add_tcase(s, tr);
 	TCase *te = tcase_create("equivalence");
 	tcase_add_checked_fixture(te, setup, teardown);

@@ -52,6 +52,7 @@ struct param_info {
 	int global_shape[MODEL_MAX_DIMS]; /* the whole tensor */
 	int goff[MODEL_MAX_DIMS];         /* where the shard starts in it */
 	const char *axes[MODEL_MAX_DIMS]; /* logical axis names */
+	int head_dim;                     /* a heads dimension splits into whole heads of this */
 	size_t offset, numel;             /* into the one allocation, in floats */
 	enum param_opt opt;               /* AdamW, Muon (per 2-D matrix), none */
 	bool decay;                       /* weight decay applies */

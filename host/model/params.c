@@ -219,6 +219,18 @@ void param_layers(const struct model *m, int id, int *first, int *count)
 	}
 }
 
+/* The head a tensor's heads dimension splits into whole: latent
+ * attention's value heads (wkv_b: no-rope key and value, wo: value) are
+ * not its query heads. */
+static int head_unit(const struct model *m, int id)
+{
+	if (m->d.mla && id == P_WKV_B)
+		return m->d.Dn + m->d.Dv;
+	if (m->d.mla && id == P_WO)
+		return m->d.Dv;
+	return m->d.D;
+}
+
 static void add_param(struct model *m, int id, const char *name, enum param_opt opt, bool decay,
 		      int ndim, const int *shape, const char *const *axes)
 {
@@ -233,6 +245,7 @@ static void add_param(struct model *m, int id, const char *name, enum param_opt 
 		n *= (size_t)shape[i];
 	}
 	p->numel = n;
+	p->head_dim = head_unit(m, id);
 	p->opt = opt;
 	p->decay = decay;
 	p->stacked = !strcmp(axes[0], "layers");
@@ -441,18 +454,6 @@ static bool outside_pipeline(const struct model *m, int id)
 	return count && (first < m->pipe_first || first + count > m->pipe_first + m->pipe_layers);
 }
 
-/* The head a tensor's heads dimension splits into whole: latent
- * attention's value heads (wkv_b: no-rope key and value, wo: value) are
- * not its query heads. */
-static int head_unit(const struct model *m, int id)
-{
-	if (m->d.mla && id == P_WKV_B)
-		return m->d.Dn + m->d.Dv;
-	if (m->d.mla && id == P_WO)
-		return m->d.Dv;
-	return m->d.D;
-}
-
 static int plan_one(struct model *m, const struct model_mesh *mm, int id, uint32_t rows,
 		    char *err, size_t errlen)
 {
@@ -464,7 +465,7 @@ static int plan_one(struct model *m, const struct model_mesh *mm, int id, uint32
 	if (outside_pipeline(m, id))
 		axes[0] = NULL;  /* `layers` not split: stored whole on every stage */
 	int rc = plan_param(&m->pp[id], mm->rules, mm->mesh, p->name, p->ndim, p->global_shape, axes,
-			    head_unit(m, id), rows, err, errlen);
+			    p->head_dim, rows, err, errlen);
 	const char *key = rc ? dim_key(err) : NULL;
 	size_t used = strlen(err);
 	if (key && used < errlen)
