@@ -29,6 +29,7 @@ extra="$*"
 rounds=${ROUNDS:-3}
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. bench/hwm.sh
 cfg=configs/deepseek3-tiny.yml
 echo "load average at start: $(cat /proc/loadavg)"
 avg() { # mean of a metrics field over steps >= 1
@@ -39,18 +40,9 @@ run() {
   /usr/bin/time -f "%U %S" -o $tmp/$name.cpu \
     build/meshrun local --hosts 2 --devices-per-host 2 --config $cfg steps=$steps per_device_batch_size=2 \
     $extra "$@" --metrics $tmp/$name.jsonl >$tmp/$name.log 2>&1 &
-  local pid=$! h0=0 h1=0
-  while kill -0 $pid 2>/dev/null; do
-    for a in $(for l in $(pgrep -P $pid || true); do pgrep -P $l || true; done); do
-      h=$({ tr '\0' ' ' </proc/$a/cmdline; } 2>/dev/null | sed -n 's/.*--host-id \([0-9]*\).*/\1/p')
-      m=$({ awk '/VmHWM/ {print $2}' </proc/$a/status; } 2>/dev/null || true)
-      [ -n "$m" ] || continue
-      m=$((m / 1024))
-      [ "$h" = 0 ] && [ $m -gt $h0 ] && h0=$m
-      [ "$h" = 1 ] && [ $m -gt $h1 ] && h1=$m
-    done
-    sleep 0.1
-  done
+  local pid=$! h0 h1
+  hwm_poll $pid 0.1
+  h0=$hwm0 h1=$hwm1
   wait $pid || { cat $tmp/$name.log; exit 1; }
   local t cpu dcn wait; t=$(avg $tmp/$name.jsonl step_time_s)
   cpu=$(awk -v n=$steps '{printf "%.3f", ($1 + $2) / n}' $tmp/$name.cpu)
