@@ -4,7 +4,7 @@
 
 DEB_PKGS := build-essential pkg-config libevent-dev libssl-dev libprotobuf-c-dev \
             protobuf-c-compiler libopenblas-dev check libyaml-dev libcjson-dev \
-            openssl iproute2 procps iputils-ping python3 universal-ctags
+            openssl iproute2 procps iputils-ping python3 python3-numpy universal-ctags
 PKGS     := openblas libcjson yaml-0.1 libprotobuf-c libevent_core \
             libevent_pthreads libssl libcrypto
 

@@ -70,16 +70,50 @@ void rope_forward(float *out, const float *inp, const float *cos_t, const float 
 void rope_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
 		   int B, int T, int H, int D);
 
+/* ---- RoPE on part of each head, adjacent pairs (kernels/mla.c) ----
+ * DeepSeek-V3's rope_interleave: dims (off + 2i, off + 2i + 1) of each
+ * head rotate together by frequency i. */
+/* inp, out (B,T,H,D): dims [off, off + Dr) of each head rotated, the
+ * others copied; cos,sin (T, Dr/2); out may equal inp */
+void rope_adj_forward(float *out, const float *inp, const float *cos_t, const float *sin_t,
+		      int B, int T, int H, int D, int off, int Dr);
+/* dinp += J^T dout: R^T on the rotated dims, the others as they are */
+void rope_adj_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
+		       int B, int T, int H, int D, int off, int Dr);
+/* YaRN's tables, as Hugging Face computes them: inv_freq blends
+ * theta^(-2i/D) (kept) and theta^(-2i/D) / factor (interpolated) by a
+ * linear ramp over i between floor(dim(beta_fast)) and ceil(dim(beta_slow)),
+ * dim(r) = D ln(orig / (2 pi r)) / (2 ln theta), clamped to [0, D-1]
+ * (0 below the ramp: kept; 1 above: interpolated); cos and sin times mult
+ * (the attention factor). cos,sin (T, D/2). */
+void rope_table_yarn(float *cos_t, float *sin_t, int T, int D, float theta, float factor, int orig,
+		     float beta_fast, float beta_slow, float mult);
+/* YaRN's mscale(f, m) = 0.1 m ln f + 1, or 1 when f <= 1 */
+float rope_yarn_mscale(float factor, float mscale);
+
+/* ---- keys and values of multi-head latent attention (kernels/mla.c) ---- */
+/* kvb (N,H,Dn+Dv): kv_b_proj's output, per head [no-rope key | value];
+ * kr (N,Dr) the rotary key all heads share. k (N,H,Dn+Dr) = per head
+ * [no-rope key | kr], v (N,H,Dv). */
+void mla_kv_forward(float *k, float *v, const float *kvb, const float *kr, int N, int H, int Dn, int Dr,
+		    int Dv);
+/* dkvb += per head [dk's no-rope part | dv]; dkr += dk's rope parts summed
+ * over the heads */
+void mla_kv_backward(float *dkvb, float *dkr, const float *dk, const float *dv, int N, int H, int Dn,
+		     int Dr, int Dv);
+
 /* ---- causal attention, grouped-query ---- */
-/* q (B,T,Hq,D), k,v (B,T,Hkv,D), out (B,T,Hq,D); att (B,Hq,T,T) softmax
- * probabilities cached for backward (upper triangle zero). Scale 1/sqrt(D).
+/* q (B,T,Hq,Dk), k (B,T,Hkv,Dk), v (B,T,Hkv,Dv), out (B,T,Hq,Dv); att
+ * (B,Hq,T,T) softmax probabilities cached for backward (upper triangle
+ * zero). Scores are scale * q.k (1/sqrt(Dk) for Llama; multi-head latent
+ * attention has Dk = nope + rope != Dv and YaRN's factor in it).
  * Hq % Hkv == 0; query head h uses kv head h / (Hq/Hkv). */
 void attention_forward(float *out, float *att, const float *q, const float *k,
-		       const float *v, int B, int T, int Hq, int Hkv, int D);
-/* scratch: at least T*T + T*D floats */
+		       const float *v, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale);
+/* scratch: at least T*T floats */
 void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 			const float *dout, const float *q, const float *k, const float *v,
-			const float *att, int B, int T, int Hq, int Hkv, int D);
+			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale);
 
 /* ---- SwiGLU ---- */
 /* out (N,H) = silu(gate) * up */

@@ -105,7 +105,7 @@ START_TEST(test_size_one_and_replicated)
 	/* the default rules: fsdp_transpose (size 1) is in both embed's and
 	 * mlp's rules; dropped first, it blocks nothing */
 	ck_assert_msg(shard_rules_from_cfg(&r, &c, err, sizeof(err)) == 0, "%s", err);
-	ck_assert_int_eq(r.n, 20);
+	ck_assert_int_eq(r.n, 24);
 	const char *lg[] = { "layers", "mlp", "embed" };
 	int shape[] = { 2, 352, 128 };
 	resolve(&r, &m, 3, shape, lg, &s);

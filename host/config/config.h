@@ -65,7 +65,10 @@ struct cfg_list {
 		"embed=fsdp|fsdp_transpose|tensor_transpose|context|expert," \
 		"embed_moe=fsdp|fsdp_transpose|tensor_transpose|context," \
 		"mlp=fsdp_transpose|tensor,mlp_moe=fsdp_transpose|tensor,heads=tensor," \
-		"q_heads=tensor,kv_heads=tensor,kv=,norm=,exp=expert,layers=stage," \
+		"q_heads=tensor,kv_heads=tensor,kv=," \
+		"q_lora=fsdp|fsdp_transpose|context|expert,kv_lora=fsdp|fsdp_transpose|context|expert," \
+		"q_lora_up_proj=,kv_lora_up_proj=," \
+		"norm=,exp=expert,layers=stage," \
 		"activation_batch=data|fsdp|fsdp_transpose|expert," \
 		"activation_length=context,activation_embed=tensor_transpose," \
 		"activation_mlp=tensor,activation_heads=tensor,activation_vocab=tensor," \

@@ -21,7 +21,17 @@
 struct model_dims {
 	int V, C, T;           /* vocab, d_model, sequence length */
 	int L, L_dense, L_moe; /* layers; first L_dense dense, then L_moe MoE */
-	int Hq, Hkv, D;        /* heads, kv heads, head dim */
+	int Hq, Hkv, D;        /* heads, kv heads, head dim (mla: Hkv = Hq, D = Dn + Dr) */
+	/* multi-head latent attention (attention_type mla, docs/deepseek.md):
+	 * q_lora_rank (0: a plain q projection), kv_lora_rank, and the
+	 * no-rope, rope and value head dims */
+	bool mla;
+	int Rq, Rkv, Dn, Dr, Dv;
+	/* YaRN (rope_type yarn): factor, original_max_position_embeddings,
+	 * beta_fast, beta_slow, mscale, mscale_all_dim */
+	bool yarn;
+	int rope_orig;
+	float rope_factor, beta_fast, beta_slow, mscale, mscale_all_dim;
 	int F;                 /* dense SwiGLU hidden */
 	int E, K, Fe, S;       /* experts, top-k, expert hidden, shared experts */
 	int moe_score;         /* enum moe_score */
@@ -42,6 +52,7 @@ struct param_info {
 	int global_shape[MODEL_MAX_DIMS]; /* the whole tensor */
 	int goff[MODEL_MAX_DIMS];         /* where the shard starts in it */
 	const char *axes[MODEL_MAX_DIMS]; /* logical axis names */
+	int head_dim;                     /* a heads dimension splits into whole heads of this */
 	size_t offset, numel;             /* into the one allocation, in floats */
 	enum param_opt opt;               /* AdamW, Muon (per 2-D matrix), none */
 	bool decay;                       /* weight decay applies */
@@ -122,6 +133,11 @@ struct model *model_new(const struct model_dims *d, int B, const struct model_me
 struct model *model_plan_new(const struct model_dims *d, const struct model_mesh *mm,
 			     char *err, size_t errlen);
 void model_free(struct model *m);
+/* Bytes of the model's one allocation of activations (what each layer
+ * saves for its backward, the residual stream, the head's) and backward
+ * scratch for B sequences per device; works on a model_plan_new model
+ * too (sizing only, nothing kept). 0 when out of memory. */
+size_t model_activation_bytes(struct model *m, int B);
 const struct model_dims *model_dims(const struct model *m);
 
 /* Parameter table. */
@@ -286,7 +302,8 @@ void model_zero_counts(struct model *m);
 int model_sum_counts(struct model *m, uint32_t axes);
 
 /* Matmul FLOPs per token for forward+backward (6 x matmul params active per
- * token + 12 x L x T x Hq x D for attention), for TFLOP/s and MFU. */
+ * token + 6 x L x T x Hq x (Dq.k + Dv) for attention: 12 x L x T x Hq x D
+ * for grouped-query), for TFLOP/s and MFU. */
 double model_flops_per_token(const struct model_dims *d);
 
 #endif

@@ -58,7 +58,7 @@ static int layer_bytes(struct layer_bytes *lb, const struct model_dims *d, const
 		struct plan_param pp;
 		memcpy(shape, p->global_shape, sizeof(shape));
 		shape[0] = m->size[AX_STAGE];
-		rc = plan_param(&pp, r, m, p->name, p->ndim, shape, p->axes, d->D, rows, err, errlen);
+		rc = plan_param(&pp, r, m, p->name, p->ndim, shape, p->axes, p->head_dim, rows, err, errlen);
 		if (rc)
 			return rc;
 		size_t st = sizeof(float), ga = sizeof(float);
