@@ -24,6 +24,7 @@ struct model_dims {
 	int Hq, Hkv, D;        /* heads, kv heads, head dim */
 	int F;                 /* dense SwiGLU hidden */
 	int E, K, Fe, S;       /* experts, top-k, expert hidden, shared experts */
+	int groups, topk_groups; /* group-limited routing: expert groups, groups that compete (0: none) */
 	int moe_score;         /* enum moe_score */
 	bool norm_topk, tied, router_bias;
 	float routed_scale, eps, theta, lb_weight;
