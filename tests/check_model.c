@@ -2,6 +2,7 @@
  * (dense and MoE), training on real text, checkpoint round trip and
  * bit-identical resume, refused bad checkpoints and impossible shapes. */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,7 +62,8 @@ static double total_loss(struct model *m, const int32_t *in, const int32_t *tg, 
 	return s / ntok + lbw * aux;
 }
 
-static void grad_check(bool moe, const char *score)
+/* kv: NULL or one more override (space separated) */
+static void grad_check(bool moe, const char *score, const char *kv)
 {
 	struct cfg c;
 	struct model_dims d;
@@ -70,6 +72,10 @@ static void grad_check(bool moe, const char *score)
 		snprintf(c.routed_score_func, sizeof(c.routed_score_func), "%s", score);
 		c.routed_bias = !strcmp(score, "sigmoid");
 	}
+	char buf[256], *save = NULL;
+	snprintf(buf, sizeof(buf), "%s", kv ? kv : "");
+	for (char *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save))
+		ck_assert_msg(cfg_override(&c, w, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0, "%s", err);
 	struct model *m = model_new(&d, 2, NULL, err, sizeof(err));
 	ck_assert_msg(m != NULL, "%s", err);
@@ -131,11 +137,36 @@ static void grad_check(bool moe, const char *score)
 	ck_assert_msg(bad == 0, "%d of %d gradient elements differ from finite differences", bad, checked);
 }
 
-START_TEST(test_grad_dense) { grad_check(false, NULL); }
+START_TEST(test_grad_dense) { grad_check(false, NULL, NULL); }
 END_TEST
-START_TEST(test_grad_moe_softmax) { grad_check(true, "softmax"); }
+START_TEST(test_grad_moe_softmax) { grad_check(true, "softmax", NULL); }
 END_TEST
-START_TEST(test_grad_moe_sigmoid) { grad_check(true, "sigmoid"); }
+START_TEST(test_grad_moe_sigmoid) { grad_check(true, "sigmoid", NULL); }
+END_TEST
+/* DeepSeek-V3's router: 2 groups of 2 experts, one group competes */
+START_TEST(test_grad_moe_groups)
+{
+	grad_check(true, "sigmoid", "n_routing_groups=2 topk_routing_group=1 routed_scaling_factor=2.5");
+}
+END_TEST
+
+/* A model that does not fit in memory is an out-of-memory error naming
+ * the bytes asked for, not a config error. */
+START_TEST(test_model_out_of_memory)
+{
+	struct cfg c;
+	struct model_dims d;
+	struct model *m = (struct model *)&c;
+	tiny_cfg(&c, false);
+	cfg_override(&c, "vocab_size=16777216", err, sizeof(err));
+	cfg_override(&c, "base_emb_dim=65536", err, sizeof(err));
+	ck_assert_msg(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(model_open(&m, &d, 2, NULL, err, sizeof(err)), -ENOMEM);
+	ck_assert_ptr_null(m);
+	/* two 2^24 x 2^16 tables (embedding, output) in floats, twice */
+	ck_assert_msg(strstr(err, "model: out of memory: ") && strstr(err, "bytes asked for (parameters and gradients 8"),
+		      "%s", err);
+}
 END_TEST
 
 /* A wrong gradient must be caught: corrupt one parameter's gradient path by
@@ -311,6 +342,8 @@ int main(void)
 	tcase_add_test(tc, test_grad_dense);
 	tcase_add_test(tc, test_grad_moe_softmax);
 	tcase_add_test(tc, test_grad_moe_sigmoid);
+	tcase_add_test(tc, test_grad_moe_groups);
+	tcase_add_test(tc, test_model_out_of_memory);
 	tcase_add_test(tc, test_grad_checker_detects);
 	tcase_add_test(tc, test_impossible_shapes);
 	suite_add_tcase(s, tc);

@@ -117,6 +117,11 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
  * cannot run. */
 struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
 			char *err, size_t errlen);
+/* model_new that says why it failed: 0 and *out; -EINVAL (the "config:"
+ * or "sharding:" line above) or -ENOMEM (a "model: out of memory" line
+ * naming the bytes asked for), with err. */
+int model_open(struct model **out, const struct model_dims *d, int B, const struct model_mesh *mm,
+	       char *err, size_t errlen);
 /* The same placement and plans without any buffer: for describing a run
  * (`meshrun shardings`) before making it. Only the table, the plans and
  * the buckets may be read from it. */

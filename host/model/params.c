@@ -648,11 +648,14 @@ static int plan_model(struct model *m, const struct model_mesh *mm, char *err, s
 	return 0;
 }
 
-struct model *params_make(const struct model_dims *d, const struct model_mesh *mm, char *err, size_t errlen)
+struct model *params_make(const struct model_dims *d, const struct model_mesh *mm, int *rc,
+			  char *err, size_t errlen)
 {
 	struct model *m = calloc(1, sizeof(*m));
+	*rc = 0;
 	if (!m) {
-		snprintf(err, errlen, "model: out of memory");
+		snprintf(err, errlen, "model: out of memory: %zu bytes for the model's table", sizeof(*m));
+		*rc = -ENOMEM;
 		return NULL;
 	}
 	m->d = *d;
@@ -663,10 +666,10 @@ struct model *params_make(const struct model_dims *d, const struct model_mesh *m
 	m->Ve = d->V;
 	build_table(m);
 	if (mm && mm->mesh->num_devices > 1) {
-		int rc = plan_model(m, mm, err, errlen);
-		if (rc == -ENOMEM)
+		*rc = plan_model(m, mm, err, errlen);
+		if (*rc == -ENOMEM)
 			snprintf(err, errlen, "model: out of memory for the plans");
-		if (rc) {
+		if (*rc) {
 			params_free(m);
 			free(m);
 			return NULL;
