@@ -51,7 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (int i = 0; i < n; i++) {
 		const struct st_entry *e = st_entry_at(f, i);
 		FUZZ_CHECK(e && e->name && e->ndim >= 0 && e->ndim <= ST_MAX_DIMS);
-		FUZZ_CHECK(!strcmp(e->dtype, "F32") || !strcmp(e->dtype, "BF16"));
+		FUZZ_CHECK(e->loads && (!strcmp(e->dtype, "F32") || !strcmp(e->dtype, "BF16") || !strcmp(e->dtype, "F16")));
 		int64_t numel = 1;
 		for (int d = 0; d < e->ndim; d++) {
 			FUZZ_CHECK(e->shape[d] >= 0);
@@ -64,7 +64,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			sink ^= bits;
 		}
 		FUZZ_CHECK(st_find(f, e->name) == e);
-		t[i] = (struct st_tensor){ e->name, e->ndim, { 0 }, e->data };
+		t[i] = (struct st_tensor){ e->name, e->ndim, { 0 }, e->data, ST_F32 };
 		memcpy(t[i].shape, e->shape, sizeof(t[i].shape));
 	}
 	(void)st_meta(f, "format");

@@ -418,10 +418,10 @@ static void safetensors(void)
 	for (int i = 0; i < 3; i++)
 		b[i] = (float)i;
 	struct st_tensor t[] = {
-		{ "layers.0.weight", 2, { 4, 3 }, w },
-		{ "layers.0.bias", 1, { 3 }, b },
-		{ "scale", 0, { 0 }, &s },
-		{ "empty", 2, { 0, 5 }, NULL },
+		{ "layers.0.weight", 2, { 4, 3 }, w, ST_F32 },
+		{ "layers.0.bias", 1, { 3 }, b, ST_F32 },
+		{ "scale", 0, { 0 }, &s, ST_F32 },
+		{ "empty", 2, { 0, 5 }, NULL, ST_F32 },
 	};
 	static const char *const meta[] = { "format", "pt", "step", "10", NULL };
 	snprintf(path, sizeof(path), "%s/tmp.safetensors", outdir);
