@@ -114,9 +114,8 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 	NEED(!strcmp(c->rope_type, "default"),
 	     "key 'rope_type' must be default (yarn is not implemented yet), got '%s'", c->rope_type);
 	NEED(!c->use_batch_split_schedule, "key 'use_batch_split_schedule' is not implemented yet");
-	NEED(!c->load_parameters_path[0], "key 'load_parameters_path' is not implemented yet");
-	NEED(!strcmp(c->checkpoint_dtype, "f32"),
-	     "key 'checkpoint_dtype' must be f32 (bf16 is not implemented yet), got '%s'", c->checkpoint_dtype);
+	NEED(!strcmp(c->checkpoint_dtype, "f32") || !strcmp(c->checkpoint_dtype, "bf16"),
+	     "key 'checkpoint_dtype' must be f32 or bf16, got '%s'", c->checkpoint_dtype);
 #undef NEED
 	return 0;
 }
