@@ -169,9 +169,9 @@ static int table(struct hf_src *s, const cJSON *map, char *err, size_t errlen)
 		const struct hf_ent *t = &s->ents[i];
 		const cJSON *v = cJSON_GetObjectItemCaseSensitive(map, t->name);
 		if (!v || strcmp(v->valuestring, s->file_names[t->file])) {
-			snprintf(err, errlen, "checkpoint: '%s' holds tensor '%s', but the index %s%s", 
-				 st_path(s->files[t->file]), t->name, v ? "puts it in " : "does not list it",
-				 v ? v->valuestring : "");
+			snprintf(err, errlen, "checkpoint: '%s' holds tensor '%s', but the index %s%s%s",
+				 st_path(s->files[t->file]), t->name, v ? "puts it in '" : "does not list it",
+				 v ? v->valuestring : "", v ? "'" : "");
 			return -EBADMSG;
 		}
 	}
