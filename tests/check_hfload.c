@@ -9,12 +9,14 @@
  * read before everything is checked; each host reads its share of the
  * tensor bytes and no more (FSDP, tensor and expert splits over 2 hosts,
  * devices of a host sharing blocks). */
+#include <cJSON.h>
 #include <check.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "host/ckpt/hf_config.h"
@@ -422,6 +424,222 @@ START_TEST(test_each_host_reads_its_experts)
 }
 END_TEST
 
+/* ---- config.json, both ways ---- */
+
+/* A directory with config.json = json and an empty model.safetensors
+ * (what ckpt_find wants); its path. */
+static const char *config_dir(const char *json)
+{
+	static char d[300];
+	char path[400];
+	snprintf(d, sizeof(d), "%s/cfg", tmpdir);
+	rm_rf(d);
+	ck_assert_int_eq(mkdir(d, 0755), 0);
+	snprintf(path, sizeof(path), "%s/config.json", d);
+	FILE *f = fopen(path, "w");
+	ck_assert(f && fputs(json, f) >= 0);
+	fclose(f);
+	snprintf(path, sizeof(path), "%s/model.safetensors", d);
+	fclose(fopen(path, "w"));
+	return d;
+}
+
+/* hf_config_apply of json onto the defaults plus cmdline: its return. */
+static int apply(struct cfg *c, const char *json, const char *const *cmdline, int n, char *err, size_t len)
+{
+	cfg_defaults(c);
+	for (int i = 0; i < n; i++)
+		ck_assert_int_eq(cfg_override(c, cmdline[i], err, len), 0);
+	snprintf(c->load_parameters_path, sizeof(c->load_parameters_path), "%s", config_dir(json));
+	err[0] = 0;
+	return hf_config_apply(c, cmdline, n, err, len);
+}
+
+#define KEY_IS(c, key, want) do { char v_[CFG_STR]; cfg_value_text(c, key, v_, sizeof(v_)); \
+	ck_assert_msg(!strcmp(v_, want), "%s: %s, want %s", key, v_, want); } while (0)
+
+/* DeepSeek-V3's own config.json (the published one's model keys) */
+static const char v3_json[] =
+	"{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\","
+	" \"hidden_size\": 7168, \"intermediate_size\": 18432, \"moe_intermediate_size\": 2048,"
+	" \"num_hidden_layers\": 61, \"num_nextn_predict_layers\": 1, \"num_attention_heads\": 128,"
+	" \"num_key_value_heads\": 128, \"n_shared_experts\": 1, \"n_routed_experts\": 256,"
+	" \"routed_scaling_factor\": 2.5, \"kv_lora_rank\": 512, \"q_lora_rank\": 1536,"
+	" \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"qk_nope_head_dim\": 128,"
+	" \"topk_method\": \"noaux_tc\", \"n_group\": 8, \"topk_group\": 4, \"num_experts_per_tok\": 8,"
+	" \"first_k_dense_replace\": 3, \"norm_topk_prob\": true, \"scoring_func\": \"sigmoid\","
+	" \"hidden_act\": \"silu\", \"max_position_embeddings\": 163840, \"rms_norm_eps\": 1e-06,"
+	" \"tie_word_embeddings\": false, \"rope_theta\": 10000, \"rope_scaling\": {\"beta_fast\": 32,"
+	" \"beta_slow\": 1, \"factor\": 40, \"mscale\": 1.0, \"mscale_all_dim\": 1.0,"
+	" \"original_max_position_embeddings\": 4096, \"type\": \"yarn\"}, \"attention_bias\": false,"
+	" \"vocab_size\": 129280, \"torch_dtype\": \"bfloat16\"}";
+
+START_TEST(test_config_deepseek_v3)
+{
+	static struct cfg c;
+	char err[1024];
+	ck_assert_msg(apply(&c, v3_json, NULL, 0, err, sizeof(err)) == 0, "%s", err);
+	static const char *const want[][2] = {
+		{ "attention_type", "mla" }, { "base_emb_dim", "7168" }, { "base_mlp_dim", "18432" },
+		{ "base_moe_mlp_dim", "2048" }, { "base_num_decoder_layers", "61" },
+		{ "base_num_query_heads", "128" }, { "num_experts", "256" }, { "num_experts_per_tok", "8" },
+		{ "shared_experts", "1" }, { "first_num_dense_layers", "3" }, { "n_routing_groups", "8" },
+		{ "topk_routing_group", "4" }, { "routed_scaling_factor", "2.5" }, { "norm_topk_prob", "true" },
+		{ "routed_score_func", "sigmoid" }, { "routed_bias", "true" }, { "kv_lora_rank", "512" },
+		{ "q_lora_rank", "1536" }, { "qk_nope_head_dim", "128" }, { "qk_rope_head_dim", "64" },
+		{ "v_head_dim", "128" }, { "rope_type", "yarn" }, { "rope_factor", "40" },
+		{ "original_max_position_embeddings", "4096" }, { "beta_fast", "32" }, { "beta_slow", "1" },
+		{ "mscale", "1" }, { "mscale_all_dim", "1" }, { "normalization_layer_epsilon", "9.9999999999999995e-07" },
+		{ "rope_max_timescale", "10000" }, { "vocab_size", "129280" }, { "logits_via_embedding", "false" },
+	};
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		KEY_IS(&c, want[i][0], want[i][1]);
+
+	/* q_lora_rank null: a plain q_proj (Moonlight, DeepSeek-V2-Lite) */
+	char json[4096];
+	snprintf(json, sizeof(json), "%s", v3_json);
+	char *q = strstr(json, "\"q_lora_rank\": 1536");
+	memcpy(q, "\"q_lora_rank\": null", 19);
+	ck_assert_msg(apply(&c, json, NULL, 0, err, sizeof(err)) == 0, "%s", err);
+	KEY_IS(&c, "q_lora_rank", "0");
+
+	/* a command-line key: refused when it contradicts, taken when it agrees */
+	const char *const clash[] = { "n_routing_groups=4" }, *const same[] = { "n_routing_groups=8" };
+	ck_assert_int_eq(apply(&c, v3_json, clash, 1, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "key 'n_routing_groups' is 4 but '") && strstr(err, "config.json' has n_group 8"),
+		      "%s", err);
+	ck_assert_msg(apply(&c, v3_json, same, 1, err, sizeof(err)) == 0, "%s", err);
+	/* keys the file does not fix stay the user's */
+	const char *const free_keys[] = { "max_target_length=512", "learning_rate=0.0001" };
+	ck_assert_msg(apply(&c, v3_json, free_keys, 2, err, sizeof(err)) == 0, "%s", err);
+	KEY_IS(&c, "max_target_length", "512");
+}
+END_TEST
+
+/* What meshrun cannot compute is refused naming the file's key. */
+START_TEST(test_config_refused)
+{
+	static struct cfg c;
+	char err[1024];
+	static const struct { const char *json, *needle; int rc; } bad[] = {
+		{ "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+		  " \"num_attention_heads\": 4, \"vocab_size\": 256, \"rope_scaling\": {\"rope_type\": \"llama3\","
+		  " \"factor\": 8}}", "rope_scaling 'llama3' is not supported", -EINVAL },
+		{ "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+		  " \"num_attention_heads\": 4, \"vocab_size\": 256, \"hidden_act\": \"gelu\"}",
+		  "hidden_act 'gelu' is not supported", -EINVAL },
+		{ "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+		  " \"num_attention_heads\": 4, \"vocab_size\": 256, \"attention_bias\": true}",
+		  "meshrun's layers have no biases", -EINVAL },
+		{ "{\"model_type\": \"llama\", \"hidden_size\": \"64\", \"intermediate_size\": 96,"
+		  " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 256}",
+		  "'hidden_size' in config.json is not a number", -EBADMSG },
+		{ "{\"model_type\": \"llama\", \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+		  " \"num_attention_heads\": 4, \"vocab_size\": 256}", "config.json has no 'hidden_size'", -EBADMSG },
+		{ "{\"model_type\": \"mistral\"}", "model_type 'mistral' is not supported", -EBADMSG },
+		{ "[1, 2]", "config.json is not a JSON object", -EBADMSG },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		ck_assert_int_eq(apply(&c, bad[i].json, NULL, 0, err, sizeof(err)), bad[i].rc);
+		ck_assert_msg(strstr(err, bad[i].needle) && strstr(err, "config.json"), "%zu: %s", i, err);
+	}
+	char json[4096];
+	snprintf(json, sizeof(json), "%s", v3_json);
+	memcpy(strstr(json, "\"scoring_func\": \"sigmoid\""), "\"scoring_func\": \"softmax\"", 25);
+	ck_assert_int_eq(apply(&c, json, NULL, 0, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "deepseek_v3 routes by sigmoid scores"), "%s", err);
+	snprintf(json, sizeof(json), "%s", v3_json);
+	json[strlen(json) - 1] = 0;
+	strcat(json, ", \"rope_interleave\": false}");
+	ck_assert_int_eq(apply(&c, json, NULL, 0, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "rope_interleave false"), "%s", err);
+}
+END_TEST
+
+/* The config.json meshrun writes reads back to the same keys; its label
+ * is deepseek_v3 only for multi-head latent attention with V3's router. */
+START_TEST(test_config_round_trip)
+{
+	static struct cfg c, back;
+	static const struct { const char *kv, *type; } cases[] = {
+		{ "base_num_kv_heads=2", "llama" },
+		{ "num_experts=8 num_experts_per_tok=2 first_num_dense_layers=1 shared_experts=1 base_moe_mlp_dim=48 "
+		  "routed_score_func=sigmoid routed_bias=true n_routing_groups=4 topk_routing_group=2 "
+		  "routed_scaling_factor=2.5 base_num_kv_heads=2", "meshrun_moe" },
+		{ "num_experts=8 num_experts_per_tok=2 base_moe_mlp_dim=24 routed_score_func=softmax norm_topk_prob=false",
+		  "meshrun_moe" },
+		{ "attention_type=mla num_experts=8 num_experts_per_tok=2 first_num_dense_layers=1 shared_experts=2 "
+		  "base_moe_mlp_dim=48 routed_score_func=sigmoid routed_bias=true n_routing_groups=4 topk_routing_group=2 "
+		  "q_lora_rank=24 kv_lora_rank=16 qk_nope_head_dim=8 qk_rope_head_dim=4 v_head_dim=8 rope_type=yarn "
+		  "rope_factor=4 original_max_position_embeddings=64 beta_fast=32 beta_slow=1 mscale=0.707 "
+		  "mscale_all_dim=0.707 base_num_kv_heads=4", "deepseek_v3" },
+		{ "attention_type=mla q_lora_rank=0 kv_lora_rank=16 qk_nope_head_dim=8 qk_rope_head_dim=4 v_head_dim=8 "
+		  "base_num_kv_heads=4", "deepseek_v3" },
+		{ "attention_type=mla num_experts=8 num_experts_per_tok=2 routed_score_func=softmax base_moe_mlp_dim=24 kv_lora_rank=16 "
+		  "qk_nope_head_dim=8 qk_rope_head_dim=4 v_head_dim=8 base_num_kv_heads=4", "meshrun_moe" },
+	};
+	static const char *const keys[] = {
+		"base_emb_dim", "base_mlp_dim", "base_num_decoder_layers", "base_num_query_heads", "base_num_kv_heads",
+		"vocab_size", "normalization_layer_epsilon", "rope_max_timescale", "logits_via_embedding",
+		"num_experts", "num_experts_per_tok", "first_num_dense_layers", "shared_experts", "base_moe_mlp_dim",
+		"routed_score_func", "routed_bias", "routed_scaling_factor", "norm_topk_prob", "attention_type",
+		"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_type",
+		"rope_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+		"mscale_all_dim",
+	};
+	char err[1024];
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct model_dims d;
+		char buf[1024], *save = NULL;
+		cfg_defaults(&c);
+		cfg_override(&c, "base_emb_dim=64", err, sizeof(err));
+		cfg_override(&c, "base_mlp_dim=96", err, sizeof(err));
+		cfg_override(&c, "normalization_layer_epsilon=1e-6", err, sizeof(err));
+		snprintf(buf, sizeof(buf), "%s", cases[i].kv);
+		for (char *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save))
+			ck_assert_msg(cfg_override(&c, w, err, sizeof(err)) == 0, "%s", err);
+		/* the model's dims (attention itself aside: MLA builds elsewhere) */
+		char att[CFG_STR];
+		snprintf(att, sizeof(att), "%s", c.attention_type);
+		snprintf(c.attention_type, sizeof(c.attention_type), "global");
+		snprintf(c.rope_type, sizeof(c.rope_type), "default");
+		ck_assert_msg(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0, "%s", err);
+		snprintf(c.attention_type, sizeof(c.attention_type), "%s", att);
+		if (strstr(cases[i].kv, "rope_type=yarn"))
+			snprintf(c.rope_type, sizeof(c.rope_type), "yarn");
+		cJSON *j = hf_config_json(&c, &d);
+		char *text = cJSON_Print(j);
+		cJSON_Delete(j);
+		ck_assert_msg(strstr(text, cases[i].type), "case %zu: not %s:\n%s", i, cases[i].type, text);
+		ck_assert_msg(apply(&back, text, NULL, 0, err, sizeof(err)) == 0, "case %zu: %s\n%s", i, err, text);
+		for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+			char a[CFG_STR], b[CFG_STR];
+			cfg_value_text(&c, keys[k], a, sizeof(a));
+			cfg_value_text(&back, keys[k], b, sizeof(b));
+			/* no groups reads back as one group of all experts: the same routing */
+			if (!strcmp(keys[k] + 1, "_routing_groups") || !strcmp(keys[k], "topk_routing_group"))
+				continue;
+			/* a dense model has no router keys to carry */
+			if (!d.L_moe && strcmp(keys[k], "num_experts") &&
+			    (strstr(keys[k], "expert") || strstr(keys[k], "routed") || strstr(keys[k], "topk") ||
+			     !strcmp(keys[k], "first_num_dense_layers") || !strcmp(keys[k], "base_moe_mlp_dim")))
+				continue;
+			/* the MLA keys mean nothing to grouped-query attention */
+			if (strcmp(c.attention_type, "mla") &&
+			    (strstr(keys[k], "lora") || strstr(keys[k], "head_dim") || strstr(keys[k], "scale") ||
+			     strstr(keys[k], "beta") || strstr(keys[k], "rope_") || strstr(keys[k], "original_")))
+				continue;
+			ck_assert_msg(!strcmp(a, b), "case %zu key %s: wrote %s, read back %s\n%s", i, keys[k], a, b, text);
+		}
+		if (d.groups) {
+			KEY_IS(&back, "n_routing_groups", "4");
+			KEY_IS(&back, "topk_routing_group", "2");
+		}
+		free(text);
+	}
+}
+END_TEST
+
 int main(void)
 {
 	(void)equivalence_opt;  /* equiv.h's helpers, of which this suite uses run and losses */
@@ -434,6 +652,13 @@ int main(void)
 	tcase_add_test(tc, test_moe_equals_reference);
 	tcase_add_test(tc, test_save_back);
 	tcase_add_test(tc, test_moe_save_back);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("config_json");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, test_config_deepseek_v3);
+	tcase_add_test(tc, test_config_refused);
+	tcase_add_test(tc, test_config_round_trip);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("refusals");
 	tcase_add_checked_fixture(tc, setup, teardown);

@@ -248,6 +248,8 @@ static void read_moe(struct rd *r, bool any_score)
 static void read_config(struct rd *r)
 {
 	const char *type = str(r, "model_type", "");
+	if (strcmp(type, "llama") && strcmp(type, "deepseek_v3") && strcmp(type, "meshrun_moe"))
+		fail(r, -EBADMSG, "model_type '%.40s' is not supported (llama, deepseek_v3, meshrun_moe)", type);
 	if (r->rc)
 		return;
 	read_common(r);
@@ -264,8 +266,6 @@ static void read_config(struct rd *r)
 		else
 			read_gqa(r);
 		read_moe(r, true);
-	} else {
-		fail(r, -EBADMSG, "model_type '%.40s' is not supported (llama, deepseek_v3, meshrun_moe)", type);
 	}
 }
 
