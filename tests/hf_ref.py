@@ -143,11 +143,16 @@ def tensors(o, rng):
     moe = o["type"] == "meshrun_moe"
     t = {}
 
-    def mat(name, *shape):
-        t[name] = (shape, (rng.standard_normal(shape) * o["std"]).astype(np.float32))
+    # values are made when a tensor is written (seeded by its name), so a
+    # checkpoint of many GiB never sits in memory whole
+    def mat(name, *shape, std=None):
+        seed = o["seed"] * 1000003 + len(t)
+        s = np.float32(std or o["std"])
+        t[name] = (shape, lambda: np.random.default_rng(seed).standard_normal(shape, np.float32) * s)
 
     def norm(name, n):
-        t[name] = ((n,), (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+        seed = o["seed"] * 1000003 + len(t)
+        t[name] = ((n,), lambda: (1.0 + 0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32))
 
     mat("model.embed_tokens.weight", V, C)
     norm("model.norm.weight", C)
@@ -168,9 +173,12 @@ def tensors(o, rng):
             mat(p + "mlp.down_proj.weight", C, F)
             continue
         E, Fe = o["experts"], o["moe_inter"]
-        mat(p + "mlp.gate.weight", E, C)
-        # a bias large enough to change selections, kept F32 as DeepSeek does
-        t[p + "mlp.gate.e_score_correction_bias"] = ((E,), (0.3 * rng.standard_normal(E)).astype(np.float32))
+        # router logits of a few units, so scores spread over (0, 1) and
+        # groups change choices; a bias large enough to change some too,
+        # kept F32 as DeepSeek does
+        mat(p + "mlp.gate.weight", E, C, std=0.5)
+        bias = (0.1 * rng.standard_normal(E)).astype(np.float32)
+        t[p + "mlp.gate.e_score_correction_bias"] = ((E,), lambda b=bias: b)
         for e in range(E):
             mat(p + "mlp.experts.%d.gate_proj.weight" % e, Fe, C)
             mat(p + "mlp.experts.%d.up_proj.weight" % e, Fe, C)
@@ -212,9 +220,9 @@ def make(d, argv):
     if "bad-shape" in flags:  # one tensor one row longer than the model's
         shape, v = t[flags["bad-shape"]]
         shape = (shape[0] + 1,) + tuple(shape[1:])
-        t[flags["bad-shape"]] = (shape, (rng.standard_normal(shape) * o["std"]).astype(np.float32))
+        t[flags["bad-shape"]] = (shape, lambda: (rng.standard_normal(shape) * o["std"]).astype(np.float32))
     if "fp8" in flags:  # what an FP8 checkpoint adds next to each weight
-        t["model.layers.0.mlp.down_proj.weight_scale_inv"] = ((1, 1), np.ones((1, 1), np.float32))
+        t["model.layers.0.mlp.down_proj.weight_scale_inv"] = ((1, 1), lambda: np.ones((1, 1), np.float32))
     names = list(t)
     rng.shuffle(names)
     n = o["shards"]
@@ -229,7 +237,7 @@ def make(d, argv):
         for name in parts[i]:
             shape, v = t[name]
             dt = "F32" if name.endswith("e_score_correction_bias") else o["dtype"]
-            items.append((name, dt, shape, encode(v, dt)))
+            items.append((name, dt, shape, encode(v(), dt)))
             total += len(items[-1][3])
         hook = None
         if i == 0 and "dup-in-file" in flags:  # a name twice in one header

@@ -1,7 +1,9 @@
 /* Checkpoints as Hugging Face style directories (host/ckpt/ckpt.h), one
  * per step (DIR/step-000004), each complete or absent:
- *   model.safetensors      Llama / DeepSeek-V3 tensor names, [out, in]
- *   config.json            Hugging Face config keys
+ *   model.safetensors      Llama / DeepSeek-V3 tensor names (hf_suffix, the
+ *                          one name table the loader uses too), [out, in],
+ *                          F32 or BF16 (checkpoint_dtype)
+ *   config.json            Hugging Face config keys (ckpt_config_json)
  *   meshrun.yml            the full meshrun config (eval and resume read it)
  *   optimizer.safetensors  optimizer state in our names, plus the step
  * Each file is synced, then the step directory is synced and renamed
@@ -22,11 +24,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "host/ckpt/hf_config.h"
 #include "host/ckpt/safetensors.h"
 #include "host/config/config.h"
 #include "host/model/model.h"
 #include "host/util/fs.h"
+#include "kernels/kernels.h"
 
 #define MAX_TENSORS 65536
 
@@ -172,10 +174,100 @@ static void hf_list_free(struct hf_list *h)
 	free(h->names);
 }
 
+static void add_num(cJSON *j, const char *k, double v)
+{
+	cJSON_AddNumberToObject(j, k, v);
+}
+
+/* DeepSeek-V3's MoE keys (a dense model: every layer before
+ * first_k_dense_replace). */
+static void write_moe(cJSON *j, const struct cfg *c, const struct model_dims *d)
+{
+	bool moe = d->L_moe > 0;
+	add_num(j, "n_routed_experts", moe ? d->E : 1);
+	add_num(j, "num_experts_per_tok", moe ? d->K : 1);
+	add_num(j, "moe_intermediate_size", moe ? d->Fe : d->F);
+	add_num(j, "n_shared_experts", moe ? d->S : 0);
+	add_num(j, "first_k_dense_replace", moe ? d->L_dense : d->L);
+	add_num(j, "n_group", d->groups > 1 ? d->groups : 1);
+	add_num(j, "topk_group", d->groups > 1 ? d->topk_groups : 1);
+	cJSON_AddStringToObject(j, "scoring_func", d->moe_score == MOE_SOFTMAX ? "softmax" : "sigmoid");
+	cJSON_AddStringToObject(j, "topk_method", d->router_bias ? "noaux_tc" : "greedy");
+	cJSON_AddBoolToObject(j, "norm_topk_prob", d->norm_topk);
+	add_num(j, "routed_scaling_factor", c->routed_scaling_factor);
+}
+
+/* Multi-head latent attention's keys, from the config (MaxText's names). */
+static void write_mla(cJSON *j, const struct cfg *c)
+{
+	add_num(j, "kv_lora_rank", (double)c->kv_lora_rank);
+	if (c->q_lora_rank)
+		add_num(j, "q_lora_rank", (double)c->q_lora_rank);
+	else
+		cJSON_AddNullToObject(j, "q_lora_rank");
+	add_num(j, "qk_nope_head_dim", (double)c->qk_nope_head_dim);
+	add_num(j, "qk_rope_head_dim", (double)c->qk_rope_head_dim);
+	add_num(j, "v_head_dim", (double)c->v_head_dim);
+	add_num(j, "head_dim", (double)c->qk_rope_head_dim);
+	cJSON_AddBoolToObject(j, "rope_interleave", true);
+	if (strcmp(c->rope_type, "yarn")) {
+		cJSON_AddNullToObject(j, "rope_scaling");
+		return;
+	}
+	cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+	cJSON_AddStringToObject(rs, "type", "yarn");
+	cJSON_AddStringToObject(rs, "rope_type", "yarn");
+	add_num(rs, "factor", c->rope_factor);
+	add_num(rs, "original_max_position_embeddings", (double)c->original_max_position_embeddings);
+	add_num(rs, "beta_fast", c->beta_fast);
+	add_num(rs, "beta_slow", c->beta_slow);
+	add_num(rs, "mscale", c->mscale);
+	add_num(rs, "mscale_all_dim", c->mscale_all_dim);
+}
+
+struct cJSON *ckpt_config_json(const struct cfg *c, const struct model_dims *d)
+{
+	bool mla = !strcmp(c->attention_type, "mla"), moe = d->L_moe > 0;
+	bool v3_router = !moe || (d->moe_score == MOE_SIGMOID && d->router_bias);
+	const char *type = !mla && !moe ? "llama" : mla && v3_router ? "deepseek_v3" : "meshrun_moe";
+	const char *arch = !strcmp(type, "llama") ? "LlamaForCausalLM"
+			   : !strcmp(type, "deepseek_v3") ? "DeepseekV3ForCausalLM" : "MeshrunMoeForCausalLM";
+	cJSON *j = cJSON_CreateObject();
+	if (!j)
+		return NULL;
+	cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "architectures"), cJSON_CreateString(arch));
+	cJSON_AddStringToObject(j, "model_type", type);
+	add_num(j, "hidden_size", d->C);
+	add_num(j, "intermediate_size", d->F);
+	add_num(j, "num_attention_heads", d->Hq);
+	add_num(j, "num_key_value_heads", mla ? d->Hq : d->Hkv);
+	if (!mla)
+		add_num(j, "head_dim", d->D);
+	add_num(j, "num_hidden_layers", d->L);
+	add_num(j, "vocab_size", d->V);
+	add_num(j, "rms_norm_eps", c->normalization_layer_epsilon);
+	add_num(j, "rope_theta", c->rope_max_timescale);
+	add_num(j, "max_position_embeddings", d->T);
+	cJSON_AddBoolToObject(j, "tie_word_embeddings", d->tied);
+	cJSON_AddStringToObject(j, "hidden_act", "silu");
+	cJSON_AddBoolToObject(j, "attention_bias", false);
+	if (!mla)
+		cJSON_AddBoolToObject(j, "mlp_bias", false);
+	cJSON_AddStringToObject(j, "torch_dtype", strcmp(c->checkpoint_dtype, "bf16") ? "float32" : "bfloat16");
+	if (mla)
+		write_mla(j, c);
+	if (strcmp(type, "llama"))
+		write_moe(j, c, d);
+	if (!strcmp(type, "meshrun_moe"))
+		cJSON_AddStringToObject(j, "meshrun_attention_type", mla ? "mla" : "global");
+	cJSON_AddStringToObject(j, "meshrun_opt_type", c->opt_type);
+	return j;
+}
+
 static int write_config_json(const struct cfg *c, const struct model_dims *d, const char *path,
 			     char *err, size_t errlen)
 {
-	cJSON *j = hf_config_json(c, d);
+	cJSON *j = ckpt_config_json(c, d);
 	if (!j) {
 		snprintf(err, errlen, "checkpoint: out of memory for config.json");
 		return -ENOMEM;

@@ -10,7 +10,9 @@
 #include <stdint.h>
 
 struct cfg;
+struct cJSON;
 struct model;
+struct model_dims;
 struct param_info;
 
 struct ckpt_state {
@@ -47,6 +49,14 @@ int ckpt_find(const char *dir, char *out, size_t outlen, int64_t *step, char *er
  * step). 0; -EBADMSG when there is none, or it is unreadable or does not
  * match the model; -ENOMEM. */
 int ckpt_load(struct ckpt_state *s, const char *dir, bool optimizer, char *err, size_t errlen);
+
+/* The config.json of model d trained with config c (docs/checkpoints.md):
+ * model_type llama for a dense model with grouped-query attention,
+ * deepseek_v3 for multi-head latent attention with (if any) DeepSeek-V3's
+ * router (sigmoid scores, correction bias), meshrun_moe for any other
+ * model (no Hugging Face class computes it). NULL when out of memory;
+ * the caller deletes it with cJSON_Delete. */
+struct cJSON *ckpt_config_json(const struct cfg *c, const struct model_dims *d);
 
 /* Hugging Face tensor names (docs/checkpoints.md#tensor-names). A model
  * parameter is one tensor (embedding, final norm, output projection), one

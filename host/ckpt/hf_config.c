@@ -18,8 +18,6 @@
 #include "host/ckpt/ckpt.h"
 #include "host/ckpt/safetensors.h"
 #include "host/config/config.h"
-#include "host/model/model.h"
-#include "kernels/kernels.h"
 
 #define HF_MAX_KEYS 48
 
@@ -34,6 +32,7 @@ struct hf_kv {
 struct rd {
 	const cJSON *j;
 	const char *path;
+	const char *type;        /* model_type */
 	struct hf_kv kv[HF_MAX_KEYS];
 	int n, rc;
 	char *err;
@@ -247,7 +246,7 @@ static void read_moe(struct rd *r, bool any_score)
 /* Reads the model keys of config.json at path into r. */
 static void read_config(struct rd *r)
 {
-	const char *type = str(r, "model_type", "");
+	const char *type = r->type = str(r, "model_type", "");
 	if (strcmp(type, "llama") && strcmp(type, "deepseek_v3") && strcmp(type, "meshrun_moe"))
 		fail(r, -EBADMSG, "model_type '%.40s' is not supported (llama, deepseek_v3, meshrun_moe)", type);
 	if (r->rc)
@@ -297,8 +296,10 @@ static int apply_keys(struct cfg *c, const struct rd *r, const char *const *cmdl
 		cfg_value_text(&def, k->key, dflt, sizeof(dflt));
 		bool fixed = on_cmdline(k->key, cmdline, n) || strcmp(mine, dflt);
 		if (fixed && strcmp(mine, theirs)) {
-			snprintf(err, errlen, "config: key '%s' is %s but '%s' has %s %s (load_parameters_path)",
-				 k->key, mine, r->path, k->from, theirs);
+			bool type = !strcmp(k->from, "model_type");
+			snprintf(err, errlen, "config: key '%s' is %s but '%s' gives %s (%s%s%s%s) (load_parameters_path)",
+				 k->key, mine, r->path, theirs, k->from, type ? " '" : "", type ? r->type : "",
+				 type ? "'" : "");
 			return -EINVAL;
 		}
 		cfg_override(c, kv, err, errlen);
@@ -342,96 +343,4 @@ int hf_config_apply(struct cfg *c, const char *const *cmdline, int n, char *err,
 	free(r);
 	cJSON_Delete(j);
 	return rc;
-}
-
-/* ---- writing ---- */
-
-static void add_num(cJSON *j, const char *k, double v)
-{
-	cJSON_AddNumberToObject(j, k, v);
-}
-
-/* DeepSeek-V3's MoE keys (a dense model: every layer before
- * first_k_dense_replace). */
-static void write_moe(cJSON *j, const struct cfg *c, const struct model_dims *d)
-{
-	bool moe = d->L_moe > 0;
-	add_num(j, "n_routed_experts", moe ? d->E : 1);
-	add_num(j, "num_experts_per_tok", moe ? d->K : 1);
-	add_num(j, "moe_intermediate_size", moe ? d->Fe : d->F);
-	add_num(j, "n_shared_experts", moe ? d->S : 0);
-	add_num(j, "first_k_dense_replace", moe ? d->L_dense : d->L);
-	add_num(j, "n_group", d->groups > 1 ? d->groups : 1);
-	add_num(j, "topk_group", d->groups > 1 ? d->topk_groups : 1);
-	cJSON_AddStringToObject(j, "scoring_func", d->moe_score == MOE_SOFTMAX ? "softmax" : "sigmoid");
-	cJSON_AddStringToObject(j, "topk_method", d->router_bias ? "noaux_tc" : "greedy");
-	cJSON_AddBoolToObject(j, "norm_topk_prob", d->norm_topk);
-	add_num(j, "routed_scaling_factor", c->routed_scaling_factor);
-}
-
-/* Multi-head latent attention's keys, from the config (MaxText's names). */
-static void write_mla(cJSON *j, const struct cfg *c)
-{
-	add_num(j, "kv_lora_rank", (double)c->kv_lora_rank);
-	if (c->q_lora_rank)
-		add_num(j, "q_lora_rank", (double)c->q_lora_rank);
-	else
-		cJSON_AddNullToObject(j, "q_lora_rank");
-	add_num(j, "qk_nope_head_dim", (double)c->qk_nope_head_dim);
-	add_num(j, "qk_rope_head_dim", (double)c->qk_rope_head_dim);
-	add_num(j, "v_head_dim", (double)c->v_head_dim);
-	add_num(j, "head_dim", (double)c->qk_rope_head_dim);
-	cJSON_AddBoolToObject(j, "rope_interleave", true);
-	if (strcmp(c->rope_type, "yarn")) {
-		cJSON_AddNullToObject(j, "rope_scaling");
-		return;
-	}
-	cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
-	cJSON_AddStringToObject(rs, "type", "yarn");
-	cJSON_AddStringToObject(rs, "rope_type", "yarn");
-	add_num(rs, "factor", c->rope_factor);
-	add_num(rs, "original_max_position_embeddings", (double)c->original_max_position_embeddings);
-	add_num(rs, "beta_fast", c->beta_fast);
-	add_num(rs, "beta_slow", c->beta_slow);
-	add_num(rs, "mscale", c->mscale);
-	add_num(rs, "mscale_all_dim", c->mscale_all_dim);
-}
-
-struct cJSON *hf_config_json(const struct cfg *c, const struct model_dims *d)
-{
-	bool mla = !strcmp(c->attention_type, "mla"), moe = d->L_moe > 0;
-	bool v3_router = !moe || (d->moe_score == MOE_SIGMOID && d->router_bias);
-	const char *type = !mla && !moe ? "llama" : mla && v3_router ? "deepseek_v3" : "meshrun_moe";
-	const char *arch = !strcmp(type, "llama") ? "LlamaForCausalLM"
-			   : !strcmp(type, "deepseek_v3") ? "DeepseekV3ForCausalLM" : "MeshrunMoeForCausalLM";
-	cJSON *j = cJSON_CreateObject();
-	if (!j)
-		return NULL;
-	cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "architectures"), cJSON_CreateString(arch));
-	cJSON_AddStringToObject(j, "model_type", type);
-	add_num(j, "hidden_size", d->C);
-	add_num(j, "intermediate_size", d->F);
-	add_num(j, "num_attention_heads", d->Hq);
-	add_num(j, "num_key_value_heads", mla ? d->Hq : d->Hkv);
-	if (!mla)
-		add_num(j, "head_dim", d->D);
-	add_num(j, "num_hidden_layers", d->L);
-	add_num(j, "vocab_size", d->V);
-	add_num(j, "rms_norm_eps", c->normalization_layer_epsilon);
-	add_num(j, "rope_theta", c->rope_max_timescale);
-	add_num(j, "max_position_embeddings", d->T);
-	cJSON_AddBoolToObject(j, "tie_word_embeddings", d->tied);
-	cJSON_AddStringToObject(j, "hidden_act", "silu");
-	cJSON_AddBoolToObject(j, "attention_bias", false);
-	if (!mla)
-		cJSON_AddBoolToObject(j, "mlp_bias", false);
-	cJSON_AddStringToObject(j, "torch_dtype", strcmp(c->checkpoint_dtype, "bf16") ? "float32" : "bfloat16");
-	if (mla)
-		write_mla(j, c);
-	if (strcmp(type, "llama"))
-		write_moe(j, c, d);
-	if (!strcmp(type, "meshrun_moe"))
-		cJSON_AddStringToObject(j, "meshrun_attention_type", mla ? "mla" : "global");
-	cJSON_AddStringToObject(j, "meshrun_opt_type", c->opt_type);
-	return j;
 }

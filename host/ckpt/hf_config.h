@@ -1,15 +1,14 @@
-/* Hugging Face config.json, both ways (docs/checkpoints.md): the model
- * keys a checkpoint directory's config.json fixes, read into a meshrun
- * config before the run starts, and the config.json a checkpoint is
- * written with. Knows configs and model dims; reads no tensors. */
+/* A Hugging Face config.json read into a meshrun config
+ * (docs/checkpoints.md#coming-in): the model keys a checkpoint
+ * directory's config.json fixes, set before the run starts. The
+ * config.json a checkpoint is written with is ckpt_config_json's
+ * (host/ckpt/ckpt.h). Knows configs; reads no tensors. */
 #ifndef MESHRUN_HF_CONFIG_H
 #define MESHRUN_HF_CONFIG_H
 
 #include <stddef.h>
 
 struct cfg;
-struct cJSON;
-struct model_dims;
 
 /* When c->load_parameters_path is set: resolves it (ckpt_find: a run's
  * newest complete step, or the directory itself) to an absolute path
@@ -24,12 +23,5 @@ struct model_dims;
  * activation, a bias, a rope_scaling type), -EBADMSG (no checkpoint
  * there, config.json unreadable or a value of the wrong type), with err. */
 int hf_config_apply(struct cfg *c, const char *const *cmdline, int n, char *err, size_t errlen);
-
-/* The config.json of model d trained with config c: model_type llama for
- * a dense model with grouped-query attention, deepseek_v3 for multi-head
- * latent attention with (if any) DeepSeek-V3's router (sigmoid scores,
- * correction bias), meshrun_moe for any other model (no Hugging Face
- * class computes it). NULL when out of memory; the caller deletes it. */
-struct cJSON *hf_config_json(const struct cfg *c, const struct model_dims *d);
 
 #endif
