@@ -263,6 +263,26 @@ START_TEST(test_refused_by_agents)
 }
 END_TEST
 
+/* A model that does not fit in memory is exit 1 with the bytes asked
+ * for, never a config error (exit 3), on one device and on agents. */
+START_TEST(test_out_of_memory_exit)
+{
+	static const char *const cmds[] = {
+		"train vocab_size=16777216 base_emb_dim=65536 steps=1",
+		"local --hosts 2 vocab_size=16777216 base_emb_dim=65536 steps=1",
+	};
+	for (int i = 0; i < 2; i++) {
+		int rc = run(cmds[i]);
+		char *log = read_tmp("log.out");
+		ck_assert_msg(rc == 1, "%s: exit %d:\n%s", cmds[i], rc, log);
+		ck_assert_msg(strstr(log, "model: out of memory: ") && strstr(log, " bytes asked for (parameters"),
+			      "%s:\n%s", cmds[i], log);
+		ck_assert_msg(!strstr(log, "config error"), "%s:\n%s", cmds[i], log);
+		free(log);
+	}
+}
+END_TEST
+
 /* The check runs to its end before a byte of tensor data is read: a
  * model filled with a marker keeps every element when the last tensor
  * checked (lm_head.weight) is misshapen, and the host read headers only. */
@@ -669,6 +689,7 @@ int main(void)
 	tcase_add_loop_test(tc, test_refused, 0, (int)(sizeof(refusals) / sizeof(refusals[0])));
 	tcase_add_test(tc, test_refused_by_agents);
 	tcase_add_test(tc, test_nothing_half_loaded);
+	tcase_add_test(tc, test_out_of_memory_exit);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("per_host");
 	tcase_add_checked_fixture(tc, setup, teardown);

@@ -517,7 +517,7 @@ static int load_one(const char *path, const struct hf_list *h, int64_t *step, ch
 {
 	struct st_file *f = st_open(path, err, errlen);
 	if (!f)
-		return -EINVAL;
+		return errno == ENOMEM ? -ENOMEM : -EINVAL;
 	int rc = load_tensors(f, path, h, err, errlen);
 	const char *s = st_meta(f, "meshrun_step");
 	if (!rc && step) {

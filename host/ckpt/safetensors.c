@@ -688,7 +688,8 @@ static int load_data(struct st_file *f, char *err, size_t errlen)
 		total += (size_t)f->items[i].pub.numel;
 	f->arena = malloc(sizeof(float) * (total ? total : 1));
 	if (!f->arena) {
-		seterr(err, errlen, "safetensors: '%s': out of memory for %zu floats", f->path, total);
+		seterr(err, errlen, "safetensors: '%s': out of memory: %zu bytes for its tensors", f->path,
+		       sizeof(float) * total);
 		return -ENOMEM;
 	}
 	float *dst = f->arena;
@@ -829,8 +830,10 @@ out_fail:
 struct st_file *st_open(const char *path, char *err, size_t errlen)
 {
 	struct st_file *f = st_open_header(path, err, errlen);
-	if (f && load_data(f, err, errlen)) {
+	int rc = f ? load_data(f, err, errlen) : 0;
+	if (rc) {
 		st_close(f);
+		errno = -rc;  /* ENOMEM: the caller tells memory from bad input */
 		return NULL;
 	}
 	return f;

@@ -75,7 +75,8 @@ int st_write(const char *path, const struct st_tensor *t, int n, const char *con
 struct st_file *st_open_header(const char *path, char *err, size_t errlen);
 /* st_open_header, then every tensor read into memory as float32 (each
  * entry's data); a dtype other than F32, BF16, F16 is refused. The
- * caller frees with st_close. */
+ * caller frees with st_close. NULL with err; errno is ENOMEM when the
+ * tensors did not fit in memory. */
 struct st_file *st_open(const char *path, char *err, size_t errlen);
 void st_close(struct st_file *f);
 

@@ -586,15 +586,16 @@ int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen)
 		return 0;
 	struct model_dims d = *model_dims(t->model);
 	d.T = 1;
-	t->gmodel = model_new(&d, 1, NULL, err, errlen);
-	if (!t->gmodel)
-		return -ENOMEM;
+	int rc = model_open(&t->gmodel, &d, 1, NULL, err, errlen);
+	if (rc)
+		return rc;
 	size_t n = model_numel(t->gmodel);
 	t->gp = calloc(n, sizeof(float));
 	t->gm = calloc(n, sizeof(float));
 	t->gv = calloc(n, sizeof(float));
 	if (!t->gp || !t->gm || !t->gv) {
-		snprintf(err, errlen, "train: out of memory");
+		snprintf(err, errlen, "train: out of memory: %zu bytes for the whole model's parameters and "
+			 "optimizer state (checkpoints)", 3 * n * sizeof(float));
 		return -ENOMEM;
 	}
 	return 0;
@@ -674,7 +675,8 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 	if (!loc || !recv) {
 		free(loc);
 		free(recv);
-		snprintf(err, errlen, "train: out of memory");
+		snprintf(err, errlen, "train: out of memory: %zu bytes to gather a checkpoint",
+			 sizeof(float) * (n + big));
 		return -ENOMEM;
 	}
 	const float *src[3] = { model_params(m), t->m, t->v };
