@@ -156,18 +156,33 @@ void xent_split_backward(float *dlogits, const float *probs, const int32_t *targ
 
 /* ---- MoE (kernels/moe.c) ---- */
 enum moe_score { MOE_SOFTMAX = 0, MOE_SIGMOID = 1 };
-/* logits (N,E) -> scores (N,E) (softmax or sigmoid, cached); selects top-k
- * experts per token by scores + bias (bias may be NULL; only used for
- * selection, DeepSeek-V3's e_score_correction_bias); ties go to the lower
- * expert index. weights (N,k) = selected scores, renormalised to sum 1 if
- * norm_topk, times scale. idx (N,k) ascending by rank (best first). */
+#define MOE_MAX_EXPERTS 1024
+/* How the router chooses and weighs experts (DeepSeek-V3's router when
+ * sigmoid with a bias and groups; docs/training-step.md#the-v3-router). */
+struct moe_routing {
+	int E, k;                /* experts (<= MOE_MAX_EXPERTS), experts per token */
+	enum moe_score score;    /* softmax or sigmoid of the logits */
+	int norm_topk;           /* chosen weights divided by their sum (+1e-20) */
+	float scale;             /* then times routed_scaling_factor */
+	/* group-limited selection: E / groups experts per group (at least
+	 * 2); a group's score is the sum of its two best selection keys and
+	 * only the topk_groups best groups' experts compete (k <= topk_groups
+	 * x E / groups). groups <= 1: every expert competes. */
+	int groups, topk_groups;
+};
+/* logits (N,E) -> scores (N,E) (softmax or sigmoid, cached); weights,
+ * idx (N,k). Selection key = score + bias (bias (E) may be NULL; only
+ * selection sees it, DeepSeek-V3's e_score_correction_bias; NaN ranks
+ * last); with groups only the best groups' experts compete; the k best
+ * keys win, ties to the lower index (groups too). idx ascending by rank
+ * (best first). weights = the chosen UNBIASED scores, divided by their
+ * sum + 1e-20 if norm_topk, times scale. */
 void moe_router_forward(float *weights, int32_t *idx, float *scores, const float *logits,
-			const float *bias, int N, int E, int k, enum moe_score score,
-			int norm_topk, float scale);
-/* dlogits += d(weights)/d(logits)^T dweights  (selection is not differentiated) */
+			const float *bias, int N, const struct moe_routing *r);
+/* dlogits (N,E) += d(weights)/d(logits)^T dweights (N,k): through the
+ * chosen experts' unbiased scores; the selection is not differentiated */
 void moe_router_backward(float *dlogits, const float *dweights, const float *scores,
-			 const int32_t *idx, int N, int E, int k, enum moe_score score,
-			 int norm_topk, float scale);
+			 const int32_t *idx, int N, const struct moe_routing *r);
 /* Switch/DeepSeek load-balance loss over N tokens:
  *   L = E/(k) * sum_e f_e * P_e, f_e = (tokens choosing e)/N (constant),
  *   P_e = mean_n p(n,e) with p = scores normalised per token to sum 1.

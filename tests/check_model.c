@@ -2,6 +2,7 @@
  * (dense and MoE), training on real text, checkpoint round trip and
  * bit-identical resume, refused bad checkpoints and impossible shapes. */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,6 +160,32 @@ END_TEST
 START_TEST(test_grad_moe_softmax) { grad_check(true, "softmax"); }
 END_TEST
 START_TEST(test_grad_moe_sigmoid) { grad_check(true, "sigmoid"); }
+END_TEST
+/* DeepSeek-V3's router: 2 groups of 2 experts, one group competes */
+START_TEST(test_grad_moe_groups)
+{
+	const char *groups[] = { "n_routing_groups=2", "topk_routing_group=1", "routed_scaling_factor=2.5", NULL };
+	grad_check_with(true, "sigmoid", groups);
+}
+END_TEST
+
+/* A model that does not fit in memory is an out-of-memory error naming
+ * the bytes asked for, not a config error. */
+START_TEST(test_model_out_of_memory)
+{
+	struct cfg c;
+	struct model_dims d;
+	struct model *m = (struct model *)&c;
+	tiny_cfg(&c, false);
+	cfg_override(&c, "vocab_size=16777216", err, sizeof(err));
+	cfg_override(&c, "base_emb_dim=65536", err, sizeof(err));
+	ck_assert_msg(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(model_open(&m, &d, 2, NULL, err, sizeof(err)), -ENOMEM);
+	ck_assert_ptr_null(m);
+	/* two 2^24 x 2^16 tables (embedding, output) in floats, twice */
+	ck_assert_msg(strstr(err, "model: out of memory: ") && strstr(err, "bytes asked for (parameters and gradients 8"),
+		      "%s", err);
+}
 END_TEST
 
 /* A wrong gradient must be caught: corrupt one parameter's gradient path by
@@ -335,6 +362,8 @@ int main(void)
 	tcase_add_test(tc, test_grad_moe_softmax);
 	tcase_add_test(tc, test_grad_moe_sigmoid);
 	tcase_add_test(tc, test_grad_mla);
+	tcase_add_test(tc, test_grad_moe_groups);
+	tcase_add_test(tc, test_model_out_of_memory);
 	tcase_add_test(tc, test_grad_checker_detects);
 	tcase_add_test(tc, test_impossible_shapes);
 	suite_add_tcase(s, tc);

@@ -1,7 +1,9 @@
 /* Checkpoints as Hugging Face style directories (host/ckpt/ckpt.h), one
  * per step (DIR/step-000004), each complete or absent:
- *   model.safetensors      Llama / DeepSeek-V3 tensor names, [out, in]
- *   config.json            Hugging Face config keys
+ *   model.safetensors      Llama / DeepSeek-V3 tensor names (hf_suffix, the
+ *                          one name table the loader uses too), [out, in],
+ *                          F32 or BF16 (checkpoint_dtype)
+ *   config.json            Hugging Face config keys (ckpt_config_json)
  *   meshrun.yml            the full meshrun config (eval and resume read it)
  *   optimizer.safetensors  optimizer state in our names, plus the step
  * Each file is synced, then the step directory is synced and renamed
@@ -26,6 +28,7 @@
 #include "host/config/config.h"
 #include "host/model/model.h"
 #include "host/util/fs.h"
+#include "kernels/kernels.h"
 
 #define MAX_TENSORS 65536
 
@@ -35,7 +38,8 @@ struct hf_list {
 	int n, cap;
 };
 
-static int hf_add(struct hf_list *h, const char *name, const float *data, int ndim, const int *shape)
+static int hf_add(struct hf_list *h, const char *name, const float *data, int ndim, const int *shape,
+		  enum st_dtype dtype)
 {
 	if (h->n == h->cap)
 		return -ENOSPC;
@@ -44,6 +48,7 @@ static int hf_add(struct hf_list *h, const char *name, const float *data, int nd
 	t->name = h->names[h->n];
 	t->data = data;
 	t->ndim = ndim;
+	t->dtype = dtype;
 	for (int i = 0; i < ndim; i++)
 		t->shape[i] = shape[i];
 	h->n++;
@@ -84,48 +89,76 @@ static const char *hf_suffix(const char *ours)
 	return NULL;
 }
 
-/* Lists every Hugging Face tensor of the model as a view into buf (params
- * or an optimizer buffer in the same layout). prefix is prepended. */
-static int hf_tensors(struct model *m, const float *buf, const char *prefix, struct hf_list *h)
+int ckpt_hf_layer0(const struct model *m, const struct param_info *p)
 {
-	const struct model_dims *d = model_dims(m);
-	char name[128];
+	/* stacked: dense tensors start at layer 0, MoE tensors at L_dense */
+	bool moe = !strncmp(p->name, "router", 6) || !strncmp(p->name, "e_", 2) ||
+		   !strncmp(p->name, "s_", 2);
+	return moe ? model_dims(m)->L_dense : 0;
+}
+
+int ckpt_hf_name(const struct model *m, const struct param_info *p, int layer, int expert, char *out,
+		 size_t outlen)
+{
+	(void)m;
+	const char *suffix = hf_suffix(p->name);
+	int n;
+	if (!strcmp(p->name, "embed"))
+		n = snprintf(out, outlen, "model.embed_tokens.weight");
+	else if (!strcmp(p->name, "final_norm"))
+		n = snprintf(out, outlen, "model.norm.weight");
+	else if (!strcmp(p->name, "lm_head"))
+		n = snprintf(out, outlen, "lm_head.weight");
+	else if (!suffix || !p->stacked)
+		return -ENOENT;
+	else if (expert >= 0)
+		n = snprintf(out, outlen, "model.layers.%d.mlp.experts.%d.%s", layer, expert, suffix);
+	else
+		n = snprintf(out, outlen, "model.layers.%d.%s", layer, suffix);
+	return n > 0 && (size_t)n < outlen ? 0 : -ENAMETOOLONG;
+}
+
+bool ckpt_hf_per_expert(const struct param_info *p)
+{
+	return !strncmp(p->name, "e_", 2);
+}
+
+/* Lists every Hugging Face tensor of the model as a view into buf (params
+ * or an optimizer buffer in the same layout). prefix is prepended;
+ * bf16: model weights stored as BF16 (the router's correction bias, not
+ * trained by the optimizer, stays F32 as in DeepSeek-V3's files). */
+static int hf_tensors(struct model *m, const float *buf, const char *prefix, struct hf_list *h, bool bf16)
+{
+	char name[128], full[160];
 	int rc = 0;
 
 	for (int i = 0; i < model_num_params(m) && !rc; i++) {
 		const struct param_info *p = model_param(m, i);
 		const float *base = buf + p->offset;
-		if (!strcmp(p->name, "embed")) {
-			snprintf(name, sizeof(name), "%smodel.embed_tokens.weight", prefix);
-			rc = hf_add(h, name, base, 2, p->shape);
-		} else if (!strcmp(p->name, "final_norm")) {
-			snprintf(name, sizeof(name), "%smodel.norm.weight", prefix);
-			rc = hf_add(h, name, base, 1, p->shape);
-		} else if (!strcmp(p->name, "lm_head")) {
-			snprintf(name, sizeof(name), "%slm_head.weight", prefix);
-			rc = hf_add(h, name, base, 2, p->shape);
-		} else {
-			/* stacked: [layers, ...]; dense tensors start at layer 0,
-			 * MoE tensors at layer L_dense */
-			bool moe = !strncmp(p->name, "router", 6) || !strncmp(p->name, "e_", 2) ||
-				   !strncmp(p->name, "s_", 2);
-			int l0 = moe ? d->L_dense : 0;
-			size_t per = p->numel / (size_t)p->shape[0];
-			for (int l = 0; l < p->shape[0] && !rc; l++) {
-				const float *slice = base + per * (size_t)l;
-				if (!strncmp(p->name, "e_", 2)) {
-					/* experts: [E, rows, cols] -> one tensor per expert */
-					size_t pe = per / (size_t)p->shape[1];
-					for (int e = 0; e < p->shape[1] && !rc; e++) {
-						snprintf(name, sizeof(name), "%smodel.layers.%d.mlp.experts.%d.%s",
-							 prefix, l0 + l, e, hf_suffix(p->name));
-						rc = hf_add(h, name, slice + pe * (size_t)e, 2, p->shape + 2);
-					}
-				} else {
-					snprintf(name, sizeof(name), "%smodel.layers.%d.%s", prefix, l0 + l,
-						 hf_suffix(p->name));
-					rc = hf_add(h, name, slice, p->ndim - 1, p->shape + 1);
+		enum st_dtype dt = bf16 && p->opt != OPT_NONE ? ST_BF16 : ST_F32;
+		if (!p->stacked) {
+			if ((rc = ckpt_hf_name(m, p, -1, -1, name, sizeof(name))))
+				break;
+			snprintf(full, sizeof(full), "%s%s", prefix, name);
+			rc = hf_add(h, full, base, p->ndim, p->shape, dt);
+			continue;
+		}
+		int l0 = ckpt_hf_layer0(m, p);
+		size_t per = p->numel / (size_t)p->shape[0];
+		for (int l = 0; l < p->shape[0] && !rc; l++) {
+			const float *slice = base + per * (size_t)l;
+			if (ckpt_hf_per_expert(p)) {
+				/* experts: [E, rows, cols] -> one tensor per expert */
+				size_t pe = per / (size_t)p->shape[1];
+				for (int e = 0; e < p->shape[1] && !rc; e++) {
+					if ((rc = ckpt_hf_name(m, p, l0 + l, e, name, sizeof(name))))
+						break;
+					snprintf(full, sizeof(full), "%s%s", prefix, name);
+					rc = hf_add(h, full, slice + pe * (size_t)e, p->ndim - 2, p->shape + 2, dt);
 				}
+			} else if (!(rc = ckpt_hf_name(m, p, l0 + l, -1, name, sizeof(name)))) {
+				snprintf(full, sizeof(full), "%s%s", prefix, name);
+				rc = hf_add(h, full, slice, p->ndim - 1, p->shape + 1, dt);
 			}
 		}
 	}
@@ -147,40 +180,104 @@ static void hf_list_free(struct hf_list *h)
 	free(h->names);
 }
 
-static int write_config_json(const struct cfg *c, const struct model_dims *d, const char *path,
-			     char *err, size_t errlen)
+static void add_num(cJSON *j, const char *k, double v)
 {
-	cJSON *j = cJSON_CreateObject();
-	cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
+	cJSON_AddNumberToObject(j, k, v);
+}
+
+/* DeepSeek-V3's MoE keys (a dense model: every layer before
+ * first_k_dense_replace). */
+static void write_moe(cJSON *j, const struct cfg *c, const struct model_dims *d)
+{
 	bool moe = d->L_moe > 0;
-	cJSON_AddItemToArray(arch, cJSON_CreateString(moe ? "DeepseekV3ForCausalLM" : "LlamaForCausalLM"));
-	cJSON_AddStringToObject(j, "model_type", moe ? "deepseek_v3" : "llama");
-	cJSON_AddNumberToObject(j, "hidden_size", d->C);
-	cJSON_AddNumberToObject(j, "intermediate_size", d->F);
-	cJSON_AddNumberToObject(j, "num_attention_heads", d->Hq);
-	cJSON_AddNumberToObject(j, "num_key_value_heads", d->Hkv);
-	cJSON_AddNumberToObject(j, "head_dim", d->D);
-	cJSON_AddNumberToObject(j, "num_hidden_layers", d->L);
-	cJSON_AddNumberToObject(j, "vocab_size", d->V);
-	cJSON_AddNumberToObject(j, "rms_norm_eps", d->eps);
-	cJSON_AddNumberToObject(j, "rope_theta", d->theta);
-	cJSON_AddNumberToObject(j, "max_position_embeddings", d->T);
+	add_num(j, "n_routed_experts", moe ? d->E : 1);
+	add_num(j, "num_experts_per_tok", moe ? d->K : 1);
+	add_num(j, "moe_intermediate_size", moe ? d->Fe : d->F);
+	add_num(j, "n_shared_experts", moe ? d->S : 0);
+	add_num(j, "first_k_dense_replace", moe ? d->L_dense : d->L);
+	add_num(j, "n_group", d->groups > 1 ? d->groups : 1);
+	add_num(j, "topk_group", d->groups > 1 ? d->topk_groups : 1);
+	cJSON_AddStringToObject(j, "scoring_func", d->moe_score == MOE_SOFTMAX ? "softmax" : "sigmoid");
+	cJSON_AddStringToObject(j, "topk_method", d->router_bias ? "noaux_tc" : "greedy");
+	cJSON_AddBoolToObject(j, "norm_topk_prob", d->norm_topk);
+	add_num(j, "routed_scaling_factor", c->routed_scaling_factor);
+}
+
+/* Multi-head latent attention's keys, from the config (MaxText's names). */
+static void write_mla(cJSON *j, const struct cfg *c)
+{
+	add_num(j, "kv_lora_rank", (double)c->kv_lora_rank);
+	if (c->q_lora_rank)
+		add_num(j, "q_lora_rank", (double)c->q_lora_rank);
+	else
+		cJSON_AddNullToObject(j, "q_lora_rank");
+	add_num(j, "qk_nope_head_dim", (double)c->qk_nope_head_dim);
+	add_num(j, "qk_rope_head_dim", (double)c->qk_rope_head_dim);
+	add_num(j, "v_head_dim", (double)c->v_head_dim);
+	add_num(j, "head_dim", (double)c->qk_rope_head_dim);
+	cJSON_AddBoolToObject(j, "rope_interleave", true);
+	if (strcmp(c->rope_type, "yarn")) {
+		cJSON_AddNullToObject(j, "rope_scaling");
+		return;
+	}
+	cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+	cJSON_AddStringToObject(rs, "type", "yarn");
+	cJSON_AddStringToObject(rs, "rope_type", "yarn");
+	add_num(rs, "factor", c->rope_factor);
+	add_num(rs, "original_max_position_embeddings", (double)c->original_max_position_embeddings);
+	add_num(rs, "beta_fast", c->beta_fast);
+	add_num(rs, "beta_slow", c->beta_slow);
+	add_num(rs, "mscale", c->mscale);
+	add_num(rs, "mscale_all_dim", c->mscale_all_dim);
+}
+
+struct cJSON *ckpt_config_json(const struct cfg *c, const struct model_dims *d)
+{
+	bool mla = !strcmp(c->attention_type, "mla"), moe = d->L_moe > 0;
+	bool v3_router = !moe || (d->moe_score == MOE_SIGMOID && d->router_bias);
+	const char *type = !mla && !moe ? "llama" : mla && v3_router ? "deepseek_v3" : "meshrun_moe";
+	const char *arch = !strcmp(type, "llama") ? "LlamaForCausalLM"
+			   : !strcmp(type, "deepseek_v3") ? "DeepseekV3ForCausalLM" : "MeshrunMoeForCausalLM";
+	cJSON *j = cJSON_CreateObject();
+	if (!j)
+		return NULL;
+	cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "architectures"), cJSON_CreateString(arch));
+	cJSON_AddStringToObject(j, "model_type", type);
+	add_num(j, "hidden_size", d->C);
+	add_num(j, "intermediate_size", d->F);
+	add_num(j, "num_attention_heads", d->Hq);
+	add_num(j, "num_key_value_heads", mla ? d->Hq : d->Hkv);
+	if (!mla)
+		add_num(j, "head_dim", d->D);
+	add_num(j, "num_hidden_layers", d->L);
+	add_num(j, "vocab_size", d->V);
+	add_num(j, "rms_norm_eps", c->normalization_layer_epsilon);
+	add_num(j, "rope_theta", c->rope_max_timescale);
+	add_num(j, "max_position_embeddings", d->T);
 	cJSON_AddBoolToObject(j, "tie_word_embeddings", d->tied);
 	cJSON_AddStringToObject(j, "hidden_act", "silu");
 	cJSON_AddBoolToObject(j, "attention_bias", false);
-	cJSON_AddBoolToObject(j, "mlp_bias", false);
-	cJSON_AddStringToObject(j, "torch_dtype", "float32");
-	if (moe) {
-		cJSON_AddNumberToObject(j, "n_routed_experts", d->E);
-		cJSON_AddNumberToObject(j, "num_experts_per_tok", d->K);
-		cJSON_AddNumberToObject(j, "moe_intermediate_size", d->Fe);
-		cJSON_AddNumberToObject(j, "n_shared_experts", d->S);
-		cJSON_AddNumberToObject(j, "first_k_dense_replace", d->L_dense);
-		cJSON_AddStringToObject(j, "scoring_func", d->moe_score ? "sigmoid" : "softmax");
-		cJSON_AddBoolToObject(j, "norm_topk_prob", d->norm_topk);
-		cJSON_AddNumberToObject(j, "routed_scaling_factor", d->routed_scale);
-	}
+	if (!mla)
+		cJSON_AddBoolToObject(j, "mlp_bias", false);
+	cJSON_AddStringToObject(j, "torch_dtype", strcmp(c->checkpoint_dtype, "bf16") ? "float32" : "bfloat16");
+	if (mla)
+		write_mla(j, c);
+	if (strcmp(type, "llama"))
+		write_moe(j, c, d);
+	if (!strcmp(type, "meshrun_moe"))
+		cJSON_AddStringToObject(j, "meshrun_attention_type", mla ? "mla" : "global");
 	cJSON_AddStringToObject(j, "meshrun_opt_type", c->opt_type);
+	return j;
+}
+
+static int write_config_json(const struct cfg *c, const struct model_dims *d, const char *path,
+			     char *err, size_t errlen)
+{
+	cJSON *j = ckpt_config_json(c, d);
+	if (!j) {
+		snprintf(err, errlen, "checkpoint: out of memory for config.json");
+		return -ENOMEM;
+	}
 	int rc = json_write_atomic(path, j, err, errlen);
 	cJSON_Delete(j);
 	return rc;
@@ -283,7 +380,7 @@ static int write_files(const struct ckpt_state *s, const char *dir, char *err, s
 	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, s->next_step);
 	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, NULL };
 
-	if ((rc = hf_tensors(m, s->params, "", &h)))
+	if ((rc = hf_tensors(m, s->params, "", &h, !strcmp(s->cfg->checkpoint_dtype, "bf16"))))
 		goto out_free;
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 	if ((rc = st_write(path, h.t, h.n, meta, err, errlen)))
@@ -291,8 +388,8 @@ static int write_files(const struct ckpt_state *s, const char *dir, char *err, s
 	test_delay();
 
 	h.n = 0;
-	if ((rc = hf_tensors(m, s->m, "m.", &h)) ||
-	    (rc = hf_tensors(m, s->v, "v.", &h)))
+	if ((rc = hf_tensors(m, s->m, "m.", &h, false)) ||
+	    (rc = hf_tensors(m, s->v, "v.", &h, false)))
 		goto out_free;
 	snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
 	if ((rc = st_write(path, h.t, h.n, meta, err, errlen)))
@@ -379,7 +476,9 @@ int ckpt_find(const char *dir, char *out, size_t outlen, int64_t *step, char *er
 		return 0;
 	}
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-	if (!access(path, F_OK)) {
+	bool one = !access(path, F_OK);
+	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+	if (one || !access(path, F_OK)) {
 		snprintf(out, outlen, "%s", dir);
 		return 0;
 	}
@@ -424,7 +523,7 @@ static int load_one(const char *path, const struct hf_list *h, int64_t *step, ch
 {
 	struct st_file *f = st_open(path, err, errlen);
 	if (!f)
-		return -EINVAL;
+		return errno == ENOMEM ? -ENOMEM : -EINVAL;
 	int rc = load_tensors(f, path, h, err, errlen);
 	const char *s = st_meta(f, "meshrun_step");
 	if (!rc && step) {
@@ -453,15 +552,15 @@ int ckpt_load(struct ckpt_state *s, const char *run_dir, bool optimizer, char *e
 		snprintf(err, errlen, "checkpoint: out of memory");
 		return -ENOMEM;
 	}
-	if ((rc = hf_tensors(m, s->params, "", &h)))
+	if ((rc = hf_tensors(m, s->params, "", &h, false)))
 		goto out;
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 	if ((rc = load_one(path, &h, &s1, err, errlen)))
 		goto out;
 	if (optimizer) {
 		h.n = 0;
-		if ((rc = hf_tensors(m, s->m, "m.", &h)) ||
-		    (rc = hf_tensors(m, s->v, "v.", &h)))
+		if ((rc = hf_tensors(m, s->m, "m.", &h, false)) ||
+		    (rc = hf_tensors(m, s->v, "v.", &h, false)))
 			goto out;
 		snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
 		if ((rc = load_one(path, &h, &s2, err, errlen)))

@@ -9,6 +9,7 @@
 
 #include "host/agent/agent.h"
 #include "host/agent/pingpong.h"
+#include "host/ckpt/hf_load.h"
 #include "host/cli/cli.h"
 #include "host/cli/cmds.h"
 #include "host/config/config.h"
@@ -38,8 +39,9 @@ int cli_agent_cfg(const struct args *a, const struct mesh_args *m, struct cfg *c
 		  char *err, size_t errlen)
 {
 	int hosts = m->hosts, devs = m->devs, hid = m->host_id;
-	if (args_load_cfg(a, c, err, errlen))
-		return EXIT_CONFIG;
+	int rc = args_load_cfg(a, c, err, errlen);
+	if (rc)
+		return cli_exit_code(rc);
 	/* without --hosts / --devices-per-host a -1 size means one */
 	if (!hosts && any_fill(c, true))
 		hosts = c->hosts.n ? c->hosts.n : 1;
@@ -203,8 +205,17 @@ int cmd_agent(int argc, char **argv)
 	}
 	if (train)
 		util_blas_threads(&cfg, cfg.devices_per_host * util_agents_on_machine());
+	/* the weights to start from: every header checked before anything
+	 * else starts; each device then reads its own shards */
+	if (train && !ao.run.resume && cfg.load_parameters_path[0] &&
+	    (rc = hf_src_open(&ao.run.weights, cfg.load_parameters_path, cfg.devices_per_host, err,
+			      sizeof(err)))) {
+		fprintf(stderr, "meshrun: host %d: %s\n", host_id, err);
+		return cli_exit_code(rc);
+	}
 	rc = agent_run(&cfg, host_id, ao.listen, j->fn, train ? (void *)&ao.run : (void *)&ao.pp, err,
 		       sizeof(err));
+	hf_src_close(ao.run.weights);
 	if (rc)
 		fprintf(stderr, "meshrun: host %d: %s\n", host_id, err);
 	return cli_exit_code(rc);

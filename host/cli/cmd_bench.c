@@ -10,6 +10,7 @@
 #include "host/agent/agent.h"
 #include "host/bench/bench_coll.h"
 #include "host/bench/bench_link.h"
+#include "host/bench/bench_load.h"
 #include "host/bench/bench_matmul.h"
 #include "host/cli/cli.h"
 #include "host/cli/cmds.h"
@@ -203,8 +204,42 @@ static int cmd_bench_coll(int argc, char **argv)
 	return rc;
 }
 
+/* One host's share of loading load_parameters_path (bench/load.sh runs
+ * one per host at once). */
+static int cmd_bench_load(int argc, char **argv)
+{
+	static struct cfg cfg;
+	struct mesh_args m = { .host_id = -1 };
+	struct arg_flag mesh[MESH_FLAGS];
+	struct args a;
+	char err[640];
+	int host_id = 0;
+	cli_mesh_flags(mesh, &m);
+	const struct arg_flag *const tables[] = { mesh, NULL };
+	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "meshrun: bench load: %s\nusage: meshrun bench load [--hosts N] [--host-id I] "
+				"[--devices-per-host D] load_parameters_path=DIR [key=value ...]\n", err);
+		args_release(&a);
+		return EXIT_USAGE;
+	}
+	rc = cli_agent_cfg(&a, &m, &cfg, &host_id, err, sizeof(err));
+	args_release(&a);
+	if (!rc && !cfg.load_parameters_path[0]) {
+		snprintf(err, sizeof(err), "needs load_parameters_path=DIR");
+		rc = EXIT_USAGE;
+	}
+	if (rc) {
+		fprintf(stderr, "meshrun: bench load: %s\n", err);
+		return rc;
+	}
+	return cli_exit_code(bench_load_run(&cfg, host_id));
+}
+
 int cmd_bench(int argc, char **argv)
 {
+	if (argc >= 2 && !strcmp(argv[1], "load"))
+		return cmd_bench_load(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "matmul"))
 		return cmd_bench_matmul(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "link"))
@@ -214,6 +249,8 @@ int cmd_bench(int argc, char **argv)
 	fprintf(stderr, "usage: meshrun bench matmul [--threads N] [--size N]\n"
 			"       meshrun bench link --hosts 2 --sizes 16M[,64K] [--iters K] [--oneway]\n"
 			"       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "
-			"--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [key=value ...]\n");
+			"--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [key=value ...]\n"
+			"       meshrun bench load [--hosts N] [--host-id I] [--devices-per-host D] "
+			"load_parameters_path=DIR [key=value ...]\n");
 	return EXIT_USAGE;
 }

@@ -134,9 +134,10 @@ static int check_restarts(const struct args *a, const struct restarts *rs)
 		fprintf(stderr, "meshrun: local: --max-restarts needs --checkpoint-dir DIR\n");
 		return EXIT_USAGE;
 	}
-	if (args_load_cfg(a, &c, err, sizeof(err))) {
+	int rc = args_load_cfg(a, &c, err, sizeof(err));
+	if (rc) {
 		fprintf(stderr, "meshrun: local: %s\n", err);
-		return EXIT_CONFIG;
+		return cli_exit_code(rc);
 	}
 	if (c.checkpoint_period <= 0) {
 		fprintf(stderr, "meshrun: local: config: --max-restarts needs checkpoint_period > 0 "

@@ -3,15 +3,37 @@
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "host/cli/args.h"
 #include "host/cli/cli.h"
 #include "host/ckpt/ckpt.h"
+#include "host/ckpt/hf_config.h"
+#include "host/ckpt/hf_load.h"
 #include "host/config/config.h"
 #include "host/train/eval.h"
 #include "host/train/loop.h"
 #include "host/train/train.h"
 #include "host/util/threads.h"
+
+/* The weights of load_parameters_path into t's model (one device):
+ * every tensor checked, then read; one line on what was read. */
+static int load_weights(struct trainer *t, const char *dir, bool say, char *err, size_t errlen)
+{
+	struct hf_src *src;
+	struct model *m = trainer_model(t);
+	char line[1024];
+	int rc = hf_src_open(&src, dir, 1, err, errlen);
+	if (rc)
+		return rc;
+	rc = hf_src_done(src, hf_src_load(src, m, model_params(m), err, errlen), err, errlen);
+	hf_src_summary(src, line, sizeof(line));
+	if (!rc)
+		fprintf(say ? stdout : stderr, "%s\n", line);
+	hf_src_close(src);
+	return rc;
+}
 
 static int train_run(const struct cfg *c, const struct train_opts *o, char *err, size_t errlen)
 {
@@ -21,7 +43,12 @@ static int train_run(const struct cfg *c, const struct train_opts *o, char *err,
 	int rc = trainer_open(&t, c, (int)c->per_device_batch_size, NULL, err, errlen);
 	if (rc)
 		return rc;
+	/* --resume continues the run's own checkpoint; the weights to start
+	 * from matter only at the start */
 	if (o->resume && (rc = trainer_load(t, o->ckpt_dir, &start, err, errlen)))
+		goto out;
+	if (!o->resume && c->load_parameters_path[0] &&
+	    (rc = load_weights(t, c->load_parameters_path, !o->quiet, err, errlen)))
 		goto out;
 	if ((rc = train_log_open(&log, o, t, 1, err, errlen)))
 		goto out;
@@ -74,27 +101,42 @@ int cmd_train(int argc, char **argv)
 }
 
 /* The config eval runs: the checkpoint's (dir: a run's checkpoint
- * directory, whose newest step it takes, or one step directory),
+ * directory, whose newest step it takes, or one step directory; its
+ * meshrun.yml, or for a Hugging Face model its config.json),
  * overridden, on one device, with the text as its data. A checkpoint
- * without a readable meshrun.yml is bad input; a bad override a config
- * error. */
-static int eval_cfg(struct cfg *c, const char *dir, const char *text, const struct args *a,
+ * without a readable meshrun.yml or config.json is bad input; a bad
+ * override a config error. *hf: the weights come in as a Hugging Face
+ * model's (load_parameters_path), not as a meshrun checkpoint's. */
+static int eval_cfg(struct cfg *c, bool *hf, const char *dir, const char *text, const struct args *a,
 		    char *err, size_t errlen)
 {
 	char path[4200], step_dir[4096], why[1024];
+	int rc;
 	cfg_defaults(c);
 	if (ckpt_find(dir, step_dir, sizeof(step_dir), NULL, why, sizeof(why))) {
 		snprintf(err, errlen, "eval: %s", why);
 		return -EBADMSG;
 	}
 	snprintf(path, sizeof(path), "%s/meshrun.yml", step_dir);
-	if (cfg_load_file(c, path, why, sizeof(why))) {
+	*hf = access(path, F_OK) != 0;
+	if (!*hf && cfg_load_file(c, path, why, sizeof(why))) {
 		snprintf(err, errlen, "eval: %s", why);
 		return -EBADMSG;
 	}
 	for (int i = 0; i < a->noverrides; i++)
 		if (cfg_override(c, a->overrides[i], err, errlen))
 			return -EINVAL;
+	if (*hf) {
+		if (strlen(step_dir) >= sizeof(c->load_parameters_path)) {
+			snprintf(err, errlen, "eval: checkpoint path '%.300s' is too long", step_dir);
+			return -EINVAL;
+		}
+		memcpy(c->load_parameters_path, step_dir, strlen(step_dir) + 1);
+		if ((rc = hf_config_apply(c, a->overrides, a->noverrides, why, sizeof(why)))) {
+			snprintf(err, errlen, "eval: %s", why);
+			return rc;
+		}
+	}
 	/* eval runs on one device whatever mesh trained the checkpoint */
 	cfg_single_device(c);
 	snprintf(c->dataset_type, sizeof(c->dataset_type), "text");
@@ -102,16 +144,19 @@ static int eval_cfg(struct cfg *c, const char *dir, const char *text, const stru
 	return cfg_finish(c, 1, 1, err, errlen) ? -EINVAL : 0;
 }
 
-static int eval_run(const struct cfg *c, const char *dir, const char *text, char *err, size_t errlen)
+static int eval_run(const struct cfg *c, bool hf, const char *dir, const char *text, char *err,
+		    size_t errlen)
 {
 	struct trainer *t;
 	struct eval_result r;
 	char why[1024];
 	int rc = trainer_open(&t, c, (int)c->per_device_batch_size, NULL, why, sizeof(why));
-	if (!rc && (rc = trainer_load(t, dir, NULL, why, sizeof(why))) == 0 &&
-	    (rc = eval_text(t, text, &r, why, sizeof(why))) == 0)
-		printf("eval_windows: %" PRId64 "\neval_tokens: %" PRId64 "\neval_loss: %.6f\n", r.windows,
-		       r.tokens, r.loss);
+	if (!rc)
+		rc = hf ? load_weights(t, c->load_parameters_path, false, why, sizeof(why))
+			: trainer_load(t, dir, NULL, why, sizeof(why));
+	if (!rc && (rc = eval_text(t, text, &r, why, sizeof(why))) == 0)
+		printf("eval_windows: %" PRId64 "\neval_tokens: %" PRId64 "\neval_loss: %.6f\neval_loss_hex: %a\n",
+		       r.windows, r.tokens, r.loss, r.loss);
 	if (rc)
 		snprintf(err, errlen, "eval: %s", why);
 	trainer_free(t);
@@ -138,11 +183,12 @@ int cmd_eval(int argc, char **argv)
 		args_release(&a);
 		return EXIT_USAGE;
 	}
-	rc = eval_cfg(&c, dir, text, &a, err, sizeof(err));
+	bool hf = false;
+	rc = eval_cfg(&c, &hf, dir, text, &a, err, sizeof(err));
 	args_release(&a);
 	if (!rc) {
 		util_blas_threads(&c, 1);
-		rc = eval_run(&c, dir, text, err, sizeof(err));
+		rc = eval_run(&c, hf, dir, text, err, sizeof(err));
 	}
 	if (rc)
 		fprintf(stderr, "%s\n", err);

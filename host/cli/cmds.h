@@ -21,10 +21,11 @@ void cli_mesh_flags(struct arg_flag t[MESH_FLAGS], struct mesh_args *m);
  * run flags, ...): `local` accepts them too and passes them on. */
 const struct arg_flag *cli_agent_flags(void);
 
-/* Loads the config of an agent (files, overrides) and finishes it for the
- * mesh m asks for (sizes left -1 without --hosts / --devices-per-host
- * mean one). EXIT_OK, or EXIT_CONFIG / EXIT_USAGE (host id out of range)
- * with err. */
+/* Loads the config of an agent (files, overrides, a checkpoint's
+ * config.json) and finishes it for the mesh m asks for (sizes left -1
+ * without --hosts / --devices-per-host mean one). EXIT_OK, or EXIT_CONFIG
+ * / EXIT_INPUT (the checkpoint's config.json) / EXIT_USAGE (host id out
+ * of range) with err. */
 int cli_agent_cfg(const struct args *a, const struct mesh_args *m, struct cfg *c, int *host_id,
 		  char *err, size_t errlen);
 

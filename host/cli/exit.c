@@ -10,6 +10,7 @@ int cli_exit_code(int rc)
 	case 0: return EXIT_OK;
 	case -EINVAL: return EXIT_CONFIG;
 	case -EBADMSG: return EXIT_INPUT;
+	case -ENOMEM: return EXIT_FAIL;  /* out of memory: a failure, never a config error */
 	case -EHOSTDOWN: return EXIT_PEER_LOST;
 	case -ECONNREFUSED: return EXIT_REFUSED;
 	default: return EXIT_FAIL;

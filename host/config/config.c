@@ -506,6 +506,15 @@ static void value_text(const struct cfg *c, const struct cfg_key *k, char *out, 
 	}
 }
 
+int cfg_value_text(const struct cfg *c, const char *key, char *out, size_t n)
+{
+	const struct cfg_key *k = find_key(key);
+	if (!k)
+		return -EINVAL;
+	value_text(c, k, out, n);
+	return 0;
+}
+
 void cfg_hash(const struct cfg *c, uint8_t out[32])
 {
 	EVP_MD_CTX *md = EVP_MD_CTX_new();

@@ -203,6 +203,9 @@ long long cfg_axis_key(const struct cfg *c, bool dcn, enum mesh_axis a);
 int cfg_family_product(const struct cfg *c, bool dcn);
 /* Sets every ici_* and dcn_* size to 1. */
 void cfg_single_device(struct cfg *c);
+/* The canonical text of one key's value (as meshrun.yml writes it; a
+ * list comma-separated) into out. 0, or -EINVAL for an unknown key. */
+int cfg_value_text(const struct cfg *c, const char *key, char *out, size_t n);
 /* SHA-256 over the canonical text of every hashed key. */
 void cfg_hash(const struct cfg *c, uint8_t out[32]);
 /* Writes the canonical `key: value` text of every key (a YAML file). */

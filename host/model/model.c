@@ -207,15 +207,17 @@ static int make_window(struct model *m)
 	return m->win ? 0 : -ENOMEM;
 }
 
-/* The table, the plans and the layout; no buffers. */
-static struct model *model_make(const struct model_dims *d, const struct model_mesh *mm,
+/* The table, the plans and the layout; no buffers. NULL with *rc
+ * (-EINVAL, -ENOMEM) and err. */
+static struct model *model_make(const struct model_dims *d, const struct model_mesh *mm, int *rc,
 				char *err, size_t errlen)
 {
-	struct model *m = params_make(d, mm, err, errlen);
+	struct model *m = params_make(d, mm, rc, err, errlen);
 	if (m)
 		m->attn = d->mla ? &attn_mla : &attn_gqa;
 	if (m && make_window(m)) {
 		snprintf(err, errlen, "model: out of memory for the plans");
+		*rc = -ENOMEM;
 		model_free(m);
 		return NULL;
 	}
@@ -225,7 +227,8 @@ static struct model *model_make(const struct model_dims *d, const struct model_m
 struct model *model_plan_new(const struct model_dims *d, const struct model_mesh *mm,
 			     char *err, size_t errlen)
 {
-	return model_make(d, mm, err, errlen);
+	int rc;
+	return model_make(d, mm, &rc, err, errlen);
 }
 
 /* Layers whose saved activations a device stores: on a stage of a
@@ -299,36 +302,56 @@ size_t model_activation_bytes(struct model *m, int B)
 	return a.used;
 }
 
-struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
-			char *err, size_t errlen)
+int model_open(struct model **out, const struct model_dims *d, int B, const struct model_mesh *mm,
+	       char *err, size_t errlen)
 {
-	struct model *m = model_make(d, mm, err, errlen);
+	int rc;
+	struct model *m = model_make(d, mm, &rc, err, errlen);
+	*out = NULL;
 	if (!m)
-		return NULL;
+		return rc;
 	size_rows(m, B);
-	m->la = calloc((size_t)d->L, sizeof(*m->la));
-	m->params = aligned_alloc(64, ((m->numel * sizeof(float)) + 63) & ~(size_t)63);
-	m->grads = aligned_alloc(64, ((m->numel * sizeof(float)) + 63) & ~(size_t)63);
-	if (!m->la || !m->params || !m->grads)
-		goto oom;
-	memset(m->params, 0, m->numel * sizeof(float));
-	memset(m->grads, 0, m->numel * sizeof(float));
 	struct arena a = { 0 };
+	size_t pbytes = ((m->numel * sizeof(float)) + 63) & ~(size_t)63;
+	m->la = calloc((size_t)d->L, sizeof(*m->la));
+	if (!m->la)
+		goto oom;
 	lay_out(m, &a);                 /* sizing pass */
 	m->act_bytes = a.used;
+	m->params = aligned_alloc(64, pbytes);
+	m->grads = aligned_alloc(64, pbytes);
 	m->act_mem = aligned_alloc(64, a.used);
-	if (!m->act_mem || win_alloc(m->win, m->params, m->grads))
+	if (!m->params || !m->grads || !m->act_mem)
 		goto oom;
+	if (win_alloc(m->win, m->params, m->grads)) {
+		snprintf(err, errlen, "model: out of memory: %zu bytes for the gathered FSDP window",
+			 model_window_numel(m) * sizeof(float));
+		model_free(m);
+		return -ENOMEM;
+	}
+	memset(m->params, 0, m->numel * sizeof(float));
+	memset(m->grads, 0, m->numel * sizeof(float));
 	memset(m->act_mem, 0, a.used);
 	a.base = m->act_mem;
 	a.used = 0;
 	lay_out(m, &a);
 	rope_tables(m);
-	return m;
+	*out = m;
+	return 0;
 oom:
-	snprintf(err, errlen, "model: out of memory for %d sequences of %d tokens", B, d->T);
+	/* the bytes asked for: what does not fit is the model, not the config */
+	snprintf(err, errlen, "model: out of memory: %zu bytes asked for (parameters and gradients "
+		 "%zu each, activations %zu for %d sequences of %d tokens)",
+		 2 * pbytes + m->act_bytes, pbytes, m->act_bytes, B, d->T);
 	model_free(m);
-	return NULL;
+	return -ENOMEM;
+}
+
+struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
+			char *err, size_t errlen)
+{
+	struct model *m;
+	return model_open(&m, d, B, mm, err, errlen) ? NULL : m;
 }
 
 void model_free(struct model *m)

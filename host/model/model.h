@@ -34,6 +34,7 @@ struct model_dims {
 	float rope_factor, beta_fast, beta_slow, mscale, mscale_all_dim;
 	int F;                 /* dense SwiGLU hidden */
 	int E, K, Fe, S;       /* experts, top-k, expert hidden, shared experts */
+	int groups, topk_groups; /* group-limited routing: expert groups, groups that compete (0: none) */
 	int moe_score;         /* enum moe_score */
 	bool norm_topk, tied, router_bias;
 	float routed_scale, eps, theta, lb_weight;
@@ -127,6 +128,11 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
  * cannot run. */
 struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
 			char *err, size_t errlen);
+/* model_new that says why it failed: 0 and *out; -EINVAL (the "config:"
+ * or "sharding:" line above) or -ENOMEM (a "model: out of memory" line
+ * naming the bytes asked for), with err. */
+int model_open(struct model **out, const struct model_dims *d, int B, const struct model_mesh *mm,
+	       char *err, size_t errlen);
 /* The same placement and plans without any buffer: for describing a run
  * (`meshrun shardings`) before making it. Only the table, the plans and
  * the buckets may be read from it. */

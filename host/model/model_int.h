@@ -129,8 +129,10 @@ struct model {
 
 /* ---- params.c ---- */
 
-/* The table, the plans and the layout, no buffers; NULL with err. */
-struct model *params_make(const struct model_dims *d, const struct model_mesh *mm, char *err, size_t errlen);
+/* The table, the plans and the layout, no buffers; NULL with *rc
+ * (-EINVAL: a sharding that cannot be made; -ENOMEM) and err. */
+struct model *params_make(const struct model_dims *d, const struct model_mesh *mm, int *rc,
+			  char *err, size_t errlen);
 /* Frees what params_make allocated besides the struct. */
 void params_free(struct model *m);
 /* The layers [*first, *first + *count) stacked parameter id has slices

@@ -15,10 +15,38 @@
 
 /* ---- dims ---- */
 
+#define NEED(cond, ...) do { if (!(cond)) { snprintf(err, errlen, "config: " __VA_ARGS__); return -EINVAL; } } while (0)
+
+/* DeepSeek-V3's group-limited routing (n_routing_groups,
+ * topk_routing_group; -1: none, all groups). A group's score is the sum
+ * of its two best experts, so a group holds at least two. */
+static int routing_groups_from_cfg(struct model_dims *d, const struct cfg *c, char *err, size_t errlen)
+{
+	long long G = c->n_routing_groups, T = c->topk_routing_group;
+	if (G == -1) {
+		NEED(T == -1, "key 'topk_routing_group' (%lld) needs 'n_routing_groups' (-1: no groups)", T);
+		return 0;
+	}
+	NEED(G >= 1 && d->E % G == 0,
+	     "key 'n_routing_groups' (%lld) must divide 'num_experts' (%d) into groups", G, d->E);
+	NEED(G == 1 || d->E / G >= 2,
+	     "key 'n_routing_groups' (%lld) leaves %lld expert per group of 'num_experts' (%d): a group's score sums its best two",
+	     G, d->E / G, d->E);
+	if (T == -1)
+		T = G;
+	NEED(T >= 1 && T <= G, "key 'topk_routing_group' must be in [1, n_routing_groups=%lld] or -1, got %lld",
+	     G, c->topk_routing_group);
+	NEED(d->K <= T * (d->E / G),
+	     "key 'num_experts_per_tok' (%d) is more than the %lld experts of the 'topk_routing_group'=%lld groups allowed (%lld per group)",
+	     d->K, T * (d->E / G), T, d->E / G);
+	d->groups = (int)G;
+	d->topk_groups = (int)T;
+	return 0;
+}
+
 int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, size_t errlen)
 {
 	memset(d, 0, sizeof(*d));
-#define NEED(cond, ...) do { if (!(cond)) { snprintf(err, errlen, "config: " __VA_ARGS__); return -EINVAL; } } while (0)
 	NEED(c->vocab_size >= 2 && c->vocab_size <= (1 << 24), "key 'vocab_size' must be in [2, 2^24], got %lld", c->vocab_size);
 	NEED(c->base_emb_dim >= 1 && c->base_emb_dim <= 65536, "key 'base_emb_dim' must be in [1, 65536], got %lld", c->base_emb_dim);
 	NEED(c->max_target_length >= 1 && c->max_target_length <= 65536, "key 'max_target_length' must be in [1, 65536], got %lld", c->max_target_length);
@@ -109,16 +137,20 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 		d->router_bias = c->routed_bias;
 		d->routed_scale = (float)c->routed_scaling_factor;
 		d->lb_weight = (float)c->load_balance_loss_weight;
+		int rc = routing_groups_from_cfg(d, c, err, errlen);
+		if (rc)
+			return rc;
 	} else {
 		d->E = 1;
 		d->L_dense = d->L;
+		NEED(c->n_routing_groups == -1 && c->topk_routing_group == -1,
+		     "keys 'n_routing_groups' and 'topk_routing_group' route experts: they need num_experts > 1 (got %lld, %lld)",
+		     c->n_routing_groups, c->topk_routing_group);
 	}
 	/* keys of DeepSeek-V3's architecture whose implementation is on its way */
-	NEED(c->n_routing_groups == -1, "key 'n_routing_groups' is not implemented yet (must be -1)");
 	NEED(!c->use_batch_split_schedule, "key 'use_batch_split_schedule' is not implemented yet");
-	NEED(!c->load_parameters_path[0], "key 'load_parameters_path' is not implemented yet");
-	NEED(!strcmp(c->checkpoint_dtype, "f32"),
-	     "key 'checkpoint_dtype' must be f32 (bf16 is not implemented yet), got '%s'", c->checkpoint_dtype);
+	NEED(!strcmp(c->checkpoint_dtype, "f32") || !strcmp(c->checkpoint_dtype, "bf16"),
+	     "key 'checkpoint_dtype' must be f32 or bf16, got '%s'", c->checkpoint_dtype);
 #undef NEED
 	return 0;
 }
@@ -704,11 +736,14 @@ static int plan_model(struct model *m, const struct model_mesh *mm, char *err, s
 	return 0;
 }
 
-struct model *params_make(const struct model_dims *d, const struct model_mesh *mm, char *err, size_t errlen)
+struct model *params_make(const struct model_dims *d, const struct model_mesh *mm, int *rc,
+			  char *err, size_t errlen)
 {
 	struct model *m = calloc(1, sizeof(*m));
+	*rc = 0;
 	if (!m) {
-		snprintf(err, errlen, "model: out of memory");
+		snprintf(err, errlen, "model: out of memory: %zu bytes for the model's table", sizeof(*m));
+		*rc = -ENOMEM;
 		return NULL;
 	}
 	m->d = *d;
@@ -719,10 +754,10 @@ struct model *params_make(const struct model_dims *d, const struct model_mesh *m
 	m->Ve = d->V;
 	build_table(m);
 	if (mm && mm->mesh->num_devices > 1) {
-		int rc = plan_model(m, mm, err, errlen);
-		if (rc == -ENOMEM)
+		*rc = plan_model(m, mm, err, errlen);
+		if (*rc == -ENOMEM)
 			snprintf(err, errlen, "model: out of memory for the plans");
-		if (rc) {
+		if (*rc) {
 			params_free(m);
 			free(m);
 			return NULL;

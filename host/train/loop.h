@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "host/ckpt/hf_load.h"
 #include "host/obs/steplog.h"
 #include "host/train/train.h"
 
@@ -20,6 +21,10 @@ struct train_opts {
 	const char *trace;        /* --trace FILE */
 	bool resume;              /* --resume */
 	bool quiet;               /* --quiet: no step log on stdout */
+	/* load_parameters_path opened for this host's devices (NULL: the
+	 * weights are initialised, or --resume loads the run's own
+	 * checkpoint); the command opens and closes it */
+	struct hf_src *weights;
 };
 
 struct train_loop {

@@ -168,9 +168,8 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 	int mb = t->rows / pc.shape.microbatches;
 	struct model_mesh pm = *mm;
 	pipe_config_model_mesh(&pc, &pm);
-	t->model = model_new(d, mb, &pm, err, errlen);
-	if (!t->model)
-		return -EINVAL;
+	if ((rc = model_open(&t->model, d, mb, &pm, err, errlen)))
+		return rc;
 	mesh_coords(t->mesh, t->device, coord);
 	S = t->mesh->size[AX_STAGE];
 	int stage = coord[AX_STAGE];
@@ -199,6 +198,8 @@ int trainer_open(struct trainer **out, const struct cfg *c, int rows, const stru
 		snprintf(err, errlen, "config: key 'steps' must be >= 0, got %lld", c->steps);
 		return -EINVAL;
 	}
+	size_t asked = sizeof(*t);
+	const char *what = "the trainer";
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		goto oom;
@@ -230,14 +231,18 @@ int trainer_open(struct trainer **out, const struct cfg *c, int rows, const stru
 	if (t->mesh && t->mesh->size[AX_STAGE] > 1) {
 		if ((rc = pipe_open(t, c, &d, mm, err, errlen)))
 			goto fail;
-	} else if (!(t->model = model_new(&d, rows, mm, err, errlen))) {
-		rc = -EINVAL;
+	} else if ((rc = model_open(&t->model, &d, rows, mm, err, errlen))) {
 		goto fail;
 	}
-	model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
+	/* weights from a checkpoint replace every element: no init to pay for */
+	if (!c->load_parameters_path[0])
+		model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
 	rc = lay_out_state(t, err, errlen);
-	if (rc == -ENOMEM)
+	if (rc == -ENOMEM) {
+		asked = sizeof(float) * t->opt_n * (t->gshard || t->ndata > 1 ? 3 : 2);
+		what = "the optimizer state";
 		goto oom;
+	}
 	if (rc)
 		goto fail;
 	size_t big = 0;
@@ -253,12 +258,15 @@ int trainer_open(struct trainer **out, const struct cfg *c, int rows, const stru
 	t->scratch = malloc(sizeof(float) * (big ? big : 1));
 	t->inputs = malloc(sizeof(int32_t) * (size_t)rows * d.T);
 	t->targets = malloc(sizeof(int32_t) * (size_t)rows * d.T);
-	if (!t->scratch || !t->inputs || !t->targets)
+	if (!t->scratch || !t->inputs || !t->targets) {
+		asked = sizeof(float) * (big ? big : 1) + 2 * sizeof(int32_t) * (size_t)rows * d.T;
+		what = "Muon's scratch and the batch";
 		goto oom;
+	}
 	*out = t;
 	return 0;
 oom:
-	snprintf(err, errlen, "train: out of memory");
+	snprintf(err, errlen, "train: out of memory: %zu bytes for %s", asked, what);
 	rc = -ENOMEM;
 fail:
 	trainer_free(t);
@@ -578,15 +586,16 @@ int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen)
 		return 0;
 	struct model_dims d = *model_dims(t->model);
 	d.T = 1;
-	t->gmodel = model_new(&d, 1, NULL, err, errlen);
-	if (!t->gmodel)
-		return -ENOMEM;
+	int rc = model_open(&t->gmodel, &d, 1, NULL, err, errlen);
+	if (rc)
+		return rc;
 	size_t n = model_numel(t->gmodel);
 	t->gp = calloc(n, sizeof(float));
 	t->gm = calloc(n, sizeof(float));
 	t->gv = calloc(n, sizeof(float));
 	if (!t->gp || !t->gm || !t->gv) {
-		snprintf(err, errlen, "train: out of memory");
+		snprintf(err, errlen, "train: out of memory: %zu bytes for the whole model's parameters and "
+			 "optimizer state (checkpoints)", 3 * n * sizeof(float));
 		return -ENOMEM;
 	}
 	return 0;
@@ -666,7 +675,8 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 	if (!loc || !recv) {
 		free(loc);
 		free(recv);
-		snprintf(err, errlen, "train: out of memory");
+		snprintf(err, errlen, "train: out of memory: %zu bytes to gather a checkpoint",
+			 sizeof(float) * (n + big));
 		return -ENOMEM;
 	}
 	const float *src[3] = { model_params(m), t->m, t->v };

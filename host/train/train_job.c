@@ -467,6 +467,24 @@ static void print_finished(const struct device_ctx *dev, const struct train_loop
 	fflush(stdout);
 }
 
+/* load_parameters_path: this device's shards of the weights (the host's
+ * devices one at a time, each block read once per host); host's first
+ * device says what the host read. Every device of the host gets here
+ * (train_job's exit calls hf_src_done for one that failed before). */
+static int load_weights(struct device_ctx *dev, struct hf_src *src, struct trainer *t, char *err,
+			size_t errlen)
+{
+	struct model *m = trainer_model(t);
+	int rc = hf_src_done(src, hf_src_load(src, m, model_params(m), err, errlen), err, errlen);
+	if (!rc && dev->local_index == 0) {
+		char line[1024];
+		hf_src_summary(src, line, sizeof(line));
+		printf("meshrun: host %d: %s\n", dev->host_id, line);
+		fflush(stdout);
+	}
+	return rc;
+}
+
 /* Resume: device 0 loads the checkpoint, every device takes it. */
 static int resume(struct trainer *t, struct job_ctx *jc, const struct coll_group *all, bool leader,
 		  const char *dir, int64_t *start, char *err, size_t errlen)
@@ -493,21 +511,21 @@ int train_job(struct device_ctx *dev)
 	struct steplog log = { 0 };
 	int ret = 0;
 	int64_t start = 0;
-	bool leader = dev->device_id == 0;
+	bool leader = dev->device_id == 0, loaded = false;
 	uint32_t rows = 0;
 
-	if ((ret = check_mesh(c, err, errlen)))
-		return ret;
 	struct fault_plan faults;
-	if ((ret = agent_faults(c, dev->mesh->num_hosts, &faults, err, errlen)))
-		return ret;
+	if ((ret = check_mesh(c, err, errlen)) ||
+	    (ret = agent_faults(c, dev->mesh->num_hosts, &faults, err, errlen)))
+		goto out;
 	if (dev->local_index == 0)
 		jc.faults = &faults;
 	jc.host = dev->host_id;
 	rules = malloc(sizeof(*rules));
 	if (!rules) {
 		snprintf(err, errlen, "train: out of memory");
-		return -ENOMEM;
+		ret = -ENOMEM;
+		goto out;
 	}
 	struct model_mesh mm = { .mesh = dev->mesh, .rules = rules, .device = dev->device_id };
 	if (shard_rules_from_cfg(rules, c, err, errlen) ||
@@ -534,6 +552,12 @@ int train_job(struct device_ctx *dev)
 	int B = global_rows / rg->n, row0 = rg->rank * B;
 	if ((ret = trainer_open(&t, c, B, &mm, err, errlen)))
 		goto out;
+	if (o->weights) {
+		ret = load_weights(dev, o->weights, t, err, errlen);
+		loaded = true;
+		if (ret)
+			goto out;
+	}
 	jc.t = t;
 	/* test hook: an idle pipeline slot that read its buffers would see NaN */
 	if (trainer_pipe(t) && getenv("MESHRUN_TEST_PIPE_POISON"))
@@ -584,6 +608,8 @@ int train_job(struct device_ctx *dev)
 	if (coll_barrier(jc.coll, &all, err, errlen))
 		ret = -EHOSTDOWN;
 out:
+	if (o->weights && !loaded)  /* the host's other devices wait for this one */
+		hf_src_done(o->weights, ret ? ret : -ECANCELED, err, errlen);
 	if (leader)
 		steplog_close(&log);
 	trainer_free(t);
