@@ -559,19 +559,18 @@ int net_finish(struct net *n, char *err, size_t errlen)
 
 void net_abort(struct net *n, int status, const char *msg)
 {
+	struct cmd *c = n->thread_started ? cmd_new(CMD_ABORT, msg) : NULL;
+	if (!c)
+		status_record(n, status, msg);
+	else
+		c->status = status;
+	/* queued before the xport wakes anyone: a sibling device that fails
+	 * because of this abort queues its own after it, and the first
+	 * failure recorded is this one */
+	if (c)
+		push_cmd(n, c);
 	if (n->x)
 		xport_fail(n->x, -ECANCELED, msg);
-	if (!n->thread_started) {
-		status_record(n, status, msg);
-		return;
-	}
-	struct cmd *c = cmd_new(CMD_ABORT, msg);
-	if (!c) {
-		status_record(n, status, msg);
-		return;
-	}
-	c->status = status;
-	push_cmd(n, c);
 }
 
 int net_failed(struct net *n, char *err, size_t errlen)

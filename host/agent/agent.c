@@ -53,18 +53,22 @@ uint64_t agent_tls_key_updates(struct agent *a)
 	return a && a->net ? net_key_updates(a->net) : 0;
 }
 
+void agent_job_failed(struct device_ctx *d, int rc)
+{
+	char msg[640];
+	snprintf(msg, sizeof(msg), "device %d: %s", d->device_id, d->err[0] ? d->err : "job failed");
+	/* wakes the sibling devices and tells the other hosts; the first
+	 * failure wins, so a second call changes nothing */
+	net_abort(d->agent->net, rc, msg);
+}
+
 static void *device_main(void *p)
 {
 	struct device_ctx *d = p;
 	struct agent *a = d->agent;
 	int rc = a->job(d);
-	if (rc) {
-		char msg[640];
-		snprintf(msg, sizeof(msg), "device %d: %s", d->device_id,
-			 d->err[0] ? d->err : "job failed");
-		/* wakes the sibling devices and tells the other hosts */
-		net_abort(a->net, rc, msg);
-	}
+	if (rc)
+		agent_job_failed(d, rc);
 	pthread_mutex_lock(&a->mu);
 	a->running--;
 	pthread_cond_broadcast(&a->cv);

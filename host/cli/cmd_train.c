@@ -16,7 +16,7 @@
 static int train_run(const struct cfg *c, const struct train_opts *o, char *err, size_t errlen)
 {
 	struct trainer *t;
-	struct steplog log;
+	struct steplog log = { 0 };
 	int64_t start = 0;
 	int rc = trainer_open(&t, c, (int)c->per_device_batch_size, NULL, err, errlen);
 	if (rc)
@@ -30,8 +30,11 @@ static int train_run(const struct cfg *c, const struct train_opts *o, char *err,
 		.log = &log,
 	};
 	rc = train_loop_run(&loop, start, err, errlen);
-	steplog_close(&log);
 out:
+	if (!rc)
+		rc = steplog_close(&log, err, errlen);
+	else
+		steplog_close(&log, NULL, 0);
 	trainer_free(t);
 	return rc;
 }

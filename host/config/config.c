@@ -13,6 +13,8 @@
 #include <openssl/evp.h>
 #include <yaml.h>
 
+#include "host/util/out.h"
+
 #define AXIS_NAME(X, e, name, stem, def) [e] = #name,
 const char *const mesh_axis_names[AX_COUNT] = { MESH_AXES(AXIS_NAME, ) };
 #undef AXIS_NAME
@@ -564,12 +566,11 @@ static void write_quoted(FILE *f, const char *s)
 int cfg_write_yaml(const struct cfg *c, const char *path, char *err, size_t errlen)
 {
 	char buf[CFG_MAX_LIST * CFG_STR + 64];
-	FILE *f = fopen(path, "w");
-	if (!f) {
-		int rc = -errno;
-		snprintf(err, errlen, "config: unable to write '%s': %s", path, strerror(errno));
+	struct util_out o;
+	int rc = util_out_open(&o, "config", path, err, errlen);
+	if (rc)
 		return rc;
-	}
+	FILE *f = o.f;
 	for (size_t i = 0; i < NKEYS; i++) {
 		const struct cfg_key *k = &keys[i];
 		value_text(c, k, buf, sizeof(buf));
@@ -589,9 +590,7 @@ int cfg_write_yaml(const struct cfg *c, const char *path, char *err, size_t errl
 			fprintf(f, "%s: %s\n", k->name, buf);
 		}
 	}
-	if (fclose(f)) {
-		snprintf(err, errlen, "config: unable to write '%s'", path);
-		return -EIO;
-	}
-	return 0;
+	/* every fprintf above is checked here (the stream's error flag),
+	 * with the flush, fsync and close */
+	return util_out_commit(&o, err, errlen);
 }

@@ -379,9 +379,9 @@ static int write_trace(struct device_ctx *dev, struct job_ctx *rc, const struct 
 	}
 	for (int i = 0; i < n; i++)
 		host_of[i] = mesh_host_of(dev->mesh, all->devs[i]);
-	/* a trace file that cannot be written is a plain failure */
-	if (leader && trace_write(path, ev, counts, host_of, n, err, errlen))
-		ret = -EIO;
+	/* a trace file that cannot be written fails the job with its errno */
+	if (leader)
+		ret = trace_write(path, ev, counts, host_of, n, err, errlen);
 out:
 	free(counts);
 	free(host_of);
@@ -578,14 +578,21 @@ int train_job(struct device_ctx *dev)
 		goto out;
 	if (leader && c->steps > start)
 		print_finished(dev, &loop, start, util_now_s() - run_t0);
+	/* the metrics file is synced and closed while every host is still in
+	 * the job, so a failure there fails it everywhere */
+	if (leader && (ret = steplog_close(&log, err, errlen)))
+		goto out;
 	if (jc.tr && (ret = write_trace(dev, &jc, &all, o->trace, err, errlen)))
 		goto out;
 	/* nobody leaves before the checkpoint is written */
 	if (coll_barrier(jc.coll, &all, err, errlen))
 		ret = -EHOSTDOWN;
 out:
+	/* before the collectives go: the siblings would fail on them first */
+	if (ret)
+		agent_job_failed(dev, ret);
 	if (leader)
-		steplog_close(&log);
+		steplog_close(&log, NULL, 0);
 	trainer_free(t);
 	if (jc.coll)
 		coll_dev_free(jc.coll);
