@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "host/agent/agent.h"
 #include "host/agent/pingpong.h"
@@ -13,6 +14,7 @@
 #include "host/cli/cmds.h"
 #include "host/config/config.h"
 #include "host/train/loop.h"
+#include "host/train/preflight.h"
 #include "host/train/train_job.h"
 #include "host/util/threads.h"
 
@@ -56,6 +58,18 @@ int cli_agent_cfg(const struct args *a, const struct mesh_args *m, struct cfg *c
 	}
 	*host_id = hid;
 	return EXIT_OK;
+}
+
+const char *cli_job_name(const char *cmd, char *buf, size_t len)
+{
+	const char *id = getenv("MESHRUN_JOB_ID"), *slurm = getenv("SLURM_JOB_ID");
+	if (id && *id)
+		snprintf(buf, len, "%.100s", id);
+	else if (slurm && *slurm)
+		snprintf(buf, len, "slurm-%.90s", slurm);
+	else
+		snprintf(buf, len, "%s-%ld", cmd, (long)getpid());
+	return buf;
 }
 
 /* ---- `meshrun agent` ---- */
@@ -201,10 +215,20 @@ int cmd_agent(int argc, char **argv)
 			ao.job);
 		return EXIT_USAGE;
 	}
+	/* the host that writes the outputs proves it can, before rendezvous */
+	struct train_outputs out = { .lock.fd = -1 };
+	char job[128];
+	if (train && host_id == 0 &&
+	    (rc = train_preflight(&out, &cfg, &ao.run, cli_job_name("agent", job, sizeof(job)), err,
+				  sizeof(err)))) {
+		fprintf(stderr, "meshrun: host %d: %s\n", host_id, err);
+		return cli_exit_code(rc);
+	}
 	if (train)
 		util_blas_threads(&cfg, cfg.devices_per_host * util_agents_on_machine());
 	rc = agent_run(&cfg, host_id, ao.listen, j->fn, train ? (void *)&ao.run : (void *)&ao.pp, err,
 		       sizeof(err));
+	train_outputs_release(&out);
 	if (rc)
 		fprintf(stderr, "meshrun: host %d: %s\n", host_id, err);
 	return cli_exit_code(rc);

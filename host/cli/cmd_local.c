@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "host/ckpt/ckpt.h"
 #include "host/cli/cli.h"
@@ -183,6 +184,11 @@ int cmd_local(int argc, char **argv)
 		args_release(&a);
 		return rc;
 	}
+	/* the agents name the job by the launcher (host/cli/cmds.h) */
+	char job[64];
+	snprintf(job, sizeof(job), "local-%ld", (long)getpid());
+	if (!getenv("MESHRUN_JOB_ID"))
+		setenv("MESHRUN_JOB_ID", job, 1);
 	static const char *const prefix[] = { "agent" };
 	rc = launch_local("meshrun: local", hosts, &a, argv, own, prefix, 1, &rs);
 	args_release(&a);

@@ -6,10 +6,12 @@
 
 #include "host/cli/args.h"
 #include "host/cli/cli.h"
+#include "host/cli/cmds.h"
 #include "host/ckpt/ckpt.h"
 #include "host/config/config.h"
 #include "host/train/eval.h"
 #include "host/train/loop.h"
+#include "host/train/preflight.h"
 #include "host/train/train.h"
 #include "host/util/threads.h"
 
@@ -67,9 +69,14 @@ int cmd_train(int argc, char **argv)
 	}
 	rc = args_load_cfg(&a, &c, err, sizeof(err));
 	args_release(&a);
-	if (!rc && !(rc = cfg_finish(&c, 1, 1, err, sizeof(err)) ? -EINVAL : 0)) {
+	struct train_outputs out = { .lock.fd = -1 };
+	char job[128];
+	if (!rc && !(rc = cfg_finish(&c, 1, 1, err, sizeof(err)) ? -EINVAL : 0) &&
+	    !(rc = train_preflight(&out, &c, &o, cli_job_name("train", job, sizeof(job)), err,
+				   sizeof(err)))) {
 		util_blas_threads(&c, 1);
 		rc = train_run(&c, &o, err, sizeof(err));
+		train_outputs_release(&out);
 	}
 	if (rc)
 		fprintf(stderr, "%s\n", err);

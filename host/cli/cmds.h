@@ -28,6 +28,11 @@ const struct arg_flag *cli_agent_flags(void);
 int cli_agent_cfg(const struct args *a, const struct mesh_args *m, struct cfg *c, int *host_id,
 		  char *err, size_t errlen);
 
+/* The job's name for what it leaves behind (the checkpoint directory's
+ * lock): MESHRUN_JOB_ID when a launcher set it ("local-4242"), else
+ * "slurm-<SLURM_JOB_ID>" under Slurm, else "<cmd>-<this pid>". */
+const char *cli_job_name(const char *cmd, char *buf, size_t len);
+
 /* Starts `hosts` agents on loopback (host/launch/local.h), each running
  * this binary with prefix[0..nprefix-1] and then every argument of argv
  * except those taken by a flag named in the table `skip`; prints "<who>: <what failed>" and
