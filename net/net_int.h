@@ -166,6 +166,17 @@ int send_write(struct link *l);
 
 /* Refuses one connection (logged, Refuse sent, closed); the rendezvous
  * goes on. */
+/* A host other than the coordinator gives up on start-up this much later
+ * than connect_timeout_s, so the coordinator's deadline fires first and
+ * its verdict (who never said hello) reaches every host that is there. */
+#define RDV_AGENT_GRACE_S 5
+/* The rendezvous deadline passed (PH_RENDEZVOUS): the line that says who
+ * is missing into msg; on the coordinator, also sent to every agent that
+ * joined (an Abort on its rendezvous connection). */
+void rdv_timeout(struct net *n, char *msg, size_t len);
+/* An agent's coordinator connection got an Abort before the topology
+ * (rdv_timeout's): the job fails with its class and reason. */
+void rdv_coord_on_abort(struct link *l, const Meshrun__Abort *a);
 void rdv_refuse_conn(struct link *l, const char *reason);
 void rdv_coord_on_hello(struct link *l, const Meshrun__Hello *h);
 void rdv_send_hello(struct link *l);

@@ -135,6 +135,10 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 		case ROLE_COORD_OUT:
 			if (body == MESHRUN__FRAME__BODY_REFUSE)
 				goto refused;
+			if (body == MESHRUN__FRAME__BODY_ABORT) {
+				rdv_coord_on_abort(l, f->abort);
+				return;
+			}
 			rdv_agent_on_topology(l, f->topology);
 			return;
 		case ROLE_LINK_IN:

@@ -122,6 +122,65 @@ void rdv_coord_on_hello(struct link *l, const Meshrun__Hello *h)
 		send_topology(n);
 }
 
+/* "2, 5" for the host ids with (or, !joined, without) a hello so far. */
+static void hosts_text(const struct net *n, bool joined, char *out, size_t len)
+{
+	size_t used = 0;
+	int count = 0;
+	out[0] = 0;
+	for (int h = 0; h < n->num_hosts && used < len; h++) {
+		if (n->peers[h].joined != joined)
+			continue;
+		if (count++ == 16) {
+			snprintf(out + used, len - used, ", ...");
+			break;
+		}
+		used += (size_t)snprintf(out + used, len - used, "%s%d", used ? ", " : "", h);
+	}
+}
+
+void rdv_timeout(struct net *n, char *msg, size_t len)
+{
+	double t = n->connect_timeout_s;
+	if (n->host_id != 0) {
+		/* the coordinator's verdict did not come: it is the one missing */
+		snprintf(msg, len, "rendezvous timed out after %g s: no topology from the coordinator "
+			 "at %.200s%s%.200s%s", t + RDV_AGENT_GRACE_S, n->coordinator,
+			 n->coord_err[0] ? " (last error: " : "", n->coord_err,
+			 n->coord_err[0] ? ")" : "");
+		return;
+	}
+	char missing[160], here[160];
+	hosts_text(n, false, missing, sizeof(missing));
+	hosts_text(n, true, here, sizeof(here));
+	snprintf(msg, len, "rendezvous timed out after %g s: host%s %s never said hello to the "
+		 "coordinator at %.200s (here: host%s %s)", t, strchr(missing, ',') ? "s" : "",
+		 missing, n->coordinator, strchr(here, ',') ? "s" : "", here);
+	/* every host that is here hears who is missing, as a timeout */
+	Meshrun__Frame f = MESHRUN__FRAME__INIT;
+	Meshrun__Abort a = MESHRUN__ABORT__INIT;
+	a.host_id = 0;
+	a.reason = msg;
+	a.code = ETIMEDOUT;
+	f.body_case = MESHRUN__FRAME__BODY_ABORT;
+	f.abort = &a;
+	for (int h = 1; h < n->num_hosts; h++) {
+		struct link *l = n->peers[h].coord_in;
+		if (l && l->state != LS_DEAD)
+			link_send(l, &f);
+	}
+}
+
+void rdv_coord_on_abort(struct link *l, const Meshrun__Abort *a)
+{
+	struct net *n = l->net;
+	char why[600], text[480];
+	snprintf(why, sizeof(why), "the coordinator (%s) ended the rendezvous: %s", l->addr,
+		 wire_peer_text(a->reason, text, sizeof(text)));
+	link_kill(l);
+	link_fail_all(n, wire_done_status(a->code), -ECONNABORTED, why);
+}
+
 /* ---- rendezvous: agent side ---- */
 
 void rdv_send_hello(struct link *l)
