@@ -38,8 +38,10 @@ int cmd_report(int argc, char **argv)
 	}
 	if (!metrics || !out)
 		return report_usage(!metrics ? "a metrics file is needed" : "-o FILE.svg is needed");
-	char err[512];
-	int rc = report_write(metrics, trace, out, err, sizeof(err));
+	char err[512], warn[512];
+	int rc = report_write(metrics, trace, out, warn, sizeof(warn), err, sizeof(err));
+	if (warn[0])
+		fprintf(stderr, "meshrun: %s\n", warn);
 	if (rc) {
 		fprintf(stderr, "%s\n", err);
 		return rc == -EBADMSG ? EXIT_INPUT : EXIT_FAIL;

@@ -67,7 +67,7 @@ int util_out_open(struct util_out *o, const char *what, const char *path, char *
 	unlink(o->tmp);
 	int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 	if (fd < 0)
-		return util_file_err(err, errlen, what, "create", o->tmp, errno);
+		return util_file_err(err, errlen, what, "write", path, errno);
 	o->f = fdopen(fd, "w");
 	if (!o->f) {
 		int e = errno;
