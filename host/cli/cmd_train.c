@@ -9,6 +9,8 @@
 #include "host/cli/cmds.h"
 #include "host/ckpt/ckpt.h"
 #include "host/config/config.h"
+#include "host/mesh/mesh.h"
+#include "host/train/check.h"
 #include "host/train/eval.h"
 #include "host/train/loop.h"
 #include "host/train/preflight.h"
@@ -71,9 +73,17 @@ int cmd_train(int argc, char **argv)
 	args_release(&a);
 	struct train_outputs out = { .lock.fd = -1 };
 	char job[128];
-	if (!rc && !(rc = cfg_finish(&c, 1, 1, err, sizeof(err)) ? -EINVAL : 0) &&
-	    !(rc = train_preflight(&out, &c, &o, cli_job_name("train", job, sizeof(job)), err,
-				   sizeof(err)))) {
+	struct mesh m;
+	if (!rc && cfg_finish(&c, 1, 1, err, sizeof(err)))
+		rc = -EINVAL;
+	if (!rc) {
+		mesh_init(&m, &c);
+		rc = train_check(&c, &m, err, sizeof(err));
+	}
+	if (!rc)
+		rc = train_preflight(&out, &c, &o, cli_job_name("train", job, sizeof(job)), err,
+				     sizeof(err));
+	if (!rc) {
 		util_blas_threads(&c, 1);
 		rc = train_run(&c, &o, err, sizeof(err));
 		train_outputs_release(&out);

@@ -3,6 +3,7 @@
  * the parameters, except that a bucket whose state ZeRO-1 splits over
  * `data` keeps only this device's part of it. */
 #include "host/train/train.h"
+#include "host/train/check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -121,39 +122,18 @@ static int lay_out_state(struct trainer *t, char *err, size_t errlen)
 	return 0;
 }
 
-int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
+/* t->model for B rows: -EINVAL when the plan refuses the shapes or
+ * shardings, else -ENOMEM when its buffers cannot be had (the plan is
+ * made first without them, so the two are told apart). */
+static int new_model(struct trainer *t, const struct model_dims *d, int B,
+		     const struct model_mesh *mm, char *err, size_t errlen)
 {
-	snprintf(err, errlen, "config: opt_type=muon cannot split its state over data "
-		 "(shard_optimizer_over_data cuts '%s' into flat shards, Muon needs "
-		 "whole matrices); use opt_type=adamw with it", tensor);
-	return -EINVAL;
-}
-
-/* What a pipeline over `stage` trains with today: data (ZeRO-1 too),
- * tensor, tensor_transpose, expert and FSDP (any repeats, any of the
- * three weight modes) beside it; dense and MoE models, with decoder
- * layers outside the pipeline. Anything else is refused, naming its
- * keys. */
-static int pipe_supported(const struct cfg *c, const struct pipe_config *pc, int rows, char *err,
-			  size_t errlen)
-{
-	static const int other[] = { AX_SEQUENCE, AX_CONTEXT };
-	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
-		int a = other[i];
-		if (c->ici[a] * c->dcn[a] == 1)
-			continue;
-		snprintf(err, errlen, "config: pipeline parallelism (stage) trains beside data, fsdp, "
-			 "fsdp_transpose, tensor, tensor_transpose and expert parallelism only; "
-			 "ici_/dcn_%s_parallelism=%d is not supported with it yet",
-			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
+	struct model *plan = model_plan_new(d, mm, err, errlen);
+	if (!plan)
 		return -EINVAL;
-	}
-	if (rows % pc->shape.microbatches) {
-		snprintf(err, errlen, "config: a stage group's %d rows do not split into "
-			 "num_pipeline_microbatches=%d microbatches", rows, pc->shape.microbatches);
-		return -EINVAL;
-	}
-	return 0;
+	model_free(plan);
+	t->model = model_new(d, B, mm, err, errlen);
+	return t->model ? 0 : -ENOMEM;
 }
 
 /* The model for one microbatch of rows and the executor of this stage. */
@@ -163,14 +143,13 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 	struct pipe_config pc;
 	int coord[AX_COUNT], S, rc, dev[MESH_MAX_DEVICES];
 	if ((rc = pipe_config_resolve(&pc, c, d, err, errlen)) ||
-	    (rc = pipe_supported(c, &pc, t->rows, err, errlen)))
+	    (rc = train_check_pipe(c, &pc, t->rows, err, errlen)))
 		return rc;
 	int mb = t->rows / pc.shape.microbatches;
 	struct model_mesh pm = *mm;
 	pipe_config_model_mesh(&pc, &pm);
-	t->model = model_new(d, mb, &pm, err, errlen);
-	if (!t->model)
-		return -EINVAL;
+	if ((rc = new_model(t, d, mb, &pm, err, errlen)))
+		return rc;
 	mesh_coords(t->mesh, t->device, coord);
 	S = t->mesh->size[AX_STAGE];
 	int stage = coord[AX_STAGE];
@@ -230,8 +209,7 @@ int trainer_open(struct trainer **out, const struct cfg *c, int rows, const stru
 	if (t->mesh && t->mesh->size[AX_STAGE] > 1) {
 		if ((rc = pipe_open(t, c, &d, mm, err, errlen)))
 			goto fail;
-	} else if (!(t->model = model_new(&d, rows, mm, err, errlen))) {
-		rc = -EINVAL;
+	} else if ((rc = new_model(t, &d, rows, mm, err, errlen))) {
 		goto fail;
 	}
 	model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "host/mesh/plan.h"
+#include "host/train/check.h"
 #include "host/train/loop.h"
 #include "host/mesh/shard.h"
 #include "host/obs/trace.h"
@@ -323,24 +324,6 @@ static int job_p2p_flush(void *vctx)
 	return rc;
 }
 
-/* Sharded training runs every axis but these; they are refused until
- * something stands behind them. */
-static int check_mesh(const struct cfg *c, char *err, size_t errlen)
-{
-	static const int later[] = { AX_SEQUENCE, AX_CONTEXT };
-	for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
-		int a = later[i];
-		if (c->ici[a] * c->dcn[a] == 1)
-			continue;
-		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
-			 "along it is not implemented yet; today data, stage, fsdp, fsdp_transpose, "
-			 "tensor, tensor_transpose and expert parallelism train",
-			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
-		return -EINVAL;
-	}
-	return 0;
-}
-
 /* Resume: device 0 loaded the checkpoint (whole tensors); every device
  * takes it, then its own shards. */
 static int broadcast_state(struct trainer *t, struct job_ctx *jc, const struct coll_group *all,
@@ -496,7 +479,8 @@ int train_job(struct device_ctx *dev)
 	bool leader = dev->device_id == 0;
 	uint32_t rows = 0;
 
-	if ((ret = check_mesh(c, err, errlen)))
+	/* everything the trainer would refuse, before anything is made */
+	if ((ret = train_check(c, dev->mesh, err, errlen)))
 		return ret;
 	struct fault_plan faults;
 	if ((ret = agent_faults(c, dev->mesh->num_hosts, &faults, err, errlen)))
