@@ -219,6 +219,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 
+	status_flush_refused(n, false);
 	for (struct link *l = n->links; l; l = l->next) {
 		switch (l->state) {
 		case LS_UP:
@@ -605,6 +606,7 @@ void net_free(struct net *n)
 			event_base_loopbreak(n->base);
 		pthread_join(n->thread, NULL);
 	}
+	status_flush_refused(n, true);
 	while (n->links) {
 		struct link *l = n->links;
 		n->links = l->next;

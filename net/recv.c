@@ -468,7 +468,8 @@ static void link_handshake(struct link *l)
 	if (rc < 0) {
 		char err[256];
 		snprintf(err, sizeof(err), "%s", l->c->err);
-		link_conn_failed(l, -EPROTO, err);
+		if (!rdv_handshake_failed(l, rc, err))
+			link_conn_failed(l, -EPROTO, err);
 		return;
 	}
 	link_set_state(l, LS_HELLO);
