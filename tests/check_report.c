@@ -419,7 +419,7 @@ START_TEST(test_binary)
 
 	write_file(path_m, "{\"step\":0}\n{\"step\":1}\n7\n");
 	ck_assert_int_eq(run(args, text, sizeof(text)), 4);
-	snprintf(want, sizeof(want), "report: %s:3: not a JSON object\n", path_m);
+	snprintf(want, sizeof(want), "meshrun: report: %s:3: not a JSON object\n", path_m);
 	ck_assert_str_eq(text, want);
 
 	ck_assert_int_eq(run(path_m, text, sizeof(text)), 2);
@@ -437,7 +437,7 @@ START_TEST(test_binary)
 	/* an endless input: refused, bad input */
 	snprintf(args, sizeof(args), "/dev/zero -o %s", path_svg);
 	ck_assert_int_eq(run(args, text, sizeof(text)), 4);
-	ck_assert_str_eq(text, "report: /dev/zero:1: no newline within 65536 bytes (not a metrics file?)\n");
+	ck_assert_str_eq(text, "meshrun: report: /dev/zero:1: no newline within 65536 bytes (not a metrics file?)\n");
 }
 END_TEST
 

@@ -1,6 +1,7 @@
 /* `meshrun train` and `meshrun eval`: one device. */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 
@@ -65,9 +66,8 @@ int cmd_train(int argc, char **argv)
 		rc = -EINVAL;
 	}
 	if (rc) {
-		fprintf(stderr, "meshrun: train: %s\n", err);
 		args_release(&a);
-		return EXIT_USAGE;
+		return cli_usage_error("train", "%s", err);
 	}
 	rc = args_load_cfg(&a, &c, err, sizeof(err));
 	args_release(&a);
@@ -89,7 +89,7 @@ int cmd_train(int argc, char **argv)
 		train_outputs_release(&out);
 	}
 	if (rc)
-		fprintf(stderr, "%s\n", err);
+		cli_error("train", "%s", err);
 	return cli_exit_code(rc);
 }
 
@@ -104,12 +104,12 @@ static int eval_cfg(struct cfg *c, const char *dir, const char *text, const stru
 	char path[4200], step_dir[4096], why[1024];
 	cfg_defaults(c);
 	if (ckpt_find(dir, step_dir, sizeof(step_dir), NULL, why, sizeof(why))) {
-		snprintf(err, errlen, "eval: %s", why);
+		snprintf(err, errlen, "%s", why);
 		return -EBADMSG;
 	}
 	snprintf(path, sizeof(path), "%s/meshrun.yml", step_dir);
 	if (cfg_load_file(c, path, why, sizeof(why))) {
-		snprintf(err, errlen, "eval: %s", why);
+		snprintf(err, errlen, "%s", why);
 		return -EBADMSG;
 	}
 	for (int i = 0; i < a->noverrides; i++)
@@ -129,11 +129,18 @@ static int eval_run(const struct cfg *c, const char *dir, const char *text, char
 	char why[1024];
 	int rc = trainer_open(&t, c, (int)c->per_device_batch_size, NULL, why, sizeof(why));
 	if (!rc && (rc = trainer_load(t, dir, NULL, why, sizeof(why))) == 0 &&
-	    (rc = eval_text(t, text, &r, why, sizeof(why))) == 0)
+	    (rc = eval_text(t, text, &r, why, sizeof(why))) == 0 && !isfinite(r.loss)) {
+		/* not a loss: no number a script could take for one */
+		snprintf(why, sizeof(why), "the loss over %" PRId64 " windows is %s: the checkpoint's "
+			 "weights (or the text) give no finite loss", r.windows,
+			 isnan(r.loss) ? "nan" : r.loss > 0 ? "inf" : "-inf");
+		rc = -ERANGE;
+	}
+	if (!rc)
 		printf("eval_windows: %" PRId64 "\neval_tokens: %" PRId64 "\neval_loss: %.6f\n", r.windows,
 		       r.tokens, r.loss);
 	if (rc)
-		snprintf(err, errlen, "eval: %s", why);
+		snprintf(err, errlen, "%s", why);
 	trainer_free(t);
 	return rc;
 }
@@ -152,11 +159,9 @@ int cmd_eval(int argc, char **argv)
 	const struct arg_flag *const tables[] = { flags, NULL };
 	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
 	if (rc || !dir || !text) {
-		if (rc)
-			fprintf(stderr, "meshrun: eval: %s\n", err);
-		fprintf(stderr, "usage: meshrun eval --checkpoint DIR --text FILE [key=value ...]\n");
 		args_release(&a);
-		return EXIT_USAGE;
+		return cli_usage_error("eval", "%s", rc ? err : !dir ? "--checkpoint DIR is needed"
+								  : "--text FILE is needed");
 	}
 	rc = eval_cfg(&c, dir, text, &a, err, sizeof(err));
 	args_release(&a);
@@ -165,6 +170,6 @@ int cmd_eval(int argc, char **argv)
 		rc = eval_run(&c, dir, text, err, sizeof(err));
 	}
 	if (rc)
-		fprintf(stderr, "%s\n", err);
+		cli_error("eval", "%s", err);
 	return cli_exit_code(rc);
 }
