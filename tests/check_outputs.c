@@ -30,27 +30,9 @@ static void unmount_all(void)
 	nmnt = 0;
 }
 
-/* When the test process ends however it ends, its mounts go (before the
- * directory they sit in is removed by proc.h's watcher; a lazy unmount
- * makes that order not matter). */
-static void unmount_at_death(const char *dir)
+static int unmount_lazy(const char *dir)
 {
-	pid_t parent = getpid();
-	sigset_t term, old;
-	sigemptyset(&term);
-	sigaddset(&term, SIGTERM);
-	sigprocmask(SIG_BLOCK, &term, &old);
-	pid_t pid = fork();
-	if (pid == 0) {
-		int sig;
-		setpgid(0, 0);
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		if (getppid() == parent)
-			sigwait(&term, &sig);
-		umount2(dir, MNT_DETACH);
-		_exit(0);
-	}
-	sigprocmask(SIG_SETMASK, &old, NULL);
+	return umount2(dir, MNT_DETACH);
 }
 
 /* A tmpfs of size bytes at tmpdir/name (read-only: ro), removed when the
@@ -65,7 +47,9 @@ static void mount_tmpfs(const char *name, long size, bool ro, char *path, size_t
 		      "mount tmpfs on %s: %s", path, strerror(errno));
 	ck_assert_int_lt(nmnt, 8);
 	snprintf(mnt[nmnt++], sizeof(mnt[0]), "%s", path);
-	unmount_at_death(path);
+	/* when the test process ends however it ends, the mount goes (a lazy
+	 * unmount: proc.h's watcher may remove the directory first) */
+	proc_at_death(unmount_lazy, path);
 }
 
 static void setup(void)

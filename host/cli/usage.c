@@ -48,13 +48,18 @@ void cli_print_usage(FILE *f, const char *cmd)
 		fprintf(f, "usage: meshrun %s", u);
 }
 
+static void error_line(const char *who, const char *fmt, va_list ap)
+{
+	fprintf(stderr, "meshrun: %s: ", who);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+}
+
 void cli_error(const char *who, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "meshrun: %s: ", who);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
+	error_line(who, fmt, ap);
 	va_end(ap);
 }
 
@@ -62,9 +67,7 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "meshrun: %s: ", cmd);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
+	error_line(cmd, fmt, ap);
 	va_end(ap);
 	/* "bench link" has bench's usage */
 	char base[32];

@@ -85,13 +85,10 @@ static int check_muon_zero(const struct cfg *c, const struct model *m, int ndata
 
 /* The model's shape and plans for device 0 (every device's shards have
  * the same shapes), as trainer_open makes them. */
-static int check_model(const struct cfg *c, const struct mesh *m, const struct shard_rules *rules,
-		       char *err, size_t errlen)
+int train_check_keys(const struct cfg *c, struct model_dims *d, char *err, size_t errlen)
 {
-	struct model_dims d;
 	int rc;
-	uint32_t rows_axes = 0;
-	if ((rc = model_dims_from_cfg(&d, c, err, errlen)))
+	if ((rc = model_dims_from_cfg(d, c, err, errlen)))
 		return rc;
 	if (strcmp(c->opt_type, "adamw") && strcmp(c->opt_type, "muon")) {
 		snprintf(err, errlen, "config: key 'opt_type' must be adamw or muon, got '%s'", c->opt_type);
@@ -101,6 +98,17 @@ static int check_model(const struct cfg *c, const struct mesh *m, const struct s
 		snprintf(err, errlen, "config: key 'steps' must be >= 0, got %lld", c->steps);
 		return -EINVAL;
 	}
+	return 0;
+}
+
+static int check_model(const struct cfg *c, const struct mesh *m, const struct shard_rules *rules,
+		       char *err, size_t errlen)
+{
+	struct model_dims d;
+	int rc;
+	uint32_t rows_axes = 0;
+	if ((rc = train_check_keys(c, &d, err, errlen)))
+		return rc;
 	if (m->num_devices == 1) {
 		struct model *one = model_plan_new(&d, NULL, err, errlen);
 		model_free(one);

@@ -168,16 +168,8 @@ int trainer_open(struct trainer **out, const struct cfg *c, int rows, const stru
 	int rc;
 
 	*out = NULL;
-	if ((rc = model_dims_from_cfg(&d, c, err, errlen)))
+	if ((rc = train_check_keys(c, &d, err, errlen)))
 		return rc;
-	if (strcmp(c->opt_type, "adamw") && strcmp(c->opt_type, "muon")) {
-		snprintf(err, errlen, "config: key 'opt_type' must be adamw or muon, got '%s'", c->opt_type);
-		return -EINVAL;
-	}
-	if (c->steps < 0) {
-		snprintf(err, errlen, "config: key 'steps' must be >= 0, got %lld", c->steps);
-		return -EINVAL;
-	}
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		goto oom;
