@@ -41,6 +41,7 @@
 /* Refused connections are logged one line per source address per
  * interval, with a count of the rest (status_log_refused). */
 #define REFUSED_SOURCES 16
+#define REFUSED_REASONS 4
 #define REFUSED_LOG_NS (10ull * 1000 * 1000 * 1000)
 #define RETRY_NS       (100ull * 1000 * 1000)
 #define ACCEPT_MAX     64
@@ -107,7 +108,11 @@ struct net {
 		char host[64];           /* "" : a free slot */
 		uint64_t since_ns;       /* its line was logged then */
 		unsigned more;           /* refused since, not logged */
-		char last[200];
+		struct {
+			char text[160];
+			unsigned n;
+		} why[REFUSED_REASONS];  /* their reasons, counted */
+		unsigned other;          /* those of yet other reasons */
 	} refused[REFUSED_SOURCES];
 	char last_refused[300];
 

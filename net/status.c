@@ -37,11 +37,36 @@ static void source_of(const char *addr, char *out, size_t len)
 
 static void flush_one(struct net *n, struct refused_src *r, uint64_t now)
 {
+	char why[800];
+	size_t used = 0;
+	why[0] = 0;
+	for (int i = 0; i < REFUSED_REASONS && r->why[i].n && used < sizeof(why); i++)
+		used += (size_t)snprintf(why + used, sizeof(why) - used, "%s%u x %s", i ? "; " : "",
+					 r->why[i].n, r->why[i].text);
+	if (r->other && used < sizeof(why))
+		snprintf(why + used, sizeof(why) - used, "; %u for other reasons", r->other);
 	if (r->more)
-		status_log(n, "refused %u more connections from %s in the last %.0f s (the last: %.200s)",
-			   r->more, r->host, (double)(now - r->since_ns) / 1e9, r->last);
-	r->host[0] = 0;
-	r->more = 0;
+		status_log(n, "refused %u more connections from %s in the last %.0f s: %s", r->more,
+			   r->host, (double)(now - r->since_ns) / 1e9, why);
+	memset(r, 0, sizeof(*r));
+}
+
+/* Counts one more refusal of r for reason. */
+static void count_reason(struct refused_src *r, const char *reason)
+{
+	r->more++;
+	for (int i = 0; i < REFUSED_REASONS; i++) {
+		if (!r->why[i].n) {
+			snprintf(r->why[i].text, sizeof(r->why[i].text), "%s", reason);
+			r->why[i].n = 1;
+			return;
+		}
+		if (!strncmp(r->why[i].text, reason, sizeof(r->why[i].text) - 1)) {
+			r->why[i].n++;
+			return;
+		}
+	}
+	r->other++;
 }
 
 void status_log_refused(struct net *n, const char *what, const char *addr, const char *reason)
@@ -59,8 +84,7 @@ void status_log_refused(struct net *n, const char *what, const char *addr, const
 			oldest = s;
 	}
 	if (r && now - r->since_ns < REFUSED_LOG_NS) {
-		r->more++;
-		snprintf(r->last, sizeof(r->last), "%s", reason);
+		count_reason(r, reason);
 		return;
 	}
 	if (!r) {

@@ -4,9 +4,11 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "host/ckpt/ckpt.h"
@@ -14,13 +16,19 @@
 #include "host/util/out.h"
 
 /* The directory of an output file can take a new file, and the file, if
- * it is there, can be written. */
+ * it is there, can be written (a device or a FIFO, such as /dev/stdout,
+ * only that). */
 static int probe_file_dir(const char *what, const char *path, char *err, size_t errlen)
 {
 	char dir[PATH_MAX];
-	util_dirname(path, dir, sizeof(dir));
-	int rc = util_probe_dir(what, dir, err, errlen);
-	if (!rc && !access(path, F_OK) && access(path, W_OK))
+	struct stat st;
+	bool there = !stat(path, &st);
+	int rc = 0;
+	if (!there || S_ISREG(st.st_mode)) {
+		util_dirname(path, dir, sizeof(dir));
+		rc = util_probe_dir(what, dir, err, errlen);
+	}
+	if (!rc && there && access(path, W_OK))
 		rc = util_file_err(err, errlen, what, "write", path, errno);
 	return rc;
 }

@@ -54,13 +54,29 @@ static int sync_dir(const char *dir)
 
 /* ---- a file written whole or not at all ---- */
 
+/* A target that is not a regular file: opened as it is, never replaced. */
+static int out_open_direct(struct util_out *o, const char *path, char *err, size_t errlen)
+{
+	o->direct = true;
+	o->f = fopen(path, "w");
+	return o->f ? 0 : util_file_err(err, errlen, o->what, "write", path, errno);
+}
+
 int util_out_open(struct util_out *o, const char *what, const char *path, char *err,
 		  size_t errlen)
 {
+	struct stat st;
+	char real[PATH_MAX];
 	o->f = NULL;
 	o->what = what;
-	if ((size_t)snprintf(o->path, sizeof(o->path), "%s", path) >= sizeof(o->path) ||
-	    (size_t)snprintf(o->tmp, sizeof(o->tmp), "%s.tmp", path) >= sizeof(o->tmp))
+	o->direct = false;
+	if (!stat(path, &st) && !S_ISREG(st.st_mode))
+		return out_open_direct(o, path, err, errlen);
+	/* through a symbolic link: the file it names is the one replaced */
+	const char *target = !lstat(path, &st) && S_ISLNK(st.st_mode) && realpath(path, real) ? real
+												: path;
+	if ((size_t)snprintf(o->path, sizeof(o->path), "%s", target) >= sizeof(o->path) ||
+	    (size_t)snprintf(o->tmp, sizeof(o->tmp), "%s.tmp", target) >= sizeof(o->tmp))
 		return util_file_err(err, errlen, what, "write", path, ENAMETOOLONG);
 	/* a stale temporary from a crash is ours to replace; O_EXCL then
 	 * refuses to write through anything else planted there */
@@ -84,7 +100,8 @@ void util_out_abort(struct util_out *o)
 		return;
 	fclose(o->f);
 	o->f = NULL;
-	unlink(o->tmp);
+	if (!o->direct)
+		unlink(o->tmp);
 }
 
 int util_out_commit(struct util_out *o, char *err, size_t errlen)
@@ -94,7 +111,7 @@ int util_out_commit(struct util_out *o, char *err, size_t errlen)
 	 * the write(2) that failed */
 	if (ferror(o->f))
 		e = errno ? errno : EIO;
-	else if (fflush(o->f) || fsync(fileno(o->f)))
+	else if (fflush(o->f) || (!o->direct && fsync(fileno(o->f))))
 		e = errno;
 	if (e) {
 		util_out_abort(o);
@@ -102,6 +119,8 @@ int util_out_commit(struct util_out *o, char *err, size_t errlen)
 	}
 	e = fclose(o->f) ? errno : 0;
 	o->f = NULL;
+	if (o->direct)
+		return e ? util_file_err(err, errlen, o->what, "write", o->path, e) : 0;
 	if (e || rename(o->tmp, o->path)) {
 		e = e ? e : errno;
 		unlink(o->tmp);
@@ -173,7 +192,9 @@ int util_log_open(struct util_log *l, const char *what, const char *path, bool a
 	l->what = what;
 	l->cut = false;
 	snprintf(l->path, sizeof(l->path), "%s", path);
-	l->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+	/* read too when appending: a partial last line is looked for */
+	l->fd = open(path, O_CREAT | O_CLOEXEC | (append ? O_RDWR | O_APPEND : O_WRONLY | O_TRUNC),
+		     0644);
 	if (l->fd < 0)
 		return util_file_err(err, errlen, what, "open", path, errno);
 	struct stat st;

@@ -25,10 +25,13 @@ int util_file_err(char *err, size_t errlen, const char *what, const char *action
 
 /* A file written whole or not at all: written as PATH.tmp, then flushed,
  * synced, closed and renamed over PATH (and the directory synced). Until
- * util_out_commit returns 0, PATH is as it was. */
+ * util_out_commit returns 0, PATH is as it was. A PATH that is a symbolic
+ * link is written at its target; one that is not a regular file (a
+ * device such as /dev/null, a FIFO) is written directly, still checked. */
 struct util_out {
 	FILE *f;                 /* write here (fprintf, fputs, ...) */
 	const char *what;        /* subject of error lines: "trace", "report" */
+	bool direct;             /* not a regular file: no temporary */
 	char path[PATH_MAX];
 	char tmp[PATH_MAX + 8];
 };
