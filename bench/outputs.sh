@@ -11,6 +11,8 @@
 #     preflight, rendezvous, the sgemm peak probe, the first step)
 #   step: the median interval between successive step lines (steps 2..),
 #     which holds the step, the step log and the metrics write
+#   cpu: user + system seconds of the whole run, every process (a loaded
+#     machine stretches wall times; CPU time much less)
 # Prints every round, then medians and new/old ratios. Build both first:
 #   git archive BASE | tar -x -C /tmp/old && make -C /tmp/old
 set -u
@@ -20,7 +22,7 @@ OUT=$(mktemp -d "${TMPDIR:-/tmp}/meshrun-bench-outputs.XXXXXX")
 trap 'rm -rf "$OUT"' EXIT
 echo "# load before: $(cat /proc/loadavg)"
 python3 - "$OLD" "$NEW" "$R" "$STEPS" "$OUT" <<'PY'
-import os, shutil, statistics, subprocess, sys, time
+import os, resource, shutil, statistics, subprocess, sys, time
 old, new, rounds, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 runs = {
     "train": ["train", "--config", "configs/llama-tiny.yml", "openblas_threads=1"],
@@ -36,6 +38,7 @@ def one(tree, name):
         "--metrics", d + "/m.jsonl", "--checkpoint-dir", d + "/ck"]
     if name == "local":
         args += ["--trace", d + "/t.json"]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     p = subprocess.Popen(args, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     times = []
@@ -44,25 +47,28 @@ def one(tree, name):
             times.append(time.monotonic())
     rc = p.wait()
     total = time.monotonic() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
     if rc or len(times) != steps:
         sys.exit("%s %s: exit %d, %d step lines" % (tree, name, rc, len(times)))
     gaps = [b - a for a, b in zip(times[1:], times[2:])]
-    return times[0] - t0, statistics.median(gaps), total
+    return times[0] - t0, statistics.median(gaps), total, cpu
 res = {(v, n): [] for v in ("old", "new") for n in runs}
 for r in range(1, rounds + 1):
     for v, tree in (("old", old), ("new", new)):
         for n in runs:
-            s, g, t = one(tree, n)
-            res[(v, n)].append((s, g, t))
-            print("round %d %s %-5s: start-up %.3f s, step %.2f ms, whole run %.2f s" % (r, v, n, s, g * 1e3, t))
+            s, g, t, c = one(tree, n)
+            res[(v, n)].append((s, g, t, c))
+            print("round %d %s %-5s: start-up %.3f s, step %.2f ms, whole run %.2f s, cpu %.2f s" %
+                  (r, v, n, s, g * 1e3, t, c))
             sys.stdout.flush()
 print("\nmedians over %d rounds (%d steps):" % (rounds, steps))
-print("%-6s %12s %12s %8s %12s %12s %8s" % ("run", "start old", "start new", "ratio", "step old", "step new", "ratio"))
+print("%-6s %10s %10s %6s %10s %10s %6s %8s %8s %6s" % ("run", "start old", "start new", "ratio",
+      "step old", "step new", "ratio", "cpu old", "cpu new", "ratio"))
 for n in runs:
-    so = statistics.median(x[0] for x in res[("old", n)])
-    sn = statistics.median(x[0] for x in res[("new", n)])
-    go = statistics.median(x[1] for x in res[("old", n)])
-    gn = statistics.median(x[1] for x in res[("new", n)])
-    print("%-6s %10.3f s %10.3f s %8.3f %9.2f ms %9.2f ms %8.3f" % (n, so, sn, sn / so, go * 1e3, gn * 1e3, gn / go))
+    m = lambda v, k: statistics.median(x[k] for x in res[(v, n)])
+    so, sn, go, gn, co, cn = m("old", 0), m("new", 0), m("old", 1), m("new", 1), m("old", 3), m("new", 3)
+    print("%-6s %8.3f s %8.3f s %6.3f %7.2f ms %7.2f ms %6.3f %6.2f s %6.2f s %6.3f" %
+          (n, so, sn, sn / so, go * 1e3, gn * 1e3, gn / go, co, cn, cn / co))
 PY
 echo "# load after: $(cat /proc/loadavg)"
