@@ -68,6 +68,7 @@ START_TEST(test_one_prefix)
 	/* a bad command line: "meshrun: <command>: <what>", then the usage */
 	static const struct { const char *line, *prefix; } bad[] = {
 		{ "train --nope", "meshrun: train: unknown option '--nope'" },
+		{ "train --config " TINY " --trace t.json", "meshrun: train: --trace is for local and agent" },
 		{ "eval --checkpoint x", "meshrun: eval: --text FILE is needed" },
 		{ "local --config " TINY, "meshrun: local: --hosts N is needed" },
 		{ "agent --nope", "meshrun: agent: unknown option '--nope'" },

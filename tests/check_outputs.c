@@ -212,11 +212,13 @@ START_TEST(test_preflight_trace_and_metrics_dirs)
 {
 	char ro[200], line[1024], want[300];
 	mount_tmpfs("ro", 65536, true, ro, sizeof(ro));
-	/* a --trace in a missing directory, on one host and on several */
+	/* a --trace or --metrics in a missing directory, on one host and on several */
+	snprintf(want, sizeof(want), "metrics: directory '%s/nodir' cannot take a new file: no such file or directory",
+		 tmpdir);
+	snprintf(line, sizeof(line), "train --config " TINY " steps=100 --quiet --metrics %s/nodir/m.jsonl", tmpdir);
+	fails_at_start("train", line, EXIT_FAIL, want);
 	snprintf(want, sizeof(want), "trace: directory '%s/nodir' cannot take a new file: no such file or directory",
 		 tmpdir);
-	snprintf(line, sizeof(line), "train --config " TINY " steps=100 --quiet --trace %s/nodir/t.json", tmpdir);
-	fails_at_start("train", line, EXIT_FAIL, want);
 	snprintf(line, sizeof(line), "local --hosts 2 --config " TINY " steps=100 per_device_batch_size=4 "
 		 "--quiet --trace %s/nodir/t.json", tmpdir);
 	fails_at_start("local", line, EXIT_FAIL, want);

@@ -54,7 +54,9 @@ int cmd_train(int argc, char **argv)
 		{ "--config", ARG_CONFIG, NULL, 0, 0, NULL },
 		{ "--metrics", ARG_STR, &o.metrics, 0, 0, NULL },
 		{ "--checkpoint-dir", ARG_STR, &o.ckpt_dir, 0, 0, NULL },
-		{ "--trace", ARG_STR, &o.trace, 0, 0, NULL },
+		/* accepted and ignored before: train writes no trace */
+		{ "--trace", ARG_REFUSE, NULL, 0, 0,
+		  "--trace is for local and agent (train writes no trace; local --hosts 1 does)" },
 		{ "--resume", ARG_BOOL, &o.resume, 0, 0, NULL },
 		{ "--quiet", ARG_BOOL, &o.quiet, 0, 0, NULL },
 		{ NULL, 0, NULL, 0, 0, NULL },

@@ -12,7 +12,7 @@ static const struct {
 	const char *name, *usage;
 } usages[] = {
 	{ "train", "train --config FILE [key=value ...] [--metrics FILE] [--checkpoint-dir DIR] "
-		   "[--resume] [--trace FILE] [--quiet]\n" },
+		   "[--resume] [--quiet]\n" },
 	{ "eval", "eval --checkpoint DIR --text FILE [key=value ...]\n" },
 	{ "local", "local --hosts N [--devices-per-host D] [--max-restarts K] --config FILE "
 		   "[key=value ...] [--metrics FILE] [--checkpoint-dir DIR] [--resume] [--trace FILE] "
