@@ -193,15 +193,23 @@ END_TEST
 
 /* ---- TLS: its own class, naming the address and the verify error ---- */
 
-/* An agent of 2 with its own certs_dir and a 3 s start-up deadline. */
-static void tls_agent(struct proc *p, const char *name, int host, int port, const char *certs)
+/* An agent of 2 with its own certs_dir and a start-up deadline of
+ * deadline seconds. */
+static void tls_agent_for(struct proc *p, const char *name, int host, int port, const char *certs,
+			  int deadline)
 {
-	char hid[32], certs_kv[300], coord_kv[64];
+	char hid[32], certs_kv[300], coord_kv[64], t_kv[64];
+	snprintf(t_kv, sizeof(t_kv), "connect_timeout_s=%d", deadline);
 	snprintf(hid, sizeof(hid), "--host-id=%d", host);
 	snprintf(certs_kv, sizeof(certs_kv), "certs_dir=%s", certs);
 	snprintf(coord_kv, sizeof(coord_kv), "coordinator_address=127.0.0.1:%d", port);
 	proc_meshrun(p, name, "agent", hid, "--hosts=2", "--listen=127.0.0.1:0", "--job=pingpong",
-		     "--rounds=3", certs_kv, coord_kv, "connect_timeout_s=3", (char *)NULL);
+		     "--rounds=3", certs_kv, coord_kv, t_kv, (char *)NULL);
+}
+
+static void tls_agent(struct proc *p, const char *name, int host, int port, const char *certs)
+{
+	tls_agent_for(p, name, host, port, certs, 3);
 }
 
 START_TEST(test_tls_wrong_ca)
@@ -285,7 +293,8 @@ START_TEST(test_refused_rate_limited)
 	int port = free_port();
 	char certs[300];
 	snprintf(certs, sizeof(certs), "%s/certs", tmpdir);
-	tls_agent(&h0, "h0", 0, port, certs);
+	/* time enough for all 200 to be turned away before the deadline */
+	tls_agent_for(&h0, "h0", 0, port, certs, 6);
 	ck_assert(wait_listening(port, 10));
 	for (int i = 0; i < 200; i++) {
 		int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -296,7 +305,7 @@ START_TEST(test_refused_rate_limited)
 		(void)w;
 		close(fd);
 	}
-	int rc = proc_wait(&h0, 15);
+	int rc = proc_wait(&h0, 20);
 	ck_assert_msg(rc == EXIT_FAIL, "exit %d:\n%s", rc, slurp(h0.err));
 	char *err = slurp(h0.err);
 	/* one line for the first, one with the count of the rest */
