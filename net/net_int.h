@@ -200,11 +200,12 @@ int send_write(struct link *l);
  * is missing into msg; on the coordinator, also sent to every agent that
  * joined (an Abort on its rendezvous connection). */
 void rdv_timeout(struct net *n, char *msg, size_t len);
-/* A handshake this host dialed at start-up failed (rc, err from the
- * connection): certificates that do not verify or an address that does
- * not speak TLS fail the job as NET_ERR_TLS naming the address; a
- * coordinator connection closed during the handshake is retried. false
- * when it is not one of these (the caller fails the link as before). */
+/* A connection this host dialed at start-up failed in its handshake, or
+ * in a read before the hello came (rc, err from the connection):
+ * certificates that do not verify (here or there) or an address that
+ * does not speak TLS fail the job as NET_ERR_TLS naming the address; a
+ * coordinator connection closed then is retried. false when it is not
+ * one of these (the caller fails the link as before). */
 bool rdv_handshake_failed(struct link *l, int rc, const char *err);
 /* An agent's coordinator connection got an Abort before the topology
  * (rdv_timeout's): the job fails with its class and reason. */

@@ -390,7 +390,10 @@ static void link_read(struct link *l)
 		if (r < 0) {
 			char err[256];
 			snprintf(err, sizeof(err), "%s", l->c->err);
-			link_conn_failed(l, -EPIPE, err);
+			/* before the hello: the peer may refuse our certificate
+			 * only now (TLS 1.3 checks the client's after its Finished) */
+			if (l->state != LS_HELLO || !rdv_handshake_failed(l, (int)r, err))
+				link_conn_failed(l, -EPIPE, err);
 			return;
 		}
 		l->last_rx_ns = now_ns();

@@ -188,13 +188,14 @@ bool rdv_handshake_failed(struct link *l, int rc, const char *err)
 {
 	struct net *n = l->net;
 	char msg[512];
-	if (l->was_up || (l->role != ROLE_COORD_OUT && l->role != ROLE_LINK_OUT))
+	if (l->was_up || (l->role != ROLE_COORD_OUT && l->role != ROLE_LINK_OUT) ||
+	    (l->role == ROLE_COORD_OUT && n->topology_done))
 		return false;
 	if (rc == -EKEYREJECTED || rc == -EPROTO) {
 		/* nobody was lost: a certificate or the address is wrong */
 		if (l->role == ROLE_COORD_OUT)
 			snprintf(msg, sizeof(msg), "the coordinator at %s: %s%s", l->addr, err,
-				 rc == -EKEYREJECTED ? " (is certs_dir's ca.pem this cluster's CA?)"
+				 rc == -EKEYREJECTED ? " (are certs_dir's ca.pem and host certificate this cluster's?)"
 						     : " (is a meshrun coordinator listening there?)");
 		else
 			snprintf(msg, sizeof(msg), "host %d at %s: %s", l->peer, l->addr, err);

@@ -233,12 +233,36 @@ START_TEST(test_tls_wrong_ca)
 	snprintf(want, sizeof(want), "meshrun: host 1: the coordinator at 127.0.0.1:%d: tls handshake "
 		 "failed: certificate verify failed: ", port);
 	ck_assert_file_has(h1.err, want);
-	ck_assert_file_has(h1.err, "(is certs_dir's ca.pem this cluster's CA?)");
+	ck_assert_file_has(h1.err, "(are certs_dir's ca.pem and host certificate this cluster's?)");
 	rc = proc_wait(&h0, 15);
 	ck_assert_msg(rc == EXIT_FAIL, "host 0: exit %d:\n%s", rc, slurp(h0.err));
 	ck_assert_file_has(h0.err, "host 1 never said hello");
 	ck_assert_file_has(h0.err, "the last refused: ");
 	ck_assert_file_has(h0.err, "unknown ca");
+
+	/* this cluster's ca.pem but another's host certificate: the
+	 * coordinator refuses it only after host 1's handshake is done (TLS
+	 * 1.3), and host 1 hears it on its first read: the same class */
+	char mixed[300], from[400], to[400];
+	snprintf(mixed, sizeof(mixed), "%s/mixed", tmpdir);
+	ck_assert_int_eq(mkdir(mixed, 0700), 0);
+	static const char *const files[][2] = { { "certs", "ca.pem" }, { "other", "host1.pem" },
+						 { "other", "host1.key" } };
+	for (int i = 0; i < 3; i++) {
+		snprintf(from, sizeof(from), "%s/%s/%s", tmpdir, files[i][0], files[i][1]);
+		snprintf(to, sizeof(to), "%s/%s", mixed, files[i][1]);
+		ck_assert_int_eq(link(from, to), 0);
+	}
+	port = free_port();
+	tls_agent(&h0, "h0b", 0, port, mine);
+	ck_assert(wait_listening(port, 10));
+	tls_agent(&h1, "h1b", 1, port, mixed);
+	rc = proc_wait(&h1, 15);
+	ck_assert_msg(rc == EXIT_TLS, "host 1: exit %d:\n%s", rc, slurp(h1.err));
+	snprintf(want, sizeof(want), "meshrun: host 1: the coordinator at 127.0.0.1:%d: tls ", port);
+	ck_assert_file_has(h1.err, want);
+	ck_assert_msg(!file_has(h1.err, "lost"), "%s", slurp(h1.err));
+	proc_wait(&h0, 15);
 }
 END_TEST
 
