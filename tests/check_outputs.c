@@ -30,9 +30,13 @@ static void unmount_all(void)
 	nmnt = 0;
 }
 
+/* The mount goes, then the test's directory (proc.h's own watcher may
+ * have run first and found the mount point busy). */
 static int unmount_lazy(const char *dir)
 {
-	return umount2(dir, MNT_DETACH);
+	int rc = umount2(dir, MNT_DETACH);
+	rm_rf(tmpdir);
+	return rc;
 }
 
 /* A tmpfs of size bytes at tmpdir/name (read-only: ro), removed when the
