@@ -1,6 +1,7 @@
 /* `meshrun train` and `meshrun eval`: one device. */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,12 +9,16 @@
 
 #include "host/cli/args.h"
 #include "host/cli/cli.h"
+#include "host/cli/cmds.h"
 #include "host/ckpt/ckpt.h"
 #include "host/ckpt/hf_config.h"
 #include "host/ckpt/hf_load.h"
 #include "host/config/config.h"
+#include "host/mesh/mesh.h"
+#include "host/train/check.h"
 #include "host/train/eval.h"
 #include "host/train/loop.h"
+#include "host/train/preflight.h"
 #include "host/train/train.h"
 #include "host/util/threads.h"
 
@@ -38,7 +43,7 @@ static int load_weights(struct trainer *t, const char *dir, bool say, char *err,
 static int train_run(const struct cfg *c, const struct train_opts *o, char *err, size_t errlen)
 {
 	struct trainer *t;
-	struct steplog log;
+	struct steplog log = { 0 };
 	int64_t start = 0;
 	int rc = trainer_open(&t, c, (int)c->per_device_batch_size, NULL, err, errlen);
 	if (rc)
@@ -57,8 +62,11 @@ static int train_run(const struct cfg *c, const struct train_opts *o, char *err,
 		.log = &log,
 	};
 	rc = train_loop_run(&loop, start, err, errlen);
-	steplog_close(&log);
 out:
+	if (!rc)
+		rc = steplog_close(&log, err, errlen);
+	else
+		steplog_close(&log, NULL, 0);
 	trainer_free(t);
 	return rc;
 }
@@ -73,7 +81,9 @@ int cmd_train(int argc, char **argv)
 		{ "--config", ARG_CONFIG, NULL, 0, 0, NULL },
 		{ "--metrics", ARG_STR, &o.metrics, 0, 0, NULL },
 		{ "--checkpoint-dir", ARG_STR, &o.ckpt_dir, 0, 0, NULL },
-		{ "--trace", ARG_STR, &o.trace, 0, 0, NULL },
+		/* accepted and ignored before: train writes no trace */
+		{ "--trace", ARG_REFUSE, NULL, 0, 0,
+		  "--trace is for local and agent (train writes no trace; local --hosts 1 does)" },
 		{ "--resume", ARG_BOOL, &o.resume, 0, 0, NULL },
 		{ "--quiet", ARG_BOOL, &o.quiet, 0, 0, NULL },
 		{ NULL, 0, NULL, 0, 0, NULL },
@@ -85,18 +95,30 @@ int cmd_train(int argc, char **argv)
 		rc = -EINVAL;
 	}
 	if (rc) {
-		fprintf(stderr, "meshrun: train: %s\n", err);
 		args_release(&a);
-		return EXIT_USAGE;
+		return cli_usage_error("train", "%s", err);
 	}
 	rc = args_load_cfg(&a, &c, err, sizeof(err));
 	args_release(&a);
-	if (!rc && !(rc = cfg_finish(&c, 1, 1, err, sizeof(err)) ? -EINVAL : 0)) {
+	struct train_outputs out = { .lock.fd = -1 };
+	char job[128];
+	struct mesh m;
+	if (!rc && cfg_finish(&c, 1, 1, err, sizeof(err)))
+		rc = -EINVAL;
+	if (!rc) {
+		mesh_init(&m, &c);
+		rc = train_check(&c, &m, err, sizeof(err));
+	}
+	if (!rc)
+		rc = train_preflight(&out, &c, &o, cli_job_name("train", job, sizeof(job)), err,
+				     sizeof(err));
+	if (!rc) {
 		util_blas_threads(&c, 1);
 		rc = train_run(&c, &o, err, sizeof(err));
+		train_outputs_release(&out);
 	}
 	if (rc)
-		fprintf(stderr, "%s\n", err);
+		cli_error("train", "%s", err);
 	return cli_exit_code(rc);
 }
 
@@ -114,13 +136,13 @@ static int eval_cfg(struct cfg *c, bool *hf, const char *dir, const char *text, 
 	int rc;
 	cfg_defaults(c);
 	if (ckpt_find(dir, step_dir, sizeof(step_dir), NULL, why, sizeof(why))) {
-		snprintf(err, errlen, "eval: %s", why);
+		snprintf(err, errlen, "%s", why);
 		return -EBADMSG;
 	}
 	snprintf(path, sizeof(path), "%s/meshrun.yml", step_dir);
 	*hf = access(path, F_OK) != 0;
 	if (!*hf && cfg_load_file(c, path, why, sizeof(why))) {
-		snprintf(err, errlen, "eval: %s", why);
+		snprintf(err, errlen, "%s", why);
 		return -EBADMSG;
 	}
 	for (int i = 0; i < a->noverrides; i++)
@@ -128,12 +150,12 @@ static int eval_cfg(struct cfg *c, bool *hf, const char *dir, const char *text, 
 			return -EINVAL;
 	if (*hf) {
 		if (strlen(step_dir) >= sizeof(c->load_parameters_path)) {
-			snprintf(err, errlen, "eval: checkpoint path '%.300s' is too long", step_dir);
+			snprintf(err, errlen, "checkpoint path '%.300s' is too long", step_dir);
 			return -EINVAL;
 		}
 		memcpy(c->load_parameters_path, step_dir, strlen(step_dir) + 1);
 		if ((rc = hf_config_apply(c, a->overrides, a->noverrides, why, sizeof(why)))) {
-			snprintf(err, errlen, "eval: %s", why);
+			snprintf(err, errlen, "%s", why);
 			return rc;
 		}
 	}
@@ -154,11 +176,18 @@ static int eval_run(const struct cfg *c, bool hf, const char *dir, const char *t
 	if (!rc)
 		rc = hf ? load_weights(t, c->load_parameters_path, false, why, sizeof(why))
 			: trainer_load(t, dir, NULL, why, sizeof(why));
-	if (!rc && (rc = eval_text(t, text, &r, why, sizeof(why))) == 0)
+	if (!rc && (rc = eval_text(t, text, &r, why, sizeof(why))) == 0 && !isfinite(r.loss)) {
+		/* not a loss: no number a script could take for one */
+		snprintf(why, sizeof(why), "the loss over %" PRId64 " windows is %s: the checkpoint's "
+			 "weights (or the text) give no finite loss", r.windows,
+			 isnan(r.loss) ? "nan" : r.loss > 0 ? "inf" : "-inf");
+		rc = -ERANGE;
+	}
+	if (!rc)
 		printf("eval_windows: %" PRId64 "\neval_tokens: %" PRId64 "\neval_loss: %.6f\neval_loss_hex: %a\n",
 		       r.windows, r.tokens, r.loss, r.loss);
 	if (rc)
-		snprintf(err, errlen, "eval: %s", why);
+		snprintf(err, errlen, "%s", why);
 	trainer_free(t);
 	return rc;
 }
@@ -177,11 +206,9 @@ int cmd_eval(int argc, char **argv)
 	const struct arg_flag *const tables[] = { flags, NULL };
 	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
 	if (rc || !dir || !text) {
-		if (rc)
-			fprintf(stderr, "meshrun: eval: %s\n", err);
-		fprintf(stderr, "usage: meshrun eval --checkpoint DIR --text FILE [key=value ...]\n");
 		args_release(&a);
-		return EXIT_USAGE;
+		return cli_usage_error("eval", "%s", rc ? err : !dir ? "--checkpoint DIR is needed"
+								  : "--text FILE is needed");
 	}
 	bool hf = false;
 	rc = eval_cfg(&c, &hf, dir, text, &a, err, sizeof(err));
@@ -191,6 +218,6 @@ int cmd_eval(int argc, char **argv)
 		rc = eval_run(&c, hf, dir, text, err, sizeof(err));
 	}
 	if (rc)
-		fprintf(stderr, "%s\n", err);
+		cli_error("eval", "%s", err);
 	return cli_exit_code(rc);
 }

@@ -208,7 +208,8 @@ void cfg_single_device(struct cfg *c);
 int cfg_value_text(const struct cfg *c, const char *key, char *out, size_t n);
 /* SHA-256 over the canonical text of every hashed key. */
 void cfg_hash(const struct cfg *c, uint8_t out[32]);
-/* Writes the canonical `key: value` text of every key (a YAML file). */
+/* Writes the canonical `key: value` text of every key (a YAML file),
+ * whole or not at all (host/util/out.h). 0 or -errno with err. */
 int cfg_write_yaml(const struct cfg *c, const char *path, char *err, size_t errlen);
 
 #endif

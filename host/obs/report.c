@@ -12,8 +12,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include "host/util/out.h"
 
 /* ---- metrics ---- */
+
+/* Bounds on what a report reads (docs: README, meshrun report): memory
+ * stays within a few hundred MiB whatever the input. */
+#define REPORT_MAX_LINE 65536
+#define REPORT_MAX_BYTES (1ull << 30)
+#define REPORT_MAX_ROWS (1 << 22)
+#define REPORT_MAX_TRACE (128 << 20)
 
 enum { HAS_LOSS = 1, HAS_TOK_DEV = 2, HAS_TOK_GLOBAL = 4, HAS_COMM = 8, HAS_TIME = 16 };
 
@@ -112,19 +122,79 @@ static void keep_last_of_each_step(struct metrics *m)
 	m->n = k;
 }
 
-static int metrics_read(const char *path, struct metrics *m, char *err, size_t errlen)
+/* One line of f into buf (at most cap - 1 bytes, NUL-terminated), its
+ * newline dropped: its length; -1 at the end of the file with nothing
+ * read; -2 when the line goes on past cap - 1 bytes. *nl says whether it
+ * ended in a newline, *total counts every byte read. */
+static long read_line(FILE *f, char *buf, size_t cap, bool *nl, uint64_t *total)
 {
+	size_t n = 0;
+	int c;
+	*nl = false;
+	while ((c = getc_unlocked(f)) != EOF) {
+		(*total)++;
+		if (c == '\n') {
+			*nl = true;
+			break;
+		}
+		if (n == cap - 1)
+			return -2;
+		buf[n++] = (char)c;
+	}
+	buf[n] = 0;
+	return n == 0 && !*nl ? -1 : (long)n;
+}
+
+/* Reads the metrics lines in bounded memory: a line of at most
+ * REPORT_MAX_LINE bytes, a file of at most REPORT_MAX_BYTES and
+ * REPORT_MAX_ROWS lines, else refused (an endless input such as /dev/zero
+ * is refused within one line's bound). A last line without its newline
+ * that does not parse was cut by a crash: it is left out, with a warning
+ * in warn. */
+static int metrics_read(const char *path, struct metrics *m, char *warn, size_t warnlen,
+			char *err, size_t errlen)
+{
+	char es[128], what[128];
 	memset(m, 0, sizeof(*m));
 	FILE *f = fopen(path, "r");
 	if (!f) {
-		snprintf(err, errlen, "report: unable to open '%s': %s", path, strerror(errno));
+		snprintf(err, errlen, "report: unable to open '%s': %s", path,
+			 util_errstr(errno, es, sizeof(es)));
 		return -EBADMSG;
 	}
-	char *buf = NULL;
-	size_t cap = 0, rcap = 0;
-	int rc = 0, line = 0;
-	while (getline(&buf, &cap, f) >= 0) {
+	struct stat st;
+	if (!fstat(fileno(f), &st) && S_ISREG(st.st_mode) && (uint64_t)st.st_size > REPORT_MAX_BYTES) {
+		fclose(f);
+		snprintf(what, sizeof(what), "larger than %llu MiB (the report's bound)",
+			 (unsigned long long)(REPORT_MAX_BYTES >> 20));
+		return bad_input(err, errlen, path, 0, what);
+	}
+	char *buf = malloc(REPORT_MAX_LINE + 1);
+	size_t rcap = 0;
+	uint64_t total = 0;
+	int rc = buf ? 0 : -ENOMEM, line = 0;
+	long n;
+	bool nl;
+	if (!buf)
+		snprintf(err, errlen, "report: out of memory reading '%s'", path);
+	while (!rc && (n = read_line(f, buf, REPORT_MAX_LINE + 1, &nl, &total)) != -1) {
 		line++;
+		if (n == -2) {
+			snprintf(what, sizeof(what), "no newline within %d bytes (not a metrics file?)",
+				 REPORT_MAX_LINE);
+			rc = bad_input(err, errlen, path, line, what);
+			break;
+		}
+		if (total > REPORT_MAX_BYTES || m->n == REPORT_MAX_ROWS) {
+			snprintf(what, sizeof(what), "larger than %llu MiB or %d lines (the report's bound)",
+				 (unsigned long long)(REPORT_MAX_BYTES >> 20), REPORT_MAX_ROWS);
+			rc = bad_input(err, errlen, path, line, what);
+			break;
+		}
+		if (memchr(buf, 0, (size_t)n)) {
+			rc = bad_input(err, errlen, path, line, "a NUL byte (not a metrics file?)");
+			break;
+		}
 		if (blank(buf))
 			continue;
 		if ((size_t)m->n == rcap) {
@@ -137,12 +207,19 @@ static int metrics_read(const char *path, struct metrics *m, char *err, size_t e
 			}
 			m->r = r;
 		}
-		if ((rc = parse_row(buf, path, line, &m->r[m->n], err, errlen)))
+		if ((rc = parse_row(buf, path, line, &m->r[m->n], err, errlen))) {
+			if (nl)
+				break;
+			/* the last line, without its newline: its writer stopped mid-line */
+			snprintf(warn, warnlen, "report: %s:%d: the last line is cut short (no newline); "
+				 "drawn without it", path, line);
+			rc = 0;
 			break;
+		}
 		m->n++;
 	}
 	if (!rc && ferror(f))
-		rc = bad_input(err, errlen, path, line + 1, strerror(errno));
+		rc = bad_input(err, errlen, path, line + 1, util_errstr(errno, es, sizeof(es)));
 	if (!rc && m->n == 0)
 		rc = bad_input(err, errlen, path, 0, "no metrics lines");
 	free(buf);
@@ -280,16 +357,33 @@ static int dev_time_of(struct dev_spans *ds, struct dev_time *t)
 	return rc;
 }
 
+/* The whole file, at most REPORT_MAX_TRACE bytes (more, or an endless
+ * input, is refused: errno EFBIG), NUL-terminated. NULL with errno. */
 static char *slurp(const char *path, size_t *len)
 {
 	FILE *f = fopen(path, "rb");
 	if (!f)
 		return NULL;
+	struct stat st;
+	if (!fstat(fileno(f), &st) && S_ISREG(st.st_mode) && (uint64_t)st.st_size > REPORT_MAX_TRACE) {
+		fclose(f);
+		errno = EFBIG;
+		return NULL;
+	}
 	char *buf = NULL;
 	size_t cap = 0, n = 0, r;
 	do {
+		if (n == REPORT_MAX_TRACE + 1) {
+			free(buf);
+			fclose(f);
+			errno = EFBIG;
+			return NULL;
+		}
 		if (cap - n < 65536) {
-			char *b = realloc(buf, cap = cap * 2 + 65536);
+			size_t want = cap * 2 + 65536;
+			if (want > REPORT_MAX_TRACE + 2)
+				want = REPORT_MAX_TRACE + 2;
+			char *b = realloc(buf, cap = want);
 			if (!b) {
 				free(buf);
 				fclose(f);
@@ -382,8 +476,15 @@ static int trace_read(const char *path, struct trace_sum *ts, char *err, size_t 
 	memset(ts, 0, sizeof(*ts));
 	size_t len;
 	char *text = slurp(path, &len);
+	if (!text && errno == EFBIG) {
+		snprintf(err, errlen, "report: '%s' is larger than %d MiB (the report's bound)", path,
+			 REPORT_MAX_TRACE >> 20);
+		return -EBADMSG;
+	}
 	if (!text) {
-		snprintf(err, errlen, "report: unable to read '%s': %s", path, strerror(errno));
+		char es[128];
+		snprintf(err, errlen, "report: unable to read '%s': %s", path,
+			 util_errstr(errno, es, sizeof(es)));
 		return -EBADMSG;
 	}
 	const char *end = NULL;
@@ -751,28 +852,28 @@ static int svg_write(FILE *f, const char *metrics, const char *trace, const stru
 	return 0;
 }
 
-int report_write(const char *metrics, const char *trace, const char *out,
-		 char *err, size_t errlen)
+int report_write(const char *metrics, const char *trace, const char *out, char *warn,
+		 size_t warnlen, char *err, size_t errlen)
 {
 	struct metrics m;
 	struct trace_sum ts = { 0 };
-	int rc = metrics_read(metrics, &m, err, errlen);
+	struct util_out o;
+	if (warnlen)
+		warn[0] = 0;
+	int rc = metrics_read(metrics, &m, warn, warnlen, err, errlen);
 	if (rc)
 		return rc;
 	if (trace && (rc = trace_read(trace, &ts, err, errlen)))
 		goto out_metrics;
-	FILE *f = fopen(out, "w");
-	if (!f) {
-		rc = -errno;
-		snprintf(err, errlen, "report: unable to write '%s': %s", out, strerror(errno));
+	/* whole or not at all: a failed write leaves no partial SVG */
+	if ((rc = util_out_open(&o, "report", out, err, errlen)))
 		goto out_trace;
+	if ((rc = svg_write(o.f, metrics, trace, &m, trace ? &ts : NULL))) {
+		util_out_abort(&o);
+		snprintf(err, errlen, "report: out of memory drawing '%s'", out);
+	} else {
+		rc = util_out_commit(&o, err, errlen);
 	}
-	rc = svg_write(f, metrics, trace, &m, trace ? &ts : NULL);
-	bool bad = ferror(f);
-	if (fclose(f) || bad)
-		rc = rc ? rc : -EIO;
-	if (rc)
-		snprintf(err, errlen, "report: unable to write '%s': %s", out, strerror(-rc));
 out_trace:
 	free(ts.d);
 out_metrics:

@@ -84,7 +84,8 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 			};
 			if (l->recovery)
 				l->recovery(l->ctx, &r.reconnects, &r.frames_resent);
-			steplog_step(l->log, &r);
+			if ((rc = steplog_step(l->log, &r, err, errlen)))
+				return rc;
 		}
 		dcn0 = dcn;
 		ici0 = ici;

@@ -3,6 +3,7 @@
  * the parameters, except that a bucket whose state ZeRO-1 splits over
  * `data` keeps only this device's part of it. */
 #include "host/train/train.h"
+#include "host/train/check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -121,41 +122,6 @@ static int lay_out_state(struct trainer *t, char *err, size_t errlen)
 	return 0;
 }
 
-int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
-{
-	snprintf(err, errlen, "config: opt_type=muon cannot split its state over data "
-		 "(shard_optimizer_over_data cuts '%s' into flat shards, Muon needs "
-		 "whole matrices); use opt_type=adamw with it", tensor);
-	return -EINVAL;
-}
-
-/* What a pipeline over `stage` trains with today: data (ZeRO-1 too),
- * tensor, tensor_transpose, expert and FSDP (any repeats, any of the
- * three weight modes) beside it; dense and MoE models, with decoder
- * layers outside the pipeline. Anything else is refused, naming its
- * keys. */
-static int pipe_supported(const struct cfg *c, const struct pipe_config *pc, int rows, char *err,
-			  size_t errlen)
-{
-	static const int other[] = { AX_SEQUENCE, AX_CONTEXT };
-	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
-		int a = other[i];
-		if (c->ici[a] * c->dcn[a] == 1)
-			continue;
-		snprintf(err, errlen, "config: pipeline parallelism (stage) trains beside data, fsdp, "
-			 "fsdp_transpose, tensor, tensor_transpose and expert parallelism only; "
-			 "ici_/dcn_%s_parallelism=%d is not supported with it yet",
-			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
-		return -EINVAL;
-	}
-	if (rows % pc->shape.microbatches) {
-		snprintf(err, errlen, "config: a stage group's %d rows do not split into "
-			 "num_pipeline_microbatches=%d microbatches", rows, pc->shape.microbatches);
-		return -EINVAL;
-	}
-	return 0;
-}
-
 /* The model for one microbatch of rows and the executor of this stage. */
 static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_dims *d,
 		     const struct model_mesh *mm, char *err, size_t errlen)
@@ -163,7 +129,7 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 	struct pipe_config pc;
 	int coord[AX_COUNT], S, rc, dev[MESH_MAX_DEVICES];
 	if ((rc = pipe_config_resolve(&pc, c, d, err, errlen)) ||
-	    (rc = pipe_supported(c, &pc, t->rows, err, errlen)))
+	    (rc = train_check_pipe(c, &pc, t->rows, err, errlen)))
 		return rc;
 	int mb = t->rows / pc.shape.microbatches;
 	struct model_mesh pm = *mm;
@@ -188,16 +154,8 @@ int trainer_open(struct trainer **out, const struct cfg *c, int rows, const stru
 	int rc;
 
 	*out = NULL;
-	if ((rc = model_dims_from_cfg(&d, c, err, errlen)))
+	if ((rc = train_check_keys(c, &d, err, errlen)))
 		return rc;
-	if (strcmp(c->opt_type, "adamw") && strcmp(c->opt_type, "muon")) {
-		snprintf(err, errlen, "config: key 'opt_type' must be adamw or muon, got '%s'", c->opt_type);
-		return -EINVAL;
-	}
-	if (c->steps < 0) {
-		snprintf(err, errlen, "config: key 'steps' must be >= 0, got %lld", c->steps);
-		return -EINVAL;
-	}
 	size_t asked = sizeof(*t);
 	const char *what = "the trainer";
 	t = calloc(1, sizeof(*t));

@@ -40,13 +40,11 @@ struct train_comm {
 	size_t errlen;
 };
 
-/* ZeRO-1 (shard_optimizer_over_data) and Muon cannot share a tensor: the
- * error for tensor, in err; returns -EINVAL. */
-int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen);
 /* rows = sequences this device computes per step; mm places it in a mesh
  * (NULL: one device). 0 and *t, or with err: -EINVAL for impossible
- * shapes, combinations and shardings; -EBADMSG when the data cannot be
- * opened (its keys, its file); -ENOMEM. */
+ * shapes, combinations and shardings (train_check, host/train/check.h,
+ * finds them all before); -EBADMSG when the data cannot be opened (its
+ * file); -ENOMEM when the model's buffers cannot be had. */
 int trainer_open(struct trainer **t, const struct cfg *c, int rows, const struct model_mesh *mm,
 		 char *err, size_t errlen);
 /* trainer_open for callers that need no error class: NULL on failure. */

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "host/mesh/plan.h"
+#include "host/train/check.h"
 #include "host/train/loop.h"
 #include "host/mesh/shard.h"
 #include "host/obs/trace.h"
@@ -323,24 +324,6 @@ static int job_p2p_flush(void *vctx)
 	return rc;
 }
 
-/* Sharded training runs every axis but these; they are refused until
- * something stands behind them. */
-static int check_mesh(const struct cfg *c, char *err, size_t errlen)
-{
-	static const int later[] = { AX_SEQUENCE, AX_CONTEXT };
-	for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
-		int a = later[i];
-		if (c->ici[a] * c->dcn[a] == 1)
-			continue;
-		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
-			 "along it is not implemented yet; today data, stage, fsdp, fsdp_transpose, "
-			 "tensor, tensor_transpose and expert parallelism train",
-			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
-		return -EINVAL;
-	}
-	return 0;
-}
-
 /* Resume: device 0 loaded the checkpoint (whole tensors); every device
  * takes it, then its own shards. */
 static int broadcast_state(struct trainer *t, struct job_ctx *jc, const struct coll_group *all,
@@ -379,9 +362,9 @@ static int write_trace(struct device_ctx *dev, struct job_ctx *rc, const struct 
 	}
 	for (int i = 0; i < n; i++)
 		host_of[i] = mesh_host_of(dev->mesh, all->devs[i]);
-	/* a trace file that cannot be written is a plain failure */
-	if (leader && trace_write(path, ev, counts, host_of, n, err, errlen))
-		ret = -EIO;
+	/* a trace file that cannot be written fails the job with its errno */
+	if (leader)
+		ret = trace_write(path, ev, counts, host_of, n, err, errlen);
 out:
 	free(counts);
 	free(host_of);
@@ -514,8 +497,9 @@ int train_job(struct device_ctx *dev)
 	bool leader = dev->device_id == 0, loaded = false;
 	uint32_t rows = 0;
 
+	/* everything the trainer would refuse, before anything is made */
 	struct fault_plan faults;
-	if ((ret = check_mesh(c, err, errlen)) ||
+	if ((ret = train_check(c, dev->mesh, err, errlen)) ||
 	    (ret = agent_faults(c, dev->mesh->num_hosts, &faults, err, errlen)))
 		goto out;
 	if (dev->local_index == 0)
@@ -602,6 +586,10 @@ int train_job(struct device_ctx *dev)
 		goto out;
 	if (leader && c->steps > start)
 		print_finished(dev, &loop, start, util_now_s() - run_t0);
+	/* the metrics file is synced and closed while every host is still in
+	 * the job, so a failure there fails it everywhere */
+	if (leader && (ret = steplog_close(&log, err, errlen)))
+		goto out;
 	if (jc.tr && (ret = write_trace(dev, &jc, &all, o->trace, err, errlen)))
 		goto out;
 	/* nobody leaves before the checkpoint is written */
@@ -610,8 +598,11 @@ int train_job(struct device_ctx *dev)
 out:
 	if (o->weights && !loaded)  /* the host's other devices wait for this one */
 		hf_src_done(o->weights, ret ? ret : -ECANCELED, err, errlen);
+	/* before the collectives go: the siblings would fail on them first */
+	if (ret)
+		agent_job_failed(dev, ret);
 	if (leader)
-		steplog_close(&log);
+		steplog_close(&log, NULL, 0);
 	trainer_free(t);
 	if (jc.coll)
 		coll_dev_free(jc.coll);
