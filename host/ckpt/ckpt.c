@@ -378,7 +378,11 @@ static int write_files(const struct ckpt_state *s, const char *dir, char *err, s
 	test_delay();
 
 	snprintf(path, sizeof(path), "%s/config.json", dir);
-	if ((rc = write_config_json(s->cfg, model_dims(m), path, err, errlen)))
+	/* a mesh's whole-model table is built for one token (trainer_ckpt_prepare):
+	 * max_position_embeddings is the run's sequence length */
+	struct model_dims d = *model_dims(m);
+	d.T = (int)s->cfg->max_target_length;
+	if ((rc = write_config_json(s->cfg, &d, path, err, errlen)))
 		goto out_free;
 	test_delay();
 	snprintf(path, sizeof(path), "%s/meshrun.yml", dir);
