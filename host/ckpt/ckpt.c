@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -358,8 +359,15 @@ static int write_files(const struct ckpt_state *s, const char *dir, char *err, s
 		snprintf(err, errlen, "checkpoint: out of memory");
 		return -ENOMEM;
 	}
+	char batchbuf[32], idbuf[32];
+	uint64_t id;
 	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, s->next_step);
-	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, NULL };
+	snprintf(batchbuf, sizeof(batchbuf), "%" PRId64, s->global_batch);
+	if (getrandom(&id, sizeof(id), 0) != sizeof(id))
+		id = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+	snprintf(idbuf, sizeof(idbuf), "%016" PRIx64, id);
+	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, "meshrun_id", idbuf,
+			       s->global_batch > 0 ? "meshrun_global_batch" : NULL, batchbuf, NULL };
 
 	if ((rc = hf_tensors(m, s->params, "", &h, !strcmp(s->cfg->checkpoint_dtype, "bf16"))))
 		goto out_free;

@@ -468,13 +468,42 @@ static int load_weights(struct device_ctx *dev, struct hf_src *src, struct train
 	return rc;
 }
 
-/* Resume: device 0 loads the checkpoint, every device takes it. */
-static int resume(struct trainer *t, struct job_ctx *jc, const struct coll_group *all, bool leader,
-		  const char *dir, int64_t *start, char *err, size_t errlen)
+/* Resume, on any mesh. When every host opened the same save as host 0
+ * (a shared file system), each device reads its own shards of it;
+ * otherwise (the checkpoint is on host 0's disk alone) device 0 reads it
+ * whole and broadcasts it, and every device takes its shards. */
+static int resume(struct device_ctx *dev, struct trainer *t, struct job_ctx *jc,
+		  const struct coll_group *all, const struct train_opts *o, int64_t *start, char *err,
+		  size_t errlen)
 {
-	int rc = trainer_ckpt_prepare(t, err, errlen);
+	struct ckpt_resume *src = o->resume_from;
+	bool leader = dev->device_id == 0;
+	uint64_t id = leader && src ? ckpt_resume_id(src) : 0;
+	double missing;
+	int rc;
+	if (coll_broadcast(jc->coll, all, &id, sizeof(id), 0, err, errlen))
+		return -EHOSTDOWN;
+	missing = src && id && ckpt_resume_id(src) == id ? 0 : 1;
+	if ((rc = job_sum(jc, (1u << AX_COUNT) - 1, &missing, 1)))
+		return rc;
+	if (missing == 0) {
+		if ((rc = trainer_resume_read(t, src, err, errlen)))
+			return rc;
+		*start = ckpt_resume_step(src);
+		if (dev->local_index == 0) {
+			char line[1024];
+			ckpt_resume_summary(src, line, sizeof(line));
+			printf("meshrun: host %d: %s\n", dev->host_id, line);
+			fflush(stdout);
+		}
+		return 0;
+	}
+	if (leader)
+		fprintf(stderr, "meshrun: host 0: resume: %.0f device%s cannot read this checkpoint where "
+			"host 0 does: host 0 reads it whole and sends it\n", missing, missing == 1 ? "" : "s");
+	rc = trainer_ckpt_prepare(t, err, errlen);
 	if (!rc && leader)
-		rc = trainer_load(t, dir, start, err, errlen);
+		rc = trainer_load(t, o->ckpt_dir, start, err, errlen);
 	if (!rc)
 		rc = broadcast_state(t, jc, all, start, err, errlen);
 	return rc;
@@ -548,7 +577,7 @@ int train_job(struct device_ctx *dev)
 		pipe_exec_poison(trainer_pipe(t), 1);
 	/* every device starts from the same weights (init is a function of each
 	 * element's global index); on resume, from device 0's checkpoint */
-	if (o->resume && (ret = resume(t, &jc, &all, leader, o->ckpt_dir, &start, err, errlen)))
+	if (o->resume && (ret = resume(dev, t, &jc, &all, o, &start, err, errlen)))
 		goto out;
 	if (leader && (ret = train_log_open(&log, o, t, dev->mesh->num_devices, err, errlen)))
 		goto out;
