@@ -11,9 +11,12 @@
  * or sequence length) is refused by `local` before any agent starts and
  * by `train`, one line naming what differs, exit 3. */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 
 #include "host/cli/cli.h"
+#include "host/config/config.h"
+#include "host/train/check.h"
 #include "tests/equiv.h"
 
 #define LLAMA "--config configs/llama-tiny.yml base_num_kv_heads=4"
@@ -227,6 +230,60 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* ---- the mesh a launcher shrinks to when machines are gone ---- */
+
+/* llama-tiny with the overrides kv (space-separated) finished for hosts x 1. */
+static void tiny(struct cfg *c, int hosts, const char *kv)
+{
+	char err[512], buf[256], *save;
+	cfg_defaults(c);
+	ck_assert_msg(cfg_load_file(c, "configs/llama-tiny.yml", err, sizeof(err)) == 0, "%s", err);
+	snprintf(buf, sizeof(buf), "%s", kv);
+	for (char *t = strtok_r(buf, " ", &save); t; t = strtok_r(NULL, " ", &save))
+		ck_assert_msg(cfg_override(c, t, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(cfg_finish(c, hosts, 1, err, sizeof(err)) == 0, "%s", err);
+}
+
+static void shrinks(int hosts, const char *kv, int to, long long want_data, long long want_pdbs)
+{
+	static struct cfg c;
+	long long d = -1, p = -1;
+	char err[512] = "";
+	tiny(&c, hosts, kv);
+	ck_assert_msg(train_shrink(&c, to, &d, &p, err, sizeof(err)) == 0, "%d hosts %s to %d: %s", hosts, kv,
+		      to, err);
+	ck_assert_int_eq(d, want_data);
+	ck_assert_int_eq(p, want_pdbs);
+}
+
+static void cannot_shrink(int hosts, const char *kv, int to, const char *want)
+{
+	static struct cfg c;
+	long long d, p;
+	char err[512] = "";
+	tiny(&c, hosts, kv);
+	ck_assert_int_eq(train_shrink(&c, to, &d, &p, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, want), "%d hosts %s to %d: '%s' not in '%s'", hosts, kv, to, want, err);
+}
+
+START_TEST(test_shrink)
+{
+	/* data over the hosts: 3 x 8 rows become 2 x 12 */
+	shrinks(3, "", 2, 2, 12);
+	shrinks(4, "per_device_batch_size=3", 2, 2, 6);
+	/* fsdp across 2 hosts stays; data goes from 2 to 1 */
+	shrinks(4, "dcn_fsdp_parallelism=2 dcn_data_parallelism=-1", 2, 1, 16);
+	cannot_shrink(4, "dcn_fsdp_parallelism=2 dcn_data_parallelism=-1", 3,
+		      "cannot shrink to 3 hosts along data: its other axes across hosts (fsdp=2) need a multiple of 2");
+	cannot_shrink(3, "dcn_fsdp_parallelism=3 dcn_data_parallelism=1", 2, "(fsdp=3) need a multiple of 3");
+	cannot_shrink(3, "per_device_batch_size=1", 2, "the global batch of 3 rows does not split over 2 hosts");
+	/* the trainer's own checks on the new mesh: a fault drill for host 2
+	 * has no host 2 to run on */
+	cannot_shrink(3, "faults=kill:host=2:step=100", 2, "on 2 hosts (dcn_data_parallelism=2, "
+		      "per_device_batch_size=12) config: key 'faults'");
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("remesh");
@@ -234,6 +291,10 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_refusals);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("shrink");
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, test_shrink);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("remesh");
 	tcase_add_checked_fixture(tc, setup, teardown);
