@@ -352,7 +352,7 @@ static double xent_forward(struct model *m, const int32_t *targets)
 	psum(m, m->ax_vocab, st, 2 * (size_t)N);
 	if (m->hook_rc)
 		return 0;
-	return xent_split_finish(m->losses, m->probs, mx, st, N, V);
+	return xent_split_finish(m->losses, m->probs, mx, st, targets, N, V);
 }
 
 int model_head_forward(struct model *m, double *loss_sum, const float *x, const int32_t *targets)
