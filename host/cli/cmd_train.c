@@ -8,7 +8,7 @@
 #include "host/cli/cli.h"
 #include "host/ckpt/ckpt.h"
 #include "host/config/config.h"
-#include "host/train/eval.h"
+#include "host/data/data.h"
 #include "host/train/loop.h"
 #include "host/train/train.h"
 #include "host/util/threads.h"
@@ -75,9 +75,11 @@ int cmd_train(int argc, char **argv)
 
 /* The config eval runs: the checkpoint's (dir: a run's checkpoint
  * directory, whose newest step it takes, or one step directory),
- * overridden, on one device, with the text as its data. A checkpoint
- * without a readable meshrun.yml is bad input; a bad override a config
- * error. */
+ * overridden, on one device. Its data is the held-out data the config
+ * names (docs/data.md#evaluation); --text FILE is short for
+ * eval_dataset_type=text eval_dataset_path=FILE eval_steps=-1. A
+ * checkpoint without a readable meshrun.yml is bad input; a bad override
+ * a config error. */
 static int eval_cfg(struct cfg *c, const char *dir, const char *text, const struct args *a,
 		    char *err, size_t errlen)
 {
@@ -92,26 +94,38 @@ static int eval_cfg(struct cfg *c, const char *dir, const char *text, const stru
 		snprintf(err, errlen, "eval: %s", why);
 		return -EBADMSG;
 	}
+	if (text) {
+		snprintf(c->eval_dataset_type, sizeof(c->eval_dataset_type), "text");
+		snprintf(c->eval_dataset_path, sizeof(c->eval_dataset_path), "%s", text);
+		c->eval_steps = -1;
+	}
 	for (int i = 0; i < a->noverrides; i++)
 		if (cfg_override(c, a->overrides[i], err, errlen))
 			return -EINVAL;
 	/* eval runs on one device whatever mesh trained the checkpoint */
 	cfg_single_device(c);
-	snprintf(c->dataset_type, sizeof(c->dataset_type), "text");
-	snprintf(c->dataset_path, sizeof(c->dataset_path), "%s", text);
 	return cfg_finish(c, 1, 1, err, errlen) ? -EINVAL : 0;
 }
 
-static int eval_run(const struct cfg *c, const char *dir, const char *text, char *err, size_t errlen)
+static int eval_run(const struct cfg *c, const char *dir, char *err, size_t errlen)
 {
 	struct trainer *t;
-	struct eval_result r;
 	char why[1024];
-	int rc = trainer_open(&t, c, (int)c->per_device_batch_size, NULL, why, sizeof(why));
+	int B = (int)c->per_device_batch_size;
+	double loss;
+	int64_t tokens;
+	int rc = trainer_open_eval(&t, c, B, NULL, why, sizeof(why));
 	if (!rc && (rc = trainer_load(t, dir, NULL, why, sizeof(why))) == 0 &&
-	    (rc = eval_text(t, text, &r, why, sizeof(why))) == 0)
-		printf("eval_windows: %" PRId64 "\neval_tokens: %" PRId64 "\neval_loss: %.6f\n", r.windows,
-		       r.tokens, r.loss);
+	    (rc = trainer_eval(t, B, 0, NULL, &loss, &tokens, why, sizeof(why))) == 0) {
+		struct data_source *d = trainer_eval_data(t);
+		int64_t nb = data_eval_batches(d, B, c->eval_steps, NULL, 0), rows = data_rows(d);
+		if (rows < 0 || rows > nb * B)
+			rows = nb * B;
+		printf("eval_data: %s '%s'\neval_batches: %" PRId64 "\neval_rows: %" PRId64
+		       "\neval_tokens: %" PRId64 "\neval_loss: %.6f\neval_loss_hex: %a\n",
+		       data_type_name(d), c->eval_dataset_path[0] ? c->eval_dataset_path : c->dataset_path,
+		       nb, rows, tokens, loss, loss);
+	}
 	if (rc)
 		snprintf(err, errlen, "eval: %s", why);
 	trainer_free(t);
@@ -131,10 +145,10 @@ int cmd_eval(int argc, char **argv)
 	};
 	const struct arg_flag *const tables[] = { flags, NULL };
 	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
-	if (rc || !dir || !text) {
+	if (rc || !dir) {
 		if (rc)
 			fprintf(stderr, "meshrun: eval: %s\n", err);
-		fprintf(stderr, "usage: meshrun eval --checkpoint DIR --text FILE [key=value ...]\n");
+		fprintf(stderr, "usage: meshrun eval --checkpoint DIR [--text FILE] [key=value ...]\n");
 		args_release(&a);
 		return EXIT_USAGE;
 	}
@@ -142,7 +156,7 @@ int cmd_eval(int argc, char **argv)
 	args_release(&a);
 	if (!rc) {
 		util_blas_threads(&c, 1);
-		rc = eval_run(&c, dir, text, err, sizeof(err));
+		rc = eval_run(&c, dir, err, sizeof(err));
 	}
 	if (rc)
 		fprintf(stderr, "%s\n", err);

@@ -15,13 +15,14 @@ static const struct command commands[] = {
 	/* each subcommand registers one line here */
 	{ "train", cmd_train, "train --config FILE [key=value ...] [--metrics FILE] [--checkpoint-dir DIR] [--resume]" },
 	{ "bench", cmd_bench, "bench matmul | link | collectives ... (see meshrun bench)" },
-	{ "eval", cmd_eval, "eval --checkpoint DIR --text FILE [key=value ...]" },
+	{ "eval", cmd_eval, "eval --checkpoint DIR [--text FILE] [key=value ...]" },
 	{ "agent", cmd_agent, "agent --config FILE --host-id I [--hosts N] [--devices-per-host D] [--listen ADDR] [--job NAME] [key=value ...]" },
 	{ "local", cmd_local, "local --hosts N [--devices-per-host D] --config FILE [key=value ...]" },
 	{ "launch", cmd_launch, "launch --hostfile FILE [--ssh-config FILE] [--devices-per-host D] --config FILE [key=value ...] [--metrics FILE] [--keep] [--quiet]" },
 	{ "shardings", cmd_shardings, "shardings --config FILE [--hosts N] [--devices-per-host D] [key=value ...]" },
 	{ "report", cmd_report, "report METRICS.jsonl [--trace TRACE.json] -o FILE.svg" },
 	{ "schedule", cmd_schedule, "schedule --config FILE [key=value ...]" },
+	{ "data", cmd_data, "data pack --format llmc|megatron [--input text|raw|llmc|megatron] [--token-bytes 2|4] [--shard-tokens N] [--eot ID] INPUT... -o DIR | data check --config FILE [key=value ...]" },
 	{ NULL, NULL, NULL },
 };
 

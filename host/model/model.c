@@ -418,16 +418,12 @@ static double forward_all(struct model *m, const int32_t *inputs, const int32_t 
 	return loss;
 }
 
-double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows)
+int model_forward(struct model *m, const int32_t *inputs, const int32_t *targets,
+		  struct model_step *st)
 {
-	struct model_step st = { 0 };
-	model_step_begin(m, &st);
-	forward_all(m, inputs, targets);
-	model_step_end(m);
-	double s = 0;
-	for (int i = 0; i < rows * m->d.T; i++)
-		s += m->losses[i];
-	return s;
+	model_step_begin(m, st);
+	st->loss_sum = forward_all(m, inputs, targets);
+	return model_step_end(m);
 }
 
 void model_count_experts(struct model *m, enum model_counts how) { m->counts_how = how; }
