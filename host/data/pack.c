@@ -349,10 +349,14 @@ int data_pack(const struct pack_opts *o, char *const *inputs, int n, struct pack
 		rc = data_err(err, errlen, -ENOMEM, "out of memory");
 	for (int i = 0; !rc && i < n; i++)
 		rc = pack_input(&w, inputs[i], err, errlen);
-	if (!rc)
+	if (!rc) {
 		rc = close_shard(&w, err, errlen);
-	else if (w.fd >= 0)
+	} else if (w.fd >= 0) {  /* a shard left half written is no shard */
+		char tmp[4200];
 		close(w.fd);
+		snprintf(tmp, sizeof(tmp), "%s.bin.tmp", w.path);
+		unlink(tmp);
+	}
 	free(w.out);
 	free(w.tok);
 	free(w.in);
