@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "host/config/config.h"
-#include "host/data/source.h"
 
 static const struct data_type *const types[] = {
 	&data_type_synthetic, &data_type_text, &data_type_llmc, &data_type_raw, &data_type_megatron,

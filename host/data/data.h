@@ -17,21 +17,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "host/data/source.h"
+
 struct cfg;
-struct data_source;
-
-/* A training source gives shuffled rows, epoch after epoch; an
- * evaluation source gives the held-out rows in order, once. */
-enum data_role { DATA_TRAIN, DATA_EVAL };
-
-/* Where a step's batch begins in the row order. */
-struct data_pos {
-	int64_t sample;       /* global rows consumed before it */
-	int64_t epoch_rows;   /* rows of one epoch; 0: no epochs (synthetic, text) */
-	int64_t epoch;        /* sample / epoch_rows (0 without epochs) */
-	int64_t row;          /* the row `sample` reads (natural order); -1 without epochs */
-	uint64_t seed;        /* the epoch's shuffle seed: data_shuffle_seed + epoch */
-};
 
 /* Opens into *out the source the config names for role: dataset_type
  * and dataset_path (train); for eval, eval_dataset_type and
@@ -90,10 +78,5 @@ int data_seek(struct data_source *d, int64_t step, const struct data_pos *p, cha
  * than that. -EINVAL with err for an unbounded source with eval_steps <= 0. */
 int64_t data_eval_batches(const struct data_source *d, int global_rows, long long eval_steps,
 			  char *err, size_t errlen);
-
-/* The epoch's row order: a bijection of [0, n) chosen by seed
- * (docs/data.md#shuffle: a 4-round Feistel network on the smallest even
- * number of bits covering n, cycle-walking back into range). */
-uint64_t data_perm(uint64_t seed, uint64_t n, uint64_t i);
 
 #endif

@@ -24,7 +24,7 @@ static uint32_t le32(const uint8_t *b)
 	return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
 }
 
-void shard_decode(uint32_t *out, const uint8_t *b, int width, size_t n)
+void data_shard_decode(uint32_t *out, const uint8_t *b, int width, size_t n)
 {
 	if (width == 2)
 		for (size_t i = 0; i < n; i++)
@@ -213,7 +213,7 @@ out:
 	return rc;
 }
 
-int shard_read_header(struct shard *sh, enum shard_format f, int token_bytes, char *err,
+int data_shard_header(struct shard *sh, enum shard_format f, int token_bytes, char *err,
 		      size_t errlen)
 {
 	int64_t size;
@@ -230,7 +230,7 @@ int shard_read_header(struct shard *sh, enum shard_format f, int token_bytes, ch
 	return rc;
 }
 
-int shard_doc_start(const struct shard *sh, int idx_fd, int64_t d, int64_t *start, char *err,
+int data_shard_doc_start(const struct shard *sh, int idx_fd, int64_t d, int64_t *start, char *err,
 		    size_t errlen)
 {
 	uint8_t b[8];

@@ -236,7 +236,7 @@ static int copy_tokens(struct writer *w, const char *path, int64_t off, int widt
 			for (size_t j = 0; j < k; j++)
 				w->tok[j] = w->in[j];
 		else
-			shard_decode(w->tok, w->in, width, k);
+			data_shard_decode(w->tok, w->in, width, k);
 		rc = put(w, w->tok, k, path, i, err, errlen);
 	}
 	close(fd);
@@ -281,7 +281,7 @@ static int pack_input(struct writer *w, const char *path, char *err, size_t errl
 		close(fd);
 		sh.width = 1;
 		sh.tokens = size;
-	} else if ((rc = shard_read_header(&sh, input_format(o), o->in_token_bytes, err, errlen))) {
+	} else if ((rc = data_shard_header(&sh, input_format(o), o->in_token_bytes, err, errlen))) {
 		return rc;
 	}
 	if (o->in != PACK_MEGATRON) {
@@ -295,9 +295,9 @@ static int pack_input(struct writer *w, const char *path, char *err, size_t errl
 		return data_err(err, errlen, -EBADMSG, "unable to open '%s': %s", sh.idx,
 				strerror(errno));
 	int64_t a = 0, b;
-	rc = sh.ndoc < 1 ? 0 : shard_doc_start(&sh, ifd, 0, &a, err, errlen);
+	rc = sh.ndoc < 1 ? 0 : data_shard_doc_start(&sh, ifd, 0, &a, err, errlen);
 	for (int64_t d = 0; !rc && d + 1 < sh.ndoc; d++, a = b)
-		if (!(rc = shard_doc_start(&sh, ifd, d + 1, &b, err, errlen)) &&
+		if (!(rc = data_shard_doc_start(&sh, ifd, d + 1, &b, err, errlen)) &&
 		    !(rc = doc_begin(w, b - a, err, errlen)) &&
 		    !(rc = copy_tokens(w, sh.path, 0, sh.width, a, b - a, err, errlen)))
 			rc = doc_end(w, err, errlen);
@@ -314,7 +314,7 @@ static int widest(const struct pack_opts *o, char *const *inputs, int n, char *e
 			return o->in_token_bytes;
 		char bin[4200], idx[4200];
 		struct shard sh = input_shard(o, inputs[i], bin, idx, sizeof(bin));
-		int rc = shard_read_header(&sh, input_format(o), 0, err, errlen);
+		int rc = data_shard_header(&sh, input_format(o), 0, err, errlen);
 		if (rc)
 			return rc;
 		width = sh.width > width ? sh.width : width;

@@ -1,10 +1,10 @@
-/* The epoch's row order (data.h, docs/data.md#shuffle): a bijection of
+/* The epoch's row order (source.h, docs/data.md#shuffle): a bijection of
  * [0, n) computed one index at a time, so no list as long as the corpus
  * is ever made. A balanced Feistel network permutes [0, 2^k) for the
  * smallest even k >= 2 with 2^k >= n; an index it sends past n is sent
  * through again until it lands inside (cycle walking), which keeps it a
  * bijection of [0, n). 2^k < 4n, so a few rounds on average. */
-#include "host/data/data.h"
+#include "host/data/source.h"
 #include "host/util/mix.h"
 
 #define FEISTEL_ROUNDS 4

@@ -47,16 +47,16 @@ struct shard {
  * filling off, tokens, width and the index fields. token_bytes is raw's
  * width (2 or 4). 0, or -EBADMSG (bad file) / -ENOMEM with a one-line
  * err naming the file and what is wrong. */
-int shard_read_header(struct shard *sh, enum shard_format f, int token_bytes, char *err,
+int data_shard_header(struct shard *sh, enum shard_format f, int token_bytes, char *err,
 		      size_t errlen);
 
 /* Megatron: the token index in the .bin where document d starts
  * (d = ndoc - 1: the end of the tokens), reading the index through
  * idx_fd. 0 or -EIO/-EBADMSG with err. */
-int shard_doc_start(const struct shard *sh, int idx_fd, int64_t d, int64_t *start, char *err,
+int data_shard_doc_start(const struct shard *sh, int idx_fd, int64_t d, int64_t *start, char *err,
 		    size_t errlen);
 
 /* Decodes n little-endian tokens of width bytes from b into out. */
-void shard_decode(uint32_t *out, const uint8_t *b, int width, size_t n);
+void data_shard_decode(uint32_t *out, const uint8_t *b, int width, size_t n);
 
 #endif

@@ -215,7 +215,7 @@ static int open_shards(struct shards_src *s, const struct data_spec *sp, char *e
 		snprintf(h->path, len, "%s%s", nm.v[i], s->fmt == SHARD_MEGATRON ? ".bin" : "");
 		if (h->idx)
 			snprintf(h->idx, len, "%s.idx", nm.v[i]);
-		if ((rc = shard_read_header(h, s->fmt, sp->token_bytes, err, errlen)))
+		if ((rc = data_shard_header(h, s->fmt, sp->token_bytes, err, errlen)))
 			goto out;
 		if (h->width == 2 && sp->V > 65536) {
 			rc = data_err(err, errlen, -EBADMSG, "'%s' holds uint16 tokens, too narrow for "
@@ -348,7 +348,7 @@ static int mask_documents(struct shards_src *s, int k, int64_t a, int32_t *tg, c
 	/* the first document starting after a (the end, ndoc - 1, does) */
 	while (lo < hi) {
 		int64_t mid = lo + (hi - lo) / 2;
-		if ((rc = shard_doc_start(h, fd, mid, &st, err, errlen)))
+		if ((rc = data_shard_doc_start(h, fd, mid, &st, err, errlen)))
 			return rc;
 		if (st > a)
 			hi = mid;
@@ -356,7 +356,7 @@ static int mask_documents(struct shards_src *s, int k, int64_t a, int32_t *tg, c
 			lo = mid + 1;
 	}
 	for (int64_t d = lo; d < h->ndoc - 1; d++) {
-		if ((rc = shard_doc_start(h, fd, d, &st, err, errlen)))
+		if ((rc = data_shard_doc_start(h, fd, d, &st, err, errlen)))
 			return rc;
 		if (st > a + T)
 			break;
@@ -380,7 +380,7 @@ static int read_row(struct shards_src *s, int64_t r, int32_t *in, int32_t *tg, c
 	if ((rc = data_pread(fd, s->raw, n * (size_t)h->width, h->off + a * h->width, h->path, err,
 			     errlen)))
 		return rc;
-	shard_decode(s->tok, s->raw, h->width, n);
+	data_shard_decode(s->tok, s->raw, h->width, n);
 	for (size_t t = 0; t < n; t++)
 		if (s->tok[t] >= (uint64_t)s->s.V)
 			return data_err(err, errlen, -EBADMSG, "'%s': token %" PRIu32 " at token offset "

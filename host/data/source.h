@@ -1,16 +1,37 @@
 /* A data source as a type (as net/conn.h's connection types): one table of
  * functions per format, each implementation embedding struct data_source
- * first. host/data/data.c picks the type from dataset_type and does what
- * every type shares (keys, the position, the batch bookkeeping); the types
- * only open, count, read and describe. Every read returns 0 or -errno with
- * a one-line err naming the file. */
+ * first. host/data/data.c (data.h) picks the type from dataset_type and
+ * does what every type shares (keys, the position, the batch
+ * bookkeeping); the types only open, count, read and describe, with the
+ * helpers below (the epoch order, reads by range). Every read returns 0
+ * or -errno with a one-line err naming the file. */
 #ifndef MESHRUN_DATA_SOURCE_H
 #define MESHRUN_DATA_SOURCE_H
 
 #include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
-#include "host/data/data.h"
+/* A training source gives shuffled rows, epoch after epoch; an
+ * evaluation source gives the held-out rows in order, once. */
+enum data_role { DATA_TRAIN, DATA_EVAL };
+
+/* Where a step's batch begins in the row order. */
+struct data_pos {
+	int64_t sample;       /* global rows consumed before it */
+	int64_t epoch_rows;   /* rows of one epoch; 0: no epochs (synthetic, text) */
+	int64_t epoch;        /* sample / epoch_rows (0 without epochs) */
+	int64_t row;          /* the row `sample` reads (natural order); -1 without epochs */
+	uint64_t seed;        /* the epoch's shuffle seed: data_shuffle_seed + epoch */
+};
+
+/* The epoch's row order: a bijection of [0, n) chosen by seed
+ * (docs/data.md#shuffle: a 4-round Feistel network on the smallest even
+ * number of bits covering n, cycle-walking back into range;
+ * host/data/perm.c). */
+uint64_t data_perm(uint64_t seed, uint64_t n, uint64_t i);
 
 /* What data_open resolved from the config for one source. */
 struct data_spec {
