@@ -189,7 +189,7 @@ static int open_data(struct trainer *t, const struct cfg *c, bool eval_only, cha
 	char why[1024];
 	int rc = 0;
 	bool held = c->eval_dataset_path[0] || c->eval_split_fraction > 0;
-	if (c->eval_interval > 0 && !held && strcmp(c->dataset_type, "synthetic")) {
+	if (!eval_only && c->eval_interval > 0 && !held && strcmp(c->dataset_type, "synthetic")) {
 		snprintf(err, errlen, "config: key 'eval_interval' needs held-out data: set "
 			 "'eval_dataset_path' or 'eval_split_fraction'");
 		return -EINVAL;
