@@ -42,7 +42,7 @@ static int lines_with(const char *text, const char *needle)
 START_TEST(test_help_everywhere)
 {
 	static const char *const cmds[] = {
-		"train", "eval", "local", "agent", "launch", "shardings", "report", "schedule", "bench",
+		"train", "eval", "local", "agent", "launch", "shardings", "report", "schedule", "bench", "data",
 		"bench link", "bench collectives", "bench matmul",
 	};
 	char line[256], want[64];
@@ -69,7 +69,7 @@ START_TEST(test_one_prefix)
 	static const struct { const char *line, *prefix; } bad[] = {
 		{ "train --nope", "meshrun: train: unknown option '--nope'" },
 		{ "train --config " TINY " --trace t.json", "meshrun: train: --trace is for local and agent" },
-		{ "eval --checkpoint x", "meshrun: eval: --text FILE is needed" },
+		{ "eval --text x", "meshrun: eval: --checkpoint DIR is needed" },
 		{ "local --config " TINY, "meshrun: local: --hosts N is needed" },
 		{ "agent --nope", "meshrun: agent: unknown option '--nope'" },
 		{ "launch --config " TINY, "meshrun: launch: --hostfile FILE is needed" },

@@ -455,7 +455,7 @@ static double xent_forward(struct model *m, const int32_t *targets)
 	psum(m, m->ax_vocab, st, 2 * (size_t)N);
 	if (m->hook_rc)
 		return 0;
-	return xent_split_finish(m->losses, m->probs, mx, st, N, V);
+	return xent_split_finish(m->losses, m->probs, mx, st, targets, N, V);
 }
 
 int model_head_forward(struct model *m, double *loss_sum, const float *x, const int32_t *targets)
@@ -521,16 +521,12 @@ static double forward_all(struct model *m, const int32_t *inputs, const int32_t 
 	return loss;
 }
 
-double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows)
+int model_forward(struct model *m, const int32_t *inputs, const int32_t *targets,
+		  struct model_step *st)
 {
-	struct model_step st = { 0 };
-	model_step_begin(m, &st);
-	forward_all(m, inputs, targets);
-	model_step_end(m);
-	double s = 0;
-	for (int i = 0; i < rows * m->d.T; i++)
-		s += m->losses[i];
-	return s;
+	model_step_begin(m, st);
+	st->loss_sum = forward_all(m, inputs, targets);
+	return model_step_end(m);
 }
 
 void model_count_experts(struct model *m, enum model_counts how) { m->counts_how = how; }

@@ -218,8 +218,12 @@ struct model_step {
 int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
 			   struct model_step *st);
 
-/* Forward only (one device): sum of per-token cross-entropy over the first `rows` rows. */
-double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows);
+/* Forward only (evaluation), on one device or a mesh (st->comm): the
+ * same forward as model_forward_backward, st->loss_sum the sum of the
+ * per-token losses of these rows (masked targets add nothing). 0 or the
+ * first hook error. */
+int model_forward(struct model *m, const int32_t *inputs, const int32_t *targets,
+		  struct model_step *st);
 
 /* ---- one step, stage by stage ----
  *

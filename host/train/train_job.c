@@ -324,22 +324,23 @@ static int job_p2p_flush(void *vctx)
 	return rc;
 }
 
-/* Resume: device 0 loaded the checkpoint (whole tensors); every device
- * takes it, then its own shards. */
+/* Resume: device 0 loaded the checkpoint (whole tensors, the step and
+ * the data position); every device takes it, then its own shards. */
 static int broadcast_state(struct trainer *t, struct job_ctx *jc, const struct coll_group *all,
 			   int64_t *start, char *err, size_t errlen)
 {
 	struct ckpt_state cs;
 	trainer_ckpt_state(t, &cs, *start);
 	size_t n = cs.numel;
-	int64_t s = *start;
+	int64_t s[3] = { *start, cs.data_sample, cs.data_epoch_rows };
 	if (coll_broadcast(jc->coll, all, cs.params, n * sizeof(float), 0, err, errlen) ||
 	    coll_broadcast(jc->coll, all, cs.m, n * sizeof(float), 0, err, errlen) ||
 	    coll_broadcast(jc->coll, all, cs.v, n * sizeof(float), 0, err, errlen) ||
-	    coll_broadcast(jc->coll, all, &s, sizeof(s), 0, err, errlen))
+	    coll_broadcast(jc->coll, all, s, sizeof(s), 0, err, errlen))
 		return -EHOSTDOWN;
-	*start = s;
-	return trainer_ckpt_scatter(t, err, errlen);
+	*start = s[0];
+	int rc = trainer_seek_data(t, s[0], s[1], s[2], err, errlen);
+	return rc ? rc : trainer_ckpt_scatter(t, err, errlen);
 }
 
 /* Gathers every device's spans to device 0, which writes the file. */
