@@ -153,7 +153,7 @@ START_TEST(test_eval_nan)
 	int rc = proc_run_words(&p, "eval", line, 60, false);
 	ck_assert_msg(rc == EXIT_FAIL, "exit %d:\n%s\n%s", rc, slurp(p.out), slurp(p.err));
 	ck_assert_file_has(p.err, "meshrun: eval: the loss over ");
-	ck_assert_file_has(p.err, " windows is nan: the checkpoint's weights");
+	ck_assert_file_has(p.err, " tokens is nan: the checkpoint's weights");
 	ck_assert_msg(!file_has(p.out, "eval_loss"), "%s", slurp(p.out));
 }
 END_TEST
