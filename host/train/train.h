@@ -81,7 +81,7 @@ float *trainer_ckpt_m(struct trainer *t);
 float *trainer_ckpt_v(struct trainer *t);
 
 const struct cfg *trainer_cfg(const struct trainer *t);
-/* The pipeline executor when the mesh has stages, else NULL. */
+/* The step's executor (a table of one stage without a pipeline). */
 struct pipe_exec *trainer_pipe(struct trainer *t);
 struct dataset *trainer_data(struct trainer *t);
 
