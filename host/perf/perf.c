@@ -169,7 +169,7 @@ struct fluid {
 	double **dur;      /* [S][n] compute work, or a wait (negative: -seconds) */
 	double *hop;       /* [S * S] a transfer's seconds */
 	double cores;
-	int threads;
+	int threads, groups;  /* groups: stage groups computing beside this one (sharing the cores) */
 	/* results */
 	double end, busy_max, run_of_busiest;
 };
@@ -379,7 +379,7 @@ static int fluid_run(struct fluid *f)
 				now = fmax(now, ds[s].link);
 			break;
 		}
-		double rate = f->cores <= 0 ? 1 : fmin(1.0, f->cores / (active * (f->threads > 0 ? f->threads : 1)));
+		double rate = f->cores <= 0 ? 1 : fmin(1.0, f->cores / (active * f->groups * (f->threads > 0 ? f->threads : 1)));
 		for (int s = 0; s < S; s++) {
 			if (ds[s].running)
 				dt = fmin(dt, ds[s].left / rate);
@@ -550,6 +550,7 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 		f.gather[2] = t_gather(fl, outside * layer_bytes * sh->fsdp, sh->fsdp);
 		f.t = &t;
 		f.cores = mc->cores;
+		f.groups = sh->m.num_devices / S;  /* every stage group runs the same lists at once */
 		f.threads = given && given->threads > 0 ? given->threads : 1;
 		f.hop = calloc((size_t)S * S, sizeof(double));
 		rc = !f.hop ? -ENOMEM : durations(&f, sh, &pc, mc);
