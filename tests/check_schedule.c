@@ -818,6 +818,11 @@ START_TEST(test_command)
 	ck_assert_msg(strstr(out, "training refuses zbv"), "%s", out);
 	ck_assert_msg(strstr(out, "bubble: 0.000"), "%s", out);
 
+	/* measured costs: a forward is 2 slots, the backward what it took here */
+	rc = run_meshrun("schedule --config configs/llama-tiny.yml ici_pipeline_parallelism=2 "
+			 "pipeline_schedule=1f1b --costs measured", out, sizeof(out));
+	ck_assert_msg(rc == 0 && strstr(out, "time in unit slots (F 2, B "), "exit %d:\n%s", rc, out);
+
 	rc = run_meshrun("schedule --config configs/llama-tiny.yml ici_pipeline_parallelism=4 "
 			 "base_num_decoder_layers=8 num_pipeline_microbatches=6", out, sizeof(out));
 	ck_assert_int_eq(rc, 3);

@@ -33,8 +33,8 @@ static void print_prediction(const struct perf_parts *p, const struct perf_compu
 {
 	printf("predicted_step_s: %.4f\n", p->step);
 	printf("parts: table %.4f s (its busiest device has %.4f s of compute, run in %.4f s; idle %.3f of the "
-	       "table: the bubble and waits for transfers and gathers), gradient sums after it %.4f s, optimizer "
-	       "%.4f s\n", p->table, p->compute, p->running, p->bubble, p->tail, p->optimizer);
+	       "worst device's span: the bubble and waits for transfers and gathers), gradient sums after it "
+	       "%.4f s, optimizer %.4f s\n", p->table, p->compute, p->running, p->bubble, p->tail, p->optimizer);
 	printf("schedule: S=%d stages, v=%d chunks a stage, M=%d microbatches of %d rows\n", p->stages, p->chunks,
 	       p->microbatches, p->mb_rows);
 	printf("compute per microbatch (%d rows, %s): layer forward %.2f ms, backward %.2f ms%s; head %.2f ms\n",

@@ -16,6 +16,7 @@
 #include "host/mesh/plan.h"
 #include "host/mesh/shard.h"
 #include "host/model/model.h"
+#include "host/perf/perf.h"
 #include "host/pipeline/pipe_config.h"
 #include "host/pipeline/schedule.h"
 
@@ -354,7 +355,7 @@ static int load(struct cfg *c, const char *path, char **kv, int nkv, struct mode
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: meshrun schedule --config FILE [--costs F:I:W] [key=value ...]\n");
+	fprintf(stderr, "usage: meshrun schedule --config FILE [--costs F:I:W|measured] [key=value ...]\n");
 }
 
 /* One microbatch's chunk input [rows, T, C] as the rules shard it. */
@@ -409,6 +410,7 @@ struct sched_args {
 	const char *path;
 	int nkv;
 	struct pipe_costs costs;
+	bool measured;  /* --costs measured */
 };
 
 static int parse_args(int argc, char **argv, struct sched_args *a)
@@ -422,8 +424,10 @@ static int parse_args(int argc, char **argv, struct sched_args *a)
 			a->path = argv[i] + 9;
 		else if ((!strcmp(argv[i], "--costs") && i + 1 < argc && (v = argv[++i])) ||
 			 (!strncmp(argv[i], "--costs=", 8) && (v = argv[i] + 8))) {
-			if (parse_costs(v, &a->costs)) {
-				fprintf(stderr, "schedule: --costs takes F:I:W, whole slots in [1, 100], got '%s'\n", v);
+			a->measured = !strcmp(v, "measured");
+			if (!a->measured && parse_costs(v, &a->costs)) {
+				fprintf(stderr, "schedule: --costs takes F:I:W (whole slots in [1, 100]) or measured, "
+					"got '%s'\n", v);
 				return EXIT_USAGE;
 			}
 		} else if (argv[i][0] != '-' && strchr(argv[i], '=')) {
@@ -465,6 +469,23 @@ static int describe(const struct pipe_config *pc, const struct model_dims *d, co
 	return 0;
 }
 
+/* --costs measured: a chunk's forward and backward timed here (one
+ * layer at the microbatch, one OpenBLAS thread: meshrun plan's figures),
+ * in slots of half a forward; I and W each half the backward. */
+static int measured_costs(const struct cfg *c, const struct pipe_config *pc, const struct model_dims *d,
+			  struct pipe_costs *out, char *err, size_t errlen)
+{
+	struct perf_compute m;
+	int rc = perf_measure(c, pc->microbatch_rows, 1, &m, err, errlen), k = d->L_moe > 0;
+	if (rc)
+		return rc;
+	double unit = m.f_layer[k] / 2;
+	int f = 2, b = (int)(m.b_layer[k] / unit + 0.5);
+	b = b < 2 ? 2 : b > 200 ? 200 : b;
+	*out = (struct pipe_costs){ .f = f, .b = b, .i = b / 2, .w = b - b / 2 };
+	return 0;
+}
+
 int cmd_schedule(int argc, char **argv)
 {
 	struct sched_args a = { 0 };
@@ -491,6 +512,11 @@ int cmd_schedule(int argc, char **argv)
 	    layer_bytes(&lb, &d, rules, &m, err, sizeof(err)) ||
 	    pipe_table_build(&t, &pc.shape, err, sizeof(err))) {
 		fprintf(stderr, "%s\n", err);
+		goto out;
+	}
+	if (a.measured && measured_costs(c, &pc, &d, &a.costs, err, sizeof(err))) {
+		fprintf(stderr, "%s\n", err);
+		rc = EXIT_FAIL;
 		goto out;
 	}
 	rc = describe(&pc, &d, &m, &t, &in, &lb, &a.costs, err, sizeof(err)) ? EXIT_FAIL : EXIT_OK;

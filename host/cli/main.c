@@ -21,7 +21,7 @@ static const struct command commands[] = {
 	{ "launch", cmd_launch, "launch --hostfile FILE [--ssh-config FILE] [--devices-per-host D] --config FILE [key=value ...] [--metrics FILE] [--keep] [--quiet]" },
 	{ "shardings", cmd_shardings, "shardings --config FILE [--hosts N] [--devices-per-host D] [key=value ...]" },
 	{ "report", cmd_report, "report METRICS.jsonl [--trace TRACE.json] -o FILE.svg" },
-	{ "schedule", cmd_schedule, "schedule --config FILE [--costs F:I:W] [key=value ...]" },
+	{ "schedule", cmd_schedule, "schedule --config FILE [--costs F:I:W|measured] [key=value ...]" },
 	{ "plan", cmd_plan, "plan --config FILE [--hosts N] [--devices-per-host D] [--link-gbps G] [--flops F] [--cores C] [--search] [key=value ...]" },
 	{ NULL, NULL, NULL },
 };

@@ -171,7 +171,7 @@ struct fluid {
 	double cores;
 	int threads, groups;  /* groups: stage groups computing beside this one (sharing the cores) */
 	/* results */
-	double end, busy_max, run_of_busiest;
+	double end, busy_max, run_of_busiest, idle_worst;
 };
 
 static bool cpu_op(int op)
@@ -410,6 +410,11 @@ static int fluid_run(struct fluid *f)
 			f->busy_max = ds[s].busy;
 			f->run_of_busiest = ds[s].run;
 		}
+	for (int s = 0; ds && s < S; s++) {
+		double span = ds[s].last - ds[s].first;
+		if (ds[s].first >= 0 && span > 0 && 1 - ds[s].run / span > f->idle_worst)
+			f->idle_worst = 1 - ds[s].run / span;
+	}
 	for (int s = 0; issued && s < S; s++)
 		free(issued[s]);
 	free(issued);
@@ -569,7 +574,7 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 			o->table = f.end;
 			o->compute = f.busy_max;
 			o->running = f.run_of_busiest;
-			o->bubble = f.end > 0 ? 1 - f.run_of_busiest / f.end : 0;
+			o->bubble = f.idle_worst;
 			o->tail = t_all_reduce(sl, ns_bytes, S) + t_all_reduce(dl, o->mem_grads, sh->data) +
 				  (S > 1 || sh->data > 1 ? 2 * 2 * sl->lat : 0);
 			o->optimizer = pc.opt_per_float * o->mem_params / sizeof(float) /

@@ -52,7 +52,8 @@ struct perf_parts {
 	double table;         /* the schedule's table, first action to last */
 	double compute;       /* the busiest device's compute in it, at full speed */
 	double running;       /* the time it computes (longer when cores are shared) */
-	double bubble;        /* the rest of the table: its idle share (the
+	double bubble;        /* the worst device's idle share between its
+			       * first and last compute action (the
 			       * schedule's bubble, waits for transfers and
 			       * gathers) */
 	double tail;          /* gradient sums after the table (exposed) */
