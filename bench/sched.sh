@@ -8,8 +8,10 @@
 # (the default). Per run: the mean step time over steps >= 1; the bubble
 # measured from --trace (bench/sched.py: a device's idle share between
 # its first and last compute action of a step, the worst device, steps
-# >= 1); each host's agent's peak resident memory (VmHWM); and `meshrun
-# plan`'s prediction made right before the run (--cores auto: the cores
+# >= 1); each host's agent's peak resident memory (VmHWM); the agents'
+# CPU seconds a step (after step 0) against plan's `work:` (the half of
+# the check the machine's other load does not move: the compute it
+# models); and `meshrun plan`'s prediction made right before the run (--cores auto: the cores
 # the four devices get now; the link measured at the start with `meshrun
 # bench link`), with the error in percent. Prints the load average before
 # each run. All devices share this machine's cores, as `meshrun local`
@@ -40,25 +42,36 @@ run() {
   local name=$1 hosts=$2 dph=$3; shift 3
   "$bin" local --hosts $hosts --devices-per-host $dph $model steps=$steps "$@" \
     --metrics $tmp/$name.jsonl --trace $tmp/$name.json --quiet >$tmp/$name.log 2>&1 &
-  local pid=$! peaks
-  declare -A hwm=()
+  local pid=$! peaks cpu0=-1 cpu1=0 t0=0 t1=0
+  declare -A hwm=() tk=()
   while kill -0 $pid 2>/dev/null; do
+    local ticks=0
     for a in $(pgrep -P $pid || true) $(for l in $(pgrep -P $pid || true); do pgrep -P $l || true; done); do
       h=$({ tr '\0' ' ' </proc/$a/cmdline; } 2>/dev/null | sed -n 's/.*--host-id \([0-9]*\).*/\1/p')
       m=$({ awk '/VmHWM/ {print $2}' </proc/$a/status; } 2>/dev/null || true)
       [ -n "$h" ] && [ -n "$m" ] || continue
+      c=$({ awk '{print $14 + $15}' </proc/$a/stat; } 2>/dev/null || echo 0)
+      [ "${tk[$a]:-0}" -lt "${c:-0}" ] && tk[$a]=$c
       m=$((m / 1024))
       [ "${hwm[$h]:-0}" -lt $m ] && hwm[$h]=$m
     done
+    for a in "${!tk[@]}"; do ticks=$((ticks + tk[$a])); done
+    if [ -s $tmp/$name.jsonl ]; then
+      lines=$(wc -l <$tmp/$name.jsonl)
+      [ $cpu0 -lt 0 ] && { cpu0=$ticks; t0=$lines; }
+      cpu1=$ticks; t1=$lines
+    fi
     sleep 0.2
   done
   wait $pid || { cat $tmp/$name.log; exit 1; }
   peaks=$(for h in $(seq 0 $((hosts - 1))); do printf "%s/" "${hwm[$h]:-?}"; done)
-  echo "${peaks%/}"
+  # CPU seconds a step: from the end of step 0 to the last poll's step count
+  echo "${peaks%/} $(awk -v a=$cpu0 -v b=$cpu1 -v s=$t0 -v e=$t1 -v hz=$(getconf CLK_TCK) \
+    'BEGIN {printf "%.2f", (e > s && a >= 0) ? (b - a) / hz / (e - s) : -1}')"
 }
 
-printf "| mesh | M | schedule | step s | plan s | error | bubble | plan bubble | peak MiB per host | load |\n"
-printf "|---|---|---|---|---|---|---|---|---|---|\n"
+printf "| mesh | M | schedule | step s | plan s | error | cpu s/step | plan cpu s | cpu error | bubble | plan bubble | peak MiB per host | load |\n"
+printf "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 for mesh in $meshes; do
   case $mesh in
     4x1) hosts=4 dph=1 pp="dcn_pipeline_parallelism=4" ;;
@@ -76,13 +89,15 @@ for mesh in $meshes; do
       "$bin" plan $model --hosts $hosts --devices-per-host $dph $args --cores auto \
         --link-gbps "$gbps" --link-latency-us "$lat_us" >$tmp/plan 2>&1 || { cat $tmp/plan; exit 1; }
       pred=$(awk '/^predicted_step_s:/ {print $2}' $tmp/plan)
+      pcpu=$(awk '/^work:/ {print $2}' $tmp/plan)
       pbub=$(sed -n "s/.*idle \([0-9.]*\) of the worst.*/\1/p" $tmp/plan)
       name=${mesh}_${M}_$s
-      peaks=$(run $name $hosts $dph $args)
+      read -r peaks cpu < <(run $name $hosts $dph $args)
       read -r step bub < <(bench/sched.py $tmp/$name.jsonl $tmp/$name.json)
       err=$(awk -v p="$pred" -v m="$step" 'BEGIN {printf "%+.0f%%", 100 * (p - m) / m}')
-      printf "| %s | %s | %s | %.2f | %.2f | %s | %.3f | %.3f | %s | %s |\n" \
-        "$mesh" "$M" "$s" "$step" "$pred" "$err" "$bub" "$pbub" "$peaks" "$load"
+      cerr=$(awk -v p="$pcpu" -v m="$cpu" 'BEGIN {printf "%+.0f%%", 100 * (p - m) / m}')
+      printf "| %s | %s | %s | %.2f | %.2f | %s | %s | %.2f | %s | %.3f | %.3f | %s | %s |\n" \
+        "$mesh" "$M" "$s" "$step" "$pred" "$err" "$cpu" "$pcpu" "$cerr" "$bub" "$pbub" "$peaks" "$load"
     done
   done
 done

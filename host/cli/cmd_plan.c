@@ -37,6 +37,7 @@ static void print_prediction(const struct perf_parts *p, const struct perf_compu
 	       "%.4f s, optimizer %.4f s\n", p->table, p->compute, p->running, p->bubble, p->tail, p->optimizer);
 	printf("schedule: S=%d stages, v=%d chunks a stage, M=%d microbatches of %d rows\n", p->stages, p->chunks,
 	       p->microbatches, p->mb_rows);
+	printf("work: %.4f s of compute and optimizer a step over every device (at full speed)\n", p->work);
 	printf("compute per microbatch (%d rows, %s): layer forward %.2f ms, backward %.2f ms%s; head %.2f ms\n",
 	       pc->rows, measured ? "measured here" : "from --flops", 1e3 * pc->f_layer[0], 1e3 * pc->b_layer[0],
 	       pc->f_layer[1] != pc->f_layer[0] ? " (dense)" : "", 1e3 * pc->head);

@@ -1,21 +1,33 @@
 /* The compute figures of the step-time model, measured here (see
  * perf.h): the model's own stage calls at the model's shapes, one
  * microbatch of rows on one device, one layer of each kind; each figure
- * the median of a few runs after a warm-up, under whatever else runs on
- * the machine now (the run it predicts shares it the same way); and how
- * many cores the devices of a machine get between them when they all
- * compute at once. */
+ * the median of a few runs' CPU seconds after a warm-up (what the
+ * computation costs, whatever else runs); and how many cores the
+ * devices of a machine get between them now when they all compute at
+ * once (their CPU seconds over the wall seconds: the machine's other load
+ * is in that). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "host/perf/perf.h"
 #include "host/util/clock.h"
 #include "kernels/kernels.h"
 
 #define RUNS 5
+
+/* CPU seconds of this process (every thread: OpenBLAS's too) or of the
+ * calling thread: what a computation costs, whatever else the machine
+ * runs meanwhile. */
+static double cpu_s(clockid_t which)
+{
+	struct timespec ts;
+	clock_gettime(which, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 struct times {
 	double embed_f, layer_f, head, layer_b, embed_b;
@@ -63,18 +75,18 @@ static int measure_layer(const struct model_dims *d, bool moe, int rows, struct 
 		struct model_step st = { .loss_scale = 1.0f / (float)N, .global_tokens = (double)N };
 		double l, t[6];
 		model_step_begin(m, &st);
-		t[0] = util_now_s();
+		t[0] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
 		rc = model_embed_forward(m, x, in);
-		t[1] = util_now_s();
+		t[1] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
 		rc = rc ? rc : model_layers_forward(m, 0, 1, y, x);
-		t[2] = util_now_s();
+		t[2] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
 		rc = rc ? rc : model_head_forward(m, &l, y, tg);
 		rc = rc ? rc : model_head_backward(m, dy, y, tg);
-		t[3] = util_now_s();
+		t[3] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
 		rc = rc ? rc : model_layers_backward(m, 0, 1, dy, x);
-		t[4] = util_now_s();
+		t[4] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
 		rc = rc ? rc : model_embed_backward(m, dy, in);
-		t[5] = util_now_s();
+		t[5] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
 		int erc = model_step_end(m);
 		rc = rc ? rc : erc;
 		if (r == 0)
@@ -108,10 +120,10 @@ static double measure_optimizer(void)
 	      *v = calloc(n, sizeof(float));
 	double b = 0;
 	for (int r = 0; p && g && m && v && r <= RUNS; r++) {
-		double t0 = util_now_s();
+		double t0 = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
 		adamw_update(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, r + 1);
 		if (r)
-			best(&b, (util_now_s() - t0) / (double)n);
+			best(&b, (cpu_s(CLOCK_PROCESS_CPUTIME_ID) - t0) / (double)n);
 	}
 	free(p);
 	free(g);
@@ -156,7 +168,7 @@ int perf_measure(const struct cfg *c, int rows, int threads, struct perf_compute
 struct spin {
 	const struct model_dims *d;
 	int rows;
-	double seconds, per_call;
+	double seconds, cpu, wall;
 	pthread_barrier_t *bar;
 	int rc;
 };
@@ -176,7 +188,7 @@ static void *spin_main(void *arg)
 	if (!sp->rc)
 		model_init(m, 1, 0.02f);
 	pthread_barrier_wait(sp->bar);
-	double t0 = util_now_s(), t = t0;
+	double t0 = util_now_s(), t = t0, c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
 	int calls = 0;
 	struct model_step st = { .loss_scale = 1, .global_tokens = 1 };
 	while (!sp->rc && (t - t0 < sp->seconds || calls < 2)) {
@@ -186,20 +198,22 @@ static void *spin_main(void *arg)
 		calls++;
 		t = util_now_s();
 	}
-	sp->per_call = calls ? (t - t0) / calls : 0;
+	sp->cpu = cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0;
+	sp->wall = t - t0;
 	model_free(m);
 	free(x);
 	free(y);
 	return NULL;
 }
 
-/* The mean seconds of a layer's forward when n threads run it at once. */
+/* The cores n threads running a layer's forward at once get: their CPU
+ * seconds over the wall seconds. */
 static double spin(const struct model_dims *d, int rows, int n, double seconds)
 {
 	pthread_t th[64];
 	struct spin sp[64];
 	pthread_barrier_t bar;
-	double sum = 0;
+	double cpu = 0, wall = 0;
 	n = n > 64 ? 64 : n;
 	pthread_barrier_init(&bar, NULL, (unsigned)n);
 	for (int i = 0; i < n; i++) {
@@ -208,10 +222,11 @@ static double spin(const struct model_dims *d, int rows, int n, double seconds)
 	}
 	for (int i = 0; i < n; i++) {
 		pthread_join(th[i], NULL);
-		sum += sp[i].per_call;
+		cpu += sp[i].cpu;
+		wall = sp[i].wall > wall ? sp[i].wall : wall;
 	}
 	pthread_barrier_destroy(&bar);
-	return sum / n;
+	return wall > 0 ? cpu / wall : 0;
 }
 
 double perf_measure_cores(const struct cfg *c, int rows, int threads, int devices, double seconds)
@@ -222,7 +237,7 @@ double perf_measure_cores(const struct cfg *c, int rows, int threads, int device
 		return 0;
 	int prev = blas_get_threads();
 	blas_set_threads(threads > 0 ? threads : 1);
-	double one = spin(&d, rows, 1, seconds), all = spin(&d, rows, devices, seconds);
+	double got = spin(&d, rows, devices, seconds);
 	blas_set_threads(prev);
-	return one > 0 && all > 0 ? devices * one / all : 0;
+	return got;
 }

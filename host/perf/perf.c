@@ -171,7 +171,7 @@ struct fluid {
 	double cores;
 	int threads, groups;  /* groups: stage groups computing beside this one (sharing the cores) */
 	/* results */
-	double end, busy_max, run_of_busiest, idle_worst;
+	double end, busy_max, run_of_busiest, idle_worst, busy_sum;
 };
 
 static bool cpu_op(int op)
@@ -412,6 +412,7 @@ static int fluid_run(struct fluid *f)
 		}
 	for (int s = 0; ds && s < S; s++) {
 		double span = ds[s].last - ds[s].first;
+		f->busy_sum += ds[s].busy;
 		if (ds[s].first >= 0 && span > 0 && 1 - ds[s].run / span > f->idle_worst)
 			f->idle_worst = 1 - ds[s].run / span;
 	}
@@ -580,6 +581,7 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 			o->optimizer = pc.opt_per_float * o->mem_params / sizeof(float) /
 				       (c->shard_optimizer_over_data && sh->data > 1 ? sh->data : 1);
 			o->step = o->table + o->tail + o->optimizer;
+			o->work = f.busy_sum * f.groups + o->optimizer * sh->m.num_devices;
 			o->stages = S;
 			o->microbatches = t.shape.microbatches;
 			o->chunks = t.nchunks / S;

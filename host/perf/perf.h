@@ -58,6 +58,8 @@ struct perf_parts {
 			       * gathers) */
 	double tail;          /* gradient sums after the table (exposed) */
 	double optimizer;
+	double work;          /* every device's compute and optimizer at full
+			       * speed, summed: the CPU seconds a step needs */
 	/* bytes per device */
 	double mem_params, mem_grads, mem_opt, mem_window, mem_act, mem_total;
 	int stages, microbatches, chunks, mb_rows;
@@ -68,13 +70,14 @@ int perf_mb_rows(const struct cfg *c, const struct model_dims *d, char *err, siz
 
 /* Measures pc at rows microbatch rows of c's model with `threads`
  * OpenBLAS threads (one layer of each kind, the head, the embedding,
- * AdamW), each the best of a few runs. 0, -EINVAL with err, -ENOMEM. */
+ * AdamW), each the median CPU seconds of a few runs. 0, -EINVAL with
+ * err, -ENOMEM. */
 int perf_measure(const struct cfg *c, int rows, int threads, struct perf_compute *pc, char *err, size_t errlen);
 
 /* The cores the devices of one machine share, as the model needs them:
- * `devices` threads run one layer's forward at once for about `seconds`
- * against one alone; returns devices x (time alone) / (time together),
- * the machine's cores when nothing else runs (fewer under load), or 0. */
+ * `devices` threads run one layer's forward at once for about `seconds`;
+ * returns their CPU seconds over the wall seconds: the machine's cores
+ * (at most `devices`) when nothing else runs, fewer under load; or 0. */
 double perf_measure_cores(const struct cfg *c, int rows, int threads, int devices, double seconds);
 
 /* The same from FLOPs at `flops` per second (matmuls and attention only). */
