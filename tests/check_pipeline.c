@@ -1,10 +1,9 @@
 /* Pipeline parallelism over `stage` across real agents on loopback: every
  * supported shape (stages, microbatches, repeats, delay, layers per
  * stage, stages across hosts, beside data, tensor and FSDP parallelism
- * in its three weight modes, and ZeRO-1), in every schedule the executor
- * runs (circular, gpipe, 1f1b, interleaved_1f1b; recompute on and off),
- * gives the single-device losses of the same global batch, bit-identically
- * run to run; idle slots read nothing (their buffers poisoned with NaN change
+ * in its three weight modes, and ZeRO-1) gives the single-device losses
+ * of the same global batch, bit-identically run to run (the other
+ * schedules: check_pipeline_schedules); idle slots read nothing (their buffers poisoned with NaN change
  * nothing); checkpoints of a pipeline with repeats hold layer order; the
  * trace shows each stage's slots; what is not supported is refused. */
 #include <cJSON.h>
@@ -372,51 +371,6 @@ START_TEST(test_trace_slots)
 }
 END_TEST
 
-/* ---- the other schedules (pipeline_schedule), each from its own table
- * through the same executor: every combination the issue names is
- * covered by at least one case of each (S in {2, 4}, M in {S, 2S, 4S},
- * recompute on and off, FSDP, tensor, layers outside the pipeline, dense
- * and DeepSeek-style MoE, whose load-balance loss needs a counting pass
- * in the schedules that back-propagate before the last forward) ---- */
-
-static void schedule_cases(const char *sched)
-{
-	char kv[512];
-	bool inter = !strcmp(sched, "interleaved_1f1b");
-	/* S=4, M=8, recompute off: each chunk in flight keeps its layers' activations */
-	snprintf(kv, sizeof(kv), "ici_data_parallelism=1 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
-		 "pipeline_schedule=%s pipeline_recompute=false%s", sched, inter ? "" : " num_layers_per_pipeline_stage=2");
-	equivalence_opt(LLAMA, 1, 4, kv, "base_num_decoder_layers=8");
-	/* S=2, M=8 (4S), FSDP=2 with the weights gathered once, poisoned */
-	snprintf(kv, sizeof(kv), PP2 " ici_fsdp_parallelism=2 num_pipeline_microbatches=8 pipeline_schedule=%s "
-		 "pipeline_fsdp_ag_once=true", sched);
-	setenv("MESHRUN_TEST_PIPE_POISON", "1", 1);
-	equivalence_batch(LLAMA, 1, 4, kv, inter ? "base_num_decoder_layers=4" : "", 16);
-	unsetenv("MESHRUN_TEST_PIPE_POISON");
-	/* S=2, M=2 (S), TP=2, the last 2 of a dense model's layers after the pipeline */
-	snprintf(kv, sizeof(kv), PP2 " ici_tensor_parallelism=2 pipeline_schedule=%s pipeline_parallel_layers=%d "
-		 "pipeline_recompute=false", sched, inter ? 4 : 2);
-	equivalence_opt(LLAMA, 1, 4, kv, inter ? "base_num_decoder_layers=6" : "base_num_decoder_layers=4");
-	/* DeepSeek-style MoE: the dense layer before the pipeline, S=2, M=4 (2S) */
-	snprintf(kv, sizeof(kv), PP2 " num_pipeline_microbatches=4 pipeline_schedule=%s", sched);
-	equivalence_opt(DEEPSEEK, 1, 2, kv, inter ? "base_num_decoder_layers=5 " DS_SHORT
-						  : "base_num_decoder_layers=3 " DS_SHORT);
-}
-
-START_TEST(test_schedule_gpipe) { schedule_cases("gpipe"); }
-END_TEST
-START_TEST(test_schedule_1f1b) { schedule_cases("1f1b"); }
-END_TEST
-START_TEST(test_schedule_interleaved) { schedule_cases("interleaved_1f1b"); }
-END_TEST
-/* the circular schedule without recompute: MoE with repeats and FSDP */
-START_TEST(test_circular_no_recompute)
-{
-	equivalence_opt(DEEPSEEK, 1, 4, PP2 " ici_fsdp_parallelism=2 num_pipeline_microbatches=4 "
-			"pipeline_recompute=false pipeline_fsdp_ag_per_repeat=true", "base_num_decoder_layers=5 " DS_SHORT);
-}
-END_TEST
-
 static void refused(const char *args, const char *a, const char *b)
 {
 	int rc = run(args);
@@ -480,15 +434,7 @@ int main(void)
 	tcase_add_test(tw, test_fsdp_modes_outside);
 	tcase_add_test(tw, test_fsdp_gathers_counted);
 	suite_add_tcase(s, tw);
-	/* the other schedules (CK_RUN_CASE=schedules) */
-	TCase *ts = tcase_create("schedules");
-	tcase_add_checked_fixture(ts, setup, teardown);
-	tcase_set_timeout(ts, 400);
-	tcase_add_test(ts, test_schedule_gpipe);
-	tcase_add_test(ts, test_schedule_1f1b);
-	tcase_add_test(ts, test_schedule_interleaved);
-	tcase_add_test(ts, test_circular_no_recompute);
-	suite_add_tcase(s, ts);
+
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests */
 	srunner_set_fork_status(sr, CK_NOFORK);
