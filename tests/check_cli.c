@@ -42,7 +42,7 @@ static int lines_with(const char *text, const char *needle)
 START_TEST(test_help_everywhere)
 {
 	static const char *const cmds[] = {
-		"train", "eval", "local", "agent", "launch", "shardings", "report", "schedule", "bench",
+		"train", "eval", "local", "agent", "launch", "shardings", "report", "schedule", "bench", "data",
 		"bench link", "bench collectives", "bench matmul",
 	};
 	char line[256], want[64];
@@ -69,14 +69,14 @@ START_TEST(test_one_prefix)
 	static const struct { const char *line, *prefix; } bad[] = {
 		{ "train --nope", "meshrun: train: unknown option '--nope'" },
 		{ "train --config " TINY " --trace t.json", "meshrun: train: --trace is for local and agent" },
-		{ "eval --checkpoint x", "meshrun: eval: --text FILE is needed" },
+		{ "eval --text x", "meshrun: eval: --checkpoint DIR is needed" },
 		{ "local --config " TINY, "meshrun: local: --hosts N is needed" },
 		{ "agent --nope", "meshrun: agent: unknown option '--nope'" },
 		{ "launch --config " TINY, "meshrun: launch: --hostfile FILE is needed" },
 		{ "shardings --hosts", "meshrun: shardings: --hosts needs a value" },
 		{ "report m.jsonl", "meshrun: report: -o FILE.svg is needed" },
 		{ "schedule", "meshrun: schedule: --config FILE is needed" },
-		{ "bench", "meshrun: bench: give matmul, link or collectives" },
+		{ "bench", "meshrun: bench: give matmul, link, collectives or load" },
 		{ "bench link --hosts 2", "meshrun: bench link: --sizes is needed" },
 		{ "bench collectives --hosts 2 --sizes 1K --op nope", "meshrun: bench collectives: unknown op 'nope'" },
 		{ "bench matmul --size 0", "meshrun: bench matmul: --size wants an integer" },
@@ -153,7 +153,7 @@ START_TEST(test_eval_nan)
 	int rc = proc_run_words(&p, "eval", line, 60, false);
 	ck_assert_msg(rc == EXIT_FAIL, "exit %d:\n%s\n%s", rc, slurp(p.out), slurp(p.err));
 	ck_assert_file_has(p.err, "meshrun: eval: the loss over ");
-	ck_assert_file_has(p.err, " windows is nan: the checkpoint's weights");
+	ck_assert_file_has(p.err, " tokens is nan: the checkpoint's weights");
 	ck_assert_msg(!file_has(p.out, "eval_loss"), "%s", slurp(p.out));
 }
 END_TEST

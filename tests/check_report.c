@@ -250,6 +250,45 @@ START_TEST(test_duplicates)
 }
 END_TEST
 
+/* eval_loss on some steps: drawn in the loss panel on the loss's axes
+ * (its own series), a legend naming both, the title saying so. */
+START_TEST(test_eval_loss)
+{
+	write_file(path_m, "{\"step\":0,\"loss\":5}\n"
+			   "{\"step\":1,\"loss\":4.5,\"eval_loss\":4.75}\n"
+			   "{\"step\":2,\"loss\":4}\n"
+			   "{\"step\":3,\"loss\":3.5,\"eval_loss\":4.25}\n"
+			   "{\"step\":4,\"loss\":3.25}\n"
+			   "{\"step\":5,\"loss\":3,\"eval_loss\":3.5}\n");
+	char err[256] = "";
+	ck_assert_int_eq(report_write(path_m, NULL, path_svg, NULL, 0, err, sizeof(err)), 0);
+	const char *svg = read_all(path_svg);
+	struct pt p[8], e[8], all[16];
+	ck_assert_int_eq(points(svg, "loss", p, 8), 6);
+	ck_assert_int_eq(points(svg, "eval_loss", e, 8), 3);
+	static const double want[3] = { 4.75, 4.25, 3.5 };
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(e[i].step, 2 * i + 1);
+		assert_close(e[i].value, want[i]);
+	}
+	/* one map for both: the eval points sit on the loss panel's axes */
+	memcpy(all, p, sizeof(p[0]) * 6);
+	memcpy(all + 6, e, sizeof(e[0]) * 3);
+	assert_mapping(svg, "loss", all, 9);
+	const char *g = panel(svg, "loss");
+	ck_assert(strstr(g, "data-series=\"eval_loss\""));
+	ck_assert(has_text(svg, "legend", "eval_loss (held out)"));
+	ck_assert(has_text(svg, "title", "Training loss and held-out loss (eval_loss)"));
+	/* no eval_loss: the panel as before */
+	write_file(path_m, "{\"step\":0,\"loss\":5}\n{\"step\":1,\"loss\":4}\n");
+	ck_assert_int_eq(report_write(path_m, NULL, path_svg, NULL, 0, err, sizeof(err)), 0);
+	svg = read_all(path_svg);
+	ck_assert_int_eq(points(svg, "eval_loss", e, 8), 0);
+	ck_assert(has_text(svg, "title", "Training loss"));
+	ck_assert(!strstr(svg, "class=\"legend\""));
+}
+END_TEST
+
 static double bar(const char *svg, int device, const char *kind)
 {
 	char d[16], k[32];
@@ -505,7 +544,7 @@ static Suite *report_suite(void)
 		{ "duplicates", test_duplicates }, { "trace", test_trace },
 		{ "errors", test_errors }, { "cut_and_endless", test_cut_and_endless },
 		{ "binary", test_binary },
-		{ "real_metrics", test_real_metrics },
+		{ "real_metrics", test_real_metrics }, { "eval_loss", test_eval_loss },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		TCase *tc = tcase_create(cases[i].name);

@@ -359,14 +359,17 @@ static int write_files(const struct ckpt_state *s, const char *dir, char *err, s
 		snprintf(err, errlen, "checkpoint: out of memory");
 		return -ENOMEM;
 	}
-	char batchbuf[32], idbuf[32];
+	char batchbuf[32], idbuf[32], sample[32], epoch_rows[32];
 	uint64_t id;
 	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, s->next_step);
 	snprintf(batchbuf, sizeof(batchbuf), "%" PRId64, s->global_batch);
+	snprintf(sample, sizeof(sample), "%" PRId64, s->data_sample);
+	snprintf(epoch_rows, sizeof(epoch_rows), "%" PRId64, s->data_epoch_rows);
 	if (getrandom(&id, sizeof(id), 0) != sizeof(id))
 		id = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 	snprintf(idbuf, sizeof(idbuf), "%016" PRIx64, id);
 	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, "meshrun_id", idbuf,
+			       "meshrun_data_sample", sample, "meshrun_data_epoch_rows", epoch_rows,
 			       s->global_batch > 0 ? "meshrun_global_batch" : NULL, batchbuf, NULL };
 
 	if ((rc = hf_tensors(m, s->params, "", &h, !strcmp(s->cfg->checkpoint_dtype, "bf16"))))
@@ -514,12 +517,34 @@ static int load_tensors(struct st_file *f, const char *path, const struct hf_lis
 	return 0;
 }
 
-static int load_one(const char *path, const struct hf_list *h, int64_t *step, char *err, size_t errlen)
+/* The data position in f's metadata into s; -1 when absent (written
+ * before checkpoints had one). */
+static int load_data_pos(struct st_file *f, const char *path, struct ckpt_state *s, char *err,
+			 size_t errlen)
+{
+	const char *v[2] = { st_meta(f, "meshrun_data_sample"), st_meta(f, "meshrun_data_epoch_rows") };
+	int64_t *out[2] = { &s->data_sample, &s->data_epoch_rows };
+	for (int i = 0; i < 2; i++) {
+		char *end;
+		*out[i] = v[i] ? strtoll(v[i], &end, 10) : -1;
+		if (v[i] && (*end || !*v[i] || *out[i] < 0)) {
+			snprintf(err, errlen, "checkpoint: '%s' has invalid %s metadata '%s'", path,
+				 i ? "meshrun_data_epoch_rows" : "meshrun_data_sample", v[i]);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static int load_one(const char *path, const struct hf_list *h, int64_t *step, struct ckpt_state *pos,
+		    char *err, size_t errlen)
 {
 	struct st_file *f = st_open(path, err, errlen);
 	if (!f)
 		return errno == ENOMEM ? -ENOMEM : -EINVAL;
 	int rc = load_tensors(f, path, h, err, errlen);
+	if (!rc && pos)
+		rc = load_data_pos(f, path, pos, err, errlen);
 	const char *s = st_meta(f, "meshrun_step");
 	if (!rc && step) {
 		char *end;
@@ -550,7 +575,7 @@ int ckpt_load(struct ckpt_state *s, const char *run_dir, bool optimizer, char *e
 	if ((rc = hf_tensors(m, s->params, "", &h, false)))
 		goto out;
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-	if ((rc = load_one(path, &h, &s1, err, errlen)))
+	if ((rc = load_one(path, &h, &s1, optimizer ? s : NULL, err, errlen)))
 		goto out;
 	if (optimizer) {
 		h.n = 0;
@@ -558,7 +583,7 @@ int ckpt_load(struct ckpt_state *s, const char *run_dir, bool optimizer, char *e
 		    (rc = hf_tensors(m, s->v, "v.", &h, false)))
 			goto out;
 		snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
-		if ((rc = load_one(path, &h, &s2, err, errlen)))
+		if ((rc = load_one(path, &h, &s2, NULL, err, errlen)))
 			goto out;
 		if (s1 != s2) {
 			snprintf(err, errlen, "checkpoint: '%s': model is at step %" PRId64 " but optimizer at %" PRId64,

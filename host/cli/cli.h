@@ -63,5 +63,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_shardings(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_schedule(int argc, char **argv);
+int cmd_data(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 #endif

@@ -198,19 +198,15 @@ static int cmd_bench_load(int argc, char **argv)
 	const struct arg_flag *const tables[] = { mesh, NULL };
 	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
 	if (rc) {
-		fprintf(stderr, "meshrun: bench load: %s\nusage: meshrun bench load [--hosts N] [--host-id I] "
-				"[--devices-per-host D] load_parameters_path=DIR [key=value ...]\n", err);
 		args_release(&a);
-		return EXIT_USAGE;
+		return cli_usage_error("bench load", "%s", err);
 	}
 	rc = cli_agent_cfg(&a, &m, &cfg, &host_id, err, sizeof(err));
 	args_release(&a);
-	if (!rc && !cfg.load_parameters_path[0]) {
-		snprintf(err, sizeof(err), "needs load_parameters_path=DIR");
-		rc = EXIT_USAGE;
-	}
+	if (!rc && !cfg.load_parameters_path[0])
+		return cli_usage_error("bench load", "needs load_parameters_path=DIR");
 	if (rc) {
-		fprintf(stderr, "meshrun: bench load: %s\n", err);
+		cli_error("bench load", "%s", err);
 		return rc;
 	}
 	return cli_exit_code(bench_load_run(&cfg, host_id));

@@ -14,9 +14,9 @@
 #include "host/ckpt/hf_config.h"
 #include "host/ckpt/hf_load.h"
 #include "host/config/config.h"
+#include "host/data/data.h"
 #include "host/mesh/mesh.h"
 #include "host/train/check.h"
-#include "host/train/eval.h"
 #include "host/train/loop.h"
 #include "host/train/preflight.h"
 #include "host/train/train.h"
@@ -125,10 +125,12 @@ int cmd_train(int argc, char **argv)
 /* The config eval runs: the checkpoint's (dir: a run's checkpoint
  * directory, whose newest step it takes, or one step directory; its
  * meshrun.yml, or for a Hugging Face model its config.json),
- * overridden, on one device, with the text as its data. A checkpoint
- * without a readable meshrun.yml or config.json is bad input; a bad
- * override a config error. *hf: the weights come in as a Hugging Face
- * model's (load_parameters_path), not as a meshrun checkpoint's. */
+ * overridden, on one device. Its data is the held-out data the config
+ * names (docs/data.md#evaluation); --text FILE is short for
+ * eval_dataset_type=text eval_dataset_path=FILE eval_steps=-1. A
+ * checkpoint without a readable meshrun.yml or config.json is bad input;
+ * a bad override a config error. *hf: the weights come in as a Hugging
+ * Face model's (load_parameters_path), not as a meshrun checkpoint's. */
 static int eval_cfg(struct cfg *c, bool *hf, const char *dir, const char *text, const struct args *a,
 		    char *err, size_t errlen)
 {
@@ -144,6 +146,11 @@ static int eval_cfg(struct cfg *c, bool *hf, const char *dir, const char *text, 
 	if (!*hf && cfg_load_file(c, path, why, sizeof(why))) {
 		snprintf(err, errlen, "%s", why);
 		return -EBADMSG;
+	}
+	if (text) {
+		snprintf(c->eval_dataset_type, sizeof(c->eval_dataset_type), "text");
+		snprintf(c->eval_dataset_path, sizeof(c->eval_dataset_path), "%s", text);
+		c->eval_steps = -1;
 	}
 	for (int i = 0; i < a->noverrides; i++)
 		if (cfg_override(c, a->overrides[i], err, errlen))
@@ -161,31 +168,38 @@ static int eval_cfg(struct cfg *c, bool *hf, const char *dir, const char *text, 
 	}
 	/* eval runs on one device whatever mesh trained the checkpoint */
 	cfg_single_device(c);
-	snprintf(c->dataset_type, sizeof(c->dataset_type), "text");
-	snprintf(c->dataset_path, sizeof(c->dataset_path), "%s", text);
 	return cfg_finish(c, 1, 1, err, errlen) ? -EINVAL : 0;
 }
 
-static int eval_run(const struct cfg *c, bool hf, const char *dir, const char *text, char *err,
-		    size_t errlen)
+static int eval_run(const struct cfg *c, bool hf, const char *dir, char *err, size_t errlen)
 {
 	struct trainer *t;
-	struct eval_result r;
 	char why[1024];
-	int rc = trainer_open(&t, c, (int)c->per_device_batch_size, NULL, why, sizeof(why));
+	int B = (int)c->per_device_batch_size;
+	double loss;
+	int64_t tokens;
+	int rc = trainer_open_eval(&t, c, B, NULL, why, sizeof(why));
 	if (!rc)
 		rc = hf ? load_weights(t, c->load_parameters_path, false, why, sizeof(why))
 			: trainer_load(t, dir, NULL, why, sizeof(why));
-	if (!rc && (rc = eval_text(t, text, &r, why, sizeof(why))) == 0 && !isfinite(r.loss)) {
+	if (!rc && (rc = trainer_eval(t, B, 0, NULL, &loss, &tokens, why, sizeof(why))) == 0 &&
+	    !isfinite(loss)) {
 		/* not a loss: no number a script could take for one */
-		snprintf(why, sizeof(why), "the loss over %" PRId64 " windows is %s: the checkpoint's "
-			 "weights (or the text) give no finite loss", r.windows,
-			 isnan(r.loss) ? "nan" : r.loss > 0 ? "inf" : "-inf");
+		snprintf(why, sizeof(why), "the loss over %" PRId64 " tokens is %s: the checkpoint's "
+			 "weights (or the data) give no finite loss", tokens,
+			 isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf");
 		rc = -ERANGE;
 	}
-	if (!rc)
-		printf("eval_windows: %" PRId64 "\neval_tokens: %" PRId64 "\neval_loss: %.6f\neval_loss_hex: %a\n",
-		       r.windows, r.tokens, r.loss, r.loss);
+	if (!rc) {
+		struct data_source *d = trainer_eval_data(t);
+		int64_t nb = data_eval_batches(d, B, c->eval_steps, NULL, 0), rows = data_rows(d);
+		if (rows < 0 || rows > nb * B)
+			rows = nb * B;
+		printf("eval_data: %s '%s'\neval_batches: %" PRId64 "\neval_rows: %" PRId64
+		       "\neval_tokens: %" PRId64 "\neval_loss: %.6f\neval_loss_hex: %a\n",
+		       data_type_name(d), c->eval_dataset_path[0] ? c->eval_dataset_path : c->dataset_path,
+		       nb, rows, tokens, loss, loss);
+	}
 	if (rc)
 		snprintf(err, errlen, "%s", why);
 	trainer_free(t);
@@ -205,17 +219,16 @@ int cmd_eval(int argc, char **argv)
 	};
 	const struct arg_flag *const tables[] = { flags, NULL };
 	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
-	if (rc || !dir || !text) {
+	if (rc || !dir) {
 		args_release(&a);
-		return cli_usage_error("eval", "%s", rc ? err : !dir ? "--checkpoint DIR is needed"
-								  : "--text FILE is needed");
+		return cli_usage_error("eval", "%s", rc ? err : "--checkpoint DIR is needed");
 	}
 	bool hf = false;
 	rc = eval_cfg(&c, &hf, dir, text, &a, err, sizeof(err));
 	args_release(&a);
 	if (!rc) {
 		util_blas_threads(&c, 1);
-		rc = eval_run(&c, hf, dir, text, err, sizeof(err));
+		rc = eval_run(&c, hf, dir, err, sizeof(err));
 	}
 	if (rc)
 		cli_error("eval", "%s", err);

@@ -23,6 +23,8 @@ static const struct command commands[] = {
 	{ "shardings", cmd_shardings },
 	{ "report", cmd_report },
 	{ "schedule", cmd_schedule },
+	{ "data", cmd_data },
+	{ "plan", cmd_plan },
 	{ NULL, NULL },
 };
 

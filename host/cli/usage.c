@@ -13,7 +13,7 @@ static const struct {
 } usages[] = {
 	{ "train", "train --config FILE [key=value ...] [--metrics FILE] [--checkpoint-dir DIR] "
 		   "[--resume] [--quiet]\n" },
-	{ "eval", "eval --checkpoint DIR --text FILE [key=value ...]\n" },
+	{ "eval", "eval --checkpoint DIR [--text FILE] [key=value ...]\n" },
 	{ "local", "local --hosts N [--devices-per-host D] [--max-restarts K] --config FILE "
 		   "[key=value ...] [--metrics FILE] [--checkpoint-dir DIR] [--resume] [--trace FILE] "
 		   "[--fault SPEC ...] [--job NAME] [--quiet]\n" },
@@ -29,7 +29,14 @@ static const struct {
 		    "[--certs DIR] [--quiet] [--fault SPEC ...]\n" },
 	{ "shardings", "shardings --config FILE [--hosts N] [--devices-per-host D] [key=value ...]\n" },
 	{ "report", "report METRICS.jsonl [--trace TRACE.json] -o FILE.svg\n" },
-	{ "schedule", "schedule --config FILE [key=value ...]\n" },
+	{ "schedule", "schedule --config FILE [--costs F:I:W|measured] [key=value ...]\n" },
+	{ "plan", "plan --config FILE [--hosts N] [--devices-per-host D] [--link-gbps G] "
+		  "[--link-latency-us U] [--ici-gbps G] [--ici-latency-us U] [--flops F] [--cores C|auto] "
+		  "[--threads T] [--search] [--top K] [--mem-gb G] [key=value ...]\n" },
+	{ "data", "data pack --format llmc|megatron [--input text|raw|llmc|megatron] "
+		  "[--input-token-bytes 2|4] [--token-bytes 2|4] [--shard-tokens N] [--eot ID] [--name NAME] "
+		  "INPUT... -o DIR\n"
+		  "       meshrun data check --config FILE [key=value ...]\n" },
 	{ "bench", "bench matmul [--threads N] [--size N] [--reps N]\n"
 		   "       meshrun bench link --hosts 2 --sizes 16M[,64K ...] [--iters K] [--oneway]\n"
 		   "       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "

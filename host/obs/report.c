@@ -25,13 +25,14 @@
 #define REPORT_MAX_ROWS (1 << 22)
 #define REPORT_MAX_TRACE (128 << 20)
 
-enum { HAS_LOSS = 1, HAS_TOK_DEV = 2, HAS_TOK_GLOBAL = 4, HAS_COMM = 8, HAS_TIME = 16 };
+enum { HAS_LOSS = 1, HAS_TOK_DEV = 2, HAS_TOK_GLOBAL = 4, HAS_COMM = 8, HAS_TIME = 16, HAS_EVAL = 32 };
 
 struct row {
 	int64_t step;
 	int line;
 	unsigned has;
 	double loss, tok_dev, tok_global, comm_wait_s, step_time_s;
+	double eval_loss;        /* the held-out loss after the step, when evaluated */
 };
 
 struct metrics {
@@ -84,6 +85,7 @@ static int parse_row(const char *text, const char *path, int line, struct row *r
 	} else {
 		r->step = (int64_t)step;
 		r->has |= num_field(j, "loss", &r->loss) ? HAS_LOSS : 0;
+		r->has |= num_field(j, "eval_loss", &r->eval_loss) ? HAS_EVAL : 0;
 		r->has |= num_field(j, "tokens_per_s_per_device", &r->tok_dev) ? HAS_TOK_DEV : 0;
 		/* tokens_per_s is the name before tokens_per_s_global */
 		if (num_field(j, "tokens_per_s_global", &v) || num_field(j, "tokens_per_s", &v)) {
@@ -586,12 +588,19 @@ static double map(const struct axis *a, double v, double p0, double p1)
 	return p0 + (v - a->lo) / (a->hi - a->lo) * (p1 - p0);
 }
 
-struct line_panel {
-	const char *title, *ylabel, *series, *color, *note;
-	bool zero_base;
+/* A panel's points: a series name (data-series), a colour, and for a
+ * second series on the same axes a legend label. */
+struct series {
+	const char *name, *color, *label;
 	int n;
 	const int64_t *step;
 	const double *val;
+};
+
+struct line_panel {
+	const char *title, *ylabel, *note;
+	bool zero_base;
+	struct series s[2];        /* s[1].n == 0: one series */
 };
 
 static void svg_axes(FILE *f, double top, const struct axis *ax, const struct axis *ay,
@@ -622,27 +631,46 @@ static void svg_axes(FILE *f, double top, const struct axis *ax, const struct ax
 	fputs("</text>\n", f);
 }
 
-/* One panel of values over the steps [s0, s1], its top edge at top: a
- * polyline through every point and a circle per point carrying the value
- * (9 significant digits) it was drawn from; a note instead when n == 0. */
+/* One series of a panel: a polyline through every point and a circle per
+ * point carrying the value (9 significant digits) it was drawn from. */
+static void svg_series(FILE *f, const struct series *p, const struct axis *ax, const struct axis *ay,
+		       double y0, double y1)
+{
+	fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", p->color);
+	for (int i = 0; i < p->n; i++)
+		fprintf(f, "%s%.2f,%.2f", i ? " " : "", map(ax, (double)p->step[i], PLOT_L, PLOT_R),
+			map(ay, p->val[i], y1, y0));
+	fputs("\"/>\n", f);
+	double r = p->n > 200 ? 1.2 : 2.8;
+	for (int i = 0; i < p->n; i++)
+		fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"%.1f\" fill=\"%s\" data-series=\"%s\" "
+			"data-step=\"%" PRId64 "\" data-value=\"%.9g\"><title>step %" PRId64 ": %.6g</title></circle>\n",
+			map(ax, (double)p->step[i], PLOT_L, PLOT_R), map(ay, p->val[i], y1, y0), r,
+			p->color, p->name, p->step[i], p->val[i], p->step[i], p->val[i]);
+}
+
+/* One panel of values over the steps [s0, s1], its top edge at top: its
+ * series on shared axes (a legend when there are two); a note instead
+ * when the first has no point. */
 static void svg_line_panel(FILE *f, double top, int64_t s0, int64_t s1, const struct line_panel *p)
 {
 	fprintf(f, "<g class=\"panel\" data-series=\"%s\">\n<text class=\"title\" x=\"%.1f\" y=\"%.1f\" "
-		"font-size=\"15\" font-weight=\"bold\">", p->series, PLOT_L, top + 26);
+		"font-size=\"15\" font-weight=\"bold\">", p->s[0].name, PLOT_L, top + 26);
 	xml_text(f, p->title);
 	fputs("</text>\n", f);
 	double lo = INFINITY, hi = -INFINITY;
-	for (int i = 0; i < p->n; i++) {
-		lo = fmin(lo, p->val[i]);
-		hi = fmax(hi, p->val[i]);
-	}
-	if (p->n == 0)
+	for (int k = 0; k < 2; k++)
+		for (int i = 0; i < p->s[k].n; i++) {
+			lo = fmin(lo, p->s[k].val[i]);
+			hi = fmax(hi, p->s[k].val[i]);
+		}
+	if (p->s[0].n == 0)
 		lo = hi = 0;
 	if (p->zero_base && lo > 0)
 		lo = 0;
 	struct axis ax = axis_of((double)s0, (double)s1, true), ay = axis_of(lo, hi, false);
 	svg_axes(f, top, &ax, &ay, p->ylabel);
-	if (p->n == 0) {
+	if (p->s[0].n == 0) {
 		fprintf(f, "<text class=\"note\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
 			"font-size=\"14\" fill=\"#a00\">", (PLOT_L + PLOT_R) / 2, top + (PLOT_TOP + PLOT_BOT) / 2);
 		xml_text(f, p->note);
@@ -650,17 +678,17 @@ static void svg_line_panel(FILE *f, double top, int64_t s0, int64_t s1, const st
 		return;
 	}
 	double y0 = top + PLOT_TOP, y1 = top + PLOT_BOT;
-	fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", p->color);
-	for (int i = 0; i < p->n; i++)
-		fprintf(f, "%s%.2f,%.2f", i ? " " : "", map(&ax, (double)p->step[i], PLOT_L, PLOT_R),
-			map(&ay, p->val[i], y1, y0));
-	fputs("\"/>\n", f);
-	double r = p->n > 200 ? 1.2 : 2.8;
-	for (int i = 0; i < p->n; i++)
-		fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"%.1f\" fill=\"%s\" data-series=\"%s\" "
-			"data-step=\"%" PRId64 "\" data-value=\"%.9g\"><title>step %" PRId64 ": %.6g</title></circle>\n",
-			map(&ax, (double)p->step[i], PLOT_L, PLOT_R), map(&ay, p->val[i], y1, y0), r,
-			p->color, p->series, p->step[i], p->val[i], p->step[i], p->val[i]);
+	for (int k = 0; k < 2; k++)
+		if (p->s[k].n)
+			svg_series(f, &p->s[k], &ax, &ay, y0, y1);
+	for (int k = 0; p->s[1].n && k < 2; k++) {
+		double x = PLOT_R - 330 + 170 * k;
+		fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"14\" height=\"4\" fill=\"%s\"/>"
+			"<text class=\"legend\" x=\"%.1f\" y=\"%.1f\">", x, top + 32, p->s[k].color, x + 20,
+			top + 37);
+		xml_text(f, p->s[k].label);
+		fputs("</text>\n", f);
+	}
 	fputs("</g>\n", f);
 }
 
@@ -765,6 +793,7 @@ static struct tok_choice tok_choose(const struct metrics *m, const struct trace_
 	return (struct tok_choice){ "tokens/s (global)", 0, true };
 }
 
+/* which: 0 loss, 1 tokens/s, 2 communication share, 3 eval_loss */
 static void fill_series(const struct metrics *m, const struct tok_choice *tc, int which,
 			int64_t *step, double *val, int *n)
 {
@@ -774,6 +803,8 @@ static void fill_series(const struct metrics *m, const struct tok_choice *tc, in
 		double v;
 		if (which == 0 && (r->has & HAS_LOSS))
 			v = r->loss;
+		else if (which == 3 && (r->has & HAS_EVAL))
+			v = r->eval_loss;
 		else if (which == 1 && !tc->global && (r->has & HAS_TOK_DEV))
 			v = r->tok_dev;
 		else if (which == 1 && (r->has & HAS_TOK_GLOBAL))
@@ -810,8 +841,8 @@ static void svg_header(FILE *f, double height, const char *metrics, const char *
 static int svg_write(FILE *f, const char *metrics, const char *trace, const struct metrics *m,
 		     const struct trace_sum *ts)
 {
-	int64_t *step = malloc(sizeof(*step) * (size_t)m->n);
-	double *val = malloc(sizeof(*val) * (size_t)m->n);
+	int64_t *step = malloc(sizeof(*step) * 2 * (size_t)m->n);
+	double *val = malloc(sizeof(*val) * 2 * (size_t)m->n);
 	if (!step || !val) {
 		free(step);
 		free(val);
@@ -828,20 +859,28 @@ static int svg_write(FILE *f, const char *metrics, const char *trace, const stru
 	else
 		snprintf(tok_title, sizeof(tok_title), "Throughput");
 	struct line_panel p[3] = {
-		{ .title = "Training loss", .ylabel = "loss (nats/token)", .series = "loss",
-		  .color = "#1f77b4", .note = "no loss in this file" },
-		{ .title = tok_title, .ylabel = tc.ylabel, .series = "tokens_per_s", .color = "#2ca02c",
-		  .note = "no tokens/s in this file", .zero_base = true },
+		{ .title = "Training loss", .ylabel = "loss (nats/token)", .note = "no loss in this file",
+		  .s = { { .name = "loss", .color = "#1f77b4", .label = "training loss" },
+			 { .name = "eval_loss", .color = "#ff7f0e", .label = "eval_loss (held out)" } } },
+		{ .title = tok_title, .ylabel = tc.ylabel, .note = "no tokens/s in this file",
+		  .zero_base = true, .s = { { .name = "tokens_per_s", .color = "#2ca02c" } } },
 		{ .title = "Communication share of each step (comm_wait_s / step_time_s, device 0 of host 0)",
-		  .ylabel = "communication (% of step)", .series = "comm_share", .color = "#d62728",
-		  .note = "no comm_wait_s in this file", .zero_base = true },
+		  .ylabel = "communication (% of step)", .note = "no comm_wait_s in this file",
+		  .zero_base = true, .s = { { .name = "comm_share", .color = "#d62728" } } },
 	};
 	double top = 64, height = top + 3 * PANEL_H + (ts ? bar_panel_height(ts->n) : 0) + 10;
 	svg_header(f, height, metrics, trace, m);
 	for (int k = 0; k < 3; k++, top += PANEL_H) {
-		fill_series(m, &tc, k, step, val, &p[k].n);
-		p[k].step = step;
-		p[k].val = val;
+		fill_series(m, &tc, k, step, val, &p[k].s[0].n);
+		p[k].s[0].step = step;
+		p[k].s[0].val = val;
+		if (k == 0) {  /* the held-out loss beside the training loss */
+			fill_series(m, &tc, 3, step + m->n, val + m->n, &p[k].s[1].n);
+			p[k].s[1].step = step + m->n;
+			p[k].s[1].val = val + m->n;
+			if (p[k].s[1].n)
+				p[k].title = "Training loss and held-out loss (eval_loss)";
+		}
 		svg_line_panel(f, top, m->r[0].step, m->r[m->n - 1].step, &p[k]);
 	}
 	if (ts)

@@ -66,6 +66,10 @@ static int write_metrics(struct steplog *l, const struct step_report *r, double 
 	cJSON_AddNumberToObject(j, "dcn_bytes", (double)r->dcn_bytes);
 	cJSON_AddNumberToObject(j, "ici_bytes", (double)r->ici_bytes);
 	cJSON_AddNumberToObject(j, "peak_mem_mb", (double)mem);
+	cJSON_AddNumberToObject(j, "rss_mb", util_rss_mb());
+	cJSON_AddNumberToObject(j, "data_time_s", r->data_s);
+	if (r->data_epoch >= 0)
+		cJSON_AddNumberToObject(j, "data_epoch", (double)r->data_epoch);
 	cJSON_AddNumberToObject(j, "reconnects", (double)r->reconnects);
 	cJSON_AddNumberToObject(j, "frames_resent", (double)r->frames_resent);
 	if (r->weight_gathers)
@@ -74,6 +78,12 @@ static int write_metrics(struct steplog *l, const struct step_report *r, double 
 	char buf[64];
 	snprintf(buf, sizeof(buf), "%a", r->loss);
 	cJSON_AddStringToObject(j, "loss_hex", buf);
+	if (r->eval_tokens > 0) {
+		cJSON_AddNumberToObject(j, "eval_loss", r->eval_loss);
+		cJSON_AddNumberToObject(j, "eval_tokens", (double)r->eval_tokens);
+		snprintf(buf, sizeof(buf), "%a", r->eval_loss);
+		cJSON_AddStringToObject(j, "eval_loss_hex", buf);
+	}
 	char *s = cJSON_PrintUnformatted(j);
 	cJSON_Delete(j);
 	if (!s)
@@ -108,6 +118,12 @@ int steplog_step(struct steplog *l, const struct step_report *r, char *err, size
 	int rc = 0;
 	if (l->mode == STEPLOG_PROGRESS) {
 		progress_line(l, r, tok_s);
+		if (r->eval_tokens > 0) {
+			char note[128];
+			snprintf(note, sizeof(note), "eval after step %" PRId64 ": eval_loss %.5f over %"
+				 PRId64 " tokens", r->step, r->eval_loss, r->eval_tokens);
+			steplog_note(l, note);
+		}
 		rc = flush_stdout(err, errlen);
 	}
 	if (l->mode != STEPLOG_LINES)
@@ -124,10 +140,23 @@ int steplog_step(struct steplog *l, const struct step_report *r, char *err, size
 	if (r->reconnects || r->frames_resent)
 		printf(", reconnects: %" PRIu64 ", frames_resent: %" PRIu64, r->reconnects,
 		       r->frames_resent);
+	if (r->eval_tokens > 0)
+		printf(", eval_loss: %.5f", r->eval_loss);
 	printf("\n");
 	if ((rc = flush_stdout(err, errlen)))
 		return rc;
 	return l->metrics.fd >= 0 ? write_metrics(l, r, tok_s, tflops, mfu, mem, err, errlen) : 0;
+}
+
+void steplog_note(struct steplog *l, const char *text)
+{
+	if (l->mode == STEPLOG_QUIET)
+		return;
+	if (l->line_open)
+		putchar('\n');
+	l->line_open = false;
+	printf("%s\n", text);
+	fflush(stdout);
 }
 
 int steplog_close(struct steplog *l, char *err, size_t errlen)

@@ -53,6 +53,12 @@ struct step_report {
 	int weight_gathers;       /* FSDP layer-group all-gathers (0: none, not shown) */
 	/* so far in the job: links resumed after breaking, frames resent */
 	uint64_t reconnects, frames_resent;
+	double data_s;            /* reading the logging device's rows */
+	int64_t data_epoch;       /* the epoch of the step's first row; -1: no epochs */
+	/* after an evaluation at this step: the held-out loss and its
+	 * unmasked targets (eval_tokens 0: no evaluation) */
+	double eval_loss;
+	int64_t eval_tokens;
 };
 
 /* Prints the header line; opens metrics (NULL: none), appending when
@@ -71,5 +77,8 @@ int steplog_step(struct steplog *l, const struct step_report *r, char *err, size
 /* Ends the progress line, syncs and closes the metrics file. 0 or -errno
  * with err; closed either way. Safe on a log never opened or closed. */
 int steplog_close(struct steplog *l, char *err, size_t errlen);
+/* One line of news between steps ("data: epoch 1 begins ..."), printed
+ * on its own line unless quiet. */
+void steplog_note(struct steplog *l, const char *text);
 
 #endif

@@ -324,22 +324,23 @@ static int job_p2p_flush(void *vctx)
 	return rc;
 }
 
-/* Resume: device 0 loaded the checkpoint (whole tensors); every device
- * takes it, then its own shards. */
+/* Resume: device 0 loaded the checkpoint (whole tensors, the step and
+ * the data position); every device takes it, then its own shards. */
 static int broadcast_state(struct trainer *t, struct job_ctx *jc, const struct coll_group *all,
 			   int64_t *start, char *err, size_t errlen)
 {
 	struct ckpt_state cs;
 	trainer_ckpt_state(t, &cs, *start);
 	size_t n = cs.numel;
-	int64_t s = *start;
+	int64_t s[3] = { *start, cs.data_sample, cs.data_epoch_rows };
 	if (coll_broadcast(jc->coll, all, cs.params, n * sizeof(float), 0, err, errlen) ||
 	    coll_broadcast(jc->coll, all, cs.m, n * sizeof(float), 0, err, errlen) ||
 	    coll_broadcast(jc->coll, all, cs.v, n * sizeof(float), 0, err, errlen) ||
-	    coll_broadcast(jc->coll, all, &s, sizeof(s), 0, err, errlen))
+	    coll_broadcast(jc->coll, all, s, sizeof(s), 0, err, errlen))
 		return -EHOSTDOWN;
-	*start = s;
-	return trainer_ckpt_scatter(t, err, errlen);
+	*start = s[0];
+	int rc = trainer_seek_data(t, s[0], s[1], s[2], err, errlen);
+	return rc ? rc : trainer_ckpt_scatter(t, err, errlen);
 }
 
 /* Gathers every device's spans to device 0, which writes the file. */
@@ -399,13 +400,18 @@ static void job_step_end(void *vctx, const struct step_stats *st, double t0, dou
 {
 	struct job_ctx *c = vctx;
 	trace_span(c->tr, "forward+backward", "compute", st->t_fb0, st->t_fb1);
+	/* a pipeline's compute actions, each its span (F, B, I, W of a
+	 * microbatch and chunk; the owners' embed, head, embed_back) */
 	struct pipe_exec *px = c->t ? trainer_pipe(c->t) : NULL;
 	int n = 0;
-	const struct pipe_slot_time *pt = px && c->tr ? pipe_exec_times(px, &n) : NULL;
+	const struct pipe_act_time *pt = px && c->tr && pipe_exec_table(px)->shape.stages > 1 ?
+					 pipe_exec_times(px, &n) : NULL;
 	for (int i = 0; i < n; i++) {
-		char name[24];
-		snprintf(name, sizeof(name), "%s i%d r%d mb%d", pt[i].pass == PIPE_PASS_FWD ? "fwd" : "bwd",
-			 pt[i].iter, pt[i].repeat, pt[i].mb);
+		char name[32];
+		if (pt[i].op == PA_EMBED || pt[i].op == PA_HEAD || pt[i].op == PA_EMBED_BACK)
+			snprintf(name, sizeof(name), "%s mb%d", pipe_act_name(pt[i].op), pt[i].mb);
+		else
+			snprintf(name, sizeof(name), "%s mb%d c%d", pipe_act_name(pt[i].op), pt[i].mb, pt[i].chunk);
 		trace_span(c->tr, name, "pipeline", pt[i].t0, pt[i].t1);
 	}
 	trace_span(c->tr, "optimizer", "compute", st->t_opt0, st->t_opt1);
