@@ -7,9 +7,11 @@
  * checkpoint there). Each host says what it read: everything on 4 x 1,
  * a part under ZeRO-1 (its data ranks' part of the optimizer state, the
  * hosts' parts adding up to the whole) and in the pipeline (its stage's
- * layers). What cannot continue (another model, optimizer, global batch
- * or sequence length) is refused by `local` before any agent starts and
- * by `train`, one line naming what differs, exit 3. */
+ * layers). What cannot continue (another model, optimizer or sequence
+ * length; another global batch from a checkpoint without the data
+ * position) is refused by `local` before any agent starts and by
+ * `train`, one line naming what differs, exit 3; the data position
+ * carries over when each host reads its part, at any rows per step. */
 #include <check.h>
 #include <errno.h>
 #include <math.h>
@@ -207,6 +209,28 @@ static void refused(const char *how, const char *keys, const char *want)
 	fprintf(stderr, "refused: %s", out);
 }
 
+/* The base checkpoint as one written before checkpoints held the data
+ * position: meshrun_data_sample renamed (same length) in both files'
+ * headers, so the rows per step are all that says where the data is. */
+static void forget_data_position(void)
+{
+	static const char *const files[] = { "model.safetensors", "optimizer.safetensors" };
+	char path[400], *hdr;
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "%s/base/step-000004/%s", tmpdir, files[i]);
+		FILE *f = fopen(path, "r+b");
+		uint64_t n;
+		ck_assert_msg(f && fread(&n, 8, 1, f) == 1 && n < (1u << 20), "%s", path);
+		hdr = calloc(1, n + 1);
+		ck_assert(hdr && fread(hdr, 1, n, f) == n);
+		char *k = strstr(hdr, "\"meshrun_data_sample\"");
+		ck_assert_msg(k, "%s: no meshrun_data_sample in %s", path, hdr);
+		memcpy(k + 9, "xata", 4);
+		ck_assert(fseek(f, 8, SEEK_SET) == 0 && fwrite(hdr, 1, n, f) == n && fclose(f) == 0);
+		free(hdr);
+	}
+}
+
 START_TEST(test_refusals)
 {
 	base_checkpoint(LLAMA, "");
@@ -224,9 +248,37 @@ START_TEST(test_refusals)
 		snprintf(k, sizeof(k), "%s max_target_length=32", batch[i]);
 		refused(how[i], k, "rows of max_target_length=64 tokens, this run's are 32");
 	}
+	/* another global batch: the data position says where the data goes
+	 * on (test_data_position); without one it would not continue */
+	forget_data_position();
 	refused(how[0], "per_device_batch_size=4",
 		"global batch of 8 rows, this run's is 16 (per_device_batch_size=4 x 4 devices)");
 	refused(how[1], "", "global batch of 8 rows, this run's is 2 (per_device_batch_size=2 x 1 device)");
+}
+END_TEST
+
+/* The data position carries over on the in-place path too, at any rows
+ * per step: an llm.c corpus, 3 steps of 8 rows on one device, resumed on
+ * 2 hosts with 4 rows a step, each host reading its part: step 3 begins
+ * at row 24 (rows read), not at 3 x 4. */
+START_TEST(test_data_position)
+{
+	char args[1200], corpus[300];
+	struct proc p;
+	snprintf(args, sizeof(args), "data pack --format llmc --name g /usr/share/common-licenses/GPL-3 -o %s/s",
+		 tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(corpus, sizeof(corpus), "dataset_type=llmc dataset_path=%s/s/*.bin", tmpdir);
+	snprintf(args, sizeof(args), "train " LLAMA " max_target_length=16 openblas_threads=1 "
+		 "per_device_batch_size=8 steps=3 %s --checkpoint-dir %s/ck", corpus, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "local --hosts 2 " LLAMA " max_target_length=16 openblas_threads=1 "
+		 "per_device_batch_size=2 steps=5 %s --checkpoint-dir %s/ck --resume", corpus, tmpdir);
+	ck_assert_int_eq(proc_run(&p, "log", args, 120), 0);
+	char *log = read_tmp("log.out");
+	ck_assert_msg(strstr(log, "meshrun: host 1: resume: read ") &&
+		      strstr(log, "4 per step; step 3 begins at epoch 0, row 24 of it"), "%s", log);
+	free(log);
 }
 END_TEST
 
@@ -291,6 +343,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_refusals);
+	tcase_add_test(tc, test_data_position);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("shrink");
 	tcase_set_timeout(tc, 30);

@@ -21,7 +21,7 @@
 
 struct ckpt_resume {
 	struct hf_src *model, *opt;
-	int64_t step;
+	int64_t step, data_sample, data_epoch_rows;
 	uint64_t id;
 };
 
@@ -92,7 +92,10 @@ out:
 }
 
 /* The global batch: its sequence length (meshrun.yml) and its rows
- * (recorded since meshrun_global_batch exists) against this run's. */
+ * (recorded since meshrun_global_batch exists) against this run's. The
+ * rows may differ when the checkpoint records the data position
+ * (meshrun_data_sample, host/data/data.h: the rows read so far), which
+ * says where the data goes on whatever the rows per step. */
 static int fits_batch(const char *step_dir, const struct cfg *saved, const struct cfg *c,
 		      int64_t global_batch, char *err, size_t errlen)
 {
@@ -108,9 +111,12 @@ static int fits_batch(const char *step_dir, const struct cfg *saved, const struc
 	if (!f)
 		return -EBADMSG;
 	int64_t rows = meta_int(st_meta(f, "meshrun_global_batch"));
+	bool pos = meta_int(st_meta(f, "meshrun_data_sample")) >= 0;
 	st_close(f);
-	if (rows < 0 || rows == global_batch)
-		return 0;  /* older checkpoints do not say */
+	/* older checkpoints do not say; one that holds the data position
+	 * continues the data from there at any rows per step */
+	if (rows < 0 || rows == global_batch || pos)
+		return 0;
 	int devices = c->num_hosts * c->devices_per_host;
 	snprintf(err, errlen, "config: --resume: the checkpoint '%s' was trained with a global batch of "
 		 "%" PRId64 " rows, this run's is %" PRId64 " (per_device_batch_size=%lld x %d device%s): the "
@@ -186,6 +192,18 @@ int ckpt_resume_open(struct ckpt_resume **out, const char *dir, int devices, cha
 			 s1, i1 ? i1 : "-", s2, i2 ? i2 : "-");
 		rc = -EBADMSG;
 	}
+	/* the data position (host/data/data.h): -1 when the checkpoint
+	 * predates it, refused when present and not a number */
+	static const char *const dk[2] = { "meshrun_data_sample", "meshrun_data_epoch_rows" };
+	int64_t *dv[2] = { &r->data_sample, &r->data_epoch_rows };
+	for (int i = 0; i < 2 && !rc; i++) {
+		const char *v = hf_src_meta(r->model, dk[i]);
+		*dv[i] = meta_int(v);
+		if (v && *dv[i] < 0) {
+			snprintf(err, errlen, "checkpoint: '%s' has invalid %s metadata '%s'", dir1, dk[i], v);
+			rc = -EBADMSG;
+		}
+	}
 	if (rc)
 		goto fail;
 	r->step = s1;
@@ -214,6 +232,12 @@ int64_t ckpt_resume_step(const struct ckpt_resume *r)
 uint64_t ckpt_resume_id(const struct ckpt_resume *r)
 {
 	return r->id;
+}
+
+void ckpt_resume_data_pos(const struct ckpt_resume *r, int64_t *sample, int64_t *epoch_rows)
+{
+	*sample = r->data_sample;
+	*epoch_rows = r->data_epoch_rows;
 }
 
 int ckpt_resume_read(struct ckpt_resume *r, const struct model *m, float *params, float *mbuf,

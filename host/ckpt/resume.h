@@ -24,9 +24,11 @@ struct ckpt_resume;
  * step). Refused, each with one line naming what differs: nothing left
  * to run (the checkpoint at or past `steps`), another opt_type, another
  * model (a config.json key other than torch_dtype differs from the one
- * this run would write), another global batch (recorded in the
- * checkpoint since meshrun_global_batch exists; older ones are not
- * checked). The mesh, devices, hosts, sharding rules and ZeRO-1 may all
+ * this run would write), another sequence length
+ * (max_target_length), another global batch when the checkpoint has no
+ * data position to continue from (recorded since meshrun_global_batch
+ * exists; older ones are not checked; one with meshrun_data_sample
+ * continues its data at any rows per step). The mesh, devices, hosts, sharding rules and ZeRO-1 may all
  * differ. 0; -EINVAL (a config error: the run asks what cannot resume),
  * -EBADMSG (no checkpoint, or an unreadable one), -ENOMEM. */
 int ckpt_resume_fits(const char *dir, const struct cfg *c, const struct model_dims *d,
@@ -42,6 +44,9 @@ void ckpt_resume_close(struct ckpt_resume *r);
  * checkpoint has none). */
 int64_t ckpt_resume_step(const struct ckpt_resume *r);
 uint64_t ckpt_resume_id(const struct ckpt_resume *r);
+/* The training data's position at that step (struct ckpt_state's
+ * data_sample and data_epoch_rows): -1 when the checkpoint has none. */
+void ckpt_resume_data_pos(const struct ckpt_resume *r, int64_t *sample, int64_t *epoch_rows);
 
 /* This device's shards (model m's table: its goff and local shapes, a
  * pipeline's storage order): the weights into params, and AdamW's m and

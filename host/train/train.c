@@ -663,7 +663,7 @@ void trainer_ckpt_state(struct trainer *t, struct ckpt_state *s, int64_t next_st
 	s->numel = model_numel(s->model);
 	s->next_step = next_step;
 	/* the job's rows per step: per_device_batch_size x every device */
-	s->global_batch = t->cfg.per_device_batch_size * (t->mesh ? t->mesh->num_devices : 1);
+	s->global_batch = t->global_rows;
 	s->data_sample = s->data_epoch_rows = -1;
 	if (t->data) {
 		struct data_pos p;

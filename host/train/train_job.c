@@ -493,9 +493,13 @@ static int resume(struct device_ctx *dev, struct trainer *t, struct job_ctx *jc,
 	if ((rc = job_sum(jc, (1u << AX_COUNT) - 1, &missing, 1)))
 		return rc;
 	if (missing == 0) {
+		int64_t sample, epoch_rows;
 		if ((rc = trainer_resume_read(t, src, err, errlen)))
 			return rc;
 		*start = ckpt_resume_step(src);
+		ckpt_resume_data_pos(src, &sample, &epoch_rows);
+		if ((rc = trainer_seek_data(t, *start, sample, epoch_rows, err, errlen)))
+			return rc;
 		if (dev->local_index == 0) {
 			char line[1024];
 			ckpt_resume_summary(src, line, sizeof(line));
