@@ -103,8 +103,9 @@ static void assert_close(const char *what, const double *got, const double *want
 }
 
 /* The checkpoint of `model` (with opt) resumed on each new mesh. */
-static void remesh_all(const char *model, const char *opt, bool zero1)
+static void remesh_all(const char *name, const char *model, const char *opt, bool zero1)
 {
+	char what[96];
 	double want[4], got[4];
 	char *log;
 	struct reads r[4];
@@ -113,10 +114,12 @@ static void remesh_all(const char *model, const char *opt, bool zero1)
 
 	resume_on(model, opt, "local --hosts 1 --devices-per-host 4", "ici_tensor_parallelism=4 ici_data_parallelism=1",
 		  "tp4", got);
-	assert_close("1x4 tensor", got, want);
+	snprintf(what, sizeof(what), "%s 1x4 tensor", name);
+	assert_close(what, got, want);
 
 	resume_on(model, opt, "local --hosts 4 --devices-per-host 1", "", "dp4", got);
-	assert_close("4x1 data", got, want);
+	snprintf(what, sizeof(what), "%s 4x1 data", name);
+	assert_close(what, got, want);
 	/* no split: every host reads the whole of both files */
 	log = read_tmp("log.out");
 	for (int h = 0; h < 4; h++) {
@@ -127,7 +130,8 @@ static void remesh_all(const char *model, const char *opt, bool zero1)
 
 	resume_on(model, opt, "local --hosts 2 --devices-per-host 2",
 		  "dcn_pipeline_parallelism=2 dcn_data_parallelism=1", "pp2", got);
-	assert_close("2 pipeline stages over 2 hosts", got, want);
+	snprintf(what, sizeof(what), "%s 2 pipeline stages over 2 hosts", name);
+	assert_close(what, got, want);
 	/* a host holds its stage's layers only, of the weights and the state */
 	log = read_tmp("log.out");
 	for (int h = 0; h < 2; h++) {
@@ -142,7 +146,8 @@ static void remesh_all(const char *model, const char *opt, bool zero1)
 		return;
 	resume_on(model, opt, "local --hosts 2 --devices-per-host 2", "shard_optimizer_over_data=true", "zero1",
 		  got);
-	assert_close("ZeRO-1 over 2x2 data", got, want);
+	snprintf(what, sizeof(what), "%s ZeRO-1 over 2x2 data", name);
+	assert_close(what, got, want);
 	/* the state split over data: each host reads its two ranks' parts,
 	 * the two hosts' together are the whole; the weights whole on both */
 	log = read_tmp("log.out");
@@ -159,17 +164,17 @@ static void remesh_all(const char *model, const char *opt, bool zero1)
 START_TEST(test_llama)
 {
 	double want[4], got[4];
-	remesh_all(LLAMA, "", true);
+	remesh_all("llama", LLAMA, "", true);
 	/* on one device, 8 rows a step */
 	resume_on(LLAMA, "", "local " OLD_MESH, "", "same", want);
 	resume_on(LLAMA, "", "train", "per_device_batch_size=8", "one", got);
-	assert_close("one device", got, want);
+	assert_close("llama one device", got, want);
 }
 END_TEST
 
 START_TEST(test_deepseek3)
 {
-	remesh_all(DS3, "", true);
+	remesh_all("deepseek3", DS3, "", true);
 }
 END_TEST
 
@@ -182,9 +187,9 @@ START_TEST(test_muon)
 	resume_on(LLAMA, "opt_type=muon", "local " OLD_MESH, "", "same", want);
 	resume_on(LLAMA, "opt_type=muon", "local --hosts 1 --devices-per-host 4",
 		  "ici_tensor_parallelism=4 ici_data_parallelism=1", "tp4", got);
-	assert_close("muon 1x4 tensor", got, want);
+	assert_close("llama muon 1x4 tensor", got, want);
 	resume_on(LLAMA, "opt_type=muon", "local --hosts 4 --devices-per-host 1", "", "dp4", got);
-	assert_close("muon 4x1 data", got, want);
+	assert_close("llama muon 4x1 data", got, want);
 }
 END_TEST
 
