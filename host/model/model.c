@@ -14,6 +14,7 @@
 
 #include "host/model/linear.h"
 #include "host/model/model_int.h"
+#include "host/util/clock.h"
 #include "kernels/kernels.h"
 
 /* ---- allocation ---- */
@@ -284,6 +285,13 @@ static void size_rows(struct model *m, int B)
 	m->act_layers = act_layers(m);
 }
 
+/* The parts a device's rows are cut into: the batch split's two halves
+ * each have their own activations (bsplit.c). */
+static int parts(const struct model_dims *d)
+{
+	return d->bsplit > 1 ? d->bsplit : 1;
+}
+
 size_t model_activation_bytes(struct model *m, int B)
 {
 	if (m->act_mem)
@@ -295,11 +303,70 @@ size_t model_activation_bytes(struct model *m, int B)
 		m->la = keep;
 		return 0;
 	}
-	size_rows(m, B);
+	size_rows(m, B / parts(&m->d));
 	lay_out(m, &a);
 	free(m->la);
 	m->la = keep;
-	return a.used;
+	return a.used * (size_t)parts(&m->d);
+}
+
+/* The batch split: what keeps a device's rows from being cut in two
+ * halves staggered through the layers, as a config error in err. */
+static int split_refusal(const struct model *m, int B, char *err, size_t errlen)
+{
+	if (B % 2) {
+		snprintf(err, errlen, "config: key 'batch_split_factor' (2) must divide the %d rows a device "
+			 "computes with 'use_batch_split_schedule'", B);
+		return -EINVAL;
+	}
+	if (m->pipe_stages > 1) {
+		snprintf(err, errlen, "config: key 'use_batch_split_schedule' does not run beside pipeline "
+			 "parallelism (ici_/dcn_pipeline_parallelism=%d) yet", m->pipe_stages);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* The second half of a batch-split model: a copy of m (half 0, its
+ * activations laid out for B/2 rows) with its own activations and
+ * rotary tables, sharing the rest. 0 or -ENOMEM. */
+static int split_open(struct model *m)
+{
+	struct model *h = malloc(sizeof(*h));
+	if (!h)
+		return -ENOMEM;
+	*h = *m;
+	struct arena a = { .base = aligned_alloc(64, m->act_bytes) };
+	h->la = calloc((size_t)m->d.L, sizeof(*h->la));
+	h->act_mem = a.base;
+	if (!a.base || !h->la) {
+		free(h->la);
+		free(h->act_mem);
+		free(h);
+		return -ENOMEM;
+	}
+	memset(a.base, 0, m->act_bytes);
+	lay_out(h, &a);
+	rope_tables(h);
+	/* one set of expert counts: the second half's forward adds to the first's */
+	h->counts_all = m->counts_all;
+	h->counts_tmp = m->counts_tmp;
+	h->counts_how = MODEL_COUNTS_ADD;
+	h->half = 1;
+	m->other = h;
+	m->bsplit = h->bsplit = true;
+	m->act_bytes += h->act_bytes;
+	return 0;
+}
+
+static void split_free(struct model *m)
+{
+	if (!m->other)
+		return;
+	free(m->other->act_mem);
+	free(m->other->la);
+	free(m->other);
+	m->other = NULL;
 }
 
 int model_open(struct model **out, const struct model_dims *d, int B, const struct model_mesh *mm,
@@ -310,7 +377,11 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 	*out = NULL;
 	if (!m)
 		return rc;
-	size_rows(m, B);
+	if (parts(d) > 1 && (rc = split_refusal(m, B, err, errlen))) {
+		model_free(m);
+		return rc;
+	}
+	size_rows(m, B / parts(d));
 	struct arena a = { 0 };
 	size_t pbytes = ((m->numel * sizeof(float)) + 63) & ~(size_t)63;
 	m->la = calloc((size_t)d->L, sizeof(*m->la));
@@ -336,13 +407,15 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 	a.used = 0;
 	lay_out(m, &a);
 	rope_tables(m);
+	if (parts(d) > 1 && split_open(m))
+		goto oom;
 	*out = m;
 	return 0;
 oom:
 	/* the bytes asked for: what does not fit is the model, not the config */
 	snprintf(err, errlen, "model: out of memory: %zu bytes asked for (parameters and gradients "
 		 "%zu each, activations %zu for %d sequences of %d tokens)",
-		 2 * pbytes + m->act_bytes, pbytes, m->act_bytes, B, d->T);
+		 2 * pbytes + m->act_bytes * parts(d), pbytes, m->act_bytes * parts(d), B, d->T);
 	model_free(m);
 	return -ENOMEM;
 }
@@ -358,6 +431,7 @@ void model_free(struct model *m)
 {
 	if (!m)
 		return;
+	split_free(m);
 	win_free(m->win);
 	free(m->act_mem);
 	free(m->params);
@@ -381,11 +455,21 @@ void model_step_begin(struct model *m, struct model_step *st)
 	m->st = st;
 	m->hook_rc = 0;
 	st->aux = 0;
+	if (m->other) {
+		m->other->st = st;
+		m->other->hook_rc = 0;
+	}
 	win_begin(m->win, st->comm, &m->hook_rc);
 }
 
 int model_step_end(struct model *m)
 {
+	/* after a failure a batch split's exchanges may still be in flight */
+	for (struct model *x = m->bsplit ? m : NULL; x; x = x->other) {
+		half_enter(m, x);
+		moe_a2a_wait(x);
+		half_leave(m, x);
+	}
 	return win_end(m->win);
 }
 
@@ -497,28 +581,63 @@ static float *resid(struct model *m, int l)
 	return m->resid + (size_t)l * m->N * m->l.C;
 }
 
-/* The forward over all N rows; the last layer's weights stay READY for
- * the backward. Returns the sum of token losses. */
+/* A layer's span for the trace ("layer 3 fwd"): its start, then its end. */
+static double span_start(const struct model *m)
+{
+	const struct model_comm *c = m->st->comm;
+	return c && c->span ? util_now_s() : 0;
+}
+
+static void span_end(const struct model *m, int l, const char *pass, double t0)
+{
+	const struct model_comm *c = m->st->comm;
+	if (c && c->span) {
+		char name[24];
+		snprintf(name, sizeof(name), "layer %d %s", l, pass);
+		c->span(c->ctx, name, t0, util_now_s());
+	}
+}
+
+/* The batch split's second half (of the rows, inputs and targets given
+ * for the whole batch) runs a stage call: call(m->other, its x, its y,
+ * its targets). */
+#define HALF1(m, call) do { half_enter(m, (m)->other); call; half_leave(m, (m)->other); } while (0)
+
+/* The forward over all N rows (both halves' with the batch split); the
+ * last layer's weights stay READY for the backward. Returns the sum of
+ * token losses. */
 static double forward_all(struct model *m, const int32_t *inputs, const int32_t *targets)
 {
 	struct win *w = m->win;
+	struct model *h = m->other;
 	int L = m->d.L;
-	double loss = 0;
+	double loss = 0, loss1 = 0;
 
 	win_gather_start(w, SLOT_NONLAYER, WIN_NONLAYER, 0);
 	win_wait(w, SLOT_NONLAYER);
 	win_gather_start(w, SLOT_LAYER(0), 0, 1);
 	model_embed_forward(m, resid(m, 0), inputs);
+	if (h)
+		HALF1(m, model_embed_forward(h, resid(h, 0), inputs + m->N));
 	for (int l = 0; l < L; l++) {
 		win_wait(w, SLOT_LAYER(l));
 		if (l + 1 < L)  /* the next layer's weights arrive meanwhile */
 			win_gather_start(w, SLOT_LAYER(l + 1), l + 1, l + 2);
-		model_layers_forward(m, l, l + 1, resid(m, l + 1), resid(m, l));
+		double t0 = span_start(m);
+		if (h)
+			bsplit_layer_forward(m, l);
+		else
+			model_layers_forward(m, l, l + 1, resid(m, l + 1), resid(m, l));
+		span_end(m, l, "fwd", t0);
 		if (l + 1 < L)
 			win_release(w, SLOT_LAYER(l));
 	}
+	if (h)
+		bsplit_forward_end(m);
 	model_head_forward(m, &loss, resid(m, L), targets);
-	return loss;
+	if (h)
+		HALF1(m, model_head_forward(h, &loss1, resid(h, L), targets + m->N));
+	return loss + loss1;
 }
 
 double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows)
@@ -528,12 +647,21 @@ double model_forward(struct model *m, const int32_t *inputs, const int32_t *targ
 	forward_all(m, inputs, targets);
 	model_step_end(m);
 	double s = 0;
-	for (int i = 0; i < rows * m->d.T; i++)
+	int n = rows * m->d.T;
+	for (int i = 0; i < n && i < m->N; i++)
 		s += m->losses[i];
+	for (int i = m->N; i < n; i++)  /* the batch split's second half */
+		s += m->other->losses[i - m->N];
 	return s;
 }
 
-void model_count_experts(struct model *m, enum model_counts how) { m->counts_how = how; }
+void model_count_experts(struct model *m, enum model_counts how)
+{
+	m->counts_how = how;
+	/* the batch split's second half adds its counts to the first's */
+	if (m->other)
+		m->other->counts_how = how == MODEL_COUNTS_SET ? MODEL_COUNTS_ADD : how;
+}
 
 void model_zero_counts(struct model *m)
 {
@@ -564,6 +692,7 @@ int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t
 			   struct model_step *st)
 {
 	struct win *w = m->win;
+	struct model *h = m->other;  /* the batch split's second half */
 	int L = m->d.L;
 
 	model_step_begin(m, st);
@@ -575,6 +704,10 @@ int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t
 
 	win_zero_grads(w, SLOT_NONLAYER);
 	model_head_backward(m, m->dresid, resid(m, L), targets);
+	if (h) {
+		HALF1(m, model_head_backward(h, h->dresid, resid(h, L), targets + m->N));
+		bsplit_backward_begin(m);
+	}
 	/* the last layer's weights are still in the window from the forward;
 	 * below it each layer's arrive while the one above it computes, and
 	 * its gradients leave while the one below computes */
@@ -584,11 +717,18 @@ int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t
 		if (l >= 1)
 			win_gather_start(w, SLOT_LAYER(l - 1), l - 1, l);
 		win_zero_grads(w, SLOT_LAYER(l));
-		model_layers_backward(m, l, l + 1, m->dresid, resid(m, l));
+		double t0 = span_start(m);
+		if (h)
+			bsplit_layer_backward(m, l);
+		else
+			model_layers_backward(m, l, l + 1, m->dresid, resid(m, l));
+		span_end(m, l, "bwd", t0);
 		win_scatter_start(w, SLOT_LAYER(l));
 		win_release(w, SLOT_LAYER(l));
 	}
 	model_embed_backward(m, m->dresid, inputs);
+	if (h)
+		HALF1(m, model_embed_backward(h, h->dresid, inputs + m->N));
 	win_scatter_start(w, SLOT_NONLAYER);
 	win_scatter_finish(w);
 	win_release(w, SLOT_NONLAYER);

@@ -147,8 +147,19 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 		     "keys 'n_routing_groups' and 'topk_routing_group' route experts: they need num_experts > 1 (got %lld, %lld)",
 		     c->n_routing_groups, c->topk_routing_group);
 	}
-	/* keys of DeepSeek-V3's architecture whose implementation is on its way */
-	NEED(!c->use_batch_split_schedule, "key 'use_batch_split_schedule' is not implemented yet");
+	/* DeepSeek's batch split (docs/deepseek.md#batch-split): two halves of
+	 * each device's batch staggered through the MoE layers */
+	NEED(c->batch_split_factor >= 1, "key 'batch_split_factor' must be >= 1, got %lld", c->batch_split_factor);
+	if (c->use_batch_split_schedule) {
+		NEED(d->L_moe > 0, "keys 'use_batch_split_schedule' and 'num_experts' (%lld): the batch split "
+		     "overlaps the MoE layers' expert exchange; a dense model has none", c->num_experts);
+		NEED(c->batch_split_factor <= 2, "key 'batch_split_factor' must be 1 or 2 with "
+		     "'use_batch_split_schedule' (the schedule staggers two halves), got %lld", c->batch_split_factor);
+		NEED(c->per_device_batch_size % c->batch_split_factor == 0, "key 'batch_split_factor' (%lld) "
+		     "must divide 'per_device_batch_size' (%lld) with 'use_batch_split_schedule'",
+		     c->batch_split_factor, c->per_device_batch_size);
+		d->bsplit = (int)c->batch_split_factor;
+	}
 	NEED(!strcmp(c->checkpoint_dtype, "f32") || !strcmp(c->checkpoint_dtype, "bf16"),
 	     "key 'checkpoint_dtype' must be f32 or bf16, got '%s'", c->checkpoint_dtype);
 #undef NEED

@@ -151,14 +151,19 @@ static int job_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *re
 					     c->errlen)) ? -EHOSTDOWN : 0;
 }
 
-/* Background collectives for FSDP's prefetch: queued on the device's
- * communication thread; the span recorded is the time spent waiting. */
+/* Background collectives (FSDP's prefetch, the batch split's expert
+ * exchanges): queued on the device's communication thread. The trace
+ * gets the time spent waiting (cat "comm", "wait " and the model's name
+ * when it gave one) and, on the device's communication row, when the
+ * thread ran it (cat "flight"). */
 struct job_pending {
 	struct coll_handle *h;
 	char name[160];
+	bool named;
 };
 
-static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes, void **out)
+static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes,
+		     const char *name, void **out)
 {
 	if (!h)
 		return -EIO;            /* c->err says why */
@@ -169,7 +174,11 @@ static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, u
 		return -ENOMEM;
 	}
 	p->h = h;
-	span_name(p->name, sizeof(p->name), op, axes);
+	p->named = name != NULL;
+	if (name)
+		snprintf(p->name, sizeof(p->name), "%s", name);
+	else
+		span_name(p->name, sizeof(p->name), op, axes);
 	*out = p;
 	return 0;
 }
@@ -181,7 +190,7 @@ static int job_start_all_gather(void *vctx, uint32_t axes, void *out, const void
 	if (!g)
 		return -ENOMEM;
 	return job_start(c, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
-			 "all_gather (prefetch)", axes, h);
+			 "all_gather (prefetch)", axes, NULL, h);
 }
 
 static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const float *in, size_t n, void **h)
@@ -191,17 +200,38 @@ static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const
 	if (!g)
 		return -ENOMEM;
 	return job_start(c, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
-			 "reduce_scatter (background)", axes, h);
+			 "reduce_scatter (background)", axes, NULL, h);
+}
+
+static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *recv_bytes,
+				const void *in, const size_t *send_bytes, const char *name, void **h)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	if (!g)
+		return -ENOMEM;
+	return job_start(c, coll_all_to_all_async(c->coll, g, out, recv_bytes, in, send_bytes, c->err,
+						   c->errlen), "all_to_all", axes, name, h);
 }
 
 static int job_wait(void *vctx, void *vh)
 {
 	struct job_ctx *c = vctx;
 	struct job_pending *p = vh;
-	int rc = SPAN(c, p->name, coll_wait(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
-					    c->err, c->errlen));
+	uint64_t run, done;
+	char wait[192];
+	snprintf(wait, sizeof(wait), "%s%s", p->named ? "wait " : "", p->name);
+	int rc = SPAN(c, wait, coll_wait_times(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
+					       &run, &done, c->err, c->errlen));
+	if (done)  /* the same clock as util_now_s */
+		trace_flight(c->tr, p->name, (double)run * 1e-9, (double)done * 1e-9);
 	free(p);
 	return rc ? -EHOSTDOWN : 0;
+}
+
+static void job_span(void *vctx, const char *name, double t0, double t1)
+{
+	trace_span(((struct job_ctx *)vctx)->tr, name, "compute", t0, t1);
 }
 
 /* Sums doubles over a group exactly the same way on every member:
@@ -573,7 +603,9 @@ int train_job(struct device_ctx *dev)
 		.mc = { .all_reduce = job_all_reduce, .all_gather = job_all_gather,
 			.reduce_scatter = job_reduce_scatter, .all_to_all = job_all_to_all,
 			.start_all_gather = job_start_all_gather,
-			.start_reduce_scatter = job_start_reduce_scatter, .wait = job_wait, .ctx = &jc },
+			.start_reduce_scatter = job_start_reduce_scatter,
+			.start_all_to_all = job_start_all_to_all, .wait = job_wait,
+			.span = o->trace ? job_span : NULL, .ctx = &jc },
 		.sum = job_sum, .err = err, .errlen = errlen,
 		.p2p = { .send = job_p2p_send, .recv = job_p2p_recv, .flush = job_p2p_flush,
 			 .wait_send = job_p2p_wait_send, .ctx = &jc },
