@@ -14,15 +14,28 @@
  *	experts  h1 l   sends comb h1         comb h0
  *	finish   h0 l                         comb h1 (finished in layer l+1)
  *
- * The backward is that list reversed: each exchange's gradient is sent
- * where its forward was waited for and waited for where its forward was
- * sent, so the second half's comb bwd of layer l-1 flies under the first
- * half's attention backward of layer l. Dense layers run the halves one
- * after the other. Each piece is the list of calls an unsplit layer
- * makes (layer.c, moe.c), on one half; the shared experts run in the
- * route piece (beside the dispatch, as MaxText's shared_expert_and_route)
- * because the second half's finish comes after the window has moved on
- * to the next layer's weights. */
+ * The backward is that list reversed (each exchange's gradient sent
+ * where its forward was waited for, waited for where its forward was
+ * sent), but for one move: the second half's attention backward, and
+ * with it the sending of its comb bwd of layer l-1, comes before the
+ * first half's route backward, so that the first half's disp bwd has
+ * that compute to fly under, and the comb bwd the first half's route
+ * and attention backward:
+ *
+ *	finish bwd   h0 l     sends comb bwd h0     comb bwd h1 (sent in l+1)
+ *	experts bwd  h1 l     sends disp bwd h1     comb bwd h0
+ *	experts bwd  h0 l     sends disp bwd h0     disp bwd h1
+ *	shared, route bwd h1 l                      disp bwd h0
+ *	attn bwd     h1 l
+ *	finish bwd   h1 l-1   sends comb bwd h1
+ *	shared, route bwd h0 l                      comb bwd h1
+ *	attn bwd     h0 l
+ *
+ * Dense layers run the halves one after the other. Each piece is the
+ * list of calls an unsplit layer makes (layer.c, moe.c), on one half;
+ * the shared experts run in the route piece (beside the dispatch, as
+ * MaxText's shared_expert_and_route) because the second half's finish
+ * comes after the window has moved on to the next layer's weights. */
 #include <stdio.h>
 #include <string.h>
 
@@ -211,11 +224,11 @@ void bsplit_layer_backward(struct model *m, int l)
 	piece(m, 1, shared_bwd, l, "shared bwd");
 	await(m, 1);
 	piece(m, 1, route_bwd, l, "route bwd");
-	piece(m, 0, shared_bwd, l, "shared bwd");
-	await(m, 0);
-	piece(m, 0, route_bwd, l, "route bwd");
 	piece(m, 1, attn_bwd, l, "attn bwd");
 	if (l > m->d.L_dense)
 		piece(m, 1, finish_bwd, l - 1, "finish bwd");
+	piece(m, 0, shared_bwd, l, "shared bwd");
+	await(m, 0);
+	piece(m, 0, route_bwd, l, "route bwd");
 	piece(m, 0, attn_bwd, l, "attn bwd");
 }
