@@ -10,8 +10,8 @@ over devices and steps):
              its release; with the split it holds the previous layer's
              deferred second-half combine and not its own)
   a2a_ms     all-to-all time: an unsplit run's synchronous "all_to_all
-             expert" spans; a split run's exchanges while its
-             communication thread ran them (category flight)
+             expert" spans; a split run's exchanges while the device's
+             exchange thread ran them (category flight, row 2000 + d)
   exposed_ms the part of a2a_ms the device's thread spent waiting for
              that exchange (all of it when synchronous)
   hidden     1 - exposed / a2a
@@ -72,7 +72,7 @@ def minus(iv, cut):
 def main():
     path, first_moe = sys.argv[1], int(sys.argv[2])
     ev = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X" and e["args"]["step"] >= 1]
-    devs = sorted({e["tid"] for e in ev if e["tid"] < 1000})
+    devs = sorted({e["tid"] for e in ev if e["tid"] < 1000})  # rows 1000 + d, 2000 + d: its threads'
     steps = sorted({e["args"]["step"] for e in ev})
     by = {}
     for e in ev:
@@ -81,7 +81,7 @@ def main():
     for d in devs:
         for s in steps:
             mine = by.get((d, s), [])
-            flight = [e for e in by.get((1000 + d, s), []) if EXCH.match(e["name"])]
+            flight = [e for e in by.get((2000 + d, s), []) if EXCH.match(e["name"])]
             for e in mine:
                 m = re.match(r"^layer (\d+) (fwd|bwd)$", e["name"])
                 if m and int(m.group(1)) >= first_moe:

@@ -250,7 +250,7 @@ static void read_trace(const char *path, int dev, struct dev_trace *t)
 		double ts = cJSON_GetObjectItem(e, "ts")->valuedouble, dur = cJSON_GetObjectItem(e, "dur")->valuedouble;
 		struct span s = { .a = ts, .b = ts + dur };
 		const char *c = cat->valuestring, *n = name->valuestring;
-		if (tid == 1000 + dev && !strcmp(c, "flight") && parse_half(n, &s))
+		if (tid == 2000 + dev && !strcmp(c, "flight") && parse_half(n, &s))
 			add(t->flight, &t->nf, &s);
 		else if (tid == dev && !strcmp(c, "compute") && parse_half(n, &s))
 			add(t->compute, &t->nc, &s);

@@ -34,9 +34,9 @@ void trace_span(struct trace *t, const char *name, const char *cat, double t0, d
 	span_on(t, 0, name, cat, t0, t1);
 }
 
-void trace_flight(struct trace *t, const char *name, double t0, double t1)
+void trace_flight(struct trace *t, int lane, const char *name, double t0, double t1)
 {
-	span_on(t, 1, name, "flight", t0, t1);
+	span_on(t, lane, name, "flight", t0, t1);
 }
 
 /* The metadata event naming thread tid of process pid. */
@@ -58,17 +58,19 @@ int trace_write(const char *path, const struct trace_event *ev, const int *count
 	cJSON *root = cJSON_CreateObject();
 	cJSON *arr = cJSON_AddArrayToObject(root, "traceEvents");
 	for (int d = 0; d < ndev; d++) {
+		static const char *const row[3] = { "", "comm", "exchanges" };
 		char name[32];
-		bool comm_row = false;
+		bool named[3] = { true, false, false };
 		snprintf(name, sizeof(name), "device %d", d);
 		thread_name(arr, host_of[d], d, name);
 		for (int i = 0; i < counts[d]; i++) {
 			const struct trace_event *e = &ev[(size_t)d * TRACE_MAX_EVENTS + i];
-			int tid = e->lane ? TRACE_COMM_TID + d : d;
-			if (e->lane && !comm_row) {
-				snprintf(name, sizeof(name), "device %d comm", d);
+			int lane = e->lane >= 0 && e->lane < 3 ? e->lane : 0;
+			int tid = lane * TRACE_COMM_TID + d;
+			if (!named[lane]) {
+				snprintf(name, sizeof(name), "device %d %s", d, row[lane]);
 				thread_name(arr, host_of[d], tid, name);
-				comm_row = true;
+				named[lane] = true;
 			}
 			cJSON *j = cJSON_CreateObject();
 			cJSON_AddStringToObject(j, "name", e->name);

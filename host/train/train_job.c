@@ -44,6 +44,12 @@ struct p2p_send {
 
 struct job_ctx {
 	struct coll_dev *coll;
+	/* The batch split's expert exchanges run on a communication thread
+	 * of their own (made on first use), so they never queue behind the
+	 * FSDP window's gathers and reduce-scatters; their groups take ids
+	 * XCHG_GROUP + the mesh group's, apart from those coll uses. */
+	struct coll_dev *xcoll;
+	size_t segment_bytes;
 	const struct mesh *mesh;
 	int device;
 	struct axes_group grp[MAX_AXES_GROUPS];
@@ -152,14 +158,15 @@ static int job_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *re
 }
 
 /* Background collectives (FSDP's prefetch, the batch split's expert
- * exchanges): queued on the device's communication thread. The trace
- * gets the time spent waiting (cat "comm", "wait " and the model's name
- * when it gave one) and, on the device's communication row, when the
- * thread ran it (cat "flight"). */
+ * exchanges): queued on a communication thread of the device's. The
+ * trace gets the time spent waiting (cat "comm", "wait " and the model's
+ * name when it gave one) and, on that thread's row, when it ran it (cat
+ * "flight"). */
 struct job_pending {
 	struct coll_handle *h;
 	char name[160];
 	bool named;
+	bool xchg;              /* on the exchanges' thread */
 };
 
 static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes,
@@ -175,6 +182,7 @@ static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, u
 	}
 	p->h = h;
 	p->named = name != NULL;
+	p->xchg = false;
 	if (name)
 		snprintf(p->name, sizeof(p->name), "%s", name);
 	else
@@ -203,6 +211,8 @@ static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const
 			 "reduce_scatter (background)", axes, NULL, h);
 }
 
+#define XCHG_GROUP 0x4000u  /* above every mesh group id (axis masks), below P2P_GROUP */
+
 static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *recv_bytes,
 				const void *in, const size_t *send_bytes, const char *name, void **h)
 {
@@ -210,8 +220,21 @@ static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size
 	const struct coll_group *g = group_of(c, axes);
 	if (!g)
 		return -ENOMEM;
-	return job_start(c, coll_all_to_all_async(c->coll, g, out, recv_bytes, in, send_bytes, c->err,
-						   c->errlen), "all_to_all", axes, name, h);
+	if (!c->xcoll) {
+		c->xcoll = coll_dev_new(c->xport, c->device, c->segment_bytes, c->timeout_s);
+		if (!c->xcoll) {
+			snprintf(c->err, c->errlen, "train: unable to start the expert exchanges' communication thread");
+			return -EAGAIN;
+		}
+		coll_set_step(c->xcoll, (uint64_t)c->step);
+	}
+	struct coll_group x = *g;
+	x.id += XCHG_GROUP;
+	int rc = job_start(c, coll_all_to_all_async(c->xcoll, &x, out, recv_bytes, in, send_bytes, c->err,
+						    c->errlen), "all_to_all", axes, name, h);
+	if (!rc)
+		((struct job_pending *)*h)->xchg = true;
+	return rc;
 }
 
 static int job_wait(void *vctx, void *vh)
@@ -224,7 +247,7 @@ static int job_wait(void *vctx, void *vh)
 	int rc = SPAN(c, wait, coll_wait_times(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
 					       &run, &done, c->err, c->errlen));
 	if (done)  /* the same clock as util_now_s */
-		trace_flight(c->tr, p->name, (double)run * 1e-9, (double)done * 1e-9);
+		trace_flight(c->tr, p->xchg ? 2 : 1, p->name, (double)run * 1e-9, (double)done * 1e-9);
 	free(p);
 	return rc ? -EHOSTDOWN : 0;
 }
@@ -437,6 +460,8 @@ static void job_step_begin(void *vctx, int64_t step)
 	struct job_ctx *c = vctx;
 	host_fault(c, step);
 	coll_set_step(c->coll, (uint64_t)step);
+	if (c->xcoll)
+		coll_set_step(c->xcoll, (uint64_t)step);
 	c->step = step;
 	if (c->tr)
 		c->tr->step = step;
@@ -535,6 +560,7 @@ int train_job(struct device_ctx *dev)
 	size_t errlen = sizeof(dev->err);
 	struct job_ctx jc = { .mesh = dev->mesh, .device = dev->device_id, .err = err, .errlen = errlen,
 			      .timeout_s = c->collective_timeout_s, .agent = dev->agent,
+			      .segment_bytes = (size_t)c->segment_bytes,
 			      .xport = dev->xport };
 	struct shard_rules *rules = NULL;
 	struct trainer *t = NULL;
@@ -645,6 +671,7 @@ out:
 	if (leader)
 		steplog_close(&log);
 	trainer_free(t);
+	coll_dev_free(jc.xcoll);
 	if (jc.coll)
 		coll_dev_free(jc.coll);
 	for (int i = 0; i < jc.ngrp; i++)
