@@ -6,7 +6,7 @@
  *   does not divide per_device_batch_size and a pipeline are refused
  *   naming their keys; factor 1 is the unsplit schedule, bit for bit;
  * - the same math: 10 steps split against unsplit on one device, EP=2,
- *   EP=4, FSDP2 x EP2 and FSDP2 x TP2, every step's loss and gradient
+ *   EP=4, FSDP2 x EP2, FSDP2 x TP2 and EP2 x TPT2, every step's loss and gradient
  *   norm within 1e-6, two split runs bit-identical. The weights are held
  *   still (learning_rate=0, routed_bias_update_rate=0): each step is
  *   then the same model on another batch, so what differs is the split
@@ -176,6 +176,14 @@ START_TEST(test_fsdp2_tp2)
 			 "ici_tensor_parallelism=2");
 }
 END_TEST
+/* tensor_transpose: the embedding split, norm statistics and the
+ * routing weights' gradients summed over it, experts across hosts */
+START_TEST(test_ep2_tpt2)
+{
+	split_vs_unsplit(2, 2, "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_expert_parallelism=2 "
+			 "ici_tensor_transpose_parallelism=2");
+}
+END_TEST
 /* deepseek3-tiny as it is, training (the selection bias moving too):
  * within 1e-4 of one device (unsplit), as every other mesh is, twice
  * bit-identical */
@@ -338,6 +346,7 @@ int main(void)
 	tcase_add_test(te, test_ep4);
 	tcase_add_test(te, test_fsdp2_ep2);
 	tcase_add_test(te, test_fsdp2_tp2);
+	tcase_add_test(te, test_ep2_tpt2);
 	tcase_add_test(te, test_ep4_training);
 	suite_add_tcase(s, te);
 	TCase *tt = tcase_create("trace");
