@@ -8,7 +8,9 @@
  * - the same math: 10 steps split against unsplit on one device, EP=2,
  *   EP=4, FSDP2 x EP2, FSDP2 x TP2 and EP2 x TPT2, every step's loss and gradient
  *   norm within 1e-6, two split runs bit-identical. The weights are held
- *   still (learning_rate=0, routed_bias_update_rate=0): each step is
+ *   still (learning_rate=1e-30, the config refuses 0: Adam moves a
+ *   weight by about 1e-30, below float32's last bit at any weight the
+ *   model's init makes nonzero; routed_bias_update_rate=0): each step is
  *   then the same model on another batch, so what differs is the split
  *   alone (OpenBLAS rounds a row differently by how many rows a call has,
  *   and the halves' weight gradients are summed in two calls: ~1e-9),
@@ -33,7 +35,7 @@
 #define DS3 "configs/deepseek3-tiny.yml"
 #define SPLIT "use_batch_split_schedule=true batch_split_factor=2"
 /* the weights held still (see the top) */
-#define STILL "learning_rate=0 routed_bias_update_rate=0"
+#define STILL "learning_rate=1e-30 routed_bias_update_rate=0"
 #define SPLIT_TOL 1e-6
 
 static void setup(void)

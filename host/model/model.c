@@ -1,10 +1,12 @@
-/* The decoder of host/model/model.h: its life cycle, the stage calls
- * (embedding, a range of layers, the head; forward and backward) and the
- * whole-model step made of them, which schedules the FSDP window (one
- * layer ahead). Placement comes from the sharding rules through the
- * planner (params.c); every parallelism is a plan executed by the same
- * code: gathered weights (window.c), partial sums all-reduced, statistics
- * split, tokens sent to their experts (layer.c, moe.c). */
+/* The decoder of host/model/model.h: its life cycle, its activations
+ * (sets of saved layer activations), and the stage calls (embedding, a
+ * range of layers, the head; forward and backward) that the one step
+ * driver, the pipeline executor (host/pipeline/exec.h), runs for every
+ * step, with or without a pipeline. Placement comes from the sharding
+ * rules through the planner (params.c); every parallelism is a plan
+ * executed by the same code: gathered weights (window.c), partial sums
+ * all-reduced, statistics split, tokens sent to their experts (layer.c,
+ * moe.c). */
 #include <assert.h>
 #include <errno.h>
 #include <math.h>
@@ -14,23 +16,27 @@
 
 #include "host/model/linear.h"
 #include "host/model/model_int.h"
-#include "host/util/clock.h"
 #include "kernels/kernels.h"
 
 /* ---- allocation ---- */
 
-/* The activations (every layer's saved ones, the residual stream, the
- * head's) and the backward's scratch, cut out of one allocation.
+/* The activations (every layer's saved ones, the layer inputs inside a
+ * call, the head's) and the backward's scratch, cut out of one
+ * allocation.
  *
- * A pipeline stage runs Lps layers at once (model_layers_forward over one
- * slot's layers), and the executor recomputes each slot's forward right
- * before its backward, so what a layer saved is read only by the backward
- * of the call that saved it: the stage stores the saved activations of
- * act_layers layers (Lps, or the layers outside the pipeline if more),
- * layer l in storage l mod act_layers (the first layer of that residue
- * and kind, dense or MoE), not of all L. A call over more than act_layers
- * layers is refused. The layers outside the pipeline pair their calls the
- * same way (forward then backward, or a recompute right before it). */
+ * Saved layer activations come in act_sets sets (model_act_set picks the
+ * one the next calls use), so a pipeline stage that keeps a chunk's
+ * activations from its forward to its backward (pipeline_recompute:
+ * false) holds one set per chunk in flight; with recompute one set does,
+ * each chunk's forward being run again right before its backward. A set
+ * stores act_layers layers: all L without a pipeline (every layer its
+ * own), else the most one call runs (Lps, or the layers outside the
+ * pipeline if more), layer l in storage l mod act_layers (the first layer
+ * of that residue and kind, dense or MoE): what a layer saved is read
+ * only by the backward of the call that saved it. A call runs at most
+ * call_layers layers: act_layers on a pipeline stage, one without (the
+ * executor's chunks are layers), and keeps the inputs of its layers after
+ * the first in call_layers - 1 slots of its set. */
 
 struct arena {
 	char *base;
@@ -54,7 +60,15 @@ static int rope_dim(const struct model_dims *d)
 	return d->mla ? d->Dr : d->D;
 }
 
-static void lay_out(struct model *m, struct arena *a)
+/* The parts a device's rows are cut into: the batch split's two halves
+ * each have their own activations and scratch (bsplit.c). */
+static int parts(const struct model_dims *d)
+{
+	return d->bsplit > 1 ? d->bsplit : 1;
+}
+
+/* One set's saved activations: m->la[0 .. L) (la_all of set k). */
+static void lay_out_set(struct model *m, struct arena *a, struct layer_acts *la)
 {
 	const struct model_dims *d = &m->l;
 	size_t N = (size_t)m->N, C = d->C, QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
@@ -63,20 +77,14 @@ static void lay_out(struct model *m, struct arena *a)
 	size_t VD = d->mla ? (size_t)d->Hkv * d->Dv : KD, OD = d->mla ? (size_t)d->Hq * d->Dv : QD;
 	size_t NK = N * (size_t)m->d.K, SF = (size_t)m->SF, R = m->rmax, E = m->d.E;
 	size_t att = (size_t)m->B * d->Hq * d->T * d->T;
-	size_t big = N * (size_t)d->F;
-	if (m->d.L_moe) {
-		big = big > R * (size_t)d->Fe ? big : R * (size_t)d->Fe;
-		big = big > N * SF ? big : N * SF;
-	}
 
-	m->resid = TAKEF(a, (size_t)(m->act_layers + 1) * N * C);
 	for (int l = 0; l < d->L; l++) {
-		struct layer_acts *x = &m->la[l];
+		struct layer_acts *x = &la[l];
 		int q = l % m->act_layers;
 		while (q < l && (q < d->L_dense) != (l < d->L_dense))
 			q += m->act_layers;
 		if (q < l) {  /* shares layer q's storage */
-			*x = m->la[q];
+			*x = la[q];
 			continue;
 		}
 		x->ln1 = TAKEF(a, N * C);
@@ -129,6 +137,27 @@ static void lay_out(struct model *m, struct arena *a)
 			}
 		}
 	}
+}
+
+static void lay_out(struct model *m, struct arena *a)
+{
+	const struct model_dims *d = &m->l;
+	size_t N = (size_t)m->N, C = d->C, QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
+	size_t VD = d->mla ? (size_t)d->Hkv * d->Dv : KD, OD = d->mla ? (size_t)d->Hq * d->Dv : QD;
+	size_t NK = N * (size_t)m->d.K, SF = (size_t)m->SF, R = m->rmax, E = m->d.E;
+	size_t big = N * (size_t)d->F;
+	if (m->d.L_moe) {
+		big = big > R * (size_t)d->Fe ? big : R * (size_t)d->Fe;
+		big = big > N * SF ? big : N * SF;
+	}
+
+	for (int k = 0; k < m->act_sets; k++) {
+		m->resid_all[k] = TAKEF(a, (size_t)(m->call_layers - 1) * N * C);
+		lay_out_set(m, a, m->la_all + (size_t)k * d->L);
+	}
+	/* model_forward's residual stream (a model without a pipeline; with
+	 * the batch split, half 0's holds both halves' rows) */
+	m->stream = m->pipe_stages > 1 || m->half ? NULL : TAKEF(a, 2 * N * C * (size_t)parts(&m->d));
 	m->lnf = TAKEF(a, N * C);
 	m->rstdf = TAKEF(a, N);
 	m->nstat = TAKEF(a, 2 * N);
@@ -214,8 +243,10 @@ static struct model *model_make(const struct model_dims *d, const struct model_m
 				char *err, size_t errlen)
 {
 	struct model *m = params_make(d, mm, rc, err, errlen);
-	if (m)
+	if (m) {
 		m->attn = d->mla ? &attn_mla : &attn_gqa;
+		m->act_sets = mm && mm->pipe_act_sets > 1 ? mm->pipe_act_sets : 1;
+	}
 	if (m && make_window(m)) {
 		snprintf(err, errlen, "model: out of memory for the plans");
 		*rc = -ENOMEM;
@@ -283,35 +314,45 @@ static void size_rows(struct model *m, int B)
 	if (m->rmax == 0)
 		m->rmax = 1;
 	m->act_layers = act_layers(m);
+	m->call_layers = m->pipe_stages > 1 ? m->act_layers : 1;
 }
 
-/* The parts a device's rows are cut into: the batch split's two halves
- * each have their own activations (bsplit.c). */
-static int parts(const struct model_dims *d)
+/* The sets' tables of saved activations (lay_out fills them). */
+static int alloc_sets(struct model *m)
 {
-	return d->bsplit > 1 ? d->bsplit : 1;
+	m->la_all = calloc((size_t)m->d.L * (size_t)m->act_sets, sizeof(*m->la_all));
+	m->resid_all = calloc((size_t)m->act_sets, sizeof(*m->resid_all));
+	return m->la_all && m->resid_all ? 0 : -ENOMEM;
+}
+
+static void free_sets(struct model *m)
+{
+	free(m->la_all);
+	free(m->resid_all);
+	m->la_all = NULL;
+	m->resid_all = NULL;
 }
 
 size_t model_activation_bytes(struct model *m, int B)
 {
 	if (m->act_mem)
 		return m->act_bytes;
-	struct layer_acts *keep = m->la;
 	struct arena a = { 0 };
-	m->la = calloc((size_t)m->d.L, sizeof(*m->la));
-	if (!m->la) {
-		m->la = keep;
-		return 0;
-	}
 	size_rows(m, B / parts(&m->d));
-	lay_out(m, &a);
-	free(m->la);
-	m->la = keep;
-	return a.used * (size_t)parts(&m->d);
+	if (!alloc_sets(m)) {
+		lay_out(m, &a);
+		m->half = parts(&m->d) > 1;  /* the second half's, if any */
+		if (m->half)
+			lay_out(m, &a);
+		m->half = 0;
+	}
+	free_sets(m);
+	return a.used;
 }
 
 /* The batch split: what keeps a device's rows from being cut in two
- * halves staggered through the layers, as a config error in err. */
+ * halves staggered through the layers, as a config error in err (the
+ * keys' own checks are model_dims_from_cfg's). */
 static int split_refusal(const struct model *m, int B, char *err, size_t errlen)
 {
 	if (B % 2) {
@@ -321,42 +362,50 @@ static int split_refusal(const struct model *m, int B, char *err, size_t errlen)
 	}
 	if (m->pipe_stages > 1) {
 		snprintf(err, errlen, "config: key 'use_batch_split_schedule' does not run beside pipeline "
-			 "parallelism (ici_/dcn_pipeline_parallelism=%d) yet", m->pipe_stages);
+			 "parallelism (ici_/dcn_pipeline_parallelism=%d)", m->pipe_stages);
 		return -EINVAL;
 	}
 	return 0;
 }
 
-/* The second half of a batch-split model: a copy of m (half 0, its
- * activations laid out for B/2 rows) with its own activations and
- * rotary tables, sharing the rest. 0 or -ENOMEM. */
+/* The second half of a batch-split model: a copy of m (half 0, laid out
+ * for B/2 rows) with its own activations, scratch and rotary tables,
+ * sharing the rest (weights, window, plans, one set of expert counts).
+ * 0 or -ENOMEM. */
 static int split_open(struct model *m)
 {
 	struct model *h = malloc(sizeof(*h));
 	if (!h)
 		return -ENOMEM;
 	*h = *m;
-	struct arena a = { .base = aligned_alloc(64, m->act_bytes) };
-	h->la = calloc((size_t)m->d.L, sizeof(*h->la));
-	h->act_mem = a.base;
-	if (!a.base || !h->la) {
-		free(h->la);
-		free(h->act_mem);
-		free(h);
-		return -ENOMEM;
-	}
-	memset(a.base, 0, m->act_bytes);
+	h->half = 1;
+	h->la_all = NULL;
+	h->resid_all = NULL;
+	struct arena a = { 0 };
+	if (alloc_sets(h))
+		goto oom;
+	lay_out(h, &a);  /* sizing pass */
+	h->act_bytes = a.used;
+	if (!(h->act_mem = aligned_alloc(64, a.used)))
+		goto oom;
+	memset(h->act_mem, 0, a.used);
+	a = (struct arena){ .base = h->act_mem };
 	lay_out(h, &a);
+	model_act_set(h, 0);
 	rope_tables(h);
-	/* one set of expert counts: the second half's forward adds to the first's */
+	/* the second half's forward adds its counts to the first's */
 	h->counts_all = m->counts_all;
 	h->counts_tmp = m->counts_tmp;
 	h->counts_how = MODEL_COUNTS_ADD;
-	h->half = 1;
 	m->other = h;
 	m->bsplit = h->bsplit = true;
+	m->fwd_left = m->bwd_early = -1;
 	m->act_bytes += h->act_bytes;
 	return 0;
+oom:
+	free_sets(h);
+	free(h);
+	return -ENOMEM;
 }
 
 static void split_free(struct model *m)
@@ -364,7 +413,7 @@ static void split_free(struct model *m)
 	if (!m->other)
 		return;
 	free(m->other->act_mem);
-	free(m->other->la);
+	free_sets(m->other);
 	free(m->other);
 	m->other = NULL;
 }
@@ -384,8 +433,7 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 	size_rows(m, B / parts(d));
 	struct arena a = { 0 };
 	size_t pbytes = ((m->numel * sizeof(float)) + 63) & ~(size_t)63;
-	m->la = calloc((size_t)d->L, sizeof(*m->la));
-	if (!m->la)
+	if (alloc_sets(m))
 		goto oom;
 	lay_out(m, &a);                 /* sizing pass */
 	m->act_bytes = a.used;
@@ -406,6 +454,7 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 	a.base = m->act_mem;
 	a.used = 0;
 	lay_out(m, &a);
+	model_act_set(m, 0);
 	rope_tables(m);
 	if (parts(d) > 1 && split_open(m))
 		goto oom;
@@ -436,7 +485,8 @@ void model_free(struct model *m)
 	free(m->act_mem);
 	free(m->params);
 	free(m->grads);
-	free(m->la);
+	free(m->la_all);
+	free(m->resid_all);
 	params_free(m);
 	free(m);
 }
@@ -447,6 +497,30 @@ size_t model_numel(const struct model *m) { return m->numel; }
 const int32_t *model_expert_counts(const struct model *m) { return m->counts_all; }
 size_t model_window_numel(const struct model *m) { return win_numel(m->win); }
 struct win *model_window(struct model *m) { return m->win; }
+int model_act_sets(const struct model *m) { return m->act_sets; }
+
+size_t model_layer_act_bytes(const struct model_dims *d, int rows, bool moe)
+{
+	size_t N = (size_t)rows * d->T, C = d->C, QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
+	size_t f = 3 * N * C + 2 * N + 2 * N * QD + 2 * N * KD + (size_t)rows * d->Hq * d->T * d->T;
+	if (!moe)
+		return sizeof(float) * (f + 3 * N * (size_t)d->F);
+	size_t NK = N * (size_t)d->K, E = d->E;
+	f += N * E + NK + 2 * NK * C + 3 * NK * (size_t)d->Fe + 3 * N * (size_t)d->Fe * (size_t)d->S;
+	return sizeof(float) * f + sizeof(int32_t) * (2 * NK + 2 * E + 1);
+}
+
+void model_act_set(struct model *m, int k)
+{
+	assert(k >= 0 && k < m->act_sets);
+	struct layer_acts *la = m->la_all + (size_t)k * m->d.L;
+	if (m->other && la != m->la) {
+		bsplit_flush(m);  /* what is left to finish is in the set in use */
+		model_act_set(m->other, k);
+	}
+	m->la = la;
+	m->resid = m->resid_all[k];
+}
 
 /* ---- stage calls ---- */
 
@@ -458,46 +532,65 @@ void model_step_begin(struct model *m, struct model_step *st)
 	if (m->other) {
 		m->other->st = st;
 		m->other->hook_rc = 0;
+		bsplit_step_begin(m);
 	}
 	win_begin(m->win, st->comm, &m->hook_rc);
 }
 
 int model_step_end(struct model *m)
 {
-	/* after a failure a batch split's exchanges may still be in flight */
-	for (struct model *x = m->bsplit ? m : NULL; x; x = x->other) {
-		half_enter(m, x);
-		moe_a2a_wait(x);
-		half_leave(m, x);
-	}
+	if (m->other)  /* after a failure exchanges may still be in flight */
+		bsplit_step_end(m);
 	return win_end(m->win);
+}
+
+/* Half k of a batch-split model m (m itself for k = 0, or unsplit). */
+static struct model *half_of(struct model *m, int k)
+{
+	return k ? m->other : m;
+}
+
+/* Floats of a half's rows of width C (the whole device's rows unsplit). */
+static size_t half_nc(const struct model *m)
+{
+	return (size_t)m->N * m->l.C;
 }
 
 int model_embed_forward(struct model *m, float *x0, const int32_t *inputs)
 {
-	int N = m->N, C = m->l.C;
-	/* this device's rows of the table (all of them unless split) */
-	embedding_forward_range(x0, inputs, WP(P_EMBED, 0), m->v0e, m->Ve, N, C);
-	psum(m, m->pl[P_EMBED].reduce, x0, (size_t)N * C);
+	for (int k = 0; k < parts(&m->d); k++) {
+		struct model *h = half_of(m, k);
+		int N = h->N, C = h->l.C;
+		half_enter(m, h);
+		/* this device's rows of the table (all of them unless split) */
+		embedding_forward_range(x0 + k * half_nc(m), inputs + (size_t)k * N, WP(P_EMBED, 0), m->v0e,
+					m->Ve, N, C);
+		psum(h, m->pl[P_EMBED].reduce, x0 + k * half_nc(m), (size_t)N * C);
+		half_leave(m, h);
+	}
 	return m->hook_rc;
 }
 
 int model_embed_backward(struct model *m, const float *dx0, const int32_t *inputs)
 {
-	embedding_backward_range(GP(P_EMBED, 0), dx0, inputs, m->v0e, m->Ve, m->N, m->l.C);
+	for (int k = 0; k < parts(&m->d); k++)
+		embedding_backward_range(GP(P_EMBED, 0), dx0 + k * half_nc(m), inputs + (size_t)k * m->N, m->v0e,
+					 m->Ve, m->N, m->l.C);
 	return m->hook_rc;
 }
 
-/* Layer l's input: the call's x for its first layer, else the model's
- * slot for it. */
+/* Layer l's input: the call's x for its first layer, else the set's slot
+ * for it. */
 static float *layer_input(struct model *m, int l, int l0, const float *x)
 {
-	return l == l0 ? (float *)x : m->resid + (size_t)(l % m->act_layers) * m->N * m->l.C;
+	return l == l0 ? (float *)x : m->resid + (size_t)(l - l0 - 1) * m->N * m->l.C;
 }
 
 int model_layers_forward(struct model *m, int l0, int l1, float *y, const float *x)
 {
-	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->act_layers);
+	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->call_layers);
+	if (m->other)
+		return bsplit_layers_forward(m, l0, l1, y, x);
 	for (int l = l0; l < l1; l++)
 		layer_forward(m, l, l + 1 == l1 ? y : layer_input(m, l + 1, l0, x), layer_input(m, l, l0, x));
 	return m->hook_rc;
@@ -505,7 +598,9 @@ int model_layers_forward(struct model *m, int l0, int l1, float *y, const float 
 
 int model_layers_backward(struct model *m, int l0, int l1, float *d, const float *x)
 {
-	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->act_layers);
+	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->call_layers);
+	if (m->other)
+		return bsplit_layers_backward(m, l0, l1, d, x);
 	for (int l = l1 - 1; l >= l0; l--)
 		layer_backward(m, l, d, layer_input(m, l, l0, x));
 	return m->hook_rc;
@@ -539,20 +634,33 @@ static double xent_forward(struct model *m, const int32_t *targets)
 	psum(m, m->ax_vocab, st, 2 * (size_t)N);
 	if (m->hook_rc)
 		return 0;
-	return xent_split_finish(m->losses, m->probs, mx, st, N, V);
+	return xent_split_finish(m->losses, m->probs, mx, st, targets, N, V);
 }
 
-int model_head_forward(struct model *m, double *loss_sum, const float *x, const int32_t *targets)
+static double head_forward(struct model *m, const float *x, const int32_t *targets)
 {
 	int N = m->N, C = m->l.C;
 	norm_forward(m, m->lnf, m->rstdf, x, WP(P_FINAL_NORM, 0));
 	linear_forward(m->logits, m->lnf, WP(head_id(m), 0), N, C, m->l.V);
 	psum(m, m->pl[P_LM_HEAD].reduce, m->logits, (size_t)N * m->l.V);
-	*loss_sum = xent_forward(m, targets);
+	return xent_forward(m, targets);
+}
+
+int model_head_forward(struct model *m, double *loss_sum, const float *x, const int32_t *targets)
+{
+	*loss_sum = 0;
+	if (m->other)
+		bsplit_flush(m);  /* the last layer's second half */
+	for (int k = 0; k < parts(&m->d); k++) {
+		struct model *h = half_of(m, k);
+		half_enter(m, h);
+		*loss_sum += head_forward(h, x + k * half_nc(m), targets + (size_t)k * m->N);
+		half_leave(m, h);
+	}
 	return m->hook_rc;
 }
 
-int model_head_backward(struct model *m, float *dx, const float *x, const int32_t *targets)
+static void head_backward(struct model *m, float *dx, const float *x, const int32_t *targets)
 {
 	int N = m->N, C = m->l.C, V = m->l.V;
 	memset(m->dlogits, 0, sizeof(float) * (size_t)N * V);
@@ -562,97 +670,56 @@ int model_head_backward(struct model *m, float *dx, const float *x, const int32_
 	psum(m, m->pl[P_LM_HEAD].dx_reduce, m->dln, (size_t)N * C);
 	memset(dx, 0, sizeof(float) * (size_t)N * C);
 	norm_backward(m, dx, GP(P_FINAL_NORM, 0), m->dln, x, WP(P_FINAL_NORM, 0), m->rstdf);
+}
+
+int model_head_backward(struct model *m, float *dx, const float *x, const int32_t *targets)
+{
+	for (int k = 0; k < parts(&m->d); k++) {
+		struct model *h = half_of(m, k);
+		half_enter(m, h);
+		head_backward(h, dx + k * half_nc(m), x + k * half_nc(m), targets + (size_t)k * m->N);
+		half_leave(m, h);
+	}
 	return m->hook_rc;
 }
 
-/* ---- the whole model ---- */
-
-/* The whole-model step's window: the non-layer tensors in one slot,
- * layers alternating between two, the next one gathered while one
- * computes. */
-#define SLOT_NONLAYER 0
-#define SLOT_LAYER(l) (1 + ((l) & 1))
-
-/* The whole model's residual stream: every layer's activations are
- * stored (act_layers = L) on a device that runs them all. */
-static float *resid(struct model *m, int l)
+/* The backward split (issue 21, Deliver 3): not in the layers yet. */
+int model_layers_backward_input(struct model *m, int l0, int l1, float *dx, const float *dy, const float *x)
 {
-	assert(m->act_layers == m->d.L);
-	return m->resid + (size_t)l * m->N * m->l.C;
+	(void)m, (void)l0, (void)l1, (void)dx, (void)dy, (void)x;
+	return -EOPNOTSUPP;
 }
 
-/* A layer's span for the trace ("layer 3 fwd"): its start, then its end. */
-static double span_start(const struct model *m)
+int model_layers_backward_weight(struct model *m, int l0, int l1, const float *dy, const float *x)
 {
-	const struct model_comm *c = m->st->comm;
-	return c && c->span ? util_now_s() : 0;
+	(void)m, (void)l0, (void)l1, (void)dy, (void)x;
+	return -EOPNOTSUPP;
 }
 
-static void span_end(const struct model *m, int l, const char *pass, double t0)
-{
-	const struct model_comm *c = m->st->comm;
-	if (c && c->span) {
-		char name[24];
-		snprintf(name, sizeof(name), "layer %d %s", l, pass);
-		c->span(c->ctx, name, t0, util_now_s());
-	}
-}
+/* ---- forward only ---- */
 
-/* The batch split's second half (of the rows, inputs and targets given
- * for the whole batch) runs a stage call: call(m->other, its x, its y,
- * its targets). */
-#define HALF1(m, call) do { half_enter(m, (m)->other); call; half_leave(m, (m)->other); } while (0)
-
-/* The forward over all N rows (both halves' with the batch split); the
- * last layer's weights stay READY for the backward. Returns the sum of
- * token losses. */
-static double forward_all(struct model *m, const int32_t *inputs, const int32_t *targets)
+int model_forward(struct model *m, const int32_t *inputs, const int32_t *targets,
+		  struct model_step *st)
 {
 	struct win *w = m->win;
-	struct model *h = m->other;
-	int L = m->d.L;
-	double loss = 0, loss1 = 0;
-
-	win_gather_start(w, SLOT_NONLAYER, WIN_NONLAYER, 0);
-	win_wait(w, SLOT_NONLAYER);
-	win_gather_start(w, SLOT_LAYER(0), 0, 1);
-	model_embed_forward(m, resid(m, 0), inputs);
-	if (h)
-		HALF1(m, model_embed_forward(h, resid(h, 0), inputs + m->N));
-	for (int l = 0; l < L; l++) {
-		win_wait(w, SLOT_LAYER(l));
-		if (l + 1 < L)  /* the next layer's weights arrive meanwhile */
-			win_gather_start(w, SLOT_LAYER(l + 1), l + 1, l + 2);
-		double t0 = span_start(m);
-		if (h)
-			bsplit_layer_forward(m, l);
-		else
-			model_layers_forward(m, l, l + 1, resid(m, l + 1), resid(m, l));
-		span_end(m, l, "fwd", t0);
-		if (l + 1 < L)
-			win_release(w, SLOT_LAYER(l));
+	float *x = m->stream, *y = m->stream + half_nc(m) * parts(&m->d);
+	assert(x);  /* a model without a pipeline */
+	model_step_begin(m, st);
+	model_act_set(m, 0);
+	win_gather_start(w, 0, WIN_NONLAYER, 0);
+	win_wait(w, 0);
+	model_embed_forward(m, x, inputs);
+	for (int l = 0; l < m->d.L; l++) {
+		win_gather_start(w, 1, l, l + 1);
+		win_wait(w, 1);
+		model_layers_forward(m, l, l + 1, y, x);
+		win_release(w, 1);
+		float *t = x;
+		x = y;
+		y = t;
 	}
-	if (h)
-		bsplit_forward_end(m);
-	model_head_forward(m, &loss, resid(m, L), targets);
-	if (h)
-		HALF1(m, model_head_forward(h, &loss1, resid(h, L), targets + m->N));
-	return loss + loss1;
-}
-
-double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows)
-{
-	struct model_step st = { 0 };
-	model_step_begin(m, &st);
-	forward_all(m, inputs, targets);
-	model_step_end(m);
-	double s = 0;
-	int n = rows * m->d.T;
-	for (int i = 0; i < n && i < m->N; i++)
-		s += m->losses[i];
-	for (int i = m->N; i < n; i++)  /* the batch split's second half */
-		s += m->other->losses[i - m->N];
-	return s;
+	model_head_forward(m, &st->loss_sum, x, targets);
+	return model_step_end(m);
 }
 
 void model_count_experts(struct model *m, enum model_counts how)
@@ -676,6 +743,8 @@ int model_sum_counts(struct model *m, uint32_t axes)
 {
 	const struct model_comm *c = m->st->comm;
 	int n = m->d.L_moe * m->d.E, reps = mesh_axes_size_or1(m, axes);
+	if (m->other)
+		bsplit_flush(m);  /* the last layer's second half records its counts */
 	if (!m->d.L_moe || !axes || m->hook_rc)
 		return m->hook_rc;
 	m->hook_rc = c->all_gather(c->ctx, axes, m->counts_tmp, m->counts_all, sizeof(int32_t) * (size_t)n);
@@ -686,51 +755,4 @@ int model_sum_counts(struct model *m, uint32_t axes)
 		m->counts_all[i] = s;
 	}
 	return m->hook_rc;
-}
-
-int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
-			   struct model_step *st)
-{
-	struct win *w = m->win;
-	struct model *h = m->other;  /* the batch split's second half */
-	int L = m->d.L;
-
-	model_step_begin(m, st);
-	st->loss_sum = forward_all(m, inputs, targets);
-	if (m->d.L_moe)
-		model_sum_counts(m, m->rows);
-	if (m->hook_rc)
-		return model_step_end(m);
-
-	win_zero_grads(w, SLOT_NONLAYER);
-	model_head_backward(m, m->dresid, resid(m, L), targets);
-	if (h) {
-		HALF1(m, model_head_backward(h, h->dresid, resid(h, L), targets + m->N));
-		bsplit_backward_begin(m);
-	}
-	/* the last layer's weights are still in the window from the forward;
-	 * below it each layer's arrive while the one above it computes, and
-	 * its gradients leave while the one below computes */
-	for (int l = L - 1; l >= 0; l--) {
-		if (l != L - 1)
-			win_wait(w, SLOT_LAYER(l));
-		if (l >= 1)
-			win_gather_start(w, SLOT_LAYER(l - 1), l - 1, l);
-		win_zero_grads(w, SLOT_LAYER(l));
-		double t0 = span_start(m);
-		if (h)
-			bsplit_layer_backward(m, l);
-		else
-			model_layers_backward(m, l, l + 1, m->dresid, resid(m, l));
-		span_end(m, l, "bwd", t0);
-		win_scatter_start(w, SLOT_LAYER(l));
-		win_release(w, SLOT_LAYER(l));
-	}
-	model_embed_backward(m, m->dresid, inputs);
-	if (h)
-		HALF1(m, model_embed_backward(h, h->dresid, inputs + m->N));
-	win_scatter_start(w, SLOT_NONLAYER);
-	win_scatter_finish(w);
-	win_release(w, SLOT_NONLAYER);
-	return model_step_end(m);
 }

@@ -102,15 +102,20 @@ struct model {
 	int nbucket;
 	size_t numel;
 	float *params, *grads;
-	/* activations */
-	int act_layers;             /* layers whose saved activations are
-				     * stored: L, or in a pipeline stage the
+	/* activations (see lay_out in model.c) */
+	int act_layers;             /* layers whose saved activations a set
+				     * stores: L, or in a pipeline stage the
 				     * Lps it runs at once (la[l] then shares
-				     * la[l mod Lps]'s storage, resid slot l
-				     * slot l mod Lps; see model_new) */
-	float *resid;               /* [act_layers + 1, N, C]: slot l is layer
-				     * l's input */
-	struct layer_acts *la;
+				     * la[l mod Lps]'s storage) */
+	int call_layers;            /* layers one call may run */
+	int act_sets;               /* sets of saved activations */
+	struct layer_acts *la_all;  /* [act_sets, L] */
+	float **resid_all;          /* [act_sets] call_layers - 1 slots of
+				     * [N, C]: the inputs of a call's layers
+				     * after its first */
+	struct layer_acts *la;      /* the set in use (model_act_set) */
+	float *resid;               /* its slots */
+	float *stream;              /* [2, N, C] model_forward's (no pipeline) */
 	float *lnf, *rstdf, *logits, *probs, *losses;
 	float *cos_t, *sin_t;
 	float att_scale;            /* attention scores = att_scale * q.k */
@@ -137,6 +142,14 @@ struct model {
 	bool bsplit;
 	int half;
 	void *a2a;
+	/* Half 0's record of what crosses from one stage call to the next
+	 * (bsplit.c): the MoE layer whose second-half forward is left to
+	 * finish (-1: none), the rows it writes and how it records its expert
+	 * counts; the MoE layer whose second-half combine backward was
+	 * started early (-1: none) and the gradient rows it read. */
+	int fwd_left, bwd_early;
+	float *fwd_left_y, *bwd_early_d;
+	enum model_counts fwd_left_how;
 };
 
 /* ---- params.c ---- */
@@ -263,14 +276,23 @@ void moe_a2a_wait(struct model *m);
 
 /* ---- bsplit.c ---- */
 
-/* The batch split's layers (docs/deepseek.md#batch-split) on both
- * halves, with the FSDP window's layer l READY: the forward of layer l
- * (a MoE layer leaves its second half's output to the next layer's
- * call, or to bsplit_forward_end after the last), and the backward of
- * layer l (bsplit_backward_begin first, after the head's). */
-void bsplit_layer_forward(struct model *m, int l);
-void bsplit_forward_end(struct model *m);
-void bsplit_backward_begin(struct model *m);
-void bsplit_layer_backward(struct model *m, int l);
+/* The batch split's stage calls (docs/deepseek.md#batch-split), on the
+ * whole device's rows of x, y and d (the first half's rows, then the
+ * second's), with the calls' contracts of model.h. A MoE layer's forward
+ * leaves the second half's combine in flight and finishes it in the next
+ * call of the step: under the next layer's first-half attention when
+ * that call is the next layer's forward on these rows of y, else at its
+ * start (bsplit_flush). A MoE layer's backward starts the second half's
+ * combine backward of the layer below it early, on the rows of d it
+ * returns, for the next call: the backward of that layer on the same d. */
+int bsplit_layers_forward(struct model *m, int l0, int l1, float *y, const float *x);
+int bsplit_layers_backward(struct model *m, int l0, int l1, float *d, const float *x);
+/* Finishes the forward left to finish, if any (before anything reads
+ * its rows, and before the expert counts are summed). */
+void bsplit_flush(struct model *m);
+/* The start and end of a step: nothing left over; at the end, every
+ * exchange in flight waited for (after a failure; its data dropped). */
+void bsplit_step_begin(struct model *m);
+void bsplit_step_end(struct model *m);
 
 #endif

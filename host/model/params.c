@@ -158,6 +158,18 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 		NEED(c->per_device_batch_size % c->batch_split_factor == 0, "key 'batch_split_factor' (%lld) "
 		     "must divide 'per_device_batch_size' (%lld) with 'use_batch_split_schedule'",
 		     c->batch_split_factor, c->per_device_batch_size);
+		/* the halves stagger through a device's consecutive layer calls
+		 * (docs/deepseek.md#batch-split); a pipeline sends a chunk's
+		 * output to the next stage as soon as it is made and interleaves
+		 * microbatches' backwards, and the zero-bubble schedules split
+		 * each backward into I and W actions */
+		int S = c->ici[AX_STAGE] * c->dcn[AX_STAGE];
+		bool zb = !strcmp(c->pipeline_schedule, "zb_h1") || !strcmp(c->pipeline_schedule, "zbv");
+		NEED(S <= 1 || !zb || c->batch_split_factor == 1, "keys 'use_batch_split_schedule' and "
+		     "'pipeline_schedule' (%s): the batch split does not run with a backward split into input "
+		     "and weight gradients", c->pipeline_schedule);
+		NEED(S <= 1 || c->batch_split_factor == 1, "key 'use_batch_split_schedule' does not run beside "
+		     "pipeline parallelism (ici_/dcn_pipeline_parallelism=%d)", S);
 		d->bsplit = (int)c->batch_split_factor;
 	}
 	NEED(!strcmp(c->checkpoint_dtype, "f32") || !strcmp(c->checkpoint_dtype, "bf16"),
