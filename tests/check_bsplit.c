@@ -22,7 +22,9 @@
  *   twice bit-identical;
  * - the overlap, from the trace (not from timings): at EP=4 each half's
  *   expert all-to-all is in flight on the communication thread while the
- *   other half computes, forward and backward, on every device. */
+ *   other half computes, forward and backward, on every device; and the
+ *   staggering crosses the executor's one-layer calls (the second half's
+ *   combine finished after the next layer's first-half attention). */
 #include <cJSON.h>
 #include <check.h>
 #include <math.h>
@@ -205,6 +207,9 @@ struct span {
 struct dev_trace {
 	struct span flight[MAX_SPANS], compute[MAX_SPANS], wait[MAX_SPANS];
 	int nf, nc, nw;
+	/* the compute spans' names and steps, beside compute[] */
+	char cname[MAX_SPANS][24];
+	int cstep[MAX_SPANS];
 };
 
 /* "disp h0 L3", "comb bwd h1 L4", "experts bwd h0 L3": the half, the
@@ -262,8 +267,11 @@ static void read_trace(const char *path, int dev, struct dev_trace *t)
 		const char *c = cat->valuestring, *n = name->valuestring;
 		if (tid == 2000 + dev && !strcmp(c, "flight") && parse_half(n, &s))
 			add(t->flight, &t->nf, &s);
-		else if (tid == dev && !strcmp(c, "compute") && parse_half(n, &s))
+		else if (tid == dev && !strcmp(c, "compute") && parse_half(n, &s)) {
+			snprintf(t->cname[t->nc], sizeof(t->cname[0]), "%s", n);
+			t->cstep[t->nc] = cJSON_GetObjectItem(args, "step")->valueint;
 			add(t->compute, &t->nc, &s);
+		}
 		else if (tid == dev && !strcmp(c, "comm"))
 			add(t->wait, &t->nw, &s);
 	}
@@ -304,6 +312,38 @@ static double overlap(const struct dev_trace *t, int h, bool bwd, double *total)
 	return both;
 }
 
+/* The compute span "what hH LL" of step s (that it exists is asserted). */
+static const struct span *piece_span(const struct dev_trace *t, int s, const char *what, int h, int l)
+{
+	char name[24];
+	snprintf(name, sizeof(name), "%s h%d L%d", what, h, l);
+	for (int i = 0; i < t->nc; i++)
+		if (t->cstep[i] == s && !strcmp(t->cname[i], name))
+			return &t->compute[i];
+	ck_abort_msg("step %d: no span '%s'", s, name);
+	return NULL;
+}
+
+/* The staggering crosses the executor's calls (one layer each): the
+ * second half's combine of MoE layer l is finished only after the first
+ * half's attention of layer l+1, and in the backward its combine
+ * backward of layer l-1 is sent before the first half's route backward
+ * of layer l (deepseek3-tiny: MoE layers 2..5). */
+static void check_order(const struct dev_trace *t, int dev)
+{
+	for (int s = 1; s <= 3; s++)
+		for (int l = 2; l < 5; l++) {
+			const struct span *fin = piece_span(t, s, "finish", 1, l);
+			const struct span *att = piece_span(t, s, "attn", 0, l + 1);
+			ck_assert_msg(fin->a >= att->b, "device %d step %d: half 1's finish of layer %d before half "
+				      "0's attention of layer %d", dev, s, l, l + 1);
+			const struct span *fb = piece_span(t, s, "finish bwd", 1, l);
+			const struct span *rb = piece_span(t, s, "route bwd", 0, l + 1);
+			ck_assert_msg(fb->b <= rb->a, "device %d step %d: half 1's combine backward of layer %d "
+				      "after half 0's route backward of layer %d", dev, s, l, l + 1);
+		}
+}
+
 START_TEST(test_trace_overlap)
 {
 	char args[768], path[256];
@@ -318,6 +358,7 @@ START_TEST(test_trace_overlap)
 		 * (dispatch, combine) x (forward, backward) */
 		ck_assert_msg(t.nf == 3 * 4 * 2 * 2 * 2, "device %d: %d exchanges in flight, want %d", dev, t.nf,
 			      3 * 4 * 2 * 2 * 2);
+		check_order(&t, dev);
 		for (int h = 0; h < 2; h++)
 			for (int bwd = 0; bwd < 2; bwd++) {
 				double total, both = overlap(&t, h, bwd, &total);
