@@ -7,11 +7,12 @@
 # 128/64, head dims 32/16/32, expert hidden 256, 8 rows a device).
 #
 # Each run is traced (--trace); bench/bsplit_trace.py reads, per device
-# and step (steps >= 1): the MoE layers' time (their `layer L fwd/bwd`
-# spans), the all-to-all time (unsplit: the synchronous exchanges; split:
-# while the communication thread ran them), the part of it the device
-# waited for, the share hidden (1 - waited / all-to-all) and the share
-# spent beside the device's own compute. Step time is the median of
+# and step (steps >= 1): the MoE layers' time (the executor's `F mb0 cL`
+# and `B mb0 cL` spans: chunk L is layer L without a pipeline), the
+# all-to-all time (unsplit: the synchronous exchanges; split: while the
+# communication thread ran them), the part of it the device waited for,
+# the share hidden (1 - waited / all-to-all) and the share spent beside
+# the device's own compute. Step time is the median of
 # host 0's step_time_s over steps >= 1.
 #
 # ROUNDS rounds (default 3), the two schedules interleaved; medians over

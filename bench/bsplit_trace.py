@@ -5,9 +5,10 @@
 
 prints one line of key=value: per device and step (steps >= 1, the mean
 over devices and steps):
-  moe_ms     the MoE layers' time: their "layer L fwd" and "layer L bwd"
-             spans summed (each layer's span runs from its window wait to
-             its release; with the split it holds the previous layer's
+  moe_ms     the MoE layers' time: the executor's actions on them summed
+             ("F mb0 cL" and "B mb0 cL", category pipeline: without a
+             pipeline chunk L is layer L; each runs from its window wait
+             to its return; with the split it holds the previous layer's
              deferred second-half combine and not its own)
   a2a_ms     all-to-all time: an unsplit run's synchronous "all_to_all
              expert" spans; a split run's exchanges while the device's
@@ -83,7 +84,7 @@ def main():
             mine = by.get((d, s), [])
             flight = [e for e in by.get((2000 + d, s), []) if EXCH.match(e["name"])]
             for e in mine:
-                m = re.match(r"^layer (\d+) (fwd|bwd)$", e["name"])
+                m = re.match(r"^[FB] mb0 c(\d+)$", e["name"])
                 if m and int(m.group(1)) >= first_moe:
                     tot["moe"] += e["dur"]
                 if e["cat"] == "comm" and e["name"].startswith("all_gather expert"):

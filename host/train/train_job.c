@@ -455,12 +455,13 @@ static void job_step_end(void *vctx, const struct step_stats *st, double t0, dou
 {
 	struct job_ctx *c = vctx;
 	trace_span(c->tr, "forward+backward", "compute", st->t_fb0, st->t_fb1);
-	/* a pipeline's compute actions, each its span (F, B, I, W of a
-	 * microbatch and chunk; the owners' embed, head, embed_back) */
+	/* the executor's compute actions, each its span (F, B, I, W of a
+	 * microbatch and chunk; the owners' embed, head, embed_back; without
+	 * a pipeline chunk c is layer c, so each layer's forward and backward
+	 * is a span) */
 	struct pipe_exec *px = c->t ? trainer_pipe(c->t) : NULL;
 	int n = 0;
-	const struct pipe_act_time *pt = px && c->tr && pipe_exec_table(px)->shape.stages > 1 ?
-					 pipe_exec_times(px, &n) : NULL;
+	const struct pipe_act_time *pt = px && c->tr ? pipe_exec_times(px, &n) : NULL;
 	for (int i = 0; i < n; i++) {
 		char name[32];
 		if (pt[i].op == PA_EMBED || pt[i].op == PA_HEAD || pt[i].op == PA_EMBED_BACK)
