@@ -3,8 +3,8 @@
  * loopback:
  *
  * - the keys: a dense model, a factor other than 1 or 2, a factor that
- *   does not divide per_device_batch_size and a pipeline are refused
- *   naming their keys; factor 1 is the unsplit schedule, bit for bit;
+ *   does not divide per_device_batch_size, a pipeline and a zero-bubble
+ *   schedule are refused naming their keys; factor 1 is the unsplit schedule, bit for bit;
  * - the same math: 10 steps split against unsplit on one device, EP=2,
  *   EP=4, FSDP2 x EP2, FSDP2 x TP2 and EP2 x TPT2, every step's loss and gradient
  *   norm within 1e-6, two split runs bit-identical. The weights are held
@@ -70,6 +70,9 @@ START_TEST(test_keys)
 	refused("local --hosts 1 --devices-per-host 2 --config " DS3 " steps=1 ici_data_parallelism=1 "
 		"ici_pipeline_parallelism=2 per_device_batch_size=4 num_pipeline_microbatches=2 " SPLIT, 3,
 		"key 'use_batch_split_schedule' does not run beside pipeline parallelism");
+	refused("local --hosts 1 --devices-per-host 2 --config " DS3 " steps=1 ici_data_parallelism=1 "
+		"ici_pipeline_parallelism=2 per_device_batch_size=4 num_pipeline_microbatches=2 "
+		"pipeline_schedule=zbv " SPLIT, 3, "keys 'use_batch_split_schedule' and 'pipeline_schedule' (zbv)");
 }
 END_TEST
 
