@@ -744,6 +744,7 @@ int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen)
 		return 0;
 	struct model_dims d = *model_dims(t->model);
 	d.T = 1;
+	d.bsplit = 0;  /* the table and one row: no halves */
 	int rc = model_open(&t->gmodel, &d, 1, NULL, err, errlen);
 	if (rc)
 		return rc;
