@@ -12,7 +12,8 @@
  * whole on every device (their down-projections' partial sums over a
  * split embedding are all-reduced); heads split as the plans say. The
  * backward is a flat list of kernel calls in which each weight's
- * gradient comes from its own linear_backward. */
+ * gradient is its own call, handed to wgrad.c (now, or kept for the
+ * split backward's W). */
 #include <string.h>
 
 #include "host/model/linear.h"
@@ -63,11 +64,14 @@ static void mla_backward(struct model *m, int l, float *dln, const float *dout, 
 	struct layer_acts *a = &m->la[l];
 	int N = m->N, C = d->C, H = d->Hq, Dk = d->Dn + d->Dr, QD = H * Dk, VD = H * d->Dv;
 	int BD = H * (d->Dn + d->Dv), Rkv = d->Rkv, Dr = d->Dr;
-	float *wkv = WP(P_WKV_A, l), *gkv = GP(P_WKV_A, l);
+	float *wkv = WP(P_WKV_A, l);
 	float *dkr = m->dlat + (size_t)N * Rkv, *dkr_rot = m->dkr;
+	const float *kln = wg_keep_act(m, ln, (size_t)N * C);
 
 	memset(m->datty, 0, sizeof(float) * (size_t)N * VD);
-	linear_backward(m->datty, GP(P_WO, l), dout, a->atty, WP(P_WO, l), N, VD, C);
+	linear_backward(m->datty, NULL, dout, NULL, WP(P_WO, l), N, VD, C);
+	wg_linear(m, P_WO, l, 0, wg_keep(m, dout, (size_t)N * C), wg_keep_act(m, a->atty, (size_t)N * VD),
+		  N, VD, C);
 	psum(m, m->pl[P_WO].dx_reduce, m->datty, (size_t)N * VD);
 	memset(m->dq, 0, sizeof(float) * (size_t)N * QD);
 	memset(m->dk, 0, sizeof(float) * (size_t)N * QD);
@@ -81,15 +85,20 @@ static void mla_backward(struct model *m, int l, float *dln, const float *dout, 
 	rope_adj_backward(m->dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, H, Dk, d->Dn, Dr);
 	if (d->Rq) {
 		memset(m->dqn, 0, sizeof(float) * (size_t)N * d->Rq);
-		linear_backward(m->dqn, GP(P_WQ_B, l), m->dqr, a->qn, WP(P_WQ_B, l), N, d->Rq, QD);
+		linear_backward(m->dqn, NULL, m->dqr, NULL, WP(P_WQ_B, l), N, d->Rq, QD);
+		wg_linear(m, P_WQ_B, l, 0, wg_keep(m, m->dqr, (size_t)N * QD),
+			  wg_keep_act(m, a->qn, (size_t)N * d->Rq), N, d->Rq, QD);
 		psum(m, m->pl[P_WQ_B].dx_reduce, m->dqn, (size_t)N * d->Rq);
 		memset(m->dqa, 0, sizeof(float) * (size_t)N * d->Rq);
-		rmsnorm_backward(m->dqa, GP(P_Q_A_NORM, l), m->dqn, a->qa, WP(P_Q_A_NORM, l), a->qrstd,
-				 N, d->Rq);
+		rmsnorm_backward(m->dqa, NULL, m->dqn, a->qa, WP(P_Q_A_NORM, l), a->qrstd, N, d->Rq);
+		wg_norm(m, P_Q_A_NORM, l, wg_keep(m, m->dqn, (size_t)N * d->Rq),
+			wg_keep_act(m, a->qa, (size_t)N * d->Rq), wg_keep_act(m, a->qrstd, (size_t)N), N, d->Rq);
 		/* the latent is whole: this dx is complete (dx_reduce none) */
-		linear_backward(dln, GP(P_WQ_A, l), m->dqa, ln, WP(P_WQ_A, l), N, C, d->Rq);
+		linear_backward(dln, NULL, m->dqa, NULL, WP(P_WQ_A, l), N, C, d->Rq);
+		wg_linear(m, P_WQ_A, l, 0, wg_keep(m, m->dqa, (size_t)N * d->Rq), kln, N, C, d->Rq);
 	} else {
-		linear_backward(dln, GP(P_WQ, l), m->dqr, ln, WP(P_WQ, l), N, C, QD);
+		linear_backward(dln, NULL, m->dqr, NULL, WP(P_WQ, l), N, C, QD);
+		wg_linear(m, P_WQ, l, 0, wg_keep(m, m->dqr, (size_t)N * QD), kln, N, C, QD);
 		psum(m, m->pl[P_WQ].dx_reduce, dln, (size_t)N * C);
 	}
 
@@ -100,17 +109,22 @@ static void mla_backward(struct model *m, int l, float *dln, const float *dout, 
 	memset(dkr_rot, 0, sizeof(float) * (size_t)N * Dr);
 	mla_kv_backward(m->dkvb, dkr_rot, m->dk, m->dv, N, H, d->Dn, Dr, d->Dv);
 	memset(m->dlat, 0, sizeof(float) * (size_t)N * (Rkv + Dr));
-	linear_backward(m->dlat, GP(P_WKV_B, l), m->dkvb, a->kvn, WP(P_WKV_B, l), N, Rkv, BD);
+	linear_backward(m->dlat, NULL, m->dkvb, NULL, WP(P_WKV_B, l), N, Rkv, BD);
+	wg_linear(m, P_WKV_B, l, 0, wg_keep(m, m->dkvb, (size_t)N * BD), wg_keep_act(m, a->kvn, (size_t)N * Rkv),
+		  N, Rkv, BD);
 	rope_adj_backward(dkr, dkr_rot, m->cos_t, m->sin_t, m->B, d->T, 1, Dr, 0, Dr);
 	psum(m, m->pl[P_WKV_B].dx_reduce, m->dlat, (size_t)N * (Rkv + Dr));
 	memset(m->dkva, 0, sizeof(float) * (size_t)N * Rkv);
-	rmsnorm_backward(m->dkva, GP(P_KV_A_NORM, l), m->dlat, a->kva, WP(P_KV_A_NORM, l), a->kvrstd,
-			 N, Rkv);
+	rmsnorm_backward(m->dkva, NULL, m->dlat, a->kva, WP(P_KV_A_NORM, l), a->kvrstd, N, Rkv);
+	wg_norm(m, P_KV_A_NORM, l, wg_keep(m, m->dlat, (size_t)N * Rkv), wg_keep_act(m, a->kva, (size_t)N * Rkv),
+		wg_keep_act(m, a->kvrstd, (size_t)N), N, Rkv);
 	/* wkv_a's two row blocks, the latent's and the key's; its output is
 	 * whole, so its dx needs no sum (dx_reduce is none) and adds to the
 	 * q path's, summed above */
-	linear_backward(dln, gkv, m->dkva, ln, wkv, N, C, Rkv);
-	linear_backward(dln, gkv + (size_t)Rkv * C, dkr, ln, wkv + (size_t)Rkv * C, N, C, Dr);
+	linear_backward(dln, NULL, m->dkva, NULL, wkv, N, C, Rkv);
+	wg_linear(m, P_WKV_A, l, 0, wg_keep(m, m->dkva, (size_t)N * Rkv), kln, N, C, Rkv);
+	linear_backward(dln, NULL, dkr, NULL, wkv + (size_t)Rkv * C, N, C, Dr);
+	wg_linear(m, P_WKV_A, l, (size_t)Rkv * C, wg_keep(m, dkr, (size_t)N * Dr), kln, N, C, Dr);
 }
 
 const struct attn_ops attn_mla = { mla_forward, mla_backward };

@@ -75,35 +75,46 @@ static void ffn_forward(struct model *m, int gate, int l, float *y, float *h, fl
 }
 
 /* Backward of ffn_forward: dx += the input gradient (partial over the
- * hidden's axes: the caller sums it), weight gradients accumulated. */
+ * hidden's axes: the caller sums it); each weight's gradient goes to
+ * wgrad.c with its input and output gradient (now, or kept for W). */
 static void ffn_backward(struct model *m, int gate, int l, float *dx, const float *dy, const float *h,
 			 const float *g, const float *u, const float *x, const struct ffn_blocks *b, int F)
 {
 	int C = m->l.C;
 	float *wg = WP(gate, l), *wu = WP(gate + 1, l), *wd = WP(gate + 2, l);
-	float *gg = GP(gate, l), *gu = GP(gate + 1, l), *gd = GP(gate + 2, l);
 	float *dh = m->dbig1, *dg = m->dbig2, *du = m->dbig3;
 	size_t wsz = (size_t)F * C, rows = 0;
 	for (int i = 0; i < b->n; i++)
 		rows += (size_t)b->rows[i];
+	const float *kdy = wg_keep(m, dy, rows * C), *kh = wg_keep_act(m, h, rows * F);
 	memset(dh, 0, rows * F * sizeof(float));
-	for (int i = 0; i < b->n; i++) {
-		size_t rf = (size_t)b->start[i] * F, rc = (size_t)b->start[i] * C;
-		int ne = b->rows[i], j = b->w[i];
-		if (ne)
-			linear_backward(dh + rf, gd + j * wsz, dy + rc, h + rf, wd + j * wsz, ne, F, C);
-	}
-	psum(m, m->pl[gate + 2].dx_reduce, dh, rows * F);
-	memset(dg, 0, rows * F * sizeof(float));
-	memset(du, 0, rows * F * sizeof(float));
 	for (int i = 0; i < b->n; i++) {
 		size_t rf = (size_t)b->start[i] * F, rc = (size_t)b->start[i] * C;
 		int ne = b->rows[i], j = b->w[i];
 		if (!ne)
 			continue;
-		swiglu_backward(dg + rf, du + rf, dh + rf, g + rf, u + rf, ne, F);
-		linear_backward(dx + rc, gg + j * wsz, dg + rf, x + rc, wg + j * wsz, ne, C, F);
-		linear_backward(dx + rc, gu + j * wsz, du + rf, x + rc, wu + j * wsz, ne, C, F);
+		linear_backward(dh + rf, NULL, dy + rc, NULL, wd + j * wsz, ne, F, C);
+		wg_linear(m, gate + 2, l, j * wsz, kdy + rc, kh + rf, ne, F, C);
+	}
+	psum(m, m->pl[gate + 2].dx_reduce, dh, rows * F);
+	memset(dg, 0, rows * F * sizeof(float));
+	memset(du, 0, rows * F * sizeof(float));
+	for (int i = 0; i < b->n; i++) {
+		size_t rf = (size_t)b->start[i] * F;
+		if (b->rows[i])
+			swiglu_backward(dg + rf, du + rf, dh + rf, g + rf, u + rf, b->rows[i], F);
+	}
+	const float *kx = wg_keep_act(m, x, rows * C);
+	const float *kdg = wg_keep(m, dg, rows * F), *kdu = wg_keep(m, du, rows * F);
+	for (int i = 0; i < b->n; i++) {
+		size_t rf = (size_t)b->start[i] * F, rc = (size_t)b->start[i] * C;
+		int ne = b->rows[i], j = b->w[i];
+		if (!ne)
+			continue;
+		linear_backward(dx + rc, NULL, dg + rf, NULL, wg + j * wsz, ne, C, F);
+		wg_linear(m, gate, l, j * wsz, kdg + rf, kx + rc, ne, C, F);
+		linear_backward(dx + rc, NULL, du + rf, NULL, wu + j * wsz, ne, C, F);
+		wg_linear(m, gate + 1, l, j * wsz, kdu + rf, kx + rc, ne, C, F);
 	}
 }
 
@@ -161,10 +172,14 @@ void layer_backward(struct model *m, int l, float *dres, const float *x)
 		ffn_backward(m, P_E_GATE, l, dX, dY, a->eh, a->eg, a->eu, X, &eb, d->Fe);
 		moe_route_backward(m, l, dln);
 	}
-	norm_backward(m, dres, GP(P_MLP_NORM, l), dln, a->xmid, WP(P_MLP_NORM, l), a->rstd2);
+	norm_backward(m, dres, NULL, dln, a->xmid, WP(P_MLP_NORM, l), a->rstd2);
+	wg_norm(m, P_MLP_NORM, l, wg_keep(m, dln, (size_t)N * C), wg_keep_act(m, a->xmid, (size_t)N * C),
+		wg_keep_act(m, a->rstd2, (size_t)N), N, C);
 
 	/* attention block: dres now holds dL/d(xmid) */
 	memset(dln, 0, sizeof(float) * (size_t)N * C);
 	m->attn->backward(m, l, dln, dres, a->ln1);
-	norm_backward(m, dres, GP(P_ATTN_NORM, l), dln, x, WP(P_ATTN_NORM, l), a->rstd1);
+	norm_backward(m, dres, NULL, dln, x, WP(P_ATTN_NORM, l), a->rstd1);
+	wg_norm(m, P_ATTN_NORM, l, wg_keep(m, dln, (size_t)N * C), wg_keep_act(m, x, (size_t)N * C),
+		wg_keep_act(m, a->rstd1, (size_t)N), N, C);
 }

@@ -53,6 +53,46 @@ static int rope_dim(const struct model_dims *d)
 	return d->mla ? d->Dr : d->D;
 }
 
+/* The layer whose storage layer l uses: the first of its residue mod
+ * act_layers and its kind (dense or MoE). */
+static int act_share(const struct model *m, int l)
+{
+	int q = l % m->act_layers;
+	while (q < l && (q < m->d.L_dense) != (l < m->d.L_dense))
+		q += m->act_layers;
+	return q;
+}
+
+/* The split backward's stashes (model_w_stash): wg_sets sets of one tape
+ * per layer, shared by residue and kind as the activations are (the
+ * layers of one call have their own), each sized for its kind. Only the
+ * bytes are counted in a sizing pass. */
+static void lay_out_stash(struct model *m, struct arena *a)
+{
+	int L = m->d.L;
+	for (int k = 0; k < m->wg_sets; k++) {
+		struct wg_tape **set = a->base ? m->wg_all + (size_t)k * L : NULL;
+		for (int l = 0; l < L; l++) {
+			int q = act_share(m, l);
+			bool moe = l >= m->d.L_dense;
+			if (q < l) {
+				if (set)
+					set[l] = set[q];
+				continue;
+			}
+			int cap = wg_layer_entries(m, moe);
+			size_t floats = wg_layer_floats(m, moe);
+			struct wg_tape *t = take(a, sizeof(*t));
+			struct wg_entry *e = take(a, sizeof(*e) * (size_t)cap);
+			float *mem = TAKEF(a, floats);
+			if (!set)
+				continue;
+			*t = (struct wg_tape){ .layer = -1, .cap = cap, .e = e, .mem = mem, .mcap = floats };
+			set[l] = t;
+		}
+	}
+}
+
 static void lay_out(struct model *m, struct arena *a)
 {
 	const struct model_dims *d = &m->l;
@@ -71,9 +111,7 @@ static void lay_out(struct model *m, struct arena *a)
 	m->resid = TAKEF(a, (size_t)(m->act_layers + 1) * N * C);
 	for (int l = 0; l < d->L; l++) {
 		struct layer_acts *x = &m->la[l];
-		int q = l % m->act_layers;
-		while (q < l && (q < d->L_dense) != (l < d->L_dense))
-			q += m->act_layers;
+		int q = act_share(m, l);
 		if (q < l) {  /* shares layer q's storage */
 			*x = m->la[q];
 			continue;
@@ -172,6 +210,7 @@ static void lay_out(struct model *m, struct arena *a)
 		uint32_t cax = m->rows | (m->pipe_stages > 1 ? 1u << AX_STAGE : 0);
 		m->counts_tmp = TAKEI(a, (size_t)d->L_moe * E * (size_t)mesh_axes_size_or1(m, cax));
 	}
+	lay_out_stash(m, a);
 }
 
 /* Where the window finds layer l of parameter i (its id) here. */
@@ -213,8 +252,10 @@ static struct model *model_make(const struct model_dims *d, const struct model_m
 				char *err, size_t errlen)
 {
 	struct model *m = params_make(d, mm, rc, err, errlen);
-	if (m)
+	if (m) {
 		m->attn = d->mla ? &attn_mla : &attn_gqa;
+		m->wg_sets = mm && mm->pipe_w_stashes > 0 ? mm->pipe_w_stashes : 0;
+	}
 	if (m && make_window(m)) {
 		snprintf(err, errlen, "model: out of memory for the plans");
 		*rc = -ENOMEM;
@@ -314,7 +355,8 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 	struct arena a = { 0 };
 	size_t pbytes = ((m->numel * sizeof(float)) + 63) & ~(size_t)63;
 	m->la = calloc((size_t)d->L, sizeof(*m->la));
-	if (!m->la)
+	m->wg_all = calloc((size_t)d->L * (size_t)m->wg_sets + 1, sizeof(*m->wg_all));
+	if (!m->la || !m->wg_all)
 		goto oom;
 	lay_out(m, &a);                 /* sizing pass */
 	m->act_bytes = a.used;
@@ -335,6 +377,8 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 	a.base = m->act_mem;
 	a.used = 0;
 	lay_out(m, &a);
+	if (m->wg_sets)
+		model_w_stash(m, 0);
 	rope_tables(m);
 	*out = m;
 	return 0;
@@ -363,6 +407,7 @@ void model_free(struct model *m)
 	free(m->params);
 	free(m->grads);
 	free(m->la);
+	free(m->wg_all);
 	params_free(m);
 	free(m);
 }
@@ -380,6 +425,9 @@ void model_step_begin(struct model *m, struct model_step *st)
 {
 	m->st = st;
 	m->hook_rc = 0;
+	/* no weight backward is pending from an earlier (failed) step */
+	for (size_t i = 0; i < (size_t)m->wg_sets * m->d.L; i++)
+		m->wg_all[i]->layer = -1;
 	st->aux = 0;
 	win_begin(m->win, st->comm, &m->hook_rc);
 }
@@ -424,6 +472,36 @@ int model_layers_backward(struct model *m, int l0, int l1, float *d, const float
 	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->act_layers);
 	for (int l = l1 - 1; l >= l0; l--)
 		layer_backward(m, l, d, layer_input(m, l, l0, x));
+	return m->hook_rc;
+}
+
+int model_w_stashes(const struct model *m) { return m->wg_sets; }
+
+void model_w_stash(struct model *m, int k)
+{
+	assert(k >= 0 && k < m->wg_sets);
+	m->wg_set = m->wg_all + (size_t)k * m->d.L;
+}
+
+int model_layers_backward_input(struct model *m, int l0, int l1, float *dx, const float *dy, const float *x)
+{
+	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->act_layers && m->wg_set);
+	if (dx != dy)
+		memcpy(dx, dy, sizeof(float) * (size_t)m->N * m->l.C);
+	for (int l = l1 - 1; l >= l0; l--) {
+		wg_record(m, m->wg_set[l], l);
+		layer_backward(m, l, dx, layer_input(m, l, l0, x));
+	}
+	wg_record(m, NULL, 0);
+	return m->hook_rc;
+}
+
+int model_layers_backward_weight(struct model *m, int l0, int l1, const float *dy, const float *x)
+{
+	(void)dy, (void)x;  /* the stash holds copies of what they fed */
+	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->act_layers && m->wg_set);
+	for (int l = l1 - 1; l >= l0; l--)
+		wg_replay(m, m->wg_set[l], l);
 	return m->hook_rc;
 }
 

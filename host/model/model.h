@@ -64,7 +64,7 @@ struct param_info {
 	uint32_t gsum;                    /* axes the local gradient is summed over */
 };
 
-/* Where this device sits in a mesh; NULL for one device. */
+/* Where this device sits in a mesh; NULL (or mesh NULL) for one device. */
 struct model_mesh {
 	const struct mesh *mesh;
 	const struct shard_rules *rules;
@@ -87,6 +87,11 @@ struct model_mesh {
 	 * is not split over `layers`: every stage stores it whole, and runs
 	 * those layers (their activations are needed on every stage). */
 	int pipe_first, pipe_layers;
+	/* Stashes of the split backward (model_w_stash; 0: none, and
+	 * model_layers_backward_input may not be called): how many
+	 * input-gradient backwards of a call may wait for their weight
+	 * gradients at once (a schedule's peak pending W per stage). */
+	int pipe_w_stashes;
 };
 
 /* Collectives over the devices that differ from this one only on `axes`
@@ -273,6 +278,28 @@ int model_layers_forward(struct model *m, int l0, int l1, float *y, const float 
  * return. Weight gradients accumulate; a MoE layer adds its load-balance
  * loss to the step's aux. */
 int model_layers_backward(struct model *m, int l0, int l1, float *d, const float *x);
+/* The same backward split in two (the zero-bubble schedules' I and W,
+ * docs/training-step.md#the-split-backward). Input: dx (N, C, not
+ * overlapping x; it may be dy) = dL/dx from dy = dL/dy, with every
+ * collective the input gradient needs (partial sums, the experts'
+ * exchanges, the router and the load-balance loss); each weight
+ * gradient's operands (the weight's input and output gradient) are
+ * copied into the stash in use (model_w_stash), which must hold no
+ * layer of [l0, l1) already. Weight: the weight gradients of the last
+ * input backward of [l0, l1) into this stash, accumulated as
+ * model_layers_backward does (same weights READY in the window, its
+ * gradient window zeroed by the caller); it reads only the stash, so dy,
+ * x and the activations may be reused after the input backward, and the
+ * stash is free again after it. Input then weight gives
+ * model_layers_backward's results bit for bit; the weight-side
+ * reductions (FSDP reduce-scatter, the step's gradient sums) are the
+ * caller's, after the weight backward. */
+int model_layers_backward_input(struct model *m, int l0, int l1, float *dx, const float *dy, const float *x);
+int model_layers_backward_weight(struct model *m, int l0, int l1, const float *dy, const float *x);
+/* The split backward's stashes (model_mesh.pipe_w_stashes), and the one
+ * the next input or weight backward uses (0 .. stashes - 1; 0 at first). */
+int model_w_stashes(const struct model *m);
+void model_w_stash(struct model *m, int k);
 
 /* Final norm, output projection and cross-entropy of x (N, C, the last
  * layer's output) against targets: *loss_sum = the sum of the N token

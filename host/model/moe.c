@@ -188,5 +188,7 @@ void moe_route_backward(struct model *m, int l, float *dln)
 		moe_aux_loss_backward(m->dscores, a->scores, cnt, (float)(st->lb_weight * r2), N, E, K);
 		moe_scores_backward(m->dlogits_r, m->dscores, a->scores, N, E, (enum moe_score)d->moe_score);
 	}
-	linear_backward(dln, GP(P_ROUTER, l), m->dlogits_r, a->ln2, WP(P_ROUTER, l), N, C, E);
+	linear_backward(dln, NULL, m->dlogits_r, NULL, WP(P_ROUTER, l), N, C, E);
+	wg_linear(m, P_ROUTER, l, 0, wg_keep(m, m->dlogits_r, (size_t)N * E), wg_keep_act(m, a->ln2, (size_t)N * C),
+		  N, C, E);
 }

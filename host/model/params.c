@@ -753,7 +753,7 @@ struct model *params_make(const struct model_dims *d, const struct model_mesh *m
 	m->ep = 1;
 	m->Ve = d->V;
 	build_table(m);
-	if (mm && mm->mesh->num_devices > 1) {
+	if (mm && mm->mesh && mm->mesh->num_devices > 1) {
 		*rc = plan_model(m, mm, err, errlen);
 		if (*rc == -ENOMEM)
 			snprintf(err, errlen, "model: out of memory for the plans");
