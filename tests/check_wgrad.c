@@ -308,14 +308,19 @@ struct report {
 };
 
 static void compare(struct model *m, const struct model_comm *comm, const struct mesh *ms, int dev, bool per_layer,
-		    struct report *rep)
+		    bool iw_only, struct report *rep)
 {
 	size_t n = model_numel(m);
 	struct run rb = { .mode = M_B, .per_layer = per_layer }, riw = { .mode = M_IW, .per_layer = per_layer },
 		   rii = { .mode = M_IIWW, .per_layer = per_layer },
 		   rlose = { .mode = M_IIWW_LOSE_W, .per_layer = per_layer };
 	float *gb = grads_of(m, comm, ms, dev, &rb), *giw = grads_of(m, comm, ms, dev, &riw);
-	float *gii = grads_of(m, comm, ms, dev, &rii), *glose = grads_of(m, comm, ms, dev, &rlose);
+	/* W reading the activations in place: only right after its I here
+	 * (one set of activations: the next forward overwrites them) */
+	if (iw_only)
+		rii = riw, rlose = riw, rii.layer_grads_zero_after_i = true;
+	float *gii = iw_only ? gb : grads_of(m, comm, ms, dev, &rii);
+	float *glose = iw_only ? NULL : grads_of(m, comm, ms, dev, &rlose);
 	double big = 0, worst = 0;
 	for (size_t i = 0; i < n; i++) {
 		big = fmax(big, fabs(gb[i]));
@@ -324,12 +329,13 @@ static void compare(struct model *m, const struct model_comm *comm, const struct
 	rep->grads_nonzero = big > 0;
 	rep->iw_same = !memcmp(gb, giw, n * sizeof(float)) && rb.loss == riw.loss && rb.aux == riw.aux;
 	rep->iiww_same = !memcmp(gb, gii, n * sizeof(float)) && rb.loss == rii.loss && rb.aux == rii.aux;
-	rep->lose_differs = memcmp(gb, glose, n * sizeof(float)) != 0;
+	rep->lose_differs = iw_only || memcmp(gb, glose, n * sizeof(float)) != 0;
 	rep->zero_after_i = rii.layer_grads_zero_after_i;
 	rep->worst_iiww = big > 0 ? worst / big : 1;
+	if (gii != gb)
+		free(gii);
 	free(gb);
 	free(giw);
-	free(gii);
 	free(glose);
 }
 
@@ -345,25 +351,30 @@ static void check_report(const struct report *r, const char *what)
 
 /* ---- one device ---- */
 
+/* Copied inputs (every mode), and inputs read in place (I then W). */
 static void one_device(const char *const *kv, const char *what)
 {
 	struct cfg c;
 	struct model_dims d;
 	make_cfg(&c, kv, 1);
 	ck_assert_msg(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0, "%s", err);
-	struct model_mesh mm = { .pipe_w_stashes = NMB };
-	struct model *m = model_new(&d, 2, &mm, err, sizeof(err));
-	ck_assert_msg(m, "%s", err);
-	ck_assert_int_eq(model_w_stashes(m), NMB);
-	model_init(m, 11, 0.3f);
-	for (int per_layer = 0; per_layer < 2; per_layer++) {
-		struct report rep;
-		char name[128];
-		compare(m, NULL, NULL, 0, per_layer, &rep);
-		snprintf(name, sizeof(name), "%s, %s", what, per_layer ? "a call per layer" : "one call for all layers");
-		check_report(&rep, name);
+	for (int in_place = 0; in_place < 2; in_place++) {
+		struct model_mesh mm = { .pipe_w_stashes = NMB, .pipe_w_reads_acts = in_place };
+		struct model *m = model_new(&d, 2, &mm, err, sizeof(err));
+		ck_assert_msg(m, "%s", err);
+		ck_assert_int_eq(model_w_stashes(m), NMB);
+		model_init(m, 11, 0.3f);
+		for (int per_layer = 0; per_layer < 2; per_layer++) {
+			struct report rep;
+			char name[160];
+			compare(m, NULL, NULL, 0, per_layer, in_place, &rep);
+			snprintf(name, sizeof(name), "%s, %s%s", what,
+				 per_layer ? "a call per layer" : "one call for all layers",
+				 in_place ? ", W reading the activations" : "");
+			check_report(&rep, name);
+		}
+		model_free(m);
 	}
-	model_free(m);
 }
 
 START_TEST(test_dense_gqa)
@@ -395,8 +406,8 @@ START_TEST(test_moe_mla)
 }
 END_TEST
 
-/* A model without stashes may still run the full backward, and a stash
- * may be sized for its layers only: the byte count grows with stashes. */
+/* The stashes' bytes: each the same, and smaller when W reads the
+ * activations in place (no copies of the weights' inputs). */
 START_TEST(test_stash_bytes)
 {
 	struct cfg c;
@@ -404,9 +415,9 @@ START_TEST(test_stash_bytes)
 	const char *kv[] = { TINY, MOE, NULL };
 	make_cfg(&c, kv, 1);
 	ck_assert(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0);
-	size_t bytes[3];
-	for (int k = 0; k < 3; k++) {
-		struct model_mesh mm = { .pipe_w_stashes = k };
+	size_t bytes[4];
+	for (int k = 0; k < 4; k++) {
+		struct model_mesh mm = { .pipe_w_stashes = k < 3 ? k : 1, .pipe_w_reads_acts = k == 3 };
 		struct model *p = model_plan_new(&d, &mm, err, sizeof(err));
 		ck_assert_msg(p, "%s", err);
 		bytes[k] = model_activation_bytes(p, 2);
@@ -414,6 +425,8 @@ START_TEST(test_stash_bytes)
 	}
 	ck_assert_uint_gt(bytes[1], bytes[0]);
 	ck_assert_uint_eq(bytes[2] - bytes[1], bytes[1] - bytes[0]);
+	ck_assert_uint_gt(bytes[3], bytes[0]);
+	ck_assert_uint_lt(bytes[3] - bytes[0], (bytes[1] - bytes[0]) * 3 / 4);
 }
 END_TEST
 
@@ -433,7 +446,7 @@ static struct mesh mesh;
 static void *dev_main(void *arg)
 {
 	struct dev *d = arg;
-	compare(d->m, &d->comm, d->w->mesh, d->me, true, &reps[d->me]);
+	compare(d->m, &d->comm, d->w->mesh, d->me, true, false, &reps[d->me]);
 	return NULL;
 }
 

@@ -11,8 +11,10 @@ struct cfg;
 
 /* Times each kind of layer c's model has, with rows sequences of c's
  * length, over rounds rounds (the medians of each call's thread CPU
- * time and wall time, OpenBLAS on one thread), and prints a line
- * per kind: F, B, I, W in ms, I/B, W/B, (I+W)/B and F:I:W with F = 1.
+ * time and wall time, OpenBLAS on one thread), and prints two lines
+ * per kind: F, B, I, W in ms, I/B, W/B, (I+W)/B, F:I:W with F = 1 and
+ * the stash's bytes, with the weights' inputs copied into the stash and
+ * read in place (model_mesh.pipe_w_reads_acts).
  * 0, -EINVAL or -ENOMEM (message printed). */
 int bench_backward_run(const struct cfg *c, int rows, int rounds);
 

@@ -41,23 +41,27 @@ static void gqa_backward(struct model *m, int l, float *dln, const float *dout, 
 	wg_linear(m, P_WO, l, 0, wg_keep(m, dout, (size_t)N * C), wg_keep_act(m, a->atty, (size_t)N * QD),
 		  N, QD, C);
 	psum(m, m->pl[P_WO].dx_reduce, m->datty, (size_t)N * QD);
+	/* the projections' output gradients, where their weight gradients
+	 * read them */
+	float *dv = wg_out(m, m->dv, (size_t)N * KD), *dqr = wg_out(m, m->dqr, (size_t)N * QD);
+	float *dkr = wg_out(m, m->dkr, (size_t)N * KD);
 	memset(m->dq, 0, sizeof(float) * (size_t)N * QD);
 	memset(m->dk, 0, sizeof(float) * (size_t)N * KD);
-	memset(m->dv, 0, sizeof(float) * (size_t)N * KD);
-	attention_backward(m->dq, m->dk, m->dv, m->att_scratch, m->datty, a->q, a->k, a->v, a->att,
+	memset(dv, 0, sizeof(float) * (size_t)N * KD);
+	attention_backward(m->dq, m->dk, dv, m->att_scratch, m->datty, a->q, a->k, a->v, a->att,
 			   m->B, d->T, d->Hq, d->Hkv, d->D, d->D, m->att_scale);
-	memset(m->dqr, 0, sizeof(float) * (size_t)N * QD);
-	memset(m->dkr, 0, sizeof(float) * (size_t)N * KD);
-	rope_backward(m->dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
-	rope_backward(m->dkr, m->dk, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
+	memset(dqr, 0, sizeof(float) * (size_t)N * QD);
+	memset(dkr, 0, sizeof(float) * (size_t)N * KD);
+	rope_backward(dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
+	rope_backward(dkr, m->dk, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
 	/* q, k and v split their heads alike: one sum of their partial dx */
 	const float *kln = wg_keep_act(m, ln, (size_t)N * C);
-	linear_backward(dln, NULL, m->dqr, NULL, WP(P_WQ, l), N, C, QD);
-	wg_linear(m, P_WQ, l, 0, wg_keep(m, m->dqr, (size_t)N * QD), kln, N, C, QD);
-	linear_backward(dln, NULL, m->dkr, NULL, WP(P_WK, l), N, C, KD);
-	wg_linear(m, P_WK, l, 0, wg_keep(m, m->dkr, (size_t)N * KD), kln, N, C, KD);
-	linear_backward(dln, NULL, m->dv, NULL, WP(P_WV, l), N, C, KD);
-	wg_linear(m, P_WV, l, 0, wg_keep(m, m->dv, (size_t)N * KD), kln, N, C, KD);
+	linear_backward(dln, NULL, dqr, NULL, WP(P_WQ, l), N, C, QD);
+	wg_linear(m, P_WQ, l, 0, dqr, kln, N, C, QD);
+	linear_backward(dln, NULL, dkr, NULL, WP(P_WK, l), N, C, KD);
+	wg_linear(m, P_WK, l, 0, dkr, kln, N, C, KD);
+	linear_backward(dln, NULL, dv, NULL, WP(P_WV, l), N, C, KD);
+	wg_linear(m, P_WV, l, 0, dv, kln, N, C, KD);
 	psum(m, m->pl[P_WQ].dx_reduce, dln, (size_t)N * C);
 }
 

@@ -76,17 +76,20 @@ static void ffn_forward(struct model *m, int gate, int l, float *y, float *h, fl
 
 /* Backward of ffn_forward: dx += the input gradient (partial over the
  * hidden's axes: the caller sums it); each weight's gradient goes to
- * wgrad.c with its input and output gradient (now, or kept for W). */
-static void ffn_backward(struct model *m, int gate, int l, float *dx, const float *dy, const float *h,
-			 const float *g, const float *u, const float *x, const struct ffn_blocks *b, int F)
+ * wgrad.c with its input and output gradient (now, or kept for W): kdy
+ * is dy where the down projection's reads it (wg_keep, or dy written by
+ * wg_out). */
+static void ffn_backward(struct model *m, int gate, int l, float *dx, const float *dy, const float *kdy,
+			 const float *h, const float *g, const float *u, const float *x, const struct ffn_blocks *b,
+			 int F)
 {
 	int C = m->l.C;
 	float *wg = WP(gate, l), *wu = WP(gate + 1, l), *wd = WP(gate + 2, l);
-	float *dh = m->dbig1, *dg = m->dbig2, *du = m->dbig3;
 	size_t wsz = (size_t)F * C, rows = 0;
 	for (int i = 0; i < b->n; i++)
 		rows += (size_t)b->rows[i];
-	const float *kdy = wg_keep(m, dy, rows * C), *kh = wg_keep_act(m, h, rows * F);
+	float *dh = m->dbig1, *dg = wg_out(m, m->dbig2, rows * F), *du = wg_out(m, m->dbig3, rows * F);
+	const float *kh = wg_keep_act(m, h, rows * F);
 	memset(dh, 0, rows * F * sizeof(float));
 	for (int i = 0; i < b->n; i++) {
 		size_t rf = (size_t)b->start[i] * F, rc = (size_t)b->start[i] * C;
@@ -105,16 +108,15 @@ static void ffn_backward(struct model *m, int gate, int l, float *dx, const floa
 			swiglu_backward(dg + rf, du + rf, dh + rf, g + rf, u + rf, b->rows[i], F);
 	}
 	const float *kx = wg_keep_act(m, x, rows * C);
-	const float *kdg = wg_keep(m, dg, rows * F), *kdu = wg_keep(m, du, rows * F);
 	for (int i = 0; i < b->n; i++) {
 		size_t rf = (size_t)b->start[i] * F, rc = (size_t)b->start[i] * C;
 		int ne = b->rows[i], j = b->w[i];
 		if (!ne)
 			continue;
 		linear_backward(dx + rc, NULL, dg + rf, NULL, wg + j * wsz, ne, C, F);
-		wg_linear(m, gate, l, j * wsz, kdg + rf, kx + rc, ne, C, F);
+		wg_linear(m, gate, l, j * wsz, dg + rf, kx + rc, ne, C, F);
 		linear_backward(dx + rc, NULL, du + rf, NULL, wu + j * wsz, ne, C, F);
-		wg_linear(m, gate + 1, l, j * wsz, kdu + rf, kx + rc, ne, C, F);
+		wg_linear(m, gate + 1, l, j * wsz, du + rf, kx + rc, ne, C, F);
 	}
 }
 
@@ -156,30 +158,33 @@ void layer_backward(struct model *m, int l, float *dres, const float *x)
 	struct layer_acts *a = &m->la[l];
 	int N = m->N, C = d->C, zero = 0;
 	struct ffn_blocks all = { 1, &zero, &N, &zero };
-	float *dln = m->dln;
+	/* the MLP norm's output gradient, where its weight gradient reads it */
+	float *dln = wg_out(m, m->dln, (size_t)N * C);
 
 	memset(dln, 0, sizeof(float) * (size_t)N * C);
 	if (l < d->L_dense) {
-		ffn_backward(m, P_W_GATE, l, dln, dres, a->h, a->g, a->u, a->ln2, &all, d->F);
+		ffn_backward(m, P_W_GATE, l, dln, dres, wg_keep(m, dres, (size_t)N * C), a->h, a->g, a->u, a->ln2,
+			     &all, d->F);
 		psum(m, m->pl[P_W_GATE].dx_reduce, dln, (size_t)N * C);
 	} else {
 		int bs[MOE_MAX_BLOCKS], bn[MOE_MAX_BLOCKS], bj[MOE_MAX_BLOCKS];
 		float *X, *dY, *dX;
 		if (d->S)
-			ffn_backward(m, P_S_GATE, l, dln, dres, a->sh, a->sg, a->su, a->ln2, &all, m->SF);
+			ffn_backward(m, P_S_GATE, l, dln, dres, wg_keep(m, dres, (size_t)N * C), a->sh, a->sg, a->su,
+				     a->ln2, &all, m->SF);
 		moe_return_backward(m, l, dres, &X, &dY, &dX);
 		struct ffn_blocks eb = { moe_expert_blocks(m, l, bs, bn, bj), bs, bn, bj };
-		ffn_backward(m, P_E_GATE, l, dX, dY, a->eh, a->eg, a->eu, X, &eb, d->Fe);
+		ffn_backward(m, P_E_GATE, l, dX, dY, dY, a->eh, a->eg, a->eu, X, &eb, d->Fe);
 		moe_route_backward(m, l, dln);
 	}
 	norm_backward(m, dres, NULL, dln, a->xmid, WP(P_MLP_NORM, l), a->rstd2);
-	wg_norm(m, P_MLP_NORM, l, wg_keep(m, dln, (size_t)N * C), wg_keep_act(m, a->xmid, (size_t)N * C),
-		wg_keep_act(m, a->rstd2, (size_t)N), N, C);
+	wg_norm(m, P_MLP_NORM, l, dln, wg_keep_act(m, a->xmid, (size_t)N * C), wg_keep_act(m, a->rstd2, (size_t)N),
+		N, C);
 
 	/* attention block: dres now holds dL/d(xmid) */
+	dln = wg_out(m, m->dln, (size_t)N * C);
 	memset(dln, 0, sizeof(float) * (size_t)N * C);
 	m->attn->backward(m, l, dln, dres, a->ln1);
 	norm_backward(m, dres, NULL, dln, x, WP(P_ATTN_NORM, l), a->rstd1);
-	wg_norm(m, P_ATTN_NORM, l, wg_keep(m, dln, (size_t)N * C), wg_keep_act(m, x, (size_t)N * C),
-		wg_keep_act(m, a->rstd1, (size_t)N), N, C);
+	wg_norm(m, P_ATTN_NORM, l, dln, wg_keep_act(m, x, (size_t)N * C), wg_keep_act(m, a->rstd1, (size_t)N), N, C);
 }

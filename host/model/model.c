@@ -255,6 +255,7 @@ static struct model *model_make(const struct model_dims *d, const struct model_m
 	if (m) {
 		m->attn = d->mla ? &attn_mla : &attn_gqa;
 		m->wg_sets = mm && mm->pipe_w_stashes > 0 ? mm->pipe_w_stashes : 0;
+		m->wg_reads_acts = mm && mm->pipe_w_reads_acts;
 	}
 	if (m && make_window(m)) {
 		snprintf(err, errlen, "model: out of memory for the plans");

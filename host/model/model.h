@@ -92,6 +92,12 @@ struct model_mesh {
 	 * input-gradient backwards of a call may wait for their weight
 	 * gradients at once (a schedule's peak pending W per stage). */
 	int pipe_w_stashes;
+	/* The weight backward reads each weight's input in place (the
+	 * layers' saved activations, the call's x) instead of a copy in the
+	 * stash: the caller keeps them unchanged from the input backward to
+	 * the weight backward (no recompute, the activations' set held until
+	 * the W). About halves the stash and the input backward's copying. */
+	bool pipe_w_reads_acts;
 };
 
 /* Collectives over the devices that differ from this one only on `axes`
@@ -283,14 +289,15 @@ int model_layers_backward(struct model *m, int l0, int l1, float *d, const float
  * overlapping x; it may be dy) = dL/dx from dy = dL/dy, with every
  * collective the input gradient needs (partial sums, the experts'
  * exchanges, the router and the load-balance loss); each weight
- * gradient's operands (the weight's input and output gradient) are
- * copied into the stash in use (model_w_stash), which must hold no
- * layer of [l0, l1) already. Weight: the weight gradients of the last
- * input backward of [l0, l1) into this stash, accumulated as
- * model_layers_backward does (same weights READY in the window, its
- * gradient window zeroed by the caller); it reads only the stash, so dy,
- * x and the activations may be reused after the input backward, and the
- * stash is free again after it. Input then weight gives
+ * gradient's operands (the weight's input and output gradient) go into
+ * the stash in use (model_w_stash), which must hold no layer of [l0, l1)
+ * already. Weight: the weight gradients of the last input backward of
+ * [l0, l1) into this stash, accumulated as model_layers_backward does
+ * (same weights READY in the window, its gradient window zeroed by the
+ * caller); it reads only the stash (and, with pipe_w_reads_acts, the
+ * activations and x in place), so dy, and without that flag x and the
+ * activations, may be reused after the input backward; the stash is free
+ * again after it. Input then weight gives
  * model_layers_backward's results bit for bit; the weight-side
  * reductions (FSDP reduce-scatter, the step's gradient sums) are the
  * caller's, after the weight backward. */

@@ -163,6 +163,7 @@ struct model {
 	 * tape per layer, layer l in the tape of the first layer of its
 	 * residue mod act_layers and kind, as the activations */
 	int wg_sets;
+	bool wg_reads_acts;         /* W reads inputs in place (model_mesh) */
 	struct wg_tape **wg_all;    /* [wg_sets, L] */
 	struct wg_tape **wg_set;    /* the set in use */
 	struct wg_tape *wg;         /* the tape I is recording (NULL: weight
@@ -236,10 +237,15 @@ void norm_backward(struct model *m, float *dx, float *dw, const float *dout, con
 
 /* ---- wgrad.c ---- */
 
+/* Where the backward writes an output gradient a weight gradient reads
+ * (n floats, uninitialised): scratch when gradients are computed at
+ * once, else the tape's memory. */
+float *wg_out(struct model *m, float *scratch, size_t n);
 /* What a weight gradient reads: buf itself when gradients are computed
  * at once, else a copy in the tape (keep: a buffer the backward may
- * write again; keep_act: a saved activation, copied once per layer however
- * many weights read it). */
+ * write again; keep_act: a saved activation or the call's input, copied
+ * once per layer however many weights read it, or read in place when
+ * the model's W reads activations). */
 const float *wg_keep(struct model *m, const float *buf, size_t n);
 const float *wg_keep_act(struct model *m, const float *buf, size_t n);
 /* dW += dout^T inp for weight id of layer l (its gradient block from

@@ -3,9 +3,10 @@
  * computes its input gradients itself and hands each weight gradient
  * here as (weight, its input, its output gradient): in a full backward
  * (no tape) it is computed at once; in an input-gradient backward (I)
- * the two operands are copied into the layer's tape in the stash in use
- * and the call recorded, and the weight-gradient backward (W) replays
- * the tape. A weight gradient is the same kernel call on the same bytes
+ * the call is recorded into the layer's tape in the stash in use, with
+ * its operands in the tape's memory (an output gradient written there
+ * in the first place through wg_out, or copied), and the
+ * weight-gradient backward (W) replays the tape. A weight gradient is the same kernel call on the same bytes
  * either way, so I then W gives B's gradients bit for bit. */
 #include <assert.h>
 #include <string.h>
@@ -29,10 +30,21 @@ const float *wg_keep(struct model *m, const float *buf, size_t n)
 	return m->wg ? copy_in(m->wg, buf, n) : buf;
 }
 
-const float *wg_keep_act(struct model *m, const float *buf, size_t n)
+float *wg_out(struct model *m, float *scratch, size_t n)
 {
 	struct wg_tape *t = m->wg;
 	if (!t)
+		return scratch;
+	assert(t->used + n <= t->mcap);
+	float *o = t->mem + t->used;
+	t->used += n;
+	return o;
+}
+
+const float *wg_keep_act(struct model *m, const float *buf, size_t n)
+{
+	struct wg_tape *t = m->wg;
+	if (!t || m->wg_reads_acts)
 		return buf;
 	for (int i = 0; i < t->nmemo; i++)
 		if (t->memo[i].src == buf && t->memo[i].n == n)
@@ -106,39 +118,45 @@ static size_t expert_rows(const struct model *m)
 	return m->ep > 1 ? m->rmax : (size_t)m->N * m->d.K;
 }
 
-/* What each attention kind keeps, in floats (local dims). */
-static size_t attn_floats(const struct model *m)
+/* Floats of the weights' output gradients (outs) and inputs (ins) a
+ * layer's tape holds, by part (local dims). */
+static void attn_floats(const struct model *m, size_t *outs, size_t *ins)
 {
 	const struct model_dims *d = &m->l;
 	size_t N = (size_t)m->N, C = d->C;
 	if (!d->mla) {
 		size_t QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
-		/* ln1; wq, wk, wv output gradients; wo's input and output gradient */
-		return N * C + N * QD + 2 * N * KD + N * QD + N * C;
+		*outs += N * QD + 2 * N * KD + N * C; /* wq, wk, wv, wo */
+		*ins += N * C + N * QD;               /* ln1, the attention's output */
+		return;
 	}
 	size_t H = d->Hq, QD = H * (d->Dn + d->Dr), VD = H * d->Dv, BD = H * (d->Dn + d->Dv);
-	size_t Rq = d->Rq, Rkv = d->Rkv, f = N * C + N * QD;   /* ln1; wq or wq_b's gradient */
-	if (Rq)  /* wq_b's input, q_a_norm's input, rstd and gradient, wq_a's gradient */
-		f += N * Rq + N * Rq + N + N * Rq + N * Rq;
-	/* wkv_b's input and gradient, kv_a_norm's input, rstd and gradient,
-	 * wkv_a's two gradients, wo's input and gradient */
-	return f + N * Rkv + N * BD + N * Rkv + N + N * Rkv + N * Rkv + N * d->Dr + N * VD + N * C;
+	size_t Rq = d->Rq, Rkv = d->Rkv;
+	/* wq or wq_b, wkv_b, kv_a_norm and wkv_a's key block (one buffer),
+	 * wkv_a's latent block, wo; q_a_norm and wq_a */
+	*outs += N * QD + N * BD + N * (Rkv + d->Dr) + N * Rkv + N * C + (Rq ? 2 * N * Rq : 0);
+	/* ln1, kvn, kva and its rstd, the attention's output; qn, qa and its rstd */
+	*ins += N * C + 2 * N * Rkv + N + N * VD + (Rq ? 2 * N * Rq + N : 0);
 }
 
 size_t wg_layer_floats(const struct model *m, bool moe)
 {
 	const struct model_dims *d = &m->l;
-	size_t N = (size_t)m->N, C = d->C;
-	/* the two norms: input, rstd, output gradient each */
-	size_t f = 2 * (N * C + N + N * C) + attn_floats(m);
-	if (!moe)  /* ln2, h; gate, up and down output gradients */
-		return f + N * C + 3 * N * d->F + N * C;
-	size_t R = expert_rows(m), SF = (size_t)m->SF;
-	f += N * C + N * (size_t)d->E;          /* ln2; the router's gradient */
-	f += 2 * R * C + 3 * R * (size_t)d->Fe; /* experts: rows in, dY; eh, dg, du */
-	if (SF)
-		f += 3 * N * SF + N * C;         /* shared: sh, dg, du; dy */
-	return f;
+	size_t N = (size_t)m->N, C = d->C, outs = 2 * N * C, ins = 2 * (N * C + N); /* the norms */
+	attn_floats(m, &outs, &ins);
+	if (!moe) {
+		outs += N * C + 2 * N * d->F;           /* down, gate, up */
+		ins += N * C + N * d->F;                /* ln2, h */
+	} else {
+		size_t R = expert_rows(m), SF = (size_t)m->SF;
+		outs += N * (size_t)d->E + R * C + 2 * R * (size_t)d->Fe; /* router, experts */
+		ins += N * C + R * C + R * (size_t)d->Fe;                /* ln2, the experts' rows, eh */
+		if (SF) {
+			outs += N * C + 2 * N * SF;      /* shared down, gate, up */
+			ins += N * SF;                   /* sh */
+		}
+	}
+	return outs + (m->wg_reads_acts ? 0 : ins);
 }
 
 int wg_layer_entries(const struct model *m, bool moe)
