@@ -499,7 +499,9 @@ int model_layers_backward_input(struct model *m, int l0, int l1, float *dx, cons
 
 int model_layers_backward_weight(struct model *m, int l0, int l1, const float *dy, const float *x)
 {
-	(void)dy, (void)x;  /* the stash holds copies of what they fed */
+	/* what they fed is in the tapes (copies, or with pipe_w_reads_acts
+	 * the pointers the input backward was given) */
+	(void)dy, (void)x;
 	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->act_layers && m->wg_set);
 	for (int l = l1 - 1; l >= l0; l--)
 		wg_replay(m, m->wg_set[l], l);
