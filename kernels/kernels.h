@@ -126,7 +126,10 @@ void residual_forward(float *out, const float *a, const float *b, int n);
 
 /* ---- softmax cross-entropy ---- */
 /* logits (N,V), targets (N); losses (N) per-token -log p; probs (N,V) cached.
- * Returns the mean loss (double accumulation). */
+ * Returns the mean loss over N (double accumulation). A negative target
+ * is masked (a document boundary, a padding row): its loss is 0 and it
+ * adds nothing to the total, here and in the split and backward kernels
+ * below (backward leaves its row of dlogits alone). */
 double softmax_xent_forward(float *losses, float *probs, const float *logits,
 			    const int32_t *targets, int N, int V);
 /* dlogits += (probs - onehot(target)) * scale   (scale = 1/N for a mean) */
@@ -149,8 +152,8 @@ void softmax_xent_backward(float *dlogits, const float *probs, const int32_t *ta
 void xent_split_max(float *mx, const float *logits, int N, int Vl);
 void xent_split_sums(float *st, float *probs, const float *logits, const float *mx,
 		     const int32_t *targets, int v0, int N, int Vl);
-double xent_split_finish(float *losses, float *probs, const float *mx, const float *st, int N,
-			 int Vl);
+double xent_split_finish(float *losses, float *probs, const float *mx, const float *st,
+			 const int32_t *targets, int N, int Vl);
 void xent_split_backward(float *dlogits, const float *probs, const int32_t *targets, int v0,
 			 float scale, int N, int Vl);
 

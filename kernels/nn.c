@@ -569,6 +569,10 @@ double softmax_xent_forward(float *losses, float *probs, const float *logits,
 		float m = max_row(x, V);
 		float sum = exp_sum_row(p, x, m, V);
 		scale_row(p, 1.0f / sum, V);
+		if (targets[n] < 0) {  /* masked: no loss, no gradient */
+			losses[n] = 0;
+			continue;
+		}
 		/* -log p_t = log(sum exp(x - m)) - (x_t - m), exact even when p_t underflows */
 		double loss = log((double)sum) - ((double)x[targets[n]] - m);
 		losses[n] = (float)loss;
@@ -608,13 +612,17 @@ void xent_split_sums(float *st, float *probs, const float *logits, const float *
 	}
 }
 
-double xent_split_finish(float *losses, float *probs, const float *mx, const float *st, int N,
-			 int Vl)
+double xent_split_finish(float *losses, float *probs, const float *mx, const float *st,
+			 const int32_t *targets, int N, int Vl)
 {
 	// probs (N,Vl) in: exp(x - mx) from xent_split_sums; out: softmax
 	double total = 0.0;
 	for (int n = 0; n < N; n++) {
 		scale_row(probs + (size_t)n * Vl, 1.0f / st[n], Vl);
+		if (targets[n] < 0) {
+			losses[n] = 0;
+			continue;
+		}
 		double loss = log((double)st[n]) - ((double)st[N + n] - mx[n]);
 		losses[n] = (float)loss;
 		total += loss;
@@ -629,6 +637,8 @@ void xent_split_backward(float *dlogits, const float *probs, const int32_t *targ
 	if (!dlogits)
 		return;
 	for (int n = 0; n < N; n++) {
+		if (targets[n] < 0)
+			continue;
 		const float *p = probs + (size_t)n * Vl;
 		float *d = dlogits + (size_t)n * Vl;
 		int i = 0;

@@ -135,6 +135,10 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 		case ROLE_COORD_OUT:
 			if (body == MESHRUN__FRAME__BODY_REFUSE)
 				goto refused;
+			if (body == MESHRUN__FRAME__BODY_ABORT) {
+				rdv_coord_on_abort(l, f->abort);
+				return;
+			}
 			rdv_agent_on_topology(l, f->topology);
 			return;
 		case ROLE_LINK_IN:
@@ -386,7 +390,10 @@ static void link_read(struct link *l)
 		if (r < 0) {
 			char err[256];
 			snprintf(err, sizeof(err), "%s", l->c->err);
-			link_conn_failed(l, -EPIPE, err);
+			/* before the hello: the peer may refuse our certificate
+			 * only now (TLS 1.3 checks the client's after its Finished) */
+			if (l->state != LS_HELLO || !rdv_handshake_failed(l, (int)r, err))
+				link_conn_failed(l, -EPIPE, err);
 			return;
 		}
 		l->last_rx_ns = now_ns();
@@ -464,7 +471,8 @@ static void link_handshake(struct link *l)
 	if (rc < 0) {
 		char err[256];
 		snprintf(err, sizeof(err), "%s", l->c->err);
-		link_conn_failed(l, -EPROTO, err);
+		if (!rdv_handshake_failed(l, rc, err))
+			link_conn_failed(l, -EPROTO, err);
 		return;
 	}
 	link_set_state(l, LS_HELLO);

@@ -3,7 +3,9 @@
  *
  * - equal to an independent implementation: `meshrun eval` of trained
  *   deepseek3-tiny checkpoints (q-LoRA and a plain q projection, YaRN on
- *   and off, a nonzero selection bias) against tests/ref_deepseek3.py, a
+ *   and off, a nonzero selection bias, group-limited routing that changes
+ *   tokens' experts; two of them from their Hugging Face files alone, one
+ *   in BF16) against tests/ref_deepseek3.py, a
  *   float64 numpy model written from Hugging Face's definitions that
  *   computes latent attention in its absorbed form and routes with a
  *   loop; and the reference must notice a wrong rotary pairing;
@@ -65,13 +67,14 @@ static double value_after(const char *name, const char *key)
 	return v;
 }
 
-/* The reference's loss of checkpoint tmpdir/ckpt/step-000008 on the text
- * (extra: an option of the script or NULL). */
-static double ref_loss(const char *extra, double *max_bias)
+/* The reference's loss of the checkpoint in tmpdir/<sub> on the text
+ * (extra: an option of the script or NULL); *max_bias and *rerouted (the
+ * tokens whose experts the group limit changed) when not NULL. */
+static double ref_loss(const char *sub, const char *extra, double *max_bias, double *rerouted)
 {
 	char dir[256], text[256];
 	struct proc p;
-	snprintf(dir, sizeof(dir), "%s/ckpt/step-000008", tmpdir);
+	snprintf(dir, sizeof(dir), "%s/%s", tmpdir, sub);
 	snprintf(text, sizeof(text), "%s/text.txt", tmpdir);
 	char *argv[] = { "/usr/bin/python3", "tests/ref_deepseek3.py", dir, text,
 			 extra ? "--pairing" : NULL, (char *)extra, NULL };
@@ -86,30 +89,51 @@ static double ref_loss(const char *extra, double *max_bias)
 	ck_assert_int_eq(rc, 0);
 	if (max_bias)
 		*max_bias = value_after("ref", "max_abs_bias: ");
+	if (rerouted)
+		*rerouted = value_after("ref", "group_rerouted: ");
 	return value_after("ref", "ref_eval_loss: ");
 }
 
+/* tmpdir/hf: the Hugging Face files of the step-8 checkpoint alone
+ * (config.json, model.safetensors), as another trainer would ship them */
+static void make_hf_dir(void)
+{
+	char cmd[1024];
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/hf && cp %s/ckpt/step-000008/config.json "
+		 "%s/ckpt/step-000008/model.safetensors %s/hf/", tmpdir, tmpdir, tmpdir, tmpdir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
 /* Trains deepseek3-tiny with `keys` for 8 steps into a checkpoint, and
- * compares meshrun eval's loss of it with the reference's. Returns the
- * loss. */
-static double against_reference(const char *keys)
+ * compares meshrun eval's loss of it with the reference's; with hf, of
+ * its Hugging Face files alone (config.json gives every model key; the
+ * sequence length is the windows'). Returns the loss. */
+static double against_reference(const char *keys, bool hf)
 {
 	char args[1024];
 	struct proc p;
-	double bias;
+	double bias, rerouted;
 	write_text();
 	snprintf(args, sizeof(args), "train --config " DS3 " " REF_TRAIN " %s --quiet --checkpoint-dir %s/ckpt",
 		 keys, tmpdir);
 	show_log_on_failure(run(args), 0);
-	snprintf(args, sizeof(args), "eval --checkpoint %s/ckpt --text %s/text.txt", tmpdir, tmpdir);
+	if (hf) {
+		make_hf_dir();
+		snprintf(args, sizeof(args), "eval --checkpoint %s/hf --text %s/text.txt max_target_length=64",
+			 tmpdir, tmpdir);
+	} else {
+		snprintf(args, sizeof(args), "eval --checkpoint %s/ckpt --text %s/text.txt", tmpdir, tmpdir);
+	}
 	ck_assert_int_eq(proc_run(&p, "eval", args, 120), 0);
 	double ev = value_after("eval", "eval_loss: ");
-	double ref = ref_loss(NULL, &bias);
+	double ref = ref_loss(hf ? "hf" : "ckpt/step-000008", NULL, &bias, &rerouted);
 	double rel = fabs(ev - ref) / ref;
-	fprintf(stderr, "deepseek3-tiny %s: eval %.6f, reference %.9f (relative %.2e), |bias| <= %g\n",
-		keys, ev, ref, rel, bias);
+	fprintf(stderr, "deepseek3-tiny %s%s: eval %.6f, reference %.9f (relative %.2e), |bias| <= %g, "
+		"%.0f tokens rerouted by the group limit\n", keys, hf ? " (Hugging Face files)" : "", ev, ref,
+		rel, bias, rerouted);
 	ck_assert_msg(ev > 1.0 && ev < 8.0, "eval_loss %g", ev);
 	ck_assert_msg(bias > 1e-3, "the selection bias stayed at %g", bias);
+	ck_assert_msg(rerouted > 0, "group-limited routing changed no token's experts");
 	/* meshrun prints 6 decimals: 2e-7 relative at these losses */
 	ck_assert_msg(rel < 1e-5, "%s: meshrun eval %.6f, reference %.9f", keys, ev, ref);
 	return ev;
@@ -118,15 +142,19 @@ static double against_reference(const char *keys)
 /* q-LoRA with DeepSeek-V3's YaRN (cos/sin factor 1, scores x mscale^2) */
 START_TEST(test_ref_qlora_yarn)
 {
-	double ev = against_reference("");
+	double ev = against_reference("", true);
 	/* Llama's pairing is another model: the reference must see it */
-	double wrong = ref_loss("half", NULL);
+	double wrong = ref_loss("hf", "half", NULL, NULL);
 	ck_assert_msg(fabs(wrong - ev) / ev > 1e-3, "the reference does not notice the rotary pairing "
 		      "(%.6f vs %.6f)", wrong, ev);
 }
 END_TEST
-/* a plain q projection, no YaRN */
-START_TEST(test_ref_plain_default) { against_reference("q_lora_rank=0 rope_type=default"); }
+/* a plain q projection, no YaRN, saved in BF16 and loaded from its
+ * Hugging Face files */
+START_TEST(test_ref_plain_default)
+{
+	against_reference("q_lora_rank=0 rope_type=default checkpoint_dtype=bf16", true);
+}
 END_TEST
 /* a plain q projection with YaRN's other branch: mscale_all_dim unset,
  * so cos and sin carry mscale(f, 1) and the scores keep 1/sqrt(Dk);
@@ -134,17 +162,17 @@ END_TEST
 START_TEST(test_ref_plain_yarn)
 {
 	against_reference("q_lora_rank=0 rope_factor=8 original_max_position_embeddings=256 "
-			  "beta_fast=16 mscale=0.707 mscale_all_dim=0");
+			  "beta_fast=16 mscale=0.707 mscale_all_dim=0", false);
 }
 END_TEST
 /* q-LoRA without YaRN */
-START_TEST(test_ref_qlora_default) { against_reference("rope_type=default"); }
+START_TEST(test_ref_qlora_default) { against_reference("rope_type=default", false); }
 END_TEST
 /* grouped-query attention (Llama's pairing) with YaRN on the same MoE
  * layers: the tables are shared, the score scale stays 1/sqrt(D) */
 START_TEST(test_ref_gqa_yarn)
 {
-	against_reference("attention_type=global base_num_kv_heads=2 mscale=2 mscale_all_dim=1");
+	against_reference("attention_type=global base_num_kv_heads=2 mscale=2 mscale_all_dim=1", false);
 }
 END_TEST
 

@@ -257,7 +257,7 @@ static double xent_d(double *losses, double *probs, const double *x, const int32
 			sum += exp(x[n * V + v] - m);
 		for (int v = 0; v < V && probs; v++)
 			probs[n * V + v] = exp(x[n * V + v] - m) / sum;
-		double l = log(sum) + m - x[n * V + tg[n]];
+		double l = tg[n] < 0 ? 0 : log(sum) + m - x[n * V + tg[n]];  /* < 0: masked */
 		if (losses)
 			losses[n] = l;
 		total += l;
@@ -935,9 +935,10 @@ static double xent_loss(void *p)
 	return c->scale * c->N * xent_d(NULL, NULL, c->x, c->tg, c->N, c->V);
 }
 
+/* _i: 0, 1 two vocabularies; 2, 3 the same with targets 1 and 3 masked */
 START_TEST(test_xent)
 {
-	const int N = 5, V = _i ? 37 : 11;
+	const int N = 5, V = _i & 1 ? 37 : 11;
 	size_t n = (size_t)N * V;
 	int32_t tg[5];
 	float *x = frand(n, 3), *probs = fzero(n), *losses = fzero(N);
@@ -946,6 +947,8 @@ START_TEST(test_xent)
 	struct xent_ctx c = { dcopy(x, n), tg, N, V, 1.0 / N };
 	for (int i = 0; i < N; i++)
 		tg[i] = (i * 5 + 3) % V;
+	if (_i >= 2)
+		tg[1] = tg[3] = -1;
 
 	double mean = softmax_xent_forward(losses, probs, x, tg, N, V);
 	double meand = xent_d(lossesd, probsd, c.x, tg, N, V);
@@ -956,6 +959,13 @@ START_TEST(test_xent)
 	softmax_xent_backward(d, probs, tg, (float)c.scale, N, V);
 	softmax_xent_backward(NULL, probs, tg, (float)c.scale, N, V);
 	check_grad("xent dlogits", d, d0, 2, c.x, n, SIZE_MAX, xent_loss, &c);
+	if (_i >= 2) {  /* a masked row: no loss, its gradient row untouched */
+		ck_assert_float_eq(losses[1], 0.0f);
+		ck_assert_float_eq(losses[3], 0.0f);
+		ck_assert_float_gt(losses[0], 0.0f);
+		ck_assert(!memcmp(d + V, d0 + V, sizeof(float) * V));
+		ck_assert(memcmp(d, d0, sizeof(float) * V));
+	}
 	free(x), free(probs), free(losses), free(d0), free(d), free(probsd), free(lossesd), free(c.x);
 }
 END_TEST
@@ -971,8 +981,10 @@ START_TEST(test_xent_split)
 	float *x = frand(n, 4), *probs = fzero(n), *losses = fzero(N), *d = fzero(n);
 	for (int i = 0; i < N; i++)
 		tg[i] = (i * 11 + 2) % V;
+	tg[4] = -1;  /* masked: the parts must agree that it has no loss */
 	softmax_xent_forward(losses, probs, x, tg, N, V);
 	softmax_xent_backward(d, probs, tg, 0.25f, N, V);
+	ck_assert_float_eq(losses[4], 0.0f);
 
 	float mx[6], gmx[6], st[12], gst[12] = { 0 }, pl[6], part_loss = 0;
 	float *xs[3], *ps[3], *ds[3];
@@ -996,7 +1008,7 @@ START_TEST(test_xent_split)
 	}
 	for (int k = 0; k < nparts; k++) {
 		int v0 = cuts[k], vl = cuts[k + 1] - v0;
-		double tot = xent_split_finish(pl, ps[k], gmx, gst, N, vl);
+		double tot = xent_split_finish(pl, ps[k], gmx, gst, tg, N, vl);
 		xent_split_backward(ds[k], ps[k], tg, v0, 0.25f, N, vl);
 		for (int r = 0; r < N; r++) {
 			ck_assert_float_eq_tol(pl[r], losses[r], 1e-5f);
@@ -1385,7 +1397,7 @@ static Suite *kernels_suite(void)
 		{ "rope adjacent pairs", { test_rope_adj }, 3 },
 		{ "yarn latent kv", { test_rope_yarn, test_mla_kv }, 0 },
 		{ "swiglu residual", { test_swiglu, test_residual }, 0 },
-		{ "xent", { test_xent }, 2 },
+		{ "xent", { test_xent }, 4 },
 		{ "xent stable", { test_xent_stable, test_xent_split }, 0 },
 		{ "adamw", { test_adamw }, 0 },
 		{ "newton-schulz muon", { test_newton_schulz, test_muon }, 3 },

@@ -147,7 +147,6 @@ enum mode {
 
 struct run {
 	enum mode mode;
-	bool per_layer;     /* one call per layer (with the window), else one for all */
 	double loss, aux;
 	bool layer_grads_zero_after_i; /* no layer gradient before any W */
 };
@@ -195,6 +194,7 @@ static void backward_call(struct model *m, enum mode mode, int mb, int l0, int l
 		return;
 	}
 	model_w_stash(m, mode == M_IW ? 0 : mb);
+	model_act_set(m, mb);
 	if (!weights)
 		ck_assert_int_eq(model_layers_backward_input(m, l0, l1, g, g, x), 0);
 	else
@@ -206,10 +206,6 @@ static void backward(struct model *m, struct run *r, int mb, float **xs, float *
 {
 	int L = model_dims(m)->L;
 	bool grads = r->mode == M_B || weights;
-	if (!r->per_layer) {
-		backward_call(m, r->mode, mb, 0, L, g, xs[0], weights);
-		return;
-	}
 	for (int l = L - 1; l >= 0; l--) {
 		use_layer(m, l);
 		if (grads)
@@ -251,16 +247,14 @@ static void step(struct model *m, const struct model_comm *comm, const struct me
 		for (int l = 0; l <= L; l++)
 			xs[mb][l] = calloc((size_t)N * C, sizeof(float));
 		tokens(m, ms, dev, mb, 2, d->T, d->V, in[mb], tg[mb]);
+		model_act_set(m, mb);  /* each microbatch's activations kept to its W */
 		double loss = 0;
 		ck_assert_int_eq(model_embed_forward(m, xs[mb][0], in[mb]), 0);
-		if (r->per_layer)
-			for (int l = 0; l < L; l++) {
-				use_layer(m, l);
-				ck_assert_int_eq(model_layers_forward(m, l, l + 1, xs[mb][l + 1], xs[mb][l]), 0);
-				done_layer(m, false);
-			}
-		else
-			ck_assert_int_eq(model_layers_forward(m, 0, L, xs[mb][L], xs[mb][0]), 0);
+		for (int l = 0; l < L; l++) {
+			use_layer(m, l);
+			ck_assert_int_eq(model_layers_forward(m, l, l + 1, xs[mb][l + 1], xs[mb][l]), 0);
+			done_layer(m, false);
+		}
 		if (d->L_moe)
 			ck_assert_int_eq(model_sum_counts(m, model_rows_axes(m)), 0);
 		ck_assert_int_eq(model_head_forward(m, &loss, xs[mb][L], tg[mb]), 0);
@@ -307,20 +301,13 @@ struct report {
 	double worst_iiww;   /* largest |difference| relative to B's largest gradient */
 };
 
-static void compare(struct model *m, const struct model_comm *comm, const struct mesh *ms, int dev, bool per_layer,
-		    bool iw_only, struct report *rep)
+static void compare(struct model *m, const struct model_comm *comm, const struct mesh *ms, int dev,
+		    struct report *rep)
 {
 	size_t n = model_numel(m);
-	struct run rb = { .mode = M_B, .per_layer = per_layer }, riw = { .mode = M_IW, .per_layer = per_layer },
-		   rii = { .mode = M_IIWW, .per_layer = per_layer },
-		   rlose = { .mode = M_IIWW_LOSE_W, .per_layer = per_layer };
+	struct run rb = { .mode = M_B }, riw = { .mode = M_IW }, rii = { .mode = M_IIWW }, rlose = { .mode = M_IIWW_LOSE_W };
 	float *gb = grads_of(m, comm, ms, dev, &rb), *giw = grads_of(m, comm, ms, dev, &riw);
-	/* W reading the activations in place: only right after its I here
-	 * (one set of activations: the next forward overwrites them) */
-	if (iw_only)
-		rii = riw, rlose = riw, rii.layer_grads_zero_after_i = true;
-	float *gii = iw_only ? gb : grads_of(m, comm, ms, dev, &rii);
-	float *glose = iw_only ? NULL : grads_of(m, comm, ms, dev, &rlose);
+	float *gii = grads_of(m, comm, ms, dev, &rii), *glose = grads_of(m, comm, ms, dev, &rlose);
 	double big = 0, worst = 0;
 	for (size_t i = 0; i < n; i++) {
 		big = fmax(big, fabs(gb[i]));
@@ -329,11 +316,10 @@ static void compare(struct model *m, const struct model_comm *comm, const struct
 	rep->grads_nonzero = big > 0;
 	rep->iw_same = !memcmp(gb, giw, n * sizeof(float)) && rb.loss == riw.loss && rb.aux == riw.aux;
 	rep->iiww_same = !memcmp(gb, gii, n * sizeof(float)) && rb.loss == rii.loss && rb.aux == rii.aux;
-	rep->lose_differs = iw_only || memcmp(gb, glose, n * sizeof(float)) != 0;
+	rep->lose_differs = memcmp(gb, glose, n * sizeof(float)) != 0;
 	rep->zero_after_i = rii.layer_grads_zero_after_i;
 	rep->worst_iiww = big > 0 ? worst / big : 1;
-	if (gii != gb)
-		free(gii);
+	free(gii);
 	free(gb);
 	free(giw);
 	free(glose);
@@ -351,7 +337,9 @@ static void check_report(const struct report *r, const char *what)
 
 /* ---- one device ---- */
 
-/* Copied inputs (every mode), and inputs read in place (I then W). */
+/* Weights' inputs copied into the stash, and read in place (each
+ * microbatch's activations in a set of their own until its W). A model
+ * without a pipeline runs one layer a call. */
 static void one_device(const char *const *kv, const char *what)
 {
 	struct cfg c;
@@ -359,20 +347,16 @@ static void one_device(const char *const *kv, const char *what)
 	make_cfg(&c, kv, 1);
 	ck_assert_msg(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0, "%s", err);
 	for (int in_place = 0; in_place < 2; in_place++) {
-		struct model_mesh mm = { .pipe_w_stashes = NMB, .pipe_w_reads_acts = in_place };
+		struct model_mesh mm = { .pipe_act_sets = NMB, .pipe_w_stashes = NMB, .pipe_w_reads_acts = in_place };
 		struct model *m = model_new(&d, 2, &mm, err, sizeof(err));
 		ck_assert_msg(m, "%s", err);
 		ck_assert_int_eq(model_w_stashes(m), NMB);
 		model_init(m, 11, 0.3f);
-		for (int per_layer = 0; per_layer < 2; per_layer++) {
-			struct report rep;
-			char name[160];
-			compare(m, NULL, NULL, 0, per_layer, in_place, &rep);
-			snprintf(name, sizeof(name), "%s, %s%s", what,
-				 per_layer ? "a call per layer" : "one call for all layers",
-				 in_place ? ", W reading the activations" : "");
-			check_report(&rep, name);
-		}
+		struct report rep;
+		char name[160];
+		compare(m, NULL, NULL, 0, &rep);
+		snprintf(name, sizeof(name), "%s%s", what, in_place ? ", W reading the activations" : "");
+		check_report(&rep, name);
 		model_free(m);
 	}
 }
@@ -436,6 +420,7 @@ struct mesh_case {
 	const char *what;
 	const char *kv[40];
 	int devices;
+	bool in_place;   /* W reads the activations in place */
 };
 
 static struct world world;
@@ -446,7 +431,7 @@ static struct mesh mesh;
 static void *dev_main(void *arg)
 {
 	struct dev *d = arg;
-	compare(d->m, &d->comm, d->w->mesh, d->me, true, false, &reps[d->me]);
+	compare(d->m, &d->comm, d->w->mesh, d->me, &reps[d->me]);
 	return NULL;
 }
 
@@ -463,7 +448,8 @@ static void on_mesh(const struct mesh_case *mc)
 	world = (struct world){ .n = mc->devices, .mesh = &mesh };
 	pthread_barrier_init(&world.bar, NULL, (unsigned)mc->devices);
 	for (int i = 0; i < mc->devices; i++) {
-		struct model_mesh mm = { .mesh = &mesh, .rules = &rules, .device = i, .pipe_w_stashes = NMB };
+		struct model_mesh mm = { .mesh = &mesh, .rules = &rules, .device = i, .pipe_act_sets = NMB,
+					 .pipe_w_stashes = NMB, .pipe_w_reads_acts = mc->in_place };
 		devs[i] = (struct dev){ .w = &world, .me = i };
 		devs[i].m = model_new(&d, 2, &mm, err, sizeof(err));
 		ck_assert_msg(devs[i].m, "%s: %s", mc->what, err);
@@ -489,15 +475,18 @@ static void on_mesh(const struct mesh_case *mc)
 #define ON(...) "ici_data_parallelism=1", __VA_ARGS__
 
 static const struct mesh_case cases[] = {
-	{ "tensor=2, dense grouped-query", { TINY, ON("ici_tensor_parallelism=2"), NULL }, 2 },
-	{ "fsdp=2, dense grouped-query", { TINY, ON("ici_fsdp_parallelism=2"), NULL }, 2 },
-	{ "expert=2, moe latent", { TINY, MOE, MLA, "q_lora_rank=6", ON("ici_expert_parallelism=2"), NULL }, 2 },
+	{ "tensor=2, dense grouped-query", { TINY, ON("ici_tensor_parallelism=2"), NULL }, 2, false },
+	{ "fsdp=2, dense grouped-query", { TINY, ON("ici_fsdp_parallelism=2"), NULL }, 2, false },
+	{ "expert=2, moe latent", { TINY, MOE, MLA, "q_lora_rank=6", ON("ici_expert_parallelism=2"), NULL }, 2, false },
 	{ "tensor_transpose=2, moe grouped-query",
-	  { TINY, MOE, ON("ici_tensor_transpose_parallelism=2"), NULL }, 2 },
+	  { TINY, MOE, ON("ici_tensor_transpose_parallelism=2"), NULL }, 2, false },
 	{ "fsdp=2 x tensor=2, moe latent",
-	  { TINY, MOE, MLA, "q_lora_rank=6", ON("ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"), NULL }, 4 },
+	  { TINY, MOE, MLA, "q_lora_rank=6", ON("ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"), NULL }, 4, false },
 	{ "expert=2 x tensor=2, moe grouped-query",
-	  { TINY, MOE, ON("ici_expert_parallelism=2", "ici_tensor_parallelism=2"), NULL }, 4 },
+	  { TINY, MOE, ON("ici_expert_parallelism=2", "ici_tensor_parallelism=2"), NULL }, 4, false },
+	{ "expert=2 x fsdp=2, moe latent, W reading the activations",
+	  { TINY, MOE, MLA, "q_lora_rank=8", "kv_lora_rank=8", ON("ici_expert_parallelism=2", "ici_fsdp_parallelism=2"), NULL }, 4,
+	  true },
 };
 
 START_TEST(test_mesh)

@@ -30,6 +30,7 @@ in float64 numpy, and computed a second way where meshrun computes one:
 """
 import json
 import math
+import os
 import struct
 import sys
 
@@ -46,10 +47,15 @@ def read_safetensors(path):
     for name, t in header.items():
         if name == "__metadata__":
             continue
-        if t["dtype"] != "F32":
-            raise SystemExit(f"ref: tensor {name} has dtype {t['dtype']}, only F32 is read")
         b, e = t["data_offsets"]
-        a = np.frombuffer(raw[base + b:base + e], dtype="<f4").astype(np.float64)
+        if t["dtype"] == "F32":
+            a = np.frombuffer(raw[base + b:base + e], dtype="<f4").astype(np.float64)
+        elif t["dtype"] == "BF16":
+            # bfloat16 is the top half of a float32
+            h = np.frombuffer(raw[base + b:base + e], dtype="<u2").astype(np.uint32) << 16
+            a = h.view(np.float32).astype(np.float64)
+        else:
+            raise SystemExit(f"ref: tensor {name} has dtype {t['dtype']}, only F32 and BF16 are read")
         out[name] = a.reshape(t["shape"])
     return out
 
@@ -72,6 +78,15 @@ def model_config(ckpt):
     """Hugging Face's keys; the ones config.json lacks from meshrun.yml."""
     with open(f"{ckpt}/config.json") as f:
         c = json.load(f)
+    if not os.path.exists(f"{ckpt}/meshrun.yml"):
+        # a Hugging Face directory: config.json is the whole truth
+        c["_window"] = int(c["max_position_embeddings"])
+        c["_mla"] = c.get("model_type") == "deepseek_v3"
+        if c["_mla"] and c.get("q_lora_rank") is None:
+            c["q_lora_rank"] = None
+        c.setdefault("n_group", 1)
+        c.setdefault("topk_group", c["n_group"])
+        return c
     y = read_meshrun_yml(f"{ckpt}/meshrun.yml")
     num = lambda k: float(y[k])
     c.setdefault("max_position_embeddings", int(num("max_target_length")))
@@ -203,6 +218,10 @@ def mlp(W, pre, x):
         W[pre + "down_proj.weight"].T
 
 
+# tokens routed, and those whose experts the group limit changed
+ROUTING = {"tokens": 0, "rerouted": 0}
+
+
 def route(c, logits, bias):
     """One token: (experts, gate weights), by a loop."""
     E, k = len(logits), c["num_experts_per_tok"]
@@ -226,12 +245,19 @@ def route(c, logits, bias):
             g = max((gg for gg in range(G) if gg not in chosen), key=lambda gg: (gscore[gg], -gg))
             chosen.append(g)
         allowed = {e for e in range(E) if e // per in chosen}
-        # Hugging Face fills the other groups' scores with 0.0
-        biased = [biased[e] if e in allowed else 0.0 for e in range(E)]
-    picked = []
-    for _ in range(k):
-        e = max((ee for ee in range(E) if ee not in picked), key=lambda ee: (biased[ee], -ee))
-        picked.append(e)
+    # Only the chosen groups' experts compete (DeepSeek's own inference
+    # code; Hugging Face's masked_fill(0.0) differs only when fewer than k
+    # allowed experts have a positive biased score: docs/training-step.md)
+    def top(cands):
+        picked = []
+        for _ in range(k):
+            e = max((ee for ee in cands if ee not in picked), key=lambda ee: (biased[ee], -ee))
+            picked.append(e)
+        return picked
+    picked = top(allowed)
+    if G > 1 and sorted(picked) != sorted(top(range(E))):
+        ROUTING["rerouted"] += 1
+    ROUTING["tokens"] += 1
     w = [scores[e] for e in picked]
     if c.get("norm_topk_prob", True):
         s = sum(w) + 1e-20
@@ -311,7 +337,8 @@ def main():
         total += forward_loss(c, W, win[b:b + 64, :T], win[b:b + 64, 1:], interleave)
     bias = max((float(np.abs(v).max()) for k, v in W.items() if k.endswith("e_score_correction_bias")),
                default=0.0)
-    print(f"ref_eval_loss: {total / (n * T):.12f} windows: {n} max_abs_bias: {bias:.6g}")
+    print(f"ref_eval_loss: {total / (n * T):.12f} windows: {n} max_abs_bias: {bias:.6g} "
+          f"routed_tokens: {ROUTING['tokens']} group_rerouted: {ROUTING['rerouted']}")
 
 
 if __name__ == "__main__":

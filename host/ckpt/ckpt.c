@@ -28,6 +28,7 @@
 #include "host/config/config.h"
 #include "host/model/model.h"
 #include "host/util/fs.h"
+#include "host/util/out.h"
 #include "kernels/kernels.h"
 
 #define MAX_TENSORS 65536
@@ -38,11 +39,12 @@ struct hf_list {
 	int n, cap;
 };
 
+/* -E2BIG when the list is full (MAX_TENSORS) */
 static int hf_add(struct hf_list *h, const char *name, const float *data, int ndim, const int *shape,
 		  enum st_dtype dtype)
 {
 	if (h->n == h->cap)
-		return -ENOSPC;
+		return -E2BIG;
 	struct st_tensor *t = &h->t[h->n];
 	snprintf(h->names[h->n], sizeof(h->names[0]), "%s", name);
 	t->name = h->names[h->n];
@@ -283,26 +285,6 @@ static int write_config_json(const struct cfg *c, const struct model_dims *d, co
 	return rc;
 }
 
-static int mkdir_p(const char *dir, char *err, size_t errlen)
-{
-	char tmp[4096];
-	snprintf(tmp, sizeof(tmp), "%s", dir);
-	for (char *p = tmp + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = 0;
-		if (mkdir(tmp, 0755) && errno != EEXIST)
-			goto fail;
-		*p = '/';
-	}
-	if (mkdir(tmp, 0755) && errno != EEXIST)
-		goto fail;
-	return 0;
-fail:
-	snprintf(err, errlen, "checkpoint: unable to create directory '%s': %s", tmp, strerror(errno));
-	return -errno;
-}
-
 /* Test-only (ckpt.h): a pause after each file of a checkpoint. */
 static void test_delay(void)
 {
@@ -322,8 +304,7 @@ static int sync_path(const char *path, char *err, size_t errlen)
 		int e = errno;
 		if (fd >= 0)
 			close(fd);
-		snprintf(err, errlen, "checkpoint: unable to sync '%s': %s", path, strerror(e));
-		return -e;
+		return util_file_err(err, errlen, "checkpoint", "sync", path, e);
 	}
 	close(fd);
 	return 0;
@@ -377,8 +358,12 @@ static int write_files(const struct ckpt_state *s, const char *dir, char *err, s
 		snprintf(err, errlen, "checkpoint: out of memory");
 		return -ENOMEM;
 	}
+	char sample[32], epoch_rows[32];
 	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, s->next_step);
-	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, NULL };
+	snprintf(sample, sizeof(sample), "%" PRId64, s->data_sample);
+	snprintf(epoch_rows, sizeof(epoch_rows), "%" PRId64, s->data_epoch_rows);
+	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, "meshrun_data_sample", sample,
+			       "meshrun_data_epoch_rows", epoch_rows, NULL };
 
 	if ((rc = hf_tensors(m, s->params, "", &h, !strcmp(s->cfg->checkpoint_dtype, "bf16"))))
 		goto out_free;
@@ -406,7 +391,7 @@ static int write_files(const struct ckpt_state *s, const char *dir, char *err, s
 		goto out_free;
 	test_delay();
 out_free:
-	if (rc == -ENOSPC)
+	if (rc == -E2BIG)
 		snprintf(err, errlen, "checkpoint: more than %d tensors", MAX_TENSORS);
 	hf_list_free(&h);
 	return rc;
@@ -423,8 +408,10 @@ static int publish(const char *tmp, const char *final, char *err, size_t errlen)
 		util_remove_flat_dir(tmp);
 		return 0;
 	}
+	char es[128];
 	int e = errno;
-	snprintf(err, errlen, "checkpoint: unable to rename '%s' to '%s': %s", tmp, final, strerror(e));
+	snprintf(err, errlen, "checkpoint: unable to rename '%s' to '%s': %s", tmp, final,
+		 util_errstr(e, es, sizeof(es)));
 	return -e;
 }
 
@@ -433,21 +420,21 @@ int ckpt_save(const struct ckpt_state *s, const char *dir, char *err, size_t err
 	char tmp[4110], final[4096];
 	int rc;
 
-	if ((rc = mkdir_p(dir, err, errlen)))
+	if ((rc = util_mkdir_p("checkpoint", dir, err, errlen)))
 		return rc;
 	snprintf(final, sizeof(final), "%s/step-%06" PRId64, dir, s->next_step);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", final);
 	util_remove_flat_dir(tmp);   /* a crashed writer's */
-	if (mkdir(tmp, 0755)) {
-		rc = -errno;
-		snprintf(err, errlen, "checkpoint: unable to create directory '%s': %s", tmp,
-			 strerror(errno));
-		return rc;
-	}
+	if (mkdir(tmp, 0755))
+		return util_file_err(err, errlen, "checkpoint", "create directory", tmp, errno);
 	if ((rc = write_files(s, tmp, err, errlen)) ||
 	    (rc = sync_path(tmp, err, errlen)) ||
-	    (rc = publish(tmp, final, err, errlen)) ||
-	    (rc = sync_path(dir, err, errlen)))
+	    (rc = publish(tmp, final, err, errlen))) {
+		/* nothing partial stays; the previous checkpoint is untouched */
+		util_remove_flat_dir(tmp);
+		return rc;
+	}
+	if ((rc = sync_path(dir, err, errlen)))
 		return rc;
 	prune(dir, s->next_step);
 	return 0;
@@ -519,12 +506,34 @@ static int load_tensors(struct st_file *f, const char *path, const struct hf_lis
 	return 0;
 }
 
-static int load_one(const char *path, const struct hf_list *h, int64_t *step, char *err, size_t errlen)
+/* The data position in f's metadata into s; -1 when absent (written
+ * before checkpoints had one). */
+static int load_data_pos(struct st_file *f, const char *path, struct ckpt_state *s, char *err,
+			 size_t errlen)
+{
+	const char *v[2] = { st_meta(f, "meshrun_data_sample"), st_meta(f, "meshrun_data_epoch_rows") };
+	int64_t *out[2] = { &s->data_sample, &s->data_epoch_rows };
+	for (int i = 0; i < 2; i++) {
+		char *end;
+		*out[i] = v[i] ? strtoll(v[i], &end, 10) : -1;
+		if (v[i] && (*end || !*v[i] || *out[i] < 0)) {
+			snprintf(err, errlen, "checkpoint: '%s' has invalid %s metadata '%s'", path,
+				 i ? "meshrun_data_epoch_rows" : "meshrun_data_sample", v[i]);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static int load_one(const char *path, const struct hf_list *h, int64_t *step, struct ckpt_state *pos,
+		    char *err, size_t errlen)
 {
 	struct st_file *f = st_open(path, err, errlen);
 	if (!f)
 		return errno == ENOMEM ? -ENOMEM : -EINVAL;
 	int rc = load_tensors(f, path, h, err, errlen);
+	if (!rc && pos)
+		rc = load_data_pos(f, path, pos, err, errlen);
 	const char *s = st_meta(f, "meshrun_step");
 	if (!rc && step) {
 		char *end;
@@ -555,7 +564,7 @@ int ckpt_load(struct ckpt_state *s, const char *run_dir, bool optimizer, char *e
 	if ((rc = hf_tensors(m, s->params, "", &h, false)))
 		goto out;
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-	if ((rc = load_one(path, &h, &s1, err, errlen)))
+	if ((rc = load_one(path, &h, &s1, optimizer ? s : NULL, err, errlen)))
 		goto out;
 	if (optimizer) {
 		h.n = 0;
@@ -563,7 +572,7 @@ int ckpt_load(struct ckpt_state *s, const char *run_dir, bool optimizer, char *e
 		    (rc = hf_tensors(m, s->v, "v.", &h, false)))
 			goto out;
 		snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
-		if ((rc = load_one(path, &h, &s2, err, errlen)))
+		if ((rc = load_one(path, &h, &s2, NULL, err, errlen)))
 			goto out;
 		if (s1 != s2) {
 			snprintf(err, errlen, "checkpoint: '%s': model is at step %" PRId64 " but optimizer at %" PRId64,
@@ -574,7 +583,7 @@ int ckpt_load(struct ckpt_state *s, const char *run_dir, bool optimizer, char *e
 		s->next_step = s1;
 	}
 out:
-	if (rc == -ENOSPC)
+	if (rc == -E2BIG)
 		snprintf(err, errlen, "checkpoint: more than %d tensors", MAX_TENSORS);
 	hf_list_free(&h);
 	/* whatever went wrong reading it, the checkpoint is bad input */

@@ -21,6 +21,10 @@ struct ckpt_state {
 	float *params, *m, *v;   /* whole tensors in model's layout, numel floats each */
 	size_t numel;
 	int64_t next_step;       /* the step to run after this state */
+	/* the training data's position at next_step (host/data/data.h):
+	 * global rows consumed and rows per epoch (0: no epochs); saved as
+	 * metadata; -1 on load from a checkpoint without them */
+	int64_t data_sample, data_epoch_rows;
 };
 
 /* A checkpoint directory (--checkpoint-dir DIR) holds one step directory
@@ -45,8 +49,8 @@ int ckpt_save(const struct ckpt_state *s, const char *dir, char *err, size_t err
 int ckpt_find(const char *dir, char *out, size_t outlen, int64_t *step, char *err, size_t errlen);
 
 /* Fills s->params from the checkpoint ckpt_find picks in dir and, with
- * optimizer, s->m, s->v and s->next_step (both files must agree on the
- * step). 0; -EBADMSG when there is none, or it is unreadable or does not
+ * optimizer, s->m, s->v, s->next_step (both files must agree on the
+ * step) and the data position. 0; -EBADMSG when there is none, or it is unreadable or does not
  * match the model; -ENOMEM. */
 int ckpt_load(struct ckpt_state *s, const char *dir, bool optimizer, char *err, size_t errlen);
 

@@ -16,6 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "host/util/out.h"
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c stores floats as they lie in memory: little-endian hosts only"
 #endif
@@ -124,8 +126,9 @@ static int atomic_begin(struct atomic_file *a, const char *path, const char *who
 	unlink(a->tmp);
 	a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 	if (a->fd < 0) {
+		char es[128];
 		int e = errno;
-		seterr(err, errlen, "%s: unable to create '%s': %s", who, a->tmp, strerror(e));
+		seterr(err, errlen, "%s: unable to create '%s': %s", who, a->tmp, util_errstr(e, es, sizeof(es)));
 		return -e;
 	}
 	return 0;
@@ -134,9 +137,10 @@ static int atomic_begin(struct atomic_file *a, const char *path, const char *who
 static int atomic_write(struct atomic_file *a, const void *buf, size_t len, const char *who,
 			char *err, size_t errlen)
 {
+	char es[128];
 	int rc = write_all(a->fd, buf, len);
 	if (rc)
-		seterr(err, errlen, "%s: unable to write '%s': %s", who, a->tmp, strerror(-rc));
+		seterr(err, errlen, "%s: unable to write '%s': %s", who, a->tmp, util_errstr(-rc, es, sizeof(es)));
 	return rc;
 }
 
@@ -152,10 +156,11 @@ static void atomic_abort(struct atomic_file *a)
 
 static int atomic_commit(struct atomic_file *a, const char *who, char *err, size_t errlen)
 {
+	char es[128];
 	int e;
 	if (fsync(a->fd) < 0) {
 		e = errno;
-		seterr(err, errlen, "%s: unable to sync '%s': %s", who, a->tmp, strerror(e));
+		seterr(err, errlen, "%s: unable to sync '%s': %s", who, a->tmp, util_errstr(e, es, sizeof(es)));
 		atomic_abort(a);
 		return -e;
 	}
@@ -163,7 +168,7 @@ static int atomic_commit(struct atomic_file *a, const char *who, char *err, size
 	a->fd = -1;
 	if (e || rename(a->tmp, a->path) < 0) {
 		e = e ? e : errno;
-		seterr(err, errlen, "%s: unable to replace '%s': %s", who, a->path, strerror(e));
+		seterr(err, errlen, "%s: unable to replace '%s': %s", who, a->path, util_errstr(e, es, sizeof(es)));
 		unlink(a->tmp);
 		return -e;
 	}
@@ -183,7 +188,7 @@ static int atomic_commit(struct atomic_file *a, const char *who, char *err, size
 		if (dfd >= 0)
 			close(dfd);
 		seterr(err, errlen, "%s: wrote '%s' but unable to sync its directory: %s", who,
-		       a->path, strerror(e));
+		       a->path, util_errstr(e, es, sizeof(es)));
 		return -e;
 	}
 	close(dfd);

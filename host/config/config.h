@@ -83,6 +83,8 @@ struct cfg_list {
 	X(BOOL, pipeline_delay_activation_forwarding, "false", 1, "a stage takes its input two iterations after the previous stage made it, so sends overlap compute; doubles the bubble") \
 	X(BOOL, pipeline_fsdp_ag_once, "false", 1, "gather all of a stage's weights (every repeat) once per step and reduce-scatter once at the end: repeats x weight memory") \
 	X(BOOL, pipeline_fsdp_ag_per_repeat, "false", 1, "two gathered weight slots per stage; the next repeat's weights are gathered one repeat ahead") \
+	X(STR,  pipeline_schedule, "circular", 1, "circular | gpipe | 1f1b | interleaved_1f1b | zb_h1 | zbv: the order of a step's forwards and backwards (docs/pipeline.md)") \
+	X(BOOL, pipeline_recompute, "true", 1, "a backward recomputes its chunk's forward from the chunk's saved input; false: the forward keeps every layer's activations until the backward") \
 	/* --- model (MaxText names) --- */ \
 	X(INT,   base_emb_dim, "256", 1, "d_model") \
 	X(INT,   base_num_query_heads, "4", 1, "") \
@@ -142,9 +144,19 @@ struct cfg_list {
 	X(FLOAT, muon_momentum, "0.95", 1, "") \
 	X(FLOAT, gradient_clipping_threshold, "1", 1, "0: off") \
 	X(BOOL,  shard_optimizer_over_data, "false", 1, "ZeRO-1: shard optimizer state over the data axis") \
-	X(STR,   dataset_type, "synthetic", 1, "synthetic | text") \
-	X(STR,   dataset_path, "", 1, "text file for dataset_type=text") \
-	X(INT,   data_shuffle_seed, "0", 1, "") \
+	/* --- data (docs/data.md) --- */ \
+	X(STR,   dataset_type, "synthetic", 1, "synthetic | text (bytes) | llmc (llm.c shards) | raw (headerless tokens, nanoGPT's train.bin) | megatron (Megatron-LM .idx + .bin)") \
+	X(STR,   dataset_path, "", 1, "text: a file; llmc, raw: a file, a directory (its *.bin) or a glob; megatron: a PREFIX (PREFIX.idx, PREFIX.bin), a directory (its *.idx) or a glob; shards in name order") \
+	X(STR,   eval_dataset_path, "", 1, "held-out data for eval_interval and meshrun eval, as dataset_path; \"\": the eval_split_fraction of dataset_path") \
+	X(STR,   eval_dataset_type, "", 1, "the format of eval_dataset_path; \"\": dataset_type") \
+	X(FLOAT, eval_split_fraction, "0", 1, "without eval_dataset_path: this fraction of dataset_path's rows (its last ones) is held out for evaluation and never trained on") \
+	X(INT,   dataset_token_bytes, "2", 1, "raw: bytes per token, 2 (uint16) or 4 (uint32)") \
+	X(BOOL,  dataset_respect_documents, "false", 1, "no loss on a target that starts a new document (megatron: its document index; llmc, raw: the token after eot_token)") \
+	X(INT,   eot_token, "-1", 1, "llmc, raw: the token that ends a document (GPT-2: 50256); -1: none") \
+	X(INT,   data_shuffle_seed, "0", 1, "epoch e's row order is a permutation seeded with data_shuffle_seed + e") \
+	X(INT,   eval_interval, "-1", 1, "evaluate on the held-out data after every this many steps; -1: never") \
+	X(INT,   eval_steps, "-1", 1, "global batches per evaluation; -1: every held-out row") \
+	/* --- logs and checkpoints --- */ \
 	X(INT,   log_period, "1", 1, "") \
 	X(INT,   checkpoint_period, "0", 1, "0: only at the end when --checkpoint-dir is given") \
 	X(STR,   checkpoint_dtype, "f32", 1, "f32 | bf16: the dtype of saved model weights") \
@@ -208,7 +220,8 @@ void cfg_single_device(struct cfg *c);
 int cfg_value_text(const struct cfg *c, const char *key, char *out, size_t n);
 /* SHA-256 over the canonical text of every hashed key. */
 void cfg_hash(const struct cfg *c, uint8_t out[32]);
-/* Writes the canonical `key: value` text of every key (a YAML file). */
+/* Writes the canonical `key: value` text of every key (a YAML file),
+ * whole or not at all (host/util/out.h). 0 or -errno with err. */
 int cfg_write_yaml(const struct cfg *c, const char *path, char *err, size_t errlen);
 
 #endif

@@ -15,7 +15,7 @@
 #include "host/mesh/plan.h"
 #include "host/mesh/shard.h"
 #include "host/pipeline/pipe_config.h"
-#include "host/train/train.h"
+#include "host/train/check.h"
 
 #define NCOL 6
 #define MAX_ROWS (2 * MODEL_MAX_PARAMS + 8)
@@ -184,14 +184,18 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 		hosts = cfg_family_product(c, true);
 	if (!devs)
 		devs = cfg_family_product(c, false);
-	if (cfg_finish(c, hosts, devs, err, errlen) || model_dims_from_cfg(&d, c, err, errlen) ||
-	    shard_rules_from_cfg(rules, c, err, errlen))
+	if (cfg_finish(c, hosts, devs, err, errlen))
 		goto out;
-	if (strcmp(c->opt_type, "adamw") && strcmp(c->opt_type, "muon")) {
-		snprintf(err, errlen, "config: key 'opt_type' must be adamw or muon, got '%s'", c->opt_type);
+	mesh_init(&m, c);
+	/* what the trainer refuses, refused here with the same line */
+	if ((rc = train_check(c, &m, err, errlen))) {
+		if (rc != -ENOMEM)
+			rc = -EINVAL;
 		goto out;
 	}
-	mesh_init(&m, c);
+	rc = -EINVAL;
+	if (model_dims_from_cfg(&d, c, err, errlen) || shard_rules_from_cfg(rules, c, err, errlen))
+		goto out;
 	/* device 0's plans: every device's shards have the same shapes */
 	struct model_mesh mm = { .mesh = &m, .rules = rules, .device = 0 };
 	int micro = 1;
@@ -229,11 +233,8 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 		int slots = p->opt == OPT_NONE ? 0 : (p->opt == OPT_MUON && muon) ? 1 : 2;
 		if (!slots)
 			continue;
+		/* train_check refused Muon matrices beside ZeRO-1 */
 		bool zero = ndata > 1 && (p->gsum & (1u << AX_DATA));
-		if (zero && slots == 1) {
-			trainer_muon_zero_refusal(p->name, err, errlen);
-			goto out;
-		}
 		char name[64];
 		snprintf(name, sizeof(name), "%.47s.%s%s", p->name, slots == 2 ? "m+v" : "m", zero ? " /data" : "");
 		size_t ob = bytes * (size_t)slots / (zero ? (size_t)ndata : 1);

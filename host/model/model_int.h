@@ -137,15 +137,20 @@ struct model {
 	int nbucket;
 	size_t numel;
 	float *params, *grads;
-	/* activations */
-	int act_layers;             /* layers whose saved activations are
-				     * stored: L, or in a pipeline stage the
+	/* activations (see lay_out in model.c) */
+	int act_layers;             /* layers whose saved activations a set
+				     * stores: L, or in a pipeline stage the
 				     * Lps it runs at once (la[l] then shares
-				     * la[l mod Lps]'s storage, resid slot l
-				     * slot l mod Lps; see model_new) */
-	float *resid;               /* [act_layers + 1, N, C]: slot l is layer
-				     * l's input */
-	struct layer_acts *la;
+				     * la[l mod Lps]'s storage) */
+	int call_layers;            /* layers one call may run */
+	int act_sets;               /* sets of saved activations */
+	struct layer_acts *la_all;  /* [act_sets, L] */
+	float **resid_all;          /* [act_sets] call_layers - 1 slots of
+				     * [N, C]: the inputs of a call's layers
+				     * after its first */
+	struct layer_acts *la;      /* the set in use (model_act_set) */
+	float *resid;               /* its slots */
+	float *stream;              /* [2, N, C] model_forward's (no pipeline) */
 	float *lnf, *rstdf, *logits, *probs, *losses;
 	float *cos_t, *sin_t;
 	float att_scale;            /* attention scores = att_scale * q.k */

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "host/mesh/plan.h"
+#include "host/train/check.h"
 #include "host/train/loop.h"
 #include "host/mesh/shard.h"
 #include "host/obs/trace.h"
@@ -323,40 +324,23 @@ static int job_p2p_flush(void *vctx)
 	return rc;
 }
 
-/* Sharded training runs every axis but these; they are refused until
- * something stands behind them. */
-static int check_mesh(const struct cfg *c, char *err, size_t errlen)
-{
-	static const int later[] = { AX_SEQUENCE, AX_CONTEXT };
-	for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
-		int a = later[i];
-		if (c->ici[a] * c->dcn[a] == 1)
-			continue;
-		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
-			 "along it is not implemented yet; today data, stage, fsdp, fsdp_transpose, "
-			 "tensor, tensor_transpose and expert parallelism train",
-			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
-		return -EINVAL;
-	}
-	return 0;
-}
-
-/* Resume: device 0 loaded the checkpoint (whole tensors); every device
- * takes it, then its own shards. */
+/* Resume: device 0 loaded the checkpoint (whole tensors, the step and
+ * the data position); every device takes it, then its own shards. */
 static int broadcast_state(struct trainer *t, struct job_ctx *jc, const struct coll_group *all,
 			   int64_t *start, char *err, size_t errlen)
 {
 	struct ckpt_state cs;
 	trainer_ckpt_state(t, &cs, *start);
 	size_t n = cs.numel;
-	int64_t s = *start;
+	int64_t s[3] = { *start, cs.data_sample, cs.data_epoch_rows };
 	if (coll_broadcast(jc->coll, all, cs.params, n * sizeof(float), 0, err, errlen) ||
 	    coll_broadcast(jc->coll, all, cs.m, n * sizeof(float), 0, err, errlen) ||
 	    coll_broadcast(jc->coll, all, cs.v, n * sizeof(float), 0, err, errlen) ||
-	    coll_broadcast(jc->coll, all, &s, sizeof(s), 0, err, errlen))
+	    coll_broadcast(jc->coll, all, s, sizeof(s), 0, err, errlen))
 		return -EHOSTDOWN;
-	*start = s;
-	return trainer_ckpt_scatter(t, err, errlen);
+	*start = s[0];
+	int rc = trainer_seek_data(t, s[0], s[1], s[2], err, errlen);
+	return rc ? rc : trainer_ckpt_scatter(t, err, errlen);
 }
 
 /* Gathers every device's spans to device 0, which writes the file. */
@@ -379,9 +363,9 @@ static int write_trace(struct device_ctx *dev, struct job_ctx *rc, const struct 
 	}
 	for (int i = 0; i < n; i++)
 		host_of[i] = mesh_host_of(dev->mesh, all->devs[i]);
-	/* a trace file that cannot be written is a plain failure */
-	if (leader && trace_write(path, ev, counts, host_of, n, err, errlen))
-		ret = -EIO;
+	/* a trace file that cannot be written fails the job with its errno */
+	if (leader)
+		ret = trace_write(path, ev, counts, host_of, n, err, errlen);
 out:
 	free(counts);
 	free(host_of);
@@ -416,13 +400,18 @@ static void job_step_end(void *vctx, const struct step_stats *st, double t0, dou
 {
 	struct job_ctx *c = vctx;
 	trace_span(c->tr, "forward+backward", "compute", st->t_fb0, st->t_fb1);
+	/* a pipeline's compute actions, each its span (F, B, I, W of a
+	 * microbatch and chunk; the owners' embed, head, embed_back) */
 	struct pipe_exec *px = c->t ? trainer_pipe(c->t) : NULL;
 	int n = 0;
-	const struct pipe_slot_time *pt = px && c->tr ? pipe_exec_times(px, &n) : NULL;
+	const struct pipe_act_time *pt = px && c->tr && pipe_exec_table(px)->shape.stages > 1 ?
+					 pipe_exec_times(px, &n) : NULL;
 	for (int i = 0; i < n; i++) {
-		char name[24];
-		snprintf(name, sizeof(name), "%s i%d r%d mb%d", pt[i].pass == PIPE_PASS_FWD ? "fwd" : "bwd",
-			 pt[i].iter, pt[i].repeat, pt[i].mb);
+		char name[32];
+		if (pt[i].op == PA_EMBED || pt[i].op == PA_HEAD || pt[i].op == PA_EMBED_BACK)
+			snprintf(name, sizeof(name), "%s mb%d", pipe_act_name(pt[i].op), pt[i].mb);
+		else
+			snprintf(name, sizeof(name), "%s mb%d c%d", pipe_act_name(pt[i].op), pt[i].mb, pt[i].chunk);
 		trace_span(c->tr, name, "pipeline", pt[i].t0, pt[i].t1);
 	}
 	trace_span(c->tr, "optimizer", "compute", st->t_opt0, st->t_opt1);
@@ -514,8 +503,9 @@ int train_job(struct device_ctx *dev)
 	bool leader = dev->device_id == 0, loaded = false;
 	uint32_t rows = 0;
 
+	/* everything the trainer would refuse, before anything is made */
 	struct fault_plan faults;
-	if ((ret = check_mesh(c, err, errlen)) ||
+	if ((ret = train_check(c, dev->mesh, err, errlen)) ||
 	    (ret = agent_faults(c, dev->mesh->num_hosts, &faults, err, errlen)))
 		goto out;
 	if (dev->local_index == 0)
@@ -602,6 +592,10 @@ int train_job(struct device_ctx *dev)
 		goto out;
 	if (leader && c->steps > start)
 		print_finished(dev, &loop, start, util_now_s() - run_t0);
+	/* the metrics file is synced and closed while every host is still in
+	 * the job, so a failure there fails it everywhere */
+	if (leader && (ret = steplog_close(&log, err, errlen)))
+		goto out;
 	if (jc.tr && (ret = write_trace(dev, &jc, &all, o->trace, err, errlen)))
 		goto out;
 	/* nobody leaves before the checkpoint is written */
@@ -610,8 +604,11 @@ int train_job(struct device_ctx *dev)
 out:
 	if (o->weights && !loaded)  /* the host's other devices wait for this one */
 		hf_src_done(o->weights, ret ? ret : -ECANCELED, err, errlen);
+	/* before the collectives go: the siblings would fail on them first */
+	if (ret)
+		agent_job_failed(dev, ret);
 	if (leader)
-		steplog_close(&log);
+		steplog_close(&log, NULL, 0);
 	trainer_free(t);
 	if (jc.coll)
 		coll_dev_free(jc.coll);
