@@ -209,8 +209,24 @@ START_TEST(test_tables_with_moe_outside_recompute)
 						ck_assert_int_eq(t.count_pass, p.moe && !pipe_phased(&p));
 						for (int s = 0; s < S; s++) {
 							int sums = 0, embeds = 0, heads = 0, set[64][8];
+							int held[64] = { 0 }, pending = 0, peak = 0;
 							for (int k = 0; k < t.n[s]; k++) {
 								const struct pipe_action *a = &t.a[s][k];
+								/* a W reads the stash its I filled; no I
+								 * writes over one still waiting */
+								int key = 1 + a->mb * 64 + a->chunk;
+								if (a->op == PA_I) {
+									ck_assert_int_lt(a->wset, t.w_stashes[s]);
+									ck_assert_int_eq(held[a->wset], 0);
+									held[a->wset] = key;
+									pending++;
+									peak = pending > peak ? pending : peak;
+								}
+								if (a->op == PA_W) {
+									ck_assert_int_eq(held[a->wset], key);
+									held[a->wset] = 0;
+									pending--;
+								}
 								sums += a->op == PA_COUNT_SUM;
 								embeds += a->op == PA_EMBED && !a->val.pass;
 								heads += a->op == PA_HEAD;
@@ -228,6 +244,13 @@ START_TEST(test_tables_with_moe_outside_recompute)
 							ck_assert_int_eq(heads, hs);
 							if (!p.recompute)
 								ck_assert_int_ge(t.act_sets[s], 2);
+							/* as many stashes as I's wait for their W at most */
+							ck_assert_int_eq(pending, 0);
+							ck_assert_int_eq(t.w_stashes[s], peak);
+							ck_assert_int_eq(peak > 0, pipe_split_backward(p.sched));
+							/* ZB-H1 delays stage s's W by s microbatches */
+							if (p.sched == PIPE_ZB_H1)
+								ck_assert_int_eq(peak, s + 1 < M ? s + 1 : M);
 						}
 						pipe_table_free(&t);
 						built++;
