@@ -81,6 +81,9 @@ struct model_mesh {
 	 * pipe_weight_slots of them gathered at once (0 or 1: one; a
 	 * schedule's weight_slots, host/pipeline/schedule.h). */
 	int pipe_stages, pipe_repeats, pipe_weight_slots;
+	/* ZB-V's order instead (pipe_repeats 2): stage s runs the layers of
+	 * block s and of block 2S-1-s, stored in that order (the V). */
+	bool pipe_v;
 	/* The pipelined decoder layers [pipe_first, pipe_first + pipe_layers)
 	 * (pipe_layers 0: all of them). A stacked tensor that holds any other
 	 * layer (they run data-parallel over `stage`, outside the pipeline)
@@ -267,6 +270,11 @@ void model_act_set(struct model *m, int k);
 /* About the bytes one dense (or MoE) layer's saved activations take for
  * `rows` sequences on one device (what a set holds per layer). */
 size_t model_layer_act_bytes(const struct model_dims *d, int rows, bool moe);
+/* The bytes one dense (or MoE) layer's part of a stash of the split
+ * backward takes for `rows` sequences on one device: its weights' output
+ * gradients, and their inputs unless W reads them in place
+ * (model_mesh.pipe_w_reads_acts). */
+size_t model_layer_w_stash_bytes(const struct model_dims *d, int rows, bool moe, bool reads_acts);
 
 /* Begins a step with st's collectives (st->aux starts at 0); st stays
  * the caller's and alive until model_step_end. */

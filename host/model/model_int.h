@@ -110,6 +110,7 @@ struct model {
 	int device;
 	int coord[AX_COUNT];
 	int pipe_stages, pipe_repeats; /* model_mesh's layer order (0: none) */
+	bool pipe_v;                   /* and ZB-V's V instead of the circle */
 	int pipe_first, pipe_layers;   /* and its pipelined layers */
 	int pipe_weight_slots;         /* model_mesh's: layer groups the window keeps */
 	uint32_t rows, ax_emb, ax_vocab, ax_exp, ax_moe_out;

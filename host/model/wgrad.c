@@ -111,19 +111,11 @@ void wg_replay(struct model *m, struct wg_tape *t, int l)
 
 /* ---- sizes ---- */
 
-/* Rows an expert block's operands span at most: every assignment here,
- * or with expert parallelism what this device's experts may receive. */
-static size_t expert_rows(const struct model *m)
-{
-	return m->ep > 1 ? m->rmax : (size_t)m->N * m->d.K;
-}
-
 /* Floats of the weights' output gradients (outs) and inputs (ins) a
- * layer's tape holds, by part (local dims). */
-static void attn_floats(const struct model *m, size_t *outs, size_t *ins)
+ * tape of layer dims d holds for N rows, by part. */
+static void attn_floats(const struct model_dims *d, size_t N, size_t *outs, size_t *ins)
 {
-	const struct model_dims *d = &m->l;
-	size_t N = (size_t)m->N, C = d->C;
+	size_t C = d->C;
 	if (!d->mla) {
 		size_t QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
 		*outs += N * QD + 2 * N * KD + N * C; /* wq, wk, wv, wo */
@@ -139,16 +131,16 @@ static void attn_floats(const struct model *m, size_t *outs, size_t *ins)
 	*ins += N * C + 2 * N * Rkv + N + N * VD + (Rq ? 2 * N * Rq + N : 0);
 }
 
-size_t wg_layer_floats(const struct model *m, bool moe)
+/* One tape of a layer of dims d (dense or moe) for N rows whose experts
+ * may receive R rows, shared experts SF wide: its floats. */
+static size_t tape_floats(const struct model_dims *d, size_t N, size_t R, size_t SF, bool moe, bool reads_acts)
 {
-	const struct model_dims *d = &m->l;
-	size_t N = (size_t)m->N, C = d->C, outs = 2 * N * C, ins = 2 * (N * C + N); /* the norms */
-	attn_floats(m, &outs, &ins);
+	size_t C = d->C, outs = 2 * N * C, ins = 2 * (N * C + N); /* the norms */
+	attn_floats(d, N, &outs, &ins);
 	if (!moe) {
 		outs += N * C + 2 * N * d->F;           /* down, gate, up */
 		ins += N * C + N * d->F;                /* ln2, h */
 	} else {
-		size_t R = expert_rows(m), SF = (size_t)m->SF;
 		outs += N * (size_t)d->E + R * C + 2 * R * (size_t)d->Fe; /* router, experts */
 		ins += N * C + R * C + R * (size_t)d->Fe;                /* ln2, the experts' rows, eh */
 		if (SF) {
@@ -156,7 +148,22 @@ size_t wg_layer_floats(const struct model *m, bool moe)
 			ins += N * SF;                   /* sh */
 		}
 	}
-	return outs + (m->wg_reads_acts ? 0 : ins);
+	return outs + (reads_acts ? 0 : ins);
+}
+
+size_t wg_layer_floats(const struct model *m, bool moe)
+{
+	/* an expert block's rows: every assignment here, or with expert
+	 * parallelism what this device's experts may receive */
+	size_t N = (size_t)m->N, R = m->ep > 1 ? m->rmax : N * (size_t)m->d.K;
+	return tape_floats(&m->l, N, R, (size_t)m->SF, moe, m->wg_reads_acts);
+}
+
+size_t model_layer_w_stash_bytes(const struct model_dims *d, int rows, bool moe, bool reads_acts)
+{
+	size_t N = (size_t)rows * d->T;
+	return sizeof(float) * tape_floats(d, N, N * (size_t)d->K, (size_t)d->S * d->Fe, moe, reads_acts) +
+	       sizeof(struct wg_entry) * (size_t)(2 + 8 + (moe ? 1 + 3 + 3 * d->E : 3));
 }
 
 int wg_layer_entries(const struct model *m, bool moe)
