@@ -687,8 +687,12 @@ START_TEST(test_keys_resolve)
 	ck_assert_int_eq(resolve(&pc, 4, KV("ici_pipeline_parallelism=4", "base_num_decoder_layers=8",
 					    "pipeline_schedule=zbv")), 0);
 	ck_assert_int_eq(pc.shape.sched, PIPE_ZBV);
-	ck_assert_int_eq(pipe_config_runnable(&pc, err, sizeof(err)), -EINVAL);
-	ck_assert_msg(strstr(err, "pipeline_schedule=zbv") && strstr(err, "not implemented yet"), "%s", err);
+	ck_assert_int_eq(pc.shape.repeats, 2);
+	/* the model stores ZB-V's layers in its V: stage s blocks s and 2S-1-s */
+	struct model_mesh mm = { 0 };
+	pipe_config_model_mesh(&pc, &mm);
+	ck_assert(mm.pipe_v);
+	ck_assert_int_eq(mm.pipe_repeats, 2);
 }
 END_TEST
 
