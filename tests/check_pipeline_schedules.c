@@ -63,24 +63,46 @@ START_TEST(test_schedule_zb_h1) { schedule_cases("zb_h1"); }
 END_TEST
 START_TEST(test_schedule_zbv) { schedule_cases("zbv"); }
 END_TEST
+/* eval_loss_hex of checkpoint tmpdir/dir's last step, on one device */
+static void eval_hex(const char *dir, char *hex, size_t n)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "eval --checkpoint %s/%s --text /usr/share/common-licenses/GPL-3", tmpdir, dir);
+	show_log_on_failure(run(args), 0);
+	char *log = read_tmp("log.out"), *p = strstr(log, "eval_loss_hex: ");
+	ck_assert_msg(p, "%s", log);
+	ck_assert_int_eq(sscanf(p + 15, "%63s", hex), 1);
+	ck_assert_uint_lt(strlen(hex), n);
+	free(log);
+}
+
 /* The split backward changes no bit: I then W adds each weight gradient
  * as B does, in the same microbatch order, so zb_h1 trains exactly as
  * 1f1b and zbv as interleaved_1f1b (their tables differ only in when the
- * W's run, and zbv's chunk placement); and the trace shows each stage's
- * I and W, no B. */
+ * W's run, and zbv's chunk placement); the trace shows each stage's I
+ * and W, no B; and the checkpoints are in layer order (zbv's stages
+ * store their V's layers, one device evaluates both alike). */
 static void same_losses(const char *cmd, const char *a, const char *b, const char *trace)
 {
-	char args[1024];
+	char args[1024], ha[64], hb[64];
 	double la[10], lb[10];
-	snprintf(args, sizeof(args), "%s pipeline_schedule=%s --metrics %s/a.jsonl", cmd, a, tmpdir);
+	snprintf(args, sizeof(args), "%s pipeline_schedule=%s --metrics %s/a.jsonl --checkpoint-dir %s/ck-a", cmd, a,
+		 tmpdir, tmpdir);
 	show_log_on_failure(run(args), 0);
-	snprintf(args, sizeof(args), "%s pipeline_schedule=%s --metrics %s/b.jsonl --trace %s/%s", cmd, b, tmpdir,
-		 tmpdir, trace);
+	snprintf(args, sizeof(args), "%s pipeline_schedule=%s --metrics %s/b.jsonl --trace %s/%s --checkpoint-dir %s/ck-b",
+		 cmd, b, tmpdir, tmpdir, trace, tmpdir);
 	show_log_on_failure(run(args), 0);
 	ck_assert_int_eq(losses("a.jsonl", la, 10), 10);
 	ck_assert_int_eq(losses("b.jsonl", lb, 10), 10);
 	for (int k = 0; k < 10; k++)
 		ck_assert_msg(la[k] == lb[k], "%s against %s, step %d: %a vs %a", b, a, k, la[k], lb[k]);
+	eval_hex("ck-a", ha, sizeof(ha));
+	eval_hex("ck-b", hb, sizeof(hb));
+	ck_assert_msg(!strcmp(ha, hb), "%s's checkpoint evaluates to %s, %s's to %s", b, hb, a, ha);
+	snprintf(args, sizeof(args), "%s/ck-a", tmpdir);
+	rm_rf(args);
+	snprintf(args, sizeof(args), "%s/ck-b", tmpdir);
+	rm_rf(args);
 }
 
 /* Compute spans of a trace named "<op> mb..." on device tid. */
