@@ -4,9 +4,11 @@
 # device (a stage a host: every hop over loopback TLS) and 2 hosts x 2
 # devices (2 stages a host), M in {4, 8, 16} microbatches of a 16-row
 # global batch, for circular (2 repeats), gpipe and 1f1b (2 layers a
-# stage), interleaved_1f1b (2 chunks of 1 layer a stage); recompute on
-# (the default). Per run: the mean step time over steps >= 1; the bubble
-# measured from --trace (bench/sched.py: a device's idle share between
+# stage), interleaved_1f1b (2 chunks of 1 layer a stage), and the
+# zero-bubble zb_h1 (2 layers a stage, as 1f1b) and zbv (2 chunks of 1
+# layer a stage in a V, as interleaved_1f1b); recompute on (the default;
+# KV="pipeline_recompute=false" adds keys to every run). Per run: the
+# mean step time over steps >= 1; the bubble measured from --trace (bench/sched.py: a device's idle share between
 # its first and last compute action of a step, the worst device, steps
 # >= 1); each host's agent's peak resident memory (VmHWM); the agents'
 # CPU seconds a step (after step 0) against plan's `work:` (the half of
@@ -16,20 +18,20 @@
 # bench link`), with the error in percent. Prints the load average before
 # each run. All devices share this machine's cores, as `meshrun local`
 # runs them.
-# usage: [BIN=meshrun] bench/sched.sh [STEPS] [MESHES] [MS] [SCHEDS]
-#   e.g. bench/sched.sh 3 "4x1 2x2" "4 8 16" "circular gpipe 1f1b interleaved_1f1b"
+# usage: [BIN=meshrun] [KV="key=value ..."] bench/sched.sh [STEPS] [MESHES] [MS] [SCHEDS]
+#   e.g. bench/sched.sh 3 "4x1 2x2" "4 8 16" "circular gpipe 1f1b interleaved_1f1b zb_h1 zbv"
 # (BIN: a copy of build/meshrun, to keep building while it runs)
 set -eu
 cd "$(dirname "$0")/.."
 steps=${1:-3}
 meshes=${2:-"4x1 2x2"}
 ms=${3:-"4 8 16"}
-scheds=${4:-"circular gpipe 1f1b interleaved_1f1b"}
+scheds=${4:-"circular gpipe 1f1b interleaved_1f1b zb_h1 zbv"}
 bin=${BIN:-build/meshrun}
 [ -n "${BIN:-}" ] || make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 model="--config configs/llama-bench.yml base_num_decoder_layers=8 max_target_length=128 per_device_batch_size=4"
-model="$model ici_data_parallelism=1 dcn_data_parallelism=1"
+model="$model ici_data_parallelism=1 dcn_data_parallelism=1 ${KV:-}"
 
 # the link: a 4 KiB message's time is the latency, 1 MiB's the bandwidth
 "$bin" bench link --hosts 2 --sizes 4K,1M --iters 50 >$tmp/link 2>&1 || { cat $tmp/link; exit 1; }
@@ -81,7 +83,7 @@ for mesh in $meshes; do
     for s in $scheds; do
       case $s in
         circular) sk="num_pipeline_repeats=2" ;;
-        interleaved_1f1b) sk="" ;;
+        interleaved_1f1b | zbv) sk="" ;;
         *) sk="num_layers_per_pipeline_stage=2" ;;
       esac
       args="$pp pipeline_schedule=$s num_pipeline_microbatches=$M $sk"

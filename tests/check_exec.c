@@ -212,7 +212,7 @@ static void pipelined(struct result *res, bool moe, int S, const char *sched, bo
 	struct pipe_config pc;
 	struct mailbox box = { .n = 0 };
 	struct stage st[MAXS];
-	int v = !strcmp(sched, "interleaved_1f1b") || !strcmp(sched, "circular") ? 2 : 1;
+	int v = !strcmp(sched, "interleaved_1f1b") || !strcmp(sched, "circular") || !strcmp(sched, "zbv") ? 2 : 1;
 	test_cfg(&c, moe, S, sched, recompute, v);
 	ck_assert(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0);
 	ck_assert_msg(shard_rules_from_cfg(&rules, &c, err, sizeof(err)) == 0, "%s", err);
@@ -232,6 +232,8 @@ static void pipelined(struct result *res, bool moe, int S, const char *sched, bo
 		ck_assert_msg(pipe_table_build(&t, &pc.shape, err, sizeof(err)) == 0, "%s", err);
 		pipe_config_model_mesh(&pc, &mm);
 		mm.pipe_act_sets = t.act_sets[s];
+		mm.pipe_w_stashes = t.w_stashes[s];
+		mm.pipe_w_reads_acts = !recompute;
 		st[s].m = model_new(&d, mb, &mm, err, sizeof(err));
 		ck_assert_msg(st[s].m, "%s", err);
 		model_init(st[s].m, 11, 0.2f);
@@ -293,7 +295,8 @@ static void one_device(struct result *res, bool moe, int S, const char *sched)
 	struct pipe_config pc;
 	struct pipe_table t;
 	struct pipe_exec *x;
-	int v = !strcmp(sched, "interleaved_1f1b") || !strcmp(sched, "circular") ? 2 : 1, dev = 0;
+	int v = !strcmp(sched, "interleaved_1f1b") || !strcmp(sched, "circular") || !strcmp(sched, "zbv") ? 2 : 1;
+	int dev = 0;
 	test_cfg(&c, moe, S, sched, true, v);
 	ck_assert(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0);
 	int rows = 16;
@@ -344,11 +347,12 @@ static void equal_to_one_device(bool moe, int S, const char *sched, bool recompu
 	free(again.g);
 }
 
-static const char *const scheds[] = { "circular", "gpipe", "1f1b", "interleaved_1f1b" };
+static const char *const scheds[] = { "circular", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv" };
+#define NSCHED (int)(sizeof(scheds) / sizeof(scheds[0]))
 
 START_TEST(test_dense)
 {
-	for (int k = 0; k < 4; k++)
+	for (int k = 0; k < NSCHED; k++)
 		for (int S = 2; S <= 4; S += 2)
 			for (int rc = 0; rc < 2; rc++)
 				equal_to_one_device(false, S, scheds[k], rc);
@@ -357,7 +361,7 @@ END_TEST
 
 START_TEST(test_moe)
 {
-	for (int k = 0; k < 4; k++)
+	for (int k = 0; k < NSCHED; k++)
 		for (int rc = 0; rc < 2; rc++)
 			equal_to_one_device(true, 2, scheds[k], rc);
 }

@@ -385,9 +385,10 @@ START_TEST(test_unsupported_refused)
 		" pipeline_parallel_layers=3 steps=1", "pipeline_parallel_layers", "[1, 2]");
 	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_fsdp_ag_once=true "
 		"pipeline_fsdp_ag_per_repeat=true steps=1", "pipeline_fsdp_ag_once", "pipeline_fsdp_ag_per_repeat");
-	/* the zero-bubble schedules need the backward split */
-	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_schedule=zb_h1 steps=1",
-		"pipeline_schedule=zb_h1", "not implemented yet");
+	/* one chunk a stage: zb_h1 over 4 layers and 2 stages needs 2 layers a chunk */
+	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_schedule=zb_h1 "
+		"base_num_decoder_layers=4 steps=1", "pipeline_schedule=zb_h1 runs one chunk per stage",
+		"'num_layers_per_pipeline_stage' to 2");
 	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " num_pipeline_microbatches=4 "
 		"pipeline_schedule=1f1b pipeline_delay_activation_forwarding=true steps=1",
 		"pipeline_delay_activation_forwarding", "circular only");

@@ -1,5 +1,6 @@
 /* The schedules besides the circular one (pipeline_schedule: gpipe,
- * 1f1b, interleaved_1f1b), each from its own table through the same
+ * 1f1b, interleaved_1f1b, and the zero-bubble zb_h1 and zbv, whose
+ * backward runs split into I and W), each from its own table through the same
  * executor as check_pipeline's, across real agents on loopback: 10 steps
  * within 1e-4 of one device on the same global batch, reruns
  * bit-identical. Every combination the issue names is covered by at
@@ -9,6 +10,7 @@
  * in the schedules that back-propagate before the last forward); and the
  * circular schedule without recompute. A suite of its own so neither it
  * nor check_pipeline comes near run-all's limit on a loaded machine. */
+#include <cJSON.h>
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +31,8 @@ static void setup(void)
 static void schedule_cases(const char *sched)
 {
 	char kv[512];
-	bool inter = !strcmp(sched, "interleaved_1f1b");
+	/* two chunks a stage: interleaved (v = 2 here) and zbv's V */
+	bool inter = !strcmp(sched, "interleaved_1f1b") || !strcmp(sched, "zbv");
 	/* S=4, M=8, recompute off: each chunk in flight keeps its layers' activations */
 	snprintf(kv, sizeof(kv), "ici_data_parallelism=1 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
 		 "pipeline_schedule=%s pipeline_recompute=false%s", sched, inter ? "" : " num_layers_per_pipeline_stage=2");
@@ -56,6 +59,92 @@ START_TEST(test_schedule_1f1b) { schedule_cases("1f1b"); }
 END_TEST
 START_TEST(test_schedule_interleaved) { schedule_cases("interleaved_1f1b"); }
 END_TEST
+START_TEST(test_schedule_zb_h1) { schedule_cases("zb_h1"); }
+END_TEST
+START_TEST(test_schedule_zbv) { schedule_cases("zbv"); }
+END_TEST
+/* eval_loss_hex of checkpoint tmpdir/dir's last step, on one device */
+static void eval_hex(const char *dir, char *hex, size_t n)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "eval --checkpoint %s/%s --text /usr/share/common-licenses/GPL-3", tmpdir, dir);
+	show_log_on_failure(run(args), 0);
+	char *log = read_tmp("log.out"), *p = strstr(log, "eval_loss_hex: ");
+	ck_assert_msg(p, "%s", log);
+	ck_assert_int_eq(sscanf(p + 15, "%63s", hex), 1);
+	ck_assert_uint_lt(strlen(hex), n);
+	free(log);
+}
+
+/* The split backward changes no bit: I then W adds each weight gradient
+ * as B does, in the same microbatch order, so zb_h1 trains exactly as
+ * 1f1b and zbv as interleaved_1f1b (their tables differ only in when the
+ * W's run, and zbv's chunk placement); the trace shows each stage's I
+ * and W, no B; and the checkpoints are in layer order (zbv's stages
+ * store their V's layers, one device evaluates both alike). */
+static void same_losses(const char *cmd, const char *a, const char *b, const char *trace)
+{
+	char args[1024], ha[64], hb[64];
+	double la[10], lb[10];
+	snprintf(args, sizeof(args), "%s pipeline_schedule=%s --metrics %s/a.jsonl --checkpoint-dir %s/ck-a", cmd, a,
+		 tmpdir, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "%s pipeline_schedule=%s --metrics %s/b.jsonl --trace %s/%s --checkpoint-dir %s/ck-b",
+		 cmd, b, tmpdir, tmpdir, trace, tmpdir);
+	show_log_on_failure(run(args), 0);
+	ck_assert_int_eq(losses("a.jsonl", la, 10), 10);
+	ck_assert_int_eq(losses("b.jsonl", lb, 10), 10);
+	for (int k = 0; k < 10; k++)
+		ck_assert_msg(la[k] == lb[k], "%s against %s, step %d: %a vs %a", b, a, k, la[k], lb[k]);
+	eval_hex("ck-a", ha, sizeof(ha));
+	eval_hex("ck-b", hb, sizeof(hb));
+	ck_assert_msg(!strcmp(ha, hb), "%s's checkpoint evaluates to %s, %s's to %s", b, hb, a, ha);
+	snprintf(args, sizeof(args), "%s/ck-a", tmpdir);
+	rm_rf(args);
+	snprintf(args, sizeof(args), "%s/ck-b", tmpdir);
+	rm_rf(args);
+}
+
+/* Compute spans of a trace named "<op> mb..." on device tid. */
+static int spans(const char *trace, int tid, const char *op)
+{
+	char *text = read_tmp(trace), pre[8];
+	cJSON *root = cJSON_Parse(text), *e;
+	int n = 0;
+	ck_assert_msg(root, "%s is not JSON", trace);
+	snprintf(pre, sizeof(pre), "%s mb", op);
+	cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
+		cJSON *ph = cJSON_GetObjectItem(e, "ph"), *name = cJSON_GetObjectItem(e, "name");
+		n += !strcmp(ph->valuestring, "X") && cJSON_GetObjectItem(e, "tid")->valueint == tid &&
+		     !strncmp(name->valuestring, pre, strlen(pre));
+	}
+	cJSON_Delete(root);
+	free(text);
+	return n;
+}
+
+START_TEST(test_split_bit_identical)
+{
+	char cmd[512];
+	snprintf(cmd, sizeof(cmd), "local --hosts 1 --devices-per-host 2 --config " LLAMA " steps=10 "
+		 "per_device_batch_size=4 " PP2 " num_pipeline_microbatches=4 base_num_decoder_layers=4 "
+		 "num_layers_per_pipeline_stage=2 pipeline_recompute=false");
+	same_losses(cmd, "1f1b", "zb_h1", "zb.json");
+	for (int d = 0; d < 2; d++) {  /* 10 steps x 4 microbatches, one chunk a stage */
+		ck_assert_int_eq(spans("zb.json", d, "I"), 40);
+		ck_assert_int_eq(spans("zb.json", d, "W"), 40);
+		ck_assert_int_eq(spans("zb.json", d, "B"), 0);
+	}
+	snprintf(cmd, sizeof(cmd), "local --hosts 1 --devices-per-host 2 --config " DEEPSEEK " steps=10 "
+		 "per_device_batch_size=4 " PP2 " num_pipeline_microbatches=4 base_num_decoder_layers=5 " DS_SHORT);
+	same_losses(cmd, "interleaved_1f1b", "zbv", "zbv.json");
+	for (int d = 0; d < 2; d++) {  /* two chunks a stage */
+		ck_assert_int_eq(spans("zbv.json", d, "I"), 80);
+		ck_assert_int_eq(spans("zbv.json", d, "W"), 80);
+	}
+}
+END_TEST
+
 /* the circular schedule without recompute: MoE with repeats and FSDP */
 START_TEST(test_circular_no_recompute)
 {
@@ -73,6 +162,9 @@ int main(void)
 	tcase_add_test(tc, test_schedule_gpipe);
 	tcase_add_test(tc, test_schedule_1f1b);
 	tcase_add_test(tc, test_schedule_interleaved);
+	tcase_add_test(tc, test_schedule_zb_h1);
+	tcase_add_test(tc, test_schedule_zbv);
+	tcase_add_test(tc, test_split_bit_identical);
 	tcase_add_test(tc, test_circular_no_recompute);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);

@@ -1,5 +1,5 @@
-/* `meshrun bench WHAT`: matmul peak, raw TLS link throughput, collectives.
- * Benchmarks print figures; they never pass or fail on speed. link and
+/* `meshrun bench WHAT`: matmul peak, raw TLS link throughput, collectives,
+ * loading a checkpoint, a layer's split backward. Benchmarks print figures; they never pass or fail on speed. link and
  * collectives start their own agents on loopback, which run this command
  * again with --agent. */
 #include <errno.h>
@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "host/agent/agent.h"
+#include "host/bench/bench_backward.h"
 #include "host/bench/bench_coll.h"
 #include "host/bench/bench_link.h"
 #include "host/bench/bench_load.h"
@@ -228,8 +229,40 @@ static int cmd_bench_load(int argc, char **argv)
 	return cli_exit_code(bench_load_run(&cfg, host_id));
 }
 
+/* One layer's F, B, I and W on one device (the split backward's costs). */
+static int cmd_bench_backward(int argc, char **argv)
+{
+	static struct cfg cfg;
+	int rounds = 9, rows = 0;
+	struct args a;
+	char err[640];
+	const struct arg_flag flags[] = {
+		{ "--config", ARG_CONFIG, NULL, 0, 0, NULL },
+		{ "--rounds", ARG_INT, &rounds, 1, 64, NULL },
+		{ "--rows", ARG_INT, &rows, 1, 1 << 20, NULL },
+		END_FLAGS,
+	};
+	const struct arg_flag *const tables[] = { flags, NULL };
+	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
+	if (rc) {
+		args_release(&a);
+		return cli_usage_error("bench backward", "%s", err);
+	}
+	rc = args_load_cfg(&a, &cfg, err, sizeof(err));
+	args_release(&a);
+	if (!rc && cfg_finish(&cfg, 1, 1, err, sizeof(err)))
+		rc = -EINVAL;
+	if (rc) {
+		cli_error("bench backward", "%s", err);
+		return cli_exit_code(rc);
+	}
+	return cli_exit_code(bench_backward_run(&cfg, rows ? rows : (int)cfg.per_device_batch_size, rounds));
+}
+
 int cmd_bench(int argc, char **argv)
 {
+	if (argc >= 2 && !strcmp(argv[1], "backward"))
+		return cmd_bench_backward(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "load"))
 		return cmd_bench_load(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "matmul"))
@@ -238,5 +271,5 @@ int cmd_bench(int argc, char **argv)
 		return cmd_bench_link(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "collectives"))
 		return cmd_bench_coll(argc - 1, argv + 1);
-	return cli_usage_error("bench", "give matmul, link, collectives or load");
+	return cli_usage_error("bench", "give matmul, link, collectives, load or backward");
 }

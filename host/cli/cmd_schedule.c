@@ -297,22 +297,27 @@ static int print_weights(const struct pipe_config *pc, const struct layer_bytes 
 	return 0;
 }
 
-static int print_memory(const struct pipe_table *t, const struct shard_spec *in, size_t layer_act)
+static int print_memory(const struct pipe_table *t, const struct shard_spec *in, size_t layer_act,
+			size_t layer_stash)
 {
 	size_t act = in->local_bytes;
 	int S = t->shape.stages, lps = t->shape.layers_per_stage;
+	bool split = pipe_split_backward(t->shape.sched);
 	size_t most = 0;
 	printf("\nmemory per device of each stage (a microbatch's chunk input: %d rows x %d x %d floats = %zu "
-	       "bytes; one layer's saved activations for it: about %zu bytes)\n", in->local[0], in->local[1],
+	       "bytes; one layer's saved activations for it: about %zu bytes", in->local[0], in->local[1],
 	       in->local[2], act, layer_act);
-	printf("  %-6s %10s %8s %8s %8s %8s %16s\n", "stage", "peak saved", "formula", "buffers", "scratch",
-	       "act sets", "bytes");
+	if (split)
+		printf("; one layer's stash of the split backward: %zu bytes", layer_stash);
+	printf(")\n  %-6s %10s %8s %8s %8s %8s %8s %16s\n", "stage", "peak saved", "formula", "buffers", "scratch",
+	       "act sets", "stashes", "bytes");
 	for (int s = 0; s < S; s++) {
 		struct pipe_stats st;
 		pipe_stage_stats(t, s, &st);
 		int f = pipe_peak_formula(&t->shape, s);
 		size_t bytes = act * (size_t)(t->bufs[s] + t->scratch[s]) +
-			       layer_act * (size_t)lps * (size_t)t->act_sets[s];
+			       layer_act * (size_t)lps * (size_t)t->act_sets[s] +
+			       layer_stash * (size_t)lps * (size_t)t->w_stashes[s];
 		most = bytes > most ? bytes : most;
 		if (s >= 3 && s < S - 1) {
 			if (s == 3)
@@ -321,8 +326,8 @@ static int print_memory(const struct pipe_table *t, const struct shard_spec *in,
 		}
 		char fs[16];
 		snprintf(fs, sizeof(fs), f < 0 ? "-" : "%d", f);
-		printf("  %-6d %10d %8s %8d %8d %8d %16zu\n", s, st.peak_saved, fs, t->bufs[s], t->scratch[s],
-		       t->act_sets[s], bytes);
+		printf("  %-6d %10d %8s %8d %8d %8d %8d %16zu\n", s, st.peak_saved, fs, t->bufs[s], t->scratch[s],
+		       t->act_sets[s], t->w_stashes[s], bytes);
 	}
 	print_bytes("most on one device", most);
 	printf("  (peak saved: chunk inputs held from their forward to their backward, in chunks; buffers: "
@@ -330,6 +335,11 @@ static int print_memory(const struct pipe_table *t, const struct shard_spec *in,
 	       "its last reader and the send's receipt; act sets: saved layer activations of %d layer%s each, %s)\n",
 	       lps, lps == 1 ? "" : "s", t->shape.recompute ? "one: each backward recomputes its forward"
 							 : "one per chunk in flight");
+	if (split)
+		printf("  (stashes: the split backward's, one per chunk between its I and its W, holding its layers' "
+		       "weight-gradient operands: their output gradients, %s)\n",
+		       t->shape.recompute ? "and their inputs, since the activations are recomputed"
+					  : "the inputs read in place from the activation set kept to the W");
 	return 0;
 }
 
@@ -384,9 +394,6 @@ static void print_head(const struct pipe_config *pc, const struct model_dims *d,
 					       "(with the layers outside the pipeline)");
 	printf("batch: %d rows (per_device_batch_size x %d devices); microbatch %d rows\n", pc->global_batch,
 	       m->num_devices, pc->microbatch_rows);
-	if (pipe_split_backward(p->sched))
-		printf("note: the backward split (I, W) is not implemented yet: training refuses %s; the table is "
-		       "what it will run\n", pipe_sched_name(p->sched));
 }
 
 /* --costs F:I:W: slots of a forward, input and weight backward. */
@@ -454,7 +461,8 @@ static int describe(const struct pipe_config *pc, const struct model_dims *d, co
 	if (print_grid(t))
 		return -ENOMEM;
 	size_t layer_act = model_layer_act_bytes(d, pc->microbatch_rows, d->L_moe > 0);
-	if (print_weights(pc, lb) || print_memory(t, in, layer_act))
+	size_t layer_stash = model_layer_w_stash_bytes(d, pc->microbatch_rows, d->L_moe > 0, !pc->shape.recompute);
+	if (print_weights(pc, lb) || print_memory(t, in, layer_act, layer_stash))
 		return -ENOMEM;
 	return 0;
 }

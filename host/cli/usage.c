@@ -42,7 +42,8 @@ static const struct {
 		   "       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "
 		   "--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [key=value ...]\n"
 		   "       meshrun bench load [--hosts N] [--host-id I] [--devices-per-host D] "
-		   "load_parameters_path=DIR [key=value ...]\n" },
+		   "load_parameters_path=DIR [key=value ...]\n"
+		   "       meshrun bench backward --config FILE [--rows N] [--rounds K] [key=value ...]\n" },
 };
 
 const char *cli_usage(const char *cmd)

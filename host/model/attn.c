@@ -2,7 +2,8 @@
  * implementations behind struct attn_ops (model_int.h): q, k, v
  * projections, RoPE with Llama's pairing (i, i + D/2), causal attention,
  * the output projection; forward and backward as flat lists of kernel
- * calls, partial sums reduced where the plans say. */
+ * calls, partial sums reduced where the plans say, each weight gradient
+ * handed to wgrad.c (now, or kept for the split backward's W). */
 #include <string.h>
 
 #include "host/model/linear.h"
@@ -36,21 +37,31 @@ static void gqa_backward(struct model *m, int l, float *dln, const float *dout, 
 	int N = m->N, C = d->C, QD = d->Hq * d->D, KD = d->Hkv * d->D;
 
 	memset(m->datty, 0, sizeof(float) * (size_t)N * QD);
-	linear_backward(m->datty, GP(P_WO, l), dout, a->atty, WP(P_WO, l), N, QD, C);
+	linear_backward(m->datty, NULL, dout, NULL, WP(P_WO, l), N, QD, C);
+	wg_linear(m, P_WO, l, 0, wg_keep(m, dout, (size_t)N * C), wg_keep_act(m, a->atty, (size_t)N * QD),
+		  N, QD, C);
 	psum(m, m->pl[P_WO].dx_reduce, m->datty, (size_t)N * QD);
+	/* the projections' output gradients, where their weight gradients
+	 * read them */
+	float *dv = wg_out(m, m->dv, (size_t)N * KD), *dqr = wg_out(m, m->dqr, (size_t)N * QD);
+	float *dkr = wg_out(m, m->dkr, (size_t)N * KD);
 	memset(m->dq, 0, sizeof(float) * (size_t)N * QD);
 	memset(m->dk, 0, sizeof(float) * (size_t)N * KD);
-	memset(m->dv, 0, sizeof(float) * (size_t)N * KD);
-	attention_backward(m->dq, m->dk, m->dv, m->att_scratch, m->datty, a->q, a->k, a->v, a->att,
+	memset(dv, 0, sizeof(float) * (size_t)N * KD);
+	attention_backward(m->dq, m->dk, dv, m->att_scratch, m->datty, a->q, a->k, a->v, a->att,
 			   m->B, d->T, d->Hq, d->Hkv, d->D, d->D, m->att_scale);
-	memset(m->dqr, 0, sizeof(float) * (size_t)N * QD);
-	memset(m->dkr, 0, sizeof(float) * (size_t)N * KD);
-	rope_backward(m->dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
-	rope_backward(m->dkr, m->dk, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
+	memset(dqr, 0, sizeof(float) * (size_t)N * QD);
+	memset(dkr, 0, sizeof(float) * (size_t)N * KD);
+	rope_backward(dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
+	rope_backward(dkr, m->dk, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
 	/* q, k and v split their heads alike: one sum of their partial dx */
-	linear_backward(dln, GP(P_WQ, l), m->dqr, ln, WP(P_WQ, l), N, C, QD);
-	linear_backward(dln, GP(P_WK, l), m->dkr, ln, WP(P_WK, l), N, C, KD);
-	linear_backward(dln, GP(P_WV, l), m->dv, ln, WP(P_WV, l), N, C, KD);
+	const float *kln = wg_keep_act(m, ln, (size_t)N * C);
+	linear_backward(dln, NULL, dqr, NULL, WP(P_WQ, l), N, C, QD);
+	wg_linear(m, P_WQ, l, 0, dqr, kln, N, C, QD);
+	linear_backward(dln, NULL, dkr, NULL, WP(P_WK, l), N, C, KD);
+	wg_linear(m, P_WK, l, 0, dkr, kln, N, C, KD);
+	linear_backward(dln, NULL, dv, NULL, WP(P_WV, l), N, C, KD);
+	wg_linear(m, P_WV, l, 0, dv, kln, N, C, KD);
 	psum(m, m->pl[P_WQ].dx_reduce, dln, (size_t)N * C);
 }
 

@@ -12,7 +12,8 @@
  * whole on every device (their down-projections' partial sums over a
  * split embedding are all-reduced); heads split as the plans say. The
  * backward is a flat list of kernel calls in which each weight's
- * gradient comes from its own linear_backward. */
+ * gradient is its own call, handed to wgrad.c (now, or kept for the
+ * split backward's W). */
 #include <string.h>
 
 #include "host/model/linear.h"
@@ -62,12 +63,19 @@ static void mla_backward(struct model *m, int l, float *dln, const float *dout, 
 	const struct model_dims *d = &m->l;
 	struct layer_acts *a = &m->la[l];
 	int N = m->N, C = d->C, H = d->Hq, Dk = d->Dn + d->Dr, QD = H * Dk, VD = H * d->Dv;
-	int BD = H * (d->Dn + d->Dv), Rkv = d->Rkv, Dr = d->Dr;
-	float *wkv = WP(P_WKV_A, l), *gkv = GP(P_WKV_A, l);
-	float *dkr = m->dlat + (size_t)N * Rkv, *dkr_rot = m->dkr;
+	int BD = H * (d->Dn + d->Dv), Rkv = d->Rkv, Dr = d->Dr, Rq = d->Rq;
+	float *wkv = WP(P_WKV_A, l), *dkr_rot = m->dkr;
+	const float *kln = wg_keep_act(m, ln, (size_t)N * C);
+	/* the output gradients weight gradients read, where they read them */
+	float *dqr = wg_out(m, m->dqr, (size_t)N * QD), *dkvb = wg_out(m, m->dkvb, (size_t)N * BD);
+	float *dlat = wg_out(m, m->dlat, (size_t)N * (Rkv + Dr)), *dkva = wg_out(m, m->dkva, (size_t)N * Rkv);
+	float *dqn = Rq ? wg_out(m, m->dqn, (size_t)N * Rq) : NULL, *dqa = Rq ? wg_out(m, m->dqa, (size_t)N * Rq) : NULL;
+	float *dkr = dlat + (size_t)N * Rkv;
 
 	memset(m->datty, 0, sizeof(float) * (size_t)N * VD);
-	linear_backward(m->datty, GP(P_WO, l), dout, a->atty, WP(P_WO, l), N, VD, C);
+	linear_backward(m->datty, NULL, dout, NULL, WP(P_WO, l), N, VD, C);
+	wg_linear(m, P_WO, l, 0, wg_keep(m, dout, (size_t)N * C), wg_keep_act(m, a->atty, (size_t)N * VD),
+		  N, VD, C);
 	psum(m, m->pl[P_WO].dx_reduce, m->datty, (size_t)N * VD);
 	memset(m->dq, 0, sizeof(float) * (size_t)N * QD);
 	memset(m->dk, 0, sizeof(float) * (size_t)N * QD);
@@ -77,40 +85,48 @@ static void mla_backward(struct model *m, int l, float *dln, const float *dout, 
 
 	/* queries: the rotation undone, then the projections; with heads
 	 * split the latent's gradient is partial until summed */
-	memset(m->dqr, 0, sizeof(float) * (size_t)N * QD);
-	rope_adj_backward(m->dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, H, Dk, d->Dn, Dr);
-	if (d->Rq) {
-		memset(m->dqn, 0, sizeof(float) * (size_t)N * d->Rq);
-		linear_backward(m->dqn, GP(P_WQ_B, l), m->dqr, a->qn, WP(P_WQ_B, l), N, d->Rq, QD);
-		psum(m, m->pl[P_WQ_B].dx_reduce, m->dqn, (size_t)N * d->Rq);
-		memset(m->dqa, 0, sizeof(float) * (size_t)N * d->Rq);
-		rmsnorm_backward(m->dqa, GP(P_Q_A_NORM, l), m->dqn, a->qa, WP(P_Q_A_NORM, l), a->qrstd,
-				 N, d->Rq);
+	memset(dqr, 0, sizeof(float) * (size_t)N * QD);
+	rope_adj_backward(dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, H, Dk, d->Dn, Dr);
+	if (Rq) {
+		memset(dqn, 0, sizeof(float) * (size_t)N * Rq);
+		linear_backward(dqn, NULL, dqr, NULL, WP(P_WQ_B, l), N, Rq, QD);
+		wg_linear(m, P_WQ_B, l, 0, dqr, wg_keep_act(m, a->qn, (size_t)N * Rq), N, Rq, QD);
+		psum(m, m->pl[P_WQ_B].dx_reduce, dqn, (size_t)N * Rq);
+		memset(dqa, 0, sizeof(float) * (size_t)N * Rq);
+		rmsnorm_backward(dqa, NULL, dqn, a->qa, WP(P_Q_A_NORM, l), a->qrstd, N, Rq);
+		wg_norm(m, P_Q_A_NORM, l, dqn, wg_keep_act(m, a->qa, (size_t)N * Rq), wg_keep_act(m, a->qrstd, (size_t)N),
+			N, Rq);
 		/* the latent is whole: this dx is complete (dx_reduce none) */
-		linear_backward(dln, GP(P_WQ_A, l), m->dqa, ln, WP(P_WQ_A, l), N, C, d->Rq);
+		linear_backward(dln, NULL, dqa, NULL, WP(P_WQ_A, l), N, C, Rq);
+		wg_linear(m, P_WQ_A, l, 0, dqa, kln, N, C, Rq);
 	} else {
-		linear_backward(dln, GP(P_WQ, l), m->dqr, ln, WP(P_WQ, l), N, C, QD);
+		linear_backward(dln, NULL, dqr, NULL, WP(P_WQ, l), N, C, QD);
+		wg_linear(m, P_WQ, l, 0, dqr, kln, N, C, QD);
 		psum(m, m->pl[P_WQ].dx_reduce, dln, (size_t)N * C);
 	}
 
 	/* keys and values: back through their assembly and wkv_b into
 	 * [normed latent | rotated key], partial over split heads, summed in
 	 * one call; then the key's rotation and the latent's norm */
-	memset(m->dkvb, 0, sizeof(float) * (size_t)N * BD);
+	memset(dkvb, 0, sizeof(float) * (size_t)N * BD);
 	memset(dkr_rot, 0, sizeof(float) * (size_t)N * Dr);
-	mla_kv_backward(m->dkvb, dkr_rot, m->dk, m->dv, N, H, d->Dn, Dr, d->Dv);
-	memset(m->dlat, 0, sizeof(float) * (size_t)N * (Rkv + Dr));
-	linear_backward(m->dlat, GP(P_WKV_B, l), m->dkvb, a->kvn, WP(P_WKV_B, l), N, Rkv, BD);
+	mla_kv_backward(dkvb, dkr_rot, m->dk, m->dv, N, H, d->Dn, Dr, d->Dv);
+	memset(dlat, 0, sizeof(float) * (size_t)N * (Rkv + Dr));
+	linear_backward(dlat, NULL, dkvb, NULL, WP(P_WKV_B, l), N, Rkv, BD);
+	wg_linear(m, P_WKV_B, l, 0, dkvb, wg_keep_act(m, a->kvn, (size_t)N * Rkv), N, Rkv, BD);
 	rope_adj_backward(dkr, dkr_rot, m->cos_t, m->sin_t, m->B, d->T, 1, Dr, 0, Dr);
-	psum(m, m->pl[P_WKV_B].dx_reduce, m->dlat, (size_t)N * (Rkv + Dr));
-	memset(m->dkva, 0, sizeof(float) * (size_t)N * Rkv);
-	rmsnorm_backward(m->dkva, GP(P_KV_A_NORM, l), m->dlat, a->kva, WP(P_KV_A_NORM, l), a->kvrstd,
-			 N, Rkv);
+	psum(m, m->pl[P_WKV_B].dx_reduce, dlat, (size_t)N * (Rkv + Dr));
+	memset(dkva, 0, sizeof(float) * (size_t)N * Rkv);
+	rmsnorm_backward(dkva, NULL, dlat, a->kva, WP(P_KV_A_NORM, l), a->kvrstd, N, Rkv);
+	wg_norm(m, P_KV_A_NORM, l, dlat, wg_keep_act(m, a->kva, (size_t)N * Rkv), wg_keep_act(m, a->kvrstd, (size_t)N),
+		N, Rkv);
 	/* wkv_a's two row blocks, the latent's and the key's; its output is
 	 * whole, so its dx needs no sum (dx_reduce is none) and adds to the
 	 * q path's, summed above */
-	linear_backward(dln, gkv, m->dkva, ln, wkv, N, C, Rkv);
-	linear_backward(dln, gkv + (size_t)Rkv * C, dkr, ln, wkv + (size_t)Rkv * C, N, C, Dr);
+	linear_backward(dln, NULL, dkva, NULL, wkv, N, C, Rkv);
+	wg_linear(m, P_WKV_A, l, 0, dkva, kln, N, C, Rkv);
+	linear_backward(dln, NULL, dkr, NULL, wkv + (size_t)Rkv * C, N, C, Dr);
+	wg_linear(m, P_WKV_A, l, (size_t)Rkv * C, dkr, kln, N, C, Dr);
 }
 
 const struct attn_ops attn_mla = { mla_forward, mla_backward };

@@ -75,35 +75,48 @@ static void ffn_forward(struct model *m, int gate, int l, float *y, float *h, fl
 }
 
 /* Backward of ffn_forward: dx += the input gradient (partial over the
- * hidden's axes: the caller sums it), weight gradients accumulated. */
-static void ffn_backward(struct model *m, int gate, int l, float *dx, const float *dy, const float *h,
-			 const float *g, const float *u, const float *x, const struct ffn_blocks *b, int F)
+ * hidden's axes: the caller sums it); each weight's gradient goes to
+ * wgrad.c with its input and output gradient (now, or kept for W): kdy
+ * is dy where the down projection's reads it (wg_keep, or dy written by
+ * wg_out). */
+static void ffn_backward(struct model *m, int gate, int l, float *dx, const float *dy, const float *kdy,
+			 const float *h, const float *g, const float *u, const float *x, const struct ffn_blocks *b,
+			 int F)
 {
 	int C = m->l.C;
 	float *wg = WP(gate, l), *wu = WP(gate + 1, l), *wd = WP(gate + 2, l);
-	float *gg = GP(gate, l), *gu = GP(gate + 1, l), *gd = GP(gate + 2, l);
-	float *dh = m->dbig1, *dg = m->dbig2, *du = m->dbig3;
 	size_t wsz = (size_t)F * C, rows = 0;
 	for (int i = 0; i < b->n; i++)
 		rows += (size_t)b->rows[i];
+	float *dh = m->dbig1, *dg = wg_out(m, m->dbig2, rows * F), *du = wg_out(m, m->dbig3, rows * F);
+	const float *kh = wg_keep_act(m, h, rows * F);
 	memset(dh, 0, rows * F * sizeof(float));
-	for (int i = 0; i < b->n; i++) {
-		size_t rf = (size_t)b->start[i] * F, rc = (size_t)b->start[i] * C;
-		int ne = b->rows[i], j = b->w[i];
-		if (ne)
-			linear_backward(dh + rf, gd + j * wsz, dy + rc, h + rf, wd + j * wsz, ne, F, C);
-	}
-	psum(m, m->pl[gate + 2].dx_reduce, dh, rows * F);
-	memset(dg, 0, rows * F * sizeof(float));
-	memset(du, 0, rows * F * sizeof(float));
 	for (int i = 0; i < b->n; i++) {
 		size_t rf = (size_t)b->start[i] * F, rc = (size_t)b->start[i] * C;
 		int ne = b->rows[i], j = b->w[i];
 		if (!ne)
 			continue;
-		swiglu_backward(dg + rf, du + rf, dh + rf, g + rf, u + rf, ne, F);
-		linear_backward(dx + rc, gg + j * wsz, dg + rf, x + rc, wg + j * wsz, ne, C, F);
-		linear_backward(dx + rc, gu + j * wsz, du + rf, x + rc, wu + j * wsz, ne, C, F);
+		linear_backward(dh + rf, NULL, dy + rc, NULL, wd + j * wsz, ne, F, C);
+		wg_linear(m, gate + 2, l, j * wsz, kdy + rc, kh + rf, ne, F, C);
+	}
+	psum(m, m->pl[gate + 2].dx_reduce, dh, rows * F);
+	memset(dg, 0, rows * F * sizeof(float));
+	memset(du, 0, rows * F * sizeof(float));
+	for (int i = 0; i < b->n; i++) {
+		size_t rf = (size_t)b->start[i] * F;
+		if (b->rows[i])
+			swiglu_backward(dg + rf, du + rf, dh + rf, g + rf, u + rf, b->rows[i], F);
+	}
+	const float *kx = wg_keep_act(m, x, rows * C);
+	for (int i = 0; i < b->n; i++) {
+		size_t rf = (size_t)b->start[i] * F, rc = (size_t)b->start[i] * C;
+		int ne = b->rows[i], j = b->w[i];
+		if (!ne)
+			continue;
+		linear_backward(dx + rc, NULL, dg + rf, NULL, wg + j * wsz, ne, C, F);
+		wg_linear(m, gate, l, j * wsz, dg + rf, kx + rc, ne, C, F);
+		linear_backward(dx + rc, NULL, du + rf, NULL, wu + j * wsz, ne, C, F);
+		wg_linear(m, gate + 1, l, j * wsz, du + rf, kx + rc, ne, C, F);
 	}
 }
 
@@ -128,7 +141,8 @@ void layer_experts_backward(struct model *m, int l, const float *X, const float 
 	struct layer_acts *a = &m->la[l];
 	int bs[MOE_MAX_BLOCKS], bn[MOE_MAX_BLOCKS], bj[MOE_MAX_BLOCKS];
 	struct ffn_blocks eb = { moe_expert_blocks(m, l, bs, bn, bj), bs, bn, bj };
-	ffn_backward(m, P_E_GATE, l, dX, dY, a->eh, a->eg, a->eu, X, &eb, m->l.Fe);
+	/* dY is where the split backward's W reads it already (wg_out) */
+	ffn_backward(m, P_E_GATE, l, dX, dY, dY, a->eh, a->eg, a->eu, X, &eb, m->l.Fe);
 }
 
 void layer_shared_backward(struct model *m, int l, float *dln, const float *dres)
@@ -136,7 +150,8 @@ void layer_shared_backward(struct model *m, int l, float *dln, const float *dres
 	struct layer_acts *a = &m->la[l];
 	int N = m->N, zero = 0;
 	struct ffn_blocks all = { 1, &zero, &N, &zero };
-	ffn_backward(m, P_S_GATE, l, dln, dres, a->sh, a->sg, a->su, a->ln2, &all, m->SF);
+	ffn_backward(m, P_S_GATE, l, dln, dres, wg_keep(m, dres, (size_t)N * m->l.C), a->sh, a->sg,
+		     a->su, a->ln2, &all, m->SF);
 }
 
 void layer_forward(struct model *m, int l, float *y, const float *x)
@@ -175,11 +190,13 @@ void layer_backward(struct model *m, int l, float *dres, const float *x)
 	struct layer_acts *a = &m->la[l];
 	int N = m->N, C = d->C, zero = 0;
 	struct ffn_blocks all = { 1, &zero, &N, &zero };
-	float *dln = m->dln;
+	/* the MLP norm's output gradient, where its weight gradient reads it */
+	float *dln = wg_out(m, m->dln, (size_t)N * C);
 
 	memset(dln, 0, sizeof(float) * (size_t)N * C);
 	if (l < d->L_dense) {
-		ffn_backward(m, P_W_GATE, l, dln, dres, a->h, a->g, a->u, a->ln2, &all, d->F);
+		ffn_backward(m, P_W_GATE, l, dln, dres, wg_keep(m, dres, (size_t)N * C), a->h, a->g, a->u, a->ln2,
+			     &all, d->F);
 		psum(m, m->pl[P_W_GATE].dx_reduce, dln, (size_t)N * C);
 	} else {
 		float *X, *dY, *dX;
@@ -189,10 +206,14 @@ void layer_backward(struct model *m, int l, float *dres, const float *x)
 		layer_experts_backward(m, l, X, dY, dX);
 		moe_route_backward(m, l, dln);
 	}
-	norm_backward(m, dres, GP(P_MLP_NORM, l), dln, a->xmid, WP(P_MLP_NORM, l), a->rstd2);
+	norm_backward(m, dres, NULL, dln, a->xmid, WP(P_MLP_NORM, l), a->rstd2);
+	wg_norm(m, P_MLP_NORM, l, dln, wg_keep_act(m, a->xmid, (size_t)N * C), wg_keep_act(m, a->rstd2, (size_t)N),
+		N, C);
 
 	/* attention block: dres now holds dL/d(xmid) */
+	dln = wg_out(m, m->dln, (size_t)N * C);
 	memset(dln, 0, sizeof(float) * (size_t)N * C);
 	m->attn->backward(m, l, dln, dres, a->ln1);
-	norm_backward(m, dres, GP(P_ATTN_NORM, l), dln, x, WP(P_ATTN_NORM, l), a->rstd1);
+	norm_backward(m, dres, NULL, dln, x, WP(P_ATTN_NORM, l), a->rstd1);
+	wg_norm(m, P_ATTN_NORM, l, dln, wg_keep_act(m, x, (size_t)N * C), wg_keep_act(m, a->rstd1, (size_t)N), N, C);
 }

@@ -67,6 +67,46 @@ static int parts(const struct model_dims *d)
 	return d->bsplit > 1 ? d->bsplit : 1;
 }
 
+/* The layer whose storage layer l uses: the first of its residue mod
+ * act_layers and its kind (dense or MoE). */
+static int act_share(const struct model *m, int l)
+{
+	int q = l % m->act_layers;
+	while (q < l && (q < m->d.L_dense) != (l < m->d.L_dense))
+		q += m->act_layers;
+	return q;
+}
+
+/* The split backward's stashes (model_w_stash): wg_sets sets of one tape
+ * per layer, shared by residue and kind as the activations are (the
+ * layers of one call have their own), each sized for its kind. Only the
+ * bytes are counted in a sizing pass. */
+static void lay_out_stash(struct model *m, struct arena *a)
+{
+	int L = m->d.L;
+	for (int k = 0; k < m->wg_sets; k++) {
+		struct wg_tape **set = a->base ? m->wg_all + (size_t)k * L : NULL;
+		for (int l = 0; l < L; l++) {
+			int q = act_share(m, l);
+			bool moe = l >= m->d.L_dense;
+			if (q < l) {
+				if (set)
+					set[l] = set[q];
+				continue;
+			}
+			int cap = wg_layer_entries(m, moe);
+			size_t floats = wg_layer_floats(m, moe);
+			struct wg_tape *t = take(a, sizeof(*t));
+			struct wg_entry *e = take(a, sizeof(*e) * (size_t)cap);
+			float *mem = TAKEF(a, floats);
+			if (!set)
+				continue;
+			*t = (struct wg_tape){ .layer = -1, .cap = cap, .e = e, .mem = mem, .mcap = floats };
+			set[l] = t;
+		}
+	}
+}
+
 /* One set's saved activations: m->la[0 .. L) (la_all of set k). */
 static void lay_out_set(struct model *m, struct arena *a, struct layer_acts *la)
 {
@@ -80,9 +120,7 @@ static void lay_out_set(struct model *m, struct arena *a, struct layer_acts *la)
 
 	for (int l = 0; l < d->L; l++) {
 		struct layer_acts *x = &la[l];
-		int q = l % m->act_layers;
-		while (q < l && (q < d->L_dense) != (l < d->L_dense))
-			q += m->act_layers;
+		int q = act_share(m, l);
 		if (q < l) {  /* shares layer q's storage */
 			*x = la[q];
 			continue;
@@ -202,6 +240,7 @@ static void lay_out(struct model *m, struct arena *a)
 		uint32_t cax = m->rows | (m->pipe_stages > 1 ? 1u << AX_STAGE : 0);
 		m->counts_tmp = TAKEI(a, (size_t)d->L_moe * E * (size_t)mesh_axes_size_or1(m, cax));
 	}
+	lay_out_stash(m, a);
 }
 
 /* Where the window finds layer l of parameter i (its id) here. */
@@ -246,6 +285,8 @@ static struct model *model_make(const struct model_dims *d, const struct model_m
 	if (m) {
 		m->attn = d->mla ? &attn_mla : &attn_gqa;
 		m->act_sets = mm && mm->pipe_act_sets > 1 ? mm->pipe_act_sets : 1;
+		m->wg_sets = mm && mm->pipe_w_stashes > 0 ? mm->pipe_w_stashes : 0;
+		m->wg_reads_acts = mm && mm->pipe_w_reads_acts;
 	}
 	if (m && make_window(m)) {
 		snprintf(err, errlen, "model: out of memory for the plans");
@@ -322,15 +363,18 @@ static int alloc_sets(struct model *m)
 {
 	m->la_all = calloc((size_t)m->d.L * (size_t)m->act_sets, sizeof(*m->la_all));
 	m->resid_all = calloc((size_t)m->act_sets, sizeof(*m->resid_all));
-	return m->la_all && m->resid_all ? 0 : -ENOMEM;
+	m->wg_all = calloc((size_t)m->d.L * (size_t)m->wg_sets + 1, sizeof(*m->wg_all));
+	return m->la_all && m->resid_all && m->wg_all ? 0 : -ENOMEM;
 }
 
 static void free_sets(struct model *m)
 {
 	free(m->la_all);
 	free(m->resid_all);
+	free(m->wg_all);
 	m->la_all = NULL;
 	m->resid_all = NULL;
+	m->wg_all = NULL;
 }
 
 size_t model_activation_bytes(struct model *m, int B)
@@ -455,6 +499,8 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 	a.used = 0;
 	lay_out(m, &a);
 	model_act_set(m, 0);
+	if (m->wg_sets)
+		model_w_stash(m, 0);
 	rope_tables(m);
 	if (parts(d) > 1 && split_open(m))
 		goto oom;
@@ -487,6 +533,7 @@ void model_free(struct model *m)
 	free(m->grads);
 	free(m->la_all);
 	free(m->resid_all);
+	free(m->wg_all);
 	params_free(m);
 	free(m);
 }
@@ -528,6 +575,9 @@ void model_step_begin(struct model *m, struct model_step *st)
 {
 	m->st = st;
 	m->hook_rc = 0;
+	/* no weight backward is pending from an earlier (failed) step */
+	for (size_t i = 0; i < (size_t)m->wg_sets * m->d.L; i++)
+		m->wg_all[i]->layer = -1;
 	st->aux = 0;
 	if (m->other) {
 		m->other->st = st;
@@ -606,6 +656,38 @@ int model_layers_backward(struct model *m, int l0, int l1, float *d, const float
 	return m->hook_rc;
 }
 
+int model_w_stashes(const struct model *m) { return m->wg_sets; }
+
+void model_w_stash(struct model *m, int k)
+{
+	assert(k >= 0 && k < m->wg_sets);
+	m->wg_set = m->wg_all + (size_t)k * m->d.L;
+}
+
+int model_layers_backward_input(struct model *m, int l0, int l1, float *dx, const float *dy, const float *x)
+{
+	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->call_layers && m->wg_set);
+	if (dx != dy)
+		memcpy(dx, dy, sizeof(float) * (size_t)m->N * m->l.C);
+	for (int l = l1 - 1; l >= l0; l--) {
+		wg_record(m, m->wg_set[l], l);
+		layer_backward(m, l, dx, layer_input(m, l, l0, x));
+	}
+	wg_record(m, NULL, 0);
+	return m->hook_rc;
+}
+
+int model_layers_backward_weight(struct model *m, int l0, int l1, const float *dy, const float *x)
+{
+	/* what they fed is in the tapes (copies, or with pipe_w_reads_acts
+	 * the pointers the input backward was given) */
+	(void)dy, (void)x;
+	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->call_layers && m->wg_set);
+	for (int l = l1 - 1; l >= l0; l--)
+		wg_replay(m, m->wg_set[l], l);
+	return m->hook_rc;
+}
+
 static int head_id(const struct model *m)
 {
 	return m->d.tied ? P_EMBED : P_LM_HEAD;
@@ -681,19 +763,6 @@ int model_head_backward(struct model *m, float *dx, const float *x, const int32_
 		half_leave(m, h);
 	}
 	return m->hook_rc;
-}
-
-/* The backward split (issue 21, Deliver 3): not in the layers yet. */
-int model_layers_backward_input(struct model *m, int l0, int l1, float *dx, const float *dy, const float *x)
-{
-	(void)m, (void)l0, (void)l1, (void)dx, (void)dy, (void)x;
-	return -EOPNOTSUPP;
-}
-
-int model_layers_backward_weight(struct model *m, int l0, int l1, const float *dy, const float *x)
-{
-	(void)m, (void)l0, (void)l1, (void)dy, (void)x;
-	return -EOPNOTSUPP;
 }
 
 /* ---- forward only ---- */

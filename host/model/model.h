@@ -74,7 +74,7 @@ static inline size_t param_slice_numel(const struct param_info *p)
 	return p->stacked ? p->numel / (size_t)p->shape[0] : p->numel;
 }
 
-/* Where this device sits in a mesh; NULL for one device. */
+/* Where this device sits in a mesh; NULL (or mesh NULL) for one device. */
 struct model_mesh {
 	const struct mesh *mesh;
 	const struct shard_rules *rules;
@@ -91,6 +91,9 @@ struct model_mesh {
 	 * pipe_weight_slots of them gathered at once (0 or 1: one; a
 	 * schedule's weight_slots, host/pipeline/schedule.h). */
 	int pipe_stages, pipe_repeats, pipe_weight_slots;
+	/* ZB-V's order instead (pipe_repeats 2): stage s runs the layers of
+	 * block s and of block 2S-1-s, stored in that order (the V). */
+	bool pipe_v;
 	/* The pipelined decoder layers [pipe_first, pipe_first + pipe_layers)
 	 * (pipe_layers 0: all of them). A stacked tensor that holds any other
 	 * layer (they run data-parallel over `stage`, outside the pipeline)
@@ -101,6 +104,17 @@ struct model_mesh {
 	 * the activations of several chunks from their forward to their
 	 * backward (the schedule's act_sets, host/pipeline/schedule.h). */
 	int pipe_act_sets;
+	/* Stashes of the split backward (model_w_stash; 0: none, and
+	 * model_layers_backward_input may not be called): how many
+	 * input-gradient backwards of a call may wait for their weight
+	 * gradients at once (a schedule's peak pending W per stage). */
+	int pipe_w_stashes;
+	/* The weight backward reads each weight's input in place (the
+	 * layers' saved activations, the call's x) instead of a copy in the
+	 * stash: the caller keeps them unchanged from the input backward to
+	 * the weight backward (no recompute, the activations' set held until
+	 * the W). About halves the stash and the input backward's copying. */
+	bool pipe_w_reads_acts;
 };
 
 /* Collectives over the devices that differ from this one only on `axes`
@@ -276,6 +290,11 @@ void model_act_set(struct model *m, int k);
 /* About the bytes one dense (or MoE) layer's saved activations take for
  * `rows` sequences on one device (what a set holds per layer). */
 size_t model_layer_act_bytes(const struct model_dims *d, int rows, bool moe);
+/* The bytes one dense (or MoE) layer's part of a stash of the split
+ * backward takes for `rows` sequences on one device: its weights' output
+ * gradients, and their inputs unless W reads them in place
+ * (model_mesh.pipe_w_reads_acts). */
+size_t model_layer_w_stash_bytes(const struct model_dims *d, int rows, bool moe, bool reads_acts);
 
 /* Begins a step with st's collectives (st->aux starts at 0); st stays
  * the caller's and alive until model_step_end. */
@@ -304,12 +323,29 @@ int model_layers_forward(struct model *m, int l0, int l1, float *y, const float 
  * return. Weight gradients accumulate; a MoE layer adds its load-balance
  * loss to the step's aux. */
 int model_layers_backward(struct model *m, int l0, int l1, float *d, const float *x);
-/* The same backward split in two (the zero-bubble schedules' I and W):
- * the input gradient dx (N, C) from dy (kept) and x, then, any time
- * later but before the activations' set is reused, the weight gradients
- * from dy and x. Not implemented yet (issue 21, Deliver 3): -EOPNOTSUPP. */
+/* The same backward split in two (the zero-bubble schedules' I and W,
+ * docs/training-step.md#the-split-backward). Input: dx (N, C, not
+ * overlapping x; it may be dy) = dL/dx from dy = dL/dy, with every
+ * collective the input gradient needs (partial sums, the experts'
+ * exchanges, the router and the load-balance loss); each weight
+ * gradient's operands (the weight's input and output gradient) go into
+ * the stash in use (model_w_stash), which must hold no layer of [l0, l1)
+ * already. Weight: the weight gradients of the last input backward of
+ * [l0, l1) into this stash, accumulated as model_layers_backward does
+ * (same weights READY in the window, its gradient window zeroed by the
+ * caller); it reads only the stash (and, with pipe_w_reads_acts, the
+ * activations and x in place), so dy, and without that flag x and the
+ * activations, may be reused after the input backward; the stash is free
+ * again after it. Input then weight gives
+ * model_layers_backward's results bit for bit; the weight-side
+ * reductions (FSDP reduce-scatter, the step's gradient sums) are the
+ * caller's, after the weight backward. */
 int model_layers_backward_input(struct model *m, int l0, int l1, float *dx, const float *dy, const float *x);
 int model_layers_backward_weight(struct model *m, int l0, int l1, const float *dy, const float *x);
+/* The split backward's stashes (model_mesh.pipe_w_stashes), and the one
+ * the next input or weight backward uses (0 .. stashes - 1; 0 at first). */
+int model_w_stashes(const struct model *m);
+void model_w_stash(struct model *m, int k);
 
 /* Final norm, output projection and cross-entropy of x (N, C, the last
  * layer's output) against targets: *loss_sum = the sum of the N token

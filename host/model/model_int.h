@@ -5,9 +5,10 @@
  *	model.c  -> bsplit.c (the batch split's layers) -> layer.c, moe.c
  *	layer.c, bsplit.c -> the attention model.c chose (struct attn_ops:
  *	            attn.c or attn_mla.c), through the table only
- *	all of them -> params.c (table, placement), window.c (FSDP window)
+ *	all of them -> wgrad.c (weight gradients now or recorded for later),
+ *	            params.c (table, placement), window.c (FSDP window)
  *
- * params.c and window.c call nothing of the others. */
+ * wgrad.c, params.c and window.c call nothing of the others. */
 #ifndef MESHRUN_MODEL_INT_H
 #define MESHRUN_MODEL_INT_H
 
@@ -48,6 +49,41 @@ struct layer_acts {
 	size_t *send_b, *recv_b;    /* [ep] bytes of rows to/from each device */
 };
 
+/* One weight gradient deferred by an input-gradient backward (wgrad.c):
+ * dW(id, layer l) [woff ..] += dout^T inp (a linear of N rows, C in, OC
+ * out), or an RMSNorm weight's sum of dout * inp * rstd; the operands
+ * point into the tape's own memory. */
+enum wg_op { WG_LINEAR, WG_NORM };
+struct wg_entry {
+	uint8_t op, id;
+	int l;
+	size_t woff;
+	const float *dout, *inp, *rstd;
+	int N, C, OC;
+};
+
+#define WG_MEMO 16
+
+/* A layer's input that several weights read (an activation, unchanged
+ * during the backward): copied once. */
+struct wg_memo {
+	const float *src;
+	size_t n;
+	const float *copy;
+};
+
+/* One layer's weight gradients waiting for their W: the calls in order
+ * and the bytes they read. layer is -1 when it holds none. */
+struct wg_tape {
+	int layer;
+	int n, cap;
+	struct wg_entry *e;
+	float *mem;
+	size_t used, mcap;
+	int nmemo;
+	struct wg_memo memo[WG_MEMO];
+};
+
 struct model;
 
 /* One attention implementation (attention_type), chosen once in
@@ -75,6 +111,7 @@ struct model {
 	int device;
 	int coord[AX_COUNT];
 	int pipe_stages, pipe_repeats; /* model_mesh's layer order (0: none) */
+	bool pipe_v;                   /* and ZB-V's V instead of the circle */
 	int pipe_first, pipe_layers;   /* and its pipelined layers */
 	int pipe_weight_slots;         /* model_mesh's: layer groups the window keeps */
 	uint32_t rows, ax_emb, ax_vocab, ax_exp, ax_moe_out;
@@ -129,6 +166,15 @@ struct model {
 	int32_t *counts_all;        /* [L_moe, E] */
 	int32_t *counts_tmp;        /* [replicas, L_moe, E] */
 	enum model_counts counts_how; /* how a forward records them */
+	/* the split backward's stashes (model_w_stash): wg_sets sets of a
+	 * tape per layer, layer l in the tape of the first layer of its
+	 * residue mod act_layers and kind, as the activations */
+	int wg_sets;
+	bool wg_reads_acts;         /* W reads inputs in place (model_mesh) */
+	struct wg_tape **wg_all;    /* [wg_sets, L] */
+	struct wg_tape **wg_set;    /* the set in use */
+	struct wg_tape *wg;         /* the tape I is recording (NULL: weight
+				     * gradients are computed at once) */
 	void *act_mem;
 	size_t act_bytes;
 	/* The batch split (model_dims.bsplit 2, bsplit.c): this struct runs
@@ -215,7 +261,8 @@ static inline void half_leave(struct model *m, const struct model *x)
  * the backward needs in m->la[l]. */
 void layer_forward(struct model *m, int l, float *y, const float *x);
 /* d holds dL/dy on entry and dL/dx on return; x as in the forward.
- * Accumulates the layer's weight gradients. */
+ * Each weight gradient goes to wgrad.c: accumulated at once, or recorded
+ * into the tape wg_record named. */
 void layer_backward(struct model *m, int l, float *d, const float *x);
 /* RMSNorm over the embedding, which may be split over devices. */
 void norm_forward(struct model *m, float *out, float *rstd, const float *x, const float *w);
@@ -231,6 +278,35 @@ void layer_experts_forward(struct model *m, int l, const float *X, float *Y);
 void layer_shared_forward(struct model *m, int l, float *out, bool acc);
 void layer_experts_backward(struct model *m, int l, const float *X, const float *dY, float *dX);
 void layer_shared_backward(struct model *m, int l, float *dln, const float *dres);
+
+/* ---- wgrad.c ---- */
+
+/* Where the backward writes an output gradient a weight gradient reads
+ * (n floats, uninitialised): scratch when gradients are computed at
+ * once, else the tape's memory. */
+float *wg_out(struct model *m, float *scratch, size_t n);
+/* What a weight gradient reads: buf itself when gradients are computed
+ * at once, else a copy in the tape (keep: a buffer the backward may
+ * write again; keep_act: a saved activation or the call's input, copied
+ * once per layer however many weights read it, or read in place when
+ * the model's W reads activations). */
+const float *wg_keep(struct model *m, const float *buf, size_t n);
+const float *wg_keep_act(struct model *m, const float *buf, size_t n);
+/* dW += dout^T inp for weight id of layer l (its gradient block from
+ * woff floats), or RMSNorm weight id's gradient: now, or recorded. The
+ * operands come from wg_keep / wg_keep_act. */
+void wg_linear(struct model *m, int id, int l, size_t woff, const float *dout, const float *inp,
+	       int N, int C, int OC);
+void wg_norm(struct model *m, int id, int l, const float *dout, const float *x, const float *rstd,
+	     int N, int C);
+/* The weight gradients that follow go into tape t for layer l (t NULL:
+ * computed at once). t must hold no layer. */
+void wg_record(struct model *m, struct wg_tape *t, int l);
+/* Runs the weight gradients t holds for layer l; t holds none after. */
+void wg_replay(struct model *m, struct wg_tape *t, int l);
+/* Bounds of one tape of a dense or MoE layer: floats and entries. */
+size_t wg_layer_floats(const struct model *m, bool moe);
+int wg_layer_entries(const struct model *m, bool moe);
 
 /* ---- moe.c ---- */
 

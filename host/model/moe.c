@@ -188,21 +188,24 @@ void moe_return_backward(struct model *m, int l, const float *dout, float **X, f
 	struct layer_acts *a = &m->la[l];
 	int K = d->K, C = d->C, NK = m->N * K;
 
-	memset(m->dey, 0, sizeof(float) * (size_t)NK * C);
+	/* the experts' output gradients, where their weight gradients read
+	 * them: here, or on the experts' devices after the exchange */
+	float *dey = m->ep > 1 ? m->dey : wg_out(m, m->dey, (size_t)NK * C);
+	memset(dey, 0, sizeof(float) * (size_t)NK * C);
 	memset(m->dweights, 0, sizeof(float) * (size_t)NK);
-	moe_combine_backward(m->dey, m->dweights, dout, a->ey, a->weights, a->order, NK, K, C);
+	moe_combine_backward(dey, m->dweights, dout, a->ey, a->weights, a->order, NK, K, C);
 	/* the expert outputs were partial over the hidden's axes and split
 	 * over the embedding's: so are the weights' gradients */
 	psum(m, m->ax_moe_out | m->ax_emb, m->dweights, (size_t)NK);
 	*X = a->xs;
-	*dY = m->dey;
+	*dY = dey;
 	*dX = m->dxs;
 	if (m->ep > 1) {
 		/* output gradients go to the experts' devices, input gradients
 		 * come back: the forward exchange reversed */
-		ep_exchange(m, l, "comb bwd", m->dyr, a->recv_b, m->dey, a->send_b);
+		*dY = wg_out(m, m->dyr, m->rmax * (size_t)C);
+		ep_exchange(m, l, "comb bwd", *dY, a->recv_b, dey, a->send_b);
 		*X = a->xr;
-		*dY = m->dyr;
 		*dX = m->dxr;
 	}
 	memset(*dX, 0, sizeof(float) * (m->ep > 1 ? m->rmax : (size_t)NK) * C);
@@ -232,11 +235,13 @@ void moe_route_backward_finish(struct model *m, int l, float *dln)
 	/* experts and shared experts gave partial sums over their hidden's
 	 * axes; the router below adds its whole gradient once */
 	psum(m, m->pl[P_E_GATE].dx_reduce, dln, (size_t)N * C);
-	/* router: through the top-k weights and the load-balance loss */
-	memset(m->dlogits_r, 0, sizeof(float) * (size_t)N * E);
+	/* router: through the top-k weights and the load-balance loss, its
+	 * logits' gradient where its weight gradient reads it */
+	float *dlr = wg_out(m, m->dlogits_r, (size_t)N * E);
+	memset(dlr, 0, sizeof(float) * (size_t)N * E);
 	struct moe_routing r;
 	moe_routing_of(&r, d);
-	moe_router_backward(m->dlogits_r, m->dweights, a->scores, a->idx, N, &r);
+	moe_router_backward(dlr, m->dweights, a->scores, a->idx, N, &r);
 	/* load-balance loss of the global batch of Ng tokens, with the counts
 	 * summed over replicas: L = E/(k Ng^2) sum_n sum_e C_e p(n,e); the
 	 * kernels normalise by the local N, hence (N/Ng)^2 */
@@ -246,7 +251,8 @@ void moe_route_backward_finish(struct model *m, int l, float *dln)
 	if (st->lb_weight != 0.0f) {
 		memset(m->dscores, 0, sizeof(float) * (size_t)N * E);
 		moe_aux_loss_backward(m->dscores, a->scores, cnt, (float)(st->lb_weight * r2), N, E, K);
-		moe_scores_backward(m->dlogits_r, m->dscores, a->scores, N, E, (enum moe_score)d->moe_score);
+		moe_scores_backward(dlr, m->dscores, a->scores, N, E, (enum moe_score)d->moe_score);
 	}
-	linear_backward(dln, GP(P_ROUTER, l), m->dlogits_r, a->ln2, WP(P_ROUTER, l), N, C, E);
+	linear_backward(dln, NULL, dlr, NULL, WP(P_ROUTER, l), N, C, E);
+	wg_linear(m, P_ROUTER, l, 0, dlr, wg_keep_act(m, a->ln2, (size_t)N * C), N, C, E);
 }

@@ -205,20 +205,37 @@ static bool stage_order(const struct model *m, int n)
 	return m->pipe_stages > 1 && m->pipe_repeats > 1 && n % (m->pipe_stages * m->pipe_repeats) == 0;
 }
 
+/* Block b of S*R (a chunk of lps layers) is repeat *r of stage *s: b =
+ * r*S + s in the circle; in ZB-V's V (R = 2) block s goes down on stage
+ * s and block 2S-1-s comes back up on it. */
+static void block_place(const struct model *m, int b, int *s, int *r)
+{
+	int S = m->pipe_stages;
+	if (m->pipe_v) {
+		*r = b >= S;
+		*s = b < S ? b : 2 * S - 1 - b;
+	} else {
+		*r = b / S;
+		*s = b % S;
+	}
+}
+
 static int stack_index(const struct model *m, int l, int n)
 {
 	if (!stage_order(m, n))
 		return l;
-	int S = m->pipe_stages, R = m->pipe_repeats, lps = n / (S * R), b = l / lps;
-	return ((b % S) * R + b / S) * lps + l % lps;
+	int S = m->pipe_stages, R = m->pipe_repeats, lps = n / (S * R), s, r;
+	block_place(m, l / lps, &s, &r);
+	return (s * R + r) * lps + l % lps;
 }
 
 int model_stack_layer(const struct model *m, int q, int n)
 {
 	if (!stage_order(m, n))
 		return q;
-	int S = m->pipe_stages, R = m->pipe_repeats, lps = n / (S * R), b = q / lps;
-	return ((b % R) * S + b / R) * lps + q % lps;
+	int S = m->pipe_stages, R = m->pipe_repeats, lps = n / (S * R), s = q / lps / R, r = q / lps % R;
+	int b = m->pipe_v ? (r ? 2 * S - 1 - s : s) : r * S + s;
+	return b * lps + q % lps;
 }
 
 int layer_slot(const struct model *m, int id, int l)
@@ -747,6 +764,7 @@ static int plan_model(struct model *m, const struct model_mesh *mm, char *err, s
 	m->device = mm->device;
 	m->pipe_stages = mm->pipe_stages;
 	m->pipe_repeats = mm->pipe_repeats;
+	m->pipe_v = mm->pipe_v;
 	m->pipe_first = mm->pipe_first;
 	m->pipe_layers = mm->pipe_layers;
 	m->pipe_weight_slots = mm->pipe_weight_slots;
@@ -776,7 +794,7 @@ struct model *params_make(const struct model_dims *d, const struct model_mesh *m
 	m->ep = 1;
 	m->Ve = d->V;
 	build_table(m);
-	if (mm && mm->mesh->num_devices > 1) {
+	if (mm && mm->mesh && mm->mesh->num_devices > 1) {
 		*rc = plan_model(m, mm, err, errlen);
 		if (*rc == -ENOMEM)
 			snprintf(err, errlen, "model: out of memory for the plans");

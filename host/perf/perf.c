@@ -524,8 +524,14 @@ static int memory(struct perf_parts *o, const struct shape *sh, const struct pip
 			worst = t->bufs[s] + t->scratch[s];
 	double act = (double)sh->mb * sh->d.T * sh->d.C * sizeof(float);
 	int call = sh->pc.shape.one_device ? sh->d.L : t->shape.layers_per_stage;
-	o->mem_act = worst * act + (double)t->act_sets[0] * call * model_layer_act_bytes(&sh->d, sh->mb, sh->d.L_moe > 0) / sh->tp +
-		     3.0 * sh->mb * sh->d.T * sh->d.V * sizeof(float) / sh->tp;
+	bool moe = sh->d.L_moe > 0;
+	double sets = 0, per_set = (double)call * model_layer_act_bytes(&sh->d, sh->mb, moe);
+	double per_stash = (double)call * model_layer_w_stash_bytes(&sh->d, sh->mb, moe, !t->shape.recompute);
+	for (int s = 0; s < t->shape.stages; s++) {  /* the stage that holds most */
+		double x = t->act_sets[s] * per_set + t->w_stashes[s] * per_stash;
+		sets = x > sets ? x : sets;
+	}
+	o->mem_act = worst * act + sets / sh->tp + 3.0 * sh->mb * sh->d.T * sh->d.V * sizeof(float) / sh->tp;
 	o->mem_total = o->mem_params + o->mem_grads + o->mem_opt + o->mem_window + o->mem_act;
 	return 0;
 }

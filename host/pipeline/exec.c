@@ -99,6 +99,11 @@ static int check_model(const struct pipe_exec *x, char *err, size_t errlen)
 			 x->stage, x->t.act_sets[x->stage], model_act_sets(x->m));
 		return -EINVAL;
 	}
+	if (model_w_stashes(x->m) < x->t.w_stashes[x->stage]) {
+		snprintf(err, errlen, "pipeline: stage %d needs %d stashes of the split backward, the model has %d",
+			 x->stage, x->t.w_stashes[x->stage], model_w_stashes(x->m));
+		return -EINVAL;
+	}
 	return 0;
 }
 
@@ -341,7 +346,10 @@ static int run_forward(struct pipe_exec *x, const struct pipe_action *a)
 }
 
 /* A chunk's backward (B), recomputing its forward first when the table
- * does; or its split halves (I, W). */
+ * does; or its split halves (I, recomputing likewise; W, from the stash
+ * its I filled, which holds everything W reads when the forward is
+ * recomputed, and else the output gradients beside the activations the
+ * table keeps to the W). */
 static int run_backward(struct pipe_exec *x, const struct pipe_action *a)
 {
 	int l0, l1, rc;
@@ -349,6 +357,8 @@ static int run_backward(struct pipe_exec *x, const struct pipe_action *a)
 	chunk_layers(x, a->chunk, &l0, &l1);
 	model_count_experts(x->m, MODEL_COUNTS_KEEP);
 	model_act_set(x->m, a->aset);
+	if (a->op != PA_B)
+		model_w_stash(x->m, a->wset);
 	if ((a->op == PA_I && (rc = reuse(x, a->buf[2]))) || (rc = use_slot(x, WSLOT(a->slot), a->op != PA_I)))
 		return rc;
 	if (x->t.shape.recompute && a->op != PA_W &&

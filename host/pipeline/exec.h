@@ -11,7 +11,9 @@
  * A step covers the B = M x mb rows of the device's stage group (the
  * devices that differ only in `stage`); the model was made for mb rows
  * (one microbatch), with the table's sets of saved activations
- * (model_mesh.pipe_act_sets = act_sets of the stage) and weight windows
+ * (model_mesh.pipe_act_sets = act_sets of the stage), stashes of the
+ * split backward (pipe_w_stashes = w_stashes of the stage, and
+ * pipe_w_reads_acts unless the table recomputes) and weight windows
  * (model_mesh.pipe_weight_slots = weight_windows). Weight gradients
  * accumulate into model_grads: the stage's own layers, and the
  * embedding, head and layers outside the pipeline of the microbatches
@@ -66,7 +68,7 @@ struct pipe_exec;
  * global device id of each stage of this device's group; m: the model,
  * made for mb_rows rows (one microbatch), holding the layers of `stage`.
  * 0, or -EINVAL with err when the model does not hold them or lacks the
- * table's activation sets, -ENOMEM. */
+ * table's activation sets or stashes, -ENOMEM. */
 int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int first_layer,
 		  const int *stage_dev, struct model *m, int mb_rows, char *err, size_t errlen);
 void pipe_exec_free(struct pipe_exec *x);
@@ -76,7 +78,7 @@ void pipe_exec_free(struct pipe_exec *x);
  * Calls model_step_begin(st) and model_step_end; st->loss_sum = the sum
  * of the token losses this stage computed. io may be NULL when the table
  * moves nothing between stages (one stage). 0 or the first failing
- * hook's -errno (-EOPNOTSUPP: an I or W action, not implemented yet). */
+ * hook's -errno. */
 int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *targets,
 		   struct model_step *st, const struct pipe_p2p *io);
 

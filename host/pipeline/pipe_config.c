@@ -193,6 +193,7 @@ void pipe_config_model_mesh(const struct pipe_config *pc, struct model_mesh *mm)
 {
 	mm->pipe_stages = pc->shape.stages;
 	mm->pipe_repeats = pc->shape.repeats;
+	mm->pipe_v = pc->shape.sched == PIPE_ZBV;
 	mm->pipe_first = pc->first_layer;
 	mm->pipe_layers = pc->layers;
 	mm->pipe_weight_slots = pipe_weight_windows(&pc->shape);
@@ -209,14 +210,4 @@ void pipe_config_one_device(struct pipe_config *out, const struct model_dims *d,
 	out->layers = d->L;
 	out->global_batch = rows;
 	out->microbatch_rows = rows;
-}
-
-int pipe_config_runnable(const struct pipe_config *pc, char *err, size_t errlen)
-{
-	if (!pipe_split_backward(pc->shape.sched))
-		return 0;
-	snprintf(err, errlen, "config: pipeline_schedule=%s needs the layers' backward split into input and "
-		 "weight gradients (I and W), which is not implemented yet; `meshrun schedule` prints its table",
-		 pipe_sched_name(pc->shape.sched));
-	return -EINVAL;
 }

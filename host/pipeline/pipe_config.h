@@ -51,8 +51,4 @@ void pipe_config_model_mesh(const struct pipe_config *pc, struct model_mesh *mm)
  * gathered while one computes. */
 void pipe_config_one_device(struct pipe_config *out, const struct model_dims *d, int rows);
 
-/* 0, or -EINVAL with err when the executor cannot run the schedule yet
- * (zb_h1, zbv: the backward split). */
-int pipe_config_runnable(const struct pipe_config *pc, char *err, size_t errlen);
-
 #endif

@@ -123,6 +123,8 @@ struct pipe_action {
 	int16_t peer;     /* SEND, RECV: the other stage */
 	int16_t slot;     /* weights: window slot; F, FC, B, I, W: the chunk's */
 	int16_t aset;     /* F, B, I, W: activation set (0 when recomputed) */
+	int16_t wset;     /* I, W: the stash of the split backward holding the
+			   * chunk's weight-gradient operands from I to W */
 	int32_t buf[3];   /* buffers, -1 none (see enum pipe_act) */
 	struct pipe_val val; /* SEND, RECV */
 	int32_t iter;     /* circular: the lockstep iteration; else -1 */
@@ -146,6 +148,8 @@ struct pipe_table {
 	int *bufs;            /* [S] microbatch buffers a device allocates */
 	int *scratch;         /* [S] scratch buffers besides them (0-2) */
 	int *act_sets;        /* [S] sets of layer activations */
+	int *w_stashes;       /* [S] stashes of the split backward: the most
+			       * I's waiting for their W at once (0 without I) */
 	int weight_slots;     /* window slot numbers a stage uses for chunks */
 	int weight_windows;   /* chunks gathered (READY) at once at most */
 	int iterations;       /* circular: T = R*M + d*(S-1); else 0 */

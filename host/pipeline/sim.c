@@ -826,6 +826,33 @@ static int assign_sets(struct pipe_table *t, int s)
 	return 0;
 }
 
+/* Stashes of the split backward: each (mb, chunk) one from its I to its
+ * W, the lowest free; the peak is the stage's w_stashes. */
+static int assign_wsets(struct pipe_table *t, int s)
+{
+	int E = t->nchunks, cap = t->shape.microbatches * E + 1, peak = 0;
+	int *live = malloc(sizeof(int) * (size_t)cap);
+	if (!live)
+		return -ENOMEM;
+	for (int i = 0; i < cap; i++)
+		live[i] = -1;
+	for (int k = 0; k < t->n[s]; k++) {
+		struct pipe_action *a = &t->a[s][k];
+		int key = a->mb * E + a->chunk, j = 0;
+		a->wset = 0;
+		if (a->op != PA_I && a->op != PA_W)
+			continue;
+		while (j < cap - 1 && live[j] != (a->op == PA_I ? -1 : key))
+			j++;
+		live[j] = a->op == PA_I ? key : -1;
+		peak = a->op == PA_I && j + 1 > peak ? j + 1 : peak;
+		a->wset = (int16_t)j;
+	}
+	t->w_stashes[s] = peak;
+	free(live);
+	return 0;
+}
+
 /* Scratch: the recomputed forward's output; the owners' layers' input
  * or output; the counting pass's last output. */
 static void assign_scratch(struct pipe_table *t, int s)
@@ -863,8 +890,8 @@ int pipe_assign_buffers(struct pipe_table *t)
 	else if (!(rc = index_sends(&m)))
 		rc = run(&m);
 	for (int s = 0; s < m.S && !rc; s++) {
-		if (!(rc = assign_stage(t, s, &m)))
-			rc = assign_sets(t, s);
+		if (!(rc = assign_stage(t, s, &m)) && !(rc = assign_sets(t, s)))
+			rc = assign_wsets(t, s);
 		assign_scratch(t, s);
 	}
 	sim_free(&m);

@@ -14,8 +14,9 @@ int pipe_sim_times(struct pipe_table *t, const struct pipe_costs *c, char *err, 
 /* From the times: each value a buffer of its stage, from the action that
  * makes it (or receives it) until its last reader on the stage ran and
  * its sends were taken, the lowest free one first (t->bufs, the actions'
- * buf); the activation sets likewise (t->act_sets, aset); the scratch
- * buffers (t->scratch). 0 or -ENOMEM. */
+ * buf); the activation sets likewise (t->act_sets, aset), and the split
+ * backward's stashes from each I to its W (t->w_stashes, wset); the
+ * scratch buffers (t->scratch). 0 or -ENOMEM. */
 int pipe_assign_buffers(struct pipe_table *t);
 
 #endif

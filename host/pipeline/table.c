@@ -259,8 +259,9 @@ int pipe_table_build(struct pipe_table *t, const struct pipe_shape *p, char *err
 	t->bufs = calloc((size_t)S, sizeof(int));
 	t->scratch = calloc((size_t)S, sizeof(int));
 	t->act_sets = calloc((size_t)S, sizeof(int));
+	t->w_stashes = calloc((size_t)S, sizeof(int));
 	struct pipe_costs unit = pipe_costs_unit();
-	if (!t->n || !t->a || !t->bufs || !t->scratch || !t->act_sets)
+	if (!t->n || !t->a || !t->bufs || !t->scratch || !t->act_sets || !t->w_stashes)
 		rc = -ENOMEM;
 	if (!rc && (rc = lower(t)) == 0 && (rc = pipe_lower_weights(t)) == 0 &&
 	    (rc = pipe_sim_times(t, &unit, err, errlen)) == 0 && (rc = pipe_assign_buffers(t)) == 0)
@@ -281,5 +282,6 @@ void pipe_table_free(struct pipe_table *t)
 	free(t->bufs);
 	free(t->scratch);
 	free(t->act_sets);
+	free(t->w_stashes);
 	memset(t, 0, sizeof(*t));
 }

@@ -161,6 +161,8 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 			pipe_config_model_mesh(&pc, &pm);
 	}
 	pm.pipe_act_sets = tab.act_sets[stage];
+	pm.pipe_w_stashes = tab.w_stashes[stage];
+	pm.pipe_w_reads_acts = !pc.shape.recompute;
 	if (!mm && pm.pipe_act_sets > 1) {  /* one device's table keeps one set */
 		snprintf(err, errlen, "train: the step's table keeps %d sets of activations on one device",
 			 pm.pipe_act_sets);
