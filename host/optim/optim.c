@@ -1,0 +1,398 @@
+/* See host/optim/optim.h. The state is two buffers, m and v, laid out
+ * bucket by bucket like the parameters, except that a bucket whose state
+ * ZeRO-1 splits over `data` keeps only this device's part of it. */
+#include "host/optim/optim.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/mesh/plan.h"
+#include "kernels/kernels.h"
+
+/* One gradient bucket of the layout and its optimizer state. */
+struct seg {
+	size_t p0, n;        /* floats [p0, p0 + n) of the parameter layout */
+	uint32_t axes;       /* its gradients are summed over these */
+	bool zero;           /* ZeRO-1: the state is split over `data` */
+	size_t padded;       /* n and the zeros after it: shard_n * ndata */
+	size_t shard_n;      /* zero: floats per data rank */
+	size_t s0, len;      /* zero: this device's part [p0 + s0, + len) */
+	size_t o0;           /* where its state starts in m and v */
+};
+
+#define MAX_TGROUPS 8
+
+struct optim {
+	struct cfg cfg;
+	struct model *model;
+	const struct mesh *mesh;     /* NULL on one device */
+	int device, coord[AX_COUNT];
+	int ndata, rdata;            /* ZeRO-1: data ranks and this one */
+	bool muon;
+	struct seg seg[MODEL_MAX_PARAMS];
+	int nseg;
+	size_t opt_n;
+	float *m, *v, *scratch;
+	float *gshard;               /* zero buckets' reduced gradient parts */
+	struct mesh_members tg[MAX_TGROUPS];   /* groups that gather split matrices */
+	int ntg;
+};
+
+/* The part of parameter p inside layout floats [a, b): [*x, *y), empty
+ * when *x >= *y. */
+static void param_range(const struct param_info *p, size_t a, size_t b, size_t *x, size_t *y)
+{
+	*x = p->offset > a ? p->offset : a;
+	*y = p->offset + p->numel < b ? p->offset + p->numel : b;
+}
+
+static const struct mesh_members *tgroup(struct optim *o, uint32_t axes)
+{
+	for (int k = 0; k < o->ntg; k++)
+		if (o->tg[k].axes == axes)
+			return &o->tg[k];
+	if (o->ntg == MAX_TGROUPS || mesh_members_init(o->mesh, o->device, axes, &o->tg[o->ntg]))
+		return NULL;
+	return &o->tg[o->ntg++];
+}
+
+int optim_check_zero(const struct model *m, bool muon, int ndata, char *err, size_t errlen)
+{
+	struct model_bucket b[MODEL_MAX_PARAMS];
+	if (ndata <= 1 || !muon)
+		return 0;
+	int nb = model_buckets(m, b, MODEL_MAX_PARAMS);
+	for (int i = 0; i < nb; i++) {
+		if (!(b[i].axes & (1u << AX_DATA)))
+			continue;
+		for (int k = 0; k < model_num_params(m); k++) {
+			const struct param_info *p = model_param(m, k);
+			if (p->opt != OPT_MUON || p->offset < b[i].offset || p->offset >= b[i].offset + b[i].numel)
+				continue;
+			snprintf(err, errlen, "config: opt_type=muon cannot split its state over data "
+				 "(shard_optimizer_over_data cuts '%s' into flat shards, Muon needs "
+				 "whole matrices); use opt_type=adamw with it", p->name);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+/* Buckets and their optimizer state; ZeRO-1 splits the state of buckets
+ * summed over `data`. */
+static int lay_out_state(struct optim *o)
+{
+	struct model_bucket b[MODEL_MAX_PARAMS];
+	int nb = model_buckets(o->model, b, MODEL_MAX_PARAMS);
+	bool any_zero = false;
+	o->nseg = nb;
+	o->opt_n = 0;
+	for (int i = 0; i < nb; i++) {
+		struct seg *s = &o->seg[i];
+		memset(s, 0, sizeof(*s));
+		s->p0 = b[i].offset;
+		s->n = b[i].numel;
+		s->padded = b[i].padded;
+		s->axes = b[i].axes;
+		s->zero = o->ndata > 1 && (s->axes & (1u << AX_DATA));
+		s->o0 = o->opt_n;
+		if (!s->zero) {
+			o->opt_n += s->n;
+			continue;
+		}
+		any_zero = true;
+		s->shard_n = s->padded / (size_t)o->ndata;
+		s->s0 = s->shard_n * (size_t)o->rdata;
+		s->len = s->s0 < s->n ? (s->n - s->s0 < s->shard_n ? s->n - s->s0 : s->shard_n) : 0;
+		o->opt_n += s->shard_n;
+	}
+	o->m = calloc(o->opt_n ? o->opt_n : 1, sizeof(float));
+	o->v = calloc(o->opt_n ? o->opt_n : 1, sizeof(float));
+	if (any_zero)
+		o->gshard = calloc(o->opt_n, sizeof(float));
+	if (!o->m || !o->v || (any_zero && !o->gshard))
+		return -ENOMEM;
+	return 0;
+}
+
+/* Muon's scratch: for the largest matrix, NS5's and a gathered copy. */
+static size_t muon_scratch(const struct model *m)
+{
+	size_t big = 0;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		if (p->opt != OPT_MUON)
+			continue;
+		size_t R = (size_t)p->mat_rows, C = (size_t)p->mat_cols, mx = R > C ? R : C;
+		size_t need = 3 * mx * mx + 6 * R * C;
+		if (need > big)
+			big = need;
+	}
+	return big;
+}
+
+int optim_new(struct optim **out, struct model *m, const struct cfg *c, const struct optim_place *pl,
+	      char *err, size_t errlen)
+{
+	struct optim *o = calloc(1, sizeof(*o));
+	size_t asked = sizeof(*o);
+	const char *what = "the trainer";
+	int rc;
+	*out = NULL;
+	if (!o)
+		goto oom;
+	o->cfg = *c;
+	o->model = m;
+	o->muon = !strcmp(c->opt_type, "muon");
+	o->ndata = pl->ndata > 1 ? pl->ndata : 1;
+	o->rdata = pl->rdata;
+	if (pl->mesh) {
+		o->mesh = pl->mesh;
+		o->device = pl->device;
+		mesh_coords(o->mesh, o->device, o->coord);
+	}
+	if ((rc = optim_check_zero(m, o->muon, o->ndata, err, errlen))) {
+		optim_free(o);
+		return rc;
+	}
+	if (lay_out_state(o)) {
+		asked = sizeof(float) * o->opt_n * (o->gshard || o->ndata > 1 ? 3 : 2);
+		what = "the optimizer state";
+		goto oom;
+	}
+	size_t big = muon_scratch(m);
+	o->scratch = malloc(sizeof(float) * (big ? big : 1));
+	if (!o->scratch) {
+		asked = sizeof(float) * (big ? big : 1);
+		what = "Muon's scratch";
+		goto oom;
+	}
+	*out = o;
+	return 0;
+oom:
+	snprintf(err, errlen, "train: out of memory: %zu bytes for %s", asked, what);
+	optim_free(o);
+	return -ENOMEM;
+}
+
+void optim_free(struct optim *o)
+{
+	if (!o)
+		return;
+	free(o->m);
+	free(o->v);
+	free(o->scratch);
+	free(o->gshard);
+	for (int k = 0; k < o->ntg; k++)
+		mesh_members_free(&o->tg[k]);
+	free(o);
+}
+
+/* Sum of squares of the trained gradients in [a, b) (g indexed from a),
+ * each divided by the number of devices holding the same values
+ * (`copies` per whole-layout float), so that summing over every device
+ * counts each element of the whole model once. */
+static double grad_sumsq(struct optim *o, const float *g, size_t a, size_t b, int extra_split)
+{
+	struct model *m = o->model;
+	double ss = 0;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		size_t x, y;
+		param_range(p, a, b, &x, &y);
+		if (p->opt == OPT_NONE || x >= y)
+			continue;
+		double copies = 1;
+		if (o->mesh)
+			copies = (double)o->mesh->num_devices / mesh_axes_size(o->mesh, p->split) / extra_split;
+		ss += sumsq(g + (x - a), y - x) / copies;
+	}
+	return ss;
+}
+
+int optim_sum_grads(struct optim *o, const struct optim_comm *oc, double *ss_out)
+{
+	float *G = model_grads(o->model);
+	const uint32_t data = 1u << AX_DATA;
+	const struct model_comm *mc = oc ? oc->mc : NULL;
+	double ss = 0;
+	int rc;
+	for (int i = 0; i < o->nseg; i++) {
+		struct seg *s = &o->seg[i];
+		uint32_t rest = s->axes & ~(s->zero ? data : 0);
+		if (!s->zero) {
+			if (mc && rest && (rc = mc->all_reduce(mc->ctx, rest, G + s->p0, s->n)))
+				return rc;
+			ss += grad_sumsq(o, G + s->p0, s->p0, s->p0 + s->n, 1);
+			continue;
+		}
+		/* the bucket's padding is zero: the grads were zeroed whole */
+		float *gs = o->gshard + s->o0;
+		if ((rc = mc->reduce_scatter(mc->ctx, data, gs, G + s->p0, s->shard_n)) ||
+		    (rest && (rc = mc->all_reduce(mc->ctx, rest, gs, s->shard_n))))
+			return rc;
+		ss += grad_sumsq(o, gs, s->p0 + s->s0, s->p0 + s->s0 + s->len, o->ndata);
+	}
+	*ss_out = ss;
+	return 0;
+}
+
+float optim_lr(const struct optim *o, int64_t step)
+{
+	const struct cfg *c = &o->cfg;
+	int total = c->learning_rate_schedule_steps > 0 ? (int)c->learning_rate_schedule_steps : (int)c->steps;
+	int warmup = (int)(c->warmup_steps_fraction * total);
+	return lr_schedule((int)step, (float)c->learning_rate, warmup, total,
+			   (float)c->cosine_learning_rate_final_fraction);
+}
+
+/* DeepSeek-V3's auxiliary-loss-free balancing: nudge each expert's
+ * selection bias toward the mean load (counts summed over all replicas, so
+ * every device makes the same update to the part it holds). */
+static void update_router_bias(struct optim *o, const struct param_info *p)
+{
+	const struct model_dims *d = model_dims(o->model);
+	const int32_t *counts = model_expert_counts(o->model);
+	float rate = (float)o->cfg.routed_bias_update_rate;
+	float *b = model_params(o->model) + p->offset;
+	int E = d->E, El = p->shape[1], e0 = p->goff[1];
+	if (!d->L_moe || rate == 0.0f)
+		return;
+	/* storage index q holds MoE layer model_stack_layer(q) (a pipeline's order) */
+	for (int l = 0; l < p->shape[0]; l++) {
+		int q = model_stack_layer(o->model, l + p->goff[0], p->global_shape[0]);
+		moe_bias_update(b + (size_t)l * El, counts + (size_t)q * E, E, e0, El, rate);
+	}
+}
+
+/* Muon on matrices split over devices: the momentum is local, the
+ * orthogonalisation needs the whole matrix, so every member gathers it,
+ * runs NS5 (the same bits everywhere) and applies its own block. */
+static int muon_split(struct optim *o, const struct optim_comm *oc, int i, float *P,
+		      const float *g, float *buf, float lr, float wd)
+{
+	const struct param_info *p = model_param(o->model, i);
+	const struct plan_param *pp = model_param_plan(o->model, i);
+	const struct mesh_members *tg = tgroup(o, p->mat_split);
+	int nd = p->ndim, R = p->mat_rows, C = p->mat_cols;
+	int bshape[2] = { p->shape[nd - 2], p->shape[nd - 1] }, wshape[2] = { R, C };
+	size_t per = (size_t)bshape[0] * bshape[1], nmat = p->numel / per, whole = (size_t)R * C;
+	float *ob = o->scratch, *w = ob + whole, *recv = w + whole, *ns = recv + whole;
+	float k = muon_scale(R, C);
+	int off[SHARD_MAX_DIMS];
+	if (!tg)
+		return -ENOMEM;
+	for (size_t j = 0; j < nmat; j++) {
+		muon_momentum(ob, buf + j * per, g + j * per, per, (float)o->cfg.muon_momentum);
+		int rc = oc->mc->all_gather(oc->mc->ctx, p->mat_split, recv, ob, per * sizeof(float));
+		if (rc)
+			return rc;
+		plan_place_gathered(pp, o->mesh, tg, nd, 2, w, wshape, recv, bshape, per);
+		newton_schulz5(w, w, ns, R, C);
+		plan_block_offsets(pp, o->mesh, p->mat_split, o->coord, off);
+		plan_copy_block(w, wshape, ob, bshape, off + nd - 2, 2, false);
+		muon_apply(P + j * per, ob, per, lr, k, wd);
+	}
+	return 0;
+}
+
+/* Updates parameters [a, b) of the layout from gradients g, with state m
+ * and v, all three indexed from a. */
+static int update_range(struct optim *o, const struct optim_comm *oc, int64_t step, float lr,
+			const float *g, float *mb, float *vb, size_t a, size_t b)
+{
+	struct model *m = o->model;
+	const struct cfg *c = &o->cfg;
+	float *P = model_params(m);
+	float wd = (float)c->adam_weight_decay;
+
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		size_t x, y;
+		param_range(p, a, b, &x, &y);
+		if (p->opt == OPT_NONE || x >= y)
+			continue;
+		float pwd = p->decay ? wd : 0.0f;
+		if (p->opt == OPT_MUON && o->muon && p->mat_split) {
+			int rc = muon_split(o, oc, i, P + x, g + (x - a), mb + (x - a), lr, pwd);
+			if (rc)
+				return rc;
+		} else if (p->opt == OPT_MUON && o->muon) {
+			int R = p->shape[p->ndim - 2], C = p->shape[p->ndim - 1];
+			size_t per = (size_t)R * C;
+			for (size_t q = x; q < y; q += per)
+				muon_update(P + q, g + (q - a), mb + (q - a), o->scratch, R, C, lr,
+					    (float)c->muon_momentum, pwd);
+		} else {
+			adamw_update(P + x, g + (x - a), mb + (x - a), vb + (x - a), y - x, lr,
+				     (float)c->adam_b1, (float)c->adam_b2, (float)c->adam_eps, pwd, (int)step + 1);
+		}
+	}
+	return 0;
+}
+
+int optim_update(struct optim *o, const struct optim_comm *oc, int64_t step, float lr, float clip)
+{
+	struct model *m = o->model;
+	float *G = model_grads(m), *P = model_params(m);
+	const struct model_comm *mc = oc ? oc->mc : NULL;
+	int rc;
+	for (int i = 0; i < o->nseg; i++) {
+		struct seg *s = &o->seg[i];
+		float *g = s->zero ? o->gshard + s->o0 : G + s->p0;
+		size_t a = s->p0 + s->s0, len = s->zero ? s->len : s->n;
+		if (clip != 1.0f)
+			scale_inplace(g, len, clip);
+		if ((rc = update_range(o, oc, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len)))
+			return rc;
+	}
+	for (int i = 0; i < model_num_params(m); i++)
+		if (model_param(m, i)->opt == OPT_NONE)
+			update_router_bias(o, model_param(m, i));
+	/* ZeRO-1: every data rank takes the others' updated parts */
+	for (int i = 0; i < o->nseg; i++) {
+		struct seg *s = &o->seg[i];
+		if (!s->zero)
+			continue;
+		/* in place: this rank's part already sits in the bucket */
+		if ((rc = mc->all_gather(mc->ctx, 1u << AX_DATA, P + s->p0, P + s->p0 + s->s0,
+					 s->shard_n * sizeof(float))))
+			return rc;
+	}
+	return 0;
+}
+
+float *optim_state(struct optim *o, int which)
+{
+	return which ? o->v : o->m;
+}
+
+int optim_state_to_layout(struct optim *o, const struct optim_comm *oc, int which, float *loc)
+{
+	const float *st = optim_state(o, which);
+	for (int i = 0; i < o->nseg; i++) {
+		struct seg *s = &o->seg[i];
+		if (!s->zero) {
+			memcpy(loc + s->p0, st + s->o0, s->n * sizeof(float));
+			continue;
+		}
+		/* loc has the bucket's padding too: gather straight into it */
+		int rc = oc->mc->all_gather(oc->mc->ctx, 1u << AX_DATA, loc + s->p0, st + s->o0,
+					    s->shard_n * sizeof(float));
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+void optim_layout_to_state(struct optim *o, int which, const float *loc)
+{
+	float *st = optim_state(o, which);
+	for (int i = 0; i < o->nseg; i++) {
+		struct seg *s = &o->seg[i];
+		memcpy(st + s->o0, loc + s->p0 + s->s0, (s->zero ? s->len : s->n) * sizeof(float));
+	}
+}
