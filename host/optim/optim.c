@@ -81,6 +81,14 @@ int optim_check_zero(const struct model *m, bool muon, int ndata, char *err, siz
 	return 0;
 }
 
+size_t optim_tensor_state(const struct param_info *p, bool muon, int ndata, int *slots, bool *zero)
+{
+	/* AdamW keeps m and v; Muon keeps one momentum per matrix */
+	*slots = p->opt == OPT_NONE ? 0 : (p->opt == OPT_MUON && muon) ? 1 : 2;
+	*zero = *slots && ndata > 1 && (p->gsum & (1u << AX_DATA));
+	return p->numel * (size_t)*slots / (*zero ? (size_t)ndata : 1);
+}
+
 /* Buckets and their optimizer state; ZeRO-1 splits the state of buckets
  * summed over `data`. */
 static int lay_out_state(struct optim *o)

@@ -50,6 +50,13 @@ void optim_free(struct optim *o);
  * trainer's checks (host/train/check.c) and optim_new both ask it. */
 int optim_check_zero(const struct model *m, bool muon, int ndata, char *err, size_t errlen);
 
+/* What the optimizer keeps for tensor p on its device: the floats of
+ * state (returned), in *slots buffers (AdamW: m and v, 2; Muon's
+ * matrices: the momentum, 1; an untrained tensor: 0), and whether ZeRO-1
+ * splits them over `data` (ndata > 1: a tensor summed over it). For
+ * `meshrun shardings`. */
+size_t optim_tensor_state(const struct param_info *p, bool muon, int ndata, int *slots, bool *zero);
+
 /* Sums every gradient bucket over its axes (a ZeRO-1 bucket:
  * reduce-scattered over `data`, its part summed over the rest) and
  * returns in *ss this device's share of the squared global norm (each
