@@ -61,6 +61,8 @@ static int write_metrics(struct steplog *l, const struct step_report *r, double 
 	cJSON_AddNumberToObject(j, "tokens_per_s_global", tok_s);
 	cJSON_AddNumberToObject(j, "tokens_per_s_per_device", tok_s / l->devices);
 	cJSON_AddNumberToObject(j, "comm_wait_s", r->comm_wait_s);
+	cJSON_AddNumberToObject(j, "comm_exposed_s", r->comm_wait_s);
+	cJSON_AddNumberToObject(j, "comm_background_s", r->comm_bg_s);
 	cJSON_AddNumberToObject(j, "tflops_per_device", tflops);
 	cJSON_AddNumberToObject(j, "mfu", mfu);
 	cJSON_AddNumberToObject(j, "dcn_bytes", (double)r->dcn_bytes);

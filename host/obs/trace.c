@@ -45,8 +45,19 @@ int trace_write(const char *path, const struct trace_event *ev, const int *count
 		cJSON *a = cJSON_AddObjectToObject(m, "args");
 		cJSON_AddStringToObject(a, "name", name);
 		cJSON_AddItemToArray(arr, m);
+		/* the background collectives' flight: a track of its own */
+		m = cJSON_CreateObject();
+		snprintf(name, sizeof(name), "device %d in flight", d);
+		cJSON_AddStringToObject(m, "name", "thread_name");
+		cJSON_AddStringToObject(m, "ph", "M");
+		cJSON_AddNumberToObject(m, "pid", host_of[d]);
+		cJSON_AddNumberToObject(m, "tid", TRACE_FLIGHT_TID + d);
+		a = cJSON_AddObjectToObject(m, "args");
+		cJSON_AddStringToObject(a, "name", name);
+		cJSON_AddItemToArray(arr, m);
 		for (int i = 0; i < counts[d]; i++) {
 			const struct trace_event *e = &ev[(size_t)d * TRACE_MAX_EVENTS + i];
+			bool flight = !strcmp(e->cat, "flight");
 			cJSON *j = cJSON_CreateObject();
 			cJSON_AddStringToObject(j, "name", e->name);
 			cJSON_AddStringToObject(j, "cat", e->cat);
@@ -54,7 +65,7 @@ int trace_write(const char *path, const struct trace_event *ev, const int *count
 			cJSON_AddNumberToObject(j, "ts", e->ts_us);
 			cJSON_AddNumberToObject(j, "dur", e->dur_us);
 			cJSON_AddNumberToObject(j, "pid", host_of[d]);
-			cJSON_AddNumberToObject(j, "tid", d);
+			cJSON_AddNumberToObject(j, "tid", flight ? TRACE_FLIGHT_TID + d : d);
 			cJSON *args = cJSON_AddObjectToObject(j, "args");
 			cJSON_AddNumberToObject(args, "step", (double)e->step);
 			cJSON_AddItemToArray(arr, j);

@@ -12,10 +12,14 @@
 #include <stdint.h>
 
 #define TRACE_MAX_EVENTS 16384
+/* Spans of category "flight" (a background collective, from when the
+ * communication thread started it to when it finished) go on a track of
+ * their own: thread TRACE_FLIGHT_TID + device. */
+#define TRACE_FLIGHT_TID 10000
 
 struct trace_event {
 	char name[24];
-	char cat[8];          /* "compute" or "comm" */
+	char cat[8];          /* "compute", "comm", "flight", "pipeline", "step" */
 	double ts_us, dur_us;
 	int64_t step;
 };

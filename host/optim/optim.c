@@ -1,7 +1,8 @@
 /* See host/optim/optim.h. The state is two buffers, m and v, laid out
- * bucket by bucket like the parameters, except that a bucket whose state
- * ZeRO-1 splits over `data` keeps only this device's part of it. */
-#include "host/optim/optim.h"
+ * seg by seg like the parameters, except that a seg whose state ZeRO-1
+ * splits over `data` keeps only this device's part of it. The buckets
+ * the gradients are summed in during the backward: buckets.c. */
+#include "host/optim/optim_int.h"
 
 #include <errno.h>
 #include <math.h>
@@ -9,37 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/mesh/plan.h"
 #include "kernels/kernels.h"
-
-/* One gradient bucket of the layout and its optimizer state. */
-struct seg {
-	size_t p0, n;        /* floats [p0, p0 + n) of the parameter layout */
-	uint32_t axes;       /* its gradients are summed over these */
-	bool zero;           /* ZeRO-1: the state is split over `data` */
-	size_t padded;       /* n and the zeros after it: shard_n * ndata */
-	size_t shard_n;      /* zero: floats per data rank */
-	size_t s0, len;      /* zero: this device's part [p0 + s0, + len) */
-	size_t o0;           /* where its state starts in m and v */
-};
-
-#define MAX_TGROUPS 8
-
-struct optim {
-	struct cfg cfg;
-	struct model *model;
-	const struct mesh *mesh;     /* NULL on one device */
-	int device, coord[AX_COUNT];
-	int ndata, rdata;            /* ZeRO-1: data ranks and this one */
-	bool muon;
-	struct seg seg[MODEL_MAX_PARAMS];
-	int nseg;
-	size_t opt_n;
-	float *m, *v, *scratch;
-	float *gshard;               /* zero buckets' reduced gradient parts */
-	struct mesh_members tg[MAX_TGROUPS];   /* groups that gather split matrices */
-	int ntg;
-};
 
 /* The part of parameter p inside layout floats [a, b): [*x, *y), empty
  * when *x >= *y. */
@@ -157,6 +128,7 @@ int optim_new(struct optim **out, struct model *m, const struct cfg *c, const st
 	o->muon = !strcmp(c->opt_type, "muon");
 	o->ndata = pl->ndata > 1 ? pl->ndata : 1;
 	o->rdata = pl->rdata;
+	o->L = model_dims(m)->L;
 	if (pl->mesh) {
 		o->mesh = pl->mesh;
 		o->device = pl->device;
@@ -178,6 +150,11 @@ int optim_new(struct optim **out, struct model *m, const struct cfg *c, const st
 		what = "Muon's scratch";
 		goto oom;
 	}
+	if (buckets_make(o, pl)) {
+		asked = sizeof(float) * model_numel(m);
+		what = "the gradient buckets";
+		goto oom;
+	}
 	*out = o;
 	return 0;
 oom:
@@ -194,6 +171,7 @@ void optim_free(struct optim *o)
 	free(o->v);
 	free(o->scratch);
 	free(o->gshard);
+	buckets_free(o);
 	for (int k = 0; k < o->ntg; k++)
 		mesh_members_free(&o->tg[k]);
 	free(o);
@@ -221,23 +199,85 @@ static double grad_sumsq(struct optim *o, const float *g, size_t a, size_t b, in
 	return ss;
 }
 
-int optim_sum_grads(struct optim *o, const struct optim_comm *oc, double *ss_out)
+void optim_step_begin(struct optim *o, const struct optim_comm *oc)
+{
+	o->have_oc = oc != NULL;
+	o->oc = oc ? *oc : (struct optim_comm){ 0 };
+	o->armed = o->mesh && oc;
+	o->stats = (struct optim_stats){ 0 };
+	for (int k = 0; k < o->nu; k++)
+		o->u[k].computed = o->u[k].landed = o->u[k].done = false;
+	for (int i = 0; i < o->nb; i++) {
+		o->b[i].left = o->b[i].u1 - o->b[i].u0;
+		o->b[i].issued = false;
+		o->b[i].h = NULL;
+	}
+}
+
+/* Unit k's gradients moved on (computed, or landed): when it is done,
+ * its bucket may be complete, and (not deferred) starts its sum. */
+static int unit_event(struct optim *o, int k, bool landed)
+{
+	struct unit *u = &o->u[k];
+	if (landed)
+		u->landed = true;
+	else
+		u->computed = true;
+	if (u->done || (u->plain && !u->computed) || (u->gathered && !u->landed))
+		return 0;
+	u->done = true;
+	if (u->bucket < 0)
+		return 0;
+	struct bucket *b = &o->b[u->bucket];
+	return --b->left == 0 && !b->deferred && !b->issued ? bucket_issue(o, b) : 0;
+}
+
+int optim_hook_grads(void *ctx, int l0, int l1, bool landed)
+{
+	struct optim *o = ctx;
+	int rc;
+	if (!o->armed)
+		return 0;
+	if (l0 < 0)
+		l1 = l0 + 1;
+	for (int key = l0; key < l1; key++)
+		for (int s = 0; s < o->nseg; s++) {
+			int k = unit_of(o, key, s, false);
+			if (k >= 0 && (rc = unit_event(o, k, landed)))
+				return rc;
+		}
+	return 0;
+}
+
+int optim_sum_grads(struct optim *o, double *ss_out)
 {
 	float *G = model_grads(o->model);
 	const uint32_t data = 1u << AX_DATA;
-	const struct model_comm *mc = oc ? oc->mc : NULL;
+	const struct model_comm *mc = o->have_oc ? o->oc.mc : NULL;
 	double ss = 0;
-	int rc;
+	int rc = 0;
+	o->armed = false;
+	/* what the table did not complete, in bucket order (the same on
+	 * every device); then every sum in flight lands */
+	for (int i = 0; i < o->nb && !rc && mc; i++)
+		if (!o->b[i].issued) {
+			o->stats.late++;
+			rc = bucket_issue(o, &o->b[i]);
+		}
+	for (int i = 0; i < o->nb; i++) {
+		int r = bucket_wait(o, &o->b[i]);
+		rc = rc ? rc : r;
+	}
+	if (rc)
+		return rc;
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];
-		uint32_t rest = s->axes & ~(s->zero ? data : 0);
 		if (!s->zero) {
-			if (mc && rest && (rc = mc->all_reduce(mc->ctx, rest, G + s->p0, s->n)))
-				return rc;
 			ss += grad_sumsq(o, G + s->p0, s->p0, s->p0 + s->n, 1);
 			continue;
 		}
-		/* the bucket's padding is zero: the grads were zeroed whole */
+		/* the seg's padding is zero: the grads were zeroed whole */
+		uint32_t rest = s->axes & ~data;
 		float *gs = o->gshard + s->o0;
 		if ((rc = mc->reduce_scatter(mc->ctx, data, gs, G + s->p0, s->shard_n)) ||
 		    (rest && (rc = mc->all_reduce(mc->ctx, rest, gs, s->shard_n))))
@@ -246,6 +286,11 @@ int optim_sum_grads(struct optim *o, const struct optim_comm *oc, double *ss_out
 	}
 	*ss_out = ss;
 	return 0;
+}
+
+void optim_get_stats(const struct optim *o, struct optim_stats *st)
+{
+	*st = o->stats;
 }
 
 float optim_lr(const struct optim *o, int64_t step)
@@ -279,7 +324,7 @@ static void update_router_bias(struct optim *o, const struct param_info *p)
 /* Muon on matrices split over devices: the momentum is local, the
  * orthogonalisation needs the whole matrix, so every member gathers it,
  * runs NS5 (the same bits everywhere) and applies its own block. */
-static int muon_split(struct optim *o, const struct optim_comm *oc, int i, float *P,
+static int muon_split(struct optim *o, int i, float *P,
 		      const float *g, float *buf, float lr, float wd)
 {
 	const struct param_info *p = model_param(o->model, i);
@@ -295,7 +340,7 @@ static int muon_split(struct optim *o, const struct optim_comm *oc, int i, float
 		return -ENOMEM;
 	for (size_t j = 0; j < nmat; j++) {
 		muon_momentum(ob, buf + j * per, g + j * per, per, (float)o->cfg.muon_momentum);
-		int rc = oc->mc->all_gather(oc->mc->ctx, p->mat_split, recv, ob, per * sizeof(float));
+		int rc = o->oc.mc->all_gather(o->oc.mc->ctx, p->mat_split, recv, ob, per * sizeof(float));
 		if (rc)
 			return rc;
 		plan_place_gathered(pp, o->mesh, tg, nd, 2, w, wshape, recv, bshape, per);
@@ -309,7 +354,7 @@ static int muon_split(struct optim *o, const struct optim_comm *oc, int i, float
 
 /* Updates parameters [a, b) of the layout from gradients g, with state m
  * and v, all three indexed from a. */
-static int update_range(struct optim *o, const struct optim_comm *oc, int64_t step, float lr,
+static int update_range(struct optim *o, int64_t step, float lr,
 			const float *g, float *mb, float *vb, size_t a, size_t b)
 {
 	struct model *m = o->model;
@@ -325,7 +370,7 @@ static int update_range(struct optim *o, const struct optim_comm *oc, int64_t st
 			continue;
 		float pwd = p->decay ? wd : 0.0f;
 		if (p->opt == OPT_MUON && o->muon && p->mat_split) {
-			int rc = muon_split(o, oc, i, P + x, g + (x - a), mb + (x - a), lr, pwd);
+			int rc = muon_split(o, i, P + x, g + (x - a), mb + (x - a), lr, pwd);
 			if (rc)
 				return rc;
 		} else if (p->opt == OPT_MUON && o->muon) {
@@ -342,11 +387,11 @@ static int update_range(struct optim *o, const struct optim_comm *oc, int64_t st
 	return 0;
 }
 
-int optim_update(struct optim *o, const struct optim_comm *oc, int64_t step, float lr, float clip)
+int optim_update(struct optim *o, int64_t step, float lr, float clip)
 {
 	struct model *m = o->model;
 	float *G = model_grads(m), *P = model_params(m);
-	const struct model_comm *mc = oc ? oc->mc : NULL;
+	const struct model_comm *mc = o->have_oc ? o->oc.mc : NULL;
 	int rc;
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];
@@ -354,7 +399,7 @@ int optim_update(struct optim *o, const struct optim_comm *oc, int64_t step, flo
 		size_t a = s->p0 + s->s0, len = s->zero ? s->len : s->n;
 		if (clip != 1.0f)
 			scale_inplace(g, len, clip);
-		if ((rc = update_range(o, oc, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len)))
+		if ((rc = update_range(o, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len)))
 			return rc;
 	}
 	for (int i = 0; i < model_num_params(m); i++)

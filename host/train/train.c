@@ -101,6 +101,32 @@ static int open_data(struct trainer *t, const struct cfg *c, bool eval_only, cha
 	return 0;
 }
 
+/* The optimizer, its buckets in the order the step's table makes
+ * gradients final, and the executor's hook that starts their sums. */
+static int open_optim(struct trainer *t, const struct cfg *c, struct optim_place *pl, char *err,
+		      size_t errlen)
+{
+	int n = pipe_exec_grad_order(t->px, NULL, NULL, 0), rc;
+	int *l0 = malloc(sizeof(int) * (size_t)(n + 1)), *l1 = malloc(sizeof(int) * (size_t)(n + 1));
+	if (!l0 || !l1) {
+		free(l0);
+		free(l1);
+		snprintf(err, errlen, "train: out of memory for the gradient order");
+		return -ENOMEM;
+	}
+	pipe_exec_grad_order(t->px, l0, l1, n);
+	pl->stages = pipe_exec_table(t->px)->shape.stages;
+	pl->order_l0 = l0;
+	pl->order_l1 = l1;
+	pl->norder = n;
+	rc = optim_new(&t->opt, t->model, c, pl, err, errlen);
+	free(l0);
+	free(l1);
+	if (!rc)
+		pipe_exec_set_hooks(t->px, &(struct pipe_hooks){ .grads_done = optim_hook_grads, .ctx = t->opt });
+	return rc;
+}
+
 static int trainer_open_what(struct trainer **out, const struct cfg *c, int rows,
 			     const struct model_mesh *mm, bool eval_only, char *err, size_t errlen)
 {
@@ -145,7 +171,7 @@ static int trainer_open_what(struct trainer **out, const struct cfg *c, int rows
 	/* weights from a checkpoint replace every element: no init to pay for */
 	if (!c->load_parameters_path[0])
 		model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
-	if ((rc = optim_new(&t->opt, t->model, c, &pl, err, errlen)))
+	if ((rc = open_optim(t, c, &pl, err, errlen)))
 		goto fail;
 	t->inputs = malloc(sizeof(int32_t) * (size_t)rows * d.T);
 	t->targets = malloc(sizeof(int32_t) * (size_t)rows * d.T);
@@ -266,6 +292,8 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		.global_tokens = global_tokens,
 		.comm = comm ? &comm->mc : NULL,
 	};
+	struct optim_comm oc;
+	optim_step_begin(t->opt, trainer_optim_comm(comm, &oc));
 	st->t_fb0 = util_now_s();
 	rc = pipe_step(t, comm, &ms);
 	st->t_fb1 = util_now_s();
@@ -278,11 +306,10 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	if (comm && (rc = comm->sum(ctx, loss_axes, scal, 2)))
 		goto comm_failed;
 
-	/* gradients: each bucket summed over its axes (host/optim/) */
+	/* gradients: the buckets the backward started, and the rest
+	 * (host/optim/) */
 	double ss = 0;
-	struct optim_comm oc;
-	const struct optim_comm *ocp = trainer_optim_comm(comm, &oc);
-	if ((rc = optim_sum_grads(t->opt, ocp, &ss)) || (comm && (rc = comm->sum(ctx, all, &ss, 1))))
+	if ((rc = optim_sum_grads(t->opt, &ss)) || (comm && (rc = comm->sum(ctx, all, &ss, 1))))
 		goto comm_failed;
 	double norm = sqrt(ss);
 	/* global-norm clipping over every trained parameter */
@@ -291,7 +318,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	if (c->gradient_clipping_threshold > 0 && norm > c->gradient_clipping_threshold)
 		clip = (float)(c->gradient_clipping_threshold / norm);
 	float lr = optim_lr(t->opt, step);
-	rc = optim_update(t->opt, ocp, step, lr, clip);
+	rc = optim_update(t->opt, step, lr, clip);
 	st->t_opt1 = util_now_s();
 	if (rc)
 		goto comm_failed;

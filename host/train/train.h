@@ -13,6 +13,7 @@
 #include "host/ckpt/ckpt.h"
 #include "host/config/config.h"
 #include "host/model/model.h"
+#include "host/optim/optim.h"
 #include "host/pipeline/exec.h"
 
 struct trainer;
@@ -35,6 +36,9 @@ struct step_stats {
 struct train_comm {
 	struct model_comm mc;
 	int (*sum)(void *ctx, uint32_t axes, double *x, int n);
+	/* the gradient buckets' all-reduces in the background (all_reduce
+	 * NULL: they run synchronously) */
+	struct optim_bg bg;
 	/* point-to-point messages (a pipeline over `stage`); unused otherwise */
 	struct pipe_p2p p2p;
 	char *err;               /* where the collectives write their errors */

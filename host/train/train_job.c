@@ -54,6 +54,7 @@ struct job_ctx {
 	struct trace *tr;
 	double timeout_s;           /* collective_timeout_s */
 	double waited_s;            /* blocked inside collectives so far */
+	double bg_s;                /* background collectives ran so far */
 	struct agent *agent;        /* byte counters */
 	struct xport *xport;
 	/* host-level faults (kill, stop): asked by the host's first device */
@@ -157,6 +158,7 @@ static int job_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *re
 struct job_pending {
 	struct coll_handle *h;
 	char name[160];
+	double t_issue;             /* util_now_s() when queued */
 };
 
 static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes, void **out)
@@ -170,6 +172,7 @@ static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, u
 		return -ENOMEM;
 	}
 	p->h = h;
+	p->t_issue = util_now_s();
 	span_name(p->name, sizeof(p->name), op, axes);
 	*out = p;
 	return 0;
@@ -195,12 +198,57 @@ static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const
 			 "reduce_scatter (background)", axes, h);
 }
 
+
+/* The optimizer's gradient buckets (host/optim/optim.h, struct
+ * optim_bg): all-reduces queued on the communication thread, named by
+ * their layers, waited for by job_wait. */
+static int job_bg_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n, const char *name, void **out)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	*out = NULL;
+	if (!g)
+		return -ENOMEM;
+	if (g->n == 1)
+		return 0;
+	struct coll_handle *h = coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen);
+	if (!h)
+		return -EIO;            /* c->err says why */
+	struct job_pending *p = malloc(sizeof(*p));
+	if (!p) {
+		coll_wait(h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
+		snprintf(c->err, c->errlen, "train: out of memory");
+		return -ENOMEM;
+	}
+	p->h = h;
+	p->t_issue = util_now_s();
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	*out = p;
+	return 0;
+}
+
+/* Waits for a background collective (the FSDP window's or a gradient
+ * bucket's): the time blocked is a "comm" span; on the flight track,
+ * how long it sat in the queue ("q " and its name) and when the
+ * communication thread ran it (its name). */
 static int job_wait(void *vctx, void *vh)
 {
 	struct job_ctx *c = vctx;
 	struct job_pending *p = vh;
-	int rc = SPAN(c, p->name, coll_wait(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
-					    c->err, c->errlen));
+	uint64_t run = 0, done = 0;
+	double t0 = util_now_s();
+	int rc = coll_wait_times(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), &run, &done, c->err,
+				 c->errlen);
+	double t1 = util_now_s();
+	c->waited_s += t1 - t0;
+	trace_span(c->tr, p->name, "comm", t0, t1);
+	if (!rc && run) {
+		char q[24];
+		c->bg_s += (double)(done - run) * 1e-9;
+		snprintf(q, sizeof(q), "q %.21s", p->name);
+		trace_span(c->tr, q, "flight", p->t_issue, (double)run * 1e-9);
+		trace_span(c->tr, p->name, "flight", (double)run * 1e-9, (double)done * 1e-9);
+	}
 	free(p);
 	return rc ? -EHOSTDOWN : 0;
 }
@@ -400,12 +448,12 @@ static void job_step_end(void *vctx, const struct step_stats *st, double t0, dou
 {
 	struct job_ctx *c = vctx;
 	trace_span(c->tr, "forward+backward", "compute", st->t_fb0, st->t_fb1);
-	/* a pipeline's compute actions, each its span (F, B, I, W of a
-	 * microbatch and chunk; the owners' embed, head, embed_back) */
+	/* the table's compute actions, each its span (F, B, I, W of a
+	 * microbatch and chunk, a chunk a layer without a pipeline; the
+	 * owners' embed, head, embed_back) */
 	struct pipe_exec *px = c->t ? trainer_pipe(c->t) : NULL;
 	int n = 0;
-	const struct pipe_act_time *pt = px && c->tr && pipe_exec_table(px)->shape.stages > 1 ?
-					 pipe_exec_times(px, &n) : NULL;
+	const struct pipe_act_time *pt = px && c->tr ? pipe_exec_times(px, &n) : NULL;
 	for (int i = 0; i < n; i++) {
 		char name[32];
 		if (pt[i].op == PA_EMBED || pt[i].op == PA_HEAD || pt[i].op == PA_EMBED_BACK)
@@ -435,6 +483,11 @@ static void job_recovery(void *vctx, uint64_t *reconnects, uint64_t *resent)
 static double job_waited(void *vctx)
 {
 	return ((struct job_ctx *)vctx)->waited_s;
+}
+
+static double job_background(void *vctx)
+{
+	return ((struct job_ctx *)vctx)->bg_s;
 }
 
 /* The one line device 0 prints at the end. */
@@ -565,6 +618,7 @@ int train_job(struct device_ctx *dev)
 			.start_all_gather = job_start_all_gather,
 			.start_reduce_scatter = job_start_reduce_scatter, .wait = job_wait, .ctx = &jc },
 		.sum = job_sum, .err = err, .errlen = errlen,
+		.bg = { .all_reduce = job_bg_all_reduce, .wait = job_wait, .ctx = &jc },
 		.p2p = { .send = job_p2p_send, .recv = job_p2p_recv, .flush = job_p2p_flush,
 			 .wait_send = job_p2p_wait_send, .ctx = &jc },
 	};
@@ -585,7 +639,8 @@ int train_job(struct device_ctx *dev)
 	struct train_loop loop = {
 		.t = t, .opts = o, .global_rows = global_rows, .row0 = row0, .comm = &comm,
 		.leader = leader, .log = &log, .step_begin = job_step_begin, .step_end = job_step_end,
-		.bytes = job_bytes, .recovery = job_recovery, .comm_wait_s = job_waited, .ctx = &jc,
+		.bytes = job_bytes, .recovery = job_recovery, .comm_wait_s = job_waited, .comm_bg_s = job_background,
+		.ctx = &jc,
 	};
 	double run_t0 = util_now_s();
 	if ((ret = train_loop_run(&loop, start, err, errlen)))
