@@ -64,6 +64,12 @@ struct param_info {
 	uint32_t gsum;                    /* axes the local gradient is summed over */
 };
 
+/* floats of one layer's slice of a stacked tensor (or the whole tensor) */
+static inline size_t param_slice_numel(const struct param_info *p)
+{
+	return p->stacked ? p->numel / (size_t)p->shape[0] : p->numel;
+}
+
 /* Where this device sits in a mesh; NULL for one device. */
 struct model_mesh {
 	const struct mesh *mesh;

@@ -147,12 +147,6 @@ void param_layers(const struct model *m, int id, int *first, int *count);
 int layer_slot(const struct model *m, int id, int l);
 int mesh_axes_size_or1(const struct model *m, uint32_t mask);
 
-/* floats of one slice of a stacked tensor (or the whole tensor) */
-static inline size_t per_slice(const struct param_info *p)
-{
-	return p->stacked ? p->numel / (size_t)p->shape[0] : p->numel;
-}
-
 /* Sums buf over axes (partial sums the plan named). A failure is
  * remembered and reported after the pass; none starts after it. */
 static inline void psum(struct model *m, uint32_t axes, float *buf, size_t n)
@@ -172,7 +166,7 @@ static inline float *wsel(struct model *m, bool grads, int id, int l)
 		return win_block(m->win, grads, id, l);
 	const struct param_info *p = &m->p[id];
 	float *b = (grads ? m->grads : m->params) + p->offset +
-		   (p->stacked ? per_slice(p) * (size_t)layer_slot(m, id, l) : 0);
+		   (p->stacked ? param_slice_numel(p) * (size_t)layer_slot(m, id, l) : 0);
 	if (m->pp[id].slice)
 		b += m->c0;
 	return b;

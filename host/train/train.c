@@ -339,7 +339,8 @@ int trainer_eval(struct trainer *t, int global_rows, int row0, const struct trai
 {
 	struct model *m = t->model;
 	const int T = model_dims(m)->T;
-	const uint32_t rows = model_rows_axes(m), stage = t->px ? 1u << AX_STAGE : 0;
+	const bool staged = pipe_exec_table(t->px)->shape.stages > 1;
+	const uint32_t rows = model_rows_axes(m), stage = staged ? 1u << AX_STAGE : 0;
 	int64_t nb = data_eval_batches(t->eval, global_rows, t->cfg.eval_steps, err, errlen);
 	double sum = 0, count = 0;
 	int rc = 0;
@@ -359,8 +360,8 @@ int trainer_eval(struct trainer *t, int global_rows, int row0, const struct trai
 		};
 		/* the executor has no forward-only table: its gradients are
 		 * dropped (the next step zeroes them) */
-		rc = t->px ? pipe_exec_step(t->px, t->inputs, t->targets, &ms, &comm->p2p)
-			   : model_forward(m, t->inputs, t->targets, &ms);
+		rc = staged ? pipe_exec_step(t->px, t->inputs, t->targets, &ms, comm ? &comm->p2p : NULL)
+			    : model_forward(m, t->inputs, t->targets, &ms);
 		if (rc)
 			goto comm_failed;
 		sum += ms.loss_sum;
