@@ -395,6 +395,69 @@ START_TEST(test_bucket_starts_during_backward)
 }
 END_TEST
 
+/* Each metrics line's number `field` (0 when absent) into out. */
+static int field_values(const char *name, const char *field, double *out, int max)
+{
+	char *text = read_tmp(name), *line = text;
+	int n = 0;
+	while (n < max && line && *line) {
+		char *nl = strchr(line, '\n');
+		if (nl)
+			*nl = 0;
+		cJSON *j = cJSON_Parse(line);
+		ck_assert_msg(j, "metrics line is not JSON: %s", line);
+		cJSON *f = cJSON_GetObjectItem(j, field);
+		out[n++] = cJSON_IsNumber(f) ? f->valuedouble : 0;
+		cJSON_Delete(j);
+		line = nl ? nl + 1 : NULL;
+	}
+	free(text);
+	return n;
+}
+
+/* Muon once per matrix: on hosts x dph devices its losses equal one
+ * device's within 1e-6 relative at every step, and the Newton-Schulz
+ * runs counted over every device (muon_ns_matrices) equal one device's:
+ * the number of Muon matrices, not that times the devices sharing them. */
+static void muon_once(const char *preset, int hosts, int dph, const char *extra)
+{
+	char args[1024];
+	double one[4], mesh[4], ns1[4], ns[4];
+	const char *opt = "opt_type=muon learning_rate=0.01 steps=4";
+	snprintf(args, sizeof(args), "train --config %s per_device_batch_size=8 %s --metrics %s/mu1.jsonl",
+		 preset, opt, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "local --hosts %d --devices-per-host %d --config %s per_device_batch_size=%d "
+		 "%s %s --metrics %s/mu.jsonl", hosts, dph, preset, 8 / (hosts * dph), extra, opt, tmpdir);
+	show_log_on_failure(run(args), 0);
+	ck_assert_int_eq(losses("mu1.jsonl", one, 4), 4);
+	ck_assert_int_eq(losses("mu.jsonl", mesh, 4), 4);
+	ck_assert_int_eq(field_values("mu1.jsonl", "muon_ns_matrices", ns1, 4), 4);
+	ck_assert_int_eq(field_values("mu.jsonl", "muon_ns_matrices", ns, 4), 4);
+	double worst = 0;
+	for (int s = 0; s < 4; s++) {
+		double rel = fabs(mesh[s] - one[s]) / fabs(one[s]);
+		worst = rel > worst ? rel : worst;
+		ck_assert_msg(rel < 1e-6, "%s %s step %d: loss %.12g, one device %.12g", preset, extra, s, mesh[s],
+			      one[s]);
+		ck_assert_msg(ns1[s] > 0 && ns[s] == ns1[s], "%s %s step %d: %g Newton-Schulz runs over the mesh, "
+			      "one device %g", preset, extra, s, ns[s], ns1[s]);
+	}
+	fprintf(stderr, "muon %s %dx%d %s: %g matrices a step, worst relative loss difference %.2e\n", preset,
+		hosts, dph, extra, ns1[0], worst);
+}
+
+START_TEST(test_muon_once_per_matrix)
+{
+	muon_once("configs/llama-tiny.yml", 1, 4, "ici_data_parallelism=1 ici_fsdp_parallelism=4");
+	muon_once("configs/llama-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_tensor_parallelism=2");
+	muon_once("configs/deepseek-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_expert_parallelism=2");
+	muon_once("configs/llama-tiny.yml", 1, 4, "ici_data_parallelism=2 ici_pipeline_parallelism=2");
+	/* copies only: four data ranks share out the matrices */
+	muon_once("configs/llama-tiny.yml", 2, 2, "");
+}
+END_TEST
+
 START_TEST(test_unsupported_axis_refused)
 {
 	int rc = run("local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
@@ -458,6 +521,7 @@ int main(void)
 	tcase_add_test(tc, test_trace);
 	tcase_add_test(tc, test_small_buckets_equal_single);
 	tcase_add_test(tc, test_bucket_starts_during_backward);
+	tcase_add_test(tc, test_muon_once_per_matrix);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests; the

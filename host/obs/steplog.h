@@ -54,6 +54,7 @@ struct step_report {
 				   * older name, comm_wait_s) */
 	double comm_bg_s;         /* background collectives ran during it */
 	int weight_gathers;       /* FSDP layer-group all-gathers (0: none, not shown) */
+	double muon_ns;           /* Muon's Newton-Schulz runs over the mesh (0: not shown) */
 	/* so far in the job: links resumed after breaking, frames resent */
 	uint64_t reconnects, frames_resent;
 	double data_s;            /* reading the logging device's rows */

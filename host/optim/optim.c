@@ -20,16 +20,6 @@ static void param_range(const struct param_info *p, size_t a, size_t b, size_t *
 	*y = p->offset + p->numel < b ? p->offset + p->numel : b;
 }
 
-static const struct mesh_members *tgroup(struct optim *o, uint32_t axes)
-{
-	for (int k = 0; k < o->ntg; k++)
-		if (o->tg[k].axes == axes)
-			return &o->tg[k];
-	if (o->ntg == MAX_TGROUPS || mesh_members_init(o->mesh, o->device, axes, &o->tg[o->ntg]))
-		return NULL;
-	return &o->tg[o->ntg++];
-}
-
 int optim_check_zero(const struct model *m, bool muon, int ndata, char *err, size_t errlen)
 {
 	struct model_bucket b[MODEL_MAX_PARAMS];
@@ -321,37 +311,6 @@ static void update_router_bias(struct optim *o, const struct param_info *p)
 	}
 }
 
-/* Muon on matrices split over devices: the momentum is local, the
- * orthogonalisation needs the whole matrix, so every member gathers it,
- * runs NS5 (the same bits everywhere) and applies its own block. */
-static int muon_split(struct optim *o, int i, float *P,
-		      const float *g, float *buf, float lr, float wd)
-{
-	const struct param_info *p = model_param(o->model, i);
-	const struct plan_param *pp = model_param_plan(o->model, i);
-	const struct mesh_members *tg = tgroup(o, p->mat_split);
-	int nd = p->ndim, R = p->mat_rows, C = p->mat_cols;
-	int bshape[2] = { p->shape[nd - 2], p->shape[nd - 1] }, wshape[2] = { R, C };
-	size_t per = (size_t)bshape[0] * bshape[1], nmat = p->numel / per, whole = (size_t)R * C;
-	float *ob = o->scratch, *w = ob + whole, *recv = w + whole, *ns = recv + whole;
-	float k = muon_scale(R, C);
-	int off[SHARD_MAX_DIMS];
-	if (!tg)
-		return -ENOMEM;
-	for (size_t j = 0; j < nmat; j++) {
-		muon_momentum(ob, buf + j * per, g + j * per, per, (float)o->cfg.muon_momentum);
-		int rc = o->oc.mc->all_gather(o->oc.mc->ctx, p->mat_split, recv, ob, per * sizeof(float));
-		if (rc)
-			return rc;
-		plan_place_gathered(pp, o->mesh, tg, nd, 2, w, wshape, recv, bshape, per);
-		newton_schulz5(w, w, ns, R, C);
-		plan_block_offsets(pp, o->mesh, p->mat_split, o->coord, off);
-		plan_copy_block(w, wshape, ob, bshape, off + nd - 2, 2, false);
-		muon_apply(P + j * per, ob, per, lr, k, wd);
-	}
-	return 0;
-}
-
 /* Updates parameters [a, b) of the layout from gradients g, with state m
  * and v, all three indexed from a. */
 static int update_range(struct optim *o, int64_t step, float lr,
@@ -369,14 +328,14 @@ static int update_range(struct optim *o, int64_t step, float lr,
 		if (p->opt == OPT_NONE || x >= y)
 			continue;
 		float pwd = p->decay ? wd : 0.0f;
-		if (p->opt == OPT_MUON && o->muon && p->mat_split) {
-			int rc = muon_split(o, i, P + x, g + (x - a), mb + (x - a), lr, pwd);
+		if (p->opt == OPT_MUON && o->muon && o->mesh && mesh_axes_size(o->mesh, muon_group_axes(o, p)) > 1) {
+			int rc = muon_dist(o, i, P + x, g + (x - a), mb + (x - a), lr, pwd);
 			if (rc)
 				return rc;
 		} else if (p->opt == OPT_MUON && o->muon) {
 			int R = p->shape[p->ndim - 2], C = p->shape[p->ndim - 1];
 			size_t per = (size_t)R * C;
-			for (size_t q = x; q < y; q += per)
+			for (size_t q = x; q < y; q += per, o->stats.ns_matrices++)
 				muon_update(P + q, g + (q - a), mb + (q - a), o->scratch, R, C, lr,
 					    (float)c->muon_momentum, pwd);
 		} else {
@@ -393,6 +352,8 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 	float *G = model_grads(m), *P = model_params(m);
 	const struct model_comm *mc = o->have_oc ? o->oc.mc : NULL;
 	int rc;
+	o->muon_rr = 0;
+	o->stats.ns_matrices = 0;
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];
 		float *g = s->zero ? o->gshard + s->o0 : G + s->p0;

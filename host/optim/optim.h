@@ -64,6 +64,7 @@ struct optim_place {
 struct optim_stats {
 	int buckets;          /* gradient buckets summed during the table */
 	int late;             /* of them, started only after the table */
+	int64_t ns_matrices;  /* matrices this device ran Newton-Schulz on */
 };
 
 /* The state for model m's trained tensors on this device (m stays the
@@ -111,10 +112,11 @@ int optim_sum_grads(struct optim *o, double *ss);
 float optim_lr(const struct optim *o, int64_t step);
 
 /* Updates this device's shards from the summed gradients, each scaled
- * by clip first (1: none): AdamW element-wise, Muon per whole matrix (a
- * matrix split over devices is gathered, collective). Then the router
- * bias from the step's expert counts, and ZeRO-1's all-gather of the
- * updated parts. 0 or -errno. */
+ * by clip first (1: none): AdamW element-wise, Muon per whole matrix:
+ * in a mesh each matrix's Newton-Schulz runs on one device of those that
+ * hold it (split or copied) and the results are handed back (collective,
+ * host/optim/muon.c). Then the router bias from the step's expert
+ * counts, and ZeRO-1's all-gather of the updated parts. 0 or -errno. */
 int optim_update(struct optim *o, int64_t step, float lr, float clip);
 void optim_get_stats(const struct optim *o, struct optim_stats *st);
 

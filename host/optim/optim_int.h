@@ -1,6 +1,6 @@
 /* Private to host/optim: the optimizer's state and the calls between its
- * files. They go one way: optim.c calls buckets.c, which calls nothing
- * of optim.c.
+ * files. They go one way: optim.c calls buckets.c and muon.c, which call
+ * nothing of optim.c or of each other.
  *
  * Words: a seg is one gradient bucket of the model's layout (a range of
  * whole tensors summed over the same axes, model_buckets). A unit is one
@@ -95,6 +95,7 @@ struct optim {
 	bool have_oc;
 	bool armed;                  /* between optim_step_begin and the end of the sums */
 	struct optim_stats stats;
+	uint64_t muon_rr;            /* matrices assigned so far this update */
 };
 
 /* ---- buckets.c ---- */
@@ -110,5 +111,16 @@ int bucket_issue(struct optim *o, struct bucket *b);
 /* Waits for bucket b's sum in flight and unpacks it into the gradients.
  * 0 or -errno. */
 int bucket_wait(struct optim *o, struct bucket *b);
+
+/* ---- muon.c ---- */
+
+/* The axes of the devices that hold the same local matrices of p:
+ * p's matrix split and every axis of the mesh p is not split on. */
+uint32_t muon_group_axes(const struct optim *o, const struct param_info *p);
+/* Muon on parameter i's matrices (at P, gradients g, momentum buf, all
+ * this device's blocks) with each matrix's Newton-Schulz run by one
+ * device of muon_group_axes (collective over it: two all_to_alls).
+ * 0 or the failing collective's -errno (-ENOMEM). */
+int muon_dist(struct optim *o, int i, float *P, const float *g, float *buf, float lr, float wd);
 
 #endif

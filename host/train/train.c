@@ -263,6 +263,18 @@ static int count_targets(struct trainer *t, const struct train_comm *comm, doubl
 	return rc;
 }
 
+/* Muon's Newton-Schulz runs of the step over every device (exact, a
+ * collective when Muon runs on a mesh). */
+static int count_muon(struct trainer *t, const struct train_comm *comm, struct step_stats *st)
+{
+	struct optim_stats os;
+	optim_get_stats(t->opt, &os);
+	st->muon_ns = (double)os.ns_matrices;
+	if (!comm || strcmp(t->cfg.opt_type, "muon"))
+		return 0;
+	return comm->sum(comm->mc.ctx, (1u << AX_COUNT) - 1, &st->muon_ns, 1);
+}
+
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		 const struct train_comm *comm, struct step_stats *st, char *err, size_t errlen)
 {
@@ -320,7 +332,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	float lr = optim_lr(t->opt, step);
 	rc = optim_update(t->opt, step, lr, clip);
 	st->t_opt1 = util_now_s();
-	if (rc)
+	if (rc || (rc = count_muon(t, comm, st)))
 		goto comm_failed;
 
 	st->loss = scal[0] / denom;
