@@ -7,6 +7,7 @@
 #include "host/optim/optim_int.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,9 +151,12 @@ static int order_units(struct optim *o, const struct optim_place *pl, bool *defe
  * 1 MiB, the rest grad_bucket_mb), and at least one. */
 static int cut_buckets(struct optim *o, const bool *deferred)
 {
-	size_t cap = (size_t)(o->cfg.grad_bucket_mb * 1048576.0 / sizeof(float));
+	/* 0: one bucket per seg, summed after the table */
+	bool after = o->cfg.grad_bucket_mb == 0;
+	size_t cap = after ? SIZE_MAX : (size_t)(o->cfg.grad_bucket_mb * 1048576.0 / sizeof(float));
 	cap = cap ? cap : 1;
 	size_t first = cap < 262144 ? cap : 262144;
+	first = after ? SIZE_MAX : first;
 	int *open = malloc(sizeof(int) * (size_t)o->nseg * 2);
 	bool *later = calloc((size_t)o->nseg * 2, sizeof(bool));
 	o->b = calloc((size_t)o->nu + 1, sizeof(*o->b));
@@ -168,7 +172,7 @@ static int cut_buckets(struct optim *o, const bool *deferred)
 		const struct seg *s = &o->seg[u->seg];
 		if (!s->axes || s->zero)
 			continue;
-		int st = u->seg * 2 + (deferred[k] ? 1 : 0);
+		int st = u->seg * 2 + (deferred[k] && !after ? 1 : 0);
 		size_t n = unit_floats(o, u);
 		struct bucket *b = open[st] >= 0 ? &o->b[open[st]] : NULL;
 		if (b && b->n + n > (later[st] ? cap : first)) {
@@ -178,7 +182,7 @@ static int cut_buckets(struct optim *o, const bool *deferred)
 		if (!b) {
 			open[st] = o->nb++;
 			b = &o->b[open[st]];
-			*b = (struct bucket){ .seg = u->seg, .axes = s->axes, .deferred = deferred[k] };
+			*b = (struct bucket){ .seg = u->seg, .axes = s->axes, .deferred = deferred[k] || after };
 		}
 		u->bucket = (int)(b - o->b);
 		b->n += n;
