@@ -275,66 +275,94 @@ static int count_muon(struct trainer *t, const struct train_comm *comm, struct s
 	return comm->sum(comm->mc.ctx, (1u << AX_COUNT) - 1, &st->muon_ns, 1);
 }
 
+/* The step's model_step: the loss is the mean over the global batch's
+ * *denom targets that count (all of them unless the data masks some). */
+static int step_scale(struct trainer *t, const struct train_comm *comm, int global_rows, struct model_step *ms,
+		      double *denom)
+{
+	const struct model_dims *d = model_dims(t->model);
+	*denom = (double)global_rows * d->T;
+	int rc = data_masks(t->data) ? count_targets(t, comm, denom) : 0;
+	*ms = (struct model_step){
+		.loss_scale = (float)(1.0 / *denom),
+		.lb_weight = (float)t->cfg.load_balance_loss_weight,
+		.global_tokens = (double)global_rows * d->T,
+		.comm = comm ? &comm->mc : NULL,
+	};
+	return rc;
+}
+
+/* Forward and backward (the table), the optimizer's buckets started as
+ * their gradients are final. */
+static int forward_backward(struct trainer *t, const struct train_comm *comm, struct model_step *ms,
+			    struct step_stats *st)
+{
+	struct optim_comm oc;
+	memset(model_grads(t->model), 0, model_numel(t->model) * sizeof(float));
+	optim_step_begin(t->opt, trainer_optim_comm(comm, &oc));
+	st->t_fb0 = util_now_s();
+	int rc = pipe_step(t, comm, ms);
+	st->t_fb1 = util_now_s();
+	st->weight_gathers = pipe_exec_gathers(t->px);
+	return rc;
+}
+
+/* The loss and the MoE auxiliary loss over the rows (and stages). */
+static int sum_loss(struct trainer *t, const struct train_comm *comm, const struct model_step *ms, double *scal)
+{
+	bool staged = pipe_exec_table(t->px)->shape.stages > 1;
+	uint32_t axes = model_rows_axes(t->model) | (staged ? 1u << AX_STAGE : 0);
+	scal[0] = ms->loss_sum;
+	scal[1] = ms->aux;
+	return comm ? comm->sum(comm->mc.ctx, axes, scal, 2) : 0;
+}
+
+/* Every bucket summed (host/optim/), and the global gradient norm. */
+static int grad_norm(struct trainer *t, const struct train_comm *comm, double *norm)
+{
+	double ss = 0;
+	int rc = optim_sum_grads(t->opt, &ss);
+	if (!rc && comm)
+		rc = comm->sum(comm->mc.ctx, (1u << AX_COUNT) - 1, &ss, 1);
+	*norm = sqrt(ss);
+	return rc;
+}
+
+/* Global-norm clipping over every trained parameter: the factor. */
+static float clip_factor(const struct cfg *c, double norm)
+{
+	return c->gradient_clipping_threshold > 0 && norm > c->gradient_clipping_threshold ?
+	       (float)(c->gradient_clipping_threshold / norm) : 1.0f;
+}
+
+/* The update of this device's shards, timed. */
+static int update(struct trainer *t, const struct train_comm *comm, int64_t step, float lr, float clip,
+		  struct step_stats *st)
+{
+	st->t_opt0 = util_now_s();
+	int rc = optim_update(t->opt, step, lr, clip);
+	st->t_opt1 = util_now_s();
+	return rc ? rc : count_muon(t, comm, st);
+}
+
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		 const struct train_comm *comm, struct step_stats *st, char *err, size_t errlen)
 {
-	struct model *m = t->model;
-	const struct cfg *c = &t->cfg;
-	const struct model_dims *d = model_dims(m);
-	size_t n = model_numel(m);
-	float *G = model_grads(m);
-	double global_tokens = (double)global_rows * d->T;
-	const uint32_t all = (1u << AX_COUNT) - 1;
-	void *ctx = comm ? comm->mc.ctx : NULL;
-	int rc = 0;
+	struct model_step ms;
+	double scal[2], norm, denom;
+	int rc;
 
 	st->t_data0 = util_now_s();
 	rc = data_batch(t->data, step, global_rows, row0, t->rows, t->inputs, t->targets, err, errlen);
 	st->t_data1 = util_now_s();
 	if (rc)
 		return rc;
-	/* the loss is the mean over the targets that count */
-	double denom = global_tokens;
-	if (data_masks(t->data) && (rc = count_targets(t, comm, &denom)))
+	if ((rc = step_scale(t, comm, global_rows, &ms, &denom)) || (rc = forward_backward(t, comm, &ms, st)) ||
+	    (rc = sum_loss(t, comm, &ms, scal)) || (rc = grad_norm(t, comm, &norm)))
 		goto comm_failed;
-	memset(G, 0, n * sizeof(float));
-	struct model_step ms = {
-		.loss_scale = (float)(1.0 / denom),
-		.lb_weight = (float)c->load_balance_loss_weight,
-		.global_tokens = global_tokens,
-		.comm = comm ? &comm->mc : NULL,
-	};
-	struct optim_comm oc;
-	optim_step_begin(t->opt, trainer_optim_comm(comm, &oc));
-	st->t_fb0 = util_now_s();
-	rc = pipe_step(t, comm, &ms);
-	st->t_fb1 = util_now_s();
-	st->weight_gathers = pipe_exec_gathers(t->px);
-	if (rc)
+	float clip = clip_factor(&t->cfg, norm), lr = optim_lr(t->opt, step);
+	if ((rc = update(t, comm, step, lr, clip, st)))
 		goto comm_failed;
-	double scal[2] = { ms.loss_sum, ms.aux };
-	bool staged = pipe_exec_table(t->px)->shape.stages > 1;
-	uint32_t loss_axes = model_rows_axes(m) | (staged ? 1u << AX_STAGE : 0);
-	if (comm && (rc = comm->sum(ctx, loss_axes, scal, 2)))
-		goto comm_failed;
-
-	/* gradients: the buckets the backward started, and the rest
-	 * (host/optim/) */
-	double ss = 0;
-	if ((rc = optim_sum_grads(t->opt, &ss)) || (comm && (rc = comm->sum(ctx, all, &ss, 1))))
-		goto comm_failed;
-	double norm = sqrt(ss);
-	/* global-norm clipping over every trained parameter */
-	st->t_opt0 = util_now_s();
-	float clip = 1.0f;
-	if (c->gradient_clipping_threshold > 0 && norm > c->gradient_clipping_threshold)
-		clip = (float)(c->gradient_clipping_threshold / norm);
-	float lr = optim_lr(t->opt, step);
-	rc = optim_update(t->opt, step, lr, clip);
-	st->t_opt1 = util_now_s();
-	if (rc || (rc = count_muon(t, comm, st)))
-		goto comm_failed;
-
 	st->loss = scal[0] / denom;
 	st->aux = scal[1];
 	st->grad_norm = norm;
