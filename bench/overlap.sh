@@ -22,7 +22,9 @@ cd "$(dirname "$0")/.."
 steps=${1:-6}; rounds=${2:-2}; old=${3:-}
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-B=build/meshrun; C=configs/llama-bench.yml
+# copies: a rebuild while this runs does not change what it measures
+cp build/meshrun $tmp/meshrun; B=$tmp/meshrun; C=configs/llama-bench.yml
+[ -z "$old" ] || { cp "$old" $tmp/old-meshrun; old=$tmp/old-meshrun; }
 avg() { python3 -c "
 import json; r=[json.loads(l) for l in open('$1')][1:]
 print('%.4f' % (sum(x.get('$2', 0) for x in r) / len(r)))"; }
