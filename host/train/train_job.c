@@ -664,9 +664,12 @@ out:
 		agent_job_failed(dev, ret);
 	if (leader)
 		steplog_close(&log, NULL, 0);
-	trainer_free(t);
+	/* the communication thread first: a failed step may leave
+	 * background collectives (window, gradient buckets) writing into the
+	 * trainer's buffers until it stops */
 	if (jc.coll)
 		coll_dev_free(jc.coll);
+	trainer_free(t);
 	for (int i = 0; i < jc.ngrp; i++)
 		free(jc.grp[i].mg);
 	free(jc.tr);
