@@ -9,7 +9,11 @@
 #   2 hosts; FSDP + pipeline (2 hosts x 2: stage over the host's two
 #   devices, fsdp over the hosts); Muon and AdamW under FSDP=4 (1 host x
 #   4 devices), optimizer time from the trace; PyTorch DDP over gloo
-#   (bench/torch_llama.py --ddp 2) beside meshrun's data parallelism.
+#   (bench/torch_llama.py --ddp 2) beside meshrun's data parallelism;
+#   the seed's shard-exp-on-fsdp claim: configs/deepseek-tiny.yml with
+#   Muon on 2 hosts x 2 devices, custom_mesh_and_rule=shard-exp-on-fsdp
+#   against plain fsdp=4 and fsdp=2 x expert=2 (step, optimizer time and
+#   muon_bytes, the bytes devices sent each other for Muon, per step).
 # Each line: step s (mean of steps >= 1), ratio to the single device,
 # comm_exposed_s and comm_background_s (device 0, mean), CPU s per step
 # (user + sys of every process of the run, start-up included, / steps),
@@ -77,4 +81,15 @@ for r in $(seq 1 "$rounds"); do
   # PyTorch DDP over gloo, 2 processes, same model and per-process batch
   tt=$(/usr/bin/python3 bench/torch_llama.py --threads 1 --steps "$steps" --ddp 2 | tail -1)
   echo "torch DDP gloo x2: $tt; meshrun data=2 tokens/s/device $(avg $tmp/dp.jsonl tokens_per_s_per_device)"
+  for m in exp fsdp ep; do
+    case $m in
+      exp) x="ici_fsdp_parallelism=2 custom_mesh_and_rule=shard-exp-on-fsdp" ;;
+      fsdp) x="ici_fsdp_parallelism=2" ;;
+      ep) x="ici_expert_parallelism=2" ;;
+    esac
+    run ds$m $B local --hosts 2 --devices-per-host 2 --config configs/deepseek-tiny.yml opt_type=muon \
+      learning_rate=0.01 ici_data_parallelism=1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 $x
+    row ds$m "deepseek-tiny muon, dcn_fsdp=2 $m" $one4
+    echo "  muon_bytes/step $(avg $tmp/ds$m.jsonl muon_bytes)"
+  done
 done

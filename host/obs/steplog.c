@@ -76,8 +76,10 @@ static int write_metrics(struct steplog *l, const struct step_report *r, double 
 	cJSON_AddNumberToObject(j, "frames_resent", (double)r->frames_resent);
 	if (r->weight_gathers)
 		cJSON_AddNumberToObject(j, "weight_gathers", r->weight_gathers);
-	if (r->muon_ns > 0)
+	if (r->muon_ns > 0) {
 		cJSON_AddNumberToObject(j, "muon_ns_matrices", r->muon_ns);
+		cJSON_AddNumberToObject(j, "muon_bytes", r->muon_bytes);
+	}
 	/* losses printed with full precision so runs can be compared bit for bit */
 	char buf[64];
 	snprintf(buf, sizeof(buf), "%a", r->loss);

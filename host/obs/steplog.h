@@ -55,6 +55,7 @@ struct step_report {
 	double comm_bg_s;         /* background collectives ran during it */
 	int weight_gathers;       /* FSDP layer-group all-gathers (0: none, not shown) */
 	double muon_ns;           /* Muon's Newton-Schulz runs over the mesh (0: not shown) */
+	double muon_bytes;        /* and the bytes sent for it (with muon_ns) */
 	/* so far in the job: links resumed after breaking, frames resent */
 	uint64_t reconnects, frames_resent;
 	double data_s;            /* reading the logging device's rows */

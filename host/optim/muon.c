@@ -98,6 +98,15 @@ static void counts(struct xch *x, bool back, uint32_t copy, size_t per)
 	}
 }
 
+/* Bytes the exchange sends to other members. */
+static int64_t sent(const struct xch *x)
+{
+	int64_t b = 0;
+	for (int r = 0; r < x->n; r++)
+		b += r == x->me ? 0 : (int64_t)x->sb[r];
+	return b;
+}
+
 /* Block r (its coordinates) of the whole matrix w: into w from blk
  * (into) or out of it. */
 static void block(struct optim *o, const struct param_info *p, const struct plan_param *pp, const int *coord,
@@ -154,6 +163,7 @@ int muon_dist(struct optim *o, int i, float *P, const float *g, float *buf, floa
 				memcpy(snd + (size_t)(x.so[r] + fill[r]++) * per, ob + (size_t)j * per, per * sizeof(float));
 	if ((rc = mc->all_to_all(mc->ctx, axes, rcv, x.rb, snd, x.sb)))
 		goto out;
+	o->stats.muon_bytes += sent(&x);
 	/* 3: each owned matrix whole from its senders' blocks, orthogonalised,
 	 * every member's block of it into outb ([member][owned matrix]) */
 	float *w = o->scratch, *ns = w + (size_t)R * C;
@@ -173,6 +183,7 @@ int muon_dist(struct optim *o, int i, float *P, const float *g, float *buf, floa
 	counts(&x, true, copy, per);
 	if ((rc = mc->all_to_all(mc->ctx, axes, res, x.rb, outb, x.sb)))
 		goto out;
+	o->stats.muon_bytes += sent(&x);
 	/* 5: the blocks in matrix order, applied */
 	memset(fill, 0, sizeof(int) * (size_t)x.n);
 	for (int q = 0; q < x.n; q++)

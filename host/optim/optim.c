@@ -353,7 +353,7 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 	const struct model_comm *mc = o->have_oc ? o->oc.mc : NULL;
 	int rc;
 	o->muon_rr = 0;
-	o->stats.ns_matrices = 0;
+	o->stats.ns_matrices = o->stats.muon_bytes = 0;
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];
 		float *g = s->zero ? o->gshard + s->o0 : G + s->p0;

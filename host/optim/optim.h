@@ -65,6 +65,7 @@ struct optim_stats {
 	int buckets;          /* gradient buckets summed during the table */
 	int late;             /* of them, started only after the table */
 	int64_t ns_matrices;  /* matrices this device ran Newton-Schulz on */
+	int64_t muon_bytes;   /* bytes it sent other devices for Muon */
 };
 
 /* The state for model m's trained tensors on this device (m stays the

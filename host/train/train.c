@@ -263,16 +263,17 @@ static int count_targets(struct trainer *t, const struct train_comm *comm, doubl
 	return rc;
 }
 
-/* Muon's Newton-Schulz runs of the step over every device (exact, a
- * collective when Muon runs on a mesh). */
+/* Muon's Newton-Schulz runs and bytes sent in the step, over every
+ * device (exact, a collective when Muon runs on a mesh). */
 static int count_muon(struct trainer *t, const struct train_comm *comm, struct step_stats *st)
 {
 	struct optim_stats os;
 	optim_get_stats(t->opt, &os);
-	st->muon_ns = (double)os.ns_matrices;
-	if (!comm || strcmp(t->cfg.opt_type, "muon"))
-		return 0;
-	return comm->sum(comm->mc.ctx, (1u << AX_COUNT) - 1, &st->muon_ns, 1);
+	double x[2] = { (double)os.ns_matrices, (double)os.muon_bytes };
+	int rc = comm && !strcmp(t->cfg.opt_type, "muon") ? comm->sum(comm->mc.ctx, (1u << AX_COUNT) - 1, x, 2) : 0;
+	st->muon_ns = x[0];
+	st->muon_bytes = x[1];
+	return rc;
 }
 
 /* The step's model_step: the loss is the mean over the global batch's
