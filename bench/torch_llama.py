@@ -3,8 +3,11 @@
 decoder (RMSNorm, RoPE rotate_half, causal attention, SwiGLU, untied head),
 the same batch, AdamW, measured the same way as meshrun's step log.
 
-usage: OMP_WAIT_POLICY=PASSIVE bench/torch_llama.py --threads N [--steps K]
-Prints one line: `torch threads=N tokens_per_s=X gflops=Y step_s=Z`."""
+usage: OMP_WAIT_POLICY=PASSIVE bench/torch_llama.py --threads N [--steps K] [--ddp P]
+Prints one line: `torch threads=N tokens_per_s=X gflops=Y step_s=Z`. With
+--ddp P: P processes, each its batch, DistributedDataParallel over gloo on
+127.0.0.1 (its default buckets, 25 MiB, reduced during the backward); the
+line is rank 0's, tokens_per_s per process."""
 import argparse, math, os, sys, time
 
 # Debian's torch does its matmuls in the system OpenBLAS (BLAS_INFO=generic),
@@ -30,6 +33,7 @@ p.add_argument("--layers", type=int, default=4)
 p.add_argument("--vocab", type=int, default=256)
 p.add_argument("--seq", type=int, default=256)
 p.add_argument("--batch", type=int, default=8)
+p.add_argument("--ddp", type=int, default=0)
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -86,24 +90,46 @@ class Model(nn.Module):
         logits = s.head(Block.norm(x, s.wf))
         return F.cross_entropy(logits.view(-1, a.vocab), tgt.view(-1))
 
-m = Model()
-opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1)
-cos, sin = rope(a.seq, D)
-idx = torch.randint(0, a.vocab, (a.batch, a.seq))
-tgt = torch.randint(0, a.vocab, (a.batch, a.seq))
-C, L, T = a.d, a.layers, a.seq
-flops_tok = 6 * (L * (4 * C * C + 3 * C * a.mlp) + a.vocab * C) + 12 * L * T * C
-times = []
-for i in range(a.warmup + a.steps):
-    t0 = time.perf_counter()
-    opt.zero_grad(set_to_none=True)
-    loss = m(idx, tgt, cos, sin)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-    opt.step()
-    dt = time.perf_counter() - t0
-    if i >= a.warmup:
-        times.append(dt)
-best = sorted(times)[len(times) // 2]
-tok = a.batch * a.seq / best
-print(f"torch threads={a.threads} tokens_per_s={tok:.1f} gflops={tok * flops_tok * 1e-9:.1f} step_s={best:.4f}")
+def main(rank=0):
+    m = Model()
+    if a.ddp:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                                world_size=a.ddp)
+        torch.manual_seed(1 + rank)
+        m = DistributedDataParallel(m)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1)
+    cos, sin = rope(a.seq, D)
+    idx = torch.randint(0, a.vocab, (a.batch, a.seq))
+    tgt = torch.randint(0, a.vocab, (a.batch, a.seq))
+    C, L, T = a.d, a.layers, a.seq
+    flops_tok = 6 * (L * (4 * C * C + 3 * C * a.mlp) + a.vocab * C) + 12 * L * T * C
+    times = []
+    for i in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = m(idx, tgt, cos, sin)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        if i >= a.warmup:
+            times.append(dt)
+    best = sorted(times)[len(times) // 2]
+    tok = a.batch * a.seq / best
+    if rank == 0:
+        print(f"torch threads={a.threads} tokens_per_s={tok:.1f} gflops={tok * flops_tok * 1e-9:.1f} "
+              f"step_s={best:.4f}" + (f" ddp={a.ddp}" if a.ddp else ""), flush=True)
+    if a.ddp:
+        torch.distributed.destroy_process_group()
+
+if a.ddp:
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    mp.start_processes(main, nprocs=a.ddp, start_method="fork")
+else:
+    main()

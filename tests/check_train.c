@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "host/obs/trace.h"
 #include "tests/equiv.h"
 
 static void setup(void)
@@ -274,13 +275,23 @@ START_TEST(test_trace)
 	cJSON *root = cJSON_Parse(text);
 	ck_assert_msg(root, "trace is not JSON");
 	cJSON *evs = cJSON_GetObjectItem(root, "traceEvents"), *e;
-	int steps[4] = { 0 }, fb[4] = { 0 }, comm[4] = { 0 }, inside = 0, spans = 0;
+	int steps[4] = { 0 }, fb[4] = { 0 }, comm[4] = { 0 }, grads[4] = { 0 }, flight[4] = { 0 };
+	int inside = 0, spans = 0;
 	double st0[4][3] = { { 0 } }, st1[4][3] = { { 0 } };
 	cJSON_ArrayForEach(e, evs) {
 		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
 			continue;
 		int tid = cJSON_GetObjectItem(e, "tid")->valueint;
 		int pid = cJSON_GetObjectItem(e, "pid")->valueint;
+		const char *cat = cJSON_GetObjectItem(e, "cat")->valuestring;
+		/* the background collectives' track: the bucket that ran */
+		if (tid >= TRACE_FLIGHT_TID) {
+			tid %= TRACE_FLIGHT_TID;
+			ck_assert_str_eq(cat, "flight");
+			ck_assert(tid >= 0 && tid < 4);
+			flight[tid] += !strncmp(cJSON_GetObjectItem(e, "name")->valuestring, "grads ", 6);
+			continue;
+		}
 		ck_assert(tid >= 0 && tid < 4);
 		ck_assert_int_eq(pid, tid / 2); /* host of the device */
 		const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
@@ -293,13 +304,14 @@ START_TEST(test_trace)
 			st1[tid][step] = ts + dur;
 		}
 		fb[tid] += !strcmp(name, "forward+backward");
-		comm[tid] += !strcmp(cJSON_GetObjectItem(e, "cat")->valuestring, "comm");
+		comm[tid] += !strcmp(cat, "comm") && strncmp(name, "grads ", 6);
+		grads[tid] += !strcmp(cat, "comm") && !strncmp(name, "grads ", 6);
 	}
 	cJSON_ArrayForEach(e, evs) {
 		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X") ||
 		    !strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "step"))
 			continue;
-		int tid = cJSON_GetObjectItem(e, "tid")->valueint;
+		int tid = cJSON_GetObjectItem(e, "tid")->valueint % TRACE_FLIGHT_TID;
 		int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
 		double ts = cJSON_GetObjectItem(e, "ts")->valuedouble, dur = cJSON_GetObjectItem(e, "dur")->valuedouble;
 		spans++;
@@ -312,12 +324,137 @@ START_TEST(test_trace)
 		 * MLP outputs forward, their input gradients backward); the
 		 * vocab split over tensor: the embedding's partial rows, the
 		 * softmax maxima and sums, the output projection's input
-		 * gradient; and the gradient all-reduce over data */
-		ck_assert_int_eq(comm[d], 3 * (8 + 4 + 1));
+		 * gradient */
+		ck_assert_int_eq(comm[d], 3 * (8 + 4));
+		/* and the gradient buckets over data, each waited for once
+		 * and shown running on the flight track */
+		ck_assert_int_gt(grads[d], 0);
+		ck_assert_int_eq(grads[d] % 3, 0);
+		ck_assert_int_eq(flight[d], grads[d]);
 	}
 	ck_assert_int_eq(inside, spans);
 	cJSON_Delete(root);
 	free(text);
+}
+END_TEST
+
+/* Gradient buckets of one layer each (grad_bucket_mb tiny): data over 4
+ * devices, and beside FSDP (a layer's bucket starts when the window's
+ * reduce-scatter of it has landed), equal one device */
+START_TEST(test_small_buckets_equal_single)
+{
+	equivalence("configs/llama-tiny.yml", 2, 2, "grad_bucket_mb=0.01");
+	equivalence("configs/llama-tiny.yml", 2, 2, "dcn_data_parallelism=2 ici_data_parallelism=1 "
+		    "ici_fsdp_parallelism=2 grad_bucket_mb=0.01");
+}
+END_TEST
+
+/* The last layer's bucket is started during the backward: from the
+ * trace's events (not from timing), on every device and step, the
+ * bucket of layer L-1 is queued ("q grads L1-1" on the flight track)
+ * before the backward of layer 0 ("B mb0 c0") begins, and its all-reduce
+ * is then run and waited for. */
+START_TEST(test_bucket_starts_during_backward)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "local --hosts 2 --config configs/llama-tiny.yml steps=3 "
+		 "grad_bucket_mb=0.01 --trace %s/b.json", tmpdir);
+	show_log_on_failure(run(args), 0);
+	char *text = read_tmp("b.json");
+	cJSON *root = cJSON_Parse(text), *e;
+	ck_assert_msg(root, "trace is not JSON");
+	double queued[2][3], b0[2][3];
+	int ran[2][3] = { { 0 } };
+	for (int d = 0; d < 2; d++)
+		for (int s = 0; s < 3; s++)
+			queued[d][s] = b0[d][s] = -1;
+	cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
+		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+			continue;
+		int tid = cJSON_GetObjectItem(e, "tid")->valueint, d = tid % TRACE_FLIGHT_TID;
+		int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
+		const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
+		double ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
+		ck_assert(d >= 0 && d < 2 && step >= 0 && step < 3);
+		if (tid >= TRACE_FLIGHT_TID && !strcmp(name, "q grads L1-1"))
+			queued[d][step] = ts;
+		else if (tid >= TRACE_FLIGHT_TID && !strcmp(name, "grads L1-1"))
+			ran[d][step]++;
+		else if (tid < TRACE_FLIGHT_TID && !strcmp(name, "B mb0 c0"))
+			b0[d][step] = ts;
+	}
+	for (int d = 0; d < 2; d++)
+		for (int s = 0; s < 3; s++) {
+			ck_assert_msg(queued[d][s] >= 0 && b0[d][s] >= 0 && ran[d][s] == 1,
+				      "device %d step %d: no bucket of layer 1 or no backward of layer 0", d, s);
+			ck_assert_msg(queued[d][s] < b0[d][s], "device %d step %d: layer 1's bucket queued at "
+				      "%.0f us, layer 0's backward began at %.0f us", d, s, queued[d][s], b0[d][s]);
+		}
+	cJSON_Delete(root);
+	free(text);
+}
+END_TEST
+
+/* Each metrics line's number `field` (0 when absent) into out. */
+static int field_values(const char *name, const char *field, double *out, int max)
+{
+	char *text = read_tmp(name), *line = text;
+	int n = 0;
+	while (n < max && line && *line) {
+		char *nl = strchr(line, '\n');
+		if (nl)
+			*nl = 0;
+		cJSON *j = cJSON_Parse(line);
+		ck_assert_msg(j, "metrics line is not JSON: %s", line);
+		cJSON *f = cJSON_GetObjectItem(j, field);
+		out[n++] = cJSON_IsNumber(f) ? f->valuedouble : 0;
+		cJSON_Delete(j);
+		line = nl ? nl + 1 : NULL;
+	}
+	free(text);
+	return n;
+}
+
+/* Muon once per matrix: on hosts x dph devices its losses equal one
+ * device's within 1e-6 relative at every step, and the Newton-Schulz
+ * runs counted over every device (muon_ns_matrices) equal one device's:
+ * the number of Muon matrices, not that times the devices sharing them. */
+static void muon_once(const char *preset, int hosts, int dph, const char *extra)
+{
+	char args[1024];
+	double one[4], mesh[4], ns1[4], ns[4];
+	const char *opt = "opt_type=muon learning_rate=0.01 steps=4";
+	snprintf(args, sizeof(args), "train --config %s per_device_batch_size=8 %s --metrics %s/mu1.jsonl",
+		 preset, opt, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "local --hosts %d --devices-per-host %d --config %s per_device_batch_size=%d "
+		 "%s %s --metrics %s/mu.jsonl", hosts, dph, preset, 8 / (hosts * dph), extra, opt, tmpdir);
+	show_log_on_failure(run(args), 0);
+	ck_assert_int_eq(losses("mu1.jsonl", one, 4), 4);
+	ck_assert_int_eq(losses("mu.jsonl", mesh, 4), 4);
+	ck_assert_int_eq(field_values("mu1.jsonl", "muon_ns_matrices", ns1, 4), 4);
+	ck_assert_int_eq(field_values("mu.jsonl", "muon_ns_matrices", ns, 4), 4);
+	double worst = 0;
+	for (int s = 0; s < 4; s++) {
+		double rel = fabs(mesh[s] - one[s]) / fabs(one[s]);
+		worst = rel > worst ? rel : worst;
+		ck_assert_msg(rel < 1e-6, "%s %s step %d: loss %.12g, one device %.12g", preset, extra, s, mesh[s],
+			      one[s]);
+		ck_assert_msg(ns1[s] > 0 && ns[s] == ns1[s], "%s %s step %d: %g Newton-Schulz runs over the mesh, "
+			      "one device %g", preset, extra, s, ns[s], ns1[s]);
+	}
+	fprintf(stderr, "muon %s %dx%d %s: %g matrices a step, worst relative loss difference %.2e\n", preset,
+		hosts, dph, extra, ns1[0], worst);
+}
+
+START_TEST(test_muon_once_per_matrix)
+{
+	muon_once("configs/llama-tiny.yml", 1, 4, "ici_data_parallelism=1 ici_fsdp_parallelism=4");
+	muon_once("configs/llama-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_tensor_parallelism=2");
+	muon_once("configs/deepseek-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_expert_parallelism=2");
+	muon_once("configs/llama-tiny.yml", 1, 4, "ici_data_parallelism=2 ici_pipeline_parallelism=2");
+	/* copies only: four data ranks share out the matrices */
+	muon_once("configs/llama-tiny.yml", 2, 2, "");
 }
 END_TEST
 
@@ -382,6 +519,9 @@ int main(void)
 	tcase_add_test(tc, test_ep_tp_resume_and_eval);
 	tcase_add_test(tc, test_unsupported_axis_refused);
 	tcase_add_test(tc, test_trace);
+	tcase_add_test(tc, test_small_buckets_equal_single);
+	tcase_add_test(tc, test_bucket_starts_during_backward);
+	tcase_add_test(tc, test_muon_once_per_matrix);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests; the

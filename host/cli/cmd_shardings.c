@@ -1,4 +1,4 @@
-/* `meshrun shardings`: the command; host/mesh/shardings.c describes. */
+/* `meshrun shardings`: the command; host/cli/shardings.c describes. */
 #include <errno.h>
 #include <stdio.h>
 
@@ -6,7 +6,7 @@
 #include "host/cli/cli.h"
 #include "host/config/config.h"
 #include "host/mesh/mesh.h"
-#include "host/mesh/shardings.h"
+#include "host/cli/shardings.h"
 
 int cmd_shardings(int argc, char **argv)
 {

@@ -431,6 +431,7 @@ static const struct cfg_range {
 	{ "adam_weight_decay", 0, INFINITY, false, false },
 	{ "muon_momentum", 0, 1, false, true },
 	{ "gradient_clipping_threshold", 0, INFINITY, false, false },
+	{ "grad_bucket_mb", 0, INFINITY, false, false },
 	{ "init_std", 0, INFINITY, false, false },
 	{ "normalization_layer_epsilon", 0, INFINITY, true, false },
 	{ "rope_max_timescale", 0, INFINITY, true, false },

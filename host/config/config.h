@@ -144,6 +144,7 @@ struct cfg_list {
 	X(FLOAT, muon_momentum, "0.95", 1, "") \
 	X(FLOAT, gradient_clipping_threshold, "1", 1, "0: off") \
 	X(BOOL,  shard_optimizer_over_data, "false", 1, "ZeRO-1: shard optimizer state over the data axis") \
+	X(FLOAT, grad_bucket_mb, "25", 1, "MiB of gradients one bucket sums over the mesh at most (the first 1 MiB), each started during the backward as soon as it is final; 0: one bucket per layout bucket, summed after the backward") \
 	/* --- data (docs/data.md) --- */ \
 	X(STR,   dataset_type, "synthetic", 1, "synthetic | text (bytes) | llmc (llm.c shards) | raw (headerless tokens, nanoGPT's train.bin) | megatron (Megatron-LM .idx + .bin)") \
 	X(STR,   dataset_path, "", 1, "text: a file; llmc, raw: a file, a directory (its *.bin) or a glob; megatron: a PREFIX (PREFIX.idx, PREFIX.bin), a directory (its *.idx) or a glob; shards in name order") \

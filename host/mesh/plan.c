@@ -171,3 +171,15 @@ void plan_copy_block(float *tensor, const int *tshape, float *block, const int *
 		}
 	}
 }
+
+void plan_place_gathered(const struct plan_param *p, const struct mesh *m,
+			 const struct mesh_members *members, int nd, int dims, float *whole,
+			 const int *wshape, const float *recv, const int *bshape, size_t per)
+{
+	int off[SHARD_MAX_DIMS];
+	for (int r = 0; r < members->n; r++) {
+		plan_block_offsets(p, m, members->axes, members->coord[r], off);
+		plan_copy_block(whole, wshape, (float *)(recv + (size_t)r * per), bshape, off + nd - dims,
+				dims, true);
+	}
+}

@@ -104,6 +104,14 @@ void plan_block_offsets(const struct plan_param *p, const struct mesh *m, uint32
 void plan_copy_block(float *tensor, const int *tshape, float *block, const int *bshape,
 		     const int *off, int ndim, bool into);
 
+/* After an all-gather over members' axes (member r's block of shape
+ * bshape at recv + r * per), puts each member's block in its place in
+ * whole: the last dims dimensions of p's nd-dimensional tensor, whole of
+ * shape wshape. */
+void plan_place_gathered(const struct plan_param *p, const struct mesh *m,
+			 const struct mesh_members *members, int nd, int dims, float *whole,
+			 const int *wshape, const float *recv, const int *bshape, size_t per);
+
 /* Human text of an axis set ("fsdp+expert", or "none"). */
 void plan_mask_text(uint32_t mask, char *out, size_t outlen);
 

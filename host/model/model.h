@@ -220,6 +220,10 @@ int model_linears(const struct model *m, struct model_linear_info *out, int max)
 /* The layer that storage index q of a stacked tensor of n layers holds
  * (model_mesh's pipeline order); q without one. */
 int model_stack_layer(const struct model *m, int q, int n);
+/* The storage slice (index along dimension 0) of stacked tensor i of
+ * the table that holds decoder layer l on this device, or -1: i is not
+ * stacked, has no slice for l, or another device stores it. */
+int model_param_slice(const struct model *m, int i, int l);
 /* A stacked tensor that has a slice for decoder layer l but does not
  * store it on this device, or NULL when every one does. */
 const struct param_info *model_layer_missing(const struct model *m, int l);

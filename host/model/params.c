@@ -272,6 +272,21 @@ const struct param_info *model_layer_missing(const struct model *m, int l)
 	return NULL;
 }
 
+int model_param_slice(const struct model *m, int i, int l)
+{
+	for (int id = 0; id < P_COUNT; id++) {
+		int first, count;
+		if (m->pidx[id] != i)
+			continue;
+		param_layers(m, id, &first, &count);
+		if (l < first || l >= first + count)
+			return -1;
+		int q = layer_slot(m, id, l);
+		return q >= 0 && q < m->p[id].shape[0] ? q : -1;
+	}
+	return -1;
+}
+
 void param_layers(const struct model *m, int id, int *first, int *count)
 {
 	*first = *count = 0;

@@ -61,6 +61,8 @@ static int write_metrics(struct steplog *l, const struct step_report *r, double 
 	cJSON_AddNumberToObject(j, "tokens_per_s_global", tok_s);
 	cJSON_AddNumberToObject(j, "tokens_per_s_per_device", tok_s / l->devices);
 	cJSON_AddNumberToObject(j, "comm_wait_s", r->comm_wait_s);
+	cJSON_AddNumberToObject(j, "comm_exposed_s", r->comm_wait_s);
+	cJSON_AddNumberToObject(j, "comm_background_s", r->comm_bg_s);
 	cJSON_AddNumberToObject(j, "tflops_per_device", tflops);
 	cJSON_AddNumberToObject(j, "mfu", mfu);
 	cJSON_AddNumberToObject(j, "dcn_bytes", (double)r->dcn_bytes);
@@ -74,6 +76,10 @@ static int write_metrics(struct steplog *l, const struct step_report *r, double 
 	cJSON_AddNumberToObject(j, "frames_resent", (double)r->frames_resent);
 	if (r->weight_gathers)
 		cJSON_AddNumberToObject(j, "weight_gathers", r->weight_gathers);
+	if (r->muon_ns > 0) {
+		cJSON_AddNumberToObject(j, "muon_ns_matrices", r->muon_ns);
+		cJSON_AddNumberToObject(j, "muon_bytes", r->muon_bytes);
+	}
 	/* losses printed with full precision so runs can be compared bit for bit */
 	char buf[64];
 	snprintf(buf, sizeof(buf), "%a", r->loss);

@@ -49,8 +49,13 @@ struct step_report {
 	double loss, aux, grad_norm, lr;
 	double seconds;           /* wall time of the step */
 	uint64_t dcn_bytes, ici_bytes;
-	double comm_wait_s;       /* blocked inside collectives during the step */
+	double comm_wait_s;       /* blocked on communication during the step
+				   * (written as comm_exposed_s and, its
+				   * older name, comm_wait_s) */
+	double comm_bg_s;         /* background collectives ran during it */
 	int weight_gathers;       /* FSDP layer-group all-gathers (0: none, not shown) */
+	double muon_ns;           /* Muon's Newton-Schulz runs over the mesh (0: not shown) */
+	double muon_bytes;        /* and the bytes sent for it (with muon_ns) */
 	/* so far in the job: links resumed after breaking, frames resent */
 	uint64_t reconnects, frames_resent;
 	double data_s;            /* reading the logging device's rows */

@@ -14,13 +14,17 @@
 
 #define TRACE_MAX_EVENTS 16384
 /* A device's other rows in the file: what its communication threads ran
- * in the background, row r at tid r x TRACE_COMM_TID + device (1: the
+ * in the background (category "flight": from when the thread started a
+ * collective to when it finished, and before it "q NAME", how long it sat
+ * queued), row r at tid r x TRACE_COMM_TID + device (1: the
  * collectives', 2: the batch split's expert exchanges') */
 #define TRACE_COMM_TID 1000
+/* the first of those rows: tid >= it is a flight track, tid % it the device */
+#define TRACE_FLIGHT_TID TRACE_COMM_TID
 
 struct trace_event {
 	char name[24];
-	char cat[8];          /* "compute", "comm" (the device waited) or "flight" */
+	char cat[8];          /* "compute", "comm" (the device waited), "flight", "pipeline", "step" */
 	double ts_us, dur_us;
 	int64_t step;
 	int lane;             /* 0: the device's thread, 1, 2: its communication threads */

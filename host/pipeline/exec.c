@@ -42,11 +42,19 @@ struct pipe_exec {
 	int gathers;
 	struct pipe_act_time *times;
 	int ntimes;
+	/* the owner's hooks, and when the table fires them */
+	struct pipe_hooks hooks;
+	uint8_t *after;              /* [n] AFTER_* events once the action at k ran */
+	bool *last_rs;               /* [n] a reduce-scatter that is its group's last */
+	int landing_k;               /* such a reduce-scatter in flight, or -1 */
 	/* the step in progress */
 	const int32_t *inputs, *targets;
 	struct model_step *st;
 	const struct pipe_p2p *io;
 };
+
+/* What an action completes (pipe_hooks.grads_done, landed false). */
+enum { AFTER_CHUNK = 1, AFTER_HEAD = 2, AFTER_EMBED = 4 };
 
 #define WSLOT_NONLAYER 0
 #define WSLOT(k) (1 + (k))
@@ -127,6 +135,54 @@ static int alloc_bufs(struct pipe_exec *x, int tok, int C)
 	return 0;
 }
 
+/* The weight group a window action names: chunk c, or nchunks for the
+ * non-layer tensors, nchunks + 1 for the layers outside the pipeline. */
+static int wgroup(const struct pipe_exec *x, const struct pipe_action *a)
+{
+	return a->chunk >= 0 ? a->chunk : a->chunk == PIPE_G_NONLAYER ? x->t.nchunks : x->t.nchunks + 1;
+}
+
+/* Where each group's gradients become final: after the last B or W of a
+ * chunk, the last head, the last embedding backward; and which
+ * reduce-scatter is a group's last. */
+static int mark_events(struct pipe_exec *x)
+{
+	int G = x->t.nchunks + 2, *last = malloc(sizeof(int) * (size_t)(x->t.nchunks + G + 2));
+	x->after = calloc((size_t)x->n + 1, 1);
+	x->last_rs = calloc((size_t)x->n + 1, sizeof(bool));
+	if (!last || !x->after || !x->last_rs) {
+		free(last);
+		return -ENOMEM;
+	}
+	int *rs = last + x->t.nchunks, head = -1, eback = -1;
+	for (int i = 0; i < x->t.nchunks + G; i++)
+		last[i] = -1;
+	for (int k = 0; k < x->n; k++) {
+		const struct pipe_action *a = &x->a[k];
+		if (a->op == PA_B || a->op == PA_W)
+			last[a->chunk] = k;
+		else if (a->op == PA_HEAD)
+			head = k;
+		else if (a->op == PA_EMBED_BACK)
+			eback = k;
+		else if (a->op == PA_REDUCE_SCATTER)
+			rs[wgroup(x, a)] = k;
+	}
+	for (int c = 0; c < x->t.nchunks; c++)
+		if (last[c] >= 0)
+			x->after[last[c]] |= AFTER_CHUNK;
+	if (head >= 0)
+		x->after[head] |= AFTER_HEAD;
+	if (eback >= 0)
+		x->after[eback] |= AFTER_EMBED;
+	for (int g = 0; g < G; g++)
+		if (rs[g] >= 0)
+			x->last_rs[rs[g]] = true;
+	x->landing_k = -1;
+	free(last);
+	return 0;
+}
+
 int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int first_layer,
 		  const int *stage_dev, struct model *m, int mb_rows, char *err, size_t errlen)
 {
@@ -148,7 +204,7 @@ int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int f
 	if ((rc = check_model(x, err, errlen)))
 		goto fail;
 	x->stage_dev = malloc(sizeof(int) * (size_t)S);
-	if (!x->stage_dev || alloc_bufs(x, mb_rows * d->T, d->C))
+	if (!x->stage_dev || alloc_bufs(x, mb_rows * d->T, d->C) || mark_events(x))
 		goto oom;
 	memcpy(x->stage_dev, stage_dev, sizeof(int) * (size_t)S);
 	*out = x;
@@ -172,6 +228,8 @@ void pipe_exec_free(struct pipe_exec *x)
 	free(x->sent);
 	free(x->gzero);
 	free(x->times);
+	free(x->after);
+	free(x->last_rs);
 	free(x);
 }
 
@@ -219,6 +277,98 @@ static int run_recv(struct pipe_exec *x, const struct pipe_action *a)
 	return rc;
 }
 
+/* ---- the owner's hooks ---- */
+
+static int grads_done(struct pipe_exec *x, int l0, int l1, bool landed)
+{
+	return x->hooks.grads_done ? x->hooks.grads_done(x->hooks.ctx, l0, l1, landed) : 0;
+}
+
+/* The layers outside the pipeline that the owner action op runs (before
+ * the pipeline: the embedding's; after it: the head's): [*l0, *l1), empty
+ * when *l0 == *l1. */
+static void outside_of(const struct pipe_exec *x, bool head, int *l0, int *l1)
+{
+	int nb, a0;
+	outside(x, &nb, &a0);
+	*l0 = head ? a0 : 0;
+	*l1 = head ? model_dims(x->m)->L : nb;
+}
+
+/* grads_done(landed) for the window group a reduce-scatter names. */
+static int group_landed(struct pipe_exec *x, const struct pipe_action *a)
+{
+	int l0, l1, nb, a0, rc;
+	if (a->chunk == PIPE_G_NONLAYER)
+		return (rc = grads_done(x, PIPE_HOOK_HEAD, 0, true)) ? rc : grads_done(x, PIPE_HOOK_EMBED, 0, true);
+	if (a->chunk >= 0) {
+		chunk_layers(x, a->chunk, &l0, &l1);
+	} else {
+		outside(x, &nb, &a0);
+		l0 = nb ? 0 : a0;
+		l1 = nb ? nb : model_dims(x->m)->L;
+	}
+	return grads_done(x, l0, l1, true);
+}
+
+/* The groups whose gradients the action at k completed (grads_done,
+ * landed false), in the order they are told: at most 2. */
+static int completed(const struct pipe_exec *x, int k, int *l0, int *l1)
+{
+	int n = 0, o0, o1;
+	uint8_t ev = x->after[k];
+	if (ev & AFTER_CHUNK) {
+		chunk_layers(x, x->a[k].chunk, &l0[n], &l1[n]);
+		n++;
+	}
+	for (int head = 1; head >= 0; head--) {
+		if (!(ev & (head ? AFTER_HEAD : AFTER_EMBED)))
+			continue;
+		l0[n] = head ? PIPE_HOOK_HEAD : PIPE_HOOK_EMBED;
+		l1[n++] = 0;
+		outside_of(x, head, &o0, &o1);
+		if (o0 < o1) {
+			l0[n] = o0;
+			l1[n++] = o1;
+		}
+	}
+	return n;
+}
+
+static int after_action(struct pipe_exec *x, int k)
+{
+	int l0[4], l1[4], n = x->after[k] && x->hooks.grads_done ? completed(x, k, l0, l1) : 0, rc;
+	for (int i = 0; i < n; i++)
+		if ((rc = grads_done(x, l0[i], l1[i], false)))
+			return rc;
+	return 0;
+}
+
+/* The group of the last reduce-scatter of its group, landed. */
+static int landed(struct pipe_exec *x)
+{
+	int k = x->landing_k;
+	x->landing_k = -1;
+	return k >= 0 ? group_landed(x, &x->a[k]) : 0;
+}
+
+void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h)
+{
+	x->hooks = h ? *h : (struct pipe_hooks){ 0 };
+}
+
+int pipe_exec_grad_order(const struct pipe_exec *x, int *l0, int *l1, int max)
+{
+	int n = 0, a[4], b[4];
+	for (int k = 0; k < x->n; k++)
+		for (int i = 0, c = completed(x, k, a, b); i < c; i++, n++)
+			if (n < max) {
+				l0[n] = a[i];
+				l1[n] = b[i];
+			}
+	return n;
+}
+
 /* ---- weights ---- */
 
 static int run_weights(struct pipe_exec *x, const struct pipe_action *a)
@@ -239,10 +389,17 @@ static int run_weights(struct pipe_exec *x, const struct pipe_action *a)
 	case PA_RELEASE:
 		win_release(w, k);
 		return 0;
-	default:
+	default: {
 		/* the gradients are packed and sent: the next write starts from 0 */
+		int rc;
 		x->gzero[k] = true;
-		return win_scatter_start(w, k);
+		/* the one in flight lands first: its group may be final now */
+		if ((rc = win_scatter_finish(w)) || (rc = landed(x)) || (rc = win_scatter_start(w, k)))
+			return rc;
+		if (x->last_rs[a - x->a])
+			x->landing_k = (int)(a - x->a);
+		return 0;
+	}
 	}
 }
 
@@ -422,8 +579,9 @@ static int run_action(struct pipe_exec *x, const struct pipe_action *a)
 	if (timed(a->op))
 		x->times[x->ntimes++] = (struct pipe_act_time){ .op = a->op, .mb = a->mb, .chunk = a->chunk,
 								.t0 = t0, .t1 = util_now_s() };
-	return rc;
+	return rc ? rc : after_action(x, (int)(a - x->a));
 }
+
 
 int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *targets,
 		   struct model_step *st, const struct pipe_p2p *io)
@@ -442,13 +600,14 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	x->ntimes = 0;
 	for (int b = 0; b < x->t.bufs[x->stage]; b++)
 		x->sent[b].dev = -1;
+	x->landing_k = -1;
 	model_step_begin(x->m, st);
 	st->loss_sum = 0;
 	model_zero_counts(x->m);
 	for (int k = 0; k < x->n && !rc; k++)
 		rc = run_action(x, &x->a[k]);
-	if (!rc)
-		rc = win_scatter_finish(w);
+	if (!rc && !(rc = win_scatter_finish(w)))
+		rc = landed(x);
 	int frc = io ? io->flush(io->ctx) : 0;
 	x->gathers = win_gathers(w);
 	int erc = model_step_end(x->m);

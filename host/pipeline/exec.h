@@ -32,6 +32,7 @@
 #ifndef MESHRUN_PIPELINE_EXEC_H
 #define MESHRUN_PIPELINE_EXEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,6 +51,28 @@ struct pipe_p2p {
 	int (*recv)(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes);
 	int (*wait_send)(void *ctx, int dev, uint32_t kind, uint32_t idx);
 	int (*flush)(void *ctx);
+	void *ctx;
+};
+
+/* What the step's owner learns while a table runs, so it can sum
+ * gradients during the backward (the optimizer, host/optim/optim.h). A
+ * group of weights is named by the decoder layers [l0, l1) of the
+ * model, or by l0 = PIPE_HOOK_HEAD (the final norm and the output
+ * projection) or PIPE_HOOK_EMBED (the embedding), l1 unused.
+ *
+ * grads_done(landed false): the last action of the step that adds to the
+ * group's gradients has run; the gradients of the tensors the FSDP
+ * window does not gather are final in model_grads. grads_done(landed
+ * true): the window's reduce-scatter of the group has landed in
+ * model_grads; the gathered tensors' gradients are final. Every stage
+ * gets the first for each group it computes gradients of, and the
+ * second for each group its table reduce-scatters, once a step, in table
+ * order (so the same order on every device of a stage). It returns 0 or
+ * -errno, which ends the step. */
+#define PIPE_HOOK_HEAD (-1)
+#define PIPE_HOOK_EMBED (-2)
+struct pipe_hooks {
+	int (*grads_done)(void *ctx, int l0, int l1, bool landed);
 	void *ctx;
 };
 
@@ -81,6 +104,14 @@ void pipe_exec_free(struct pipe_exec *x);
  * hook's -errno. */
 int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *targets,
 		   struct model_step *st, const struct pipe_p2p *io);
+
+/* Sets the hooks every later step calls (NULL: none; copied). */
+void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h);
+
+/* The groups whose gradients the table completes, in the order their
+ * grads_done(landed false) comes: up to max of them into l0[], l1[]
+ * (PIPE_HOOK_* as above); returns how many there are. */
+int pipe_exec_grad_order(const struct pipe_exec *x, int *l0, int *l1, int max);
 
 /* The compute actions timed by the last step: *n of them. */
 const struct pipe_act_time *pipe_exec_times(const struct pipe_exec *x, int *n);

@@ -12,15 +12,8 @@
 #include "host/mesh/mesh.h"
 #include "host/mesh/shard.h"
 #include "host/model/model.h"
+#include "host/optim/optim.h"
 #include "host/pipeline/pipe_config.h"
-
-int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
-{
-	snprintf(err, errlen, "config: opt_type=muon cannot split its state over data "
-		 "(shard_optimizer_over_data cuts '%s' into flat shards, Muon needs "
-		 "whole matrices); use opt_type=adamw with it", tensor);
-	return -EINVAL;
-}
 
 /* Axes the step has no code for yet. */
 static int check_axes(const struct cfg *c, char *err, size_t errlen)
@@ -57,28 +50,6 @@ int train_check_pipe(const struct cfg *c, const struct pipe_config *pc, int rows
 		snprintf(err, errlen, "config: a stage group's %d rows do not split into "
 			 "num_pipeline_microbatches=%d microbatches", rows, pc->shape.microbatches);
 		return -EINVAL;
-	}
-	return 0;
-}
-
-/* ZeRO-1 splits the state of every bucket summed over data flat; a Muon
- * matrix in such a bucket is refused (as the trainer's lay_out_state). */
-static int check_muon_zero(const struct cfg *c, const struct model *m, int ndata, char *err,
-			   size_t errlen)
-{
-	struct model_bucket b[MODEL_MAX_PARAMS];
-	if (ndata <= 1 || strcmp(c->opt_type, "muon"))
-		return 0;
-	int nb = model_buckets(m, b, MODEL_MAX_PARAMS);
-	for (int i = 0; i < nb; i++) {
-		if (!(b[i].axes & (1u << AX_DATA)))
-			continue;
-		for (int k = 0; k < model_num_params(m); k++) {
-			const struct param_info *p = model_param(m, k);
-			if (p->opt == OPT_MUON && p->offset >= b[i].offset &&
-			    p->offset < b[i].offset + b[i].numel)
-				return trainer_muon_zero_refusal(p->name, err, errlen);
-		}
 	}
 	return 0;
 }
@@ -136,7 +107,7 @@ static int check_model(const struct cfg *c, const struct mesh *m, const struct s
 	struct model *plan = model_plan_new(&d, &mm, err, errlen);
 	if (!plan)
 		return -EINVAL;
-	rc = check_muon_zero(c, plan, ndata, err, errlen);
+	rc = optim_check_zero(plan, !strcmp(c->opt_type, "muon"), ndata, err, errlen);
 	model_free(plan);
 	return rc;
 }

@@ -22,11 +22,10 @@ int train_check(const struct cfg *c, const struct mesh *m, char *err, size_t err
 /* Parts the trainer also runs on its own: the model's shape (into d),
  * the optimizer and the step count; a pipeline's device group of
  * rows splits into its microbatches (and no sequence or context axis
- * beside it); ZeRO-1 and Muon cannot share tensor (returns -EINVAL). */
+ * beside it). */
 int train_check_keys(const struct cfg *c, struct model_dims *d, char *err, size_t errlen);
 int train_check_pipe(const struct cfg *c, const struct pipe_config *pc, int rows, char *err,
 		     size_t errlen);
-int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen);
 
 /* The job of c (finished for its mesh) on `hosts` hosts instead, the mesh
  * changed along data only (dcn_data_parallelism: the other axes across

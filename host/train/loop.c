@@ -33,6 +33,11 @@ static double comm_wait(const struct train_loop *l)
 	return l->comm_wait_s ? l->comm_wait_s(l->ctx) : 0;
 }
 
+static double comm_bg(const struct train_loop *l)
+{
+	return l->comm_bg_s ? l->comm_bg_s(l->ctx) : 0;
+}
+
 static void bytes(const struct train_loop *l, uint64_t *dcn, uint64_t *ici)
 {
 	*dcn = *ici = 0;
@@ -66,10 +71,10 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 			data_news(l, s, s == start);
 		if (l->step_begin)
 			l->step_begin(l->ctx, s);
-		double w0 = comm_wait(l), t0 = util_now_s();
+		double w0 = comm_wait(l), g0 = comm_bg(l), t0 = util_now_s();
 		if ((rc = trainer_step(l->t, s, l->global_rows, l->row0, l->comm, &st, err, errlen)))
 			return rc;
-		double t1 = util_now_s(), waited = comm_wait(l) - w0;
+		double t1 = util_now_s(), waited = comm_wait(l) - w0, bg = comm_bg(l) - g0;
 		if (l->step_end)
 			l->step_end(l->ctx, &st, t0, t1);
 		if (!isfinite(st.loss)) {
@@ -102,8 +107,8 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 			struct step_report r = {
 				.step = s, .loss = st.loss, .aux = st.aux, .grad_norm = st.grad_norm,
 				.lr = st.lr, .seconds = t1 - t0, .dcn_bytes = dcn - dcn0,
-				.ici_bytes = ici - ici0, .comm_wait_s = waited,
-				.weight_gathers = st.weight_gathers, .data_s = st.t_data1 - st.t_data0,
+				.ici_bytes = ici - ici0, .comm_wait_s = waited, .comm_bg_s = bg,
+				.weight_gathers = st.weight_gathers, .muon_ns = st.muon_ns, .muon_bytes = st.muon_bytes, .data_s = st.t_data1 - st.t_data0,
 				.data_epoch = pos.epoch_rows ? pos.epoch : -1,
 				.eval_loss = ev_loss, .eval_tokens = ev_tokens,
 			};

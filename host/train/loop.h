@@ -43,11 +43,13 @@ struct train_loop {
 	void (*step_begin)(void *ctx, int64_t step);
 	void (*step_end)(void *ctx, const struct step_stats *st, double t0, double t1);
 	/* cumulative counters: bytes sent over DCN and ICI, seconds blocked
-	 * in collectives */
+	 * in communication (comm_wait_s), seconds background collectives
+	 * ran (comm_bg_s) */
 	void (*bytes)(void *ctx, uint64_t *dcn, uint64_t *ici);
 	/* cumulative: links this host resumed, frames it sent again doing so */
 	void (*recovery)(void *ctx, uint64_t *reconnects, uint64_t *frames_resent);
 	double (*comm_wait_s)(void *ctx);
+	double (*comm_bg_s)(void *ctx);
 	void *ctx;
 	/* results: the leader's first and last loss */
 	double first_loss, last_loss;

@@ -14,6 +14,7 @@
 #include "host/ckpt/resume.h"
 #include "host/config/config.h"
 #include "host/model/model.h"
+#include "host/optim/optim.h"
 #include "host/pipeline/exec.h"
 
 struct trainer;
@@ -24,6 +25,8 @@ struct step_stats {
 	double grad_norm;   /* before clipping */
 	double lr;
 	int weight_gathers; /* FSDP all-gathers of layer groups this step */
+	double muon_ns;     /* Muon: matrices orthogonalised, every device's */
+	double muon_bytes;  /* Muon: bytes sent for it, every device's */
 	/* util_now_s() times, for traces */
 	double t_data0, t_data1; /* reading this device's rows */
 	double t_fb0, t_fb1;    /* forward and backward */
@@ -36,6 +39,9 @@ struct step_stats {
 struct train_comm {
 	struct model_comm mc;
 	int (*sum)(void *ctx, uint32_t axes, double *x, int n);
+	/* the gradient buckets' all-reduces in the background (all_reduce
+	 * NULL: they run synchronously) */
+	struct optim_bg bg;
 	/* point-to-point messages (a pipeline over `stage`); unused otherwise */
 	struct pipe_p2p p2p;
 	char *err;               /* where the collectives write their errors */

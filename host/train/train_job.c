@@ -60,6 +60,7 @@ struct job_ctx {
 	struct trace *tr;
 	double timeout_s;           /* collective_timeout_s */
 	double waited_s;            /* blocked inside collectives so far */
+	double bg_s;                /* background collectives ran so far */
 	struct agent *agent;        /* byte counters */
 	struct xport *xport;
 	/* host-level faults (kill, stop): asked by the host's first device */
@@ -168,6 +169,7 @@ struct job_pending {
 	char name[160];
 	bool named;
 	bool xchg;              /* on the exchanges' thread */
+	double t_issue;         /* util_now_s() when queued */
 };
 
 static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes,
@@ -188,6 +190,7 @@ static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, u
 		snprintf(p->name, sizeof(p->name), "%s", name);
 	else
 		span_name(p->name, sizeof(p->name), op, axes);
+	p->t_issue = util_now_s();
 	*out = p;
 	return 0;
 }
@@ -238,17 +241,59 @@ static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size
 	return rc;
 }
 
+
+/* The optimizer's gradient buckets (host/optim/optim.h, struct
+ * optim_bg): all-reduces queued on the communication thread, named by
+ * their layers, waited for by job_wait. */
+static int job_bg_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n, const char *name, void **out)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	*out = NULL;
+	if (!g)
+		return -ENOMEM;
+	if (g->n == 1)
+		return 0;
+	struct coll_handle *h = coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen);
+	if (!h)
+		return -EIO;            /* c->err says why */
+	struct job_pending *p = malloc(sizeof(*p));
+	if (!p) {
+		coll_wait(h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
+		snprintf(c->err, c->errlen, "train: out of memory");
+		return -ENOMEM;
+	}
+	p->h = h;
+	p->named = false;
+	p->xchg = false;
+	p->t_issue = util_now_s();
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	*out = p;
+	return 0;
+}
+
+/* Waits for a background collective (the FSDP window's or a gradient
+ * bucket's): the time blocked is a "comm" span; on the flight track,
+ * how long it sat in the queue ("q " and its name) and when the
+ * communication thread ran it (its name). */
 static int job_wait(void *vctx, void *vh)
 {
 	struct job_ctx *c = vctx;
 	struct job_pending *p = vh;
-	uint64_t run, done;
+	uint64_t run = 0, done = 0;
 	char wait[192];
 	snprintf(wait, sizeof(wait), "%s%s", p->named ? "wait " : "", p->name);
 	int rc = SPAN(c, wait, coll_wait_times(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
 					       &run, &done, c->err, c->errlen));
-	if (done)  /* the same clock as util_now_s */
+	if (!rc && run && done) {  /* the same clock as util_now_s */
+		c->bg_s += (double)(done - run) * 1e-9;
+		if (!p->xchg) {  /* the exchanges' row holds their flights only */
+			char q[24];
+			snprintf(q, sizeof(q), "q %.21s", p->name);
+			trace_flight(c->tr, 1, q, p->t_issue, (double)run * 1e-9);
+		}
 		trace_flight(c->tr, p->xchg ? 2 : 1, p->name, (double)run * 1e-9, (double)done * 1e-9);
+	}
 	free(p);
 	return rc ? -EHOSTDOWN : 0;
 }
@@ -493,6 +538,11 @@ static double job_waited(void *vctx)
 	return ((struct job_ctx *)vctx)->waited_s;
 }
 
+static double job_background(void *vctx)
+{
+	return ((struct job_ctx *)vctx)->bg_s;
+}
+
 /* The one line device 0 prints at the end. */
 static void print_finished(const struct device_ctx *dev, const struct train_loop *l, int64_t start,
 			   double seconds)
@@ -657,6 +707,7 @@ int train_job(struct device_ctx *dev)
 			.start_all_to_all = job_start_all_to_all, .wait = job_wait,
 			.span = o->trace ? job_span : NULL, .ctx = &jc },
 		.sum = job_sum, .err = err, .errlen = errlen,
+		.bg = { .all_reduce = job_bg_all_reduce, .wait = job_wait, .ctx = &jc },
 		.p2p = { .send = job_p2p_send, .recv = job_p2p_recv, .flush = job_p2p_flush,
 			 .wait_send = job_p2p_wait_send, .ctx = &jc },
 	};
@@ -677,7 +728,8 @@ int train_job(struct device_ctx *dev)
 	struct train_loop loop = {
 		.t = t, .opts = o, .global_rows = global_rows, .row0 = row0, .comm = &comm,
 		.leader = leader, .log = &log, .step_begin = job_step_begin, .step_end = job_step_end,
-		.bytes = job_bytes, .recovery = job_recovery, .comm_wait_s = job_waited, .ctx = &jc,
+		.bytes = job_bytes, .recovery = job_recovery, .comm_wait_s = job_waited, .comm_bg_s = job_background,
+		.ctx = &jc,
 	};
 	double run_t0 = util_now_s();
 	if ((ret = train_loop_run(&loop, start, err, errlen)))
@@ -701,10 +753,13 @@ out:
 		agent_job_failed(dev, ret);
 	if (leader)
 		steplog_close(&log, NULL, 0);
-	trainer_free(t);
+	/* the communication threads first: a failed step may leave
+	 * background collectives (window, gradient buckets, exchanges)
+	 * writing into the trainer's buffers until they stop */
 	coll_dev_free(jc.xcoll);
 	if (jc.coll)
 		coll_dev_free(jc.coll);
+	trainer_free(t);
 	for (int i = 0; i < jc.ngrp; i++)
 		free(jc.grp[i].mg);
 	free(jc.tr);

@@ -1,8 +1,8 @@
-/* What `meshrun shardings` prints (host/mesh/shardings.h): how every
+/* What `meshrun shardings` prints (host/cli/shardings.h): how every
  * parameter, the main activations and the optimizer state are sharded over
  * the mesh a config describes, with local shapes and bytes per device.
  * Touches no devices. */
-#include "host/mesh/shardings.h"
+#include "host/cli/shardings.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -12,6 +12,7 @@
 #include "host/config/config.h"
 #include "host/mesh/mesh.h"
 #include "host/model/model.h"
+#include "host/optim/optim.h"
 #include "host/mesh/plan.h"
 #include "host/mesh/shard.h"
 #include "host/pipeline/pipe_config.h"
@@ -229,15 +230,14 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 		add_row(pt, p->name, p->axes, s, bytes);
 		ptotal += bytes;
 
-		/* AdamW keeps m and v; Muon keeps one momentum per matrix */
-		int slots = p->opt == OPT_NONE ? 0 : (p->opt == OPT_MUON && muon) ? 1 : 2;
+		/* the optimizer's own count (train_check refused Muon beside ZeRO-1) */
+		int slots;
+		bool zero;
+		size_t ob = optim_tensor_state(p, muon, ndata, &slots, &zero) * sizeof(float);
 		if (!slots)
 			continue;
-		/* train_check refused Muon matrices beside ZeRO-1 */
-		bool zero = ndata > 1 && (p->gsum & (1u << AX_DATA));
 		char name[64];
 		snprintf(name, sizeof(name), "%.47s.%s%s", p->name, slots == 2 ? "m+v" : "m", zero ? " /data" : "");
-		size_t ob = bytes * (size_t)slots / (zero ? (size_t)ndata : 1);
 		add_row(ot, name, p->axes, s, ob);
 		ototal += ob;
 	}

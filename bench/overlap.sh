@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Issue 20's benchmark: does a sharded step cost what one device's step
+# costs, and what does Muon cost beside AdamW. configs/llama-bench.yml,
+# the same per-device batch (8) and one OpenBLAS thread per device
+# everywhere; agents on loopback TLS. In one run, rounds interleaved:
+#   single device; data over 2 hosts with the buckets summed during the
+#   backward (grad_bucket_mb=25, the default) and after it
+#   (grad_bucket_mb=0, the order before issue 20); FSDP 2x2; ZeRO-1 over
+#   2 hosts; FSDP + pipeline (2 hosts x 2: stage over the host's two
+#   devices, fsdp over the hosts); Muon and AdamW under FSDP=4 (1 host x
+#   4 devices), optimizer time from the trace; PyTorch DDP over gloo
+#   (bench/torch_llama.py --ddp 2) beside meshrun's data parallelism;
+#   the seed's shard-exp-on-fsdp claim: configs/deepseek-tiny.yml with
+#   Muon on 2 hosts x 2 devices, custom_mesh_and_rule=shard-exp-on-fsdp
+#   against plain fsdp=4 and fsdp=2 x expert=2 (step, optimizer time and
+#   muon_bytes, the bytes devices sent each other for Muon, per step).
+# Each line: step s (mean of steps >= 1), ratio to the single device,
+# comm_exposed_s and comm_background_s (device 0, mean), CPU s per step
+# (user + sys of every process of the run, start-up included, / steps),
+# optimizer s per step (device 0's "optimizer" spans), the load average.
+# usage: bench/overlap.sh [STEPS] [ROUNDS] [OLD_MESHRUN]
+#   OLD_MESHRUN: a build to compare Muon with (Muon on every device that
+#   shares a matrix, before host/optim/muon.c), run in the same rounds.
+set -eu
+cd "$(dirname "$0")/.."
+steps=${1:-6}; rounds=${2:-2}; old=${3:-}
+make -s all
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+# copies: a rebuild while this runs does not change what it measures
+cp build/meshrun $tmp/meshrun; B=$tmp/meshrun; C=configs/llama-bench.yml
+[ -z "$old" ] || { cp "$old" $tmp/old-meshrun; old=$tmp/old-meshrun; }
+avg() { python3 -c "
+import json; r=[json.loads(l) for l in open('$1')][1:]
+print('%.4f' % (sum(x.get('$2', 0) for x in r) / len(r)))"; }
+optspan() { python3 -c "
+import json; e=[x for x in json.load(open('$1'))['traceEvents'] if x.get('ph')=='X' and x['tid']==0
+  and x['name']=='optimizer' and x['args']['step']>=1]
+print('%.4f' % (sum(x['dur'] for x in e) / len(e) * 1e-6))"; }
+# run NAME BIN ARGS...: one run, its metrics, trace and CPU time
+run() {
+  name=$1; bin=$2; shift 2
+  /usr/bin/time -f "%U %S" -o $tmp/$name.cpu $bin "$@" steps=$steps openblas_threads=1 \
+    --metrics $tmp/$name.jsonl $( [ "$1" = local ] && echo --trace $tmp/$name.json ) >/dev/null 2>$tmp/$name.err ||
+    { echo "$name failed:"; tail -3 $tmp/$name.err; return 1; }
+}
+row() { # NAME LABEL BASE_S
+  local t cpu opt="-"
+  t=$(avg $tmp/$1.jsonl step_time_s)
+  cpu=$(awk -v s=$steps '{printf "%.3f", ($1 + $2) / s}' $tmp/$1.cpu)
+  [ -f $tmp/$1.json ] && opt=$(optspan $tmp/$1.json)
+  printf "%-34s %7.3f %6.2f %9s %9s %8s %8s  %s\n" "$2" "$t" "$(python3 -c "print($t/$3)")" \
+    "$(avg $tmp/$1.jsonl comm_exposed_s)" "$(avg $tmp/$1.jsonl comm_background_s)" "$cpu" "$opt" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)"
+}
+printf "%-34s %7s %6s %9s %9s %8s %8s  %s\n" run step_s ratio exposed_s backgr_s cpu_s opt_s load
+for r in $(seq 1 "$rounds"); do
+  echo "-- round $r"
+  run one $B train --config $C
+  one=$(avg $tmp/one.jsonl step_time_s); row one "single device" $one
+  run dp $B local --hosts 2 --config $C grad_bucket_mb=25; row dp "data=2, buckets during backward" $one
+  run dp0 $B local --hosts 2 --config $C grad_bucket_mb=0; row dp0 "data=2, sums after backward" $one
+  run fsdp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+    dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2
+  run one4 $B train --config $C   # the single device again, beside the 4-device runs
+  one4=$(avg $tmp/one4.jsonl step_time_s)
+  row fsdp "fsdp 2x2 (4 devices, 2 cores)" $one4
+  run zero1 $B local --hosts 2 --config $C shard_optimizer_over_data=true; row zero1 "ZeRO-1 data=2" $one
+  run fsdppp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+    ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
+  row fsdppp "fsdp=2 x stage=2 (4 devices)" $one4
+  for o in adamw muon; do
+    run f4$o $B local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
+      ici_fsdp_parallelism=4 opt_type=$o learning_rate=0.001
+    row f4$o "fsdp=4 $o" $one4
+  done
+  if [ -n "$old" ]; then
+    run f4old "$old" local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
+      ici_fsdp_parallelism=4 opt_type=muon learning_rate=0.001
+    row f4old "fsdp=4 muon, OLD_MESHRUN" $one4
+  fi
+  # PyTorch DDP over gloo, 2 processes, same model and per-process batch
+  tt=$(/usr/bin/python3 bench/torch_llama.py --threads 1 --steps "$steps" --ddp 2 | tail -1)
+  echo "torch DDP gloo x2: $tt; meshrun data=2 tokens/s/device $(avg $tmp/dp.jsonl tokens_per_s_per_device)"
+  for m in exp fsdp ep; do
+    case $m in
+      exp) x="ici_fsdp_parallelism=2 custom_mesh_and_rule=shard-exp-on-fsdp" ;;
+      fsdp) x="ici_fsdp_parallelism=2" ;;
+      ep) x="ici_expert_parallelism=2" ;;
+    esac
+    run ds$m $B local --hosts 2 --devices-per-host 2 --config configs/deepseek-tiny.yml opt_type=muon \
+      learning_rate=0.01 ici_data_parallelism=1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 $x
+    row ds$m "deepseek-tiny muon, dcn_fsdp=2 $m" $one4
+    echo "  muon_bytes/step $(avg $tmp/ds$m.jsonl muon_bytes)"
+  done
+done

@@ -1,0 +1,352 @@
+/* Gradient buckets (host/optim/optim_int.h): the layout's units in the
+ * order the step's table makes them final, packed layer-major into
+ * buckets of at most grad_bucket_mb (the first of each seg 1 MiB, as
+ * PyTorch DDP does), each summed over the mesh by one collective started
+ * when its last unit is final. ZeRO-1's segs have no buckets (optim.c
+ * reduce-scatters them after the table). */
+#include "host/optim/optim_int.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int slot_of(const struct optim *o, int key, int seg, bool repl)
+{
+	return ((key + 2) * o->nseg + seg) * 2 + (repl ? 1 : 0);
+}
+
+int unit_of(const struct optim *o, int key, int seg, bool repl)
+{
+	return o->by_key[slot_of(o, key, seg, repl)];
+}
+
+static int seg_of(const struct optim *o, size_t off)
+{
+	for (int s = 0; s < o->nseg; s++)
+		if (off >= o->seg[s].p0 && off < o->seg[s].p0 + o->seg[s].n)
+			return s;
+	return -1;
+}
+
+/* Calls fn for every slice of every tensor: its unit's (key, seg, repl)
+ * and its layout floats. */
+static void each_slice(struct optim *o, int stages, void (*fn)(struct optim *, int, int, bool, int, size_t, size_t, void *),
+		       void *arg)
+{
+	struct model *m = o->model;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		int s = seg_of(o, p->offset);
+		bool repl = stages > 1 && !(p->split & (1u << AX_STAGE));
+		if (s < 0)
+			continue;
+		if (!p->stacked) {
+			fn(o, strcmp(p->name, "embed") ? KEY_HEAD : KEY_EMBED, s, repl, i, p->offset, p->numel, arg);
+			continue;
+		}
+		size_t per = p->numel / (size_t)p->shape[0];
+		for (int l = 0; l < o->L; l++) {
+			int q = model_param_slice(m, i, l);
+			if (q >= 0)
+				fn(o, l, s, repl, i, p->offset + (size_t)q * per, per, arg);
+		}
+	}
+}
+
+/* Pass 1: make the units, count their pieces (in u->p1). */
+static void count_slice(struct optim *o, int key, int s, bool repl, int i, size_t off, size_t n, void *arg)
+{
+	int *k = &o->by_key[slot_of(o, key, s, repl)];
+	const struct plan_param *pp = model_param_plan(o->model, i);
+	bool gathered = pp && pp->gather && model_param(o->model, i)->opt != OPT_NONE;
+	(void)off, (void)n, (void)arg;
+	if (*k < 0) {
+		*k = o->nu++;
+		o->u[*k] = (struct unit){ .seg = s, .key = key, .repl = repl, .bucket = -1 };
+	}
+	o->u[*k].p1++;
+	o->u[*k].gathered |= gathered;
+	o->u[*k].plain |= !gathered;
+}
+
+/* Pass 2: the pieces, each unit's together. */
+static void put_slice(struct optim *o, int key, int s, bool repl, int i, size_t off, size_t n, void *arg)
+{
+	int *fill = arg, k = unit_of(o, key, s, repl);
+	o->pc[o->u[k].p0 + fill[k]++] = (struct piece){ .param = i, .off = off, .n = n };
+}
+
+static size_t unit_floats(const struct optim *o, const struct unit *u)
+{
+	size_t n = 0;
+	for (int j = u->p0; j < u->p1; j++)
+		n += o->pc[j].n;
+	return n;
+}
+
+/* Appends the units of key (every seg) not placed yet to order. */
+static void place_key(struct optim *o, int key, bool repl, int *order, int *n, bool *placed)
+{
+	for (int s = 0; s < o->nseg; s++) {
+		int k = unit_of(o, key, s, repl);
+		if (k >= 0 && !placed[k]) {
+			placed[k] = true;
+			order[(*n)++] = k;
+		}
+	}
+}
+
+/* The canonical order (head, the last layer to the first, embedding):
+ * the same on every stage, for what no event places. */
+static void place_rest(struct optim *o, bool repl, int *order, int *n, bool *placed)
+{
+	place_key(o, KEY_HEAD, repl, order, n, placed);
+	for (int l = o->L - 1; l >= 0; l--)
+		place_key(o, l, repl, order, n, placed);
+	place_key(o, KEY_EMBED, repl, order, n, placed);
+}
+
+/* The units in the order the table completes them (pl's), what it does
+ * not complete and a pipeline's stage-wide tensors after, in the
+ * canonical order; their buckets wait for the end of the table. */
+static int order_units(struct optim *o, const struct optim_place *pl, bool *deferred)
+{
+	int *order = malloc(sizeof(int) * (size_t)(o->nu + 1)), n = 0;
+	bool *placed = calloc((size_t)o->nu + 1, sizeof(bool));
+	struct unit *u = malloc(sizeof(*u) * (size_t)(o->nu + 1));
+	if (!order || !placed || !u) {
+		free(order);
+		free(placed);
+		free(u);
+		return -ENOMEM;
+	}
+	for (int g = 0; g < pl->norder; g++) {
+		int l0 = pl->order_l0[g], l1 = pl->order_l1[g];
+		if (l0 < 0)
+			place_key(o, l0, false, order, &n, placed);
+		for (int l = l1 - 1; l0 >= 0 && l >= l0; l--)
+			place_key(o, l, false, order, &n, placed);
+	}
+	int timed = n;
+	place_rest(o, false, order, &n, placed);
+	place_rest(o, true, order, &n, placed);
+	for (int k = 0; k < n; k++) {
+		u[k] = o->u[order[k]];
+		deferred[k] = k >= timed;
+	}
+	memcpy(o->u, u, sizeof(*u) * (size_t)n);
+	for (int k = 0; k < n; k++)
+		o->by_key[slot_of(o, o->u[k].key, o->u[k].seg, o->u[k].repl)] = k;
+	free(order);
+	free(placed);
+	free(u);
+	return 0;
+}
+
+/* Cuts each seg's units (summed over some axes) into buckets, in unit
+ * order, those the table completes apart from those summed after it: a
+ * bucket takes units while they fit under its cap (the first of each
+ * 1 MiB, the rest grad_bucket_mb), and at least one. */
+static int cut_buckets(struct optim *o, const bool *deferred)
+{
+	/* 0: one bucket per seg, summed after the table */
+	bool after = o->cfg.grad_bucket_mb == 0;
+	size_t cap = after ? SIZE_MAX : (size_t)(o->cfg.grad_bucket_mb * 1048576.0 / sizeof(float));
+	cap = cap ? cap : 1;
+	size_t first = cap < 262144 ? cap : 262144;
+	first = after ? SIZE_MAX : first;
+	int *open = malloc(sizeof(int) * (size_t)o->nseg * 2);
+	bool *later = calloc((size_t)o->nseg * 2, sizeof(bool));
+	o->b = calloc((size_t)o->nu + 1, sizeof(*o->b));
+	if (!open || !later || !o->b) {
+		free(open);
+		free(later);
+		return -ENOMEM;
+	}
+	for (int k = 0; k < o->nseg * 2; k++)
+		open[k] = -1;
+	for (int k = 0; k < o->nu; k++) {
+		struct unit *u = &o->u[k];
+		const struct seg *s = &o->seg[u->seg];
+		if (!s->axes || s->zero)
+			continue;
+		int st = u->seg * 2 + (deferred[k] && !after ? 1 : 0);
+		size_t n = unit_floats(o, u);
+		struct bucket *b = open[st] >= 0 ? &o->b[open[st]] : NULL;
+		if (b && b->n + n > (later[st] ? cap : first)) {
+			later[st] = true;
+			b = NULL;
+		}
+		if (!b) {
+			open[st] = o->nb++;
+			b = &o->b[open[st]];
+			*b = (struct bucket){ .seg = u->seg, .axes = s->axes, .deferred = deferred[k] || after };
+		}
+		u->bucket = (int)(b - o->b);
+		b->n += n;
+		b->u1++;   /* its count of units until lay_out_buckets */
+	}
+	free(open);
+	free(later);
+	return 0;
+}
+
+/* The buckets' units in order (ubk), the pieces' places and the
+ * buffers. */
+static int lay_out_buckets(struct optim *o)
+{
+	size_t total = 0;
+	int at = 0;
+	o->ubk = malloc(sizeof(int) * (size_t)(o->nu + 1));
+	if (!o->ubk)
+		return -ENOMEM;
+	for (int i = 0; i < o->nb; i++) {
+		struct bucket *b = &o->b[i];
+		int cnt = b->u1;
+		b->u0 = b->u1 = at;
+		at += cnt;
+		total += (b->n + 15) / 16 * 16;
+	}
+	for (int k = 0; k < o->nu; k++) {
+		struct unit *u = &o->u[k];
+		if (u->bucket < 0)
+			continue;
+		struct bucket *b = &o->b[u->bucket];
+		o->ubk[b->u1++] = k;
+	}
+	o->bufmem = calloc(total ? total : 1, sizeof(float));
+	if (!o->bufmem)
+		return -ENOMEM;
+	total = 0;
+	for (int i = 0; i < o->nb; i++) {
+		struct bucket *b = &o->b[i];
+		size_t pos = 0;
+		b->buf = o->bufmem + total;
+		total += (b->n + 15) / 16 * 16;
+		for (int j = b->u0; j < b->u1; j++) {
+			struct unit *u = &o->u[o->ubk[j]];
+			for (int q = u->p0; q < u->p1; q++) {
+				o->pc[q].at = pos;
+				pos += o->pc[q].n;
+			}
+		}
+	}
+	return 0;
+}
+
+int buckets_make(struct optim *o, const struct optim_place *pl)
+{
+	int slots = (o->L + 2) * o->nseg * 2, rc;
+	o->by_key = malloc(sizeof(int) * (size_t)slots);
+	o->u = calloc((size_t)slots + 1, sizeof(*o->u));
+	bool *deferred = calloc((size_t)slots + 1, sizeof(bool));
+	if (!o->by_key || !o->u || !deferred) {
+		free(deferred);
+		return -ENOMEM;
+	}
+	for (int k = 0; k < slots; k++)
+		o->by_key[k] = -1;
+	each_slice(o, pl->stages, count_slice, NULL);
+	for (int k = 0, n = 0; k < o->nu; k++) {
+		o->u[k].p0 = n;
+		n += o->u[k].p1;
+		o->u[k].p1 = o->u[k].p0;
+		o->npc = n;
+	}
+	o->pc = malloc(sizeof(*o->pc) * (size_t)(o->npc + 1));
+	int *fill = calloc((size_t)o->nu + 1, sizeof(int));
+	if (!o->pc || !fill) {
+		free(fill);
+		free(deferred);
+		return -ENOMEM;
+	}
+	each_slice(o, pl->stages, put_slice, fill);
+	for (int k = 0; k < o->nu; k++)
+		o->u[k].p1 = o->u[k].p0 + fill[k];
+	free(fill);
+	rc = order_units(o, pl, deferred);
+	if (!rc && o->mesh)
+		rc = cut_buckets(o, deferred);
+	if (!rc && o->mesh)
+		rc = lay_out_buckets(o);
+	free(deferred);
+	return rc;
+}
+
+void buckets_free(struct optim *o)
+{
+	free(o->by_key);
+	free(o->u);
+	free(o->pc);
+	free(o->b);
+	free(o->ubk);
+	free(o->bufmem);
+}
+
+/* What the trace calls bucket b: its layers, highest first. */
+static void bucket_name(const struct optim *o, const struct bucket *b, const char *what, char *out,
+			size_t len)
+{
+	int hi = -3, lo = 1 << 30;
+	bool head = false, embed = false;
+	for (int j = b->u0; j < b->u1; j++) {
+		int key = o->u[o->ubk[j]].key;
+		head |= key == KEY_HEAD;
+		embed |= key == KEY_EMBED;
+		if (key >= 0) {
+			hi = key > hi ? key : hi;
+			lo = key < lo ? key : lo;
+		}
+	}
+	if (hi >= 0)
+		snprintf(out, len, "%s L%d-%d%s%s", what, hi, lo, head ? "h" : "", embed ? "e" : "");
+	else
+		snprintf(out, len, "%s %s", what, head ? (embed ? "head+embed" : "head") : "embed");
+}
+
+/* Packs the units' gradients into the bucket (to_buf) or the sums back
+ * into the layout's gradients G. */
+static void move(struct optim *o, const struct bucket *b, float *G, bool to_buf)
+{
+	for (int j = b->u0; j < b->u1; j++) {
+		const struct unit *u = &o->u[o->ubk[j]];
+		for (int q = u->p0; q < u->p1; q++) {
+			const struct piece *p = &o->pc[q];
+			float *l = G + p->off, *k = b->buf + p->at;
+			memcpy(to_buf ? k : l, to_buf ? l : k, p->n * sizeof(float));
+		}
+	}
+}
+
+int bucket_issue(struct optim *o, struct bucket *b)
+{
+	const struct optim_bg *bg = o->oc.bg;
+	const struct model_comm *mc = o->oc.mc;
+	char name[64];
+	move(o, b, model_grads(o->model), true);
+	bucket_name(o, b, "grads", name, sizeof(name));
+	b->issued = true;
+	b->h = NULL;
+	o->stats.buckets++;
+	if (bg)
+		return bg->all_reduce(bg->ctx, b->axes, b->buf, b->n, name, &b->h);
+	int rc = mc->all_reduce(mc->ctx, b->axes, b->buf, b->n);
+	if (!rc)
+		move(o, b, model_grads(o->model), false);
+	return rc;
+}
+
+int bucket_wait(struct optim *o, struct bucket *b)
+{
+	const struct optim_bg *bg = o->oc.bg;
+	void *h = b->h;
+	b->h = NULL;
+	if (!h)
+		return 0;
+	int rc = bg->wait(bg->ctx, h);
+	if (!rc)
+		move(o, b, model_grads(o->model), false);
+	return rc;
+}

@@ -1,0 +1,206 @@
+/* Muon in a mesh, once per matrix (host/optim/optim_int.h). A Muon
+ * tensor of this device holds nmat matrices (a stack's local layers or
+ * experts), each either whole or a block of a matrix split over
+ * mat_split. The devices that hold the same local matrices form the
+ * tensor's group: those that differ only along mat_split (blocks of one
+ * matrix) or along axes the tensor is not split on (identical copies).
+ * Matrix j's Newton-Schulz runs on one member, its owner, chosen round
+ * robin over the group (from a count kept across tensors, so the work
+ * spreads even when a tensor has fewer matrices than the group):
+ *
+ *   1. every member runs the momentum of its own blocks;
+ *   2. one all_to_all hands each owner the blocks of its matrices, one
+ *      from each mat_split coordinate (from the members that share the
+ *      owner's copy coordinates);
+ *   3. the owner places them into the whole matrix and orthogonalises it
+ *      (the same kernel and bits as on one device);
+ *   4. one all_to_all returns each member its block of every result;
+ *   5. every member applies its blocks.
+ *
+ * Stacks split over experts or stages need nothing: the group is over
+ * the other axes. The exchanges are Dion's pattern; the owners'
+ * assignment, Keller Jordan's round robin. */
+#include "host/optim/optim_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+static const struct mesh_members *members(struct optim *o, uint32_t axes)
+{
+	for (int k = 0; k < o->ntg; k++)
+		if (o->tg[k].axes == axes)
+			return &o->tg[k];
+	if (o->ntg == MAX_TGROUPS || mesh_members_init(o->mesh, o->device, axes, &o->tg[o->ntg]))
+		return NULL;
+	return &o->tg[o->ntg++];
+}
+
+uint32_t muon_group_axes(const struct optim *o, const struct param_info *p)
+{
+	uint32_t axes = p->mat_split;
+	for (int a = 0; a < AX_COUNT; a++)
+		if (o->mesh->size[a] > 1 && !(p->split & (1u << a)))
+			axes |= 1u << a;
+	return axes;
+}
+
+/* Do members x and y agree on every axis of mask? */
+static bool same_on(const int *x, const int *y, uint32_t mask)
+{
+	for (int a = 0; a < AX_COUNT; a++)
+		if ((mask & (1u << a)) && x[a] != y[a])
+			return false;
+	return true;
+}
+
+/* The exchange's layout: for each member r, how many of the matrices
+ * (owner(j) = (base + j) % n) this device sends it (sendc) and
+ * receives from it (recvc), and where they start (sendo, recvo). */
+struct xch {
+	int n, me, base, nmat;
+	const struct mesh_members *g;
+	size_t *sb, *rb;      /* bytes per member: the all_to_all's counts */
+	int *so, *ro;         /* first block per member */
+};
+
+static int owner(const struct xch *x, int j)
+{
+	return (x->base + j) % x->n;
+}
+
+/* Counts for step 2 (to the owners: a member sends only to owners that
+ * share its copy coordinates) or step 4 (back: every member gets its
+ * block of every matrix). */
+static void counts(struct xch *x, bool back, uint32_t copy, size_t per)
+{
+	int at_s = 0, at_r = 0;
+	for (int r = 0; r < x->n; r++) {
+		int s = 0, q = 0;
+		bool peer = back || same_on(x->g->coord[r], x->g->coord[x->me], copy);
+		for (int j = 0; j < x->nmat; j++) {
+			s += peer && owner(x, j) == r;          /* to owner r */
+			q += peer && owner(x, j) == x->me;      /* r's block of mine */
+		}
+		if (back) {  /* step 4 reverses step 2's direction for all */
+			int t = s;
+			s = q;
+			q = t;
+		}
+		x->so[r] = at_s;
+		x->ro[r] = at_r;
+		x->sb[r] = (size_t)s * per * sizeof(float);
+		x->rb[r] = (size_t)q * per * sizeof(float);
+		at_s += s;
+		at_r += q;
+	}
+}
+
+/* Bytes the exchange sends to other members. */
+static int64_t sent(const struct xch *x)
+{
+	int64_t b = 0;
+	for (int r = 0; r < x->n; r++)
+		b += r == x->me ? 0 : (int64_t)x->sb[r];
+	return b;
+}
+
+/* Block r (its coordinates) of the whole matrix w: into w from blk
+ * (into) or out of it. */
+static void block(struct optim *o, const struct param_info *p, const struct plan_param *pp, const int *coord,
+		  float *w, float *blk, bool into)
+{
+	int nd = p->ndim, off[SHARD_MAX_DIMS];
+	int bshape[2] = { p->shape[nd - 2], p->shape[nd - 1] }, wshape[2] = { p->mat_rows, p->mat_cols };
+	if (!p->mat_split) {  /* a whole matrix */
+		memcpy(into ? w : blk, into ? blk : w, sizeof(float) * (size_t)bshape[0] * bshape[1]);
+		return;
+	}
+	plan_block_offsets(pp, o->mesh, p->mat_split, coord, off);
+	plan_copy_block(w, wshape, blk, bshape, off + nd - 2, 2, into);
+}
+
+int muon_dist(struct optim *o, int i, float *P, const float *g, float *buf, float lr, float wd)
+{
+	const struct param_info *p = model_param(o->model, i);
+	const struct plan_param *pp = model_param_plan(o->model, i);
+	const struct model_comm *mc = o->oc.mc;
+	uint32_t axes = muon_group_axes(o, p), copy = axes & ~p->mat_split;
+	int nd = p->ndim, R = p->mat_rows, C = p->mat_cols;
+	size_t per = (size_t)p->shape[nd - 2] * p->shape[nd - 1], nmat = p->numel / per;
+	struct xch x = { .nmat = (int)nmat, .g = members(o, axes) };
+	if (!x.g)
+		return -ENOMEM;
+	x.n = x.g->n;
+	for (x.me = 0; x.me < x.n && !same_on(x.g->coord[x.me], o->coord, axes); x.me++)
+		;
+	x.base = (int)(o->muon_rr % (uint64_t)x.n);
+	o->muon_rr += nmat;
+	size_t mine = 0;
+	for (int j = 0; j < x.nmat; j++)
+		mine += owner(&x, j) == x.me;
+	/* ob: this device's blocks (momentum, then results); snd, rcv: step
+	 * 2's; outb, res: step 4's */
+	size_t own = mine * per * (size_t)x.n + 1;
+	float *ob = malloc(sizeof(float) * nmat * per), *snd = malloc(sizeof(float) * nmat * per * 2);
+	float *rcv = malloc(sizeof(float) * own * 2), *outb = rcv + own, *res = snd ? snd + nmat * per : NULL;
+	int *fill = calloc((size_t)x.n, sizeof(int)), rc = -ENOMEM;
+	x.sb = malloc(sizeof(size_t) * (size_t)x.n * 2);
+	x.so = malloc(sizeof(int) * (size_t)x.n * 2);
+	if (!ob || !snd || !rcv || !fill || !x.sb || !x.so)
+		goto out;
+	x.rb = x.sb + x.n;
+	x.ro = x.so + x.n;
+	/* 1, 2: momentum, then each block to its owner */
+	for (size_t j = 0; j < nmat; j++)
+		muon_momentum(ob + j * per, buf + j * per, g + j * per, per, (float)o->cfg.muon_momentum);
+	counts(&x, false, copy, per);
+	for (int r = 0; r < x.n; r++)
+		for (int j = 0; j < x.nmat && x.sb[r]; j++)
+			if (owner(&x, j) == r)
+				memcpy(snd + (size_t)(x.so[r] + fill[r]++) * per, ob + (size_t)j * per, per * sizeof(float));
+	if ((rc = mc->all_to_all(mc->ctx, axes, rcv, x.rb, snd, x.sb)))
+		goto out;
+	o->stats.muon_bytes += sent(&x);
+	/* 3: each owned matrix whole from its senders' blocks, orthogonalised,
+	 * every member's block of it into outb ([member][owned matrix]) */
+	float *w = o->scratch, *ns = w + (size_t)R * C;
+	for (size_t j = 0, k = 0; j < nmat; j++) {
+		if (owner(&x, (int)j) != x.me)
+			continue;
+		for (int r = 0; r < x.n; r++)
+			if (x.rb[r])
+				block(o, p, pp, x.g->coord[r], w, rcv + ((size_t)x.ro[r] + k) * per, true);
+		newton_schulz5(w, w, ns, R, C);
+		o->stats.ns_matrices++;
+		for (int r = 0; r < x.n; r++)
+			block(o, p, pp, x.g->coord[r], w, outb + ((size_t)r * mine + k) * per, false);
+		k++;
+	}
+	/* 4: back to every member */
+	counts(&x, true, copy, per);
+	if ((rc = mc->all_to_all(mc->ctx, axes, res, x.rb, outb, x.sb)))
+		goto out;
+	o->stats.muon_bytes += sent(&x);
+	/* 5: the blocks in matrix order, applied */
+	memset(fill, 0, sizeof(int) * (size_t)x.n);
+	for (int q = 0; q < x.n; q++)
+		for (int j = 0; j < x.nmat; j++)
+			if (owner(&x, j) == q)
+				memcpy(ob + (size_t)j * per, res + (size_t)(x.ro[q] + fill[q]++) * per,
+				       per * sizeof(float));
+	float scale = muon_scale(R, C);
+	for (size_t j = 0; j < nmat; j++)
+		muon_apply(P + j * per, ob + j * per, per, lr, scale, wd);
+	rc = 0;
+out:
+	free(ob);
+	free(snd);
+	free(rcv);
+	free(fill);
+	free(x.sb);
+	free(x.so);
+	return rc;
+}

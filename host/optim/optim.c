@@ -1,0 +1,424 @@
+/* See host/optim/optim.h. The state is two buffers, m and v, laid out
+ * seg by seg like the parameters, except that a seg whose state ZeRO-1
+ * splits over `data` keeps only this device's part of it. The buckets
+ * the gradients are summed in during the backward: buckets.c. */
+#include "host/optim/optim_int.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+/* The part of parameter p inside layout floats [a, b): [*x, *y), empty
+ * when *x >= *y. */
+static void param_range(const struct param_info *p, size_t a, size_t b, size_t *x, size_t *y)
+{
+	*x = p->offset > a ? p->offset : a;
+	*y = p->offset + p->numel < b ? p->offset + p->numel : b;
+}
+
+int optim_check_zero(const struct model *m, bool muon, int ndata, char *err, size_t errlen)
+{
+	struct model_bucket b[MODEL_MAX_PARAMS];
+	if (ndata <= 1 || !muon)
+		return 0;
+	int nb = model_buckets(m, b, MODEL_MAX_PARAMS);
+	for (int i = 0; i < nb; i++) {
+		if (!(b[i].axes & (1u << AX_DATA)))
+			continue;
+		for (int k = 0; k < model_num_params(m); k++) {
+			const struct param_info *p = model_param(m, k);
+			if (p->opt != OPT_MUON || p->offset < b[i].offset || p->offset >= b[i].offset + b[i].numel)
+				continue;
+			snprintf(err, errlen, "config: opt_type=muon cannot split its state over data "
+				 "(shard_optimizer_over_data cuts '%s' into flat shards, Muon needs "
+				 "whole matrices); use opt_type=adamw with it", p->name);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+size_t optim_tensor_state(const struct param_info *p, bool muon, int ndata, int *slots, bool *zero)
+{
+	/* AdamW keeps m and v; Muon keeps one momentum per matrix */
+	*slots = p->opt == OPT_NONE ? 0 : (p->opt == OPT_MUON && muon) ? 1 : 2;
+	*zero = *slots && ndata > 1 && (p->gsum & (1u << AX_DATA));
+	return p->numel * (size_t)*slots / (*zero ? (size_t)ndata : 1);
+}
+
+/* Buckets and their optimizer state; ZeRO-1 splits the state of buckets
+ * summed over `data`. */
+static int lay_out_state(struct optim *o)
+{
+	struct model_bucket b[MODEL_MAX_PARAMS];
+	int nb = model_buckets(o->model, b, MODEL_MAX_PARAMS);
+	bool any_zero = false;
+	o->nseg = nb;
+	o->opt_n = 0;
+	for (int i = 0; i < nb; i++) {
+		struct seg *s = &o->seg[i];
+		memset(s, 0, sizeof(*s));
+		s->p0 = b[i].offset;
+		s->n = b[i].numel;
+		s->padded = b[i].padded;
+		s->axes = b[i].axes;
+		s->zero = o->ndata > 1 && (s->axes & (1u << AX_DATA));
+		s->o0 = o->opt_n;
+		if (!s->zero) {
+			o->opt_n += s->n;
+			continue;
+		}
+		any_zero = true;
+		s->shard_n = s->padded / (size_t)o->ndata;
+		s->s0 = s->shard_n * (size_t)o->rdata;
+		s->len = s->s0 < s->n ? (s->n - s->s0 < s->shard_n ? s->n - s->s0 : s->shard_n) : 0;
+		o->opt_n += s->shard_n;
+	}
+	o->m = calloc(o->opt_n ? o->opt_n : 1, sizeof(float));
+	o->v = calloc(o->opt_n ? o->opt_n : 1, sizeof(float));
+	if (any_zero)
+		o->gshard = calloc(o->opt_n, sizeof(float));
+	if (!o->m || !o->v || (any_zero && !o->gshard))
+		return -ENOMEM;
+	return 0;
+}
+
+/* Muon's scratch: for the largest matrix, NS5's and a gathered copy. */
+static size_t muon_scratch(const struct model *m)
+{
+	size_t big = 0;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		if (p->opt != OPT_MUON)
+			continue;
+		size_t R = (size_t)p->mat_rows, C = (size_t)p->mat_cols, mx = R > C ? R : C;
+		size_t need = 3 * mx * mx + 6 * R * C;
+		if (need > big)
+			big = need;
+	}
+	return big;
+}
+
+int optim_new(struct optim **out, struct model *m, const struct cfg *c, const struct optim_place *pl,
+	      char *err, size_t errlen)
+{
+	struct optim *o = calloc(1, sizeof(*o));
+	size_t asked = sizeof(*o);
+	const char *what = "the trainer";
+	int rc;
+	*out = NULL;
+	if (!o)
+		goto oom;
+	o->cfg = *c;
+	o->model = m;
+	o->muon = !strcmp(c->opt_type, "muon");
+	o->ndata = pl->ndata > 1 ? pl->ndata : 1;
+	o->rdata = pl->rdata;
+	o->L = model_dims(m)->L;
+	if (pl->mesh) {
+		o->mesh = pl->mesh;
+		o->device = pl->device;
+		mesh_coords(o->mesh, o->device, o->coord);
+	}
+	if ((rc = optim_check_zero(m, o->muon, o->ndata, err, errlen))) {
+		optim_free(o);
+		return rc;
+	}
+	if (lay_out_state(o)) {
+		asked = sizeof(float) * o->opt_n * (o->gshard || o->ndata > 1 ? 3 : 2);
+		what = "the optimizer state";
+		goto oom;
+	}
+	size_t big = muon_scratch(m);
+	o->scratch = malloc(sizeof(float) * (big ? big : 1));
+	if (!o->scratch) {
+		asked = sizeof(float) * (big ? big : 1);
+		what = "Muon's scratch";
+		goto oom;
+	}
+	if (buckets_make(o, pl)) {
+		asked = sizeof(float) * model_numel(m);
+		what = "the gradient buckets";
+		goto oom;
+	}
+	*out = o;
+	return 0;
+oom:
+	snprintf(err, errlen, "train: out of memory: %zu bytes for %s", asked, what);
+	optim_free(o);
+	return -ENOMEM;
+}
+
+void optim_free(struct optim *o)
+{
+	if (!o)
+		return;
+	free(o->m);
+	free(o->v);
+	free(o->scratch);
+	free(o->gshard);
+	buckets_free(o);
+	for (int k = 0; k < o->ntg; k++)
+		mesh_members_free(&o->tg[k]);
+	free(o);
+}
+
+/* Sum of squares of the trained gradients in [a, b) (g indexed from a),
+ * each divided by the number of devices holding the same values
+ * (`copies` per whole-layout float), so that summing over every device
+ * counts each element of the whole model once. */
+static double grad_sumsq(struct optim *o, const float *g, size_t a, size_t b, int extra_split)
+{
+	struct model *m = o->model;
+	double ss = 0;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		size_t x, y;
+		param_range(p, a, b, &x, &y);
+		if (p->opt == OPT_NONE || x >= y)
+			continue;
+		double copies = 1;
+		if (o->mesh)
+			copies = (double)o->mesh->num_devices / mesh_axes_size(o->mesh, p->split) / extra_split;
+		ss += sumsq(g + (x - a), y - x) / copies;
+	}
+	return ss;
+}
+
+void optim_step_begin(struct optim *o, const struct optim_comm *oc)
+{
+	o->have_oc = oc != NULL;
+	o->oc = oc ? *oc : (struct optim_comm){ 0 };
+	o->armed = o->mesh && oc;
+	o->stats = (struct optim_stats){ 0 };
+	for (int k = 0; k < o->nu; k++)
+		o->u[k].computed = o->u[k].landed = o->u[k].done = false;
+	for (int i = 0; i < o->nb; i++) {
+		o->b[i].left = o->b[i].u1 - o->b[i].u0;
+		o->b[i].issued = false;
+		o->b[i].h = NULL;
+	}
+}
+
+/* Unit k's gradients moved on (computed, or landed): when it is done,
+ * its bucket may be complete, and (not deferred) starts its sum. */
+static int unit_event(struct optim *o, int k, bool landed)
+{
+	struct unit *u = &o->u[k];
+	if (landed)
+		u->landed = true;
+	else
+		u->computed = true;
+	if (u->done || (u->plain && !u->computed) || (u->gathered && !u->landed))
+		return 0;
+	u->done = true;
+	if (u->bucket < 0)
+		return 0;
+	struct bucket *b = &o->b[u->bucket];
+	return --b->left == 0 && !b->deferred && !b->issued ? bucket_issue(o, b) : 0;
+}
+
+int optim_hook_grads(void *ctx, int l0, int l1, bool landed)
+{
+	struct optim *o = ctx;
+	int rc;
+	if (!o->armed)
+		return 0;
+	if (l0 < 0)
+		l1 = l0 + 1;
+	for (int key = l0; key < l1; key++)
+		for (int s = 0; s < o->nseg; s++) {
+			int k = unit_of(o, key, s, false);
+			if (k >= 0 && (rc = unit_event(o, k, landed)))
+				return rc;
+		}
+	return 0;
+}
+
+int optim_sum_grads(struct optim *o, double *ss_out)
+{
+	float *G = model_grads(o->model);
+	const uint32_t data = 1u << AX_DATA;
+	const struct model_comm *mc = o->have_oc ? o->oc.mc : NULL;
+	double ss = 0;
+	int rc = 0;
+	o->armed = false;
+	/* what the table did not complete, in bucket order (the same on
+	 * every device); then every sum in flight lands */
+	for (int i = 0; i < o->nb && !rc && mc; i++)
+		if (!o->b[i].issued) {
+			o->stats.late++;
+			rc = bucket_issue(o, &o->b[i]);
+		}
+	for (int i = 0; i < o->nb; i++) {
+		int r = bucket_wait(o, &o->b[i]);
+		rc = rc ? rc : r;
+	}
+	if (rc)
+		return rc;
+	for (int i = 0; i < o->nseg; i++) {
+		struct seg *s = &o->seg[i];
+		if (!s->zero) {
+			ss += grad_sumsq(o, G + s->p0, s->p0, s->p0 + s->n, 1);
+			continue;
+		}
+		/* the seg's padding is zero: the grads were zeroed whole */
+		uint32_t rest = s->axes & ~data;
+		float *gs = o->gshard + s->o0;
+		if ((rc = mc->reduce_scatter(mc->ctx, data, gs, G + s->p0, s->shard_n)) ||
+		    (rest && (rc = mc->all_reduce(mc->ctx, rest, gs, s->shard_n))))
+			return rc;
+		ss += grad_sumsq(o, gs, s->p0 + s->s0, s->p0 + s->s0 + s->len, o->ndata);
+	}
+	*ss_out = ss;
+	return 0;
+}
+
+void optim_get_stats(const struct optim *o, struct optim_stats *st)
+{
+	*st = o->stats;
+}
+
+float optim_lr(const struct optim *o, int64_t step)
+{
+	const struct cfg *c = &o->cfg;
+	int total = c->learning_rate_schedule_steps > 0 ? (int)c->learning_rate_schedule_steps : (int)c->steps;
+	int warmup = (int)(c->warmup_steps_fraction * total);
+	return lr_schedule((int)step, (float)c->learning_rate, warmup, total,
+			   (float)c->cosine_learning_rate_final_fraction);
+}
+
+/* DeepSeek-V3's auxiliary-loss-free balancing: nudge each expert's
+ * selection bias toward the mean load (counts summed over all replicas, so
+ * every device makes the same update to the part it holds). */
+static void update_router_bias(struct optim *o, const struct param_info *p)
+{
+	const struct model_dims *d = model_dims(o->model);
+	const int32_t *counts = model_expert_counts(o->model);
+	float rate = (float)o->cfg.routed_bias_update_rate;
+	float *b = model_params(o->model) + p->offset;
+	int E = d->E, El = p->shape[1], e0 = p->goff[1];
+	if (!d->L_moe || rate == 0.0f)
+		return;
+	/* storage index q holds MoE layer model_stack_layer(q) (a pipeline's order) */
+	for (int l = 0; l < p->shape[0]; l++) {
+		int q = model_stack_layer(o->model, l + p->goff[0], p->global_shape[0]);
+		moe_bias_update(b + (size_t)l * El, counts + (size_t)q * E, E, e0, El, rate);
+	}
+}
+
+/* Updates parameters [a, b) of the layout from gradients g, with state m
+ * and v, all three indexed from a. */
+static int update_range(struct optim *o, int64_t step, float lr,
+			const float *g, float *mb, float *vb, size_t a, size_t b)
+{
+	struct model *m = o->model;
+	const struct cfg *c = &o->cfg;
+	float *P = model_params(m);
+	float wd = (float)c->adam_weight_decay;
+
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		size_t x, y;
+		param_range(p, a, b, &x, &y);
+		if (p->opt == OPT_NONE || x >= y)
+			continue;
+		float pwd = p->decay ? wd : 0.0f;
+		if (p->opt == OPT_MUON && o->muon && o->mesh && mesh_axes_size(o->mesh, muon_group_axes(o, p)) > 1) {
+			int rc = muon_dist(o, i, P + x, g + (x - a), mb + (x - a), lr, pwd);
+			if (rc)
+				return rc;
+		} else if (p->opt == OPT_MUON && o->muon) {
+			int R = p->shape[p->ndim - 2], C = p->shape[p->ndim - 1];
+			size_t per = (size_t)R * C;
+			for (size_t q = x; q < y; q += per, o->stats.ns_matrices++)
+				muon_update(P + q, g + (q - a), mb + (q - a), o->scratch, R, C, lr,
+					    (float)c->muon_momentum, pwd);
+		} else {
+			adamw_update(P + x, g + (x - a), mb + (x - a), vb + (x - a), y - x, lr,
+				     (float)c->adam_b1, (float)c->adam_b2, (float)c->adam_eps, pwd, (int)step + 1);
+		}
+	}
+	return 0;
+}
+
+int optim_update(struct optim *o, int64_t step, float lr, float clip)
+{
+	struct model *m = o->model;
+	float *G = model_grads(m), *P = model_params(m);
+	const struct model_comm *mc = o->have_oc ? o->oc.mc : NULL;
+	int rc;
+	o->muon_rr = 0;
+	o->stats.ns_matrices = o->stats.muon_bytes = 0;
+	for (int i = 0; i < o->nseg; i++) {
+		struct seg *s = &o->seg[i];
+		float *g = s->zero ? o->gshard + s->o0 : G + s->p0;
+		size_t a = s->p0 + s->s0, len = s->zero ? s->len : s->n;
+		if (clip != 1.0f)
+			scale_inplace(g, len, clip);
+		if ((rc = update_range(o, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len)))
+			return rc;
+	}
+	for (int i = 0; i < model_num_params(m); i++)
+		if (model_param(m, i)->opt == OPT_NONE)
+			update_router_bias(o, model_param(m, i));
+	/* ZeRO-1: every data rank takes the others' updated parts */
+	for (int i = 0; i < o->nseg; i++) {
+		struct seg *s = &o->seg[i];
+		if (!s->zero)
+			continue;
+		/* in place: this rank's part already sits in the bucket */
+		if ((rc = mc->all_gather(mc->ctx, 1u << AX_DATA, P + s->p0, P + s->p0 + s->s0,
+					 s->shard_n * sizeof(float))))
+			return rc;
+	}
+	return 0;
+}
+
+float *optim_state(struct optim *o, int which)
+{
+	return which ? o->v : o->m;
+}
+
+int optim_state_to_layout(struct optim *o, const struct optim_comm *oc, int which, float *loc)
+{
+	const float *st = optim_state(o, which);
+	for (int i = 0; i < o->nseg; i++) {
+		struct seg *s = &o->seg[i];
+		if (!s->zero) {
+			memcpy(loc + s->p0, st + s->o0, s->n * sizeof(float));
+			continue;
+		}
+		/* loc has the bucket's padding too: gather straight into it */
+		int rc = oc->mc->all_gather(oc->mc->ctx, 1u << AX_DATA, loc + s->p0, st + s->o0,
+					    s->shard_n * sizeof(float));
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+void optim_layout_to_state(struct optim *o, int which, const float *loc)
+{
+	float *st = optim_state(o, which);
+	for (int i = 0; i < o->nseg; i++) {
+		struct seg *s = &o->seg[i];
+		memcpy(st + s->o0, loc + s->p0 + s->s0, (s->zero ? s->len : s->n) * sizeof(float));
+	}
+}
+
+int optim_state_nranges(const struct optim *o)
+{
+	return o->nseg;
+}
+
+void optim_state_range(const struct optim *o, int i, size_t *lo, size_t *hi)
+{
+	const struct seg *s = &o->seg[i];
+	*lo = s->p0 + s->s0;
+	*hi = *lo + (s->zero ? s->len : s->n);
+}

@@ -1,0 +1,138 @@
+/* The optimizer, a room of its own: the state of this device's shards
+ * (AdamW's m and v, or Muon's momentum in m); the gradients summed over
+ * the mesh in buckets while the backward runs (packed layer-major, each
+ * bucket's all-reduce started in the background the moment its last
+ * gradient is final); ZeRO-1's split state (its gradients reduce-scattered
+ * over `data` after the backward, its updated parameters all-gathered
+ * after the update); the global gradient norm and clipping; the learning
+ * rate; the update (AdamW, Muon); the DeepSeek router bias. It works on a
+ * model's one allocation of parameters and gradients (host/model/model.h)
+ * and reaches other devices only through struct optim_comm. Order of a
+ * step and what overlaps what: docs/training-step.md. */
+#ifndef MESHRUN_OPTIM_H
+#define MESHRUN_OPTIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "host/config/config.h"
+#include "host/mesh/mesh.h"
+#include "host/model/model.h"
+
+struct optim;
+
+/* An all-reduce started in the background (on the device's
+ * communication thread), and its wait: all_reduce sets *h, which wait(h)
+ * finishes; buf stays untouched until then. name says what moves, for
+ * the trace ("grads L7-6"). Each returns 0 or -errno (the caller keeps
+ * the message). */
+struct optim_bg {
+	int (*all_reduce)(void *ctx, uint32_t axes, float *buf, size_t n, const char *name, void **h);
+	int (*wait)(void *ctx, void *h);
+	void *ctx;
+};
+
+/* The collectives the optimizer uses: the model's by axis set (mc), an
+ * exact sum of doubles over an axis set (the same bits on every member),
+ * and the background ones (bg; NULL: the buckets' collectives run
+ * synchronously when they are started). The structs pointed to outlive
+ * the optimizer's use of them (the job's, for the whole run). */
+struct optim_comm {
+	const struct model_comm *mc;
+	int (*sum)(void *ctx, uint32_t axes, double *x, int n);
+	const struct optim_bg *bg;
+};
+
+/* Where the optimizer's device sits and what its table does. mesh NULL:
+ * one device. ndata > 1: ZeRO-1 splits the state of buckets summed over
+ * `data` (rdata: this device's data coordinate). stages > 1: a pipeline,
+ * whose tensors stored whole on every stage are summed after the table.
+ * order: the weight groups in the order the step's table makes their
+ * gradients final (pipe_exec_grad_order: layers [l0, l1), or l0 -1 the
+ * head, -2 the embedding). */
+struct optim_place {
+	const struct mesh *mesh;
+	int device;
+	int ndata, rdata;
+	int stages;
+	const int *order_l0, *order_l1;
+	int norder;
+};
+
+/* What the last step's optimizer did. */
+struct optim_stats {
+	int buckets;          /* gradient buckets summed during the table */
+	int late;             /* of them, started only after the table */
+	int64_t ns_matrices;  /* matrices this device ran Newton-Schulz on */
+	int64_t muon_bytes;   /* bytes it sent other devices for Muon */
+};
+
+/* The state for model m's trained tensors on this device (m stays the
+ * caller's and outlives it; pl's arrays are only read here). 0 and
+ * *out; -EINVAL with err for Muon beside ZeRO-1 (optim_check_zero's
+ * line); -ENOMEM with err naming the bytes. */
+int optim_new(struct optim **out, struct model *m, const struct cfg *c, const struct optim_place *pl,
+	      char *err, size_t errlen);
+void optim_free(struct optim *o);
+
+/* Muon needs whole matrices, ZeRO-1 cuts the state of every bucket
+ * summed over `data` into flat parts: a Muon matrix in such a bucket is
+ * refused. 0, or -EINVAL with one line in err naming the tensor. The
+ * trainer's checks (host/train/check.c) and optim_new both ask it. */
+int optim_check_zero(const struct model *m, bool muon, int ndata, char *err, size_t errlen);
+
+/* What the optimizer keeps for tensor p on its device: the floats of
+ * state (returned), in *slots buffers (AdamW: m and v, 2; Muon's
+ * matrices: the momentum, 1; an untrained tensor: 0), and whether ZeRO-1
+ * splits them over `data` (ndata > 1: a tensor summed over it). For
+ * `meshrun shardings`. */
+size_t optim_tensor_state(const struct param_info *p, bool muon, int ndata, int *slots, bool *zero);
+
+/* ---- a step ----
+ *
+ * optim_step_begin (before the table runs), optim_hook_grads while it
+ * runs, optim_sum_grads after it, optim_update. */
+
+/* The step's collectives (copied; NULL: one device); from now on the
+ * grads hook starts each bucket's sum when its last unit is final. */
+void optim_step_begin(struct optim *o, const struct optim_comm *oc);
+/* The executor's grads_done hook (host/pipeline/exec.h, struct
+ * pipe_hooks; ctx the optimizer): a weight group's gradients are final.
+ * 0 or a failing collective's -errno. */
+int optim_hook_grads(void *ctx, int l0, int l1, bool landed);
+/* After the table: starts the buckets left (a pipeline's tensors stored
+ * on every stage, after the caller summed them over `stage`), waits for
+ * every bucket, reduce-scatters ZeRO-1's segs, and returns in *ss this
+ * device's share of the squared global norm (each element divided by
+ * the devices holding the same value, so the sum over every device
+ * counts each element once). 0 or the failing collective's -errno. */
+int optim_sum_grads(struct optim *o, double *ss);
+
+/* The learning rate of step (0-based): warm-up, then cosine decay. */
+float optim_lr(const struct optim *o, int64_t step);
+
+/* Updates this device's shards from the summed gradients, each scaled
+ * by clip first (1: none): AdamW element-wise, Muon per whole matrix:
+ * in a mesh each matrix's Newton-Schulz runs on one device of those that
+ * hold it (split or copied) and the results are handed back (collective,
+ * host/optim/muon.c). Then the router bias from the step's expert
+ * counts, and ZeRO-1's all-gather of the updated parts. 0 or -errno. */
+int optim_update(struct optim *o, int64_t step, float lr, float clip);
+void optim_get_stats(const struct optim *o, struct optim_stats *st);
+
+/* Checkpoints: m (which 0) or v (1). On one device the state is in the
+ * parameters' layout: optim_state returns it. */
+float *optim_state(struct optim *o, int which);
+/* loc (the layout's floats) = the state; ZeRO-1 parts are gathered over
+ * `data` (collective over every device). 0 or -errno. */
+int optim_state_to_layout(struct optim *o, const struct optim_comm *oc, int which, float *loc);
+/* The state = this device's part of loc. */
+void optim_layout_to_state(struct optim *o, int which, const float *loc);
+/* Resume in place: the floats [lo, hi) of the parameter layout this
+ * device's state holds (a ZeRO-1 seg: its part), range i of
+ * optim_state_nranges, in layout order; empty ranges are 0, 0. */
+int optim_state_nranges(const struct optim *o);
+void optim_state_range(const struct optim *o, int i, size_t *lo, size_t *hi);
+
+#endif

@@ -1,0 +1,41 @@
+/* Private to host/train: the trainer's state, shared by train.c (the
+ * trainer and its step) and train_ckpt.c (whole tensors for checkpoints).
+ * Calls go one way: train.c calls nothing of train_ckpt.c. */
+#ifndef MESHRUN_TRAIN_INT_H
+#define MESHRUN_TRAIN_INT_H
+
+#include "host/optim/optim.h"
+#include "host/train/train.h"
+
+#define MAX_TGROUPS 8
+
+struct trainer {
+	struct cfg cfg;
+	struct model *model;
+	struct optim *opt;           /* the optimizer state and update (host/optim/) */
+	struct data_source *data, *eval;    /* training and held-out data, or NULL */
+	int rows, global_rows;
+	const struct mesh *mesh;     /* NULL on one device */
+	int device, coord[AX_COUNT];
+	int32_t *inputs, *targets;
+	struct pipe_exec *px;        /* the step's executor (a pipeline over
+				      * `stage`, or a table of one stage) */
+	/* checkpoints: the whole model's table and buffers, and the groups
+	 * that gather split tensors (train_ckpt.c) */
+	struct model *gmodel;
+	float *gp, *gm, *gv;
+	struct mesh_members tg[MAX_TGROUPS];
+	int ntg;
+};
+
+/* The optimizer's view of comm (NULL: one device). */
+static inline const struct optim_comm *trainer_optim_comm(const struct train_comm *comm,
+							  struct optim_comm *oc)
+{
+	if (!comm)
+		return NULL;
+	*oc = (struct optim_comm){ .mc = &comm->mc, .sum = comm->sum, .bg = comm->bg.all_reduce ? &comm->bg : NULL };
+	return oc;
+}
+
+#endif
