@@ -918,7 +918,8 @@ static void mock_send_ready(void *ctx, struct xreq *r)
 	m->sent[m->nsent++] = r;
 }
 
-static const struct xport_remote_ops mock_ops = { mock_recv_posted, mock_send_ready };
+static const struct xport_remote_ops mock_ops = { .recv_posted = mock_recv_posted,
+						  .send_ready = mock_send_ready };
 
 /* Eager data from device 0 (host 0) arrives at host 1's transport: the
  * staging request it is read into, or NULL with the reason. */

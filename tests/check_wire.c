@@ -21,7 +21,7 @@ static void noop_recv(void *ctx, struct xreq *r)
 	(void)r;
 }
 
-static const struct xport_remote_ops ops = { noop_recv, noop_recv };
+static const struct xport_remote_ops ops = { .recv_posted = noop_recv, .send_ready = noop_recv };
 
 /* host 1 of 3, 2 devices each (0-1 on host 0, 2-3 on 1, 4-5 on 2), job 42 */
 static struct wire_self self(const struct xport *x)

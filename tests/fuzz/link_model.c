@@ -52,7 +52,8 @@ static void op_send_ready(void *ctx, struct xreq *r)
 	send_now(ctx, r);
 }
 
-static const struct xport_remote_ops lm_ops = { op_recv_posted, op_send_ready };
+static const struct xport_remote_ops lm_ops = { .recv_posted = op_recv_posted,
+						 .send_ready = op_send_ready };
 
 static void *xalloc(size_t n)
 {
