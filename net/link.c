@@ -323,6 +323,18 @@ enum link_fault link_fault(struct link *l, bool outgoing, const Meshrun__Frame *
 	return LINK_FAULT_PASS;
 }
 
+enum link_fault link_fault_data(struct link *l, bool outgoing, const struct frame_data *d,
+				uint64_t payload_len)
+{
+	struct net *n = l->net;
+	if (!n->fault && !n->faults.n)
+		return LINK_FAULT_PASS;
+	Meshrun__Frame f;
+	Meshrun__CollectiveChunk c;
+	frame_data_view(d, payload_len, &f, &c);
+	return link_fault(l, outgoing, &f);
+}
+
 void link_fault_close(struct link *l, uint64_t frame_index)
 {
 	if (l->fault_close)

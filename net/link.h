@@ -257,6 +257,10 @@ int link_queue_msg(struct link *l, struct xreq *req);
  * A CLOSE returned here is never recovered: the link fails the job (a
  * close spec with recovery on is a reset instead: the link redials). */
 enum link_fault link_fault(struct link *l, bool outgoing, const Meshrun__Frame *f);
+/* link_fault for a data frame: it passes as its protobuf view (body chunk,
+ * frame_data_view), built only when a callback or spec may look. */
+enum link_fault link_fault_data(struct link *l, bool outgoing, const struct frame_data *d,
+				uint64_t payload_len);
 /* For a sent frame whose fault said close: flags the link (fault_close)
  * and wakes its event callback, which fails it. */
 void link_fault_close(struct link *l, uint64_t frame_index);

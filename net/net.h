@@ -22,8 +22,9 @@
 #include "proto/meshrun.pb-c.h"
 
 /* wire 2: Abort.code and Done carry errno classes; wire 3: links resume
- * (LinkHello.resume/last_seq, Ack, ack_seq read) */
-#define NET_VERSION "meshrun 0.2 wire 3"
+ * (LinkHello.resume/last_seq, Ack, ack_seq read); wire 4: data frames
+ * have a fixed binary header (frame version 2) that may carry a RecvReady */
+#define NET_VERSION "meshrun 0.3 wire 4"
 
 /* Failure classes: 0 or a negative errno, as every library call reports
  * them (the CLI turns them into exit codes). Between hosts, Abort.code

@@ -32,12 +32,14 @@ static void link_write(struct link *l)
 
 /* ---- receiving ---- */
 
+static void on_recv_ready(struct link *l, const struct frame_rr *rr);
+
 /* A data frame header: find the posted receive and aim the payload at it. */
-static void on_chunk(struct link *l, const Meshrun__CollectiveChunk *c)
+static void on_chunk(struct link *l, const struct frame_data *c, uint64_t byte_count)
 {
 	struct net *n = l->net;
 	char why[300];
-	int src = (int)c->src_device, dst = (int)c->dst_device;
+	int src = (int)c->src, dst = (int)c->dst;
 
 	l->rx_dst = NULL;
 	if (l->state != LS_UP || status_failed(n))
@@ -50,10 +52,15 @@ static void on_chunk(struct link *l, const Meshrun__CollectiveChunk *c)
 		link_bad_frame(l, why);
 		return;
 	}
+	if (c->flags & FRAME_DATA_RR) {
+		on_recv_ready(l, &c->rr);
+		if (l->state != LS_UP)
+			return;
+	}
 	if (!l->rx_req) {
 		const char *what;
 		struct xreq *r = xport_remote_data(n->x, src, dst, c->tag, (size_t)c->msg_bytes,
-						   c->eager, &what);
+						   (c->flags & FRAME_DATA_EAGER) != 0, &what);
 		if (!r) {
 			if (status_failed(n))
 				return;
@@ -73,7 +80,7 @@ static void on_chunk(struct link *l, const Meshrun__CollectiveChunk *c)
 		l->rx_land = (struct xland){ 0 };
 	}
 	l->rx_dst = (uint8_t *)l->rx_req->buf + c->msg_offset;
-	l->rx_next += c->byte_count;
+	l->rx_next += byte_count;
 }
 
 /* The payload of the current data frame (possibly empty) is in. */
@@ -86,7 +93,7 @@ static void chunk_payload_done(struct link *l)
 	l->rx_dst = NULL;
 }
 
-static void on_recv_ready(struct link *l, const Meshrun__RecvReady *rr)
+static void on_recv_ready(struct link *l, const struct frame_rr *rr)
 {
 	struct net *n = l->net;
 	char why[200];
@@ -97,8 +104,8 @@ static void on_recv_ready(struct link *l, const Meshrun__RecvReady *rr)
 		link_bad_frame(l, why);
 		return;
 	}
-	struct xreq *r = xport_remote_ready(n->x, (int)rr->src_device, (int)rr->dst_device, rr->tag,
-					    (size_t)rr->byte_count);
+	struct xreq *r = xport_remote_ready(n->x, (int)rr->src, (int)rr->dst, rr->tag,
+					    (size_t)rr->bytes);
 	if (!r)
 		return;
 	if (link_queue_msg(l, r))
@@ -113,8 +120,6 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 	int body = f->body_case;
 
 	if (l->state == LS_CLOSING || l->state == LS_DRAIN) {
-		if (body == MESHRUN__FRAME__BODY_CHUNK)
-			l->rx_dst = NULL;
 		if (body == MESHRUN__FRAME__BODY_REFUSE && l->role == ROLE_COORD_OUT &&
 		    !n->topology_done)
 			goto refused;
@@ -171,12 +176,13 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 	switch (body) {
 	case MESHRUN__FRAME__BODY_HEARTBEAT:
 		return;
-	case MESHRUN__FRAME__BODY_CHUNK:
-		on_chunk(l, f->chunk);
+	case MESHRUN__FRAME__BODY_RECV_READY: {
+		const Meshrun__RecvReady *m = f->recv_ready;
+		struct frame_rr rr = { .src = m->src_device, .dst = m->dst_device, .tag = m->tag,
+				       .bytes = m->byte_count };
+		on_recv_ready(l, &rr);
 		return;
-	case MESHRUN__FRAME__BODY_RECV_READY:
-		on_recv_ready(l, f->recv_ready);
-		return;
+	}
 	case MESHRUN__FRAME__BODY_BARRIER:
 		n->peers[l->peer].barrier_rx = true;
 		rdv_check_barrier(n);
@@ -215,7 +221,8 @@ refused:
  * already (dropped); the frame whose payload was half read when the link
  * broke (the rest of it is read). true if f was handled (and freed) here:
  * a bad number fails the link. */
-static bool recv_seq(struct link *l, Meshrun__Frame *f)
+static bool recv_seq(struct link *l, Meshrun__Frame *f, int body, uint64_t link_seq,
+		     uint64_t ack_seq)
 {
 	struct net *n = l->net;
 	char why[300];
@@ -223,7 +230,7 @@ static bool recv_seq(struct link *l, Meshrun__Frame *f)
 	struct wire_rx_seq s = { .replay = n->replay_cap > 0, .hello = l->state == LS_HELLO,
 				 .acks = acks, .rx_seq = l->rx_seq, .tx_seq = l->tx_seq,
 				 .part_seq = l->rx_part_seq };
-	int k = wire_check_seq(&s, f, why, sizeof(why));
+	int k = wire_check_seq(&s, body, link_seq, ack_seq, why, sizeof(why));
 	if (k == WIRE_SEQ_RESUME_HELLO) {
 		dispatch(l, f);
 		frame_header_free(f);
@@ -232,7 +239,7 @@ static bool recv_seq(struct link *l, Meshrun__Frame *f)
 		return true;
 	}
 	if (k >= 0 && n->replay_cap && acks)
-		link_acked(l, f->ack_seq);
+		link_acked(l, ack_seq);
 	if (k < 0) {
 		frame_header_free(f);
 		link_bad_frame(l, why);
@@ -250,7 +257,7 @@ static bool recv_seq(struct link *l, Meshrun__Frame *f)
 	}
 	if (k == WIRE_SEQ_PART) {
 		/* on_chunk ran for it before the break and its receive is set */
-		l->rx_seq = f->link_seq;
+		l->rx_seq = link_seq;
 		l->rx_in_frame = true;
 		l->rx_skip = l->rx_part_got;
 		l->rx_part_seq = 0;
@@ -262,18 +269,69 @@ static bool recv_seq(struct link *l, Meshrun__Frame *f)
 	return false;
 }
 
+/* A data frame's header bytes are in: check, aim the payload. */
+static void data_header_done(struct link *l)
+{
+	struct net *n = l->net;
+	char why[300];
+	struct frame_data d;
+	uint64_t plen = l->rx_p.payload_len;
+	if (frame_parse_data(l->rx_hdr, l->rx_p.header_len, plen, &n->lim, &d, why, sizeof(why))) {
+		link_bad_frame(l, why);
+		return;
+	}
+	if (recv_seq(l, NULL, MESHRUN__FRAME__BODY_CHUNK, d.link_seq, d.ack_seq))
+		return;
+	l->rx_seq = d.link_seq;
+	if (link_fault_data(l, false, &d, plen) == LINK_FAULT_CLOSE) {
+		snprintf(why, sizeof(why), "closed by an injected fault at received frame %llu",
+			 (unsigned long long)(d.link_seq - 1));
+		link_lost(l, -EPIPE, why);
+		return;
+	}
+	if (n->replay_cap) {
+		l->rx_unacked_bytes += l->rx_p.header_len + plen;
+		l->rx_in_frame = plen > 0;
+	}
+	l->rx_dst = NULL;
+	if (l->state == LS_UP) {
+		on_chunk(l, &d, plen);
+	} else if (l->state != LS_CLOSING && l->state != LS_DRAIN) {
+		snprintf(why, sizeof(why), "unexpected chunk frame before the hello");
+		if (l->role == ROLE_COORD_IN || (l->role == ROLE_LINK_IN && l->peer < 0))
+			rdv_refuse_conn(l, why);
+		else
+			link_bad_frame(l, why);
+	}
+	if (l->state == LS_DEAD || l->state == LS_BROKEN)
+		return;
+	if (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4)
+		link_send_ack(l);
+	l->rx_got = 0;
+	if (plen) {
+		l->rx_stage = RX_PAYLOAD;
+	} else {
+		l->rx_stage = RX_PREFIX;
+		chunk_payload_done(l);
+	}
+}
+
 /* Header bytes are in: check, dispatch, set up the payload. */
 static void header_done(struct link *l)
 {
 	struct net *n = l->net;
 	char why[300];
+	if (l->rx_p.data) {
+		data_header_done(l);
+		return;
+	}
 	Meshrun__Frame *f = frame_parse_header(l->rx_hdr, l->rx_p.header_len, l->rx_p.payload_len,
 					       &n->lim, why, sizeof(why));
 	if (!f) {
 		link_bad_frame(l, why);
 		return;
 	}
-	if (recv_seq(l, f))
+	if (recv_seq(l, f, f->body_case, f->link_seq, f->ack_seq))
 		return;
 	l->rx_seq = f->link_seq;
 	if (link_fault(l, false, f) == LINK_FAULT_CLOSE) {
@@ -284,11 +342,8 @@ static void header_done(struct link *l)
 		link_lost(l, -EPIPE, why);
 		return;
 	}
-	if (n->replay_cap) {
-		l->rx_unacked_bytes += l->rx_p.header_len + l->rx_p.payload_len;
-		l->rx_in_frame = l->rx_p.payload_len > 0;
-	}
-	bool chunk = f->body_case == MESHRUN__FRAME__BODY_CHUNK;
+	if (n->replay_cap)
+		l->rx_unacked_bytes += l->rx_p.header_len;
 	dispatch(l, f);
 	frame_header_free(f);
 	if (l->state == LS_DEAD || l->state == LS_BROKEN)
@@ -298,13 +353,7 @@ static void header_done(struct link *l)
 	if (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4)
 		link_send_ack(l);
 	l->rx_got = 0;
-	if (l->rx_p.payload_len) {
-		l->rx_stage = RX_PAYLOAD;
-	} else {
-		l->rx_stage = RX_PREFIX;
-		if (chunk)
-			chunk_payload_done(l);
-	}
+	l->rx_stage = RX_PREFIX;
 }
 
 static void link_read(struct link *l)

@@ -111,10 +111,11 @@ static void tx_set(struct link *l, struct ctrl_frame *c, bool owned)
  * its last fragment is copied, as the caller's buffer is then free. false
  * if the replay copies are full (the sender waits for acks) or a fault
  * closed the link. */
-static bool tx_chunk_keep(struct link *l, struct send_msg *m, Meshrun__Frame *f, uint64_t cnt)
+static bool tx_chunk_keep(struct link *l, struct send_msg *m, const struct frame_data *f,
+			  uint64_t cnt)
 {
 	struct xreq *r = m->req;
-	size_t hl = frame_encode(f, cnt, l->tx_stage);
+	size_t hl = frame_encode_data(f, cnt, l->tx_stage);
 	struct ctrl_frame *c;
 	bool pooled = hl + cnt <= RP_BLOCK && cnt > SMALL_PAYLOAD;
 	if (pooled && l->rp_pool) {
@@ -209,33 +210,21 @@ static bool tx_next(struct link *l)
 	if (keep && l->rp_head && l->rp_bytes + cnt + 1024 > n->replay_cap)
 		return false;
 
-	Meshrun__Frame f = MESHRUN__FRAME__INIT;
-	Meshrun__CollectiveChunk ch = MESHRUN__COLLECTIVE_CHUNK__INIT;
-	ch.op = (Meshrun__CollOp)r->meta.op;
-	ch.group_id = r->meta.group;
-	ch.coll_seq = r->meta.seq;
-	ch.step = r->meta.step;
-	ch.src_device = (uint32_t)r->src;
-	ch.dst_device = (uint32_t)r->dst;
-	ch.chunk_index = r->meta.chunk;
-	ch.offset = r->meta.offset;
-	ch.byte_count = cnt;
-	ch.tag = r->tag;
-	ch.msg_bytes = r->len;
-	ch.msg_offset = m->off;
-	ch.eager = r->eager;
-	f.body_case = MESHRUN__FRAME__BODY_CHUNK;
-	f.chunk = &ch;
+	struct frame_data f = {
+		.tag = r->tag, .msg_bytes = r->len, .msg_offset = m->off, .step = r->meta.step,
+		.src = (uint32_t)r->src, .dst = (uint32_t)r->dst, .op = r->meta.op,
+		.flags = r->eager ? FRAME_DATA_EAGER : 0,
+	};
 	f.link_seq = ++l->tx_seq;
 	f.ack_seq = l->ack_sent = link_rx_done(l);
 	l->rx_unacked_bytes = 0;
-	if (link_fault(l, true, &f) == LINK_FAULT_CLOSE) {
+	if (link_fault_data(l, true, &f, cnt) == LINK_FAULT_CLOSE) {
 		link_fault_close(l, f.link_seq - 1);
 		return false;
 	}
 	if (keep)
 		return tx_chunk_keep(l, m, &f, cnt);
-	size_t hl = frame_encode(&f, cnt, l->tx_stage);
+	size_t hl = frame_encode_data(&f, cnt, l->tx_stage);
 	l->tx_hdr = l->tx_stage;
 	l->tx_hdr_off = 0;
 	if (cnt <= SMALL_PAYLOAD) {

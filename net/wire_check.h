@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "net/frame.h"
 #include "net/link.h"
 #include "proto/meshrun.pb-c.h"
 
@@ -50,11 +51,13 @@ enum wire_seq {
 	WIRE_SEQ_PART,                 /* the rest of the half-read frame */
 };
 
-/* The class of frame f on a link in state s (>= 0, enum wire_seq), or
- * -EBADMSG when its link_seq is not the next one, or (with recovery, on a
- * link that takes acks) its ack_seq acknowledges a frame never sent. */
-int wire_check_seq(const struct wire_rx_seq *s, const Meshrun__Frame *f, char *err,
-		   size_t errlen);
+/* The class of a frame (its body: MESHRUN__FRAME__BODY_CHUNK for a data
+ * frame; its link_seq and ack_seq) on a link in state s (>= 0, enum
+ * wire_seq), or -EBADMSG when its link_seq is not the next one, or (with
+ * recovery, on a link that takes acks) its ack_seq acknowledges a frame
+ * never sent. */
+int wire_check_seq(const struct wire_rx_seq *s, int body, uint64_t link_seq, uint64_t ack_seq,
+		   char *err, size_t errlen);
 
 /* ---- which body the link's stage allows ---- */
 
@@ -124,14 +127,15 @@ struct wire_rx_msg {
 	uint64_t tag, next, total;
 };
 
-/* A CollectiveChunk from host peer: devices on this link, and a fragment
- * that starts a message or continues the current one in order. 0 or
- * -EBADMSG. Whether a receive waits for it is the transport's (xport). */
+/* A data frame from host peer (frame_parse_data checked its lengths):
+ * devices on this link, and a fragment that starts a message or continues
+ * the current one in order. 0 or -EBADMSG. Whether a receive waits for it
+ * is the transport's (xport). */
 int wire_check_chunk(const struct wire_self *s, int peer, const struct wire_rx_msg *m,
-		     const Meshrun__CollectiveChunk *c, char *err, size_t errlen);
-/* A RecvReady from host peer: a send from this host to the peer's. 0 or
- * -EBADMSG. */
-int wire_check_recv_ready(const struct wire_self *s, int peer, const Meshrun__RecvReady *rr,
+		     const struct frame_data *c, char *err, size_t errlen);
+/* A RecvReady from host peer (a control frame's, or one riding on a data
+ * frame): a send from this host to the peer's. 0 or -EBADMSG. */
+int wire_check_recv_ready(const struct wire_self *s, int peer, const struct frame_rr *rr,
 			  char *err, size_t errlen);
 
 /* Text a peer sent (NULL: none), for a log line: copied into out with
