@@ -1,10 +1,27 @@
 /* A link: one connection between this host and another as the net thread
  * drives it (rendezvous connections and data links alike). Its state, its
  * send queues and receive progress, its teardown, and what a broken link
- * means for the job. Net-thread only; private to net/. */
+ * means for the job. Private to net/.
+ *
+ * Threads. Every field below is under the link lock (link_lock; l->mu,
+ * recursive). The net thread takes it for anything it does to a link. A
+ * data link that is UP is also worked by other threads, each holding the
+ * lock: device threads write their sends and RecvReadys on it directly
+ * and, waiting for a receive, poll it (read, decrypt into the posted
+ * buffer); its stream thread (net/stream.c) reads what nobody polls and
+ * writes what the socket would not take at once. Those threads move only
+ * data and the frames that ride with it (chunks, RecvReady, Ack,
+ * Heartbeat); anything else they meet (another control frame, a failed
+ * read or write, a bad frame, a fault that closes) they leave in the
+ * link's defer_* fields and hand to the net thread (ev_defer), which does
+ * it under the lock; meanwhile nobody reads (rx_blocked) or writes
+ * (conn_dead) past it. Only the net thread changes a link's state, and
+ * only it takes a second link's lock while holding one. */
 #ifndef MESHRUN_LINK_H
 #define MESHRUN_LINK_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -100,9 +117,37 @@ struct send_msg {
 	uint64_t off;          /* next fragment */
 };
 
+/* What the net thread must do for a link another thread worked on. */
+enum link_defer {
+	DEFER_NONE,
+	DEFER_CONN,            /* the connection failed: link_conn_failed */
+	DEFER_BAD,             /* the peer sent a bad frame: link_bad_frame */
+	DEFER_LOST,            /* link_lost */
+};
+
 struct link {
 	struct net *net;
 	struct link *next;             /* n->links list */
+	pthread_mutex_t mu;            /* the link lock (see the top of this file) */
+	int depth;                     /* the holder's recursion depth */
+	_Atomic int kick;              /* the stream thread found mu taken */
+	bool pinned;                   /* device threads hold it: freed by net_free only */
+	bool off_main;                 /* the lock holder is not the net thread */
+	/* its stream thread, while the link is UP (net/stream.c) */
+	int stream;
+	bool watched;                  /* its socket is in the stream thread's set */
+	uint32_t armed;                /* the events armed there (0: quiet) */
+	bool want_write;               /* output the socket would not take waits */
+	int pollers;                   /* device threads polling it now */
+	/* handed to the net thread (ev_defer) */
+	struct event *ev_defer;
+	Meshrun__Frame *defer_frame;   /* a control frame to dispatch */
+	enum link_defer defer;
+	int defer_rc;
+	char defer_why[256];
+	bool defer_finish;             /* link_check_finish: an ack covered our Done */
+	bool rx_blocked;               /* nobody reads until the net thread has been */
+	bool conn_dead;                /* nobody writes: the connection failed */
 	enum link_role role;
 	enum link_state state;         /* only link_set_state() writes it */
 	int peer;                      /* host id, -1 until known */
@@ -184,6 +229,25 @@ static inline uint64_t link_rx_done(const struct link *l)
 {
 	return l->rx_seq - (l->rx_in_frame ? 1 : 0);
 }
+
+/* ---- the link lock ---- */
+
+void link_lock(struct link *l);
+/* false if another thread holds it. */
+bool link_trylock(struct link *l);
+/* Unlocks; and if the stream thread found the lock taken meanwhile
+ * (l->kick), arms its watch again so what it came for is not lost. */
+void link_unlock(struct link *l);
+/* Arms the stream thread's watch as the link's state asks: reading unless
+ * a device thread polls it, reading is blocked or held; writing while
+ * output waits. Under the lock; nothing for a link that is not UP. */
+void link_watch(struct link *l);
+/* For threads other than the net thread, under the lock: record what the
+ * net thread must do (the first failure wins), stop reading and, for a
+ * failure, writing, and wake the net thread. Takes f (a control frame
+ * to dispatch), if any. */
+void link_defer(struct link *l, enum link_defer what, int rc, const char *why,
+		Meshrun__Frame *f);
 
 /* ---- creation, state, teardown ---- */
 

@@ -26,6 +26,8 @@
  * have a fixed binary header (frame version 2) that may carry a RecvReady */
 #define NET_VERSION "meshrun 0.3 wire 4"
 
+#define NET_MAX_SEND_DEFAULT (1u << 20)
+
 /* Failure classes: 0 or a negative errno, as every library call reports
  * them (the CLI turns them into exit codes). Between hosts, Abort.code
  * carries the class as a positive errno. */
@@ -70,6 +72,16 @@ struct net_params {
 	 * job at once. */
 	uint64_t replay_buffer_bytes;
 	double reconnect_timeout_s;  /* a link not back by then fails the job */
+	/* A device thread waiting on a remote request polls its link this
+	 * long before it sleeps (net_xport_ops' poll; the xport must be told,
+	 * xport_set_poll_spin). Only recorded here. */
+	uint64_t poll_spin_us;
+	/* A writer's turn: the bytes one thread writes on a link before it
+	 * pushes them to the wire and looks again (0: NET_MAX_SEND_DEFAULT). */
+	uint64_t max_send_bytes;
+	/* TLS connections per host pair, each driven by its own stream thread
+	 * (0 or 1: one). */
+	int link_streams;
 	uint8_t config_hash[32];
 	/* one line per event worth telling the operator (refused connections);
 	 * NULL: stderr */

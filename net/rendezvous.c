@@ -258,9 +258,14 @@ static void check_links(struct net *n)
 		n->data_lfd = -1;
 	}
 	n->phase = PH_BARRIER;
-	for (int h = 0; h < n->num_hosts; h++)
-		if (h != n->host_id)
-			send_simple(n->peers[h].l, MESHRUN__FRAME__BODY_BARRIER);
+	for (int h = 0; h < n->num_hosts; h++) {
+		struct link *l = n->peers[h].l;
+		if (h == n->host_id)
+			continue;
+		link_lock(l);
+		send_simple(l, MESHRUN__FRAME__BODY_BARRIER);
+		link_unlock(l);
+	}
 	rdv_check_barrier(n);
 }
 
@@ -268,10 +273,14 @@ void rdv_link_up(struct link *l, int peer)
 {
 	struct net *n = l->net;
 	l->peer = peer;
+	l->pinned = true;
 	link_set_state(l, LS_UP);
 	l->was_up = true;
 	l->last_rx_ns = l->last_hb_ns = now_ns();
 	n->peers[peer].l = l;
+	/* device threads reach it from now on (and it is never freed
+	 * before net_free) */
+	atomic_store_explicit(&n->peers[peer].dl, l, memory_order_release);
 	check_links(n);
 }
 
@@ -297,10 +306,11 @@ static void resumed_up(struct link *l, uint64_t peer_last)
 	status_log(n, "link to host %d (%s) resumed after %.0f ms: resending %u frames (%llu bytes)",
 		   l->peer, l->addr, (double)(now - l->broken_at_ns) / 1e6, resend,
 		   (unsigned long long)bytes);
-	event_add(l->ev_read, NULL);
 	link_arm_write(l);
-	/* records may already sit in OpenSSL's buffer */
-	event_active(l->ev_read, EV_READ, 0);
+	/* records may already sit in OpenSSL's buffer: the net thread reads
+	 * them and writes the resend (recv_defer_cb), then the stream thread
+	 * takes the link */
+	event_active(l->ev_defer, EV_READ, 0);
 }
 
 void rdv_redial(struct link *l)
@@ -343,10 +353,18 @@ void rdv_link_resumed(struct link *l, const Meshrun__LinkHello *h)
 /* A redial from host id that passed the checks (job id, identity, a link
  * that can resume): its connection replaces the link's broken one.
  * Nothing before this touches the link it claims. */
+static void resume_accepted_locked(struct link *t, struct link *l, const Meshrun__LinkHello *h);
+
 static void resume_accepted(struct link *t, int id, const Meshrun__LinkHello *h)
 {
-	struct net *n = t->net;
-	struct link *l = n->peers[id].l;
+	struct link *l = t->net->peers[id].l;
+	link_lock(l);
+	resume_accepted_locked(t, l, h);
+	link_unlock(l);
+}
+
+static void resume_accepted_locked(struct link *t, struct link *l, const Meshrun__LinkHello *h)
+{
 	if (l->state == LS_UP && !link_break(l, "the peer redialed")) {
 		rdv_refuse_conn(t, "this link cannot be resumed now");
 		return;

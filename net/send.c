@@ -310,10 +310,10 @@ static int tx_idle(struct link *l)
 int send_write(struct link *l)
 {
 	struct net *n = l->net;
-	size_t budget = WRITE_BUDGET;
+	size_t budget = n->max_send;
 
 	while (budget) {
-		if (l->state == LS_DEAD || l->state == LS_DRAIN || l->fault_close)
+		if (l->state == LS_DEAD || l->state == LS_DRAIN || l->fault_close || l->conn_dead)
 			return 0;
 		if (l->held) {
 			/* an injected delay or black hole: ev_hold re-arms us */

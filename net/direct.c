@@ -1,0 +1,136 @@
+/* The xport hooks (net/xport.h) as device threads call them: a send is
+ * encrypted and written by the thread that issues it, under its link's
+ * lock, when the link is UP; a posted receive's RecvReady likewise; and a
+ * thread that waits on a remote request polls that request's link (reads,
+ * decrypts into posted buffers, writes what is queued) before it sleeps.
+ * Whatever the socket will not take at once is left queued, for the next
+ * thread that holds the lock or the link's stream thread (net/link.h).
+ * Calls recv.c, send.c, link.c and status.c in net/. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "net/net_int.h"
+
+/* bytes a polling thread reads per turn before it looks at its request */
+#define POLL_BUDGET (256u * 1024)
+
+/* The data link to host h as device threads see it (pinned), or NULL. */
+static struct link *dlink(struct net *n, int h)
+{
+	if (h < 0 || h >= n->num_hosts || h == n->host_id)
+		return NULL;
+	return atomic_load_explicit(&n->peers[h].dl, memory_order_acquire);
+}
+
+/* The link takes data frames: up, or recovering (they queue meanwhile). */
+static bool takes_data(const struct link *l)
+{
+	return l->was_up && l->state != LS_CLOSING && l->state != LS_DRAIN &&
+	       l->state != LS_DEAD;
+}
+
+static void note_op(struct net *n, const struct xreq *r)
+{
+	if (r->meta.op) {
+		atomic_store_explicit(&n->last_step, r->meta.step, memory_order_relaxed);
+		atomic_store_explicit(&n->last_op, r->meta.op, memory_order_relaxed);
+	}
+}
+
+/* Writes what l has queued now, from this thread, if it may. */
+static void write_now(struct link *l)
+{
+	if (l->state == LS_UP && !l->held && !l->conn_dead && !l->fault_close)
+		recv_write(l);
+}
+
+static void op_recv_posted(void *ctx, struct xreq *r)
+{
+	struct net *n = ctx;
+	note_op(n, r);
+	struct link *l = dlink(n, xport_host_of(n->x, r->src));
+	if (!l)
+		return;        /* failed, or a test's net without links */
+	link_lock(l);
+	if (!status_failed(n) && takes_data(l)) {
+		Meshrun__Frame f = MESHRUN__FRAME__INIT;
+		Meshrun__RecvReady rr = MESHRUN__RECV_READY__INIT;
+		rr.src_device = (uint32_t)r->src;
+		rr.dst_device = (uint32_t)r->dst;
+		rr.tag = r->tag;
+		rr.byte_count = r->len;
+		f.body_case = MESHRUN__FRAME__BODY_RECV_READY;
+		f.recv_ready = &rr;
+		if (link_send(l, &f))
+			link_lost(l, -ENOMEM, "out of memory queueing a frame");
+		else
+			write_now(l);
+	}
+	link_unlock(l);
+}
+
+static void op_send_ready(void *ctx, struct xreq *r)
+{
+	struct net *n = ctx;
+	note_op(n, r);
+	struct link *l = dlink(n, xport_host_of(n->x, r->dst));
+	if (!l) {
+		xport_complete(r, status_failed(n) ? -ECANCELED : -EPIPE);
+		return;
+	}
+	link_lock(l);
+	int fs = status_failed(n);
+	if (fs || !takes_data(l) || link_queue_msg(l, r)) {
+		link_unlock(l);
+		xport_complete(r, fs ? -ECANCELED : -EPIPE);
+		return;
+	}
+	write_now(l);
+	link_unlock(l);
+}
+
+static bool op_poll(void *ctx, struct xreq *r, bool first)
+{
+	struct net *n = ctx;
+	int peer = r->kind == XREQ_SEND ? r->dst : r->src;
+	struct link *l = dlink(n, xport_host_of(n->x, peer));
+	if (!l)
+		return false;
+	if (first) {
+		/* while it polls, its stream thread leaves the link alone */
+		link_lock(l);
+		l->pollers++;
+		r->net_ctx = (uintptr_t)l;
+	} else if (!link_trylock(l)) {
+		return false;     /* another thread is working on it */
+	}
+	bool moved = recv_poll(l, POLL_BUDGET);
+	link_unlock(l);
+	return moved;
+}
+
+static void op_poll_end(void *ctx, struct xreq *r)
+{
+	(void)ctx;
+	struct link *l = (struct link *)r->net_ctx;
+	if (!l)
+		return;
+	r->net_ctx = 0;
+	link_lock(l);
+	l->pollers--;
+	/* link_unlock arms the stream thread again */
+	link_unlock(l);
+}
+
+static const struct xport_remote_ops ops = {
+	.recv_posted = op_recv_posted,
+	.send_ready = op_send_ready,
+	.poll = op_poll,
+	.poll_end = op_poll_end,
+};
+
+const struct xport_remote_ops *net_xport_ops(void)
+{
+	return &ops;
+}
