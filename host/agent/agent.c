@@ -212,6 +212,9 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 		.faults = &faults,
 		.replay_buffer_bytes = (uint64_t)cfg->replay_buffer_bytes,
 		.reconnect_timeout_s = cfg->link_reconnect_timeout_s,
+		.poll_spin_us = (uint64_t)cfg->poll_spin_us,
+		.max_send_bytes = (uint64_t)cfg->max_send_bytes,
+		.link_streams = (int)cfg->link_streams,
 	};
 	cfg_hash(cfg, p.config_hash);
 	a.net = net_new(&p, &status, err, errlen);
@@ -237,6 +240,8 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 	}
 	/* 8 small messages in flight to each host before one has to wait */
 	xport_set_eager(a.x, (size_t)cfg->eager_max_bytes, 8 * (size_t)cfg->eager_max_bytes);
+	/* a waiting device thread reads its link itself before it sleeps */
+	xport_set_poll_spin(a.x, a.mesh.num_hosts > 1 ? (uint64_t)cfg->poll_spin_us * 1000 : 0);
 	net_set_xport(a.net, a.x);
 
 	status = net_start(a.net, err, errlen);
