@@ -14,6 +14,9 @@
 
 /* bytes a polling thread reads per turn before it looks at its request */
 #define POLL_BUDGET (256u * 1024)
+/* how long a link stays with its last poller after its request completed
+ * (the stream thread looks every millisecond) */
+#define LINGER_NS (1000ull * 1000)
 
 /* The data link to host h as device threads see it (pinned), or NULL. */
 static struct link *dlink(struct net *n, int h)
@@ -45,6 +48,9 @@ static void write_now(struct link *l)
 		recv_write(l);
 }
 
+/* The RecvReady waits to ride on the next data frame to that host (a
+ * device that posts a receive usually sends to the same peer next); the
+ * poster's next wait sends it alone if none went (op_flush). */
 static void op_recv_posted(void *ctx, struct xreq *r)
 {
 	struct net *n = ctx;
@@ -53,21 +59,25 @@ static void op_recv_posted(void *ctx, struct xreq *r)
 	if (!l)
 		return;        /* failed, or a test's net without links */
 	link_lock(l);
-	if (!status_failed(n) && takes_data(l)) {
-		Meshrun__Frame f = MESHRUN__FRAME__INIT;
-		Meshrun__RecvReady rr = MESHRUN__RECV_READY__INIT;
-		rr.src_device = (uint32_t)r->src;
-		rr.dst_device = (uint32_t)r->dst;
-		rr.tag = r->tag;
-		rr.byte_count = r->len;
-		f.body_case = MESHRUN__FRAME__BODY_RECV_READY;
-		f.recv_ready = &rr;
-		if (link_send(l, &f))
-			link_lost(l, -ENOMEM, "out of memory queueing a frame");
-		else
-			write_now(l);
-	}
+	struct frame_rr rr = { .src = (uint32_t)r->src, .dst = (uint32_t)r->dst, .tag = r->tag,
+			       .bytes = r->len };
+	if (!status_failed(n) && takes_data(l) && send_rr_post(l, &rr))
+		link_lost(l, -ENOMEM, "out of memory queueing a frame");
 	link_unlock(l);
+}
+
+static void op_flush(void *ctx)
+{
+	struct net *n = ctx;
+	for (int h = 0; h < n->num_hosts; h++) {
+		struct link *l = dlink(n, h);
+		if (!l || !atomic_load_explicit(&l->rr_pending, memory_order_relaxed))
+			continue;
+		link_lock(l);
+		send_rr_flush(l);
+		write_now(l);
+		link_unlock(l);
+	}
 }
 
 static void op_send_ready(void *ctx, struct xreq *r)
@@ -101,6 +111,10 @@ static bool op_poll(void *ctx, struct xreq *r, bool first)
 		/* while it polls, its stream thread leaves the link alone */
 		link_lock(l);
 		l->pollers++;
+		if (l->lingering) {
+			l->lingering = false;
+			atomic_fetch_sub(&n->lingering, 1);
+		}
 		r->net_ctx = (uintptr_t)l;
 	} else if (!link_trylock(l)) {
 		return false;     /* another thread is working on it */
@@ -110,16 +124,26 @@ static bool op_poll(void *ctx, struct xreq *r, bool first)
 	return moved;
 }
 
-static void op_poll_end(void *ctx, struct xreq *r)
+static void op_poll_end(void *ctx, struct xreq *r, bool done)
 {
-	(void)ctx;
+	struct net *n = ctx;
 	struct link *l = (struct link *)r->net_ctx;
 	if (!l)
 		return;
 	r->net_ctx = 0;
 	link_lock(l);
-	l->pollers--;
-	/* link_unlock arms the stream thread again */
+	if (--l->pollers == 0 && done && l->state == LS_UP) {
+		/* it will likely wait again at once: what came meanwhile is
+		 * read now, and the stream thread is not armed just to be
+		 * quieted again by the next poll (it lingers) */
+		recv_poll(l, POLL_BUDGET);
+		if (!l->lingering) {
+			l->lingering = true;
+			atomic_fetch_add(&n->lingering, 1);
+		}
+		l->linger_ns = now_ns() + LINGER_NS;
+	}
+	/* else link_unlock arms the stream thread again */
 	link_unlock(l);
 }
 
@@ -128,6 +152,7 @@ static const struct xport_remote_ops ops = {
 	.send_ready = op_send_ready,
 	.poll = op_poll,
 	.poll_end = op_poll_end,
+	.flush = op_flush,
 };
 
 const struct xport_remote_ops *net_xport_ops(void)

@@ -39,7 +39,7 @@ void link_watch(struct link *l)
 		return;
 	uint32_t ev = 0;
 	if (!l->pollers) {
-		if (!l->rx_blocked && !l->hold_reads)
+		if (!l->rx_blocked && !l->hold_reads && !l->lingering)
 			ev |= EPOLLIN;
 		if (l->want_write && !l->held)
 			ev |= EPOLLOUT;
@@ -319,6 +319,7 @@ void link_free(struct link *l)
 	event_free(l->ev_hold);
 	event_free(l->ev_defer);
 	frame_header_free(l->defer_frame);
+	free(l->rr_q);
 	pthread_mutex_destroy(&l->mu);
 	conn_free(l->c);
 	while ((c = l->cq_head)) {

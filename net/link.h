@@ -139,6 +139,17 @@ struct link {
 	uint32_t armed;                /* the events armed there (0: quiet) */
 	bool want_write;               /* output the socket would not take waits */
 	int pollers;                   /* device threads polling it now */
+	/* the last poller's request completed: it will likely poll again at
+	 * once, so the stream thread stays quiet until linger_ns (it looks
+	 * every millisecond meanwhile, recv_stream_tick) */
+	bool lingering;
+	uint64_t linger_ns;
+	/* RecvReadys posted but not yet framed: the next data frame to the
+	 * peer carries one, and the poster's next wait sends the rest alone
+	 * (send_rr_flush) */
+	struct frame_rr *rr_q;
+	size_t rr_head, rr_n, rr_cap;
+	_Atomic bool rr_pending;
 	/* handed to the net thread (ev_defer) */
 	struct event *ev_defer;
 	Meshrun__Frame *defer_frame;   /* a control frame to dispatch */

@@ -241,6 +241,14 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 			/* an idle link still acknowledges what it got */
 			if (n->replay_cap)
 				link_send_ack(l);
+			/* a RecvReady nobody's wait sent, and a linger the
+			 * stream thread missed */
+			if (atomic_load_explicit(&l->rr_pending, memory_order_relaxed))
+				send_rr_flush(l);
+			if (l->lingering && !l->pollers && now > l->linger_ns) {
+				l->lingering = false;
+				atomic_fetch_sub(&n->lingering, 1);
+			}
 			write_up(l);
 			break;
 		case LS_BROKEN:
@@ -372,6 +380,7 @@ struct net *net_new(const struct net_params *p, int *status, char *err, size_t e
 	n->link_cb = recv_event_cb;
 	n->defer_cb = recv_defer_cb;
 	n->stream_cb = recv_stream_cb;
+	n->stream_tick = recv_stream_tick;
 	n->poll_spin_ns = p->poll_spin_us * 1000ull;
 	n->max_send = p->max_send_bytes ? (size_t)p->max_send_bytes : NET_MAX_SEND_DEFAULT;
 	n->lim.max_payload = p->max_frame_bytes;

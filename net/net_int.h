@@ -91,6 +91,9 @@ struct net {
 	 * call up into recv.c */
 	event_callback_fn link_cb, defer_cb;
 	void (*stream_cb)(struct link *l, uint32_t events);
+	/* a stream thread's look, every millisecond while links linger */
+	void (*stream_tick)(struct net *n, int stream);
+	_Atomic int lingering;          /* links lingering (struct link) */
 	struct stream_thr *streams;
 	int nstreams;
 	struct link *pinned;           /* dead pinned links, freed by net_free */
@@ -197,6 +200,12 @@ int send_resume_hello(struct link *l);
  * 0, or -EPIPE when writing failed (l->c->err says why): the caller reads
  * what the peer sent before blaming it, then fails the link. */
 int send_write(struct link *l);
+/* Queues a RecvReady to ride on the next data frame to l's peer. 0 or
+ * -ENOMEM. */
+int send_rr_post(struct link *l, const struct frame_rr *rr);
+/* Frames every RecvReady still waiting for a data frame as a control
+ * frame of its own (queued; the caller writes). */
+void send_rr_flush(struct link *l);
 
 /* ---- rendezvous.c: rendezvous, dialing, link set-up, barrier ---- */
 
@@ -233,6 +242,9 @@ void recv_event_cb(evutil_socket_t fd, short what, void *arg);
 void recv_defer_cb(evutil_socket_t fd, short what, void *arg);
 /* A stream thread's events on an UP data link. */
 void recv_stream_cb(struct link *l, uint32_t events);
+/* A stream thread's look at its lingering links (every millisecond while
+ * any lingers): one whose linger ran out is armed again. */
+void recv_stream_tick(struct net *n, int stream);
 /* A device thread waiting on link l (lock held): writes what is queued,
  * reads what came (at most budget bytes); true if anything moved. */
 bool recv_poll(struct link *l, size_t budget);

@@ -746,6 +746,26 @@ void recv_stream_cb(struct link *l, uint32_t events)
 	link_unlock(l);
 }
 
+void recv_stream_tick(struct net *n, int stream)
+{
+	uint64_t now = now_ns();
+	for (int h = 0; h < n->num_hosts; h++) {
+		struct link *l = atomic_load_explicit(&n->peers[h].dl, memory_order_acquire);
+		if (!l || l->stream != stream || !l->lingering)
+			continue;
+		link_lock(l);
+		if (l->lingering && !l->pollers && now >= l->linger_ns) {
+			l->lingering = false;
+			atomic_fetch_sub(&n->lingering, 1);
+			/* link_unlock arms the watch; records may wait in
+			 * OpenSSL's buffer, where epoll does not see them */
+			if (l->state == LS_UP && conn_pending(l->c))
+				recv_poll(l, READ_BUDGET);
+		}
+		link_unlock(l);
+	}
+}
+
 bool recv_poll(struct link *l, size_t budget)
 {
 	size_t moved = 0;

@@ -12,6 +12,43 @@
 
 static const uint8_t zeros[64 * 1024];
 
+int send_rr_post(struct link *l, const struct frame_rr *rr)
+{
+	if (l->rr_head == l->rr_n)
+		l->rr_head = l->rr_n = 0;
+	if (l->rr_n == l->rr_cap) {
+		size_t cap = l->rr_cap ? 2 * l->rr_cap : 16;
+		struct frame_rr *q = realloc(l->rr_q, cap * sizeof(*q));
+		if (!q)
+			return -ENOMEM;
+		l->rr_q = q;
+		l->rr_cap = cap;
+	}
+	l->rr_q[l->rr_n++] = *rr;
+	atomic_store_explicit(&l->rr_pending, true, memory_order_relaxed);
+	return 0;
+}
+
+void send_rr_flush(struct link *l)
+{
+	while (l->rr_head < l->rr_n) {
+		const struct frame_rr *q = &l->rr_q[l->rr_head];
+		Meshrun__Frame f = MESHRUN__FRAME__INIT;
+		Meshrun__RecvReady rr = MESHRUN__RECV_READY__INIT;
+		rr.src_device = q->src;
+		rr.dst_device = q->dst;
+		rr.tag = q->tag;
+		rr.byte_count = q->bytes;
+		f.body_case = MESHRUN__FRAME__BODY_RECV_READY;
+		f.recv_ready = &rr;
+		if (link_send(l, &f))
+			break;         /* no memory: the tick tries again */
+		l->rr_head++;
+	}
+	if (l->rr_head == l->rr_n)
+		atomic_store_explicit(&l->rr_pending, false, memory_order_relaxed);
+}
+
 void send_refuse(struct link *l, const char *reason)
 {
 	Meshrun__Frame f = MESHRUN__FRAME__INIT;
@@ -215,6 +252,13 @@ static bool tx_next(struct link *l)
 		.src = (uint32_t)r->src, .dst = (uint32_t)r->dst, .op = r->meta.op,
 		.flags = r->eager ? FRAME_DATA_EAGER : 0,
 	};
+	if (l->rr_head < l->rr_n) {
+		/* a posted receive's RecvReady rides along */
+		f.rr = l->rr_q[l->rr_head++];
+		f.flags |= FRAME_DATA_RR;
+		if (l->rr_head == l->rr_n)
+			atomic_store_explicit(&l->rr_pending, false, memory_order_relaxed);
+	}
 	f.link_seq = ++l->tx_seq;
 	f.ack_seq = l->ack_sent = link_rx_done(l);
 	l->rx_unacked_bytes = 0;
@@ -341,6 +385,11 @@ int send_write(struct link *l)
 			tx_frame_done(l);
 			continue;
 		}
+		/* more follows this write at once: the rest of this frame, or
+		 * another frame (a full record, 16 KiB, per write) */
+		l->c->more = len > 16384 || (hdr && l->tx_pay_len > 0) ||
+			     (!hdr && l->tx_pay_len - l->tx_pay_off > len) || l->cq_head ||
+			     l->dq_head || l->rp_next || l->hello_out;
 		ssize_t w = conn_write(l->c, src, len);
 		if (w == -EAGAIN) {
 			conn_flush(l->c);

@@ -36,11 +36,16 @@ static void *stream_main(void *arg)
 	snprintf(name, sizeof(name), "mr-stream%d", t->index);
 	pthread_setname_np(pthread_self(), name);
 	for (;;) {
-		int k = epoll_wait(t->epfd, ev, STREAM_EVENTS, -1);
+		/* while a link lingers (a device thread just stopped polling
+		 * it), look every millisecond whether its linger ran out */
+		bool linger = atomic_load_explicit(&t->n->lingering, memory_order_relaxed) > 0;
+		int k = epoll_wait(t->epfd, ev, STREAM_EVENTS, linger ? 1 : -1);
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k < 0)
 			return NULL;
+		if (linger)
+			t->n->stream_tick(t->n, t->index);
 		for (int i = 0; i < k; i++) {
 			if (!ev[i].data.ptr)
 				return NULL;   /* stream_stop */

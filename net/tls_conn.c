@@ -39,18 +39,20 @@ static inline struct tls_conn *tc(struct conn *c)
  * buffer of ours in between: a written record goes to send() straight from
  * OpenSSL's write buffer, and a read lands in OpenSSL's read buffer, which
  * read-ahead makes RBUF_LEN bytes long, so one recv() brings many records.
- * Records are sent with MSG_MORE and pushed when a burst of writes ends
- * (conn_flush, and OpenSSL's own flush after a handshake flight): the
- * kernel builds full-size segments instead of one per 16 KiB record, which
- * is what the ciphertext-gathering buffer this BIO kept before bought, at
- * the price of a copy per byte each way (bench/README.md, "Copies"). */
+ * A record goes with MSG_MORE while the writer says more bytes follow at
+ * once (struct conn.more), so the kernel builds full-size segments instead
+ * of one per 16 KiB record; the last record of a burst goes without it and
+ * pushes them, and conn_flush pushes what an interrupted burst left held.
+ * That is what the ciphertext-gathering buffer this BIO kept before
+ * bought, at the price of a copy per byte each way (bench/README.md). */
 
 #define RBUF_LEN (256 * 1024)
 
 struct sbio {
 	int fd;
+	const bool *more;         /* the connection's hint (struct conn.more) */
 	bool corrupt_next;        /* fault injection: flip a byte of the next record */
-	bool corked;              /* records sent with MSG_MORE since the last push */
+	bool corked;              /* the last record went with MSG_MORE */
 };
 
 static int sbio_write(BIO *b, const char *data, int len)
@@ -67,10 +69,13 @@ static int sbio_write(BIO *b, const char *data, int len)
 		((char *)data)[5 + (len - 5) / 2] ^= 0x5a;
 		s->corrupt_next = false;
 	}
+	/* held back while the writer says more follows: the last record of
+	 * a burst goes without MSG_MORE and pushes the rest */
+	bool more = *s->more;
 	for (;;) {
-		ssize_t n = send(s->fd, data, (size_t)len, MSG_NOSIGNAL | MSG_MORE);
+		ssize_t n = send(s->fd, data, (size_t)len, MSG_NOSIGNAL | (more ? MSG_MORE : 0));
 		if (n > 0) {
-			s->corked = true;
+			s->corked = more;
 			return (int)n;
 		}
 		if (n < 0 && errno == EINTR)
@@ -137,7 +142,7 @@ static void sbio_init(void)
 		sbio_method = m;
 }
 
-static BIO *sbio_new(int fd)
+static BIO *sbio_new(int fd, const bool *more)
 {
 	pthread_once(&sbio_once, sbio_init);
 	if (!sbio_method)
@@ -149,6 +154,7 @@ static BIO *sbio_new(int fd)
 		return NULL;
 	}
 	s->fd = fd;
+	s->more = more;
 	BIO_set_data(b, s);
 	BIO_set_init(b, 1);
 	return b;
@@ -339,7 +345,7 @@ struct conn *tls_conn_new(SSL_CTX *ctx, int fd, bool server)
 	}
 	conn_init(&t->c, &conn_type_tls, fd);
 	t->ssl = SSL_new(ctx);
-	BIO *b = t->ssl ? sbio_new(fd) : NULL;
+	BIO *b = t->ssl ? sbio_new(fd, &t->c.more) : NULL;
 	if (!b) {
 		conn_free(&t->c);
 		return NULL;

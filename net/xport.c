@@ -546,6 +546,9 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 	bool polling = false;
 	uint64_t spin_end = 0;
 
+	if (deadline_ns && x->ops.flush)
+		x->ops.flush(x->ops_ctx);
+
 	for (;;) {
 		if (atomic_load_explicit(&r->wait, memory_order_acquire) == XW_DONE)
 			goto out_done;
@@ -569,20 +572,24 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 			if (now < spin_end) {
 				bool first = !polling;
 				polling = true;
-				if (!x->ops.poll(x->ops_ctx, r, first))
+				/* bounded by spin_ns without progress: while bytes
+				 * move, the waiter keeps reading them itself */
+				if (x->ops.poll(x->ops_ctx, r, first))
+					spin_end = xport_now_ns() + x->spin_ns;
+				else
 					sched_yield();
 				continue;
 			}
 			poll = false;
 			if (x->ops.poll_end)
-				x->ops.poll_end(x->ops_ctx, r);
+				x->ops.poll_end(x->ops_ctx, r, false);
 			polling = false;
 			continue;   /* one last look before sleeping */
 		}
 		park(r, deadline_ns);
 	}
 	if (polling && x->ops.poll_end)
-		x->ops.poll_end(x->ops_ctx, r);
+		x->ops.poll_end(x->ops_ctx, r, false);
 	/* abandoned: whoever holds it frees it on completion, unless it
 	 * completed just now */
 	uintptr_t exp = XW_PENDING;
@@ -591,7 +598,7 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 	polling = false;
 out_done:
 	if (polling && x->ops.poll_end)
-		x->ops.poll_end(x->ops_ctx, r);
+		x->ops.poll_end(x->ops_ctx, r, true);
 	rc = r->rc;
 	if (rc)
 		describe(r, err, errlen, rc == -EMSGSIZE ? "size mismatch" : "failed");

@@ -89,12 +89,17 @@ struct xreq {
  *               buffers, writing what is queued) without blocking; true if
  *               anything moved. first: the first call of this wait.
  *  poll_end:    optional; the thread that called poll for req stops
- *               polling (it is about to sleep, or req is done). */
+ *               polling: done, req completed (the thread is likely to
+ *               poll again soon); else it is about to sleep.
+ *  flush:       optional; a thread is about to wait: what recv_posted
+ *               held back (a RecvReady waiting to ride on a data frame)
+ *               must go now. */
 struct xport_remote_ops {
 	void (*recv_posted)(void *ctx, struct xreq *req);
 	void (*send_ready)(void *ctx, struct xreq *req);
 	bool (*poll)(void *ctx, struct xreq *req, bool first);
-	void (*poll_end)(void *ctx, struct xreq *req);
+	void (*poll_end)(void *ctx, struct xreq *req, bool done);
+	void (*flush)(void *ctx);
 };
 
 /* ndev_total devices; dev_host[d] is device d's host (copied). NULL ops:
@@ -133,7 +138,8 @@ int xport_irecv_add(struct xport *x, int src, int dst, const struct xmeta *m,
 void xport_set_eager(struct xport *x, size_t max_bytes, size_t credit_bytes);
 
 /* How long a thread waiting on a remote request polls its link (the
- * poll hook) before it sleeps; 0 (the default): it sleeps at once. */
+ * poll hook) without progress before it sleeps; 0 (the default): it
+ * sleeps at once. */
 void xport_set_poll_spin(struct xport *x, uint64_t spin_ns);
 
 /* Waits until req completes or deadline_ns (CLOCK_MONOTONIC; 0 = no wait,
