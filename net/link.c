@@ -361,7 +361,12 @@ void link_reap_cb(evutil_socket_t fd, short what, void *arg)
 		if (l->state == LS_DEAD) {
 			*pp = l->next;
 			if (l->pinned) {
-				/* device threads may still look at it */
+				/* device threads may still look at it (they see it
+				 * DEAD); its connection closes now */
+				link_lock(l);
+				conn_free(l->c);
+				l->c = NULL;
+				link_unlock(l);
 				l->next = n->pinned;
 				n->pinned = l;
 			} else {
