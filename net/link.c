@@ -257,10 +257,20 @@ void link_disarm_write(struct link *l)
 }
 
 /* A half-written payload continues as zeros (so the stream stays framed
- * for the Abort behind it) and a half-read one is discarded. */
+ * for the Abort behind it) and a half-read one is discarded. Replay
+ * entries kept by reference let go of the caller's buffers: a resend, if
+ * one still came, would carry zeros. */
 void link_release_reqs(struct link *l, int rc)
 {
 	struct send_msg *m;
+	for (struct ctrl_frame *c = l->rp_head; c; c = c->next) {
+		if (c->req)
+			xport_complete(c->req, rc);
+		c->req = NULL;
+		c->pay = NULL;
+	}
+	if (!l->tx_ctrl)
+		l->tx_pay = NULL;
 	if (l->tx_msg) {
 		if (l->tx_msg->req) {
 			xport_complete(l->tx_msg->req, rc);
@@ -510,6 +520,9 @@ int link_send(struct link *l, Meshrun__Frame *f)
 	c->heartbeat = f->body_case == MESHRUN__FRAME__BODY_HEARTBEAT;
 	c->unseq = unseq;
 	c->pooled = false;
+	c->pay = NULL;
+	c->pay_len = 0;
+	c->req = NULL;
 	c->seq = f->link_seq;
 	if (!c->len) {
 		free(c);
@@ -839,7 +852,11 @@ void link_acked(struct link *l, uint64_t ack)
 			l->rp_tail = NULL;
 		if (l->rp_next == c)
 			l->rp_next = c->next;
-		l->rp_bytes -= c->len;
+		l->rp_bytes -= c->len + c->pay_len;
+		/* the peer has the message's last fragment, so all of it: the
+		 * caller's buffer is free */
+		if (c->req)
+			xport_complete(c->req, 0);
 		if (c->pooled && l->rp_pool_n < RP_POOL_MAX) {
 			c->next = l->rp_pool;
 			l->rp_pool = c;

@@ -94,7 +94,9 @@ enum rxstage { RX_PREFIX, RX_HEADER, RX_PAYLOAD };
 
 /* A pooled replay copy's data: a data frame's header and largest payload
  * (LINK_FRAG_MAX); the pool keeps up to 16 MiB of them for reuse, so the
- * copies of a stream stop costing page faults. */
+ * copies of a stream stop costing page faults. Only messages of one
+ * fragment are copied (they complete at once); longer ones are kept by
+ * reference (struct ctrl_frame.pay). */
 #define LINK_FRAG_MAX (1u << 16)
 #define RP_BLOCK (64 + 1024 + LINK_FRAG_MAX)
 #define RP_POOL_MAX ((int)((16u << 20) / LINK_FRAG_MAX))
@@ -107,6 +109,16 @@ struct ctrl_frame {
 	bool unseq;            /* Ack or resume hello: link_seq 0, never kept */
 	bool pooled;           /* a data frame's replay copy of RP_BLOCK bytes */
 	uint64_t seq;          /* its link_seq */
+	/* A replay entry kept by reference: data holds the header only, and
+	 * the payload is pay_len bytes of the caller's send buffer, which
+	 * stays the caller's until the send completes. The entry of a
+	 * message's last fragment holds its request (req), completed when
+	 * the peer acknowledges that frame (acks are cumulative) or failed
+	 * by link_release_reqs; after either, pay and req are NULL and the
+	 * buffer is never touched again. */
+	const uint8_t *pay;
+	uint64_t pay_len;
+	struct xreq *req;
 	uint8_t data[];
 };
 
@@ -195,6 +207,7 @@ struct link {
 	uint64_t rx_part_seq, rx_part_got, rx_skip;
 	bool rx_in_frame;              /* frame rx_seq's payload is still coming */
 	bool rx_dup;                   /* the payload coming is a frame we have */
+	bool rx_ack_now;               /* the frame coming asked for a prompt ack */
 	/* a sent frame's fault said close: the link fails from its own event
 	 * callback (as on a read error), and writes nothing more before that */
 	bool fault_close;

@@ -304,6 +304,8 @@ static void data_header_done(struct link *l)
 	if (n->replay_cap) {
 		l->rx_unacked_bytes += l->rx_p.header_len + plen;
 		l->rx_in_frame = plen > 0;
+		/* the sender holds the caller's buffer until we say we have it */
+		l->rx_ack_now = (d.flags & FRAME_DATA_ACK) != 0;
 	}
 	l->rx_dst = NULL;
 	if (l->state == LS_UP) {
@@ -325,6 +327,10 @@ static void data_header_done(struct link *l)
 	} else {
 		l->rx_stage = RX_PREFIX;
 		chunk_payload_done(l);
+		if (l->rx_ack_now) {
+			l->rx_ack_now = false;
+			link_send_ack(l);
+		}
 	}
 }
 
@@ -493,8 +499,10 @@ static size_t link_read(struct link *l, size_t budget)
 					l->rx_dup = false;     /* a frame we had: nothing lands */
 				else
 					chunk_payload_done(l);
-				if (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4)
+				if (l->rx_ack_now ||
+				    (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4))
 					link_send_ack(l);
+				l->rx_ack_now = false;
 				l->rx_stage = RX_PREFIX;
 				l->rx_got = 0;
 			}

@@ -114,13 +114,16 @@ int send_resume_hello(struct link *l)
 		return -ENOMEM;
 	c->len = frame_encode(&f, 0, c->data);
 	c->unseq = true;
+	c->pay = NULL;
+	c->pay_len = 0;
+	c->req = NULL;
 	free(l->hello_out);
 	l->hello_out = c;
 	link_arm_write(l);
 	return 0;
 }
 
-/* Recovery: a sequenced frame being written is kept whole until acked. */
+/* Recovery: a sequenced frame being written is kept until acked. */
 static void rp_keep(struct link *l, struct ctrl_frame *c)
 {
 	c->next = NULL;
@@ -129,7 +132,7 @@ static void rp_keep(struct link *l, struct ctrl_frame *c)
 	else
 		l->rp_head = c;
 	l->rp_tail = c;
-	l->rp_bytes += c->len;
+	l->rp_bytes += c->len + c->pay_len;
 }
 
 static void tx_set(struct link *l, struct ctrl_frame *c, bool owned)
@@ -138,20 +141,64 @@ static void tx_set(struct link *l, struct ctrl_frame *c, bool owned)
 	l->tx_hdr = c->data;
 	l->tx_hdr_len = c->len;
 	l->tx_hdr_off = 0;
-	l->tx_pay = NULL;
-	l->tx_pay_len = l->tx_pay_off = 0;
+	/* a reference entry's payload: from the caller's buffer (zeros once
+	 * its request was failed and let go) */
+	l->tx_pay = c->pay;
+	l->tx_pay_len = c->pay_len;
+	l->tx_pay_off = 0;
 	l->tx_active = true;
+}
+
+/* Recovery, a message of several fragments: the fragment's header is kept
+ * and its payload by reference to the caller's buffer; the message
+ * completes when the peer acknowledges its last fragment, which asks for
+ * a prompt ack (FRAME_DATA_ACK). */
+static bool tx_chunk_ref(struct link *l, struct send_msg *m, struct frame_data *f, uint64_t cnt)
+{
+	struct xreq *r = m->req;
+	bool last = m->off + cnt == r->len;
+	if (last)
+		f->flags |= FRAME_DATA_ACK;
+	size_t hl = frame_encode_data(f, cnt, l->tx_stage);
+	struct ctrl_frame *c = malloc(sizeof(*c) + hl);
+	if (!c) {
+		link_fault_close(l, f->link_seq - 1);
+		snprintf(l->fault_msg, sizeof(l->fault_msg), "out of memory for a replay entry");
+		return false;
+	}
+	memcpy(c->data, l->tx_stage, hl);
+	c->len = hl;
+	c->pooled = c->heartbeat = c->unseq = false;
+	c->seq = f->link_seq;
+	c->pay = (const uint8_t *)r->buf + m->off;
+	c->pay_len = cnt;
+	c->req = last ? r : NULL;
+	rp_keep(l, c);
+	tx_set(l, c, false);
+	m->off += cnt;
+	l->tx_msg = NULL;
+	if (last) {
+		/* the message is done here; its request waits in the entry */
+		l->dq_head = m->next;
+		if (!l->dq_head)
+			l->dq_tail = NULL;
+		free(m);
+	}
+	return true;
 }
 
 /* Recovery: the next data fragment is copied whole (header and payload)
  * into a replay copy and written from there; its message completes when
- * its last fragment is copied, as the caller's buffer is then free. false
- * if the replay copies are full (the sender waits for acks) or a fault
- * closed the link. */
-static bool tx_chunk_keep(struct link *l, struct send_msg *m, const struct frame_data *f,
+ * its last fragment is copied, as the caller's buffer is then free. Only
+ * messages of one fragment (eager sends among them) are copied: they
+ * complete inside the call that writes them; longer ones are kept by
+ * reference (tx_chunk_ref). false if a fault closed the link. */
+static bool tx_chunk_keep(struct link *l, struct send_msg *m, struct frame_data *f,
 			  uint64_t cnt)
 {
 	struct xreq *r = m->req;
+	if (r->len > LINK_FRAG_MAX)
+		return tx_chunk_ref(l, m, f, cnt);
 	size_t hl = frame_encode_data(f, cnt, l->tx_stage);
 	struct ctrl_frame *c;
 	bool pooled = hl + cnt <= RP_BLOCK && cnt > SMALL_PAYLOAD;
@@ -175,6 +222,9 @@ static bool tx_chunk_keep(struct link *l, struct send_msg *m, const struct frame
 	c->pooled = pooled;
 	c->heartbeat = c->unseq = false;
 	c->seq = f->link_seq;
+	c->pay = NULL;
+	c->pay_len = 0;
+	c->req = NULL;
 	rp_keep(l, c);
 	tx_set(l, c, false);
 	m->off += cnt;
@@ -226,13 +276,7 @@ static bool tx_next(struct link *l)
 		l->cq_head = c->next;
 		if (!l->cq_head)
 			l->cq_tail = NULL;
-		l->tx_ctrl = c;
-		l->tx_hdr = c->data;
-		l->tx_hdr_len = c->len;
-		l->tx_hdr_off = 0;
-		l->tx_pay = NULL;
-		l->tx_pay_len = l->tx_pay_off = 0;
-		l->tx_active = true;
+		tx_set(l, c, true);
 		return true;
 	}
 	struct send_msg *m = l->dq_head;
