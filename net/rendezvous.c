@@ -296,7 +296,7 @@ static void resumed_up(struct link *l, uint64_t peer_last)
 	uint64_t bytes = 0;
 	for (struct ctrl_frame *c = l->rp_next; c; c = c->next) {
 		resend++;
-		bytes += c->len;
+		bytes += c->len + c->pay_len;
 	}
 	link_set_state(l, LS_UP);
 	l->last_rx_ns = l->last_hb_ns = now;
