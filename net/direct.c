@@ -18,12 +18,20 @@
  * (the stream thread looks every millisecond) */
 #define LINGER_NS (1000ull * 1000)
 
-/* The data link to host h as device threads see it (pinned), or NULL. */
-static struct link *dlink(struct net *n, int h)
+/* The stream (of link_streams) that carries the messages of tag, and
+ * their RecvReadys, acks and the polls of their waiters: a collective's
+ * segments (chunk indices) go round the streams. */
+static int stream_of(const struct net *n, uint64_t tag)
+{
+	return n->nstreams > 1 ? (int)(((tag >> 16) + (tag & 0xffff)) % (uint64_t)n->nstreams) : 0;
+}
+
+/* Host h's data link for tag as device threads see it (pinned), or NULL. */
+static struct link *dlink(struct net *n, int h, uint64_t tag)
 {
 	if (h < 0 || h >= n->num_hosts || h == n->host_id)
 		return NULL;
-	return atomic_load_explicit(&n->peers[h].dl, memory_order_acquire);
+	return atomic_load_explicit(&n->peers[h].dl[stream_of(n, tag)], memory_order_acquire);
 }
 
 /* The link takes data frames: up, or recovering (they queue meanwhile). */
@@ -55,7 +63,7 @@ static void op_recv_posted(void *ctx, struct xreq *r)
 {
 	struct net *n = ctx;
 	note_op(n, r);
-	struct link *l = dlink(n, xport_host_of(n->x, r->src));
+	struct link *l = dlink(n, xport_host_of(n->x, r->src), r->tag);
 	if (!l)
 		return;        /* failed, or a test's net without links */
 	link_lock(l);
@@ -70,13 +78,15 @@ static void op_flush(void *ctx)
 {
 	struct net *n = ctx;
 	for (int h = 0; h < n->num_hosts; h++) {
-		struct link *l = dlink(n, h);
-		if (!l || !atomic_load_explicit(&l->rr_pending, memory_order_relaxed))
-			continue;
-		link_lock(l);
-		send_rr_flush(l);
-		write_now(l);
-		link_unlock(l);
+		for (int k = 0; k < n->nstreams && h != n->host_id; k++) {
+			struct link *l = atomic_load_explicit(&n->peers[h].dl[k], memory_order_acquire);
+			if (!l || !atomic_load_explicit(&l->rr_pending, memory_order_relaxed))
+				continue;
+			link_lock(l);
+			send_rr_flush(l);
+			write_now(l);
+			link_unlock(l);
+		}
 	}
 }
 
@@ -84,7 +94,7 @@ static void op_send_ready(void *ctx, struct xreq *r)
 {
 	struct net *n = ctx;
 	note_op(n, r);
-	struct link *l = dlink(n, xport_host_of(n->x, r->dst));
+	struct link *l = dlink(n, xport_host_of(n->x, r->dst), r->tag);
 	if (!l) {
 		xport_complete(r, status_failed(n) ? -ECANCELED : -EPIPE);
 		return;
@@ -104,7 +114,7 @@ static bool op_poll(void *ctx, struct xreq *r, bool first)
 {
 	struct net *n = ctx;
 	int peer = r->kind == XREQ_SEND ? r->dst : r->src;
-	struct link *l = dlink(n, xport_host_of(n->x, peer));
+	struct link *l = dlink(n, xport_host_of(n->x, peer), r->tag);
 	if (!l)
 		return false;
 	if (first) {

@@ -309,8 +309,8 @@ void link_kill(struct link *l)
 	link_disarm_write(l);
 	link_release_reqs(l, status_failed(n) ? -ECANCELED : -EPIPE);
 	if (l->peer >= 0 && l->peer < n->num_hosts) {
-		if (n->peers[l->peer].l == l)
-			n->peers[l->peer].l = NULL;
+		if (n->peers[l->peer].l[l->stream] == l)
+			n->peers[l->peer].l[l->stream] = NULL;
 		if (n->peers[l->peer].coord_in == l)
 			n->peers[l->peer].coord_in = NULL;
 	}
@@ -694,7 +694,7 @@ void link_check_finish(struct net *n)
 			return;
 		/* with recovery, our Done may still need resending: close
 		 * only when every peer has acknowledged it */
-		struct link *l = n->peers[h].l;
+		struct link *l = n->peers[h].l[0];
 		if (n->replay_cap && l && l->done_seq && l->acked < l->done_seq)
 			return;
 	}

@@ -62,7 +62,7 @@ static struct link *peer_link(struct net *n, int host)
 {
 	if (host < 0 || host >= n->num_hosts)
 		return NULL;
-	struct link *l = n->peers[host].l;
+	struct link *l = n->peers[host].l[0];
 	if (l && l->was_up && l->state != LS_CLOSING && l->state != LS_DRAIN && l->state != LS_DEAD)
 		return l;              /* up, or recovering: frames queue for it */
 	return l && l->state == LS_UP ? l : NULL;
@@ -153,7 +153,15 @@ static void missing_hosts(struct net *n, bool (*missing)(struct net *, int), cha
 }
 
 static bool no_hello(struct net *n, int h) { return !n->peers[h].joined; }
-static bool no_link(struct net *n, int h) { return !peer_link(n, h); }
+static bool no_link(struct net *n, int h)
+{
+	for (int k = 0; k < n->nstreams; k++) {
+		struct link *l = n->peers[h].l[k];
+		if (!l || l->state != LS_UP)
+			return true;
+	}
+	return false;
+}
 static bool no_barrier(struct net *n, int h) { return !n->peers[h].barrier_rx; }
 static bool no_done(struct net *n, int h) { return !n->peers[h].done_rx; }
 
@@ -292,12 +300,14 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 		if (n->phase == PH_RENDEZVOUS && n->host_id != 0 && !n->coord && n->coord_retry_at &&
 		    now >= n->coord_retry_at) {
 			n->coord_retry_at = 0;
-			rdv_dial_addr(n, ROLE_COORD_OUT, 0, n->coordinator);
+			rdv_dial_addr(n, ROLE_COORD_OUT, 0, 0, n->coordinator);
 		}
 		if (n->phase == PH_LINKS)
 			for (int h = n->host_id + 1; h < n->num_hosts; h++)
-				if (!n->peers[h].l && n->peers[h].retry_at && now >= n->peers[h].retry_at)
-					rdv_dial(n, h);
+				for (int k = 0; k < n->nstreams; k++)
+					if (!n->peers[h].l[k] && n->peers[h].retry_at[k] &&
+					    now >= n->peers[h].retry_at[k])
+						rdv_dial(n, h, k);
 		break;
 	case PH_FINISHING:
 		link_check_finish(n);
@@ -478,7 +488,7 @@ static void start_cb(evutil_socket_t fd, short what, void *arg)
 		n->joined = 1;
 		event_add(n->ev_coord_l, NULL);
 	} else {
-		rdv_dial_addr(n, ROLE_COORD_OUT, 0, n->coordinator);
+		rdv_dial_addr(n, ROLE_COORD_OUT, 0, 0, n->coordinator);
 	}
 }
 

@@ -51,17 +51,22 @@ enum phase {
 	PH_CLOSING, PH_FAILED,
 };
 
+/* TLS connections per host pair at most (link_streams) */
+#define NET_MAX_STREAMS 16
+
 struct peer {
-	struct link *l;
-	/* the data link as device threads see it: set once, when it first
+	/* the data links, one per stream (link_streams; l[0] carries the
+	 * barrier and the Done) */
+	struct link *l[NET_MAX_STREAMS];
+	/* the same as device threads see them: each set once, when it first
 	 * comes UP, and never changed (it is pinned) */
-	struct link *_Atomic dl;
+	struct link *_Atomic dl[NET_MAX_STREAMS];
 	char addr[128];                /* data address from Topology */
 	uint32_t devices;
 	bool joined;                   /* coordinator: Hello accepted */
 	struct link *coord_in;         /* coordinator: its rendezvous connection */
 	bool barrier_rx, done_rx;
-	uint64_t retry_at;
+	uint64_t retry_at[NET_MAX_STREAMS];
 };
 
 struct cmd;
@@ -151,7 +156,8 @@ static inline struct wire_self net_wire_self(const struct net *n)
 	return (struct wire_self){ .host_id = n->host_id, .num_hosts = n->num_hosts,
 				   .devices_per_host = n->devices_per_host,
 				   .config_hash = n->config_hash, .job_id = n->job_id,
-				   .addr_max = sizeof(n->peers[0].addr), .x = n->x };
+				   .addr_max = sizeof(n->peers[0].addr), .x = n->x,
+				   .streams = n->nstreams };
 }
 
 static inline uint64_t sec_ns(double s)
@@ -223,10 +229,11 @@ void rdv_link_resumed(struct link *l, const Meshrun__LinkHello *h);
 /* A data link's hellos agree: it is UP and carries peer's traffic. */
 void rdv_link_up(struct link *l, int peer);
 void rdv_check_barrier(struct net *n);
-/* Opens a connection to addr (the coordinator, or peer's link listener);
- * a failure to start it is retried from the tick. */
-void rdv_dial_addr(struct net *n, enum link_role role, int peer, const char *addr);
-void rdv_dial(struct net *n, int peer);
+/* Opens a connection to addr (the coordinator, or connection number
+ * stream to peer's link listener); a failure to start it is retried from
+ * the tick. */
+void rdv_dial_addr(struct net *n, enum link_role role, int peer, int stream, const char *addr);
+void rdv_dial(struct net *n, int peer, int stream);
 /* A TLS connection for a link, renewing its sending key as configured.
  * Takes fd; NULL on allocation failure. */
 struct conn *rdv_conn_new(struct net *n, int fd, bool server);

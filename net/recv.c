@@ -169,8 +169,8 @@ static bool dispatch(struct link *l, Meshrun__Frame *f)
 				return false;
 			}
 			struct wire_self self = net_wire_self(n);
-			if (wire_check_link_answer(&self, l->peer, l->addr, false, f->link_hello, why,
-						   sizeof(why))) {
+			if (wire_check_link_answer(&self, l->peer, l->addr, (unsigned)l->stream, false,
+						   f->link_hello, why, sizeof(why))) {
 				link_bad_frame(l, why);
 				return false;
 			}
@@ -602,7 +602,7 @@ static void link_connected(struct link *l)
 		if (l->role == ROLE_COORD_OUT)
 			n->coord_retry_at = now_ns() + RETRY_NS;
 		else
-			n->peers[l->peer].retry_at = now_ns() + RETRY_NS;
+			n->peers[l->peer].retry_at[l->stream] = now_ns() + RETRY_NS;
 		link_kill(l);
 		return;
 	}
@@ -758,8 +758,9 @@ void recv_stream_tick(struct net *n, int stream)
 {
 	uint64_t now = now_ns();
 	for (int h = 0; h < n->num_hosts; h++) {
-		struct link *l = atomic_load_explicit(&n->peers[h].dl, memory_order_acquire);
-		if (!l || l->stream != stream || !l->lingering)
+		struct link *l = h == n->host_id ? NULL :
+			atomic_load_explicit(&n->peers[h].dl[stream], memory_order_acquire);
+		if (!l || !l->lingering)
 			continue;
 		link_lock(l);
 		if (l->lingering && !l->pollers && now >= l->linger_ns) {

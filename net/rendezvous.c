@@ -186,7 +186,7 @@ struct conn *rdv_conn_new(struct net *n, int fd, bool server)
 	return c;
 }
 
-void rdv_dial_addr(struct net *n, enum link_role role, int peer, const char *addr)
+void rdv_dial_addr(struct net *n, enum link_role role, int peer, int stream, const char *addr)
 {
 	char err[256];
 	int fd = conn_connect_start(addr, err, sizeof(err));
@@ -195,7 +195,7 @@ void rdv_dial_addr(struct net *n, enum link_role role, int peer, const char *add
 		if (role == ROLE_COORD_OUT)
 			n->coord_retry_at = now_ns() + RETRY_NS;
 		else
-			n->peers[peer].retry_at = now_ns() + RETRY_NS;
+			n->peers[peer].retry_at[stream] = now_ns() + RETRY_NS;
 		return;
 	}
 	struct conn *c = rdv_conn_new(n, fd, false);
@@ -206,17 +206,18 @@ void rdv_dial_addr(struct net *n, enum link_role role, int peer, const char *add
 	}
 	link_set_state(l, LS_CONNECTING);
 	l->write_armed = true;
+	l->stream = stream;
 	event_add(l->ev_write, NULL);
 	if (role == ROLE_COORD_OUT)
 		n->coord = l;
 	else
-		n->peers[peer].l = l;
+		n->peers[peer].l[stream] = l;
 }
 
-void rdv_dial(struct net *n, int peer)
+void rdv_dial(struct net *n, int peer, int stream)
 {
-	n->peers[peer].retry_at = 0;
-	rdv_dial_addr(n, ROLE_LINK_OUT, peer, n->peers[peer].addr);
+	n->peers[peer].retry_at[stream] = 0;
+	rdv_dial_addr(n, ROLE_LINK_OUT, peer, stream, n->peers[peer].addr);
 }
 
 static void start_links(struct net *n)
@@ -225,7 +226,8 @@ static void start_links(struct net *n)
 	if (n->ev_data_l)
 		event_add(n->ev_data_l, NULL);
 	for (int h = n->host_id + 1; h < n->num_hosts; h++)
-		rdv_dial(n, h);
+		for (int k = 0; k < n->nstreams; k++)
+			rdv_dial(n, h, k);
 	check_links(n);
 }
 
@@ -245,8 +247,9 @@ static void check_links(struct net *n)
 	if (n->phase != PH_LINKS)
 		return;
 	for (int h = 0; h < n->num_hosts; h++)
-		if (h != n->host_id && (!n->peers[h].l || n->peers[h].l->state != LS_UP))
-			return;
+		for (int k = 0; k < n->nstreams && h != n->host_id; k++)
+			if (!n->peers[h].l[k] || n->peers[h].l[k]->state != LS_UP)
+				return;
 	/* every link is up: no one else may dial us, unless links recover
 	 * (a broken link's peer redials this listener) */
 	if (n->ev_data_l && !n->replay_cap) {
@@ -259,7 +262,7 @@ static void check_links(struct net *n)
 	}
 	n->phase = PH_BARRIER;
 	for (int h = 0; h < n->num_hosts; h++) {
-		struct link *l = n->peers[h].l;
+		struct link *l = n->peers[h].l[0];
 		if (h == n->host_id)
 			continue;
 		link_lock(l);
@@ -277,10 +280,10 @@ void rdv_link_up(struct link *l, int peer)
 	link_set_state(l, LS_UP);
 	l->was_up = true;
 	l->last_rx_ns = l->last_hb_ns = now_ns();
-	n->peers[peer].l = l;
+	n->peers[peer].l[l->stream] = l;
 	/* device threads reach it from now on (and it is never freed
 	 * before net_free) */
-	atomic_store_explicit(&n->peers[peer].dl, l, memory_order_release);
+	atomic_store_explicit(&n->peers[peer].dl[l->stream], l, memory_order_release);
 	check_links(n);
 }
 
@@ -341,7 +344,8 @@ void rdv_link_resumed(struct link *l, const Meshrun__LinkHello *h)
 	struct net *n = l->net;
 	char why[300];
 	struct wire_self self = net_wire_self(n);
-	if (wire_check_link_answer(&self, l->peer, l->addr, true, h, why, sizeof(why)) ||
+	if (wire_check_link_answer(&self, l->peer, l->addr, (unsigned)l->stream, true, h, why,
+				   sizeof(why)) ||
 	    wire_check_resume_seq(h->host_id, h->last_seq, l->tx_seq, why, sizeof(why))) {
 		status_log(n, "%s", why);
 		link_conn_failed(l, -EPROTO, why);
@@ -357,7 +361,7 @@ static void resume_accepted_locked(struct link *t, struct link *l, const Meshrun
 
 static void resume_accepted(struct link *t, int id, const Meshrun__LinkHello *h)
 {
-	struct link *l = t->net->peers[id].l;
+	struct link *l = t->net->peers[id].l[h->stream];
 	link_lock(l);
 	resume_accepted_locked(t, l, h);
 	link_unlock(l);
@@ -402,7 +406,7 @@ void rdv_accept_link_hello(struct link *l, const Meshrun__LinkHello *h)
 		rdv_refuse_conn(l, why);
 		return;
 	}
-	const struct link *o = n->peers[id].l;
+	const struct link *o = n->peers[id].l[h->stream];
 	struct wire_link_view v = {
 		.exists = o != NULL,
 		.resumable = n->replay_cap && o && o->was_up &&
@@ -417,6 +421,7 @@ void rdv_accept_link_hello(struct link *l, const Meshrun__LinkHello *h)
 		resume_accepted(l, id, h);
 		return;
 	}
+	l->stream = (int)h->stream;
 	send_link_hello(l);
 	rdv_link_up(l, id);
 }

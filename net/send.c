@@ -92,6 +92,7 @@ void send_link_hello(struct link *l)
 	Meshrun__LinkHello h = MESHRUN__LINK_HELLO__INIT;
 	h.host_id = (uint32_t)l->net->host_id;
 	h.job_id = l->net->job_id;
+	h.stream = (uint32_t)l->stream;
 	f.body_case = MESHRUN__FRAME__BODY_LINK_HELLO;
 	f.link_hello = &h;
 	link_send(l, &f);
@@ -105,6 +106,7 @@ int send_resume_hello(struct link *l)
 	h.job_id = l->net->job_id;
 	h.resume = true;
 	h.last_seq = l->rx_seq;
+	h.stream = (uint32_t)l->stream;
 	f.body_case = MESHRUN__FRAME__BODY_LINK_HELLO;
 	f.link_hello = &h;
 	f.ack_seq = l->ack_sent = l->rx_seq;

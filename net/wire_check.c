@@ -198,6 +198,11 @@ int wire_check_link_hello(const struct wire_self *s, const Meshrun__LinkHello *h
 			 s->host_id);
 		return -EBADMSG;
 	}
+	if ((int)h->stream < 0 || (int)h->stream >= (s->streams > 0 ? s->streams : 1)) {
+		snprintf(err, errlen, "link hello for stream %u, but host pairs have %d",
+			 h->stream, s->streams > 0 ? s->streams : 1);
+		return -EBADMSG;
+	}
 	return 0;
 }
 
@@ -229,10 +234,17 @@ int wire_check_link_join(const struct wire_link_view *v, const Meshrun__LinkHell
 }
 
 int wire_check_link_answer(const struct wire_self *s, int peer, const char *addr,
-			   bool was_up, const Meshrun__LinkHello *h, char *err, size_t errlen)
+			   unsigned stream, bool was_up, const Meshrun__LinkHello *h, char *err,
+			   size_t errlen)
 {
-	if ((int)h->host_id == peer && h->job_id == s->job_id && (!was_up || h->resume))
+	if ((int)h->host_id == peer && h->job_id == s->job_id && (!was_up || h->resume) &&
+	    h->stream == stream)
 		return 0;
+	if ((int)h->host_id == peer && h->job_id == s->job_id && h->stream != stream) {
+		snprintf(err, errlen, "host %d (%s) answered our stream %u as stream %u", peer, addr,
+			 stream, h->stream);
+		return -EBADMSG;
+	}
 	if (was_up)
 		snprintf(err, errlen, "host %d (%s) answered our redial as host %u of job %llx",
 			 peer, addr, h->host_id, (unsigned long long)h->job_id);

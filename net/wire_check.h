@@ -30,6 +30,7 @@ struct wire_self {
 	uint64_t job_id;               /* 0 until the topology came */
 	size_t addr_max;               /* an address must be shorter than this */
 	const struct xport *x;         /* which host each device lives on */
+	int streams;                   /* links per host pair (link_streams) */
 };
 
 /* ---- sequence numbers (every frame, before its body) ---- */
@@ -92,7 +93,8 @@ int wire_check_topology(const struct wire_self *s, const Meshrun__Topology *t, c
 /* ---- data links ---- */
 
 /* The acceptor's checks of a LinkHello before the certificate: the job
- * id, and that the lower host id dials. 0 or -EBADMSG. */
+ * id, that the lower host id dials, and a stream index below streams.
+ * 0 or -EBADMSG. */
 int wire_check_link_hello(const struct wire_self *s, const Meshrun__LinkHello *h, char *err,
 			  size_t errlen);
 
@@ -113,10 +115,12 @@ int wire_check_resume_seq(unsigned host, uint64_t last_seq, uint64_t tx_seq, cha
  * -EBADMSG. */
 int wire_check_link_join(const struct wire_link_view *v, const Meshrun__LinkHello *h,
 			 char *err, size_t errlen);
-/* The dialer's check of the answer from host peer (at addr): that host,
- * this job, and for a redial (was_up) a resume. 0 or -EBADMSG. */
+/* The dialer's check of the answer from host peer (at addr) on its
+ * connection number stream: that host, this job, that stream, and for a
+ * redial (was_up) a resume. 0 or -EBADMSG. */
 int wire_check_link_answer(const struct wire_self *s, int peer, const char *addr,
-			   bool was_up, const Meshrun__LinkHello *h, char *err, size_t errlen);
+			   unsigned stream, bool was_up, const Meshrun__LinkHello *h, char *err,
+			   size_t errlen);
 
 /* ---- data ---- */
 

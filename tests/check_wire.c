@@ -191,6 +191,13 @@ START_TEST(test_link_hello)
 	ck_err(wire_check_link_hello(&s, &h, err, sizeof(err)), -EBADMSG,
 	       "host 2 may not dial host 1 (the lower id dials)");
 	h.host_id = 0;
+	/* link_streams: the stream index must be one the pair has */
+	h.stream = 1;
+	ck_err(wire_check_link_hello(&s, &h, err, sizeof(err)), -EBADMSG,
+	       "link hello for stream 1, but host pairs have 1");
+	s.streams = 2;
+	ck_err(wire_check_link_hello(&s, &h, err, sizeof(err)), 0, "");
+	h.stream = 0;
 	struct wire_link_view none = { 0 }, up = { .exists = true, .resumable = true };
 	ck_err(wire_check_link_join(&none, &h, err, sizeof(err)), 0, "");
 	ck_err(wire_check_link_join(&up, &h, err, sizeof(err)), -EBADMSG, "duplicate link from host 0");
@@ -211,13 +218,18 @@ START_TEST(test_link_hello)
 	h.last_seq = 0;
 	/* the dialer (host 1 dials host 2) */
 	h.host_id = 2;
-	ck_err(wire_check_link_answer(&s, 2, "a:1", true, &h, err, sizeof(err)), 0, "");
+	ck_err(wire_check_link_answer(&s, 2, "a:1", 0, true, &h, err, sizeof(err)), 0, "");
 	h.resume = false;
-	ck_err(wire_check_link_answer(&s, 2, "a:1", true, &h, err, sizeof(err)), -EBADMSG,
+	ck_err(wire_check_link_answer(&s, 2, "a:1", 0, true, &h, err, sizeof(err)), -EBADMSG,
 	       "host 2 (a:1) answered our redial as host 2 of job 2a");
-	ck_err(wire_check_link_answer(&s, 2, "a:1", false, &h, err, sizeof(err)), 0, "");
+	ck_err(wire_check_link_answer(&s, 2, "a:1", 0, false, &h, err, sizeof(err)), 0, "");
+	h.stream = 1;
+	ck_err(wire_check_link_answer(&s, 2, "a:1", 1, false, &h, err, sizeof(err)), 0, "");
+	ck_err(wire_check_link_answer(&s, 2, "a:1", 0, false, &h, err, sizeof(err)), -EBADMSG,
+	       "host 2 (a:1) answered our stream 0 as stream 1");
+	h.stream = 0;
 	h.host_id = 0;
-	ck_err(wire_check_link_answer(&s, 2, "a:1", false, &h, err, sizeof(err)), -EBADMSG,
+	ck_err(wire_check_link_answer(&s, 2, "a:1", 0, false, &h, err, sizeof(err)), -EBADMSG,
 	       "host 2 answered as host 0 of job 2a");
 }
 END_TEST

@@ -124,11 +124,11 @@ static void link_answer(const struct wire_self *s, unsigned st, const Meshrun__L
 {
 	char err[600] = "";
 	bool was_up = st & CTL_WAS_UP;
-	int rc = wire_check_link_answer(s, LM_PEER, "127.0.0.1:7000", was_up, h, err,
+	int rc = wire_check_link_answer(s, LM_PEER, "127.0.0.1:7000", 0, was_up, h, err,
 					sizeof(err));
 	checked(rc, -EBADMSG, 0, err, "link_hello answer");
 	FUZZ_CHECK(rc || ((int)h->host_id == LM_PEER && h->job_id == s->job_id &&
-			  (!was_up || h->resume)));
+			  (!was_up || h->resume) && h->stream == 0));
 	if (rc || !was_up)
 		return;
 	rc = wire_check_resume_seq(h->host_id, h->last_seq, CTL_TX_SEQ, err, sizeof(err));
