@@ -337,6 +337,9 @@ static void handle_free(struct coll_handle *h)
 static void *comm_main(void *arg)
 {
 	struct coll_dev *d = arg;
+	char name[16];
+	snprintf(name, sizeof(name), "mr-comm%d", d->me % 100000);
+	pthread_setname_np(pthread_self(), name);
 	pthread_mutex_lock(&d->mu);
 	for (;;) {
 		while (!d->head && !d->stop)

@@ -57,6 +57,9 @@ static void *device_main(void *p)
 {
 	struct device_ctx *d = p;
 	struct agent *a = d->agent;
+	char name[16];
+	snprintf(name, sizeof(name), "mr-dev%d", d->local_index);
+	pthread_setname_np(pthread_self(), name);
 	int rc = a->job(d);
 	if (rc) {
 		char msg[640];

@@ -174,6 +174,7 @@ static int cmd_bench_coll(int argc, char **argv)
 		{ "--agent", ARG_BOOL, &agent, 0, 0, NULL },
 		{ "--corrupt-for-test", ARG_BOOL, &o.corrupt, 0, 0, NULL },
 		{ "--barrier", ARG_BOOL, &o.barrier, 0, 0, NULL },
+		{ "--async", ARG_BOOL, &o.async, 0, 0, NULL },
 		{ "--op", ARG_STR, &op, 0, 0, NULL },
 		{ "--sizes", ARG_STR, &sizes, 0, 0, NULL },
 		{ "--check-counts", ARG_STR, &counts, 0, 0, NULL },
@@ -214,6 +215,6 @@ int cmd_bench(int argc, char **argv)
 	fprintf(stderr, "usage: meshrun bench matmul [--threads N] [--size N]\n"
 			"       meshrun bench link --hosts 2 --sizes 16M[,64K] [--iters K] [--oneway]\n"
 			"       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "
-			"--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [key=value ...]\n");
+			"--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [--async] [key=value ...]\n");
 	return EXIT_USAGE;
 }
