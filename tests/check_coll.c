@@ -606,6 +606,38 @@ START_TEST(test_multihost_check)
 }
 END_TEST
 
+/* The message paths across real agents: every op right, every element, at
+ * 0 B, 1 element, an odd count, 64 KiB and 1 MiB per rank (and 16 MiB on
+ * one configuration of each shape), on 2x1, 3x2 and 4x1, each shape with
+ * waiters that poll their link (poll_spin_us default) and that sleep at
+ * once (0), one TLS connection per host pair and two (link_streams), and
+ * the sync and the async forms. */
+START_TEST(test_multihost_paths)
+{
+	static const struct { int hosts, devs; } shapes[] = { { 2, 1 }, { 3, 2 }, { 4, 1 } };
+	int H = shapes[_i / 4].hosts, D = shapes[_i / 4].devs;
+	bool spin = (_i / 2) % 2, two = _i % 2, async = spin != two, big = spin && two;
+	char hs[16], ds[16], counts[64];
+	static char out[1 << 16];
+	snprintf(hs, sizeof(hs), "%d", H);
+	snprintf(ds, sizeof(ds), "%d", D);
+	snprintf(counts, sizeof(counts), "0,1,7,16384,262144%s", big ? ",4194304" : "");
+	char *argv[] = { (char *)meshrun_path(), "bench", "collectives", "--hosts", hs,
+			 "--devices-per-host", ds, "--check-counts", counts,
+			 spin ? "poll_spin_us=200" : "poll_spin_us=0",
+			 two ? "link_streams=2" : "link_streams=1", "collective_timeout_s=60",
+			 async ? "--async" : NULL, NULL };
+	int rc = run_capture(argv, out, sizeof(out), 110);
+	ck_assert_msg(rc == 0, "hosts %d devices %d %s %s %s: exit %d\n%s", H, D, argv[9], argv[10],
+		      async ? "async" : "sync", rc, out);
+	char want[80];
+	snprintf(want, sizeof(want), "check ok: 9 ops x %d counts on %d devices%s", big ? 6 : 5,
+		 H * D, async ? " (async forms)" : "");
+	ck_assert_msg(strstr(out, want), "no '%s' line:\n%s", want, out);
+	ck_assert_msg(!strstr(out, "mismatch"), "%s", out);
+}
+END_TEST
+
 START_TEST(test_multihost_detects_wrong)
 {
 	static char out[1 << 16];
@@ -1106,6 +1138,29 @@ static void duo_start(struct duo *d)
 		ck_assert_msg(d->rc[h] == NET_OK, "host %d: start: %s", h, d->err[h]);
 }
 
+static void *duo_finish_main(void *arg)
+{
+	struct duo_start *a = arg;
+	a->d->rc[a->h] = net_finish(a->d->n[a->h], a->d->err[a->h], sizeof(a->d->err[a->h]));
+	return NULL;
+}
+
+/* Both hosts finish (the Done exchange) at once, then go. */
+static void duo_free(struct duo *d)
+{
+	pthread_t t[2];
+	struct duo_start a[2] = { { d, 0 }, { d, 1 } };
+	for (int h = 0; h < 2; h++)
+		ck_assert_int_eq(pthread_create(&t[h], NULL, duo_finish_main, &a[h]), 0);
+	for (int h = 0; h < 2; h++)
+		pthread_join(t[h], NULL);
+	for (int h = 0; h < 2; h++) {
+		ck_assert_msg(d->rc[h] == NET_OK, "host %d: finish: %s", h, d->err[h]);
+		net_free(d->n[h]);
+		xport_free(d->x[h]);
+	}
+}
+
 /* Resets (ss -K: an RST, unread bytes lost) every established TCP
  * connection this process has: the duo's one data link. The count. */
 static int reset_own_connections(void)
@@ -1210,12 +1265,109 @@ START_TEST(test_send_buffer_across_reset)
 	ck_assert_msg(xport_wait(r_small[1], long_, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_mem_eq(in[0], small[0], SMALL);
 	ck_assert_mem_eq(in[1], small[1], SMALL);
-	for (int h = 0; h < 2; h++) {
-		net_free(d.n[h]);
-		xport_free(d.x[h]);
-	}
+	duo_free(&d);
 	free(big);
 	free(got);
+}
+END_TEST
+
+/* ---- idle: no busy loop outlives a bounded spin ---- */
+
+/* CPU time (ns) every thread of process pid has used so far, from
+ * /proc/PID/task/ * /schedstat. */
+static uint64_t proc_cpu_ns(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	uint64_t sum = 0;
+	ck_assert_msg(d, "no %s", path);
+	for (struct dirent *e; (e = readdir(d));) {
+		char p2[400];
+		unsigned long long ns;
+		if (!isdigit((unsigned char)e->d_name[0]))
+			continue;
+		snprintf(p2, sizeof(p2), "%s/%s/schedstat", path, e->d_name);
+		FILE *f = fopen(p2, "r");
+		if (f && fscanf(f, "%llu", &ns) == 1)
+			sum += ns;
+		if (f)
+			fclose(f);
+	}
+	closedir(d);
+	return sum;
+}
+
+struct waiter {
+	struct xreq *r;
+	int rc;
+	char err[512];
+};
+
+static void *waiter_main(void *arg)
+{
+	struct waiter *w = arg;
+	w->rc = xport_wait(w->r, xport_now_ns() + 30ull * 1000 * 1000 * 1000, w->err, sizeof(w->err));
+	return NULL;
+}
+
+/* A device thread waits 2 s for a message that has not been sent (its
+ * poll_spin_us is 200): after its spin it sleeps, and the whole process
+ * (both hosts' net, stream and device threads) uses under 1% of a CPU
+ * meanwhile; the message then arrives whole. */
+START_TEST(test_idle_waiter)
+{
+	struct duo d = { 0 };
+	char err[512];
+	duo_start(&d);
+	uint8_t out[4096], in[4096];
+	memset(out, 0x3c, sizeof(out));
+	struct xmeta m = { .op = MESHRUN__COLL_OP__COLL_P2P, .group = 5 };
+	struct waiter w = { 0 };
+	struct xreq *s;
+	ck_assert_int_eq(xport_irecv(d.x[1], 0, 1, &m, in, sizeof(in), &w.r), 0);
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, waiter_main, &w), 0);
+	usleep(300 * 1000);                   /* past the spin and the linger */
+	uint64_t c0 = proc_cpu_ns(getpid()), t0 = xport_now_ns();
+	usleep(2000 * 1000);
+	uint64_t c1 = proc_cpu_ns(getpid()), t1 = xport_now_ns();
+	double share = (double)(c1 - c0) / (double)(t1 - t0);
+	ck_assert_int_eq(xport_isend(d.x[0], 0, 1, &m, out, sizeof(out), &s), 0);
+	pthread_join(t, NULL);
+	ck_assert_msg(w.rc == 0, "%s", w.err);
+	ck_assert_msg(xport_wait(s, xport_now_ns() + 10ull * 1000 * 1000 * 1000, err, sizeof(err)) == 0,
+		      "%s", err);
+	ck_assert_mem_eq(in, out, sizeof(in));
+	ck_assert_msg(share < 0.01, "waiting used %.2f%% of a CPU", share * 100);
+	duo_free(&d);
+}
+END_TEST
+
+/* Two agents that ran a pingpong and now hold (as between steps): each
+ * uses under 1% of a CPU over 2 s, by /proc. */
+START_TEST(test_idle_agents)
+{
+	struct proc p;
+	char *argv[] = { (char *)meshrun_path(), "local", "--hosts", "2", "--job=pingpong",
+			 "--rounds=4", "--size=1M", "--hold-s=6", NULL };
+	proc_start(&p, "idle", argv, -1);
+	ck_assert_msg(proc_wait_output(&p, "pingpong: 2 hosts", 60), "no pingpong:\n%s",
+		      slurp(p.err));
+	usleep(300 * 1000);
+	pid_t a[2] = { agent_of(p.pid, 0), agent_of(p.pid, 1) };
+	ck_assert_msg(a[0] > 0 && a[1] > 0, "agents not found");
+	uint64_t c0[2], t0 = xport_now_ns();
+	for (int h = 0; h < 2; h++)
+		c0[h] = proc_cpu_ns(a[h]);
+	usleep(2000 * 1000);
+	uint64_t t1 = xport_now_ns();
+	for (int h = 0; h < 2; h++) {
+		double share = (double)(proc_cpu_ns(a[h]) - c0[h]) / (double)(t1 - t0);
+		ck_assert_msg(share < 0.01, "idle agent of host %d used %.2f%% of a CPU", h,
+			      share * 100);
+	}
+	ck_assert_int_eq(proc_wait(&p, 30), 0);
 }
 END_TEST
 
@@ -1267,6 +1419,12 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, test_link_table);
 	suite_add_tcase(s, tc);
 
+	tc = tcase_create("paths");
+	tcase_set_timeout(tc, 120);
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_loop_test(tc, test_multihost_paths, 0, 12);
+	suite_add_tcase(s, tc);
+
 	tc = tcase_create("failure");
 	tcase_set_timeout(tc, 90);
 	tcase_add_checked_fixture(tc, setup, teardown);
@@ -1277,6 +1435,13 @@ static Suite *coll_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_checked_fixture(tc, setup_certs, teardown);
 	tcase_add_test(tc, test_send_buffer_across_reset);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("idle");
+	tcase_set_timeout(tc, 60);
+	tcase_add_checked_fixture(tc, setup_certs, teardown);
+	tcase_add_test(tc, test_idle_waiter);
+	tcase_add_test(tc, test_idle_agents);
 	suite_add_tcase(s, tc);
 	return s;
 }
