@@ -38,6 +38,10 @@ enum {
 
 #define NBUCKETS 4096
 
+/* A sched_yield that takes longer than this ran another thread: the
+ * cores are busy, and a waiter stops polling (xport_wait). */
+#define YIELD_BUSY_NS (30ull * 1000)
+
 /* xreq.wait: a request's completion word (any other value: a parker) */
 enum { XW_PENDING = 0, XW_DONE = 1, XW_ORPHAN = 2 };
 
@@ -574,10 +578,18 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 				polling = true;
 				/* bounded by spin_ns without progress: while bytes
 				 * move, the waiter keeps reading them itself */
-				if (x->ops.poll(x->ops_ctx, r, first))
+				if (x->ops.poll(x->ops_ctx, r, first)) {
 					spin_end = xport_now_ns() + x->spin_ns;
-				else
-					sched_yield();
+					continue;
+				}
+				/* a yield that gave the core away (another thread
+				 * ran) says the cores are all taken: spinning on
+				 * would only keep them from the threads that make
+				 * progress, so sleep instead */
+				uint64_t y0 = xport_now_ns();
+				sched_yield();
+				if (xport_now_ns() - y0 > YIELD_BUSY_NS)
+					spin_end = 0;
 				continue;
 			}
 			poll = false;
