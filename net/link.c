@@ -19,14 +19,18 @@
 
 void link_lock(struct link *l)
 {
-	pthread_mutex_lock(&l->mu);
+	if (pthread_mutex_trylock(&l->mu)) {
+		atomic_fetch_add(&l->lockers, 1);
+		pthread_mutex_lock(&l->mu);
+		atomic_fetch_sub(&l->lockers, 1);
+	}
 	if (l->depth++ == 0)
 		l->off_main = !net_on_main(l->net);
 }
 
 bool link_trylock(struct link *l)
 {
-	if (pthread_mutex_trylock(&l->mu))
+	if (atomic_load_explicit(&l->lockers, memory_order_relaxed) || pthread_mutex_trylock(&l->mu))
 		return false;
 	if (l->depth++ == 0)
 		l->off_main = !net_on_main(l->net);

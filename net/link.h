@@ -143,6 +143,7 @@ struct link {
 	pthread_mutex_t mu;            /* the link lock (see the top of this file) */
 	int depth;                     /* the holder's recursion depth */
 	_Atomic int kick;              /* the stream thread found mu taken */
+	_Atomic int lockers;           /* threads blocked in link_lock */
 	bool pinned;                   /* device threads hold it: freed by net_free only */
 	bool off_main;                 /* the lock holder is not the net thread */
 	/* its stream thread, while the link is UP (net/stream.c) */
@@ -257,7 +258,10 @@ static inline uint64_t link_rx_done(const struct link *l)
 /* ---- the link lock ---- */
 
 void link_lock(struct link *l);
-/* false if another thread holds it. */
+/* false if another thread holds it, or a thread waits for it in
+ * link_lock: a polling thread that takes the lock again and again would
+ * otherwise keep the net thread (heartbeats) from it for as long as
+ * bytes trickle in (the mutex is not fair). */
 bool link_trylock(struct link *l);
 /* Unlocks; and if the stream thread found the lock taken meanwhile
  * (l->kick), arms its watch again so what it came for is not lost. */
