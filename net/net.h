@@ -9,7 +9,17 @@
  *
  * net knows nothing of configs or jobs: the agent fills struct net_params.
  * Thread model: net_new/net_start/net_finish/net_abort/net_free from one
- * control thread; the xport hooks from any device thread. */
+ * control thread; the xport hooks from any device thread, which write and
+ * read the links themselves (net/direct.c, net/link.h).
+ *
+ * A send's buffer across a reconnect: the caller's buffer belongs to the
+ * net from send_ready until xport_complete. With recovery, a message of
+ * one data frame is copied and completes at once; a longer one is resent
+ * from the caller's buffer after a reconnect, so it completes only when
+ * the peer acknowledged its last frame (a reset before that resends it
+ * from the buffer; the caller must not touch it). A failure completes it
+ * with an error and the net never reads the buffer again. Without
+ * recovery a send completes when its last byte went to the connection. */
 #ifndef MESHRUN_NET_H
 #define MESHRUN_NET_H
 
@@ -98,9 +108,13 @@ struct net_params {
 	 * from 0 (the rendezvous connection and the data link to a host count
 	 * apart). Returns an enum link_fault, which the link honours.
 	 * Ownership: fault_ctx is the caller's and must outlive the net; f is
-	 * lent for the call only (do not keep or change it). The callback runs
-	 * inside the net thread's loop: it must be quick, must not block and
-	 * must not call any net_* function. For tests and fault drills. */
+	 * lent for the call only (do not keep or change it; a data frame comes
+	 * as its CollectiveChunk view). The callback runs on whichever thread
+	 * writes or reads the frame (the net thread, a stream thread, or a
+	 * device thread sending or polling directly), with that link's lock
+	 * held: calls for one link never overlap, calls for two links may. It
+	 * must be quick, must not block and must not call any net_* function.
+	 * For tests and fault drills. */
 	int (*fault)(void *ctx, int peer, bool outgoing, uint64_t frame_index,
 		     const Meshrun__Frame *f);
 	void *fault_ctx;
