@@ -4,7 +4,7 @@
 
 DEB_PKGS := build-essential pkg-config libevent-dev libssl-dev libprotobuf-c-dev \
             protobuf-c-compiler libopenblas-dev check libyaml-dev libcjson-dev \
-            openssl iproute2 procps iputils-ping python3 universal-ctags
+            openssl iproute2 procps iputils-ping python3 python3-numpy universal-ctags
 PKGS     := openblas libcjson yaml-0.1 libprotobuf-c libevent_core \
             libevent_pthreads libssl libcrypto
 
@@ -183,7 +183,7 @@ fuzz-seeds: deps
 	$(B)/meshrun train --config configs/llama-tiny.yml steps=1 base_emb_dim=8 base_mlp_dim=16 \
 	  base_num_query_heads=2 base_num_kv_heads=1 base_num_decoder_layers=1 max_target_length=8 \
 	  per_device_batch_size=1 logits_via_embedding=true --checkpoint-dir $$tmp/ck >/dev/null && \
-	cp $$tmp/ck/model.safetensors tests/fuzz/safetensors/checkpoint-model && \
-	cp $$tmp/ck/meshrun.yml tests/fuzz/config/checkpoint-meshrun.yml; rc=$$?; rm -rf $$tmp; exit $$rc
+	cp $$tmp/ck/step-000001/model.safetensors tests/fuzz/safetensors/checkpoint-model && \
+	cp $$tmp/ck/step-000001/meshrun.yml tests/fuzz/config/checkpoint-meshrun.yml; rc=$$?; rm -rf $$tmp; exit $$rc
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -23,6 +23,7 @@ steps=${1:-3}
 rounds=${ROUNDS:-1}
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. bench/hwm.sh
 cfg=configs/llama-bench.yml
 avg() { # mean of a metrics field over steps >= 1
   python3 -c "import json; r=[json.loads(l) for l in open('$1')][1:]; print('%.2f' % (sum(x['$2'] for x in r)/len(r)))"; }
@@ -32,18 +33,9 @@ run() {
   /usr/bin/time -f "%U %S" -o $tmp/$name.cpu \
     "$bin" local --hosts 2 --devices-per-host 2 --config $cfg steps=$steps "$@" \
     --metrics $tmp/$name.jsonl --trace $tmp/$name.json >$tmp/$name.log 2>&1 &
-  local pid=$! h0=0 h1=0
-  while kill -0 $pid 2>/dev/null; do
-    for a in $(for l in $(pgrep -P $pid || true); do pgrep -P $l || true; done); do
-      h=$({ tr '\0' ' ' </proc/$a/cmdline; } 2>/dev/null | sed -n 's/.*--host-id \([0-9]*\).*/\1/p')
-      m=$({ awk '/VmHWM/ {print $2}' </proc/$a/status; } 2>/dev/null || true)
-      [ -n "$m" ] || continue
-      m=$((m / 1024))
-      [ "$h" = 0 ] && [ $m -gt $h0 ] && h0=$m
-      [ "$h" = 1 ] && [ $m -gt $h1 ] && h1=$m
-    done
-    sleep 0.2
-  done
+  local pid=$! h0 h1
+  hwm_poll $pid 0.2
+  h0=$hwm0 h1=$hwm1
   wait $pid || { cat $tmp/$name.log; exit 1; }
   local t cpu; t=$(avg $tmp/$name.jsonl step_time_s)
   cpu=$(awk -v n=$steps '{printf "%.2f", ($1 + $2) / n}' $tmp/$name.cpu)

@@ -70,16 +70,50 @@ void rope_forward(float *out, const float *inp, const float *cos_t, const float 
 void rope_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
 		   int B, int T, int H, int D);
 
+/* ---- RoPE on part of each head, adjacent pairs (kernels/mla.c) ----
+ * DeepSeek-V3's rope_interleave: dims (off + 2i, off + 2i + 1) of each
+ * head rotate together by frequency i. */
+/* inp, out (B,T,H,D): dims [off, off + Dr) of each head rotated, the
+ * others copied; cos,sin (T, Dr/2); out may equal inp */
+void rope_adj_forward(float *out, const float *inp, const float *cos_t, const float *sin_t,
+		      int B, int T, int H, int D, int off, int Dr);
+/* dinp += J^T dout: R^T on the rotated dims, the others as they are */
+void rope_adj_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
+		       int B, int T, int H, int D, int off, int Dr);
+/* YaRN's tables, as Hugging Face computes them: inv_freq blends
+ * theta^(-2i/D) (kept) and theta^(-2i/D) / factor (interpolated) by a
+ * linear ramp over i between floor(dim(beta_fast)) and ceil(dim(beta_slow)),
+ * dim(r) = D ln(orig / (2 pi r)) / (2 ln theta), clamped to [0, D-1]
+ * (0 below the ramp: kept; 1 above: interpolated); cos and sin times mult
+ * (the attention factor). cos,sin (T, D/2). */
+void rope_table_yarn(float *cos_t, float *sin_t, int T, int D, float theta, float factor, int orig,
+		     float beta_fast, float beta_slow, float mult);
+/* YaRN's mscale(f, m) = 0.1 m ln f + 1, or 1 when f <= 1 */
+float rope_yarn_mscale(float factor, float mscale);
+
+/* ---- keys and values of multi-head latent attention (kernels/mla.c) ---- */
+/* kvb (N,H,Dn+Dv): kv_b_proj's output, per head [no-rope key | value];
+ * kr (N,Dr) the rotary key all heads share. k (N,H,Dn+Dr) = per head
+ * [no-rope key | kr], v (N,H,Dv). */
+void mla_kv_forward(float *k, float *v, const float *kvb, const float *kr, int N, int H, int Dn, int Dr,
+		    int Dv);
+/* dkvb += per head [dk's no-rope part | dv]; dkr += dk's rope parts summed
+ * over the heads */
+void mla_kv_backward(float *dkvb, float *dkr, const float *dk, const float *dv, int N, int H, int Dn,
+		     int Dr, int Dv);
+
 /* ---- causal attention, grouped-query ---- */
-/* q (B,T,Hq,D), k,v (B,T,Hkv,D), out (B,T,Hq,D); att (B,Hq,T,T) softmax
- * probabilities cached for backward (upper triangle zero). Scale 1/sqrt(D).
+/* q (B,T,Hq,Dk), k (B,T,Hkv,Dk), v (B,T,Hkv,Dv), out (B,T,Hq,Dv); att
+ * (B,Hq,T,T) softmax probabilities cached for backward (upper triangle
+ * zero). Scores are scale * q.k (1/sqrt(Dk) for Llama; multi-head latent
+ * attention has Dk = nope + rope != Dv and YaRN's factor in it).
  * Hq % Hkv == 0; query head h uses kv head h / (Hq/Hkv). */
 void attention_forward(float *out, float *att, const float *q, const float *k,
-		       const float *v, int B, int T, int Hq, int Hkv, int D);
-/* scratch: at least T*T + T*D floats */
+		       const float *v, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale);
+/* scratch: at least T*T floats */
 void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 			const float *dout, const float *q, const float *k, const float *v,
-			const float *att, int B, int T, int Hq, int Hkv, int D);
+			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale);
 
 /* ---- SwiGLU ---- */
 /* out (N,H) = silu(gate) * up */
@@ -92,7 +126,10 @@ void residual_forward(float *out, const float *a, const float *b, int n);
 
 /* ---- softmax cross-entropy ---- */
 /* logits (N,V), targets (N); losses (N) per-token -log p; probs (N,V) cached.
- * Returns the mean loss (double accumulation). */
+ * Returns the mean loss over N (double accumulation). A negative target
+ * is masked (a document boundary, a padding row): its loss is 0 and it
+ * adds nothing to the total, here and in the split and backward kernels
+ * below (backward leaves its row of dlogits alone). */
 double softmax_xent_forward(float *losses, float *probs, const float *logits,
 			    const int32_t *targets, int N, int V);
 /* dlogits += (probs - onehot(target)) * scale   (scale = 1/N for a mean) */
@@ -115,25 +152,40 @@ void softmax_xent_backward(float *dlogits, const float *probs, const int32_t *ta
 void xent_split_max(float *mx, const float *logits, int N, int Vl);
 void xent_split_sums(float *st, float *probs, const float *logits, const float *mx,
 		     const int32_t *targets, int v0, int N, int Vl);
-double xent_split_finish(float *losses, float *probs, const float *mx, const float *st, int N,
-			 int Vl);
+double xent_split_finish(float *losses, float *probs, const float *mx, const float *st,
+			 const int32_t *targets, int N, int Vl);
 void xent_split_backward(float *dlogits, const float *probs, const int32_t *targets, int v0,
 			 float scale, int N, int Vl);
 
 /* ---- MoE (kernels/moe.c) ---- */
 enum moe_score { MOE_SOFTMAX = 0, MOE_SIGMOID = 1 };
-/* logits (N,E) -> scores (N,E) (softmax or sigmoid, cached); selects top-k
- * experts per token by scores + bias (bias may be NULL; only used for
- * selection, DeepSeek-V3's e_score_correction_bias); ties go to the lower
- * expert index. weights (N,k) = selected scores, renormalised to sum 1 if
- * norm_topk, times scale. idx (N,k) ascending by rank (best first). */
+#define MOE_MAX_EXPERTS 1024
+/* How the router chooses and weighs experts (DeepSeek-V3's router when
+ * sigmoid with a bias and groups; docs/training-step.md#the-v3-router). */
+struct moe_routing {
+	int E, k;                /* experts (<= MOE_MAX_EXPERTS), experts per token */
+	enum moe_score score;    /* softmax or sigmoid of the logits */
+	int norm_topk;           /* chosen weights divided by their sum (+1e-20) */
+	float scale;             /* then times routed_scaling_factor */
+	/* group-limited selection: E / groups experts per group (at least
+	 * 2); a group's score is the sum of its two best selection keys and
+	 * only the topk_groups best groups' experts compete (k <= topk_groups
+	 * x E / groups). groups <= 1: every expert competes. */
+	int groups, topk_groups;
+};
+/* logits (N,E) -> scores (N,E) (softmax or sigmoid, cached); weights,
+ * idx (N,k). Selection key = score + bias (bias (E) may be NULL; only
+ * selection sees it, DeepSeek-V3's e_score_correction_bias; NaN ranks
+ * last); with groups only the best groups' experts compete; the k best
+ * keys win, ties to the lower index (groups too). idx ascending by rank
+ * (best first). weights = the chosen UNBIASED scores, divided by their
+ * sum + 1e-20 if norm_topk, times scale. */
 void moe_router_forward(float *weights, int32_t *idx, float *scores, const float *logits,
-			const float *bias, int N, int E, int k, enum moe_score score,
-			int norm_topk, float scale);
-/* dlogits += d(weights)/d(logits)^T dweights  (selection is not differentiated) */
+			const float *bias, int N, const struct moe_routing *r);
+/* dlogits (N,E) += d(weights)/d(logits)^T dweights (N,k): through the
+ * chosen experts' unbiased scores; the selection is not differentiated */
 void moe_router_backward(float *dlogits, const float *dweights, const float *scores,
-			 const int32_t *idx, int N, int E, int k, enum moe_score score,
-			 int norm_topk, float scale);
+			 const int32_t *idx, int N, const struct moe_routing *r);
 /* Switch/DeepSeek load-balance loss over N tokens:
  *   L = E/(k) * sum_e f_e * P_e, f_e = (tokens choosing e)/N (constant),
  *   P_e = mean_n p(n,e) with p = scores normalised per token to sum 1.

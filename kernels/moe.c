@@ -1,5 +1,6 @@
-/* MoE routing kernels (DeepSeek-style; docs/training-step.md#the-model): router scoring and top-k
- * selection, the load-balance loss, and the sort / gather / combine steps
+/* MoE routing kernels (DeepSeek-style; docs/training-step.md#the-v3-router): router scoring,
+ * top-k selection (with DeepSeek-V3's correction bias and group-limited
+ * selection), the load-balance loss, and the sort / gather / combine steps
  * that move tokens to their experts and back. Experts themselves are plain
  * SwiGLU MLPs run by the caller on each expert's run of sorted rows. */
 #include "kernels/kernels.h"
@@ -25,44 +26,93 @@ static int ranks_before(float va, int ea, float vb, int eb)
 	return va > vb || (va == vb && ea < eb);
 }
 
+/* scores s (E) of one token from its logits l (E) */
+static void router_scores(float *s, const float *l, int E, enum moe_score score)
+{
+	if (score == MOE_SOFTMAX) {
+		float mx = -INFINITY;
+		for (int e = 0; e < E; e++)
+			mx = l[e] > mx ? l[e] : mx;
+		double sum = 0;
+		for (int e = 0; e < E; e++) {
+			s[e] = expf(l[e] - mx);
+			sum += s[e];
+		}
+		float inv = (float)(1.0 / sum);
+		for (int e = 0; e < E; e++)
+			s[e] *= inv;
+	} else {
+		for (int e = 0; e < E; e++)
+			s[e] = 1.0f / (1.0f + expf(-l[e]));
+	}
+}
+
+/* Group-limited selection: allowed[e] = 1 for the experts of the
+ * topk_groups best groups, a group's score being the sum of its two best
+ * keys (DeepSeek-V3's; a NaN sum ranks last). */
+static void router_groups(unsigned char *allowed, const float *key, const struct moe_routing *r)
+{
+	int G = r->groups, per = r->E / G;
+	float gs[MOE_MAX_EXPERTS];
+	for (int g = 0; g < G; g++) {
+		float m1 = -INFINITY, m2 = -INFINITY;
+		for (int e = g * per; e < (g + 1) * per; e++) {
+			if (key[e] > m1) {
+				m2 = m1;
+				m1 = key[e];
+			} else if (key[e] > m2) {
+				m2 = key[e];
+			}
+		}
+		float v = m1 + m2;
+		gs[g] = isnan(v) ? -INFINITY : v;
+	}
+	memset(allowed, 0, (size_t)r->E);
+	float prev_v = INFINITY;
+	int prev_g = -1;
+	for (int j = 0; j < r->topk_groups; j++) {
+		int best = -1;
+		for (int g = 0; g < G; g++)
+			if (ranks_before(prev_v, prev_g, gs[g], g) &&
+			    (best < 0 || ranks_before(gs[g], g, gs[best], best)))
+				best = g;
+		memset(allowed + (size_t)best * per, 1, (size_t)per);
+		prev_v = gs[best];
+		prev_g = best;
+	}
+}
+
 // logits (N,E) -> scores (N,E); weights, idx (N,k); bias (E) or NULL
 void moe_router_forward(float *weights, int32_t *idx, float *scores, const float *logits,
-			const float *bias, int N, int E, int k, enum moe_score score,
-			int norm_topk, float scale)
+			const float *bias, int N, const struct moe_routing *r)
 {
+	int E = r->E, k = r->k;
+	float key[MOE_MAX_EXPERTS];
+	unsigned char allowed[MOE_MAX_EXPERTS];
 	for (int n = 0; n < N; n++) {
-		const float *l = logits + (size_t)n * E;
 		float *s = scores + (size_t)n * E;
 		float *w = weights + (size_t)n * k;
 		int32_t *ix = idx + (size_t)n * k;
 
-		if (score == MOE_SOFTMAX) {
-			float mx = -INFINITY;
-			for (int e = 0; e < E; e++)
-				mx = l[e] > mx ? l[e] : mx;
-			double sum = 0;
-			for (int e = 0; e < E; e++) {
-				s[e] = expf(l[e] - mx);
-				sum += s[e];
-			}
-			float inv = (float)(1.0 / sum);
-			for (int e = 0; e < E; e++)
-				s[e] *= inv;
-		} else {
-			for (int e = 0; e < E; e++)
-				s[e] = 1.0f / (1.0f + expf(-l[e]));
-		}
+		router_scores(s, logits + (size_t)n * E, E, r->score);
+		for (int e = 0; e < E; e++)
+			key[e] = sel_key(s, bias, e);
+		if (r->groups > 1)
+			router_groups(allowed, key, r);
+		else
+			memset(allowed, 1, (size_t)E);
 
-		/* k passes of selection: pass j takes the best expert that ranks
-		 * after the one pass j-1 took, so no "taken" marks are needed. */
+		/* k passes of selection: pass j takes the best allowed expert
+		 * that ranks after the one pass j-1 took, so no "taken" marks
+		 * are needed. */
 		float prev_v = INFINITY;
 		int prev_e = -1;
 		for (int j = 0; j < k; j++) {
 			int best = -1;
 			float best_v = -INFINITY;
 			for (int e = 0; e < E; e++) {
-				float v = sel_key(s, bias, e);
-				if (!ranks_before(prev_v, prev_e, v, e))
+				float v = key[e];
+				if (!allowed[e] || !ranks_before(prev_v, prev_e, v, e))
 					continue;
 				if (best < 0 || ranks_before(v, e, best_v, best)) {
 					best = e;
@@ -77,7 +127,7 @@ void moe_router_forward(float *weights, int32_t *idx, float *scores, const float
 		double denom = 0;
 		for (int j = 0; j < k; j++)
 			denom += s[ix[j]];
-		float f = norm_topk ? (float)(scale / (denom + MOE_NORM_EPS)) : scale;
+		float f = r->norm_topk ? (float)(r->scale / (denom + MOE_NORM_EPS)) : r->scale;
 		for (int j = 0; j < k; j++)
 			w[j] = s[ix[j]] * f;
 	}
@@ -85,9 +135,10 @@ void moe_router_forward(float *weights, int32_t *idx, float *scores, const float
 
 // dweights (N,k), scores (N,E), idx (N,k) -> dlogits (N,E)
 void moe_router_backward(float *dlogits, const float *dweights, const float *scores,
-			 const int32_t *idx, int N, int E, int k, enum moe_score score,
-			 int norm_topk, float scale)
+			 const int32_t *idx, int N, const struct moe_routing *r)
 {
+	int E = r->E, k = r->k, norm_topk = r->norm_topk;
+	double scale = r->scale;
 	if (!dlogits)
 		return;
 	for (int n = 0; n < N; n++) {
@@ -105,23 +156,23 @@ void moe_router_backward(float *dlogits, const float *dweights, const float *sco
 		}
 		S += MOE_NORM_EPS;
 
-		if (score == MOE_SOFTMAX) {
+		if (r->score == MOE_SOFTMAX) {
 			/* dl_e = s_e (ds_e - sum_i ds_i s_i); ds is non-zero only
 			 * on the selected experts */
 			double dot = 0;
 			for (int j = 0; j < k; j++) {
-				double g = norm_topk ? scale / S * (dw[j] - dws / S) : (double)scale * dw[j];
+				double g = norm_topk ? scale / S * (dw[j] - dws / S) : scale * dw[j];
 				dot += g * s[ix[j]];
 			}
 			for (int e = 0; e < E; e++)
 				dl[e] -= (float)(s[e] * dot);
 			for (int j = 0; j < k; j++) {
-				double g = norm_topk ? scale / S * (dw[j] - dws / S) : (double)scale * dw[j];
+				double g = norm_topk ? scale / S * (dw[j] - dws / S) : scale * dw[j];
 				dl[ix[j]] += (float)(s[ix[j]] * g);
 			}
 		} else {
 			for (int j = 0; j < k; j++) {
-				double g = norm_topk ? scale / S * (dw[j] - dws / S) : (double)scale * dw[j];
+				double g = norm_topk ? scale / S * (dw[j] - dws / S) : scale * dw[j];
 				float se = s[ix[j]];
 				dl[ix[j]] += (float)(g * se * (1.0f - se));
 			}

@@ -390,22 +390,21 @@ void rope_backward(float *dinp, const float *dout, const float *cos_t, const flo
 /* ---- causal attention ---- */
 
 void attention_forward(float *out, float *att, const float *q, const float *k,
-		       const float *v, int B, int T, int Hq, int Hkv, int D)
+		       const float *v, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale)
 {
-	// q (B,T,Hq,D), k,v (B,T,Hkv,D), att (B,Hq,T,T), out (B,T,Hq,D)
-	int group = Hq / Hkv, ldq = Hq * D, ldk = Hkv * D;
-	float scale = 1.0f / sqrtf((float)D);
+	// q (B,T,Hq,Dk), k (B,T,Hkv,Dk), v (B,T,Hkv,Dv), att (B,Hq,T,T), out (B,T,Hq,Dv)
+	int group = Hq / Hkv, ldq = Hq * Dk, ldk = Hkv * Dk, ldv = Hkv * Dv, ldo = Hq * Dv;
 	for (int b = 0; b < B; b++)
 		for (int h = 0; h < Hq; h++) {
-			const float *qh = q + (size_t)b * T * ldq + (size_t)h * D;
-			const float *kh = k + (size_t)b * T * ldk + (size_t)(h / group) * D;
-			const float *vh = v + (size_t)b * T * ldk + (size_t)(h / group) * D;
-			float *oh = out + (size_t)b * T * ldq + (size_t)h * D;
+			const float *qh = q + (size_t)b * T * ldq + (size_t)h * Dk;
+			const float *kh = k + (size_t)b * T * ldk + (size_t)(h / group) * Dk;
+			const float *vh = v + (size_t)b * T * ldv + (size_t)(h / group) * Dv;
+			float *oh = out + (size_t)b * T * ldo + (size_t)h * Dv;
 			float *ah = att + ((size_t)b * Hq + h) * T * T;
 			for (int i0 = 0; i0 < T; i0 += ATT_BLK) {
 				int i1 = i0 + ATT_BLK < T ? i0 + ATT_BLK : T;
 				/* scores of rows i0..i1 against keys 0..i1 */
-				sgemm_rm(0, 1, i1 - i0, i1, D, scale, qh + (size_t)i0 * ldq, ldq,
+				sgemm_rm(0, 1, i1 - i0, i1, Dk, scale, qh + (size_t)i0 * ldq, ldq,
 					 kh, ldk, 0.0f, ah + (size_t)i0 * T, T);
 				for (int i = i0; i < i1; i++) {
 					float *row = ah + (size_t)i * T;
@@ -413,31 +412,33 @@ void attention_forward(float *out, float *att, const float *q, const float *k,
 					scale_row(row, 1.0f / sum, i + 1);
 					memset(row + i + 1, 0, sizeof(float) * (T - i - 1));
 				}
-				sgemm_rm(0, 0, i1 - i0, D, i1, 1.0f, ah + (size_t)i0 * T, T, vh, ldk,
-					 0.0f, oh + (size_t)i0 * ldq, ldq);
+				sgemm_rm(0, 0, i1 - i0, Dv, i1, 1.0f, ah + (size_t)i0 * T, T, vh, ldv,
+					 0.0f, oh + (size_t)i0 * ldo, ldo);
 			}
 		}
 }
 
 void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 			const float *dout, const float *q, const float *k, const float *v,
-			const float *att, int B, int T, int Hq, int Hkv, int D)
+			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale)
 {
-	// dout, q, dq (B,T,Hq,D); k, v, dk, dv (B,T,Hkv,D); att (B,Hq,T,T); scratch (T,T)
-	int group = Hq / Hkv, ldq = Hq * D, ldk = Hkv * D;
-	float scale = 1.0f / sqrtf((float)D);
+	// q, dq (B,T,Hq,Dk); k, dk (B,T,Hkv,Dk); v, dv (B,T,Hkv,Dv); dout (B,T,Hq,Dv);
+	// att (B,Hq,T,T); scratch (T,T)
+	int group = Hq / Hkv, ldq = Hq * Dk, ldk = Hkv * Dk, ldv = Hkv * Dv, ldo = Hq * Dv;
 	float *ds = scratch; /* dL/dscores of one head, lower triangle */
 	for (int b = 0; b < B; b++)
 		for (int h = 0; h < Hq; h++) {
-			size_t qo = (size_t)b * T * ldq + (size_t)h * D;
-			size_t ko = (size_t)b * T * ldk + (size_t)(h / group) * D;
+			size_t qo = (size_t)b * T * ldq + (size_t)h * Dk;
+			size_t ko = (size_t)b * T * ldk + (size_t)(h / group) * Dk;
+			size_t vo = (size_t)b * T * ldv + (size_t)(h / group) * Dv;
+			size_t oo = (size_t)b * T * ldo + (size_t)h * Dv;
 			const float *ah = att + ((size_t)b * Hq + h) * T * T;
 			if (dq || dk)
 				for (int i0 = 0; i0 < T; i0 += ATT_BLK) {
 					int i1 = i0 + ATT_BLK < T ? i0 + ATT_BLK : T;
 					/* dP = dout V^T, then dS = P (dP - rowsum(P dP)) */
-					sgemm_rm(0, 1, i1 - i0, i1, D, 1.0f, dout + qo + (size_t)i0 * ldq,
-						 ldq, v + ko, ldk, 0.0f, ds + (size_t)i0 * T, T);
+					sgemm_rm(0, 1, i1 - i0, i1, Dv, 1.0f, dout + oo + (size_t)i0 * ldo,
+						 ldo, v + vo, ldv, 0.0f, ds + (size_t)i0 * T, T);
 					for (int i = i0; i < i1; i++) {
 						const float *p = ah + (size_t)i * T;
 						float *d = ds + (size_t)i * T;
@@ -456,18 +457,18 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 						memset(d + i + 1, 0, sizeof(float) * (i1 - i - 1));
 					}
 					if (dq)
-						sgemm_rm(0, 0, i1 - i0, D, i1, scale, ds + (size_t)i0 * T, T,
+						sgemm_rm(0, 0, i1 - i0, Dk, i1, scale, ds + (size_t)i0 * T, T,
 							 k + ko, ldk, 1.0f, dq + qo + (size_t)i0 * ldq, ldq);
 				}
 			/* key block j0..j1 is seen by query rows j0..T-1 */
 			for (int j0 = 0; j0 < T; j0 += ATT_BLK) {
 				int j1 = j0 + ATT_BLK < T ? j0 + ATT_BLK : T;
 				if (dv)
-					sgemm_rm(1, 0, j1 - j0, D, T - j0, 1.0f, ah + (size_t)j0 * T + j0, T,
-						 dout + qo + (size_t)j0 * ldq, ldq, 1.0f,
-						 dv + ko + (size_t)j0 * ldk, ldk);
+					sgemm_rm(1, 0, j1 - j0, Dv, T - j0, 1.0f, ah + (size_t)j0 * T + j0, T,
+						 dout + oo + (size_t)j0 * ldo, ldo, 1.0f,
+						 dv + vo + (size_t)j0 * ldv, ldv);
 				if (dk)
-					sgemm_rm(1, 0, j1 - j0, D, T - j0, scale, ds + (size_t)j0 * T + j0, T,
+					sgemm_rm(1, 0, j1 - j0, Dk, T - j0, scale, ds + (size_t)j0 * T + j0, T,
 						 q + qo + (size_t)j0 * ldq, ldq, 1.0f,
 						 dk + ko + (size_t)j0 * ldk, ldk);
 			}
@@ -568,6 +569,10 @@ double softmax_xent_forward(float *losses, float *probs, const float *logits,
 		float m = max_row(x, V);
 		float sum = exp_sum_row(p, x, m, V);
 		scale_row(p, 1.0f / sum, V);
+		if (targets[n] < 0) {  /* masked: no loss, no gradient */
+			losses[n] = 0;
+			continue;
+		}
 		/* -log p_t = log(sum exp(x - m)) - (x_t - m), exact even when p_t underflows */
 		double loss = log((double)sum) - ((double)x[targets[n]] - m);
 		losses[n] = (float)loss;
@@ -607,13 +612,17 @@ void xent_split_sums(float *st, float *probs, const float *logits, const float *
 	}
 }
 
-double xent_split_finish(float *losses, float *probs, const float *mx, const float *st, int N,
-			 int Vl)
+double xent_split_finish(float *losses, float *probs, const float *mx, const float *st,
+			 const int32_t *targets, int N, int Vl)
 {
 	// probs (N,Vl) in: exp(x - mx) from xent_split_sums; out: softmax
 	double total = 0.0;
 	for (int n = 0; n < N; n++) {
 		scale_row(probs + (size_t)n * Vl, 1.0f / st[n], Vl);
+		if (targets[n] < 0) {
+			losses[n] = 0;
+			continue;
+		}
 		double loss = log((double)st[n]) - ((double)st[N + n] - mx[n]);
 		losses[n] = (float)loss;
 		total += loss;
@@ -628,6 +637,8 @@ void xent_split_backward(float *dlogits, const float *probs, const int32_t *targ
 	if (!dlogits)
 		return;
 	for (int n = 0; n < N; n++) {
+		if (targets[n] < 0)
+			continue;
 		const float *p = probs + (size_t)n * Vl;
 		float *d = dlogits + (size_t)n * Vl;
 		int i = 0;

@@ -21,7 +21,9 @@ struct conn;
 
 struct conn_type {
 	const char *name;
-	/* 0 once the handshake is done; -EAGAIN (see want); -EPROTO etc. */
+	/* 0 once the handshake is done; -EAGAIN (see want); -EKEYREJECTED
+	 * when a certificate failed verification (the peer's here, or ours
+	 * there); -EPROTO (not TLS, or TLS gone wrong), -ECONNRESET etc. */
 	int (*handshake)(struct conn *c);
 	/* > 0 bytes read; 0 at the peer's orderly close; -EAGAIN; < 0 error */
 	ssize_t (*read)(struct conn *c, void *buf, size_t len);

@@ -639,7 +639,7 @@ void link_lost(struct link *l, int rc, const char *reason)
 			return;
 		}
 		if (!quiet && l->peer < 0 && !l->refused)
-			status_log(n, "refused connection from %s: %s", l->addr, reason);
+			status_log_refused(n, "connection", l->addr, reason);
 		link_kill(l);
 		return;
 	case ROLE_COORD_OUT:
@@ -655,7 +655,7 @@ void link_lost(struct link *l, int rc, const char *reason)
 	case ROLE_LINK_IN:
 		if (l->state != LS_UP && l->peer < 0) {
 			if (!quiet && !l->refused)
-				status_log(n, "refused link from %s: %s", l->addr, reason);
+				status_log_refused(n, "link", l->addr, reason);
 			link_kill(l);
 			return;
 		}

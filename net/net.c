@@ -152,7 +152,6 @@ static void missing_hosts(struct net *n, bool (*missing)(struct net *, int), cha
 	}
 }
 
-static bool no_hello(struct net *n, int h) { return !n->peers[h].joined; }
 static bool no_link(struct net *n, int h)
 {
 	for (int k = 0; k < n->nstreams; k++) {
@@ -171,17 +170,7 @@ static void phase_timeout(struct net *n)
 	double t = n->connect_timeout_s;
 	switch (n->phase) {
 	case PH_RENDEZVOUS:
-		if (n->host_id == 0) {
-			missing_hosts(n, no_hello, hosts, sizeof(hosts));
-			snprintf(msg, sizeof(msg), "rendezvous timed out after %g s: no hello from hosts %s",
-				 t, hosts);
-		} else {
-			snprintf(msg, sizeof(msg), "rendezvous timed out after %g s: no topology from the coordinator %.200s%s%.200s",
-				 t, n->coordinator, n->coord_err[0] ? " (last error: " : "",
-				 n->coord_err[0] ? n->coord_err : "");
-			if (n->coord_err[0])
-				strncat(msg, ")", sizeof(msg) - strlen(msg) - 1);
-		}
+		rdv_timeout(n, msg, sizeof(msg));
 		break;
 	case PH_LINKS:
 		missing_hosts(n, no_link, hosts, sizeof(hosts));
@@ -227,6 +216,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 
+	status_flush_refused(n, false);
 	uint64_t now = now_ns();
 	for (struct link *l = n->links; l; l = l->next) {
 		link_lock(l);
@@ -461,7 +451,8 @@ static void start_cb(evutil_socket_t fd, short what, void *arg)
 	struct net *n = arg;
 	(void)fd;
 	(void)what;
-	n->phase_deadline_ns = now_ns() + sec_ns(n->connect_timeout_s);
+	n->phase_deadline_ns = now_ns() + sec_ns(n->connect_timeout_s) +
+			       (n->host_id ? sec_ns(RDV_AGENT_GRACE_S) : 0);
 	if (n->num_hosts == 1) {
 		n->phase = PH_RUNNING;
 		status_set_ready(n);
@@ -537,19 +528,18 @@ int net_finish(struct net *n, char *err, size_t errlen)
 
 void net_abort(struct net *n, int status, const char *msg)
 {
+	struct cmd *c = n->thread_started ? cmd_new(CMD_ABORT, msg) : NULL;
+	if (!c)
+		status_record(n, status, msg);
+	else
+		c->status = status;
+	/* queued before the xport wakes anyone: a sibling device that fails
+	 * because of this abort queues its own after it, and the first
+	 * failure recorded is this one */
+	if (c)
+		push_cmd(n, c);
 	if (n->x)
 		xport_fail(n->x, -ECANCELED, msg);
-	if (!n->thread_started) {
-		status_record(n, status, msg);
-		return;
-	}
-	struct cmd *c = cmd_new(CMD_ABORT, msg);
-	if (!c) {
-		status_record(n, status, msg);
-		return;
-	}
-	c->status = status;
-	push_cmd(n, c);
 }
 
 int net_failed(struct net *n, char *err, size_t errlen)
@@ -596,6 +586,7 @@ void net_free(struct net *n)
 	}
 	/* the stream threads first: they may still hold a link */
 	stream_stop(n);
+	status_flush_refused(n, true);
 	while (n->links) {
 		struct link *l = n->links;
 		n->links = l->next;

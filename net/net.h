@@ -48,6 +48,10 @@ enum net_status {
 	NET_ERR_PEER_LOST = -EHOSTDOWN,  /* a peer died, fell silent or broke its link */
 	NET_ERR_REFUSED = -ECONNREFUSED, /* rendezvous refused */
 	NET_ERR_TIMEOUT = -ETIMEDOUT,    /* a start-up or finish deadline passed */
+	/* a TLS handshake at start-up failed: a certificate failed
+	 * verification (another cluster's CA, ours refused), or what answers
+	 * at the address does not speak TLS (a foreign listener) */
+	NET_ERR_TLS = -EKEYREJECTED,
 };
 
 /* What a link does with a frame at its fault point (net_params.fault).

@@ -41,6 +41,11 @@
 #define FRAG_MAX       LINK_FRAG_MAX
 #define SMALL_PAYLOAD  (16384 - 256)   /* payloads copied into the header's record */
 #define CLOSE_GRACE_NS (1000ull * 1000 * 1000)
+/* Refused connections are logged one line per source address per
+ * interval, with a count of the rest (status_log_refused). */
+#define REFUSED_SOURCES 16
+#define REFUSED_REASONS 4
+#define REFUSED_LOG_NS (10ull * 1000 * 1000 * 1000)
 #define RETRY_NS       (100ull * 1000 * 1000)
 #define ACCEPT_MAX     64
 #define REDIAL_MIN_NS  (50ull * 1000 * 1000)    /* redial backoff: the first redial is at once, then 50 ms */
@@ -121,6 +126,19 @@ struct net {
 	uint64_t coord_retry_at;
 	char coord_err[256];
 	bool topology_done;
+	/* refused connections by source (status_log_refused), and the last
+	 * one, which the rendezvous timeout names */
+	struct refused_src {
+		char host[64];           /* "" : a free slot */
+		uint64_t since_ns;       /* its line was logged then */
+		unsigned more;           /* refused since, not logged */
+		struct {
+			char text[160];
+			unsigned n;
+		} why[REFUSED_REASONS];  /* their reasons, counted */
+		unsigned other;          /* those of yet other reasons */
+	} refused[REFUSED_SOURCES];
+	char last_refused[300];
 
 	pthread_mutex_t mu;            /* guards the fields below */
 	pthread_cond_t cv;
@@ -170,6 +188,14 @@ static inline uint64_t sec_ns(double s)
 /* One line for the operator ("host <id>: " first): net_params.log or stderr. */
 void status_log(struct net *n, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+/* A refused connection (what: "connection", "link", "agent") from addr:
+ * one line per source address (the address without its port) per
+ * REFUSED_LOG_NS; the others in that interval are counted and said in one
+ * line when it ends (status_flush_refused). Net thread only. */
+void status_log_refused(struct net *n, const char *what, const char *addr, const char *reason);
+/* The counts of sources whose interval has passed (all: every one, at
+ * the end). */
+void status_flush_refused(struct net *n, bool all);
 /* " during all_reduce step 3", or "" before any traffic. */
 void status_activity(struct net *n, char *buf, size_t len);
 void status_set_ready(struct net *n);
@@ -217,6 +243,24 @@ void send_rr_flush(struct link *l);
 
 /* Refuses one connection (logged, Refuse sent, closed); the rendezvous
  * goes on. */
+/* A host other than the coordinator gives up on start-up this much later
+ * than connect_timeout_s, so the coordinator's deadline fires first and
+ * its verdict (who never said hello) reaches every host that is there. */
+#define RDV_AGENT_GRACE_S 5
+/* The rendezvous deadline passed (PH_RENDEZVOUS): the line that says who
+ * is missing into msg; on the coordinator, also sent to every agent that
+ * joined (an Abort on its rendezvous connection). */
+void rdv_timeout(struct net *n, char *msg, size_t len);
+/* A connection this host dialed at start-up failed in its handshake, or
+ * in a read before the hello came (rc, err from the connection):
+ * certificates that do not verify (here or there) or an address that
+ * does not speak TLS fail the job as NET_ERR_TLS naming the address; a
+ * coordinator connection closed then is retried. false when it is not
+ * one of these (the caller fails the link as before). */
+bool rdv_handshake_failed(struct link *l, int rc, const char *err);
+/* An agent's coordinator connection got an Abort before the topology
+ * (rdv_timeout's): the job fails with its class and reason. */
+void rdv_coord_on_abort(struct link *l, const Meshrun__Abort *a);
 void rdv_refuse_conn(struct link *l, const char *reason);
 void rdv_coord_on_hello(struct link *l, const Meshrun__Hello *h);
 void rdv_send_hello(struct link *l);

@@ -151,6 +151,10 @@ static bool dispatch(struct link *l, Meshrun__Frame *f)
 		case ROLE_COORD_OUT:
 			if (body == MESHRUN__FRAME__BODY_REFUSE)
 				goto refused;
+			if (body == MESHRUN__FRAME__BODY_ABORT) {
+				rdv_coord_on_abort(l, f->abort);
+				return false;
+			}
 			rdv_agent_on_topology(l, f->topology);
 			return false;
 		case ROLE_LINK_IN:
@@ -458,7 +462,10 @@ static size_t link_read(struct link *l, size_t budget)
 		if (r < 0) {
 			char err[256];
 			snprintf(err, sizeof(err), "%s", l->c->err);
-			link_conn_failed(l, -EPIPE, err);
+			/* before the hello: the peer may refuse our certificate
+			 * only now (TLS 1.3 checks the client's after its Finished) */
+			if (l->state != LS_HELLO || !rdv_handshake_failed(l, (int)r, err))
+				link_conn_failed(l, -EPIPE, err);
 			return total;
 		}
 		l->last_rx_ns = now_ns();
@@ -540,7 +547,8 @@ static void link_handshake(struct link *l)
 	if (rc < 0) {
 		char err[256];
 		snprintf(err, sizeof(err), "%s", l->c->err);
-		link_conn_failed(l, -EPROTO, err);
+		if (!rdv_handshake_failed(l, rc, err))
+			link_conn_failed(l, -EPROTO, err);
 		return;
 	}
 	link_set_state(l, LS_HELLO);

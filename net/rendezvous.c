@@ -22,8 +22,7 @@ _Static_assert(sizeof(((struct net *)0)->config_hash) == WIRE_HASH_LEN, "config 
 void rdv_refuse_conn(struct link *l, const char *reason)
 {
 	struct net *n = l->net;
-	status_log(n, "refused %s from %s: %s",
-		l->role == ROLE_COORD_IN ? "agent" : "link", l->addr, reason);
+	status_log_refused(n, l->role == ROLE_COORD_IN ? "agent" : "link", l->addr, reason);
 	l->refused = true;
 	l->peer = -1;
 	send_refuse(l, reason);
@@ -120,6 +119,98 @@ void rdv_coord_on_hello(struct link *l, const Meshrun__Hello *h)
 	n->joined++;
 	if (n->joined == n->num_hosts)
 		send_topology(n);
+}
+
+/* "2, 5" for the host ids with (or, !joined, without) a hello so far. */
+static void hosts_text(const struct net *n, bool joined, char *out, size_t len)
+{
+	size_t used = 0;
+	int count = 0;
+	out[0] = 0;
+	for (int h = 0; h < n->num_hosts && used < len; h++) {
+		if (n->peers[h].joined != joined)
+			continue;
+		if (count++ == 16) {
+			snprintf(out + used, len - used, ", ...");
+			break;
+		}
+		used += (size_t)snprintf(out + used, len - used, "%s%d", used ? ", " : "", h);
+	}
+}
+
+void rdv_timeout(struct net *n, char *msg, size_t len)
+{
+	double t = n->connect_timeout_s;
+	if (n->host_id != 0) {
+		/* the coordinator's verdict did not come: it is the one missing */
+		snprintf(msg, len, "rendezvous timed out after %g s: no topology from the coordinator "
+			 "at %.200s%s%.200s%s", t + RDV_AGENT_GRACE_S, n->coordinator,
+			 n->coord_err[0] ? " (last error: " : "", n->coord_err,
+			 n->coord_err[0] ? ")" : "");
+		return;
+	}
+	char missing[160], here[160];
+	hosts_text(n, false, missing, sizeof(missing));
+	hosts_text(n, true, here, sizeof(here));
+	int used = snprintf(msg, len, "rendezvous timed out after %g s: host%s %s never said hello "
+			    "to the coordinator at %.200s (here: host%s %s)", t,
+			    strchr(missing, ',') ? "s" : "", missing, n->coordinator,
+			    strchr(here, ',') ? "s" : "", here);
+	/* a host that tried and was turned away says why it is missing */
+	if (n->last_refused[0] && used > 0 && (size_t)used < len)
+		snprintf(msg + used, len - (size_t)used, "; the last refused: %s", n->last_refused);
+	/* every host that is here hears who is missing, as a timeout */
+	Meshrun__Frame f = MESHRUN__FRAME__INIT;
+	Meshrun__Abort a = MESHRUN__ABORT__INIT;
+	a.host_id = 0;
+	a.reason = msg;
+	a.code = ETIMEDOUT;
+	f.body_case = MESHRUN__FRAME__BODY_ABORT;
+	f.abort = &a;
+	for (int h = 1; h < n->num_hosts; h++) {
+		struct link *l = n->peers[h].coord_in;
+		if (l && l->state != LS_DEAD)
+			link_send(l, &f);
+	}
+}
+
+void rdv_coord_on_abort(struct link *l, const Meshrun__Abort *a)
+{
+	struct net *n = l->net;
+	char why[600], text[480];
+	snprintf(why, sizeof(why), "the coordinator (%s) ended the rendezvous: %s", l->addr,
+		 wire_peer_text(a->reason, text, sizeof(text)));
+	link_kill(l);
+	link_fail_all(n, wire_done_status(a->code), -ECONNABORTED, why);
+}
+
+bool rdv_handshake_failed(struct link *l, int rc, const char *err)
+{
+	struct net *n = l->net;
+	char msg[512];
+	if (l->was_up || (l->role != ROLE_COORD_OUT && l->role != ROLE_LINK_OUT) ||
+	    (l->role == ROLE_COORD_OUT && n->topology_done))
+		return false;
+	if (rc == -EKEYREJECTED || rc == -EPROTO) {
+		/* nobody was lost: a certificate or the address is wrong */
+		if (l->role == ROLE_COORD_OUT)
+			snprintf(msg, sizeof(msg), "the coordinator at %s: %s%s", l->addr, err,
+				 rc == -EKEYREJECTED ? " (are certs_dir's ca.pem and host certificate this cluster's?)"
+						     : " (is a meshrun coordinator listening there?)");
+		else
+			snprintf(msg, sizeof(msg), "host %d at %s: %s", l->peer, l->addr, err);
+		link_kill(l);
+		link_fail_all(n, NET_ERR_TLS, rc, msg);
+		return true;
+	}
+	if (l->role == ROLE_COORD_OUT && !n->topology_done) {
+		/* closed during the handshake: tried again until the deadline */
+		snprintf(n->coord_err, sizeof(n->coord_err), "%s", err);
+		n->coord_retry_at = now_ns() + RETRY_NS;
+		link_kill(l);
+		return true;
+	}
+	return false;
 }
 
 /* ---- rendezvous: agent side ---- */

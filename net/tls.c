@@ -271,6 +271,7 @@ out_free:
 	return NULL;
 }
 
+/* cert as BASE.pem and, unless key is NULL, the key as BASE.key (0600). */
 static int write_pem(const char *dir, const char *base, X509 *cert, EVP_PKEY *key,
 		     char *err, size_t errlen)
 {
@@ -283,6 +284,8 @@ static int write_pem(const char *dir, const char *base, X509 *cert, EVP_PKEY *ke
 		snprintf(err, errlen, "tls: unable to write '%s'", path);
 		return rc;
 	}
+	if (!key)
+		return 0;
 	snprintf(path, sizeof(path), "%s/%s.key", dir, base);
 	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
 	f = fd >= 0 ? fdopen(fd, "w") : NULL;
@@ -304,7 +307,9 @@ int tls_gen_certs(const char *dir, int n, char *err, size_t errlen)
 		snprintf(err, errlen, "tls: unable to make a cluster ca");
 		goto out;
 	}
-	rc = write_pem(dir, "ca", ca, ca_key, err, errlen);
+	/* the CA's key signs the hosts' certificates below and is never
+	 * written: nobody can sign another certificate for this job */
+	rc = write_pem(dir, "ca", ca, NULL, err, errlen);
 	for (int i = 0; !rc && i < n; i++) {
 		EVP_PKEY *k = EVP_EC_gen("P-256");
 		snprintf(cn, sizeof(cn), "%s%d", TLS_IDENTITY_PREFIX, i);

@@ -34,9 +34,11 @@ bool tls_peer_is_host(struct conn *c, int host_id, char *err, size_t errlen);
  * result) to buf. */
 void tls_error_string(SSL *ssl, char *buf, size_t len);
 
-/* Writes a fresh CA (ca.pem, ca.key) and hosts host<i>.pem/.key for
- * i in [0, n) into dir (which must exist): ECDSA P-256, CN and DNS SAN
- * meshrun-host-<i>, valid for 30 days. 0 or -errno with err. */
+/* Writes a fresh CA's certificate (ca.pem; its key is never written, so
+ * no other certificate can be signed for this set) and hosts
+ * host<i>.pem/.key (0600) for i in [0, n) into dir (which must exist):
+ * ECDSA P-256, CN and DNS SAN meshrun-host-<i>, valid for 30 days. 0 or
+ * -errno with err. */
 int tls_gen_certs(const char *dir, int n, char *err, size_t errlen);
 
 #endif

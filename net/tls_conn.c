@@ -162,6 +162,29 @@ static BIO *sbio_new(int fd, const bool *more)
 
 /* ---- TLS ---- */
 
+/* A TLS failure about certificates: ours refused by the peer (its
+ * alert), or the peer's failing our verification (ssl's result). */
+static bool cert_failure(SSL *ssl, unsigned long e)
+{
+	if (SSL_get_verify_result(ssl) != X509_V_OK)
+		return true;
+	if (ERR_GET_LIB(e) != ERR_LIB_SSL)
+		return false;
+	switch (ERR_GET_REASON(e)) {
+	case SSL_R_CERTIFICATE_VERIFY_FAILED:
+	case SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE:
+	case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
+	case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
+	case SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN:
+	case SSL_R_SSLV3_ALERT_CERTIFICATE_EXPIRED:
+	case SSL_R_TLSV1_ALERT_DECRYPT_ERROR:
+	case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
+		return true;
+	default:
+		return false;
+	}
+}
+
 /* Maps an SSL_* return to the conn contract. */
 static int tls_result(struct conn *c, int ret, const char *what)
 {
@@ -194,10 +217,12 @@ static int tls_result(struct conn *c, int ret, const char *what)
 		return 0;
 	default: {
 		char why[200];
+		/* about certificates: a class of its own (net/net.h NET_ERR_TLS) */
+		bool cert = cert_failure(tc(c)->ssl, ERR_peek_error());
 		tls_error_string(tc(c)->ssl, why, sizeof(why));
 		ERR_clear_error();
 		snprintf(c->err, sizeof(c->err), "%s: %s", what, why);
-		return -EPROTO;
+		return cert ? -EKEYREJECTED : -EPROTO;
 	}
 	}
 }

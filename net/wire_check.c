@@ -49,7 +49,9 @@ int wire_check_hello_stage(enum link_role role, int body, char *err, size_t errl
 		ok = body == MESHRUN__FRAME__BODY_HELLO;
 		break;
 	case ROLE_COORD_OUT:
-		ok = body == MESHRUN__FRAME__BODY_TOPOLOGY || body == MESHRUN__FRAME__BODY_REFUSE;
+		/* Abort: the coordinator's rendezvous deadline passed */
+		ok = body == MESHRUN__FRAME__BODY_TOPOLOGY || body == MESHRUN__FRAME__BODY_REFUSE ||
+		     body == MESHRUN__FRAME__BODY_ABORT;
 		break;
 	case ROLE_LINK_IN:
 		ok = body == MESHRUN__FRAME__BODY_LINK_HELLO;

@@ -181,15 +181,19 @@ END_TEST
 START_TEST(test_local_reports_failure)
 {
 	struct proc p;
-	/* every agent refuses the config: local says so and exits with it */
+	/* a config every agent would refuse: local refuses it itself, once,
+	 * before starting any (it used to print each agent's refusal) */
 	proc_meshrun(&p, "local", "local", "--hosts", "2", "--job", "pingpong",
 		    "dcn_data_parallelism=3", (char *)NULL);
 	ck_assert_int_eq(proc_wait(&p, 30), EXIT_CONFIG);
-	ck_assert_file_has(p.err, "dcn_* parallelism multiplies to 3 hosts, but the run has 2 hosts");
-	/* both fail at about the same moment, in either order: each is named */
-	ck_assert_file_has(p.err, "meshrun: local: host ");
-	ck_assert_file_has(p.err, "host 0 exited with code 3 (config error)");
-	ck_assert_file_has(p.err, "host 1 exited with code 3 (config error)");
+	ck_assert_str_eq(slurp(p.err), "meshrun: local: config: dcn_* parallelism multiplies to 3 "
+				       "hosts, but the run has 2 hosts\n");
+	/* a failure of the agents themselves: each is named, in either order */
+	proc_meshrun(&p, "local2", "local", "--hosts", "2", "--config", "configs/llama-tiny.yml",
+		    "steps=100", "per_device_batch_size=4", "--quiet", "--fault", "kill:host=1:step=2",
+		    (char *)NULL);
+	ck_assert_int_ne(proc_wait(&p, 30), 0);
+	ck_assert_file_has(p.err, "meshrun: local: host 1 was killed by signal 9");
 }
 END_TEST
 
@@ -564,6 +568,74 @@ START_TEST(test_single_host)
 }
 END_TEST
 
+/* ---- rendezvous names the missing ---- */
+
+/* A pingpong agent of 3 hosts with a 3 s start-up deadline. */
+static void rdv_agent(struct proc *p, const char *name, int host, int port)
+{
+	char hid[32];
+	snprintf(certs_kv, sizeof(certs_kv), "certs_dir=%s/certs", tmpdir);
+	snprintf(coord_kv, sizeof(coord_kv), "coordinator_address=127.0.0.1:%d", port);
+	snprintf(hid, sizeof(hid), "--host-id=%d", host);
+	proc_meshrun(p, name, "agent", hid, "--hosts=3", "--listen=127.0.0.1:0", "--job=pingpong",
+		    "--rounds=10", certs_kv, coord_kv, "connect_timeout_s=3", (char *)NULL);
+}
+
+START_TEST(test_missing_host_named)
+{
+	/* host 2 of 3 never starts (or is stopped before it says hello): the
+	 * coordinator's deadline fires first and every host names host 2;
+	 * nobody blames host 1 for it */
+	struct proc h[3];
+	char want[200];
+	int port = free_port();
+	bool stopped = _i == 1;
+	rdv_agent(&h[0], "h0", 0, port);
+	ck_assert_msg(wait_listening(port, 10), "coordinator never listened");
+	double t0 = now_s();
+	rdv_agent(&h[1], "h1", 1, port);
+	if (stopped) {
+		rdv_agent(&h[2], "h2", 2, port);
+		kill(h[2].pid, SIGSTOP);
+	}
+	ck_assert_int_eq(proc_wait(&h[0], 10), EXIT_FAIL);
+	ck_assert_int_eq(proc_wait(&h[1], 10), EXIT_FAIL);
+	/* before host 1's own deadline (3 s + 5 s): it heard the coordinator */
+	ck_assert_double_lt(now_s() - t0, 7);
+	if (!stopped) {
+		snprintf(want, sizeof(want), "rendezvous timed out after 3 s: host 2 never said hello "
+			 "to the coordinator at 127.0.0.1:%d (here: hosts 0, 1)", port);
+		ck_assert_file_has(h[0].err, want);
+		ck_assert_file_has(h[1].err, "meshrun: host 1: the coordinator (127.0.0.1:");
+		ck_assert_file_has(h[1].err, want);
+	} else {
+		/* stopped before or after its hello: rendezvous or link set-up */
+		for (int i = 0; i < 2; i++)
+			ck_assert_msg(file_has(h[i].err, "host 2 never said hello") ||
+				      file_has(h[i].err, "no link to hosts 2"), "host %d:\n%s", i,
+				      slurp(h[i].err));
+		kill(h[2].pid, SIGKILL);
+	}
+	for (int i = 0; i < 2; i++)
+		ck_assert_msg(!file_has(h[i].err, "lost host"), "host %d blames a host:\n%s", i,
+			      slurp(h[i].err));
+}
+END_TEST
+
+START_TEST(test_coordinator_unreachable)
+{
+	/* nothing listens at the coordinator's address: host 1 names it */
+	struct proc h;
+	char want[200];
+	int port = free_port();
+	rdv_agent(&h, "h1", 1, port);
+	ck_assert_int_eq(proc_wait(&h, 15), EXIT_FAIL);
+	snprintf(want, sizeof(want), "rendezvous timed out after 8 s: no topology from the "
+		 "coordinator at 127.0.0.1:%d (last error: connection refused)", port);
+	ck_assert_file_has(h.err, want);
+}
+END_TEST
+
 static Suite *agent_suite(void)
 {
 	Suite *s = suite_create("agent");
@@ -595,6 +667,13 @@ static Suite *agent_suite(void)
 	tcase_set_timeout(tc, 40);
 	tcase_add_test(tc, test_fault_pass);
 	tcase_add_loop_test(tc, test_fault_close, 0, 2);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("rendezvous");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 40);
+	tcase_add_loop_test(tc, test_missing_host_named, 0, 2);
+	tcase_add_test(tc, test_coordinator_unreachable);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("config");

@@ -192,6 +192,80 @@ START_TEST(test_load_cfg_order)
 }
 END_TEST
 
+/* errno names the docs' table may use */
+static const struct { const char *name; int e; } errnos[] = {
+	{ "EINVAL", EINVAL }, { "EBADMSG", EBADMSG }, { "EHOSTDOWN", EHOSTDOWN },
+	{ "ECONNREFUSED", ECONNREFUSED }, { "EKEYREJECTED", EKEYREJECTED },
+	{ "ETIMEDOUT", ETIMEDOUT }, { "ENOMEM", ENOMEM }, { "ENOSPC", ENOSPC },
+	{ "EBUSY", EBUSY }, { "ERANGE", ERANGE },
+};
+
+/* One truth: every row of docs/conventions.md's errno table ("| `-EINVAL`
+ * | ... | 3 |") is what cli_exit_code does, every row of docs/failures.md's
+ * exit-code table ("| 5 | peer lost | ... |") what cli_exit_name says,
+ * and the latter lists every code the CLI has. */
+START_TEST(test_exit_codes_as_documented)
+{
+	char line[2048];
+	FILE *f = fopen("docs/conventions.md", "r");
+	ck_assert_msg(f, "run from the repository's root");
+	int rows = 0;
+	while (fgets(line, sizeof(line), f)) {
+		char name[32];
+		int code, at = 0;
+		const char *bar = strrchr(line, '|');
+		if (sscanf(line, " | `-%31[A-Z]` |%n", name, &at) != 1 || !at || !bar)
+			continue;
+		const char *p = bar - 1;
+		while (p > line && *p == ' ')
+			p--;
+		while (p > line && p[-1] >= '0' && p[-1] <= '9')
+			p--;
+		ck_assert_msg(sscanf(p, "%d", &code) == 1, "no code in: %s", line);
+		int e = 0;
+		for (size_t i = 0; i < sizeof(errnos) / sizeof(errnos[0]); i++)
+			if (!strcmp(errnos[i].name, name))
+				e = errnos[i].e;
+		ck_assert_msg(e, "errno %s of docs/conventions.md unknown to this test", name);
+		ck_assert_msg(cli_exit_code(-e) == code, "-%s: docs say %d, cli_exit_code %d", name, code,
+			      cli_exit_code(-e));
+		rows++;
+	}
+	fclose(f);
+	ck_assert_int_ge(rows, 9);
+
+	f = fopen("docs/failures.md", "r");
+	ck_assert(f);
+	bool in_table = false;
+	int seen[256] = { 0 }, ncodes = 0;
+	while (fgets(line, sizeof(line), f)) {
+		if (!strncmp(line, "## ", 3))
+			in_table = !strncmp(line, "## Exit codes", 13);
+		int code, at = 0;
+		if (!in_table || sscanf(line, "| %d |%n", &code, &at) != 1 || !at)
+			continue;
+		char meaning[128];
+		snprintf(meaning, sizeof(meaning), "%.*s", (int)strcspn(line + at, "|"), line + at);
+		char *m = meaning;
+		while (*m == ' ')
+			m++;
+		for (size_t n = strlen(m); n && m[n - 1] == ' '; n--)
+			m[n - 1] = 0;
+		ck_assert_msg(code >= 0 && code < 256 && !seen[code], "code %d twice", code);
+		seen[code] = 1;
+		ncodes++;
+		ck_assert_msg(!strcmp(cli_exit_name(code), m), "code %d: docs say '%s', cli_exit_name '%s'",
+			      code, m, cli_exit_name(code));
+	}
+	fclose(f);
+	const int codes[] = { EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_CONFIG, EXIT_INPUT, EXIT_PEER_LOST,
+			      EXIT_REFUSED, EXIT_TLS, EXIT_INTERRUPTED };
+	for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+		ck_assert_msg(seen[codes[i]], "exit code %d is not in docs/failures.md", codes[i]);
+	ck_assert_int_eq(ncodes, (int)(sizeof(codes) / sizeof(codes[0])));
+}
+END_TEST
+
 START_TEST(test_exit_codes)
 {
 	ck_assert_int_eq(cli_exit_code(0), EXIT_OK);
@@ -202,6 +276,8 @@ START_TEST(test_exit_codes)
 	ck_assert_int_eq(cli_exit_code(-ETIMEDOUT), EXIT_FAIL);
 	ck_assert_int_eq(cli_exit_code(-ENOMEM), EXIT_FAIL);
 	ck_assert_int_eq(cli_exit_code(-EIO), EXIT_FAIL);
+	ck_assert_int_eq(cli_exit_code(-EKEYREJECTED), EXIT_TLS);
+	ck_assert_int_eq(cli_exit_code(-ENOSPC), EXIT_FAIL);
 	ck_assert_str_eq(cli_exit_name(EXIT_PEER_LOST), "peer lost");
 	ck_assert_str_eq(cli_exit_name(EXIT_CONFIG), "config error");
 }
@@ -222,6 +298,7 @@ static Suite *args_suite(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("exit codes");
 	tcase_add_test(tc, test_exit_codes);
+	tcase_add_test(tc, test_exit_codes_as_documented);
 	tcase_set_timeout(tc, 10);
 	suite_add_tcase(s, tc);
 	return s;

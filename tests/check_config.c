@@ -1,6 +1,7 @@
 /* Config loading: defaults agree with configs/base.yml, presets load, and
  * every kind of bad input is refused naming the key and where it was. */
 #include <check.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +93,75 @@ START_TEST(test_wrong_types)
 	unlink(p);
 	ck_assert_int_ne(cfg_load_file(&c, "/nonexistent/x.yml", err, sizeof(err)), 0);
 	ck_assert_msg(strstr(err, "unable to open '/nonexistent/x.yml'"), "%s", err);
+}
+END_TEST
+
+START_TEST(test_duplicate_keys)
+{
+	/* a key given twice in one file is refused naming both lines (was:
+	 * silently last-wins); the same key in a base_config file and in the
+	 * file over it is an override, as intended */
+	struct cfg c;
+	char want[256];
+	cfg_defaults(&c);
+	const char *p = write_tmp("steps: 3\nlearning_rate: 0.1\nsteps: 5\n");
+	ck_assert_int_eq(cfg_load_file(&c, p, err, sizeof(err)), -EINVAL);
+	snprintf(want, sizeof(want), "config: '%s' line 3: key 'steps' is given twice (first at line 1)", p);
+	ck_assert_str_eq(err, want);
+	unlink(p);
+	p = write_tmp("faults: [\"kill:host=1:step=3\"]\nsteps: 2\nfaults:\n  - \"stop:host=1:step=3\"\n");
+	ck_assert_int_eq(cfg_load_file(&c, p, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "line 3: key 'faults' is given twice (first at line 1)"), "%s", err);
+	unlink(p);
+	char base[64];
+	snprintf(base, sizeof(base), "%s", write_tmp("steps: 3\n"));
+	char text[128];
+	snprintf(text, sizeof(text), "base_config: %s\nsteps: 7\n", base);
+	p = write_tmp(text);
+	cfg_defaults(&c);
+	ck_assert_int_eq(cfg_load_file(&c, p, err, sizeof(err)), 0);
+	ck_assert_int_eq(c.steps, 7);
+	unlink(p);
+	unlink(base);
+}
+END_TEST
+
+START_TEST(test_out_of_range)
+{
+	/* numbers a run cannot use are refused by cfg_finish naming the key */
+	static const struct { const char *kv, *want; } bad[] = {
+		{ "learning_rate=-1", "config: key 'learning_rate' must be > 0, got -1" },
+		{ "learning_rate=0", "config: key 'learning_rate' must be > 0, got 0" },
+		{ "adam_b1=1", "config: key 'adam_b1' must be in [0, 1), got 1" },
+		{ "adam_b2=-0.5", "config: key 'adam_b2' must be in [0, 1), got -0.5" },
+		{ "adam_eps=0", "config: key 'adam_eps' must be > 0, got 0" },
+		{ "warmup_steps_fraction=1.5", "config: key 'warmup_steps_fraction' must be in [0, 1], got 1.5" },
+		{ "gradient_clipping_threshold=-1", "config: key 'gradient_clipping_threshold' must be >= 0, got -1" },
+		{ "steps=-3", "config: key 'steps' must be >= 0, got -3" },
+		{ "checkpoint_period=-1", "config: key 'checkpoint_period' must be >= 0, got -1" },
+		{ "collective_timeout_s=0", "config: key 'collective_timeout_s' must be > 0, got 0" },
+		{ "learning_rate_schedule_steps=0",
+		  "config: key 'learning_rate_schedule_steps' must be -1 (steps) or >= 1, got 0" },
+		{ "dataset_type=foo", "config: key 'dataset_type' has unknown value 'foo' (synthetic | text)" },
+		{ "dataset_type=text", "config: dataset_type 'text' needs key 'dataset_path' and "
+				       "'vocab_size' >= 256 (byte tokens), got '' and 256" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct cfg c;
+		cfg_defaults(&c);
+		ck_assert_int_eq(cfg_override(&c, bad[i].kv, err, sizeof(err)), 0);
+		ck_assert_msg(cfg_finish(&c, 1, 1, err, sizeof(err)) == -EINVAL, "%s accepted", bad[i].kv);
+		ck_assert_str_eq(err, bad[i].want);
+	}
+	/* the edges that are fine */
+	const char *good[] = { "learning_rate=1e-9", "adam_b1=0", "warmup_steps_fraction=1",
+			       "learning_rate_schedule_steps=-1", "steps=0", "gradient_clipping_threshold=0" };
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		struct cfg c;
+		cfg_defaults(&c);
+		ck_assert_int_eq(cfg_override(&c, good[i], err, sizeof(err)), 0);
+		ck_assert_msg(cfg_finish(&c, 1, 1, err, sizeof(err)) == 0, "%s: %s", good[i], err);
+	}
 }
 END_TEST
 
@@ -327,6 +397,8 @@ int main(void)
 	tcase_add_test(tc, test_unknown_key_in_file);
 	tcase_add_test(tc, test_wrong_types);
 	tcase_add_test(tc, test_overrides_and_lists);
+	tcase_add_test(tc, test_duplicate_keys);
+	tcase_add_test(tc, test_out_of_range);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("mesh");
 	tcase_set_timeout(tc, 20);

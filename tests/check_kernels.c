@@ -201,20 +201,19 @@ static void rope_d(double *out, const double *x, int B, int T, int H, int D, dou
 }
 
 static void attention_d(double *out, double *att, const double *q, const double *k,
-			const double *v, int B, int T, int Hq, int Hkv, int D)
+			const double *v, int B, int T, int Hq, int Hkv, int Dk, int Dv, double scale)
 {
 	int g = Hq / Hkv;
-	double scale = 1.0 / sqrt((double)D);
 	double *p = malloc(sizeof(double) * T);
 	for (int b = 0; b < B; b++)
 		for (int h = 0; h < Hq; h++)
 			for (int i = 0; i < T; i++) {
-				const double *qi = q + ((b * T + i) * Hq + h) * D;
+				const double *qi = q + ((b * T + i) * Hq + h) * Dk;
 				double m = -INFINITY, sum = 0.0;
 				for (int j = 0; j <= i; j++) {
-					const double *kj = k + ((b * T + j) * Hkv + h / g) * D;
+					const double *kj = k + ((b * T + j) * Hkv + h / g) * Dk;
 					double s = 0.0;
-					for (int d = 0; d < D; d++)
+					for (int d = 0; d < Dk; d++)
 						s += qi[d] * kj[d];
 					p[j] = s * scale;
 					m = fmax(m, p[j]);
@@ -223,8 +222,8 @@ static void attention_d(double *out, double *att, const double *q, const double 
 					p[j] = exp(p[j] - m);
 					sum += p[j];
 				}
-				double *oi = out + ((b * T + i) * Hq + h) * D;
-				for (int d = 0; d < D; d++)
+				double *oi = out + ((b * T + i) * Hq + h) * Dv;
+				for (int d = 0; d < Dv; d++)
 					oi[d] = 0.0;
 				for (int j = 0; j < T; j++) {
 					double pj = j <= i ? p[j] / sum : 0.0;
@@ -232,8 +231,8 @@ static void attention_d(double *out, double *att, const double *q, const double 
 						att[((b * Hq + h) * T + i) * T + j] = pj;
 					if (j > i)
 						continue;
-					const double *vj = v + ((b * T + j) * Hkv + h / g) * D;
-					for (int d = 0; d < D; d++)
+					const double *vj = v + ((b * T + j) * Hkv + h / g) * Dv;
+					for (int d = 0; d < Dv; d++)
 						oi[d] += pj * vj[d];
 				}
 			}
@@ -258,7 +257,7 @@ static double xent_d(double *losses, double *probs, const double *x, const int32
 			sum += exp(x[n * V + v] - m);
 		for (int v = 0; v < V && probs; v++)
 			probs[n * V + v] = exp(x[n * V + v] - m) / sum;
-		double l = log(sum) + m - x[n * V + tg[n]];
+		double l = tg[n] < 0 ? 0 : log(sum) + m - x[n * V + tg[n]];  /* < 0: masked */
 		if (losses)
 			losses[n] = l;
 		total += l;
@@ -571,33 +570,46 @@ END_TEST
 struct att_ctx {
 	double *q, *k, *v, *out;
 	const float *r;
-	int B, T, Hq, Hkv, D;
+	int B, T, Hq, Hkv, Dk, Dv;
+	double scale;
 };
 
 static double att_loss(void *p)
 {
 	struct att_ctx *c = p;
-	attention_d(c->out, NULL, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->D);
-	return dot_d(c->out, c->r, (size_t)c->B * c->T * c->Hq * c->D);
+	attention_d(c->out, NULL, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->Dk, c->Dv, c->scale);
+	return dot_d(c->out, c->r, (size_t)c->B * c->T * c->Hq * c->Dv);
 }
 
-/* shapes: the odd small case, and one long enough for several row blocks */
-static const int att_shapes[][5] = { { 2, 5, 4, 2, 6 }, { 1, 150, 2, 1, 16 }, { 2, 7, 3, 3, 5 } };
+/* shapes (B, T, Hq, Hkv, Dk, Dv): the odd small case, one long enough for
+ * several row blocks, and latent attention's q/k head wider than v's
+ * (and narrower), at a scale other than 1/sqrt(Dk) */
+static const int att_shapes[][6] = {
+	{ 2, 5, 4, 2, 6, 6 }, { 1, 150, 2, 1, 16, 16 }, { 2, 7, 3, 3, 5, 5 },
+	{ 2, 70, 3, 3, 12, 8 }, { 1, 9, 2, 1, 6, 11 },
+};
+
+static double att_scale_of(int i)
+{
+	return att_shapes[i][4] == att_shapes[i][5] ? 1.0 / sqrt((double)att_shapes[i][4]) : 0.37;
+}
 
 START_TEST(test_attention_forward)
 {
 	const int B = att_shapes[_i][0], T = att_shapes[_i][1], Hq = att_shapes[_i][2];
-	const int Hkv = att_shapes[_i][3], D = att_shapes[_i][4];
-	size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D;
+	const int Hkv = att_shapes[_i][3], Dk = att_shapes[_i][4], Dv = att_shapes[_i][5];
+	const double scale = att_scale_of(_i);
+	size_t nq = (size_t)B * T * Hq * Dk, nk = (size_t)B * T * Hkv * Dk;
+	size_t nv = (size_t)B * T * Hkv * Dv, no = (size_t)B * T * Hq * Dv;
 	size_t na = (size_t)B * Hq * T * T;
-	float *q = frand(nq, 2), *k = frand(nk, 2), *v = frand(nk, 1);
-	float *out = frand(nq, 1), *att = frand(na, 1);
-	double *outd = dzero(nq), *attd = dzero(na);
-	double *qd = dcopy(q, nq), *kd = dcopy(k, nk), *vd = dcopy(v, nk);
+	float *q = frand(nq, 2), *k = frand(nk, 2), *v = frand(nv, 1);
+	float *out = frand(no, 1), *att = frand(na, 1);
+	double *outd = dzero(no), *attd = dzero(na);
+	double *qd = dcopy(q, nq), *kd = dcopy(k, nk), *vd = dcopy(v, nv);
 
-	attention_forward(out, att, q, k, v, B, T, Hq, Hkv, D);
-	attention_d(outd, attd, qd, kd, vd, B, T, Hq, Hkv, D);
-	expect_close("attention out", out, outd, nq, TOL);
+	attention_forward(out, att, q, k, v, B, T, Hq, Hkv, Dk, Dv, (float)scale);
+	attention_d(outd, attd, qd, kd, vd, B, T, Hq, Hkv, Dk, Dv, scale);
+	expect_close("attention out", out, outd, no, TOL);
 	expect_close("attention att", att, attd, na, TOL);
 	for (int bh = 0; bh < B * Hq; bh++)
 		for (int i = 0; i < T; i++) {
@@ -617,37 +629,238 @@ END_TEST
 START_TEST(test_attention_backward)
 {
 	const int B = att_shapes[_i][0], T = att_shapes[_i][1], Hq = att_shapes[_i][2];
-	const int Hkv = att_shapes[_i][3], D = att_shapes[_i][4];
-	size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D;
+	const int Hkv = att_shapes[_i][3], Dk = att_shapes[_i][4], Dv = att_shapes[_i][5];
+	const double scale = att_scale_of(_i);
+	size_t nq = (size_t)B * T * Hq * Dk, nk = (size_t)B * T * Hkv * Dk;
+	size_t nv = (size_t)B * T * Hkv * Dv, no = (size_t)B * T * Hq * Dv;
 	size_t na = (size_t)B * Hq * T * T;
-	/* differences cost O(T^2) each: sample the long case */
+	/* differences cost O(T^2) each: sample the long cases */
 	size_t count = T > 64 ? 60 : SIZE_MAX;
-	float *q = frand(nq, 2), *k = frand(nk, 2), *v = frand(nk, 1), *r = frand(nq, 1);
-	float *out = fzero(nq), *att = fzero(na), *scratch = frand((size_t)T * T + (size_t)T * D, 1);
-	float *dq0 = frand(nq, 1), *dk0 = frand(nk, 1), *dv0 = frand(nk, 1);
-	float *dq = fcopy(dq0, nq), *dk = fcopy(dk0, nk), *dv = fcopy(dv0, nk);
-	struct att_ctx c = { dcopy(q, nq), dcopy(k, nk), dcopy(v, nk), dzero(nq), r, B, T, Hq, Hkv, D };
+	float *q = frand(nq, 2), *k = frand(nk, 2), *v = frand(nv, 1), *r = frand(no, 1);
+	float *out = fzero(no), *att = fzero(na), *scratch = frand((size_t)T * T, 1);
+	float *dq0 = frand(nq, 1), *dk0 = frand(nk, 1), *dv0 = frand(nv, 1);
+	float *dq = fcopy(dq0, nq), *dk = fcopy(dk0, nk), *dv = fcopy(dv0, nv);
+	struct att_ctx c = { dcopy(q, nq), dcopy(k, nk), dcopy(v, nv), dzero(no), r, B, T, Hq, Hkv,
+			     Dk, Dv, scale };
+	float sc = (float)scale;
 
-	attention_forward(out, att, q, k, v, B, T, Hq, Hkv, D);
+	attention_forward(out, att, q, k, v, B, T, Hq, Hkv, Dk, Dv, sc);
 	/* twice: gradients accumulate onto the random fill */
-	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, D);
-	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, D);
+	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
+	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
 	check_grad("attention dq", dq, dq0, 2, c.q, nq, count, att_loss, &c);
 	check_grad("attention dk", dk, dk0, 2, c.k, nk, count, att_loss, &c);
-	check_grad("attention dv", dv, dv0, 2, c.v, nk, count, att_loss, &c);
+	check_grad("attention dv", dv, dv0, 2, c.v, nv, count, att_loss, &c);
 	/* each NULL combination leaves the others right */
 	memcpy(dq, dq0, sizeof(float) * nq);
 	memcpy(dk, dk0, sizeof(float) * nk);
-	memcpy(dv, dv0, sizeof(float) * nk);
-	attention_backward(dq, NULL, NULL, scratch, r, q, k, v, att, B, T, Hq, Hkv, D);
-	attention_backward(NULL, dk, NULL, scratch, r, q, k, v, att, B, T, Hq, Hkv, D);
-	attention_backward(NULL, NULL, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, D);
+	memcpy(dv, dv0, sizeof(float) * nv);
+	attention_backward(dq, NULL, NULL, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
+	attention_backward(NULL, dk, NULL, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
+	attention_backward(NULL, NULL, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
 	check_grad("attention dq alone", dq, dq0, 1, c.q, nq, count, att_loss, &c);
 	check_grad("attention dk alone", dk, dk0, 1, c.k, nk, count, att_loss, &c);
-	check_grad("attention dv alone", dv, dv0, 1, c.v, nk, count, att_loss, &c);
+	check_grad("attention dv alone", dv, dv0, 1, c.v, nv, count, att_loss, &c);
 	free(q), free(k), free(v), free(r), free(out), free(att), free(scratch);
 	free(dq0), free(dk0), free(dv0), free(dq), free(dk), free(dv);
 	free(c.q), free(c.k), free(c.v), free(c.out);
+}
+END_TEST
+
+/* ---- latent attention's pieces (kernels/mla.c) ---- */
+
+/* Hugging Face DeepSeek-V3 with rope_interleave, on dims [off, off + Dr)
+ * of each head: the slice is de-interleaved (x0, x2, .., x1, x3, ..),
+ * rotated Llama's way with cos/sin = cat(freqs, freqs) and the result
+ * kept in de-interleaved order; here it is written back interleaved,
+ * out[off + 2i] = y[i], out[off + 2i + 1] = y[half + i], which leaves
+ * every q.k product as Hugging Face's. Other dims pass through. */
+static void rope_adj_d(double *out, const double *x, int B, int T, int H, int D, int off, int Dr,
+		       const double *inv_freq, double mult)
+{
+	int half = Dr / 2;
+	double *xd = malloc(sizeof(double) * Dr);
+	for (int b = 0; b < B; b++)
+		for (int t = 0; t < T; t++)
+			for (int h = 0; h < H; h++) {
+				const double *xv = x + ((b * T + t) * H + h) * D;
+				double *ov = out + ((b * T + t) * H + h) * D;
+				for (int i = 0; i < D; i++)
+					ov[i] = xv[i];
+				for (int i = 0; i < half; i++) {
+					xd[i] = xv[off + 2 * i];
+					xd[half + i] = xv[off + 2 * i + 1];
+				}
+				for (int i = 0; i < Dr; i++) {
+					double a = t * inv_freq[i % half];
+					double rot = i < half ? -xd[i + half] : xd[i - half];
+					double y = (xd[i] * cos(a) + rot * sin(a)) * mult;
+					ov[off + (i < half ? 2 * i : 2 * (i - half) + 1)] = y;
+				}
+			}
+	free(xd);
+}
+
+struct rope_adj_ctx {
+	double *x, *out, *inv_freq;
+	const float *r;
+	int B, T, H, D, off, Dr;
+};
+
+static double rope_adj_loss(void *p)
+{
+	struct rope_adj_ctx *c = p;
+	rope_adj_d(c->out, c->x, c->B, c->T, c->H, c->D, c->off, c->Dr, c->inv_freq, 1.0);
+	return dot_d(c->out, c->r, (size_t)c->B * c->T * c->H * c->D);
+}
+
+/* a query head [nope 5 | rope 6], a key [latent 7 | rope 6] with one
+ * head, and a head that is all rope */
+static const int rope_adj_shapes[][4] = { { 3, 11, 5, 6 }, { 1, 13, 7, 6 }, { 2, 8, 0, 8 } };
+
+START_TEST(test_rope_adj)
+{
+	const int B = 2, T = 5, H = rope_adj_shapes[_i][0], D = rope_adj_shapes[_i][1];
+	const int off = rope_adj_shapes[_i][2], Dr = rope_adj_shapes[_i][3];
+	size_t n = (size_t)B * T * H * D, nt = (size_t)T * Dr / 2;
+	float *cs = fzero(nt), *sn = fzero(nt), *x = frand(n, 1), *out = fzero(n);
+	float *r = frand(n, 1), *d0 = frand(n, 1), *dx = fcopy(d0, n), *back = fzero(n);
+	double *inv = dzero((size_t)Dr / 2);
+	for (int i = 0; i < Dr / 2; i++)
+		inv[i] = pow(10000.0, -2.0 * i / Dr);
+	struct rope_adj_ctx c = { dcopy(x, n), dzero(n), inv, r, B, T, H, D, off, Dr };
+
+	rope_table(cs, sn, T, Dr, 10000.0f);
+	rope_adj_forward(out, x, cs, sn, B, T, H, D, off, Dr);
+	rope_adj_loss(&c);
+	expect_close("rope_adj forward", out, c.out, n, TOL);
+	/* the dims outside the slice are copied exactly */
+	for (size_t e = 0; e < n; e++) {
+		int i = (int)(e % (size_t)D);
+		if (i < off || i >= off + Dr)
+			ck_assert_float_eq(out[e], x[e]);
+	}
+	float *inplace = fcopy(x, n);
+	rope_adj_forward(inplace, inplace, cs, sn, B, T, H, D, off, Dr);
+	for (size_t i = 0; i < n; i++)
+		ck_assert_float_eq(inplace[i], out[i]);
+	/* orthogonal: J^T J x = x */
+	rope_adj_backward(back, out, cs, sn, B, T, H, D, off, Dr);
+	for (size_t i = 0; i < n; i++)
+		ck_assert_float_eq_tol(back[i], x[i], 1e-6f);
+	rope_adj_backward(dx, r, cs, sn, B, T, H, D, off, Dr);
+	check_grad("rope_adj dinp", dx, d0, 1, c.x, n, SIZE_MAX, rope_adj_loss, &c);
+	free(cs), free(sn), free(x), free(out), free(r), free(d0), free(dx), free(back);
+	free(inplace), free(inv), free(c.x), free(c.out);
+}
+END_TEST
+
+/* YaRN's inverse frequencies, from Hugging Face's _compute_yarn_parameters
+ * (truncate on) */
+static void yarn_inv_freq_d(double *inv, int D, double theta, double factor, int orig, double bf,
+			    double bs)
+{
+	double low = floor(D * log(orig / (bf * 2 * M_PI)) / (2 * log(theta)));
+	double high = ceil(D * log(orig / (bs * 2 * M_PI)) / (2 * log(theta)));
+	low = fmax(low, 0);
+	high = fmin(high, D - 1);
+	if (low == high)
+		high += 0.001;
+	for (int i = 0; i < D / 2; i++) {
+		double pos = pow(theta, 2.0 * i / D);
+		double ext = 1.0 - fmin(fmax((i - low) / (high - low), 0), 1);
+		inv[i] = 1.0 / (factor * pos) * (1 - ext) + 1.0 / pos * ext;
+	}
+}
+
+START_TEST(test_rope_yarn)
+{
+	/* D = 8, theta 1e4, factor 40, 4096 original positions, betas 32, 1:
+	 * dim(32) = 8 ln(4096 / 64 pi) / (2 ln 1e4) = 1.309 -> 1, dim(1) =
+	 * 2.81 -> 3, so the ramp over i = 0..3 is (0, 0, 1/2, 1): the two
+	 * fastest frequencies kept, the slowest divided by 40, pair 2 halfway */
+	const int T = 7, D = 8;
+	float cs[7 * 4], sn[7 * 4];
+	double want[4] = { 1.0, 0.1, 0.5 * 0.01 + 0.5 * 0.01 / 40, 0.001 / 40 }, inv[4];
+	rope_table_yarn(cs, sn, T, D, 10000.0f, 40.0f, 4096, 32.0f, 1.0f, 1.25f);
+	yarn_inv_freq_d(inv, D, 10000.0, 40.0, 4096, 32.0, 1.0);
+	for (int i = 0; i < 4; i++) {
+		ck_assert_double_eq_tol(inv[i], want[i], 1e-12);
+		for (int t = 0; t < T; t++) {
+			ck_assert_float_eq_tol(cs[t * 4 + i], (float)(1.25 * cos(t * want[i])), 2e-7f);
+			ck_assert_float_eq_tol(sn[t * 4 + i], (float)(1.25 * sin(t * want[i])), 2e-7f);
+		}
+	}
+	/* a wider head, other betas, a ramp of one step (low == high: the
+	 * +0.001 guard) and factor 1 (nothing interpolated) */
+	static const struct { int D, orig; double factor, bf, bs; } cases[] = {
+		{ 64, 4096, 40, 32, 1 }, { 16, 2048, 8, 4, 2 }, { 32, 512, 1, 32, 1 }, { 16, 64, 4, 2, 1.9 },
+	};
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		int Dk = cases[k].D;
+		float *c2 = fzero((size_t)T * Dk / 2), *s2 = fzero((size_t)T * Dk / 2);
+		double *iv = dzero((size_t)Dk / 2);
+		rope_table_yarn(c2, s2, T, Dk, 10000.0f, (float)cases[k].factor, cases[k].orig,
+				(float)cases[k].bf, (float)cases[k].bs, 1.0f);
+		yarn_inv_freq_d(iv, Dk, 10000.0, cases[k].factor, cases[k].orig, cases[k].bf, cases[k].bs);
+		for (int t = 0; t < T; t++)
+			for (int i = 0; i < Dk / 2; i++) {
+				ck_assert_float_eq_tol(c2[t * Dk / 2 + i], (float)cos(t * iv[i]), 2e-7f);
+				ck_assert_float_eq_tol(s2[t * Dk / 2 + i], (float)sin(t * iv[i]), 2e-7f);
+			}
+		free(c2), free(s2), free(iv);
+	}
+	/* mscale(f, m) = 0.1 m ln f + 1, 1 for f <= 1 */
+	ck_assert_float_eq_tol(rope_yarn_mscale(40.0f, 1.0f), (float)(0.1 * log(40.0) + 1), 1e-6f);
+	ck_assert_float_eq_tol(rope_yarn_mscale(40.0f, 0.707f), (float)(0.0707 * log(40.0) + 1), 1e-6f);
+	ck_assert_float_eq(rope_yarn_mscale(1.0f, 3.0f), 1.0f);
+	ck_assert_float_eq(rope_yarn_mscale(0.5f, 3.0f), 1.0f);
+}
+END_TEST
+
+START_TEST(test_mla_kv)
+{
+	const int N = 6, H = 3, Dn = 4, Dr = 2, Dv = 5;
+	size_t nb = (size_t)N * H * (Dn + Dv), nr = (size_t)N * Dr;
+	size_t nk = (size_t)N * H * (Dn + Dr), nv = (size_t)N * H * Dv;
+	float *kvb = frand(nb, 1), *kr = frand(nr, 1), *k = frand(nk, 1), *v = frand(nv, 1);
+	mla_kv_forward(k, v, kvb, kr, N, H, Dn, Dr, Dv);
+	for (int n = 0; n < N; n++)
+		for (int h = 0; h < H; h++) {
+			for (int i = 0; i < Dn; i++)
+				ck_assert_float_eq(k[(n * H + h) * (Dn + Dr) + i], kvb[(n * H + h) * (Dn + Dv) + i]);
+			for (int i = 0; i < Dr; i++)
+				ck_assert_float_eq(k[(n * H + h) * (Dn + Dr) + Dn + i], kr[n * Dr + i]);
+			for (int i = 0; i < Dv; i++)
+				ck_assert_float_eq(v[(n * H + h) * Dv + i], kvb[(n * H + h) * (Dn + Dv) + Dn + i]);
+		}
+	/* the backward is the adjoint: <dk, k(x)> + <dv, v(x)> = <J^T (dk, dv), x>,
+	 * accumulated onto what the buffers held */
+	float *dk = frand(nk, 1), *dv = frand(nv, 1), *g0 = frand(nb, 1), *r0 = frand(nr, 1);
+	float *g = fcopy(g0, nb), *gr = fcopy(r0, nr);
+	mla_kv_backward(g, gr, dk, dv, N, H, Dn, Dr, Dv);
+	double lhs = 0, rhs = 0;
+	for (size_t i = 0; i < nk; i++)
+		lhs += (double)dk[i] * k[i];
+	for (size_t i = 0; i < nv; i++)
+		lhs += (double)dv[i] * v[i];
+	for (size_t i = 0; i < nb; i++)
+		rhs += (double)(g[i] - g0[i]) * kvb[i];
+	for (size_t i = 0; i < nr; i++)
+		rhs += (double)(gr[i] - r0[i]) * kr[i];
+	ck_assert_double_eq_tol(lhs, rhs, 1e-5 * fabs(lhs) + 1e-6);
+	/* the shared key's gradient is the sum over the heads */
+	for (int n = 0; n < N; n++)
+		for (int i = 0; i < Dr; i++) {
+			double s = r0[n * Dr + i];
+			for (int h = 0; h < H; h++)
+				s += dk[(n * H + h) * (Dn + Dr) + Dn + i];
+			ck_assert_float_eq_tol(gr[n * Dr + i], (float)s, 1e-6f);
+		}
+	/* NULL outputs are skipped */
+	mla_kv_backward(NULL, gr, dk, dv, N, H, Dn, Dr, Dv);
+	mla_kv_backward(g, NULL, dk, dv, N, H, Dn, Dr, Dv);
+	free(kvb), free(kr), free(k), free(v), free(dk), free(dv), free(g0), free(r0), free(g), free(gr);
 }
 END_TEST
 
@@ -722,9 +935,10 @@ static double xent_loss(void *p)
 	return c->scale * c->N * xent_d(NULL, NULL, c->x, c->tg, c->N, c->V);
 }
 
+/* _i: 0, 1 two vocabularies; 2, 3 the same with targets 1 and 3 masked */
 START_TEST(test_xent)
 {
-	const int N = 5, V = _i ? 37 : 11;
+	const int N = 5, V = _i & 1 ? 37 : 11;
 	size_t n = (size_t)N * V;
 	int32_t tg[5];
 	float *x = frand(n, 3), *probs = fzero(n), *losses = fzero(N);
@@ -733,6 +947,8 @@ START_TEST(test_xent)
 	struct xent_ctx c = { dcopy(x, n), tg, N, V, 1.0 / N };
 	for (int i = 0; i < N; i++)
 		tg[i] = (i * 5 + 3) % V;
+	if (_i >= 2)
+		tg[1] = tg[3] = -1;
 
 	double mean = softmax_xent_forward(losses, probs, x, tg, N, V);
 	double meand = xent_d(lossesd, probsd, c.x, tg, N, V);
@@ -743,6 +959,13 @@ START_TEST(test_xent)
 	softmax_xent_backward(d, probs, tg, (float)c.scale, N, V);
 	softmax_xent_backward(NULL, probs, tg, (float)c.scale, N, V);
 	check_grad("xent dlogits", d, d0, 2, c.x, n, SIZE_MAX, xent_loss, &c);
+	if (_i >= 2) {  /* a masked row: no loss, its gradient row untouched */
+		ck_assert_float_eq(losses[1], 0.0f);
+		ck_assert_float_eq(losses[3], 0.0f);
+		ck_assert_float_gt(losses[0], 0.0f);
+		ck_assert(!memcmp(d + V, d0 + V, sizeof(float) * V));
+		ck_assert(memcmp(d, d0, sizeof(float) * V));
+	}
 	free(x), free(probs), free(losses), free(d0), free(d), free(probsd), free(lossesd), free(c.x);
 }
 END_TEST
@@ -758,8 +981,10 @@ START_TEST(test_xent_split)
 	float *x = frand(n, 4), *probs = fzero(n), *losses = fzero(N), *d = fzero(n);
 	for (int i = 0; i < N; i++)
 		tg[i] = (i * 11 + 2) % V;
+	tg[4] = -1;  /* masked: the parts must agree that it has no loss */
 	softmax_xent_forward(losses, probs, x, tg, N, V);
 	softmax_xent_backward(d, probs, tg, 0.25f, N, V);
+	ck_assert_float_eq(losses[4], 0.0f);
 
 	float mx[6], gmx[6], st[12], gst[12] = { 0 }, pl[6], part_loss = 0;
 	float *xs[3], *ps[3], *ds[3];
@@ -783,7 +1008,7 @@ START_TEST(test_xent_split)
 	}
 	for (int k = 0; k < nparts; k++) {
 		int v0 = cuts[k], vl = cuts[k + 1] - v0;
-		double tot = xent_split_finish(pl, ps[k], gmx, gst, N, vl);
+		double tot = xent_split_finish(pl, ps[k], gmx, gst, tg, N, vl);
 		xent_split_backward(ds[k], ps[k], tg, v0, 0.25f, N, vl);
 		for (int r = 0; r < N; r++) {
 			ck_assert_float_eq_tol(pl[r], losses[r], 1e-5f);
@@ -1168,9 +1393,11 @@ static Suite *kernels_suite(void)
 		{ "rmsnorm", { test_rmsnorm }, 2 },
 		{ "rope hand", { test_rope_hand }, 0 },
 		{ "rope", { test_rope }, 2 },
-		{ "attention", { test_attention_forward, test_attention_backward }, 3 },
+		{ "attention", { test_attention_forward, test_attention_backward }, 5 },
+		{ "rope adjacent pairs", { test_rope_adj }, 3 },
+		{ "yarn latent kv", { test_rope_yarn, test_mla_kv }, 0 },
 		{ "swiglu residual", { test_swiglu, test_residual }, 0 },
-		{ "xent", { test_xent }, 2 },
+		{ "xent", { test_xent }, 4 },
 		{ "xent stable", { test_xent_stable, test_xent_split }, 0 },
 		{ "adamw", { test_adamw }, 0 },
 		{ "newton-schulz muon", { test_newton_schulz, test_muon }, 3 },

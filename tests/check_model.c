@@ -2,6 +2,7 @@
  * (dense and MoE), training on real text, checkpoint round trip and
  * bit-identical resume, refused bad checkpoints and impossible shapes. */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,11 +62,13 @@ static double total_loss(struct model *m, const int32_t *in, const int32_t *tg, 
 	return s / ntok + lbw * aux;
 }
 
-static void grad_check(bool moe, const char *score)
+static void grad_check_with(bool moe, const char *score, const char *const *extra)
 {
 	struct cfg c;
 	struct model_dims d;
 	tiny_cfg(&c, moe);
+	for (; extra && *extra; extra++)
+		ck_assert_msg(cfg_override(&c, *extra, err, sizeof(err)) == 0, "%s", err);
 	if (score) {
 		snprintf(c.routed_score_func, sizeof(c.routed_score_func), "%s", score);
 		c.routed_bias = !strcmp(score, "sigmoid");
@@ -126,16 +129,63 @@ static void grad_check(bool moe, const char *score)
 		}
 	}
 	model_free(m);
-	ck_assert_msg(flips < checked / 10, "%d perturbations changed routing", flips);
+	ck_assert_msg(flips < checked / 10, "%d perturbations of %d changed routing", flips, checked);
 	ck_assert_int_gt(checked, 100);
 	ck_assert_msg(bad == 0, "%d of %d gradient elements differ from finite differences", bad, checked);
 }
+
+static void grad_check(bool moe, const char *score)
+{
+	grad_check_with(moe, score, NULL);
+}
+
+/* Latent attention: with q-LoRA and YaRN whose cos/sin factor and score
+ * factor are both not 1 on the dense model; a plain q projection with the
+ * default rotary on the MoE model */
+#define MLA_DIMS "attention_type=mla", "base_num_kv_heads=4", "kv_lora_rank=5", \
+	"qk_nope_head_dim=4", "qk_rope_head_dim=4", "v_head_dim=3"
+START_TEST(test_grad_mla)
+{
+	const char *lora_yarn[] = { MLA_DIMS, "q_lora_rank=6", "rope_type=yarn", "rope_factor=4",
+				    "original_max_position_embeddings=16", "beta_fast=2", "mscale=0.8",
+				    "mscale_all_dim=0.5", NULL };
+	const char *plain[] = { MLA_DIMS, "q_lora_rank=0", NULL };
+	grad_check_with(false, NULL, lora_yarn);
+	grad_check_with(true, "sigmoid", plain);
+}
+END_TEST
 
 START_TEST(test_grad_dense) { grad_check(false, NULL); }
 END_TEST
 START_TEST(test_grad_moe_softmax) { grad_check(true, "softmax"); }
 END_TEST
 START_TEST(test_grad_moe_sigmoid) { grad_check(true, "sigmoid"); }
+END_TEST
+/* DeepSeek-V3's router: 2 groups of 2 experts, one group competes */
+START_TEST(test_grad_moe_groups)
+{
+	const char *groups[] = { "n_routing_groups=2", "topk_routing_group=1", "routed_scaling_factor=2.5", NULL };
+	grad_check_with(true, "sigmoid", groups);
+}
+END_TEST
+
+/* A model that does not fit in memory is an out-of-memory error naming
+ * the bytes asked for, not a config error. */
+START_TEST(test_model_out_of_memory)
+{
+	struct cfg c;
+	struct model_dims d;
+	struct model *m = (struct model *)&c;
+	tiny_cfg(&c, false);
+	cfg_override(&c, "vocab_size=16777216", err, sizeof(err));
+	cfg_override(&c, "base_emb_dim=65536", err, sizeof(err));
+	ck_assert_msg(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(model_open(&m, &d, 2, NULL, err, sizeof(err)), -ENOMEM);
+	ck_assert_ptr_null(m);
+	/* two 2^24 x 2^16 tables (embedding, output) in floats, twice */
+	ck_assert_msg(strstr(err, "model: out of memory: ") && strstr(err, "bytes asked for (parameters and gradients 8"),
+		      "%s", err);
+}
 END_TEST
 
 /* A wrong gradient must be caught: corrupt one parameter's gradient path by
@@ -311,6 +361,9 @@ int main(void)
 	tcase_add_test(tc, test_grad_dense);
 	tcase_add_test(tc, test_grad_moe_softmax);
 	tcase_add_test(tc, test_grad_moe_sigmoid);
+	tcase_add_test(tc, test_grad_mla);
+	tcase_add_test(tc, test_grad_moe_groups);
+	tcase_add_test(tc, test_model_out_of_memory);
 	tcase_add_test(tc, test_grad_checker_detects);
 	tcase_add_test(tc, test_impossible_shapes);
 	suite_add_tcase(s, tc);

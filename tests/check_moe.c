@@ -4,12 +4,16 @@
  * gather and combine against plain loops, their backward by finite
  * differences. */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/config/config.h"
+#include "host/model/model.h"
 #include "kernels/kernels.h"
 
 #define FD_H 1e-5
@@ -61,6 +65,10 @@ static int close_enough(double got, double want, double atol, double rtol)
 {
 	return fabs(got - want) <= atol + rtol * fabs(want);
 }
+
+/* A router without groups (a compound literal the call can point to). */
+#define RT(E, k, score, norm, scale) \
+	(&(struct moe_routing){ (E), (k), (enum moe_score)(score), (norm), (scale), 0, 0 })
 
 /* ---- naive double references ---- */
 
@@ -151,7 +159,7 @@ START_TEST(test_router_forward)
 	int32_t idx[N * k];
 	rng_state = 100 + _i;
 	tie_free_logits(logits, N, E);
-	moe_router_forward(w, idx, scores, logits, NULL, N, E, k, score, norm, scale);
+	moe_router_forward(w, idx, scores, logits, NULL, N, RT(E, k, score, norm, scale));
 	for (int n = 0; n < N; n++) {
 		double l[E], s[E], rw[k];
 		int ri[k];
@@ -193,11 +201,11 @@ START_TEST(test_router_backward)
 	rng_state = 200 + _i;
 	tie_free_logits(logits, N, E);
 	fill_uniform(dw, N * k, -1, 1);
-	moe_router_forward(w, idx, scores, logits, NULL, N, E, k, score, norm, scale);
+	moe_router_forward(w, idx, scores, logits, NULL, N, RT(E, k, score, norm, scale));
 	for (int i = 0; i < N * E; i++)
 		dl[i] = 0.25f; /* backward must accumulate */
-	moe_router_backward(dl, dw, scores, idx, N, E, k, score, norm, scale);
-	moe_router_backward(NULL, dw, scores, idx, N, E, k, score, norm, scale);
+	moe_router_backward(dl, dw, scores, idx, N, RT(E, k, score, norm, scale));
+	moe_router_backward(NULL, dw, scores, idx, N, RT(E, k, score, norm, scale));
 
 	double maxg = 0;
 	for (int n = 0; n < N; n++) {
@@ -230,7 +238,7 @@ START_TEST(test_scores_backward)
 	rng_state = 300 + _i;
 	fill_uniform(logits, N * E, -2, 2);
 	fill_uniform(ds, N * E, -1, 1);
-	moe_router_forward(w, idx, scores, logits, NULL, N, E, 1, score, 1, 1.0f);
+	moe_router_forward(w, idx, scores, logits, NULL, N, RT(E, 1, score, 1, 1.0f));
 	for (int i = 0; i < N * E; i++)
 		dl[i] = -1.0f;
 	moe_scores_backward(dl, ds, scores, N, E, score);
@@ -261,19 +269,19 @@ START_TEST(test_router_ties)
 	/* softmax of equal logits: every score equal, lowest indices win */
 	float l1[6] = { 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f }, s1[6], w1[3];
 	int32_t i1[3];
-	moe_router_forward(w1, i1, s1, l1, NULL, 1, 6, 3, MOE_SOFTMAX, 0, 1.0f);
+	moe_router_forward(w1, i1, s1, l1, NULL, 1, RT(6, 3, MOE_SOFTMAX, 0, 1.0f));
 	for (int j = 0; j < 3; j++) {
 		ck_assert_int_eq(i1[j], j);
 		ck_assert_float_eq_tol(w1[j], 1.0f / 6, 1e-7f);
 	}
-	moe_router_forward(w1, i1, s1, l1, NULL, 1, 6, 3, MOE_SOFTMAX, 1, 1.0f);
+	moe_router_forward(w1, i1, s1, l1, NULL, 1, RT(6, 3, MOE_SOFTMAX, 1, 1.0f));
 	for (int j = 0; j < 3; j++)
 		ck_assert_float_eq_tol(w1[j], 1.0f / 3, 1e-6f);
 
 	/* sigmoid with ties inside the selection and at its border */
 	float l2[6] = { 1, 2, 2, 1, 2, 0 }, s2[6], w2[4];
 	int32_t i2[4];
-	moe_router_forward(w2, i2, s2, l2, NULL, 1, 6, 4, MOE_SIGMOID, 1, 1.0f);
+	moe_router_forward(w2, i2, s2, l2, NULL, 1, RT(6, 4, MOE_SIGMOID, 1, 1.0f));
 	ck_assert_int_eq(i2[0], 1);
 	ck_assert_int_eq(i2[1], 2);
 	ck_assert_int_eq(i2[2], 4);
@@ -283,7 +291,7 @@ START_TEST(test_router_ties)
 	float l3[3] = { 0, 0, 0 }, s3[3], w3[1], b3[3] = { 0, 0.25f, 0.25f };
 	int32_t i3[1];
 	/* sigmoid(0) = 0.5 for all three; keys 0.5, 0.75, 0.75 -> expert 1 */
-	moe_router_forward(w3, i3, s3, l3, b3, 1, 3, 1, MOE_SIGMOID, 0, 1.0f);
+	moe_router_forward(w3, i3, s3, l3, b3, 1, RT(3, 1, MOE_SIGMOID, 0, 1.0f));
 	ck_assert_int_eq(i3[0], 1);
 	ck_assert_float_eq_tol(w3[0], 0.5f, 1e-7f);
 }
@@ -300,8 +308,8 @@ START_TEST(test_router_bias)
 	 * (sigmoid scores lie in (0,1)), ordered by their own scores */
 	for (int e = 0; e < E; e++)
 		bias[e] = e >= 6 ? 2.0f : 0.0f;
-	moe_router_forward(w0, i0, scores, logits, NULL, N, E, k, MOE_SIGMOID, 1, 1.0f);
-	moe_router_forward(wb, ib, scores, logits, bias, N, E, k, MOE_SIGMOID, 1, 1.0f);
+	moe_router_forward(w0, i0, scores, logits, NULL, N, RT(E, k, MOE_SIGMOID, 1, 1.0f));
+	moe_router_forward(wb, ib, scores, logits, bias, N, RT(E, k, MOE_SIGMOID, 1, 1.0f));
 	int changed = 0;
 	for (int n = 0; n < N; n++) {
 		const float *s = scores + n * E;
@@ -320,7 +328,7 @@ START_TEST(test_router_bias)
 	/* and against the reference with the bias, softmax scoring */
 	rng_state = 401;
 	fill_uniform(bias, E, -0.3, 0.3);
-	moe_router_forward(wb, ib, scores, logits, bias, N, E, 3, MOE_SOFTMAX, 0, 1.5f);
+	moe_router_forward(wb, ib, scores, logits, bias, N, RT(E, 3, MOE_SOFTMAX, 0, 1.5f));
 	for (int n = 0; n < N; n++) {
 		double s[E], b[E], rw[3];
 		int ri[3];
@@ -343,20 +351,249 @@ START_TEST(test_router_nan)
 	/* garbage logits must still yield k distinct, valid experts */
 	float l[2 * 5] = { NAN, 1, 2, 3, 4, 1, NAN, 3, NAN, 0 }, s[10], w[6];
 	int32_t idx[6];
-	moe_router_forward(w, idx, s, l, NULL, 2, 5, 3, MOE_SIGMOID, 1, 1.0f);
+	moe_router_forward(w, idx, s, l, NULL, 2, RT(5, 3, MOE_SIGMOID, 1, 1.0f));
 	ck_assert_int_eq(idx[0], 4);
 	ck_assert_int_eq(idx[1], 3);
 	ck_assert_int_eq(idx[2], 2);
 	ck_assert_int_eq(idx[3], 2);
 	ck_assert_int_eq(idx[4], 0);
 	ck_assert_int_eq(idx[5], 4);
-	moe_router_forward(w, idx, s, l, NULL, 2, 5, 3, MOE_SOFTMAX, 1, 1.0f);
+	moe_router_forward(w, idx, s, l, NULL, 2, RT(5, 3, MOE_SOFTMAX, 1, 1.0f));
 	for (int n = 0; n < 2; n++)
 		for (int j = 0; j < 3; j++) {
 			ck_assert(idx[n * 3 + j] >= 0 && idx[n * 3 + j] < 5);
 			for (int i = 0; i < j; i++)
 				ck_assert(idx[n * 3 + i] != idx[n * 3 + j]);
 		}
+}
+END_TEST
+
+/* ---- the V3 router against brute force ---- */
+
+/* Shapes of group-limited routing: experts, groups, groups allowed, top-k. */
+static const struct { int E, G, T, k; } v3_shapes[] = {
+	{ 16, 4, 2, 4 }, { 12, 3, 1, 3 }, { 16, 8, 3, 5 }, { 8, 2, 1, 2 },
+};
+
+/* The brute-force router for one token, in double: the chosen groups are
+ * the size-T subset of groups with the largest total group score (a
+ * group's score: its keys sorted, the best two added), the chosen experts
+ * the size-k subset of the allowed experts with the largest total key.
+ * *mask receives the chosen experts (bit e); with G = 1 every expert is
+ * allowed. Returns nothing the kernel computed. */
+static void brute_select(uint32_t *mask, const double *key, int E, int G, int T, int k)
+{
+	int per = E / G;
+	double gs[16];
+	for (int g = 0; g < G; g++) {
+		double v[16];
+		for (int i = 0; i < per; i++)
+			v[i] = key[g * per + i];
+		for (int i = 0; i < per; i++) /* selection sort, descending */
+			for (int j = i + 1; j < per; j++)
+				if (v[j] > v[i]) {
+					double t = v[i];
+					v[i] = v[j];
+					v[j] = t;
+				}
+		gs[g] = v[0] + v[1];
+	}
+	uint32_t gbest = 0;
+	double gtot = -INFINITY;
+	for (uint32_t gm = 0; gm < (1u << G); gm++) {
+		if (__builtin_popcount(gm) != T)
+			continue;
+		double t = 0;
+		for (int g = 0; g < G; g++)
+			if (gm >> g & 1)
+				t += gs[g];
+		if (t > gtot) {
+			gtot = t;
+			gbest = gm;
+		}
+	}
+	uint32_t allowed = 0;
+	for (int e = 0; e < E; e++)
+		if (G == 1 || (gbest >> (e / per) & 1))
+			allowed |= 1u << e;
+	double best = -INFINITY;
+	*mask = 0;
+	for (uint32_t em = 0; em < (1u << E); em++) {
+		if ((em & ~allowed) || __builtin_popcount(em) != k)
+			continue;
+		double t = 0;
+		for (int e = 0; e < E; e++)
+			if (em >> e & 1)
+				t += key[e];
+		if (t > best) {
+			best = t;
+			*mask = em;
+		}
+	}
+}
+
+/* sigmoid scores, keys = scores + bias, in double */
+static void ref_keys(double *s, double *key, const float *l, const float *bias, int E)
+{
+	for (int e = 0; e < E; e++) {
+		s[e] = 1.0 / (1.0 + exp(-(double)l[e]));
+		key[e] = s[e] + bias[e];
+	}
+}
+
+/* _i: shape index * 2 + norm_topk */
+START_TEST(test_v3_router_forward)
+{
+	int sh = _i / 2, norm = _i & 1;
+	const int N = 40, E = v3_shapes[sh].E, G = v3_shapes[sh].G, T = v3_shapes[sh].T,
+		  k = v3_shapes[sh].k;
+	const float scale = 2.5f;
+	float logits[N * 16], scores[N * 16], w[N * 16], bias[16];
+	int32_t idx[N * 16];
+	rng_state = 700 + _i;
+	fill_uniform(logits, (size_t)N * E, -3, 3);
+	fill_uniform(bias, (size_t)E, -0.4, 0.4);
+	struct moe_routing r = { E, k, MOE_SIGMOID, norm, scale, G, T };
+	moe_router_forward(w, idx, scores, logits, bias, N, &r);
+	int grouped = 0, biased = 0;
+	for (int n = 0; n < N; n++) {
+		double rs[16], key[16];
+		uint32_t want, plain, unbiased, got = 0;
+		ref_keys(rs, key, logits + n * E, bias, E);
+		brute_select(&want, key, E, G, T, k);
+		brute_select(&plain, key, E, 1, 1, k);
+		brute_select(&unbiased, rs, E, G, T, k);
+		grouped += want != plain;
+		biased += want != unbiased;
+		double sum = 0;
+		for (int j = 0; j < k; j++) {
+			int e = idx[n * k + j];
+			ck_assert_msg(e >= 0 && e < E && !(got >> e & 1), "n=%d: bad or repeated expert %d", n, e);
+			got |= 1u << e;
+			sum += rs[e];
+			if (j)  /* best first */
+				ck_assert(key[idx[n * k + j - 1]] > key[e]);
+		}
+		ck_assert_msg(got == want, "shape %d n=%d: kernel chose %#x, brute force %#x", sh, n, got, want);
+		for (int j = 0; j < k; j++) {
+			int e = idx[n * k + j];
+			double rw = rs[e] * scale / (norm ? sum + 1e-20 : 1.0);
+			ck_assert_msg(close_enough(w[n * k + j], rw, 1e-7, 1e-6), "n=%d j=%d: weight %g vs %g",
+				      n, j, w[n * k + j], rw);
+			ck_assert(close_enough(scores[n * E + e], rs[e], 1e-7, 1e-6));
+		}
+	}
+	/* the cases the test exists for happened: groups and the bias each
+	 * changed some token's experts */
+	ck_assert_msg(grouped > 0, "group-limited selection changed nothing (shape %d)", sh);
+	ck_assert_msg(biased > 0, "the correction bias changed nothing (shape %d)", sh);
+}
+END_TEST
+
+/* sum_j dw_j w_j(logits) for one token with the experts fixed, in double */
+static double v3_loss(const double *l, const int32_t *idx, const float *dw, int k, int norm,
+		      double scale)
+{
+	double sum = 0, L = 0;
+	for (int j = 0; j < k; j++)
+		sum += 1.0 / (1.0 + exp(-l[idx[j]]));
+	for (int j = 0; j < k; j++)
+		L += dw[j] * (1.0 / (1.0 + exp(-l[idx[j]]))) * scale / (norm ? sum + 1e-20 : 1.0);
+	return L;
+}
+
+/* The gradient flows through the chosen experts' unbiased scores only:
+ * against central differences with the selection held (the logits are
+ * far enough from any tie that it does not change), and zero elsewhere. */
+START_TEST(test_v3_router_backward)
+{
+	int sh = _i / 2, norm = _i & 1;
+	const int N = 12, E = v3_shapes[sh].E, G = v3_shapes[sh].G, T = v3_shapes[sh].T,
+		  k = v3_shapes[sh].k;
+	const double scale = 2.5;
+	float logits[N * 16], scores[N * 16], w[N * 16], dw[N * 16], dl[N * 16], bias[16];
+	int32_t idx[N * 16];
+	rng_state = 800 + _i;
+	tie_free_logits(logits, N, E);
+	fill_uniform(bias, (size_t)E, -0.3, 0.3);
+	fill_uniform(dw, (size_t)N * k, -1, 1);
+	struct moe_routing r = { E, k, MOE_SIGMOID, norm, (float)scale, G, T };
+	moe_router_forward(w, idx, scores, logits, bias, N, &r);
+	for (int i = 0; i < N * E; i++)
+		dl[i] = 0.25f;
+	moe_router_backward(dl, dw, scores, idx, N, &r);
+	double maxg = 0;
+	for (int n = 0; n < N; n++)
+		for (int e = 0; e < E; e++) {
+			double l[16];
+			bool chosen = false;
+			for (int f = 0; f < E; f++)
+				l[f] = logits[n * E + f];
+			for (int j = 0; j < k; j++)
+				chosen |= idx[n * k + j] == e;
+			l[e] += FD_H;
+			double lp = v3_loss(l, idx + n * k, dw + n * k, k, norm, scale);
+			l[e] -= 2 * FD_H;
+			double lm = v3_loss(l, idx + n * k, dw + n * k, k, norm, scale);
+			double num = (lp - lm) / (2 * FD_H), got = dl[n * E + e] - 0.25;
+			ck_assert_msg(close_enough(got, num, 2e-6, 1e-3), "shape %d norm=%d [%d,%d]: %.8g vs fd %.8g",
+				      sh, norm, n, e, got, num);
+			if (!chosen)
+				ck_assert_msg(got == 0.0, "[%d,%d] not chosen but has gradient %g", n, e, got);
+			maxg = fmax(maxg, fabs(num));
+		}
+	ck_assert_msg(maxg > 1e-2, "gradients all ~0 (%g): the test checks nothing", maxg);
+}
+END_TEST
+
+/* A DeepSeek-V3-sized router (256 experts, 8 groups, 4 allowed, top 8):
+ * every chosen expert lies in one of the 4 groups with the best top-two
+ * sums, and no allowed expert outside the choice has a better key. */
+START_TEST(test_v3_router_full_size)
+{
+	enum { N = 64, E = 256, G = 8, T = 4, K = 8, per = E / G };
+	static float logits[N * E], scores[N * E], bias[E], w[N * K];
+	static int32_t idx[N * K];
+	rng_state = 900;
+	fill_uniform(logits, (size_t)N * E, -4, 4);
+	fill_uniform(bias, E, -0.5, 0.5);
+	struct moe_routing r = { E, K, MOE_SIGMOID, 1, 2.5f, G, T };
+	moe_router_forward(w, idx, scores, logits, bias, N, &r);
+	for (int n = 0; n < N; n++) {
+		double s[E], key[E], gs[G];
+		ref_keys(s, key, logits + n * E, bias, E);
+		for (int g = 0; g < G; g++) {
+			double m1 = -INFINITY, m2 = -INFINITY;
+			for (int e = g * per; e < (g + 1) * per; e++)
+				if (key[e] > m1) {
+					m2 = m1;
+					m1 = key[e];
+				} else if (key[e] > m2) {
+					m2 = key[e];
+				}
+			gs[g] = m1 + m2;
+		}
+		bool allowed[G];
+		for (int g = 0; g < G; g++) { /* allowed iff fewer than T groups beat it */
+			int better = 0;
+			for (int h = 0; h < G; h++)
+				better += gs[h] > gs[g];
+			allowed[g] = better < T;
+		}
+		double worst = INFINITY, wsum = 0;
+		bool chosen[E] = { false };
+		for (int j = 0; j < K; j++) {
+			int e = idx[n * K + j];
+			ck_assert_msg(allowed[e / per], "n=%d: expert %d of a group not allowed", n, e);
+			chosen[e] = true;
+			worst = fmin(worst, key[e]);
+			wsum += w[n * K + j];
+		}
+		for (int e = 0; e < E; e++)
+			ck_assert_msg(chosen[e] || !allowed[e / per] || key[e] < worst,
+				      "n=%d: allowed expert %d beats a chosen one", n, e);
+		ck_assert(fabs(wsum - 2.5) < 1e-5);
+	}
 }
 END_TEST
 
@@ -395,7 +632,7 @@ START_TEST(test_aux_backward)
 	int32_t idx[N * k], counts[E];
 	rng_state = 500 + _i;
 	tie_free_logits(logits, N, E);
-	moe_router_forward(w, idx, scores, logits, NULL, N, E, k, _i, 1, 1.0f);
+	moe_router_forward(w, idx, scores, logits, NULL, N, RT(E, k, _i, 1, 1.0f));
 	double L = moe_aux_loss_forward(counts, scores, idx, N, E, k);
 
 	double *s = malloc(sizeof(double) * N * E);
@@ -611,6 +848,54 @@ START_TEST(test_bias_update)
 }
 END_TEST
 
+/* ---- the router's keys ---- */
+
+/* model_dims_from_cfg on the defaults plus a MoE of 8 experts, top-2,
+ * and the overrides in kv (space separated): its return, err in *msg. */
+static int dims_of(struct model_dims *d, const char *kv, char *msg, size_t len)
+{
+	static struct cfg c;
+	char buf[512], *save = NULL;
+	cfg_defaults(&c);
+	snprintf(buf, sizeof(buf), "num_experts=8 num_experts_per_tok=2 base_num_decoder_layers=3 %s", kv);
+	for (char *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save))
+		ck_assert_int_eq(cfg_override(&c, w, msg, len), 0);
+	msg[0] = 0;
+	return model_dims_from_cfg(d, &c, msg, len);
+}
+
+START_TEST(test_routing_keys)
+{
+	struct model_dims d;
+	char msg[512];
+	ck_assert_int_eq(dims_of(&d, "", msg, sizeof(msg)), 0);
+	ck_assert_int_eq(d.groups, 0);
+	ck_assert_int_eq(dims_of(&d, "n_routing_groups=4 topk_routing_group=2", msg, sizeof(msg)), 0);
+	ck_assert_int_eq(d.groups, 4);
+	ck_assert_int_eq(d.topk_groups, 2);
+	ck_assert_int_eq(dims_of(&d, "n_routing_groups=4", msg, sizeof(msg)), 0);
+	ck_assert_int_eq(d.topk_groups, 4); /* -1: every group */
+
+	/* each inconsistency: one line naming the key */
+	static const struct { const char *kv, *key; } bad[] = {
+		{ "n_routing_groups=3", "'n_routing_groups' (3) must divide 'num_experts' (8)" },
+		{ "n_routing_groups=8", "'n_routing_groups' (8) leaves 1 expert per group" },
+		{ "n_routing_groups=0", "'n_routing_groups' (0) must divide" },
+		{ "n_routing_groups=4 topk_routing_group=5", "'topk_routing_group' must be in [1, n_routing_groups=4]" },
+		{ "n_routing_groups=4 topk_routing_group=0", "'topk_routing_group' must be in [1, n_routing_groups=4]" },
+		{ "topk_routing_group=2", "'topk_routing_group' (2) needs 'n_routing_groups'" },
+		{ "n_routing_groups=4 topk_routing_group=1 num_experts_per_tok=3",
+		  "'num_experts_per_tok' (3) is more than the 2 experts of the 'topk_routing_group'=1 groups" },
+		{ "num_experts=1 n_routing_groups=2", "they need num_experts > 1" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		ck_assert_int_eq(dims_of(&d, bad[i].kv, msg, sizeof(msg)), -EINVAL);
+		ck_assert_msg(strstr(msg, bad[i].key), "%s: got '%s'", bad[i].kv, msg);
+		ck_assert_msg(!strchr(msg, '\n') && !strncmp(msg, "config: ", 8), "not one config line: %s", msg);
+	}
+}
+END_TEST
+
 static Suite *moe_suite(void)
 {
 	Suite *s = suite_create("moe");
@@ -633,6 +918,18 @@ static Suite *moe_suite(void)
 	tcase_add_test(tc, test_router_bias);
 	tcase_add_test(tc, test_router_nan);
 	tcase_add_test(tc, test_bias_update);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("v3_router");
+	tcase_set_timeout(tc, 60);
+	tcase_add_loop_test(tc, test_v3_router_forward, 0, 2 * (int)(sizeof(v3_shapes) / sizeof(v3_shapes[0])));
+	tcase_add_loop_test(tc, test_v3_router_backward, 0, 2 * (int)(sizeof(v3_shapes) / sizeof(v3_shapes[0])));
+	tcase_add_test(tc, test_v3_router_full_size);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("routing_keys");
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, test_routing_keys);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("aux_loss");

@@ -7,6 +7,7 @@
 #include <cJSON.h>
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -176,7 +177,7 @@ START_TEST(test_points)
 {
 	char err[256] = "";
 	write_new_metrics(path_m);
-	ck_assert_int_eq(report_write(path_m, NULL, path_svg, err, sizeof(err)), 0);
+	ck_assert_int_eq(report_write(path_m, NULL, path_svg, NULL, 0, err, sizeof(err)), 0);
 	const char *svg = read_all(path_svg);
 	ck_assert(!strstr(svg, "<script") && !strstr(svg, "href") && !strstr(svg, "@import"));
 	ck_assert(strstr(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\""));
@@ -213,7 +214,7 @@ START_TEST(test_old_names)
 			   "{\"step\":1,\"loss\":3.25,\"step_time_s\":0.25,\"tokens_per_s\":2000}\n"
 			   "{\"step\":2,\"loss\":3,\"step_time_s\":0.2,\"tokens_per_s\":2500}\n");
 	char err[256] = "";
-	ck_assert_int_eq(report_write(path_m, NULL, path_svg, err, sizeof(err)), 0);
+	ck_assert_int_eq(report_write(path_m, NULL, path_svg, NULL, 0, err, sizeof(err)), 0);
 	const char *svg = read_all(path_svg);
 	struct pt p[8];
 	ck_assert_int_eq(points(svg, "tokens_per_s", p, 8), 3);
@@ -238,7 +239,7 @@ START_TEST(test_duplicates)
 			   "{\"step\":2,\"loss\":3.6}\n"
 			   "{\"step\":3,\"loss\":3.5}\n");
 	char err[256] = "";
-	ck_assert_int_eq(report_write(path_m, NULL, path_svg, err, sizeof(err)), 0);
+	ck_assert_int_eq(report_write(path_m, NULL, path_svg, NULL, 0, err, sizeof(err)), 0);
 	struct pt p[8];
 	ck_assert_int_eq(points(read_all(path_svg), "loss", p, 8), 4);
 	static const double want[4] = { 4, 3.7, 3.6, 3.5 };
@@ -246,6 +247,45 @@ START_TEST(test_duplicates)
 		ck_assert_int_eq(p[s].step, s);
 		assert_close(p[s].value, want[s]);
 	}
+}
+END_TEST
+
+/* eval_loss on some steps: drawn in the loss panel on the loss's axes
+ * (its own series), a legend naming both, the title saying so. */
+START_TEST(test_eval_loss)
+{
+	write_file(path_m, "{\"step\":0,\"loss\":5}\n"
+			   "{\"step\":1,\"loss\":4.5,\"eval_loss\":4.75}\n"
+			   "{\"step\":2,\"loss\":4}\n"
+			   "{\"step\":3,\"loss\":3.5,\"eval_loss\":4.25}\n"
+			   "{\"step\":4,\"loss\":3.25}\n"
+			   "{\"step\":5,\"loss\":3,\"eval_loss\":3.5}\n");
+	char err[256] = "";
+	ck_assert_int_eq(report_write(path_m, NULL, path_svg, err, sizeof(err)), 0);
+	const char *svg = read_all(path_svg);
+	struct pt p[8], e[8], all[16];
+	ck_assert_int_eq(points(svg, "loss", p, 8), 6);
+	ck_assert_int_eq(points(svg, "eval_loss", e, 8), 3);
+	static const double want[3] = { 4.75, 4.25, 3.5 };
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(e[i].step, 2 * i + 1);
+		assert_close(e[i].value, want[i]);
+	}
+	/* one map for both: the eval points sit on the loss panel's axes */
+	memcpy(all, p, sizeof(p[0]) * 6);
+	memcpy(all + 6, e, sizeof(e[0]) * 3);
+	assert_mapping(svg, "loss", all, 9);
+	const char *g = panel(svg, "loss");
+	ck_assert(strstr(g, "data-series=\"eval_loss\""));
+	ck_assert(has_text(svg, "legend", "eval_loss (held out)"));
+	ck_assert(has_text(svg, "title", "Training loss and held-out loss (eval_loss)"));
+	/* no eval_loss: the panel as before */
+	write_file(path_m, "{\"step\":0,\"loss\":5}\n{\"step\":1,\"loss\":4}\n");
+	ck_assert_int_eq(report_write(path_m, NULL, path_svg, err, sizeof(err)), 0);
+	svg = read_all(path_svg);
+	ck_assert_int_eq(points(svg, "eval_loss", e, 8), 0);
+	ck_assert(has_text(svg, "title", "Training loss"));
+	ck_assert(!strstr(svg, "class=\"legend\""));
 }
 END_TEST
 
@@ -283,7 +323,7 @@ START_TEST(test_trace)
 	write_file(path_m, "{\"step\":0,\"loss\":3.5,\"tokens_per_s\":1000}\n"
 			   "{\"step\":1,\"loss\":3.25,\"tokens_per_s\":3000}\n");
 	char err[256] = "";
-	ck_assert_int_eq(report_write(path_m, path_t, path_svg, err, sizeof(err)), 0);
+	ck_assert_int_eq(report_write(path_m, path_t, path_svg, NULL, 0, err, sizeof(err)), 0);
 	const char *svg = read_all(path_svg);
 	assert_close(bar(svg, 0, "communication"), 30e-6);
 	assert_close(bar(svg, 0, "compute"), 40e-6);
@@ -307,7 +347,7 @@ END_TEST
 static void expect_error(const char *m, const char *t, const char *out, int rc, const char *want)
 {
 	char err[256] = "";
-	ck_assert_int_eq(report_write(m, t, out, err, sizeof(err)), rc);
+	ck_assert_int_eq(report_write(m, t, out, NULL, 0, err, sizeof(err)), rc);
 	ck_assert_msg(!strcmp(err, want), "err '%s', want '%s'", err, want);
 	ck_assert(!strchr(err, '\n'));
 }
@@ -328,7 +368,7 @@ START_TEST(test_errors)
 	snprintf(want, sizeof(want), "report: %s: no metrics lines", path_m);
 	expect_error(path_m, NULL, path_svg, -EBADMSG, want);
 	snprintf(none, sizeof(none), "%s/none.jsonl", tmpdir);
-	snprintf(want, sizeof(want), "report: unable to open '%s': No such file or directory", none);
+	snprintf(want, sizeof(want), "report: unable to open '%s': no such file or directory", none);
 	expect_error(none, NULL, path_svg, -EBADMSG, want);
 
 	write_file(path_m, "{\"step\":0,\"loss\":1}\n");
@@ -343,8 +383,53 @@ START_TEST(test_errors)
 	expect_error(path_m, path_t, path_svg, -EBADMSG, want);
 
 	snprintf(none, sizeof(none), "%s/no/such/dir.svg", tmpdir);
-	snprintf(want, sizeof(want), "report: unable to write '%s': No such file or directory", none);
+	snprintf(want, sizeof(want), "report: unable to write '%s': no such file or directory", none);
 	expect_error(path_m, NULL, none, -ENOENT, want);
+}
+END_TEST
+
+START_TEST(test_cut_and_endless)
+{
+	char want[256], warn[256], err[256];
+	struct pt p[4];
+	/* a run killed mid-line: the cut last line is left out, with a warning */
+	write_file(path_m, "{\"step\":0,\"loss\":3}\n{\"step\":1,\"loss\":2}\n{\"step\":2,\"lo");
+	ck_assert_int_eq(report_write(path_m, NULL, path_svg, warn, sizeof(warn), err, sizeof(err)), 0);
+	snprintf(want, sizeof(want), "report: %s:3: the last line is cut short (no newline); "
+		 "drawn without it", path_m);
+	ck_assert_str_eq(warn, want);
+	ck_assert_int_eq(points(read_all(path_svg), "loss", p, 4), 2);
+	assert_close(p[1].value, 2);
+	/* a last line without its newline that parses is a line like any */
+	write_file(path_m, "{\"step\":0,\"loss\":3}\n{\"step\":1,\"loss\":2}");
+	ck_assert_int_eq(report_write(path_m, NULL, path_svg, warn, sizeof(warn), err, sizeof(err)), 0);
+	ck_assert_str_eq(warn, "");
+	ck_assert_int_eq(points(read_all(path_svg), "loss", p, 4), 2);
+	/* a cut line in the middle is still an error */
+	write_file(path_m, "{\"step\":0,\"loss\":3}\n{\"step\":1,\"lo\n{\"step\":2,\"loss\":2}\n");
+	snprintf(want, sizeof(want), "report: %s:2: not valid JSON", path_m);
+	expect_error(path_m, NULL, path_svg, -EBADMSG, want);
+
+	/* endless inputs end within a bound */
+	double t0 = now_s();
+	expect_error("/dev/zero", NULL, path_svg, -EBADMSG,
+		     "report: /dev/zero:1: no newline within 65536 bytes (not a metrics file?)");
+	write_file(path_m, "{\"step\":0,\"loss\":3}\n");
+	expect_error(path_m, "/dev/zero", path_svg, -EBADMSG,
+		     "report: '/dev/zero' is larger than 128 MiB (the report's bound)");
+	ck_assert_double_lt(now_s() - t0, 10);
+	/* so do files over the size bound, at once (a sparse 2 GiB file) */
+	char big[160];
+	snprintf(big, sizeof(big), "%s/big.jsonl", tmpdir);
+	int fd = open(big, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(ftruncate(fd, 2ll << 30), 0);
+	close(fd);
+	snprintf(want, sizeof(want), "report: %s: larger than 1024 MiB (the report's bound)", big);
+	expect_error(big, NULL, path_svg, -EBADMSG, want);
+	snprintf(want, sizeof(want), "report: '%s' is larger than 128 MiB (the report's bound)", big);
+	expect_error(path_m, big, path_svg, -EBADMSG, want);
+	ck_assert_double_lt(now_s() - t0, 10);
 }
 END_TEST
 
@@ -373,13 +458,25 @@ START_TEST(test_binary)
 
 	write_file(path_m, "{\"step\":0}\n{\"step\":1}\n7\n");
 	ck_assert_int_eq(run(args, text, sizeof(text)), 4);
-	snprintf(want, sizeof(want), "report: %s:3: not a JSON object\n", path_m);
+	snprintf(want, sizeof(want), "meshrun: report: %s:3: not a JSON object\n", path_m);
 	ck_assert_str_eq(text, want);
 
 	ck_assert_int_eq(run(path_m, text, sizeof(text)), 2);
 	ck_assert(strstr(text, "usage: meshrun report"));
 	snprintf(args, sizeof(args), "%s -o %s --bogus", path_m, path_svg);
 	ck_assert_int_eq(run(args, text, sizeof(text)), 2);
+
+	/* a cut last line: drawn, one warning line */
+	write_file(path_m, "{\"step\":0,\"loss\":3}\n{\"step\":1,\"loss\":2}\n{\"step\":2,\"lo");
+	snprintf(args, sizeof(args), "%s -o %s", path_m, path_svg);
+	ck_assert_int_eq(run(args, text, sizeof(text)), 0);
+	snprintf(want, sizeof(want), "meshrun: report: %s:3: the last line is cut short (no newline); "
+		 "drawn without it\n", path_m);
+	ck_assert_str_eq(text, want);
+	/* an endless input: refused, bad input */
+	snprintf(args, sizeof(args), "/dev/zero -o %s", path_svg);
+	ck_assert_int_eq(run(args, text, sizeof(text)), 4);
+	ck_assert_str_eq(text, "meshrun: report: /dev/zero:1: no newline within 65536 bytes (not a metrics file?)\n");
 }
 END_TEST
 
@@ -445,8 +542,9 @@ static Suite *report_suite(void)
 	struct { const char *name; const TTest *fn; } cases[] = {
 		{ "points", test_points }, { "old_names", test_old_names },
 		{ "duplicates", test_duplicates }, { "trace", test_trace },
-		{ "errors", test_errors }, { "binary", test_binary },
-		{ "real_metrics", test_real_metrics },
+		{ "errors", test_errors }, { "cut_and_endless", test_cut_and_endless },
+		{ "binary", test_binary },
+		{ "real_metrics", test_real_metrics }, { "eval_loss", test_eval_loss },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		TCase *tc = tcase_create(cases[i].name);

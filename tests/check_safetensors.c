@@ -6,6 +6,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <ftw.h>
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -102,10 +103,10 @@ START_TEST(test_roundtrip)
 	for (int i = 0; i < 12; i++)
 		emb[i] = (float)i * 0.37f - 2.0f;
 	struct st_tensor t[4] = {
-		{ "model.embed_tokens.weight", 2, { 4, 3 }, emb },
-		{ "scalar", 0, { 0 }, &scalar },
-		{ "empty", 2, { 0, 5 }, NULL },
-		{ "model.norm.weight", 1, { 3 }, norm },
+		{ "model.embed_tokens.weight", 2, { 4, 3 }, emb, ST_F32 },
+		{ "scalar", 0, { 0 }, &scalar, ST_F32 },
+		{ "empty", 2, { 0, 5 }, NULL, ST_F32 },
+		{ "model.norm.weight", 1, { 3 }, norm, ST_F32 },
 	};
 	const char *meta[] = { "format", "pt", "note", "h\xc3\xa9llo \"quoted\"\n", NULL };
 	const char *p = path_in("model.safetensors");
@@ -140,7 +141,7 @@ START_TEST(test_roundtrip)
 	st_close(f);
 
 	/* overwriting replaces the file */
-	struct st_tensor one = { "only", 1, { 2 }, norm };
+	struct st_tensor one = { "only", 1, { 2 }, norm, ST_F32 };
 	ck_assert_int_eq(st_write(p, &one, 1, NULL, err, sizeof(err)), 0);
 	f = st_open(p, err, sizeof(err));
 	ck_assert_msg(f, "%s", err);
@@ -163,7 +164,7 @@ END_TEST
 START_TEST(test_layout_bytes)
 {
 	float v[2] = { 1.0f, -2.0f };
-	struct st_tensor t = { "a", 1, { 2 }, v };
+	struct st_tensor t = { "a", 1, { 2 }, v, ST_F32 };
 	const char *p = path_in("a.safetensors");
 	ck_assert_int_eq(st_write(p, &t, 1, NULL, err, sizeof(err)), 0);
 	const char *json = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
@@ -226,12 +227,159 @@ START_TEST(test_hand_built)
 }
 END_TEST
 
+/* ---- dtypes: BF16 written, F16 read; ranged reads ---- */
+
+/* The bfloat16 nearest to x, found by comparing both neighbours in
+ * double (ties to the even one); NaN checked apart. */
+static uint16_t nearest_bf16(float x)
+{
+	uint32_t u;
+	memcpy(&u, &x, sizeof(u));
+	uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+	if (isinf(x))
+		return (uint16_t)(lo >> 16);
+	float flo, fhi;
+	memcpy(&flo, &lo, sizeof(flo));
+	memcpy(&fhi, &hi, sizeof(fhi));
+	/* above the largest bfloat16 the next step up is 2^128 (infinity) */
+	double dhi = (hi & 0x7fffffffu) == 0x7f800000u ? copysign(ldexp(1.0, 128), x) : (double)fhi;
+	double dl = fabs((double)x - flo), dh = fabs((double)x - dhi);
+	if (dl < dh || (dl == dh && !(lo & 0x10000u)))
+		return (uint16_t)(lo >> 16);
+	return (uint16_t)(hi >> 16);
+}
+
+START_TEST(test_bf16_write)
+{
+	float v[] = { 1.0f, -2.5f, 0.1f, 3.14159265f, 1e-40f, -0.0f, 65504.0f, 3.4e38f, INFINITY,
+		      -INFINITY, NAN, 1.00390625f /* 1 + 2^-8: a tie, stays 1 */,
+		      1.01171875f /* 1 + 3 * 2^-8: a tie, up to 1 + 2^-6 */, 0.0f };
+	enum { N = sizeof(v) / sizeof(v[0]) };
+	float big[1000];
+	uint64_t r = 77;
+	for (int i = 0; i < 1000; i++) {
+		r = r * 6364136223846793005ull + 1442695040888963407ull;
+		uint32_t u = (uint32_t)(r >> 32) & 0xbfffffffu; /* no NaN or inf */
+		memcpy(&big[i], &u, sizeof(u));
+	}
+	struct st_tensor t[2] = { { "v", 1, { N }, v, ST_BF16 }, { "big", 2, { 10, 100 }, big, ST_BF16 } };
+	const char *p = path_in("bf16.safetensors");
+	ck_assert_int_eq(st_write(p, t, 2, NULL, err, sizeof(err)), 0);
+	struct st_file *f = st_open(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	for (int k = 0; k < 2; k++) {
+		const struct st_entry *e = st_find(f, t[k].name);
+		ck_assert_str_eq(e->dtype, "BF16");
+		ck_assert_int_eq(e->nbytes, 2 * (uint64_t)e->numel);
+		for (int64_t i = 0; i < e->numel; i++) {
+			float x = t[k].data[i];
+			uint32_t got;
+			memcpy(&got, &e->data[i], sizeof(got));
+			ck_assert_int_eq(got & 0xffff, 0);
+			if (isnan(x)) {
+				ck_assert(isnan(e->data[i]));
+				continue;
+			}
+			ck_assert_msg((got >> 16) == nearest_bf16(x), "%s[%lld] %a: wrote %#x, nearest %#x",
+				      t[k].name, (long long)i, x, got >> 16, nearest_bf16(x));
+			ck_assert_int_eq(st_bf16(x), got >> 16);
+		}
+	}
+	/* the ties went to even; 3.4e38 rounds up past the largest bf16 */
+	ck_assert_float_eq(st_find(f, "v")->data[11], 1.0f);
+	ck_assert_float_eq(st_find(f, "v")->data[12], 1.015625f);
+	ck_assert(isinf(st_find(f, "v")->data[7]));
+	ck_assert_uint_eq(st_bf16(-0.0f), 0x8000);
+	st_close(f);
+}
+END_TEST
+
+/* The value of IEEE half h, from its fields (not the reader's code) */
+static double half_value(uint16_t h)
+{
+	int sgn = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+	double v = e == 31 ? (m ? NAN : INFINITY) : e ? ldexp(1.0 + m / 1024.0, e - 15) : ldexp(m / 1024.0, -14);
+	return sgn ? -v : v;
+}
+
+START_TEST(test_f16_read)
+{
+	static const uint16_t h[] = { 0x3c00, 0xc000, 0x7bff, 0x0001, 0x03ff, 0x0400, 0x7c00, 0xfc00,
+				      0x7e00, 0x8000, 0x3555, 0x8001, 0x5640 };
+	enum { N = sizeof(h) / sizeof(h[0]) };
+	char header[160];
+	snprintf(header, sizeof(header), "{\"h\":{\"dtype\":\"F16\",\"shape\":[%d],\"data_offsets\":[0,%d]}}",
+		 N, 2 * N);
+	const char *p = path_in("f16.safetensors");
+	make_file(p, strlen(header), header, h, sizeof(h));
+	struct st_file *f = st_open(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	const struct st_entry *e = st_find(f, "h");
+	for (int i = 0; i < N; i++) {
+		double want = half_value(h[i]);
+		if (isnan(want))
+			ck_assert(isnan(e->data[i]));
+		else
+			ck_assert_msg((double)e->data[i] == want && !!signbit(e->data[i]) == !!signbit(want),
+				      "half %#x: %a, want %a", h[i], e->data[i], want);
+	}
+	st_close(f);
+}
+END_TEST
+
+/* st_open_header reads the header only; st_read reads exactly the
+ * elements asked for, and counts their bytes. */
+START_TEST(test_ranged_read)
+{
+	float a[60], b[8];
+	for (int i = 0; i < 60; i++)
+		a[i] = (float)i - 7.5f;  /* exact in bfloat16 */
+	for (int i = 0; i < 8; i++)
+		b[i] = 1.0f / (float)(i + 1);
+	struct st_tensor t[2] = { { "a", 2, { 6, 10 }, a, ST_BF16 }, { "b", 1, { 8 }, b, ST_F32 } };
+	const char *p = path_in("ranged.safetensors");
+	ck_assert_int_eq(st_write(p, t, 2, NULL, err, sizeof(err)), 0);
+	struct st_file *f = st_open_header(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	uint64_t h = st_header_bytes(f);
+	ck_assert_uint_eq(st_bytes_read(f), h);
+	const struct st_entry *ea = st_find(f, "a"), *eb = st_find(f, "b");
+	ck_assert_ptr_null(ea->data);
+	float out[10] = { 0 };
+	ck_assert_int_eq(st_read(f, ea, 23, 5, out, err, sizeof(err)), 0);
+	for (int i = 0; i < 5; i++)
+		ck_assert_float_eq(out[i], a[23 + i]);
+	ck_assert_uint_eq(st_bytes_read(f), h + 10);
+	ck_assert_int_eq(st_read(f, eb, 6, 2, out, err, sizeof(err)), 0);
+	ck_assert_float_eq(out[0], b[6]);
+	ck_assert_float_eq(out[1], b[7]);
+	ck_assert_uint_eq(st_bytes_read(f), h + 18);
+	ck_assert_int_eq(st_read(f, eb, 6, 3, out, err, sizeof(err)), -ERANGE);
+	ck_assert_msg(strstr(err, "outside tensor 'b'"), "%s", err);
+	ck_assert_uint_eq(st_bytes_read(f), h + 18);
+	st_close(f);
+
+	/* a dtype that does not load is refused by name when read */
+	const char *hd = "{\"q\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[0,4]}}";
+	const uint8_t q[4] = { 1, 2, 3, 4 };
+	p = path_in("fp8.safetensors");
+	make_file(p, strlen(hd), hd, q, 4);
+	f = st_open_header(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	ck_assert(!st_find(f, "q")->loads);
+	ck_assert_int_eq(st_read(f, st_find(f, "q"), 0, 4, out, err, sizeof(err)), -ENOTSUP);
+	ck_assert_msg(strstr(err, "tensor 'q' has dtype 'F8_E4M3' (only F32, BF16 and F16 load)"), "%s", err);
+	st_close(f);
+	ck_assert_ptr_null(st_open(p, err, sizeof(err)));
+}
+END_TEST
+
 /* ---- refusals ---- */
 
 START_TEST(test_truncated)
 {
 	float a[3] = { 1, 2, 3 }, b[2] = { 4, 5 };
-	struct st_tensor t[2] = { { "a", 1, { 3 }, a }, { "b", 2, { 1, 2 }, b } };
+	struct st_tensor t[2] = { { "a", 1, { 3 }, a, ST_F32 }, { "b", 2, { 1, 2 }, b, ST_F32 } };
 	const char *p = path_in("full.safetensors"), *q = path_in("cut.safetensors");
 	ck_assert_int_eq(st_write(p, t, 2, NULL, err, sizeof(err)), 0);
 	size_t len;
@@ -273,8 +421,10 @@ static const struct bad_case {
 	{ "{} trailing", 0, "header is not valid JSON" },
 	{ "", 0, "header is not valid JSON" },
 	{ "[1, 2]", 0, "header is not a JSON object" },
-	{ "{\"x\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4,
-	  "tensor 'x' has dtype 'F16' (only F32 and BF16 are supported)" },
+	{ "{\"x\": {\"dtype\": \"F64\", \"shape\": [2], \"data_offsets\": [0, 16]}}", 16,
+	  "tensor 'x' has dtype 'F64' (only F32, BF16 and F16 load)" },
+	{ "{\"x\": {\"dtype\": \"Q4\", \"shape\": [2], \"data_offsets\": [0, 1]}}", 1,
+	  "tensor 'x' has unknown dtype 'Q4'" },
 	{ "{\"x\": {\"dtype\": 7, \"shape\": [2], \"data_offsets\": [0, 8]}}", 8, "tensor 'x' needs" },
 	{ "{\"x\": {\"dtype\": \"F32\", \"shape\": [2]}}", 8, "tensor 'x' needs" },
 	{ "{\"x\": 5}", 0, "tensor 'x' needs" },
@@ -372,17 +522,17 @@ START_TEST(test_write_invalid)
 {
 	float v[4] = { 0 };
 	const char *p = path_in("w.safetensors");
-	struct st_tensor dup[2] = { { "a", 1, { 1 }, v }, { "a", 1, { 1 }, v } };
+	struct st_tensor dup[2] = { { "a", 1, { 1 }, v, ST_F32 }, { "a", 1, { 1 }, v, ST_F32 } };
 	ck_assert_int_eq(st_write(p, dup, 2, NULL, err, sizeof(err)), -EINVAL);
 	ck_assert_msg(strstr(err, "'a' used twice"), "%s", err);
 	struct st_tensor bad[] = {
-		{ "__metadata__", 1, { 1 }, v },
-		{ "", 1, { 1 }, v },
-		{ NULL, 1, { 1 }, v },
-		{ "x", 9, { 1 }, v },
-		{ "x", -1, { 1 }, v },
-		{ "x", 1, { -2 }, v },
-		{ "x", 1, { 3 }, NULL },
+		{ "__metadata__", 1, { 1 }, v, ST_F32 },
+		{ "", 1, { 1 }, v, ST_F32 },
+		{ NULL, 1, { 1 }, v, ST_F32 },
+		{ "x", 9, { 1 }, v, ST_F32 },
+		{ "x", -1, { 1 }, v, ST_F32 },
+		{ "x", 1, { -2 }, v, ST_F32 },
+		{ "x", 1, { 3 }, NULL, ST_F32 },
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		err[0] = '\0';
@@ -402,7 +552,7 @@ END_TEST
 static void write_small(const char *p, float val)
 {
 	float v[2] = { val, val };
-	struct st_tensor t = { "v", 1, { 2 }, v };
+	struct st_tensor t = { "v", 1, { 2 }, v, ST_F32 };
 	ck_assert_int_eq(st_write(p, &t, 1, NULL, err, sizeof(err)), 0);
 }
 
@@ -424,7 +574,7 @@ START_TEST(test_atomic_not_dir)
 	char p[300];
 	snprintf(p, sizeof(p), "%s/model.safetensors", plain);
 	float v = 1;
-	struct st_tensor t = { "v", 0, { 0 }, &v };
+	struct st_tensor t = { "v", 0, { 0 }, &v, ST_F32 };
 	ck_assert_int_eq(st_write(p, &t, 1, NULL, err, sizeof(err)), -ENOTDIR);
 	ck_assert_msg(strstr(err, "unable to create") && strstr(err, plain), "%s", err);
 
@@ -445,7 +595,7 @@ START_TEST(test_atomic_midwrite_failure)
 	/* a file-size limit makes the data write fail half way */
 	size_t n = 1 << 16;
 	float *big = calloc(n, sizeof(float));
-	struct st_tensor t = { "v", 1, { (int64_t)n }, big };
+	struct st_tensor t = { "v", 1, { (int64_t)n }, big, ST_F32 };
 	struct rlimit old, lim;
 	ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
 	void (*oldsig)(int) = signal(SIGXFSZ, SIG_IGN);
@@ -471,7 +621,7 @@ START_TEST(test_atomic_tmp_occupied)
 	write_small(p, 3.0f);
 	ck_assert_int_eq(mkdir(tmp, 0755), 0);
 	float v[2] = { 9, 9 };
-	struct st_tensor t = { "v", 1, { 2 }, v };
+	struct st_tensor t = { "v", 1, { 2 }, v, ST_F32 };
 	ck_assert_int_lt(st_write(p, &t, 1, NULL, err, sizeof(err)), 0);
 	ck_assert_msg(strstr(err, "unable to create"), "%s", err);
 	struct stat st;
@@ -535,6 +685,9 @@ static Suite *st_suite(void)
 	tcase_add_test(tc, test_roundtrip);
 	tcase_add_test(tc, test_layout_bytes);
 	tcase_add_test(tc, test_hand_built);
+	tcase_add_test(tc, test_bf16_write);
+	tcase_add_test(tc, test_f16_read);
+	tcase_add_test(tc, test_ranged_read);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("refusals");

@@ -105,7 +105,7 @@ START_TEST(test_size_one_and_replicated)
 	/* the default rules: fsdp_transpose (size 1) is in both embed's and
 	 * mlp's rules; dropped first, it blocks nothing */
 	ck_assert_msg(shard_rules_from_cfg(&r, &c, err, sizeof(err)) == 0, "%s", err);
-	ck_assert_int_eq(r.n, 20);
+	ck_assert_int_eq(r.n, 24);
 	const char *lg[] = { "layers", "mlp", "embed" };
 	int shape[] = { 2, 352, 128 };
 	resolve(&r, &m, 3, shape, lg, &s);
@@ -544,6 +544,45 @@ START_TEST(test_cli_exp_on_fsdp)
 }
 END_TEST
 
+/* `meshrun shardings` refuses what the trainer refuses, with the same
+ * line: each config below is refused by a one-host `local` run (the
+ * trainer, in an agent) and by shardings, and shardings' line is in the
+ * trainer's output. Before train_check, shardings printed a plan (exit 0)
+ * for the sequence and context axes and the bad fault spec. */
+START_TEST(test_cli_same_refusals_as_trainer)
+{
+	static const char *const cases[] = {
+		"ici_sequence_parallelism=2 ici_data_parallelism=1",
+		"ici_context_parallelism=2 ici_data_parallelism=1",
+		"ici_pipeline_parallelism=2 ici_sequence_parallelism=2 ici_data_parallelism=1 "
+		"base_num_decoder_layers=4 --devices-per-host 4",
+		"ici_pipeline_parallelism=2 ici_data_parallelism=1 num_pipeline_microbatches=4 "
+		"per_device_batch_size=1",
+		"faults=close:link=0-3:frame=1",
+		"shard_optimizer_over_data=true opt_type=muon",
+		"base_num_query_heads=3 base_num_kv_heads=1 head_dim=32 ici_data_parallelism=1 "
+		"ici_tensor_parallelism=2",
+	};
+	char args[512], line[400], tr[8192];
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const char *devs = strstr(cases[i], "--devices-per-host") ? "" : "--devices-per-host 2";
+		snprintf(args, sizeof(args), "shardings --config configs/llama-tiny.yml %s %s", devs,
+			 cases[i]);
+		int rc = run_meshrun(args, out, sizeof(out));
+		ck_assert_msg(rc == 3, "shardings %s: exit %d:\n%.2000s", cases[i], rc, out);
+		const char *l = strstr(out, "config: ");
+		l = l ? l : strstr(out, "sharding: ");
+		ck_assert_msg(l, "%s: no config line:\n%s", cases[i], out);
+		snprintf(line, sizeof(line), "%.*s", (int)strcspn(l, "\n"), l);
+		snprintf(args, sizeof(args), "local --hosts 1 --config configs/llama-tiny.yml steps=1 --quiet "
+			 "%s %s", devs, cases[i]);
+		rc = run_meshrun(args, tr, sizeof(tr));
+		ck_assert_msg(rc == 3, "local %s: exit %d:\n%s", cases[i], rc, tr);
+		ck_assert_msg(strstr(tr, line), "%s:\nshardings: %s\ntrainer: %s", cases[i], line, tr);
+	}
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("shard");
@@ -570,6 +609,11 @@ int main(void)
 	tcase_add_test(tc, test_cli_indivisible);
 	tcase_add_test(tc, test_cli_stage_order);
 	tcase_add_test(tc, test_cli_exp_on_fsdp);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("cli_trainer");
+	tcase_add_checked_fixture(tc, cli_setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_cli_same_refusals_as_trainer);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

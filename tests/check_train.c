@@ -33,6 +33,14 @@ START_TEST(test_dcn_ep_equals_single)
 	equivalence("configs/deepseek-tiny.yml", 2, 2, "dcn_data_parallelism=1 dcn_expert_parallelism=2");
 }
 END_TEST
+/* DeepSeek-V3's group-limited routing (4 groups of 2 experts, the best 2
+ * compete) with the experts on two hosts: the same experts as one device */
+START_TEST(test_ep_groups_equals_single)
+{
+	equivalence_opt("configs/deepseek-tiny.yml", 2, 1, "dcn_data_parallelism=1 dcn_expert_parallelism=2",
+			"n_routing_groups=4 topk_routing_group=2");
+}
+END_TEST
 /* Muon on whole local expert matrices (each device holds whole experts) */
 START_TEST(test_ep_muon_equals_single)
 {
@@ -359,6 +367,7 @@ int main(void)
 	tcase_add_test(tc, test_ep_equals_single);
 	tcase_add_test(tc, test_dcn_ep_equals_single);
 	tcase_add_test(tc, test_ep_muon_equals_single);
+	tcase_add_test(tc, test_ep_groups_equals_single);
 	tcase_add_test(tc, test_dcn_ep_fsdp_equals_single);
 	tcase_add_test(tc, test_shard_exp_on_fsdp_muon_equals_single);
 	tcase_add_test(tc, test_tt_equals_single);

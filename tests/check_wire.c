@@ -96,6 +96,14 @@ START_TEST(test_stage)
 	       0, "");
 	ck_err(wire_check_hello_stage(ROLE_LINK_IN, MESHRUN__FRAME__BODY_REFUSE, err, sizeof(err)),
 	       -EBADMSG, "unexpected refuse frame");
+	/* the coordinator's rendezvous deadline reaches an agent as an Abort;
+	 * nobody else may send one before the hello */
+	ck_err(wire_check_hello_stage(ROLE_COORD_OUT, MESHRUN__FRAME__BODY_ABORT, err, sizeof(err)),
+	       0, "");
+	ck_err(wire_check_hello_stage(ROLE_COORD_IN, MESHRUN__FRAME__BODY_ABORT, err, sizeof(err)),
+	       -EBADMSG, "unexpected abort frame before the hello");
+	ck_err(wire_check_hello_stage(ROLE_LINK_OUT, MESHRUN__FRAME__BODY_ABORT, err, sizeof(err)),
+	       -EBADMSG, "unexpected abort frame");
 	ck_err(wire_check_running(MESHRUN__FRAME__BODY_CHUNK, err, sizeof(err)), 0, "");
 	ck_err(wire_check_running(MESHRUN__FRAME__BODY_TOPOLOGY, err, sizeof(err)), -EBADMSG,
 	       "unexpected topology frame on a running link");

@@ -320,9 +320,9 @@ static inline void cleanup_all(void)
 
 /* A failed assertion ends a forked test with _exit: neither the teardown
  * nor atexit runs. So a helper process waits for the test process to end,
- * however it ends, and then removes dir (the processes it started die of
+ * however it ends, and then runs fn(arg) (the processes it started die of
  * PR_SET_PDEATHSIG). */
-static inline void rm_rf_at_death(const char *dir)
+static inline void proc_at_death(int (*fn)(const char *), const char *arg)
 {
 	pid_t parent = getpid();
 	sigset_t term, old;
@@ -336,10 +336,16 @@ static inline void rm_rf_at_death(const char *dir)
 		prctl(PR_SET_PDEATHSIG, SIGTERM);
 		if (getppid() == parent)
 			sigwait(&term, &sig);
-		rm_rf(dir);
+		fn(arg);
 		_exit(0);
 	}
 	sigprocmask(SIG_SETMASK, &old, NULL);
+}
+
+/* When the test process ends, however it ends, dir goes. */
+static inline void rm_rf_at_death(const char *dir)
+{
+	proc_at_death(rm_rf, dir);
 }
 
 /* A fresh temporary directory named after the suite, with a cluster CA and

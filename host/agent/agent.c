@@ -53,6 +53,15 @@ uint64_t agent_tls_key_updates(struct agent *a)
 	return a && a->net ? net_key_updates(a->net) : 0;
 }
 
+void agent_job_failed(struct device_ctx *d, int rc)
+{
+	char msg[640];
+	snprintf(msg, sizeof(msg), "device %d: %s", d->device_id, d->err[0] ? d->err : "job failed");
+	/* wakes the sibling devices and tells the other hosts; the first
+	 * failure wins, so a second call changes nothing */
+	net_abort(d->agent->net, rc, msg);
+}
+
 static void *device_main(void *p)
 {
 	struct device_ctx *d = p;
@@ -61,13 +70,8 @@ static void *device_main(void *p)
 	snprintf(name, sizeof(name), "mr-dev%d", d->local_index);
 	pthread_setname_np(pthread_self(), name);
 	int rc = a->job(d);
-	if (rc) {
-		char msg[640];
-		snprintf(msg, sizeof(msg), "device %d: %s", d->device_id,
-			 d->err[0] ? d->err : "job failed");
-		/* wakes the sibling devices and tells the other hosts */
-		net_abort(a->net, rc, msg);
-	}
+	if (rc)
+		agent_job_failed(d, rc);
 	pthread_mutex_lock(&a->mu);
 	a->running--;
 	pthread_cond_broadcast(&a->cv);
@@ -111,6 +115,17 @@ static int status_fd(void)
 	return fd;
 }
 
+/* One line on the launcher's status channel (fd -1: none). */
+static void status_write(int fd, const char *line)
+{
+	ssize_t w;
+	if (fd < 0)
+		return;
+	do
+		w = write(fd, line, strlen(line));
+	while (w < 0 && errno == EINTR);
+}
+
 /* Tells the launcher which host this host's net declared lost, so it can
  * stop that host's agent at once (a stopped or hung one would otherwise
  * outlive the job). net reports the lost host only in its failure message
@@ -124,11 +139,8 @@ static void report_lost(struct net *n, int fd)
 	if (fd < 0 || net_failed(n, msg, sizeof(msg)) != NET_ERR_PEER_LOST ||
 	    sscanf(msg, "lost host %d (", &h) != 1)
 		return;
-	int len = snprintf(line, sizeof(line), "%s%d\n", LAUNCH_STATUS_LOST, h);
-	ssize_t w;
-	do
-		w = write(fd, line, (size_t)len);
-	while (w < 0 && errno == EINTR);
+	snprintf(line, sizeof(line), "%s%d\n", LAUNCH_STATUS_LOST, h);
+	status_write(fd, line);
 }
 
 static bool is_loopback(const char *host)
@@ -241,6 +253,8 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 	a.net = net_new(&p, &status, err, errlen);
 	if (!a.net)
 		return status;
+	/* the certificate files are read: a launcher may remove them */
+	status_write(report_fd, LAUNCH_STATUS_LOADED "\n");
 
 	dev_host = malloc(sizeof(int) * (size_t)a.mesh.num_devices);
 	devs = calloc((size_t)a.mesh.devices_per_host, sizeof(*devs));

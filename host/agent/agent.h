@@ -34,6 +34,11 @@ struct device_ctx {
  * everywhere and is what every agent_run returns. */
 typedef int (*agent_job_fn)(struct device_ctx *dev);
 
+/* A job that failed (rc, d->err) may say so before it tears down what
+ * its sibling devices wait on, so its failure, not theirs, is the one
+ * every host reports. The agent calls it too when the job returns rc. */
+void agent_job_failed(struct device_ctx *d, int rc);
+
 /* Blocks until every local device's job has returned on every host (or a
  * failure aborted the job). listen: where to accept links (NULL: from the
  * config). 0 or -errno (a job's, or -EHOSTDOWN a peer lost, -ECONNREFUSED

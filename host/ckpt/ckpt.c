@@ -1,7 +1,9 @@
 /* Checkpoints as Hugging Face style directories (host/ckpt/ckpt.h), one
  * per step (DIR/step-000004), each complete or absent:
- *   model.safetensors      Llama / DeepSeek-V3 tensor names, [out, in]
- *   config.json            Hugging Face config keys
+ *   model.safetensors      Llama / DeepSeek-V3 tensor names (hf_suffix, the
+ *                          one name table the loader uses too), [out, in],
+ *                          F32 or BF16 (checkpoint_dtype)
+ *   config.json            Hugging Face config keys (ckpt_config_json)
  *   meshrun.yml            the full meshrun config (eval and resume read it)
  *   optimizer.safetensors  optimizer state in our names, plus the step
  * Each file is synced, then the step directory is synced and renamed
@@ -26,6 +28,8 @@
 #include "host/config/config.h"
 #include "host/model/model.h"
 #include "host/util/fs.h"
+#include "host/util/out.h"
+#include "kernels/kernels.h"
 
 #define MAX_TENSORS 65536
 
@@ -35,15 +39,18 @@ struct hf_list {
 	int n, cap;
 };
 
-static int hf_add(struct hf_list *h, const char *name, const float *data, int ndim, const int *shape)
+/* -E2BIG when the list is full (MAX_TENSORS) */
+static int hf_add(struct hf_list *h, const char *name, const float *data, int ndim, const int *shape,
+		  enum st_dtype dtype)
 {
 	if (h->n == h->cap)
-		return -ENOSPC;
+		return -E2BIG;
 	struct st_tensor *t = &h->t[h->n];
 	snprintf(h->names[h->n], sizeof(h->names[0]), "%s", name);
 	t->name = h->names[h->n];
 	t->data = data;
 	t->ndim = ndim;
+	t->dtype = dtype;
 	for (int i = 0; i < ndim; i++)
 		t->shape[i] = shape[i];
 	h->n++;
@@ -59,6 +66,12 @@ static const char *hf_suffix(const char *ours)
 		{ "wk", "self_attn.k_proj.weight" },
 		{ "wv", "self_attn.v_proj.weight" },
 		{ "wo", "self_attn.o_proj.weight" },
+		{ "wq_a", "self_attn.q_a_proj.weight" },
+		{ "q_a_norm", "self_attn.q_a_layernorm.weight" },
+		{ "wq_b", "self_attn.q_b_proj.weight" },
+		{ "wkv_a", "self_attn.kv_a_proj_with_mqa.weight" },
+		{ "kv_a_norm", "self_attn.kv_a_layernorm.weight" },
+		{ "wkv_b", "self_attn.kv_b_proj.weight" },
 		{ "mlp_norm", "post_attention_layernorm.weight" },
 		{ "w_gate", "mlp.gate_proj.weight" },
 		{ "w_up", "mlp.up_proj.weight" },
@@ -78,48 +91,76 @@ static const char *hf_suffix(const char *ours)
 	return NULL;
 }
 
-/* Lists every Hugging Face tensor of the model as a view into buf (params
- * or an optimizer buffer in the same layout). prefix is prepended. */
-static int hf_tensors(struct model *m, const float *buf, const char *prefix, struct hf_list *h)
+int ckpt_hf_layer0(const struct model *m, const struct param_info *p)
 {
-	const struct model_dims *d = model_dims(m);
-	char name[128];
+	/* stacked: dense tensors start at layer 0, MoE tensors at L_dense */
+	bool moe = !strncmp(p->name, "router", 6) || !strncmp(p->name, "e_", 2) ||
+		   !strncmp(p->name, "s_", 2);
+	return moe ? model_dims(m)->L_dense : 0;
+}
+
+int ckpt_hf_name(const struct model *m, const struct param_info *p, int layer, int expert, char *out,
+		 size_t outlen)
+{
+	(void)m;
+	const char *suffix = hf_suffix(p->name);
+	int n;
+	if (!strcmp(p->name, "embed"))
+		n = snprintf(out, outlen, "model.embed_tokens.weight");
+	else if (!strcmp(p->name, "final_norm"))
+		n = snprintf(out, outlen, "model.norm.weight");
+	else if (!strcmp(p->name, "lm_head"))
+		n = snprintf(out, outlen, "lm_head.weight");
+	else if (!suffix || !p->stacked)
+		return -ENOENT;
+	else if (expert >= 0)
+		n = snprintf(out, outlen, "model.layers.%d.mlp.experts.%d.%s", layer, expert, suffix);
+	else
+		n = snprintf(out, outlen, "model.layers.%d.%s", layer, suffix);
+	return n > 0 && (size_t)n < outlen ? 0 : -ENAMETOOLONG;
+}
+
+bool ckpt_hf_per_expert(const struct param_info *p)
+{
+	return !strncmp(p->name, "e_", 2);
+}
+
+/* Lists every Hugging Face tensor of the model as a view into buf (params
+ * or an optimizer buffer in the same layout). prefix is prepended;
+ * bf16: model weights stored as BF16 (the router's correction bias, not
+ * trained by the optimizer, stays F32 as in DeepSeek-V3's files). */
+static int hf_tensors(struct model *m, const float *buf, const char *prefix, struct hf_list *h, bool bf16)
+{
+	char name[128], full[160];
 	int rc = 0;
 
 	for (int i = 0; i < model_num_params(m) && !rc; i++) {
 		const struct param_info *p = model_param(m, i);
 		const float *base = buf + p->offset;
-		if (!strcmp(p->name, "embed")) {
-			snprintf(name, sizeof(name), "%smodel.embed_tokens.weight", prefix);
-			rc = hf_add(h, name, base, 2, p->shape);
-		} else if (!strcmp(p->name, "final_norm")) {
-			snprintf(name, sizeof(name), "%smodel.norm.weight", prefix);
-			rc = hf_add(h, name, base, 1, p->shape);
-		} else if (!strcmp(p->name, "lm_head")) {
-			snprintf(name, sizeof(name), "%slm_head.weight", prefix);
-			rc = hf_add(h, name, base, 2, p->shape);
-		} else {
-			/* stacked: [layers, ...]; dense tensors start at layer 0,
-			 * MoE tensors at layer L_dense */
-			bool moe = !strncmp(p->name, "router", 6) || !strncmp(p->name, "e_", 2) ||
-				   !strncmp(p->name, "s_", 2);
-			int l0 = moe ? d->L_dense : 0;
-			size_t per = p->numel / (size_t)p->shape[0];
-			for (int l = 0; l < p->shape[0] && !rc; l++) {
-				const float *slice = base + per * (size_t)l;
-				if (!strncmp(p->name, "e_", 2)) {
-					/* experts: [E, rows, cols] -> one tensor per expert */
-					size_t pe = per / (size_t)p->shape[1];
-					for (int e = 0; e < p->shape[1] && !rc; e++) {
-						snprintf(name, sizeof(name), "%smodel.layers.%d.mlp.experts.%d.%s",
-							 prefix, l0 + l, e, hf_suffix(p->name));
-						rc = hf_add(h, name, slice + pe * (size_t)e, 2, p->shape + 2);
-					}
-				} else {
-					snprintf(name, sizeof(name), "%smodel.layers.%d.%s", prefix, l0 + l,
-						 hf_suffix(p->name));
-					rc = hf_add(h, name, slice, p->ndim - 1, p->shape + 1);
+		enum st_dtype dt = bf16 && p->opt != OPT_NONE ? ST_BF16 : ST_F32;
+		if (!p->stacked) {
+			if ((rc = ckpt_hf_name(m, p, -1, -1, name, sizeof(name))))
+				break;
+			snprintf(full, sizeof(full), "%s%s", prefix, name);
+			rc = hf_add(h, full, base, p->ndim, p->shape, dt);
+			continue;
+		}
+		int l0 = ckpt_hf_layer0(m, p);
+		size_t per = p->numel / (size_t)p->shape[0];
+		for (int l = 0; l < p->shape[0] && !rc; l++) {
+			const float *slice = base + per * (size_t)l;
+			if (ckpt_hf_per_expert(p)) {
+				/* experts: [E, rows, cols] -> one tensor per expert */
+				size_t pe = per / (size_t)p->shape[1];
+				for (int e = 0; e < p->shape[1] && !rc; e++) {
+					if ((rc = ckpt_hf_name(m, p, l0 + l, e, name, sizeof(name))))
+						break;
+					snprintf(full, sizeof(full), "%s%s", prefix, name);
+					rc = hf_add(h, full, slice + pe * (size_t)e, p->ndim - 2, p->shape + 2, dt);
 				}
+			} else if (!(rc = ckpt_hf_name(m, p, l0 + l, -1, name, sizeof(name)))) {
+				snprintf(full, sizeof(full), "%s%s", prefix, name);
+				rc = hf_add(h, full, slice, p->ndim - 1, p->shape + 1, dt);
 			}
 		}
 	}
@@ -141,63 +182,107 @@ static void hf_list_free(struct hf_list *h)
 	free(h->names);
 }
 
-static int write_config_json(const struct cfg *c, const struct model_dims *d, const char *path,
-			     char *err, size_t errlen)
+static void add_num(cJSON *j, const char *k, double v)
 {
-	cJSON *j = cJSON_CreateObject();
-	cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
+	cJSON_AddNumberToObject(j, k, v);
+}
+
+/* DeepSeek-V3's MoE keys (a dense model: every layer before
+ * first_k_dense_replace). */
+static void write_moe(cJSON *j, const struct cfg *c, const struct model_dims *d)
+{
 	bool moe = d->L_moe > 0;
-	cJSON_AddItemToArray(arch, cJSON_CreateString(moe ? "DeepseekV3ForCausalLM" : "LlamaForCausalLM"));
-	cJSON_AddStringToObject(j, "model_type", moe ? "deepseek_v3" : "llama");
-	cJSON_AddNumberToObject(j, "hidden_size", d->C);
-	cJSON_AddNumberToObject(j, "intermediate_size", d->F);
-	cJSON_AddNumberToObject(j, "num_attention_heads", d->Hq);
-	cJSON_AddNumberToObject(j, "num_key_value_heads", d->Hkv);
-	cJSON_AddNumberToObject(j, "head_dim", d->D);
-	cJSON_AddNumberToObject(j, "num_hidden_layers", d->L);
-	cJSON_AddNumberToObject(j, "vocab_size", d->V);
-	cJSON_AddNumberToObject(j, "rms_norm_eps", d->eps);
-	cJSON_AddNumberToObject(j, "rope_theta", d->theta);
-	cJSON_AddNumberToObject(j, "max_position_embeddings", d->T);
+	add_num(j, "n_routed_experts", moe ? d->E : 1);
+	add_num(j, "num_experts_per_tok", moe ? d->K : 1);
+	add_num(j, "moe_intermediate_size", moe ? d->Fe : d->F);
+	add_num(j, "n_shared_experts", moe ? d->S : 0);
+	add_num(j, "first_k_dense_replace", moe ? d->L_dense : d->L);
+	add_num(j, "n_group", d->groups > 1 ? d->groups : 1);
+	add_num(j, "topk_group", d->groups > 1 ? d->topk_groups : 1);
+	cJSON_AddStringToObject(j, "scoring_func", d->moe_score == MOE_SOFTMAX ? "softmax" : "sigmoid");
+	cJSON_AddStringToObject(j, "topk_method", d->router_bias ? "noaux_tc" : "greedy");
+	cJSON_AddBoolToObject(j, "norm_topk_prob", d->norm_topk);
+	add_num(j, "routed_scaling_factor", c->routed_scaling_factor);
+}
+
+/* Multi-head latent attention's keys, from the config (MaxText's names). */
+static void write_mla(cJSON *j, const struct cfg *c)
+{
+	add_num(j, "kv_lora_rank", (double)c->kv_lora_rank);
+	if (c->q_lora_rank)
+		add_num(j, "q_lora_rank", (double)c->q_lora_rank);
+	else
+		cJSON_AddNullToObject(j, "q_lora_rank");
+	add_num(j, "qk_nope_head_dim", (double)c->qk_nope_head_dim);
+	add_num(j, "qk_rope_head_dim", (double)c->qk_rope_head_dim);
+	add_num(j, "v_head_dim", (double)c->v_head_dim);
+	add_num(j, "head_dim", (double)c->qk_rope_head_dim);
+	cJSON_AddBoolToObject(j, "rope_interleave", true);
+	if (strcmp(c->rope_type, "yarn")) {
+		cJSON_AddNullToObject(j, "rope_scaling");
+		return;
+	}
+	cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+	cJSON_AddStringToObject(rs, "type", "yarn");
+	cJSON_AddStringToObject(rs, "rope_type", "yarn");
+	add_num(rs, "factor", c->rope_factor);
+	add_num(rs, "original_max_position_embeddings", (double)c->original_max_position_embeddings);
+	add_num(rs, "beta_fast", c->beta_fast);
+	add_num(rs, "beta_slow", c->beta_slow);
+	add_num(rs, "mscale", c->mscale);
+	add_num(rs, "mscale_all_dim", c->mscale_all_dim);
+}
+
+struct cJSON *ckpt_config_json(const struct cfg *c, const struct model_dims *d)
+{
+	bool mla = !strcmp(c->attention_type, "mla"), moe = d->L_moe > 0;
+	bool v3_router = !moe || (d->moe_score == MOE_SIGMOID && d->router_bias);
+	const char *type = !mla && !moe ? "llama" : mla && v3_router ? "deepseek_v3" : "meshrun_moe";
+	const char *arch = !strcmp(type, "llama") ? "LlamaForCausalLM"
+			   : !strcmp(type, "deepseek_v3") ? "DeepseekV3ForCausalLM" : "MeshrunMoeForCausalLM";
+	cJSON *j = cJSON_CreateObject();
+	if (!j)
+		return NULL;
+	cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "architectures"), cJSON_CreateString(arch));
+	cJSON_AddStringToObject(j, "model_type", type);
+	add_num(j, "hidden_size", d->C);
+	add_num(j, "intermediate_size", d->F);
+	add_num(j, "num_attention_heads", d->Hq);
+	add_num(j, "num_key_value_heads", mla ? d->Hq : d->Hkv);
+	if (!mla)
+		add_num(j, "head_dim", d->D);
+	add_num(j, "num_hidden_layers", d->L);
+	add_num(j, "vocab_size", d->V);
+	add_num(j, "rms_norm_eps", c->normalization_layer_epsilon);
+	add_num(j, "rope_theta", c->rope_max_timescale);
+	add_num(j, "max_position_embeddings", d->T);
 	cJSON_AddBoolToObject(j, "tie_word_embeddings", d->tied);
 	cJSON_AddStringToObject(j, "hidden_act", "silu");
 	cJSON_AddBoolToObject(j, "attention_bias", false);
-	cJSON_AddBoolToObject(j, "mlp_bias", false);
-	cJSON_AddStringToObject(j, "torch_dtype", "float32");
-	if (moe) {
-		cJSON_AddNumberToObject(j, "n_routed_experts", d->E);
-		cJSON_AddNumberToObject(j, "num_experts_per_tok", d->K);
-		cJSON_AddNumberToObject(j, "moe_intermediate_size", d->Fe);
-		cJSON_AddNumberToObject(j, "n_shared_experts", d->S);
-		cJSON_AddNumberToObject(j, "first_k_dense_replace", d->L_dense);
-		cJSON_AddStringToObject(j, "scoring_func", d->moe_score ? "sigmoid" : "softmax");
-		cJSON_AddBoolToObject(j, "norm_topk_prob", d->norm_topk);
-		cJSON_AddNumberToObject(j, "routed_scaling_factor", d->routed_scale);
-	}
+	if (!mla)
+		cJSON_AddBoolToObject(j, "mlp_bias", false);
+	cJSON_AddStringToObject(j, "torch_dtype", strcmp(c->checkpoint_dtype, "bf16") ? "float32" : "bfloat16");
+	if (mla)
+		write_mla(j, c);
+	if (strcmp(type, "llama"))
+		write_moe(j, c, d);
+	if (!strcmp(type, "meshrun_moe"))
+		cJSON_AddStringToObject(j, "meshrun_attention_type", mla ? "mla" : "global");
 	cJSON_AddStringToObject(j, "meshrun_opt_type", c->opt_type);
+	return j;
+}
+
+static int write_config_json(const struct cfg *c, const struct model_dims *d, const char *path,
+			     char *err, size_t errlen)
+{
+	cJSON *j = ckpt_config_json(c, d);
+	if (!j) {
+		snprintf(err, errlen, "checkpoint: out of memory for config.json");
+		return -ENOMEM;
+	}
 	int rc = json_write_atomic(path, j, err, errlen);
 	cJSON_Delete(j);
 	return rc;
-}
-
-static int mkdir_p(const char *dir, char *err, size_t errlen)
-{
-	char tmp[4096];
-	snprintf(tmp, sizeof(tmp), "%s", dir);
-	for (char *p = tmp + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = 0;
-		if (mkdir(tmp, 0755) && errno != EEXIST)
-			goto fail;
-		*p = '/';
-	}
-	if (mkdir(tmp, 0755) && errno != EEXIST)
-		goto fail;
-	return 0;
-fail:
-	snprintf(err, errlen, "checkpoint: unable to create directory '%s': %s", tmp, strerror(errno));
-	return -errno;
 }
 
 /* Test-only (ckpt.h): a pause after each file of a checkpoint. */
@@ -219,8 +304,7 @@ static int sync_path(const char *path, char *err, size_t errlen)
 		int e = errno;
 		if (fd >= 0)
 			close(fd);
-		snprintf(err, errlen, "checkpoint: unable to sync '%s': %s", path, strerror(e));
-		return -e;
+		return util_file_err(err, errlen, "checkpoint", "sync", path, e);
 	}
 	close(fd);
 	return 0;
@@ -274,10 +358,14 @@ static int write_files(const struct ckpt_state *s, const char *dir, char *err, s
 		snprintf(err, errlen, "checkpoint: out of memory");
 		return -ENOMEM;
 	}
+	char sample[32], epoch_rows[32];
 	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, s->next_step);
-	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, NULL };
+	snprintf(sample, sizeof(sample), "%" PRId64, s->data_sample);
+	snprintf(epoch_rows, sizeof(epoch_rows), "%" PRId64, s->data_epoch_rows);
+	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, "meshrun_data_sample", sample,
+			       "meshrun_data_epoch_rows", epoch_rows, NULL };
 
-	if ((rc = hf_tensors(m, s->params, "", &h)))
+	if ((rc = hf_tensors(m, s->params, "", &h, !strcmp(s->cfg->checkpoint_dtype, "bf16"))))
 		goto out_free;
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 	if ((rc = st_write(path, h.t, h.n, meta, err, errlen)))
@@ -285,8 +373,8 @@ static int write_files(const struct ckpt_state *s, const char *dir, char *err, s
 	test_delay();
 
 	h.n = 0;
-	if ((rc = hf_tensors(m, s->m, "m.", &h)) ||
-	    (rc = hf_tensors(m, s->v, "v.", &h)))
+	if ((rc = hf_tensors(m, s->m, "m.", &h, false)) ||
+	    (rc = hf_tensors(m, s->v, "v.", &h, false)))
 		goto out_free;
 	snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
 	if ((rc = st_write(path, h.t, h.n, meta, err, errlen)))
@@ -303,7 +391,7 @@ static int write_files(const struct ckpt_state *s, const char *dir, char *err, s
 		goto out_free;
 	test_delay();
 out_free:
-	if (rc == -ENOSPC)
+	if (rc == -E2BIG)
 		snprintf(err, errlen, "checkpoint: more than %d tensors", MAX_TENSORS);
 	hf_list_free(&h);
 	return rc;
@@ -320,8 +408,10 @@ static int publish(const char *tmp, const char *final, char *err, size_t errlen)
 		util_remove_flat_dir(tmp);
 		return 0;
 	}
+	char es[128];
 	int e = errno;
-	snprintf(err, errlen, "checkpoint: unable to rename '%s' to '%s': %s", tmp, final, strerror(e));
+	snprintf(err, errlen, "checkpoint: unable to rename '%s' to '%s': %s", tmp, final,
+		 util_errstr(e, es, sizeof(es)));
 	return -e;
 }
 
@@ -330,21 +420,21 @@ int ckpt_save(const struct ckpt_state *s, const char *dir, char *err, size_t err
 	char tmp[4110], final[4096];
 	int rc;
 
-	if ((rc = mkdir_p(dir, err, errlen)))
+	if ((rc = util_mkdir_p("checkpoint", dir, err, errlen)))
 		return rc;
 	snprintf(final, sizeof(final), "%s/step-%06" PRId64, dir, s->next_step);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", final);
 	util_remove_flat_dir(tmp);   /* a crashed writer's */
-	if (mkdir(tmp, 0755)) {
-		rc = -errno;
-		snprintf(err, errlen, "checkpoint: unable to create directory '%s': %s", tmp,
-			 strerror(errno));
-		return rc;
-	}
+	if (mkdir(tmp, 0755))
+		return util_file_err(err, errlen, "checkpoint", "create directory", tmp, errno);
 	if ((rc = write_files(s, tmp, err, errlen)) ||
 	    (rc = sync_path(tmp, err, errlen)) ||
-	    (rc = publish(tmp, final, err, errlen)) ||
-	    (rc = sync_path(dir, err, errlen)))
+	    (rc = publish(tmp, final, err, errlen))) {
+		/* nothing partial stays; the previous checkpoint is untouched */
+		util_remove_flat_dir(tmp);
+		return rc;
+	}
+	if ((rc = sync_path(dir, err, errlen)))
 		return rc;
 	prune(dir, s->next_step);
 	return 0;
@@ -373,7 +463,9 @@ int ckpt_find(const char *dir, char *out, size_t outlen, int64_t *step, char *er
 		return 0;
 	}
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-	if (!access(path, F_OK)) {
+	bool one = !access(path, F_OK);
+	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+	if (one || !access(path, F_OK)) {
 		snprintf(out, outlen, "%s", dir);
 		return 0;
 	}
@@ -414,12 +506,34 @@ static int load_tensors(struct st_file *f, const char *path, const struct hf_lis
 	return 0;
 }
 
-static int load_one(const char *path, const struct hf_list *h, int64_t *step, char *err, size_t errlen)
+/* The data position in f's metadata into s; -1 when absent (written
+ * before checkpoints had one). */
+static int load_data_pos(struct st_file *f, const char *path, struct ckpt_state *s, char *err,
+			 size_t errlen)
+{
+	const char *v[2] = { st_meta(f, "meshrun_data_sample"), st_meta(f, "meshrun_data_epoch_rows") };
+	int64_t *out[2] = { &s->data_sample, &s->data_epoch_rows };
+	for (int i = 0; i < 2; i++) {
+		char *end;
+		*out[i] = v[i] ? strtoll(v[i], &end, 10) : -1;
+		if (v[i] && (*end || !*v[i] || *out[i] < 0)) {
+			snprintf(err, errlen, "checkpoint: '%s' has invalid %s metadata '%s'", path,
+				 i ? "meshrun_data_epoch_rows" : "meshrun_data_sample", v[i]);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static int load_one(const char *path, const struct hf_list *h, int64_t *step, struct ckpt_state *pos,
+		    char *err, size_t errlen)
 {
 	struct st_file *f = st_open(path, err, errlen);
 	if (!f)
-		return -EINVAL;
+		return errno == ENOMEM ? -ENOMEM : -EINVAL;
 	int rc = load_tensors(f, path, h, err, errlen);
+	if (!rc && pos)
+		rc = load_data_pos(f, path, pos, err, errlen);
 	const char *s = st_meta(f, "meshrun_step");
 	if (!rc && step) {
 		char *end;
@@ -447,18 +561,18 @@ int ckpt_load(struct ckpt_state *s, const char *run_dir, bool optimizer, char *e
 		snprintf(err, errlen, "checkpoint: out of memory");
 		return -ENOMEM;
 	}
-	if ((rc = hf_tensors(m, s->params, "", &h)))
+	if ((rc = hf_tensors(m, s->params, "", &h, false)))
 		goto out;
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-	if ((rc = load_one(path, &h, &s1, err, errlen)))
+	if ((rc = load_one(path, &h, &s1, optimizer ? s : NULL, err, errlen)))
 		goto out;
 	if (optimizer) {
 		h.n = 0;
-		if ((rc = hf_tensors(m, s->m, "m.", &h)) ||
-		    (rc = hf_tensors(m, s->v, "v.", &h)))
+		if ((rc = hf_tensors(m, s->m, "m.", &h, false)) ||
+		    (rc = hf_tensors(m, s->v, "v.", &h, false)))
 			goto out;
 		snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
-		if ((rc = load_one(path, &h, &s2, err, errlen)))
+		if ((rc = load_one(path, &h, &s2, NULL, err, errlen)))
 			goto out;
 		if (s1 != s2) {
 			snprintf(err, errlen, "checkpoint: '%s': model is at step %" PRId64 " but optimizer at %" PRId64,
@@ -469,7 +583,7 @@ int ckpt_load(struct ckpt_state *s, const char *run_dir, bool optimizer, char *e
 		s->next_step = s1;
 	}
 out:
-	if (rc == -ENOSPC)
+	if (rc == -E2BIG)
 		snprintf(err, errlen, "checkpoint: more than %d tensors", MAX_TENSORS);
 	hf_list_free(&h);
 	/* whatever went wrong reading it, the checkpoint is bad input */

@@ -10,7 +10,10 @@
 #include <stdint.h>
 
 struct cfg;
+struct cJSON;
 struct model;
+struct model_dims;
+struct param_info;
 
 struct ckpt_state {
 	const struct cfg *cfg;   /* saved as meshrun.yml and config.json */
@@ -18,6 +21,10 @@ struct ckpt_state {
 	float *params, *m, *v;   /* whole tensors in model's layout, numel floats each */
 	size_t numel;
 	int64_t next_step;       /* the step to run after this state */
+	/* the training data's position at next_step (host/data/data.h):
+	 * global rows consumed and rows per epoch (0: no epochs); saved as
+	 * metadata; -1 on load from a checkpoint without them */
+	int64_t data_sample, data_epoch_rows;
 };
 
 /* A checkpoint directory (--checkpoint-dir DIR) holds one step directory
@@ -34,17 +41,38 @@ struct ckpt_state {
 int ckpt_save(const struct ckpt_state *s, const char *dir, char *err, size_t errlen);
 
 /* The checkpoint to load from dir: its newest complete step directory
- * (*.tmp ignored), or dir itself when it holds model.safetensors (a step
- * directory named directly, or a checkpoint written before step
- * directories). Writes the path into out and the step of its name into
+ * (*.tmp ignored), or dir itself when it holds model.safetensors or
+ * model.safetensors.index.json (a step directory named directly, a
+ * checkpoint written before step directories, a Hugging Face model). Writes the path into out and the step of its name into
  * *step (-1 when dir itself; may be NULL). 0, or -EBADMSG when there is
  * none. */
 int ckpt_find(const char *dir, char *out, size_t outlen, int64_t *step, char *err, size_t errlen);
 
 /* Fills s->params from the checkpoint ckpt_find picks in dir and, with
- * optimizer, s->m, s->v and s->next_step (both files must agree on the
- * step). 0; -EBADMSG when there is none, or it is unreadable or does not
+ * optimizer, s->m, s->v, s->next_step (both files must agree on the
+ * step) and the data position. 0; -EBADMSG when there is none, or it is unreadable or does not
  * match the model; -ENOMEM. */
 int ckpt_load(struct ckpt_state *s, const char *dir, bool optimizer, char *err, size_t errlen);
+
+/* The config.json of model d trained with config c (docs/checkpoints.md):
+ * model_type llama for a dense model with grouped-query attention,
+ * deepseek_v3 for multi-head latent attention with (if any) DeepSeek-V3's
+ * router (sigmoid scores, correction bias), meshrun_moe for any other
+ * model (no Hugging Face class computes it). NULL when out of memory;
+ * the caller deletes it with cJSON_Delete. */
+struct cJSON *ckpt_config_json(const struct cfg *c, const struct model_dims *d);
+
+/* Hugging Face tensor names (docs/checkpoints.md#tensor-names). A model
+ * parameter is one tensor (embedding, final norm, output projection), one
+ * per decoder layer (stacked ones), or one per layer and expert (routed
+ * experts, ckpt_hf_per_expert). The first decoder layer a stacked
+ * parameter has a slice for: */
+int ckpt_hf_layer0(const struct model *m, const struct param_info *p);
+bool ckpt_hf_per_expert(const struct param_info *p);
+/* The name of parameter p's slice for decoder layer `layer` (-1: not
+ * stacked) and expert `expert` (-1: not per expert). 0, or -ENOENT for a
+ * parameter the table does not name. */
+int ckpt_hf_name(const struct model *m, const struct param_info *p, int layer, int expert, char *out,
+		 size_t outlen);
 
 #endif

@@ -16,6 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "host/util/out.h"
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c stores floats as they lie in memory: little-endian hosts only"
 #endif
@@ -39,6 +41,19 @@ struct st_file {
 	struct st_item *items;    /* data-section order */
 	struct st_item **by_name; /* sorted by name */
 	float *arena;
+	int fd;                   /* open until st_close */
+	char *path;
+	uint64_t data_start;      /* 8 + header length */
+	uint64_t bytes_read;      /* header and data, atomically added */
+};
+
+/* Every safetensors dtype and its element size; F32, BF16 and F16 load. */
+static const struct { const char *name; int esize; bool loads; } dtypes[] = {
+	{ "F32", 4, true }, { "BF16", 2, true }, { "F16", 2, true },
+	{ "BOOL", 1, false }, { "U8", 1, false }, { "I8", 1, false }, { "F8_E5M2", 1, false },
+	{ "F8_E4M3", 1, false }, { "F8_E8M0", 1, false }, { "I16", 2, false }, { "U16", 2, false },
+	{ "I32", 4, false }, { "U32", 4, false }, { "F64", 8, false }, { "I64", 8, false },
+	{ "U64", 8, false },
 };
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
@@ -111,8 +126,9 @@ static int atomic_begin(struct atomic_file *a, const char *path, const char *who
 	unlink(a->tmp);
 	a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 	if (a->fd < 0) {
+		char es[128];
 		int e = errno;
-		seterr(err, errlen, "%s: unable to create '%s': %s", who, a->tmp, strerror(e));
+		seterr(err, errlen, "%s: unable to create '%s': %s", who, a->tmp, util_errstr(e, es, sizeof(es)));
 		return -e;
 	}
 	return 0;
@@ -121,9 +137,10 @@ static int atomic_begin(struct atomic_file *a, const char *path, const char *who
 static int atomic_write(struct atomic_file *a, const void *buf, size_t len, const char *who,
 			char *err, size_t errlen)
 {
+	char es[128];
 	int rc = write_all(a->fd, buf, len);
 	if (rc)
-		seterr(err, errlen, "%s: unable to write '%s': %s", who, a->tmp, strerror(-rc));
+		seterr(err, errlen, "%s: unable to write '%s': %s", who, a->tmp, util_errstr(-rc, es, sizeof(es)));
 	return rc;
 }
 
@@ -139,10 +156,11 @@ static void atomic_abort(struct atomic_file *a)
 
 static int atomic_commit(struct atomic_file *a, const char *who, char *err, size_t errlen)
 {
+	char es[128];
 	int e;
 	if (fsync(a->fd) < 0) {
 		e = errno;
-		seterr(err, errlen, "%s: unable to sync '%s': %s", who, a->tmp, strerror(e));
+		seterr(err, errlen, "%s: unable to sync '%s': %s", who, a->tmp, util_errstr(e, es, sizeof(es)));
 		atomic_abort(a);
 		return -e;
 	}
@@ -150,7 +168,7 @@ static int atomic_commit(struct atomic_file *a, const char *who, char *err, size
 	a->fd = -1;
 	if (e || rename(a->tmp, a->path) < 0) {
 		e = e ? e : errno;
-		seterr(err, errlen, "%s: unable to replace '%s': %s", who, a->path, strerror(e));
+		seterr(err, errlen, "%s: unable to replace '%s': %s", who, a->path, util_errstr(e, es, sizeof(es)));
 		unlink(a->tmp);
 		return -e;
 	}
@@ -170,7 +188,7 @@ static int atomic_commit(struct atomic_file *a, const char *who, char *err, size
 		if (dfd >= 0)
 			close(dfd);
 		seterr(err, errlen, "%s: wrote '%s' but unable to sync its directory: %s", who,
-		       a->path, strerror(e));
+		       a->path, util_errstr(e, es, sizeof(es)));
 		return -e;
 	}
 	close(dfd);
@@ -211,7 +229,7 @@ static int check_tensors(const char *path, const struct st_tensor *t, int n, uin
 			}
 			numel *= (uint64_t)s;
 		}
-		bytes[i] = numel * 4;
+		bytes[i] = numel * (t[i].dtype == ST_BF16 ? 2 : 4);
 		if (bytes[i] && !t[i].data) {
 			seterr(err, errlen, "safetensors: '%s': tensor '%s' has no data", path, name);
 			return -EINVAL;
@@ -272,7 +290,7 @@ static char *build_header(const char *path, const struct st_tensor *t, int n,
 	uint64_t off = 0;
 	for (int i = 0; i < n; i++) {
 		cJSON *e = cJSON_AddObjectToObject(root, t[i].name), *shape, *offs;
-		if (!e || !cJSON_AddStringToObject(e, "dtype", "F32") ||
+		if (!e || !cJSON_AddStringToObject(e, "dtype", t[i].dtype == ST_BF16 ? "BF16" : "F32") ||
 		    !(shape = cJSON_AddArrayToObject(e, "shape")))
 			goto out_nomem;
 		for (int d = 0; d < t[i].ndim; d++) {
@@ -314,6 +332,33 @@ out_free:
 	return out;
 }
 
+uint16_t st_bf16(float x)
+{
+	uint32_t u;
+	memcpy(&u, &x, sizeof(u));
+	if ((u & 0x7fffffffu) > 0x7f800000u)  /* NaN stays a (quiet) NaN */
+		return (uint16_t)((u >> 16) | 0x0040);
+	/* round to nearest, ties to even: add 0x7fff plus the bit that
+	 * decides the tie; a carry into the exponent is the right rounding
+	 * (up to infinity past the largest bfloat16) */
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+/* n floats as bfloat16, in chunks */
+static int write_bf16(struct atomic_file *a, const float *x, size_t n, char *err, size_t errlen)
+{
+	uint16_t buf[8192];
+	for (size_t i = 0; i < n; i += 8192) {
+		size_t m = n - i < 8192 ? n - i : 8192;
+		for (size_t j = 0; j < m; j++)
+			buf[j] = st_bf16(x[i + j]);
+		int rc = atomic_write(a, buf, m * sizeof(uint16_t), "safetensors", err, errlen);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
 int st_write(const char *path, const struct st_tensor *t, int n, const char *const *meta_kv,
 	     char *err, size_t errlen)
 {
@@ -347,7 +392,8 @@ int st_write(const char *path, const struct st_tensor *t, int n, const char *con
 	if (!rc)
 		rc = atomic_write(&a, header, hlen, "safetensors", err, errlen);
 	for (int i = 0; i < n && !rc; i++)
-		rc = atomic_write(&a, t[i].data, bytes[i], "safetensors", err, errlen);
+		rc = t[i].dtype == ST_BF16 ? write_bf16(&a, t[i].data, bytes[i] / 2, err, errlen)
+					   : atomic_write(&a, t[i].data, bytes[i], "safetensors", err, errlen);
 	if (rc)
 		atomic_abort(&a);
 	else
@@ -406,16 +452,18 @@ static int parse_entry(struct st_item *it, const cJSON *e, uint64_t datalen, con
 		       path, name);
 		return -EPROTO;
 	}
-	if (!strcmp(dtype->valuestring, "F32")) {
-		it->esize = 4;
-	} else if (!strcmp(dtype->valuestring, "BF16")) {
-		it->esize = 2;
-	} else {
-		seterr(err, errlen, "safetensors: '%s': tensor '%s' has dtype '%.32s' (only F32 and BF16 are supported)",
+	for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]) && !it->esize; i++)
+		if (!strcmp(dtype->valuestring, dtypes[i].name)) {
+			it->esize = dtypes[i].esize;
+			it->pub.loads = dtypes[i].loads;
+		}
+	if (!it->esize) {
+		seterr(err, errlen, "safetensors: '%s': tensor '%s' has unknown dtype '%.32s'",
 		       path, name, dtype->valuestring);
-		return -ENOTSUP;
+		return -EPROTO;
 	}
 	it->pub.dtype = dtype->valuestring;
+	it->pub.esize = it->esize;
 
 	int nd = cJSON_GetArraySize(shape);
 	if (nd > ST_MAX_DIMS) {
@@ -467,6 +515,7 @@ static int parse_entry(struct st_item *it, const cJSON *e, uint64_t datalen, con
 		return -EPROTO;
 	}
 	it->pub.numel = (int64_t)numel;
+	it->pub.nbytes = be[1] - be[0];
 	return 0;
 }
 
@@ -528,56 +577,240 @@ static int check_meta(const cJSON *meta, const char *path, char *err, size_t err
 	return 0;
 }
 
-/* Reads every tensor into the arena, widening BF16 in place. */
-static int load_data(struct st_file *f, int fd, uint64_t data_start, const char *path,
-		     char *err, size_t errlen)
+/* float32 of an IEEE half: subnormals, infinities and NaN kept */
+static float half_to_float(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+	if (exp == 0x1f) {
+		u = sign | 0x7f800000u | (man << 13);
+	} else if (exp) {
+		u = sign | ((exp + 112) << 23) | (man << 13);
+	} else if (!man) {
+		u = sign;
+	} else {  /* subnormal: normalise */
+		exp = 113;
+		while (!(man & 0x400)) {
+			man <<= 1;
+			exp--;
+		}
+		u = sign | (exp << 23) | ((man & 0x3ff) << 13);
+	}
+	float f;
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* bfloat16 to float32 8 at a time: each value becomes the upper half of
+ * a 32-bit lane (zeros interleaved below it). Returns the values done. */
+static size_t widen_bf16_sse2(uint32_t *d, const uint16_t *s, size_t n)
+{
+	const __m128i zero = _mm_setzero_si128();
+	size_t j = 0;
+	for (; j + 8 <= n; j += 8) {
+		__m128i v = _mm_loadu_si128((const __m128i *)(s + j));
+		_mm_storeu_si128((__m128i *)(d + j), _mm_unpacklo_epi16(zero, v));
+		_mm_storeu_si128((__m128i *)(d + j + 4), _mm_unpackhi_epi16(zero, v));
+	}
+	return j;
+}
+#else
+static size_t widen_bf16_sse2(uint32_t *d, const uint16_t *s, size_t n)
+{
+	(void)d, (void)s, (void)n;
+	return 0;
+}
+#endif
+
+/* dst (n floats) = the n 2-byte values of src, widened */
+static void widen(float *restrict dst, const uint16_t *restrict src, size_t n, bool bf16)
+{
+	if (bf16) {  /* a bfloat16 is a float32's upper half */
+		uint32_t *d = (uint32_t *)dst;
+		for (size_t j = widen_bf16_sse2(d, src, n); j < n; j++)
+			d[j] = (uint32_t)src[j] << 16;
+		return;
+	}
+	for (size_t j = 0; j < n; j++)
+		dst[j] = half_to_float(src[j]);
+}
+
+/* 2-byte values go through a bounce buffer a chunk at a time: the
+ * destination is written once, in float32, and the chunk stays in cache */
+#define ST_CHUNK 16384
+#define ST_BIG_CHUNK (1 << 18)
+
+int st_read(struct st_file *f, const struct st_entry *e, uint64_t first, size_t n, float *dst,
+	    char *err, size_t errlen)
+{
+	const struct st_item *it = (const struct st_item *)e;
+	uint16_t small[ST_CHUNK], *buf = small;
+	size_t cap = ST_CHUNK;
+	int rc = 0;
+	if (!e->loads) {
+		seterr(err, errlen, "safetensors: '%s': tensor '%s' has dtype '%s' (only F32, BF16 and F16 load)",
+		       f->path, e->name, e->dtype);
+		return -ENOTSUP;
+	}
+	if (first > (uint64_t)e->numel || n > (uint64_t)e->numel - first) {
+		seterr(err, errlen, "safetensors: '%s': elements [%llu, +%zu) outside tensor '%s' of %lld",
+		       f->path, (unsigned long long)first, n, e->name, (long long)e->numel);
+		return -ERANGE;
+	}
+	uint64_t off = f->data_start + it->begin + first * (uint64_t)it->esize;
+	if (it->esize == 4) {
+		rc = pread_all(f->fd, dst, n * sizeof(float), off);
+	} else {
+		if (n > ST_CHUNK && (buf = malloc(sizeof(uint16_t) * ST_BIG_CHUNK)))
+			cap = ST_BIG_CHUNK;
+		else
+			buf = small;
+		bool bf16 = !strcmp(e->dtype, "BF16");
+		for (size_t done = 0; done < n && !rc; done += cap) {
+			size_t m = n - done < cap ? n - done : cap;
+			rc = pread_all(f->fd, buf, m * sizeof(uint16_t), off + done * sizeof(uint16_t));
+			if (!rc)
+				widen(dst + done, buf, m, bf16);
+		}
+		if (buf != small)
+			free(buf);
+	}
+	if (rc) {
+		seterr(err, errlen, "safetensors: '%s': unable to read tensor '%s': %s", f->path, e->name,
+		       rc == -EIO ? "file ended early" : strerror(-rc));
+		return rc;
+	}
+	__atomic_fetch_add(&f->bytes_read, (uint64_t)n * (uint64_t)it->esize, __ATOMIC_RELAXED);
+	return 0;
+}
+
+/* Reads every tensor into the arena. */
+static int load_data(struct st_file *f, char *err, size_t errlen)
 {
 	size_t total = 0;
 	for (int i = 0; i < f->n; i++)
 		total += (size_t)f->items[i].pub.numel;
 	f->arena = malloc(sizeof(float) * (total ? total : 1));
 	if (!f->arena) {
-		seterr(err, errlen, "safetensors: '%s': out of memory for %zu floats", path, total);
+		seterr(err, errlen, "safetensors: '%s': out of memory: %zu bytes for its tensors", f->path,
+		       sizeof(float) * total);
 		return -ENOMEM;
 	}
 	float *dst = f->arena;
 	for (int i = 0; i < f->n; i++) {
 		struct st_item *it = &f->items[i];
 		size_t ne = (size_t)it->pub.numel;
-		/* BF16 lands in the upper half of its slot, so widening
-		 * front to back never overwrites a value not yet read */
-		uint16_t *half = (uint16_t *)(dst + ne) - ne;
-		void *to = it->esize == 4 ? (void *)dst : (void *)half;
-		int rc = pread_all(fd, to, it->end - it->begin, data_start + it->begin);
-		if (rc) {
-			seterr(err, errlen, "safetensors: '%s': unable to read tensor '%s': %s", path,
-			       it->pub.name, rc == -EIO ? "file ended early" : strerror(-rc));
+		int rc = st_read(f, &it->pub, 0, ne, dst, err, errlen);
+		if (rc)
 			return rc;
-		}
-		if (it->esize == 2) {
-			for (size_t j = 0; j < ne; j++) {
-				uint32_t u = (uint32_t)half[j] << 16;
-				memcpy(dst + j, &u, sizeof(u));
-			}
-		}
 		it->pub.data = dst;
 		dst += ne;
 	}
 	return 0;
 }
 
-struct st_file *st_open(const char *path, char *err, size_t errlen)
+/* The header of an open file: its length, the JSON, every entry and the
+ * layout checked against the file's size. 0 or -errno with err. */
+static int read_header(struct st_file *f, const char *path, uint64_t size, char *err, size_t errlen)
+{
+	char *header = NULL;
+	uint8_t len8[8];
+	int rc = pread_all(f->fd, len8, 8, 0);
+	if (rc) {
+		seterr(err, errlen, "safetensors: unable to read '%s': %s", path,
+		       rc == -EIO ? "file ended early" : strerror(-rc));
+		return rc;
+	}
+	uint64_t hlen = 0;
+	for (int i = 7; i >= 0; i--)
+		hlen = hlen << 8 | len8[i];
+	if (hlen > ST_MAX_HEADER || hlen > size - 8) {
+		seterr(err, errlen, "safetensors: '%s': header length %llu exceeds %s (%llu bytes)", path,
+		       (unsigned long long)hlen,
+		       hlen > ST_MAX_HEADER ? "the 100 MiB limit" : "the rest of the file",
+		       hlen > ST_MAX_HEADER ? (unsigned long long)ST_MAX_HEADER
+					    : (unsigned long long)(size - 8));
+		return -EPROTO;
+	}
+	header = malloc((size_t)hlen + 1);
+	if (!header) {
+		seterr(err, errlen, "safetensors: '%s': out of memory for the %llu-byte header", path,
+		       (unsigned long long)hlen);
+		return -ENOMEM;
+	}
+	rc = pread_all(f->fd, header, (size_t)hlen, 8);
+	if (rc) {
+		seterr(err, errlen, "safetensors: unable to read '%s': %s", path,
+		       rc == -EIO ? "file ended early" : strerror(-rc));
+		goto out;
+	}
+	f->bytes_read = 8 + hlen;
+	f->data_start = 8 + hlen;
+	header[hlen] = '\0';
+	const char *end = NULL;
+	rc = -EPROTO;
+	if (memchr(header, '\0', (size_t)hlen) ||
+	    !(f->root = cJSON_ParseWithOpts(header, &end, 1))) {
+		size_t at = end ? (size_t)(end - header) : strlen(header);
+		seterr(err, errlen, "safetensors: '%s': header is not valid JSON (near byte %zu of %llu)",
+		       path, at, (unsigned long long)hlen);
+		goto out;
+	}
+	if (!cJSON_IsObject(f->root)) {
+		seterr(err, errlen, "safetensors: '%s': header is not a JSON object", path);
+		goto out;
+	}
+
+	uint64_t datalen = size - 8 - hlen;
+	int n = 0;
+	const cJSON *e;
+	cJSON_ArrayForEach(e, f->root) {
+		if (!strcmp(e->string, "__metadata__")) {
+			if (f->meta) {
+				seterr(err, errlen, "safetensors: '%s': __metadata__ appears twice", path);
+				goto out;
+			}
+			if (check_meta(e, path, err, errlen))
+				goto out;
+			f->meta = e;
+		} else {
+			n++;
+		}
+	}
+	f->items = calloc(n ? (size_t)n : 1, sizeof(*f->items));
+	f->by_name = calloc(n ? (size_t)n : 1, sizeof(*f->by_name));
+	if (!f->items || !f->by_name) {
+		seterr(err, errlen, "safetensors: '%s': out of memory for %d tensors", path, n);
+		rc = -ENOMEM;
+		goto out;
+	}
+	cJSON_ArrayForEach(e, f->root) {
+		if (e == f->meta)
+			continue;
+		if ((rc = parse_entry(&f->items[f->n], e, datalen, path, err, errlen)))
+			goto out;
+		f->n++;
+	}
+	rc = check_layout(f, datalen, path, err, errlen);
+out:
+	free(header);
+	return rc;
+}
+
+struct st_file *st_open_header(const char *path, char *err, size_t errlen)
 {
 	struct st_file *f = calloc(1, sizeof(*f));
-	char *header = NULL;
-	int fd = -1;
-	if (!f) {
+	struct stat st;
+	if (f)
+		f->fd = -1;
+	if (!f || !(f->path = strdup(path))) {
+		free(f);
 		seterr(err, errlen, "safetensors: '%s': out of memory", path);
 		return NULL;
 	}
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	struct stat st;
-	if (fd < 0 || fstat(fd, &st) < 0) {
+	f->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (f->fd < 0 || fstat(f->fd, &st) < 0) {
 		seterr(err, errlen, "safetensors: unable to open '%s': %s", path, strerror(errno));
 		goto out_fail;
 	}
@@ -591,102 +824,53 @@ struct st_file *st_open(const char *path, char *err, size_t errlen)
 		       path, (unsigned long long)size);
 		goto out_fail;
 	}
-	uint8_t len8[8];
-	int rc = pread_all(fd, len8, 8, 0);
-	if (rc) {
-		seterr(err, errlen, "safetensors: unable to read '%s': %s", path,
-		       rc == -EIO ? "file ended early" : strerror(-rc));
+	if (read_header(f, path, size, err, errlen))
 		goto out_fail;
-	}
-	uint64_t hlen = 0;
-	for (int i = 7; i >= 0; i--)
-		hlen = hlen << 8 | len8[i];
-	if (hlen > ST_MAX_HEADER || hlen > size - 8) {
-		seterr(err, errlen, "safetensors: '%s': header length %llu exceeds %s (%llu bytes)", path,
-		       (unsigned long long)hlen,
-		       hlen > ST_MAX_HEADER ? "the 100 MiB limit" : "the rest of the file",
-		       hlen > ST_MAX_HEADER ? (unsigned long long)ST_MAX_HEADER
-					    : (unsigned long long)(size - 8));
-		goto out_fail;
-	}
-	header = malloc((size_t)hlen + 1);
-	if (!header) {
-		seterr(err, errlen, "safetensors: '%s': out of memory for the header", path);
-		goto out_fail;
-	}
-	rc = pread_all(fd, header, (size_t)hlen, 8);
-	if (rc) {
-		seterr(err, errlen, "safetensors: unable to read '%s': %s", path,
-		       rc == -EIO ? "file ended early" : strerror(-rc));
-		goto out_fail;
-	}
-	header[hlen] = '\0';
-	const char *end = NULL;
-	if (memchr(header, '\0', (size_t)hlen) ||
-	    !(f->root = cJSON_ParseWithOpts(header, &end, 1))) {
-		size_t at = end ? (size_t)(end - header) : strlen(header);
-		seterr(err, errlen, "safetensors: '%s': header is not valid JSON (near byte %zu of %llu)",
-		       path, at, (unsigned long long)hlen);
-		goto out_fail;
-	}
-	if (!cJSON_IsObject(f->root)) {
-		seterr(err, errlen, "safetensors: '%s': header is not a JSON object", path);
-		goto out_fail;
-	}
-
-	uint64_t datalen = size - 8 - hlen;
-	int n = 0;
-	const cJSON *e;
-	cJSON_ArrayForEach(e, f->root) {
-		if (!strcmp(e->string, "__metadata__")) {
-			if (f->meta) {
-				seterr(err, errlen, "safetensors: '%s': __metadata__ appears twice", path);
-				goto out_fail;
-			}
-			if (check_meta(e, path, err, errlen))
-				goto out_fail;
-			f->meta = e;
-		} else {
-			n++;
-		}
-	}
-	f->items = calloc(n ? (size_t)n : 1, sizeof(*f->items));
-	f->by_name = calloc(n ? (size_t)n : 1, sizeof(*f->by_name));
-	if (!f->items || !f->by_name) {
-		seterr(err, errlen, "safetensors: '%s': out of memory for %d tensors", path, n);
-		goto out_fail;
-	}
-	cJSON_ArrayForEach(e, f->root) {
-		if (e == f->meta)
-			continue;
-		if (parse_entry(&f->items[f->n], e, datalen, path, err, errlen))
-			goto out_fail;
-		f->n++;
-	}
-	if (check_layout(f, datalen, path, err, errlen) ||
-	    load_data(f, fd, 8 + hlen, path, err, errlen))
-		goto out_fail;
-	free(header);
-	close(fd);
 	return f;
-
 out_fail:
-	free(header);
-	if (fd >= 0)
-		close(fd);
 	st_close(f);
 	return NULL;
+}
+
+struct st_file *st_open(const char *path, char *err, size_t errlen)
+{
+	struct st_file *f = st_open_header(path, err, errlen);
+	int rc = f ? load_data(f, err, errlen) : 0;
+	if (rc) {
+		st_close(f);
+		errno = -rc;  /* ENOMEM: the caller tells memory from bad input */
+		return NULL;
+	}
+	return f;
 }
 
 void st_close(struct st_file *f)
 {
 	if (!f)
 		return;
+	if (f->fd >= 0)
+		close(f->fd);
+	free(f->path);
 	free(f->arena);
 	free(f->by_name);
 	free(f->items);
 	cJSON_Delete(f->root);
 	free(f);
+}
+
+uint64_t st_bytes_read(const struct st_file *f)
+{
+	return __atomic_load_n(&f->bytes_read, __ATOMIC_RELAXED);
+}
+
+uint64_t st_header_bytes(const struct st_file *f)
+{
+	return f->data_start;
+}
+
+const char *st_path(const struct st_file *f)
+{
+	return f->path;
 }
 
 int st_count(const struct st_file *f)

@@ -11,6 +11,7 @@
 #ifndef MESHRUN_SAFETENSORS_H
 #define MESHRUN_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,27 +21,40 @@
 
 struct cJSON;
 
-/* One tensor to write: float32, row-major, `shape[0..ndim)` (ndim 0 is a
- * scalar). data may be NULL only when the tensor has no elements. */
+/* How a tensor is stored: float32, or bfloat16 rounded to nearest even
+ * (a NaN stays a NaN). */
+enum st_dtype { ST_F32 = 0, ST_BF16 };
+
+/* One tensor to write from float32, row-major, `shape[0..ndim)` (ndim 0
+ * is a scalar), stored as dtype (ST_F32 when zeroed). data may be NULL
+ * only when the tensor has no elements. */
 struct st_tensor {
 	const char *name;
 	int ndim;
 	int64_t shape[ST_MAX_DIMS];
 	const float *data;
+	enum st_dtype dtype;
 };
 
-/* One tensor of an open file. data is float32 whatever the stored dtype
- * (BF16 is widened on load), aligned, valid until st_close. */
+/* One tensor of an open file. data (st_open only) is float32 whatever
+ * the stored dtype (BF16 and F16 are widened on load), aligned, valid
+ * until st_close. */
 struct st_entry {
 	const char *name;
 	int ndim;
 	int64_t shape[ST_MAX_DIMS];
 	const float *data;
 	int64_t numel;
-	const char *dtype; /* as stored: "F32" or "BF16" */
+	const char *dtype; /* as stored: any safetensors dtype ("F32", "BF16", "F8_E4M3", ...) */
+	int esize;         /* bytes per element */
+	bool loads;        /* F32, BF16 or F16: st_read widens it to float32 */
+	uint64_t nbytes;   /* bytes in the file */
 };
 
 struct st_file;
+
+/* The bfloat16 of x, rounded to nearest even (what ST_BF16 stores). */
+uint16_t st_bf16(float x);
 
 /* Writes n tensors, packed in the order given, with optional string
  * metadata meta_kv = { key, value, ..., NULL } (NULL for none), atomically
@@ -50,14 +64,35 @@ struct st_file;
 int st_write(const char *path, const struct st_tensor *t, int n, const char *const *meta_kv,
 	     char *err, size_t errlen);
 
-/* Reads and validates a whole file: header length within the file and
- * <= ST_MAX_HEADER, JSON header, dtype F32 or BF16, shapes matching their
- * byte ranges, ranges inside the data section, not overlapping and covering
- * it exactly, unique names, string-only metadata. NULL with a one-line
- * error naming the file (and tensor) in err. The caller frees with
- * st_close. */
+/* Opens a file and validates its header against the file's real size
+ * before any data is read: header length within the file and <=
+ * ST_MAX_HEADER, JSON header, a known safetensors dtype, shapes matching
+ * their byte ranges, ranges inside the data section, not overlapping and
+ * covering it exactly, unique names, string-only metadata. Reads 8 bytes
+ * plus the header, no tensor data (entries' data are NULL): st_read
+ * fetches the ranges a caller needs. The file stays open until st_close.
+ * NULL with a one-line error naming the file (and tensor) in err. */
+struct st_file *st_open_header(const char *path, char *err, size_t errlen);
+/* st_open_header, then every tensor read into memory as float32 (each
+ * entry's data); a dtype other than F32, BF16, F16 is refused. The
+ * caller frees with st_close. NULL with err; errno is ENOMEM when the
+ * tensors did not fit in memory. */
 struct st_file *st_open(const char *path, char *err, size_t errlen);
 void st_close(struct st_file *f);
+
+/* Reads elements [first, first + n) of entry e (row-major) into dst as
+ * float32: one pread of their bytes, widened in place (dst is n floats).
+ * 0; -ENOTSUP for a dtype that does not load, -ERANGE for elements
+ * outside e, -EIO when the file ended early, -errno; err names the file
+ * and tensor. Safe to call from several threads. */
+int st_read(struct st_file *f, const struct st_entry *e, uint64_t first, size_t n, float *dst,
+	    char *err, size_t errlen);
+/* Bytes of the file read so far: the length and header, and every
+ * st_read's bytes. */
+uint64_t st_bytes_read(const struct st_file *f);
+/* Bytes before the data section: 8 + the header's length. */
+uint64_t st_header_bytes(const struct st_file *f);
+const char *st_path(const struct st_file *f);
 
 /* Tensors in data-section order, i in [0, st_count). */
 int st_count(const struct st_file *f);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/ckpt/hf_config.h"
 #include "host/config/config.h"
 
 static const struct arg_flag *find_flag(const struct arg_flag *const *tables, const char *name,
@@ -160,5 +161,6 @@ int args_load_cfg(const struct args *a, struct cfg *c, char *err, size_t errlen)
 	for (int i = 0; i < a->nappends; i++)
 		if (cfg_list_append(c, a->append_flag[i]->why, a->appends[i], err, errlen))
 			return -EINVAL;
-	return 0;
+	/* a checkpoint to start from fixes the model keys its config.json gives */
+	return hf_config_apply(c, a->overrides, a->noverrides, err, errlen);
 }

@@ -59,8 +59,11 @@ int args_parse(struct args *a, const struct arg_flag *const *tables, int argc, c
 void args_release(struct args *a);
 
 /* cfg_defaults, then every --config file in order, then every override
- * in order, then every ARG_APPEND value. 0, or -EINVAL (a config error: a file that cannot be read or
- * parsed, an unknown key, a bad value) with err. */
+ * in order, then every ARG_APPEND value, then, with load_parameters_path,
+ * the model keys of that checkpoint's config.json (hf_config_apply). 0,
+ * or with err: -EINVAL (a config error: a file that cannot be read or
+ * parsed, an unknown key, a bad value, a key the checkpoint contradicts),
+ * -EBADMSG (the checkpoint's config.json is missing or unreadable). */
 int args_load_cfg(const struct args *a, struct cfg *c, char *err, size_t errlen);
 
 #endif

@@ -6,13 +6,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "host/agent/agent.h"
 #include "host/agent/pingpong.h"
+#include "host/ckpt/hf_load.h"
 #include "host/cli/cli.h"
 #include "host/cli/cmds.h"
 #include "host/config/config.h"
+#include "host/train/check.h"
 #include "host/train/loop.h"
+#include "host/train/preflight.h"
 #include "host/train/train_job.h"
 #include "host/util/threads.h"
 
@@ -38,8 +42,9 @@ int cli_agent_cfg(const struct args *a, const struct mesh_args *m, struct cfg *c
 		  char *err, size_t errlen)
 {
 	int hosts = m->hosts, devs = m->devs, hid = m->host_id;
-	if (args_load_cfg(a, c, err, errlen))
-		return EXIT_CONFIG;
+	int rc = args_load_cfg(a, c, err, errlen);
+	if (rc)
+		return cli_exit_code(rc);
 	/* without --hosts / --devices-per-host a -1 size means one */
 	if (!hosts && any_fill(c, true))
 		hosts = c->hosts.n ? c->hosts.n : 1;
@@ -56,6 +61,29 @@ int cli_agent_cfg(const struct args *a, const struct mesh_args *m, struct cfg *c
 	}
 	*host_id = hid;
 	return EXIT_OK;
+}
+
+const char *cli_job_name(const char *cmd, char *buf, size_t len)
+{
+	const char *id = getenv("MESHRUN_JOB_ID"), *slurm = getenv("SLURM_JOB_ID");
+	if (id && *id)
+		snprintf(buf, len, "%.100s", id);
+	else if (slurm && *slurm)
+		snprintf(buf, len, "slurm-%.90s", slurm);
+	else
+		snprintf(buf, len, "%s-%ld", cmd, (long)getpid());
+	return buf;
+}
+
+int cli_agent_check(const struct args *a, const struct mesh_args *m, const char *job,
+		    struct cfg *c, char *err, size_t errlen)
+{
+	struct mesh mesh;
+	int host_id, rc = cli_agent_cfg(a, m, c, &host_id, err, errlen);
+	if (rc || (job && strcmp(job, "train")))
+		return rc;
+	mesh_init(&mesh, c);
+	return cli_exit_code(train_check(c, &mesh, err, errlen));
 }
 
 /* ---- `meshrun agent` ---- */
@@ -146,6 +174,11 @@ const struct arg_flag *cli_agent_flags(void)
 	return agent_flags;
 }
 
+const char *cli_agent_job(void)
+{
+	return ao.job ? ao.job : "train";
+}
+
 struct job_entry {
 	const char *name;
 	agent_job_fn fn;
@@ -169,43 +202,56 @@ int cmd_agent(int argc, char **argv)
 	ao = (struct agent_cli){ .job = "train", .pp = { .size = 1 << 20, .rounds = 10 } };
 	cli_mesh_flags(mesh, &m);
 	const struct arg_flag *const tables[] = { agent_flags, mesh, NULL };
-	if (args_parse(&a, tables, argc, argv, err, sizeof(err))) {
-		fprintf(stderr, "meshrun: agent: %s\n", err);
+	if (args_parse(&a, tables, argc, argv, err, sizeof(err)) ||
+	    env_identity(&m, err, sizeof(err))) {
 		args_release(&a);
-		return EXIT_USAGE;
-	}
-	if (env_identity(&m, err, sizeof(err))) {
-		fprintf(stderr, "meshrun: agent: %s\n", err);
-		args_release(&a);
-		return EXIT_USAGE;
+		return cli_usage_error("agent", "%s", err);
 	}
 	const struct job_entry *j = jobs;
 	while (j->name && strcmp(j->name, ao.job))
 		j++;
 	bool train = j->fn == train_job;
 	if (train && ao.run.resume && !ao.run.ckpt_dir) {
-		fprintf(stderr, "meshrun: --resume needs --checkpoint-dir DIR\n");
 		args_release(&a);
-		return EXIT_USAGE;
+		return cli_usage_error("agent", "--resume needs --checkpoint-dir DIR");
 	}
 	rc = cli_agent_cfg(&a, &m, &cfg, &host_id, err, sizeof(err));
 	args_release(&a);
 	if (!rc && env_coordinator(&cfg, err, sizeof(err)))
 		rc = EXIT_USAGE;
 	if (rc) {
-		fprintf(stderr, "meshrun: agent: %s\n", err);
+		cli_error("agent", "%s", err);
 		return rc;
 	}
-	if (!j->name) {
-		fprintf(stderr, "meshrun: agent: unknown job '%s' (this build has: train, pingpong)\n",
-			ao.job);
-		return EXIT_USAGE;
+	if (!j->name)
+		return cli_usage_error("agent", "unknown job '%s' (this build has: train, pingpong)",
+				       ao.job);
+	/* the host that writes the outputs proves it can, before rendezvous */
+	struct train_outputs out = { .lock.fd = -1 };
+	char job[128], who[32];
+	snprintf(who, sizeof(who), "host %d", host_id);
+	if (train && host_id == 0 &&
+	    (rc = train_preflight(&out, &cfg, &ao.run, cli_job_name("agent", job, sizeof(job)), err,
+				  sizeof(err)))) {
+		cli_error(who, "%s", err);
+		return cli_exit_code(rc);
 	}
 	if (train)
 		util_blas_threads(&cfg, cfg.devices_per_host * util_agents_on_machine());
+	/* the weights to start from: every header checked before anything
+	 * else starts; each device then reads its own shards */
+	if (train && !ao.run.resume && cfg.load_parameters_path[0] &&
+	    (rc = hf_src_open(&ao.run.weights, cfg.load_parameters_path, cfg.devices_per_host, err,
+			      sizeof(err)))) {
+		cli_error(who, "%s", err);
+		train_outputs_release(&out);
+		return cli_exit_code(rc);
+	}
 	rc = agent_run(&cfg, host_id, ao.listen, j->fn, train ? (void *)&ao.run : (void *)&ao.pp, err,
 		       sizeof(err));
+	hf_src_close(ao.run.weights);
+	train_outputs_release(&out);
 	if (rc)
-		fprintf(stderr, "meshrun: host %d: %s\n", host_id, err);
+		cli_error(who, "%s", err);
 	return cli_exit_code(rc);
 }

@@ -10,6 +10,7 @@
 #include "host/agent/agent.h"
 #include "host/bench/bench_coll.h"
 #include "host/bench/bench_link.h"
+#include "host/bench/bench_load.h"
 #include "host/bench/bench_matmul.h"
 #include "host/cli/cli.h"
 #include "host/cli/cmds.h"
@@ -35,11 +36,8 @@ static int cmd_bench_matmul(int argc, char **argv)
 		rc = -EINVAL;
 	}
 	args_release(&a);
-	if (rc) {
-		fprintf(stderr, "meshrun: bench matmul: %s\n"
-				"usage: meshrun bench matmul [--threads N] [--size N] [--reps N]\n", err);
-		return EXIT_USAGE;
-	}
+	if (rc)
+		return cli_usage_error("bench matmul", "%s", err);
 	return cli_exit_code(bench_matmul_run(threads, size, reps));
 }
 
@@ -66,17 +64,15 @@ static int bench_agent(const char *who, const struct args *a, const struct mesh_
 	int host_id = -1;
 	int rc = cli_agent_cfg(a, m, &cfg, &host_id, err, sizeof(err));
 	if (rc) {
-		fprintf(stderr, "%s: %s\n", who, err);
+		cli_error(who, "%s", err);
 		return rc;
 	}
-	if (want_hosts && cfg.num_hosts != want_hosts) {
-		fprintf(stderr, "%s: needs exactly %d hosts, the mesh has %d\n", who, want_hosts,
-			cfg.num_hosts);
-		return EXIT_USAGE;
-	}
+	if (want_hosts && cfg.num_hosts != want_hosts)
+		return cli_usage_error(who, "needs exactly %d hosts, the mesh has %d", want_hosts,
+				       cfg.num_hosts);
 	rc = agent_run(&cfg, host_id, NULL, job, arg, err, sizeof(err));
 	if (rc)
-		fprintf(stderr, "%s: host %d: %s\n", who, host_id, err);
+		cli_error(who, "host %d: %s", host_id, err);
 	return cli_exit_code(rc);
 }
 
@@ -106,19 +102,15 @@ static int cmd_bench_link(int argc, char **argv)
 	const struct arg_flag *const tables[] = { flags, mesh, NULL };
 	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
 	if (rc) {
-		fprintf(stderr, "bench link: %s\n", err);
-		rc = EXIT_USAGE;
+		rc = cli_usage_error("bench link", "%s", err);
 	} else if (!sizes) {
-		fprintf(stderr, "usage: meshrun bench link --hosts 2 --sizes 16M[,64K...] [--iters K] [--oneway]\n");
-		rc = EXIT_USAGE;
+		rc = cli_usage_error("bench link", "--sizes is needed");
 	} else if (parse_list(sizes, o.sizes, &o.nsizes, 1, 1ull << 32)) {
-		fprintf(stderr, "bench link: bad size list '%s'\n", sizes);
-		rc = EXIT_USAGE;
+		rc = cli_usage_error("bench link", "bad size list '%s'", sizes);
 	} else if (agent) {
 		rc = bench_agent("bench link", &a, &m, 2, bench_link_job, &o);
 	} else if (m.hosts != 2) {
-		fprintf(stderr, "bench link: give --hosts 2\n");
-		rc = EXIT_USAGE;
+		rc = cli_usage_error("bench link", "give --hosts 2");
 	} else {
 		static const char *const prefix[] = { "bench", "link", "--agent" };
 		rc = cli_launch_local("bench link", 2, &a, argv, launcher_only, prefix, 3);
@@ -135,28 +127,19 @@ static int coll_check_opts(struct bench_opts *o, const char *op, const char *siz
 	for (int k = 0; op && k < B_NOPS; k++)
 		if (!strcmp(op, bench_coll_op_names[k]))
 			o->op = k;
-	if (op && !o->all_ops && o->op < 0) {
-		fprintf(stderr, "bench collectives: unknown op '%s' (all_gather, reduce_scatter, "
-			"all_reduce, all_to_all, permute, broadcast, all)\n", op);
-		return EXIT_USAGE;
-	}
-	if (sizes && parse_list(sizes, o->sizes, &o->nsizes, 0, SIZE_MAX)) {
-		fprintf(stderr, "bench collectives: bad size list '%s'\n", sizes);
-		return EXIT_USAGE;
-	}
-	if (counts && parse_list(counts, o->counts, &o->ncounts, 0, SIZE_MAX)) {
-		fprintf(stderr, "bench collectives: bad count list '%s'\n", counts);
-		return EXIT_USAGE;
-	}
-	if (!o->ncounts && !o->nsizes) {
-		fprintf(stderr, "bench collectives: give --sizes (with --op) or --check-counts\n");
-		return EXIT_USAGE;
-	}
-	if (!o->ncounts && o->op < 0 && !o->all_ops) {
-		fprintf(stderr, "bench collectives: give --op (all_gather, reduce_scatter, "
-			"all_reduce, all_to_all, permute, broadcast, all)\n");
-		return EXIT_USAGE;
-	}
+	static const char who[] = "bench collectives";
+	if (op && !o->all_ops && o->op < 0)
+		return cli_usage_error(who, "unknown op '%s' (all_gather, reduce_scatter, all_reduce, "
+				       "all_to_all, permute, broadcast, all)", op);
+	if (sizes && parse_list(sizes, o->sizes, &o->nsizes, 0, SIZE_MAX))
+		return cli_usage_error(who, "bad size list '%s'", sizes);
+	if (counts && parse_list(counts, o->counts, &o->ncounts, 0, SIZE_MAX))
+		return cli_usage_error(who, "bad count list '%s'", counts);
+	if (!o->ncounts && !o->nsizes)
+		return cli_usage_error(who, "give --sizes (with --op) or --check-counts");
+	if (!o->ncounts && o->op < 0 && !o->all_ops)
+		return cli_usage_error(who, "give --op (all_gather, reduce_scatter, all_reduce, "
+				       "all_to_all, permute, broadcast, all)");
 	return 0;
 }
 
@@ -187,15 +170,13 @@ static int cmd_bench_coll(int argc, char **argv)
 	const struct arg_flag *const tables[] = { flags, mesh, NULL };
 	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
 	if (rc) {
-		fprintf(stderr, "bench collectives: %s\n", err);
-		rc = EXIT_USAGE;
+		rc = cli_usage_error("bench collectives", "%s", err);
 	} else if ((rc = coll_check_opts(&o, op, sizes, counts))) {
 		/* printed */
 	} else if (agent) {
 		rc = bench_agent("bench collectives", &a, &m, 0, bench_coll_job, &o);
 	} else if (m.hosts < 1) {
-		fprintf(stderr, "bench collectives: give --hosts N\n");
-		rc = EXIT_USAGE;
+		rc = cli_usage_error("bench collectives", "give --hosts N");
 	} else {
 		static const char *const prefix[] = { "bench", "collectives", "--agent" };
 		rc = cli_launch_local("bench collectives", m.hosts, &a, argv, launcher_only, prefix, 3);
@@ -204,17 +185,43 @@ static int cmd_bench_coll(int argc, char **argv)
 	return rc;
 }
 
+/* One host's share of loading load_parameters_path (bench/load.sh runs
+ * one per host at once). */
+static int cmd_bench_load(int argc, char **argv)
+{
+	static struct cfg cfg;
+	struct mesh_args m = { .host_id = -1 };
+	struct arg_flag mesh[MESH_FLAGS];
+	struct args a;
+	char err[640];
+	int host_id = 0;
+	cli_mesh_flags(mesh, &m);
+	const struct arg_flag *const tables[] = { mesh, NULL };
+	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
+	if (rc) {
+		args_release(&a);
+		return cli_usage_error("bench load", "%s", err);
+	}
+	rc = cli_agent_cfg(&a, &m, &cfg, &host_id, err, sizeof(err));
+	args_release(&a);
+	if (!rc && !cfg.load_parameters_path[0])
+		return cli_usage_error("bench load", "needs load_parameters_path=DIR");
+	if (rc) {
+		cli_error("bench load", "%s", err);
+		return rc;
+	}
+	return cli_exit_code(bench_load_run(&cfg, host_id));
+}
+
 int cmd_bench(int argc, char **argv)
 {
+	if (argc >= 2 && !strcmp(argv[1], "load"))
+		return cmd_bench_load(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "matmul"))
 		return cmd_bench_matmul(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "link"))
 		return cmd_bench_link(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "collectives"))
 		return cmd_bench_coll(argc - 1, argv + 1);
-	fprintf(stderr, "usage: meshrun bench matmul [--threads N] [--size N]\n"
-			"       meshrun bench link --hosts 2 --sizes 16M[,64K] [--iters K] [--oneway]\n"
-			"       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "
-			"--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [--async] [key=value ...]\n");
-	return EXIT_USAGE;
+	return cli_usage_error("bench", "give matmul, link, collectives or load");
 }

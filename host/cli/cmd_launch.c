@@ -23,12 +23,6 @@ struct launch_cli {
 	int max_restarts;
 };
 
-static const char usage_line[] =
-	"usage: meshrun launch --hostfile FILE [--ssh-config FILE] [--devices-per-host D] "
-	"--config FILE [key=value ...] [--metrics FILE] [--trace FILE] [--checkpoint-dir DIR] "
-	"[--resume] [--max-restarts K] [--certs DIR] [--log-dir DIR] [--keep] [--quiet] "
-	"[--fault SPEC ...]\n";
-
 /* mkdir -p with mode for the last part */
 static int make_dirs(const char *path, char *err, size_t errlen)
 {
@@ -87,22 +81,23 @@ static int run(struct launch_cli *l, const struct args *a, const struct mesh_arg
 	struct hostfile_entry *hosts = NULL;
 	struct mesh_args mm = *m;
 	char err[1024] = "", log_dir[2048], mbuf[2048], tbuf[2048];
-	int n = 0, host_id, rc;
+	int n = 0, rc;
 
 	if (hostfile_read(l->hostfile, &hosts, &n, err, sizeof(err))) {
-		fprintf(stderr, "meshrun: launch: %s\n", err);
+		cli_error("launch", "%s", err);
 		return EXIT_INPUT;
 	}
 	mm.hosts = n;
-	rc = cli_agent_cfg(a, &mm, &cfg, &host_id, err, sizeof(err));
+	/* a bad config is said once, here, not by every agent */
+	rc = cli_agent_check(a, &mm, "train", &cfg, err, sizeof(err));
 	if (rc) {
-		fprintf(stderr, "meshrun: launch: %s\n", err);
+		cli_error("launch", "%s", err);
 		free(hosts);
 		return rc;
 	}
 	if (l->max_restarts && cfg.checkpoint_period <= 0) {
-		fprintf(stderr, "meshrun: launch: config: --max-restarts needs checkpoint_period > 0 "
-			"(got %lld)\n", (long long)cfg.checkpoint_period);
+		cli_error("launch", "config: --max-restarts needs checkpoint_period > 0 (got %lld)",
+			  (long long)cfg.checkpoint_period);
 		free(hosts);
 		return EXIT_CONFIG;
 	}
@@ -115,7 +110,7 @@ static int run(struct launch_cli *l, const struct args *a, const struct mesh_arg
 		snprintf(log_dir, sizeof(log_dir), "meshrun-runs/launch-%s-%d", stamp, (int)getpid());
 	}
 	if (make_dirs(log_dir, err, sizeof(err))) {
-		fprintf(stderr, "meshrun: launch: %s\n", err);
+		cli_error("launch", "%s", err);
 		free(hosts);
 		return EXIT_FAIL;
 	}
@@ -155,11 +150,11 @@ static int run(struct launch_cli *l, const struct args *a, const struct mesh_arg
 			"first output at %.2f s, first step at %.2f s\n", n, log_dir, t.staged, t.copied,
 			t.first_output, t.first_step);
 	if (r.interrupted || launch_signals) {
-		fprintf(stderr, "meshrun: launch: interrupted; every agent stopped\n");
-		return 130;
+		cli_error("launch", "interrupted; every agent stopped");
+		return EXIT_INTERRUPTED;
 	}
 	if (rc) {
-		fprintf(stderr, "meshrun: launch: %s\n", err[0] ? err : "failed");
+		cli_error("launch", "%s", err[0] ? err : "failed");
 		return cli_launch_exit_code(rc, &r);
 	}
 	if (!l->quiet && l->metrics)
@@ -196,27 +191,19 @@ int cmd_launch(int argc, char **argv)
 	};
 	cli_mesh_flags(mesh, &m);
 	const struct arg_flag *const tables[] = { own, mesh, NULL };
-	if (args_parse(&a, tables, argc, argv, err, sizeof(err))) {
-		fprintf(stderr, "meshrun: launch: %s\n", err);
+	const char *bad = NULL;
+	if (args_parse(&a, tables, argc, argv, err, sizeof(err)))
+		bad = err;
+	else if (l.ckpt_dir && l.ckpt_dir[0] != '/')
+		bad = "--checkpoint-dir wants an absolute path on the machines (a relative one "
+		      "would land in the run directory, which is removed)";
+	else if (l.resume && !l.ckpt_dir)
+		bad = "--resume needs --checkpoint-dir DIR";
+	else if (!l.hostfile || !a.nconfigs)
+		bad = !l.hostfile ? "--hostfile FILE is needed" : "--config FILE is needed";
+	if (bad) {
 		args_release(&a);
-		return EXIT_USAGE;
-	}
-	if (l.ckpt_dir && l.ckpt_dir[0] != '/') {
-		fprintf(stderr, "meshrun: launch: --checkpoint-dir wants an absolute path on the "
-				"machines (a relative one would land in the run directory, which is "
-				"removed)\n");
-		args_release(&a);
-		return EXIT_USAGE;
-	}
-	if (l.resume && !l.ckpt_dir) {
-		fprintf(stderr, "meshrun: launch: --resume needs --checkpoint-dir DIR\n");
-		args_release(&a);
-		return EXIT_USAGE;
-	}
-	if (!l.hostfile || !a.nconfigs) {
-		fputs(usage_line, stderr);
-		args_release(&a);
-		return EXIT_USAGE;
+		return cli_usage_error("launch", "%s", bad);
 	}
 	int rc = run(&l, &a, &m);
 	args_release(&a);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "host/ckpt/ckpt.h"
 #include "host/cli/cli.h"
@@ -79,9 +80,13 @@ static int launch_restarting_local(const char *who, int hosts, int cargc, char *
 		.max = rs->max, .resume = rs->resume, .launch = local_once,
 		.checkpoint = local_checkpoint, .retry_code = cli_restart_code, .ctx = &lr,
 	};
-	int rc = launch_restarting(who, &lrs, &r, err, sizeof(err));
-	if (rc)
-		fprintf(stderr, "%s: %s\n", who, err[0] ? err : "interrupted");
+	char prefix[64];
+	snprintf(prefix, sizeof(prefix), "meshrun: %s", who);
+	int rc = launch_restarting(prefix, &lrs, &r, err, sizeof(err));
+	if (r.interrupted)
+		cli_error(who, "interrupted; every agent stopped");
+	else if (rc)
+		cli_error(who, "%s", err[0] ? err : "failed");
 	return cli_launch_exit_code(rc, &r);
 }
 
@@ -89,13 +94,11 @@ static int launch_local(const char *who, int hosts, const struct args *a, char *
 			const struct arg_flag *skip, const char *const *prefix, int nprefix,
 			const struct restarts *rs)
 {
-	if (hosts < 1 || hosts > LOCAL_MAX_HOSTS) {
-		fprintf(stderr, "%s: --hosts must be in [1, %d], got %d\n", who, LOCAL_MAX_HOSTS, hosts);
-		return EXIT_USAGE;
-	}
+	if (hosts < 1 || hosts > LOCAL_MAX_HOSTS)
+		return cli_usage_error(who, "--hosts must be in [1, %d], got %d", LOCAL_MAX_HOSTS, hosts);
 	char **cargv = calloc((size_t)a->argc + (size_t)nprefix + 2, sizeof(char *));
 	if (!cargv) {
-		fprintf(stderr, "%s: out of memory\n", who);
+		cli_error(who, "out of memory");
 		return EXIT_FAIL;
 	}
 	int cargc = 0;
@@ -122,25 +125,17 @@ int cli_launch_local(const char *who, int hosts, const struct args *a, char **ar
 }
 
 /* --max-restarts needs checkpoints to restart from: --checkpoint-dir
- * (usage) and checkpoint_period > 0 (config). EXIT_OK or the exit code,
- * with the message printed. */
-static int check_restarts(const struct args *a, const struct restarts *rs)
+ * (usage) and checkpoint_period > 0 (config, c). EXIT_OK or the exit
+ * code, with the message printed. */
+static int check_restarts(const struct cfg *c, const struct restarts *rs)
 {
-	static struct cfg c;
-	char err[640];
 	if (!rs->max)
 		return EXIT_OK;
-	if (!rs->ckpt_dir) {
-		fprintf(stderr, "meshrun: local: --max-restarts needs --checkpoint-dir DIR\n");
-		return EXIT_USAGE;
-	}
-	if (args_load_cfg(a, &c, err, sizeof(err))) {
-		fprintf(stderr, "meshrun: local: %s\n", err);
-		return EXIT_CONFIG;
-	}
-	if (c.checkpoint_period <= 0) {
-		fprintf(stderr, "meshrun: local: config: --max-restarts needs checkpoint_period > 0 "
-			"(got %" PRId64 ")\n", (int64_t)c.checkpoint_period);
+	if (!rs->ckpt_dir)
+		return cli_usage_error("local", "--max-restarts needs --checkpoint-dir DIR");
+	if (c->checkpoint_period <= 0) {
+		cli_error("local", "config: --max-restarts needs checkpoint_period > 0 (got %" PRId64 ")",
+			  (int64_t)c->checkpoint_period);
 		return EXIT_CONFIG;
 	}
 	return EXIT_OK;
@@ -168,23 +163,31 @@ int cmd_local(int argc, char **argv)
 	};
 	cli_mesh_flags(mesh, &m);
 	const struct arg_flag *const tables[] = { own, peek, cli_agent_flags(), mesh, NULL };
-	if (args_parse(&a, tables, argc, argv, err, sizeof(err))) {
-		fprintf(stderr, "meshrun: local: %s\n", err);
+	if (args_parse(&a, tables, argc, argv, err, sizeof(err)) || !hosts) {
 		args_release(&a);
-		return EXIT_USAGE;
+		return cli_usage_error("local", "%s", hosts ? err : "--hosts N is needed");
 	}
-	if (!hosts) {
-		fprintf(stderr, "usage: meshrun local --hosts N [--devices-per-host D] [--max-restarts K] --config FILE [key=value ...]\n");
+	/* a bad config is said once, here, not by every agent */
+	static struct cfg c;
+	m.hosts = hosts;
+	int rc = cli_agent_check(&a, &m, cli_agent_job(), &c, err, sizeof(err));
+	if (rc) {
 		args_release(&a);
-		return EXIT_USAGE;
+		cli_error("local", "%s", err);
+		return rc;
 	}
-	int rc = check_restarts(&a, &rs);
+	rc = check_restarts(&c, &rs);
 	if (rc) {
 		args_release(&a);
 		return rc;
 	}
+	/* the agents name the job by the launcher (host/cli/cmds.h) */
+	char job[64];
+	snprintf(job, sizeof(job), "local-%ld", (long)getpid());
+	if (!getenv("MESHRUN_JOB_ID"))
+		setenv("MESHRUN_JOB_ID", job, 1);
 	static const char *const prefix[] = { "agent" };
-	rc = launch_local("meshrun: local", hosts, &a, argv, own, prefix, 1, &rs);
+	rc = launch_local("local", hosts, &a, argv, own, prefix, 1, &rs);
 	args_release(&a);
 	return rc;
 }

@@ -9,18 +9,13 @@
 
 static int report_usage(const char *why)
 {
-	fprintf(stderr, "report: %s\nusage: meshrun report METRICS.jsonl [--trace TRACE.json] -o FILE.svg\n", why);
-	return EXIT_USAGE;
+	return cli_usage_error("report", "%s", why);
 }
 
 int cmd_report(int argc, char **argv)
 {
 	const char *metrics = NULL, *trace = NULL, *out = NULL;
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-			printf("usage: meshrun report METRICS.jsonl [--trace TRACE.json] -o FILE.svg\n");
-			return EXIT_OK;
-		}
 		if (!strcmp(argv[i], "--trace") || !strcmp(argv[i], "-o")) {
 			if (i + 1 >= argc)
 				return report_usage(!strcmp(argv[i], "-o") ? "-o needs a file" : "--trace needs a file");
@@ -38,10 +33,13 @@ int cmd_report(int argc, char **argv)
 	}
 	if (!metrics || !out)
 		return report_usage(!metrics ? "a metrics file is needed" : "-o FILE.svg is needed");
-	char err[512];
-	int rc = report_write(metrics, trace, out, err, sizeof(err));
+	char err[512], warn[512];
+	int rc = report_write(metrics, trace, out, warn, sizeof(warn), err, sizeof(err));
+	/* report_write's lines start "report: " */
+	if (warn[0])
+		fprintf(stderr, "meshrun: %s\n", warn);
 	if (rc) {
-		fprintf(stderr, "%s\n", err);
+		fprintf(stderr, "meshrun: %s\n", err);
 		return rc == -EBADMSG ? EXIT_INPUT : EXIT_FAIL;
 	}
 	printf("report: wrote %s\n", out);

@@ -23,17 +23,14 @@ int cmd_shardings(int argc, char **argv)
 	const struct arg_flag *const tables[] = { flags, NULL };
 	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
 	if (rc || !a.nconfigs) {
-		if (rc)
-			fprintf(stderr, "shardings: %s\n", err);
-		fprintf(stderr, "usage: meshrun shardings --config FILE [--hosts N] [--devices-per-host D] [key=value ...]\n");
 		args_release(&a);
-		return EXIT_USAGE;
+		return cli_usage_error("shardings", "%s", rc ? err : "--config FILE is needed");
 	}
 	rc = args_load_cfg(&a, &c, err, sizeof(err));
 	args_release(&a);
 	if (!rc)
 		rc = shardings_describe(&c, hosts, devs, err, sizeof(err));
 	if (rc)
-		fprintf(stderr, "%s\n", err);
+		cli_error("shardings", "%s", err);
 	return cli_exit_code(rc);
 }

@@ -20,13 +20,31 @@ void cli_mesh_flags(struct arg_flag t[MESH_FLAGS], struct mesh_args *m);
 /* The flags `meshrun agent` takes besides the mesh's (--job, --listen, the
  * run flags, ...): `local` accepts them too and passes them on. */
 const struct arg_flag *cli_agent_flags(void);
+/* The job those flags chose (--job NAME; "train" without it). */
+const char *cli_agent_job(void);
 
-/* Loads the config of an agent (files, overrides) and finishes it for the
- * mesh m asks for (sizes left -1 without --hosts / --devices-per-host
- * mean one). EXIT_OK, or EXIT_CONFIG / EXIT_USAGE (host id out of range)
- * with err. */
+/* Loads the config of an agent (files, overrides, a checkpoint's
+ * config.json) and finishes it for the mesh m asks for (sizes left -1
+ * without --hosts / --devices-per-host mean one). EXIT_OK, or EXIT_CONFIG
+ * / EXIT_INPUT (the checkpoint's config.json) / EXIT_USAGE (host id out
+ * of range) with err. */
 int cli_agent_cfg(const struct args *a, const struct mesh_args *m, struct cfg *c, int *host_id,
 		  char *err, size_t errlen);
+
+/* What every agent of a training job would check in its config before
+ * rendezvous, checked once by a launcher (local, launch) so a bad key or
+ * fault spec is one line, not one per host: the config loaded and
+ * finished for the mesh m asks for (m->hosts set), and train_check
+ * (host/train/check.h: fault specs, axes, shapes, plans). EXIT_OK, or the
+ * exit code with err; c holds the config. job is the agent job ("train";
+ * another is not checked past its config). */
+int cli_agent_check(const struct args *a, const struct mesh_args *m, const char *job,
+		    struct cfg *c, char *err, size_t errlen);
+
+/* The job's name for what it leaves behind (the checkpoint directory's
+ * lock): MESHRUN_JOB_ID when a launcher set it ("local-4242"), else
+ * "slurm-<SLURM_JOB_ID>" under Slurm, else "<cmd>-<this pid>". */
+const char *cli_job_name(const char *cmd, char *buf, size_t len);
 
 /* Starts `hosts` agents on loopback (host/launch/local.h), each running
  * this binary with prefix[0..nprefix-1] and then every argument of argv

@@ -13,6 +13,8 @@
 #include <openssl/evp.h>
 #include <yaml.h>
 
+#include "host/util/out.h"
+
 #define AXIS_NAME(X, e, name, stem, def) [e] = #name,
 const char *const mesh_axis_names[AX_COUNT] = { MESH_AXES(AXIS_NAME, ) };
 #undef AXIS_NAME
@@ -199,6 +201,25 @@ static int yaml_fail(yaml_parser_t *p, const char *path, char *err, size_t errle
 	return -EINVAL;
 }
 
+/* A key given twice in one YAML file would silently take the last value:
+ * refused, naming both lines. seen[] holds each key's first line (by its
+ * index in keys[]; base_config at NKEYS). Unknown keys are cfg_set's. */
+static int first_time(size_t *seen, const char *key, const char *path, size_t line, char *err,
+		      size_t errlen)
+{
+	const struct cfg_key *k = find_key(key);
+	size_t i = k ? (size_t)(k - keys) : !strcmp(key, "base_config") ? NKEYS : (size_t)-1;
+	if (i == (size_t)-1)
+		return 0;
+	if (seen[i]) {
+		snprintf(err, errlen, "config: '%s' line %zu: key '%s' is given twice (first at line %zu)",
+			 path, line, key, seen[i]);
+		return -EINVAL;
+	}
+	seen[i] = line;
+	return 0;
+}
+
 static int load_depth(struct cfg *c, const char *path, int depth, char *err, size_t errlen)
 {
 	FILE *f;
@@ -210,6 +231,10 @@ static int load_depth(struct cfg *c, const char *path, int depth, char *err, siz
 	char seqbuf[CFG_MAX_LIST * CFG_STR];
 	size_t seqlen = 0, key_line = 0;
 	char origin[CFG_STR + 64];
+	/* the line each key of this file was first given on, by key index:
+	 * a key given twice is refused naming both lines */
+	size_t seen[NKEYS + 1];
+	memset(seen, 0, sizeof(seen));
 
 	if (depth > 8) {
 		snprintf(err, errlen, "config: '%s': base_config nests too deep", path);
@@ -294,6 +319,7 @@ static int load_depth(struct cfg *c, const char *path, int depth, char *err, siz
 					strcpy(key, v);
 					have_key = true;
 					key_line = line;
+					rc = first_time(seen, key, path, line, err, errlen);
 				}
 			} else {
 				have_key = false;
@@ -388,6 +414,85 @@ static int resolve_family(struct cfg *c, int dcn, int want, int *out, char *err,
 	return (int)prod;
 }
 
+/* Numbers a run cannot use, refused naming the key (the model's shape
+ * keys are model_dims_from_cfg's, the mesh sizes resolve_family's). A
+ * bound is open (lo < v, v < hi) when its flag says so. */
+static const struct cfg_range {
+	const char *key;
+	double lo, hi;
+	bool lo_open, hi_open;
+} ranges[] = {
+	{ "learning_rate", 0, INFINITY, true, false },
+	{ "warmup_steps_fraction", 0, 1, false, false },
+	{ "cosine_learning_rate_final_fraction", 0, 1, false, false },
+	{ "adam_b1", 0, 1, false, true },
+	{ "adam_b2", 0, 1, false, true },
+	{ "adam_eps", 0, INFINITY, true, false },
+	{ "adam_weight_decay", 0, INFINITY, false, false },
+	{ "muon_momentum", 0, 1, false, true },
+	{ "gradient_clipping_threshold", 0, INFINITY, false, false },
+	{ "init_std", 0, INFINITY, false, false },
+	{ "normalization_layer_epsilon", 0, INFINITY, true, false },
+	{ "rope_max_timescale", 0, INFINITY, true, false },
+	{ "load_balance_loss_weight", 0, INFINITY, false, false },
+	{ "routed_bias_update_rate", 0, INFINITY, false, false },
+	{ "routed_scaling_factor", 0, INFINITY, true, false },
+	{ "steps", 0, INFINITY, false, false },
+	{ "log_period", 0, INFINITY, false, false },
+	{ "checkpoint_period", 0, INFINITY, false, false },
+	{ "connect_timeout_s", 0, INFINITY, true, false },
+	{ "collective_timeout_s", 0, INFINITY, true, false },
+	{ "openblas_threads", 0, 4096, false, false },
+};
+
+static double key_number(const struct cfg *c, const struct cfg_key *k)
+{
+	const char *p = (const char *)c + k->off;
+	return k->type == CFG_T_INT ? (double)*(const long long *)p : *(const double *)p;
+}
+
+static void bound_text(char *out, size_t len, const struct cfg_range *r)
+{
+	if (isinf(r->hi))
+		snprintf(out, len, "%s %g", r->lo_open ? ">" : ">=", r->lo);
+	else
+		snprintf(out, len, "in %c%g, %g%c", r->lo_open ? '(' : '[', r->lo, r->hi,
+			 r->hi_open ? ')' : ']');
+}
+
+static int check_ranges(const struct cfg *c, char *err, size_t errlen)
+{
+	char want[64];
+	for (size_t i = 0; i < sizeof(ranges) / sizeof(ranges[0]); i++) {
+		const struct cfg_range *r = &ranges[i];
+		const struct cfg_key *k = find_key(r->key);
+		double v = key_number(c, k);
+		if ((r->lo_open ? v > r->lo : v >= r->lo) && (r->hi_open ? v < r->hi : v <= r->hi))
+			continue;
+		bound_text(want, sizeof(want), r);
+		snprintf(err, errlen, "config: key '%s' must be %s, got %g", r->key, want, v);
+		return -EINVAL;
+	}
+	if (c->learning_rate_schedule_steps != -1 && c->learning_rate_schedule_steps < 1) {
+		snprintf(err, errlen, "config: key 'learning_rate_schedule_steps' must be -1 (steps) or "
+			 ">= 1, got %lld", c->learning_rate_schedule_steps);
+		return -EINVAL;
+	}
+	/* the dataset's keys (its file is the data's to read) */
+	if (strcmp(c->dataset_type, "synthetic") && strcmp(c->dataset_type, "text")) {
+		snprintf(err, errlen, "config: key 'dataset_type' has unknown value '%s' (synthetic | text)",
+			 c->dataset_type);
+		return -EINVAL;
+	}
+	if (!strcmp(c->dataset_type, "text") && (!c->dataset_path[0] || c->vocab_size < 256)) {
+		snprintf(err, errlen, "config: dataset_type 'text' needs key 'dataset_path' and "
+			 "'vocab_size' >= 256 (byte tokens), got '%s' and %lld", c->dataset_path,
+			 c->vocab_size);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_t errlen)
 {
 	int h = resolve_family(c, 1, want_hosts, c->dcn, err, errlen);
@@ -454,7 +559,7 @@ int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_
 			 c->hosts.n, h);
 		return -EINVAL;
 	}
-	return 0;
+	return check_ranges(c, err, errlen);
 }
 
 int cfg_parse_bytes(const char *s, size_t *out)
@@ -521,6 +626,15 @@ static void value_text(const struct cfg *c, const struct cfg_key *k, char *out, 
 	}
 }
 
+int cfg_value_text(const struct cfg *c, const char *key, char *out, size_t n)
+{
+	const struct cfg_key *k = find_key(key);
+	if (!k)
+		return -EINVAL;
+	value_text(c, k, out, n);
+	return 0;
+}
+
 void cfg_hash(const struct cfg *c, uint8_t out[32])
 {
 	EVP_MD_CTX *md = EVP_MD_CTX_new();
@@ -579,12 +693,11 @@ static void write_quoted(FILE *f, const char *s)
 int cfg_write_yaml(const struct cfg *c, const char *path, char *err, size_t errlen)
 {
 	char buf[CFG_MAX_LIST * CFG_STR + 64];
-	FILE *f = fopen(path, "w");
-	if (!f) {
-		int rc = -errno;
-		snprintf(err, errlen, "config: unable to write '%s': %s", path, strerror(errno));
+	struct util_out o;
+	int rc = util_out_open(&o, "config", path, err, errlen);
+	if (rc)
 		return rc;
-	}
+	FILE *f = o.f;
 	for (size_t i = 0; i < NKEYS; i++) {
 		const struct cfg_key *k = &keys[i];
 		value_text(c, k, buf, sizeof(buf));
@@ -604,9 +717,7 @@ int cfg_write_yaml(const struct cfg *c, const char *path, char *err, size_t errl
 			fprintf(f, "%s: %s\n", k->name, buf);
 		}
 	}
-	if (fclose(f)) {
-		snprintf(err, errlen, "config: unable to write '%s'", path);
-		return -EIO;
-	}
-	return 0;
+	/* every fprintf above is checked here (the stream's error flag),
+	 * with the flush, fsync and close */
+	return util_out_commit(&o, err, errlen);
 }

@@ -68,7 +68,10 @@ struct cfg_list {
 		"embed=fsdp|fsdp_transpose|tensor_transpose|context|expert," \
 		"embed_moe=fsdp|fsdp_transpose|tensor_transpose|context," \
 		"mlp=fsdp_transpose|tensor,mlp_moe=fsdp_transpose|tensor,heads=tensor," \
-		"q_heads=tensor,kv_heads=tensor,kv=,norm=,exp=expert,layers=stage," \
+		"q_heads=tensor,kv_heads=tensor,kv=," \
+		"q_lora=fsdp|fsdp_transpose|context|expert,kv_lora=fsdp|fsdp_transpose|context|expert," \
+		"q_lora_up_proj=,kv_lora_up_proj=," \
+		"norm=,exp=expert,layers=stage," \
 		"activation_batch=data|fsdp|fsdp_transpose|expert," \
 		"activation_length=context,activation_embed=tensor_transpose," \
 		"activation_mlp=tensor,activation_heads=tensor,activation_vocab=tensor," \
@@ -142,9 +145,19 @@ struct cfg_list {
 	X(FLOAT, muon_momentum, "0.95", 1, "") \
 	X(FLOAT, gradient_clipping_threshold, "1", 1, "0: off") \
 	X(BOOL,  shard_optimizer_over_data, "false", 1, "ZeRO-1: shard optimizer state over the data axis") \
-	X(STR,   dataset_type, "synthetic", 1, "synthetic | text") \
-	X(STR,   dataset_path, "", 1, "text file for dataset_type=text") \
-	X(INT,   data_shuffle_seed, "0", 1, "") \
+	/* --- data (docs/data.md) --- */ \
+	X(STR,   dataset_type, "synthetic", 1, "synthetic | text (bytes) | llmc (llm.c shards) | raw (headerless tokens, nanoGPT's train.bin) | megatron (Megatron-LM .idx + .bin)") \
+	X(STR,   dataset_path, "", 1, "text: a file; llmc, raw: a file, a directory (its *.bin) or a glob; megatron: a PREFIX (PREFIX.idx, PREFIX.bin), a directory (its *.idx) or a glob; shards in name order") \
+	X(STR,   eval_dataset_path, "", 1, "held-out data for eval_interval and meshrun eval, as dataset_path; \"\": the eval_split_fraction of dataset_path") \
+	X(STR,   eval_dataset_type, "", 1, "the format of eval_dataset_path; \"\": dataset_type") \
+	X(FLOAT, eval_split_fraction, "0", 1, "without eval_dataset_path: this fraction of dataset_path's rows (its last ones) is held out for evaluation and never trained on") \
+	X(INT,   dataset_token_bytes, "2", 1, "raw: bytes per token, 2 (uint16) or 4 (uint32)") \
+	X(BOOL,  dataset_respect_documents, "false", 1, "no loss on a target that starts a new document (megatron: its document index; llmc, raw: the token after eot_token)") \
+	X(INT,   eot_token, "-1", 1, "llmc, raw: the token that ends a document (GPT-2: 50256); -1: none") \
+	X(INT,   data_shuffle_seed, "0", 1, "epoch e's row order is a permutation seeded with data_shuffle_seed + e") \
+	X(INT,   eval_interval, "-1", 1, "evaluate on the held-out data after every this many steps; -1: never") \
+	X(INT,   eval_steps, "-1", 1, "global batches per evaluation; -1: every held-out row") \
+	/* --- logs and checkpoints --- */ \
 	X(INT,   log_period, "1", 1, "") \
 	X(INT,   checkpoint_period, "0", 1, "0: only at the end when --checkpoint-dir is given") \
 	X(STR,   checkpoint_dtype, "f32", 1, "f32 | bf16: the dtype of saved model weights") \
@@ -203,9 +216,13 @@ long long cfg_axis_key(const struct cfg *c, bool dcn, enum mesh_axis a);
 int cfg_family_product(const struct cfg *c, bool dcn);
 /* Sets every ici_* and dcn_* size to 1. */
 void cfg_single_device(struct cfg *c);
+/* The canonical text of one key's value (as meshrun.yml writes it; a
+ * list comma-separated) into out. 0, or -EINVAL for an unknown key. */
+int cfg_value_text(const struct cfg *c, const char *key, char *out, size_t n);
 /* SHA-256 over the canonical text of every hashed key. */
 void cfg_hash(const struct cfg *c, uint8_t out[32]);
-/* Writes the canonical `key: value` text of every key (a YAML file). */
+/* Writes the canonical `key: value` text of every key (a YAML file),
+ * whole or not at all (host/util/out.h). 0 or -errno with err. */
 int cfg_write_yaml(const struct cfg *c, const char *path, char *err, size_t errlen);
 
 #endif

@@ -48,6 +48,7 @@ struct kid {
 	int rd, wr;
 	char line[512];
 	size_t used;
+	bool loaded;       /* it reported "loaded" */
 	char **envp;       /* the child's environment with LAUNCH_STATUS_ENV, or NULL */
 };
 
@@ -163,6 +164,7 @@ struct sup {
 	const struct launch_opts *o;
 	uint64_t stop_at;      /* when the survivors get SIGTERM (0: no failure yet) */
 	uint64_t kill_at;      /* when they get SIGKILL (0: not yet planned) */
+	int loaded;            /* children that reported "loaded" */
 };
 
 static bool reap_one(struct sup *s, int i);
@@ -244,6 +246,10 @@ static void status_line(struct sup *s, int j, const char *line)
 			alive(s, j);
 			lost(s, j, (int)h);
 		}
+	} else if (!strcmp(line, LAUNCH_STATUS_LOADED)) {
+		if (!s->k[j].loaded && ++s->loaded == s->started && s->o->all_loaded)
+			s->o->all_loaded(s->o->loaded_ctx);
+		s->k[j].loaded = true;
 	} else if (strncmp(line, LAUNCH_STATUS_PREFIX, sizeof(LAUNCH_STATUS_PREFIX) - 1)) {
 		/* a child's stderr carried over the channel */
 		fprintf(stderr, "%s\n", line);

@@ -65,6 +65,10 @@ struct launch_opts {
 	/* optional: run when child i is killed because another reported it
 	 * lost (ssh: stop the remote agent too), with stop_ctx */
 	void (*stop_one)(void *ctx, int i);
+	/* optional: run once, with loaded_ctx, when every child has reported
+	 * "loaded" (its certificate files are read: local removes them) */
+	void (*all_loaded)(void *ctx);
+	void *loaded_ctx;
 };
 
 /* What happened. */

@@ -152,6 +152,13 @@ static int make_children(struct launch_child *k, int hosts, int argc, char **arg
 	return 0;
 }
 
+/* Every agent has read its certificate and key: the job's keys leave
+ * the disk (launch_opts.all_loaded). */
+static void certs_loaded(void *dir)
+{
+	util_remove_flat_dir(dir);
+}
+
 int local_launch(int hosts, int argc, char **argv, const struct launch_opts *o,
 		 struct launch_result *r, char *err, size_t errlen)
 {
@@ -185,7 +192,10 @@ int local_launch(int hosts, int argc, char **argv, const struct launch_opts *o,
 			for (int f = 0; f < k[i].nfds; f++)
 				close(k[i].fds[f]);
 	} else {
-		rc = launch_run(k, hosts, o, r, err, errlen);
+		struct launch_opts lo = *o;
+		lo.all_loaded = certs_loaded;
+		lo.loaded_ctx = dir;
+		rc = launch_run(k, hosts, &lo, r, err, errlen);
 	}
 	for (int i = 0; i < hosts; i++) {
 		free_strv(k[i].argv);

@@ -21,7 +21,13 @@
  * them with launch_run (o: grace and report words). Returns launch_run's
  * result, or -EINVAL (hosts out of [1, LOCAL_MAX_HOSTS]) or another -errno
  * when the certificates, listeners or children's arguments cannot be made;
- * err says what. The temporary certificate directory is removed. */
+ * err says what. The certificates live in a fresh 0700 directory under
+ * $TMPDIR (or /tmp), keys 0600, the CA's key never written (nothing is
+ * signed after they are made); the directory goes as soon as every agent
+ * has read its files ("loaded" on the status channel), and at the latest
+ * when local_launch returns. A SIGKILLed launcher leaves it only if it
+ * died before every agent had loaded (the host keys and certificates, no
+ * CA key); its agents die with it. */
 int local_launch(int hosts, int argc, char **argv, const struct launch_opts *o,
 		 struct launch_result *r, char *err, size_t errlen);
 

@@ -7,6 +7,7 @@
  *
  *   meshrun-status: lost H    this child's net declared host H lost (died,
  *                             fell silent or broke its link)
+ *   meshrun-status: loaded    this child has read its certificate files
  *
  * Unknown lines are passed through as text. Only macros here: agents and
  * launchers share the words, not code. */
@@ -16,5 +17,8 @@
 #define LAUNCH_STATUS_ENV "MESHRUN_STATUS_FD"
 #define LAUNCH_STATUS_PREFIX "meshrun-status: "
 #define LAUNCH_STATUS_LOST LAUNCH_STATUS_PREFIX "lost "
+/* "meshrun-status: loaded": this child has read its certificates and
+ * keys (it needs the files no more) */
+#define LAUNCH_STATUS_LOADED LAUNCH_STATUS_PREFIX "loaded"
 
 #endif

@@ -9,7 +9,7 @@
 /* The logical axis names rules may use, NULL-terminated. */
 static const char *const shard_logical_names[] = {
 	"vocab", "embed", "embed_moe", "mlp", "mlp_moe", "heads", "q_heads", "kv_heads",
-	"kv", "norm", "exp", "layers",
+	"kv", "norm", "exp", "layers", "q_lora", "kv_lora", "q_lora_up_proj", "kv_lora_up_proj",
 	"activation_batch", "activation_length", "activation_embed", "activation_mlp",
 	"activation_heads", "activation_vocab", "activation_exp", "activation_stage",
 	NULL,

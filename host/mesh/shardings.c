@@ -15,7 +15,7 @@
 #include "host/mesh/plan.h"
 #include "host/mesh/shard.h"
 #include "host/pipeline/pipe_config.h"
-#include "host/train/train.h"
+#include "host/train/check.h"
 
 #define NCOL 6
 #define MAX_ROWS (2 * MODEL_MAX_PARAMS + 8)
@@ -42,7 +42,8 @@ static void logical_text(char *out, size_t outlen, int n, const char *const *log
 {
 	size_t used = (size_t)snprintf(out, outlen, "(");
 	for (int i = 0; i < n && used < outlen; i++)
-		used += (size_t)snprintf(out + used, outlen - used, "%s%s", i ? ", " : "", logical[i]);
+		used += (size_t)snprintf(out + used, outlen - used, "%s%s", i ? ", " : "",
+					 logical[i] ? logical[i] : "None");
 	if (used < outlen)
 		snprintf(out + used, outlen - used, ")");
 }
@@ -123,6 +124,20 @@ static int add_activation(struct table *t, const struct shard_rules *r, const st
 	return 0;
 }
 
+/* Latent attention's (docs/deepseek.md): the latents, whole on every
+ * device but the batch's split, and the per-head [no-rope key | value]
+ * and attention output. */
+static int mla_activations(struct table *t, const struct shard_rules *r, const struct mesh *m,
+			   const struct model_dims *d, int batch, char *err, size_t errlen)
+{
+	int kd = d->Dn + d->Dv;
+	return (d->Rq && add_activation(t, r, m, "q_latent", batch, d->T, d->Rq, NULL, 1, err, errlen)) ||
+	       add_activation(t, r, m, "kv_latent", batch, d->T, d->Rkv + d->Dr, NULL, 1, err, errlen) ||
+	       add_activation(t, r, m, "k_nope_v", batch, d->T, d->Hq * kd, "activation_heads", kd, err, errlen) ||
+	       add_activation(t, r, m, "attention", batch, d->T, d->Hq * d->Dv, "activation_heads", d->Dv, err,
+			      errlen);
+}
+
 /* With a pipeline over `stage`: which layers each stage stores. Stacked
  * tensors keep their layers in stage order (host/model/model.h), so the
  * block of `layers` split over `stage` is what the stage runs. */
@@ -169,16 +184,21 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 		hosts = cfg_family_product(c, true);
 	if (!devs)
 		devs = cfg_family_product(c, false);
-	if (cfg_finish(c, hosts, devs, err, errlen) || model_dims_from_cfg(&d, c, err, errlen) ||
-	    shard_rules_from_cfg(rules, c, err, errlen))
+	if (cfg_finish(c, hosts, devs, err, errlen))
 		goto out;
-	if (strcmp(c->opt_type, "adamw") && strcmp(c->opt_type, "muon")) {
-		snprintf(err, errlen, "config: key 'opt_type' must be adamw or muon, got '%s'", c->opt_type);
+	mesh_init(&m, c);
+	/* what the trainer refuses, refused here with the same line */
+	if ((rc = train_check(c, &m, err, errlen))) {
+		if (rc != -ENOMEM)
+			rc = -EINVAL;
 		goto out;
 	}
-	mesh_init(&m, c);
+	rc = -EINVAL;
+	if (model_dims_from_cfg(&d, c, err, errlen) || shard_rules_from_cfg(rules, c, err, errlen))
+		goto out;
 	/* device 0's plans: every device's shards have the same shapes */
 	struct model_mesh mm = { .mesh = &m, .rules = rules, .device = 0 };
+	int micro = 1;
 	if (m.size[AX_STAGE] > 1) {
 		/* a pipeline: its layer order, and the layers outside it (stored
 		 * whole on every stage) */
@@ -186,6 +206,7 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 		if (pipe_config_resolve(&pc, c, &d, err, errlen))
 			goto out;
 		pipe_config_model_mesh(&pc, &mm);
+		micro = pc.shape.microbatches;
 	}
 	model = model_plan_new(&d, &mm, err, errlen);
 	if (!model)
@@ -212,11 +233,8 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 		int slots = p->opt == OPT_NONE ? 0 : (p->opt == OPT_MUON && muon) ? 1 : 2;
 		if (!slots)
 			continue;
+		/* train_check refused Muon matrices beside ZeRO-1 */
 		bool zero = ndata > 1 && (p->gsum & (1u << AX_DATA));
-		if (zero && slots == 1) {
-			trainer_muon_zero_refusal(p->name, err, errlen);
-			goto out;
-		}
 		char name[64];
 		snprintf(name, sizeof(name), "%.47s.%s%s", p->name, slots == 2 ? "m+v" : "m", zero ? " /data" : "");
 		size_t ob = bytes * (size_t)slots / (zero ? (size_t)ndata : 1);
@@ -229,9 +247,14 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 	int batch = (int)c->per_device_batch_size * m.num_devices;
 	if (add_activation(at, rules, &m, "embed_out", batch, d.T, d.C, "activation_embed", d.D, err, errlen) ||
 	    add_activation(at, rules, &m, "q", batch, d.T, d.Hq * d.D, "activation_heads", d.D, err, errlen) ||
+	    (d.mla && mla_activations(at, rules, &m, &d, batch, err, errlen)) ||
 	    add_activation(at, rules, &m, "mlp_hidden", batch, d.T, d.F, "activation_mlp", d.D, err, errlen) ||
 	    add_activation(at, rules, &m, "logits", batch, d.T, d.V, "activation_vocab", d.D, err, errlen))
 		goto out;
+	/* a device computes on the global batch's share of the axes that
+	 * split the rows, one microbatch of it at a time in a pipeline */
+	int rows = batch / mesh_axes_size(&m, model_rows_axes(model)) / micro;
+	size_t act = model_activation_bytes(model, rows);
 
 	printf("mesh: %d host%s x %d device%s = %d;", m.num_hosts, m.num_hosts == 1 ? "" : "s",
 	       m.devices_per_host, m.devices_per_host == 1 ? "" : "s", m.num_devices);
@@ -249,6 +272,8 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 	printf("\nactivations (batch = per_device_batch_size %lld x %d devices = %d)\n",
 	       c->per_device_batch_size, m.num_devices, batch);
 	print_table(at);
+	printf("model activations and backward scratch: %zu bytes per device (%.2f MiB; %d rows of %d "
+	       "tokens, every layer's saved activations)\n", act, act / 1048576.0, rows, d.T);
 	printf("\nlinear layers (the planner's decisions, host/plan.c; axes, or none)\n");
 	print_linears(li, nl);
 	printf("\noptimizer state (%s; %s)\n",

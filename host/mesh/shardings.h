@@ -11,8 +11,10 @@
 struct cfg;
 
 /* Finishes c for hosts x devs (0: what the config's dcn_* / ici_* sizes
- * multiply to, -1 counting as 1) and prints the tables to stdout. 0, or
- * -EINVAL (the config, a shape or a sharding the planner refuses) or
+ * multiply to, -1 counting as 1), runs the trainer's checks
+ * (train_check, host/train/check.h: what the trainer would refuse is
+ * refused here, with the same line) and prints the tables to stdout. 0,
+ * or -EINVAL (the config, a shape or a sharding the trainer refuses) or
  * -ENOMEM with err. */
 int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t errlen);
 

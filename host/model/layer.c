@@ -1,7 +1,7 @@
 /* One decoder layer on this device's rows and shards, forward and
- * backward, as a flat list of kernel calls: RMSNorm, attention with RoPE,
- * residual, RMSNorm, a SwiGLU MLP or the MoE block (moe.c routes), and
- * residual. Where the plans say, partial sums are all-reduced (psum);
+ * backward, as a flat list of kernel calls: RMSNorm, attention (the
+ * model's struct attn_ops: attn.c or attn_mla.c), residual, RMSNorm, a
+ * SwiGLU MLP or the MoE block (moe.c routes), and residual. Where the plans say, partial sums are all-reduced (psum);
  * weights come from wsel (storage or the FSDP window, whose schedule is
  * the caller's). */
 #include <string.h>
@@ -111,22 +111,12 @@ void layer_forward(struct model *m, int l, float *y, const float *x)
 {
 	const struct model_dims *d = &m->l;
 	struct layer_acts *a = &m->la[l];
-	int N = m->N, C = d->C, QD = d->Hq * d->D, KD = d->Hkv * d->D, zero = 0;
+	int N = m->N, C = d->C, zero = 0;
 	struct ffn_blocks all = { 1, &zero, &N, &zero };
 	float *tmp = m->dln; /* dln is free during forward */
 
 	norm_forward(m, a->ln1, a->rstd1, x, WP(P_ATTN_NORM, l));
-	linear_forward(a->q, a->ln1, WP(P_WQ, l), N, C, QD);
-	linear_forward(a->k, a->ln1, WP(P_WK, l), N, C, KD);
-	linear_forward(a->v, a->ln1, WP(P_WV, l), N, C, KD);
-	psum(m, m->pl[P_WQ].reduce, a->q, (size_t)N * QD);
-	psum(m, m->pl[P_WK].reduce, a->k, (size_t)N * KD);
-	psum(m, m->pl[P_WV].reduce, a->v, (size_t)N * KD);
-	rope_forward(a->q, a->q, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
-	rope_forward(a->k, a->k, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
-	attention_forward(a->atty, a->att, a->q, a->k, a->v, m->B, d->T, d->Hq, d->Hkv, d->D);
-	linear_forward(tmp, a->atty, WP(P_WO, l), N, QD, C);
-	psum(m, m->pl[P_WO].reduce, tmp, (size_t)N * C);
+	m->attn->forward(m, l, tmp, a->ln1);
 	residual_forward(a->xmid, x, tmp, N * C);
 	norm_forward(m, a->ln2, a->rstd2, a->xmid, WP(P_MLP_NORM, l));
 
@@ -153,7 +143,7 @@ void layer_backward(struct model *m, int l, float *dres, const float *x)
 {
 	const struct model_dims *d = &m->l;
 	struct layer_acts *a = &m->la[l];
-	int N = m->N, C = d->C, QD = d->Hq * d->D, KD = d->Hkv * d->D, zero = 0;
+	int N = m->N, C = d->C, zero = 0;
 	struct ffn_blocks all = { 1, &zero, &N, &zero };
 	float *dln = m->dln;
 
@@ -174,22 +164,7 @@ void layer_backward(struct model *m, int l, float *dres, const float *x)
 	norm_backward(m, dres, GP(P_MLP_NORM, l), dln, a->xmid, WP(P_MLP_NORM, l), a->rstd2);
 
 	/* attention block: dres now holds dL/d(xmid) */
-	memset(m->datty, 0, sizeof(float) * (size_t)N * QD);
-	linear_backward(m->datty, GP(P_WO, l), dres, a->atty, WP(P_WO, l), N, QD, C);
-	psum(m, m->pl[P_WO].dx_reduce, m->datty, (size_t)N * QD);
-	memset(m->dq, 0, sizeof(float) * (size_t)N * QD);
-	memset(m->dk, 0, sizeof(float) * (size_t)N * KD);
-	memset(m->dv, 0, sizeof(float) * (size_t)N * KD);
-	attention_backward(m->dq, m->dk, m->dv, m->att_scratch, m->datty, a->q, a->k, a->v, a->att,
-			   m->B, d->T, d->Hq, d->Hkv, d->D);
-	memset(m->dqr, 0, sizeof(float) * (size_t)N * QD);
-	memset(m->dkr, 0, sizeof(float) * (size_t)N * KD);
-	rope_backward(m->dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
-	rope_backward(m->dkr, m->dk, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
 	memset(dln, 0, sizeof(float) * (size_t)N * C);
-	linear_backward(dln, GP(P_WQ, l), m->dqr, a->ln1, WP(P_WQ, l), N, C, QD);
-	linear_backward(dln, GP(P_WK, l), m->dkr, a->ln1, WP(P_WK, l), N, C, KD);
-	linear_backward(dln, GP(P_WV, l), m->dv, a->ln1, WP(P_WV, l), N, C, KD);
-	psum(m, m->pl[P_WQ].dx_reduce, dln, (size_t)N * C);
+	m->attn->backward(m, l, dln, dres, a->ln1);
 	norm_backward(m, dres, GP(P_ATTN_NORM, l), dln, x, WP(P_ATTN_NORM, l), a->rstd1);
 }

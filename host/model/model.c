@@ -46,10 +46,20 @@ static void *take(struct arena *a, size_t bytes)
 #define TAKEF(a, n) ((float *)take(a, sizeof(float) * (size_t)(n)))
 #define TAKEI(a, n) ((int32_t *)take(a, sizeof(int32_t) * (size_t)(n)))
 
+/* The dims rotary embedding turns: every head dim, or latent
+ * attention's rope part */
+static int rope_dim(const struct model_dims *d)
+{
+	return d->mla ? d->Dr : d->D;
+}
+
 static void lay_out(struct model *m, struct arena *a)
 {
 	const struct model_dims *d = &m->l;
 	size_t N = (size_t)m->N, C = d->C, QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
+	/* values and the attention's output: latent attention's heads are
+	 * Dv wide, grouped-query ones D */
+	size_t VD = d->mla ? (size_t)d->Hkv * d->Dv : KD, OD = d->mla ? (size_t)d->Hq * d->Dv : QD;
 	size_t NK = N * (size_t)m->d.K, SF = (size_t)m->SF, R = m->rmax, E = m->d.E;
 	size_t att = (size_t)m->B * d->Hq * d->T * d->T;
 	size_t big = N * (size_t)d->F;
@@ -72,9 +82,19 @@ static void lay_out(struct model *m, struct arena *a)
 		x->rstd1 = TAKEF(a, N);
 		x->q = TAKEF(a, N * QD);
 		x->k = TAKEF(a, N * KD);
-		x->v = TAKEF(a, N * KD);
+		x->v = TAKEF(a, N * VD);
 		x->att = TAKEF(a, att);
-		x->atty = TAKEF(a, N * QD);
+		x->atty = TAKEF(a, N * OD);
+		if (d->mla) {
+			if (d->Rq) {
+				x->qa = TAKEF(a, N * d->Rq);
+				x->qrstd = TAKEF(a, N);
+				x->qn = TAKEF(a, N * d->Rq);
+			}
+			x->kva = TAKEF(a, N * (d->Rkv + d->Dr));
+			x->kvrstd = TAKEF(a, N);
+			x->kvn = TAKEF(a, N * d->Rkv);
+		}
 		x->xmid = TAKEF(a, N * C);
 		x->ln2 = TAKEF(a, N * C);
 		x->rstd2 = TAKEF(a, N);
@@ -115,8 +135,8 @@ static void lay_out(struct model *m, struct arena *a)
 	m->logits = TAKEF(a, N * d->V);
 	m->probs = TAKEF(a, N * d->V);
 	m->losses = TAKEF(a, N);
-	m->cos_t = TAKEF(a, (size_t)d->T * d->D / 2);
-	m->sin_t = TAKEF(a, (size_t)d->T * d->D / 2);
+	m->cos_t = TAKEF(a, (size_t)d->T * rope_dim(d) / 2);
+	m->sin_t = TAKEF(a, (size_t)d->T * rope_dim(d) / 2);
 	m->dresid = TAKEF(a, N * C);
 	m->dln = TAKEF(a, N * C);
 	m->dbig1 = TAKEF(a, big);
@@ -124,10 +144,17 @@ static void lay_out(struct model *m, struct arena *a)
 	m->dbig3 = TAKEF(a, big);
 	m->dq = TAKEF(a, N * QD);
 	m->dk = TAKEF(a, N * KD);
-	m->dv = TAKEF(a, N * KD);
+	m->dv = TAKEF(a, N * VD);
 	m->dqr = TAKEF(a, N * QD);
 	m->dkr = TAKEF(a, N * KD);
-	m->datty = TAKEF(a, N * QD);
+	m->datty = TAKEF(a, N * OD);
+	if (d->mla) {
+		m->dkvb = TAKEF(a, N * d->Hq * (d->Dn + d->Dv));
+		m->dlat = TAKEF(a, N * (d->Rkv + d->Dr));
+		m->dkva = TAKEF(a, N * d->Rkv);
+		m->dqn = TAKEF(a, N * d->Rq);
+		m->dqa = TAKEF(a, N * d->Rq);
+	}
 	m->att_scratch = TAKEF(a, (size_t)d->T * d->T + (size_t)d->T * d->D);
 	m->dlogits = TAKEF(a, N * d->V);
 	if (m->d.L_moe) {
@@ -180,13 +207,17 @@ static int make_window(struct model *m)
 	return m->win ? 0 : -ENOMEM;
 }
 
-/* The table, the plans and the layout; no buffers. */
-static struct model *model_make(const struct model_dims *d, const struct model_mesh *mm,
+/* The table, the plans and the layout; no buffers. NULL with *rc
+ * (-EINVAL, -ENOMEM) and err. */
+static struct model *model_make(const struct model_dims *d, const struct model_mesh *mm, int *rc,
 				char *err, size_t errlen)
 {
-	struct model *m = params_make(d, mm, err, errlen);
+	struct model *m = params_make(d, mm, rc, err, errlen);
+	if (m)
+		m->attn = d->mla ? &attn_mla : &attn_gqa;
 	if (m && make_window(m)) {
 		snprintf(err, errlen, "model: out of memory for the plans");
+		*rc = -ENOMEM;
 		model_free(m);
 		return NULL;
 	}
@@ -196,7 +227,8 @@ static struct model *model_make(const struct model_dims *d, const struct model_m
 struct model *model_plan_new(const struct model_dims *d, const struct model_mesh *mm,
 			     char *err, size_t errlen)
 {
-	return model_make(d, mm, err, errlen);
+	int rc;
+	return model_make(d, mm, &rc, err, errlen);
 }
 
 /* Layers whose saved activations a device stores: on a stage of a
@@ -214,41 +246,112 @@ static int act_layers(const struct model *m)
 	return after > n ? after : n;
 }
 
-struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
-			char *err, size_t errlen)
+/* The rotary tables and the attention's score scale, as Hugging Face
+ * computes them (docs/deepseek.md#yarn): YaRN multiplies cos and sin by
+ * mscale(f, mscale) / mscale(f, mscale_all_dim) when both are set, else
+ * by mscale(f, 1), and latent attention's scale 1/sqrt(Dn + Dr) by
+ * mscale(f, mscale_all_dim)^2 when that is set; Llama's scale stays
+ * 1/sqrt(D). */
+static void rope_tables(struct model *m)
 {
-	struct model *m = model_make(d, mm, err, errlen);
-	if (!m)
-		return NULL;
+	const struct model_dims *d = &m->d;
+	int D = rope_dim(d);
+	m->att_scale = 1.0f / sqrtf((float)d->D);
+	if (!d->yarn) {
+		rope_table(m->cos_t, m->sin_t, d->T, D, d->theta);
+		return;
+	}
+	float f = d->rope_factor, mult = rope_yarn_mscale(f, 1.0f);
+	if (d->mscale && d->mscale_all_dim)
+		mult = rope_yarn_mscale(f, d->mscale) / rope_yarn_mscale(f, d->mscale_all_dim);
+	rope_table_yarn(m->cos_t, m->sin_t, d->T, D, d->theta, f, d->rope_orig, d->beta_fast, d->beta_slow,
+			mult);
+	if (d->mla && d->mscale_all_dim) {
+		double ms = rope_yarn_mscale(f, d->mscale_all_dim);
+		m->att_scale = (float)(ms * ms / sqrt((double)d->D));
+	}
+}
+
+/* The rows every buffer is sized for: B sequences. */
+static void size_rows(struct model *m, int B)
+{
+	const struct model_dims *d = &m->d;
 	m->rmax = (size_t)m->ep * (size_t)B * d->T * (size_t)(d->L_moe ? d->K : 1);
 	m->B = B;
 	m->N = B * d->T;
 	if (m->rmax == 0)
 		m->rmax = 1;
 	m->act_layers = act_layers(m);
-	m->la = calloc((size_t)d->L, sizeof(*m->la));
-	m->params = aligned_alloc(64, ((m->numel * sizeof(float)) + 63) & ~(size_t)63);
-	m->grads = aligned_alloc(64, ((m->numel * sizeof(float)) + 63) & ~(size_t)63);
-	if (!m->la || !m->params || !m->grads)
-		goto oom;
-	memset(m->params, 0, m->numel * sizeof(float));
-	memset(m->grads, 0, m->numel * sizeof(float));
+}
+
+size_t model_activation_bytes(struct model *m, int B)
+{
+	if (m->act_mem)
+		return m->act_bytes;
+	struct layer_acts *keep = m->la;
 	struct arena a = { 0 };
+	m->la = calloc((size_t)m->d.L, sizeof(*m->la));
+	if (!m->la) {
+		m->la = keep;
+		return 0;
+	}
+	size_rows(m, B);
+	lay_out(m, &a);
+	free(m->la);
+	m->la = keep;
+	return a.used;
+}
+
+int model_open(struct model **out, const struct model_dims *d, int B, const struct model_mesh *mm,
+	       char *err, size_t errlen)
+{
+	int rc;
+	struct model *m = model_make(d, mm, &rc, err, errlen);
+	*out = NULL;
+	if (!m)
+		return rc;
+	size_rows(m, B);
+	struct arena a = { 0 };
+	size_t pbytes = ((m->numel * sizeof(float)) + 63) & ~(size_t)63;
+	m->la = calloc((size_t)d->L, sizeof(*m->la));
+	if (!m->la)
+		goto oom;
 	lay_out(m, &a);                 /* sizing pass */
 	m->act_bytes = a.used;
+	m->params = aligned_alloc(64, pbytes);
+	m->grads = aligned_alloc(64, pbytes);
 	m->act_mem = aligned_alloc(64, a.used);
-	if (!m->act_mem || win_alloc(m->win, m->params, m->grads))
+	if (!m->params || !m->grads || !m->act_mem)
 		goto oom;
+	if (win_alloc(m->win, m->params, m->grads)) {
+		snprintf(err, errlen, "model: out of memory: %zu bytes for the gathered FSDP window",
+			 model_window_numel(m) * sizeof(float));
+		model_free(m);
+		return -ENOMEM;
+	}
+	memset(m->params, 0, m->numel * sizeof(float));
+	memset(m->grads, 0, m->numel * sizeof(float));
 	memset(m->act_mem, 0, a.used);
 	a.base = m->act_mem;
 	a.used = 0;
 	lay_out(m, &a);
-	rope_table(m->cos_t, m->sin_t, d->T, d->D, d->theta);
-	return m;
+	rope_tables(m);
+	*out = m;
+	return 0;
 oom:
-	snprintf(err, errlen, "model: out of memory for %d sequences of %d tokens", B, d->T);
+	/* the bytes asked for: what does not fit is the model, not the config */
+	snprintf(err, errlen, "model: out of memory: %zu bytes asked for (parameters and gradients "
+		 "%zu each, activations %zu for %d sequences of %d tokens)",
+		 2 * pbytes + m->act_bytes, pbytes, m->act_bytes, B, d->T);
 	model_free(m);
-	return NULL;
+	return -ENOMEM;
+}
+
+struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
+			char *err, size_t errlen)
+{
+	struct model *m;
+	return model_open(&m, d, B, mm, err, errlen) ? NULL : m;
 }
 
 void model_free(struct model *m)
@@ -352,7 +455,7 @@ static double xent_forward(struct model *m, const int32_t *targets)
 	psum(m, m->ax_vocab, st, 2 * (size_t)N);
 	if (m->hook_rc)
 		return 0;
-	return xent_split_finish(m->losses, m->probs, mx, st, N, V);
+	return xent_split_finish(m->losses, m->probs, mx, st, targets, N, V);
 }
 
 int model_head_forward(struct model *m, double *loss_sum, const float *x, const int32_t *targets)
@@ -418,16 +521,12 @@ static double forward_all(struct model *m, const int32_t *inputs, const int32_t 
 	return loss;
 }
 
-double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows)
+int model_forward(struct model *m, const int32_t *inputs, const int32_t *targets,
+		  struct model_step *st)
 {
-	struct model_step st = { 0 };
-	model_step_begin(m, &st);
-	forward_all(m, inputs, targets);
-	model_step_end(m);
-	double s = 0;
-	for (int i = 0; i < rows * m->d.T; i++)
-		s += m->losses[i];
-	return s;
+	model_step_begin(m, st);
+	st->loss_sum = forward_all(m, inputs, targets);
+	return model_step_end(m);
 }
 
 void model_count_experts(struct model *m, enum model_counts how) { m->counts_how = how; }

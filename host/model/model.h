@@ -21,9 +21,20 @@
 struct model_dims {
 	int V, C, T;           /* vocab, d_model, sequence length */
 	int L, L_dense, L_moe; /* layers; first L_dense dense, then L_moe MoE */
-	int Hq, Hkv, D;        /* heads, kv heads, head dim */
+	int Hq, Hkv, D;        /* heads, kv heads, head dim (mla: Hkv = Hq, D = Dn + Dr) */
+	/* multi-head latent attention (attention_type mla, docs/deepseek.md):
+	 * q_lora_rank (0: a plain q projection), kv_lora_rank, and the
+	 * no-rope, rope and value head dims */
+	bool mla;
+	int Rq, Rkv, Dn, Dr, Dv;
+	/* YaRN (rope_type yarn): factor, original_max_position_embeddings,
+	 * beta_fast, beta_slow, mscale, mscale_all_dim */
+	bool yarn;
+	int rope_orig;
+	float rope_factor, beta_fast, beta_slow, mscale, mscale_all_dim;
 	int F;                 /* dense SwiGLU hidden */
 	int E, K, Fe, S;       /* experts, top-k, expert hidden, shared experts */
+	int groups, topk_groups; /* group-limited routing: expert groups, groups that compete (0: none) */
 	int moe_score;         /* enum moe_score */
 	bool norm_topk, tied, router_bias;
 	float routed_scale, eps, theta, lb_weight;
@@ -42,6 +53,7 @@ struct param_info {
 	int global_shape[MODEL_MAX_DIMS]; /* the whole tensor */
 	int goff[MODEL_MAX_DIMS];         /* where the shard starts in it */
 	const char *axes[MODEL_MAX_DIMS]; /* logical axis names */
+	int head_dim;                     /* a heads dimension splits into whole heads of this */
 	size_t offset, numel;             /* into the one allocation, in floats */
 	enum param_opt opt;               /* AdamW, Muon (per 2-D matrix), none */
 	bool decay;                       /* weight decay applies */
@@ -116,12 +128,22 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
  * cannot run. */
 struct model *model_new(const struct model_dims *d, int B, const struct model_mesh *mm,
 			char *err, size_t errlen);
+/* model_new that says why it failed: 0 and *out; -EINVAL (the "config:"
+ * or "sharding:" line above) or -ENOMEM (a "model: out of memory" line
+ * naming the bytes asked for), with err. */
+int model_open(struct model **out, const struct model_dims *d, int B, const struct model_mesh *mm,
+	       char *err, size_t errlen);
 /* The same placement and plans without any buffer: for describing a run
  * (`meshrun shardings`) before making it. Only the table, the plans and
  * the buckets may be read from it. */
 struct model *model_plan_new(const struct model_dims *d, const struct model_mesh *mm,
 			     char *err, size_t errlen);
 void model_free(struct model *m);
+/* Bytes of the model's one allocation of activations (what each layer
+ * saves for its backward, the residual stream, the head's) and backward
+ * scratch for B sequences per device; works on a model_plan_new model
+ * too (sizing only, nothing kept). 0 when out of memory. */
+size_t model_activation_bytes(struct model *m, int B);
 const struct model_dims *model_dims(const struct model *m);
 
 /* Parameter table. */
@@ -196,8 +218,12 @@ struct model_step {
 int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
 			   struct model_step *st);
 
-/* Forward only (one device): sum of per-token cross-entropy over the first `rows` rows. */
-double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets, int rows);
+/* Forward only (evaluation), on one device or a mesh (st->comm): the
+ * same forward as model_forward_backward, st->loss_sum the sum of the
+ * per-token losses of these rows (masked targets add nothing). 0 or the
+ * first hook error. */
+int model_forward(struct model *m, const int32_t *inputs, const int32_t *targets,
+		  struct model_step *st);
 
 /* ---- one step, stage by stage ----
  *
@@ -286,7 +312,8 @@ void model_zero_counts(struct model *m);
 int model_sum_counts(struct model *m, uint32_t axes);
 
 /* Matmul FLOPs per token for forward+backward (6 x matmul params active per
- * token + 12 x L x T x Hq x D for attention), for TFLOP/s and MFU. */
+ * token + 6 x L x T x Hq x (Dq.k + Dv) for attention: 12 x L x T x Hq x D
+ * for grouped-query), for TFLOP/s and MFU. */
 double model_flops_per_token(const struct model_dims *d);
 
 #endif

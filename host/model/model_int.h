@@ -2,6 +2,8 @@
  * files. They go one way only:
  *
  *	model.c  -> layer.c -> moe.c
+ *	layer.c  -> the attention model.c chose (struct attn_ops: attn.c
+ *	            or attn_mla.c), through the table only
  *	all of them -> params.c (table, placement), window.c (FSDP window)
  *
  * params.c and window.c call nothing of the others. */
@@ -12,9 +14,13 @@
 #include "host/model/window.h"
 #include "host/mesh/plan.h"
 
-/* Parameter ids; each SwiGLU's gate, up and down follow each other. */
+/* Parameter ids; each SwiGLU's gate, up and down follow each other.
+ * Attention has wq, wk, wv, wo (grouped-query) or wq (q_lora_rank 0) or
+ * wq_a, q_a_norm, wq_b, then wkv_a, kv_a_norm, wkv_b, wo (latent). */
 enum {
-	P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_MLP_NORM,
+	P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV,
+	P_WQ_A, P_Q_A_NORM, P_WQ_B, P_WKV_A, P_KV_A_NORM, P_WKV_B,
+	P_WO, P_MLP_NORM,
 	P_W_GATE, P_W_UP, P_W_DOWN,
 	P_ROUTER, P_ROUTER_BIAS, P_E_GATE, P_E_UP, P_E_DOWN,
 	P_S_GATE, P_S_UP, P_S_DOWN,
@@ -25,6 +31,10 @@ enum {
  * its backward needs besides its input. */
 struct layer_acts {
 	float *ln1, *rstd1, *q, *k, *v, *att, *atty, *xmid, *ln2, *rstd2;
+	/* latent attention: the q latent before and after its norm, the kv
+	 * latent and the rotary key [N, Rkv + Dr] (kv before its norm), the
+	 * kv latent normed */
+	float *qa, *qrstd, *qn, *kva, *kvrstd, *kvn;
 	/* dense */
 	float *g, *u, *h;
 	/* moe */
@@ -37,8 +47,25 @@ struct layer_acts {
 	size_t *send_b, *recv_b;    /* [ep] bytes of rows to/from each device */
 };
 
+struct model;
+
+/* One attention implementation (attention_type), chosen once in
+ * model_new. forward: out (N, C) = the attention block of layer l on the
+ * normed input ln (N, C), output projection included and its partial
+ * sums reduced; what the backward needs is saved in m->la[l]. backward:
+ * dln (N, C) += dL/dln, complete (every partial sum of it reduced), from
+ * dout = dL/dout; the block's weight gradients accumulate. */
+struct attn_ops {
+	void (*forward)(struct model *m, int l, float *out, const float *ln);
+	void (*backward)(struct model *m, int l, float *dln, const float *dout, const float *ln);
+};
+
+extern const struct attn_ops attn_gqa; /* attn.c */
+extern const struct attn_ops attn_mla; /* attn_mla.c */
+
 struct model {
 	struct model_dims d;        /* the whole model */
+	const struct attn_ops *attn; /* grouped-query or latent attention */
 	struct model_dims l;        /* what this device computes on */
 	int SF;                     /* shared-expert hidden here */
 	int El;                     /* local experts */
@@ -85,9 +112,14 @@ struct model {
 	struct layer_acts *la;
 	float *lnf, *rstdf, *logits, *probs, *losses;
 	float *cos_t, *sin_t;
+	float att_scale;            /* attention scores = att_scale * q.k */
 	/* backward scratch */
 	float *dresid, *dln, *dbig1, *dbig2, *dbig3, *dq, *dk, *dv, *dqr, *dkr, *datty,
 	      *att_scratch, *dlogits, *dscores, *dweights, *dxs, *dey, *dlogits_r, *dxr, *dyr;
+	/* latent attention's: kv_b_proj's output (its forward's too), the
+	 * gradients of [normed kv latent | rotary key], of the kv latent, of
+	 * the normed and the raw q latent */
+	float *dkvb, *dlat, *dkva, *dqn, *dqa;
 	int32_t *counts_all;        /* [L_moe, E] */
 	int32_t *counts_tmp;        /* [replicas, L_moe, E] */
 	enum model_counts counts_how; /* how a forward records them */
@@ -97,8 +129,10 @@ struct model {
 
 /* ---- params.c ---- */
 
-/* The table, the plans and the layout, no buffers; NULL with err. */
-struct model *params_make(const struct model_dims *d, const struct model_mesh *mm, char *err, size_t errlen);
+/* The table, the plans and the layout, no buffers; NULL with *rc
+ * (-EINVAL: a sharding that cannot be made; -ENOMEM) and err. */
+struct model *params_make(const struct model_dims *d, const struct model_mesh *mm, int *rc,
+			  char *err, size_t errlen);
 /* Frees what params_make allocated besides the struct. */
 void params_free(struct model *m);
 /* The layers [*first, *first + *count) stacked parameter id has slices

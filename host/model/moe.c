@@ -9,6 +9,15 @@
 #include "host/model/model_int.h"
 #include "kernels/kernels.h"
 
+/* The router's settings of dims d. */
+static void moe_routing_of(struct moe_routing *r, const struct model_dims *d)
+{
+	*r = (struct moe_routing){
+		.E = d->E, .k = d->K, .score = (enum moe_score)d->moe_score, .norm_topk = d->norm_topk,
+		.scale = d->routed_scale, .groups = d->groups, .topk_groups = d->topk_groups,
+	};
+}
+
 int moe_expert_blocks(const struct model *m, int l, int *bs, int *bn, int *bj)
 {
 	const struct layer_acts *a = &m->la[l];
@@ -89,8 +98,9 @@ void moe_route_forward(struct model *m, int l, float **X, float **Y)
 
 	linear_forward(logits, a->ln2, WP(P_ROUTER, l), N, C, E);
 	psum(m, m->pl[P_ROUTER].reduce, logits, (size_t)N * E);
-	moe_router_forward(a->weights, a->idx, a->scores, logits, WP(P_ROUTER_BIAS, l), N, E, K,
-			   (enum moe_score)d->moe_score, d->norm_topk, d->routed_scale);
+	struct moe_routing r;
+	moe_routing_of(&r, d);
+	moe_router_forward(a->weights, a->idx, a->scores, logits, WP(P_ROUTER_BIAS, l), N, &r);
 	moe_sort(a->order, a->offsets, a->idx, N, E, K);
 	for (int e = 0; e < E; e++)
 		a->counts[e] = a->offsets[e + 1] - a->offsets[e];
@@ -164,8 +174,9 @@ void moe_route_backward(struct model *m, int l, float *dln)
 	psum(m, m->pl[P_E_GATE].dx_reduce, dln, (size_t)N * C);
 	/* router: through the top-k weights and the load-balance loss */
 	memset(m->dlogits_r, 0, sizeof(float) * (size_t)N * E);
-	moe_router_backward(m->dlogits_r, m->dweights, a->scores, a->idx, N, E, K,
-			    (enum moe_score)d->moe_score, d->norm_topk, d->routed_scale);
+	struct moe_routing r;
+	moe_routing_of(&r, d);
+	moe_router_backward(m->dlogits_r, m->dweights, a->scores, a->idx, N, &r);
 	/* load-balance loss of the global batch of Ng tokens, with the counts
 	 * summed over replicas: L = E/(k Ng^2) sum_n sum_e C_e p(n,e); the
 	 * kernels normalise by the local N, hence (N/Ng)^2 */

@@ -15,10 +15,38 @@
 
 /* ---- dims ---- */
 
+#define NEED(cond, ...) do { if (!(cond)) { snprintf(err, errlen, "config: " __VA_ARGS__); return -EINVAL; } } while (0)
+
+/* DeepSeek-V3's group-limited routing (n_routing_groups,
+ * topk_routing_group; -1: none, all groups). A group's score is the sum
+ * of its two best experts, so a group holds at least two. */
+static int routing_groups_from_cfg(struct model_dims *d, const struct cfg *c, char *err, size_t errlen)
+{
+	long long G = c->n_routing_groups, T = c->topk_routing_group;
+	if (G == -1) {
+		NEED(T == -1, "key 'topk_routing_group' (%lld) needs 'n_routing_groups' (-1: no groups)", T);
+		return 0;
+	}
+	NEED(G >= 1 && d->E % G == 0,
+	     "key 'n_routing_groups' (%lld) must divide 'num_experts' (%d) into groups", G, d->E);
+	NEED(G == 1 || d->E / G >= 2,
+	     "key 'n_routing_groups' (%lld) leaves %lld expert per group of 'num_experts' (%d): a group's score sums its best two",
+	     G, d->E / G, d->E);
+	if (T == -1)
+		T = G;
+	NEED(T >= 1 && T <= G, "key 'topk_routing_group' must be in [1, n_routing_groups=%lld] or -1, got %lld",
+	     G, c->topk_routing_group);
+	NEED(d->K <= T * (d->E / G),
+	     "key 'num_experts_per_tok' (%d) is more than the %lld experts of the 'topk_routing_group'=%lld groups allowed (%lld per group)",
+	     d->K, T * (d->E / G), T, d->E / G);
+	d->groups = (int)G;
+	d->topk_groups = (int)T;
+	return 0;
+}
+
 int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, size_t errlen)
 {
 	memset(d, 0, sizeof(*d));
-#define NEED(cond, ...) do { if (!(cond)) { snprintf(err, errlen, "config: " __VA_ARGS__); return -EINVAL; } } while (0)
 	NEED(c->vocab_size >= 2 && c->vocab_size <= (1 << 24), "key 'vocab_size' must be in [2, 2^24], got %lld", c->vocab_size);
 	NEED(c->base_emb_dim >= 1 && c->base_emb_dim <= 65536, "key 'base_emb_dim' must be in [1, 65536], got %lld", c->base_emb_dim);
 	NEED(c->max_target_length >= 1 && c->max_target_length <= 65536, "key 'max_target_length' must be in [1, 65536], got %lld", c->max_target_length);
@@ -27,12 +55,51 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 	NEED(c->base_num_kv_heads >= 1 && c->base_num_query_heads % c->base_num_kv_heads == 0,
 	     "key 'base_num_kv_heads' (%lld) must divide 'base_num_query_heads' (%lld)",
 	     c->base_num_kv_heads, c->base_num_query_heads);
-	if (c->head_dim == 0)
-		NEED(c->base_emb_dim % c->base_num_query_heads == 0,
-		     "key 'base_num_query_heads' (%lld) must divide 'base_emb_dim' (%lld) when 'head_dim' is 0",
-		     c->base_num_query_heads, c->base_emb_dim);
-	d->D = c->head_dim ? (int)c->head_dim : (int)(c->base_emb_dim / c->base_num_query_heads);
-	NEED(d->D >= 2 && d->D % 2 == 0, "head dim must be even for RoPE, got %d (keys 'head_dim', 'base_emb_dim')", d->D);
+	if (!strcmp(c->attention_type, "mla")) {
+		NEED(c->base_num_kv_heads == c->base_num_query_heads,
+		     "key 'base_num_kv_heads' (%lld) must equal 'base_num_query_heads' (%lld) with attention_type mla",
+		     c->base_num_kv_heads, c->base_num_query_heads);
+		NEED(c->q_lora_rank >= 0 && c->q_lora_rank <= 65536, "key 'q_lora_rank' must be in [0, 65536], got %lld", c->q_lora_rank);
+		NEED(c->kv_lora_rank >= 1 && c->kv_lora_rank <= 65536, "key 'kv_lora_rank' must be in [1, 65536], got %lld", c->kv_lora_rank);
+		NEED(c->qk_nope_head_dim >= 1 && c->qk_nope_head_dim <= 4096, "key 'qk_nope_head_dim' must be in [1, 4096], got %lld", c->qk_nope_head_dim);
+		NEED(c->qk_rope_head_dim >= 2 && c->qk_rope_head_dim <= 4096 && c->qk_rope_head_dim % 2 == 0,
+		     "key 'qk_rope_head_dim' must be even and in [2, 4096], got %lld", c->qk_rope_head_dim);
+		NEED(c->v_head_dim >= 1 && c->v_head_dim <= 4096, "key 'v_head_dim' must be in [1, 4096], got %lld", c->v_head_dim);
+		d->mla = true;
+		d->Rq = (int)c->q_lora_rank;
+		d->Rkv = (int)c->kv_lora_rank;
+		d->Dn = (int)c->qk_nope_head_dim;
+		d->Dr = (int)c->qk_rope_head_dim;
+		d->Dv = (int)c->v_head_dim;
+		d->D = d->Dn + d->Dr;
+	} else {
+		NEED(!strcmp(c->attention_type, "global"), "key 'attention_type' must be global or mla, got '%s'",
+		     c->attention_type);
+		if (c->head_dim == 0)
+			NEED(c->base_emb_dim % c->base_num_query_heads == 0,
+			     "key 'base_num_query_heads' (%lld) must divide 'base_emb_dim' (%lld) when 'head_dim' is 0",
+			     c->base_num_query_heads, c->base_emb_dim);
+		d->D = c->head_dim ? (int)c->head_dim : (int)(c->base_emb_dim / c->base_num_query_heads);
+		NEED(d->D >= 2 && d->D % 2 == 0, "head dim must be even for RoPE, got %d (keys 'head_dim', 'base_emb_dim')", d->D);
+	}
+	if (!strcmp(c->rope_type, "yarn")) {
+		NEED(c->rope_factor >= 1 && c->rope_factor <= 1e6, "key 'rope_factor' must be in [1, 1e6], got %g", c->rope_factor);
+		NEED(c->original_max_position_embeddings >= 1,
+		     "key 'original_max_position_embeddings' must be >= 1, got %lld", c->original_max_position_embeddings);
+		NEED(c->beta_fast > 0 && c->beta_slow > 0, "keys 'beta_fast' (%g) and 'beta_slow' (%g) must be > 0",
+		     c->beta_fast, c->beta_slow);
+		NEED(c->mscale >= 0 && c->mscale_all_dim >= 0, "keys 'mscale' (%g) and 'mscale_all_dim' (%g) must be >= 0",
+		     c->mscale, c->mscale_all_dim);
+		d->yarn = true;
+		d->rope_factor = (float)c->rope_factor;
+		d->rope_orig = (int)c->original_max_position_embeddings;
+		d->beta_fast = (float)c->beta_fast;
+		d->beta_slow = (float)c->beta_slow;
+		d->mscale = (float)c->mscale;
+		d->mscale_all_dim = (float)c->mscale_all_dim;
+	} else {
+		NEED(!strcmp(c->rope_type, "default"), "key 'rope_type' must be default or yarn, got '%s'", c->rope_type);
+	}
 	NEED(c->base_mlp_dim >= 1, "key 'base_mlp_dim' must be >= 1, got %lld", c->base_mlp_dim);
 	NEED(c->num_experts >= 1 && c->num_experts <= 1024, "key 'num_experts' must be in [1, 1024], got %lld", c->num_experts);
 	NEED(c->per_device_batch_size >= 1, "key 'per_device_batch_size' must be >= 1, got %lld", c->per_device_batch_size);
@@ -41,7 +108,7 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 	d->T = (int)c->max_target_length;
 	d->L = (int)c->base_num_decoder_layers;
 	d->Hq = (int)c->base_num_query_heads;
-	d->Hkv = (int)c->base_num_kv_heads;
+	d->Hkv = d->mla ? d->Hq : (int)c->base_num_kv_heads;
 	d->F = (int)c->base_mlp_dim;
 	d->eps = (float)c->normalization_layer_epsilon;
 	d->theta = (float)c->rope_max_timescale;
@@ -70,20 +137,20 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 		d->router_bias = c->routed_bias;
 		d->routed_scale = (float)c->routed_scaling_factor;
 		d->lb_weight = (float)c->load_balance_loss_weight;
+		int rc = routing_groups_from_cfg(d, c, err, errlen);
+		if (rc)
+			return rc;
 	} else {
 		d->E = 1;
 		d->L_dense = d->L;
+		NEED(c->n_routing_groups == -1 && c->topk_routing_group == -1,
+		     "keys 'n_routing_groups' and 'topk_routing_group' route experts: they need num_experts > 1 (got %lld, %lld)",
+		     c->n_routing_groups, c->topk_routing_group);
 	}
 	/* keys of DeepSeek-V3's architecture whose implementation is on its way */
-	NEED(!strcmp(c->attention_type, "global"),
-	     "key 'attention_type' must be global (mla is not implemented yet), got '%s'", c->attention_type);
-	NEED(!strcmp(c->rope_type, "default"),
-	     "key 'rope_type' must be default (yarn is not implemented yet), got '%s'", c->rope_type);
-	NEED(c->n_routing_groups == -1, "key 'n_routing_groups' is not implemented yet (must be -1)");
 	NEED(!c->use_batch_split_schedule, "key 'use_batch_split_schedule' is not implemented yet");
-	NEED(!c->load_parameters_path[0], "key 'load_parameters_path' is not implemented yet");
-	NEED(!strcmp(c->checkpoint_dtype, "f32"),
-	     "key 'checkpoint_dtype' must be f32 (bf16 is not implemented yet), got '%s'", c->checkpoint_dtype);
+	NEED(!strcmp(c->checkpoint_dtype, "f32") || !strcmp(c->checkpoint_dtype, "bf16"),
+	     "key 'checkpoint_dtype' must be f32 or bf16, got '%s'", c->checkpoint_dtype);
 #undef NEED
 	return 0;
 }
@@ -184,6 +251,18 @@ void param_layers(const struct model *m, int id, int *first, int *count)
 	}
 }
 
+/* The head a tensor's heads dimension splits into whole: latent
+ * attention's value heads (wkv_b: no-rope key and value, wo: value) are
+ * not its query heads. */
+static int head_unit(const struct model *m, int id)
+{
+	if (m->d.mla && id == P_WKV_B)
+		return m->d.Dn + m->d.Dv;
+	if (m->d.mla && id == P_WO)
+		return m->d.Dv;
+	return m->d.D;
+}
+
 static void add_param(struct model *m, int id, const char *name, enum param_opt opt, bool decay,
 		      int ndim, const int *shape, const char *const *axes)
 {
@@ -198,6 +277,7 @@ static void add_param(struct model *m, int id, const char *name, enum param_opt 
 		n *= (size_t)shape[i];
 	}
 	p->numel = n;
+	p->head_dim = head_unit(m, id);
 	p->opt = opt;
 	p->decay = decay;
 	p->stacked = !strcmp(axes[0], "layers");
@@ -212,10 +292,36 @@ static void add_param(struct model *m, int id, const char *name, enum param_opt 
 #define PARAM(id, name, opt, decay, shape, axes) \
 	add_param(m, id, name, opt, decay, (int)(sizeof(shape) / sizeof(int)), shape, axes)
 
+/* Latent attention's tensors (docs/deepseek.md), Hugging Face's shapes
+ * [out, in]: the down-projections read the embedding, their outputs (the
+ * latents) stay whole; the up-projections write heads. */
+static void mla_table(struct model *m)
+{
+	const struct model_dims *d = &m->d;
+	int L = d->L, H = d->Hq, QD = H * (d->Dn + d->Dr);
+	int s_q[] = { L, QD, d->C }, s_qa[] = { L, d->Rq, d->C }, s_qn[] = { L, d->Rq };
+	int s_qb[] = { L, QD, d->Rq }, s_kva[] = { L, d->Rkv + d->Dr, d->C }, s_kvn[] = { L, d->Rkv };
+	int s_kvb[] = { L, H * (d->Dn + d->Dv), d->Rkv }, s_o[] = { L, d->C, H * d->Dv };
+
+	if (d->Rq) {
+		PARAM(P_WQ_A, "wq_a", OPT_MUON, true, s_qa, AXES("layers", "q_lora_up_proj", "embed"));
+		PARAM(P_Q_A_NORM, "q_a_norm", OPT_ADAMW, false, s_qn, AXES("layers", "norm"));
+		PARAM(P_WQ_B, "wq_b", OPT_MUON, true, s_qb, AXES("layers", "q_heads", "q_lora"));
+	} else {
+		PARAM(P_WQ, "wq", OPT_MUON, true, s_q, AXES("layers", "q_heads", "embed"));
+	}
+	PARAM(P_WKV_A, "wkv_a", OPT_MUON, true, s_kva, AXES("layers", "kv_lora_up_proj", "embed"));
+	PARAM(P_KV_A_NORM, "kv_a_norm", OPT_ADAMW, false, s_kvn, AXES("layers", "norm"));
+	PARAM(P_WKV_B, "wkv_b", OPT_MUON, true, s_kvb, AXES("layers", "kv_heads", "kv_lora"));
+	PARAM(P_WO, "wo", OPT_MUON, true, s_o, AXES("layers", "embed", "q_heads"));
+}
+
 /* The whole model's tensors, global shapes. */
 static void build_table(struct model *m)
 {
 	const struct model_dims *d = &m->d;
+	for (int id = 0; id < P_COUNT; id++)
+		m->pidx[id] = -1;
 	int L = d->L, Ld = d->L_dense, Lm = d->L_moe, QD = d->Hq * d->D, KD = d->Hkv * d->D;
 	int SF = d->S * d->Fe;
 	int s_embed[] = { d->V, d->C };
@@ -229,10 +335,14 @@ static void build_table(struct model *m)
 
 	PARAM(P_EMBED, "embed", OPT_ADAMW, true, s_embed, AXES("vocab", "embed"));
 	PARAM(P_ATTN_NORM, "attn_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"));
-	PARAM(P_WQ, "wq", OPT_MUON, true, s_q, AXES("layers", "q_heads", "embed"));
-	PARAM(P_WK, "wk", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"));
-	PARAM(P_WV, "wv", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"));
-	PARAM(P_WO, "wo", OPT_MUON, true, s_o, AXES("layers", "embed", "q_heads"));
+	if (d->mla)
+		mla_table(m);
+	else {
+		PARAM(P_WQ, "wq", OPT_MUON, true, s_q, AXES("layers", "q_heads", "embed"));
+		PARAM(P_WK, "wk", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"));
+		PARAM(P_WV, "wv", OPT_MUON, true, s_k, AXES("layers", "kv_heads", "embed"));
+		PARAM(P_WO, "wo", OPT_MUON, true, s_o, AXES("layers", "embed", "q_heads"));
+	}
 	PARAM(P_MLP_NORM, "mlp_norm", OPT_ADAMW, false, s_norm, AXES("layers", "norm"));
 	PARAM(P_W_GATE, "w_gate", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"));
 	PARAM(P_W_UP, "w_up", OPT_MUON, true, s_up, AXES("layers", "mlp", "embed"));
@@ -356,6 +466,8 @@ static const char *dim_key(const char *msg)
 		{ "('mlp',", "base_mlp_dim" }, { "('mlp_moe',", "base_moe_mlp_dim (or base_mlp_dim)" },
 		{ "('embed',", "base_emb_dim" }, { "('embed_moe',", "base_emb_dim" },
 		{ "('vocab',", "vocab_size" }, { "('exp',", "num_experts" },
+		{ "('q_lora',", "q_lora_rank" }, { "('kv_lora',", "kv_lora_rank" },
+		{ "('q_lora_up_proj',", "q_lora_rank" }, { "('kv_lora_up_proj',", "kv_lora_rank (+ qk_rope_head_dim)" },
 	};
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
 		if (strstr(msg, keys[i][0]))
@@ -385,7 +497,7 @@ static int plan_one(struct model *m, const struct model_mesh *mm, int id, uint32
 	if (outside_pipeline(m, id))
 		axes[0] = NULL;  /* `layers` not split: stored whole on every stage */
 	int rc = plan_param(&m->pp[id], mm->rules, mm->mesh, p->name, p->ndim, p->global_shape, axes,
-			    m->d.D, rows, err, errlen);
+			    p->head_dim, rows, err, errlen);
 	const char *key = rc ? dim_key(err) : NULL;
 	size_t used = strlen(err);
 	if (key && used < errlen)
@@ -406,7 +518,7 @@ static int lin(struct model *m, int id, const char *name, int wid, int out_dim, 
 /* The activations the plans line up with: their specs and where the
  * experts' blocks lie. */
 struct act_plan {
-	struct plan_axes emb, heads, kv, mlp, mlpe, mlps, vocab, ev, none;
+	struct plan_axes emb, heads, kv, ao, mlp, mlpe, mlps, vocab, ev, none;
 	uint32_t rows;
 	int exp_axes[AX_COUNT], nexp;
 };
@@ -426,8 +538,12 @@ static int plan_tensors(struct model *m, const struct model_mesh *mm, struct act
 	for (int id = 0; id < P_COUNT; id++)
 		if ((rc = plan_one(m, mm, id, a->rows, err, errlen)))
 			return rc;
+	/* latent attention: k is [no-rope key | value] per head out of
+	 * wkv_b, and the attention's output (wo's input) value heads */
+	int kvd = d->mla ? d->Dn + d->Dv : d->D, aod = d->mla ? d->Dv : d->D;
 	if ((rc = act_axes(&a->heads, &a->rows, mm, "q", "activation_heads", d->Hq * d->D, d->D, err, errlen)) ||
-	    (rc = act_axes(&a->kv, &a->rows, mm, "k", "activation_heads", d->Hkv * d->D, d->D, err, errlen)) ||
+	    (rc = act_axes(&a->kv, &a->rows, mm, "k", "activation_heads", d->Hkv * kvd, kvd, err, errlen)) ||
+	    (rc = act_axes(&a->ao, &a->rows, mm, "attention", "activation_heads", d->Hq * aod, aod, err, errlen)) ||
 	    (rc = act_axes(&a->vocab, &a->rows, mm, "logits", "activation_vocab", d->V, 1, err, errlen)))
 		return rc;
 	if (d->L_dense &&
@@ -507,7 +623,12 @@ static int plan_linears(struct model *m, struct act_plan *a, char *err, size_t e
 	    (rc = lin(m, P_WQ, "q projection", P_WQ, 1, 2, &a->emb, &a->heads, err, errlen)) ||
 	    (rc = lin(m, P_WK, "k projection", P_WK, 1, 2, &a->emb, &a->kv, err, errlen)) ||
 	    (rc = lin(m, P_WV, "v projection", P_WV, 1, 2, &a->emb, &a->kv, err, errlen)) ||
-	    (rc = lin(m, P_WO, "attention output", P_WO, 1, 2, &a->heads, &a->emb, err, errlen)))
+	    /* latent attention: the latents are whole on every device */
+	    (rc = lin(m, P_WQ_A, "q down projection", P_WQ_A, 1, 2, &a->emb, &a->none, err, errlen)) ||
+	    (rc = lin(m, P_WQ_B, "q up projection", P_WQ_B, 1, 2, &a->none, &a->heads, err, errlen)) ||
+	    (rc = lin(m, P_WKV_A, "kv down projection", P_WKV_A, 1, 2, &a->emb, &a->none, err, errlen)) ||
+	    (rc = lin(m, P_WKV_B, "kv up projection", P_WKV_B, 1, 2, &a->none, &a->kv, err, errlen)) ||
+	    (rc = lin(m, P_WO, "attention output", P_WO, 1, 2, &a->ao, &a->emb, err, errlen)))
 		return rc;
 	if (d->L_dense &&
 	    ((rc = lin(m, P_W_GATE, "mlp gate", P_W_GATE, 1, 2, &a->emb, &a->mlp, err, errlen)) ||
@@ -615,11 +736,14 @@ static int plan_model(struct model *m, const struct model_mesh *mm, char *err, s
 	return 0;
 }
 
-struct model *params_make(const struct model_dims *d, const struct model_mesh *mm, char *err, size_t errlen)
+struct model *params_make(const struct model_dims *d, const struct model_mesh *mm, int *rc,
+			  char *err, size_t errlen)
 {
 	struct model *m = calloc(1, sizeof(*m));
+	*rc = 0;
 	if (!m) {
-		snprintf(err, errlen, "model: out of memory");
+		snprintf(err, errlen, "model: out of memory: %zu bytes for the model's table", sizeof(*m));
+		*rc = -ENOMEM;
 		return NULL;
 	}
 	m->d = *d;
@@ -630,10 +754,10 @@ struct model *params_make(const struct model_dims *d, const struct model_mesh *m
 	m->Ve = d->V;
 	build_table(m);
 	if (mm && mm->mesh->num_devices > 1) {
-		int rc = plan_model(m, mm, err, errlen);
-		if (rc == -ENOMEM)
+		*rc = plan_model(m, mm, err, errlen);
+		if (*rc == -ENOMEM)
 			snprintf(err, errlen, "model: out of memory for the plans");
-		if (rc) {
+		if (*rc) {
 			params_free(m);
 			free(m);
 			return NULL;
@@ -763,9 +887,15 @@ void model_init(struct model *m, uint64_t seed, float std)
 double model_flops_per_token(const struct model_dims *d)
 {
 	double C = d->C, QD = (double)d->Hq * d->D, KD = (double)d->Hkv * d->D;
-	double attn = C * QD * 2 + C * KD * 2;
+	double attn = C * QD * 2 + C * KD * 2, att_dot = QD * 2;
+	if (d->mla) {
+		double H = d->Hq, VD = H * d->Dv;
+		attn = (d->Rq ? (double)d->Rq * (C + QD) : C * QD) + C * (d->Rkv + d->Dr) +
+		       (double)d->Rkv * H * (d->Dn + d->Dv) + VD * C;
+		att_dot = QD + VD;
+	}
 	double dense = 3.0 * C * d->F;
 	double moe = C * d->E + 3.0 * C * d->Fe * (d->K + d->S);
 	double mat = d->L * attn + d->L_dense * dense + d->L_moe * moe + (double)d->V * C;
-	return 6.0 * mat + 12.0 * d->L * d->T * QD;
+	return 6.0 * mat + 6.0 * d->L * d->T * att_dot;
 }

@@ -12,16 +12,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include "host/util/out.h"
 
 /* ---- metrics ---- */
 
-enum { HAS_LOSS = 1, HAS_TOK_DEV = 2, HAS_TOK_GLOBAL = 4, HAS_COMM = 8, HAS_TIME = 16 };
+/* Bounds on what a report reads (docs: README, meshrun report): memory
+ * stays within a few hundred MiB whatever the input. */
+#define REPORT_MAX_LINE 65536
+#define REPORT_MAX_BYTES (1ull << 30)
+#define REPORT_MAX_ROWS (1 << 22)
+#define REPORT_MAX_TRACE (128 << 20)
+
+enum { HAS_LOSS = 1, HAS_TOK_DEV = 2, HAS_TOK_GLOBAL = 4, HAS_COMM = 8, HAS_TIME = 16, HAS_EVAL = 32 };
 
 struct row {
 	int64_t step;
 	int line;
 	unsigned has;
 	double loss, tok_dev, tok_global, comm_wait_s, step_time_s;
+	double eval_loss;        /* the held-out loss after the step, when evaluated */
 };
 
 struct metrics {
@@ -74,6 +85,7 @@ static int parse_row(const char *text, const char *path, int line, struct row *r
 	} else {
 		r->step = (int64_t)step;
 		r->has |= num_field(j, "loss", &r->loss) ? HAS_LOSS : 0;
+		r->has |= num_field(j, "eval_loss", &r->eval_loss) ? HAS_EVAL : 0;
 		r->has |= num_field(j, "tokens_per_s_per_device", &r->tok_dev) ? HAS_TOK_DEV : 0;
 		/* tokens_per_s is the name before tokens_per_s_global */
 		if (num_field(j, "tokens_per_s_global", &v) || num_field(j, "tokens_per_s", &v)) {
@@ -112,19 +124,79 @@ static void keep_last_of_each_step(struct metrics *m)
 	m->n = k;
 }
 
-static int metrics_read(const char *path, struct metrics *m, char *err, size_t errlen)
+/* One line of f into buf (at most cap - 1 bytes, NUL-terminated), its
+ * newline dropped: its length; -1 at the end of the file with nothing
+ * read; -2 when the line goes on past cap - 1 bytes. *nl says whether it
+ * ended in a newline, *total counts every byte read. */
+static long read_line(FILE *f, char *buf, size_t cap, bool *nl, uint64_t *total)
 {
+	size_t n = 0;
+	int c;
+	*nl = false;
+	while ((c = getc_unlocked(f)) != EOF) {
+		(*total)++;
+		if (c == '\n') {
+			*nl = true;
+			break;
+		}
+		if (n == cap - 1)
+			return -2;
+		buf[n++] = (char)c;
+	}
+	buf[n] = 0;
+	return n == 0 && !*nl ? -1 : (long)n;
+}
+
+/* Reads the metrics lines in bounded memory: a line of at most
+ * REPORT_MAX_LINE bytes, a file of at most REPORT_MAX_BYTES and
+ * REPORT_MAX_ROWS lines, else refused (an endless input such as /dev/zero
+ * is refused within one line's bound). A last line without its newline
+ * that does not parse was cut by a crash: it is left out, with a warning
+ * in warn. */
+static int metrics_read(const char *path, struct metrics *m, char *warn, size_t warnlen,
+			char *err, size_t errlen)
+{
+	char es[128], what[128];
 	memset(m, 0, sizeof(*m));
 	FILE *f = fopen(path, "r");
 	if (!f) {
-		snprintf(err, errlen, "report: unable to open '%s': %s", path, strerror(errno));
+		snprintf(err, errlen, "report: unable to open '%s': %s", path,
+			 util_errstr(errno, es, sizeof(es)));
 		return -EBADMSG;
 	}
-	char *buf = NULL;
-	size_t cap = 0, rcap = 0;
-	int rc = 0, line = 0;
-	while (getline(&buf, &cap, f) >= 0) {
+	struct stat st;
+	if (!fstat(fileno(f), &st) && S_ISREG(st.st_mode) && (uint64_t)st.st_size > REPORT_MAX_BYTES) {
+		fclose(f);
+		snprintf(what, sizeof(what), "larger than %llu MiB (the report's bound)",
+			 (unsigned long long)(REPORT_MAX_BYTES >> 20));
+		return bad_input(err, errlen, path, 0, what);
+	}
+	char *buf = malloc(REPORT_MAX_LINE + 1);
+	size_t rcap = 0;
+	uint64_t total = 0;
+	int rc = buf ? 0 : -ENOMEM, line = 0;
+	long n;
+	bool nl;
+	if (!buf)
+		snprintf(err, errlen, "report: out of memory reading '%s'", path);
+	while (!rc && (n = read_line(f, buf, REPORT_MAX_LINE + 1, &nl, &total)) != -1) {
 		line++;
+		if (n == -2) {
+			snprintf(what, sizeof(what), "no newline within %d bytes (not a metrics file?)",
+				 REPORT_MAX_LINE);
+			rc = bad_input(err, errlen, path, line, what);
+			break;
+		}
+		if (total > REPORT_MAX_BYTES || m->n == REPORT_MAX_ROWS) {
+			snprintf(what, sizeof(what), "larger than %llu MiB or %d lines (the report's bound)",
+				 (unsigned long long)(REPORT_MAX_BYTES >> 20), REPORT_MAX_ROWS);
+			rc = bad_input(err, errlen, path, line, what);
+			break;
+		}
+		if (memchr(buf, 0, (size_t)n)) {
+			rc = bad_input(err, errlen, path, line, "a NUL byte (not a metrics file?)");
+			break;
+		}
 		if (blank(buf))
 			continue;
 		if ((size_t)m->n == rcap) {
@@ -137,12 +209,19 @@ static int metrics_read(const char *path, struct metrics *m, char *err, size_t e
 			}
 			m->r = r;
 		}
-		if ((rc = parse_row(buf, path, line, &m->r[m->n], err, errlen)))
+		if ((rc = parse_row(buf, path, line, &m->r[m->n], err, errlen))) {
+			if (nl)
+				break;
+			/* the last line, without its newline: its writer stopped mid-line */
+			snprintf(warn, warnlen, "report: %s:%d: the last line is cut short (no newline); "
+				 "drawn without it", path, line);
+			rc = 0;
 			break;
+		}
 		m->n++;
 	}
 	if (!rc && ferror(f))
-		rc = bad_input(err, errlen, path, line + 1, strerror(errno));
+		rc = bad_input(err, errlen, path, line + 1, util_errstr(errno, es, sizeof(es)));
 	if (!rc && m->n == 0)
 		rc = bad_input(err, errlen, path, 0, "no metrics lines");
 	free(buf);
@@ -280,16 +359,33 @@ static int dev_time_of(struct dev_spans *ds, struct dev_time *t)
 	return rc;
 }
 
+/* The whole file, at most REPORT_MAX_TRACE bytes (more, or an endless
+ * input, is refused: errno EFBIG), NUL-terminated. NULL with errno. */
 static char *slurp(const char *path, size_t *len)
 {
 	FILE *f = fopen(path, "rb");
 	if (!f)
 		return NULL;
+	struct stat st;
+	if (!fstat(fileno(f), &st) && S_ISREG(st.st_mode) && (uint64_t)st.st_size > REPORT_MAX_TRACE) {
+		fclose(f);
+		errno = EFBIG;
+		return NULL;
+	}
 	char *buf = NULL;
 	size_t cap = 0, n = 0, r;
 	do {
+		if (n == REPORT_MAX_TRACE + 1) {
+			free(buf);
+			fclose(f);
+			errno = EFBIG;
+			return NULL;
+		}
 		if (cap - n < 65536) {
-			char *b = realloc(buf, cap = cap * 2 + 65536);
+			size_t want = cap * 2 + 65536;
+			if (want > REPORT_MAX_TRACE + 2)
+				want = REPORT_MAX_TRACE + 2;
+			char *b = realloc(buf, cap = want);
 			if (!b) {
 				free(buf);
 				fclose(f);
@@ -382,8 +478,15 @@ static int trace_read(const char *path, struct trace_sum *ts, char *err, size_t 
 	memset(ts, 0, sizeof(*ts));
 	size_t len;
 	char *text = slurp(path, &len);
+	if (!text && errno == EFBIG) {
+		snprintf(err, errlen, "report: '%s' is larger than %d MiB (the report's bound)", path,
+			 REPORT_MAX_TRACE >> 20);
+		return -EBADMSG;
+	}
 	if (!text) {
-		snprintf(err, errlen, "report: unable to read '%s': %s", path, strerror(errno));
+		char es[128];
+		snprintf(err, errlen, "report: unable to read '%s': %s", path,
+			 util_errstr(errno, es, sizeof(es)));
 		return -EBADMSG;
 	}
 	const char *end = NULL;
@@ -485,12 +588,19 @@ static double map(const struct axis *a, double v, double p0, double p1)
 	return p0 + (v - a->lo) / (a->hi - a->lo) * (p1 - p0);
 }
 
-struct line_panel {
-	const char *title, *ylabel, *series, *color, *note;
-	bool zero_base;
+/* A panel's points: a series name (data-series), a colour, and for a
+ * second series on the same axes a legend label. */
+struct series {
+	const char *name, *color, *label;
 	int n;
 	const int64_t *step;
 	const double *val;
+};
+
+struct line_panel {
+	const char *title, *ylabel, *note;
+	bool zero_base;
+	struct series s[2];        /* s[1].n == 0: one series */
 };
 
 static void svg_axes(FILE *f, double top, const struct axis *ax, const struct axis *ay,
@@ -521,27 +631,46 @@ static void svg_axes(FILE *f, double top, const struct axis *ax, const struct ax
 	fputs("</text>\n", f);
 }
 
-/* One panel of values over the steps [s0, s1], its top edge at top: a
- * polyline through every point and a circle per point carrying the value
- * (9 significant digits) it was drawn from; a note instead when n == 0. */
+/* One series of a panel: a polyline through every point and a circle per
+ * point carrying the value (9 significant digits) it was drawn from. */
+static void svg_series(FILE *f, const struct series *p, const struct axis *ax, const struct axis *ay,
+		       double y0, double y1)
+{
+	fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", p->color);
+	for (int i = 0; i < p->n; i++)
+		fprintf(f, "%s%.2f,%.2f", i ? " " : "", map(ax, (double)p->step[i], PLOT_L, PLOT_R),
+			map(ay, p->val[i], y1, y0));
+	fputs("\"/>\n", f);
+	double r = p->n > 200 ? 1.2 : 2.8;
+	for (int i = 0; i < p->n; i++)
+		fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"%.1f\" fill=\"%s\" data-series=\"%s\" "
+			"data-step=\"%" PRId64 "\" data-value=\"%.9g\"><title>step %" PRId64 ": %.6g</title></circle>\n",
+			map(ax, (double)p->step[i], PLOT_L, PLOT_R), map(ay, p->val[i], y1, y0), r,
+			p->color, p->name, p->step[i], p->val[i], p->step[i], p->val[i]);
+}
+
+/* One panel of values over the steps [s0, s1], its top edge at top: its
+ * series on shared axes (a legend when there are two); a note instead
+ * when the first has no point. */
 static void svg_line_panel(FILE *f, double top, int64_t s0, int64_t s1, const struct line_panel *p)
 {
 	fprintf(f, "<g class=\"panel\" data-series=\"%s\">\n<text class=\"title\" x=\"%.1f\" y=\"%.1f\" "
-		"font-size=\"15\" font-weight=\"bold\">", p->series, PLOT_L, top + 26);
+		"font-size=\"15\" font-weight=\"bold\">", p->s[0].name, PLOT_L, top + 26);
 	xml_text(f, p->title);
 	fputs("</text>\n", f);
 	double lo = INFINITY, hi = -INFINITY;
-	for (int i = 0; i < p->n; i++) {
-		lo = fmin(lo, p->val[i]);
-		hi = fmax(hi, p->val[i]);
-	}
-	if (p->n == 0)
+	for (int k = 0; k < 2; k++)
+		for (int i = 0; i < p->s[k].n; i++) {
+			lo = fmin(lo, p->s[k].val[i]);
+			hi = fmax(hi, p->s[k].val[i]);
+		}
+	if (p->s[0].n == 0)
 		lo = hi = 0;
 	if (p->zero_base && lo > 0)
 		lo = 0;
 	struct axis ax = axis_of((double)s0, (double)s1, true), ay = axis_of(lo, hi, false);
 	svg_axes(f, top, &ax, &ay, p->ylabel);
-	if (p->n == 0) {
+	if (p->s[0].n == 0) {
 		fprintf(f, "<text class=\"note\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
 			"font-size=\"14\" fill=\"#a00\">", (PLOT_L + PLOT_R) / 2, top + (PLOT_TOP + PLOT_BOT) / 2);
 		xml_text(f, p->note);
@@ -549,17 +678,17 @@ static void svg_line_panel(FILE *f, double top, int64_t s0, int64_t s1, const st
 		return;
 	}
 	double y0 = top + PLOT_TOP, y1 = top + PLOT_BOT;
-	fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", p->color);
-	for (int i = 0; i < p->n; i++)
-		fprintf(f, "%s%.2f,%.2f", i ? " " : "", map(&ax, (double)p->step[i], PLOT_L, PLOT_R),
-			map(&ay, p->val[i], y1, y0));
-	fputs("\"/>\n", f);
-	double r = p->n > 200 ? 1.2 : 2.8;
-	for (int i = 0; i < p->n; i++)
-		fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"%.1f\" fill=\"%s\" data-series=\"%s\" "
-			"data-step=\"%" PRId64 "\" data-value=\"%.9g\"><title>step %" PRId64 ": %.6g</title></circle>\n",
-			map(&ax, (double)p->step[i], PLOT_L, PLOT_R), map(&ay, p->val[i], y1, y0), r,
-			p->color, p->series, p->step[i], p->val[i], p->step[i], p->val[i]);
+	for (int k = 0; k < 2; k++)
+		if (p->s[k].n)
+			svg_series(f, &p->s[k], &ax, &ay, y0, y1);
+	for (int k = 0; p->s[1].n && k < 2; k++) {
+		double x = PLOT_R - 330 + 170 * k;
+		fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"14\" height=\"4\" fill=\"%s\"/>"
+			"<text class=\"legend\" x=\"%.1f\" y=\"%.1f\">", x, top + 32, p->s[k].color, x + 20,
+			top + 37);
+		xml_text(f, p->s[k].label);
+		fputs("</text>\n", f);
+	}
 	fputs("</g>\n", f);
 }
 
@@ -664,6 +793,7 @@ static struct tok_choice tok_choose(const struct metrics *m, const struct trace_
 	return (struct tok_choice){ "tokens/s (global)", 0, true };
 }
 
+/* which: 0 loss, 1 tokens/s, 2 communication share, 3 eval_loss */
 static void fill_series(const struct metrics *m, const struct tok_choice *tc, int which,
 			int64_t *step, double *val, int *n)
 {
@@ -673,6 +803,8 @@ static void fill_series(const struct metrics *m, const struct tok_choice *tc, in
 		double v;
 		if (which == 0 && (r->has & HAS_LOSS))
 			v = r->loss;
+		else if (which == 3 && (r->has & HAS_EVAL))
+			v = r->eval_loss;
 		else if (which == 1 && !tc->global && (r->has & HAS_TOK_DEV))
 			v = r->tok_dev;
 		else if (which == 1 && (r->has & HAS_TOK_GLOBAL))
@@ -709,8 +841,8 @@ static void svg_header(FILE *f, double height, const char *metrics, const char *
 static int svg_write(FILE *f, const char *metrics, const char *trace, const struct metrics *m,
 		     const struct trace_sum *ts)
 {
-	int64_t *step = malloc(sizeof(*step) * (size_t)m->n);
-	double *val = malloc(sizeof(*val) * (size_t)m->n);
+	int64_t *step = malloc(sizeof(*step) * 2 * (size_t)m->n);
+	double *val = malloc(sizeof(*val) * 2 * (size_t)m->n);
 	if (!step || !val) {
 		free(step);
 		free(val);
@@ -727,20 +859,28 @@ static int svg_write(FILE *f, const char *metrics, const char *trace, const stru
 	else
 		snprintf(tok_title, sizeof(tok_title), "Throughput");
 	struct line_panel p[3] = {
-		{ .title = "Training loss", .ylabel = "loss (nats/token)", .series = "loss",
-		  .color = "#1f77b4", .note = "no loss in this file" },
-		{ .title = tok_title, .ylabel = tc.ylabel, .series = "tokens_per_s", .color = "#2ca02c",
-		  .note = "no tokens/s in this file", .zero_base = true },
+		{ .title = "Training loss", .ylabel = "loss (nats/token)", .note = "no loss in this file",
+		  .s = { { .name = "loss", .color = "#1f77b4", .label = "training loss" },
+			 { .name = "eval_loss", .color = "#ff7f0e", .label = "eval_loss (held out)" } } },
+		{ .title = tok_title, .ylabel = tc.ylabel, .note = "no tokens/s in this file",
+		  .zero_base = true, .s = { { .name = "tokens_per_s", .color = "#2ca02c" } } },
 		{ .title = "Communication share of each step (comm_wait_s / step_time_s, device 0 of host 0)",
-		  .ylabel = "communication (% of step)", .series = "comm_share", .color = "#d62728",
-		  .note = "no comm_wait_s in this file", .zero_base = true },
+		  .ylabel = "communication (% of step)", .note = "no comm_wait_s in this file",
+		  .zero_base = true, .s = { { .name = "comm_share", .color = "#d62728" } } },
 	};
 	double top = 64, height = top + 3 * PANEL_H + (ts ? bar_panel_height(ts->n) : 0) + 10;
 	svg_header(f, height, metrics, trace, m);
 	for (int k = 0; k < 3; k++, top += PANEL_H) {
-		fill_series(m, &tc, k, step, val, &p[k].n);
-		p[k].step = step;
-		p[k].val = val;
+		fill_series(m, &tc, k, step, val, &p[k].s[0].n);
+		p[k].s[0].step = step;
+		p[k].s[0].val = val;
+		if (k == 0) {  /* the held-out loss beside the training loss */
+			fill_series(m, &tc, 3, step + m->n, val + m->n, &p[k].s[1].n);
+			p[k].s[1].step = step + m->n;
+			p[k].s[1].val = val + m->n;
+			if (p[k].s[1].n)
+				p[k].title = "Training loss and held-out loss (eval_loss)";
+		}
 		svg_line_panel(f, top, m->r[0].step, m->r[m->n - 1].step, &p[k]);
 	}
 	if (ts)
@@ -751,28 +891,28 @@ static int svg_write(FILE *f, const char *metrics, const char *trace, const stru
 	return 0;
 }
 
-int report_write(const char *metrics, const char *trace, const char *out,
-		 char *err, size_t errlen)
+int report_write(const char *metrics, const char *trace, const char *out, char *warn,
+		 size_t warnlen, char *err, size_t errlen)
 {
 	struct metrics m;
 	struct trace_sum ts = { 0 };
-	int rc = metrics_read(metrics, &m, err, errlen);
+	struct util_out o;
+	if (warnlen)
+		warn[0] = 0;
+	int rc = metrics_read(metrics, &m, warn, warnlen, err, errlen);
 	if (rc)
 		return rc;
 	if (trace && (rc = trace_read(trace, &ts, err, errlen)))
 		goto out_metrics;
-	FILE *f = fopen(out, "w");
-	if (!f) {
-		rc = -errno;
-		snprintf(err, errlen, "report: unable to write '%s': %s", out, strerror(errno));
+	/* whole or not at all: a failed write leaves no partial SVG */
+	if ((rc = util_out_open(&o, "report", out, err, errlen)))
 		goto out_trace;
+	if ((rc = svg_write(o.f, metrics, trace, &m, trace ? &ts : NULL))) {
+		util_out_abort(&o);
+		snprintf(err, errlen, "report: out of memory drawing '%s'", out);
+	} else {
+		rc = util_out_commit(&o, err, errlen);
 	}
-	rc = svg_write(f, metrics, trace, &m, trace ? &ts : NULL);
-	bool bad = ferror(f);
-	if (fclose(f) || bad)
-		rc = rc ? rc : -EIO;
-	if (rc)
-		snprintf(err, errlen, "report: unable to write '%s': %s", out, strerror(-rc));
 out_trace:
 	free(ts.d);
 out_metrics:

@@ -9,13 +9,19 @@
 #include <stddef.h>
 
 /* Reads metrics (JSON lines) and trace (Chrome trace-event JSON; NULL for
- * none) and writes the SVG to out. Every plotted point is a <circle> and
- * every bar segment a <rect> carrying data-series / data-step (or
- * data-device) / data-value attributes with the value it shows.
+ * none) and writes the SVG to out, whole or not at all. Every plotted
+ * point is a <circle> and every bar segment a <rect> carrying data-series
+ * / data-step (or data-device) / data-value attributes with the value it
+ * shows. Inputs are read in bounded memory: a metrics line longer than
+ * 64 KiB (an input without newlines, such as /dev/zero), a metrics file
+ * over 1 GiB or 4 Mi lines, a trace over 128 MiB are refused. A metrics
+ * file whose last line lacks its newline and does not parse (its writer
+ * was killed mid-line) is drawn without that line, and warn (may be NULL
+ * with warnlen 0) says so; otherwise warn is empty.
  * 0, or -EBADMSG with err "report: FILE:LINE: what" when an input file is
- * missing, unreadable or malformed, or another -errno when out cannot be
- * written. */
-int report_write(const char *metrics, const char *trace, const char *out,
-		 char *err, size_t errlen);
+ * missing, unreadable, malformed or too large, or another -errno when out
+ * cannot be written. */
+int report_write(const char *metrics, const char *trace, const char *out, char *warn,
+		 size_t warnlen, char *err, size_t errlen);
 
 #endif

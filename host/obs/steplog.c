@@ -9,10 +9,24 @@
 
 #include "host/util/clock.h"
 
+/* The step log is an output too: stdout redirected to a full disk fails
+ * the run like any other file. */
+static int flush_stdout(char *err, size_t errlen)
+{
+	char es[128];
+	if (!ferror(stdout) && !fflush(stdout))
+		return 0;
+	int e = errno ? errno : EIO;
+	snprintf(err, errlen, "step log: unable to write to stdout: %s", util_errstr(e, es, sizeof(es)));
+	return -e;
+}
+
 int steplog_open(struct steplog *l, const struct steplog_info *info, const char *metrics,
 		 bool append, char *err, size_t errlen)
 {
 	memset(l, 0, sizeof(*l));
+	l->metrics.fd = -1;
+	l->opened = true;
 	l->devices = info->devices;
 	l->flops_per_token = info->flops_per_token;
 	l->tokens_per_step = info->tokens_per_step;
@@ -20,25 +34,22 @@ int steplog_open(struct steplog *l, const struct steplog_info *info, const char 
 	l->total_steps = info->total_steps;
 	l->mode = info->quiet ? STEPLOG_QUIET
 		  : isatty(STDOUT_FILENO) ? STEPLOG_PROGRESS : STEPLOG_LINES;
-	if (metrics) {
-		l->metrics = fopen(metrics, append ? "a" : "w");
-		if (!l->metrics) {
-			snprintf(err, errlen, "meshrun: unable to open metrics file '%s': %s", metrics,
-				 strerror(errno));
-			return -EBADMSG;
-		}
-	}
+	int rc = metrics ? util_log_open(&l->metrics, "metrics", metrics, append, err, errlen) : 0;
+	if (rc)
+		return rc;
+	if (l->metrics.cut)
+		fprintf(stderr, "meshrun: metrics: '%s' ended in a partial line (its writer stopped "
+			"mid-line); cut it before appending\n", metrics);
 	if (l->mode == STEPLOG_QUIET)
 		return 0;
 	printf("sgemm peak: %.1f GFLOP/s per device (%d OpenBLAS threads, core %s); "
 	       "model: %.3g matmul FLOPs/token\n",
 	       l->peak_gflops, info->blas_threads, info->blas_core, l->flops_per_token);
-	fflush(stdout);
-	return 0;
+	return flush_stdout(err, errlen);
 }
 
-static void write_metrics(struct steplog *l, const struct step_report *r, double tok_s,
-			  double tflops, double mfu, long mem)
+static int write_metrics(struct steplog *l, const struct step_report *r, double tok_s,
+			 double tflops, double mfu, long mem, char *err, size_t errlen)
 {
 	cJSON *j = cJSON_CreateObject();
 	cJSON_AddNumberToObject(j, "step", (double)r->step);
@@ -55,6 +66,10 @@ static void write_metrics(struct steplog *l, const struct step_report *r, double
 	cJSON_AddNumberToObject(j, "dcn_bytes", (double)r->dcn_bytes);
 	cJSON_AddNumberToObject(j, "ici_bytes", (double)r->ici_bytes);
 	cJSON_AddNumberToObject(j, "peak_mem_mb", (double)mem);
+	cJSON_AddNumberToObject(j, "rss_mb", util_rss_mb());
+	cJSON_AddNumberToObject(j, "data_time_s", r->data_s);
+	if (r->data_epoch >= 0)
+		cJSON_AddNumberToObject(j, "data_epoch", (double)r->data_epoch);
 	cJSON_AddNumberToObject(j, "reconnects", (double)r->reconnects);
 	cJSON_AddNumberToObject(j, "frames_resent", (double)r->frames_resent);
 	if (r->weight_gathers)
@@ -63,11 +78,19 @@ static void write_metrics(struct steplog *l, const struct step_report *r, double
 	char buf[64];
 	snprintf(buf, sizeof(buf), "%a", r->loss);
 	cJSON_AddStringToObject(j, "loss_hex", buf);
+	if (r->eval_tokens > 0) {
+		cJSON_AddNumberToObject(j, "eval_loss", r->eval_loss);
+		cJSON_AddNumberToObject(j, "eval_tokens", (double)r->eval_tokens);
+		snprintf(buf, sizeof(buf), "%a", r->eval_loss);
+		cJSON_AddStringToObject(j, "eval_loss_hex", buf);
+	}
 	char *s = cJSON_PrintUnformatted(j);
-	fprintf(l->metrics, "%s\n", s);
-	fflush(l->metrics);
-	cJSON_free(s);
 	cJSON_Delete(j);
+	if (!s)
+		return util_file_err(err, errlen, "metrics", "write", l->metrics.path, ENOMEM);
+	int rc = util_log_line(&l->metrics, s, err, errlen);
+	cJSON_free(s);
+	return rc;
 }
 
 /* "step 12/100  loss 4.1306  52,310 tokens/s  ETA 0:42" over the last one */
@@ -83,23 +106,28 @@ static void progress_line(struct steplog *l, const struct step_report *r, double
 	l->line_open = left > 0;
 	if (!l->line_open)
 		putchar('\n');
-	fflush(stdout);
 }
 
-void steplog_step(struct steplog *l, const struct step_report *r)
+int steplog_step(struct steplog *l, const struct step_report *r, char *err, size_t errlen)
 {
 	double tok_s = l->tokens_per_step / r->seconds;
 	double tflops = tok_s * l->flops_per_token / l->devices * 1e-12;
 	double mfu = l->peak_gflops > 0 ? tflops * 1e3 / l->peak_gflops : 0;
 	long mem = util_peak_rss_mb();
 
-	if (l->mode != STEPLOG_LINES) {
-		if (l->mode == STEPLOG_PROGRESS)
-			progress_line(l, r, tok_s);
-		if (l->metrics)
-			write_metrics(l, r, tok_s, tflops, mfu, mem);
-		return;
+	int rc = 0;
+	if (l->mode == STEPLOG_PROGRESS) {
+		progress_line(l, r, tok_s);
+		if (r->eval_tokens > 0) {
+			char note[128];
+			snprintf(note, sizeof(note), "eval after step %" PRId64 ": eval_loss %.5f over %"
+				 PRId64 " tokens", r->step, r->eval_loss, r->eval_tokens);
+			steplog_note(l, note);
+		}
+		rc = flush_stdout(err, errlen);
 	}
+	if (l->mode != STEPLOG_LINES)
+		return !rc && l->metrics.fd >= 0 ? write_metrics(l, r, tok_s, tflops, mfu, mem, err, errlen) : rc;
 
 	printf("completed step: %" PRId64 ", seconds: %.3f, TFLOP/s/device: %.4f, "
 	       "Tokens/s/device: %.1f, MFU: %.1f%%, loss: %.5f",
@@ -112,20 +140,36 @@ void steplog_step(struct steplog *l, const struct step_report *r)
 	if (r->reconnects || r->frames_resent)
 		printf(", reconnects: %" PRIu64 ", frames_resent: %" PRIu64, r->reconnects,
 		       r->frames_resent);
+	if (r->eval_tokens > 0)
+		printf(", eval_loss: %.5f", r->eval_loss);
 	printf("\n");
-	fflush(stdout);
-	if (l->metrics)
-		write_metrics(l, r, tok_s, tflops, mfu, mem);
+	if ((rc = flush_stdout(err, errlen)))
+		return rc;
+	return l->metrics.fd >= 0 ? write_metrics(l, r, tok_s, tflops, mfu, mem, err, errlen) : 0;
 }
 
-void steplog_close(struct steplog *l)
+void steplog_note(struct steplog *l, const char *text)
 {
+	if (l->mode == STEPLOG_QUIET)
+		return;
+	if (l->line_open)
+		putchar('\n');
+	l->line_open = false;
+	printf("%s\n", text);
+	fflush(stdout);
+}
+
+int steplog_close(struct steplog *l, char *err, size_t errlen)
+{
+	int rc = 0;
+	if (!l->opened)
+		return 0;
+	l->opened = false;
 	if (l->line_open) {
 		putchar('\n');
-		fflush(stdout);
 		l->line_open = false;
+		rc = flush_stdout(err, errlen);
 	}
-	if (l->metrics)
-		fclose(l->metrics);
-	l->metrics = NULL;
+	int mrc = util_log_close(&l->metrics, rc ? NULL : err, rc ? 0 : errlen);
+	return rc ? rc : mrc;
 }

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "host/util/out.h"
+
 enum steplog_mode {
 	STEPLOG_LINES,            /* one line per logged step (not a terminal) */
 	STEPLOG_PROGRESS,         /* one updating line: stdout is a terminal */
@@ -16,7 +18,8 @@ enum steplog_mode {
 };
 
 struct steplog {
-	FILE *metrics;
+	bool opened;              /* steplog_open ran (a zeroed steplog is closed) */
+	struct util_log metrics;  /* fd -1: no --metrics */
 	enum steplog_mode mode;
 	int64_t total_steps;
 	double step_s_sum;        /* for the ETA: logged steps' time */
@@ -50,15 +53,32 @@ struct step_report {
 	int weight_gathers;       /* FSDP layer-group all-gathers (0: none, not shown) */
 	/* so far in the job: links resumed after breaking, frames resent */
 	uint64_t reconnects, frames_resent;
+	double data_s;            /* reading the logging device's rows */
+	int64_t data_epoch;       /* the epoch of the step's first row; -1: no epochs */
+	/* after an evaluation at this step: the held-out loss and its
+	 * unmasked targets (eval_tokens 0: no evaluation) */
+	double eval_loss;
+	int64_t eval_tokens;
 };
 
 /* Prints the header line; opens metrics (NULL: none), appending when
- * append. When stdout is a terminal the steps show as one updating line
+ * append (a partial last line a crash left is cut first, and said so on
+ * stderr). When stdout is a terminal the steps show as one updating line
  * (step/total, loss, tokens/s, ETA) instead of a line each; quiet prints
- * nothing. 0, or -EBADMSG when the metrics file cannot be opened. */
+ * nothing. 0, or -errno when the metrics file cannot be opened, with err
+ * naming it. */
 int steplog_open(struct steplog *l, const struct steplog_info *info, const char *metrics,
 		 bool append, char *err, size_t errlen);
-void steplog_step(struct steplog *l, const struct step_report *r);
-void steplog_close(struct steplog *l);
+/* Logs one step: the step log on stdout and a metrics line. Every write is
+ * checked: 0, or -errno with err naming the file ("metrics: unable to
+ * write 'm.jsonl': no space left on device"); the metrics file then keeps
+ * its complete lines only. */
+int steplog_step(struct steplog *l, const struct step_report *r, char *err, size_t errlen);
+/* Ends the progress line, syncs and closes the metrics file. 0 or -errno
+ * with err; closed either way. Safe on a log never opened or closed. */
+int steplog_close(struct steplog *l, char *err, size_t errlen);
+/* One line of news between steps ("data: epoch 1 begins ..."), printed
+ * on its own line unless quiet. */
+void steplog_note(struct steplog *l, const char *text);
 
 #endif

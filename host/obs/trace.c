@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "host/util/clock.h"
+#include "host/util/out.h"
 
 void trace_start(struct trace *t, bool on)
 {
@@ -79,17 +80,8 @@ int trace_write(const char *path, const struct trace_event *ev, const int *count
 		snprintf(err, errlen, "trace: out of memory");
 		return -ENOMEM;
 	}
-	FILE *f = fopen(path, "w");
-	int rc = 0;
-	if (!f) {
-		rc = -errno;
-	} else {
-		bool bad = fputs(text, f) < 0;
-		if (fclose(f) || bad)
-			rc = -EIO;
-	}
-	if (rc)
-		snprintf(err, errlen, "trace: unable to write '%s': %s", path, strerror(-rc));
+	/* whole or not at all: a failed write leaves no partial trace */
+	int rc = util_write_file("trace", path, text, strlen(text), err, errlen);
 	cJSON_free(text);
 	return rc;
 }

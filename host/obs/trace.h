@@ -33,7 +33,8 @@ void trace_start(struct trace *t, bool on);
  * t may be NULL (not tracing). */
 void trace_span(struct trace *t, const char *name, const char *cat, double t0, double t1);
 /* Writes the gathered events of every device: ev[d * TRACE_MAX_EVENTS ...],
- * counts[d], host_of[d]. 0 or -errno with err. */
+ * counts[d], host_of[d], to path whole or not at all (host/util/out.h).
+ * 0 or -errno with err naming the file. */
 int trace_write(const char *path, const struct trace_event *ev, const int *counts,
 		const int *host_of, int ndev, char *err, size_t errlen);
 

@@ -58,7 +58,7 @@ static int layer_bytes(struct layer_bytes *lb, const struct model_dims *d, const
 		struct plan_param pp;
 		memcpy(shape, p->global_shape, sizeof(shape));
 		shape[0] = m->size[AX_STAGE];
-		rc = plan_param(&pp, r, m, p->name, p->ndim, shape, p->axes, d->D, rows, err, errlen);
+		rc = plan_param(&pp, r, m, p->name, p->ndim, shape, p->axes, p->head_dim, rows, err, errlen);
 		if (rc)
 			return rc;
 		size_t st = sizeof(float), ga = sizeof(float);
@@ -173,7 +173,7 @@ static int print_weights(const struct pipe_config *pc, const struct layer_bytes 
 		p.wmode = (enum pipe_wmode)w;
 		int rc = pipe_schedule_circular(&sc, &p, err, sizeof(err));
 		if (rc) {
-			fprintf(stderr, "%s\n", err);
+			cli_error("schedule", "%s", err);
 			return rc;
 		}
 		pipe_schedule_stats(&sc, &st);
@@ -250,11 +250,6 @@ static int load(struct cfg *c, const char *path, char **kv, int nkv, struct mode
 	return pipe_config_resolve(pc, c, d, err, errlen);
 }
 
-static void usage(void)
-{
-	fprintf(stderr, "usage: meshrun schedule --config FILE [key=value ...]\n");
-}
-
 /* One microbatch's stage input [rows, T, C] as the rules shard it. */
 static int stage_input(const struct pipe_config *pc, const struct model_dims *d,
 		       const struct shard_rules *rules, const struct mesh *m, struct shard_spec *out,
@@ -279,15 +274,11 @@ int cmd_schedule(int argc, char **argv)
 		} else if (argv[i][0] != '-' && strchr(argv[i], '=')) {
 			argv[1 + nkv++] = argv[i]; /* overrides, applied after the file */
 		} else {
-			fprintf(stderr, "schedule: unknown argument '%s'\n", argv[i]);
-			usage();
-			return EXIT_USAGE;
+			return cli_usage_error("schedule", "unknown argument '%s'", argv[i]);
 		}
 	}
-	if (!path) {
-		usage();
-		return EXIT_USAGE;
-	}
+	if (!path)
+		return cli_usage_error("schedule", "--config FILE is needed");
 	struct cfg *c = malloc(sizeof(*c));
 	struct shard_rules *rules = malloc(sizeof(*rules));
 	struct pipe_schedule sc = { 0 };
@@ -297,7 +288,7 @@ int cmd_schedule(int argc, char **argv)
 	struct layer_bytes lb;
 	struct shard_spec in;
 	if (!c || !rules) {
-		fprintf(stderr, "schedule: out of memory\n");
+		cli_error("schedule", "out of memory");
 		rc = EXIT_FAIL;
 		goto out;
 	}
@@ -305,7 +296,7 @@ int cmd_schedule(int argc, char **argv)
 	    stage_input(&pc, &d, rules, &m, &in, err, sizeof(err)) ||
 	    layer_bytes(&lb, &d, rules, &m, err, sizeof(err)) ||
 	    pipe_schedule_circular(&sc, &pc.shape, err, sizeof(err))) {
-		fprintf(stderr, "%s\n", err);
+		cli_error("schedule", "%s", err);
 		goto out;
 	}
 	rc = EXIT_FAIL;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "host/bench/bench_matmul.h"
+#include "host/data/data.h"
 #include "host/util/clock.h"
 #include "kernels/kernels.h"
 
@@ -39,6 +40,17 @@ static void bytes(const struct train_loop *l, uint64_t *dcn, uint64_t *ici)
 		l->bytes(l->ctx, dcn, ici);
 }
 
+/* The leader's data lines: where the run begins, each new epoch. */
+static void data_news(const struct train_loop *l, int64_t step, bool first)
+{
+	char line[1024];
+	struct data_source *d = trainer_data(l->t);
+	if (first && data_describe(d, step, l->global_rows, line, sizeof(line)))
+		steplog_note(l->log, line);
+	if (data_epoch_note(d, step, l->global_rows, line, sizeof(line)))
+		steplog_note(l->log, line);
+}
+
 int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen)
 {
 	const struct cfg *c = trainer_cfg(l->t);
@@ -50,6 +62,8 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 	bytes(l, &dcn0, &ici0);
 	for (int64_t s = start; s < c->steps; s++) {
 		struct step_stats st;
+		if (l->leader)
+			data_news(l, s, s == start);
 		if (l->step_begin)
 			l->step_begin(l->ctx, s);
 		double w0 = comm_wait(l), t0 = util_now_s();
@@ -63,6 +77,13 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 			return -ERANGE;
 		}
 		bool last = s == c->steps - 1;
+		/* every device evaluates its rows of the held-out batches */
+		bool eval = c->eval_interval > 0 && (s + 1) % c->eval_interval == 0;
+		double ev_loss = NAN;
+		int64_t ev_tokens = 0;
+		if (eval && (rc = trainer_eval(l->t, l->global_rows, l->row0, l->comm, &ev_loss,
+					       &ev_tokens, err, errlen)))
+			return rc;
 		bool save = o->ckpt_dir &&
 			    ((c->checkpoint_period > 0 && (s + 1) % c->checkpoint_period == 0) || last);
 		/* every device takes part in gathering the whole tensors */
@@ -75,16 +96,21 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 		l->last_loss = st.loss;
 		uint64_t dcn, ici;
 		bytes(l, &dcn, &ici);
-		if (c->log_period > 0 && (s % c->log_period == 0 || last)) {
+		if ((c->log_period > 0 && (s % c->log_period == 0 || last)) || eval) {
+			struct data_pos pos;
+			data_position(trainer_data(l->t), s, l->global_rows, &pos);
 			struct step_report r = {
 				.step = s, .loss = st.loss, .aux = st.aux, .grad_norm = st.grad_norm,
 				.lr = st.lr, .seconds = t1 - t0, .dcn_bytes = dcn - dcn0,
 				.ici_bytes = ici - ici0, .comm_wait_s = waited,
-				.weight_gathers = st.weight_gathers,
+				.weight_gathers = st.weight_gathers, .data_s = st.t_data1 - st.t_data0,
+				.data_epoch = pos.epoch_rows ? pos.epoch : -1,
+				.eval_loss = ev_loss, .eval_tokens = ev_tokens,
 			};
 			if (l->recovery)
 				l->recovery(l->ctx, &r.reconnects, &r.frames_resent);
-			steplog_step(l->log, &r);
+			if ((rc = steplog_step(l->log, &r, err, errlen)))
+				return rc;
 		}
 		dcn0 = dcn;
 		ici0 = ici;

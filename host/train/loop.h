@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "host/ckpt/hf_load.h"
 #include "host/obs/steplog.h"
 #include "host/train/train.h"
 
@@ -20,6 +21,10 @@ struct train_opts {
 	const char *trace;        /* --trace FILE */
 	bool resume;              /* --resume */
 	bool quiet;               /* --quiet: no step log on stdout */
+	/* load_parameters_path opened for this host's devices (NULL: the
+	 * weights are initialised, or --resume loads the run's own
+	 * checkpoint); the command opens and closes it */
+	struct hf_src *weights;
 };
 
 struct train_loop {
@@ -43,13 +48,14 @@ struct train_loop {
 	double first_loss, last_loss;
 };
 
-/* Runs steps [start, steps). 0, or -errno with err: a failed step's or
- * checkpoint's, -ERANGE for a non-finite loss. */
+/* Runs steps [start, steps). 0, or -errno with err: a failed step's,
+ * checkpoint's or step log's (a metrics line that could not be written),
+ * -ERANGE for a non-finite loss. */
 int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen);
 
 /* Measures the sgemm peak, prints the step log's header and opens the
  * metrics file (appending on --resume) for a job of `devices` devices.
- * 0 or -EBADMSG (the metrics file) with err. */
+ * 0 or -errno (the metrics file or stdout) with err. */
 int train_log_open(struct steplog *log, const struct train_opts *o, struct trainer *t,
 		   int devices, char *err, size_t errlen);
 

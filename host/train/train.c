@@ -3,6 +3,7 @@
  * the parameters, except that a bucket whose state ZeRO-1 splits over
  * `data` keeps only this device's part of it. */
 #include "host/train/train.h"
+#include "host/train/check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -10,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/train/data.h"
+#include "host/data/data.h"
 #include "host/pipeline/pipe_config.h"
 #include "host/mesh/plan.h"
 #include "host/model/window.h"
@@ -33,8 +34,8 @@ struct seg {
 struct trainer {
 	struct cfg cfg;
 	struct model *model;
-	struct dataset *data;
-	int rows;
+	struct data_source *data, *eval;    /* training and held-out data, or NULL */
+	int rows, global_rows;
 	const struct mesh *mesh;     /* NULL on one device */
 	int device, coord[AX_COUNT];
 	int ndata, rdata;            /* ZeRO-1: data ranks and this one */
@@ -54,7 +55,8 @@ struct trainer {
 };
 
 struct model *trainer_model(struct trainer *t) { return t->model; }
-struct dataset *trainer_data(struct trainer *t) { return t->data; }
+struct data_source *trainer_data(struct trainer *t) { return t->data; }
+struct data_source *trainer_eval_data(struct trainer *t) { return t->eval; }
 int trainer_rows(const struct trainer *t) { return t->rows; }
 const struct cfg *trainer_cfg(const struct trainer *t) { return &t->cfg; }
 struct pipe_exec *trainer_pipe(struct trainer *t) { return t->px; }
@@ -121,41 +123,6 @@ static int lay_out_state(struct trainer *t, char *err, size_t errlen)
 	return 0;
 }
 
-int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
-{
-	snprintf(err, errlen, "config: opt_type=muon cannot split its state over data "
-		 "(shard_optimizer_over_data cuts '%s' into flat shards, Muon needs "
-		 "whole matrices); use opt_type=adamw with it", tensor);
-	return -EINVAL;
-}
-
-/* What a pipeline over `stage` trains with today: data (ZeRO-1 too),
- * tensor, tensor_transpose, expert and FSDP (any repeats, any of the
- * three weight modes) beside it; dense and MoE models, with decoder
- * layers outside the pipeline. Anything else is refused, naming its
- * keys. */
-static int pipe_supported(const struct cfg *c, const struct pipe_config *pc, int rows, char *err,
-			  size_t errlen)
-{
-	static const int other[] = { AX_SEQUENCE, AX_CONTEXT };
-	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
-		int a = other[i];
-		if (c->ici[a] * c->dcn[a] == 1)
-			continue;
-		snprintf(err, errlen, "config: pipeline parallelism (stage) trains beside data, fsdp, "
-			 "fsdp_transpose, tensor, tensor_transpose and expert parallelism only; "
-			 "ici_/dcn_%s_parallelism=%d is not supported with it yet",
-			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
-		return -EINVAL;
-	}
-	if (rows % pc->shape.microbatches) {
-		snprintf(err, errlen, "config: a stage group's %d rows do not split into "
-			 "num_pipeline_microbatches=%d microbatches", rows, pc->shape.microbatches);
-		return -EINVAL;
-	}
-	return 0;
-}
-
 /* The model for one microbatch of rows and the executor of this stage. */
 static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_dims *d,
 		     const struct model_mesh *mm, char *err, size_t errlen)
@@ -163,14 +130,13 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 	struct pipe_config pc;
 	int coord[AX_COUNT], S, rc, dev[MESH_MAX_DEVICES];
 	if ((rc = pipe_config_resolve(&pc, c, d, err, errlen)) ||
-	    (rc = pipe_supported(c, &pc, t->rows, err, errlen)))
+	    (rc = train_check_pipe(c, &pc, t->rows, err, errlen)))
 		return rc;
 	int mb = t->rows / pc.shape.microbatches;
 	struct model_mesh pm = *mm;
 	pipe_config_model_mesh(&pc, &pm);
-	t->model = model_new(d, mb, &pm, err, errlen);
-	if (!t->model)
-		return -EINVAL;
+	if ((rc = model_open(&t->model, d, mb, &pm, err, errlen)))
+		return rc;
 	mesh_coords(t->mesh, t->device, coord);
 	S = t->mesh->size[AX_STAGE];
 	int stage = coord[AX_STAGE];
@@ -181,24 +147,42 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 	return pipe_exec_new(&t->px, &pc.shape, stage, pc.first_layer, dev, t->model, mb, err, errlen);
 }
 
-int trainer_open(struct trainer **out, const struct cfg *c, int rows, const struct model_mesh *mm,
-		 char *err, size_t errlen)
+/* The data a trainer reads: training data unless eval_only, held-out
+ * data when it evaluates. */
+static int open_data(struct trainer *t, const struct cfg *c, bool eval_only, char *err, size_t errlen)
+{
+	char why[1024];
+	int rc = 0;
+	bool held = c->eval_dataset_path[0] || c->eval_split_fraction > 0;
+	if (!eval_only && c->eval_interval > 0 && !held && strcmp(c->dataset_type, "synthetic")) {
+		snprintf(err, errlen, "config: key 'eval_interval' needs held-out data: set "
+			 "'eval_dataset_path' or 'eval_split_fraction'");
+		return -EINVAL;
+	}
+	if (!eval_only)
+		rc = data_open(&t->data, c, DATA_TRAIN, t->global_rows, why, sizeof(why));
+	if (!rc && (eval_only || c->eval_interval > 0) &&
+	    !(rc = data_open(&t->eval, c, DATA_EVAL, t->global_rows, why, sizeof(why))))
+		rc = (int)data_eval_batches(t->eval, t->global_rows, c->eval_steps, why, sizeof(why));
+	if (rc < 0) {
+		snprintf(err, errlen, "%s", why);
+		return rc;
+	}
+	return 0;
+}
+
+static int trainer_open_what(struct trainer **out, const struct cfg *c, int rows,
+			     const struct model_mesh *mm, bool eval_only, char *err, size_t errlen)
 {
 	struct model_dims d;
 	struct trainer *t;
 	int rc;
 
 	*out = NULL;
-	if ((rc = model_dims_from_cfg(&d, c, err, errlen)))
+	if ((rc = train_check_keys(c, &d, err, errlen)))
 		return rc;
-	if (strcmp(c->opt_type, "adamw") && strcmp(c->opt_type, "muon")) {
-		snprintf(err, errlen, "config: key 'opt_type' must be adamw or muon, got '%s'", c->opt_type);
-		return -EINVAL;
-	}
-	if (c->steps < 0) {
-		snprintf(err, errlen, "config: key 'steps' must be >= 0, got %lld", c->steps);
-		return -EINVAL;
-	}
+	size_t asked = sizeof(*t);
+	const char *what = "the trainer";
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		goto oom;
@@ -220,24 +204,27 @@ int trainer_open(struct trainer **out, const struct cfg *c, int rows, const stru
 		}
 		mm = &mmz;
 	}
-	/* the data's keys, files and their contents are the run's input */
-	t->data = data_open(c, err, errlen);
-	if (!t->data) {
-		rc = -EBADMSG;
+	/* the global batch is per_device_batch_size x every device (as in
+	 * MaxText); the data must hold one */
+	t->global_rows = (int)c->per_device_batch_size * (mm ? mm->mesh->num_devices : 1);
+	if ((rc = open_data(t, c, eval_only, err, errlen)))
 		goto fail;
-	}
 	/* the model refuses shapes and shardings it cannot make */
 	if (t->mesh && t->mesh->size[AX_STAGE] > 1) {
 		if ((rc = pipe_open(t, c, &d, mm, err, errlen)))
 			goto fail;
-	} else if (!(t->model = model_new(&d, rows, mm, err, errlen))) {
-		rc = -EINVAL;
+	} else if ((rc = model_open(&t->model, &d, rows, mm, err, errlen))) {
 		goto fail;
 	}
-	model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
+	/* weights from a checkpoint replace every element: no init to pay for */
+	if (!c->load_parameters_path[0])
+		model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
 	rc = lay_out_state(t, err, errlen);
-	if (rc == -ENOMEM)
+	if (rc == -ENOMEM) {
+		asked = sizeof(float) * t->opt_n * (t->gshard || t->ndata > 1 ? 3 : 2);
+		what = "the optimizer state";
 		goto oom;
+	}
 	if (rc)
 		goto fail;
 	size_t big = 0;
@@ -253,16 +240,31 @@ int trainer_open(struct trainer **out, const struct cfg *c, int rows, const stru
 	t->scratch = malloc(sizeof(float) * (big ? big : 1));
 	t->inputs = malloc(sizeof(int32_t) * (size_t)rows * d.T);
 	t->targets = malloc(sizeof(int32_t) * (size_t)rows * d.T);
-	if (!t->scratch || !t->inputs || !t->targets)
+	if (!t->scratch || !t->inputs || !t->targets) {
+		asked = sizeof(float) * (big ? big : 1) + 2 * sizeof(int32_t) * (size_t)rows * d.T;
+		what = "Muon's scratch and the batch";
 		goto oom;
+	}
 	*out = t;
 	return 0;
 oom:
-	snprintf(err, errlen, "train: out of memory");
+	snprintf(err, errlen, "train: out of memory: %zu bytes for %s", asked, what);
 	rc = -ENOMEM;
 fail:
 	trainer_free(t);
 	return rc;
+}
+
+int trainer_open(struct trainer **t, const struct cfg *c, int rows, const struct model_mesh *mm,
+		 char *err, size_t errlen)
+{
+	return trainer_open_what(t, c, rows, mm, false, err, errlen);
+}
+
+int trainer_open_eval(struct trainer **t, const struct cfg *c, int rows,
+		      const struct model_mesh *mm, char *err, size_t errlen)
+{
+	return trainer_open_what(t, c, rows, mm, true, err, errlen);
 }
 
 struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_mesh *mm,
@@ -278,8 +280,8 @@ void trainer_free(struct trainer *t)
 		return;
 	pipe_exec_free(t->px);
 	model_free(t->model);
-	if (t->data)
-		data_close(t->data);
+	data_close(t->data);
+	data_close(t->eval);
 	free(t->m);
 	free(t->v);
 	free(t->scratch);
@@ -435,6 +437,21 @@ static int pipe_step(struct trainer *t, const struct train_comm *comm, struct mo
 	return rc;
 }
 
+/* The unmasked targets of the global batch, at least 1: this device's
+ * rows' (in t->targets), summed over the axes that split the rows, so
+ * rows shared by devices (tensor, stage) count once. */
+static int count_targets(struct trainer *t, const struct train_comm *comm, double *n)
+{
+	size_t len = (size_t)t->rows * model_dims(t->model)->T;
+	uint32_t axes = model_rows_axes(t->model);
+	double k = 0;
+	for (size_t i = 0; i < len; i++)
+		k += t->targets[i] >= 0;
+	int rc = comm && axes ? comm->sum(comm->mc.ctx, axes, &k, 1) : 0;
+	*n = k > 1 ? k : 1;
+	return rc;
+}
+
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		 const struct train_comm *comm, struct step_stats *st, char *err, size_t errlen)
 {
@@ -448,10 +465,18 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	void *ctx = comm ? comm->mc.ctx : NULL;
 	int rc = 0;
 
-	data_batch(t->data, step, global_rows, row0, t->rows, t->inputs, t->targets);
+	st->t_data0 = util_now_s();
+	rc = data_batch(t->data, step, global_rows, row0, t->rows, t->inputs, t->targets, err, errlen);
+	st->t_data1 = util_now_s();
+	if (rc)
+		return rc;
+	/* the loss is the mean over the targets that count */
+	double denom = global_tokens;
+	if (data_masks(t->data) && (rc = count_targets(t, comm, &denom)))
+		goto comm_failed;
 	memset(G, 0, n * sizeof(float));
 	struct model_step ms = {
-		.loss_scale = (float)(1.0 / global_tokens),
+		.loss_scale = (float)(1.0 / denom),
 		.lb_weight = (float)c->load_balance_loss_weight,
 		.global_tokens = global_tokens,
 		.comm = comm ? &comm->mc : NULL,
@@ -527,7 +552,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 			goto comm_failed;
 	}
 
-	st->loss = scal[0] / global_tokens;
+	st->loss = scal[0] / denom;
 	st->aux = scal[1];
 	st->grad_norm = norm;
 	st->lr = lr;
@@ -536,6 +561,62 @@ comm_failed:
 	if (comm && comm->err != err)
 		snprintf(err, errlen, "%s", comm->err);
 	return rc;
+}
+
+int trainer_eval(struct trainer *t, int global_rows, int row0, const struct train_comm *comm,
+		 double *loss, int64_t *tokens, char *err, size_t errlen)
+{
+	struct model *m = t->model;
+	const int T = model_dims(m)->T;
+	const uint32_t rows = model_rows_axes(m), stage = t->px ? 1u << AX_STAGE : 0;
+	int64_t nb = data_eval_batches(t->eval, global_rows, t->cfg.eval_steps, err, errlen);
+	double sum = 0, count = 0;
+	int rc = 0;
+	if (nb < 0)
+		return (int)nb;
+	for (int64_t b = 0; b < nb; b++) {
+		if ((rc = data_batch(t->eval, b, global_rows, row0, t->rows, t->inputs, t->targets, err,
+				     errlen)))
+			return rc;
+		for (size_t i = 0; i < (size_t)t->rows * T; i++)
+			count += t->targets[i] >= 0;
+		struct model_step ms = {
+			.loss_scale = (float)(1.0 / ((double)global_rows * T)),
+			.lb_weight = (float)t->cfg.load_balance_loss_weight,
+			.global_tokens = (double)global_rows * T,
+			.comm = comm ? &comm->mc : NULL,
+		};
+		/* the executor has no forward-only table: its gradients are
+		 * dropped (the next step zeroes them) */
+		rc = t->px ? pipe_exec_step(t->px, t->inputs, t->targets, &ms, &comm->p2p)
+			   : model_forward(m, t->inputs, t->targets, &ms);
+		if (rc)
+			goto comm_failed;
+		sum += ms.loss_sum;
+	}
+	/* each device's loss covers its rows (a stage its microbatches); rows
+	 * shared by devices count once */
+	if (comm && (((rows | stage) && (rc = comm->sum(comm->mc.ctx, rows | stage, &sum, 1))) ||
+		     (rows && (rc = comm->sum(comm->mc.ctx, rows, &count, 1)))))
+		goto comm_failed;
+	*loss = count > 0 ? sum / count : NAN;
+	*tokens = (int64_t)count;
+	return 0;
+comm_failed:
+	if (comm && comm->err != err)
+		snprintf(err, errlen, "%s", comm->err);
+	else if (!comm && !err[0])
+		snprintf(err, errlen, "eval: forward failed");
+	return rc;
+}
+
+int trainer_seek_data(struct trainer *t, int64_t step, int64_t sample, int64_t epoch_rows,
+		      char *err, size_t errlen)
+{
+	if (sample < 0 || !t->data)
+		return 0;
+	struct data_pos p = { .sample = sample, .epoch_rows = epoch_rows };
+	return data_seek(t->data, step, &p, err, errlen);
 }
 
 /* ---- checkpoints: whole tensors ---- */
@@ -552,6 +633,13 @@ void trainer_ckpt_state(struct trainer *t, struct ckpt_state *s, int64_t next_st
 	s->v = trainer_ckpt_v(t);
 	s->numel = model_numel(s->model);
 	s->next_step = next_step;
+	s->data_sample = s->data_epoch_rows = -1;
+	if (t->data) {
+		struct data_pos p;
+		data_position(t->data, next_step, t->global_rows, &p);
+		s->data_sample = p.sample;
+		s->data_epoch_rows = p.epoch_rows;
+	}
 }
 
 int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen)
@@ -566,8 +654,10 @@ int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *e
 	struct ckpt_state s;
 	trainer_ckpt_state(t, &s, 0);
 	int rc = ckpt_load(&s, dir, next_step != NULL, err, errlen);
-	if (!rc && next_step)
+	if (!rc && next_step) {
 		*next_step = s.next_step;
+		rc = trainer_seek_data(t, s.next_step, s.data_sample, s.data_epoch_rows, err, errlen);
+	}
 	return rc;
 }
 
@@ -578,15 +668,16 @@ int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen)
 		return 0;
 	struct model_dims d = *model_dims(t->model);
 	d.T = 1;
-	t->gmodel = model_new(&d, 1, NULL, err, errlen);
-	if (!t->gmodel)
-		return -ENOMEM;
+	int rc = model_open(&t->gmodel, &d, 1, NULL, err, errlen);
+	if (rc)
+		return rc;
 	size_t n = model_numel(t->gmodel);
 	t->gp = calloc(n, sizeof(float));
 	t->gm = calloc(n, sizeof(float));
 	t->gv = calloc(n, sizeof(float));
 	if (!t->gp || !t->gm || !t->gv) {
-		snprintf(err, errlen, "train: out of memory");
+		snprintf(err, errlen, "train: out of memory: %zu bytes for the whole model's parameters and "
+			 "optimizer state (checkpoints)", 3 * n * sizeof(float));
 		return -ENOMEM;
 	}
 	return 0;
@@ -666,7 +757,8 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 	if (!loc || !recv) {
 		free(loc);
 		free(recv);
-		snprintf(err, errlen, "train: out of memory");
+		snprintf(err, errlen, "train: out of memory: %zu bytes to gather a checkpoint",
+			 sizeof(float) * (n + big));
 		return -ENOMEM;
 	}
 	const float *src[3] = { model_params(m), t->m, t->v };

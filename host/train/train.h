@@ -24,6 +24,7 @@ struct step_stats {
 	double lr;
 	int weight_gathers; /* FSDP all-gathers of layer groups this step */
 	/* util_now_s() times, for traces */
+	double t_data0, t_data1; /* reading this device's rows */
 	double t_fb0, t_fb1;    /* forward and backward */
 	double t_opt0, t_opt1;  /* clipping and optimizer update */
 };
@@ -40,15 +41,18 @@ struct train_comm {
 	size_t errlen;
 };
 
-/* ZeRO-1 (shard_optimizer_over_data) and Muon cannot share a tensor: the
- * error for tensor, in err; returns -EINVAL. */
-int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen);
 /* rows = sequences this device computes per step; mm places it in a mesh
- * (NULL: one device). 0 and *t, or with err: -EINVAL for impossible
- * shapes, combinations and shardings; -EBADMSG when the data cannot be
- * opened (its keys, its file); -ENOMEM. */
+ * (NULL: one device). Opens the training data and, with eval_interval >
+ * 0, the held-out data (host/data/data.h). 0 and *t, or with err:
+ * -EINVAL for impossible shapes, combinations, shardings and data keys
+ * (train_check, host/train/check.h, finds them all before);
+ * -EBADMSG when the data is bad (its files); -ENOMEM when the model's buffers cannot be had. */
 int trainer_open(struct trainer **t, const struct cfg *c, int rows, const struct model_mesh *mm,
 		 char *err, size_t errlen);
+/* trainer_open for `meshrun eval`: the held-out data only (no training
+ * data is opened; trainer_step must not be called). */
+int trainer_open_eval(struct trainer **t, const struct cfg *c, int rows,
+		      const struct model_mesh *mm, char *err, size_t errlen);
 /* trainer_open for callers that need no error class: NULL on failure. */
 struct trainer *trainer_new(const struct cfg *c, int rows, const struct model_mesh *mm,
 			    char *err, size_t errlen);
@@ -57,10 +61,20 @@ struct model *trainer_model(struct trainer *t);
 int trainer_rows(const struct trainer *t);
 
 /* One optimizer step (0-based) over rows [row0, row0 + rows) of a global
- * batch of global_rows sequences; comm is NULL on one device. 0, or the
- * first failing collective's -errno with err. */
+ * batch of global_rows sequences; comm is NULL on one device. When the
+ * data masks targets (documents respected), the loss is the mean over
+ * the global batch's unmasked targets. 0, or with err the data's
+ * -errno (a bad row) or the first failing collective's. */
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		 const struct train_comm *comm, struct step_stats *st, char *err, size_t errlen);
+
+/* One evaluation: data_eval_batches batches of the held-out data, this
+ * device computing rows [row0, row0 + rows) of each (collective over
+ * every device, like a step; a pipeline runs its forward and backward
+ * and drops the gradients). *loss = the mean cross-entropy over every
+ * unmasked target, *tokens their number. 0 or -errno with err. */
+int trainer_eval(struct trainer *t, int global_rows, int row0, const struct train_comm *comm,
+		 double *loss, int64_t *tokens, char *err, size_t errlen);
 
 /* Checkpoints (host/ckpt/ckpt.h) hold whole tensors. trainer_ckpt_state
  * fills a view of them: in a mesh the whole-model buffers that
@@ -73,7 +87,8 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 int trainer_ckpt_scatter(struct trainer *t, char *err, size_t errlen);
 void trainer_ckpt_state(struct trainer *t, struct ckpt_state *s, int64_t next_step);
 /* ckpt_save / ckpt_load of trainer_ckpt_state; on load, *next_step (may be
- * NULL: parameters only) is the step to run next. */
+ * NULL: parameters only) is the step to run next, and the training data
+ * continues from the checkpoint's data position (trainer_seek_data). */
 int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen);
 int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen);
 /* the optimizer buffers of trainer_ckpt_state (tests compare them) */
@@ -83,6 +98,14 @@ float *trainer_ckpt_v(struct trainer *t);
 const struct cfg *trainer_cfg(const struct trainer *t);
 /* The pipeline executor when the mesh has stages, else NULL. */
 struct pipe_exec *trainer_pipe(struct trainer *t);
-struct dataset *trainer_data(struct trainer *t);
+/* The training and held-out data (NULL when not opened). */
+struct data_source *trainer_data(struct trainer *t);
+struct data_source *trainer_eval_data(struct trainer *t);
+/* Step `step`'s batch begins at global row `sample` of the training data
+ * (a checkpoint's data position, whose epochs held epoch_rows rows; -1:
+ * a checkpoint from before data positions, nothing to do). 0 or -EBADMSG
+ * with err (another corpus). */
+int trainer_seek_data(struct trainer *t, int64_t step, int64_t sample, int64_t epoch_rows,
+		      char *err, size_t errlen);
 
 #endif

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "host/mesh/plan.h"
+#include "host/train/check.h"
 #include "host/train/loop.h"
 #include "host/mesh/shard.h"
 #include "host/obs/trace.h"
@@ -323,40 +324,23 @@ static int job_p2p_flush(void *vctx)
 	return rc;
 }
 
-/* Sharded training runs every axis but these; they are refused until
- * something stands behind them. */
-static int check_mesh(const struct cfg *c, char *err, size_t errlen)
-{
-	static const int later[] = { AX_SEQUENCE, AX_CONTEXT };
-	for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
-		int a = later[i];
-		if (c->ici[a] * c->dcn[a] == 1)
-			continue;
-		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
-			 "along it is not implemented yet; today data, stage, fsdp, fsdp_transpose, "
-			 "tensor, tensor_transpose and expert parallelism train",
-			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
-		return -EINVAL;
-	}
-	return 0;
-}
-
-/* Resume: device 0 loaded the checkpoint (whole tensors); every device
- * takes it, then its own shards. */
+/* Resume: device 0 loaded the checkpoint (whole tensors, the step and
+ * the data position); every device takes it, then its own shards. */
 static int broadcast_state(struct trainer *t, struct job_ctx *jc, const struct coll_group *all,
 			   int64_t *start, char *err, size_t errlen)
 {
 	struct ckpt_state cs;
 	trainer_ckpt_state(t, &cs, *start);
 	size_t n = cs.numel;
-	int64_t s = *start;
+	int64_t s[3] = { *start, cs.data_sample, cs.data_epoch_rows };
 	if (coll_broadcast(jc->coll, all, cs.params, n * sizeof(float), 0, err, errlen) ||
 	    coll_broadcast(jc->coll, all, cs.m, n * sizeof(float), 0, err, errlen) ||
 	    coll_broadcast(jc->coll, all, cs.v, n * sizeof(float), 0, err, errlen) ||
-	    coll_broadcast(jc->coll, all, &s, sizeof(s), 0, err, errlen))
+	    coll_broadcast(jc->coll, all, s, sizeof(s), 0, err, errlen))
 		return -EHOSTDOWN;
-	*start = s;
-	return trainer_ckpt_scatter(t, err, errlen);
+	*start = s[0];
+	int rc = trainer_seek_data(t, s[0], s[1], s[2], err, errlen);
+	return rc ? rc : trainer_ckpt_scatter(t, err, errlen);
 }
 
 /* Gathers every device's spans to device 0, which writes the file. */
@@ -379,9 +363,9 @@ static int write_trace(struct device_ctx *dev, struct job_ctx *rc, const struct 
 	}
 	for (int i = 0; i < n; i++)
 		host_of[i] = mesh_host_of(dev->mesh, all->devs[i]);
-	/* a trace file that cannot be written is a plain failure */
-	if (leader && trace_write(path, ev, counts, host_of, n, err, errlen))
-		ret = -EIO;
+	/* a trace file that cannot be written fails the job with its errno */
+	if (leader)
+		ret = trace_write(path, ev, counts, host_of, n, err, errlen);
 out:
 	free(counts);
 	free(host_of);
@@ -467,6 +451,24 @@ static void print_finished(const struct device_ctx *dev, const struct train_loop
 	fflush(stdout);
 }
 
+/* load_parameters_path: this device's shards of the weights (the host's
+ * devices one at a time, each block read once per host); host's first
+ * device says what the host read. Every device of the host gets here
+ * (train_job's exit calls hf_src_done for one that failed before). */
+static int load_weights(struct device_ctx *dev, struct hf_src *src, struct trainer *t, char *err,
+			size_t errlen)
+{
+	struct model *m = trainer_model(t);
+	int rc = hf_src_done(src, hf_src_load(src, m, model_params(m), err, errlen), err, errlen);
+	if (!rc && dev->local_index == 0) {
+		char line[1024];
+		hf_src_summary(src, line, sizeof(line));
+		printf("meshrun: host %d: %s\n", dev->host_id, line);
+		fflush(stdout);
+	}
+	return rc;
+}
+
 /* Resume: device 0 loads the checkpoint, every device takes it. */
 static int resume(struct trainer *t, struct job_ctx *jc, const struct coll_group *all, bool leader,
 		  const char *dir, int64_t *start, char *err, size_t errlen)
@@ -493,21 +495,22 @@ int train_job(struct device_ctx *dev)
 	struct steplog log = { 0 };
 	int ret = 0;
 	int64_t start = 0;
-	bool leader = dev->device_id == 0;
+	bool leader = dev->device_id == 0, loaded = false;
 	uint32_t rows = 0;
 
-	if ((ret = check_mesh(c, err, errlen)))
-		return ret;
+	/* everything the trainer would refuse, before anything is made */
 	struct fault_plan faults;
-	if ((ret = agent_faults(c, dev->mesh->num_hosts, &faults, err, errlen)))
-		return ret;
+	if ((ret = train_check(c, dev->mesh, err, errlen)) ||
+	    (ret = agent_faults(c, dev->mesh->num_hosts, &faults, err, errlen)))
+		goto out;
 	if (dev->local_index == 0)
 		jc.faults = &faults;
 	jc.host = dev->host_id;
 	rules = malloc(sizeof(*rules));
 	if (!rules) {
 		snprintf(err, errlen, "train: out of memory");
-		return -ENOMEM;
+		ret = -ENOMEM;
+		goto out;
 	}
 	struct model_mesh mm = { .mesh = dev->mesh, .rules = rules, .device = dev->device_id };
 	if (shard_rules_from_cfg(rules, c, err, errlen) ||
@@ -534,6 +537,12 @@ int train_job(struct device_ctx *dev)
 	int B = global_rows / rg->n, row0 = rg->rank * B;
 	if ((ret = trainer_open(&t, c, B, &mm, err, errlen)))
 		goto out;
+	if (o->weights) {
+		ret = load_weights(dev, o->weights, t, err, errlen);
+		loaded = true;
+		if (ret)
+			goto out;
+	}
 	jc.t = t;
 	/* test hook: an idle pipeline slot that read its buffers would see NaN */
 	if (trainer_pipe(t) && getenv("MESHRUN_TEST_PIPE_POISON"))
@@ -578,14 +587,23 @@ int train_job(struct device_ctx *dev)
 		goto out;
 	if (leader && c->steps > start)
 		print_finished(dev, &loop, start, util_now_s() - run_t0);
+	/* the metrics file is synced and closed while every host is still in
+	 * the job, so a failure there fails it everywhere */
+	if (leader && (ret = steplog_close(&log, err, errlen)))
+		goto out;
 	if (jc.tr && (ret = write_trace(dev, &jc, &all, o->trace, err, errlen)))
 		goto out;
 	/* nobody leaves before the checkpoint is written */
 	if (coll_barrier(jc.coll, &all, err, errlen))
 		ret = -EHOSTDOWN;
 out:
+	if (o->weights && !loaded)  /* the host's other devices wait for this one */
+		hf_src_done(o->weights, ret ? ret : -ECANCELED, err, errlen);
+	/* before the collectives go: the siblings would fail on them first */
+	if (ret)
+		agent_job_failed(dev, ret);
 	if (leader)
-		steplog_close(&log);
+		steplog_close(&log, NULL, 0);
 	trainer_free(t);
 	if (jc.coll)
 		coll_dev_free(jc.coll);

@@ -1,8 +1,10 @@
 /* See host/util/clock.h. */
 #include "host/util/clock.h"
 
+#include <stdio.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 double util_now_s(void)
 {
@@ -32,4 +34,17 @@ long util_peak_rss_mb(void)
 	struct rusage ru;
 	getrusage(RUSAGE_SELF, &ru);
 	return ru.ru_maxrss / 1024;
+}
+
+double util_rss_mb(void)
+{
+	/* statm: size resident shared ... in pages */
+	long pages = 0, resident = -1;
+	FILE *f = fopen("/proc/self/statm", "r");
+	if (!f)
+		return -1;
+	if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
+		resident = -1;
+	fclose(f);
+	return resident < 0 ? -1 : (double)resident * (double)sysconf(_SC_PAGESIZE) / (1024.0 * 1024.0);
 }

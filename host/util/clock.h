@@ -1,5 +1,5 @@
 /* The one monotonic clock of host/, and what this process has used: CPU
- * time and peak resident memory. */
+ * time and resident memory (peak and now). */
 #ifndef MESHRUN_CLOCK_H
 #define MESHRUN_CLOCK_H
 
@@ -14,5 +14,8 @@ double util_cpu_us(void);
 
 /* Peak resident set size of this process, MiB. */
 long util_peak_rss_mb(void);
+/* Resident set size of this process now (/proc/self/statm), MiB; -1
+ * when it cannot be read. */
+double util_rss_mb(void);
 
 #endif

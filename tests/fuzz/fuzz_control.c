@@ -143,7 +143,10 @@ static void hello_stage(const struct wire_self *s, unsigned st, const Meshrun__F
 	enum link_role role = CTL_ROLE(st);
 	int rc = wire_check_hello_stage(role, f->body_case, err, sizeof(err));
 	checked(rc, -EBADMSG, 0, err, "before the hello");
-	if (rc || f->body_case == MESHRUN__FRAME__BODY_REFUSE)
+	/* a Refuse or (to an agent, the coordinator's deadline) an Abort
+	 * carries only text and a class, which recv.c prints sanitized */
+	if (rc || f->body_case == MESHRUN__FRAME__BODY_REFUSE ||
+	    f->body_case == MESHRUN__FRAME__BODY_ABORT)
 		return;
 	switch (role) {
 	case ROLE_COORD_IN:

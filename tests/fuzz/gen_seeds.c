@@ -463,10 +463,10 @@ static void safetensors(void)
 	for (int i = 0; i < 3; i++)
 		b[i] = (float)i;
 	struct st_tensor t[] = {
-		{ "layers.0.weight", 2, { 4, 3 }, w },
-		{ "layers.0.bias", 1, { 3 }, b },
-		{ "scale", 0, { 0 }, &s },
-		{ "empty", 2, { 0, 5 }, NULL },
+		{ "layers.0.weight", 2, { 4, 3 }, w, ST_F32 },
+		{ "layers.0.bias", 1, { 3 }, b, ST_F32 },
+		{ "scale", 0, { 0 }, &s, ST_F32 },
+		{ "empty", 2, { 0, 5 }, NULL, ST_F32 },
 	};
 	static const char *const meta[] = { "format", "pt", "step", "10", NULL };
 	snprintf(path, sizeof(path), "%s/tmp.safetensors", outdir);
@@ -501,6 +501,47 @@ static void safetensors(void)
 	add(&o, f2, sizeof(f2));
 	put("safetensors", "bf16-and-f32", o.p, o.n);
 	free(o.p);
+
+	/* F16 with a subnormal, infinity and NaN, and a dtype that does not
+	 * load (F8_E4M3: opens, refused when read) */
+	static const char hdr16[] =
+		"{\"h\":{\"dtype\":\"F16\",\"shape\":[5],\"data_offsets\":[0,10]},"
+		"\"q\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[10,12]}}";
+	struct buf o2 = { 0 };
+	hl = (sizeof(hdr16) - 1 + 7) / 8 * 8;
+	for (int i = 0; i < 8; i++)
+		len8[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+	add(&o2, len8, 8);
+	add(&o2, hdr16, sizeof(hdr16) - 1);
+	for (size_t i = sizeof(hdr16) - 1; i < hl; i++)
+		add(&o2, " ", 1);
+	static const uint16_t h16[5] = { 0x3c00, 0x0001, 0x7c00, 0x7e00, 0xc500 };
+	add(&o2, h16, sizeof(h16));
+	add(&o2, "\x38\xb8", 2);
+	put("safetensors", "f16-and-fp8", o2.p, o2.n);
+	free(o2.p);
+
+	/* indexes (fuzz_safetensors.c's "HFINDEX\n" inputs) beside its two
+	 * shards: right, and wrong in each way the loader refuses */
+	static const char *const idx[][2] = {
+		{ "index-ok", "{\"metadata\":{\"total_size\":40},\"weight_map\":{\"a\":\"s1.safetensors\","
+			      "\"b\":\"s1.safetensors\",\"c\":\"s2.safetensors\"}}" },
+		{ "index-wrong-shard", "{\"weight_map\":{\"a\":\"s2.safetensors\",\"b\":\"s1.safetensors\","
+				       "\"c\":\"s2.safetensors\"}}" },
+		{ "index-missing", "{\"weight_map\":{\"a\":\"s1.safetensors\",\"b\":\"s1.safetensors\","
+				   "\"c\":\"s2.safetensors\",\"d\":\"s2.safetensors\"}}" },
+		{ "index-outside", "{\"weight_map\":{\"a\":\"../s1.safetensors\"}}" },
+		{ "index-fp8", "{\"weight_map\":{\"a\":\"s1.safetensors\",\"a_scale\":\"s1.safetensors\","
+			       "\"w.weight_scale_inv\":\"s3.safetensors\"}}" },
+		{ "index-no-map", "{\"metadata\":{}}" },
+	};
+	for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++) {
+		struct buf o3 = { 0 };
+		add(&o3, "HFINDEX\n", 8);
+		add(&o3, idx[i][1], strlen(idx[i][1]));
+		put("safetensors", idx[i][0], o3.p, o3.n);
+		free(o3.p);
+	}
 }
 
 int main(int argc, char **argv)

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# bench/load.sh [ROUNDS]: loading a Hugging Face checkpoint of more than 1
+# GiB (host/ckpt/hf_load.c through `meshrun bench load`: each host's
+# devices' shards read into parameter buffers, no trainer around them),
+# next to `cat` reading the same files, in one run:
+#   cat          cat of every shard to /dev/null (the files were read once
+#                before, so both read from the page cache)
+#   1 host       one host, one device: the whole model
+#   2 hosts      dcn_fsdp_parallelism=2, both hosts at once: each reads its half
+#   2 x 2        2 hosts x 2 devices (fsdp over hosts, data inside): each
+#                host reads its half once, its second device copies it
+# for a BF16 checkpoint (1.16 GB: Llama, hidden 2048, 10 layers, vocab
+# 32000, 4 shards) and an F32 one (1.25 GB, 4 layers), made once by
+# tests/hf_ref.py in $BENCH_LOAD_DIR (default /tmp). Prints one line per
+# run and the load average. Run from the repository root after `make`.
+set -eu
+ROUNDS=${1:-3}
+BIN=${MESHRUN:-build/meshrun}
+TOP=${BENCH_LOAD_DIR:-/tmp}
+PY=/usr/bin/python3
+SHAPE="--hidden 2048 --heads 16 --kv_heads 4 --inter 5632 --vocab 32000 --shards 4"
+
+make_ckpt() {  # DIR DTYPE LAYERS
+	[ -f "$1/model.safetensors.index.json" ] && return
+	echo "making $1 ($2, $3 layers) ..."
+	$PY tests/hf_ref.py make "$1" $SHAPE --dtype "$2" --layers "$3" >/dev/null
+}
+
+secs() { /usr/bin/time -f "%e" "$@" 2>&1 >/dev/null | tail -1; }
+
+one() {  # DIR LABEL ARGS...: every host of the mesh at once, one line each
+	local dir=$1 label=$2 hosts=$3 dph=$4; shift 4
+	local pids=() outs=()
+	for ((h = 0; h < hosts; h++)); do
+		outs[h]=$(mktemp)
+		OPENBLAS_NUM_THREADS=1 "$BIN" bench load --hosts "$hosts" --host-id "$h" --devices-per-host "$dph" \
+			load_parameters_path="$dir" "$@" >"${outs[h]}" &
+		pids[h]=$!
+	done
+	for ((h = 0; h < hosts; h++)); do
+		wait "${pids[h]}"
+		printf '%-8s %s\n' "$label" "$(cut -d';' -f1 "${outs[h]}" | sed 's/, parameters.*//')"
+		sed -n 's/.*load: read \([0-9]*\) bytes.*(index and headers \([0-9]*\), tensors \([0-9]*\) of the checkpoint.s \([0-9]*\)).*/         bytes read \1 (headers \2, tensors \3 of \4)/p' "${outs[h]}"
+		rm -f "${outs[h]}"
+	done
+}
+
+for spec in "bf16 BF16 10" "f32 F32 4"; do
+	set -- $spec
+	dir=$TOP/meshrun-bench-load-$1
+	make_ckpt "$dir" "$2" "$3"
+	bytes=$(du -cb "$dir"/*.safetensors | tail -1 | cut -f1)
+	echo "== $2 checkpoint: $bytes bytes in $(ls "$dir"/*.safetensors | wc -l) files ($dir)"
+	cat "$dir"/*.safetensors >/dev/null
+	for ((r = 1; r <= ROUNDS; r++)); do
+		echo "-- round $r, load $(cut -d' ' -f1-3 /proc/loadavg)"
+		echo "cat      $(secs cat "$dir"/*.safetensors) s for $bytes bytes"
+		one "$dir" "1 host" 1 1
+		one "$dir" "2 hosts" 2 1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
+		one "$dir" "2 x 2" 2 2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=2
+	done
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

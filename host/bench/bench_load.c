@@ -1,0 +1,84 @@
+/* See host/bench/bench_load.h. */
+#include "host/bench/bench_load.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/ckpt/hf_load.h"
+#include "host/config/config.h"
+#include "host/mesh/mesh.h"
+#include "host/mesh/shard.h"
+#include "host/model/model.h"
+#include "host/util/clock.h"
+
+int bench_load_run(const struct cfg *c, int host_id)
+{
+	static struct mesh mesh;
+	struct shard_rules *rules = malloc(sizeof(*rules));
+	struct model_dims d;
+	struct hf_src *src = NULL;
+	struct model *m[64] = { 0 };
+	float *p[64] = { 0 };
+	char err[1024], line[1024];
+	int D = c->devices_per_host, rc;
+	if (!rules) {
+		fprintf(stderr, "meshrun: bench load: out of memory\n");
+		return -ENOMEM;
+	}
+	mesh_init(&mesh, c);
+	if ((rc = shard_rules_from_cfg(rules, c, err, sizeof(err))) ||
+	    (rc = model_dims_from_cfg(&d, c, err, sizeof(err))))
+		goto out;
+	if (mesh.size[AX_STAGE] > 1 || D > 64) {
+		snprintf(err, sizeof(err), "bench load: a pipeline, or more than 64 devices per host, is not supported");
+		rc = -EINVAL;
+		goto out;
+	}
+	/* the devices' parameters, touched as model_new leaves them (zeroed):
+	 * the loader writes into memory that exists, as in training */
+	double ta = util_now_s();
+	size_t bytes = 0;
+	for (int i = 0; i < D; i++) {
+		struct model_mesh mm = { .mesh = &mesh, .rules = rules, .device = mesh_device_of(&mesh, host_id, i) };
+		if (!(m[i] = model_plan_new(&d, mesh.num_devices > 1 ? &mm : NULL, err, sizeof(err)))) {
+			rc = -EINVAL;
+			goto out;
+		}
+		size_t n = model_numel(m[i]);
+		if (!(p[i] = malloc(sizeof(float) * (n ? n : 1)))) {
+			snprintf(err, sizeof(err), "bench load: out of memory: %zu bytes for the parameters",
+				 sizeof(float) * n);
+			rc = -ENOMEM;
+			goto out;
+		}
+		memset(p[i], 0, sizeof(float) * n);
+		bytes += sizeof(float) * n;
+	}
+	double t0 = util_now_s(), cpu0 = util_cpu_us();
+	if ((rc = hf_src_open(&src, c->load_parameters_path, 1, err, sizeof(err))))
+		goto out;
+	double t1 = util_now_s();
+	for (int i = 0; i < D && !rc; i++)
+		rc = hf_src_load(src, m[i], p[i], err, sizeof(err));
+	/* one caller stands for the host's devices: they loaded one by one */
+	rc = hf_src_done(src, rc, err, sizeof(err));
+	double t2 = util_now_s(), cpu = (util_cpu_us() - cpu0) / 1e6;
+	if (!rc) {
+		hf_src_summary(src, line, sizeof(line));
+		printf("host %d: load %.3f s (headers %.3f s, tensors %.3f s), %.3f s CPU, %.1f MB/s read; "
+		       "parameters %.0f MB made in %.3f s before; %s\n", host_id, t2 - t0, t1 - t0, t2 - t1, cpu,
+		       (double)hf_src_bytes_read(src) / 1e6 / (t2 - t0), bytes / 1e6, t0 - ta, line);
+	}
+out:
+	if (rc)
+		fprintf(stderr, "meshrun: bench load: host %d: %s\n", host_id, err);
+	hf_src_close(src);
+	for (int i = 0; i < 64; i++) {
+		model_free(m[i]);
+		free(p[i]);
+	}
+	free(rules);
+	return rc;
+}

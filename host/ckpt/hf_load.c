@@ -1,0 +1,542 @@
+/* See host/ckpt/hf_load.h. The directory's tensors, from every shard,
+ * are one table sorted by name; each HF tensor the model needs is found
+ * there by the name host/ckpt/ckpt.c gives a parameter's slice, and this
+ * device's block of it (the parameter's goff and local shape, layers in
+ * the model's storage order) is read as runs of contiguous elements. */
+#include "host/ckpt/hf_load.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "host/ckpt/ckpt.h"
+#include "host/ckpt/safetensors.h"
+#include "host/model/model.h"
+#include "host/util/clock.h"
+
+/* One tensor of the checkpoint: its shard and entry, and the blocks of
+ * it this host read (a list through hf_block.next). */
+struct hf_ent {
+	const char *name;
+	int file;
+	const struct st_entry *e;
+	int first_block;
+	bool used;
+};
+
+struct hf_block {
+	int next, nd;
+	int off[MODEL_MAX_DIMS], shape[MODEL_MAX_DIMS];
+	const float *data;          /* in the params of the device that read it */
+};
+
+struct hf_src {
+	char dir[4096];
+	int nfiles;
+	struct st_file **files;
+	char **file_names;
+	struct hf_ent *ents;        /* sorted by name */
+	int nents;
+	uint64_t index_bytes;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int devices, arrived;
+	int fail_rc;                /* the host's first failure */
+	char fail_err[640];
+	int check_rc;               /* 1: not checked yet */
+	char check_err[2048];
+	struct hf_block *blocks;
+	int nblocks, capblocks;
+	int skipped_mtp, skipped_other, mtp_layer;
+	uint64_t tensor_bytes;      /* the model's tensors in the files */
+	double t0, t1;
+};
+
+static int cmp_ent(const void *a, const void *b)
+{
+	return strcmp(((const struct hf_ent *)a)->name, ((const struct hf_ent *)b)->name);
+}
+
+static struct hf_ent *find_ent(const struct hf_src *s, const char *name)
+{
+	struct hf_ent key = { .name = name };
+	return bsearch(&key, s->ents, (size_t)s->nents, sizeof(key), cmp_ent);
+}
+
+static bool ends_with(const char *s, const char *tail)
+{
+	size_t n = strlen(s), t = strlen(tail);
+	return n >= t && !strcmp(s + n - t, tail);
+}
+
+/* FP8 checkpoints carry a scale per weight block; nothing here dequantizes them. */
+static int refuse_fp8(const struct hf_src *s, const char *name, char *err, size_t errlen)
+{
+	if (!ends_with(name, "weight_scale_inv"))
+		return 0;
+	snprintf(err, errlen, "checkpoint: '%s' is an FP8 checkpoint (tensor '%s'), which meshrun does "
+		 "not load: convert it to BF16 first", s->dir, name);
+	return -EBADMSG;
+}
+
+static int add_file(struct hf_src *s, const char *name, char *err, size_t errlen)
+{
+	for (int i = 0; i < s->nfiles; i++)
+		if (!strcmp(s->file_names[i], name))
+			return i;
+	if (!*name || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..")) {
+		snprintf(err, errlen, "checkpoint: '%s/model.safetensors.index.json' names shard '%.200s', "
+			 "not a file of the directory", s->dir, name);
+		return -EBADMSG;
+	}
+	char **fn = realloc(s->file_names, sizeof(*fn) * (size_t)(s->nfiles + 1));
+	if (fn)
+		s->file_names = fn;
+	if (!fn || !(fn[s->nfiles] = strdup(name))) {
+		snprintf(err, errlen, "checkpoint: out of memory");
+		return -ENOMEM;
+	}
+	return s->nfiles++;
+}
+
+/* The index's weight_map: each tensor's shard. Its shards are the files. */
+static int read_index(struct hf_src *s, const char *path, cJSON **map, char *err, size_t errlen)
+{
+	struct stat st;
+	cJSON *j = json_read_file(path, err, errlen);
+	if (!j)
+		return -EBADMSG;
+	if (!stat(path, &st))
+		s->index_bytes = (uint64_t)st.st_size;
+	cJSON *wm = cJSON_DetachItemFromObjectCaseSensitive(j, "weight_map");
+	cJSON_Delete(j);
+	if (!cJSON_IsObject(wm)) {
+		cJSON_Delete(wm);
+		snprintf(err, errlen, "checkpoint: '%s' has no weight_map object", path);
+		return -EBADMSG;
+	}
+	*map = wm;
+	const cJSON *v;
+	cJSON_ArrayForEach(v, wm) {
+		int rc;
+		if (!cJSON_IsString(v)) {
+			snprintf(err, errlen, "checkpoint: '%s': weight_map entry '%.200s' is not a file name",
+				 path, v->string);
+			return -EBADMSG;
+		}
+		if ((rc = refuse_fp8(s, v->string, err, errlen)) || (rc = add_file(s, v->valuestring, err, errlen)) < 0)
+			return rc;
+	}
+	return 0;
+}
+
+/* Every shard's tensors in one table sorted by name; a name in two
+ * shards, or (with an index) where the index does not say, is refused. */
+static int table(struct hf_src *s, const cJSON *map, char *err, size_t errlen)
+{
+	int n = 0;
+	for (int f = 0; f < s->nfiles; f++)
+		n += st_count(s->files[f]);
+	s->ents = calloc(n ? (size_t)n : 1, sizeof(*s->ents));
+	if (!s->ents) {
+		snprintf(err, errlen, "checkpoint: out of memory for %d tensors", n);
+		return -ENOMEM;
+	}
+	for (int f = 0; f < s->nfiles; f++)
+		for (int i = 0; i < st_count(s->files[f]); i++) {
+			const struct st_entry *e = st_entry_at(s->files[f], i);
+			s->ents[s->nents++] = (struct hf_ent){ e->name, f, e, -1, false };
+			int rc = refuse_fp8(s, e->name, err, errlen);
+			if (rc)
+				return rc;
+		}
+	qsort(s->ents, (size_t)s->nents, sizeof(*s->ents), cmp_ent);
+	for (int i = 1; i < s->nents; i++)
+		if (!strcmp(s->ents[i - 1].name, s->ents[i].name)) {
+			snprintf(err, errlen, "checkpoint: tensor '%s' is in both '%s' and '%s'", s->ents[i].name,
+				 st_path(s->files[s->ents[i - 1].file]), st_path(s->files[s->ents[i].file]));
+			return -EBADMSG;
+		}
+	if (!map)
+		return 0;
+	for (int i = 0; i < s->nents; i++) {
+		const struct hf_ent *t = &s->ents[i];
+		const cJSON *v = cJSON_GetObjectItemCaseSensitive(map, t->name);
+		if (!v || strcmp(v->valuestring, s->file_names[t->file])) {
+			snprintf(err, errlen, "checkpoint: '%s' holds tensor '%s', but the index %s%s%s",
+				 st_path(s->files[t->file]), t->name, v ? "puts it in '" : "does not list it",
+				 v ? v->valuestring : "", v ? "'" : "");
+			return -EBADMSG;
+		}
+	}
+	const cJSON *v;
+	cJSON_ArrayForEach(v, map) {
+		if (!find_ent(s, v->string)) {
+			snprintf(err, errlen, "checkpoint: the index puts tensor '%s' in '%s', which has no such tensor",
+				 v->string, v->valuestring);
+			return -EBADMSG;
+		}
+	}
+	return 0;
+}
+
+int hf_src_open(struct hf_src **out, const char *dir, int devices, char *err, size_t errlen)
+{
+	char path[4200];
+	cJSON *map = NULL;
+	int rc;
+	struct hf_src *s = calloc(1, sizeof(*s));
+	*out = NULL;
+	if (!s) {
+		snprintf(err, errlen, "checkpoint: out of memory");
+		return -ENOMEM;
+	}
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	s->devices = devices;
+	s->check_rc = 1;
+	if (ckpt_find(dir, s->dir, sizeof(s->dir), NULL, err, errlen)) {
+		rc = -EBADMSG;
+		goto fail;
+	}
+	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", s->dir);
+	if (!access(path, F_OK))
+		rc = read_index(s, path, &map, err, errlen);
+	else
+		rc = add_file(s, "model.safetensors", err, errlen) < 0 ? -ENOMEM : 0;
+	if (rc)
+		goto fail;
+	s->files = calloc((size_t)s->nfiles + 1, sizeof(*s->files));
+	if (!s->files) {
+		snprintf(err, errlen, "checkpoint: out of memory");
+		rc = -ENOMEM;
+		goto fail;
+	}
+	for (int f = 0; f < s->nfiles; f++) {
+		snprintf(path, sizeof(path), "%s/%s", s->dir, s->file_names[f]);
+		if (!(s->files[f] = st_open_header(path, err, errlen))) {
+			rc = -EBADMSG;
+			goto fail;
+		}
+	}
+	if ((rc = table(s, map, err, errlen)))
+		goto fail;
+	cJSON_Delete(map);
+	*out = s;
+	return 0;
+fail:
+	cJSON_Delete(map);
+	hf_src_close(s);
+	return rc == -ENOMEM ? rc : -EBADMSG;
+}
+
+void hf_src_close(struct hf_src *s)
+{
+	if (!s)
+		return;
+	for (int f = 0; s->files && f < s->nfiles; f++)
+		st_close(s->files[f]);
+	for (int f = 0; f < s->nfiles; f++)
+		free(s->file_names[f]);
+	free(s->file_names);
+	free(s->files);
+	free(s->ents);
+	free(s->blocks);
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->cv);
+	free(s);
+}
+
+/* ---- checking every tensor against the model ---- */
+
+static void shape_text(char *out, size_t n, int nd, const int64_t *s64, const int *s32)
+{
+	size_t used = 0;
+	used += (size_t)snprintf(out, n, "[");
+	for (int i = 0; i < nd && used < n; i++)
+		used += (size_t)snprintf(out + used, n - used, "%s%lld", i ? ", " : "",
+					 s64 ? (long long)s64[i] : (long long)s32[i]);
+	if (used < n)
+		snprintf(out + used, n - used, "]");
+}
+
+/* One tensor the model needs: there, of the whole shape, in a dtype that loads. */
+static int check_one(struct hf_src *s, const char *name, int nd, const int *shape, char *err, size_t errlen)
+{
+	char want[64], got[64];
+	struct hf_ent *t = find_ent(s, name);
+	shape_text(want, sizeof(want), nd, NULL, shape);
+	if (!t) {
+		snprintf(err, errlen, "checkpoint: '%.300s' has no tensor '%.160s' (the model needs shape %s)", s->dir,
+			 name, want);
+		return -EBADMSG;
+	}
+	bool same = t->e->ndim == nd;
+	for (int i = 0; same && i < nd; i++)
+		same = t->e->shape[i] == shape[i];
+	if (!same) {
+		shape_text(got, sizeof(got), t->e->ndim, t->e->shape, NULL);
+		snprintf(err, errlen, "checkpoint: '%.300s': tensor '%.160s' has shape %s, the model (config.json) "
+			 "needs %s", st_path(s->files[t->file]), name, got, want);
+		return -EBADMSG;
+	}
+	if (!t->e->loads) {
+		snprintf(err, errlen, "checkpoint: '%.300s': tensor '%.160s' has dtype '%.20s' (only F32, BF16 and F16 load)",
+			 st_path(s->files[t->file]), name, t->e->dtype);
+		return -EBADMSG;
+	}
+	t->used = true;
+	s->tensor_bytes += t->e->nbytes;
+	return 0;
+}
+
+/* The decoder layer of a "model.layers.N." name, or -1. */
+static int layer_of(const char *name)
+{
+	int l, n = 0;
+	if (sscanf(name, "model.layers.%d.%n", &l, &n) != 1 || !n)
+		return -1;
+	return l;
+}
+
+/* What the model does not use: skipped when Hugging Face's model skips it
+ * too, else refused as a tensor of no parameter. */
+static int check_rest(struct hf_src *s, const struct model *m, char *err, size_t errlen)
+{
+	const struct model_dims *d = model_dims(m);
+	for (int i = 0; i < s->nents; i++) {
+		const struct hf_ent *t = &s->ents[i];
+		int l = layer_of(t->name);
+		char got[64];
+		if (t->used)
+			continue;
+		if (l >= d->L) {  /* multi-token prediction: inference ignores it */
+			s->skipped_mtp++;
+			if (s->mtp_layer < 0 || l < s->mtp_layer)
+				s->mtp_layer = l;
+			continue;
+		}
+		if (ends_with(t->name, "rotary_emb.inv_freq") || (d->tied && !strcmp(t->name, "lm_head.weight"))) {
+			s->skipped_other++;
+			continue;
+		}
+		shape_text(got, sizeof(got), t->e->ndim, t->e->shape, NULL);
+		snprintf(err, errlen, "checkpoint: '%.300s': tensor '%.160s' (shape %s) is not a tensor of this model "
+			 "(config.json's)", st_path(s->files[t->file]), t->name, got);
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+/* Every tensor of the whole model (global shapes), then the rest. */
+static int check_all(struct hf_src *s, const struct model *m, char *err, size_t errlen)
+{
+	char name[160];
+	int rc = 0;
+	s->mtp_layer = -1;
+	for (int i = 0; i < model_num_params(m) && !rc; i++) {
+		const struct param_info *p = model_param(m, i);
+		const int *g = p->global_shape;
+		if (!p->stacked) {
+			if (!(rc = ckpt_hf_name(m, p, -1, -1, name, sizeof(name))))
+				rc = check_one(s, name, p->ndim, g, err, errlen);
+			continue;
+		}
+		int l0 = ckpt_hf_layer0(m, p);
+		for (int l = 0; l < g[0] && !rc; l++) {
+			if (!ckpt_hf_per_expert(p)) {
+				if (!(rc = ckpt_hf_name(m, p, l0 + l, -1, name, sizeof(name))))
+					rc = check_one(s, name, p->ndim - 1, g + 1, err, errlen);
+				continue;
+			}
+			for (int e = 0; e < g[1] && !rc; e++)
+				if (!(rc = ckpt_hf_name(m, p, l0 + l, e, name, sizeof(name))))
+					rc = check_one(s, name, p->ndim - 2, g + 2, err, errlen);
+		}
+		if (rc && rc != -EBADMSG) {
+			snprintf(err, errlen, "checkpoint: parameter '%s' has no Hugging Face name", p->name);
+			rc = -EBADMSG;
+		}
+	}
+	return rc ? rc : check_rest(s, m, err, errlen);
+}
+
+/* ---- reading blocks ---- */
+
+/* dst (the block, row-major) = the block at off of shape b of tensor t
+ * (shape g, nd dims): a copy of one another device of this host read, or
+ * runs of contiguous elements read from the file. */
+static int fill_block(struct hf_src *s, struct hf_ent *t, int nd, const int *g, const int *off,
+		      const int *b, float *dst, char *err, size_t errlen)
+{
+	size_t numel = 1;
+	for (int i = 0; i < nd; i++)
+		numel *= (size_t)b[i];
+	if (!numel)
+		return 0;
+	for (int k = t->first_block; k >= 0; k = s->blocks[k].next) {
+		const struct hf_block *x = &s->blocks[k];
+		if (x->nd == nd && !memcmp(x->off, off, sizeof(int) * (size_t)nd) &&
+		    !memcmp(x->shape, b, sizeof(int) * (size_t)nd)) {
+			memcpy(dst, x->data, numel * sizeof(float));
+			return 0;
+		}
+	}
+	/* dimensions after k are whole: a run is b[k] x the rest */
+	int k = nd - 1;
+	while (k > 0 && b[k] == g[k])
+		k--;
+	size_t run = 1, stride[MODEL_MAX_DIMS], idx[MODEL_MAX_DIMS] = { 0 };
+	for (int j = nd - 1; j >= 0; j--) {
+		stride[j] = j == nd - 1 ? 1 : stride[j + 1] * (size_t)g[j + 1];
+		if (j >= k)
+			run *= (size_t)b[j];
+	}
+	for (size_t r = 0; r * run < numel; r++) {
+		uint64_t first = nd ? (uint64_t)off[k] * stride[k] : 0;
+		for (int j = 0; j < k; j++)
+			first += (uint64_t)(off[j] + (int)idx[j]) * stride[j];
+		int rc = st_read(s->files[t->file], t->e, first, run, dst + r * run, err, errlen);
+		if (rc)
+			return rc == -ENOMEM ? rc : -EIO;
+		for (int j = k - 1; j >= 0; j--) {  /* next multi-index over the dims before k */
+			if (++idx[j] < (size_t)b[j])
+				break;
+			idx[j] = 0;
+		}
+	}
+	if (s->nblocks == s->capblocks) {
+		int cap = s->capblocks ? 2 * s->capblocks : 256;
+		struct hf_block *nb = realloc(s->blocks, sizeof(*nb) * (size_t)cap);
+		if (!nb) {
+			snprintf(err, errlen, "checkpoint: out of memory");
+			return -ENOMEM;
+		}
+		s->blocks = nb;
+		s->capblocks = cap;
+	}
+	struct hf_block *x = &s->blocks[s->nblocks];
+	x->nd = nd;
+	memcpy(x->off, off, sizeof(int) * (size_t)nd);
+	memcpy(x->shape, b, sizeof(int) * (size_t)nd);
+	x->data = dst;
+	x->next = t->first_block;
+	t->first_block = s->nblocks++;
+	return 0;
+}
+
+/* This device's block of one HF tensor: dims [from, ndim) of p. */
+static int fill_slice(struct hf_src *s, const struct model *m, const struct param_info *p, int layer,
+		      int expert, int from, float *dst, char *err, size_t errlen)
+{
+	char name[160];
+	struct hf_ent *t;
+	if (ckpt_hf_name(m, p, layer, expert, name, sizeof(name)) || !(t = find_ent(s, name))) {
+		snprintf(err, errlen, "checkpoint: no tensor for parameter '%s'", p->name);
+		return -EBADMSG;
+	}
+	return fill_block(s, t, p->ndim - from, p->global_shape + from, p->goff + from, p->shape + from,
+			  dst, err, errlen);
+}
+
+/* This device's shards of every parameter. */
+static int fill_all(struct hf_src *s, const struct model *m, float *params, char *err, size_t errlen)
+{
+	int rc = 0;
+	for (int i = 0; i < model_num_params(m) && !rc; i++) {
+		const struct param_info *p = model_param(m, i);
+		float *base = params + p->offset;
+		if (!p->numel)
+			continue;
+		if (!p->stacked) {
+			rc = fill_slice(s, m, p, -1, -1, 0, base, err, errlen);
+			continue;
+		}
+		int l0 = ckpt_hf_layer0(m, p);
+		size_t per = p->numel / (size_t)p->shape[0];
+		for (int q = 0; q < p->shape[0] && !rc; q++) {
+			/* storage index goff[0] + q holds this layer (a pipeline's order) */
+			int layer = l0 + model_stack_layer(m, p->goff[0] + q, p->global_shape[0]);
+			float *slice = base + per * (size_t)q;
+			if (!ckpt_hf_per_expert(p)) {
+				rc = fill_slice(s, m, p, layer, -1, 1, slice, err, errlen);
+				continue;
+			}
+			size_t pe = per / (size_t)p->shape[1];
+			for (int x = 0; x < p->shape[1] && !rc; x++)
+				rc = fill_slice(s, m, p, layer, p->goff[1] + x, 2, slice + pe * (size_t)x, err, errlen);
+		}
+	}
+	return rc;
+}
+
+int hf_src_load(struct hf_src *s, const struct model *m, float *params, char *err, size_t errlen)
+{
+	pthread_mutex_lock(&s->mu);
+	if (!s->t0)
+		s->t0 = util_now_s();
+	if (s->check_rc == 1) {
+		s->check_rc = check_all(s, m, s->check_err, sizeof(s->check_err));
+	}
+	int rc = s->check_rc;
+	if (rc)
+		snprintf(err, errlen, "%s", s->check_err);
+	else
+		rc = fill_all(s, m, params, err, errlen);
+	s->t1 = util_now_s();
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+int hf_src_done(struct hf_src *s, int rc, char *err, size_t errlen)
+{
+	pthread_mutex_lock(&s->mu);
+	s->arrived++;
+	if (rc && !s->fail_rc) {
+		s->fail_rc = rc;
+		snprintf(s->fail_err, sizeof(s->fail_err), "%s", err);
+	}
+	pthread_cond_broadcast(&s->cv);
+	while (s->arrived < s->devices)
+		pthread_cond_wait(&s->cv, &s->mu);
+	if (!rc && s->fail_rc) {
+		rc = s->fail_rc;
+		snprintf(err, errlen, "%s", s->fail_err);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+uint64_t hf_src_bytes_read(const struct hf_src *s)
+{
+	uint64_t n = s->index_bytes;
+	for (int f = 0; f < s->nfiles; f++)
+		n += st_bytes_read(s->files[f]);
+	return n;
+}
+
+void hf_src_summary(const struct hf_src *s, char *out, size_t outlen)
+{
+	uint64_t head = s->index_bytes;
+	for (int f = 0; f < s->nfiles; f++)
+		head += st_header_bytes(s->files[f]);
+	uint64_t all = hf_src_bytes_read(s);
+	int used = snprintf(out, outlen, "load: read %llu bytes of '%s' on this host (index and headers %llu, "
+			    "tensors %llu of the checkpoint's %llu) from %d file%s in %.2f s",
+			    (unsigned long long)all, s->dir, (unsigned long long)head,
+			    (unsigned long long)(all - head), (unsigned long long)s->tensor_bytes, s->nfiles,
+			    s->nfiles == 1 ? "" : "s", s->t1 - s->t0);
+	if (s->skipped_mtp && used > 0 && (size_t)used < outlen)
+		used += snprintf(out + used, outlen - (size_t)used, "; skipped %d tensors of the "
+				 "multi-token-prediction layer %d and beyond (not a decoder layer)",
+				 s->skipped_mtp, s->mtp_layer);
+	if (s->skipped_other && used > 0 && (size_t)used < outlen)
+		snprintf(out + used, outlen - (size_t)used, "; skipped %d tensors the model ties or "
+			 "computes (lm_head.weight tied, rotary inv_freq)", s->skipped_other);
+}

@@ -1,0 +1,83 @@
+/* The one voice of the command line (host/cli/cli.h): every command's
+ * usage text, printed for --help and after a bad command line, and the
+ * one error prefix, "meshrun: <command>: ". main.c dispatches; the
+ * commands print through here. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "host/cli/cli.h"
+
+static const struct {
+	const char *name, *usage;
+} usages[] = {
+	{ "train", "train --config FILE [key=value ...] [--metrics FILE] [--checkpoint-dir DIR] "
+		   "[--resume] [--quiet]\n" },
+	{ "eval", "eval --checkpoint DIR [--text FILE] [key=value ...]\n" },
+	{ "local", "local --hosts N [--devices-per-host D] [--max-restarts K] --config FILE "
+		   "[key=value ...] [--metrics FILE] [--checkpoint-dir DIR] [--resume] [--trace FILE] "
+		   "[--fault SPEC ...] [--job NAME] [--quiet]\n" },
+	{ "agent", "agent --config FILE --host-id I [--hosts N] [--devices-per-host D] "
+		   "[--listen ADDR] [--job NAME] [key=value ...] [--metrics FILE] [--checkpoint-dir DIR] "
+		   "[--resume] [--trace FILE] [--fault SPEC ...] [--quiet]\n" },
+	{ "launch", "launch --hostfile FILE [--ssh-config FILE] [--devices-per-host D] --config FILE "
+		    "[key=value ...] [--metrics FILE] [--trace FILE] [--checkpoint-dir DIR] [--resume] "
+		    "[--max-restarts K] [--certs DIR] [--log-dir DIR] [--keep] [--quiet] "
+		    "[--fault SPEC ...]\n" },
+	{ "shardings", "shardings --config FILE [--hosts N] [--devices-per-host D] [key=value ...]\n" },
+	{ "report", "report METRICS.jsonl [--trace TRACE.json] -o FILE.svg\n" },
+	{ "schedule", "schedule --config FILE [key=value ...]\n" },
+	{ "data", "data pack --format llmc|megatron [--input text|raw|llmc|megatron] "
+		  "[--input-token-bytes 2|4] [--token-bytes 2|4] [--shard-tokens N] [--eot ID] [--name NAME] "
+		  "INPUT... -o DIR\n"
+		  "       meshrun data check --config FILE [key=value ...]\n" },
+	{ "bench", "bench matmul [--threads N] [--size N] [--reps N]\n"
+		   "       meshrun bench link --hosts 2 --sizes 16M[,64K ...] [--iters K] [--oneway]\n"
+		   "       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "
+		   "--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [--async] [key=value ...]\n"
+		   "       meshrun bench load [--hosts N] [--host-id I] [--devices-per-host D] "
+		   "load_parameters_path=DIR [key=value ...]\n" },
+};
+
+const char *cli_usage(const char *cmd)
+{
+	for (size_t i = 0; i < sizeof(usages) / sizeof(usages[0]); i++)
+		if (!strcmp(usages[i].name, cmd))
+			return usages[i].usage;
+	return NULL;
+}
+
+void cli_print_usage(FILE *f, const char *cmd)
+{
+	const char *u = cli_usage(cmd);
+	if (u)
+		fprintf(f, "usage: meshrun %s", u);
+}
+
+static void error_line(const char *who, const char *fmt, va_list ap)
+{
+	fprintf(stderr, "meshrun: %s: ", who);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+}
+
+void cli_error(const char *who, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	error_line(who, fmt, ap);
+	va_end(ap);
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	error_line(cmd, fmt, ap);
+	va_end(ap);
+	/* "bench link" has bench's usage */
+	char base[32];
+	snprintf(base, sizeof(base), "%.*s", (int)strcspn(cmd, " "), cmd);
+	cli_print_usage(stderr, base);
+	return EXIT_USAGE;
+}

@@ -1,0 +1,161 @@
+/* See host/train/check.h. */
+#include "host/train/check.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/agent/agent.h"
+#include "host/config/config.h"
+#include "host/mesh/mesh.h"
+#include "host/mesh/shard.h"
+#include "host/model/model.h"
+#include "host/pipeline/pipe_config.h"
+
+int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen)
+{
+	snprintf(err, errlen, "config: opt_type=muon cannot split its state over data "
+		 "(shard_optimizer_over_data cuts '%s' into flat shards, Muon needs "
+		 "whole matrices); use opt_type=adamw with it", tensor);
+	return -EINVAL;
+}
+
+/* Axes the step has no code for yet. */
+static int check_axes(const struct cfg *c, char *err, size_t errlen)
+{
+	static const int later[] = { AX_SEQUENCE, AX_CONTEXT };
+	for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
+		int a = later[i];
+		if (c->ici[a] * c->dcn[a] == 1)
+			continue;
+		snprintf(err, errlen, "config: the '%s' mesh axis has size %d, but sharded training "
+			 "along it is not implemented yet; today data, stage, fsdp, fsdp_transpose, "
+			 "tensor, tensor_transpose and expert parallelism train",
+			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int train_check_pipe(const struct cfg *c, const struct pipe_config *pc, int rows, char *err,
+		     size_t errlen)
+{
+	static const int other[] = { AX_SEQUENCE, AX_CONTEXT };
+	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
+		int a = other[i];
+		if (c->ici[a] * c->dcn[a] == 1)
+			continue;
+		snprintf(err, errlen, "config: pipeline parallelism (stage) trains beside data, fsdp, "
+			 "fsdp_transpose, tensor, tensor_transpose and expert parallelism only; "
+			 "ici_/dcn_%s_parallelism=%d is not supported with it yet",
+			 mesh_axis_names[a], c->ici[a] * c->dcn[a]);
+		return -EINVAL;
+	}
+	if (rows % pc->shape.microbatches) {
+		snprintf(err, errlen, "config: a stage group's %d rows do not split into "
+			 "num_pipeline_microbatches=%d microbatches", rows, pc->shape.microbatches);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* ZeRO-1 splits the state of every bucket summed over data flat; a Muon
+ * matrix in such a bucket is refused (as the trainer's lay_out_state). */
+static int check_muon_zero(const struct cfg *c, const struct model *m, int ndata, char *err,
+			   size_t errlen)
+{
+	struct model_bucket b[MODEL_MAX_PARAMS];
+	if (ndata <= 1 || strcmp(c->opt_type, "muon"))
+		return 0;
+	int nb = model_buckets(m, b, MODEL_MAX_PARAMS);
+	for (int i = 0; i < nb; i++) {
+		if (!(b[i].axes & (1u << AX_DATA)))
+			continue;
+		for (int k = 0; k < model_num_params(m); k++) {
+			const struct param_info *p = model_param(m, k);
+			if (p->opt == OPT_MUON && p->offset >= b[i].offset &&
+			    p->offset < b[i].offset + b[i].numel)
+				return trainer_muon_zero_refusal(p->name, err, errlen);
+		}
+	}
+	return 0;
+}
+
+/* The model's shape and plans for device 0 (every device's shards have
+ * the same shapes), as trainer_open makes them. */
+int train_check_keys(const struct cfg *c, struct model_dims *d, char *err, size_t errlen)
+{
+	int rc;
+	if ((rc = model_dims_from_cfg(d, c, err, errlen)))
+		return rc;
+	if (strcmp(c->opt_type, "adamw") && strcmp(c->opt_type, "muon")) {
+		snprintf(err, errlen, "config: key 'opt_type' must be adamw or muon, got '%s'", c->opt_type);
+		return -EINVAL;
+	}
+	if (c->steps < 0) {
+		snprintf(err, errlen, "config: key 'steps' must be >= 0, got %lld", c->steps);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int check_model(const struct cfg *c, const struct mesh *m, const struct shard_rules *rules,
+		       char *err, size_t errlen)
+{
+	struct model_dims d;
+	int rc;
+	uint32_t rows_axes = 0;
+	if ((rc = train_check_keys(c, &d, err, errlen)))
+		return rc;
+	if (m->num_devices == 1) {
+		struct model *one = model_plan_new(&d, NULL, err, errlen);
+		model_free(one);
+		return one ? 0 : -EINVAL;
+	}
+	struct model_mesh mm = { .mesh = m, .rules = rules, .device = 0 };
+	if (model_plan_rows(&mm, (int)c->base_emb_dim, &rows_axes, err, errlen))
+		return -EINVAL;
+	int ndata = c->shard_optimizer_over_data ? m->size[AX_DATA] : 1;
+	if (ndata > 1)
+		mm.bucket_align = ndata;
+	if (m->size[AX_STAGE] > 1) {
+		/* the rows of device 0's group, as the training job splits them */
+		int n = 1;
+		for (int a = 0; a < AX_COUNT; a++)
+			if (rows_axes & (1u << a))
+				n *= m->size[a];
+		int rows = (int)c->per_device_batch_size * m->num_devices / n;
+		struct pipe_config pc;
+		if ((rc = pipe_config_resolve(&pc, c, &d, err, errlen)) ||
+		    (rc = train_check_pipe(c, &pc, rows, err, errlen)))
+			return rc;
+		pipe_config_model_mesh(&pc, &mm);
+	}
+	struct model *plan = model_plan_new(&d, &mm, err, errlen);
+	if (!plan)
+		return -EINVAL;
+	rc = check_muon_zero(c, plan, ndata, err, errlen);
+	model_free(plan);
+	return rc;
+}
+
+int train_check(const struct cfg *c, const struct mesh *m, char *err, size_t errlen)
+{
+	struct fault_plan faults;
+	int rc;
+	if ((rc = check_axes(c, err, errlen)) ||
+	    (rc = agent_faults(c, m->num_hosts, &faults, err, errlen)))
+		return rc;
+	struct shard_rules *rules = malloc(sizeof(*rules));
+	if (!rules) {
+		snprintf(err, errlen, "train: out of memory");
+		return -ENOMEM;
+	}
+	rc = shard_rules_from_cfg(rules, c, err, errlen) ? -EINVAL : 0;
+	if (!rc)
+		rc = check_model(c, m, rules, err, errlen);
+	free(rules);
+	return rc;
+}

@@ -1,0 +1,103 @@
+/* See host/train/preflight.h. */
+#include "host/train/preflight.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "host/ckpt/ckpt.h"
+#include "host/config/config.h"
+#include "host/util/out.h"
+
+/* The directory of an output file can take a new file, and the file, if
+ * it is there, can be written (a device or a FIFO, such as /dev/stdout,
+ * only that). */
+static int probe_file_dir(const char *what, const char *path, char *err, size_t errlen)
+{
+	char dir[PATH_MAX];
+	struct stat st;
+	bool there = !stat(path, &st);
+	int rc = 0;
+	if (!there || S_ISREG(st.st_mode)) {
+		util_dirname(path, dir, sizeof(dir));
+		rc = util_probe_dir(what, dir, err, errlen);
+	}
+	if (!rc && there && access(path, W_OK))
+		rc = util_file_err(err, errlen, what, "write", path, errno);
+	return rc;
+}
+
+/* --resume: the newest complete checkpoint in dir leaves steps to run
+ * and has this run's optimizer state. */
+static int resume_fits(const struct cfg *c, const char *dir, char *err, size_t errlen)
+{
+	char step_dir[PATH_MAX], path[PATH_MAX + 16], why[512];
+	int64_t step = -1;
+	int rc = ckpt_find(dir, step_dir, sizeof(step_dir), &step, err, errlen);
+	if (rc)
+		return rc;
+	if (step >= 0 && step >= (int64_t)c->steps) {
+		snprintf(err, errlen, "config: --resume: the checkpoint '%s' is at step %" PRId64
+			 ", and steps=%lld leaves nothing to run (raise steps)", step_dir, step,
+			 c->steps);
+		return -EINVAL;
+	}
+	snprintf(path, sizeof(path), "%s/meshrun.yml", step_dir);
+	if (access(path, F_OK))
+		return 0;   /* a checkpoint from elsewhere: the loader decides */
+	struct cfg *saved = malloc(sizeof(*saved));
+	if (!saved) {
+		snprintf(err, errlen, "checkpoint: out of memory");
+		return -ENOMEM;
+	}
+	cfg_defaults(saved);
+	if (cfg_load_file(saved, path, why, sizeof(why))) {
+		snprintf(err, errlen, "checkpoint: %s", why);
+		rc = -EBADMSG;
+	} else if (strcmp(saved->opt_type, c->opt_type)) {
+		snprintf(err, errlen, "config: --resume: the checkpoint '%s' was trained with "
+			 "opt_type=%s, this run has opt_type=%s (its optimizer state would not fit)",
+			 step_dir, saved->opt_type, c->opt_type);
+		rc = -EINVAL;
+	}
+	free(saved);
+	return rc;
+}
+
+int train_preflight(struct train_outputs *out, const struct cfg *c, const struct train_opts *o,
+		    const char *job, char *err, size_t errlen)
+{
+	char stale[256];
+	int rc = 0;
+	out->lock.fd = -1;
+	if (o->ckpt_dir) {
+		if ((rc = util_mkdir_p("checkpoint", o->ckpt_dir, err, errlen)) ||
+		    (rc = util_lock_dir(&out->lock, "checkpoint", o->ckpt_dir, job, stale, sizeof(stale),
+					err, errlen)))
+			return rc;
+		if (stale[0])
+			fprintf(stderr, "meshrun: checkpoint: directory '%s': took over the lock of %s, "
+				"which is gone (it did not end cleanly)\n", o->ckpt_dir, stale);
+		rc = util_probe_dir("checkpoint", o->ckpt_dir, err, errlen);
+	}
+	if (!rc && o->metrics)
+		rc = probe_file_dir("metrics", o->metrics, err, errlen);
+	if (!rc && o->trace)
+		rc = probe_file_dir("trace", o->trace, err, errlen);
+	if (!rc && o->resume)
+		rc = resume_fits(c, o->ckpt_dir, err, errlen);
+	if (rc)
+		train_outputs_release(out);
+	return rc;
+}
+
+void train_outputs_release(struct train_outputs *out)
+{
+	util_unlock_dir(&out->lock);
+}

@@ -1,0 +1,431 @@
+/* The honest surface (issue 22, item 10), through the binary: --help on
+ * every command (exit 0, usage on stdout); one error prefix
+ * ("meshrun: <command>: ") and the usage after a bad command line; config
+ * and fault-spec errors said once by the launcher, not once per host; a
+ * non-finite eval loss and out of memory exit 1; Ctrl-C to a launcher
+ * exits 130; a wrong CA or a foreign listener at the coordinator's
+ * address is its own class (7) naming the address and the verify error;
+ * a flood of refused connections is a few lines with a count; the local
+ * launcher's keys leave the disk once the agents have read them. */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+
+#include "host/cli/cli.h"
+#include "tests/proc.h"
+
+#define TINY "configs/llama-tiny.yml"
+
+static void setup(void)
+{
+	proc_setup("check_cli", 2);
+}
+
+/* Lines of text (each ending in '\n') that hold needle. */
+static int lines_with(const char *text, const char *needle)
+{
+	int n = 0;
+	for (const char *l = text; *l;) {
+		const char *nl = strchr(l, '\n');
+		size_t len = nl ? (size_t)(nl - l) : strlen(l);
+		char *hit = strstr(l, needle);
+		if (hit && (size_t)(hit - l) < len)
+			n++;
+		l += len + (nl ? 1 : 0);
+	}
+	return n;
+}
+
+/* ---- --help, one prefix ---- */
+
+START_TEST(test_help_everywhere)
+{
+	static const char *const cmds[] = {
+		"train", "eval", "local", "agent", "launch", "shardings", "report", "schedule", "bench", "data",
+		"bench link", "bench collectives", "bench matmul",
+	};
+	char line[256], want[64];
+	struct proc p;
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		for (int form = 0; form < 2; form++) {
+			/* anywhere among the arguments, both spellings */
+			snprintf(line, sizeof(line), form ? "%s --config x.yml -h" : "%s --help", cmds[i]);
+			int rc = proc_run_words(&p, "help", line, 20, false);
+			ck_assert_msg(rc == 0, "%s: exit %d:\n%s", line, rc, slurp(p.err));
+			snprintf(want, sizeof(want), "usage: meshrun %.*s", (int)strcspn(cmds[i], " "),
+				 cmds[i]);
+			ck_assert_msg(!strncmp(slurp(p.out), want, strlen(want)), "%s:\n%s", line,
+				      slurp(p.out));
+			ck_assert_msg(!*slurp(p.err), "%s wrote on stderr:\n%s", line, slurp(p.err));
+		}
+	}
+}
+END_TEST
+
+START_TEST(test_one_prefix)
+{
+	/* a bad command line: "meshrun: <command>: <what>", then the usage */
+	static const struct { const char *line, *prefix; } bad[] = {
+		{ "train --nope", "meshrun: train: unknown option '--nope'" },
+		{ "train --config " TINY " --trace t.json", "meshrun: train: --trace is for local and agent" },
+		{ "eval --text x", "meshrun: eval: --checkpoint DIR is needed" },
+		{ "local --config " TINY, "meshrun: local: --hosts N is needed" },
+		{ "agent --nope", "meshrun: agent: unknown option '--nope'" },
+		{ "launch --config " TINY, "meshrun: launch: --hostfile FILE is needed" },
+		{ "shardings --hosts", "meshrun: shardings: --hosts needs a value" },
+		{ "report m.jsonl", "meshrun: report: -o FILE.svg is needed" },
+		{ "schedule", "meshrun: schedule: --config FILE is needed" },
+		{ "bench", "meshrun: bench: give matmul, link, collectives or load" },
+		{ "bench link --hosts 2", "meshrun: bench link: --sizes is needed" },
+		{ "bench collectives --hosts 2 --sizes 1K --op nope", "meshrun: bench collectives: unknown op 'nope'" },
+		{ "bench matmul --size 0", "meshrun: bench matmul: --size wants an integer" },
+	};
+	struct proc p;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int rc = proc_run_words(&p, "bad", bad[i].line, 20, false);
+		ck_assert_msg(rc == EXIT_USAGE, "%s: exit %d:\n%s", bad[i].line, rc, slurp(p.err));
+		char *err = slurp(p.err);
+		ck_assert_msg(!strncmp(err, bad[i].prefix, strlen(bad[i].prefix)), "%s:\n%s", bad[i].line, err);
+		ck_assert_msg(strstr(err, "\nusage: meshrun "), "%s: no usage:\n%s", bad[i].line, err);
+	}
+	/* and a run-time error of a command */
+	int rc = proc_run_words(&p, "shardings", "shardings --config " TINY " learning_rate=-1", 20, false);
+	ck_assert_int_eq(rc, EXIT_CONFIG);
+	ck_assert_str_eq(slurp(p.err), "meshrun: shardings: config: key 'learning_rate' must be > 0, got -1\n");
+}
+END_TEST
+
+/* ---- once, not per host ---- */
+
+START_TEST(test_config_errors_once)
+{
+	static const struct { const char *extra, *want; } bad[] = {
+		{ "learning_rate=-1", "key 'learning_rate' must be > 0, got -1" },
+		{ "no_such_key=3", "unknown key 'no_such_key'" },
+		{ "--fault close:link=0-9:frame=3", "names a host beyond the job's 4 hosts" },
+		{ "--fault bogus:host=1", "key 'faults'" },
+		{ "ici_sequence_parallelism=2 ici_data_parallelism=1 --devices-per-host 2",
+		  "the 'sequence' mesh axis has size 2" },
+	};
+	char line[512];
+	struct proc p;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		snprintf(line, sizeof(line), "local --hosts 4 --config " TINY " steps=2 %s", bad[i].extra);
+		int rc = proc_run_words(&p, "local", line, 30, false);
+		ck_assert_msg(rc == EXIT_CONFIG, "%s: exit %d:\n%s", line, rc, slurp(p.err));
+		char *err = slurp(p.err);
+		int nl = 0;
+		for (const char *c = err; *c; c++)
+			nl += *c == '\n';
+		ck_assert_msg(lines_with(err, bad[i].want) == 1 && nl == 1 &&
+			      !strncmp(err, "meshrun: local: config: ", 24), "%s:\n%s", line, err);
+	}
+}
+END_TEST
+
+/* ---- exit codes ---- */
+
+START_TEST(test_eval_nan)
+{
+	/* a checkpoint whose weights are all NaN: eval fails, prints no loss */
+	char line[512], path[300];
+	struct proc p;
+	snprintf(line, sizeof(line), "train --config " TINY " steps=1 max_target_length=16 --quiet "
+		 "--checkpoint-dir %s/ck", tmpdir);
+	ck_assert_int_eq(proc_run_words(&p, "train", line, 60, false), 0);
+	snprintf(path, sizeof(path), "%s/ck/step-000001/model.safetensors", tmpdir);
+	FILE *f = fopen(path, "r+b");
+	ck_assert_ptr_nonnull(f);
+	unsigned char len8[8];
+	ck_assert_int_eq(fread(len8, 1, 8, f), 8);
+	long hlen = 0;
+	for (int i = 7; i >= 0; i--)
+		hlen = hlen * 256 + len8[i];
+	ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+	long end = ftell(f);
+	ck_assert_int_eq(fseek(f, 8 + hlen, SEEK_SET), 0);
+	for (long i = 8 + hlen; i < end; i++)
+		fputc(0xff, f);   /* 0xffffffff: a NaN */
+	ck_assert_int_eq(fclose(f), 0);
+	snprintf(line, sizeof(line), "eval --checkpoint %s/ck --text /usr/share/common-licenses/GPL-3 "
+		 "max_target_length=16", tmpdir);
+	int rc = proc_run_words(&p, "eval", line, 60, false);
+	ck_assert_msg(rc == EXIT_FAIL, "exit %d:\n%s\n%s", rc, slurp(p.out), slurp(p.err));
+	ck_assert_file_has(p.err, "meshrun: eval: the loss over ");
+	ck_assert_file_has(p.err, " windows is nan: the checkpoint's weights");
+	ck_assert_msg(!file_has(p.out, "eval_loss"), "%s", slurp(p.out));
+}
+END_TEST
+
+START_TEST(test_out_of_memory)
+{
+	/* a model of 550 GB: out of memory is exit 1, not a config error (an
+	 * address-space limit makes it so however the kernel overcommits) */
+	struct proc p;
+	char *argv[] = { "prlimit", "--as=17179869184", (char *)meshrun(), "train", "--config", TINY,
+			 "steps=1", "base_emb_dim=32768", "base_mlp_dim=131072",
+			 "base_num_decoder_layers=8", "--quiet", NULL };
+	proc_start(&p, "oom", argv, -1);
+	int rc = proc_wait(&p, 60);
+	ck_assert_msg(rc == EXIT_FAIL, "exit %d:\n%s", rc, slurp(p.err));
+	ck_assert_file_has(p.err, "meshrun: train: model: out of memory");
+	/* a dataset_type nobody knows is a config error (was: bad input) */
+	rc = proc_run_words(&p, "ds", "train --config " TINY " steps=1 dataset_type=foo", 20, false);
+	ck_assert_int_eq(rc, EXIT_CONFIG);
+	ck_assert_file_has(p.err, "key 'dataset_type' has unknown value 'foo'");
+}
+END_TEST
+
+START_TEST(test_ctrl_c_is_130)
+{
+	/* Ctrl-C reaches the launcher and its agents (one process group) */
+	struct proc p;
+	proc_meshrun(&p, "local", "local", "--hosts", "2", "--config", TINY, "steps=1000000",
+		     "openblas_threads=1", (char *)NULL);
+	ck_assert_msg(proc_wait_output(&p, "completed step: 2,", 60), "no step:\n%s", slurp(p.err));
+	kill(-p.pid, SIGINT);
+	int rc = proc_wait(&p, 10);
+	ck_assert_msg(rc == EXIT_INTERRUPTED, "exit %d:\n%s", rc, slurp(p.err));
+	ck_assert_file_has(p.err, "meshrun: local: interrupted");
+}
+END_TEST
+
+/* ---- TLS: its own class, naming the address and the verify error ---- */
+
+/* An agent of 2 with its own certs_dir and a start-up deadline of
+ * deadline seconds. */
+static void tls_agent_for(struct proc *p, const char *name, int host, int port, const char *certs,
+			  int deadline)
+{
+	char hid[32], certs_kv[300], coord_kv[64], t_kv[64];
+	snprintf(t_kv, sizeof(t_kv), "connect_timeout_s=%d", deadline);
+	snprintf(hid, sizeof(hid), "--host-id=%d", host);
+	snprintf(certs_kv, sizeof(certs_kv), "certs_dir=%s", certs);
+	snprintf(coord_kv, sizeof(coord_kv), "coordinator_address=127.0.0.1:%d", port);
+	proc_meshrun(p, name, "agent", hid, "--hosts=2", "--listen=127.0.0.1:0", "--job=pingpong",
+		     "--rounds=3", certs_kv, coord_kv, t_kv, (char *)NULL);
+}
+
+static void tls_agent(struct proc *p, const char *name, int host, int port, const char *certs)
+{
+	tls_agent_for(p, name, host, port, certs, 3);
+}
+
+START_TEST(test_tls_wrong_ca)
+{
+	/* host 1's certificates are another cluster's: it cannot verify the
+	 * coordinator (exit 7, naming the address and the verify error), and
+	 * the coordinator names host 1 missing and why */
+	char other[300], mine[300], want[256];
+	struct proc h0, h1;
+	snprintf(mine, sizeof(mine), "%s/certs", tmpdir);
+	snprintf(other, sizeof(other), "%s/other", tmpdir);
+	ck_assert_int_eq(mkdir(other, 0700), 0);
+	char e[256];
+	ck_assert_msg(tls_gen_certs(other, 2, e, sizeof(e)) == 0, "%s", e);
+	int port = free_port();
+	tls_agent(&h0, "h0", 0, port, mine);
+	ck_assert(wait_listening(port, 10));
+	tls_agent(&h1, "h1", 1, port, other);
+	int rc = proc_wait(&h1, 15);
+	ck_assert_msg(rc == EXIT_TLS, "host 1: exit %d:\n%s", rc, slurp(h1.err));
+	snprintf(want, sizeof(want), "meshrun: host 1: the coordinator at 127.0.0.1:%d: tls handshake "
+		 "failed: certificate verify failed: ", port);
+	ck_assert_file_has(h1.err, want);
+	ck_assert_file_has(h1.err, "(are certs_dir's ca.pem and host certificate this cluster's?)");
+	rc = proc_wait(&h0, 15);
+	ck_assert_msg(rc == EXIT_FAIL, "host 0: exit %d:\n%s", rc, slurp(h0.err));
+	ck_assert_file_has(h0.err, "host 1 never said hello");
+	ck_assert_file_has(h0.err, "the last refused: ");
+	ck_assert_file_has(h0.err, "unknown ca");
+
+	/* this cluster's ca.pem but another's host certificate: the
+	 * coordinator refuses it only after host 1's handshake is done (TLS
+	 * 1.3), and host 1 hears it on its first read: the same class */
+	char mixed[300], from[400], to[400];
+	snprintf(mixed, sizeof(mixed), "%s/mixed", tmpdir);
+	ck_assert_int_eq(mkdir(mixed, 0700), 0);
+	static const char *const files[][2] = { { "certs", "ca.pem" }, { "other", "host1.pem" },
+						 { "other", "host1.key" } };
+	for (int i = 0; i < 3; i++) {
+		snprintf(from, sizeof(from), "%s/%s/%s", tmpdir, files[i][0], files[i][1]);
+		snprintf(to, sizeof(to), "%s/%s", mixed, files[i][1]);
+		ck_assert_int_eq(link(from, to), 0);
+	}
+	port = free_port();
+	tls_agent(&h0, "h0b", 0, port, mine);
+	ck_assert(wait_listening(port, 10));
+	tls_agent(&h1, "h1b", 1, port, mixed);
+	rc = proc_wait(&h1, 15);
+	ck_assert_msg(rc == EXIT_TLS, "host 1: exit %d:\n%s", rc, slurp(h1.err));
+	snprintf(want, sizeof(want), "meshrun: host 1: the coordinator at 127.0.0.1:%d: tls ", port);
+	ck_assert_file_has(h1.err, want);
+	ck_assert_msg(!file_has(h1.err, "lost"), "%s", slurp(h1.err));
+	proc_wait(&h0, 15);
+}
+END_TEST
+
+/* A foreign listener: answers every connection with an HTTP error. */
+static void *http_listener(void *arg)
+{
+	int lfd = *(int *)arg;
+	for (;;) {
+		int fd = accept(lfd, NULL, NULL);
+		if (fd < 0)
+			return NULL;
+		static const char reply[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+		ssize_t w = write(fd, reply, sizeof(reply) - 1);
+		(void)w;
+		usleep(100000);
+		close(fd);
+	}
+}
+
+START_TEST(test_tls_foreign_listener)
+{
+	char want[256], e[128];
+	struct proc h1;
+	int lfd, port;
+	ck_assert_int_eq(conn_listen("127.0.0.1:0", &lfd, e, sizeof(e)), 0);
+	char addr[64], h[64];
+	conn_sockname(lfd, true, addr, sizeof(addr));
+	ck_assert_int_eq(conn_split_addr(addr, h, sizeof(h), &port), 0);
+	int flags = fcntl(lfd, F_GETFL);
+	fcntl(lfd, F_SETFL, flags & ~O_NONBLOCK);
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, http_listener, &lfd), 0);
+	snprintf(e, sizeof(e), "%s/certs", tmpdir);
+	tls_agent(&h1, "h1", 1, port, e);
+	int rc = proc_wait(&h1, 15);
+	ck_assert_msg(rc == EXIT_TLS, "exit %d:\n%s", rc, slurp(h1.err));
+	snprintf(want, sizeof(want), "meshrun: host 1: the coordinator at 127.0.0.1:%d: tls handshake "
+		 "failed: ", port);
+	ck_assert_file_has(h1.err, want);
+	ck_assert_file_has(h1.err, "(is a meshrun coordinator listening there?)");
+	ck_assert_msg(!file_has(h1.err, "lost"), "%s", slurp(h1.err));
+}
+END_TEST
+
+/* ---- refused connections: a few lines, with a count ---- */
+
+START_TEST(test_refused_rate_limited)
+{
+	/* 200 garbage connections to a coordinator waiting for its peer (and
+	 * wait_listening's, the first) */
+	struct proc h0;
+	int port = free_port();
+	char certs[300];
+	snprintf(certs, sizeof(certs), "%s/certs", tmpdir);
+	/* time enough for all 200 to be turned away before the deadline */
+	tls_agent_for(&h0, "h0", 0, port, certs, 6);
+	ck_assert(wait_listening(port, 10));
+	for (int i = 0; i < 200; i++) {
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+					 .sin_addr.s_addr = htonl(0x7f000001) };
+		ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+		ssize_t w = write(fd, "GET / HTTP/1.0\r\n\r\n", 18);
+		(void)w;
+		close(fd);
+	}
+	int rc = proc_wait(&h0, 20);
+	ck_assert_msg(rc == EXIT_FAIL, "exit %d:\n%s", rc, slurp(h0.err));
+	char *err = slurp(h0.err);
+	/* one line for the first, one with the count of the rest */
+	ck_assert_msg(lines_with(err, "refused") <= 3, "%s", err);
+	ck_assert_msg(lines_with(err, "refused connection from 127.0.0.1:") == 1, "%s", err);
+	ck_assert_msg(strstr(err, "more connections from 127.0.0.1 in the last"), "%s", err);
+	int more = 0;
+	const char *m = strstr(err, "refused ");
+	while (m && sscanf(m, "refused %d more connections", &more) != 1)
+		m = strstr(m + 1, "refused ");
+	ck_assert_int_eq(more, 200);
+}
+END_TEST
+
+/* ---- the local launcher's keys ---- */
+
+static int entries(const char *dir, bool *ca_key)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+	while (d && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		n++;
+		char sub[600];
+		snprintf(sub, sizeof(sub), "%s/%s/ca.key", dir, e->d_name);
+		*ca_key |= access(sub, F_OK) == 0;
+	}
+	if (d)
+		closedir(d);
+	return n;
+}
+
+START_TEST(test_local_keys_leave_the_disk)
+{
+	char tmp[300];
+	bool ca_key = false;
+	struct proc p;
+	snprintf(tmp, sizeof(tmp), "%s/t", tmpdir);
+	ck_assert_int_eq(mkdir(tmp, 0700), 0);
+	setenv("TMPDIR", tmp, 1);
+	proc_meshrun(&p, "local", "local", "--hosts", "2", "--config", TINY, "steps=1000000",
+		     "openblas_threads=1", (char *)NULL);
+	ck_assert_msg(proc_wait_output(&p, "completed step: 1,", 60), "no step:\n%s", slurp(p.err));
+	/* running, and nothing on disk: every agent has read its files */
+	ck_assert_int_eq(entries(tmp, &ca_key), 0);
+	/* a SIGKILLed launcher leaves nothing either (its agents die with it) */
+	kill(p.pid, SIGKILL);
+	proc_wait(&p, 10);
+	ck_assert_int_eq(entries(tmp, &ca_key), 0);
+	/* killed at once, before the agents read them: the certificates may
+	 * stay, never the CA's key */
+	for (int i = 0; i < 5; i++) {
+		proc_meshrun(&p, "early", "local", "--hosts", "2", "--config", TINY, "steps=10",
+			     (char *)NULL);
+		usleep(20000 * (unsigned)i);
+		kill(p.pid, SIGKILL);
+		proc_wait(&p, 10);
+	}
+	entries(tmp, &ca_key);
+	ck_assert_msg(!ca_key, "a CA key was written");
+	unsetenv("TMPDIR");
+}
+END_TEST
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	Suite *s = suite_create("cli");
+	struct {
+		const char *name;
+		const TTest *fn;
+		int timeout;
+	} cases[] = {
+		{ "help", test_help_everywhere, 60 },
+		{ "prefix", test_one_prefix, 60 },
+		{ "config once", test_config_errors_once, 90 },
+		{ "eval nan", test_eval_nan, 90 },
+		{ "out of memory", test_out_of_memory, 90 },
+		{ "ctrl-c", test_ctrl_c_is_130, 90 },
+		{ "tls wrong ca", test_tls_wrong_ca, 60 },
+		{ "tls foreign listener", test_tls_foreign_listener, 60 },
+		{ "refused flood", test_refused_rate_limited, 60 },
+		{ "local keys", test_local_keys_leave_the_disk, 90 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		TCase *tc = tcase_create(cases[i].name);
+		tcase_add_checked_fixture(tc, setup, teardown);
+		tcase_set_timeout(tc, cases[i].timeout);
+		tcase_add_test(tc, cases[i].fn);
+		suite_add_tcase(s, tc);
+	}
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
