@@ -754,8 +754,14 @@ void recv_stream_cb(struct link *l, uint32_t events)
 		}
 		if (l->state != LS_UP || l->rx_blocked || l->hold_reads || l->conn_dead)
 			break;
-		link_read(l, READ_BUDGET);
-		if (!conn_pending(l->c) || l->state != LS_UP)
+		/* another turn only if the budget ran out with records left
+		 * in OpenSSL's buffer, where epoll does not see them; a read
+		 * that met an empty socket (EAGAIN) stops here even when a
+		 * partial record waits there (SSL_has_pending counts it): the
+		 * socket's next bytes fire the armed watch, and meanwhile the
+		 * thread's other links get their turn */
+		if (link_read(l, READ_BUDGET) < READ_BUDGET || !conn_pending(l->c) ||
+		    l->state != LS_UP)
 			break;
 		events = 0;
 	}
