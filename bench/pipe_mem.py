@@ -30,7 +30,7 @@ def main():
         t = acc[e["tid"]]
         if c == "step":
             t["step"] += d
-        elif n.startswith(("fwd i", "bwd i")):
+        elif n.startswith(("F mb", "B mb", "I mb", "W mb", "Fc mb", "embed mb", "head mb", "embed_back mb")):
             t["slots"] += d
         elif n.startswith("optimizer"):
             t["opt"] += d

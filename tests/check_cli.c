@@ -121,6 +121,17 @@ START_TEST(test_config_errors_once)
 		ck_assert_msg(lines_with(err, bad[i].want) == 1 && nl == 1 &&
 			      !strncmp(err, "meshrun: local: config: ", 24), "%s:\n%s", line, err);
 	}
+	/* the benchmarks start agents through the same launcher */
+	static const char *const benches[] = {
+		"bench collectives --hosts 3 --op all_gather --sizes 64K no_such_key=3",
+		"bench link --hosts 2 --sizes 64K no_such_key=3",
+	};
+	for (size_t i = 0; i < sizeof(benches) / sizeof(benches[0]); i++) {
+		int rc = proc_run_words(&p, "bench", benches[i], 30, false);
+		char *err = slurp(p.err);
+		ck_assert_msg(rc == EXIT_CONFIG && lines_with(err, "no_such_key") == 1,
+			      "%s: exit %d:\n%s", benches[i], rc, err);
+	}
 }
 END_TEST
 
@@ -153,7 +164,7 @@ START_TEST(test_eval_nan)
 	int rc = proc_run_words(&p, "eval", line, 60, false);
 	ck_assert_msg(rc == EXIT_FAIL, "exit %d:\n%s\n%s", rc, slurp(p.out), slurp(p.err));
 	ck_assert_file_has(p.err, "meshrun: eval: the loss over ");
-	ck_assert_file_has(p.err, " windows is nan: the checkpoint's weights");
+	ck_assert_file_has(p.err, " tokens is nan: the checkpoint's weights");
 	ck_assert_msg(!file_has(p.out, "eval_loss"), "%s", slurp(p.out));
 }
 END_TEST

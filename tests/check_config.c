@@ -142,7 +142,8 @@ START_TEST(test_out_of_range)
 		{ "collective_timeout_s=0", "config: key 'collective_timeout_s' must be > 0, got 0" },
 		{ "learning_rate_schedule_steps=0",
 		  "config: key 'learning_rate_schedule_steps' must be -1 (steps) or >= 1, got 0" },
-		{ "dataset_type=foo", "config: key 'dataset_type' has unknown value 'foo' (synthetic | text)" },
+		{ "dataset_type=foo", "config: key 'dataset_type' has unknown value 'foo' (synthetic | text | "
+		  "llmc | raw | megatron)" },
 		{ "dataset_type=text", "config: dataset_type 'text' needs key 'dataset_path' and "
 				       "'vocab_size' >= 256 (byte tokens), got '' and 256" },
 	};

@@ -194,7 +194,7 @@ START_TEST(test_describe)
 	snprintf(args, sizeof(args), "schedule --config " DS3 " %s ici_pipeline_parallelism=2 "
 		 "num_pipeline_microbatches=4", tp);
 	ck_assert_int_eq(proc_run(&p, "schedule", args, 60), 0);
-	ck_assert(file_has(p.out, "R=2 repeats"));
+	ck_assert(file_has(p.out, "v=2 chunks per stage"));
 	/* 3 value heads do not split over 2 */
 	snprintf(args, sizeof(args), "shardings --config " DS3 " --hosts 1 --devices-per-host 2 %s "
 		 "base_num_query_heads=3 base_num_kv_heads=3", tp);

@@ -11,6 +11,8 @@
 
 #include "host/config/config.h"
 #include "host/model/model.h"
+#include "host/pipeline/exec.h"
+#include "host/pipeline/pipe_config.h"
 #include "host/train/train.h"
 #include "kernels/kernels.h"
 #include "tests/proc.h"
@@ -40,6 +42,37 @@ static void tiny_cfg(struct cfg *c, bool moe)
 	ck_assert_msg(cfg_finish(c, 1, 1, err, sizeof(err)) == 0, "%s", err);
 }
 
+/* One step's forward and backward of model m on one device: the step
+ * without a pipeline, a table of one stage run by the executor (as the
+ * trainer runs it), made for m once. */
+static struct pipe_exec *exec_of;
+static struct model *exec_model;
+
+static int forward_backward(struct model *m, const int32_t *in, const int32_t *tg, struct model_step *st)
+{
+	if (exec_model != m) {
+		struct pipe_config pc;
+		struct pipe_table t;
+		int dev = 0;
+		pipe_exec_free(exec_of);
+		pipe_config_one_device(&pc, model_dims(m), 2);
+		ck_assert_msg(pipe_table_build(&t, &pc.shape, err, sizeof(err)) == 0, "%s", err);
+		ck_assert_msg(pipe_exec_new(&exec_of, &t, 0, 0, &dev, m, 2, err, sizeof(err)) == 0, "%s", err);
+		exec_model = m;
+	}
+	return pipe_exec_step(exec_of, in, tg, st, NULL);
+}
+
+static void forget_model(struct model *m)
+{
+	if (exec_model == m) {
+		pipe_exec_free(exec_of);
+		exec_of = NULL;
+		exec_model = NULL;
+	}
+	model_free(m);
+}
+
 /* total loss = mean xent + lb_weight * aux, as trained */
 /* Expert counts of the last forward, to notice a perturbation that changed
  * routing (top-k is not differentiable there; such points are skipped). */
@@ -52,7 +85,7 @@ static double total_loss(struct model *m, const int32_t *in, const int32_t *tg, 
 	float *gsave = malloc(n * sizeof(float));
 	memcpy(gsave, model_grads(m), n * sizeof(float));
 	struct model_step st = { .loss_scale = 1.0f / ntok, .lb_weight = lbw, .global_tokens = ntok };
-	ck_assert_int_eq(model_forward_backward(m, in, tg, &st), 0);
+	ck_assert_int_eq(forward_backward(m, in, tg, &st), 0);
 	double s = st.loss_sum, aux = st.aux;
 	memcpy(model_grads(m), gsave, n * sizeof(float));
 	free(gsave);
@@ -89,7 +122,7 @@ static void grad_check_with(bool moe, const char *score, const char *const *extr
 	float lbw = moe ? 0.1f : 0.0f;
 	memset(model_grads(m), 0, model_numel(m) * sizeof(float));
 	struct model_step st = { .loss_scale = 1.0f / ntok, .lb_weight = lbw, .global_tokens = ntok };
-	ck_assert_int_eq(model_forward_backward(m, in, tg, &st), 0);
+	ck_assert_int_eq(forward_backward(m, in, tg, &st), 0);
 	float *P = model_params(m), *G = model_grads(m);
 	int checked = 0, bad = 0, flips = 0;
 	int32_t base_counts[64], cp[64];
@@ -128,7 +161,7 @@ static void grad_check_with(bool moe, const char *score, const char *const *extr
 			checked++;
 		}
 	}
-	model_free(m);
+	forget_model(m);
 	ck_assert_msg(flips < checked / 10, "%d perturbations of %d changed routing", flips, checked);
 	ck_assert_int_gt(checked, 100);
 	ck_assert_msg(bad == 0, "%d of %d gradient elements differ from finite differences", bad, checked);
@@ -201,7 +234,7 @@ START_TEST(test_grad_checker_detects)
 	int32_t in[10] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }, tg[10] = { 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 };
 	memset(model_grads(m), 0, model_numel(m) * sizeof(float));
 	struct model_step st = { .loss_scale = 0.1f, .global_tokens = 10 };
-	ck_assert_int_eq(model_forward_backward(m, in, tg, &st), 0);
+	ck_assert_int_eq(forward_backward(m, in, tg, &st), 0);
 	const struct param_info *p = model_param_by_name(m, "wo");
 	size_t i = p->offset + 3;
 	float *P = model_params(m);
@@ -215,7 +248,7 @@ START_TEST(test_grad_checker_detects)
 	ck_assert(fabs(fd) > 1e-4);
 	ck_assert(fabs(fd - model_grads(m)[i]) < 2e-3 + 3e-2 * fabs(fd));
 	ck_assert(fabs(fd - 1.5 * model_grads(m)[i]) > 2e-3 + 3e-2 * fabs(fd));
-	model_free(m);
+	forget_model(m);
 }
 END_TEST
 

@@ -1,9 +1,9 @@
 /* Pipeline parallelism over `stage` across real agents on loopback: every
  * supported shape (stages, microbatches, repeats, delay, layers per
  * stage, stages across hosts, beside data, tensor and FSDP parallelism
- * in its three weight modes, and ZeRO-1) gives the
- * single-device losses of the same global batch, bit-identically run to
- * run; idle slots read nothing (their buffers poisoned with NaN change
+ * in its three weight modes, and ZeRO-1) gives the single-device losses
+ * of the same global batch, bit-identically run to run (the other
+ * schedules: check_pipeline_schedules); idle slots read nothing (their buffers poisoned with NaN change
  * nothing); checkpoints of a pipeline with repeats hold layer order; the
  * trace shows each stage's slots; what is not supported is refused. */
 #include <cJSON.h>
@@ -335,8 +335,8 @@ START_TEST(test_checkpoint_outside)
 }
 END_TEST
 
-/* --trace: every device has R*M forward and R*M backward slot spans per
- * step, and stage 1 its activation receives */
+/* --trace: every device has R*M forward and R*M backward spans per step
+ * (one per action of the table), and stage 1 its activation receives */
 START_TEST(test_trace_slots)
 {
 	char args[512];
@@ -354,8 +354,8 @@ START_TEST(test_trace_slots)
 		int tid = cJSON_GetObjectItem(e, "tid")->valueint;
 		const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
 		ck_assert(tid >= 0 && tid < 2);
-		fwd[tid] += !strncmp(name, "fwd i", 5);
-		bwd[tid] += !strncmp(name, "bwd i", 5);
+		fwd[tid] += !strncmp(name, "F mb", 4);
+		bwd[tid] += !strncmp(name, "B mb", 4);
 		recv_act[tid] += !strncmp(name, "stage recv act", 14);
 	}
 	for (int d = 0; d < 2; d++) {
@@ -385,6 +385,12 @@ START_TEST(test_unsupported_refused)
 		" pipeline_parallel_layers=3 steps=1", "pipeline_parallel_layers", "[1, 2]");
 	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_fsdp_ag_once=true "
 		"pipeline_fsdp_ag_per_repeat=true steps=1", "pipeline_fsdp_ag_once", "pipeline_fsdp_ag_per_repeat");
+	/* the zero-bubble schedules need the backward split */
+	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " pipeline_schedule=zb_h1 steps=1",
+		"pipeline_schedule=zb_h1", "not implemented yet");
+	refused("local --hosts 1 --devices-per-host 2 --config " LLAMA " " PP2 " num_pipeline_microbatches=4 "
+		"pipeline_schedule=1f1b pipeline_delay_activation_forwarding=true steps=1",
+		"pipeline_delay_activation_forwarding", "circular only");
 }
 END_TEST
 
@@ -428,6 +434,7 @@ int main(void)
 	tcase_add_test(tw, test_fsdp_modes_outside);
 	tcase_add_test(tw, test_fsdp_gathers_counted);
 	suite_add_tcase(s, tw);
+
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests */
 	srunner_set_fork_status(sr, CK_NOFORK);

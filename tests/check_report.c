@@ -261,7 +261,7 @@ START_TEST(test_eval_loss)
 			   "{\"step\":4,\"loss\":3.25}\n"
 			   "{\"step\":5,\"loss\":3,\"eval_loss\":3.5}\n");
 	char err[256] = "";
-	ck_assert_int_eq(report_write(path_m, NULL, path_svg, err, sizeof(err)), 0);
+	ck_assert_int_eq(report_write(path_m, NULL, path_svg, NULL, 0, err, sizeof(err)), 0);
 	const char *svg = read_all(path_svg);
 	struct pt p[8], e[8], all[16];
 	ck_assert_int_eq(points(svg, "loss", p, 8), 6);
@@ -281,7 +281,7 @@ START_TEST(test_eval_loss)
 	ck_assert(has_text(svg, "title", "Training loss and held-out loss (eval_loss)"));
 	/* no eval_loss: the panel as before */
 	write_file(path_m, "{\"step\":0,\"loss\":5}\n{\"step\":1,\"loss\":4}\n");
-	ck_assert_int_eq(report_write(path_m, NULL, path_svg, err, sizeof(err)), 0);
+	ck_assert_int_eq(report_write(path_m, NULL, path_svg, NULL, 0, err, sizeof(err)), 0);
 	svg = read_all(path_svg);
 	ck_assert_int_eq(points(svg, "eval_loss", e, 8), 0);
 	ck_assert(has_text(svg, "title", "Training loss"));

@@ -56,6 +56,37 @@ static int losses(const char *name, double *out, int max)
 	return n;
 }
 
+/* With MESHRUN_RECORD_LOSSES=FILE set, appends one line per run to FILE:
+ * the command line's arguments (tmpdir removed), a tab, and each step's
+ * loss_hex, so a restructure can be compared run by run with the losses
+ * recorded before it (`sort` both files, then `diff`). */
+static void record_losses(const char *args, const char *name)
+{
+	const char *path = getenv("MESHRUN_RECORD_LOSSES");
+	if (!path || !*path)
+		return;
+	char cmd[1024], line[4096], file[256];
+	size_t n = 0, tl = strlen(tmpdir);
+	for (const char *a = args; *a && n + 1 < sizeof(cmd);)
+		if (tl && !strncmp(a, tmpdir, tl))
+			a += tl, cmd[n++] = '@';
+		else
+			cmd[n++] = *a++;
+	cmd[n] = 0;
+	snprintf(file, sizeof(file), "%s/%s", tmpdir, name);
+	FILE *in = fopen(file, "r"), *out = fopen(path, "a");
+	ck_assert_msg(in && out, "record %s to %s", file, path);
+	fprintf(out, "%s\t", cmd);
+	while (fgets(line, sizeof(line), in)) {
+		char *p = strstr(line, "\"loss_hex\":\"");
+		if (p)
+			fprintf(out, " %.*s", (int)strcspn(p + 12, "\""), p + 12);
+	}
+	fputc('\n', out);
+	fclose(in);
+	fclose(out);
+}
+
 static void show_log_on_failure(int rc, int want)
 {
 	if (rc != want) {
@@ -99,6 +130,7 @@ static void single_losses(const char *preset, const char *opt, int batch, double
 	snprintf(args, sizeof(args), "train --config %s steps=10 per_device_batch_size=%d %s --metrics %s/one.jsonl",
 		 preset, batch, opt, tmpdir);
 	show_log_on_failure(run(args), 0);
+	record_losses(args, "one.jsonl");
 	ck_assert_int_eq(losses("one.jsonl", out, 10), 10);
 	if (ncache < 16) {
 		snprintf(cache[ncache].key, sizeof(cache[ncache].key), "%s", key);
@@ -121,6 +153,8 @@ static void equivalence_batch(const char *preset, int hosts, int dph, const char
 			 "per_device_batch_size=%d %s %s --metrics %s/dp%d.jsonl", hosts, dph, preset, pdb,
 			 extra, opt, tmpdir, k);
 		show_log_on_failure(run(args), 0);
+		if (k == 0)
+			record_losses(args, "dp0.jsonl");
 	}
 	ck_assert_int_eq(losses("dp0.jsonl", dp, 10), 10);
 	ck_assert_int_eq(losses("dp1.jsonl", dp2, 10), 10);

@@ -204,14 +204,34 @@ static inline int proc_kill(struct proc *p)
 	return p->status;
 }
 
+/* The whole of path as a string (zeros made spaces), in a buffer reused
+ * by the next call; "" when it cannot be read. */
 static inline char *slurp(const char *path)
 {
-	static char buf[65536];
+	static char *buf;
+	static size_t cap;
 	FILE *f = fopen(path, "r");
 	size_t n = 0;
 	if (f) {
-		n = fread(buf, 1, sizeof(buf) - 1, f);
+		for (;;) {
+			if (cap - n < 2) {
+				size_t ncap = cap ? 2 * cap : 65536;
+				char *nb = realloc(buf, ncap);
+				if (!nb)
+					break;
+				buf = nb;
+				cap = ncap;
+			}
+			size_t got = fread(buf + n, 1, cap - n - 1, f);
+			if (!got)
+				break;
+			n += got;
+		}
 		fclose(f);
+	}
+	if (!buf) {
+		static char empty[1];
+		return empty;
 	}
 	/* binary output (frames) may hold zeros: make it searchable */
 	for (size_t i = 0; i < n; i++)

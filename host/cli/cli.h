@@ -64,5 +64,6 @@ int cmd_shardings(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_schedule(int argc, char **argv);
 int cmd_data(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 #endif

@@ -76,6 +76,18 @@ static int bench_agent(const char *who, const struct args *a, const struct mesh_
 	return cli_exit_code(rc);
 }
 
+/* The launcher half: a bad config is said once, here, not by every agent
+ * it would start; 0 or the exit code (printed). */
+static int bench_check_config(const char *who, const struct args *a, struct mesh_args *m)
+{
+	static struct cfg cfg;
+	char err[640];
+	int rc = cli_agent_check(a, m, NULL, &cfg, err, sizeof(err));
+	if (rc)
+		cli_error(who, "%s", err);
+	return rc;
+}
+
 static const struct arg_flag launcher_only[] = {
 	{ "--hosts", ARG_INT, NULL, 0, 0, NULL },
 	END_FLAGS,
@@ -111,6 +123,8 @@ static int cmd_bench_link(int argc, char **argv)
 		rc = bench_agent("bench link", &a, &m, 2, bench_link_job, &o);
 	} else if (m.hosts != 2) {
 		rc = cli_usage_error("bench link", "give --hosts 2");
+	} else if ((rc = bench_check_config("bench link", &a, &m))) {
+		/* printed */
 	} else {
 		static const char *const prefix[] = { "bench", "link", "--agent" };
 		rc = cli_launch_local("bench link", 2, &a, argv, launcher_only, prefix, 3);
@@ -177,6 +191,8 @@ static int cmd_bench_coll(int argc, char **argv)
 		rc = bench_agent("bench collectives", &a, &m, 0, bench_coll_job, &o);
 	} else if (m.hosts < 1) {
 		rc = cli_usage_error("bench collectives", "give --hosts N");
+	} else if ((rc = bench_check_config("bench collectives", &a, &m))) {
+		/* printed */
 	} else {
 		static const char *const prefix[] = { "bench", "collectives", "--agent" };
 		rc = cli_launch_local("bench collectives", m.hosts, &a, argv, launcher_only, prefix, 3);

@@ -42,7 +42,8 @@ int cli_agent_check(const struct args *a, const struct mesh_args *m, const char 
 		    struct cfg *c, char *err, size_t errlen);
 
 /* The job's name for what it leaves behind (the checkpoint directory's
- * lock): MESHRUN_JOB_ID when a launcher set it ("local-4242"), else
+ * lock): MESHRUN_JOB_ID when a launcher set it ("local-4242", ssh
+ * launch's "launch-<run id>"), else
  * "slurm-<SLURM_JOB_ID>" under Slurm, else "<cmd>-<this pid>". */
 const char *cli_job_name(const char *cmd, char *buf, size_t len);
 

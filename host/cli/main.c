@@ -24,6 +24,7 @@ static const struct command commands[] = {
 	{ "report", cmd_report },
 	{ "schedule", cmd_schedule },
 	{ "data", cmd_data },
+	{ "plan", cmd_plan },
 	{ NULL, NULL },
 };
 

@@ -479,9 +479,13 @@ static int check_ranges(const struct cfg *c, char *err, size_t errlen)
 		return -EINVAL;
 	}
 	/* the dataset's keys (its file is the data's to read) */
-	if (strcmp(c->dataset_type, "synthetic") && strcmp(c->dataset_type, "text")) {
-		snprintf(err, errlen, "config: key 'dataset_type' has unknown value '%s' (synthetic | text)",
-			 c->dataset_type);
+	static const char *const types[] = { "synthetic", "text", "llmc", "raw", "megatron" };
+	bool known = false;
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+		known |= !strcmp(c->dataset_type, types[i]);
+	if (!known) {
+		snprintf(err, errlen, "config: key 'dataset_type' has unknown value '%s' (synthetic | text | "
+			 "llmc | raw | megatron)", c->dataset_type);
 		return -EINVAL;
 	}
 	if (!strcmp(c->dataset_type, "text") && (!c->dataset_path[0] || c->vocab_size < 256)) {

@@ -86,6 +86,8 @@ struct cfg_list {
 	X(BOOL, pipeline_delay_activation_forwarding, "false", 1, "a stage takes its input two iterations after the previous stage made it, so sends overlap compute; doubles the bubble") \
 	X(BOOL, pipeline_fsdp_ag_once, "false", 1, "gather all of a stage's weights (every repeat) once per step and reduce-scatter once at the end: repeats x weight memory") \
 	X(BOOL, pipeline_fsdp_ag_per_repeat, "false", 1, "two gathered weight slots per stage; the next repeat's weights are gathered one repeat ahead") \
+	X(STR,  pipeline_schedule, "circular", 1, "circular | gpipe | 1f1b | interleaved_1f1b | zb_h1 | zbv: the order of a step's forwards and backwards (docs/pipeline.md)") \
+	X(BOOL, pipeline_recompute, "true", 1, "a backward recomputes its chunk's forward from the chunk's saved input; false: the forward keeps every layer's activations until the backward") \
 	/* --- model (MaxText names) --- */ \
 	X(INT,   base_emb_dim, "256", 1, "d_model") \
 	X(INT,   base_num_query_heads, "4", 1, "") \

@@ -514,10 +514,10 @@ static void agent_cmd(char *out, size_t len, const struct run *rn, int i, bool r
 	const char *dir = ckpt_dir(rn, ck, sizeof(ck));
 	int k = snprintf(out, len,
 			 "cd %s && { [ -e started ] || : >started; } && echo $$ >pid && "
-			 "export %s=2 && exec %s/meshrun agent "
+			 "export %s=2 MESHRUN_JOB_ID=launch-%s && exec %s/meshrun agent "
 			 "--config %s/config.yaml --host-id %d --hosts %d --devices-per-host %d "
 			 "--listen %s:0",
-			 rn->remote, LAUNCH_STATUS_ENV, rn->remote, rn->remote, i, a->n,
+			 rn->remote, LAUNCH_STATUS_ENV, rn->id, rn->remote, rn->remote, i, a->n,
 			 a->devices_per_host, a->hosts[i].host);
 	if (i == 0 && a->metrics)
 		k += snprintf(out + k, len - (size_t)k, " --metrics %s/metrics.jsonl", rn->remote);

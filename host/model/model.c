@@ -1,10 +1,12 @@
-/* The decoder of host/model/model.h: its life cycle, the stage calls
- * (embedding, a range of layers, the head; forward and backward) and the
- * whole-model step made of them, which schedules the FSDP window (one
- * layer ahead). Placement comes from the sharding rules through the
- * planner (params.c); every parallelism is a plan executed by the same
- * code: gathered weights (window.c), partial sums all-reduced, statistics
- * split, tokens sent to their experts (layer.c, moe.c). */
+/* The decoder of host/model/model.h: its life cycle, its activations
+ * (sets of saved layer activations), and the stage calls (embedding, a
+ * range of layers, the head; forward and backward) that the one step
+ * driver, the pipeline executor (host/pipeline/exec.h), runs for every
+ * step, with or without a pipeline. Placement comes from the sharding
+ * rules through the planner (params.c); every parallelism is a plan
+ * executed by the same code: gathered weights (window.c), partial sums
+ * all-reduced, statistics split, tokens sent to their experts (layer.c,
+ * moe.c). */
 #include <assert.h>
 #include <errno.h>
 #include <math.h>
@@ -18,18 +20,23 @@
 
 /* ---- allocation ---- */
 
-/* The activations (every layer's saved ones, the residual stream, the
- * head's) and the backward's scratch, cut out of one allocation.
+/* The activations (every layer's saved ones, the layer inputs inside a
+ * call, the head's) and the backward's scratch, cut out of one
+ * allocation.
  *
- * A pipeline stage runs Lps layers at once (model_layers_forward over one
- * slot's layers), and the executor recomputes each slot's forward right
- * before its backward, so what a layer saved is read only by the backward
- * of the call that saved it: the stage stores the saved activations of
- * act_layers layers (Lps, or the layers outside the pipeline if more),
- * layer l in storage l mod act_layers (the first layer of that residue
- * and kind, dense or MoE), not of all L. A call over more than act_layers
- * layers is refused. The layers outside the pipeline pair their calls the
- * same way (forward then backward, or a recompute right before it). */
+ * Saved layer activations come in act_sets sets (model_act_set picks the
+ * one the next calls use), so a pipeline stage that keeps a chunk's
+ * activations from its forward to its backward (pipeline_recompute:
+ * false) holds one set per chunk in flight; with recompute one set does,
+ * each chunk's forward being run again right before its backward. A set
+ * stores act_layers layers: all L without a pipeline (every layer its
+ * own), else the most one call runs (Lps, or the layers outside the
+ * pipeline if more), layer l in storage l mod act_layers (the first layer
+ * of that residue and kind, dense or MoE): what a layer saved is read
+ * only by the backward of the call that saved it. A call runs at most
+ * call_layers layers: act_layers on a pipeline stage, one without (the
+ * executor's chunks are layers), and keeps the inputs of its layers after
+ * the first in call_layers - 1 slots of its set. */
 
 struct arena {
 	char *base;
@@ -53,7 +60,8 @@ static int rope_dim(const struct model_dims *d)
 	return d->mla ? d->Dr : d->D;
 }
 
-static void lay_out(struct model *m, struct arena *a)
+/* One set's saved activations: m->la[0 .. L) (la_all of set k). */
+static void lay_out_set(struct model *m, struct arena *a, struct layer_acts *la)
 {
 	const struct model_dims *d = &m->l;
 	size_t N = (size_t)m->N, C = d->C, QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
@@ -62,20 +70,14 @@ static void lay_out(struct model *m, struct arena *a)
 	size_t VD = d->mla ? (size_t)d->Hkv * d->Dv : KD, OD = d->mla ? (size_t)d->Hq * d->Dv : QD;
 	size_t NK = N * (size_t)m->d.K, SF = (size_t)m->SF, R = m->rmax, E = m->d.E;
 	size_t att = (size_t)m->B * d->Hq * d->T * d->T;
-	size_t big = N * (size_t)d->F;
-	if (m->d.L_moe) {
-		big = big > R * (size_t)d->Fe ? big : R * (size_t)d->Fe;
-		big = big > N * SF ? big : N * SF;
-	}
 
-	m->resid = TAKEF(a, (size_t)(m->act_layers + 1) * N * C);
 	for (int l = 0; l < d->L; l++) {
-		struct layer_acts *x = &m->la[l];
+		struct layer_acts *x = &la[l];
 		int q = l % m->act_layers;
 		while (q < l && (q < d->L_dense) != (l < d->L_dense))
 			q += m->act_layers;
 		if (q < l) {  /* shares layer q's storage */
-			*x = m->la[q];
+			*x = la[q];
 			continue;
 		}
 		x->ln1 = TAKEF(a, N * C);
@@ -128,6 +130,26 @@ static void lay_out(struct model *m, struct arena *a)
 			}
 		}
 	}
+}
+
+static void lay_out(struct model *m, struct arena *a)
+{
+	const struct model_dims *d = &m->l;
+	size_t N = (size_t)m->N, C = d->C, QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
+	size_t VD = d->mla ? (size_t)d->Hkv * d->Dv : KD, OD = d->mla ? (size_t)d->Hq * d->Dv : QD;
+	size_t NK = N * (size_t)m->d.K, SF = (size_t)m->SF, R = m->rmax, E = m->d.E;
+	size_t big = N * (size_t)d->F;
+	if (m->d.L_moe) {
+		big = big > R * (size_t)d->Fe ? big : R * (size_t)d->Fe;
+		big = big > N * SF ? big : N * SF;
+	}
+
+	for (int k = 0; k < m->act_sets; k++) {
+		m->resid_all[k] = TAKEF(a, (size_t)(m->call_layers - 1) * N * C);
+		lay_out_set(m, a, m->la_all + (size_t)k * d->L);
+	}
+	/* model_forward's residual stream (a model without a pipeline) */
+	m->stream = m->pipe_stages > 1 ? NULL : TAKEF(a, 2 * N * C);
 	m->lnf = TAKEF(a, N * C);
 	m->rstdf = TAKEF(a, N);
 	m->nstat = TAKEF(a, 2 * N);
@@ -213,8 +235,10 @@ static struct model *model_make(const struct model_dims *d, const struct model_m
 				char *err, size_t errlen)
 {
 	struct model *m = params_make(d, mm, rc, err, errlen);
-	if (m)
+	if (m) {
 		m->attn = d->mla ? &attn_mla : &attn_gqa;
+		m->act_sets = mm && mm->pipe_act_sets > 1 ? mm->pipe_act_sets : 1;
+	}
 	if (m && make_window(m)) {
 		snprintf(err, errlen, "model: out of memory for the plans");
 		*rc = -ENOMEM;
@@ -282,23 +306,34 @@ static void size_rows(struct model *m, int B)
 	if (m->rmax == 0)
 		m->rmax = 1;
 	m->act_layers = act_layers(m);
+	m->call_layers = m->pipe_stages > 1 ? m->act_layers : 1;
+}
+
+/* The sets' tables of saved activations (lay_out fills them). */
+static int alloc_sets(struct model *m)
+{
+	m->la_all = calloc((size_t)m->d.L * (size_t)m->act_sets, sizeof(*m->la_all));
+	m->resid_all = calloc((size_t)m->act_sets, sizeof(*m->resid_all));
+	return m->la_all && m->resid_all ? 0 : -ENOMEM;
+}
+
+static void free_sets(struct model *m)
+{
+	free(m->la_all);
+	free(m->resid_all);
+	m->la_all = NULL;
+	m->resid_all = NULL;
 }
 
 size_t model_activation_bytes(struct model *m, int B)
 {
 	if (m->act_mem)
 		return m->act_bytes;
-	struct layer_acts *keep = m->la;
 	struct arena a = { 0 };
-	m->la = calloc((size_t)m->d.L, sizeof(*m->la));
-	if (!m->la) {
-		m->la = keep;
-		return 0;
-	}
 	size_rows(m, B);
-	lay_out(m, &a);
-	free(m->la);
-	m->la = keep;
+	if (!alloc_sets(m))
+		lay_out(m, &a);
+	free_sets(m);
 	return a.used;
 }
 
@@ -313,8 +348,7 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 	size_rows(m, B);
 	struct arena a = { 0 };
 	size_t pbytes = ((m->numel * sizeof(float)) + 63) & ~(size_t)63;
-	m->la = calloc((size_t)d->L, sizeof(*m->la));
-	if (!m->la)
+	if (alloc_sets(m))
 		goto oom;
 	lay_out(m, &a);                 /* sizing pass */
 	m->act_bytes = a.used;
@@ -335,6 +369,7 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 	a.base = m->act_mem;
 	a.used = 0;
 	lay_out(m, &a);
+	model_act_set(m, 0);
 	rope_tables(m);
 	*out = m;
 	return 0;
@@ -362,7 +397,8 @@ void model_free(struct model *m)
 	free(m->act_mem);
 	free(m->params);
 	free(m->grads);
-	free(m->la);
+	free(m->la_all);
+	free(m->resid_all);
 	params_free(m);
 	free(m);
 }
@@ -373,6 +409,25 @@ size_t model_numel(const struct model *m) { return m->numel; }
 const int32_t *model_expert_counts(const struct model *m) { return m->counts_all; }
 size_t model_window_numel(const struct model *m) { return win_numel(m->win); }
 struct win *model_window(struct model *m) { return m->win; }
+int model_act_sets(const struct model *m) { return m->act_sets; }
+
+size_t model_layer_act_bytes(const struct model_dims *d, int rows, bool moe)
+{
+	size_t N = (size_t)rows * d->T, C = d->C, QD = (size_t)d->Hq * d->D, KD = (size_t)d->Hkv * d->D;
+	size_t f = 3 * N * C + 2 * N + 2 * N * QD + 2 * N * KD + (size_t)rows * d->Hq * d->T * d->T;
+	if (!moe)
+		return sizeof(float) * (f + 3 * N * (size_t)d->F);
+	size_t NK = N * (size_t)d->K, E = d->E;
+	f += N * E + NK + 2 * NK * C + 3 * NK * (size_t)d->Fe + 3 * N * (size_t)d->Fe * (size_t)d->S;
+	return sizeof(float) * f + sizeof(int32_t) * (2 * NK + 2 * E + 1);
+}
+
+void model_act_set(struct model *m, int k)
+{
+	assert(k >= 0 && k < m->act_sets);
+	m->la = m->la_all + (size_t)k * m->d.L;
+	m->resid = m->resid_all[k];
+}
 
 /* ---- stage calls ---- */
 
@@ -404,16 +459,16 @@ int model_embed_backward(struct model *m, const float *dx0, const int32_t *input
 	return m->hook_rc;
 }
 
-/* Layer l's input: the call's x for its first layer, else the model's
- * slot for it. */
+/* Layer l's input: the call's x for its first layer, else the set's slot
+ * for it. */
 static float *layer_input(struct model *m, int l, int l0, const float *x)
 {
-	return l == l0 ? (float *)x : m->resid + (size_t)(l % m->act_layers) * m->N * m->l.C;
+	return l == l0 ? (float *)x : m->resid + (size_t)(l - l0 - 1) * m->N * m->l.C;
 }
 
 int model_layers_forward(struct model *m, int l0, int l1, float *y, const float *x)
 {
-	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->act_layers);
+	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->call_layers);
 	for (int l = l0; l < l1; l++)
 		layer_forward(m, l, l + 1 == l1 ? y : layer_input(m, l + 1, l0, x), layer_input(m, l, l0, x));
 	return m->hook_rc;
@@ -421,7 +476,7 @@ int model_layers_forward(struct model *m, int l0, int l1, float *y, const float 
 
 int model_layers_backward(struct model *m, int l0, int l1, float *d, const float *x)
 {
-	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->act_layers);
+	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->call_layers);
 	for (int l = l1 - 1; l >= l0; l--)
 		layer_backward(m, l, d, layer_input(m, l, l0, x));
 	return m->hook_rc;
@@ -481,51 +536,42 @@ int model_head_backward(struct model *m, float *dx, const float *x, const int32_
 	return m->hook_rc;
 }
 
-/* ---- the whole model ---- */
-
-/* The whole-model step's window: the non-layer tensors in one slot,
- * layers alternating between two, the next one gathered while one
- * computes. */
-#define SLOT_NONLAYER 0
-#define SLOT_LAYER(l) (1 + ((l) & 1))
-
-/* The whole model's residual stream: every layer's activations are
- * stored (act_layers = L) on a device that runs them all. */
-static float *resid(struct model *m, int l)
+/* The backward split (issue 21, Deliver 3): not in the layers yet. */
+int model_layers_backward_input(struct model *m, int l0, int l1, float *dx, const float *dy, const float *x)
 {
-	assert(m->act_layers == m->d.L);
-	return m->resid + (size_t)l * m->N * m->l.C;
+	(void)m, (void)l0, (void)l1, (void)dx, (void)dy, (void)x;
+	return -EOPNOTSUPP;
 }
 
-/* The forward over all N rows; the last layer's weights stay READY for
- * the backward. Returns the sum of token losses. */
-static double forward_all(struct model *m, const int32_t *inputs, const int32_t *targets)
+int model_layers_backward_weight(struct model *m, int l0, int l1, const float *dy, const float *x)
 {
-	struct win *w = m->win;
-	int L = m->d.L;
-	double loss = 0;
-
-	win_gather_start(w, SLOT_NONLAYER, WIN_NONLAYER, 0);
-	win_wait(w, SLOT_NONLAYER);
-	win_gather_start(w, SLOT_LAYER(0), 0, 1);
-	model_embed_forward(m, resid(m, 0), inputs);
-	for (int l = 0; l < L; l++) {
-		win_wait(w, SLOT_LAYER(l));
-		if (l + 1 < L)  /* the next layer's weights arrive meanwhile */
-			win_gather_start(w, SLOT_LAYER(l + 1), l + 1, l + 2);
-		model_layers_forward(m, l, l + 1, resid(m, l + 1), resid(m, l));
-		if (l + 1 < L)
-			win_release(w, SLOT_LAYER(l));
-	}
-	model_head_forward(m, &loss, resid(m, L), targets);
-	return loss;
+	(void)m, (void)l0, (void)l1, (void)dy, (void)x;
+	return -EOPNOTSUPP;
 }
+
+/* ---- forward only ---- */
 
 int model_forward(struct model *m, const int32_t *inputs, const int32_t *targets,
 		  struct model_step *st)
 {
+	struct win *w = m->win;
+	float *x = m->stream, *y = m->stream + (size_t)m->N * m->l.C;
+	assert(x);  /* a model without a pipeline */
 	model_step_begin(m, st);
-	st->loss_sum = forward_all(m, inputs, targets);
+	model_act_set(m, 0);
+	win_gather_start(w, 0, WIN_NONLAYER, 0);
+	win_wait(w, 0);
+	model_embed_forward(m, x, inputs);
+	for (int l = 0; l < m->d.L; l++) {
+		win_gather_start(w, 1, l, l + 1);
+		win_wait(w, 1);
+		model_layers_forward(m, l, l + 1, y, x);
+		win_release(w, 1);
+		float *t = x;
+		x = y;
+		y = t;
+	}
+	model_head_forward(m, &st->loss_sum, x, targets);
 	return model_step_end(m);
 }
 
@@ -554,39 +600,4 @@ int model_sum_counts(struct model *m, uint32_t axes)
 		m->counts_all[i] = s;
 	}
 	return m->hook_rc;
-}
-
-int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
-			   struct model_step *st)
-{
-	struct win *w = m->win;
-	int L = m->d.L;
-
-	model_step_begin(m, st);
-	st->loss_sum = forward_all(m, inputs, targets);
-	if (m->d.L_moe)
-		model_sum_counts(m, m->rows);
-	if (m->hook_rc)
-		return model_step_end(m);
-
-	win_zero_grads(w, SLOT_NONLAYER);
-	model_head_backward(m, m->dresid, resid(m, L), targets);
-	/* the last layer's weights are still in the window from the forward;
-	 * below it each layer's arrive while the one above it computes, and
-	 * its gradients leave while the one below computes */
-	for (int l = L - 1; l >= 0; l--) {
-		if (l != L - 1)
-			win_wait(w, SLOT_LAYER(l));
-		if (l >= 1)
-			win_gather_start(w, SLOT_LAYER(l - 1), l - 1, l);
-		win_zero_grads(w, SLOT_LAYER(l));
-		model_layers_backward(m, l, l + 1, m->dresid, resid(m, l));
-		win_scatter_start(w, SLOT_LAYER(l));
-		win_release(w, SLOT_LAYER(l));
-	}
-	model_embed_backward(m, m->dresid, inputs);
-	win_scatter_start(w, SLOT_NONLAYER);
-	win_scatter_finish(w);
-	win_release(w, SLOT_NONLAYER);
-	return model_step_end(m);
 }

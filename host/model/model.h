@@ -64,6 +64,12 @@ struct param_info {
 	uint32_t gsum;                    /* axes the local gradient is summed over */
 };
 
+/* floats of one layer's slice of a stacked tensor (or the whole tensor) */
+static inline size_t param_slice_numel(const struct param_info *p)
+{
+	return p->stacked ? p->numel / (size_t)p->shape[0] : p->numel;
+}
+
 /* Where this device sits in a mesh; NULL for one device. */
 struct model_mesh {
 	const struct mesh *mesh;
@@ -87,6 +93,10 @@ struct model_mesh {
 	 * is not split over `layers`: every stage stores it whole, and runs
 	 * those layers (their activations are needed on every stage). */
 	int pipe_first, pipe_layers;
+	/* Sets of saved layer activations (0 or 1: one): a stage that keeps
+	 * the activations of several chunks from their forward to their
+	 * backward (the schedule's act_sets, host/pipeline/schedule.h). */
+	int pipe_act_sets;
 };
 
 /* Collectives over the devices that differ from this one only on `axes`
@@ -211,17 +221,11 @@ struct model_step {
 	double aux;              /* this replica's share of the global load-balance loss */
 };
 
-/* Forward and backward on B x T tokens: the stage calls below in
- * sequence, with the FSDP window one layer ahead. Gradients are
- * ACCUMULATED into model_grads (zero them first). Returns 0, or the first
- * hook error. */
-int model_forward_backward(struct model *m, const int32_t *inputs, const int32_t *targets,
-			   struct model_step *st);
-
-/* Forward only (evaluation), on one device or a mesh (st->comm): the
- * same forward as model_forward_backward, st->loss_sum the sum of the
- * per-token losses of these rows (masked targets add nothing). 0 or the
- * first hook error. */
+/* Forward only (evaluation; a model without a pipeline), on one device
+ * or a mesh (st->comm): st->loss_sum the sum of the per-token losses of
+ * these rows (masked targets add nothing). 0 or the first hook error. A
+ * training step is the pipeline executor's (host/pipeline/exec.h), with
+ * or without a pipeline: it runs the stage calls below. */
 int model_forward(struct model *m, const int32_t *inputs, const int32_t *targets,
 		  struct model_step *st);
 
@@ -244,10 +248,20 @@ int model_forward(struct model *m, const int32_t *inputs, const int32_t *targets
  * model_grads.
  *
  * What stays alive between a forward and its backward: the model keeps
- * the activations of every layer (one set per layer) and of the head (one
- * set), so forward and backward of the same layers alternate (a pipeline
- * stage that runs several microbatches recomputes the forward just before
- * each backward); the caller keeps the buffers it passed as inputs. */
+ * each layer's activations in the set of saved activations in use
+ * (model_act_set), and the head's (one set), so forward and backward of
+ * the same layers in one set alternate (a pipeline stage that runs
+ * several microbatches either recomputes the forward just before each
+ * backward, or gives each chunk in flight its own set); the caller keeps
+ * the buffers it passed as inputs. */
+
+/* Sets of saved layer activations (model_mesh.pipe_act_sets), and the
+ * one the next layer calls use (0 .. sets - 1; 0 at first). */
+int model_act_sets(const struct model *m);
+void model_act_set(struct model *m, int k);
+/* About the bytes one dense (or MoE) layer's saved activations take for
+ * `rows` sequences on one device (what a set holds per layer). */
+size_t model_layer_act_bytes(const struct model_dims *d, int rows, bool moe);
 
 /* Begins a step with st's collectives (st->aux starts at 0); st stays
  * the caller's and alive until model_step_end. */
@@ -269,14 +283,19 @@ int model_embed_backward(struct model *m, const float *dx0, const int32_t *input
  * not x, which the caller keeps unchanged until the backward. The model
  * does not read y again. x and y must not overlap. A MoE layer records
  * its expert counts (model_expert_counts), which its backward uses for
- * the load-balance loss; model_forward_backward sums them over replicas
- * in between. */
+ * the load-balance loss; the step sums them over replicas in between. */
 int model_layers_forward(struct model *m, int l0, int l1, float *y, const float *x);
 /* Backward of the last model_layers_forward of [l0, l1), given the same
  * x: d (N, C, not overlapping x) holds dL/dy on entry and dL/dx on
  * return. Weight gradients accumulate; a MoE layer adds its load-balance
  * loss to the step's aux. */
 int model_layers_backward(struct model *m, int l0, int l1, float *d, const float *x);
+/* The same backward split in two (the zero-bubble schedules' I and W):
+ * the input gradient dx (N, C) from dy (kept) and x, then, any time
+ * later but before the activations' set is reused, the weight gradients
+ * from dy and x. Not implemented yet (issue 21, Deliver 3): -EOPNOTSUPP. */
+int model_layers_backward_input(struct model *m, int l0, int l1, float *dx, const float *dy, const float *x);
+int model_layers_backward_weight(struct model *m, int l0, int l1, const float *dy, const float *x);
 
 /* Final norm, output projection and cross-entropy of x (N, C, the last
  * layer's output) against targets: *loss_sum = the sum of the N token

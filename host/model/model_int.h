@@ -101,15 +101,20 @@ struct model {
 	int nbucket;
 	size_t numel;
 	float *params, *grads;
-	/* activations */
-	int act_layers;             /* layers whose saved activations are
-				     * stored: L, or in a pipeline stage the
+	/* activations (see lay_out in model.c) */
+	int act_layers;             /* layers whose saved activations a set
+				     * stores: L, or in a pipeline stage the
 				     * Lps it runs at once (la[l] then shares
-				     * la[l mod Lps]'s storage, resid slot l
-				     * slot l mod Lps; see model_new) */
-	float *resid;               /* [act_layers + 1, N, C]: slot l is layer
-				     * l's input */
-	struct layer_acts *la;
+				     * la[l mod Lps]'s storage) */
+	int call_layers;            /* layers one call may run */
+	int act_sets;               /* sets of saved activations */
+	struct layer_acts *la_all;  /* [act_sets, L] */
+	float **resid_all;          /* [act_sets] call_layers - 1 slots of
+				     * [N, C]: the inputs of a call's layers
+				     * after its first */
+	struct layer_acts *la;      /* the set in use (model_act_set) */
+	float *resid;               /* its slots */
+	float *stream;              /* [2, N, C] model_forward's (no pipeline) */
 	float *lnf, *rstdf, *logits, *probs, *losses;
 	float *cos_t, *sin_t;
 	float att_scale;            /* attention scores = att_scale * q.k */
@@ -142,12 +147,6 @@ void param_layers(const struct model *m, int id, int *first, int *count);
 int layer_slot(const struct model *m, int id, int l);
 int mesh_axes_size_or1(const struct model *m, uint32_t mask);
 
-/* floats of one slice of a stacked tensor (or the whole tensor) */
-static inline size_t per_slice(const struct param_info *p)
-{
-	return p->stacked ? p->numel / (size_t)p->shape[0] : p->numel;
-}
-
 /* Sums buf over axes (partial sums the plan named). A failure is
  * remembered and reported after the pass; none starts after it. */
 static inline void psum(struct model *m, uint32_t axes, float *buf, size_t n)
@@ -167,7 +166,7 @@ static inline float *wsel(struct model *m, bool grads, int id, int l)
 		return win_block(m->win, grads, id, l);
 	const struct param_info *p = &m->p[id];
 	float *b = (grads ? m->grads : m->params) + p->offset +
-		   (p->stacked ? per_slice(p) * (size_t)layer_slot(m, id, l) : 0);
+		   (p->stacked ? param_slice_numel(p) * (size_t)layer_slot(m, id, l) : 0);
 	if (m->pp[id].slice)
 		b += m->c0;
 	return b;

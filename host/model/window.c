@@ -56,11 +56,6 @@ struct win {
 	int *rc;
 };
 
-static size_t per_slice(const struct param_info *p)
-{
-	return p->stacked ? p->numel / (size_t)p->shape[0] : p->numel;
-}
-
 static size_t per_cslice(const struct plan_param *pp, const struct param_info *p)
 {
 	return p->stacked ? pp->cnumel / (size_t)pp->cshape[0] : pp->cnumel;
@@ -87,7 +82,7 @@ static bool in_group(const struct win *w, int i, int l, uint32_t axes, bool grad
 static float *storage(const struct win *w, float *buf, int i, int l)
 {
 	const struct param_info *p = w->t[i].p;
-	return buf + p->offset + (p->stacked ? per_slice(p) * (size_t)slice_of(w, i, l) : 0);
+	return buf + p->offset + (p->stacked ? param_slice_numel(p) * (size_t)slice_of(w, i, l) : 0);
 }
 
 /* Tensor i's compute-shaped block for layer l of the group in READY slot k. */
@@ -107,7 +102,7 @@ static size_t pack_size(const struct win *w, const struct mesh_members *gg, int 
 	for (int l = l0; l < l1; l++)
 		for (int i = 0; i < w->n; i++)
 			if (in_group(w, i, l, gg->axes, grads))
-				pack += per_slice(w->t[i].p);
+				pack += param_slice_numel(w->t[i].p);
 	return pack;
 }
 
@@ -130,7 +125,7 @@ static void place_blocks(struct win *w, const struct mesh_members *gg, int ks, b
 				plan_copy_block(block(w, grads, i, l, ks), pp->cshape + k,
 						packed + (size_t)r * pack + off, p->shape + k, o + k,
 						p->ndim - k, into_window);
-				off += per_slice(p);
+				off += param_slice_numel(p);
 			}
 	}
 }
@@ -181,7 +176,7 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 			continue;
 		w->woff[i] = w->cnum[p->stacked];
 		w->cnum[p->stacked] += per_cslice(t[i].pp, p);
-		w->snum[p->stacked] += per_slice(p);
+		w->snum[p->stacked] += param_slice_numel(p);
 		if (add_gather_group(w, t[i].pp->gather, device))
 			goto fail;
 	}
@@ -314,7 +309,7 @@ static void start_next(struct win *w)
 			for (int i = 0; i < w->n; i++) {
 				if (!in_group(w, i, l, gg->axes, false))
 					continue;
-				size_t n = per_slice(w->t[i].p);
+				size_t n = param_slice_numel(w->t[i].p);
 				memcpy(send + pack, storage(w, w->params, i, l), n * sizeof(float));
 				pack += n;
 			}
@@ -434,7 +429,7 @@ int win_scatter_finish(struct win *w)
 			for (int i = 0; i < w->n && !*w->rc; i++) {
 				if (!in_group(w, i, l, gg->axes, true))
 					continue;
-				size_t n = per_slice(w->t[i].p);
+				size_t n = param_slice_numel(w->t[i].p);
 				float *dst = storage(w, w->grads, i, l);
 				for (size_t j = 0; j < n; j++)
 					dst[j] += w->srecv[roff + j];

@@ -1,41 +1,32 @@
-/* The executor of a pipeline schedule (host/pipeline/schedule.h): one
- * device of stage s runs the table's entries for s on the model's stage
- * calls, moving activations and gradients point to point.
+/* The executor: one device runs its stage's list of a schedule's table
+ * (host/pipeline/schedule.h) on the model's stage calls, in table order,
+ * for every training step, with or without a pipeline (a table of one
+ * stage). It does what each action says and nothing else: the owners'
+ * embedding, head and loss; the forward and backward of a chunk of
+ * layers (recomputing the forward when the table says so); the
+ * expert-count sum; sends and receives of activations and gradients
+ * through the point-to-point seam below; the FSDP window's gathers,
+ * releases and reduce-scatters (host/model/window.h).
  *
  * A step covers the B = M x mb rows of the device's stage group (the
  * devices that differ only in `stage`); the model was made for mb rows
- * (one microbatch). The embedding, the head and the decoder layers
- * outside the pipeline run data-parallel over `stage`: stage s embeds,
- * and computes the loss of, the microbatches m with m mod S = s, and runs
- * on them the layers [0, first_layer) after the embedding (an MoE
- * model's dense layers and MoE layers left out of the pipeline; their
- * forward is recomputed before their backward, after the pipeline's) and
- * the layers after the pipelined ones before the head (a dense model's;
- * forward and backward back to back per microbatch). Their inputs go to
- * stage 0, their outputs come back from stage S-1, point to point. The
- * pipelined layers run as the table says: forward, then backward
- * recomputing each slot's forward from its saved stage input. Weight
- * gradients accumulate into model_grads: the stage's own layers, and the
- * embedding, head and layers outside the pipeline of its microbatches
- * (the model stores those whole on every stage; the caller sums their
- * gradients over `stage`).
+ * (one microbatch), with the table's sets of saved activations
+ * (model_mesh.pipe_act_sets = act_sets of the stage) and weight windows
+ * (model_mesh.pipe_weight_slots = weight_windows). Weight gradients
+ * accumulate into model_grads: the stage's own layers, and the
+ * embedding, head and layers outside the pipeline of the microbatches
+ * it owns (the model stores those whole on every stage; the caller sums
+ * their gradients over `stage`). The layers outside the pipeline run in
+ * the owners' actions: those before it after the embedding (their
+ * forward recomputed before their backward), those after it before the
+ * head (forward and backward back to back).
  *
- * MoE layers: every forward of the step adds its expert counts; between
- * the passes they are summed over the rows' axes and `stage`, so each
- * layer's load-balance loss (and the router bias update after the step)
- * sees the counts of the whole batch, as on one device; the recomputed
- * forwards leave them alone.
- *
- * Weights: the `layers` dimension is split over `stage`, so a stage stores
- * its layers (in stage order with repeats: model_mesh); weights also split
- * over FSDP axes are gathered through the model's window
- * (host/model/window.h) as the table's GATHER, RELEASE and REDUCE_SCATTER
- * entries say, in any weight mode: a GATHER starts the all-gather, the
- * first FORWARD or BACKWARD using the slot waits for it; a BACKWARD adds
- * dW into its gradient buffer (zeroed first after a REDUCE_SCATTER), a
- * REDUCE_SCATTER sends it. The model must have been made with the
- * table's weight slots (model_mesh.pipe_weight_slots = pipe_weight_slots).
- * The non-layer tensors are gathered once for the whole step. */
+ * MoE layers: every forward that counts (the step's, or the counting
+ * pass's when the table has one) adds its expert counts; the count sum
+ * adds them over the rows' axes and `stage`, so each layer's load-balance
+ * loss (and the router bias update after the step) sees the counts of
+ * the whole batch, as on one device; recomputed forwards leave them
+ * alone. */
 #ifndef MESHRUN_PIPELINE_EXEC_H
 #define MESHRUN_PIPELINE_EXEC_H
 
@@ -60,43 +51,47 @@ struct pipe_p2p {
 	void *ctx;
 };
 
-/* What one step did, for traces: util_now_s() times of each forward and
- * backward slot of this stage. */
-struct pipe_slot_time {
-	int iter, mb, repeat;
-	enum pipe_pass pass;
+/* What one step did, for traces: util_now_s() times of each compute
+ * action of this stage (F, B, I, W, the counting F, the owners'). */
+struct pipe_act_time {
+	int op;          /* enum pipe_act */
+	int mb, chunk;
 	double t0, t1;
 };
 
 struct pipe_exec;
 
-/* sh: the shape (any weight mode); stage: this device's stage;
+/* t: the table (taken, even on failure); stage: this device's stage;
  * first_layer: the model layer of pipelined layer 0; stage_dev[S]: the
  * global device id of each stage of this device's group; m: the model,
- * made for mb_rows rows (one microbatch), holding the layers of `stage`. 0, or
- * -EINVAL with err when the model does not hold them or the shape is
- * refused, -ENOMEM. */
-int pipe_exec_new(struct pipe_exec **out, const struct pipe_shape *sh, int stage, int first_layer,
+ * made for mb_rows rows (one microbatch), holding the layers of `stage`.
+ * 0, or -EINVAL with err when the model does not hold them or lacks the
+ * table's activation sets, -ENOMEM. */
+int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int first_layer,
 		  const int *stage_dev, struct model *m, int mb_rows, char *err, size_t errlen);
 void pipe_exec_free(struct pipe_exec *x);
 
 /* One step's forward and backward over the group's M x mb rows (inputs
  * and targets: all of them, microbatch m at rows [m mb, (m+1) mb)).
  * Calls model_step_begin(st) and model_step_end; st->loss_sum = the sum
- * of the token losses of this stage's microbatches. 0 or the first
- * failing hook's -errno. */
+ * of the token losses this stage computed. io may be NULL when the table
+ * moves nothing between stages (one stage). 0 or the first failing
+ * hook's -errno (-EOPNOTSUPP: an I or W action, not implemented yet). */
 int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *targets,
 		   struct model_step *st, const struct pipe_p2p *io);
 
-/* The slots timed by the last step: *n of them. */
-const struct pipe_slot_time *pipe_exec_times(const struct pipe_exec *x, int *n);
+/* The compute actions timed by the last step: *n of them. */
+const struct pipe_act_time *pipe_exec_times(const struct pipe_exec *x, int *n);
 
 /* Layer-group all-gathers the last step started (the table's gathers per
  * stage and step when the weights are split over FSDP axes). */
 int pipe_exec_gathers(const struct pipe_exec *x);
 
-/* Test hook: fills every buffer an idle slot could read (saved inputs,
- * received activations and gradients, the weight window's layer groups)
+/* The table it runs. */
+const struct pipe_table *pipe_exec_table(const struct pipe_exec *x);
+
+/* Test hook: fills every buffer an action could read before it is
+ * written (the microbatch buffers, the weight window's layer groups)
  * with NaN before each step. */
 void pipe_exec_poison(struct pipe_exec *x, int on);
 

@@ -73,15 +73,56 @@ static int resolve_repeats(struct pipe_config *p, const struct cfg *c, char *err
 	return 0;
 }
 
+/* The schedule's chunks per stage: gpipe, 1f1b and zb_h1 run one, zbv
+ * two, circular and interleaved_1f1b any. */
+static int check_chunks(const struct pipe_config *p, char *err, size_t errlen)
+{
+	const struct pipe_shape *sh = &p->shape;
+	int want = sh->sched == PIPE_ZBV ? 2 : 1;
+	if (sh->sched == PIPE_CIRCULAR || sh->sched == PIPE_INTERLEAVED || sh->repeats == want)
+		return 0;
+	snprintf(err, errlen, "config: pipeline_schedule=%s runs %s chunk%s per stage: 'num_pipeline_repeats' "
+		 "must be %d, got %d (%d pipelined layers / %d stages / %d 'num_layers_per_pipeline_stage'); "
+		 "set 'num_layers_per_pipeline_stage' to %d%s", pipe_sched_name(sh->sched), want == 1 ? "one" : "two",
+		 want == 1 ? "" : "s", want, sh->repeats, p->layers, sh->stages, sh->layers_per_stage,
+		 p->layers / (sh->stages * want), want == 1 ? " or use interleaved_1f1b or circular" : "");
+	return -EINVAL;
+}
+
+/* Combinations a schedule cannot take, each named by its keys. */
+static int check_combination(const struct pipe_config *p, char *err, size_t errlen)
+{
+	const struct pipe_shape *sh = &p->shape;
+	const char *name = pipe_sched_name(sh->sched);
+	if (sh->delay == 2 && sh->sched != PIPE_CIRCULAR) {
+		snprintf(err, errlen, "config: 'pipeline_delay_activation_forwarding' applies to "
+			 "pipeline_schedule=circular only (its lockstep iterations); pipeline_schedule=%s runs "
+			 "each action as soon as its input has arrived", name);
+		return -EINVAL;
+	}
+	if (sh->wmode == PIPE_W_REPEAT && sh->sched != PIPE_CIRCULAR && sh->repeats > 2) {
+		snprintf(err, errlen, "config: 'pipeline_fsdp_ag_per_repeat' keeps two chunks of a stage gathered, "
+			 "but pipeline_schedule=%s alternates between its %d chunks ('num_pipeline_repeats'); "
+			 "use 'pipeline_fsdp_ag_once'", name, sh->repeats);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 static int resolve_microbatches(struct pipe_config *p, const struct cfg *c, char *err, size_t errlen)
 {
 	int S = p->shape.stages, d = p->shape.delay;
 	long long M = c->num_pipeline_microbatches;
 	if (M == -1)
 		M = (long long)d * S;
-	if (M < 1 || M % S) {
-		snprintf(err, errlen, "config: key 'num_pipeline_microbatches' (%lld) must be -1 or a positive "
-			 "multiple of the %d stages (" STAGES_KEYS ")", c->num_pipeline_microbatches, S);
+	bool multiple = p->shape.sched == PIPE_CIRCULAR || p->shape.sched == PIPE_INTERLEAVED;
+	if (M < 1 || (multiple && M % S)) {
+		if (multiple)
+			snprintf(err, errlen, "config: key 'num_pipeline_microbatches' (%lld) must be -1 or a "
+				 "positive multiple of the %d stages (" STAGES_KEYS ")", c->num_pipeline_microbatches, S);
+		else
+			snprintf(err, errlen, "config: key 'num_pipeline_microbatches' (%lld) must be -1 or positive",
+				 c->num_pipeline_microbatches);
 		return -EINVAL;
 	}
 	if (d == 2 && M < 2 * S) {
@@ -112,6 +153,15 @@ int pipe_config_resolve(struct pipe_config *out, const struct cfg *c, const stru
 	}
 	p.shape.wmode = c->pipeline_fsdp_ag_once ? PIPE_W_ONCE
 		      : c->pipeline_fsdp_ag_per_repeat ? PIPE_W_REPEAT : PIPE_W_ITER;
+	int sched = pipe_sched_parse(c->pipeline_schedule);
+	if (sched < 0) {
+		snprintf(err, errlen, "config: key 'pipeline_schedule' must be circular, gpipe, 1f1b, "
+			 "interleaved_1f1b, zb_h1 or zbv, got '%s'", c->pipeline_schedule);
+		return -EINVAL;
+	}
+	p.shape.sched = (enum pipe_sched)sched;
+	p.shape.recompute = c->pipeline_recompute;
+	p.shape.moe = d->L_moe > 0;
 	p.shape.stages = c->ici[AX_STAGE] * c->dcn[AX_STAGE];
 	p.shape.delay = c->pipeline_delay_activation_forwarding ? 2 : 1;
 	long long batch = c->per_device_batch_size * c->num_hosts * c->devices_per_host;
@@ -125,7 +175,12 @@ int pipe_config_resolve(struct pipe_config *out, const struct cfg *c, const stru
 	if (!rc)
 		rc = resolve_repeats(&p, c, err, errlen);
 	if (!rc)
+		rc = check_chunks(&p, err, errlen);
+	if (!rc)
+		rc = check_combination(&p, err, errlen);
+	if (!rc)
 		rc = resolve_microbatches(&p, c, err, errlen);
+	p.shape.outside = p.layers_before ? PIPE_OUT_BEFORE : p.layers_after ? PIPE_OUT_AFTER : PIPE_OUT_NONE;
 	if (!rc)
 		rc = pipe_shape_check(&p.shape, err, errlen);
 	if (rc)
@@ -140,5 +195,28 @@ void pipe_config_model_mesh(const struct pipe_config *pc, struct model_mesh *mm)
 	mm->pipe_repeats = pc->shape.repeats;
 	mm->pipe_first = pc->first_layer;
 	mm->pipe_layers = pc->layers;
-	mm->pipe_weight_slots = pipe_weight_slots(&pc->shape);
+	mm->pipe_weight_slots = pipe_weight_windows(&pc->shape);
+}
+
+void pipe_config_one_device(struct pipe_config *out, const struct model_dims *d, int rows)
+{
+	memset(out, 0, sizeof(*out));
+	out->shape = (struct pipe_shape){
+		.sched = PIPE_CIRCULAR, .stages = 1, .microbatches = 1, .repeats = d->L,
+		.layers_per_stage = 1, .delay = 1, .wmode = PIPE_W_AHEAD, .recompute = false,
+		.moe = d->L_moe > 0, .outside = PIPE_OUT_NONE, .one_device = true,
+	};
+	out->layers = d->L;
+	out->global_batch = rows;
+	out->microbatch_rows = rows;
+}
+
+int pipe_config_runnable(const struct pipe_config *pc, char *err, size_t errlen)
+{
+	if (!pipe_split_backward(pc->shape.sched))
+		return 0;
+	snprintf(err, errlen, "config: pipeline_schedule=%s needs the layers' backward split into input and "
+		 "weight gradients (I and W), which is not implemented yet; `meshrun schedule` prints its table",
+		 pipe_sched_name(pc->shape.sched));
+	return -EINVAL;
 }

@@ -27,16 +27,32 @@ struct pipe_config {
  * dcn_pipeline_parallelism; pipeline_parallel_layers -1 = every decoder
  * layer (MoE models: every MoE layer); num_pipeline_repeats -1 = pipelined
  * layers / (S x Lps); num_pipeline_microbatches -1 = S (2S with the delay).
+ * pipeline_schedule names the builder (circular by default),
+ * pipeline_recompute whether a backward recomputes its forward.
  * Checks, each refused with one line naming the keys: S x R x Lps equals
- * the pipelined layers, M a multiple of S, M >= 2S with the delay, the
- * global batch divisible by M, not both pipeline_fsdp_ag_once and
- * pipeline_fsdp_ag_per_repeat. Applies with one stage too (the keys then
- * describe a pipeline of one stage). 0 or -EINVAL with err. */
+ * the pipelined layers, the schedule's chunks per stage (gpipe, 1f1b,
+ * zb_h1 one, zbv two), M a multiple of S (circular, interleaved_1f1b),
+ * M >= 2S with the delay, the delay with circular only, the global batch
+ * divisible by M, not both pipeline_fsdp_ag_once and
+ * pipeline_fsdp_ag_per_repeat, the latter not beside an interleaved
+ * order of more than two chunks. Applies with one stage too (the keys
+ * then describe a pipeline of one stage). 0 or -EINVAL with err. */
 int pipe_config_resolve(struct pipe_config *out, const struct cfg *c, const struct model_dims *d,
 			char *err, size_t errlen);
 
 /* What the model needs of the pipeline (model.h, struct model_mesh): its
- * layer order, the pipelined layers and the window's weight slots. */
+ * layer order, the pipelined layers and the window's weight slots (the
+ * sets of saved activations come from the table: its act_sets). */
 void pipe_config_model_mesh(const struct pipe_config *pc, struct model_mesh *mm);
+
+/* The step without a pipeline (no `stage` axis) as a table's shape: one
+ * stage, one microbatch of all `rows` rows, every layer a chunk with its
+ * own saved activations (no recompute), the next layer's weights
+ * gathered while one computes. */
+void pipe_config_one_device(struct pipe_config *out, const struct model_dims *d, int rows);
+
+/* 0, or -EINVAL with err when the executor cannot run the schedule yet
+ * (zb_h1, zbv: the backward split). */
+int pipe_config_runnable(const struct pipe_config *pc, char *err, size_t errlen);
 
 #endif

@@ -1,41 +1,71 @@
-/* The circular pipeline schedule as a table (see schedule.h for the
- * contract). The builder walks the forward pass, then the backward pass
- * in reverse, and asks the weight mode what to gather and release around
- * each stage's slot; every number in the table comes from pipe_active. */
+/* What every part of the schedule shares (see schedule.h): the shape's
+ * checks, where chunks and microbatches live, the formulas, what a table
+ * costs a stage, and names. Calls nothing of the other schedule files. */
 #include "host/pipeline/schedule.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Tables past this many slots (T x S) are a typo, not a pipeline. */
-#define PIPE_MAX_SLOTS (1 << 22)
+/* Tables past this many compute actions (per stage) are a typo, not a
+ * pipeline; message indices must fit 16 bits. */
+#define PIPE_MAX_ACTIONS (1 << 20)
+#define PIPE_MAX_MSG (1 << 16)
 
-int pipe_shape_check(const struct pipe_shape *p, char *err, size_t errlen)
+static const char *const sched_names[PIPE_SCHED_COUNT] = {
+	"circular", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv",
+};
+
+const char *pipe_sched_name(enum pipe_sched s)
 {
-	const char *why = NULL;
-	if (p->stages < 1 || p->stages > 4096)
-		why = "stages must be in [1, 4096]";
-	else if (p->delay != 1 && p->delay != 2)
-		why = "delay must be 1 or 2";
-	else if (p->microbatches < 1 || p->microbatches % p->stages)
-		why = "microbatches must be a positive multiple of the stages";
-	else if (p->delay == 2 && p->microbatches < 2 * p->stages)
-		why = "a delay of 2 needs at least 2 x stages microbatches";
-	else if (p->repeats < 1 || p->layers_per_stage < 1)
-		why = "repeats and layers per stage must be >= 1";
-	else if (p->wmode < 0 || p->wmode >= PIPE_W_COUNT)
-		why = "unknown weight mode";
-	else if ((long long)p->repeats * p->microbatches > PIPE_MAX_SLOTS ||
-		 (long long)pipe_iterations(p) * p->stages > PIPE_MAX_SLOTS)
-		why = "the table would be too large";
-	if (!why)
-		return 0;
-	snprintf(err, errlen, "pipeline: S=%d M=%d R=%d Lps=%d d=%d: %s", p->stages,
-		 p->microbatches, p->repeats, p->layers_per_stage, p->delay, why);
-	return -EINVAL;
+	return s >= 0 && s < PIPE_SCHED_COUNT ? sched_names[s] : "?";
+}
+
+int pipe_sched_parse(const char *name)
+{
+	for (int s = 0; s < PIPE_SCHED_COUNT; s++)
+		if (!strcmp(name, sched_names[s]))
+			return s;
+	return -1;
+}
+
+bool pipe_split_backward(enum pipe_sched s)
+{
+	return s == PIPE_ZB_H1 || s == PIPE_ZBV;
+}
+
+int pipe_nchunks(const struct pipe_shape *p)
+{
+	return p->sched == PIPE_ZBV ? 2 * p->stages : p->stages * p->repeats;
+}
+
+int pipe_chunk_stage(const struct pipe_shape *p, int c)
+{
+	int S = p->stages;
+	if (p->sched == PIPE_ZBV)
+		return c < S ? c : 2 * S - 1 - c;
+	return c % S;
+}
+
+bool pipe_phased(const struct pipe_shape *p)
+{
+	return p->sched == PIPE_CIRCULAR || p->sched == PIPE_GPIPE;
+}
+
+int pipe_embed_stage(const struct pipe_shape *p, int mb)
+{
+	return pipe_phased(p) ? mb % p->stages : pipe_chunk_stage(p, 0);
+}
+
+int pipe_head_stage(const struct pipe_shape *p, int mb)
+{
+	return pipe_phased(p) ? mb % p->stages : pipe_chunk_stage(p, pipe_nchunks(p) - 1);
+}
+
+int pipe_layer(const struct pipe_shape *p, int repeat, int stage, int j)
+{
+	return (repeat * p->stages + stage) * p->layers_per_stage + j;
 }
 
 int pipe_iterations(const struct pipe_shape *p)
@@ -55,437 +85,261 @@ bool pipe_active(const struct pipe_shape *p, int i, int s, int *mb, int *repeat)
 
 int pipe_weight_slots(const struct pipe_shape *p)
 {
+	int v = pipe_nchunks(p) / p->stages;
 	switch (p->wmode) {
 	case PIPE_W_ONCE:
-		return p->repeats;
+		return v;
 	case PIPE_W_REPEAT:
-		return p->repeats < 2 ? p->repeats : 2;
+	case PIPE_W_AHEAD:
+		return v < 2 ? v : 2;
 	default:
 		return 1;
 	}
 }
 
-int pipe_layer(const struct pipe_shape *p, int repeat, int stage, int j)
+int pipe_weight_windows(const struct pipe_shape *p)
 {
-	return (repeat * p->stages + stage) * p->layers_per_stage + j;
+	return p->wmode == PIPE_W_AHEAD ? 1 : pipe_weight_slots(p);
 }
 
-/* ---- building ---- */
-
-struct builder {
-	struct pipe_schedule *s;
-	const struct pipe_shape *p;
-	int cap;
-	int rc;
-};
-
-static struct pipe_entry entry(enum pipe_op op, enum pipe_pass pass, int iter, int stage)
+bool pipe_needs_count_pass(const struct pipe_shape *p)
 {
-	return (struct pipe_entry){
-		.op = op, .pass = pass, .iter = iter, .stage = stage, .mb = -1,
-		.repeat = -1, .slot = -1, .gslot = -1, .peer = -1, .peer_iter = -1,
-	};
+	return p->moe && p->sched != PIPE_CIRCULAR && p->sched != PIPE_GPIPE;
 }
 
-static void push(struct builder *b, struct pipe_entry e)
+/* One line naming the shape and why it cannot run. */
+static int refuse(const struct pipe_shape *p, char *err, size_t errlen, const char *why)
 {
-	struct pipe_schedule *s = b->s;
-	if (b->rc)
-		return;
-	if (s->n == b->cap) {
-		int cap = b->cap ? 2 * b->cap : 256;
-		struct pipe_entry *ne = realloc(s->e, sizeof(*ne) * (size_t)cap);
-		if (!ne) {
-			b->rc = -ENOMEM;
-			return;
-		}
-		s->e = ne;
-		b->cap = cap;
-	}
-	s->e[s->n++] = e;
+	snprintf(err, errlen, "pipeline: %s S=%d M=%d v=%d Lps=%d d=%d: %s", pipe_sched_name(p->sched),
+		 p->stages, p->microbatches, p->repeats, p->layers_per_stage, p->delay, why);
+	return -EINVAL;
 }
 
-/* A weight entry: W[repeat, stage] (or dW) in slot. */
-static void weight_op(struct builder *b, enum pipe_op op, enum pipe_pass pass, int i, int s,
-		      int repeat, int slot)
+int pipe_shape_check(const struct pipe_shape *p, char *err, size_t errlen)
 {
-	struct pipe_entry e = entry(op, pass, i, s);
-	e.repeat = repeat;
-	e.slot = slot;
-	push(b, e);
-}
-
-/* The weight slot (and gradient buffer) repeat r uses. */
-static int slot_of(const struct pipe_shape *p, int r)
-{
-	switch (p->wmode) {
-	case PIPE_W_ONCE:
-		return r;
-	case PIPE_W_REPEAT:
-		return r % 2;
+	int S = p->stages, M = p->microbatches, v = p->repeats;
+	if (p->sched < 0 || p->sched >= PIPE_SCHED_COUNT)
+		return refuse(p, err, errlen, "unknown schedule");
+	if (S < 1 || S > 4096)
+		return refuse(p, err, errlen, "stages must be in [1, 4096]");
+	if (M < 1 || v < 1 || p->layers_per_stage < 1)
+		return refuse(p, err, errlen, "microbatches, chunks and layers per chunk must be >= 1");
+	if (p->wmode < 0 || p->wmode >= PIPE_W_COUNT)
+		return refuse(p, err, errlen, "unknown weight mode");
+	if (p->delay != 1 && (p->delay != 2 || p->sched != PIPE_CIRCULAR))
+		return refuse(p, err, errlen, "the delay is 1, or 2 for the circular schedule");
+	if ((long long)M * pipe_nchunks(p) * 4 > PIPE_MAX_ACTIONS ||
+	    (long long)(pipe_nchunks(p) + 1) * M * 2 > PIPE_MAX_MSG)
+		return refuse(p, err, errlen, "the table would be too large");
+	switch (p->sched) {
+	case PIPE_CIRCULAR:
+		if (M % S)
+			return refuse(p, err, errlen, "microbatches must be a multiple of the stages");
+		if (p->delay == 2 && M < 2 * S)
+			return refuse(p, err, errlen, "a delay of 2 needs at least 2 x stages microbatches");
+		break;
+	case PIPE_INTERLEAVED:
+		if (M % S)
+			return refuse(p, err, errlen, "microbatches must be a multiple of the stages");
+		break;
+	case PIPE_ZBV:
+		if (v != 2)
+			return refuse(p, err, errlen, "zbv runs two chunks per stage");
+		break;
 	default:
-		return 0;
+		if (v != 1)
+			return refuse(p, err, errlen, "the schedule runs one chunk per stage");
 	}
-}
-
-/* Weight entries of stage s before its forward slot at iteration i. */
-static void weights_before_forward(struct builder *b, int i, int s, bool on, int m, int r)
-{
-	const struct pipe_shape *p = b->p;
-	enum pipe_pass f = PIPE_PASS_FWD;
-	if (p->wmode == PIPE_W_ITER && on)
-		weight_op(b, PIPE_GATHER, f, i, s, r, 0);
-	if (p->wmode == PIPE_W_ONCE && i == 0)
-		for (int k = 0; k < p->repeats; k++)
-			weight_op(b, PIPE_GATHER, f, i, s, k, k);
-	if (p->wmode != PIPE_W_REPEAT)
-		return;
-	if (i == 0) {
-		weight_op(b, PIPE_GATHER, f, i, s, 0, 0);
-		if (p->repeats > 1)
-			weight_op(b, PIPE_GATHER, f, i, s, 1, 1);
-	}
-	/* the switch to W[r,s]: W[r-1,s]'s slot takes W[r+1,s]; at the last
-	 * switch nothing follows, and W[R-2,s] stays for the backward pass */
-	if (on && m == 0 && r >= 1 && r + 1 < p->repeats) {
-		weight_op(b, PIPE_RELEASE, f, i, s, r - 1, (r - 1) % 2);
-		weight_op(b, PIPE_GATHER, f, i, s, r + 1, (r + 1) % 2);
-	}
-}
-
-/* Weight entries of stage s after its backward slot at iteration i. */
-static void weights_after_backward(struct builder *b, int i, int s, bool on, int m, int r)
-{
-	const struct pipe_shape *p = b->p;
-	enum pipe_pass w = PIPE_PASS_BWD;
-	if (p->wmode == PIPE_W_ITER && on) {
-		weight_op(b, PIPE_REDUCE_SCATTER, w, i, s, r, 0);
-		weight_op(b, PIPE_RELEASE, w, i, s, r, 0);
-	}
-	if (p->wmode == PIPE_W_ONCE && i == 0) {
-		for (int k = 0; k < p->repeats; k++)
-			weight_op(b, PIPE_REDUCE_SCATTER, w, i, s, k, k);
-		for (int k = 0; k < p->repeats; k++)
-			weight_op(b, PIPE_RELEASE, w, i, s, k, k);
-	}
-	/* microbatch 0 is the last slot of repeat r in reverse order */
-	if (p->wmode == PIPE_W_REPEAT && on && m == 0) {
-		weight_op(b, PIPE_REDUCE_SCATTER, w, i, s, r, r % 2);
-		weight_op(b, PIPE_RELEASE, w, i, s, r, r % 2);
-		if (r >= 2)
-			weight_op(b, PIPE_GATHER, w, i, s, r - 2, r % 2);
-	}
-}
-
-/* A transfer entry of microbatch m, repeat r. */
-static void transfer(struct builder *b, enum pipe_op op, enum pipe_pass pass, int i, int s,
-		     int m, int r, int peer, int peer_iter)
-{
-	struct pipe_entry e = entry(op, pass, i, s);
-	e.mb = m;
-	e.repeat = r;
-	e.peer = peer;
-	e.peer_iter = peer_iter;
-	push(b, e);
-}
-
-static void forward_slot(struct builder *b, int i, int s)
-{
-	const struct pipe_shape *p = b->p;
-	int S = p->stages, M = p->microbatches, R = p->repeats, d = p->delay;
-	int hop = M - d * (S - 1); /* iterations from stage S-1 back to stage 0 */
-	enum pipe_pass f = PIPE_PASS_FWD;
-	int m = -1, r = -1;
-	bool on = pipe_active(p, i, s, &m, &r);
-
-	weights_before_forward(b, i, s, on, m, r);
-	if (!on)
-		return;
-	if (s == 0 && r == 0)
-		transfer(b, PIPE_TAKE_INPUT, f, i, s, m, r, -1, -1);
-	else if (s == 0)
-		transfer(b, PIPE_RECV, f, i, s, m, r, S - 1, i - hop);
-	else
-		transfer(b, PIPE_RECV, f, i, s, m, r, s - 1, i - d);
-
-	struct pipe_entry e = entry(PIPE_FORWARD, f, i, s);
-	e.mb = m;
-	e.repeat = r;
-	e.slot = slot_of(p, r);
-	push(b, e);
-
-	if (s == S - 1 && r == R - 1)
-		transfer(b, PIPE_GIVE_OUTPUT, f, i, s, m, r, -1, -1);
-	else if (s == S - 1)
-		transfer(b, PIPE_SEND, f, i, s, m, r, 0, i + hop);
-	else
-		transfer(b, PIPE_SEND, f, i, s, m, r, s + 1, i + d);
-	if (p->wmode == PIPE_W_ITER)
-		weight_op(b, PIPE_RELEASE, f, i, s, r, 0);
-}
-
-static void backward_slot(struct builder *b, int i, int s)
-{
-	const struct pipe_shape *p = b->p;
-	int S = p->stages, M = p->microbatches, R = p->repeats, d = p->delay;
-	int hop = M - d * (S - 1);
-	enum pipe_pass w = PIPE_PASS_BWD;
-	int m = -1, r = -1;
-	bool on = pipe_active(p, i, s, &m, &r);
-
-	if (on) {
-		if (p->wmode == PIPE_W_ITER)
-			weight_op(b, PIPE_GATHER, w, i, s, r, 0);
-		/* the gradient of the output comes from whoever took the output */
-		if (s == S - 1 && r == R - 1)
-			transfer(b, PIPE_TAKE_DOUT, w, i, s, m, r, -1, -1);
-		else if (s == S - 1)
-			transfer(b, PIPE_RECV_GRAD, w, i, s, m, r, 0, i + hop);
-		else
-			transfer(b, PIPE_RECV_GRAD, w, i, s, m, r, s + 1, i + d);
-
-		struct pipe_entry e = entry(PIPE_BACKWARD, w, i, s);
-		e.mb = m;
-		e.repeat = r;
-		e.slot = e.gslot = slot_of(p, r);
-		push(b, e);
-
-		if (s == 0 && r == 0)
-			transfer(b, PIPE_GIVE_DIN, w, i, s, m, r, -1, -1);
-		else if (s == 0)
-			transfer(b, PIPE_SEND_GRAD, w, i, s, m, r, S - 1, i - hop);
-		else
-			transfer(b, PIPE_SEND_GRAD, w, i, s, m, r, s - 1, i - d);
-	}
-	weights_after_backward(b, i, s, on, m, r);
-}
-
-int pipe_schedule_circular(struct pipe_schedule *out, const struct pipe_shape *p,
-			   char *err, size_t errlen)
-{
-	memset(out, 0, sizeof(*out));
-	int rc = pipe_shape_check(p, err, errlen);
-	if (rc)
-		return rc;
-	out->shape = *p;
-	out->iterations = pipe_iterations(p);
-	out->weight_slots = out->grad_slots = pipe_weight_slots(p);
-
-	struct builder b = { .s = out, .p = p };
-	int T = out->iterations;
-	for (int i = 0; i < T && !b.rc; i++)
-		for (int s = 0; s < p->stages; s++)
-			forward_slot(&b, i, s);
-	for (int i = T - 1; i >= 0 && !b.rc; i--)
-		for (int s = 0; s < p->stages; s++)
-			backward_slot(&b, i, s);
-	if (b.rc) {
-		pipe_schedule_release(out);
-		snprintf(err, errlen, "pipeline: out of memory building the schedule");
-		return b.rc;
-	}
+	if (p->wmode == PIPE_W_REPEAT && p->sched != PIPE_CIRCULAR && v > 2)
+		return refuse(p, err, errlen, "two gathered chunks cannot follow an interleaved order of more");
+	if (p->one_device && (S != 1 || M != 1 || p->recompute))
+		return refuse(p, err, errlen, "the step without a pipeline is one stage, one microbatch, no recompute");
 	return 0;
 }
 
-void pipe_schedule_release(struct pipe_schedule *s)
+struct pipe_costs pipe_costs_unit(void)
 {
-	free(s->e);
-	s->e = NULL;
-	s->n = 0;
+	return (struct pipe_costs){ .f = 1, .b = 2, .i = 1, .w = 1 };
 }
 
-/* ---- reading ---- */
-
-/* Most of `count` live at once over iterations 0..T-1, given +1 at each
- * start and -1 after each end (diff has T + 1 cells). */
-static int max_running(const int *diff, int T)
+double pipe_bubble_formula(const struct pipe_shape *p)
 {
-	int run = 0, best = 0;
-	for (int t = 0; t < T; t++) {
-		run += diff[t];
-		if (run > best)
-			best = run;
+	double S = p->stages, M = p->microbatches, v = p->repeats;
+	switch (p->sched) {
+	case PIPE_CIRCULAR:
+	case PIPE_INTERLEAVED:
+		return (S - 1) / (v * M + S - 1);
+	case PIPE_GPIPE:
+	case PIPE_1F1B:
+		return (S - 1) / (M + S - 1);
+	case PIPE_ZB_H1:
+		/* (S-1)(F+I-W) idle of a span of 3M + that, F = I = W = 1 */
+		return (S - 1) / (3 * M + S - 1);
+	case PIPE_ZBV:
+		return M >= 2 * S ? 0 : -1;
+	default:
+		return -1;
 	}
-	return best;
 }
 
-/* Per-stage counts of one stage, walked in table order. */
-static void stage_stats(const struct pipe_schedule *sc, int s, struct pipe_stats *st)
+int pipe_peak_formula(const struct pipe_shape *p, int s)
 {
-	int live_w = 0, saved = 0, gathers = 0, rs = 0, active = 0;
-	for (int k = 0; k < sc->n; k++) {
-		const struct pipe_entry *e = &sc->e[k];
-		if (e->stage != s)
-			continue;
-		switch (e->op) {
-		case PIPE_GATHER:
-			gathers++;
-			if (++live_w > st->max_weights)
-				st->max_weights = live_w;
-			break;
-		case PIPE_RELEASE:
-			live_w--;
-			break;
-		case PIPE_REDUCE_SCATTER:
-			rs++;
-			break;
-		case PIPE_FORWARD:
-			active++;
-			if (++saved > st->saved_inputs)
-				st->saved_inputs = saved;
-			break;
-		case PIPE_BACKWARD:
-			saved--;
-			if (e->gslot + 1 > st->max_grads)
-				st->max_grads = e->gslot + 1;
-			break;
-		default:
-			break;
-		}
+	int S = p->stages, M = p->microbatches, v = p->repeats;
+	switch (p->sched) {
+	case PIPE_CIRCULAR:
+		return v * M;
+	case PIPE_GPIPE:
+		return M;
+	case PIPE_1F1B:
+		return S - s < M ? S - s : M;
+	case PIPE_INTERLEAVED: {
+		if (v == 1)
+			return S - s < M ? S - s : M;
+		int w = 2 * (S - s - 1) + (v - 1) * S + 1;
+		return w < v * M ? w : v * M;
 	}
-	if (gathers > st->gathers)
-		st->gathers = gathers;
-	if (rs > st->reduce_scatters)
-		st->reduce_scatters = rs;
-	if (active > st->active)
-		st->active = active;
+	case PIPE_ZB_H1:
+		return S < M ? S : M;
+	case PIPE_ZBV:
+		/* 1F1B's S microbatches of a whole stage: 2S half-stage chunks */
+		return M >= 2 * S ? 2 * S : -1;
+	default:
+		return -1;
+	}
 }
 
-void pipe_schedule_stats(const struct pipe_schedule *sc, struct pipe_stats *st)
+static bool is_compute(int op)
 {
-	const struct pipe_shape *p = &sc->shape;
-	int T = sc->iterations, S = p->stages;
+	return op == PA_F || op == PA_B || op == PA_I || op == PA_W;
+}
+
+void pipe_stage_stats(const struct pipe_table *t, int s, struct pipe_stats *st)
+{
+	int saved = 0, live = 0;
+	bool split = pipe_split_backward(t->shape.sched);
 	memset(st, 0, sizeof(*st));
-	for (int s = 0; s < S; s++)
-		stage_stats(sc, s, st);
-
-	/* circular hops: stage 0 holds an activation from the iteration after
-	 * stage S-1 sent it through the one that uses it; stage S-1 holds a
-	 * gradient from the reverse iteration after stage 0 sent it */
-	int *fwd = calloc((size_t)T + 1, sizeof(int));
-	int *bwd = calloc((size_t)T + 1, sizeof(int));
-	if (!fwd || !bwd) {
-		st->max_circ = st->max_circ_grad = -1;
-		free(fwd);
-		free(bwd);
-		return;
-	}
-	for (int k = 0; k < sc->n; k++) {
-		const struct pipe_entry *e = &sc->e[k];
-		if (e->op == PIPE_RECV && e->stage == 0) {
-			fwd[e->peer_iter + 1]++;
-			fwd[e->iter + 1]--;
-		} else if (e->op == PIPE_RECV_GRAD && e->stage == S - 1 && e->peer == 0) {
-			/* reverse time: index T-1-i */
-			bwd[T - e->peer_iter]++;
-			bwd[T - e->iter]--;
-		}
-	}
-	st->max_circ = max_running(fwd, T);
-	st->max_circ_grad = max_running(bwd, T);
-	free(fwd);
-	free(bwd);
-}
-
-int pipe_owner(const struct pipe_shape *p, int mb)
-{
-	return mb % p->stages;
-}
-
-/* The lowest buffer free at pass time t among *n (one more if none). */
-static int buf_take(int *free_at, int *n, int t)
-{
-	int b = 0;
-	while (b < *n && free_at[b] > t)
-		b++;
-	if (b == *n)
-		(*n)++;
-	free_at[b] = INT_MAX;  /* busy until its send says when it frees */
-	return b;
-}
-
-/* When a buffer sent at pass time t to stage `to` (taken there at pass
- * time taken) is free again; INT_MAX: not in this pass. */
-static int buf_free_at(int s, int to, int t, int taken)
-{
-	if (to == s)
-		return t + 1;  /* a copy */
-	return taken < 0 ? INT_MAX : taken + 1;
-}
-
-int pipe_stage_bufs(const struct pipe_schedule *sc, int s, struct pipe_bufs *b, int *out_of,
-		    int *grad_of)
-{
-	const struct pipe_shape *p = &sc->shape;
-	int M = p->microbatches, RM = p->repeats * M, T = sc->iterations;
-	int *fo = malloc(sizeof(int) * (size_t)RM), *fg = malloc(sizeof(int) * (size_t)RM);
-	int ob = -1, gb = -1;  /* the buffer of the slot in progress */
-	memset(b, 0, sizeof(*b));
-	if (!fo || !fg) {
-		free(fo);
-		free(fg);
-		return -ENOMEM;
-	}
-	for (int k = 0; k < sc->n; k++) {
-		const struct pipe_entry *e = &sc->e[k];
-		int slot = e->repeat * M + e->mb, rt = T - 1 - e->iter;
-		if (e->stage != s)
-			continue;
-		switch (e->op) {
-		case PIPE_FORWARD:
-			b->saved++;
-			ob = buf_take(fo, &b->out, e->iter);
-			if (out_of)
-				out_of[slot] = ob;
+	for (int k = 0; k < t->n[s]; k++) {
+		const struct pipe_action *a = &t->a[s][k];
+		if (is_compute(a->op) || a->op == PA_FC)
+			st->busy += a->t1 - a->t0;
+		switch (a->op) {
+		case PA_F:
+			st->forwards++;
+			if (++saved > st->peak_saved)
+				st->peak_saved = saved;
 			break;
-		case PIPE_SEND:
-			fo[ob] = buf_free_at(s, e->peer, e->iter, e->peer_iter);
+		case PA_B:
+			saved--;
 			break;
-		case PIPE_GIVE_OUTPUT:
-			fo[ob] = buf_free_at(s, pipe_owner(p, e->mb), e->iter, -1);
+		case PA_W:
+			saved -= split;
 			break;
-		case PIPE_TAKE_DOUT:
-		case PIPE_RECV_GRAD:
-			gb = buf_take(fg, &b->grad, rt);
-			if (grad_of)
-				grad_of[slot] = gb;
+		case PA_GATHER:
+			if (a->chunk < 0)
+				break;
+			st->gathers++;
+			if (++live > st->max_weights)
+				st->max_weights = live;
 			break;
-		case PIPE_SEND_GRAD:
-			fg[gb] = buf_free_at(s, e->peer, rt, T - 1 - e->peer_iter);
+		case PA_RELEASE:
+			live -= a->chunk >= 0;
 			break;
-		case PIPE_GIVE_DIN:
-			fg[gb] = buf_free_at(s, pipe_owner(p, e->mb), rt, -1);
+		case PA_REDUCE_SCATTER:
+			st->reduce_scatters += a->chunk >= 0;
 			break;
 		default:
 			break;
 		}
 	}
-	b->owned = M / p->stages;
-	b->scratch = 1;
-	free(fo);
-	free(fg);
-	return 0;
+	double first = -1, last = 0;
+	for (int k = 0; k < t->n[s]; k++) {
+		const struct pipe_action *a = &t->a[s][k];
+		if (!is_compute(a->op) && a->op != PA_FC && a->op != PA_EMBED && a->op != PA_HEAD &&
+		    a->op != PA_EMBED_BACK)
+			continue;
+		if (first < 0)
+			first = a->t0;
+		last = a->t1;
+	}
+	st->span = first < 0 ? 0 : last - first;
 }
 
-int pipe_bufs_total(const struct pipe_bufs *b)
+double pipe_table_bubble(const struct pipe_table *t)
 {
-	return b->saved + b->out + b->grad + 4 * b->owned + b->scratch;
+	double worst = 0;
+	for (int s = 0; s < t->shape.stages; s++) {
+		struct pipe_stats st;
+		pipe_stage_stats(t, s, &st);
+		double idle = st.span > 0 ? 1 - st.busy / t->period : 0;
+		if (idle > worst)
+			worst = idle;
+	}
+	return worst;
 }
 
-const char *pipe_op_name(enum pipe_op op)
+const char *pipe_act_name(enum pipe_act a)
 {
-	static const char *const names[PIPE_OP_COUNT] = {
-		"take_input", "recv", "forward", "send", "give_output",
-		"take_dout", "recv_grad", "backward", "send_grad", "give_din",
-		"gather", "release", "reduce_scatter",
+	static const char *const names[PA_COUNT] = {
+		"embed", "F", "B", "I", "W", "head", "embed_back", "Fc", "count_sum",
+		"send", "recv", "gather", "release", "reduce_scatter",
 	};
-	return op >= 0 && op < PIPE_OP_COUNT ? names[op] : "?";
+	return a >= 0 && a < PA_COUNT ? names[a] : "?";
 }
 
 const char *pipe_wmode_name(enum pipe_wmode m)
 {
 	static const char *const names[PIPE_W_COUNT] = {
-		"per iteration", "pipeline_fsdp_ag_once", "pipeline_fsdp_ag_per_repeat",
+		"per use", "pipeline_fsdp_ag_once", "pipeline_fsdp_ag_per_repeat", "one ahead",
 	};
 	return m >= 0 && m < PIPE_W_COUNT ? names[m] : "?";
+}
+
+static const char *group_name(int g, char *buf, size_t len)
+{
+	if (g == PIPE_G_NONLAYER)
+		return "non-layer";
+	if (g == PIPE_G_OUTSIDE)
+		return "outside";
+	snprintf(buf, len, "c%d", g);
+	return buf;
+}
+
+void pipe_action_text(const struct pipe_action *a, char *out, size_t len)
+{
+	char g[16];
+	switch (a->op) {
+	case PA_SEND:
+	case PA_RECV:
+		snprintf(out, len, "%s %s%s mb%d e%d %s stage %d", pipe_act_name(a->op),
+			 a->val.kind == PV_ACT ? "act" : "grad", a->val.pass ? " (count pass)" : "", a->val.mb,
+			 a->val.edge, a->op == PA_SEND ? "to" : "from", a->peer);
+		break;
+	case PA_GATHER:
+	case PA_RELEASE:
+	case PA_REDUCE_SCATTER:
+		snprintf(out, len, "%s %s in slot %d", pipe_act_name(a->op), group_name(a->chunk, g, sizeof(g)),
+			 a->slot);
+		break;
+	case PA_COUNT_SUM:
+		snprintf(out, len, "count_sum");
+		break;
+	case PA_EMBED:
+	case PA_HEAD:
+	case PA_EMBED_BACK:
+		snprintf(out, len, "%s mb%d%s", pipe_act_name(a->op), a->mb, a->val.pass ? " (count pass)" : "");
+		break;
+	default:
+		snprintf(out, len, "%s mb%d c%d", pipe_act_name(a->op), a->mb, a->chunk);
+	}
+}
+
+void pipe_val_msg(const struct pipe_table *t, const struct pipe_val *v, uint32_t *kind, uint32_t *idx)
+{
+	int E = t->nchunks;
+	if (v->kind == PV_ACT)
+		*kind = v->edge == 0 ? PIPE_MSG_IN : v->edge == E ? PIPE_MSG_OUT : PIPE_MSG_ACT;
+	else
+		*kind = v->edge == 0 ? PIPE_MSG_DIN : v->edge == E ? PIPE_MSG_DOUT : PIPE_MSG_GRAD;
+	*idx = (uint32_t)(((size_t)v->pass * (size_t)(E + 1) + (size_t)v->edge) * (size_t)t->shape.microbatches +
+			  (size_t)v->mb);
 }

@@ -1,192 +1,248 @@
-/* Pipeline schedules as data. A builder turns a pipeline's shape (stages,
- * microbatches, repeats, delay, weight mode) into one ordered table of
- * actions per (iteration, stage); one executor runs any table, so another
- * order (interleaved 1F1B, zero bubble) is another builder, not another
- * executor. Pure: no I/O, no threads, no mesh, no model.
+/* Pipeline schedules as per-device action lists (docs/pipeline.md). A
+ * builder orders each stage's compute (forward F, full backward B, or the
+ * split backward I then W, of a microbatch through a chunk of layers);
+ * lowering passes add everything else the step does (the owners'
+ * embedding, head and loss, the MoE expert-count sum, the sends and
+ * receives, the weight gathers and reduce-scatters); a simulation gives
+ * every action a time and sizes the buffers from their lifetimes; a
+ * validator re-runs the lists and refuses a broken table naming the
+ * action. One executor (exec.h) runs any table; a run without a pipeline
+ * is a table of one stage. Pure: no I/O, no threads, no mesh, no model.
  *
- * Names: S stages, M microbatches, R repeats, Lps layers per stage, d the
- * forwarding delay (2 with pipeline_delay_activation_forwarding, else 1).
- * Stage s of repeat r runs decoder layers (r*S + s)*Lps .. +Lps-1 of the
- * pipelined ones (pipe_layer). W[r,s] is the weights of those layers. */
+ * Names: S stages (devices of a stage group, one per stage), M
+ * microbatches, v chunks per stage (`num_pipeline_repeats`; R for the
+ * circular schedule), Lps layers per chunk, d the forwarding delay of the
+ * circular schedule. Chunk c (0 .. S*v-1, in layer order) runs pipelined
+ * layers c*Lps .. c*Lps + Lps - 1 on stage pipe_chunk_stage(c): c mod S
+ * (so chunk r*S + s is repeat r of stage s), or for zbv the V: c for
+ * c < S, 2S-1-c after. */
 #ifndef MESHRUN_PIPELINE_SCHEDULE_H
 #define MESHRUN_PIPELINE_SCHEDULE_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+enum pipe_sched {
+	PIPE_CIRCULAR,    /* MaxText's: every forward, then every backward, chunks in
+			   * turn (GPipe with repeats); delayed forwarding */
+	PIPE_GPIPE,       /* every forward, then every backward; one chunk a stage */
+	PIPE_1F1B,        /* one forward, one backward (PipeDream-flush); one chunk */
+	PIPE_INTERLEAVED, /* Megatron's interleaved 1F1B, v chunks a stage, M a
+			   * multiple of S */
+	PIPE_ZB_H1,       /* zero bubble H1 (Qi et al. 2023): 1F1B with B split
+			   * into I and W, stage s delaying its W by s */
+	PIPE_ZBV,         /* zero bubble V: two chunks a stage in a V, I and W */
+	PIPE_SCHED_COUNT
+};
 
 /* How a stage's FSDP-sharded weights are gathered. */
 enum pipe_wmode {
-	PIPE_W_ITER,   /* neither flag (MaxText's default): gather W[r,s] for every
-			* iteration that uses it, reduce-scatter every contribution */
-	PIPE_W_ONCE,   /* pipeline_fsdp_ag_once: gather every repeat's W[.,s] once
-			* per step, reduce-scatter every dW[.,s] once at the end */
-	PIPE_W_REPEAT, /* pipeline_fsdp_ag_per_repeat: two slots, W[r+1,s] gathered
-			* while repeat r runs (the window rule below) */
+	PIPE_W_ITER,   /* neither flag (MaxText's default): gathered for every
+			* action that uses them, reduce-scattered after each
+			* that adds to their gradients */
+	PIPE_W_ONCE,   /* pipeline_fsdp_ag_once: every chunk of the stage gathered
+			* at the start, each reduce-scattered after its last
+			* gradient */
+	PIPE_W_REPEAT, /* pipeline_fsdp_ag_per_repeat: two gathered chunks; when
+			* a stage moves to a new chunk it drops the one used
+			* again last and gathers the next one it will need */
+	PIPE_W_AHEAD,  /* the step without a pipeline: one gathered chunk, the
+			* next one gathered while it computes */
 	PIPE_W_COUNT
 };
 
+/* Layers outside the pipeline (run by each microbatch's owner). */
+enum pipe_outside { PIPE_OUT_NONE, PIPE_OUT_BEFORE, PIPE_OUT_AFTER };
+
 struct pipe_shape {
+	enum pipe_sched sched;
 	int stages;           /* S >= 1 */
-	int microbatches;     /* M: a multiple of S, >= 2S when delay is 2 */
-	int repeats;          /* R >= 1 */
-	int layers_per_stage; /* Lps >= 1 */
-	int delay;            /* d: 1 or 2 */
+	int microbatches;     /* M >= 1 */
+	int repeats;          /* v: chunks per stage */
+	int layers_per_stage; /* Lps: layers of a chunk */
+	int delay;            /* d: 1, or 2 (circular only) */
 	enum pipe_wmode wmode;
+	bool recompute;       /* B recomputes its forward from the chunk's saved
+			       * input; else F keeps the layers' activations */
+	bool moe;             /* the model counts experts: COUNT_SUM, and a
+			       * counting forward pass first when the schedule
+			       * runs a backward before the last forward */
+	enum pipe_outside outside;
+	bool one_device;      /* the step without a pipeline: a chunk per layer,
+			       * each with its own activation storage */
 };
 
-enum pipe_pass { PIPE_PASS_FWD, PIPE_PASS_BWD };
-
-/* What one entry asks the device(s) of `stage` to do. Activations and
- * gradients are [microbatch rows, T, C] blocks. */
-enum pipe_op {
-	/* forward pass */
-	PIPE_TAKE_INPUT,  /* stage 0, repeat 0: microbatch mb from the layers
-			   * before the pipeline becomes this iteration's input */
-	PIPE_RECV,        /* this iteration's input arrives from stage peer, which
-			   * sent it at iteration peer_iter */
-	PIPE_FORWARD,     /* run the stage's layers of repeat on microbatch mb with
-			   * the weights in weight slot `slot`; save the input */
-	PIPE_SEND,        /* send the output to stage peer, which takes it at
-			   * iteration peer_iter (> iter: never wait for it here) */
-	PIPE_GIVE_OUTPUT, /* stage S-1, repeat R-1: the output of microbatch mb
-			   * leaves for the layers after the pipeline */
-	/* backward pass */
-	PIPE_TAKE_DOUT,   /* stage S-1, repeat R-1: the gradient of mb's output */
-	PIPE_RECV_GRAD,   /* the gradient of this slot's output arrives from
-			   * stage peer, sent at (forward-numbered) peer_iter */
-	PIPE_BACKWARD,    /* recompute the forward of (mb, repeat) from its saved
-			   * input with the weights in `slot`, back-propagate;
-			   * dW accumulates (+=) into gradient buffer gslot */
-	PIPE_SEND_GRAD,   /* the input gradient to stage peer for peer_iter */
-	PIPE_GIVE_DIN,    /* stage 0, repeat 0: the gradient of mb's input leaves
-			   * for the layers before the pipeline */
-	/* weights, both passes */
-	PIPE_GATHER,      /* start the all-gather of W[repeat, stage] into weight
-			   * slot `slot`; the first entry using the slot waits */
-	PIPE_RELEASE,     /* W[repeat, stage] in `slot` is no longer needed */
-	PIPE_REDUCE_SCATTER, /* dW[repeat, stage] in gradient buffer `slot` is
-			   * complete: start its reduce-scatter; the next
-			   * PIPE_BACKWARD into that buffer waits for it */
-	PIPE_OP_COUNT
+/* What one action asks a device of `stage` to do. */
+enum pipe_act {
+	PA_EMBED,       /* owner: embed microbatch mb (and the layers before the
+			 * pipeline) into buf[0]; val.pass 1: for the counting
+			 * pass */
+	PA_F,           /* forward of (mb, chunk): buf[0] in, buf[1] out */
+	PA_B,           /* backward: buf[0] the chunk's input, buf[1] the output's
+			 * gradient, turned into the input's in place */
+	PA_I,           /* input-gradient backward: buf[0] input, buf[1] the
+			 * output's gradient (kept for W), buf[2] the input's */
+	PA_W,           /* weight-gradient backward: buf[0] input, buf[1] the
+			 * output's gradient */
+	PA_HEAD,        /* owner: the layers after the pipeline, head, loss and
+			 * their backward: buf[0] the pipeline's output, buf[1]
+			 * its gradient */
+	PA_EMBED_BACK,  /* owner: the layers before (recomputed) and the
+			 * embedding, backward: buf[0] the gradient */
+	PA_FC,          /* counting forward (pass 1): only the expert counts of
+			 * (mb, chunk) are kept; buf[0] in, buf[1] out (-1: none) */
+	PA_COUNT_SUM,   /* the expert counts summed over the rows' axes and stage */
+	PA_SEND,        /* value `val` (buf[0]) to stage peer; waited only when
+			 * its buffer is written again and at the end */
+	PA_RECV,        /* value `val` from stage peer into buf[0] */
+	PA_GATHER,      /* weights of group `chunk` into window slot `slot` */
+	PA_RELEASE,     /* done with the weights in slot */
+	PA_REDUCE_SCATTER, /* the gradients in slot leave for their shards */
+	PA_COUNT
 };
 
-struct pipe_entry {
-	enum pipe_op op;
-	enum pipe_pass pass;
-	int iter;       /* iteration, numbered as in the forward pass: 0..T-1 */
-	int stage;
-	int mb;         /* microbatch, -1 for weight entries */
-	int repeat;
-	int slot;       /* FORWARD, BACKWARD, GATHER, RELEASE: weight slot;
-			 * REDUCE_SCATTER: gradient buffer; else -1 */
-	int gslot;      /* BACKWARD: gradient buffer; else -1 */
-	int peer;       /* SEND*, RECV*: the other stage; else -1 */
-	int peer_iter;  /* SEND*: the iteration the RECV* sits at; RECV*: the
-			 * iteration of the SEND*; else -1 */
+/* Weight groups besides the chunks (PA_GATHER's chunk). */
+#define PIPE_G_NONLAYER (-1) /* embedding, final norm, head */
+#define PIPE_G_OUTSIDE  (-2) /* the layers outside the pipeline */
+
+/* A value moving between actions: the activation entering chunk e
+ * (e = S*v: the pipeline's output) of pass 0 (the step) or 1 (the
+ * counting pass), or the gradient of that activation. */
+enum pipe_vkind { PV_ACT, PV_GRAD };
+struct pipe_val {
+	uint8_t kind, pass;
+	int16_t edge;
+	int32_t mb;
 };
 
-/* The table. Entries are in execution order for every stage: the forward
- * pass, iterations 0..T-1, then the backward pass, iterations T-1..0; in
- * one iteration a stage's entries come in the order it runs them. A device
- * of stage s runs the entries whose stage is s, in table order, and
- * nothing else; entries of different stages in one iteration are
- * independent (every transfer is taken at least one iteration after it is
- * sent, in its pass's direction of time). */
-struct pipe_schedule {
+struct pipe_action {
+	uint8_t op;       /* enum pipe_act */
+	int16_t chunk;    /* compute: its chunk; weights: the group */
+	int32_t mb;       /* -1 for weights and COUNT_SUM */
+	int16_t peer;     /* SEND, RECV: the other stage */
+	int16_t slot;     /* weights: window slot; F, FC, B, I, W: the chunk's */
+	int16_t aset;     /* F, B, I, W: activation set (0 when recomputed) */
+	int32_t buf[3];   /* buffers, -1 none (see enum pipe_act) */
+	struct pipe_val val; /* SEND, RECV */
+	int32_t iter;     /* circular: the lockstep iteration; else -1 */
+	double t0, t1;    /* simulated start and end (the table's costs) */
+};
+
+/* Relative costs of the actions of one microbatch through one chunk (B =
+ * I + W when the backward is split), the owners' actions, and the time of
+ * one transfer. */
+struct pipe_costs {
+	double f, b, i, w, embed, head, embed_back, hop;
+};
+
+/* The table: one ordered list per stage. A device of stage s runs list s
+ * in order and nothing else. */
+struct pipe_table {
 	struct pipe_shape shape;
-	int iterations;    /* T = R*M + d*(S-1) */
-	int weight_slots;  /* gathered weight copies a stage allocates */
-	int grad_slots;    /* gradient buffers a stage allocates */
-	int n;
-	struct pipe_entry *e;
+	int nchunks;          /* S*v, 2S for zbv */
+	int *n;               /* [S] actions of each stage */
+	struct pipe_action **a; /* [S] */
+	int *bufs;            /* [S] microbatch buffers a device allocates */
+	int *scratch;         /* [S] scratch buffers besides them (0-2) */
+	int *act_sets;        /* [S] sets of layer activations */
+	int weight_slots;     /* window slot numbers a stage uses for chunks */
+	int weight_windows;   /* chunks gathered (READY) at once at most */
+	int iterations;       /* circular: T = R*M + d*(S-1); else 0 */
+	bool count_pass;      /* a counting forward pass precedes the step */
+	struct pipe_costs costs; /* the times' costs */
+	double makespan;      /* last end, from the first start */
+	double period;        /* the longest span of one stage (first start to
+			       * last end): the step's time when steps overlap */
 };
 
-/* The circular schedule (MaxText's SPMD pipeline with repeats):
- *  - iteration i, stage s is active only when 0 <= i - d*s < R*M and then
- *    runs microbatch (i - d*s) mod M of repeat (i - d*s) / M;
- *  - stage s > 0 takes what stage s-1 made d iterations earlier; stage 0
- *    takes a fresh microbatch while i < M, else stage S-1's output of the
- *    previous repeat, made at i - M + d*(S-1) (the circular hop);
- *  - backward: the same slots from T-1 down to 0, gradients going the
- *    other way (stage s to s-1, stage 0 to S-1 for repeats > 0);
- *  - weights by s->shape.wmode. PIPE_W_REPEAT: W[0,s] is gathered first and
- *    W[1,s] next, both at iteration 0, into slots 0 and 1; at iteration
- *    r*M + d*s (r >= 1) stage s switches to W[r,s] in slot r%2, releases
- *    W[r-1,s] and gathers W[r+1,s] into its slot, used first M iterations
- *    later (at r = R-1 it keeps W[R-2,s]: the backward pass needs it
- *    next). Backward: after reverse iteration r*M + d*s, dW[r,s] (buffer
- *    r%2) is complete: it is reduce-scattered, W[r,s] released and
- *    W[r-2,s] gathered into its slot, used first M iterations later.
- * Fills *out (allocates out->e). 0, -EINVAL with err for an impossible
- * shape, -ENOMEM. */
-int pipe_schedule_circular(struct pipe_schedule *out, const struct pipe_shape *p,
-			   char *err, size_t errlen);
-/* Frees the entries; *s may be zeroed or released again after. */
-void pipe_schedule_release(struct pipe_schedule *s);
+/* Builds the table of shape p: the schedule's order, the owners' actions,
+ * the transfers and weights, times from pipe_costs_unit, buffers from
+ * their lifetimes; validated. Fills *t (allocates). 0, -EINVAL with err
+ * for a shape the schedule cannot run (naming what), -ENOMEM. */
+int pipe_table_build(struct pipe_table *t, const struct pipe_shape *p, char *err, size_t errlen);
+void pipe_table_free(struct pipe_table *t);
 
-/* 0, or -EINVAL with err when the shape cannot be scheduled. */
+/* F 1, B 2 (I 1, W 1), owners' actions and transfers 0: the unit slots
+ * the bubble formulas count. */
+struct pipe_costs pipe_costs_unit(void);
+
+/* Simulates t's lists with costs c (times into t->a[*][*].t0/t1,
+ * t->makespan, t->period, t->costs). With check, also the buffers: every
+ * read finds its value, no write lands on a value still needed, and
+ * every value is gone once its last reader ran and its sends were taken.
+ * Every send must have its receive, every W its I, every B or I its F;
+ * the lists must not deadlock when a send completes only once its
+ * receive runs and a device waits for it before writing its buffer
+ * again. 0, or -EINVAL with err naming the stage and action. */
+int pipe_table_simulate(struct pipe_table *t, const struct pipe_costs *c, bool check,
+			char *err, size_t errlen);
+
+/* The shape check of each schedule; 0 or -EINVAL with err. */
 int pipe_shape_check(const struct pipe_shape *p, char *err, size_t errlen);
-/* T = R*M + d*(S-1). */
-int pipe_iterations(const struct pipe_shape *p);
-/* Whether stage s is active at iteration i; if so *mb and *repeat. */
-bool pipe_active(const struct pipe_shape *p, int i, int s, int *mb, int *repeat);
-/* The weight slots (and gradient buffers) a stage's table uses: 1, R
- * (PIPE_W_ONCE), min(R, 2) (PIPE_W_REPEAT); slot k holds one W[r,s]. */
-int pipe_weight_slots(const struct pipe_shape *p);
-/* Index among the pipelined layers of layer j of stage s in repeat r. */
+/* Chunks of the shape's schedule: S*v (2S for zbv). */
+int pipe_nchunks(const struct pipe_shape *p);
+/* The stage that runs chunk c. */
+int pipe_chunk_stage(const struct pipe_shape *p, int c);
+/* Whether the schedule runs MaxText's passes (circular, GPipe): every
+ * forward, the owners' heads, every backward, the owners' embedding
+ * backwards; a microbatch's owner is stage mb mod S. */
+bool pipe_phased(const struct pipe_shape *p);
+/* The stage that embeds microbatch mb (and back-propagates the
+ * embedding), and the one that computes its loss: its owner in a phased
+ * schedule, else the stage of the first chunk and of the last. */
+int pipe_embed_stage(const struct pipe_shape *p, int mb);
+int pipe_head_stage(const struct pipe_shape *p, int mb);
+/* Index among the pipelined layers of layer j of stage s in repeat r (of
+ * chunk r*S + s). */
 int pipe_layer(const struct pipe_shape *p, int repeat, int stage, int j);
+/* T = R*M + d*(S-1): the circular schedule's lockstep iterations. */
+int pipe_iterations(const struct pipe_shape *p);
+/* Whether the circular stage s is active at iteration i; if so *mb and
+ * *repeat. */
+bool pipe_active(const struct pipe_shape *p, int i, int s, int *mb, int *repeat);
+/* The window slots a stage numbers, and the chunks READY at once. */
+int pipe_weight_slots(const struct pipe_shape *p);
+int pipe_weight_windows(const struct pipe_shape *p);
+/* Whether a counting pass runs first (MoE, a backward before the last
+ * forward). */
+bool pipe_needs_count_pass(const struct pipe_shape *p);
+/* Whether the schedule splits the backward into I and W. */
+bool pipe_split_backward(enum pipe_sched s);
 
-/* What a table costs one device of a stage, read off the table. */
+/* The formulas of docs/pipeline.md at F=1, B=2 (or I = W = 1): the bubble
+ * (idle fraction of the longest stage span; -1 when the schedule has no
+ * closed form for the shape) and the peak of microbatch activations
+ * stage s holds for its backward (chunk inputs from their F to their B or
+ * W), in chunk units. */
+double pipe_bubble_formula(const struct pipe_shape *p);
+int pipe_peak_formula(const struct pipe_shape *p, int s);
+
+/* What a table costs one stage, read off it. */
 struct pipe_stats {
-	int active;          /* forward slots per stage (R*M) */
-	int saved_inputs;    /* stage inputs held for the backward pass at most */
-	int gathers;         /* all-gathers of one W[r,s] per stage per step */
-	int reduce_scatters; /* reduce-scatters of one dW[r,s] per stage per step */
-	int max_weights;     /* most gathered weight copies live at once */
-	int max_grads;       /* gradient buffers used (highest gslot + 1) */
-	int max_circ;        /* most microbatches stage 0 holds for the circular
-			      * hop: sent by stage S-1, not yet used (counting the
-			      * one used in the current iteration) */
-	int max_circ_grad;   /* the same for gradients held by stage S-1 */
+	int forwards;        /* F actions */
+	int peak_saved;      /* most chunk inputs held for a backward at once */
+	int gathers;         /* chunk-group gathers */
+	int reduce_scatters; /* chunk-group reduce-scatters */
+	int max_weights;     /* most chunk groups gathered at once */
+	double busy;         /* simulated compute time */
+	double span;         /* first start to last end */
 };
-void pipe_schedule_stats(const struct pipe_schedule *s, struct pipe_stats *st);
+void pipe_stage_stats(const struct pipe_table *t, int s, struct pipe_stats *st);
+/* The idle fraction of the longest stage span. */
+double pipe_table_bubble(const struct pipe_table *t);
 
-/* The stage that embeds microbatch mb and computes its loss (the layers
- * outside the pipeline run data-parallel over `stage`): mb mod S. */
-int pipe_owner(const struct pipe_shape *p, int mb);
-
-/* The activation buffers one device of stage s allocates to run the
- * table, each one microbatch's stage input ([microbatch rows, T, C]),
- * read off the table: the executor allocates exactly these and
- * `meshrun schedule` prints them. */
-struct pipe_bufs {
-	int saved;   /* stage inputs of its active slots, from the forward to
-		      * the backward that recomputes from them: R*M */
-	int out;     /* forward outputs, each from its FORWARD until its
-		      * receiver took it */
-	int grad;    /* gradients, each from its arrival (TAKE_DOUT,
-		      * RECV_GRAD) until the receiver of the input gradient
-		      * took it */
-	int owned;   /* microbatches the stage owns (pipe_owner): M/S, each
-		      * with four buffers: its input, the pipeline's output,
-		      * that output's gradient, the input's gradient */
-	int scratch; /* the recompute's output in the backward: 1 */
-};
-
-/* The buffers of stage s. A buffer taken at pass time t (forward:
- * iteration i; backward: T-1-i) is free for another slot from the
- * iteration after its receiver took it (a RECV at iteration j frees it
- * at j + 1; a copy to this stage at once); an output leaving the
- * pipeline for another stage (GIVE_OUTPUT, GIVE_DIN) is taken after the
- * pass and never reused in it. The lowest free buffer is taken. out_of
- * and grad_of (each R*M ints, slot repeat*M + mb; either may be NULL)
- * receive each slot's output and gradient buffer. 0 or -ENOMEM. */
-int pipe_stage_bufs(const struct pipe_schedule *sc, int s, struct pipe_bufs *b, int *out_of,
-		    int *grad_of);
-/* Every buffer of b. */
-int pipe_bufs_total(const struct pipe_bufs *b);
-
-const char *pipe_op_name(enum pipe_op op);
+const char *pipe_act_name(enum pipe_act a);
+const char *pipe_sched_name(enum pipe_sched s);
+/* The schedule named, or -1. */
+int pipe_sched_parse(const char *name);
 const char *pipe_wmode_name(enum pipe_wmode m);
+/* One action as text ("F mb3 c1", "recv act mb2 e1 from 0"). */
+void pipe_action_text(const struct pipe_action *a, char *out, size_t len);
+
+/* Message naming of a value for the transport: a kind (1..6) and an index
+ * unique within the step for a pair of devices. */
+enum pipe_msg { PIPE_MSG_IN = 1, PIPE_MSG_ACT, PIPE_MSG_OUT, PIPE_MSG_DOUT, PIPE_MSG_GRAD, PIPE_MSG_DIN };
+void pipe_val_msg(const struct pipe_table *t, const struct pipe_val *v, uint32_t *kind, uint32_t *idx);
 
 #endif

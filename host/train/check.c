@@ -58,7 +58,7 @@ int train_check_pipe(const struct cfg *c, const struct pipe_config *pc, int rows
 			 "num_pipeline_microbatches=%d microbatches", rows, pc->shape.microbatches);
 		return -EINVAL;
 	}
-	return 0;
+	return pipe_config_runnable(pc, err, errlen);
 }
 
 /* ZeRO-1 splits the state of every bucket summed over data flat; a Muon

@@ -14,7 +14,6 @@
 #include "host/data/data.h"
 #include "host/pipeline/pipe_config.h"
 #include "host/mesh/plan.h"
-#include "host/model/window.h"
 #include "host/util/clock.h"
 #include "kernels/kernels.h"
 
@@ -48,7 +47,8 @@ struct trainer {
 	bool muon;
 	struct mesh_members tg[MAX_TGROUPS];   /* groups that gather split tensors */
 	int ntg;
-	struct pipe_exec *px;        /* a pipeline over `stage`, else NULL */
+	struct pipe_exec *px;        /* the step's executor (a pipeline over
+				      * `stage`, or a table of one stage) */
 	/* checkpoints: the whole model's table and buffers */
 	struct model *gmodel;
 	float *gp, *gm, *gv;
@@ -123,28 +123,60 @@ static int lay_out_state(struct trainer *t, char *err, size_t errlen)
 	return 0;
 }
 
-/* The model for one microbatch of rows and the executor of this stage. */
+/* The step's table and its shape: the pipeline's keys with a `stage`
+ * axis, else the step without a pipeline (a table of one stage). */
+static int step_table(struct trainer *t, const struct cfg *c, const struct model_dims *d,
+		      struct pipe_config *pc, struct pipe_table *tab, char *err, size_t errlen)
+{
+	int rc;
+	if (t->mesh && t->mesh->size[AX_STAGE] > 1) {
+		if ((rc = pipe_config_resolve(pc, c, d, err, errlen)) ||
+		    (rc = train_check_pipe(c, pc, t->rows, err, errlen)))
+			return rc;
+	} else {
+		pipe_config_one_device(pc, d, t->rows);
+	}
+	return pipe_table_build(tab, &pc->shape, err, errlen);
+}
+
+/* The model for one microbatch of rows and the executor of this stage:
+ * every step, with or without a pipeline, runs a schedule's table. */
 static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_dims *d,
 		     const struct model_mesh *mm, char *err, size_t errlen)
 {
 	struct pipe_config pc;
-	int coord[AX_COUNT], S, rc, dev[MESH_MAX_DEVICES];
-	if ((rc = pipe_config_resolve(&pc, c, d, err, errlen)) ||
-	    (rc = train_check_pipe(c, &pc, t->rows, err, errlen)))
+	struct pipe_table tab;
+	int coord[AX_COUNT] = { 0 }, rc, dev[MESH_MAX_DEVICES], stage = 0;
+	if ((rc = step_table(t, c, d, &pc, &tab, err, errlen)))
 		return rc;
-	int mb = t->rows / pc.shape.microbatches;
-	struct model_mesh pm = *mm;
-	pipe_config_model_mesh(&pc, &pm);
-	if ((rc = model_open(&t->model, d, mb, &pm, err, errlen)))
+	int S = pc.shape.stages, mb = t->rows / pc.shape.microbatches;
+	if (t->mesh) {
+		mesh_coords(t->mesh, t->device, coord);
+		stage = coord[AX_STAGE];
+	}
+	struct model_mesh pm = { 0 };
+	if (mm) {
+		pm = *mm;
+		if (S > 1)
+			pipe_config_model_mesh(&pc, &pm);
+	}
+	pm.pipe_act_sets = tab.act_sets[stage];
+	if (!mm && pm.pipe_act_sets > 1) {  /* one device's table keeps one set */
+		snprintf(err, errlen, "train: the step's table keeps %d sets of activations on one device",
+			 pm.pipe_act_sets);
+		rc = -EINVAL;
+	} else {
+		rc = model_open(&t->model, d, mb, mm ? &pm : NULL, err, errlen);
+	}
+	if (rc) {
+		pipe_table_free(&tab);
 		return rc;
-	mesh_coords(t->mesh, t->device, coord);
-	S = t->mesh->size[AX_STAGE];
-	int stage = coord[AX_STAGE];
+	}
 	for (int s = 0; s < S; s++) {
 		coord[AX_STAGE] = s;
-		dev[s] = mesh_device(t->mesh, coord);
+		dev[s] = t->mesh ? mesh_device(t->mesh, coord) : 0;
 	}
-	return pipe_exec_new(&t->px, &pc.shape, stage, pc.first_layer, dev, t->model, mb, err, errlen);
+	return pipe_exec_new(&t->px, &tab, stage, pc.first_layer, dev, t->model, mb, err, errlen);
 }
 
 /* The data a trainer reads: training data unless eval_only, held-out
@@ -210,12 +242,8 @@ static int trainer_open_what(struct trainer **out, const struct cfg *c, int rows
 	if ((rc = open_data(t, c, eval_only, err, errlen)))
 		goto fail;
 	/* the model refuses shapes and shardings it cannot make */
-	if (t->mesh && t->mesh->size[AX_STAGE] > 1) {
-		if ((rc = pipe_open(t, c, &d, mm, err, errlen)))
-			goto fail;
-	} else if ((rc = model_open(&t->model, &d, rows, mm, err, errlen))) {
+	if ((rc = pipe_open(t, c, &d, mm, err, errlen)))
 		goto fail;
-	}
 	/* weights from a checkpoint replace every element: no init to pay for */
 	if (!c->load_parameters_path[0])
 		model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
@@ -420,16 +448,18 @@ static double grad_sumsq(struct trainer *t, const float *g, size_t a, size_t b, 
 	return ss;
 }
 
-/* The pipelined forward and backward; then the gradients of what runs
- * data-parallel over `stage` (every tensor not split over it: embedding,
- * head, final norm) are summed over it. */
+/* The step's forward and backward (the schedule's table); then with a
+ * pipeline the gradients of what runs data-parallel over `stage` (every
+ * tensor not split over it: embedding, head, final norm) are summed over
+ * it. */
 static int pipe_step(struct trainer *t, const struct train_comm *comm, struct model_step *ms)
 {
 	struct model *m = t->model;
 	float *G = model_grads(m);
 	const uint32_t stage = 1u << AX_STAGE;
-	int rc = pipe_exec_step(t->px, t->inputs, t->targets, ms, &comm->p2p);
-	for (int i = 0; !rc && i < model_num_params(m); i++) {
+	bool staged = pipe_exec_table(t->px)->shape.stages > 1;  /* else nothing moves point to point */
+	int rc = pipe_exec_step(t->px, t->inputs, t->targets, ms, comm && staged ? &comm->p2p : NULL);
+	for (int i = 0; !rc && staged && i < model_num_params(m); i++) {
 		const struct param_info *p = model_param(m, i);
 		if (!(p->split & stage))
 			rc = comm->mc.all_reduce(comm->mc.ctx, stage, G + p->offset, p->numel);
@@ -482,16 +512,14 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		.comm = comm ? &comm->mc : NULL,
 	};
 	st->t_fb0 = util_now_s();
-	if (t->px)
-		rc = pipe_step(t, comm, &ms);
-	else
-		rc = model_forward_backward(m, t->inputs, t->targets, &ms);
+	rc = pipe_step(t, comm, &ms);
 	st->t_fb1 = util_now_s();
-	st->weight_gathers = t->px ? pipe_exec_gathers(t->px) : win_gathers(model_window(m));
+	st->weight_gathers = pipe_exec_gathers(t->px);
 	if (rc)
 		goto comm_failed;
 	double scal[2] = { ms.loss_sum, ms.aux };
-	uint32_t loss_axes = model_rows_axes(m) | (t->px ? 1u << AX_STAGE : 0);
+	bool staged = pipe_exec_table(t->px)->shape.stages > 1;
+	uint32_t loss_axes = model_rows_axes(m) | (staged ? 1u << AX_STAGE : 0);
 	if (comm && (rc = comm->sum(ctx, loss_axes, scal, 2)))
 		goto comm_failed;
 
@@ -568,7 +596,8 @@ int trainer_eval(struct trainer *t, int global_rows, int row0, const struct trai
 {
 	struct model *m = t->model;
 	const int T = model_dims(m)->T;
-	const uint32_t rows = model_rows_axes(m), stage = t->px ? 1u << AX_STAGE : 0;
+	const bool staged = pipe_exec_table(t->px)->shape.stages > 1;
+	const uint32_t rows = model_rows_axes(m), stage = staged ? 1u << AX_STAGE : 0;
 	int64_t nb = data_eval_batches(t->eval, global_rows, t->cfg.eval_steps, err, errlen);
 	double sum = 0, count = 0;
 	int rc = 0;
@@ -588,8 +617,8 @@ int trainer_eval(struct trainer *t, int global_rows, int row0, const struct trai
 		};
 		/* the executor has no forward-only table: its gradients are
 		 * dropped (the next step zeroes them) */
-		rc = t->px ? pipe_exec_step(t->px, t->inputs, t->targets, &ms, &comm->p2p)
-			   : model_forward(m, t->inputs, t->targets, &ms);
+		rc = staged ? pipe_exec_step(t->px, t->inputs, t->targets, &ms, comm ? &comm->p2p : NULL)
+			    : model_forward(m, t->inputs, t->targets, &ms);
 		if (rc)
 			goto comm_failed;
 		sum += ms.loss_sum;

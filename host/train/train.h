@@ -96,7 +96,7 @@ float *trainer_ckpt_m(struct trainer *t);
 float *trainer_ckpt_v(struct trainer *t);
 
 const struct cfg *trainer_cfg(const struct trainer *t);
-/* The pipeline executor when the mesh has stages, else NULL. */
+/* The step's executor (a table of one stage without a pipeline). */
 struct pipe_exec *trainer_pipe(struct trainer *t);
 /* The training and held-out data (NULL when not opened). */
 struct data_source *trainer_data(struct trainer *t);

@@ -400,13 +400,18 @@ static void job_step_end(void *vctx, const struct step_stats *st, double t0, dou
 {
 	struct job_ctx *c = vctx;
 	trace_span(c->tr, "forward+backward", "compute", st->t_fb0, st->t_fb1);
+	/* a pipeline's compute actions, each its span (F, B, I, W of a
+	 * microbatch and chunk; the owners' embed, head, embed_back) */
 	struct pipe_exec *px = c->t ? trainer_pipe(c->t) : NULL;
 	int n = 0;
-	const struct pipe_slot_time *pt = px && c->tr ? pipe_exec_times(px, &n) : NULL;
+	const struct pipe_act_time *pt = px && c->tr && pipe_exec_table(px)->shape.stages > 1 ?
+					 pipe_exec_times(px, &n) : NULL;
 	for (int i = 0; i < n; i++) {
-		char name[24];
-		snprintf(name, sizeof(name), "%s i%d r%d mb%d", pt[i].pass == PIPE_PASS_FWD ? "fwd" : "bwd",
-			 pt[i].iter, pt[i].repeat, pt[i].mb);
+		char name[32];
+		if (pt[i].op == PA_EMBED || pt[i].op == PA_HEAD || pt[i].op == PA_EMBED_BACK)
+			snprintf(name, sizeof(name), "%s mb%d", pipe_act_name(pt[i].op), pt[i].mb);
+		else
+			snprintf(name, sizeof(name), "%s mb%d c%d", pipe_act_name(pt[i].op), pt[i].mb, pt[i].chunk);
 		trace_span(c->tr, name, "pipeline", pt[i].t0, pt[i].t1);
 	}
 	trace_span(c->tr, "optimizer", "compute", st->t_opt0, st->t_opt1);

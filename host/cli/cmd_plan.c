@@ -1,0 +1,143 @@
+/* `meshrun plan`: the step time and memory the step-time model
+ * (host/perf/perf.h) predicts for a config on a mesh, from figures
+ * measured here (a layer of the model at its microbatch, unless --flops
+ * is given) and the links given; with --search, the fastest
+ * configurations of the model for that many hosts. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/cli/args.h"
+#include "host/cli/cli.h"
+#include "host/config/config.h"
+#include "host/perf/perf.h"
+
+#define END_FLAGS { NULL, 0, NULL, 0, 0, NULL }
+
+struct plan_args {
+	int hosts, dph, threads, top;
+	const char *cores;
+	double link_gbps, link_us, ici_gbps, ici_us, flops, mem_gb;
+	bool search;
+};
+
+static void print_prediction(const struct perf_parts *p, const struct perf_compute *pc, bool measured)
+{
+	printf("predicted_step_s: %.4f\n", p->step);
+	printf("parts: table %.4f s (its busiest device has %.4f s of compute, run in %.4f s; idle %.3f of the "
+	       "worst device's span: the bubble and waits for transfers and gathers), gradient sums after it "
+	       "%.4f s, optimizer %.4f s\n", p->table, p->compute, p->running, p->bubble, p->tail, p->optimizer);
+	printf("schedule: S=%d stages, v=%d chunks a stage, M=%d microbatches of %d rows\n", p->stages, p->chunks,
+	       p->microbatches, p->mb_rows);
+	printf("work: %.4f s of compute and optimizer a step over every device (at full speed)\n", p->work);
+	printf("compute per microbatch (%d rows, %s): layer forward %.2f ms, backward %.2f ms%s; head %.2f ms\n",
+	       pc->rows, measured ? "measured here" : "from --flops", 1e3 * pc->f_layer[0], 1e3 * pc->b_layer[0],
+	       pc->f_layer[1] != pc->f_layer[0] ? " (dense)" : "", 1e3 * pc->head);
+	if (pc->f_layer[1] != pc->f_layer[0])
+		printf("  MoE layer forward %.2f ms, backward %.2f ms\n", 1e3 * pc->f_layer[1], 1e3 * pc->b_layer[1]);
+	double G = 1 << 30;
+	printf("memory per device: %.3f GiB (parameters %.3f, gradients %.3f, optimizer %.3f, weight window %.3f, "
+	       "activations %.3f)\n", p->mem_total / G, p->mem_params / G, p->mem_grads / G, p->mem_opt / G,
+	       p->mem_window / G, p->mem_act / G);
+}
+
+/* --cores N, or auto: measured with the devices' threads at once. */
+static int cores_of(const char *v, const struct cfg *c, int mb, int devs, double *out)
+{
+	char *end;
+	if (!strcmp(v, "auto")) {
+		*out = perf_measure_cores(c, mb, 1, devs, 1.0);
+		return *out > 0 ? 0 : -EINVAL;
+	}
+	*out = strtod(v, &end);
+	return *end || *out <= 0 ? -EINVAL : 0;
+}
+
+static int plan(const struct plan_args *pa, const struct args *a)
+{
+	char err[1024];
+	struct cfg *c = malloc(sizeof(*c));
+	int rc = c ? args_load_cfg(a, c, err, sizeof(err)) : -ENOMEM;
+	struct perf_machine mc = {
+		.dcn = { pa->link_gbps * 1e9 / 8, pa->link_us * 1e-6 },
+		.ici = { pa->ici_gbps * 1e9 / 8, pa->ici_us * 1e-6 },
+		.flops = pa->flops, .mem_bytes = pa->mem_gb * (double)(1 << 30),
+	};
+	int hosts = pa->hosts ? pa->hosts : cfg_family_product(c, true);
+	int dph = pa->dph ? pa->dph : cfg_family_product(c, false);
+	if (!rc && pa->search) {
+		rc = perf_search(c, hosts, dph, &mc, pa->top, err, sizeof(err));
+	} else if (!rc && !(rc = cfg_finish(c, hosts, dph, err, sizeof(err)))) {
+		struct perf_compute pcm, *pc = NULL;
+		struct model_dims d;
+		struct perf_parts p;
+		int mb = 0;
+		if (!(rc = model_dims_from_cfg(&d, c, err, sizeof(err))) && (mb = perf_mb_rows(c, &d, err, sizeof(err))) < 0)
+			rc = mb;
+		int devs = hosts * dph, th = pa->threads;
+		if (!rc && pa->cores && (rc = cores_of(pa->cores, c, mb, devs, &mc.cores)))
+			snprintf(err, sizeof(err), "plan: --cores takes a count or auto, got '%s'", pa->cores);
+		if (!rc && pa->flops <= 0) {
+			/* one device's OpenBLAS threads, as an agent gets them */
+			if (!th)
+				th = mc.cores > devs ? (int)(mc.cores / devs) : 1;
+			rc = perf_measure(c, mb, th, &pcm, err, sizeof(err));
+			pc = &pcm;
+		} else if (!rc) {
+			perf_analytic(&d, mb, pa->flops, &pcm);
+		}
+		if (!rc)
+			rc = perf_predict(c, &mc, pc, &p, err, sizeof(err));
+		if (!rc) {
+			print_prediction(&p, &pcm, pc != NULL);
+			if (mc.cores > 0)
+				printf("cores: the %d devices share %.2f cores%s\n", devs, mc.cores,
+				       strcmp(pa->cores, "auto") ? "" : " (measured: devices running a layer at once)");
+		}
+	}
+	if (rc)
+		cli_error("plan", "%s", rc == -ENOMEM ? "out of memory" : err);
+	free(c);
+	return cli_exit_code(rc);
+}
+
+int cmd_plan(int argc, char **argv)
+{
+	struct plan_args pa = { .link_gbps = 10, .link_us = 50, .ici_gbps = 80, .ici_us = 10, .top = 5 };
+	const struct arg_flag flags[] = {
+		{ "--config", ARG_CONFIG, NULL, 0, 0, NULL },
+		{ "--hosts", ARG_INT, &pa.hosts, 1, 1 << 20, NULL },
+		{ "--devices-per-host", ARG_INT, &pa.dph, 1, 4096, NULL },
+		{ "--link-gbps", ARG_DOUBLE, &pa.link_gbps, 1e-3, 1e6, NULL },
+		{ "--link-latency-us", ARG_DOUBLE, &pa.link_us, 0, 1e7, NULL },
+		{ "--ici-gbps", ARG_DOUBLE, &pa.ici_gbps, 1e-3, 1e7, NULL },
+		{ "--ici-latency-us", ARG_DOUBLE, &pa.ici_us, 0, 1e7, NULL },
+		{ "--flops", ARG_DOUBLE, &pa.flops, 1e6, 1e20, NULL },
+		{ "--cores", ARG_STR, &pa.cores, 0, 0, NULL },
+		{ "--threads", ARG_INT, &pa.threads, 1, 1024, NULL },
+		{ "--search", ARG_BOOL, &pa.search, 0, 0, NULL },
+		{ "--top", ARG_INT, &pa.top, 1, 1000, NULL },
+		{ "--mem-gb", ARG_DOUBLE, &pa.mem_gb, 0, 1e9, NULL },
+		END_FLAGS,
+	};
+	const struct arg_flag *const tables[] = { flags, NULL };
+	struct args a;
+	char err[256];
+	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
+	if (!rc && !a.nconfigs) {
+		snprintf(err, sizeof(err), "--config FILE is needed");
+		rc = -EINVAL;
+	}
+	if (!rc && pa.search && pa.flops <= 0) {
+		snprintf(err, sizeof(err), "--search needs --flops (the devices of a cluster not measured here)");
+		rc = -EINVAL;
+	}
+	if (rc) {
+		args_release(&a);
+		return cli_usage_error("plan", "%s", err);
+	}
+	rc = plan(&pa, &a);
+	args_release(&a);
+	return rc;
+}

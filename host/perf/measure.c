@@ -1,0 +1,243 @@
+/* The compute figures of the step-time model, measured here (see
+ * perf.h): the model's own stage calls at the model's shapes, one
+ * microbatch of rows on one device, one layer of each kind; each figure
+ * the median of a few runs' CPU seconds after a warm-up (what the
+ * computation costs, whatever else runs); and how many cores the
+ * devices of a machine get between them now when they all compute at
+ * once (their CPU seconds over the wall seconds: the machine's other load
+ * is in that). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "host/perf/perf.h"
+#include "host/util/clock.h"
+#include "kernels/kernels.h"
+
+#define RUNS 5
+
+/* CPU seconds of this process (every thread: OpenBLAS's too) or of the
+ * calling thread: what a computation costs, whatever else the machine
+ * runs meanwhile. */
+static double cpu_s(clockid_t which)
+{
+	struct timespec ts;
+	clock_gettime(which, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+struct times {
+	double embed_f, layer_f, head, layer_b, embed_b;
+};
+
+/* The median of the runs (n of them in v). */
+static double median(double *v, int n)
+{
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+			double t = v[j];
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	return v[n / 2];
+}
+
+static void best(double *b, double t)
+{
+	if (*b <= 0 || t < *b)
+		*b = t;
+}
+
+/* One layer of kind moe of d at rows sequences: the best of RUNS. */
+static int measure_layer(const struct model_dims *d, bool moe, int rows, struct times *out, char *err, size_t errlen)
+{
+	struct model_dims one = *d;
+	one.L = 1;
+	one.L_dense = moe ? 0 : 1;
+	one.L_moe = moe ? 1 : 0;
+	struct model *m = model_new(&one, rows, NULL, err, errlen);
+	size_t N = (size_t)rows * d->T, NC = N * (size_t)d->C;
+	int32_t *in = malloc(sizeof(int32_t) * N), *tg = malloc(sizeof(int32_t) * N);
+	float *x = malloc(sizeof(float) * NC), *y = malloc(sizeof(float) * NC), *dy = malloc(sizeof(float) * NC);
+	int rc = m && in && tg && x && y && dy ? 0 : -ENOMEM;
+	double runs[5][RUNS];
+	memset(out, 0, sizeof(*out));
+	for (size_t i = 0; !rc && i < N; i++) {
+		in[i] = (int32_t)((i * 7919u) % (size_t)d->V);
+		tg[i] = (int32_t)((i * 104729u + 3) % (size_t)d->V);
+	}
+	if (!rc)
+		model_init(m, 1, 0.02f);
+	for (int r = 0; !rc && r <= RUNS; r++) {
+		struct model_step st = { .loss_scale = 1.0f / (float)N, .global_tokens = (double)N };
+		double l, t[6];
+		model_step_begin(m, &st);
+		t[0] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		rc = model_embed_forward(m, x, in);
+		t[1] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		rc = rc ? rc : model_layers_forward(m, 0, 1, y, x);
+		t[2] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		rc = rc ? rc : model_head_forward(m, &l, y, tg);
+		rc = rc ? rc : model_head_backward(m, dy, y, tg);
+		t[3] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		rc = rc ? rc : model_layers_backward(m, 0, 1, dy, x);
+		t[4] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		rc = rc ? rc : model_embed_backward(m, dy, in);
+		t[5] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		int erc = model_step_end(m);
+		rc = rc ? rc : erc;
+		if (r == 0)
+			continue;  /* warm-up */
+		for (int k = 0; k < 5; k++)
+			runs[k][r - 1] = t[k + 1] - t[k];
+	}
+	if (!rc) {
+		out->embed_f = median(runs[0], RUNS);
+		out->layer_f = median(runs[1], RUNS);
+		out->head = median(runs[2], RUNS);
+		out->layer_b = median(runs[3], RUNS);
+		out->embed_b = median(runs[4], RUNS);
+	}
+	if (rc == -ENOMEM)
+		snprintf(err, errlen, "plan: out of memory measuring a layer of %d rows", rows);
+	model_free(m);
+	free(in);
+	free(tg);
+	free(x);
+	free(y);
+	free(dy);
+	return rc;
+}
+
+/* AdamW's seconds per float (4M floats, the best of RUNS). */
+static double measure_optimizer(void)
+{
+	size_t n = 4u << 20;
+	float *p = calloc(n, sizeof(float)), *g = calloc(n, sizeof(float)), *m = calloc(n, sizeof(float)),
+	      *v = calloc(n, sizeof(float));
+	double b = 0;
+	for (int r = 0; p && g && m && v && r <= RUNS; r++) {
+		double t0 = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		adamw_update(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, r + 1);
+		if (r)
+			best(&b, (cpu_s(CLOCK_PROCESS_CPUTIME_ID) - t0) / (double)n);
+	}
+	free(p);
+	free(g);
+	free(m);
+	free(v);
+	return b;
+}
+
+int perf_measure(const struct cfg *c, int rows, int threads, struct perf_compute *pc, char *err, size_t errlen)
+{
+	struct model_dims d;
+	struct times t[2];
+	int rc = model_dims_from_cfg(&d, c, err, errlen), prev = blas_get_threads();
+	if (rc)
+		return rc;
+	memset(pc, 0, sizeof(*pc));
+	if (threads > 0)
+		blas_set_threads(threads);
+	rc = measure_layer(&d, false, rows, &t[0], err, errlen);
+	if (!rc && d.L_moe)
+		rc = measure_layer(&d, true, rows, &t[1], err, errlen);
+	else
+		t[1] = t[0];
+	blas_set_threads(prev);
+	if (rc)
+		return rc;
+	for (int k = 0; k < 2; k++) {
+		pc->f_layer[k] = t[k].layer_f;
+		pc->b_layer[k] = t[k].layer_b;
+	}
+	pc->head = t[0].head;
+	pc->embed_f = t[0].embed_f;
+	pc->embed_b = t[0].embed_b;
+	pc->opt_per_float = measure_optimizer();
+	pc->rows = rows;
+	pc->threads = threads > 0 ? threads : prev;
+	return 0;
+}
+
+/* ---- cores: one layer's forward on n threads at once ---- */
+
+struct spin {
+	const struct model_dims *d;
+	int rows;
+	double seconds, cpu, wall;
+	pthread_barrier_t *bar;
+	int rc;
+};
+
+static void *spin_main(void *arg)
+{
+	struct spin *sp = arg;
+	struct model_dims one = *sp->d;
+	char err[256];
+	one.L = 1;
+	one.L_dense = 1;
+	one.L_moe = 0;
+	struct model *m = model_new(&one, sp->rows, NULL, err, sizeof(err));
+	size_t N = (size_t)sp->rows * one.T, NC = N * (size_t)one.C;
+	float *x = calloc(NC, sizeof(float)), *y = calloc(NC, sizeof(float));
+	sp->rc = m && x && y ? 0 : -ENOMEM;
+	if (!sp->rc)
+		model_init(m, 1, 0.02f);
+	pthread_barrier_wait(sp->bar);
+	double t0 = util_now_s(), t = t0, c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
+	int calls = 0;
+	struct model_step st = { .loss_scale = 1, .global_tokens = 1 };
+	while (!sp->rc && (t - t0 < sp->seconds || calls < 2)) {
+		model_step_begin(m, &st);
+		model_layers_forward(m, 0, 1, y, x);
+		model_step_end(m);
+		calls++;
+		t = util_now_s();
+	}
+	sp->cpu = cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0;
+	sp->wall = t - t0;
+	model_free(m);
+	free(x);
+	free(y);
+	return NULL;
+}
+
+/* The cores n threads running a layer's forward at once get: their CPU
+ * seconds over the wall seconds. */
+static double spin(const struct model_dims *d, int rows, int n, double seconds)
+{
+	pthread_t th[64];
+	struct spin sp[64];
+	pthread_barrier_t bar;
+	double cpu = 0, wall = 0;
+	n = n > 64 ? 64 : n;
+	pthread_barrier_init(&bar, NULL, (unsigned)n);
+	for (int i = 0; i < n; i++) {
+		sp[i] = (struct spin){ .d = d, .rows = rows, .seconds = seconds, .bar = &bar };
+		pthread_create(&th[i], NULL, spin_main, &sp[i]);
+	}
+	for (int i = 0; i < n; i++) {
+		pthread_join(th[i], NULL);
+		cpu += sp[i].cpu;
+		wall = sp[i].wall > wall ? sp[i].wall : wall;
+	}
+	pthread_barrier_destroy(&bar);
+	return wall > 0 ? cpu / wall : 0;
+}
+
+double perf_measure_cores(const struct cfg *c, int rows, int threads, int devices, double seconds)
+{
+	struct model_dims d;
+	char err[256];
+	if (model_dims_from_cfg(&d, c, err, sizeof(err)) || devices < 1)
+		return 0;
+	int prev = blas_get_threads();
+	blas_set_threads(threads > 0 ? threads : 1);
+	double got = spin(&d, rows, devices, seconds);
+	blas_set_threads(prev);
+	return got;
+}

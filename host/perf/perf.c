@@ -1,0 +1,603 @@
+/* The step-time model of host/perf/perf.h. A step is: the schedule's
+ * table on every stage (compute from the measured or analytic figures,
+ * each action's tensor-parallel all-reduces and FSDP gathers inside it,
+ * each transfer a message on the link between its two stages' hosts),
+ * simulated with the devices of one machine sharing its cores; then the
+ * gradient sums the trainer does after it (over `stage` for the tensors
+ * every stage holds, over the data axes for everything) and the
+ * optimizer. */
+#include "host/perf/perf.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "host/mesh/mesh.h"
+#include "host/mesh/shard.h"
+#include "host/pipeline/pipe_config.h"
+#include "host/pipeline/schedule.h"
+
+/* ---- collectives on a ring of p members ---- */
+
+static double t_msg(const struct perf_link *l, double bytes)
+{
+	return l->lat + bytes / l->bw;
+}
+
+/* all-reduce of `bytes` on every member */
+static double t_all_reduce(const struct perf_link *l, double bytes, int p)
+{
+	return p <= 1 ? 0 : 2.0 * (p - 1) * t_msg(l, bytes / p);
+}
+
+/* all-gather into `bytes` (each member holds bytes / p), or the
+ * reduce-scatter of `bytes` */
+static double t_gather(const struct perf_link *l, double bytes, int p)
+{
+	return p <= 1 ? 0 : (p - 1) * t_msg(l, bytes / p);
+}
+
+/* ---- compute ---- */
+
+/* Matmul and attention FLOPs of one layer's forward on rows sequences
+ * (moe: an MoE layer), on one device of a tensor split tp. */
+static double layer_flops(const struct model_dims *d, int rows, bool moe)
+{
+	double N = (double)rows * d->T, C = d->C, QD = (double)d->Hq * d->D, KD = (double)d->Hkv * d->D;
+	double f = 2 * N * (C * QD * 2 + C * KD * 2);       /* q, o, k, v */
+	f += 4 * N * d->T * QD / 2;                          /* causal QK^T and AV */
+	if (moe)
+		f += 2 * N * (3 * C * d->Fe * (d->K + d->S) + C * d->E);
+	else
+		f += 2 * N * 3 * C * d->F;
+	return f;
+}
+
+void perf_analytic(const struct model_dims *d, int rows, double flops, struct perf_compute *pc)
+{
+	double N = (double)rows * d->T;
+	memset(pc, 0, sizeof(*pc));
+	for (int k = 0; k < 2; k++) {
+		pc->f_layer[k] = layer_flops(d, rows, k) / flops;
+		pc->b_layer[k] = 2 * pc->f_layer[k];
+	}
+	pc->head = 3 * 2 * N * d->C * d->V / flops;
+	pc->embed_f = pc->embed_b = 0;
+	/* AdamW reads 4 floats and writes 3 a parameter: 28 bytes at 20 GB/s */
+	pc->opt_per_float = 28 / 20e9;
+	pc->rows = rows;
+}
+
+/* The compute figures for mb rows on a device of tensor split tp and
+ * expert split ep (measured ones scaled from the rows they were for). */
+static struct perf_compute scaled(const struct perf_compute *pc, int mb, int tp, int ep)
+{
+	struct perf_compute s = *pc;
+	double r = (double)mb / pc->rows;
+	for (int k = 0; k < 2; k++) {
+		double split = k ? tp * ep : tp;
+		s.f_layer[k] *= r / split;
+		s.b_layer[k] *= r / split;
+	}
+	s.head *= r / tp;
+	s.embed_f *= r;
+	s.embed_b *= r;
+	s.rows = mb;
+	return s;
+}
+
+/* ---- the mesh ---- */
+
+struct shape {
+	struct model_dims d;
+	struct mesh m;
+	struct shard_rules rules;
+	struct pipe_config pc;
+	uint32_t rows_axes;
+	int B, mb, tp, ep, fsdp, data;
+};
+
+static int axis(const struct mesh *m, int a)
+{
+	return m->size[a];
+}
+
+/* Whether the devices that differ on axes span hosts. */
+static bool over_dcn(const struct mesh *m, uint32_t axes)
+{
+	for (int a = 0; a < AX_COUNT; a++)
+		if ((axes >> a & 1) && m->dcn[a] > 1)
+			return true;
+	return false;
+}
+
+static int resolve(struct shape *sh, const struct cfg *c, char *err, size_t errlen)
+{
+	int rc;
+	memset(sh, 0, sizeof(*sh));
+	if ((rc = model_dims_from_cfg(&sh->d, c, err, errlen)) || (rc = shard_rules_from_cfg(&sh->rules, c, err, errlen)))
+		return rc;
+	mesh_init(&sh->m, c);
+	struct model_mesh mm = { .mesh = &sh->m, .rules = &sh->rules, .device = 0 };
+	if ((rc = model_plan_rows(&mm, sh->d.C, &sh->rows_axes, err, errlen)))
+		return rc;
+	int split = 1;
+	for (int a = 0; a < AX_COUNT; a++)
+		if (sh->rows_axes >> a & 1)
+			split *= axis(&sh->m, a);
+	sh->B = (int)(c->per_device_batch_size * sh->m.num_devices / split);
+	if (axis(&sh->m, AX_STAGE) > 1)
+		rc = pipe_config_resolve(&sh->pc, c, &sh->d, err, errlen);
+	else
+		pipe_config_one_device(&sh->pc, &sh->d, sh->B);
+	if (rc)
+		return rc;
+	if (sh->B % sh->pc.shape.microbatches) {
+		snprintf(err, errlen, "config: a stage group's %d rows do not split into num_pipeline_microbatches=%d",
+			 sh->B, sh->pc.shape.microbatches);
+		return -EINVAL;
+	}
+	sh->mb = sh->B / sh->pc.shape.microbatches;
+	sh->tp = axis(&sh->m, AX_TENSOR) * axis(&sh->m, AX_TENSOR_T);
+	sh->ep = axis(&sh->m, AX_EXPERT);
+	sh->fsdp = axis(&sh->m, AX_FSDP) * axis(&sh->m, AX_FSDP_T);
+	sh->data = axis(&sh->m, AX_DATA);
+	return 0;
+}
+
+int perf_mb_rows(const struct cfg *c, const struct model_dims *d, char *err, size_t errlen)
+{
+	struct shape *sh = malloc(sizeof(*sh));
+	(void)d;
+	if (!sh)
+		return -ENOMEM;
+	int rc = resolve(sh, c, err, errlen), mb = sh->mb;
+	free(sh);
+	return rc ? rc : mb;
+}
+
+/* ---- the table, timed with shared cores ---- */
+
+struct fluid {
+	const struct pipe_table *t;
+	double gather[3];  /* seconds of a gather (or reduce-scatter) of: a chunk, the
+			    * non-layer tensors, the layers outside the pipeline */
+	int **match;       /* [S][n] a receive's send (its index in the peer's list), else -1 */
+	double **dur;      /* [S][n] compute work, or a wait (negative: -seconds) */
+	double *hop;       /* [S * S] a transfer's seconds */
+	double cores;
+	int threads, groups;  /* groups: stage groups computing beside this one (sharing the cores) */
+	/* results */
+	double end, busy_max, run_of_busiest, idle_worst, busy_sum;
+};
+
+static bool cpu_op(int op)
+{
+	return op == PA_F || op == PA_B || op == PA_I || op == PA_W || op == PA_FC || op == PA_EMBED ||
+	       op == PA_HEAD || op == PA_EMBED_BACK;
+}
+
+/* The time stage s's receive at k can complete, or -1 if its send has
+ * not been issued yet. */
+static double arrival(const struct fluid *f, double **issued, int s, int k)
+{
+	const struct pipe_action *a = &f->t->a[s][k];
+	int j = f->match[s][k];
+	if (j < 0 || issued[a->peer][j] < 0)
+		return -1;
+	return issued[a->peer][j] + f->hop[a->peer * f->t->shape.stages + s];
+}
+
+/* A send or receive, keyed by what moves where. */
+struct xfer_key {
+	uint32_t kind, idx;
+	int from, to, s, k;
+};
+
+static int cmp_key(const void *a, const void *b)
+{
+	const struct xfer_key *x = a, *y = b;
+	if (x->kind != y->kind)
+		return x->kind < y->kind ? -1 : 1;
+	if (x->idx != y->idx)
+		return x->idx < y->idx ? -1 : 1;
+	if (x->from != y->from)
+		return x->from < y->from ? -1 : 1;
+	return x->to < y->to ? -1 : x->to > y->to;
+}
+
+/* f->match: each receive's send, by sorting both by (message, from, to). */
+static int match_sends(struct fluid *f)
+{
+	const struct pipe_table *t = f->t;
+	int S = t->shape.stages, m = 0;
+	size_t n = 0;
+	for (int s = 0; s < S; s++)
+		n += (size_t)t->n[s];
+	struct xfer_key *x = malloc(sizeof(*x) * (n ? n : 1));
+	f->match = calloc((size_t)S, sizeof(*f->match));
+	if (!x || !f->match) {
+		free(x);
+		return -ENOMEM;
+	}
+	for (int s = 0; s < S; s++) {
+		f->match[s] = malloc(sizeof(int) * (size_t)(t->n[s] + 1));
+		if (!f->match[s]) {
+			free(x);
+			return -ENOMEM;
+		}
+		for (int k = 0; k < t->n[s]; k++) {
+			const struct pipe_action *a = &t->a[s][k];
+			f->match[s][k] = -1;
+			if (a->op != PA_SEND && a->op != PA_RECV)
+				continue;
+			struct xfer_key *q = &x[m++];
+			pipe_val_msg(t, &a->val, &q->kind, &q->idx);
+			q->from = a->op == PA_SEND ? s : a->peer;
+			q->to = a->op == PA_SEND ? a->peer : s;
+			q->s = s;
+			q->k = k;
+		}
+	}
+	qsort(x, (size_t)m, sizeof(*x), cmp_key);
+	for (int i = 0; i + 1 < m; i++)
+		if (!cmp_key(&x[i], &x[i + 1])) {  /* the send (on `from`) and its receive */
+			const struct xfer_key *snd = x[i].s == x[i].from ? &x[i] : &x[i + 1];
+			const struct xfer_key *rcv = snd == &x[i] ? &x[i + 1] : &x[i];
+			f->match[rcv->s][rcv->k] = snd->k;
+		}
+	free(x);
+	return 0;
+}
+
+struct dev_state {
+	int ptr;
+	bool running, waiting, at_sum;
+	double left, until, first, last, busy, run;
+	double link;       /* when its FSDP gathers and reduce-scatters are done */
+	double ready[67];  /* each window slot's gather lands */
+};
+
+/* The window slot of a weight action or of what a compute action reads
+ * (64 chunk slots at most, then the non-layer and outside ones). */
+static int wslot(const struct pipe_action *a)
+{
+	switch (a->op) {
+	case PA_GATHER:
+	case PA_RELEASE:
+	case PA_REDUCE_SCATTER:
+		return a->chunk == PIPE_G_NONLAYER ? 64 : a->chunk == PIPE_G_OUTSIDE ? 65 : a->slot & 63;
+	case PA_F:
+	case PA_FC:
+	case PA_B:
+	case PA_I:
+	case PA_W:
+		return a->slot & 63;
+	case PA_EMBED:
+	case PA_HEAD:
+	case PA_EMBED_BACK:
+		return 64;
+	default:
+		return 66;
+	}
+}
+
+static double gather_time(const struct fluid *f, const struct pipe_action *a)
+{
+	return f->gather[a->chunk >= 0 ? 0 : a->chunk == PIPE_G_NONLAYER ? 1 : 2];
+}
+
+/* Starts whatever device d can at time now; true if anything moved. */
+static bool start(struct fluid *f, struct dev_state *ds, double **issued, int d, double now, int *at_sum)
+{
+	const struct pipe_table *t = f->t;
+	struct dev_state *x = &ds[d];
+	bool moved = false;
+	while (!x->running && !x->waiting && x->ptr < t->n[d]) {
+		const struct pipe_action *a = &t->a[d][x->ptr];
+		double w = f->dur[d][x->ptr];
+		if (a->op == PA_RECV) {
+			double at = arrival(f, issued, d, x->ptr);
+			if (at < 0)
+				break;
+			if (at > now) {
+				x->waiting = true;
+				x->until = at;
+				break;
+			}
+		} else if (a->op == PA_SEND) {
+			issued[d][x->ptr] = now;
+		} else if (a->op == PA_GATHER || a->op == PA_REDUCE_SCATTER) {
+			/* one collective at a time on the device's link, in table order */
+			x->link = fmax(x->link, now) + gather_time(f, a);
+			if (a->op == PA_GATHER)
+				x->ready[wslot(a)] = x->link;
+		} else if (cpu_op(a->op) && x->ready[wslot(a)] > now) {
+			x->waiting = true;  /* for its weights */
+			x->until = x->ready[wslot(a)];
+			break;
+		} else if (a->op == PA_COUNT_SUM) {
+			if (!x->at_sum) {
+				x->at_sum = true;
+				++*at_sum;
+			}
+			if (*at_sum < t->shape.stages)
+				break;
+		} else if (cpu_op(a->op) && w > 0) {
+			x->running = true;
+			x->left = w;
+			x->first = x->first < 0 ? now : x->first;
+			break;
+		}
+		x->ptr++;
+		moved = true;
+	}
+	return moved;
+}
+
+static int fluid_run(struct fluid *f)
+{
+	const struct pipe_table *t = f->t;
+	int S = t->shape.stages, at_sum = 0, rc = 0;
+	size_t nS = (unsigned)S;
+	struct dev_state *ds = calloc(nS, sizeof(*ds));
+	double **issued = calloc(nS, sizeof(*issued)), now = 0;
+	for (int s = 0; ds && issued && s < S; s++) {
+		ds[s].first = -1;
+		issued[s] = malloc(sizeof(double) * (size_t)(t->n[s] + 1));
+		for (int k = 0; issued[s] && k < t->n[s]; k++)
+			issued[s][k] = -1;
+		if (!issued[s])
+			rc = -ENOMEM;
+	}
+	if (!ds || !issued)
+		rc = -ENOMEM;
+	while (!rc) {
+		for (bool moved = true; moved;) {
+			moved = false;
+			for (int s = 0; s < S; s++)
+				moved |= start(f, ds, issued, s, now, &at_sum);
+			if (at_sum == S)
+				for (int s = 0; s < S; s++)
+					if (ds[s].at_sum && ds[s].ptr < t->n[s] && t->a[s][ds[s].ptr].op == PA_COUNT_SUM) {
+						ds[s].ptr++;
+						ds[s].at_sum = false;
+						moved = true;
+					}
+		}
+		int active = 0, done = 0;
+		double dt = 1e300;
+		for (int s = 0; s < S; s++) {
+			active += ds[s].running;
+			done += ds[s].ptr >= t->n[s] && !ds[s].running && !ds[s].waiting;
+		}
+		if (done == S) {
+			for (int s = 0; s < S; s++)  /* the last reduce-scatters land */
+				now = fmax(now, ds[s].link);
+			break;
+		}
+		double rate = f->cores <= 0 ? 1 : fmin(1.0, f->cores / (active * f->groups * (f->threads > 0 ? f->threads : 1)));
+		for (int s = 0; s < S; s++) {
+			if (ds[s].running)
+				dt = fmin(dt, ds[s].left / rate);
+			if (ds[s].waiting)
+				dt = fmin(dt, ds[s].until - now);
+		}
+		if (dt >= 1e299) {
+			rc = -EDEADLK;
+			break;
+		}
+		now += dt;
+		for (int s = 0; s < S; s++) {
+			struct dev_state *x = &ds[s];
+			x->run += x->running ? dt : 0;
+			if (x->running && (x->left -= rate * dt) <= 1e-12) {
+				x->running = false;
+				x->busy += f->dur[s][x->ptr];
+				x->last = now;
+				x->ptr++;
+			}
+			if (x->waiting && x->until <= now + 1e-15)
+				x->waiting = false;
+		}
+	}
+	f->end = now;
+	for (int s = 0; ds && s < S; s++)
+		if (ds[s].busy > f->busy_max) {
+			f->busy_max = ds[s].busy;
+			f->run_of_busiest = ds[s].run;
+		}
+	for (int s = 0; ds && s < S; s++) {
+		double span = ds[s].last - ds[s].first;
+		f->busy_sum += ds[s].busy;
+		if (ds[s].first >= 0 && span > 0 && 1 - ds[s].run / span > f->idle_worst)
+			f->idle_worst = 1 - ds[s].run / span;
+	}
+	for (int s = 0; issued && s < S; s++)
+		free(issued[s]);
+	free(issued);
+	free(ds);
+	return rc;
+}
+
+/* ---- the step ---- */
+
+/* Each action's compute or wait, from the figures. */
+static int durations(struct fluid *f, const struct shape *sh, const struct perf_compute *pc,
+		     const struct perf_machine *mc)
+{
+	const struct pipe_table *t = f->t;
+	const struct pipe_shape *p = &t->shape;
+	int lps = p->layers_per_stage, kind = p->moe;
+	double act = (double)sh->mb * sh->d.T * sh->d.C * sizeof(float);
+	const struct perf_link *tl = over_dcn(&sh->m, 1u << AX_TENSOR | 1u << AX_TENSOR_T) ? &mc->dcn : &mc->ici;
+	double tp_ar = 2 * t_all_reduce(tl, act, sh->tp);  /* attention and MLP outputs (or their gradients) */
+	double ff = lps * (pc->f_layer[kind] + tp_ar), bb = lps * (pc->b_layer[kind] + tp_ar);
+	double before = sh->pc.layers_before, after = sh->pc.layers_after;
+	f->dur = calloc((size_t)p->stages, sizeof(*f->dur));
+	if (!f->dur)
+		return -ENOMEM;
+	for (int s = 0; s < p->stages; s++) {
+		f->dur[s] = calloc((size_t)t->n[s] + 1, sizeof(double));
+		if (!f->dur[s])
+			return -ENOMEM;
+		for (int k = 0; k < t->n[s]; k++) {
+			const struct pipe_action *a = &t->a[s][k];
+			double *d = &f->dur[s][k];
+			switch (a->op) {
+			case PA_F:
+			case PA_FC:
+				*d = ff;
+				break;
+			case PA_B:
+				*d = bb + (p->recompute ? ff : 0);
+				break;
+			case PA_I:
+				*d = bb / 2 + (p->recompute ? ff : 0);
+				break;
+			case PA_W:
+				*d = bb / 2;
+				break;
+			case PA_EMBED:
+				*d = pc->embed_f + before * (pc->f_layer[0] + tp_ar);
+				break;
+			case PA_HEAD:
+				*d = pc->head + after * (pc->f_layer[0] + pc->b_layer[0] + 2 * tp_ar);
+				break;
+			case PA_EMBED_BACK:
+				*d = pc->embed_b + before * (2 * pc->f_layer[0] + pc->b_layer[0] + 3 * tp_ar);
+				break;
+			default:
+				break;
+			}
+		}
+	}
+	return 0;
+}
+
+static void hops(struct fluid *f, const struct shape *sh, const struct perf_machine *mc)
+{
+	int S = f->t->shape.stages, coord[AX_COUNT] = { 0 };
+	double act = (double)sh->mb * sh->d.T * sh->d.C * sizeof(float) / sh->tp;
+	for (int a = 0; a < S; a++)
+		for (int b = 0; b < S; b++) {
+			coord[AX_STAGE] = a;
+			int da = mesh_device(&sh->m, coord);
+			coord[AX_STAGE] = b;
+			int db = mesh_device(&sh->m, coord);
+			bool same = mesh_host_of(&sh->m, da) == mesh_host_of(&sh->m, db);
+			f->hop[a * S + b] = t_msg(same ? &mc->ici : &mc->dcn, act);
+		}
+}
+
+/* Memory per device: the model's storage, gradients and AdamW state (the
+ * plan of this device's shards), the FSDP window, the table's
+ * activation buffers and sets of saved layer activations. */
+static int memory(struct perf_parts *o, const struct shape *sh, const struct pipe_table *t, const struct cfg *c,
+		  double *layer_bytes, double *nonstage_bytes, char *err, size_t errlen)
+{
+	struct model_mesh mm = { .mesh = &sh->m, .rules = &sh->rules, .device = 0 };
+	if (sh->pc.shape.stages > 1)
+		pipe_config_model_mesh(&sh->pc, &mm);
+	struct model *pl = model_plan_new(&sh->d, &mm, err, errlen);
+	if (!pl)
+		return -EINVAL;
+	double params = 0, ns = 0;
+	for (int i = 0; i < model_num_params(pl); i++) {
+		const struct param_info *p = model_param(pl, i);
+		params += (double)p->numel * sizeof(float);
+		if (!(p->split & 1u << AX_STAGE))
+			ns += (double)p->numel * sizeof(float);
+	}
+	o->mem_params = o->mem_grads = params;
+	o->mem_opt = (c->shard_optimizer_over_data && sh->data > 1 ? 2.0 / sh->data : 2.0) * params;
+	o->mem_window = (double)model_window_numel(pl) * sizeof(float);
+	*layer_bytes = (params - ns) / (sh->pc.layers / sh->pc.shape.stages > 0 ? sh->pc.layers / sh->pc.shape.stages : 1);
+	*nonstage_bytes = ns;
+	model_free(pl);
+	int worst = 0;
+	for (int s = 0; s < t->shape.stages; s++)
+		if (t->bufs[s] + t->scratch[s] > worst)
+			worst = t->bufs[s] + t->scratch[s];
+	double act = (double)sh->mb * sh->d.T * sh->d.C * sizeof(float);
+	int call = sh->pc.shape.one_device ? sh->d.L : t->shape.layers_per_stage;
+	o->mem_act = worst * act + (double)t->act_sets[0] * call * model_layer_act_bytes(&sh->d, sh->mb, sh->d.L_moe > 0) / sh->tp +
+		     3.0 * sh->mb * sh->d.T * sh->d.V * sizeof(float) / sh->tp;
+	o->mem_total = o->mem_params + o->mem_grads + o->mem_opt + o->mem_window + o->mem_act;
+	return 0;
+}
+
+int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struct perf_compute *given,
+		 struct perf_parts *o, char *err, size_t errlen)
+{
+	struct shape *sh = malloc(sizeof(*sh));
+	struct pipe_table t = { 0 };
+	struct fluid f = { 0 };
+	struct perf_compute pc;
+	double layer_bytes = 0, ns_bytes = 0;
+	int rc = sh ? resolve(sh, c, err, errlen) : -ENOMEM;
+	memset(o, 0, sizeof(*o));
+	if (!rc)
+		rc = pipe_table_build(&t, &sh->pc.shape, err, errlen);
+	if (!rc && (rc = memory(o, sh, &t, c, &layer_bytes, &ns_bytes, err, errlen)) == 0) {
+		struct perf_compute an;
+		if (!given)
+			perf_analytic(&sh->d, sh->mb, mc->flops, &an);
+		pc = scaled(given ? given : &an, sh->mb, sh->tp, sh->ep);
+		int S = t.shape.stages;
+		uint32_t fsdp_axes = 1u << AX_FSDP | 1u << AX_FSDP_T;
+		const struct perf_link *fl = over_dcn(&sh->m, fsdp_axes) ? &mc->dcn : &mc->ici;
+		double outside = sh->pc.layers_before + sh->pc.layers_after;
+		f.gather[0] = t_gather(fl, layer_bytes * sh->fsdp * t.shape.layers_per_stage, sh->fsdp);
+		f.gather[1] = t_gather(fl, (ns_bytes - outside * layer_bytes) * sh->fsdp, sh->fsdp);
+		f.gather[2] = t_gather(fl, outside * layer_bytes * sh->fsdp, sh->fsdp);
+		f.t = &t;
+		f.cores = mc->cores;
+		f.groups = sh->m.num_devices / S;  /* every stage group runs the same lists at once */
+		f.threads = given && given->threads > 0 ? given->threads : 1;
+		f.hop = calloc((size_t)S * S, sizeof(double));
+		rc = !f.hop ? -ENOMEM : durations(&f, sh, &pc, mc);
+		if (!rc)
+			rc = match_sends(&f);
+		if (!rc) {
+			hops(&f, sh, mc);
+			rc = fluid_run(&f);
+			if (rc == -EDEADLK)
+				snprintf(err, errlen, "plan: the table does not run to its end (a deadlock)");
+		}
+		if (!rc) {
+			uint32_t st = 1u << AX_STAGE;
+			const struct perf_link *sl = over_dcn(&sh->m, st) ? &mc->dcn : &mc->ici;
+			const struct perf_link *dl = over_dcn(&sh->m, 1u << AX_DATA) ? &mc->dcn : &mc->ici;
+			o->table = f.end;
+			o->compute = f.busy_max;
+			o->running = f.run_of_busiest;
+			o->bubble = f.idle_worst;
+			o->tail = t_all_reduce(sl, ns_bytes, S) + t_all_reduce(dl, o->mem_grads, sh->data) +
+				  (S > 1 || sh->data > 1 ? 2 * 2 * sl->lat : 0);
+			o->optimizer = pc.opt_per_float * o->mem_params / sizeof(float) /
+				       (c->shard_optimizer_over_data && sh->data > 1 ? sh->data : 1);
+			o->step = o->table + o->tail + o->optimizer;
+			o->work = f.busy_sum * f.groups + o->optimizer * sh->m.num_devices;
+			o->stages = S;
+			o->microbatches = t.shape.microbatches;
+			o->chunks = t.nchunks / S;
+			o->mb_rows = sh->mb;
+		}
+	}
+	for (int s = 0; s < t.shape.stages; s++) {
+		if (f.dur)
+			free(f.dur[s]);
+		if (f.match)
+			free(f.match[s]);
+	}
+	free(f.dur);
+	free(f.match);
+	free(f.hop);
+	pipe_table_free(&t);
+	free(sh);
+	return rc;
+}

@@ -1,0 +1,98 @@
+/* The step-time model (`meshrun plan`, docs/plan.md): predicts one
+ * training step's seconds and each device's memory for a config, from a
+ * few figures measured on this machine or given (a layer's compute at the
+ * model's shapes, or a FLOP rate; each link's bandwidth and latency) and
+ * what the config makes the step do: the schedule's table (the same one
+ * the executor runs, here timed by a simulation in which devices that
+ * share a machine's cores share them), the sharding plan's collectives
+ * (inside the actions, or after the table) and the optimizer. It runs no
+ * step and allocates no model, so it plans meshes far larger than this
+ * machine. Its limits are listed in docs/plan.md. */
+#ifndef MESHRUN_PERF_H
+#define MESHRUN_PERF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "host/config/config.h"
+#include "host/model/model.h"
+
+/* A link: bytes per second each way, seconds per message. */
+struct perf_link {
+	double bw, lat;
+};
+
+/* The machine: links between hosts (DCN) and inside one (ICI); compute
+ * per device given as a FLOP rate (flops > 0: analytic) or measured;
+ * cores > 0: all devices share that many cores (every host on one
+ * machine, as `meshrun local` runs them: a device computes at min(1,
+ * cores / (devices computing x threads)) of its measured speed); device
+ * memory for --search. */
+struct perf_machine {
+	struct perf_link dcn, ici;
+	double flops;
+	double cores;
+	double mem_bytes;
+};
+
+/* Seconds of one microbatch's compute on one device, at its shard of
+ * the model. */
+struct perf_compute {
+	double f_layer[2], b_layer[2];  /* [dense, MoE]: forward; backward without recompute */
+	double head;                    /* final norm, projection, loss: forward + backward */
+	double embed_f, embed_b;
+	double opt_per_float;           /* the optimizer's seconds per trained local float */
+	int rows;                       /* the microbatch rows they are for */
+	int threads;                    /* OpenBLAS threads they were measured with (0: analytic) */
+};
+
+/* The prediction. */
+struct perf_parts {
+	double step;          /* predicted seconds of one step */
+	double table;         /* the schedule's table, first action to last */
+	double compute;       /* the busiest device's compute in it, at full speed */
+	double running;       /* the time it computes (longer when cores are shared) */
+	double bubble;        /* the worst device's idle share between its
+			       * first and last compute action (the
+			       * schedule's bubble, waits for transfers and
+			       * gathers) */
+	double tail;          /* gradient sums after the table (exposed) */
+	double optimizer;
+	double work;          /* every device's compute and optimizer at full
+			       * speed, summed: the CPU seconds a step needs */
+	/* bytes per device */
+	double mem_params, mem_grads, mem_opt, mem_window, mem_act, mem_total;
+	int stages, microbatches, chunks, mb_rows;
+};
+
+/* The microbatch rows of c's step on one device. */
+int perf_mb_rows(const struct cfg *c, const struct model_dims *d, char *err, size_t errlen);
+
+/* Measures pc at rows microbatch rows of c's model with `threads`
+ * OpenBLAS threads (one layer of each kind, the head, the embedding,
+ * AdamW), each the median CPU seconds of a few runs. 0, -EINVAL with
+ * err, -ENOMEM. */
+int perf_measure(const struct cfg *c, int rows, int threads, struct perf_compute *pc, char *err, size_t errlen);
+
+/* The cores the devices of one machine share, as the model needs them:
+ * `devices` threads run one layer's forward at once for about `seconds`;
+ * returns their CPU seconds over the wall seconds: the machine's cores
+ * (at most `devices`) when nothing else runs, fewer under load; or 0. */
+double perf_measure_cores(const struct cfg *c, int rows, int threads, int devices, double seconds);
+
+/* The same from FLOPs at `flops` per second (matmuls and attention only). */
+void perf_analytic(const struct model_dims *d, int rows, double flops, struct perf_compute *pc);
+
+/* Predicts c's step (c finished for its mesh). pc: measured at the
+ * config's microbatch rows (scaled by rows if not), or NULL with
+ * mc->flops > 0. 0, or -EINVAL with err for a config that cannot run. */
+int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struct perf_compute *pc,
+		 struct perf_parts *out, char *err, size_t errlen);
+
+/* --search: the best configurations of c's model for hosts x dph
+ * devices: stages, tensor, fsdp and data degrees, schedule, microbatches;
+ * prints the best `top`, fastest first. 0 or -EINVAL with err. */
+int perf_search(const struct cfg *c, int hosts, int dph, const struct perf_machine *mc, int top,
+		char *err, size_t errlen);
+
+#endif

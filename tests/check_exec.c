@@ -1,0 +1,379 @@
+/* The pipeline executor in one process, through its point-to-point seam
+ * (struct pipe_p2p): each stage a thread with its own model, messages
+ * handed over by a mailbox that moves a send's bytes only when its
+ * receive runs (so an executor that wrote a buffer before its send was
+ * taken would corrupt what the next stage gets). For every schedule the
+ * executor runs, recompute on and off, a dense and an MoE model: one
+ * step's loss and every parameter's gradient (summed over the stages
+ * that hold it) equal the step without a pipeline on one device, and a
+ * second run is bit-identical. */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/config/config.h"
+#include "host/mesh/mesh.h"
+#include "host/mesh/shard.h"
+#include "host/model/model.h"
+#include "host/pipeline/exec.h"
+#include "host/pipeline/pipe_config.h"
+
+static char err[1024];
+
+#define MAXS 4
+#define MAXMSG 4096
+
+/* ---- the mailbox: sends posted, taken by their receives ---- */
+
+struct msg {
+	int from, to;
+	uint32_t kind, idx;
+	const void *buf;
+	size_t bytes;
+	bool taken;
+};
+
+struct mailbox {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct msg m[MAXMSG];
+	int n;
+	/* the expert-count all-gather over stage */
+	pthread_barrier_t bar;
+	const void *part[MAXS];
+};
+
+struct stage_ctx {
+	struct mailbox *mb;
+	int me;
+};
+
+static int mb_send(void *ctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes)
+{
+	struct stage_ctx *c = ctx;
+	struct mailbox *b = c->mb;
+	pthread_mutex_lock(&b->mu);
+	ck_assert_int_lt(b->n, MAXMSG);
+	b->m[b->n++] = (struct msg){ .from = c->me, .to = dev, .kind = kind, .idx = idx, .buf = buf, .bytes = bytes };
+	pthread_cond_broadcast(&b->cv);
+	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
+
+static struct msg *find(struct mailbox *b, int from, int to, uint32_t kind, uint32_t idx)
+{
+	for (int i = 0; i < b->n; i++)
+		if (b->m[i].from == from && b->m[i].to == to && b->m[i].kind == kind && b->m[i].idx == idx)
+			return &b->m[i];
+	return NULL;
+}
+
+static int mb_recv(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes)
+{
+	struct stage_ctx *c = ctx;
+	struct mailbox *b = c->mb;
+	struct msg *m;
+	pthread_mutex_lock(&b->mu);
+	while (!(m = find(b, dev, c->me, kind, idx)))
+		pthread_cond_wait(&b->cv, &b->mu);
+	ck_assert(!m->taken && m->bytes == bytes);
+	memcpy(buf, m->buf, bytes);  /* the sender's buffer, now */
+	m->taken = true;
+	pthread_cond_broadcast(&b->cv);
+	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
+
+static int mb_wait_send(void *ctx, int dev, uint32_t kind, uint32_t idx)
+{
+	struct stage_ctx *c = ctx;
+	struct mailbox *b = c->mb;
+	struct msg *m;
+	pthread_mutex_lock(&b->mu);
+	m = find(b, c->me, dev, kind, idx);
+	ck_assert_ptr_nonnull(m);
+	while (!m->taken)
+		pthread_cond_wait(&b->cv, &b->mu);
+	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
+
+static int mb_flush(void *ctx)
+{
+	struct stage_ctx *c = ctx;
+	struct mailbox *b = c->mb;
+	pthread_mutex_lock(&b->mu);
+	for (int i = 0; i < b->n; i++)
+		while (b->m[i].from == c->me && !b->m[i].taken)
+			pthread_cond_wait(&b->cv, &b->mu);
+	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
+
+/* The model's collectives: only the expert-count all-gather over stage
+ * runs in these steps (no other axis splits anything). */
+static int mb_all_gather(void *ctx, uint32_t axes, void *out, const void *in, size_t bytes)
+{
+	struct stage_ctx *c = ctx;
+	struct mailbox *b = c->mb;
+	ck_assert_uint_eq(axes, 1u << AX_STAGE);
+	b->part[c->me] = in;
+	pthread_barrier_wait(&b->bar);
+	for (int s = 0; s < MAXS && b->part[s]; s++)
+		memcpy((char *)out + (size_t)s * bytes, b->part[s], bytes);
+	pthread_barrier_wait(&b->bar);
+	return 0;
+}
+
+/* ---- one step on S stages ---- */
+
+struct stage {
+	pthread_t th;
+	struct model *m;
+	struct pipe_exec *x;
+	struct stage_ctx ctx;
+	struct pipe_p2p io;
+	struct model_comm comm;
+	const int32_t *in, *tg;
+	double loss;
+	int rc;
+};
+
+static void *stage_main(void *arg)
+{
+	struct stage *st = arg;
+	struct model_step ms = { .loss_scale = 1.0f / 1024, .lb_weight = 0.01f, .global_tokens = 1024,
+				 .comm = &st->comm };
+	memset(model_grads(st->m), 0, model_numel(st->m) * sizeof(float));
+	st->rc = pipe_exec_step(st->x, st->in, st->tg, &ms, &st->io);
+	st->loss = ms.loss_sum;
+	return NULL;
+}
+
+/* The config of a test model: 16 rows of 16 tokens, 4 layers (MoE: one
+ * dense, then MoE). */
+static void test_cfg(struct cfg *c, bool moe, int S, const char *sched, bool recompute, int v)
+{
+	char kv[64];
+	const char *base[] = { "vocab_size=37", "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2",
+			       "base_mlp_dim=48", "max_target_length=16", "init_std=0.2", NULL };
+	cfg_defaults(c);
+	for (const char *const *k = base; *k; k++)
+		ck_assert_msg(cfg_override(c, *k, err, sizeof(err)) == 0, "%s", err);
+	snprintf(kv, sizeof(kv), "base_num_decoder_layers=%d", moe ? 1 + S * v : S * v);
+	cfg_override(c, kv, err, sizeof(err));
+	if (moe) {
+		const char *mk[] = { "num_experts=4", "num_experts_per_tok=2", "first_num_dense_layers=1",
+				     "shared_experts=1", "base_moe_mlp_dim=16", NULL };
+		for (const char *const *k = mk; *k; k++)
+			cfg_override(c, *k, err, sizeof(err));
+	}
+	snprintf(kv, sizeof(kv), "ici_pipeline_parallelism=%d", S);
+	cfg_override(c, kv, err, sizeof(err));
+	snprintf(kv, sizeof(kv), "pipeline_schedule=%s", sched);
+	cfg_override(c, kv, err, sizeof(err));
+	cfg_override(c, recompute ? "pipeline_recompute=true" : "pipeline_recompute=false", err, sizeof(err));
+	snprintf(kv, sizeof(kv), "num_pipeline_microbatches=%d", 2 * S);
+	cfg_override(c, kv, err, sizeof(err));
+	snprintf(kv, sizeof(kv), "per_device_batch_size=%d", 16 / S);
+	cfg_override(c, kv, err, sizeof(err));
+	cfg_override(c, "ici_data_parallelism=1", err, sizeof(err));
+	ck_assert_msg(cfg_finish(c, 1, S, err, sizeof(err)) == 0, "%s", err);
+}
+
+static void tokens(int32_t *in, int32_t *tg, int n, int V)
+{
+	unsigned r = 2024;
+	for (int i = 0; i < n; i++) {
+		r = r * 1103515245u + 12345u;
+		in[i] = (int32_t)((r >> 16) % V);
+		r = r * 1103515245u + 12345u;
+		tg[i] = (int32_t)((r >> 16) % V);
+	}
+}
+
+/* Per parameter: the sum of squares of its gradient summed over the
+ * stages that hold it (the stage-split ones are held once). */
+struct result {
+	double loss, sq[MODEL_MAX_PARAMS];
+	float *g;  /* stage 0's gradients (for the rerun) */
+	size_t n;
+};
+
+static void pipelined(struct result *res, bool moe, int S, const char *sched, bool recompute)
+{
+	struct cfg c;
+	struct model_dims d;
+	struct shard_rules rules;
+	struct mesh mesh;
+	struct pipe_config pc;
+	struct mailbox box = { .n = 0 };
+	struct stage st[MAXS];
+	int v = !strcmp(sched, "interleaved_1f1b") || !strcmp(sched, "circular") ? 2 : 1;
+	test_cfg(&c, moe, S, sched, recompute, v);
+	ck_assert(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0);
+	ck_assert_msg(shard_rules_from_cfg(&rules, &c, err, sizeof(err)) == 0, "%s", err);
+	mesh_init(&mesh, &c);
+	ck_assert_msg(pipe_config_resolve(&pc, &c, &d, err, sizeof(err)) == 0, "%s", err);
+	int rows = pc.global_batch, mb = pc.microbatch_rows, dev[MAXS];
+	int32_t *in = malloc(sizeof(int32_t) * (size_t)rows * d.T), *tg = malloc(sizeof(int32_t) * (size_t)rows * d.T);
+	tokens(in, tg, rows * d.T, d.V);
+	pthread_mutex_init(&box.mu, NULL);
+	pthread_cond_init(&box.cv, NULL);
+	pthread_barrier_init(&box.bar, NULL, (unsigned)S);
+	for (int s = 0; s < S; s++)
+		dev[s] = s;
+	for (int s = 0; s < S; s++) {
+		struct pipe_table t;
+		struct model_mesh mm = { .mesh = &mesh, .rules = &rules, .device = s };
+		ck_assert_msg(pipe_table_build(&t, &pc.shape, err, sizeof(err)) == 0, "%s", err);
+		pipe_config_model_mesh(&pc, &mm);
+		mm.pipe_act_sets = t.act_sets[s];
+		st[s].m = model_new(&d, mb, &mm, err, sizeof(err));
+		ck_assert_msg(st[s].m, "%s", err);
+		model_init(st[s].m, 11, 0.2f);
+		ck_assert_msg(pipe_exec_new(&st[s].x, &t, s, pc.first_layer, dev, st[s].m, mb, err, sizeof(err)) == 0,
+			      "%s", err);
+		st[s].ctx = (struct stage_ctx){ .mb = &box, .me = s };
+		st[s].io = (struct pipe_p2p){ mb_send, mb_recv, mb_wait_send, mb_flush, &st[s].ctx };
+		st[s].comm = (struct model_comm){ .all_gather = mb_all_gather, .ctx = &st[s].ctx };
+		st[s].in = in;
+		st[s].tg = tg;
+	}
+	for (int s = 0; s < S; s++)
+		pthread_create(&st[s].th, NULL, stage_main, &st[s]);
+	res->loss = 0;
+	for (int s = 0; s < S; s++) {
+		pthread_join(st[s].th, NULL);
+		ck_assert_int_eq(st[s].rc, 0);
+		res->loss += st[s].loss;
+	}
+	/* gradients: a tensor split over stage is held once; the others are
+	 * summed over the stages first */
+	memset(res->sq, 0, sizeof(res->sq));
+	for (int i = 0; i < model_num_params(st[0].m); i++) {
+		const struct param_info *p = model_param(st[0].m, i);
+		float *sum = calloc(p->numel, sizeof(float));
+		for (int s = 0; s < S; s++) {
+			const struct param_info *q = model_param(st[s].m, i);
+			const float *g = model_grads(st[s].m) + q->offset;
+			if (p->split & (1u << AX_STAGE)) {
+				for (size_t k = 0; k < q->numel; k++)
+					res->sq[i] += (double)g[k] * g[k];
+			} else {
+				for (size_t k = 0; k < q->numel; k++)
+					sum[k] += g[k];
+			}
+		}
+		if (!(p->split & (1u << AX_STAGE)))
+			for (size_t k = 0; k < p->numel; k++)
+				res->sq[i] += (double)sum[k] * sum[k];
+		free(sum);
+	}
+	res->n = model_numel(st[0].m);
+	res->g = malloc(sizeof(float) * res->n);
+	memcpy(res->g, model_grads(st[0].m), sizeof(float) * res->n);
+	for (int s = 0; s < S; s++) {
+		pipe_exec_free(st[s].x);
+		model_free(st[s].m);
+	}
+	pthread_barrier_destroy(&box.bar);
+	free(in);
+	free(tg);
+}
+
+/* The same batch on one device, the step without a pipeline. */
+static void one_device(struct result *res, bool moe, int S, const char *sched)
+{
+	struct cfg c;
+	struct model_dims d;
+	struct pipe_config pc;
+	struct pipe_table t;
+	struct pipe_exec *x;
+	int v = !strcmp(sched, "interleaved_1f1b") || !strcmp(sched, "circular") ? 2 : 1, dev = 0;
+	test_cfg(&c, moe, S, sched, true, v);
+	ck_assert(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0);
+	int rows = 16;
+	struct model *m = model_new(&d, rows, NULL, err, sizeof(err));
+	ck_assert_msg(m, "%s", err);
+	model_init(m, 11, 0.2f);
+	pipe_config_one_device(&pc, &d, rows);
+	ck_assert_msg(pipe_table_build(&t, &pc.shape, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(pipe_exec_new(&x, &t, 0, 0, &dev, m, rows, err, sizeof(err)) == 0, "%s", err);
+	int32_t *in = malloc(sizeof(int32_t) * (size_t)rows * d.T), *tg = malloc(sizeof(int32_t) * (size_t)rows * d.T);
+	tokens(in, tg, rows * d.T, d.V);
+	struct model_step ms = { .loss_scale = 1.0f / 1024, .lb_weight = 0.01f, .global_tokens = 1024 };
+	memset(model_grads(m), 0, model_numel(m) * sizeof(float));
+	ck_assert_int_eq(pipe_exec_step(x, in, tg, &ms, NULL), 0);
+	res->loss = ms.loss_sum;
+	memset(res->sq, 0, sizeof(res->sq));
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		const float *g = model_grads(m) + p->offset;
+		for (size_t k = 0; k < p->numel; k++)
+			res->sq[i] += (double)g[k] * g[k];
+	}
+	res->g = NULL;
+	pipe_exec_free(x);
+	model_free(m);
+	free(in);
+	free(tg);
+}
+
+static void equal_to_one_device(bool moe, int S, const char *sched, bool recompute)
+{
+	struct result one, pp, again;
+	one_device(&one, moe, S, sched);
+	pipelined(&pp, moe, S, sched, recompute);
+	pipelined(&again, moe, S, sched, recompute);
+	ck_assert_msg(fabs(pp.loss - one.loss) < 1e-5 * fabs(one.loss), "%s S=%d: loss %.9g, one device %.9g",
+		      sched, S, pp.loss, one.loss);
+	for (int i = 0; i < MODEL_MAX_PARAMS; i++) {
+		if (one.sq[i] == 0)
+			continue;
+		double rel = fabs(pp.sq[i] - one.sq[i]) / one.sq[i];
+		ck_assert_msg(rel < 1e-4, "%s S=%d %s recompute %d: gradient %d's norm^2 %.9g, one device %.9g",
+			      sched, S, moe ? "moe" : "dense", recompute, i, pp.sq[i], one.sq[i]);
+	}
+	ck_assert(pp.loss == again.loss);
+	ck_assert(!memcmp(pp.g, again.g, sizeof(float) * pp.n));
+	free(pp.g);
+	free(again.g);
+}
+
+static const char *const scheds[] = { "circular", "gpipe", "1f1b", "interleaved_1f1b" };
+
+START_TEST(test_dense)
+{
+	for (int k = 0; k < 4; k++)
+		for (int S = 2; S <= 4; S += 2)
+			for (int rc = 0; rc < 2; rc++)
+				equal_to_one_device(false, S, scheds[k], rc);
+}
+END_TEST
+
+START_TEST(test_moe)
+{
+	for (int k = 0; k < 4; k++)
+		for (int rc = 0; rc < 2; rc++)
+			equal_to_one_device(true, 2, scheds[k], rc);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("exec");
+	TCase *tc = tcase_create("in_process");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_dense);
+	tcase_add_test(tc, test_moe);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,221 @@
+/* The step-time model (host/perf/perf.h) against what its parts must
+ * give by hand: with compute from a FLOP rate and free links, 1F1B's
+ * table is (M+S-1)(F+B); GPipe's the same; devices sharing half as many
+ * cores as they are take twice as long; the data-parallel gradient sum is
+ * a ring all-reduce of the gradients; gathers waited for at every use
+ * (neither weight flag) cost their link time, gathers ahead hide behind
+ * compute; --search lists the fastest first; `meshrun plan` prints
+ * predicted_step_s on a line of its own. (Whether the predictions match
+ * measured steps is a benchmark, bench/sched.sh, not a test.) */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/config/config.h"
+#include "host/perf/perf.h"
+#include "tests/proc.h"
+
+static char err[1024];
+
+/* A tiny dense model (vocabulary 8: the head costs next to nothing) on
+ * hosts x dph with the overrides. */
+static void make_cfg(struct cfg *c, int hosts, int dph, const char *const *kv)
+{
+	const char *base[] = { "vocab_size=8", "base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=4",
+			       "base_mlp_dim=128", "max_target_length=32", "base_num_decoder_layers=8",
+			       "per_device_batch_size=4", NULL };
+	cfg_defaults(c);
+	for (const char *const *k = base; *k; k++)
+		ck_assert_msg(cfg_override(c, *k, err, sizeof(err)) == 0, "%s", err);
+	for (; kv && *kv; kv++)
+		ck_assert_msg(cfg_override(c, *kv, err, sizeof(err)) == 0, "%s: %s", *kv, err);
+	ck_assert_msg(cfg_finish(c, hosts, dph, err, sizeof(err)) == 0, "%s", err);
+}
+
+#define KV(...) ((const char *const[]){ __VA_ARGS__, NULL })
+
+static const struct perf_machine free_links = {
+	.dcn = { 1e15, 0 }, .ici = { 1e15, 0 }, .flops = 1e9,
+};
+
+static void predict(const struct cfg *c, const struct perf_machine *mc, struct perf_parts *p)
+{
+	ck_assert_msg(perf_predict(c, mc, NULL, p, err, sizeof(err)) == 0, "%s", err);
+}
+
+/* F and B of a chunk of `lps` layers at the config's microbatch. */
+static void chunk_costs(const struct cfg *c, int lps, double *f, double *b)
+{
+	struct model_dims d;
+	struct perf_compute pc;
+	ck_assert(model_dims_from_cfg(&d, c, err, sizeof(err)) == 0);
+	int mb = perf_mb_rows(c, &d, err, sizeof(err));
+	ck_assert_int_gt(mb, 0);
+	perf_analytic(&d, mb, 1e9, &pc);
+	*f = lps * pc.f_layer[0];
+	*b = lps * pc.b_layer[0];
+}
+
+START_TEST(test_1f1b_and_gpipe_tables)
+{
+	const char *scheds[] = { "pipeline_schedule=1f1b", "pipeline_schedule=gpipe" };
+	for (int k = 0; k < 2; k++)
+		for (int M = 4; M <= 16; M *= 2) {
+			struct cfg c;
+			struct perf_parts p;
+			char mkv[64];
+			double f, b;
+			snprintf(mkv, sizeof(mkv), "num_pipeline_microbatches=%d", M);
+			make_cfg(&c, 4, 1, KV("dcn_data_parallelism=1", "dcn_pipeline_parallelism=4", scheds[k], mkv,
+					      "num_layers_per_pipeline_stage=2", "pipeline_recompute=false"));
+			chunk_costs(&c, 2, &f, &b);
+			predict(&c, &free_links, &p);
+			double want = (M + 3) * (f + b);
+			ck_assert_msg(fabs(p.table - want) < 0.01 * want, "%s M=%d: table %g, (M+S-1)(F+B) %g",
+				      scheds[k], M, p.table, want);
+			ck_assert_msg(fabs(p.bubble - 3.0 / (M + 3)) < 0.01, "bubble %g", p.bubble);
+		}
+}
+END_TEST
+
+/* 4 devices of a data-parallel mesh on one machine: 2 cores take twice
+ * as long as 4, 8 no longer than 4. */
+START_TEST(test_shared_cores)
+{
+	struct cfg c;
+	struct perf_parts own, two, eight;
+	struct perf_machine mc = free_links;
+	make_cfg(&c, 1, 4, NULL);
+	predict(&c, &mc, &own);
+	mc.cores = 2;
+	predict(&c, &mc, &two);
+	mc.cores = 8;
+	predict(&c, &mc, &eight);
+	ck_assert_msg(fabs(two.table - 2 * own.table) < 1e-9 * own.table, "%g vs %g", two.table, own.table);
+	ck_assert_msg(fabs(eight.table - own.table) < 1e-9 * own.table, "%g vs %g", eight.table, own.table);
+}
+END_TEST
+
+/* data = 4 over hosts: the gradients all-reduced on a ring of 4. */
+START_TEST(test_data_tail)
+{
+	struct cfg c;
+	struct perf_parts p;
+	struct perf_machine mc = free_links;
+	mc.dcn = (struct perf_link){ 1e8, 1e-4 };
+	make_cfg(&c, 4, 1, NULL);
+	predict(&c, &mc, &p);
+	double want = 2 * 3 * (1e-4 + p.mem_grads / 4 / 1e8);
+	ck_assert_msg(fabs(p.tail - want) < 1e-9 + 1e-6 * want, "tail %g, ring all-reduce %g", p.tail, want);
+}
+END_TEST
+
+/* FSDP over a slow link: gathered at every use (no flag) the table waits
+ * for each gather; gathered once, for the first only. */
+START_TEST(test_gathers)
+{
+	struct cfg a, b;
+	struct perf_parts pa, pb;
+	struct perf_machine mc = free_links;
+	mc.dcn = (struct perf_link){ 1e6, 0 };  /* 1 MB/s: the gathers dominate */
+	const char *common[] = { "dcn_data_parallelism=1", "dcn_fsdp_parallelism=2", "ici_pipeline_parallelism=2",
+				 "ici_data_parallelism=1", "num_pipeline_microbatches=4" };
+	make_cfg(&a, 2, 2, KV(common[0], common[1], common[2], common[3], common[4]));
+	make_cfg(&b, 2, 2, KV(common[0], common[1], common[2], common[3], common[4], "pipeline_fsdp_ag_once=true"));
+	predict(&a, &mc, &pa);
+	predict(&b, &mc, &pb);
+	/* per use: 2 R M = 32 gathers and R M = 16 reduce-scatters a stage (R
+	 * = 4 repeats), each a layer over the link; once: R of each */
+	ck_assert_msg(pa.table > 4 * pb.table, "per use %g, once %g", pa.table, pb.table);
+	ck_assert_msg(pa.bubble > 0.9, "per use: idle %g", pa.bubble);
+}
+END_TEST
+
+START_TEST(test_search_sorted)
+{
+	struct cfg c;
+	struct perf_machine mc = free_links;
+	mc.dcn = (struct perf_link){ 1.25e9, 5e-5 };
+	mc.mem_bytes = 64.0 * (1 << 30);
+	make_cfg(&c, 1, 1, NULL);
+	fflush(stdout);
+	/* its printout is read back through a pipe */
+	int fds[2];
+	ck_assert_int_eq(pipe(fds), 0);
+	int saved = dup(1);
+	dup2(fds[1], 1);
+	int rc = perf_search(&c, 8, 1, &mc, 5, err, sizeof(err));
+	fflush(stdout);
+	dup2(saved, 1);
+	close(fds[1]);
+	ck_assert_msg(rc == 0, "%s", err);
+	char out[8192];
+	ssize_t n = read(fds[0], out, sizeof(out) - 1);
+	close(fds[0]);
+	ck_assert_int_gt(n, 0);
+	out[n] = 0;
+	double prev = 0;
+	int rows = 0;
+	for (char *l = strstr(out, "\n  tensor="); l; l = strstr(l + 1, "\n  tensor=")) {
+		/* the step is the first number after the description */
+		char *q = l + 3;
+		while (*q && !(*q == ' ' && q[1] == ' '))
+			q++;
+		double step = strtod(q, NULL);
+		ck_assert_msg(step > 0 && step >= prev, "not sorted: %g after %g\n%s", step, prev, out);
+		prev = step;
+		rows++;
+	}
+	ck_assert_msg(rows == 5, "%s", out);
+}
+END_TEST
+
+static void setup(void)
+{
+	proc_setup("check_perf", 0);
+}
+
+START_TEST(test_command)
+{
+	struct proc p;
+	int rc = proc_run(&p, "plan", "plan --config configs/llama-tiny.yml --hosts 2 --flops 1e10 "
+			  "ici_data_parallelism=1 dcn_data_parallelism=1 dcn_pipeline_parallelism=2 "
+			  "pipeline_schedule=1f1b num_pipeline_microbatches=4", 30);
+	char *out = slurp(p.out);
+	ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+	char *l = strstr(out, "predicted_step_s: ");
+	ck_assert_msg(l && (l == out || l[-1] == '\n'), "%s", out);
+	ck_assert_msg(strtod(l + 18, NULL) > 0, "%s", out);
+	ck_assert_msg(strstr(out, "memory per device: ") && strstr(out, "schedule: S=2 stages"), "%s", out);
+	rc = proc_run(&p, "plan", "plan --config configs/llama-tiny.yml --search", 30);
+	ck_assert_int_eq(rc, 2);
+	ck_assert_msg(strstr(slurp(p.out), "--search needs --flops"), "%s", slurp(p.out));
+	rc = proc_run(&p, "plan", "plan --hosts 2", 30);
+	ck_assert_int_eq(rc, 2);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("perf");
+	TCase *tc = tcase_create("model");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_1f1b_and_gpipe_tables);
+	tcase_add_test(tc, test_shared_cores);
+	tcase_add_test(tc, test_data_tail);
+	tcase_add_test(tc, test_gathers);
+	tcase_add_test(tc, test_search_sorted);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("command");
+	tcase_set_timeout(tc, 60);
+	tcase_add_checked_fixture(tc, setup, NULL);
+	tcase_add_test(tc, test_command);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

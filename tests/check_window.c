@@ -1,0 +1,337 @@
+/* The FSDP weight window (host/model/window.h) on its own: two devices of
+ * an fsdp=2 mesh in one process (a thread each, collectives through a
+ * barrier), the window of the model each holds. A gathered group holds
+ * the whole tensors (the one-device model's weights, element for
+ * element); gathers go out one at a time in the order they were started
+ * and the first wait lands them; a reduce-scatter adds every device's
+ * gradient of a shard into its owner's storage; zeroing, counting,
+ * poisoning and a failed collective behave as the header says. */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/config/config.h"
+#include "host/mesh/mesh.h"
+#include "host/mesh/shard.h"
+#include "host/model/model.h"
+#include "host/model/model_int.h"
+#include "host/model/window.h"
+
+static char err[1024];
+
+/* ---- two devices, collectives over fsdp through a barrier ---- */
+
+struct pair {
+	pthread_barrier_t bar;
+	const void *part[2];
+	int calls[2];          /* collectives started by each device */
+	int fail_at;           /* the call that fails, on both (0: none) */
+	char order[64];        /* 'g' gather, 's' scatter, in start order (device 0) */
+};
+
+struct dev {
+	struct pair *p;
+	int me;
+	struct model *m;
+	struct model_comm comm;
+};
+
+static int note(struct dev *d, char what)
+{
+	int n = (int)strlen(d->p->order);
+	if (d->me == 0 && n < 63)
+		d->p->order[n] = what;
+	return ++d->p->calls[d->me] == d->p->fail_at ? -EPIPE : 0;
+}
+
+static int all_gather(void *ctx, uint32_t axes, void *out, const void *in, size_t bytes)
+{
+	struct dev *d = ctx;
+	ck_assert_uint_eq(axes, 1u << AX_FSDP);
+	int rc = note(d, 'g');
+	d->p->part[d->me] = in;
+	pthread_barrier_wait(&d->p->bar);
+	for (int r = 0; r < 2; r++)
+		memcpy((char *)out + (size_t)r * bytes, d->p->part[r], bytes);
+	pthread_barrier_wait(&d->p->bar);
+	return rc;
+}
+
+static int reduce_scatter(void *ctx, uint32_t axes, float *out, const float *in, size_t n)
+{
+	struct dev *d = ctx;
+	ck_assert_uint_eq(axes, 1u << AX_FSDP);
+	int rc = note(d, 's');
+	d->p->part[d->me] = in;
+	pthread_barrier_wait(&d->p->bar);
+	const float *a = d->p->part[0], *b = d->p->part[1];
+	for (size_t i = 0; i < n; i++)
+		out[i] = a[(size_t)d->me * n + i] + b[(size_t)d->me * n + i];
+	pthread_barrier_wait(&d->p->bar);
+	return rc;
+}
+
+/* The test's config: 3 layers, fsdp=2 on one host. */
+static void fsdp_cfg(struct cfg *c, int fsdp)
+{
+	const char *kv[] = { "vocab_size=32", "base_emb_dim=16", "base_num_query_heads=2", "base_num_kv_heads=2",
+			     "base_mlp_dim=24", "max_target_length=4", "base_num_decoder_layers=3", NULL };
+	cfg_defaults(c);
+	for (const char *const *k = kv; *k; k++)
+		ck_assert_msg(cfg_override(c, *k, err, sizeof(err)) == 0, "%s", err);
+	if (fsdp > 1) {
+		cfg_override(c, "ici_data_parallelism=1", err, sizeof(err));
+		cfg_override(c, "ici_fsdp_parallelism=2", err, sizeof(err));
+	}
+	ck_assert_msg(cfg_finish(c, 1, fsdp, err, sizeof(err)) == 0, "%s", err);
+}
+
+static struct cfg cfg2;
+static struct mesh mesh2;
+static struct shard_rules rules2;
+static struct pair pair;
+static struct dev devs[2];
+static struct model *whole;  /* one device: every tensor whole */
+
+static void setup(void)
+{
+	struct model_dims d;
+	fsdp_cfg(&cfg2, 2);
+	ck_assert(model_dims_from_cfg(&d, &cfg2, err, sizeof(err)) == 0);
+	ck_assert_msg(shard_rules_from_cfg(&rules2, &cfg2, err, sizeof(err)) == 0, "%s", err);
+	mesh_init(&mesh2, &cfg2);
+	memset(&pair, 0, sizeof(pair));
+	pthread_barrier_init(&pair.bar, NULL, 2);
+	for (int i = 0; i < 2; i++) {
+		struct model_mesh mm = { .mesh = &mesh2, .rules = &rules2, .device = i };
+		devs[i] = (struct dev){ .p = &pair, .me = i };
+		devs[i].m = model_new(&d, 2, &mm, err, sizeof(err));
+		ck_assert_msg(devs[i].m, "%s", err);
+		model_init(devs[i].m, 5, 0.5f);
+		devs[i].comm = (struct model_comm){ .all_gather = all_gather, .reduce_scatter = reduce_scatter,
+						    .ctx = &devs[i] };
+	}
+	whole = model_new(&d, 2, NULL, err, sizeof(err));
+	model_init(whole, 5, 0.5f);
+}
+
+static void teardown(void)
+{
+	for (int i = 0; i < 2; i++)
+		model_free(devs[i].m);
+	model_free(whole);
+	pthread_barrier_destroy(&pair.bar);
+}
+
+/* Runs fn on both devices at once. */
+static void both(void *(*fn)(void *))
+{
+	pthread_t th[2];
+	for (int i = 0; i < 2; i++)
+		pthread_create(&th[i], NULL, fn, &devs[i]);
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+}
+
+/* The index of parameter name in m. */
+static const struct param_info *param(struct model *m, const char *name)
+{
+	const struct param_info *p = model_param_by_name(m, name);
+	ck_assert_msg(p, "no %s", name);
+	return p;
+}
+
+/* ---- gathers ---- */
+
+static int rc_of[2];
+
+static void *gather_layers(void *arg)
+{
+	struct dev *d = arg;
+	struct model_step st = { .comm = &d->comm };
+	struct win *w = model_window(d->m);
+	model_step_begin(d->m, &st);
+	/* layer 1, then layer 2 and the non-layer group queued behind it:
+	 * only the first goes out until it is waited for */
+	win_gather_start(w, 1, 1, 2);
+	win_gather_start(w, 2, 2, 3);
+	win_gather_start(w, 0, WIN_NONLAYER, 0);
+	ck_assert_int_eq(d->p->calls[d->me], 1);
+	rc_of[d->me] = win_wait(w, 1);
+	ck_assert_int_eq(d->p->calls[d->me], 2);  /* landing 1 sent 2 */
+	win_release(w, 1);  /* one layer window (no pipeline): 2 lands in it */
+	rc_of[d->me] |= win_wait(w, 2);
+	ck_assert_int_eq(win_gathers(w), 2);
+	if (d->me == 0) {
+		/* every element of a gathered layer tensor equals the whole model's */
+		const struct param_info *pw = param(whole, "wq");
+		const float *want = model_params(whole) + pw->offset + pw->numel / 3 * 2;  /* layer 2 */
+		const float *got = win_block(w, false, P_WQ, 2);
+		for (size_t i = 0; i < pw->numel / 3; i++)
+			ck_assert_msg(got[i] == want[i], "wq layer 2 element %zu: %g vs %g", i, got[i], want[i]);
+	}
+	win_release(w, 2);
+	rc_of[d->me] |= win_wait(w, 0);
+	win_release(w, 0);
+	rc_of[d->me] |= model_step_end(d->m);
+	return NULL;
+}
+
+START_TEST(test_gather_whole_in_order)
+{
+	ck_assert(param(devs[0].m, "wq")->split & (1u << AX_FSDP));  /* the shards are halves */
+	both(gather_layers);
+	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+	/* one all-gather a group (one gather axis set), in start order */
+	ck_assert_str_eq(pair.order, "ggg");
+}
+END_TEST
+
+/* ---- reduce-scatter ---- */
+
+static void *scatter_layer(void *arg)
+{
+	struct dev *d = arg;
+	struct model_step st = { .comm = &d->comm };
+	struct win *w = model_window(d->m);
+	memset(model_grads(d->m), 0, model_numel(d->m) * sizeof(float));
+	model_step_begin(d->m, &st);
+	win_gather_start(w, 1, 0, 1);
+	rc_of[d->me] = win_wait(w, 1);
+	win_zero_grads(w, 1);
+	/* device r's gradient of every element of layer 0's wq: r + 1 */
+	const struct param_info *pw = param(whole, "wq");
+	float *g = win_block(w, true, P_WQ, 0);
+	for (size_t i = 0; i < pw->numel / 3; i++)
+		g[i] = (float)(d->me + 1) * (float)(i % 7);
+	rc_of[d->me] |= win_scatter_start(w, 1);
+	rc_of[d->me] |= win_scatter_finish(w);
+	win_release(w, 1);
+	rc_of[d->me] |= model_step_end(d->m);
+	return NULL;
+}
+
+START_TEST(test_scatter_sums_into_shards)
+{
+	both(scatter_layer);
+	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+	/* each device's storage holds its half of layer 0's wq gradients,
+	 * summed over both: 3 x (i mod 7) for whole-tensor element i */
+	const struct param_info *pw = param(whole, "wq");
+	int rows = pw->global_shape[1], cols = pw->global_shape[2];
+	for (int r = 0; r < 2; r++) {
+		const struct param_info *p = param(devs[r].m, "wq");
+		const float *g = model_grads(devs[r].m) + p->offset;
+		int lr = p->shape[1], lc = p->shape[2], r0 = p->goff[1], c0 = p->goff[2];
+		ck_assert_int_eq(lr * lc * 2, rows * cols);
+		for (int i = 0; i < lr; i++)
+			for (int j = 0; j < lc; j++) {
+				size_t whole_i = (size_t)(r0 + i) * cols + (size_t)(c0 + j);
+				ck_assert_msg(g[(size_t)i * lc + j] == 3.0f * (float)(whole_i % 7),
+					      "device %d element (%d, %d)", r, i, j);
+			}
+		/* layer 1's gradients were never scattered: still zero */
+		for (size_t k = 0; k < (size_t)lr * lc; k++)
+			ck_assert(g[(size_t)lr * lc + k] == 0);
+	}
+	ck_assert_str_eq(pair.order, "gs");
+}
+END_TEST
+
+/* ---- errors ---- */
+
+static void *fail_second(void *arg)
+{
+	struct dev *d = arg;
+	struct model_step st = { .comm = &d->comm };
+	struct win *w = model_window(d->m);
+	model_step_begin(d->m, &st);
+	win_gather_start(w, 1, 0, 1);
+	win_gather_start(w, 2, 1, 2);
+	win_wait(w, 1);
+	win_release(w, 1);
+	rc_of[d->me] = win_wait(w, 2);  /* the second gather failed */
+	win_release(w, 2);
+	/* no collective starts once the step failed: states still move */
+	win_gather_start(w, 1, 2, 3);
+	win_wait(w, 1);
+	win_release(w, 1);
+	model_step_end(d->m);
+	return NULL;
+}
+
+START_TEST(test_failure_stops_collectives)
+{
+	pair.fail_at = 2;
+	both(fail_second);
+	ck_assert_int_eq(rc_of[0], -EPIPE);
+	ck_assert_int_eq(rc_of[1], -EPIPE);
+	ck_assert_str_eq(pair.order, "gg");  /* the third gather never went out on device 0 */
+}
+END_TEST
+
+/* ---- zeroing, poisoning ---- */
+
+static void *poison_zero(void *arg)
+{
+	struct dev *d = arg;
+	struct model_step st = { .comm = &d->comm };
+	struct win *w = model_window(d->m);
+	win_poison(w);
+	model_step_begin(d->m, &st);
+	win_gather_start(w, 1, 0, 1);
+	win_wait(w, 1);
+	const struct param_info *pw = param(whole, "wq");
+	const float *wt = win_block(w, false, P_WQ, 0), *g = win_block(w, true, P_WQ, 0);
+	/* the gather overwrote the poisoned weights, not the gradients */
+	for (size_t i = 0; i < pw->numel / 3; i++) {
+		ck_assert(!isnan(wt[i]));
+		ck_assert(isnan(g[i]));
+	}
+	win_zero_grads(w, 1);
+	for (size_t i = 0; i < pw->numel / 3; i++)
+		ck_assert(g[i] == 0);
+	win_release(w, 1);
+	rc_of[d->me] = model_step_end(d->m);
+	return NULL;
+}
+
+START_TEST(test_poison_and_zero)
+{
+	both(poison_zero);
+	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+}
+END_TEST
+
+/* The window's size: a gathered group is the whole layer (twice: weights
+ * and gradients), the packed buffers a gather's and a scatter's. */
+START_TEST(test_sizes)
+{
+	const struct param_info *p = param(devs[0].m, "wq");
+	ck_assert_uint_gt(model_window_numel(devs[0].m), 2 * (p->numel / 3) * 2);
+	ck_assert_int_eq(win_slots(model_window(devs[0].m)), 3);  /* one window: non-layer, two layer slots */
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("window");
+	TCase *tc = tcase_create("window");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, test_gather_whole_in_order);
+	tcase_add_test(tc, test_scatter_sums_into_shards);
+	tcase_add_test(tc, test_failure_stops_collectives);
+	tcase_add_test(tc, test_poison_and_zero);
+	tcase_add_test(tc, test_sizes);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
