@@ -29,6 +29,7 @@ struct coll_handle {
 	struct coll_handle *next;
 	int rc;
 	bool done, abandoned;
+	uint64_t t_run, t_done;   /* when the communication thread ran it */
 	char err[512];
 };
 
@@ -352,15 +353,19 @@ static void *comm_main(void *arg)
 			d->tail = NULL;
 		pthread_mutex_unlock(&d->mu);
 
+		uint64_t t_run = xport_now_ns();
 		struct coll_run R = {
 			.x = d->x, .me = d->me, .a = &h->a,
-			.deadline = xport_now_ns() + d->timeout_ns,
+			.deadline = t_run + d->timeout_ns,
 			.scr = &d->scr_comm, .err = h->err, .errlen = sizeof(h->err),
 		};
 		int rc = coll_exec(&R);
+		uint64_t t_done = xport_now_ns();
 
 		pthread_mutex_lock(&d->mu);
 		h->rc = rc;
+		h->t_run = t_run;
+		h->t_done = t_done;
 		h->done = true;
 		bool wake = d->waiting;
 		if (h->abandoned)
@@ -378,7 +383,17 @@ static void *comm_main(void *arg)
 
 int coll_wait(struct coll_handle *h, uint64_t deadline_ns, char *err, size_t errlen)
 {
+	return coll_wait_times(h, deadline_ns, NULL, NULL, err, errlen);
+}
+
+int coll_wait_times(struct coll_handle *h, uint64_t deadline_ns, uint64_t *run_ns, uint64_t *done_ns,
+		    char *err, size_t errlen)
+{
 	struct coll_dev *d = h->d;
+	if (run_ns)
+		*run_ns = 0;
+	if (done_ns)
+		*done_ns = 0;
 	pthread_mutex_lock(&d->mu);
 	while (!h->done) {
 		if (deadline_ns == 0) {
@@ -406,6 +421,10 @@ int coll_wait(struct coll_handle *h, uint64_t deadline_ns, char *err, size_t err
 	int rc = h->rc;
 	if (rc)
 		snprintf(err, errlen, "%s", h->err);
+	if (run_ns)
+		*run_ns = h->t_run;
+	if (done_ns)
+		*done_ns = h->t_done;
 	handle_free(h);
 	return rc;
 }
@@ -482,6 +501,15 @@ struct coll_handle *coll_all_reduce_async(struct coll_dev *d, const struct coll_
 					  float *buf, size_t count, char *err, size_t errlen)
 {
 	struct coll_args a = { .op = OP(ALL_REDUCE), .out = buf, .in = buf, .count = count };
+	return run_async(d, g, &a, err, errlen);
+}
+
+struct coll_handle *coll_all_to_all_async(struct coll_dev *d, const struct coll_group *g,
+					  void *out, const size_t *recv_bytes, const void *in,
+					  const size_t *send_bytes, char *err, size_t errlen)
+{
+	struct coll_args a = { .op = OP(ALL_TO_ALL), .out = out, .in = in,
+			       .send_bytes = send_bytes, .recv_bytes = recv_bytes };
 	return run_async(d, g, &a, err, errlen);
 }
 

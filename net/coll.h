@@ -100,6 +100,10 @@ struct coll_handle *coll_reduce_scatter_async(struct coll_dev *d, const struct c
 					      size_t count_per_rank, char *err, size_t errlen);
 struct coll_handle *coll_all_reduce_async(struct coll_dev *d, const struct coll_group *g,
 					  float *buf, size_t count, char *err, size_t errlen);
+/* send_bytes and recv_bytes are copied: the caller may reuse them at once */
+struct coll_handle *coll_all_to_all_async(struct coll_dev *d, const struct coll_group *g,
+					  void *out, const size_t *recv_bytes, const void *in,
+					  const size_t *send_bytes, char *err, size_t errlen);
 struct coll_handle *coll_permute_async(struct coll_dev *d, const struct coll_group *g,
 				       void *out, const void *in, size_t bytes, int shift,
 				       char *err, size_t errlen);
@@ -110,6 +114,12 @@ struct coll_handle *coll_permute_async(struct coll_dev *d, const struct coll_gro
  * -ETIMEDOUT, the transport is failed, h is abandoned (the communication
  * thread frees it) and its buffers must stay valid until coll_dev_free. */
 int coll_wait(struct coll_handle *h, uint64_t deadline_ns, char *err, size_t errlen);
+/* coll_wait that also says when the communication thread ran the
+ * collective: from *run_ns to *done_ns (xport_now_ns clock), for a trace
+ * of what was in flight; both 0 unless it returned 0 or the collective's
+ * own error. Either pointer may be NULL. */
+int coll_wait_times(struct coll_handle *h, uint64_t deadline_ns, uint64_t *run_ns, uint64_t *done_ns,
+		    char *err, size_t errlen);
 
 /* Name of a MESHRUN__COLL_OP__* value ("all_gather", ...), for messages. */
 const char *coll_op_name(uint32_t op);

@@ -72,7 +72,7 @@ START_TEST(test_one_prefix)
 		{ "eval --text x", "meshrun: eval: --checkpoint DIR is needed" },
 		{ "local --config " TINY, "meshrun: local: --hosts N is needed" },
 		{ "agent --nope", "meshrun: agent: unknown option '--nope'" },
-		{ "launch --config " TINY, "meshrun: launch: --hostfile FILE is needed" },
+		{ "launch --config " TINY, "meshrun: launch: --hostfile FILE (or --slurm) is needed" },
 		{ "shardings --hosts", "meshrun: shardings: --hosts needs a value" },
 		{ "report m.jsonl", "meshrun: report: -o FILE.svg is needed" },
 		{ "schedule", "meshrun: schedule: --config FILE is needed" },

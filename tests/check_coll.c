@@ -1,8 +1,8 @@
 /* Collectives: every op on groups of 1..8 in-process devices (one xport, no
  * network) for element counts {0, 1, 7, 262147} with every element checked,
- * in ring and direct modes; uneven all-to-all; async overlap; bit-exact
- * reduction order; concurrent groups on a 2x2x2 mesh; errors name the
- * collective. Then the same checks across real agents over TLS on loopback
+ * in ring and direct modes; uneven all-to-all; async overlap (all-to-all
+ * too, with the times it ran); bit-exact reduction order; concurrent
+ * groups on a 2x2x2 mesh; errors name the collective. Then the same checks across real agents over TLS on loopback
  * via `$MESHRUN bench collectives --check-counts`, and a host killed in the
  * middle of an all_reduce. */
 #include <check.h>
@@ -400,6 +400,110 @@ START_TEST(test_async_overlap)
 	struct world w = { .seg = 65536, .direct_max = 65536, .timeout_s = 30 };
 	world_mesh(&w, _i + 2, 1, 1);
 	world_run(&w, async_ops, NULL);
+	ck_assert_msg(w.failures == 0, "D=%d: %s", w.D, w.first);
+}
+END_TEST
+
+/* ---- async all_to_all: two in flight (the batch split's halves), a
+ * sync collective between them on the same group, the size arrays
+ * reused at once, and when the communication thread ran each ---- */
+
+/* One async all_to_all's buffers and sizes (counts: a2a_count(r, q, c)
+ * shifted by salt so the two exchanges differ). */
+struct a2a_io {
+	size_t sb[8], rb[8];
+	float *in, *out;
+};
+
+static void a2a_fill(struct a2a_io *io, int n, int r, size_t c, int salt)
+{
+	size_t st = 0, rt = 0;
+	for (int q = 0; q < n; q++) {
+		a2a_count(r, q, c + (size_t)salt, &io->sb[q]);
+		a2a_count(q, r, c + (size_t)salt, &io->rb[q]);
+		st += io->sb[q];
+		rt += io->rb[q];
+	}
+	io->in = xmalloc(sizeof(float) * st);
+	io->out = xmalloc(sizeof(float) * rt);
+	size_t o = 0;
+	for (int q = 0; q < n; q++)
+		for (size_t i = 0; i < io->sb[q]; i++)
+			io->in[o++] = (float)(salt * 4096 + r * 64 + q * 8 + (int)(i % 8));
+	for (int q = 0; q < n; q++) {
+		io->sb[q] *= sizeof(float);
+		io->rb[q] *= sizeof(float);
+	}
+}
+
+/* 0, or the first wrong element described in err */
+static int a2a_check(const struct a2a_io *io, int n, int r, int salt, char *err, size_t errlen)
+{
+	size_t o = 0;
+	for (int q = 0; q < n; q++)
+		for (size_t i = 0; i < io->rb[q] / sizeof(float); i++, o++)
+			if (io->out[o] != (float)(salt * 4096 + q * 64 + r * 8 + (int)(i % 8))) {
+				snprintf(err, errlen, "rank %d from %d elem %zu = %g", r, q, i, io->out[o]);
+				return -1;
+			}
+	return 0;
+}
+
+static void async_a2a_ops(struct world *w, int dev, struct coll_dev *cd)
+{
+	struct mesh_group mg;
+	struct coll_group g;
+	char err[1024];
+	group_of(w, dev, 1u << AX_DATA, &mg, &g);
+	int n = g.n, r = g.rank;
+	struct a2a_io io[2];
+	uint64_t issued = xport_now_ns(), run[2], done[2];
+	a2a_fill(&io[0], n, r, 20000, 1);
+	a2a_fill(&io[1], n, r, 3, 2);
+	struct coll_handle *h0 = coll_all_to_all_async(cd, &g, io[0].out, io[0].rb, io[0].in, io[0].sb,
+						       err, sizeof(err));
+	/* the sizes were copied: clobbering them changes nothing */
+	memset(io[0].sb, 0xff, sizeof(io[0].sb));
+	/* the next half's counts, exchanged on the same group meanwhile */
+	int32_t mine = 100 + dev, all[8];
+	int rc = coll_all_gather(cd, &g, all, &mine, sizeof(mine), err, sizeof(err));
+	CHECK_RC(w, rc, "sync all_gather between two all_to_all", err);
+	for (int q = 0; q < n; q++)
+		if (all[q] != 100 + g.devs[q])
+			failf(w, "all_gather during all_to_all: rank %d got %d from %d", r, all[q], q);
+	struct coll_handle *h1 = coll_all_to_all_async(cd, &g, io[1].out, io[1].rb, io[1].in, io[1].sb,
+						       err, sizeof(err));
+	if (!h0 || !h1) {
+		failf(w, "async all_to_all issue: %s", err);
+		return;
+	}
+	uint64_t dl = xport_now_ns() + 30000000000ull;
+	rc = coll_wait_times(h0, dl, &run[0], &done[0], err, sizeof(err));
+	CHECK_RC(w, rc, "all_to_all wait 0", err);
+	rc = coll_wait_times(h1, dl, &run[1], &done[1], err, sizeof(err));
+	CHECK_RC(w, rc, "all_to_all wait 1", err);
+	uint64_t back = xport_now_ns();
+	for (int k = 0; k < 2; k++)
+		if (a2a_check(&io[k], n, r, k + 1, err, sizeof(err)))
+			failf(w, "async all_to_all %d n=%d: %s", k, n, err);
+	/* ran after issue, before the wait returned; one at a time, in order */
+	if (!(issued <= run[0] && run[0] <= done[0] && done[0] <= run[1] && run[1] <= done[1] &&
+	      done[1] <= back))
+		failf(w, "all_to_all times out of order: issued %llu run %llu..%llu then %llu..%llu, back %llu",
+		      (unsigned long long)issued, (unsigned long long)run[0], (unsigned long long)done[0],
+		      (unsigned long long)run[1], (unsigned long long)done[1], (unsigned long long)back);
+	for (int k = 0; k < 2; k++) {
+		free(io[k].in);
+		free(io[k].out);
+	}
+}
+
+START_TEST(test_async_all_to_all)
+{
+	static const int sizes[] = { 2, 3, 5, 8 };
+	struct world w = { .seg = 65536, .direct_max = 65536, .timeout_s = 30 };
+	world_mesh(&w, sizes[_i], 1, 1);
+	world_run(&w, async_a2a_ops, NULL);
 	ck_assert_msg(w.failures == 0, "D=%d: %s", w.D, w.first);
 }
 END_TEST
@@ -1393,6 +1497,7 @@ static Suite *coll_suite(void)
 	tc = tcase_create("async");
 	tcase_set_timeout(tc, 60);
 	tcase_add_loop_test(tc, test_async_overlap, 0, 3);
+	tcase_add_loop_test(tc, test_async_all_to_all, 0, 4);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("determinism");

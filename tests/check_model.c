@@ -1,5 +1,5 @@
 /* Whole-model checks on one device: gradients against finite differences
- * (dense and MoE), training on real text, checkpoint round trip and
+ * (dense and MoE, latent attention, the batch split), training on real text, checkpoint round trip and
  * bit-identical resume, refused bad checkpoints and impossible shapes. */
 #include <check.h>
 #include <errno.h>
@@ -202,6 +202,17 @@ START_TEST(test_grad_moe_groups)
 }
 END_TEST
 
+/* The batch split (host/model/bsplit.c): two halves of one row each,
+ * staggered through two MoE layers (the second half's combine of the
+ * first finishes in the second), one dense layer before them */
+START_TEST(test_grad_batch_split)
+{
+	const char *split[] = { "use_batch_split_schedule=true", "batch_split_factor=2",
+				"base_num_decoder_layers=3", NULL };
+	grad_check_with(true, "sigmoid", split);
+}
+END_TEST
+
 /* A model that does not fit in memory is an out-of-memory error naming
  * the bytes asked for, not a config error. */
 START_TEST(test_model_out_of_memory)
@@ -396,6 +407,7 @@ int main(void)
 	tcase_add_test(tc, test_grad_moe_sigmoid);
 	tcase_add_test(tc, test_grad_mla);
 	tcase_add_test(tc, test_grad_moe_groups);
+	tcase_add_test(tc, test_grad_batch_split);
 	tcase_add_test(tc, test_model_out_of_memory);
 	tcase_add_test(tc, test_grad_checker_detects);
 	tcase_add_test(tc, test_impossible_shapes);

@@ -490,6 +490,63 @@ START_TEST(test_core_restarting)
 }
 END_TEST
 
+/* The loop asks regroup before a restart: machines gone and the job
+ * moved to the rest (the restart goes on), or no restart can work (the
+ * failure stands, the reason appended to it, no relaunch). */
+struct regroup_script {
+	struct script sc;
+	int calls, rc;
+};
+
+static int script_regroup(void *ctx, char *what, size_t whatlen, char *why, size_t whylen)
+{
+	struct regroup_script *g = ctx;
+	g->calls++;
+	if (g->rc) {
+		snprintf(why, whylen, "node node1 is gone and the mesh cannot shrink");
+		return g->rc;
+	}
+	snprintf(what, whatlen, " on 2 of 3 nodes");
+	return 0;
+}
+
+static int regroup_launch(void *ctx, bool resume, struct launch_result *r, char *err, size_t errlen)
+{
+	return script_launch(&((struct regroup_script *)ctx)->sc, resume, r, err, errlen);
+}
+
+static int64_t regroup_ckpt(void *ctx)
+{
+	return script_ckpt(&((struct regroup_script *)ctx)->sc);
+}
+
+START_TEST(test_core_regroup)
+{
+	char err[256];
+	struct launch_result r;
+	struct regroup_script g = { .sc = { .rc = { -ECHILD, 0 }, .code = { -1 }, .ckpt = { 4, 8 } } };
+	struct launch_restarts rs = { .max = 2, .launch = regroup_launch, .checkpoint = regroup_ckpt,
+				      .retry_code = script_retry, .regroup = script_regroup, .ctx = &g };
+	ck_assert_int_eq(launch_restarting("check_restart", &rs, &r, err, sizeof(err)), 0);
+	ck_assert_int_eq(g.sc.n, 2);
+	ck_assert_int_eq(g.calls, 1);
+	ck_assert(g.sc.resumed[1]);
+	/* the mesh cannot shrink: one launch, the failure names why */
+	struct regroup_script h = { .sc = { .rc = { -ECHILD, 0 }, .code = { 5 }, .lost = { true },
+					    .ckpt = { 4 } }, .rc = -EINVAL };
+	rs.ctx = &h;
+	ck_assert_int_eq(launch_restarting("check_restart", &rs, &r, err, sizeof(err)), -ECHILD);
+	ck_assert_int_eq(h.sc.n, 1);
+	ck_assert_str_eq(err, "host 0 failed; node node1 is gone and the mesh cannot shrink");
+	/* no restart left: regroup is not asked */
+	struct regroup_script k = { .sc = { .rc = { -ECHILD }, .code = { 5 }, .ckpt = { 4 } } };
+	rs.ctx = &k;
+	rs.max = 0;
+	ck_assert_int_eq(launch_restarting("check_restart", &rs, &r, err, sizeof(err)), -ECHILD);
+	ck_assert_int_eq(k.calls, 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("restart");
@@ -505,6 +562,7 @@ int main(void)
 	tcase_add_test(tc, test_core_status_fd);
 	tcase_add_test(tc, test_core_status_stderr);
 	tcase_add_test(tc, test_core_restarting);
+	tcase_add_test(tc, test_core_regroup);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("restart");
 	tcase_add_checked_fixture(tc, setup, teardown);

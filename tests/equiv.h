@@ -2,7 +2,8 @@
  * check_pipeline): run meshrun through tests/proc.h, read a metrics
  * file's exact losses (loss_hex), and compare a multi-device run with one
  * device on the same global batch, twice for determinism. Header-only,
- * static functions, like proc.h; the suites run without forking, so the
+ * static inline functions, like proc.h (a suite that uses some of them,
+ * check_remesh, warns of no other); the suites run without forking, so the
  * single-device baselines are cached across tests. */
 #ifndef MESHRUN_TESTS_EQUIV_H
 #define MESHRUN_TESTS_EQUIV_H
@@ -17,14 +18,14 @@
 
 /* Runs a meshrun command line (killed after 120 s; stdout and stderr to
  * tmpdir/log.out); returns its exit status (-1: killed at the deadline). */
-static int run(const char *args)
+static inline int run(const char *args)
 {
 	struct proc p;
 	return proc_run(&p, "log", args, 120);
 }
 
 /* The contents of tmpdir/name (malloc'd; "" if absent). */
-static char *read_tmp(const char *name)
+static inline char *read_tmp(const char *name)
 {
 	char path[256];
 	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
@@ -39,7 +40,7 @@ static char *read_tmp(const char *name)
 }
 
 /* Reads the losses (exact, from loss_hex) of a metrics file. */
-static int losses(const char *name, double *out, int max)
+static inline int losses(const char *name, double *out, int max)
 {
 	char path[256], line[4096];
 	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
@@ -60,7 +61,7 @@ static int losses(const char *name, double *out, int max)
  * the command line's arguments (tmpdir removed), a tab, and each step's
  * loss_hex, so a restructure can be compared run by run with the losses
  * recorded before it (`sort` both files, then `diff`). */
-static void record_losses(const char *args, const char *name)
+static inline void record_losses(const char *args, const char *name)
 {
 	const char *path = getenv("MESHRUN_RECORD_LOSSES");
 	if (!path || !*path)
@@ -87,7 +88,7 @@ static void record_losses(const char *args, const char *name)
 	fclose(out);
 }
 
-static void show_log_on_failure(int rc, int want)
+static inline void show_log_on_failure(int rc, int want)
 {
 	if (rc != want) {
 		char *log = read_tmp("log.out");
@@ -118,7 +119,7 @@ static struct {
 } cache[16];
 static int ncache;
 
-static void single_losses(const char *preset, const char *opt, int batch, double *out)
+static inline void single_losses(const char *preset, const char *opt, int batch, double *out)
 {
 	char key[256], args[1024];
 	snprintf(key, sizeof(key), "%s %s %d", preset, opt, batch);
@@ -140,7 +141,7 @@ static void single_losses(const char *preset, const char *opt, int batch, double
 
 /* The same with a global batch of `batch` rows (a multiple of the
  * devices). */
-static void equivalence_batch(const char *preset, int hosts, int dph, const char *extra, const char *opt,
+static inline void equivalence_batch(const char *preset, int hosts, int dph, const char *extra, const char *opt,
 			      int batch)
 {
 	char args[1024];
@@ -171,7 +172,7 @@ static void equivalence_batch(const char *preset, int hosts, int dph, const char
 		preset, hosts, dph, extra, opt, worst);
 }
 
-static void equivalence_opt(const char *preset, int hosts, int dph, const char *extra, const char *opt)
+static inline void equivalence_opt(const char *preset, int hosts, int dph, const char *extra, const char *opt)
 {
 	equivalence_batch(preset, hosts, dph, extra, opt, 8);
 }

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -358,12 +359,18 @@ static int write_files(const struct ckpt_state *s, const char *dir, char *err, s
 		snprintf(err, errlen, "checkpoint: out of memory");
 		return -ENOMEM;
 	}
-	char sample[32], epoch_rows[32];
+	char batchbuf[32], idbuf[32], sample[32], epoch_rows[32];
+	uint64_t id;
 	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, s->next_step);
+	snprintf(batchbuf, sizeof(batchbuf), "%" PRId64, s->global_batch);
 	snprintf(sample, sizeof(sample), "%" PRId64, s->data_sample);
 	snprintf(epoch_rows, sizeof(epoch_rows), "%" PRId64, s->data_epoch_rows);
-	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, "meshrun_data_sample", sample,
-			       "meshrun_data_epoch_rows", epoch_rows, NULL };
+	if (getrandom(&id, sizeof(id), 0) != sizeof(id))
+		id = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+	snprintf(idbuf, sizeof(idbuf), "%016" PRIx64, id);
+	const char *meta[] = { "format", "pt", "meshrun_step", stepbuf, "meshrun_id", idbuf,
+			       "meshrun_data_sample", sample, "meshrun_data_epoch_rows", epoch_rows,
+			       s->global_batch > 0 ? "meshrun_global_batch" : NULL, batchbuf, NULL };
 
 	if ((rc = hf_tensors(m, s->params, "", &h, !strcmp(s->cfg->checkpoint_dtype, "bf16"))))
 		goto out_free;
@@ -382,7 +389,11 @@ static int write_files(const struct ckpt_state *s, const char *dir, char *err, s
 	test_delay();
 
 	snprintf(path, sizeof(path), "%s/config.json", dir);
-	if ((rc = write_config_json(s->cfg, model_dims(m), path, err, errlen)))
+	/* a mesh's whole-model table is built for one token (trainer_ckpt_prepare):
+	 * max_position_embeddings is the run's sequence length */
+	struct model_dims d = *model_dims(m);
+	d.T = (int)s->cfg->max_target_length;
+	if ((rc = write_config_json(s->cfg, &d, path, err, errlen)))
 		goto out_free;
 	test_delay();
 	snprintf(path, sizeof(path), "%s/meshrun.yml", dir);

@@ -21,6 +21,7 @@ struct ckpt_state {
 	float *params, *m, *v;   /* whole tensors in model's layout, numel floats each */
 	size_t numel;
 	int64_t next_step;       /* the step to run after this state */
+	int64_t global_batch;    /* rows per step (0: not known, not recorded) */
 	/* the training data's position at next_step (host/data/data.h):
 	 * global rows consumed and rows per epoch (0: no epochs); saved as
 	 * metadata; -1 on load from a checkpoint without them */
@@ -34,6 +35,11 @@ struct ckpt_state {
  * DIR/step-000004.tmp, every file and the directory synced, then renamed;
  * only then are older step directories (and stale *.tmp ones) removed, so
  * a crash at any moment leaves the previous checkpoint loadable. */
+
+/* Both safetensors files of a step directory record in their metadata
+ * meshrun_step (next_step), meshrun_global_batch (global_batch, when
+ * known) and meshrun_id (a random number drawn for this save, so that a
+ * host can tell whether it sees the same checkpoint as another). */
 
 /* Writes s as DIR/step-<s->next_step> (dir made if missing) as above.
  * 0 or -errno with err. Test-only: MESHRUN_TEST_CKPT_DELAY_MS=N sleeps N

@@ -186,7 +186,10 @@ static int table(struct hf_src *s, const cJSON *map, char *err, size_t errlen)
 	return 0;
 }
 
-int hf_src_open(struct hf_src **out, const char *dir, int devices, char *err, size_t errlen)
+/* Opens dir's checkpoint: with file NULL the model (its index, or
+ * model.safetensors), else that one file. */
+static int src_open(struct hf_src **out, const char *dir, const char *file, int devices, char *err,
+		    size_t errlen)
 {
 	char path[4200];
 	cJSON *map = NULL;
@@ -206,10 +209,10 @@ int hf_src_open(struct hf_src **out, const char *dir, int devices, char *err, si
 		goto fail;
 	}
 	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", s->dir);
-	if (!access(path, F_OK))
+	if (!file && !access(path, F_OK))
 		rc = read_index(s, path, &map, err, errlen);
 	else
-		rc = add_file(s, "model.safetensors", err, errlen) < 0 ? -ENOMEM : 0;
+		rc = add_file(s, file ? file : "model.safetensors", err, errlen) < 0 ? -ENOMEM : 0;
 	if (rc)
 		goto fail;
 	s->files = calloc((size_t)s->nfiles + 1, sizeof(*s->files));
@@ -235,6 +238,28 @@ fail:
 	hf_src_close(s);
 	return rc == -ENOMEM ? rc : -EBADMSG;
 }
+
+int hf_src_open(struct hf_src **out, const char *dir, int devices, char *err, size_t errlen)
+{
+	return src_open(out, dir, NULL, devices, err, errlen);
+}
+
+int hf_src_open_file(struct hf_src **out, const char *dir, const char *file, int devices, char *err,
+		     size_t errlen)
+{
+	return src_open(out, dir, file, devices, err, errlen);
+}
+
+const char *hf_src_meta(const struct hf_src *s, const char *key)
+{
+	return s->nfiles ? st_meta(s->files[0], key) : NULL;
+}
+
+const char *hf_src_dir(const struct hf_src *s)
+{
+	return s->dir;
+}
+
 
 void hf_src_close(struct hf_src *s)
 {
@@ -334,51 +359,144 @@ static int check_rest(struct hf_src *s, const struct model *m, char *err, size_t
 	return 0;
 }
 
-/* Every tensor of the whole model (global shapes), then the rest. */
-static int check_all(struct hf_src *s, const struct model *m, char *err, size_t errlen)
+/* The name of a parameter's slice with a dest's prefix ("m." for
+ * AdamW's first moment in optimizer.safetensors). */
+static int full_name(const struct model *m, const struct param_info *p, int layer, int expert,
+		     const char *prefix, char *out, size_t outlen)
 {
-	char name[160];
+	size_t k = strlen(prefix);
+	if (k >= outlen)
+		return -ENAMETOOLONG;
+	memcpy(out, prefix, k);
+	return ckpt_hf_name(m, p, layer, expert, out + k, outlen - k);
+}
+
+/* Every tensor of the whole model (global shapes) under each prefix,
+ * then the rest. */
+static int check_all(struct hf_src *s, const struct model *m, const struct hf_dest *d, int nd,
+		     char *err, size_t errlen)
+{
+	char name[192];
 	int rc = 0;
 	s->mtp_layer = -1;
-	for (int i = 0; i < model_num_params(m) && !rc; i++) {
-		const struct param_info *p = model_param(m, i);
-		const int *g = p->global_shape;
-		if (!p->stacked) {
-			if (!(rc = ckpt_hf_name(m, p, -1, -1, name, sizeof(name))))
-				rc = check_one(s, name, p->ndim, g, err, errlen);
-			continue;
-		}
-		int l0 = ckpt_hf_layer0(m, p);
-		for (int l = 0; l < g[0] && !rc; l++) {
-			if (!ckpt_hf_per_expert(p)) {
-				if (!(rc = ckpt_hf_name(m, p, l0 + l, -1, name, sizeof(name))))
-					rc = check_one(s, name, p->ndim - 1, g + 1, err, errlen);
+	for (int k = 0; k < nd && !rc; k++)
+		for (int i = 0; i < model_num_params(m) && !rc; i++) {
+			const struct param_info *p = model_param(m, i);
+			const int *g = p->global_shape;
+			const char *pre = d[k].prefix;
+			if (!p->stacked) {
+				if (!(rc = full_name(m, p, -1, -1, pre, name, sizeof(name))))
+					rc = check_one(s, name, p->ndim, g, err, errlen);
 				continue;
 			}
-			for (int e = 0; e < g[1] && !rc; e++)
-				if (!(rc = ckpt_hf_name(m, p, l0 + l, e, name, sizeof(name))))
-					rc = check_one(s, name, p->ndim - 2, g + 2, err, errlen);
+			int l0 = ckpt_hf_layer0(m, p);
+			for (int l = 0; l < g[0] && !rc; l++) {
+				if (!ckpt_hf_per_expert(p)) {
+					if (!(rc = full_name(m, p, l0 + l, -1, pre, name, sizeof(name))))
+						rc = check_one(s, name, p->ndim - 1, g + 1, err, errlen);
+					continue;
+				}
+				for (int e = 0; e < g[1] && !rc; e++)
+					if (!(rc = full_name(m, p, l0 + l, e, pre, name, sizeof(name))))
+						rc = check_one(s, name, p->ndim - 2, g + 2, err, errlen);
+			}
+			if (rc && rc != -EBADMSG) {
+				snprintf(err, errlen, "checkpoint: parameter '%s' has no Hugging Face name", p->name);
+				rc = -EBADMSG;
+			}
 		}
-		if (rc && rc != -EBADMSG) {
-			snprintf(err, errlen, "checkpoint: parameter '%s' has no Hugging Face name", p->name);
-			rc = -EBADMSG;
-		}
-	}
 	return rc ? rc : check_rest(s, m, err, errlen);
 }
 
 /* ---- reading blocks ---- */
 
+/* Which floats of a dest's layout to fill: all (r NULL), or those in the
+ * sorted, disjoint ranges r; base is the layout index of the block being
+ * filled. */
+struct want {
+	const struct hf_range *r;
+	int nr;
+	size_t base;
+};
+
+/* The first range of w that ends after lo (w->nr when none). */
+static int first_range(const struct want *w, size_t lo)
+{
+	int a = 0, b = w->nr;
+	while (a < b) {
+		int mid = (a + b) / 2;
+		if (w->r[mid].hi <= lo)
+			a = mid + 1;
+		else
+			b = mid;
+	}
+	return a;
+}
+
+/* Whether w wants every float of [lo, hi) (*all), or any (the result). */
+static bool wanted(const struct want *w, size_t lo, size_t hi, bool *all)
+{
+	*all = true;
+	if (!w->r || lo == hi)
+		return lo < hi;
+	int k = first_range(w, lo);
+	*all = k < w->nr && w->r[k].lo <= lo && w->r[k].hi >= hi;
+	return k < w->nr && w->r[k].lo < hi;
+}
+
+/* Reads the wanted parts of one run of n elements of t from element
+ * `first` into dst (layout index lo). */
+static int read_run(struct hf_src *s, struct hf_ent *t, const struct want *w, uint64_t first, size_t n,
+		    float *dst, size_t lo, char *err, size_t errlen)
+{
+	size_t hi = lo + n;
+	int rc = 0;
+	if (!w->r)
+		return st_read(s->files[t->file], t->e, first, n, dst, err, errlen);
+	for (int k = first_range(w, lo); k < w->nr && w->r[k].lo < hi && !rc; k++) {
+		size_t x = w->r[k].lo > lo ? w->r[k].lo : lo, y = w->r[k].hi < hi ? w->r[k].hi : hi;
+		rc = st_read(s->files[t->file], t->e, first + (x - lo), y - x, dst + (x - lo), err, errlen);
+	}
+	return rc;
+}
+
+/* Remembers a block this device read whole, for the host's next device
+ * that holds the same one. */
+static int keep_block(struct hf_src *s, struct hf_ent *t, int nd, const int *off, const int *b,
+		      const float *dst, char *err, size_t errlen)
+{
+	if (s->nblocks == s->capblocks) {
+		int cap = s->capblocks ? 2 * s->capblocks : 256;
+		struct hf_block *nb = realloc(s->blocks, sizeof(*nb) * (size_t)cap);
+		if (!nb) {
+			snprintf(err, errlen, "checkpoint: out of memory");
+			return -ENOMEM;
+		}
+		s->blocks = nb;
+		s->capblocks = cap;
+	}
+	struct hf_block *x = &s->blocks[s->nblocks];
+	x->nd = nd;
+	memcpy(x->off, off, sizeof(int) * (size_t)nd);
+	memcpy(x->shape, b, sizeof(int) * (size_t)nd);
+	x->data = dst;
+	x->next = t->first_block;
+	t->first_block = s->nblocks++;
+	return 0;
+}
+
 /* dst (the block, row-major) = the block at off of shape b of tensor t
- * (shape g, nd dims): a copy of one another device of this host read, or
- * runs of contiguous elements read from the file. */
+ * (shape g, nd dims): a copy of one another device of this host read
+ * whole, or runs of contiguous elements read from the file (only the
+ * wanted parts of them). */
 static int fill_block(struct hf_src *s, struct hf_ent *t, int nd, const int *g, const int *off,
-		      const int *b, float *dst, char *err, size_t errlen)
+		      const int *b, float *dst, const struct want *w, char *err, size_t errlen)
 {
 	size_t numel = 1;
+	bool all;
 	for (int i = 0; i < nd; i++)
 		numel *= (size_t)b[i];
-	if (!numel)
+	if (!wanted(w, w->base, w->base + numel, &all))
 		return 0;
 	for (int k = t->first_block; k >= 0; k = s->blocks[k].next) {
 		const struct hf_block *x = &s->blocks[k];
@@ -402,7 +520,7 @@ static int fill_block(struct hf_src *s, struct hf_ent *t, int nd, const int *g, 
 		uint64_t first = nd ? (uint64_t)off[k] * stride[k] : 0;
 		for (int j = 0; j < k; j++)
 			first += (uint64_t)(off[j] + (int)idx[j]) * stride[j];
-		int rc = st_read(s->files[t->file], t->e, first, run, dst + r * run, err, errlen);
+		int rc = read_run(s, t, w, first, run, dst + r * run, w->base + r * run, err, errlen);
 		if (rc)
 			return rc == -ENOMEM ? rc : -EIO;
 		for (int j = k - 1; j >= 0; j--) {  /* next multi-index over the dims before k */
@@ -411,51 +529,38 @@ static int fill_block(struct hf_src *s, struct hf_ent *t, int nd, const int *g, 
 			idx[j] = 0;
 		}
 	}
-	if (s->nblocks == s->capblocks) {
-		int cap = s->capblocks ? 2 * s->capblocks : 256;
-		struct hf_block *nb = realloc(s->blocks, sizeof(*nb) * (size_t)cap);
-		if (!nb) {
-			snprintf(err, errlen, "checkpoint: out of memory");
-			return -ENOMEM;
-		}
-		s->blocks = nb;
-		s->capblocks = cap;
-	}
-	struct hf_block *x = &s->blocks[s->nblocks];
-	x->nd = nd;
-	memcpy(x->off, off, sizeof(int) * (size_t)nd);
-	memcpy(x->shape, b, sizeof(int) * (size_t)nd);
-	x->data = dst;
-	x->next = t->first_block;
-	t->first_block = s->nblocks++;
-	return 0;
+	/* a block read in part is no use to another device */
+	return all ? keep_block(s, t, nd, off, b, dst, err, errlen) : 0;
 }
 
 /* This device's block of one HF tensor: dims [from, ndim) of p. */
 static int fill_slice(struct hf_src *s, const struct model *m, const struct param_info *p, int layer,
-		      int expert, int from, float *dst, char *err, size_t errlen)
+		      int expert, int from, const char *prefix, float *dst, struct want *w, char *err,
+		      size_t errlen)
 {
-	char name[160];
+	char name[192];
 	struct hf_ent *t;
-	if (ckpt_hf_name(m, p, layer, expert, name, sizeof(name)) || !(t = find_ent(s, name))) {
+	if (full_name(m, p, layer, expert, prefix, name, sizeof(name)) || !(t = find_ent(s, name))) {
 		snprintf(err, errlen, "checkpoint: no tensor for parameter '%s'", p->name);
 		return -EBADMSG;
 	}
 	return fill_block(s, t, p->ndim - from, p->global_shape + from, p->goff + from, p->shape + from,
-			  dst, err, errlen);
+			  dst, w, err, errlen);
 }
 
-/* This device's shards of every parameter. */
-static int fill_all(struct hf_src *s, const struct model *m, float *params, char *err, size_t errlen)
+/* This device's shards of every parameter, into buf in m's layout. */
+static int fill_all(struct hf_src *s, const struct model *m, const char *prefix, float *buf,
+		    const struct hf_range *r, int nr, char *err, size_t errlen)
 {
+	struct want w = { .r = nr ? r : NULL, .nr = nr };
 	int rc = 0;
 	for (int i = 0; i < model_num_params(m) && !rc; i++) {
 		const struct param_info *p = model_param(m, i);
-		float *base = params + p->offset;
 		if (!p->numel)
 			continue;
 		if (!p->stacked) {
-			rc = fill_slice(s, m, p, -1, -1, 0, base, err, errlen);
+			w.base = p->offset;
+			rc = fill_slice(s, m, p, -1, -1, 0, prefix, buf + w.base, &w, err, errlen);
 			continue;
 		}
 		int l0 = ckpt_hf_layer0(m, p);
@@ -463,35 +568,45 @@ static int fill_all(struct hf_src *s, const struct model *m, float *params, char
 		for (int q = 0; q < p->shape[0] && !rc; q++) {
 			/* storage index goff[0] + q holds this layer (a pipeline's order) */
 			int layer = l0 + model_stack_layer(m, p->goff[0] + q, p->global_shape[0]);
-			float *slice = base + per * (size_t)q;
+			size_t slice = p->offset + per * (size_t)q;
 			if (!ckpt_hf_per_expert(p)) {
-				rc = fill_slice(s, m, p, layer, -1, 1, slice, err, errlen);
+				w.base = slice;
+				rc = fill_slice(s, m, p, layer, -1, 1, prefix, buf + w.base, &w, err, errlen);
 				continue;
 			}
 			size_t pe = per / (size_t)p->shape[1];
-			for (int x = 0; x < p->shape[1] && !rc; x++)
-				rc = fill_slice(s, m, p, layer, p->goff[1] + x, 2, slice + pe * (size_t)x, err, errlen);
+			for (int x = 0; x < p->shape[1] && !rc; x++) {
+				w.base = slice + pe * (size_t)x;
+				rc = fill_slice(s, m, p, layer, p->goff[1] + x, 2, prefix, buf + w.base, &w, err,
+						errlen);
+			}
 		}
 	}
 	return rc;
 }
 
-int hf_src_load(struct hf_src *s, const struct model *m, float *params, char *err, size_t errlen)
+int hf_src_load_into(struct hf_src *s, const struct model *m, const struct hf_dest *d, int nd,
+		     const struct hf_range *r, int nr, char *err, size_t errlen)
 {
 	pthread_mutex_lock(&s->mu);
 	if (!s->t0)
 		s->t0 = util_now_s();
-	if (s->check_rc == 1) {
-		s->check_rc = check_all(s, m, s->check_err, sizeof(s->check_err));
-	}
+	if (s->check_rc == 1)
+		s->check_rc = check_all(s, m, d, nd, s->check_err, sizeof(s->check_err));
 	int rc = s->check_rc;
 	if (rc)
 		snprintf(err, errlen, "%s", s->check_err);
-	else
-		rc = fill_all(s, m, params, err, errlen);
+	for (int k = 0; k < nd && !rc; k++)
+		rc = fill_all(s, m, d[k].prefix, d[k].buf, r, nr, err, errlen);
 	s->t1 = util_now_s();
 	pthread_mutex_unlock(&s->mu);
 	return rc;
+}
+
+int hf_src_load(struct hf_src *s, const struct model *m, float *params, char *err, size_t errlen)
+{
+	struct hf_dest d = { .prefix = "", .buf = params };
+	return hf_src_load_into(s, m, &d, 1, NULL, 0, err, errlen);
 }
 
 int hf_src_done(struct hf_src *s, int rc, char *err, size_t errlen)
@@ -521,12 +636,22 @@ uint64_t hf_src_bytes_read(const struct hf_src *s)
 	return n;
 }
 
+void hf_src_counts(const struct hf_src *s, struct hf_src_count *c)
+{
+	c->headers = s->index_bytes;
+	for (int f = 0; f < s->nfiles; f++)
+		c->headers += st_header_bytes(s->files[f]);
+	c->read = hf_src_bytes_read(s);
+	c->tensors = c->read - c->headers;
+	c->all = s->tensor_bytes;
+	c->seconds = s->t1 - s->t0;
+}
+
 void hf_src_summary(const struct hf_src *s, char *out, size_t outlen)
 {
-	uint64_t head = s->index_bytes;
-	for (int f = 0; f < s->nfiles; f++)
-		head += st_header_bytes(s->files[f]);
-	uint64_t all = hf_src_bytes_read(s);
+	struct hf_src_count c;
+	hf_src_counts(s, &c);
+	uint64_t head = c.headers, all = c.read;
 	int used = snprintf(out, outlen, "load: read %llu bytes of '%s' on this host (index and headers %llu, "
 			    "tensors %llu of the checkpoint's %llu) from %d file%s in %.2f s",
 			    (unsigned long long)all, s->dir, (unsigned long long)head,

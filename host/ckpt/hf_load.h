@@ -24,6 +24,14 @@ struct model;
  * with its shards, a tensor in two shards), -ENOMEM; err is one line
  * naming the file and tensor. */
 int hf_src_open(struct hf_src **out, const char *dir, int devices, char *err, size_t errlen);
+/* hf_src_open of one named safetensors file of the checkpoint (no index):
+ * a run's optimizer.safetensors. */
+int hf_src_open_file(struct hf_src **out, const char *dir, const char *file, int devices, char *err,
+		     size_t errlen);
+/* The checkpoint directory opened (ckpt_find's pick), and a value of its
+ * (first) file's __metadata__ (NULL when absent). */
+const char *hf_src_dir(const struct hf_src *s);
+const char *hf_src_meta(const struct hf_src *s, const char *key);
 
 /* Fills model m's weights (this device's shards, in m's layout, into
  * params) from the checkpoint. The host's first call checks every tensor
@@ -37,6 +45,27 @@ int hf_src_open(struct hf_src **out, const char *dir, int devices, char *err, si
  * (a file that changed under us) with err. */
 int hf_src_load(struct hf_src *s, const struct model *m, float *params, char *err, size_t errlen);
 
+/* One set of tensors to fill: those named prefix + a parameter's Hugging
+ * Face name ("m." and "v." in optimizer.safetensors), into buf in m's
+ * layout. */
+struct hf_dest {
+	const char *prefix;
+	float *buf;
+};
+/* Floats [lo, hi) of m's layout. */
+struct hf_range {
+	size_t lo, hi;
+};
+/* hf_src_load for nd sets of tensors of one file and, with nr > 0, only
+ * the floats of the layout inside the ranges r (sorted, disjoint, touching
+ * ones merged): the rest of each buf is left as it is, and its bytes are
+ * not read (ZeRO-1's state: a device holds part of each bucket). The
+ * host's first call checks the file against all of its dests: every
+ * tensor there must be one of theirs. A block this device read whole is
+ * copied, not read again, by the host's next device that holds it. */
+int hf_src_load_into(struct hf_src *s, const struct model *m, const struct hf_dest *d, int nd,
+		     const struct hf_range *r, int nr, char *err, size_t errlen);
+
 /* Every device of the host calls this once, after hf_src_load or instead
  * of it (rc and err: its own result): it blocks until all of them have,
  * since a later device may copy blocks out of an earlier one's params.
@@ -47,6 +76,14 @@ int hf_src_done(struct hf_src *s, int rc, char *err, size_t errlen);
 /* Bytes this host read from the directory: the index, every shard's
  * length and header, and the tensor ranges. */
 uint64_t hf_src_bytes_read(const struct hf_src *s);
+/* What this host read: bytes before the tensors (index, lengths,
+ * headers), tensor bytes, and the checkpoint's tensor bytes the model
+ * uses; seconds from the first load to the last. */
+struct hf_src_count {
+	uint64_t headers, tensors, read, all;
+	double seconds;
+};
+void hf_src_counts(const struct hf_src *s, struct hf_src_count *c);
 /* One line for the log: what was read (headers, tensor bytes of the
  * checkpoint's total), from how many files, in how long, what skipped. */
 void hf_src_summary(const struct hf_src *s, char *out, size_t outlen);

@@ -247,9 +247,23 @@ int cmd_agent(int argc, char **argv)
 		train_outputs_release(&out);
 		return cli_exit_code(rc);
 	}
+	/* --resume: every host that sees the checkpoint reads its own part;
+	 * one that does not (host 0's disk alone) is sent it by host 0 */
+	if (train && ao.run.resume &&
+	    (rc = ckpt_resume_open(&ao.run.resume_from, ao.run.ckpt_dir, cfg.devices_per_host, err,
+				   sizeof(err)))) {
+		if (host_id == 0) {
+			cli_error(who, "%s", err);
+			train_outputs_release(&out);
+			return cli_exit_code(rc);
+		}
+		fprintf(stderr, "meshrun: %s: resume: this host cannot read the checkpoint (%s): host 0 "
+			"sends it\n", who, err);
+	}
 	rc = agent_run(&cfg, host_id, ao.listen, j->fn, train ? (void *)&ao.run : (void *)&ao.pp, err,
 		       sizeof(err));
 	hf_src_close(ao.run.weights);
+	ckpt_resume_close(ao.run.resume_from);
 	train_outputs_release(&out);
 	if (rc)
 		cli_error(who, "%s", err);

@@ -14,12 +14,15 @@
 #include "host/cli/cmds.h"
 #include "host/config/config.h"
 #include "host/launch/hostfile.h"
+#include "host/launch/slurm.h"
 #include "host/launch/ssh.h"
+#include "host/train/check.h"
+#include "host/train/preflight.h"
 
 struct launch_cli {
 	const char *hostfile, *ssh_config, *certs, *log_dir;
 	const char *metrics, *trace, *ckpt_dir;
-	bool keep, quiet, resume;
+	bool keep, quiet, resume, slurm;
 	int max_restarts;
 };
 
@@ -162,6 +165,107 @@ static int run(struct launch_cli *l, const struct args *a, const struct mesh_arg
 	return EXIT_OK;
 }
 
+/* ---- --slurm ---- */
+
+/* srun ends with the agent's code, or 128 + the signal that killed it */
+static const char *slurm_exit_name(int code)
+{
+	return code > 128 ? "the agent was killed by a signal" : cli_exit_name(code);
+}
+
+static bool slurm_restart_code(int code)
+{
+	return code > 128 || cli_restart_code(code);
+}
+
+/* The job on fewer nodes: the configured mesh shrunk along data, the
+ * global batch kept by per_device_batch_size (host/train/check.h). */
+static int shrink_job(void *ctx, int hosts, char keys[][64], int *n, char *why, size_t whylen)
+{
+	long long dcn_data, pdbs;
+	int rc = train_shrink(ctx, hosts, &dcn_data, &pdbs, why, whylen);
+	if (rc)
+		return rc;
+	snprintf(keys[0], 64, "dcn_data_parallelism=%lld", dcn_data);
+	snprintf(keys[1], 64, "per_device_batch_size=%lld", pdbs);
+	*n = 2;
+	return 0;
+}
+
+/* Launcher flags that stay here; the rest go to every agent as given. */
+static bool launcher_only(const struct arg_flag *f)
+{
+	static const char *const own[] = { "--slurm", "--max-restarts", "--certs", "--devices-per-host", NULL };
+	for (int i = 0; f && own[i]; i++)
+		if (!strcmp(f->name, own[i]))
+			return true;
+	return false;
+}
+
+static int run_slurm(struct launch_cli *l, const struct args *a, char **argv, const struct mesh_args *m)
+{
+	static struct cfg cfg;
+	struct mesh_args mm = *m;
+	const char *nn = getenv("SLURM_JOB_NUM_NODES") ? getenv("SLURM_JOB_NUM_NODES") : getenv("SLURM_NNODES");
+	char err[1024] = "", certs[4200];
+	mm.hosts = nn ? atoi(nn) : 0;
+	if (mm.hosts < 1) {
+		cli_error("launch", "--slurm: not inside a Slurm allocation (no SLURM_JOB_NUM_NODES): run it "
+			  "from a batch script (deploy/slurm.sbatch)");
+		return EXIT_USAGE;
+	}
+	int rc = cli_agent_check(a, &mm, "train", &cfg, err, sizeof(err));
+	if (!rc && l->max_restarts && cfg.checkpoint_period <= 0) {
+		snprintf(err, sizeof(err), "config: --max-restarts needs checkpoint_period > 0 (got %lld)",
+			 (long long)cfg.checkpoint_period);
+		rc = EXIT_CONFIG;
+	}
+	/* the checkpoint is on the shared file system: checked once, here */
+	if (!rc && l->resume)
+		rc = cli_exit_code(train_resume_fits(&cfg, l->ckpt_dir, err, sizeof(err)));
+	if (rc) {
+		cli_error("launch", "%s", err);
+		return rc;
+	}
+	char **av = calloc((size_t)a->argc + 2, sizeof(char *));
+	int n = 0;
+	if (!av) {
+		cli_error("launch", "out of memory");
+		return EXIT_FAIL;
+	}
+	for (int i = 1; i < a->argc; i++)
+		if (!launcher_only(a->owner[i]))
+			av[n++] = argv[i];
+	if (l->certs) {
+		char abs[4096];
+		snprintf(certs, sizeof(certs), "certs_dir=%s", absolute(l->certs, abs, sizeof(abs)));
+		av[n++] = certs;
+	}
+	struct slurm_launch_args sa = {
+		.argc = n,
+		.argv = av,
+		.devices_per_host = cfg.devices_per_host,
+		.ckpt_dir = l->ckpt_dir,
+		.resume = l->resume,
+		.t0 = time(NULL),
+		.restarts = { .max = l->max_restarts, .retry_code = slurm_restart_code },
+		.who = "meshrun: launch",
+		.shrink = shrink_job,
+		.shrink_ctx = &cfg,
+	};
+	struct launch_opts o = { .grace_s = 1.5, .term_grace_s = 0.5, .exit_name = slurm_exit_name };
+	struct launch_result r;
+	rc = slurm_launch(&sa, &o, &r, err, sizeof(err));
+	free(av);
+	if (r.interrupted) {
+		cli_error("launch", "interrupted; every agent stopped");
+		return EXIT_INTERRUPTED;
+	}
+	if (rc)
+		cli_error("launch", "%s", err[0] ? err : "failed");
+	return rc ? cli_launch_exit_code(rc, &r) : EXIT_OK;
+}
+
 int cmd_launch(int argc, char **argv)
 {
 	struct launch_cli l = { 0 };
@@ -184,6 +288,7 @@ int cmd_launch(int argc, char **argv)
 		{ "--max-restarts", ARG_INT, &l.max_restarts, 0, 1000000, NULL },
 		{ "--keep", ARG_BOOL, &l.keep, 0, 0, NULL },
 		{ "--quiet", ARG_BOOL, &l.quiet, 0, 0, NULL },
+		{ "--slurm", ARG_BOOL, &l.slurm, 0, 0, NULL },
 		{ "--fault", ARG_APPEND, NULL, 0, 0, "faults" },
 		{ "--hosts", ARG_REFUSE, NULL, 0, 0, "--hosts is the hostfile's line count" },
 		{ "--host-id", ARG_REFUSE, NULL, 0, 0, "--host-id is the hostfile's line order" },
@@ -199,13 +304,18 @@ int cmd_launch(int argc, char **argv)
 		      "would land in the run directory, which is removed)";
 	else if (l.resume && !l.ckpt_dir)
 		bad = "--resume needs --checkpoint-dir DIR";
-	else if (!l.hostfile || !a.nconfigs)
-		bad = !l.hostfile ? "--hostfile FILE is needed" : "--config FILE is needed";
+	else if (l.slurm && (l.hostfile || l.ssh_config || l.log_dir || l.keep))
+		bad = "--slurm takes the allocation's nodes: --hostfile, --ssh-config, --log-dir and --keep "
+		      "are for ssh";
+	else if (l.slurm && l.max_restarts && !l.ckpt_dir)
+		bad = "--max-restarts needs --checkpoint-dir DIR (on the shared file system)";
+	else if ((!l.hostfile && !l.slurm) || !a.nconfigs)
+		bad = !a.nconfigs ? "--config FILE is needed" : "--hostfile FILE (or --slurm) is needed";
 	if (bad) {
 		args_release(&a);
 		return cli_usage_error("launch", "%s", bad);
 	}
-	int rc = run(&l, &a, &m);
+	int rc = l.slurm ? run_slurm(&l, &a, argv, &m) : run(&l, &a, &m);
 	args_release(&a);
 	return rc;
 }

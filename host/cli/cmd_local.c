@@ -16,6 +16,7 @@
 #include "host/cli/cmds.h"
 #include "host/config/config.h"
 #include "host/launch/local.h"
+#include "host/train/preflight.h"
 
 /* After one agent fails the others get a moment to fail on their own (an
  * Abort or a closed link reaches them at once; a host that fell silent is
@@ -177,6 +178,10 @@ int cmd_local(int argc, char **argv)
 		return rc;
 	}
 	rc = check_restarts(&c, &rs);
+	/* a checkpoint that cannot continue this run, said once, nothing started */
+	if (!rc && rs.resume && rs.ckpt_dir && !strcmp(cli_agent_job(), "train") &&
+	    (rc = cli_exit_code(train_resume_fits(&c, rs.ckpt_dir, err, sizeof(err)))))
+		cli_error("local", "%s", err);
 	if (rc) {
 		args_release(&a);
 		return rc;

@@ -23,7 +23,10 @@ static const struct {
 	{ "launch", "launch --hostfile FILE [--ssh-config FILE] [--devices-per-host D] --config FILE "
 		    "[key=value ...] [--metrics FILE] [--trace FILE] [--checkpoint-dir DIR] [--resume] "
 		    "[--max-restarts K] [--certs DIR] [--log-dir DIR] [--keep] [--quiet] "
-		    "[--fault SPEC ...]\n" },
+		    "[--fault SPEC ...]\n"
+		    "       meshrun launch --slurm [--devices-per-host D] --config FILE [key=value ...] "
+		    "[--metrics FILE] [--trace FILE] [--checkpoint-dir DIR] [--resume] [--max-restarts K] "
+		    "[--certs DIR] [--quiet] [--fault SPEC ...]\n" },
 	{ "shardings", "shardings --config FILE [--hosts N] [--devices-per-host D] [key=value ...]\n" },
 	{ "report", "report METRICS.jsonl [--trace TRACE.json] -o FILE.svg\n" },
 	{ "schedule", "schedule --config FILE [--costs F:I:W|measured] [key=value ...]\n" },

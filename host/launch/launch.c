@@ -510,15 +510,21 @@ int launch_restarting(const char *who, const struct launch_restarts *rs, struct 
 		rc = rs->launch(rs->ctx, resuming, r, err, errlen);
 		if (n > rs->max || !restartable(rs, rc, r))
 			return rc;
+		char what[512] = "", why[512] = "";
+		if (rs->regroup && rs->regroup(rs->ctx, what, sizeof(what), why, sizeof(why))) {
+			size_t used = strlen(err);
+			snprintf(err + used, errlen - used, "%s%s", used ? "; " : "", why);
+			return rc;
+		}
 		int64_t step = rs->checkpoint ? rs->checkpoint(rs->ctx) : -1;
 		if (step >= 0) {
-			fprintf(stderr, "%s: %s; restart %d of %d from checkpoint step %" PRId64 "\n", who,
-				err, n, rs->max, step);
+			fprintf(stderr, "%s: %s; restart %d of %d from checkpoint step %" PRId64 "%s\n", who,
+				err, n, rs->max, step, what);
 			resuming = true;
 		} else {
-			fprintf(stderr, "%s: %s; restart %d of %d %s\n", who, err, n, rs->max,
+			fprintf(stderr, "%s: %s; restart %d of %d %s%s\n", who, err, n, rs->max,
 				resuming ? "resuming as before (no newer checkpoint found)"
-					 : "from the start (no checkpoint yet)");
+					 : "from the start (no checkpoint yet)", what);
 		}
 	}
 }

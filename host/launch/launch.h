@@ -106,6 +106,13 @@ struct launch_restarts {
 	 * (a peer lost, a crash), not one that would repeat (usage, config,
 	 * input, refused) */
 	bool (*retry_code)(int code);
+	/* optional, before each restart: whether the failure took machines
+	 * with it for good (a node gone, not an agent), and if so make the
+	 * next launch run without them (a mesh shrunk along data). 0, with
+	 * *what "" when nothing changed, else the words the restart line
+	 * ends with (" on 2 of 3 nodes: ..."); -errno when no restart can
+	 * work (the mesh cannot shrink), with *why naming the machine */
+	int (*regroup)(void *ctx, char *what, size_t whatlen, char *why, size_t whylen);
 	void *ctx;
 };
 
@@ -113,10 +120,11 @@ struct launch_restarts {
  * failed with a retry_code; never after an interrupt) launches again, at
  * most rs->max times, with resume when a checkpoint is there; prints
  * "WHO: FAILURE; restart N of K from checkpoint step S" (or "from the
- * start (no checkpoint yet)"; once resuming, it stays so) on stderr
- * before each. Every launch is
- * complete (its children all ended) before the next. Returns the last
- * launch's result. */
+ * start (no checkpoint yet)"; once resuming, it stays so; and regroup's
+ * words) on stderr before each. When regroup says no restart can work,
+ * its reason is appended to err ("FAILURE; node1 is gone and ...") and
+ * the failure stands. Every launch is complete (its children all ended)
+ * before the next. Returns the last launch's result. */
 int launch_restarting(const char *who, const struct launch_restarts *rs, struct launch_result *r,
 		      char *err, size_t errlen);
 

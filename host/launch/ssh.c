@@ -1009,12 +1009,19 @@ int ssh_child_main(int argc, char **argv)
 	int seen = 0, st = 0;
 	bool killed = false;
 	uint64_t kill_at = 0;
+	bool done = false;
 	for (;;) {
-		pid_t w = waitpid(agent, &st, WNOHANG);
-		if (w == agent)
+		/* finished stop commands, and ssh itself: reaped here too, its
+		 * status kept (a separate waitpid for it first could miss an ssh
+		 * that ends in between, and then wait for it forever) */
+		int ws;
+		for (pid_t w; (w = waitpid(-1, &ws, WNOHANG)) > 0;)
+			if (w == agent) {
+				st = ws;
+				done = true;
+			}
+		if (done)
 			break;
-		while (waitpid(-1, NULL, WNOHANG) > 0) /* finished stop commands */
-			;
 		int now_sig = child_signals;
 		bool hurry = now_sig >= 2 || (kill_at && util_now_ns() > kill_at);
 		if ((now_sig > seen && !kill_at) || (hurry && !killed)) {

@@ -107,6 +107,38 @@ static void ffn_backward(struct model *m, int gate, int l, float *dx, const floa
 	}
 }
 
+void layer_experts_forward(struct model *m, int l, const float *X, float *Y)
+{
+	struct layer_acts *a = &m->la[l];
+	int bs[MOE_MAX_BLOCKS], bn[MOE_MAX_BLOCKS], bj[MOE_MAX_BLOCKS];
+	struct ffn_blocks eb = { moe_expert_blocks(m, l, bs, bn, bj), bs, bn, bj };
+	ffn_forward(m, P_E_GATE, l, Y, a->eh, a->eg, a->eu, X, &eb, m->l.Fe, false);
+}
+
+void layer_shared_forward(struct model *m, int l, float *out, bool acc)
+{
+	struct layer_acts *a = &m->la[l];
+	int N = m->N, zero = 0;
+	struct ffn_blocks all = { 1, &zero, &N, &zero };
+	ffn_forward(m, P_S_GATE, l, out, a->sh, a->sg, a->su, a->ln2, &all, m->SF, acc);
+}
+
+void layer_experts_backward(struct model *m, int l, const float *X, const float *dY, float *dX)
+{
+	struct layer_acts *a = &m->la[l];
+	int bs[MOE_MAX_BLOCKS], bn[MOE_MAX_BLOCKS], bj[MOE_MAX_BLOCKS];
+	struct ffn_blocks eb = { moe_expert_blocks(m, l, bs, bn, bj), bs, bn, bj };
+	ffn_backward(m, P_E_GATE, l, dX, dY, a->eh, a->eg, a->eu, X, &eb, m->l.Fe);
+}
+
+void layer_shared_backward(struct model *m, int l, float *dln, const float *dres)
+{
+	struct layer_acts *a = &m->la[l];
+	int N = m->N, zero = 0;
+	struct ffn_blocks all = { 1, &zero, &N, &zero };
+	ffn_backward(m, P_S_GATE, l, dln, dres, a->sh, a->sg, a->su, a->ln2, &all, m->SF);
+}
+
 void layer_forward(struct model *m, int l, float *y, const float *x)
 {
 	const struct model_dims *d = &m->l;
@@ -126,14 +158,12 @@ void layer_forward(struct model *m, int l, float *y, const float *x)
 	} else {
 		/* MoE: route, run each expert on its rows, combine, add the
 		 * shared experts; all partial over the hidden's axes */
-		int bs[MOE_MAX_BLOCKS], bn[MOE_MAX_BLOCKS], bj[MOE_MAX_BLOCKS];
 		float *X, *Y;
 		moe_route_forward(m, l, &X, &Y);
-		struct ffn_blocks eb = { moe_expert_blocks(m, l, bs, bn, bj), bs, bn, bj };
-		ffn_forward(m, P_E_GATE, l, Y, a->eh, a->eg, a->eu, X, &eb, d->Fe, false);
+		layer_experts_forward(m, l, X, Y);
 		moe_return_forward(m, l, tmp);
 		if (d->S)
-			ffn_forward(m, P_S_GATE, l, tmp, a->sh, a->sg, a->su, a->ln2, &all, m->SF, true);
+			layer_shared_forward(m, l, tmp, true);
 		psum(m, m->ax_moe_out, tmp, (size_t)N * C);
 	}
 	residual_forward(y, a->xmid, tmp, N * C);
@@ -152,13 +182,11 @@ void layer_backward(struct model *m, int l, float *dres, const float *x)
 		ffn_backward(m, P_W_GATE, l, dln, dres, a->h, a->g, a->u, a->ln2, &all, d->F);
 		psum(m, m->pl[P_W_GATE].dx_reduce, dln, (size_t)N * C);
 	} else {
-		int bs[MOE_MAX_BLOCKS], bn[MOE_MAX_BLOCKS], bj[MOE_MAX_BLOCKS];
 		float *X, *dY, *dX;
 		if (d->S)
-			ffn_backward(m, P_S_GATE, l, dln, dres, a->sh, a->sg, a->su, a->ln2, &all, m->SF);
+			layer_shared_backward(m, l, dln, dres);
 		moe_return_backward(m, l, dres, &X, &dY, &dX);
-		struct ffn_blocks eb = { moe_expert_blocks(m, l, bs, bn, bj), bs, bn, bj };
-		ffn_backward(m, P_E_GATE, l, dX, dY, a->eh, a->eg, a->eu, X, &eb, d->Fe);
+		layer_experts_backward(m, l, X, dY, dX);
 		moe_route_backward(m, l, dln);
 	}
 	norm_backward(m, dres, GP(P_MLP_NORM, l), dln, a->xmid, WP(P_MLP_NORM, l), a->rstd2);

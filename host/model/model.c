@@ -60,6 +60,13 @@ static int rope_dim(const struct model_dims *d)
 	return d->mla ? d->Dr : d->D;
 }
 
+/* The parts a device's rows are cut into: the batch split's two halves
+ * each have their own activations and scratch (bsplit.c). */
+static int parts(const struct model_dims *d)
+{
+	return d->bsplit > 1 ? d->bsplit : 1;
+}
+
 /* One set's saved activations: m->la[0 .. L) (la_all of set k). */
 static void lay_out_set(struct model *m, struct arena *a, struct layer_acts *la)
 {
@@ -148,8 +155,9 @@ static void lay_out(struct model *m, struct arena *a)
 		m->resid_all[k] = TAKEF(a, (size_t)(m->call_layers - 1) * N * C);
 		lay_out_set(m, a, m->la_all + (size_t)k * d->L);
 	}
-	/* model_forward's residual stream (a model without a pipeline) */
-	m->stream = m->pipe_stages > 1 ? NULL : TAKEF(a, 2 * N * C);
+	/* model_forward's residual stream (a model without a pipeline; with
+	 * the batch split, half 0's holds both halves' rows) */
+	m->stream = m->pipe_stages > 1 || m->half ? NULL : TAKEF(a, 2 * N * C * (size_t)parts(&m->d));
 	m->lnf = TAKEF(a, N * C);
 	m->rstdf = TAKEF(a, N);
 	m->nstat = TAKEF(a, 2 * N);
@@ -330,11 +338,84 @@ size_t model_activation_bytes(struct model *m, int B)
 	if (m->act_mem)
 		return m->act_bytes;
 	struct arena a = { 0 };
-	size_rows(m, B);
-	if (!alloc_sets(m))
+	size_rows(m, B / parts(&m->d));
+	if (!alloc_sets(m)) {
 		lay_out(m, &a);
+		m->half = parts(&m->d) > 1;  /* the second half's, if any */
+		if (m->half)
+			lay_out(m, &a);
+		m->half = 0;
+	}
 	free_sets(m);
 	return a.used;
+}
+
+/* The batch split: what keeps a device's rows from being cut in two
+ * halves staggered through the layers, as a config error in err (the
+ * keys' own checks are model_dims_from_cfg's). */
+static int split_refusal(const struct model *m, int B, char *err, size_t errlen)
+{
+	if (B % 2) {
+		snprintf(err, errlen, "config: key 'batch_split_factor' (2) must divide the %d rows a device "
+			 "computes with 'use_batch_split_schedule'", B);
+		return -EINVAL;
+	}
+	if (m->pipe_stages > 1) {
+		snprintf(err, errlen, "config: key 'use_batch_split_schedule' does not run beside pipeline "
+			 "parallelism (ici_/dcn_pipeline_parallelism=%d)", m->pipe_stages);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* The second half of a batch-split model: a copy of m (half 0, laid out
+ * for B/2 rows) with its own activations, scratch and rotary tables,
+ * sharing the rest (weights, window, plans, one set of expert counts).
+ * 0 or -ENOMEM. */
+static int split_open(struct model *m)
+{
+	struct model *h = malloc(sizeof(*h));
+	if (!h)
+		return -ENOMEM;
+	*h = *m;
+	h->half = 1;
+	h->la_all = NULL;
+	h->resid_all = NULL;
+	struct arena a = { 0 };
+	if (alloc_sets(h))
+		goto oom;
+	lay_out(h, &a);  /* sizing pass */
+	h->act_bytes = a.used;
+	if (!(h->act_mem = aligned_alloc(64, a.used)))
+		goto oom;
+	memset(h->act_mem, 0, a.used);
+	a = (struct arena){ .base = h->act_mem };
+	lay_out(h, &a);
+	model_act_set(h, 0);
+	rope_tables(h);
+	/* the second half's forward adds its counts to the first's */
+	h->counts_all = m->counts_all;
+	h->counts_tmp = m->counts_tmp;
+	h->counts_how = MODEL_COUNTS_ADD;
+	m->other = h;
+	m->bsplit = h->bsplit = true;
+	m->fwd_left = m->bwd_early = -1;
+	m->act_bytes += h->act_bytes;
+	return 0;
+oom:
+	free_sets(h);
+	free(h);
+	return -ENOMEM;
+}
+
+static void split_free(struct model *m)
+{
+	if (!m->other)
+		return;
+	free(m->other->act_mem);
+	free_sets(m->other);
+	free(m->other);
+	m->other = NULL;
 }
 
 int model_open(struct model **out, const struct model_dims *d, int B, const struct model_mesh *mm,
@@ -345,7 +426,11 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 	*out = NULL;
 	if (!m)
 		return rc;
-	size_rows(m, B);
+	if (parts(d) > 1 && (rc = split_refusal(m, B, err, errlen))) {
+		model_free(m);
+		return rc;
+	}
+	size_rows(m, B / parts(d));
 	struct arena a = { 0 };
 	size_t pbytes = ((m->numel * sizeof(float)) + 63) & ~(size_t)63;
 	if (alloc_sets(m))
@@ -371,13 +456,15 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 	lay_out(m, &a);
 	model_act_set(m, 0);
 	rope_tables(m);
+	if (parts(d) > 1 && split_open(m))
+		goto oom;
 	*out = m;
 	return 0;
 oom:
 	/* the bytes asked for: what does not fit is the model, not the config */
 	snprintf(err, errlen, "model: out of memory: %zu bytes asked for (parameters and gradients "
 		 "%zu each, activations %zu for %d sequences of %d tokens)",
-		 2 * pbytes + m->act_bytes, pbytes, m->act_bytes, B, d->T);
+		 2 * pbytes + m->act_bytes * parts(d), pbytes, m->act_bytes * parts(d), B, d->T);
 	model_free(m);
 	return -ENOMEM;
 }
@@ -393,6 +480,7 @@ void model_free(struct model *m)
 {
 	if (!m)
 		return;
+	split_free(m);
 	win_free(m->win);
 	free(m->act_mem);
 	free(m->params);
@@ -425,7 +513,12 @@ size_t model_layer_act_bytes(const struct model_dims *d, int rows, bool moe)
 void model_act_set(struct model *m, int k)
 {
 	assert(k >= 0 && k < m->act_sets);
-	m->la = m->la_all + (size_t)k * m->d.L;
+	struct layer_acts *la = m->la_all + (size_t)k * m->d.L;
+	if (m->other && la != m->la) {
+		bsplit_flush(m);  /* what is left to finish is in the set in use */
+		model_act_set(m->other, k);
+	}
+	m->la = la;
 	m->resid = m->resid_all[k];
 }
 
@@ -436,26 +529,53 @@ void model_step_begin(struct model *m, struct model_step *st)
 	m->st = st;
 	m->hook_rc = 0;
 	st->aux = 0;
+	if (m->other) {
+		m->other->st = st;
+		m->other->hook_rc = 0;
+		bsplit_step_begin(m);
+	}
 	win_begin(m->win, st->comm, &m->hook_rc);
 }
 
 int model_step_end(struct model *m)
 {
+	if (m->other)  /* after a failure exchanges may still be in flight */
+		bsplit_step_end(m);
 	return win_end(m->win);
+}
+
+/* Half k of a batch-split model m (m itself for k = 0, or unsplit). */
+static struct model *half_of(struct model *m, int k)
+{
+	return k ? m->other : m;
+}
+
+/* Floats of a half's rows of width C (the whole device's rows unsplit). */
+static size_t half_nc(const struct model *m)
+{
+	return (size_t)m->N * m->l.C;
 }
 
 int model_embed_forward(struct model *m, float *x0, const int32_t *inputs)
 {
-	int N = m->N, C = m->l.C;
-	/* this device's rows of the table (all of them unless split) */
-	embedding_forward_range(x0, inputs, WP(P_EMBED, 0), m->v0e, m->Ve, N, C);
-	psum(m, m->pl[P_EMBED].reduce, x0, (size_t)N * C);
+	for (int k = 0; k < parts(&m->d); k++) {
+		struct model *h = half_of(m, k);
+		int N = h->N, C = h->l.C;
+		half_enter(m, h);
+		/* this device's rows of the table (all of them unless split) */
+		embedding_forward_range(x0 + k * half_nc(m), inputs + (size_t)k * N, WP(P_EMBED, 0), m->v0e,
+					m->Ve, N, C);
+		psum(h, m->pl[P_EMBED].reduce, x0 + k * half_nc(m), (size_t)N * C);
+		half_leave(m, h);
+	}
 	return m->hook_rc;
 }
 
 int model_embed_backward(struct model *m, const float *dx0, const int32_t *inputs)
 {
-	embedding_backward_range(GP(P_EMBED, 0), dx0, inputs, m->v0e, m->Ve, m->N, m->l.C);
+	for (int k = 0; k < parts(&m->d); k++)
+		embedding_backward_range(GP(P_EMBED, 0), dx0 + k * half_nc(m), inputs + (size_t)k * m->N, m->v0e,
+					 m->Ve, m->N, m->l.C);
 	return m->hook_rc;
 }
 
@@ -469,6 +589,8 @@ static float *layer_input(struct model *m, int l, int l0, const float *x)
 int model_layers_forward(struct model *m, int l0, int l1, float *y, const float *x)
 {
 	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->call_layers);
+	if (m->other)
+		return bsplit_layers_forward(m, l0, l1, y, x);
 	for (int l = l0; l < l1; l++)
 		layer_forward(m, l, l + 1 == l1 ? y : layer_input(m, l + 1, l0, x), layer_input(m, l, l0, x));
 	return m->hook_rc;
@@ -477,6 +599,8 @@ int model_layers_forward(struct model *m, int l0, int l1, float *y, const float 
 int model_layers_backward(struct model *m, int l0, int l1, float *d, const float *x)
 {
 	assert(0 <= l0 && l0 < l1 && l1 <= m->d.L && l1 - l0 <= m->call_layers);
+	if (m->other)
+		return bsplit_layers_backward(m, l0, l1, d, x);
 	for (int l = l1 - 1; l >= l0; l--)
 		layer_backward(m, l, d, layer_input(m, l, l0, x));
 	return m->hook_rc;
@@ -513,17 +637,30 @@ static double xent_forward(struct model *m, const int32_t *targets)
 	return xent_split_finish(m->losses, m->probs, mx, st, targets, N, V);
 }
 
-int model_head_forward(struct model *m, double *loss_sum, const float *x, const int32_t *targets)
+static double head_forward(struct model *m, const float *x, const int32_t *targets)
 {
 	int N = m->N, C = m->l.C;
 	norm_forward(m, m->lnf, m->rstdf, x, WP(P_FINAL_NORM, 0));
 	linear_forward(m->logits, m->lnf, WP(head_id(m), 0), N, C, m->l.V);
 	psum(m, m->pl[P_LM_HEAD].reduce, m->logits, (size_t)N * m->l.V);
-	*loss_sum = xent_forward(m, targets);
+	return xent_forward(m, targets);
+}
+
+int model_head_forward(struct model *m, double *loss_sum, const float *x, const int32_t *targets)
+{
+	*loss_sum = 0;
+	if (m->other)
+		bsplit_flush(m);  /* the last layer's second half */
+	for (int k = 0; k < parts(&m->d); k++) {
+		struct model *h = half_of(m, k);
+		half_enter(m, h);
+		*loss_sum += head_forward(h, x + k * half_nc(m), targets + (size_t)k * m->N);
+		half_leave(m, h);
+	}
 	return m->hook_rc;
 }
 
-int model_head_backward(struct model *m, float *dx, const float *x, const int32_t *targets)
+static void head_backward(struct model *m, float *dx, const float *x, const int32_t *targets)
 {
 	int N = m->N, C = m->l.C, V = m->l.V;
 	memset(m->dlogits, 0, sizeof(float) * (size_t)N * V);
@@ -533,6 +670,16 @@ int model_head_backward(struct model *m, float *dx, const float *x, const int32_
 	psum(m, m->pl[P_LM_HEAD].dx_reduce, m->dln, (size_t)N * C);
 	memset(dx, 0, sizeof(float) * (size_t)N * C);
 	norm_backward(m, dx, GP(P_FINAL_NORM, 0), m->dln, x, WP(P_FINAL_NORM, 0), m->rstdf);
+}
+
+int model_head_backward(struct model *m, float *dx, const float *x, const int32_t *targets)
+{
+	for (int k = 0; k < parts(&m->d); k++) {
+		struct model *h = half_of(m, k);
+		half_enter(m, h);
+		head_backward(h, dx + k * half_nc(m), x + k * half_nc(m), targets + (size_t)k * m->N);
+		half_leave(m, h);
+	}
 	return m->hook_rc;
 }
 
@@ -555,7 +702,7 @@ int model_forward(struct model *m, const int32_t *inputs, const int32_t *targets
 		  struct model_step *st)
 {
 	struct win *w = m->win;
-	float *x = m->stream, *y = m->stream + (size_t)m->N * m->l.C;
+	float *x = m->stream, *y = m->stream + half_nc(m) * parts(&m->d);
 	assert(x);  /* a model without a pipeline */
 	model_step_begin(m, st);
 	model_act_set(m, 0);
@@ -575,7 +722,13 @@ int model_forward(struct model *m, const int32_t *inputs, const int32_t *targets
 	return model_step_end(m);
 }
 
-void model_count_experts(struct model *m, enum model_counts how) { m->counts_how = how; }
+void model_count_experts(struct model *m, enum model_counts how)
+{
+	m->counts_how = how;
+	/* the batch split's second half adds its counts to the first's */
+	if (m->other)
+		m->other->counts_how = how == MODEL_COUNTS_SET ? MODEL_COUNTS_ADD : how;
+}
 
 void model_zero_counts(struct model *m)
 {
@@ -590,6 +743,8 @@ int model_sum_counts(struct model *m, uint32_t axes)
 {
 	const struct model_comm *c = m->st->comm;
 	int n = m->d.L_moe * m->d.E, reps = mesh_axes_size_or1(m, axes);
+	if (m->other)
+		bsplit_flush(m);  /* the last layer's second half records its counts */
 	if (!m->d.L_moe || !axes || m->hook_rc)
 		return m->hook_rc;
 	m->hook_rc = c->all_gather(c->ctx, axes, m->counts_tmp, m->counts_all, sizeof(int32_t) * (size_t)n);

@@ -38,6 +38,10 @@ struct model_dims {
 	int moe_score;         /* enum moe_score */
 	bool norm_topk, tied, router_bias;
 	float routed_scale, eps, theta, lb_weight;
+	/* use_batch_split_schedule: the parts each device's batch is cut into
+	 * (batch_split_factor; 0 or 1: no split, 2: two halves staggered,
+	 * docs/deepseek.md#batch-split) */
+	int bsplit;
 };
 
 enum param_opt { OPT_ADAMW, OPT_MUON, OPT_NONE };
@@ -117,7 +121,17 @@ struct model_comm {
 	 * return gradients while the next layer's backward runs. */
 	int (*start_all_gather)(void *ctx, uint32_t axes, void *out, const void *in, size_t bytes, void **h);
 	int (*start_reduce_scatter)(void *ctx, uint32_t axes, float *out, const float *in, size_t n, void **h);
+	/* Optional too (NULL: the batch split exchanges synchronously): an
+	 * all_to_all in the background, waited with wait(h); the byte
+	 * arrays may be reused on return. name says what it carries ("disp
+	 * h0 L3": the dispatch of half 0 of layer 3), for the trace. */
+	int (*start_all_to_all)(void *ctx, uint32_t axes, void *out, const size_t *recv_bytes,
+				const void *in, const size_t *send_bytes, const char *name, void **h);
 	int (*wait)(void *ctx, void *h);
+	/* Optional (NULL: not recorded): a span of the model's own work,
+	 * [t0, t1) in util_now_s() seconds, for the trace ("attn h1 L3",
+	 * "layer 3 fwd"). */
+	void (*span)(void *ctx, const char *name, double t0, double t1);
 	void *ctx;
 };
 

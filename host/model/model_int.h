@@ -2,8 +2,9 @@
  * files. They go one way only:
  *
  *	model.c  -> layer.c -> moe.c
- *	layer.c  -> the attention model.c chose (struct attn_ops: attn.c
- *	            or attn_mla.c), through the table only
+ *	model.c  -> bsplit.c (the batch split's layers) -> layer.c, moe.c
+ *	layer.c, bsplit.c -> the attention model.c chose (struct attn_ops:
+ *	            attn.c or attn_mla.c), through the table only
  *	all of them -> params.c (table, placement), window.c (FSDP window)
  *
  * params.c and window.c call nothing of the others. */
@@ -130,6 +131,25 @@ struct model {
 	enum model_counts counts_how; /* how a forward records them */
 	void *act_mem;
 	size_t act_bytes;
+	/* The batch split (model_dims.bsplit 2, bsplit.c): this struct runs
+	 * the first half of the rows (B and N are a half's) and `other` the
+	 * second, a copy of it that shares everything (weights, window,
+	 * plans, expert counts) but the activations and scratch above; NULL
+	 * otherwise. In both halves bsplit is set (the expert exchanges run in
+	 * the background: a2a is the one in flight, or NULL) and half is 0 or
+	 * 1. */
+	struct model *other;
+	bool bsplit;
+	int half;
+	void *a2a;
+	/* Half 0's record of what crosses from one stage call to the next
+	 * (bsplit.c): the MoE layer whose second-half forward is left to
+	 * finish (-1: none), the rows it writes and how it records its expert
+	 * counts; the MoE layer whose second-half combine backward was
+	 * started early (-1: none) and the gradient rows it read. */
+	int fwd_left, bwd_early;
+	float *fwd_left_y, *bwd_early_d;
+	enum model_counts fwd_left_how;
 };
 
 /* ---- params.c ---- */
@@ -175,6 +195,20 @@ static inline float *wsel(struct model *m, bool grads, int id, int l)
 #define WP(id, l) wsel(m, false, id, l)
 #define GP(id, l) wsel(m, true, id, l)
 
+/* A call on half x of a batch-split model m starts with m's step error
+ * and leaves its own in m, so neither half starts a collective after
+ * either failed (no-ops for x == m). */
+static inline void half_enter(const struct model *m, struct model *x)
+{
+	x->hook_rc = m->hook_rc;
+}
+
+static inline void half_leave(struct model *m, const struct model *x)
+{
+	if (!m->hook_rc)
+		m->hook_rc = x->hook_rc;
+}
+
 /* ---- layer.c ---- */
 
 /* One layer on the model's N rows: y (N, C) from x (N, C), saving what
@@ -187,6 +221,16 @@ void layer_backward(struct model *m, int l, float *d, const float *x);
 void norm_forward(struct model *m, float *out, float *rstd, const float *x, const float *w);
 void norm_backward(struct model *m, float *dx, float *dw, const float *dout, const float *x,
 		   const float *w, const float *rstd);
+/* The pieces of MoE layer l's feed-forwards (the rows moe_expert_rows
+ * names): the routed experts on the rows they received, Y = their
+ * outputs; the shared experts on the normed input, out = (acc: +=)
+ * their output; both partial over the hidden's axes. Backward: dX, dln
+ * += the input gradients (dX zeroed by moe_return_backward), weight
+ * gradients accumulated. */
+void layer_experts_forward(struct model *m, int l, const float *X, float *Y);
+void layer_shared_forward(struct model *m, int l, float *out, bool acc);
+void layer_experts_backward(struct model *m, int l, const float *X, const float *dY, float *dX);
+void layer_shared_backward(struct model *m, int l, float *dln, const float *dres);
 
 /* ---- moe.c ---- */
 
@@ -201,14 +245,48 @@ int moe_expert_blocks(const struct model *m, int l, int *start, int *rows, int *
  * device's experts read, *Y: where they write their outputs. */
 void moe_route_forward(struct model *m, int l, float **X, float **Y);
 /* The outputs back from the experts' devices, the counts recorded, and
- * out (N, C) = their weighted sum per token. */
+ * out (N, C) = their weighted sum per token: moe_return_start (the
+ * exchange) then moe_return_finish (the rest). */
 void moe_return_forward(struct model *m, int l, float *out);
+void moe_return_start(struct model *m, int l);
+void moe_return_finish(struct model *m, int l, float *out);
 /* Backward of moe_return_forward: the output gradients dout reach the
  * experts as *dY (rows of *X); *dX, zeroed, receives their inputs'. */
 void moe_return_backward(struct model *m, int l, const float *dout, float **X, float **dY, float **dX);
 /* Backward of moe_route_forward: the input gradients back from the
- * experts' devices, added into dln, and the router's (with the
- * load-balance loss, whose value is added to the step's aux). */
+ * experts' devices (moe_route_backward_start), added into dln, and the
+ * router's, with the load-balance loss, whose value is added to the
+ * step's aux (moe_route_backward_finish). */
 void moe_route_backward(struct model *m, int l, float *dln);
+void moe_route_backward_start(struct model *m, int l);
+void moe_route_backward_finish(struct model *m, int l, float *dln);
+/* The rows of layer l's experts: their inputs X, outputs Y, and in
+ * backward dY and dX (received from / sent back to every device with
+ * expert parallelism). */
+void moe_expert_rows(struct model *m, int l, float **X, float **Y, float **dY, float **dX);
+/* Waits for m's exchange in flight (a batch split's half), if any; its
+ * error becomes the step's. */
+void moe_a2a_wait(struct model *m);
+
+/* ---- bsplit.c ---- */
+
+/* The batch split's stage calls (docs/deepseek.md#batch-split), on the
+ * whole device's rows of x, y and d (the first half's rows, then the
+ * second's), with the calls' contracts of model.h. A MoE layer's forward
+ * leaves the second half's combine in flight and finishes it in the next
+ * call of the step: under the next layer's first-half attention when
+ * that call is the next layer's forward on these rows of y, else at its
+ * start (bsplit_flush). A MoE layer's backward starts the second half's
+ * combine backward of the layer below it early, on the rows of d it
+ * returns, for the next call: the backward of that layer on the same d. */
+int bsplit_layers_forward(struct model *m, int l0, int l1, float *y, const float *x);
+int bsplit_layers_backward(struct model *m, int l0, int l1, float *d, const float *x);
+/* Finishes the forward left to finish, if any (before anything reads
+ * its rows, and before the expert counts are summed). */
+void bsplit_flush(struct model *m);
+/* The start and end of a step: nothing left over; at the end, every
+ * exchange in flight waited for (after a failure; its data dropped). */
+void bsplit_step_begin(struct model *m);
+void bsplit_step_end(struct model *m);
 
 #endif

@@ -2,7 +2,11 @@
  * by expert, the blocks of rows each local expert runs on, and with
  * expert parallelism the exchange of rows with the devices owning the
  * experts (all_to_all over the `exp` axes), forward and backward. The
- * experts' feed-forward itself is layer.c's. */
+ * experts' feed-forward itself is layer.c's. In a half of a batch-split
+ * model (bsplit.c) each exchange is started in the background and waited
+ * by moe_a2a_wait, so the other half computes meanwhile. */
+#include <assert.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "host/model/linear.h"
@@ -44,19 +48,53 @@ int moe_expert_blocks(const struct model *m, int l, int *bs, int *bn, int *bj)
 	return nb;
 }
 
-static void ep_exchange(struct model *m, void *out, const size_t *recv_b, const void *in,
-			const size_t *send_b)
+/* Sends the rows of one exchange of layer l (kind: "disp", "comb", and
+ * their backward, for the trace): at once, or in a half of a batch split
+ * in the background until moe_a2a_wait. */
+static void ep_exchange(struct model *m, int l, const char *kind, void *out, const size_t *recv_b,
+			const void *in, const size_t *send_b)
 {
 	const struct model_comm *c = m->st->comm;
+	if (m->hook_rc)
+		return;
+	if (m->bsplit && c->start_all_to_all) {
+		char name[24];
+		assert(!m->a2a);  /* one exchange of a half in flight at a time */
+		snprintf(name, sizeof(name), "%s h%d L%d", kind, m->half, l);
+		m->hook_rc = c->start_all_to_all(c->ctx, m->ax_exp, out, recv_b, in, send_b, name, &m->a2a);
+		if (m->hook_rc)
+			m->a2a = NULL;
+		return;
+	}
+	m->hook_rc = c->all_to_all(c->ctx, m->ax_exp, out, recv_b, in, send_b);
+}
+
+void moe_a2a_wait(struct model *m)
+{
+	if (!m->a2a)
+		return;
+	const struct model_comm *c = m->st->comm;
+	int rc = c->wait(c->ctx, m->a2a);
+	m->a2a = NULL;
 	if (!m->hook_rc)
-		m->hook_rc = c->all_to_all(c->ctx, m->ax_exp, out, recv_b, in, send_b);
+		m->hook_rc = rc;
+}
+
+void moe_expert_rows(struct model *m, int l, float **X, float **Y, float **dY, float **dX)
+{
+	struct layer_acts *a = &m->la[l];
+	bool ep = m->ep > 1;
+	*X = ep ? a->xr : a->xs;
+	*Y = ep ? a->yr : a->ey;
+	*dY = ep ? m->dyr : m->dey;
+	*dX = ep ? m->dxr : m->dxs;
 }
 
 /* Expert parallelism: lays the expert-sorted rows out by destination
  * device (the devices of the expert group in rank order, each holding one
  * block of El experts), learns every device's per-expert counts, and sends
  * each device the rows of its experts. */
-static void ep_dispatch(struct model *m, struct layer_acts *a, int C)
+static void ep_dispatch(struct model *m, int l, struct layer_acts *a, int C)
 {
 	int E = m->d.E, El = m->El, NK = m->N * m->d.K;
 	if (m->ep_permute) {
@@ -86,7 +124,7 @@ static void ep_dispatch(struct model *m, struct layer_acts *a, int C)
 		a->send_b[x] = sr * (size_t)C * sizeof(float);
 		a->recv_b[x] = rr * (size_t)C * sizeof(float);
 	}
-	ep_exchange(m, a->xr, a->recv_b, a->xs, a->send_b);
+	ep_exchange(m, l, "disp", a->xr, a->recv_b, a->xs, a->send_b);
 }
 
 void moe_route_forward(struct model *m, int l, float **X, float **Y)
@@ -106,7 +144,7 @@ void moe_route_forward(struct model *m, int l, float **X, float **Y)
 		a->counts[e] = a->offsets[e + 1] - a->offsets[e];
 	/* expert parallelism: rows travel to the device owning their expert */
 	if (m->ep > 1) {
-		ep_dispatch(m, a, C);
+		ep_dispatch(m, l, a, C);
 		*X = a->xr;
 		*Y = a->yr;
 	} else {
@@ -116,14 +154,25 @@ void moe_route_forward(struct model *m, int l, float **X, float **Y)
 	}
 }
 
+void moe_return_start(struct model *m, int l)
+{
+	struct layer_acts *a = &m->la[l];
+	if (m->ep > 1)  /* the outputs come back */
+		ep_exchange(m, l, "comb", a->ey, a->send_b, a->yr, a->recv_b);
+}
+
 void moe_return_forward(struct model *m, int l, float *out)
+{
+	moe_return_start(m, l);
+	moe_return_finish(m, l, out);
+}
+
+void moe_return_finish(struct model *m, int l, float *out)
 {
 	const struct model_dims *d = &m->l;
 	struct layer_acts *a = &m->la[l];
 	int N = m->N, E = d->E, K = d->K;
 
-	if (m->ep > 1)  /* the outputs come back */
-		ep_exchange(m, a->ey, a->send_b, a->yr, a->recv_b);
 	int32_t *cnt = m->counts_all + (size_t)(l - d->L_dense) * E;
 	if (m->counts_how == MODEL_COUNTS_SET)
 		memcpy(cnt, a->counts, sizeof(int32_t) * E);
@@ -151,7 +200,7 @@ void moe_return_backward(struct model *m, int l, const float *dout, float **X, f
 	if (m->ep > 1) {
 		/* output gradients go to the experts' devices, input gradients
 		 * come back: the forward exchange reversed */
-		ep_exchange(m, m->dyr, a->recv_b, m->dey, a->send_b);
+		ep_exchange(m, l, "comb bwd", m->dyr, a->recv_b, m->dey, a->send_b);
 		*X = a->xr;
 		*dY = m->dyr;
 		*dX = m->dxr;
@@ -159,15 +208,26 @@ void moe_return_backward(struct model *m, int l, const float *dout, float **X, f
 	memset(*dX, 0, sizeof(float) * (m->ep > 1 ? m->rmax : (size_t)NK) * C);
 }
 
+void moe_route_backward_start(struct model *m, int l)
+{
+	struct layer_acts *a = &m->la[l];
+	if (m->ep > 1)  /* the input gradients come back */
+		ep_exchange(m, l, "disp bwd", m->dxs, a->send_b, m->dxr, a->recv_b);
+}
+
 void moe_route_backward(struct model *m, int l, float *dln)
+{
+	moe_route_backward_start(m, l);
+	moe_route_backward_finish(m, l, dln);
+}
+
+void moe_route_backward_finish(struct model *m, int l, float *dln)
 {
 	const struct model_dims *d = &m->l;
 	struct layer_acts *a = &m->la[l];
 	struct model_step *st = m->st;
 	int N = m->N, C = d->C, E = d->E, K = d->K, NK = N * K;
 
-	if (m->ep > 1)
-		ep_exchange(m, m->dxs, a->send_b, m->dxr, a->recv_b);
 	moe_gather_backward(dln, m->dxs, a->order, NK, K, C);
 	/* experts and shared experts gave partial sums over their hidden's
 	 * axes; the router below adds its whole gradient once */

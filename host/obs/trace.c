@@ -17,7 +17,7 @@ void trace_start(struct trace *t, bool on)
 	t->t0 = util_now_s();
 }
 
-void trace_span(struct trace *t, const char *name, const char *cat, double t0, double t1)
+static void span_on(struct trace *t, int lane, const char *name, const char *cat, double t0, double t1)
 {
 	if (!t || !t->on || t->n >= TRACE_MAX_EVENTS)
 		return;
@@ -27,6 +27,30 @@ void trace_span(struct trace *t, const char *name, const char *cat, double t0, d
 	e->ts_us = (t0 - t->t0) * 1e6;
 	e->dur_us = (t1 - t0) * 1e6;
 	e->step = t->step;
+	e->lane = lane;
+}
+
+void trace_span(struct trace *t, const char *name, const char *cat, double t0, double t1)
+{
+	span_on(t, 0, name, cat, t0, t1);
+}
+
+void trace_flight(struct trace *t, int lane, const char *name, double t0, double t1)
+{
+	span_on(t, lane, name, "flight", t0, t1);
+}
+
+/* The metadata event naming thread tid of process pid. */
+static void thread_name(cJSON *arr, int pid, int tid, const char *name)
+{
+	cJSON *m = cJSON_CreateObject();
+	cJSON_AddStringToObject(m, "name", "thread_name");
+	cJSON_AddStringToObject(m, "ph", "M");
+	cJSON_AddNumberToObject(m, "pid", pid);
+	cJSON_AddNumberToObject(m, "tid", tid);
+	cJSON *a = cJSON_AddObjectToObject(m, "args");
+	cJSON_AddStringToObject(a, "name", name);
+	cJSON_AddItemToArray(arr, m);
 }
 
 int trace_write(const char *path, const struct trace_event *ev, const int *counts,
@@ -35,18 +59,20 @@ int trace_write(const char *path, const struct trace_event *ev, const int *count
 	cJSON *root = cJSON_CreateObject();
 	cJSON *arr = cJSON_AddArrayToObject(root, "traceEvents");
 	for (int d = 0; d < ndev; d++) {
-		cJSON *m = cJSON_CreateObject();
+		static const char *const row[3] = { "", "comm", "exchanges" };
 		char name[32];
+		bool named[3] = { true, false, false };
 		snprintf(name, sizeof(name), "device %d", d);
-		cJSON_AddStringToObject(m, "name", "thread_name");
-		cJSON_AddStringToObject(m, "ph", "M");
-		cJSON_AddNumberToObject(m, "pid", host_of[d]);
-		cJSON_AddNumberToObject(m, "tid", d);
-		cJSON *a = cJSON_AddObjectToObject(m, "args");
-		cJSON_AddStringToObject(a, "name", name);
-		cJSON_AddItemToArray(arr, m);
+		thread_name(arr, host_of[d], d, name);
 		for (int i = 0; i < counts[d]; i++) {
 			const struct trace_event *e = &ev[(size_t)d * TRACE_MAX_EVENTS + i];
+			int lane = e->lane >= 0 && e->lane < 3 ? e->lane : 0;
+			int tid = lane * TRACE_COMM_TID + d;
+			if (!named[lane]) {
+				snprintf(name, sizeof(name), "device %d %s", d, row[lane]);
+				thread_name(arr, host_of[d], tid, name);
+				named[lane] = true;
+			}
 			cJSON *j = cJSON_CreateObject();
 			cJSON_AddStringToObject(j, "name", e->name);
 			cJSON_AddStringToObject(j, "cat", e->cat);
@@ -54,7 +80,7 @@ int trace_write(const char *path, const struct trace_event *ev, const int *count
 			cJSON_AddNumberToObject(j, "ts", e->ts_us);
 			cJSON_AddNumberToObject(j, "dur", e->dur_us);
 			cJSON_AddNumberToObject(j, "pid", host_of[d]);
-			cJSON_AddNumberToObject(j, "tid", d);
+			cJSON_AddNumberToObject(j, "tid", tid);
 			cJSON *args = cJSON_AddObjectToObject(j, "args");
 			cJSON_AddNumberToObject(args, "step", (double)e->step);
 			cJSON_AddItemToArray(arr, j);

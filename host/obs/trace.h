@@ -1,6 +1,7 @@
 /* Chrome trace-event spans (open the file in Perfetto or chrome://tracing):
  * each device records compute and communication spans into a bounded
- * buffer; at the end the buffers are gathered to device 0, which writes one
+ * buffer, on its own thread's row and one row per communication thread
+ * (what ran in the background); at the end the buffers are gathered to device 0, which writes one
  * JSON file with a process per host and a thread per device. Times are
  * CLOCK_MONOTONIC microseconds since each device's start, taken right after
  * a barrier, so hosts line up to within one barrier's latency. */
@@ -12,12 +13,17 @@
 #include <stdint.h>
 
 #define TRACE_MAX_EVENTS 16384
+/* A device's other rows in the file: what its communication threads ran
+ * in the background, row r at tid r x TRACE_COMM_TID + device (1: the
+ * collectives', 2: the batch split's expert exchanges') */
+#define TRACE_COMM_TID 1000
 
 struct trace_event {
 	char name[24];
-	char cat[8];          /* "compute" or "comm" */
+	char cat[8];          /* "compute", "comm" (the device waited) or "flight" */
 	double ts_us, dur_us;
 	int64_t step;
+	int lane;             /* 0: the device's thread, 1, 2: its communication threads */
 };
 
 struct trace {
@@ -32,6 +38,9 @@ void trace_start(struct trace *t, bool on);
 /* Records [t0, t1) (util_now_s() seconds) as a span; drops spans past the cap;
  * t may be NULL (not tracing). */
 void trace_span(struct trace *t, const char *name, const char *cat, double t0, double t1);
+/* The same on the row of the device's communication thread `lane` (1 or
+ * 2): a collective in flight in the background, category "flight". */
+void trace_flight(struct trace *t, int lane, const char *name, double t0, double t1);
 /* Writes the gathered events of every device: ev[d * TRACE_MAX_EVENTS ...],
  * counts[d], host_of[d], to path whole or not at all (host/util/out.h).
  * 0 or -errno with err naming the file. */

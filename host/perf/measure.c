@@ -55,6 +55,7 @@ static void best(double *b, double t)
 static int measure_layer(const struct model_dims *d, bool moe, int rows, struct times *out, char *err, size_t errlen)
 {
 	struct model_dims one = *d;
+	one.bsplit = 0;  /* a layer's compute, measured unsplit (the batch split's overlap is not modelled) */
 	one.L = 1;
 	one.L_dense = moe ? 0 : 1;
 	one.L_moe = moe ? 1 : 0;
@@ -181,6 +182,7 @@ static void *spin_main(void *arg)
 	one.L = 1;
 	one.L_dense = 1;
 	one.L_moe = 0;
+	one.bsplit = 0;
 	struct model *m = model_new(&one, sp->rows, NULL, err, sizeof(err));
 	size_t N = (size_t)sp->rows * one.T, NC = N * (size_t)one.C;
 	float *x = calloc(NC, sizeof(float)), *y = calloc(NC, sizeof(float));

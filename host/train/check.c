@@ -159,3 +159,50 @@ int train_check(const struct cfg *c, const struct mesh *m, char *err, size_t err
 	free(rules);
 	return rc;
 }
+
+int train_shrink(const struct cfg *c, int hosts, long long *dcn_data, long long *pdbs, char *err,
+		 size_t errlen)
+{
+	int other = c->num_hosts / c->dcn[AX_DATA];
+	long long global = c->per_device_batch_size * c->num_hosts * c->devices_per_host;
+	long long devices = (long long)hosts * c->devices_per_host;
+	char axes[256] = "";
+	size_t used = 0;
+	for (int a = 0; a < AX_COUNT; a++)
+		if (a != AX_DATA && c->dcn[a] > 1 && used < sizeof(axes))
+			used += (size_t)snprintf(axes + used, sizeof(axes) - used, "%s%s=%d", used ? " x " : "",
+						 mesh_axis_names[a], c->dcn[a]);
+	if (hosts < 1 || hosts % other) {
+		snprintf(err, errlen, "the mesh cannot shrink to %d host%s along data: its other axes across "
+			 "hosts (%s) need a multiple of %d", hosts, hosts == 1 ? "" : "s", axes, other);
+		return -EINVAL;
+	}
+	if (global % devices) {
+		snprintf(err, errlen, "the global batch of %lld rows does not split over %d hosts x %d devices",
+			 global, hosts, c->devices_per_host);
+		return -EINVAL;
+	}
+	*dcn_data = hosts / other;
+	*pdbs = global / devices;
+	struct cfg *n = malloc(sizeof(*n));
+	struct mesh m;
+	char why[512];
+	int rc;
+	if (!n) {
+		snprintf(err, errlen, "train: out of memory");
+		return -ENOMEM;
+	}
+	*n = *c;
+	n->dcn_data_parallelism = *dcn_data;
+	n->per_device_batch_size = *pdbs;
+	rc = cfg_finish(n, hosts, c->devices_per_host, why, sizeof(why));
+	if (!rc) {
+		mesh_init(&m, n);
+		rc = train_check(n, &m, why, sizeof(why));
+	}
+	if (rc)
+		snprintf(err, errlen, "on %d hosts (dcn_data_parallelism=%lld, per_device_batch_size=%lld) %s", hosts,
+			 *dcn_data, *pdbs, why);
+	free(n);
+	return rc;
+}

@@ -28,4 +28,14 @@ int train_check_pipe(const struct cfg *c, const struct pipe_config *pc, int rows
 		     size_t errlen);
 int trainer_muon_zero_refusal(const char *tensor, char *err, size_t errlen);
 
+/* The job of c (finished for its mesh) on `hosts` hosts instead, the mesh
+ * changed along data only (dcn_data_parallelism: the other axes across
+ * hosts stay) and the global batch kept by per_device_batch_size: *dcn_data
+ * and *pdbs, after train_check passed on that mesh. For a launcher that
+ * lost machines (host/launch/launch.h: regroup). 0; -EINVAL with one line
+ * saying why it cannot (the other axes need more hosts, the batch does not
+ * split, or the trainer's refusal on the new mesh); -ENOMEM. */
+int train_shrink(const struct cfg *c, int hosts, long long *dcn_data, long long *pdbs, char *err,
+		 size_t errlen);
+
 #endif

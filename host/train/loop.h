@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "host/ckpt/hf_load.h"
+#include "host/ckpt/resume.h"
 #include "host/obs/steplog.h"
 #include "host/train/train.h"
 
@@ -25,6 +26,10 @@ struct train_opts {
 	 * weights are initialised, or --resume loads the run's own
 	 * checkpoint); the command opens and closes it */
 	struct hf_src *weights;
+	/* --resume: the run's newest checkpoint opened for this host's
+	 * devices, each to read its own shards (NULL: this host cannot read
+	 * it; then host 0 reads it whole and sends it) */
+	struct ckpt_resume *resume_from;
 };
 
 struct train_loop {

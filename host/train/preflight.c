@@ -11,7 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host/ckpt/ckpt.h"
+#include "host/ckpt/resume.h"
+#include "host/model/model.h"
+#include "host/train/check.h"
 #include "host/config/config.h"
 #include "host/util/out.h"
 
@@ -33,41 +35,12 @@ static int probe_file_dir(const char *what, const char *path, char *err, size_t 
 	return rc;
 }
 
-/* --resume: the newest complete checkpoint in dir leaves steps to run
- * and has this run's optimizer state. */
-static int resume_fits(const struct cfg *c, const char *dir, char *err, size_t errlen)
+int train_resume_fits(const struct cfg *c, const char *dir, char *err, size_t errlen)
 {
-	char step_dir[PATH_MAX], path[PATH_MAX + 16], why[512];
-	int64_t step = -1;
-	int rc = ckpt_find(dir, step_dir, sizeof(step_dir), &step, err, errlen);
-	if (rc)
-		return rc;
-	if (step >= 0 && step >= (int64_t)c->steps) {
-		snprintf(err, errlen, "config: --resume: the checkpoint '%s' is at step %" PRId64
-			 ", and steps=%lld leaves nothing to run (raise steps)", step_dir, step,
-			 c->steps);
-		return -EINVAL;
-	}
-	snprintf(path, sizeof(path), "%s/meshrun.yml", step_dir);
-	if (access(path, F_OK))
-		return 0;   /* a checkpoint from elsewhere: the loader decides */
-	struct cfg *saved = malloc(sizeof(*saved));
-	if (!saved) {
-		snprintf(err, errlen, "checkpoint: out of memory");
-		return -ENOMEM;
-	}
-	cfg_defaults(saved);
-	if (cfg_load_file(saved, path, why, sizeof(why))) {
-		snprintf(err, errlen, "checkpoint: %s", why);
-		rc = -EBADMSG;
-	} else if (strcmp(saved->opt_type, c->opt_type)) {
-		snprintf(err, errlen, "config: --resume: the checkpoint '%s' was trained with "
-			 "opt_type=%s, this run has opt_type=%s (its optimizer state would not fit)",
-			 step_dir, saved->opt_type, c->opt_type);
-		rc = -EINVAL;
-	}
-	free(saved);
-	return rc;
+	struct model_dims d;
+	int rc = train_check_keys(c, &d, err, errlen);
+	int64_t global_batch = c->per_device_batch_size * c->num_hosts * c->devices_per_host;
+	return rc ? rc : ckpt_resume_fits(dir, c, &d, global_batch, err, errlen);
 }
 
 int train_preflight(struct train_outputs *out, const struct cfg *c, const struct train_opts *o,
@@ -91,7 +64,7 @@ int train_preflight(struct train_outputs *out, const struct cfg *c, const struct
 	if (!rc && o->trace)
 		rc = probe_file_dir("trace", o->trace, err, errlen);
 	if (!rc && o->resume)
-		rc = resume_fits(c, o->ckpt_dir, err, errlen);
+		rc = train_resume_fits(c, o->ckpt_dir, err, errlen);
 	if (rc)
 		train_outputs_release(out);
 	return rc;

@@ -662,6 +662,8 @@ void trainer_ckpt_state(struct trainer *t, struct ckpt_state *s, int64_t next_st
 	s->v = trainer_ckpt_v(t);
 	s->numel = model_numel(s->model);
 	s->next_step = next_step;
+	/* the job's rows per step: per_device_batch_size x every device */
+	s->global_batch = t->global_rows;
 	s->data_sample = s->data_epoch_rows = -1;
 	if (t->data) {
 		struct data_pos p;
@@ -690,6 +692,51 @@ int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *e
 	return rc;
 }
 
+static void layout_to_state(struct trainer *t, float *st, const float *loc);
+
+/* Resume in place: the floats of the layout this device's optimizer
+ * state holds (a ZeRO-1 bucket: its part), sorted, touching ones merged. */
+static int state_ranges(const struct trainer *t, struct hf_range *r)
+{
+	int n = 0;
+	for (int i = 0; i < t->nseg; i++) {
+		const struct seg *s = &t->seg[i];
+		size_t lo = s->p0 + s->s0, hi = lo + (s->zero ? s->len : s->n);
+		if (lo == hi)
+			continue;
+		if (n && r[n - 1].hi == lo)
+			r[n - 1].hi = hi;
+		else
+			r[n++] = (struct hf_range){ lo, hi };
+	}
+	return n;
+}
+
+int trainer_resume_read(struct trainer *t, struct ckpt_resume *r, char *err, size_t errlen)
+{
+	size_t n = model_numel(t->model);
+	struct hf_range *ranges = malloc(sizeof(*ranges) * (size_t)(t->nseg ? t->nseg : 1));
+	float *lm = malloc(sizeof(float) * n), *lv = malloc(sizeof(float) * n);
+	int rc = 0;
+	if (!ranges || !lm || !lv) {
+		snprintf(err, errlen, "train: out of memory: %zu bytes to resume", 2 * n * sizeof(float));
+		rc = -ENOMEM;
+	}
+	if (!rc)
+		rc = ckpt_resume_read(r, t->model, model_params(t->model), lm, lv, ranges,
+				      state_ranges(t, ranges), err, errlen);
+	/* the host's other devices may copy from lm and lv until then */
+	rc = ckpt_resume_done(r, rc, err, errlen);
+	if (!rc) {
+		layout_to_state(t, t->m, lm);
+		layout_to_state(t, t->v, lv);
+	}
+	free(ranges);
+	free(lm);
+	free(lv);
+	return rc;
+}
+
 /* The whole model's table (a one-device model of one token) and buffers. */
 int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen)
 {
@@ -697,6 +744,7 @@ int trainer_ckpt_prepare(struct trainer *t, char *err, size_t errlen)
 		return 0;
 	struct model_dims d = *model_dims(t->model);
 	d.T = 1;
+	d.bsplit = 0;  /* the table and one row: no halves */
 	int rc = model_open(&t->gmodel, &d, 1, NULL, err, errlen);
 	if (rc)
 		return rc;

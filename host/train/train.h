@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "host/ckpt/ckpt.h"
+#include "host/ckpt/resume.h"
 #include "host/config/config.h"
 #include "host/model/model.h"
 #include "host/pipeline/exec.h"
@@ -91,6 +92,12 @@ void trainer_ckpt_state(struct trainer *t, struct ckpt_state *s, int64_t next_st
  * continues from the checkpoint's data position (trainer_seek_data). */
 int trainer_save(struct trainer *t, const char *dir, int64_t next_step, char *err, size_t errlen);
 int trainer_load(struct trainer *t, const char *dir, int64_t *next_step, char *err, size_t errlen);
+/* Resume on any mesh: this device reads its own shards of the weights
+ * and of the optimizer state (its part of a ZeRO-1 bucket only) from r,
+ * opened by its host (host/ckpt/resume.h), then waits for the host's
+ * other devices (ckpt_resume_done). Every device of the host calls it.
+ * 0, or -EBADMSG, -EIO, -ENOMEM with err. */
+int trainer_resume_read(struct trainer *t, struct ckpt_resume *r, char *err, size_t errlen);
 /* the optimizer buffers of trainer_ckpt_state (tests compare them) */
 float *trainer_ckpt_m(struct trainer *t);
 float *trainer_ckpt_v(struct trainer *t);

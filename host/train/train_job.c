@@ -45,6 +45,12 @@ struct p2p_send {
 
 struct job_ctx {
 	struct coll_dev *coll;
+	/* The batch split's expert exchanges run on a communication thread
+	 * of their own (made on first use), so they never queue behind the
+	 * FSDP window's gathers and reduce-scatters; their groups take ids
+	 * XCHG_GROUP + the mesh group's, apart from those coll uses. */
+	struct coll_dev *xcoll;
+	size_t segment_bytes;
 	const struct mesh *mesh;
 	int device;
 	struct axes_group grp[MAX_AXES_GROUPS];
@@ -152,14 +158,20 @@ static int job_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *re
 					     c->errlen)) ? -EHOSTDOWN : 0;
 }
 
-/* Background collectives for FSDP's prefetch: queued on the device's
- * communication thread; the span recorded is the time spent waiting. */
+/* Background collectives (FSDP's prefetch, the batch split's expert
+ * exchanges): queued on a communication thread of the device's. The
+ * trace gets the time spent waiting (cat "comm", "wait " and the model's
+ * name when it gave one) and, on that thread's row, when it ran it (cat
+ * "flight"). */
 struct job_pending {
 	struct coll_handle *h;
 	char name[160];
+	bool named;
+	bool xchg;              /* on the exchanges' thread */
 };
 
-static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes, void **out)
+static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes,
+		     const char *name, void **out)
 {
 	if (!h)
 		return -EIO;            /* c->err says why */
@@ -170,7 +182,12 @@ static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, u
 		return -ENOMEM;
 	}
 	p->h = h;
-	span_name(p->name, sizeof(p->name), op, axes);
+	p->named = name != NULL;
+	p->xchg = false;
+	if (name)
+		snprintf(p->name, sizeof(p->name), "%s", name);
+	else
+		span_name(p->name, sizeof(p->name), op, axes);
 	*out = p;
 	return 0;
 }
@@ -182,7 +199,7 @@ static int job_start_all_gather(void *vctx, uint32_t axes, void *out, const void
 	if (!g)
 		return -ENOMEM;
 	return job_start(c, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
-			 "all_gather (prefetch)", axes, h);
+			 "all_gather (prefetch)", axes, NULL, h);
 }
 
 static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const float *in, size_t n, void **h)
@@ -192,17 +209,53 @@ static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const
 	if (!g)
 		return -ENOMEM;
 	return job_start(c, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
-			 "reduce_scatter (background)", axes, h);
+			 "reduce_scatter (background)", axes, NULL, h);
+}
+
+#define XCHG_GROUP 0x4000u  /* above every mesh group id (axis masks), below P2P_GROUP */
+
+static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *recv_bytes,
+				const void *in, const size_t *send_bytes, const char *name, void **h)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	if (!g)
+		return -ENOMEM;
+	if (!c->xcoll) {
+		c->xcoll = coll_dev_new(c->xport, c->device, c->segment_bytes, c->timeout_s);
+		if (!c->xcoll) {
+			snprintf(c->err, c->errlen, "train: unable to start the expert exchanges' communication thread");
+			return -EAGAIN;
+		}
+		coll_set_step(c->xcoll, (uint64_t)c->step);
+	}
+	struct coll_group x = *g;
+	x.id += XCHG_GROUP;
+	int rc = job_start(c, coll_all_to_all_async(c->xcoll, &x, out, recv_bytes, in, send_bytes, c->err,
+						    c->errlen), "all_to_all", axes, name, h);
+	if (!rc)
+		((struct job_pending *)*h)->xchg = true;
+	return rc;
 }
 
 static int job_wait(void *vctx, void *vh)
 {
 	struct job_ctx *c = vctx;
 	struct job_pending *p = vh;
-	int rc = SPAN(c, p->name, coll_wait(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
-					    c->err, c->errlen));
+	uint64_t run, done;
+	char wait[192];
+	snprintf(wait, sizeof(wait), "%s%s", p->named ? "wait " : "", p->name);
+	int rc = SPAN(c, wait, coll_wait_times(p->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
+					       &run, &done, c->err, c->errlen));
+	if (done)  /* the same clock as util_now_s */
+		trace_flight(c->tr, p->xchg ? 2 : 1, p->name, (double)run * 1e-9, (double)done * 1e-9);
 	free(p);
 	return rc ? -EHOSTDOWN : 0;
+}
+
+static void job_span(void *vctx, const char *name, double t0, double t1)
+{
+	trace_span(((struct job_ctx *)vctx)->tr, name, "compute", t0, t1);
 }
 
 /* Sums doubles over a group exactly the same way on every member:
@@ -391,6 +444,8 @@ static void job_step_begin(void *vctx, int64_t step)
 	struct job_ctx *c = vctx;
 	host_fault(c, step);
 	coll_set_step(c->coll, (uint64_t)step);
+	if (c->xcoll)
+		coll_set_step(c->xcoll, (uint64_t)step);
 	c->step = step;
 	if (c->tr)
 		c->tr->step = step;
@@ -400,12 +455,13 @@ static void job_step_end(void *vctx, const struct step_stats *st, double t0, dou
 {
 	struct job_ctx *c = vctx;
 	trace_span(c->tr, "forward+backward", "compute", st->t_fb0, st->t_fb1);
-	/* a pipeline's compute actions, each its span (F, B, I, W of a
-	 * microbatch and chunk; the owners' embed, head, embed_back) */
+	/* the executor's compute actions, each its span (F, B, I, W of a
+	 * microbatch and chunk; the owners' embed, head, embed_back; without
+	 * a pipeline chunk c is layer c, so each layer's forward and backward
+	 * is a span) */
 	struct pipe_exec *px = c->t ? trainer_pipe(c->t) : NULL;
 	int n = 0;
-	const struct pipe_act_time *pt = px && c->tr && pipe_exec_table(px)->shape.stages > 1 ?
-					 pipe_exec_times(px, &n) : NULL;
+	const struct pipe_act_time *pt = px && c->tr ? pipe_exec_times(px, &n) : NULL;
 	for (int i = 0; i < n; i++) {
 		char name[32];
 		if (pt[i].op == PA_EMBED || pt[i].op == PA_HEAD || pt[i].op == PA_EMBED_BACK)
@@ -474,13 +530,46 @@ static int load_weights(struct device_ctx *dev, struct hf_src *src, struct train
 	return rc;
 }
 
-/* Resume: device 0 loads the checkpoint, every device takes it. */
-static int resume(struct trainer *t, struct job_ctx *jc, const struct coll_group *all, bool leader,
-		  const char *dir, int64_t *start, char *err, size_t errlen)
+/* Resume, on any mesh. When every host opened the same save as host 0
+ * (a shared file system), each device reads its own shards of it;
+ * otherwise (the checkpoint is on host 0's disk alone) device 0 reads it
+ * whole and broadcasts it, and every device takes its shards. */
+static int resume(struct device_ctx *dev, struct trainer *t, struct job_ctx *jc,
+		  const struct coll_group *all, const struct train_opts *o, int64_t *start, char *err,
+		  size_t errlen)
 {
-	int rc = trainer_ckpt_prepare(t, err, errlen);
+	struct ckpt_resume *src = o->resume_from;
+	bool leader = dev->device_id == 0;
+	uint64_t id = leader && src ? ckpt_resume_id(src) : 0;
+	double missing;
+	int rc;
+	if (coll_broadcast(jc->coll, all, &id, sizeof(id), 0, err, errlen))
+		return -EHOSTDOWN;
+	missing = src && id && ckpt_resume_id(src) == id ? 0 : 1;
+	if ((rc = job_sum(jc, (1u << AX_COUNT) - 1, &missing, 1)))
+		return rc;
+	if (missing == 0) {
+		int64_t sample, epoch_rows;
+		if ((rc = trainer_resume_read(t, src, err, errlen)))
+			return rc;
+		*start = ckpt_resume_step(src);
+		ckpt_resume_data_pos(src, &sample, &epoch_rows);
+		if ((rc = trainer_seek_data(t, *start, sample, epoch_rows, err, errlen)))
+			return rc;
+		if (dev->local_index == 0) {
+			char line[1024];
+			ckpt_resume_summary(src, line, sizeof(line));
+			printf("meshrun: host %d: %s\n", dev->host_id, line);
+			fflush(stdout);
+		}
+		return 0;
+	}
+	if (leader)
+		fprintf(stderr, "meshrun: host 0: resume: %.0f device%s cannot read this checkpoint where "
+			"host 0 does: host 0 reads it whole and sends it\n", missing, missing == 1 ? "" : "s");
+	rc = trainer_ckpt_prepare(t, err, errlen);
 	if (!rc && leader)
-		rc = trainer_load(t, dir, start, err, errlen);
+		rc = trainer_load(t, o->ckpt_dir, start, err, errlen);
 	if (!rc)
 		rc = broadcast_state(t, jc, all, start, err, errlen);
 	return rc;
@@ -494,6 +583,7 @@ int train_job(struct device_ctx *dev)
 	size_t errlen = sizeof(dev->err);
 	struct job_ctx jc = { .mesh = dev->mesh, .device = dev->device_id, .err = err, .errlen = errlen,
 			      .timeout_s = c->collective_timeout_s, .agent = dev->agent,
+			      .segment_bytes = (size_t)c->segment_bytes,
 			      .xport = dev->xport };
 	struct shard_rules *rules = NULL;
 	struct trainer *t = NULL;
@@ -554,7 +644,7 @@ int train_job(struct device_ctx *dev)
 		pipe_exec_poison(trainer_pipe(t), 1);
 	/* every device starts from the same weights (init is a function of each
 	 * element's global index); on resume, from device 0's checkpoint */
-	if (o->resume && (ret = resume(t, &jc, &all, leader, o->ckpt_dir, &start, err, errlen)))
+	if (o->resume && (ret = resume(dev, t, &jc, &all, o, &start, err, errlen)))
 		goto out;
 	if (leader && (ret = train_log_open(&log, o, t, dev->mesh->num_devices, err, errlen)))
 		goto out;
@@ -563,7 +653,9 @@ int train_job(struct device_ctx *dev)
 		.mc = { .all_reduce = job_all_reduce, .all_gather = job_all_gather,
 			.reduce_scatter = job_reduce_scatter, .all_to_all = job_all_to_all,
 			.start_all_gather = job_start_all_gather,
-			.start_reduce_scatter = job_start_reduce_scatter, .wait = job_wait, .ctx = &jc },
+			.start_reduce_scatter = job_start_reduce_scatter,
+			.start_all_to_all = job_start_all_to_all, .wait = job_wait,
+			.span = o->trace ? job_span : NULL, .ctx = &jc },
 		.sum = job_sum, .err = err, .errlen = errlen,
 		.p2p = { .send = job_p2p_send, .recv = job_p2p_recv, .flush = job_p2p_flush,
 			 .wait_send = job_p2p_wait_send, .ctx = &jc },
@@ -610,6 +702,7 @@ out:
 	if (leader)
 		steplog_close(&log, NULL, 0);
 	trainer_free(t);
+	coll_dev_free(jc.xcoll);
 	if (jc.coll)
 		coll_dev_free(jc.coll);
 	for (int i = 0; i < jc.ngrp; i++)

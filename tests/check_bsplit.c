@@ -1,0 +1,409 @@
+/* DeepSeek's batch-split schedule (use_batch_split_schedule,
+ * docs/deepseek.md#batch-split) on deepseek3-tiny, with real agents on
+ * loopback:
+ *
+ * - the keys: a dense model, a factor other than 1 or 2, a factor that
+ *   does not divide per_device_batch_size, a pipeline and a zero-bubble
+ *   schedule are refused naming their keys; factor 1 is the unsplit schedule, bit for bit;
+ * - the same math: 10 steps split against unsplit on one device, EP=2,
+ *   EP=4, FSDP2 x EP2, FSDP2 x TP2 and EP2 x TPT2, every step's loss and gradient
+ *   norm within 1e-6, two split runs bit-identical. The weights are held
+ *   still (learning_rate=1e-30, the config refuses 0: Adam moves a
+ *   weight by about 1e-30, below float32's last bit at any weight the
+ *   model's init makes nonzero; routed_bias_update_rate=0): each step is
+ *   then the same model on another batch, so what differs is the split
+ *   alone (OpenBLAS rounds a row differently by how many rows a call has,
+ *   and the halves' weight gradients are summed in two calls: ~1e-9),
+ *   not what training makes of a last-bit difference (a token that flips
+ *   between two experts tied to within rounding, Adam's step on a
+ *   gradient near zero: up to 4e-6 in 10 steps, measured);
+ * - training: deepseek3-tiny as it is (the selection bias moving), EP=4
+ *   split against one device within 1e-4 as every other mesh is compared,
+ *   twice bit-identical;
+ * - the overlap, from the trace (not from timings): at EP=4 each half's
+ *   expert all-to-all is in flight on the communication thread while the
+ *   other half computes, forward and backward, on every device; and the
+ *   staggering crosses the executor's one-layer calls (the second half's
+ *   combine finished after the next layer's first-half attention). */
+#include <cJSON.h>
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/equiv.h"
+
+#define DS3 "configs/deepseek3-tiny.yml"
+#define SPLIT "use_batch_split_schedule=true batch_split_factor=2"
+/* the weights held still (see the top) */
+#define STILL "learning_rate=1e-30 routed_bias_update_rate=0"
+#define SPLIT_TOL 1e-6
+
+static void setup(void)
+{
+	proc_setup("meshrun-bsplit", 0);
+}
+
+/* ---- the keys ---- */
+
+/* meshrun `args` exits with `code` and says `what` */
+static void refused(const char *args, int code, const char *what)
+{
+	struct proc p;
+	int rc = proc_run(&p, "refused", args, 60);
+	char *out = read_tmp("refused.out");
+	ck_assert_msg(rc == code && strstr(out, what), "%s: exit %d, want %d and '%s': %s", args, rc, code,
+		      what, out);
+	free(out);
+}
+
+START_TEST(test_keys)
+{
+	refused("train --config configs/llama-tiny.yml steps=1 " SPLIT, 3,
+		"keys 'use_batch_split_schedule' and 'num_experts' (1)");
+	refused("train --config " DS3 " steps=1 use_batch_split_schedule=true batch_split_factor=4", 3,
+		"key 'batch_split_factor' must be 1 or 2 with 'use_batch_split_schedule'");
+	refused("train --config " DS3 " steps=1 per_device_batch_size=3 " SPLIT, 3,
+		"key 'batch_split_factor' (2) must divide 'per_device_batch_size' (3)");
+	refused("train --config " DS3 " steps=1 batch_split_factor=0", 3, "key 'batch_split_factor' must be >= 1");
+	refused("local --hosts 1 --devices-per-host 2 --config " DS3 " steps=1 ici_data_parallelism=1 "
+		"ici_pipeline_parallelism=2 per_device_batch_size=4 num_pipeline_microbatches=2 " SPLIT, 3,
+		"key 'use_batch_split_schedule' does not run beside pipeline parallelism");
+	refused("local --hosts 1 --devices-per-host 2 --config " DS3 " steps=1 ici_data_parallelism=1 "
+		"ici_pipeline_parallelism=2 per_device_batch_size=4 num_pipeline_microbatches=2 "
+		"pipeline_schedule=zbv " SPLIT, 3, "keys 'use_batch_split_schedule' and 'pipeline_schedule' (zbv)");
+}
+END_TEST
+
+/* factor 1: one part, today's order (MaxText's default factor) */
+START_TEST(test_factor_one)
+{
+	double a[10], b[10];
+	char args[512];
+	snprintf(args, sizeof(args), "train --config " DS3 " steps=10 --metrics %s/f0.jsonl", tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "train --config " DS3 " steps=10 use_batch_split_schedule=true "
+		 "batch_split_factor=1 --metrics %s/f1.jsonl", tmpdir);
+	show_log_on_failure(run(args), 0);
+	ck_assert_int_eq(losses("f0.jsonl", a, 10), 10);
+	ck_assert_int_eq(losses("f1.jsonl", b, 10), 10);
+	for (int s = 0; s < 10; s++)
+		ck_assert_msg(a[s] == b[s], "step %d: %a vs %a", s, a[s], b[s]);
+}
+END_TEST
+
+/* ---- same math ---- */
+
+/* The grad_norm of every line of tmpdir/name (10 at most). */
+static int grad_norms(const char *name, double *out)
+{
+	char path[256], line[4096];
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+	FILE *f = fopen(path, "r");
+	int n = 0;
+	while (f && n < 10 && fgets(line, sizeof(line), f)) {
+		char *p = strstr(line, "\"grad_norm\":");
+		ck_assert_msg(p, "metrics line without grad_norm: %s", line);
+		out[n++] = strtod(p + 12, NULL);
+	}
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/* meshrun on hosts x dph devices (1 x 1: train) with keys, 10 steps,
+ * into tmpdir/name.jsonl; the losses in out, the gradient norms in gn */
+static void run_losses(int hosts, int dph, const char *keys, const char *name, double *out, double *gn)
+{
+	char args[1024];
+	if (hosts * dph == 1)
+		snprintf(args, sizeof(args), "train --config " DS3 " steps=10 %s --metrics %s/%s.jsonl", keys,
+			 tmpdir, name);
+	else
+		snprintf(args, sizeof(args), "local --hosts %d --devices-per-host %d --config " DS3 " steps=10 "
+			 "%s --metrics %s/%s.jsonl", hosts, dph, keys, tmpdir, name);
+	show_log_on_failure(run(args), 0);
+	char file[64];
+	snprintf(file, sizeof(file), "%s.jsonl", name);
+	ck_assert_int_eq(losses(file, out, 10), 10);
+	ck_assert_int_eq(grad_norms(file, gn), 10);
+}
+
+/* The split run against the unsplit one on the same mesh (global batch
+ * 8, the weights held still): every step's loss and gradient norm within
+ * SPLIT_TOL, and a second split run bit-identical. */
+static void split_vs_unsplit(int hosts, int dph, const char *mesh)
+{
+	char keys[768];
+	double off[10], on[10], on2[10], goff[10], gon[10], gon2[10], worst = 0, gworst = 0;
+	int pdb = 8 / (hosts * dph);
+	snprintf(keys, sizeof(keys), "per_device_batch_size=%d %s " STILL, pdb, mesh);
+	run_losses(hosts, dph, keys, "off", off, goff);
+	snprintf(keys, sizeof(keys), "per_device_batch_size=%d %s " STILL " " SPLIT, pdb, mesh);
+	run_losses(hosts, dph, keys, "on", on, gon);
+	run_losses(hosts, dph, keys, "on2", on2, gon2);
+	for (int s = 0; s < 10; s++) {
+		double rel = fabs(on[s] - off[s]) / fabs(off[s]), grel = fabs(gon[s] - goff[s]) / fabs(goff[s]);
+		worst = rel > worst ? rel : worst;
+		gworst = grel > gworst ? grel : gworst;
+		ck_assert_msg(rel < SPLIT_TOL, "%dx%d %s step %d: split loss %.9g, unsplit %.9g (%.2e)", hosts, dph,
+			      mesh, s, on[s], off[s], rel);
+		ck_assert_msg(grel < SPLIT_TOL, "%dx%d %s step %d: split gradient norm %.9g, unsplit %.9g (%.2e)",
+			      hosts, dph, mesh, s, gon[s], goff[s], grel);
+		ck_assert_msg(on[s] == on2[s] && gon[s] == gon2[s], "%dx%d %s step %d: two split runs differ: "
+			      "%a vs %a", hosts, dph, mesh, s, on[s], on2[s]);
+	}
+	/* ten batches, not one: the losses differ step to step */
+	ck_assert(off[1] != off[0] && off[9] != off[1]);
+	fprintf(stderr, "batch split %dx%d %s: worst relative difference to unsplit: loss %.2e, gradient norm "
+		"%.2e (step 1: %s)\n", hosts, dph, mesh, worst, gworst, on[0] == off[0] ? "bit-identical" : "differs");
+}
+
+START_TEST(test_one_device) { split_vs_unsplit(1, 1, ""); }
+END_TEST
+START_TEST(test_ep2) { split_vs_unsplit(1, 2, "ici_data_parallelism=1 ici_expert_parallelism=2"); }
+END_TEST
+#define EP4 "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_expert_parallelism=2 ici_expert_parallelism=2"
+START_TEST(test_ep4) { split_vs_unsplit(2, 2, EP4); }
+END_TEST
+/* FSDP over hosts with experts inside each: the weights come through the
+ * window a layer ahead while the halves stagger */
+START_TEST(test_fsdp2_ep2)
+{
+	split_vs_unsplit(2, 2, "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_fsdp_parallelism=2 "
+			 "ici_expert_parallelism=2");
+}
+END_TEST
+/* tensor parallelism: the halves' partial sums are all-reduced on the
+ * device's thread while an exchange flies on its communication thread */
+START_TEST(test_fsdp2_tp2)
+{
+	split_vs_unsplit(2, 2, "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_fsdp_parallelism=2 "
+			 "ici_tensor_parallelism=2");
+}
+END_TEST
+/* tensor_transpose: the embedding split, norm statistics and the
+ * routing weights' gradients summed over it, experts across hosts */
+START_TEST(test_ep2_tpt2)
+{
+	split_vs_unsplit(2, 2, "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_expert_parallelism=2 "
+			 "ici_tensor_transpose_parallelism=2");
+}
+END_TEST
+/* deepseek3-tiny as it is, training (the selection bias moving too):
+ * within 1e-4 of one device (unsplit), as every other mesh is, twice
+ * bit-identical */
+START_TEST(test_ep4_training) { equivalence_opt(DS3, 2, 2, EP4 " " SPLIT, ""); }
+END_TEST
+
+/* ---- the overlap, from the trace ---- */
+
+struct span {
+	double a, b;
+	int half, layer;
+	bool bwd;
+};
+
+#define MAX_SPANS 4096
+
+struct dev_trace {
+	struct span flight[MAX_SPANS], compute[MAX_SPANS], wait[MAX_SPANS];
+	int nf, nc, nw;
+	/* the compute spans' names and steps, beside compute[] */
+	char cname[MAX_SPANS][24];
+	int cstep[MAX_SPANS];
+};
+
+/* "disp h0 L3", "comb bwd h1 L4", "experts bwd h0 L3": the half, the
+ * layer, and whether it is a backward piece; false for other names */
+static bool parse_half(const char *name, struct span *s)
+{
+	const char *h = strstr(name, " h");
+	if (!h || (h[2] != '0' && h[2] != '1') || strncmp(h + 3, " L", 2))
+		return false;
+	s->half = h[2] - '0';
+	s->layer = atoi(h + 5);
+	s->bwd = strstr(name, "bwd") != NULL;
+	return true;
+}
+
+static void add(struct span *v, int *n, const struct span *s)
+{
+	ck_assert_int_lt(*n, MAX_SPANS);
+	v[(*n)++] = *s;
+}
+
+/* The whole of file path, malloc'd. */
+static char *read_all(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	ck_assert_msg(f, "no trace at %s", path);
+	ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+	long n = ftell(f);
+	rewind(f);
+	char *text = malloc((size_t)n + 1);
+	ck_assert(text && fread(text, 1, (size_t)n, f) == (size_t)n);
+	text[n] = 0;
+	fclose(f);
+	return text;
+}
+
+/* Device dev's spans of the steps >= 1 of trace file path. */
+static void read_trace(const char *path, int dev, struct dev_trace *t)
+{
+	char *text = read_all(path);
+	cJSON *root = cJSON_Parse(text);
+	free(text);
+	ck_assert_msg(root, "trace %s is not JSON", path);
+	const cJSON *e;
+	memset(t, 0, sizeof(*t));
+	cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
+		const cJSON *ph = cJSON_GetObjectItem(e, "ph"), *name = cJSON_GetObjectItem(e, "name");
+		const cJSON *cat = cJSON_GetObjectItem(e, "cat"), *args = cJSON_GetObjectItem(e, "args");
+		if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") || !cJSON_IsString(name) ||
+		    !cJSON_IsString(cat) || cJSON_GetObjectItem(args, "step")->valuedouble < 1)
+			continue;
+		int tid = cJSON_GetObjectItem(e, "tid")->valueint;
+		double ts = cJSON_GetObjectItem(e, "ts")->valuedouble, dur = cJSON_GetObjectItem(e, "dur")->valuedouble;
+		struct span s = { .a = ts, .b = ts + dur };
+		const char *c = cat->valuestring, *n = name->valuestring;
+		if (tid == 2000 + dev && !strcmp(c, "flight") && parse_half(n, &s))
+			add(t->flight, &t->nf, &s);
+		else if (tid == dev && !strcmp(c, "compute") && parse_half(n, &s)) {
+			snprintf(t->cname[t->nc], sizeof(t->cname[0]), "%s", n);
+			t->cstep[t->nc] = cJSON_GetObjectItem(args, "step")->valueint;
+			add(t->compute, &t->nc, &s);
+		}
+		else if (tid == dev && !strcmp(c, "comm"))
+			add(t->wait, &t->nw, &s);
+	}
+	cJSON_Delete(root);
+}
+
+/* Time of [a, b) that the device spends outside every wait span (the
+ * waits on its own thread do not nest in each other). */
+static double not_waiting(const struct dev_trace *t, double a, double b)
+{
+	double len = b > a ? b - a : 0;
+	for (int i = 0; i < t->nw && len > 0; i++) {
+		double x = fmax(a, t->wait[i].a), y = fmin(b, t->wait[i].b);
+		if (y > x)
+			len -= y - x;
+	}
+	return len > 0 ? len : 0;
+}
+
+/* Microseconds that half h's exchanges (backward ones or forward ones)
+ * are in flight while the other half computes on the device's thread
+ * (in one of its pieces, not waiting inside it); *total: their flight. */
+static double overlap(const struct dev_trace *t, int h, bool bwd, double *total)
+{
+	double both = 0;
+	*total = 0;
+	for (int i = 0; i < t->nf; i++) {
+		const struct span *f = &t->flight[i];
+		if (f->half != h || f->bwd != bwd)
+			continue;
+		*total += f->b - f->a;
+		for (int j = 0; j < t->nc; j++) {
+			const struct span *c = &t->compute[j];
+			if (c->half == 1 - h)
+				both += not_waiting(t, fmax(f->a, c->a), fmin(f->b, c->b));
+		}
+	}
+	return both;
+}
+
+/* The compute span "what hH LL" of step s (that it exists is asserted). */
+static const struct span *piece_span(const struct dev_trace *t, int s, const char *what, int h, int l)
+{
+	char name[24];
+	snprintf(name, sizeof(name), "%s h%d L%d", what, h, l);
+	for (int i = 0; i < t->nc; i++)
+		if (t->cstep[i] == s && !strcmp(t->cname[i], name))
+			return &t->compute[i];
+	ck_abort_msg("step %d: no span '%s'", s, name);
+	return NULL;
+}
+
+/* The staggering crosses the executor's calls (one layer each): the
+ * second half's combine of MoE layer l is finished only after the first
+ * half's attention of layer l+1, and in the backward its combine
+ * backward of layer l-1 is sent before the first half's route backward
+ * of layer l (deepseek3-tiny: MoE layers 2..5). */
+static void check_order(const struct dev_trace *t, int dev)
+{
+	for (int s = 1; s <= 3; s++)
+		for (int l = 2; l < 5; l++) {
+			const struct span *fin = piece_span(t, s, "finish", 1, l);
+			const struct span *att = piece_span(t, s, "attn", 0, l + 1);
+			ck_assert_msg(fin->a >= att->b, "device %d step %d: half 1's finish of layer %d before half "
+				      "0's attention of layer %d", dev, s, l, l + 1);
+			const struct span *fb = piece_span(t, s, "finish bwd", 1, l);
+			const struct span *rb = piece_span(t, s, "route bwd", 0, l + 1);
+			ck_assert_msg(fb->b <= rb->a, "device %d step %d: half 1's combine backward of layer %d "
+				      "after half 0's route backward of layer %d", dev, s, l, l + 1);
+		}
+}
+
+START_TEST(test_trace_overlap)
+{
+	char args[768], path[256];
+	snprintf(path, sizeof(path), "%s/trace.json", tmpdir);
+	snprintf(args, sizeof(args), "local --hosts 2 --devices-per-host 2 --config " DS3 " steps=4 "
+		 "per_device_batch_size=2 " EP4 " " SPLIT " --trace %s", path);
+	show_log_on_failure(run(args), 0);
+	static struct dev_trace t;
+	for (int dev = 0; dev < 4; dev++) {
+		read_trace(path, dev, &t);
+		/* every exchange of steps 1..3: 4 MoE layers x 2 halves x
+		 * (dispatch, combine) x (forward, backward) */
+		ck_assert_msg(t.nf == 3 * 4 * 2 * 2 * 2, "device %d: %d exchanges in flight, want %d", dev, t.nf,
+			      3 * 4 * 2 * 2 * 2);
+		check_order(&t, dev);
+		for (int h = 0; h < 2; h++)
+			for (int bwd = 0; bwd < 2; bwd++) {
+				double total, both = overlap(&t, h, bwd, &total);
+				fprintf(stderr, "device %d half %d %s: exchanges in flight %.0f us, %.0f us of it "
+					"beside the other half's compute\n", dev, h, bwd ? "backward" : "forward",
+					total, both);
+				ck_assert_msg(both > 0, "device %d: half %d's %s exchanges never fly while half %d "
+					      "computes", dev, h, bwd ? "backward" : "forward", 1 - h);
+			}
+	}
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("bsplit");
+	TCase *tk = tcase_create("keys");
+	tcase_add_checked_fixture(tk, setup, teardown);
+	tcase_set_timeout(tk, 120);
+	tcase_add_test(tk, test_keys);
+	tcase_add_test(tk, test_factor_one);
+	suite_add_tcase(s, tk);
+	TCase *te = tcase_create("equivalence");
+	tcase_add_checked_fixture(te, setup, teardown);
+	tcase_set_timeout(te, 400);
+	tcase_add_test(te, test_one_device);
+	tcase_add_test(te, test_ep2);
+	tcase_add_test(te, test_ep4);
+	tcase_add_test(te, test_fsdp2_ep2);
+	tcase_add_test(te, test_fsdp2_tp2);
+	tcase_add_test(te, test_ep2_tpt2);
+	tcase_add_test(te, test_ep4_training);
+	suite_add_tcase(s, te);
+	TCase *tt = tcase_create("trace");
+	tcase_add_checked_fixture(tt, setup, teardown);
+	tcase_set_timeout(tt, 200);
+	tcase_add_test(tt, test_trace_overlap);
+	suite_add_tcase(s, tt);
+	SRunner *sr = srunner_create(s);
+	srunner_set_fork_status(sr, CK_NOFORK);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
