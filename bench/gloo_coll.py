@@ -1,13 +1,14 @@
 #!/usr/bin/python3
-"""gloo (torch.distributed) baseline for `meshrun bench collectives`, 2 ranks
-over loopback TCP, float32, the same statistic and nccl-tests bus-bandwidth
+"""gloo (torch.distributed) baseline for `meshrun bench collectives`, N ranks
+(default 2) over loopback TCP, float32, the same statistic and nccl-tests bus-bandwidth
 arithmetic. By default, as meshrun's default: one barrier, then the
 iterations back to back, the slowest rank's loop time over the iterations;
 --barrier, as meshrun's --barrier: a barrier before each iteration, the
 slowest rank's time of each, averaged. 2 warm-ups; buffers are allocated
 before the loop. Run by bench/peers.sh. gloo has no reduce_scatter on CPU;
 that row is skipped.
-usage: gloo_coll.py PORT [ITERS_16M [ITERS_64K [OPS]]] [--barrier]   (OPS: comma list)"""
+Sizes 64 KiB, 1 MiB, 16 MiB.
+usage: gloo_coll.py PORT [ITERS_16M [ITERS_64K [OPS [RANKS [ITERS_1M]]]]] [--barrier]   (OPS: comma list or all)"""
 import os, resource, sys, time
 import torch, torch.distributed as dist
 import torch.multiprocessing as mp
@@ -17,7 +18,7 @@ def run(rank, n, port, iters, ops, each):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=n)
     for op in ops:
-        for size in [65536, 16 << 20]:
+        for size in [65536, 1 << 20, 16 << 20]:
             cnt = size // 4
             a = torch.ones(cnt)
             b = torch.empty(cnt)
@@ -65,12 +66,14 @@ if __name__ == "__main__":
     sys.argv = [x for x in sys.argv if x != "--barrier"]
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 29517
     iters = {16 << 20: int(sys.argv[2]) if len(sys.argv) > 2 else 20,
-             65536: int(sys.argv[3]) if len(sys.argv) > 3 else 500}
+             65536: int(sys.argv[3]) if len(sys.argv) > 3 else 500,
+             1 << 20: int(sys.argv[6]) if len(sys.argv) > 6 else 100}
+    ranks = int(sys.argv[5]) if len(sys.argv) > 5 else 2
     ops = ["all_gather", "all_reduce", "all_to_all", "permute", "broadcast"]
-    if len(sys.argv) > 4:
+    if len(sys.argv) > 4 and sys.argv[4] != "all":
         want = sys.argv[4].split(",")
         bad = [o for o in want if o not in ops]
         if bad:
             sys.exit(f"gloo_coll.py: unknown op {bad[0]} (one of {', '.join(ops)})")
         ops = want
-    mp.spawn(run, args=(2, port, iters, ops, each), nprocs=2)
+    mp.spawn(run, args=(ranks, port, iters, ops, each), nprocs=ranks)

@@ -4,8 +4,9 @@
  * iterations back to back, the slowest rank's loop time over the
  * iterations. --barrier, as meshrun's --barrier: a barrier before each
  * iteration, the slowest rank's time of each, averaged. 2 warm-ups.
- * Built and run by bench/peers.sh; not part of meshrun.
- * usage: mpi_coll [ITERS_16M [ITERS_64K]] [--barrier] */
+ * Built and run by bench/peers.sh; not part of meshrun. Sizes 64 KiB,
+ * 1 MiB, 16 MiB; any number of ranks.
+ * usage: mpi_coll [ITERS_16M [ITERS_64K [ITERS_1M]]] [--barrier] */
 #include <mpi.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -75,21 +76,24 @@ int main(int argc, char **argv)
 {
 	int n, rank;
 	const char *ops[] = { "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "permute", "broadcast" };
-	size_t sizes[] = { 65536, 16u << 20 };
-	int iters[2] = { 500, 20 };
+	size_t sizes[] = { 65536, 1u << 20, 16u << 20 };
+	int iters[3] = { 500, 100, 20 };
 	bool each = false;
 	MPI_Init(&argc, &argv);
 	int k = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--barrier"))
 			each = true;
-		else if (k < 2)
-			iters[1 - k++] = atoi(argv[i]);
+		else if (k < 3) {
+			/* ITERS_16M, ITERS_64K, ITERS_1M */
+			static const int slot[3] = { 2, 0, 1 };
+			iters[slot[k++]] = atoi(argv[i]);
+		}
 	}
 	MPI_Comm_size(MPI_COMM_WORLD, &n);
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	for (int o = 0; o < 6; o++)
-		for (int s = 0; s < 2; s++) {
+		for (int s = 0; s < 3; s++) {
 			double cpu, cores;
 			double t = run(ops[o], sizes[s], iters[s], n, rank, each, &cpu, &cores);
 			double alg = sizes[s] / t / 1e9, f = (double)(n - 1) / n;

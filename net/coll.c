@@ -46,7 +46,9 @@ struct coll_dev {
 
 	pthread_t thread;
 	pthread_mutex_t mu;
-	pthread_cond_t cv;        /* queue non-empty, stop, or a handle done */
+	pthread_cond_t cv;        /* the communication thread: queue non-empty, stop */
+	pthread_cond_t cv_done;   /* coll_wait: a handle done */
+	bool waiting;             /* a thread sleeps in coll_wait */
 	struct coll_handle *head, *tail;
 	bool stop;
 };
@@ -91,9 +93,11 @@ struct coll_dev *coll_dev_new(struct xport *x, int device_id, size_t segment_byt
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&d->cv, &ca);
+	pthread_cond_init(&d->cv_done, &ca);
 	pthread_condattr_destroy(&ca);
 	if (pthread_create(&d->thread, NULL, comm_main, d)) {
 		pthread_cond_destroy(&d->cv);
+		pthread_cond_destroy(&d->cv_done);
 		pthread_mutex_destroy(&d->mu);
 		free(d);
 		return NULL;
@@ -107,10 +111,11 @@ void coll_dev_free(struct coll_dev *d)
 		return;
 	pthread_mutex_lock(&d->mu);
 	d->stop = true;
-	pthread_cond_broadcast(&d->cv);
 	pthread_mutex_unlock(&d->mu);
+	pthread_cond_signal(&d->cv);
 	pthread_join(d->thread, NULL);
 	pthread_cond_destroy(&d->cv);
+	pthread_cond_destroy(&d->cv_done);
 	pthread_mutex_destroy(&d->mu);
 	free(d->scr_caller.p);
 	free(d->scr_comm.p);
@@ -300,13 +305,16 @@ static struct coll_handle *run_async(struct coll_dev *d, const struct coll_group
 	h->a = *a;
 	h->d = d;
 	pthread_mutex_lock(&d->mu);
+	bool idle = !d->head;
 	if (d->tail)
 		d->tail->next = h;
 	else
 		d->head = h;
 	d->tail = h;
-	pthread_cond_broadcast(&d->cv);
 	pthread_mutex_unlock(&d->mu);
+	/* the communication thread sleeps only on an empty queue */
+	if (idle)
+		pthread_cond_signal(&d->cv);
 	return h;
 
 out_free_sizes:
@@ -330,6 +338,9 @@ static void handle_free(struct coll_handle *h)
 static void *comm_main(void *arg)
 {
 	struct coll_dev *d = arg;
+	char name[16];
+	snprintf(name, sizeof(name), "mr-comm%d", d->me % 100000);
+	pthread_setname_np(pthread_self(), name);
 	pthread_mutex_lock(&d->mu);
 	for (;;) {
 		while (!d->head && !d->stop)
@@ -356,10 +367,15 @@ static void *comm_main(void *arg)
 		h->t_run = t_run;
 		h->t_done = t_done;
 		h->done = true;
+		bool wake = d->waiting;
 		if (h->abandoned)
 			handle_free(h);
-		else
-			pthread_cond_broadcast(&d->cv);
+		if (wake) {
+			/* after unlock, so the waiter does not block on mu */
+			pthread_mutex_unlock(&d->mu);
+			pthread_cond_broadcast(&d->cv_done);
+			pthread_mutex_lock(&d->mu);
+		}
 	}
 	pthread_mutex_unlock(&d->mu);
 	return NULL;
@@ -397,7 +413,9 @@ int coll_wait_times(struct coll_handle *h, uint64_t deadline_ns, uint64_t *run_n
 			.tv_sec = (time_t)(deadline_ns / 1000000000ull),
 			.tv_nsec = (long)(deadline_ns % 1000000000ull),
 		};
-		pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+		d->waiting = true;
+		pthread_cond_timedwait(&d->cv_done, &d->mu, &ts);
+		d->waiting = false;
 	}
 	pthread_mutex_unlock(&d->mu);
 	int rc = h->rc;

@@ -59,6 +59,10 @@ struct conn {
 	const struct conn_type *type;
 	int fd;
 	enum conn_want want;
+	/* a hint for the next write: more bytes follow at once, so the type
+	 * may hold back a partial segment (MSG_MORE) until they do; when no
+	 * more follow, conn_flush pushes whatever is held */
+	bool more;
 	char peer_addr[64];       /* "ip:port" of the other end */
 	char err[256];
 };

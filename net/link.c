@@ -1,17 +1,93 @@
-/* Links (net/link.h): creation, the state machine, send queues, teardown,
- * the fault point every frame passes, and failure: what a broken link
- * means for the job, and failing the whole net. The bottom of the net
- * thread's files: it calls only status.c (and conn, frame, xport). */
+/* Links (net/link.h): creation, the state machine, the link lock and the
+ * stream thread's watch, send queues, teardown, the fault point every
+ * frame passes, and failure: what a broken link means for the job, and
+ * failing the whole net. The bottom of the net thread's files: it calls
+ * only status.c and stream.c (and conn, frame, xport). */
 #include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "net/net_int.h"
+
+/* ---- the link lock ---- */
+
+void link_lock(struct link *l)
+{
+	if (pthread_mutex_trylock(&l->mu)) {
+		atomic_fetch_add(&l->lockers, 1);
+		pthread_mutex_lock(&l->mu);
+		atomic_fetch_sub(&l->lockers, 1);
+	}
+	if (l->depth++ == 0)
+		l->off_main = !net_on_main(l->net);
+}
+
+bool link_trylock(struct link *l)
+{
+	if (atomic_load_explicit(&l->lockers, memory_order_relaxed) || pthread_mutex_trylock(&l->mu))
+		return false;
+	if (l->depth++ == 0)
+		l->off_main = !net_on_main(l->net);
+	return true;
+}
+
+void link_watch(struct link *l)
+{
+	if (!l->watched || l->state != LS_UP || l->conn_dead)
+		return;
+	uint32_t ev = 0;
+	if (!l->pollers) {
+		if (!l->rx_blocked && !l->hold_reads && !l->lingering)
+			ev |= EPOLLIN;
+		if (l->want_write && !l->held)
+			ev |= EPOLLOUT;
+	}
+	if (ev != l->armed)
+		stream_arm(l, ev);
+}
+
+void link_unlock(struct link *l)
+{
+	if (l->depth == 1)
+		link_watch(l);
+	l->depth--;
+	pthread_mutex_unlock(&l->mu);
+	/* the stream thread came while we held it (it sets kick, then tries
+	 * the lock once more): its event is spent (one shot), so arm again
+	 * for what it came for */
+	while (atomic_exchange(&l->kick, 0)) {
+		pthread_mutex_lock(&l->mu);
+		l->depth++;
+		l->armed = 0;
+		link_watch(l);
+		l->depth--;
+		pthread_mutex_unlock(&l->mu);
+	}
+}
+
+void link_defer(struct link *l, enum link_defer what, int rc, const char *why,
+		Meshrun__Frame *f)
+{
+	if (f) {
+		frame_header_free(l->defer_frame);
+		l->defer_frame = f;
+	}
+	if (what != DEFER_NONE && l->defer == DEFER_NONE) {
+		l->defer = what;
+		l->defer_rc = rc;
+		snprintf(l->defer_why, sizeof(l->defer_why), "%s", why ? why : "");
+	}
+	if (what != DEFER_NONE)
+		l->conn_dead = true;
+	l->rx_blocked = true;
+	event_active(l->ev_defer, EV_READ, 0);
+}
 
 /* ---- state ---- */
 
@@ -56,7 +132,30 @@ void link_set_state(struct link *l, enum link_state to)
 		close(l->probe_fd);
 		l->probe_fd = -1;
 	}
+	enum link_state from = l->state;
 	l->state = to;
+	if (to == LS_UP) {
+		/* UP: its stream thread watches the socket, not the event loop */
+		bool ww = l->write_armed;
+		event_del(l->ev_read);
+		link_disarm_write(l);
+		l->want_write = ww || l->want_write;
+		l->conn_dead = false;
+		if (l->c && !l->watched && stream_add(l))
+			status_log(l->net, "link to %s: no stream thread watch: %s", l->addr,
+				   strerror(errno));
+		l->armed = 0;
+	} else if (from == LS_UP) {
+		bool ww = l->want_write;
+		stream_del(l);
+		l->want_write = false;
+		/* an orderly close reads the peer's goodbye on the event loop */
+		if (to == LS_CLOSING) {
+			event_add(l->ev_read, NULL);
+			if (ww)
+				link_arm_write(l);
+		}
+	}
 }
 
 /* ---- creation, teardown ---- */
@@ -74,14 +173,18 @@ static void link_hold_cb(evutil_socket_t fd, short what, void *arg)
 	struct link *l = arg;
 	(void)fd;
 	(void)what;
+	link_lock(l);
 	l->held = false;
 	if (l->hold_reads) {
 		l->hold_reads = false;
-		event_add(l->ev_read, NULL);
-		/* records that arrived meanwhile may sit in user space */
-		event_active(l->ev_read, EV_READ, 0);
+		if (l->state != LS_UP)
+			event_add(l->ev_read, NULL);
+		/* records that arrived meanwhile may sit in user space: the net
+		 * thread reads them (recv_defer_cb) */
+		event_active(l->state == LS_UP ? l->ev_defer : l->ev_read, EV_READ, 0);
 	}
 	link_arm_write(l);
+	link_unlock(l);
 }
 
 struct link *link_new(struct net *n, enum link_role role, struct conn *c, int peer,
@@ -103,8 +206,10 @@ struct link *link_new(struct net *n, enum link_role role, struct conn *c, int pe
 	l->ev_write = event_new(n->base, c->fd, EV_WRITE | EV_PERSIST, n->link_cb, l);
 	l->ev_resume = evtimer_new(n->base, link_resume_cb, l);
 	l->ev_hold = evtimer_new(n->base, link_hold_cb, l);
+	l->ev_defer = event_new(n->base, -1, 0, n->defer_cb, l);
 	l->tx_stage = malloc(FRAME_PREFIX_LEN + 1024 + SMALL_PAYLOAD);
-	if (!l->ev_read || !l->ev_write || !l->ev_resume || !l->ev_hold || !l->tx_stage) {
+	if (!l->ev_read || !l->ev_write || !l->ev_resume || !l->ev_hold || !l->ev_defer ||
+	    !l->tx_stage) {
 		if (l->ev_read)
 			event_free(l->ev_read);
 		if (l->ev_write)
@@ -113,11 +218,18 @@ struct link *link_new(struct net *n, enum link_role role, struct conn *c, int pe
 			event_free(l->ev_resume);
 		if (l->ev_hold)
 			event_free(l->ev_hold);
+		if (l->ev_defer)
+			event_free(l->ev_defer);
 		free(l->tx_stage);
 		conn_free(c);
 		free(l);
 		return NULL;
 	}
+	pthread_mutexattr_t ma;
+	pthread_mutexattr_init(&ma);
+	pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+	pthread_mutex_init(&l->mu, &ma);
+	pthread_mutexattr_destroy(&ma);
 	l->last_rx_ns = l->last_hb_ns = now_ns();
 	l->next = n->links;
 	n->links = l;
@@ -126,6 +238,12 @@ struct link *link_new(struct net *n, enum link_role role, struct conn *c, int pe
 
 void link_arm_write(struct link *l)
 {
+	if (l->state == LS_UP) {
+		/* whoever holds the lock writes it, or link_unlock arms the
+		 * stream thread for it */
+		l->want_write = true;
+		return;
+	}
 	if (!l->write_armed && l->state != LS_DEAD && l->state != LS_BROKEN) {
 		event_add(l->ev_write, NULL);
 		l->write_armed = true;
@@ -134,6 +252,8 @@ void link_arm_write(struct link *l)
 
 void link_disarm_write(struct link *l)
 {
+	if (l->state == LS_UP)
+		l->want_write = false;
 	if (l->write_armed) {
 		event_del(l->ev_write);
 		l->write_armed = false;
@@ -141,10 +261,20 @@ void link_disarm_write(struct link *l)
 }
 
 /* A half-written payload continues as zeros (so the stream stays framed
- * for the Abort behind it) and a half-read one is discarded. */
+ * for the Abort behind it) and a half-read one is discarded. Replay
+ * entries kept by reference let go of the caller's buffers: a resend, if
+ * one still came, would carry zeros. */
 void link_release_reqs(struct link *l, int rc)
 {
 	struct send_msg *m;
+	for (struct ctrl_frame *c = l->rp_head; c; c = c->next) {
+		if (c->req)
+			xport_complete(c->req, rc);
+		c->req = NULL;
+		c->pay = NULL;
+	}
+	if (!l->tx_ctrl)
+		l->tx_pay = NULL;
 	if (l->tx_msg) {
 		if (l->tx_msg->req) {
 			xport_complete(l->tx_msg->req, rc);
@@ -179,11 +309,12 @@ void link_kill(struct link *l)
 	event_del(l->ev_read);
 	event_del(l->ev_resume);
 	event_del(l->ev_hold);
+	event_del(l->ev_defer);
 	link_disarm_write(l);
 	link_release_reqs(l, status_failed(n) ? -ECANCELED : -EPIPE);
 	if (l->peer >= 0 && l->peer < n->num_hosts) {
-		if (n->peers[l->peer].l == l)
-			n->peers[l->peer].l = NULL;
+		if (n->peers[l->peer].l[l->stream] == l)
+			n->peers[l->peer].l[l->stream] = NULL;
 		if (n->peers[l->peer].coord_in == l)
 			n->peers[l->peer].coord_in = NULL;
 	}
@@ -200,6 +331,10 @@ void link_free(struct link *l)
 	event_free(l->ev_write);
 	event_free(l->ev_resume);
 	event_free(l->ev_hold);
+	event_free(l->ev_defer);
+	frame_header_free(l->defer_frame);
+	free(l->rr_q);
+	pthread_mutex_destroy(&l->mu);
 	conn_free(l->c);
 	while ((c = l->cq_head)) {
 		l->cq_head = c->next;
@@ -239,7 +374,18 @@ void link_reap_cb(evutil_socket_t fd, short what, void *arg)
 		struct link *l = *pp;
 		if (l->state == LS_DEAD) {
 			*pp = l->next;
-			link_free(l);
+			if (l->pinned) {
+				/* device threads may still look at it (they see it
+				 * DEAD); its connection closes now */
+				link_lock(l);
+				conn_free(l->c);
+				l->c = NULL;
+				link_unlock(l);
+				l->next = n->pinned;
+				n->pinned = l;
+			} else {
+				link_free(l);
+			}
 		} else {
 			pp = &l->next;
 		}
@@ -271,7 +417,10 @@ static enum link_fault link_fault_spec(struct link *l, const Meshrun__Frame *f)
 {
 	struct net *n = l->net;
 	struct fault_hit h;
-	if (!fault_decide(&n->faults, n->host_id, l->peer, f->chunk->byte_count, &h))
+	pthread_mutex_lock(&n->fault_mu);
+	bool hit = fault_decide(&n->faults, n->host_id, l->peer, f->chunk->byte_count, &h);
+	pthread_mutex_unlock(&n->fault_mu);
+	if (!hit)
 		return LINK_FAULT_PASS;
 	/* a delay fires at every frame: logged once, at its first */
 	if (h.kind != FAULT_DELAY || h.first)
@@ -323,6 +472,18 @@ enum link_fault link_fault(struct link *l, bool outgoing, const Meshrun__Frame *
 	return LINK_FAULT_PASS;
 }
 
+enum link_fault link_fault_data(struct link *l, bool outgoing, const struct frame_data *d,
+				uint64_t payload_len)
+{
+	struct net *n = l->net;
+	if (!n->fault && !n->faults.n)
+		return LINK_FAULT_PASS;
+	Meshrun__Frame f;
+	Meshrun__CollectiveChunk c;
+	frame_data_view(d, payload_len, &f, &c);
+	return link_fault(l, outgoing, &f);
+}
+
 void link_fault_close(struct link *l, uint64_t frame_index)
 {
 	if (l->fault_close)
@@ -335,7 +496,8 @@ void link_fault_close(struct link *l, uint64_t frame_index)
 	else
 		snprintf(l->fault_msg, sizeof(l->fault_msg), "closed by an injected fault at sent frame %llu",
 			 (unsigned long long)frame_index);
-	event_active(l->ev_read, EV_READ, 0);
+	/* the net thread fails it (recv_defer_cb) */
+	event_active(l->ev_defer, EV_READ, 0);
 }
 
 /* ---- queueing ---- */
@@ -362,6 +524,9 @@ int link_send(struct link *l, Meshrun__Frame *f)
 	c->heartbeat = f->body_case == MESHRUN__FRAME__BODY_HEARTBEAT;
 	c->unseq = unseq;
 	c->pooled = false;
+	c->pay = NULL;
+	c->pay_len = 0;
+	c->req = NULL;
 	c->seq = f->link_seq;
 	if (!c->len) {
 		free(c);
@@ -430,6 +595,7 @@ void link_fail_all(struct net *n, int status, int rc, const char *msg)
 	for (struct link *l = n->links; l; l = l->next) {
 		if (l->state == LS_DEAD)
 			continue;
+		link_lock(l);
 		link_release_reqs(l, rc);
 		if (l->state == LS_UP) {
 			Meshrun__Frame f = MESHRUN__FRAME__INIT;
@@ -442,6 +608,7 @@ void link_fail_all(struct net *n, int status, int rc, const char *msg)
 			link_send(l, &f);
 		}
 		link_begin_close(l, deadline);
+		link_unlock(l);
 	}
 	if (!n->links)
 		status_set_closed(n);
@@ -455,6 +622,10 @@ void link_lost(struct link *l, int rc, const char *reason)
 
 	if (l->state == LS_DEAD)
 		return;
+	if (l->off_main) {
+		link_defer(l, DEFER_LOST, rc, reason, NULL);
+		return;
+	}
 	peer_desc(l, who, sizeof(who));
 	bool quiet = l->state == LS_CLOSING || l->state == LS_DRAIN || status_failed(n);
 
@@ -508,6 +679,10 @@ void link_lost(struct link *l, int rc, const char *reason)
 void link_bad_frame(struct link *l, const char *reason)
 {
 	char msg[400];
+	if (l->off_main) {
+		link_defer(l, DEFER_BAD, -EPROTO, reason, NULL);
+		return;
+	}
 	snprintf(msg, sizeof(msg), "bad frame: %.380s", reason);
 	link_lost(l, -EPROTO, msg);
 }
@@ -523,7 +698,7 @@ void link_check_finish(struct net *n)
 			return;
 		/* with recovery, our Done may still need resending: close
 		 * only when every peer has acknowledged it */
-		struct link *l = n->peers[h].l;
+		struct link *l = n->peers[h].l[0];
 		if (n->replay_cap && l && l->done_seq && l->acked < l->done_seq)
 			return;
 	}
@@ -534,10 +709,12 @@ void link_check_finish(struct net *n)
 	}
 	uint64_t deadline = now_ns() + 2 * CLOSE_GRACE_NS;
 	for (struct link *l = n->links; l; l = l->next) {
+		link_lock(l);
 		/* the peers wait for their Done to be acknowledged */
 		if (n->replay_cap)
 			link_send_ack(l);
 		link_begin_close(l, deadline);
+		link_unlock(l);
 	}
 	if (!n->links)
 		status_set_closed(n);
@@ -581,8 +758,11 @@ bool link_break(struct link *l, const char *reason)
 	event_del(l->ev_read);
 	event_del(l->ev_resume);
 	link_disarm_write(l);
+	stream_del(l);
 	conn_free(l->c);
 	l->c = NULL;
+	l->conn_dead = l->rx_blocked = false;
+	l->defer = DEFER_NONE;
 	l->rx_stage = RX_PREFIX;
 	l->rx_got = 0;
 	l->rx_skip = 0;
@@ -676,7 +856,11 @@ void link_acked(struct link *l, uint64_t ack)
 			l->rp_tail = NULL;
 		if (l->rp_next == c)
 			l->rp_next = c->next;
-		l->rp_bytes -= c->len;
+		l->rp_bytes -= c->len + c->pay_len;
+		/* the peer has the message's last fragment, so all of it: the
+		 * caller's buffer is free */
+		if (c->req)
+			xport_complete(c->req, 0);
 		if (c->pooled && l->rp_pool_n < RP_POOL_MAX) {
 			c->next = l->rp_pool;
 			l->rp_pool = c;
@@ -689,8 +873,14 @@ void link_acked(struct link *l, uint64_t ack)
 	/* a sender waiting for room writes on */
 	if (freed && l->state == LS_UP && l->dq_head)
 		link_arm_write(l);
-	if (l->done_seq && ack >= l->done_seq)
-		link_check_finish(l->net);
+	if (l->done_seq && ack >= l->done_seq) {
+		if (l->off_main) {
+			l->defer_finish = true;
+			event_active(l->ev_defer, EV_READ, 0);
+		} else {
+			link_check_finish(l->net);
+		}
+	}
 }
 
 void link_replay_from(struct link *l, uint64_t last_seq)
@@ -712,6 +902,10 @@ void link_send_ack(struct link *l)
 
 void link_conn_failed(struct link *l, int rc, const char *reason)
 {
+	if (l->off_main) {
+		link_defer(l, DEFER_CONN, rc, reason, NULL);
+		return;
+	}
 	if (!link_break(l, reason))
 		link_lost(l, rc, reason);
 }

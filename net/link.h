@@ -1,10 +1,27 @@
 /* A link: one connection between this host and another as the net thread
  * drives it (rendezvous connections and data links alike). Its state, its
  * send queues and receive progress, its teardown, and what a broken link
- * means for the job. Net-thread only; private to net/. */
+ * means for the job. Private to net/.
+ *
+ * Threads. Every field below is under the link lock (link_lock; l->mu,
+ * recursive). The net thread takes it for anything it does to a link. A
+ * data link that is UP is also worked by other threads, each holding the
+ * lock: device threads write their sends and RecvReadys on it directly
+ * and, waiting for a receive, poll it (read, decrypt into the posted
+ * buffer); its stream thread (net/stream.c) reads what nobody polls and
+ * writes what the socket would not take at once. Those threads move only
+ * data and the frames that ride with it (chunks, RecvReady, Ack,
+ * Heartbeat); anything else they meet (another control frame, a failed
+ * read or write, a bad frame, a fault that closes) they leave in the
+ * link's defer_* fields and hand to the net thread (ev_defer), which does
+ * it under the lock; meanwhile nobody reads (rx_blocked) or writes
+ * (conn_dead) past it. Only the net thread changes a link's state, and
+ * only it takes a second link's lock while holding one. */
 #ifndef MESHRUN_LINK_H
 #define MESHRUN_LINK_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -77,7 +94,9 @@ enum rxstage { RX_PREFIX, RX_HEADER, RX_PAYLOAD };
 
 /* A pooled replay copy's data: a data frame's header and largest payload
  * (LINK_FRAG_MAX); the pool keeps up to 16 MiB of them for reuse, so the
- * copies of a stream stop costing page faults. */
+ * copies of a stream stop costing page faults. Only messages of one
+ * fragment are copied (they complete at once); longer ones are kept by
+ * reference (struct ctrl_frame.pay). */
 #define LINK_FRAG_MAX (1u << 16)
 #define RP_BLOCK (64 + 1024 + LINK_FRAG_MAX)
 #define RP_POOL_MAX ((int)((16u << 20) / LINK_FRAG_MAX))
@@ -90,6 +109,16 @@ struct ctrl_frame {
 	bool unseq;            /* Ack or resume hello: link_seq 0, never kept */
 	bool pooled;           /* a data frame's replay copy of RP_BLOCK bytes */
 	uint64_t seq;          /* its link_seq */
+	/* A replay entry kept by reference: data holds the header only, and
+	 * the payload is pay_len bytes of the caller's send buffer, which
+	 * stays the caller's until the send completes. The entry of a
+	 * message's last fragment holds its request (req), completed when
+	 * the peer acknowledges that frame (acks are cumulative) or failed
+	 * by link_release_reqs; after either, pay and req are NULL and the
+	 * buffer is never touched again. */
+	const uint8_t *pay;
+	uint64_t pay_len;
+	struct xreq *req;
 	uint8_t data[];
 };
 
@@ -100,9 +129,49 @@ struct send_msg {
 	uint64_t off;          /* next fragment */
 };
 
+/* What the net thread must do for a link another thread worked on. */
+enum link_defer {
+	DEFER_NONE,
+	DEFER_CONN,            /* the connection failed: link_conn_failed */
+	DEFER_BAD,             /* the peer sent a bad frame: link_bad_frame */
+	DEFER_LOST,            /* link_lost */
+};
+
 struct link {
 	struct net *net;
 	struct link *next;             /* n->links list */
+	pthread_mutex_t mu;            /* the link lock (see the top of this file) */
+	int depth;                     /* the holder's recursion depth */
+	_Atomic int kick;              /* the stream thread found mu taken */
+	_Atomic int lockers;           /* threads blocked in link_lock */
+	bool pinned;                   /* device threads hold it: freed by net_free only */
+	bool off_main;                 /* the lock holder is not the net thread */
+	/* its stream thread, while the link is UP (net/stream.c) */
+	int stream;
+	bool watched;                  /* its socket is in the stream thread's set */
+	uint32_t armed;                /* the events armed there (0: quiet) */
+	bool want_write;               /* output the socket would not take waits */
+	int pollers;                   /* device threads polling it now */
+	/* the last poller's request completed: it will likely poll again at
+	 * once, so the stream thread stays quiet until linger_ns (it looks
+	 * every millisecond meanwhile, recv_stream_tick) */
+	bool lingering;
+	uint64_t linger_ns;
+	/* RecvReadys posted but not yet framed: the next data frame to the
+	 * peer carries one, and the poster's next wait sends the rest alone
+	 * (send_rr_flush) */
+	struct frame_rr *rr_q;
+	size_t rr_head, rr_n, rr_cap;
+	_Atomic bool rr_pending;
+	/* handed to the net thread (ev_defer) */
+	struct event *ev_defer;
+	Meshrun__Frame *defer_frame;   /* a control frame to dispatch */
+	enum link_defer defer;
+	int defer_rc;
+	char defer_why[256];
+	bool defer_finish;             /* link_check_finish: an ack covered our Done */
+	bool rx_blocked;               /* nobody reads until the net thread has been */
+	bool conn_dead;                /* nobody writes: the connection failed */
 	enum link_role role;
 	enum link_state state;         /* only link_set_state() writes it */
 	int peer;                      /* host id, -1 until known */
@@ -139,6 +208,7 @@ struct link {
 	uint64_t rx_part_seq, rx_part_got, rx_skip;
 	bool rx_in_frame;              /* frame rx_seq's payload is still coming */
 	bool rx_dup;                   /* the payload coming is a frame we have */
+	bool rx_ack_now;               /* the frame coming asked for a prompt ack */
 	/* a sent frame's fault said close: the link fails from its own event
 	 * callback (as on a read error), and writes nothing more before that */
 	bool fault_close;
@@ -184,6 +254,28 @@ static inline uint64_t link_rx_done(const struct link *l)
 {
 	return l->rx_seq - (l->rx_in_frame ? 1 : 0);
 }
+
+/* ---- the link lock ---- */
+
+void link_lock(struct link *l);
+/* false if another thread holds it, or a thread waits for it in
+ * link_lock: a polling thread that takes the lock again and again would
+ * otherwise keep the net thread (heartbeats) from it for as long as
+ * bytes trickle in (the mutex is not fair). */
+bool link_trylock(struct link *l);
+/* Unlocks; and if the stream thread found the lock taken meanwhile
+ * (l->kick), arms its watch again so what it came for is not lost. */
+void link_unlock(struct link *l);
+/* Arms the stream thread's watch as the link's state asks: reading unless
+ * a device thread polls it, reading is blocked or held; writing while
+ * output waits. Under the lock; nothing for a link that is not UP. */
+void link_watch(struct link *l);
+/* For threads other than the net thread, under the lock: record what the
+ * net thread must do (the first failure wins), stop reading and, for a
+ * failure, writing, and wake the net thread. Takes f (a control frame
+ * to dispatch), if any. */
+void link_defer(struct link *l, enum link_defer what, int rc, const char *why,
+		Meshrun__Frame *f);
 
 /* ---- creation, state, teardown ---- */
 
@@ -257,6 +349,10 @@ int link_queue_msg(struct link *l, struct xreq *req);
  * A CLOSE returned here is never recovered: the link fails the job (a
  * close spec with recovery on is a reset instead: the link redials). */
 enum link_fault link_fault(struct link *l, bool outgoing, const Meshrun__Frame *f);
+/* link_fault for a data frame: it passes as its protobuf view (body chunk,
+ * frame_data_view), built only when a callback or spec may look. */
+enum link_fault link_fault_data(struct link *l, bool outgoing, const struct frame_data *d,
+				uint64_t payload_len);
 /* For a sent frame whose fault said close: flags the link (fault_close)
  * and wakes its event callback, which fails it. */
 void link_fault_close(struct link *l, uint64_t frame_index);

@@ -1,7 +1,8 @@
 /* The net thread's frame (see net/net.h): its lifecycle (net_new, start,
- * finish, abort, free), the commands other threads hand it, the tick
- * (heartbeats, timeouts, retries, deadlines) and the xport hooks. The links
- * themselves are net/link.c, send.c, recv.c and rendezvous.c.
+ * finish, abort, free), the commands other threads hand it and the tick
+ * (heartbeats, timeouts, retries, deadlines). The links themselves are
+ * net/link.c, send.c, recv.c and rendezvous.c; the xport hooks, by which
+ * device threads write and read them directly, are net/direct.c.
  *
  * Every connection is a struct link driven by two libevent events on its
  * non-blocking socket (read always armed, write armed while output is
@@ -23,15 +24,11 @@
 #include "net/net_int.h"
 #include "net/tls.h"
 
-enum cmd_kind { CMD_RR, CMD_SEND, CMD_FINISH, CMD_ABORT, CMD_STOP };
+enum cmd_kind { CMD_FINISH, CMD_ABORT, CMD_STOP };
 
 struct cmd {
 	struct cmd *next;
 	enum cmd_kind kind;
-	int src, dst;
-	uint64_t tag;
-	uint64_t len;
-	struct xreq *req;
 	int status;
 	char msg[];
 };
@@ -65,18 +62,29 @@ static struct link *peer_link(struct net *n, int host)
 {
 	if (host < 0 || host >= n->num_hosts)
 		return NULL;
-	struct link *l = n->peers[host].l;
+	struct link *l = n->peers[host].l[0];
 	if (l && l->was_up && l->state != LS_CLOSING && l->state != LS_DRAIN && l->state != LS_DEAD)
 		return l;              /* up, or recovering: frames queue for it */
 	return l && l->state == LS_UP ? l : NULL;
+}
+
+/* Writes what an UP link has queued (a heartbeat, a Done) now, from the
+ * net thread; the lock held. */
+static void write_up(struct link *l)
+{
+	if (l->state == LS_UP && l->want_write && !l->held && !l->conn_dead && !l->fault_close)
+		recv_write(l);
 }
 
 static void begin_stop(struct net *n)
 {
 	n->stopping = true;
 	n->stop_deadline_ns = now_ns() + CLOSE_GRACE_NS;
-	for (struct link *l = n->links; l; l = l->next)
+	for (struct link *l = n->links; l; l = l->next) {
+		link_lock(l);
 		link_begin_close(l, n->stop_deadline_ns);
+		link_unlock(l);
+	}
 	if (n->ev_coord_l) {
 		event_free(n->ev_coord_l);
 		n->ev_coord_l = NULL;
@@ -98,28 +106,6 @@ static void cmd_cb(evutil_socket_t fd, short what, void *arg)
 		struct cmd *next = c->next;
 		int fs = status_failed(n);
 		switch (c->kind) {
-		case CMD_RR: {
-			struct link *l = peer_link(n, xport_host_of(n->x, c->src));
-			if (fs || !l)
-				break;   /* the xport is failed (or about to be) */
-			Meshrun__Frame f = MESHRUN__FRAME__INIT;
-			Meshrun__RecvReady rr = MESHRUN__RECV_READY__INIT;
-			rr.src_device = (uint32_t)c->src;
-			rr.dst_device = (uint32_t)c->dst;
-			rr.tag = c->tag;
-			rr.byte_count = c->len;
-			f.body_case = MESHRUN__FRAME__BODY_RECV_READY;
-			f.recv_ready = &rr;
-			if (link_send(l, &f))
-				link_lost(l, -ENOMEM, "out of memory queueing a frame");
-			break;
-		}
-		case CMD_SEND: {
-			struct link *l = peer_link(n, xport_host_of(n->x, c->req->dst));
-			if (fs || !l || link_queue_msg(l, c->req))
-				xport_complete(c->req, fs ? -ECANCELED : -EPIPE);
-			break;
-		}
 		case CMD_FINISH:
 			if (fs)
 				break;
@@ -127,8 +113,12 @@ static void cmd_cb(evutil_socket_t fd, short what, void *arg)
 			n->finish_deadline_ns = now_ns() + sec_ns(n->done_timeout_s);
 			for (int h = 0; h < n->num_hosts; h++) {
 				struct link *l = peer_link(n, h);
-				if (l)
-					send_simple(l, MESHRUN__FRAME__BODY_DONE);
+				if (!l)
+					continue;
+				link_lock(l);
+				send_simple(l, MESHRUN__FRAME__BODY_DONE);
+				write_up(l);
+				link_unlock(l);
 			}
 			link_check_finish(n);
 			break;
@@ -162,7 +152,15 @@ static void missing_hosts(struct net *n, bool (*missing)(struct net *, int), cha
 	}
 }
 
-static bool no_link(struct net *n, int h) { return !peer_link(n, h); }
+static bool no_link(struct net *n, int h)
+{
+	for (int k = 0; k < n->nstreams; k++) {
+		struct link *l = n->peers[h].l[k];
+		if (!l || l->state != LS_UP)
+			return true;
+	}
+	return false;
+}
 static bool no_barrier(struct net *n, int h) { return !n->peers[h].barrier_rx; }
 static bool no_done(struct net *n, int h) { return !n->peers[h].done_rx; }
 
@@ -214,13 +212,16 @@ static bool tick_broken(struct net *n, struct link *l, uint64_t now)
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct net *n = arg;
-	uint64_t now = now_ns();
 	char msg[200];
 	(void)fd;
 	(void)what;
 
 	status_flush_refused(n, false);
+	uint64_t now = now_ns();
 	for (struct link *l = n->links; l; l = l->next) {
+		link_lock(l);
+		/* other threads stamp last_rx_ns: the clock is read under the lock */
+		now = now_ns();
 		switch (l->state) {
 		case LS_UP:
 			if (l->peer >= 0 && !n->peers[l->peer].done_rx &&
@@ -238,6 +239,15 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 			/* an idle link still acknowledges what it got */
 			if (n->replay_cap)
 				link_send_ack(l);
+			/* a RecvReady nobody's wait sent, and a linger the
+			 * stream thread missed */
+			if (atomic_load_explicit(&l->rr_pending, memory_order_relaxed))
+				send_rr_flush(l);
+			if (l->lingering && !l->pollers && now > l->linger_ns) {
+				l->lingering = false;
+				atomic_fetch_sub(&n->lingering, 1);
+			}
+			write_up(l);
 			break;
 		case LS_BROKEN:
 		case LS_RECONNECTING:
@@ -258,11 +268,15 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 		default:
 			break;
 		}
+		link_unlock(l);
 	}
 	if (n->stopping) {
 		if (now > n->stop_deadline_ns)
-			for (struct link *l = n->links; l; l = l->next)
+			for (struct link *l = n->links; l; l = l->next) {
+				link_lock(l);
 				link_kill(l);
+				link_unlock(l);
+			}
 		return;
 	}
 	switch (n->phase) {
@@ -276,12 +290,14 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 		if (n->phase == PH_RENDEZVOUS && n->host_id != 0 && !n->coord && n->coord_retry_at &&
 		    now >= n->coord_retry_at) {
 			n->coord_retry_at = 0;
-			rdv_dial_addr(n, ROLE_COORD_OUT, 0, n->coordinator);
+			rdv_dial_addr(n, ROLE_COORD_OUT, 0, 0, n->coordinator);
 		}
 		if (n->phase == PH_LINKS)
 			for (int h = n->host_id + 1; h < n->num_hosts; h++)
-				if (!n->peers[h].l && n->peers[h].retry_at && now >= n->peers[h].retry_at)
-					rdv_dial(n, h);
+				for (int k = 0; k < n->nstreams; k++)
+					if (!n->peers[h].l[k] && n->peers[h].retry_at[k] &&
+					    now >= n->peers[h].retry_at[k])
+						rdv_dial(n, h, k);
 		break;
 	case PH_FINISHING:
 		link_check_finish(n);
@@ -298,54 +314,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
-/* ---- xport hooks (device threads) ---- */
-
-static void note_op(struct net *n, const struct xreq *r)
-{
-	if (r->meta.op) {
-		atomic_store_explicit(&n->last_step, r->meta.step, memory_order_relaxed);
-		atomic_store_explicit(&n->last_op, r->meta.op, memory_order_relaxed);
-	}
-}
-
-static void op_recv_posted(void *ctx, struct xreq *r)
-{
-	struct net *n = ctx;
-	note_op(n, r);
-	struct cmd *c = cmd_new(CMD_RR, NULL);
-	if (!c) {
-		xport_fail(n->x, -ENOMEM, "out of memory posting a receive");
-		return;
-	}
-	c->src = r->src;
-	c->dst = r->dst;
-	c->tag = r->tag;
-	c->len = r->len;
-	push_cmd(n, c);
-}
-
-static void op_send_ready(void *ctx, struct xreq *r)
-{
-	struct net *n = ctx;
-	note_op(n, r);
-	struct cmd *c = cmd_new(CMD_SEND, NULL);
-	if (!c) {
-		xport_complete(r, -ENOMEM);
-		return;
-	}
-	c->req = r;
-	push_cmd(n, c);
-}
-
-static const struct xport_remote_ops ops = {
-	.recv_posted = op_recv_posted,
-	.send_ready = op_send_ready,
-};
-
-const struct xport_remote_ops *net_xport_ops(void)
-{
-	return &ops;
-}
+/* ---- the xport ---- */
 
 void net_set_xport(struct net *n, struct xport *x)
 {
@@ -365,6 +334,7 @@ static void evthread_init(void)
 static void *net_thread(void *arg)
 {
 	struct net *n = arg;
+	pthread_setname_np(pthread_self(), "mr-net");
 	event_base_loop(n->base, EVLOOP_NO_EXIT_ON_EMPTY);
 	return NULL;
 }
@@ -408,11 +378,17 @@ struct net *net_new(const struct net_params *p, int *status, char *err, size_t e
 	if (p->faults)
 		n->faults = *p->faults;
 	n->link_cb = recv_event_cb;
+	n->defer_cb = recv_defer_cb;
+	n->stream_cb = recv_stream_cb;
+	n->stream_tick = recv_stream_tick;
+	n->poll_spin_ns = p->poll_spin_us * 1000ull;
+	n->max_send = p->max_send_bytes ? (size_t)p->max_send_bytes : NET_MAX_SEND_DEFAULT;
 	n->lim.max_payload = p->max_frame_bytes;
 	n->key_update_bytes = p->key_update_bytes;
 	n->replay_cap = p->replay_buffer_bytes;
 	n->reconnect_timeout_ns = sec_ns(p->reconnect_timeout_s > 0 ? p->reconnect_timeout_s : 30);
 	pthread_mutex_init(&n->mu, NULL);
+	pthread_mutex_init(&n->fault_mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -433,6 +409,8 @@ struct net *net_new(const struct net_params *p, int *status, char *err, size_t e
 		goto out_free;
 	}
 	if (n->num_hosts > 1) {
+		if (stream_start(n, p->link_streams > 0 ? p->link_streams : 1, err, errlen))
+			goto out_free;
 		n->ctx = tls_ctx_new(n->certs_dir, n->host_id, err, errlen);
 		if (!n->ctx) {
 			*status = NET_ERR_CONFIG;
@@ -501,7 +479,7 @@ static void start_cb(evutil_socket_t fd, short what, void *arg)
 		n->joined = 1;
 		event_add(n->ev_coord_l, NULL);
 	} else {
-		rdv_dial_addr(n, ROLE_COORD_OUT, 0, n->coordinator);
+		rdv_dial_addr(n, ROLE_COORD_OUT, 0, 0, n->coordinator);
 	}
 }
 
@@ -606,6 +584,8 @@ void net_free(struct net *n)
 			event_base_loopbreak(n->base);
 		pthread_join(n->thread, NULL);
 	}
+	/* the stream threads first: they may still hold a link */
+	stream_stop(n);
 	status_flush_refused(n, true);
 	while (n->links) {
 		struct link *l = n->links;
@@ -615,11 +595,14 @@ void net_free(struct net *n)
 		link_release_reqs(l, -ECANCELED);
 		link_free(l);
 	}
+	while (n->pinned) {
+		struct link *l = n->pinned;
+		n->pinned = l->next;
+		link_free(l);
+	}
 	while (n->cmd_head) {
 		struct cmd *c = n->cmd_head;
 		n->cmd_head = c->next;
-		if (c->kind == CMD_SEND)
-			xport_complete(c->req, -ECANCELED);
 		free(c);
 	}
 	if (n->ev_cmd)
@@ -641,6 +624,7 @@ void net_free(struct net *n)
 	tls_ctx_free(n->ctx);
 	free(n->peers);
 	pthread_mutex_destroy(&n->mu);
+	pthread_mutex_destroy(&n->fault_mu);
 	pthread_cond_destroy(&n->cv);
 	free(n);
 }

@@ -9,7 +9,17 @@
  *
  * net knows nothing of configs or jobs: the agent fills struct net_params.
  * Thread model: net_new/net_start/net_finish/net_abort/net_free from one
- * control thread; the xport hooks from any device thread. */
+ * control thread; the xport hooks from any device thread, which write and
+ * read the links themselves (net/direct.c, net/link.h).
+ *
+ * A send's buffer across a reconnect: the caller's buffer belongs to the
+ * net from send_ready until xport_complete. With recovery, a message of
+ * one data frame is copied and completes at once; a longer one is resent
+ * from the caller's buffer after a reconnect, so it completes only when
+ * the peer acknowledged its last frame (a reset before that resends it
+ * from the buffer; the caller must not touch it). A failure completes it
+ * with an error and the net never reads the buffer again. Without
+ * recovery a send completes when its last byte went to the connection. */
 #ifndef MESHRUN_NET_H
 #define MESHRUN_NET_H
 
@@ -22,8 +32,11 @@
 #include "proto/meshrun.pb-c.h"
 
 /* wire 2: Abort.code and Done carry errno classes; wire 3: links resume
- * (LinkHello.resume/last_seq, Ack, ack_seq read) */
-#define NET_VERSION "meshrun 0.2 wire 3"
+ * (LinkHello.resume/last_seq, Ack, ack_seq read); wire 4: data frames
+ * have a fixed binary header (frame version 2) that may carry a RecvReady */
+#define NET_VERSION "meshrun 0.3 wire 4"
+
+#define NET_MAX_SEND_DEFAULT (1u << 20)
 
 /* Failure classes: 0 or a negative errno, as every library call reports
  * them (the CLI turns them into exit codes). Between hosts, Abort.code
@@ -73,6 +86,16 @@ struct net_params {
 	 * job at once. */
 	uint64_t replay_buffer_bytes;
 	double reconnect_timeout_s;  /* a link not back by then fails the job */
+	/* A device thread waiting on a remote request polls its link this
+	 * long before it sleeps (net_xport_ops' poll; the xport must be told,
+	 * xport_set_poll_spin). Only recorded here. */
+	uint64_t poll_spin_us;
+	/* A writer's turn: the bytes one thread writes on a link before it
+	 * pushes them to the wire and looks again (0: NET_MAX_SEND_DEFAULT). */
+	uint64_t max_send_bytes;
+	/* TLS connections per host pair, each driven by its own stream thread
+	 * (0 or 1: one). */
+	int link_streams;
 	uint8_t config_hash[32];
 	/* one line per event worth telling the operator (refused connections);
 	 * NULL: stderr */
@@ -89,9 +112,13 @@ struct net_params {
 	 * from 0 (the rendezvous connection and the data link to a host count
 	 * apart). Returns an enum link_fault, which the link honours.
 	 * Ownership: fault_ctx is the caller's and must outlive the net; f is
-	 * lent for the call only (do not keep or change it). The callback runs
-	 * inside the net thread's loop: it must be quick, must not block and
-	 * must not call any net_* function. For tests and fault drills. */
+	 * lent for the call only (do not keep or change it; a data frame comes
+	 * as its CollectiveChunk view). The callback runs on whichever thread
+	 * writes or reads the frame (the net thread, a stream thread, or a
+	 * device thread sending or polling directly), with that link's lock
+	 * held: calls for one link never overlap, calls for two links may. It
+	 * must be quick, must not block and must not call any net_* function.
+	 * For tests and fault drills. */
 	int (*fault)(void *ctx, int peer, bool outgoing, uint64_t frame_index,
 		     const Meshrun__Frame *f);
 	void *fault_ctx;

@@ -1,11 +1,14 @@
 /* What the files of the net thread share (private to net/): struct net,
  * the per-peer table, tunables, and each file's entry points. Layering,
  * each file calling only those below it:
- *   net.c        lifecycle, commands from other threads, tick, xport hooks
+ *   net.c        lifecycle, commands from other threads, tick
+ *   direct.c     the xport hooks: device threads send, post and poll directly
  *   recv.c       link events: handshake, reading, dispatching frames
  *   rendezvous.c rendezvous (both sides), dialing, link set-up, barrier
  *   send.c       control frames, the write path
- *   link.c       links: state, queues, teardown, failure, the fault point
+ *   link.c       links: state, the lock, queues, teardown, failure, the
+ *                fault point
+ *   stream.c     stream threads: epoll on UP data links (a callback up)
  *   status.c     what the control thread sees; log lines */
 #ifndef MESHRUN_NET_INT_H
 #define MESHRUN_NET_INT_H
@@ -24,12 +27,12 @@
 #include "net/wire_check.h"
 
 #define TICK_MS        50
-/* Bytes per read or write callback before yielding to the poll. Reading
+/* Bytes per read turn before yielding (the event loop, or the lock for a
+ * stream thread). A write turn is net_params.max_send_bytes. Reading
  * gets the larger turn: on a link busy both ways, 1 MiB turns each way
  * (or 8 MiB each way) measured 15-20% slower than this; a receiver that
  * lets its socket fill seems to stall its sender. */
 #define READ_BUDGET    (1u << 23)
-#define WRITE_BUDGET   (1u << 20)
 /* Largest data fragment we write. Control frames (heartbeats, RecvReady,
  * Abort) go ahead of queued data at frame boundaries, so one waits behind
  * at most one fragment: 64 KiB is 65 ms at 8 Mbit/s, where 1 MiB was a
@@ -53,17 +56,26 @@ enum phase {
 	PH_CLOSING, PH_FAILED,
 };
 
+/* TLS connections per host pair at most (link_streams) */
+#define NET_MAX_STREAMS 16
+
 struct peer {
-	struct link *l;
+	/* the data links, one per stream (link_streams; l[0] carries the
+	 * barrier and the Done) */
+	struct link *l[NET_MAX_STREAMS];
+	/* the same as device threads see them: each set once, when it first
+	 * comes UP, and never changed (it is pinned) */
+	struct link *_Atomic dl[NET_MAX_STREAMS];
 	char addr[128];                /* data address from Topology */
 	uint32_t devices;
 	bool joined;                   /* coordinator: Hello accepted */
 	struct link *coord_in;         /* coordinator: its rendezvous connection */
 	bool barrier_rx, done_rx;
-	uint64_t retry_at;
+	uint64_t retry_at[NET_MAX_STREAMS];
 };
 
 struct cmd;
+struct stream_thr;
 
 struct net {
 	int host_id, num_hosts, devices_per_host;
@@ -83,9 +95,21 @@ struct net {
 	struct xport *x;
 	struct event_base *base;
 	struct event *ev_cmd, *ev_tick, *ev_reap, *ev_coord_l, *ev_data_l;
-	/* every link's read/write event callback (recv_event_cb), given to
-	 * link_new here so that link.c need not call up into recv.c */
-	event_callback_fn link_cb;
+	/* every link's read/write event callback (recv_event_cb), its
+	 * deferred-work callback (recv_defer_cb) and its stream threads'
+	 * (recv_stream_cb), given here so that link.c and stream.c need not
+	 * call up into recv.c */
+	event_callback_fn link_cb, defer_cb;
+	void (*stream_cb)(struct link *l, uint32_t events);
+	/* a stream thread's look, every millisecond while links linger */
+	void (*stream_tick)(struct net *n, int stream);
+	_Atomic int lingering;          /* links lingering (struct link) */
+	struct stream_thr *streams;
+	int nstreams;
+	struct link *pinned;           /* dead pinned links, freed by net_free */
+	uint64_t poll_spin_ns;         /* net_params.poll_spin_us */
+	size_t max_send;               /* net_params.max_send_bytes */
+	pthread_mutex_t fault_mu;      /* the fault specs' counters */
 	int coord_lfd, data_lfd;
 	char data_addr[128];
 	pthread_t thread;
@@ -138,13 +162,20 @@ static inline uint64_t now_ns(void)
 	return xport_now_ns();
 }
 
+/* The calling thread is the net thread (its event loop). */
+static inline bool net_on_main(const struct net *n)
+{
+	return n->thread_started && pthread_equal(pthread_self(), n->thread);
+}
+
 /* What the control-message checks (wire_check.h) read of this host. */
 static inline struct wire_self net_wire_self(const struct net *n)
 {
 	return (struct wire_self){ .host_id = n->host_id, .num_hosts = n->num_hosts,
 				   .devices_per_host = n->devices_per_host,
 				   .config_hash = n->config_hash, .job_id = n->job_id,
-				   .addr_max = sizeof(n->peers[0].addr), .x = n->x };
+				   .addr_max = sizeof(n->peers[0].addr), .x = n->x,
+				   .streams = n->nstreams };
 }
 
 static inline uint64_t sec_ns(double s)
@@ -175,6 +206,20 @@ bool status_record(struct net *n, int status, const char *msg);
 /* NET_OK, or the recorded failure's status. */
 int status_failed(struct net *n);
 
+/* ---- stream.c: the stream threads ---- */
+
+/* Starts count stream threads. 0 or a negative errno with err. */
+int stream_start(struct net *n, int count, char *err, size_t errlen);
+/* Stops and joins them. */
+void stream_stop(struct net *n);
+/* Puts l's socket in its stream thread's set, quiet (under the lock).
+ * 0 or a negative errno. */
+int stream_add(struct link *l);
+/* Arms it for events (EPOLLIN / EPOLLOUT), once. */
+void stream_arm(struct link *l, uint32_t events);
+/* Takes it out again (before its socket closes). */
+void stream_del(struct link *l);
+
 /* ---- send.c: control frames and the write path ---- */
 
 void send_refuse(struct link *l, const char *reason);
@@ -187,6 +232,12 @@ int send_resume_hello(struct link *l);
  * 0, or -EPIPE when writing failed (l->c->err says why): the caller reads
  * what the peer sent before blaming it, then fails the link. */
 int send_write(struct link *l);
+/* Queues a RecvReady to ride on the next data frame to l's peer. 0 or
+ * -ENOMEM. */
+int send_rr_post(struct link *l, const struct frame_rr *rr);
+/* Frames every RecvReady still waiting for a data frame as a control
+ * frame of its own (queued; the caller writes). */
+void send_rr_flush(struct link *l);
 
 /* ---- rendezvous.c: rendezvous, dialing, link set-up, barrier ---- */
 
@@ -222,18 +273,32 @@ void rdv_link_resumed(struct link *l, const Meshrun__LinkHello *h);
 /* A data link's hellos agree: it is UP and carries peer's traffic. */
 void rdv_link_up(struct link *l, int peer);
 void rdv_check_barrier(struct net *n);
-/* Opens a connection to addr (the coordinator, or peer's link listener);
- * a failure to start it is retried from the tick. */
-void rdv_dial_addr(struct net *n, enum link_role role, int peer, const char *addr);
-void rdv_dial(struct net *n, int peer);
+/* Opens a connection to addr (the coordinator, or connection number
+ * stream to peer's link listener); a failure to start it is retried from
+ * the tick. */
+void rdv_dial_addr(struct net *n, enum link_role role, int peer, int stream, const char *addr);
+void rdv_dial(struct net *n, int peer, int stream);
 /* A TLS connection for a link, renewing its sending key as configured.
  * Takes fd; NULL on allocation failure. */
 struct conn *rdv_conn_new(struct net *n, int fd, bool server);
 
 /* ---- recv.c: link events ---- */
 
+/* Writes what l has queued (the lock held); a failed write reads what the
+ * peer sent before blaming it, then fails the connection. */
+void recv_write(struct link *l);
 /* The read/write event callback of every link (arg: the link). */
 void recv_event_cb(evutil_socket_t fd, short what, void *arg);
+/* The net thread's turn for what another thread deferred (link_defer). */
+void recv_defer_cb(evutil_socket_t fd, short what, void *arg);
+/* A stream thread's events on an UP data link. */
+void recv_stream_cb(struct link *l, uint32_t events);
+/* A stream thread's look at its lingering links (every millisecond while
+ * any lingers): one whose linger ran out is armed again. */
+void recv_stream_tick(struct net *n, int stream);
+/* A device thread waiting on link l (lock held): writes what is queued,
+ * reads what came (at most budget bytes); true if anything moved. */
+bool recv_poll(struct link *l, size_t budget);
 /* The listeners' callback (arg: the net). */
 void recv_accept_cb(evutil_socket_t lfd, short what, void *arg);
 

@@ -1,43 +1,49 @@
 /* Receiving: a link's events (connect, TLS handshake, readable, writable),
  * the read path that decrypts payloads straight into posted receive
  * buffers (or sums them on the way), and dispatching each frame to what
- * handles it. The top of the link code: calls rendezvous.c, send.c,
- * link.c and status.c in net/; called through the event callbacks net.c
- * registers. */
+ * handles it; on UP data links the same read path runs on stream threads
+ * and on device threads that poll (net/link.h says what they may do), and
+ * the net thread takes over what they deferred. The top of the link code:
+ * calls rendezvous.c, send.c, link.c and status.c in net/; called through
+ * the callbacks net.c registers and by direct.c. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 
 #include "net/net_int.h"
 #include "net/tls.h"
 
-static void link_read(struct link *l);
-static void dispatch(struct link *l, Meshrun__Frame *f);
+static size_t link_read(struct link *l, size_t budget);
+static bool dispatch(struct link *l, Meshrun__Frame *f);
 
 /* Writes what is queued. If writing failed (the peer closed or reset): a
  * peer that leaves on purpose says why first (Abort, Done), so read what
  * it sent before blaming it. */
-static void link_write(struct link *l)
+void recv_write(struct link *l)
 {
 	if (!send_write(l))
 		return;
 	char why[256];
 	snprintf(why, sizeof(why), "%s", l->c->err);
-	if (l->state != LS_DRAIN)
-		link_read(l);
+	if (l->state != LS_DRAIN && !l->rx_blocked)
+		link_read(l, READ_BUDGET);
 	if (l->state != LS_DEAD && l->state != LS_BROKEN)
 		link_conn_failed(l, -EPIPE, why);
 }
 
 /* ---- receiving ---- */
 
+static void on_recv_ready(struct link *l, const struct frame_rr *rr);
+
 /* A data frame header: find the posted receive and aim the payload at it. */
-static void on_chunk(struct link *l, const Meshrun__CollectiveChunk *c)
+static void on_chunk(struct link *l, const struct frame_data *c, uint64_t byte_count)
 {
 	struct net *n = l->net;
 	char why[300];
-	int src = (int)c->src_device, dst = (int)c->dst_device;
+	int src = (int)c->src, dst = (int)c->dst;
 
 	l->rx_dst = NULL;
 	if (l->state != LS_UP || status_failed(n))
@@ -50,10 +56,15 @@ static void on_chunk(struct link *l, const Meshrun__CollectiveChunk *c)
 		link_bad_frame(l, why);
 		return;
 	}
+	if (c->flags & FRAME_DATA_RR) {
+		on_recv_ready(l, &c->rr);
+		if (l->state != LS_UP)
+			return;
+	}
 	if (!l->rx_req) {
 		const char *what;
 		struct xreq *r = xport_remote_data(n->x, src, dst, c->tag, (size_t)c->msg_bytes,
-						   c->eager, &what);
+						   (c->flags & FRAME_DATA_EAGER) != 0, &what);
 		if (!r) {
 			if (status_failed(n))
 				return;
@@ -73,7 +84,7 @@ static void on_chunk(struct link *l, const Meshrun__CollectiveChunk *c)
 		l->rx_land = (struct xland){ 0 };
 	}
 	l->rx_dst = (uint8_t *)l->rx_req->buf + c->msg_offset;
-	l->rx_next += c->byte_count;
+	l->rx_next += byte_count;
 }
 
 /* The payload of the current data frame (possibly empty) is in. */
@@ -86,7 +97,7 @@ static void chunk_payload_done(struct link *l)
 	l->rx_dst = NULL;
 }
 
-static void on_recv_ready(struct link *l, const Meshrun__RecvReady *rr)
+static void on_recv_ready(struct link *l, const struct frame_rr *rr)
 {
 	struct net *n = l->net;
 	char why[200];
@@ -97,28 +108,33 @@ static void on_recv_ready(struct link *l, const Meshrun__RecvReady *rr)
 		link_bad_frame(l, why);
 		return;
 	}
-	struct xreq *r = xport_remote_ready(n->x, (int)rr->src_device, (int)rr->dst_device, rr->tag,
-					    (size_t)rr->byte_count);
+	struct xreq *r = xport_remote_ready(n->x, (int)rr->src, (int)rr->dst, rr->tag,
+					    (size_t)rr->bytes);
 	if (!r)
 		return;
 	if (link_queue_msg(l, r))
 		xport_complete(r, -ENOMEM);
 }
 
-/* One complete frame header arrived on l. */
-static void dispatch(struct link *l, Meshrun__Frame *f)
+/* One complete control frame arrived on l. true if f was taken (handed
+ * to the net thread: a frame a stream or device thread may not act on),
+ * else the caller frees it. */
+static bool dispatch(struct link *l, Meshrun__Frame *f)
 {
 	struct net *n = l->net;
 	char why[600], text[480];
 	int body = f->body_case;
 
 	if (l->state == LS_CLOSING || l->state == LS_DRAIN) {
-		if (body == MESHRUN__FRAME__BODY_CHUNK)
-			l->rx_dst = NULL;
 		if (body == MESHRUN__FRAME__BODY_REFUSE && l->role == ROLE_COORD_OUT &&
 		    !n->topology_done)
 			goto refused;
-		return;
+		return false;
+	}
+	if (l->off_main && l->state == LS_UP && body != MESHRUN__FRAME__BODY_HEARTBEAT &&
+	    body != MESHRUN__FRAME__BODY_RECV_READY) {
+		link_defer(l, DEFER_NONE, 0, NULL, f);
+		return true;
 	}
 	if (l->state == LS_HELLO) {
 		if (wire_check_hello_stage(l->role, body, why, sizeof(why))) {
@@ -126,75 +142,76 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 				rdv_refuse_conn(l, why);
 			else
 				link_bad_frame(l, why);
-			return;
+			return false;
 		}
 		switch (l->role) {
 		case ROLE_COORD_IN:
 			rdv_coord_on_hello(l, f->hello);
-			return;
+			return false;
 		case ROLE_COORD_OUT:
 			if (body == MESHRUN__FRAME__BODY_REFUSE)
 				goto refused;
 			if (body == MESHRUN__FRAME__BODY_ABORT) {
 				rdv_coord_on_abort(l, f->abort);
-				return;
+				return false;
 			}
 			rdv_agent_on_topology(l, f->topology);
-			return;
+			return false;
 		case ROLE_LINK_IN:
 			rdv_accept_link_hello(l, f->link_hello);
-			return;
+			return false;
 		case ROLE_LINK_OUT:
 			if (body == MESHRUN__FRAME__BODY_REFUSE) {
 				snprintf(why, sizeof(why), "host %d (%s) refused our link: %s", l->peer,
 					 l->addr, wire_peer_text(f->refuse->reason, text, sizeof(text)));
 				link_kill(l);
 				link_fail_all(n, NET_ERR_REFUSED, -ECONNREFUSED, why);
-				return;
+				return false;
 			}
 			if (l->was_up) {
 				rdv_link_resumed(l, f->link_hello);
-				return;
+				return false;
 			}
 			struct wire_self self = net_wire_self(n);
-			if (wire_check_link_answer(&self, l->peer, l->addr, false, f->link_hello, why,
-						   sizeof(why))) {
+			if (wire_check_link_answer(&self, l->peer, l->addr, (unsigned)l->stream, false,
+						   f->link_hello, why, sizeof(why))) {
 				link_bad_frame(l, why);
-				return;
+				return false;
 			}
 			rdv_link_up(l, l->peer);
-			return;
+			return false;
 		}
-		return;
+		return false;
 	}
 	/* LS_UP */
 	if (wire_check_running(body, why, sizeof(why))) {
 		link_bad_frame(l, why);
-		return;
+		return false;
 	}
 	switch (body) {
 	case MESHRUN__FRAME__BODY_HEARTBEAT:
-		return;
-	case MESHRUN__FRAME__BODY_CHUNK:
-		on_chunk(l, f->chunk);
-		return;
-	case MESHRUN__FRAME__BODY_RECV_READY:
-		on_recv_ready(l, f->recv_ready);
-		return;
+		return false;
+	case MESHRUN__FRAME__BODY_RECV_READY: {
+		const Meshrun__RecvReady *m = f->recv_ready;
+		struct frame_rr rr = { .src = m->src_device, .dst = m->dst_device, .tag = m->tag,
+				       .bytes = m->byte_count };
+		on_recv_ready(l, &rr);
+		return false;
+	}
 	case MESHRUN__FRAME__BODY_BARRIER:
 		n->peers[l->peer].barrier_rx = true;
 		rdv_check_barrier(n);
-		return;
+		return false;
 	case MESHRUN__FRAME__BODY_DONE:
 		n->peers[l->peer].done_rx = true;
 		if (f->done->status) {
 			snprintf(why, sizeof(why), "host %d finished with status %d", l->peer,
 				 f->done->status);
 			link_fail_all(n, wire_done_status(f->done->status), -ECONNABORTED, why);
-			return;
+			return false;
 		}
 		link_check_finish(n);
-		return;
+		return false;
 	case MESHRUN__FRAME__BODY_ABORT: {
 		int code = wire_done_status(f->abort->code);
 		snprintf(why, sizeof(why), "host %d aborted the job: %s", l->peer,
@@ -202,16 +219,17 @@ static void dispatch(struct link *l, Meshrun__Frame *f)
 		/* the sender closes next; that is not news */
 		n->peers[l->peer].done_rx = true;
 		link_fail_all(n, code, -ECONNABORTED, why);
-		return;
+		return false;
 	}
 	}
-	return;
+	return false;
 
 refused:
 	snprintf(why, sizeof(why), "rendezvous refused by the coordinator (%s): %s", l->addr,
 		 wire_peer_text(f->refuse->reason, text, sizeof(text)));
 	link_kill(l);
 	link_fail_all(n, NET_ERR_REFUSED, -ECONNREFUSED, why);
+	return false;
 }
 
 /* Sequence numbers (wire_check_seq) and, with recovery, the ack_seq
@@ -219,7 +237,8 @@ refused:
  * already (dropped); the frame whose payload was half read when the link
  * broke (the rest of it is read). true if f was handled (and freed) here:
  * a bad number fails the link. */
-static bool recv_seq(struct link *l, Meshrun__Frame *f)
+static bool recv_seq(struct link *l, Meshrun__Frame *f, int body, uint64_t link_seq,
+		     uint64_t ack_seq)
 {
 	struct net *n = l->net;
 	char why[300];
@@ -227,16 +246,16 @@ static bool recv_seq(struct link *l, Meshrun__Frame *f)
 	struct wire_rx_seq s = { .replay = n->replay_cap > 0, .hello = l->state == LS_HELLO,
 				 .acks = acks, .rx_seq = l->rx_seq, .tx_seq = l->tx_seq,
 				 .part_seq = l->rx_part_seq };
-	int k = wire_check_seq(&s, f, why, sizeof(why));
+	int k = wire_check_seq(&s, body, link_seq, ack_seq, why, sizeof(why));
 	if (k == WIRE_SEQ_RESUME_HELLO) {
-		dispatch(l, f);
-		frame_header_free(f);
+		if (!dispatch(l, f))
+			frame_header_free(f);
 		l->rx_got = 0;
 		l->rx_stage = RX_PREFIX;
 		return true;
 	}
 	if (k >= 0 && n->replay_cap && acks)
-		link_acked(l, f->ack_seq);
+		link_acked(l, ack_seq);
 	if (k < 0) {
 		frame_header_free(f);
 		link_bad_frame(l, why);
@@ -254,7 +273,7 @@ static bool recv_seq(struct link *l, Meshrun__Frame *f)
 	}
 	if (k == WIRE_SEQ_PART) {
 		/* on_chunk ran for it before the break and its receive is set */
-		l->rx_seq = f->link_seq;
+		l->rx_seq = link_seq;
 		l->rx_in_frame = true;
 		l->rx_skip = l->rx_part_got;
 		l->rx_part_seq = 0;
@@ -266,18 +285,75 @@ static bool recv_seq(struct link *l, Meshrun__Frame *f)
 	return false;
 }
 
+/* A data frame's header bytes are in: check, aim the payload. */
+static void data_header_done(struct link *l)
+{
+	struct net *n = l->net;
+	char why[300];
+	struct frame_data d;
+	uint64_t plen = l->rx_p.payload_len;
+	if (frame_parse_data(l->rx_hdr, l->rx_p.header_len, plen, &n->lim, &d, why, sizeof(why))) {
+		link_bad_frame(l, why);
+		return;
+	}
+	if (recv_seq(l, NULL, MESHRUN__FRAME__BODY_CHUNK, d.link_seq, d.ack_seq))
+		return;
+	l->rx_seq = d.link_seq;
+	if (link_fault_data(l, false, &d, plen) == LINK_FAULT_CLOSE) {
+		snprintf(why, sizeof(why), "closed by an injected fault at received frame %llu",
+			 (unsigned long long)(d.link_seq - 1));
+		link_lost(l, -EPIPE, why);
+		return;
+	}
+	if (n->replay_cap) {
+		l->rx_unacked_bytes += l->rx_p.header_len + plen;
+		l->rx_in_frame = plen > 0;
+		/* the sender holds the caller's buffer until we say we have it */
+		l->rx_ack_now = (d.flags & FRAME_DATA_ACK) != 0;
+	}
+	l->rx_dst = NULL;
+	if (l->state == LS_UP) {
+		on_chunk(l, &d, plen);
+	} else if (l->state != LS_CLOSING && l->state != LS_DRAIN) {
+		snprintf(why, sizeof(why), "unexpected chunk frame before the hello");
+		if (l->role == ROLE_COORD_IN || (l->role == ROLE_LINK_IN && l->peer < 0))
+			rdv_refuse_conn(l, why);
+		else
+			link_bad_frame(l, why);
+	}
+	if (l->state == LS_DEAD || l->state == LS_BROKEN)
+		return;
+	if (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4)
+		link_send_ack(l);
+	l->rx_got = 0;
+	if (plen) {
+		l->rx_stage = RX_PAYLOAD;
+	} else {
+		l->rx_stage = RX_PREFIX;
+		chunk_payload_done(l);
+		if (l->rx_ack_now) {
+			l->rx_ack_now = false;
+			link_send_ack(l);
+		}
+	}
+}
+
 /* Header bytes are in: check, dispatch, set up the payload. */
 static void header_done(struct link *l)
 {
 	struct net *n = l->net;
 	char why[300];
+	if (l->rx_p.data) {
+		data_header_done(l);
+		return;
+	}
 	Meshrun__Frame *f = frame_parse_header(l->rx_hdr, l->rx_p.header_len, l->rx_p.payload_len,
 					       &n->lim, why, sizeof(why));
 	if (!f) {
 		link_bad_frame(l, why);
 		return;
 	}
-	if (recv_seq(l, f))
+	if (recv_seq(l, f, f->body_case, f->link_seq, f->ack_seq))
 		return;
 	l->rx_seq = f->link_seq;
 	if (link_fault(l, false, f) == LINK_FAULT_CLOSE) {
@@ -288,13 +364,10 @@ static void header_done(struct link *l)
 		link_lost(l, -EPIPE, why);
 		return;
 	}
-	if (n->replay_cap) {
-		l->rx_unacked_bytes += l->rx_p.header_len + l->rx_p.payload_len;
-		l->rx_in_frame = l->rx_p.payload_len > 0;
-	}
-	bool chunk = f->body_case == MESHRUN__FRAME__BODY_CHUNK;
-	dispatch(l, f);
-	frame_header_free(f);
+	if (n->replay_cap)
+		l->rx_unacked_bytes += l->rx_p.header_len;
+	if (!dispatch(l, f))
+		frame_header_free(f);
 	if (l->state == LS_DEAD || l->state == LS_BROKEN)
 		return;
 	/* much arrived without our sending: say so before the peer's replay
@@ -302,20 +375,17 @@ static void header_done(struct link *l)
 	if (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4)
 		link_send_ack(l);
 	l->rx_got = 0;
-	if (l->rx_p.payload_len) {
-		l->rx_stage = RX_PAYLOAD;
-	} else {
-		l->rx_stage = RX_PREFIX;
-		if (chunk)
-			chunk_payload_done(l);
-	}
+	l->rx_stage = RX_PREFIX;
 }
 
-static void link_read(struct link *l)
+/* Reads and handles frames until the socket has nothing more, the link
+ * stops (a failure, a hold, a frame handed to the net thread) or budget
+ * bytes are in. Returns the bytes read. */
+static size_t link_read(struct link *l, size_t budget)
 {
 	struct net *n = l->net;
-	size_t budget = READ_BUDGET;
-	/* discarded payloads, never read: one per net thread */
+	size_t total = 0;
+	/* discarded payloads, never read: one per thread */
 	static _Thread_local uint8_t scratch[64 * 1024];
 	/* payloads of receives that sum, on their way to the sum: small
 	 * enough to stay in L1, a TLS record's worth */
@@ -323,7 +393,8 @@ static void link_read(struct link *l)
 	char why[300];
 
 	/* a fault that closed the link while we read: stop, the event fails it */
-	while (l->state != LS_DEAD && l->state != LS_BROKEN && !l->fault_close && !l->hold_reads) {
+	while (l->state != LS_DEAD && l->state != LS_BROKEN && !l->fault_close && !l->hold_reads &&
+	       !l->rx_blocked && !l->conn_dead) {
 		if (!budget) {
 			/* Yield through the poll, not around it: re-activating
 			 * ourselves here would run again before epoll and the
@@ -331,8 +402,9 @@ static void link_read(struct link *l)
 			 * own writes, the other links and the heartbeats. Bytes
 			 * left in the socket fire EV_READ again (level-triggered);
 			 * bytes already in user space do not, so a zero timeout
-			 * brings us back after the next poll. */
-			if (conn_pending(l->c)) {
+			 * brings us back after the next poll. (Another thread's
+			 * caller looks at conn_pending itself.) */
+			if (!l->off_main && conn_pending(l->c)) {
 				static const struct timeval now_tv = { 0, 0 };
 				event_add(l->ev_resume, &now_tv);
 			}
@@ -385,7 +457,7 @@ static void link_read(struct link *l)
 			link_conn_failed(l, -EPIPE, l->rx_stage == RX_PREFIX && !l->rx_got
 					  ? "connection closed by peer"
 					  : "connection closed by peer in the middle of a frame");
-			return;
+			return total;
 		}
 		if (r < 0) {
 			char err[256];
@@ -394,12 +466,13 @@ static void link_read(struct link *l)
 			 * only now (TLS 1.3 checks the client's after its Finished) */
 			if (l->state != LS_HELLO || !rdv_handshake_failed(l, (int)r, err))
 				link_conn_failed(l, -EPIPE, err);
-			return;
+			return total;
 		}
 		l->last_rx_ns = now_ns();
 		if (sum)
 			xport_land_stream(l->rx_req, &l->rx_land, bounce, (size_t)r);
 		l->rx_got += (size_t)r;
+		total += (size_t)r;
 		budget = (size_t)r >= budget ? 0 : budget - (size_t)r;
 		switch (l->rx_stage) {
 		case RX_PREFIX:
@@ -407,13 +480,13 @@ static void link_read(struct link *l)
 				break;
 			if (frame_parse_prefix(l->rx_prefix, &n->lim, &l->rx_p, why, sizeof(why))) {
 				link_bad_frame(l, why);
-				return;
+				return total;
 			}
 			if (l->rx_hdr_cap < l->rx_p.header_len) {
 				uint8_t *b = realloc(l->rx_hdr, l->rx_p.header_len);
 				if (!b) {
 					link_lost(l, -ENOMEM, "out of memory");
-					return;
+					return total;
 				}
 				l->rx_hdr = b;
 				l->rx_hdr_cap = l->rx_p.header_len;
@@ -433,24 +506,27 @@ static void link_read(struct link *l)
 					l->rx_dup = false;     /* a frame we had: nothing lands */
 				else
 					chunk_payload_done(l);
-				if (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4)
+				if (l->rx_ack_now ||
+				    (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4))
 					link_send_ack(l);
+				l->rx_ack_now = false;
 				l->rx_stage = RX_PREFIX;
 				l->rx_got = 0;
 			}
 			break;
 		}
 	}
-	if (l->state == LS_BROKEN)
-		return;
+	if (l->state == LS_BROKEN || l->conn_dead)
+		return total;
 	if (l->state != LS_DEAD && l->wr_wants_read) {
 		l->wr_wants_read = false;
-		link_write(l);
+		recv_write(l);
 	}
 	/* reading may have made OpenSSL write (alerts, key updates) */
-	if (l->state != LS_DEAD && l->state != LS_DRAIN && l->state != LS_BROKEN &&
+	if (l->state != LS_DEAD && l->state != LS_DRAIN && l->state != LS_BROKEN && !l->conn_dead &&
 	    conn_flush(l->c) == -EAGAIN)
 		link_arm_write(l);
+	return total;
 }
 
 /* ---- handshake and events ---- */
@@ -513,7 +589,7 @@ static void link_handshake(struct link *l)
 		break;
 	}
 	/* records may already sit in OpenSSL's buffer */
-	link_read(l);
+	link_read(l, READ_BUDGET);
 }
 
 static void link_connected(struct link *l)
@@ -534,7 +610,7 @@ static void link_connected(struct link *l)
 		if (l->role == ROLE_COORD_OUT)
 			n->coord_retry_at = now_ns() + RETRY_NS;
 		else
-			n->peers[l->peer].retry_at = now_ns() + RETRY_NS;
+			n->peers[l->peer].retry_at[l->stream] = now_ns() + RETRY_NS;
 		link_kill(l);
 		return;
 	}
@@ -543,10 +619,8 @@ static void link_connected(struct link *l)
 	link_handshake(l);
 }
 
-void recv_event_cb(evutil_socket_t fd, short what, void *arg)
+static void event_locked(struct link *l, short what)
 {
-	struct link *l = arg;
-	(void)fd;
 	if (l->state != LS_DEAD && l->fault_close) {
 		/* as if the read had failed (link_fault_close woke us) */
 		link_lost(l, -EPIPE, l->fault_msg);
@@ -555,6 +629,7 @@ void recv_event_cb(evutil_socket_t fd, short what, void *arg)
 	switch (l->state) {
 	case LS_DEAD:
 	case LS_BROKEN:
+	case LS_UP:            /* its stream thread's (a stale event) */
 		return;
 	case LS_CONNECTING:
 	case LS_RECONNECTING:
@@ -568,15 +643,167 @@ void recv_event_cb(evutil_socket_t fd, short what, void *arg)
 		break;
 	}
 	if (what & EV_READ)
-		link_read(l);
+		link_read(l, READ_BUDGET);
 	if ((what & EV_WRITE) && l->state != LS_DEAD) {
 		if (l->rd_wants_write) {
 			l->rd_wants_write = false;
-			link_read(l);
+			link_read(l, READ_BUDGET);
 		}
-		if (l->state != LS_DEAD)
-			link_write(l);
+		if (l->state != LS_DEAD && l->state != LS_UP)
+			recv_write(l);
 	}
+}
+
+void recv_event_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct link *l = arg;
+	(void)fd;
+	link_lock(l);
+	event_locked(l, what);
+	link_unlock(l);
+}
+
+/* What another thread left for the net thread (link_defer), in order: the
+ * frame it met (so an Abort or Done is read before its link is blamed),
+ * the finish check, the failure; then the net thread reads on where it
+ * stopped and gives the link back to its stream thread. */
+static void defer_locked(struct link *l)
+{
+	struct net *n = l->net;
+	if (l->state == LS_DEAD)
+		return;
+	if (l->fault_close) {
+		link_lost(l, -EPIPE, l->fault_msg);
+		return;
+	}
+	Meshrun__Frame *f = l->defer_frame;
+	l->defer_frame = NULL;
+	if (f) {
+		if (!dispatch(l, f))
+			frame_header_free(f);
+		if (l->state == LS_DEAD || l->state == LS_BROKEN)
+			return;
+	}
+	if (l->defer_finish) {
+		l->defer_finish = false;
+		link_check_finish(n);
+	}
+	if (l->defer != DEFER_NONE) {
+		char why[256];
+		enum link_defer what = l->defer;
+		int rc = l->defer_rc;
+		snprintf(why, sizeof(why), "%s", l->defer_why);
+		l->defer = DEFER_NONE;
+		if (what == DEFER_CONN)
+			link_conn_failed(l, rc, why);
+		else if (what == DEFER_BAD)
+			link_bad_frame(l, why);
+		else
+			link_lost(l, rc, why);
+		return;
+	}
+	l->rx_blocked = false;
+	if (l->state != LS_UP)
+		return;
+	/* records may sit in OpenSSL's buffer, where no epoll sees them */
+	link_read(l, READ_BUDGET);
+	if (l->state == LS_UP && l->want_write && !l->held)
+		recv_write(l);
+}
+
+void recv_defer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct link *l = arg;
+	(void)fd;
+	(void)what;
+	link_lock(l);
+	defer_locked(l);
+	link_unlock(l);
+}
+
+/* A stream thread's turn on an UP link: read what came (in budget-sized
+ * turns, letting the lock go between them so the net thread's heartbeats
+ * get in), write what waits. Device threads polling the link read it
+ * themselves, and a link held, blocked or failed is left alone: its
+ * owner arms the watch again (link_watch) when that ends. */
+void recv_stream_cb(struct link *l, uint32_t events)
+{
+	if (!link_trylock(l)) {
+		/* the holder sees kick when it lets go (link_unlock) */
+		atomic_store(&l->kick, 1);
+		if (!link_trylock(l))
+			return;
+	}
+	l->armed = 0;             /* the one shot is spent */
+	for (int turn = 0; l->state == LS_UP && l->watched && !l->conn_dead && !l->pollers;
+	     turn++) {
+		if (turn) {
+			link_unlock(l);
+			sched_yield();
+			link_lock(l);
+			if (l->state != LS_UP || !l->watched || l->conn_dead || l->pollers)
+				break;
+		}
+		if ((events & EPOLLOUT) || l->want_write || l->rd_wants_write) {
+			if (l->rd_wants_write) {
+				l->rd_wants_write = false;
+				link_read(l, READ_BUDGET);
+			}
+			if (l->state == LS_UP && !l->held && !l->conn_dead)
+				recv_write(l);
+		}
+		if (l->state != LS_UP || l->rx_blocked || l->hold_reads || l->conn_dead)
+			break;
+		/* another turn only if the budget ran out with records left
+		 * in OpenSSL's buffer, where epoll does not see them; a read
+		 * that met an empty socket (EAGAIN) stops here even when a
+		 * partial record waits there (SSL_has_pending counts it): the
+		 * socket's next bytes fire the armed watch, and meanwhile the
+		 * thread's other links get their turn */
+		if (link_read(l, READ_BUDGET) < READ_BUDGET || !conn_pending(l->c) ||
+		    l->state != LS_UP)
+			break;
+		events = 0;
+	}
+	link_unlock(l);
+}
+
+void recv_stream_tick(struct net *n, int stream)
+{
+	uint64_t now = now_ns();
+	for (int h = 0; h < n->num_hosts; h++) {
+		struct link *l = h == n->host_id ? NULL :
+			atomic_load_explicit(&n->peers[h].dl[stream], memory_order_acquire);
+		if (!l || !l->lingering)
+			continue;
+		link_lock(l);
+		if (l->lingering && !l->pollers && now >= l->linger_ns) {
+			l->lingering = false;
+			atomic_fetch_sub(&n->lingering, 1);
+			/* link_unlock arms the watch; records may wait in
+			 * OpenSSL's buffer, where epoll does not see them */
+			if (l->state == LS_UP && conn_pending(l->c))
+				recv_poll(l, READ_BUDGET);
+		}
+		link_unlock(l);
+	}
+}
+
+bool recv_poll(struct link *l, size_t budget)
+{
+	size_t moved = 0;
+	if (l->state != LS_UP || l->conn_dead)
+		return false;
+	if (l->want_write && !l->held) {
+		uint64_t before = atomic_load_explicit(&l->net->bytes_sent, memory_order_relaxed);
+		recv_write(l);
+		moved += atomic_load_explicit(&l->net->bytes_sent, memory_order_relaxed) != before;
+	}
+	if (l->state == LS_UP && !l->rx_blocked && !l->hold_reads && !l->conn_dead)
+		moved += link_read(l, budget);
+	if (l->state == LS_UP && l->want_write && !l->held && !l->conn_dead)
+		recv_write(l);
+	return moved > 0;
 }
 
 

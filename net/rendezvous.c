@@ -277,7 +277,7 @@ struct conn *rdv_conn_new(struct net *n, int fd, bool server)
 	return c;
 }
 
-void rdv_dial_addr(struct net *n, enum link_role role, int peer, const char *addr)
+void rdv_dial_addr(struct net *n, enum link_role role, int peer, int stream, const char *addr)
 {
 	char err[256];
 	int fd = conn_connect_start(addr, err, sizeof(err));
@@ -286,7 +286,7 @@ void rdv_dial_addr(struct net *n, enum link_role role, int peer, const char *add
 		if (role == ROLE_COORD_OUT)
 			n->coord_retry_at = now_ns() + RETRY_NS;
 		else
-			n->peers[peer].retry_at = now_ns() + RETRY_NS;
+			n->peers[peer].retry_at[stream] = now_ns() + RETRY_NS;
 		return;
 	}
 	struct conn *c = rdv_conn_new(n, fd, false);
@@ -297,17 +297,18 @@ void rdv_dial_addr(struct net *n, enum link_role role, int peer, const char *add
 	}
 	link_set_state(l, LS_CONNECTING);
 	l->write_armed = true;
+	l->stream = stream;
 	event_add(l->ev_write, NULL);
 	if (role == ROLE_COORD_OUT)
 		n->coord = l;
 	else
-		n->peers[peer].l = l;
+		n->peers[peer].l[stream] = l;
 }
 
-void rdv_dial(struct net *n, int peer)
+void rdv_dial(struct net *n, int peer, int stream)
 {
-	n->peers[peer].retry_at = 0;
-	rdv_dial_addr(n, ROLE_LINK_OUT, peer, n->peers[peer].addr);
+	n->peers[peer].retry_at[stream] = 0;
+	rdv_dial_addr(n, ROLE_LINK_OUT, peer, stream, n->peers[peer].addr);
 }
 
 static void start_links(struct net *n)
@@ -316,7 +317,8 @@ static void start_links(struct net *n)
 	if (n->ev_data_l)
 		event_add(n->ev_data_l, NULL);
 	for (int h = n->host_id + 1; h < n->num_hosts; h++)
-		rdv_dial(n, h);
+		for (int k = 0; k < n->nstreams; k++)
+			rdv_dial(n, h, k);
 	check_links(n);
 }
 
@@ -336,8 +338,9 @@ static void check_links(struct net *n)
 	if (n->phase != PH_LINKS)
 		return;
 	for (int h = 0; h < n->num_hosts; h++)
-		if (h != n->host_id && (!n->peers[h].l || n->peers[h].l->state != LS_UP))
-			return;
+		for (int k = 0; k < n->nstreams && h != n->host_id; k++)
+			if (!n->peers[h].l[k] || n->peers[h].l[k]->state != LS_UP)
+				return;
 	/* every link is up: no one else may dial us, unless links recover
 	 * (a broken link's peer redials this listener) */
 	if (n->ev_data_l && !n->replay_cap) {
@@ -349,9 +352,14 @@ static void check_links(struct net *n)
 		n->data_lfd = -1;
 	}
 	n->phase = PH_BARRIER;
-	for (int h = 0; h < n->num_hosts; h++)
-		if (h != n->host_id)
-			send_simple(n->peers[h].l, MESHRUN__FRAME__BODY_BARRIER);
+	for (int h = 0; h < n->num_hosts; h++) {
+		struct link *l = n->peers[h].l[0];
+		if (h == n->host_id)
+			continue;
+		link_lock(l);
+		send_simple(l, MESHRUN__FRAME__BODY_BARRIER);
+		link_unlock(l);
+	}
 	rdv_check_barrier(n);
 }
 
@@ -359,10 +367,14 @@ void rdv_link_up(struct link *l, int peer)
 {
 	struct net *n = l->net;
 	l->peer = peer;
+	l->pinned = true;
 	link_set_state(l, LS_UP);
 	l->was_up = true;
 	l->last_rx_ns = l->last_hb_ns = now_ns();
-	n->peers[peer].l = l;
+	n->peers[peer].l[l->stream] = l;
+	/* device threads reach it from now on (and it is never freed
+	 * before net_free) */
+	atomic_store_explicit(&n->peers[peer].dl[l->stream], l, memory_order_release);
 	check_links(n);
 }
 
@@ -378,7 +390,7 @@ static void resumed_up(struct link *l, uint64_t peer_last)
 	uint64_t bytes = 0;
 	for (struct ctrl_frame *c = l->rp_next; c; c = c->next) {
 		resend++;
-		bytes += c->len;
+		bytes += c->len + c->pay_len;
 	}
 	link_set_state(l, LS_UP);
 	l->last_rx_ns = l->last_hb_ns = now;
@@ -388,10 +400,11 @@ static void resumed_up(struct link *l, uint64_t peer_last)
 	status_log(n, "link to host %d (%s) resumed after %.0f ms: resending %u frames (%llu bytes)",
 		   l->peer, l->addr, (double)(now - l->broken_at_ns) / 1e6, resend,
 		   (unsigned long long)bytes);
-	event_add(l->ev_read, NULL);
 	link_arm_write(l);
-	/* records may already sit in OpenSSL's buffer */
-	event_active(l->ev_read, EV_READ, 0);
+	/* records may already sit in OpenSSL's buffer: the net thread reads
+	 * them and writes the resend (recv_defer_cb), then the stream thread
+	 * takes the link */
+	event_active(l->ev_defer, EV_READ, 0);
 }
 
 void rdv_redial(struct link *l)
@@ -422,7 +435,8 @@ void rdv_link_resumed(struct link *l, const Meshrun__LinkHello *h)
 	struct net *n = l->net;
 	char why[300];
 	struct wire_self self = net_wire_self(n);
-	if (wire_check_link_answer(&self, l->peer, l->addr, true, h, why, sizeof(why)) ||
+	if (wire_check_link_answer(&self, l->peer, l->addr, (unsigned)l->stream, true, h, why,
+				   sizeof(why)) ||
 	    wire_check_resume_seq(h->host_id, h->last_seq, l->tx_seq, why, sizeof(why))) {
 		status_log(n, "%s", why);
 		link_conn_failed(l, -EPROTO, why);
@@ -434,10 +448,18 @@ void rdv_link_resumed(struct link *l, const Meshrun__LinkHello *h)
 /* A redial from host id that passed the checks (job id, identity, a link
  * that can resume): its connection replaces the link's broken one.
  * Nothing before this touches the link it claims. */
+static void resume_accepted_locked(struct link *t, struct link *l, const Meshrun__LinkHello *h);
+
 static void resume_accepted(struct link *t, int id, const Meshrun__LinkHello *h)
 {
-	struct net *n = t->net;
-	struct link *l = n->peers[id].l;
+	struct link *l = t->net->peers[id].l[h->stream];
+	link_lock(l);
+	resume_accepted_locked(t, l, h);
+	link_unlock(l);
+}
+
+static void resume_accepted_locked(struct link *t, struct link *l, const Meshrun__LinkHello *h)
+{
 	if (l->state == LS_UP && !link_break(l, "the peer redialed")) {
 		rdv_refuse_conn(t, "this link cannot be resumed now");
 		return;
@@ -475,7 +497,7 @@ void rdv_accept_link_hello(struct link *l, const Meshrun__LinkHello *h)
 		rdv_refuse_conn(l, why);
 		return;
 	}
-	const struct link *o = n->peers[id].l;
+	const struct link *o = n->peers[id].l[h->stream];
 	struct wire_link_view v = {
 		.exists = o != NULL,
 		.resumable = n->replay_cap && o && o->was_up &&
@@ -490,6 +512,7 @@ void rdv_accept_link_hello(struct link *l, const Meshrun__LinkHello *h)
 		resume_accepted(l, id, h);
 		return;
 	}
+	l->stream = (int)h->stream;
 	send_link_hello(l);
 	rdv_link_up(l, id);
 }

@@ -12,6 +12,43 @@
 
 static const uint8_t zeros[64 * 1024];
 
+int send_rr_post(struct link *l, const struct frame_rr *rr)
+{
+	if (l->rr_head == l->rr_n)
+		l->rr_head = l->rr_n = 0;
+	if (l->rr_n == l->rr_cap) {
+		size_t cap = l->rr_cap ? 2 * l->rr_cap : 16;
+		struct frame_rr *q = realloc(l->rr_q, cap * sizeof(*q));
+		if (!q)
+			return -ENOMEM;
+		l->rr_q = q;
+		l->rr_cap = cap;
+	}
+	l->rr_q[l->rr_n++] = *rr;
+	atomic_store_explicit(&l->rr_pending, true, memory_order_relaxed);
+	return 0;
+}
+
+void send_rr_flush(struct link *l)
+{
+	while (l->rr_head < l->rr_n) {
+		const struct frame_rr *q = &l->rr_q[l->rr_head];
+		Meshrun__Frame f = MESHRUN__FRAME__INIT;
+		Meshrun__RecvReady rr = MESHRUN__RECV_READY__INIT;
+		rr.src_device = q->src;
+		rr.dst_device = q->dst;
+		rr.tag = q->tag;
+		rr.byte_count = q->bytes;
+		f.body_case = MESHRUN__FRAME__BODY_RECV_READY;
+		f.recv_ready = &rr;
+		if (link_send(l, &f))
+			break;         /* no memory: the tick tries again */
+		l->rr_head++;
+	}
+	if (l->rr_head == l->rr_n)
+		atomic_store_explicit(&l->rr_pending, false, memory_order_relaxed);
+}
+
 void send_refuse(struct link *l, const char *reason)
 {
 	Meshrun__Frame f = MESHRUN__FRAME__INIT;
@@ -55,6 +92,7 @@ void send_link_hello(struct link *l)
 	Meshrun__LinkHello h = MESHRUN__LINK_HELLO__INIT;
 	h.host_id = (uint32_t)l->net->host_id;
 	h.job_id = l->net->job_id;
+	h.stream = (uint32_t)l->stream;
 	f.body_case = MESHRUN__FRAME__BODY_LINK_HELLO;
 	f.link_hello = &h;
 	link_send(l, &f);
@@ -68,6 +106,7 @@ int send_resume_hello(struct link *l)
 	h.job_id = l->net->job_id;
 	h.resume = true;
 	h.last_seq = l->rx_seq;
+	h.stream = (uint32_t)l->stream;
 	f.body_case = MESHRUN__FRAME__BODY_LINK_HELLO;
 	f.link_hello = &h;
 	f.ack_seq = l->ack_sent = l->rx_seq;
@@ -77,13 +116,16 @@ int send_resume_hello(struct link *l)
 		return -ENOMEM;
 	c->len = frame_encode(&f, 0, c->data);
 	c->unseq = true;
+	c->pay = NULL;
+	c->pay_len = 0;
+	c->req = NULL;
 	free(l->hello_out);
 	l->hello_out = c;
 	link_arm_write(l);
 	return 0;
 }
 
-/* Recovery: a sequenced frame being written is kept whole until acked. */
+/* Recovery: a sequenced frame being written is kept until acked. */
 static void rp_keep(struct link *l, struct ctrl_frame *c)
 {
 	c->next = NULL;
@@ -92,7 +134,7 @@ static void rp_keep(struct link *l, struct ctrl_frame *c)
 	else
 		l->rp_head = c;
 	l->rp_tail = c;
-	l->rp_bytes += c->len;
+	l->rp_bytes += c->len + c->pay_len;
 }
 
 static void tx_set(struct link *l, struct ctrl_frame *c, bool owned)
@@ -101,20 +143,65 @@ static void tx_set(struct link *l, struct ctrl_frame *c, bool owned)
 	l->tx_hdr = c->data;
 	l->tx_hdr_len = c->len;
 	l->tx_hdr_off = 0;
-	l->tx_pay = NULL;
-	l->tx_pay_len = l->tx_pay_off = 0;
+	/* a reference entry's payload: from the caller's buffer (zeros once
+	 * its request was failed and let go) */
+	l->tx_pay = c->pay;
+	l->tx_pay_len = c->pay_len;
+	l->tx_pay_off = 0;
 	l->tx_active = true;
+}
+
+/* Recovery, a message of several fragments: the fragment's header is kept
+ * and its payload by reference to the caller's buffer; the message
+ * completes when the peer acknowledges its last fragment, which asks for
+ * a prompt ack (FRAME_DATA_ACK). */
+static bool tx_chunk_ref(struct link *l, struct send_msg *m, struct frame_data *f, uint64_t cnt)
+{
+	struct xreq *r = m->req;
+	bool last = m->off + cnt == r->len;
+	if (last)
+		f->flags |= FRAME_DATA_ACK;
+	size_t hl = frame_encode_data(f, cnt, l->tx_stage);
+	struct ctrl_frame *c = malloc(sizeof(*c) + hl);
+	if (!c) {
+		link_fault_close(l, f->link_seq - 1);
+		snprintf(l->fault_msg, sizeof(l->fault_msg), "out of memory for a replay entry");
+		return false;
+	}
+	memcpy(c->data, l->tx_stage, hl);
+	c->len = hl;
+	c->pooled = c->heartbeat = c->unseq = false;
+	c->seq = f->link_seq;
+	c->pay = (const uint8_t *)r->buf + m->off;
+	c->pay_len = cnt;
+	c->req = last ? r : NULL;
+	rp_keep(l, c);
+	tx_set(l, c, false);
+	m->off += cnt;
+	l->tx_msg = NULL;
+	if (last) {
+		/* the message is done here; its request waits in the entry */
+		l->dq_head = m->next;
+		if (!l->dq_head)
+			l->dq_tail = NULL;
+		free(m);
+	}
+	return true;
 }
 
 /* Recovery: the next data fragment is copied whole (header and payload)
  * into a replay copy and written from there; its message completes when
- * its last fragment is copied, as the caller's buffer is then free. false
- * if the replay copies are full (the sender waits for acks) or a fault
- * closed the link. */
-static bool tx_chunk_keep(struct link *l, struct send_msg *m, Meshrun__Frame *f, uint64_t cnt)
+ * its last fragment is copied, as the caller's buffer is then free. Only
+ * messages of one fragment (eager sends among them) are copied: they
+ * complete inside the call that writes them; longer ones are kept by
+ * reference (tx_chunk_ref). false if a fault closed the link. */
+static bool tx_chunk_keep(struct link *l, struct send_msg *m, struct frame_data *f,
+			  uint64_t cnt)
 {
 	struct xreq *r = m->req;
-	size_t hl = frame_encode(f, cnt, l->tx_stage);
+	if (r->len > LINK_FRAG_MAX)
+		return tx_chunk_ref(l, m, f, cnt);
+	size_t hl = frame_encode_data(f, cnt, l->tx_stage);
 	struct ctrl_frame *c;
 	bool pooled = hl + cnt <= RP_BLOCK && cnt > SMALL_PAYLOAD;
 	if (pooled && l->rp_pool) {
@@ -137,6 +224,9 @@ static bool tx_chunk_keep(struct link *l, struct send_msg *m, Meshrun__Frame *f,
 	c->pooled = pooled;
 	c->heartbeat = c->unseq = false;
 	c->seq = f->link_seq;
+	c->pay = NULL;
+	c->pay_len = 0;
+	c->req = NULL;
 	rp_keep(l, c);
 	tx_set(l, c, false);
 	m->off += cnt;
@@ -188,13 +278,7 @@ static bool tx_next(struct link *l)
 		l->cq_head = c->next;
 		if (!l->cq_head)
 			l->cq_tail = NULL;
-		l->tx_ctrl = c;
-		l->tx_hdr = c->data;
-		l->tx_hdr_len = c->len;
-		l->tx_hdr_off = 0;
-		l->tx_pay = NULL;
-		l->tx_pay_len = l->tx_pay_off = 0;
-		l->tx_active = true;
+		tx_set(l, c, true);
 		return true;
 	}
 	struct send_msg *m = l->dq_head;
@@ -209,33 +293,28 @@ static bool tx_next(struct link *l)
 	if (keep && l->rp_head && l->rp_bytes + cnt + 1024 > n->replay_cap)
 		return false;
 
-	Meshrun__Frame f = MESHRUN__FRAME__INIT;
-	Meshrun__CollectiveChunk ch = MESHRUN__COLLECTIVE_CHUNK__INIT;
-	ch.op = (Meshrun__CollOp)r->meta.op;
-	ch.group_id = r->meta.group;
-	ch.coll_seq = r->meta.seq;
-	ch.step = r->meta.step;
-	ch.src_device = (uint32_t)r->src;
-	ch.dst_device = (uint32_t)r->dst;
-	ch.chunk_index = r->meta.chunk;
-	ch.offset = r->meta.offset;
-	ch.byte_count = cnt;
-	ch.tag = r->tag;
-	ch.msg_bytes = r->len;
-	ch.msg_offset = m->off;
-	ch.eager = r->eager;
-	f.body_case = MESHRUN__FRAME__BODY_CHUNK;
-	f.chunk = &ch;
+	struct frame_data f = {
+		.tag = r->tag, .msg_bytes = r->len, .msg_offset = m->off, .step = r->meta.step,
+		.src = (uint32_t)r->src, .dst = (uint32_t)r->dst, .op = r->meta.op,
+		.flags = r->eager ? FRAME_DATA_EAGER : 0,
+	};
+	if (l->rr_head < l->rr_n) {
+		/* a posted receive's RecvReady rides along */
+		f.rr = l->rr_q[l->rr_head++];
+		f.flags |= FRAME_DATA_RR;
+		if (l->rr_head == l->rr_n)
+			atomic_store_explicit(&l->rr_pending, false, memory_order_relaxed);
+	}
 	f.link_seq = ++l->tx_seq;
 	f.ack_seq = l->ack_sent = link_rx_done(l);
 	l->rx_unacked_bytes = 0;
-	if (link_fault(l, true, &f) == LINK_FAULT_CLOSE) {
+	if (link_fault_data(l, true, &f, cnt) == LINK_FAULT_CLOSE) {
 		link_fault_close(l, f.link_seq - 1);
 		return false;
 	}
 	if (keep)
 		return tx_chunk_keep(l, m, &f, cnt);
-	size_t hl = frame_encode(&f, cnt, l->tx_stage);
+	size_t hl = frame_encode_data(&f, cnt, l->tx_stage);
 	l->tx_hdr = l->tx_stage;
 	l->tx_hdr_off = 0;
 	if (cnt <= SMALL_PAYLOAD) {
@@ -321,10 +400,10 @@ static int tx_idle(struct link *l)
 int send_write(struct link *l)
 {
 	struct net *n = l->net;
-	size_t budget = WRITE_BUDGET;
+	size_t budget = n->max_send;
 
 	while (budget) {
-		if (l->state == LS_DEAD || l->state == LS_DRAIN || l->fault_close)
+		if (l->state == LS_DEAD || l->state == LS_DRAIN || l->fault_close || l->conn_dead)
 			return 0;
 		if (l->held) {
 			/* an injected delay or black hole: ev_hold re-arms us */
@@ -352,6 +431,11 @@ int send_write(struct link *l)
 			tx_frame_done(l);
 			continue;
 		}
+		/* more follows this write at once: the rest of this frame, or
+		 * another frame (a full record, 16 KiB, per write) */
+		l->c->more = len > 16384 || (hdr && l->tx_pay_len > 0) ||
+			     (!hdr && l->tx_pay_len - l->tx_pay_off > len) || l->cq_head ||
+			     l->dq_head || l->rp_next || l->hello_out;
 		ssize_t w = conn_write(l->c, src, len);
 		if (w == -EAGAIN) {
 			conn_flush(l->c);

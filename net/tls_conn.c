@@ -1,6 +1,6 @@
 /* The TLS connection type (Valkey's tls_connection): a struct conn with
  * the SSL object and the key-renewal state behind it, over a socket BIO
- * that batches ciphertext. Nothing outside this file and net/tls.c touches
+ * that hands OpenSSL the socket (no buffer of ours in between). Nothing outside this file and net/tls.c touches
  * an SSL; callers ask through the conn_type table. */
 #include "net/tls_conn.h"
 
@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -33,57 +35,25 @@ static inline struct tls_conn *tc(struct conn *c)
 }
 
 /* ---- the socket BIO under TLS ----
- * OpenSSL writes one record (at most 16 KiB plus 22 bytes) per BIO_write
- * and, with its own read-ahead, moves buffered bytes around on every
- * record. This BIO instead gathers written records and hands them to the
- * kernel in sends of at most SEND_MAX bytes, and reads the socket IBUF_CAP
- * bytes at a time.
- * SEND_MAX is measured, on loopback (bench link, interleaved): three
- * records per send beat one send() per record by ~10% both ways at once
- * (fewer syscalls and TCP pushes for a copy that stays in cache), while
- * four records (a send just over 64 KiB, the loopback MTU, so most likely
- * a full segment and a tiny one) cost 25-35%: which is why gathering 256
- * KiB was slower than sending each record straight from OpenSSL's
- * buffer, as this BIO did before. */
+ * OpenSSL reads and writes the socket itself, through this BIO, with no
+ * buffer of ours in between: a written record goes to send() straight from
+ * OpenSSL's write buffer, and a read lands in OpenSSL's read buffer, which
+ * read-ahead makes RBUF_LEN bytes long, so one recv() brings many records.
+ * A record goes with MSG_MORE while the writer says more bytes follow at
+ * once (struct conn.more), so the kernel builds full-size segments instead
+ * of one per 16 KiB record; the last record of a burst goes without it and
+ * pushes them, and conn_flush pushes what an interrupted burst left held.
+ * That is what the ciphertext-gathering buffer this BIO kept before
+ * bought, at the price of a copy per byte each way (bench/README.md). */
 
-#define OBUF_CAP (512 * 1024)
-#define SEND_MAX (64 * 1024)
-#define IBUF_CAP (256 * 1024)
+#define RBUF_LEN (256 * 1024)
 
 struct sbio {
 	int fd;
-	int err;                  /* errno of a failed background send */
+	const bool *more;         /* the connection's hint (struct conn.more) */
 	bool corrupt_next;        /* fault injection: flip a byte of the next record */
-	uint8_t *obuf, *ibuf;
-	size_t olen, ooff, ilen, ioff;
+	bool corked;              /* the last record went with MSG_MORE */
 };
-
-/* 1: all sent; 0: the socket is full; -1: error (errno). */
-static int sbio_send(struct sbio *s)
-{
-	if (s->err) {
-		errno = s->err;
-		return -1;
-	}
-	while (s->ooff < s->olen) {
-		/* what piled up while the socket was full goes SEND_MAX at a time */
-		size_t k = s->olen - s->ooff < SEND_MAX ? s->olen - s->ooff : SEND_MAX;
-		ssize_t n = send(s->fd, s->obuf + s->ooff, k, MSG_NOSIGNAL);
-		if (n > 0) {
-			s->ooff += (size_t)n;
-			continue;
-		}
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			return 0;
-		s->err = n < 0 ? errno : EPIPE;
-		errno = s->err;
-		return -1;
-	}
-	s->olen = s->ooff = 0;
-	return 1;
-}
 
 static int sbio_write(BIO *b, const char *data, int len)
 {
@@ -91,33 +61,29 @@ static int sbio_write(BIO *b, const char *data, int len)
 	BIO_clear_retry_flags(b);
 	if (len <= 0)
 		return 0;
-	/* what is gathered goes first if this record would take the send
-	 * past SEND_MAX; a failure here surfaces on the next write or flush */
-	if (s->olen > s->ooff && s->olen - s->ooff + (size_t)len > SEND_MAX)
-		sbio_send(s);
-	if (s->olen + (size_t)len > OBUF_CAP) {
-		int r = sbio_send(s);
-		if (r < 0)
-			return -1;
-		if (r == 0 && s->ooff) {
-			memmove(s->obuf, s->obuf + s->ooff, s->olen - s->ooff);
-			s->olen -= s->ooff;
-			s->ooff = 0;
-		}
-		if (s->olen + (size_t)len > OBUF_CAP) {
-			BIO_set_retry_write(b);
-			return -1;
-		}
-	}
-	memcpy(s->obuf + s->olen, data, (size_t)len);
 	if (s->corrupt_next && len > 5) {
 		/* past the 5-byte record header: ciphertext or tag, which the
-		 * peer's TLS must reject (bad record mac) */
-		s->obuf[s->olen + 5 + (size_t)(len - 5) / 2] ^= 0x5a;
+		 * peer's TLS must reject (bad record mac). The record is
+		 * OpenSSL's write buffer, and a partial send resends the rest
+		 * from there, so the flipped byte goes out whatever happens */
+		((char *)data)[5 + (len - 5) / 2] ^= 0x5a;
 		s->corrupt_next = false;
 	}
-	s->olen += (size_t)len;
-	return len;
+	/* held back while the writer says more follows: the last record of
+	 * a burst goes without MSG_MORE and pushes the rest */
+	bool more = *s->more;
+	for (;;) {
+		ssize_t n = send(s->fd, data, (size_t)len, MSG_NOSIGNAL | (more ? MSG_MORE : 0));
+		if (n > 0) {
+			s->corked = more;
+			return (int)n;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			BIO_set_retry_write(b);
+		return -1;
+	}
 }
 
 static int sbio_read(BIO *b, char *out, int len)
@@ -126,27 +92,13 @@ static int sbio_read(BIO *b, char *out, int len)
 	BIO_clear_retry_flags(b);
 	if (len <= 0)
 		return 0;
-	if (s->ioff == s->ilen) {
-		ssize_t n;
-		s->ioff = s->ilen = 0;
-		do
-			n = recv(s->fd, s->ibuf, IBUF_CAP, 0);
-		while (n < 0 && errno == EINTR);
-		if (n == 0)
-			return 0;
-		if (n < 0) {
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				BIO_set_retry_read(b);
-			return -1;
-		}
-		s->ilen = (size_t)n;
-	}
-	size_t k = s->ilen - s->ioff;
-	if (k > (size_t)len)
-		k = (size_t)len;
-	memcpy(out, s->ibuf + s->ioff, k);
-	s->ioff += k;
-	return (int)k;
+	ssize_t n;
+	do
+		n = recv(s->fd, out, (size_t)len, 0);
+	while (n < 0 && errno == EINTR);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		BIO_set_retry_read(b);
+	return n < 0 ? -1 : (int)n;
 }
 
 static long sbio_ctrl(BIO *b, int cmd, long num, void *ptr)
@@ -155,17 +107,15 @@ static long sbio_ctrl(BIO *b, int cmd, long num, void *ptr)
 	(void)num;
 	(void)ptr;
 	switch (cmd) {
-	case BIO_CTRL_FLUSH: {
+	case BIO_CTRL_FLUSH:
 		BIO_clear_retry_flags(b);
-		int r = sbio_send(s);
-		if (r == 0)
-			BIO_set_retry_write(b);
-		return r > 0 ? 1 : r == 0 ? 0 : -1;
-	}
-	case BIO_CTRL_WPENDING:
-		return (long)(s->olen - s->ooff);
-	case BIO_CTRL_PENDING:
-		return (long)(s->ilen - s->ioff);
+		if (s->corked) {
+			/* setting TCP_NODELAY pushes what MSG_MORE held back */
+			int one = 1;
+			setsockopt(s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+			s->corked = false;
+		}
+		return 1;
 	case BIO_CTRL_DUP:
 		return 1;
 	default:
@@ -175,13 +125,8 @@ static long sbio_ctrl(BIO *b, int cmd, long num, void *ptr)
 
 static int sbio_destroy(BIO *b)
 {
-	struct sbio *s = BIO_get_data(b);
-	if (s) {
-		free(s->obuf);
-		free(s->ibuf);
-		free(s);
-		BIO_set_data(b, NULL);
-	}
+	free(BIO_get_data(b));
+	BIO_set_data(b, NULL);
 	return 1;
 }
 
@@ -197,27 +142,19 @@ static void sbio_init(void)
 		sbio_method = m;
 }
 
-static BIO *sbio_new(int fd)
+static BIO *sbio_new(int fd, const bool *more)
 {
 	pthread_once(&sbio_once, sbio_init);
 	if (!sbio_method)
 		return NULL;
 	struct sbio *s = calloc(1, sizeof(*s));
 	BIO *b = s ? BIO_new(sbio_method) : NULL;
-	if (s) {
-		s->fd = fd;
-		s->obuf = malloc(OBUF_CAP);
-		s->ibuf = malloc(IBUF_CAP);
-	}
-	if (!b || !s->obuf || !s->ibuf) {
-		if (s) {
-			free(s->obuf);
-			free(s->ibuf);
-			free(s);
-		}
-		BIO_free(b);
+	if (!b) {
+		free(s);
 		return NULL;
 	}
+	s->fd = fd;
+	s->more = more;
 	BIO_set_data(b, s);
 	BIO_set_init(b, 1);
 	return b;
@@ -368,7 +305,8 @@ static int tls_flush(struct conn *c)
 
 static bool tls_pending(struct conn *c)
 {
-	return SSL_has_pending(tc(c)->ssl) || BIO_ctrl_pending(SSL_get_rbio(tc(c)->ssl)) > 0;
+	/* with read-ahead, bytes read off the socket but not yet decrypted */
+	return SSL_has_pending(tc(c)->ssl);
 }
 
 static int tls_shutdown(struct conn *c)
@@ -432,12 +370,15 @@ struct conn *tls_conn_new(SSL_CTX *ctx, int fd, bool server)
 	}
 	conn_init(&t->c, &conn_type_tls, fd);
 	t->ssl = SSL_new(ctx);
-	BIO *b = t->ssl ? sbio_new(fd) : NULL;
+	BIO *b = t->ssl ? sbio_new(fd, &t->c.more) : NULL;
 	if (!b) {
 		conn_free(&t->c);
 		return NULL;
 	}
 	SSL_set_bio(t->ssl, b, b);
+	/* OpenSSL reads the socket a buffer at a time, not a record */
+	SSL_set_read_ahead(t->ssl, 1);
+	SSL_set_default_read_buffer_len(t->ssl, RBUF_LEN);
 	if (server)
 		SSL_set_accept_state(t->ssl);
 	else

@@ -1,5 +1,6 @@
 /* The TLS connection type: a struct conn (net/conn.h) whose bytes go
- * through TLS 1.3 over a socket BIO that batches ciphertext. Callers use
+ * through TLS 1.3 over a socket BIO that lets OpenSSL read and write the
+ * socket itself (no buffer in between). Callers use
  * the conn_* calls; the peer's host identity and key renewal are asked
  * through the table, so no caller needs the SSL object. */
 #ifndef MESHRUN_TLS_CONN_H

@@ -13,29 +13,28 @@
 #include "net/net.h"
 #include "net/xport.h"
 
-int wire_check_seq(const struct wire_rx_seq *s, const Meshrun__Frame *f, char *err,
-		   size_t errlen)
+int wire_check_seq(const struct wire_rx_seq *s, int body, uint64_t link_seq, uint64_t ack_seq,
+		   char *err, size_t errlen)
 {
-	int body = f->body_case;
 	if (s->replay) {
-		if (body == MESHRUN__FRAME__BODY_LINK_HELLO && f->link_seq == 0 && s->hello)
+		if (body == MESHRUN__FRAME__BODY_LINK_HELLO && link_seq == 0 && s->hello)
 			return WIRE_SEQ_RESUME_HELLO;
 		/* an ack past what we sent would free replay copies the peer
 		 * lacks, and hide every later ack */
-		if (s->acks && f->ack_seq > s->tx_seq) {
+		if (s->acks && ack_seq > s->tx_seq) {
 			snprintf(err, errlen, "%s frame acknowledges frame %llu, only %llu sent",
-				 frame_body_name(body), (unsigned long long)f->ack_seq,
+				 frame_body_name(body), (unsigned long long)ack_seq,
 				 (unsigned long long)s->tx_seq);
 			return -EBADMSG;
 		}
-		if (body == MESHRUN__FRAME__BODY_ACK || (f->link_seq && f->link_seq <= s->rx_seq))
+		if (body == MESHRUN__FRAME__BODY_ACK || (link_seq && link_seq <= s->rx_seq))
 			return WIRE_SEQ_SKIP;
-		if (s->part_seq && f->link_seq == s->part_seq && f->link_seq == s->rx_seq + 1)
+		if (s->part_seq && link_seq == s->part_seq && link_seq == s->rx_seq + 1)
 			return WIRE_SEQ_PART;
 	}
-	if (f->link_seq != s->rx_seq + 1) {
+	if (link_seq != s->rx_seq + 1) {
 		snprintf(err, errlen, "%s frame has sequence number %llu, expected %llu",
-			 frame_body_name(body), (unsigned long long)f->link_seq,
+			 frame_body_name(body), (unsigned long long)link_seq,
 			 (unsigned long long)(s->rx_seq + 1));
 		return -EBADMSG;
 	}
@@ -201,6 +200,11 @@ int wire_check_link_hello(const struct wire_self *s, const Meshrun__LinkHello *h
 			 s->host_id);
 		return -EBADMSG;
 	}
+	if ((int)h->stream < 0 || (int)h->stream >= (s->streams > 0 ? s->streams : 1)) {
+		snprintf(err, errlen, "link hello for stream %u, but host pairs have %d",
+			 h->stream, s->streams > 0 ? s->streams : 1);
+		return -EBADMSG;
+	}
 	return 0;
 }
 
@@ -232,10 +236,17 @@ int wire_check_link_join(const struct wire_link_view *v, const Meshrun__LinkHell
 }
 
 int wire_check_link_answer(const struct wire_self *s, int peer, const char *addr,
-			   bool was_up, const Meshrun__LinkHello *h, char *err, size_t errlen)
+			   unsigned stream, bool was_up, const Meshrun__LinkHello *h, char *err,
+			   size_t errlen)
 {
-	if ((int)h->host_id == peer && h->job_id == s->job_id && (!was_up || h->resume))
+	if ((int)h->host_id == peer && h->job_id == s->job_id && (!was_up || h->resume) &&
+	    h->stream == stream)
 		return 0;
+	if ((int)h->host_id == peer && h->job_id == s->job_id && h->stream != stream) {
+		snprintf(err, errlen, "host %d (%s) answered our stream %u as stream %u", peer, addr,
+			 stream, h->stream);
+		return -EBADMSG;
+	}
 	if (was_up)
 		snprintf(err, errlen, "host %d (%s) answered our redial as host %u of job %llx",
 			 peer, addr, h->host_id, (unsigned long long)h->job_id);
@@ -246,9 +257,14 @@ int wire_check_link_answer(const struct wire_self *s, int peer, const char *addr
 }
 
 int wire_check_chunk(const struct wire_self *s, int peer, const struct wire_rx_msg *m,
-		     const Meshrun__CollectiveChunk *c, char *err, size_t errlen)
+		     const struct frame_data *c, char *err, size_t errlen)
 {
-	int src = (int)c->src_device, dst = (int)c->dst_device;
+	int src = (int)c->src, dst = (int)c->dst;
+	if (src < 0 || dst < 0) {
+		snprintf(err, errlen, "chunk from device %u to device %u does not belong on this link",
+			 c->src, c->dst);
+		return -EBADMSG;
+	}
 	if (xport_host_of(s->x, src) != peer || xport_host_of(s->x, dst) != s->host_id) {
 		snprintf(err, errlen, "chunk from device %d to device %d does not belong on this link",
 			 src, dst);
@@ -266,13 +282,14 @@ int wire_check_chunk(const struct wire_self *s, int peer, const struct wire_rx_m
 	return 0;
 }
 
-int wire_check_recv_ready(const struct wire_self *s, int peer, const Meshrun__RecvReady *rr,
+int wire_check_recv_ready(const struct wire_self *s, int peer, const struct frame_rr *rr,
 			  char *err, size_t errlen)
 {
-	int src = (int)rr->src_device, dst = (int)rr->dst_device;
-	if (xport_host_of(s->x, src) != s->host_id || xport_host_of(s->x, dst) != peer) {
-		snprintf(err, errlen, "recv_ready for device %d -> %d does not belong on this link",
-			 src, dst);
+	int src = (int)rr->src, dst = (int)rr->dst;
+	if (src < 0 || dst < 0 || xport_host_of(s->x, src) != s->host_id ||
+	    xport_host_of(s->x, dst) != peer) {
+		snprintf(err, errlen, "recv_ready for device %u -> %u does not belong on this link",
+			 rr->src, rr->dst);
 		return -EBADMSG;
 	}
 	return 0;

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "net/frame.h"
 #include "net/link.h"
 #include "proto/meshrun.pb-c.h"
 
@@ -29,6 +30,7 @@ struct wire_self {
 	uint64_t job_id;               /* 0 until the topology came */
 	size_t addr_max;               /* an address must be shorter than this */
 	const struct xport *x;         /* which host each device lives on */
+	int streams;                   /* links per host pair (link_streams) */
 };
 
 /* ---- sequence numbers (every frame, before its body) ---- */
@@ -50,11 +52,13 @@ enum wire_seq {
 	WIRE_SEQ_PART,                 /* the rest of the half-read frame */
 };
 
-/* The class of frame f on a link in state s (>= 0, enum wire_seq), or
- * -EBADMSG when its link_seq is not the next one, or (with recovery, on a
- * link that takes acks) its ack_seq acknowledges a frame never sent. */
-int wire_check_seq(const struct wire_rx_seq *s, const Meshrun__Frame *f, char *err,
-		   size_t errlen);
+/* The class of a frame (its body: MESHRUN__FRAME__BODY_CHUNK for a data
+ * frame; its link_seq and ack_seq) on a link in state s (>= 0, enum
+ * wire_seq), or -EBADMSG when its link_seq is not the next one, or (with
+ * recovery, on a link that takes acks) its ack_seq acknowledges a frame
+ * never sent. */
+int wire_check_seq(const struct wire_rx_seq *s, int body, uint64_t link_seq, uint64_t ack_seq,
+		   char *err, size_t errlen);
 
 /* ---- which body the link's stage allows ---- */
 
@@ -89,7 +93,8 @@ int wire_check_topology(const struct wire_self *s, const Meshrun__Topology *t, c
 /* ---- data links ---- */
 
 /* The acceptor's checks of a LinkHello before the certificate: the job
- * id, and that the lower host id dials. 0 or -EBADMSG. */
+ * id, that the lower host id dials, and a stream index below streams.
+ * 0 or -EBADMSG. */
 int wire_check_link_hello(const struct wire_self *s, const Meshrun__LinkHello *h, char *err,
 			  size_t errlen);
 
@@ -110,10 +115,12 @@ int wire_check_resume_seq(unsigned host, uint64_t last_seq, uint64_t tx_seq, cha
  * -EBADMSG. */
 int wire_check_link_join(const struct wire_link_view *v, const Meshrun__LinkHello *h,
 			 char *err, size_t errlen);
-/* The dialer's check of the answer from host peer (at addr): that host,
- * this job, and for a redial (was_up) a resume. 0 or -EBADMSG. */
+/* The dialer's check of the answer from host peer (at addr) on its
+ * connection number stream: that host, this job, that stream, and for a
+ * redial (was_up) a resume. 0 or -EBADMSG. */
 int wire_check_link_answer(const struct wire_self *s, int peer, const char *addr,
-			   bool was_up, const Meshrun__LinkHello *h, char *err, size_t errlen);
+			   unsigned stream, bool was_up, const Meshrun__LinkHello *h, char *err,
+			   size_t errlen);
 
 /* ---- data ---- */
 
@@ -124,14 +131,15 @@ struct wire_rx_msg {
 	uint64_t tag, next, total;
 };
 
-/* A CollectiveChunk from host peer: devices on this link, and a fragment
- * that starts a message or continues the current one in order. 0 or
- * -EBADMSG. Whether a receive waits for it is the transport's (xport). */
+/* A data frame from host peer (frame_parse_data checked its lengths):
+ * devices on this link, and a fragment that starts a message or continues
+ * the current one in order. 0 or -EBADMSG. Whether a receive waits for it
+ * is the transport's (xport). */
 int wire_check_chunk(const struct wire_self *s, int peer, const struct wire_rx_msg *m,
-		     const Meshrun__CollectiveChunk *c, char *err, size_t errlen);
-/* A RecvReady from host peer: a send from this host to the peer's. 0 or
- * -EBADMSG. */
-int wire_check_recv_ready(const struct wire_self *s, int peer, const Meshrun__RecvReady *rr,
+		     const struct frame_data *c, char *err, size_t errlen);
+/* A RecvReady from host peer (a control frame's, or one riding on a data
+ * frame): a send from this host to the peer's. 0 or -EBADMSG. */
+int wire_check_recv_ready(const struct wire_self *s, int peer, const struct frame_rr *rr,
 			  char *err, size_t errlen);
 
 /* Text a peer sent (NULL: none), for a log line: copied into out with

@@ -1,15 +1,26 @@
 /* The matching engine behind net/xport.h: one hash table of posted receives,
  * waiting sends, early RecvReady records, eager sends awaiting their
  * RecvReady and staged eager data, keyed by (src, dst, tag). Copies and
- * network I/O happen outside the lock. */
+ * network I/O happen outside the lock.
+ *
+ * Completion is per request, without the lock: xreq.wait goes from
+ * XW_PENDING to XW_DONE in one atomic exchange by whoever completes it. A
+ * waiter polls (remote requests, xport_set_poll_spin) and then parks: it
+ * puts its parker (on its own stack) into wait and sleeps on the parker's
+ * futex word, so a completion wakes that one thread, and only when it
+ * sleeps; a completion nobody sleeps on costs no system call. */
 #include "net/xport.h"
 #include "net/fsum.h"
 
 #include <errno.h>
+#include <linux/futex.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 enum {
 	ST_RECV_LOCAL = 1,   /* recv from a device on this host, waiting for its send */
@@ -27,16 +38,32 @@ enum {
 
 #define NBUCKETS 4096
 
+/* A sched_yield that takes longer than this ran another thread: the
+ * cores are busy, and a waiter stops polling (xport_wait). */
+#define YIELD_BUSY_NS (30ull * 1000)
+
+/* xreq.wait: a request's completion word (any other value: a parker) */
+enum { XW_PENDING = 0, XW_DONE = 1, XW_ORPHAN = 2 };
+
+/* A thread asleep on a request. word: PK_DONE once the completer will not
+ * touch the parker again, PK_FAIL when xport_fail woke it. */
+struct parker {
+	_Atomic uint32_t word;
+	struct parker *next, *prev;   /* x->sleepers, under x->mu */
+};
+enum { PK_DONE = 1, PK_FAIL = 2 };
+
 struct xport {
 	pthread_mutex_t mu;
-	pthread_cond_t cv;       /* any completion or failure */
+	struct parker sleepers;  /* list head: threads asleep in xport_wait */
+	uint64_t spin_ns;        /* xport_set_poll_spin */
 	int host_id;
 	int ndev;
 	int *dev_host;
 	struct xport_remote_ops ops;
 	void *ops_ctx;
 	struct xreq *bucket[NBUCKETS];
-	int fail_rc;
+	_Atomic int fail_rc;     /* written under mu, read anywhere */
 	char fail_msg[512];
 	uint64_t local_bytes;    /* memcpy'd between devices of this host */
 	/* eager sends (xport_set_eager): bytes sent to each host whose
@@ -90,13 +117,26 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 	if (ops)
 		x->ops = *ops;
 	x->ops_ctx = ops_ctx;
+	x->sleepers.next = x->sleepers.prev = &x->sleepers;
 	pthread_mutex_init(&x->mu, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&x->cv, &ca);
-	pthread_condattr_destroy(&ca);
 	return x;
+}
+
+void xport_set_poll_spin(struct xport *x, uint64_t spin_ns)
+{
+	x->spin_ns = spin_ns;
+}
+
+static void futex_wait(_Atomic uint32_t *w, uint32_t val, uint64_t ns)
+{
+	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull),
+			       .tv_nsec = (long)(ns % 1000000000ull) };
+	syscall(SYS_futex, w, FUTEX_WAIT_PRIVATE, val, &ts, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *w)
+{
+	syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 static void req_free(struct xreq *r)
@@ -140,12 +180,11 @@ void xport_free(struct xport *x)
 		struct xreq *r = x->bucket[b], *n;
 		for (; r; r = n) {
 			n = r->next;
-			if (internal(r) || r->orphan)
+			if (internal(r) || atomic_load(&r->wait) == XW_ORPHAN)
 				req_free(r);
 		}
 	}
 	pthread_mutex_destroy(&x->mu);
-	pthread_cond_destroy(&x->cv);
 	free(x->eager_out);
 	free(x->staged_in);
 	free(x->dev_host);
@@ -196,16 +235,23 @@ static void insert(struct xport *x, struct xreq *r)
 	x->bucket[h] = r;
 }
 
-/* Caller holds x->mu. */
-static void finish_locked(struct xreq *r, int rc)
+/* Completes r, which is out of the table (or about to be dropped from
+ * it): one atomic exchange; the waiter is woken only if it sleeps, and an
+ * abandoned request is freed. After this r is not touched (its waiter
+ * may free it). With or without x->mu held. */
+static void finish(struct xreq *r, int rc)
 {
 	r->rc = rc;
-	r->done = true;
 	r->state = ST_DONE;
-	if (r->orphan)
+	uintptr_t old = atomic_exchange_explicit(&r->wait, XW_DONE, memory_order_acq_rel);
+	if (old == XW_ORPHAN) {
 		req_free(r);
-	else
-		pthread_cond_broadcast(&r->x->cv);
+	} else if (old != XW_PENDING) {
+		struct parker *p = (struct parker *)old;
+		/* the parker lives on its waiter's stack until it sees this bit */
+		atomic_fetch_or_explicit(&p->word, PK_DONE, memory_order_release);
+		futex_wake(&p->word);
+	}
 }
 
 static struct xreq *req_new(struct xport *x, enum xreq_kind kind, int src, int dst,
@@ -251,10 +297,8 @@ int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 	struct xreq *peer = NULL;
 
 	pthread_mutex_lock(&x->mu);
-	if (x->fail_rc) {
-		rc = x->fail_rc;
+	if ((rc = atomic_load(&x->fail_rc)))
 		goto out_unlock_free;
-	}
 	if (present(x, src, dst, r->tag, ST_SEND_LOCAL, ST_SEND_WAIT_READY)) {
 		rc = -EEXIST;
 		goto out_unlock_free;
@@ -267,9 +311,7 @@ int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 			req_free(peer);
 			pthread_mutex_unlock(&x->mu);
 			*out = r;
-			pthread_mutex_lock(&x->mu);
-			finish_locked(r, -EMSGSIZE);
-			pthread_mutex_unlock(&x->mu);
+			finish(r, -EMSGSIZE);
 			return 0;
 		}
 		if (!peer && len <= x->eager_max &&
@@ -312,10 +354,8 @@ int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 			xport_land(peer, 0, buf, len);
 			__atomic_add_fetch(&x->local_bytes, len, __ATOMIC_RELAXED);
 		}
-		pthread_mutex_lock(&x->mu);
-		finish_locked(peer, mrc);
-		finish_locked(r, mrc);
-		pthread_mutex_unlock(&x->mu);
+		finish(peer, mrc);
+		finish(r, mrc);
 	}
 	return 0;
 
@@ -339,10 +379,8 @@ static int irecv(struct xport *x, int src, int dst, const struct xmeta *m, void 
 	struct xreq *peer = NULL;
 
 	pthread_mutex_lock(&x->mu);
-	if (x->fail_rc) {
-		rc = x->fail_rc;
+	if ((rc = atomic_load(&x->fail_rc)))
 		goto out_unlock_free;
-	}
 	if (present(x, src, dst, r->tag, ST_RECV_LOCAL, ST_RECV_REMOTE)) {
 		rc = -EEXIST;
 		goto out_unlock_free;
@@ -377,10 +415,8 @@ static int irecv(struct xport *x, int src, int dst, const struct xmeta *m, void 
 			xport_land(r, 0, peer->buf, len);
 			__atomic_add_fetch(&x->local_bytes, len, __ATOMIC_RELAXED);
 		}
-		pthread_mutex_lock(&x->mu);
-		finish_locked(peer, mrc);
-		finish_locked(r, mrc);
-		pthread_mutex_unlock(&x->mu);
+		finish(peer, mrc);
+		finish(r, mrc);
 	}
 	return 0;
 
@@ -468,53 +504,126 @@ static void describe(const struct xreq *r, char *err, size_t errlen, const char 
 		 (unsigned long long)r->meta.seq, r->meta.chunk, (unsigned long long)r->meta.step);
 }
 
+static bool is_remote(const struct xreq *r)
+{
+	const struct xport *x = r->x;
+	int peer = r->kind == XREQ_SEND ? r->dst : r->src;
+	return x->dev_host[peer] != x->host_id;
+}
+
+/* Sleeps on r until it completes, a failure or the deadline (or a spurious
+ * wake-up: the caller loops). */
+static void park(struct xreq *r, uint64_t deadline_ns)
+{
+	struct xport *x = r->x;
+	struct parker p = { .word = 0 };
+	pthread_mutex_lock(&x->mu);
+	p.next = x->sleepers.next;
+	p.prev = &x->sleepers;
+	p.next->prev = &p;
+	x->sleepers.next = &p;
+	pthread_mutex_unlock(&x->mu);
+	uintptr_t exp = XW_PENDING;
+	if (atomic_compare_exchange_strong(&r->wait, &exp, (uintptr_t)&p)) {
+		uint64_t now = xport_now_ns();
+		if (!atomic_load(&x->fail_rc) && now < deadline_ns)
+			futex_wait(&p.word, 0, deadline_ns - now);
+		exp = (uintptr_t)&p;
+		if (!atomic_compare_exchange_strong(&r->wait, &exp, XW_PENDING)) {
+			/* completed meanwhile: the completer is about to set
+			 * PK_DONE, and p must outlive that */
+			while (!(atomic_load_explicit(&p.word, memory_order_acquire) & PK_DONE))
+				sched_yield();
+		}
+	}
+	pthread_mutex_lock(&x->mu);
+	p.prev->next = p.next;
+	p.next->prev = p.prev;
+	pthread_mutex_unlock(&x->mu);
+}
+
 int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 {
 	struct xport *x = r->x;
 	int rc;
+	bool poll = deadline_ns && x->spin_ns && x->ops.poll && is_remote(r);
+	bool polling = false;
+	uint64_t spin_end = 0;
 
-	pthread_mutex_lock(&x->mu);
+	if (deadline_ns && x->ops.flush)
+		x->ops.flush(x->ops_ctx);
+
 	for (;;) {
-		if (r->done) {
-			rc = r->rc;
-			pthread_mutex_unlock(&x->mu);
-			if (rc)
-				describe(r, err, errlen, rc == -EMSGSIZE ? "size mismatch" : "failed");
-			req_free(r);
-			return rc;
-		}
-		if (x->fail_rc) {
-			rc = x->fail_rc;
+		if (atomic_load_explicit(&r->wait, memory_order_acquire) == XW_DONE)
+			goto out_done;
+		if ((rc = atomic_load(&x->fail_rc))) {
+			pthread_mutex_lock(&x->mu);
 			snprintf(err, errlen, "%s", x->fail_msg);
+			pthread_mutex_unlock(&x->mu);
 			break;
 		}
-		if (deadline_ns == 0) {
-			pthread_mutex_unlock(&x->mu);
+		if (deadline_ns == 0)
 			return -EAGAIN;
-		}
-		if (xport_now_ns() >= deadline_ns) {
+		uint64_t now = xport_now_ns();
+		if (now >= deadline_ns) {
 			rc = -ETIMEDOUT;
 			describe(r, err, errlen, "timed out");
 			break;
 		}
-		struct timespec ts = {
-			.tv_sec = (time_t)(deadline_ns / 1000000000ull),
-			.tv_nsec = (long)(deadline_ns % 1000000000ull),
-		};
-		pthread_cond_timedwait(&x->cv, &x->mu, &ts);
+		if (poll) {
+			if (!polling)
+				spin_end = now + x->spin_ns;
+			if (now < spin_end) {
+				bool first = !polling;
+				polling = true;
+				/* bounded by spin_ns without progress: while bytes
+				 * move, the waiter keeps reading them itself */
+				if (x->ops.poll(x->ops_ctx, r, first)) {
+					spin_end = xport_now_ns() + x->spin_ns;
+					continue;
+				}
+				/* a yield that gave the core away (another thread
+				 * ran) says the cores are all taken: spinning on
+				 * would only keep them from the threads that make
+				 * progress, so sleep instead */
+				uint64_t y0 = xport_now_ns();
+				sched_yield();
+				if (xport_now_ns() - y0 > YIELD_BUSY_NS)
+					spin_end = 0;
+				continue;
+			}
+			poll = false;
+			if (x->ops.poll_end)
+				x->ops.poll_end(x->ops_ctx, r, false);
+			polling = false;
+			continue;   /* one last look before sleeping */
+		}
+		park(r, deadline_ns);
 	}
-	/* abandoned: whoever holds it frees it on completion */
-	r->orphan = true;
-	pthread_mutex_unlock(&x->mu);
+	if (polling && x->ops.poll_end)
+		x->ops.poll_end(x->ops_ctx, r, false);
+	/* abandoned: whoever holds it frees it on completion, unless it
+	 * completed just now */
+	uintptr_t exp = XW_PENDING;
+	if (atomic_compare_exchange_strong(&r->wait, &exp, XW_ORPHAN))
+		return rc;
+	polling = false;
+out_done:
+	if (polling && x->ops.poll_end)
+		x->ops.poll_end(x->ops_ctx, r, true);
+	rc = r->rc;
+	if (rc)
+		describe(r, err, errlen, rc == -EMSGSIZE ? "size mismatch" : "failed");
+	req_free(r);
 	return rc;
 }
 
 void xport_fail(struct xport *x, int rc, const char *msg)
 {
 	pthread_mutex_lock(&x->mu);
-	if (!x->fail_rc) {
-		x->fail_rc = rc ? rc : -EIO;
+	if (!atomic_load(&x->fail_rc)) {
 		snprintf(x->fail_msg, sizeof(x->fail_msg), "%s", msg);
+		atomic_store(&x->fail_rc, rc ? rc : -EIO);
 		/* complete everything still in the table; what the net layer holds
 		 * it completes itself */
 		for (int b = 0; b < NBUCKETS; b++) {
@@ -526,11 +635,14 @@ void xport_fail(struct xport *x, int rc, const char *msg)
 				if (internal(r))
 					req_free(r);
 				else
-					finish_locked(r, x->fail_rc);
+					finish(r, atomic_load(&x->fail_rc));
 			}
 		}
 		/* waiters on requests the net layer holds see fail_rc */
-		pthread_cond_broadcast(&x->cv);
+		for (struct parker *p = x->sleepers.next; p != &x->sleepers; p = p->next) {
+			atomic_fetch_or(&p->word, PK_FAIL);
+			futex_wake(&p->word);
+		}
 	}
 	pthread_mutex_unlock(&x->mu);
 }
@@ -538,7 +650,7 @@ void xport_fail(struct xport *x, int rc, const char *msg)
 int xport_failed(struct xport *x, char *err, size_t errlen)
 {
 	pthread_mutex_lock(&x->mu);
-	int rc = x->fail_rc;
+	int rc = atomic_load(&x->fail_rc);
 	if (rc && err)
 		snprintf(err, errlen, "%s", x->fail_msg);
 	pthread_mutex_unlock(&x->mu);
@@ -549,12 +661,12 @@ struct xreq *xport_remote_ready(struct xport *x, int src, int dst, uint64_t tag,
 {
 	struct xreq *r = NULL;
 	pthread_mutex_lock(&x->mu);
-	if (x->fail_rc)
+	if (atomic_load(&x->fail_rc))
 		goto out;
 	r = take(x, src, dst, tag, ST_SEND_WAIT_READY, ST_SEND_WAIT_READY);
 	if (r) {
 		if (r->len != len) {
-			finish_locked(r, -EMSGSIZE);
+			finish(r, -EMSGSIZE);
 			r = NULL;
 		} else {
 			r->state = ST_NET;
@@ -587,7 +699,7 @@ struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, 
 	pthread_mutex_lock(&x->mu);
 	r = take(x, src, dst, tag, ST_RECV_REMOTE, ST_RECV_REMOTE);
 	if (r && r->len != len) {
-		finish_locked(r, -EMSGSIZE);
+		finish(r, -EMSGSIZE);
 		r = NULL;
 		*why = "differs in size from its posted receive";
 	} else if (r) {
@@ -617,16 +729,16 @@ struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, 
 void xport_complete(struct xreq *r, int rc)
 {
 	struct xport *x = r->x;
-	pthread_mutex_lock(&x->mu);
+	/* a caller's request the net layer held: nobody else touches it */
 	if (r->state != ST_STAGING) {
-		finish_locked(r, rc);
-		pthread_mutex_unlock(&x->mu);
+		finish(r, rc);
 		return;
 	}
+	pthread_mutex_lock(&x->mu);
 	/* staged eager data is in: to its receive if one was posted meanwhile,
 	 * else into the table for the receive to find */
 	struct xreq *want = NULL;
-	if (rc || x->fail_rc) {
+	if (rc || atomic_load(&x->fail_rc)) {
 		x->staged_in[x->dev_host[r->src]] -= r->len;
 	} else if ((want = take(x, r->src, r->dst, r->tag, ST_RECV_REMOTE, ST_RECV_REMOTE))) {
 		x->staged_in[x->dev_host[r->src]] -= r->len;

@@ -27,6 +27,7 @@
 #define MESHRUN_XPORT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -51,7 +52,8 @@ static inline uint64_t xmeta_tag(const struct xmeta *m)
 
 enum xreq_kind { XREQ_SEND, XREQ_RECV };
 
-/* A request. Fields are read by the net layer; only xport.c writes them. */
+/* A request. Fields are read by the net layer; only xport.c writes them
+ * (net_ctx excepted: the net layer's own word about a request it holds). */
 struct xreq {
 	enum xreq_kind kind;
 	int src, dst;            /* global device ids */
@@ -61,24 +63,43 @@ struct xreq {
 	size_t len;
 	const float *addend;     /* recv: NULL, or buf = data + addend (float32) */
 	bool eager;              /* send: goes out without a RecvReady */
+	uintptr_t net_ctx;       /* the net layer's, while it holds the request */
 	/* private to xport.c */
 	int state;
 	int rc;
-	bool done, orphan;
+	/* completion: XW_PENDING, XW_DONE, XW_ORPHAN, or the parker of the
+	 * thread sleeping on it (net/xport.c) */
+	_Atomic uintptr_t wait;
 	struct xreq *next;       /* hash chain */
 	struct xport *x;
 };
 
 /* Hooks into the network layer for peers on other hosts. Called from the
- * posting thread, without xport locks held; must not block.
- *  recv_posted: send RecvReady{src,dst,tag,len} to the host of req->src.
+ * posting (or waiting) thread, without xport locks held.
+ *  recv_posted: send RecvReady{src,dst,tag,len} to the host of req->src
+ *               (req is a copy, valid for the call only).
  *  send_ready:  write req (a data frame) to the host of req->dst, then call
- *               xport_complete(req, rc) when the payload has left (handed
- *               to the connection, not yet acknowledged by the peer; replay
- *               after a reconnect will hold it until then). */
+ *               xport_complete(req, rc) once the caller's buffer is free
+ *               again: its bytes were acknowledged by the peer, or copied.
+ *               May write from the calling thread; must not block on the
+ *               peer.
+ *  poll:        optional (NULL: waiters only sleep). A thread waiting on
+ *               the remote request req makes what progress it can on the
+ *               link to req's peer host (reading, decrypting into posted
+ *               buffers, writing what is queued) without blocking; true if
+ *               anything moved. first: the first call of this wait.
+ *  poll_end:    optional; the thread that called poll for req stops
+ *               polling: done, req completed (the thread is likely to
+ *               poll again soon); else it is about to sleep.
+ *  flush:       optional; a thread is about to wait: what recv_posted
+ *               held back (a RecvReady waiting to ride on a data frame)
+ *               must go now. */
 struct xport_remote_ops {
 	void (*recv_posted)(void *ctx, struct xreq *req);
 	void (*send_ready)(void *ctx, struct xreq *req);
+	bool (*poll)(void *ctx, struct xreq *req, bool first);
+	void (*poll_end)(void *ctx, struct xreq *req, bool done);
+	void (*flush)(void *ctx);
 };
 
 /* ndev_total devices; dev_host[d] is device d's host (copied). NULL ops:
@@ -116,11 +137,18 @@ int xport_irecv_add(struct xport *x, int src, int dst, const struct xmeta *m,
  * every send waits for its RecvReady. */
 void xport_set_eager(struct xport *x, size_t max_bytes, size_t credit_bytes);
 
+/* How long a thread waiting on a remote request polls its link (the
+ * poll hook) without progress before it sleeps; 0 (the default): it
+ * sleeps at once. */
+void xport_set_poll_spin(struct xport *x, uint64_t spin_ns);
+
 /* Waits until req completes or deadline_ns (CLOCK_MONOTONIC; 0 = no wait,
  * just test) passes. Returns 0 and frees req; -EAGAIN if deadline_ns was 0
  * and it is still pending (req stays valid); -ETIMEDOUT, or the failure code
  * after xport_fail, with detail in err — then req is abandoned (freed when
- * the net layer lets go of it) and the transport must be considered failed. */
+ * the net layer lets go of it) and the transport must be considered failed.
+ * A remote request is polled for (see xport_set_poll_spin), then slept on;
+ * its completion wakes exactly this thread, and only if it sleeps. */
 int xport_wait(struct xreq *req, uint64_t deadline_ns, char *err, size_t errlen);
 
 /* Fails every pending and future request with rc and message msg (e.g.
@@ -158,7 +186,8 @@ struct xland {
 	size_t ncarry;
 };
 void xport_land_stream(struct xreq *r, struct xland *s, const void *data, size_t len);
-/* Completes a request handed to the net layer. */
+/* Completes a request handed to the net layer: from here on the net layer
+ * must not touch req (its waiter may free it at once). */
 void xport_complete(struct xreq *req, int rc);
 
 uint64_t xport_now_ns(void);

@@ -21,6 +21,8 @@
 #include "host/config/config.h"
 #include "host/mesh/mesh.h"
 #include "net/coll.h"
+#include "net/fault.h"
+#include "net/net.h"
 #include "net/xport.h"
 #include "tests/proc.h"
 
@@ -708,6 +710,38 @@ START_TEST(test_multihost_check)
 }
 END_TEST
 
+/* The message paths across real agents: every op right, every element, at
+ * 0 B, 1 element, an odd count, 64 KiB and 1 MiB per rank (and 16 MiB on
+ * one configuration of each shape), on 2x1, 3x2 and 4x1, each shape with
+ * waiters that poll their link (poll_spin_us default) and that sleep at
+ * once (0), one TLS connection per host pair and two (link_streams), and
+ * the sync and the async forms. */
+START_TEST(test_multihost_paths)
+{
+	static const struct { int hosts, devs; } shapes[] = { { 2, 1 }, { 3, 2 }, { 4, 1 } };
+	int H = shapes[_i / 4].hosts, D = shapes[_i / 4].devs;
+	bool spin = (_i / 2) % 2, two = _i % 2, async = spin != two, big = spin && two;
+	char hs[16], ds[16], counts[64];
+	static char out[1 << 16];
+	snprintf(hs, sizeof(hs), "%d", H);
+	snprintf(ds, sizeof(ds), "%d", D);
+	snprintf(counts, sizeof(counts), "0,1,7,16384,262144%s", big ? ",4194304" : "");
+	char *argv[] = { (char *)meshrun_path(), "bench", "collectives", "--hosts", hs,
+			 "--devices-per-host", ds, "--check-counts", counts,
+			 spin ? "poll_spin_us=200" : "poll_spin_us=0",
+			 two ? "link_streams=2" : "link_streams=1", "collective_timeout_s=60",
+			 async ? "--async" : NULL, NULL };
+	int rc = run_capture(argv, out, sizeof(out), 110);
+	ck_assert_msg(rc == 0, "hosts %d devices %d %s %s %s: exit %d\n%s", H, D, argv[9], argv[10],
+		      async ? "async" : "sync", rc, out);
+	char want[80];
+	snprintf(want, sizeof(want), "check ok: 9 ops x %d counts on %d devices%s", big ? 6 : 5,
+		 H * D, async ? " (async forms)" : "");
+	ck_assert_msg(strstr(out, want), "no '%s' line:\n%s", want, out);
+	ck_assert_msg(!strstr(out, "mismatch"), "%s", out);
+}
+END_TEST
+
 START_TEST(test_multihost_detects_wrong)
 {
 	static char out[1 << 16];
@@ -1022,7 +1056,8 @@ static void mock_send_ready(void *ctx, struct xreq *r)
 	m->sent[m->nsent++] = r;
 }
 
-static const struct xport_remote_ops mock_ops = { mock_recv_posted, mock_send_ready };
+static const struct xport_remote_ops mock_ops = { .recv_posted = mock_recv_posted,
+						  .send_ready = mock_send_ready };
 
 /* Eager data from device 0 (host 0) arrives at host 1's transport: the
  * staging request it is read into, or NULL with the reason. */
@@ -1149,6 +1184,302 @@ START_TEST(test_xport_eager)
 }
 END_TEST
 
+/* ---- a send's buffer is the caller's again only when it is safe ---- */
+
+/* Two hosts of one job as struct nets in this process (one device each),
+ * over TLS on loopback, with link recovery and the given faults. */
+struct duo {
+	struct net *n[2];
+	struct xport *x[2];
+	struct fault_plan faults[2];
+	int rc[2];
+	char err[2][512];
+};
+
+struct duo_start {
+	struct duo *d;
+	int h;
+};
+
+static void *duo_start_main(void *arg)
+{
+	struct duo_start *a = arg;
+	a->d->rc[a->h] = net_start(a->d->n[a->h], a->d->err[a->h], sizeof(a->d->err[a->h]));
+	return NULL;
+}
+
+static void duo_start(struct duo *d)
+{
+	static const int dev_host[2] = { 0, 1 };
+	char certs[300], coord[64];
+	snprintf(certs, sizeof(certs), "%s/certs", tmpdir);
+	snprintf(coord, sizeof(coord), "127.0.0.1:%d", free_port());
+	for (int h = 0; h < 2; h++) {
+		struct net_params p = {
+			.host_id = h, .num_hosts = 2, .devices_per_host = 1,
+			.coordinator = coord, .listen = "127.0.0.1:0", .coord_fd = -1,
+			.data_fd = -1, .certs_dir = certs, .heartbeat_interval_s = 0.2,
+			.heartbeat_timeout_s = 20, .connect_timeout_s = 10, .done_timeout_s = 10,
+			.max_frame_bytes = 64u << 20, .replay_buffer_bytes = 64u << 20,
+			.reconnect_timeout_s = 20, .faults = &d->faults[h],
+		};
+		int status;
+		d->n[h] = net_new(&p, &status, d->err[h], sizeof(d->err[h]));
+		ck_assert_msg(d->n[h], "host %d: %s", h, d->err[h]);
+		d->x[h] = xport_new(h, 2, dev_host, net_xport_ops(), d->n[h]);
+		ck_assert_ptr_nonnull(d->x[h]);
+		xport_set_eager(d->x[h], 65536, 8 * 65536);
+		xport_set_poll_spin(d->x[h], 200 * 1000);
+		net_set_xport(d->n[h], d->x[h]);
+	}
+	pthread_t t[2];
+	struct duo_start a[2] = { { d, 0 }, { d, 1 } };
+	for (int h = 0; h < 2; h++)
+		ck_assert_int_eq(pthread_create(&t[h], NULL, duo_start_main, &a[h]), 0);
+	for (int h = 0; h < 2; h++)
+		pthread_join(t[h], NULL);
+	for (int h = 0; h < 2; h++)
+		ck_assert_msg(d->rc[h] == NET_OK, "host %d: start: %s", h, d->err[h]);
+}
+
+static void *duo_finish_main(void *arg)
+{
+	struct duo_start *a = arg;
+	a->d->rc[a->h] = net_finish(a->d->n[a->h], a->d->err[a->h], sizeof(a->d->err[a->h]));
+	return NULL;
+}
+
+/* Both hosts finish (the Done exchange) at once, then go. */
+static void duo_free(struct duo *d)
+{
+	pthread_t t[2];
+	struct duo_start a[2] = { { d, 0 }, { d, 1 } };
+	for (int h = 0; h < 2; h++)
+		ck_assert_int_eq(pthread_create(&t[h], NULL, duo_finish_main, &a[h]), 0);
+	for (int h = 0; h < 2; h++)
+		pthread_join(t[h], NULL);
+	for (int h = 0; h < 2; h++) {
+		ck_assert_msg(d->rc[h] == NET_OK, "host %d: finish: %s", h, d->err[h]);
+		net_free(d->n[h]);
+		xport_free(d->x[h]);
+	}
+}
+
+/* Resets (ss -K: an RST, unread bytes lost) every established TCP
+ * connection this process has: the duo's one data link. The count. */
+static int reset_own_connections(void)
+{
+	char cmd[160], line[1024];
+	int n = 0;
+	snprintf(cmd, sizeof(cmd), "ss -tnpH state established 2>/dev/null");
+	FILE *f = popen(cmd, "r");
+	ck_assert_ptr_nonnull(f);
+	char pidpat[32];
+	snprintf(pidpat, sizeof(pidpat), "pid=%d,", (int)getpid());
+	int ports[16][2], np = 0;
+	while (fgets(line, sizeof(line), f) && np < 16) {
+		char a[128], b[128];
+		if (!strstr(line, pidpat) || sscanf(line, "%*s %*s %127s %127s", a, b) != 2)
+			continue;
+		char *pa = strrchr(a, ':'), *pb = strrchr(b, ':');
+		if (pa && pb) {
+			ports[np][0] = atoi(pa + 1);
+			ports[np][1] = atoi(pb + 1);
+			np++;
+		}
+	}
+	pclose(f);
+	for (int i = 0; i < np; i++) {
+		snprintf(cmd, sizeof(cmd), "ss -K -tnH state established '( sport = :%d and dport = :%d )'",
+			 ports[i][0], ports[i][1]);
+		f = popen(cmd, "r");
+		ck_assert_ptr_nonnull(f);
+		while (fgets(line, sizeof(line), f))
+			n++;
+		pclose(f);
+	}
+	return n;
+}
+
+/* Host 0 sends 256 KiB (four data frames) that host 1 does not read for
+ * 3 s (a black hole on its side of the link); meanwhile the connection is
+ * reset, so what was written but not read is lost and must be resent from
+ * host 0's replay list, which keeps the caller's buffer by reference. The
+ * send must not complete before host 1 acknowledged it: a send that
+ * completed when its bytes were written would let the caller overwrite
+ * the buffer (which this test does the moment the send completes) and the
+ * resend would carry the new bytes. Host 1 must get the original ones. */
+START_TEST(test_send_buffer_across_reset)
+{
+	enum { BIG = 256 << 10, SMALL = 1024 };
+	struct duo d = { 0 };
+	char err[512];
+	/* host 1 holds reads and writes for 3 s from its second data frame */
+	ck_assert_int_eq(fault_parse(&d.faults[1], "blackhole:link=1-0:frame=2:s=3", 2, err,
+				     sizeof(err)), 0);
+	duo_start(&d);
+	uint8_t *big = malloc(BIG), *got = calloc(1, BIG), small[2][SMALL], in[2][SMALL];
+	ck_assert(big && got);
+	for (size_t i = 0; i < BIG; i++)
+		big[i] = (uint8_t)(i * 131 + 7);
+	memset(small, 0x5a, sizeof(small));
+	struct xmeta m = { .op = MESHRUN__COLL_OP__COLL_P2P, .group = 3 };
+	struct xreq *r_big, *s_big, *s_small[2], *r_small[2];
+	uint64_t long_ = xport_now_ns() + 30ull * 1000 * 1000 * 1000;
+
+	/* host 1: the receive (its RecvReady rides on the first small send),
+	 * then the second small send, at which its link goes silent */
+	m.chunk = 0;
+	ck_assert_int_eq(xport_irecv(d.x[1], 0, 1, &m, got, BIG, &r_big), 0);
+	for (int k = 0; k < 2; k++) {
+		m.chunk = 1 + (uint32_t)k;
+		ck_assert_int_eq(xport_irecv(d.x[0], 1, 0, &m, in[k], SMALL, &r_small[k]), 0);
+		ck_assert_int_eq(xport_isend(d.x[1], 1, 0, &m, small[k], SMALL, &s_small[k]), 0);
+	}
+	/* host 0: the first small message brings the RecvReady; the big send
+	 * then goes out into the socket, which host 1 does not read */
+	ck_assert_msg(xport_wait(r_small[0], long_, err, sizeof(err)) == 0, "%s", err);
+	m.chunk = 0;
+	ck_assert_int_eq(xport_isend(d.x[0], 0, 1, &m, big, BIG, &s_big), 0);
+	bool done = false;
+	for (double end = now_s() + 1.0; now_s() < end && !done;) {
+		int rc = xport_wait(s_big, 0, err, sizeof(err));
+		if (rc != -EAGAIN) {
+			ck_assert_msg(rc == 0, "%s", err);
+			done = true;
+			memset(big, 0xee, BIG);       /* the caller's buffer again */
+		}
+		usleep(1000);
+	}
+	ck_assert_msg(reset_own_connections() >= 1, "no connection to reset");
+	/* the hole ends, host 0 redials, the link resumes and resends */
+	ck_assert_msg(xport_wait(r_big, long_, err, sizeof(err)) == 0, "%s", err);
+	if (!done) {
+		ck_assert_msg(xport_wait(s_big, long_, err, sizeof(err)) == 0, "%s", err);
+		memset(big, 0xee, BIG);
+	}
+	for (size_t i = 0; i < BIG; i++)
+		ck_assert_msg(got[i] == (uint8_t)(i * 131 + 7), "byte %zu is 0x%02x", i, got[i]);
+	/* kept by reference: not complete before host 1 had it (a copy
+	 * would have been allowed to complete, and is not how it is kept) */
+	ck_assert_msg(!done, "the send completed before host 1 read a byte of it");
+	ck_assert_msg(net_reconnects(d.n[0]) + net_reconnects(d.n[1]) >= 1, "the link never broke");
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(xport_wait(s_small[k], long_, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(xport_wait(r_small[1], long_, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_mem_eq(in[0], small[0], SMALL);
+	ck_assert_mem_eq(in[1], small[1], SMALL);
+	duo_free(&d);
+	free(big);
+	free(got);
+}
+END_TEST
+
+/* ---- idle: no busy loop outlives a bounded spin ---- */
+
+/* CPU time (ns) every thread of process pid has used so far, from
+ * /proc/PID/task/ * /schedstat. */
+static uint64_t proc_cpu_ns(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	uint64_t sum = 0;
+	ck_assert_msg(d, "no %s", path);
+	for (struct dirent *e; (e = readdir(d));) {
+		char p2[400];
+		unsigned long long ns;
+		if (!isdigit((unsigned char)e->d_name[0]))
+			continue;
+		snprintf(p2, sizeof(p2), "%s/%s/schedstat", path, e->d_name);
+		FILE *f = fopen(p2, "r");
+		if (f && fscanf(f, "%llu", &ns) == 1)
+			sum += ns;
+		if (f)
+			fclose(f);
+	}
+	closedir(d);
+	return sum;
+}
+
+struct waiter {
+	struct xreq *r;
+	int rc;
+	char err[512];
+};
+
+static void *waiter_main(void *arg)
+{
+	struct waiter *w = arg;
+	w->rc = xport_wait(w->r, xport_now_ns() + 30ull * 1000 * 1000 * 1000, w->err, sizeof(w->err));
+	return NULL;
+}
+
+/* A device thread waits 2 s for a message that has not been sent (its
+ * poll_spin_us is 200): after its spin it sleeps, and the whole process
+ * (both hosts' net, stream and device threads) uses under 1% of a CPU
+ * meanwhile; the message then arrives whole. */
+START_TEST(test_idle_waiter)
+{
+	struct duo d = { 0 };
+	char err[512];
+	duo_start(&d);
+	uint8_t out[4096], in[4096];
+	memset(out, 0x3c, sizeof(out));
+	struct xmeta m = { .op = MESHRUN__COLL_OP__COLL_P2P, .group = 5 };
+	struct waiter w = { 0 };
+	struct xreq *s;
+	ck_assert_int_eq(xport_irecv(d.x[1], 0, 1, &m, in, sizeof(in), &w.r), 0);
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, waiter_main, &w), 0);
+	usleep(300 * 1000);                   /* past the spin and the linger */
+	uint64_t c0 = proc_cpu_ns(getpid()), t0 = xport_now_ns();
+	usleep(2000 * 1000);
+	uint64_t c1 = proc_cpu_ns(getpid()), t1 = xport_now_ns();
+	double share = (double)(c1 - c0) / (double)(t1 - t0);
+	ck_assert_int_eq(xport_isend(d.x[0], 0, 1, &m, out, sizeof(out), &s), 0);
+	pthread_join(t, NULL);
+	ck_assert_msg(w.rc == 0, "%s", w.err);
+	ck_assert_msg(xport_wait(s, xport_now_ns() + 10ull * 1000 * 1000 * 1000, err, sizeof(err)) == 0,
+		      "%s", err);
+	ck_assert_mem_eq(in, out, sizeof(in));
+	ck_assert_msg(share < 0.01, "waiting used %.2f%% of a CPU", share * 100);
+	duo_free(&d);
+}
+END_TEST
+
+/* Two agents that ran a pingpong and now hold (as between steps): each
+ * uses under 1% of a CPU over 2 s, by /proc. */
+START_TEST(test_idle_agents)
+{
+	struct proc p;
+	char *argv[] = { (char *)meshrun_path(), "local", "--hosts", "2", "--job=pingpong",
+			 "--rounds=4", "--size=1M", "--hold-s=6", NULL };
+	proc_start(&p, "idle", argv, -1);
+	ck_assert_msg(proc_wait_output(&p, "pingpong: 2 hosts", 60), "no pingpong:\n%s",
+		      slurp(p.err));
+	usleep(300 * 1000);
+	pid_t a[2] = { agent_of(p.pid, 0), agent_of(p.pid, 1) };
+	ck_assert_msg(a[0] > 0 && a[1] > 0, "agents not found");
+	uint64_t c0[2], t0 = xport_now_ns();
+	for (int h = 0; h < 2; h++)
+		c0[h] = proc_cpu_ns(a[h]);
+	usleep(2000 * 1000);
+	uint64_t t1 = xport_now_ns();
+	for (int h = 0; h < 2; h++) {
+		double share = (double)(proc_cpu_ns(a[h]) - c0[h]) / (double)(t1 - t0);
+		ck_assert_msg(share < 0.01, "idle agent of host %d used %.2f%% of a CPU", h,
+			      share * 100);
+	}
+	ck_assert_int_eq(proc_wait(&p, 30), 0);
+}
+END_TEST
+
+static void setup_certs(void)
+{
+	proc_setup("check_coll", 2);
+}
+
 static Suite *coll_suite(void)
 {
 	Suite *s = suite_create("coll");
@@ -1193,10 +1524,29 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, test_link_table);
 	suite_add_tcase(s, tc);
 
+	tc = tcase_create("paths");
+	tcase_set_timeout(tc, 120);
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_loop_test(tc, test_multihost_paths, 0, 12);
+	suite_add_tcase(s, tc);
+
 	tc = tcase_create("failure");
 	tcase_set_timeout(tc, 90);
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_multihost_host_lost);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("replay");
+	tcase_set_timeout(tc, 60);
+	tcase_add_checked_fixture(tc, setup_certs, teardown);
+	tcase_add_test(tc, test_send_buffer_across_reset);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("idle");
+	tcase_set_timeout(tc, 60);
+	tcase_add_checked_fixture(tc, setup_certs, teardown);
+	tcase_add_test(tc, test_idle_waiter);
+	tcase_add_test(tc, test_idle_agents);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,8 +1,10 @@
 /* Frame encode/decode (net/frame.h) without sockets, and over the plain TCP
- * connection type: good frames round-trip; truncated, oversized, wrong
- * magic or version, garbage headers, empty headers and payloads on control
- * frames are rejected without a crash or a leak (this suite also runs under
- * ASan). */
+ * connection type: good frames of both kinds (protobuf control headers,
+ * binary data headers) round-trip; truncated, oversized, wrong magic or
+ * version, garbage headers, empty headers, payloads on control frames and
+ * data headers with unknown flags, stray fields or fragments outside their
+ * message are rejected without a crash or a leak (this suite also runs
+ * under ASan). */
 #include <check.h>
 #include <errno.h>
 #include <stdint.h>
@@ -49,25 +51,29 @@ static uint8_t *hello_frame(size_t *len)
 	return encode(&f, NULL, 0, len);
 }
 
-static uint8_t *chunk_frame(const uint8_t *payload, size_t plen, uint64_t byte_count,
-			    uint64_t msg_bytes, uint64_t msg_offset, size_t *len)
+/* A data frame (binary header) with payload. */
+static uint8_t *data_frame(const struct frame_data *d, const uint8_t *payload, size_t plen,
+			   size_t *len)
 {
-	Meshrun__Frame f = MESHRUN__FRAME__INIT;
-	Meshrun__CollectiveChunk c = MESHRUN__COLLECTIVE_CHUNK__INIT;
-	c.op = MESHRUN__COLL_OP__COLL_ALL_REDUCE;
-	c.group_id = 5;
-	c.coll_seq = 9;
-	c.step = 3;
-	c.src_device = 1;
-	c.dst_device = 2;
-	c.byte_count = byte_count;
-	c.tag = 0x1234;
-	c.msg_bytes = msg_bytes;
-	c.msg_offset = msg_offset;
-	f.link_seq = 1;
-	f.body_case = MESHRUN__FRAME__BODY_CHUNK;
-	f.chunk = &c;
-	return encode(&f, payload, plen, len);
+	uint8_t *b = malloc(FRAME_PREFIX_LEN + FRAME_DATA_HDR + plen + 1);
+	ck_assert_ptr_nonnull(b);
+	size_t n = frame_encode_data(d, plen, b);
+	ck_assert_uint_eq(n, FRAME_PREFIX_LEN + FRAME_DATA_HDR);
+	if (plen)
+		memcpy(b + n, payload, plen);
+	*len = n + plen;
+	return b;
+}
+
+static uint8_t *chunk_frame(const uint8_t *payload, size_t plen, uint64_t msg_bytes,
+			    uint64_t msg_offset, size_t *len)
+{
+	struct frame_data d = {
+		.link_seq = 1, .tag = 0x0005000000091234ull, .msg_bytes = msg_bytes,
+		.msg_offset = msg_offset, .step = 3, .src = 1, .dst = 2,
+		.op = MESHRUN__COLL_OP__COLL_ALL_REDUCE,
+	};
+	return data_frame(&d, payload, plen, len);
 }
 
 START_TEST(test_hello_roundtrip)
@@ -107,7 +113,7 @@ START_TEST(test_chunk_roundtrip)
 	for (size_t i = 0; i < sizeof(payload); i++)
 		payload[i] = (uint8_t)(i * 7);
 	size_t len, used;
-	uint8_t *b = chunk_frame(payload, sizeof(payload), sizeof(payload), 5000, 4000, &len);
+	uint8_t *b = chunk_frame(payload, sizeof(payload), 5000, 4000, &len);
 	Meshrun__Frame *h;
 	const uint8_t *pay;
 	uint64_t plen;
@@ -116,11 +122,62 @@ START_TEST(test_chunk_roundtrip)
 	ck_assert_uint_eq(plen, sizeof(payload));
 	ck_assert_uint_eq(used, len);
 	ck_assert_mem_eq(pay, payload, sizeof(payload));
-	ck_assert_uint_eq(h->chunk->tag, 0x1234);
+	/* the view: tag split into group, sequence and chunk index */
+	ck_assert_int_eq(h->body_case, MESHRUN__FRAME__BODY_CHUNK);
+	ck_assert_uint_eq(h->chunk->tag, 0x0005000000091234ull);
+	ck_assert_uint_eq(h->chunk->group_id, 5);
+	ck_assert_uint_eq(h->chunk->coll_seq, 9);
+	ck_assert_uint_eq(h->chunk->chunk_index, 0x1234);
 	ck_assert_uint_eq(h->chunk->msg_offset, 4000);
+	ck_assert_uint_eq(h->chunk->byte_count, sizeof(payload));
 	ck_assert_int_eq(h->chunk->op, MESHRUN__COLL_OP__COLL_ALL_REDUCE);
 	frame_header_free(h);
+	/* "MSHD", version 2, the fixed header length, the payload length */
+	ck_assert_mem_eq(b, "MSHD", 4);
+	ck_assert_uint_eq(b[4] | (b[5] << 8), FRAME_VERSION);
+	ck_assert_uint_eq(b[6] | (b[7] << 8), FRAME_DATA_HDR);
+	ck_assert_uint_eq(b[8] | (b[9] << 8), sizeof(payload));
 	free(b);
+}
+END_TEST
+
+/* Every field of a binary data header, a riding RecvReady among them,
+ * comes back from frame_parse_data at the place the layout names; and a
+ * chunk view encodes to the same bytes. */
+START_TEST(test_data_header_fields)
+{
+	struct frame_data d = {
+		.link_seq = 0x0102030405060708ull, .ack_seq = 0x1112131415161718ull,
+		.tag = 0x2122232425262728ull, .msg_bytes = 1u << 20, .msg_offset = 65536,
+		.step = 0x4142434445464748ull, .src = 0x51525354, .dst = 0x61626364,
+		.flags = FRAME_DATA_EAGER | FRAME_DATA_ACK | FRAME_DATA_RR,
+		.op = MESHRUN__COLL_OP__COLL_PERMUTE,
+		.rr = { .src = 7, .dst = 9, .tag = 0x7172737475767778ull, .bytes = 4096 },
+	};
+	uint8_t b[FRAME_PREFIX_LEN + FRAME_DATA_HDR];
+	ck_assert_uint_eq(frame_encode_data(&d, 100, b), sizeof(b));
+	const uint8_t *h = b + FRAME_PREFIX_LEN;
+	ck_assert_uint_eq(h[0], 0x08);              /* link_seq, little-endian */
+	ck_assert_uint_eq(h[8 + 7], 0x11);          /* ack_seq's top byte */
+	ck_assert_uint_eq(h[48], 0x54);             /* src */
+	ck_assert_uint_eq(h[56], 7);                /* flags */
+	ck_assert_uint_eq(h[72], 0x78);             /* rr.tag */
+	struct frame_data got;
+	char err[256];
+	ck_assert_int_eq(frame_parse_data(h, FRAME_DATA_HDR, 100, &lim, &got, err, sizeof(err)), 0);
+	ck_assert_mem_eq(&got, &d, sizeof(d));
+	/* through the protobuf view and back (the view carries no ack or rr) */
+	Meshrun__Frame f;
+	Meshrun__CollectiveChunk c;
+	frame_data_view(&d, 100, &f, &c);
+	ck_assert(c.eager);
+	ck_assert_uint_eq(c.src_device, d.src);
+	struct frame_data back;
+	frame_data_from_view(&f, &back);
+	ck_assert_uint_eq(back.tag, d.tag);
+	ck_assert_uint_eq(back.step, d.step);
+	ck_assert_uint_eq(back.flags, FRAME_DATA_EAGER);
+	ck_assert_uint_eq(back.rr.tag, 0);
 }
 END_TEST
 
@@ -129,7 +186,7 @@ START_TEST(test_truncated)
 {
 	uint8_t payload[100] = { 9 };
 	size_t len, used;
-	uint8_t *b = chunk_frame(payload, sizeof(payload), sizeof(payload), 100, 0, &len);
+	uint8_t *b = chunk_frame(payload, sizeof(payload), 100, 0, &len);
 	Meshrun__Frame *h = (Meshrun__Frame *)1;
 	const uint8_t *pay;
 	uint64_t plen;
@@ -169,7 +226,7 @@ START_TEST(test_oversized_payload)
 	struct frame_limits small = { .max_payload = 99 };
 	uint8_t payload[100] = { 0 };
 	free(b);
-	b = chunk_frame(payload, sizeof(payload), sizeof(payload), 100, 0, &len);
+	b = chunk_frame(payload, sizeof(payload), 100, 0, &len);
 	ck_assert_int_eq(frame_decode(b, len, &small, &h, &pay, &plen, &used, err, sizeof(err)),
 			 -EMSGSIZE);
 	free(b);
@@ -264,26 +321,63 @@ START_TEST(test_payload_rules)
 	big[8] = sizeof(payload);
 	ck_assert_int_eq(frame_decode(big, len + sizeof(payload), &lim, &h, &pay, &plen, &used,
 				      err, sizeof(err)), -EPROTO);
-	ck_assert_ptr_nonnull(strstr(err, "hello frame carries a payload"));
+	ck_assert_ptr_nonnull(strstr(err, "control frame carries a payload"));
+	struct frame_prefix pp;
+	ck_assert_int_eq(frame_parse_prefix(big, &lim, &pp, err, sizeof(err)), -EPROTO);
 	free(big);
 	free(b);
 
-	/* chunk whose byte_count disagrees with the payload length */
-	b = chunk_frame(payload, sizeof(payload), sizeof(payload) - 1, 100, 0, &len);
-	ck_assert_int_eq(frame_decode(b, len, &lim, &h, &pay, &plen, &used, err, sizeof(err)),
-			 -EPROTO);
-	ck_assert_ptr_nonnull(strstr(err, "byte_count"));
-	free(b);
+	/* a chunk body in a control frame: data goes only in data frames */
+	Meshrun__Frame cf = MESHRUN__FRAME__INIT;
+	Meshrun__CollectiveChunk cc = MESHRUN__COLLECTIVE_CHUNK__INIT;
+	cf.body_case = MESHRUN__FRAME__BODY_CHUNK;
+	cf.chunk = &cc;
+	size_t clen = meshrun__frame__get_packed_size(&cf);
+	uint8_t *cb = malloc(clen);
+	meshrun__frame__pack(&cf, cb);
+	ck_assert_ptr_null(frame_parse_header(cb, clen, 0, &lim, err, sizeof(err)));
+	ck_assert_ptr_nonnull(strstr(err, "chunk body in a control frame"));
+	free(cb);
 
 	/* fragment reaching past its message */
-	b = chunk_frame(payload, sizeof(payload), sizeof(payload), 100, 50, &len);
+	b = chunk_frame(payload, sizeof(payload), 100, 50, &len);
 	ck_assert_int_eq(frame_decode(b, len, &lim, &h, &pay, &plen, &used, err, sizeof(err)),
 			 -EPROTO);
 	ck_assert_ptr_nonnull(strstr(err, "outside its message"));
 	free(b);
 
+	/* unknown flags; rr fields without their flag; an unknown op; a data
+	 * header of another length */
+	struct frame_data d = { .link_seq = 1, .msg_bytes = 64, .flags = 8 };
+	b = data_frame(&d, payload, sizeof(payload), &len);
+	ck_assert_int_eq(frame_decode(b, len, &lim, &h, &pay, &plen, &used, err, sizeof(err)),
+			 -EPROTO);
+	ck_assert_ptr_nonnull(strstr(err, "unknown flags"));
+	free(b);
+	d.flags = 0;
+	d.rr.bytes = 4;
+	b = data_frame(&d, payload, sizeof(payload), &len);
+	ck_assert_int_eq(frame_decode(b, len, &lim, &h, &pay, &plen, &used, err, sizeof(err)),
+			 -EPROTO);
+	ck_assert_ptr_nonnull(strstr(err, "without its flag"));
+	d.flags = FRAME_DATA_RR;
+	free(b);
+	b = data_frame(&d, payload, sizeof(payload), &len);
+	ck_assert_int_eq(frame_decode(b, len, &lim, &h, &pay, &plen, &used, err, sizeof(err)), 0);
+	frame_header_free(h);
+	free(b);
+	d.op = MESHRUN__COLL_OP__COLL_P2P + 1;
+	b = data_frame(&d, payload, sizeof(payload), &len);
+	ck_assert_int_eq(frame_decode(b, len, &lim, &h, &pay, &plen, &used, err, sizeof(err)),
+			 -EPROTO);
+	ck_assert_ptr_nonnull(strstr(err, "unknown op"));
+	b[6] = FRAME_DATA_HDR - 8;
+	ck_assert_int_eq(frame_parse_prefix(b, &lim, &pp, err, sizeof(err)), -EPROTO);
+	ck_assert_ptr_nonnull(strstr(err, "data frame header of"));
+	free(b);
+
 	/* an empty chunk is fine */
-	b = chunk_frame(NULL, 0, 0, 0, 0, &len);
+	b = chunk_frame(NULL, 0, 0, 0, &len);
 	ck_assert_int_eq(frame_decode(b, len, &lim, &h, &pay, &plen, &used, err, sizeof(err)), 0);
 	ck_assert_uint_eq(plen, 0);
 	frame_header_free(h);
@@ -299,7 +393,7 @@ START_TEST(test_mutations)
 	for (size_t i = 0; i < sizeof(payload); i++)
 		payload[i] = (uint8_t)i;
 	size_t len;
-	uint8_t *good = chunk_frame(payload, sizeof(payload), sizeof(payload), 1000, 0, &len);
+	uint8_t *good = chunk_frame(payload, sizeof(payload), 1000, 0, &len);
 	uint8_t *b = malloc(len);
 	unsigned seed = 12345;
 	int ok = 0, bad = 0;
@@ -356,7 +450,7 @@ START_TEST(test_tcp_conn_stream)
 		uint8_t payload[200];
 		memset(payload, i, sizeof(payload));
 		size_t n = (size_t)(i * 4) % sizeof(payload), len;
-		uint8_t *f = chunk_frame(payload, n, n, n, 0, &len);
+		uint8_t *f = chunk_frame(payload, n, n, 0, &len);
 		stream = realloc(stream, slen + len);
 		memcpy(stream + slen, f, len);
 		slen += len;
@@ -432,6 +526,7 @@ static Suite *frame_suite(void)
 	tcase_set_timeout(tc, 20);
 	tcase_add_test(tc, test_hello_roundtrip);
 	tcase_add_test(tc, test_chunk_roundtrip);
+	tcase_add_test(tc, test_data_header_fields);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("rejects");

@@ -21,7 +21,7 @@ static void noop_recv(void *ctx, struct xreq *r)
 	(void)r;
 }
 
-static const struct xport_remote_ops ops = { noop_recv, noop_recv };
+static const struct xport_remote_ops ops = { .recv_posted = noop_recv, .send_ready = noop_recv };
 
 /* host 1 of 3, 2 devices each (0-1 on host 0, 2-3 on 1, 4-5 on 2), job 42 */
 static struct wire_self self(const struct xport *x)
@@ -40,44 +40,48 @@ static struct wire_self self(const struct xport *x)
 			ck_assert_msg(strstr(err, (text)), "'%s' lacks '%s'", err, (text));    \
 	} while (0)
 
-static Meshrun__Frame frame(int body, uint64_t seq, uint64_t ack)
+/* a frame as the sequence check sees it */
+struct fid {
+	int body;
+	uint64_t link_seq, ack_seq;
+};
+
+static struct fid frame(int body, uint64_t seq, uint64_t ack)
 {
-	Meshrun__Frame f = MESHRUN__FRAME__INIT;
-	f.body_case = body;
-	f.link_seq = seq;
-	f.ack_seq = ack;
-	return f;
+	return (struct fid){ .body = body, .link_seq = seq, .ack_seq = ack };
 }
+
+#define CHECK_SEQ(s, f) wire_check_seq((s), (f)->body, (f)->link_seq, (f)->ack_seq, err, sizeof(err))
 
 START_TEST(test_seq)
 {
 	struct wire_rx_seq s = { .replay = true, .acks = true, .rx_seq = 4, .tx_seq = 6 };
-	Meshrun__Frame f = frame(MESHRUN__FRAME__BODY_HEARTBEAT, 5, 6);
-	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), WIRE_SEQ_NEXT, "");
+	struct fid f = frame(MESHRUN__FRAME__BODY_HEARTBEAT, 5, 6);
+	ck_err(CHECK_SEQ(&s, &f), WIRE_SEQ_NEXT, "");
 	f.ack_seq = 7;
-	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), -EBADMSG,
+	ck_err(CHECK_SEQ(&s, &f), -EBADMSG,
 	       "heartbeat frame acknowledges frame 7, only 6 sent");
 	f.ack_seq = 0;
 	f.link_seq = 4;
-	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), WIRE_SEQ_SKIP, "");
+	ck_err(CHECK_SEQ(&s, &f), WIRE_SEQ_SKIP, "");
 	f.link_seq = 6;
-	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), -EBADMSG,
+	ck_err(CHECK_SEQ(&s, &f), -EBADMSG,
 	       "heartbeat frame has sequence number 6, expected 5");
 	f = frame(MESHRUN__FRAME__BODY_ACK, 0, 3);
-	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), WIRE_SEQ_SKIP, "");
+	ck_err(CHECK_SEQ(&s, &f), WIRE_SEQ_SKIP, "");
 	s.part_seq = 5;
 	f = frame(MESHRUN__FRAME__BODY_CHUNK, 5, 0);
-	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), WIRE_SEQ_PART, "");
+	ck_err(CHECK_SEQ(&s, &f), WIRE_SEQ_PART, "");
 	/* waiting for the hello: an unsequenced LinkHello is the resume */
 	s = (struct wire_rx_seq){ .replay = true, .hello = true, .rx_seq = 4, .tx_seq = 6 };
 	f = frame(MESHRUN__FRAME__BODY_LINK_HELLO, 0, 99);
-	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), WIRE_SEQ_RESUME_HELLO, "");
+	ck_err(CHECK_SEQ(&s, &f), WIRE_SEQ_RESUME_HELLO, "");
 	/* no recovery: no acks, no duplicates */
 	s = (struct wire_rx_seq){ .rx_seq = 4, .tx_seq = 6 };
 	f = frame(MESHRUN__FRAME__BODY_ACK, 0, 3);
-	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), -EBADMSG, "ack frame has sequence number 0");
+	ck_err(CHECK_SEQ(&s, &f), -EBADMSG, "ack frame has sequence number 0");
 	f = frame(MESHRUN__FRAME__BODY_HEARTBEAT, 5, 99);
-	ck_err(wire_check_seq(&s, &f, err, sizeof(err)), WIRE_SEQ_NEXT, "");
+	ck_err(CHECK_SEQ(&s, &f), WIRE_SEQ_NEXT, "");
 }
 END_TEST
 
@@ -195,6 +199,13 @@ START_TEST(test_link_hello)
 	ck_err(wire_check_link_hello(&s, &h, err, sizeof(err)), -EBADMSG,
 	       "host 2 may not dial host 1 (the lower id dials)");
 	h.host_id = 0;
+	/* link_streams: the stream index must be one the pair has */
+	h.stream = 1;
+	ck_err(wire_check_link_hello(&s, &h, err, sizeof(err)), -EBADMSG,
+	       "link hello for stream 1, but host pairs have 1");
+	s.streams = 2;
+	ck_err(wire_check_link_hello(&s, &h, err, sizeof(err)), 0, "");
+	h.stream = 0;
 	struct wire_link_view none = { 0 }, up = { .exists = true, .resumable = true };
 	ck_err(wire_check_link_join(&none, &h, err, sizeof(err)), 0, "");
 	ck_err(wire_check_link_join(&up, &h, err, sizeof(err)), -EBADMSG, "duplicate link from host 0");
@@ -215,13 +226,18 @@ START_TEST(test_link_hello)
 	h.last_seq = 0;
 	/* the dialer (host 1 dials host 2) */
 	h.host_id = 2;
-	ck_err(wire_check_link_answer(&s, 2, "a:1", true, &h, err, sizeof(err)), 0, "");
+	ck_err(wire_check_link_answer(&s, 2, "a:1", 0, true, &h, err, sizeof(err)), 0, "");
 	h.resume = false;
-	ck_err(wire_check_link_answer(&s, 2, "a:1", true, &h, err, sizeof(err)), -EBADMSG,
+	ck_err(wire_check_link_answer(&s, 2, "a:1", 0, true, &h, err, sizeof(err)), -EBADMSG,
 	       "host 2 (a:1) answered our redial as host 2 of job 2a");
-	ck_err(wire_check_link_answer(&s, 2, "a:1", false, &h, err, sizeof(err)), 0, "");
+	ck_err(wire_check_link_answer(&s, 2, "a:1", 0, false, &h, err, sizeof(err)), 0, "");
+	h.stream = 1;
+	ck_err(wire_check_link_answer(&s, 2, "a:1", 1, false, &h, err, sizeof(err)), 0, "");
+	ck_err(wire_check_link_answer(&s, 2, "a:1", 0, false, &h, err, sizeof(err)), -EBADMSG,
+	       "host 2 (a:1) answered our stream 0 as stream 1");
+	h.stream = 0;
 	h.host_id = 0;
-	ck_err(wire_check_link_answer(&s, 2, "a:1", false, &h, err, sizeof(err)), -EBADMSG,
+	ck_err(wire_check_link_answer(&s, 2, "a:1", 0, false, &h, err, sizeof(err)), -EBADMSG,
 	       "host 2 answered as host 0 of job 2a");
 }
 END_TEST
@@ -233,34 +249,31 @@ START_TEST(test_data)
 	ck_assert_ptr_nonnull(x);
 	struct wire_self s = self(x);
 	struct wire_rx_msg none = { 0 };
-	Meshrun__CollectiveChunk c = MESHRUN__COLLECTIVE_CHUNK__INIT;
-	c.src_device = 4;
-	c.dst_device = 3;
-	c.tag = 7;
-	c.msg_bytes = 100;
-	c.byte_count = 60;
+	struct frame_data c = { .src = 4, .dst = 3, .tag = 7, .msg_bytes = 100 };
 	ck_err(wire_check_chunk(&s, 2, &none, &c, err, sizeof(err)), 0, "");
 	ck_err(wire_check_chunk(&s, 0, &none, &c, err, sizeof(err)), -EBADMSG,
 	       "chunk from device 4 to device 3 does not belong on this link");
-	c.src_device = 99;
+	c.src = 99;
 	ck_err(wire_check_chunk(&s, 2, &none, &c, err, sizeof(err)), -EBADMSG, "does not belong");
-	c.src_device = 4;
+	/* a u32 device id past INT_MAX is no device */
+	c.src = 0x80000004u;
+	ck_err(wire_check_chunk(&s, 2, &none, &c, err, sizeof(err)), -EBADMSG, "does not belong");
+	c.src = 4;
 	c.msg_offset = 60;
 	ck_err(wire_check_chunk(&s, 2, &none, &c, err, sizeof(err)), -EBADMSG,
 	       "chunk fragment without its start");
 	struct wire_rx_msg in = { .in_msg = true, .src = 4, .dst = 3, .tag = 7, .next = 60,
 				  .total = 100 };
-	c.byte_count = 40;
 	ck_err(wire_check_chunk(&s, 2, &in, &c, err, sizeof(err)), 0, "");
 	c.tag = 8;
 	ck_err(wire_check_chunk(&s, 2, &in, &c, err, sizeof(err)), -EBADMSG,
 	       "chunk fragment out of order");
-	Meshrun__RecvReady rr = MESHRUN__RECV_READY__INIT;
-	rr.src_device = 2;
-	rr.dst_device = 5;
+	struct frame_rr rr = { .src = 2, .dst = 5 };
 	ck_err(wire_check_recv_ready(&s, 2, &rr, err, sizeof(err)), 0, "");
 	ck_err(wire_check_recv_ready(&s, 0, &rr, err, sizeof(err)), -EBADMSG,
 	       "recv_ready for device 2 -> 5 does not belong on this link");
+	rr.dst = 0xfffffffbu;
+	ck_err(wire_check_recv_ready(&s, 2, &rr, err, sizeof(err)), -EBADMSG, "does not belong");
 	ck_assert_int_eq(wire_done_status(EHOSTDOWN), -EHOSTDOWN);
 	ck_assert_int_eq(wire_done_status(-5), NET_ERR);
 	ck_assert_int_eq(wire_done_status(1 << 20), NET_ERR);

@@ -66,6 +66,9 @@ static void *device_main(void *p)
 {
 	struct device_ctx *d = p;
 	struct agent *a = d->agent;
+	char name[16];
+	snprintf(name, sizeof(name), "mr-dev%d", d->local_index);
+	pthread_setname_np(pthread_self(), name);
 	int rc = a->job(d);
 	if (rc)
 		agent_job_failed(d, rc);
@@ -183,6 +186,24 @@ int agent_faults(const struct cfg *cfg, int num_hosts, struct fault_plan *p, cha
 	return 0;
 }
 
+/* The host's transport, its remote side the net: eager sends and how long
+ * a waiting device thread polls its link as the config says. */
+static struct xport *agent_xport(struct agent *a, const int *dev_host)
+{
+	const struct cfg *cfg = a->cfg;
+	bool multi = a->mesh.num_hosts > 1;
+	struct xport *x = xport_new(a->host_id, a->mesh.num_devices, dev_host,
+				    multi ? net_xport_ops() : NULL, a->net);
+	if (!x)
+		return NULL;
+	/* 8 small messages in flight to each host before one has to wait */
+	xport_set_eager(x, (size_t)cfg->eager_max_bytes, 8 * (size_t)cfg->eager_max_bytes);
+	/* a waiting device thread reads its link itself before it sleeps */
+	xport_set_poll_spin(x, multi ? (uint64_t)cfg->poll_spin_us * 1000 : 0);
+	net_set_xport(a->net, x);
+	return x;
+}
+
 int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_job_fn job,
 	      void *job_arg, char *err, size_t errlen)
 {
@@ -224,6 +245,9 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 		.faults = &faults,
 		.replay_buffer_bytes = (uint64_t)cfg->replay_buffer_bytes,
 		.reconnect_timeout_s = cfg->link_reconnect_timeout_s,
+		.poll_spin_us = (uint64_t)cfg->poll_spin_us,
+		.max_send_bytes = (uint64_t)cfg->max_send_bytes,
+		.link_streams = (int)cfg->link_streams,
 	};
 	cfg_hash(cfg, p.config_hash);
 	a.net = net_new(&p, &status, err, errlen);
@@ -242,16 +266,12 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 	}
 	for (int d = 0; d < a.mesh.num_devices; d++)
 		dev_host[d] = mesh_host_of(&a.mesh, d);
-	a.x = xport_new(host_id, a.mesh.num_devices, dev_host,
-			a.mesh.num_hosts > 1 ? net_xport_ops() : NULL, a.net);
+	a.x = agent_xport(&a, dev_host);
 	if (!a.x) {
 		snprintf(err, errlen, "out of memory");
 		status = -ENOMEM;
 		goto out_free;
 	}
-	/* 8 small messages in flight to each host before one has to wait */
-	xport_set_eager(a.x, (size_t)cfg->eager_max_bytes, 8 * (size_t)cfg->eager_max_bytes);
-	net_set_xport(a.net, a.x);
 
 	status = net_start(a.net, err, errlen);
 	if (status)

@@ -4,6 +4,7 @@
  * exact small integers. Bandwidths are defined as in nccl-tests. */
 #include "host/bench/bench_coll.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -61,6 +62,7 @@ struct dev_state {
 	size_t *sb, *rb;          /* all_to_all sizes, bytes */
 	size_t first_bad;         /* first wrong element, or SIZE_MAX */
 	float got, want;
+	bool async;               /* bench_opts.async */
 };
 
 static int reserve(float **p, size_t *cap, size_t n)
@@ -128,9 +130,42 @@ static int setup(struct dev_state *s, const struct ccase *c, int salt)
 	return 0;
 }
 
+/* The async form of c (NULL with err for ops that have none, or a bad
+ * argument); coll_wait finishes it. */
+static struct coll_handle *start_async(struct dev_state *s, const struct ccase *c, char *err,
+				       size_t errlen)
+{
+	size_t cnt = c->count;
+	switch (c->op) {
+	case B_AG:
+		return coll_all_gather_async(s->cd, &s->g, s->out, s->in, cnt * sizeof(float), err,
+					     errlen);
+	case B_RS:
+		return coll_reduce_scatter_async(s->cd, &s->g, s->out, s->in, cnt, err, errlen);
+	case B_AR:
+		return coll_all_reduce_async(s->cd, &s->g, s->out, cnt, err, errlen);
+	case B_PERM:
+		return coll_permute_async(s->cd, &s->g, s->out, s->in, cnt * sizeof(float), c->shift,
+					  err, errlen);
+	}
+	return NULL;
+}
+
+static bool has_async(int op)
+{
+	return op == B_AG || op == B_RS || op == B_AR || op == B_PERM;
+}
+
 static int run_case(struct dev_state *s, const struct ccase *c, char *err, size_t errlen)
 {
 	size_t cnt = c->count;
+	if (s->async && has_async(c->op)) {
+		struct coll_handle *h = start_async(s, c, err, errlen);
+		if (!h)
+			return -EINVAL;
+		return coll_wait(h, xport_now_ns() + (uint64_t)(s->dc->cfg->collective_timeout_s * 1e9),
+				 err, errlen);
+	}
 	switch (c->op) {
 	case B_AG:
 		return coll_all_gather(s->cd, &s->g, s->out, s->in, cnt * sizeof(float), err, errlen);
@@ -217,6 +252,70 @@ static uint64_t verify(struct dev_state *s, const struct ccase *c, int salt)
 	return wrong;
 }
 
+/* ---- CPU per thread of this agent (to see where the cipher runs) ---- */
+
+#define MAX_THREADS 64
+
+struct thr_cpu {
+	int tid;
+	char name[16];
+	uint64_t ns;              /* on a CPU so far (schedstat) */
+};
+
+/* Every thread of this process with its CPU time so far; the count. */
+static int thread_cpu(struct thr_cpu *t, int max)
+{
+	DIR *d = opendir("/proc/self/task");
+	int n = 0;
+	if (!d)
+		return 0;
+	for (struct dirent *e; n < max && (e = readdir(d));) {
+		char path[300];
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		t[n].tid = atoi(e->d_name);
+		snprintf(path, sizeof(path), "/proc/self/task/%s/schedstat", e->d_name);
+		FILE *f = fopen(path, "r");
+		unsigned long long ns = 0;
+		if (!f)
+			continue;
+		if (fscanf(f, "%llu", &ns) != 1)
+			ns = 0;
+		fclose(f);
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		f = fopen(path, "r");
+		t[n].name[0] = 0;
+		if (f) {
+			if (fgets(t[n].name, sizeof(t[n].name), f))
+				t[n].name[strcspn(t[n].name, "\n")] = 0;
+			fclose(f);
+		}
+		t[n].ns = ns;
+		n++;
+	}
+	closedir(d);
+	return n;
+}
+
+/* "# threads SIZE: host 0's CPU us per iteration: mr-dev0 12.3 ..." for
+ * the threads that ran since `before`. */
+static void print_thread_cpu(size_t size, const struct thr_cpu *before, int nb, int iters)
+{
+	struct thr_cpu now[MAX_THREADS];
+	int k = thread_cpu(now, MAX_THREADS);
+	printf("# threads %zu: host 0's CPU us per iteration:", size);
+	for (int i = 0; i < k; i++) {
+		uint64_t was = 0;
+		for (int j = 0; j < nb; j++)
+			if (before[j].tid == now[i].tid)
+				was = before[j].ns;
+		double us = (double)(now[i].ns - was) / 1e3 / iters;
+		if (us >= 0.05)
+			printf(" %s %.1f", now[i].name, us);
+	}
+	printf("\n");
+}
+
 /* What every rank contributes to the summary: time and wrong count. */
 struct rank_stat {
 	double time_us;
@@ -297,7 +396,8 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 		if (total_wrong)
 			printf("check failed: %llu wrong elements\n", (unsigned long long)total_wrong);
 		else
-			printf("check ok: %d ops x %d counts on %d devices\n", 9, o->ncounts, n);
+			printf("check ok: %d ops x %d counts on %d devices%s\n", 9, o->ncounts, n,
+			       o->async ? " (async forms)" : "");
 		fflush(stdout);
 	}
 	if (total_wrong) {
@@ -355,6 +455,8 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		 * matches). --barrier: a barrier before every timed collective,
 		 * so each one pays its own start-up and drains its own tail
 		 * (latency view). */
+		struct thr_cpu thr0[MAX_THREADS];
+		int nthr0 = dc->device_id == 0 ? thread_cpu(thr0, MAX_THREADS) : 0;
 		double total = 0, cpu0 = util_cpu_us();
 		uint64_t loop0 = xport_now_ns();
 		for (int it = 0; it < o->iters; it++) {
@@ -375,6 +477,8 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 			s->out[0] += 1.0f;
 		double cpu = (util_cpu_us() - cpu0) / o->iters;
 		double loop = (double)(xport_now_ns() - loop0) / 1e3 / o->iters;
+		if (dc->device_id == 0)
+			print_thread_cpu(size_floats * sizeof(float), thr0, nthr0, o->iters);
 		struct rank_stat mine = { .time_us = total / o->iters / 1e3,
 					  .cpu_us = dc->local_index == 0 ? cpu : 0,
 					  .loop_us = loop,
@@ -444,6 +548,7 @@ int bench_coll_job(struct device_ctx *dc)
 		return -EIO;
 	}
 	s->dc = dc;
+	s->async = o->async;
 	/* one group over every device, host-major ring order */
 	mesh_group(dc->mesh, dc->device_id, (1u << AX_COUNT) - 1, &s->mg);
 	s->g = (struct coll_group){ .id = s->mg.id, .n = s->mg.n, .rank = s->mg.rank,

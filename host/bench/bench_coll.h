@@ -26,6 +26,7 @@ struct bench_opts {
 	long direct_max;          /* -1: default */
 	bool corrupt;             /* test hook: corrupt one result element */
 	bool barrier;             /* a barrier before each timed iteration */
+	bool async;               /* the _async forms and coll_wait, where they exist */
 };
 
 /* An agent_job_fn; dev->job_arg is a const struct bench_opts. Global

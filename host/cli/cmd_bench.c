@@ -172,6 +172,7 @@ static int cmd_bench_coll(int argc, char **argv)
 		{ "--agent", ARG_BOOL, &agent, 0, 0, NULL },
 		{ "--corrupt-for-test", ARG_BOOL, &o.corrupt, 0, 0, NULL },
 		{ "--barrier", ARG_BOOL, &o.barrier, 0, 0, NULL },
+		{ "--async", ARG_BOOL, &o.async, 0, 0, NULL },
 		{ "--op", ARG_STR, &op, 0, 0, NULL },
 		{ "--sizes", ARG_STR, &sizes, 0, 0, NULL },
 		{ "--check-counts", ARG_STR, &counts, 0, 0, NULL },

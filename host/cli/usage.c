@@ -40,7 +40,7 @@ static const struct {
 	{ "bench", "bench matmul [--threads N] [--size N] [--reps N]\n"
 		   "       meshrun bench link --hosts 2 --sizes 16M[,64K ...] [--iters K] [--oneway]\n"
 		   "       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "
-		   "--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [key=value ...]\n"
+		   "--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [--async] [key=value ...]\n"
 		   "       meshrun bench load [--hosts N] [--host-id I] [--devices-per-host D] "
 		   "load_parameters_path=DIR [key=value ...]\n"
 		   "       meshrun bench backward --config FILE [--rows N] [--rounds K] [key=value ...]\n" },

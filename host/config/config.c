@@ -539,6 +539,21 @@ int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_
 			 c->eager_max_bytes);
 		return -EINVAL;
 	}
+	if (c->poll_spin_us < 0 || c->poll_spin_us > 1000000) {
+		snprintf(err, errlen, "config: key 'poll_spin_us' must be in [0, 1000000], got %lld",
+			 c->poll_spin_us);
+		return -EINVAL;
+	}
+	if (c->max_send_bytes < 16384 || c->max_send_bytes > (64 << 20)) {
+		snprintf(err, errlen, "config: key 'max_send_bytes' must be in [16384, 67108864], got %lld",
+			 c->max_send_bytes);
+		return -EINVAL;
+	}
+	if (c->link_streams < 1 || c->link_streams > 16) {
+		snprintf(err, errlen, "config: key 'link_streams' must be in [1, 16], got %lld",
+			 c->link_streams);
+		return -EINVAL;
+	}
 	if (c->segment_bytes < 4096 || c->segment_bytes > c->max_frame_bytes) {
 		snprintf(err, errlen, "config: key 'segment_bytes' must be in [4096, max_frame_bytes], got %lld",
 			 c->segment_bytes);

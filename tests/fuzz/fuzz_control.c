@@ -2,8 +2,12 @@
  * (net/wire_check.c, called by recv.c and rendezvous.c). Input: byte 0
  * picks the body (hello .. ack), byte 1 the state of the link it arrives
  * on (CTL_* bits below), byte 2 its link_seq, byte 3 its ack_seq; the rest
- * is the body's protobuf bytes. The target wraps them in a Frame header, runs the real
- * frame_parse_header, then what recv.c's header_done and dispatch run for
+ * is the body's protobuf bytes, or for the chunk kind a data frame's
+ * binary header (FRAME_DATA_HDR bytes, zero-filled if short, its link_seq
+ * and ack_seq replaced by bytes 2 and 3) and an optional u16 payload
+ * length (else the rest of the message). The target wraps a control body
+ * in a Frame header and runs the real frame_parse_header (a data header:
+ * frame_parse_data), then what recv.c's header_done and dispatch run for
  * that state: wire_check_seq; before the hello, wire_check_hello_stage and
  * the role's check (coordinator: wire_check_hello; agent:
  * wire_check_topology; acceptor: wire_check_link_hello and
@@ -12,10 +16,10 @@
  * wire_check_chunk, wire_check_recv_ready and the real xport). Properties:
  * each check returns 0 or its documented errors with a one-line reason,
  * and what the handler does next with a passed body (index its peer
- * table, copy an address into its 128-byte slot) is in bounds. A chunk
- * carries byte_count bytes of payload (up to 64 KiB; larger are only
- * parsed). Real: every check, frame_parse_header, xport. Modelled: the
- * link's receive state and the job (link_model.c). */
+ * table, copy an address into its 128-byte slot) is in bounds. A chunk's
+ * payload is landed when it is at most 64 KiB (larger are only parsed).
+ * Real: every check, frame_parse_header, frame_parse_data, xport.
+ * Modelled: the link's receive state and the job (link_model.c). */
 #include <errno.h>
 #include <string.h>
 
@@ -120,11 +124,11 @@ static void link_answer(const struct wire_self *s, unsigned st, const Meshrun__L
 {
 	char err[600] = "";
 	bool was_up = st & CTL_WAS_UP;
-	int rc = wire_check_link_answer(s, LM_PEER, "127.0.0.1:7000", was_up, h, err,
+	int rc = wire_check_link_answer(s, LM_PEER, "127.0.0.1:7000", 0, was_up, h, err,
 					sizeof(err));
 	checked(rc, -EBADMSG, 0, err, "link_hello answer");
 	FUZZ_CHECK(rc || ((int)h->host_id == LM_PEER && h->job_id == s->job_id &&
-			  (!was_up || h->resume)));
+			  (!was_up || h->resume) && h->stream == 0));
 	if (rc || !was_up)
 		return;
 	rc = wire_check_resume_seq(h->host_id, h->last_seq, CTL_TX_SEQ, err, sizeof(err));
@@ -160,13 +164,14 @@ static void hello_stage(const struct wire_self *s, unsigned st, const Meshrun__F
 	}
 }
 
-/* The link's running stage, through the link model: 0 if its payload is
- * to be fed to the model. */
-static int running(const Meshrun__Frame *f, const uint8_t *body, size_t blen, uint64_t plen)
+/* The link's running stage, through the link model (a control body f, or
+ * a data frame d): 0 if its payload is to be fed to the model. */
+static int running(const Meshrun__Frame *f, const struct frame_data *d, const uint8_t *body,
+		   size_t blen, uint64_t plen)
 {
 	char why[600] = "";
 	struct lm *m = lm_new();
-	int rc = lm_body(m, f, plen, why, sizeof(why));
+	int rc = f ? lm_body(m, f, why, sizeof(why)) : lm_data_body(m, d, plen, why, sizeof(why));
 	checked(rc, -EBADMSG, 0, why, "running link");
 	if (rc == 0 && plen) {
 		/* the payload: the body's own bytes, repeated */
@@ -183,6 +188,61 @@ static int running(const Meshrun__Frame *f, const uint8_t *body, size_t blen, ui
 	return rc;
 }
 
+/* The sequence check a frame meets on a link in state st (recv.c
+ * header_done); its class, after the properties are checked. */
+static int sequence(unsigned st, int body, uint64_t link_seq, uint64_t ack_seq,
+		    struct wire_rx_seq *rs)
+{
+	char why[600] = "";
+	bool run = st & CTL_RUNNING, ran = run || (st & CTL_WAS_UP);
+	*rs = (struct wire_rx_seq){ .replay = st & CTL_REPLAY, .hello = !run, .acks = run,
+				    .rx_seq = ran ? CTL_RX_SEQ : 0, .tx_seq = ran ? CTL_TX_SEQ : 0,
+				    .part_seq = (st & CTL_PART) && ran ? CTL_RX_SEQ + 1 : 0 };
+	int k = wire_check_seq(rs, body, link_seq, ack_seq, why, sizeof(why));
+	checked(k < 0 ? k : 0, -EBADMSG, 0, why, "sequence");
+	FUZZ_CHECK(k <= WIRE_SEQ_PART);
+	FUZZ_CHECK(k != WIRE_SEQ_NEXT || link_seq == rs->rx_seq + 1);
+	FUZZ_CHECK(k != WIRE_SEQ_SKIP || body == MESHRUN__FRAME__BODY_ACK ||
+		   (link_seq && link_seq <= rs->rx_seq));
+	FUZZ_CHECK(k != WIRE_SEQ_RESUME_HELLO || (rs->replay && !run && link_seq == 0));
+	/* what recv.c then passes to link_acked */
+	FUZZ_CHECK(k < 0 || !rs->replay || !rs->acks || ack_seq <= rs->tx_seq);
+	return k;
+}
+
+/* A data frame: its binary header from the body, through frame_parse_data,
+ * the sequence check and, on a running link, the link model. */
+static void data_frame(unsigned st, uint64_t link_seq, uint64_t ack_seq, const uint8_t *body,
+		       size_t blen)
+{
+	uint8_t hdr[FRAME_DATA_HDR] = { 0 };
+	memcpy(hdr, body, blen < sizeof(hdr) ? blen : sizeof(hdr));
+	/* the link's numbers, where the control kinds take theirs */
+	for (int i = 0; i < 8; i++) {
+		hdr[i] = (uint8_t)(link_seq >> (8 * i));
+		hdr[8 + i] = (uint8_t)(ack_seq >> (8 * i));
+	}
+	uint64_t msg = 0, off = 0;
+	for (int i = 7; i >= 0; i--) {
+		msg = msg << 8 | hdr[24 + i];
+		off = off << 8 | hdr[32 + i];
+	}
+	uint64_t plen = blen >= sizeof(hdr) + 2 ? (uint64_t)(body[sizeof(hdr)] | body[sizeof(hdr) + 1] << 8)
+		      : msg >= off ? msg - off : 0;
+	struct frame_data d;
+	char why[600] = "";
+	int rc = frame_parse_data(hdr, sizeof(hdr), plen, &lim, &d, why, sizeof(why));
+	checked(rc, -EPROTO, 0, why, "data header");
+	if (rc)
+		return;
+	FUZZ_CHECK(d.link_seq == link_seq && d.ack_seq == ack_seq);
+	struct wire_rx_seq rs;
+	int k = sequence(st, MESHRUN__FRAME__BODY_CHUNK, link_seq, ack_seq, &rs);
+	/* data before the hello is a bad frame (recv.c data_header_done) */
+	if (k == WIRE_SEQ_NEXT && (st & CTL_RUNNING) && plen <= MAX_PAYLOAD)
+		running(NULL, &d, body, blen, plen);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static uint8_t hash[WIRE_HASH_LEN];
@@ -194,6 +254,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	uint64_t link_seq = data[2], ack_seq = data[3];
 	const uint8_t *body = data + 4;
 	size_t blen = size - 4;
+	if (field == MESHRUN__FRAME__BODY_CHUNK) {
+		data_frame(st, link_seq, ack_seq, body, blen);
+		return 0;
+	}
 
 	uint8_t *hdr = malloc(blen + 32);
 	FUZZ_CHECK(hdr);
@@ -207,18 +271,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memcpy(hdr + hl, body, blen);
 	hl += blen;
 
-	/* a chunk's payload length is its byte_count: read it the way the
-	 * sender wrote it, from the body alone */
-	uint64_t plen = 0;
-	if (field == MESHRUN__FRAME__BODY_CHUNK) {
-		Meshrun__CollectiveChunk *c = meshrun__collective_chunk__unpack(NULL, blen, body);
-		if (c) {
-			plen = c->byte_count;
-			meshrun__collective_chunk__free_unpacked(c, NULL);
-		}
-	}
 	why[0] = 0;
-	Meshrun__Frame *f = frame_parse_header(hdr, hl, plen, &lim, why, sizeof(why));
+	Meshrun__Frame *f = frame_parse_header(hdr, hl, 0, &lim, why, sizeof(why));
 	free(hdr);
 	if (!f) {
 		FUZZ_CHECK(why[0]);
@@ -229,20 +283,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		   f->ack_seq == ack_seq);
 
 	/* recv.c header_done: the sequence check for this link's state */
-	bool run = st & CTL_RUNNING, ran = run || (st & CTL_WAS_UP);
-	struct wire_rx_seq rs = { .replay = st & CTL_REPLAY, .hello = !run, .acks = run,
-				  .rx_seq = ran ? CTL_RX_SEQ : 0, .tx_seq = ran ? CTL_TX_SEQ : 0,
-				  .part_seq = (st & CTL_PART) && ran ? CTL_RX_SEQ + 1 : 0 };
-	why[0] = 0;
-	int k = wire_check_seq(&rs, f, why, sizeof(why));
-	checked(k < 0 ? k : 0, -EBADMSG, 0, why, "sequence");
-	FUZZ_CHECK(k <= WIRE_SEQ_PART);
-	FUZZ_CHECK(k != WIRE_SEQ_NEXT || f->link_seq == rs.rx_seq + 1);
-	FUZZ_CHECK(k != WIRE_SEQ_SKIP || field == MESHRUN__FRAME__BODY_ACK ||
-		   (f->link_seq && f->link_seq <= rs.rx_seq));
-	FUZZ_CHECK(k != WIRE_SEQ_RESUME_HELLO || (rs.replay && !run && f->link_seq == 0));
-	/* what recv.c then passes to link_acked */
-	FUZZ_CHECK(k < 0 || !rs.replay || !rs.acks || f->ack_seq <= rs.tx_seq);
+	bool run = st & CTL_RUNNING;
+	struct wire_rx_seq rs;
+	int k = sequence(st, f->body_case, f->link_seq, f->ack_seq, &rs);
 	if (k == WIRE_SEQ_NEXT || k == WIRE_SEQ_RESUME_HELLO) {
 		memset(hash, LM_CONFIG_HASH_BYTE, sizeof(hash));
 		struct wire_self s = { .host_id = LM_HOST_ID, .num_hosts = LM_NUM_HOSTS,
@@ -250,8 +293,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				       .job_id = LM_JOB_ID, .addr_max = LM_ADDR_MAX };
 		if (!run || k == WIRE_SEQ_RESUME_HELLO)
 			hello_stage(&s, st, f);
-		else if (plen <= MAX_PAYLOAD)
-			running(f, body, blen, plen);
+		else
+			running(f, NULL, body, blen, 0);
 	}
 	frame_header_free(f);
 	return 0;

@@ -1,9 +1,12 @@
 /* (a) The frame prefix and header parsers (net/frame.h) on arbitrary bytes:
- * the input is a buffer of back-to-back frames, decoded with frame_decode
- * until it runs out or a frame is bad; the first 16 bytes also go through
- * frame_parse_prefix and the whole input through frame_parse_header.
+ * the input is a buffer of back-to-back frames (control frames with
+ * protobuf headers, data frames with binary ones), decoded with
+ * frame_decode until it runs out or a frame is bad; the first 16 bytes also
+ * go through frame_parse_prefix and the whole input through
+ * frame_parse_header and (its first FRAME_DATA_HDR bytes) frame_parse_data.
  * Properties: a failure always says why; a decoded frame stays inside the
- * buffer, and re-encoding its header decodes to the same header. */
+ * buffer, and re-encoding its header decodes to the same header; a data
+ * header re-encodes to the same bytes. */
 #include <errno.h>
 #include <stdbool.h>
 #include <string.h>
@@ -47,7 +50,8 @@ static bool has_unknown(const ProtobufCMessage *m)
 /* encode(decode(x)) decodes, and packs to the same bytes as decode(x) */
 static void check_roundtrip(const Meshrun__Frame *f, const uint8_t *payload, uint64_t plen)
 {
-	size_t hl = frame_encoded_len(f), packed = hl - FRAME_PREFIX_LEN;
+	/* a data frame's view packs to protobuf too: compared that way */
+	size_t hl = frame_encoded_len(f), packed = meshrun__frame__get_packed_size(f);
 	uint8_t *b = malloc(hl + (size_t)plen), *p1 = malloc(packed + 1), *p2;
 	FUZZ_CHECK(b && p1);
 	size_t n = frame_encode(f, plen, b);
@@ -55,6 +59,7 @@ static void check_roundtrip(const Meshrun__Frame *f, const uint8_t *payload, uin
 		FUZZ_CHECK(packed > FRAME_MAX_HEADER);
 		goto out;
 	}
+	FUZZ_CHECK(f->body_case != MESHRUN__FRAME__BODY_CHUNK || n == FRAME_PREFIX_LEN + FRAME_DATA_HDR);
 	FUZZ_CHECK(n == hl);
 	if (plen)
 		memcpy(b + n, payload, (size_t)plen);
@@ -103,6 +108,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	Meshrun__Frame *h = frame_parse_header(data, size, 0, &lim, err, sizeof(err));
 	FUZZ_CHECK(h || err[0]);
 	frame_header_free(h);
+
+	if (size >= FRAME_DATA_HDR + 2) {
+		struct frame_data d;
+		uint64_t plen = data[FRAME_DATA_HDR] | (uint64_t)data[FRAME_DATA_HDR + 1] << 8;
+		err[0] = 0;
+		rc = frame_parse_data(data, FRAME_DATA_HDR, plen, &lim, &d, err, sizeof(err));
+		FUZZ_CHECK(rc == 0 || (rc == -EPROTO && err[0]));
+		if (!rc) {
+			FUZZ_CHECK(d.msg_offset <= d.msg_bytes && plen <= d.msg_bytes - d.msg_offset);
+			uint8_t b[FRAME_PREFIX_LEN + FRAME_DATA_HDR];
+			FUZZ_CHECK(frame_encode_data(&d, plen, b) == sizeof(b));
+			FUZZ_CHECK(!memcmp(b + FRAME_PREFIX_LEN, data, FRAME_DATA_HDR));
+		}
+	}
 
 	size_t off = 0;
 	while (off < size) {

@@ -1,8 +1,9 @@
 /* (c) A link's byte stream after the handshake: input bytes 0-3 seed the
  * places where reads split the stream (as TCP and TLS records do), the rest
  * is the stream. It goes through link_read's state machine (prefix ->
- * header -> payload, with the real frame_parse_prefix / frame_parse_header
- * and a header buffer grown to the exact length, as recv.c keeps it) into
+ * header -> payload, with the real frame_parse_prefix, frame_parse_header
+ * for control frames and frame_parse_data for data frames, and a header
+ * buffer grown to the exact length, as recv.c keeps it) into
  * the link model (link_model.h). Real: the frame code, every check a frame
  * meets (net/wire_check.c: sequence numbers and acks, which bodies a
  * running link takes, chunk and recv_ready ownership and fragment order)
@@ -106,18 +107,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			got += n;
 			if (got < p.header_len)
 				break;
-			Meshrun__Frame *f = frame_parse_header(hdr, p.header_len, p.payload_len, &lim,
-							       why, sizeof(why));
-			if (!f) {
-				fuzz_note("header", why);
-				/* frame_decode sees it only once the payload is in */
-				FUZZ_CHECK(expect != 0);
-				dead = true;
-				break;
+			int rc;
+			if (p.data) {
+				struct frame_data d;
+				if (frame_parse_data(hdr, p.header_len, p.payload_len, &lim, &d, why,
+						     sizeof(why))) {
+					fuzz_note("data header", why);
+					FUZZ_CHECK(expect != 0);
+					dead = true;
+					break;
+				}
+				FUZZ_CHECK(expect == 0 || expect == -EAGAIN);
+				rc = lm_data(m, &d, p.payload_len, why, sizeof(why));
+			} else {
+				Meshrun__Frame *f = frame_parse_header(hdr, p.header_len, p.payload_len,
+								       &lim, why, sizeof(why));
+				if (!f) {
+					fuzz_note("header", why);
+					/* frame_decode sees it only once the payload is in */
+					FUZZ_CHECK(expect != 0);
+					dead = true;
+					break;
+				}
+				FUZZ_CHECK(expect == 0 || expect == -EAGAIN);
+				rc = lm_frame(m, f, why, sizeof(why));
+				frame_header_free(f);
 			}
-			FUZZ_CHECK(expect == 0 || expect == -EAGAIN);
-			int rc = lm_frame(m, f, p.payload_len, why, sizeof(why));
-			frame_header_free(f);
 			if (rc) {
 				FUZZ_CHECK(why[0]);
 				fuzz_note("link model", why);

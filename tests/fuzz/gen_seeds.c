@@ -1,10 +1,13 @@
-/* Writes the seed corpora of the fuzz targets: real frames encoded with
- * protobuf-c (net/frame.h), the bodies alone for fuzz_control, frame
+/* Writes the seed corpora of the fuzz targets: real frames encoded by
+ * frame_encode (net/frame.h: protobuf-c control headers, binary data
+ * headers), the bodies alone for fuzz_control (a data frame's binary
+ * header and its payload length for the chunk kind), frame
  * streams that the link model accepts, configs with overrides, and small
  * safetensors files written by st_write. gen_seeds OUTDIR [CONFIG.yml ...]
  * writes OUTDIR/{frame,control,stream,config,safetensors}/NAME; the
  * Makefile's fuzz-seeds step adds a real tiny checkpoint beside them. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,15 +172,33 @@ static void put_control_ack(const char *name, int body, unsigned st, uint8_t seq
 			    const void *msg)
 {
 	const ProtobufCMessage *m = msg;
-	size_t n = protobuf_c_message_get_packed_size(m);
-	uint8_t *p = malloc(n + 4);
+	bool data = body == MESHRUN__FRAME__BODY_CHUNK;
+	size_t n = data ? FRAME_DATA_HDR + 2 : protobuf_c_message_get_packed_size(m);
+	uint8_t *p = malloc(n + 4 + FRAME_PREFIX_LEN);
 	if (!p)
 		exit(1);
 	p[0] = (uint8_t)(body - MESHRUN__FRAME__BODY_HELLO);
 	p[1] = (uint8_t)st;
 	p[2] = seq;
 	p[3] = ack;
-	protobuf_c_message_pack(m, p + 4);
+	if (data) {
+		/* the binary header (after its prefix) and the payload length */
+		const Meshrun__CollectiveChunk *c = msg;
+		Meshrun__Frame f = MESHRUN__FRAME__INIT;
+		struct frame_data d;
+		f.link_seq = seq;
+		f.ack_seq = ack;
+		f.body_case = MESHRUN__FRAME__BODY_CHUNK;
+		f.chunk = (Meshrun__CollectiveChunk *)c;
+		frame_data_from_view(&f, &d);
+		uint8_t tmp[FRAME_PREFIX_LEN + FRAME_DATA_HDR];
+		frame_encode_data(&d, c->byte_count, tmp);
+		memcpy(p + 4, tmp + FRAME_PREFIX_LEN, FRAME_DATA_HDR);
+		p[4 + FRAME_DATA_HDR] = (uint8_t)c->byte_count;
+		p[4 + FRAME_DATA_HDR + 1] = (uint8_t)(c->byte_count >> 8);
+	} else {
+		protobuf_c_message_pack(m, p + 4);
+	}
 	put("control", name, p, n + 4);
 	free(p);
 }
@@ -279,6 +300,30 @@ static void one_of_each(void)
 	}
 	put_control("chunk-rest-after-break", MESHRUN__FRAME__BODY_CHUNK,
 		    CTL_RUNNING | CTL_REPLAY | CTL_PART, CTL_NEXT, &c0);
+	/* a data frame carrying the RecvReady the waiting send 3->1 needs */
+	struct frame_data rd = {
+		.link_seq = CTL_NEXT, .ack_seq = 3, .tag = LM_TAG(0), .msg_bytes = LM_RECV0_BYTES,
+		.src = 0, .dst = 2, .op = MESHRUN__COLL_OP__COLL_P2P, .flags = FRAME_DATA_RR,
+		.rr = { .src = 3, .dst = 1, .tag = LM_TAG(3), .bytes = LM_SEND_BYTES },
+	};
+	uint8_t tmp[FRAME_PREFIX_LEN + FRAME_DATA_HDR], ctl[4 + FRAME_DATA_HDR + 2];
+	frame_encode_data(&rd, LM_RECV0_BYTES, tmp);
+	ctl[0] = (uint8_t)(MESHRUN__FRAME__BODY_CHUNK - MESHRUN__FRAME__BODY_HELLO);
+	ctl[1] = CTL_RUNNING | CTL_REPLAY;
+	ctl[2] = CTL_NEXT;
+	ctl[3] = 3;
+	memcpy(ctl + 4, tmp + FRAME_PREFIX_LEN, FRAME_DATA_HDR);
+	ctl[4 + FRAME_DATA_HDR] = LM_RECV0_BYTES;
+	ctl[4 + FRAME_DATA_HDR + 1] = 0;
+	put("control", "chunk-with-recv_ready", ctl, sizeof(ctl));
+	struct buf b = { 0 };
+	add(&b, tmp, sizeof(tmp));
+	for (int i = 0; i < LM_RECV0_BYTES; i++) {
+		uint8_t v = (uint8_t)i;
+		add(&b, &v, 1);
+	}
+	put("frame", "chunk-with-recv_ready", b.p, b.n);
+	free(b.p);
 }
 
 /* fuzz_stream: 4 bytes that seed the read splits, then a stream of frames

@@ -52,7 +52,8 @@ static void op_send_ready(void *ctx, struct xreq *r)
 	send_now(ctx, r);
 }
 
-static const struct xport_remote_ops lm_ops = { op_recv_posted, op_send_ready };
+static const struct xport_remote_ops lm_ops = { .recv_posted = op_recv_posted,
+						 .send_ready = op_send_ready };
 
 static void *xalloc(size_t n)
 {
@@ -132,9 +133,10 @@ static struct wire_self lm_self(const struct lm *m)
 }
 
 /* recv.c on_chunk: the real check, then the model's receive state */
-static int on_chunk(struct lm *m, const Meshrun__CollectiveChunk *c, char *why, size_t whylen)
+static int on_chunk(struct lm *m, const struct frame_data *c, uint64_t byte_count, char *why,
+		    size_t whylen)
 {
-	int src = (int)c->src_device, dst = (int)c->dst_device;
+	int src = (int)c->src, dst = (int)c->dst;
 
 	m->rx_dst = NULL;
 	if (m->failed)
@@ -151,7 +153,7 @@ static int on_chunk(struct lm *m, const Meshrun__CollectiveChunk *c, char *why, 
 	if (!m->rx_req) {
 		const char *what;
 		struct xreq *r = xport_remote_data(m->x, src, dst, c->tag, (size_t)c->msg_bytes,
-						   c->eager, &what);
+						   (c->flags & FRAME_DATA_EAGER) != 0, &what);
 		if (!r) {
 			snprintf(why, whylen, "data from device %d to device %d %s", src, dst, what);
 			return -EBADMSG;
@@ -166,12 +168,12 @@ static int on_chunk(struct lm *m, const Meshrun__CollectiveChunk *c, char *why, 
 	}
 	FUZZ_CHECK(c->msg_offset == m->rx_next && c->msg_bytes == m->rx_total);
 	m->rx_dst = (uint8_t *)m->rx_req->buf + c->msg_offset;
-	m->rx_next += c->byte_count;
+	m->rx_next += byte_count;
 	return 0;
 }
 
 /* recv.c on_recv_ready */
-static int on_recv_ready(struct lm *m, const Meshrun__RecvReady *rr, char *why, size_t whylen)
+static int on_recv_ready(struct lm *m, const struct frame_rr *rr, char *why, size_t whylen)
 {
 	if (m->failed)
 		return 0;
@@ -179,31 +181,73 @@ static int on_recv_ready(struct lm *m, const Meshrun__RecvReady *rr, char *why, 
 	int rc = wire_check_recv_ready(&self, LM_PEER, rr, why, whylen);
 	if (rc)
 		return rc;
-	struct xreq *r = xport_remote_ready(m->x, (int)rr->src_device, (int)rr->dst_device, rr->tag,
-					    (size_t)rr->byte_count);
+	/* what the handler relies on once the check passed */
+	FUZZ_CHECK(xport_host_of(m->x, (int)rr->src) == LM_HOST_ID &&
+		   xport_host_of(m->x, (int)rr->dst) == LM_PEER);
+	struct xreq *r = xport_remote_ready(m->x, (int)rr->src, (int)rr->dst, rr->tag,
+					    (size_t)rr->bytes);
 	if (r)
 		send_now(m, r);
 	return 0;
 }
 
-int lm_body(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *why,
+int lm_data_body(struct lm *m, const struct frame_data *d, uint64_t payload_len, char *why,
+		 size_t whylen)
+{
+	m->chunk = true;
+	m->rx_got = 0;
+	m->rx_dst = NULL;
+	/* frame_parse_data's promises */
+	FUZZ_CHECK(!(d->flags & ~(uint32_t)FRAME_DATA_FLAGS));
+	FUZZ_CHECK(d->msg_offset <= d->msg_bytes && payload_len <= d->msg_bytes - d->msg_offset);
+	if (d->flags & FRAME_DATA_RR) {
+		int rc = on_recv_ready(m, &d->rr, why, whylen);
+		if (rc)
+			return rc;
+	}
+	return on_chunk(m, d, payload_len, why, whylen);
+}
+
+int lm_data(struct lm *m, const struct frame_data *d, uint64_t payload_len, char *why,
 	    size_t whylen)
+{
+	struct wire_rx_seq s = { .replay = true, .acks = true, .rx_seq = m->rx_seq,
+				 .tx_seq = LM_TX_SEQ };
+	int k = wire_check_seq(&s, MESHRUN__FRAME__BODY_CHUNK, d->link_seq, d->ack_seq, why, whylen);
+	if (k < 0)
+		return k;
+	FUZZ_CHECK(k == WIRE_SEQ_NEXT || k == WIRE_SEQ_SKIP);
+	FUZZ_CHECK(d->ack_seq <= LM_TX_SEQ);     /* what link_acked may take */
+	if (k == WIRE_SEQ_SKIP) {
+		/* a frame we have: its payload is read, nothing lands */
+		m->chunk = false;
+		m->rx_dst = NULL;
+		m->rx_got = 0;
+		return 0;
+	}
+	m->rx_seq = d->link_seq;
+	return lm_data_body(m, d, payload_len, why, whylen);
+}
+
+int lm_body(struct lm *m, const Meshrun__Frame *f, char *why, size_t whylen)
 {
 	char msg[600];
 	int rc;
 
-	m->chunk = f->body_case == MESHRUN__FRAME__BODY_CHUNK;
+	m->chunk = false;
 	m->rx_got = 0;
-	FUZZ_CHECK(m->chunk || payload_len == 0); /* frame_parse_header's promise */
+	/* frame_parse_header's promise: data travels in data frames */
+	FUZZ_CHECK(f->body_case != MESHRUN__FRAME__BODY_CHUNK);
 	rc = wire_check_running(f->body_case, why, whylen);
 	if (rc)
 		return rc;
 	switch (f->body_case) {
-	case MESHRUN__FRAME__BODY_CHUNK:
-		FUZZ_CHECK(f->chunk->byte_count == payload_len);
-		return on_chunk(m, f->chunk, why, whylen);
-	case MESHRUN__FRAME__BODY_RECV_READY:
-		return on_recv_ready(m, f->recv_ready, why, whylen);
+	case MESHRUN__FRAME__BODY_RECV_READY: {
+		const Meshrun__RecvReady *q = f->recv_ready;
+		struct frame_rr rr = { .src = q->src_device, .dst = q->dst_device, .tag = q->tag,
+				       .bytes = q->byte_count };
+		return on_recv_ready(m, &rr, why, whylen);
+	}
 	case MESHRUN__FRAME__BODY_DONE:
 		if (f->done->status) {
 			FUZZ_CHECK(wire_done_status(f->done->status) < 0);
@@ -224,12 +268,11 @@ int lm_body(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *w
 }
 
 /* recv.c header_done: the real sequence check (recovery on), then the body */
-int lm_frame(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *why,
-	     size_t whylen)
+int lm_frame(struct lm *m, const Meshrun__Frame *f, char *why, size_t whylen)
 {
 	struct wire_rx_seq s = { .replay = true, .acks = true, .rx_seq = m->rx_seq,
 				 .tx_seq = LM_TX_SEQ };
-	int k = wire_check_seq(&s, f, why, whylen);
+	int k = wire_check_seq(&s, f->body_case, f->link_seq, f->ack_seq, why, whylen);
 	if (k < 0)
 		return k;
 	FUZZ_CHECK(k == WIRE_SEQ_NEXT || k == WIRE_SEQ_SKIP);
@@ -242,7 +285,7 @@ int lm_frame(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *
 		return 0;
 	}
 	m->rx_seq = f->link_seq;
-	return lm_body(m, f, payload_len, why, whylen);
+	return lm_body(m, f, why, whylen);
 }
 
 /* link_read's RX_PAYLOAD stage */

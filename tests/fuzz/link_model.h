@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "net/frame.h"
 #include "proto/meshrun.pb-c.h"
 
 #define LM_GROUP 1
@@ -41,17 +42,22 @@
 struct lm;
 
 struct lm *lm_new(void);
-/* A frame header that passed frame_parse_header, carrying payload_len
- * bytes to follow: the sequence check (recovery on), then lm_body. 0, or
- * the negative errno of the check that failed (recv.c would call
- * link_bad_frame: the link is lost, feed it nothing more), with the reason
- * in why. */
-int lm_frame(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *why,
-	     size_t whylen);
-/* The body of a frame whose sequence number passed: what recv.c's
+/* A control frame's header that passed frame_parse_header (no payload):
+ * the sequence check (recovery on), then lm_body. 0, or the negative errno
+ * of the check that failed (recv.c would call link_bad_frame: the link is
+ * lost, feed it nothing more), with the reason in why. */
+int lm_frame(struct lm *m, const Meshrun__Frame *f, char *why, size_t whylen);
+/* The body of a control frame whose sequence number passed: what recv.c's
  * dispatch does with it on a running link. 0 or a negative errno. */
-int lm_body(struct lm *m, const Meshrun__Frame *f, uint64_t payload_len, char *why,
+int lm_body(struct lm *m, const Meshrun__Frame *f, char *why, size_t whylen);
+/* A data frame's header that passed frame_parse_data, carrying payload_len
+ * bytes to follow: the sequence check, then lm_data_body. As lm_frame. */
+int lm_data(struct lm *m, const struct frame_data *d, uint64_t payload_len, char *why,
 	    size_t whylen);
+/* What recv.c's data_header_done does on a running link with a data frame
+ * whose sequence number passed: its riding RecvReady, then the chunk. */
+int lm_data_body(struct lm *m, const struct frame_data *d, uint64_t payload_len, char *why,
+		 size_t whylen);
 /* Part of the current frame's payload (as link_read reads it). */
 void lm_payload(struct lm *m, const uint8_t *p, size_t n);
 /* The current frame's payload is all in. */

@@ -1,0 +1,135 @@
+/* Stream threads (net_int.h): each sleeps in epoll_wait on the sockets of
+ * the data links given to it while they are UP, and calls the net's
+ * stream callback (recv.c) with what epoll reported: the reading no device
+ * thread is doing, and the writing the socket would not take at once.
+ * Every socket is in its set with EPOLLONESHOT: after an event it stays
+ * quiet until the link code arms it again (stream_arm), so a thread that
+ * finds the link busy never spins on it. Knows nothing of frames or TLS;
+ * calls nothing in net/ but the callback. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "net/net_int.h"
+
+#define STREAM_EVENTS 16
+
+struct stream_thr {
+	struct net *n;
+	int index;
+	pthread_t thread;
+	int epfd, evfd;          /* evfd: stop */
+	bool started;
+};
+
+static void *stream_main(void *arg)
+{
+	struct stream_thr *t = arg;
+	struct epoll_event ev[STREAM_EVENTS];
+	char name[16];
+	snprintf(name, sizeof(name), "mr-stream%d", t->index);
+	pthread_setname_np(pthread_self(), name);
+	for (;;) {
+		/* while a link lingers (a device thread just stopped polling
+		 * it), look every millisecond whether its linger ran out */
+		bool linger = atomic_load_explicit(&t->n->lingering, memory_order_relaxed) > 0;
+		int k = epoll_wait(t->epfd, ev, STREAM_EVENTS, linger ? 1 : -1);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return NULL;
+		if (linger)
+			t->n->stream_tick(t->n, t->index);
+		for (int i = 0; i < k; i++) {
+			if (!ev[i].data.ptr)
+				return NULL;   /* stream_stop */
+			t->n->stream_cb(ev[i].data.ptr, ev[i].events);
+		}
+	}
+}
+
+int stream_start(struct net *n, int count, char *err, size_t errlen)
+{
+	n->streams = calloc((size_t)count, sizeof(*n->streams));
+	if (!n->streams) {
+		snprintf(err, errlen, "net: out of memory");
+		return -ENOMEM;
+	}
+	n->nstreams = count;
+	for (int i = 0; i < count; i++)
+		n->streams[i].epfd = n->streams[i].evfd = -1;
+	for (int i = 0; i < count; i++) {
+		struct stream_thr *t = &n->streams[i];
+		t->n = n;
+		t->index = i;
+		t->epfd = epoll_create1(EPOLL_CLOEXEC);
+		t->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		struct epoll_event e = { .events = EPOLLIN, .data.ptr = NULL };
+		if (t->epfd < 0 || t->evfd < 0 || epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->evfd, &e) ||
+		    pthread_create(&t->thread, NULL, stream_main, t)) {
+			snprintf(err, errlen, "net: unable to start stream thread %d: %s", i,
+				 strerror(errno));
+			return -EAGAIN;
+		}
+		t->started = true;
+	}
+	return 0;
+}
+
+void stream_stop(struct net *n)
+{
+	for (int i = 0; i < n->nstreams; i++) {
+		struct stream_thr *t = &n->streams[i];
+		if (t->started) {
+			uint64_t one = 1;
+			if (write(t->evfd, &one, sizeof(one)) < 0)
+				perror("meshrun: stream thread stop");
+			pthread_join(t->thread, NULL);
+		}
+		if (t->epfd >= 0)
+			close(t->epfd);
+		if (t->evfd >= 0)
+			close(t->evfd);
+	}
+	free(n->streams);
+	n->streams = NULL;
+	n->nstreams = 0;
+}
+
+static int stream_epfd(const struct link *l)
+{
+	const struct net *n = l->net;
+	return n->streams[l->stream % n->nstreams].epfd;
+}
+
+int stream_add(struct link *l)
+{
+	struct epoll_event e = { .events = EPOLLONESHOT, .data.ptr = l };
+	if (epoll_ctl(stream_epfd(l), EPOLL_CTL_ADD, l->c->fd, &e))
+		return -errno;
+	l->watched = true;
+	l->armed = 0;
+	return 0;
+}
+
+void stream_arm(struct link *l, uint32_t events)
+{
+	struct epoll_event e = { .events = events | EPOLLONESHOT, .data.ptr = l };
+	if (!epoll_ctl(stream_epfd(l), EPOLL_CTL_MOD, l->c->fd, &e))
+		l->armed = events;
+}
+
+void stream_del(struct link *l)
+{
+	if (!l->watched)
+		return;
+	epoll_ctl(stream_epfd(l), EPOLL_CTL_DEL, l->c->fd, NULL);
+	l->watched = false;
+	l->armed = 0;
+}
