@@ -10,13 +10,18 @@
  * link_reconnect_timeout_s, naming the host, its address and what was
  * running. Needs MESHRUN (the binary) and root (ss -K). */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "net/conn.h"
@@ -479,6 +484,75 @@ START_TEST(test_reconnect_timeout)
 }
 END_TEST
 
+/* ---- TCP_USER_TIMEOUT ---- */
+
+/* Every established TCP socket held by a process of group pgid, taken out
+ * of it with pidfd_getfd (root): how many there are, and how many carry
+ * TCP_USER_TIMEOUT = want_ms. */
+static void user_timeouts(pid_t pgid, unsigned want_ms, int *sockets, int *right)
+{
+	*sockets = *right = 0;
+	DIR *procs = opendir("/proc");
+	ck_assert_ptr_nonnull(procs);
+	for (struct dirent *e; (e = readdir(procs));) {
+		pid_t pid = (pid_t)atoi(e->d_name);
+		if (pid <= 0 || getpgid(pid) != pgid)
+			continue;
+		int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+		char dir[64];
+		snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+		DIR *fds = pfd >= 0 ? opendir(dir) : NULL;
+		for (struct dirent *f; fds && (f = readdir(fds));) {
+			int fd = (int)syscall(SYS_pidfd_getfd, pfd, atoi(f->d_name), 0);
+			struct tcp_info ti;
+			socklen_t len = sizeof(ti);
+			unsigned v = 0;
+			socklen_t vl = sizeof(v);
+			if (fd >= 0 && !getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) &&
+			    ti.tcpi_state == TCP_ESTABLISHED &&
+			    !getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &v, &vl)) {
+				++*sockets;
+				*right += v == want_ms;
+			}
+			if (fd >= 0)
+				close(fd);
+		}
+		if (fds)
+			closedir(fds);
+		if (pfd >= 0)
+			close(pfd);
+	}
+	closedir(procs);
+}
+
+/* 3 hosts training with heartbeat_timeout_s=7: every link socket of every
+ * agent has TCP_USER_TIMEOUT 7000 ms, and so do the ones redialed after
+ * every link is reset. */
+START_TEST(test_user_timeout)
+{
+	struct proc p;
+	proc_meshrun(&p, "train", "local", "--hosts", "3", "--config", "configs/llama-tiny.yml",
+		    "per_device_batch_size=2", "dcn_data_parallelism=3", "steps=400",
+		    "heartbeat_timeout_s=7", (char *)NULL);
+	ck_assert_msg(proc_wait_output(&p, "completed step: 2,", 60), "no step 2:\n%s",
+		      slurp(p.err));
+	int n, ok;
+	user_timeouts(p.pid, 7000, &n, &ok);
+	/* 3 links, both ends of each */
+	ck_assert_msg(n >= 6, "only %d established sockets", n);
+	ck_assert_int_eq(ok, n);
+	ck_assert_int_ge(reset_links(p.pid), 3);
+	for (double end = now_s() + 30; !file_has(p.err, "resumed after") && now_s() < end;)
+		usleep(50000);
+	ck_assert_msg(file_has(p.err, "resumed after"), "no resume:\n%s", slurp(p.err));
+	usleep(500000);
+	user_timeouts(p.pid, 7000, &n, &ok);
+	ck_assert_msg(n >= 6, "only %d established sockets after the resets", n);
+	ck_assert_int_eq(ok, n);
+	proc_kill(&p);
+}
+END_TEST
+
 static Suite *recover_suite(void)
 {
 	Suite *s = suite_create("recover");
@@ -515,6 +589,12 @@ static Suite *recover_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_reconnect_timeout);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("user_timeout");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_user_timeout);
 	suite_add_tcase(s, tc);
 	return s;
 }
