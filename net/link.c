@@ -431,6 +431,18 @@ void link_hold(struct link *l, uint64_t ns, bool reads)
 	event_add(l->ev_hold, &tv);
 }
 
+void link_halfopen(struct link *l, bool both)
+{
+	l->halfopen = true;
+	l->held = true;
+	if (both && !l->hold_reads) {
+		l->hold_reads = true;
+		event_del(l->ev_read);
+		event_del(l->ev_resume);
+	}
+	link_disarm_write(l);
+}
+
 /* The fault specs' part of link_fault: a data frame this host sends. */
 static enum link_fault link_fault_spec(struct link *l, const Meshrun__Frame *f)
 {
@@ -461,6 +473,11 @@ static enum link_fault link_fault_spec(struct link *l, const Meshrun__Frame *f)
 	case FAULT_DELAY:
 	case FAULT_BLACKHOLE:
 		link_hold(l, h.hold_ns, h.kind == FAULT_BLACKHOLE);
+		break;
+	case FAULT_DROP:
+		return LINK_FAULT_DROP;
+	case FAULT_HALFOPEN:
+		link_halfopen(l, h.both);
 		break;
 	case FAULT_CORRUPT:
 		/* nothing else is written before this frame's header */
@@ -781,6 +798,11 @@ bool link_break(struct link *l, const char *reason)
 	conn_free(l->c);
 	l->c = NULL;
 	l->conn_dead = l->rx_blocked = false;
+	if (l->halfopen) {
+		/* the half-open connection is gone; the next one passes */
+		l->halfopen = l->held = l->hold_reads = false;
+		event_del(l->ev_hold);
+	}
 	l->defer = DEFER_NONE;
 	l->rx_stage = RX_PREFIX;
 	l->rx_got = 0;

@@ -60,6 +60,10 @@ enum link_fault {
 	LINK_FAULT_PASS = 0,   /* the frame goes on as usual */
 	LINK_FAULT_CLOSE,      /* the link fails exactly as on a read error; a
 				* sent frame is not sent */
+	LINK_FAULT_DROP,       /* a sent data frame is not written, silently:
+				* counted as sent (kept for replay), so the
+				* receiver sees a gap in link_seq (fault specs
+				* only, not net_params.fault) */
 };
 
 struct net_params {
