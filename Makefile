@@ -85,7 +85,7 @@ $(B)/asan/tests/%: tests/%.c $(B)/asan/libmeshrun.a
 
 test: deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) $(FUZZ_REPLAY)
-	@netns="tests/check_netns.sh tests/check_fault_netns.sh"; tests/check_netns.sh --probe || netns=; \
+	@netns="tests/check_netns.sh tests/check_fault_netns.sh tests/check_halfopen_netns.sh"; tests/check_netns.sh --probe || netns=; \
 	MESHRUN=$(abspath $(B)/meshrun) MESHRUN_BUILD=$(abspath $(B)) tests/run-all \
 	  $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) $(FUZZ_REPLAY) $$netns tests/check-launch \
 	  $(LAYOUT_SUITES)

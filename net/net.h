@@ -90,6 +90,9 @@ struct net_params {
 	 * job at once. */
 	uint64_t replay_buffer_bytes;
 	double reconnect_timeout_s;  /* a link not back by then fails the job */
+	/* a link up that hears nothing this long is taken for half-open and
+	 * its connection dropped (recovery on); 0: 0.4 x heartbeat_timeout_s */
+	double link_silence_s;
 	/* A device thread waiting on a remote request polls its link this
 	 * long before it sleeps (net_xport_ops' poll; the xport must be told,
 	 * xport_set_poll_spin). Only recorded here. */
