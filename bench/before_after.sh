@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Another build (BASE, e.g. a copy of build/meshrun from before a change)
 # against this one, interleaved: every op at 64 KiB (500 iterations) and
-# 16 MiB (10), 2 hosts x 1 device, ROUNDS rounds; median and min time and
-# CPU per op (both agents).
-# usage: bench/before_after.sh BASE [ROUNDS]
+# 16 MiB (10), HOSTS hosts x 1 device (default 2), ROUNDS rounds; median
+# and min time and CPU per op (every agent).
+# usage: [HOSTS=4] bench/before_after.sh BASE [ROUNDS]
 set -eu
 cd "$(dirname "$0")/.."
-base=$1; rounds=${2:-3}
+base=$1; rounds=${2:-3}; hosts=${HOSTS:-2}
 for r in $(seq 1 "$rounds"); do
   echo "# round $r load $(cat /proc/loadavg)" >&2
   for op in all_gather reduce_scatter all_reduce all_to_all permute broadcast; do
@@ -14,7 +14,7 @@ for r in $(seq 1 "$rounds"); do
       bin=$base; [ $b = now ] && bin=build/meshrun
       for sz in "64K 500" "16M 10"; do
         set -- $sz
-        out=$("$bin" bench collectives --hosts 2 --op "$op" --sizes "$1" --iters "$2" --warmup 3 2>&1)
+        out=$("$bin" bench collectives --hosts "$hosts" --op "$op" --sizes "$1" --iters "$2" --warmup 3 2>&1)
         echo "$b $op $1 $(echo "$out" | awk 'NF==6 && $1 ~ /^[0-9]+$/ {print $3}')" \
              "$(echo "$out" | awk '/^# cpu/ {print $4}')"
       done
