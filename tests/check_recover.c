@@ -8,7 +8,10 @@
  * host's certificate or another job's id is refused without touching the
  * running link; a link that cannot come back fails the job within
  * link_reconnect_timeout_s, naming the host, its address and what was
- * running. Needs MESHRUN (the binary) and root (ss -K). */
+ * running; data frames dropped on the way (the drop fault) are resent
+ * after the gap breaks the link, through every collective and in
+ * training; every link socket carries TCP_USER_TIMEOUT, redials too.
+ * Needs MESHRUN (the binary) and root (ss -K, pidfd_getfd). */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
