@@ -90,11 +90,12 @@ fi
 clean_s=$((SECONDS - t0))
 
 # the faults, from the seed: kinds in turn, links and frames at random
-# over the data frames the run sends (about 35 per step and ring link)
+# over the data frames a stretch between kills sends (about 35 per step
+# and ring link; the agents a restart starts count from 1 again)
 RANDOM=$seed
 kinds=(close drop corrupt delay halfopen)
 links=(0-1 1-2 2-0)
-frames=$((steps * 35))
+frames=$((steps * 35 / (kills + 1)))
 faults=()
 for ((i = 0; i < nfaults; i++)); do
   k=${kinds[$((i % 5))]}
