@@ -37,7 +37,7 @@ ASAN_TESTS := check_frame check_wire check_safetensors check_config check_data c
 LAYOUT_CHECK ?= 1
 LAYOUT_SUITES := tests/check-layout-selftest $(if $(filter 1,$(LAYOUT_CHECK)),tests/check-layout)
 
-.PHONY: all deps test layout asan clean demo fuzz fuzz-deps fuzz-seeds FORCE
+.PHONY: all deps test layout asan clean demo fuzz fuzz-deps fuzz-seeds soak FORCE
 all: $(B)/meshrun
 
 # deps includes the cluster packages (cluster-deps, installed without
@@ -85,10 +85,19 @@ $(B)/asan/tests/%: tests/%.c $(B)/asan/libmeshrun.a
 
 test: deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) $(FUZZ_REPLAY)
-	@netns="tests/check_netns.sh tests/check_fault_netns.sh"; tests/check_netns.sh --probe || netns=; \
+	@netns="tests/check_netns.sh tests/check_fault_netns.sh tests/check_halfopen_netns.sh"; tests/check_netns.sh --probe || netns=; \
 	MESHRUN=$(abspath $(B)/meshrun) MESHRUN_BUILD=$(abspath $(B)) tests/run-all \
 	  $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) $(FUZZ_REPLAY) $$netns tests/check-launch \
-	  $(LAYOUT_SUITES)
+	  tests/check_soak.sh $(LAYOUT_SUITES)
+
+# The chaos run (tests/soak.sh): 2,000 steps on 3 hosts under a seeded
+# random mix of resets, drops, corruptions, delays, half-open links and
+# SIGKILLed agents with --max-restarts, losses bit-identical to a clean
+# run. SOAK_SEED picks the mix, SOAK_STEPS the length.
+SOAK_SEED ?= 1
+SOAK_STEPS ?= 2000
+soak: all
+	MESHRUN=$(abspath $(B)/meshrun) tests/soak.sh --steps $(SOAK_STEPS) --seed $(SOAK_SEED)
 
 layout: all
 	@MESHRUN_BUILD=$(abspath $(B)) tests/check-layout

@@ -10,7 +10,8 @@
 
 static const char *const kind_names[] = {
 	[FAULT_CLOSE] = "close", [FAULT_DELAY] = "delay", [FAULT_CORRUPT] = "corrupt",
-	[FAULT_BLACKHOLE] = "blackhole", [FAULT_KILL] = "kill", [FAULT_STOP] = "stop",
+	[FAULT_BLACKHOLE] = "blackhole", [FAULT_DROP] = "drop", [FAULT_HALFOPEN] = "halfopen",
+	[FAULT_KILL] = "kill", [FAULT_STOP] = "stop",
 };
 
 const char *fault_kind_name(enum fault_kind k)
@@ -20,7 +21,7 @@ const char *fault_kind_name(enum fault_kind k)
 
 /* Field bits, for what each kind needs and allows. */
 enum { F_LINK = 1, F_HOST = 2, F_FRAME = 4, F_BYTES = 8, F_MS = 16, F_FROM = 32, F_S = 64,
-       F_STEP = 128 };
+       F_STEP = 128, F_DIR = 256 };
 
 static const struct {
 	unsigned need, allow;
@@ -30,6 +31,8 @@ static const struct {
 	[FAULT_DELAY] = { F_LINK | F_MS, F_LINK | F_MS | F_FROM, "delay:link=A-B:ms=T[:from=K]" },
 	[FAULT_CORRUPT] = { F_LINK | F_FRAME, F_LINK | F_FRAME, "corrupt:link=A-B:frame=K" },
 	[FAULT_BLACKHOLE] = { F_LINK | F_FRAME | F_S, F_LINK | F_FRAME | F_S, "blackhole:link=A-B:frame=K:s=T" },
+	[FAULT_DROP] = { F_LINK | F_FRAME, F_LINK | F_FRAME, "drop:link=A-B:frame=K" },
+	[FAULT_HALFOPEN] = { F_LINK | F_FRAME, F_LINK | F_FRAME | F_DIR, "halfopen:link=A-B:frame=K[:dir=out|both]" },
 	[FAULT_KILL] = { F_HOST | F_STEP, F_HOST | F_STEP, "kill:host=H:step=S" },
 	[FAULT_STOP] = { F_HOST | F_STEP, F_HOST | F_STEP, "stop:host=H:step=S" },
 };
@@ -95,13 +98,18 @@ static int parse_field(struct fault_spec *s, const char *spec, char *f, unsigned
 			return bad(spec, err, errlen, "ms and s want a positive time up to an hour, got '%s'", v);
 		s->hold_ns = (uint64_t)(x * (ms ? 1e6 : 1e9));
 		bit = ms ? F_MS : F_S;
+	} else if (!strcmp(k, "dir")) {
+		if (strcmp(v, "out") && strcmp(v, "both"))
+			return bad(spec, err, errlen, "dir wants out or both, got '%s'", v);
+		s->both = v[0] == 'b';
+		bit = F_DIR;
 	} else if (!strcmp(k, "step")) {
 		if (!parse_num(v, false, &x))
 			return bad(spec, err, errlen, "step wants a step number, got '%s'", v);
 		s->step = (int64_t)x;
 		bit = F_STEP;
 	} else {
-		return bad(spec, err, errlen, "unknown field '%s' (link, host, frame, bytes, ms, from, s, step)", k);
+		return bad(spec, err, errlen, "unknown field '%s' (link, host, frame, bytes, ms, from, s, dir, step)", k);
 	}
 	if (*seen & bit)
 		return bad(spec, err, errlen, "field '%s' given twice", k);
@@ -128,7 +136,7 @@ int fault_parse(struct fault_plan *p, const char *spec, int num_hosts, char *err
 		if (!strcmp(tok, kind_names[k]))
 			kind = k;
 	if (kind < 0)
-		return bad(spec, err, errlen, "unknown kind '%s' (close, delay, corrupt, blackhole, kill, stop)",
+		return bad(spec, err, errlen, "unknown kind '%s' (close, delay, corrupt, blackhole, drop, halfopen, kill, stop)",
 			   tok ? tok : "");
 	s.kind = (enum fault_kind)kind;
 	while ((tok = strtok_r(NULL, ":", &save)))
@@ -172,7 +180,7 @@ bool fault_decide(struct fault_plan *p, int self, int peer, uint64_t bytes, stru
 			continue;
 		s->fired = true;
 		*hit = (struct fault_hit){ .kind = s->kind, .frame = k, .hold_ns = s->hold_ns,
-					   .first = k == s->frame };
+					   .first = k == s->frame, .both = s->both };
 		fired = true;
 	}
 	return fired;

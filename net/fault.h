@@ -8,6 +8,8 @@
  *   delay:link=A-B:ms=T[:from=K]
  *   corrupt:link=A-B:frame=K
  *   blackhole:link=A-B:frame=K:s=T
+ *   drop:link=A-B:frame=K
+ *   halfopen:link=A-B:frame=K[:dir=out|both]
  *   kill:host=H:step=S          stop:host=H:step=S
  *
  * A link fault is host A's: it counts the data frames (CollectiveChunk)
@@ -27,6 +29,8 @@ enum fault_kind {
 	FAULT_DELAY,
 	FAULT_CORRUPT,
 	FAULT_BLACKHOLE,
+	FAULT_DROP,
+	FAULT_HALFOPEN,
 	FAULT_KILL,
 	FAULT_STOP,
 };
@@ -38,6 +42,7 @@ struct fault_spec {
 	uint64_t bytes;                /* close: after this many payload bytes */
 	uint64_t hold_ns;              /* delay ms, blackhole s */
 	int64_t step;                  /* kill, stop */
+	bool both;                     /* halfopen: reads stop too (dir=both) */
 	/* progress on its link (net thread only) */
 	uint64_t seen_frames, seen_bytes;
 	bool fired;
@@ -62,6 +67,7 @@ struct fault_hit {
 	uint64_t frame;                /* the data frame it fired at, from 1 */
 	uint64_t hold_ns;              /* delay, blackhole: how long */
 	bool first;                    /* a delay's first frame (others repeat) */
+	bool both;                     /* halfopen: both directions */
 };
 
 /* Counts the frame against every spec of link self-peer; true with *hit

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -187,6 +189,22 @@ static void link_hold_cb(evutil_socket_t fd, short what, void *arg)
 	link_unlock(l);
 }
 
+/* TCP_USER_TIMEOUT on a link's socket: the kernel gives up on data it
+ * sent that stays unacknowledged for heartbeat_timeout_s (without it,
+ * tcp_retries2 retransmits for about 15 minutes), so a write into a dead
+ * path fails by the time the heartbeat check would call the peer dead.
+ * Not shorter: a live peer that reads slowly keeps its window shut, and
+ * the half-open probe (link_silence_s) answers sooner and tells a stale
+ * path from a stopped process, which the kernel cannot. */
+static void link_user_timeout(struct link *l, int fd)
+{
+	uint64_t ms = l->net->hb_timeout_ns / 1000000u;
+	unsigned int v = ms > 0x7fffffffu ? 0x7fffffffu : ms ? (unsigned int)ms : 1u;
+	if (fd >= 0 && setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &v, sizeof(v)) &&
+	    errno != EOPNOTSUPP && errno != ENOPROTOOPT)
+		status_log(l->net, "link to %s: TCP_USER_TIMEOUT: %s", l->addr, conn_strerror(errno));
+}
+
 struct link *link_new(struct net *n, enum link_role role, struct conn *c, int peer,
 		      const char *addr)
 {
@@ -231,6 +249,7 @@ struct link *link_new(struct net *n, enum link_role role, struct conn *c, int pe
 	pthread_mutex_init(&l->mu, &ma);
 	pthread_mutexattr_destroy(&ma);
 	l->last_rx_ns = l->last_hb_ns = now_ns();
+	link_user_timeout(l, c->fd);
 	l->next = n->links;
 	n->links = l;
 	return l;
@@ -412,6 +431,18 @@ void link_hold(struct link *l, uint64_t ns, bool reads)
 	event_add(l->ev_hold, &tv);
 }
 
+void link_halfopen(struct link *l, bool both)
+{
+	l->halfopen = true;
+	l->held = true;
+	if (both && !l->hold_reads) {
+		l->hold_reads = true;
+		event_del(l->ev_read);
+		event_del(l->ev_resume);
+	}
+	link_disarm_write(l);
+}
+
 /* The fault specs' part of link_fault: a data frame this host sends. */
 static enum link_fault link_fault_spec(struct link *l, const Meshrun__Frame *f)
 {
@@ -442,6 +473,11 @@ static enum link_fault link_fault_spec(struct link *l, const Meshrun__Frame *f)
 	case FAULT_DELAY:
 	case FAULT_BLACKHOLE:
 		link_hold(l, h.hold_ns, h.kind == FAULT_BLACKHOLE);
+		break;
+	case FAULT_DROP:
+		return LINK_FAULT_DROP;
+	case FAULT_HALFOPEN:
+		link_halfopen(l, h.both);
 		break;
 	case FAULT_CORRUPT:
 		/* nothing else is written before this frame's header */
@@ -762,6 +798,11 @@ bool link_break(struct link *l, const char *reason)
 	conn_free(l->c);
 	l->c = NULL;
 	l->conn_dead = l->rx_blocked = false;
+	if (l->halfopen) {
+		/* the half-open connection is gone; the next one passes */
+		l->halfopen = l->held = l->hold_reads = false;
+		event_del(l->ev_hold);
+	}
 	l->defer = DEFER_NONE;
 	l->rx_stage = RX_PREFIX;
 	l->rx_got = 0;
@@ -840,6 +881,7 @@ int link_attach_conn(struct link *l, struct conn *c)
 	l->ev_write = w;
 	l->write_armed = false;
 	l->c = c;
+	link_user_timeout(l, c->fd);
 	return 0;
 }
 

@@ -218,6 +218,9 @@ struct link {
 	 * hold_reads) until ev_hold fires */
 	struct event *ev_hold;
 	bool held, hold_reads;
+	/* an injected half-open connection: held (and hold_reads, both ways)
+	 * with no timer, until the connection is replaced (link_break) */
+	bool halfopen;
 
 	/* receive */
 	enum rxstage rx_stage;
@@ -360,6 +363,9 @@ void link_fault_close(struct link *l, uint64_t frame_index);
 /* Writes nothing for ns (and reads nothing, if reads) on l; the socket
  * stays open. A hold already running is extended. */
 void link_hold(struct link *l, uint64_t ns, bool reads);
+/* An injected half-open connection: l writes nothing more on its socket
+ * (and reads nothing, if both) until the connection is replaced. */
+void link_halfopen(struct link *l, bool both);
 
 /* ---- ending: closing, failure ---- */
 

@@ -209,6 +209,28 @@ static bool tick_broken(struct net *n, struct link *l, uint64_t now)
 	return link_probe(l, now);
 }
 
+/* A link up that has heard nothing for link_silence_s (heartbeats come
+ * every heartbeat_interval_s): its connection may be half-open (a path
+ * that drops packets without a RST, a stale NAT entry). With recovery on,
+ * the connection is dropped as after a reset: the lower id redials with a
+ * fresh TLS connection (identity pinned, job id, last frame received),
+ * the higher id waits for it and probes the peer's listener. A peer that
+ * answers resumes with replay; one that does not (a stopped process whose
+ * kernel still accepts) is lost at heartbeat_timeout_s as before, since
+ * the break keeps last_rx_ns. false if it broke the link. */
+static bool tick_silence(struct net *n, struct link *l, uint64_t now)
+{
+	char msg[200];
+	if (!n->replay_cap || !l->was_up || l->peer < 0 || n->peers[l->peer].done_rx ||
+	    (l->role != ROLE_LINK_OUT && l->role != ROLE_LINK_IN) ||
+	    now - l->last_rx_ns <= n->silence_ns)
+		return true;
+	snprintf(msg, sizeof(msg), "heard nothing for %.1f s (link_silence_s): taken for half-open",
+		 (double)(now - l->last_rx_ns) / 1e9);
+	link_conn_failed(l, -ETIMEDOUT, msg);
+	return false;
+}
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct net *n = arg;
@@ -231,6 +253,8 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 				link_lost(l, -ETIMEDOUT, msg);
 				break;
 			}
+			if (!tick_silence(n, l, now))
+				break;
 			if (now - l->last_hb_ns >= n->hb_interval_ns) {
 				l->last_hb_ns = now;
 				if (!l->hb_queued)
@@ -368,6 +392,8 @@ struct net *net_new(const struct net_params *p, int *status, char *err, size_t e
 	snprintf(n->certs_dir, sizeof(n->certs_dir), "%s", p->certs_dir ? p->certs_dir : ".");
 	n->hb_interval_ns = sec_ns(p->heartbeat_interval_s);
 	n->hb_timeout_ns = sec_ns(p->heartbeat_timeout_s);
+	n->silence_ns = p->link_silence_s > 0 ? sec_ns(p->link_silence_s)
+					      : sec_ns(0.4 * p->heartbeat_timeout_s);
 	n->connect_timeout_s = p->connect_timeout_s;
 	n->done_timeout_s = p->done_timeout_s;
 	memcpy(n->config_hash, p->config_hash, sizeof(n->config_hash));

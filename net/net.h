@@ -60,6 +60,10 @@ enum link_fault {
 	LINK_FAULT_PASS = 0,   /* the frame goes on as usual */
 	LINK_FAULT_CLOSE,      /* the link fails exactly as on a read error; a
 				* sent frame is not sent */
+	LINK_FAULT_DROP,       /* a sent data frame is not written, silently:
+				* counted as sent (kept for replay), so the
+				* receiver sees a gap in link_seq (fault specs
+				* only, not net_params.fault) */
 };
 
 struct net_params {
@@ -86,6 +90,9 @@ struct net_params {
 	 * job at once. */
 	uint64_t replay_buffer_bytes;
 	double reconnect_timeout_s;  /* a link not back by then fails the job */
+	/* a link up that hears nothing this long is taken for half-open and
+	 * its connection dropped (recovery on); 0: 0.4 x heartbeat_timeout_s */
+	double link_silence_s;
 	/* A device thread waiting on a remote request polls its link this
 	 * long before it sleeps (net_xport_ops' poll; the xport must be told,
 	 * xport_set_poll_spin). Only recorded here. */

@@ -82,6 +82,7 @@ struct net {
 	char coordinator[256], listen[256], certs_dir[4096];
 	double connect_timeout_s, done_timeout_s;
 	uint64_t hb_interval_ns, hb_timeout_ns;
+	uint64_t silence_ns;           /* link_silence_s */
 	uint8_t config_hash[32];
 	void (*log)(void *ctx, const char *line);
 	void *log_ctx;

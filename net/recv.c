@@ -261,6 +261,13 @@ static bool recv_seq(struct link *l, Meshrun__Frame *f, int body, uint64_t link_
 		link_bad_frame(l, why);
 		return true;
 	}
+	if (k == WIRE_SEQ_GAP) {
+		/* a frame went missing: the connection cannot be trusted, the
+		 * redial's hello asks for everything after rx_seq again */
+		frame_header_free(f);
+		link_conn_failed(l, -EPROTO, why);
+		return true;
+	}
 	if (k == WIRE_SEQ_SKIP) {
 		/* an Ack, or a frame we have: its payload (if any) is skipped */
 		frame_header_free(f);

@@ -242,8 +242,12 @@ static bool tx_chunk_keep(struct link *l, struct send_msg *m, struct frame_data 
 }
 
 
+static void tx_frame_done(struct link *l);
+
 /* Picks the next frame to write: control frames first, then the next
- * fragment of the first queued message. false if there is nothing. */
+ * fragment of the first queued message. false if there is nothing. A
+ * data frame whose fault says drop is taken (and kept for replay) but not
+ * written: the next frame is picked instead. */
 static bool tx_next(struct link *l)
 {
 	struct net *n = l->net;
@@ -308,12 +312,19 @@ static bool tx_next(struct link *l)
 	f.link_seq = ++l->tx_seq;
 	f.ack_seq = l->ack_sent = link_rx_done(l);
 	l->rx_unacked_bytes = 0;
-	if (link_fault_data(l, true, &f, cnt) == LINK_FAULT_CLOSE) {
+	enum link_fault fa = link_fault_data(l, true, &f, cnt);
+	if (fa == LINK_FAULT_CLOSE) {
 		link_fault_close(l, f.link_seq - 1);
 		return false;
 	}
-	if (keep)
-		return tx_chunk_keep(l, m, &f, cnt);
+	if (keep) {
+		if (!tx_chunk_keep(l, m, &f, cnt))
+			return false;
+		if (fa != LINK_FAULT_DROP)
+			return true;
+		tx_frame_done(l);
+		return tx_next(l);
+	}
 	size_t hl = frame_encode_data(&f, cnt, l->tx_stage);
 	l->tx_hdr = l->tx_stage;
 	l->tx_hdr_off = 0;
@@ -339,6 +350,10 @@ static bool tx_next(struct link *l)
 			l->dq_tail = NULL;
 	}
 	l->tx_active = true;
+	if (fa == LINK_FAULT_DROP) {
+		tx_frame_done(l);
+		return tx_next(l);
+	}
 	return true;
 }
 
@@ -410,8 +425,14 @@ int send_write(struct link *l)
 			link_disarm_write(l);
 			return 0;
 		}
-		if (!l->tx_active && !tx_next(l))
-			return l->fault_close ? 0 : tx_idle(l);
+		if (!l->tx_active) {
+			if (!tx_next(l))
+				return l->fault_close ? 0 : tx_idle(l);
+			/* a delay, black hole or half-open fault at this frame
+			 * holds it (the check above) */
+			if (l->held)
+				continue;
+		}
 		const uint8_t *src;
 		size_t len;
 		bool hdr = l->tx_hdr_off < l->tx_hdr_len;

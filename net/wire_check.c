@@ -31,6 +31,12 @@ int wire_check_seq(const struct wire_rx_seq *s, int body, uint64_t link_seq, uin
 			return WIRE_SEQ_SKIP;
 		if (s->part_seq && link_seq == s->part_seq && link_seq == s->rx_seq + 1)
 			return WIRE_SEQ_PART;
+		if (link_seq > s->rx_seq + 1) {
+			snprintf(err, errlen, "%s frame has sequence number %llu, expected %llu: "
+				 "frames lost on the way", frame_body_name(body),
+				 (unsigned long long)link_seq, (unsigned long long)(s->rx_seq + 1));
+			return WIRE_SEQ_GAP;
+		}
 	}
 	if (link_seq != s->rx_seq + 1) {
 		snprintf(err, errlen, "%s frame has sequence number %llu, expected %llu",

@@ -50,6 +50,7 @@ enum wire_seq {
 	WIRE_SEQ_RESUME_HELLO,         /* the peer's resume hello (unsequenced) */
 	WIRE_SEQ_SKIP,                 /* an Ack, or a frame we have: drop it */
 	WIRE_SEQ_PART,                 /* the rest of the half-read frame */
+	WIRE_SEQ_GAP,                  /* recovery: frames before it never came */
 };
 
 /* The class of a frame (its body: MESHRUN__FRAME__BODY_CHUNK for a data

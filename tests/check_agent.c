@@ -222,7 +222,9 @@ START_TEST(test_read_fairness)
 	proc_meshrun(&a, "agent", "agent", hid, "--hosts=2", "--listen=127.0.0.1:0", "--job=pingpong",
 		    "--rounds=1", "--size=1K", certs_kv, coord_kv, "heartbeat_interval_s=0.05",
 		    "heartbeat_timeout_s=60", "collective_timeout_s=60", "connect_timeout_s=20",
-		    (char *)NULL);
+		    /* the fake peer is silent while it encrypts its stream (seconds
+		     * on a loaded machine): not a half-open link */
+		    "link_silence_s=59", (char *)NULL);
 
 	/* rendezvous: the agent's Hello, our Topology (job 42) */
 	char data_addr[128];

@@ -140,6 +140,12 @@ START_TEST(test_out_of_range)
 		{ "steps=-3", "config: key 'steps' must be >= 0, got -3" },
 		{ "checkpoint_period=-1", "config: key 'checkpoint_period' must be >= 0, got -1" },
 		{ "collective_timeout_s=0", "config: key 'collective_timeout_s' must be > 0, got 0" },
+		{ "link_silence_s=10", "config: key 'link_silence_s' (10) must be 0 or lie between "
+		  "'heartbeat_interval_s' (0.5) and 'heartbeat_timeout_s' (10)" },
+		{ "link_silence_s=0.5", "config: key 'link_silence_s' (0.5) must be 0 or lie between "
+		  "'heartbeat_interval_s' (0.5) and 'heartbeat_timeout_s' (10)" },
+		{ "link_silence_s=-1", "config: key 'link_silence_s' (-1) must be 0 or lie between "
+		  "'heartbeat_interval_s' (0.5) and 'heartbeat_timeout_s' (10)" },
 		{ "learning_rate_schedule_steps=0",
 		  "config: key 'learning_rate_schedule_steps' must be -1 (steps) or >= 1, got 0" },
 		{ "dataset_type=foo", "config: key 'dataset_type' has unknown value 'foo' (synthetic | text | "
@@ -156,7 +162,8 @@ START_TEST(test_out_of_range)
 	}
 	/* the edges that are fine */
 	const char *good[] = { "learning_rate=1e-9", "adam_b1=0", "warmup_steps_fraction=1",
-			       "learning_rate_schedule_steps=-1", "steps=0", "gradient_clipping_threshold=0" };
+			       "learning_rate_schedule_steps=-1", "steps=0", "gradient_clipping_threshold=0",
+			       "link_silence_s=0", "link_silence_s=0.6", "link_silence_s=9.9" };
 	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
 		struct cfg c;
 		cfg_defaults(&c);

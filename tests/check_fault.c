@@ -24,7 +24,19 @@ START_TEST(test_parse_good)
 	ck_assert_int_eq(fault_parse(&p, "blackhole:link=0-1:frame=10:s=1.5", 3, err, sizeof(err)), 0);
 	ck_assert_int_eq(fault_parse(&p, "kill:host=1:step=3", 3, err, sizeof(err)), 0);
 	ck_assert_int_eq(fault_parse(&p, "stop:step=0:host=2", 3, err, sizeof(err)), 0);
-	ck_assert_int_eq(p.n, 8);
+	ck_assert_int_eq(fault_parse(&p, "drop:link=2-1:frame=9", 3, err, sizeof(err)), 0);
+	ck_assert_int_eq(fault_parse(&p, "halfopen:link=1-0:frame=4", 3, err, sizeof(err)), 0);
+	ck_assert_int_eq(fault_parse(&p, "halfopen:link=0-2:frame=5:dir=both", 3, err, sizeof(err)), 0);
+	ck_assert_int_eq(fault_parse(&p, "halfopen:dir=out:link=0-2:frame=6", 3, err, sizeof(err)), 0);
+	ck_assert_int_eq(p.n, 12);
+	ck_assert_int_eq(p.spec[8].kind, FAULT_DROP);
+	ck_assert_int_eq(p.spec[8].from_host, 2);
+	ck_assert_int_eq(p.spec[8].frame, 9);
+	ck_assert_int_eq(p.spec[9].kind, FAULT_HALFOPEN);
+	ck_assert(!p.spec[9].both);
+	ck_assert(p.spec[10].both);
+	ck_assert(!p.spec[11].both);
+	ck_assert_str_eq(fault_kind_name(FAULT_HALFOPEN), "halfopen");
 	ck_assert_int_eq(p.spec[0].kind, FAULT_CLOSE);
 	ck_assert_int_eq(p.spec[0].from_host, 0);
 	ck_assert_int_eq(p.spec[0].to_host, 1);
@@ -47,7 +59,12 @@ static const struct {
 	const char *spec, *why;
 } bad_specs[] = {
 	{ "", "unknown kind ''" },
-	{ "drop:link=0-1:frame=1", "unknown kind 'drop'" },
+	{ "lose:link=0-1:frame=1", "unknown kind 'lose' (close, delay, corrupt, blackhole, drop, halfopen" },
+	{ "drop:link=0-1", "wants drop:link=A-B:frame=K" },
+	{ "drop:link=0-1:frame=2:s=1", "wants drop:link=A-B:frame=K" },
+	{ "halfopen:link=0-1", "wants halfopen:link=A-B:frame=K[:dir=out|both]" },
+	{ "halfopen:link=0-1:frame=2:dir=in", "dir wants out or both, got 'in'" },
+	{ "close:link=0-1:frame=2:dir=out", "wants close:link=A-B:frame=K" },
 	{ "close:link=0-1,frame=4", "fields are separated by ':'" },
 	{ "close:link=0-1", "wants close:link=A-B:frame=K or close:link=A-B:bytes=N" },
 	{ "close:link=0-1:frame=2:bytes=9", "wants close:link=A-B:frame=K" },
@@ -261,6 +278,101 @@ START_TEST(test_local_blackhole)
 }
 END_TEST
 
+START_TEST(test_local_drop)
+{
+	struct proc p;
+	/* frame 20 is written nowhere; host 1 sees frame 21 where it waits
+	 * for 20, breaks the connection, and the redial resends from 20 */
+	run_local(&p, "drop", PINGPONG, "--fault", "drop:link=0-1:frame=20", (char *)NULL);
+	ck_assert_int_eq(proc_wait(&p, 60), 0);
+	ck_assert_file_has(p.out, PINGPONG_OK);
+	ck_assert_file_has(p.err, "host 0: fault: injected drop on link 0-1 at frame 20");
+	ck_assert_file_has(p.err, "host 1: link to host 0 (127.0.0.1:");
+	ck_assert_file_has(p.err, "frames lost on the way; waiting for its redial");
+	ck_assert_file_has(p.err, "resumed after");
+}
+END_TEST
+
+START_TEST(test_local_drop_fatal)
+{
+	struct proc p;
+	/* without recovery nothing can resend it: the gap is a bad frame */
+	run_local(&p, "drop0", PINGPONG, "--fault", "drop:link=1-0:frame=7",
+		  "replay_buffer_bytes=0", (char *)NULL);
+	ck_assert_int_eq(proc_wait(&p, 60), EXIT_PEER_LOST);
+	ck_assert_file_has(p.err, "host 1: fault: injected drop on link 1-0 at frame 7");
+	ck_assert_file_has(p.err, "host 0: lost host 1 (127.0.0.1:");
+	ck_assert_file_has(p.err, "bad frame: chunk frame has sequence number");
+	ck_assert(!file_has(p.err, "resumed after"));
+}
+END_TEST
+
+/* A half-open connection: host A's link to B stops all traffic on its
+ * connection (writes; reads too with dir=both) at frame 10 and stays so.
+ * The host that hears nothing for link_silence_s (0.4 x 2 s) drops the
+ * connection; the lower id redials, the link resumes with replay, and
+ * pingpong checks every byte. */
+static void halfopen_recovers(const char *name, const char *spec, const char *injected,
+			      const char *silent)
+{
+	struct proc p;
+	run_local(&p, name, PINGPONG, "--fault", spec, (char *)NULL);
+	ck_assert_int_eq(proc_wait(&p, 60), 0);
+	ck_assert_file_has(p.out, PINGPONG_OK);
+	ck_assert_file_has(p.err, injected);
+	ck_assert_file_has(p.err, silent);
+	ck_assert_file_has(p.err, "resumed after");
+	ck_assert(!file_has(p.err, "lost host"));
+}
+
+START_TEST(test_local_halfopen_out)
+{
+	/* host 0 writes nothing: host 1 hears nothing, closes; host 0 reads
+	 * the close and redials */
+	halfopen_recovers("ho_out", "halfopen:link=0-1:frame=10",
+			  "host 0: fault: injected halfopen on link 0-1 at frame 10",
+			  "host 1: link to host 0 (127.0.0.1:");
+}
+END_TEST
+
+START_TEST(test_local_halfopen_out_hi)
+{
+	/* host 1 writes nothing: host 0 (the dialer) hears nothing, redials */
+	halfopen_recovers("ho_out1", "halfopen:link=1-0:frame=10",
+			  "host 1: fault: injected halfopen on link 1-0 at frame 10",
+			  "host 0: link to host 1 (127.0.0.1:");
+}
+END_TEST
+
+START_TEST(test_local_halfopen_both)
+{
+	halfopen_recovers("ho_both", "halfopen:link=1-0:frame=10:dir=both",
+			  "host 1: fault: injected halfopen on link 1-0 at frame 10",
+			  "taken for half-open");
+}
+END_TEST
+
+START_TEST(test_local_halfopen_fatal)
+{
+	struct proc p;
+	/* without recovery a silent link is left to the heartbeat timeout:
+	 * a lost peer within heartbeat_timeout_s (2 s) and the launcher's 2 s */
+	run_local(&p, "ho0", "--job=pingpong", "--size=1M", "--rounds=400", "--fault",
+		  "halfopen:link=0-1:frame=10", "replay_buffer_bytes=0", (char *)NULL);
+	const char *injected = "host 0: fault: injected halfopen on link 0-1 at frame 10";
+	double end = now_s() + 60;
+	while (!file_has(p.err, injected) && proc_wait(&p, 0) == -1 && now_s() < end)
+		usleep(20000);
+	ck_assert_file_has(p.err, injected);
+	double t0 = now_s();
+	ck_assert_int_eq(proc_wait(&p, 30), EXIT_PEER_LOST);
+	ck_assert_double_le(now_s() - t0, 2 + 2 + 1.0);
+	ck_assert_file_has(p.err, "host 1: lost host 0 (127.0.0.1:");
+	ck_assert_file_has(p.err, "no heartbeat for");
+	ck_assert(!file_has(p.err, "taken for half-open"));
+}
+END_TEST
+
 START_TEST(test_local_bad_spec)
 {
 	struct proc p;
@@ -332,6 +444,12 @@ int main(void)
 	tcase_add_test(tc, test_local_corrupt_fatal);
 	tcase_add_test(tc, test_local_delay);
 	tcase_add_test(tc, test_local_blackhole);
+	tcase_add_test(tc, test_local_drop);
+	tcase_add_test(tc, test_local_drop_fatal);
+	tcase_add_test(tc, test_local_halfopen_out);
+	tcase_add_test(tc, test_local_halfopen_out_hi);
+	tcase_add_test(tc, test_local_halfopen_both);
+	tcase_add_test(tc, test_local_halfopen_fatal);
 	tcase_add_test(tc, test_local_bad_spec);
 	suite_add_tcase(s, tc);
 

@@ -8,15 +8,23 @@
  * host's certificate or another job's id is refused without touching the
  * running link; a link that cannot come back fails the job within
  * link_reconnect_timeout_s, naming the host, its address and what was
- * running. Needs MESHRUN (the binary) and root (ss -K). */
+ * running; data frames dropped on the way (the drop fault) are resent
+ * after the gap breaks the link, through every collective and in
+ * training; every link socket carries TCP_USER_TIMEOUT, redials too.
+ * Needs MESHRUN (the binary) and root (ss -K, pidfd_getfd). */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "net/conn.h"
@@ -479,6 +487,150 @@ START_TEST(test_reconnect_timeout)
 }
 END_TEST
 
+/* ---- dropped frames ---- */
+
+static int count_of(const char *path, const char *needle)
+{
+	int k = 0;
+	for (const char *s = slurp(path); (s = strstr(s, needle)); s += strlen(needle))
+		k++;
+	return k;
+}
+
+/* Every op at three counts on 3 hosts, each element checked, with 12 data
+ * frames dropped (never written) over the run on all six directed links:
+ * each gap breaks its link, the redial resends from the gap, and every
+ * element is right. */
+START_TEST(test_drop_collectives)
+{
+	struct proc p;
+	static const char *const spec[] = {
+		"drop:link=0-1:frame=2",   "drop:link=1-0:frame=9",   "drop:link=1-2:frame=30",
+		"drop:link=2-1:frame=60",  "drop:link=2-0:frame=100", "drop:link=0-2:frame=150",
+		"drop:link=0-1:frame=200", "drop:link=1-2:frame=250", "drop:link=2-0:frame=300",
+		"drop:link=1-0:frame=120", "drop:link=2-1:frame=140", "drop:link=0-2:frame=40",
+	};
+	/* one argument (tests/proc.h keeps 300 bytes of each) */
+	char faults[300] = "faults=";
+	for (size_t i = 0; i < sizeof(spec) / sizeof(spec[0]); i++)
+		snprintf(faults + strlen(faults), sizeof(faults) - strlen(faults), "%s%s",
+			 i ? "," : "", spec[i]);
+	proc_meshrun(&p, "coll", "bench", "collectives", "--hosts", "3", "--check-counts",
+		    "1000,300000,1000000", faults, (char *)NULL);
+	ck_assert_msg(proc_wait(&p, 120) == 0, "bench failed:\n%s\n%s", slurp(p.out), slurp(p.err));
+	ck_assert_file_has(p.out, "check ok: 9 ops x 3 counts on 3 devices");
+	ck_assert_int_lt(strlen(faults), sizeof(faults) - 1);
+	int fired = count_of(p.err, "fault: injected drop");
+	ck_assert_msg(fired == 12, "%d of 12 drops fired:\n%s", fired, slurp(p.err));
+	ck_assert_int_ge(count_of(p.err, "frames lost on the way"), 12);
+	/* both ends of each broken link say so */
+	ck_assert_int_ge(count_of(p.err, "resumed after"), 24);
+}
+END_TEST
+
+/* llama-tiny on 3 hosts (data parallel: the ring runs 0->1->2->0), six
+ * data frames dropped over 20 steps: per-step losses bit-identical to an
+ * undisturbed run. */
+START_TEST(test_drop_training)
+{
+	struct proc a, b;
+	char ma[300], mb[300];
+	snprintf(ma, sizeof(ma), "%s/a.jsonl", tmpdir);
+	snprintf(mb, sizeof(mb), "%s/b.jsonl", tmpdir);
+	proc_meshrun(&a, "train_a", "local", "--hosts", "3", "--config", "configs/llama-tiny.yml",
+		    "per_device_batch_size=2", "dcn_data_parallelism=3", "steps=20", "--metrics", ma,
+		    (char *)NULL);
+	ck_assert_msg(proc_wait(&a, 120) == 0, "undisturbed run failed:\n%s", slurp(a.err));
+	proc_meshrun(&b, "train_b", "local", "--hosts", "3", "--config", "configs/llama-tiny.yml",
+		    "per_device_batch_size=2", "dcn_data_parallelism=3", "steps=20", "--metrics", mb,
+		    "faults=drop:link=0-1:frame=5,drop:link=1-2:frame=60,drop:link=2-0:frame=150,"
+		    "drop:link=0-1:frame=300,drop:link=1-2:frame=500,drop:link=2-0:frame=700",
+		    (char *)NULL);
+	ck_assert_msg(proc_wait(&b, 120) == 0, "disturbed run failed:\n%s", slurp(b.err));
+	int fired = count_of(b.err, "fault: injected drop");
+	ck_assert_msg(fired == 6, "%d of 6 drops fired:\n%s", fired, slurp(b.err));
+	ck_assert_int_ge(count_of(b.err, "frames lost on the way"), 6);
+	long ra, rb;
+	char *la = loss_lines(ma, &ra), *lb = loss_lines(mb, &rb);
+	ck_assert_msg(strlen(la) > 0, "no losses in %s", ma);
+	ck_assert_str_eq(la, lb);
+	ck_assert_int_eq(ra, 0);
+	/* host 0's metrics count its own links' reconnects: 0-1 and 2-0 */
+	ck_assert_msg(rb >= 4, "%ld reconnects in the metrics, want 4 or more", rb);
+	free(la);
+	free(lb);
+}
+END_TEST
+
+/* ---- TCP_USER_TIMEOUT ---- */
+
+/* Every established TCP socket held by a process of group pgid, taken out
+ * of it with pidfd_getfd (root): how many there are, and how many carry
+ * TCP_USER_TIMEOUT = want_ms. */
+static void user_timeouts(pid_t pgid, unsigned want_ms, int *sockets, int *right)
+{
+	*sockets = *right = 0;
+	DIR *procs = opendir("/proc");
+	ck_assert_ptr_nonnull(procs);
+	for (struct dirent *e; (e = readdir(procs));) {
+		pid_t pid = (pid_t)atoi(e->d_name);
+		if (pid <= 0 || getpgid(pid) != pgid)
+			continue;
+		int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+		char dir[64];
+		snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+		DIR *fds = pfd >= 0 ? opendir(dir) : NULL;
+		for (struct dirent *f; fds && (f = readdir(fds));) {
+			int fd = (int)syscall(SYS_pidfd_getfd, pfd, atoi(f->d_name), 0);
+			struct tcp_info ti;
+			socklen_t len = sizeof(ti);
+			unsigned v = 0;
+			socklen_t vl = sizeof(v);
+			if (fd >= 0 && !getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) &&
+			    ti.tcpi_state == TCP_ESTABLISHED &&
+			    !getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &v, &vl)) {
+				++*sockets;
+				*right += v == want_ms;
+			}
+			if (fd >= 0)
+				close(fd);
+		}
+		if (fds)
+			closedir(fds);
+		if (pfd >= 0)
+			close(pfd);
+	}
+	closedir(procs);
+}
+
+/* 3 hosts training with heartbeat_timeout_s=7: every link socket of every
+ * agent has TCP_USER_TIMEOUT 7000 ms, and so do the ones redialed after
+ * every link is reset. */
+START_TEST(test_user_timeout)
+{
+	struct proc p;
+	proc_meshrun(&p, "train", "local", "--hosts", "3", "--config", "configs/llama-tiny.yml",
+		    "per_device_batch_size=2", "dcn_data_parallelism=3", "steps=400",
+		    "heartbeat_timeout_s=7", (char *)NULL);
+	ck_assert_msg(proc_wait_output(&p, "completed step: 2,", 60), "no step 2:\n%s",
+		      slurp(p.err));
+	int n, ok;
+	user_timeouts(p.pid, 7000, &n, &ok);
+	/* 3 links, both ends of each */
+	ck_assert_msg(n >= 6, "only %d established sockets", n);
+	ck_assert_int_eq(ok, n);
+	ck_assert_int_ge(reset_links(p.pid), 3);
+	for (double end = now_s() + 30; !file_has(p.err, "resumed after") && now_s() < end;)
+		usleep(50000);
+	ck_assert_msg(file_has(p.err, "resumed after"), "no resume:\n%s", slurp(p.err));
+	usleep(500000);
+	user_timeouts(p.pid, 7000, &n, &ok);
+	ck_assert_msg(n >= 6, "only %d established sockets after the resets", n);
+	ck_assert_int_eq(ok, n);
+	proc_kill(&p);
+}
+END_TEST
+
 static Suite *recover_suite(void)
 {
 	Suite *s = suite_create("recover");
@@ -515,6 +667,19 @@ static Suite *recover_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_reconnect_timeout);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("drop");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 200);
+	tcase_add_test(tc, test_drop_collectives);
+	tcase_add_test(tc, test_drop_training);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("user_timeout");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_user_timeout);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -245,6 +245,7 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 		.faults = &faults,
 		.replay_buffer_bytes = (uint64_t)cfg->replay_buffer_bytes,
 		.reconnect_timeout_s = cfg->link_reconnect_timeout_s,
+		.link_silence_s = cfg->link_silence_s,
 		.poll_spin_us = (uint64_t)cfg->poll_spin_us,
 		.max_send_bytes = (uint64_t)cfg->max_send_bytes,
 		.link_streams = (int)cfg->link_streams,

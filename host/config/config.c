@@ -523,6 +523,12 @@ int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_
 			 c->heartbeat_timeout_s, c->heartbeat_interval_s);
 		return -EINVAL;
 	}
+	if (c->link_silence_s != 0 && !(c->link_silence_s > c->heartbeat_interval_s &&
+					 c->link_silence_s < c->heartbeat_timeout_s)) {
+		snprintf(err, errlen, "config: key 'link_silence_s' (%g) must be 0 or lie between 'heartbeat_interval_s' (%g) and 'heartbeat_timeout_s' (%g)",
+			 c->link_silence_s, c->heartbeat_interval_s, c->heartbeat_timeout_s);
+		return -EINVAL;
+	}
 	if (c->replay_buffer_bytes < 0 || c->link_reconnect_timeout_s <= 0) {
 		snprintf(err, errlen, "config: key 'replay_buffer_bytes' (%lld) must be >= 0 and 'link_reconnect_timeout_s' (%g) > 0",
 			 (long long)c->replay_buffer_bytes, c->link_reconnect_timeout_s);

@@ -53,9 +53,10 @@ struct cfg_list {
 	X(INT,   max_frame_bytes, "67108864", 1, "largest frame payload accepted") \
 	X(INT,   eager_max_bytes, "65536", 1, "a message to another host of at most this many bytes goes out without waiting for the receiver's RecvReady; each host stages at most 8x this from each peer; 0: every message waits") \
 	X(INT,   tls_key_update_bytes, "34359738368", 1, "a link renews its TLS sending key (TLS 1.3 KeyUpdate) after this many bytes; AES-GCM is good for ~2^24.5 records (~390 GB) per key") \
-	X(LIST,  faults, "", 0, "fault injection for drills: specs like close:link=0-1:frame=40, delay:link=0-2:ms=5, corrupt:link=1-2:frame=40, blackhole:link=0-1:frame=10:s=1, kill:host=1:step=3, stop:host=1:step=3 (docs/failures.md)") \
+	X(LIST,  faults, "", 0, "fault injection for drills: specs like close:link=0-1:frame=40, delay:link=0-2:ms=5, corrupt:link=1-2:frame=40, blackhole:link=0-1:frame=10:s=1, drop:link=0-1:frame=40, halfopen:link=0-1:frame=40:dir=both, kill:host=1:step=3, stop:host=1:step=3 (docs/failures.md)") \
 	X(INT,   replay_buffer_bytes, "67108864", 1, "per link, bytes of sent frames kept until the peer acknowledges them, so a broken link is redialed and resumed (a sender waits when full); 0: no recovery, a broken link fails the job") \
 	X(FLOAT, link_reconnect_timeout_s, "30", 1, "a broken link not back within this many seconds fails the job") \
+	X(FLOAT, link_silence_s, "0", 1, "a link that has heard nothing this long while up is taken for half-open: its connection is dropped and the lower id redials (resume with replay, as after a reset); a peer that does not answer the new connection is lost at heartbeat_timeout_s; 0: 0.4 x heartbeat_timeout_s; must lie between heartbeat_interval_s and heartbeat_timeout_s") \
 	X(INT,   poll_spin_us, "200", 0, "a device thread waiting for a message from another host reads its link itself this many microseconds before it sleeps (the link's stream thread wakes it then); 0: it sleeps at once") \
 	X(INT,   max_send_bytes, "1048576", 0, "the bytes a thread writes on a link in one turn before it pushes them to the wire and looks at its queues again") \
 	X(INT,   link_streams, "1", 1, "TLS connections per host pair, each read by its own stream thread; a host's messages go round them, so the cipher can run on more cores than there are peers") \

@@ -216,6 +216,9 @@ int lm_data(struct lm *m, const struct frame_data *d, uint64_t payload_len, char
 	int k = wire_check_seq(&s, MESHRUN__FRAME__BODY_CHUNK, d->link_seq, d->ack_seq, why, whylen);
 	if (k < 0)
 		return k;
+	/* frames lost on the way: recv_seq drops the connection, nothing lands */
+	if (k == WIRE_SEQ_GAP)
+		return -EPROTO;
 	FUZZ_CHECK(k == WIRE_SEQ_NEXT || k == WIRE_SEQ_SKIP);
 	FUZZ_CHECK(d->ack_seq <= LM_TX_SEQ);     /* what link_acked may take */
 	if (k == WIRE_SEQ_SKIP) {
