@@ -45,7 +45,7 @@
 
 #include "host/mesh/mesh.h"
 #include "host/mesh/plan.h"
-#include "host/model/model.h"
+#include "host/model/param.h"
 
 #define WIN_NONLAYER (-1)
 

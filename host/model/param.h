@@ -1,0 +1,75 @@
+/* The types the model shares with the rooms beside it: a parameter
+ * tensor's description (its shard, axes, optimizer) and the collectives
+ * the model calls (struct model_comm). Types only, so that the FSDP window
+ * (window.c) and the model (model.c) both stand on it and neither on the
+ * other's header. */
+#ifndef MESHRUN_PARAM_H
+#define MESHRUN_PARAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum param_opt { OPT_ADAMW, OPT_MUON, OPT_NONE };
+
+#define MODEL_MAX_DIMS 5
+#define MODEL_MAX_PARAMS 32
+
+/* One named parameter tensor (stacked over `layers` when stacked). */
+struct param_info {
+	char name[48];
+	int ndim;
+	int shape[MODEL_MAX_DIMS];        /* this device's storage shard */
+	int global_shape[MODEL_MAX_DIMS]; /* the whole tensor */
+	int goff[MODEL_MAX_DIMS];         /* where the shard starts in it */
+	const char *axes[MODEL_MAX_DIMS]; /* logical axis names */
+	int head_dim;                     /* a heads dimension splits into whole heads of this */
+	size_t offset, numel;             /* into the one allocation, in floats */
+	enum param_opt opt;               /* AdamW, Muon (per 2-D matrix), none */
+	bool decay;                       /* weight decay applies */
+	bool stacked;                     /* dimension 0 is `layers` */
+	int mat_rows, mat_cols;           /* Muon: each whole [rows, cols] matrix */
+	uint32_t split;                   /* mesh axes the storage is sharded over */
+	uint32_t mat_split;               /* those of them on the matrix dimensions */
+	uint32_t gsum;                    /* axes the local gradient is summed over */
+};
+
+/* floats of one layer's slice of a stacked tensor (or the whole tensor) */
+static inline size_t param_slice_numel(const struct param_info *p)
+{
+	return p->stacked ? p->numel / (size_t)p->shape[0] : p->numel;
+}
+
+/* Collectives over the devices that differ from this one only on `axes`
+ * (a mask of 1 << AX_*), ordered as mesh_group orders them. Each returns
+ * 0 or a negative errno and keeps its message for the caller; the model
+ * passes that value through unchanged. */
+struct model_comm {
+	int (*all_reduce)(void *ctx, uint32_t axes, float *buf, size_t n);
+	int (*all_gather)(void *ctx, uint32_t axes, void *out, const void *in, size_t bytes);
+	/* out (n floats) = sum over members of their in[rank n, rank n + n) */
+	int (*reduce_scatter)(void *ctx, uint32_t axes, float *out, const float *in, size_t n);
+	int (*all_to_all)(void *ctx, uint32_t axes, void *out, const size_t *recv_bytes,
+			  const void *in, const size_t *send_bytes);
+	/* Optional (NULL: the model runs these synchronously): start an
+	 * all_gather or reduce_scatter in the background and set *h; wait(h)
+	 * returns its result. Buffers stay untouched until then. FSDP uses
+	 * them to fetch the next layer's weights while one computes and to
+	 * return gradients while the next layer's backward runs. */
+	int (*start_all_gather)(void *ctx, uint32_t axes, void *out, const void *in, size_t bytes, void **h);
+	int (*start_reduce_scatter)(void *ctx, uint32_t axes, float *out, const float *in, size_t n, void **h);
+	/* Optional too (NULL: the batch split exchanges synchronously): an
+	 * all_to_all in the background, waited with wait(h); the byte
+	 * arrays may be reused on return. name says what it carries ("disp
+	 * h0 L3": the dispatch of half 0 of layer 3), for the trace. */
+	int (*start_all_to_all)(void *ctx, uint32_t axes, void *out, const size_t *recv_bytes,
+				const void *in, const size_t *send_bytes, const char *name, void **h);
+	int (*wait)(void *ctx, void *h);
+	/* Optional (NULL: not recorded): a span of the model's own work,
+	 * [t0, t1) in util_now_s() seconds, for the trace ("attn h1 L3",
+	 * "layer 3 fwd"). */
+	void (*span)(void *ctx, const char *name, double t0, double t1);
+	void *ctx;
+};
+
+#endif
