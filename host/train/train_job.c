@@ -241,7 +241,6 @@ static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size
 	return rc;
 }
 
-
 /* The optimizer's gradient buckets (host/optim/optim.h, struct
  * optim_bg): all-reduces queued on the communication thread, named by
  * their layers, waited for by job_wait. */
@@ -254,22 +253,11 @@ static int job_bg_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n, co
 		return -ENOMEM;
 	if (g->n == 1)
 		return 0;
-	struct coll_handle *h = coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen);
-	if (!h)
-		return -EIO;            /* c->err says why */
-	struct job_pending *p = malloc(sizeof(*p));
-	if (!p) {
-		coll_wait(h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
-		snprintf(c->err, c->errlen, "train: out of memory");
-		return -ENOMEM;
-	}
-	p->h = h;
-	p->named = false;
-	p->xchg = false;
-	p->t_issue = util_now_s();
-	snprintf(p->name, sizeof(p->name), "%s", name);
-	*out = p;
-	return 0;
+	int rc = job_start(c, coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen), "all_reduce",
+			   axes, name, out);
+	if (!rc)  /* its wait span carries the bucket's name alone */
+		((struct job_pending *)*out)->named = false;
+	return rc;
 }
 
 /* Waits for a background collective (the FSDP window's or a gradient
