@@ -747,6 +747,13 @@ void recv_stream_cb(struct link *l, uint32_t events)
 		if (turn) {
 			link_unlock(l);
 			sched_yield();
+			/* a thread waiting in link_lock (the net thread's tick with
+			 * a heartbeat to write, a device thread's send) goes first:
+			 * the mutex is not fair, and relocking at once would win
+			 * every time against a waiter still being woken, so a link
+			 * that always has a budget's worth to read would starve it */
+			while (atomic_load_explicit(&l->lockers, memory_order_relaxed))
+				sched_yield();
 			link_lock(l);
 			if (l->state != LS_UP || !l->watched || l->conn_dead || l->pollers)
 				break;

@@ -76,7 +76,7 @@ START_TEST(test_one_prefix)
 		{ "shardings --hosts", "meshrun: shardings: --hosts needs a value" },
 		{ "report m.jsonl", "meshrun: report: -o FILE.svg is needed" },
 		{ "schedule", "meshrun: schedule: --config FILE is needed" },
-		{ "bench", "meshrun: bench: give matmul, link, collectives or load" },
+		{ "bench", "meshrun: bench: give matmul, link, collectives, load or backward" },
 		{ "bench link --hosts 2", "meshrun: bench link: --sizes is needed" },
 		{ "bench collectives --hosts 2 --sizes 1K --op nope", "meshrun: bench collectives: unknown op 'nope'" },
 		{ "bench matmul --size 0", "meshrun: bench matmul: --size wants an integer" },
