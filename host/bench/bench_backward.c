@@ -15,24 +15,6 @@
 /* F, B, I and W; I and W again with W reading the activations in place */
 enum { T_F, T_B, T_I, T_W, T_I2, T_W2, T_COUNT };
 
-static double thread_cpu_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double median(double *v, int n)
-{
-	for (int i = 1; i < n; i++)
-		for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-			double t = v[j];
-			v[j] = v[j - 1];
-			v[j - 1] = t;
-		}
-	return v[n / 2];
-}
-
 /* Deterministic values in [-s, s). */
 static void fill(float *x, size_t n, unsigned seed, float s)
 {
@@ -114,9 +96,9 @@ static int time_layer(const struct model_dims *whole, bool moe, int rows, int ro
 		model_step_begin(m2, &st);
 		rc = model_layers_forward(m2, 0, 1, y, x);
 		for (int k = 0; k < T_COUNT && !rc; k++) {
-			double c0 = thread_cpu_s(), w0 = util_now_s();
+			double c0 = util_thread_cpu_s(), w0 = util_now_s();
 			rc = call(m, m2, k, x, y, g, dy, n);
-			cpu[k][r] = thread_cpu_s() - c0;
+			cpu[k][r] = util_thread_cpu_s() - c0;
 			wall[k][r] = util_now_s() - w0;
 		}
 		rc = rc ? rc : model_step_end(m);
@@ -155,8 +137,8 @@ int bench_backward_run(const struct cfg *c, int rows, int rounds)
 		if ((rc = time_layer(&d, moe, rows, rounds, cpu, wall, stash, &acts, err, sizeof(err))))
 			break;
 		for (int k = 0; k < T_COUNT; k++) {
-			mc[k] = median(cpu[k], rounds) * 1e3;
-			mw[k] = median(wall[k], rounds) * 1e3;
+			mc[k] = util_median(cpu[k], rounds) * 1e3;
+			mw[k] = util_median(wall[k], rounds) * 1e3;
 		}
 		printf("%s layer: F %.3f (%.3f)  B %.3f (%.3f)  I %.3f (%.3f)  W %.3f (%.3f)  "
 		       "I/B %.2f  W/B %.2f  (I+W)/B %.2f  F:I:W 1:%.2f:%.2f  stash %.2f MB\n",

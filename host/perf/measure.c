@@ -33,18 +33,6 @@ struct times {
 	double embed_f, layer_f, head, layer_b, embed_b;
 };
 
-/* The median of the runs (n of them in v). */
-static double median(double *v, int n)
-{
-	for (int i = 1; i < n; i++)
-		for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-			double t = v[j];
-			v[j] = v[j - 1];
-			v[j - 1] = t;
-		}
-	return v[n / 2];
-}
-
 static void best(double *b, double t)
 {
 	if (*b <= 0 || t < *b)
@@ -96,11 +84,11 @@ static int measure_layer(const struct model_dims *d, bool moe, int rows, struct 
 			runs[k][r - 1] = t[k + 1] - t[k];
 	}
 	if (!rc) {
-		out->embed_f = median(runs[0], RUNS);
-		out->layer_f = median(runs[1], RUNS);
-		out->head = median(runs[2], RUNS);
-		out->layer_b = median(runs[3], RUNS);
-		out->embed_b = median(runs[4], RUNS);
+		out->embed_f = util_median(runs[0], RUNS);
+		out->layer_f = util_median(runs[1], RUNS);
+		out->head = util_median(runs[2], RUNS);
+		out->layer_b = util_median(runs[3], RUNS);
+		out->embed_b = util_median(runs[4], RUNS);
 	}
 	if (rc == -ENOMEM)
 		snprintf(err, errlen, "plan: out of memory measuring a layer of %d rows", rows);
@@ -190,7 +178,7 @@ static void *spin_main(void *arg)
 	if (!sp->rc)
 		model_init(m, 1, 0.02f);
 	pthread_barrier_wait(sp->bar);
-	double t0 = util_now_s(), t = t0, c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
+	double t0 = util_now_s(), t = t0, c0 = util_thread_cpu_s();
 	int calls = 0;
 	struct model_step st = { .loss_scale = 1, .global_tokens = 1 };
 	while (!sp->rc && (t - t0 < sp->seconds || calls < 2)) {
@@ -200,7 +188,7 @@ static void *spin_main(void *arg)
 		calls++;
 		t = util_now_s();
 	}
-	sp->cpu = cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0;
+	sp->cpu = util_thread_cpu_s() - c0;
 	sp->wall = t - t0;
 	model_free(m);
 	free(x);

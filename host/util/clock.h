@@ -12,6 +12,12 @@ uint64_t util_now_ns(void);
 /* User + system CPU time of this process (all threads), microseconds. */
 double util_cpu_us(void);
 
+/* CPU time of the calling thread, seconds. */
+double util_thread_cpu_s(void);
+
+/* The median of n timings (v is sorted in place; n > 0). */
+double util_median(double *v, int n);
+
 /* Peak resident set size of this process, MiB. */
 long util_peak_rss_mb(void);
 /* Resident set size of this process now (/proc/self/statm), MiB; -1
