@@ -5,8 +5,13 @@
 # next to `cat` reading the same files, in one run:
 #   cat          cat of every shard to /dev/null (the files were read once
 #                before, so both read from the page cache)
-#   1 host       one host, one device: the whole model
+#   1 thread     one host, one device, read on one thread
+#                (MESHRUN_LOAD_THREADS=1): the same-run baseline
+#   1 host       one host, one device: the whole model, on the threads
+#                the loader takes (cores / agents on the machine)
 #   2 hosts      dcn_fsdp_parallelism=2, both hosts at once: each reads its half
+#                (MESHRUN_LOCAL_AGENTS=2 as `meshrun local` sets it, so the
+#                two share the machine's cores as agents do)
 #   2 x 2        2 hosts x 2 devices (fsdp over hosts, data inside): each
 #                host reads its half once, its second device copies it
 # for a BF16 checkpoint (1.16 GB: Llama, hidden 2048, 10 layers, vocab
@@ -33,7 +38,7 @@ one() {  # DIR LABEL ARGS...: every host of the mesh at once, one line each
 	local pids=() outs=()
 	for ((h = 0; h < hosts; h++)); do
 		outs[h]=$(mktemp)
-		OPENBLAS_NUM_THREADS=1 "$BIN" bench load --hosts "$hosts" --host-id "$h" --devices-per-host "$dph" \
+		MESHRUN_LOCAL_AGENTS=$hosts OPENBLAS_NUM_THREADS=1 "$BIN" bench load --hosts "$hosts" --host-id "$h" --devices-per-host "$dph" \
 			load_parameters_path="$dir" "$@" >"${outs[h]}" &
 		pids[h]=$!
 	done
@@ -55,6 +60,7 @@ for spec in "bf16 BF16 10" "f32 F32 4"; do
 	for ((r = 1; r <= ROUNDS; r++)); do
 		echo "-- round $r, load $(cut -d' ' -f1-3 /proc/loadavg)"
 		echo "cat      $(secs cat "$dir"/*.safetensors) s for $bytes bytes"
+		MESHRUN_LOAD_THREADS=1 one "$dir" "1 thread" 1 1
 		one "$dir" "1 host" 1 1
 		one "$dir" "2 hosts" 2 1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
 		one "$dir" "2 x 2" 2 2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=2

@@ -12,6 +12,7 @@
 #include "host/mesh/shard.h"
 #include "host/model/model.h"
 #include "host/util/clock.h"
+#include "host/util/threads.h"
 
 int bench_load_run(const struct cfg *c, int host_id)
 {
@@ -67,9 +68,10 @@ int bench_load_run(const struct cfg *c, int host_id)
 	double t2 = util_now_s(), cpu = (util_cpu_us() - cpu0) / 1e6;
 	if (!rc) {
 		hf_src_summary(src, line, sizeof(line));
-		printf("host %d: load %.3f s (headers %.3f s, tensors %.3f s), %.3f s CPU, %.1f MB/s read; "
-		       "parameters %.0f MB made in %.3f s before; %s\n", host_id, t2 - t0, t1 - t0, t2 - t1, cpu,
-		       (double)hf_src_bytes_read(src) / 1e6 / (t2 - t0), bytes / 1e6, t0 - ta, line);
+		printf("host %d: load %.3f s (headers %.3f s, tensors %.3f s), %.3f s CPU, %.1f MB/s read, "
+		       "%d thread%s; parameters %.0f MB made in %.3f s before; %s\n", host_id, t2 - t0, t1 - t0,
+		       t2 - t1, cpu, (double)hf_src_bytes_read(src) / 1e6 / (t2 - t0), util_load_threads(),
+		       util_load_threads() == 1 ? "" : "s", bytes / 1e6, t0 - ta, line);
 	}
 out:
 	if (rc)

@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,7 @@
 #include "host/ckpt/safetensors.h"
 #include "host/model/model.h"
 #include "host/util/clock.h"
+#include "host/util/threads.h"
 
 /* One tensor of the checkpoint: its shard and entry, and the blocks of
  * it this host read (a list through hf_block.next). */
@@ -56,7 +59,29 @@ struct hf_src {
 	int skipped_mtp, skipped_other, mtp_layer;
 	uint64_t tensor_bytes;      /* the model's tensors in the files */
 	double t0, t1;
+	int threads;                /* readers (util_load_threads) */
+	struct hf_job *jobs;        /* the reads and copies of one batch, in tensor order */
+	int njobs, capjobs;
+	int batch_block0;           /* blocks from here on are being read in this batch */
 };
+
+/* One piece of work of a batch: rows x n elements of tensor e from
+ * element `first` (the next row fstride elements on) into dst (the next
+ * row dstride floats on); or, with e NULL, n floats copied from src (a
+ * block another device of this host read). */
+struct hf_job {
+	struct st_file *f;
+	const struct st_entry *e;
+	uint64_t first, fstride;
+	size_t n, rows;
+	ptrdiff_t dstride;
+	float *dst;
+	const float *src;
+};
+
+/* A job holds at most this many floats (4 MiB): big tensors are shared
+ * out in pieces, rows of column splits gathered into pieces */
+#define HF_JOB_FLOATS ((size_t)1 << 20)
 
 static int cmp_ent(const void *a, const void *b)
 {
@@ -204,6 +229,7 @@ static int src_open(struct hf_src **out, const char *dir, const char *file, int 
 	pthread_cond_init(&s->cv, NULL);
 	s->devices = devices;
 	s->check_rc = 1;
+	s->threads = util_load_threads();
 	if (ckpt_find(dir, s->dir, sizeof(s->dir), NULL, err, errlen)) {
 		rc = -EBADMSG;
 		goto fail;
@@ -273,6 +299,7 @@ void hf_src_close(struct hf_src *s)
 	free(s->files);
 	free(s->ents);
 	free(s->blocks);
+	free(s->jobs);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	free(s);
@@ -444,18 +471,155 @@ static bool wanted(const struct want *w, size_t lo, size_t hi, bool *all)
 	return k < w->nr && w->r[k].lo < hi;
 }
 
-/* Reads the wanted parts of one run of n elements of t from element
- * `first` into dst (layout index lo). */
+/* ---- the batch: reads and copies, done on the host's threads ---- */
+
+static struct hf_job *new_job(struct hf_src *s, char *err, size_t errlen)
+{
+	if (s->njobs == s->capjobs) {
+		int cap = s->capjobs ? 2 * s->capjobs : 1024;
+		struct hf_job *nj = realloc(s->jobs, sizeof(*nj) * (size_t)cap);
+		if (!nj) {
+			snprintf(err, errlen, "checkpoint: out of memory for %d reads", cap);
+			return NULL;
+		}
+		s->jobs = nj;
+		s->capjobs = cap;
+	}
+	struct hf_job *j = &s->jobs[s->njobs++];
+	*j = (struct hf_job){ .rows = 1 };
+	return j;
+}
+
+/* Adds the read of n elements of t from `first` into dst: pieces of at
+ * most HF_JOB_FLOATS, or one more row of the batch's last job when it
+ * reads the same length at a steady stride (a column split's rows). */
+static int push_read(struct hf_src *s, struct hf_ent *t, uint64_t first, size_t n, float *dst, char *err,
+		     size_t errlen)
+{
+	struct hf_job *l = s->njobs ? &s->jobs[s->njobs - 1] : NULL;
+	if (!n)
+		return 0;
+	if (l && l->e == t->e && l->n == n && (l->rows + 1) * n <= HF_JOB_FLOATS && first > l->first &&
+	    dst > l->dst) {
+		if (l->rows == 1) {
+			l->fstride = first - l->first;
+			l->dstride = dst - l->dst;
+		}
+		if (first == l->first + l->rows * l->fstride && dst == l->dst + (ptrdiff_t)l->rows * l->dstride) {
+			l->rows++;
+			return 0;
+		}
+	}
+	for (size_t done = 0; done < n; done += HF_JOB_FLOATS) {
+		struct hf_job *j = new_job(s, err, errlen);
+		if (!j)
+			return -ENOMEM;
+		j->f = s->files[t->file];
+		j->e = t->e;
+		j->first = first + done;
+		j->n = n - done < HF_JOB_FLOATS ? n - done : HF_JOB_FLOATS;
+		j->dst = dst + done;
+	}
+	return 0;
+}
+
+static int push_copy(struct hf_src *s, float *dst, const float *src, size_t n, char *err, size_t errlen)
+{
+	for (size_t done = 0; done < n; done += HF_JOB_FLOATS) {
+		struct hf_job *j = new_job(s, err, errlen);
+		if (!j)
+			return -ENOMEM;
+		j->src = src + done;
+		j->dst = dst + done;
+		j->n = n - done < HF_JOB_FLOATS ? n - done : HF_JOB_FLOATS;
+	}
+	return 0;
+}
+
+/* The batch's threads share a counter of jobs taken and the first
+ * failure in job order: a job is taken only after every job before it,
+ * and taken jobs run to the end, so the failure reported is the first
+ * one in tensor order however the threads ran. */
+struct hf_run {
+	struct hf_src *s;
+	pthread_mutex_t mu;
+	int next, stop;
+	int fail_job, fail_rc;
+	char fail_err[640];
+};
+
+static void *run_jobs(void *arg)
+{
+	struct hf_run *r = arg;
+	const struct hf_src *s = r->s;
+	uint16_t *buf = malloc(sizeof(uint16_t) * ST_BOUNCE);
+	char err[640];
+	for (;;) {
+		int i = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED);
+		if (i >= s->njobs || __atomic_load_n(&r->stop, __ATOMIC_RELAXED))
+			break;
+		const struct hf_job *j = &s->jobs[i];
+		int rc = 0;
+		if (!j->e) {
+			memcpy(j->dst, j->src, j->n * sizeof(float));
+		} else if (!buf) {
+			snprintf(err, sizeof(err), "checkpoint: out of memory for a read buffer");
+			rc = -ENOMEM;
+		} else {
+			for (size_t k = 0; k < j->rows && !rc; k++)
+				rc = st_read_buf(j->f, j->e, j->first + k * j->fstride, j->n,
+						 j->dst + (ptrdiff_t)k * j->dstride, buf, ST_BOUNCE, err, sizeof(err));
+		}
+		if (rc) {
+			pthread_mutex_lock(&r->mu);
+			if (!r->fail_rc || i < r->fail_job) {
+				r->fail_job = i;
+				r->fail_rc = rc == -ENOMEM ? rc : -EIO;
+				snprintf(r->fail_err, sizeof(r->fail_err), "%s", err);
+			}
+			pthread_mutex_unlock(&r->mu);
+			__atomic_store_n(&r->stop, 1, __ATOMIC_RELAXED);
+		}
+	}
+	free(buf);
+	return NULL;
+}
+
+/* Runs the batch's jobs on s->threads threads (this one among them)
+ * and empties it; the first failing job's error. */
+static int run_batch(struct hf_src *s, char *err, size_t errlen)
+{
+	struct hf_run r = { .s = s };
+	pthread_t th[64];
+	int n = 0, want = s->threads - 1;
+	if (want > s->njobs - 1)
+		want = s->njobs - 1;
+	pthread_mutex_init(&r.mu, NULL);
+	while (n < want && !pthread_create(&th[n], NULL, run_jobs, &r))
+		n++;  /* fewer threads when one cannot start: the work is the same */
+	run_jobs(&r);
+	for (int i = 0; i < n; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&r.mu);
+	s->njobs = 0;
+	s->batch_block0 = s->nblocks;
+	if (r.fail_rc)
+		snprintf(err, errlen, "%s", r.fail_err);
+	return r.fail_rc;
+}
+
+/* Adds the reads of the wanted parts of one run of n elements of t from
+ * element `first` into dst (layout index lo). */
 static int read_run(struct hf_src *s, struct hf_ent *t, const struct want *w, uint64_t first, size_t n,
 		    float *dst, size_t lo, char *err, size_t errlen)
 {
 	size_t hi = lo + n;
 	int rc = 0;
 	if (!w->r)
-		return st_read(s->files[t->file], t->e, first, n, dst, err, errlen);
+		return push_read(s, t, first, n, dst, err, errlen);
 	for (int k = first_range(w, lo); k < w->nr && w->r[k].lo < hi && !rc; k++) {
 		size_t x = w->r[k].lo > lo ? w->r[k].lo : lo, y = w->r[k].hi < hi ? w->r[k].hi : hi;
-		rc = st_read(s->files[t->file], t->e, first + (x - lo), y - x, dst + (x - lo), err, errlen);
+		rc = push_read(s, t, first + (x - lo), y - x, dst + (x - lo), err, errlen);
 	}
 	return rc;
 }
@@ -502,8 +666,9 @@ static int fill_block(struct hf_src *s, struct hf_ent *t, int nd, const int *g, 
 		const struct hf_block *x = &s->blocks[k];
 		if (x->nd == nd && !memcmp(x->off, off, sizeof(int) * (size_t)nd) &&
 		    !memcmp(x->shape, b, sizeof(int) * (size_t)nd)) {
-			memcpy(dst, x->data, numel * sizeof(float));
-			return 0;
+			/* a block of this batch is read before it is copied */
+			int rc = k >= s->batch_block0 ? run_batch(s, err, errlen) : 0;
+			return rc ? rc : push_copy(s, dst, x->data, numel, err, errlen);
 		}
 	}
 	/* dimensions after k are whole: a run is b[k] x the rest */
@@ -522,7 +687,7 @@ static int fill_block(struct hf_src *s, struct hf_ent *t, int nd, const int *g, 
 			first += (uint64_t)(off[j] + (int)idx[j]) * stride[j];
 		int rc = read_run(s, t, w, first, run, dst + r * run, w->base + r * run, err, errlen);
 		if (rc)
-			return rc == -ENOMEM ? rc : -EIO;
+			return rc;
 		for (int j = k - 1; j >= 0; j--) {  /* next multi-index over the dims before k */
 			if (++idx[j] < (size_t)b[j])
 				break;
@@ -598,6 +763,9 @@ int hf_src_load_into(struct hf_src *s, const struct model *m, const struct hf_de
 		snprintf(err, errlen, "%s", s->check_err);
 	for (int k = 0; k < nd && !rc; k++)
 		rc = fill_all(s, m, d[k].prefix, d[k].buf, r, nr, err, errlen);
+	/* a batch not run (an error adding to it) is dropped */
+	int brc = rc ? (s->njobs = 0) : run_batch(s, err, errlen);
+	rc = rc ? rc : brc;
 	s->t1 = util_now_s();
 	pthread_mutex_unlock(&s->mu);
 	return rc;

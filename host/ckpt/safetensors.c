@@ -603,23 +603,35 @@ static float half_to_float(uint16_t h)
 #if defined(__SSE2__)
 #include <emmintrin.h>
 /* bfloat16 to float32 8 at a time: each value becomes the upper half of
- * a 32-bit lane (zeros interleaved below it). Returns the values done. */
+ * a 32-bit lane (zeros interleaved below it), stored with streaming
+ * (non-temporal) stores: a loaded checkpoint is far larger than the
+ * caches, and a plain store first reads each destination line in. The
+ * caller aligns d to 16 bytes and fences. Returns the values done. */
 static size_t widen_bf16_sse2(uint32_t *d, const uint16_t *s, size_t n)
 {
 	const __m128i zero = _mm_setzero_si128();
 	size_t j = 0;
 	for (; j + 8 <= n; j += 8) {
 		__m128i v = _mm_loadu_si128((const __m128i *)(s + j));
-		_mm_storeu_si128((__m128i *)(d + j), _mm_unpacklo_epi16(zero, v));
-		_mm_storeu_si128((__m128i *)(d + j + 4), _mm_unpackhi_epi16(zero, v));
+		_mm_stream_si128((__m128i *)(d + j), _mm_unpacklo_epi16(zero, v));
+		_mm_stream_si128((__m128i *)(d + j + 4), _mm_unpackhi_epi16(zero, v));
 	}
 	return j;
+}
+
+static void store_fence(void)
+{
+	_mm_sfence();
 }
 #else
 static size_t widen_bf16_sse2(uint32_t *d, const uint16_t *s, size_t n)
 {
 	(void)d, (void)s, (void)n;
 	return 0;
+}
+
+static void store_fence(void)
+{
 }
 #endif
 
@@ -628,25 +640,23 @@ static void widen(float *restrict dst, const uint16_t *restrict src, size_t n, b
 {
 	if (bf16) {  /* a bfloat16 is a float32's upper half */
 		uint32_t *d = (uint32_t *)dst;
-		for (size_t j = widen_bf16_sse2(d, src, n); j < n; j++)
+		size_t j = 0;
+		for (; j < n && ((uintptr_t)(d + j) & 15); j++)
 			d[j] = (uint32_t)src[j] << 16;
+		j += widen_bf16_sse2(d + j, src + j, n - j);
+		for (; j < n; j++)
+			d[j] = (uint32_t)src[j] << 16;
+		store_fence();
 		return;
 	}
 	for (size_t j = 0; j < n; j++)
 		dst[j] = half_to_float(src[j]);
 }
 
-/* 2-byte values go through a bounce buffer a chunk at a time: the
- * destination is written once, in float32, and the chunk stays in cache */
-#define ST_CHUNK 16384
-#define ST_BIG_CHUNK (1 << 18)
-
-int st_read(struct st_file *f, const struct st_entry *e, uint64_t first, size_t n, float *dst,
-	    char *err, size_t errlen)
+int st_read_buf(struct st_file *f, const struct st_entry *e, uint64_t first, size_t n, float *dst,
+		uint16_t *buf, size_t cap, char *err, size_t errlen)
 {
 	const struct st_item *it = (const struct st_item *)e;
-	uint16_t small[ST_CHUNK], *buf = small;
-	size_t cap = ST_CHUNK;
 	int rc = 0;
 	if (!e->loads) {
 		seterr(err, errlen, "safetensors: '%s': tensor '%s' has dtype '%s' (only F32, BF16 and F16 load)",
@@ -662,10 +672,6 @@ int st_read(struct st_file *f, const struct st_entry *e, uint64_t first, size_t 
 	if (it->esize == 4) {
 		rc = pread_all(f->fd, dst, n * sizeof(float), off);
 	} else {
-		if (n > ST_CHUNK && (buf = malloc(sizeof(uint16_t) * ST_BIG_CHUNK)))
-			cap = ST_BIG_CHUNK;
-		else
-			buf = small;
 		bool bf16 = !strcmp(e->dtype, "BF16");
 		for (size_t done = 0; done < n && !rc; done += cap) {
 			size_t m = n - done < cap ? n - done : cap;
@@ -673,8 +679,6 @@ int st_read(struct st_file *f, const struct st_entry *e, uint64_t first, size_t 
 			if (!rc)
 				widen(dst + done, buf, m, bf16);
 		}
-		if (buf != small)
-			free(buf);
 	}
 	if (rc) {
 		seterr(err, errlen, "safetensors: '%s': unable to read tensor '%s': %s", f->path, e->name,
@@ -683,6 +687,22 @@ int st_read(struct st_file *f, const struct st_entry *e, uint64_t first, size_t 
 	}
 	__atomic_fetch_add(&f->bytes_read, (uint64_t)n * (uint64_t)it->esize, __ATOMIC_RELAXED);
 	return 0;
+}
+
+/* 2-byte values go through a bounce buffer a chunk at a time (the
+ * destination is written once, in float32, and the chunk stays in
+ * cache): a small one on the stack, ST_BOUNCE values for long reads */
+#define ST_CHUNK 4096
+
+int st_read(struct st_file *f, const struct st_entry *e, uint64_t first, size_t n, float *dst,
+	    char *err, size_t errlen)
+{
+	uint16_t small[ST_CHUNK], *buf = NULL;
+	if (n > ST_CHUNK && ((const struct st_item *)e)->esize == 2)
+		buf = malloc(sizeof(uint16_t) * ST_BOUNCE);
+	int rc = st_read_buf(f, e, first, n, dst, buf ? buf : small, buf ? ST_BOUNCE : ST_CHUNK, err, errlen);
+	free(buf);
+	return rc;
 }
 
 /* Reads every tensor into the arena. */

@@ -81,12 +81,19 @@ struct st_file *st_open(const char *path, char *err, size_t errlen);
 void st_close(struct st_file *f);
 
 /* Reads elements [first, first + n) of entry e (row-major) into dst as
- * float32: one pread of their bytes, widened in place (dst is n floats).
+ * float32: F32 one pread straight into dst (n floats); BF16 and F16 a
+ * pread of a bounce buffer's worth at a time, widened into dst.
  * 0; -ENOTSUP for a dtype that does not load, -ERANGE for elements
  * outside e, -EIO when the file ended early, -errno; err names the file
  * and tensor. Safe to call from several threads. */
 int st_read(struct st_file *f, const struct st_entry *e, uint64_t first, size_t n, float *dst,
 	    char *err, size_t errlen);
+/* st_read with the caller's bounce buffer for 2-byte dtypes: buf of cap
+ * values (cap > 0; ST_BOUNCE stays in a core's L2 cache). BF16 is
+ * widened with streaming stores (SSE2), F16 value by value. */
+#define ST_BOUNCE 65536
+int st_read_buf(struct st_file *f, const struct st_entry *e, uint64_t first, size_t n, float *dst,
+		uint16_t *buf, size_t cap, char *err, size_t errlen);
 /* Bytes of the file read so far: the length and header, and every
  * st_read's bytes. */
 uint64_t st_bytes_read(const struct st_file *f);

@@ -1,6 +1,7 @@
 /* See host/util/threads.h. */
 #include "host/util/threads.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -25,4 +26,17 @@ int util_blas_threads(const struct cfg *c, int devices_on_machine)
 	}
 	blas_set_threads(n);
 	return n;
+}
+
+int util_load_threads(void)
+{
+	const char *v = getenv("MESHRUN_LOAD_THREADS");
+	if (v && atoi(v) > 0)
+		return atoi(v) > 64 ? 64 : atoi(v);
+	cpu_set_t set;
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	if (!sched_getaffinity(0, sizeof(set), &set) && CPU_COUNT(&set) > 0)
+		cores = CPU_COUNT(&set);
+	long n = cores / util_agents_on_machine();
+	return n < 1 ? 1 : n > 64 ? 64 : (int)n;
 }
