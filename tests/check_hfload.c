@@ -24,6 +24,8 @@
 #include "host/ckpt/hf_load.h"
 #include "host/ckpt/safetensors.h"
 #include "host/config/config.h"
+#include "host/mesh/mesh.h"
+#include "host/mesh/shard.h"
 #include "host/model/model.h"
 #include "tests/equiv.h"
 
@@ -314,6 +316,92 @@ START_TEST(test_nothing_half_loaded)
 		ck_assert_msg(P[i] == 7.25f, "element %zu changed to %g", i, P[i]);
 	hf_src_close(src);
 	model_free(m);
+}
+END_TEST
+
+/* ---- the readers' threads ---- */
+
+/* Host 0's device `local` of the mesh `keys` (2 hosts x 2 devices)
+ * loaded from d on `threads` threads (MESHRUN_LOAD_THREADS): its
+ * parameters (malloc'd, *n floats) and the tensor bytes read. */
+static float *load_on_threads(const char *d, const char *keys, int threads, size_t *n, uint64_t *bytes)
+{
+	static struct cfg c;
+	static struct mesh mesh;
+	static struct shard_rules rules;
+	struct model_dims dims;
+	char err[1024], buf[1024], num[16];
+	cfg_defaults(&c);
+	snprintf(c.load_parameters_path, sizeof(c.load_parameters_path), "%s", d);
+	ck_assert_msg(hf_config_apply(&c, NULL, 0, err, sizeof(err)) == 0, "%s", err);
+	snprintf(buf, sizeof(buf), "%s", keys);
+	for (char *save = NULL, *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save))
+		ck_assert_msg(cfg_override(&c, w, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(cfg_finish(&c, 2, 2, err, sizeof(err)) == 0, "%s", err);
+	mesh_init(&mesh, &c);
+	ck_assert_msg(shard_rules_from_cfg(&rules, &c, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(model_dims_from_cfg(&dims, &c, err, sizeof(err)) == 0, "%s", err);
+	struct model *m[2];
+	float *P[2];
+	snprintf(num, sizeof(num), "%d", threads);
+	ck_assert_int_eq(setenv("MESHRUN_LOAD_THREADS", num, 1), 0);
+	struct hf_src *src;
+	ck_assert_msg(hf_src_open(&src, d, 1, err, sizeof(err)) == 0, "%s", err);
+	for (int i = 0; i < 2; i++) {  /* the host's two devices, the second copying the first's blocks */
+		struct model_mesh mm = { .mesh = &mesh, .rules = &rules, .device = mesh_device_of(&mesh, 0, i) };
+		m[i] = model_plan_new(&dims, &mm, err, sizeof(err));
+		ck_assert_msg(m[i], "%s", err);
+		*n = model_numel(m[i]);
+		P[i] = malloc(sizeof(float) * *n);
+		ck_assert(P[i]);
+		for (size_t k = 0; k < *n; k++)
+			P[i][k] = 7.25f;
+		ck_assert_msg(hf_src_load(src, m[i], P[i], err, sizeof(err)) == 0, "%s", err);
+	}
+	ck_assert_int_eq(hf_src_done(src, 0, err, sizeof(err)), 0);
+	struct hf_src_count cnt;
+	hf_src_counts(src, &cnt);
+	*bytes = cnt.tensors;
+	unsetenv("MESHRUN_LOAD_THREADS");
+	hf_src_close(src);
+	ck_assert_msg(!memcmp(P[0], P[1], sizeof(float) * *n), "%s: the two devices differ", keys);
+	model_free(m[0]);
+	model_free(m[1]);
+	free(P[1]);
+	return P[0];
+}
+
+/* Reading on 1 or 3 threads fills the same bits and reads the same bytes
+ * (BF16 and F16; whole tensors, FSDP's and tensor parallelism's column
+ * splits, whose rows one job gathers, and the second device's copies of
+ * the first one's blocks), and every float is loaded. */
+START_TEST(test_threads_bit_identical)
+{
+	static const char *const meshes[] = {
+		"dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=2",
+		"dcn_data_parallelism=1 dcn_tensor_parallelism=2 ici_data_parallelism=2",
+		"dcn_data_parallelism=2 ici_data_parallelism=2",
+	};
+	static const char *const opts[] = { "--dtype BF16 --shards 3 --layers 2", "--dtype F16 --shards 2 --layers 2" };
+	for (int o = 0; o < 2; o++) {
+		const char *d = make(o ? "thr16" : "thr", opts[o]);
+		for (int k = 0; k < 3; k++) {
+			size_t n1, n3;
+			uint64_t b1, b3;
+			float *a = load_on_threads(d, meshes[k], 1, &n1, &b1);
+			float *b = load_on_threads(d, meshes[k], 3, &n3, &b3);
+			ck_assert_uint_eq(n1, n3);
+			ck_assert_uint_eq(b1, b3);
+			ck_assert_msg(!memcmp(a, b, sizeof(float) * n1), "%s %s: 1 and 3 threads differ", opts[o],
+				      meshes[k]);
+			size_t marked = 0;
+			for (size_t i = 0; i < n1; i++)
+				marked += a[i] == 7.25f;
+			ck_assert_msg(marked == 0, "%s: %zu floats not loaded", meshes[k], marked);
+			free(a);
+			free(b);
+		}
+	}
 }
 END_TEST
 
@@ -696,6 +784,7 @@ int main(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_each_host_reads_its_part);
 	tcase_add_test(tc, test_each_host_reads_its_experts);
+	tcase_add_test(tc, test_threads_bit_identical);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -327,6 +327,56 @@ START_TEST(test_f16_read)
 }
 END_TEST
 
+/* BF16 widens to exactly the float32 whose upper half it is, every one
+ * of the 65,536 bit patterns (NaNs with their payloads, infinities,
+ * denormals, -0): read whole, from each element offset 0-8 (every head
+ * alignment of the destination) with lengths that end at no vector
+ * width, and through bounce buffers of 1, 7 and 4096 values. */
+START_TEST(test_bf16_every_pattern)
+{
+	enum { N = 65536 };
+	uint16_t *h = malloc(2 * N);
+	float *got = malloc(sizeof(float) * (N + 4));
+	uint16_t buf[4096];
+	ck_assert(h && got);
+	for (int i = 0; i < N; i++)
+		h[i] = (uint16_t)(i * 40503u);  /* odd: every pattern once, neighbours far apart */
+	char header[160];
+	snprintf(header, sizeof(header), "{\"b\":{\"dtype\":\"BF16\",\"shape\":[%d],\"data_offsets\":[0,%d]}}",
+		 N, 2 * N);
+	const char *p = path_in("bf16all.safetensors");
+	make_file(p, strlen(header), header, h, 2 * N);
+	struct st_file *f = st_open_header(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	const struct st_entry *e = st_find(f, "b");
+	static const size_t caps[] = { 1, 7, 4096 };
+	for (int first = 0; first <= 8; first++)
+		for (int dst_off = 0; dst_off < 4; dst_off++)
+			for (int c = -1; c < 3; c++) {
+				size_t n = (size_t)(N - first - 3 * (first % 3));
+				if (c >= 0 && caps[c] == 1)
+					n = 1001;  /* one value at a time: a short run */
+				float *d = got + dst_off;
+				memset(got, 0xa5, sizeof(float) * (N + 4));
+				int rc = c < 0 ? st_read(f, e, (uint64_t)first, n, d, err, sizeof(err))
+					       : st_read_buf(f, e, (uint64_t)first, n, d, buf, caps[c], err, sizeof(err));
+				ck_assert_msg(rc == 0, "%s", err);
+				for (size_t i = 0; i < n; i++) {
+					uint32_t u, want = (uint32_t)h[first + i] << 16;
+					memcpy(&u, &d[i], sizeof(u));
+					ck_assert_msg(u == want, "first %d offset %d cap %d: value %zu (bf16 %#x) is %#x",
+						      first, dst_off, c, i, h[first + i], u);
+				}
+				uint32_t after;
+				memcpy(&after, &d[n], sizeof(after));
+				ck_assert_uint_eq(after, 0xa5a5a5a5u);  /* nothing past the n floats */
+			}
+	st_close(f);
+	free(h);
+	free(got);
+}
+END_TEST
+
 /* st_open_header reads the header only; st_read reads exactly the
  * elements asked for, and counts their bytes. */
 START_TEST(test_ranged_read)
@@ -687,6 +737,7 @@ static Suite *st_suite(void)
 	tcase_add_test(tc, test_hand_built);
 	tcase_add_test(tc, test_bf16_write);
 	tcase_add_test(tc, test_f16_read);
+	tcase_add_test(tc, test_bf16_every_pattern);
 	tcase_add_test(tc, test_ranged_read);
 	suite_add_tcase(s, tc);
 
