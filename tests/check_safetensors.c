@@ -361,16 +361,55 @@ START_TEST(test_bf16_every_pattern)
 				int rc = c < 0 ? st_read(f, e, (uint64_t)first, n, d, err, sizeof(err))
 					       : st_read_buf(f, e, (uint64_t)first, n, d, buf, caps[c], err, sizeof(err));
 				ck_assert_msg(rc == 0, "%s", err);
-				for (size_t i = 0; i < n; i++) {
-					uint32_t u, want = (uint32_t)h[first + i] << 16;
+				size_t bad = n;  /* the first wrong value (one assert: check marks every one) */
+				for (size_t i = 0; i < n && bad == n; i++) {
+					uint32_t u;
 					memcpy(&u, &d[i], sizeof(u));
-					ck_assert_msg(u == want, "first %d offset %d cap %d: value %zu (bf16 %#x) is %#x",
-						      first, dst_off, c, i, h[first + i], u);
+					if (u != (uint32_t)h[first + i] << 16)
+						bad = i;
 				}
+				ck_assert_msg(bad == n, "first %d offset %d cap %d: value %zu (bf16 %#x) is %a", first,
+					      dst_off, c, bad, bad < n ? h[first + bad] : 0, bad < n ? d[bad] : 0.0f);
 				uint32_t after;
 				memcpy(&after, &d[n], sizeof(after));
 				ck_assert_uint_eq(after, 0xa5a5a5a5u);  /* nothing past the n floats */
 			}
+	st_close(f);
+	free(h);
+	free(got);
+}
+END_TEST
+
+/* F16 widens exactly, every one of the 65,536 bit patterns: the value
+ * (half_value's, computed in double), its sign (-0 too), and NaNs with
+ * their payloads kept in the upper mantissa bits. */
+START_TEST(test_f16_every_pattern)
+{
+	enum { N = 65536 };
+	uint16_t *h = malloc(2 * N);
+	float *got = malloc(sizeof(float) * N);
+	ck_assert(h && got);
+	for (int i = 0; i < N; i++)
+		h[i] = (uint16_t)i;
+	char header[160];
+	snprintf(header, sizeof(header), "{\"h\":{\"dtype\":\"F16\",\"shape\":[%d],\"data_offsets\":[0,%d]}}",
+		 N, 2 * N);
+	const char *p = path_in("f16all.safetensors");
+	make_file(p, strlen(header), header, h, 2 * N);
+	struct st_file *f = st_open_header(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	ck_assert_msg(st_read(f, st_find(f, "h"), 0, N, got, err, sizeof(err)) == 0, "%s", err);
+	int bad = N;  /* the first wrong value (one assert: check marks every one) */
+	for (int i = 0; i < N && bad == N; i++) {
+		double want = half_value(h[i]);
+		uint32_t u;
+		memcpy(&u, &got[i], sizeof(u));
+		if (isnan(want) ? u != ((uint32_t)(h[i] & 0x8000) << 16 | 0x7f800000u | (uint32_t)(h[i] & 0x3ff) << 13)
+				: (double)got[i] != want || !!signbit(got[i]) != !!signbit(want))
+			bad = i;
+	}
+	ck_assert_msg(bad == N, "half %#x: %a, want %a", bad, bad < N ? got[bad] : 0.0f,
+		      bad < N ? half_value((uint16_t)bad) : 0.0);
 	st_close(f);
 	free(h);
 	free(got);
@@ -738,6 +777,7 @@ static Suite *st_suite(void)
 	tcase_add_test(tc, test_bf16_write);
 	tcase_add_test(tc, test_f16_read);
 	tcase_add_test(tc, test_bf16_every_pattern);
+	tcase_add_test(tc, test_f16_every_pattern);
 	tcase_add_test(tc, test_ranged_read);
 	suite_add_tcase(s, tc);
 

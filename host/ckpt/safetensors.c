@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -600,6 +601,17 @@ static float half_to_float(uint16_t h)
 	return f;
 }
 
+/* Every half's float32 (256 KiB, filled on first use): a lookup per
+ * value instead of half_to_float's branches */
+static float half_table[65536];
+static pthread_once_t half_once = PTHREAD_ONCE_INIT;
+
+static void half_table_fill(void)
+{
+	for (uint32_t h = 0; h < 65536; h++)
+		half_table[h] = half_to_float((uint16_t)h);
+}
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 /* bfloat16 to float32 8 at a time: each value becomes the upper half of
@@ -649,8 +661,18 @@ static void widen(float *restrict dst, const uint16_t *restrict src, size_t n, b
 		store_fence();
 		return;
 	}
-	for (size_t j = 0; j < n; j++)
-		dst[j] = half_to_float(src[j]);
+	pthread_once(&half_once, half_table_fill);
+	size_t j = 0;
+#if defined(__SSE2__)
+	for (; j < n && ((uintptr_t)(dst + j) & 15); j++)
+		dst[j] = half_table[src[j]];
+	for (; j + 4 <= n; j += 4)
+		_mm_stream_ps(dst + j, _mm_setr_ps(half_table[src[j]], half_table[src[j + 1]],
+						   half_table[src[j + 2]], half_table[src[j + 3]]));
+	store_fence();
+#endif
+	for (; j < n; j++)
+		dst[j] = half_table[src[j]];
 }
 
 int st_read_buf(struct st_file *f, const struct st_entry *e, uint64_t first, size_t n, float *dst,
