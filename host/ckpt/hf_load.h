@@ -62,7 +62,9 @@ struct hf_range {
  * not read (ZeRO-1's state: a device holds part of each bucket). The
  * host's first call checks the file against all of its dests: every
  * tensor there must be one of theirs. A block this device read whole is
- * copied, not read again, by the host's next device that holds it. */
+ * copied, not read again, by the host's next device that holds it. The
+ * reads and copies run on util_load_threads() threads and are all done
+ * when it returns; the error is the first one in tensor order. */
 int hf_src_load_into(struct hf_src *s, const struct model *m, const struct hf_dest *d, int nd,
 		     const struct hf_range *r, int nr, char *err, size_t errlen);
 

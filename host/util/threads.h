@@ -1,5 +1,5 @@
-/* How many OpenBLAS threads a process gets: the rule of README "Threads
- * and cores". */
+/* How many OpenBLAS and checkpoint-loading threads a process gets: the
+ * rules of README "Threads and cores". */
 #ifndef MESHRUN_THREADS_H
 #define MESHRUN_THREADS_H
 
