@@ -327,6 +327,19 @@ START_TEST(test_f16_read)
 }
 END_TEST
 
+/* A file of one 2-byte tensor 'x' (dtype, n values h), its header open. */
+static struct st_file *open_halves(const char *name, const char *dtype, const uint16_t *h, int n)
+{
+	char header[160];
+	snprintf(header, sizeof(header), "{\"x\":{\"dtype\":\"%s\",\"shape\":[%d],\"data_offsets\":[0,%d]}}",
+		 dtype, n, 2 * n);
+	const char *p = path_in(name);
+	make_file(p, strlen(header), header, h, 2 * (size_t)n);
+	struct st_file *f = st_open_header(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	return f;
+}
+
 /* BF16 widens to exactly the float32 whose upper half it is, every one
  * of the 65,536 bit patterns (NaNs with their payloads, infinities,
  * denormals, -0): read whole, from each element offset 0-8 (every head
@@ -341,14 +354,8 @@ START_TEST(test_bf16_every_pattern)
 	ck_assert(h && got);
 	for (int i = 0; i < N; i++)
 		h[i] = (uint16_t)(i * 40503u);  /* odd: every pattern once, neighbours far apart */
-	char header[160];
-	snprintf(header, sizeof(header), "{\"b\":{\"dtype\":\"BF16\",\"shape\":[%d],\"data_offsets\":[0,%d]}}",
-		 N, 2 * N);
-	const char *p = path_in("bf16all.safetensors");
-	make_file(p, strlen(header), header, h, 2 * N);
-	struct st_file *f = st_open_header(p, err, sizeof(err));
-	ck_assert_msg(f, "%s", err);
-	const struct st_entry *e = st_find(f, "b");
+	struct st_file *f = open_halves("bf16all.safetensors", "BF16", h, N);
+	const struct st_entry *e = st_find(f, "x");
 	static const size_t caps[] = { 1, 7, 4096 };
 	for (int first = 0; first <= 8; first++)
 		for (int dst_off = 0; dst_off < 4; dst_off++)
@@ -391,14 +398,8 @@ START_TEST(test_f16_every_pattern)
 	ck_assert(h && got);
 	for (int i = 0; i < N; i++)
 		h[i] = (uint16_t)i;
-	char header[160];
-	snprintf(header, sizeof(header), "{\"h\":{\"dtype\":\"F16\",\"shape\":[%d],\"data_offsets\":[0,%d]}}",
-		 N, 2 * N);
-	const char *p = path_in("f16all.safetensors");
-	make_file(p, strlen(header), header, h, 2 * N);
-	struct st_file *f = st_open_header(p, err, sizeof(err));
-	ck_assert_msg(f, "%s", err);
-	ck_assert_msg(st_read(f, st_find(f, "h"), 0, N, got, err, sizeof(err)) == 0, "%s", err);
+	struct st_file *f = open_halves("f16all.safetensors", "F16", h, N);
+	ck_assert_msg(st_read(f, st_find(f, "x"), 0, N, got, err, sizeof(err)) == 0, "%s", err);
 	int bad = N;  /* the first wrong value (one assert: check marks every one) */
 	for (int i = 0; i < N && bad == N; i++) {
 		double want = half_value(h[i]);
