@@ -2,7 +2,8 @@
 # bench/load.sh [ROUNDS]: loading a Hugging Face checkpoint of more than 1
 # GiB (host/ckpt/hf_load.c through `meshrun bench load`: each host's
 # devices' shards read into parameter buffers, no trainer around them),
-# next to `cat` reading the same files, in one run:
+# next to `cat` reading the same files, in one run (each load line is
+# followed by its ratios to that round's `cat`: wall time and CPU time):
 #   cat          cat of every shard to /dev/null (the files were read once
 #                before, so both read from the page cache)
 #   1 thread     one host, one device, read on one thread
@@ -31,7 +32,8 @@ make_ckpt() {  # DIR DTYPE LAYERS
 	$PY tests/hf_ref.py make "$1" $SHAPE --dtype "$2" --layers "$3" >/dev/null
 }
 
-secs() { /usr/bin/time -f "%e" "$@" 2>&1 >/dev/null | tail -1; }
+# cat's wall and CPU (user + system) seconds: "WALL CPU"
+cat_times() { /usr/bin/time -f "%e %U %S" cat "$@" 2>&1 >/dev/null | tail -1 | awk '{ printf "%.2f %.2f", $1, $2 + $3 }'; }
 
 one() {  # DIR LABEL ARGS...: every host of the mesh at once, one line each
 	local dir=$1 label=$2 hosts=$3 dph=$4; shift 4
@@ -45,6 +47,9 @@ one() {  # DIR LABEL ARGS...: every host of the mesh at once, one line each
 	for ((h = 0; h < hosts; h++)); do
 		wait "${pids[h]}"
 		printf '%-8s %s\n' "$label" "$(cut -d';' -f1 "${outs[h]}" | sed 's/, parameters.*//')"
+		# against cat in the same round: wall / cat's wall, CPU / cat's CPU
+		sed -n 's/.*: load \([0-9.]*\) s .*), \([0-9.]*\) s CPU.*/\1 \2/p' "${outs[h]}" |
+			awk -v w="$CAT_WALL" -v c="$CAT_CPU" '{ printf "         vs cat: %.2fx wall, %.2fx CPU\n", $1 / w, (c > 0 ? $2 / c : 0) }'
 		sed -n 's/.*load: read \([0-9]*\) bytes.*(index and headers \([0-9]*\), tensors \([0-9]*\) of the checkpoint.s \([0-9]*\)).*/         bytes read \1 (headers \2, tensors \3 of \4)/p' "${outs[h]}"
 		rm -f "${outs[h]}"
 	done
@@ -59,7 +64,8 @@ for spec in "bf16 BF16 10" "f32 F32 4"; do
 	cat "$dir"/*.safetensors >/dev/null
 	for ((r = 1; r <= ROUNDS; r++)); do
 		echo "-- round $r, load $(cut -d' ' -f1-3 /proc/loadavg)"
-		echo "cat      $(secs cat "$dir"/*.safetensors) s for $bytes bytes"
+		read -r CAT_WALL CAT_CPU <<<"$(cat_times "$dir"/*.safetensors)"
+		echo "cat      $CAT_WALL s ($CAT_CPU s CPU) for $bytes bytes"
 		MESHRUN_LOAD_THREADS=1 one "$dir" "1 thread" 1 1
 		one "$dir" "1 host" 1 1
 		one "$dir" "2 hosts" 2 1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
