@@ -80,6 +80,46 @@ START_TEST(test_1f1b_and_gpipe_tables)
 }
 END_TEST
 
+/* ZB-H1 with recompute off times I and W from the given fractions of B
+ * (`--iw`): its table is M(F+I+W) + (S-1)(F+I-W) when W <= F+I (Qi et
+ * al. 2023; the W's fill the bubble), and with no fractions given it
+ * takes the compute figures' own I and W (from --flops: W the weights'
+ * matmuls once, I the rest of B). */
+START_TEST(test_zb_h1_iw)
+{
+	const double fr[][2] = { { 0.5, 0.5 }, { 0.56, 0.46 }, { 0.7, 0.3 }, { 0, 0 } };
+	for (int k = 0; k < 4; k++)
+		for (int M = 4; M <= 16; M *= 2) {
+			struct cfg c;
+			struct perf_parts p;
+			struct perf_machine mc = free_links;
+			struct model_dims d;
+			struct perf_compute pc;
+			char mkv[64];
+			double f, b;
+			snprintf(mkv, sizeof(mkv), "num_pipeline_microbatches=%d", M);
+			make_cfg(&c, 4, 1, KV("dcn_data_parallelism=1", "dcn_pipeline_parallelism=4",
+					      "pipeline_schedule=zb_h1", mkv, "num_layers_per_pipeline_stage=2",
+					      "pipeline_recompute=false"));
+			chunk_costs(&c, 2, &f, &b);
+			mc.i_frac = fr[k][0];
+			mc.w_frac = fr[k][1];
+			double i = fr[k][0] * b, w = fr[k][1] * b;
+			if (k == 3) {
+				ck_assert(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0);
+				perf_analytic(&d, perf_mb_rows(&c, &d, err, sizeof(err)), 1e9, &pc);
+				i = 2 * pc.i_layer[0];
+				w = 2 * pc.w_layer[0];
+				ck_assert_msg(fabs(i + w - b) < 1e-9 * b && w < i, "I %g W %g B %g", i, w, b);
+			}
+			predict(&c, &mc, &p);
+			double want = M * (f + i + w) + 3 * (f + i - w);
+			ck_assert_msg(fabs(p.table - want) < 0.01 * want, "I/B %g W/B %g M=%d: table %g, "
+				      "M(F+I+W)+(S-1)(F+I-W) %g", i / b, w / b, M, p.table, want);
+		}
+}
+END_TEST
+
 /* 4 devices of a data-parallel mesh on one machine: 2 cores take twice
  * as long as 4, 8 no longer than 4. */
 START_TEST(test_shared_cores)
@@ -203,6 +243,7 @@ int main(void)
 	TCase *tc = tcase_create("model");
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_1f1b_and_gpipe_tables);
+	tcase_add_test(tc, test_zb_h1_iw);
 	tcase_add_test(tc, test_shared_cores);
 	tcase_add_test(tc, test_data_tail);
 	tcase_add_test(tc, test_gathers);

@@ -43,17 +43,19 @@ static double t_gather(const struct perf_link *l, double bytes, int p)
 /* ---- compute ---- */
 
 /* Matmul and attention FLOPs of one layer's forward on rows sequences
- * (moe: an MoE layer), on one device of a tensor split tp. */
-static double layer_flops(const struct model_dims *d, int rows, bool moe)
+ * (moe: an MoE layer); *weights: the part that multiplies by weights
+ * (what the weight-gradient backward W repeats once; attention's QK^T
+ * and AV are the input-gradient backward's alone). */
+static double layer_flops(const struct model_dims *d, int rows, bool moe, double *weights)
 {
 	double N = (double)rows * d->T, C = d->C, QD = (double)d->Hq * d->D, KD = (double)d->Hkv * d->D;
 	double f = 2 * N * (C * QD * 2 + C * KD * 2);       /* q, o, k, v */
-	f += 4 * N * d->T * QD / 2;                          /* causal QK^T and AV */
 	if (moe)
 		f += 2 * N * (3 * C * d->Fe * (d->K + d->S) + C * d->E);
 	else
 		f += 2 * N * 3 * C * d->F;
-	return f;
+	*weights = f;
+	return f + 4 * N * d->T * QD / 2;                    /* causal QK^T and AV */
 }
 
 void perf_analytic(const struct model_dims *d, int rows, double flops, struct perf_compute *pc)
@@ -61,8 +63,11 @@ void perf_analytic(const struct model_dims *d, int rows, double flops, struct pe
 	double N = (double)rows * d->T;
 	memset(pc, 0, sizeof(*pc));
 	for (int k = 0; k < 2; k++) {
-		pc->f_layer[k] = layer_flops(d, rows, k) / flops;
+		double w;
+		pc->f_layer[k] = layer_flops(d, rows, k, &w) / flops;
 		pc->b_layer[k] = 2 * pc->f_layer[k];
+		pc->w_layer[k] = w / flops;  /* dW = dY^T X: the weights' matmuls once */
+		pc->i_layer[k] = pc->b_layer[k] - pc->w_layer[k];
 	}
 	pc->head = 3 * 2 * N * d->C * d->V / flops;
 	pc->embed_f = pc->embed_b = 0;
@@ -81,6 +86,8 @@ static struct perf_compute scaled(const struct perf_compute *pc, int mb, int tp,
 		double split = k ? tp * ep : tp;
 		s.f_layer[k] *= r / split;
 		s.b_layer[k] *= r / split;
+		s.i_layer[k] *= r / split;
+		s.w_layer[k] *= r / split;
 	}
 	s.head *= r / tp;
 	s.embed_f *= r;
@@ -436,6 +443,16 @@ static int durations(struct fluid *f, const struct shape *sh, const struct perf_
 	const struct perf_link *tl = over_dcn(&sh->m, 1u << AX_TENSOR | 1u << AX_TENSOR_T) ? &mc->dcn : &mc->ici;
 	double tp_ar = 2 * t_all_reduce(tl, act, sh->tp);  /* attention and MLP outputs (or their gradients) */
 	double ff = lps * (pc->f_layer[kind] + tp_ar), bb = lps * (pc->b_layer[kind] + tp_ar);
+	/* the split backward: I carries the input gradients' all-reduces, W none */
+	double il = pc->b_layer[kind] / 2, wl = il;
+	if (mc->i_frac > 0 && mc->w_frac > 0) {
+		il = mc->i_frac * pc->b_layer[kind];
+		wl = mc->w_frac * pc->b_layer[kind];
+	} else if (pc->i_layer[kind] > 0 && pc->w_layer[kind] > 0) {
+		il = pc->i_layer[kind];
+		wl = pc->w_layer[kind];
+	}
+	double ii = lps * (il + tp_ar), ww = lps * wl;
 	double before = sh->pc.layers_before, after = sh->pc.layers_after;
 	f->dur = calloc((size_t)p->stages, sizeof(*f->dur));
 	if (!f->dur)
@@ -456,10 +473,10 @@ static int durations(struct fluid *f, const struct shape *sh, const struct perf_
 				*d = bb + (p->recompute ? ff : 0);
 				break;
 			case PA_I:
-				*d = bb / 2 + (p->recompute ? ff : 0);
+				*d = ii + (p->recompute ? ff : 0);
 				break;
 			case PA_W:
-				*d = bb / 2;
+				*d = ww;
 				break;
 			case PA_EMBED:
 				*d = pc->embed_f + before * (pc->f_layer[0] + tp_ar);

@@ -33,12 +33,18 @@ struct perf_machine {
 	double flops;
 	double cores;
 	double mem_bytes;
+	/* the split backward's I and W as fractions of a layer's backward B
+	 * (both > 0: given, e.g. from `meshrun bench backward`'s I/B and
+	 * W/B; else the compute figures' own i_layer and w_layer) */
+	double i_frac, w_frac;
 };
 
 /* Seconds of one microbatch's compute on one device, at its shard of
  * the model. */
 struct perf_compute {
 	double f_layer[2], b_layer[2];  /* [dense, MoE]: forward; backward without recompute */
+	double i_layer[2], w_layer[2];  /* the split backward: input gradients (I, without the
+					 * recomputed forward) and weight gradients (W) */
 	double head;                    /* final norm, projection, loss: forward + backward */
 	double embed_f, embed_b;
 	double opt_per_float;           /* the optimizer's seconds per trained local float */
