@@ -212,6 +212,60 @@ START_TEST(test_search_sorted)
 }
 END_TEST
 
+/* --search tries the zero-bubble schedules: zb_h1 and zbv are listed,
+ * and zb_h1 beats 1f1b at the same mesh, M and recompute (its bubble is
+ * (S-1)(F+I-W) against (S-1)(F+B); this model's W is not free). */
+START_TEST(test_search_zero_bubble)
+{
+	struct cfg c;
+	struct perf_machine mc = free_links;
+	mc.dcn = (struct perf_link){ 1.25e9, 5e-5 };
+	make_cfg(&c, 1, 1, NULL);
+	fflush(stdout);
+	FILE *tf = tmpfile();
+	ck_assert(tf);
+	int saved = dup(1);
+	dup2(fileno(tf), 1);
+	int rc = perf_search(&c, 4, 1, &mc, 1000, err, sizeof(err));
+	fflush(stdout);
+	dup2(saved, 1);
+	close(saved);
+	ck_assert_msg(rc == 0, "%s", err);
+	static char out[1 << 17];
+	rewind(tf);
+	size_t n = fread(out, 1, sizeof(out) - 1, tf);
+	fclose(tf);
+	out[n] = 0;
+	ck_assert_msg(strstr(out, " zbv v=2 ") && strstr(out, " zb_h1 v=1 "), "%s", out);
+	int pairs = 0;
+	for (char *l = strstr(out, " 1f1b v=1 "); l; l = strstr(l + 1, " 1f1b v=1 ")) {
+		char *b = l;
+		while (b > out && b[-1] != '\n')
+			b--;
+		char row[256], want[256], *e = strchr(b, '\n');
+		size_t len = e ? (size_t)(e - b) : strlen(b);
+		ck_assert(len < sizeof(row));
+		memcpy(row, b, len);
+		row[len] = 0;
+		/* the description up to the step column, with zb_h1 for 1f1b */
+		char *gap = strstr(row, "  ");
+		while (gap && gap == row)
+			gap = strstr(gap + 2, "  ");
+		ck_assert(gap);
+		double step = strtod(gap, NULL);
+		*gap = 0;
+		snprintf(want, sizeof(want), "%.*szb_h1%s", (int)(strstr(row, "1f1b") - row), row,
+			 strstr(row, "1f1b") + 4);
+		char *z = strstr(out, want);
+		ck_assert_msg(z, "no %s\n%s", want, out);
+		double zstep = strtod(z + strlen(want), NULL);
+		ck_assert_msg(zstep < step, "%s: %g, 1f1b %g", want, zstep, step);
+		pairs++;
+	}
+	ck_assert_msg(pairs >= 8, "%d pairs\n%s", pairs, out);
+}
+END_TEST
+
 static void setup(void)
 {
 	proc_setup("check_perf", 0);
@@ -248,6 +302,7 @@ int main(void)
 	tcase_add_test(tc, test_data_tail);
 	tcase_add_test(tc, test_gathers);
 	tcase_add_test(tc, test_search_sorted);
+	tcase_add_test(tc, test_search_zero_bubble);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("command");
 	tcase_set_timeout(tc, 60);
