@@ -120,6 +120,30 @@ START_TEST(test_zb_h1_iw)
 }
 END_TEST
 
+/* Muon's Newton-Schulz runs once per matrix across the mesh: on 4
+ * data-parallel devices (or 4 FSDP ones) each runs a quarter of one
+ * device's; AdamW runs none. */
+START_TEST(test_muon_once_per_matrix)
+{
+	struct cfg one, data, fsdp, adam;
+	struct perf_parts p1, pd, pf, pa;
+	make_cfg(&one, 1, 1, KV("opt_type=muon"));
+	make_cfg(&data, 4, 1, KV("opt_type=muon"));
+	make_cfg(&fsdp, 4, 1, KV("opt_type=muon", "dcn_data_parallelism=1", "dcn_fsdp_parallelism=4"));
+	make_cfg(&adam, 4, 1, NULL);
+	predict(&one, &free_links, &p1);
+	predict(&data, &free_links, &pd);
+	predict(&fsdp, &free_links, &pf);
+	predict(&adam, &free_links, &pa);
+	ck_assert_msg(p1.muon_ns > 0, "one device: Newton-Schulz %g s", p1.muon_ns);
+	ck_assert_msg(fabs(pd.muon_ns - p1.muon_ns / 4) < 1e-9 * p1.muon_ns, "data=4: %g, one device %g", pd.muon_ns,
+		      p1.muon_ns);
+	ck_assert_msg(fabs(pf.muon_ns - p1.muon_ns / 4) < 1e-9 * p1.muon_ns, "fsdp=4: %g, one device %g", pf.muon_ns,
+		      p1.muon_ns);
+	ck_assert(pa.muon_ns == 0);
+}
+END_TEST
+
 /* 4 devices of a data-parallel mesh on one machine: 2 cores take twice
  * as long as 4, 8 no longer than 4. */
 START_TEST(test_shared_cores)
@@ -299,6 +323,7 @@ int main(void)
 	tcase_add_test(tc, test_1f1b_and_gpipe_tables);
 	tcase_add_test(tc, test_zb_h1_iw);
 	tcase_add_test(tc, test_shared_cores);
+	tcase_add_test(tc, test_muon_once_per_matrix);
 	tcase_add_test(tc, test_data_tail);
 	tcase_add_test(tc, test_gathers);
 	tcase_add_test(tc, test_search_sorted);

@@ -27,10 +27,17 @@ static void print_prediction(const struct perf_parts *p, const struct perf_compu
 	printf("predicted_step_s: %.4f\n", p->step);
 	printf("parts: table %.4f s (its busiest device has %.4f s of compute, run in %.4f s; idle %.3f of the "
 	       "worst device's span: the bubble and waits for transfers and gathers), gradient sums after it "
-	       "%.4f s, optimizer %.4f s\n", p->table, p->compute, p->running, p->bubble, p->tail, p->optimizer);
+	       "%.4f s, optimizer %.4f s", p->table, p->compute, p->running, p->bubble, p->tail, p->optimizer);
+	if (p->muon_ns > 0)
+		printf(" (of it Muon's Newton-Schulz %.4f s: each matrix once over its group)", p->muon_ns);
+	printf("\n");
 	printf("schedule: S=%d stages, v=%d chunks a stage, M=%d microbatches of %d rows\n", p->stages, p->chunks,
 	       p->microbatches, p->mb_rows);
 	printf("work: %.4f s of compute and optimizer a step over every device (at full speed)\n", p->work);
+	printf("work by action: F=%.2f,B=%.2f,I=%.2f,W=%.2f,own=%.2f s, optimizer %.2f s\n", p->work_kind[PERF_F],
+	       p->work_kind[PERF_B], p->work_kind[PERF_I], p->work_kind[PERF_W], p->work_kind[PERF_OWN],
+	       p->work - p->work_kind[PERF_F] - p->work_kind[PERF_B] - p->work_kind[PERF_I] -
+	       p->work_kind[PERF_W] - p->work_kind[PERF_OWN]);
 	printf("compute per microbatch (%d rows, %s): layer forward %.2f ms, backward %.2f ms (split: I %.2f ms, "
 	       "W %.2f ms)%s; head %.2f ms\n", pc->rows, measured ? "measured here" : "from --flops",
 	       1e3 * pc->f_layer[0], 1e3 * pc->b_layer[0], 1e3 * pc->i_layer[0], 1e3 * pc->w_layer[0],

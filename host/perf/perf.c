@@ -510,11 +510,50 @@ static void hops(struct fluid *f, const struct shape *sh, const struct perf_mach
 		}
 }
 
+/* Muon (opt_type=muon) on this device: the Newton-Schulz FLOPs it runs
+ * and the seconds of its two all_to_alls. Each matrix is orthogonalised
+ * once across its group (the devices that differ on its matrix split or
+ * on the axes it is not split on; host/optim/muon.c), by one owner round
+ * robin, so a device runs nmat / G of the group's nmat matrices; five
+ * iterations of X X^T, A A and B X, 4 a^2 b + 2 a^3 FLOPs each for an
+ * a x b matrix (a <= b). The exchanges: each member sends (G-1)/G of its
+ * blocks to the owners and gets the results back. */
+static void muon_work(const struct shape *sh, const struct model *pl, const struct perf_machine *mc,
+		      double *ns_flops, double *xchg_s)
+{
+	*ns_flops = *xchg_s = 0;
+	for (int i = 0; i < model_num_params(pl); i++) {
+		const struct param_info *p = model_param(pl, i);
+		if (p->opt != OPT_MUON || p->mat_rows <= 0 || p->mat_cols <= 0)
+			continue;
+		uint32_t axes = p->mat_split;
+		int blocks = 1;
+		for (int a = 0; a < AX_COUNT; a++) {
+			if (sh->m.size[a] > 1 && !(p->split & 1u << a))
+				axes |= 1u << a;
+			if (p->mat_split & 1u << a)
+				blocks *= sh->m.size[a];
+		}
+		int G = 1;
+		for (int a = 0; a < AX_COUNT; a++)
+			if (axes >> a & 1)
+				G *= sh->m.size[a];
+		double a_ = fmin(p->mat_rows, p->mat_cols), b_ = fmax(p->mat_rows, p->mat_cols);
+		double nmat = (double)p->numel * blocks / ((double)p->mat_rows * p->mat_cols);
+		*ns_flops += nmat / G * 5 * (4 * a_ * a_ * b_ + 2 * a_ * a_ * a_);
+		if (G > 1) {
+			const struct perf_link *l = over_dcn(&sh->m, axes) ? &mc->dcn : &mc->ici;
+			*xchg_s += 2 * (G - 1) * t_msg(l, (double)p->numel * sizeof(float) / G);
+		}
+	}
+}
+
 /* Memory per device: the model's storage, gradients and AdamW state (the
  * plan of this device's shards), the FSDP window, the table's
  * activation buffers and sets of saved layer activations. */
 static int memory(struct perf_parts *o, const struct shape *sh, const struct pipe_table *t, const struct cfg *c,
-		  double *layer_bytes, double *nonstage_bytes, char *err, size_t errlen)
+		  const struct perf_machine *mc, double *layer_bytes, double *nonstage_bytes, double *muon_flops,
+		  double *muon_xchg, char *err, size_t errlen)
 {
 	struct model_mesh mm = { .mesh = &sh->m, .rules = &sh->rules, .device = 0 };
 	if (sh->pc.shape.stages > 1)
@@ -534,6 +573,9 @@ static int memory(struct perf_parts *o, const struct shape *sh, const struct pip
 	o->mem_window = (double)model_window_numel(pl) * sizeof(float);
 	*layer_bytes = (params - ns) / (sh->pc.layers / sh->pc.shape.stages > 0 ? sh->pc.layers / sh->pc.shape.stages : 1);
 	*nonstage_bytes = ns;
+	*muon_flops = *muon_xchg = 0;
+	if (!strcmp(c->opt_type, "muon"))
+		muon_work(sh, pl, mc, muon_flops, muon_xchg);
 	model_free(pl);
 	int worst = 0;
 	for (int s = 0; s < t->shape.stages; s++)
@@ -560,12 +602,12 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 	struct pipe_table t = { 0 };
 	struct fluid f = { 0 };
 	struct perf_compute pc;
-	double layer_bytes = 0, ns_bytes = 0;
+	double layer_bytes = 0, ns_bytes = 0, muon_flops = 0, muon_xchg = 0;
 	int rc = sh ? resolve(sh, c, err, errlen) : -ENOMEM;
 	memset(o, 0, sizeof(*o));
 	if (!rc)
 		rc = pipe_table_build(&t, &sh->pc.shape, err, errlen);
-	if (!rc && (rc = memory(o, sh, &t, c, &layer_bytes, &ns_bytes, err, errlen)) == 0) {
+	if (!rc && (rc = memory(o, sh, &t, c, mc, &layer_bytes, &ns_bytes, &muon_flops, &muon_xchg, err, errlen)) == 0) {
 		struct perf_compute an;
 		if (!given)
 			perf_analytic(&sh->d, sh->mb, mc->flops, &an);
@@ -603,8 +645,23 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 				  (S > 1 || sh->data > 1 ? 2 * 2 * sl->lat : 0);
 			o->optimizer = pc.opt_per_float * o->mem_params / sizeof(float) /
 				       (c->shard_optimizer_over_data && sh->data > 1 ? sh->data : 1);
+			/* Muon: Newton-Schulz at the matmul rate (--flops, or the
+			 * measured layer forward's) and its exchanges */
+			double wflops, rate = mc->flops > 0 ? mc->flops :
+					      layer_flops(&sh->d, pc.rows, false, &wflops) / (pc.f_layer[0] * sh->tp);
+			o->muon_ns = muon_flops > 0 && rate > 0 ? muon_flops / rate : 0;
+			o->optimizer += o->muon_ns + muon_xchg;
 			o->step = o->table + o->tail + o->optimizer;
-			o->work = f.busy_sum * f.groups + o->optimizer * sh->m.num_devices;
+			(void)wflops;
+			o->work = f.busy_sum * f.groups + (o->optimizer - muon_xchg) * sh->m.num_devices;
+			for (int s = 0; s < S; s++)
+				for (int k = 0; k < t.n[s]; k++) {
+					int op = t.a[s][k].op;
+					int kind = op == PA_F || op == PA_FC ? PERF_F : op == PA_B ? PERF_B :
+						   op == PA_I ? PERF_I : op == PA_W ? PERF_W : PERF_OWN;
+					if (cpu_op(op))
+						o->work_kind[kind] += f.dur[s][k] * f.groups;
+				}
 			o->stages = S;
 			o->microbatches = t.shape.microbatches;
 			o->chunks = t.nchunks / S;

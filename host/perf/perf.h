@@ -52,6 +52,11 @@ struct perf_compute {
 	int threads;                    /* OpenBLAS threads they were measured with (0: analytic) */
 };
 
+/* Action kinds of the table's work (perf_parts.work_kind): F (and the
+ * counting F), B, I, W (with recompute, B and I include the forward
+ * they recompute), the owners' embed, head and embed_back. */
+enum { PERF_F, PERF_B, PERF_I, PERF_W, PERF_OWN, PERF_KINDS };
+
 /* The prediction. */
 struct perf_parts {
 	double step;          /* predicted seconds of one step */
@@ -63,9 +68,11 @@ struct perf_parts {
 			       * schedule's bubble, waits for transfers and
 			       * gathers) */
 	double tail;          /* gradient sums after the table (exposed) */
-	double optimizer;
+	double optimizer;     /* with Muon, its Newton-Schulz (muon_ns) and exchanges */
+	double muon_ns;       /* Muon's Newton-Schulz seconds on one device */
 	double work;          /* every device's compute and optimizer at full
 			       * speed, summed: the CPU seconds a step needs */
+	double work_kind[PERF_KINDS];  /* the table's part of it by action kind */
 	/* bytes per device */
 	double mem_params, mem_grads, mem_opt, mem_window, mem_act, mem_total;
 	int stages, microbatches, chunks, mb_rows;
