@@ -118,8 +118,8 @@ print(" ".join(f"{k} {float(m.get(k, 0)):.2f}/{float(p.get(k, 0)):.2f} ({100 * (
         1f1b | interleaved_1f1b) base_idle[$key$s]=$idle; base_share[$key$s]=$bub; rel="-"; rels="-" ;;
         zb_h1 | zbv)
           b=1f1b; [ $s = zbv ] && b=interleaved_1f1b
-          rel=$(awk -v z="$idle" -v b="${base_idle[$key$b]:-0}" 'BEGIN {print b > 0 ? sprintf("%.2f", z / b) : "-"}')
-          rels=$(awk -v z="$bub" -v b="${base_share[$key$b]:-0}" 'BEGIN {print b > 0 ? sprintf("%.2f", z / b) : "-"}') ;;
+          rel=$(awk -v z="$idle" -v b="${base_idle[$key$b]:-0}" 'BEGIN {print (b > 0 ? sprintf("%.2f", z / b) : "-")}')
+          rels=$(awk -v z="$bub" -v b="${base_share[$key$b]:-0}" 'BEGIN {print (b > 0 ? sprintf("%.2f", z / b) : "-")}') ;;
         *) rel="-"; rels="-" ;;
       esac
       err=$(awk -v p="$pred" -v m="$step" 'BEGIN {printf "%+.0f%%", 100 * (p - m) / m}')
