@@ -1,33 +1,101 @@
 #!/usr/bin/env python3
-"""bench/sched.py METRICS.jsonl TRACE.json: prints the mean step time over
-steps >= 1 and the measured bubble: for each step >= 1 and each device, its
-idle share between its first and last compute action (the executor's
-spans: F, B, I, W, Fc of a microbatch and chunk, and the owners' embed,
-head, embed_back), the worst device of each step, averaged over steps."""
+"""bench/sched.py METRICS.jsonl TRACE.json [--detail]: the measured step
+time and bubble of a run, from its metrics and its --trace (steps >= 1,
+averaged over them). Prints one line:
+
+  STEP SHARE IDLE_S IDLE_PER_DEVICE CPU_BY_KIND FILLABLE_S
+
+STEP: the mean step time (s). SHARE: each device's idle share between its
+own first and last compute action (the executor's spans: F, B, I, W, Fc
+of a microbatch and chunk, and the owners' embed, head, embed_back), the
+worst device. IDLE_S: the bubble the way the issue states it, in time: a
+device's idle seconds in the step's compute span (the first compute
+action on any device to the last on any device) minus its own compute,
+the worst device; IDLE_PER_DEVICE: the same for each device, a/b/c/...
+(a pipeline's formulas, (S-1)(F+B) for 1F1B and (S-1)(F+I-W) for ZB-H1,
+are these seconds on dedicated devices). CPU_BY_KIND: the CPU seconds a
+step of each action kind over every device (the spans' args.cpu_us),
+F=..,B=..,I=..,W=..,own=.. (own: embed, head, embed_back). FILLABLE_S:
+of the worst device's idle, the seconds it waited on a receive while it
+owed a weight gradient (an I done, its W not started) that could have
+run then, capped at the owed W's measured time: what running owed W's
+during waits could win. --detail prints per device the idle split into
+before its first compute, receive waits (activations, gradients), other
+waits, and after its last compute."""
 import json
 import sys
 
 COMPUTE = ("F mb", "B mb", "I mb", "W mb", "Fc mb", "embed mb", "head mb", "embed_back mb")
+KINDS = (("F", ("F mb", "Fc mb")), ("B", ("B mb",)), ("I", ("I mb",)), ("W", ("W mb",)),
+         ("own", ("embed mb", "head mb", "embed_back mb")))
+
+
+def fillable(evs, comp):
+    """Seconds of receive waits during which the device owed a W, each
+    wait capped at the owed W's (mean) duration times how many it owed."""
+    ws = [e for e in comp if e["name"].startswith("W mb")]
+    wdur = sum(e["dur"] for e in ws) / len(ws) if ws else 0
+    i_end = sorted(e["ts"] + e["dur"] for e in comp if e["name"].startswith("I mb"))
+    w_start = sorted(e["ts"] for e in ws)
+    got = 0
+    for e in evs:
+        if not e["name"].startswith("stage recv"):
+            continue
+        owed = sum(t <= e["ts"] for t in i_end) - sum(t <= e["ts"] for t in w_start)
+        if owed > 0:
+            got += min(e["dur"], owed * wdur)
+    return got
 
 
 def main():
+    detail = "--detail" in sys.argv
     rows = [json.loads(l) for l in open(sys.argv[1])]
     steps = [r["step_time_s"] for r in rows[1:]] or [rows[0]["step_time_s"]]
     ev = [e for e in json.load(open(sys.argv[2]))["traceEvents"] if e.get("ph") == "X"]
-    worst = []
+    devs = sorted({(e["pid"], e["tid"]) for e in ev if e["tid"] < 1000})
+    share, idle_s, per_dev, fill = [], [], [], []
+    kinds = {k: 0.0 for k, _ in KINDS}
+    nsteps = 0
     for st in sorted({e["args"]["step"] for e in ev})[1:]:
-        idle = []
-        for dev in {(e["pid"], e["tid"]) for e in ev}:
-            sp = [e for e in ev if e["args"]["step"] == st and (e["pid"], e["tid"]) == dev
-                  and e["name"].startswith(COMPUTE)]
+        es = [e for e in ev if e["args"]["step"] == st]
+        comp = [e for e in es if e["name"].startswith(COMPUTE) and e["tid"] < 1000]
+        if not comp:
+            continue
+        nsteps += 1
+        t0 = min(e["ts"] for e in comp)
+        t1 = max(e["ts"] + e["dur"] for e in comp)
+        sh, idl, fl = [], [], []
+        for dev in devs:
+            sp = [e for e in comp if (e["pid"], e["tid"]) == dev]
             if not sp:
                 continue
+            busy = sum(e["dur"] for e in sp)
             w0 = min(e["ts"] for e in sp)
             w1 = max(e["ts"] + e["dur"] for e in sp)
-            idle.append(1 - sum(e["dur"] for e in sp) / (w1 - w0) if w1 > w0 else 0)
-        if idle:
-            worst.append(max(idle))
-    print(f"{sum(steps) / len(steps):.3f} {sum(worst) / len(worst) if worst else 0:.3f}")
+            sh.append(1 - busy / (w1 - w0) if w1 > w0 else 0)
+            idl.append((t1 - t0 - busy) / 1e6)
+            mine = sorted((e for e in es if (e["pid"], e["tid"]) == dev), key=lambda e: e["ts"])
+            fl.append(fillable(mine, sp) / 1e6)
+            for k, pre in KINDS:
+                kinds[k] += sum(e["args"].get("cpu_us", 0) for e in sp if e["name"].startswith(pre)) / 1e6
+            if detail:
+                acts = sum(e["dur"] for e in mine if e["name"].startswith("stage recv act")) / 1e6
+                grads = sum(e["dur"] for e in mine if e["name"].startswith("stage recv grad")) / 1e6
+                print(f"step {st} device {dev[1]}: idle {idl[-1]:.3f} s = before first {(w0 - t0) / 1e6:.3f}"
+                      f" + after last {(t1 - w1) / 1e6:.3f} + between {idl[-1] - (w0 - t0 + t1 - w1) / 1e6:.3f}"
+                      f" (receive waits: activations {acts:.3f}, gradients {grads:.3f}); W-fillable {fl[-1]:.3f}",
+                      file=sys.stderr)
+        share.append(max(sh))
+        worst = max(range(len(idl)), key=lambda i: idl[i])
+        idle_s.append(idl[worst])
+        fill.append(fl[worst])
+        per_dev.append(idl)
+    n = max(nsteps, 1)
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0
+    dev_mean = [mean([p[i] for p in per_dev if i < len(p)]) for i in range(max((len(p) for p in per_dev), default=0))]
+    print(f"{mean(steps):.3f} {mean(share):.3f} {mean(idle_s):.3f} "
+          f"{'/'.join(f'{x:.2f}' for x in dev_mean) or '-'} "
+          f"{','.join(f'{k}={v / n:.2f}' for k, v in kinds.items() if v > 0) or '-'} {mean(fill):.3f}")
 
 
 main()

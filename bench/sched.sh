@@ -8,9 +8,17 @@
 # zero-bubble zb_h1 (2 layers a stage, as 1f1b) and zbv (2 chunks of 1
 # layer a stage in a V, as interleaved_1f1b); recompute on (the default;
 # KV="pipeline_recompute=false" adds keys to every run). Per run: the
-# mean step time over steps >= 1; the bubble measured from --trace (bench/sched.py: a device's idle share between
-# its first and last compute action of a step, the worst device, steps
-# >= 1); each host's agent's peak resident memory (VmHWM); the agents'
+# mean step time over steps >= 1; the bubble measured from --trace
+# (bench/sched.py, steps >= 1), two ways: as a share (a device's idle
+# share between its own first and last compute action, the worst
+# device) and in seconds as the issue states it (a device's idle seconds
+# in the step's compute span, the worst device and each device), with a
+# zero-bubble run's ratio to its baseline's in the same run (zb_h1 to
+# 1f1b, zbv to interleaved_1f1b: run the baseline first) on both, and the
+# worst device's receive waits that an owed W could have filled; the
+# compute's CPU seconds a step by action kind (the trace's args.cpu_us)
+# against plan's `work by action:`; each host's agent's peak resident
+# memory (VmHWM); the agents'
 # CPU seconds a step (after step 0) against plan's `work:` (the half of
 # the check the machine's other load does not move: the compute it
 # models); and `meshrun plan`'s prediction made right before the run (--cores auto: the cores
@@ -72,8 +80,9 @@ run() {
     'BEGIN {printf "%.2f", (e > s && a >= 0) ? (b - a) / hz / (e - s) : -1}')"
 }
 
-printf "| mesh | M | schedule | step s | plan s | error | cpu s/step | plan cpu s | cpu error | bubble | plan bubble | peak MiB per host | load |\n"
-printf "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+printf "| mesh | M | schedule | step s | plan s | error | cpu s/step | plan cpu s | cpu error | action cpu s, measured/plan (error) | bubble share | plan share | idle s | idle s per device | zb/base idle s | zb/base share | W-fillable s | peak MiB per host | load |\n"
+printf "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+declare -A base_idle=() base_share=()
 for mesh in $meshes; do
   case $mesh in
     4x1) hosts=4 dph=1 pp="dcn_pipeline_parallelism=4" ;;
@@ -93,13 +102,31 @@ for mesh in $meshes; do
       pred=$(awk '/^predicted_step_s:/ {print $2}' $tmp/plan)
       pcpu=$(awk '/^work:/ {print $2}' $tmp/plan)
       pbub=$(sed -n "s/.*idle \([0-9.]*\) of the worst.*/\1/p" $tmp/plan)
+      pkind=$(sed -n 's/^work by action: \([^ ]*\) s,.*/\1/p' $tmp/plan)
       name=${mesh}_${M}_$s
       read -r peaks cpu < <(run $name $hosts $dph $args)
-      read -r step bub < <(bench/sched.py $tmp/$name.jsonl $tmp/$name.json)
+      read -r step bub idle idles kind fill < <(bench/sched.py $tmp/$name.jsonl $tmp/$name.json)
+      # per action kind: measured/plan (error), the kinds either has
+      kinds=$(python3 -c 'import sys
+m = dict(kv.split("=") for kv in sys.argv[1].split(",") if "=" in kv)
+p = dict(kv.split("=") for kv in sys.argv[2].split(",") if "=" in kv)
+print(" ".join(f"{k} {float(m.get(k, 0)):.2f}/{float(p.get(k, 0)):.2f} ({100 * (float(p.get(k, 0)) - float(m[k])) / float(m[k]):+.0f}%)"
+               if float(m.get(k, 0)) > 0 else f"{k} -/{float(p[k]):.2f}" for k in ("F", "B", "I", "W", "own")
+               if float(m.get(k, 0)) > 0 or float(p.get(k, 0)) > 0))' "$kind" "$pkind")
+      key=${mesh}_${M}
+      case $s in
+        1f1b | interleaved_1f1b) base_idle[$key$s]=$idle; base_share[$key$s]=$bub; rel="-"; rels="-" ;;
+        zb_h1 | zbv)
+          b=1f1b; [ $s = zbv ] && b=interleaved_1f1b
+          rel=$(awk -v z="$idle" -v b="${base_idle[$key$b]:-0}" 'BEGIN {print (b > 0 ? sprintf("%.2f", z / b) : "-")}')
+          rels=$(awk -v z="$bub" -v b="${base_share[$key$b]:-0}" 'BEGIN {print (b > 0 ? sprintf("%.2f", z / b) : "-")}') ;;
+        *) rel="-"; rels="-" ;;
+      esac
       err=$(awk -v p="$pred" -v m="$step" 'BEGIN {printf "%+.0f%%", 100 * (p - m) / m}')
       cerr=$(awk -v p="$pcpu" -v m="$cpu" 'BEGIN {printf "%+.0f%%", 100 * (p - m) / m}')
-      printf "| %s | %s | %s | %.2f | %.2f | %s | %s | %.2f | %s | %.3f | %.3f | %s | %s |\n" \
-        "$mesh" "$M" "$s" "$step" "$pred" "$err" "$cpu" "$pcpu" "$cerr" "$bub" "$pbub" "$peaks" "$load"
+      printf "| %s | %s | %s | %.2f | %.2f | %s | %s | %.2f | %s | %s | %.3f | %.3f | %.2f | %s | %s | %s | %.2f | %s | %s |\n" \
+        "$mesh" "$M" "$s" "$step" "$pred" "$err" "$cpu" "$pcpu" "$cerr" "$kinds" "$bub" "$pbub" "$idle" "$idles" \
+        "$rel" "$rels" "$fill" "$peaks" "$load"
     done
   done
 done

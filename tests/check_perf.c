@@ -80,6 +80,70 @@ START_TEST(test_1f1b_and_gpipe_tables)
 }
 END_TEST
 
+/* ZB-H1 with recompute off times I and W from the given fractions of B
+ * (`--iw`): its table is M(F+I+W) + (S-1)(F+I-W) when W <= F+I (Qi et
+ * al. 2023; the W's fill the bubble), and with no fractions given it
+ * takes the compute figures' own I and W (from --flops: W the weights'
+ * matmuls once, I the rest of B). */
+START_TEST(test_zb_h1_iw)
+{
+	const double fr[][2] = { { 0.5, 0.5 }, { 0.56, 0.46 }, { 0.7, 0.3 }, { 0, 0 } };
+	for (int k = 0; k < 4; k++)
+		for (int M = 4; M <= 16; M *= 2) {
+			struct cfg c;
+			struct perf_parts p;
+			struct perf_machine mc = free_links;
+			struct model_dims d;
+			struct perf_compute pc;
+			char mkv[64];
+			double f, b;
+			snprintf(mkv, sizeof(mkv), "num_pipeline_microbatches=%d", M);
+			make_cfg(&c, 4, 1, KV("dcn_data_parallelism=1", "dcn_pipeline_parallelism=4",
+					      "pipeline_schedule=zb_h1", mkv, "num_layers_per_pipeline_stage=2",
+					      "pipeline_recompute=false"));
+			chunk_costs(&c, 2, &f, &b);
+			mc.i_frac = fr[k][0];
+			mc.w_frac = fr[k][1];
+			double i = fr[k][0] * b, w = fr[k][1] * b;
+			if (k == 3) {
+				ck_assert(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0);
+				perf_analytic(&d, perf_mb_rows(&c, &d, err, sizeof(err)), 1e9, &pc);
+				i = 2 * pc.i_layer[0];
+				w = 2 * pc.w_layer[0];
+				ck_assert_msg(fabs(i + w - b) < 1e-9 * b && w < i, "I %g W %g B %g", i, w, b);
+			}
+			predict(&c, &mc, &p);
+			double want = M * (f + i + w) + 3 * (f + i - w);
+			ck_assert_msg(fabs(p.table - want) < 0.01 * want, "I/B %g W/B %g M=%d: table %g, "
+				      "M(F+I+W)+(S-1)(F+I-W) %g", i / b, w / b, M, p.table, want);
+		}
+}
+END_TEST
+
+/* Muon's Newton-Schulz runs once per matrix across the mesh: on 4
+ * data-parallel devices (or 4 FSDP ones) each runs a quarter of one
+ * device's; AdamW runs none. */
+START_TEST(test_muon_once_per_matrix)
+{
+	struct cfg one, data, fsdp, adam;
+	struct perf_parts p1, pd, pf, pa;
+	make_cfg(&one, 1, 1, KV("opt_type=muon"));
+	make_cfg(&data, 4, 1, KV("opt_type=muon"));
+	make_cfg(&fsdp, 4, 1, KV("opt_type=muon", "dcn_data_parallelism=1", "dcn_fsdp_parallelism=4"));
+	make_cfg(&adam, 4, 1, NULL);
+	predict(&one, &free_links, &p1);
+	predict(&data, &free_links, &pd);
+	predict(&fsdp, &free_links, &pf);
+	predict(&adam, &free_links, &pa);
+	ck_assert_msg(p1.muon_ns > 0, "one device: Newton-Schulz %g s", p1.muon_ns);
+	ck_assert_msg(fabs(pd.muon_ns - p1.muon_ns / 4) < 1e-9 * p1.muon_ns, "data=4: %g, one device %g", pd.muon_ns,
+		      p1.muon_ns);
+	ck_assert_msg(fabs(pf.muon_ns - p1.muon_ns / 4) < 1e-9 * p1.muon_ns, "fsdp=4: %g, one device %g", pf.muon_ns,
+		      p1.muon_ns);
+	ck_assert(pa.muon_ns == 0);
+}
+END_TEST
+
 /* 4 devices of a data-parallel mesh on one machine: 2 cores take twice
  * as long as 4, 8 no longer than 4. */
 START_TEST(test_shared_cores)
@@ -172,6 +236,60 @@ START_TEST(test_search_sorted)
 }
 END_TEST
 
+/* --search tries the zero-bubble schedules: zb_h1 and zbv are listed,
+ * and zb_h1 beats 1f1b at the same mesh, M and recompute (its bubble is
+ * (S-1)(F+I-W) against (S-1)(F+B); this model's W is not free). */
+START_TEST(test_search_zero_bubble)
+{
+	struct cfg c;
+	struct perf_machine mc = free_links;
+	mc.dcn = (struct perf_link){ 1.25e9, 5e-5 };
+	make_cfg(&c, 1, 1, NULL);
+	fflush(stdout);
+	FILE *tf = tmpfile();
+	ck_assert(tf);
+	int saved = dup(1);
+	dup2(fileno(tf), 1);
+	int rc = perf_search(&c, 4, 1, &mc, 1000, err, sizeof(err));
+	fflush(stdout);
+	dup2(saved, 1);
+	close(saved);
+	ck_assert_msg(rc == 0, "%s", err);
+	static char out[1 << 17];
+	rewind(tf);
+	size_t n = fread(out, 1, sizeof(out) - 1, tf);
+	fclose(tf);
+	out[n] = 0;
+	ck_assert_msg(strstr(out, " zbv v=2 ") && strstr(out, " zb_h1 v=1 "), "%s", out);
+	int pairs = 0;
+	for (char *l = strstr(out, " 1f1b v=1 "); l; l = strstr(l + 1, " 1f1b v=1 ")) {
+		char *b = l;
+		while (b > out && b[-1] != '\n')
+			b--;
+		char row[256], want[256], *e = strchr(b, '\n');
+		size_t len = e ? (size_t)(e - b) : strlen(b);
+		ck_assert(len < sizeof(row));
+		memcpy(row, b, len);
+		row[len] = 0;
+		/* the description up to the step column, with zb_h1 for 1f1b */
+		char *gap = strstr(row, "  ");
+		while (gap && gap == row)
+			gap = strstr(gap + 2, "  ");
+		ck_assert(gap);
+		double step = strtod(gap, NULL);
+		*gap = 0;
+		snprintf(want, sizeof(want), "%.*szb_h1%s", (int)(strstr(row, "1f1b") - row), row,
+			 strstr(row, "1f1b") + 4);
+		char *z = strstr(out, want);
+		ck_assert_msg(z, "no %s\n%s", want, out);
+		double zstep = strtod(z + strlen(want), NULL);
+		ck_assert_msg(zstep < step, "%s: %g, 1f1b %g", want, zstep, step);
+		pairs++;
+	}
+	ck_assert_msg(pairs >= 8, "%d pairs\n%s", pairs, out);
+}
+END_TEST
+
 static void setup(void)
 {
 	proc_setup("check_perf", 0);
@@ -203,10 +321,13 @@ int main(void)
 	TCase *tc = tcase_create("model");
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_1f1b_and_gpipe_tables);
+	tcase_add_test(tc, test_zb_h1_iw);
 	tcase_add_test(tc, test_shared_cores);
+	tcase_add_test(tc, test_muon_once_per_matrix);
 	tcase_add_test(tc, test_data_tail);
 	tcase_add_test(tc, test_gathers);
 	tcase_add_test(tc, test_search_sorted);
+	tcase_add_test(tc, test_search_zero_bubble);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("command");
 	tcase_set_timeout(tc, 60);

@@ -105,7 +105,9 @@ static void same_losses(const char *cmd, const char *a, const char *b, const cha
 	rm_rf(args);
 }
 
-/* Compute spans of a trace named "<op> mb..." on device tid. */
+/* Compute spans of a trace named "<op> mb..." on device tid (< 0: any).
+ * Each carries the thread's CPU time in it, args.cpu_us: more than
+ * nothing and no more than its wall time (one thread). */
 static int spans(const char *trace, int tid, const char *op)
 {
 	char *text = read_tmp(trace), pre[8];
@@ -115,8 +117,14 @@ static int spans(const char *trace, int tid, const char *op)
 	snprintf(pre, sizeof(pre), "%s mb", op);
 	cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
 		cJSON *ph = cJSON_GetObjectItem(e, "ph"), *name = cJSON_GetObjectItem(e, "name");
-		n += !strcmp(ph->valuestring, "X") && cJSON_GetObjectItem(e, "tid")->valueint == tid &&
-		     !strncmp(name->valuestring, pre, strlen(pre));
+		if (strcmp(ph->valuestring, "X") || (tid >= 0 && cJSON_GetObjectItem(e, "tid")->valueint != tid) ||
+		    strncmp(name->valuestring, pre, strlen(pre)))
+			continue;
+		cJSON *cpu = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "cpu_us");
+		double dur = cJSON_GetObjectItem(e, "dur")->valuedouble;
+		ck_assert_msg(cpu && cpu->valuedouble > 0 && cpu->valuedouble <= dur + 50,
+			      "%s: %s cpu_us %g, dur %g", trace, name->valuestring, cpu ? cpu->valuedouble : -1, dur);
+		n++;
 	}
 	cJSON_Delete(root);
 	free(text);
@@ -135,6 +143,7 @@ START_TEST(test_split_bit_identical)
 		ck_assert_int_eq(spans("zb.json", d, "W"), 40);
 		ck_assert_int_eq(spans("zb.json", d, "B"), 0);
 	}
+	ck_assert_int_eq(spans("zb.json", -1, "F"), 80);
 	snprintf(cmd, sizeof(cmd), "local --hosts 1 --devices-per-host 2 --config " DEEPSEEK " steps=10 "
 		 "per_device_batch_size=4 " PP2 " num_pipeline_microbatches=4 base_num_decoder_layers=5 " DS_SHORT);
 	same_losses(cmd, "interleaved_1f1b", "zbv", "zbv.json");

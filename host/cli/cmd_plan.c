@@ -17,7 +17,7 @@
 
 struct plan_args {
 	int hosts, dph, threads, top;
-	const char *cores;
+	const char *cores, *iw;
 	double link_gbps, link_us, ici_gbps, ici_us, flops, mem_gb;
 	bool search;
 };
@@ -27,15 +27,24 @@ static void print_prediction(const struct perf_parts *p, const struct perf_compu
 	printf("predicted_step_s: %.4f\n", p->step);
 	printf("parts: table %.4f s (its busiest device has %.4f s of compute, run in %.4f s; idle %.3f of the "
 	       "worst device's span: the bubble and waits for transfers and gathers), gradient sums after it "
-	       "%.4f s, optimizer %.4f s\n", p->table, p->compute, p->running, p->bubble, p->tail, p->optimizer);
+	       "%.4f s, optimizer %.4f s", p->table, p->compute, p->running, p->bubble, p->tail, p->optimizer);
+	if (p->muon_ns > 0)
+		printf(" (of it Muon's Newton-Schulz %.4f s: each matrix once over its group)", p->muon_ns);
+	printf("\n");
 	printf("schedule: S=%d stages, v=%d chunks a stage, M=%d microbatches of %d rows\n", p->stages, p->chunks,
 	       p->microbatches, p->mb_rows);
 	printf("work: %.4f s of compute and optimizer a step over every device (at full speed)\n", p->work);
-	printf("compute per microbatch (%d rows, %s): layer forward %.2f ms, backward %.2f ms%s; head %.2f ms\n",
-	       pc->rows, measured ? "measured here" : "from --flops", 1e3 * pc->f_layer[0], 1e3 * pc->b_layer[0],
+	printf("work by action: F=%.2f,B=%.2f,I=%.2f,W=%.2f,own=%.2f s, optimizer %.2f s\n", p->work_kind[PERF_F],
+	       p->work_kind[PERF_B], p->work_kind[PERF_I], p->work_kind[PERF_W], p->work_kind[PERF_OWN],
+	       p->work - p->work_kind[PERF_F] - p->work_kind[PERF_B] - p->work_kind[PERF_I] -
+	       p->work_kind[PERF_W] - p->work_kind[PERF_OWN]);
+	printf("compute per microbatch (%d rows, %s): layer forward %.2f ms, backward %.2f ms (split: I %.2f ms, "
+	       "W %.2f ms)%s; head %.2f ms\n", pc->rows, measured ? "measured here" : "from --flops",
+	       1e3 * pc->f_layer[0], 1e3 * pc->b_layer[0], 1e3 * pc->i_layer[0], 1e3 * pc->w_layer[0],
 	       pc->f_layer[1] != pc->f_layer[0] ? " (dense)" : "", 1e3 * pc->head);
 	if (pc->f_layer[1] != pc->f_layer[0])
-		printf("  MoE layer forward %.2f ms, backward %.2f ms\n", 1e3 * pc->f_layer[1], 1e3 * pc->b_layer[1]);
+		printf("  MoE layer forward %.2f ms, backward %.2f ms (split: I %.2f ms, W %.2f ms)\n",
+		       1e3 * pc->f_layer[1], 1e3 * pc->b_layer[1], 1e3 * pc->i_layer[1], 1e3 * pc->w_layer[1]);
 	double G = 1 << 30;
 	printf("memory per device: %.3f GiB (parameters %.3f, gradients %.3f, optimizer %.3f, weight window %.3f, "
 	       "activations %.3f)\n", p->mem_total / G, p->mem_params / G, p->mem_grads / G, p->mem_opt / G,
@@ -54,6 +63,17 @@ static int cores_of(const char *v, const struct cfg *c, int mb, int devs, double
 	return *end || *out <= 0 ? -EINVAL : 0;
 }
 
+/* --iw I,W: the split backward's parts as fractions of B. */
+static int iw_of(const char *v, struct perf_machine *mc)
+{
+	char *end;
+	mc->i_frac = strtod(v, &end);
+	if (*end != ',')
+		return -EINVAL;
+	mc->w_frac = strtod(end + 1, &end);
+	return *end || mc->i_frac <= 0 || mc->w_frac <= 0 || mc->i_frac > 10 || mc->w_frac > 10 ? -EINVAL : 0;
+}
+
 static int plan(const struct plan_args *pa, const struct args *a)
 {
 	char err[1024];
@@ -64,6 +84,8 @@ static int plan(const struct plan_args *pa, const struct args *a)
 		.ici = { pa->ici_gbps * 1e9 / 8, pa->ici_us * 1e-6 },
 		.flops = pa->flops, .mem_bytes = pa->mem_gb * (double)(1 << 30),
 	};
+	if (!rc && pa->iw && (rc = iw_of(pa->iw, &mc)))
+		snprintf(err, sizeof(err), "plan: --iw takes I/B,W/B (e.g. 0.52,0.46), got '%s'", pa->iw);
 	int hosts = pa->hosts ? pa->hosts : cfg_family_product(c, true);
 	int dph = pa->dph ? pa->dph : cfg_family_product(c, false);
 	if (!rc && pa->search) {
@@ -116,6 +138,7 @@ int cmd_plan(int argc, char **argv)
 		{ "--flops", ARG_DOUBLE, &pa.flops, 1e6, 1e20, NULL },
 		{ "--cores", ARG_STR, &pa.cores, 0, 0, NULL },
 		{ "--threads", ARG_INT, &pa.threads, 1, 1024, NULL },
+		{ "--iw", ARG_STR, &pa.iw, 0, 0, NULL },
 		{ "--search", ARG_BOOL, &pa.search, 0, 0, NULL },
 		{ "--top", ARG_INT, &pa.top, 1, 1000, NULL },
 		{ "--mem-gb", ARG_DOUBLE, &pa.mem_gb, 0, 1e9, NULL },

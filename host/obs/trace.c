@@ -28,11 +28,20 @@ static void span_on(struct trace *t, int lane, const char *name, const char *cat
 	e->dur_us = (t1 - t0) * 1e6;
 	e->step = t->step;
 	e->lane = lane;
+	e->cpu_us = -1;
 }
 
 void trace_span(struct trace *t, const char *name, const char *cat, double t0, double t1)
 {
 	span_on(t, 0, name, cat, t0, t1);
+}
+
+void trace_span_cpu(struct trace *t, const char *name, const char *cat, double t0, double t1, double cpu_s)
+{
+	int n = t ? t->n : 0;
+	span_on(t, 0, name, cat, t0, t1);
+	if (t && t->n > n)
+		t->ev[n].cpu_us = cpu_s * 1e6;
 }
 
 void trace_flight(struct trace *t, int lane, const char *name, double t0, double t1)
@@ -83,6 +92,8 @@ int trace_write(const char *path, const struct trace_event *ev, const int *count
 			cJSON_AddNumberToObject(j, "tid", tid);
 			cJSON *args = cJSON_AddObjectToObject(j, "args");
 			cJSON_AddNumberToObject(args, "step", (double)e->step);
+			if (e->cpu_us >= 0)
+				cJSON_AddNumberToObject(args, "cpu_us", e->cpu_us);
 			cJSON_AddItemToArray(arr, j);
 		}
 	}

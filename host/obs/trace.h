@@ -28,6 +28,7 @@ struct trace_event {
 	double ts_us, dur_us;
 	int64_t step;
 	int lane;             /* 0: the device's thread, 1, 2: its communication threads */
+	double cpu_us;        /* the thread's CPU time in the span (args.cpu_us), or < 0: not taken */
 };
 
 struct trace {
@@ -42,6 +43,9 @@ void trace_start(struct trace *t, bool on);
 /* Records [t0, t1) (util_now_s() seconds) as a span; drops spans past the cap;
  * t may be NULL (not tracing). */
 void trace_span(struct trace *t, const char *name, const char *cat, double t0, double t1);
+/* The same with the CPU seconds the device's thread spent in it (written
+ * as args.cpu_us: on shared cores a span's wall time is not its cost). */
+void trace_span_cpu(struct trace *t, const char *name, const char *cat, double t0, double t1, double cpu_s);
 /* The same on the row of the device's communication thread `lane` (1 or
  * 2): a collective in flight in the background, category "flight". */
 void trace_flight(struct trace *t, int lane, const char *name, double t0, double t1);

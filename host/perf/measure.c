@@ -1,6 +1,7 @@
 /* The compute figures of the step-time model, measured here (see
  * perf.h): the model's own stage calls at the model's shapes, one
- * microbatch of rows on one device, one layer of each kind; each figure
+ * microbatch of rows on one device, one layer of each kind (forward,
+ * backward, and the split backward's I and W on their own); each figure
  * the median of a few runs' CPU seconds after a warm-up (what the
  * computation costs, whatever else runs); and how many cores the
  * devices of a machine get between them now when they all compute at
@@ -30,7 +31,7 @@ static double cpu_s(clockid_t which)
 }
 
 struct times {
-	double embed_f, layer_f, head, layer_b, embed_b;
+	double embed_f, layer_f, head, layer_b, embed_b, layer_i, layer_w;
 };
 
 static void best(double *b, double t)
@@ -47,12 +48,15 @@ static int measure_layer(const struct model_dims *d, bool moe, int rows, struct 
 	one.L = 1;
 	one.L_dense = moe ? 0 : 1;
 	one.L_moe = moe ? 1 : 0;
-	struct model *m = model_new(&one, rows, NULL, err, errlen);
+	/* one stash: the split backward (I, then W) is timed beside B */
+	struct model_mesh split = { .pipe_w_stashes = 1 };
+	struct model *m = model_new(&one, rows, &split, err, errlen);
 	size_t N = (size_t)rows * d->T, NC = N * (size_t)d->C;
 	int32_t *in = malloc(sizeof(int32_t) * N), *tg = malloc(sizeof(int32_t) * N);
 	float *x = malloc(sizeof(float) * NC), *y = malloc(sizeof(float) * NC), *dy = malloc(sizeof(float) * NC);
-	int rc = m && in && tg && x && y && dy ? 0 : -ENOMEM;
-	double runs[5][RUNS];
+	float *dy0 = malloc(sizeof(float) * NC), *dx = malloc(sizeof(float) * NC);
+	int rc = m && in && tg && x && y && dy && dy0 && dx ? 0 : -ENOMEM;
+	double runs[7][RUNS];
 	memset(out, 0, sizeof(*out));
 	for (size_t i = 0; !rc && i < N; i++) {
 		in[i] = (int32_t)((i * 7919u) % (size_t)d->V);
@@ -62,7 +66,7 @@ static int measure_layer(const struct model_dims *d, bool moe, int rows, struct 
 		model_init(m, 1, 0.02f);
 	for (int r = 0; !rc && r <= RUNS; r++) {
 		struct model_step st = { .loss_scale = 1.0f / (float)N, .global_tokens = (double)N };
-		double l, t[6];
+		double l, t[8];
 		model_step_begin(m, &st);
 		t[0] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
 		rc = model_embed_forward(m, x, in);
@@ -71,16 +75,22 @@ static int measure_layer(const struct model_dims *d, bool moe, int rows, struct 
 		t[2] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
 		rc = rc ? rc : model_head_forward(m, &l, y, tg);
 		rc = rc ? rc : model_head_backward(m, dy, y, tg);
+		if (!rc)
+			memcpy(dy0, dy, sizeof(float) * NC);
 		t[3] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
 		rc = rc ? rc : model_layers_backward(m, 0, 1, dy, x);
 		t[4] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
 		rc = rc ? rc : model_embed_backward(m, dy, in);
 		t[5] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		rc = rc ? rc : model_layers_backward_input(m, 0, 1, dx, dy0, x);
+		t[6] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		rc = rc ? rc : model_layers_backward_weight(m, 0, 1, dy0, x);
+		t[7] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
 		int erc = model_step_end(m);
 		rc = rc ? rc : erc;
 		if (r == 0)
 			continue;  /* warm-up */
-		for (int k = 0; k < 5; k++)
+		for (int k = 0; k < 7; k++)
 			runs[k][r - 1] = t[k + 1] - t[k];
 	}
 	if (!rc) {
@@ -89,6 +99,8 @@ static int measure_layer(const struct model_dims *d, bool moe, int rows, struct 
 		out->head = util_median(runs[2], RUNS);
 		out->layer_b = util_median(runs[3], RUNS);
 		out->embed_b = util_median(runs[4], RUNS);
+		out->layer_i = util_median(runs[5], RUNS);
+		out->layer_w = util_median(runs[6], RUNS);
 	}
 	if (rc == -ENOMEM)
 		snprintf(err, errlen, "plan: out of memory measuring a layer of %d rows", rows);
@@ -98,6 +110,8 @@ static int measure_layer(const struct model_dims *d, bool moe, int rows, struct 
 	free(x);
 	free(y);
 	free(dy);
+	free(dy0);
+	free(dx);
 	return rc;
 }
 
@@ -142,6 +156,8 @@ int perf_measure(const struct cfg *c, int rows, int threads, struct perf_compute
 	for (int k = 0; k < 2; k++) {
 		pc->f_layer[k] = t[k].layer_f;
 		pc->b_layer[k] = t[k].layer_b;
+		pc->i_layer[k] = t[k].layer_i;
+		pc->w_layer[k] = t[k].layer_w;
 	}
 	pc->head = t[0].head;
 	pc->embed_f = t[0].embed_f;

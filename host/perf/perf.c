@@ -43,17 +43,19 @@ static double t_gather(const struct perf_link *l, double bytes, int p)
 /* ---- compute ---- */
 
 /* Matmul and attention FLOPs of one layer's forward on rows sequences
- * (moe: an MoE layer), on one device of a tensor split tp. */
-static double layer_flops(const struct model_dims *d, int rows, bool moe)
+ * (moe: an MoE layer); *weights: the part that multiplies by weights
+ * (what the weight-gradient backward W repeats once; attention's QK^T
+ * and AV are the input-gradient backward's alone). */
+static double layer_flops(const struct model_dims *d, int rows, bool moe, double *weights)
 {
 	double N = (double)rows * d->T, C = d->C, QD = (double)d->Hq * d->D, KD = (double)d->Hkv * d->D;
 	double f = 2 * N * (C * QD * 2 + C * KD * 2);       /* q, o, k, v */
-	f += 4 * N * d->T * QD / 2;                          /* causal QK^T and AV */
 	if (moe)
 		f += 2 * N * (3 * C * d->Fe * (d->K + d->S) + C * d->E);
 	else
 		f += 2 * N * 3 * C * d->F;
-	return f;
+	*weights = f;
+	return f + 4 * N * d->T * QD / 2;                    /* causal QK^T and AV */
 }
 
 void perf_analytic(const struct model_dims *d, int rows, double flops, struct perf_compute *pc)
@@ -61,8 +63,11 @@ void perf_analytic(const struct model_dims *d, int rows, double flops, struct pe
 	double N = (double)rows * d->T;
 	memset(pc, 0, sizeof(*pc));
 	for (int k = 0; k < 2; k++) {
-		pc->f_layer[k] = layer_flops(d, rows, k) / flops;
+		double w;
+		pc->f_layer[k] = layer_flops(d, rows, k, &w) / flops;
 		pc->b_layer[k] = 2 * pc->f_layer[k];
+		pc->w_layer[k] = w / flops;  /* dW = dY^T X: the weights' matmuls once */
+		pc->i_layer[k] = pc->b_layer[k] - pc->w_layer[k];
 	}
 	pc->head = 3 * 2 * N * d->C * d->V / flops;
 	pc->embed_f = pc->embed_b = 0;
@@ -81,6 +86,8 @@ static struct perf_compute scaled(const struct perf_compute *pc, int mb, int tp,
 		double split = k ? tp * ep : tp;
 		s.f_layer[k] *= r / split;
 		s.b_layer[k] *= r / split;
+		s.i_layer[k] *= r / split;
+		s.w_layer[k] *= r / split;
 	}
 	s.head *= r / tp;
 	s.embed_f *= r;
@@ -436,6 +443,16 @@ static int durations(struct fluid *f, const struct shape *sh, const struct perf_
 	const struct perf_link *tl = over_dcn(&sh->m, 1u << AX_TENSOR | 1u << AX_TENSOR_T) ? &mc->dcn : &mc->ici;
 	double tp_ar = 2 * t_all_reduce(tl, act, sh->tp);  /* attention and MLP outputs (or their gradients) */
 	double ff = lps * (pc->f_layer[kind] + tp_ar), bb = lps * (pc->b_layer[kind] + tp_ar);
+	/* the split backward: I carries the input gradients' all-reduces, W none */
+	double il = pc->b_layer[kind] / 2, wl = il;
+	if (mc->i_frac > 0 && mc->w_frac > 0) {
+		il = mc->i_frac * pc->b_layer[kind];
+		wl = mc->w_frac * pc->b_layer[kind];
+	} else if (pc->i_layer[kind] > 0 && pc->w_layer[kind] > 0) {
+		il = pc->i_layer[kind];
+		wl = pc->w_layer[kind];
+	}
+	double ii = lps * (il + tp_ar), ww = lps * wl;
 	double before = sh->pc.layers_before, after = sh->pc.layers_after;
 	f->dur = calloc((size_t)p->stages, sizeof(*f->dur));
 	if (!f->dur)
@@ -456,10 +473,10 @@ static int durations(struct fluid *f, const struct shape *sh, const struct perf_
 				*d = bb + (p->recompute ? ff : 0);
 				break;
 			case PA_I:
-				*d = bb / 2 + (p->recompute ? ff : 0);
+				*d = ii + (p->recompute ? ff : 0);
 				break;
 			case PA_W:
-				*d = bb / 2;
+				*d = ww;
 				break;
 			case PA_EMBED:
 				*d = pc->embed_f + before * (pc->f_layer[0] + tp_ar);
@@ -493,11 +510,50 @@ static void hops(struct fluid *f, const struct shape *sh, const struct perf_mach
 		}
 }
 
+/* Muon (opt_type=muon) on this device: the Newton-Schulz FLOPs it runs
+ * and the seconds of its two all_to_alls. Each matrix is orthogonalised
+ * once across its group (the devices that differ on its matrix split or
+ * on the axes it is not split on; host/optim/muon.c), by one owner round
+ * robin, so a device runs nmat / G of the group's nmat matrices; five
+ * iterations of X X^T, A A and B X, 4 a^2 b + 2 a^3 FLOPs each for an
+ * a x b matrix (a <= b). The exchanges: each member sends (G-1)/G of its
+ * blocks to the owners and gets the results back. */
+static void muon_work(const struct shape *sh, const struct model *pl, const struct perf_machine *mc,
+		      double *ns_flops, double *xchg_s)
+{
+	*ns_flops = *xchg_s = 0;
+	for (int i = 0; i < model_num_params(pl); i++) {
+		const struct param_info *p = model_param(pl, i);
+		if (p->opt != OPT_MUON || p->mat_rows <= 0 || p->mat_cols <= 0)
+			continue;
+		uint32_t axes = p->mat_split;
+		int blocks = 1;
+		for (int a = 0; a < AX_COUNT; a++) {
+			if (sh->m.size[a] > 1 && !(p->split & 1u << a))
+				axes |= 1u << a;
+			if (p->mat_split & 1u << a)
+				blocks *= sh->m.size[a];
+		}
+		int G = 1;
+		for (int a = 0; a < AX_COUNT; a++)
+			if (axes >> a & 1)
+				G *= sh->m.size[a];
+		double a_ = fmin(p->mat_rows, p->mat_cols), b_ = fmax(p->mat_rows, p->mat_cols);
+		double nmat = (double)p->numel * blocks / ((double)p->mat_rows * p->mat_cols);
+		*ns_flops += nmat / G * 5 * (4 * a_ * a_ * b_ + 2 * a_ * a_ * a_);
+		if (G > 1) {
+			const struct perf_link *l = over_dcn(&sh->m, axes) ? &mc->dcn : &mc->ici;
+			*xchg_s += 2 * (G - 1) * t_msg(l, (double)p->numel * sizeof(float) / G);
+		}
+	}
+}
+
 /* Memory per device: the model's storage, gradients and AdamW state (the
  * plan of this device's shards), the FSDP window, the table's
  * activation buffers and sets of saved layer activations. */
 static int memory(struct perf_parts *o, const struct shape *sh, const struct pipe_table *t, const struct cfg *c,
-		  double *layer_bytes, double *nonstage_bytes, char *err, size_t errlen)
+		  const struct perf_machine *mc, double *layer_bytes, double *nonstage_bytes, double *muon_flops,
+		  double *muon_xchg, char *err, size_t errlen)
 {
 	struct model_mesh mm = { .mesh = &sh->m, .rules = &sh->rules, .device = 0 };
 	if (sh->pc.shape.stages > 1)
@@ -517,6 +573,9 @@ static int memory(struct perf_parts *o, const struct shape *sh, const struct pip
 	o->mem_window = (double)model_window_numel(pl) * sizeof(float);
 	*layer_bytes = (params - ns) / (sh->pc.layers / sh->pc.shape.stages > 0 ? sh->pc.layers / sh->pc.shape.stages : 1);
 	*nonstage_bytes = ns;
+	*muon_flops = *muon_xchg = 0;
+	if (!strcmp(c->opt_type, "muon"))
+		muon_work(sh, pl, mc, muon_flops, muon_xchg);
 	model_free(pl);
 	int worst = 0;
 	for (int s = 0; s < t->shape.stages; s++)
@@ -543,12 +602,12 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 	struct pipe_table t = { 0 };
 	struct fluid f = { 0 };
 	struct perf_compute pc;
-	double layer_bytes = 0, ns_bytes = 0;
+	double layer_bytes = 0, ns_bytes = 0, muon_flops = 0, muon_xchg = 0;
 	int rc = sh ? resolve(sh, c, err, errlen) : -ENOMEM;
 	memset(o, 0, sizeof(*o));
 	if (!rc)
 		rc = pipe_table_build(&t, &sh->pc.shape, err, errlen);
-	if (!rc && (rc = memory(o, sh, &t, c, &layer_bytes, &ns_bytes, err, errlen)) == 0) {
+	if (!rc && (rc = memory(o, sh, &t, c, mc, &layer_bytes, &ns_bytes, &muon_flops, &muon_xchg, err, errlen)) == 0) {
 		struct perf_compute an;
 		if (!given)
 			perf_analytic(&sh->d, sh->mb, mc->flops, &an);
@@ -586,8 +645,23 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 				  (S > 1 || sh->data > 1 ? 2 * 2 * sl->lat : 0);
 			o->optimizer = pc.opt_per_float * o->mem_params / sizeof(float) /
 				       (c->shard_optimizer_over_data && sh->data > 1 ? sh->data : 1);
+			/* Muon: Newton-Schulz at the matmul rate (--flops, or the
+			 * measured layer forward's) and its exchanges */
+			double wflops, rate = mc->flops > 0 ? mc->flops :
+					      layer_flops(&sh->d, pc.rows, false, &wflops) / (pc.f_layer[0] * sh->tp);
+			o->muon_ns = muon_flops > 0 && rate > 0 ? muon_flops / rate : 0;
+			o->optimizer += o->muon_ns + muon_xchg;
 			o->step = o->table + o->tail + o->optimizer;
-			o->work = f.busy_sum * f.groups + o->optimizer * sh->m.num_devices;
+			(void)wflops;
+			o->work = f.busy_sum * f.groups + (o->optimizer - muon_xchg) * sh->m.num_devices;
+			for (int s = 0; s < S; s++)
+				for (int k = 0; k < t.n[s]; k++) {
+					int op = t.a[s][k].op;
+					int kind = op == PA_F || op == PA_FC ? PERF_F : op == PA_B ? PERF_B :
+						   op == PA_I ? PERF_I : op == PA_W ? PERF_W : PERF_OWN;
+					if (cpu_op(op))
+						o->work_kind[kind] += f.dur[s][k] * f.groups;
+				}
 			o->stages = S;
 			o->microbatches = t.shape.microbatches;
 			o->chunks = t.nchunks / S;

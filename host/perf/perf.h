@@ -33,18 +33,29 @@ struct perf_machine {
 	double flops;
 	double cores;
 	double mem_bytes;
+	/* the split backward's I and W as fractions of a layer's backward B
+	 * (both > 0: given, e.g. from `meshrun bench backward`'s I/B and
+	 * W/B; else the compute figures' own i_layer and w_layer) */
+	double i_frac, w_frac;
 };
 
 /* Seconds of one microbatch's compute on one device, at its shard of
  * the model. */
 struct perf_compute {
 	double f_layer[2], b_layer[2];  /* [dense, MoE]: forward; backward without recompute */
+	double i_layer[2], w_layer[2];  /* the split backward: input gradients (I, without the
+					 * recomputed forward) and weight gradients (W) */
 	double head;                    /* final norm, projection, loss: forward + backward */
 	double embed_f, embed_b;
 	double opt_per_float;           /* the optimizer's seconds per trained local float */
 	int rows;                       /* the microbatch rows they are for */
 	int threads;                    /* OpenBLAS threads they were measured with (0: analytic) */
 };
+
+/* Action kinds of the table's work (perf_parts.work_kind): F (and the
+ * counting F), B, I, W (with recompute, B and I include the forward
+ * they recompute), the owners' embed, head and embed_back. */
+enum { PERF_F, PERF_B, PERF_I, PERF_W, PERF_OWN, PERF_KINDS };
 
 /* The prediction. */
 struct perf_parts {
@@ -57,9 +68,11 @@ struct perf_parts {
 			       * schedule's bubble, waits for transfers and
 			       * gathers) */
 	double tail;          /* gradient sums after the table (exposed) */
-	double optimizer;
+	double optimizer;     /* with Muon, its Newton-Schulz (muon_ns) and exchanges */
+	double muon_ns;       /* Muon's Newton-Schulz seconds on one device */
 	double work;          /* every device's compute and optimizer at full
 			       * speed, summed: the CPU seconds a step needs */
+	double work_kind[PERF_KINDS];  /* the table's part of it by action kind */
 	/* bytes per device */
 	double mem_params, mem_grads, mem_opt, mem_window, mem_act, mem_total;
 	int stages, microbatches, chunks, mb_rows;

@@ -3,9 +3,13 @@
  * candidates: tensor parallelism inside a host (a divisor of its
  * devices), the rest of a host's devices FSDP; stages over hosts (a
  * divisor of the hosts and of the pipelined layers), the remaining hosts
- * data or FSDP; circular (all repeats), 1f1b and interleaved_1f1b (two
- * chunks) at M = S, 2S, 4S, 8S; recompute on and off. */
+ * data or FSDP; circular (all repeats), 1f1b, interleaved_1f1b (two
+ * chunks), zb_h1 (as 1f1b, the backward split) and zbv (two chunks in a
+ * V) at M = S, 2S, 4S, 8S; recompute on and off. The zero-bubble ones
+ * hold a W stash per weight gradient they owe (perf_predict's memory),
+ * so a --mem-gb limit can drop them where 1f1b fits. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +51,8 @@ static int divisors(int n, int *out, int max)
 int perf_search(const struct cfg *c, int hosts, int dph, const struct perf_machine *mc, int top, char *err,
 		size_t errlen)
 {
-	static const char *const scheds[] = { "circular", "1f1b", "interleaved_1f1b" };
+	static const char *const scheds[] = { "circular", "1f1b", "interleaved_1f1b", "zb_h1", "zbv" };
+	enum { NSCHED = sizeof(scheds) / sizeof(scheds[0]) };
 	struct model_dims d;
 	int rc = model_dims_from_cfg(&d, c, err, errlen), cap = 4096, n = 0, tps[16], sts[64];
 	if (rc)
@@ -64,13 +69,14 @@ int perf_search(const struct cfg *c, int hosts, int dph, const struct perf_machi
 	for (int a = 0; a < ntp; a++)
 		for (int b = 0; b < nst; b++)
 			for (int rest = 0; rest < 2; rest++)
-				for (int k = 0; k < 3; k++)
+				for (int k = 0; k < NSCHED; k++)
 					for (int mm = 1; mm <= 8; mm *= 2)
 						for (int rcmp = 0; rcmp < 2 && n < cap; rcmp++) {
 							int tp = tps[a], S = sts[b], R = hosts / S;
 							if (S == 1 && (k || mm > 1))
 								continue;
-							if (layers % S || (k == 2 && layers % (2 * S)))
+							bool two = k == 2 || k == 4;  /* two chunks a stage */
+							if (layers % S || (two && layers % (2 * S)))
 								continue;
 							char kv[10][64];
 							const char *kvp[10];
@@ -84,7 +90,7 @@ int perf_search(const struct cfg *c, int hosts, int dph, const struct perf_machi
 							snprintf(kv[nk++], 64, "pipeline_schedule=%s", scheds[k]);
 							snprintf(kv[nk++], 64, "num_pipeline_microbatches=%d", S > 1 ? mm * S : -1);
 							snprintf(kv[nk++], 64, "num_layers_per_pipeline_stage=%d",
-								 k == 0 ? 1 : k == 1 ? layers / S : layers / (2 * S));
+								 k == 0 ? 1 : two ? layers / (2 * S) : layers / S);
 							snprintf(kv[nk++], 64, "pipeline_recompute=%s", rcmp ? "false" : "true");
 							for (int i = 0; i < nk; i++)
 								kvp[i] = kv[i];

@@ -543,7 +543,7 @@ static bool timed(int op)
 
 static int run_action(struct pipe_exec *x, const struct pipe_action *a)
 {
-	double t0 = util_now_s();
+	double t0 = util_now_s(), c0 = timed(a->op) ? util_thread_cpu_s() : 0;
 	int rc;
 	switch (a->op) {
 	case PA_EMBED:
@@ -578,7 +578,8 @@ static int run_action(struct pipe_exec *x, const struct pipe_action *a)
 	}
 	if (timed(a->op))
 		x->times[x->ntimes++] = (struct pipe_act_time){ .op = a->op, .mb = a->mb, .chunk = a->chunk,
-								.t0 = t0, .t1 = util_now_s() };
+								.t0 = t0, .t1 = util_now_s(),
+								.cpu = util_thread_cpu_s() - c0 };
 	return rc ? rc : after_action(x, (int)(a - x->a));
 }
 

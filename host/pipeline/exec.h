@@ -77,11 +77,14 @@ struct pipe_hooks {
 };
 
 /* What one step did, for traces: util_now_s() times of each compute
- * action of this stage (F, B, I, W, the counting F, the owners'). */
+ * action of this stage (F, B, I, W, the counting F, the owners') and the
+ * CPU seconds the device's thread spent in it (with one OpenBLAS thread,
+ * all of its compute; on shared cores the wall span is not its cost). */
 struct pipe_act_time {
 	int op;          /* enum pipe_act */
 	int mb, chunk;
 	double t0, t1;
+	double cpu;      /* the calling thread's CPU seconds in it (util_thread_cpu_s) */
 };
 
 struct pipe_exec;

@@ -501,7 +501,7 @@ static void job_step_end(void *vctx, const struct step_stats *st, double t0, dou
 			snprintf(name, sizeof(name), "%s mb%d", pipe_act_name(pt[i].op), pt[i].mb);
 		else
 			snprintf(name, sizeof(name), "%s mb%d c%d", pipe_act_name(pt[i].op), pt[i].mb, pt[i].chunk);
-		trace_span(c->tr, name, "pipeline", pt[i].t0, pt[i].t1);
+		trace_span_cpu(c->tr, name, "pipeline", pt[i].t0, pt[i].t1, pt[i].cpu);
 	}
 	trace_span(c->tr, "optimizer", "compute", st->t_opt0, st->t_opt1);
 	trace_span(c->tr, "step", "step", t0, t1);

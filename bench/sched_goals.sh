@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Issue 21's open goals in one run, short enough for the idle rerun (about
+# 36 runs; ~15 minutes on an idle 2-core machine, 4 devices sharing it):
+# llama-bench (8 layers, sequences of 128, 16 rows) on 4 stages, 4 hosts x
+# 1 device and 2 x 2, M in {4, 8, 16}, 3 steps a run (means over steps 1-2):
+#   1. recompute off: 1f1b, zb_h1, interleaved_1f1b, zbv (ZB-H1's bubble
+#      against 1F1B's, in idle seconds and as a share; zbv against
+#      interleaved; the interleaved bubble against its formula)
+#   2. recompute on (the default): 1f1b, zb_h1
+# each with `meshrun plan`'s prediction (wall and CPU seconds, CPU by
+# action kind) beside the measured step. Columns: bench/sched.sh.
+# usage: [STEPS=3] bench/sched_goals.sh
+set -eu
+cd "$(dirname "$0")/.."
+steps=${STEPS:-3}
+make -s all
+bin=$(mktemp /tmp/meshrun-goals.XXXXXX)
+trap 'rm -f "$bin"' EXIT
+cp build/meshrun "$bin"
+t0=$(date +%s)
+echo "## recompute off; load $(cut -d' ' -f1-3 /proc/loadavg)"
+BIN=$bin KV="pipeline_recompute=false" bench/sched.sh "$steps" "4x1 2x2" "4 8 16" "1f1b zb_h1 interleaved_1f1b zbv"
+echo
+echo "## recompute on; load $(cut -d' ' -f1-3 /proc/loadavg)"
+BIN=$bin KV="pipeline_recompute=true" bench/sched.sh "$steps" "4x1 2x2" "4 8 16" "1f1b zb_h1"
+echo
+echo "# $(( $(date +%s) - t0 )) s; load $(cut -d' ' -f1-3 /proc/loadavg)"
