@@ -110,6 +110,7 @@ struct net {
 	struct link *pinned;           /* dead pinned links, freed by net_free */
 	uint64_t poll_spin_ns;         /* net_params.poll_spin_us */
 	size_t max_send;               /* net_params.max_send_bytes */
+	int notsent_lowat;             /* net_params.notsent_lowat_bytes (0: unset) */
 	pthread_mutex_t fault_mu;      /* the fault specs' counters */
 	int coord_lfd, data_lfd;
 	char data_addr[128];
