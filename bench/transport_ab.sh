@@ -3,7 +3,8 @@
 # hosts x 1 device, loopback): poll_spin_us, link_streams and
 # max_send_bytes, each value of one key with the others at their
 # defaults. Prints medians and minima over ROUNDS of time and CPU per op
-# (both agents), with the load average at the start. The defaults in
+# (both agents), with the load average at the start (16 MiB also
+# tcp_notsent_lowat_bytes 0 against 256 KiB). The defaults in
 # configs/base.yml were picked with this (bench/README.md says on what).
 # usage: bench/transport_ab.sh [ROUNDS]
 set -eu
@@ -23,7 +24,7 @@ for r in $(seq 1 "$rounds"); do
       run "$v" "$op" 64K 500
     done
     for v in link_streams=1 link_streams=2 max_send_bytes=262144 max_send_bytes=1048576 \
-	     poll_spin_us=0 poll_spin_us=200; do
+	     poll_spin_us=0 poll_spin_us=200 tcp_notsent_lowat_bytes=0 tcp_notsent_lowat_bytes=262144; do
       run "$v" "$op" 16M 10
     done
   done

@@ -149,6 +149,10 @@ struct link {
 	/* its stream thread, while the link is UP (net/stream.c) */
 	int stream;
 	bool watched;                  /* its socket is in the stream thread's set */
+	/* on its stream thread's list of links owed another turn (only
+	 * that thread touches these) */
+	bool again_queued;
+	struct link *again_next;
 	uint32_t armed;                /* the events armed there (0: quiet) */
 	bool want_write;               /* output the socket would not take waits */
 	int pollers;                   /* device threads polling it now */

@@ -12,6 +12,7 @@
  * net/tls_conn.c. Links are never freed inside their own callbacks:
  * link_kill() marks them dead and the reap event frees them. */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -409,6 +410,7 @@ struct net *net_new(const struct net_params *p, int *status, char *err, size_t e
 	n->stream_tick = recv_stream_tick;
 	n->poll_spin_ns = p->poll_spin_us * 1000ull;
 	n->max_send = p->max_send_bytes ? (size_t)p->max_send_bytes : NET_MAX_SEND_DEFAULT;
+	n->notsent_lowat = p->notsent_lowat_bytes > INT_MAX ? INT_MAX : (int)p->notsent_lowat_bytes;
 	n->lim.max_payload = p->max_frame_bytes;
 	n->key_update_bytes = p->key_update_bytes;
 	n->replay_cap = p->replay_buffer_bytes;

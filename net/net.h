@@ -100,6 +100,8 @@ struct net_params {
 	/* A writer's turn: the bytes one thread writes on a link before it
 	 * pushes them to the wire and looks again (0: NET_MAX_SEND_DEFAULT). */
 	uint64_t max_send_bytes;
+	/* TCP_NOTSENT_LOWAT on every link's socket (0: not set) */
+	uint64_t notsent_lowat_bytes;
 	/* TLS connections per host pair, each driven by its own stream thread
 	 * (0 or 1: one). */
 	int link_streams;

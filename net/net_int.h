@@ -101,7 +101,7 @@ struct net {
 	 * (recv_stream_cb), given here so that link.c and stream.c need not
 	 * call up into recv.c */
 	event_callback_fn link_cb, defer_cb;
-	void (*stream_cb)(struct link *l, uint32_t events);
+	bool (*stream_cb)(struct link *l, uint32_t events);
 	/* a stream thread's look, every millisecond while links linger */
 	void (*stream_tick)(struct net *n, int stream);
 	_Atomic int lingering;          /* links lingering (struct link) */
@@ -110,6 +110,7 @@ struct net {
 	struct link *pinned;           /* dead pinned links, freed by net_free */
 	uint64_t poll_spin_ns;         /* net_params.poll_spin_us */
 	size_t max_send;               /* net_params.max_send_bytes */
+	int notsent_lowat;             /* net_params.notsent_lowat_bytes (0: unset) */
 	pthread_mutex_t fault_mu;      /* the fault specs' counters */
 	int coord_lfd, data_lfd;
 	char data_addr[128];
@@ -220,6 +221,10 @@ int stream_add(struct link *l);
 void stream_arm(struct link *l, uint32_t events);
 /* Takes it out again (before its socket closes). */
 void stream_del(struct link *l);
+/* The events word of a turn a link's stream callback asked for again
+ * (it returned true): no epoll event, the budget ran out with records
+ * left in OpenSSL's buffer. */
+#define STREAM_AGAIN 0x80000000u
 
 /* ---- send.c: control frames and the write path ---- */
 
@@ -292,8 +297,9 @@ void recv_write(struct link *l);
 void recv_event_cb(evutil_socket_t fd, short what, void *arg);
 /* The net thread's turn for what another thread deferred (link_defer). */
 void recv_defer_cb(evutil_socket_t fd, short what, void *arg);
-/* A stream thread's events on an UP data link. */
-void recv_stream_cb(struct link *l, uint32_t events);
+/* A stream thread's events on an UP data link (or STREAM_AGAIN): true if
+ * it wants another turn after the thread's other links. */
+bool recv_stream_cb(struct link *l, uint32_t events);
 /* A stream thread's look at its lingering links (every millisecond while
  * any lingers): one whose linger ran out is armed again. */
 void recv_stream_tick(struct net *n, int stream);

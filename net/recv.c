@@ -728,36 +728,40 @@ void recv_defer_cb(evutil_socket_t fd, short what, void *arg)
 	link_unlock(l);
 }
 
-/* A stream thread's turn on an UP link: read what came (in budget-sized
- * turns, letting the lock go between them so the net thread's heartbeats
- * get in), write what waits. Device threads polling the link read it
- * themselves, and a link held, blocked or failed is left alone: its
+/* A stream thread's turn on an UP link: read what came (a budget's
+ * worth), write what waits. If the budget ran out with records left in
+ * OpenSSL's buffer, where epoll does not see them, it asks for another
+ * turn (returns true), which the stream thread gives after its other
+ * links' events (stream.c), so a link that always has a budget's worth
+ * to read cannot hold the thread. Device threads polling the link read
+ * it themselves, and a link held, blocked or failed is left alone: its
  * owner arms the watch again (link_watch) when that ends. */
-void recv_stream_cb(struct link *l, uint32_t events)
+bool recv_stream_cb(struct link *l, uint32_t events)
 {
-	if (!link_trylock(l)) {
+	bool again = false;
+	if (events & STREAM_AGAIN) {
+		/* a thread waiting in link_lock (the net thread's tick with a
+		 * heartbeat to write, a device thread's send) goes first: the
+		 * mutex is not fair, and relocking at once would win every
+		 * time against a waiter still being woken, so a link that
+		 * always has a budget's worth to read would starve it. The
+		 * lock is taken, not tried: the records this turn is for are
+		 * in OpenSSL's buffer, and no event would bring us back */
+		sched_yield();
+		while (atomic_load_explicit(&l->lockers, memory_order_relaxed))
+			sched_yield();
+		link_lock(l);
+		events = 0;
+	} else if (!link_trylock(l)) {
 		/* the holder sees kick when it lets go (link_unlock) */
 		atomic_store(&l->kick, 1);
 		if (!link_trylock(l))
-			return;
+			return false;
+		l->armed = 0;     /* the one shot is spent */
+	} else {
+		l->armed = 0;
 	}
-	l->armed = 0;             /* the one shot is spent */
-	for (int turn = 0; l->state == LS_UP && l->watched && !l->conn_dead && !l->pollers;
-	     turn++) {
-		if (turn) {
-			link_unlock(l);
-			sched_yield();
-			/* a thread waiting in link_lock (the net thread's tick with
-			 * a heartbeat to write, a device thread's send) goes first:
-			 * the mutex is not fair, and relocking at once would win
-			 * every time against a waiter still being woken, so a link
-			 * that always has a budget's worth to read would starve it */
-			while (atomic_load_explicit(&l->lockers, memory_order_relaxed))
-				sched_yield();
-			link_lock(l);
-			if (l->state != LS_UP || !l->watched || l->conn_dead || l->pollers)
-				break;
-		}
+	if (l->state == LS_UP && l->watched && !l->conn_dead && !l->pollers) {
 		if ((events & EPOLLOUT) || l->want_write || l->rd_wants_write) {
 			if (l->rd_wants_write) {
 				l->rd_wants_write = false;
@@ -766,20 +770,18 @@ void recv_stream_cb(struct link *l, uint32_t events)
 			if (l->state == LS_UP && !l->held && !l->conn_dead)
 				recv_write(l);
 		}
-		if (l->state != LS_UP || l->rx_blocked || l->hold_reads || l->conn_dead)
-			break;
 		/* another turn only if the budget ran out with records left
-		 * in OpenSSL's buffer, where epoll does not see them; a read
-		 * that met an empty socket (EAGAIN) stops here even when a
-		 * partial record waits there (SSL_has_pending counts it): the
-		 * socket's next bytes fire the armed watch, and meanwhile the
-		 * thread's other links get their turn */
-		if (link_read(l, READ_BUDGET) < READ_BUDGET || !conn_pending(l->c) ||
-		    l->state != LS_UP)
-			break;
-		events = 0;
+		 * in OpenSSL's buffer; a read that met an empty socket
+		 * (EAGAIN) stops here even when a partial record waits there
+		 * (SSL_has_pending counts it): the socket's next bytes fire
+		 * the armed watch, and meanwhile the thread's other links get
+		 * their turn */
+		if (l->state == LS_UP && !l->rx_blocked && !l->hold_reads && !l->conn_dead)
+			again = link_read(l, READ_BUDGET) >= READ_BUDGET && l->state == LS_UP &&
+				!l->conn_dead && conn_pending(l->c);
 	}
 	link_unlock(l);
+	return again;
 }
 
 void recv_stream_tick(struct net *n, int stream)

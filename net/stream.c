@@ -4,8 +4,11 @@
  * thread is doing, and the writing the socket would not take at once.
  * Every socket is in its set with EPOLLONESHOT: after an event it stays
  * quiet until the link code arms it again (stream_arm), so a thread that
- * finds the link busy never spins on it. Knows nothing of frames or TLS;
- * calls nothing in net/ but the callback. */
+ * finds the link busy never spins on it. A link whose turn ended with
+ * records left in OpenSSL's buffer (the callback returns true) goes on the
+ * thread's list of links owed another turn, given round-robin after the
+ * events of each poll, so no link holds the thread from the others. Knows
+ * nothing of frames or TLS; calls nothing in net/ but the callback. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -26,7 +29,21 @@ struct stream_thr {
 	pthread_t thread;
 	int epfd, evfd;          /* evfd: stop */
 	bool started;
+	struct link *again_head, *again_tail;   /* links owed another turn */
 };
+
+static void owe_turn(struct stream_thr *t, struct link *l)
+{
+	if (l->again_queued)
+		return;
+	l->again_queued = true;
+	l->again_next = NULL;
+	if (t->again_tail)
+		t->again_tail->again_next = l;
+	else
+		t->again_head = l;
+	t->again_tail = l;
+}
 
 static void *stream_main(void *arg)
 {
@@ -39,7 +56,8 @@ static void *stream_main(void *arg)
 		/* while a link lingers (a device thread just stopped polling
 		 * it), look every millisecond whether its linger ran out */
 		bool linger = atomic_load_explicit(&t->n->lingering, memory_order_relaxed) > 0;
-		int k = epoll_wait(t->epfd, ev, STREAM_EVENTS, linger ? 1 : -1);
+		int k = epoll_wait(t->epfd, ev, STREAM_EVENTS,
+				   t->again_head ? 0 : linger ? 1 : -1);
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k < 0)
@@ -49,7 +67,21 @@ static void *stream_main(void *arg)
 		for (int i = 0; i < k; i++) {
 			if (!ev[i].data.ptr)
 				return NULL;   /* stream_stop */
-			t->n->stream_cb(ev[i].data.ptr, ev[i].events);
+			if (t->n->stream_cb(ev[i].data.ptr, ev[i].events))
+				owe_turn(t, ev[i].data.ptr);
+		}
+		/* one turn each for the links owed one when this round began
+		 * (data links live as long as the net, so the list cannot
+		 * hold a freed one) */
+		struct link *l = t->again_head;
+		t->again_head = t->again_tail = NULL;
+		while (l) {
+			struct link *next = l->again_next;
+			l->again_queued = false;
+			l->again_next = NULL;
+			if (t->n->stream_cb(l, STREAM_AGAIN))
+				owe_turn(t, l);
+			l = next;
 		}
 	}
 }

@@ -37,16 +37,20 @@ static inline struct tls_conn *tc(struct conn *c)
 /* ---- the socket BIO under TLS ----
  * OpenSSL reads and writes the socket itself, through this BIO, with no
  * buffer of ours in between: a written record goes to send() straight from
- * OpenSSL's write buffer, and a read lands in OpenSSL's read buffer, which
- * read-ahead makes RBUF_LEN bytes long, so one recv() brings many records.
+ * OpenSSL's write buffer, and a read lands in OpenSSL's read buffer: with
+ * read-ahead at its default size (one record and a little more), one
+ * recv() brings a whole record and its header, and the part of the next
+ * record that came with it is moved to the buffer's start. That move is
+ * why the buffer is no larger: OpenSSL 3.0 moves everything left in the
+ * buffer to its start before each record, so a 256 KiB buffer (16 records
+ * a recv) moved about 8 bytes a byte received, more than the cipher cost
+ * (bench/README.md, "where the CPU of a 16 MiB all_gather goes").
  * A record goes with MSG_MORE while the writer says more bytes follow at
  * once (struct conn.more), so the kernel builds full-size segments instead
  * of one per 16 KiB record; the last record of a burst goes without it and
  * pushes them, and conn_flush pushes what an interrupted burst left held.
  * That is what the ciphertext-gathering buffer this BIO kept before
  * bought, at the price of a copy per byte each way (bench/README.md). */
-
-#define RBUF_LEN (256 * 1024)
 
 struct sbio {
 	int fd;
@@ -376,9 +380,9 @@ struct conn *tls_conn_new(SSL_CTX *ctx, int fd, bool server)
 		return NULL;
 	}
 	SSL_set_bio(t->ssl, b, b);
-	/* OpenSSL reads the socket a buffer at a time, not a record */
+	/* OpenSSL reads the socket a record and a bit at a time: one recv()
+	 * a record, not two (header, body), and no big buffer to move */
 	SSL_set_read_ahead(t->ssl, 1);
-	SSL_set_default_read_buffer_len(t->ssl, RBUF_LEN);
 	if (server)
 		SSL_set_accept_state(t->ssl);
 	else

@@ -555,6 +555,12 @@ int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_
 			 c->max_send_bytes);
 		return -EINVAL;
 	}
+	if (c->tcp_notsent_lowat_bytes < 0 || c->tcp_notsent_lowat_bytes > (64 << 20)) {
+		snprintf(err, errlen,
+			 "config: key 'tcp_notsent_lowat_bytes' must be in [0, 67108864], got %lld",
+			 c->tcp_notsent_lowat_bytes);
+		return -EINVAL;
+	}
 	if (c->link_streams < 1 || c->link_streams > 16) {
 		snprintf(err, errlen, "config: key 'link_streams' must be in [1, 16], got %lld",
 			 c->link_streams);

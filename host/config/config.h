@@ -59,6 +59,7 @@ struct cfg_list {
 	X(FLOAT, link_silence_s, "0", 1, "a link that has heard nothing this long while up is taken for half-open: its connection is dropped and the lower id redials (resume with replay, as after a reset); a peer that does not answer the new connection is lost at heartbeat_timeout_s; 0: 0.4 x heartbeat_timeout_s; must lie between heartbeat_interval_s and heartbeat_timeout_s") \
 	X(INT,   poll_spin_us, "200", 0, "a device thread waiting for a message from another host reads its link itself this many microseconds before it sleeps (the link's stream thread wakes it then); 0: it sleeps at once") \
 	X(INT,   max_send_bytes, "1048576", 0, "the bytes a thread writes on a link in one turn before it pushes them to the wire and looks at its queues again") \
+	X(INT,   tcp_notsent_lowat_bytes, "262144", 0, "TCP_NOTSENT_LOWAT on every link's socket: the kernel takes more bytes only while fewer than this wait unsent, so a control frame never queues behind more (on a slow link, megabytes are seconds); 0: the kernel's default, no limit") \
 	X(INT,   link_streams, "1", 1, "TLS connections per host pair, each read by its own stream thread; a host's messages go round them, so the cipher can run on more cores than there are peers") \
 	/* --- mesh: every ici_* key, then every dcn_* key, from MESH_AXES --- */ \
 	MESH_AXES(CFG_ICI_KEY, X) \
