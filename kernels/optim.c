@@ -101,6 +101,12 @@ void newton_schulz5(float *out, const float *G, float *scratch, int R, int C)
 	}
 }
 
+double newton_schulz5_flops(int R, int C)
+{
+	double r = R < C ? R : C, c = R < C ? C : R;
+	return 10.0 * r * r * (2.0 * c + r);
+}
+
 void muon_momentum(float *o, float *buf, const float *g, size_t n, float mu)
 {
 	// o, buf, g (n)
