@@ -140,7 +140,8 @@ int optim_new(struct optim **out, struct model *m, const struct cfg *c, const st
 		what = "Muon's scratch";
 		goto oom;
 	}
-	if (o->muon && o->mesh && muon_plan_init(&o->mp, m, o->mesh, o->device, strcmp(c->muon_assign, "round_robin"))) {
+	bool by_size = strcmp(c->muon_assign, "round_robin");
+	if (o->muon && o->mesh && muon_plan_init(&o->mp, m, o->mesh, o->device, by_size)) {
 		asked = sizeof(double) * (size_t)o->mesh->num_devices;
 		what = "Muon's plan";
 		goto oom;
@@ -334,7 +335,8 @@ static int update_range(struct optim *o, int64_t step, float lr,
 		if (p->opt == OPT_NONE || x >= y)
 			continue;
 		float pwd = p->decay ? wd : 0.0f;
-		if (p->opt == OPT_MUON && o->muon && o->mesh && mesh_axes_size(o->mesh, muon_group_axes(o->mesh, p)) > 1) {
+		bool shared = o->mesh && mesh_axes_size(o->mesh, muon_group_axes(o->mesh, p)) > 1;
+		if (p->opt == OPT_MUON && o->muon && shared) {
 			int rc = muon_dist(o, i, P + x, g + (x - a), mb + (x - a), lr, pwd);
 			if (rc)
 				return rc;
