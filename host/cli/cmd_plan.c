@@ -28,6 +28,9 @@ static void print_prediction(const struct perf_parts *p, const struct perf_compu
 	printf("parts: table %.4f s (its busiest device has %.4f s of compute, run in %.4f s; idle %.3f of the "
 	       "worst device's span: the bubble and waits for transfers and gathers), gradient sums after it "
 	       "%.4f s, optimizer %.4f s\n", p->table, p->compute, p->running, p->bubble, p->tail, p->optimizer);
+	if (p->muon_ns > 0)
+		printf("muon: Newton-Schulz %.4f s of the optimizer's (each matrix once over its group, shared out "
+		       "evenly)\n", p->muon_ns);
 	printf("schedule: S=%d stages, v=%d chunks a stage, M=%d microbatches of %d rows\n", p->stages, p->chunks,
 	       p->microbatches, p->mb_rows);
 	printf("work: %.4f s of compute and optimizer a step over every device (at full speed)\n", p->work);

@@ -17,8 +17,10 @@
 
 #include "host/mesh/mesh.h"
 #include "host/mesh/shard.h"
+#include "host/optim/optim.h"
 #include "host/pipeline/pipe_config.h"
 #include "host/pipeline/schedule.h"
+#include "kernels/kernels.h"
 
 /* ---- collectives on a ring of p members ---- */
 
@@ -68,6 +70,7 @@ void perf_analytic(const struct model_dims *d, int rows, double flops, struct pe
 	pc->embed_f = pc->embed_b = 0;
 	/* AdamW reads 4 floats and writes 3 a parameter: 28 bytes at 20 GB/s */
 	pc->opt_per_float = 28 / 20e9;
+	pc->ns_per_flop = 1 / flops;
 	pc->rows = rows;
 }
 
@@ -497,7 +500,7 @@ static void hops(struct fluid *f, const struct shape *sh, const struct perf_mach
  * plan of this device's shards), the FSDP window, the table's
  * activation buffers and sets of saved layer activations. */
 static int memory(struct perf_parts *o, const struct shape *sh, const struct pipe_table *t, const struct cfg *c,
-		  double *layer_bytes, double *nonstage_bytes, char *err, size_t errlen)
+		  double *layer_bytes, double *nonstage_bytes, double *ns_flops, char *err, size_t errlen)
 {
 	struct model_mesh mm = { .mesh = &sh->m, .rules = &sh->rules, .device = 0 };
 	if (sh->pc.shape.stages > 1)
@@ -506,11 +509,17 @@ static int memory(struct perf_parts *o, const struct shape *sh, const struct pip
 	if (!pl)
 		return -EINVAL;
 	double params = 0, ns = 0;
+	bool muon = !strcmp(c->opt_type, "muon");
+	*ns_flops = 0;
 	for (int i = 0; i < model_num_params(pl); i++) {
 		const struct param_info *p = model_param(pl, i);
 		params += (double)p->numel * sizeof(float);
 		if (!(p->split & 1u << AX_STAGE))
 			ns += (double)p->numel * sizeof(float);
+		if (muon && p->opt == OPT_MUON)  /* once per matrix over its group, shared out evenly */
+			*ns_flops += (double)p->numel / ((double)p->shape[p->ndim - 2] * p->shape[p->ndim - 1]) *
+				     newton_schulz5_flops(p->mat_rows, p->mat_cols) /
+				     mesh_axes_size(&sh->m, muon_group_axes(&sh->m, p));
 	}
 	o->mem_params = o->mem_grads = params;
 	o->mem_opt = (c->shard_optimizer_over_data && sh->data > 1 ? 2.0 / sh->data : 2.0) * params;
@@ -543,12 +552,12 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 	struct pipe_table t = { 0 };
 	struct fluid f = { 0 };
 	struct perf_compute pc;
-	double layer_bytes = 0, ns_bytes = 0;
+	double layer_bytes = 0, ns_bytes = 0, ns_flops = 0;
 	int rc = sh ? resolve(sh, c, err, errlen) : -ENOMEM;
 	memset(o, 0, sizeof(*o));
 	if (!rc)
 		rc = pipe_table_build(&t, &sh->pc.shape, err, errlen);
-	if (!rc && (rc = memory(o, sh, &t, c, &layer_bytes, &ns_bytes, err, errlen)) == 0) {
+	if (!rc && (rc = memory(o, sh, &t, c, &layer_bytes, &ns_bytes, &ns_flops, err, errlen)) == 0) {
 		struct perf_compute an;
 		if (!given)
 			perf_analytic(&sh->d, sh->mb, mc->flops, &an);
@@ -584,8 +593,9 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 			o->bubble = f.idle_worst;
 			o->tail = t_all_reduce(sl, ns_bytes, S) + t_all_reduce(dl, o->mem_grads, sh->data) +
 				  (S > 1 || sh->data > 1 ? 2 * 2 * sl->lat : 0);
+			o->muon_ns = ns_flops * pc.ns_per_flop;
 			o->optimizer = pc.opt_per_float * o->mem_params / sizeof(float) /
-				       (c->shard_optimizer_over_data && sh->data > 1 ? sh->data : 1);
+				       (c->shard_optimizer_over_data && sh->data > 1 ? sh->data : 1) + o->muon_ns;
 			o->step = o->table + o->tail + o->optimizer;
 			o->work = f.busy_sum * f.groups + o->optimizer * sh->m.num_devices;
 			o->stages = S;
