@@ -335,6 +335,29 @@ static void muon_plan_case(const char *const *kv, bool by_size, double *max, dou
  * the busiest and least busy within one matrix of each other (what
  * giving each matrix to the least loaded keeps), and never worse than
  * round robin (which here is a whole largest matrix apart). */
+/* Expert stacks split over `exp` need no exchange over it: on FSDP=2 x
+ * EP=2 an expert matrix's group is its FSDP pair (the blocks of it), an
+ * attention matrix's all four devices (blocks over fsdp, copies over exp). */
+START_TEST(test_muon_expert_groups)
+{
+	struct fixture *f = make("configs/deepseek-tiny.yml",
+				 (const char *[]){ "ici_fsdp_parallelism=2", "ici_expert_parallelism=2", NULL });
+	struct model *m = plan_of(f, 0);
+	int seen = 0;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		int n = mesh_axes_size(&f->m, muon_group_axes(&f->m, p));
+		if (!strcmp(p->name, "e_gate") || !strcmp(p->name, "e_down"))
+			ck_assert_msg(n == 2 && (seen |= 1), "'%s': a group of %d", p->name, n);
+		if (!strcmp(p->name, "wq"))
+			ck_assert_msg(n == 4 && (seen |= 2), "'%s': a group of %d", p->name, n);
+	}
+	ck_assert_int_eq(seen, 3);
+	model_free(m);
+	free(f);
+}
+END_TEST
+
 START_TEST(test_muon_balance)
 {
 	const char *const meshes[][3] = {
@@ -373,6 +396,7 @@ int main(void)
 	tcase_add_test(tc, test_fsdp_memory);
 	tcase_add_test(tc, test_refusals);
 	tcase_add_test(tc, test_muon_balance);
+	tcase_add_test(tc, test_muon_expert_groups);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
