@@ -500,7 +500,8 @@ static void hops(struct fluid *f, const struct shape *sh, const struct perf_mach
  * plan of this device's shards), the FSDP window, the table's
  * activation buffers and sets of saved layer activations. */
 static int memory(struct perf_parts *o, const struct shape *sh, const struct pipe_table *t, const struct cfg *c,
-		  double *layer_bytes, double *nonstage_bytes, double *ns_flops, char *err, size_t errlen)
+		  double *layer_bytes, double *nonstage_bytes, double *ns_flops, char *err,
+		  size_t errlen)
 {
 	struct model_mesh mm = { .mesh = &sh->m, .rules = &sh->rules, .device = 0 };
 	if (sh->pc.shape.stages > 1)
