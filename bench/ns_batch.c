@@ -11,7 +11,9 @@
  *             newton_schulz5 with OpenBLAS at one thread (a batched
  *             matmul's parallelism, over matrices instead of inside one).
  * Prints per shape the median wall and CPU seconds of each and their ratio
- * to separate, and whether each gives separate's bits. Built and run by
+ * to separate, and whether each gives separate's bits. The three are
+ * interleaved, round by round, so that a machine's load moving moves
+ * all three alike. Built and run by
  * bench/ns_batch.sh against build/libmeshrun.a; not part of meshrun.
  * usage: ns_batch THREADS REPS */
 #include <pthread.h>
@@ -98,21 +100,23 @@ int main(int argc, char **argv)
 			for (int m = 0; m < 3; m++)
 				out[m][i] = om + n * ((size_t)m * k + i);
 		}
-		double wall[3], cpu[3];
-		for (int m = 0; m < 3; m++) {
-			double w[64], c[64];
-			blas_set_threads(m == 2 ? 1 : T);
-			run(m, out[m], g, scratch, k, R, C, T);  /* warm-up */
-			for (int r = 0; r < reps && r < 64; r++) {
+		double wall[3], cpu[3], w[3][64], c[3][64];
+		reps = reps < 64 ? reps : 64;
+		for (int r = -1; r < reps; r++)  /* round -1: a warm-up */
+			for (int m = 0; m < 3; m++) {
+				blas_set_threads(m == 2 ? 1 : T);
 				double w0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_PROCESS_CPUTIME_ID);
 				run(m, out[m], g, scratch, k, R, C, T);
-				w[r] = now(CLOCK_MONOTONIC) - w0;
-				c[r] = now(CLOCK_PROCESS_CPUTIME_ID) - c0;
+				if (r >= 0) {
+					w[m][r] = now(CLOCK_MONOTONIC) - w0;
+					c[m][r] = now(CLOCK_PROCESS_CPUTIME_ID) - c0;
+				}
 			}
-			qsort(w, (size_t)reps, sizeof(double), cmp);
-			qsort(c, (size_t)reps, sizeof(double), cmp);
-			wall[m] = w[reps / 2];
-			cpu[m] = c[reps / 2];
+		for (int m = 0; m < 3; m++) {
+			qsort(w[m], (size_t)reps, sizeof(double), cmp);
+			qsort(c[m], (size_t)reps, sizeof(double), cmp);
+			wall[m] = w[m][reps / 2];
+			cpu[m] = c[m][reps / 2];
 		}
 		for (int m = 0; m < 3; m++)
 			printf("%dx%d k=%d %-8s wall %8.3f ms (%.2fx separate) cpu %8.3f ms (%.2fx) %s\n", R, C, k,
