@@ -13,17 +13,21 @@
 #   the seed's shard-exp-on-fsdp claim: configs/deepseek-tiny.yml with
 #   Muon on 2 hosts x 2 devices, custom_mesh_and_rule=shard-exp-on-fsdp
 #   against plain fsdp=4 and fsdp=2 x expert=2 (step, optimizer time and
-#   muon_bytes, the bytes devices sent each other for Muon, per step).
+#   muon_bytes, the bytes devices sent each other for Muon, per step),
+#   each with Muon's owners balanced by size (muon_assign=size, the
+#   default) and round robin (muon_assign=round_robin), with the busiest
+#   and least busy device's Newton-Schulz GFLOP a step.
 # Each line: step s (mean of steps >= 1), ratio to the single device,
 # comm_exposed_s and comm_background_s (device 0, mean), CPU s per step
 # (user + sys of every process of the run, start-up included, / steps),
 # optimizer s per step (device 0's "optimizer" spans), the load average.
-# usage: bench/overlap.sh [STEPS] [ROUNDS] [OLD_MESHRUN]
+# usage: [OVERLAP_ONLY=muon] bench/overlap.sh [STEPS] [ROUNDS] [OLD_MESHRUN]
+#   OVERLAP_ONLY=muon: only the single device and the Muon rows.
 #   OLD_MESHRUN: a build to compare Muon with (Muon on every device that
 #   shares a matrix, before host/optim/muon.c), run in the same rounds.
 set -eu
 cd "$(dirname "$0")/.."
-steps=${1:-6}; rounds=${2:-2}; old=${3:-}
+steps=${1:-6}; rounds=${2:-2}; old=${3:-}; only=${OVERLAP_ONLY:-}
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # copies: a rebuild while this runs does not change what it measures
@@ -55,19 +59,23 @@ row() { # NAME LABEL BASE_S
 printf "%-34s %7s %6s %9s %9s %8s %8s  %s\n" run step_s ratio exposed_s backgr_s cpu_s opt_s load
 for r in $(seq 1 "$rounds"); do
   echo "-- round $r"
-  run one $B train --config $C
-  one=$(avg $tmp/one.jsonl step_time_s); row one "single device" $one
-  run dp $B local --hosts 2 --config $C grad_bucket_mb=25; row dp "data=2, buckets during backward" $one
-  run dp0 $B local --hosts 2 --config $C grad_bucket_mb=0; row dp0 "data=2, sums after backward" $one
-  run fsdp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
-    dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2
-  run one4 $B train --config $C   # the single device again, beside the 4-device runs
+  run one4 $B train --config $C
   one4=$(avg $tmp/one4.jsonl step_time_s)
-  row fsdp "fsdp 2x2 (4 devices, 2 cores)" $one4
-  run zero1 $B local --hosts 2 --config $C shard_optimizer_over_data=true; row zero1 "ZeRO-1 data=2" $one
-  run fsdppp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
-    ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
-  row fsdppp "fsdp=2 x stage=2 (4 devices)" $one4
+  row one4 "single device" $one4
+  if [ "$only" != muon ]; then
+    one=$one4
+    run dp $B local --hosts 2 --config $C grad_bucket_mb=25; row dp "data=2, buckets during backward" $one
+    run dp0 $B local --hosts 2 --config $C grad_bucket_mb=0; row dp0 "data=2, sums after backward" $one
+    run fsdp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+      dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2
+    run one4 $B train --config $C   # the single device again, beside the 4-device runs
+    one4=$(avg $tmp/one4.jsonl step_time_s)
+    row fsdp "fsdp 2x2 (4 devices, 2 cores)" $one4
+    run zero1 $B local --hosts 2 --config $C shard_optimizer_over_data=true; row zero1 "ZeRO-1 data=2" $one
+    run fsdppp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+      ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
+    row fsdppp "fsdp=2 x stage=2 (4 devices)" $one4
+  fi
   for o in adamw muon; do
     run f4$o $B local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
       ici_fsdp_parallelism=4 opt_type=$o learning_rate=0.001
@@ -79,17 +87,24 @@ for r in $(seq 1 "$rounds"); do
     row f4old "fsdp=4 muon, OLD_MESHRUN" $one4
   fi
   # PyTorch DDP over gloo, 2 processes, same model and per-process batch
-  tt=$(/usr/bin/python3 bench/torch_llama.py --threads 1 --steps "$steps" --ddp 2 | tail -1)
-  echo "torch DDP gloo x2: $tt; meshrun data=2 tokens/s/device $(avg $tmp/dp.jsonl tokens_per_s_per_device)"
+  if [ "$only" != muon ]; then
+    tt=$(/usr/bin/python3 bench/torch_llama.py --threads 1 --steps "$steps" --ddp 2 | tail -1)
+    echo "torch DDP gloo x2: $tt; meshrun data=2 tokens/s/device $(avg $tmp/dp.jsonl tokens_per_s_per_device)"
+  fi
   for m in exp fsdp ep; do
     case $m in
       exp) x="ici_fsdp_parallelism=2 custom_mesh_and_rule=shard-exp-on-fsdp" ;;
       fsdp) x="ici_fsdp_parallelism=2" ;;
       ep) x="ici_expert_parallelism=2" ;;
     esac
-    run ds$m $B local --hosts 2 --devices-per-host 2 --config configs/deepseek-tiny.yml opt_type=muon \
-      learning_rate=0.01 ici_data_parallelism=1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 $x
-    row ds$m "deepseek-tiny muon, dcn_fsdp=2 $m" $one4
-    echo "  muon_bytes/step $(avg $tmp/ds$m.jsonl muon_bytes)"
+    for a in size round_robin; do
+      run ds$m$a $B local --hosts 2 --devices-per-host 2 --config configs/deepseek-tiny.yml opt_type=muon \
+        learning_rate=0.01 ici_data_parallelism=1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 $x \
+        muon_assign=$a
+      row ds$m$a "deepseek-tiny muon, dcn_fsdp=2 $m, $a" $one4
+      echo "  muon_bytes/step $(avg $tmp/ds$m$a.jsonl muon_bytes)," \
+        "Newton-Schulz GFLOP/step busiest device $(avg $tmp/ds$m$a.jsonl muon_ns_gflop_max_device)," \
+        "least busy $(avg $tmp/ds$m$a.jsonl muon_ns_gflop_min_device)"
+    done
   done
 done

@@ -234,6 +234,13 @@ void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float 
  * 2.0315), of G (R,C) scaled by 1/(||G||_F + 1e-7); works on the wide
  * orientation internally. out (R,C). scratch >= 3*max(R,C)^2 + 2*R*C floats. */
 void newton_schulz5(float *out, const float *G, float *scratch, int R, int C);
+/* newton_schulz5 on k matrices of one shape, step-major (each step of
+ * every matrix before the next step of any): the same bits per matrix.
+ * scratch >= 2 min(R,C)^2 + 2 k R C floats. */
+void newton_schulz5_batch(float *const *out, const float *const *G, float *scratch, int k, int R, int C);
+/* newton_schulz5's floating-point operations on an (R,C) matrix: five
+ * steps of X X^T, A A and B X (r = min(R,C), c = max(R,C)): 10 r^2 (2c + r). */
+double newton_schulz5_flops(int R, int C);
 /* Muon step on one 2-D matrix: buf = mu buf + g; g' = g + mu buf (Nesterov);
  * O = NS5(g'); p -= lr * (O * sqrt(max(1, R/C)) + wd * p). */
 void muon_update(float *p, const float *g, float *buf, float *scratch, int R, int C,

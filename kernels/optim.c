@@ -64,16 +64,14 @@ static void axpy(float *y, float a, const float *x, size_t n)
 		y[i] += a * x[i];
 }
 
-void newton_schulz5(float *out, const float *G, float *scratch, int R, int C)
+/* newton_schulz5's parts: X (r,c) = G (R,C) / (||G|| + 1e-7), wide
+ * side last; one step into Y (A, Bm: r x r scratch); out = X back in
+ * G's orientation. */
+static void ns_start(float *X, const float *G, int R, int C)
 {
-	// G, out (R,C); works on X (r,c) with r = min(R,C) <= c = max(R,C); out may equal G
-	const float a = 3.4445f, b = -4.7750f, c2 = 2.0315f;
-	int tr = R > C, r = tr ? C : R, c = tr ? R : C;
-	size_t rc = (size_t)r * c;
-	float *X = scratch, *Y = X + rc, *A = Y + rc, *Bm = A + (size_t)r * r;
+	size_t rc = (size_t)R * C;
 	float s = (float)(1.0 / (sqrt(sumsq(G, rc)) + 1e-7));
-
-	if (tr) {
+	if (R > C) {
 		for (int i = 0; i < R; i++)
 			for (int j = 0; j < C; j++)
 				X[(size_t)j * R + i] = G[(size_t)i * C + j] * s;
@@ -81,24 +79,67 @@ void newton_schulz5(float *out, const float *G, float *scratch, int R, int C)
 		for (size_t i = 0; i < rc; i++)
 			X[i] = G[i] * s;
 	}
-	for (int step = 0; step < 5; step++) {
-		/* X <- a X + (b A + c A A) X,  A = X X^T */
-		sgemm_rm(0, 1, r, r, c, 1.0f, X, c, X, c, 0.0f, A, r);
-		sgemm_rm(0, 0, r, r, r, c2, A, r, A, r, 0.0f, Bm, r);
-		axpy(Bm, b, A, (size_t)r * r);
-		memcpy(Y, X, sizeof(float) * rc);
-		sgemm_rm(0, 0, r, c, r, 1.0f, Bm, r, X, c, a, Y, c);
-		float *t = X;
-		X = Y;
-		Y = t;
-	}
-	if (tr) {
+}
+
+static void ns_step(float *Y, const float *X, float *A, float *Bm, int r, int c)
+{
+	/* Y = a X + (b A + c A A) X,  A = X X^T */
+	const float a = 3.4445f, b = -4.7750f, c2 = 2.0315f;
+	sgemm_rm(0, 1, r, r, c, 1.0f, X, c, X, c, 0.0f, A, r);
+	sgemm_rm(0, 0, r, r, r, c2, A, r, A, r, 0.0f, Bm, r);
+	axpy(Bm, b, A, (size_t)r * r);
+	memcpy(Y, X, sizeof(float) * (size_t)r * c);
+	sgemm_rm(0, 0, r, c, r, 1.0f, Bm, r, X, c, a, Y, c);
+}
+
+static void ns_end(float *out, const float *X, int R, int C)
+{
+	if (R > C) {
 		for (int i = 0; i < R; i++)
 			for (int j = 0; j < C; j++)
 				out[(size_t)i * C + j] = X[(size_t)j * R + i];
 	} else {
-		memcpy(out, X, sizeof(float) * rc);
+		memcpy(out, X, sizeof(float) * (size_t)R * C);
 	}
+}
+
+void newton_schulz5(float *out, const float *G, float *scratch, int R, int C)
+{
+	// G, out (R,C); works on X (r,c) with r = min(R,C) <= c = max(R,C); out may equal G
+	int r = R > C ? C : R, c = R > C ? R : C;
+	size_t rc = (size_t)r * c;
+	float *X = scratch, *Y = X + rc, *A = Y + rc, *Bm = A + (size_t)r * r;
+	ns_start(X, G, R, C);
+	for (int step = 0; step < 5; step++) {
+		ns_step(Y, X, A, Bm, r, c);
+		float *t = X;
+		X = Y;
+		Y = t;
+	}
+	ns_end(out, X, R, C);
+}
+
+void newton_schulz5_batch(float *const *out, const float *const *G, float *scratch, int k, int R, int C)
+{
+	// G[i], out[i] (R,C) for i < k; step-major: every matrix's step s before any's step s+1
+	int r = R > C ? C : R, c = R > C ? R : C;
+	size_t rc = (size_t)r * c;
+	float *A = scratch, *Bm = A + (size_t)r * r, *XY = Bm + (size_t)r * r;
+	for (int i = 0; i < k; i++)
+		ns_start(XY + 2 * rc * (size_t)i, G[i], R, C);
+	for (int step = 0; step < 5; step++)
+		for (int i = 0; i < k; i++) {
+			float *xy = XY + 2 * rc * (size_t)i;
+			ns_step(xy + !(step & 1) * rc, xy + (step & 1) * rc, A, Bm, r, c);
+		}
+	for (int i = 0; i < k; i++)  /* five steps: the last landed in the second half */
+		ns_end(out[i], XY + 2 * rc * (size_t)i + rc, R, C);
+}
+
+double newton_schulz5_flops(int R, int C)
+{
+	double r = R < C ? R : C, c = R < C ? C : R;
+	return 10.0 * r * r * (2.0 * c + r);
 }
 
 void muon_momentum(float *o, float *buf, const float *g, size_t n, float mu)

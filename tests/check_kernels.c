@@ -1237,7 +1237,19 @@ START_TEST(test_newton_schulz)
 	for (int i = 0; i < R; i++)
 		for (int j = 0; j < C; j++)
 			ck_assert_float_eq_tol(ot[j * R + i], out[i * C + j], 1e-5f);
-	free(G), free(out), free(scratch), free(want), free(g2), free(gt), free(ot);
+	/* step-major over three matrices (G, 2G, -G): each one's bits as alone */
+	float *g3 = fzero((size_t)3 * R * C), *o3 = fzero((size_t)3 * R * C);
+	float *sb = fzero((size_t)2 * M * M + (size_t)6 * R * C);
+	for (int i = 0; i < R * C; i++)
+		g3[i] = G[i], g3[R * C + i] = 2 * G[i], g3[2 * R * C + i] = -G[i];
+	float *const outs[3] = { o3, o3 + R * C, o3 + 2 * R * C };
+	const float *const gs[3] = { g3, g3 + R * C, g3 + 2 * R * C };
+	newton_schulz5_batch(outs, gs, sb, 3, R, C);
+	for (int k = 0; k < 3; k++) {
+		newton_schulz5(g2, gs[k], scratch, R, C);
+		ck_assert_msg(!memcmp(g2, outs[k], sizeof(float) * R * C), "%dx%d: batched matrix %d differs", R, C, k);
+	}
+	free(G), free(out), free(scratch), free(want), free(g2), free(gt), free(ot), free(g3), free(o3), free(sb);
 }
 END_TEST
 

@@ -176,6 +176,35 @@ START_TEST(test_data_tail)
 }
 END_TEST
 
+/* Muon's Newton-Schulz in the optimizer's time: on one device every
+ * matrix of the 8 layers (4 attention 64x64, 3 MLP 128x64: 10 r^2 (2c +
+ * r) flops each) at 1 GFLOP/s; on 4 devices, split by FSDP or copied
+ * over data, once per matrix over the group: a quarter each, not the
+ * whole again on every device. */
+START_TEST(test_muon_by_hand)
+{
+	const char *meshes[][2] = { { "ici_data_parallelism=4", NULL },
+				    { "ici_data_parallelism=1", "ici_fsdp_parallelism=4" } };
+	struct cfg c;
+	struct perf_parts one, four, adamw;
+	make_cfg(&c, 1, 1, KV("opt_type=muon"));
+	predict(&c, &free_links, &one);
+	make_cfg(&c, 1, 1, NULL);
+	predict(&c, &free_links, &adamw);
+	double want = 8 * (4 * 10.0 * 64 * 64 * (2 * 64 + 64) + 3 * 10.0 * 64 * 64 * (2 * 128 + 64)) / 1e9;
+	ck_assert_msg(fabs(one.muon_ns - want) < 1e-9 * want, "one device: Newton-Schulz %g s, by hand %g",
+		      one.muon_ns, want);
+	ck_assert_msg(fabs(one.optimizer - adamw.optimizer - want) < 1e-9 * want, "optimizer %g, AdamW's %g",
+		      one.optimizer, adamw.optimizer);
+	for (int k = 0; k < 2; k++) {
+		make_cfg(&c, 1, 4, KV("opt_type=muon", meshes[k][0], meshes[k][1]));
+		predict(&c, &free_links, &four);
+		ck_assert_msg(fabs(four.muon_ns - want / 4) < 1e-9 * want, "%s: Newton-Schulz %g s a device, want %g",
+			      meshes[k][0], four.muon_ns, want / 4);
+	}
+}
+END_TEST
+
 /* FSDP over a slow link: gathered at every use (no flag) the table waits
  * for each gather; gathered once, for the first only. */
 START_TEST(test_gathers)
@@ -320,6 +349,7 @@ int main(void)
 	Suite *s = suite_create("perf");
 	TCase *tc = tcase_create("model");
 	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_muon_by_hand);
 	tcase_add_test(tc, test_1f1b_and_gpipe_tables);
 	tcase_add_test(tc, test_zb_h1_iw);
 	tcase_add_test(tc, test_shared_cores);

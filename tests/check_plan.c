@@ -5,6 +5,7 @@
  * device stores; and the combinations refused at start-up, with the
  * tensor and axes named. No collectives run here: plans are arithmetic. */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,8 @@
 #include "host/model/model.h"
 #include "host/mesh/plan.h"
 #include "host/mesh/shard.h"
+#include "host/optim/optim.h"
+#include "kernels/kernels.h"
 
 static char err[1024];
 
@@ -275,6 +278,112 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* Muon's plan on deepseek-tiny (attention, dense MLP, expert, shared
+ * expert and embedding matrices of unequal Newton-Schulz cost) on a mesh
+ * of n devices: every device computes the same loads; the members of a
+ * group name the same owners; the loads add up to every matrix once. */
+static void muon_plan_case(const char *const *kv, bool by_size, double *max, double *min, double *total,
+			   double *biggest)
+{
+	struct fixture *f = make("configs/deepseek-tiny.yml", kv);
+	int N = f->m.num_devices;
+	struct muon_plan mp[16];
+	struct model *m = plan_of(f, 0);
+	ck_assert_int_le(N, 16);
+	for (int d = 0; d < N; d++)
+		ck_assert_int_eq(muon_plan_init(&mp[d], m, &f->m, d, by_size), 0);
+	*total = *biggest = 0;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		if (p->opt != OPT_MUON)
+			continue;
+		uint32_t axes = muon_group_axes(&f->m, p);
+		int nmat = (int)(p->numel / ((size_t)p->shape[p->ndim - 2] * p->shape[p->ndim - 1]));
+		int shared = mesh_axes_size(&f->m, axes) > 1;
+		double cost = newton_schulz5_flops(p->mat_rows, p->mat_cols);
+		/* a shared matrix is run once per group, an unshared one by each device */
+		*total += nmat * cost * (shared ? N / mesh_axes_size(&f->m, axes) : N);
+		*biggest = cost > *biggest ? cost : *biggest;
+		for (int d = 0; d < N && shared; d++) {
+			struct mesh_group g;
+			mesh_group(&f->m, d, axes, &g);
+			for (int r = 0; r < g.n; r++) {
+				const struct muon_plan *x = &mp[d], *y = &mp[g.devs[r]];
+				for (int j = 0; j < nmat; j++)
+					ck_assert_msg(x->owner[x->first[i] + j] == y->owner[y->first[i] + j],
+						      "'%s' matrix %d: device %d and %d disagree on its owner", p->name, j, d,
+						      g.devs[r]);
+			}
+		}
+	}
+	double sum = 0;
+	for (int d = 0; d < N; d++) {
+		for (int e = 0; e < N; e++)
+			ck_assert(mp[d].load[e] == mp[0].load[e]);
+		sum += mp[0].load[d];
+	}
+	ck_assert_msg(fabs(sum - *total) <= 1e-9 * *total, "loads sum to %g flops, the matrices %g", sum, *total);
+	muon_plan_spread(&mp[0], max, min);
+	for (int d = 0; d < N; d++)
+		muon_plan_free(&mp[d]);
+	model_free(m);
+	free(f);
+}
+
+/* Longest first against round robin: within the list-scheduling bound
+ * (the busiest at most the mean plus (1 - 1/n) of the largest matrix),
+ * the busiest and least busy within one matrix of each other (what
+ * giving each matrix to the least loaded keeps), and never worse than
+ * round robin (which here is a whole largest matrix apart). */
+/* Expert stacks split over `exp` need no exchange over it: on FSDP=2 x
+ * EP=2 an expert matrix's group is its FSDP pair (the blocks of it), an
+ * attention matrix's all four devices (blocks over fsdp, copies over exp). */
+START_TEST(test_muon_expert_groups)
+{
+	struct fixture *f = make("configs/deepseek-tiny.yml",
+				 (const char *[]){ "ici_fsdp_parallelism=2", "ici_expert_parallelism=2", NULL });
+	struct model *m = plan_of(f, 0);
+	int seen = 0;
+	for (int i = 0; i < model_num_params(m); i++) {
+		const struct param_info *p = model_param(m, i);
+		int n = mesh_axes_size(&f->m, muon_group_axes(&f->m, p));
+		if (!strcmp(p->name, "e_gate") || !strcmp(p->name, "e_down"))
+			ck_assert_msg(n == 2 && (seen |= 1), "'%s': a group of %d", p->name, n);
+		if (!strcmp(p->name, "wq"))
+			ck_assert_msg(n == 4 && (seen |= 2), "'%s': a group of %d", p->name, n);
+	}
+	ck_assert_int_eq(seen, 3);
+	model_free(m);
+	free(f);
+}
+END_TEST
+
+START_TEST(test_muon_balance)
+{
+	const char *const meshes[][3] = {
+		{ "ici_fsdp_parallelism=4", NULL },
+		{ "ici_fsdp_parallelism=2", "ici_expert_parallelism=2", NULL },
+		{ "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", NULL },
+	};
+	for (int k = 0; k < 3; k++) {
+		double mx, mn, tot, big, rmx, rmn;
+		muon_plan_case(meshes[k], false, &rmx, &rmn, &tot, &big);
+		muon_plan_case(meshes[k], true, &mx, &mn, &tot, &big);
+		int n = 4;
+		fprintf(stderr, "muon plan deepseek-tiny %s %s: Newton-Schulz MFLOP a device: size max %.2f min %.2f, "
+			"round robin max %.2f min %.2f; mean %.2f, largest matrix %.2f\n", meshes[k][0],
+			meshes[k][1] ? meshes[k][1] : "", mx * 1e-6, mn * 1e-6, rmx * 1e-6, rmn * 1e-6,
+			tot / n * 1e-6, big * 1e-6);
+		ck_assert_msg(mx <= tot / n + (1.0 - 1.0 / n) * big, "%s: busiest %g over the bound %g", meshes[k][0],
+			      mx, tot / n + (1.0 - 1.0 / n) * big);
+		ck_assert_msg(mx - mn < big, "%s: busiest %g, least busy %g, largest matrix %g", meshes[k][0], mx, mn,
+			      big);
+		ck_assert_msg(mx <= rmx && mn >= rmn, "%s: size %g..%g, round robin %g..%g", meshes[k][0], mn, mx,
+			      rmn, rmx);
+	}
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("plan");
@@ -286,6 +395,8 @@ int main(void)
 	tcase_add_test(tc, test_copy_block);
 	tcase_add_test(tc, test_fsdp_memory);
 	tcase_add_test(tc, test_refusals);
+	tcase_add_test(tc, test_muon_balance);
+	tcase_add_test(tc, test_muon_expert_groups);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

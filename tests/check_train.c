@@ -422,7 +422,7 @@ static int field_values(const char *name, const char *field, double *out, int ma
 static void muon_once(const char *preset, int hosts, int dph, const char *extra)
 {
 	char args[1024];
-	double one[4], mesh[4], ns1[4], ns[4];
+	double one[4], mesh[4], ns1[4], ns[4], gf1[4], gf[4], gmax[4], gmin[4];
 	const char *opt = "opt_type=muon learning_rate=0.01 steps=4";
 	snprintf(args, sizeof(args), "train --config %s per_device_batch_size=8 %s --metrics %s/mu1.jsonl",
 		 preset, opt, tmpdir);
@@ -434,6 +434,10 @@ static void muon_once(const char *preset, int hosts, int dph, const char *extra)
 	ck_assert_int_eq(losses("mu.jsonl", mesh, 4), 4);
 	ck_assert_int_eq(field_values("mu1.jsonl", "muon_ns_matrices", ns1, 4), 4);
 	ck_assert_int_eq(field_values("mu.jsonl", "muon_ns_matrices", ns, 4), 4);
+	ck_assert_int_eq(field_values("mu1.jsonl", "muon_ns_gflop", gf1, 4), 4);
+	ck_assert_int_eq(field_values("mu.jsonl", "muon_ns_gflop", gf, 4), 4);
+	ck_assert_int_eq(field_values("mu.jsonl", "muon_ns_gflop_max_device", gmax, 4), 4);
+	ck_assert_int_eq(field_values("mu.jsonl", "muon_ns_gflop_min_device", gmin, 4), 4);
 	double worst = 0;
 	for (int s = 0; s < 4; s++) {
 		double rel = fabs(mesh[s] - one[s]) / fabs(one[s]);
@@ -442,9 +446,15 @@ static void muon_once(const char *preset, int hosts, int dph, const char *extra)
 			      one[s]);
 		ck_assert_msg(ns1[s] > 0 && ns[s] == ns1[s], "%s %s step %d: %g Newton-Schulz runs over the mesh, "
 			      "one device %g", preset, extra, s, ns[s], ns1[s]);
+		/* the same flops (matrices x iterations), the busiest device a
+		 * share of them: between the mean and the whole */
+		ck_assert_msg(fabs(gf[s] - gf1[s]) <= 1e-9 * gf1[s] && gmax[s] >= gmin[s] &&
+			      gmax[s] * hosts * dph >= gf[s] * (1 - 1e-9) && gmax[s] < gf[s],
+			      "%s %s step %d: %g GFLOP of Newton-Schulz over the mesh (one device %g), a device "
+			      "%g..%g", preset, extra, s, gf[s], gf1[s], gmin[s], gmax[s]);
 	}
-	fprintf(stderr, "muon %s %dx%d %s: %g matrices a step, worst relative loss difference %.2e\n", preset,
-		hosts, dph, extra, ns1[0], worst);
+	fprintf(stderr, "muon %s %dx%d %s: %g matrices a step (%.3f GFLOP; a device %.3f..%.3f), worst relative "
+		"loss difference %.2e\n", preset, hosts, dph, extra, ns1[0], gf1[0], gmin[0], gmax[0], worst);
 }
 
 START_TEST(test_muon_once_per_matrix)

@@ -147,6 +147,7 @@ struct cfg_list {
 	X(FLOAT, adam_eps, "1e-08", 1, "") \
 	X(FLOAT, adam_weight_decay, "0.1", 1, "") \
 	X(FLOAT, muon_momentum, "0.95", 1, "") \
+	X(STR,   muon_assign, "size", 1, "which device of a Muon group orthogonalises each matrix: size (longest first, to the least loaded) | round_robin") \
 	X(FLOAT, gradient_clipping_threshold, "1", 1, "0: off") \
 	X(BOOL,  shard_optimizer_over_data, "false", 1, "ZeRO-1: shard optimizer state over the data axis") \
 	X(FLOAT, grad_bucket_mb, "25", 1, "MiB of gradients one bucket sums over the mesh at most (the first 1 MiB), each started during the backward as soon as it is final; 0: one bucket per layout bucket, summed after the backward") \

@@ -79,6 +79,9 @@ static int write_metrics(struct steplog *l, const struct step_report *r, double 
 	if (r->muon_ns > 0) {
 		cJSON_AddNumberToObject(j, "muon_ns_matrices", r->muon_ns);
 		cJSON_AddNumberToObject(j, "muon_bytes", r->muon_bytes);
+		cJSON_AddNumberToObject(j, "muon_ns_gflop", r->muon_gflop[0]);
+		cJSON_AddNumberToObject(j, "muon_ns_gflop_max_device", r->muon_gflop[1]);
+		cJSON_AddNumberToObject(j, "muon_ns_gflop_min_device", r->muon_gflop[2]);
 	}
 	/* losses printed with full precision so runs can be compared bit for bit */
 	char buf[64];

@@ -56,6 +56,8 @@ struct step_report {
 	int weight_gathers;       /* FSDP layer-group all-gathers (0: none, not shown) */
 	double muon_ns;           /* Muon's Newton-Schulz runs over the mesh (0: not shown) */
 	double muon_bytes;        /* and the bytes sent for it (with muon_ns) */
+	double muon_gflop[3];     /* their GFLOP: over the mesh, the busiest
+				   * device's, the least busy device's */
 	/* so far in the job: links resumed after breaking, frames resent */
 	uint64_t reconnects, frames_resent;
 	double data_s;            /* reading the logging device's rows */

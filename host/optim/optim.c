@@ -140,6 +140,12 @@ int optim_new(struct optim **out, struct model *m, const struct cfg *c, const st
 		what = "Muon's scratch";
 		goto oom;
 	}
+	bool by_size = strcmp(c->muon_assign, "round_robin");
+	if (o->muon && o->mesh && muon_plan_init(&o->mp, m, o->mesh, o->device, by_size)) {
+		asked = sizeof(double) * (size_t)o->mesh->num_devices;
+		what = "Muon's plan";
+		goto oom;
+	}
 	if (buckets_make(o, pl)) {
 		asked = sizeof(float) * model_numel(m);
 		what = "the gradient buckets";
@@ -162,6 +168,7 @@ void optim_free(struct optim *o)
 	free(o->scratch);
 	free(o->gshard);
 	buckets_free(o);
+	muon_plan_free(&o->mp);
 	for (int k = 0; k < o->ntg; k++)
 		mesh_members_free(&o->tg[k]);
 	free(o);
@@ -328,16 +335,19 @@ static int update_range(struct optim *o, int64_t step, float lr,
 		if (p->opt == OPT_NONE || x >= y)
 			continue;
 		float pwd = p->decay ? wd : 0.0f;
-		if (p->opt == OPT_MUON && o->muon && o->mesh && mesh_axes_size(o->mesh, muon_group_axes(o, p)) > 1) {
+		bool shared = o->mesh && mesh_axes_size(o->mesh, muon_group_axes(o->mesh, p)) > 1;
+		if (p->opt == OPT_MUON && o->muon && shared) {
 			int rc = muon_dist(o, i, P + x, g + (x - a), mb + (x - a), lr, pwd);
 			if (rc)
 				return rc;
 		} else if (p->opt == OPT_MUON && o->muon) {
 			int R = p->shape[p->ndim - 2], C = p->shape[p->ndim - 1];
 			size_t per = (size_t)R * C;
-			for (size_t q = x; q < y; q += per, o->stats.ns_matrices++)
+			for (size_t q = x; q < y; q += per, o->stats.ns_matrices++) {
+				o->stats.ns_flops += newton_schulz5_flops(R, C);
 				muon_update(P + q, g + (q - a), mb + (q - a), o->scratch, R, C, lr,
 					    (float)c->muon_momentum, pwd);
+			}
 		} else {
 			adamw_update(P + x, g + (x - a), mb + (x - a), vb + (x - a), y - x, lr,
 				     (float)c->adam_b1, (float)c->adam_b2, (float)c->adam_eps, pwd, (int)step + 1);
@@ -352,8 +362,10 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 	float *G = model_grads(m), *P = model_params(m);
 	const struct model_comm *mc = o->have_oc ? o->oc.mc : NULL;
 	int rc;
-	o->muon_rr = 0;
 	o->stats.ns_matrices = o->stats.muon_bytes = 0;
+	o->stats.ns_flops = 0;
+	if (o->mp.load)
+		muon_plan_spread(&o->mp, &o->stats.ns_plan_max, &o->stats.ns_plan_min);
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];
 		float *g = s->zero ? o->gshard + s->o0 : G + s->p0;

@@ -66,6 +66,9 @@ struct optim_stats {
 	int late;             /* of them, started only after the table */
 	int64_t ns_matrices;  /* matrices this device ran Newton-Schulz on */
 	int64_t muon_bytes;   /* bytes it sent other devices for Muon */
+	double ns_flops;      /* their floating-point operations */
+	double ns_plan_max;   /* the plan's Newton-Schulz flops of the busiest */
+	double ns_plan_min;   /* and the least busy device (every device's view) */
 };
 
 /* The state for model m's trained tensors on this device (m stays the
@@ -88,6 +91,34 @@ int optim_check_zero(const struct model *m, bool muon, int ndata, char *err, siz
  * splits them over `data` (ndata > 1: a tensor summed over it). For
  * `meshrun shardings`. */
 size_t optim_tensor_state(const struct param_info *p, bool muon, int ndata, int *slots, bool *zero);
+
+/* ---- Muon's owners (host/optim/muon.c) ---- */
+
+/* The axes of the devices that hold the same local matrices of p (its
+ * Muon group): p's matrix split and every axis of the mesh p is not
+ * split on. */
+uint32_t muon_group_axes(const struct mesh *m, const struct param_info *p);
+
+/* Which member of its group runs each Muon matrix's Newton-Schulz, for
+ * the whole mesh, from the tensors of model m (any device's: their
+ * shards have the same shapes). by_size: longest-processing-time first
+ * (matrices by newton_schulz5_flops, ties by tensor then matrix, each to
+ * its group's least loaded member, ties to the first); else round robin
+ * over each group (a count kept across tensors). Deterministic: every
+ * device computes the same plan. */
+struct muon_plan {
+	int *first;      /* [param]: its matrix 0 in owner, or -1 (not shared) */
+	int *owner;      /* the owner's index in device's group (ring order) */
+	double *load;    /* [ndev]: each device's Newton-Schulz flops a step,
+			  * its own unshared matrices included */
+	int ndev;
+};
+/* 0 or -ENOMEM. Free with muon_plan_free. */
+int muon_plan_init(struct muon_plan *mp, const struct model *m, const struct mesh *mesh, int device,
+		   bool by_size);
+void muon_plan_free(struct muon_plan *mp);
+/* The largest and smallest load over the devices. */
+void muon_plan_spread(const struct muon_plan *mp, double *max, double *min);
 
 /* ---- a step ----
  *

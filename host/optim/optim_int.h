@@ -95,7 +95,7 @@ struct optim {
 	bool have_oc;
 	bool armed;                  /* between optim_step_begin and the end of the sums */
 	struct optim_stats stats;
-	uint64_t muon_rr;            /* matrices assigned so far this update */
+	struct muon_plan mp;         /* Muon's owners (a mesh with Muon) */
 };
 
 /* ---- buckets.c ---- */
@@ -114,12 +114,10 @@ int bucket_wait(struct optim *o, struct bucket *b);
 
 /* ---- muon.c ---- */
 
-/* The axes of the devices that hold the same local matrices of p:
- * p's matrix split and every axis of the mesh p is not split on. */
-uint32_t muon_group_axes(const struct optim *o, const struct param_info *p);
 /* Muon on parameter i's matrices (at P, gradients g, momentum buf, all
- * this device's blocks) with each matrix's Newton-Schulz run by one
- * device of muon_group_axes (collective over it: two all_to_alls).
+ * this device's blocks) with each matrix's Newton-Schulz run by the
+ * member of muon_group_axes that o->mp names (collective over the group:
+ * two all_to_alls).
  * 0 or the failing collective's -errno (-ENOMEM). */
 int muon_dist(struct optim *o, int i, float *P, const float *g, float *buf, float lr, float wd);
 

@@ -135,6 +135,28 @@ static double measure_optimizer(void)
 	return b;
 }
 
+/* Newton-Schulz's seconds per flop on a c x c matrix (the model's width,
+ * at most 512: the orthogonalisation's speed, not a whole large one's
+ * time), the best of RUNS. */
+static double measure_ns(int c)
+{
+	c = c < 512 ? c : 512;
+	size_t n = (size_t)c * c;
+	float *g = malloc(sizeof(float) * n), *s = malloc(sizeof(float) * 6 * n);
+	double b = 0;
+	for (size_t i = 0; g && i < n; i++)
+		g[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+	for (int r = 0; g && s && r <= RUNS; r++) {
+		double t0 = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		newton_schulz5(s + 5 * n, g, s, c, c);  /* scratch: 5 n */
+		if (r)
+			best(&b, (cpu_s(CLOCK_PROCESS_CPUTIME_ID) - t0) / newton_schulz5_flops(c, c));
+	}
+	free(g);
+	free(s);
+	return b;
+}
+
 int perf_measure(const struct cfg *c, int rows, int threads, struct perf_compute *pc, char *err, size_t errlen)
 {
 	struct model_dims d;
@@ -163,6 +185,8 @@ int perf_measure(const struct cfg *c, int rows, int threads, struct perf_compute
 	pc->embed_f = t[0].embed_f;
 	pc->embed_b = t[0].embed_b;
 	pc->opt_per_float = measure_optimizer();
+	if (!strcmp(c->opt_type, "muon"))
+		pc->ns_per_flop = measure_ns(d.C);
 	pc->rows = rows;
 	pc->threads = threads > 0 ? threads : prev;
 	return 0;

@@ -17,8 +17,10 @@
 
 #include "host/mesh/mesh.h"
 #include "host/mesh/shard.h"
+#include "host/optim/optim.h"
 #include "host/pipeline/pipe_config.h"
 #include "host/pipeline/schedule.h"
+#include "kernels/kernels.h"
 
 /* ---- collectives on a ring of p members ---- */
 
@@ -73,6 +75,7 @@ void perf_analytic(const struct model_dims *d, int rows, double flops, struct pe
 	pc->embed_f = pc->embed_b = 0;
 	/* AdamW reads 4 floats and writes 3 a parameter: 28 bytes at 20 GB/s */
 	pc->opt_per_float = 28 / 20e9;
+	pc->ns_per_flop = 1 / flops;
 	pc->rows = rows;
 }
 
@@ -513,8 +516,9 @@ static void hops(struct fluid *f, const struct shape *sh, const struct perf_mach
 /* Muon (opt_type=muon) on this device: the Newton-Schulz FLOPs it runs
  * and the seconds of its two all_to_alls. Each matrix is orthogonalised
  * once across its group (the devices that differ on its matrix split or
- * on the axes it is not split on; host/optim/muon.c), by one owner round
- * robin, so a device runs nmat / G of the group's nmat matrices; five
+ * on the axes it is not split on; host/optim/muon.c), by one owner the
+ * trainer picks by size; the model shares the group's matrices out evenly
+ * (nmat / G a device; the real plan is within one matrix of it); five
  * iterations of X X^T, A A and B X, 4 a^2 b + 2 a^3 FLOPs each for an
  * a x b matrix (a <= b). The exchanges: each member sends (G-1)/G of its
  * blocks to the owners and gets the results back. */
@@ -526,21 +530,13 @@ static void muon_work(const struct shape *sh, const struct model *pl, const stru
 		const struct param_info *p = model_param(pl, i);
 		if (p->opt != OPT_MUON || p->mat_rows <= 0 || p->mat_cols <= 0)
 			continue;
-		uint32_t axes = p->mat_split;
-		int blocks = 1;
-		for (int a = 0; a < AX_COUNT; a++) {
-			if (sh->m.size[a] > 1 && !(p->split & 1u << a))
-				axes |= 1u << a;
+		uint32_t axes = muon_group_axes(&sh->m, p);  /* the devices that share the matrix */
+		int blocks = 1, G = mesh_axes_size(&sh->m, axes);
+		for (int a = 0; a < AX_COUNT; a++)
 			if (p->mat_split & 1u << a)
 				blocks *= sh->m.size[a];
-		}
-		int G = 1;
-		for (int a = 0; a < AX_COUNT; a++)
-			if (axes >> a & 1)
-				G *= sh->m.size[a];
-		double a_ = fmin(p->mat_rows, p->mat_cols), b_ = fmax(p->mat_rows, p->mat_cols);
 		double nmat = (double)p->numel * blocks / ((double)p->mat_rows * p->mat_cols);
-		*ns_flops += nmat / G * 5 * (4 * a_ * a_ * b_ + 2 * a_ * a_ * a_);
+		*ns_flops += nmat / G * newton_schulz5_flops(p->mat_rows, p->mat_cols);
 		if (G > 1) {
 			const struct perf_link *l = over_dcn(&sh->m, axes) ? &mc->dcn : &mc->ici;
 			*xchg_s += 2 * (G - 1) * t_msg(l, (double)p->numel * sizeof(float) / G);
@@ -645,14 +641,14 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 				  (S > 1 || sh->data > 1 ? 2 * 2 * sl->lat : 0);
 			o->optimizer = pc.opt_per_float * o->mem_params / sizeof(float) /
 				       (c->shard_optimizer_over_data && sh->data > 1 ? sh->data : 1);
-			/* Muon: Newton-Schulz at the matmul rate (--flops, or the
-			 * measured layer forward's) and its exchanges */
-			double wflops, rate = mc->flops > 0 ? mc->flops :
-					      layer_flops(&sh->d, pc.rows, false, &wflops) / (pc.f_layer[0] * sh->tp);
-			o->muon_ns = muon_flops > 0 && rate > 0 ? muon_flops / rate : 0;
+			/* Muon: Newton-Schulz at --flops, else at the rate measured on
+			 * Newton-Schulz itself, else at the measured layer forward's;
+			 * and its exchanges */
+			double wflops, spf = mc->flops > 0 ? 1 / mc->flops : pc.ns_per_flop > 0 ? pc.ns_per_flop :
+				     pc.f_layer[0] * sh->tp / layer_flops(&sh->d, pc.rows, false, &wflops);
+			o->muon_ns = muon_flops * spf;
 			o->optimizer += o->muon_ns + muon_xchg;
 			o->step = o->table + o->tail + o->optimizer;
-			(void)wflops;
 			o->work = f.busy_sum * f.groups + (o->optimizer - muon_xchg) * sh->m.num_devices;
 			for (int s = 0; s < S; s++)
 				for (int k = 0; k < t.n[s]; k++) {

@@ -48,6 +48,7 @@ struct perf_compute {
 	double head;                    /* final norm, projection, loss: forward + backward */
 	double embed_f, embed_b;
 	double opt_per_float;           /* the optimizer's seconds per trained local float */
+	double ns_per_flop;             /* Muon's Newton-Schulz: seconds per flop */
 	int rows;                       /* the microbatch rows they are for */
 	int threads;                    /* OpenBLAS threads they were measured with (0: analytic) */
 };
@@ -69,7 +70,8 @@ struct perf_parts {
 			       * gathers) */
 	double tail;          /* gradient sums after the table (exposed) */
 	double optimizer;     /* with Muon, its Newton-Schulz (muon_ns) and exchanges */
-	double muon_ns;       /* Muon's Newton-Schulz seconds on one device */
+	double muon_ns;       /* of it, Muon's Newton-Schulz: each matrix once
+			       * over its group, a group member's share */
 	double work;          /* every device's compute and optimizer at full
 			       * speed, summed: the CPU seconds a step needs */
 	double work_kind[PERF_KINDS];  /* the table's part of it by action kind */

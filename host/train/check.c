@@ -65,6 +65,11 @@ int train_check_keys(const struct cfg *c, struct model_dims *d, char *err, size_
 		snprintf(err, errlen, "config: key 'opt_type' must be adamw or muon, got '%s'", c->opt_type);
 		return -EINVAL;
 	}
+	if (strcmp(c->muon_assign, "size") && strcmp(c->muon_assign, "round_robin")) {
+		snprintf(err, errlen, "config: key 'muon_assign' must be size or round_robin, got '%s'",
+			 c->muon_assign);
+		return -EINVAL;
+	}
 	if (c->steps < 0) {
 		snprintf(err, errlen, "config: key 'steps' must be >= 0, got %lld", c->steps);
 		return -EINVAL;

@@ -108,7 +108,8 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 				.step = s, .loss = st.loss, .aux = st.aux, .grad_norm = st.grad_norm,
 				.lr = st.lr, .seconds = t1 - t0, .dcn_bytes = dcn - dcn0,
 				.ici_bytes = ici - ici0, .comm_wait_s = waited, .comm_bg_s = bg,
-				.weight_gathers = st.weight_gathers, .muon_ns = st.muon_ns, .muon_bytes = st.muon_bytes, .data_s = st.t_data1 - st.t_data0,
+				.weight_gathers = st.weight_gathers, .muon_ns = st.muon_ns, .muon_bytes = st.muon_bytes,
+				.muon_gflop = { st.muon_gflop[0], st.muon_gflop[1], st.muon_gflop[2] }, .data_s = st.t_data1 - st.t_data0,
 				.data_epoch = pos.epoch_rows ? pos.epoch : -1,
 				.eval_loss = ev_loss, .eval_tokens = ev_tokens,
 			};

@@ -271,10 +271,14 @@ static int count_muon(struct trainer *t, const struct train_comm *comm, struct s
 {
 	struct optim_stats os;
 	optim_get_stats(t->opt, &os);
-	double x[2] = { (double)os.ns_matrices, (double)os.muon_bytes };
-	int rc = comm && !strcmp(t->cfg.opt_type, "muon") ? comm->sum(comm->mc.ctx, (1u << AX_COUNT) - 1, x, 2) : 0;
+	double x[3] = { (double)os.ns_matrices, (double)os.muon_bytes, os.ns_flops };
+	int rc = comm && !strcmp(t->cfg.opt_type, "muon") ? comm->sum(comm->mc.ctx, (1u << AX_COUNT) - 1, x, 3) : 0;
+	bool plan = os.ns_plan_max > 0;  /* a mesh: the plan's spread; one device: its own */
 	st->muon_ns = x[0];
 	st->muon_bytes = x[1];
+	st->muon_gflop[0] = x[2] * 1e-9;
+	st->muon_gflop[1] = (plan ? os.ns_plan_max : os.ns_flops) * 1e-9;
+	st->muon_gflop[2] = (plan ? os.ns_plan_min : os.ns_flops) * 1e-9;
 	return rc;
 }
 

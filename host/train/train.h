@@ -27,6 +27,8 @@ struct step_stats {
 	int weight_gathers; /* FSDP all-gathers of layer groups this step */
 	double muon_ns;     /* Muon: matrices orthogonalised, every device's */
 	double muon_bytes;  /* Muon: bytes sent for it, every device's */
+	double muon_gflop[3]; /* Muon: Newton-Schulz GFLOP, every device's;
+			       * the busiest and least busy device's (the plan's) */
 	/* util_now_s() times, for traces */
 	double t_data0, t_data1; /* reading this device's rows */
 	double t_fb0, t_fb1;    /* forward and backward */
