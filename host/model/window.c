@@ -324,6 +324,11 @@ static void start_next(struct win *w)
 	}
 }
 
+bool win_moves(const struct win *w, bool layer)
+{
+	return w && w->cnum[layer ? 1 : 0] > 0;
+}
+
 int win_gather_start(struct win *w, int k, int l0, int l1)
 {
 	check_slot(w, k);

@@ -87,6 +87,9 @@ size_t win_numel(const struct win *w);
 /* The slots a caller may number: 0 .. win_slots() - 1 (windows + 2). */
 int win_slots(const struct win *w);
 
+/* Whether a gather of a layer group (layer) or of the non-layer group
+ * moves any weights: some tensor of that kind is gathered. */
+bool win_moves(const struct win *w, bool layer);
 /* A step begins: the collectives to use and where its error lives. */
 void win_begin(struct win *w, const struct model_comm *comm, int *rc);
 /* Starts all-gathering group [l0, l1) into FREE slot k (in the

@@ -1,7 +1,8 @@
 /* See host/optim/optim.h. The state is two buffers, m and v, laid out
  * seg by seg like the parameters, except that a seg whose state ZeRO-1
  * splits over `data` keeps only this device's part of it. The buckets
- * the gradients are summed in during the backward: buckets.c. */
+ * the gradients are summed in during the backward: buckets.c; ZeRO-1's
+ * reduce-scatters and gathers of them: zero.c. */
 #include "host/optim/optim_int.h"
 
 #include <errno.h>
@@ -200,8 +201,24 @@ void optim_step_begin(struct optim *o, const struct optim_comm *oc)
 	for (int i = 0; i < o->nb; i++) {
 		o->b[i].left = o->b[i].u1 - o->b[i].u0;
 		o->b[i].issued = false;
-		o->b[i].h = NULL;
+		o->b[i].h = o->b[i].h2 = NULL;
 	}
+}
+
+int optim_hook_weights(void *ctx, int l0, int l1)
+{
+	struct optim *o = ctx;
+	int rc = 0;
+	if (l0 < 0)
+		l1 = l0 + 1;
+	for (int key = l0; key < l1 && !rc; key++)
+		rc = zero_wait_params(o, key);
+	return rc;
+}
+
+int optim_wait_params(struct optim *o)
+{
+	return zero_wait_params(o, ZERO_ALL);
 }
 
 /* Unit k's gradients moved on (computed, or landed): when it is done,
@@ -269,8 +286,8 @@ int optim_sum_grads(struct optim *o, double *ss_out)
 		/* the seg's padding is zero: the grads were zeroed whole */
 		uint32_t rest = s->axes & ~data;
 		float *gs = o->gshard + s->o0;
-		if ((rc = mc->reduce_scatter(mc->ctx, data, gs, G + s->p0, s->shard_n)) ||
-		    (rest && (rc = mc->all_reduce(mc->ctx, rest, gs, s->shard_n))))
+		if (!s->bucketed && ((rc = mc->reduce_scatter(mc->ctx, data, gs, G + s->p0, s->shard_n)) ||
+				     (rest && (rc = mc->all_reduce(mc->ctx, rest, gs, s->shard_n)))))
 			return rc;
 		ss += grad_sumsq(o, gs, s->p0 + s->s0, s->p0 + s->s0 + s->len, o->ndata);
 	}
@@ -311,10 +328,8 @@ static void update_router_bias(struct optim *o, const struct param_info *p)
 	}
 }
 
-/* Updates parameters [a, b) of the layout from gradients g, with state m
- * and v, all three indexed from a. */
-static int update_range(struct optim *o, int64_t step, float lr,
-			const float *g, float *mb, float *vb, size_t a, size_t b)
+int optim_update_range(struct optim *o, int64_t step, float lr, const float *g, float *mb, float *vb,
+		       size_t a, size_t b)
 {
 	struct model *m = o->model;
 	const struct cfg *c = &o->cfg;
@@ -360,16 +375,23 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 		size_t a = s->p0 + s->s0, len = s->zero ? s->len : s->n;
 		if (clip != 1.0f)
 			scale_inplace(g, len, clip);
-		if ((rc = update_range(o, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len)))
+		if (!s->bucketed &&
+		    (rc = optim_update_range(o, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len)))
 			return rc;
 	}
+	/* before ZeRO-1's gathers pack the parameters: every rank makes the
+	 * same update to the whole bias */
 	for (int i = 0; i < model_num_params(m); i++)
 		if (model_param(m, i)->opt == OPT_NONE)
 			update_router_bias(o, model_param(m, i));
-	/* ZeRO-1: every data rank takes the others' updated parts */
+	/* ZeRO-1 in buckets: each bucket updated, then its gather started,
+	 * waited for by the next use of its weights (optim_hook_weights) */
+	if ((rc = zero_update_gather(o, step, lr)))
+		return rc;
+	/* ZeRO-1 without: every data rank takes the others' updated parts */
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];
-		if (!s->zero)
+		if (!s->zero || s->bucketed)
 			continue;
 		/* in place: this rank's part already sits in the bucket */
 		if ((rc = mc->all_gather(mc->ctx, 1u << AX_DATA, P + s->p0, P + s->p0 + s->s0,

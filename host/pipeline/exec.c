@@ -335,6 +335,63 @@ static int completed(const struct pipe_exec *x, int k, int *l0, int *l1)
 	return n;
 }
 
+/* The groups whose weights action a reads (its compute, or a gather of
+ * them): at most 2. */
+static int reads(const struct pipe_exec *x, const struct pipe_action *a, int *l0, int *l1)
+{
+	int n = 0, nb, a0, L = model_dims(x->m)->L;
+	outside(x, &nb, &a0);
+	switch (a->op) {
+	case PA_EMBED:
+	case PA_EMBED_BACK:
+	case PA_HEAD: {
+		bool head = a->op == PA_HEAD;
+		l0[n] = head ? PIPE_HOOK_HEAD : PIPE_HOOK_EMBED;
+		l1[n++] = 0;
+		if (head ? a0 < L : nb > 0) {
+			l0[n] = head ? a0 : 0;
+			l1[n++] = head ? L : nb;
+		}
+		return n;
+	}
+	case PA_F:
+	case PA_FC:
+	case PA_B:
+	case PA_I:
+	case PA_W:
+		chunk_layers(x, a->chunk, &l0[0], &l1[0]);
+		return 1;
+	case PA_GATHER:
+		/* a gather that moves nothing reads nothing */
+		if (!win_moves(model_window(x->m), a->chunk != PIPE_G_NONLAYER))
+			return 0;
+		if (a->chunk == PIPE_G_NONLAYER) {
+			l0[0] = PIPE_HOOK_HEAD;
+			l0[1] = PIPE_HOOK_EMBED;
+			l1[0] = l1[1] = 0;
+			return 2;
+		}
+		if (a->chunk == PIPE_G_OUTSIDE) {
+			l0[0] = nb ? 0 : a0;
+			l1[0] = nb ? nb : L;
+		} else {
+			chunk_layers(x, a->chunk, &l0[0], &l1[0]);
+		}
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+static int before_action(struct pipe_exec *x, const struct pipe_action *a)
+{
+	int l0[2], l1[2], n = x->hooks.weights_needed ? reads(x, a, l0, l1) : 0, rc;
+	for (int i = 0; i < n; i++)
+		if ((rc = x->hooks.weights_needed(x->hooks.ctx, l0[i], l1[i])))
+			return rc;
+	return 0;
+}
+
 static int after_action(struct pipe_exec *x, int k)
 {
 	int l0[4], l1[4], n = x->after[k] && x->hooks.grads_done ? completed(x, k, l0, l1) : 0, rc;
@@ -543,8 +600,10 @@ static bool timed(int op)
 
 static int run_action(struct pipe_exec *x, const struct pipe_action *a)
 {
+	int rc = before_action(x, a);
 	double t0 = util_now_s();
-	int rc;
+	if (rc)
+		return rc;
 	switch (a->op) {
 	case PA_EMBED:
 		rc = run_embed(x, a);

@@ -125,7 +125,9 @@ static int open_optim(struct trainer *t, const struct cfg *c, struct optim_place
 	free(l0);
 	free(l1);
 	if (!rc)
-		pipe_exec_set_hooks(t->px, &(struct pipe_hooks){ .grads_done = optim_hook_grads, .ctx = t->opt });
+		pipe_exec_set_hooks(t->px, &(struct pipe_hooks){ .grads_done = optim_hook_grads,
+								 .weights_needed = optim_hook_weights,
+								 .ctx = t->opt });
 	return rc;
 }
 
@@ -377,6 +379,14 @@ comm_failed:
 	return rc;
 }
 
+int trainer_sync(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen)
+{
+	int rc = optim_wait_params(t->opt);
+	if (rc && comm && comm->err != err)
+		snprintf(err, errlen, "%s", comm->err);
+	return rc;
+}
+
 int trainer_eval(struct trainer *t, int global_rows, int row0, const struct train_comm *comm,
 		 double *loss, int64_t *tokens, char *err, size_t errlen)
 {
@@ -386,7 +396,9 @@ int trainer_eval(struct trainer *t, int global_rows, int row0, const struct trai
 	const uint32_t rows = model_rows_axes(m), stage = staged ? 1u << AX_STAGE : 0;
 	int64_t nb = data_eval_batches(t->eval, global_rows, t->cfg.eval_steps, err, errlen);
 	double sum = 0, count = 0;
-	int rc = 0;
+	int rc = trainer_sync(t, comm, err, errlen);
+	if (rc)
+		return rc;
 	if (nb < 0)
 		return (int)nb;
 	for (int64_t b = 0; b < nb; b++) {
