@@ -205,20 +205,20 @@ void optim_step_begin(struct optim *o, const struct optim_comm *oc)
 	}
 }
 
-int optim_hook_weights(void *ctx, int l0, int l1)
+int optim_hook_weights(void *ctx, int l0, int l1, bool gathered)
 {
 	struct optim *o = ctx;
 	int rc = 0;
 	if (l0 < 0)
 		l1 = l0 + 1;
 	for (int key = l0; key < l1 && !rc; key++)
-		rc = zero_wait_params(o, key);
+		rc = zero_wait_params(o, key, gathered);
 	return rc;
 }
 
 int optim_wait_params(struct optim *o)
 {
-	return zero_wait_params(o, ZERO_ALL);
+	return zero_wait_params(o, ZERO_ALL, false);
 }
 
 /* Unit k's gradients moved on (computed, or landed): when it is done,

@@ -112,9 +112,10 @@ void optim_step_begin(struct optim *o, const struct optim_comm *oc);
 int optim_hook_grads(void *ctx, int l0, int l1, bool landed);
 /* The executor's weights_needed hook (struct pipe_hooks; ctx the
  * optimizer): before the step first uses weight group [l0, l1) (or
- * PIPE_HOOK_HEAD, PIPE_HOOK_EMBED), waits for ZeRO-1's all-gathers of
- * the buckets holding it that the last update started. 0 or -errno. */
-int optim_hook_weights(void *ctx, int l0, int l1);
+ * PIPE_HOOK_HEAD, PIPE_HOOK_EMBED; gathered: only its tensors the FSDP
+ * window gathers), waits for ZeRO-1's all-gathers of the buckets
+ * holding it that the last update started. 0 or -errno. */
+int optim_hook_weights(void *ctx, int l0, int l1, bool gathered);
 /* Waits for every such gather: the parameters are whole again (before
  * anything but the step's table reads them: eval, checkpoints, the end
  * of the run). 0 or -errno. */

@@ -146,9 +146,10 @@ int zero_wait(struct optim *o, struct bucket *b);
  * soon as its update is done. 0 or -errno. */
 int zero_update_gather(struct optim *o, int64_t step, float lr);
 /* Waits for the all-gathers of the zero buckets holding weight group
- * key (all: key ZERO_ALL) and unpacks them into the parameters. */
+ * key (all: key ZERO_ALL; gathered: only its units with tensors the FSDP
+ * window gathers) and unpacks them into the parameters. */
 #define ZERO_ALL (-100)
-int zero_wait_params(struct optim *o, int key);
+int zero_wait_params(struct optim *o, int key, bool gathered);
 /* The same for bucket b alone. */
 int zero_wait_params_of(struct optim *o, struct bucket *b);
 

@@ -170,14 +170,27 @@ static int gather_start(struct optim *o, struct bucket *b)
 	return rc;
 }
 
+/* Whether bucket b holds tensors of the head or the embedding that the
+ * FSDP window gathers (at the start of the step, before any layer). */
+static bool early(const struct optim *o, const struct bucket *b)
+{
+	for (int j = b->u0; j < b->u1; j++) {
+		const struct unit *u = &o->u[o->ubk[j]];
+		if (u->key < 0 && u->gathered)
+			return true;
+	}
+	return false;
+}
+
 int zero_update_gather(struct optim *o, int64_t step, float lr)
 {
 	int rc = 0;
-	/* the buckets complete last layer first: the forward wants the
-	 * embedding's first */
-	for (int i = o->nb - 1; i >= 0 && !rc; i--) {
-		struct bucket *b = &o->b[i];
-		if (!b->zero)
+	/* in the order the next step reads them: the buckets complete last
+	 * layer first, the forward wants the embedding's first; the FSDP
+	 * window's non-layer gather, which opens the step, before all */
+	for (int k = 0; k < 2 * o->nb && !rc; k++) {
+		struct bucket *b = &o->b[o->nb - 1 - k % o->nb];
+		if (!b->zero || early(o, b) != (k < o->nb))
 			continue;
 		struct upd u = { .step = step, .lr = lr, .s = &o->seg[b->seg] };
 		walk(o, b, o->rdata, update_run, &u);
@@ -206,7 +219,7 @@ int zero_wait_params_of(struct optim *o, struct bucket *b)
 	return rc;
 }
 
-int zero_wait_params(struct optim *o, int key)
+int zero_wait_params(struct optim *o, int key, bool gathered)
 {
 	int rc = 0;
 	for (int i = 0; i < o->nb && !rc && o->gpending; i++) {
@@ -214,8 +227,10 @@ int zero_wait_params(struct optim *o, int key)
 		if (!b->zero || (!b->gh && !b->gsync))
 			continue;
 		bool has = key == ZERO_ALL;
-		for (int j = b->u0; j < b->u1 && !has; j++)
-			has = o->u[o->ubk[j]].key == key;
+		for (int j = b->u0; j < b->u1 && !has; j++) {
+			const struct unit *u = &o->u[o->ubk[j]];
+			has = u->key == key && (u->gathered || !gathered);
+		}
 		if (has)
 			rc = zero_wait_params_of(o, b);
 	}

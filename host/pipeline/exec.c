@@ -387,7 +387,7 @@ static int before_action(struct pipe_exec *x, const struct pipe_action *a)
 {
 	int l0[2], l1[2], n = x->hooks.weights_needed ? reads(x, a, l0, l1) : 0, rc;
 	for (int i = 0; i < n; i++)
-		if ((rc = x->hooks.weights_needed(x->hooks.ctx, l0[i], l1[i])))
+		if ((rc = x->hooks.weights_needed(x->hooks.ctx, l0[i], l1[i], a->op == PA_GATHER)))
 			return rc;
 	return 0;
 }

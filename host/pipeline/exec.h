@@ -74,10 +74,11 @@ struct pipe_p2p {
 struct pipe_hooks {
 	int (*grads_done)(void *ctx, int l0, int l1, bool landed);
 	/* Before each action that reads a group's weights (its compute, or
-	 * the window's gather of it), for each group it reads: the owner
-	 * makes them current (ZeRO-1's gathers, started by the update
-	 * before). NULL: none. 0 or -errno, which ends the step. */
-	int (*weights_needed)(void *ctx, int l0, int l1);
+	 * the window's gather of it: gathered, only the tensors the window
+	 * gathers), for each group it reads: the owner makes them current
+	 * (ZeRO-1's gathers, started by the update before). NULL: none. 0
+	 * or -errno, which ends the step. */
+	int (*weights_needed)(void *ctx, int l0, int l1, bool gathered);
 	void *ctx;
 };
 
