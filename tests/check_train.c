@@ -478,6 +478,67 @@ START_TEST(test_zero1_collectives_under_compute)
 }
 END_TEST
 
+/* FSDP: the next step's first gathers are started by the update, once
+ * it has updated their shards: from the trace's order of events (not
+ * from timing), on every device, inside every step's "optimizer" span a
+ * window gather is queued ("q all_gather (prefetch)" on the flight
+ * track); and with grad_bucket_mb=0 (the order before) none is. */
+START_TEST(test_fsdp_first_gather_started_by_update)
+{
+	for (int off = 0; off < 2; off++) {
+		char args[512];
+		snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
+			 "steps=3 ici_data_parallelism=1 ici_fsdp_parallelism=2 %s --trace %s/f.json",
+			 off ? "grad_bucket_mb=0" : "", tmpdir);
+		show_log_on_failure(run(args), 0);
+		char *text = read_tmp("f.json");
+		cJSON *root = cJSON_Parse(text), *e;
+		ck_assert_msg(root, "trace is not JSON");
+		double o0[2][3], o1[2][3];
+		int inside[2][3] = { { 0 } };
+		for (int d = 0; d < 2; d++)
+			for (int s = 0; s < 3; s++)
+				o0[d][s] = o1[d][s] = -1;
+		cJSON *evs = cJSON_GetObjectItem(root, "traceEvents");
+		cJSON_ArrayForEach(e, evs) {
+			if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+				continue;
+			int tid = cJSON_GetObjectItem(e, "tid")->valueint;
+			if (tid >= TRACE_FLIGHT_TID || strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "optimizer"))
+				continue;
+			int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
+			ck_assert(tid >= 0 && tid < 2 && step >= 0 && step < 3);
+			o0[tid][step] = cJSON_GetObjectItem(e, "ts")->valuedouble;
+			o1[tid][step] = o0[tid][step] + cJSON_GetObjectItem(e, "dur")->valuedouble;
+		}
+		cJSON_ArrayForEach(e, evs) {
+			if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+				continue;
+			int tid = cJSON_GetObjectItem(e, "tid")->valueint, d = tid % TRACE_FLIGHT_TID;
+			if (tid < TRACE_FLIGHT_TID ||
+			    strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "q all_gather (prefetch)"))
+				continue;
+			ck_assert(d >= 0 && d < 2);
+			double ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
+			for (int s = 0; s < 3; s++)
+				inside[d][s] += ts >= o0[d][s] && ts <= o1[d][s];
+		}
+		for (int d = 0; d < 2; d++)
+			for (int s = 0; s < 3; s++) {
+				ck_assert_msg(o0[d][s] >= 0, "device %d step %d: no optimizer span", d, s);
+				if (off)
+					ck_assert_msg(!inside[d][s], "device %d step %d: grad_bucket_mb=0 queued %d "
+						      "gathers in the update", d, s, inside[d][s]);
+				else
+					ck_assert_msg(inside[d][s] >= 1, "device %d step %d: no gather queued in the "
+						      "update", d, s);
+			}
+		cJSON_Delete(root);
+		free(text);
+	}
+}
+END_TEST
+
 /* Each metrics line's number `field` (0 when absent) into out. */
 static int field_values(const char *name, const char *field, double *out, int max)
 {
@@ -606,11 +667,13 @@ int main(void)
 	tcase_add_test(tc, test_bucket_starts_during_backward);
 	tcase_add_test(tc, test_muon_once_per_matrix);
 	suite_add_tcase(s, tc);
-	/* ZeRO-1's reduce-scatters and gathers under compute */
+	/* ZeRO-1's reduce-scatters and gathers, FSDP's first gathers, under
+	 * compute */
 	TCase *zc = tcase_create("zero1_overlap");
 	tcase_add_checked_fixture(zc, setup, teardown);
 	tcase_set_timeout(zc, 120);
 	tcase_add_test(zc, test_zero1_collectives_under_compute);
+	tcase_add_test(zc, test_fsdp_first_gather_started_by_update);
 	suite_add_tcase(s, zc);
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests; the

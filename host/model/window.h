@@ -103,7 +103,8 @@ int win_wait(struct win *w, int k);
 void win_release(struct win *w, int k);
 /* Zeroes READY slot k's gradient window (its gradients accumulate). */
 void win_zero_grads(struct win *w, int k);
-/* Layer-group gathers started since win_begin (the non-layer group's
+/* Layer-group gathers started since the last win_end (a gather started
+ * ahead of the step, pipe_exec_prefetch, counts in it; the non-layer group's
  * are not counted, nor any when no layer tensor is gathered): a
  * schedule's gathers per step. */
 int win_gathers(const struct win *w);

@@ -385,3 +385,49 @@ int bucket_wait(struct optim *o, struct bucket *b)
 		move(o, b, model_grads(o->model), false);
 	return rc;
 }
+
+/* ---- the next step's first gathers (optim_set_prefetch) ---- */
+
+/* Layout floats [x, y) of seg s (not ZeRO-1's) updated. */
+static int update_floats(struct optim *o, const struct seg *s, int64_t step, float lr, size_t x, size_t y)
+{
+	size_t at = s->o0 + (x - s->p0);
+	return x < y ? optim_update_range(o, step, lr, model_grads(o->model) + x, o->m + at, o->v + at, x, y) : 0;
+}
+
+int units_update_early(struct optim *o, int64_t step, float lr)
+{
+	int rc = 0;
+	for (int k = 0; k < o->nu && !rc; k++)
+		for (int q = o->u[k].p0; o->u[k].early && q < o->u[k].p1 && !rc; q++)
+			rc = update_floats(o, &o->seg[o->u[k].seg], step, lr, o->pc[q].off, o->pc[q].off + o->pc[q].n);
+	return rc;
+}
+
+static int by_off(const void *a, const void *b)
+{
+	size_t x = ((const struct piece *)a)->off, y = ((const struct piece *)b)->off;
+	return x < y ? -1 : x > y;
+}
+
+int seg_update_rest(struct optim *o, int s, int64_t step, float lr)
+{
+	const struct seg *sg = &o->seg[s];
+	struct piece *skip = malloc(sizeof(*skip) * (size_t)(o->npc + 1));
+	int n = 0, rc = 0;
+	if (!skip)
+		return -ENOMEM;
+	for (int k = 0; k < o->nu; k++)
+		for (int q = o->u[k].p0; o->u[k].early && o->u[k].seg == s && q < o->u[k].p1; q++)
+			skip[n++] = o->pc[q];
+	qsort(skip, (size_t)n, sizeof(*skip), by_off);
+	size_t at = sg->p0;
+	for (int j = 0; j < n && !rc; j++) {
+		rc = update_floats(o, sg, step, lr, at, skip[j].off);
+		at = skip[j].off + skip[j].n;
+	}
+	if (!rc)
+		rc = update_floats(o, sg, step, lr, at, sg->p0 + sg->n);
+	free(skip);
+	return rc;
+}

@@ -361,29 +361,70 @@ int optim_update_range(struct optim *o, int64_t step, float lr, const float *g, 
 	return 0;
 }
 
+void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx), void *ctx, const int *l0, const int *l1, int n)
+{
+	o->prefetch = fn;
+	o->prefetch_ctx = ctx;
+	for (int i = 0; i < n; i++)
+		for (int key = l0[i]; key < (l0[i] < 0 ? l0[i] + 1 : l1[i]); key++)
+			for (int s = 0; s < o->nseg; s++) {
+				int k = unit_of(o, key, s, false), r = unit_of(o, key, s, true);
+				if (k >= 0)
+					o->u[k].early |= o->u[k].gathered;
+				if (r >= 0)
+					o->u[r].early |= o->u[r].gathered;
+			}
+}
+
+/* Whether this update starts the next step's first gathers early:
+ * AdamW (Muon updates whole tensors at once), buckets on
+ * (grad_bucket_mb=0: the order before), no ZeRO-1 (its gathers go
+ * first). */
+static bool prefetching(const struct optim *o)
+{
+	bool any = false;
+	if (!o->prefetch || o->muon || o->cfg.grad_bucket_mb == 0 || !o->have_oc)
+		return false;
+	for (int s = 0; s < o->nseg; s++)
+		if (o->seg[s].zero)
+			return false;
+	for (int k = 0; k < o->nu; k++)
+		any |= o->u[k].early;
+	return any;
+}
+
 int optim_update(struct optim *o, int64_t step, float lr, float clip)
 {
 	struct model *m = o->model;
 	float *G = model_grads(m), *P = model_params(m);
 	const struct model_comm *mc = o->have_oc ? o->oc.mc : NULL;
 	int rc;
+	bool pre = prefetching(o);
 	o->muon_rr = 0;
 	o->stats.ns_matrices = o->stats.muon_bytes = 0;
+	for (int i = 0; i < o->nseg && clip != 1.0f; i++) {
+		struct seg *s = &o->seg[i];
+		scale_inplace(s->zero ? o->gshard + s->o0 : G + s->p0, s->zero ? s->len : s->n, clip);
+	}
+	/* before any gather packs the parameters (every rank makes the same
+	 * update to the whole bias; the other tensors do not read it) */
+	for (int i = 0; i < model_num_params(m); i++)
+		if (model_param(m, i)->opt == OPT_NONE)
+			update_router_bias(o, model_param(m, i));
+	/* the next step's first gathers leave once their shards are updated */
+	if (pre && ((rc = units_update_early(o, step, lr)) || (rc = o->prefetch(o->prefetch_ctx))))
+		return rc;
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];
 		float *g = s->zero ? o->gshard + s->o0 : G + s->p0;
 		size_t a = s->p0 + s->s0, len = s->zero ? s->len : s->n;
-		if (clip != 1.0f)
-			scale_inplace(g, len, clip);
-		if (!s->bucketed &&
-		    (rc = optim_update_range(o, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len)))
+		if (pre)
+			rc = seg_update_rest(o, i, step, lr);
+		else if (!s->bucketed)
+			rc = optim_update_range(o, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len);
+		if (rc)
 			return rc;
 	}
-	/* before ZeRO-1's gathers pack the parameters: every rank makes the
-	 * same update to the whole bias */
-	for (int i = 0; i < model_num_params(m); i++)
-		if (model_param(m, i)->opt == OPT_NONE)
-			update_router_bias(o, model_param(m, i));
 	/* ZeRO-1 in buckets: each bucket updated, then its gather started,
 	 * waited for by the next use of its weights (optim_hook_weights) */
 	if ((rc = zero_update_gather(o, step, lr)))

@@ -129,6 +129,15 @@ int optim_wait_params(struct optim *o);
  * counts each element once). 0 or the failing collective's -errno. */
 int optim_sum_grads(struct optim *o, double *ss);
 
+/* The next step's first gathers of FSDP-split weights (the groups
+ * [l0[i], l1[i]) of n, as pipe_hooks name them: the table's leading
+ * gathers): fn(ctx) starts them, and optim_update calls it as soon as
+ * it has updated this device's shards of those groups, before the rest,
+ * so they travel during the rest of the update. Not with ZeRO-1's
+ * buckets (their gathers come first), Muon (updated per tensor) or
+ * grad_bucket_mb=0 (the order before). */
+void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx), void *ctx, const int *l0, const int *l1, int n);
+
 /* The learning rate of step (0-based): warm-up, then cosine decay. */
 float optim_lr(const struct optim *o, int64_t step);
 

@@ -48,6 +48,7 @@ struct unit {
 	int p0, p1;          /* its pieces */
 	bool plain, gathered; /* has pieces final after their compute / after
 			       * the FSDP window's reduce-scatter landed */
+	bool early;          /* read by the step's first gathers (prefetch) */
 	/* this step */
 	bool computed, landed, done;
 };
@@ -112,6 +113,10 @@ struct optim {
 	struct optim_stats stats;
 	uint64_t muon_rr;            /* matrices assigned so far this update */
 	int gpending;                /* ZeRO-1 buckets whose gather is not unpacked */
+	/* the next step's first gathers, started once their units are
+	 * updated (optim_set_prefetch) */
+	int (*prefetch)(void *ctx);
+	void *prefetch_ctx;
 };
 
 /* ---- buckets.c ---- */
@@ -130,6 +135,11 @@ int bucket_wait(struct optim *o, struct bucket *b);
 /* What the trace calls bucket b ("what L7-6": its layers, highest
  * first, h and e for the head and the embedding). */
 void bucket_name(const struct optim *o, const struct bucket *b, const char *what, char *out, size_t len);
+
+/* The update of the early units' pieces (of segs not split by ZeRO-1),
+ * and of the rest of seg s. 0 or -errno. */
+int units_update_early(struct optim *o, int64_t step, float lr);
+int seg_update_rest(struct optim *o, int s, int64_t step, float lr);
 
 /* ---- zero.c ---- */
 

@@ -47,6 +47,10 @@ struct pipe_exec {
 	uint8_t *after;              /* [n] AFTER_* events once the action at k ran */
 	bool *last_rs;               /* [n] a reduce-scatter that is its group's last */
 	int landing_k;               /* such a reduce-scatter in flight, or -1 */
+	/* the table's leading gathers, started before the step
+	 * (pipe_exec_prefetch) */
+	int npre;
+	int pre_rc;
 	/* the step in progress */
 	const int32_t *inputs, *targets;
 	struct model_step *st;
@@ -414,6 +418,52 @@ void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h)
 	x->hooks = h ? *h : (struct pipe_hooks){ 0 };
 }
 
+static int run_weights(struct pipe_exec *x, const struct pipe_action *a);
+
+/* The table's leading gathers: the actions before its first other. */
+static int leading(const struct pipe_exec *x)
+{
+	int k = 0;
+	while (k < x->n && x->a[k].op == PA_GATHER)
+		k++;
+	return k;
+}
+
+int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int max)
+{
+	int n = 0, a[2], b[2];
+	for (int k = 0; k < leading(x); k++)
+		for (int i = 0, c = reads(x, &x->a[k], a, b); i < c; i++, n++)
+			if (n < max) {
+				l0[n] = a[i];
+				l1[n] = b[i];
+			}
+	return n;
+}
+
+int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm)
+{
+	struct win *w = model_window(x->m);
+	int n = leading(x), rc = 0;
+	if (x->npre || !n || !w || (!win_moves(w, false) && !win_moves(w, true)))
+		return 0;
+	x->pre_rc = 0;
+	win_begin(w, comm, &x->pre_rc);
+	for (int k = 0; k < n && !rc; k++)
+		rc = run_weights(x, &x->a[k]);
+	x->npre = n;
+	return rc;
+}
+
+int pipe_exec_prefetch_drop(struct pipe_exec *x)
+{
+	struct win *w = model_window(x->m);
+	if (!x->npre)
+		return 0;
+	x->npre = 0;
+	return win_end(w);
+}
+
 int pipe_exec_grad_order(const struct pipe_exec *x, int *l0, int *l1, int max)
 {
 	int n = 0, a[4], b[4];
@@ -663,8 +713,10 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	model_step_begin(x->m, st);
 	st->loss_sum = 0;
 	model_zero_counts(x->m);
-	for (int k = 0; k < x->n && !rc; k++)
+	/* the leading gathers a prefetch started are in flight already */
+	for (int k = x->npre; k < x->n && !rc; k++)
 		rc = run_action(x, &x->a[k]);
+	x->npre = 0;
 	if (!rc && !(rc = win_scatter_finish(w)))
 		rc = landed(x);
 	int frc = io ? io->flush(io->ctx) : 0;
