@@ -241,9 +241,19 @@ static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size
 	return rc;
 }
 
-/* The optimizer's gradient buckets (host/optim/optim.h, struct
- * optim_bg): all-reduces queued on the communication thread, named by
- * their layers, waited for by job_wait. */
+/* The optimizer's background collectives (host/optim/optim.h, struct
+ * optim_bg): queued on the communication thread, named by their
+ * layers, waited for by job_wait; h from coll_*_async. */
+static int job_bg_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes,
+			const char *name, void **out)
+{
+	int rc = job_start(c, h, op, axes, name, out);
+	if (!rc)  /* its wait span carries the bucket's name alone */
+		((struct job_pending *)*out)->named = false;
+	return rc;
+}
+
+/* A gradient bucket's all-reduce. */
 static int job_bg_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n, const char *name, void **out)
 {
 	struct job_ctx *c = vctx;
@@ -253,11 +263,8 @@ static int job_bg_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n, co
 		return -ENOMEM;
 	if (g->n == 1)
 		return 0;
-	int rc = job_start(c, coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen), "all_reduce",
-			   axes, name, out);
-	if (!rc)  /* its wait span carries the bucket's name alone */
-		((struct job_pending *)*out)->named = false;
-	return rc;
+	return job_bg_start(c, coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen), "all_reduce", axes,
+			    name, out);
 }
 
 /* ZeRO-1's buckets (optim_bg): their gradients' reduce-scatters and
@@ -274,11 +281,8 @@ static int job_bg_reduce_scatter(void *vctx, uint32_t axes, float *out, const fl
 		memcpy(out, in, n * sizeof(float));
 		return 0;
 	}
-	int rc = job_start(c, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
-			   "reduce_scatter", axes, name, h);
-	if (!rc)
-		((struct job_pending *)*h)->named = false;
-	return rc;
+	return job_bg_start(c, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
+			    "reduce_scatter", axes, name, h);
 }
 
 static int job_bg_all_gather(void *vctx, uint32_t axes, void *out, const void *in, size_t bytes,
@@ -293,11 +297,8 @@ static int job_bg_all_gather(void *vctx, uint32_t axes, void *out, const void *i
 		memmove(out, in, bytes);
 		return 0;
 	}
-	int rc = job_start(c, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
-			   "all_gather", axes, name, h);
-	if (!rc)
-		((struct job_pending *)*h)->named = false;
-	return rc;
+	return job_bg_start(c, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
+			    "all_gather", axes, name, h);
 }
 
 /* Waits for a background collective (the FSDP window's or a gradient
