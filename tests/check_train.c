@@ -84,11 +84,11 @@ START_TEST(test_dp_equals_single_moe) { equivalence("configs/deepseek-tiny.yml",
 END_TEST
 /* ZeRO-1 in buckets of one layer each (grad_bucket_mb tiny) over data
  * rings of 4: each float lands in the same block as when the whole seg
- * is reduce-scattered at once */
+ * is reduce-scattered at once (an MoE model under ZeRO-1: beside experts
+ * below, and check_deepseek3's test_zero1_fsdp_transpose) */
 START_TEST(test_zero1_equals_single)
 {
 	equivalence("configs/llama-tiny.yml", 2, 2, "shard_optimizer_over_data=true grad_bucket_mb=0.01");
-	equivalence("configs/deepseek-tiny.yml", 2, 1, "shard_optimizer_over_data=true");
 }
 END_TEST
 START_TEST(test_fsdp_equals_single)
@@ -488,16 +488,16 @@ START_TEST(test_fsdp_first_gather_started_by_update)
 	for (int off = 0; off < 2; off++) {
 		char args[512];
 		snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
-			 "steps=3 ici_data_parallelism=1 ici_fsdp_parallelism=2 %s --trace %s/f.json",
+			 "steps=2 ici_data_parallelism=1 ici_fsdp_parallelism=2 %s --trace %s/f.json",
 			 off ? "grad_bucket_mb=0" : "", tmpdir);
 		show_log_on_failure(run(args), 0);
 		char *text = read_tmp("f.json");
 		cJSON *root = cJSON_Parse(text), *e;
 		ck_assert_msg(root, "trace is not JSON");
-		double o0[2][3], o1[2][3];
-		int inside[2][3] = { { 0 } };
+		double o0[2][2], o1[2][2];
+		int inside[2][2] = { { 0 } };
 		for (int d = 0; d < 2; d++)
-			for (int s = 0; s < 3; s++)
+			for (int s = 0; s < 2; s++)
 				o0[d][s] = o1[d][s] = -1;
 		cJSON *evs = cJSON_GetObjectItem(root, "traceEvents");
 		cJSON_ArrayForEach(e, evs) {
@@ -507,7 +507,7 @@ START_TEST(test_fsdp_first_gather_started_by_update)
 			if (tid >= TRACE_FLIGHT_TID || strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "optimizer"))
 				continue;
 			int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
-			ck_assert(tid >= 0 && tid < 2 && step >= 0 && step < 3);
+			ck_assert(tid >= 0 && tid < 2 && step >= 0 && step < 2);
 			o0[tid][step] = cJSON_GetObjectItem(e, "ts")->valuedouble;
 			o1[tid][step] = o0[tid][step] + cJSON_GetObjectItem(e, "dur")->valuedouble;
 		}
@@ -520,11 +520,11 @@ START_TEST(test_fsdp_first_gather_started_by_update)
 				continue;
 			ck_assert(d >= 0 && d < 2);
 			double ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
-			for (int s = 0; s < 3; s++)
+			for (int s = 0; s < 2; s++)
 				inside[d][s] += ts >= o0[d][s] && ts <= o1[d][s];
 		}
 		for (int d = 0; d < 2; d++)
-			for (int s = 0; s < 3; s++) {
+			for (int s = 0; s < 2; s++) {
 				ck_assert_msg(o0[d][s] >= 0, "device %d step %d: no optimizer span", d, s);
 				if (off)
 					ck_assert_msg(!inside[d][s], "device %d step %d: grad_bucket_mb=0 queued %d "
