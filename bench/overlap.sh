@@ -6,7 +6,11 @@
 #   single device; data over 2 hosts with the buckets summed during the
 #   backward (grad_bucket_mb=25, the default) and after it
 #   (grad_bucket_mb=0, the order before issue 20); FSDP 2x2; ZeRO-1 over
-#   2 hosts; FSDP + pipeline (2 hosts x 2: stage over the host's two
+#   2 hosts, its buckets reduce-scattered during the backward and its
+#   parameters gathered per bucket (grad_bucket_mb=25) against the
+#   whole-seg reduce-scatter and gather (grad_bucket_mb=0); FSDP 2x2
+#   the same way (0: the next step's first gathers not started by the
+#   update); FSDP + pipeline (2 hosts x 2: stage over the host's two
 #   devices, fsdp over the hosts); Muon and AdamW under FSDP=4 (1 host x
 #   4 devices), optimizer time from the trace; PyTorch DDP over gloo
 #   (bench/torch_llama.py --ddp 2) beside meshrun's data parallelism;
@@ -21,13 +25,19 @@
 # comm_exposed_s and comm_background_s (device 0, mean), CPU s per step
 # (user + sys of every process of the run, start-up included, / steps),
 # optimizer s per step (device 0's "optimizer" spans), the load average.
-# usage: [OVERLAP_ONLY=muon] bench/overlap.sh [STEPS] [ROUNDS] [OLD_MESHRUN]
-#   OVERLAP_ONLY=muon: only the single device and the Muon rows.
+# usage: bench/overlap.sh [STEPS] [ROUNDS] [OLD_MESHRUN] [ONLY]
 #   OLD_MESHRUN: a build to compare Muon with (Muon on every device that
-#   shares a matrix, before host/optim/muon.c), run in the same rounds.
+#   shares a matrix, before host/optim/muon.c), run in the same rounds
+#   ("" for none). ONLY: an extended regex of the runs to make (names:
+#   dp dp0 fsdp fsdp0 zero1 zero10 fsdppp f4adamw f4muon f4old torch
+#   dsexpsize dsexpround_robin, the same for dsfsdp and dsep; the single
+#   device always runs), e.g.
+#   bench/overlap.sh 4 1 "" '^(zero1|zero10|fsdp|fsdp0)$'   (ZeRO-1, FSDP)
+#   bench/overlap.sh 4 1 "" '^(f4|ds)'                     (the Muon rows)
 set -eu
 cd "$(dirname "$0")/.."
-steps=${1:-6}; rounds=${2:-2}; old=${3:-}; only=${OVERLAP_ONLY:-}
+steps=${1:-6}; rounds=${2:-2}; old=${3:-}; only=${4:-.}
+want() { case $1 in one|one4) return 0 ;; esac; echo "$1" | grep -Eq -- "$only"; }
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # copies: a rebuild while this runs does not change what it measures
@@ -43,12 +53,14 @@ print('%.4f' % (sum(x['dur'] for x in e) / len(e) * 1e-6))"; }
 # run NAME BIN ARGS...: one run, its metrics, trace and CPU time
 run() {
   name=$1; bin=$2; shift 2
+  want $name || return 0
   /usr/bin/time -f "%U %S" -o $tmp/$name.cpu $bin "$@" steps=$steps openblas_threads=1 \
     --metrics $tmp/$name.jsonl $( [ "$1" = local ] && echo --trace $tmp/$name.json ) >/dev/null 2>$tmp/$name.err ||
     { echo "$name failed:"; tail -3 $tmp/$name.err; return 1; }
 }
 row() { # NAME LABEL BASE_S
   local t cpu opt="-"
+  want $1 || return 0
   t=$(avg $tmp/$1.jsonl step_time_s)
   cpu=$(awk -v s=$steps '{printf "%.3f", ($1 + $2) / s}' $tmp/$1.cpu)
   [ -f $tmp/$1.json ] && opt=$(optspan $tmp/$1.json)
@@ -59,23 +71,24 @@ row() { # NAME LABEL BASE_S
 printf "%-34s %7s %6s %9s %9s %8s %8s  %s\n" run step_s ratio exposed_s backgr_s cpu_s opt_s load
 for r in $(seq 1 "$rounds"); do
   echo "-- round $r"
-  run one4 $B train --config $C
+  run one $B train --config $C
+  one=$(avg $tmp/one.jsonl step_time_s); row one "single device" $one
+  run dp $B local --hosts 2 --config $C grad_bucket_mb=25; row dp "data=2, buckets during backward" $one
+  run dp0 $B local --hosts 2 --config $C grad_bucket_mb=0; row dp0 "data=2, sums after backward" $one
+  run fsdp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+    dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2
+  run one4 $B train --config $C   # the single device again, beside the 4-device runs
   one4=$(avg $tmp/one4.jsonl step_time_s)
-  row one4 "single device" $one4
-  if [ "$only" != muon ]; then
-    one=$one4
-    run dp $B local --hosts 2 --config $C grad_bucket_mb=25; row dp "data=2, buckets during backward" $one
-    run dp0 $B local --hosts 2 --config $C grad_bucket_mb=0; row dp0 "data=2, sums after backward" $one
-    run fsdp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
-      dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2
-    run one4 $B train --config $C   # the single device again, beside the 4-device runs
-    one4=$(avg $tmp/one4.jsonl step_time_s)
-    row fsdp "fsdp 2x2 (4 devices, 2 cores)" $one4
-    run zero1 $B local --hosts 2 --config $C shard_optimizer_over_data=true; row zero1 "ZeRO-1 data=2" $one
-    run fsdppp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
-      ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
-    row fsdppp "fsdp=2 x stage=2 (4 devices)" $one4
-  fi
+  row fsdp "fsdp 2x2 (4 devices, 2 cores)" $one4
+  run fsdp0 $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+    dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2 grad_bucket_mb=0
+  row fsdp0 "fsdp 2x2, grad_bucket_mb=0" $one4
+  run zero1 $B local --hosts 2 --config $C shard_optimizer_over_data=true; row zero1 "ZeRO-1 data=2" $one
+  run zero10 $B local --hosts 2 --config $C shard_optimizer_over_data=true grad_bucket_mb=0
+  row zero10 "ZeRO-1 data=2, grad_bucket_mb=0" $one
+  run fsdppp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+    ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
+  row fsdppp "fsdp=2 x stage=2 (4 devices)" $one4
   for o in adamw muon; do
     run f4$o $B local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
       ici_fsdp_parallelism=4 opt_type=$o learning_rate=0.001
@@ -87,7 +100,7 @@ for r in $(seq 1 "$rounds"); do
     row f4old "fsdp=4 muon, OLD_MESHRUN" $one4
   fi
   # PyTorch DDP over gloo, 2 processes, same model and per-process batch
-  if [ "$only" != muon ]; then
+  if want torch; then
     tt=$(/usr/bin/python3 bench/torch_llama.py --threads 1 --steps "$steps" --ddp 2 | tail -1)
     echo "torch DDP gloo x2: $tt; meshrun data=2 tokens/s/device $(avg $tmp/dp.jsonl tokens_per_s_per_device)"
   fi

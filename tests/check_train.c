@@ -82,10 +82,13 @@ START_TEST(test_dp_equals_single_dense) { equivalence("configs/llama-tiny.yml", 
 END_TEST
 START_TEST(test_dp_equals_single_moe) { equivalence("configs/deepseek-tiny.yml", 2, 2, ""); }
 END_TEST
+/* ZeRO-1 in buckets of one layer each (grad_bucket_mb tiny) over data
+ * rings of 4: each float lands in the same block as when the whole seg
+ * is reduce-scattered at once (an MoE model under ZeRO-1: beside experts
+ * below, and check_deepseek3's test_zero1_fsdp_transpose) */
 START_TEST(test_zero1_equals_single)
 {
-	equivalence("configs/llama-tiny.yml", 2, 1, "shard_optimizer_over_data=true");
-	equivalence("configs/deepseek-tiny.yml", 2, 1, "shard_optimizer_over_data=true");
+	equivalence("configs/llama-tiny.yml", 2, 2, "shard_optimizer_over_data=true grad_bucket_mb=0.01");
 }
 END_TEST
 START_TEST(test_fsdp_equals_single)
@@ -152,10 +155,12 @@ START_TEST(test_tp_ep_tt_combinations_equal_single)
 		    "ici_data_parallelism=1 ici_expert_parallelism=2 ici_tensor_transpose_parallelism=2");
 }
 END_TEST
+/* ZeRO-1 beside experts: each bucket's part all-reduced over `exp`
+ * after its reduce-scatter over data (one-layer buckets) */
 START_TEST(test_ep_zero1_fsdp_t_equals_single)
 {
 	equivalence("configs/deepseek-tiny.yml", 2, 2,
-		    "ici_data_parallelism=1 ici_expert_parallelism=2 shard_optimizer_over_data=true");
+		    "ici_data_parallelism=1 ici_expert_parallelism=2 shard_optimizer_over_data=true grad_bucket_mb=0.01");
 	equivalence("configs/llama-tiny.yml", 1, 2, "ici_data_parallelism=1 ici_fsdp_transpose_parallelism=2");
 }
 END_TEST
@@ -339,13 +344,14 @@ START_TEST(test_trace)
 END_TEST
 
 /* Gradient buckets of one layer each (grad_bucket_mb tiny): data over 4
- * devices, and beside FSDP (a layer's bucket starts when the window's
- * reduce-scatter of it has landed), equal one device */
+ * devices, and beside FSDP with ZeRO-1 (a layer's bucket starts when the
+ * window's reduce-scatter of it has landed; the window's gathers wait
+ * for the ZeRO-1 gathers of their group), equal one device */
 START_TEST(test_small_buckets_equal_single)
 {
 	equivalence("configs/llama-tiny.yml", 2, 2, "grad_bucket_mb=0.01");
 	equivalence("configs/llama-tiny.yml", 2, 2, "dcn_data_parallelism=2 ici_data_parallelism=1 "
-		    "ici_fsdp_parallelism=2 grad_bucket_mb=0.01");
+		    "ici_fsdp_parallelism=2 shard_optimizer_over_data=true grad_bucket_mb=0.01");
 }
 END_TEST
 
@@ -392,6 +398,144 @@ START_TEST(test_bucket_starts_during_backward)
 		}
 	cJSON_Delete(root);
 	free(text);
+}
+END_TEST
+
+/* ZeRO-1's collectives under compute, from the trace's order of events
+ * (not from timing), on every device: in every step the reduce-scatter
+ * of layer 1's bucket is queued ("q zero L1-1" on the flight track)
+ * before layer 0's backward ("B mb0 c0") begins; the update queues the
+ * parameters' gathers bucket by bucket, embedding and layer 0 first
+ * ("q params embed" < "q params L0-0" < "q params L1-1" < "q params
+ * head", 4 each update); and the next step's forward waits for them layer by layer:
+ * layer 0's forward ("F mb0 c0") begins before the device waits for
+ * layer 1's parameters ("params L1-1" on its own track). */
+START_TEST(test_zero1_collectives_under_compute)
+{
+	static const char *const gname[4] = { "q params embed", "q params L0-0", "q params L1-1", "q params head" };
+	char args[512];
+	snprintf(args, sizeof(args), "local --hosts 2 --config configs/llama-tiny.yml steps=3 "
+		 "shard_optimizer_over_data=true grad_bucket_mb=0.01 --trace %s/z.json", tmpdir);
+	show_log_on_failure(run(args), 0);
+	char *text = read_tmp("z.json");
+	cJSON *root = cJSON_Parse(text), *e;
+	ck_assert_msg(root, "trace is not JSON");
+	/* per device and step: the events' times, -1 when absent */
+	double rs1[2][3], b0[2][3], f0[2][3], w1[2][3], q[2][3][4];
+	int nq[2] = { 0 };
+	double *all[] = { &rs1[0][0], &b0[0][0], &f0[0][0], &w1[0][0], &q[0][0][0] };
+	size_t cnt[] = { 6, 6, 6, 6, 24 };
+	for (int a = 0; a < 5; a++)
+		for (size_t i = 0; i < cnt[a]; i++)
+			all[a][i] = -1;
+	cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
+		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+			continue;
+		int tid = cJSON_GetObjectItem(e, "tid")->valueint, d = tid % TRACE_FLIGHT_TID;
+		int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
+		const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
+		double ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
+		bool flight = tid >= TRACE_FLIGHT_TID;
+		ck_assert(d >= 0 && d < 2 && step >= 0 && step < 3);
+		if (flight && !strcmp(name, "q zero L1-1"))
+			rs1[d][step] = ts;
+		else if (!flight && !strcmp(name, "B mb0 c0"))
+			b0[d][step] = ts;
+		else if (!flight && !strcmp(name, "F mb0 c0"))
+			f0[d][step] = ts;
+		else if (!flight && !strcmp(name, "params L1-1"))
+			w1[d][step] = ts;
+		for (int g = 0; flight && g < 4; g++)
+			if (!strcmp(name, gname[g])) {
+				/* a gather is traced when it is waited for: by the
+				 * step after its update (1, 2), the last update's
+				 * by the end of the run (still step 2) */
+				ck_assert_msg(step >= 1, "device %d: %s in step %d", d, name, step);
+				if (q[d][step][g] < 0 || ts < q[d][step][g])
+					q[d][step][g] = ts;
+				nq[d]++;
+			}
+	}
+	for (int d = 0; d < 2; d++) {
+		ck_assert_int_eq(nq[d], 3 * 4);
+		for (int s = 0; s < 3; s++) {
+			ck_assert_msg(rs1[d][s] >= 0 && b0[d][s] >= 0, "device %d step %d: no reduce-scatter of "
+				      "layer 1 or no backward of layer 0", d, s);
+			ck_assert_msg(rs1[d][s] < b0[d][s], "device %d step %d: layer 1's reduce-scatter queued at "
+				      "%.0f us, layer 0's backward began at %.0f us", d, s, rs1[d][s], b0[d][s]);
+			if (s == 0)
+				continue;
+			for (int g = 1; g < 4; g++)
+				ck_assert_msg(q[d][s][g - 1] <= q[d][s][g], "device %d step %d: %s queued after %s", d,
+					      s, gname[g - 1], gname[g]);
+			ck_assert_msg(f0[d][s] >= 0 && w1[d][s] >= 0 && f0[d][s] < w1[d][s], "device %d step %d: "
+				      "layer 0's forward at %.0f us, the wait for layer 1's parameters at %.0f us", d,
+				      s, f0[d][s], w1[d][s]);
+		}
+	}
+	cJSON_Delete(root);
+	free(text);
+}
+END_TEST
+
+/* FSDP: the next step's first gathers are started by the update, once
+ * it has updated their shards: from the trace's order of events (not
+ * from timing), on every device, inside every step's "optimizer" span a
+ * window gather is queued ("q all_gather (prefetch)" on the flight
+ * track); and with grad_bucket_mb=0 (the order before) none is. */
+START_TEST(test_fsdp_first_gather_started_by_update)
+{
+	for (int off = 0; off < 2; off++) {
+		char args[512];
+		snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
+			 "steps=2 ici_data_parallelism=1 ici_fsdp_parallelism=2 %s --trace %s/f.json",
+			 off ? "grad_bucket_mb=0" : "", tmpdir);
+		show_log_on_failure(run(args), 0);
+		char *text = read_tmp("f.json");
+		cJSON *root = cJSON_Parse(text), *e;
+		ck_assert_msg(root, "trace is not JSON");
+		double o0[2][2], o1[2][2];
+		int inside[2][2] = { { 0 } };
+		for (int d = 0; d < 2; d++)
+			for (int s = 0; s < 2; s++)
+				o0[d][s] = o1[d][s] = -1;
+		cJSON *evs = cJSON_GetObjectItem(root, "traceEvents");
+		cJSON_ArrayForEach(e, evs) {
+			if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+				continue;
+			int tid = cJSON_GetObjectItem(e, "tid")->valueint;
+			if (tid >= TRACE_FLIGHT_TID || strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "optimizer"))
+				continue;
+			int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
+			ck_assert(tid >= 0 && tid < 2 && step >= 0 && step < 2);
+			o0[tid][step] = cJSON_GetObjectItem(e, "ts")->valuedouble;
+			o1[tid][step] = o0[tid][step] + cJSON_GetObjectItem(e, "dur")->valuedouble;
+		}
+		cJSON_ArrayForEach(e, evs) {
+			if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+				continue;
+			int tid = cJSON_GetObjectItem(e, "tid")->valueint, d = tid % TRACE_FLIGHT_TID;
+			if (tid < TRACE_FLIGHT_TID ||
+			    strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "q all_gather (prefetch)"))
+				continue;
+			ck_assert(d >= 0 && d < 2);
+			double ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
+			for (int s = 0; s < 2; s++)
+				inside[d][s] += ts >= o0[d][s] && ts <= o1[d][s];
+		}
+		for (int d = 0; d < 2; d++)
+			for (int s = 0; s < 2; s++) {
+				ck_assert_msg(o0[d][s] >= 0, "device %d step %d: no optimizer span", d, s);
+				if (off)
+					ck_assert_msg(!inside[d][s], "device %d step %d: grad_bucket_mb=0 queued %d "
+						      "gathers in the update", d, s, inside[d][s]);
+				else
+					ck_assert_msg(inside[d][s] >= 1, "device %d step %d: no gather queued in the "
+						      "update", d, s);
+			}
+		cJSON_Delete(root);
+		free(text);
+	}
 }
 END_TEST
 
@@ -533,6 +677,14 @@ int main(void)
 	tcase_add_test(tc, test_bucket_starts_during_backward);
 	tcase_add_test(tc, test_muon_once_per_matrix);
 	suite_add_tcase(s, tc);
+	/* ZeRO-1's reduce-scatters and gathers, FSDP's first gathers, under
+	 * compute */
+	TCase *zc = tcase_create("zero1_overlap");
+	tcase_add_checked_fixture(zc, setup, teardown);
+	tcase_set_timeout(zc, 120);
+	tcase_add_test(zc, test_zero1_collectives_under_compute);
+	tcase_add_test(zc, test_fsdp_first_gather_started_by_update);
+	suite_add_tcase(s, zc);
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests; the
 	 * suite's own children are killed at run()'s deadline and at exit */

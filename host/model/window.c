@@ -49,7 +49,7 @@ struct win {
 	int nl_ready;               /* the READY non-layer slot, or -1 */
 	int landing;                /* slot whose gather is in flight, or -1 */
 	int *queue, qn;             /* GATHERING slots not started yet, oldest first */
-	int gathers;                /* layer-group gathers since win_begin */
+	int gathers;                /* layer-group gathers since win_end */
 	bool scattering;            /* a reduce-scatter is in flight, of */
 	int s0, s1;                 /* this group */
 	const struct model_comm *comm;
@@ -261,7 +261,6 @@ void win_begin(struct win *w, const struct model_comm *comm, int *rc)
 {
 	w->comm = comm;
 	w->rc = rc;
-	w->gathers = 0;
 }
 
 int win_gathers(const struct win *w) { return w->gathers; }
@@ -322,6 +321,11 @@ static void start_next(struct win *w)
 		soff += pack;
 		roff += pack * (size_t)gg->n;
 	}
+}
+
+bool win_moves(const struct win *w, bool layer)
+{
+	return w && w->cnum[layer ? 1 : 0] > 0;
 }
 
 int win_gather_start(struct win *w, int k, int l0, int l1)
@@ -474,6 +478,7 @@ int win_end(struct win *w)
 		wait_handle(w, &w->sh[g]);
 	}
 	w->scattering = false;
+	w->gathers = 0;
 	w->landing = w->nl_ready = -1;
 	w->qn = 0;
 	for (int j = 0; j < w->lo.windows; j++)

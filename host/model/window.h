@@ -87,6 +87,9 @@ size_t win_numel(const struct win *w);
 /* The slots a caller may number: 0 .. win_slots() - 1 (windows + 2). */
 int win_slots(const struct win *w);
 
+/* Whether a gather of a layer group (layer) or of the non-layer group
+ * moves any weights: some tensor of that kind is gathered. */
+bool win_moves(const struct win *w, bool layer);
 /* A step begins: the collectives to use and where its error lives. */
 void win_begin(struct win *w, const struct model_comm *comm, int *rc);
 /* Starts all-gathering group [l0, l1) into FREE slot k (in the
@@ -100,7 +103,8 @@ int win_wait(struct win *w, int k);
 void win_release(struct win *w, int k);
 /* Zeroes READY slot k's gradient window (its gradients accumulate). */
 void win_zero_grads(struct win *w, int k);
-/* Layer-group gathers started since win_begin (the non-layer group's
+/* Layer-group gathers started since the last win_end (a gather started
+ * ahead of the step, pipe_exec_prefetch, counts in it; the non-layer group's
  * are not counted, nor any when no layer tensor is gathered): a
  * schedule's gathers per step. */
 int win_gathers(const struct win *w);

@@ -2,8 +2,9 @@
  * order the step's table makes them final, packed layer-major into
  * buckets of at most grad_bucket_mb (the first of each seg 1 MiB, as
  * PyTorch DDP does), each summed over the mesh by one collective started
- * when its last unit is final. ZeRO-1's segs have no buckets (optim.c
- * reduce-scatters them after the table). */
+ * when its last unit is final. ZeRO-1's buckets are reduce-scattered
+ * instead (zero.c); with grad_bucket_mb=0 ZeRO-1's segs have no buckets
+ * (optim.c reduce-scatters them after the table). */
 #include "host/optim/optim_int.h"
 
 #include <errno.h>
@@ -145,6 +146,22 @@ static int order_units(struct optim *o, const struct optim_place *pl, bool *defe
 	return 0;
 }
 
+/* Whether seg s's units hold every float of its tensors (ZeRO-1's
+ * buckets then cover the seg's whole part on every rank). */
+static bool covered(const struct optim *o, int s)
+{
+	size_t units = 0, tensors = 0;
+	for (int k = 0; k < o->nu; k++)
+		if (o->u[k].seg == s)
+			units += unit_floats(o, &o->u[k]);
+	for (int i = 0; i < model_num_params(o->model); i++) {
+		const struct param_info *p = model_param(o->model, i);
+		if (p->offset >= o->seg[s].p0 && p->offset < o->seg[s].p0 + o->seg[s].n)
+			tensors += p->numel;
+	}
+	return units == tensors;
+}
+
 /* Cuts each seg's units (summed over some axes) into buckets, in unit
  * order, those the table completes apart from those summed after it: a
  * bucket takes units while they fit under its cap (the first of each
@@ -167,10 +184,12 @@ static int cut_buckets(struct optim *o, const bool *deferred)
 	}
 	for (int k = 0; k < o->nseg * 2; k++)
 		open[k] = -1;
+	for (int s = 0; s < o->nseg; s++)
+		o->seg[s].bucketed = o->seg[s].zero && !after && covered(o, s);
 	for (int k = 0; k < o->nu; k++) {
 		struct unit *u = &o->u[k];
 		const struct seg *s = &o->seg[u->seg];
-		if (!s->axes || s->zero)
+		if (!s->axes || (s->zero && !s->bucketed))
 			continue;
 		int st = u->seg * 2 + (deferred[k] && !after ? 1 : 0);
 		size_t n = unit_floats(o, u);
@@ -182,7 +201,8 @@ static int cut_buckets(struct optim *o, const bool *deferred)
 		if (!b) {
 			open[st] = o->nb++;
 			b = &o->b[open[st]];
-			*b = (struct bucket){ .seg = u->seg, .axes = s->axes, .deferred = deferred[k] || after };
+			*b = (struct bucket){ .seg = u->seg, .axes = s->axes, .deferred = deferred[k] || after,
+					      .zero = s->zero };
 		}
 		u->bucket = (int)(b - o->b);
 		b->n += n;
@@ -191,6 +211,14 @@ static int cut_buckets(struct optim *o, const bool *deferred)
 	free(open);
 	free(later);
 	return 0;
+}
+
+/* The floats of bucket b's buffers, each rounded up to 16. */
+static size_t buf_floats(const struct optim *o, const struct bucket *b)
+{
+	if (b->zero)
+		return (b->c * (size_t)o->ndata + 15) / 16 * 16 + (b->c + 15) / 16 * 16;
+	return (b->n + 15) / 16 * 16;
 }
 
 /* The buckets' units in order (ubk), the pieces' places and the
@@ -207,7 +235,6 @@ static int lay_out_buckets(struct optim *o)
 		int cnt = b->u1;
 		b->u0 = b->u1 = at;
 		at += cnt;
-		total += (b->n + 15) / 16 * 16;
 	}
 	for (int k = 0; k < o->nu; k++) {
 		struct unit *u = &o->u[k];
@@ -216,6 +243,9 @@ static int lay_out_buckets(struct optim *o)
 		struct bucket *b = &o->b[u->bucket];
 		o->ubk[b->u1++] = k;
 	}
+	zero_lay_out(o);
+	for (int i = 0; i < o->nb; i++)
+		total += buf_floats(o, &o->b[i]);
 	o->bufmem = calloc(total ? total : 1, sizeof(float));
 	if (!o->bufmem)
 		return -ENOMEM;
@@ -224,7 +254,9 @@ static int lay_out_buckets(struct optim *o)
 		struct bucket *b = &o->b[i];
 		size_t pos = 0;
 		b->buf = o->bufmem + total;
-		total += (b->n + 15) / 16 * 16;
+		total += buf_floats(o, b);
+		/* zero: the part reduce-scattered to this rank after the chunks */
+		b->out = b->zero ? b->buf + (b->c * (size_t)o->ndata + 15) / 16 * 16 : NULL;
 		for (int j = b->u0; j < b->u1; j++) {
 			struct unit *u = &o->u[o->ubk[j]];
 			for (int q = u->p0; q < u->p1; q++) {
@@ -285,8 +317,7 @@ void buckets_free(struct optim *o)
 	free(o->bufmem);
 }
 
-/* What the trace calls bucket b: its layers, highest first. */
-static void bucket_name(const struct optim *o, const struct bucket *b, const char *what, char *out,
+void bucket_name(const struct optim *o, const struct bucket *b, const char *what, char *out,
 			size_t len)
 {
 	int hi = -3, lo = 1 << 30;
@@ -325,6 +356,8 @@ int bucket_issue(struct optim *o, struct bucket *b)
 	const struct optim_bg *bg = o->oc.bg;
 	const struct model_comm *mc = o->oc.mc;
 	char name[64];
+	if (b->zero)
+		return zero_issue(o, b);
 	move(o, b, model_grads(o->model), true);
 	bucket_name(o, b, "grads", name, sizeof(name));
 	b->issued = true;
@@ -342,11 +375,59 @@ int bucket_wait(struct optim *o, struct bucket *b)
 {
 	const struct optim_bg *bg = o->oc.bg;
 	void *h = b->h;
+	if (b->zero)
+		return zero_wait(o, b);
 	b->h = NULL;
 	if (!h)
 		return 0;
 	int rc = bg->wait(bg->ctx, h);
 	if (!rc)
 		move(o, b, model_grads(o->model), false);
+	return rc;
+}
+
+/* ---- the next step's first gathers (optim_set_prefetch) ---- */
+
+/* Layout floats [x, y) of seg s (not ZeRO-1's) updated. */
+static int update_floats(struct optim *o, const struct seg *s, int64_t step, float lr, size_t x, size_t y)
+{
+	size_t at = s->o0 + (x - s->p0);
+	return x < y ? optim_update_range(o, step, lr, model_grads(o->model) + x, o->m + at, o->v + at, x, y) : 0;
+}
+
+int units_update_early(struct optim *o, int64_t step, float lr)
+{
+	int rc = 0;
+	for (int k = 0; k < o->nu && !rc; k++)
+		for (int q = o->u[k].p0; o->u[k].early && q < o->u[k].p1 && !rc; q++)
+			rc = update_floats(o, &o->seg[o->u[k].seg], step, lr, o->pc[q].off, o->pc[q].off + o->pc[q].n);
+	return rc;
+}
+
+static int by_off(const void *a, const void *b)
+{
+	size_t x = ((const struct piece *)a)->off, y = ((const struct piece *)b)->off;
+	return x < y ? -1 : x > y;
+}
+
+int seg_update_rest(struct optim *o, int s, int64_t step, float lr)
+{
+	const struct seg *sg = &o->seg[s];
+	struct piece *skip = malloc(sizeof(*skip) * (size_t)(o->npc + 1));
+	int n = 0, rc = 0;
+	if (!skip)
+		return -ENOMEM;
+	for (int k = 0; k < o->nu; k++)
+		for (int q = o->u[k].p0; o->u[k].early && o->u[k].seg == s && q < o->u[k].p1; q++)
+			skip[n++] = o->pc[q];
+	qsort(skip, (size_t)n, sizeof(*skip), by_off);
+	size_t at = sg->p0;
+	for (int j = 0; j < n && !rc; j++) {
+		rc = update_floats(o, sg, step, lr, at, skip[j].off);
+		at = skip[j].off + skip[j].n;
+	}
+	if (!rc)
+		rc = update_floats(o, sg, step, lr, at, sg->p0 + sg->n);
+	free(skip);
 	return rc;
 }

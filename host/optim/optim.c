@@ -1,7 +1,8 @@
 /* See host/optim/optim.h. The state is two buffers, m and v, laid out
  * seg by seg like the parameters, except that a seg whose state ZeRO-1
  * splits over `data` keeps only this device's part of it. The buckets
- * the gradients are summed in during the backward: buckets.c. */
+ * the gradients are summed in during the backward: buckets.c; ZeRO-1's
+ * reduce-scatters and gathers of them: zero.c. */
 #include "host/optim/optim_int.h"
 
 #include <errno.h>
@@ -207,8 +208,24 @@ void optim_step_begin(struct optim *o, const struct optim_comm *oc)
 	for (int i = 0; i < o->nb; i++) {
 		o->b[i].left = o->b[i].u1 - o->b[i].u0;
 		o->b[i].issued = false;
-		o->b[i].h = NULL;
+		o->b[i].h = o->b[i].h2 = NULL;
 	}
+}
+
+int optim_hook_weights(void *ctx, int l0, int l1, bool gathered)
+{
+	struct optim *o = ctx;
+	int rc = 0;
+	if (l0 < 0)
+		l1 = l0 + 1;
+	for (int key = l0; key < l1 && !rc; key++)
+		rc = zero_wait_params(o, key, gathered);
+	return rc;
+}
+
+int optim_wait_params(struct optim *o)
+{
+	return zero_wait_params(o, ZERO_ALL, false);
 }
 
 /* Unit k's gradients moved on (computed, or landed): when it is done,
@@ -276,8 +293,8 @@ int optim_sum_grads(struct optim *o, double *ss_out)
 		/* the seg's padding is zero: the grads were zeroed whole */
 		uint32_t rest = s->axes & ~data;
 		float *gs = o->gshard + s->o0;
-		if ((rc = mc->reduce_scatter(mc->ctx, data, gs, G + s->p0, s->shard_n)) ||
-		    (rest && (rc = mc->all_reduce(mc->ctx, rest, gs, s->shard_n))))
+		if (!s->bucketed && ((rc = mc->reduce_scatter(mc->ctx, data, gs, G + s->p0, s->shard_n)) ||
+				     (rest && (rc = mc->all_reduce(mc->ctx, rest, gs, s->shard_n)))))
 			return rc;
 		ss += grad_sumsq(o, gs, s->p0 + s->s0, s->p0 + s->s0 + s->len, o->ndata);
 	}
@@ -318,10 +335,8 @@ static void update_router_bias(struct optim *o, const struct param_info *p)
 	}
 }
 
-/* Updates parameters [a, b) of the layout from gradients g, with state m
- * and v, all three indexed from a. */
-static int update_range(struct optim *o, int64_t step, float lr,
-			const float *g, float *mb, float *vb, size_t a, size_t b)
+int optim_update_range(struct optim *o, int64_t step, float lr, const float *g, float *mb, float *vb,
+		       size_t a, size_t b)
 {
 	struct model *m = o->model;
 	const struct cfg *c = &o->cfg;
@@ -356,32 +371,80 @@ static int update_range(struct optim *o, int64_t step, float lr,
 	return 0;
 }
 
+void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx), void *ctx, const int *l0, const int *l1, int n)
+{
+	o->prefetch = fn;
+	o->prefetch_ctx = ctx;
+	for (int i = 0; i < n; i++)
+		for (int key = l0[i]; key < (l0[i] < 0 ? l0[i] + 1 : l1[i]); key++)
+			for (int s = 0; s < o->nseg; s++) {
+				int k = unit_of(o, key, s, false), r = unit_of(o, key, s, true);
+				if (k >= 0)
+					o->u[k].early |= o->u[k].gathered;
+				if (r >= 0)
+					o->u[r].early |= o->u[r].gathered;
+			}
+}
+
+/* Whether this update starts the next step's first gathers early:
+ * AdamW (Muon updates whole tensors at once), buckets on
+ * (grad_bucket_mb=0: the order before), no ZeRO-1 (its gathers go
+ * first). */
+static bool prefetching(const struct optim *o)
+{
+	bool any = false;
+	if (!o->prefetch || o->muon || o->cfg.grad_bucket_mb == 0 || !o->have_oc)
+		return false;
+	for (int s = 0; s < o->nseg; s++)
+		if (o->seg[s].zero)
+			return false;
+	for (int k = 0; k < o->nu; k++)
+		any |= o->u[k].early;
+	return any;
+}
+
 int optim_update(struct optim *o, int64_t step, float lr, float clip)
 {
 	struct model *m = o->model;
 	float *G = model_grads(m), *P = model_params(m);
 	const struct model_comm *mc = o->have_oc ? o->oc.mc : NULL;
 	int rc;
+	bool pre = prefetching(o);
 	o->stats.ns_matrices = o->stats.muon_bytes = 0;
 	o->stats.ns_flops = 0;
 	if (o->mp.load)
 		muon_plan_spread(&o->mp, &o->stats.ns_plan_max, &o->stats.ns_plan_min);
+	for (int i = 0; i < o->nseg && clip != 1.0f; i++) {
+		struct seg *s = &o->seg[i];
+		scale_inplace(s->zero ? o->gshard + s->o0 : G + s->p0, s->zero ? s->len : s->n, clip);
+	}
+	/* before any gather packs the parameters (every rank makes the same
+	 * update to the whole bias; the other tensors do not read it) */
+	for (int i = 0; i < model_num_params(m); i++)
+		if (model_param(m, i)->opt == OPT_NONE)
+			update_router_bias(o, model_param(m, i));
+	/* the next step's first gathers leave once their shards are updated */
+	if (pre && ((rc = units_update_early(o, step, lr)) || (rc = o->prefetch(o->prefetch_ctx))))
+		return rc;
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];
 		float *g = s->zero ? o->gshard + s->o0 : G + s->p0;
 		size_t a = s->p0 + s->s0, len = s->zero ? s->len : s->n;
-		if (clip != 1.0f)
-			scale_inplace(g, len, clip);
-		if ((rc = update_range(o, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len)))
+		if (pre)
+			rc = seg_update_rest(o, i, step, lr);
+		else if (!s->bucketed)
+			rc = optim_update_range(o, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len);
+		if (rc)
 			return rc;
 	}
-	for (int i = 0; i < model_num_params(m); i++)
-		if (model_param(m, i)->opt == OPT_NONE)
-			update_router_bias(o, model_param(m, i));
-	/* ZeRO-1: every data rank takes the others' updated parts */
+	/* ZeRO-1 in buckets: each bucket updated, then its gather started,
+	 * waited for by the next use of its weights (optim_hook_weights) */
+	if ((rc = zero_update_gather(o, step, lr)))
+		return rc;
+	/* ZeRO-1 without: every data rank takes the others' updated parts */
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];
-		if (!s->zero)
+		if (!s->zero || s->bucketed)
 			continue;
 		/* in place: this rank's part already sits in the bucket */
 		if ((rc = mc->all_gather(mc->ctx, 1u << AX_DATA, P + s->p0, P + s->p0 + s->s0,

@@ -3,8 +3,9 @@
  * the mesh in buckets while the backward runs (packed layer-major, each
  * bucket's all-reduce started in the background the moment its last
  * gradient is final); ZeRO-1's split state (its gradients reduce-scattered
- * over `data` after the backward, its updated parameters all-gathered
- * after the update); the global gradient norm and clipping; the learning
+ * over `data` bucket by bucket during the backward, its updated
+ * parameters all-gathered bucket by bucket as the update finishes each,
+ * waited for by the next step's first use of them); the global gradient norm and clipping; the learning
  * rate; the update (AdamW, Muon); the DeepSeek router bias. It works on a
  * model's one allocation of parameters and gradients (host/model/model.h)
  * and reaches other devices only through struct optim_comm. Order of a
@@ -22,13 +23,21 @@
 
 struct optim;
 
-/* An all-reduce started in the background (on the device's
- * communication thread), and its wait: all_reduce sets *h, which wait(h)
- * finishes; buf stays untouched until then. name says what moves, for
- * the trace ("grads L7-6"). Each returns 0 or -errno (the caller keeps
- * the message). */
+/* Collectives started in the background (on the device's communication
+ * thread, run one at a time in the order started), and their wait: each
+ * sets *h (NULL: nothing to wait for), which wait(h) finishes; the
+ * buffers stay untouched until then. name says what moves, for the trace
+ * ("grads L7-6"). reduce_scatter: out (n floats) = the sum over members
+ * of their in[rank n, rank n + n); all_gather: out = every member's in
+ * (bytes each) in rank order, in may be out + rank bytes. Each returns 0
+ * or -errno (the caller keeps the message). reduce_scatter and
+ * all_gather may be NULL (ZeRO-1's run synchronously then). */
 struct optim_bg {
 	int (*all_reduce)(void *ctx, uint32_t axes, float *buf, size_t n, const char *name, void **h);
+	int (*reduce_scatter)(void *ctx, uint32_t axes, float *out, const float *in, size_t n, const char *name,
+			      void **h);
+	int (*all_gather)(void *ctx, uint32_t axes, void *out, const void *in, size_t bytes, const char *name,
+			  void **h);
 	int (*wait)(void *ctx, void *h);
 	void *ctx;
 };
@@ -132,13 +141,33 @@ void optim_step_begin(struct optim *o, const struct optim_comm *oc);
  * pipe_hooks; ctx the optimizer): a weight group's gradients are final.
  * 0 or a failing collective's -errno. */
 int optim_hook_grads(void *ctx, int l0, int l1, bool landed);
+/* The executor's weights_needed hook (struct pipe_hooks; ctx the
+ * optimizer): before the step first uses weight group [l0, l1) (or
+ * PIPE_HOOK_HEAD, PIPE_HOOK_EMBED; gathered: only its tensors the FSDP
+ * window gathers), waits for ZeRO-1's all-gathers of the buckets
+ * holding it that the last update started. 0 or -errno. */
+int optim_hook_weights(void *ctx, int l0, int l1, bool gathered);
+/* Waits for every such gather: the parameters are whole again (before
+ * anything but the step's table reads them: eval, checkpoints, the end
+ * of the run). 0 or -errno. */
+int optim_wait_params(struct optim *o);
 /* After the table: starts the buckets left (a pipeline's tensors stored
  * on every stage, after the caller summed them over `stage`), waits for
- * every bucket, reduce-scatters ZeRO-1's segs, and returns in *ss this
+ * every bucket, reduce-scatters ZeRO-1's segs (grad_bucket_mb=0; else
+ * their buckets were), and returns in *ss this
  * device's share of the squared global norm (each element divided by
  * the devices holding the same value, so the sum over every device
  * counts each element once). 0 or the failing collective's -errno. */
 int optim_sum_grads(struct optim *o, double *ss);
+
+/* The next step's first gathers of FSDP-split weights (the groups
+ * [l0[i], l1[i]) of n, as pipe_hooks name them: the table's leading
+ * gathers): fn(ctx) starts them, and optim_update calls it as soon as
+ * it has updated this device's shards of those groups, before the rest,
+ * so they travel during the rest of the update. Not with ZeRO-1's
+ * buckets (their gathers come first), Muon (updated per tensor) or
+ * grad_bucket_mb=0 (the order before). */
+void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx), void *ctx, const int *l0, const int *l1, int n);
 
 /* The learning rate of step (0-based): warm-up, then cosine decay. */
 float optim_lr(const struct optim *o, int64_t step);
@@ -148,7 +177,10 @@ float optim_lr(const struct optim *o, int64_t step);
  * in a mesh each matrix's Newton-Schulz runs on one device of those that
  * hold it (split or copied) and the results are handed back (collective,
  * host/optim/muon.c). Then the router bias from the step's expert
- * counts, and ZeRO-1's all-gather of the updated parts. 0 or -errno. */
+ * counts, and ZeRO-1's all-gather of the updated parts: with buckets
+ * each bucket's is started as its update is done and left in flight
+ * (optim_hook_weights, optim_wait_params); with grad_bucket_mb=0 the
+ * whole segs' at the end. 0 or -errno. */
 int optim_update(struct optim *o, int64_t step, float lr, float clip);
 void optim_get_stats(const struct optim *o, struct optim_stats *st);
 

@@ -1,6 +1,7 @@
 /* Private to host/optim: the optimizer's state and the calls between its
- * files. They go one way: optim.c calls buckets.c and muon.c, which call
- * nothing of optim.c or of each other.
+ * files. They go one way: optim.c calls buckets.c, zero.c and muon.c;
+ * buckets.c calls zero.c for ZeRO-1's buckets, zero.c calls back only
+ * optim_update_range.
  *
  * Words: a seg is one gradient bucket of the model's layout (a range of
  * whole tensors summed over the same axes, model_buckets). A unit is one
@@ -23,9 +24,11 @@
 struct seg {
 	size_t p0, n;        /* floats [p0, p0 + n) of the parameter layout */
 	uint32_t axes;       /* its gradients are summed over these */
-	bool zero;           /* ZeRO-1: the state is split over `data`, the
-			      * gradients reduce-scattered after the table
-			      * (no buckets of its own) */
+	bool zero;           /* ZeRO-1: the state is split over `data` */
+	bool bucketed;       /* zero: its gradients are reduce-scattered and
+			      * its parameters all-gathered in buckets
+			      * (zero.c); else the whole seg after the table
+			      * and after the update (grad_bucket_mb=0) */
 	size_t padded;       /* n and the zeros after it: shard_n * ndata */
 	size_t shard_n;      /* zero: floats per data rank */
 	size_t s0, len;      /* zero: this device's part [p0 + s0, + len) */
@@ -45,6 +48,7 @@ struct unit {
 	int p0, p1;          /* its pieces */
 	bool plain, gathered; /* has pieces final after their compute / after
 			       * the FSDP window's reduce-scatter landed */
+	bool early;          /* read by the step's first gathers (prefetch) */
 	/* this step */
 	bool computed, landed, done;
 };
@@ -56,10 +60,22 @@ struct bucket {
 	int u0, u1;          /* its units: ubk[u0 .. u1) */
 	size_t n;            /* packed floats */
 	float *buf;
+	/* ZeRO-1 (zero.c): buf holds ndata chunks of c floats, chunk r the
+	 * bucket's floats inside data rank r's part of the seg (layout
+	 * order, zeros after); reduce-scattered over `data` into out (c
+	 * floats), and after the update all-gathered back into buf */
+	bool zero;
+	size_t c;
+	float *out;
 	/* this step */
 	int left;            /* units not done yet */
-	bool issued;         /* its all-reduce started */
-	void *h;             /* in flight (background), or NULL */
+	bool issued;         /* its all-reduce (reduce-scatter) started */
+	void *h, *h2;        /* in flight (background), or NULL; h2: zero's
+			      * all-reduce over the seg's other axes */
+	void *gh;            /* zero: its parameters' all-gather in flight
+			      * (started by the update, waited for by the
+			      * next use of its weights), or NULL */
+	bool gsync;          /* zero: gh ran synchronously (no background) */
 };
 
 #define MAX_TGROUPS 8
@@ -96,6 +112,11 @@ struct optim {
 	bool armed;                  /* between optim_step_begin and the end of the sums */
 	struct optim_stats stats;
 	struct muon_plan mp;         /* Muon's owners (a mesh with Muon) */
+	int gpending;                /* ZeRO-1 buckets whose gather is not unpacked */
+	/* the next step's first gathers, started once their units are
+	 * updated (optim_set_prefetch) */
+	int (*prefetch)(void *ctx);
+	void *prefetch_ctx;
 };
 
 /* ---- buckets.c ---- */
@@ -111,6 +132,43 @@ int bucket_issue(struct optim *o, struct bucket *b);
 /* Waits for bucket b's sum in flight and unpacks it into the gradients.
  * 0 or -errno. */
 int bucket_wait(struct optim *o, struct bucket *b);
+/* What the trace calls bucket b ("what L7-6": its layers, highest
+ * first, h and e for the head and the embedding). */
+void bucket_name(const struct optim *o, const struct bucket *b, const char *what, char *out, size_t len);
+
+/* The update of the early units' pieces (of segs not split by ZeRO-1),
+ * and of the rest of seg s. 0 or -errno. */
+int units_update_early(struct optim *o, int64_t step, float lr);
+int seg_update_rest(struct optim *o, int s, int64_t step, float lr);
+
+/* ---- zero.c ---- */
+
+/* The floats of a zero bucket in rank r's part, chunk by chunk: sets
+ * b->c for every zero bucket. */
+void zero_lay_out(struct optim *o);
+/* Starts a zero bucket's reduce-scatter over `data` (and the all-reduce
+ * of its part over the seg's other axes), packed first. 0 or -errno. */
+int zero_issue(struct optim *o, struct bucket *b);
+/* Waits for it and unpacks this rank's part into gshard. 0 or -errno. */
+int zero_wait(struct optim *o, struct bucket *b);
+/* The update of this rank's part of every zero bucket, in forward order
+ * (embedding first), each bucket's all-gather over `data` started as
+ * soon as its update is done. 0 or -errno. */
+int zero_update_gather(struct optim *o, int64_t step, float lr);
+/* Waits for the all-gathers of the zero buckets holding weight group
+ * key (all: key ZERO_ALL; gathered: only its units with tensors the FSDP
+ * window gathers) and unpacks them into the parameters. */
+#define ZERO_ALL (-100)
+int zero_wait_params(struct optim *o, int key, bool gathered);
+/* The same for bucket b alone. */
+int zero_wait_params_of(struct optim *o, struct bucket *b);
+
+/* ---- optim.c (for zero.c) ---- */
+
+/* Updates parameters [a, b) of the layout from gradients g, with state
+ * m and v, all three indexed from a. */
+int optim_update_range(struct optim *o, int64_t step, float lr, const float *g, float *mb, float *vb,
+		       size_t a, size_t b);
 
 /* ---- muon.c ---- */
 

@@ -47,6 +47,10 @@ struct pipe_exec {
 	uint8_t *after;              /* [n] AFTER_* events once the action at k ran */
 	bool *last_rs;               /* [n] a reduce-scatter that is its group's last */
 	int landing_k;               /* such a reduce-scatter in flight, or -1 */
+	/* the table's leading gathers, started before the step
+	 * (pipe_exec_prefetch) */
+	int npre;
+	int pre_rc;
 	/* the step in progress */
 	const int32_t *inputs, *targets;
 	struct model_step *st;
@@ -335,6 +339,63 @@ static int completed(const struct pipe_exec *x, int k, int *l0, int *l1)
 	return n;
 }
 
+/* The groups whose weights action a reads (its compute, or a gather of
+ * them): at most 2. */
+static int reads(const struct pipe_exec *x, const struct pipe_action *a, int *l0, int *l1)
+{
+	int n = 0, nb, a0, L = model_dims(x->m)->L;
+	outside(x, &nb, &a0);
+	switch (a->op) {
+	case PA_EMBED:
+	case PA_EMBED_BACK:
+	case PA_HEAD: {
+		bool head = a->op == PA_HEAD;
+		l0[n] = head ? PIPE_HOOK_HEAD : PIPE_HOOK_EMBED;
+		l1[n++] = 0;
+		if (head ? a0 < L : nb > 0) {
+			l0[n] = head ? a0 : 0;
+			l1[n++] = head ? L : nb;
+		}
+		return n;
+	}
+	case PA_F:
+	case PA_FC:
+	case PA_B:
+	case PA_I:
+	case PA_W:
+		chunk_layers(x, a->chunk, &l0[0], &l1[0]);
+		return 1;
+	case PA_GATHER:
+		/* a gather that moves nothing reads nothing */
+		if (!win_moves(model_window(x->m), a->chunk != PIPE_G_NONLAYER))
+			return 0;
+		if (a->chunk == PIPE_G_NONLAYER) {
+			l0[0] = PIPE_HOOK_HEAD;
+			l0[1] = PIPE_HOOK_EMBED;
+			l1[0] = l1[1] = 0;
+			return 2;
+		}
+		if (a->chunk == PIPE_G_OUTSIDE) {
+			l0[0] = nb ? 0 : a0;
+			l1[0] = nb ? nb : L;
+		} else {
+			chunk_layers(x, a->chunk, &l0[0], &l1[0]);
+		}
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+static int before_action(struct pipe_exec *x, const struct pipe_action *a)
+{
+	int l0[2], l1[2], n = x->hooks.weights_needed ? reads(x, a, l0, l1) : 0, rc;
+	for (int i = 0; i < n; i++)
+		if ((rc = x->hooks.weights_needed(x->hooks.ctx, l0[i], l1[i], a->op == PA_GATHER)))
+			return rc;
+	return 0;
+}
+
 static int after_action(struct pipe_exec *x, int k)
 {
 	int l0[4], l1[4], n = x->after[k] && x->hooks.grads_done ? completed(x, k, l0, l1) : 0, rc;
@@ -355,6 +416,52 @@ static int landed(struct pipe_exec *x)
 void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h)
 {
 	x->hooks = h ? *h : (struct pipe_hooks){ 0 };
+}
+
+static int run_weights(struct pipe_exec *x, const struct pipe_action *a);
+
+/* The table's leading gathers: the actions before its first other. */
+static int leading(const struct pipe_exec *x)
+{
+	int k = 0;
+	while (k < x->n && x->a[k].op == PA_GATHER)
+		k++;
+	return k;
+}
+
+int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int max)
+{
+	int n = 0, a[2], b[2];
+	for (int k = 0; k < leading(x); k++)
+		for (int i = 0, c = reads(x, &x->a[k], a, b); i < c; i++, n++)
+			if (n < max) {
+				l0[n] = a[i];
+				l1[n] = b[i];
+			}
+	return n;
+}
+
+int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm)
+{
+	struct win *w = model_window(x->m);
+	int n = leading(x), rc = 0;
+	if (x->npre || !n || !w || (!win_moves(w, false) && !win_moves(w, true)))
+		return 0;
+	x->pre_rc = 0;
+	win_begin(w, comm, &x->pre_rc);
+	for (int k = 0; k < n && !rc; k++)
+		rc = run_weights(x, &x->a[k]);
+	x->npre = n;
+	return rc;
+}
+
+int pipe_exec_prefetch_drop(struct pipe_exec *x)
+{
+	struct win *w = model_window(x->m);
+	if (!x->npre)
+		return 0;
+	x->npre = 0;
+	return win_end(w);
 }
 
 int pipe_exec_grad_order(const struct pipe_exec *x, int *l0, int *l1, int max)
@@ -543,8 +650,10 @@ static bool timed(int op)
 
 static int run_action(struct pipe_exec *x, const struct pipe_action *a)
 {
+	int rc = before_action(x, a);
+	if (rc)
+		return rc;
 	double t0 = util_now_s(), c0 = timed(a->op) ? util_thread_cpu_s() : 0;
-	int rc;
 	switch (a->op) {
 	case PA_EMBED:
 		rc = run_embed(x, a);
@@ -605,8 +714,10 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	model_step_begin(x->m, st);
 	st->loss_sum = 0;
 	model_zero_counts(x->m);
-	for (int k = 0; k < x->n && !rc; k++)
+	/* the leading gathers a prefetch started are in flight already */
+	for (int k = x->npre; k < x->n && !rc; k++)
 		rc = run_action(x, &x->a[k]);
+	x->npre = 0;
 	if (!rc && !(rc = win_scatter_finish(w)))
 		rc = landed(x);
 	int frc = io ? io->flush(io->ctx) : 0;

@@ -73,6 +73,12 @@ struct pipe_p2p {
 #define PIPE_HOOK_EMBED (-2)
 struct pipe_hooks {
 	int (*grads_done)(void *ctx, int l0, int l1, bool landed);
+	/* Before each action that reads a group's weights (its compute, or
+	 * the window's gather of it: gathered, only the tensors the window
+	 * gathers), for each group it reads: the owner makes them current
+	 * (ZeRO-1's gathers, started by the update before). NULL: none. 0
+	 * or -errno, which ends the step. */
+	int (*weights_needed)(void *ctx, int l0, int l1, bool gathered);
 	void *ctx;
 };
 
@@ -107,6 +113,19 @@ void pipe_exec_free(struct pipe_exec *x);
  * hook's -errno. */
 int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *targets,
 		   struct model_step *st, const struct pipe_p2p *io);
+
+/* The table's leading gathers (the FSDP window's gathers before the
+ * step's first compute: the non-layer group, the first layers), started
+ * ahead of the step: by the optimizer as soon as it has updated the
+ * shards they read (pipe_exec_first_reads names those groups, as
+ * weights_needed does: up to max into l0[], l1[]; returns how many). The
+ * next pipe_exec_step finds them in flight and skips them. comm: the
+ * collectives the next step uses. pipe_exec_prefetch_drop waits for
+ * them and drops them (before anything else uses the model: an eval,
+ * the end of the run); the next step gathers them again. 0 or -errno. */
+int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int max);
+int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm);
+int pipe_exec_prefetch_drop(struct pipe_exec *x);
 
 /* Sets the hooks every later step calls (NULL: none; copied). */
 void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h);

@@ -123,5 +123,5 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 		if (save && (rc = trainer_save(l->t, o->ckpt_dir, s + 1, err, errlen)))
 			return rc;
 	}
-	return 0;
+	return trainer_sync(l->t, l->comm, err, errlen);
 }

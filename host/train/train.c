@@ -103,6 +103,14 @@ static int open_data(struct trainer *t, const struct cfg *c, bool eval_only, cha
 	return 0;
 }
 
+/* The optimizer's call once it has updated the shards the next step's
+ * table gathers first: they leave now (pipe_exec_prefetch). */
+static int prefetch(void *ctx)
+{
+	struct trainer *t = ctx;
+	return t->step_mc ? pipe_exec_prefetch(t->px, t->step_mc) : 0;
+}
+
 /* The optimizer, its buckets in the order the step's table makes
  * gradients final, and the executor's hook that starts their sums. */
 static int open_optim(struct trainer *t, const struct cfg *c, struct optim_place *pl, char *err,
@@ -122,10 +130,16 @@ static int open_optim(struct trainer *t, const struct cfg *c, struct optim_place
 	pl->order_l1 = l1;
 	pl->norder = n;
 	rc = optim_new(&t->opt, t->model, c, pl, err, errlen);
+	if (!rc) {
+		pipe_exec_set_hooks(t->px, &(struct pipe_hooks){ .grads_done = optim_hook_grads,
+								 .weights_needed = optim_hook_weights,
+								 .ctx = t->opt });
+		/* the groups the table's leading gathers read (at most n) */
+		int k = pipe_exec_first_reads(t->px, l0, l1, n);
+		optim_set_prefetch(t->opt, prefetch, t, l0, l1, k < n ? k : n);
+	}
 	free(l0);
 	free(l1);
-	if (!rc)
-		pipe_exec_set_hooks(t->px, &(struct pipe_hooks){ .grads_done = optim_hook_grads, .ctx = t->opt });
 	return rc;
 }
 
@@ -307,6 +321,7 @@ static int forward_backward(struct trainer *t, const struct train_comm *comm, st
 	struct optim_comm oc;
 	memset(model_grads(t->model), 0, model_numel(t->model) * sizeof(float));
 	optim_step_begin(t->opt, trainer_optim_comm(comm, &oc));
+	t->step_mc = comm ? &comm->mc : NULL;
 	st->t_fb0 = util_now_s();
 	int rc = pipe_step(t, comm, ms);
 	st->t_fb1 = util_now_s();
@@ -381,6 +396,15 @@ comm_failed:
 	return rc;
 }
 
+int trainer_sync(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen)
+{
+	int rc = optim_wait_params(t->opt), r = pipe_exec_prefetch_drop(t->px);
+	rc = rc ? rc : r;
+	if (rc && comm && comm->err != err)
+		snprintf(err, errlen, "%s", comm->err);
+	return rc;
+}
+
 int trainer_eval(struct trainer *t, int global_rows, int row0, const struct train_comm *comm,
 		 double *loss, int64_t *tokens, char *err, size_t errlen)
 {
@@ -390,7 +414,9 @@ int trainer_eval(struct trainer *t, int global_rows, int row0, const struct trai
 	const uint32_t rows = model_rows_axes(m), stage = staged ? 1u << AX_STAGE : 0;
 	int64_t nb = data_eval_batches(t->eval, global_rows, t->cfg.eval_steps, err, errlen);
 	double sum = 0, count = 0;
-	int rc = 0;
+	int rc = trainer_sync(t, comm, err, errlen);
+	if (rc)
+		return rc;
 	if (nb < 0)
 		return (int)nb;
 	for (int64_t b = 0; b < nb; b++) {

@@ -82,6 +82,13 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
  * every device, like a step; a pipeline runs its forward and backward
  * and drops the gradients). *loss = the mean cross-entropy over every
  * unmasked target, *tokens their number. 0 or -errno with err. */
+/* ZeRO-1's parameter gathers the last update left in flight (the next
+ * step's table waits for each as it needs it) waited for: the
+ * parameters are whole; and the next step's first FSDP gathers the
+ * update started, waited for and dropped. trainer_eval and
+ * trainer_ckpt_gather call it; the loop after the last step. 0 or
+ * -errno with err. */
+int trainer_sync(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen);
 int trainer_eval(struct trainer *t, int global_rows, int row0, const struct train_comm *comm,
 		 double *loss, int64_t *tokens, char *err, size_t errlen);
 

@@ -205,7 +205,7 @@ int trainer_ckpt_gather(struct trainer *t, const struct train_comm *comm, char *
 	int rc;
 	if (!t->mesh)
 		return 0;
-	if ((rc = trainer_ckpt_prepare(t, err, errlen)))
+	if ((rc = trainer_sync(t, comm, err, errlen)) || (rc = trainer_ckpt_prepare(t, err, errlen)))
 		return rc;
 	for (int i = 0; i < model_num_params(m); i++) {
 		const struct param_info *p = model_param(m, i);

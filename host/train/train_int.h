@@ -20,6 +20,8 @@ struct trainer {
 	int32_t *inputs, *targets;
 	struct pipe_exec *px;        /* the step's executor (a pipeline over
 				      * `stage`, or a table of one stage) */
+	const struct model_comm *step_mc;  /* the step's collectives, for the
+				      * next step's first gathers (prefetch) */
 	/* checkpoints: the whole model's table and buffers, and the groups
 	 * that gather split tensors (train_ckpt.c) */
 	struct model *gmodel;

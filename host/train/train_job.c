@@ -241,9 +241,19 @@ static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size
 	return rc;
 }
 
-/* The optimizer's gradient buckets (host/optim/optim.h, struct
- * optim_bg): all-reduces queued on the communication thread, named by
- * their layers, waited for by job_wait. */
+/* The optimizer's background collectives (host/optim/optim.h, struct
+ * optim_bg): queued on the communication thread, named by their
+ * layers, waited for by job_wait; h from coll_*_async. */
+static int job_bg_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes,
+			const char *name, void **out)
+{
+	int rc = job_start(c, h, op, axes, name, out);
+	if (!rc)  /* its wait span carries the bucket's name alone */
+		((struct job_pending *)*out)->named = false;
+	return rc;
+}
+
+/* A gradient bucket's all-reduce. */
 static int job_bg_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n, const char *name, void **out)
 {
 	struct job_ctx *c = vctx;
@@ -253,11 +263,42 @@ static int job_bg_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n, co
 		return -ENOMEM;
 	if (g->n == 1)
 		return 0;
-	int rc = job_start(c, coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen), "all_reduce",
-			   axes, name, out);
-	if (!rc)  /* its wait span carries the bucket's name alone */
-		((struct job_pending *)*out)->named = false;
-	return rc;
+	return job_bg_start(c, coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen), "all_reduce", axes,
+			    name, out);
+}
+
+/* ZeRO-1's buckets (optim_bg): their gradients' reduce-scatters and
+ * their parameters' all-gathers over `data`, named by their layers. */
+static int job_bg_reduce_scatter(void *vctx, uint32_t axes, float *out, const float *in, size_t n,
+				 const char *name, void **h)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	*h = NULL;
+	if (!g)
+		return -ENOMEM;
+	if (g->n == 1) {
+		memcpy(out, in, n * sizeof(float));
+		return 0;
+	}
+	return job_bg_start(c, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
+			    "reduce_scatter", axes, name, h);
+}
+
+static int job_bg_all_gather(void *vctx, uint32_t axes, void *out, const void *in, size_t bytes,
+			     const char *name, void **h)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	*h = NULL;
+	if (!g)
+		return -ENOMEM;
+	if (g->n == 1) {
+		memmove(out, in, bytes);
+		return 0;
+	}
+	return job_bg_start(c, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
+			    "all_gather", axes, name, h);
 }
 
 /* Waits for a background collective (the FSDP window's or a gradient
@@ -695,7 +736,8 @@ int train_job(struct device_ctx *dev)
 			.start_all_to_all = job_start_all_to_all, .wait = job_wait,
 			.span = o->trace ? job_span : NULL, .ctx = &jc },
 		.sum = job_sum, .err = err, .errlen = errlen,
-		.bg = { .all_reduce = job_bg_all_reduce, .wait = job_wait, .ctx = &jc },
+		.bg = { .all_reduce = job_bg_all_reduce, .reduce_scatter = job_bg_reduce_scatter,
+			.all_gather = job_bg_all_gather, .wait = job_wait, .ctx = &jc },
 		.p2p = { .send = job_p2p_send, .recv = job_p2p_recv, .flush = job_p2p_flush,
 			 .wait_send = job_p2p_wait_send, .ctx = &jc },
 	};
