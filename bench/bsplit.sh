@@ -22,8 +22,12 @@
 # run kept the machine's cores (near 1: no idle core for the split to
 # fill, on a machine nothing else runs on).
 #
-# VARIANTS (default "tiny wide"): also "wide2x1", the wide model on 2
-# hosts x 1 device (EP=2: a core per device thread on 2 cores).
+# VARIANTS (default "tiny wide widebal"): widebal is the wide model with
+# every token sent to every expert (4 experts, top 4, no groups: each
+# device gets exactly a quarter of the expert rows; at deepseek3-tiny's
+# routing the busiest device gets 2.27x the mean, see bench/README.md);
+# also "wide2x1", the wide model on 2 hosts x 1 device (EP=2: a core
+# per device thread on 2 cores).
 # ROUNDS rounds (default 3), the two schedules interleaved; medians over
 # the rounds, and split / unsplit ratios.
 # usage: [ROUNDS=N] [VARIANTS="..."] bench/bsplit.sh [STEPS] [key=value ...]   (extra keys go to every run)
@@ -33,7 +37,7 @@ steps=${1:-6}
 shift || true
 extra="$*"
 rounds=${ROUNDS:-3}
-variants=${VARIANTS:-tiny wide}
+variants=${VARIANTS:-tiny wide widebal}
 cores=$(nproc)
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -42,6 +46,7 @@ ep="dcn_data_parallelism=1 ici_data_parallelism=1 dcn_expert_parallelism=2"
 tiny="per_device_batch_size=2"
 wide="per_device_batch_size=8 base_emb_dim=256 base_num_query_heads=8 base_num_kv_heads=8 q_lora_rank=128 \
 kv_lora_rank=64 qk_nope_head_dim=32 qk_rope_head_dim=16 v_head_dim=32 base_moe_mlp_dim=256"
+balanced="num_experts=4 num_experts_per_tok=4 n_routing_groups=1 topk_routing_group=1"
 first_moe=$(sed -n 's/^first_num_dense_layers: //p' $cfg)
 echo "load average at start: $(cat /proc/loadavg)"
 # run VARIANT SCHEDULE KEYS...: one traced run, its figures appended to $tmp/rows
@@ -60,7 +65,7 @@ run() {
 }
 for r in $(seq "$rounds"); do
   for v in $variants; do
-    keys=$tiny; [ $v != tiny ] && keys=$wide
+    keys=$tiny; [ $v != tiny ] && keys=$wide; [ $v = widebal ] && keys="$wide $balanced"
     run $v unsplit $keys
     run $v split $keys use_batch_split_schedule=true batch_split_factor=2
   done
@@ -74,13 +79,13 @@ for line in open(sys.argv[1]):
     rows.setdefault((v, s), []).append({k: float(x) for k, x in (p.split('=') for p in kv)})
 cols = ['step_s', 'moe_ms', 'a2a_ms', 'exposed_ms', 'late_ms', 'hidden', 'beside', 'counts_ms', 'cpu_s', 'dev_s',
         'comm_s', 'util', 'load']
-print('%-5s %-8s' % ('model', 'schedule') + ''.join('%11s' % c for c in cols) + '   (medians of %d rounds)'
+print('%-7s %-8s' % ('model', 'schedule') + ''.join('%11s' % c for c in cols) + '   (medians of %d rounds)'
       % len(next(iter(rows.values()))))
 med = {}
-order = ['tiny', 'wide', 'wide2x1']
+order = ['tiny', 'wide', 'widebal', 'wide2x1']
 for (v, s), rs in sorted(rows.items(), key=lambda x: (order.index(x[0][0]), x[0][1] != 'unsplit')):
     med[v, s] = {c: st.median(r[c] for r in rs) for c in cols}
-    print('%-5s %-8s' % (v, s) + ''.join('%11.3f' % med[v, s][c] for c in cols))
+    print('%-7s %-8s' % (v, s) + ''.join('%11.3f' % med[v, s][c] for c in cols))
 for v in [v for v in order if (v, 'split') in med]:
     a, b = med[v, 'unsplit'], med[v, 'split']
     print('%s: split / unsplit  step %.2f  MoE layers %.2f  all-to-all waited for %.2f  CPU %.2f; all-to-all '
