@@ -15,36 +15,57 @@
 # the device's own compute. Step time is the median of
 # host 0's step_time_s over steps >= 1.
 #
+# bench/bsplit_cpu.py adds what the run asked of the machine, per step
+# (steps >= 1), clock-free: cpu_s, the CPU seconds of all its threads
+# (every host's), of which dev_s on the device threads and comm_s on the
+# communication threads; util = cpu_s / (step_s x cores), how busy the
+# run kept the machine's cores (near 1: no idle core for the split to
+# fill, on a machine nothing else runs on).
+#
+# VARIANTS (default "tiny wide widebal"): widebal is the wide model with
+# every token sent to every expert (4 experts, top 4, no groups: each
+# device gets exactly a quarter of the expert rows; at deepseek3-tiny's
+# routing the busiest device gets 2.27x the mean, see bench/README.md);
+# also "wide2x1", the wide model on 2 hosts x 1 device (EP=2: a core
+# per device thread on 2 cores).
 # ROUNDS rounds (default 3), the two schedules interleaved; medians over
 # the rounds, and split / unsplit ratios.
-# usage: [ROUNDS=N] bench/bsplit.sh [STEPS] [key=value ...]   (extra keys go to every run)
+# usage: [ROUNDS=N] [VARIANTS="..."] bench/bsplit.sh [STEPS] [key=value ...]   (extra keys go to every run)
 set -eu
 cd "$(dirname "$0")/.."
 steps=${1:-6}
 shift || true
 extra="$*"
 rounds=${ROUNDS:-3}
+variants=${VARIANTS:-tiny wide widebal}
+cores=$(nproc)
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cfg=configs/deepseek3-tiny.yml
-ep4="dcn_data_parallelism=1 ici_data_parallelism=1 dcn_expert_parallelism=2 ici_expert_parallelism=2"
+ep="dcn_data_parallelism=1 ici_data_parallelism=1 dcn_expert_parallelism=2"
 tiny="per_device_batch_size=2"
 wide="per_device_batch_size=8 base_emb_dim=256 base_num_query_heads=8 base_num_kv_heads=8 q_lora_rank=128 \
 kv_lora_rank=64 qk_nope_head_dim=32 qk_rope_head_dim=16 v_head_dim=32 base_moe_mlp_dim=256"
+balanced="num_experts=4 num_experts_per_tok=4 n_routing_groups=1 topk_routing_group=1"
 first_moe=$(sed -n 's/^first_num_dense_layers: //p' $cfg)
 echo "load average at start: $(cat /proc/loadavg)"
 # run VARIANT SCHEDULE KEYS...: one traced run, its figures appended to $tmp/rows
 run() {
-  local v=$1 s=$2; shift 2
-  build/meshrun local --hosts 2 --devices-per-host 2 --config $cfg steps=$steps openblas_threads=1 $ep4 \
-    "$@" $extra --trace $tmp/t.json --metrics $tmp/m.jsonl >$tmp/log 2>&1 || { cat $tmp/log; exit 1; }
+  local v=$1 s=$2 dph=2; shift 2
+  [ $v = wide2x1 ] && dph=1
+  python3 bench/bsplit_cpu.py $tmp/cpu -- \
+    build/meshrun local --hosts 2 --devices-per-host $dph --config $cfg steps=$steps openblas_threads=1 $ep \
+    ici_expert_parallelism=$dph "$@" $extra --trace $tmp/t.json --metrics $tmp/m.jsonl >$tmp/log 2>&1 ||
+    { cat $tmp/log; exit 1; }
   local st; st=$(python3 -c "import json; r=sorted(json.loads(l)['step_time_s'] for l in open('$tmp/m.jsonl'))[1:]; print(r[len(r)//2])")
-  echo "$v $s step_s=$st $(python3 bench/bsplit_trace.py $tmp/t.json $first_moe) load=$(cut -d' ' -f1 /proc/loadavg)" \
-    | tee -a $tmp/rows
+  local cpu; cpu=$(cat $tmp/cpu)
+  local util; util=$(python3 -c "print('%.3f' % (float('${cpu%% *}'.split('=')[1]) / ($st * $cores)))")
+  echo "$v $s step_s=$st $(python3 bench/bsplit_trace.py $tmp/t.json $first_moe) $cpu util=$util" \
+    "load=$(cut -d' ' -f1 /proc/loadavg)" | tee -a $tmp/rows
 }
 for r in $(seq "$rounds"); do
-  for v in tiny wide; do
-    keys=$tiny; [ $v = wide ] && keys=$wide
+  for v in $variants; do
+    keys=$tiny; [ $v != tiny ] && keys=$wide; [ $v = widebal ] && keys="$wide $balanced"
     run $v unsplit $keys
     run $v split $keys use_batch_split_schedule=true batch_split_factor=2
   done
@@ -56,16 +77,19 @@ rows = {}
 for line in open(sys.argv[1]):
     v, s, *kv = line.split()
     rows.setdefault((v, s), []).append({k: float(x) for k, x in (p.split('=') for p in kv)})
-cols = ['step_s', 'moe_ms', 'a2a_ms', 'exposed_ms', 'hidden', 'beside', 'counts_ms', 'load']
-print('%-5s %-8s' % ('model', 'schedule') + ''.join('%11s' % c for c in cols) + '   (medians of %d rounds)'
+cols = ['step_s', 'moe_ms', 'a2a_ms', 'exposed_ms', 'late_ms', 'hidden', 'beside', 'counts_ms', 'cpu_s', 'dev_s',
+        'comm_s', 'util', 'load']
+print('%-7s %-8s' % ('model', 'schedule') + ''.join('%11s' % c for c in cols) + '   (medians of %d rounds)'
       % len(next(iter(rows.values()))))
 med = {}
-for (v, s), rs in sorted(rows.items(), key=lambda x: (x[0][0] != 'tiny', x[0][1] != 'unsplit')):
+order = ['tiny', 'wide', 'widebal', 'wide2x1']
+for (v, s), rs in sorted(rows.items(), key=lambda x: (order.index(x[0][0]), x[0][1] != 'unsplit')):
     med[v, s] = {c: st.median(r[c] for r in rs) for c in cols}
-    print('%-5s %-8s' % (v, s) + ''.join('%11.3f' % med[v, s][c] for c in cols))
-for v in ('tiny', 'wide'):
+    print('%-7s %-8s' % (v, s) + ''.join('%11.3f' % med[v, s][c] for c in cols))
+for v in [v for v in order if (v, 'split') in med]:
     a, b = med[v, 'unsplit'], med[v, 'split']
-    print('%s: split / unsplit  step %.2f  MoE layers %.2f  all-to-all waited for %.2f; all-to-all hidden %.0f%% '
-          '(beside compute %.0f%%)' % (v, b['step_s'] / a['step_s'], b['moe_ms'] / a['moe_ms'],
-                                       b['exposed_ms'] / a['exposed_ms'], 100 * b['hidden'], 100 * b['beside']))
+    print('%s: split / unsplit  step %.2f  MoE layers %.2f  all-to-all waited for %.2f  CPU %.2f; all-to-all '
+          'hidden %.0f%% (beside compute %.0f%%); cores busy %.0f%% unsplit, %.0f%% split'
+          % (v, b['step_s'] / a['step_s'], b['moe_ms'] / a['moe_ms'], b['exposed_ms'] / a['exposed_ms'],
+             b['cpu_s'] / a['cpu_s'], 100 * b['hidden'], 100 * b['beside'], 100 * a['util'], 100 * b['util']))
 EOF

@@ -20,7 +20,13 @@ over devices and steps):
              a compute span of the model's and not waiting for anything
              (the all-to-all hidden behind compute, strictly)
   counts_ms  the expert counts' all_gather before each dispatch (both
-             schedules run it synchronously)
+             schedules run it synchronously; the split once for both
+             halves)
+  late_ms    the part of exposed_ms spent before the last device of the
+             group had started that exchange (unsplit: entered the
+             all_to_all; split: its exchange thread began it): waiting
+             for a peer still computing (the experts' uneven loads, a
+             peer's thread without a core), not for the bytes
 """
 import json
 import re
@@ -78,7 +84,21 @@ def main():
     by = {}
     for e in ev:
         by.setdefault((e["tid"], e["args"]["step"]), []).append(e)
-    tot = dict(moe=0.0, a2a=0.0, exposed=0.0, beside=0.0, counts=0.0)
+    tot = dict(moe=0.0, a2a=0.0, exposed=0.0, beside=0.0, counts=0.0, late=0.0)
+    # when each device started each exchange: (step, name or k-th
+    # synchronous all_to_all) -> [start per device]
+    start = {}
+    for d in devs:
+        for s in steps:
+            k = 0
+            for e in sorted(by.get((d, s), []), key=lambda e: e["ts"]):
+                if e["cat"] == "comm" and e["name"].startswith("all_to_all expert"):
+                    start.setdefault((s, k), []).append(e["ts"])
+                    k += 1
+            for e in by.get((2000 + d, s), []):
+                if EXCH.match(e["name"]):
+                    start.setdefault((s, e["name"]), []).append(e["ts"])
+    last = {k: max(v) for k, v in start.items() if len(v) == len(devs)}
     for d in devs:
         for s in steps:
             mine = by.get((d, s), [])
@@ -94,10 +114,14 @@ def main():
                             if e["cat"] == "compute" and PIECE.search(e["name"])])
             working = minus(pieces, comm)
             if not flight:  # unsplit: the exchanges are synchronous
-                for e in mine:
+                k = 0
+                for e in sorted(mine, key=lambda e: e["ts"]):
                     if e["cat"] == "comm" and e["name"].startswith("all_to_all expert"):
                         tot["a2a"] += e["dur"]
                         tot["exposed"] += e["dur"]
+                        t = last.get((s, k), e["ts"])
+                        tot["late"] += min(max(0, t - e["ts"]), e["dur"])
+                        k += 1
                 continue
             waits = {e["name"][5:]: (e["ts"], e["ts"] + e["dur"]) for e in mine
                      if e["cat"] == "comm" and e["name"].startswith("wait ")}
@@ -107,13 +131,15 @@ def main():
                 w = waits.get(f["name"])
                 if w:
                     tot["exposed"] += inter_len(a, b, [list(w)])
+                    t = last.get((s, f["name"]), a)
+                    tot["late"] += inter_len(a, min(b, t), [list(w)])
                 tot["beside"] += inter_len(a, b, working)
     n = len(devs) * len(steps)
     a2a = tot["a2a"]
-    print("moe_ms=%.2f a2a_ms=%.2f exposed_ms=%.2f hidden=%.3f beside=%.3f counts_ms=%.2f" % (
+    print("moe_ms=%.2f a2a_ms=%.2f exposed_ms=%.2f hidden=%.3f beside=%.3f counts_ms=%.2f late_ms=%.2f" % (
         tot["moe"] / n / 1e3, a2a / n / 1e3, tot["exposed"] / n / 1e3,
         1 - tot["exposed"] / a2a if a2a else 0, tot["beside"] / a2a if a2a else 0,
-        tot["counts"] / n / 1e3))
+        tot["counts"] / n / 1e3, tot["late"] / n / 1e3))
 
 
 if __name__ == "__main__":

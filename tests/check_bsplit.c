@@ -213,6 +213,8 @@ struct dev_trace {
 	/* the compute spans' names and steps, beside compute[] */
 	char cname[MAX_SPANS][24];
 	int cstep[MAX_SPANS];
+	/* the expert counts' all_gathers ("all_gather expert") of steps 1..7 */
+	int gathers[8];
 };
 
 /* "disp h0 L3", "comb bwd h1 L4", "experts bwd h0 L3": the half, the
@@ -275,8 +277,12 @@ static void read_trace(const char *path, int dev, struct dev_trace *t)
 			t->cstep[t->nc] = cJSON_GetObjectItem(args, "step")->valueint;
 			add(t->compute, &t->nc, &s);
 		}
-		else if (tid == dev && !strcmp(c, "comm"))
+		else if (tid == dev && !strcmp(c, "comm")) {
+			int step = cJSON_GetObjectItem(args, "step")->valueint;
+			if (!strncmp(n, "all_gather expert", 17) && step < 8)
+				t->gathers[step]++;
 			add(t->wait, &t->nw, &s);
+		}
 	}
 	cJSON_Delete(root);
 }
@@ -362,6 +368,11 @@ START_TEST(test_trace_overlap)
 		ck_assert_msg(t.nf == 3 * 4 * 2 * 2 * 2, "device %d: %d exchanges in flight, want %d", dev, t.nf,
 			      3 * 4 * 2 * 2 * 2);
 		check_order(&t, dev);
+		/* one counts' all_gather a MoE layer for both halves, as the
+		 * unsplit run, and the step's expert-count sum */
+		for (int s = 1; s <= 3; s++)
+			ck_assert_msg(t.gathers[s] == 4 + 1, "device %d step %d: %d all_gathers of expert counts, "
+				      "want %d", dev, s, t.gathers[s], 4 + 1);
 		for (int h = 0; h < 2; h++)
 			for (int bwd = 0; bwd < 2; bwd++) {
 				double total, both = overlap(&t, h, bwd, &total);

@@ -8,8 +8,13 @@
  *	attn     h0 l                         comb h1 l-1
  *	finish   h1 l-1 (its residual)
  *	attn     h1 l
- *	route    h0 l   sends disp h0
- *	route    h1 l   sends disp h1         disp h0
+ *	route    h0 l
+ *	route    h1 l
+ *	counts      l   (both halves' expert counts, one all_gather)
+ *	dispatch h0 l   sends disp h0
+ *	dispatch h1 l   sends disp h1         (queued behind disp h0)
+ *	shared   h0 l                         disp h0
+ *	shared   h1 l                         disp h0, then disp h1
  *	experts  h0 l   sends comb h0         disp h1
  *	experts  h1 l   sends comb h1         comb h0
  *	finish   h0 l                         comb h1 (finished in layer l+1)
@@ -40,8 +45,11 @@
  * next), and its comb bwd of layer l-1 is sent from layer l's backward
  * call; half 0's struct model remembers both between calls. Neither
  * piece reads a weight of its layer (the window has moved on by then),
- * which is why the shared experts run in the route piece, beside the
- * dispatch, as MaxText's shared_expert_and_route does. */
+ * which is why the shared experts run beside the dispatch, as MaxText's
+ * shared_expert_and_route does. Both halves' routers run before either
+ * dispatch, so that one all_gather tells every device how many rows
+ * both bring: the unsplit layer's one synchronizing round trip, not
+ * two. */
 #include <assert.h>
 #include <stdio.h>
 #include <string.h>
@@ -81,13 +89,46 @@ static void attn_fwd(struct model *m, int l, const struct rows *r)
 	norm_forward(m, a->ln2, a->rstd2, a->xmid, WP(P_MLP_NORM, l));
 }
 
-/* the router, the dispatch sent, and the shared experts' output into
- * dresid (free during forward) until finish */
+/* the router, the rows sorted by expert and gathered */
 static void route_fwd(struct model *m, int l, const struct rows *r)
 {
-	float *X, *Y;
 	(void)r;
-	moe_route_forward(m, l, &X, &Y);
+	moe_route_prepare(m, l);
+}
+
+/* On half 0, for both: every device's expert counts of both halves in
+ * one all_gather (how many rows each dispatch brings), where the
+ * unsplit layer gathers its one set: one synchronizing round trip a
+ * layer, not two. */
+static void counts_fwd(struct model *m, int l, const struct rows *r)
+{
+	struct model *h[2] = { m, m->other };
+	const struct model_comm *c = m->st->comm;
+	int E = m->d.E, ep = m->ep;
+	int32_t *all = m->cnt2 + 2 * E;
+	(void)r;
+	if (ep <= 1 || m->hook_rc)
+		return;
+	for (int k = 0; k < 2; k++)
+		memcpy(m->cnt2 + k * E, h[k]->la[l].counts, sizeof(int32_t) * E);
+	m->hook_rc = c->all_gather(c->ctx, m->ax_exp, all, m->cnt2, sizeof(int32_t) * 2 * E);
+	for (int x = 0; !m->hook_rc && x < ep; x++)
+		for (int k = 0; k < 2; k++)
+			memcpy(h[k]->la[l].cnt_all + (size_t)x * E, all + ((size_t)x * 2 + k) * E,
+			       sizeof(int32_t) * E);
+}
+
+static void dispatch_fwd(struct model *m, int l, const struct rows *r)
+{
+	(void)r;
+	moe_dispatch_start(m, l);
+}
+
+/* the shared experts' output into dresid (free during forward) until
+ * finish */
+static void shared_fwd(struct model *m, int l, const struct rows *r)
+{
+	(void)r;
 	if (m->l.S)
 		layer_shared_forward(m, l, m->dresid, false);
 }
@@ -241,6 +282,11 @@ static void layer_fwd(struct model *m, int l, const struct rows *r0, const struc
 	piece(m, 1, attn_fwd, l, r1, "attn");
 	piece(m, 0, route_fwd, l, r0, "route");
 	piece(m, 1, route_fwd, l, r1, "route");
+	piece(m, 0, counts_fwd, l, r0, "counts");
+	piece(m, 0, dispatch_fwd, l, r0, "dispatch");
+	piece(m, 1, dispatch_fwd, l, r1, "dispatch");
+	piece(m, 0, shared_fwd, l, r0, "shared");
+	piece(m, 1, shared_fwd, l, r1, "shared");
 	await(m, 0);
 	piece(m, 0, experts_fwd, l, r0, "experts");
 	await(m, 1);

@@ -425,6 +425,10 @@ static int split_open(struct model *m)
 	h->half = 1;
 	h->la_all = NULL;
 	h->resid_all = NULL;
+	h->cnt2 = NULL;
+	if (m->ep > 1 && m->d.L_moe &&
+	    !(m->cnt2 = malloc(sizeof(int32_t) * 2 * (size_t)m->d.E * (size_t)(m->ep + 1))))
+		goto oom;
 	struct arena a = { 0 };
 	if (alloc_sets(h))
 		goto oom;
@@ -447,6 +451,8 @@ static int split_open(struct model *m)
 	m->act_bytes += h->act_bytes;
 	return 0;
 oom:
+	free(m->cnt2);
+	m->cnt2 = NULL;
 	free_sets(h);
 	free(h);
 	return -ENOMEM;
@@ -456,6 +462,8 @@ static void split_free(struct model *m)
 {
 	if (!m->other)
 		return;
+	free(m->cnt2);
+	m->cnt2 = NULL;
 	free(m->other->act_mem);
 	free_sets(m->other);
 	free(m->other);

@@ -196,6 +196,9 @@ struct model {
 	int fwd_left, bwd_early;
 	float *fwd_left_y, *bwd_early_d;
 	enum model_counts fwd_left_how;
+	/* half 0, with expert parallelism: both halves' expert counts, then
+	 * every device's, gathered once a MoE layer ([1 + ep, 2, E]) */
+	int32_t *cnt2;
 };
 
 /* ---- params.c ---- */
@@ -320,6 +323,13 @@ int moe_expert_blocks(const struct model *m, int l, int *start, int *rows, int *
  * expert parallelism, sent to the experts' devices. *X: the rows this
  * device's experts read, *Y: where they write their outputs. */
 void moe_route_forward(struct model *m, int l, float **X, float **Y);
+/* moe_route_forward in two parts, for a caller that learns every
+ * device's counts (la[l].cnt_all) itself between them: the router, the
+ * sort and the expert inputs gathered (moe_route_prepare); with expert
+ * parallelism, the rows sent to the experts' devices (moe_dispatch_start,
+ * nothing without). */
+void moe_route_prepare(struct model *m, int l);
+void moe_dispatch_start(struct model *m, int l);
 /* The outputs back from the experts' devices, the counts recorded, and
  * out (N, C) = their weighted sum per token: moe_return_start (the
  * exchange) then moe_return_finish (the rest). */

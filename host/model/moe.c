@@ -92,11 +92,10 @@ void moe_expert_rows(struct model *m, int l, float **X, float **Y, float **dY, f
 
 /* Expert parallelism: lays the expert-sorted rows out by destination
  * device (the devices of the expert group in rank order, each holding one
- * block of El experts), learns every device's per-expert counts, and sends
- * each device the rows of its experts. */
-static void ep_dispatch(struct model *m, int l, struct layer_acts *a, int C)
+ * block of El experts) and gathers them. */
+static void ep_prepare(struct model *m, struct layer_acts *a, int C)
 {
-	int E = m->d.E, El = m->El, NK = m->N * m->d.K;
+	int El = m->El, NK = m->N * m->d.K;
 	if (m->ep_permute) {
 		/* rows in the order of the group's members, not of the blocks */
 		int32_t *tmp = (int32_t *)m->dweights; /* free during forward: NK ints */
@@ -110,24 +109,30 @@ static void ep_dispatch(struct model *m, int l, struct layer_acts *a, int C)
 		memcpy(a->order, tmp, sizeof(int32_t) * (size_t)NK);
 	}
 	moe_gather(a->xs, a->ln2, a->order, NK, m->d.K, C);
-	const struct model_comm *c = m->st->comm;
-	if (!m->hook_rc)
-		m->hook_rc = c->all_gather(c->ctx, m->ax_exp, a->cnt_all, a->counts, sizeof(int32_t) * E);
-	if (m->hook_rc)
+}
+
+void moe_dispatch_start(struct model *m, int l)
+{
+	struct layer_acts *a = &m->la[l];
+	int E = m->d.E, El = m->El;
+	size_t C = (size_t)m->l.C;
+	if (m->ep <= 1 || m->hook_rc)
 		return;
+	/* each device gets the rows of its experts; la[l].cnt_all says how
+	 * many come from each */
 	for (int x = 0; x < m->ep; x++) {
 		size_t sr = 0, rr = 0;
 		for (int j = 0; j < El; j++) {
 			sr += (size_t)a->counts[m->ep_blk[x] * El + j];
 			rr += (size_t)a->cnt_all[x * E + m->e0 + j];
 		}
-		a->send_b[x] = sr * (size_t)C * sizeof(float);
-		a->recv_b[x] = rr * (size_t)C * sizeof(float);
+		a->send_b[x] = sr * C * sizeof(float);
+		a->recv_b[x] = rr * C * sizeof(float);
 	}
 	ep_exchange(m, l, "disp", a->xr, a->recv_b, a->xs, a->send_b);
 }
 
-void moe_route_forward(struct model *m, int l, float **X, float **Y)
+void moe_route_prepare(struct model *m, int l)
 {
 	const struct model_dims *d = &m->l;
 	struct layer_acts *a = &m->la[l];
@@ -143,12 +148,26 @@ void moe_route_forward(struct model *m, int l, float **X, float **Y)
 	for (int e = 0; e < E; e++)
 		a->counts[e] = a->offsets[e + 1] - a->offsets[e];
 	/* expert parallelism: rows travel to the device owning their expert */
+	if (m->ep > 1)
+		ep_prepare(m, a, C);
+	else
+		moe_gather(a->xs, a->ln2, a->order, N * K, K, C);
+}
+
+void moe_route_forward(struct model *m, int l, float **X, float **Y)
+{
+	struct layer_acts *a = &m->la[l];
+	moe_route_prepare(m, l);
 	if (m->ep > 1) {
-		ep_dispatch(m, l, a, C);
+		/* every device's per-expert counts: how many rows come */
+		const struct model_comm *c = m->st->comm;
+		if (!m->hook_rc)
+			m->hook_rc = c->all_gather(c->ctx, m->ax_exp, a->cnt_all, a->counts,
+						   sizeof(int32_t) * m->d.E);
+		moe_dispatch_start(m, l);
 		*X = a->xr;
 		*Y = a->yr;
 	} else {
-		moe_gather(a->xs, a->ln2, a->order, N * K, K, C);
 		*X = a->xs;
 		*Y = a->ey;
 	}
