@@ -9,17 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "net/coll_int.h"
 #include "proto/meshrun.pb-c.h"
 
 #define OP(x) MESHRUN__COLL_OP__COLL_##x
-
-/* the communication thread's scheduling slice (comm_short_slice) */
-#define COLL_COMM_SLICE_NS 100000ull
 
 struct seq_entry {
 	uint32_t id;
@@ -340,44 +335,12 @@ static void handle_free(struct coll_handle *h)
 	free(h);
 }
 
-/* The communication thread computes little and waits a lot: each of an
- * exchange's hand-offs (a segment sent, a receive completed) wakes it
- * for a few microseconds. On a host whose cores the device threads keep
- * busy (the batch split computes one half while the other's exchange is
- * in flight), a woken thread with the default slice waits for the
- * running compute thread's slice to end (EEVDF's run to parity: up to
- * ~3 ms a hand-off); a short slice (Linux >= 6.12, unprivileged) lets it
- * preempt at once, for the same CPU time. Same policy and nice as
- * before; an older kernel ignores or refuses it, and nothing else
- * changes. */
-struct comm_sched_attr {  /* the kernel's struct sched_attr (glibc < 2.41 has none) */
-	uint32_t size, sched_policy;
-	uint64_t sched_flags;
-	int32_t sched_nice;
-	uint32_t sched_priority;
-	uint64_t sched_runtime, sched_deadline, sched_period;
-	uint32_t sched_util_min, sched_util_max;
-};
-
-static void comm_short_slice(void)
-{
-	struct comm_sched_attr a;
-	memset(&a, 0, sizeof(a));
-	if (syscall(SYS_sched_getattr, 0, &a, sizeof(a), 0) || a.sched_policy != SCHED_OTHER)
-		return;
-	a.size = sizeof(a);
-	a.sched_flags = 0;
-	a.sched_runtime = COLL_COMM_SLICE_NS;
-	(void)syscall(SYS_sched_setattr, 0, &a, 0);
-}
-
 static void *comm_main(void *arg)
 {
 	struct coll_dev *d = arg;
 	char name[16];
 	snprintf(name, sizeof(name), "mr-comm%d", d->me % 100000);
 	pthread_setname_np(pthread_self(), name);
-	comm_short_slice();
 	pthread_mutex_lock(&d->mu);
 	for (;;) {
 		while (!d->head && !d->stop)
