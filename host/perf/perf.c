@@ -647,12 +647,12 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 				       (c->shard_optimizer_over_data && sh->data > 1 ? sh->data : 1);
 			/* Muon: Newton-Schulz at the matmul rate (--flops, or the
 			 * measured layer forward's) and its exchanges */
-			double wflops, rate = mc->flops > 0 ? mc->flops :
-					      layer_flops(&sh->d, pc.rows, false, &wflops) / (pc.f_layer[0] * sh->tp);
+			double rate = mc->flops, wflops;
+			if (rate <= 0)
+				rate = layer_flops(&sh->d, pc.rows, false, &wflops) / (pc.f_layer[0] * sh->tp);
 			o->muon_ns = muon_flops > 0 && rate > 0 ? muon_flops / rate : 0;
 			o->optimizer += o->muon_ns + muon_xchg;
 			o->step = o->table + o->tail + o->optimizer;
-			(void)wflops;
 			o->work = f.busy_sum * f.groups + (o->optimizer - muon_xchg) * sh->m.num_devices;
 			for (int s = 0; s < S; s++)
 				for (int k = 0; k < t.n[s]; k++) {
