@@ -17,6 +17,7 @@ make -s all
 bin=$(mktemp /tmp/meshrun-goals.XXXXXX)
 trap 'rm -f "$bin"' EXIT
 cp build/meshrun "$bin"
+chmod +x "$bin"
 t0=$(date +%s)
 echo "## recompute off; load $(cut -d' ' -f1-3 /proc/loadavg)"
 BIN=$bin KV="pipeline_recompute=false" bench/sched.sh "$steps" "4x1 2x2" "4 8 16" "1f1b zb_h1 interleaved_1f1b zbv"
