@@ -644,8 +644,10 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 			/* Muon: Newton-Schulz at --flops, else at the rate measured on
 			 * Newton-Schulz itself, else at the measured layer forward's;
 			 * and its exchanges */
-			double wflops, spf = mc->flops > 0 ? 1 / mc->flops : pc.ns_per_flop > 0 ? pc.ns_per_flop :
-				     pc.f_layer[0] * sh->tp / layer_flops(&sh->d, pc.rows, false, &wflops);
+			double wflops, spf = 0;
+			if (muon_flops > 0)
+				spf = mc->flops > 0 ? 1 / mc->flops : pc.ns_per_flop > 0 ? pc.ns_per_flop :
+				      pc.f_layer[0] * sh->tp / layer_flops(&sh->d, pc.rows, false, &wflops);
 			o->muon_ns = muon_flops * spf;
 			o->optimizer += o->muon_ns + muon_xchg;
 			o->step = o->table + o->tail + o->optimizer;
