@@ -317,26 +317,6 @@ void buckets_free(struct optim *o)
 	free(o->bufmem);
 }
 
-void bucket_name(const struct optim *o, const struct bucket *b, const char *what, char *out,
-			size_t len)
-{
-	int hi = -3, lo = 1 << 30;
-	bool head = false, embed = false;
-	for (int j = b->u0; j < b->u1; j++) {
-		int key = o->u[o->ubk[j]].key;
-		head |= key == KEY_HEAD;
-		embed |= key == KEY_EMBED;
-		if (key >= 0) {
-			hi = key > hi ? key : hi;
-			lo = key < lo ? key : lo;
-		}
-	}
-	if (hi >= 0)
-		snprintf(out, len, "%s L%d-%d%s%s", what, hi, lo, head ? "h" : "", embed ? "e" : "");
-	else
-		snprintf(out, len, "%s %s", what, head ? (embed ? "head+embed" : "head") : "embed");
-}
-
 /* Packs the units' gradients into the bucket (to_buf) or the sums back
  * into the layout's gradients G. */
 static void move(struct optim *o, const struct bucket *b, float *G, bool to_buf)

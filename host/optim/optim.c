@@ -13,14 +13,6 @@
 
 #include "kernels/kernels.h"
 
-/* The part of parameter p inside layout floats [a, b): [*x, *y), empty
- * when *x >= *y. */
-static void param_range(const struct param_info *p, size_t a, size_t b, size_t *x, size_t *y)
-{
-	*x = p->offset > a ? p->offset : a;
-	*y = p->offset + p->numel < b ? p->offset + p->numel : b;
-}
-
 int optim_check_zero(const struct model *m, bool muon, int ndata, char *err, size_t errlen)
 {
 	struct model_bucket b[MODEL_MAX_PARAMS];
@@ -333,42 +325,6 @@ static void update_router_bias(struct optim *o, const struct param_info *p)
 		int q = model_stack_layer(o->model, l + p->goff[0], p->global_shape[0]);
 		moe_bias_update(b + (size_t)l * El, counts + (size_t)q * E, E, e0, El, rate);
 	}
-}
-
-int optim_update_range(struct optim *o, int64_t step, float lr, const float *g, float *mb, float *vb,
-		       size_t a, size_t b)
-{
-	struct model *m = o->model;
-	const struct cfg *c = &o->cfg;
-	float *P = model_params(m);
-	float wd = (float)c->adam_weight_decay;
-
-	for (int i = 0; i < model_num_params(m); i++) {
-		const struct param_info *p = model_param(m, i);
-		size_t x, y;
-		param_range(p, a, b, &x, &y);
-		if (p->opt == OPT_NONE || x >= y)
-			continue;
-		float pwd = p->decay ? wd : 0.0f;
-		bool shared = o->mesh && mesh_axes_size(o->mesh, muon_group_axes(o->mesh, p)) > 1;
-		if (p->opt == OPT_MUON && o->muon && shared) {
-			int rc = muon_dist(o, i, P + x, g + (x - a), mb + (x - a), lr, pwd);
-			if (rc)
-				return rc;
-		} else if (p->opt == OPT_MUON && o->muon) {
-			int R = p->shape[p->ndim - 2], C = p->shape[p->ndim - 1];
-			size_t per = (size_t)R * C;
-			for (size_t q = x; q < y; q += per, o->stats.ns_matrices++) {
-				o->stats.ns_flops += newton_schulz5_flops(R, C);
-				muon_update(P + q, g + (q - a), mb + (q - a), o->scratch, R, C, lr,
-					    (float)c->muon_momentum, pwd);
-			}
-		} else {
-			adamw_update(P + x, g + (x - a), mb + (x - a), vb + (x - a), y - x, lr,
-				     (float)c->adam_b1, (float)c->adam_b2, (float)c->adam_eps, pwd, (int)step + 1);
-		}
-	}
-	return 0;
 }
 
 void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx), void *ctx, const int *l0, const int *l1, int n)

@@ -1,7 +1,7 @@
 /* Private to host/optim: the optimizer's state and the calls between its
  * files. They go one way: optim.c calls buckets.c, zero.c and muon.c;
- * buckets.c calls zero.c for ZeRO-1's buckets, zero.c calls back only
- * optim_update_range.
+ * buckets.c calls zero.c for ZeRO-1's buckets; all three call range.c
+ * (a range's update, a bucket's name), which calls only muon.c.
  *
  * Words: a seg is one gradient bucket of the model's layout (a range of
  * whole tensors summed over the same axes, model_buckets). A unit is one
@@ -132,9 +132,6 @@ int bucket_issue(struct optim *o, struct bucket *b);
 /* Waits for bucket b's sum in flight and unpacks it into the gradients.
  * 0 or -errno. */
 int bucket_wait(struct optim *o, struct bucket *b);
-/* What the trace calls bucket b ("what L7-6": its layers, highest
- * first, h and e for the head and the embedding). */
-void bucket_name(const struct optim *o, const struct bucket *b, const char *what, char *out, size_t len);
 
 /* The update of the early units' pieces (of segs not split by ZeRO-1),
  * and of the rest of seg s. 0 or -errno. */
@@ -163,12 +160,18 @@ int zero_wait_params(struct optim *o, int key, bool gathered);
 /* The same for bucket b alone. */
 int zero_wait_params_of(struct optim *o, struct bucket *b);
 
-/* ---- optim.c (for zero.c) ---- */
+/* ---- range.c ---- */
 
+/* The part of parameter p inside layout floats [a, b): [*x, *y), empty
+ * when *x >= *y. */
+void param_range(const struct param_info *p, size_t a, size_t b, size_t *x, size_t *y);
 /* Updates parameters [a, b) of the layout from gradients g, with state
- * m and v, all three indexed from a. */
+ * m and v, all three indexed from a. 0 or -errno. */
 int optim_update_range(struct optim *o, int64_t step, float lr, const float *g, float *mb, float *vb,
 		       size_t a, size_t b);
+/* What the trace calls bucket b ("what L7-6": its layers, highest
+ * first, h and e for the head and the embedding). */
+void bucket_name(const struct optim *o, const struct bucket *b, const char *what, char *out, size_t len);
 
 /* ---- muon.c ---- */
 
