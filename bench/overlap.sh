@@ -115,9 +115,11 @@ for r in $(seq 1 "$rounds"); do
         learning_rate=0.01 ici_data_parallelism=1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 $x \
         muon_assign=$a
       row ds$m$a "deepseek-tiny muon, dcn_fsdp=2 $m, $a" $one4
-      echo "  muon_bytes/step $(avg $tmp/ds$m$a.jsonl muon_bytes)," \
-        "Newton-Schulz GFLOP/step busiest device $(avg $tmp/ds$m$a.jsonl muon_ns_gflop_max_device)," \
-        "least busy $(avg $tmp/ds$m$a.jsonl muon_ns_gflop_min_device)"
+      if want ds$m$a; then
+        echo "  muon_bytes/step $(avg $tmp/ds$m$a.jsonl muon_bytes)," \
+          "Newton-Schulz GFLOP/step busiest device $(avg $tmp/ds$m$a.jsonl muon_ns_gflop_max_device)," \
+          "least busy $(avg $tmp/ds$m$a.jsonl muon_ns_gflop_min_device)"
+      fi
     done
   done
 done
