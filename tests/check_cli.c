@@ -6,13 +6,15 @@
  * exits 130; a wrong CA or a foreign listener at the coordinator's
  * address is its own class (7) naming the address and the verify error;
  * a flood of refused connections is a few lines with a count; the local
- * launcher's keys leave the disk once the agents have read them. */
+ * launcher's keys leave the disk once the agents have read them; meshrun
+ * runs on the CPU's own OpenBLAS kernels where the library falls back. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 
 #include "host/cli/cli.h"
+#include "host/util/threads.h"
 #include "tests/proc.h"
 
 #define TINY "configs/llama-tiny.yml"
@@ -93,6 +95,73 @@ START_TEST(test_one_prefix)
 	int rc = proc_run_words(&p, "shardings", "shardings --config " TINY " learning_rate=-1", 20, false);
 	ck_assert_int_eq(rc, EXIT_CONFIG);
 	ck_assert_str_eq(slurp(p.err), "meshrun: shardings: config: key 'learning_rate' must be > 0, got -1\n");
+}
+END_TEST
+
+/* ---- OpenBLAS kernels ---- */
+
+/* Does /proc/cpuinfo's first "flags" line hold every one of words? */
+static bool cpu_has(const char *const *words)
+{
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	char line[8192];
+	bool found = false, all = false;
+	while (f && !found && fgets(line, sizeof line, f)) {
+		if (strncmp(line, "flags", 5))
+			continue;
+		found = all = true;
+		for (const char *const *w = words; *w; w++) {
+			char pat[64];
+			snprintf(pat, sizeof pat, " %s ", *w);
+			line[strcspn(line, "\n")] = ' ';
+			if (!strstr(line, pat))
+				all = false;
+		}
+	}
+	if (f)
+		fclose(f);
+	return all;
+}
+
+/* The core name in `bench matmul`'s line ("core NAME:"). */
+static void matmul_core(char *name, size_t n)
+{
+	struct proc p;
+	int rc = proc_run_words(&p, "matmul", "bench matmul --size 64 --reps 1", 30, false);
+	ck_assert_msg(rc == 0, "bench matmul: exit %d:\n%s", rc, slurp(p.err));
+	const char *c = strstr(slurp(p.out), "core ");
+	ck_assert_msg(c, "no core in:\n%s", slurp(p.out));
+	c += 5;
+	size_t len = strcspn(c, ":");
+	ck_assert(len < n);
+	memcpy(name, c, len);
+	name[len] = 0;
+}
+
+START_TEST(test_blas_kernels)
+{
+	/* the choice itself, against the CPU's flags read independently */
+	static const char *const avx512[] = { "avx512f", "avx512bw", "avx512vl", "avx512dq", NULL };
+	static const char *const avx2[] = { "avx2", "fma", NULL };
+	const char *want = cpu_has(avx512) ? "SkylakeX" : cpu_has(avx2) ? "Haswell" : NULL;
+	const char *got = util_blas_kernels_choice("Prescott");
+	ck_assert_msg(want ? got && !strcmp(got, want) : !got, "Prescott -> %s, flags say %s",
+		      got ? got : "(keep)", want ? want : "(keep)");
+	ck_assert_ptr_null(util_blas_kernels_choice("Haswell"));
+	ck_assert_ptr_null(util_blas_kernels_choice("SkylakeX"));
+	ck_assert_ptr_null(util_blas_kernels_choice(NULL));
+
+	/* through the binary: a user's OPENBLAS_CORETYPE is kept, even the
+	 * fallback's; unset, a CPU with AVX2 never runs on Prescott (OpenBLAS
+	 * knew the CPU, or meshrun re-executed itself with a better one) */
+	char core[64];
+	setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+	matmul_core(core, sizeof core);
+	ck_assert_str_eq(core, "Prescott");
+	unsetenv("OPENBLAS_CORETYPE");
+	matmul_core(core, sizeof core);
+	if (want)
+		ck_assert_msg(strcmp(core, "Prescott"), "meshrun ran on Prescott on a CPU with %s", want);
 }
 END_TEST
 
@@ -426,6 +495,7 @@ int main(void)
 		{ "tls foreign listener", test_tls_foreign_listener, 60 },
 		{ "refused flood", test_refused_rate_limited, 60 },
 		{ "local keys", test_local_keys_leave_the_disk, 90 },
+		{ "blas kernels", test_blas_kernels, 60 },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		TCase *tc = tcase_create(cases[i].name);

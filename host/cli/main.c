@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "host/cli/cli.h"
+#include "host/util/threads.h"
 
 struct command {
 	const char *name;
@@ -49,6 +50,7 @@ static bool wants_help(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+	util_blas_kernels(argv);	/* may re-execute: before anything else */
 	if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
 		usage(argc < 2 ? stderr : stdout);
 		return argc < 2 ? EXIT_USAGE : EXIT_OK;

@@ -1,8 +1,11 @@
 /* See host/util/threads.h. */
 #include "host/util/threads.h"
 
+#include <errno.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "host/config/config.h"
@@ -39,4 +42,36 @@ int util_load_threads(void)
 		cores = CPU_COUNT(&set);
 	long n = cores / util_agents_on_machine();
 	return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+}
+
+const char *util_blas_kernels_choice(const char *core)
+{
+	if (!core || strcmp(core, "Prescott"))
+		return NULL;
+#if defined(__x86_64__) && defined(__GNUC__)
+	/* libgcc checks the OS saves the AVX / AVX-512 state (XGETBV) as
+	 * well as the CPUID bits */
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+		return "SkylakeX";
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+		return "Haswell";
+#endif
+	return NULL;
+}
+
+void util_blas_kernels(char **argv)
+{
+	if (getenv("OPENBLAS_CORETYPE"))
+		return;
+	const char *pick = util_blas_kernels_choice(blas_core_name());
+	if (!pick)
+		return;
+	if (setenv("OPENBLAS_CORETYPE", pick, 1))
+		return;
+	execv("/proc/self/exe", argv);
+	fprintf(stderr, "meshrun: could not re-execute with OPENBLAS_CORETYPE=%s (%s); "
+		"running on OpenBLAS's Prescott kernels\n", pick, strerror(errno));
+	unsetenv("OPENBLAS_CORETYPE");
 }

@@ -19,4 +19,21 @@ int util_agents_on_machine(void);
  * (at most 64); MESHRUN_LOAD_THREADS=N overrides. */
 int util_load_threads(void);
 
+/* OpenBLAS picks its kernels when the library loads, before main. On a
+ * CPU it does not know (Debian 12's 0.3.21 and the newest Xeons) it falls
+ * back to "Prescott" (SSE3), 3-4x slower than the AVX-512 or AVX2
+ * kernels the CPU has. Called first in main: if OPENBLAS_CORETYPE is
+ * unset, OpenBLAS reports Prescott and the CPU (and the OS) support
+ * AVX-512 (F, BW, VL, DQ) or AVX2 + FMA, sets OPENBLAS_CORETYPE to
+ * SkylakeX or Haswell and re-executes the program with the same
+ * arguments. Children inherit the variable; agents started over ssh
+ * choose the same for themselves. OPENBLAS_CORETYPE set by the user
+ * (even to Prescott) is left alone. Returns only when nothing changes or
+ * the re-exec failed (then says so on stderr). */
+void util_blas_kernels(char **argv);
+
+/* The kernel name util_blas_kernels would choose on a CPU with OpenBLAS
+ * reporting `core` (NULL: keep what OpenBLAS chose). Exposed for tests. */
+const char *util_blas_kernels_choice(const char *core);
+
 #endif
