@@ -61,11 +61,23 @@ void cli_print_usage(FILE *f, const char *cmd)
 		fprintf(f, "usage: meshrun %s", u);
 }
 
+/* One write per line: agents started by `meshrun local` share the
+ * launcher's stderr, and a line written in pieces can interleave with
+ * another agent's ("meshrun: host 0: meshrun: host 1: lost host 1 ..."). */
 static void error_line(const char *who, const char *fmt, va_list ap)
 {
-	fprintf(stderr, "meshrun: %s: ", who);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
+	char buf[4096];
+	int head = snprintf(buf, sizeof(buf), "meshrun: %s: ", who);
+	if (head < 0 || (size_t)head >= sizeof(buf) - 2)
+		head = 0;
+	int body = vsnprintf(buf + head, sizeof(buf) - (size_t)head - 1, fmt, ap);
+	if (body < 0)
+		body = 0;
+	size_t len = (size_t)head + (size_t)body;
+	if (len > sizeof(buf) - 2)	/* cut: a line still ends in a newline */
+		len = sizeof(buf) - 2;
+	buf[len++] = '\n';
+	fwrite(buf, 1, len, stderr);
 }
 
 void cli_error(const char *who, const char *fmt, ...)
