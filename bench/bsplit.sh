@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
-# DeepSeek's batch split (docs/deepseek.md#batch-split) against the
-# unsplit schedule, in one invocation: deepseek3-tiny with experts over
+# DeepSeek's batch-split schedule (docs/deepseek.md#batch-split) on
+# against off, in one invocation, both with the same halves: the
+# baseline (schedule "off") is use_batch_split_schedule=false with
+# batch_split_factor=$BASE_FACTOR (default 2: the same products, the
+# halves one after the other, so the two runs compute the same bits and
+# differ only in when the pieces run; BASE_FACTOR=1 gives the unsplit
+# layer instead, the comparison earlier sessions made), the split
+# (schedule "on") use_batch_split_schedule=true batch_split_factor=2.
+# The output says which baseline it used. deepseek3-tiny with experts over
 # 2 hosts x 2 devices (EP=4: dcn_expert=2 ici_expert=2, loopback TLS,
 # OpenBLAS 1 thread a device), and a wider variant of it where there is
 # compute to hide the all-to-all behind (d_model 256, 8 heads, q/kv LoRA
@@ -29,8 +36,9 @@
 # also "wide2x1", the wide model on 2 hosts x 1 device (EP=2: a core
 # per device thread on 2 cores).
 # ROUNDS rounds (default 3), the two schedules interleaved; medians over
-# the rounds, and split / unsplit ratios.
-# usage: [ROUNDS=N] [VARIANTS="..."] bench/bsplit.sh [STEPS] [key=value ...]   (extra keys go to every run)
+# the rounds, and on / off ratios.
+# usage: [ROUNDS=N] [VARIANTS="..."] [BASE_FACTOR=2|1] bench/bsplit.sh [STEPS] [key=value ...]
+#        (extra keys go to every run)
 set -eu
 cd "$(dirname "$0")/.."
 steps=${1:-6}
@@ -38,6 +46,7 @@ shift || true
 extra="$*"
 rounds=${ROUNDS:-3}
 variants=${VARIANTS:-tiny wide widebal}
+base_factor=${BASE_FACTOR:-2}
 cores=$(nproc)
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -49,6 +58,9 @@ kv_lora_rank=64 qk_nope_head_dim=32 qk_rope_head_dim=16 v_head_dim=32 base_moe_m
 balanced="num_experts=4 num_experts_per_tok=4 n_routing_groups=1 topk_routing_group=1"
 first_moe=$(sed -n 's/^first_num_dense_layers: //p' $cfg)
 echo "load average at start: $(cat /proc/loadavg)"
+echo "schedule off (baseline): use_batch_split_schedule=false batch_split_factor=$base_factor" \
+  "$([ "$base_factor" = 2 ] && echo '(the same halves as on, one after the other)' || echo '(unsplit)')"
+echo "schedule on: use_batch_split_schedule=true batch_split_factor=2"
 # run VARIANT SCHEDULE KEYS...: one traced run, its figures appended to $tmp/rows
 run() {
   local v=$1 s=$2 dph=2; shift 2
@@ -66,8 +78,8 @@ run() {
 for r in $(seq "$rounds"); do
   for v in $variants; do
     keys=$tiny; [ $v != tiny ] && keys=$wide; [ $v = widebal ] && keys="$wide $balanced"
-    run $v unsplit $keys
-    run $v split $keys use_batch_split_schedule=true batch_split_factor=2
+    run $v off $keys use_batch_split_schedule=false batch_split_factor=$base_factor
+    run $v on $keys use_batch_split_schedule=true batch_split_factor=2
   done
 done
 echo "load average at end: $(cat /proc/loadavg)"
@@ -83,13 +95,13 @@ print('%-7s %-8s' % ('model', 'schedule') + ''.join('%11s' % c for c in cols) + 
       % len(next(iter(rows.values()))))
 med = {}
 order = ['tiny', 'wide', 'widebal', 'wide2x1']
-for (v, s), rs in sorted(rows.items(), key=lambda x: (order.index(x[0][0]), x[0][1] != 'unsplit')):
+for (v, s), rs in sorted(rows.items(), key=lambda x: (order.index(x[0][0]), x[0][1] != 'off')):
     med[v, s] = {c: st.median(r[c] for r in rs) for c in cols}
     print('%-7s %-8s' % (v, s) + ''.join('%11.3f' % med[v, s][c] for c in cols))
-for v in [v for v in order if (v, 'split') in med]:
-    a, b = med[v, 'unsplit'], med[v, 'split']
-    print('%s: split / unsplit  step %.2f  MoE layers %.2f  all-to-all waited for %.2f  CPU %.2f; all-to-all '
-          'hidden %.0f%% (beside compute %.0f%%); cores busy %.0f%% unsplit, %.0f%% split'
+for v in [v for v in order if (v, 'on') in med]:
+    a, b = med[v, 'off'], med[v, 'on']
+    print('%s: on / off  step %.2f  MoE layers %.2f  all-to-all waited for %.2f  CPU %.2f; all-to-all '
+          'hidden %.0f%% (beside compute %.0f%%); cores busy %.0f%% off, %.0f%% on'
           % (v, b['step_s'] / a['step_s'], b['moe_ms'] / a['moe_ms'], b['exposed_ms'] / a['exposed_ms'],
              b['cpu_s'] / a['cpu_s'], 100 * b['hidden'], 100 * b['beside'], 100 * a['util'], 100 * b['util']))
 EOF

@@ -1,25 +1,25 @@
-/* DeepSeek's batch-split schedule (use_batch_split_schedule,
+/* DeepSeek's batch split (batch_split_factor, use_batch_split_schedule,
  * docs/deepseek.md#batch-split) on deepseek3-tiny, with real agents on
  * loopback:
  *
  * - the keys: a dense model, a factor other than 1 or 2, a factor that
  *   does not divide per_device_batch_size, a pipeline and a zero-bubble
- *   schedule are refused naming their keys; factor 1 is the unsplit schedule, bit for bit;
- * - the same math: 10 steps split against unsplit on one device, EP=2,
- *   EP=4, FSDP2 x EP2, FSDP2 x TP2 and EP2 x TPT2, every step's loss and gradient
- *   norm within 1e-6, two split runs bit-identical. The weights are held
- *   still (learning_rate=1e-30, the config refuses 0: Adam moves a
- *   weight by about 1e-30, below float32's last bit at any weight the
- *   model's init makes nonzero; routed_bias_update_rate=0): each step is
- *   then the same model on another batch, so what differs is the split
- *   alone (OpenBLAS rounds a row differently by how many rows a call has,
- *   and the halves' weight gradients are summed in two calls: ~1e-9),
- *   not what training makes of a last-bit difference (a token that flips
- *   between two experts tied to within rounding, Adam's step on a
- *   gradient near zero: up to 4e-6 in 10 steps, measured);
- * - training: deepseek3-tiny as it is (the selection bias moving), EP=4
- *   split against one device within 1e-4 as every other mesh is compared,
- *   twice bit-identical;
+ *   schedule are refused naming their keys (the factor alone as the
+ *   schedule); factor 1 is the unsplit schedule, bit for bit;
+ * - the same bits: 10 training steps with factor 2, the schedule on
+ *   (staggered) against off (one half after the other), every step's
+ *   loss_hex and gradient norm identical, on one device, EP=2, EP=4,
+ *   FSDP2 x EP2, FSDP2 x TP2 and EP2 x TPT2, and deepseek-tiny (the
+ *   grouped-query MoE model) on EP=2 and EP=4. The halves fix the math
+ *   (which rows each product has, the order the halves' weight gradients
+ *   are added in), the schedule only when the pieces run; from the
+ *   traces, off runs the halves' pieces with no exchange in the
+ *   background and gathers the expert counts as often as on;
+ * - the same math: factor 1 (unsplit) within 1e-4 of factor 2 (its
+ *   products on other rows round apart: OpenBLAS rounds a row by where
+ *   it sits in its product, and a weight gradient is two products
+ *   summed), and at EP=4 the split run and factor 1 within 1e-4 of one
+ *   device, as every other mesh is compared;
  * - the overlap, from the trace (not from timings): at EP=4 each half's
  *   expert all-to-all is in flight on the communication thread while the
  *   other half computes, forward and backward, on every device; and the
@@ -36,9 +36,6 @@
 
 #define DS3 "configs/deepseek3-tiny.yml"
 #define SPLIT "use_batch_split_schedule=true batch_split_factor=2"
-/* the weights held still (see the top) */
-#define STILL "learning_rate=1e-30 routed_bias_update_rate=0"
-#define SPLIT_TOL 1e-6
 
 static void setup(void)
 {
@@ -63,7 +60,13 @@ START_TEST(test_keys)
 	refused("train --config configs/llama-tiny.yml steps=1 " SPLIT, 3,
 		"keys 'use_batch_split_schedule' and 'num_experts' (1)");
 	refused("train --config " DS3 " steps=1 use_batch_split_schedule=true batch_split_factor=4", 3,
-		"key 'batch_split_factor' must be 1 or 2 with 'use_batch_split_schedule'");
+		"key 'batch_split_factor' must be 1 or 2");
+	/* the factor alone cuts the halves: refused as the schedule is */
+	refused("train --config configs/llama-tiny.yml steps=1 batch_split_factor=2", 3,
+		"keys 'batch_split_factor' and 'num_experts' (1)");
+	refused("local --hosts 1 --devices-per-host 2 --config " DS3 " steps=1 ici_data_parallelism=1 "
+		"ici_pipeline_parallelism=2 per_device_batch_size=4 num_pipeline_microbatches=2 "
+		"batch_split_factor=2", 3, "key 'batch_split_factor' does not run beside pipeline parallelism");
 	refused("train --config " DS3 " steps=1 per_device_batch_size=3 " SPLIT, 3,
 		"key 'batch_split_factor' (2) must divide 'per_device_batch_size' (3)");
 	refused("train --config " DS3 " steps=1 batch_split_factor=0", 3, "key 'batch_split_factor' must be >= 1");
@@ -93,111 +96,7 @@ START_TEST(test_factor_one)
 }
 END_TEST
 
-/* ---- same math ---- */
-
-/* The grad_norm of every line of tmpdir/name (10 at most). */
-static int grad_norms(const char *name, double *out)
-{
-	char path[256], line[4096];
-	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
-	FILE *f = fopen(path, "r");
-	int n = 0;
-	while (f && n < 10 && fgets(line, sizeof(line), f)) {
-		char *p = strstr(line, "\"grad_norm\":");
-		ck_assert_msg(p, "metrics line without grad_norm: %s", line);
-		out[n++] = strtod(p + 12, NULL);
-	}
-	if (f)
-		fclose(f);
-	return n;
-}
-
-/* meshrun on hosts x dph devices (1 x 1: train) with keys, 10 steps,
- * into tmpdir/name.jsonl; the losses in out, the gradient norms in gn */
-static void run_losses(int hosts, int dph, const char *keys, const char *name, double *out, double *gn)
-{
-	char args[1024];
-	if (hosts * dph == 1)
-		snprintf(args, sizeof(args), "train --config " DS3 " steps=10 %s --metrics %s/%s.jsonl", keys,
-			 tmpdir, name);
-	else
-		snprintf(args, sizeof(args), "local --hosts %d --devices-per-host %d --config " DS3 " steps=10 "
-			 "%s --metrics %s/%s.jsonl", hosts, dph, keys, tmpdir, name);
-	show_log_on_failure(run(args), 0);
-	char file[64];
-	snprintf(file, sizeof(file), "%s.jsonl", name);
-	ck_assert_int_eq(losses(file, out, 10), 10);
-	ck_assert_int_eq(grad_norms(file, gn), 10);
-}
-
-/* The split run against the unsplit one on the same mesh (global batch
- * 8, the weights held still): every step's loss and gradient norm within
- * SPLIT_TOL, and a second split run bit-identical. */
-static void split_vs_unsplit(int hosts, int dph, const char *mesh)
-{
-	char keys[768];
-	double off[10], on[10], on2[10], goff[10], gon[10], gon2[10], worst = 0, gworst = 0;
-	int pdb = 8 / (hosts * dph);
-	snprintf(keys, sizeof(keys), "per_device_batch_size=%d %s " STILL, pdb, mesh);
-	run_losses(hosts, dph, keys, "off", off, goff);
-	snprintf(keys, sizeof(keys), "per_device_batch_size=%d %s " STILL " " SPLIT, pdb, mesh);
-	run_losses(hosts, dph, keys, "on", on, gon);
-	run_losses(hosts, dph, keys, "on2", on2, gon2);
-	for (int s = 0; s < 10; s++) {
-		double rel = fabs(on[s] - off[s]) / fabs(off[s]), grel = fabs(gon[s] - goff[s]) / fabs(goff[s]);
-		worst = rel > worst ? rel : worst;
-		gworst = grel > gworst ? grel : gworst;
-		ck_assert_msg(rel < SPLIT_TOL, "%dx%d %s step %d: split loss %.9g, unsplit %.9g (%.2e)", hosts, dph,
-			      mesh, s, on[s], off[s], rel);
-		ck_assert_msg(grel < SPLIT_TOL, "%dx%d %s step %d: split gradient norm %.9g, unsplit %.9g (%.2e)",
-			      hosts, dph, mesh, s, gon[s], goff[s], grel);
-		ck_assert_msg(on[s] == on2[s] && gon[s] == gon2[s], "%dx%d %s step %d: two split runs differ: "
-			      "%a vs %a", hosts, dph, mesh, s, on[s], on2[s]);
-	}
-	/* ten batches, not one: the losses differ step to step */
-	ck_assert(off[1] != off[0] && off[9] != off[1]);
-	fprintf(stderr, "batch split %dx%d %s: worst relative difference to unsplit: loss %.2e, gradient norm "
-		"%.2e (step 1: %s)\n", hosts, dph, mesh, worst, gworst, on[0] == off[0] ? "bit-identical" : "differs");
-}
-
-START_TEST(test_one_device) { split_vs_unsplit(1, 1, ""); }
-END_TEST
-START_TEST(test_ep2) { split_vs_unsplit(1, 2, "ici_data_parallelism=1 ici_expert_parallelism=2"); }
-END_TEST
-#define EP4 "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_expert_parallelism=2 ici_expert_parallelism=2"
-START_TEST(test_ep4) { split_vs_unsplit(2, 2, EP4); }
-END_TEST
-/* FSDP over hosts with experts inside each: the weights come through the
- * window a layer ahead while the halves stagger */
-START_TEST(test_fsdp2_ep2)
-{
-	split_vs_unsplit(2, 2, "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_fsdp_parallelism=2 "
-			 "ici_expert_parallelism=2");
-}
-END_TEST
-/* tensor parallelism: the halves' partial sums are all-reduced on the
- * device's thread while an exchange flies on its communication thread */
-START_TEST(test_fsdp2_tp2)
-{
-	split_vs_unsplit(2, 2, "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_fsdp_parallelism=2 "
-			 "ici_tensor_parallelism=2");
-}
-END_TEST
-/* tensor_transpose: the embedding split, norm statistics and the
- * routing weights' gradients summed over it, experts across hosts */
-START_TEST(test_ep2_tpt2)
-{
-	split_vs_unsplit(2, 2, "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_expert_parallelism=2 "
-			 "ici_tensor_transpose_parallelism=2");
-}
-END_TEST
-/* deepseek3-tiny as it is, training (the selection bias moving too):
- * within 1e-4 of one device (unsplit), as every other mesh is, twice
- * bit-identical */
-START_TEST(test_ep4_training) { equivalence_opt(DS3, 2, 2, EP4 " " SPLIT, ""); }
-END_TEST
-
-/* ---- the overlap, from the trace ---- */
+/* ---- reading the trace ---- */
 
 struct span {
 	double a, b;
@@ -353,6 +252,172 @@ static void check_order(const struct dev_trace *t, int dev)
 		}
 }
 
+/* ---- same math ---- */
+
+/* The grad_norm of every line of tmpdir/name (10 at most). */
+static int grad_norms(const char *name, double *out)
+{
+	char path[256], line[4096];
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+	FILE *f = fopen(path, "r");
+	int n = 0;
+	while (f && n < 10 && fgets(line, sizeof(line), f)) {
+		char *p = strstr(line, "\"grad_norm\":");
+		ck_assert_msg(p, "metrics line without grad_norm: %s", line);
+		out[n++] = strtod(p + 12, NULL);
+	}
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/* meshrun on hosts x dph devices (1 x 1: train) of config cfg with keys,
+ * 10 training steps, into tmpdir/name.jsonl; the losses (exact, from
+ * loss_hex) in out, the gradient norms in gn */
+static void run_losses(const char *cfg, int hosts, int dph, const char *keys, const char *name, double *out,
+		       double *gn)
+{
+	char args[1024];
+	if (hosts * dph == 1)
+		snprintf(args, sizeof(args), "train --config %s steps=10 %s --metrics %s/%s.jsonl", cfg, keys,
+			 tmpdir, name);
+	else
+		snprintf(args, sizeof(args), "local --hosts %d --devices-per-host %d --config %s steps=10 "
+			 "%s --metrics %s/%s.jsonl", hosts, dph, cfg, keys, tmpdir, name);
+	show_log_on_failure(run(args), 0);
+	char file[64];
+	snprintf(file, sizeof(file), "%s.jsonl", name);
+	ck_assert_int_eq(losses(file, out, 10), 10);
+	ck_assert_int_eq(grad_norms(file, gn), 10);
+}
+
+/* The worst relative difference of a[0..10) to b[0..10), each within
+ * REL_TOL (what: the two runs, for the message). */
+static double within(const double *a, const double *b, const char *what)
+{
+	double worst = 0;
+	for (int s = 0; s < 10; s++) {
+		double rel = fabs(a[s] - b[s]) / fabs(b[s]);
+		worst = rel > worst ? rel : worst;
+		ck_assert_msg(rel < REL_TOL, "%s step %d: loss %.9g against %.9g (%.2e)", what, s, a[s], b[s], rel);
+	}
+	return worst;
+}
+
+/* What a case compares beside the schedule on and off. */
+enum { VS_FACTOR1 = 1, VS_ONE_DEVICE = 2 };
+
+/* Training (the selection bias moving), global batch 8, factor 2: the
+ * staggered schedule against the unstaggered one on the same mesh, every
+ * step's loss_hex and gradient norm identical. The halves fix the
+ * products and the order their weight gradients are summed in, the
+ * schedule only when the pieces run (docs/deepseek.md#batch-split), so
+ * no tolerance: one last bit anywhere would move a token to another
+ * expert within the 10 steps. Two schedules giving the same bits also
+ * show the runs deterministic. With VS_FACTOR1 the unsplit run
+ * (factor 1) is within REL_TOL of the unstaggered one (the same math, the
+ * halves' products rounded apart); with VS_ONE_DEVICE the split run and
+ * the unsplit one are each within REL_TOL of one device. */
+static void split_cases(const char *cfg, int hosts, int dph, const char *mesh, int vs)
+{
+	char keys[768], what[256];
+	double off[10], on[10], f1[10], goff[10], gon[10], gf1[10], one[10];
+	int pdb = 8 / (hosts * dph);
+	snprintf(what, sizeof(what), "%s %dx%d %s", cfg, hosts, dph, mesh);
+	/* on several devices both runs traced: path[k], and opt[k] the
+	 * option that asks for it */
+	bool traced = hosts * dph > 1;
+	char path[2][256], opt[2][300] = { "", "" };
+	for (int k = 0; k < 2 && traced; k++) {
+		snprintf(path[k], sizeof(path[k]), "%s/%s.json", tmpdir, k ? "on" : "off");
+		snprintf(opt[k], sizeof(opt[k]), " --trace %.255s", path[k]);
+	}
+	snprintf(keys, sizeof(keys), "per_device_batch_size=%d %s batch_split_factor=2%s", pdb, mesh, opt[0]);
+	run_losses(cfg, hosts, dph, keys, "off", off, goff);
+	snprintf(keys, sizeof(keys), "per_device_batch_size=%d %s " SPLIT "%s", pdb, mesh, opt[1]);
+	run_losses(cfg, hosts, dph, keys, "on", on, gon);
+	for (int s = 0; s < 10; s++)
+		ck_assert_msg(on[s] == off[s] && gon[s] == goff[s], "%s step %d: schedule on and off differ: loss "
+			      "%a vs %a, gradient norm %a vs %a", what, s, on[s], off[s], gon[s], goff[s]);
+	/* ten batches, not one, and training: the losses differ step to step */
+	ck_assert(off[1] != off[0] && off[9] < off[0]);
+	if (traced) {
+		/* off is the halves' pieces one after the other: no exchange in
+		 * the background, and the expert counts gathered as often as
+		 * staggered (once a MoE layer for both halves, with experts) */
+		static struct dev_trace t[2];
+		for (int k = 0; k < 2; k++)
+			read_trace(path[k], 0, &t[k]);
+		ck_assert_msg(t[0].nf == 0 && t[0].nc > 0, "%s: schedule off ran %d exchanges in the background, "
+			      "%d pieces of a half", what, t[0].nf, t[0].nc);
+		for (int s = 1; s <= 3; s++)
+			ck_assert_msg(t[0].gathers[s] == t[1].gathers[s], "%s step %d: %d all_gathers of expert "
+				      "counts off, %d on", what, s, t[0].gathers[s], t[1].gathers[s]);
+	}
+	fprintf(stderr, "batch split %s: schedule on and off bit-identical, 10 steps", what);
+	if (vs & VS_FACTOR1) {
+		snprintf(keys, sizeof(keys), "per_device_batch_size=%d %s", pdb, mesh);
+		run_losses(cfg, hosts, dph, keys, "f1", f1, gf1);
+		double w = within(f1, off, "factor 1 against factor 2");
+		bool same = true;
+		for (int s = 0; s < 10; s++)
+			same = same && f1[s] == off[s];
+		/* the halves' products do round apart from the whole's: were
+		 * they equal, the factor would cut nothing */
+		ck_assert_msg(!same, "%s: factor 1 and factor 2 bit-identical", what);
+		fprintf(stderr, "; factor 1 against 2: worst %.2e", w);
+	}
+	if (vs & VS_ONE_DEVICE) {
+		single_losses(cfg, "", 8, one);
+		fprintf(stderr, "; against one device: split %.2e", within(on, one, "split against one device"));
+		if (vs & VS_FACTOR1)
+			fprintf(stderr, ", factor 1 %.2e", within(f1, one, "factor 1 against one device"));
+	}
+	fprintf(stderr, "\n");
+}
+
+START_TEST(test_one_device) { split_cases(DS3, 1, 1, "", 0); }
+END_TEST
+#define EP2 "ici_data_parallelism=1 ici_expert_parallelism=2"
+START_TEST(test_ep2) { split_cases(DS3, 1, 2, EP2, 0); }
+END_TEST
+#define EP4 "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_expert_parallelism=2 ici_expert_parallelism=2"
+START_TEST(test_ep4) { split_cases(DS3, 2, 2, EP4, VS_FACTOR1 | VS_ONE_DEVICE); }
+END_TEST
+/* FSDP over hosts with experts inside each: the weights come through the
+ * window a layer ahead while the halves stagger */
+START_TEST(test_fsdp2_ep2)
+{
+	split_cases(DS3, 2, 2, "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_fsdp_parallelism=2 "
+		    "ici_expert_parallelism=2", 0);
+}
+END_TEST
+/* tensor parallelism: the halves' partial sums are all-reduced on the
+ * device's thread while an exchange flies on its communication thread */
+START_TEST(test_fsdp2_tp2)
+{
+	split_cases(DS3, 2, 2, "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_fsdp_parallelism=2 "
+		    "ici_tensor_parallelism=2", 0);
+}
+END_TEST
+/* tensor_transpose: the embedding split, norm statistics and the
+ * routing weights' gradients summed over it, experts across hosts */
+START_TEST(test_ep2_tpt2)
+{
+	split_cases(DS3, 2, 2, "dcn_data_parallelism=1 ici_data_parallelism=1 dcn_expert_parallelism=2 "
+		    "ici_tensor_transpose_parallelism=2", 0);
+}
+END_TEST
+/* the other MoE model the suites train: grouped-query attention, a
+ * softmax router without groups, 8 experts */
+#define DS "configs/deepseek-tiny.yml"
+START_TEST(test_ds_ep2) { split_cases(DS, 1, 2, EP2, VS_FACTOR1); }
+END_TEST
+START_TEST(test_ds_ep4) { split_cases(DS, 2, 2, EP4, 0); }
+END_TEST
+
+/* ---- the overlap, from the trace ---- */
+
 START_TEST(test_trace_overlap)
 {
 	char args[768], path[256];
@@ -404,7 +469,8 @@ int main(void)
 	tcase_add_test(te, test_fsdp2_ep2);
 	tcase_add_test(te, test_fsdp2_tp2);
 	tcase_add_test(te, test_ep2_tpt2);
-	tcase_add_test(te, test_ep4_training);
+	tcase_add_test(te, test_ds_ep2);
+	tcase_add_test(te, test_ds_ep4);
 	suite_add_tcase(s, te);
 	TCase *tt = tcase_create("trace");
 	tcase_add_checked_fixture(tt, setup, teardown);

@@ -129,8 +129,8 @@ struct cfg_list {
 	X(FLOAT, beta_slow, "1", 1, "yarn: rotations below which frequencies are interpolated") \
 	X(FLOAT, mscale, "1", 1, "yarn: attention factor mscale") \
 	X(FLOAT, mscale_all_dim, "0", 1, "yarn: mscale_all_dim (0: unset)") \
-	X(BOOL,  use_batch_split_schedule, "false", 1, "DeepSeek batch split: halves of a device's batch run staggered so one half's expert all-to-all overlaps the other's compute") \
-	X(INT,   batch_split_factor, "1", 1, "parts a device's batch is split into by use_batch_split_schedule: 2 (1: unsplit; docs/deepseek.md#batch-split)") \
+	X(BOOL,  use_batch_split_schedule, "false", 1, "DeepSeek batch split schedule: the halves batch_split_factor cuts run staggered so one half's expert all-to-all overlaps the other's compute (false: one half after the other, the same bits)") \
+	X(INT,   batch_split_factor, "1", 1, "parts a device's batch is cut into, each with its own products, whatever the schedule: 2 (1: unsplit; docs/deepseek.md#batch-split)") \
 	X(FLOAT, init_std, "0.02", 1, "") \
 	X(INT,   init_weights_seed, "0", 1, "") \
 	X(STR,   load_parameters_path, "", 1, "start from the weights in this directory: a meshrun checkpoint or a Hugging Face llama / deepseek_v3 directory") \

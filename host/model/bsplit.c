@@ -1,9 +1,20 @@
-/* DeepSeek's batch-split schedule (docs/deepseek.md#batch-split), in the
- * order MaxText's deepseek_batchsplit.py gives it: a device's rows are
- * cut in two halves (the model m runs the first, m->other the second,
- * each with its own activations) whose MoE layers run staggered, so the
- * expert all-to-all of one half is in flight while the other computes.
- * Forward of MoE layer l, and what is in flight meanwhile:
+/* DeepSeek's batch split (docs/deepseek.md#batch-split): a device's rows
+ * are cut in two halves (batch_split_factor 2: the model m runs the
+ * first, m->other the second, each with its own activations), and every
+ * layer is a list of pieces, each a list of the calls an unsplit layer
+ * makes, on one half. The halves fix the math: which rows go into each
+ * product (a row's bits in an OpenBLAS product depend on where it sits
+ * in it, and a weight gradient is the sum of the halves' two products).
+ * The schedule (use_batch_split_schedule) only fixes when the pieces
+ * run: staggered, or one half's layer after the other's. Both orders run
+ * the same pieces and add each weight's gradients in the same order
+ * (the second half's first, in every layer), so they give the same
+ * bits; check_bsplit asserts it.
+ *
+ * Staggered, in the order MaxText's deepseek_batchsplit.py gives it, the
+ * MoE layers run so that the expert all-to-all of one half is in flight
+ * while the other computes. Forward of MoE layer l, and what is in
+ * flight meanwhile:
  *
  *	attn     h0 l                         comb h1 l-1
  *	finish   h1 l-1 (its residual)
@@ -263,8 +274,46 @@ void bsplit_flush(struct model *m)
 		finish_left(m);
 }
 
+/* Unstaggered: a MoE layer's pieces one half after the other, the
+ * exchanges waited for where they are made. Both routers run before the
+ * counts are gathered, as staggered: one all_gather a layer. */
+static void layer_fwd_seq(struct model *m, int l, const struct rows *r0, const struct rows *r1)
+{
+	const struct rows *r[2] = { r0, r1 };
+	for (int h = 0; h < 2; h++) {
+		piece(m, h, attn_fwd, l, r[h], "attn");
+		piece(m, h, route_fwd, l, r[h], "route");
+	}
+	piece(m, 0, counts_fwd, l, r0, "counts");
+	for (int h = 0; h < 2; h++) {
+		piece(m, h, dispatch_fwd, l, r[h], "dispatch");
+		piece(m, h, shared_fwd, l, r[h], "shared");
+		piece(m, h, experts_fwd, l, r[h], "experts");
+		piece(m, h, finish_fwd, l, r[h], "finish");
+	}
+}
+
+/* The backward of layer_fwd_seq: the second half's layer, then the
+ * first's, so each weight's gradient adds the halves in the staggered
+ * order (h1's product, then h0's). */
+static void layer_bwd_seq(struct model *m, int l, const struct rows *r0, const struct rows *r1)
+{
+	const struct rows *r[2] = { r0, r1 };
+	for (int h = 1; h >= 0; h--) {
+		piece(m, h, finish_bwd, l, r[h], "finish bwd");
+		piece(m, h, experts_bwd, l, r[h], "experts bwd");
+		piece(m, h, shared_bwd, l, r[h], "shared bwd");
+		piece(m, h, route_bwd, l, r[h], "route bwd");
+		piece(m, h, attn_bwd, l, r[h], "attn bwd");
+	}
+}
+
 static void layer_fwd(struct model *m, int l, const struct rows *r0, const struct rows *r1)
 {
+	if (l >= m->d.L_dense && !m->stagger) {
+		layer_fwd_seq(m, l, r0, r1);
+		return;
+	}
 	if (l < m->d.L_dense) {
 		bsplit_flush(m);
 		piece(m, 0, dense_fwd, l, r0, "dense");
@@ -311,6 +360,10 @@ int bsplit_layers_forward(struct model *m, int l0, int l1, float *y, const float
 
 static void layer_bwd(struct model *m, int l, const struct rows *r0, const struct rows *r1)
 {
+	if (l >= m->d.L_dense && !m->stagger) {
+		layer_bwd_seq(m, l, r0, r1);
+		return;
+	}
 	if (l < m->d.L_dense) {
 		assert(m->bwd_early < 0);
 		piece(m, 1, dense_bwd, l, r1, "dense bwd");

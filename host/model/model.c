@@ -401,12 +401,13 @@ static int split_refusal(const struct model *m, int B, char *err, size_t errlen)
 {
 	if (B % 2) {
 		snprintf(err, errlen, "config: key 'batch_split_factor' (2) must divide the %d rows a device "
-			 "computes with 'use_batch_split_schedule'", B);
+			 "computes", B);
 		return -EINVAL;
 	}
 	if (m->pipe_stages > 1) {
-		snprintf(err, errlen, "config: key 'use_batch_split_schedule' does not run beside pipeline "
-			 "parallelism (ici_/dcn_pipeline_parallelism=%d)", m->pipe_stages);
+		snprintf(err, errlen, "config: key '%s' does not run beside pipeline parallelism "
+			 "(ici_/dcn_pipeline_parallelism=%d)",
+			 m->d.bsplit_sched ? "use_batch_split_schedule" : "batch_split_factor", m->pipe_stages);
 		return -EINVAL;
 	}
 	return 0;
@@ -446,7 +447,7 @@ static int split_open(struct model *m)
 	h->counts_tmp = m->counts_tmp;
 	h->counts_how = MODEL_COUNTS_ADD;
 	m->other = h;
-	m->bsplit = h->bsplit = true;
+	m->stagger = h->stagger = m->d.bsplit_sched;
 	m->fwd_left = m->bwd_early = -1;
 	m->act_bytes += h->act_bytes;
 	return 0;

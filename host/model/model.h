@@ -39,10 +39,15 @@ struct model_dims {
 	int moe_score;         /* enum moe_score */
 	bool norm_topk, tied, router_bias;
 	float routed_scale, eps, theta, lb_weight;
-	/* use_batch_split_schedule: the parts each device's batch is cut into
-	 * (batch_split_factor; 0 or 1: no split, 2: two halves staggered,
-	 * docs/deepseek.md#batch-split) */
+	/* batch_split_factor: the parts each device's batch is cut into (0 or
+	 * 1: no split; 2: two halves, each with its own products in every
+	 * layer, docs/deepseek.md#batch-split); bsplit_sched
+	 * (use_batch_split_schedule): the halves' MoE layers run staggered,
+	 * their expert exchanges in the background, else one half after the
+	 * other. Both orders compute the same products, summed in the same
+	 * order: the same bits. */
 	int bsplit;
+	bool bsplit_sched;
 };
 
 /* Where this device sits in a mesh; NULL (or mesh NULL) for one device. */

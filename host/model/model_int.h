@@ -181,11 +181,12 @@ struct model {
 	 * the first half of the rows (B and N are a half's) and `other` the
 	 * second, a copy of it that shares everything (weights, window,
 	 * plans, expert counts) but the activations and scratch above; NULL
-	 * otherwise. In both halves bsplit is set (the expert exchanges run in
-	 * the background: a2a is the one in flight, or NULL) and half is 0 or
-	 * 1. */
+	 * otherwise. half is 0 or 1. With use_batch_split_schedule stagger is
+	 * set in both halves: their MoE layers run staggered and the expert
+	 * exchanges in the background (a2a is the one in flight, or NULL);
+	 * else one half's layer runs after the other's, the same pieces. */
 	struct model *other;
-	bool bsplit;
+	bool stagger;
 	int half;
 	void *a2a;
 	/* Half 0's record of what crosses from one stage call to the next

@@ -3,8 +3,9 @@
  * expert parallelism the exchange of rows with the devices owning the
  * experts (all_to_all over the `exp` axes), forward and backward. The
  * experts' feed-forward itself is layer.c's. In a half of a batch-split
- * model (bsplit.c) each exchange is started in the background and waited
- * by moe_a2a_wait, so the other half computes meanwhile. */
+ * model (bsplit.c) with the schedule staggered, each exchange is started
+ * in the background and waited by moe_a2a_wait, so the other half
+ * computes meanwhile. */
 #include <assert.h>
 #include <stdio.h>
 #include <string.h>
@@ -57,7 +58,7 @@ static void ep_exchange(struct model *m, int l, const char *kind, void *out, con
 	const struct model_comm *c = m->st->comm;
 	if (m->hook_rc)
 		return;
-	if (m->bsplit && c->start_all_to_all) {
+	if (m->stagger && c->start_all_to_all) {
 		char name[24];
 		assert(!m->a2a);  /* one exchange of a half in flight at a time */
 		snprintf(name, sizeof(name), "%s h%d L%d", kind, m->half, l);

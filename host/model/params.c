@@ -147,17 +147,19 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 		     "keys 'n_routing_groups' and 'topk_routing_group' route experts: they need num_experts > 1 (got %lld, %lld)",
 		     c->n_routing_groups, c->topk_routing_group);
 	}
-	/* DeepSeek's batch split (docs/deepseek.md#batch-split): two halves of
-	 * each device's batch staggered through the MoE layers */
+	/* DeepSeek's batch split (docs/deepseek.md#batch-split): the factor
+	 * cuts each device's batch into halves that compute their own
+	 * products; the schedule staggers them through the MoE layers */
 	NEED(c->batch_split_factor >= 1, "key 'batch_split_factor' must be >= 1, got %lld", c->batch_split_factor);
-	if (c->use_batch_split_schedule) {
-		NEED(d->L_moe > 0, "keys 'use_batch_split_schedule' and 'num_experts' (%lld): the batch split "
-		     "overlaps the MoE layers' expert exchange; a dense model has none", c->num_experts);
-		NEED(c->batch_split_factor <= 2, "key 'batch_split_factor' must be 1 or 2 with "
-		     "'use_batch_split_schedule' (the schedule staggers two halves), got %lld", c->batch_split_factor);
+	NEED(c->batch_split_factor <= 2, "key 'batch_split_factor' must be 1 or 2 (the batch in two halves), "
+	     "got %lld", c->batch_split_factor);
+	if (c->use_batch_split_schedule || c->batch_split_factor > 1) {
+		/* the key the user asked for the split with */
+		const char *key = c->use_batch_split_schedule ? "use_batch_split_schedule" : "batch_split_factor";
+		NEED(d->L_moe > 0, "keys '%s' and 'num_experts' (%lld): the batch split cuts the MoE layers' rows "
+		     "and overlaps their expert exchange; a dense model has none", key, c->num_experts);
 		NEED(c->per_device_batch_size % c->batch_split_factor == 0, "key 'batch_split_factor' (%lld) "
-		     "must divide 'per_device_batch_size' (%lld) with 'use_batch_split_schedule'",
-		     c->batch_split_factor, c->per_device_batch_size);
+		     "must divide 'per_device_batch_size' (%lld)", c->batch_split_factor, c->per_device_batch_size);
 		/* the halves stagger through a device's consecutive layer calls
 		 * (docs/deepseek.md#batch-split); a pipeline sends a chunk's
 		 * output to the next stage as soon as it is made and interleaves
@@ -165,12 +167,13 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 		 * each backward into I and W actions */
 		int S = c->ici[AX_STAGE] * c->dcn[AX_STAGE];
 		bool zb = !strcmp(c->pipeline_schedule, "zb_h1") || !strcmp(c->pipeline_schedule, "zbv");
-		NEED(S <= 1 || !zb || c->batch_split_factor == 1, "keys 'use_batch_split_schedule' and "
-		     "'pipeline_schedule' (%s): the batch split does not run with a backward split into input "
-		     "and weight gradients", c->pipeline_schedule);
-		NEED(S <= 1 || c->batch_split_factor == 1, "key 'use_batch_split_schedule' does not run beside "
-		     "pipeline parallelism (ici_/dcn_pipeline_parallelism=%d)", S);
+		NEED(S <= 1 || !zb || c->batch_split_factor == 1, "keys '%s' and 'pipeline_schedule' (%s): the batch "
+		     "split does not run with a backward split into input and weight gradients", key,
+		     c->pipeline_schedule);
+		NEED(S <= 1 || c->batch_split_factor == 1, "key '%s' does not run beside pipeline parallelism "
+		     "(ici_/dcn_pipeline_parallelism=%d)", key, S);
 		d->bsplit = (int)c->batch_split_factor;
+		d->bsplit_sched = c->use_batch_split_schedule;
 	}
 	NEED(!strcmp(c->checkpoint_dtype, "f32") || !strcmp(c->checkpoint_dtype, "bf16"),
 	     "key 'checkpoint_dtype' must be f32 or bf16, got '%s'", c->checkpoint_dtype);
