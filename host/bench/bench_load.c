@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "host/ckpt/hf_load.h"
 #include "host/config/config.h"
@@ -14,6 +15,14 @@
 #include "host/util/clock.h"
 #include "host/util/mem.h"
 #include "host/util/threads.h"
+
+/* Times this process was preempted (involuntary context switches): a
+ * load whose wall time grew while its CPU did not was waiting for a core. */
+static long preempted(void)
+{
+	struct rusage r;
+	return getrusage(RUSAGE_SELF, &r) ? 0 : r.ru_nivcsw;
+}
 
 int bench_load_run(const struct cfg *c, int host_id)
 {
@@ -61,7 +70,7 @@ int bench_load_run(const struct cfg *c, int host_id)
 		bytes += sizeof(float) * n;
 	}
 	double t0 = util_now_s(), cpu0 = util_cpu_us();
-	long f0 = util_minor_faults();
+	long f0 = util_minor_faults(), v0 = preempted();
 	if ((rc = hf_src_open(&src, c->load_parameters_path, 1, err, sizeof(err))))
 		goto out;
 	double t1 = util_now_s();
@@ -70,14 +79,14 @@ int bench_load_run(const struct cfg *c, int host_id)
 	/* one caller stands for the host's devices: they loaded one by one */
 	rc = hf_src_done(src, rc, err, sizeof(err));
 	double t2 = util_now_s(), cpu = (util_cpu_us() - cpu0) / 1e6;
-	long faults = util_minor_faults() - f0;
+	long faults = util_minor_faults() - f0, waits = preempted() - v0;
 	if (!rc) {
 		hf_src_summary(src, line, sizeof(line));
 		printf("host %d: load %.3f s (headers %.3f s, tensors %.3f s), %.3f s CPU, %.1f MB/s read, "
-		       "%d thread%s, %ld minor faults; parameters %.0f MB made before in %.3f s (%.3f s CPU, %ld "
+		       "%d thread%s, %ld minor faults, preempted %ld times; parameters %.0f MB made before in %.3f s (%.3f s CPU, %ld "
 		       "minor faults, %s pages); %s\n", host_id, t2 - t0, t1 - t0, t2 - t1, cpu,
 		       (double)hf_src_bytes_read(src) / 1e6 / (t2 - t0), util_load_threads(),
-		       util_load_threads() == 1 ? "" : "s", faults, bytes / 1e6, t0 - ta, (cpu0 - cpua) / 1e6,
+		       util_load_threads() == 1 ? "" : "s", faults, waits, bytes / 1e6, t0 - ta, (cpu0 - cpua) / 1e6,
 		       f0 - fa, util_hugepages() ? "huge" : "4 KiB", line);
 	}
 out:
