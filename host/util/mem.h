@@ -7,7 +7,7 @@
  * bytes, instead of at first touch. Transparent huge pages only when
  * asked for (MESHRUN_HUGEPAGES=1): on the machine measured they made
  * the populating 3.5x dearer and the loading no faster
- * (bench/README.md "Loading a checkpoint"). */
+ * (bench/README.md "Loading a checkpoint"; docs/checkpoints.md). */
 #ifndef MESHRUN_MEM_H
 #define MESHRUN_MEM_H
 
