@@ -3,8 +3,10 @@
  * host's loading threads: first touch (a fault and the kernel's zeroing
  * per page: 569,000 faults for 2.3 GB of 4 KiB pages) is paid once, in
  * the kernel's loop rather than a fault per page of a memset, on every
- * thread; and a buffer the machine cannot hold fails here, with its
- * bytes, instead of at first touch. Transparent huge pages only when
+ * thread. A buffer the kernel will not map (overcommit, an address-space
+ * limit) is NULL, as from malloc; memory running out while populating is
+ * NULL when the kernel says so (-ENOMEM), or its OOM killer acts, as at
+ * any first touch. Transparent huge pages only when
  * asked for (MESHRUN_HUGEPAGES=1): on the machine measured they made
  * the populating 3.5x dearer and the loading no faster
  * (bench/README.md "Loading a checkpoint"; docs/checkpoints.md). */
