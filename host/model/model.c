@@ -496,7 +496,7 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 		goto oom;
 	lay_out(m, &a);                 /* sizing pass */
 	m->act_bytes = a.used;
-	/* zeroed, on huge pages, populated on the host's threads (host/util/mem.h) */
+	/* zeroed and populated on the loading threads (host/util/mem.h) */
 	m->params = util_big_alloc(pbytes);
 	m->grads = util_big_alloc(pbytes);
 	m->act_mem = aligned_alloc(64, a.used);
