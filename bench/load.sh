@@ -10,6 +10,8 @@
 #                (MESHRUN_LOAD_THREADS=1): the same-run baseline
 #   1 host       one host, one device: the whole model, on the threads
 #                the loader takes (cores / agents on the machine)
+#   huge pages   1 host with its parameters on transparent huge pages
+#                (MESHRUN_HUGEPAGES=1)
 #   2 hosts      dcn_fsdp_parallelism=2, both hosts at once: each reads its half
 #                (MESHRUN_LOCAL_AGENTS=2 as `meshrun local` sets it, so the
 #                two share the machine's cores as agents do)
@@ -18,12 +20,21 @@
 # for a BF16 checkpoint (1.16 GB: Llama, hidden 2048, 10 layers, vocab
 # 32000, 4 shards) and an F32 one (1.25 GB, 4 layers), made once by
 # tests/hf_ref.py in $BENCH_LOAD_DIR (default /tmp). Prints one line per
-# run and the load average. Run from the repository root after `make`.
+# run and the load average; under it, the making of the parameters
+# before the clock starts (util_big_alloc: wall, CPU, minor faults), the
+# load's minor faults and the times it was preempted, and the ratios to
+# that round's `cat` (a host of several: to `cat` of all the files, and
+# to `cat`'s time scaled to the host's share of the bytes). Each run
+# starts $BENCH_LOAD_SETTLE seconds (default 3) after the one before:
+# the kernel hands memory freed by the last run (2.3 GB) back to the
+# hypervisor 2 s after it was freed (free page reporting), on a core the
+# next run would be loading on. Run from the repository root after `make`.
 set -eu
 ROUNDS=${1:-3}
 BIN=${MESHRUN:-build/meshrun}
 TOP=${BENCH_LOAD_DIR:-/tmp}
 PY=/usr/bin/python3
+SETTLE=${BENCH_LOAD_SETTLE:-3}
 SHAPE="--hidden 2048 --heads 16 --kv_heads 4 --inter 5632 --vocab 32000 --shards 4"
 
 make_ckpt() {  # DIR DTYPE LAYERS
@@ -38,6 +49,7 @@ cat_times() { /usr/bin/time -f "%e %U %S" cat "$@" 2>&1 >/dev/null | tail -1 | a
 one() {  # DIR LABEL ARGS...: every host of the mesh at once, one line each
 	local dir=$1 label=$2 hosts=$3 dph=$4; shift 4
 	local pids=() outs=()
+	sleep "$SETTLE"
 	for ((h = 0; h < hosts; h++)); do
 		outs[h]=$(mktemp)
 		MESHRUN_LOCAL_AGENTS=$hosts OPENBLAS_NUM_THREADS=1 "$BIN" bench load --hosts "$hosts" --host-id "$h" --devices-per-host "$dph" \
@@ -46,11 +58,19 @@ one() {  # DIR LABEL ARGS...: every host of the mesh at once, one line each
 	done
 	for ((h = 0; h < hosts; h++)); do
 		wait "${pids[h]}"
-		printf '%-8s %s\n' "$label" "$(cut -d';' -f1 "${outs[h]}" | sed 's/, parameters.*//')"
-		# against cat in the same round: wall / cat's wall, CPU / cat's CPU
-		sed -n 's/.*: load \([0-9.]*\) s .*), \([0-9.]*\) s CPU.*/\1 \2/p' "${outs[h]}" |
-			awk -v w="$CAT_WALL" -v c="$CAT_CPU" '{ printf "         vs cat: %.2fx wall, %.2fx CPU\n", $1 / w, (c > 0 ? $2 / c : 0) }'
-		sed -n 's/.*load: read \([0-9]*\) bytes.*(index and headers \([0-9]*\), tensors \([0-9]*\) of the checkpoint.s \([0-9]*\)).*/         bytes read \1 (headers \2, tensors \3 of \4)/p' "${outs[h]}"
+		printf '%-11s %s\n' "$label" "$(cut -d';' -f1 "${outs[h]}" | sed 's/, parameters.*//')"
+		sed -n 's/.*; parameters \([0-9]*\) MB made before in \([0-9.]*\) s (\([^)]*\)).*/            made first: \1 MB of parameters in \2 s (\3)/p' "${outs[h]}"
+		# against cat in the same round: wall / cat's wall, CPU / cat's CPU;
+		# with several hosts also against cat's times scaled to this host's
+		# share of the checkpoint's bytes
+		sed -n 's/.*: load \([0-9.]*\) s .*), \([0-9.]*\) s CPU.*load: read \([0-9]*\) bytes.*/\1 \2 \3/p' "${outs[h]}" |
+			awk -v w="$CAT_WALL" -v c="$CAT_CPU" -v all="$bytes" -v hosts="$hosts" '{
+				printf "            vs cat: %.2fx wall, %.2fx CPU", $1 / w, (c > 0 ? $2 / c : 0)
+				f = $3 / all
+				if (hosts > 1)
+					printf "; vs cat x its share (%.3f): %.2fx wall, %.2fx CPU", f, $1 / (w * f), (c > 0 ? $2 / (c * f) : 0)
+				printf "\n" }'
+		sed -n 's/.*load: read \([0-9]*\) bytes.*(index and headers \([0-9]*\), tensors \([0-9]*\) of the checkpoint.s \([0-9]*\)).*/            bytes read \1 (headers \2, tensors \3 of \4)/p' "${outs[h]}"
 		rm -f "${outs[h]}"
 	done
 }
@@ -65,9 +85,10 @@ for spec in "bf16 BF16 10" "f32 F32 4"; do
 	for ((r = 1; r <= ROUNDS; r++)); do
 		echo "-- round $r, load $(cut -d' ' -f1-3 /proc/loadavg)"
 		read -r CAT_WALL CAT_CPU <<<"$(cat_times "$dir"/*.safetensors)"
-		echo "cat      $CAT_WALL s ($CAT_CPU s CPU) for $bytes bytes"
+		echo "cat         $CAT_WALL s ($CAT_CPU s CPU) for $bytes bytes"
 		MESHRUN_LOAD_THREADS=1 one "$dir" "1 thread" 1 1
 		one "$dir" "1 host" 1 1
+		MESHRUN_HUGEPAGES=1 one "$dir" "huge pages" 1 1
 		one "$dir" "2 hosts" 2 1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
 		one "$dir" "2 x 2" 2 2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=2
 	done

@@ -9,11 +9,13 @@
  * read before everything is checked; each host reads its share of the
  * tensor bytes and no more (FSDP, tensor and expert splits over 2 hosts,
  * devices of a host sharing blocks), the same bits and bytes whether it
- * reads on 1 thread or 3. */
+ * reads on 1 thread or 3; parameters on huge pages or not load the same
+ * bits, and memory that cannot be had is an error naming its bytes. */
 #include <cJSON.h>
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,7 @@
 #include "host/mesh/mesh.h"
 #include "host/mesh/shard.h"
 #include "host/model/model.h"
+#include "host/util/mem.h"
 #include "tests/equiv.h"
 
 #define PY "/usr/bin/python3"
@@ -317,6 +320,83 @@ START_TEST(test_nothing_half_loaded)
 		ck_assert_msg(P[i] == 7.25f, "element %zu changed to %g", i, P[i]);
 	hf_src_close(src);
 	model_free(m);
+}
+END_TEST
+
+/* ---- the parameters' memory (host/util/mem.h) ---- */
+
+/* Loaded with util_big_alloc on 4 KiB pages (the default) and on huge
+ * pages (MESHRUN_HUGEPAGES=1): a model of 6.6 MB, so its parameters and
+ * gradients are mappings of their own, zeroed and 2 MiB aligned when
+ * made, and the same bits when loaded as in a malloc'd buffer. A model
+ * that cannot be had is the out-of-memory error naming its bytes, either
+ * way. */
+START_TEST(test_huge_pages_identical)
+{
+	const char *d = make("huge", "--dtype BF16 --shards 2 --layers 2 --hidden 256 --heads 4 --kv_heads 2 "
+			     "--inter 512 --vocab 1024");
+	static struct cfg c;
+	struct model_dims dims;
+	char err[1024], want[160];
+	float *got[3];
+	size_t n = 0;
+	cfg_defaults(&c);
+	snprintf(c.load_parameters_path, sizeof(c.load_parameters_path), "%s", d);
+	ck_assert_msg(hf_config_apply(&c, NULL, 0, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(model_dims_from_cfg(&dims, &c, err, sizeof(err)) == 0, "%s", err);
+	for (int h = 0; h < 3; h++) {  /* 4 KiB pages, huge pages, then a malloc'd buffer */
+		ck_assert_int_eq(setenv("MESHRUN_HUGEPAGES", h == 1 ? "1" : "0", 1), 0);
+		ck_assert_int_eq(util_hugepages(), h == 1);
+		struct model *m = model_new(&dims, 1, NULL, err, sizeof(err));
+		ck_assert_msg(m, "%s", err);
+		n = model_numel(m);
+		ck_assert_uint_ge(n * sizeof(float), (size_t)4 << 20);
+		float *P = model_params(m), *G = model_grads(m);
+		ck_assert_uint_eq((uintptr_t)P % ((uintptr_t)2 << 20), 0);
+		ck_assert_uint_eq((uintptr_t)G % ((uintptr_t)2 << 20), 0);
+		size_t nonzero = 0;
+		for (size_t i = 0; i < n; i++)
+			nonzero += P[i] != 0.0f || G[i] != 0.0f;
+		ck_assert_uint_eq(nonzero, 0);
+		got[h] = malloc(sizeof(float) * n);
+		ck_assert(got[h]);
+		for (size_t i = 0; i < n; i++)
+			got[h][i] = 7.25f;
+		struct hf_src *src;
+		ck_assert_msg(hf_src_open(&src, d, 1, err, sizeof(err)) == 0, "%s", err);
+		ck_assert_msg(hf_src_load(src, m, h == 2 ? got[h] : P, err, sizeof(err)) == 0, "%s", err);
+		ck_assert_int_eq(hf_src_done(src, 0, err, sizeof(err)), 0);
+		hf_src_close(src);
+		if (h < 2)
+			memcpy(got[h], P, sizeof(float) * n);
+		model_free(m);
+	}
+	size_t marked = 0;
+	for (size_t i = 0; i < n; i++)
+		marked += got[2][i] == 7.25f;
+	ck_assert_msg(marked == 0, "%zu floats not loaded", marked);
+	ck_assert_msg(!memcmp(got[0], got[1], sizeof(float) * n), "4 KiB and huge pages differ");
+	ck_assert_msg(!memcmp(got[0], got[2], sizeof(float) * n), "util_big_alloc and malloc differ");
+	for (int h = 0; h < 3; h++)
+		free(got[h]);
+	/* 4 TB of parameters: no mapping that large is granted */
+	dims.V = 16777216;
+	dims.C = 65536;
+	struct model *plan = model_plan_new(&dims, NULL, err, sizeof(err));
+	ck_assert_msg(plan, "%s", err);
+	size_t pb = (model_numel(plan) * sizeof(float) + 63) & ~(size_t)63, asked = 0;
+	snprintf(want, sizeof(want), "(parameters and gradients %zu each", pb);
+	model_free(plan);
+	for (int h = 0; h < 2; h++) {
+		ck_assert_int_eq(setenv("MESHRUN_HUGEPAGES", h ? "1" : "0", 1), 0);
+		ck_assert(!model_new(&dims, 1, NULL, err, sizeof(err)));
+		const char *at = strstr(err, "model: out of memory: ");
+		ck_assert_msg(at && strstr(err, want), "%s\nwants %s", err, want);
+		ck_assert_int_eq(sscanf(at + strlen("model: out of memory: "), "%zu", &asked), 1);
+		ck_assert_uint_ge(asked, 2 * pb);
+	}
+	ck_assert(!util_big_alloc(SIZE_MAX - 4096));
+	unsetenv("MESHRUN_HUGEPAGES");
 }
 END_TEST
 
@@ -780,6 +860,11 @@ int main(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_each_host_reads_its_part);
 	tcase_add_test(tc, test_each_host_reads_its_experts);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("memory");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_huge_pages_identical);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "host/ckpt/hf_load.h"
 #include "host/config/config.h"
@@ -12,7 +13,16 @@
 #include "host/mesh/shard.h"
 #include "host/model/model.h"
 #include "host/util/clock.h"
+#include "host/util/mem.h"
 #include "host/util/threads.h"
+
+/* Times this process was preempted (involuntary context switches): a
+ * load whose wall time grew while its CPU did not was waiting for a core. */
+static long preempted(void)
+{
+	struct rusage r;
+	return getrusage(RUSAGE_SELF, &r) ? 0 : r.ru_nivcsw;
+}
 
 int bench_load_run(const struct cfg *c, int host_id)
 {
@@ -37,10 +47,12 @@ int bench_load_run(const struct cfg *c, int host_id)
 		rc = -EINVAL;
 		goto out;
 	}
-	/* the devices' parameters, touched as model_new leaves them (zeroed):
-	 * the loader writes into memory that exists, as in training */
-	double ta = util_now_s();
-	size_t bytes = 0;
+	/* the devices' parameters, made as model_new makes them (zeroed,
+	 * populated, util_big_alloc): the loader writes into memory that
+	 * exists, as in training; the making is timed and counted apart */
+	double ta = util_now_s(), cpua = util_cpu_us();
+	long fa = util_minor_faults();
+	size_t bytes = 0, pb[64] = { 0 };
 	for (int i = 0; i < D; i++) {
 		struct model_mesh mm = { .mesh = &mesh, .rules = rules, .device = mesh_device_of(&mesh, host_id, i) };
 		if (!(m[i] = model_plan_new(&d, mesh.num_devices > 1 ? &mm : NULL, err, sizeof(err)))) {
@@ -48,16 +60,17 @@ int bench_load_run(const struct cfg *c, int host_id)
 			goto out;
 		}
 		size_t n = model_numel(m[i]);
-		if (!(p[i] = malloc(sizeof(float) * (n ? n : 1)))) {
+		pb[i] = sizeof(float) * (n ? n : 1);
+		if (!(p[i] = util_big_alloc(pb[i]))) {
 			snprintf(err, sizeof(err), "bench load: out of memory: %zu bytes for the parameters",
 				 sizeof(float) * n);
 			rc = -ENOMEM;
 			goto out;
 		}
-		memset(p[i], 0, sizeof(float) * n);
 		bytes += sizeof(float) * n;
 	}
 	double t0 = util_now_s(), cpu0 = util_cpu_us();
+	long f0 = util_minor_faults(), v0 = preempted();
 	if ((rc = hf_src_open(&src, c->load_parameters_path, 1, err, sizeof(err))))
 		goto out;
 	double t1 = util_now_s();
@@ -66,12 +79,15 @@ int bench_load_run(const struct cfg *c, int host_id)
 	/* one caller stands for the host's devices: they loaded one by one */
 	rc = hf_src_done(src, rc, err, sizeof(err));
 	double t2 = util_now_s(), cpu = (util_cpu_us() - cpu0) / 1e6;
+	long faults = util_minor_faults() - f0, waits = preempted() - v0;
 	if (!rc) {
 		hf_src_summary(src, line, sizeof(line));
 		printf("host %d: load %.3f s (headers %.3f s, tensors %.3f s), %.3f s CPU, %.1f MB/s read, "
-		       "%d thread%s; parameters %.0f MB made in %.3f s before; %s\n", host_id, t2 - t0, t1 - t0,
-		       t2 - t1, cpu, (double)hf_src_bytes_read(src) / 1e6 / (t2 - t0), util_load_threads(),
-		       util_load_threads() == 1 ? "" : "s", bytes / 1e6, t0 - ta, line);
+		       "%d thread%s, %ld minor faults, preempted %ld times; parameters %.0f MB made before "
+		       "in %.3f s (%.3f s CPU, %ld minor faults, %s pages); %s\n", host_id, t2 - t0, t1 - t0, t2 - t1, cpu,
+		       (double)hf_src_bytes_read(src) / 1e6 / (t2 - t0), util_load_threads(),
+		       util_load_threads() == 1 ? "" : "s", faults, waits, bytes / 1e6, t0 - ta, (cpu0 - cpua) / 1e6,
+		       f0 - fa, util_hugepages() ? "huge" : "4 KiB", line);
 	}
 out:
 	if (rc)
@@ -79,7 +95,7 @@ out:
 	hf_src_close(src);
 	for (int i = 0; i < 64; i++) {
 		model_free(m[i]);
-		free(p[i]);
+		util_big_free(p[i], pb[i]);
 	}
 	free(rules);
 	return rc;

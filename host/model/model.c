@@ -16,6 +16,7 @@
 
 #include "host/model/linear.h"
 #include "host/model/model_int.h"
+#include "host/util/mem.h"
 #include "kernels/kernels.h"
 
 /* ---- allocation ---- */
@@ -471,6 +472,12 @@ static void split_free(struct model *m)
 	m->other = NULL;
 }
 
+/* The bytes of params and of grads. */
+static size_t m_pbytes(const struct model *m)
+{
+	return ((m->numel * sizeof(float)) + 63) & ~(size_t)63;
+}
+
 int model_open(struct model **out, const struct model_dims *d, int B, const struct model_mesh *mm,
 	       char *err, size_t errlen)
 {
@@ -485,13 +492,14 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 	}
 	size_rows(m, B / parts(d));
 	struct arena a = { 0 };
-	size_t pbytes = ((m->numel * sizeof(float)) + 63) & ~(size_t)63;
+	size_t pbytes = m_pbytes(m);
 	if (alloc_sets(m))
 		goto oom;
 	lay_out(m, &a);                 /* sizing pass */
 	m->act_bytes = a.used;
-	m->params = aligned_alloc(64, pbytes);
-	m->grads = aligned_alloc(64, pbytes);
+	/* zeroed and populated on the loading threads (host/util/mem.h) */
+	m->params = util_big_alloc(pbytes);
+	m->grads = util_big_alloc(pbytes);
 	m->act_mem = aligned_alloc(64, a.used);
 	if (!m->params || !m->grads || !m->act_mem)
 		goto oom;
@@ -501,8 +509,6 @@ int model_open(struct model **out, const struct model_dims *d, int B, const stru
 		model_free(m);
 		return -ENOMEM;
 	}
-	memset(m->params, 0, m->numel * sizeof(float));
-	memset(m->grads, 0, m->numel * sizeof(float));
 	memset(m->act_mem, 0, a.used);
 	a.base = m->act_mem;
 	a.used = 0;
@@ -538,8 +544,8 @@ void model_free(struct model *m)
 	split_free(m);
 	win_free(m->win);
 	free(m->act_mem);
-	free(m->params);
-	free(m->grads);
+	util_big_free(m->params, m_pbytes(m));
+	util_big_free(m->grads, m_pbytes(m));
 	free(m->la_all);
 	free(m->resid_all);
 	free(m->wg_all);

@@ -1,0 +1,33 @@
+/* Large buffers: a device's parameters and gradients (GBs). Anonymous
+ * mappings, 2 MiB aligned, populated before they are returned, on the
+ * host's loading threads: first touch (a fault and the kernel's zeroing
+ * per page: 569,000 faults for 2.3 GB of 4 KiB pages) is paid once, in
+ * the kernel's loop rather than a fault per page of a memset, on every
+ * thread. A buffer the kernel will not map (overcommit, an address-space
+ * limit) is NULL, as from malloc; memory running out while populating is
+ * NULL when the kernel says so (-ENOMEM), or its OOM killer acts, as at
+ * any first touch. Transparent huge pages only when
+ * asked for (MESHRUN_HUGEPAGES=1): on the machine measured they made
+ * the populating 3.5x dearer and the loading no faster
+ * (bench/README.md "Loading a checkpoint"; docs/checkpoints.md). */
+#ifndef MESHRUN_MEM_H
+#define MESHRUN_MEM_H
+
+#include <stddef.h>
+
+/* bytes of zeroed memory, 64-byte aligned (2 MiB aligned when bytes is
+ * at least 2 MiB: then a mapping of its own, madvise(MADV_HUGEPAGE)
+ * when MESHRUN_HUGEPAGES=1, populated with MADV_POPULATE_WRITE on
+ * util_load_threads() threads, or by a write per page where the kernel
+ * has no MADV_POPULATE_WRITE). NULL when it cannot be had (nothing is
+ * left mapped). Free with util_big_free and the same bytes. */
+void *util_big_alloc(size_t bytes);
+void util_big_free(void *p, size_t bytes);
+
+/* Whether util_big_alloc asks for huge pages (MESHRUN_HUGEPAGES=1). */
+int util_hugepages(void);
+
+/* Minor page faults of this process so far (getrusage). */
+long util_minor_faults(void);
+
+#endif
