@@ -369,6 +369,8 @@ def evaluate(d, text, T):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[2].startswith("-"):
+        sys.exit("usage: hf_ref.py make DIR [options] | eval DIR TEXT T (see the top of this file)")
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3:])
     elif sys.argv[1] == "eval":
