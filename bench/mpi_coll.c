@@ -5,7 +5,7 @@
  * iterations. --barrier, as meshrun's --barrier: a barrier before each
  * iteration, the slowest rank's time of each, averaged. 2 warm-ups.
  * Built and run by bench/peers.sh; not part of meshrun. Sizes 64 KiB,
- * 1 MiB, 16 MiB; any number of ranks.
+ * 1 MiB, 16 MiB (a size given 0 iterations is skipped); any number of ranks.
  * usage: mpi_coll [ITERS_16M [ITERS_64K [ITERS_1M]]] [--barrier] */
 #include <mpi.h>
 #include <stdbool.h>
@@ -95,6 +95,8 @@ int main(int argc, char **argv)
 	for (int o = 0; o < 6; o++)
 		for (int s = 0; s < 3; s++) {
 			double cpu, cores;
+			if (iters[s] <= 0)
+				continue; /* a size with 0 iterations is skipped */
 			double t = run(ops[o], sizes[s], iters[s], n, rank, each, &cpu, &cores);
 			double alg = sizes[s] / t / 1e9, f = (double)(n - 1) / n;
 			double bus = !strcmp(ops[o], "all_reduce") ? alg * 2 * f :
