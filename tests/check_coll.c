@@ -1578,6 +1578,11 @@ static Suite *coll_suite(void)
 	tcase_set_timeout(tc, 90);
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_multihost_host_lost);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("one core");
+	tcase_set_timeout(tc, 110);
+	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_one_core_no_livelock);
 	suite_add_tcase(s, tc);
 
