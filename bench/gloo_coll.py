@@ -7,7 +7,7 @@ iterations back to back, the slowest rank's loop time over the iterations;
 slowest rank's time of each, averaged. 2 warm-ups; buffers are allocated
 before the loop. Run by bench/peers.sh. gloo has no reduce_scatter on CPU;
 that row is skipped.
-Sizes 64 KiB, 1 MiB, 16 MiB.
+Sizes 64 KiB, 1 MiB, 16 MiB (a size given 0 iterations is skipped).
 usage: gloo_coll.py PORT [ITERS_16M [ITERS_64K [OPS [RANKS [ITERS_1M]]]]] [--barrier]   (OPS: comma list or all)"""
 import os, resource, sys, time
 import torch, torch.distributed as dist
@@ -19,6 +19,8 @@ def run(rank, n, port, iters, ops, each):
     dist.init_process_group("gloo", rank=rank, world_size=n)
     for op in ops:
         for size in [65536, 1 << 20, 16 << 20]:
+            if iters[size] <= 0:
+                continue   # a size given 0 iterations is skipped
             cnt = size // 4
             a = torch.ones(cnt)
             b = torch.empty(cnt)

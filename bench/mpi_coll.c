@@ -5,7 +5,8 @@
  * iterations. --barrier, as meshrun's --barrier: a barrier before each
  * iteration, the slowest rank's time of each, averaged. 2 warm-ups.
  * Built and run by bench/peers.sh; not part of meshrun. Sizes 64 KiB,
- * 1 MiB, 16 MiB; any number of ranks.
+ * 1 MiB, 16 MiB (a size given 0 iterations is skipped); any number of ranks.
+ * MPI_COLL_OP=OP in the environment runs that op only.
  * usage: mpi_coll [ITERS_16M [ITERS_64K [ITERS_1M]]] [--barrier] */
 #include <mpi.h>
 #include <stdbool.h>
@@ -92,9 +93,14 @@ int main(int argc, char **argv)
 	}
 	MPI_Comm_size(MPI_COMM_WORLD, &n);
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	const char *only = getenv("MPI_COLL_OP"); /* one op only (bench/syscalls.sh) */
 	for (int o = 0; o < 6; o++)
 		for (int s = 0; s < 3; s++) {
+			if (only && strcmp(only, ops[o]))
+				continue;
 			double cpu, cores;
+			if (iters[s] <= 0)
+				continue; /* a size with 0 iterations is skipped */
 			double t = run(ops[o], sizes[s], iters[s], n, rank, each, &cpu, &cores);
 			double alg = sizes[s] / t / 1e9, f = (double)(n - 1) / n;
 			double bus = !strcmp(ops[o], "all_reduce") ? alg * 2 * f :

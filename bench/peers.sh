@@ -14,7 +14,8 @@
 # instead (the latency view; raw output in build/peers-barrier.log).
 # SHAPES (default "2x1 4x1 2x2") picks the shapes; MESHRUN_KEYS adds
 # key=value settings to every meshrun run (e.g. MESHRUN_KEYS=link_streams=2).
-# Installs the peers from Debian if missing.
+# Installs the peers from Debian if missing (bench/peers_lib.sh, shared
+# with bench/goals19.sh).
 # usage: bench/peers.sh [ITERS_16M [ROUNDS]] [--barrier]
 set -eu
 cd "$(dirname "$0")/.."
@@ -27,20 +28,13 @@ iters=${args[0]:-20}
 rounds=${args[1]:-1}
 shapes=${SHAPES:-"2x1 4x1 2x2"}
 keys=${MESHRUN_KEYS:-}
-need=""
-command -v mpicc >/dev/null || need="$need openmpi-bin libopenmpi-dev"
-/usr/bin/python3 -c 'import torch' 2>/dev/null || need="$need python3-torch"
-if [ -n "$need" ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
-fi
-make -s all
-bin=build/meshrun
+. bench/peers_lib.sh
+peers_setup
 # 64 KiB collectives take ~0.1 ms: they get 500 iterations so each figure
 # is a mean over ~50 ms, not a handful of wake-ups; 1 MiB gets 5x the
 # 16 MiB count
 small=500
 mid=$(( iters * 5 ))
-mpicc -O2 -o build/mpi_coll bench/mpi_coll.c
 log=build/peers${view:+-barrier}.log
 : > "$log"
 for round in $(seq 1 "$rounds"); do
@@ -49,28 +43,21 @@ for round in $(seq 1 "$rounds"); do
     echo "# load $(cat /proc/loadavg)"
     echo "# shape 2x1"
     echo "# meshrun link"
-    $bin bench link --hosts 2 --sizes 64K --iters "$small" $keys
-    $bin bench link --hosts 2 --sizes 16M --iters "$iters" $keys
+    build/meshrun bench link --hosts 2 --sizes 64K --iters "$small" $keys
+    build/meshrun bench link --hosts 2 --sizes 16M --iters "$iters" $keys
     for shape in $shapes; do
       h=${shape%x*}; d=${shape#*x}; ranks=$(( h * d ))
       echo "# shape $shape"
       for op in all_gather reduce_scatter all_reduce all_to_all permute broadcast; do
         echo "# meshrun $op"
-        $bin bench collectives --hosts "$h" --devices-per-host "$d" --op "$op" --sizes 64K \
-          --iters "$small" --warmup 20 $view $keys
-        $bin bench collectives --hosts "$h" --devices-per-host "$d" --op "$op" --sizes 1M \
-          --iters "$mid" --warmup 5 $view $keys
-        $bin bench collectives --hosts "$h" --devices-per-host "$d" --op "$op" --sizes 16M \
-          --iters "$iters" --warmup 3 $view $keys
+        peers_meshrun "$h" "$d" "$op" 64K "$small" 20 $view $keys
+        peers_meshrun "$h" "$d" "$op" 1M "$mid" 5 $view $keys
+        peers_meshrun "$h" "$d" "$op" 16M "$iters" 3 $view $keys
       done
       # the peers report the same statistic: the slowest rank's time,
       # averaged over the iterations
-      echo "# Open MPI (unencrypted)"
-      mpirun --allow-run-as-root --oversubscribe -np "$ranks" --mca btl tcp,self \
-        --mca btl_tcp_if_include lo --mca pml ob1 build/mpi_coll "$iters" "$small" "$mid" $view
-      echo "# gloo (unencrypted)"
-      OMP_NUM_THREADS=1 /usr/bin/python3 bench/gloo_coll.py $(( 20000 + RANDOM % 20000 )) \
-        "$iters" "$small" all "$ranks" "$mid" $view
+      peers_mpi "$ranks" "$iters" "$small" "$mid" $view
+      peers_gloo "$ranks" "$iters" "$small" "$mid" $view
     done
   } 2>&1 | tee -a "$log"
 done

@@ -9,7 +9,10 @@ could take if it kept every core busy; 'cpu-bound busbw' is the busbw that
 time would give. With peers.sh --barrier the CPU figures include the
 barrier before each iteration, which at 64 KiB costs as much as the op
 itself, so the cpu-bound column is printed for 1 MiB and up only.
-usage: peers_summary.py LOG [CORES]"""
+With --goals (bench/goals19.sh's log, 2x1): issue 19's goals, each
+judged met / not met, with CPU per wire byte beyond AES-GCM (the AES rate
+`openssl speed` measured in the same rounds).
+usage: peers_summary.py [--goals] LOG [CORES]"""
 import os, re, statistics, sys
 
 OPS = ["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "permute", "broadcast"]
@@ -24,12 +27,17 @@ def busbw_factor(op, n):
     return (n - 1) / n
 
 
-def parse(path):
+def parse(path, aes=None):
     """{(shape, impl, op, size): [(busbw, cpu_us, cores), ...]} over the
-    rounds, and the load averages the rounds recorded"""
+    rounds, and the load averages the rounds recorded; AES-128-GCM rates
+    (GB/s) the rounds measured are appended to the list aes"""
     runs, loads, section, shape = {}, [], None, "2x1"
     pending = {}   # meshrun rows waiting for their cpu line: size -> busbw
     for line in open(path):
+        m = re.match(r"# aes-128-gcm (\S+) GB/s", line)
+        if m and aes is not None:
+            aes.append(float(m.group(1)))
+            continue
         m = re.match(r"# load (\S+) (\S+) (\S+)", line)
         if m:
             loads.append(line[len("# load "):].strip())
@@ -110,7 +118,107 @@ def table(runs, shape, size, cores):
               f"{fmt(km, '.2f')} | {fmt(floor_m, '.2f')} / {fmt(floor_g, '.2f')} |")
 
 
+def wire_factor(op, n):
+    """bytes put on the wire per op (all links, one direction each, every
+    byte encrypted once and decrypted once), over the buffer's size, for n
+    ranks of one device each"""
+    if op == "all_reduce":
+        return 2.0 * (n - 1)
+    if op == "permute":
+        return float(n)
+    return float(n - 1)
+
+
+def goals(runs, loads, path):
+    """issue 19's goals on 2x1: tables, then one line per goal"""
+    aes = []
+    parse(path, aes)
+    rate = statistics.median(aes) if aes else None
+    shape, n = "2x1", 2
+    print(f"# issue 19's goals, 2x1, medians over {len(loads) or 1} round(s); busbw in GB/s; "
+          "meshrun is TLS, the peers plaintext")
+    for l in loads:
+        print(f"# load average at a round's start: {l}")
+    for l in open(path):
+        if l.startswith("# end of run, load"):
+            print(l.strip())
+    print(f"# AES-128-GCM (openssl speed, user CPU, 16 KiB blocks): "
+          f"{', '.join(f'{a:.2f}' for a in aes) or '–'} GB/s; median {fmt(rate, '.2f')}")
+    res = {}
+    for size in (65536, 16 << 20):
+        print(f"\n## {size} bytes")
+        print("| op | busbw meshrun / Open MPI / gloo | meshrun/Open MPI | meshrun/gloo |"
+              " CPU us/op meshrun / Open MPI / gloo | AES us/op | CPU ns per wire byte:"
+              " meshrun beyond AES / Open MPI / gloo |")
+        print("|---|---|---|---|---|---|---|")
+        for op in OPS:
+            b = {i: med(runs, (shape, i, op, size), 0) for i in ("meshrun", "openmpi", "gloo")}
+            c = {i: med(runs, (shape, i, op, size), 1) for i in ("meshrun", "openmpi", "gloo")}
+            wire = size * wire_factor(op, n)
+            aes_us = None if rate is None else 2 * wire / (rate * 1e9) * 1e6
+            per = {i: None if c[i] is None else c[i] * 1e3 / wire for i in c}
+            if per["meshrun"] is not None and aes_us is not None:
+                per["meshrun"] = (c["meshrun"] - aes_us) * 1e3 / wire
+            res[(op, size)] = (b, per, aes_us)
+            print(f"| {op} | {fmt(b['meshrun'], '.3f')} / {fmt(b['openmpi'], '.3f')} / "
+                  f"{fmt(b['gloo'], '.3f')} | {fmt(ratio(b['meshrun'], b['openmpi']), '.2f')} | "
+                  f"{fmt(ratio(b['meshrun'], b['gloo']), '.2f')} | {fmt(c['meshrun'], '.0f')} / "
+                  f"{fmt(c['openmpi'], '.0f')} / {fmt(c['gloo'], '.0f')} | {fmt(aes_us, '.0f')} | "
+                  f"{fmt(per['meshrun'], '.2f')} / {fmt(per['openmpi'], '.2f')} / "
+                  f"{fmt(per['gloo'], '.2f')} |")
+
+    def verdict(name, pairs, want):
+        """pairs: [(op, value or None)]; met when every value is >= want"""
+        have = [(v, op) for op, v in pairs if v is not None]
+        if not have or len(have) < len(pairs):
+            print(f"goal: {name}: not judged (missing figures)")
+            return
+        worst = min(have)
+        print(f"goal: {name}: {'met' if worst[0] >= want else 'not met'} "
+              f"(lowest {worst[0]:.2f} at {worst[1]})")
+
+    print()
+    verdict("64 KiB, every op >= 0.5x Open MPI's busbw",
+            [(op, ratio(res[(op, 65536)][0]["meshrun"], res[(op, 65536)][0]["openmpi"]))
+             for op in OPS], 0.5)
+    verdict("16 MiB, all_gather, all_reduce, all_to_all, permute >= 1.0x gloo's busbw "
+            "(gloo has no reduce_scatter on CPU: not judged)",
+            [(op, ratio(res[(op, 16 << 20)][0]["meshrun"], res[(op, 16 << 20)][0]["gloo"]))
+             for op in ("all_gather", "all_reduce", "all_to_all", "permute")], 1.0)
+    # the AES bound: the op's AES CPU spread over both cores (each host
+    # encrypts what it sends and decrypts what it receives at once)
+    frac = {}
+    for op in OPS:
+        b, _, aes_us = res[(op, 16 << 20)]
+        if b["meshrun"] is not None and aes_us:
+            bound = (16 << 20) * busbw_factor(op, n) / (aes_us / 2 * 1e-6) / 1e9
+            frac[op] = (b["meshrun"] / bound, bound)
+    if "broadcast" in frac and len(frac) == len(OPS):
+        others = min(frac[op][0] for op in OPS if op != "broadcast")
+        print(f"goal: 16 MiB broadcast as close to the AES bound as the others: "
+              f"{'met' if frac['broadcast'][0] >= others else 'not met'} "
+              f"({frac['broadcast'][0]:.2f} of its bound {frac['broadcast'][1]:.2f} GB/s; "
+              f"the others' lowest {others:.2f})")
+    else:
+        print("goal: 16 MiB broadcast as close to the AES bound as the others: not judged "
+              "(missing figures)")
+    for size, name in ((16 << 20, "16 MiB"), (65536, "64 KiB")):
+        verdict(f"{name}, CPU per byte beyond AES-GCM <= Open MPI's, every op "
+                "(figure: Open MPI's over meshrun's)",
+                [(op, ratio(res[(op, size)][1]["openmpi"], res[(op, size)][1]["meshrun"])
+                  if (res[(op, size)][1]["meshrun"] or 0) > 0 else
+                  (None if res[(op, size)][1]["meshrun"] is None else float("inf")))
+                 for op in OPS], 1.0)
+    print("goal: the cipher on more than one core where a host has more cores than links: "
+          "not judged here (2x1 on 2 vCPUs; see bench/README.md, 'The cipher on more than one "
+          "thread')")
+
+
 def main():
+    if sys.argv[1] == "--goals":
+        runs, loads = parse(sys.argv[2])
+        goals(runs, loads, sys.argv[2])
+        return
     runs, loads = parse(sys.argv[1])
     cores = int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count()
     shapes = []

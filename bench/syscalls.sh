@@ -1,22 +1,58 @@
 #!/usr/bin/env bash
-# System calls and context switches per op (both agents of `meshrun bench
-# collectives --hosts 2`), from perf's software events: the difference
-# between a run of 2N iterations and one of N, over N, so start-up drops
-# out. BASE=PATH (another build's binary) measures it too, in the same run.
-# usage: bench/syscalls.sh OP SIZE N [key=value ...]
+# Clock-free counts per op of `meshrun bench collectives --hosts 2` (both
+# agents, every thread) from perf's software events and tracepoints:
+# system calls (all, and the ones the message path uses), context
+# switches, and wake-ups (sched:sched_wakeup: a sleeping thread made
+# runnable, by a futex, an epoll_ctl's event or a socket's bytes; each is
+# a hand-off to a thread that slept). Per op = (run of 2N iterations - run
+# of N) / N, so start-up drops out; the median over ROUNDS rounds
+# (default 3), interleaved, as a livelock or a stretch of load comes in
+# bursts. BASE=PATH measures another build too; MPI=1 measures Open MPI
+# at the same op and size (bench/mpi_coll.c, 2 ranks, TCP; built by
+# bench/peers.sh or bench/goals19.sh), whose progress engine busy-polls.
+# Prints the load average, which decides whether a waiter's spin ran.
+# usage: [BASE=PATH] [MPI=1] [ROUNDS=3] bench/syscalls.sh OP SIZE N [key=value ...]
 set -eu
 cd "$(dirname "$0")/.."
 op=$1; size=$2; n=$3; shift 3
+rounds=${ROUNDS:-3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for bin in ${BASE:-} build/meshrun; do
-  for k in 1 2; do
-    perf stat -x, -e raw_syscalls:sys_enter,context-switches -- "$bin" bench collectives \
-      --hosts 2 --op "$op" --sizes "$size" --iters $((n * k)) --warmup 5 "$@" \
-      2>"$tmp/perf.$k" >/dev/null
+calls="sendto recvfrom sendmsg recvmsg writev readv poll epoll_wait epoll_ctl futex sched_yield"
+ev=raw_syscalls:sys_enter,context-switches,sched:sched_wakeup
+for c in $calls; do ev="$ev,syscalls:sys_enter_$c"; done
+case $size in 64K) slot="0 N 0" ;; 1M) slot="0 0 N" ;; 16M) slot="N 0 0" ;; *) slot="" ;; esac
+echo "# load $(cat /proc/loadavg)"
+for r in $(seq 1 "$rounds"); do
+  for impl in ${BASE:-} build/meshrun ${MPI:+openmpi}; do
+    for k in 1 2; do
+      if [ "$impl" = openmpi ]; then
+        [ -n "$slot" ] || { echo "syscalls.sh: Open MPI runs 64K, 1M or 16M, not $size" >&2; exit 2; }
+        MPI_COLL_OP=$op perf stat -x, -e "$ev" -o "$tmp/perf.$k" -- mpirun --allow-run-as-root \
+          --oversubscribe -np 2 --mca btl tcp,self --mca btl_tcp_if_include lo --mca pml ob1 \
+          build/mpi_coll ${slot//N/$((n * k))} >/dev/null 2>&1
+      else
+        perf stat -x, -e "$ev" -o "$tmp/perf.$k" -- "$impl" bench collectives --hosts 2 \
+          --op "$op" --sizes "$size" --iters $((n * k)) --warmup 5 "$@" >/dev/null 2>&1
+      fi
+    done
+    paste -d, "$tmp/perf.1" "$tmp/perf.2" | awk -F, -v n="$n" -v impl="$impl" '
+      NF > 8 && $1 ~ /^[0-9]+$/ {
+        name = $3; sub(/syscalls:sys_enter_/, "", name); sub(/raw_syscalls:sys_enter/, "syscalls", name)
+        sub(/sched:sched_wakeup/, "wake-ups", name)
+        printf "%s %s %.2f\n", impl, name, ($(NF / 2 + 1) - $1) / n }'
   done
-  s1=$(grep sys_enter "$tmp/perf.1" | cut -d, -f1); s2=$(grep sys_enter "$tmp/perf.2" | cut -d, -f1)
-  c1=$(grep context "$tmp/perf.1" | cut -d, -f1); c2=$(grep context "$tmp/perf.2" | cut -d, -f1)
-  echo "$bin $op $size $*: syscalls/op $(( (s2 - s1) / n )) context switches/op $(( (c2 - c1) / n ))"
-done
+done | /usr/bin/python3 -c '
+import sys, statistics as st
+d, impls, names = {}, [], []
+for l in sys.stdin:
+    impl, name, v = l.split()
+    if impl not in impls: impls.append(impl)
+    if name not in names: names.append(name)
+    d.setdefault((impl, name), []).append(float(v))
+print(f"| per op, '"$op $size $*"', both hosts (median) | " + " | ".join(names) + " |")
+print("|---|" + "---|" * len(names))
+for i in impls:
+    print(f"| {i} | " + " | ".join(f"{st.median(d[(i, k)]):.1f}" if (i, k) in d else "–" for k in names) + " |")
+'
 echo "# load $(cat /proc/loadavg)"

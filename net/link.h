@@ -271,7 +271,11 @@ void link_lock(struct link *l);
  * bytes trickle in (the mutex is not fair). */
 bool link_trylock(struct link *l);
 /* Unlocks; and if the stream thread found the lock taken meanwhile
- * (l->kick), arms its watch again so what it came for is not lost. */
+ * (l->kick), arms its watch again so what it came for is not lost. The
+ * stream thread yields once before it kicks (recv_stream_cb): that
+ * arming fires at once while bytes wait, and on the holder's own core the
+ * wake-up preempts the holder with the lock held, so kick after kick
+ * would keep the two threads trading the core without reading a byte. */
 void link_unlock(struct link *l);
 /* Arms the stream thread's watch as the link's state asks: reading unless
  * a device thread polls it, reading is blocked or held; writing while

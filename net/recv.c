@@ -753,10 +753,20 @@ bool recv_stream_cb(struct link *l, uint32_t events)
 		link_lock(l);
 		events = 0;
 	} else if (!link_trylock(l)) {
-		/* the holder sees kick when it lets go (link_unlock) */
-		atomic_store(&l->kick, 1);
-		if (!link_trylock(l))
-			return false;
+		/* The holder may be the thread whose arming woke us: on its
+		 * core the wake-up preempts it with the lock still held, and
+		 * a kick would have it arm again as it lets go, be preempted
+		 * again, and so on (an epoll_ctl and two context switches a
+		 * round, no byte read; ~45 rounds per 64 KiB all_gather on a
+		 * busy machine). One yield lets a preempted holder finish
+		 * first; on another core it returns at once. */
+		sched_yield();
+		if (!link_trylock(l)) {
+			/* the holder sees kick when it lets go (link_unlock) */
+			atomic_store(&l->kick, 1);
+			if (!link_trylock(l))
+				return false;
+		}
 		l->armed = 0;     /* the one shot is spent */
 	} else {
 		l->armed = 0;

@@ -11,11 +11,13 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "host/config/config.h"
@@ -742,6 +744,48 @@ START_TEST(test_multihost_paths)
 }
 END_TEST
 
+/* Both agents' threads on one core: a stream thread whose watch, armed
+ * by a device thread holding the link's lock while bytes wait, wakes and
+ * preempts that holder must not trade the core with it (an epoll_ctl and
+ * two context switches a round, no byte read: ~300 context switches per
+ * iteration before the stream thread yielded once before its kick). 200
+ * iterations of a 64 KiB all_gather, every element right, with under 20
+ * context switches an iteration (all threads of both agents, start-up
+ * included; ~5 now, by getrusage of the reaped children: a count). */
+START_TEST(test_one_core_no_livelock)
+{
+	static char out[1 << 16];
+	cpu_set_t was, one;
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(was), &was), 0);
+	CPU_ZERO(&one);
+	for (int c = 0; c < CPU_SETSIZE; c++)
+		if (CPU_ISSET(c, &was)) {
+			CPU_SET(c, &one);
+			break;
+		}
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(one), &one), 0);
+	struct rusage r0, r1;
+	getrusage(RUSAGE_CHILDREN, &r0);
+	char *argv[] = { (char *)meshrun_path(), "bench", "collectives", "--hosts", "2",
+			 "--op", "all_gather", "--sizes", "64K", "--iters", "200", "--warmup", "5",
+			 "poll_spin_us=200", NULL };
+	int rc = run_capture(argv, out, sizeof(out), 100);
+	getrusage(RUSAGE_CHILDREN, &r1);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(was), &was), 0);
+	ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
+	unsigned long long size = 0, count = 0, wrong = 1;
+	double t, alg, bus;
+	bool row = false;
+	for (char *l = out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+		if (sscanf(l, "%llu %llu %lf %lf %lf %llu", &size, &count, &t, &alg, &bus, &wrong) == 6)
+			row = true;
+	ck_assert_msg(row && size == 65536 && wrong == 0, "no 65536-byte row with 0 wrong:\n%s", out);
+	long cs = (r1.ru_nvcsw - r0.ru_nvcsw) + (r1.ru_nivcsw - r0.ru_nivcsw);
+	ck_assert_msg(cs < 20 * 200, "%ld context switches for 200 iterations on one core\n%s", cs,
+		      out);
+}
+END_TEST
+
 START_TEST(test_multihost_detects_wrong)
 {
 	static char out[1 << 16];
@@ -1454,7 +1498,7 @@ START_TEST(test_idle_agents)
 {
 	struct proc p;
 	char *argv[] = { (char *)meshrun_path(), "local", "--hosts", "2", "--job=pingpong",
-			 "--rounds=4", "--size=1M", "--hold-s=6", NULL };
+			 "--rounds=4", "--size=1M", "--hold-s=4", NULL };
 	proc_start(&p, "idle", argv, -1);
 	ck_assert_msg(proc_wait_output(&p, "pingpong: 2 hosts", 60), "no pingpong:\n%s",
 		      slurp(p.err));
@@ -1534,6 +1578,12 @@ static Suite *coll_suite(void)
 	tcase_set_timeout(tc, 90);
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_multihost_host_lost);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("one core");
+	tcase_set_timeout(tc, 110);
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, test_one_core_no_livelock);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("replay");
