@@ -482,23 +482,27 @@ END_TEST
  * it has updated their shards: from the trace's order of events (not
  * from timing), on every device, inside every step's "optimizer" span a
  * window gather is queued ("q all_gather (prefetch)" on the flight
- * track); and with grad_bucket_mb=0 (the order before) none is. */
-START_TEST(test_fsdp_first_gather_started_by_update)
+ * track); and with grad_bucket_mb=0 (the order before) none is. With
+ * after_a2a (Muon, whose exchanges are "all_to_all" spans of the
+ * device's), the update also exchanges matrices after the first gather
+ * is queued: it updated the first layers' matrices first, then the
+ * rest. Every queue span ("q ...") has a duration of 0 or more. */
+static void first_gather_in_update(const char *extra, bool after_a2a)
 {
 	for (int off = 0; off < 2; off++) {
 		char args[512];
 		snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
-			 "steps=2 ici_data_parallelism=1 ici_fsdp_parallelism=2 %s --trace %s/f.json",
+			 "steps=2 ici_data_parallelism=1 ici_fsdp_parallelism=2 %s %s --trace %s/f.json", extra,
 			 off ? "grad_bucket_mb=0" : "", tmpdir);
 		show_log_on_failure(run(args), 0);
 		char *text = read_tmp("f.json");
 		cJSON *root = cJSON_Parse(text), *e;
 		ck_assert_msg(root, "trace is not JSON");
-		double o0[2][2], o1[2][2];
-		int inside[2][2] = { { 0 } };
+		double o0[2][2], o1[2][2], q0[2][2];
+		int inside[2][2] = { { 0 } }, later[2][2] = { { 0 } };
 		for (int d = 0; d < 2; d++)
 			for (int s = 0; s < 2; s++)
-				o0[d][s] = o1[d][s] = -1;
+				o0[d][s] = o1[d][s] = q0[d][s] = -1;
 		cJSON *evs = cJSON_GetObjectItem(root, "traceEvents");
 		cJSON_ArrayForEach(e, evs) {
 			if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
@@ -511,31 +515,60 @@ START_TEST(test_fsdp_first_gather_started_by_update)
 			o0[tid][step] = cJSON_GetObjectItem(e, "ts")->valuedouble;
 			o1[tid][step] = o0[tid][step] + cJSON_GetObjectItem(e, "dur")->valuedouble;
 		}
-		cJSON_ArrayForEach(e, evs) {
-			if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
-				continue;
-			int tid = cJSON_GetObjectItem(e, "tid")->valueint, d = tid % TRACE_FLIGHT_TID;
-			if (tid < TRACE_FLIGHT_TID ||
-			    strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "q all_gather (prefetch)"))
-				continue;
-			ck_assert(d >= 0 && d < 2);
-			double ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
-			for (int s = 0; s < 2; s++)
-				inside[d][s] += ts >= o0[d][s] && ts <= o1[d][s];
-		}
+		/* the queued gathers first, then the exchanges after them */
+		for (int pass = 0; pass < 2; pass++)
+			cJSON_ArrayForEach(e, evs) {
+				if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+					continue;
+				int tid = cJSON_GetObjectItem(e, "tid")->valueint, d = tid % TRACE_FLIGHT_TID;
+				const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
+				double ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
+				ck_assert(d >= 0 && d < 2);
+				/* a queue span starts before its collective can run */
+				ck_assert_msg(tid < TRACE_FLIGHT_TID || strncmp(name, "q ", 2) ||
+					      cJSON_GetObjectItem(e, "dur")->valuedouble >= 0, "device %d: %s has a "
+					      "negative duration", d, name);
+				for (int s = 0; s < 2; s++) {
+					if (ts < o0[d][s] || ts > o1[d][s])
+						continue;
+					if (!pass && tid >= TRACE_FLIGHT_TID && !strcmp(name, "q all_gather (prefetch)")) {
+						inside[d][s]++;
+						q0[d][s] = q0[d][s] < 0 || ts < q0[d][s] ? ts : q0[d][s];
+					}
+					if (pass && tid < TRACE_FLIGHT_TID && !strncmp(name, "all_to_all", 10))
+						later[d][s] += q0[d][s] >= 0 && ts > q0[d][s];
+				}
+			}
 		for (int d = 0; d < 2; d++)
 			for (int s = 0; s < 2; s++) {
 				ck_assert_msg(o0[d][s] >= 0, "device %d step %d: no optimizer span", d, s);
-				if (off)
+				if (off) {
 					ck_assert_msg(!inside[d][s], "device %d step %d: grad_bucket_mb=0 queued %d "
 						      "gathers in the update", d, s, inside[d][s]);
-				else
-					ck_assert_msg(inside[d][s] >= 1, "device %d step %d: no gather queued in the "
-						      "update", d, s);
+					continue;
+				}
+				ck_assert_msg(inside[d][s] >= 1, "device %d step %d: no gather queued in the update", d,
+					      s);
+				ck_assert_msg(!after_a2a || later[d][s] >= 1, "device %d step %d: no Muon exchange "
+					      "after the first gather was queued", d, s);
 			}
 		cJSON_Delete(root);
 		free(text);
 	}
+}
+
+START_TEST(test_fsdp_first_gather_started_by_update)
+{
+	first_gather_in_update("", false);
+}
+END_TEST
+
+/* The same with Muon, on 4 layers (the first gathers read the head,
+ * the embedding and layers 0 and 1; layers 2 and 3 are updated after
+ * they left). */
+START_TEST(test_fsdp_first_gather_started_by_muon_update)
+{
+	first_gather_in_update("opt_type=muon base_num_decoder_layers=4", true);
 }
 END_TEST
 
@@ -684,6 +717,7 @@ int main(void)
 	tcase_set_timeout(zc, 120);
 	tcase_add_test(zc, test_zero1_collectives_under_compute);
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_update);
+	tcase_add_test(zc, test_fsdp_first_gather_started_by_muon_update);
 	suite_add_tcase(s, zc);
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests; the

@@ -342,20 +342,41 @@ void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx), void *ctx, const 
 			}
 }
 
+/* Whether Muon may take unit k's matrices ahead of the others: its
+ * exchanges are collectives over each tensor's group, so every member
+ * must take the same matrices first. Members share the step's table
+ * (and so its first gathers) unless the group spans pipeline stages. */
+static bool muon_early_ok(const struct optim *o, int k)
+{
+	const struct unit *u = &o->u[k];
+	for (int q = u->p0; o->muon && q < u->p1; q++) {
+		const struct param_info *p = model_param(o->model, o->pc[q].param);
+		if (p->opt == OPT_MUON && (muon_group_axes(o->mesh, p) & (1u << AX_STAGE)) &&
+		    o->mesh->size[AX_STAGE] > 1)
+			return false;
+	}
+	return true;
+}
+
 /* Whether this update starts the next step's first gathers early:
- * AdamW (Muon updates whole tensors at once), buckets on
- * (grad_bucket_mb=0: the order before), no ZeRO-1 (its gathers go
- * first). */
+ * buckets on (grad_bucket_mb=0: the order before), no ZeRO-1 (its
+ * gathers go first), and under Muon every member of a tensor's group
+ * taking the same matrices first. AdamW is element-wise and Muon's
+ * result per matrix does not depend on which call carries it, so the
+ * order changes no bits. */
 static bool prefetching(const struct optim *o)
 {
 	bool any = false;
-	if (!o->prefetch || o->muon || o->cfg.grad_bucket_mb == 0 || !o->have_oc)
+	if (!o->prefetch || o->cfg.grad_bucket_mb == 0 || !o->have_oc)
 		return false;
 	for (int s = 0; s < o->nseg; s++)
 		if (o->seg[s].zero)
 			return false;
-	for (int k = 0; k < o->nu; k++)
+	for (int k = 0; k < o->nu; k++) {
+		if (o->u[k].early && !muon_early_ok(o, k))
+			return false;
 		any |= o->u[k].early;
+	}
 	return any;
 }
 

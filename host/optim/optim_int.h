@@ -134,7 +134,8 @@ int bucket_issue(struct optim *o, struct bucket *b);
 int bucket_wait(struct optim *o, struct bucket *b);
 
 /* The update of the early units' pieces (of segs not split by ZeRO-1),
- * and of the rest of seg s. 0 or -errno. */
+ * in layout order with adjacent pieces as one range (one Muon exchange
+ * per tensor), and of the rest of seg s. 0 or -errno. */
 int units_update_early(struct optim *o, int64_t step, float lr);
 int seg_update_rest(struct optim *o, int s, int64_t step, float lr);
 
@@ -175,11 +176,15 @@ void bucket_name(const struct optim *o, const struct bucket *b, const char *what
 
 /* ---- muon.c ---- */
 
-/* Muon on parameter i's matrices (at P, gradients g, momentum buf, all
- * this device's blocks) with each matrix's Newton-Schulz run by the
- * member of muon_group_axes that o->mp names (collective over the group:
- * two all_to_alls).
+/* Muon on parameter i's local matrices [j0, j1) (at P, gradients g,
+ * momentum buf, all this device's blocks, from matrix j0 on) with each
+ * matrix's Newton-Schulz run by the member of muon_group_axes that o->mp
+ * names (collective over the group: two all_to_alls). Every member must
+ * make the same calls in the same order: the result of a matrix does not
+ * depend on which call carries it, so the update may take a tensor's
+ * matrices in pieces (the first layers' first, optim_update).
  * 0 or the failing collective's -errno (-ENOMEM). */
-int muon_dist(struct optim *o, int i, float *P, const float *g, float *buf, float lr, float wd);
+int muon_dist(struct optim *o, int i, int j0, int j1, float *P, const float *g, float *buf, float lr,
+	      float wd);
 
 #endif
