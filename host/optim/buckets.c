@@ -381,14 +381,16 @@ static int by_off(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* The early units' pieces of seg s (every seg: -1) into out, in layout
+/* The early units' pieces of seg s (every seg: -1; not ZeRO-1's, which
+ * zero.c updates bucket by bucket) into out, in layout
  * order, each run of adjacent ones of one seg merged into one piece (a
  * Muon tensor's early layers then take one exchange); their count. */
 static int early_runs(const struct optim *o, int s, struct piece *out)
 {
 	int n = 0, m = 0;
 	for (int k = 0; k < o->nu; k++)
-		for (int q = o->u[k].p0; o->u[k].early && (s < 0 || o->u[k].seg == s) && q < o->u[k].p1; q++) {
+		for (int q = o->u[k].p0; o->u[k].early && !o->seg[o->u[k].seg].zero && (s < 0 || o->u[k].seg == s) &&
+		     q < o->u[k].p1; q++) {
 			out[n] = o->pc[q];
 			out[n++].at = (size_t)o->u[k].seg;  /* its seg, for the merge */
 		}

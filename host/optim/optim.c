@@ -359,18 +359,19 @@ static bool muon_early_ok(const struct optim *o, int k)
 }
 
 /* Whether this update starts the next step's first gathers early:
- * buckets on (grad_bucket_mb=0: the order before), no ZeRO-1 (its
- * gathers go first), and under Muon every member of a tensor's group
- * taking the same matrices first. AdamW is element-wise and Muon's
- * result per matrix does not depend on which call carries it, so the
- * order changes no bits. */
+ * buckets on (grad_bucket_mb=0: the order before); beside ZeRO-1 every
+ * zero seg in buckets (zero_update_gather then starts them once the
+ * ZeRO-1 gathers of their groups are queued); under Muon every member
+ * of a tensor's group taking the same matrices first. AdamW is
+ * element-wise and Muon's result per matrix does not depend on which
+ * call carries it, so the order changes no bits. */
 static bool prefetching(const struct optim *o)
 {
 	bool any = false;
 	if (!o->prefetch || o->cfg.grad_bucket_mb == 0 || !o->have_oc)
 		return false;
 	for (int s = 0; s < o->nseg; s++)
-		if (o->seg[s].zero)
+		if (o->seg[s].zero && !o->seg[s].bucketed)
 			return false;
 	for (int k = 0; k < o->nu; k++) {
 		if (o->u[k].early && !muon_early_ok(o, k))
@@ -400,14 +401,19 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 	for (int i = 0; i < model_num_params(m); i++)
 		if (model_param(m, i)->opt == OPT_NONE)
 			update_router_bias(o, model_param(m, i));
-	/* the next step's first gathers leave once their shards are updated */
-	if (pre && ((rc = units_update_early(o, step, lr)) || (rc = o->prefetch(o->prefetch_ctx))))
+	/* the next step's first gathers leave once their shards are updated
+	 * (beside ZeRO-1: once its gathers of their groups are queued, in
+	 * zero_update_gather) */
+	bool zpre = false;
+	for (int i = 0; pre && i < o->nseg; i++)
+		zpre |= o->seg[i].zero;
+	if (pre && ((rc = units_update_early(o, step, lr)) || (!zpre && (rc = o->prefetch(o->prefetch_ctx)))))
 		return rc;
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];
 		float *g = s->zero ? o->gshard + s->o0 : G + s->p0;
 		size_t a = s->p0 + s->s0, len = s->zero ? s->len : s->n;
-		if (pre)
+		if (pre && !s->zero)
 			rc = seg_update_rest(o, i, step, lr);
 		else if (!s->bucketed)
 			rc = optim_update_range(o, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len);
@@ -416,7 +422,7 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 	}
 	/* ZeRO-1 in buckets: each bucket updated, then its gather started,
 	 * waited for by the next use of its weights (optim_hook_weights) */
-	if ((rc = zero_update_gather(o, step, lr)))
+	if ((rc = zero_update_gather(o, step, lr, zpre)))
 		return rc;
 	/* ZeRO-1 without: every data rank takes the others' updated parts */
 	for (int i = 0; i < o->nseg; i++) {

@@ -151,8 +151,12 @@ int zero_issue(struct optim *o, struct bucket *b);
 int zero_wait(struct optim *o, struct bucket *b);
 /* The update of this rank's part of every zero bucket, in forward order
  * (embedding first), each bucket's all-gather over `data` started as
- * soon as its update is done. 0 or -errno. */
-int zero_update_gather(struct optim *o, int64_t step, float lr);
+ * soon as its update is done. prefetch: the gathers of the buckets the
+ * next step's first FSDP gathers read go first, then every bucket is
+ * updated, then o->prefetch starts those FSDP gathers (the window waits
+ * for these ZeRO-1 gathers through weights_needed), then the other
+ * buckets' gathers leave. 0 or -errno. */
+int zero_update_gather(struct optim *o, int64_t step, float lr, bool prefetch);
 /* Waits for the all-gathers of the zero buckets holding weight group
  * key (all: key ZERO_ALL; gathered: only its units with tensors the FSDP
  * window gathers) and unpacks them into the parameters. */

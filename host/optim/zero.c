@@ -182,19 +182,46 @@ static bool early(const struct optim *o, const struct bucket *b)
 	return false;
 }
 
-int zero_update_gather(struct optim *o, int64_t step, float lr)
+/* Whether bucket b holds units the next step's first gathers read
+ * (optim_set_prefetch). */
+static bool first_read(const struct optim *o, const struct bucket *b)
+{
+	for (int j = b->u0; j < b->u1; j++)
+		if (o->u[o->ubk[j]].early)
+			return true;
+	return false;
+}
+
+/* The zero buckets in the order the next step reads them: the buckets
+ * complete last layer first, the forward wants the embedding's first;
+ * the FSDP window's non-layer gather, which opens the step, before all.
+ * The k-th of them (k < 2 nb), or NULL. */
+static struct bucket *nth(struct optim *o, int k)
+{
+	struct bucket *b = &o->b[o->nb - 1 - k % o->nb];
+	return b->zero && early(o, b) == (k < o->nb) ? b : NULL;
+}
+
+int zero_update_gather(struct optim *o, int64_t step, float lr, bool prefetch)
 {
 	int rc = 0;
-	/* in the order the next step reads them: the buckets complete last
-	 * layer first, the forward wants the embedding's first; the FSDP
-	 * window's non-layer gather, which opens the step, before all */
 	for (int k = 0; k < 2 * o->nb && !rc; k++) {
-		struct bucket *b = &o->b[o->nb - 1 - k % o->nb];
-		if (!b->zero || early(o, b) != (k < o->nb))
+		struct bucket *b = nth(o, k);
+		if (!b)
 			continue;
 		struct upd u = { .step = step, .lr = lr, .s = &o->seg[b->seg] };
 		walk(o, b, o->rdata, update_run, &u);
-		rc = u.rc ? u.rc : gather_start(o, b);
+		rc = u.rc ? u.rc : prefetch && !first_read(o, b) ? 0 : gather_start(o, b);
+	}
+	if (!prefetch || rc)
+		return rc;
+	/* the first FSDP gathers, queued behind the ZeRO-1 gathers they wait
+	 * for and ahead of the others */
+	rc = o->prefetch(o->prefetch_ctx);
+	for (int k = 0; k < 2 * o->nb && !rc; k++) {
+		struct bucket *b = nth(o, k);
+		if (b && !first_read(o, b))
+			rc = gather_start(o, b);
 	}
 	return rc;
 }
