@@ -349,7 +349,7 @@ void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx), void *ctx, const 
 static bool muon_early_ok(const struct optim *o, int k)
 {
 	const struct unit *u = &o->u[k];
-	for (int q = u->p0; o->muon && q < u->p1; q++) {
+	for (int q = u->p0; o->muon && o->mesh && q < u->p1; q++) {
 		const struct param_info *p = model_param(o->model, o->pc[q].param);
 		if (p->opt == OPT_MUON && (muon_group_axes(o->mesh, p) & (1u << AX_STAGE)) &&
 		    o->mesh->size[AX_STAGE] > 1)
