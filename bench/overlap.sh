@@ -81,13 +81,13 @@ row() { # NAME LABEL BASE_S
   cpu=$(awk -v s=$steps -v n=$nd '{printf "%.3f", ($1 + $2) / s / n}' $tmp/$1.cpu)
   [ -f $tmp/$1.json ] && opt=$(optspan $tmp/$1.json)
   [ $1 = one ] && onecpu=$cpu
-  printf "%-36s %7.3f %6.2f %9s %9s %8s %6.2f %7s %8s  %s\n" "$2" "$t" "$(python3 -c "print($t/$3)")" \
+  printf "%-42s %7.3f %6.2f %9s %9s %8s %6.2f %7s %8s  %s\n" "$2" "$t" "$(python3 -c "print($t/$3)")" \
     "$(avg $tmp/$1.jsonl comm_exposed_s)" "$(avg $tmp/$1.jsonl comm_background_s)" "$cpu" \
     "$(python3 -c "print($cpu/$onecpu)")" "$(peak $tmp/$1.jsonl)" "$opt" "$(cut -d' ' -f1-3 /proc/loadavg)"
 }
 t0=$(date +%s)
 echo "meshrun $(git rev-parse --short HEAD 2>/dev/null), $steps steps, $rounds round(s), load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-36s %7s %6s %9s %9s %8s %6s %7s %8s  %s\n" run step_s ratio exposed_s backgr_s cpu_dev cpu_x \
+printf "%-42s %7s %6s %9s %9s %8s %6s %7s %8s  %s\n" run step_s ratio exposed_s backgr_s cpu_dev cpu_x \
   peak_mb opt_s load
 for r in $(seq 1 "$rounds"); do
   echo "-- round $r"
@@ -107,10 +107,10 @@ for r in $(seq 1 "$rounds"); do
   run zero10 $B local --hosts 2 --config $C shard_optimizer_over_data=true grad_bucket_mb=0
   row zero10 "ZeRO-1 data=2, grad_bucket_mb=0" $one
   for g in 25 0; do
-    n=zfsdp; [ $g = 0 ] && n=zfsdp0
+    n=zfsdp; l="ZeRO-1 data=2 x fsdp=2"; [ $g = 0 ] && n=zfsdp0 && l="$l, grad_bucket_mb=0"
     run $n $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
       dcn_data_parallelism=2 ici_fsdp_parallelism=2 shard_optimizer_over_data=true grad_bucket_mb=$g
-    row $n "ZeRO-1 data=2 x fsdp=2, grad_bucket_mb=$g" $one4
+    row $n "$l" $one4
   done
   run fsdppp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
     ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
