@@ -32,11 +32,13 @@
 # devices; max over the steps), optimizer s per step (device 0's
 # "optimizer" spans), the load average.
 # usage: bench/overlap.sh [STEPS] [ROUNDS] [OLD_MESHRUN] [ONLY]
-#   OLD_MESHRUN: a build to compare Muon with (Muon on every device that
-#   shares a matrix, before host/optim/muon.c), run in the same rounds
-#   ("" for none). ONLY: an extended regex of the runs to make (names:
-#   dp dp0 fsdp fsdp0 zero1 zero10 zfsdp zfsdp0 fsdppp f4adamw f4muon
-#   f4muon0 f4old torch dsexpsize dsexpround_robin, the same for dsfsdp
+#   OLD_MESHRUN: a build to compare with, run in the same rounds ("" for
+#   none): Muon under fsdp=4 (f4old; last session: Muon on every device
+#   that shares a matrix, before host/optim/muon.c) and ZeRO-1 x fsdp 2x2
+#   (zfsdpold; main before the first FSDP gathers were started beside
+#   ZeRO-1 and by Muon's update: the A/B of that change alone). ONLY: an extended regex of the runs to make (names:
+#   dp dp0 fsdp fsdp0 zero1 zero10 zfsdp zfsdp0 zfsdpold fsdppp f4adamw
+#   f4muon f4muon0 f4old torch dsexpsize dsexpround_robin, the same for dsfsdp
 #   and dsep; the single device always runs); default: every run but
 #   torch and the ds rows (issue 20's table, about 5 minutes idle);
 #   "." for all of them, e.g.
@@ -112,6 +114,11 @@ for r in $(seq 1 "$rounds"); do
       dcn_data_parallelism=2 ici_fsdp_parallelism=2 shard_optimizer_over_data=true grad_bucket_mb=$g
     row $n "$l" $one4
   done
+  if [ -n "$old" ]; then
+    run zfsdpold "$old" local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+      dcn_data_parallelism=2 ici_fsdp_parallelism=2 shard_optimizer_over_data=true
+    row zfsdpold "ZeRO-1 data=2 x fsdp=2, OLD_MESHRUN" $one4
+  fi
   run fsdppp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
     ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
   row fsdppp "fsdp=2 x stage=2 (4 devices)" $one4
