@@ -103,7 +103,8 @@ struct optim {
 	float *bufmem;
 	size_t opt_n;
 	float *m, *v, *scratch;
-	float *gshard;               /* zero segs' reduced gradient parts */
+	float *gshard;               /* reduced gradient parts of zero segs not
+				      * in buckets (zero_part) */
 	struct mesh_members tg[MAX_TGROUPS];
 	int ntg;
 	/* the step */
@@ -141,13 +142,21 @@ int seg_update_rest(struct optim *o, int s, int64_t step, float lr);
 
 /* ---- zero.c ---- */
 
+/* This rank's reduced gradients of zero seg s (s->len floats, its part
+ * [p0 + s0, + len) of the layout): in buckets, the gradients' own floats
+ * there (each bucket's were packed before its reduce-scatter and are
+ * not written again in the step, so its part lands where it was read
+ * from); else gshard. In optim.c. */
+float *zero_part(struct optim *o, const struct seg *s);
+
 /* The floats of a zero bucket in rank r's part, chunk by chunk: sets
  * b->c for every zero bucket. */
 void zero_lay_out(struct optim *o);
 /* Starts a zero bucket's reduce-scatter over `data` (and the all-reduce
  * of its part over the seg's other axes), packed first. 0 or -errno. */
 int zero_issue(struct optim *o, struct bucket *b);
-/* Waits for it and unpacks this rank's part into gshard. 0 or -errno. */
+/* Waits for it and unpacks this rank's part into zero_part. 0 or
+ * -errno. */
 int zero_wait(struct optim *o, struct bucket *b);
 /* The update of this rank's part of every zero bucket, in forward order
  * (embedding first), each bucket's all-gather over `data` started as

@@ -55,7 +55,7 @@ struct move {
 	const struct bucket *b;
 	float *chunk;              /* chunk r of the buffer */
 	float *lay;                /* the layout's floats (gradients, parameters) */
-	float *part;               /* gshard of the seg: from its rank's part's start */
+	float *part;               /* zero_part of the seg: from its rank's part's start */
 	size_t part0;
 	bool to_chunk;
 };
@@ -73,7 +73,7 @@ static void move_run(struct optim *o, size_t x, size_t y, size_t pos, void *arg)
 static void move(struct optim *o, const struct bucket *b, int r, float *chunk, float *lay, bool to_chunk)
 {
 	const struct seg *s = &o->seg[b->seg];
-	struct move mv = { .b = b, .chunk = chunk, .lay = lay, .part = o->gshard + s->o0,
+	struct move mv = { .b = b, .chunk = chunk, .lay = lay, .part = zero_part(o, s),
 			   .part0 = s->p0 + s->s0, .to_chunk = to_chunk };
 	walk(o, b, r, move_run, &mv);
 }
@@ -140,10 +140,10 @@ struct upd {
 static void update_run(struct optim *o, size_t x, size_t y, size_t pos, void *arg)
 {
 	struct upd *u = arg;
-	size_t at = u->s->o0 + (x - (u->s->p0 + u->s->s0));
+	size_t in = x - (u->s->p0 + u->s->s0), at = u->s->o0 + in;
 	(void)pos;
 	if (!u->rc)
-		u->rc = optim_update_range(o, u->step, u->lr, o->gshard + at, o->m + at, o->v + at, x, y);
+		u->rc = optim_update_range(o, u->step, u->lr, zero_part(o, u->s) + in, o->m + at, o->v + at, x, y);
 }
 
 /* Starts bucket b's parameters' all-gather over `data`: this rank's
