@@ -69,7 +69,7 @@ static void move_run(struct optim *o, size_t x, size_t y, size_t pos, void *arg)
 }
 
 /* Chunk r of bucket b (at chunk) <-> the layout floats lay (or, lay
- * NULL, this rank's gshard). */
+ * NULL, this rank's zero_part). */
 static void move(struct optim *o, const struct bucket *b, int r, float *chunk, float *lay, bool to_chunk)
 {
 	const struct seg *s = &o->seg[b->seg];
