@@ -21,22 +21,34 @@
 #   each with Muon's owners balanced by size (muon_assign=size, the
 #   default) and round robin (muon_assign=round_robin), with the busiest
 #   and least busy device's Newton-Schulz GFLOP a step.
+#   FSDP 2x2 beside ZeRO-1 (data 2 x fsdp 2) and Muon under FSDP=4, each
+#   with grad_bucket_mb=0 beside it (the next step's first FSDP gathers
+#   not started by the update).
 # Each line: step s (mean of steps >= 1), ratio to the single device,
 # comm_exposed_s and comm_background_s (device 0, mean), CPU s per step
-# (user + sys of every process of the run, start-up included, / steps),
-# optimizer s per step (device 0's "optimizer" spans), the load average.
+# per device (user + sys of every process of the run, start-up included,
+# / steps / devices) and its ratio to the single device's, peak memory
+# (peak_mem_mb: host 0's process, which holds its devices-per-host
+# devices; max over the steps), optimizer s per step (device 0's
+# "optimizer" spans), the load average.
 # usage: bench/overlap.sh [STEPS] [ROUNDS] [OLD_MESHRUN] [ONLY]
-#   OLD_MESHRUN: a build to compare Muon with (Muon on every device that
-#   shares a matrix, before host/optim/muon.c), run in the same rounds
-#   ("" for none). ONLY: an extended regex of the runs to make (names:
-#   dp dp0 fsdp fsdp0 zero1 zero10 fsdppp f4adamw f4muon f4old torch
-#   dsexpsize dsexpround_robin, the same for dsfsdp and dsep; the single
-#   device always runs), e.g.
+#   OLD_MESHRUN: a build to compare with, run in the same rounds ("" for
+#   none): Muon under fsdp=4 (f4old; last session: Muon on every device
+#   that shares a matrix, before host/optim/muon.c) and ZeRO-1 x fsdp 2x2
+#   (zfsdpold; main before the first FSDP gathers were started beside
+#   ZeRO-1 and by Muon's update: the A/B of that change alone). ONLY: an extended regex of the runs to make (names:
+#   dp dp0 fsdp fsdp0 zero1 zero10 zfsdp zfsdp0 zfsdpold fsdppp f4adamw
+#   f4muon f4muon0 f4old torch dsexpsize dsexpround_robin, the same for dsfsdp
+#   and dsep; the single device always runs); default: every run but
+#   torch and the ds rows (issue 20's table, about 5 minutes idle);
+#   "." for all of them, e.g.
+#   bench/overlap.sh                                       (issue 20's table)
 #   bench/overlap.sh 4 1 "" '^(zero1|zero10|fsdp|fsdp0)$'   (ZeRO-1, FSDP)
 #   bench/overlap.sh 4 1 "" '^(f4|ds)'                     (the Muon rows)
 set -eu
 cd "$(dirname "$0")/.."
-steps=${1:-6}; rounds=${2:-2}; old=${3:-}; only=${4:-.}
+steps=${1:-4}; rounds=${2:-1}; old=${3:-}
+only=${4:-'^(dp|dp0|fsdp|fsdp0|zero1|zero10|zfsdp|zfsdp0|fsdppp|f4adamw|f4muon|f4muon0)$'}
 want() { case $1 in one|one4) return 0 ;; esac; echo "$1" | grep -Eq -- "$only"; }
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -50,25 +62,35 @@ optspan() { python3 -c "
 import json; e=[x for x in json.load(open('$1'))['traceEvents'] if x.get('ph')=='X' and x['tid']==0
   and x['name']=='optimizer' and x['args']['step']>=1]
 print('%.4f' % (sum(x['dur'] for x in e) / len(e) * 1e-6))"; }
-# run NAME BIN ARGS...: one run, its metrics, trace and CPU time
+# run NAME BIN ARGS...: one run, its metrics, trace and CPU time, and
+# its devices (--hosts x --devices-per-host)
 run() {
   name=$1; bin=$2; shift 2
   want $name || return 0
+  echo "$@" | awk '{h=1; d=1; for (i = 1; i < NF; i++) { if ($i == "--hosts") h = $(i+1);
+    if ($i == "--devices-per-host") d = $(i+1) } print h * d}' >$tmp/$name.nd
   /usr/bin/time -f "%U %S" -o $tmp/$name.cpu $bin "$@" steps=$steps openblas_threads=1 \
     --metrics $tmp/$name.jsonl $( [ "$1" = local ] && echo --trace $tmp/$name.json ) >/dev/null 2>$tmp/$name.err ||
     { echo "$name failed:"; tail -3 $tmp/$name.err; return 1; }
 }
+peak() { python3 -c "
+import json; print(max(json.loads(l).get('peak_mem_mb', 0) for l in open('$1')))"; }
 row() { # NAME LABEL BASE_S
-  local t cpu opt="-"
+  local t cpu nd opt="-"
   want $1 || return 0
   t=$(avg $tmp/$1.jsonl step_time_s)
-  cpu=$(awk -v s=$steps '{printf "%.3f", ($1 + $2) / s}' $tmp/$1.cpu)
+  nd=$(cat $tmp/$1.nd)
+  cpu=$(awk -v s=$steps -v n=$nd '{printf "%.3f", ($1 + $2) / s / n}' $tmp/$1.cpu)
   [ -f $tmp/$1.json ] && opt=$(optspan $tmp/$1.json)
-  printf "%-34s %7.3f %6.2f %9s %9s %8s %8s  %s\n" "$2" "$t" "$(python3 -c "print($t/$3)")" \
-    "$(avg $tmp/$1.jsonl comm_exposed_s)" "$(avg $tmp/$1.jsonl comm_background_s)" "$cpu" "$opt" \
-    "$(cut -d' ' -f1-3 /proc/loadavg)"
+  [ $1 = one ] && onecpu=$cpu
+  printf "%-42s %7.3f %6.2f %9s %9s %8s %6.2f %7s %8s  %s\n" "$2" "$t" "$(python3 -c "print($t/$3)")" \
+    "$(avg $tmp/$1.jsonl comm_exposed_s)" "$(avg $tmp/$1.jsonl comm_background_s)" "$cpu" \
+    "$(python3 -c "print($cpu/$onecpu)")" "$(peak $tmp/$1.jsonl)" "$opt" "$(cut -d' ' -f1-3 /proc/loadavg)"
 }
-printf "%-34s %7s %6s %9s %9s %8s %8s  %s\n" run step_s ratio exposed_s backgr_s cpu_s opt_s load
+t0=$(date +%s)
+echo "meshrun $(git rev-parse --short HEAD 2>/dev/null), $steps steps, $rounds round(s), load $(cut -d' ' -f1-3 /proc/loadavg)"
+printf "%-42s %7s %6s %9s %9s %8s %6s %7s %8s  %s\n" run step_s ratio exposed_s backgr_s cpu_dev cpu_x \
+  peak_mb opt_s load
 for r in $(seq 1 "$rounds"); do
   echo "-- round $r"
   run one $B train --config $C
@@ -86,6 +108,17 @@ for r in $(seq 1 "$rounds"); do
   run zero1 $B local --hosts 2 --config $C shard_optimizer_over_data=true; row zero1 "ZeRO-1 data=2" $one
   run zero10 $B local --hosts 2 --config $C shard_optimizer_over_data=true grad_bucket_mb=0
   row zero10 "ZeRO-1 data=2, grad_bucket_mb=0" $one
+  for g in 25 0; do
+    n=zfsdp; l="ZeRO-1 data=2 x fsdp=2"; [ $g = 0 ] && n=zfsdp0 && l="$l, grad_bucket_mb=0"
+    run $n $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+      dcn_data_parallelism=2 ici_fsdp_parallelism=2 shard_optimizer_over_data=true grad_bucket_mb=$g
+    row $n "$l" $one4
+  done
+  if [ -n "$old" ]; then
+    run zfsdpold "$old" local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+      dcn_data_parallelism=2 ici_fsdp_parallelism=2 shard_optimizer_over_data=true
+    row zfsdpold "ZeRO-1 data=2 x fsdp=2, OLD_MESHRUN" $one4
+  fi
   run fsdppp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
     ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
   row fsdppp "fsdp=2 x stage=2 (4 devices)" $one4
@@ -94,6 +127,9 @@ for r in $(seq 1 "$rounds"); do
       ici_fsdp_parallelism=4 opt_type=$o learning_rate=0.001
     row f4$o "fsdp=4 $o" $one4
   done
+  run f4muon0 $B local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
+    ici_fsdp_parallelism=4 opt_type=muon learning_rate=0.001 grad_bucket_mb=0
+  row f4muon0 "fsdp=4 muon, grad_bucket_mb=0" $one4
   if [ -n "$old" ]; then
     run f4old "$old" local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
       ici_fsdp_parallelism=4 opt_type=muon learning_rate=0.001
@@ -123,3 +159,4 @@ for r in $(seq 1 "$rounds"); do
     done
   done
 done
+echo "took $(( $(date +%s) - t0 )) s, load at the end $(cut -d' ' -f1-3 /proc/loadavg)"

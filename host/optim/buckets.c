@@ -375,32 +375,55 @@ static int update_floats(struct optim *o, const struct seg *s, int64_t step, flo
 	return x < y ? optim_update_range(o, step, lr, model_grads(o->model) + x, o->m + at, o->v + at, x, y) : 0;
 }
 
-int units_update_early(struct optim *o, int64_t step, float lr)
-{
-	int rc = 0;
-	for (int k = 0; k < o->nu && !rc; k++)
-		for (int q = o->u[k].p0; o->u[k].early && q < o->u[k].p1 && !rc; q++)
-			rc = update_floats(o, &o->seg[o->u[k].seg], step, lr, o->pc[q].off, o->pc[q].off + o->pc[q].n);
-	return rc;
-}
-
 static int by_off(const void *a, const void *b)
 {
 	size_t x = ((const struct piece *)a)->off, y = ((const struct piece *)b)->off;
 	return x < y ? -1 : x > y;
 }
 
+/* The early units' pieces of seg s (every seg: -1; not ZeRO-1's, which
+ * zero.c updates bucket by bucket) into out, in layout
+ * order, each run of adjacent ones of one seg merged into one piece (a
+ * Muon tensor's early layers then take one exchange); their count. */
+static int early_runs(const struct optim *o, int s, struct piece *out)
+{
+	int n = 0, m = 0;
+	for (int k = 0; k < o->nu; k++)
+		for (int q = o->u[k].p0; o->u[k].early && !o->seg[o->u[k].seg].zero && (s < 0 || o->u[k].seg == s) &&
+		     q < o->u[k].p1; q++) {
+			out[n] = o->pc[q];
+			out[n++].at = (size_t)o->u[k].seg;  /* its seg, for the merge */
+		}
+	qsort(out, (size_t)n, sizeof(*out), by_off);
+	for (int j = 0; j < n; j++) {
+		if (m && out[m - 1].at == out[j].at && out[m - 1].off + out[m - 1].n == out[j].off)
+			out[m - 1].n += out[j].n;
+		else
+			out[m++] = out[j];
+	}
+	return m;
+}
+
+int units_update_early(struct optim *o, int64_t step, float lr)
+{
+	struct piece *run = malloc(sizeof(*run) * (size_t)(o->npc + 1));
+	int rc = 0;
+	if (!run)
+		return -ENOMEM;
+	for (int j = 0, n = early_runs(o, -1, run); j < n && !rc; j++)
+		rc = update_floats(o, &o->seg[run[j].at], step, lr, run[j].off, run[j].off + run[j].n);
+	free(run);
+	return rc;
+}
+
 int seg_update_rest(struct optim *o, int s, int64_t step, float lr)
 {
 	const struct seg *sg = &o->seg[s];
 	struct piece *skip = malloc(sizeof(*skip) * (size_t)(o->npc + 1));
-	int n = 0, rc = 0;
+	int rc = 0;
 	if (!skip)
 		return -ENOMEM;
-	for (int k = 0; k < o->nu; k++)
-		for (int q = o->u[k].p0; o->u[k].early && o->u[k].seg == s && q < o->u[k].p1; q++)
-			skip[n++] = o->pc[q];
-	qsort(skip, (size_t)n, sizeof(*skip), by_off);
+	int n = early_runs(o, s, skip);
 	size_t at = sg->p0;
 	for (int j = 0; j < n && !rc; j++) {
 		rc = update_floats(o, sg, step, lr, at, skip[j].off);

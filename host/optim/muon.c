@@ -263,21 +263,21 @@ static void block(struct optim *o, const struct param_info *p, const struct plan
 	plan_copy_block(w, wshape, blk, bshape, off + nd - 2, 2, into);
 }
 
-int muon_dist(struct optim *o, int i, float *P, const float *g, float *buf, float lr, float wd)
+int muon_dist(struct optim *o, int i, int j0, int j1, float *P, const float *g, float *buf, float lr, float wd)
 {
 	const struct param_info *p = model_param(o->model, i);
 	const struct plan_param *pp = model_param_plan(o->model, i);
 	const struct model_comm *mc = o->oc.mc;
 	uint32_t axes = muon_group_axes(o->mesh, p), copy = axes & ~p->mat_split;
 	int nd = p->ndim, R = p->mat_rows, C = p->mat_cols;
-	size_t per = (size_t)p->shape[nd - 2] * p->shape[nd - 1], nmat = p->numel / per;
+	size_t per = (size_t)p->shape[nd - 2] * p->shape[nd - 1], nmat = (size_t)(j1 - j0);
 	struct xch x = { .nmat = (int)nmat, .g = members(o, axes) };
 	if (!x.g)
 		return -ENOMEM;
 	x.n = x.g->n;
 	for (x.me = 0; x.me < x.n && !same_on(x.g->coord[x.me], o->coord, axes); x.me++)
 		;
-	x.own = o->mp.owner + o->mp.first[i];
+	x.own = o->mp.owner + o->mp.first[i] + j0;
 	size_t mine = 0;
 	for (int j = 0; j < x.nmat; j++)
 		mine += owner(&x, j) == x.me;

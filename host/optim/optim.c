@@ -49,7 +49,6 @@ static int lay_out_state(struct optim *o)
 {
 	struct model_bucket b[MODEL_MAX_PARAMS];
 	int nb = model_buckets(o->model, b, MODEL_MAX_PARAMS);
-	bool any_zero = false;
 	o->nseg = nb;
 	o->opt_n = 0;
 	for (int i = 0; i < nb; i++) {
@@ -65,7 +64,6 @@ static int lay_out_state(struct optim *o)
 			o->opt_n += s->n;
 			continue;
 		}
-		any_zero = true;
 		s->shard_n = s->padded / (size_t)o->ndata;
 		s->s0 = s->shard_n * (size_t)o->rdata;
 		s->len = s->s0 < s->n ? (s->n - s->s0 < s->shard_n ? s->n - s->s0 : s->shard_n) : 0;
@@ -73,11 +71,25 @@ static int lay_out_state(struct optim *o)
 	}
 	o->m = calloc(o->opt_n ? o->opt_n : 1, sizeof(float));
 	o->v = calloc(o->opt_n ? o->opt_n : 1, sizeof(float));
-	if (any_zero)
-		o->gshard = calloc(o->opt_n, sizeof(float));
-	if (!o->m || !o->v || (any_zero && !o->gshard))
+	return o->m && o->v ? 0 : -ENOMEM;
+}
+
+/* The reduced gradients of ZeRO-1's segs not in buckets (whole-seg
+ * reduce-scatter, which may not write over its input): gshard. A seg in
+ * buckets keeps them in its part of the gradients (zero_part). */
+static int lay_out_gshard(struct optim *o)
+{
+	bool whole = false;
+	for (int i = 0; i < o->nseg; i++)
+		whole |= o->seg[i].zero && !o->seg[i].bucketed;
+	if (whole && !(o->gshard = calloc(o->opt_n, sizeof(float))))
 		return -ENOMEM;
 	return 0;
+}
+
+float *zero_part(struct optim *o, const struct seg *s)
+{
+	return s->bucketed ? model_grads(o->model) + s->p0 + s->s0 : o->gshard + s->o0;
 }
 
 /* Muon's scratch: for the largest matrix, NS5's and a gathered copy. */
@@ -122,7 +134,7 @@ int optim_new(struct optim **out, struct model *m, const struct cfg *c, const st
 		return rc;
 	}
 	if (lay_out_state(o)) {
-		asked = sizeof(float) * o->opt_n * (o->gshard || o->ndata > 1 ? 3 : 2);
+		asked = sizeof(float) * o->opt_n * 2;
 		what = "the optimizer state";
 		goto oom;
 	}
@@ -142,6 +154,11 @@ int optim_new(struct optim **out, struct model *m, const struct cfg *c, const st
 	if (buckets_make(o, pl)) {
 		asked = sizeof(float) * model_numel(m);
 		what = "the gradient buckets";
+		goto oom;
+	}
+	if (lay_out_gshard(o)) {
+		asked = sizeof(float) * o->opt_n;
+		what = "ZeRO-1's gradient parts";
 		goto oom;
 	}
 	*out = o;
@@ -284,7 +301,7 @@ int optim_sum_grads(struct optim *o, double *ss_out)
 		}
 		/* the seg's padding is zero: the grads were zeroed whole */
 		uint32_t rest = s->axes & ~data;
-		float *gs = o->gshard + s->o0;
+		float *gs = zero_part(o, s);
 		if (!s->bucketed && ((rc = mc->reduce_scatter(mc->ctx, data, gs, G + s->p0, s->shard_n)) ||
 				     (rest && (rc = mc->all_reduce(mc->ctx, rest, gs, s->shard_n)))))
 			return rc;
@@ -342,20 +359,42 @@ void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx), void *ctx, const 
 			}
 }
 
+/* Whether Muon may take unit k's matrices ahead of the others: its
+ * exchanges are collectives over each tensor's group, so every member
+ * must take the same matrices first. Members share the step's table
+ * (and so its first gathers) unless the group spans pipeline stages. */
+static bool muon_early_ok(const struct optim *o, int k)
+{
+	const struct unit *u = &o->u[k];
+	for (int q = u->p0; o->muon && o->mesh && q < u->p1; q++) {
+		const struct param_info *p = model_param(o->model, o->pc[q].param);
+		if (p->opt == OPT_MUON && (muon_group_axes(o->mesh, p) & (1u << AX_STAGE)) &&
+		    o->mesh->size[AX_STAGE] > 1)
+			return false;
+	}
+	return true;
+}
+
 /* Whether this update starts the next step's first gathers early:
- * AdamW (Muon updates whole tensors at once), buckets on
- * (grad_bucket_mb=0: the order before), no ZeRO-1 (its gathers go
- * first). */
+ * buckets on (grad_bucket_mb=0: the order before); beside ZeRO-1 every
+ * zero seg in buckets (zero_update_gather then starts them once the
+ * ZeRO-1 gathers of their groups are queued); under Muon every member
+ * of a tensor's group taking the same matrices first. AdamW is
+ * element-wise and Muon's result per matrix does not depend on which
+ * call carries it, so the order changes no bits. */
 static bool prefetching(const struct optim *o)
 {
 	bool any = false;
-	if (!o->prefetch || o->muon || o->cfg.grad_bucket_mb == 0 || !o->have_oc)
+	if (!o->prefetch || o->cfg.grad_bucket_mb == 0 || !o->have_oc)
 		return false;
 	for (int s = 0; s < o->nseg; s++)
-		if (o->seg[s].zero)
+		if (o->seg[s].zero && !o->seg[s].bucketed)
 			return false;
-	for (int k = 0; k < o->nu; k++)
+	for (int k = 0; k < o->nu; k++) {
+		if (o->u[k].early && !muon_early_ok(o, k))
+			return false;
 		any |= o->u[k].early;
+	}
 	return any;
 }
 
@@ -372,21 +411,26 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 		muon_plan_spread(&o->mp, &o->stats.ns_plan_max, &o->stats.ns_plan_min);
 	for (int i = 0; i < o->nseg && clip != 1.0f; i++) {
 		struct seg *s = &o->seg[i];
-		scale_inplace(s->zero ? o->gshard + s->o0 : G + s->p0, s->zero ? s->len : s->n, clip);
+		scale_inplace(s->zero ? zero_part(o, s) : G + s->p0, s->zero ? s->len : s->n, clip);
 	}
 	/* before any gather packs the parameters (every rank makes the same
 	 * update to the whole bias; the other tensors do not read it) */
 	for (int i = 0; i < model_num_params(m); i++)
 		if (model_param(m, i)->opt == OPT_NONE)
 			update_router_bias(o, model_param(m, i));
-	/* the next step's first gathers leave once their shards are updated */
-	if (pre && ((rc = units_update_early(o, step, lr)) || (rc = o->prefetch(o->prefetch_ctx))))
+	/* the next step's first gathers leave once their shards are updated
+	 * (beside ZeRO-1: once its gathers of their groups are queued, in
+	 * zero_update_gather) */
+	bool zpre = false;
+	for (int i = 0; pre && i < o->nseg; i++)
+		zpre |= o->seg[i].zero;
+	if (pre && ((rc = units_update_early(o, step, lr)) || (!zpre && (rc = o->prefetch(o->prefetch_ctx)))))
 		return rc;
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];
-		float *g = s->zero ? o->gshard + s->o0 : G + s->p0;
+		float *g = s->zero ? zero_part(o, s) : G + s->p0;
 		size_t a = s->p0 + s->s0, len = s->zero ? s->len : s->n;
-		if (pre)
+		if (pre && !s->zero)
 			rc = seg_update_rest(o, i, step, lr);
 		else if (!s->bucketed)
 			rc = optim_update_range(o, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len);
@@ -395,7 +439,7 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 	}
 	/* ZeRO-1 in buckets: each bucket updated, then its gather started,
 	 * waited for by the next use of its weights (optim_hook_weights) */
-	if ((rc = zero_update_gather(o, step, lr)))
+	if ((rc = zero_update_gather(o, step, lr, zpre)))
 		return rc;
 	/* ZeRO-1 without: every data rank takes the others' updated parts */
 	for (int i = 0; i < o->nseg; i++) {

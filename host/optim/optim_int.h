@@ -103,7 +103,8 @@ struct optim {
 	float *bufmem;
 	size_t opt_n;
 	float *m, *v, *scratch;
-	float *gshard;               /* zero segs' reduced gradient parts */
+	float *gshard;               /* reduced gradient parts of zero segs not
+				      * in buckets (zero_part) */
 	struct mesh_members tg[MAX_TGROUPS];
 	int ntg;
 	/* the step */
@@ -134,11 +135,19 @@ int bucket_issue(struct optim *o, struct bucket *b);
 int bucket_wait(struct optim *o, struct bucket *b);
 
 /* The update of the early units' pieces (of segs not split by ZeRO-1),
- * and of the rest of seg s. 0 or -errno. */
+ * in layout order with adjacent pieces as one range (one Muon exchange
+ * per tensor), and of the rest of seg s. 0 or -errno. */
 int units_update_early(struct optim *o, int64_t step, float lr);
 int seg_update_rest(struct optim *o, int s, int64_t step, float lr);
 
 /* ---- zero.c ---- */
+
+/* This rank's reduced gradients of zero seg s (s->len floats, its part
+ * [p0 + s0, + len) of the layout): in buckets, the gradients' own floats
+ * there (each bucket's were packed before its reduce-scatter and are
+ * not written again in the step, so its part lands where it was read
+ * from); else gshard. In optim.c. */
+float *zero_part(struct optim *o, const struct seg *s);
 
 /* The floats of a zero bucket in rank r's part, chunk by chunk: sets
  * b->c for every zero bucket. */
@@ -146,12 +155,17 @@ void zero_lay_out(struct optim *o);
 /* Starts a zero bucket's reduce-scatter over `data` (and the all-reduce
  * of its part over the seg's other axes), packed first. 0 or -errno. */
 int zero_issue(struct optim *o, struct bucket *b);
-/* Waits for it and unpacks this rank's part into gshard. 0 or -errno. */
+/* Waits for it and unpacks this rank's part into zero_part. 0 or
+ * -errno. */
 int zero_wait(struct optim *o, struct bucket *b);
 /* The update of this rank's part of every zero bucket, in forward order
  * (embedding first), each bucket's all-gather over `data` started as
- * soon as its update is done. 0 or -errno. */
-int zero_update_gather(struct optim *o, int64_t step, float lr);
+ * soon as its update is done. prefetch: the gathers of the buckets the
+ * next step's first FSDP gathers read go first, then every bucket is
+ * updated, then o->prefetch starts those FSDP gathers (the window waits
+ * for these ZeRO-1 gathers through weights_needed), then the other
+ * buckets' gathers leave. 0 or -errno. */
+int zero_update_gather(struct optim *o, int64_t step, float lr, bool prefetch);
 /* Waits for the all-gathers of the zero buckets holding weight group
  * key (all: key ZERO_ALL; gathered: only its units with tensors the FSDP
  * window gathers) and unpacks them into the parameters. */
@@ -175,11 +189,15 @@ void bucket_name(const struct optim *o, const struct bucket *b, const char *what
 
 /* ---- muon.c ---- */
 
-/* Muon on parameter i's matrices (at P, gradients g, momentum buf, all
- * this device's blocks) with each matrix's Newton-Schulz run by the
- * member of muon_group_axes that o->mp names (collective over the group:
- * two all_to_alls).
+/* Muon on parameter i's local matrices [j0, j1) (at P, gradients g,
+ * momentum buf, all this device's blocks, from matrix j0 on) with each
+ * matrix's Newton-Schulz run by the member of muon_group_axes that o->mp
+ * names (collective over the group: two all_to_alls). Every member must
+ * make the same calls in the same order: the result of a matrix does not
+ * depend on which call carries it, so the update may take a tensor's
+ * matrices in pieces (the first layers' first, optim_update).
  * 0 or the failing collective's -errno (-ENOMEM). */
-int muon_dist(struct optim *o, int i, float *P, const float *g, float *buf, float lr, float wd);
+int muon_dist(struct optim *o, int i, int j0, int j1, float *P, const float *g, float *buf, float lr,
+	      float wd);
 
 #endif

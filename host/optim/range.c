@@ -4,6 +4,7 @@
  * call down into it; it calls only muon.c and the kernels. */
 #include "host/optim/optim_int.h"
 
+#include <assert.h>
 #include <stdio.h>
 
 #include "kernels/kernels.h"
@@ -33,7 +34,11 @@ int optim_update_range(struct optim *o, int64_t step, float lr, const float *g, 
 		float pwd = p->decay ? wd : 0.0f;
 		bool shared = o->mesh && mesh_axes_size(o->mesh, muon_group_axes(o->mesh, p)) > 1;
 		if (p->opt == OPT_MUON && o->muon && shared) {
-			int rc = muon_dist(o, i, P + x, g + (x - a), mb + (x - a), lr, pwd);
+			/* whole matrices: the update cuts ranges at layer slices */
+			size_t per = (size_t)p->shape[p->ndim - 2] * p->shape[p->ndim - 1];
+			int j0 = (int)((x - p->offset) / per), j1 = (int)((y - p->offset) / per);
+			assert((x - p->offset) % per == 0 && (y - p->offset) % per == 0);
+			int rc = muon_dist(o, i, j0, j1, P + x, g + (x - a), mb + (x - a), lr, pwd);
 			if (rc)
 				return rc;
 		} else if (p->opt == OPT_MUON && o->muon) {

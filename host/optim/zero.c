@@ -55,7 +55,7 @@ struct move {
 	const struct bucket *b;
 	float *chunk;              /* chunk r of the buffer */
 	float *lay;                /* the layout's floats (gradients, parameters) */
-	float *part;               /* gshard of the seg: from its rank's part's start */
+	float *part;               /* zero_part of the seg: from its rank's part's start */
 	size_t part0;
 	bool to_chunk;
 };
@@ -69,11 +69,11 @@ static void move_run(struct optim *o, size_t x, size_t y, size_t pos, void *arg)
 }
 
 /* Chunk r of bucket b (at chunk) <-> the layout floats lay (or, lay
- * NULL, this rank's gshard). */
+ * NULL, this rank's zero_part). */
 static void move(struct optim *o, const struct bucket *b, int r, float *chunk, float *lay, bool to_chunk)
 {
 	const struct seg *s = &o->seg[b->seg];
-	struct move mv = { .b = b, .chunk = chunk, .lay = lay, .part = o->gshard + s->o0,
+	struct move mv = { .b = b, .chunk = chunk, .lay = lay, .part = zero_part(o, s),
 			   .part0 = s->p0 + s->s0, .to_chunk = to_chunk };
 	walk(o, b, r, move_run, &mv);
 }
@@ -140,10 +140,10 @@ struct upd {
 static void update_run(struct optim *o, size_t x, size_t y, size_t pos, void *arg)
 {
 	struct upd *u = arg;
-	size_t at = u->s->o0 + (x - (u->s->p0 + u->s->s0));
+	size_t in = x - (u->s->p0 + u->s->s0), at = u->s->o0 + in;
 	(void)pos;
 	if (!u->rc)
-		u->rc = optim_update_range(o, u->step, u->lr, o->gshard + at, o->m + at, o->v + at, x, y);
+		u->rc = optim_update_range(o, u->step, u->lr, zero_part(o, u->s) + in, o->m + at, o->v + at, x, y);
 }
 
 /* Starts bucket b's parameters' all-gather over `data`: this rank's
@@ -182,19 +182,46 @@ static bool early(const struct optim *o, const struct bucket *b)
 	return false;
 }
 
-int zero_update_gather(struct optim *o, int64_t step, float lr)
+/* Whether bucket b holds units the next step's first gathers read
+ * (optim_set_prefetch). */
+static bool first_read(const struct optim *o, const struct bucket *b)
+{
+	for (int j = b->u0; j < b->u1; j++)
+		if (o->u[o->ubk[j]].early)
+			return true;
+	return false;
+}
+
+/* The zero buckets in the order the next step reads them: the buckets
+ * complete last layer first, the forward wants the embedding's first;
+ * the FSDP window's non-layer gather, which opens the step, before all.
+ * The k-th of them (k < 2 nb), or NULL. */
+static struct bucket *nth(struct optim *o, int k)
+{
+	struct bucket *b = &o->b[o->nb - 1 - k % o->nb];
+	return b->zero && early(o, b) == (k < o->nb) ? b : NULL;
+}
+
+int zero_update_gather(struct optim *o, int64_t step, float lr, bool prefetch)
 {
 	int rc = 0;
-	/* in the order the next step reads them: the buckets complete last
-	 * layer first, the forward wants the embedding's first; the FSDP
-	 * window's non-layer gather, which opens the step, before all */
 	for (int k = 0; k < 2 * o->nb && !rc; k++) {
-		struct bucket *b = &o->b[o->nb - 1 - k % o->nb];
-		if (!b->zero || early(o, b) != (k < o->nb))
+		struct bucket *b = nth(o, k);
+		if (!b)
 			continue;
 		struct upd u = { .step = step, .lr = lr, .s = &o->seg[b->seg] };
 		walk(o, b, o->rdata, update_run, &u);
-		rc = u.rc ? u.rc : gather_start(o, b);
+		rc = u.rc ? u.rc : prefetch && !first_read(o, b) ? 0 : gather_start(o, b);
+	}
+	if (!prefetch || rc)
+		return rc;
+	/* the first FSDP gathers, queued behind the ZeRO-1 gathers they wait
+	 * for and ahead of the others */
+	rc = o->prefetch(o->prefetch_ctx);
+	for (int k = 0; k < 2 * o->nb && !rc; k++) {
+		struct bucket *b = nth(o, k);
+		if (b && !first_read(o, b))
+			rc = gather_start(o, b);
 	}
 	return rc;
 }

@@ -449,8 +449,10 @@ int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm)
 		return 0;
 	x->pre_rc = 0;
 	win_begin(w, comm, &x->pre_rc);
+	/* each waits for what it reads as in the step (ZeRO-1's gathers) */
 	for (int k = 0; k < n && !rc; k++)
-		rc = run_weights(x, &x->a[k]);
+		if (!(rc = before_action(x, &x->a[k])))
+			rc = run_weights(x, &x->a[k]);
 	x->npre = n;
 	return rc;
 }

@@ -172,7 +172,9 @@ struct job_pending {
 	double t_issue;         /* util_now_s() when queued */
 };
 
-static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes,
+/* h: from coll_*_async, queued at t_issue (util_now_s() taken before the
+ * call: the thread may start it before the call returns). */
+static int job_start(struct job_ctx *c, double t_issue, struct coll_handle *h, const char *op, uint32_t axes,
 		     const char *name, void **out)
 {
 	if (!h)
@@ -190,7 +192,7 @@ static int job_start(struct job_ctx *c, struct coll_handle *h, const char *op, u
 		snprintf(p->name, sizeof(p->name), "%s", name);
 	else
 		span_name(p->name, sizeof(p->name), op, axes);
-	p->t_issue = util_now_s();
+	p->t_issue = t_issue;
 	*out = p;
 	return 0;
 }
@@ -201,7 +203,8 @@ static int job_start_all_gather(void *vctx, uint32_t axes, void *out, const void
 	const struct coll_group *g = group_of(c, axes);
 	if (!g)
 		return -ENOMEM;
-	return job_start(c, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
+	double t = util_now_s();
+	return job_start(c, t, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
 			 "all_gather (prefetch)", axes, NULL, h);
 }
 
@@ -211,7 +214,8 @@ static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const
 	const struct coll_group *g = group_of(c, axes);
 	if (!g)
 		return -ENOMEM;
-	return job_start(c, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
+	double t = util_now_s();
+	return job_start(c, t, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
 			 "reduce_scatter (background)", axes, NULL, h);
 }
 
@@ -234,7 +238,8 @@ static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size
 	}
 	struct coll_group x = *g;
 	x.id += XCHG_GROUP;
-	int rc = job_start(c, coll_all_to_all_async(c->xcoll, &x, out, recv_bytes, in, send_bytes, c->err,
+	double t = util_now_s();
+	int rc = job_start(c, t, coll_all_to_all_async(c->xcoll, &x, out, recv_bytes, in, send_bytes, c->err,
 						    c->errlen), "all_to_all", axes, name, h);
 	if (!rc)
 		((struct job_pending *)*h)->xchg = true;
@@ -244,10 +249,10 @@ static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size
 /* The optimizer's background collectives (host/optim/optim.h, struct
  * optim_bg): queued on the communication thread, named by their
  * layers, waited for by job_wait; h from coll_*_async. */
-static int job_bg_start(struct job_ctx *c, struct coll_handle *h, const char *op, uint32_t axes,
+static int job_bg_start(struct job_ctx *c, double t_issue, struct coll_handle *h, const char *op, uint32_t axes,
 			const char *name, void **out)
 {
-	int rc = job_start(c, h, op, axes, name, out);
+	int rc = job_start(c, t_issue, h, op, axes, name, out);
 	if (!rc)  /* its wait span carries the bucket's name alone */
 		((struct job_pending *)*out)->named = false;
 	return rc;
@@ -263,7 +268,8 @@ static int job_bg_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n, co
 		return -ENOMEM;
 	if (g->n == 1)
 		return 0;
-	return job_bg_start(c, coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen), "all_reduce", axes,
+	double t = util_now_s();
+	return job_bg_start(c, t, coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen), "all_reduce", axes,
 			    name, out);
 }
 
@@ -281,7 +287,8 @@ static int job_bg_reduce_scatter(void *vctx, uint32_t axes, float *out, const fl
 		memcpy(out, in, n * sizeof(float));
 		return 0;
 	}
-	return job_bg_start(c, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
+	double t = util_now_s();
+	return job_bg_start(c, t, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
 			    "reduce_scatter", axes, name, h);
 }
 
@@ -297,7 +304,8 @@ static int job_bg_all_gather(void *vctx, uint32_t axes, void *out, const void *i
 		memmove(out, in, bytes);
 		return 0;
 	}
-	return job_bg_start(c, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
+	double t = util_now_s();
+	return job_bg_start(c, t, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
 			    "all_gather", axes, name, h);
 }
 
