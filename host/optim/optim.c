@@ -87,11 +87,6 @@ static int lay_out_gshard(struct optim *o)
 	return 0;
 }
 
-float *zero_part(struct optim *o, const struct seg *s)
-{
-	return s->bucketed ? model_grads(o->model) + s->p0 + s->s0 : o->gshard + s->o0;
-}
-
 /* Muon's scratch: for the largest matrix, NS5's and a gathered copy. */
 static size_t muon_scratch(const struct model *m)
 {

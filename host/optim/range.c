@@ -1,6 +1,7 @@
 /* What every path of the update shares (host/optim/optim_int.h): the
  * update of a range of the layout's floats, AdamW or Muon tensor by
- * tensor, and a bucket's name in the trace. optim.c, buckets.c and zero.c
+ * tensor, where a ZeRO-1 seg's reduced gradients are (zero_part), and a
+ * bucket's name in the trace. optim.c, buckets.c and zero.c
  * call down into it; it calls only muon.c and the kernels. */
 #include "host/optim/optim_int.h"
 
@@ -15,6 +16,14 @@ void param_range(const struct param_info *p, size_t a, size_t b, size_t *x, size
 {
 	*x = p->offset > a ? p->offset : a;
 	*y = p->offset + p->numel < b ? p->offset + p->numel : b;
+}
+
+/* A ZeRO-1 seg's reduced gradients: in buckets, its rank's part of the
+ * gradient arena itself; otherwise gshard (the whole-seg reduce-scatter
+ * may not write over its input). */
+float *zero_part(struct optim *o, const struct seg *s)
+{
+	return s->bucketed ? model_grads(o->model) + s->p0 + s->s0 : o->gshard + s->o0;
 }
 
 int optim_update_range(struct optim *o, int64_t step, float lr, const float *g, float *mb, float *vb,
