@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/util/mem.h"
 #include "kernels/kernels.h"
 
 int optim_check_zero(const struct model *m, bool muon, int ndata, char *err, size_t errlen)
@@ -45,6 +46,13 @@ size_t optim_tensor_state(const struct param_info *p, bool muon, int ndata, int 
 
 /* Buckets and their optimizer state; ZeRO-1 splits the state of buckets
  * summed over `data`. */
+
+/* Bytes of m (and of v): one float per optimizer float, at least one. */
+static size_t opt_bytes(const struct optim *o)
+{
+	return (o->opt_n ? o->opt_n : 1) * sizeof(float);
+}
+
 static int lay_out_state(struct optim *o)
 {
 	struct model_bucket b[MODEL_MAX_PARAMS];
@@ -69,8 +77,10 @@ static int lay_out_state(struct optim *o)
 		s->len = s->s0 < s->n ? (s->n - s->s0 < s->shard_n ? s->n - s->s0 : s->shard_n) : 0;
 		o->opt_n += s->shard_n;
 	}
-	o->m = calloc(o->opt_n ? o->opt_n : 1, sizeof(float));
-	o->v = calloc(o->opt_n ? o->opt_n : 1, sizeof(float));
+	/* zeroed and populated now (host/util/mem.h), not a fault per page
+	 * in the first update */
+	o->m = util_big_alloc(opt_bytes(o));
+	o->v = util_big_alloc(opt_bytes(o));
 	return o->m && o->v ? 0 : -ENOMEM;
 }
 
@@ -168,8 +178,8 @@ void optim_free(struct optim *o)
 {
 	if (!o)
 		return;
-	free(o->m);
-	free(o->v);
+	util_big_free(o->m, opt_bytes(o));
+	util_big_free(o->v, opt_bytes(o));
 	free(o->scratch);
 	free(o->gshard);
 	buckets_free(o);
