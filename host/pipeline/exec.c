@@ -5,7 +5,10 @@
  * last send from it is waited (the table reuses a buffer only once its
  * receiver took that send, so the wait is for a receive already done or
  * under way). Window slots: the non-layer tensors in 0, the table's
- * chunk slot k in 1 + k, the layers outside the pipeline in the last. */
+ * chunk slot k in 1 + k, the layers outside the pipeline in the last.
+ * The one departure from table order: a W run ahead in a receive's wait
+ * (pipe_exec_set_fill; fill_wait below), marked so the loop skips it at
+ * its own place. */
 #include "host/pipeline/exec.h"
 
 #include <errno.h>

@@ -428,7 +428,7 @@ static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void 
 		return 1;
 	}
 	if (!r && c->nposted == (int)(sizeof(c->posted) / sizeof(c->posted[0])))
-		return 0;  /* no room: the recv posts it */
+		return 1;  /* no room (the executor probes one at a time): not filled, the recv posts it */
 	if (!r && (rc = xport_irecv(c->xport, dev, c->device, &m, buf, bytes, &r))) {
 		xport_failed(c->xport, c->err, c->errlen);
 		return rc == -ENOMEM ? rc : -EHOSTDOWN;
