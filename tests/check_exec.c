@@ -135,6 +135,13 @@ static int mb_probe(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, 
 	return !first && here;
 }
 
+/* Every receive arrived: nothing to fill. */
+static int mb_probe_here(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes)
+{
+	(void)ctx, (void)dev, (void)kind, (void)idx, (void)buf, (void)bytes;
+	return 1;
+}
+
 static int record_hook(void *ctx, int l0, int l1, bool landed)
 {
 	struct stage_ctx *c = ctx;
@@ -237,9 +244,10 @@ struct result {
 	int hooks[MAXS][64][3], nhooks[MAXS];
 };
 
-/* fill: probe receives (late at first) and fill their waits with W's,
- * and record the grads_done hooks. */
-static void pipelined_fill(struct result *res, bool moe, int S, const char *sched, bool recompute, bool fill)
+/* fill: probe receives (FILL_LATE: late at first; FILL_HERE: every one
+ * arrived) and fill their waits with W's; the grads_done hooks recorded. */
+enum { FILL_OFF, FILL_LATE, FILL_HERE };
+static void pipelined_fill(struct result *res, bool moe, int S, const char *sched, bool recompute, int fill)
 {
 	struct cfg c;
 	struct model_dims d;
@@ -276,9 +284,10 @@ static void pipelined_fill(struct result *res, bool moe, int S, const char *sche
 		ck_assert_msg(pipe_exec_new(&st[s].x, &t, s, pc.first_layer, dev, st[s].m, mb, err, sizeof(err)) == 0,
 			      "%s", err);
 		st[s].ctx = (struct stage_ctx){ .mb = &box, .me = s, .probe_at = -1 };
-		st[s].io = (struct pipe_p2p){ mb_send, mb_recv, mb_wait_send, mb_flush, fill ? mb_probe : NULL,
+		st[s].io = (struct pipe_p2p){ mb_send, mb_recv, mb_wait_send, mb_flush,
+					      fill == FILL_LATE ? mb_probe : fill == FILL_HERE ? mb_probe_here : NULL,
 					      &st[s].ctx };
-		pipe_exec_set_fill(st[s].x, fill);
+		pipe_exec_set_fill(st[s].x, fill != FILL_OFF);
 		pipe_exec_set_hooks(st[s].x, &(struct pipe_hooks){ .grads_done = record_hook, .ctx = &st[s].ctx });
 		st[s].comm = (struct model_comm){ .all_gather = mb_all_gather, .ctx = &st[s].ctx };
 		st[s].in = in;
@@ -332,7 +341,7 @@ static void pipelined_fill(struct result *res, bool moe, int S, const char *sche
 
 static void pipelined(struct result *res, bool moe, int S, const char *sched, bool recompute)
 {
-	pipelined_fill(res, moe, S, sched, recompute, false);
+	pipelined_fill(res, moe, S, sched, recompute, FILL_OFF);
 }
 
 /* The same batch on one device, the step without a pipeline. */
@@ -420,10 +429,14 @@ END_TEST
  * on and off; MoE: S 2). */
 static void fill_same(bool moe, int S, const char *sched, bool recompute)
 {
-	struct result in_order, filled;
-	pipelined_fill(&in_order, moe, S, sched, recompute, false);
-	pipelined_fill(&filled, moe, S, sched, recompute, true);
+	struct result in_order, filled, ready;
+	pipelined_fill(&in_order, moe, S, sched, recompute, FILL_OFF);
+	pipelined_fill(&filled, moe, S, sched, recompute, FILL_LATE);
+	pipelined_fill(&ready, moe, S, sched, recompute, FILL_HERE);
 	ck_assert_int_eq(in_order.fills, 0);
+	ck_assert_int_eq(ready.fills, 0);  /* nothing waited: table order */
+	ck_assert(ready.loss == in_order.loss);
+	ck_assert(!memcmp(ready.g, in_order.g, sizeof(float) * ready.n));
 	ck_assert_msg(filled.fills > 0, "%s S=%d: no W ran in a receive wait", sched, S);
 	ck_assert_msg(filled.loss == in_order.loss, "%s S=%d: loss %a, in order %a", sched, S, filled.loss,
 		      in_order.loss);
@@ -436,6 +449,7 @@ static void fill_same(bool moe, int S, const char *sched, bool recompute)
 	}
 	free(in_order.g);
 	free(filled.g);
+	free(ready.g);
 }
 
 START_TEST(test_fill_waits)
