@@ -72,7 +72,8 @@ run() {
     [ -s $tmp/$name.jsonl ] && samples="$samples $EPOCHREALTIME:$ticks:$(wc -l <$tmp/$name.jsonl)"
     sleep 0.2
   done
-  wait $pid || { cat $tmp/$name.log; exit 1; }
+  # (run's output is read by the caller: the log goes to stderr)
+  wait $pid || { cat $tmp/$name.log >&2; echo failed; exit 1; }
   peaks=$(for h in $(seq 0 $((hosts - 1))); do printf "%s/" "${hwm[$h]:-?}"; done)
   # CPU seconds a step: the agents' CPU rate from the first sample after
   # step 0 to the last one before the last step was logged (the last step
@@ -116,6 +117,7 @@ for mesh in $meshes; do
       pkind=$(sed -n 's/^work by action: \([^ ]*\) s,.*/\1/p' $tmp/plan)
       name=${mesh}_${M}_$s${fk:+_nofill}
       read -r peaks cpu < <(run $name $hosts $dph $args)
+      [ "$peaks" != failed ] || { echo "sched.sh: run $name failed (its log above)" >&2; exit 1; }
       read -r step bub idle idles kind fill < <(bench/sched.py $tmp/$name.jsonl $tmp/$name.json)
       # per action kind: measured/plan (error), the kinds either has
       kinds=$(python3 -c 'import sys
