@@ -28,8 +28,9 @@
 # runs them.
 # usage: [BIN=meshrun] [KV="key=value ..."] bench/sched.sh [STEPS] [MESHES] [MS] [SCHEDS]
 #   e.g. bench/sched.sh 3 "4x1 2x2" "4 8 16" "circular gpipe 1f1b interleaved_1f1b zb_h1 zbv"
-#   a schedule written SCHED/nofill runs with pipeline_fill_waits=false
-#   (zb_h1, zbv: W's only in table order), e.g. "1f1b zb_h1 zb_h1/nofill"
+#   a schedule written SCHED/fill runs with pipeline_fill_waits=true (zb_h1,
+#   zbv: owed W's in receive waits), SCHED/nofill with false (the default),
+#   e.g. "1f1b zb_h1 zb_h1/fill"
 # (BIN: a copy of build/meshrun, to keep building while it runs)
 set -eu
 cd "$(dirname "$0")/.."
@@ -100,8 +101,9 @@ for mesh in $meshes; do
   esac
   for M in $ms; do
     for sv in $scheds; do
-      # SCHED/nofill: the schedule with pipeline_fill_waits=false
-      s=${sv%/nofill}; fk=""; [ "$sv" != "$s" ] && fk="pipeline_fill_waits=false"
+      # SCHED/fill, SCHED/nofill: the schedule with pipeline_fill_waits true, false
+      s=${sv%/*}; fk=""
+      case $sv in */fill) fk="pipeline_fill_waits=true" ;; */nofill) fk="pipeline_fill_waits=false" ;; esac
       case $s in
         circular) sk="num_pipeline_repeats=2" ;;
         interleaved_1f1b | zbv) sk="" ;;
@@ -115,7 +117,7 @@ for mesh in $meshes; do
       pcpu=$(awk '/^work:/ {print $2}' $tmp/plan)
       pbub=$(sed -n "s/.*idle \([0-9.]*\) of the worst.*/\1/p" $tmp/plan)
       pkind=$(sed -n 's/^work by action: \([^ ]*\) s,.*/\1/p' $tmp/plan)
-      name=${mesh}_${M}_$s${fk:+_nofill}
+      name=${mesh}_${M}_${sv//\//_}
       read -r peaks cpu < <(run $name $hosts $dph $args)
       [ "$peaks" != failed ] || { echo "sched.sh: run $name failed (its log above)" >&2; exit 1; }
       read -r step bub idle idles kind fill < <(bench/sched.py $tmp/$name.jsonl $tmp/$name.json)

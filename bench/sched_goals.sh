@@ -4,8 +4,8 @@
 # 16 rows) on 4 stages, columns as in bench/sched.sh:
 #   1. recompute off, 4 hosts x 1 device, M in {4, 8, 16}: 1f1b, zb_h1
 #      (ZB-H1's idle seconds against 1F1B's: goal <= 0.40), and at M 4
-#      and 8 zb_h1/nofill (pipeline_fill_waits=false: W's only in table
-#      order) beside them
+#      and 8 zb_h1/fill (pipeline_fill_waits=true: owed W's run in
+#      receive waits; off by default) beside them
 #   2. recompute off, 4x1, M = 8: interleaved_1f1b, zbv (the interleaved
 #      bubble against its formula: within 10%; zbv against interleaved)
 #   3. recompute off, 2 x 2, M = 8: 1f1b, zb_h1
@@ -26,7 +26,7 @@ cp build/meshrun "$bin"
 chmod +x "$bin"
 t0=$(date +%s)
 echo "## recompute off; load $(cut -d' ' -f1-3 /proc/loadavg)"
-BIN=$bin KV="pipeline_recompute=false" bench/sched.sh "$steps" 4x1 "4 8" "1f1b zb_h1 zb_h1/nofill"
+BIN=$bin KV="pipeline_recompute=false" bench/sched.sh "$steps" 4x1 "4 8" "1f1b zb_h1 zb_h1/fill"
 BIN=$bin KV="pipeline_recompute=false" bench/sched.sh "$steps" 4x1 16 "1f1b zb_h1" | sed '/^| mesh \|^|---/d'
 BIN=$bin KV="pipeline_recompute=false" bench/sched.sh "$steps" 4x1 8 "interleaved_1f1b zbv" | sed '/^| mesh \|^|---/d'
 BIN=$bin KV="pipeline_recompute=false" bench/sched.sh "$steps" 2x2 8 "1f1b zb_h1" | sed '/^| mesh \|^|---/d'

@@ -136,11 +136,11 @@ START_TEST(test_split_bit_identical)
 {
 	char cmd[512];
 	/* two hosts: zb_h1's receives go over TLS, so the W's that fill
-	 * their waits (pipeline_fill_waits, on) probe remote receives */
+	 * their waits (pipeline_fill_waits) probe remote receives */
 	snprintf(cmd, sizeof(cmd), "local --hosts 2 --devices-per-host 1 --config " LLAMA " steps=10 "
 		 "per_device_batch_size=4 ici_data_parallelism=1 dcn_data_parallelism=1 dcn_pipeline_parallelism=2 "
 		 "num_pipeline_microbatches=4 base_num_decoder_layers=4 num_layers_per_pipeline_stage=2 "
-		 "pipeline_recompute=false");
+		 "pipeline_recompute=false pipeline_fill_waits=true");
 	same_losses(cmd, "1f1b", "zb_h1", "zb.json");
 	for (int d = 0; d < 2; d++) {  /* 10 steps x 4 microbatches, one chunk a stage */
 		ck_assert_int_eq(spans("zb.json", d, "I"), 40);
