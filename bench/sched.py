@@ -19,7 +19,9 @@ F=..,B=..,I=..,W=..,own=.. (own: embed, head, embed_back). FILLABLE_S:
 of the worst device's idle, the seconds it waited on a receive while it
 owed a weight gradient (an I done, its W not started) that could have
 run then, capped at the owed W's measured time: what running owed W's
-during waits could win. --detail prints per device the idle split into
+during waits could win (with pipeline_fill_waits on, the executor runs
+them there: what is left is waits whose owed W was its chunk's last,
+which it keeps in place, or tables with gathered layers). --detail prints per device the idle split into
 before its first compute, receive waits (activations, gradients), other
 waits, and after its last compute."""
 import json

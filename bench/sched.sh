@@ -28,6 +28,9 @@
 # runs them.
 # usage: [BIN=meshrun] [KV="key=value ..."] bench/sched.sh [STEPS] [MESHES] [MS] [SCHEDS]
 #   e.g. bench/sched.sh 3 "4x1 2x2" "4 8 16" "circular gpipe 1f1b interleaved_1f1b zb_h1 zbv"
+#   a schedule written SCHED/fill runs with pipeline_fill_waits=true (zb_h1,
+#   zbv: owed W's in receive waits), SCHED/nofill with false (the default),
+#   e.g. "1f1b zb_h1 zb_h1/fill"
 # (BIN: a copy of build/meshrun, to keep building while it runs)
 set -eu
 cd "$(dirname "$0")/.."
@@ -52,7 +55,7 @@ run() {
   local name=$1 hosts=$2 dph=$3; shift 3
   "$bin" local --hosts $hosts --devices-per-host $dph $model steps=$steps "$@" \
     --metrics $tmp/$name.jsonl --trace $tmp/$name.json --quiet >$tmp/$name.log 2>&1 &
-  local pid=$! peaks cpu0=-1 cpu1=0 t0=0 t1=0
+  local pid=$! peaks samples=""
   declare -A hwm=() tk=()
   while kill -0 $pid 2>/dev/null; do
     local ticks=0
@@ -66,18 +69,26 @@ run() {
       [ "${hwm[$h]:-0}" -lt $m ] && hwm[$h]=$m
     done
     for a in "${!tk[@]}"; do ticks=$((ticks + tk[$a])); done
-    if [ -s $tmp/$name.jsonl ]; then
-      lines=$(wc -l <$tmp/$name.jsonl)
-      [ $cpu0 -lt 0 ] && { cpu0=$ticks; t0=$lines; }
-      cpu1=$ticks; t1=$lines
-    fi
+    # a sample: wall seconds, the agents' CPU ticks, the steps logged
+    [ -s $tmp/$name.jsonl ] && samples="$samples $EPOCHREALTIME:$ticks:$(wc -l <$tmp/$name.jsonl)"
     sleep 0.2
   done
-  wait $pid || { cat $tmp/$name.log; exit 1; }
+  # (run's output is read by the caller: the log goes to stderr)
+  wait $pid || { cat $tmp/$name.log >&2; echo failed; exit 1; }
   peaks=$(for h in $(seq 0 $((hosts - 1))); do printf "%s/" "${hwm[$h]:-?}"; done)
-  # CPU seconds a step: from the end of step 0 to the last poll's step count
-  echo "${peaks%/} $(awk -v a=$cpu0 -v b=$cpu1 -v s=$t0 -v e=$t1 -v hz=$(getconf CLK_TCK) \
-    'BEGIN {printf "%.2f", (e > s && a >= 0) ? (b - a) / hz / (e - s) : -1}')"
+  # CPU seconds a step: the agents' CPU rate from the first sample after
+  # step 0 to the last one before the last step was logged (the last step
+  # is often logged right before the agents exit, after the last poll),
+  # times the mean step time of steps >= 1
+  echo "${peaks%/} $(python3 -c 'import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+hz = float(sys.argv[2])
+s = [tuple(map(float, x.split(":"))) for x in sys.argv[3:]]
+s = [x for x in s if 1 <= x[2] < len(rows)]
+step = [r["step_time_s"] for r in rows[1:]]
+ok = len(s) >= 2 and s[-1][0] > s[0][0] and step
+print("%.2f" % ((s[-1][1] - s[0][1]) / hz / (s[-1][0] - s[0][0]) * sum(step) / len(step) if ok else -1))' \
+    $tmp/$name.jsonl $(getconf CLK_TCK) $samples)"
 }
 
 printf "| mesh | M | schedule | step s | plan s | error | cpu s/step | plan cpu s | cpu error | action cpu s, measured/plan (error) | bubble share | plan share | idle s | idle s per device | zb/base idle s | zb/base share | W-fillable s | peak MiB per host | load |\n"
@@ -89,13 +100,16 @@ for mesh in $meshes; do
     2x2) hosts=2 dph=2 pp="dcn_pipeline_parallelism=2 ici_pipeline_parallelism=2" ;;
   esac
   for M in $ms; do
-    for s in $scheds; do
+    for sv in $scheds; do
+      # SCHED/fill, SCHED/nofill: the schedule with pipeline_fill_waits true, false
+      s=${sv%/*}; fk=""
+      case $sv in */fill) fk="pipeline_fill_waits=true" ;; */nofill) fk="pipeline_fill_waits=false" ;; esac
       case $s in
         circular) sk="num_pipeline_repeats=2" ;;
         interleaved_1f1b | zbv) sk="" ;;
         *) sk="num_layers_per_pipeline_stage=2" ;;
       esac
-      args="$pp pipeline_schedule=$s num_pipeline_microbatches=$M $sk"
+      args="$pp pipeline_schedule=$s num_pipeline_microbatches=$M $sk $fk"
       load=$(cut -d' ' -f1 /proc/loadavg)
       "$bin" plan $model --hosts $hosts --devices-per-host $dph $args --cores auto \
         --link-gbps "$gbps" --link-latency-us "$lat_us" >$tmp/plan 2>&1 || { cat $tmp/plan; exit 1; }
@@ -103,8 +117,9 @@ for mesh in $meshes; do
       pcpu=$(awk '/^work:/ {print $2}' $tmp/plan)
       pbub=$(sed -n "s/.*idle \([0-9.]*\) of the worst.*/\1/p" $tmp/plan)
       pkind=$(sed -n 's/^work by action: \([^ ]*\) s,.*/\1/p' $tmp/plan)
-      name=${mesh}_${M}_$s
+      name=${mesh}_${M}_${sv//\//_}
       read -r peaks cpu < <(run $name $hosts $dph $args)
+      [ "$peaks" != failed ] || { echo "sched.sh: run $name failed (its log above)" >&2; exit 1; }
       read -r step bub idle idles kind fill < <(bench/sched.py $tmp/$name.jsonl $tmp/$name.json)
       # per action kind: measured/plan (error), the kinds either has
       kinds=$(python3 -c 'import sys
@@ -125,7 +140,7 @@ print(" ".join(f"{k} {float(m.get(k, 0)):.2f}/{float(p.get(k, 0)):.2f} ({100 * (
       err=$(awk -v p="$pred" -v m="$step" 'BEGIN {printf "%+.0f%%", 100 * (p - m) / m}')
       cerr=$(awk -v p="$pcpu" -v m="$cpu" 'BEGIN {printf "%+.0f%%", 100 * (p - m) / m}')
       printf "| %s | %s | %s | %.2f | %.2f | %s | %s | %.2f | %s | %s | %.3f | %.3f | %.2f | %s | %s | %s | %.2f | %s | %s |\n" \
-        "$mesh" "$M" "$s" "$step" "$pred" "$err" "$cpu" "$pcpu" "$cerr" "$kinds" "$bub" "$pbub" "$idle" "$idles" \
+        "$mesh" "$M" "$sv" "$step" "$pred" "$err" "$cpu" "$pcpu" "$cerr" "$kinds" "$bub" "$pbub" "$idle" "$idles" \
         "$rel" "$rels" "$fill" "$peaks" "$load"
     done
   done

@@ -618,6 +618,13 @@ out_done:
 	return rc;
 }
 
+int xport_test(struct xreq *r, char *err, size_t errlen)
+{
+	if (r->x->ops.flush)
+		r->x->ops.flush(r->x->ops_ctx);
+	return xport_wait(r, 0, err, errlen);
+}
+
 void xport_fail(struct xport *x, int rc, const char *msg)
 {
 	pthread_mutex_lock(&x->mu);

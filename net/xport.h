@@ -150,6 +150,11 @@ void xport_set_poll_spin(struct xport *x, uint64_t spin_ns);
  * A remote request is polled for (see xport_set_poll_spin), then slept on;
  * its completion wakes exactly this thread, and only if it sleeps. */
 int xport_wait(struct xreq *req, uint64_t deadline_ns, char *err, size_t errlen);
+/* xport_wait(req, 0, ...) after sending what a posted receive held back
+ * (the flush hook): a receive tested this way, and not waited for yet,
+ * still gets its data. 0 (req freed), -EAGAIN (pending), or a failure
+ * as xport_wait's. */
+int xport_test(struct xreq *req, char *err, size_t errlen);
 
 /* Fails every pending and future request with rc and message msg (e.g.
  * "lost host 2 (127.0.0.1:7002): no heartbeat for 4.0 s"). First call wins. */

@@ -6,7 +6,10 @@
  * executor runs, recompute on and off, a dense and an MoE model: one
  * step's loss and every parameter's gradient (summed over the stages
  * that hold it) equal the step without a pipeline on one device, and a
- * second run is bit-identical. */
+ * second run is bit-identical. Filling receive waits with W's
+ * (pipe_exec_set_fill): with a probe that reports every receive late
+ * at first, W's run ahead, and the loss, every gradient and the order
+ * of the grads_done hooks are those of table order, bit for bit. */
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -49,6 +52,10 @@ struct mailbox {
 struct stage_ctx {
 	struct mailbox *mb;
 	int me;
+	int recvs, probe_at;  /* receives taken; the receive probed last */
+	/* the grads_done hooks in the order they came: l0, l1, landed */
+	int hooks[64][3];
+	int nhooks;
 };
 
 static int mb_send(void *ctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes)
@@ -77,6 +84,7 @@ static int mb_recv(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, s
 	struct mailbox *b = c->mb;
 	struct msg *m;
 	pthread_mutex_lock(&b->mu);
+	c->recvs++;
 	while (!(m = find(b, dev, c->me, kind, idx)))
 		pthread_cond_wait(&b->cv, &b->mu);
 	ck_assert(!m->taken && m->bytes == bytes);
@@ -110,6 +118,37 @@ static int mb_flush(void *ctx)
 		while (b->m[i].from == c->me && !b->m[i].taken)
 			pthread_cond_wait(&b->cv, &b->mu);
 	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
+
+/* A receive is late the first time it is probed (whether its send has
+ * come or not), and after that arrived once its send has come. */
+static int mb_probe(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes)
+{
+	struct stage_ctx *c = ctx;
+	struct mailbox *b = c->mb;
+	(void)buf, (void)bytes;
+	pthread_mutex_lock(&b->mu);
+	bool first = c->probe_at != c->recvs, here = find(b, dev, c->me, kind, idx);
+	c->probe_at = c->recvs;
+	pthread_mutex_unlock(&b->mu);
+	return !first && here;
+}
+
+/* Every receive arrived: nothing to fill. */
+static int mb_probe_here(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes)
+{
+	(void)ctx, (void)dev, (void)kind, (void)idx, (void)buf, (void)bytes;
+	return 1;
+}
+
+static int record_hook(void *ctx, int l0, int l1, bool landed)
+{
+	struct stage_ctx *c = ctx;
+	ck_assert_int_lt(c->nhooks, 64);
+	c->hooks[c->nhooks][0] = l0;
+	c->hooks[c->nhooks][1] = l1;
+	c->hooks[c->nhooks++][2] = landed;
 	return 0;
 }
 
@@ -201,9 +240,14 @@ struct result {
 	double loss, sq[MODEL_MAX_PARAMS];
 	float *g;  /* stage 0's gradients (for the rerun) */
 	size_t n;
+	int fills;  /* W's run ahead, over the stages */
+	int hooks[MAXS][64][3], nhooks[MAXS];
 };
 
-static void pipelined(struct result *res, bool moe, int S, const char *sched, bool recompute)
+/* fill: probe receives (FILL_LATE: late at first; FILL_HERE: every one
+ * arrived) and fill their waits with W's; the grads_done hooks recorded. */
+enum { FILL_OFF, FILL_LATE, FILL_HERE };
+static void pipelined_fill(struct result *res, bool moe, int S, const char *sched, bool recompute, int fill)
 {
 	struct cfg c;
 	struct model_dims d;
@@ -239,8 +283,12 @@ static void pipelined(struct result *res, bool moe, int S, const char *sched, bo
 		model_init(st[s].m, 11, 0.2f);
 		ck_assert_msg(pipe_exec_new(&st[s].x, &t, s, pc.first_layer, dev, st[s].m, mb, err, sizeof(err)) == 0,
 			      "%s", err);
-		st[s].ctx = (struct stage_ctx){ .mb = &box, .me = s };
-		st[s].io = (struct pipe_p2p){ mb_send, mb_recv, mb_wait_send, mb_flush, &st[s].ctx };
+		st[s].ctx = (struct stage_ctx){ .mb = &box, .me = s, .probe_at = -1 };
+		st[s].io = (struct pipe_p2p){ mb_send, mb_recv, mb_wait_send, mb_flush,
+					      fill == FILL_LATE ? mb_probe : fill == FILL_HERE ? mb_probe_here : NULL,
+					      &st[s].ctx };
+		pipe_exec_set_fill(st[s].x, fill != FILL_OFF);
+		pipe_exec_set_hooks(st[s].x, &(struct pipe_hooks){ .grads_done = record_hook, .ctx = &st[s].ctx });
 		st[s].comm = (struct model_comm){ .all_gather = mb_all_gather, .ctx = &st[s].ctx };
 		st[s].in = in;
 		st[s].tg = tg;
@@ -248,10 +296,14 @@ static void pipelined(struct result *res, bool moe, int S, const char *sched, bo
 	for (int s = 0; s < S; s++)
 		pthread_create(&st[s].th, NULL, stage_main, &st[s]);
 	res->loss = 0;
+	res->fills = 0;
 	for (int s = 0; s < S; s++) {
 		pthread_join(st[s].th, NULL);
 		ck_assert_int_eq(st[s].rc, 0);
 		res->loss += st[s].loss;
+		res->fills += pipe_exec_fills(st[s].x);
+		res->nhooks[s] = st[s].ctx.nhooks;
+		memcpy(res->hooks[s], st[s].ctx.hooks, sizeof(res->hooks[s]));
 	}
 	/* gradients: a tensor split over stage is held once; the others are
 	 * summed over the stages first */
@@ -285,6 +337,11 @@ static void pipelined(struct result *res, bool moe, int S, const char *sched, bo
 	pthread_barrier_destroy(&box.bar);
 	free(in);
 	free(tg);
+}
+
+static void pipelined(struct result *res, bool moe, int S, const char *sched, bool recompute)
+{
+	pipelined_fill(res, moe, S, sched, recompute, FILL_OFF);
 }
 
 /* The same batch on one device, the step without a pipeline. */
@@ -367,6 +424,46 @@ START_TEST(test_moe)
 }
 END_TEST
 
+/* W's run in receive waits: the bits and the hooks' order of table
+ * order, for the split-backward schedules (dense: S 2 and 4, recompute
+ * on and off; MoE: S 2). */
+static void fill_same(bool moe, int S, const char *sched, bool recompute)
+{
+	struct result in_order, filled, ready;
+	pipelined_fill(&in_order, moe, S, sched, recompute, FILL_OFF);
+	pipelined_fill(&filled, moe, S, sched, recompute, FILL_LATE);
+	pipelined_fill(&ready, moe, S, sched, recompute, FILL_HERE);
+	ck_assert_int_eq(in_order.fills, 0);
+	ck_assert_int_eq(ready.fills, 0);  /* nothing waited: table order */
+	ck_assert(ready.loss == in_order.loss);
+	ck_assert(!memcmp(ready.g, in_order.g, sizeof(float) * ready.n));
+	ck_assert_msg(filled.fills > 0, "%s S=%d: no W ran in a receive wait", sched, S);
+	ck_assert_msg(filled.loss == in_order.loss, "%s S=%d: loss %a, in order %a", sched, S, filled.loss,
+		      in_order.loss);
+	ck_assert(!memcmp(filled.sq, in_order.sq, sizeof(filled.sq)));
+	ck_assert(!memcmp(filled.g, in_order.g, sizeof(float) * filled.n));
+	for (int s = 0; s < S; s++) {
+		ck_assert_int_gt(filled.nhooks[s], 0);
+		ck_assert_int_eq(filled.nhooks[s], in_order.nhooks[s]);
+		ck_assert(!memcmp(filled.hooks[s], in_order.hooks[s], sizeof(int) * 3 * (size_t)filled.nhooks[s]));
+	}
+	free(in_order.g);
+	free(filled.g);
+	free(ready.g);
+}
+
+START_TEST(test_fill_waits)
+{
+	const char *split[] = { "zb_h1", "zbv" };
+	for (int k = 0; k < 2; k++) {
+		for (int S = 2; S <= 4; S += 2)
+			for (int rc = 0; rc < 2; rc++)
+				fill_same(false, S, split[k], rc);
+		fill_same(true, 2, split[k], false);
+	}
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("exec");
@@ -375,6 +472,10 @@ int main(void)
 	tcase_add_test(tc, test_dense);
 	tcase_add_test(tc, test_moe);
 	suite_add_tcase(s, tc);
+	TCase *tf = tcase_create("fill_waits");
+	tcase_set_timeout(tf, 120);
+	tcase_add_test(tf, test_fill_waits);
+	suite_add_tcase(s, tf);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
 	int failed = srunner_ntests_failed(sr);

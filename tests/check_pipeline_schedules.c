@@ -79,7 +79,8 @@ static void eval_hex(const char *dir, char *hex, size_t n)
 /* The split backward changes no bit: I then W adds each weight gradient
  * as B does, in the same microbatch order, so zb_h1 trains exactly as
  * 1f1b and zbv as interleaved_1f1b (their tables differ only in when the
- * W's run, and zbv's chunk placement); the trace shows each stage's I
+ * W's run, and zbv's chunk placement; zb_h1 also runs W's in receive
+ * waits); the trace shows each stage's I
  * and W, no B; and the checkpoints are in layer order (zbv's stages
  * store their V's layers, one device evaluates both alike). */
 static void same_losses(const char *cmd, const char *a, const char *b, const char *trace)
@@ -134,9 +135,12 @@ static int spans(const char *trace, int tid, const char *op)
 START_TEST(test_split_bit_identical)
 {
 	char cmd[512];
-	snprintf(cmd, sizeof(cmd), "local --hosts 1 --devices-per-host 2 --config " LLAMA " steps=10 "
-		 "per_device_batch_size=4 " PP2 " num_pipeline_microbatches=4 base_num_decoder_layers=4 "
-		 "num_layers_per_pipeline_stage=2 pipeline_recompute=false");
+	/* two hosts: zb_h1's receives go over TLS, so the W's that fill
+	 * their waits (pipeline_fill_waits) probe remote receives */
+	snprintf(cmd, sizeof(cmd), "local --hosts 2 --devices-per-host 1 --config " LLAMA " steps=10 "
+		 "per_device_batch_size=4 ici_data_parallelism=1 dcn_data_parallelism=1 dcn_pipeline_parallelism=2 "
+		 "num_pipeline_microbatches=4 base_num_decoder_layers=4 num_layers_per_pipeline_stage=2 "
+		 "pipeline_recompute=false pipeline_fill_waits=true");
 	same_losses(cmd, "1f1b", "zb_h1", "zb.json");
 	for (int d = 0; d < 2; d++) {  /* 10 steps x 4 microbatches, one chunk a stage */
 		ck_assert_int_eq(spans("zb.json", d, "I"), 40);

@@ -104,7 +104,9 @@ static int plan(const struct plan_args *pa, const struct args *a)
 			/* one device's OpenBLAS threads, as an agent gets them */
 			if (!th)
 				th = mc.cores > devs ? (int)(mc.cores / devs) : 1;
-			rc = perf_measure(c, mb, th, &pcm, err, sizeof(err));
+			/* beside the other devices of its machine, as in a run:
+			 * with --cores every device shares this one */
+			rc = perf_measure(c, mb, th, (pa->cores ? devs : dph) - 1, &pcm, err, sizeof(err));
 			pc = &pcm;
 		} else if (!rc) {
 			perf_analytic(&d, mb, pa->flops, &pcm);

@@ -474,7 +474,7 @@ static int measured_costs(const struct cfg *c, const struct pipe_config *pc, con
 			  struct pipe_costs *out, char *err, size_t errlen)
 {
 	struct perf_compute m;
-	int rc = perf_measure(c, pc->microbatch_rows, 1, &m, err, errlen), k = d->L_moe > 0;
+	int rc = perf_measure(c, pc->microbatch_rows, 1, 0, &m, err, errlen), k = d->L_moe > 0;
 	if (rc)
 		return rc;
 	double unit = m.f_layer[k] / 2;

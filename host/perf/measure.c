@@ -2,13 +2,19 @@
  * perf.h): the model's own stage calls at the model's shapes, one
  * microbatch of rows on one device, one layer of each kind (forward,
  * backward, and the split backward's I and W on their own); each figure
- * the median of a few runs' CPU seconds after a warm-up (what the
- * computation costs, whatever else runs); and how many cores the
+ * the median of a few runs' CPU seconds after a warm-up of at least
+ * WARM_S (what the computation costs, whatever else runs), taken while
+ * the step's other devices compute beside it as they do in a run (the
+ * same layer's forward on as many threads: they share the cores, caches
+ * and clock; one thread alone on an idle machine measured up to a third
+ * less than the run's actions cost); and how many cores the
  * devices of a machine get between them now when they all compute at
  * once (their CPU seconds over the wall seconds: the machine's other load
  * is in that). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +25,7 @@
 #include "kernels/kernels.h"
 
 #define RUNS 5
+#define WARM_S 0.5
 
 /* CPU seconds of this process (every thread: OpenBLAS's too) or of the
  * calling thread: what a computation costs, whatever else the machine
@@ -40,8 +47,11 @@ static void best(double *b, double t)
 		*b = t;
 }
 
-/* One layer of kind moe of d at rows sequences: the best of RUNS. */
-static int measure_layer(const struct model_dims *d, bool moe, int rows, struct times *out, char *err, size_t errlen)
+/* One layer of kind moe of d at rows sequences: the median of RUNS, in
+ * CPU seconds of clk (the process's, or with threads computing beside
+ * it the calling thread's). */
+static int measure_layer(const struct model_dims *d, bool moe, int rows, clockid_t clk, struct times *out,
+			 char *err, size_t errlen)
 {
 	struct model_dims one = *d;
 	one.bsplit = 0;  /* a layer's compute, measured unsplit (the batch split's overlap is not modelled) */
@@ -64,32 +74,35 @@ static int measure_layer(const struct model_dims *d, bool moe, int rows, struct 
 	}
 	if (!rc)
 		model_init(m, 1, 0.02f);
+	double w0 = util_now_s();
 	for (int r = 0; !rc && r <= RUNS; r++) {
 		struct model_step st = { .loss_scale = 1.0f / (float)N, .global_tokens = (double)N };
 		double l, t[8];
 		model_step_begin(m, &st);
-		t[0] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		t[0] = cpu_s(clk);
 		rc = model_embed_forward(m, x, in);
-		t[1] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		t[1] = cpu_s(clk);
 		rc = rc ? rc : model_layers_forward(m, 0, 1, y, x);
-		t[2] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		t[2] = cpu_s(clk);
 		rc = rc ? rc : model_head_forward(m, &l, y, tg);
 		rc = rc ? rc : model_head_backward(m, dy, y, tg);
 		if (!rc)
 			memcpy(dy0, dy, sizeof(float) * NC);
-		t[3] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		t[3] = cpu_s(clk);
 		rc = rc ? rc : model_layers_backward(m, 0, 1, dy, x);
-		t[4] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		t[4] = cpu_s(clk);
 		rc = rc ? rc : model_embed_backward(m, dy, in);
-		t[5] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		t[5] = cpu_s(clk);
 		rc = rc ? rc : model_layers_backward_input(m, 0, 1, dx, dy0, x);
-		t[6] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		t[6] = cpu_s(clk);
 		rc = rc ? rc : model_layers_backward_weight(m, 0, 1, dy0, x);
-		t[7] = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
+		t[7] = cpu_s(clk);
 		int erc = model_step_end(m);
 		rc = rc ? rc : erc;
-		if (r == 0)
-			continue;  /* warm-up */
+		if (r == 0 && util_now_s() - w0 < WARM_S)
+			r--;       /* still warming up */
+		if (r <= 0)
+			continue;
 		for (int k = 0; k < 7; k++)
 			runs[k][r - 1] = t[k + 1] - t[k];
 	}
@@ -157,41 +170,6 @@ static double measure_ns(int c)
 	return b;
 }
 
-int perf_measure(const struct cfg *c, int rows, int threads, struct perf_compute *pc, char *err, size_t errlen)
-{
-	struct model_dims d;
-	struct times t[2];
-	int rc = model_dims_from_cfg(&d, c, err, errlen), prev = blas_get_threads();
-	if (rc)
-		return rc;
-	memset(pc, 0, sizeof(*pc));
-	if (threads > 0)
-		blas_set_threads(threads);
-	rc = measure_layer(&d, false, rows, &t[0], err, errlen);
-	if (!rc && d.L_moe)
-		rc = measure_layer(&d, true, rows, &t[1], err, errlen);
-	else
-		t[1] = t[0];
-	blas_set_threads(prev);
-	if (rc)
-		return rc;
-	for (int k = 0; k < 2; k++) {
-		pc->f_layer[k] = t[k].layer_f;
-		pc->b_layer[k] = t[k].layer_b;
-		pc->i_layer[k] = t[k].layer_i;
-		pc->w_layer[k] = t[k].layer_w;
-	}
-	pc->head = t[0].head;
-	pc->embed_f = t[0].embed_f;
-	pc->embed_b = t[0].embed_b;
-	pc->opt_per_float = measure_optimizer();
-	if (!strcmp(c->opt_type, "muon"))
-		pc->ns_per_flop = measure_ns(d.C);
-	pc->rows = rows;
-	pc->threads = threads > 0 ? threads : prev;
-	return 0;
-}
-
 /* ---- cores: one layer's forward on n threads at once ---- */
 
 struct spin {
@@ -199,6 +177,7 @@ struct spin {
 	int rows;
 	double seconds, cpu, wall;
 	pthread_barrier_t *bar;
+	atomic_bool *stop;  /* NULL: for `seconds` */
 	int rc;
 };
 
@@ -221,7 +200,7 @@ static void *spin_main(void *arg)
 	double t0 = util_now_s(), t = t0, c0 = util_thread_cpu_s();
 	int calls = 0;
 	struct model_step st = { .loss_scale = 1, .global_tokens = 1 };
-	while (!sp->rc && (t - t0 < sp->seconds || calls < 2)) {
+	while (!sp->rc && (sp->stop ? !atomic_load(sp->stop) : t - t0 < sp->seconds || calls < 2)) {
 		model_step_begin(m, &st);
 		model_layers_forward(m, 0, 1, y, x);
 		model_step_end(m);
@@ -236,27 +215,94 @@ static void *spin_main(void *arg)
 	return NULL;
 }
 
+/* n threads running a layer's forward, started together: for `seconds`,
+ * or until *stop (then the caller is the n + 1st of the barrier). */
+struct spinners {
+	pthread_t th[64];
+	struct spin sp[64];
+	pthread_barrier_t bar;
+	atomic_bool stop;
+	int n;
+};
+
+static void spin_start(struct spinners *g, const struct model_dims *d, int rows, int n, double seconds, bool until)
+{
+	g->n = n > 64 ? 64 : n;
+	atomic_init(&g->stop, false);
+	pthread_barrier_init(&g->bar, NULL, (unsigned)(g->n + until));
+	for (int i = 0; i < g->n; i++) {
+		g->sp[i] = (struct spin){ .d = d, .rows = rows, .seconds = seconds, .bar = &g->bar,
+					  .stop = until ? &g->stop : NULL };
+		pthread_create(&g->th[i], NULL, spin_main, &g->sp[i]);
+	}
+	if (until)
+		pthread_barrier_wait(&g->bar);
+}
+
+/* Joins them; returns their CPU seconds over the wall seconds. */
+static double spin_join(struct spinners *g)
+{
+	double cpu = 0, wall = 0;
+	atomic_store(&g->stop, true);
+	for (int i = 0; i < g->n; i++) {
+		pthread_join(g->th[i], NULL);
+		cpu += g->sp[i].cpu;
+		wall = g->sp[i].wall > wall ? g->sp[i].wall : wall;
+	}
+	pthread_barrier_destroy(&g->bar);
+	return wall > 0 ? cpu / wall : 0;
+}
+
 /* The cores n threads running a layer's forward at once get: their CPU
  * seconds over the wall seconds. */
 static double spin(const struct model_dims *d, int rows, int n, double seconds)
 {
-	pthread_t th[64];
-	struct spin sp[64];
-	pthread_barrier_t bar;
-	double cpu = 0, wall = 0;
-	n = n > 64 ? 64 : n;
-	pthread_barrier_init(&bar, NULL, (unsigned)n);
-	for (int i = 0; i < n; i++) {
-		sp[i] = (struct spin){ .d = d, .rows = rows, .seconds = seconds, .bar = &bar };
-		pthread_create(&th[i], NULL, spin_main, &sp[i]);
+	struct spinners g;
+	spin_start(&g, d, rows, n, seconds, false);
+	return spin_join(&g);
+}
+
+int perf_measure(const struct cfg *c, int rows, int threads, int beside, struct perf_compute *pc,
+		 char *err, size_t errlen)
+{
+	struct model_dims d;
+	struct times t[2];
+	struct spinners g;
+	int rc = model_dims_from_cfg(&d, c, err, errlen), prev = blas_get_threads();
+	if (rc)
+		return rc;
+	memset(pc, 0, sizeof(*pc));
+	if (threads > 0)
+		blas_set_threads(threads);
+	/* the thread's CPU beside other threads: OpenBLAS's own threads
+	 * would be missed, so only with one */
+	beside = threads <= 1 ? beside : 0;
+	clockid_t clk = beside > 0 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID;
+	spin_start(&g, &d, rows, beside, 0, true);
+	rc = measure_layer(&d, false, rows, clk, &t[0], err, errlen);
+	if (!rc && d.L_moe)
+		rc = measure_layer(&d, true, rows, clk, &t[1], err, errlen);
+	else
+		t[1] = t[0];
+	spin_join(&g);
+	blas_set_threads(prev);
+	if (rc)
+		return rc;
+	for (int k = 0; k < 2; k++) {
+		pc->f_layer[k] = t[k].layer_f;
+		pc->b_layer[k] = t[k].layer_b;
+		pc->i_layer[k] = t[k].layer_i;
+		pc->w_layer[k] = t[k].layer_w;
 	}
-	for (int i = 0; i < n; i++) {
-		pthread_join(th[i], NULL);
-		cpu += sp[i].cpu;
-		wall = sp[i].wall > wall ? sp[i].wall : wall;
-	}
-	pthread_barrier_destroy(&bar);
-	return wall > 0 ? cpu / wall : 0;
+	pc->head = t[0].head;
+	pc->embed_f = t[0].embed_f;
+	pc->embed_b = t[0].embed_b;
+	pc->opt_per_float = measure_optimizer();
+	if (!strcmp(c->opt_type, "muon"))
+		pc->ns_per_flop = measure_ns(d.C);
+	pc->rows = rows;
+	pc->threads = threads > 0 ? threads : prev;
+	return 0;
 }
 
 double perf_measure_cores(const struct cfg *c, int rows, int threads, int devices, double seconds)

@@ -85,9 +85,12 @@ int perf_mb_rows(const struct cfg *c, const struct model_dims *d, char *err, siz
 
 /* Measures pc at rows microbatch rows of c's model with `threads`
  * OpenBLAS threads (one layer of each kind, the head, the embedding,
- * AdamW), each the median CPU seconds of a few runs. 0, -EINVAL with
- * err, -ENOMEM. */
-int perf_measure(const struct cfg *c, int rows, int threads, struct perf_compute *pc, char *err, size_t errlen);
+ * AdamW), each the median CPU seconds of a few runs after a warm-up,
+ * while `beside` threads run the layer's forward meanwhile (a run's
+ * other devices on the machine: 0 for the compute alone). 0, -EINVAL
+ * with err, -ENOMEM. */
+int perf_measure(const struct cfg *c, int rows, int threads, int beside, struct perf_compute *pc,
+		 char *err, size_t errlen);
 
 /* The cores the devices of one machine share, as the model needs them:
  * `devices` threads run one layer's forward at once for about `seconds`;

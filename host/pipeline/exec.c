@@ -5,7 +5,10 @@
  * last send from it is waited (the table reuses a buffer only once its
  * receiver took that send, so the wait is for a receive already done or
  * under way). Window slots: the non-layer tensors in 0, the table's
- * chunk slot k in 1 + k, the layers outside the pipeline in the last. */
+ * chunk slot k in 1 + k, the layers outside the pipeline in the last.
+ * The one departure from table order: a W run ahead in a receive's wait
+ * (pipe_exec_set_fill; fill_wait below), marked so the loop skips it at
+ * its own place. */
 #include "host/pipeline/exec.h"
 
 #include <errno.h>
@@ -47,6 +50,13 @@ struct pipe_exec {
 	uint8_t *after;              /* [n] AFTER_* events once the action at k ran */
 	bool *last_rs;               /* [n] a reduce-scatter that is its group's last */
 	int landing_k;               /* such a reduce-scatter in flight, or -1 */
+	/* filling receive waits (pipe_exec_set_fill) */
+	bool fill;                   /* asked for */
+	bool filling;                /* this step: asked, and possible */
+	bool ahead;                  /* the action running is a W run ahead */
+	int *w_of_i;                 /* [n] a W's I (its index), else -1 */
+	bool *ran;                   /* [n] run ahead of its place this step */
+	int fills;
 	/* the table's leading gathers, started before the step
 	 * (pipe_exec_prefetch) */
 	int npre;
@@ -187,6 +197,23 @@ static int mark_events(struct pipe_exec *x)
 	return 0;
 }
 
+/* Each W's I, for filling receive waits with W's. */
+static int mark_w(struct pipe_exec *x)
+{
+	x->w_of_i = malloc(sizeof(int) * (size_t)(x->n + 1));
+	x->ran = calloc((size_t)x->n + 1, sizeof(bool));
+	if (!x->w_of_i || !x->ran)
+		return -ENOMEM;
+	for (int k = 0; k < x->n; k++) {
+		const struct pipe_action *a = &x->a[k];
+		x->w_of_i[k] = -1;
+		for (int i = k - 1; a->op == PA_W && i >= 0 && x->w_of_i[k] < 0; i--)
+			if (x->a[i].op == PA_I && x->a[i].mb == a->mb && x->a[i].chunk == a->chunk)
+				x->w_of_i[k] = i;
+	}
+	return 0;
+}
+
 int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int first_layer,
 		  const int *stage_dev, struct model *m, int mb_rows, char *err, size_t errlen)
 {
@@ -208,7 +235,8 @@ int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int f
 	if ((rc = check_model(x, err, errlen)))
 		goto fail;
 	x->stage_dev = malloc(sizeof(int) * (size_t)S);
-	if (!x->stage_dev || alloc_bufs(x, mb_rows * d->T, d->C) || mark_events(x))
+	if (!x->stage_dev || alloc_bufs(x, mb_rows * d->T, d->C) || mark_events(x) ||
+	    mark_w(x))
 		goto oom;
 	memcpy(x->stage_dev, stage_dev, sizeof(int) * (size_t)S);
 	*out = x;
@@ -234,10 +262,14 @@ void pipe_exec_free(struct pipe_exec *x)
 	free(x->times);
 	free(x->after);
 	free(x->last_rs);
+	free(x->w_of_i);
+	free(x->ran);
 	free(x);
 }
 
 void pipe_exec_poison(struct pipe_exec *x, int on) { x->poison = on; }
+void pipe_exec_set_fill(struct pipe_exec *x, bool on) { x->fill = on; }
+int pipe_exec_fills(const struct pipe_exec *x) { return x->fills; }
 int pipe_exec_gathers(const struct pipe_exec *x) { return x->gathers; }
 const struct pipe_table *pipe_exec_table(const struct pipe_exec *x) { return &x->t; }
 
@@ -483,7 +515,10 @@ int pipe_exec_grad_order(const struct pipe_exec *x, int *l0, int *l1, int max)
 static int run_weights(struct pipe_exec *x, const struct pipe_action *a)
 {
 	struct win *w = model_window(x->m);
-	int k = wslot(x, a), l0 = WIN_NONLAYER, l1 = 0, nb, a0;
+	int k = wslot(x, a), l0 = WIN_NONLAYER, l1 = 0, nb, a0, rc;
+	/* a W run ahead left its slot's gather (of no weights) unwaited */
+	if (x->filling && a->chunk >= 0 && a->op != PA_GATHER && (rc = win_wait(w, k)))
+		return rc;
 	switch (a->op) {
 	case PA_GATHER:
 		x->gzero[k] = true;
@@ -500,7 +535,6 @@ static int run_weights(struct pipe_exec *x, const struct pipe_action *a)
 		return 0;
 	default: {
 		/* the gradients are packed and sent: the next write starts from 0 */
-		int rc;
 		x->gzero[k] = true;
 		/* the one in flight lands first: its group may be final now */
 		if ((rc = win_scatter_finish(w)) || (rc = landed(x)) || (rc = win_scatter_start(w, k)))
@@ -625,7 +659,11 @@ static int run_backward(struct pipe_exec *x, const struct pipe_action *a)
 	model_act_set(x->m, a->aset);
 	if (a->op != PA_B)
 		model_w_stash(x->m, a->wset);
-	if ((a->op == PA_I && (rc = reuse(x, a->buf[2]))) || (rc = use_slot(x, WSLOT(a->slot), a->op != PA_I)))
+	/* a W run ahead computes on the model's own weights and gradients
+	 * (the window gathers no layer: fill_wait), before its slot is
+	 * gathered */
+	if ((a->op == PA_I && (rc = reuse(x, a->buf[2]))) ||
+	    (!x->ahead && (rc = use_slot(x, WSLOT(a->slot), a->op != PA_I))))
 		return rc;
 	if (x->t.shape.recompute && a->op != PA_W &&
 	    (rc = model_layers_forward(x->m, l0, l1, scratch(x, 0), in)))
@@ -694,6 +732,50 @@ static int run_action(struct pipe_exec *x, const struct pipe_action *a)
 	return rc ? rc : after_action(x, (int)(a - x->a));
 }
 
+/* ---- filling receive waits ---- */
+
+/* The W the device may run ahead of the receive at k: the first W not
+ * run yet (W's keep their order), if its I has run and it completes no
+ * group (its grads_done hook stays in place); else -1. */
+static int owed_w(const struct pipe_exec *x, int k)
+{
+	for (int j = k + 1; j < x->n; j++) {
+		if (x->a[j].op != PA_W || x->ran[j])
+			continue;
+		return x->w_of_i[j] < k && !x->after[j] ? j : -1;
+	}
+	return -1;
+}
+
+/* Before the receive at k: while it has not arrived and a W is owed,
+ * runs that W. */
+static int fill_wait(struct pipe_exec *x, int k)
+{
+	const struct pipe_action *a = &x->a[k];
+	uint32_t kind, idx;
+	int b = a->buf[0], rc = reuse(x, b), j;
+	pipe_val_msg(&x->t, &a->val, &kind, &idx);
+	while (!rc && (j = owed_w(x, k)) >= 0) {
+		rc = x->io->probe(x->io->ctx, x->stage_dev[a->peer], kind, idx, x->buf[b], sizeof(float) * x->nf);
+		if (rc)
+			return rc < 0 ? rc : 0;
+		x->ahead = true;
+		rc = run_action(x, &x->a[j]);
+		x->ahead = false;
+		x->ran[j] = true;
+		x->fills++;
+	}
+	return rc;
+}
+
+/* Whether this step fills receive waits: asked for, a transport that
+ * probes, and a window that moves no layer weights (so a W needs none
+ * of the window's collectives). */
+static bool can_fill(const struct pipe_exec *x)
+{
+	return x->fill && x->io && x->io->probe && !win_moves(model_window(x->m), true) &&
+	       pipe_split_backward(x->t.shape.sched);
+}
 
 int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *targets,
 		   struct model_step *st, const struct pipe_p2p *io)
@@ -713,12 +795,21 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	for (int b = 0; b < x->t.bufs[x->stage]; b++)
 		x->sent[b].dev = -1;
 	x->landing_k = -1;
+	x->filling = can_fill(x);
+	x->fills = 0;
+	memset(x->ran, 0, sizeof(bool) * (size_t)x->n);
 	model_step_begin(x->m, st);
 	st->loss_sum = 0;
 	model_zero_counts(x->m);
 	/* the leading gathers a prefetch started are in flight already */
-	for (int k = x->npre; k < x->n && !rc; k++)
-		rc = run_action(x, &x->a[k]);
+	for (int k = x->npre; k < x->n && !rc; k++) {
+		if (x->ran[k])
+			continue;
+		if (x->filling && x->a[k].op == PA_RECV)
+			rc = fill_wait(x, k);
+		if (!rc)
+			rc = run_action(x, &x->a[k]);
+	}
 	x->npre = 0;
 	if (!rc && !(rc = win_scatter_finish(w)))
 		rc = landed(x);

@@ -51,6 +51,12 @@ struct pipe_p2p {
 	int (*recv)(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes);
 	int (*wait_send)(void *ctx, int dev, uint32_t kind, uint32_t idx);
 	int (*flush)(void *ctx);
+	/* Optional (NULL: a receive is only ever waited for). Posts the
+	 * receive of (dev, kind, idx) into buf, as recv would, unless it is
+	 * posted already, and tells without waiting whether it has arrived:
+	 * 1 yes, 0 not yet, or -errno. The recv of the same message that
+	 * follows takes the posted one (buf the same). */
+	int (*probe)(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes);
 	void *ctx;
 };
 
@@ -126,6 +132,21 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int max);
 int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm);
 int pipe_exec_prefetch_drop(struct pipe_exec *x);
+
+/* Filling receive waits (`pipeline_fill_waits`): at a receive that has
+ * not arrived (pipe_p2p.probe), the device runs the next weight
+ * gradient W it owes (its I has run) before waiting, and probes again,
+ * while W's are owed. Only where it moves no collective: the window
+ * moves no layer weights (a layer group's gather, release and
+ * reduce-scatter are bookkeeping, left in place; the moved W computes
+ * on the model's own weights and gradients), and the W completes no
+ * group (it would move a grads_done hook). W's keep their order among
+ * themselves; W's math does not depend on when it runs, so the bits do
+ * not move. on false, or a table without W's, or an io without probe:
+ * table order. Default off. */
+void pipe_exec_set_fill(struct pipe_exec *x, bool on);
+/* W's the last step ran ahead of their place, in receive waits. */
+int pipe_exec_fills(const struct pipe_exec *x);
 
 /* Sets the hooks every later step calls (NULL: none; copied). */
 void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h);

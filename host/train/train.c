@@ -76,7 +76,10 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 		coord[AX_STAGE] = s;
 		dev[s] = t->mesh ? mesh_device(t->mesh, coord) : 0;
 	}
-	return pipe_exec_new(&t->px, &tab, stage, pc.first_layer, dev, t->model, mb, err, errlen);
+	if ((rc = pipe_exec_new(&t->px, &tab, stage, pc.first_layer, dev, t->model, mb, err, errlen)))
+		return rc;
+	pipe_exec_set_fill(t->px, c->pipeline_fill_waits);
+	return 0;
 }
 
 /* The data a trainer reads: training data unless eval_only, held-out

@@ -70,6 +70,8 @@ struct job_ctx {
 	struct trainer *t;
 	struct p2p_send *sends;     /* point-to-point sends not yet waited */
 	int nsends, capsends;
+	struct p2p_send posted[4];  /* receives posted by a probe, not yet waited */
+	int nposted;
 };
 
 /* Runs a collective call, recording its span and the time spent in it. */
@@ -405,17 +407,59 @@ static int job_p2p_send(void *vctx, int dev, uint32_t kind, uint32_t idx, const 
 	return 0;
 }
 
+/* A receive a probe posted (r NULL: it has arrived): taken out of
+ * c->posted; false when there is none. */
+static bool take_posted(struct job_ctx *c, int dev, uint32_t kind, uint32_t idx, struct xreq **r)
+{
+	for (int i = 0; i < c->nposted; i++) {
+		struct p2p_send *p = &c->posted[i];
+		if (p->dev != dev || p->kind != kind || p->idx != idx)
+			continue;
+		*r = p->r;
+		*p = c->posted[--c->nposted];
+		return true;
+	}
+	*r = NULL;
+	return false;
+}
+
+/* Posts the receive (once) and tests it without waiting; the recv after
+ * it takes the posted one. */
+static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes)
+{
+	struct job_ctx *c = vctx;
+	struct xmeta m = p2p_meta(c, kind, idx);
+	struct xreq *r;
+	int rc = 0;
+	if (take_posted(c, dev, kind, idx, &r) && !r) {
+		c->posted[c->nposted++] = (struct p2p_send){ .dev = dev, .kind = kind, .idx = idx };
+		return 1;
+	}
+	if (!r && c->nposted == (int)(sizeof(c->posted) / sizeof(c->posted[0])))
+		return 1;  /* no room (the executor probes one at a time): not filled, the recv posts it */
+	if (!r && (rc = xport_irecv(c->xport, dev, c->device, &m, buf, bytes, &r))) {
+		xport_failed(c->xport, c->err, c->errlen);
+		return rc == -ENOMEM ? rc : -EHOSTDOWN;
+	}
+	rc = xport_test(r, c->err, c->errlen);
+	if (rc && rc != -EAGAIN)
+		return -EHOSTDOWN;  /* abandoned: the transport failed */
+	c->posted[c->nposted++] = (struct p2p_send){ .r = rc ? r : NULL, .dev = dev, .kind = kind, .idx = idx };
+	return !rc;
+}
+
 static int job_p2p_recv(void *vctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes)
 {
 	struct job_ctx *c = vctx;
 	struct xmeta m = p2p_meta(c, kind, idx);
 	struct xreq *r;
+	bool probed = take_posted(c, dev, kind, idx, &r);
 	double t0 = util_now_s();
-	int rc = xport_irecv(c->xport, dev, c->device, &m, buf, bytes, &r);
-	if (!rc)
-		rc = xport_wait(r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
-	else
+	int rc = probed ? 0 : xport_irecv(c->xport, dev, c->device, &m, buf, bytes, &r);
+	if (rc)
 		xport_failed(c->xport, c->err, c->errlen);
+	else if (r)  /* NULL: a probe saw it arrive */
+		rc = xport_wait(r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
 	double t1 = util_now_s();
 	c->waited_s += t1 - t0;
 	char name[24];
@@ -454,6 +498,11 @@ static int job_p2p_flush(void *vctx)
 			rc = -EHOSTDOWN;
 	}
 	c->nsends = 0;
+	/* a receive probed and never waited: only after a failed step */
+	for (int i = 0; i < c->nposted; i++)
+		if (c->posted[i].r)
+			xport_wait(c->posted[i].r, 1, NULL, 0);
+	c->nposted = 0;
 	c->waited_s += util_now_s() - t0;
 	trace_span(c->tr, "stage send wait", "comm", t0, util_now_s());
 	return rc;
@@ -747,7 +796,7 @@ int train_job(struct device_ctx *dev)
 		.bg = { .all_reduce = job_bg_all_reduce, .reduce_scatter = job_bg_reduce_scatter,
 			.all_gather = job_bg_all_gather, .wait = job_wait, .ctx = &jc },
 		.p2p = { .send = job_p2p_send, .recv = job_p2p_recv, .flush = job_p2p_flush,
-			 .wait_send = job_p2p_wait_send, .ctx = &jc },
+			 .wait_send = job_p2p_wait_send, .probe = job_p2p_probe, .ctx = &jc },
 	};
 	if (o->trace) {
 		jc.tr = malloc(sizeof(*jc.tr));
