@@ -24,7 +24,7 @@
 #include "host/util/clock.h"
 #include "kernels/kernels.h"
 
-#define RUNS 5
+#define RUNS 15
 #define WARM_S 0.5
 
 /* CPU seconds of this process (every thread: OpenBLAS's too) or of the
