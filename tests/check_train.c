@@ -270,57 +270,96 @@ START_TEST(test_tt_resume_and_eval)
 }
 END_TEST
 
+/* One complete span ("ph": "X") of a --trace file. */
+struct span {
+	int tid, dev, pid, step; /* dev: tid without the flight track's offset; step -1: none */
+	bool flight;             /* on the background collectives' track */
+	const char *name, *cat;  /* "" when absent; they point into the parsed trace */
+	double ts, dur;
+};
+
+struct spans {
+	cJSON *root;
+	struct span *v;
+	int n;
+};
+
+/* The complete spans of tmpdir/file in file order; fails the test when
+ * the file is not a trace. Free with spans_free. */
+static struct spans spans_read(const char *file)
+{
+	char *text = read_tmp(file);
+	struct spans t = { .root = cJSON_Parse(text) };
+	free(text);
+	ck_assert_msg(t.root, "%s: trace is not JSON", file);
+	cJSON *evs = cJSON_GetObjectItem(t.root, "traceEvents"), *e;
+	t.v = calloc((size_t)cJSON_GetArraySize(evs) + 1, sizeof(*t.v));
+	ck_assert_ptr_nonnull(t.v);
+	cJSON_ArrayForEach(e, evs) {
+		cJSON *ph = cJSON_GetObjectItem(e, "ph"), *args = cJSON_GetObjectItem(e, "args");
+		cJSON *name = cJSON_GetObjectItem(e, "name"), *cat = cJSON_GetObjectItem(e, "cat");
+		cJSON *step = args ? cJSON_GetObjectItem(args, "step") : NULL;
+		if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X"))
+			continue;
+		struct span *sp = &t.v[t.n++];
+		sp->tid = cJSON_GetObjectItem(e, "tid")->valueint;
+		sp->pid = cJSON_GetObjectItem(e, "pid")->valueint;
+		sp->flight = sp->tid >= TRACE_FLIGHT_TID;
+		sp->dev = sp->tid % TRACE_FLIGHT_TID;
+		sp->step = cJSON_IsNumber(step) ? step->valueint : -1;
+		sp->name = cJSON_IsString(name) ? name->valuestring : "";
+		sp->cat = cJSON_IsString(cat) ? cat->valuestring : "";
+		sp->ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
+		sp->dur = cJSON_GetObjectItem(e, "dur")->valuedouble;
+	}
+	return t;
+}
+
+static void spans_free(struct spans *t)
+{
+	cJSON_Delete(t->root);
+	free(t->v);
+}
+
 START_TEST(test_trace)
 {
 	char args[512];
 	snprintf(args, sizeof(args), "local --hosts 2 --devices-per-host 2 --config configs/llama-tiny.yml "
 		 "steps=3 ici_data_parallelism=1 ici_tensor_parallelism=2 --trace %s/t.json", tmpdir);
 	show_log_on_failure(run(args), 0);
-	char *text = read_tmp("t.json");
-	cJSON *root = cJSON_Parse(text);
-	ck_assert_msg(root, "trace is not JSON");
-	cJSON *evs = cJSON_GetObjectItem(root, "traceEvents"), *e;
+	struct spans t = spans_read("t.json");
 	int steps[4] = { 0 }, fb[4] = { 0 }, comm[4] = { 0 }, grads[4] = { 0 }, flight[4] = { 0 };
 	int inside = 0, spans = 0;
 	double st0[4][3] = { { 0 } }, st1[4][3] = { { 0 } };
-	cJSON_ArrayForEach(e, evs) {
-		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
-			continue;
-		int tid = cJSON_GetObjectItem(e, "tid")->valueint;
-		int pid = cJSON_GetObjectItem(e, "pid")->valueint;
-		const char *cat = cJSON_GetObjectItem(e, "cat")->valuestring;
+	for (int i = 0; i < t.n; i++) {
+		const struct span *sp = &t.v[i];
 		/* the background collectives' track: the bucket that ran */
-		if (tid >= TRACE_FLIGHT_TID) {
-			tid %= TRACE_FLIGHT_TID;
-			ck_assert_str_eq(cat, "flight");
-			ck_assert(tid >= 0 && tid < 4);
-			flight[tid] += !strncmp(cJSON_GetObjectItem(e, "name")->valuestring, "grads ", 6);
+		if (sp->flight) {
+			ck_assert_str_eq(sp->cat, "flight");
+			ck_assert(sp->dev >= 0 && sp->dev < 4);
+			flight[sp->dev] += !strncmp(sp->name, "grads ", 6);
 			continue;
 		}
+		int tid = sp->tid, step = sp->step;
 		ck_assert(tid >= 0 && tid < 4);
-		ck_assert_int_eq(pid, tid / 2); /* host of the device */
-		const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
-		int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
-		double ts = cJSON_GetObjectItem(e, "ts")->valuedouble, dur = cJSON_GetObjectItem(e, "dur")->valuedouble;
-		ck_assert(step >= 0 && step < 3 && dur >= 0);
-		if (!strcmp(name, "step")) {
+		ck_assert_int_eq(sp->pid, tid / 2); /* host of the device */
+		ck_assert(step >= 0 && step < 3 && sp->dur >= 0);
+		if (!strcmp(sp->name, "step")) {
 			steps[tid]++;
-			st0[tid][step] = ts;
-			st1[tid][step] = ts + dur;
+			st0[tid][step] = sp->ts;
+			st1[tid][step] = sp->ts + sp->dur;
 		}
-		fb[tid] += !strcmp(name, "forward+backward");
-		comm[tid] += !strcmp(cat, "comm") && strncmp(name, "grads ", 6);
-		grads[tid] += !strcmp(cat, "comm") && !strncmp(name, "grads ", 6);
+		fb[tid] += !strcmp(sp->name, "forward+backward");
+		comm[tid] += !strcmp(sp->cat, "comm") && strncmp(sp->name, "grads ", 6);
+		grads[tid] += !strcmp(sp->cat, "comm") && !strncmp(sp->name, "grads ", 6);
 	}
-	cJSON_ArrayForEach(e, evs) {
-		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X") ||
-		    !strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "step"))
+	for (int i = 0; i < t.n; i++) {
+		const struct span *sp = &t.v[i];
+		if (!strcmp(sp->name, "step"))
 			continue;
-		int tid = cJSON_GetObjectItem(e, "tid")->valueint % TRACE_FLIGHT_TID;
-		int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
-		double ts = cJSON_GetObjectItem(e, "ts")->valuedouble, dur = cJSON_GetObjectItem(e, "dur")->valuedouble;
+		ck_assert(sp->step >= 0 && sp->step < 3);
 		spans++;
-		inside += ts >= st0[tid][step] - 1 && ts + dur <= st1[tid][step] + 1;
+		inside += sp->ts >= st0[sp->dev][sp->step] - 1 && sp->ts + sp->dur <= st1[sp->dev][sp->step] + 1;
 	}
 	for (int d = 0; d < 4; d++) {
 		ck_assert_int_eq(steps[d], 3);
@@ -338,8 +377,7 @@ START_TEST(test_trace)
 		ck_assert_int_eq(flight[d], grads[d]);
 	}
 	ck_assert_int_eq(inside, spans);
-	cJSON_Delete(root);
-	free(text);
+	spans_free(&t);
 }
 END_TEST
 
@@ -366,28 +404,22 @@ START_TEST(test_bucket_starts_during_backward)
 	snprintf(args, sizeof(args), "local --hosts 2 --config configs/llama-tiny.yml steps=3 "
 		 "grad_bucket_mb=0.01 --trace %s/b.json", tmpdir);
 	show_log_on_failure(run(args), 0);
-	char *text = read_tmp("b.json");
-	cJSON *root = cJSON_Parse(text), *e;
-	ck_assert_msg(root, "trace is not JSON");
+	struct spans t = spans_read("b.json");
 	double queued[2][3], b0[2][3];
 	int ran[2][3] = { { 0 } };
 	for (int d = 0; d < 2; d++)
 		for (int s = 0; s < 3; s++)
 			queued[d][s] = b0[d][s] = -1;
-	cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
-		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
-			continue;
-		int tid = cJSON_GetObjectItem(e, "tid")->valueint, d = tid % TRACE_FLIGHT_TID;
-		int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
-		const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
-		double ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
+	for (int i = 0; i < t.n; i++) {
+		const struct span *sp = &t.v[i];
+		int d = sp->dev, step = sp->step;
 		ck_assert(d >= 0 && d < 2 && step >= 0 && step < 3);
-		if (tid >= TRACE_FLIGHT_TID && !strcmp(name, "q grads L1-1"))
-			queued[d][step] = ts;
-		else if (tid >= TRACE_FLIGHT_TID && !strcmp(name, "grads L1-1"))
+		if (sp->flight && !strcmp(sp->name, "q grads L1-1"))
+			queued[d][step] = sp->ts;
+		else if (sp->flight && !strcmp(sp->name, "grads L1-1"))
 			ran[d][step]++;
-		else if (tid < TRACE_FLIGHT_TID && !strcmp(name, "B mb0 c0"))
-			b0[d][step] = ts;
+		else if (!sp->flight && !strcmp(sp->name, "B mb0 c0"))
+			b0[d][step] = sp->ts;
 	}
 	for (int d = 0; d < 2; d++)
 		for (int s = 0; s < 3; s++) {
@@ -396,8 +428,7 @@ START_TEST(test_bucket_starts_during_backward)
 			ck_assert_msg(queued[d][s] < b0[d][s], "device %d step %d: layer 1's bucket queued at "
 				      "%.0f us, layer 0's backward began at %.0f us", d, s, queued[d][s], b0[d][s]);
 		}
-	cJSON_Delete(root);
-	free(text);
+	spans_free(&t);
 }
 END_TEST
 
@@ -417,9 +448,7 @@ START_TEST(test_zero1_collectives_under_compute)
 	snprintf(args, sizeof(args), "local --hosts 2 --config configs/llama-tiny.yml steps=3 "
 		 "shard_optimizer_over_data=true grad_bucket_mb=0.01 --trace %s/z.json", tmpdir);
 	show_log_on_failure(run(args), 0);
-	char *text = read_tmp("z.json");
-	cJSON *root = cJSON_Parse(text), *e;
-	ck_assert_msg(root, "trace is not JSON");
+	struct spans t = spans_read("z.json");
 	/* per device and step: the events' times, -1 when absent */
 	double rs1[2][3], b0[2][3], f0[2][3], w1[2][3], q[2][3][4];
 	int nq[2] = { 0 };
@@ -428,14 +457,12 @@ START_TEST(test_zero1_collectives_under_compute)
 	for (int a = 0; a < 5; a++)
 		for (size_t i = 0; i < cnt[a]; i++)
 			all[a][i] = -1;
-	cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
-		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
-			continue;
-		int tid = cJSON_GetObjectItem(e, "tid")->valueint, d = tid % TRACE_FLIGHT_TID;
-		int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
-		const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
-		double ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
-		bool flight = tid >= TRACE_FLIGHT_TID;
+	for (int i = 0; i < t.n; i++) {
+		const struct span *sp = &t.v[i];
+		int d = sp->dev, step = sp->step;
+		const char *name = sp->name;
+		double ts = sp->ts;
+		bool flight = sp->flight;
 		ck_assert(d >= 0 && d < 2 && step >= 0 && step < 3);
 		if (flight && !strcmp(name, "q zero L1-1"))
 			rs1[d][step] = ts;
@@ -473,8 +500,7 @@ START_TEST(test_zero1_collectives_under_compute)
 				      s, f0[d][s], w1[d][s]);
 		}
 	}
-	cJSON_Delete(root);
-	free(text);
+	spans_free(&t);
 }
 END_TEST
 
@@ -496,43 +522,35 @@ static void first_gather_in_update(const char *mesh, int ndev, const char *extra
 		snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=2 %s %s --trace %s/f.json",
 			 mesh, extra, off ? "grad_bucket_mb=0" : "", tmpdir);
 		show_log_on_failure(run(args), 0);
-		char *text = read_tmp("f.json");
-		cJSON *root = cJSON_Parse(text), *e;
-		ck_assert_msg(root, "trace is not JSON");
+		struct spans t = spans_read("f.json");
 		double o0[4][2], o1[4][2], q0[4][2];
 		int inside[4][2] = { { 0 } }, later[4][2] = { { 0 } };
 		for (int d = 0; d < 4; d++)
 			for (int s = 0; s < 2; s++)
 				o0[d][s] = o1[d][s] = q0[d][s] = -1;
-		cJSON *evs = cJSON_GetObjectItem(root, "traceEvents");
-		cJSON_ArrayForEach(e, evs) {
-			if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+		for (int i = 0; i < t.n; i++) {
+			const struct span *sp = &t.v[i];
+			if (sp->flight || strcmp(sp->name, "optimizer"))
 				continue;
-			int tid = cJSON_GetObjectItem(e, "tid")->valueint;
-			if (tid >= TRACE_FLIGHT_TID || strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "optimizer"))
-				continue;
-			int step = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "step")->valueint;
-			ck_assert(tid >= 0 && tid < ndev && step >= 0 && step < 2);
-			o0[tid][step] = cJSON_GetObjectItem(e, "ts")->valuedouble;
-			o1[tid][step] = o0[tid][step] + cJSON_GetObjectItem(e, "dur")->valuedouble;
+			ck_assert(sp->tid >= 0 && sp->tid < ndev && sp->step >= 0 && sp->step < 2);
+			o0[sp->tid][sp->step] = sp->ts;
+			o1[sp->tid][sp->step] = sp->ts + sp->dur;
 		}
 		/* the queued gathers first, then the spans after them */
 		for (int pass = 0; pass < 2; pass++)
-			cJSON_ArrayForEach(e, evs) {
-				if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
-					continue;
-				int tid = cJSON_GetObjectItem(e, "tid")->valueint, d = tid % TRACE_FLIGHT_TID;
-				const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
-				double ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
+			for (int i = 0; i < t.n; i++) {
+				const struct span *sp = &t.v[i];
+				int d = sp->dev;
+				const char *name = sp->name;
+				double ts = sp->ts;
 				ck_assert(d >= 0 && d < ndev);
 				/* a queue span starts before its collective can run */
-				ck_assert_msg(tid < TRACE_FLIGHT_TID || strncmp(name, "q ", 2) ||
-					      cJSON_GetObjectItem(e, "dur")->valuedouble >= 0, "device %d: %s has a "
-					      "negative duration", d, name);
+				ck_assert_msg(!sp->flight || strncmp(name, "q ", 2) || sp->dur >= 0,
+					      "device %d: %s has a negative duration", d, name);
 				for (int s = 0; s < 2; s++) {
 					if (ts < o0[d][s] || ts > o1[d][s])
 						continue;
-					if (!pass && tid >= TRACE_FLIGHT_TID && !strcmp(name, "q all_gather (prefetch)")) {
+					if (!pass && sp->flight && !strcmp(name, "q all_gather (prefetch)")) {
 						inside[d][s]++;
 						q0[d][s] = q0[d][s] < 0 || ts < q0[d][s] ? ts : q0[d][s];
 					}
@@ -553,8 +571,7 @@ static void first_gather_in_update(const char *mesh, int ndev, const char *extra
 				ck_assert_msg(!after || later[d][s] >= 1, "device %d step %d: no %s after the first "
 					      "gather was queued", d, s, after);
 			}
-		cJSON_Delete(root);
-		free(text);
+		spans_free(&t);
 	}
 }
 

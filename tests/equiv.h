@@ -32,11 +32,22 @@ static inline char *read_tmp(const char *name)
 	FILE *f = fopen(path, "r");
 	if (!f)
 		return strdup("");
-	static char buf[1 << 20];
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	buf[n] = 0;
+	/* the whole file, however long (a trace can pass 1 MiB) */
+	size_t cap = 1 << 16, n = 0, got;
+	char *buf = malloc(cap);
+	while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+		n += got;
+		if (n + 1 == cap) {
+			char *more = realloc(buf, cap *= 2);
+			if (!more)
+				free(buf);
+			buf = more;
+		}
+	}
 	fclose(f);
-	return strdup(buf);
+	if (buf)
+		buf[n] = 0;
+	return buf ? buf : strdup("");
 }
 
 /* Reads the losses (exact, from loss_hex) of a metrics file. */
