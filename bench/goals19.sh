@@ -6,7 +6,10 @@
 # prints medians of busbw, the ratios the goals name (meshrun/Open MPI at
 # 64 KiB, meshrun/gloo at 16 MiB), CPU us per op of each, CPU per wire
 # byte beyond AES-GCM against Open MPI's and gloo's CPU per byte, the load
-# average, and one line per goal: met / not met. The parts are
+# average, one line per goal: met / not met, and at 16 MiB the ceilings
+# this machine puts on any encrypted transport (AES-GCM's CPU, and that
+# plus Open MPI's CPU per op, spread over the cores both hosts share:
+# see bench/peers_summary.py `ceilings`). The parts are
 # bench/peers_lib.sh's (shared with bench/peers.sh), the summary
 # bench/peers_summary.py --goals. Raw output: build/goals19.log.
 # MESHRUN_KEYS adds key=value settings to every meshrun run.

@@ -212,6 +212,38 @@ def goals(runs, loads, path):
     print("goal: the cipher on more than one core where a host has more cores than links: "
           "not judged here (2x1 on 2 vCPUs; see bench/README.md, 'The cipher on more than one "
           "thread')")
+    ceilings(res, n)
+
+
+def ceilings(res, n):
+    """What this machine allows: both hosts share its cores and every op
+    here keeps them busy, so an op takes at least (its CPU) / cores. The
+    least CPU an encrypted op can take is AES-GCM's (each wire byte
+    encrypted once and decrypted once, at the rate measured in the run)
+    plus what moving the bytes costs a plaintext peer (Open MPI's CPU per
+    op in the same run). The busbw at that CPU is the ceiling; a goal
+    above it cannot be met here by any transport, only on a machine with
+    cores to spare."""
+    cores = os.cpu_count()
+    print(f"\n## 16 MiB ceilings on this machine ({cores} cores, both hosts on them): busbw at"
+          " AES-GCM's CPU alone, and at AES-GCM's plus Open MPI's CPU per op")
+    print("| size | op | target busbw (goal) | meshrun | ceiling AES alone |"
+          " ceiling AES + Open MPI's CPU | goal reachable at Open MPI's CPU per byte |")
+    print("|---|---|---|---|---|---|---|")
+    for size, name, peer, want in ((16 << 20, "16 MiB", "gloo", 1.0),):
+        for op in OPS:
+            b, per, aes_us = res[(op, size)]
+            if op in ("reduce_scatter", "broadcast"):
+                continue   # not judged against gloo (no CPU reduce_scatter; broadcast vs its bound)
+            target = None if b[peer] is None else b[peer] * want
+            nbytes = size * busbw_factor(op, n)
+            mpi_us = None if per["openmpi"] is None else per["openmpi"] * size * wire_factor(op, n) / 1e3
+            c_aes = None if not aes_us else nbytes / (aes_us / cores) / 1e3
+            c_both = None if not aes_us or mpi_us is None else nbytes / ((aes_us + mpi_us) / cores) / 1e3
+            ok = None if c_both is None or target is None else ("yes" if c_both >= target else "no")
+            print(f"| {name} | {op} | {fmt(target, '.3f')} ({want:g}x {peer}) | "
+                  f"{fmt(b['meshrun'], '.3f')} | {fmt(c_aes, '.3f')} | {fmt(c_both, '.3f')} | "
+                  f"{ok or '–'} |")
 
 
 def main():
