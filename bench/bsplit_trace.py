@@ -155,7 +155,7 @@ def main():
               tot["moe"] / n / 1e3, a2a / n / 1e3, tot["exposed"] / n / 1e3,
               1 - tot["exposed"] / a2a if a2a else 0, tot["beside"] / a2a if a2a else 0,
               tot["counts"] / n / 1e3, tot["late"] / n / 1e3, xfer / n / 1e3,
-              1 - (tot["exposed"] - tot["late"]) / xfer if xfer else 0))
+              round(1 - (tot["exposed"] - tot["late"]) / xfer, 3) + 0.0 if xfer else 0))
 
 
 if __name__ == "__main__":
