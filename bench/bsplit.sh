@@ -52,8 +52,9 @@
 # and sends the routing back to its early collapse (busiest device
 # 1.6-1.8x the mean again, 1.1-1.2x at 0.0003). The rate changes no
 # product, so the step costs what wide's does. WIDECKPT=DIR keeps that
-# checkpoint in DIR and reuses it when DIR has one. Also "wide2x1", the wide model on 2 hosts
-# x 1 device (EP=2: a core per device thread on 2 cores).
+# checkpoint in DIR and reuses it when DIR has one. Also "wide2x1", the
+# wide model on 2 hosts x 1 device (EP=2: a core per device thread on 2
+# cores).
 # ROUNDS rounds (default 3), the two schedules interleaved; medians over
 # the rounds, and on / off ratios.
 # usage: [ROUNDS=N] [VARIANTS="..."] [BASE_FACTOR=2|1] [WARM_STEPS=N] [WARM_RATE=R] [WIDECKPT=DIR]
