@@ -29,15 +29,36 @@
 # run kept the machine's cores (near 1: no idle core for the split to
 # fill, on a machine nothing else runs on).
 #
-# VARIANTS (default "tiny wide widebal"): widebal is the wide model with
-# every token sent to every expert (4 experts, top 4, no groups: each
-# device gets exactly a quarter of the expert rows; at deepseek3-tiny's
-# routing the busiest device gets 2.27x the mean, see bench/README.md);
-# also "wide2x1", the wide model on 2 hosts x 1 device (EP=2: a core
-# per device thread on 2 cores).
+# bsplit_trace.py also splits the waiting: late_ms, waited for a peer
+# that had not started the exchange yet (a straggler: uneven expert
+# loads), and xfer_ms / hidden_xfer, the transfer after the last peer
+# started it and the share of that the device did not wait for.
+# bench/expert_load.py adds load_dev, the busiest device's expert rows
+# over the mean (1: even), from each run's MESHRUN_EXPERT_LOAD file.
+#
+# VARIANTS (default "tiny wide widebal wideckpt"): widebal is the wide
+# model with every token sent to every expert (4 experts, top 4, no
+# groups: each device gets exactly a quarter of the expert rows; from a
+# fresh start deepseek3-tiny's routing sends every token to the same few
+# experts for its first ~30 steps, see bench/README.md); wideckpt is the
+# wide model started from a checkpoint whose routing has trained:
+# before the rounds (untimed) the wide model trains WARM_STEPS steps
+# (default 120) on one device (per_device_batch_size=8,
+# routed_bias_update_rate=$WARM_RATE, default 0.001, deepseek3-tiny's
+# own) and saves it; the runs then start from it (load_parameters_path)
+# at learning_rate=0.0003, the rate the warm-up ended at (its cosine
+# decays to 0.1 of deepseek3-tiny's 0.003): restarting at the peak with
+# a fresh optimizer undoes the training (loss 2.75 -> 3.7 in one step)
+# and sends the routing back to its early collapse (busiest device
+# 1.6-1.8x the mean again, 1.1-1.2x at 0.0003). The rate changes no
+# product, so the step costs what wide's does. WIDECKPT=DIR keeps that
+# checkpoint in DIR and reuses it when DIR has one. Also "wide2x1", the
+# wide model on 2 hosts x 1 device (EP=2: a core per device thread on 2
+# cores).
 # ROUNDS rounds (default 3), the two schedules interleaved; medians over
 # the rounds, and on / off ratios.
-# usage: [ROUNDS=N] [VARIANTS="..."] [BASE_FACTOR=2|1] bench/bsplit.sh [STEPS] [key=value ...]
+# usage: [ROUNDS=N] [VARIANTS="..."] [BASE_FACTOR=2|1] [WARM_STEPS=N] [WARM_RATE=R] [WIDECKPT=DIR]
+#        bench/bsplit.sh [STEPS] [key=value ...]
 #        (extra keys go to every run)
 set -eu
 cd "$(dirname "$0")/.."
@@ -45,7 +66,9 @@ steps=${1:-6}
 shift || true
 extra="$*"
 rounds=${ROUNDS:-3}
-variants=${VARIANTS:-tiny wide widebal}
+variants=${VARIANTS:-tiny wide widebal wideckpt}
+warm_steps=${WARM_STEPS:-120}
+warm_rate=${WARM_RATE:-0.001}
 base_factor=${BASE_FACTOR:-2}
 cores=$(nproc)
 make -s all
@@ -65,7 +88,8 @@ echo "schedule on: use_batch_split_schedule=true batch_split_factor=2"
 run() {
   local v=$1 s=$2 dph=2; shift 2
   [ $v = wide2x1 ] && dph=1
-  python3 bench/bsplit_cpu.py $tmp/cpu -- \
+  rm -f $tmp/load
+  MESHRUN_EXPERT_LOAD=$tmp/load python3 bench/bsplit_cpu.py $tmp/cpu -- \
     build/meshrun local --hosts 2 --devices-per-host $dph --config $cfg steps=$steps openblas_threads=1 $ep \
     ici_expert_parallelism=$dph "$@" $extra --trace $tmp/t.json --metrics $tmp/m.jsonl >$tmp/log 2>&1 ||
     { cat $tmp/log; exit 1; }
@@ -73,11 +97,27 @@ run() {
   local cpu; cpu=$(cat $tmp/cpu)
   local util; util=$(python3 -c "print('%.3f' % (float('${cpu%% *}'.split('=')[1]) / ($st * $cores)))")
   echo "$v $s step_s=$st $(python3 bench/bsplit_trace.py $tmp/t.json $first_moe) $cpu util=$util" \
+    "$(python3 bench/expert_load.py $tmp/load $((2 * dph)) 0)" \
     "load=$(cut -d' ' -f1 /proc/loadavg)" | tee -a $tmp/rows
 }
+ckpt=${WIDECKPT:-$tmp/wideckpt}
+if [[ " $variants " == *" wideckpt "* ]]; then
+  if ls -d "$ckpt"/step-* >/dev/null 2>&1; then
+    echo "wideckpt: reusing $ckpt"
+  else
+    echo "wideckpt warm-up: $warm_steps steps on one device, routed_bias_update_rate=$warm_rate" \
+      "(load $(cut -d' ' -f1 /proc/loadavg))"
+    MESHRUN_EXPERT_LOAD=$tmp/warm.load build/meshrun local --hosts 1 --devices-per-host 1 --config $cfg \
+      $wide per_device_batch_size=8 openblas_threads=2 steps=$warm_steps routed_bias_update_rate=$warm_rate \
+      --checkpoint-dir "$ckpt" >$tmp/log 2>&1 || { cat $tmp/log; exit 1; }
+    tail -1 $tmp/log
+    python3 bench/expert_load.py $tmp/warm.load 4 $((warm_steps / 6))
+  fi
+fi
 for r in $(seq "$rounds"); do
   for v in $variants; do
     keys=$tiny; [ $v != tiny ] && keys=$wide; [ $v = widebal ] && keys="$wide $balanced"
+    [ $v = wideckpt ] && keys="$wide load_parameters_path=$ckpt learning_rate=0.0003"
     run $v off $keys use_batch_split_schedule=false batch_split_factor=$base_factor
     run $v on $keys use_batch_split_schedule=true batch_split_factor=2
   done
@@ -89,19 +129,21 @@ rows = {}
 for line in open(sys.argv[1]):
     v, s, *kv = line.split()
     rows.setdefault((v, s), []).append({k: float(x) for k, x in (p.split('=') for p in kv)})
-cols = ['step_s', 'moe_ms', 'a2a_ms', 'exposed_ms', 'late_ms', 'hidden', 'beside', 'counts_ms', 'cpu_s', 'dev_s',
-        'comm_s', 'util', 'load']
-print('%-7s %-8s' % ('model', 'schedule') + ''.join('%11s' % c for c in cols) + '   (medians of %d rounds)'
+cols = ['step_s', 'moe_ms', 'a2a_ms', 'exposed_ms', 'late_ms', 'hidden', 'xfer_ms', 'hidden_xfer', 'beside',
+        'counts_ms', 'load_dev', 'cpu_s', 'dev_s', 'comm_s', 'util', 'load']
+print('%-8s %-8s' % ('model', 'schedule') + ''.join('%12s' % c for c in cols) + '   (medians of %d rounds)'
       % len(next(iter(rows.values()))))
 med = {}
-order = ['tiny', 'wide', 'widebal', 'wide2x1']
+order = ['tiny', 'wide', 'widebal', 'wideckpt', 'wide2x1']
 for (v, s), rs in sorted(rows.items(), key=lambda x: (order.index(x[0][0]), x[0][1] != 'off')):
     med[v, s] = {c: st.median(r[c] for r in rs) for c in cols}
-    print('%-7s %-8s' % (v, s) + ''.join('%11.3f' % med[v, s][c] for c in cols))
+    print('%-8s %-8s' % (v, s) + ''.join('%12.3f' % med[v, s][c] for c in cols))
 for v in [v for v in order if (v, 'on') in med]:
     a, b = med[v, 'off'], med[v, 'on']
     print('%s: on / off  step %.2f  MoE layers %.2f  all-to-all waited for %.2f  CPU %.2f; all-to-all '
-          'hidden %.0f%% (beside compute %.0f%%); cores busy %.0f%% off, %.0f%% on'
+          'hidden %.0f%% (of the transfer %.0f%%; beside compute %.0f%%); busiest device %.2fx the mean rows; '
+          'cores busy %.0f%% off, %.0f%% on'
           % (v, b['step_s'] / a['step_s'], b['moe_ms'] / a['moe_ms'], b['exposed_ms'] / a['exposed_ms'],
-             b['cpu_s'] / a['cpu_s'], 100 * b['hidden'], 100 * b['beside'], 100 * a['util'], 100 * b['util']))
+             b['cpu_s'] / a['cpu_s'], 100 * b['hidden'], 100 * b['hidden_xfer'], 100 * b['beside'],
+             b['load_dev'], 100 * a['util'], 100 * b['util']))
 EOF

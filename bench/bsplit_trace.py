@@ -27,6 +27,17 @@ over devices and steps):
              all_to_all; split: its exchange thread began it): waiting
              for a peer still computing (the experts' uneven loads, a
              peer's thread without a core), not for the bytes
+  xfer_ms    the transfer: the part of a2a_ms after the last device of
+             the group had started that exchange, i.e. each exchange's
+             span on this device from max(its start here, the last
+             device's start) to its end (an exchange cannot end before
+             every member has sent; before that it waits for a peer)
+  hidden_xfer  1 - (exposed_ms - late_ms) / xfer_ms: the share of the
+             transfer the device did not wait for (the wait after the
+             last peer started, against the transfer). 0 when
+             synchronous. The straggler's part (late_ms) is left out of
+             both: no schedule of the pieces can hide a peer that has
+             not sent yet, only even loads can
 """
 import json
 import re
@@ -84,7 +95,7 @@ def main():
     by = {}
     for e in ev:
         by.setdefault((e["tid"], e["args"]["step"]), []).append(e)
-    tot = dict(moe=0.0, a2a=0.0, exposed=0.0, beside=0.0, counts=0.0, late=0.0)
+    tot = dict(moe=0.0, a2a=0.0, exposed=0.0, beside=0.0, counts=0.0, late=0.0, xfer=0.0)
     # when each device started each exchange: (step, name or k-th
     # synchronous all_to_all) -> [start per device]
     start = {}
@@ -120,7 +131,9 @@ def main():
                         tot["a2a"] += e["dur"]
                         tot["exposed"] += e["dur"]
                         t = last.get((s, k), e["ts"])
-                        tot["late"] += min(max(0, t - e["ts"]), e["dur"])
+                        late = min(max(0, t - e["ts"]), e["dur"])
+                        tot["late"] += late
+                        tot["xfer"] += e["dur"] - late
                         k += 1
                 continue
             waits = {e["name"][5:]: (e["ts"], e["ts"] + e["dur"]) for e in mine
@@ -128,18 +141,21 @@ def main():
             for f in flight:
                 a, b = f["ts"], f["ts"] + f["dur"]
                 tot["a2a"] += b - a
+                t = last.get((s, f["name"]), a)
+                tot["xfer"] += max(0, b - max(a, t))
                 w = waits.get(f["name"])
                 if w:
                     tot["exposed"] += inter_len(a, b, [list(w)])
-                    t = last.get((s, f["name"]), a)
                     tot["late"] += inter_len(a, min(b, t), [list(w)])
                 tot["beside"] += inter_len(a, b, working)
     n = len(devs) * len(steps)
-    a2a = tot["a2a"]
-    print("moe_ms=%.2f a2a_ms=%.2f exposed_ms=%.2f hidden=%.3f beside=%.3f counts_ms=%.2f late_ms=%.2f" % (
-        tot["moe"] / n / 1e3, a2a / n / 1e3, tot["exposed"] / n / 1e3,
-        1 - tot["exposed"] / a2a if a2a else 0, tot["beside"] / a2a if a2a else 0,
-        tot["counts"] / n / 1e3, tot["late"] / n / 1e3))
+    a2a, xfer = tot["a2a"], tot["xfer"]
+    print("moe_ms=%.2f a2a_ms=%.2f exposed_ms=%.2f hidden=%.3f beside=%.3f counts_ms=%.2f late_ms=%.2f "
+          "xfer_ms=%.2f hidden_xfer=%.3f" % (
+              tot["moe"] / n / 1e3, a2a / n / 1e3, tot["exposed"] / n / 1e3,
+              1 - tot["exposed"] / a2a if a2a else 0, tot["beside"] / a2a if a2a else 0,
+              tot["counts"] / n / 1e3, tot["late"] / n / 1e3, xfer / n / 1e3,
+              round(1 - (tot["exposed"] - tot["late"]) / xfer, 3) + 0.0 if xfer else 0))
 
 
 if __name__ == "__main__":

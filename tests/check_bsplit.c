@@ -19,7 +19,10 @@
  *   products on other rows round apart: OpenBLAS rounds a row by where
  *   it sits in its product, and a weight gradient is two products
  *   summed), and at EP=4 the split run and factor 1 within 1e-4 of one
- *   device, as every other mesh is compared;
+ *   device, as every other mesh is compared; and the expert counts the
+ *   selection bias's update reads (MESHRUN_EXPERT_LOAD) are the whole
+ *   global batch's, both halves and every device summed, as one
+ *   device's;
  * - the overlap, from the trace (not from timings): at EP=4 each half's
  *   expert all-to-all is in flight on the communication thread while the
  *   other half computes, forward and backward, on every device; and the
@@ -304,6 +307,62 @@ static double within(const double *a, const double *b, const char *what)
 	return worst;
 }
 
+/* The expert counts a run wrote to tmpdir/name.load (MESHRUN_EXPERT_LOAD:
+ * a line "L<l> c0 .. c15" a MoE layer and step) into c; the lines read. */
+static int read_loads(const char *name, int c[][16], int max)
+{
+	char path[256], line[512];
+	snprintf(path, sizeof(path), "%s/%s.load", tmpdir, name);
+	FILE *f = fopen(path, "r");
+	ck_assert_msg(f, "no expert counts in '%s'", path);
+	int n = 0;
+	while (n < max && fgets(line, sizeof(line), f)) {
+		char *p = strchr(line, ' ');
+		for (int e = 0; e < 16; e++)
+			c[n][e] = p ? (int)strtol(p, &p, 10) : -1;
+		n++;
+	}
+	fclose(f);
+	return n;
+}
+
+/* Runs what follows with MESHRUN_EXPERT_LOAD=tmpdir/name.load (NULL: off) */
+static void expert_load_to(const char *name)
+{
+	char path[256];
+	snprintf(path, sizeof(path), "%s/%s.load", tmpdir, name ? name : "");
+	if (name) {
+		remove(path);
+		setenv("MESHRUN_EXPERT_LOAD", path, 1);
+	} else {
+		unsetenv("MESHRUN_EXPERT_LOAD");
+	}
+}
+
+/* deepseek3-tiny's 4 MoE layers, 10 steps: each layer's counts of each
+ * step sum to the global batch's 8 x 64 tokens x top 4 (every device and
+ * both halves counted once), and at step 0 (the same weights) run a
+ * routes as one device does but for near ties. */
+static void loads_global(const char *a, const char *what)
+{
+	static int ca[40][16], c1[40][16];
+	ck_assert_int_eq(read_loads(a, ca, 40), 40);
+	ck_assert_int_eq(read_loads("one", c1, 40), 40);
+	int diff = 0;
+	for (int i = 0; i < 40; i++) {
+		int sa = 0, s1 = 0;
+		for (int e = 0; e < 16; e++) {
+			sa += ca[i][e];
+			s1 += c1[i][e];
+			diff += i < 4 ? abs(ca[i][e] - c1[i][e]) : 0;
+		}
+		ck_assert_msg(sa == 8 * 64 * 4 && s1 == sa, "%s: step %d layer line %d: %d expert rows counted, one "
+			      "device %d, want %d", what, i / 4, i % 4, sa, s1, 8 * 64 * 4);
+	}
+	ck_assert_msg(diff <= 16, "%s: step 0 expert counts %d rows apart from one device's", what, diff);
+	fprintf(stderr, "; %s: step-0 expert counts %d rows apart", what, diff);
+}
+
 /* What a case compares beside the schedule on and off. */
 enum { VS_FACTOR1 = 1, VS_ONE_DEVICE = 2 };
 
@@ -335,7 +394,9 @@ static void split_cases(const char *cfg, int hosts, int dph, const char *mesh, i
 	snprintf(keys, sizeof(keys), "per_device_batch_size=%d %s batch_split_factor=2%s", pdb, mesh, opt[0]);
 	run_losses(cfg, hosts, dph, keys, "off", off, goff);
 	snprintf(keys, sizeof(keys), "per_device_batch_size=%d %s " SPLIT "%s", pdb, mesh, opt[1]);
+	expert_load_to(vs & VS_ONE_DEVICE ? "on" : NULL);
 	run_losses(cfg, hosts, dph, keys, "on", on, gon);
+	expert_load_to(NULL);
 	for (int s = 0; s < 10; s++)
 		ck_assert_msg(on[s] == off[s] && gon[s] == goff[s], "%s step %d: schedule on and off differ: loss "
 			      "%a vs %a, gradient norm %a vs %a", what, s, on[s], off[s], gon[s], goff[s]);
@@ -357,7 +418,9 @@ static void split_cases(const char *cfg, int hosts, int dph, const char *mesh, i
 	fprintf(stderr, "batch split %s: schedule on and off bit-identical, 10 steps", what);
 	if (vs & VS_FACTOR1) {
 		snprintf(keys, sizeof(keys), "per_device_batch_size=%d %s", pdb, mesh);
+		expert_load_to(vs & VS_ONE_DEVICE ? "f1" : NULL);
 		run_losses(cfg, hosts, dph, keys, "f1", f1, gf1);
+		expert_load_to(NULL);
 		double w = within(f1, off, "factor 1 against factor 2");
 		bool same = true;
 		for (int s = 0; s < 10; s++)
@@ -368,10 +431,15 @@ static void split_cases(const char *cfg, int hosts, int dph, const char *mesh, i
 		fprintf(stderr, "; factor 1 against 2: worst %.2e", w);
 	}
 	if (vs & VS_ONE_DEVICE) {
+		expert_load_to("one");
 		single_losses(cfg, "", 8, one);
+		expert_load_to(NULL);
 		fprintf(stderr, "; against one device: split %.2e", within(on, one, "split against one device"));
 		if (vs & VS_FACTOR1)
 			fprintf(stderr, ", factor 1 %.2e", within(f1, one, "factor 1 against one device"));
+		loads_global("on", "split against one device");
+		if (vs & VS_FACTOR1)
+			loads_global("f1", "factor 1 against one device");
 	}
 	fprintf(stderr, "\n");
 }

@@ -17,9 +17,9 @@
  * flight meanwhile:
  *
  *	attn     h0 l                         comb h1 l-1
+ *	route    h0 l                         comb h1 l-1
  *	finish   h1 l-1 (its residual)
  *	attn     h1 l
- *	route    h0 l
  *	route    h1 l
  *	counts      l   (both halves' expert counts, one all_gather)
  *	dispatch h0 l   sends disp h0
@@ -326,10 +326,11 @@ static void layer_fwd(struct model *m, int l, const struct rows *r0, const struc
 	if (!chained)
 		bsplit_flush(m);
 	piece(m, 0, attn_fwd, l, r0, "attn");
+	/* half 0's router needs nothing of half 1: it flies under as well */
+	piece(m, 0, route_fwd, l, r0, "route");
 	if (chained)
 		finish_left(m);
 	piece(m, 1, attn_fwd, l, r1, "attn");
-	piece(m, 0, route_fwd, l, r0, "route");
 	piece(m, 1, route_fwd, l, r1, "route");
 	piece(m, 0, counts_fwd, l, r0, "counts");
 	piece(m, 0, dispatch_fwd, l, r0, "dispatch");

@@ -8,6 +8,7 @@
  * computes meanwhile. */
 #include <assert.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "host/model/linear.h"
@@ -244,6 +245,33 @@ void moe_route_backward(struct model *m, int l, float *dln)
 	moe_route_backward_finish(m, l, dln);
 }
 
+/* MESHRUN_EXPERT_LOAD=FILE (a debugging aid, docs/deepseek.md#router):
+ * device 0 appends, at each MoE layer's backward, the layer's expert
+ * counts of the step's whole batch (summed over the mesh: what the
+ * selection bias's update reads) as "L<l> c0 c1 .. c<E-1>". One thread
+ * writes (device 0's first half), so the file needs no lock. */
+static void expert_load_dump(const struct model *m, int l, const int32_t *cnt)
+{
+	static FILE *f;
+	static bool tried;
+	if (m->device != 0 || m->half != 0)
+		return;
+	if (!tried) {
+		const char *path = getenv("MESHRUN_EXPERT_LOAD");
+		tried = true;
+		f = path && *path ? fopen(path, "a") : NULL;
+		if (path && *path && !f)
+			fprintf(stderr, "meshrun: MESHRUN_EXPERT_LOAD: unable to open '%s'\n", path);
+	}
+	if (!f)
+		return;
+	fprintf(f, "L%d", l);
+	for (int e = 0; e < m->d.E; e++)
+		fprintf(f, " %d", cnt[e]);
+	fputc('\n', f);
+	fflush(f);
+}
+
 void moe_route_backward_finish(struct model *m, int l, float *dln)
 {
 	const struct model_dims *d = &m->l;
@@ -266,6 +294,7 @@ void moe_route_backward_finish(struct model *m, int l, float *dln)
 	 * summed over replicas: L = E/(k Ng^2) sum_n sum_e C_e p(n,e); the
 	 * kernels normalise by the local N, hence (N/Ng)^2 */
 	const int32_t *cnt = m->counts_all + (size_t)(l - d->L_dense) * E;
+	expert_load_dump(m, l, cnt);
 	double ng = st->global_tokens, r2 = ((double)N / ng) * ((double)N / ng);
 	st->aux += (double)E / ((double)K * ng * ng) * moe_aux_loss_dot(a->scores, cnt, N, E);
 	if (st->lb_weight != 0.0f) {
