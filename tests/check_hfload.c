@@ -9,7 +9,7 @@
  * read before everything is checked; each host reads its share of the
  * tensor bytes and no more (FSDP, tensor and expert splits over 2 hosts,
  * devices of a host sharing blocks), the same bits and bytes whether it
- * reads on 1 thread or 3; parameters on huge pages or not load the same
+ * reads on 1 thread or 3, through mappings or pread; parameters on huge pages or not load the same
  * bits, and memory that cannot be had is an error naming its bytes. */
 #include <cJSON.h>
 #include <check.h>
@@ -402,10 +402,13 @@ END_TEST
 
 /* ---- the readers' threads ---- */
 
-/* Host 0's device `local` of the mesh `keys` (2 hosts x 2 devices)
- * loaded from d on `threads` threads (MESHRUN_LOAD_THREADS): its
- * parameters (malloc'd, *n floats) and the tensor bytes read. */
-static float *load_on_threads(const char *d, const char *keys, int threads, size_t *n, uint64_t *bytes)
+/* Host 0's devices of the mesh `keys` (2 hosts x 2 devices) loaded from
+ * d on `threads` threads (MESHRUN_LOAD_THREADS), through mappings of the
+ * files or with pread (MESHRUN_LOAD_MMAP): the first device's
+ * parameters (malloc'd, *n floats; the second's are the same) and the
+ * tensor bytes read. */
+static float *load_on_threads(const char *d, const char *keys, int threads, bool mapped, size_t *n,
+			      uint64_t *bytes)
 {
 	static struct cfg c;
 	static struct mesh mesh;
@@ -426,6 +429,8 @@ static float *load_on_threads(const char *d, const char *keys, int threads, size
 	float *P[2];
 	snprintf(num, sizeof(num), "%d", threads);
 	ck_assert_int_eq(setenv("MESHRUN_LOAD_THREADS", num, 1), 0);
+	ck_assert_int_eq(setenv("MESHRUN_LOAD_MMAP", mapped ? "1" : "0", 1), 0);
+	ck_assert(hf_load_mmap() == mapped);
 	struct hf_src *src;
 	ck_assert_msg(hf_src_open(&src, d, 1, err, sizeof(err)) == 0, "%s", err);
 	for (int i = 0; i < 2; i++) {  /* the host's two devices, the second copying the first's blocks */
@@ -444,6 +449,7 @@ static float *load_on_threads(const char *d, const char *keys, int threads, size
 	hf_src_counts(src, &cnt);
 	*bytes = cnt.tensors;
 	unsetenv("MESHRUN_LOAD_THREADS");
+	unsetenv("MESHRUN_LOAD_MMAP");
 	hf_src_close(src);
 	ck_assert_msg(!memcmp(P[0], P[1], sizeof(float) * *n), "%s: the two devices differ", keys);
 	model_free(m[0]);
@@ -452,10 +458,11 @@ static float *load_on_threads(const char *d, const char *keys, int threads, size
 	return P[0];
 }
 
-/* Reading on 1 or 3 threads fills the same bits and reads the same bytes
- * (whole tensors, FSDP's and tensor parallelism's column splits, whose
- * rows one job gathers, and the second device's copies of the first
- * one's blocks), and every float is loaded. */
+/* Reading on 1 or 3 threads, through mappings of the files or with
+ * pread, fills the same bits and reads the same bytes (whole tensors,
+ * FSDP's and tensor parallelism's column splits, whose rows one job
+ * gathers, and the second device's copies of the first one's blocks),
+ * and every float is loaded. */
 static void threads_bit_identical(const char *d)
 {
 	static const char *const meshes[] = {
@@ -464,13 +471,18 @@ static void threads_bit_identical(const char *d)
 		"dcn_data_parallelism=2 ici_data_parallelism=2",
 	};
 	for (int k = 0; k < 3; k++) {
-		size_t n1, n3;
-		uint64_t b1, b3;
-		float *a = load_on_threads(d, meshes[k], 1, &n1, &b1);
-		float *b = load_on_threads(d, meshes[k], 3, &n3, &b3);
+		size_t n1, n3, np;
+		uint64_t b1, b3, bp;
+		float *a = load_on_threads(d, meshes[k], 1, true, &n1, &b1);
+		float *b = load_on_threads(d, meshes[k], 3, true, &n3, &b3);
+		float *c = load_on_threads(d, meshes[k], 2, false, &np, &bp);
 		ck_assert_uint_eq(n1, n3);
 		ck_assert_uint_eq(b1, b3);
 		ck_assert_msg(!memcmp(a, b, sizeof(float) * n1), "%s: 1 and 3 threads differ", meshes[k]);
+		ck_assert_uint_eq(n1, np);
+		ck_assert_uint_eq(b1, bp);
+		ck_assert_msg(!memcmp(a, c, sizeof(float) * n1), "%s: mmap and pread differ", meshes[k]);
+		free(c);
 		size_t marked = 0;
 		for (size_t i = 0; i < n1; i++)
 			marked += a[i] == 7.25f;

@@ -21,6 +21,7 @@
 #include "host/ckpt/safetensors.h"
 #include "host/model/model.h"
 #include "host/util/clock.h"
+#include "host/util/mem.h"
 #include "host/util/threads.h"
 
 /* One tensor of the checkpoint: its shard and entry, and the blocks of
@@ -60,6 +61,7 @@ struct hf_src {
 	uint64_t tensor_bytes;      /* the model's tensors in the files */
 	double t0, t1;
 	int threads;                /* readers (util_load_threads) */
+	bool mmap;                  /* read through mappings of the files (hf_load_mmap) */
 	struct hf_job *jobs;        /* the reads and copies of one batch, in tensor order */
 	int njobs, capjobs;
 	int batch_block0;           /* blocks from here on are being read in this batch */
@@ -82,6 +84,12 @@ struct hf_job {
 /* A job holds at most this many floats (4 MiB): big tensors are shared
  * out in pieces, rows of column splits gathered into pieces */
 #define HF_JOB_FLOATS ((size_t)1 << 20)
+
+bool hf_load_mmap(void)
+{
+	const char *v = getenv("MESHRUN_LOAD_MMAP");
+	return v ? strcmp(v, "0") != 0 : true;
+}
 
 static int cmp_ent(const void *a, const void *b)
 {
@@ -230,6 +238,7 @@ static int src_open(struct hf_src **out, const char *dir, const char *file, int 
 	s->devices = devices;
 	s->check_rc = 1;
 	s->threads = util_load_threads();
+	s->mmap = hf_load_mmap();
 	if (ckpt_find(dir, s->dir, sizeof(s->dir), NULL, err, errlen)) {
 		rc = -EBADMSG;
 		goto fail;
@@ -536,27 +545,6 @@ static int push_copy(struct hf_src *s, float *dst, const float *src, size_t n, c
 	return 0;
 }
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
-/* dst = n floats of src, with streaming stores as st_read_buf widens:
- * the copy is far larger than the caches */
-static void copy_floats(float *restrict dst, const float *restrict src, size_t n)
-{
-	size_t j = 0;
-#if defined(__SSE2__)
-	for (; j < n && ((uintptr_t)(dst + j) & 15); j++)
-		dst[j] = src[j];
-	for (; j + 8 <= n; j += 8) {
-		_mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
-		_mm_stream_ps(dst + j + 4, _mm_loadu_ps(src + j + 4));
-	}
-	_mm_sfence();
-#endif
-	memcpy(dst + j, src + j, (n - j) * sizeof(float));
-}
-
 /* The batch's threads share a counter of jobs taken and the first
  * failure in job order: a job is taken only after every job before it,
  * and taken jobs run to the end, so the failure reported is the first
@@ -582,14 +570,13 @@ static void *run_jobs(void *arg)
 		const struct hf_job *j = &s->jobs[i];
 		int rc = 0;
 		if (!j->e) {
-			copy_floats(j->dst, j->src, j->n);
+			util_copy_stream(j->dst, j->src, j->n);
 		} else if (!buf) {
 			snprintf(err, sizeof(err), "checkpoint: out of memory for a read buffer");
 			rc = -ENOMEM;
 		} else {
-			for (size_t k = 0; k < j->rows && !rc; k++)
-				rc = st_read_buf(j->f, j->e, j->first + k * j->fstride, j->n,
-						 j->dst + (ptrdiff_t)k * j->dstride, buf, ST_BOUNCE, err, sizeof(err));
+			rc = st_read_rows(j->f, j->e, j->first, j->fstride, j->n, j->rows, j->dst, j->dstride, buf,
+					  ST_BOUNCE, err, sizeof(err));
 		}
 		if (rc) {
 			pthread_mutex_lock(&r->mu);
@@ -606,6 +593,15 @@ static void *run_jobs(void *arg)
 	return NULL;
 }
 
+/* Maps the files the batch reads, when s reads through mappings: a file
+ * that will not map (an address-space limit) is read with pread. */
+static void map_files(struct hf_src *s)
+{
+	for (int i = 0; i < s->njobs && s->mmap; i++)
+		if (s->jobs[i].e)
+			st_map(s->jobs[i].f);
+}
+
 /* Runs the batch's jobs on s->threads threads (this one among them)
  * and empties it; the first failing job's error. */
 static int run_batch(struct hf_src *s, char *err, size_t errlen)
@@ -616,12 +612,15 @@ static int run_batch(struct hf_src *s, char *err, size_t errlen)
 	if (want > s->njobs - 1)
 		want = s->njobs - 1;
 	pthread_mutex_init(&r.mu, NULL);
+	map_files(s);
 	while (n < want && !pthread_create(&th[n], NULL, run_jobs, &r))
 		n++;  /* fewer threads when one cannot start: the work is the same */
 	run_jobs(&r);
 	for (int i = 0; i < n; i++)
 		pthread_join(th[i], NULL);
 	pthread_mutex_destroy(&r.mu);
+	for (int f = 0; f < s->nfiles; f++)
+		st_unmap(s->files[f]);
 	s->njobs = 0;
 	s->batch_block0 = s->nblocks;
 	if (r.fail_rc)

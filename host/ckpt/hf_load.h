@@ -9,6 +9,7 @@
 #ifndef MESHRUN_HF_LOAD_H
 #define MESHRUN_HF_LOAD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -90,5 +91,10 @@ void hf_src_counts(const struct hf_src *s, struct hf_src_count *c);
  * checkpoint's total), from how many files, in how long, what skipped. */
 void hf_src_summary(const struct hf_src *s, char *out, size_t outlen);
 void hf_src_close(struct hf_src *s);
+
+/* Whether tensors are read through read-only mappings of the files
+ * (widened or copied straight out of the page cache) rather than pread
+ * into a bounce buffer: MESHRUN_LOAD_MMAP=0 reads with pread. */
+bool hf_load_mmap(void);
 
 #endif
