@@ -3,8 +3,9 @@
  * built, this fills each device's shards of it. A host opens the
  * directory once for its devices: every shard's header is checked before
  * any data is read, then each device reads only the byte ranges of its
- * own blocks (pread, never a whole file into memory), and a block that
- * another device of the host already read is copied from it. Knows
+ * own blocks (out of read-only mappings of the shards, or pread; never a
+ * whole file into memory), and a block that another device of the host
+ * already read is copied from it. Knows
  * safetensors files and the model's table; no networks. */
 #ifndef MESHRUN_HF_LOAD_H
 #define MESHRUN_HF_LOAD_H
