@@ -17,6 +17,10 @@
 #                two share the machine's cores as agents do)
 #   2 x 2        2 hosts x 2 devices (fsdp over hosts, data inside): each
 #                host reads its half once, its second device copies it
+#   2 x 2 copy   2 x 2 with the host's devices loading one after another
+#                (MESHRUN_BENCH_LOAD_COPY=1), so the second copies the
+#                first one's blocks: the same-run baseline of loading them
+#                together (a block both hold written into both from one read)
 #   ... pread    1 host, 2 hosts and 2 x 2 again with MESHRUN_LOAD_MMAP=0:
 #                the tensors pread through a bounce buffer (a column
 #                block's rows one pread each) instead of copied or widened
@@ -96,6 +100,8 @@ for spec in "bf16 BF16 10" "f32 F32 4"; do
 		MESHRUN_HUGEPAGES=1 one "$dir" "huge pages" 1 1
 		one "$dir" "2 hosts" 2 1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
 		one "$dir" "2 x 2" 2 2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=2
+		MESHRUN_BENCH_LOAD_COPY=1 one "$dir" "2 x 2 copy" 2 2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 \
+			ici_data_parallelism=2
 		MESHRUN_LOAD_MMAP=0 one "$dir" "1 host pread" 1 1
 		MESHRUN_LOAD_MMAP=0 one "$dir" "2 hosts pread" 2 1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
 		MESHRUN_LOAD_MMAP=0 one "$dir" "2 x 2 pread" 2 2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 \

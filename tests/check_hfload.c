@@ -15,6 +15,7 @@
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -402,13 +403,33 @@ END_TEST
 
 /* ---- the readers' threads ---- */
 
+/* One device's load, as train's devices do it. */
+struct dev_load {
+	struct hf_src *src;
+	const struct model *m;
+	float *p;
+	int rc;
+	char err[1024];
+};
+
+static void *dev_load(void *arg)
+{
+	struct dev_load *x = arg;
+	x->rc = hf_src_done(x->src, hf_src_load(x->src, x->m, x->p, x->err, sizeof(x->err)), x->err,
+			    sizeof(x->err));
+	return NULL;
+}
+
 /* Host 0's devices of the mesh `keys` (2 hosts x 2 devices) loaded from
  * d on `threads` threads (MESHRUN_LOAD_THREADS), through mappings of the
- * files or with pread (MESHRUN_LOAD_MMAP): the first device's
- * parameters (malloc'd, *n floats; the second's are the same) and the
- * tensor bytes read. */
-static float *load_on_threads(const char *d, const char *keys, int threads, bool mapped, size_t *n,
-			      uint64_t *bytes)
+ * files or with pread (MESHRUN_LOAD_MMAP); together (a thread each, one
+ * batch of reads writing a block both hold into both) or, with
+ * `together` false, one after the other as a source of one device (the
+ * second copies the first one's blocks): the first device's parameters
+ * (malloc'd, *n floats; the second's are the same) and the tensor bytes
+ * read. */
+static float *load_on_threads(const char *d, const char *keys, int threads, bool mapped, bool together,
+			      size_t *n, uint64_t *bytes)
 {
 	static struct cfg c;
 	static struct mesh mesh;
@@ -432,8 +453,8 @@ static float *load_on_threads(const char *d, const char *keys, int threads, bool
 	ck_assert_int_eq(setenv("MESHRUN_LOAD_MMAP", mapped ? "1" : "0", 1), 0);
 	ck_assert(hf_load_mmap() == mapped);
 	struct hf_src *src;
-	ck_assert_msg(hf_src_open(&src, d, 1, err, sizeof(err)) == 0, "%s", err);
-	for (int i = 0; i < 2; i++) {  /* the host's two devices, the second copying the first's blocks */
+	ck_assert_msg(hf_src_open(&src, d, together ? 2 : 1, err, sizeof(err)) == 0, "%s", err);
+	for (int i = 0; i < 2; i++) {  /* the host's two devices */
 		struct model_mesh mm = { .mesh = &mesh, .rules = &rules, .device = mesh_device_of(&mesh, 0, i) };
 		m[i] = model_plan_new(&dims, &mm, err, sizeof(err));
 		ck_assert_msg(m[i], "%s", err);
@@ -442,9 +463,19 @@ static float *load_on_threads(const char *d, const char *keys, int threads, bool
 		ck_assert(P[i]);
 		for (size_t k = 0; k < *n; k++)
 			P[i][k] = 7.25f;
-		ck_assert_msg(hf_src_load(src, m[i], P[i], err, sizeof(err)) == 0, "%s", err);
+		if (!together)
+			ck_assert_msg(hf_src_load(src, m[i], P[i], err, sizeof(err)) == 0, "%s", err);
 	}
-	ck_assert_int_eq(hf_src_done(src, 0, err, sizeof(err)), 0);
+	if (together) {
+		struct dev_load x[2] = { { src, m[0], P[0], 0, "" }, { src, m[1], P[1], 0, "" } };
+		pthread_t th;
+		ck_assert_int_eq(pthread_create(&th, NULL, dev_load, &x[1]), 0);
+		dev_load(&x[0]);
+		pthread_join(th, NULL);
+		ck_assert_msg(x[0].rc == 0 && x[1].rc == 0, "%s%s", x[0].err, x[1].err);
+	} else {
+		ck_assert_int_eq(hf_src_done(src, 0, err, sizeof(err)), 0);
+	}
 	struct hf_src_count cnt;
 	hf_src_counts(src, &cnt);
 	*bytes = cnt.tensors;
@@ -459,10 +490,11 @@ static float *load_on_threads(const char *d, const char *keys, int threads, bool
 }
 
 /* Reading on 1 or 3 threads, through mappings of the files or with
- * pread, fills the same bits and reads the same bytes (whole tensors,
- * FSDP's and tensor parallelism's column splits, whose rows one job
- * gathers, and the second device's copies of the first one's blocks),
- * and every float is loaded. */
+ * pread, the devices together or one by one, fills the same bits and
+ * reads the same bytes (whole tensors, FSDP's and tensor parallelism's
+ * column splits, whose rows one job gathers, and the blocks both devices
+ * hold: written to both from one read, or copied from the first), and
+ * every float is loaded. */
 static void threads_bit_identical(const char *d)
 {
 	static const char *const meshes[] = {
@@ -473,12 +505,13 @@ static void threads_bit_identical(const char *d)
 	for (int k = 0; k < 3; k++) {
 		size_t n1, n3, np;
 		uint64_t b1, b3, bp;
-		float *a = load_on_threads(d, meshes[k], 1, true, &n1, &b1);
-		float *b = load_on_threads(d, meshes[k], 3, true, &n3, &b3);
-		float *c = load_on_threads(d, meshes[k], 2, false, &np, &bp);
+		float *a = load_on_threads(d, meshes[k], 1, true, true, &n1, &b1);
+		float *b = load_on_threads(d, meshes[k], 3, true, false, &n3, &b3);
+		float *c = load_on_threads(d, meshes[k], 2, false, true, &np, &bp);
 		ck_assert_uint_eq(n1, n3);
 		ck_assert_uint_eq(b1, b3);
-		ck_assert_msg(!memcmp(a, b, sizeof(float) * n1), "%s: 1 and 3 threads differ", meshes[k]);
+		ck_assert_msg(!memcmp(a, b, sizeof(float) * n1), "%s: 1 and 3 threads (together, one by one) differ",
+			      meshes[k]);
 		ck_assert_uint_eq(n1, np);
 		ck_assert_uint_eq(b1, bp);
 		ck_assert_msg(!memcmp(a, c, sizeof(float) * n1), "%s: mmap and pread differ", meshes[k]);

@@ -464,26 +464,33 @@ START_TEST(test_ranged_read)
 	ck_assert_uint_eq(st_bytes_read(f), h + 18);
 	/* a column block: rows 1-4 of a's columns 3-6, and b's elements
 	 * {1, 2, 4, 5}, by pread and out of the mapping, into rows 5 floats
-	 * apart; the bytes of the elements read are counted either way */
+	 * apart and into a second destination too; the bytes of the elements
+	 * read are counted, once, either way */
 	uint16_t buf[3];
 	for (int mapped = 0; mapped < 2; mapped++) {
-		float blk[20];
+		float blk[20], two[20];
 		uint64_t before = st_bytes_read(f);
 		ck_assert_int_eq(mapped ? st_map(f) : 0, 0);
 		memset(blk, 0xa5, sizeof(blk));
-		ck_assert_msg(st_read_rows(f, ea, 13, 10, 4, 4, blk, 5, buf, 3, err, sizeof(err)) == 0, "%s", err);
-		for (int r = 0; r < 4; r++)
+		memset(two, 0xa5, sizeof(two));
+		struct st_rows r = { .first = 13, .fstride = 10, .n = 4, .rows = 4, .dst = blk, .dst2 = two, .dstride = 5 };
+		ck_assert_msg(st_read_rows(f, ea, &r, buf, 3, err, sizeof(err)) == 0, "%s", err);
+		for (int i = 0; i < 4; i++)
 			for (int j = 0; j < 5; j++) {
 				uint32_t u;
-				memcpy(&u, &blk[5 * r + j], sizeof(u));
-				ck_assert_msg(j < 4 ? blk[5 * r + j] == a[13 + 10 * r + j] : u == 0xa5a5a5a5u,
-					      "mapped %d row %d col %d: %g", mapped, r, j, blk[5 * r + j]);
+				memcpy(&u, &blk[5 * i + j], sizeof(u));
+				ck_assert_msg(j < 4 ? blk[5 * i + j] == a[13 + 10 * i + j] : u == 0xa5a5a5a5u,
+					      "mapped %d row %d col %d: %g", mapped, i, j, blk[5 * i + j]);
 			}
-		ck_assert_int_eq(st_read_rows(f, eb, 1, 3, 2, 2, blk, 2, buf, 3, err, sizeof(err)), 0);
+		ck_assert(!memcmp(blk, two, sizeof(blk)));
+		r = (struct st_rows){ .first = 1, .fstride = 3, .n = 2, .rows = 2, .dst = blk, .dst2 = two, .dstride = 2 };
+		ck_assert_int_eq(st_read_rows(f, eb, &r, buf, 3, err, sizeof(err)), 0);
 		ck_assert(blk[0] == b[1] && blk[1] == b[2] && blk[2] == b[4] && blk[3] == b[5]);
+		ck_assert(!memcmp(blk, two, 4 * sizeof(float)));
 		ck_assert_uint_eq(st_bytes_read(f), before + 32 + 16);
 		/* the last row ends past the tensor */
-		ck_assert_int_eq(st_read_rows(f, eb, 1, 3, 2, 3, blk, 2, buf, 3, err, sizeof(err)), -ERANGE);
+		r.rows = 3;
+		ck_assert_int_eq(st_read_rows(f, eb, &r, buf, 3, err, sizeof(err)), -ERANGE);
 		ck_assert_msg(strstr(err, "outside tensor 'b'") && !strchr(err, '\n'), "%s", err);
 	}
 	st_close(f);

@@ -697,79 +697,103 @@ static int map_populate(const struct st_file *f, uint64_t off, uint64_t len)
 	return errno == EINVAL ? 0 : -EIO;
 }
 
-/* rows x n elements of e from element `first` (the next row fstride
- * elements on) out of the mapping into dst (the next row dstride floats
- * on): one populate for the span of the rows, then each row copied or
- * widened with streaming stores. */
-static int map_rows(struct st_file *f, const struct st_item *it, uint64_t first, uint64_t fstride, size_t n,
-		    size_t rows, float *dst, ptrdiff_t dstride)
+/* Row k of r, n elements at src, into its destinations: copied (F32) or
+ * widened with streaming stores, a cache-sized piece at a time, each
+ * piece written to dst and then to dst2 while it is still in cache. */
+static void put_row(const struct st_item *it, const struct st_rows *r, size_t k, const uint8_t *src)
 {
-	uint64_t off = f->data_start + it->begin + first * (uint64_t)it->esize;
-	uint64_t span = ((rows - 1) * fstride + n) * (uint64_t)it->esize;
+	bool bf16 = !strcmp(it->pub.dtype, "BF16");
+	float *d[2] = { r->dst + (ptrdiff_t)k * r->dstride, r->dst2 ? r->dst2 + (ptrdiff_t)k * r->dstride : NULL };
+	for (size_t done = 0; done < r->n; done += ST_BOUNCE) {
+		size_t m = r->n - done < ST_BOUNCE ? r->n - done : ST_BOUNCE;
+		for (int i = 0; i < 2 && d[i]; i++) {
+			if (it->esize == 4)
+				util_copy_stream(d[i] + done, (const float *)src + done, m);
+			else
+				widen(d[i] + done, (const uint16_t *)src + done, m, bf16);
+		}
+	}
+}
+
+/* r out of the mapping: one populate for the span of the rows, then each
+ * row put in place. */
+static int map_rows(struct st_file *f, const struct st_item *it, const struct st_rows *r)
+{
+	uint64_t off = f->data_start + it->begin + r->first * (uint64_t)it->esize;
+	uint64_t span = ((r->rows - 1) * r->fstride + r->n) * (uint64_t)it->esize;
 	if (off > f->map_len || span > f->map_len - off)
 		return -EIO;  /* the file was shorter when mapped than its header says */
 	int rc = map_populate(f, off, span);
+	for (size_t k = 0; k < r->rows && !rc; k++)
+		put_row(it, r, k, f->map + off + k * r->fstride * (uint64_t)it->esize);
+	return rc;
+}
+
+/* r with a pread per row (per bounce buffer of 2-byte values); F32
+ * straight into dst, then copied into dst2. */
+static int pread_rows(struct st_file *f, const struct st_item *it, const struct st_rows *r, uint16_t *buf,
+		      size_t cap)
+{
+	uint64_t off = f->data_start + it->begin + r->first * (uint64_t)it->esize;
 	bool bf16 = !strcmp(it->pub.dtype, "BF16");
-	for (size_t k = 0; k < rows && !rc; k++) {
-		const uint8_t *src = f->map + off + k * fstride * (uint64_t)it->esize;
-		if (it->esize == 4)
-			util_copy_stream(dst + (ptrdiff_t)k * dstride, (const float *)src, n);
-		else
-			widen(dst + (ptrdiff_t)k * dstride, (const uint16_t *)src, n, bf16);
+	int rc = 0;
+	for (size_t k = 0; k < r->rows && !rc; k++, off += r->fstride * (uint64_t)it->esize) {
+		float *d = r->dst + (ptrdiff_t)k * r->dstride;
+		float *d2 = r->dst2 ? r->dst2 + (ptrdiff_t)k * r->dstride : NULL;
+		if (it->esize == 4) {
+			rc = pread_all(f->fd, d, r->n * sizeof(float), off);
+			if (!rc && d2)
+				util_copy_stream(d2, d, r->n);
+			continue;
+		}
+		for (size_t done = 0; done < r->n && !rc; done += cap) {
+			size_t m = r->n - done < cap ? r->n - done : cap;
+			rc = pread_all(f->fd, buf, m * sizeof(uint16_t), off + done * sizeof(uint16_t));
+			if (!rc)
+				widen(d + done, buf, m, bf16);
+			if (!rc && d2)
+				widen(d2 + done, buf, m, bf16);
+		}
 	}
 	return rc;
 }
 
-int st_read_rows(struct st_file *f, const struct st_entry *e, uint64_t first, uint64_t fstride, size_t n,
-		 size_t rows, float *dst, ptrdiff_t dstride, uint16_t *buf, size_t cap, char *err,
-		 size_t errlen)
+int st_read_rows(struct st_file *f, const struct st_entry *e, const struct st_rows *r, uint16_t *buf, size_t cap,
+		 char *err, size_t errlen)
 {
 	const struct st_item *it = (const struct st_item *)e;
-	int rc = 0;
+	int rc;
 	if (!e->loads) {
 		seterr(err, errlen, "safetensors: '%s': tensor '%s' has dtype '%s' (only F32, BF16 and F16 load)",
 		       f->path, e->name, e->dtype);
 		return -ENOTSUP;
 	}
-	uint64_t last = rows > 1 ? (rows - 1) * fstride : 0;
-	if (!rows || first > (uint64_t)e->numel || last > (uint64_t)e->numel - first ||
-	    n > (uint64_t)e->numel - first - last) {
+	uint64_t last = r->rows > 1 ? (r->rows - 1) * r->fstride : 0;
+	if (!r->rows || r->first > (uint64_t)e->numel || last > (uint64_t)e->numel - r->first ||
+	    r->n > (uint64_t)e->numel - r->first - last) {
 		seterr(err, errlen, "safetensors: '%s': elements [%llu, +%zu) x %zu rows outside tensor '%s' of %lld",
-		       f->path, (unsigned long long)first, n, rows, e->name, (long long)e->numel);
+		       f->path, (unsigned long long)r->first, r->n, r->rows, e->name, (long long)e->numel);
 		return -ERANGE;
 	}
-	uint64_t off = f->data_start + it->begin + first * (uint64_t)it->esize;
-	if (f->map && !(off % (uint64_t)it->esize)) {  /* values at their alignment: read in place */
-		rc = map_rows(f, it, first, fstride, n, rows, dst, dstride);
-	} else {
-		bool bf16 = !strcmp(e->dtype, "BF16");
-		for (size_t k = 0; k < rows && !rc; k++, off += fstride * (uint64_t)it->esize) {
-			float *d = dst + (ptrdiff_t)k * dstride;
-			if (it->esize == 4) {
-				rc = pread_all(f->fd, d, n * sizeof(float), off);
-				continue;
-			}
-			for (size_t done = 0; done < n && !rc; done += cap) {
-				size_t m = n - done < cap ? n - done : cap;
-				rc = pread_all(f->fd, buf, m * sizeof(uint16_t), off + done * sizeof(uint16_t));
-				if (!rc)
-					widen(d + done, buf, m, bf16);
-			}
-		}
-	}
+	uint64_t off = f->data_start + it->begin + r->first * (uint64_t)it->esize;
+	if (f->map && !(off % (uint64_t)it->esize))  /* values at their alignment: read in place */
+		rc = map_rows(f, it, r);
+	else
+		rc = pread_rows(f, it, r, buf, cap);
 	if (rc) {
 		seterr(err, errlen, "safetensors: '%s': unable to read tensor '%s': %s", f->path, e->name,
 		       rc == -EIO ? "file ended early" : strerror(-rc));
 		return rc;
 	}
-	__atomic_fetch_add(&f->bytes_read, (uint64_t)rows * n * (uint64_t)it->esize, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&f->bytes_read, (uint64_t)r->rows * r->n * (uint64_t)it->esize, __ATOMIC_RELAXED);
 	return 0;
 }
 
 int st_read_buf(struct st_file *f, const struct st_entry *e, uint64_t first, size_t n, float *dst,
 		uint16_t *buf, size_t cap, char *err, size_t errlen)
 {
-	return st_read_rows(f, e, first, 0, n, 1, dst, 0, buf, cap, err, errlen);
+	const struct st_rows r = { .first = first, .n = n, .rows = 1, .dst = dst };
+	return st_read_rows(f, e, &r, buf, cap, err, errlen);
 }
 
 int st_map(struct st_file *f)
