@@ -583,6 +583,43 @@ START_TEST(test_truncated_mapped)
 }
 END_TEST
 
+/* A file larger than the address space left: st_map fails (and says
+ * so again without trying), and the reads stay preads with the same
+ * values and byte count (a sparse 8 GiB tensor, under a 4 GiB limit). */
+START_TEST(test_map_refused)
+{
+	const uint64_t n = (uint64_t)1 << 31;
+	char header[128];
+	int len = snprintf(header, sizeof(header), "{\"x\":{\"dtype\":\"F32\",\"shape\":[%llu],"
+			   "\"data_offsets\":[0,%llu]}}", (unsigned long long)n, (unsigned long long)(4 * n));
+	while (len % 8)
+		header[len++] = ' ';
+	header[len] = '\0';
+	const char *p = path_in("sparse.safetensors");
+	make_file(p, (uint64_t)len, header, NULL, 0);
+	ck_assert_int_eq(truncate(p, (off_t)(8 + (uint64_t)len + 4 * n)), 0);
+	struct st_file *f = st_open_header(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	struct rlimit old, lim;
+	ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
+	lim = old;
+	lim.rlim_cur = (rlim_t)4 << 30;
+	ck_assert_int_eq(setrlimit(RLIMIT_AS, &lim), 0);
+	ck_assert_int_eq(st_map(f), -ENOMEM);
+	ck_assert_int_eq(st_map(f), -ENOMEM);
+	float out[16];
+	memset(out, 0xa5, sizeof(out));
+	uint64_t before = st_bytes_read(f);
+	ck_assert_msg(st_read(f, st_find(f, "x"), n - 16, 16, out, err, sizeof(err)) == 0, "%s", err);
+	for (int i = 0; i < 16; i++)
+		ck_assert(out[i] == 0.0f);
+	ck_assert_uint_eq(st_bytes_read(f), before + 64);
+	ck_assert_int_eq(setrlimit(RLIMIT_AS, &old), 0);
+	st_close(f);
+	unlink(p);
+}
+END_TEST
+
 static const struct bad_case {
 	const char *header;
 	size_t dlen;
@@ -868,6 +905,7 @@ static Suite *st_suite(void)
 	tcase_add_unchecked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_truncated);
 	tcase_add_test(tc, test_truncated_mapped);
+	tcase_add_test(tc, test_map_refused);
 	tcase_add_loop_test(tc, test_bad_header, 0, (int)(sizeof(bad_cases) / sizeof(bad_cases[0])));
 	tcase_add_test(tc, test_bad_lengths);
 	tcase_add_test(tc, test_write_invalid);

@@ -51,6 +51,7 @@ struct st_file {
 	uint64_t size;            /* at open: what the header was checked against */
 	const uint8_t *map;       /* the whole file read-only, between st_map and st_unmap */
 	uint64_t map_len;
+	int map_rc;               /* st_map's failure, until st_unmap: not tried again */
 };
 
 /* Every safetensors dtype and its element size; F32, BF16 and F16 load. */
@@ -799,15 +800,15 @@ int st_read_buf(struct st_file *f, const struct st_entry *e, uint64_t first, siz
 int st_map(struct st_file *f)
 {
 	struct stat st;
-	if (f->map)
-		return 0;
+	if (f->map || f->map_rc)
+		return f->map_rc;
 	if (fstat(f->fd, &st) < 0)
-		return -errno;
+		return f->map_rc = -errno;
 	if ((uint64_t)st.st_size != f->size)  /* changed since its header was checked: pread says how */
-		return -ESTALE;
+		return f->map_rc = -ESTALE;
 	void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, f->fd, 0);
 	if (p == MAP_FAILED)
-		return -errno;
+		return f->map_rc = -errno;
 	f->map = p;
 	f->map_len = (uint64_t)st.st_size;
 	return 0;
@@ -819,6 +820,7 @@ void st_unmap(struct st_file *f)
 		munmap((void *)f->map, (size_t)f->map_len);
 	f->map = NULL;
 	f->map_len = 0;
+	f->map_rc = 0;
 }
 
 /* 2-byte values go through a bounce buffer a chunk at a time (the

@@ -120,7 +120,8 @@ int st_read_rows(struct st_file *f, const struct st_entry *e, const struct st_ro
  * there, as with pread, not a SIGBUS (but for one cut between that and
  * the copy, microseconds later). Not while another thread reads f. 0 or
  * -errno, -ESTALE when the file's size is no longer the one its header
- * was checked against (the reads then stay preads). */
+ * was checked against (the reads then stay preads; a failure is
+ * returned again, not retried, until st_unmap). */
 int st_map(struct st_file *f);
 void st_unmap(struct st_file *f);
 /* Bytes of the file read so far: the length and header, and every
