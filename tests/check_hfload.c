@@ -415,8 +415,7 @@ struct dev_load {
 static void *dev_load(void *arg)
 {
 	struct dev_load *x = arg;
-	x->rc = hf_src_done(x->src, hf_src_load(x->src, x->m, x->p, x->err, sizeof(x->err)), x->err,
-			    sizeof(x->err));
+	x->rc = hf_src_load_done(x->src, x->m, x->p, x->err, sizeof(x->err));
 	return NULL;
 }
 

@@ -38,8 +38,7 @@ struct dev_load {
 static void *dev_load(void *arg)
 {
 	struct dev_load *d = arg;
-	d->rc = hf_src_done(d->src, hf_src_load(d->src, d->m, d->p, d->err, sizeof(d->err)), d->err,
-			    sizeof(d->err));
+	d->rc = hf_src_load_done(d->src, d->m, d->p, d->err, sizeof(d->err));
 	return NULL;
 }
 

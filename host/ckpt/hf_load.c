@@ -854,6 +854,11 @@ int hf_src_done(struct hf_src *s, int rc, char *err, size_t errlen)
 	return rc;
 }
 
+int hf_src_load_done(struct hf_src *s, const struct model *m, float *params, char *err, size_t errlen)
+{
+	return hf_src_done(s, hf_src_load(s, m, params, err, errlen), err, errlen);
+}
+
 uint64_t hf_src_bytes_read(const struct hf_src *s)
 {
 	uint64_t n = s->index_bytes;

@@ -86,6 +86,10 @@ int hf_src_load_into(struct hf_src *s, const struct model *m, const struct hf_de
  * first failure's rc and err, so every device reports the real cause. */
 int hf_src_done(struct hf_src *s, int rc, char *err, size_t errlen);
 
+/* hf_src_done(s, hf_src_load(s, m, params, ...)): what each device of
+ * the host calls, on a thread of its own when there are several. */
+int hf_src_load_done(struct hf_src *s, const struct model *m, float *params, char *err, size_t errlen);
+
 /* Bytes this host read from the directory: the index, every shard's
  * length and header, and the tensor ranges. */
 uint64_t hf_src_bytes_read(const struct hf_src *s);
