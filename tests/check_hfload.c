@@ -419,16 +419,17 @@ static void *dev_load(void *arg)
 	return NULL;
 }
 
-/* Host 0's devices of the mesh `keys` (2 hosts x 2 devices) loaded from
- * d on `threads` threads (MESHRUN_LOAD_THREADS), through mappings of the
- * files or with pread (MESHRUN_LOAD_MMAP); together (a thread each, one
- * batch of reads writing a block both hold into both) or, with
- * `together` false, one after the other as a source of one device (the
- * second copies the first one's blocks): the first device's parameters
- * (malloc'd, *n floats; the second's are the same) and the tensor bytes
- * read. */
-static float *load_on_threads(const char *d, const char *keys, int threads, bool mapped, bool together,
-			      size_t *n, uint64_t *bytes)
+/* Host 0's dph devices of the mesh `keys` (4 devices: 4 / dph hosts)
+ * loaded from d on `threads` threads (MESHRUN_LOAD_THREADS), through
+ * mappings of the files or with pread (MESHRUN_LOAD_MMAP); together (a
+ * thread each, one batch of reads writing a block two hold into both, a
+ * third and fourth copying it) or, with `together` false, one after the
+ * other as a source of one device (the others copy the first one's
+ * blocks): every device's parameters, one after another (malloc'd, *n
+ * floats in all), and the tensor bytes read. With `replicas` (data
+ * parallel inside the host) all devices hold the same. */
+static float *load_on_threads(const char *d, const char *keys, int dph, bool replicas, int threads,
+			      bool mapped, bool together, size_t *n, uint64_t *bytes)
 {
 	static struct cfg c;
 	static struct mesh mesh;
@@ -441,22 +442,23 @@ static float *load_on_threads(const char *d, const char *keys, int threads, bool
 	snprintf(buf, sizeof(buf), "%s", keys);
 	for (char *save = NULL, *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save))
 		ck_assert_msg(cfg_override(&c, w, err, sizeof(err)) == 0, "%s", err);
-	ck_assert_msg(cfg_finish(&c, 2, 2, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(cfg_finish(&c, 4 / dph, dph, err, sizeof(err)) == 0, "%s", err);
 	mesh_init(&mesh, &c);
 	ck_assert_msg(shard_rules_from_cfg(&rules, &c, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(model_dims_from_cfg(&dims, &c, err, sizeof(err)) == 0, "%s", err);
-	struct model *m[2];
-	float *P[2];
+	struct model *m[4];
+	float *P[4];
 	snprintf(num, sizeof(num), "%d", threads);
 	ck_assert_int_eq(setenv("MESHRUN_LOAD_THREADS", num, 1), 0);
 	ck_assert_int_eq(setenv("MESHRUN_LOAD_MMAP", mapped ? "1" : "0", 1), 0);
 	ck_assert(hf_load_mmap() == mapped);
 	struct hf_src *src;
-	ck_assert_msg(hf_src_open(&src, d, together ? 2 : 1, err, sizeof(err)) == 0, "%s", err);
-	for (int i = 0; i < 2; i++) {  /* the host's two devices */
+	ck_assert_msg(hf_src_open(&src, d, together ? dph : 1, err, sizeof(err)) == 0, "%s", err);
+	for (int i = 0; i < dph; i++) {
 		struct model_mesh mm = { .mesh = &mesh, .rules = &rules, .device = mesh_device_of(&mesh, 0, i) };
 		m[i] = model_plan_new(&dims, &mm, err, sizeof(err));
 		ck_assert_msg(m[i], "%s", err);
+		ck_assert(!i || model_numel(m[i]) == *n);  /* the layout below: devices of one size */
 		*n = model_numel(m[i]);
 		P[i] = malloc(sizeof(float) * *n);
 		ck_assert(P[i]);
@@ -466,12 +468,17 @@ static float *load_on_threads(const char *d, const char *keys, int threads, bool
 			ck_assert_msg(hf_src_load(src, m[i], P[i], err, sizeof(err)) == 0, "%s", err);
 	}
 	if (together) {
-		struct dev_load x[2] = { { src, m[0], P[0], 0, "" }, { src, m[1], P[1], 0, "" } };
-		pthread_t th;
-		ck_assert_int_eq(pthread_create(&th, NULL, dev_load, &x[1]), 0);
+		static struct dev_load x[4];
+		pthread_t th[4];
+		for (int i = 0; i < dph; i++)
+			x[i] = (struct dev_load){ .src = src, .m = m[i], .p = P[i] };
+		for (int i = 1; i < dph; i++)
+			ck_assert_int_eq(pthread_create(&th[i], NULL, dev_load, &x[i]), 0);
 		dev_load(&x[0]);
-		pthread_join(th, NULL);
-		ck_assert_msg(x[0].rc == 0 && x[1].rc == 0, "%s%s", x[0].err, x[1].err);
+		for (int i = 1; i < dph; i++)
+			pthread_join(th[i], NULL);
+		for (int i = 0; i < dph; i++)
+			ck_assert_msg(x[i].rc == 0, "device %d: %s", i, x[i].err);
 	} else {
 		ck_assert_int_eq(hf_src_done(src, 0, err, sizeof(err)), 0);
 	}
@@ -481,11 +488,20 @@ static float *load_on_threads(const char *d, const char *keys, int threads, bool
 	unsetenv("MESHRUN_LOAD_THREADS");
 	unsetenv("MESHRUN_LOAD_MMAP");
 	hf_src_close(src);
-	ck_assert_msg(!memcmp(P[0], P[1], sizeof(float) * *n), "%s: the two devices differ", keys);
-	model_free(m[0]);
-	model_free(m[1]);
-	free(P[1]);
-	return P[0];
+	size_t each = *n;
+	float *all = malloc(sizeof(float) * each * (size_t)dph);
+	ck_assert(all);
+	for (int i = 0; i < dph; i++) {
+		ck_assert_msg(!replicas || !memcmp(P[0], P[i], sizeof(float) * each), "%s: devices 0 and %d differ",
+			      keys, i);
+		memcpy(all + each * (size_t)i, P[i], sizeof(float) * each);
+	}
+	for (int i = 0; i < dph; i++) {
+		model_free(m[i]);
+		free(P[i]);
+	}
+	*n = each * (size_t)dph;
+	return all;
 }
 
 /* Reading on 1 or 3 threads, through mappings of the files or with
@@ -500,13 +516,17 @@ static void threads_bit_identical(const char *d)
 		"dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=2",
 		"dcn_data_parallelism=1 dcn_tensor_parallelism=2 ici_data_parallelism=2",
 		"dcn_data_parallelism=2 ici_data_parallelism=2",
+		"ici_data_parallelism=2 ici_fsdp_parallelism=2",  /* one host of 4: two blocks, each held by two */
+		"ici_data_parallelism=4",  /* one host of 4 replicas: the third and fourth copy */
 	};
-	for (int k = 0; k < 3; k++) {
+	for (int k = 0; k < 5; k++) {
 		size_t n1, n3, np;
 		uint64_t b1, b3, bp;
-		float *a = load_on_threads(d, meshes[k], 1, true, true, &n1, &b1);
-		float *b = load_on_threads(d, meshes[k], 3, true, false, &n3, &b3);
-		float *c = load_on_threads(d, meshes[k], 2, false, true, &np, &bp);
+		int dph = k < 3 ? 2 : 4;
+		bool rep = k != 3;
+		float *a = load_on_threads(d, meshes[k], dph, rep, 1, true, true, &n1, &b1);
+		float *b = load_on_threads(d, meshes[k], dph, rep, 3, true, false, &n3, &b3);
+		float *c = load_on_threads(d, meshes[k], dph, rep, 2, false, true, &np, &bp);
 		ck_assert_uint_eq(n1, n3);
 		ck_assert_uint_eq(b1, b3);
 		ck_assert_msg(!memcmp(a, b, sizeof(float) * n1), "%s: 1 and 3 threads (together, one by one) differ",
