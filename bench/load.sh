@@ -17,6 +17,15 @@
 #                two share the machine's cores as agents do)
 #   2 x 2        2 hosts x 2 devices (fsdp over hosts, data inside): each
 #                host reads its half once, its second device copies it
+#   2 x 2 copy   2 x 2 with the host's devices loading one after another
+#                (MESHRUN_BENCH_LOAD_COPY=1), so the second copies the
+#                first one's blocks: the same-run baseline of loading them
+#                together (a block both hold written into both from one read)
+#   ... pread    1 host, 2 hosts and 2 x 2 again with MESHRUN_LOAD_MMAP=0:
+#                the tensors pread through a bounce buffer (a column
+#                block's rows one pread each) instead of copied or widened
+#                straight out of read-only mappings of the shards (the
+#                default): the same-run baseline of the mappings
 # for a BF16 checkpoint (1.16 GB: Llama, hidden 2048, 10 layers, vocab
 # 32000, 4 shards) and an F32 one (1.25 GB, 4 layers), made once by
 # tests/hf_ref.py in $BENCH_LOAD_DIR (default /tmp). Prints one line per
@@ -58,7 +67,7 @@ one() {  # DIR LABEL ARGS...: every host of the mesh at once, one line each
 	done
 	for ((h = 0; h < hosts; h++)); do
 		wait "${pids[h]}"
-		printf '%-11s %s\n' "$label" "$(cut -d';' -f1 "${outs[h]}" | sed 's/, parameters.*//')"
+		printf '%-13s %s\n' "$label" "$(cut -d';' -f1 "${outs[h]}" | sed 's/, parameters.*//')"
 		sed -n 's/.*; parameters \([0-9]*\) MB made before in \([0-9.]*\) s (\([^)]*\)).*/            made first: \1 MB of parameters in \2 s (\3)/p' "${outs[h]}"
 		# against cat in the same round: wall / cat's wall, CPU / cat's CPU;
 		# with several hosts also against cat's times scaled to this host's
@@ -91,6 +100,12 @@ for spec in "bf16 BF16 10" "f32 F32 4"; do
 		MESHRUN_HUGEPAGES=1 one "$dir" "huge pages" 1 1
 		one "$dir" "2 hosts" 2 1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
 		one "$dir" "2 x 2" 2 2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=2
+		MESHRUN_BENCH_LOAD_COPY=1 one "$dir" "2 x 2 copy" 2 2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 \
+			ici_data_parallelism=2
+		MESHRUN_LOAD_MMAP=0 one "$dir" "1 host pread" 1 1
+		MESHRUN_LOAD_MMAP=0 one "$dir" "2 hosts pread" 2 1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
+		MESHRUN_LOAD_MMAP=0 one "$dir" "2 x 2 pread" 2 2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 \
+			ici_data_parallelism=2
 	done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -9,12 +9,13 @@
  * read before everything is checked; each host reads its share of the
  * tensor bytes and no more (FSDP, tensor and expert splits over 2 hosts,
  * devices of a host sharing blocks), the same bits and bytes whether it
- * reads on 1 thread or 3; parameters on huge pages or not load the same
+ * reads on 1 thread or 3, through mappings or pread; parameters on huge pages or not load the same
  * bits, and memory that cannot be had is an error naming its bytes. */
 #include <cJSON.h>
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -402,10 +403,33 @@ END_TEST
 
 /* ---- the readers' threads ---- */
 
-/* Host 0's device `local` of the mesh `keys` (2 hosts x 2 devices)
- * loaded from d on `threads` threads (MESHRUN_LOAD_THREADS): its
- * parameters (malloc'd, *n floats) and the tensor bytes read. */
-static float *load_on_threads(const char *d, const char *keys, int threads, size_t *n, uint64_t *bytes)
+/* One device's load, as train's devices do it. */
+struct dev_load {
+	struct hf_src *src;
+	const struct model *m;
+	float *p;
+	int rc;
+	char err[1024];
+};
+
+static void *dev_load(void *arg)
+{
+	struct dev_load *x = arg;
+	x->rc = hf_src_load_done(x->src, x->m, x->p, x->err, sizeof(x->err));
+	return NULL;
+}
+
+/* Host 0's dph devices of the mesh `keys` (4 devices: 4 / dph hosts)
+ * loaded from d on `threads` threads (MESHRUN_LOAD_THREADS), through
+ * mappings of the files or with pread (MESHRUN_LOAD_MMAP); together (a
+ * thread each, one batch of reads writing a block two hold into both, a
+ * third and fourth copying it) or, with `together` false, one after the
+ * other as a source of one device (the others copy the first one's
+ * blocks): every device's parameters, one after another (malloc'd, *n
+ * floats in all), and the tensor bytes read. With `replicas` (data
+ * parallel inside the host) all devices hold the same. */
+static float *load_on_threads(const char *d, const char *keys, int dph, bool replicas, int threads,
+			      bool mapped, bool together, size_t *n, uint64_t *bytes)
 {
 	static struct cfg c;
 	static struct mesh mesh;
@@ -418,59 +442,99 @@ static float *load_on_threads(const char *d, const char *keys, int threads, size
 	snprintf(buf, sizeof(buf), "%s", keys);
 	for (char *save = NULL, *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save))
 		ck_assert_msg(cfg_override(&c, w, err, sizeof(err)) == 0, "%s", err);
-	ck_assert_msg(cfg_finish(&c, 2, 2, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(cfg_finish(&c, 4 / dph, dph, err, sizeof(err)) == 0, "%s", err);
 	mesh_init(&mesh, &c);
 	ck_assert_msg(shard_rules_from_cfg(&rules, &c, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(model_dims_from_cfg(&dims, &c, err, sizeof(err)) == 0, "%s", err);
-	struct model *m[2];
-	float *P[2];
+	struct model *m[4];
+	float *P[4];
 	snprintf(num, sizeof(num), "%d", threads);
 	ck_assert_int_eq(setenv("MESHRUN_LOAD_THREADS", num, 1), 0);
+	ck_assert_int_eq(setenv("MESHRUN_LOAD_MMAP", mapped ? "1" : "0", 1), 0);
+	ck_assert(hf_load_mmap() == mapped);
 	struct hf_src *src;
-	ck_assert_msg(hf_src_open(&src, d, 1, err, sizeof(err)) == 0, "%s", err);
-	for (int i = 0; i < 2; i++) {  /* the host's two devices, the second copying the first's blocks */
+	ck_assert_msg(hf_src_open(&src, d, together ? dph : 1, err, sizeof(err)) == 0, "%s", err);
+	for (int i = 0; i < dph; i++) {
 		struct model_mesh mm = { .mesh = &mesh, .rules = &rules, .device = mesh_device_of(&mesh, 0, i) };
 		m[i] = model_plan_new(&dims, &mm, err, sizeof(err));
 		ck_assert_msg(m[i], "%s", err);
+		ck_assert(!i || model_numel(m[i]) == *n);  /* the layout below: devices of one size */
 		*n = model_numel(m[i]);
 		P[i] = malloc(sizeof(float) * *n);
 		ck_assert(P[i]);
 		for (size_t k = 0; k < *n; k++)
 			P[i][k] = 7.25f;
-		ck_assert_msg(hf_src_load(src, m[i], P[i], err, sizeof(err)) == 0, "%s", err);
+		if (!together)
+			ck_assert_msg(hf_src_load(src, m[i], P[i], err, sizeof(err)) == 0, "%s", err);
 	}
-	ck_assert_int_eq(hf_src_done(src, 0, err, sizeof(err)), 0);
+	if (together) {
+		static struct dev_load x[4];
+		pthread_t th[4];
+		for (int i = 0; i < dph; i++)
+			x[i] = (struct dev_load){ .src = src, .m = m[i], .p = P[i] };
+		for (int i = 1; i < dph; i++)
+			ck_assert_int_eq(pthread_create(&th[i], NULL, dev_load, &x[i]), 0);
+		dev_load(&x[0]);
+		for (int i = 1; i < dph; i++)
+			pthread_join(th[i], NULL);
+		for (int i = 0; i < dph; i++)
+			ck_assert_msg(x[i].rc == 0, "device %d: %s", i, x[i].err);
+	} else {
+		ck_assert_int_eq(hf_src_done(src, 0, err, sizeof(err)), 0);
+	}
 	struct hf_src_count cnt;
 	hf_src_counts(src, &cnt);
 	*bytes = cnt.tensors;
 	unsetenv("MESHRUN_LOAD_THREADS");
+	unsetenv("MESHRUN_LOAD_MMAP");
 	hf_src_close(src);
-	ck_assert_msg(!memcmp(P[0], P[1], sizeof(float) * *n), "%s: the two devices differ", keys);
-	model_free(m[0]);
-	model_free(m[1]);
-	free(P[1]);
-	return P[0];
+	size_t each = *n;
+	float *all = malloc(sizeof(float) * each * (size_t)dph);
+	ck_assert(all);
+	for (int i = 0; i < dph; i++) {
+		ck_assert_msg(!replicas || !memcmp(P[0], P[i], sizeof(float) * each), "%s: devices 0 and %d differ",
+			      keys, i);
+		memcpy(all + each * (size_t)i, P[i], sizeof(float) * each);
+	}
+	for (int i = 0; i < dph; i++) {
+		model_free(m[i]);
+		free(P[i]);
+	}
+	*n = each * (size_t)dph;
+	return all;
 }
 
-/* Reading on 1 or 3 threads fills the same bits and reads the same bytes
- * (whole tensors, FSDP's and tensor parallelism's column splits, whose
- * rows one job gathers, and the second device's copies of the first
- * one's blocks), and every float is loaded. */
+/* Reading on 1 or 3 threads, through mappings of the files or with
+ * pread, the devices together or one by one, fills the same bits and
+ * reads the same bytes (whole tensors, FSDP's and tensor parallelism's
+ * column splits, whose rows one job gathers, and the blocks both devices
+ * hold: written to both from one read, or copied from the first), and
+ * every float is loaded. */
 static void threads_bit_identical(const char *d)
 {
 	static const char *const meshes[] = {
 		"dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=2",
 		"dcn_data_parallelism=1 dcn_tensor_parallelism=2 ici_data_parallelism=2",
 		"dcn_data_parallelism=2 ici_data_parallelism=2",
+		"ici_data_parallelism=2 ici_fsdp_parallelism=2",  /* one host of 4: two blocks, each held by two */
+		"ici_data_parallelism=4",  /* one host of 4 replicas: the third and fourth copy */
 	};
-	for (int k = 0; k < 3; k++) {
-		size_t n1, n3;
-		uint64_t b1, b3;
-		float *a = load_on_threads(d, meshes[k], 1, &n1, &b1);
-		float *b = load_on_threads(d, meshes[k], 3, &n3, &b3);
+	for (int k = 0; k < 5; k++) {
+		size_t n1, n3, np;
+		uint64_t b1, b3, bp;
+		int dph = k < 3 ? 2 : 4;
+		bool rep = k != 3;
+		float *a = load_on_threads(d, meshes[k], dph, rep, 1, true, true, &n1, &b1);
+		float *b = load_on_threads(d, meshes[k], dph, rep, 3, true, false, &n3, &b3);
+		float *c = load_on_threads(d, meshes[k], dph, rep, 2, false, true, &np, &bp);
 		ck_assert_uint_eq(n1, n3);
 		ck_assert_uint_eq(b1, b3);
-		ck_assert_msg(!memcmp(a, b, sizeof(float) * n1), "%s: 1 and 3 threads differ", meshes[k]);
+		ck_assert_msg(!memcmp(a, b, sizeof(float) * n1), "%s: 1 and 3 threads (together, one by one) differ",
+			      meshes[k]);
+		ck_assert_uint_eq(n1, np);
+		ck_assert_uint_eq(b1, bp);
+		ck_assert_msg(!memcmp(a, c, sizeof(float) * n1), "%s: mmap and pread differ", meshes[k]);
+		free(c);
 		size_t marked = 0;
 		for (size_t i = 0; i < n1; i++)
 			marked += a[i] == 7.25f;

@@ -331,8 +331,11 @@ END_TEST
 static struct st_file *open_halves(const char *name, const char *dtype, const uint16_t *h, int n)
 {
 	char header[160];
-	snprintf(header, sizeof(header), "{\"x\":{\"dtype\":\"%s\",\"shape\":[%d],\"data_offsets\":[0,%d]}}",
-		 dtype, n, 2 * n);
+	int len = snprintf(header, sizeof(header), "{\"x\":{\"dtype\":\"%s\",\"shape\":[%d],\"data_offsets\":[0,%d]}}",
+			   dtype, n, 2 * n);
+	while (len % 8)  /* padded as the format says: the values at their alignment, so st_map reads them in place */
+		header[len++] = ' ';
+	header[len] = '\0';
 	const char *p = path_in(name);
 	make_file(p, strlen(header), header, h, 2 * (size_t)n);
 	struct st_file *f = st_open_header(p, err, sizeof(err));
@@ -345,7 +348,7 @@ static struct st_file *open_halves(const char *name, const char *dtype, const ui
  * denormals, -0): read from element 0, 1 and 7 into destinations at
  * each 4-byte offset of 16 (every head the SSE2 loop aligns), lengths
  * that end at no vector width, through st_read and bounce buffers of 1,
- * 7 and 4096 values. */
+ * 7 and 4096 values, and out of the file's mapping (st_map). */
 START_TEST(test_bf16_every_pattern)
 {
 	enum { N = 65536 };
@@ -359,31 +362,35 @@ START_TEST(test_bf16_every_pattern)
 	const struct st_entry *e = st_find(f, "x");
 	static const size_t caps[] = { 1, 7, 4096 };
 	static const int firsts[] = { 0, 1, 7 };  /* the source's alignment */
-	for (int fi = 0; fi < 3; fi++)
-		for (int dst_off = 0; dst_off < 4; dst_off++)  /* every head alignment of the destination */
-			for (int c = -1; c < 3; c++) {
-				int first = firsts[fi];
-				size_t n = (size_t)(N - first - 3 * (first % 3));
-				if (c >= 0 && caps[c] == 1)
-					n = 1001;  /* one value at a time: a short run */
-				float *d = got + dst_off;
-				memset(got, 0xa5, sizeof(float) * (N + 4));
-				int rc = c < 0 ? st_read(f, e, (uint64_t)first, n, d, err, sizeof(err))
-					       : st_read_buf(f, e, (uint64_t)first, n, d, buf, caps[c], err, sizeof(err));
-				ck_assert_msg(rc == 0, "%s", err);
-				size_t bad = n;  /* the first wrong value (one assert: check marks every one) */
-				for (size_t i = 0; i < n && bad == n; i++) {
-					uint32_t u;
-					memcpy(&u, &d[i], sizeof(u));
-					if (u != (uint32_t)h[first + i] << 16)
-						bad = i;
+	ck_assert_uint_eq(st_header_bytes(f) % 8, 0);
+	for (int mapped = 0; mapped < 2; mapped++) {  /* pread and a bounce buffer, then out of the mapping */
+		ck_assert_int_eq(mapped ? st_map(f) : 0, 0);
+		for (int fi = 0; fi < 3; fi++)
+			for (int dst_off = 0; dst_off < 4; dst_off++)  /* every head alignment of the destination */
+				for (int c = -1; c < 3; c++) {
+					int first = firsts[fi];
+					size_t n = (size_t)(N - first - 3 * (first % 3));
+					if (c >= 0 && caps[c] == 1)
+						n = 1001;  /* one value at a time: a short run */
+					float *d = got + dst_off;
+					memset(got, 0xa5, sizeof(float) * (N + 4));
+					int rc = c < 0 ? st_read(f, e, (uint64_t)first, n, d, err, sizeof(err))
+						       : st_read_buf(f, e, (uint64_t)first, n, d, buf, caps[c], err, sizeof(err));
+					ck_assert_msg(rc == 0, "%s", err);
+					size_t bad = n;  /* the first wrong value (one assert: check marks every one) */
+					for (size_t i = 0; i < n && bad == n; i++) {
+						uint32_t u;
+						memcpy(&u, &d[i], sizeof(u));
+						if (u != (uint32_t)h[first + i] << 16)
+							bad = i;
+					}
+					ck_assert_msg(bad == n, "mapped %d first %d offset %d cap %d: value %zu (bf16 %#x) is %a",
+						      mapped, first, dst_off, c, bad, bad < n ? h[first + bad] : 0, bad < n ? d[bad] : 0.0f);
+					uint32_t after;
+					memcpy(&after, &d[n], sizeof(after));
+					ck_assert_uint_eq(after, 0xa5a5a5a5u);  /* nothing past the n floats */
 				}
-				ck_assert_msg(bad == n, "first %d offset %d cap %d: value %zu (bf16 %#x) is %a", first,
-					      dst_off, c, bad, bad < n ? h[first + bad] : 0, bad < n ? d[bad] : 0.0f);
-				uint32_t after;
-				memcpy(&after, &d[n], sizeof(after));
-				ck_assert_uint_eq(after, 0xa5a5a5a5u);  /* nothing past the n floats */
-			}
+	}
 	st_close(f);
 	free(h);
 	free(got);
@@ -392,17 +399,21 @@ END_TEST
 
 /* F16 widens exactly, every one of the 65,536 bit patterns: the value
  * (half_value's, computed in double), its sign (-0 too), and NaNs with
- * their payloads kept in the upper mantissa bits. */
+ * their payloads kept in the upper mantissa bits; read out of the
+ * file's mapping, the same bits. */
 START_TEST(test_f16_every_pattern)
 {
 	enum { N = 65536 };
 	uint16_t *h = malloc(2 * N);
-	float *got = malloc(sizeof(float) * N);
-	ck_assert(h && got);
+	float *got = malloc(sizeof(float) * N), *mapped = malloc(sizeof(float) * N);
+	ck_assert(h && got && mapped);
 	for (int i = 0; i < N; i++)
 		h[i] = (uint16_t)i;
 	struct st_file *f = open_halves("f16all.safetensors", "F16", h, N);
 	ck_assert_msg(st_read(f, st_find(f, "x"), 0, N, got, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(st_map(f), 0);  /* out of the mapping: the same bits */
+	ck_assert_msg(st_read(f, st_find(f, "x"), 0, N, mapped, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(!memcmp(got, mapped, sizeof(float) * N), "F16 out of the mapping differs");
 	int bad = N;  /* the first wrong value (one assert: check marks every one) */
 	for (int i = 0; i < N && bad == N; i++) {
 		double want = half_value(h[i]);
@@ -417,11 +428,12 @@ START_TEST(test_f16_every_pattern)
 	st_close(f);
 	free(h);
 	free(got);
+	free(mapped);
 }
 END_TEST
 
-/* st_open_header reads the header only; st_read reads exactly the
- * elements asked for, and counts their bytes. */
+/* st_open_header reads the header only; st_read and st_read_rows read
+ * exactly the elements asked for, and count their bytes. */
 START_TEST(test_ranged_read)
 {
 	float a[60], b[8];
@@ -450,6 +462,37 @@ START_TEST(test_ranged_read)
 	ck_assert_int_eq(st_read(f, eb, 6, 3, out, err, sizeof(err)), -ERANGE);
 	ck_assert_msg(strstr(err, "outside tensor 'b'"), "%s", err);
 	ck_assert_uint_eq(st_bytes_read(f), h + 18);
+	/* a column block: rows 1-4 of a's columns 3-6, and b's elements
+	 * {1, 2, 4, 5}, by pread and out of the mapping, into rows 5 floats
+	 * apart and into a second destination too; the bytes of the elements
+	 * read are counted, once, either way */
+	uint16_t buf[3];
+	for (int mapped = 0; mapped < 2; mapped++) {
+		float blk[20], two[20];
+		uint64_t before = st_bytes_read(f);
+		ck_assert_int_eq(mapped ? st_map(f) : 0, 0);
+		memset(blk, 0xa5, sizeof(blk));
+		memset(two, 0xa5, sizeof(two));
+		struct st_rows r = { .first = 13, .fstride = 10, .n = 4, .rows = 4, .dst = blk, .dst2 = two, .dstride = 5 };
+		ck_assert_msg(st_read_rows(f, ea, &r, buf, 3, err, sizeof(err)) == 0, "%s", err);
+		for (int i = 0; i < 4; i++)
+			for (int j = 0; j < 5; j++) {
+				uint32_t u;
+				memcpy(&u, &blk[5 * i + j], sizeof(u));
+				ck_assert_msg(j < 4 ? blk[5 * i + j] == a[13 + 10 * i + j] : u == 0xa5a5a5a5u,
+					      "mapped %d row %d col %d: %g", mapped, i, j, blk[5 * i + j]);
+			}
+		ck_assert(!memcmp(blk, two, sizeof(blk)));
+		r = (struct st_rows){ .first = 1, .fstride = 3, .n = 2, .rows = 2, .dst = blk, .dst2 = two, .dstride = 2 };
+		ck_assert_int_eq(st_read_rows(f, eb, &r, buf, 3, err, sizeof(err)), 0);
+		ck_assert(blk[0] == b[1] && blk[1] == b[2] && blk[2] == b[4] && blk[3] == b[5]);
+		ck_assert(!memcmp(blk, two, 4 * sizeof(float)));
+		ck_assert_uint_eq(st_bytes_read(f), before + 32 + 16);
+		/* the last row ends past the tensor */
+		r.rows = 3;
+		ck_assert_int_eq(st_read_rows(f, eb, &r, buf, 3, err, sizeof(err)), -ERANGE);
+		ck_assert_msg(strstr(err, "outside tensor 'b'") && !strchr(err, '\n'), "%s", err);
+	}
 	st_close(f);
 
 	/* a dtype that does not load is refused by name when read */
@@ -502,6 +545,78 @@ START_TEST(test_truncated)
 	ck_assert_msg(strstr(err, "unable to open") && strstr(err, "none.safetensors"), "%s", err);
 	ck_assert_ptr_null(st_open(dir, err, sizeof(err)));
 	ck_assert_msg(strstr(err, "not a regular file"), "%s", err);
+}
+END_TEST
+
+/* A file cut short after its header was checked: a mapping made before
+ * the cut reads -EIO (its pages are populated before they are read:
+ * no SIGBUS), and one asked for after it is refused (-ESTALE) and the
+ * pread that follows says -EIO; one line naming the file and tensor. */
+START_TEST(test_truncated_mapped)
+{
+	enum { N = 8192 };  /* 32 KiB: the cut leaves whole pages out */
+	float *x = malloc(sizeof(float) * N), out[1024];
+	ck_assert(x);
+	for (int i = 0; i < N; i++)
+		x[i] = (float)i;
+	struct st_tensor t = { "x", 1, { N }, x, ST_F32 };
+	const char *p = path_in("mapcut.safetensors");
+	ck_assert_int_eq(st_write(p, &t, 1, NULL, err, sizeof(err)), 0);
+	struct st_file *f = st_open_header(p, err, sizeof(err)), *g = st_open_header(p, err, sizeof(err));
+	ck_assert_msg(f && g, "%s", err);
+	const struct st_entry *e = st_find(f, "x");
+	ck_assert_int_eq(st_map(f), 0);
+	ck_assert_int_eq(st_read(f, e, 4096, 1024, out, err, sizeof(err)), 0);
+	ck_assert(out[0] == 4096.0f && out[1023] == 5119.0f);
+	ck_assert_int_eq(truncate(p, (off_t)(st_header_bytes(f) + 100)), 0);
+	uint64_t before = st_bytes_read(f);
+	ck_assert_int_eq(st_read(f, e, 4096, 1024, out, err, sizeof(err)), -EIO);
+	ck_assert_msg(strstr(err, p) && strstr(err, "tensor 'x': file ended early") && !strchr(err, '\n'), "%s",
+		      err);
+	ck_assert_uint_eq(st_bytes_read(f), before);
+	ck_assert_int_eq(st_map(g), -ESTALE);
+	ck_assert_int_eq(st_read(g, st_find(g, "x"), 4096, 1024, out, err, sizeof(err)), -EIO);
+	ck_assert_msg(strstr(err, "file ended early"), "%s", err);
+	st_close(f);
+	st_close(g);
+	free(x);
+}
+END_TEST
+
+/* A file larger than the address space left: st_map fails (and says
+ * so again without trying), and the reads stay preads with the same
+ * values and byte count (a sparse 8 GiB tensor, under a 4 GiB limit). */
+START_TEST(test_map_refused)
+{
+	const uint64_t n = (uint64_t)1 << 31;
+	char header[128];
+	int len = snprintf(header, sizeof(header), "{\"x\":{\"dtype\":\"F32\",\"shape\":[%llu],"
+			   "\"data_offsets\":[0,%llu]}}", (unsigned long long)n, (unsigned long long)(4 * n));
+	while (len % 8)
+		header[len++] = ' ';
+	header[len] = '\0';
+	const char *p = path_in("sparse.safetensors");
+	make_file(p, (uint64_t)len, header, NULL, 0);
+	ck_assert_int_eq(truncate(p, (off_t)(8 + (uint64_t)len + 4 * n)), 0);
+	struct st_file *f = st_open_header(p, err, sizeof(err));
+	ck_assert_msg(f, "%s", err);
+	struct rlimit old, lim;
+	ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
+	lim = old;
+	lim.rlim_cur = (rlim_t)4 << 30;
+	ck_assert_int_eq(setrlimit(RLIMIT_AS, &lim), 0);
+	ck_assert_int_eq(st_map(f), -ENOMEM);
+	ck_assert_int_eq(st_map(f), -ENOMEM);
+	float out[16];
+	memset(out, 0xa5, sizeof(out));
+	uint64_t before = st_bytes_read(f);
+	ck_assert_msg(st_read(f, st_find(f, "x"), n - 16, 16, out, err, sizeof(err)) == 0, "%s", err);
+	for (int i = 0; i < 16; i++)
+		ck_assert(out[i] == 0.0f);
+	ck_assert_uint_eq(st_bytes_read(f), before + 64);
+	ck_assert_int_eq(setrlimit(RLIMIT_AS, &old), 0);
+	st_close(f);
+	unlink(p);
 }
 END_TEST
 
@@ -789,6 +904,8 @@ static Suite *st_suite(void)
 	tcase_set_timeout(tc, 30);
 	tcase_add_unchecked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_truncated);
+	tcase_add_test(tc, test_truncated_mapped);
+	tcase_add_test(tc, test_map_refused);
 	tcase_add_loop_test(tc, test_bad_header, 0, (int)(sizeof(bad_cases) / sizeof(bad_cases[0])));
 	tcase_add_test(tc, test_bad_lengths);
 	tcase_add_test(tc, test_write_invalid);

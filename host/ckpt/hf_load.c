@@ -21,6 +21,7 @@
 #include "host/ckpt/safetensors.h"
 #include "host/model/model.h"
 #include "host/util/clock.h"
+#include "host/util/mem.h"
 #include "host/util/threads.h"
 
 /* One tensor of the checkpoint: its shard and entry, and the blocks of
@@ -37,6 +38,7 @@ struct hf_block {
 	int next, nd;
 	int off[MODEL_MAX_DIMS], shape[MODEL_MAX_DIMS];
 	const float *data;          /* in the params of the device that read it */
+	int job0, job1;             /* its reads, while in the batch not yet run */
 };
 
 struct hf_src {
@@ -60,28 +62,34 @@ struct hf_src {
 	uint64_t tensor_bytes;      /* the model's tensors in the files */
 	double t0, t1;
 	int threads;                /* readers (util_load_threads) */
+	bool mmap;                  /* read through mappings of the files (hf_load_mmap) */
 	struct hf_job *jobs;        /* the reads and copies of one batch, in tensor order */
 	int njobs, capjobs;
 	int batch_block0;           /* blocks from here on are being read in this batch */
+	int block_job0;             /* the block being added reads from this job on */
+	int loads;                  /* hf_src_load_into calls so far */
 };
 
-/* One piece of work of a batch: rows x n elements of tensor e from
- * element `first` (the next row fstride elements on) into dst (the next
- * row dstride floats on); or, with e NULL, n floats copied from src (a
- * block another device of this host read). */
+/* One piece of work of a batch: r's rows of tensor e (into r.dst, and
+ * r.dst2 when another device of the host holds the same block); or,
+ * with e NULL, r.n floats copied from src into r.dst (a block another
+ * device of this host read in an earlier batch). */
 struct hf_job {
 	struct st_file *f;
 	const struct st_entry *e;
-	uint64_t first, fstride;
-	size_t n, rows;
-	ptrdiff_t dstride;
-	float *dst;
+	struct st_rows r;
 	const float *src;
 };
 
 /* A job holds at most this many floats (4 MiB): big tensors are shared
  * out in pieces, rows of column splits gathered into pieces */
 #define HF_JOB_FLOATS ((size_t)1 << 20)
+
+bool hf_load_mmap(void)
+{
+	const char *v = getenv("MESHRUN_LOAD_MMAP");
+	return v ? strcmp(v, "0") != 0 : true;
+}
 
 static int cmp_ent(const void *a, const void *b)
 {
@@ -230,6 +238,7 @@ static int src_open(struct hf_src **out, const char *dir, const char *file, int 
 	s->devices = devices;
 	s->check_rc = 1;
 	s->threads = util_load_threads();
+	s->mmap = hf_load_mmap();
 	if (ckpt_find(dir, s->dir, sizeof(s->dir), NULL, err, errlen)) {
 		rc = -EBADMSG;
 		goto fail;
@@ -486,27 +495,29 @@ static struct hf_job *new_job(struct hf_src *s, char *err, size_t errlen)
 		s->capjobs = cap;
 	}
 	struct hf_job *j = &s->jobs[s->njobs++];
-	*j = (struct hf_job){ .rows = 1 };
+	*j = (struct hf_job){ .r.rows = 1 };
 	return j;
 }
 
 /* Adds the read of n elements of t from `first` into dst: pieces of at
- * most HF_JOB_FLOATS, or one more row of the batch's last job when it
- * reads the same length at a steady stride (a column split's rows). */
+ * most HF_JOB_FLOATS, or one more row of the batch's last job, of the
+ * same block, when it reads the same length at a steady stride (a column
+ * split's rows). */
 static int push_read(struct hf_src *s, struct hf_ent *t, uint64_t first, size_t n, float *dst, char *err,
 		     size_t errlen)
 {
-	struct hf_job *l = s->njobs ? &s->jobs[s->njobs - 1] : NULL;
+	struct hf_job *l = s->njobs > s->block_job0 ? &s->jobs[s->njobs - 1] : NULL;
+	struct st_rows *r = l ? &l->r : NULL;
 	if (!n)
 		return 0;
-	if (l && l->e == t->e && l->n == n && (l->rows + 1) * n <= HF_JOB_FLOATS && first > l->first &&
-	    dst > l->dst) {
-		if (l->rows == 1) {
-			l->fstride = first - l->first;
-			l->dstride = dst - l->dst;
+	if (l && l->e == t->e && r->n == n && (r->rows + 1) * n <= HF_JOB_FLOATS && first > r->first &&
+	    dst > r->dst) {
+		if (r->rows == 1) {
+			r->fstride = first - r->first;
+			r->dstride = dst - r->dst;
 		}
-		if (first == l->first + l->rows * l->fstride && dst == l->dst + (ptrdiff_t)l->rows * l->dstride) {
-			l->rows++;
+		if (first == r->first + r->rows * r->fstride && dst == r->dst + (ptrdiff_t)r->rows * r->dstride) {
+			r->rows++;
 			return 0;
 		}
 	}
@@ -516,9 +527,9 @@ static int push_read(struct hf_src *s, struct hf_ent *t, uint64_t first, size_t 
 			return -ENOMEM;
 		j->f = s->files[t->file];
 		j->e = t->e;
-		j->first = first + done;
-		j->n = n - done < HF_JOB_FLOATS ? n - done : HF_JOB_FLOATS;
-		j->dst = dst + done;
+		j->r.first = first + done;
+		j->r.n = n - done < HF_JOB_FLOATS ? n - done : HF_JOB_FLOATS;
+		j->r.dst = dst + done;
 	}
 	return 0;
 }
@@ -530,31 +541,10 @@ static int push_copy(struct hf_src *s, float *dst, const float *src, size_t n, c
 		if (!j)
 			return -ENOMEM;
 		j->src = src + done;
-		j->dst = dst + done;
-		j->n = n - done < HF_JOB_FLOATS ? n - done : HF_JOB_FLOATS;
+		j->r.dst = dst + done;
+		j->r.n = n - done < HF_JOB_FLOATS ? n - done : HF_JOB_FLOATS;
 	}
 	return 0;
-}
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
-/* dst = n floats of src, with streaming stores as st_read_buf widens:
- * the copy is far larger than the caches */
-static void copy_floats(float *restrict dst, const float *restrict src, size_t n)
-{
-	size_t j = 0;
-#if defined(__SSE2__)
-	for (; j < n && ((uintptr_t)(dst + j) & 15); j++)
-		dst[j] = src[j];
-	for (; j + 8 <= n; j += 8) {
-		_mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
-		_mm_stream_ps(dst + j + 4, _mm_loadu_ps(src + j + 4));
-	}
-	_mm_sfence();
-#endif
-	memcpy(dst + j, src + j, (n - j) * sizeof(float));
 }
 
 /* The batch's threads share a counter of jobs taken and the first
@@ -582,14 +572,12 @@ static void *run_jobs(void *arg)
 		const struct hf_job *j = &s->jobs[i];
 		int rc = 0;
 		if (!j->e) {
-			copy_floats(j->dst, j->src, j->n);
+			util_copy_stream(j->r.dst, j->src, j->r.n);
 		} else if (!buf) {
 			snprintf(err, sizeof(err), "checkpoint: out of memory for a read buffer");
 			rc = -ENOMEM;
 		} else {
-			for (size_t k = 0; k < j->rows && !rc; k++)
-				rc = st_read_buf(j->f, j->e, j->first + k * j->fstride, j->n,
-						 j->dst + (ptrdiff_t)k * j->dstride, buf, ST_BOUNCE, err, sizeof(err));
+			rc = st_read_rows(j->f, j->e, &j->r, buf, ST_BOUNCE, err, sizeof(err));
 		}
 		if (rc) {
 			pthread_mutex_lock(&r->mu);
@@ -606,6 +594,15 @@ static void *run_jobs(void *arg)
 	return NULL;
 }
 
+/* Maps the files the batch reads, when s reads through mappings: a file
+ * that will not map (an address-space limit) is read with pread. */
+static void map_files(struct hf_src *s)
+{
+	for (int i = 0; i < s->njobs && s->mmap; i++)
+		if (s->jobs[i].e)
+			st_map(s->jobs[i].f);
+}
+
 /* Runs the batch's jobs on s->threads threads (this one among them)
  * and empties it; the first failing job's error. */
 static int run_batch(struct hf_src *s, char *err, size_t errlen)
@@ -616,13 +613,17 @@ static int run_batch(struct hf_src *s, char *err, size_t errlen)
 	if (want > s->njobs - 1)
 		want = s->njobs - 1;
 	pthread_mutex_init(&r.mu, NULL);
+	map_files(s);
 	while (n < want && !pthread_create(&th[n], NULL, run_jobs, &r))
 		n++;  /* fewer threads when one cannot start: the work is the same */
 	run_jobs(&r);
 	for (int i = 0; i < n; i++)
 		pthread_join(th[i], NULL);
 	pthread_mutex_destroy(&r.mu);
+	for (int f = 0; f < s->nfiles; f++)
+		st_unmap(s->files[f]);
 	s->njobs = 0;
+	s->block_job0 = 0;
 	s->batch_block0 = s->nblocks;
 	if (r.fail_rc)
 		snprintf(err, errlen, "%s", r.fail_err);
@@ -665,9 +666,27 @@ static int keep_block(struct hf_src *s, struct hf_ent *t, int nd, const int *off
 	memcpy(x->off, off, sizeof(int) * (size_t)nd);
 	memcpy(x->shape, b, sizeof(int) * (size_t)nd);
 	x->data = dst;
+	x->job0 = s->block_job0;
+	x->job1 = s->njobs;
 	x->next = t->first_block;
 	t->first_block = s->nblocks++;
 	return 0;
+}
+
+/* Makes dst (another device's copy of block x, of the batch not yet
+ * run) the second destination of x's reads: written from the same read
+ * of the file, while the values are in cache, instead of copied from x
+ * afterwards. False when a read of x has one already (a third device). */
+static bool second_dest(struct hf_src *s, const struct hf_block *x, float *dst)
+{
+	if (x->job1 <= x->job0)
+		return false;
+	for (int i = x->job0; i < x->job1; i++)
+		if (s->jobs[i].r.dst2)
+			return false;
+	for (int i = x->job0; i < x->job1; i++)
+		s->jobs[i].r.dst2 = dst + (s->jobs[i].r.dst - x->data);
+	return true;
 }
 
 /* dst (the block, row-major) = the block at off of shape b of tensor t
@@ -687,11 +706,15 @@ static int fill_block(struct hf_src *s, struct hf_ent *t, int nd, const int *g, 
 		const struct hf_block *x = &s->blocks[k];
 		if (x->nd == nd && !memcmp(x->off, off, sizeof(int) * (size_t)nd) &&
 		    !memcmp(x->shape, b, sizeof(int) * (size_t)nd)) {
-			/* a block of this batch is read before it is copied */
+			if (k >= s->batch_block0 && second_dest(s, x, dst))
+				return 0;
+			/* a block of this batch that has its second destination
+			 * already is read before it is copied */
 			int rc = k >= s->batch_block0 ? run_batch(s, err, errlen) : 0;
 			return rc ? rc : push_copy(s, dst, x->data, numel, err, errlen);
 		}
 	}
+	s->block_job0 = s->njobs;
 	/* dimensions after k are whole: a run is b[k] x the rest */
 	int k = nd - 1;
 	while (k > 0 && b[k] == g[k])
@@ -784,8 +807,14 @@ int hf_src_load_into(struct hf_src *s, const struct model *m, const struct hf_de
 		snprintf(err, errlen, "%s", s->check_err);
 	for (int k = 0; k < nd && !rc; k++)
 		rc = fill_all(s, m, d[k].prefix, d[k].buf, r, nr, err, errlen);
-	/* a batch not run (an error adding to it) is dropped */
-	int brc = rc ? (s->njobs = 0) : run_batch(s, err, errlen);
+	/* the host's last device runs the batch, so a block several devices
+	 * hold is read once into all of them; a batch not run (an error
+	 * adding to it) is dropped, and every device fails (hf_src_done) */
+	int brc = 0;
+	if (rc)
+		s->njobs = 0;
+	else if (++s->loads >= s->devices)
+		brc = run_batch(s, err, errlen);
 	rc = rc ? rc : brc;
 	s->t1 = util_now_s();
 	pthread_mutex_unlock(&s->mu);
@@ -806,6 +835,14 @@ int hf_src_done(struct hf_src *s, int rc, char *err, size_t errlen)
 		s->fail_rc = rc;
 		snprintf(s->fail_err, sizeof(s->fail_err), "%s", err);
 	}
+	if (s->arrived == s->devices && s->njobs) {
+		/* a device never loaded: its siblings' reads are not run when
+		 * one failed, else run now */
+		int brc = s->fail_rc ? (s->njobs = 0) : run_batch(s, s->fail_err, sizeof(s->fail_err));
+		if (brc)
+			s->fail_rc = brc;
+		s->t1 = util_now_s();
+	}
 	pthread_cond_broadcast(&s->cv);
 	while (s->arrived < s->devices)
 		pthread_cond_wait(&s->cv, &s->mu);
@@ -815,6 +852,11 @@ int hf_src_done(struct hf_src *s, int rc, char *err, size_t errlen)
 	}
 	pthread_mutex_unlock(&s->mu);
 	return rc;
+}
+
+int hf_src_load_done(struct hf_src *s, const struct model *m, float *params, char *err, size_t errlen)
+{
+	return hf_src_done(s, hf_src_load(s, m, params, err, errlen), err, errlen);
 }
 
 uint64_t hf_src_bytes_read(const struct hf_src *s)

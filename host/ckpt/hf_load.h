@@ -3,12 +3,14 @@
  * built, this fills each device's shards of it. A host opens the
  * directory once for its devices: every shard's header is checked before
  * any data is read, then each device reads only the byte ranges of its
- * own blocks (pread, never a whole file into memory), and a block that
- * another device of the host already read is copied from it. Knows
+ * own blocks (out of read-only mappings of the shards, or pread; never a
+ * whole file into memory), and a block several devices of the host hold
+ * is read once for all of them. Knows
  * safetensors files and the model's table; no networks. */
 #ifndef MESHRUN_HF_LOAD_H
 #define MESHRUN_HF_LOAD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,8 +43,9 @@ const char *hf_src_meta(const struct hf_src *s, const char *key);
  * multi-token-prediction layer beyond the model's layers, rotary inv_freq
  * buffers and lm_head.weight of a tied model are skipped and counted
  * (hf_src_summary). No tensor data is read before the whole check passed.
- * Devices of a host run this one at a time. 0; -EBADMSG, -ENOMEM, -EIO
- * (a file that changed under us) with err. */
+ * Devices of a host run this one at a time; params are filled when
+ * hf_src_done returns (hf_src_load_into). 0; -EBADMSG, -ENOMEM, -EIO (a
+ * file that changed under us) with err. */
 int hf_src_load(struct hf_src *s, const struct model *m, float *params, char *err, size_t errlen);
 
 /* One set of tensors to fill: those named prefix + a parameter's Hugging
@@ -61,19 +64,31 @@ struct hf_range {
  * ones merged): the rest of each buf is left as it is, and its bytes are
  * not read (ZeRO-1's state: a device holds part of each bucket). The
  * host's first call checks the file against all of its dests: every
- * tensor there must be one of theirs. A block this device read whole is
- * copied, not read again, by the host's next device that holds it. The
- * reads and copies run on util_load_threads() threads and are all done
- * when it returns; the error is the first one in tensor order. */
+ * tensor there must be one of theirs. Each of the `devices` devices of
+ * hf_src_open calls this once (or fails before and calls hf_src_done
+ * only): the reads of all of them are one batch, run by the last one's
+ * call, so a block several devices hold whole is read once and written
+ * to two of them from the same read (a third copies it). The reads run
+ * on util_load_threads() threads; a device's buffers are filled when
+ * its hf_src_done returns (when its own call returns if devices is 1);
+ * the error is the first one in tensor order, and reaches every device
+ * through hf_src_done. */
 int hf_src_load_into(struct hf_src *s, const struct model *m, const struct hf_dest *d, int nd,
 		     const struct hf_range *r, int nr, char *err, size_t errlen);
 
 /* Every device of the host calls this once, after hf_src_load or instead
  * of it (rc and err: its own result): it blocks until all of them have,
- * since a later device may copy blocks out of an earlier one's params.
+ * since the last device's load fills the others' buffers too (and a
+ * later device may copy blocks out of an earlier one's params); when a
+ * device never loaded, the last to arrive runs the others' reads (or
+ * drops them when one failed).
  * Returns rc; a device that succeeded while another failed gets the
  * first failure's rc and err, so every device reports the real cause. */
 int hf_src_done(struct hf_src *s, int rc, char *err, size_t errlen);
+
+/* hf_src_done(s, hf_src_load(s, m, params, ...)): what each device of
+ * the host calls, on a thread of its own when there are several. */
+int hf_src_load_done(struct hf_src *s, const struct model *m, float *params, char *err, size_t errlen);
 
 /* Bytes this host read from the directory: the index, every shard's
  * length and header, and the tensor ranges. */
@@ -90,5 +105,10 @@ void hf_src_counts(const struct hf_src *s, struct hf_src_count *c);
  * checkpoint's total), from how many files, in how long, what skipped. */
 void hf_src_summary(const struct hf_src *s, char *out, size_t outlen);
 void hf_src_close(struct hf_src *s);
+
+/* Whether tensors are read through read-only mappings of the files
+ * (widened or copied straight out of the page cache) rather than pread
+ * into a bounce buffer: MESHRUN_LOAD_MMAP=0 reads with pread. */
+bool hf_load_mmap(void);
 
 #endif

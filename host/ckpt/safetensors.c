@@ -14,9 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "host/util/mem.h"
 #include "host/util/out.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -46,6 +48,10 @@ struct st_file {
 	char *path;
 	uint64_t data_start;      /* 8 + header length */
 	uint64_t bytes_read;      /* header and data, atomically added */
+	uint64_t size;            /* at open: what the header was checked against */
+	const uint8_t *map;       /* the whole file read-only, between st_map and st_unmap */
+	uint64_t map_len;
+	int map_rc;               /* st_map's failure, until st_unmap: not tried again */
 };
 
 /* Every safetensors dtype and its element size; F32, BF16 and F16 load. */
@@ -675,40 +681,146 @@ static void widen(float *restrict dst, const uint16_t *restrict src, size_t n, b
 		dst[j] = half_table[src[j]];
 }
 
-int st_read_buf(struct st_file *f, const struct st_entry *e, uint64_t first, size_t n, float *dst,
-		uint16_t *buf, size_t cap, char *err, size_t errlen)
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  /* Linux 5.14 */
+#endif
+
+/* Maps [off, off + len) of f's mapping into the page table before it is
+ * read: one call for a piece instead of a fault per 64 KiB, and a file
+ * cut short since it was opened is -EIO here, not a SIGBUS when the
+ * bytes are touched. A kernel without MADV_POPULATE_READ (< 5.14) is
+ * read through faults. */
+static int map_populate(const struct st_file *f, uint64_t off, uint64_t len)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), lo = off / page * page;
+	if (!len || !madvise((void *)(f->map + lo), (size_t)(off + len - lo), MADV_POPULATE_READ))
+		return 0;
+	return errno == EINVAL ? 0 : -EIO;
+}
+
+/* Row k of r, n elements at src, into its destinations: copied (F32) or
+ * widened with streaming stores, a cache-sized piece at a time, each
+ * piece written to dst and then to dst2 while it is still in cache. */
+static void put_row(const struct st_item *it, const struct st_rows *r, size_t k, const uint8_t *src)
+{
+	bool bf16 = !strcmp(it->pub.dtype, "BF16");
+	float *d[2] = { r->dst + (ptrdiff_t)k * r->dstride, r->dst2 ? r->dst2 + (ptrdiff_t)k * r->dstride : NULL };
+	for (size_t done = 0; done < r->n; done += ST_BOUNCE) {
+		size_t m = r->n - done < ST_BOUNCE ? r->n - done : ST_BOUNCE;
+		for (int i = 0; i < 2 && d[i]; i++) {
+			if (it->esize == 4)
+				util_copy_stream(d[i] + done, (const float *)src + done, m);
+			else
+				widen(d[i] + done, (const uint16_t *)src + done, m, bf16);
+		}
+	}
+}
+
+/* r out of the mapping: one populate for the span of the rows, then each
+ * row put in place. */
+static int map_rows(struct st_file *f, const struct st_item *it, const struct st_rows *r)
+{
+	uint64_t off = f->data_start + it->begin + r->first * (uint64_t)it->esize;
+	uint64_t span = ((r->rows - 1) * r->fstride + r->n) * (uint64_t)it->esize;
+	if (off > f->map_len || span > f->map_len - off)
+		return -EIO;  /* the file was shorter when mapped than its header says */
+	int rc = map_populate(f, off, span);
+	for (size_t k = 0; k < r->rows && !rc; k++)
+		put_row(it, r, k, f->map + off + k * r->fstride * (uint64_t)it->esize);
+	return rc;
+}
+
+/* r with a pread per row (per bounce buffer of 2-byte values); F32
+ * straight into dst, then copied into dst2. */
+static int pread_rows(struct st_file *f, const struct st_item *it, const struct st_rows *r, uint16_t *buf,
+		      size_t cap)
+{
+	uint64_t off = f->data_start + it->begin + r->first * (uint64_t)it->esize;
+	bool bf16 = !strcmp(it->pub.dtype, "BF16");
+	int rc = 0;
+	for (size_t k = 0; k < r->rows && !rc; k++, off += r->fstride * (uint64_t)it->esize) {
+		float *d = r->dst + (ptrdiff_t)k * r->dstride;
+		float *d2 = r->dst2 ? r->dst2 + (ptrdiff_t)k * r->dstride : NULL;
+		if (it->esize == 4) {
+			rc = pread_all(f->fd, d, r->n * sizeof(float), off);
+			if (!rc && d2)
+				util_copy_stream(d2, d, r->n);
+			continue;
+		}
+		for (size_t done = 0; done < r->n && !rc; done += cap) {
+			size_t m = r->n - done < cap ? r->n - done : cap;
+			rc = pread_all(f->fd, buf, m * sizeof(uint16_t), off + done * sizeof(uint16_t));
+			if (!rc)
+				widen(d + done, buf, m, bf16);
+			if (!rc && d2)
+				widen(d2 + done, buf, m, bf16);
+		}
+	}
+	return rc;
+}
+
+int st_read_rows(struct st_file *f, const struct st_entry *e, const struct st_rows *r, uint16_t *buf, size_t cap,
+		 char *err, size_t errlen)
 {
 	const struct st_item *it = (const struct st_item *)e;
-	int rc = 0;
+	int rc;
 	if (!e->loads) {
 		seterr(err, errlen, "safetensors: '%s': tensor '%s' has dtype '%s' (only F32, BF16 and F16 load)",
 		       f->path, e->name, e->dtype);
 		return -ENOTSUP;
 	}
-	if (first > (uint64_t)e->numel || n > (uint64_t)e->numel - first) {
-		seterr(err, errlen, "safetensors: '%s': elements [%llu, +%zu) outside tensor '%s' of %lld",
-		       f->path, (unsigned long long)first, n, e->name, (long long)e->numel);
+	uint64_t last = r->rows > 1 ? (r->rows - 1) * r->fstride : 0;
+	if (!r->rows || r->first > (uint64_t)e->numel || last > (uint64_t)e->numel - r->first ||
+	    r->n > (uint64_t)e->numel - r->first - last) {
+		seterr(err, errlen, "safetensors: '%s': elements [%llu, +%zu) x %zu rows outside tensor '%s' of %lld",
+		       f->path, (unsigned long long)r->first, r->n, r->rows, e->name, (long long)e->numel);
 		return -ERANGE;
 	}
-	uint64_t off = f->data_start + it->begin + first * (uint64_t)it->esize;
-	if (it->esize == 4) {
-		rc = pread_all(f->fd, dst, n * sizeof(float), off);
-	} else {
-		bool bf16 = !strcmp(e->dtype, "BF16");
-		for (size_t done = 0; done < n && !rc; done += cap) {
-			size_t m = n - done < cap ? n - done : cap;
-			rc = pread_all(f->fd, buf, m * sizeof(uint16_t), off + done * sizeof(uint16_t));
-			if (!rc)
-				widen(dst + done, buf, m, bf16);
-		}
-	}
+	uint64_t off = f->data_start + it->begin + r->first * (uint64_t)it->esize;
+	if (f->map && !(off % (uint64_t)it->esize))  /* values at their alignment: read in place */
+		rc = map_rows(f, it, r);
+	else
+		rc = pread_rows(f, it, r, buf, cap);
 	if (rc) {
 		seterr(err, errlen, "safetensors: '%s': unable to read tensor '%s': %s", f->path, e->name,
 		       rc == -EIO ? "file ended early" : strerror(-rc));
 		return rc;
 	}
-	__atomic_fetch_add(&f->bytes_read, (uint64_t)n * (uint64_t)it->esize, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&f->bytes_read, (uint64_t)r->rows * r->n * (uint64_t)it->esize, __ATOMIC_RELAXED);
 	return 0;
+}
+
+int st_read_buf(struct st_file *f, const struct st_entry *e, uint64_t first, size_t n, float *dst,
+		uint16_t *buf, size_t cap, char *err, size_t errlen)
+{
+	const struct st_rows r = { .first = first, .n = n, .rows = 1, .dst = dst };
+	return st_read_rows(f, e, &r, buf, cap, err, errlen);
+}
+
+int st_map(struct st_file *f)
+{
+	struct stat st;
+	if (f->map || f->map_rc)
+		return f->map_rc;
+	if (fstat(f->fd, &st) < 0)
+		return f->map_rc = -errno;
+	if ((uint64_t)st.st_size != f->size)  /* changed since its header was checked: pread says how */
+		return f->map_rc = -ESTALE;
+	void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, f->fd, 0);
+	if (p == MAP_FAILED)
+		return f->map_rc = -errno;
+	f->map = p;
+	f->map_len = (uint64_t)st.st_size;
+	return 0;
+}
+
+void st_unmap(struct st_file *f)
+{
+	if (f->map)
+		munmap((void *)f->map, (size_t)f->map_len);
+	f->map = NULL;
+	f->map_len = 0;
+	f->map_rc = 0;
 }
 
 /* 2-byte values go through a bounce buffer a chunk at a time (the
@@ -868,6 +980,7 @@ struct st_file *st_open_header(const char *path, char *err, size_t errlen)
 	}
 	if (read_header(f, path, size, err, errlen))
 		goto out_fail;
+	f->size = size;
 	return f;
 out_fail:
 	st_close(f);
@@ -890,6 +1003,7 @@ void st_close(struct st_file *f)
 {
 	if (!f)
 		return;
+	st_unmap(f);
 	if (f->fd >= 0)
 		close(f->fd);
 	free(f->path);

@@ -94,6 +94,36 @@ int st_read(struct st_file *f, const struct st_entry *e, uint64_t first, size_t 
 #define ST_BOUNCE 65536
 int st_read_buf(struct st_file *f, const struct st_entry *e, uint64_t first, size_t n, float *dst,
 		uint16_t *buf, size_t cap, char *err, size_t errlen);
+/* rows x n elements of a tensor: row k from element first + k x fstride,
+ * into dst + k x dstride, and into dst2 + k x dstride too when dst2 is
+ * not NULL (a second device holding the same block: both written from
+ * one read of the source). */
+struct st_rows {
+	uint64_t first, fstride;
+	size_t n, rows;
+	float *dst, *dst2;
+	ptrdiff_t dstride;
+};
+/* st_read_buf of a column block of a matrix (rows 1 is st_read_buf).
+ * From the file's mapping when st_map made one (no system call per row,
+ * no bounce buffer: the values are copied or widened straight out of
+ * the page cache), else a pread per row. The same errors and byte count
+ * either way: the bytes of the elements read, once however many
+ * destinations (the kernel maps whole pages, which this does not
+ * count). */
+int st_read_rows(struct st_file *f, const struct st_entry *e, const struct st_rows *r, uint16_t *buf, size_t cap,
+		 char *err, size_t errlen);
+/* Maps the whole file read-only for st_read_rows (nothing is read or
+ * mapped into the page table until a range is read; st_unmap or
+ * st_close unmaps). Each read populates its pages first
+ * (MADV_POPULATE_READ), so a file cut short under the reader is -EIO
+ * there, as with pread, not a SIGBUS (but for one cut between that and
+ * the copy, microseconds later). Not while another thread reads f. 0 or
+ * -errno, -ESTALE when the file's size is no longer the one its header
+ * was checked against (the reads then stay preads; a failure is
+ * returned again, not retried, until st_unmap). */
+int st_map(struct st_file *f);
+void st_unmap(struct st_file *f);
 /* Bytes of the file read so far: the length and header, and every
  * st_read's bytes. */
 uint64_t st_bytes_read(const struct st_file *f);

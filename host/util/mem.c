@@ -124,3 +124,22 @@ void util_big_free(void *p, size_t bytes)
 	}
 	munmap(p, (bytes + BIG_ALIGN - 1) & ~(BIG_ALIGN - 1));
 }
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+void util_copy_stream(float *restrict dst, const float *restrict src, size_t n)
+{
+	size_t j = 0;
+#if defined(__SSE2__)
+	for (; j < n && ((uintptr_t)(dst + j) & 15); j++)
+		dst[j] = src[j];
+	for (; j + 8 <= n; j += 8) {
+		_mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
+		_mm_stream_ps(dst + j + 4, _mm_loadu_ps(src + j + 4));
+	}
+	_mm_sfence();
+#endif
+	memcpy(dst + j, src + j, (n - j) * sizeof(float));
+}

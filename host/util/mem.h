@@ -24,6 +24,11 @@
 void *util_big_alloc(size_t bytes);
 void util_big_free(void *p, size_t bytes);
 
+/* dst = n floats of src, with streaming stores (SSE2): for copies far
+ * larger than the caches, which then write memory without reading each
+ * destination line in first. */
+void util_copy_stream(float *restrict dst, const float *restrict src, size_t n);
+
 /* Whether util_big_alloc asks for huge pages (MESHRUN_HUGEPAGES=1). */
 int util_hugepages(void);
 
