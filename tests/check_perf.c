@@ -375,6 +375,27 @@ START_TEST(test_search_zero_bubble)
 }
 END_TEST
 
+/* The measured figures (perf_measure) on the tiny model, with one
+ * thread beside: the forward that thread ran is recorded (it sets the
+ * figures' level), the transfers' CPU a byte is measured for each end
+ * (between 0 and a microsecond), and the cores the two threads got while
+ * measuring are at most two, over at least the warm-up. */
+START_TEST(test_measured)
+{
+	struct cfg c;
+	struct perf_compute pc;
+	make_cfg(&c, 1, 1, NULL);
+	ck_assert_msg(perf_measure(&c, 2, 1, 1, &pc, err, sizeof(err)) == 0, "%s", err);
+	ck_assert(pc.f_layer[0] > 0 && pc.b_layer[0] > 0 && pc.i_layer[0] > 0 && pc.w_layer[0] > 0);
+	ck_assert_msg(pc.f_beside > 0, "f_beside %g", pc.f_beside);
+	ck_assert_msg(pc.xfer_send > 0 && pc.xfer_send < 1e-6 && pc.xfer_recv > 0 && pc.xfer_recv < 1e-6,
+		      "transfer CPU %g / %g s a byte", pc.xfer_send, pc.xfer_recv);
+	ck_assert_msg(pc.cores_seen > 0 && pc.cores_seen <= 2.05 && pc.cores_window >= 0.5, "cores %g over %g s",
+		      pc.cores_seen, pc.cores_window);
+	ck_assert_int_eq(pc.rows, 2);
+}
+END_TEST
+
 static void setup(void)
 {
 	proc_setup("check_perf", 0);
@@ -420,6 +441,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_checked_fixture(tc, setup, NULL);
 	tcase_add_test(tc, test_command);
+	tcase_add_test(tc, test_measured);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
