@@ -14,15 +14,22 @@
 # action kind) beside the measured step (goal: within 15%). STEPS steps
 # a run (default 2: step 0 warms up, step 1 is measured; 3 averages
 # steps 1-2 and takes about a quarter longer). Prints the elapsed
-# seconds and the load average at the end.
-# usage: [STEPS=2] bench/sched_goals.sh
+# seconds and the load average at the end. BIN: that binary (a copy, e.g.
+# main's, to set beside this tree's in the same session) instead of
+# building this tree. bench/plan_spread.sh and bench/plan_pair.sh check
+# plan's stability and set two binaries' plans against the same runs.
+# usage: [STEPS=2] [BIN=meshrun] bench/sched_goals.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${STEPS:-2}
-make -s all
 bin=$(mktemp /tmp/meshrun-goals.XXXXXX)
 trap 'rm -f "$bin"' EXIT
-cp build/meshrun "$bin"
+if [ -n "${BIN:-}" ]; then
+  cp "$BIN" "$bin"
+else
+  make -s all
+  cp build/meshrun "$bin"
+fi
 chmod +x "$bin"
 t0=$(date +%s)
 echo "## recompute off; load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,7 +1,9 @@
 /* The step-time model (host/perf/perf.h) against what its parts must
  * give by hand: with compute from a FLOP rate and free links, 1F1B's
  * table is (M+S-1)(F+B); GPipe's the same; devices sharing half as many
- * cores as they are take twice as long; the data-parallel gradient sum is
+ * cores as they are take twice as long (their optimizers too); a
+ * transfer's measured CPU is charged to its two ends, and is part of a
+ * slower link's time; the data-parallel gradient sum is
  * a ring all-reduce of the gradients; gathers waited for at every use
  * (neither weight flag) cost their link time, gathers ahead hide behind
  * compute; --search lists the fastest first; `meshrun plan` prints
@@ -145,7 +147,7 @@ START_TEST(test_muon_once_per_matrix)
 END_TEST
 
 /* 4 devices of a data-parallel mesh on one machine: 2 cores take twice
- * as long as 4, 8 no longer than 4. */
+ * as long as 4, 8 no longer than 4; the optimizer too. */
 START_TEST(test_shared_cores)
 {
 	struct cfg c;
@@ -159,6 +161,60 @@ START_TEST(test_shared_cores)
 	predict(&c, &mc, &eight);
 	ck_assert_msg(fabs(two.table - 2 * own.table) < 1e-9 * own.table, "%g vs %g", two.table, own.table);
 	ck_assert_msg(fabs(eight.table - own.table) < 1e-9 * own.table, "%g vs %g", eight.table, own.table);
+	/* every device runs its optimizer at once, so at the same share; the
+	 * work a step counts it at full speed either way */
+	ck_assert(own.optimizer > 0);
+	ck_assert_msg(fabs(two.optimizer - 2 * own.optimizer) < 1e-9 * own.optimizer, "%g vs %g", two.optimizer,
+		      own.optimizer);
+	ck_assert_msg(fabs(eight.optimizer - own.optimizer) < 1e-9 * own.optimizer, "%g vs %g", eight.optimizer,
+		      own.optimizer);
+	ck_assert_msg(fabs(two.work - own.work) < 1e-9 * own.work, "work %g vs %g", two.work, own.work);
+}
+END_TEST
+
+/* The transfers' CPU (measured figures: a byte costs its sender xs and
+ * its receiver xr): 1F1B on 4 stages, M = 8, moves each microbatch's
+ * activation forward and its gradient back over 3 hops, 2 x 8 x 3
+ * messages of the microbatch's activation bytes, so the work by action
+ * has 48 x bytes x (xs + xr) of it; each end pays its part on the
+ * critical path, so the step grows, by less than all of it (the other
+ * stages' sends run beside); on a link slower than the ends' CPU, that
+ * CPU is part of the link's time: it adds less than on free links. */
+START_TEST(test_transfer_cpu)
+{
+	struct cfg c;
+	struct model_dims d;
+	struct perf_compute pc;
+	struct perf_parts none, charged, slow;
+	struct perf_machine mc = free_links;
+	make_cfg(&c, 4, 1, KV("dcn_data_parallelism=1", "dcn_pipeline_parallelism=4", "pipeline_schedule=1f1b",
+			      "num_pipeline_microbatches=8", "num_layers_per_pipeline_stage=2",
+			      "pipeline_recompute=false"));
+	ck_assert(model_dims_from_cfg(&d, &c, err, sizeof(err)) == 0);
+	int mb = perf_mb_rows(&c, &d, err, sizeof(err));
+	ck_assert_int_gt(mb, 0);
+	perf_analytic(&d, mb, 1e9, &pc);
+	ck_assert_msg(perf_predict(&c, &mc, &pc, &none, err, sizeof(err)) == 0, "%s", err);
+	ck_assert(none.work_kind[PERF_XFER] == 0);
+	double bytes = (double)mb * d.T * d.C * sizeof(float), xs = 2e-9, xr = 3e-9;
+	pc.xfer_send = xs;
+	pc.xfer_recv = xr;
+	ck_assert_msg(perf_predict(&c, &mc, &pc, &charged, err, sizeof(err)) == 0, "%s", err);
+	double all = 48 * bytes * (xs + xr);
+	ck_assert_msg(fabs(charged.work_kind[PERF_XFER] - all) < 1e-9 * all, "transfers %g, want %g",
+		      charged.work_kind[PERF_XFER], all);
+	ck_assert_msg(fabs(charged.work - none.work - all) < 1e-9 * all, "work %g - %g", charged.work, none.work);
+	ck_assert_msg(charged.step > none.step + 2 * bytes * (xs + xr) && charged.step < none.step + all,
+		      "step %g without %g, transfers %g", charged.step, none.step, all);
+	double charged_add = charged.step - none.step;
+	/* a link of 1 GB/s: a message's bytes take longer on it than its ends' CPU */
+	mc.dcn = mc.ici = (struct perf_link){ 1e9, 0 };
+	ck_assert_msg(perf_predict(&c, &mc, &pc, &slow, err, sizeof(err)) == 0, "%s", err);
+	pc.xfer_send = pc.xfer_recv = 0;
+	ck_assert_msg(perf_predict(&c, &mc, &pc, &none, err, sizeof(err)) == 0, "%s", err);
+	/* the ends' CPU hides in the link's time: it adds less than on free links */
+	ck_assert_msg(slow.step - none.step < 0.95 * charged_add, "step %g, without the CPU %g; on free links +%g",
+		      slow.step, none.step, charged_add);
 }
 END_TEST
 
@@ -319,6 +375,27 @@ START_TEST(test_search_zero_bubble)
 }
 END_TEST
 
+/* The measured figures (perf_measure) on the tiny model, with one
+ * thread beside: the forward that thread ran is recorded (it sets the
+ * figures' level), the transfers' CPU a byte is measured for each end
+ * (between 0 and a microsecond), and the cores the two threads got while
+ * measuring are at most two, over at least the warm-up. */
+START_TEST(test_measured)
+{
+	struct cfg c;
+	struct perf_compute pc;
+	make_cfg(&c, 1, 1, NULL);
+	ck_assert_msg(perf_measure(&c, 2, 1, 1, &pc, err, sizeof(err)) == 0, "%s", err);
+	ck_assert(pc.f_layer[0] > 0 && pc.b_layer[0] > 0 && pc.i_layer[0] > 0 && pc.w_layer[0] > 0);
+	ck_assert_msg(pc.f_beside > 0, "f_beside %g", pc.f_beside);
+	ck_assert_msg(pc.xfer_send > 0 && pc.xfer_send < 1e-6 && pc.xfer_recv > 0 && pc.xfer_recv < 1e-6,
+		      "transfer CPU %g / %g s a byte", pc.xfer_send, pc.xfer_recv);
+	ck_assert_msg(pc.cores_seen > 0 && pc.cores_seen <= 2.05 && pc.cores_window >= 0.5, "cores %g over %g s",
+		      pc.cores_seen, pc.cores_window);
+	ck_assert_int_eq(pc.rows, 2);
+}
+END_TEST
+
 static void setup(void)
 {
 	proc_setup("check_perf", 0);
@@ -353,6 +430,7 @@ int main(void)
 	tcase_add_test(tc, test_1f1b_and_gpipe_tables);
 	tcase_add_test(tc, test_zb_h1_iw);
 	tcase_add_test(tc, test_shared_cores);
+	tcase_add_test(tc, test_transfer_cpu);
 	tcase_add_test(tc, test_muon_once_per_matrix);
 	tcase_add_test(tc, test_data_tail);
 	tcase_add_test(tc, test_gathers);
@@ -363,6 +441,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_checked_fixture(tc, setup, NULL);
 	tcase_add_test(tc, test_command);
+	tcase_add_test(tc, test_measured);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -14,6 +14,8 @@
 #include "host/perf/perf.h"
 
 #define END_FLAGS { NULL, 0, NULL, 0, 0, NULL }
+/* seconds --cores auto runs the devices' threads at once first */
+#define AUTO_S 1.0
 
 struct plan_args {
 	int hosts, dph, threads, top;
@@ -34,14 +36,21 @@ static void print_prediction(const struct perf_parts *p, const struct perf_compu
 	printf("schedule: S=%d stages, v=%d chunks a stage, M=%d microbatches of %d rows\n", p->stages, p->chunks,
 	       p->microbatches, p->mb_rows);
 	printf("work: %.4f s of compute and optimizer a step over every device (at full speed)\n", p->work);
-	printf("work by action: F=%.2f,B=%.2f,I=%.2f,W=%.2f,own=%.2f s, optimizer %.2f s\n", p->work_kind[PERF_F],
-	       p->work_kind[PERF_B], p->work_kind[PERF_I], p->work_kind[PERF_W], p->work_kind[PERF_OWN],
-	       p->work - p->work_kind[PERF_F] - p->work_kind[PERF_B] - p->work_kind[PERF_I] -
-	       p->work_kind[PERF_W] - p->work_kind[PERF_OWN]);
+	double table = 0;
+	for (int k = 0; k < PERF_KINDS; k++)
+		table += p->work_kind[k];
+	printf("work by action: F=%.2f,B=%.2f,I=%.2f,W=%.2f,own=%.2f,xfer=%.2f s, optimizer %.2f s\n",
+	       p->work_kind[PERF_F], p->work_kind[PERF_B], p->work_kind[PERF_I], p->work_kind[PERF_W],
+	       p->work_kind[PERF_OWN], p->work_kind[PERF_XFER], p->work - table);
 	printf("compute per microbatch (%d rows, %s): layer forward %.2f ms, backward %.2f ms (split: I %.2f ms, "
 	       "W %.2f ms)%s; head %.2f ms\n", pc->rows, measured ? "measured here" : "from --flops",
 	       1e3 * pc->f_layer[0], 1e3 * pc->b_layer[0], 1e3 * pc->i_layer[0], 1e3 * pc->w_layer[0],
 	       pc->f_layer[1] != pc->f_layer[0] ? " (dense)" : "", 1e3 * pc->head);
+	if (pc->f_beside > 0)
+		printf("  the devices beside ran the layer forward in %.2f ms a call meanwhile\n", 1e3 * pc->f_beside);
+	if (pc->xfer_send > 0 || pc->xfer_recv > 0)
+		printf("transfers' CPU (AES-128-GCM, 16 KiB records, a socket pair): sender %.3f ns, receiver %.3f ns "
+		       "a byte\n", 1e9 * pc->xfer_send, 1e9 * pc->xfer_recv);
 	if (pc->f_layer[1] != pc->f_layer[0])
 		printf("  MoE layer forward %.2f ms, backward %.2f ms (split: I %.2f ms, W %.2f ms)\n",
 		       1e3 * pc->f_layer[1], 1e3 * pc->b_layer[1], 1e3 * pc->i_layer[1], 1e3 * pc->w_layer[1]);
@@ -56,7 +65,7 @@ static int cores_of(const char *v, const struct cfg *c, int mb, int devs, double
 {
 	char *end;
 	if (!strcmp(v, "auto")) {
-		*out = perf_measure_cores(c, mb, 1, devs, 1.0);
+		*out = perf_measure_cores(c, mb, 1, devs, AUTO_S);
 		return *out > 0 ? 0 : -EINVAL;
 	}
 	*out = strtod(v, &end);
@@ -108,6 +117,12 @@ static int plan(const struct plan_args *pa, const struct args *a)
 			 * with --cores every device shares this one */
 			rc = perf_measure(c, mb, th, (pa->cores ? devs : dph) - 1, &pcm, err, sizeof(err));
 			pc = &pcm;
+			/* --cores auto: with what the devices' threads got while
+			 * the layer was measured (every device computed then too),
+			 * weighted by seconds: a longer look at the machine's load */
+			if (!rc && pa->cores && !strcmp(pa->cores, "auto") && pcm.cores_seen > 0 && pcm.cores_window > 0)
+				mc.cores = (AUTO_S * mc.cores + pcm.cores_window * pcm.cores_seen) /
+					   (AUTO_S + pcm.cores_window);
 		} else if (!rc) {
 			perf_analytic(&d, mb, pa->flops, &pcm);
 		}
@@ -116,8 +131,13 @@ static int plan(const struct plan_args *pa, const struct args *a)
 		if (!rc) {
 			print_prediction(&p, &pcm, pc != NULL);
 			if (mc.cores > 0)
-				printf("cores: the %d devices share %.2f cores%s\n", devs, mc.cores,
-				       strcmp(pa->cores, "auto") ? "" : " (measured: devices running a layer at once)");
+				printf("cores: the %d devices share %.2f cores%s", devs, mc.cores,
+				       strcmp(pa->cores, "auto") ? "" : " (measured: devices running a layer at once");
+			if (mc.cores > 0 && !strcmp(pa->cores, "auto"))
+				printf(", for %.1f s%s)", AUTO_S + (pc ? pcm.cores_window : 0),
+				       pc && pcm.cores_window > 0 ? ", then while the layer was measured" : "");
+			if (mc.cores > 0)
+				printf("\n");
 		}
 	}
 	if (rc)

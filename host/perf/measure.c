@@ -2,12 +2,16 @@
  * perf.h): the model's own stage calls at the model's shapes, one
  * microbatch of rows on one device, one layer of each kind (forward,
  * backward, and the split backward's I and W on their own); each figure
- * the median of a few runs' CPU seconds after a warm-up of at least
- * WARM_S (what the computation costs, whatever else runs), taken while
+ * the mean of a few runs' CPU seconds after a warm-up of at least WARM_S
+ * (what the computation costs, whatever else runs; the mean, since a
+ * run's CPU is the sum of its actions and sharing the cores skews the
+ * runs to the slow side: the median was 1-9% below it), taken while
  * the step's other devices compute beside it as they do in a run (the
  * same layer's forward on as many threads: they share the cores, caches
  * and clock; one thread alone on an idle machine measured up to a third
- * less than the run's actions cost); and how many cores the
+ * less than the run's actions cost), their level set by every forward
+ * those threads ran meanwhile; the CPU a byte of an encrypted transfer
+ * costs its two ends; and how many cores the
  * devices of a machine get between them now when they all compute at
  * once (their CPU seconds over the wall seconds: the machine's other load
  * is in that). */
@@ -18,7 +22,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
 
 #include "host/perf/perf.h"
 #include "host/util/clock.h"
@@ -41,13 +49,21 @@ struct times {
 	double embed_f, layer_f, head, layer_b, embed_b, layer_i, layer_w;
 };
 
+static double mean(const double *v, int n)
+{
+	double sum = 0;
+	for (int i = 0; i < n; i++)
+		sum += v[i];
+	return n > 0 ? sum / n : 0;
+}
+
 static void best(double *b, double t)
 {
 	if (*b <= 0 || t < *b)
 		*b = t;
 }
 
-/* One layer of kind moe of d at rows sequences: the median of RUNS, in
+/* One layer of kind moe of d at rows sequences: the mean of RUNS, in
  * CPU seconds of clk (the process's, or with threads computing beside
  * it the calling thread's). */
 static int measure_layer(const struct model_dims *d, bool moe, int rows, clockid_t clk, struct times *out,
@@ -107,13 +123,13 @@ static int measure_layer(const struct model_dims *d, bool moe, int rows, clockid
 			runs[k][r - 1] = t[k + 1] - t[k];
 	}
 	if (!rc) {
-		out->embed_f = util_median(runs[0], RUNS);
-		out->layer_f = util_median(runs[1], RUNS);
-		out->head = util_median(runs[2], RUNS);
-		out->layer_b = util_median(runs[3], RUNS);
-		out->embed_b = util_median(runs[4], RUNS);
-		out->layer_i = util_median(runs[5], RUNS);
-		out->layer_w = util_median(runs[6], RUNS);
+		out->embed_f = mean(runs[0], RUNS);
+		out->layer_f = mean(runs[1], RUNS);
+		out->head = mean(runs[2], RUNS);
+		out->layer_b = mean(runs[3], RUNS);
+		out->embed_b = mean(runs[4], RUNS);
+		out->layer_i = mean(runs[5], RUNS);
+		out->layer_w = mean(runs[6], RUNS);
 	}
 	if (rc == -ENOMEM)
 		snprintf(err, errlen, "plan: out of memory measuring a layer of %d rows", rows);
@@ -170,12 +186,83 @@ static double measure_ns(int c)
 	return b;
 }
 
+/* ---- the transfers' CPU ---- */
+
+#define XFER_REC 16384        /* a TLS record's plaintext at most */
+#define XFER_ROUND (1u << 20) /* bytes a round */
+
+static bool io_all(int fd, unsigned char *b, size_t n, bool wr)
+{
+	while (n) {
+		ssize_t k = wr ? write(fd, b, n) : read(fd, b, n);
+		if (k <= 0)
+			return false;
+		b += k;
+		n -= (size_t)k;
+	}
+	return true;
+}
+
+/* The CPU seconds a byte of an encrypted transfer costs each end, as a
+ * run's device threads pay it (net/direct.c: the sender encrypts and
+ * writes, the receiver reads and decrypts into the posted buffer):
+ * AES-128-GCM (the first of net/tls.c's suites) in 16 KiB records through
+ * a local socket pair, the thread's CPU (user and kernel), the median of
+ * RUNS rounds of XFER_ROUND bytes. 0 on failure (then not charged). */
+static void measure_xfer(double *send_cpb, double *recv_cpb)
+{
+	int sv[2] = { -1, -1 };
+	unsigned char key[16] = { 1 }, iv[12] = { 2 };
+	unsigned char *pt = calloc(1, XFER_REC), *ct = malloc(XFER_REC + 16), *out = malloc(XFER_REC);
+	EVP_CIPHER_CTX *e = EVP_CIPHER_CTX_new(), *d = EVP_CIPHER_CTX_new();
+	double snd[RUNS], rcv[RUNS];
+	bool ok = pt && ct && out && e && d && !socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+	*send_cpb = *recv_cpb = 0;
+	for (int r = 0; ok && r <= RUNS; r++) {
+		double ts = 0, tr = 0;
+		for (size_t done = 0; ok && done < XFER_ROUND; done += XFER_REC) {
+			int n, m;
+			double t0 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
+			ok = EVP_EncryptInit_ex(e, EVP_aes_128_gcm(), NULL, key, iv) &&
+			     EVP_EncryptUpdate(e, ct, &n, pt, XFER_REC) && EVP_EncryptFinal_ex(e, ct + n, &m) &&
+			     EVP_CIPHER_CTX_ctrl(e, EVP_CTRL_GCM_GET_TAG, 16, ct + XFER_REC) &&
+			     io_all(sv[0], ct, XFER_REC + 16, true);
+			double t1 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
+			ok = ok && io_all(sv[1], ct, XFER_REC + 16, false) &&
+			     EVP_DecryptInit_ex(d, EVP_aes_128_gcm(), NULL, key, iv) &&
+			     EVP_DecryptUpdate(d, out, &n, ct, XFER_REC) &&
+			     EVP_CIPHER_CTX_ctrl(d, EVP_CTRL_GCM_SET_TAG, 16, ct + XFER_REC) &&
+			     EVP_DecryptFinal_ex(d, out + n, &m) > 0;
+			ts += t1 - t0;
+			tr += cpu_s(CLOCK_THREAD_CPUTIME_ID) - t1;
+		}
+		if (r) {  /* the first round warms up */
+			snd[r - 1] = ts / XFER_ROUND;
+			rcv[r - 1] = tr / XFER_ROUND;
+		}
+	}
+	if (ok) {
+		*send_cpb = util_median(snd, RUNS);
+		*recv_cpb = util_median(rcv, RUNS);
+	}
+	for (int k = 0; k < 2; k++)
+		if (sv[k] >= 0)
+			close(sv[k]);
+	EVP_CIPHER_CTX_free(e);
+	EVP_CIPHER_CTX_free(d);
+	free(pt);
+	free(ct);
+	free(out);
+}
+
 /* ---- cores: one layer's forward on n threads at once ---- */
 
 struct spin {
 	const struct model_dims *d;
 	int rows;
 	double seconds, cpu, wall;
+	double call_cpu;  /* CPU seconds of its calls after the first (warm) one */
+	int calls;
 	pthread_barrier_t *bar;
 	atomic_bool *stop;  /* NULL: for `seconds` */
 	int rc;
@@ -199,15 +286,19 @@ static void *spin_main(void *arg)
 	pthread_barrier_wait(sp->bar);
 	double t0 = util_now_s(), t = t0, c0 = util_thread_cpu_s();
 	int calls = 0;
+	double c1 = c0;
 	struct model_step st = { .loss_scale = 1, .global_tokens = 1 };
 	while (!sp->rc && (sp->stop ? !atomic_load(sp->stop) : t - t0 < sp->seconds || calls < 2)) {
 		model_step_begin(m, &st);
 		model_layers_forward(m, 0, 1, y, x);
 		model_step_end(m);
-		calls++;
+		if (!calls++)
+			c1 = util_thread_cpu_s();
 		t = util_now_s();
 	}
 	sp->cpu = util_thread_cpu_s() - c0;
+	sp->call_cpu = util_thread_cpu_s() - c1;
+	sp->calls = calls - 1;
 	sp->wall = t - t0;
 	model_free(m);
 	free(x);
@@ -239,17 +330,26 @@ static void spin_start(struct spinners *g, const struct model_dims *d, int rows,
 		pthread_barrier_wait(&g->bar);
 }
 
-/* Joins them; returns their CPU seconds over the wall seconds. */
-static double spin_join(struct spinners *g)
+/* Joins them; returns their CPU seconds over the wall seconds; *per_call
+ * and *ncalls (if not NULL): their mean CPU seconds a forward after each
+ * one's first (0 if none ran one) and how many such forwards they ran. */
+static double spin_join(struct spinners *g, double *per_call, int *ncalls)
 {
-	double cpu = 0, wall = 0;
+	double cpu = 0, wall = 0, ccpu = 0;
+	int calls = 0;
 	atomic_store(&g->stop, true);
 	for (int i = 0; i < g->n; i++) {
 		pthread_join(g->th[i], NULL);
 		cpu += g->sp[i].cpu;
 		wall = g->sp[i].wall > wall ? g->sp[i].wall : wall;
+		ccpu += g->sp[i].call_cpu;
+		calls += g->sp[i].calls;
 	}
 	pthread_barrier_destroy(&g->bar);
+	if (per_call)
+		*per_call = calls > 0 ? ccpu / calls : 0;
+	if (ncalls)
+		*ncalls = calls;
 	return wall > 0 ? cpu / wall : 0;
 }
 
@@ -259,7 +359,7 @@ static double spin(const struct model_dims *d, int rows, int n, double seconds)
 {
 	struct spinners g;
 	spin_start(&g, d, rows, n, seconds, false);
-	return spin_join(&g);
+	return spin_join(&g, NULL, NULL);
 }
 
 int perf_measure(const struct cfg *c, int rows, int threads, int beside, struct perf_compute *pc,
@@ -279,24 +379,41 @@ int perf_measure(const struct cfg *c, int rows, int threads, int beside, struct 
 	beside = threads <= 1 ? beside : 0;
 	clockid_t clk = beside > 0 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID;
 	spin_start(&g, &d, rows, beside, 0, true);
+	double w0 = util_now_s(), c0 = util_thread_cpu_s();
 	rc = measure_layer(&d, false, rows, clk, &t[0], err, errlen);
 	if (!rc && d.L_moe)
 		rc = measure_layer(&d, true, rows, clk, &t[1], err, errlen);
 	else
 		t[1] = t[0];
-	spin_join(&g);
+	if (!rc)  /* beside the other devices too, as a run's transfers are */
+		measure_xfer(&pc->xfer_send, &pc->xfer_recv);
+	int calls = 0;
+	double wall = util_now_s() - w0, mine = util_thread_cpu_s() - c0;
+	double rate = spin_join(&g, &pc->f_beside, &calls);
+	if (beside > 0 && wall > 0) {  /* every device computed meanwhile */
+		pc->cores_seen = rate + mine / wall;
+		pc->cores_window = wall;
+	}
 	blas_set_threads(prev);
 	if (rc)
 		return rc;
+	/* The level: the dense forward's mean over the measuring thread's
+	 * RUNS and every call the threads beside it ran meanwhile (a few
+	 * hundred: how fast a layer computes in this window, far less moved
+	 * by which slices of the cores one thread happened to get); the
+	 * measuring thread's figures keep their ratios to its forward. */
+	double scale = 1;
+	if (calls > 0 && pc->f_beside > 0 && t[0].layer_f > 0)
+		scale = (pc->f_beside * calls + t[0].layer_f * RUNS) / (calls + RUNS) / t[0].layer_f;
 	for (int k = 0; k < 2; k++) {
-		pc->f_layer[k] = t[k].layer_f;
-		pc->b_layer[k] = t[k].layer_b;
-		pc->i_layer[k] = t[k].layer_i;
-		pc->w_layer[k] = t[k].layer_w;
+		pc->f_layer[k] = scale * t[k].layer_f;
+		pc->b_layer[k] = scale * t[k].layer_b;
+		pc->i_layer[k] = scale * t[k].layer_i;
+		pc->w_layer[k] = scale * t[k].layer_w;
 	}
-	pc->head = t[0].head;
-	pc->embed_f = t[0].embed_f;
-	pc->embed_b = t[0].embed_b;
+	pc->head = scale * t[0].head;
+	pc->embed_f = scale * t[0].embed_f;
+	pc->embed_b = scale * t[0].embed_b;
 	pc->opt_per_float = measure_optimizer();
 	if (!strcmp(c->opt_type, "muon"))
 		pc->ns_per_flop = measure_ns(d.C);

@@ -318,7 +318,17 @@ static bool start(struct fluid *f, struct dev_state *ds, double **issued, int d,
 				x->until = at;
 				break;
 			}
+			if (w > 0) {  /* it reads and decrypts the message */
+				x->running = true;
+				x->left = w;
+				break;
+			}
 		} else if (a->op == PA_SEND) {
+			if (w > 0) {  /* it encrypts and writes the message, then it is issued */
+				x->running = true;
+				x->left = w;
+				break;
+			}
 			issued[d][x->ptr] = now;
 		} else if (a->op == PA_GATHER || a->op == PA_REDUCE_SCATTER) {
 			/* one collective at a time on the device's link, in table order */
@@ -407,6 +417,8 @@ static int fluid_run(struct fluid *f)
 			if (x->running && (x->left -= rate * dt) <= 1e-12) {
 				x->running = false;
 				x->busy += f->dur[s][x->ptr];
+				if (t->a[s][x->ptr].op == PA_SEND)
+					issued[s][x->ptr] = now;
 				x->last = now;
 				x->ptr++;
 			}
@@ -442,7 +454,7 @@ static int durations(struct fluid *f, const struct shape *sh, const struct perf_
 	const struct pipe_table *t = f->t;
 	const struct pipe_shape *p = &t->shape;
 	int lps = p->layers_per_stage, kind = p->moe;
-	double act = (double)sh->mb * sh->d.T * sh->d.C * sizeof(float);
+	double act = (double)sh->mb * sh->d.T * sh->d.C * sizeof(float), msg = act / sh->tp;
 	const struct perf_link *tl = over_dcn(&sh->m, 1u << AX_TENSOR | 1u << AX_TENSOR_T) ? &mc->dcn : &mc->ici;
 	double tp_ar = 2 * t_all_reduce(tl, act, sh->tp);  /* attention and MLP outputs (or their gradients) */
 	double ff = lps * (pc->f_layer[kind] + tp_ar), bb = lps * (pc->b_layer[kind] + tp_ar);
@@ -490,6 +502,12 @@ static int durations(struct fluid *f, const struct shape *sh, const struct perf_
 			case PA_EMBED_BACK:
 				*d = pc->embed_b + before * (2 * pc->f_layer[0] + pc->b_layer[0] + 3 * tp_ar);
 				break;
+			case PA_SEND:
+				*d = msg * pc->xfer_send;
+				break;
+			case PA_RECV:
+				*d = msg * pc->xfer_recv;
+				break;
 			default:
 				break;
 			}
@@ -498,10 +516,16 @@ static int durations(struct fluid *f, const struct shape *sh, const struct perf_
 	return 0;
 }
 
-static void hops(struct fluid *f, const struct shape *sh, const struct perf_machine *mc)
+/* A transfer's seconds between its send and its receive: the link's
+ * latency and bytes over its bandwidth, less the CPU its two ends spend
+ * on it (charged to them as compute: on loopback TLS, which `meshrun
+ * bench link` measures, that CPU is what limits the bandwidth). */
+static void hops(struct fluid *f, const struct shape *sh, const struct perf_machine *mc,
+		 const struct perf_compute *pc)
 {
 	int S = f->t->shape.stages, coord[AX_COUNT] = { 0 };
 	double act = (double)sh->mb * sh->d.T * sh->d.C * sizeof(float) / sh->tp;
+	double ends = act * (pc->xfer_send + pc->xfer_recv);
 	for (int a = 0; a < S; a++)
 		for (int b = 0; b < S; b++) {
 			coord[AX_STAGE] = a;
@@ -509,7 +533,8 @@ static void hops(struct fluid *f, const struct shape *sh, const struct perf_mach
 			coord[AX_STAGE] = b;
 			int db = mesh_device(&sh->m, coord);
 			bool same = mesh_host_of(&sh->m, da) == mesh_host_of(&sh->m, db);
-			f->hop[a * S + b] = t_msg(same ? &mc->ici : &mc->dcn, act);
+			const struct perf_link *l = same ? &mc->ici : &mc->dcn;
+			f->hop[a * S + b] = l->lat + fmax(0, act / l->bw - ends);
 		}
 }
 
@@ -624,7 +649,7 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 		if (!rc)
 			rc = match_sends(&f);
 		if (!rc) {
-			hops(&f, sh, mc);
+			hops(&f, sh, mc, &pc);
 			rc = fluid_run(&f);
 			if (rc == -EDEADLK)
 				snprintf(err, errlen, "plan: the table does not run to its end (a deadlock)");
@@ -648,16 +673,21 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 			if (muon_flops > 0)
 				spf = mc->flops > 0 ? 1 / mc->flops : pc.ns_per_flop > 0 ? pc.ns_per_flop :
 				      pc.f_layer[0] * sh->tp / layer_flops(&sh->d, pc.rows, false, &wflops);
-			o->muon_ns = muon_flops * spf;
-			o->optimizer += o->muon_ns + muon_xchg;
+			/* every device runs its optimizer at once: on shared cores,
+			 * at their share */
+			double opt_cpu = o->optimizer + muon_flops * spf;
+			double share = mc->cores > 0 ? fmax(1, sh->m.num_devices * f.threads / mc->cores) : 1;
+			o->muon_ns = muon_flops * spf * share;
+			o->optimizer = opt_cpu * share + muon_xchg;
 			o->step = o->table + o->tail + o->optimizer;
-			o->work = f.busy_sum * f.groups + (o->optimizer - muon_xchg) * sh->m.num_devices;
+			o->work = f.busy_sum * f.groups + opt_cpu * sh->m.num_devices;
 			for (int s = 0; s < S; s++)
 				for (int k = 0; k < t.n[s]; k++) {
 					int op = t.a[s][k].op;
 					int kind = op == PA_F || op == PA_FC ? PERF_F : op == PA_B ? PERF_B :
-						   op == PA_I ? PERF_I : op == PA_W ? PERF_W : PERF_OWN;
-					if (cpu_op(op))
+						   op == PA_I ? PERF_I : op == PA_W ? PERF_W :
+						   op == PA_SEND || op == PA_RECV ? PERF_XFER : PERF_OWN;
+					if (cpu_op(op) || kind == PERF_XFER)
 						o->work_kind[kind] += f.dur[s][k] * f.groups;
 				}
 			o->stages = S;

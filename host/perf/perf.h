@@ -49,14 +49,25 @@ struct perf_compute {
 	double embed_f, embed_b;
 	double opt_per_float;           /* the optimizer's seconds per trained local float */
 	double ns_per_flop;             /* Muon's Newton-Schulz: seconds per flop */
+	/* CPU seconds a byte of an encrypted transfer costs the sending and
+	 * the receiving device (0: not charged, e.g. from --flops) */
+	double xfer_send, xfer_recv;
+	/* the dense layer's forward as the threads beside the measuring one
+	 * ran it meanwhile (mean CPU seconds a call; 0: none ran beside) */
+	double f_beside;
+	/* the cores the measuring thread and those beside it got between
+	 * them (CPU seconds over the wall seconds of the cores_window seconds
+	 * they ran; 0: none beside) */
+	double cores_seen, cores_window;
 	int rows;                       /* the microbatch rows they are for */
 	int threads;                    /* OpenBLAS threads they were measured with (0: analytic) */
 };
 
 /* Action kinds of the table's work (perf_parts.work_kind): F (and the
  * counting F), B, I, W (with recompute, B and I include the forward
- * they recompute), the owners' embed, head and embed_back. */
-enum { PERF_F, PERF_B, PERF_I, PERF_W, PERF_OWN, PERF_KINDS };
+ * they recompute), the owners' embed, head and embed_back, and the
+ * transfers' CPU (sends and receives: encrypting, copying, decrypting). */
+enum { PERF_F, PERF_B, PERF_I, PERF_W, PERF_OWN, PERF_XFER, PERF_KINDS };
 
 /* The prediction. */
 struct perf_parts {
@@ -85,10 +96,11 @@ int perf_mb_rows(const struct cfg *c, const struct model_dims *d, char *err, siz
 
 /* Measures pc at rows microbatch rows of c's model with `threads`
  * OpenBLAS threads (one layer of each kind, the head, the embedding,
- * AdamW), each the median CPU seconds of a few runs after a warm-up,
+ * AdamW), each the mean CPU seconds of a few runs after a warm-up,
  * while `beside` threads run the layer's forward meanwhile (a run's
- * other devices on the machine: 0 for the compute alone). 0, -EINVAL
- * with err, -ENOMEM. */
+ * other devices on the machine: 0 for the compute alone; their forwards
+ * set the figures' level, f_beside), and the transfers' CPU a byte.
+ * 0, -EINVAL with err, -ENOMEM. */
 int perf_measure(const struct cfg *c, int rows, int threads, int beside, struct perf_compute *pc,
 		 char *err, size_t errlen);
 
