@@ -452,6 +452,7 @@ static size_t link_read(struct link *l, size_t budget)
 			}
 			break;
 		}
+		l->c->drained = false;
 		ssize_t r = conn_read(l->c, dst, want);
 		if (r == -EAGAIN) {
 			if (l->c->want == CONN_WANT_WRITE) {
@@ -522,6 +523,14 @@ static size_t link_read(struct link *l, size_t budget)
 			}
 			break;
 		}
+		/* this read's recv() came back short and OpenSSL holds no byte:
+		 * another read would only meet EAGAIN (a system call, and
+		 * OpenSSL's error path), so the turn ends here as it would
+		 * there. The socket's next bytes fire the watch (EPOLLIN, armed
+		 * again as the lock goes), the net thread's EV_READ, or a
+		 * poller's next round */
+		if (l->c->drained && !conn_pending(l->c))
+			break;
 	}
 	if (l->state == LS_BROKEN || l->conn_dead)
 		return total;
