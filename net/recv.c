@@ -477,6 +477,14 @@ static size_t link_read(struct link *l, size_t budget)
 			return total;
 		}
 		l->last_rx_ns = now_ns();
+		/* this read's recv() came back short and OpenSSL holds no byte:
+		 * another read would only meet EAGAIN (a system call, and
+		 * OpenSSL's error path), so the turn ends after this frame's
+		 * bytes as it would there. The socket's next bytes fire the
+		 * watch (EPOLLIN, armed again as the lock goes), the net
+		 * thread's EV_READ, or a poller's next round. Asked now: what
+		 * the bytes set off below may close the connection */
+		bool drained = l->c->drained && !conn_pending(l->c);
 		if (sum)
 			xport_land_stream(l->rx_req, &l->rx_land, bounce, (size_t)r);
 		l->rx_got += (size_t)r;
@@ -523,13 +531,7 @@ static size_t link_read(struct link *l, size_t budget)
 			}
 			break;
 		}
-		/* this read's recv() came back short and OpenSSL holds no byte:
-		 * another read would only meet EAGAIN (a system call, and
-		 * OpenSSL's error path), so the turn ends here as it would
-		 * there. The socket's next bytes fire the watch (EPOLLIN, armed
-		 * again as the lock goes), the net thread's EV_READ, or a
-		 * poller's next round */
-		if (l->c->drained && !conn_pending(l->c))
+		if (drained)
 			break;
 	}
 	if (l->state == LS_BROKEN || l->conn_dead)
