@@ -7,8 +7,8 @@
 # a hand-off to a thread that slept), and recv-EAGAIN: the recvfrom calls
 # that found the socket empty (a poller's probe, or a read turn's end).
 # Per op = (run of 2N iterations - run of N) / N, so start-up drops out;
-# the median over ROUNDS rounds (default 3), interleaved, as a livelock or a stretch of load comes in
-# bursts. BASE=PATH measures another build too; MPI=1 measures Open MPI
+# the median over ROUNDS rounds (default 3), interleaved, as a livelock
+# or a stretch of load comes in bursts. BASE=PATH measures another build too; MPI=1 measures Open MPI
 # at the same op and size (bench/mpi_coll.c, 2 ranks, TCP; built by
 # bench/peers.sh or bench/goals19.sh), whose progress engine busy-polls.
 # Prints the load average, which decides whether a waiter's spin ran.
