@@ -8,9 +8,10 @@
 # that found the socket empty (a poller's probe, or a read turn's end).
 # Per op = (run of 2N iterations - run of N) / N, so start-up drops out;
 # the median over ROUNDS rounds (default 3), interleaved, as a livelock
-# or a stretch of load comes in bursts. BASE=PATH measures another build too; MPI=1 measures Open MPI
-# at the same op and size (bench/mpi_coll.c, 2 ranks, TCP; built by
-# bench/peers.sh or bench/goals19.sh), whose progress engine busy-polls.
+# or a stretch of load comes in bursts. BASE=PATH measures another build
+# too; MPI=1 measures Open MPI at the same op and size (bench/mpi_coll.c,
+# 2 ranks, TCP; built by bench/peers.sh or bench/goals19.sh), whose
+# progress engine busy-polls.
 # Prints the load average, which decides whether a waiter's spin ran.
 # usage: [BASE=PATH] [MPI=1] [ROUNDS=3] bench/syscalls.sh OP SIZE N [key=value ...]
 set -eu
