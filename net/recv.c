@@ -476,7 +476,10 @@ static size_t link_read(struct link *l, size_t budget)
 				link_conn_failed(l, -EPIPE, err);
 			return total;
 		}
-		l->last_rx_ns = now_ns();
+		/* heard from the peer: one clock read a turn (at most
+		 * READ_BUDGET, a few ms), not one a read */
+		if (!total)
+			l->last_rx_ns = now_ns();
 		/* this read's recv() came back short and OpenSSL holds no byte:
 		 * another read would only meet EAGAIN (a system call, and
 		 * OpenSSL's error path), so the turn ends after this frame's
