@@ -2,7 +2,8 @@
 # Clock-free counts per op of `meshrun bench collectives --hosts 2` (both
 # agents, every thread) from perf's software events and tracepoints:
 # system calls (all, and the ones the message path uses), context
-# switches, and wake-ups (sched:sched_wakeup: a sleeping thread made
+# switches, CPU time (cpu-us: task-clock, every thread of both agents,
+# in us per op), wake-ups (sched:sched_wakeup: a sleeping thread made
 # runnable, by a futex, an epoll_ctl's event or a socket's bytes; each is
 # a hand-off to a thread that slept), and recv-EAGAIN: the recvfrom calls
 # that found the socket empty (a poller's probe, or a read turn's end).
@@ -21,7 +22,7 @@ rounds=${ROUNDS:-3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 calls="sendto recvfrom sendmsg recvmsg writev readv poll epoll_wait epoll_ctl futex sched_yield"
-ev=raw_syscalls:sys_enter,context-switches,sched:sched_wakeup
+ev=task-clock,raw_syscalls:sys_enter,context-switches,sched:sched_wakeup
 for c in $calls; do ev="$ev,syscalls:sys_enter_$c"; done
 # last, as the filter applies to the event before it
 eagain=(-e syscalls:sys_exit_recvfrom --filter "ret == -11")
@@ -41,10 +42,12 @@ for r in $(seq 1 "$rounds"); do
       fi
     done
     paste -d, "$tmp/perf.1" "$tmp/perf.2" | awk -F, -v n="$n" -v impl="$impl" '
-      NF > 8 && $1 ~ /^[0-9]+$/ {
+      NF > 8 && $1 ~ /^[0-9.]+$/ {
         name = $3; sub(/syscalls:sys_enter_/, "", name); sub(/raw_syscalls:sys_enter/, "syscalls", name)
         sub(/sched:sched_wakeup/, "wake-ups", name); sub(/syscalls:sys_exit_recvfrom/, "recv-EAGAIN", name)
-        printf "%s %s %.2f\n", impl, name, ($(NF / 2 + 1) - $1) / n }'
+        v = ($(NF / 2 + 1) - $1) / n
+        if (name == "task-clock") { name = "cpu-us"; v *= 1000 }   # ms -> us
+        printf "%s %s %.2f\n", impl, name, v }'
   done
 done | /usr/bin/python3 -c '
 import sys, statistics as st
@@ -58,5 +61,10 @@ print(f"| per op, '"$op $size $*"', both hosts (median) | " + " | ".join(names) 
 print("|---|" + "---|" * len(names))
 for i in impls:
     print(f"| {i} | " + " | ".join(f"{st.median(d[(i, k)]):.1f}" if (i, k) in d else "–" for k in names) + " |")
+if len(impls) > 1 and impls[1] == "build/meshrun":
+    def ratio(k):
+        b, m = st.median(d[(impls[0], k)]), st.median(d[(impls[1], k)])
+        return f"{m / b:.2f}" if b > 0 and m >= 0 else "–"
+    print("| build/meshrun / BASE | " + " | ".join(ratio(k) for k in names) + " |")
 '
 echo "# load $(cat /proc/loadavg)"
