@@ -481,13 +481,19 @@ static size_t link_read(struct link *l, size_t budget)
 		if (!total)
 			l->last_rx_ns = now_ns();
 		/* this read's recv() came back short and OpenSSL holds no byte:
-		 * another read would only meet EAGAIN (a system call, and
-		 * OpenSSL's error path), so the turn ends after this frame's
-		 * bytes as it would there. The socket's next bytes fire the
-		 * watch (EPOLLIN, armed again as the lock goes), the net
-		 * thread's EV_READ, or a poller's next round. Asked now: what
-		 * the bytes set off below may close the connection */
+		 * if these bytes end a message, another read would almost
+		 * always meet EAGAIN (a system call, and OpenSSL's error path:
+		 * the peer's next message comes when its next op does), so the
+		 * turn ends here as it would there. Within a message the next
+		 * record is usually on its way, and arrives while this one is
+		 * decrypted: the read goes on, so a stream thread does not
+		 * trade a recv() for a round through epoll. The socket's next
+		 * bytes fire the watch (EPOLLIN, armed again as the lock
+		 * goes), the net thread's EV_READ, or a poller's next round.
+		 * Asked now: what the bytes set off below may close the
+		 * connection */
 		bool drained = l->c->drained && !conn_pending(l->c);
+		bool msg_done = false;
 		if (sum)
 			xport_land_stream(l->rx_req, &l->rx_land, bounce, (size_t)r);
 		l->rx_got += (size_t)r;
@@ -523,8 +529,11 @@ static size_t link_read(struct link *l, size_t budget)
 				l->rx_in_frame = false;
 				if (l->rx_dup)
 					l->rx_dup = false;     /* a frame we had: nothing lands */
-				else
+				else {
+					bool in_msg = l->rx_req != NULL;
 					chunk_payload_done(l);
+					msg_done = in_msg && !l->rx_req;   /* it completed */
+				}
 				if (l->rx_ack_now ||
 				    (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4))
 					link_send_ack(l);
@@ -534,7 +543,7 @@ static size_t link_read(struct link *l, size_t budget)
 			}
 			break;
 		}
-		if (drained)
+		if (drained && msg_done)
 			break;
 	}
 	if (l->state == LS_BROKEN || l->conn_dead)
