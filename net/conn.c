@@ -38,10 +38,9 @@ static int tcp_handshake(struct conn *c)
 static ssize_t tcp_read(struct conn *c, void *buf, size_t len)
 {
 	ssize_t n = recv(c->fd, buf, len, 0);
-	if (n >= 0) {
-		c->drained = (size_t)n < len;
+	c->drained = n >= 0 && (size_t)n < len;
+	if (n >= 0)
 		return n;
-	}
 	if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
 		c->want = CONN_WANT_READ;
 		return -EAGAIN;

@@ -260,6 +260,7 @@ static ssize_t tls_read(struct conn *c, void *buf, size_t len)
 {
 	size_t n = 0;
 	errno = 0;
+	c->drained = false;     /* until this read's recv(), if any, says so */
 	int ret = SSL_read_ex(tc(c)->ssl, buf, len, &n);
 	if (ret == 1)
 		return (ssize_t)n;
