@@ -38,6 +38,7 @@ static int tcp_handshake(struct conn *c)
 static ssize_t tcp_read(struct conn *c, void *buf, size_t len)
 {
 	ssize_t n = recv(c->fd, buf, len, 0);
+	c->drained = n >= 0 && (size_t)n < len;
 	if (n >= 0)
 		return n;
 	if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {

@@ -63,6 +63,12 @@ struct conn {
 	 * may hold back a partial segment (MSG_MORE) until they do; when no
 	 * more follow, conn_flush pushes whatever is held */
 	bool more;
+	/* the last conn_read's recv() off the socket came back short of what
+	 * was asked: the socket held no more then. With nothing buffered in
+	 * user space (conn_pending), the next read would likely meet EAGAIN,
+	 * so a reader may end its turn without that system call (net/recv.c
+	 * link_read). false after a read that made no recv() */
+	bool drained;
 	char peer_addr[64];       /* "ip:port" of the other end */
 	char err[256];
 };

@@ -87,14 +87,17 @@ static void on_chunk(struct link *l, const struct frame_data *c, uint64_t byte_c
 	l->rx_next += byte_count;
 }
 
-/* The payload of the current data frame (possibly empty) is in. */
-static void chunk_payload_done(struct link *l)
+/* The payload of the current data frame (possibly empty) is in. true if
+ * that completed its message. */
+static bool chunk_payload_done(struct link *l)
 {
+	l->rx_dst = NULL;
 	if (l->rx_req && l->rx_next == l->rx_total) {
 		xport_complete(l->rx_req, 0);
 		l->rx_req = NULL;
+		return true;
 	}
-	l->rx_dst = NULL;
+	return false;
 }
 
 static void on_recv_ready(struct link *l, const struct frame_rr *rr)
@@ -387,7 +390,17 @@ static void header_done(struct link *l)
 
 /* Reads and handles frames until the socket has nothing more, the link
  * stops (a failure, a hold, a frame handed to the net thread) or budget
- * bytes are in. Returns the bytes read. */
+ * bytes are in. Returns the bytes read.
+ * "Nothing more" without a last recv() that meets EAGAIN (a system call,
+ * and OpenSSL's error path): when a read's recv() came back short
+ * (conn.drained), OpenSSL holds no byte and those bytes completed a
+ * message, the turn ends there, as the peer's next message comes when its
+ * next op does. Within a message the next record is usually on its way
+ * and lands while this one is decrypted, so the read goes on there: a
+ * stream thread does not trade a recv() for a round through epoll. The
+ * socket's next bytes fire the watch (EPOLLIN, armed again as the lock
+ * goes), the net thread's EV_READ, or a poller's next round. (drained is
+ * asked before the bytes act: what they set off may close the conn.) */
 static size_t link_read(struct link *l, size_t budget)
 {
 	struct net *n = l->net;
@@ -475,7 +488,9 @@ static size_t link_read(struct link *l, size_t budget)
 				link_conn_failed(l, -EPIPE, err);
 			return total;
 		}
-		l->last_rx_ns = now_ns();
+		if (!total)     /* heard from the peer: one clock read a turn */
+			l->last_rx_ns = now_ns();
+		bool drained = l->c->drained && !conn_pending(l->c), msg_done = false;
 		if (sum)
 			xport_land_stream(l->rx_req, &l->rx_land, bounce, (size_t)r);
 		l->rx_got += (size_t)r;
@@ -512,7 +527,7 @@ static size_t link_read(struct link *l, size_t budget)
 				if (l->rx_dup)
 					l->rx_dup = false;     /* a frame we had: nothing lands */
 				else
-					chunk_payload_done(l);
+					msg_done = chunk_payload_done(l);
 				if (l->rx_ack_now ||
 				    (n->replay_cap && l->rx_unacked_bytes > n->replay_cap / 4))
 					link_send_ack(l);
@@ -522,6 +537,8 @@ static size_t link_read(struct link *l, size_t budget)
 			}
 			break;
 		}
+		if (drained && msg_done)
+			break;
 	}
 	if (l->state == LS_BROKEN || l->conn_dead)
 		return total;

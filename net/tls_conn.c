@@ -55,6 +55,7 @@ static inline struct tls_conn *tc(struct conn *c)
 struct sbio {
 	int fd;
 	const bool *more;         /* the connection's hint (struct conn.more) */
+	bool *drained;            /* struct conn.drained, set by each recv() */
 	bool corrupt_next;        /* fault injection: flip a byte of the next record */
 	bool corked;              /* the last record went with MSG_MORE */
 };
@@ -100,6 +101,10 @@ static int sbio_read(BIO *b, char *out, int len)
 	do
 		n = recv(s->fd, out, (size_t)len, 0);
 	while (n < 0 && errno == EINTR);
+	/* OpenSSL asks for its buffer's free space (read-ahead): less means
+	 * the socket is empty for now */
+	if (n > 0)
+		*s->drained = n < len;
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 		BIO_set_retry_read(b);
 	return n < 0 ? -1 : (int)n;
@@ -146,7 +151,7 @@ static void sbio_init(void)
 		sbio_method = m;
 }
 
-static BIO *sbio_new(int fd, const bool *more)
+static BIO *sbio_new(int fd, const bool *more, bool *drained)
 {
 	pthread_once(&sbio_once, sbio_init);
 	if (!sbio_method)
@@ -159,6 +164,7 @@ static BIO *sbio_new(int fd, const bool *more)
 	}
 	s->fd = fd;
 	s->more = more;
+	s->drained = drained;
 	BIO_set_data(b, s);
 	BIO_set_init(b, 1);
 	return b;
@@ -254,6 +260,7 @@ static ssize_t tls_read(struct conn *c, void *buf, size_t len)
 {
 	size_t n = 0;
 	errno = 0;
+	c->drained = false;     /* until this read's recv(), if any, says so */
 	int ret = SSL_read_ex(tc(c)->ssl, buf, len, &n);
 	if (ret == 1)
 		return (ssize_t)n;
@@ -374,7 +381,7 @@ struct conn *tls_conn_new(SSL_CTX *ctx, int fd, bool server)
 	}
 	conn_init(&t->c, &conn_type_tls, fd);
 	t->ssl = SSL_new(ctx);
-	BIO *b = t->ssl ? sbio_new(fd, &t->c.more) : NULL;
+	BIO *b = t->ssl ? sbio_new(fd, &t->c.more, &t->c.drained) : NULL;
 	if (!b) {
 		conn_free(&t->c);
 		return NULL;
