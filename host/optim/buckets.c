@@ -165,7 +165,10 @@ static bool covered(const struct optim *o, int s)
 /* Cuts each seg's units (summed over some axes) into buckets, in unit
  * order, those the table completes apart from those summed after it: a
  * bucket takes units while they fit under its cap (the first of each
- * 1 MiB, the rest grad_bucket_mb), and at least one. */
+ * 1 MiB, the rest grad_bucket_mb), and at least one. The last layer
+ * unit the table completes (layer 0's without a pipeline) starts a
+ * bucket: its sum is the one the step waits for after the backward, so
+ * the units final before it are not held back to go out with it. */
 static int cut_buckets(struct optim *o, const bool *deferred)
 {
 	/* 0: one bucket per seg, summed after the table */
@@ -186,6 +189,17 @@ static int cut_buckets(struct optim *o, const bool *deferred)
 		open[k] = -1;
 	for (int s = 0; s < o->nseg; s++)
 		o->seg[s].bucketed = o->seg[s].zero && !after && covered(o, s);
+	int *tail = malloc(sizeof(int) * (size_t)o->nseg * 2);   /* per st: its last layer unit */
+	if (!tail) {
+		free(open);
+		free(later);
+		return -ENOMEM;
+	}
+	for (int k = 0; k < o->nseg * 2; k++)
+		tail[k] = -1;
+	for (int k = 0; k < o->nu; k++)
+		if (o->u[k].key >= 0)
+			tail[o->u[k].seg * 2 + (deferred[k] && !after ? 1 : 0)] = k;
 	for (int k = 0; k < o->nu; k++) {
 		struct unit *u = &o->u[k];
 		const struct seg *s = &o->seg[u->seg];
@@ -194,7 +208,7 @@ static int cut_buckets(struct optim *o, const bool *deferred)
 		int st = u->seg * 2 + (deferred[k] && !after ? 1 : 0);
 		size_t n = unit_floats(o, u);
 		struct bucket *b = open[st] >= 0 ? &o->b[open[st]] : NULL;
-		if (b && b->n + n > (later[st] ? cap : first)) {
+		if (b && (b->n + n > (later[st] ? cap : first) || (k == tail[st] && !after && st % 2 == 0))) {
 			later[st] = true;
 			b = NULL;
 		}
@@ -208,6 +222,7 @@ static int cut_buckets(struct optim *o, const bool *deferred)
 		b->n += n;
 		b->u1++;   /* its count of units until lay_out_buckets */
 	}
+	free(tail);
 	free(open);
 	free(later);
 	return 0;
