@@ -42,19 +42,20 @@
 #   background collectives; mr-stream: the links' reads; mr-net, meshrun:
 #   the agent), from /proc/PID/task/*/{schedstat,status} sampled every
 #   20 ms between the first and the last metrics line (steps 1..STEPS-1),
-#   per step, summed over the run's processes: run s, run-queue wait s,
-#   voluntary and involuntary switches.
+#   per step and device (summed over the run's processes): run s,
+#   run-queue wait s, voluntary and involuntary switches.
 # OVERLAP_PERF=1: each run under `perf record -F 499` (start-up
 #   included), its samples by thread and kind (sgemm kernel, BLAS
 #   packing, copies memcpy/memmove/memset, AES (libcrypto, libssl),
 #   kernel, the rest) in CPU s per device per step.
 # usage: bench/overlap.sh [STEPS] [ROUNDS] [OLD_MESHRUN] [ONLY]
 #   OLD_MESHRUN: a build to compare with, run in the same rounds ("" for
-#   none): Muon under fsdp=4 (f4old; last session: Muon on every device
+#   none): data=2 (dpold) and ZeRO-1 data=2 (zero1old) with buckets,
+#   Muon under fsdp=4 (f4old; last session: Muon on every device
 #   that shares a matrix, before host/optim/muon.c) and ZeRO-1 x fsdp 2x2
 #   (zfsdpold; main before the first FSDP gathers were started beside
 #   ZeRO-1 and by Muon's update: the A/B of that change alone). ONLY: an extended regex of the runs to make (names:
-#   dp dp0 fsdp fsdp0 zero1 zero10 zfsdp zfsdp0 zfsdpold fsdppp f4adamw
+#   dp dp0 dpold fsdp fsdp0 zero1 zero10 zero1old zfsdp zfsdp0 zfsdpold fsdppp f4adamw
 #   f4muon f4muon0 f4old torch dsexpsize dsexpround_robin, the same for dsfsdp
 #   and dsep; the single device always runs); default: every run but
 #   torch and the ds rows (issue 20's table, about 5 minutes idle);
@@ -80,11 +81,12 @@ import json; e=[x for x in json.load(open('$1'))['traceEvents'] if x.get('ph')==
   and x['name']=='optimizer' and x['args']['step']>=1]
 print('%.4f' % (sum(x['dur'] for x in e) / len(e) * 1e-6))"; }
 cat >$tmp/tsample.py <<'PYEOF'
-# tsample.py ROOTPID METRICS STEPS: CPU by thread between the first and the
-# last line of METRICS (steps 1..STEPS-1), per step, summed over the
-# processes under ROOTPID by thread name (mr-comm's, mr-stream's digits cut)
+# tsample.py ROOTPID METRICS STEPS NDEV: CPU by thread between the first
+# and the last line of METRICS (steps 1..STEPS-1), per step and device,
+# summed over the processes under ROOTPID by thread name (mr-comm's and
+# mr-stream's digits cut)
 import os, sys, time
-root, mpath, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+root, mpath, steps, nd = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 def procs():
     out, todo = [], [root]
     while todo:
@@ -120,8 +122,8 @@ tot = {}
 for k, v in last.items():
     v0 = a.get(k, (v[0], 0, 0, 0, 0))
     name = v[0].rstrip('0123456789') if v[0].startswith(('mr-comm', 'mr-stream')) else v[0]
-    tot[name] = [x + (y - z) / (steps - 1) for x, y, z in zip(tot.get(name, [0] * 4), v[1:], v0[1:])]
-print('    %-10s %7s %9s %7s %8s   (threads, per step, all processes)' % ('thread', 'run_s', 'rqwait_s',
+    tot[name] = [x + (y - z) / (steps - 1) / nd for x, y, z in zip(tot.get(name, [0] * 4), v[1:], v0[1:])]
+print('    %-10s %7s %9s %7s %8s   (threads, per device per step)' % ('thread', 'run_s', 'rqwait_s',
                                                                          'vol_sw', 'invol_sw'))
 for name, v in sorted(tot.items(), key=lambda x: -x[1][0]):
     if v[0] >= 0.0005: print('    %-10s %7.3f %9.3f %7.0f %8.0f' % (name, v[0], v[1], v[2], v[3]))
@@ -162,7 +164,7 @@ run() {
     /usr/bin/time -f "%U %S" -o $tmp/$name.cpu $bin "$@" steps=$steps openblas_threads=1 \
     --metrics $tmp/$name.jsonl $( [ "$1" = local ] && echo --trace $tmp/$name.json ) >/dev/null 2>$tmp/$name.err &
   local pid=$!
-  [ -z "${OVERLAP_THREADS:-}" ] || python3 $tmp/tsample.py $pid $tmp/$name.jsonl $steps >$tmp/$name.thr || true
+  [ -z "${OVERLAP_THREADS:-}" ] || python3 $tmp/tsample.py $pid $tmp/$name.jsonl $steps $(cat $tmp/$name.nd) >$tmp/$name.thr || true
   wait $pid || { echo "$name failed:"; tail -3 $tmp/$name.err; return 1; }
 }
 # run2 NAME ARGS...: two single-device runs of ARGS started together
@@ -215,6 +217,9 @@ for r in $(seq 1 "$rounds"); do
   row two "single x2 at once (2 processes)" $one
   run dp $B local --hosts 2 --config $C grad_bucket_mb=25; row dp "data=2, buckets during backward" $one
   run dp0 $B local --hosts 2 --config $C grad_bucket_mb=0; row dp0 "data=2, sums after backward" $one
+  if [ -n "$old" ]; then
+    run dpold "$old" local --hosts 2 --config $C grad_bucket_mb=25; row dpold "data=2, buckets, OLD_MESHRUN" $one
+  fi
   run fsdp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
     dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2
   run one4 $B train --config $C   # the single device again, beside the 4-device runs
@@ -229,6 +234,10 @@ for r in $(seq 1 "$rounds"); do
   run zero1 $B local --hosts 2 --config $C shard_optimizer_over_data=true; row zero1 "ZeRO-1 data=2" $one
   run zero10 $B local --hosts 2 --config $C shard_optimizer_over_data=true grad_bucket_mb=0
   row zero10 "ZeRO-1 data=2, grad_bucket_mb=0" $one
+  if [ -n "$old" ]; then
+    run zero1old "$old" local --hosts 2 --config $C shard_optimizer_over_data=true
+    row zero1old "ZeRO-1 data=2, OLD_MESHRUN" $one
+  fi
   for g in 25 0; do
     n=zfsdp; l="ZeRO-1 data=2 x fsdp=2"; [ $g = 0 ] && n=zfsdp0 && l="$l, grad_bucket_mb=0"
     run $n $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
