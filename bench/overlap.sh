@@ -31,7 +31,9 @@
 # means). ratio and cpu_x compare with the first, ratio2 and cpu_x2 with
 # the second (the 4-device rows with the pair measured beside them).
 # Each line: step s (mean of steps >= 1), ratio to the single device,
-# comm_exposed_s and comm_background_s (device 0, mean), CPU s per step
+# comm_exposed_s (device 0, mean; every wait, the loss and norm sums'
+# for the other host too), bkt_wait (the part of it spent waiting for
+# gradient buckets, from the trace), comm_background_s, CPU s per step
 # per device (user + sys of every process of the run, start-up included,
 # / steps / devices) and its ratio to the single device's, peak memory
 # (peak_mem_mb: host 0's process, which holds its devices-per-host
@@ -152,6 +154,13 @@ for comm, c in sorted(t.items(), key=lambda x: -x[1]['all']):
     if c['all'] / 499 / steps / nd >= 0.002:
         print('    %-10s' % comm + ''.join('%10.3f' % (c[k] / 499 / steps / nd) for k in kinds))
 PYEOF
+# bkt_wait: device 0's waits for its gradient buckets ("grads ..." and
+# ZeRO-1's "zero ..." spans on its own track), s per step >= 1
+bktwait() { python3 -c "
+import json; e=[x for x in json.load(open('$1'))['traceEvents'] if x.get('ph')=='X' and x['tid']==0
+  and x['args'].get('step', 0)>=1]
+w=sum(x['dur'] for x in e if x['name'].startswith(('grads ', 'zero ')))
+print('%.4f' % (w / max(1, len({x['args']['step'] for x in e})) * 1e-6))"; }
 # run NAME BIN ARGS...: one run, its metrics, trace and CPU time, and
 # its devices (--hosts x --devices-per-host)
 run() {
@@ -187,15 +196,15 @@ peak() { python3 -c "
 import json; print(max(json.loads(l).get('peak_mem_mb', 0) for l in open('$1')))"; }
 cpuof() { awk -v s=$steps -v n=$(cat $tmp/$1.nd) '{printf "%.3f", ($1 + $2) / s / n}' $tmp/$1.cpu; }
 row() { # NAME LABEL BASE_S [BASE2_S: the pair's, default $two]
-  local t cpu nd opt="-" b2=${4:-$two} c2
+  local t cpu nd opt="-" bw="-" b2=${4:-$two} c2
   want $1 || return 0
   t=$(avg $tmp/$1.jsonl step_time_s)
   nd=$(cat $tmp/$1.nd)
   cpu=$(cpuof $1)
-  [ -f $tmp/$1.json ] && opt=$(optspan $tmp/$1.json)
+  [ -f $tmp/$1.json ] && opt=$(optspan $tmp/$1.json) && bw=$(bktwait $tmp/$1.json)
   onecpu=$(cpuof one); c2=$(cpuof two); [ -z "${4:-}" ] || c2=$(cpuof two4)
-  printf "%-42s %7.3f %6.2f %6.2f %9s %9s %8s %6.2f %6.2f %7s %8s  %s\n" "$2" "$t" "$(python3 -c "print($t/$3)")" \
-    "$(python3 -c "print($t/$b2)")" "$(avg $tmp/$1.jsonl comm_exposed_s)" "$(avg $tmp/$1.jsonl comm_background_s)" \
+  printf "%-42s %7.3f %6.2f %6.2f %9s %8s %9s %8s %6.2f %6.2f %7s %8s  %s\n" "$2" "$t" "$(python3 -c "print($t/$3)")" \
+    "$(python3 -c "print($t/$b2)")" "$(avg $tmp/$1.jsonl comm_exposed_s)" "$bw" "$(avg $tmp/$1.jsonl comm_background_s)" \
     "$cpu" "$(python3 -c "print($cpu/$onecpu)")" "$(python3 -c "print($cpu/$c2)")" "$(peak $tmp/$1.jsonl)" \
     "$opt" "$(cut -d' ' -f1-3 /proc/loadavg)"
   [ ! -s $tmp/$1.thr ] || cat $tmp/$1.thr
@@ -205,7 +214,7 @@ row() { # NAME LABEL BASE_S [BASE2_S: the pair's, default $two]
 }
 t0=$(date +%s)
 echo "meshrun $(git rev-parse --short HEAD 2>/dev/null), $steps steps, $rounds round(s), load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-42s %7s %6s %6s %9s %9s %8s %6s %6s %7s %8s  %s\n" run step_s ratio ratio2 exposed_s backgr_s \
+printf "%-42s %7s %6s %6s %9s %8s %9s %8s %6s %6s %7s %8s  %s\n" run step_s ratio ratio2 exposed_s bkt_wait backgr_s \
   cpu_dev cpu_x cpu_x2 peak_mb opt_s load
 for r in $(seq 1 "$rounds"); do
   echo "-- round $r"
