@@ -24,20 +24,40 @@
 #   FSDP 2x2 beside ZeRO-1 (data 2 x fsdp 2) and Muon under FSDP=4, each
 #   with grad_bucket_mb=0 beside it (the next step's first FSDP gathers
 #   not started by the update).
+# Two baselines: "single device" (one process alone on the machine) and
+# "single x2 at once" (two independent single-device processes started
+# together, the same config: each core computes while the other does, as
+# in data=2 over 2 hosts; its step s and CPU are the two processes'
+# means). ratio and cpu_x compare with the first, ratio2 and cpu_x2 with
+# the second (the 4-device rows with the pair measured beside them).
 # Each line: step s (mean of steps >= 1), ratio to the single device,
-# comm_exposed_s and comm_background_s (device 0, mean), CPU s per step
+# comm_exposed_s (device 0, mean; every wait, the loss and norm sums'
+# for the other host too), bkt_wait (the part of it spent waiting for
+# gradient buckets, from the trace), comm_background_s, CPU s per step
 # per device (user + sys of every process of the run, start-up included,
 # / steps / devices) and its ratio to the single device's, peak memory
 # (peak_mem_mb: host 0's process, which holds its devices-per-host
 # devices; max over the steps), optimizer s per step (device 0's
 # "optimizer" spans), the load average.
+# OVERLAP_THREADS=1: each run's CPU by thread (mr-dev0 or exe: the
+#   device's compute and its synchronous collectives; mr-comm: the
+#   background collectives; mr-stream: the links' reads; mr-net, meshrun:
+#   the agent), from /proc/PID/task/*/{schedstat,status} sampled every
+#   20 ms between the first and the last metrics line (steps 1..STEPS-1),
+#   per step and device (summed over the run's processes): run s,
+#   run-queue wait s, voluntary and involuntary switches.
+# OVERLAP_PERF=1: each run under `perf record -F 499` (start-up
+#   included), its samples by thread and kind (sgemm kernel, BLAS
+#   packing, copies memcpy/memmove/memset, AES (libcrypto, libssl),
+#   kernel, the rest) in CPU s per device per step.
 # usage: bench/overlap.sh [STEPS] [ROUNDS] [OLD_MESHRUN] [ONLY]
 #   OLD_MESHRUN: a build to compare with, run in the same rounds ("" for
-#   none): Muon under fsdp=4 (f4old; last session: Muon on every device
+#   none): data=2 (dpold) and ZeRO-1 data=2 (zero1old) with buckets,
+#   Muon under fsdp=4 (f4old; last session: Muon on every device
 #   that shares a matrix, before host/optim/muon.c) and ZeRO-1 x fsdp 2x2
 #   (zfsdpold; main before the first FSDP gathers were started beside
 #   ZeRO-1 and by Muon's update: the A/B of that change alone). ONLY: an extended regex of the runs to make (names:
-#   dp dp0 fsdp fsdp0 zero1 zero10 zfsdp zfsdp0 zfsdpold fsdppp f4adamw
+#   dp dp0 dpold fsdp fsdp0 zero1 zero10 zero1old zfsdp zfsdp0 zfsdpold fsdppp f4adamw
 #   f4muon f4muon0 f4old torch dsexpsize dsexpround_robin, the same for dsfsdp
 #   and dsep; the single device always runs); default: every run but
 #   torch and the ds rows (issue 20's table, about 5 minutes idle);
@@ -49,7 +69,7 @@ set -eu
 cd "$(dirname "$0")/.."
 steps=${1:-4}; rounds=${2:-1}; old=${3:-}
 only=${4:-'^(dp|dp0|fsdp|fsdp0|zero1|zero10|zfsdp|zfsdp0|fsdppp|f4adamw|f4muon|f4muon0)$'}
-want() { case $1 in one|one4) return 0 ;; esac; echo "$1" | grep -Eq -- "$only"; }
+want() { case $1 in one|one4|two*) return 0 ;; esac; echo "$1" | grep -Eq -- "$only"; }
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # copies: a rebuild while this runs does not change what it measures
@@ -62,6 +82,85 @@ optspan() { python3 -c "
 import json; e=[x for x in json.load(open('$1'))['traceEvents'] if x.get('ph')=='X' and x['tid']==0
   and x['name']=='optimizer' and x['args']['step']>=1]
 print('%.4f' % (sum(x['dur'] for x in e) / len(e) * 1e-6))"; }
+cat >$tmp/tsample.py <<'PYEOF'
+# tsample.py ROOTPID METRICS STEPS NDEV: CPU by thread between the first
+# and the last line of METRICS (steps 1..STEPS-1), per step and device,
+# summed over the processes under ROOTPID by thread name (mr-comm's and
+# mr-stream's digits cut)
+import os, sys, time
+root, mpath, steps, nd = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def procs():
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop(); out.append(p)
+        try:
+            for t in os.listdir('/proc/%d/task' % p):
+                todo += [int(x) for x in open('/proc/%d/task/%s/children' % (p, t)).read().split()]
+        except OSError: pass
+    return out
+def snap(last):
+    for p in procs():
+        try: tids = os.listdir('/proc/%d/task' % p)
+        except OSError: continue
+        for t in tids:
+            d = '/proc/%d/task/%s/' % (p, t)
+            try:
+                sch = open(d + 'schedstat').read().split()
+                sw = [int(l.split()[1]) for l in open(d + 'status') if 'voluntary_ctxt' in l]
+                last[(p, t)] = (open(d + 'comm').read().strip(), int(sch[0]) * 1e-9, int(sch[1]) * 1e-9,
+                                sw[0], sw[1])
+            except (OSError, IndexError): pass
+def nlines():
+    try: return sum(1 for _ in open(mpath))
+    except OSError: return 0
+last, a = {}, None
+while os.path.exists('/proc/%d' % root):
+    n = nlines(); snap(last)
+    if n >= 1 and a is None: a = dict(last)
+    if n >= steps: break
+    time.sleep(0.02)
+if a is None or nlines() < steps: sys.exit('tsample: the run ended before its last metrics line')
+tot = {}
+for k, v in last.items():
+    v0 = a.get(k, (v[0], 0, 0, 0, 0))
+    name = v[0].rstrip('0123456789') if v[0].startswith(('mr-comm', 'mr-stream')) else v[0]
+    tot[name] = [x + (y - z) / (steps - 1) / nd for x, y, z in zip(tot.get(name, [0] * 4), v[1:], v0[1:])]
+print('    %-10s %7s %9s %7s %8s   (threads, per device per step)' % ('thread', 'run_s', 'rqwait_s',
+                                                                         'vol_sw', 'invol_sw'))
+for name, v in sorted(tot.items(), key=lambda x: -x[1][0]):
+    if v[0] >= 0.0005: print('    %-10s %7.3f %9.3f %7.0f %8.0f' % (name, v[0], v[1], v[2], v[3]))
+PYEOF
+cat >$tmp/pkind.py <<'PYEOF'
+# pkind.py PERFDATA STEPS NDEV: perf samples (499 Hz) by thread and kind,
+# CPU s per device per step (start-up included)
+import collections, subprocess, sys
+f, steps, nd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out = subprocess.run(['perf', 'report', '-i', f, '--no-children', '--sort', 'comm,dso,sym', '--stdio',
+                      '-F', 'sample,comm,dso,sym'], capture_output=True, text=True).stdout
+kinds = ['sgemm', 'blas_pack', 'copies', 'aes', 'kernel', 'rest', 'all']
+t = collections.defaultdict(collections.Counter)
+for l in out.splitlines():
+    p = l.split()
+    if len(p) < 4 or not p[0].isdigit() or l.lstrip().startswith('#'): continue
+    n, comm, dso, sym = int(p[0]), p[1], p[2], p[-1]
+    comm = comm.rstrip('0123456789') if comm.startswith(('mr-comm', 'mr-stream')) else comm
+    k = ('kernel' if '[k]' in l else 'sgemm' if 'sgemm_kernel' in sym or 'sgemm_small' in sym
+         else 'blas_pack' if 'openblas' in dso else 'aes' if 'crypto' in dso or 'ssl' in dso
+         else 'copies' if any(x in sym for x in ('memmove', 'memcpy', 'memset')) else 'rest')
+    t[comm][k] += n
+    t[comm]['all'] += n
+print('    %-10s' % 'thread' + ''.join('%10s' % k for k in kinds) + '   (perf, s/device/step)')
+for comm, c in sorted(t.items(), key=lambda x: -x[1]['all']):
+    if c['all'] / 499 / steps / nd >= 0.002:
+        print('    %-10s' % comm + ''.join('%10.3f' % (c[k] / 499 / steps / nd) for k in kinds))
+PYEOF
+# bkt_wait: device 0's waits for its gradient buckets ("grads ..." and
+# ZeRO-1's "zero ..." spans on its own track), s per step >= 1
+bktwait() { python3 -c "
+import json; e=[x for x in json.load(open('$1'))['traceEvents'] if x.get('ph')=='X' and x['tid']==0
+  and x['args'].get('step', 0)>=1]
+w=sum(x['dur'] for x in e if x['name'].startswith(('grads ', 'zero ')))
+print('%.4f' % (w / max(1, len({x['args']['step'] for x in e})) * 1e-6))"; }
 # run NAME BIN ARGS...: one run, its metrics, trace and CPU time, and
 # its devices (--hosts x --devices-per-host)
 run() {
@@ -69,71 +168,111 @@ run() {
   want $name || return 0
   echo "$@" | awk '{h=1; d=1; for (i = 1; i < NF; i++) { if ($i == "--hosts") h = $(i+1);
     if ($i == "--devices-per-host") d = $(i+1) } print h * d}' >$tmp/$name.nd
-  /usr/bin/time -f "%U %S" -o $tmp/$name.cpu $bin "$@" steps=$steps openblas_threads=1 \
-    --metrics $tmp/$name.jsonl $( [ "$1" = local ] && echo --trace $tmp/$name.json ) >/dev/null 2>$tmp/$name.err ||
-    { echo "$name failed:"; tail -3 $tmp/$name.err; return 1; }
+  rm -f $tmp/$name.jsonl
+  ${OVERLAP_PERF:+perf record -q -F 499 -o $tmp/$name.perf --} \
+    /usr/bin/time -f "%U %S" -o $tmp/$name.cpu $bin "$@" steps=$steps openblas_threads=1 \
+    --metrics $tmp/$name.jsonl $( [ "$1" = local ] && echo --trace $tmp/$name.json ) >/dev/null 2>$tmp/$name.err &
+  local pid=$!
+  [ -z "${OVERLAP_THREADS:-}" ] || python3 $tmp/tsample.py $pid $tmp/$name.jsonl $steps $(cat $tmp/$name.nd) >$tmp/$name.thr || true
+  wait $pid || { echo "$name failed:"; tail -3 $tmp/$name.err; return 1; }
+}
+# run2 NAME ARGS...: two single-device runs of ARGS started together
+# (NAME.a, NAME.b); NAME's steps and CPU are both runs' (CPU their mean)
+run2() {
+  local n=$1; shift
+  run $n.a $B "$@" & local pa=$!
+  run $n.b $B "$@" & local pb=$!
+  wait $pa && wait $pb || return 1
+  echo 1 >$tmp/$n.nd
+  # avg() drops the first line (step 0): one step 0, then both runs' steps >= 1
+  python3 -c "
+import json; r=[[json.loads(l) for l in open('$tmp/$n.'+f+'.jsonl')] for f in ('a', 'b')]
+print('\n'.join(json.dumps(x) for x in [r[0][0]] + r[0][1:] + r[1][1:]))" >$tmp/$n.jsonl
+  cat $tmp/$n.a.cpu $tmp/$n.b.cpu | awk '{u += $1; s += $2} END {print u / 2, s / 2}' >$tmp/$n.cpu
+  if [ -f $tmp/$n.a.thr ]; then cat $tmp/$n.a.thr $tmp/$n.b.thr; fi >$tmp/$n.thr
+  if [ -n "${OVERLAP_PERF:-}" ]; then python3 $tmp/pkind.py $tmp/$n.a.perf $steps 1; fi >$tmp/$n.pk
 }
 peak() { python3 -c "
 import json; print(max(json.loads(l).get('peak_mem_mb', 0) for l in open('$1')))"; }
-row() { # NAME LABEL BASE_S
-  local t cpu nd opt="-"
+cpuof() { awk -v s=$steps -v n=$(cat $tmp/$1.nd) '{printf "%.3f", ($1 + $2) / s / n}' $tmp/$1.cpu; }
+row() { # NAME LABEL BASE_S [BASE2_S: the pair's, default $two]
+  local t cpu nd opt="-" bw="-" b2=${4:-$two} c2
   want $1 || return 0
   t=$(avg $tmp/$1.jsonl step_time_s)
   nd=$(cat $tmp/$1.nd)
-  cpu=$(awk -v s=$steps -v n=$nd '{printf "%.3f", ($1 + $2) / s / n}' $tmp/$1.cpu)
-  [ -f $tmp/$1.json ] && opt=$(optspan $tmp/$1.json)
-  [ $1 = one ] && onecpu=$cpu
-  printf "%-42s %7.3f %6.2f %9s %9s %8s %6.2f %7s %8s  %s\n" "$2" "$t" "$(python3 -c "print($t/$3)")" \
-    "$(avg $tmp/$1.jsonl comm_exposed_s)" "$(avg $tmp/$1.jsonl comm_background_s)" "$cpu" \
-    "$(python3 -c "print($cpu/$onecpu)")" "$(peak $tmp/$1.jsonl)" "$opt" "$(cut -d' ' -f1-3 /proc/loadavg)"
+  cpu=$(cpuof $1)
+  [ -f $tmp/$1.json ] && opt=$(optspan $tmp/$1.json) && bw=$(bktwait $tmp/$1.json)
+  onecpu=$(cpuof one); c2=$(cpuof two); [ -z "${4:-}" ] || c2=$(cpuof two4)
+  printf "%-42s %7.3f %6.2f %6.2f %9s %8s %9s %8s %6.2f %6.2f %7s %8s  %s\n" "$2" "$t" "$(python3 -c "print($t/$3)")" \
+    "$(python3 -c "print($t/$b2)")" "$(avg $tmp/$1.jsonl comm_exposed_s)" "$bw" "$(avg $tmp/$1.jsonl comm_background_s)" \
+    "$cpu" "$(python3 -c "print($cpu/$onecpu)")" "$(python3 -c "print($cpu/$c2)")" "$(peak $tmp/$1.jsonl)" \
+    "$opt" "$(cut -d' ' -f1-3 /proc/loadavg)"
+  [ ! -s $tmp/$1.thr ] || cat $tmp/$1.thr
+  if [ -n "${OVERLAP_PERF:-}" ]; then
+    if [ -f $tmp/$1.pk ]; then cat $tmp/$1.pk; else python3 $tmp/pkind.py $tmp/$1.perf $steps $nd; fi
+  fi
 }
 t0=$(date +%s)
 echo "meshrun $(git rev-parse --short HEAD 2>/dev/null), $steps steps, $rounds round(s), load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-42s %7s %6s %9s %9s %8s %6s %7s %8s  %s\n" run step_s ratio exposed_s backgr_s cpu_dev cpu_x \
-  peak_mb opt_s load
+printf "%-42s %7s %6s %6s %9s %8s %9s %8s %6s %6s %7s %8s  %s\n" run step_s ratio ratio2 exposed_s bkt_wait backgr_s \
+  cpu_dev cpu_x cpu_x2 peak_mb opt_s load
 for r in $(seq 1 "$rounds"); do
   echo "-- round $r"
   run one $B train --config $C
-  one=$(avg $tmp/one.jsonl step_time_s); row one "single device" $one
+  one=$(avg $tmp/one.jsonl step_time_s)
+  run2 two train --config $C
+  two=$(avg $tmp/two.jsonl step_time_s)
+  row one "single device" $one
+  row two "single x2 at once (2 processes)" $one
   run dp $B local --hosts 2 --config $C grad_bucket_mb=25; row dp "data=2, buckets during backward" $one
   run dp0 $B local --hosts 2 --config $C grad_bucket_mb=0; row dp0 "data=2, sums after backward" $one
+  if [ -n "$old" ]; then
+    run dpold "$old" local --hosts 2 --config $C grad_bucket_mb=25; row dpold "data=2, buckets, OLD_MESHRUN" $one
+  fi
   run fsdp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
     dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2
   run one4 $B train --config $C   # the single device again, beside the 4-device runs
   one4=$(avg $tmp/one4.jsonl step_time_s)
-  row fsdp "fsdp 2x2 (4 devices, 2 cores)" $one4
+  run2 two4 train --config $C   # and the pair again
+  two4=$(avg $tmp/two4.jsonl step_time_s)
+  row two4 "single x2 at once, again" $one4 $two4
+  row fsdp "fsdp 2x2 (4 devices, 2 cores)" $one4 $two4
   run fsdp0 $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
     dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2 grad_bucket_mb=0
-  row fsdp0 "fsdp 2x2, grad_bucket_mb=0" $one4
+  row fsdp0 "fsdp 2x2, grad_bucket_mb=0" $one4 $two4
   run zero1 $B local --hosts 2 --config $C shard_optimizer_over_data=true; row zero1 "ZeRO-1 data=2" $one
   run zero10 $B local --hosts 2 --config $C shard_optimizer_over_data=true grad_bucket_mb=0
   row zero10 "ZeRO-1 data=2, grad_bucket_mb=0" $one
+  if [ -n "$old" ]; then
+    run zero1old "$old" local --hosts 2 --config $C shard_optimizer_over_data=true
+    row zero1old "ZeRO-1 data=2, OLD_MESHRUN" $one
+  fi
   for g in 25 0; do
     n=zfsdp; l="ZeRO-1 data=2 x fsdp=2"; [ $g = 0 ] && n=zfsdp0 && l="$l, grad_bucket_mb=0"
     run $n $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
       dcn_data_parallelism=2 ici_fsdp_parallelism=2 shard_optimizer_over_data=true grad_bucket_mb=$g
-    row $n "$l" $one4
+    row $n "$l" $one4 $two4
   done
   if [ -n "$old" ]; then
     run zfsdpold "$old" local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
       dcn_data_parallelism=2 ici_fsdp_parallelism=2 shard_optimizer_over_data=true
-    row zfsdpold "ZeRO-1 data=2 x fsdp=2, OLD_MESHRUN" $one4
+    row zfsdpold "ZeRO-1 data=2 x fsdp=2, OLD_MESHRUN" $one4 $two4
   fi
   run fsdppp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
     ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
-  row fsdppp "fsdp=2 x stage=2 (4 devices)" $one4
+  row fsdppp "fsdp=2 x stage=2 (4 devices)" $one4 $two4
   for o in adamw muon; do
     run f4$o $B local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
       ici_fsdp_parallelism=4 opt_type=$o learning_rate=0.001
-    row f4$o "fsdp=4 $o" $one4
+    row f4$o "fsdp=4 $o" $one4 $two4
   done
   run f4muon0 $B local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
     ici_fsdp_parallelism=4 opt_type=muon learning_rate=0.001 grad_bucket_mb=0
-  row f4muon0 "fsdp=4 muon, grad_bucket_mb=0" $one4
+  row f4muon0 "fsdp=4 muon, grad_bucket_mb=0" $one4 $two4
   if [ -n "$old" ]; then
     run f4old "$old" local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
       ici_fsdp_parallelism=4 opt_type=muon learning_rate=0.001
-    row f4old "fsdp=4 muon, OLD_MESHRUN" $one4
+    row f4old "fsdp=4 muon, OLD_MESHRUN" $one4 $two4
   fi
   # PyTorch DDP over gloo, 2 processes, same model and per-process batch
   if want torch; then
@@ -150,7 +289,7 @@ for r in $(seq 1 "$rounds"); do
       run ds$m$a $B local --hosts 2 --devices-per-host 2 --config configs/deepseek-tiny.yml opt_type=muon \
         learning_rate=0.01 ici_data_parallelism=1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 $x \
         muon_assign=$a
-      row ds$m$a "deepseek-tiny muon, dcn_fsdp=2 $m, $a" $one4
+      row ds$m$a "deepseek-tiny muon, dcn_fsdp=2 $m, $a" $one4 $two4
       if want ds$m$a; then
         echo "  muon_bytes/step $(avg $tmp/ds$m$a.jsonl muon_bytes)," \
           "Newton-Schulz GFLOP/step busiest device $(avg $tmp/ds$m$a.jsonl muon_ns_gflop_max_device)," \

@@ -1,8 +1,9 @@
 /* Gradient buckets (host/optim/optim_int.h): the layout's units in the
- * order the step's table makes them final, packed layer-major into
- * buckets of at most grad_bucket_mb (the first of each seg 1 MiB, as
- * PyTorch DDP does), each summed over the mesh by one collective started
- * when its last unit is final. ZeRO-1's buckets are reduce-scattered
+ * order the step's table makes them final, cut into buckets of at most
+ * grad_bucket_mb (the first of each seg 1 MiB, as PyTorch DDP does),
+ * each summed over the mesh in place when its last unit is final: one
+ * collective per run of adjacent layout floats (a tensor's slices of
+ * the bucket's layers), started together. ZeRO-1's buckets are reduce-scattered
  * instead (zero.c); with grad_bucket_mb=0 ZeRO-1's segs have no buckets
  * (optim.c reduce-scatters them after the table). */
 #include "host/optim/optim_int.h"
@@ -165,7 +166,10 @@ static bool covered(const struct optim *o, int s)
 /* Cuts each seg's units (summed over some axes) into buckets, in unit
  * order, those the table completes apart from those summed after it: a
  * bucket takes units while they fit under its cap (the first of each
- * 1 MiB, the rest grad_bucket_mb), and at least one. */
+ * 1 MiB, the rest grad_bucket_mb), and at least one. The last layer
+ * unit the table completes (layer 0's without a pipeline) starts a
+ * bucket: its sum is the one the step waits for after the backward, so
+ * the units final before it are not held back to go out with it. */
 static int cut_buckets(struct optim *o, const bool *deferred)
 {
 	/* 0: one bucket per seg, summed after the table */
@@ -174,7 +178,8 @@ static int cut_buckets(struct optim *o, const bool *deferred)
 	cap = cap ? cap : 1;
 	size_t first = cap < 262144 ? cap : 262144;
 	first = after ? SIZE_MAX : first;
-	int *open = malloc(sizeof(int) * (size_t)o->nseg * 2);
+	/* per st (seg, deferred): its open bucket and its last layer unit */
+	int *open = malloc(sizeof(int) * (size_t)o->nseg * 4), *tail;
 	bool *later = calloc((size_t)o->nseg * 2, sizeof(bool));
 	o->b = calloc((size_t)o->nu + 1, sizeof(*o->b));
 	if (!open || !later || !o->b) {
@@ -182,10 +187,14 @@ static int cut_buckets(struct optim *o, const bool *deferred)
 		free(later);
 		return -ENOMEM;
 	}
-	for (int k = 0; k < o->nseg * 2; k++)
+	tail = open + o->nseg * 2;
+	for (int k = 0; k < o->nseg * 4; k++)
 		open[k] = -1;
 	for (int s = 0; s < o->nseg; s++)
 		o->seg[s].bucketed = o->seg[s].zero && !after && covered(o, s);
+	for (int k = 0; k < o->nu; k++)
+		if (o->u[k].key >= 0)
+			tail[o->u[k].seg * 2 + (deferred[k] && !after ? 1 : 0)] = k;
 	for (int k = 0; k < o->nu; k++) {
 		struct unit *u = &o->u[k];
 		const struct seg *s = &o->seg[u->seg];
@@ -194,7 +203,7 @@ static int cut_buckets(struct optim *o, const bool *deferred)
 		int st = u->seg * 2 + (deferred[k] && !after ? 1 : 0);
 		size_t n = unit_floats(o, u);
 		struct bucket *b = open[st] >= 0 ? &o->b[open[st]] : NULL;
-		if (b && b->n + n > (later[st] ? cap : first)) {
+		if (b && (b->n + n > (later[st] ? cap : first) || (k == tail[st] && !after && st % 2 == 0))) {
 			later[st] = true;
 			b = NULL;
 		}
@@ -218,7 +227,45 @@ static size_t buf_floats(const struct optim *o, const struct bucket *b)
 {
 	if (b->zero)
 		return (b->c * (size_t)o->ndata + 15) / 16 * 16 + (b->c + 15) / 16 * 16;
-	return (b->n + 15) / 16 * 16;
+	return 0;
+}
+
+static int by_off(const void *a, const void *b)
+{
+	size_t x = ((const struct piece *)a)->off, y = ((const struct piece *)b)->off;
+	return x < y ? -1 : x > y;
+}
+
+/* Sorts n pieces by layout offset and merges each run of adjacent ones
+ * with the same .at (their seg) into one; their count. */
+static int merge_runs(struct piece *v, int n)
+{
+	int m = 0;
+	qsort(v, (size_t)n, sizeof(*v), by_off);
+	for (int j = 0; j < n; j++) {
+		if (m && v[m - 1].at == v[j].at && v[m - 1].off + v[m - 1].n == v[j].off)
+			v[m - 1].n += v[j].n;
+		else
+			v[m++] = v[j];
+	}
+	return m;
+}
+
+/* Bucket b's runs (not ZeRO-1's): its pieces in layout order, adjacent
+ * ones merged, from o->run[o->nrun] on. */
+static void lay_out_runs(struct optim *o, struct bucket *b)
+{
+	struct piece *r = o->run + o->nrun;
+	int n = 0;
+	for (int j = b->u0; j < b->u1; j++) {
+		const struct unit *u = &o->u[o->ubk[j]];
+		for (int q = u->p0; q < u->p1; q++) {
+			r[n] = o->pc[q];
+			r[n++].at = (size_t)b->seg;
+		}
+	}
+	b->r0 = o->nrun;
+	b->r1 = o->nrun += merge_runs(r, n);
 }
 
 /* The buckets' units in order (ubk), the pieces' places and the
@@ -244,26 +291,27 @@ static int lay_out_buckets(struct optim *o)
 		o->ubk[b->u1++] = k;
 	}
 	zero_lay_out(o);
-	for (int i = 0; i < o->nb; i++)
+	o->run = malloc(sizeof(*o->run) * (size_t)(o->npc + 1));
+	o->rh = calloc((size_t)o->npc + 1, sizeof(*o->rh));
+	if (!o->run || !o->rh)
+		return -ENOMEM;
+	for (int i = 0; i < o->nb; i++) {
+		if (!o->b[i].zero)
+			lay_out_runs(o, &o->b[i]);
 		total += buf_floats(o, &o->b[i]);
+	}
 	o->bufmem = calloc(total ? total : 1, sizeof(float));
 	if (!o->bufmem)
 		return -ENOMEM;
 	total = 0;
 	for (int i = 0; i < o->nb; i++) {
 		struct bucket *b = &o->b[i];
-		size_t pos = 0;
+		if (!b->zero)
+			continue;
 		b->buf = o->bufmem + total;
 		total += buf_floats(o, b);
-		/* zero: the part reduce-scattered to this rank after the chunks */
-		b->out = b->zero ? b->buf + (b->c * (size_t)o->ndata + 15) / 16 * 16 : NULL;
-		for (int j = b->u0; j < b->u1; j++) {
-			struct unit *u = &o->u[o->ubk[j]];
-			for (int q = u->p0; q < u->p1; q++) {
-				o->pc[q].at = pos;
-				pos += o->pc[q].n;
-			}
-		}
+		/* the part reduce-scattered to this rank after the chunks */
+		b->out = b->buf + (b->c * (size_t)o->ndata + 15) / 16 * 16;
 	}
 	return 0;
 }
@@ -314,55 +362,45 @@ void buckets_free(struct optim *o)
 	free(o->pc);
 	free(o->b);
 	free(o->ubk);
+	free(o->run);
+	free(o->rh);
 	free(o->bufmem);
-}
-
-/* Packs the units' gradients into the bucket (to_buf) or the sums back
- * into the layout's gradients G. */
-static void move(struct optim *o, const struct bucket *b, float *G, bool to_buf)
-{
-	for (int j = b->u0; j < b->u1; j++) {
-		const struct unit *u = &o->u[o->ubk[j]];
-		for (int q = u->p0; q < u->p1; q++) {
-			const struct piece *p = &o->pc[q];
-			float *l = G + p->off, *k = b->buf + p->at;
-			memcpy(to_buf ? k : l, to_buf ? l : k, p->n * sizeof(float));
-		}
-	}
 }
 
 int bucket_issue(struct optim *o, struct bucket *b)
 {
 	const struct optim_bg *bg = o->oc.bg;
 	const struct model_comm *mc = o->oc.mc;
+	float *G = model_grads(o->model);
 	char name[64];
+	int rc = 0;
 	if (b->zero)
 		return zero_issue(o, b);
-	move(o, b, model_grads(o->model), true);
 	bucket_name(o, b, "grads", name, sizeof(name));
 	b->issued = true;
-	b->h = NULL;
 	o->stats.buckets++;
-	if (bg)
-		return bg->all_reduce(bg->ctx, b->axes, b->buf, b->n, name, &b->h);
-	int rc = mc->all_reduce(mc->ctx, b->axes, b->buf, b->n);
-	if (!rc)
-		move(o, b, model_grads(o->model), false);
+	/* nothing writes a final unit's gradients again in the step: each
+	 * run is summed where it lies */
+	for (int r = b->r0; r < b->r1 && !rc; r++) {
+		float *x = G + o->run[r].off;
+		rc = bg ? bg->all_reduce(bg->ctx, b->axes, x, o->run[r].n, name, &o->rh[r])
+			: mc->all_reduce(mc->ctx, b->axes, x, o->run[r].n);
+	}
 	return rc;
 }
 
 int bucket_wait(struct optim *o, struct bucket *b)
 {
 	const struct optim_bg *bg = o->oc.bg;
-	void *h = b->h;
+	int rc = 0;
 	if (b->zero)
 		return zero_wait(o, b);
-	b->h = NULL;
-	if (!h)
-		return 0;
-	int rc = bg->wait(bg->ctx, h);
-	if (!rc)
-		move(o, b, model_grads(o->model), false);
+	for (int r = b->r0; r < b->r1; r++) {
+		void *h = o->rh[r];
+		o->rh[r] = NULL;
+		int e = h ? bg->wait(bg->ctx, h) : 0;
+		rc = rc ? rc : e;
+	}
 	return rc;
 }
 
@@ -375,33 +413,20 @@ static int update_floats(struct optim *o, const struct seg *s, int64_t step, flo
 	return x < y ? optim_update_range(o, step, lr, model_grads(o->model) + x, o->m + at, o->v + at, x, y) : 0;
 }
 
-static int by_off(const void *a, const void *b)
-{
-	size_t x = ((const struct piece *)a)->off, y = ((const struct piece *)b)->off;
-	return x < y ? -1 : x > y;
-}
-
 /* The early units' pieces of seg s (every seg: -1; not ZeRO-1's, which
  * zero.c updates bucket by bucket) into out, in layout
  * order, each run of adjacent ones of one seg merged into one piece (a
  * Muon tensor's early layers then take one exchange); their count. */
 static int early_runs(const struct optim *o, int s, struct piece *out)
 {
-	int n = 0, m = 0;
+	int n = 0;
 	for (int k = 0; k < o->nu; k++)
 		for (int q = o->u[k].p0; o->u[k].early && !o->seg[o->u[k].seg].zero && (s < 0 || o->u[k].seg == s) &&
 		     q < o->u[k].p1; q++) {
 			out[n] = o->pc[q];
 			out[n++].at = (size_t)o->u[k].seg;  /* its seg, for the merge */
 		}
-	qsort(out, (size_t)n, sizeof(*out), by_off);
-	for (int j = 0; j < n; j++) {
-		if (m && out[m - 1].at == out[j].at && out[m - 1].off + out[m - 1].n == out[j].off)
-			out[m - 1].n += out[j].n;
-		else
-			out[m++] = out[j];
-	}
-	return m;
+	return merge_runs(out, n);
 }
 
 int units_update_early(struct optim *o, int64_t step, float lr)

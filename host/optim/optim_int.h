@@ -58,8 +58,10 @@ struct bucket {
 	uint32_t axes;       /* summed over (the seg's) */
 	bool deferred;       /* summed after the table, in bucket order */
 	int u0, u1;          /* its units: ubk[u0 .. u1) */
-	size_t n;            /* packed floats */
-	float *buf;
+	size_t n;            /* its floats */
+	float *buf;          /* zero only: see below */
+	int r0, r1;          /* not zero: summed in place in the gradients,
+			      * one collective per run o->run[r0 .. r1) */
 	/* ZeRO-1 (zero.c): buf holds ndata chunks of c floats, chunk r the
 	 * bucket's floats inside data rank r's part of the seg (layout
 	 * order, zeros after); reduce-scattered over `data` into out (c
@@ -96,6 +98,10 @@ struct optim {
 	struct unit *u;              /* in the order they complete */
 	int nu;
 	int *ubk;                    /* units in bucket order */
+	struct piece *run;           /* buckets' runs: their pieces in layout
+				      * order, adjacent ones merged (at unused) */
+	void **rh;                   /* each run's sum in flight, or NULL */
+	int nrun;
 	int *by_key;                 /* [(L + 2) * nseg * 2] unit of (key, seg,
 				      * repl), or -1 */
 	struct bucket *b;
@@ -127,11 +133,12 @@ int buckets_make(struct optim *o, const struct optim_place *pl);
 void buckets_free(struct optim *o);
 /* The unit of (key, seg, repl), or -1. */
 int unit_of(const struct optim *o, int key, int seg, bool repl);
-/* Starts a bucket's sum (its units packed first; in the background
- * when the step has background collectives). 0 or -errno. */
+/* Starts a bucket's sum: in place, one collective per run of adjacent
+ * layout floats (ZeRO-1's: its units packed into chunks first); in the
+ * background when the step has background collectives. 0 or -errno. */
 int bucket_issue(struct optim *o, struct bucket *b);
-/* Waits for bucket b's sum in flight and unpacks it into the gradients.
- * 0 or -errno. */
+/* Waits for bucket b's sums in flight (ZeRO-1's: and moves its part into
+ * the gradients). 0 or -errno. */
 int bucket_wait(struct optim *o, struct bucket *b);
 
 /* The update of the early units' pieces (of segs not split by ZeRO-1),
