@@ -6,7 +6,7 @@
 #      (v = 2), ROUNDS rounds (default 2) of the whole list, interleaved,
 #      so the load drifts over every schedule alike.
 #   2. 4 stages on 4 hosts x 1 device (4 device threads on 2 cores),
-#      M = 8: 1f1b, zb_h1, interleaved_1f1b, one round.
+#      M = 8: 1f1b, zb_h1, interleaved_1f1b, as many rounds.
 # Then per mesh and M (medians over the rounds): each schedule's idle
 # seconds (the worst device) against its formula at the run's own F, I,
 # W costs (the spans' mean wall times; and at their CPU times: a core a
@@ -43,7 +43,7 @@ BIN=$bin NOPLAN=1 ROUNDS=$rounds KV="pipeline_recompute=false" \
 if [ -n "$ms4" ]; then
   echo
   echo "## 4 stages, 4 hosts x 1 device, recompute off; load $(cut -d' ' -f1-3 /proc/loadavg)"
-  BIN=$bin NOPLAN=1 KV="pipeline_recompute=false" \
+  BIN=$bin NOPLAN=1 ROUNDS=$rounds KV="pipeline_recompute=false" \
     bench/sched.sh "$steps" 4x1 "$ms4" "1f1b zb_h1 interleaved_1f1b" | tee -a "$out"
 fi
 echo
