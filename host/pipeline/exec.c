@@ -787,37 +787,32 @@ static bool touches(const struct pipe_action *a, int b)
 	return a->buf[0] == b || a->buf[1] == b || a->buf[2] == b;
 }
 
-/* Before the action at k: posts the receives after it (up to
- * PREPOST_MAX not reached yet) whose buffer no action from k up to them
- * names and no send from which is in flight, so their messages can land
- * while the device computes; each receive then takes its posted one.
- * Stops at the first receive whose buffer is still in use. (The one at
- * k posts itself.) */
-#define PREPOST_MAX 3
+/* Before the action at k: posts the next receive (at j >= k) if nothing
+ * from k up to it names its buffer and no send from it is in flight, so
+ * the message can land while the device computes; the receive at j then
+ * takes the posted one. One at a time: a receive is posted once the one
+ * before it was reached; the one at k posts itself. */
 static int prepost(struct pipe_exec *x, int k)
 {
-	int ahead = 0;
-	for (int j = k + 1; j < x->n && ahead < PREPOST_MAX; j++) {
-		const struct pipe_action *a = &x->a[j];
-		if (a->op != PA_RECV)
-			continue;
-		ahead++;
-		if (x->posted[j])
-			continue;
-		int b = a->buf[0];
-		if (x->sent[b].dev >= 0)
+	int j = k;
+	while (j < x->n && x->a[j].op != PA_RECV)
+		j++;
+	if (j == k || j >= x->n || x->posted[j])
+		return 0;  /* the receive at k posts itself */
+	const struct pipe_action *a = &x->a[j];
+	int b = a->buf[0];
+	if (x->sent[b].dev >= 0)
+		return 0;
+	for (int i = k; i < j; i++)
+		if (touches(&x->a[i], b))
 			return 0;
-		for (int i = k; i < j; i++)
-			if (touches(&x->a[i], b))
-				return 0;
-		uint32_t kind, idx;
-		pipe_val_msg(&x->t, &a->val, &kind, &idx);
-		int rc = x->io->probe(x->io->ctx, x->stage_dev[a->peer], kind, idx, x->buf[b], sizeof(float) * x->nf);
-		if (rc < 0)
-			return rc;
-		x->posted[j] = true;
-		x->preposts++;
-	}
+	uint32_t kind, idx;
+	pipe_val_msg(&x->t, &a->val, &kind, &idx);
+	int rc = x->io->probe(x->io->ctx, x->stage_dev[a->peer], kind, idx, x->buf[b], sizeof(float) * x->nf);
+	if (rc < 0)
+		return rc;
+	x->posted[j] = true;
+	x->preposts++;
 	return 0;
 }
 
