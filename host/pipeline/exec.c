@@ -8,7 +8,11 @@
  * chunk slot k in 1 + k, the layers outside the pipeline in the last.
  * The one departure from table order: a W run ahead in a receive's wait
  * (pipe_exec_set_fill; fill_wait below), marked so the loop skips it at
- * its own place. */
+ * its own place. A receive is posted ahead of its place (prepost below)
+ * once no action before it touches its buffer: a message over the
+ * rendezvous size waits for its receive to be posted, so a receive
+ * posted only when the device reaches it costs a round trip and the
+ * transfer even when the peer sent long before. */
 #include "host/pipeline/exec.h"
 
 #include <errno.h>
@@ -57,6 +61,10 @@ struct pipe_exec {
 	int *w_of_i;                 /* [n] a W's I (its index), else -1 */
 	bool *ran;                   /* [n] run ahead of its place this step */
 	int fills;
+	/* posting receives ahead (prepost) */
+	bool prepost;                /* this step: a transport that probes, not filling */
+	bool *posted;                /* [n] a RECV posted ahead this step */
+	int preposts;
 	/* the table's leading gathers, started before the step
 	 * (pipe_exec_prefetch) */
 	int npre;
@@ -202,7 +210,8 @@ static int mark_w(struct pipe_exec *x)
 {
 	x->w_of_i = malloc(sizeof(int) * (size_t)(x->n + 1));
 	x->ran = calloc((size_t)x->n + 1, sizeof(bool));
-	if (!x->w_of_i || !x->ran)
+	x->posted = calloc((size_t)x->n + 1, sizeof(bool));
+	if (!x->w_of_i || !x->ran || !x->posted)
 		return -ENOMEM;
 	for (int k = 0; k < x->n; k++) {
 		const struct pipe_action *a = &x->a[k];
@@ -264,12 +273,14 @@ void pipe_exec_free(struct pipe_exec *x)
 	free(x->last_rs);
 	free(x->w_of_i);
 	free(x->ran);
+	free(x->posted);
 	free(x);
 }
 
 void pipe_exec_poison(struct pipe_exec *x, int on) { x->poison = on; }
 void pipe_exec_set_fill(struct pipe_exec *x, bool on) { x->fill = on; }
 int pipe_exec_fills(const struct pipe_exec *x) { return x->fills; }
+int pipe_exec_preposts(const struct pipe_exec *x) { return x->preposts; }
 int pipe_exec_gathers(const struct pipe_exec *x) { return x->gathers; }
 const struct pipe_table *pipe_exec_table(const struct pipe_exec *x) { return &x->t; }
 
@@ -768,6 +779,43 @@ static int fill_wait(struct pipe_exec *x, int k)
 	return rc;
 }
 
+/* ---- posting receives ahead ---- */
+
+/* Whether an action names buffer b. */
+static bool touches(const struct pipe_action *a, int b)
+{
+	return a->buf[0] == b || a->buf[1] == b || a->buf[2] == b;
+}
+
+/* Before the action at k: posts the next receive (at j >= k) if nothing
+ * from k up to it names its buffer and no send from it is in flight, so
+ * the message can land while the device computes; the receive at j then
+ * takes the posted one. One at a time: a receive is posted once the one
+ * before it was reached; the one at k posts itself. */
+static int prepost(struct pipe_exec *x, int k)
+{
+	int j = k;
+	while (j < x->n && x->a[j].op != PA_RECV)
+		j++;
+	if (j == k || j >= x->n || x->posted[j])
+		return 0;  /* the receive at k posts itself */
+	const struct pipe_action *a = &x->a[j];
+	int b = a->buf[0];
+	if (x->sent[b].dev >= 0)
+		return 0;
+	for (int i = k; i < j; i++)
+		if (touches(&x->a[i], b))
+			return 0;
+	uint32_t kind, idx;
+	pipe_val_msg(&x->t, &a->val, &kind, &idx);
+	int rc = x->io->probe(x->io->ctx, x->stage_dev[a->peer], kind, idx, x->buf[b], sizeof(float) * x->nf);
+	if (rc < 0)
+		return rc;
+	x->posted[j] = true;
+	x->preposts++;
+	return 0;
+}
+
 /* Whether this step fills receive waits: asked for, a transport that
  * probes, and a window that moves no layer weights (so a W needs none
  * of the window's collectives). */
@@ -798,6 +846,12 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	x->filling = can_fill(x);
 	x->fills = 0;
 	memset(x->ran, 0, sizeof(bool) * (size_t)x->n);
+	/* (MESHRUN_PIPE_PREPOST=0: each receive posted at its place, to
+	 * measure against) */
+	const char *pp = getenv("MESHRUN_PIPE_PREPOST");
+	x->prepost = io && io->probe && !x->filling && !(pp && !strcmp(pp, "0"));
+	x->preposts = 0;
+	memset(x->posted, 0, sizeof(bool) * (size_t)x->n);
 	model_step_begin(x->m, st);
 	st->loss_sum = 0;
 	model_zero_counts(x->m);
@@ -807,6 +861,8 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 			continue;
 		if (x->filling && x->a[k].op == PA_RECV)
 			rc = fill_wait(x, k);
+		if (!rc && x->prepost)
+			rc = prepost(x, k);
 		if (!rc)
 			rc = run_action(x, &x->a[k]);
 	}

@@ -147,6 +147,11 @@ int pipe_exec_prefetch_drop(struct pipe_exec *x);
 void pipe_exec_set_fill(struct pipe_exec *x, bool on);
 /* W's the last step ran ahead of their place, in receive waits. */
 int pipe_exec_fills(const struct pipe_exec *x);
+/* Receives the last step posted ahead of their place (with a transport
+ * that probes and without the fill: each RECV's receive is posted once
+ * no action before it names its buffer; MESHRUN_PIPE_PREPOST=0 turns
+ * this off). */
+int pipe_exec_preposts(const struct pipe_exec *x);
 
 /* Sets the hooks every later step calls (NULL: none; copied). */
 void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h);
