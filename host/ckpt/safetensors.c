@@ -624,7 +624,8 @@ static void half_table_fill(void)
  * a 32-bit lane (zeros interleaved below it), stored with streaming
  * (non-temporal) stores: a loaded checkpoint is far larger than the
  * caches, and a plain store first reads each destination line in. The
- * caller aligns d to 16 bytes and fences. Returns the values done. */
+ * caller aligns d to 16 bytes and fences (util_store_fence) once after
+ * all its rows. Returns the values done. */
 static size_t widen_bf16_sse2(uint32_t *d, const uint16_t *s, size_t n)
 {
 	const __m128i zero = _mm_setzero_si128();
@@ -637,23 +638,16 @@ static size_t widen_bf16_sse2(uint32_t *d, const uint16_t *s, size_t n)
 	return j;
 }
 
-static void store_fence(void)
-{
-	_mm_sfence();
-}
 #else
 static size_t widen_bf16_sse2(uint32_t *d, const uint16_t *s, size_t n)
 {
 	(void)d, (void)s, (void)n;
 	return 0;
 }
-
-static void store_fence(void)
-{
-}
 #endif
 
-/* dst (n floats) = the n 2-byte values of src, widened */
+/* dst (n floats) = the n 2-byte values of src, widened with streaming
+ * stores the caller fences (st_read_rows, once per call) */
 static void widen(float *restrict dst, const uint16_t *restrict src, size_t n, bool bf16)
 {
 	if (bf16) {  /* a bfloat16 is a float32's upper half */
@@ -664,7 +658,6 @@ static void widen(float *restrict dst, const uint16_t *restrict src, size_t n, b
 		j += widen_bf16_sse2(d + j, src + j, n - j);
 		for (; j < n; j++)
 			d[j] = (uint32_t)src[j] << 16;
-		store_fence();
 		return;
 	}
 	pthread_once(&half_once, half_table_fill);
@@ -675,7 +668,6 @@ static void widen(float *restrict dst, const uint16_t *restrict src, size_t n, b
 	for (; j + 4 <= n; j += 4)
 		_mm_stream_ps(dst + j, _mm_setr_ps(half_table[src[j]], half_table[src[j + 1]],
 						   half_table[src[j + 2]], half_table[src[j + 3]]));
-	store_fence();
 #endif
 	for (; j < n; j++)
 		dst[j] = half_table[src[j]];
@@ -709,7 +701,7 @@ static void put_row(const struct st_item *it, const struct st_rows *r, size_t k,
 		size_t m = r->n - done < ST_BOUNCE ? r->n - done : ST_BOUNCE;
 		for (int i = 0; i < 2 && d[i]; i++) {
 			if (it->esize == 4)
-				util_copy_stream(d[i] + done, (const float *)src + done, m);
+				util_copy_stream_nf(d[i] + done, (const float *)src + done, m);
 			else
 				widen(d[i] + done, (const uint16_t *)src + done, m, bf16);
 		}
@@ -744,7 +736,7 @@ static int pread_rows(struct st_file *f, const struct st_item *it, const struct 
 		if (it->esize == 4) {
 			rc = pread_all(f->fd, d, r->n * sizeof(float), off);
 			if (!rc && d2)
-				util_copy_stream(d2, d, r->n);
+				util_copy_stream_nf(d2, d, r->n);
 			continue;
 		}
 		for (size_t done = 0; done < r->n && !rc; done += cap) {
@@ -781,6 +773,7 @@ int st_read_rows(struct st_file *f, const struct st_entry *e, const struct st_ro
 		rc = map_rows(f, it, r);
 	else
 		rc = pread_rows(f, it, r, buf, cap);
+	util_store_fence();  /* the rows' streaming stores, once: not per row */
 	if (rc) {
 		seterr(err, errlen, "safetensors: '%s': unable to read tensor '%s': %s", f->path, e->name,
 		       rc == -EIO ? "file ended early" : strerror(-rc));

@@ -129,7 +129,7 @@ void util_big_free(void *p, size_t bytes)
 #include <emmintrin.h>
 #endif
 
-void util_copy_stream(float *restrict dst, const float *restrict src, size_t n)
+void util_copy_stream_nf(float *restrict dst, const float *restrict src, size_t n)
 {
 	size_t j = 0;
 #if defined(__SSE2__)
@@ -139,7 +139,19 @@ void util_copy_stream(float *restrict dst, const float *restrict src, size_t n)
 		_mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
 		_mm_stream_ps(dst + j + 4, _mm_loadu_ps(src + j + 4));
 	}
-	_mm_sfence();
 #endif
 	memcpy(dst + j, src + j, (n - j) * sizeof(float));
+}
+
+void util_store_fence(void)
+{
+#if defined(__SSE2__)
+	_mm_sfence();
+#endif
+}
+
+void util_copy_stream(float *restrict dst, const float *restrict src, size_t n)
+{
+	util_copy_stream_nf(dst, src, n);
+	util_store_fence();
 }

@@ -26,8 +26,13 @@ void util_big_free(void *p, size_t bytes);
 
 /* dst = n floats of src, with streaming stores (SSE2): for copies far
  * larger than the caches, which then write memory without reading each
- * destination line in first. */
+ * destination line in first. util_copy_stream fences its stores;
+ * util_copy_stream_nf leaves that to the caller (util_store_fence once
+ * after many rows: a fence waits for every pending streaming store, and
+ * one per 4 KiB row costs as much as the copying). */
 void util_copy_stream(float *restrict dst, const float *restrict src, size_t n);
+void util_copy_stream_nf(float *restrict dst, const float *restrict src, size_t n);
+void util_store_fence(void);
 
 /* Whether util_big_alloc asks for huge pages (MESHRUN_HUGEPAGES=1). */
 int util_hugepages(void);
