@@ -397,6 +397,69 @@ START_TEST(test_bf16_every_pattern)
 }
 END_TEST
 
+/* The BF16 widening as the loader runs it for two devices: every bit
+ * pattern into one destination and into two at once (st_read_rows with
+ * dst2), by pread and out of the mapping, with the destination at each
+ * 4-byte offset of 64 (every head the AVX-512 loop aligns) and the
+ * second destination at the same alignment (one pass for both) or off
+ * by 4 and 32 bytes (one after the other); lengths ending at no vector
+ * width; nothing written past either. Loop 0 forces SSE2
+ * (MESHRUN_LOAD_AVX512=0), loop 1 takes AVX-512 when the CPU has it. */
+START_TEST(test_bf16_two_dests)
+{
+	enum { N = 65536 };
+	ck_assert_int_eq(_i ? unsetenv("MESHRUN_LOAD_AVX512") : setenv("MESHRUN_LOAD_AVX512", "0", 1), 0);
+	__builtin_cpu_init();
+	int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+	ck_assert_int_eq(st_widen_avx512(), _i ? avx512 : 0);  /* this process's pick (each test forks) */
+	uint16_t *h = malloc(2 * N);
+	float *got = malloc(sizeof(float) * (N + 16)), *got2 = malloc(sizeof(float) * (N + 48));
+	uint16_t buf[4096];
+	ck_assert(h && got && got2);
+	for (int i = 0; i < N; i++)
+		h[i] = (uint16_t)(i * 40503u);
+	struct st_file *f = open_halves("bf16two.safetensors", "BF16", h, N);
+	const struct st_entry *e = st_find(f, "x");
+	static const int firsts[] = { 0, 1, 7 }, skew[] = { -1, 0, 1, 8 };  /* -1: no second destination */
+	for (int mapped = 0; mapped < 2; mapped++) {
+		ck_assert_int_eq(mapped ? st_map(f) : 0, 0);
+		for (int fi = 0; fi < 3; fi++)
+			for (int off = 0; off < 16; off++)
+				for (int k = 0; k < 4; k++) {
+					int first = firsts[fi];
+					size_t n = (size_t)(N - first - 16 - off % 5);
+					float *d = got + off, *d2 = skew[k] < 0 ? NULL : got2 + off + skew[k];
+					memset(got, 0xa5, sizeof(float) * (N + 16));
+					memset(got2, 0xa5, sizeof(float) * (N + 48));
+					struct st_rows r = { .first = (uint64_t)first, .n = n, .rows = 1, .dst = d, .dst2 = d2 };
+					int rc = st_read_rows(f, e, &r, buf, 4096, err, sizeof(err));
+					ck_assert_msg(rc == 0, "%s", err);
+					size_t bad = n;  /* the first wrong value (one assert: check marks every one) */
+					for (size_t i = 0; i < n && bad == n; i++) {
+						uint32_t u, u2 = (uint32_t)h[first + i] << 16;
+						memcpy(&u, &d[i], sizeof(u));
+						if (d2)
+							memcpy(&u2, &d2[i], sizeof(u2));
+						if (u != (uint32_t)h[first + i] << 16 || u2 != u)
+							bad = i;
+					}
+					ck_assert_msg(bad == n, "avx512 %d mapped %d first %d offset %d skew %d: value %zu wrong",
+						      st_widen_avx512(), mapped, first, off, skew[k], bad);
+					uint32_t after, after2 = 0xa5a5a5a5u;
+					memcpy(&after, &d[n], sizeof(after));
+					if (d2)
+						memcpy(&after2, &d2[n], sizeof(after2));
+					ck_assert_uint_eq(after, 0xa5a5a5a5u);  /* nothing past the n floats */
+					ck_assert_uint_eq(after2, 0xa5a5a5a5u);
+				}
+	}
+	st_close(f);
+	free(h);
+	free(got);
+	free(got2);
+}
+END_TEST
+
 /* F16 widens exactly, every one of the 65,536 bit patterns: the value
  * (half_value's, computed in double), its sign (-0 too), and NaNs with
  * their payloads kept in the upper mantissa bits; read out of the
@@ -896,6 +959,7 @@ static Suite *st_suite(void)
 	tcase_add_test(tc, test_bf16_write);
 	tcase_add_test(tc, test_f16_read);
 	tcase_add_test(tc, test_bf16_every_pattern);
+	tcase_add_loop_test(tc, test_bf16_two_dests, 0, 2);
 	tcase_add_test(tc, test_f16_every_pattern);
 	tcase_add_test(tc, test_ranged_read);
 	suite_add_tcase(s, tc);
