@@ -21,6 +21,10 @@
 #                (MESHRUN_BENCH_LOAD_COPY=1), so the second copies the
 #                first one's blocks: the same-run baseline of loading them
 #                together (a block both hold written into both from one read)
+#   2 x 2 sse2   2 x 2 with BF16 widened by SSE2 (MESHRUN_LOAD_AVX512=0),
+#                each device's destination in turn: the same-run baseline of
+#                the AVX-512 widening into both at once (the default on a
+#                CPU with AVX-512; the load line says which ran)
 #   ... pread    1 host, 2 hosts and 2 x 2 again with MESHRUN_LOAD_MMAP=0:
 #                the tensors pread through a bounce buffer (a column
 #                block's rows one pread each) instead of copied or widened
@@ -101,6 +105,8 @@ for spec in "bf16 BF16 10" "f32 F32 4"; do
 		one "$dir" "2 hosts" 2 1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
 		one "$dir" "2 x 2" 2 2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_data_parallelism=2
 		MESHRUN_BENCH_LOAD_COPY=1 one "$dir" "2 x 2 copy" 2 2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 \
+			ici_data_parallelism=2
+		MESHRUN_LOAD_AVX512=0 one "$dir" "2 x 2 sse2" 2 2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 \
 			ici_data_parallelism=2
 		MESHRUN_LOAD_MMAP=0 one "$dir" "1 host pread" 1 1
 		MESHRUN_LOAD_MMAP=0 one "$dir" "2 hosts pread" 2 1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2

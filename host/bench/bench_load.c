@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 
 #include "host/ckpt/hf_load.h"
+#include "host/ckpt/safetensors.h"
 #include "host/config/config.h"
 #include "host/mesh/mesh.h"
 #include "host/mesh/shard.h"
@@ -133,10 +134,11 @@ int bench_load_run(const struct cfg *c, int host_id)
 	if (!rc) {
 		hf_src_summary(src, line, sizeof(line));
 		printf("host %d: load %.3f s (headers %.3f s, tensors %.3f s), %.3f s CPU, %.1f MB/s read, "
-		       "%d thread%s, %s, %ld minor faults, preempted %ld times; parameters %.0f MB made before "
+		       "%d thread%s, %s, %s, %ld minor faults, preempted %ld times; parameters %.0f MB made before "
 		       "in %.3f s (%.3f s CPU, %ld minor faults, %s pages); %s\n", host_id, t2 - t0, t1 - t0, t2 - t1, cpu,
 		       (double)hf_src_bytes_read(src) / 1e6 / (t2 - t0), util_load_threads(),
-		       util_load_threads() == 1 ? "" : "s", hf_load_mmap() ? "mmap" : "pread", faults, waits, bytes / 1e6, t0 - ta, (cpu0 - cpua) / 1e6,
+		       util_load_threads() == 1 ? "" : "s", hf_load_mmap() ? "mmap" : "pread",
+		       st_widen_avx512() ? "avx512" : "sse2", faults, waits, bytes / 1e6, t0 - ta, (cpu0 - cpua) / 1e6,
 		       f0 - fa, util_hugepages() ? "huge" : "4 KiB", line);
 	}
 out:
