@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "host/ckpt/safetensors.h"
+#include "host/util/mem.h"
 
 static char dir[64];
 static char err[512];
@@ -397,28 +398,48 @@ START_TEST(test_bf16_every_pattern)
 }
 END_TEST
 
-/* The BF16 widening as the loader runs it for two devices: every bit
- * pattern into one destination and into two at once (st_read_rows with
+/* BF16 widening and F32 copying as the loader runs them for two devices:
+ * every BF16 bit pattern (F32: 65,536 values with as many different
+ * bits) into one destination and into two at once (st_read_rows with
  * dst2), by pread and out of the mapping, with the destination at each
- * 4-byte offset of 64 (every head the AVX-512 loop aligns) and the
+ * 4-byte offset of 64 (every head the AVX-512 loops align) and the
  * second destination at the same alignment (one pass for both) or off
  * by 4 and 32 bytes (one after the other); lengths ending at no vector
- * width; nothing written past either. Loop 0 forces SSE2
- * (MESHRUN_LOAD_AVX512=0), loop 1 takes AVX-512 when the CPU has it. */
-START_TEST(test_bf16_two_dests)
+ * width; nothing written past either. Loops 0 and 2 force SSE2
+ * (MESHRUN_LOAD_AVX512=0), 1 and 3 take AVX-512 when the CPU has it;
+ * 0-1 BF16, 2-3 F32. */
+START_TEST(test_two_dests)
 {
 	enum { N = 65536 };
-	ck_assert_int_eq(_i ? unsetenv("MESHRUN_LOAD_AVX512") : setenv("MESHRUN_LOAD_AVX512", "0", 1), 0);
+	int avx = _i & 1, f32 = _i >> 1;
+	ck_assert_int_eq(avx ? unsetenv("MESHRUN_LOAD_AVX512") : setenv("MESHRUN_LOAD_AVX512", "0", 1), 0);
 	__builtin_cpu_init();
-	int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-	ck_assert_int_eq(st_widen_avx512(), _i ? avx512 : 0);  /* this process's pick (each test forks) */
+	int has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+	ck_assert_int_eq(util_stream_avx512(), avx ? has : 0);  /* this process's pick (each test forks) */
 	uint16_t *h = malloc(2 * N);
+	uint32_t *w = malloc(4 * N);
 	float *got = malloc(sizeof(float) * (N + 16)), *got2 = malloc(sizeof(float) * (N + 48));
 	uint16_t buf[4096];
-	ck_assert(h && got && got2);
-	for (int i = 0; i < N; i++)
-		h[i] = (uint16_t)(i * 40503u);
-	struct st_file *f = open_halves("bf16two.safetensors", "BF16", h, N);
+	ck_assert(h && w && got && got2);
+	for (int i = 0; i < N; i++) {
+		h[i] = (uint16_t)(i * 40503u);  /* odd: every pattern once, neighbours far apart */
+		w[i] = (uint32_t)i * 2654435761u;
+	}
+	struct st_file *f;
+	if (f32) {
+		char header[160];
+		int len = snprintf(header, sizeof(header),
+				   "{\"x\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[0,%d]}}", N, 4 * N);
+		while (len % 8)
+			header[len++] = ' ';
+		header[len] = '\0';
+		const char *p = path_in("f32two.safetensors");
+		make_file(p, strlen(header), header, w, 4 * (size_t)N);
+		f = st_open_header(p, err, sizeof(err));
+		ck_assert_msg(f, "%s", err);
+	} else {
+		f = open_halves("bf16two.safetensors", "BF16", h, N);
+	}
 	const struct st_entry *e = st_find(f, "x");
 	static const int firsts[] = { 0, 1, 7 }, skew[] = { -1, 0, 1, 8 };  /* -1: no second destination */
 	for (int mapped = 0; mapped < 2; mapped++) {
@@ -436,15 +457,15 @@ START_TEST(test_bf16_two_dests)
 					ck_assert_msg(rc == 0, "%s", err);
 					size_t bad = n;  /* the first wrong value (one assert: check marks every one) */
 					for (size_t i = 0; i < n && bad == n; i++) {
-						uint32_t u, u2 = (uint32_t)h[first + i] << 16;
+						uint32_t want = f32 ? w[first + i] : (uint32_t)h[first + i] << 16, u, u2 = want;
 						memcpy(&u, &d[i], sizeof(u));
 						if (d2)
 							memcpy(&u2, &d2[i], sizeof(u2));
-						if (u != (uint32_t)h[first + i] << 16 || u2 != u)
+						if (u != want || u2 != want)
 							bad = i;
 					}
-					ck_assert_msg(bad == n, "avx512 %d mapped %d first %d offset %d skew %d: value %zu wrong",
-						      st_widen_avx512(), mapped, first, off, skew[k], bad);
+					ck_assert_msg(bad == n, "f32 %d avx512 %d mapped %d first %d offset %d skew %d: value %zu wrong",
+						      f32, util_stream_avx512(), mapped, first, off, skew[k], bad);
 					uint32_t after, after2 = 0xa5a5a5a5u;
 					memcpy(&after, &d[n], sizeof(after));
 					if (d2)
@@ -455,6 +476,7 @@ START_TEST(test_bf16_two_dests)
 	}
 	st_close(f);
 	free(h);
+	free(w);
 	free(got);
 	free(got2);
 }
@@ -959,7 +981,7 @@ static Suite *st_suite(void)
 	tcase_add_test(tc, test_bf16_write);
 	tcase_add_test(tc, test_f16_read);
 	tcase_add_test(tc, test_bf16_every_pattern);
-	tcase_add_loop_test(tc, test_bf16_two_dests, 0, 2);
+	tcase_add_loop_test(tc, test_two_dests, 0, 4);
 	tcase_add_test(tc, test_f16_every_pattern);
 	tcase_add_test(tc, test_ranged_read);
 	suite_add_tcase(s, tc);

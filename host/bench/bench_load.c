@@ -10,7 +10,6 @@
 #include <sys/resource.h>
 
 #include "host/ckpt/hf_load.h"
-#include "host/ckpt/safetensors.h"
 #include "host/config/config.h"
 #include "host/mesh/mesh.h"
 #include "host/mesh/shard.h"
@@ -138,7 +137,7 @@ int bench_load_run(const struct cfg *c, int host_id)
 		       "in %.3f s (%.3f s CPU, %ld minor faults, %s pages); %s\n", host_id, t2 - t0, t1 - t0, t2 - t1, cpu,
 		       (double)hf_src_bytes_read(src) / 1e6 / (t2 - t0), util_load_threads(),
 		       util_load_threads() == 1 ? "" : "s", hf_load_mmap() ? "mmap" : "pread",
-		       st_widen_avx512() ? "avx512" : "sse2", faults, waits, bytes / 1e6, t0 - ta, (cpu0 - cpua) / 1e6,
+		       util_stream_avx512() ? "avx512" : "sse2", faults, waits, bytes / 1e6, t0 - ta, (cpu0 - cpua) / 1e6,
 		       f0 - fa, util_hugepages() ? "huge" : "4 KiB", line);
 	}
 out:

@@ -670,35 +670,13 @@ __attribute__((target("avx512f,avx512bw"))) static size_t widen_bf16_avx512(uint
 #define HAVE_WIDEN_AVX512 0
 #endif
 
-/* Whether BF16 widens with AVX-512: the CPU has it (libgcc checks that
- * the OS saves its state too) and MESHRUN_LOAD_AVX512 is not "0". */
-static int widen_avx512;
-static pthread_once_t widen_once = PTHREAD_ONCE_INIT;
-
-static void widen_pick(void)
-{
-	const char *v = getenv("MESHRUN_LOAD_AVX512");
-#if HAVE_WIDEN_AVX512
-	__builtin_cpu_init();
-	widen_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && !(v && !strcmp(v, "0"));
-#else
-	(void)v;
-#endif
-}
-
-int st_widen_avx512(void)
-{
-	pthread_once(&widen_once, widen_pick);
-	return widen_avx512;
-}
-
 /* d0 (and d1 when not NULL) = n bfloat16s of s widened: a scalar head
  * up to the vector loop's alignment, the loop, a scalar tail. With
  * AVX-512 both destinations from one pass when they share its alignment;
  * else one after the other (the source piece is still in cache). */
 static void widen_bf16(uint32_t *d0, uint32_t *d1, const uint16_t *s, size_t n)
 {
-	size_t align = st_widen_avx512() ? 64 : WIDEN_ALIGN, j = 0;
+	size_t align = util_stream_avx512() ? 64 : WIDEN_ALIGN, j = 0;
 	if (d1 && (align != 64 || ((uintptr_t)d0 - (uintptr_t)d1) % align)) {
 		widen_bf16(d0, NULL, s, n);
 		widen_bf16(d1, NULL, s, n);
@@ -778,8 +756,7 @@ static void put_row(const struct st_item *it, const struct st_rows *r, size_t k,
 			widen(d[0] + done, d[1] ? d[1] + done : NULL, (const uint16_t *)src + done, m, bf16);
 			continue;
 		}
-		for (int i = 0; i < 2 && d[i]; i++)
-			util_copy_stream_nf(d[i] + done, (const float *)src + done, m);
+		util_copy_stream_nf(d[0] + done, d[1] ? d[1] + done : NULL, (const float *)src + done, m);
 	}
 }
 
@@ -811,7 +788,7 @@ static int pread_rows(struct st_file *f, const struct st_item *it, const struct 
 		if (it->esize == 4) {
 			rc = pread_all(f->fd, d, r->n * sizeof(float), off);
 			if (!rc && d2)
-				util_copy_stream_nf(d2, d, r->n);
+				util_copy_stream_nf(d2, NULL, d, r->n);
 			continue;
 		}
 		for (size_t done = 0; done < r->n && !rc; done += cap) {

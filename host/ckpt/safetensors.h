@@ -113,11 +113,6 @@ struct st_rows {
  * count). */
 int st_read_rows(struct st_file *f, const struct st_entry *e, const struct st_rows *r, uint16_t *buf, size_t cap,
 		 char *err, size_t errlen);
-/* Whether BF16 is widened with AVX-512 (64-byte streaming stores, both
- * destinations from one load): the CPU has AVX-512F/BW and
- * MESHRUN_LOAD_AVX512 is not "0" (read once per process), else SSE2.
- * The same bits either way. */
-int st_widen_avx512(void);
 /* Maps the whole file read-only for st_read_rows (nothing is read or
  * mapped into the page table until a range is read; st_unmap or
  * st_close unmaps). Each read populates its pages first

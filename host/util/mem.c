@@ -128,10 +128,73 @@ void util_big_free(void *p, size_t bytes)
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_STREAM_AVX512 1
+#else
+#define HAVE_STREAM_AVX512 0
+#endif
 
-void util_copy_stream_nf(float *restrict dst, const float *restrict src, size_t n)
+static int stream_avx512;
+static pthread_once_t stream_once = PTHREAD_ONCE_INIT;
+
+static void stream_pick(void)
+{
+	const char *v = getenv("MESHRUN_LOAD_AVX512");
+#if HAVE_STREAM_AVX512
+	/* libgcc checks that the OS saves the AVX-512 state too */
+	__builtin_cpu_init();
+	stream_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && !(v && !strcmp(v, "0"));
+#else
+	(void)v;
+#endif
+}
+
+int util_stream_avx512(void)
+{
+	pthread_once(&stream_once, stream_pick);
+	return stream_avx512;
+}
+
+#if HAVE_STREAM_AVX512
+/* 16 floats a store, a whole 64-byte line (d0, d1 aligned to 64), into
+ * d0 and d1 (when not NULL) from one load. Returns the floats done. */
+__attribute__((target("avx512f"))) static size_t copy_avx512(float *d0, float *d1, const float *s, size_t n)
 {
 	size_t j = 0;
+	for (; j + 16 <= n; j += 16) {
+		__m512 v = _mm512_loadu_ps(s + j);
+		_mm512_stream_ps(d0 + j, v);
+		if (d1)
+			_mm512_stream_ps(d1 + j, v);
+	}
+	return j;
+}
+#endif
+
+void util_copy_stream_nf(float *dst, float *dst2, const float *src, size_t n)
+{
+	size_t j = 0;
+	if (dst2 && (!util_stream_avx512() || ((uintptr_t)dst - (uintptr_t)dst2) % 64)) {
+		util_copy_stream_nf(dst, NULL, src, n);  /* one after the other (src still in cache) */
+		util_copy_stream_nf(dst2, NULL, src, n);
+		return;
+	}
+#if HAVE_STREAM_AVX512
+	if (util_stream_avx512()) {
+		for (; j < n && ((uintptr_t)(dst + j) & 63); j++) {
+			dst[j] = src[j];
+			if (dst2)
+				dst2[j] = src[j];
+		}
+		j += copy_avx512(dst + j, dst2 ? dst2 + j : NULL, src + j, n - j);
+		if (dst2) {
+			memcpy(dst2 + j, src + j, (n - j) * sizeof(float));
+			memcpy(dst + j, src + j, (n - j) * sizeof(float));
+			return;
+		}
+	}
+#endif
 #if defined(__SSE2__)
 	for (; j < n && ((uintptr_t)(dst + j) & 15); j++)
 		dst[j] = src[j];
@@ -152,6 +215,6 @@ void util_store_fence(void)
 
 void util_copy_stream(float *restrict dst, const float *restrict src, size_t n)
 {
-	util_copy_stream_nf(dst, src, n);
+	util_copy_stream_nf(dst, NULL, src, n);
 	util_store_fence();
 }

@@ -24,15 +24,24 @@
 void *util_big_alloc(size_t bytes);
 void util_big_free(void *p, size_t bytes);
 
-/* dst = n floats of src, with streaming stores (SSE2): for copies far
- * larger than the caches, which then write memory without reading each
- * destination line in first. util_copy_stream fences its stores;
- * util_copy_stream_nf leaves that to the caller (util_store_fence once
- * after many rows: a fence waits for every pending streaming store, and
- * one per 4 KiB row costs as much as the copying). */
+/* dst = n floats of src, with streaming stores (AVX-512 when
+ * util_stream_avx512, else SSE2): for copies far larger than the caches,
+ * which then write memory without reading each destination line in
+ * first. util_copy_stream fences its stores; util_copy_stream_nf also
+ * writes dst2 when it is not NULL (from the same loads when AVX-512 and
+ * the two share an alignment mod 64, else one after the other), and
+ * leaves the fence to the caller (util_store_fence once after many rows:
+ * a fence waits for every pending streaming store, and one per 4 KiB row
+ * costs as much as the copying). None of the ranges may overlap. */
 void util_copy_stream(float *restrict dst, const float *restrict src, size_t n);
-void util_copy_stream_nf(float *restrict dst, const float *restrict src, size_t n);
+void util_copy_stream_nf(float *dst, float *dst2, const float *src, size_t n);
 void util_store_fence(void);
+
+/* Whether the streaming copies and the checkpoint loader's BF16 widening
+ * use AVX-512 (64-byte streaming stores): the CPU has AVX-512F/BW and
+ * MESHRUN_LOAD_AVX512 is not "0" (read once per process). The same bits
+ * either way. */
+int util_stream_avx512(void);
 
 /* Whether util_big_alloc asks for huge pages (MESHRUN_HUGEPAGES=1). */
 int util_hugepages(void);
