@@ -16,7 +16,7 @@
 #                (MESHRUN_LOCAL_AGENTS=2 as `meshrun local` sets it, so the
 #                two share the machine's cores as agents do)
 #   2 x 2        2 hosts x 2 devices (fsdp over hosts, data inside): each
-#                host reads its half once, its second device copies it
+#                host reads its half once, into both devices' parameters
 #   2 x 2 copy   2 x 2 with the host's devices loading one after another
 #                (MESHRUN_BENCH_LOAD_COPY=1), so the second copies the
 #                first one's blocks: the same-run baseline of loading them
