@@ -614,25 +614,33 @@ static size_t most(const size_t *counts, int n)
 	return m;
 }
 
-int coll_ring_all_reduce_v(struct coll_run *R)
+/* A list of runs on the ring: K steps, the first nrs of them reducing;
+ * blocks of counts[b] floats, or (counts NULL) the count split as
+ * evenly as the contiguous op splits it. */
+static int ring_v(struct coll_run *R, int K, int nrs, const size_t *counts)
 {
 	const struct coll_args *a = R->a;
-	size_t cnt = a->count;
+	size_t c = counts ? most(counts, a->n) : a->count;
 
-	if (cnt == 0 || a->n == 1)
+	if (c == 0 || a->n == 1)
 		return 0;
-	if (use_direct(a, cnt * sizeof(float)))
-		return packed(R, cnt, NULL);
+	if (use_direct(a, c * sizeof(float) * (counts ? (size_t)a->n : 1)))
+		return packed(R, c, counts);
 	struct blocks bl;
-	if (blocks_init(&bl, a->n, cnt, sizeof(float)))
+	if (counts ? blocks_counts(&bl, counts, a->n) : blocks_init(&bl, a->n, c, sizeof(float)))
 		return coll_fail(R, -ENOMEM, "out of memory");
 	struct ring g = { .boff = bl.off, .blen = bl.len };
-	int rc = ring_setup(&g, R, bl.len, 2 * (a->n - 1), a->n - 1, 0);
+	int rc = ring_setup(&g, R, bl.len, K, nrs, 0);
 	if (!rc)
 		rc = ring_run(R, &g);
 	ring_release(&g);
 	blocks_release(&bl);
 	return rc;
+}
+
+int coll_ring_all_reduce_v(struct coll_run *R)
+{
+	return ring_v(R, 2 * (R->a->n - 1), R->a->n - 1, NULL);
 }
 
 /* Reduce steps only, in place: block b's partial sums are written over
@@ -640,45 +648,13 @@ int coll_ring_all_reduce_v(struct coll_run *R)
  * block. */
 int coll_ring_reduce_scatter_v(struct coll_run *R)
 {
-	const struct coll_args *a = R->a;
-	size_t c = most(a->counts, a->n);
-
-	if (c == 0 || a->n == 1)
-		return 0;
-	if (use_direct(a, c * sizeof(float) * (size_t)a->n))
-		return packed(R, c, a->counts);
-	struct blocks bl;
-	if (blocks_counts(&bl, a->counts, a->n))
-		return coll_fail(R, -ENOMEM, "out of memory");
-	struct ring g = { .boff = bl.off, .blen = bl.len };
-	int rc = ring_setup(&g, R, bl.len, a->n - 1, a->n - 1, 0);
-	if (!rc)
-		rc = ring_run(R, &g);
-	ring_release(&g);
-	blocks_release(&bl);
-	return rc;
+	return ring_v(R, R->a->n - 1, R->a->n - 1, R->a->counts);
 }
 
 /* Gather steps only, in place: the own block is the input. */
 int coll_ring_all_gather_v(struct coll_run *R)
 {
-	const struct coll_args *a = R->a;
-	size_t c = most(a->counts, a->n);
-
-	if (c == 0 || a->n == 1)
-		return 0;
-	if (use_direct(a, c * sizeof(float) * (size_t)a->n))
-		return packed(R, c, a->counts);
-	struct blocks bl;
-	if (blocks_counts(&bl, a->counts, a->n))
-		return coll_fail(R, -ENOMEM, "out of memory");
-	struct ring g = { .boff = bl.off, .blen = bl.len };
-	int rc = ring_setup(&g, R, bl.len, a->n - 1, 0, 0);
-	if (!rc)
-		rc = ring_run(R, &g);
-	ring_release(&g);
-	blocks_release(&bl);
-	return rc;
+	return ring_v(R, R->a->n - 1, 0, R->a->counts);
 }
 
 /* ---- broadcast: a chain root -> root+1 -> ... pipelined by segment ---- */
