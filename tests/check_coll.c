@@ -621,6 +621,21 @@ struct runs_case {
 	bool async;
 };
 
+/* op 'a' all_reduce_v, 'r' reduce_scatter_v, 'g' all_gather_v; async:
+ * the _async form, waited for at once */
+static int list_op(struct coll_dev *cd, const struct coll_group *g, char op, struct runs *rs,
+		   const size_t *counts, bool async, char *err, size_t errlen)
+{
+	if (!async)
+		return op == 'a' ? coll_all_reduce_v(cd, g, rs->v, rs->n, err, errlen)
+		     : op == 'r' ? coll_reduce_scatter_v(cd, g, rs->v, rs->n, counts, err, errlen)
+				 : coll_all_gather_v(cd, g, rs->v, rs->n, counts, err, errlen);
+	struct coll_handle *h = op == 'a' ? coll_all_reduce_v_async(cd, g, rs->v, rs->n, err, errlen)
+			      : op == 'r' ? coll_reduce_scatter_v_async(cd, g, rs->v, rs->n, counts, err, errlen)
+					  : coll_all_gather_v_async(cd, g, rs->v, rs->n, counts, err, errlen);
+	return h ? coll_wait(h, xport_now_ns() + 30000000000ull, err, errlen) : -EINVAL;
+}
+
 static void runs_ops(struct world *w, int dev, struct coll_dev *cd)
 {
 	const struct runs_case *rc_ = w->arg;
@@ -649,12 +664,7 @@ static void runs_ops(struct world *w, int dev, struct coll_dev *cd)
 	runs_make(&rs, flat, c, rc_->one);
 	rc = coll_all_reduce(cd, &g, flat, c, err, sizeof(err));
 	CHECK_RC(w, rc, "all_reduce", err);
-	if (rc_->async) {
-		struct coll_handle *h = coll_all_reduce_v_async(cd, &g, rs.v, rs.n, err, sizeof(err));
-		rc = h ? coll_wait(h, xport_now_ns() + 30000000000ull, err, sizeof(err)) : -EINVAL;
-	} else {
-		rc = coll_all_reduce_v(cd, &g, rs.v, rs.n, err, sizeof(err));
-	}
+	rc = list_op(cd, &g, 'a', &rs, NULL, rc_->async, err, sizeof(err));
 	CHECK_RC(w, rc, "all_reduce_v", err);
 	runs_flat(&rs, got);
 	runs_free(&rs);
@@ -672,12 +682,7 @@ static void runs_ops(struct world *w, int dev, struct coll_dev *cd)
 	runs_make(&rs, flat, total, rc_->one);
 	rc = coll_reduce_scatter(cd, &g, want, pad, most, err, sizeof(err));
 	CHECK_RC(w, rc, "reduce_scatter", err);
-	if (rc_->async) {
-		struct coll_handle *h = coll_reduce_scatter_v_async(cd, &g, rs.v, rs.n, counts, err, sizeof(err));
-		rc = h ? coll_wait(h, xport_now_ns() + 30000000000ull, err, sizeof(err)) : -EINVAL;
-	} else {
-		rc = coll_reduce_scatter_v(cd, &g, rs.v, rs.n, counts, err, sizeof(err));
-	}
+	rc = list_op(cd, &g, 'r', &rs, counts, rc_->async, err, sizeof(err));
 	CHECK_RC(w, rc, "reduce_scatter_v", err);
 	runs_flat(&rs, got);
 	if ((at = first_diff(got + own0, want, counts[r])) < counts[r])
@@ -691,12 +696,7 @@ static void runs_ops(struct world *w, int dev, struct coll_dev *cd)
 		got[own0 + i] = fval(dev, i);
 	runs_free(&rs);
 	runs_make(&rs, got, total, rc_->one);
-	if (rc_->async) {
-		struct coll_handle *h = coll_all_gather_v_async(cd, &g, rs.v, rs.n, counts, err, sizeof(err));
-		rc = h ? coll_wait(h, xport_now_ns() + 30000000000ull, err, sizeof(err)) : -EINVAL;
-	} else {
-		rc = coll_all_gather_v(cd, &g, rs.v, rs.n, counts, err, sizeof(err));
-	}
+	rc = list_op(cd, &g, 'g', &rs, counts, rc_->async, err, sizeof(err));
 	CHECK_RC(w, rc, "all_gather_v", err);
 	runs_flat(&rs, got);
 	runs_free(&rs);
