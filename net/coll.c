@@ -344,7 +344,8 @@ static struct coll_handle *run_async(struct coll_dev *d, const struct coll_group
 		h->iov = malloc(sizeof(struct coll_iov) * (size_t)a->niov + sizeof(size_t) * nc + 1);
 		if (!h->iov)
 			goto out_free_sizes;
-		memcpy(h->iov, a->iov, sizeof(struct coll_iov) * (size_t)a->niov);
+		if (a->niov)
+			memcpy(h->iov, a->iov, sizeof(struct coll_iov) * (size_t)a->niov);
 		if (nc)
 			a->counts = memcpy(h->iov + a->niov, a->counts, sizeof(size_t) * nc);
 		a->iov = h->iov;
