@@ -26,6 +26,7 @@ struct coll_handle {
 	struct coll_args a;
 	int *devs;                /* owned copies of the caller's arrays */
 	size_t *sizes;
+	struct coll_iov *iov;
 	struct coll_handle *next;
 	int rc;
 	bool done, abandoned;
@@ -59,9 +60,10 @@ int coll_exec(struct coll_run *R)
 {
 	const struct coll_args *a = R->a;
 	switch (a->op) {
-	case OP(ALL_GATHER): return coll_ring_all_gather(R);
-	case OP(REDUCE_SCATTER): return coll_ring_reduce_scatter(R);
-	case OP(ALL_REDUCE): return coll_ring_all_reduce(R);
+	case OP(ALL_GATHER): return a->runs ? coll_ring_all_gather_v(R) : coll_ring_all_gather(R);
+	case OP(REDUCE_SCATTER):
+		return a->runs ? coll_ring_reduce_scatter_v(R) : coll_ring_reduce_scatter(R);
+	case OP(ALL_REDUCE): return a->runs ? coll_ring_all_reduce_v(R) : coll_ring_all_reduce(R);
 	case OP(ALL_TO_ALL): return coll_pair_all_to_all(R);
 	case OP(PERMUTE): return coll_pair_permute(R);
 	case OP(BROADCAST): return coll_chain_broadcast(R);
@@ -165,6 +167,42 @@ static bool mul_ok(size_t a, size_t b, size_t *out)
 	return true;
 }
 
+/* The coll_*_v forms: the runs, and the blocks' counts adding up to them. */
+static int check_runs(const struct coll_group *g, struct coll_args *a, char *err, size_t errlen)
+{
+	const char *name = coll_op_name(a->op);
+	size_t total = 0, blocks = 0;
+	if (a->niov < 0 || (a->niov && !a->iov))
+		goto bad_buf;
+	if ((size_t)a->niov * (size_t)g->n > COLL_MAX_IOV) {
+		snprintf(err, errlen, "%s (group %u): %d runs, more than %d for a group of %d", name, g->id,
+			 a->niov, COLL_MAX_IOV / g->n, g->n);
+		return -EINVAL;
+	}
+	for (int i = 0; i < a->niov; i++) {
+		if ((a->iov[i].count && !a->iov[i].buf) || a->iov[i].count > SIZE_MAX / sizeof(float) - total)
+			goto bad_buf;
+		total += a->iov[i].count;
+	}
+	a->count = total;
+	if (a->op == OP(ALL_REDUCE))
+		return 0;
+	if (!a->counts)
+		goto bad_buf;
+	for (int b = 0; b < g->n && blocks <= total; b++)
+		blocks = a->counts[b] > total - blocks ? total + 1 : blocks + a->counts[b];
+	if (blocks != total) {
+		snprintf(err, errlen, "%s (group %u): the blocks' counts do not add up to the runs' %zu floats",
+			 name, g->id, total);
+		return -EINVAL;
+	}
+	return 0;
+
+bad_buf:
+	snprintf(err, errlen, "%s (group %u): invalid run or size", name, g->id);
+	return -EINVAL;
+}
+
 /* Checks everything that can be checked locally; fills a's group fields. */
 static int check_args(struct coll_dev *d, const struct coll_group *g, struct coll_args *a,
 		      char *err, size_t errlen)
@@ -199,6 +237,8 @@ static int check_args(struct coll_dev *d, const struct coll_group *g, struct col
 	a->step = d->step;
 	a->seg = d->seg;
 	a->direct_max = d->direct_max;
+	if (a->runs)
+		return check_runs(g, a, err, errlen);
 
 	switch (a->op) {
 	case OP(ALL_GATHER):
@@ -299,8 +339,19 @@ static struct coll_handle *run_async(struct coll_dev *d, const struct coll_group
 		a->send_bytes = h->sizes;
 		a->recv_bytes = h->sizes + n;
 	}
+	if (a->runs) {
+		size_t nc = a->counts ? (size_t)n : 0;
+		h->iov = malloc(sizeof(struct coll_iov) * (size_t)a->niov + sizeof(size_t) * nc + 1);
+		if (!h->iov)
+			goto out_free_sizes;
+		if (a->niov)
+			memcpy(h->iov, a->iov, sizeof(struct coll_iov) * (size_t)a->niov);
+		if (nc)
+			a->counts = memcpy(h->iov + a->niov, a->counts, sizeof(size_t) * nc);
+		a->iov = h->iov;
+	}
 	if (take_seq(d, g->id, &a->seq))
-		goto out_free_sizes;
+		goto out_free_iov;
 	a->devs = h->devs;
 	h->a = *a;
 	h->d = d;
@@ -317,6 +368,8 @@ static struct coll_handle *run_async(struct coll_dev *d, const struct coll_group
 		pthread_cond_signal(&d->cv);
 	return h;
 
+out_free_iov:
+	free(h->iov);
 out_free_sizes:
 	free(h->sizes);
 out_free_devs:
@@ -332,6 +385,7 @@ static void handle_free(struct coll_handle *h)
 {
 	free(h->devs);
 	free(h->sizes);
+	free(h->iov);
 	free(h);
 }
 
@@ -518,5 +572,55 @@ struct coll_handle *coll_permute_async(struct coll_dev *d, const struct coll_gro
 				       char *err, size_t errlen)
 {
 	struct coll_args a = { .op = OP(PERMUTE), .out = out, .in = in, .bytes = bytes, .shift = shift };
+	return run_async(d, g, &a, err, errlen);
+}
+
+/* ---- lists of runs ---- */
+
+int coll_all_reduce_v(struct coll_dev *d, const struct coll_group *g, const struct coll_iov *iov,
+		      int niov, char *err, size_t errlen)
+{
+	struct coll_args a = { .op = OP(ALL_REDUCE), .runs = true, .iov = iov, .niov = niov };
+	return run_sync(d, g, &a, err, errlen);
+}
+
+int coll_reduce_scatter_v(struct coll_dev *d, const struct coll_group *g, const struct coll_iov *iov,
+			  int niov, const size_t *counts, char *err, size_t errlen)
+{
+	struct coll_args a = { .op = OP(REDUCE_SCATTER), .runs = true, .iov = iov, .niov = niov,
+			       .counts = counts };
+	return run_sync(d, g, &a, err, errlen);
+}
+
+int coll_all_gather_v(struct coll_dev *d, const struct coll_group *g, const struct coll_iov *iov,
+		      int niov, const size_t *counts, char *err, size_t errlen)
+{
+	struct coll_args a = { .op = OP(ALL_GATHER), .runs = true, .iov = iov, .niov = niov,
+			       .counts = counts };
+	return run_sync(d, g, &a, err, errlen);
+}
+
+struct coll_handle *coll_all_reduce_v_async(struct coll_dev *d, const struct coll_group *g,
+					    const struct coll_iov *iov, int niov, char *err, size_t errlen)
+{
+	struct coll_args a = { .op = OP(ALL_REDUCE), .runs = true, .iov = iov, .niov = niov };
+	return run_async(d, g, &a, err, errlen);
+}
+
+struct coll_handle *coll_reduce_scatter_v_async(struct coll_dev *d, const struct coll_group *g,
+						const struct coll_iov *iov, int niov, const size_t *counts,
+						char *err, size_t errlen)
+{
+	struct coll_args a = { .op = OP(REDUCE_SCATTER), .runs = true, .iov = iov, .niov = niov,
+			       .counts = counts };
+	return run_async(d, g, &a, err, errlen);
+}
+
+struct coll_handle *coll_all_gather_v_async(struct coll_dev *d, const struct coll_group *g,
+					    const struct coll_iov *iov, int niov, const size_t *counts,
+					    char *err, size_t errlen)
+{
+	struct coll_args a = { .op = OP(ALL_GATHER), .runs = true, .iov = iov, .niov = niov,
+			       .counts = counts };
 	return run_async(d, g, &a, err, errlen);
 }

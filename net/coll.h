@@ -68,6 +68,37 @@ int coll_reduce_scatter(struct coll_dev *d, const struct coll_group *g, float *o
 /* buf (count floats, any count including 0) = elementwise sum over ranks. */
 int coll_all_reduce(struct coll_dev *d, const struct coll_group *g, float *buf,
 		    size_t count, char *err, size_t errlen);
+/* ---- lists of runs, in place ----
+ * The buffer of these is the concatenation of the runs iov[0 .. niov)
+ * (any counts, 0 too), each worked on where it lies: no packing copy
+ * and one collective's latency for the whole list. They run the same
+ * ring with the same segments as the contiguous op on the concatenation
+ * (segments are cut where a run ends), so the sums are bit for bit that
+ * op's; a list of one run sends the same messages. niov is at most
+ * COLL_MAX_IOV / n. iov and counts are only read during the issuing
+ * call (copied). */
+#define COLL_MAX_IOV 16384
+struct coll_iov {
+	float *buf;
+	size_t count;
+};
+
+/* The concatenation (count floats in all) = elementwise sum over ranks:
+ * coll_all_reduce on it. */
+int coll_all_reduce_v(struct coll_dev *d, const struct coll_group *g, const struct coll_iov *iov,
+		      int niov, char *err, size_t errlen);
+/* The concatenation is n blocks, block b counts[b] floats (the same on
+ * every rank; their sum the runs' count). On return block `rank` holds
+ * the sum over ranks of their block `rank`; the other blocks hold
+ * partial sums. The same bits as coll_reduce_scatter over the blocks
+ * each padded with zeros to the largest count. */
+int coll_reduce_scatter_v(struct coll_dev *d, const struct coll_group *g, const struct coll_iov *iov,
+			  int niov, const size_t *counts, char *err, size_t errlen);
+/* Blocks as coll_reduce_scatter_v's; block `rank` is this rank's input,
+ * and on return block b holds rank b's. */
+int coll_all_gather_v(struct coll_dev *d, const struct coll_group *g, const struct coll_iov *iov,
+		      int niov, const size_t *counts, char *err, size_t errlen);
+
 /* Rank r sends in's block i (send_bytes[i] bytes, blocks packed in rank
  * order) to rank i and receives rank i's block for it into out's block i
  * (recv_bytes[i] bytes, packed in rank order). Zeros allowed; rank i's
@@ -100,6 +131,14 @@ struct coll_handle *coll_reduce_scatter_async(struct coll_dev *d, const struct c
 					      size_t count_per_rank, char *err, size_t errlen);
 struct coll_handle *coll_all_reduce_async(struct coll_dev *d, const struct coll_group *g,
 					  float *buf, size_t count, char *err, size_t errlen);
+struct coll_handle *coll_all_reduce_v_async(struct coll_dev *d, const struct coll_group *g,
+					    const struct coll_iov *iov, int niov, char *err, size_t errlen);
+struct coll_handle *coll_reduce_scatter_v_async(struct coll_dev *d, const struct coll_group *g,
+						const struct coll_iov *iov, int niov, const size_t *counts,
+						char *err, size_t errlen);
+struct coll_handle *coll_all_gather_v_async(struct coll_dev *d, const struct coll_group *g,
+					    const struct coll_iov *iov, int niov, const size_t *counts,
+					    char *err, size_t errlen);
 /* send_bytes and recv_bytes are copied: the caller may reuse them at once */
 struct coll_handle *coll_all_to_all_async(struct coll_dev *d, const struct coll_group *g,
 					  void *out, const size_t *recv_bytes, const void *in,

@@ -32,6 +32,13 @@ struct coll_args {
 	size_t count;             /* reduce_scatter: per rank; all_reduce: buffer */
 	int shift, root;
 	const size_t *send_bytes, *recv_bytes;
+	/* the coll_*_v forms: the buffer is the runs' concatenation (count:
+	 * all_reduce's floats), in place; reduce_scatter and all_gather:
+	 * block b is counts[b] floats of it */
+	bool runs;
+	const struct coll_iov *iov;
+	int niov;
+	const size_t *counts;
 	size_t seg;               /* segment bytes, multiple of 4 */
 	size_t direct_max;
 };
@@ -61,6 +68,9 @@ int coll_ring_reduce_scatter(struct coll_run *R);
 int coll_ring_all_reduce(struct coll_run *R);
 int coll_chain_broadcast(struct coll_run *R);
 int coll_dissemination_barrier(struct coll_run *R);
+int coll_ring_all_reduce_v(struct coll_run *R);
+int coll_ring_reduce_scatter_v(struct coll_run *R);
+int coll_ring_all_gather_v(struct coll_run *R);
 /* coll_a2a.c */
 int coll_pair_all_to_all(struct coll_run *R);
 int coll_pair_permute(struct coll_run *R);

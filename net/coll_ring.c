@@ -53,6 +53,17 @@ struct ring {
 	 * of the schedule while the ring moves (sends read it from the
 	 * input), the rest after the last item */
 	struct coll_copy own;
+	/* a list of runs (the coll_*_v forms, in place): item s of block b
+	 * is pc[pc0[b] + s] (none past pc0[b + 1]), wherever the buffers
+	 * above would put it; NULL: item s is segment s of the block */
+	const struct piece *pc;
+	const int *pc0;
+};
+
+/* A block's segment, or the part of one inside one run. */
+struct piece {
+	size_t off, len;        /* bytes from the block's start */
+	uint8_t *at;
 };
 
 static inline int mod(int a, int n)
@@ -73,6 +84,10 @@ static int recv_block(const struct ring *g, int k)
 
 static size_t seg_len(const struct ring *g, int b, int s)
 {
+	if (g->pc) {
+		int i = g->pc0[b] + s;
+		return i < g->pc0[b + 1] ? g->pc[i].len : 0;
+	}
 	size_t off = (size_t)s * g->seg;
 	if (off >= g->blen[b])
 		return 0;
@@ -101,6 +116,18 @@ static const uint8_t *send_src(const struct ring *g, int k, int s)
 	return g->out + g->boff[send_block(g, k)] + off;
 }
 
+/* Item s of block b: its offset from the block's start, and where it lies
+ * in the runs (NULL: at the buffers' own block b). */
+static size_t item_off(const struct ring *g, int b, int s)
+{
+	return g->pc ? g->pc[g->pc0[b] + s].off : (size_t)s * g->seg;
+}
+
+static uint8_t *item_at(const struct ring *g, int b, int s)
+{
+	return g->pc ? g->pc[g->pc0[b] + s].at : NULL;
+}
+
 /* Send index that must have completed before receive j may be posted (its
  * destination is still being read by that send), or -1. */
 static long recv_needs_send(const struct ring *g, long j)
@@ -114,7 +141,7 @@ static long recv_needs_send(const struct ring *g, long j)
 	}
 	/* all_reduce gather phase overwrites the block sent at reduce step
 	 * k - nrs */
-	if (g->inplace)
+	if ((g->inplace || g->pc) && g->nrs)
 		return j - (long)g->nrs * g->S;
 	return -1;
 }
@@ -132,16 +159,17 @@ static int ring_run(struct coll_run *R, struct ring *g)
 			if (need >= 0 && sd <= need)
 				break;
 			int k = (int)(rp / g->S), s = (int)(rp % g->S), b = recv_block(g, k);
-			size_t len = seg_len(g, b, s), off = (size_t)s * g->seg;
+			size_t len = seg_len(g, b, s), off = len ? item_off(g, b, s) : 0;
+			uint8_t *at = len ? item_at(g, b, s) : NULL;
 			uint32_t chunk = g->chunk0 + (uint32_t)rp;
 			rq[rp % RA] = NULL;
 			if (len && k >= g->nrs)
 				rc = coll_post_recv(R, g->left, chunk, g->boff[b] + off,
-						    g->out + g->boff[b] + off, len, &rq[rp % RA]);
+						    at ? at : g->out + g->boff[b] + off, len, &rq[rp % RA]);
 			else if (len)   /* partial sum = got + own */
 				rc = coll_post_recv_add(R, g->left, chunk, g->boff[b] + off,
-							(float *)(partial(g, k) + off),
-							(const float *)(g->in + g->boff[b] + off),
+							(float *)(at ? at : partial(g, k) + off),
+							(const float *)(at ? at : g->in + g->boff[b] + off),
 							len, &rq[rp % RA]);
 			if (rc)
 				goto out_abandon;
@@ -152,8 +180,9 @@ static int ring_run(struct coll_run *R, struct ring *g)
 			size_t len = seg_len(g, b, s);
 			sq[sp % SW] = NULL;
 			if (len && (rc = coll_post_send(R, g->right, g->chunk0 + (uint32_t)sp,
-							 g->boff[b] + (size_t)s * g->seg,
-							 send_src(g, k, s), len, &sq[sp % SW])))
+							 g->boff[b] + item_off(g, b, s),
+							 g->pc ? item_at(g, b, s) : send_src(g, k, s),
+							 len, &sq[sp % SW])))
 				goto out_abandon;
 			sp++;
 		}
@@ -200,10 +229,11 @@ out_abandon:
 }
 
 /* Segment size: at least the configured one, and large enough that chunk
- * indices of all items fit in 16 bits. */
-static size_t pick_seg(size_t seg, size_t maxblock, int steps)
+ * indices of all items fit in 16 bits; extra: items a list of runs may
+ * add to a step (one per boundary between runs). */
+static size_t pick_seg(size_t seg, size_t maxblock, int steps, long extra)
 {
-	long max_s = 65535 / (steps > 0 ? steps : 1);
+	long max_s = 65535 / (steps > 0 ? steps : 1) - extra;
 	if (max_s < 1)
 		max_s = 1;
 	size_t need = (maxblock + (size_t)max_s - 1) / (size_t)max_s;
@@ -211,8 +241,48 @@ static size_t pick_seg(size_t seg, size_t maxblock, int steps)
 	return need > seg ? need : seg;
 }
 
+/* The items of a list of runs: each block's segments cut where a run
+ * ends; the step's item count S becomes the most any block has (with one
+ * run, the segments themselves: the same items and chunk numbers as the
+ * contiguous op). */
+static int pieces_make(struct ring *g, const struct coll_iov *iov, int niov)
+{
+	size_t cap = (size_t)g->n * (size_t)g->S + (size_t)niov;
+	struct piece *pc = malloc(sizeof(*pc) * cap + sizeof(int) * (size_t)(g->n + 1));
+	if (!pc)
+		return -ENOMEM;
+	int *pc0 = (int *)(pc + cap), np = 0, most = 0, v = 0;
+	size_t used = 0;    /* bytes of run v already in items */
+	for (int b = 0; b < g->n; b++) {
+		pc0[b] = np;
+		for (size_t o = 0; o < g->blen[b];) {
+			size_t end = (o / g->seg + 1) * g->seg;
+			if (end > g->blen[b])
+				end = g->blen[b];
+			while (used == iov[v].count * sizeof(float)) {
+				v++;
+				used = 0;
+			}
+			size_t take = iov[v].count * sizeof(float) - used;
+			if (take > end - o)
+				take = end - o;
+			pc[np++] = (struct piece){ o, take, (uint8_t *)iov[v].buf + used };
+			o += take;
+			used += take;
+		}
+		if (np - pc0[b] > most)
+			most = np - pc0[b];
+	}
+	pc0[g->n] = np;
+	g->pc = pc;
+	g->pc0 = pc0;
+	g->S = most;
+	return 0;
+}
+
 /* Fills the ring geometry; scratch holds alt_bytes for the alternate
- * partial-sum block (reduce_scatter). */
+ * partial-sum block (reduce_scatter); a list of runs gets its items
+ * (ring_release frees them). */
 static int ring_setup(struct ring *g, struct coll_run *R, const size_t *blen, int K, int nrs,
 		      size_t alt_bytes)
 {
@@ -227,14 +297,21 @@ static int ring_setup(struct ring *g, struct coll_run *R, const size_t *blen, in
 	for (int b = 0; b < a->n; b++)
 		if (blen[b] > maxb)
 			maxb = blen[b];
-	g->seg = pick_seg(a->seg, maxb, K);
+	g->seg = pick_seg(a->seg, maxb, K, a->iov ? a->niov - 1 : 0);
 	g->S = (int)((maxb + g->seg - 1) / g->seg);
 	if (alt_bytes) {
 		g->alt = coll_scratch_get(R->scr, alt_bytes);
 		if (!g->alt)
 			return coll_fail(R, -ENOMEM, "out of memory for ring segments");
 	}
+	if (a->iov && pieces_make(g, a->iov, a->niov))
+		return coll_fail(R, -ENOMEM, "out of memory for the runs' segments");
 	return 0;
+}
+
+static void ring_release(struct ring *g)
+{
+	free((void *)g->pc);
 }
 
 /* ---- block tables ---- */
@@ -444,6 +521,142 @@ int coll_ring_all_reduce(struct coll_run *R)
 	return rc;
 }
 
+/* ---- lists of runs, in place (coll_*_v) ---- */
+
+/* Copies floats [v0, v0 + cnt) of the runs' concatenation to flat, or
+ * (to_runs) back. */
+static void runs_copy(const struct coll_iov *iov, int niov, size_t v0, float *flat, size_t cnt,
+		      bool to_runs)
+{
+	for (int i = 0; i < niov && cnt; i++) {
+		if (v0 >= iov[i].count) {
+			v0 -= iov[i].count;
+			continue;
+		}
+		size_t k = iov[i].count - v0 < cnt ? iov[i].count - v0 : cnt;
+		float *r = iov[i].buf + v0;
+		memcpy(to_runs ? r : flat, to_runs ? flat : r, k * sizeof(float));
+		flat += k;
+		cnt -= k;
+		v0 = 0;
+	}
+}
+
+/* Block b of a reduce_scatter or all_gather over runs: counts[b] floats. */
+static int blocks_counts(struct blocks *bl, const size_t *counts, int n)
+{
+	size_t o = 0;
+	if (blocks_init(bl, n, 0, 1))
+		return -ENOMEM;
+	for (int b = 0; b < n; b++) {
+		bl->off[b] = o * sizeof(float);
+		bl->len[b] = counts[b] * sizeof(float);
+		o += counts[b];
+	}
+	return 0;
+}
+
+/* A small list of runs: the contiguous op (its direct exchange) on a
+ * packed copy, block b at b * stride floats (zeros after its counts[b]),
+ * so the sums are those of the contiguous op on the padded blocks;
+ * counts NULL: all_reduce of stride floats. */
+static int packed(struct coll_run *R, size_t stride, const size_t *counts)
+{
+	const struct coll_args *a = R->a;
+	int n = counts ? a->n : 1, rc;
+	bool rs = a->op == MESHRUN__COLL_OP__COLL_REDUCE_SCATTER;
+	size_t total = stride * (size_t)n, v0[COLL_DIRECT_MAX_N + 1] = { 0 };
+	float *tmp = calloc(total + (rs ? stride : 0), sizeof(float));
+	if (!tmp)
+		return coll_fail(R, -ENOMEM, "out of memory");
+	struct coll_args a2 = *a;
+	struct coll_run R2 = *R;
+	a2.runs = false;
+	a2.iov = NULL;
+	a2.counts = NULL;
+	R2.a = &a2;
+	for (int b = 0; b < n; b++) {
+		size_t c = counts ? counts[b] : stride;
+		v0[b + 1] = v0[b] + c;
+		if (rs || !counts || b == a->rank)
+			runs_copy(a->iov, a->niov, v0[b], tmp + (size_t)b * stride, c, false);
+	}
+	if (!counts) {
+		a2.out = tmp;
+		a2.count = stride;
+		if (!(rc = coll_ring_all_reduce(&R2)))
+			runs_copy(a->iov, a->niov, 0, tmp, stride, true);
+	} else if (rs) {
+		a2.in = tmp;
+		a2.out = tmp + total;
+		a2.count = stride;
+		if (!(rc = coll_ring_reduce_scatter(&R2)))
+			runs_copy(a->iov, a->niov, v0[a->rank], tmp + total, counts[a->rank], true);
+	} else {
+		a2.out = tmp;
+		a2.in = tmp + (size_t)a->rank * stride;
+		a2.bytes = stride * sizeof(float);
+		rc = coll_ring_all_gather(&R2);
+		for (int b = 0; b < n && !rc; b++)
+			if (b != a->rank)
+				runs_copy(a->iov, a->niov, v0[b], tmp + (size_t)b * stride, counts[b], true);
+	}
+	free(tmp);
+	return rc;
+}
+
+/* The largest of a list's blocks (counts[0 .. n)). */
+static size_t most(const size_t *counts, int n)
+{
+	size_t m = 0;
+	for (int b = 0; b < n; b++)
+		m = counts[b] > m ? counts[b] : m;
+	return m;
+}
+
+/* A list of runs on the ring: K steps, the first nrs of them reducing;
+ * blocks of counts[b] floats, or (counts NULL) the count split as
+ * evenly as the contiguous op splits it. */
+static int ring_v(struct coll_run *R, int K, int nrs, const size_t *counts)
+{
+	const struct coll_args *a = R->a;
+	size_t c = counts ? most(counts, a->n) : a->count;
+
+	if (c == 0 || a->n == 1)
+		return 0;
+	if (use_direct(a, c * sizeof(float) * (counts ? (size_t)a->n : 1)))
+		return packed(R, c, counts);
+	struct blocks bl;
+	if (counts ? blocks_counts(&bl, counts, a->n) : blocks_init(&bl, a->n, c, sizeof(float)))
+		return coll_fail(R, -ENOMEM, "out of memory");
+	struct ring g = { .boff = bl.off, .blen = bl.len };
+	int rc = ring_setup(&g, R, bl.len, K, nrs, 0);
+	if (!rc)
+		rc = ring_run(R, &g);
+	ring_release(&g);
+	blocks_release(&bl);
+	return rc;
+}
+
+int coll_ring_all_reduce_v(struct coll_run *R)
+{
+	return ring_v(R, 2 * (R->a->n - 1), R->a->n - 1, NULL);
+}
+
+/* Reduce steps only, in place: block b's partial sums are written over
+ * the block as they pass (as all_reduce's are), the last into the own
+ * block. */
+int coll_ring_reduce_scatter_v(struct coll_run *R)
+{
+	return ring_v(R, R->a->n - 1, R->a->n - 1, R->a->counts);
+}
+
+/* Gather steps only, in place: the own block is the input. */
+int coll_ring_all_gather_v(struct coll_run *R)
+{
+	return ring_v(R, R->a->n - 1, 0, R->a->counts);
+}
+
 /* ---- broadcast: a chain root -> root+1 -> ... pipelined by segment ---- */
 
 int coll_chain_broadcast(struct coll_run *R)
@@ -456,7 +669,7 @@ int coll_chain_broadcast(struct coll_run *R)
 
 	if (a->bytes == 0 || n == 1)
 		return 0;
-	size_t seg = pick_seg(a->seg, a->bytes, 1);
+	size_t seg = pick_seg(a->seg, a->bytes, 1, 0);
 	long T = (long)((a->bytes + seg - 1) / seg);
 	long rp = 0, rd = 0, sp = 0, sd = 0;
 	struct xreq *rq[W] = { 0 }, *sq[W] = { 0 };

@@ -2,7 +2,8 @@
  * network) for element counts {0, 1, 7, 262147} with every element checked,
  * in ring and direct modes; uneven all-to-all; async overlap (all-to-all
  * too, with the times it ran); bit-exact reduction order; concurrent
- * groups on a 2x2x2 mesh; errors name the collective. Then the same checks across real agents over TLS on loopback
+ * groups on a 2x2x2 mesh; lists of runs (coll_*_v) bit for bit against the
+ * contiguous op; errors name the collective. Then the same checks across real agents over TLS on loopback
  * via `$MESHRUN bench collectives --check-counts`, and a host killed in the
  * middle of an all_reduce. */
 #include <check.h>
@@ -563,6 +564,199 @@ START_TEST(test_all_reduce_bit_exact)
 		world_run(&w, det_ops, &c);
 		ck_assert_msg(w.failures == 0, "D=%d rep %d: %s", w.D, rep, w.first);
 	}
+}
+END_TEST
+
+/* ---- lists of runs against the contiguous op on the concatenation ---- */
+
+struct runs {
+	struct coll_iov v[512];
+	int n;
+};
+
+/* Cuts total floats into separately allocated runs of odd and empty
+ * lengths (one run when one is set), filled from flat. */
+static void runs_make(struct runs *rs, const float *flat, size_t total, bool one)
+{
+	static const size_t len[] = { 3, 0, 1, 1021, 0, 7, 4099, 1, 2048, 0, 513 };
+	size_t at = 0;
+	rs->n = 0;
+	for (int k = 0; at < total || (total == 0 && rs->n < 3); k++) {
+		size_t c = one ? total : len[k % 11];
+		if (c > total - at)
+			c = total - at;
+		rs->v[rs->n] = (struct coll_iov){ xmalloc(sizeof(float) * c), c };
+		memcpy(rs->v[rs->n].buf, flat + at, sizeof(float) * c);
+		rs->n++;
+		at += c;
+	}
+}
+
+static void runs_flat(const struct runs *rs, float *flat)
+{
+	for (int i = 0; i < rs->n; i++) {
+		memcpy(flat, rs->v[i].buf, sizeof(float) * rs->v[i].count);
+		flat += rs->v[i].count;
+	}
+}
+
+static void runs_free(struct runs *rs)
+{
+	for (int i = 0; i < rs->n; i++)
+		free(rs->v[i].buf);
+}
+
+/* The first float of [0, c) where a and b differ in their bits, or c. */
+static size_t first_diff(const float *a, const float *b, size_t c)
+{
+	for (size_t i = 0; i < c; i++)
+		if (memcmp(&a[i], &b[i], sizeof(float)))
+			return i;
+	return c;
+}
+
+struct runs_case {
+	size_t c;         /* floats per rank (all_reduce: in all) */
+	bool one;         /* a list of one run */
+	bool async;
+};
+
+/* op 'a' all_reduce_v, 'r' reduce_scatter_v, 'g' all_gather_v; async:
+ * the _async form, waited for at once */
+static int list_op(struct coll_dev *cd, const struct coll_group *g, char op, struct runs *rs,
+		   const size_t *counts, bool async, char *err, size_t errlen)
+{
+	if (!async)
+		return op == 'a' ? coll_all_reduce_v(cd, g, rs->v, rs->n, err, errlen)
+		     : op == 'r' ? coll_reduce_scatter_v(cd, g, rs->v, rs->n, counts, err, errlen)
+				 : coll_all_gather_v(cd, g, rs->v, rs->n, counts, err, errlen);
+	struct coll_handle *h = op == 'a' ? coll_all_reduce_v_async(cd, g, rs->v, rs->n, err, errlen)
+			      : op == 'r' ? coll_reduce_scatter_v_async(cd, g, rs->v, rs->n, counts, err, errlen)
+					  : coll_all_gather_v_async(cd, g, rs->v, rs->n, counts, err, errlen);
+	return h ? coll_wait(h, xport_now_ns() + 30000000000ull, err, errlen) : -EINVAL;
+}
+
+static void runs_ops(struct world *w, int dev, struct coll_dev *cd)
+{
+	const struct runs_case *rc_ = w->arg;
+	struct mesh_group mg;
+	struct coll_group g;
+	char err[1024];
+	group_of(w, dev, 1u << AX_DATA, &mg, &g);
+	int n = g.n, r = g.rank, rc;
+	size_t c = rc_->c, counts[8], total = 0, most = 0, own0 = 0;
+	for (int b = 0; b < n; b++) {
+		/* uneven blocks: rank b's part of a bucket */
+		counts[b] = c > 3 ? c - (size_t)((b * 5) % 4) : c;
+		if (b < r)
+			own0 += counts[b];
+		total += counts[b];
+		most = counts[b] > most ? counts[b] : most;
+	}
+	float *flat = xmalloc(sizeof(float) * (total + most * (size_t)n + most));
+	float *pad = flat + total, *want = pad + most * (size_t)n, *got = xmalloc(sizeof(float) * (total + 1));
+	struct runs rs;
+	size_t at;
+
+	/* all_reduce: the runs summed as the contiguous buffer is */
+	for (size_t i = 0; i < c; i++)
+		flat[i] = fval(dev, i);
+	runs_make(&rs, flat, c, rc_->one);
+	rc = coll_all_reduce(cd, &g, flat, c, err, sizeof(err));
+	CHECK_RC(w, rc, "all_reduce", err);
+	rc = list_op(cd, &g, 'a', &rs, NULL, rc_->async, err, sizeof(err));
+	CHECK_RC(w, rc, "all_reduce_v", err);
+	runs_flat(&rs, got);
+	runs_free(&rs);
+	if ((at = first_diff(got, flat, c)) < c)
+		failf(w, "all_reduce_v n=%d c=%zu runs=%d rank %d elem %zu: %.9g, contiguous %.9g", n, c,
+		      rs.n, r, at, got[at], flat[at]);
+
+	/* reduce_scatter: the own block as the contiguous op on the blocks
+	 * padded to the largest */
+	for (size_t i = 0; i < total; i++)
+		flat[i] = fval(dev, i);
+	memset(pad, 0, sizeof(float) * most * (size_t)n);
+	for (int b = 0, v = 0; b < n; v += (int)counts[b], b++)
+		memcpy(pad + most * (size_t)b, flat + v, sizeof(float) * counts[b]);
+	runs_make(&rs, flat, total, rc_->one);
+	rc = coll_reduce_scatter(cd, &g, want, pad, most, err, sizeof(err));
+	CHECK_RC(w, rc, "reduce_scatter", err);
+	rc = list_op(cd, &g, 'r', &rs, counts, rc_->async, err, sizeof(err));
+	CHECK_RC(w, rc, "reduce_scatter_v", err);
+	runs_flat(&rs, got);
+	if ((at = first_diff(got + own0, want, counts[r])) < counts[r])
+		failf(w, "reduce_scatter_v n=%d c=%zu runs=%d rank %d elem %zu: %.9g, contiguous %.9g", n,
+		      c, rs.n, r, at, got[own0 + at], want[at]);
+
+	/* all_gather: every block from its rank, the own block untouched */
+	for (size_t i = 0; i < total; i++)
+		got[i] = -1.0f;
+	for (size_t i = 0; i < counts[r]; i++)
+		got[own0 + i] = fval(dev, i);
+	runs_free(&rs);
+	runs_make(&rs, got, total, rc_->one);
+	rc = list_op(cd, &g, 'g', &rs, counts, rc_->async, err, sizeof(err));
+	CHECK_RC(w, rc, "all_gather_v", err);
+	runs_flat(&rs, got);
+	runs_free(&rs);
+	at = 0;
+	for (int b = 0; b < n; b++) {
+		for (size_t i = 0; i < counts[b]; i++) {
+			float x = fval(g.devs[b], i);
+			if (memcmp(&x, &got[at + i], sizeof(float))) {
+				failf(w, "all_gather_v n=%d c=%zu rank %d block %d elem %zu: %.9g, want %.9g", n,
+				      c, r, b, i, got[at + i], x);
+				b = n;
+				break;
+			}
+		}
+		at += b < n ? counts[b] : 0;
+	}
+	free(flat);
+	free(got);
+}
+
+/* n = 2, 3, 4; ring (small segments, run ends inside them) and direct;
+ * sizes 0, 1, odd, large; one run; async */
+START_TEST(test_runs_match_contiguous)
+{
+	static const struct runs_case cases[] = {
+		{ 0, false, false }, { 1, false, false }, { 7, false, false }, { 30011, false, false },
+		{ 30011, true, false }, { 30011, false, true }, { 5, true, true },
+	};
+	static const size_t direct[] = { 0, 65536 };
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		for (int d = 0; d < 2; d++) {
+			struct world w = { .seg = 4096, .direct_max = direct[d], .timeout_s = 30 };
+			world_mesh(&w, _i + 2, 1, 1);
+			world_run(&w, runs_ops, (void *)&cases[k]);
+			ck_assert_msg(w.failures == 0, "D=%d case %zu direct_max %zu: %s", w.D, k, direct[d],
+				      w.first);
+		}
+	}
+}
+END_TEST
+
+/* Bad lists are refused before anything is sent. */
+START_TEST(test_runs_bad_args)
+{
+	int hosts[2] = { 0, 0 }, devs[2] = { 0, 1 };
+	struct xport *x = xport_new(0, 2, hosts, NULL, NULL);
+	struct coll_dev *cd = coll_dev_new(x, 0, 4096, 5);
+	struct coll_group g = { .id = 1, .n = 2, .rank = 0, .devs = devs };
+	float a[4];
+	struct coll_iov v[2] = { { a, 2 }, { a + 2, 2 } }, bad[1] = { { NULL, 3 } };
+	size_t counts[2] = { 2, 1 };
+	char err[256];
+	ck_assert_int_eq(coll_reduce_scatter_v(cd, &g, v, 2, counts, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "reduce_scatter (group 1)") && strstr(err, "4 floats"), "%s", err);
+	ck_assert_int_eq(coll_all_gather_v(cd, &g, v, 2, NULL, err, sizeof(err)), -EINVAL);
+	ck_assert_int_eq(coll_all_reduce_v(cd, &g, bad, 1, err, sizeof(err)), -EINVAL);
+	ck_assert_int_eq(coll_all_reduce_v(cd, &g, v, COLL_MAX_IOV, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "runs"), "%s", err);
+	coll_dev_free(cd);
+	xport_free(x);
 }
 END_TEST
 
@@ -1550,6 +1744,12 @@ static Suite *coll_suite(void)
 	tc = tcase_create("determinism");
 	tcase_set_timeout(tc, 60);
 	tcase_add_loop_test(tc, test_all_reduce_bit_exact, 0, 4);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("runs");
+	tcase_set_timeout(tc, 60);
+	tcase_add_loop_test(tc, test_runs_match_contiguous, 0, 3);
+	tcase_add_test(tc, test_runs_bad_args);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("groups");

@@ -2,8 +2,8 @@
  * order the step's table makes them final, cut into buckets of at most
  * grad_bucket_mb (the first of each seg 1 MiB, as PyTorch DDP does),
  * each summed over the mesh in place when its last unit is final: one
- * collective per run of adjacent layout floats (a tensor's slices of
- * the bucket's layers), started together. ZeRO-1's buckets are reduce-scattered
+ * collective over its runs of adjacent layout floats (a tensor's slices
+ * of the bucket's layers). ZeRO-1's buckets are reduce-scattered
  * instead (zero.c); with grad_bucket_mb=0 ZeRO-1's segs have no buckets
  * (optim.c reduce-scatters them after the table). */
 #include "host/optim/optim_int.h"
@@ -222,14 +222,6 @@ static int cut_buckets(struct optim *o, const bool *deferred)
 	return 0;
 }
 
-/* The floats of bucket b's buffers, each rounded up to 16. */
-static size_t buf_floats(const struct optim *o, const struct bucket *b)
-{
-	if (b->zero)
-		return (b->c * (size_t)o->ndata + 15) / 16 * 16 + (b->c + 15) / 16 * 16;
-	return 0;
-}
-
 static int by_off(const void *a, const void *b)
 {
 	size_t x = ((const struct piece *)a)->off, y = ((const struct piece *)b)->off;
@@ -252,27 +244,27 @@ static int merge_runs(struct piece *v, int n)
 }
 
 /* Bucket b's runs (not ZeRO-1's): its pieces in layout order, adjacent
- * ones merged, from o->run[o->nrun] on. */
-static void lay_out_runs(struct optim *o, struct bucket *b)
+ * ones merged (tmp: room for them), from o->run[o->nrun] on. */
+static void lay_out_runs(struct optim *o, struct bucket *b, struct piece *tmp)
 {
-	struct piece *r = o->run + o->nrun;
 	int n = 0;
 	for (int j = b->u0; j < b->u1; j++) {
 		const struct unit *u = &o->u[o->ubk[j]];
 		for (int q = u->p0; q < u->p1; q++) {
-			r[n] = o->pc[q];
-			r[n++].at = (size_t)b->seg;
+			tmp[n] = o->pc[q];
+			tmp[n++].at = (size_t)b->seg;
 		}
 	}
+	n = merge_runs(tmp, n);
 	b->r0 = o->nrun;
-	b->r1 = o->nrun += merge_runs(r, n);
+	for (int j = 0; j < n; j++)
+		o->run[o->nrun++] = (struct optim_run){ tmp[j].off, tmp[j].n };
+	b->r1 = o->nrun;
 }
 
-/* The buckets' units in order (ubk), the pieces' places and the
- * buffers. */
+/* The buckets' units in order (ubk) and their runs. */
 static int lay_out_buckets(struct optim *o)
 {
-	size_t total = 0;
 	int at = 0;
 	o->ubk = malloc(sizeof(int) * (size_t)(o->nu + 1));
 	if (!o->ubk)
@@ -290,29 +282,20 @@ static int lay_out_buckets(struct optim *o)
 		struct bucket *b = &o->b[u->bucket];
 		o->ubk[b->u1++] = k;
 	}
-	zero_lay_out(o);
-	o->run = malloc(sizeof(*o->run) * (size_t)(o->npc + 1));
-	o->rh = calloc((size_t)o->npc + 1, sizeof(*o->rh));
-	if (!o->run || !o->rh)
+	/* a piece is one run, or (ZeRO-1) one per data rank's part */
+	size_t cap = (size_t)o->npc * (size_t)(o->ndata > 1 ? o->ndata : 1) + 1;
+	struct piece *tmp = malloc(sizeof(*tmp) * (size_t)(o->npc + 1));
+	o->run = malloc(sizeof(*o->run) * cap);
+	o->zcount = calloc((size_t)o->nb * (size_t)(o->ndata > 1 ? o->ndata : 1) + 1, sizeof(size_t));
+	if (!tmp || !o->run || !o->zcount) {
+		free(tmp);
 		return -ENOMEM;
-	for (int i = 0; i < o->nb; i++) {
+	}
+	for (int i = 0; i < o->nb; i++)
 		if (!o->b[i].zero)
-			lay_out_runs(o, &o->b[i]);
-		total += buf_floats(o, &o->b[i]);
-	}
-	o->bufmem = calloc(total ? total : 1, sizeof(float));
-	if (!o->bufmem)
-		return -ENOMEM;
-	total = 0;
-	for (int i = 0; i < o->nb; i++) {
-		struct bucket *b = &o->b[i];
-		if (!b->zero)
-			continue;
-		b->buf = o->bufmem + total;
-		total += buf_floats(o, b);
-		/* the part reduce-scattered to this rank after the chunks */
-		b->out = b->buf + (b->c * (size_t)o->ndata + 15) / 16 * 16;
-	}
+			lay_out_runs(o, &o->b[i], tmp);
+	free(tmp);
+	zero_lay_out(o);
 	return 0;
 }
 
@@ -363,45 +346,32 @@ void buckets_free(struct optim *o)
 	free(o->b);
 	free(o->ubk);
 	free(o->run);
-	free(o->rh);
-	free(o->bufmem);
+	free(o->zcount);
 }
 
 int bucket_issue(struct optim *o, struct bucket *b)
 {
 	const struct optim_bg *bg = o->oc.bg;
-	const struct model_comm *mc = o->oc.mc;
-	float *G = model_grads(o->model);
 	char name[64];
-	int rc = 0;
 	if (b->zero)
 		return zero_issue(o, b);
 	bucket_name(o, b, "grads", name, sizeof(name));
 	b->issued = true;
 	o->stats.buckets++;
-	/* nothing writes a final unit's gradients again in the step: each
-	 * run is summed where it lies */
-	for (int r = b->r0; r < b->r1 && !rc; r++) {
-		float *x = G + o->run[r].off;
-		rc = bg ? bg->all_reduce(bg->ctx, b->axes, x, o->run[r].n, name, &o->rh[r])
-			: mc->all_reduce(mc->ctx, b->axes, x, o->run[r].n);
-	}
-	return rc;
+	/* nothing writes a final unit's gradients again in the step: the
+	 * runs are summed where they lie, by one collective */
+	return bg->all_reduce_v(bg->ctx, b->axes, model_grads(o->model), o->run + b->r0, b->r1 - b->r0, name,
+				&b->h);
 }
 
 int bucket_wait(struct optim *o, struct bucket *b)
 {
 	const struct optim_bg *bg = o->oc.bg;
-	int rc = 0;
+	void *h = b->h;
 	if (b->zero)
 		return zero_wait(o, b);
-	for (int r = b->r0; r < b->r1; r++) {
-		void *h = o->rh[r];
-		o->rh[r] = NULL;
-		int e = h ? bg->wait(bg->ctx, h) : 0;
-		rc = rc ? rc : e;
-	}
-	return rc;
+	b->h = NULL;
+	return h ? bg->wait(bg->ctx, h) : 0;
 }
 
 /* ---- the next step's first gathers (optim_set_prefetch) ---- */

@@ -224,8 +224,6 @@ void optim_step_begin(struct optim *o, const struct optim_comm *oc)
 		o->b[i].issued = false;
 		o->b[i].h = o->b[i].h2 = NULL;
 	}
-	for (int r = 0; r < o->nrun; r++)
-		o->rh[r] = NULL;
 }
 
 int optim_hook_weights(void *ctx, int l0, int l1, bool gathered)

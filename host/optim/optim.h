@@ -23,30 +23,41 @@
 
 struct optim;
 
+/* A run of layout floats [off, off + n). */
+struct optim_run {
+	size_t off, n;
+};
+
 /* Collectives started in the background (on the device's communication
  * thread, run one at a time in the order started), and their wait: each
  * sets *h (NULL: nothing to wait for), which wait(h) finishes; the
- * buffers stay untouched until then. name says what moves, for the trace
- * ("grads L7-6"). reduce_scatter: out (n floats) = the sum over members
- * of their in[rank n, rank n + n); all_gather: out = every member's in
- * (bytes each) in rank order, in may be out + rank bytes. Each returns 0
- * or -errno (the caller keeps the message). reduce_scatter and
- * all_gather may be NULL (ZeRO-1's run synchronously then). */
+ * floats stay untouched until then. name says what moves, for the trace
+ * ("grads L7-6"). Each works in place on one list of runs, base +
+ * run[i].off for run[i].n floats, as on their concatenation
+ * (net/coll.h's coll_*_v: no packing copy, the sums bit for bit those
+ * of the op on the concatenation): all_reduce_v sums it over the
+ * members; reduce_scatter_v and all_gather_v cut it into one block per
+ * member, block b counts[b] floats (counts the same on every member):
+ * reduce_scatter_v leaves the sum of the member's own block there (the
+ * other blocks hold partial sums), all_gather_v fills every block from
+ * its member. run and counts may be reused at once. Each returns 0 or
+ * -errno (the caller keeps the message). */
 struct optim_bg {
-	int (*all_reduce)(void *ctx, uint32_t axes, float *buf, size_t n, const char *name, void **h);
-	int (*reduce_scatter)(void *ctx, uint32_t axes, float *out, const float *in, size_t n, const char *name,
-			      void **h);
-	int (*all_gather)(void *ctx, uint32_t axes, void *out, const void *in, size_t bytes, const char *name,
-			  void **h);
+	int (*all_reduce_v)(void *ctx, uint32_t axes, float *base, const struct optim_run *run, int nrun,
+			    const char *name, void **h);
+	int (*reduce_scatter_v)(void *ctx, uint32_t axes, float *base, const struct optim_run *run, int nrun,
+				const size_t *counts, const char *name, void **h);
+	int (*all_gather_v)(void *ctx, uint32_t axes, float *base, const struct optim_run *run, int nrun,
+			    const size_t *counts, const char *name, void **h);
 	int (*wait)(void *ctx, void *h);
 	void *ctx;
 };
 
 /* The collectives the optimizer uses: the model's by axis set (mc), an
  * exact sum of doubles over an axis set (the same bits on every member),
- * and the background ones (bg; NULL: the buckets' collectives run
- * synchronously when they are started). The structs pointed to outlive
- * the optimizer's use of them (the job's, for the whole run). */
+ * and the background ones (bg: required on a mesh, where the gradient
+ * buckets are summed by them). The structs pointed to outlive the
+ * optimizer's use of them (the job's, for the whole run). */
 struct optim_comm {
 	const struct model_comm *mc;
 	int (*sum)(void *ctx, uint32_t axes, double *x, int n);

@@ -9,8 +9,8 @@
  * norm and output projection) or the embedding's; in a pipeline, the
  * slices of tensors every stage stores whole form units of their own. A
  * piece is one tensor's slice in a unit. A bucket is a run of units of
- * one seg that is summed over the mesh by one collective, packed
- * layer-major into a buffer of its own (docs/training-step.md). */
+ * one seg that is summed over the mesh by one collective, in place over
+ * its list of runs of layout floats (docs/training-step.md). */
 #ifndef MESHRUN_OPTIM_INT_H
 #define MESHRUN_OPTIM_INT_H
 
@@ -38,7 +38,7 @@ struct seg {
 struct piece {
 	int param;           /* index in the model's table */
 	size_t off, n;       /* layout floats [off, off + n) */
-	size_t at;           /* where it sits in its bucket's buffer */
+	size_t at;           /* merge_runs: its seg (a run holds one seg's) */
 };
 
 struct unit {
@@ -59,16 +59,17 @@ struct bucket {
 	bool deferred;       /* summed after the table, in bucket order */
 	int u0, u1;          /* its units: ubk[u0 .. u1) */
 	size_t n;            /* its floats */
-	float *buf;          /* zero only: see below */
-	int r0, r1;          /* not zero: summed in place in the gradients,
-			      * one collective per run o->run[r0 .. r1) */
-	/* ZeRO-1 (zero.c): buf holds ndata chunks of c floats, chunk r the
-	 * bucket's floats inside data rank r's part of the seg (layout
-	 * order, zeros after); reduce-scattered over `data` into out (c
-	 * floats), and after the update all-gathered back into buf */
+	int r0, r1;          /* its runs o->run[r0 .. r1): summed in place
+			      * in the gradients by one collective */
+	/* ZeRO-1 (zero.c): the runs are the bucket's floats inside data
+	 * rank 0's part of the seg, then rank 1's, ... (count[r] floats,
+	 * in the order of its units), so a reduce-scatter over `data` in
+	 * place leaves this rank's part of the sum where it lies, runs
+	 * [own0, own1); after the update they are all-gathered in place
+	 * in the parameters */
 	bool zero;
-	size_t c;
-	float *out;
+	size_t *count;       /* [ndata] */
+	int own0, own1;
 	/* this step */
 	int left;            /* units not done yet */
 	bool issued;         /* its all-reduce (reduce-scatter) started */
@@ -77,7 +78,6 @@ struct bucket {
 	void *gh;            /* zero: its parameters' all-gather in flight
 			      * (started by the update, waited for by the
 			      * next use of its weights), or NULL */
-	bool gsync;          /* zero: gh ran synchronously (no background) */
 };
 
 #define MAX_TGROUPS 8
@@ -98,15 +98,13 @@ struct optim {
 	struct unit *u;              /* in the order they complete */
 	int nu;
 	int *ubk;                    /* units in bucket order */
-	struct piece *run;           /* buckets' runs: their pieces in layout
-				      * order, adjacent ones merged (at unused) */
-	void **rh;                   /* each run's sum in flight, or NULL */
+	struct optim_run *run;       /* buckets' runs (struct bucket) */
 	int nrun;
+	size_t *zcount;              /* zero buckets' count[] */
 	int *by_key;                 /* [(L + 2) * nseg * 2] unit of (key, seg,
 				      * repl), or -1 */
 	struct bucket *b;
 	int nb;
-	float *bufmem;
 	size_t opt_n;
 	float *m, *v, *scratch;
 	float *gshard;               /* reduced gradient parts of zero segs not
@@ -119,7 +117,7 @@ struct optim {
 	bool armed;                  /* between optim_step_begin and the end of the sums */
 	struct optim_stats stats;
 	struct muon_plan mp;         /* Muon's owners (a mesh with Muon) */
-	int gpending;                /* ZeRO-1 buckets whose gather is not unpacked */
+	int gpending;                /* ZeRO-1 buckets whose gather is in flight */
 	/* the next step's first gathers, started once their units are
 	 * updated (optim_set_prefetch) */
 	int (*prefetch)(void *ctx);
@@ -133,12 +131,10 @@ int buckets_make(struct optim *o, const struct optim_place *pl);
 void buckets_free(struct optim *o);
 /* The unit of (key, seg, repl), or -1. */
 int unit_of(const struct optim *o, int key, int seg, bool repl);
-/* Starts a bucket's sum: in place, one collective per run of adjacent
- * layout floats (ZeRO-1's: its units packed into chunks first); in the
- * background when the step has background collectives. 0 or -errno. */
+/* Starts a bucket's sum in the background: in place, one collective over
+ * its runs (ZeRO-1's: a reduce-scatter). 0 or -errno. */
 int bucket_issue(struct optim *o, struct bucket *b);
-/* Waits for bucket b's sums in flight (ZeRO-1's: and moves its part into
- * the gradients). 0 or -errno. */
+/* Waits for bucket b's sums in flight. 0 or -errno. */
 int bucket_wait(struct optim *o, struct bucket *b);
 
 /* The update of the early units' pieces (of segs not split by ZeRO-1),
@@ -151,19 +147,17 @@ int seg_update_rest(struct optim *o, int s, int64_t step, float lr);
 
 /* This rank's reduced gradients of zero seg s (s->len floats, its part
  * [p0 + s0, + len) of the layout): in buckets, the gradients' own floats
- * there (each bucket's were packed before its reduce-scatter and are
- * not written again in the step, so its part lands where it was read
- * from); else gshard. In optim.c. */
+ * there (each bucket's are not written again in the step, and its
+ * reduce-scatter works in place); else gshard. In range.c. */
 float *zero_part(struct optim *o, const struct seg *s);
 
-/* The floats of a zero bucket in rank r's part, chunk by chunk: sets
- * b->c for every zero bucket. */
+/* Every zero bucket's runs, count[] and own runs, from o->run[o->nrun]
+ * on (o->run has room for each piece cut at every rank's part). */
 void zero_lay_out(struct optim *o);
 /* Starts a zero bucket's reduce-scatter over `data` (and the all-reduce
- * of its part over the seg's other axes), packed first. 0 or -errno. */
+ * of its part over the seg's other axes), in place. 0 or -errno. */
 int zero_issue(struct optim *o, struct bucket *b);
-/* Waits for it and unpacks this rank's part into zero_part. 0 or
- * -errno. */
+/* Waits for it: this rank's part is then in zero_part. 0 or -errno. */
 int zero_wait(struct optim *o, struct bucket *b);
 /* The update of this rank's part of every zero bucket, in forward order
  * (embedding first), each bucket's all-gather over `data` started as
@@ -175,7 +169,7 @@ int zero_wait(struct optim *o, struct bucket *b);
 int zero_update_gather(struct optim *o, int64_t step, float lr, bool prefetch);
 /* Waits for the all-gathers of the zero buckets holding weight group
  * key (all: key ZERO_ALL; gathered: only its units with tensors the FSDP
- * window gathers) and unpacks them into the parameters. */
+ * window gathers), which land in the parameters. */
 #define ZERO_ALL (-100)
 int zero_wait_params(struct optim *o, int key, bool gathered);
 /* The same for bucket b alone. */

@@ -4,21 +4,23 @@
  * are all-gathered in the background, waited for by the next use of
  * its weights (the executor's weights_needed hook). Data rank r owns the
  * floats [p0 + r shard_n, p0 + (r + 1) shard_n) of the seg, as without
- * buckets (the state, checkpoints and resume do not change); a bucket's
- * chunk r is the bucket's floats inside rank r's part, in layout order,
- * so each float lands in the same block r of a reduce-scatter as when
- * the whole seg is reduce-scattered at once. */
+ * buckets (the state, checkpoints and resume do not change). Both
+ * collectives work in place on the bucket's list of runs (no packing
+ * copy): block r of the list is the bucket's floats inside rank r's
+ * part, so each float is summed in the same block r of a reduce-scatter
+ * as when the whole seg is reduce-scattered at once (the same bits),
+ * and rank r's sum lands in its own floats of the gradients. */
 #include "host/optim/optim_int.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
-/* Calls fn(o, x, y, pos, arg) for each run [x, y) of layout floats of
- * bucket b inside rank r's part, pos its place in chunk r; returns the
- * chunk's floats. */
+/* Calls fn(o, x, y, arg) for each run [x, y) of layout floats of bucket
+ * b inside rank r's part, in the order of its units; returns their
+ * floats. */
 static size_t walk(struct optim *o, const struct bucket *b, int r,
-		   void (*fn)(struct optim *, size_t, size_t, size_t, void *), void *arg)
+		   void (*fn)(struct optim *, size_t, size_t, void *), void *arg)
 {
 	const struct seg *s = &o->seg[b->seg];
 	size_t lo = s->p0 + s->shard_n * (size_t)r, hi = lo + s->shard_n, pos = 0;
@@ -29,86 +31,65 @@ static size_t walk(struct optim *o, const struct bucket *b, int r,
 			size_t x = p->off > lo ? p->off : lo, y = p->off + p->n < hi ? p->off + p->n : hi;
 			if (x >= y)
 				continue;
-			if (fn)
-				fn(o, x, y, pos, arg);
+			fn(o, x, y, arg);
 			pos += y - x;
 		}
 	}
 	return pos;
 }
 
+/* walk's fn for zero_lay_out: appends [x, y) to the bucket's runs,
+ * merged with the one before when adjacent inside one rank's part */
+static void add_run(struct optim *o, size_t x, size_t y, void *arg)
+{
+	struct optim_run *last = o->nrun > *(int *)arg ? &o->run[o->nrun - 1] : NULL;
+	if (last && last->off + last->n == x)
+		last->n += y - x;
+	else
+		o->run[o->nrun++] = (struct optim_run){ x, y - x };
+}
+
 void zero_lay_out(struct optim *o)
 {
 	for (int i = 0; i < o->nb; i++) {
 		struct bucket *b = &o->b[i];
-		b->c = 0;
-		for (int r = 0; b->zero && r < o->ndata; r++) {
-			size_t c = walk(o, b, r, NULL, NULL);
-			b->c = c > b->c ? c : b->c;
+		if (!b->zero)
+			continue;
+		b->count = o->zcount + (size_t)i * (size_t)o->ndata;
+		b->r0 = o->nrun;
+		for (int r = 0; r < o->ndata; r++) {
+			int first = o->nrun;   /* no merging across parts */
+			if (r == o->rdata)
+				b->own0 = first;
+			b->count[r] = walk(o, b, r, add_run, &first);
+			if (r == o->rdata)
+				b->own1 = o->nrun;
 		}
-		if (b->zero && !b->c)
-			b->c = 1;  /* every member sends a chunk, even an empty one */
+		b->r1 = o->nrun;
 	}
-}
-
-struct move {
-	const struct bucket *b;
-	float *chunk;              /* chunk r of the buffer */
-	float *lay;                /* the layout's floats (gradients, parameters) */
-	float *part;               /* zero_part of the seg: from its rank's part's start */
-	size_t part0;
-	bool to_chunk;
-};
-
-static void move_run(struct optim *o, size_t x, size_t y, size_t pos, void *arg)
-{
-	struct move *mv = arg;
-	float *l = mv->lay ? mv->lay + x : mv->part + (x - mv->part0), *k = mv->chunk + pos;
-	(void)o;
-	memcpy(mv->to_chunk ? k : l, mv->to_chunk ? l : k, (y - x) * sizeof(float));
-}
-
-/* Chunk r of bucket b (at chunk) <-> the layout floats lay (or, lay
- * NULL, this rank's zero_part). */
-static void move(struct optim *o, const struct bucket *b, int r, float *chunk, float *lay, bool to_chunk)
-{
-	const struct seg *s = &o->seg[b->seg];
-	struct move mv = { .b = b, .chunk = chunk, .lay = lay, .part = zero_part(o, s),
-			   .part0 = s->p0 + s->s0, .to_chunk = to_chunk };
-	walk(o, b, r, move_run, &mv);
 }
 
 int zero_issue(struct optim *o, struct bucket *b)
 {
 	const struct optim_bg *bg = o->oc.bg;
-	const struct model_comm *mc = o->oc.mc;
 	const uint32_t data = 1u << AX_DATA, rest = b->axes & ~data;
 	float *G = model_grads(o->model);
 	char name[64];
 	int rc;
-	/* the parameters' gather of the step before must have landed */
+	/* the parameters' gather of the step before has landed (the
+	 * forward waited for it) */
 	if ((rc = zero_wait_params_of(o, b)))
 		return rc;
-	memset(b->buf, 0, sizeof(float) * b->c * (size_t)o->ndata);
-	for (int r = 0; r < o->ndata; r++)
-		move(o, b, r, b->buf + b->c * (size_t)r, G, true);
 	b->issued = true;
 	b->h = NULL;
 	o->stats.buckets++;
-	if (!bg || !bg->reduce_scatter) {
-		rc = mc->reduce_scatter(mc->ctx, data, b->out, b->buf, b->c);
-		if (!rc && rest)
-			rc = mc->all_reduce(mc->ctx, rest, b->out, b->c);
-		if (!rc)
-			move(o, b, o->rdata, b->out, NULL, false);
-		return rc;
-	}
 	bucket_name(o, b, "zero", name, sizeof(name));
 	/* the all-reduce over the other axes is queued behind the
 	 * reduce-scatter, so it runs on its result */
-	if ((rc = bg->reduce_scatter(bg->ctx, data, b->out, b->buf, b->c, name, &b->h)) || !rest)
+	if ((rc = bg->reduce_scatter_v(bg->ctx, data, G, o->run + b->r0, b->r1 - b->r0, b->count, name, &b->h)) ||
+	    !rest)
 		return rc;
-	return bg->all_reduce(bg->ctx, rest, b->out, b->c, name, &b->h2);
+	return bg->all_reduce_v(bg->ctx, rest, G, o->run + b->own0, b->own1 - b->own0, name, &b->h2);
 }
 
 int zero_wait(struct optim *o, struct bucket *b)
@@ -117,14 +98,10 @@ int zero_wait(struct optim *o, struct bucket *b)
 	void *h = b->h, *h2 = b->h2;
 	int rc = 0, r;
 	b->h = b->h2 = NULL;
-	if (!h && !h2)
-		return 0;  /* synchronous: unpacked already */
 	if (h)
 		rc = bg->wait(bg->ctx, h);
 	if (h2 && (r = bg->wait(bg->ctx, h2)))
 		rc = rc ? rc : r;
-	if (!rc)
-		move(o, b, o->rdata, b->out, NULL, false);
 	return rc;
 }
 
@@ -137,36 +114,24 @@ struct upd {
 	int rc;
 };
 
-static void update_run(struct optim *o, size_t x, size_t y, size_t pos, void *arg)
+static void update_run(struct optim *o, size_t x, size_t y, void *arg)
 {
 	struct upd *u = arg;
 	size_t in = x - (u->s->p0 + u->s->s0), at = u->s->o0 + in;
-	(void)pos;
 	if (!u->rc)
 		u->rc = optim_update_range(o, u->step, u->lr, zero_part(o, u->s) + in, o->m + at, o->v + at, x, y);
 }
 
-/* Starts bucket b's parameters' all-gather over `data`: this rank's
- * chunk, updated, packed in place. */
+/* Starts bucket b's parameters' all-gather over `data`, in place: this
+ * rank's part is updated. */
 static int gather_start(struct optim *o, struct bucket *b)
 {
 	const struct optim_bg *bg = o->oc.bg;
-	const struct model_comm *mc = o->oc.mc;
-	const uint32_t data = 1u << AX_DATA;
-	float *P = model_params(o->model), *own = b->buf + b->c * (size_t)o->rdata;
-	size_t bytes = b->c * sizeof(float);
 	char name[64];
-	memset(own, 0, bytes);
-	move(o, b, o->rdata, own, P, true);
-	int rc;
-	if (!bg || !bg->all_gather) {
-		rc = mc->all_gather(mc->ctx, data, b->buf, own, bytes);
-		b->gsync = !rc;
-	} else {
-		bucket_name(o, b, "params", name, sizeof(name));
-		rc = bg->all_gather(bg->ctx, data, b->buf, own, bytes, name, &b->gh);
-	}
-	o->gpending += b->gh || b->gsync;
+	bucket_name(o, b, "params", name, sizeof(name));
+	int rc = bg->all_gather_v(bg->ctx, 1u << AX_DATA, model_params(o->model), o->run + b->r0, b->r1 - b->r0,
+				  b->count, name, &b->gh);
+	o->gpending += b->gh != NULL;
 	return rc;
 }
 
@@ -226,24 +191,16 @@ int zero_update_gather(struct optim *o, int64_t step, float lr, bool prefetch)
 	return rc;
 }
 
-/* Bucket b's gather landed (waited for when in flight): every rank's
- * chunk into the parameters. */
+/* Bucket b's gather landed (waited for when in flight). */
 int zero_wait_params_of(struct optim *o, struct bucket *b)
 {
 	const struct optim_bg *bg = o->oc.bg;
-	float *P = model_params(o->model);
-	int rc = 0;
-	if (!b->gh && !b->gsync)
+	void *h = b->gh;
+	if (!h)
 		return 0;
-	if (b->gh)
-		rc = bg->wait(bg->ctx, b->gh);
 	b->gh = NULL;
-	b->gsync = false;
 	o->gpending--;
-	for (int r = 0; !rc && r < o->ndata; r++)
-		if (r != o->rdata)
-			move(o, b, r, b->buf + b->c * (size_t)r, P, false);
-	return rc;
+	return bg->wait(bg->ctx, h);
 }
 
 int zero_wait_params(struct optim *o, int key, bool gathered)
@@ -251,7 +208,7 @@ int zero_wait_params(struct optim *o, int key, bool gathered)
 	int rc = 0;
 	for (int i = 0; i < o->nb && !rc && o->gpending; i++) {
 		struct bucket *b = &o->b[i];
-		if (!b->zero || (!b->gh && !b->gsync))
+		if (!b->zero || !b->gh)
 			continue;
 		bool has = key == ZERO_ALL;
 		for (int j = b->u0; j < b->u1 && !has; j++) {

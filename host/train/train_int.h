@@ -36,7 +36,7 @@ static inline const struct optim_comm *trainer_optim_comm(const struct train_com
 {
 	if (!comm)
 		return NULL;
-	*oc = (struct optim_comm){ .mc = &comm->mc, .sum = comm->sum, .bg = comm->bg.all_reduce ? &comm->bg : NULL };
+	*oc = (struct optim_comm){ .mc = &comm->mc, .sum = comm->sum, .bg = comm->bg.all_reduce_v ? &comm->bg : NULL };
 	return oc;
 }
 

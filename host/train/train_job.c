@@ -260,55 +260,53 @@ static int job_bg_start(struct job_ctx *c, double t_issue, struct coll_handle *h
 	return rc;
 }
 
-/* A gradient bucket's all-reduce. */
-static int job_bg_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n, const char *name, void **out)
+/* The gradient buckets' collectives (optim_bg), named by their layers:
+ * one over each bucket's list of runs, in place (coll_*_v); a group of
+ * one has nothing to move. */
+static int job_bg_v(struct job_ctx *c, uint32_t op, uint32_t axes, float *base, const struct optim_run *run,
+		    int nrun, const size_t *counts, const char *name, void **h)
 {
-	struct job_ctx *c = vctx;
 	const struct coll_group *g = group_of(c, axes);
-	*out = NULL;
+	*h = NULL;
 	if (!g)
 		return -ENOMEM;
 	if (g->n == 1)
 		return 0;
+	struct coll_iov *iov = malloc(sizeof(*iov) * (size_t)(nrun + 1));
+	if (!iov) {
+		snprintf(c->err, c->errlen, "train: out of memory");
+		return -ENOMEM;
+	}
+	for (int i = 0; i < nrun; i++)
+		iov[i] = (struct coll_iov){ base + run[i].off, run[i].n };
 	double t = util_now_s();
-	return job_bg_start(c, t, coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen), "all_reduce", axes,
-			    name, out);
+	struct coll_handle *ch;
+	if (op == MESHRUN__COLL_OP__COLL_ALL_REDUCE)
+		ch = coll_all_reduce_v_async(c->coll, g, iov, nrun, c->err, c->errlen);
+	else if (op == MESHRUN__COLL_OP__COLL_REDUCE_SCATTER)
+		ch = coll_reduce_scatter_v_async(c->coll, g, iov, nrun, counts, c->err, c->errlen);
+	else
+		ch = coll_all_gather_v_async(c->coll, g, iov, nrun, counts, c->err, c->errlen);
+	free(iov);  /* copied by the call */
+	return job_bg_start(c, t, ch, coll_op_name(op), axes, name, h);
 }
 
-/* ZeRO-1's buckets (optim_bg): their gradients' reduce-scatters and
- * their parameters' all-gathers over `data`, named by their layers. */
-static int job_bg_reduce_scatter(void *vctx, uint32_t axes, float *out, const float *in, size_t n,
-				 const char *name, void **h)
+static int job_bg_all_reduce_v(void *vctx, uint32_t axes, float *base, const struct optim_run *run, int nrun,
+			       const char *name, void **h)
 {
-	struct job_ctx *c = vctx;
-	const struct coll_group *g = group_of(c, axes);
-	*h = NULL;
-	if (!g)
-		return -ENOMEM;
-	if (g->n == 1) {
-		memcpy(out, in, n * sizeof(float));
-		return 0;
-	}
-	double t = util_now_s();
-	return job_bg_start(c, t, coll_reduce_scatter_async(c->coll, g, out, in, n, c->err, c->errlen),
-			    "reduce_scatter", axes, name, h);
+	return job_bg_v(vctx, MESHRUN__COLL_OP__COLL_ALL_REDUCE, axes, base, run, nrun, NULL, name, h);
 }
 
-static int job_bg_all_gather(void *vctx, uint32_t axes, void *out, const void *in, size_t bytes,
-			     const char *name, void **h)
+static int job_bg_reduce_scatter_v(void *vctx, uint32_t axes, float *base, const struct optim_run *run, int nrun,
+				   const size_t *counts, const char *name, void **h)
 {
-	struct job_ctx *c = vctx;
-	const struct coll_group *g = group_of(c, axes);
-	*h = NULL;
-	if (!g)
-		return -ENOMEM;
-	if (g->n == 1) {
-		memmove(out, in, bytes);
-		return 0;
-	}
-	double t = util_now_s();
-	return job_bg_start(c, t, coll_all_gather_async(c->coll, g, out, in, bytes, c->err, c->errlen),
-			    "all_gather", axes, name, h);
+	return job_bg_v(vctx, MESHRUN__COLL_OP__COLL_REDUCE_SCATTER, axes, base, run, nrun, counts, name, h);
+}
+
+static int job_bg_all_gather_v(void *vctx, uint32_t axes, float *base, const struct optim_run *run, int nrun,
+			       const size_t *counts, const char *name, void **h)
+{
+	return job_bg_v(vctx, MESHRUN__COLL_OP__COLL_ALL_GATHER, axes, base, run, nrun, counts, name, h);
 }
 
 /* Waits for a background collective (the FSDP window's or a gradient
@@ -793,8 +791,8 @@ int train_job(struct device_ctx *dev)
 			.start_all_to_all = job_start_all_to_all, .wait = job_wait,
 			.span = o->trace ? job_span : NULL, .ctx = &jc },
 		.sum = job_sum, .err = err, .errlen = errlen,
-		.bg = { .all_reduce = job_bg_all_reduce, .reduce_scatter = job_bg_reduce_scatter,
-			.all_gather = job_bg_all_gather, .wait = job_wait, .ctx = &jc },
+		.bg = { .all_reduce_v = job_bg_all_reduce_v, .reduce_scatter_v = job_bg_reduce_scatter_v,
+			.all_gather_v = job_bg_all_gather_v, .wait = job_wait, .ctx = &jc },
 		.p2p = { .send = job_p2p_send, .recv = job_p2p_recv, .flush = job_p2p_flush,
 			 .wait_send = job_p2p_wait_send, .probe = job_p2p_probe, .ctx = &jc },
 	};
