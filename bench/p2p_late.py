@@ -12,6 +12,11 @@ before the send call) and the one that used it on the receiver (the first
 compute action starting after the receive returned), and splits the time
 between them along the message's path:
 
+  exec             the receiver's executor from when it was ready (its previous
+                   action's end, or the message's making) to its receive's call:
+                   its own sends (the send call writes the message when its
+                   receive is posted), waits for them, posts
+then, while the receiver waits in its receive, the message's path:
   made   -> call   the sender's executor, from the action's end to the send call
   call   -> net    the send waiting for its receive to be posted (rendezvous):
                    'posted late' when the receiver posted after the call
@@ -23,16 +28,16 @@ between them along the message's path:
   back   -> use    the receiver's executor to the using action's start
 
 A message is late by what the replay (bench/pipe_replay.py) does not
-have: use - max(made, the receiver's previous action's end). Only the
-part of the path after the receiver was ready counts; the totals per
-segment sum, over the late messages, that part. Clock-free in itself
+have: use - max(made, the receiver's previous action's end) = exec + the
+wait split along the path + back -> use. The totals per segment sum that
+split over the messages late by more than 1 ms. Clock-free in itself
 (it reads the trace's times); prints per step the late messages (all of
 them with --all) and the sums.
 """
 import json, re, sys
 
 ACT = re.compile(r"([FBIW]) mb(\d+) c(\d+)$|head mb|embed|embed_back mb")
-SEG = ["made->call", "call->net", "net->data", "data->landed", "landed->back", "back->use"]
+SEG = ["exec", "made->call", "call->net", "net->data", "data->landed", "landed->back", "back->use"]
 
 
 def main():
@@ -73,13 +78,18 @@ def main():
                 msgs += 1
                 plate += r["ts"] > sc["ts"]
                 call, net, data, landed = sc["ts"], sn["ts"], rn["ts"], r["ts"] + r["dur"]
-                pts = [made, call, net, data, landed, back, use]
                 ready = max(made, prev)
                 late = use - ready
-                part = {}
-                for i, k in enumerate(SEG):
-                    a, b = max(pts[i], ready), max(pts[i + 1], ready)
+                # the receiver's own executor before it waits (its sends,
+                # waits for them, posts), then its wait along the path
+                start = max(rw["ts"], ready)
+                part = {"exec": max(0.0, min(rw["ts"], back) - ready)}
+                pts = [made, call, net, data, landed, back]
+                for i, k in enumerate(SEG[1:-1]):
+                    a = min(max(pts[i], start), back)
+                    b = min(max(pts[i + 1], start), back)
                     part[k] = max(0.0, b - a)
+                part["back->use"] = max(0.0, use - max(back, ready))
                 if late > 1000:
                     late_n += 1
                     for k in SEG:
