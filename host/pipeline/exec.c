@@ -31,9 +31,11 @@
 
 /* receives posted ahead at most (the transport keeps as many), and
  * landing buffers for those whose table buffer is still in use (each one
- * microbatch's activations) */
+ * microbatch's activations; at most PIPE_LANDING_BYTES of them, at least
+ * one, on a stage that receives) */
 #define PIPE_PREPOST_MAX 8
-#define PIPE_LANDING 2
+#define PIPE_LANDING 4
+#define PIPE_LANDING_BYTES (64u << 20)
 
 /* A send from a buffer not waited yet: to dev (-1: none), (kind, idx). */
 struct pipe_sent {
@@ -81,6 +83,7 @@ struct pipe_exec {
 	 * the RECV (the two pointers swap) */
 	float *land[PIPE_LANDING];
 	bool land_busy[PIPE_LANDING];
+	int land_max;                /* allocated */
 	int nland;                   /* this step's (MESHRUN_PIPE_LANDING) */
 	int8_t *land_of;             /* [n] the landing buffer a RECV was posted into, or -1 */
 	int landed_early;            /* receives posted into a landing buffer */
@@ -162,7 +165,12 @@ static int alloc_bufs(struct pipe_exec *x, int tok, int C)
 	x->nbuf = nb + ns;
 	x->ntok = tok;
 	x->nf = (size_t)tok * C;
-	x->mem_n = (size_t)(x->nbuf + PIPE_LANDING) * x->nf;
+	size_t lb = PIPE_LANDING_BYTES / (sizeof(float) * (x->nf ? x->nf : 1));
+	bool recv = false;
+	for (int k = 0; k < x->n; k++)
+		recv |= x->a[k].op == PA_RECV;
+	x->land_max = !recv ? 0 : lb < 1 ? 1 : lb > PIPE_LANDING ? PIPE_LANDING : (int)lb;
+	x->mem_n = (size_t)(x->nbuf + x->land_max) * x->nf;
 	x->mem = malloc(sizeof(float) * (x->mem_n ? x->mem_n : 1));
 	x->buf = calloc((size_t)x->nbuf + 1, sizeof(float *));
 	x->sent = calloc((size_t)nb + 1, sizeof(*x->sent));
@@ -172,7 +180,7 @@ static int alloc_bufs(struct pipe_exec *x, int tok, int C)
 		return -ENOMEM;
 	for (int b = 0; b < x->nbuf; b++)
 		x->buf[b] = x->mem + (size_t)b * x->nf;
-	for (int i = 0; i < PIPE_LANDING; i++)
+	for (int i = 0; i < x->land_max; i++)
 		x->land[i] = x->mem + (size_t)(x->nbuf + i) * x->nf;
 	memset(x->mem, 0, sizeof(float) * x->mem_n);
 	return 0;
@@ -900,8 +908,8 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	x->prepost = io && io->probe && !x->filling ? pp && *pp ? atoi(pp) : PIPE_PREPOST_MAX : 0;
 	x->preposts = x->prepost_depth = x->landed_early = 0;
 	const char *pl = getenv("MESHRUN_PIPE_LANDING");
-	x->nland = pl && *pl ? atoi(pl) : PIPE_LANDING;
-	x->nland = x->nland < 0 ? 0 : x->nland > PIPE_LANDING ? PIPE_LANDING : x->nland;
+	x->nland = pl && *pl ? atoi(pl) : x->land_max;
+	x->nland = x->nland < 0 ? 0 : x->nland > x->land_max ? x->land_max : x->nland;
 	memset(x->land_of, -1, (size_t)x->n);
 	memset(x->land_busy, 0, sizeof(x->land_busy));
 	memset(x->posted, 0, sizeof(bool) * (size_t)x->n);

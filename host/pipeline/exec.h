@@ -151,10 +151,10 @@ int pipe_exec_fills(const struct pipe_exec *x);
  * that probes and without the fill: before each action, every later
  * RECV is posted, up to 8 outstanding, into its own buffer when no
  * action before it names that buffer and no send from it is in flight,
- * else into one of 2 landing buffers (each one microbatch's
- * activations), which takes the buffer's place at the RECV;
+ * else into one of up to 4 landing buffers (each one microbatch's
+ * activations, 64 MiB of them at most, at least one), which takes the buffer's place at the RECV;
  * MESHRUN_PIPE_PREPOST=n sets the bound, 0 turns this off;
- * MESHRUN_PIPE_LANDING=0..2 the landing buffers used), the most it had
+ * MESHRUN_PIPE_LANDING=n fewer landing buffers), the most it had
  * outstanding at once, and how many went into a landing buffer. */
 int pipe_exec_preposts(const struct pipe_exec *x);
 int pipe_exec_prepost_depth(const struct pipe_exec *x);
