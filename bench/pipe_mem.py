@@ -24,8 +24,8 @@ def main():
     steps = sorted({e["args"]["step"] for e in ev})[1:]
     acc = collections.defaultdict(lambda: collections.defaultdict(float))
     for e in ev:
-        if e["args"]["step"] not in steps:
-            continue
+        if e["args"]["step"] not in steps or e["tid"] >= 1000:
+            continue  # (tid >= 1000: a background row, not a device's thread)
         n, c, d = e["name"], e.get("cat"), e["dur"] / 1e6
         t = acc[e["tid"]]
         if c == "step":

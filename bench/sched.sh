@@ -43,7 +43,11 @@
 #   a schedule written SCHED/fill runs with pipeline_fill_waits=true (zb_h1,
 #   zbv: owed W's in receive waits), SCHED/nofill with false (the default),
 #   e.g. "1f1b zb_h1 zb_h1/fill"; SCHED/noprepost runs with each receive
-#   posted at its place (MESHRUN_PIPE_PREPOST=0), not ahead (the default)
+#   posted at its place (MESHRUN_PIPE_PREPOST=0), not ahead (the default);
+#   SCHED/one with one receive posted ahead at a time and no landing
+#   buffers (MESHRUN_PIPE_PREPOST=1 MESHRUN_PIPE_LANDING=0: zb3's posting);
+#   SCHED/base with the binary $BASE (default /work/bin/meshrun-base, the
+#   build of main before), for an A/B in one run
 # (BIN: a copy of build/meshrun, to keep building while it runs)
 set -eu
 cd "$(dirname "$0")/.."
@@ -62,7 +66,7 @@ rounds=${ROUNDS:-1}
 # device, CPU ns, run-delay ns, steps logged)
 run() {
   local name=$1 hosts=$2 dph=$3; shift 3
-  "$bin" local --hosts $hosts --devices-per-host $dph $model steps=$steps "$@" \
+  "${RUN_BIN:-$bin}" local --hosts $hosts --devices-per-host $dph $model steps=$steps "$@" \
     --metrics $tmp/$name.jsonl --trace $tmp/$name.json --quiet >$tmp/$name.log 2>&1 &
   local pid=$! peaks samples=""
   declare -A hwm=() tk=()
@@ -121,11 +125,13 @@ for mesh in $meshes; do
   for M in $ms; do
     for sv in $scheds; do
       # SCHED/fill, SCHED/nofill: the schedule with pipeline_fill_waits true, false
-      s=${sv%/*}; fk=""; pp_env=""
+      s=${sv%/*}; fk=""; pp_env=""; land_env=""; run_bin=$bin
       case $sv in
         */fill) fk="pipeline_fill_waits=true" ;;
         */nofill) fk="pipeline_fill_waits=false" ;;
         */noprepost) pp_env=0 ;;
+        */one) pp_env=1; land_env=0 ;;
+        */base) run_bin=${BASE:-/work/bin/meshrun-base} ;;
       esac
       case $s in
         # 8 layers: 2 chunks a stage, or one
@@ -147,7 +153,7 @@ for mesh in $meshes; do
       pbub=${pbub:-nan}
       pkind=$(sed -n 's/^work by action: \([^ ]*\) s,.*/\1/p' $tmp/plan)
       name=${mesh}_${M}_${sv//\//_}_$round
-      read -r peaks cpu < <(MESHRUN_PIPE_PREPOST=$pp_env run $name $hosts $dph $args)
+      read -r peaks cpu < <(MESHRUN_PIPE_PREPOST=$pp_env MESHRUN_PIPE_LANDING=$land_env RUN_BIN=$run_bin run $name $hosts $dph $args)
       [ "$peaks" != failed ] || { echo "sched.sh: run $name failed (its log above)" >&2; exit 1; }
       read -r step bub idle idles kind fill costs form split sshare < <(bench/sched.py $tmp/$name.jsonl $tmp/$name.json \
         --sched $s --stages $S --schedstat $tmp/$name.ss)

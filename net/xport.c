@@ -38,6 +38,9 @@ enum {
 
 #define NBUCKETS 4096
 
+/* the times of the request this thread's last xport_wait completed */
+static _Thread_local struct xtimes last_times;
+
 /* A sched_yield that takes longer than this ran another thread: the
  * cores are busy, and a waiter stops polling (xport_wait). */
 #define YIELD_BUSY_NS (30ull * 1000)
@@ -243,6 +246,7 @@ static void finish(struct xreq *r, int rc)
 {
 	r->rc = rc;
 	r->state = ST_DONE;
+	r->t_done_ns = xport_now_ns();
 	uintptr_t old = atomic_exchange_explicit(&r->wait, XW_DONE, memory_order_acq_rel);
 	if (old == XW_ORPHAN) {
 		req_free(r);
@@ -270,6 +274,7 @@ static struct xreq *req_new(struct xport *x, enum xreq_kind kind, int src, int d
 	r->buf = buf;
 	r->len = len;
 	r->x = x;
+	r->t_issued_ns = xport_now_ns();
 	return r;
 }
 
@@ -328,6 +333,7 @@ int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 			}
 		}
 		r->state = peer || r->eager ? ST_NET : ST_SEND_WAIT_READY;
+		r->t_net_ns = r->state == ST_NET ? xport_now_ns() : 0;
 		if (r->state == ST_SEND_WAIT_READY)
 			insert(x, r);
 	} else {
@@ -391,6 +397,7 @@ static int irecv(struct xport *x, int src, int dst, const struct xmeta *m, void 
 		x->staged_in[x->dev_host[src]] -= peer->len;
 	if (peer) {
 		r->state = ST_NET;
+		r->t_net_ns = xport_now_ns();
 		if (!remote)
 			peer->state = ST_NET;
 	} else {
@@ -614,8 +621,15 @@ out_done:
 	rc = r->rc;
 	if (rc)
 		describe(r, err, errlen, rc == -EMSGSIZE ? "size mismatch" : "failed");
+	last_times = (struct xtimes){ .issued_ns = r->t_issued_ns, .net_ns = r->t_net_ns,
+				      .done_ns = r->t_done_ns };
 	req_free(r);
 	return rc;
+}
+
+struct xtimes xport_last_times(void)
+{
+	return last_times;
 }
 
 int xport_test(struct xreq *r, char *err, size_t errlen)
@@ -677,6 +691,7 @@ struct xreq *xport_remote_ready(struct xport *x, int src, int dst, uint64_t tag,
 			r = NULL;
 		} else {
 			r->state = ST_NET;
+			r->t_net_ns = xport_now_ns();
 		}
 		goto out;
 	}
@@ -711,6 +726,7 @@ struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, 
 		*why = "differs in size from its posted receive";
 	} else if (r) {
 		r->state = ST_NET;
+		r->t_net_ns = xport_now_ns();
 	} else if (eager) {
 		/* no receive yet: stage it, within the credit the sender keeps */
 		int h = x->dev_host[src];
@@ -722,6 +738,7 @@ struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, 
 			   (r->buf = malloc(len ? len : 1))) {
 			r->tag = tag;
 			r->state = ST_STAGING;
+			r->t_net_ns = xport_now_ns();
 			x->staged_in[h] += len;
 		} else {
 			free(r);
@@ -750,6 +767,7 @@ void xport_complete(struct xreq *r, int rc)
 	} else if ((want = take(x, r->src, r->dst, r->tag, ST_RECV_REMOTE, ST_RECV_REMOTE))) {
 		x->staged_in[x->dev_host[r->src]] -= r->len;
 		want->state = ST_NET;
+		want->t_net_ns = r->t_net_ns;  /* its data started arriving then */
 	} else {
 		r->state = ST_STAGED;
 		insert(x, r);

@@ -64,6 +64,10 @@ struct xreq {
 	const float *addend;     /* recv: NULL, or buf = data + addend (float32) */
 	bool eager;              /* send: goes out without a RecvReady */
 	uintptr_t net_ctx;       /* the net layer's, while it holds the request */
+	/* xport_now_ns() times, for traces: posted; handed to the net layer
+	 * (a send: its receive was ready; a receive: its data began to
+	 * arrive; 0: never); completed */
+	uint64_t t_issued_ns, t_net_ns, t_done_ns;
 	/* private to xport.c */
 	int state;
 	int rc;
@@ -155,6 +159,12 @@ int xport_wait(struct xreq *req, uint64_t deadline_ns, char *err, size_t errlen)
  * still gets its data. 0 (req freed), -EAGAIN (pending), or a failure
  * as xport_wait's. */
 int xport_test(struct xreq *req, char *err, size_t errlen);
+/* The times (struct xreq's t_*_ns) of the request the calling thread's
+ * last xport_wait or xport_test returned 0 for (and freed). */
+struct xtimes {
+	uint64_t issued_ns, net_ns, done_ns;
+};
+struct xtimes xport_last_times(void);
 
 /* Fails every pending and future request with rc and message msg (e.g.
  * "lost host 2 (127.0.0.1:7002): no heartbeat for 4.0 s"). First call wins. */

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "host/obs/trace.h"
 #include "tests/equiv.h"
 
 static void setup(void)
@@ -336,7 +337,8 @@ START_TEST(test_checkpoint_outside)
 END_TEST
 
 /* --trace: every device has R*M forward and R*M backward spans per step
- * (one per action of the table), and stage 1 its activation receives */
+ * (one per action of the table), and stage 1 its activation receives,
+ * each also on its p2p row (post to landing, and its send on stage 0's) */
 START_TEST(test_trace_slots)
 {
 	char args[512];
@@ -347,12 +349,23 @@ START_TEST(test_trace_slots)
 	cJSON *root = cJSON_Parse(text);
 	ck_assert_msg(root, "trace is not JSON");
 	cJSON *evs = cJSON_GetObjectItem(root, "traceEvents"), *e;
-	int fwd[2] = { 0 }, bwd[2] = { 0 }, recv_act[2] = { 0 };
+	int fwd[2] = { 0 }, bwd[2] = { 0 }, recv_act[2] = { 0 }, p2p_r[2] = { 0 }, p2p_s[2] = { 0 };
 	cJSON_ArrayForEach(e, evs) {
 		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
 			continue;
 		int tid = cJSON_GetObjectItem(e, "tid")->valueint;
 		const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
+		if (tid >= TRACE_FLIGHT_TID) {
+			/* a background row: the p2p one (3) has each message */
+			ck_assert_str_eq(cJSON_GetObjectItem(e, "cat")->valuestring, "flight");
+			ck_assert(tid % TRACE_FLIGHT_TID < 2);
+			ck_assert(cJSON_GetObjectItem(e, "dur")->valuedouble >= 0);
+			if (tid / TRACE_FLIGHT_TID == 3) {
+				p2p_r[tid % TRACE_FLIGHT_TID] += !strncmp(name, "r act ", 6);
+				p2p_s[tid % TRACE_FLIGHT_TID] += !strncmp(name, "s act ", 6);
+			}
+			continue;
+		}
 		ck_assert(tid >= 0 && tid < 2);
 		fwd[tid] += !strncmp(name, "F mb", 4);
 		bwd[tid] += !strncmp(name, "B mb", 4);
@@ -366,6 +379,9 @@ START_TEST(test_trace_slots)
 	 * circular hop of repeat 1 */
 	ck_assert_int_eq(recv_act[1], 2 * 2 * 4);
 	ck_assert_int_eq(recv_act[0], 2 * 4);
+	ck_assert_int_eq(p2p_r[1], recv_act[1]);
+	ck_assert_int_eq(p2p_r[0], recv_act[0]);
+	ck_assert_int_eq(p2p_s[0], recv_act[1]);
 	cJSON_Delete(root);
 	free(text);
 }

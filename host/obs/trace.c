@@ -68,14 +68,14 @@ int trace_write(const char *path, const struct trace_event *ev, const int *count
 	cJSON *root = cJSON_CreateObject();
 	cJSON *arr = cJSON_AddArrayToObject(root, "traceEvents");
 	for (int d = 0; d < ndev; d++) {
-		static const char *const row[3] = { "", "comm", "exchanges" };
+		static const char *const row[4] = { "", "comm", "exchanges", "p2p" };
 		char name[32];
-		bool named[3] = { true, false, false };
+		bool named[4] = { true, false, false, false };
 		snprintf(name, sizeof(name), "device %d", d);
 		thread_name(arr, host_of[d], d, name);
 		for (int i = 0; i < counts[d]; i++) {
 			const struct trace_event *e = &ev[(size_t)d * TRACE_MAX_EVENTS + i];
-			int lane = e->lane >= 0 && e->lane < 3 ? e->lane : 0;
+			int lane = e->lane >= 0 && e->lane < 4 ? e->lane : 0;
 			int tid = lane * TRACE_COMM_TID + d;
 			if (!named[lane]) {
 				snprintf(name, sizeof(name), "device %d %s", d, row[lane]);

@@ -17,7 +17,8 @@
  * in the background (category "flight": from when the thread started a
  * collective to when it finished, and before it "q NAME", how long it sat
  * queued), row r at tid r x TRACE_COMM_TID + device (1: the
- * collectives', 2: the batch split's expert exchanges') */
+ * collectives', 2: the batch split's expert exchanges', 3: a pipeline's
+ * point-to-point messages, from post to completion) */
 #define TRACE_COMM_TID 1000
 /* the first of those rows: tid >= it is a flight track, tid % it the device */
 #define TRACE_FLIGHT_TID TRACE_COMM_TID
@@ -27,7 +28,7 @@ struct trace_event {
 	char cat[8];          /* "compute", "comm" (the device waited), "flight", "pipeline", "step" */
 	double ts_us, dur_us;
 	int64_t step;
-	int lane;             /* 0: the device's thread, 1, 2: its communication threads */
+	int lane;             /* 0: the device's thread, 1-3: its communication rows */
 	double cpu_us;        /* the thread's CPU time in the span (args.cpu_us), or < 0: not taken */
 };
 

@@ -8,11 +8,15 @@
  * chunk slot k in 1 + k, the layers outside the pipeline in the last.
  * The one departure from table order: a W run ahead in a receive's wait
  * (pipe_exec_set_fill; fill_wait below), marked so the loop skips it at
- * its own place. A receive is posted ahead of its place (prepost below)
- * once no action before it touches its buffer: a message over the
- * rendezvous size waits for its receive to be posted, so a receive
- * posted only when the device reaches it costs a round trip and the
- * transfer even when the peer sent long before. */
+ * its own place. Receives are posted ahead of their place (prepost
+ * below), into their own buffer once no action before them touches it,
+ * else into a landing buffer that takes the buffer's place at the RECV:
+ * a message over the rendezvous size waits for its receive to be posted,
+ * so a receive posted only when the device reaches it (or, the table's
+ * buffers being as few as its lifetimes allow, only once the buffer's
+ * last reader ran) costs the sender a wake-up of its stream thread to
+ * read the RecvReady and write the message, even when it sent long
+ * before. */
 #include "host/pipeline/exec.h"
 
 #include <errno.h>
@@ -24,6 +28,14 @@
 
 #include "host/model/window.h"
 #include "host/util/clock.h"
+
+/* receives posted ahead at most (the transport keeps as many), and
+ * landing buffers for those whose table buffer is still in use (each one
+ * microbatch's activations; at most PIPE_LANDING_BYTES of them, at least
+ * one, on a stage that receives) */
+#define PIPE_PREPOST_MAX 8
+#define PIPE_LANDING 4
+#define PIPE_LANDING_BYTES (64u << 20)
 
 /* A send from a buffer not waited yet: to dev (-1: none), (kind, idx). */
 struct pipe_sent {
@@ -62,9 +74,19 @@ struct pipe_exec {
 	bool *ran;                   /* [n] run ahead of its place this step */
 	int fills;
 	/* posting receives ahead (prepost) */
-	bool prepost;                /* this step: a transport that probes, not filling */
+	int prepost;                 /* this step: how many may be outstanding (0: none) */
 	bool *posted;                /* [n] a RECV posted ahead this step */
-	int preposts;
+	bool *named;                 /* [nbuf] prepost's scratch: named from k on */
+	int preposts, prepost_depth;
+	/* landing buffers: a receive whose table buffer is still in use is
+	 * posted into one of these, which takes the table buffer's place at
+	 * the RECV (the two pointers swap) */
+	float *land[PIPE_LANDING];
+	bool land_busy[PIPE_LANDING];
+	int land_max;                /* allocated */
+	int nland;                   /* this step's (MESHRUN_PIPE_LANDING) */
+	int8_t *land_of;             /* [n] the landing buffer a RECV was posted into, or -1 */
+	int landed_early;            /* receives posted into a landing buffer */
 	/* the table's leading gathers, started before the step
 	 * (pipe_exec_prefetch) */
 	int npre;
@@ -143,7 +165,12 @@ static int alloc_bufs(struct pipe_exec *x, int tok, int C)
 	x->nbuf = nb + ns;
 	x->ntok = tok;
 	x->nf = (size_t)tok * C;
-	x->mem_n = (size_t)x->nbuf * x->nf;
+	size_t lb = PIPE_LANDING_BYTES / (sizeof(float) * (x->nf ? x->nf : 1));
+	bool recv = false;
+	for (int k = 0; k < x->n; k++)
+		recv |= x->a[k].op == PA_RECV;
+	x->land_max = !recv ? 0 : lb < 1 ? 1 : lb > PIPE_LANDING ? PIPE_LANDING : (int)lb;
+	x->mem_n = (size_t)(x->nbuf + x->land_max) * x->nf;
 	x->mem = malloc(sizeof(float) * (x->mem_n ? x->mem_n : 1));
 	x->buf = calloc((size_t)x->nbuf + 1, sizeof(float *));
 	x->sent = calloc((size_t)nb + 1, sizeof(*x->sent));
@@ -153,6 +180,8 @@ static int alloc_bufs(struct pipe_exec *x, int tok, int C)
 		return -ENOMEM;
 	for (int b = 0; b < x->nbuf; b++)
 		x->buf[b] = x->mem + (size_t)b * x->nf;
+	for (int i = 0; i < x->land_max; i++)
+		x->land[i] = x->mem + (size_t)(x->nbuf + i) * x->nf;
 	memset(x->mem, 0, sizeof(float) * x->mem_n);
 	return 0;
 }
@@ -211,7 +240,9 @@ static int mark_w(struct pipe_exec *x)
 	x->w_of_i = malloc(sizeof(int) * (size_t)(x->n + 1));
 	x->ran = calloc((size_t)x->n + 1, sizeof(bool));
 	x->posted = calloc((size_t)x->n + 1, sizeof(bool));
-	if (!x->w_of_i || !x->ran || !x->posted)
+	x->named = calloc((size_t)x->nbuf + 1, sizeof(bool));
+	x->land_of = malloc((size_t)x->n + 1);
+	if (!x->w_of_i || !x->ran || !x->posted || !x->named || !x->land_of)
 		return -ENOMEM;
 	for (int k = 0; k < x->n; k++) {
 		const struct pipe_action *a = &x->a[k];
@@ -274,6 +305,8 @@ void pipe_exec_free(struct pipe_exec *x)
 	free(x->w_of_i);
 	free(x->ran);
 	free(x->posted);
+	free(x->named);
+	free(x->land_of);
 	free(x);
 }
 
@@ -281,6 +314,8 @@ void pipe_exec_poison(struct pipe_exec *x, int on) { x->poison = on; }
 void pipe_exec_set_fill(struct pipe_exec *x, bool on) { x->fill = on; }
 int pipe_exec_fills(const struct pipe_exec *x) { return x->fills; }
 int pipe_exec_preposts(const struct pipe_exec *x) { return x->preposts; }
+int pipe_exec_prepost_depth(const struct pipe_exec *x) { return x->prepost_depth; }
+int pipe_exec_landed(const struct pipe_exec *x) { return x->landed_early; }
 int pipe_exec_gathers(const struct pipe_exec *x) { return x->gathers; }
 const struct pipe_table *pipe_exec_table(const struct pipe_exec *x) { return &x->t; }
 
@@ -314,13 +349,22 @@ static int run_send(struct pipe_exec *x, const struct pipe_action *a)
 	return x->io->send(x->io->ctx, x->stage_dev[a->peer], kind, idx, x->buf[b], sizeof(float) * x->nf);
 }
 
+/* A receive posted into a landing buffer lands there, which then takes
+ * the table buffer's place (the send that read that buffer last waited
+ * first, so its memory is free to land the next one). */
 static int run_recv(struct pipe_exec *x, const struct pipe_action *a)
 {
 	uint32_t kind, idx;
-	int b = a->buf[0], rc = reuse(x, b);
+	int b = a->buf[0], rc = reuse(x, b), l = x->land_of[a - x->a];
+	float *into = l >= 0 ? x->land[l] : x->buf[b];
 	pipe_val_msg(&x->t, &a->val, &kind, &idx);
 	if (!rc)
-		rc = x->io->recv(x->io->ctx, x->stage_dev[a->peer], kind, idx, x->buf[b], sizeof(float) * x->nf);
+		rc = x->io->recv(x->io->ctx, x->stage_dev[a->peer], kind, idx, into, sizeof(float) * x->nf);
+	if (!rc && l >= 0) {
+		x->land[l] = x->buf[b];
+		x->buf[b] = into;
+		x->land_busy[l] = false;
+	}
 	return rc;
 }
 
@@ -781,38 +825,50 @@ static int fill_wait(struct pipe_exec *x, int k)
 
 /* ---- posting receives ahead ---- */
 
-/* Whether an action names buffer b. */
-static bool touches(const struct pipe_action *a, int b)
-{
-	return a->buf[0] == b || a->buf[1] == b || a->buf[2] == b;
-}
-
-/* Before the action at k: posts the next receive (at j >= k) if nothing
- * from k up to it names its buffer and no send from it is in flight, so
- * the message can land while the device computes; the receive at j then
- * takes the posted one. One at a time: a receive is posted once the one
- * before it was reached; the one at k posts itself. */
+/* Before the action at k: posts the receives after it (at j > k, up to
+ * x->prepost of them outstanding: posted and not yet reached) whose
+ * buffer nothing from k up to them names and no send from it is in
+ * flight, so each message can land while the device computes and the
+ * sender, finding its receive posted, writes it at once from its own
+ * thread (a rendezvous send whose receive is not posted yet waits for
+ * the RecvReady, which a thread of the sender's must wake to read). The
+ * receive at j then takes the posted one; the one at k posts itself. */
 static int prepost(struct pipe_exec *x, int k)
 {
-	int j = k;
-	while (j < x->n && x->a[j].op != PA_RECV)
-		j++;
-	if (j == k || j >= x->n || x->posted[j])
-		return 0;  /* the receive at k posts itself */
-	const struct pipe_action *a = &x->a[j];
-	int b = a->buf[0];
-	if (x->sent[b].dev >= 0)
-		return 0;
-	for (int i = k; i < j; i++)
-		if (touches(&x->a[i], b))
-			return 0;
-	uint32_t kind, idx;
-	pipe_val_msg(&x->t, &a->val, &kind, &idx);
-	int rc = x->io->probe(x->io->ctx, x->stage_dev[a->peer], kind, idx, x->buf[b], sizeof(float) * x->nf);
-	if (rc < 0)
-		return rc;
-	x->posted[j] = true;
-	x->preposts++;
+	int out = 0, rc;
+	for (int j = k + 1; j < x->n; j++)
+		out += x->posted[j];
+	memset(x->named, 0, sizeof(bool) * (size_t)x->nbuf);
+	for (int j = k; j < x->n && out < x->prepost; j++) {
+		const struct pipe_action *a = &x->a[j];
+		int b = a->buf[0];
+		int l = -1;
+		bool free_now = a->op == PA_RECV && !x->named[b] && x->sent[b].dev < 0;
+		for (int i = 0; a->op == PA_RECV && !free_now && l < 0 && i < x->nland; i++)
+			if (!x->land_busy[i])
+				l = i;
+		if (a->op == PA_RECV && j > k && !x->posted[j] && (free_now || l >= 0)) {
+			uint32_t kind, idx;
+			pipe_val_msg(&x->t, &a->val, &kind, &idx);
+			rc = x->io->probe(x->io->ctx, x->stage_dev[a->peer], kind, idx,
+					  free_now ? x->buf[b] : x->land[l], sizeof(float) * x->nf);
+			if (rc < 0)
+				return rc;
+			if (!free_now) {
+				x->land_of[j] = (int8_t)l;
+				x->land_busy[l] = true;
+				x->landed_early++;
+			}
+			x->posted[j] = true;
+			x->preposts++;
+			out++;
+			if (out > x->prepost_depth)
+				x->prepost_depth = out;
+		}
+		for (int i = 0; i < 3; i++)
+			if (a->buf[i] >= 0)
+				x->named[a->buf[i]] = true;
+	}
 	return 0;
 }
 
@@ -846,11 +902,16 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	x->filling = can_fill(x);
 	x->fills = 0;
 	memset(x->ran, 0, sizeof(bool) * (size_t)x->n);
-	/* (MESHRUN_PIPE_PREPOST=0: each receive posted at its place, to
-	 * measure against) */
+	/* (MESHRUN_PIPE_PREPOST=n: at most n outstanding, 0 each receive
+	 * posted at its place, 1 the next one only; to measure against) */
 	const char *pp = getenv("MESHRUN_PIPE_PREPOST");
-	x->prepost = io && io->probe && !x->filling && !(pp && !strcmp(pp, "0"));
-	x->preposts = 0;
+	x->prepost = io && io->probe && !x->filling ? pp && *pp ? atoi(pp) : PIPE_PREPOST_MAX : 0;
+	x->preposts = x->prepost_depth = x->landed_early = 0;
+	const char *pl = getenv("MESHRUN_PIPE_LANDING");
+	x->nland = pl && *pl ? atoi(pl) : x->land_max;
+	x->nland = x->nland < 0 ? 0 : x->nland > x->land_max ? x->land_max : x->nland;
+	memset(x->land_of, -1, (size_t)x->n);
+	memset(x->land_busy, 0, sizeof(x->land_busy));
 	memset(x->posted, 0, sizeof(bool) * (size_t)x->n);
 	model_step_begin(x->m, st);
 	st->loss_sum = 0;

@@ -148,10 +148,17 @@ void pipe_exec_set_fill(struct pipe_exec *x, bool on);
 /* W's the last step ran ahead of their place, in receive waits. */
 int pipe_exec_fills(const struct pipe_exec *x);
 /* Receives the last step posted ahead of their place (with a transport
- * that probes and without the fill: each RECV's receive is posted once
- * no action before it names its buffer; MESHRUN_PIPE_PREPOST=0 turns
- * this off). */
+ * that probes and without the fill: before each action, every later
+ * RECV is posted, up to 8 outstanding, into its own buffer when no
+ * action before it names that buffer and no send from it is in flight,
+ * else into one of up to 4 landing buffers (each one microbatch's
+ * activations, 64 MiB of them at most, at least one), which takes the buffer's place at the RECV;
+ * MESHRUN_PIPE_PREPOST=n sets the bound, 0 turns this off;
+ * MESHRUN_PIPE_LANDING=n fewer landing buffers), the most it had
+ * outstanding at once, and how many went into a landing buffer. */
 int pipe_exec_preposts(const struct pipe_exec *x);
+int pipe_exec_prepost_depth(const struct pipe_exec *x);
+int pipe_exec_landed(const struct pipe_exec *x);
 
 /* Sets the hooks every later step calls (NULL: none; copied). */
 void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h);

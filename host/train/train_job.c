@@ -70,7 +70,7 @@ struct job_ctx {
 	struct trainer *t;
 	struct p2p_send *sends;     /* point-to-point sends not yet waited */
 	int nsends, capsends;
-	struct p2p_send posted[4];  /* receives posted by a probe, not yet waited */
+	struct p2p_send posted[16]; /* receives posted by a probe, not yet waited (the executor keeps up to 8) */
 	int nposted;
 };
 
@@ -381,6 +381,33 @@ static struct xmeta p2p_meta(const struct job_ctx *c, uint32_t kind, uint32_t id
 			       .chunk = idx & 0xffff };
 }
 
+/* The trace's row of point-to-point messages (a flight lane of the
+ * device): per message of kind/idx, "s"/"r" from the send's or receive's
+ * post to its completion, and "sn"/"rn" from when the net layer took it
+ * (a send: its receive was posted at the peer; a receive: its data began
+ * to arrive) to the same end; "sc" the send call itself. Taken from the
+ * request the thread's last xport_wait completed. */
+#define P2P_LANE 3
+
+static const char *p2p_kind(uint32_t kind)
+{
+	return kind == 2 ? "act" : kind == 5 ? "grad" : "io";
+}
+
+static void p2p_flight(struct job_ctx *c, bool send, uint32_t kind, uint32_t idx)
+{
+	struct xtimes t = xport_last_times();
+	char name[24];
+	if (!c->tr || !t.done_ns)
+		return;
+	snprintf(name, sizeof(name), "%s %s %u", send ? "s" : "r", p2p_kind(kind), idx);
+	trace_flight(c->tr, P2P_LANE, name, t.issued_ns * 1e-9, t.done_ns * 1e-9);
+	if (!t.net_ns)
+		return;
+	snprintf(name, sizeof(name), "%s %s %u", send ? "sn" : "rn", p2p_kind(kind), idx);
+	trace_flight(c->tr, P2P_LANE, name, t.net_ns * 1e-9, t.done_ns * 1e-9);
+}
+
 static int job_p2p_send(void *vctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes)
 {
 	struct job_ctx *c = vctx;
@@ -396,10 +423,16 @@ static int job_p2p_send(void *vctx, int dev, uint32_t kind, uint32_t idx, const 
 		c->sends = n;
 		c->capsends = cap;
 	}
+	double t0 = util_now_s();
 	int rc = xport_isend(c->xport, c->device, dev, &m, buf, bytes, &r);
 	if (rc) {
 		xport_failed(c->xport, c->err, c->errlen);
 		return rc == -ENOMEM ? rc : -EHOSTDOWN;
+	}
+	if (c->tr) {
+		char name[24];
+		snprintf(name, sizeof(name), "sc %s %u", p2p_kind(kind), idx);
+		trace_flight(c->tr, P2P_LANE, name, t0, util_now_s());
 	}
 	c->sends[c->nsends++] = (struct p2p_send){ .r = r, .dev = dev, .kind = kind, .idx = idx };
 	return 0;
@@ -434,7 +467,7 @@ static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void 
 		return 1;
 	}
 	if (!r && c->nposted == (int)(sizeof(c->posted) / sizeof(c->posted[0])))
-		return 1;  /* no room (the executor probes one at a time): not filled, the recv posts it */
+		return 1;  /* no room: not filled, the recv posts it */
 	if (!r && (rc = xport_irecv(c->xport, dev, c->device, &m, buf, bytes, &r))) {
 		xport_failed(c->xport, c->err, c->errlen);
 		return rc == -ENOMEM ? rc : -EHOSTDOWN;
@@ -442,6 +475,8 @@ static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void 
 	rc = xport_test(r, c->err, c->errlen);
 	if (rc && rc != -EAGAIN)
 		return -EHOSTDOWN;  /* abandoned: the transport failed */
+	if (!rc)
+		p2p_flight(c, false, kind, idx);
 	c->posted[c->nposted++] = (struct p2p_send){ .r = rc ? r : NULL, .dev = dev, .kind = kind, .idx = idx };
 	return !rc;
 }
@@ -456,12 +491,13 @@ static int job_p2p_recv(void *vctx, int dev, uint32_t kind, uint32_t idx, void *
 	int rc = probed ? 0 : xport_irecv(c->xport, dev, c->device, &m, buf, bytes, &r);
 	if (rc)
 		xport_failed(c->xport, c->err, c->errlen);
-	else if (r)  /* NULL: a probe saw it arrive */
-		rc = xport_wait(r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
+	else if (r && !(rc = xport_wait(r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err,
+					 c->errlen)))  /* r NULL: a probe saw it arrive */
+		p2p_flight(c, false, kind, idx);
 	double t1 = util_now_s();
 	c->waited_s += t1 - t0;
 	char name[24];
-	snprintf(name, sizeof(name), "stage recv %s %u", kind == 2 ? "act" : kind == 5 ? "grad" : "io", idx);
+	snprintf(name, sizeof(name), "stage recv %s %u", p2p_kind(kind), idx);
 	trace_span(c->tr, name, "comm", t0, t1);
 	return rc ? (rc == -ENOMEM ? rc : -EHOSTDOWN) : 0;
 }
@@ -476,6 +512,8 @@ static int job_p2p_wait_send(void *vctx, int dev, uint32_t kind, uint32_t idx)
 			continue;
 		double t0 = util_now_s();
 		int rc = xport_wait(p->r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
+		if (!rc)
+			p2p_flight(c, true, kind, idx);
 		*p = c->sends[--c->nsends];
 		c->waited_s += util_now_s() - t0;
 		trace_span(c->tr, "stage send wait", "comm", t0, util_now_s());
@@ -492,6 +530,8 @@ static int job_p2p_flush(void *vctx)
 	for (int i = 0; i < c->nsends; i++) {
 		int r = xport_wait(c->sends[i].r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
 				   rc ? NULL : c->err, rc ? 0 : c->errlen);
+		if (!r)
+			p2p_flight(c, true, c->sends[i].kind, c->sends[i].idx);
 		if (r && !rc)
 			rc = -EHOSTDOWN;
 	}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# What the transport and the executor add to a pipeline step (issue 21),
+# A/B in one run: 2 stages on 2 hosts x 1 device, M = 8, recompute off,
+# llama-bench with 8 layers at sequence 128 (bench/README.md's pipe_replay
+# command), STEPS steps traced, for each schedule of SCHEDS and each of
+#   base  the binary $BASE (default /work/bin/meshrun-base: main before)
+#   one   this build, one receive posted ahead at a time, no landing
+#         buffers (MESHRUN_PIPE_PREPOST=1 MESHRUN_PIPE_LANDING=0: base's
+#         posting, with this build's p2p trace rows)
+#   new   this build as it runs by default
+# in ROUNDS rounds (the variants interleaved, so load drifts over all
+# alike). Per run and step >= 1: bench/pipe_replay.py's measured span
+# minus the replay at the actions' own times (the transport and the
+# executor, ms), and for one/new bench/p2p_late.py's count of messages
+# whose receive was posted after their send call (each costs the sender
+# a wake-up of its stream thread; clock-free) and the sum of the late
+# messages' late parts. Then the medians per schedule and variant, and
+# new's against base's and one's. Prints the load average beside each run.
+# usage: [STEPS=3] [ROUNDS=3] [SCHEDS="interleaved_1f1b 1f1b"] [BASE=...] bench/p2p_ab.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${STEPS:-3}
+rounds=${ROUNDS:-3}
+scheds=${SCHEDS:-"interleaved_1f1b 1f1b"}
+base=${BASE:-/work/bin/meshrun-base}
+make -s all
+tmp=$(mktemp -d /tmp/p2p-ab.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+cp build/meshrun "$tmp/new"
+chmod +x "$tmp/new"
+t0=$(date +%s)
+echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+for round in $(seq "$rounds"); do
+  for s in $scheds; do
+    L=4; [ "$s" = interleaved_1f1b ] && L=2
+    for v in base one new; do
+      b=$tmp/new; pe=""; le=""
+      case $v in
+        base) b=$base ;;
+        one) pe=1; le=0 ;;
+      esac
+      name=${s}_${v}_$round
+      load=$(cut -d' ' -f1 /proc/loadavg)
+      MESHRUN_PIPE_PREPOST=$pe MESHRUN_PIPE_LANDING=$le "$b" local --hosts 2 --devices-per-host 1 \
+        --config configs/llama-bench.yml base_num_decoder_layers=8 max_target_length=128 \
+        per_device_batch_size=8 ici_data_parallelism=1 dcn_data_parallelism=1 \
+        dcn_pipeline_parallelism=2 pipeline_schedule=$s num_pipeline_microbatches=8 \
+        num_layers_per_pipeline_stage=$L pipeline_recompute=false steps=$steps \
+        --trace "$tmp/$name.json" >"$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; exit 1; }
+      hex=$(grep -o 'loss: [0-9.]*' "$tmp/$name.log" | tail -1)
+      te=$(python3 bench/pipe_replay.py "$tmp/$name.json" |
+           sed -n 's/^step \([0-9]*\):.*transport and executor \([-+0-9.]*\) ms.*/\1 \2/p' |
+           awk '$1 >= 1 {printf "%s%s", sep, $2; sep=","}')
+      pl="-"; ls="-"
+      if [ $v != base ]; then
+        pl=$(python3 bench/p2p_late.py "$tmp/$name.json" |
+             sed -n 's/^step \([0-9]*\): [0-9]* messages, \([0-9]*\) posted after.*; total \([0-9.]*\)$/\1 \2 \3/p' |
+             awk '$1 >= 1 {printf "%s%s", sep, $2; sep=","}')
+        ls=$(python3 bench/p2p_late.py "$tmp/$name.json" |
+             sed -n 's/^step \([0-9]*\): .*; total \([0-9.]*\)$/\1 \2/p' |
+             awk '$1 >= 1 {printf "%s%s", sep, $2; sep=","}')
+      fi
+      echo "RUN $s $v round $round: transport+executor ms $te; posted after send $pl; late ms $ls; $hex; load $load"
+    done
+  done
+done | tee "$tmp/out"
+echo
+python3 - "$tmp/out" <<'EOF'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    if not line.startswith("RUN "):
+        continue
+    w = line.split()
+    s, v = w[1], w[2]
+    te = [float(x) for x in line.split("transport+executor ms ")[1].split(";")[0].split(",") if x]
+    pl = line.split("posted after send ")[1].split(";")[0]
+    d = runs.setdefault((s, v), {"te": [], "pl": []})
+    d["te"] += te
+    if pl != "-":
+        d["pl"] += [int(x) for x in pl.split(",") if x]
+print("| schedule | variant | transport+executor ms a step, median (steps) | posted after their send, median a step |")
+print("|---|---|---|---|")
+for (s, v), d in runs.items():
+    print(f"| {s} | {v} | {statistics.median(d['te']):+.1f} ({len(d['te'])}) | "
+          + (f"{statistics.median(d['pl']):.0f}" if d["pl"] else "-") + " |")
+for s in dict.fromkeys(k[0] for k in runs):
+    n, b, o = (statistics.median(runs[(s, v)]["te"]) for v in ("new", "base", "one"))
+    print(f"{s}: new - base {n - b:+.1f} ms a step, new - one {n - o:+.1f} ms a step")
+EOF
+echo "elapsed $(( $(date +%s) - t0 )) s; load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
