@@ -407,7 +407,8 @@ END_TEST
  * links by hand: stage 1's B0 ends at 0.01+1+2+0.5+4 = 7.51, its B1 at
  * 7.51+2+0.5+4 = 14.01, stage 0's B1 then runs 3 and e1 0.02: the table
  * 17.03, the step 17.28 (the run itself, its first F 0.8, ended 0.2
- * earlier: the per-stage timelines are set side by side). A trace of M = 2 is refused for M = 4, for
+ * earlier: the per-stage timelines are set side by side; with each
+ * action its own cost the table is the run's, 16.83). A trace of M = 2 is refused for M = 4, for
  * zb_h1 (its I where the trace has B) and on 4 stages, in one line. */
 struct tspan {
 	int dev;
@@ -470,6 +471,12 @@ START_TEST(test_costs_from)
 	ck_assert_msg(fabs(p.stage_end[1] - 14.01) < 1e-6 && fabs(p.run_end[1] - 13.81) < 1e-6 &&
 		      fabs(p.run_end[0] - 16.83) < 1e-6, "stage 1 ends %g, run %g; stage 0 run %g", p.stage_end[1],
 		      p.run_end[1], p.run_end[0]);
+	/* each action its own mean: the timeline is the run's */
+	mc.run_each = true;
+	ck_assert_msg(perf_predict(&c, &mc, NULL, &p, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(fabs(p.table - 16.83) < 1e-6 && fabs(p.stage_end[1] - 13.81) < 1e-6, "table %.9g, stage 1 %.9g",
+		      p.table, p.stage_end[1]);
+	mc.run_each = false;
 	/* the same trace against another M, schedule, mesh */
 	const char *bad[][3] = { { "pipeline_schedule=1f1b", "num_pipeline_microbatches=4", "microbatches" },
 				 { "pipeline_schedule=zb_h1", "num_pipeline_microbatches=2", "'B mb0 c0'" } };

@@ -21,7 +21,7 @@ struct plan_args {
 	int hosts, dph, threads, top;
 	const char *cores, *iw, *costs_from;
 	double link_gbps, link_us, ici_gbps, ici_us, flops, mem_gb;
-	bool search;
+	bool search, costs_each;
 };
 
 /* The prediction's parts: the table, the tail, the optimizer; the
@@ -78,10 +78,12 @@ static void print_prediction(const struct perf_parts *p, const struct perf_compu
 
 /* --costs-from: the run's own figures beside the prediction, and each
  * stage's end in both (the model's timeline against the run's). */
-static void print_run(const struct perf_parts *p, const struct perf_trace *tr, const char *path, double cores)
+static void print_run(const struct perf_parts *p, const struct perf_trace *tr, const char *path, double cores,
+		      bool each)
 {
-	printf("costs: from '%s' (steps %d-%d): each action its kind's mean CPU on its stage in the run; cores %.2f%s\n",
-	       path, tr->step0, tr->step1, cores, cores == tr->cores ? " (the run's, fitted to its compute spans)" : "");
+	printf("costs: from '%s' (steps %d-%d): each action %s; cores %.2f%s\n", path, tr->step0, tr->step1,
+	       each ? "its own mean CPU over the steps in the run" : "its kind's mean CPU on its stage in the run", cores,
+	       cores == tr->cores ? " (the run's, fitted to its compute spans)" : "");
 	printf("run_step_s: %.4f\n", tr->step_s);
 	printf("run: step %.4f s (plan %+.1f%%), forward+backward %.4f s (plan's table %.4f s, %+.1f%%), optimizer "
 	       "%.4f s\n", tr->step_s, tr->step_s > 0 ? 100 * (p->step - tr->step_s) / tr->step_s : 0, tr->fb_s,
@@ -142,6 +144,7 @@ static int plan(const struct plan_args *pa, const struct args *a)
 			/* the run's own costs: nothing measured here */
 			if (!(rc = perf_trace_read(pa->costs_from, &tr, err, sizeof(err))))
 				mc.run = &tr;
+			mc.run_each = pa->costs_each;
 			memset(&pcm, 0, sizeof(pcm));
 		} else if (!rc && pa->flops <= 0) {
 			/* one device's OpenBLAS threads, as an agent gets them */
@@ -164,7 +167,7 @@ static int plan(const struct plan_args *pa, const struct args *a)
 			rc = perf_predict(c, &mc, pc, &p, err, sizeof(err));
 		if (!rc && mc.run) {
 			printf("predicted_step_s: %.4f\n", p.step);
-			print_run(&p, &tr, pa->costs_from, mc.cores > 0 ? mc.cores : tr.cores);
+			print_run(&p, &tr, pa->costs_from, mc.cores > 0 ? mc.cores : tr.cores, pa->costs_each);
 			print_parts(&p);
 			print_stages(&p);
 		} else if (!rc) {
@@ -202,6 +205,7 @@ int cmd_plan(int argc, char **argv)
 		{ "--threads", ARG_INT, &pa.threads, 1, 1024, NULL },
 		{ "--iw", ARG_STR, &pa.iw, 0, 0, NULL },
 		{ "--costs-from", ARG_STR, &pa.costs_from, 0, 0, NULL },
+		{ "--costs-each", ARG_BOOL, &pa.costs_each, 0, 0, NULL },
 		{ "--search", ARG_BOOL, &pa.search, 0, 0, NULL },
 		{ "--top", ARG_INT, &pa.top, 1, 1000, NULL },
 		{ "--mem-gb", ARG_DOUBLE, &pa.mem_gb, 0, 1e9, NULL },
@@ -217,6 +221,10 @@ int cmd_plan(int argc, char **argv)
 	}
 	if (!rc && pa.costs_from && (pa.search || pa.flops > 0 || pa.iw)) {
 		snprintf(err, sizeof(err), "--costs-from takes its figures from the trace: not with --search, --flops or --iw");
+		rc = -EINVAL;
+	}
+	if (!rc && pa.costs_each && !pa.costs_from) {
+		snprintf(err, sizeof(err), "--costs-each needs --costs-from TRACE");
 		rc = -EINVAL;
 	}
 	if (!rc && pa.search && pa.flops <= 0) {

@@ -454,7 +454,7 @@ static int fluid_run(struct fluid *f)
 
 /* Each action's compute or wait, from the figures. */
 static int durations(struct fluid *f, const struct shape *sh, const struct perf_compute *pc,
-		     const struct perf_machine *mc, const double *run)
+		     const struct perf_machine *mc, const double *run, double *const *each)
 {
 	const struct pipe_table *t = f->t;
 	const struct pipe_shape *p = &t->shape;
@@ -484,8 +484,9 @@ static int durations(struct fluid *f, const struct shape *sh, const struct perf_
 		for (int k = 0; k < t->n[s]; k++) {
 			const struct pipe_action *a = &t->a[s][k];
 			double *d = &f->dur[s][k];
-			if (run) {  /* the run's own: its kind's mean on this stage (no transfer CPU) */
-				*d = cpu_op(a->op) ? run[s * PA_COUNT + a->op] : 0;
+			if (run) {  /* the run's own: its kind's mean on this stage, or its
+				     * own mean (no transfer CPU) */
+				*d = !cpu_op(a->op) ? 0 : each ? each[s][k] : run[s * PA_COUNT + a->op];
 				continue;
 			}
 			switch (a->op) {
@@ -676,7 +677,7 @@ static void traced_name(const struct pipe_action *a, char *out, size_t len)
  * table's order (W's may move: pipeline_fill_waits runs owed ones in
  * receive waits; their count must match). */
 static int run_costs(const struct pipe_table *t, const struct shape *sh, const struct perf_trace *tr,
-		     double *cost, char *err, size_t errlen)
+		     double *cost, double **each, char *err, size_t errlen)
 {
 	int S = t->shape.stages, coord[AX_COUNT];
 	double *n = calloc((size_t)S * PA_COUNT, sizeof(double));
@@ -716,6 +717,14 @@ static int run_costs(const struct pipe_table *t, const struct shape *sh, const s
 					w_run++;
 					n[s * PA_COUNT + PA_W]++;
 					cost[s * PA_COUNT + PA_W] += x->cpu;
+					for (int j = 0; each && j < t->n[s]; j++)  /* its own W, wherever it ran */
+						if (t->a[s][j].op == PA_W) {
+							traced_name(&t->a[s][j], want, sizeof(want));
+							if (!strcmp(x->name, want)) {
+								each[s][j] += x->cpu / (tr->step1 - tr->step0 + 1) / sh->m.num_devices * S;
+								break;
+							}
+						}
 					continue;
 				}
 				if (!x && k == t->n[s])
@@ -732,6 +741,8 @@ static int run_costs(const struct pipe_table *t, const struct shape *sh, const s
 				}
 				n[s * PA_COUNT + x->op]++;
 				cost[s * PA_COUNT + x->op] += x->cpu;
+				if (each)  /* the mean over the steps and the stage's devices */
+					each[s][k] += x->cpu / (tr->step1 - tr->step0 + 1) / sh->m.num_devices * S;
 				k++;
 			}
 			if (!rc && w_run != w_table) {
@@ -757,7 +768,7 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 	struct pipe_table t = { 0 };
 	struct fluid f = { 0 };
 	struct perf_compute pc;
-	double layer_bytes = 0, ns_bytes = 0, muon_flops = 0, muon_xchg = 0, *run = NULL;
+	double layer_bytes = 0, ns_bytes = 0, muon_flops = 0, muon_xchg = 0, *run = NULL, **each = NULL;
 	int rc = sh ? resolve(sh, c, err, errlen) : -ENOMEM;
 	memset(o, 0, sizeof(*o));
 	if (!rc)
@@ -770,7 +781,12 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 		int S = t.shape.stages;
 		if (mc->run && !(run = calloc((size_t)S * PA_COUNT, sizeof(double))))
 			rc = -ENOMEM;
-		if (run && (rc = run_costs(&t, sh, mc->run, run, err, errlen)))
+		if (run && mc->run_each && !(each = calloc((size_t)S, sizeof(*each))))
+			rc = -ENOMEM;
+		for (int s = 0; each && !rc && s < S; s++)
+			if (!(each[s] = calloc((size_t)t.n[s] + 1, sizeof(double))))
+				rc = -ENOMEM;
+		if (run && !rc && (rc = run_costs(&t, sh, mc->run, run, each, err, errlen)))
 			goto out;
 		uint32_t fsdp_axes = 1u << AX_FSDP | 1u << AX_FSDP_T;
 		const struct perf_link *fl = over_dcn(&sh->m, fsdp_axes) ? &mc->dcn : &mc->ici;
@@ -783,7 +799,7 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 		f.groups = sh->m.num_devices / S;  /* every stage group runs the same lists at once */
 		f.threads = given && given->threads > 0 ? given->threads : 1;
 		f.hop = calloc((size_t)S * S, sizeof(double));
-		rc = rc ? rc : !f.hop ? -ENOMEM : durations(&f, sh, &pc, mc, run);
+		rc = rc ? rc : !f.hop ? -ENOMEM : durations(&f, sh, &pc, mc, run, each);
 		if (!rc)
 			rc = match_sends(&f);
 		if (!rc) {
@@ -855,6 +871,9 @@ out:
 	free(f.match);
 	free(f.hop);
 	free(run);
+	for (int s = 0; each && s < t.shape.stages; s++)
+		free(each[s]);
+	free(each);
 	pipe_table_free(&t);
 	free(sh);
 	return rc;

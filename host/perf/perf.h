@@ -44,6 +44,9 @@ struct perf_machine {
 	 * run's, the cores (unless cores > 0) those the run's devices got;
 	 * the table must be the run's (perf_predict refuses another) */
 	const struct perf_trace *run;
+	bool run_each;  /* with run: each action its own mean over the steps
+			 * (the run's spread from one microbatch to the next),
+			 * not its kind's */
 };
 
 /* Seconds of one microbatch's compute on one device, at its shard of
