@@ -472,11 +472,14 @@ START_TEST(test_costs_from)
 		      fabs(p.run_end[0] - 16.83) < 1e-6, "stage 1 ends %g, run %g; stage 0 run %g", p.stage_end[1],
 		      p.run_end[1], p.run_end[0]);
 	/* each action its own mean: the timeline is the run's */
-	mc.run_each = true;
+	mc.run_by = PERF_RUN_ACTION;
 	ck_assert_msg(perf_predict(&c, &mc, NULL, &p, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(fabs(p.table - 16.83) < 1e-6 && fabs(p.stage_end[1] - 13.81) < 1e-6, "table %.9g, stage 1 %.9g",
 		      p.table, p.stage_end[1]);
-	mc.run_each = false;
+	mc.run_by = PERF_RUN_WALL;  /* the walls, cores not shared: the same here (every span's CPU its wall) */
+	ck_assert_msg(perf_predict(&c, &mc, NULL, &p, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(fabs(p.table - 16.83) < 1e-6, "table %.9g", p.table);
+	mc.run_by = PERF_RUN_KIND;
 	/* the same trace against another M, schedule, mesh */
 	const char *bad[][3] = { { "pipeline_schedule=1f1b", "num_pipeline_microbatches=4", "microbatches" },
 				 { "pipeline_schedule=zb_h1", "num_pipeline_microbatches=2", "'B mb0 c0'" } };

@@ -19,9 +19,9 @@
 
 struct plan_args {
 	int hosts, dph, threads, top;
-	const char *cores, *iw, *costs_from;
+	const char *cores, *iw, *costs_from, *costs_by;
 	double link_gbps, link_us, ici_gbps, ici_us, flops, mem_gb;
-	bool search, costs_each;
+	bool search;
 };
 
 /* The prediction's parts: the table, the tail, the optimizer; the
@@ -79,15 +79,29 @@ static void print_prediction(const struct perf_parts *p, const struct perf_compu
 /* --costs-from: the run's own figures beside the prediction, and each
  * stage's end in both (the model's timeline against the run's). */
 static void print_run(const struct perf_parts *p, const struct perf_trace *tr, const char *path, double cores,
-		      bool each)
+		      enum perf_run_by by)
 {
-	printf("costs: from '%s' (steps %d-%d): each action %s; cores %.2f%s\n", path, tr->step0, tr->step1,
-	       each ? "its own mean CPU over the steps in the run" : "its kind's mean CPU on its stage in the run", cores,
-	       cores == tr->cores ? " (the run's, fitted to its compute spans)" : "");
+	static const char *const how[] = {
+		[PERF_RUN_KIND] = "its kind's mean CPU on its stage in the run",
+		[PERF_RUN_ACTION] = "its own mean CPU over the steps in the run",
+		[PERF_RUN_WALL] = "its own mean wall time over the steps in the run",
+	};
+	printf("costs: from '%s' (steps %d-%d): each action %s; cores ", path, tr->step0, tr->step1, how[by]);
+	if (cores > 0)
+		printf("%.2f%s\n", cores, cores == tr->cores ? " (the run's, fitted to its compute spans)" : "");
+	else
+		printf("not shared (the walls have the sharing in them)\n");
 	printf("run_step_s: %.4f\n", tr->step_s);
 	printf("run: step %.4f s (plan %+.1f%%), forward+backward %.4f s (plan's table %.4f s, %+.1f%%), optimizer "
 	       "%.4f s\n", tr->step_s, tr->step_s > 0 ? 100 * (p->step - tr->step_s) / tr->step_s : 0, tr->fb_s,
 	       p->table, tr->fb_s > 0 ? 100 * (p->table - tr->fb_s) / tr->fb_s : 0, tr->opt_s);
+}
+
+/* --costs-by: kind, action or wall, or -1 */
+static int run_by(const char *v)
+{
+	return !strcmp(v, "kind") ? PERF_RUN_KIND : !strcmp(v, "action") ? PERF_RUN_ACTION :
+	       !strcmp(v, "wall") ? PERF_RUN_WALL : -1;
 }
 
 /* --cores N, or auto: measured with the devices' threads at once. */
@@ -144,7 +158,7 @@ static int plan(const struct plan_args *pa, const struct args *a)
 			/* the run's own costs: nothing measured here */
 			if (!(rc = perf_trace_read(pa->costs_from, &tr, err, sizeof(err))))
 				mc.run = &tr;
-			mc.run_each = pa->costs_each;
+			mc.run_by = pa->costs_by ? (enum perf_run_by)run_by(pa->costs_by) : PERF_RUN_KIND;
 			memset(&pcm, 0, sizeof(pcm));
 		} else if (!rc && pa->flops <= 0) {
 			/* one device's OpenBLAS threads, as an agent gets them */
@@ -167,7 +181,8 @@ static int plan(const struct plan_args *pa, const struct args *a)
 			rc = perf_predict(c, &mc, pc, &p, err, sizeof(err));
 		if (!rc && mc.run) {
 			printf("predicted_step_s: %.4f\n", p.step);
-			print_run(&p, &tr, pa->costs_from, mc.cores > 0 ? mc.cores : tr.cores, pa->costs_each);
+			print_run(&p, &tr, pa->costs_from, mc.cores > 0 ? mc.cores : mc.run_by == PERF_RUN_WALL ? 0 : tr.cores,
+				  mc.run_by);
 			print_parts(&p);
 			print_stages(&p);
 		} else if (!rc) {
@@ -205,7 +220,7 @@ int cmd_plan(int argc, char **argv)
 		{ "--threads", ARG_INT, &pa.threads, 1, 1024, NULL },
 		{ "--iw", ARG_STR, &pa.iw, 0, 0, NULL },
 		{ "--costs-from", ARG_STR, &pa.costs_from, 0, 0, NULL },
-		{ "--costs-each", ARG_BOOL, &pa.costs_each, 0, 0, NULL },
+		{ "--costs-by", ARG_STR, &pa.costs_by, 0, 0, NULL },
 		{ "--search", ARG_BOOL, &pa.search, 0, 0, NULL },
 		{ "--top", ARG_INT, &pa.top, 1, 1000, NULL },
 		{ "--mem-gb", ARG_DOUBLE, &pa.mem_gb, 0, 1e9, NULL },
@@ -223,8 +238,9 @@ int cmd_plan(int argc, char **argv)
 		snprintf(err, sizeof(err), "--costs-from takes its figures from the trace: not with --search, --flops or --iw");
 		rc = -EINVAL;
 	}
-	if (!rc && pa.costs_each && !pa.costs_from) {
-		snprintf(err, sizeof(err), "--costs-each needs --costs-from TRACE");
+	if (!rc && pa.costs_by && (!pa.costs_from || run_by(pa.costs_by) < 0)) {
+		snprintf(err, sizeof(err), "--costs-by takes kind, action or wall, with --costs-from TRACE; got '%s'",
+			 pa.costs_by);
 		rc = -EINVAL;
 	}
 	if (!rc && pa.search && pa.flops <= 0) {

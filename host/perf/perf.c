@@ -677,7 +677,7 @@ static void traced_name(const struct pipe_action *a, char *out, size_t len)
  * table's order (W's may move: pipeline_fill_waits runs owed ones in
  * receive waits; their count must match). */
 static int run_costs(const struct pipe_table *t, const struct shape *sh, const struct perf_trace *tr,
-		     double *cost, double **each, char *err, size_t errlen)
+		     bool wall, double *cost, double **each, char *err, size_t errlen)
 {
 	int S = t->shape.stages, coord[AX_COUNT];
 	double *n = calloc((size_t)S * PA_COUNT, sizeof(double));
@@ -716,12 +716,13 @@ static int run_costs(const struct pipe_table *t, const struct shape *sh, const s
 				if (x && x->op == PA_W) {
 					w_run++;
 					n[s * PA_COUNT + PA_W]++;
-					cost[s * PA_COUNT + PA_W] += x->cpu;
+					cost[s * PA_COUNT + PA_W] += wall ? x->dur : x->cpu;
 					for (int j = 0; each && j < t->n[s]; j++)  /* its own W, wherever it ran */
 						if (t->a[s][j].op == PA_W) {
 							traced_name(&t->a[s][j], want, sizeof(want));
 							if (!strcmp(x->name, want)) {
-								each[s][j] += x->cpu / (tr->step1 - tr->step0 + 1) / sh->m.num_devices * S;
+								each[s][j] += (wall ? x->dur : x->cpu) / (tr->step1 - tr->step0 + 1) /
+									      sh->m.num_devices * S;
 								break;
 							}
 						}
@@ -740,9 +741,9 @@ static int run_costs(const struct pipe_table *t, const struct shape *sh, const s
 					break;
 				}
 				n[s * PA_COUNT + x->op]++;
-				cost[s * PA_COUNT + x->op] += x->cpu;
+				cost[s * PA_COUNT + x->op] += wall ? x->dur : x->cpu;
 				if (each)  /* the mean over the steps and the stage's devices */
-					each[s][k] += x->cpu / (tr->step1 - tr->step0 + 1) / sh->m.num_devices * S;
+					each[s][k] += (wall ? x->dur : x->cpu) / (tr->step1 - tr->step0 + 1) / sh->m.num_devices * S;
 				k++;
 			}
 			if (!rc && w_run != w_table) {
@@ -781,12 +782,12 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 		int S = t.shape.stages;
 		if (mc->run && !(run = calloc((size_t)S * PA_COUNT, sizeof(double))))
 			rc = -ENOMEM;
-		if (run && mc->run_each && !(each = calloc((size_t)S, sizeof(*each))))
+		if (run && mc->run_by != PERF_RUN_KIND && !(each = calloc((size_t)S, sizeof(*each))))
 			rc = -ENOMEM;
 		for (int s = 0; each && !rc && s < S; s++)
 			if (!(each[s] = calloc((size_t)t.n[s] + 1, sizeof(double))))
 				rc = -ENOMEM;
-		if (run && !rc && (rc = run_costs(&t, sh, mc->run, run, each, err, errlen)))
+		if (run && !rc && (rc = run_costs(&t, sh, mc->run, mc->run_by == PERF_RUN_WALL, run, each, err, errlen)))
 			goto out;
 		uint32_t fsdp_axes = 1u << AX_FSDP | 1u << AX_FSDP_T;
 		const struct perf_link *fl = over_dcn(&sh->m, fsdp_axes) ? &mc->dcn : &mc->ici;
@@ -795,7 +796,7 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 		f.gather[1] = t_gather(fl, (ns_bytes - outside * layer_bytes) * sh->fsdp, sh->fsdp);
 		f.gather[2] = t_gather(fl, outside * layer_bytes * sh->fsdp, sh->fsdp);
 		f.t = &t;
-		f.cores = mc->run && mc->cores <= 0 ? mc->run->cores : mc->cores;
+		f.cores = mc->run && mc->cores <= 0 && mc->run_by != PERF_RUN_WALL ? mc->run->cores : mc->cores;
 		f.groups = sh->m.num_devices / S;  /* every stage group runs the same lists at once */
 		f.threads = given && given->threads > 0 ? given->threads : 1;
 		f.hop = calloc((size_t)S * S, sizeof(double));

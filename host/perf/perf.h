@@ -30,6 +30,13 @@ struct perf_link {
  * memory for --search. */
 struct perf_trace;
 
+/* How a run's costs are taken (`--costs-by`): each action its kind's
+ * mean CPU on its stage; each its own mean CPU over the steps (the run's
+ * spread from one microbatch to the next); each its own mean wall time,
+ * the cores not shared (the shared cores' stretch is in the walls: the
+ * model's timeline alone, its dependencies and transfers, is tested). */
+enum perf_run_by { PERF_RUN_KIND, PERF_RUN_ACTION, PERF_RUN_WALL };
+
 struct perf_machine {
 	struct perf_link dcn, ici;
 	double flops;
@@ -44,9 +51,7 @@ struct perf_machine {
 	 * run's, the cores (unless cores > 0) those the run's devices got;
 	 * the table must be the run's (perf_predict refuses another) */
 	const struct perf_trace *run;
-	bool run_each;  /* with run: each action its own mean over the steps
-			 * (the run's spread from one microbatch to the next),
-			 * not its kind's */
+	enum perf_run_by run_by;
 };
 
 /* Seconds of one microbatch's compute on one device, at its shard of
