@@ -100,12 +100,52 @@ static double fit_cores(const struct perf_trace *tr)
 	return hi;
 }
 
+/* tr->untraced: each device's forward+backward span less the spans of
+ * its own row inside it (they do not overlap), over the steps read. */
+static int untraced(struct perf_trace *tr, const cJSON *ev)
+{
+	int nst = tr->step1 - tr->step0 + 1;
+	double *fb0 = calloc((size_t)tr->ndev * nst, sizeof(double)), *fb1 = calloc((size_t)tr->ndev * nst, sizeof(double));
+	tr->untraced = calloc((size_t)tr->ndev, sizeof(double));
+	if (!fb0 || !fb1 || !tr->untraced) {
+		free(fb0);
+		free(fb1);
+		return -ENOMEM;
+	}
+	const cJSON *e;
+	for (int pass = 0; pass < 2; pass++)
+		cJSON_ArrayForEach(e, ev) {
+			const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+			const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+			int d = (int)num(e, "tid", -1), st = (int)num(args, "step", -1);
+			if (!cJSON_IsString(nm) || d < 0 || d >= tr->ndev || st < tr->step0 || st > tr->step1 ||
+			    num(e, "dur", -1) < 0)
+				continue;
+			double t0 = num(e, "ts", 0) * 1e-6, dur = num(e, "dur", 0) * 1e-6;
+			size_t j = (size_t)d * nst + (size_t)(st - tr->step0);
+			bool fb = !strcmp(nm->valuestring, "forward+backward");
+			if (pass == 0 && fb) {
+				fb0[j] = t0;
+				fb1[j] = t0 + dur;
+				tr->untraced[d] += dur / nst;
+			} else if (pass == 1 && !fb && fb1[j] > 0 && t0 >= fb0[j] && t0 + dur <= fb1[j]) {
+				tr->untraced[d] -= dur / nst;
+			}
+		}
+	for (int d = 0; d < tr->ndev; d++)
+		tr->untraced[d] = fmax(0, tr->untraced[d]);
+	free(fb0);
+	free(fb1);
+	return 0;
+}
+
 void perf_trace_release(struct perf_trace *tr)
 {
 	for (int d = 0; tr->sp && d < tr->ndev; d++)
 		free(tr->sp[d]);
 	free(tr->sp);
 	free(tr->n);
+	free(tr->untraced);
 	memset(tr, 0, sizeof(*tr));
 }
 
@@ -199,6 +239,8 @@ int perf_trace_read(const char *path, struct perf_trace *tr, char *err, size_t e
 	for (int d = 0; !rc && d < tr->ndev; d++)
 		if (tr->n[d])
 			qsort(tr->sp[d], (size_t)tr->n[d], sizeof(*tr->sp[d]), cmp_ts);
+	if (!rc)
+		rc = untraced(tr, ev);
 	if (!rc) {
 		tr->step_s = nstep ? steps_s / nstep : 0;
 		tr->opt_s = nopt ? opt_s / nopt : 0;

@@ -486,7 +486,8 @@ static int durations(struct fluid *f, const struct shape *sh, const struct perf_
 			double *d = &f->dur[s][k];
 			if (run) {  /* the run's own: its kind's mean on this stage, or its
 				     * own mean (no transfer CPU) */
-				*d = !cpu_op(a->op) ? 0 : each ? each[s][k] : run[s * PA_COUNT + a->op];
+				*d = a->op == PA_SEND ? run[s * PA_COUNT + PA_SEND] : !cpu_op(a->op) ? 0 :
+				     each ? each[s][k] : run[s * PA_COUNT + a->op];
 				continue;
 			}
 			switch (a->op) {
@@ -755,6 +756,16 @@ static int run_costs(const struct pipe_table *t, const struct shape *sh, const s
 	}
 	for (int j = 0; !rc && j < S * PA_COUNT; j++)
 		cost[j] = n[j] > 0 ? cost[j] / n[j] : 0;
+	/* at walls, a send: its device's untraced time over its sends (the
+	 * stage's devices' mean) */
+	for (int d = 0; wall && !rc && d < tr->ndev; d++) {
+		mesh_coords(&sh->m, d, coord);
+		int s = coord[AX_STAGE], sends = 0;
+		for (int k = 0; k < t->n[s]; k++)
+			sends += t->a[s][k].op == PA_SEND;
+		if (sends)
+			cost[s * PA_COUNT + PA_SEND] += tr->untraced[d] / sends / sh->m.num_devices * S;
+	}
 	for (int s = 0; !rc && s < S; s++)
 		if (n[s * PA_COUNT + PA_FC] == 0)
 			cost[s * PA_COUNT + PA_FC] = cost[s * PA_COUNT + PA_F];

@@ -34,7 +34,8 @@ struct perf_trace;
  * mean CPU on its stage; each its own mean CPU over the steps (the run's
  * spread from one microbatch to the next); each its own mean wall time,
  * the cores not shared (the shared cores' stretch is in the walls: the
- * model's timeline alone, its dependencies and transfers, is tested). */
+ * model's timeline alone, its dependencies and transfers, is tested),
+ * and each send the device's untraced time shared over its sends. */
 enum perf_run_by { PERF_RUN_KIND, PERF_RUN_ACTION, PERF_RUN_WALL };
 
 struct perf_machine {
@@ -105,6 +106,11 @@ struct perf_trace {
 	int step0, step1;        /* the steps read */
 	double step_s, fb_s, opt_s; /* mean spans over devices and steps: the step,
 				     * its forward+backward, its optimizer */
+	/* [ndev] seconds a step of the device's forward+backward not in any
+	 * span of its row (neither compute nor a wait): its sends' encryption
+	 * and writing (net/direct.c runs them on the device thread) and the
+	 * executor's own time; mean over the steps read */
+	double *untraced;
 	/* the cores the devices got: C such that the compute spans' CPU is
 	 * the integral of min(devices computing, C) over their time (the
 	 * fluid model's share, fitted); at most the most at once */
