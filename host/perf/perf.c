@@ -689,8 +689,8 @@ static int run_costs(const struct pipe_table *t, const struct shape *sh, const s
 		return -ENOMEM;
 	int rc = 0;
 	if (tr->ndev != sh->m.num_devices) {
-		snprintf(err, errlen, "--costs-from '%s': the trace has %d devices, the config's mesh %d (%s)", tr->path, tr->ndev,
-			 sh->m.num_devices, cfgtxt);
+		snprintf(err, errlen, "--costs-from '%s': the trace has %d devices, the config's mesh %d (%s)", tr->path,
+			 tr->ndev, sh->m.num_devices, cfgtxt);
 		rc = -EINVAL;
 	}
 	int mbs = 0;  /* the run's microbatches: the most mb named, plus one */
@@ -701,10 +701,12 @@ static int run_costs(const struct pipe_table *t, const struct shape *sh, const s
 			mbs = mb + 1 > mbs ? mb + 1 : mbs;
 		}
 	if (!rc && mbs != t->shape.microbatches) {
-		snprintf(err, errlen, "--costs-from '%s': the trace's steps have %d microbatches, the config %d (%s)", tr->path, mbs,
-			 t->shape.microbatches, cfgtxt);
+		snprintf(err, errlen, "--costs-from '%s': the trace's steps have %d microbatches, the config %d (%s)",
+			 tr->path, mbs, t->shape.microbatches, cfgtxt);
 		rc = -EINVAL;
 	}
+	/* each action's own mean: over the steps and the stage's devices */
+	double per = (double)S / ((tr->step1 - tr->step0 + 1) * sh->m.num_devices);
 	for (int d = 0; !rc && d < tr->ndev; d++) {
 		mesh_coords(&sh->m, d, coord);
 		int s = coord[AX_STAGE], i = 0;
@@ -712,18 +714,18 @@ static int run_costs(const struct pipe_table *t, const struct shape *sh, const s
 			int k = 0, w_table = 0, w_run = 0;
 			for (;; i++) {
 				const struct perf_tspan *x = i < tr->n[d] && tr->sp[d][i].step == st ? &tr->sp[d][i] : NULL;
+				double v = !x ? 0 : wall ? x->dur : x->cpu;
 				while (k < t->n[s] && (!cpu_op(t->a[s][k].op) || t->a[s][k].op == PA_W))
 					w_table += t->a[s][k++].op == PA_W;
 				if (x && x->op == PA_W) {
 					w_run++;
 					n[s * PA_COUNT + PA_W]++;
-					cost[s * PA_COUNT + PA_W] += wall ? x->dur : x->cpu;
+					cost[s * PA_COUNT + PA_W] += v;
 					for (int j = 0; each && j < t->n[s]; j++)  /* its own W, wherever it ran */
 						if (t->a[s][j].op == PA_W) {
 							traced_name(&t->a[s][j], want, sizeof(want));
 							if (!strcmp(x->name, want)) {
-								each[s][j] += (wall ? x->dur : x->cpu) / (tr->step1 - tr->step0 + 1) /
-									      sh->m.num_devices * S;
+								each[s][j] += v * per;
 								break;
 							}
 						}
@@ -734,17 +736,19 @@ static int run_costs(const struct pipe_table *t, const struct shape *sh, const s
 				if (k < t->n[s])
 					traced_name(&t->a[s][k], want, sizeof(want));
 				if (!x || k == t->n[s] || strcmp(x->name, want)) {
-					snprintf(err, errlen, "--costs-from '%s': device %d (stage %d) in step %d ran %s%s%s where "
-						 "the table of %s has %s%s%s (a trace of another schedule, M or mesh?)", tr->path, d, s, st,
-						 x ? "'" : "", x ? x->name : "nothing more", x ? "'" : "", cfgtxt,
-						 k < t->n[s] ? "'" : "", k < t->n[s] ? want : "nothing more", k < t->n[s] ? "'" : "");
+					char got[40], has[40];
+					snprintf(got, sizeof(got), x ? "'%s'" : "nothing more", x ? x->name : "");
+					snprintf(has, sizeof(has), k < t->n[s] ? "'%s'" : "nothing more", k < t->n[s] ? want : "");
+					snprintf(err, errlen, "--costs-from '%s': device %d (stage %d) in step %d ran %s where the "
+						 "table of %s has %s (a trace of another schedule, M or mesh?)", tr->path, d, s, st, got,
+						 cfgtxt, has);
 					rc = -EINVAL;
 					break;
 				}
 				n[s * PA_COUNT + x->op]++;
-				cost[s * PA_COUNT + x->op] += wall ? x->dur : x->cpu;
-				if (each)  /* the mean over the steps and the stage's devices */
-					each[s][k] += (wall ? x->dur : x->cpu) / (tr->step1 - tr->step0 + 1) / sh->m.num_devices * S;
+				cost[s * PA_COUNT + x->op] += v;
+				if (each)
+					each[s][k] += v * per;
 				k++;
 			}
 			if (!rc && w_run != w_table) {
