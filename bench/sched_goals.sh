@@ -17,7 +17,10 @@
 # seconds and the load average at the end. BIN: that binary (a copy, e.g.
 # main's, to set beside this tree's in the same session) instead of
 # building this tree. bench/plan_spread.sh and bench/plan_pair.sh check
-# plan's stability and set two binaries' plans against the same runs.
+# plan's stability and set two binaries' plans against the same runs;
+# bench/plan_costs.sh runs the same 14 rows and sets plan's own
+# prediction beside its prediction from each run's own costs (the
+# model's error without the machine's drift).
 # usage: [STEPS=2] [BIN=meshrun] bench/sched_goals.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <errno.h>
 
 #include "host/config/config.h"
 #include "host/perf/perf.h"
@@ -396,6 +398,137 @@ START_TEST(test_measured)
 }
 END_TEST
 
+/* --costs-from: a run's trace of 1F1B on 2 stages, M = 2, written here.
+ * Stage 0 runs E0 F0 E1 F1 B0 e0 B1 e1, stage 1 F0 H0 B0 F1 H1 B1; in the
+ * step read (step 1; step 0, ten times as slow, is the warm-up left out)
+ * stage 0's F costs 0.8 and 1.2 (mean 1), its B 3, embed 0.01 and
+ * embed_back 0.02; stage 1's F 2, head 0.5, B 4; every span's CPU its
+ * wall (the cores fitted: both devices'), the optimizer 0.25. On free
+ * links by hand: stage 1's B0 ends at 0.01+1+2+0.5+4 = 7.51, its B1 at
+ * 7.51+2+0.5+4 = 14.01, stage 0's B1 then runs 3 and e1 0.02: the table
+ * 17.03, the step 17.28 (the run itself, its first F 0.8, ended 0.2
+ * earlier: the per-stage timelines are set side by side; with each
+ * action its own cost the table is the run's, 16.83). A trace of M = 2 is refused for M = 4, for
+ * zb_h1 (its I where the trace has B) and on 4 stages, in one line. */
+struct tspan {
+	int dev;
+	const char *name;
+	double ts, cpu;
+};
+
+static void write_trace(const char *path, const struct tspan *sp, int n, double opt)
+{
+	FILE *f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "{\"traceEvents\": [\n");
+	fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": 0, \"args\": {\"name\": \"device 0\"}}");
+	for (int step = 0; step < 2; step++) {
+		double k = step ? 1 : 10, base = step ? 100e6 : 0;
+		for (int i = 0; i < n; i++)
+			fprintf(f, ",\n{\"name\": \"%s\", \"cat\": \"pipeline\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, "
+				"\"pid\": %d, \"tid\": %d, \"args\": {\"step\": %d, \"cpu_us\": %.3f}}", sp[i].name,
+				base + k * sp[i].ts * 1e6, k * sp[i].cpu * 1e6, sp[i].dev, sp[i].dev, step, k * sp[i].cpu * 1e6);
+		/* device 0's forward+backward and its two receive waits: 0.1 s of
+		 * it in no span (its two sends, at walls) */
+		static const struct { const char *name; double t0, t1; } row[] = {
+			{ "forward+backward", 0, 16.93 }, { "stage recv grad 4", 2.02, 7.31 },
+			{ "stage recv grad 5", 10.33, 13.81 },
+		};
+		for (int i = 0; i < 3; i++)
+			fprintf(f, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, \"tid\": 0, "
+				"\"args\": {\"step\": %d}}", row[i].name, base + k * row[i].t0 * 1e6,
+				k * (row[i].t1 - row[i].t0) * 1e6, step);
+		for (int d = 0; d < 2; d++)
+			fprintf(f, ",\n{\"name\": \"optimizer\", \"cat\": \"compute\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, "
+				"\"pid\": %d, \"tid\": %d, \"args\": {\"step\": %d}}", base + 90e6, k * opt * 1e6, d, d, step);
+	}
+	fprintf(f, "\n]}\n");
+	fclose(f);
+}
+
+START_TEST(test_costs_from)
+{
+	static const struct tspan sp[] = {
+		{ 0, "embed mb0", 0, 0.01 }, { 0, "F mb0 c0", 0.01, 0.8 }, { 0, "embed mb1", 0.81, 0.01 },
+		{ 0, "F mb1 c0", 0.82, 1.2 }, { 0, "B mb0 c0", 7.31, 3 }, { 0, "embed_back mb0", 10.31, 0.02 },
+		{ 0, "B mb1 c0", 13.81, 3 }, { 0, "embed_back mb1", 16.81, 0.02 },
+		{ 1, "F mb0 c1", 0.81, 2 }, { 1, "head mb0", 2.81, 0.5 }, { 1, "B mb0 c1", 3.31, 4 },
+		{ 1, "F mb1 c1", 7.31, 2 }, { 1, "head mb1", 9.31, 0.5 }, { 1, "B mb1 c1", 9.81, 4 },
+	};
+	char path[] = "/tmp/check_perf-trace-XXXXXX";
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	write_trace(path, sp, (int)(sizeof(sp) / sizeof(sp[0])), 0.25);
+	struct perf_trace tr;
+	ck_assert_msg(perf_trace_read(path, &tr, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(tr.ndev, 2);
+	ck_assert_int_eq(tr.step0, 1);
+	ck_assert_msg(fabs(tr.opt_s - 0.25) < 1e-9 && fabs(tr.cores - 2) < 1e-6, "optimizer %g, cores %g", tr.opt_s,
+		      tr.cores);
+	struct perf_machine mc = free_links;
+	struct perf_parts p;
+	struct cfg c;
+	mc.flops = 0;
+	mc.run = &tr;
+	const char *pp[] = { "dcn_data_parallelism=1", "dcn_pipeline_parallelism=2", "num_layers_per_pipeline_stage=4",
+			     "pipeline_recompute=false" };
+	make_cfg(&c, 2, 1, KV(pp[0], pp[1], pp[2], pp[3], "pipeline_schedule=1f1b", "num_pipeline_microbatches=2"));
+	ck_assert_msg(perf_predict(&c, &mc, NULL, &p, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(fabs(p.table - 17.03) < 1e-6, "table %.9g, by hand 17.03", p.table);
+	ck_assert_msg(fabs(p.step - 17.28) < 1e-6, "step %.9g, by hand 17.28", p.step);
+	/* the run's own timeline: its first F took 0.8, so all after it ran 0.2 earlier */
+	ck_assert_msg(fabs(p.stage_end[1] - 14.01) < 1e-6 && fabs(p.run_end[1] - 13.81) < 1e-6 &&
+		      fabs(p.run_end[0] - 16.83) < 1e-6, "stage 1 ends %g, run %g; stage 0 run %g", p.stage_end[1],
+		      p.run_end[1], p.run_end[0]);
+	/* each action its own mean: the timeline is the run's */
+	mc.run_by = PERF_RUN_ACTION;
+	ck_assert_msg(perf_predict(&c, &mc, NULL, &p, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(fabs(p.table - 16.83) < 1e-6 && fabs(p.stage_end[1] - 13.81) < 1e-6, "table %.9g, stage 1 %.9g",
+		      p.table, p.stage_end[1]);
+	/* the walls, cores not shared (every span's CPU its wall here), and
+	 * stage 0's two sends 0.05 s each (its 0.1 s in no span): stage 1
+	 * starts each of its chains 0.05 s later, the table ends at 16.88 */
+	mc.run_by = PERF_RUN_WALL;
+	ck_assert_msg(fabs(tr.untraced[0] - 0.1) < 1e-6 && tr.untraced[1] == 0, "untraced %g, %g", tr.untraced[0],
+		      tr.untraced[1]);
+	ck_assert_msg(perf_predict(&c, &mc, NULL, &p, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(fabs(p.table - 16.88) < 1e-6, "table %.9g, by hand 16.88", p.table);
+	mc.run_by = PERF_RUN_KIND;
+	/* the same trace against another M, schedule, mesh */
+	const char *bad[][3] = { { "pipeline_schedule=1f1b", "num_pipeline_microbatches=4", "microbatches" },
+				 { "pipeline_schedule=zb_h1", "num_pipeline_microbatches=2", "'B mb0 c0'" } };
+	for (int k = 0; k < 3; k++) {
+		if (k < 2)
+			make_cfg(&c, 2, 1, KV(pp[0], pp[1], pp[2], pp[3], bad[k][0], bad[k][1]));
+		else
+			make_cfg(&c, 4, 1, KV(pp[0], "dcn_pipeline_parallelism=4", "num_layers_per_pipeline_stage=2", pp[3],
+					      "pipeline_schedule=1f1b", "num_pipeline_microbatches=2"));
+		ck_assert_int_eq(perf_predict(&c, &mc, NULL, &p, err, sizeof(err)), -EINVAL);
+		ck_assert_msg(strstr(err, path) && strstr(err, k < 2 ? bad[k][2] : "2 devices") && !strchr(err, '\n'),
+			      "%s", err);
+	}
+	perf_trace_release(&tr);
+	/* the cores fitted: two devices computing at once for 1 s, half a
+	 * CPU second each, got one core */
+	static const struct tspan two[] = { { 0, "F mb0 c0", 0, 0.5 }, { 1, "F mb0 c1", 0, 0.5 } };
+	FILE *f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "{\"traceEvents\": [");
+	for (int i = 0; i < 2; i++)
+		fprintf(f, "%s{\"name\": \"%s\", \"ph\": \"X\", \"ts\": 0, \"dur\": 1e6, \"tid\": %d, \"args\": {\"step\": 0, "
+			"\"cpu_us\": %g}}", i ? "," : "", two[i].name, two[i].dev, two[i].cpu * 1e6);
+	fprintf(f, "]}");
+	fclose(f);
+	ck_assert_msg(perf_trace_read(path, &tr, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(fabs(tr.cores - 1) < 1e-6 && tr.step0 == 0, "cores %g, step %d", tr.cores, tr.step0);
+	perf_trace_release(&tr);
+	unlink(path);
+	ck_assert_int_eq(perf_trace_read(path, &tr, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, path) && !strchr(err, '\n'), "%s", err);
+}
+END_TEST
+
 static void setup(void)
 {
 	proc_setup("check_perf", 0);
@@ -436,6 +569,7 @@ int main(void)
 	tcase_add_test(tc, test_gathers);
 	tcase_add_test(tc, test_search_sorted);
 	tcase_add_test(tc, test_search_zero_bubble);
+	tcase_add_test(tc, test_costs_from);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("command");
 	tcase_set_timeout(tc, 60);

@@ -19,14 +19,15 @@
 
 struct plan_args {
 	int hosts, dph, threads, top;
-	const char *cores, *iw;
+	const char *cores, *iw, *costs_from, *costs_by;
 	double link_gbps, link_us, ici_gbps, ici_us, flops, mem_gb;
 	bool search;
 };
 
-static void print_prediction(const struct perf_parts *p, const struct perf_compute *pc, bool measured)
+/* The prediction's parts: the table, the tail, the optimizer; the
+ * schedule; the work a step, by action kind. */
+static void print_parts(const struct perf_parts *p)
 {
-	printf("predicted_step_s: %.4f\n", p->step);
 	printf("parts: table %.4f s (its busiest device has %.4f s of compute, run in %.4f s; idle %.3f of the "
 	       "worst device's span: the bubble and waits for transfers and gathers), gradient sums after it "
 	       "%.4f s, optimizer %.4f s", p->table, p->compute, p->running, p->bubble, p->tail, p->optimizer);
@@ -42,6 +43,21 @@ static void print_prediction(const struct perf_parts *p, const struct perf_compu
 	printf("work by action: F=%.2f,B=%.2f,I=%.2f,W=%.2f,own=%.2f,xfer=%.2f s, optimizer %.2f s\n",
 	       p->work_kind[PERF_F], p->work_kind[PERF_B], p->work_kind[PERF_I], p->work_kind[PERF_W],
 	       p->work_kind[PERF_OWN], p->work_kind[PERF_XFER], p->work - table);
+}
+
+/* Each stage in the model's timeline against the run's. */
+static void print_stages(const struct perf_parts *p)
+{
+	for (int s = 0; s < p->stages && s < PERF_STAGES; s++)
+		printf("stage %d: plan compute %.4f s, last end %.4f s; run compute %.4f s CPU in %.4f s wall, last end "
+		       "%.4f s (%+.1f%%)\n", s, p->stage_busy[s], p->stage_end[s], p->run_cpu[s], p->run_wall[s],
+		       p->run_end[s], p->run_end[s] > 0 ? 100 * (p->stage_end[s] - p->run_end[s]) / p->run_end[s] : 0);
+}
+
+static void print_prediction(const struct perf_parts *p, const struct perf_compute *pc, bool measured)
+{
+	printf("predicted_step_s: %.4f\n", p->step);
+	print_parts(p);
 	printf("compute per microbatch (%d rows, %s): layer forward %.2f ms, backward %.2f ms (split: I %.2f ms, "
 	       "W %.2f ms)%s; head %.2f ms\n", pc->rows, measured ? "measured here" : "from --flops",
 	       1e3 * pc->f_layer[0], 1e3 * pc->b_layer[0], 1e3 * pc->i_layer[0], 1e3 * pc->w_layer[0],
@@ -58,6 +74,34 @@ static void print_prediction(const struct perf_parts *p, const struct perf_compu
 	printf("memory per device: %.3f GiB (parameters %.3f, gradients %.3f, optimizer %.3f, weight window %.3f, "
 	       "activations %.3f)\n", p->mem_total / G, p->mem_params / G, p->mem_grads / G, p->mem_opt / G,
 	       p->mem_window / G, p->mem_act / G);
+}
+
+/* --costs-from: the run's own figures beside the prediction, and each
+ * stage's end in both (the model's timeline against the run's). */
+static void print_run(const struct perf_parts *p, const struct perf_trace *tr, const char *path, double cores,
+		      enum perf_run_by by)
+{
+	static const char *const how[] = {
+		[PERF_RUN_KIND] = "its kind's mean CPU on its stage in the run",
+		[PERF_RUN_ACTION] = "its own mean CPU over the steps in the run",
+		[PERF_RUN_WALL] = "its own mean wall time over the steps in the run",
+	};
+	printf("costs: from '%s' (steps %d-%d): each action %s; cores ", path, tr->step0, tr->step1, how[by]);
+	if (cores > 0)
+		printf("%.2f%s\n", cores, cores == tr->cores ? " (the run's, fitted to its compute spans)" : "");
+	else
+		printf("not shared (the walls have the sharing in them)\n");
+	printf("run_step_s: %.4f\n", tr->step_s);
+	printf("run: step %.4f s (plan %+.1f%%), forward+backward %.4f s (plan's table %.4f s, %+.1f%%), optimizer "
+	       "%.4f s\n", tr->step_s, tr->step_s > 0 ? 100 * (p->step - tr->step_s) / tr->step_s : 0, tr->fb_s,
+	       p->table, tr->fb_s > 0 ? 100 * (p->table - tr->fb_s) / tr->fb_s : 0, tr->opt_s);
+}
+
+/* --costs-by: kind, action or wall, or -1 */
+static int run_by(const char *v)
+{
+	return !strcmp(v, "kind") ? PERF_RUN_KIND : !strcmp(v, "action") ? PERF_RUN_ACTION :
+	       !strcmp(v, "wall") ? PERF_RUN_WALL : -1;
 }
 
 /* --cores N, or auto: measured with the devices' threads at once. */
@@ -101,6 +145,7 @@ static int plan(const struct plan_args *pa, const struct args *a)
 		rc = perf_search(c, hosts, dph, &mc, pa->top, err, sizeof(err));
 	} else if (!rc && !(rc = cfg_finish(c, hosts, dph, err, sizeof(err)))) {
 		struct perf_compute pcm, *pc = NULL;
+		struct perf_trace tr = { 0 };
 		struct model_dims d;
 		struct perf_parts p;
 		int mb = 0;
@@ -109,7 +154,13 @@ static int plan(const struct plan_args *pa, const struct args *a)
 		int devs = hosts * dph, th = pa->threads;
 		if (!rc && pa->cores && (rc = cores_of(pa->cores, c, mb, devs, &mc.cores)))
 			snprintf(err, sizeof(err), "plan: --cores takes a count or auto, got '%s'", pa->cores);
-		if (!rc && pa->flops <= 0) {
+		if (!rc && pa->costs_from) {
+			/* the run's own costs: nothing measured here */
+			if (!(rc = perf_trace_read(pa->costs_from, &tr, err, sizeof(err))))
+				mc.run = &tr;
+			mc.run_by = pa->costs_by ? (enum perf_run_by)run_by(pa->costs_by) : PERF_RUN_KIND;
+			memset(&pcm, 0, sizeof(pcm));
+		} else if (!rc && pa->flops <= 0) {
 			/* one device's OpenBLAS threads, as an agent gets them */
 			if (!th)
 				th = mc.cores > devs ? (int)(mc.cores / devs) : 1;
@@ -128,7 +179,13 @@ static int plan(const struct plan_args *pa, const struct args *a)
 		}
 		if (!rc)
 			rc = perf_predict(c, &mc, pc, &p, err, sizeof(err));
-		if (!rc) {
+		if (!rc && mc.run) {
+			printf("predicted_step_s: %.4f\n", p.step);
+			print_run(&p, &tr, pa->costs_from, mc.cores > 0 ? mc.cores : mc.run_by == PERF_RUN_WALL ? 0 : tr.cores,
+				  mc.run_by);
+			print_parts(&p);
+			print_stages(&p);
+		} else if (!rc) {
 			print_prediction(&p, &pcm, pc != NULL);
 			if (mc.cores > 0)
 				printf("cores: the %d devices share %.2f cores%s", devs, mc.cores,
@@ -139,6 +196,7 @@ static int plan(const struct plan_args *pa, const struct args *a)
 			if (mc.cores > 0)
 				printf("\n");
 		}
+		perf_trace_release(&tr);
 	}
 	if (rc)
 		cli_error("plan", "%s", rc == -ENOMEM ? "out of memory" : err);
@@ -161,6 +219,8 @@ int cmd_plan(int argc, char **argv)
 		{ "--cores", ARG_STR, &pa.cores, 0, 0, NULL },
 		{ "--threads", ARG_INT, &pa.threads, 1, 1024, NULL },
 		{ "--iw", ARG_STR, &pa.iw, 0, 0, NULL },
+		{ "--costs-from", ARG_STR, &pa.costs_from, 0, 0, NULL },
+		{ "--costs-by", ARG_STR, &pa.costs_by, 0, 0, NULL },
 		{ "--search", ARG_BOOL, &pa.search, 0, 0, NULL },
 		{ "--top", ARG_INT, &pa.top, 1, 1000, NULL },
 		{ "--mem-gb", ARG_DOUBLE, &pa.mem_gb, 0, 1e9, NULL },
@@ -172,6 +232,15 @@ int cmd_plan(int argc, char **argv)
 	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
 	if (!rc && !a.nconfigs) {
 		snprintf(err, sizeof(err), "--config FILE is needed");
+		rc = -EINVAL;
+	}
+	if (!rc && pa.costs_from && (pa.search || pa.flops > 0 || pa.iw)) {
+		snprintf(err, sizeof(err), "--costs-from takes its figures from the trace: not with --search, --flops or --iw");
+		rc = -EINVAL;
+	}
+	if (!rc && pa.costs_by && (!pa.costs_from || run_by(pa.costs_by) < 0)) {
+		snprintf(err, sizeof(err), "--costs-by takes kind, action or wall, with --costs-from TRACE; got '%s'",
+			 pa.costs_by);
 		rc = -EINVAL;
 	}
 	if (!rc && pa.search && pa.flops <= 0) {

@@ -32,7 +32,7 @@ static const struct {
 	{ "schedule", "schedule --config FILE [--costs F:I:W|measured] [key=value ...]\n" },
 	{ "plan", "plan --config FILE [--hosts N] [--devices-per-host D] [--link-gbps G] "
 		  "[--link-latency-us U] [--ici-gbps G] [--ici-latency-us U] [--flops F] [--cores C|auto] "
-		  "[--threads T] [--iw I,W] [--search] [--top K] [--mem-gb G] [key=value ...]\n" },
+		  "[--threads T] [--iw I,W] [--costs-from TRACE [--costs-by kind|action|wall]] [--search] [--top K] [--mem-gb G] [key=value ...]\n" },
 	{ "data", "data pack --format llmc|megatron [--input text|raw|llmc|megatron] "
 		  "[--input-token-bytes 2|4] [--token-bytes 2|4] [--shard-tokens N] [--eot ID] [--name NAME] "
 		  "INPUT... -o DIR\n"

@@ -182,6 +182,7 @@ struct fluid {
 	int threads, groups;  /* groups: stage groups computing beside this one (sharing the cores) */
 	/* results */
 	double end, busy_max, run_of_busiest, idle_worst, busy_sum;
+	double stage_busy[PERF_STAGES], stage_end[PERF_STAGES];
 };
 
 static bool cpu_op(int op)
@@ -432,6 +433,10 @@ static int fluid_run(struct fluid *f)
 			f->busy_max = ds[s].busy;
 			f->run_of_busiest = ds[s].run;
 		}
+	for (int s = 0; ds && s < S && s < PERF_STAGES; s++) {
+		f->stage_busy[s] = ds[s].busy;
+		f->stage_end[s] = ds[s].last;
+	}
 	for (int s = 0; ds && s < S; s++) {
 		double span = ds[s].last - ds[s].first;
 		f->busy_sum += ds[s].busy;
@@ -449,7 +454,7 @@ static int fluid_run(struct fluid *f)
 
 /* Each action's compute or wait, from the figures. */
 static int durations(struct fluid *f, const struct shape *sh, const struct perf_compute *pc,
-		     const struct perf_machine *mc)
+		     const struct perf_machine *mc, const double *run, double *const *each)
 {
 	const struct pipe_table *t = f->t;
 	const struct pipe_shape *p = &t->shape;
@@ -479,6 +484,12 @@ static int durations(struct fluid *f, const struct shape *sh, const struct perf_
 		for (int k = 0; k < t->n[s]; k++) {
 			const struct pipe_action *a = &t->a[s][k];
 			double *d = &f->dur[s][k];
+			if (run) {  /* the run's own: its kind's mean on this stage, or its
+				     * own mean (no transfer CPU) */
+				*d = a->op == PA_SEND ? run[s * PA_COUNT + PA_SEND] : !cpu_op(a->op) ? 0 :
+				     each ? each[s][k] : run[s * PA_COUNT + a->op];
+				continue;
+			}
 			switch (a->op) {
 			case PA_F:
 			case PA_FC:
@@ -616,6 +627,156 @@ static int memory(struct perf_parts *o, const struct shape *sh, const struct pip
 	return 0;
 }
 
+/* o->run_*: each stage's compute and its last end in the run (its first
+ * device; means over the steps read). */
+static void run_stages(struct perf_parts *o, const struct shape *sh, const struct perf_trace *tr)
+{
+	int coord[AX_COUNT], nst = tr->step1 - tr->step0 + 1, first[PERF_STAGES];
+	for (int s = 0; s < PERF_STAGES; s++)
+		first[s] = -1;
+	for (int d = tr->ndev - 1; d >= 0; d--) {
+		mesh_coords(&sh->m, d, coord);
+		if (coord[AX_STAGE] < PERF_STAGES)
+			first[coord[AX_STAGE]] = d;
+	}
+	for (int st = tr->step0; st <= tr->step1; st++) {
+		double t0 = 1e300;
+		for (int d = 0; d < tr->ndev; d++)
+			for (int i = 0; i < tr->n[d]; i++)
+				if (tr->sp[d][i].step == st)
+					t0 = fmin(t0, tr->sp[d][i].ts);
+		for (int s = 0; s < PERF_STAGES; s++) {
+			double end = t0;
+			for (int i = 0, d = first[s]; d >= 0 && i < tr->n[d]; i++) {
+				const struct perf_tspan *x = &tr->sp[d][i];
+				if (x->step != st)
+					continue;
+				o->run_cpu[s] += x->cpu / nst;
+				o->run_wall[s] += x->dur / nst;
+				end = fmax(end, x->ts + x->dur);
+			}
+			o->run_end[s] += first[s] >= 0 ? (end - t0) / nst : 0;
+		}
+	}
+}
+
+/* ---- a run's own costs (--costs-from) ---- */
+
+/* An action of the table as the trace names it (host/train/train_job.c). */
+static void traced_name(const struct pipe_action *a, char *out, size_t len)
+{
+	if (a->op == PA_EMBED || a->op == PA_HEAD || a->op == PA_EMBED_BACK)
+		snprintf(out, len, "%s mb%d", pipe_act_name(a->op), a->mb);
+	else
+		snprintf(out, len, "%s mb%d c%d", pipe_act_name(a->op), a->mb, a->chunk);
+}
+
+/* cost[s * PA_COUNT + op]: the mean CPU seconds of op's actions on
+ * stage s in the run tr (a counting forward without its own spans costs
+ * a forward). The trace must be of t on sh's mesh: as many devices, and
+ * each device, in each step read, ran its stage's compute actions in the
+ * table's order (W's may move: pipeline_fill_waits runs owed ones in
+ * receive waits; their count must match). */
+static int run_costs(const struct pipe_table *t, const struct shape *sh, const struct perf_trace *tr,
+		     bool wall, double *cost, double **each, char *err, size_t errlen)
+{
+	int S = t->shape.stages, coord[AX_COUNT];
+	double *n = calloc((size_t)S * PA_COUNT, sizeof(double));
+	char want[32], cfgtxt[160];
+	snprintf(cfgtxt, sizeof(cfgtxt), "pipeline_schedule=%s num_pipeline_microbatches=%d on %d stages",
+		 pipe_sched_name(t->shape.sched), t->shape.microbatches, S);
+	if (!n)
+		return -ENOMEM;
+	int rc = 0;
+	if (tr->ndev != sh->m.num_devices) {
+		snprintf(err, errlen, "--costs-from '%s': the trace has %d devices, the config's mesh %d (%s)", tr->path,
+			 tr->ndev, sh->m.num_devices, cfgtxt);
+		rc = -EINVAL;
+	}
+	int mbs = 0;  /* the run's microbatches: the most mb named, plus one */
+	for (int d = 0; d < tr->ndev; d++)
+		for (int i = 0; i < tr->n[d]; i++) {
+			const char *m = strstr(tr->sp[d][i].name, " mb");
+			int mb = m ? atoi(m + 3) : 0;
+			mbs = mb + 1 > mbs ? mb + 1 : mbs;
+		}
+	if (!rc && mbs != t->shape.microbatches) {
+		snprintf(err, errlen, "--costs-from '%s': the trace's steps have %d microbatches, the config %d (%s)",
+			 tr->path, mbs, t->shape.microbatches, cfgtxt);
+		rc = -EINVAL;
+	}
+	/* each action's own mean: over the steps and the stage's devices */
+	double per = (double)S / ((tr->step1 - tr->step0 + 1) * sh->m.num_devices);
+	for (int d = 0; !rc && d < tr->ndev; d++) {
+		mesh_coords(&sh->m, d, coord);
+		int s = coord[AX_STAGE], i = 0;
+		for (int st = tr->step0; !rc && st <= tr->step1; st++) {
+			int k = 0, w_table = 0, w_run = 0;
+			for (;; i++) {
+				const struct perf_tspan *x = i < tr->n[d] && tr->sp[d][i].step == st ? &tr->sp[d][i] : NULL;
+				double v = !x ? 0 : wall ? x->dur : x->cpu;
+				while (k < t->n[s] && (!cpu_op(t->a[s][k].op) || t->a[s][k].op == PA_W))
+					w_table += t->a[s][k++].op == PA_W;
+				if (x && x->op == PA_W) {
+					w_run++;
+					n[s * PA_COUNT + PA_W]++;
+					cost[s * PA_COUNT + PA_W] += v;
+					for (int j = 0; each && j < t->n[s]; j++)  /* its own W, wherever it ran */
+						if (t->a[s][j].op == PA_W) {
+							traced_name(&t->a[s][j], want, sizeof(want));
+							if (!strcmp(x->name, want)) {
+								each[s][j] += v * per;
+								break;
+							}
+						}
+					continue;
+				}
+				if (!x && k == t->n[s])
+					break;
+				if (k < t->n[s])
+					traced_name(&t->a[s][k], want, sizeof(want));
+				if (!x || k == t->n[s] || strcmp(x->name, want)) {
+					char got[40], has[40];
+					snprintf(got, sizeof(got), x ? "'%s'" : "nothing more", x ? x->name : "");
+					snprintf(has, sizeof(has), k < t->n[s] ? "'%s'" : "nothing more", k < t->n[s] ? want : "");
+					snprintf(err, errlen, "--costs-from '%s': device %d (stage %d) in step %d ran %s where the "
+						 "table of %s has %s (a trace of another schedule, M or mesh?)", tr->path, d, s, st, got,
+						 cfgtxt, has);
+					rc = -EINVAL;
+					break;
+				}
+				n[s * PA_COUNT + x->op]++;
+				cost[s * PA_COUNT + x->op] += v;
+				if (each)
+					each[s][k] += v * per;
+				k++;
+			}
+			if (!rc && w_run != w_table) {
+				snprintf(err, errlen, "--costs-from '%s': device %d (stage %d) in step %d ran %d W actions, the "
+					 "table of %s has %d", tr->path, d, s, st, w_run, cfgtxt, w_table);
+				rc = -EINVAL;
+			}
+		}
+	}
+	for (int j = 0; !rc && j < S * PA_COUNT; j++)
+		cost[j] = n[j] > 0 ? cost[j] / n[j] : 0;
+	/* at walls, a send: its device's untraced time over its sends (the
+	 * stage's devices' mean) */
+	for (int d = 0; wall && !rc && d < tr->ndev; d++) {
+		mesh_coords(&sh->m, d, coord);
+		int s = coord[AX_STAGE], sends = 0;
+		for (int k = 0; k < t->n[s]; k++)
+			sends += t->a[s][k].op == PA_SEND;
+		if (sends)
+			cost[s * PA_COUNT + PA_SEND] += tr->untraced[d] / sends / sh->m.num_devices * S;
+	}
+	for (int s = 0; !rc && s < S; s++)
+		if (n[s * PA_COUNT + PA_FC] == 0)
+			cost[s * PA_COUNT + PA_FC] = cost[s * PA_COUNT + PA_F];
+	free(n);
+	return rc;
+}
+
 int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struct perf_compute *given,
 		 struct perf_parts *o, char *err, size_t errlen)
 {
@@ -623,17 +784,26 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 	struct pipe_table t = { 0 };
 	struct fluid f = { 0 };
 	struct perf_compute pc;
-	double layer_bytes = 0, ns_bytes = 0, muon_flops = 0, muon_xchg = 0;
+	double layer_bytes = 0, ns_bytes = 0, muon_flops = 0, muon_xchg = 0, *run = NULL, **each = NULL;
 	int rc = sh ? resolve(sh, c, err, errlen) : -ENOMEM;
 	memset(o, 0, sizeof(*o));
 	if (!rc)
 		rc = pipe_table_build(&t, &sh->pc.shape, err, errlen);
 	if (!rc && (rc = memory(o, sh, &t, c, mc, &layer_bytes, &ns_bytes, &muon_flops, &muon_xchg, err, errlen)) == 0) {
-		struct perf_compute an;
-		if (!given)
+		struct perf_compute an = { .rows = sh->mb };
+		if (!given && !mc->run)
 			perf_analytic(&sh->d, sh->mb, mc->flops, &an);
 		pc = scaled(given ? given : &an, sh->mb, sh->tp, sh->ep);
 		int S = t.shape.stages;
+		if (mc->run && !(run = calloc((size_t)S * PA_COUNT, sizeof(double))))
+			rc = -ENOMEM;
+		if (run && mc->run_by != PERF_RUN_KIND && !(each = calloc((size_t)S, sizeof(*each))))
+			rc = -ENOMEM;
+		for (int s = 0; each && !rc && s < S; s++)
+			if (!(each[s] = calloc((size_t)t.n[s] + 1, sizeof(double))))
+				rc = -ENOMEM;
+		if (run && !rc && (rc = run_costs(&t, sh, mc->run, mc->run_by == PERF_RUN_WALL, run, each, err, errlen)))
+			goto out;
 		uint32_t fsdp_axes = 1u << AX_FSDP | 1u << AX_FSDP_T;
 		const struct perf_link *fl = over_dcn(&sh->m, fsdp_axes) ? &mc->dcn : &mc->ici;
 		double outside = sh->pc.layers_before + sh->pc.layers_after;
@@ -641,11 +811,11 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 		f.gather[1] = t_gather(fl, (ns_bytes - outside * layer_bytes) * sh->fsdp, sh->fsdp);
 		f.gather[2] = t_gather(fl, outside * layer_bytes * sh->fsdp, sh->fsdp);
 		f.t = &t;
-		f.cores = mc->cores;
+		f.cores = mc->run && mc->cores <= 0 && mc->run_by != PERF_RUN_WALL ? mc->run->cores : mc->cores;
 		f.groups = sh->m.num_devices / S;  /* every stage group runs the same lists at once */
 		f.threads = given && given->threads > 0 ? given->threads : 1;
 		f.hop = calloc((size_t)S * S, sizeof(double));
-		rc = !f.hop ? -ENOMEM : durations(&f, sh, &pc, mc);
+		rc = rc ? rc : !f.hop ? -ENOMEM : durations(&f, sh, &pc, mc, run, each);
 		if (!rc)
 			rc = match_sends(&f);
 		if (!rc) {
@@ -676,7 +846,11 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 			/* every device runs its optimizer at once: on shared cores,
 			 * at their share */
 			double opt_cpu = o->optimizer + muon_flops * spf;
-			double share = mc->cores > 0 ? fmax(1, sh->m.num_devices * f.threads / mc->cores) : 1;
+			double share = f.cores > 0 ? fmax(1, sh->m.num_devices * f.threads / f.cores) : 1;
+			if (mc->run) {  /* the run's optimizer span, every device at once */
+				opt_cpu = mc->run->opt_s / share;
+				muon_flops = muon_xchg = 0;
+			}
 			o->muon_ns = muon_flops * spf * share;
 			o->optimizer = opt_cpu * share + muon_xchg;
 			o->step = o->table + o->tail + o->optimizer;
@@ -690,12 +864,19 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 					if (cpu_op(op) || kind == PERF_XFER)
 						o->work_kind[kind] += f.dur[s][k] * f.groups;
 				}
+			if (mc->run)
+				run_stages(o, sh, mc->run);
+			for (int s = 0; s < S && s < PERF_STAGES; s++) {
+				o->stage_busy[s] = f.stage_busy[s];
+				o->stage_end[s] = f.stage_end[s];
+			}
 			o->stages = S;
 			o->microbatches = t.shape.microbatches;
 			o->chunks = t.nchunks / S;
 			o->mb_rows = sh->mb;
 		}
 	}
+out:
 	for (int s = 0; s < t.shape.stages; s++) {
 		if (f.dur)
 			free(f.dur[s]);
@@ -705,6 +886,10 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 	free(f.dur);
 	free(f.match);
 	free(f.hop);
+	free(run);
+	for (int s = 0; each && s < t.shape.stages; s++)
+		free(each[s]);
+	free(each);
 	pipe_table_free(&t);
 	free(sh);
 	return rc;

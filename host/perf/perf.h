@@ -28,6 +28,16 @@ struct perf_link {
  * machine, as `meshrun local` runs them: a device computes at min(1,
  * cores / (devices computing x threads)) of its measured speed); device
  * memory for --search. */
+struct perf_trace;
+
+/* How a run's costs are taken (`--costs-by`): each action its kind's
+ * mean CPU on its stage; each its own mean CPU over the steps (the run's
+ * spread from one microbatch to the next); each its own mean wall time,
+ * the cores not shared (the shared cores' stretch is in the walls: the
+ * model's timeline alone, its dependencies and transfers, is tested),
+ * and each send the device's untraced time shared over its sends. */
+enum perf_run_by { PERF_RUN_KIND, PERF_RUN_ACTION, PERF_RUN_WALL };
+
 struct perf_machine {
 	struct perf_link dcn, ici;
 	double flops;
@@ -37,6 +47,12 @@ struct perf_machine {
 	 * (both > 0: given, e.g. from `meshrun bench backward`'s I/B and
 	 * W/B; else the compute figures' own i_layer and w_layer) */
 	double i_frac, w_frac;
+	/* a run's own costs (`--costs-from TRACE`): each action's time is the
+	 * mean CPU of its kind on its stage in the run, the optimizer the
+	 * run's, the cores (unless cores > 0) those the run's devices got;
+	 * the table must be the run's (perf_predict refuses another) */
+	const struct perf_trace *run;
+	enum perf_run_by run_by;
 };
 
 /* Seconds of one microbatch's compute on one device, at its shard of
@@ -67,7 +83,45 @@ struct perf_compute {
  * counting F), B, I, W (with recompute, B and I include the forward
  * they recompute), the owners' embed, head and embed_back, and the
  * transfers' CPU (sends and receives: encrypting, copying, decrypting). */
+#define PERF_STAGES 16
+
 enum { PERF_F, PERF_B, PERF_I, PERF_W, PERF_OWN, PERF_XFER, PERF_KINDS };
+
+/* A run's --trace, as `plan --costs-from` reads it: each device's
+ * compute actions (F, B, I, W, Fc of a microbatch and chunk; the owners'
+ * embed, head, embed_back) in the steps after the first (all of them if
+ * there is one), in time order. */
+struct perf_tspan {
+	char name[32];  /* as traced: "F mb3 c1", "head mb0" */
+	int op;         /* its enum pipe_act */
+	int step;
+	double ts, dur, cpu;  /* seconds: start, wall, the device thread's CPU */
+};
+
+struct perf_trace {
+	char path[256];          /* the file, for messages */
+	int ndev;                /* devices 0 .. ndev-1 (trace rows tid < TRACE_COMM_TID) */
+	struct perf_tspan **sp;  /* [ndev] */
+	int *n;                  /* [ndev] */
+	int step0, step1;        /* the steps read */
+	double step_s, fb_s, opt_s; /* mean spans over devices and steps: the step,
+				     * its forward+backward, its optimizer */
+	/* [ndev] seconds a step of the device's forward+backward not in any
+	 * span of its row (neither compute nor a wait): its sends' encryption
+	 * and writing (net/direct.c runs them on the device thread) and the
+	 * executor's own time; mean over the steps read */
+	double *untraced;
+	/* the cores the devices got: C such that the compute spans' CPU is
+	 * the integral of min(devices computing, C) over their time (the
+	 * fluid model's share, fitted); at most the most at once */
+	double cores;
+};
+
+/* Reads a --trace file. 0, or -EINVAL with err naming the file (not
+ * JSON, no compute action spans, a span without its CPU), -ENOMEM.
+ * The caller releases tr. */
+int perf_trace_read(const char *path, struct perf_trace *tr, char *err, size_t errlen);
+void perf_trace_release(struct perf_trace *tr);
 
 /* The prediction. */
 struct perf_parts {
@@ -89,6 +143,13 @@ struct perf_parts {
 	/* bytes per device */
 	double mem_params, mem_grads, mem_opt, mem_window, mem_act, mem_total;
 	int stages, microbatches, chunks, mb_rows;
+	/* per stage (the first PERF_STAGES): compute at full speed, and the
+	 * span from the table's first compute to the stage's last end */
+	double stage_busy[PERF_STAGES], stage_end[PERF_STAGES];
+	/* with a run's costs, the same of the run (means over the steps read,
+	 * the stage's first device): its compute's CPU and wall seconds, and
+	 * its last end from the step's first compute start on any device */
+	double run_cpu[PERF_STAGES], run_wall[PERF_STAGES], run_end[PERF_STAGES];
 };
 
 /* The microbatch rows of c's step on one device. */
@@ -115,7 +176,9 @@ void perf_analytic(const struct model_dims *d, int rows, double flops, struct pe
 
 /* Predicts c's step (c finished for its mesh). pc: measured at the
  * config's microbatch rows (scaled by rows if not), or NULL with
- * mc->flops > 0. 0, or -EINVAL with err for a config that cannot run. */
+ * mc->flops > 0. 0, or -EINVAL with err for a config that cannot run, or
+ * (mc->run) a trace whose devices or compute actions are not those of
+ * c's table (naming the device, step and action). */
 int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struct perf_compute *pc,
 		 struct perf_parts *out, char *err, size_t errlen);
 
