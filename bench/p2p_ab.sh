@@ -3,7 +3,7 @@
 # A/B in one run: 2 stages on 2 hosts x 1 device, M = 8, recompute off,
 # llama-bench with 8 layers at sequence 128 (bench/README.md's pipe_replay
 # command), STEPS steps traced, for each schedule of SCHEDS and each of
-#   base  the binary $BASE (default /work/bin/meshrun-base: main before)
+#   base  the binary $BASE (required: a build of the commit before the change)
 #   one   this build, one receive posted ahead at a time, no landing
 #         buffers (MESHRUN_PIPE_PREPOST=1 MESHRUN_PIPE_LANDING=0: base's
 #         posting, with this build's p2p trace rows)
@@ -16,13 +16,13 @@
 # a wake-up of its stream thread; clock-free) and the sum of the late
 # messages' late parts. Then the medians per schedule and variant, and
 # new's against base's and one's. Prints the load average beside each run.
-# usage: [STEPS=3] [ROUNDS=3] [SCHEDS="interleaved_1f1b 1f1b"] [BASE=...] bench/p2p_ab.sh
+# usage: BASE=BIN [STEPS=3] [ROUNDS=3] [SCHEDS="interleaved_1f1b 1f1b"] bench/p2p_ab.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${STEPS:-3}
 rounds=${ROUNDS:-3}
 scheds=${SCHEDS:-"interleaved_1f1b 1f1b"}
-base=${BASE:-/work/bin/meshrun-base}
+base=${BASE:?give BASE=a meshrun binary built from the commit to compare against}
 make -s all
 tmp=$(mktemp -d /tmp/p2p-ab.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT

@@ -46,7 +46,7 @@
 #   posted at its place (MESHRUN_PIPE_PREPOST=0), not ahead (the default);
 #   SCHED/one with one receive posted ahead at a time and no landing
 #   buffers (MESHRUN_PIPE_PREPOST=1 MESHRUN_PIPE_LANDING=0: zb3's posting);
-#   SCHED/base with the binary $BASE (default /work/bin/meshrun-base, the
+#   SCHED/base with the binary $BASE (required then: a build of the
 #   build of main before), for an A/B in one run
 # (BIN: a copy of build/meshrun, to keep building while it runs)
 set -eu
@@ -131,7 +131,7 @@ for mesh in $meshes; do
         */nofill) fk="pipeline_fill_waits=false" ;;
         */noprepost) pp_env=0 ;;
         */one) pp_env=1; land_env=0 ;;
-        */base) run_bin=${BASE:-/work/bin/meshrun-base} ;;
+        */base) run_bin=${BASE:?SCHED/base needs BASE=a meshrun binary to compare against} ;;
       esac
       case $s in
         # 8 layers: 2 chunks a stage, or one
