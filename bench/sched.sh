@@ -47,7 +47,7 @@
 #   SCHED/one with one receive posted ahead at a time and no landing
 #   buffers (MESHRUN_PIPE_PREPOST=1 MESHRUN_PIPE_LANDING=0: zb3's posting);
 #   SCHED/base with the binary $BASE (required then: a build of the
-#   build of main before), for an A/B in one run
+#   commit before the change), for an A/B in one run
 # (BIN: a copy of build/meshrun, to keep building while it runs)
 set -eu
 cd "$(dirname "$0")/.."
