@@ -9,7 +9,13 @@ share of the time: R = some thread of the host on a CPU, W = none on a
 CPU but one runnable (the host has work and waits for a core: the
 machine's load), S = every thread asleep (the host waits for its peer).
 On an idle 2-core machine a pipelined transfer is R/R most of the time;
-R/S or S/R is one host waiting for the other (taking turns); W is load.
+R/S or S/R is one host waiting for the other (taking turns); W is load,
+or, while a CPU sits idle, a woken thread the scheduler placed on a busy
+CPU (a loopback socket's wake-up is a sync one: the wakee goes to the
+waker's CPU, which keeps encrypting) -- printed as "stacked".
+sched_stat_runtime events (a task on a CPU) also set R, in case a switch
+event was lost. The states are a rough guide: a polling thread counts as
+R whether it works or spins (bench/host_work.py tells those apart).
 usage: perf script -i FILE | bench/host_overlap.py BENCH_PID"""
 import re
 import sys
@@ -38,6 +44,12 @@ for line in sys.stdin:
             ev.append((t, 'in', int(s.group(5)), s.group(4)))
             ev.append((t, 'cpu', int(m.group(3)), int(s.group(5)) == 0))
             comm[int(s.group(5))] = s.group(4)
+    elif kind == 'sched:sched_stat_runtime':
+        # the task is on this CPU now: heals a state a lost event left
+        r = re.match(r'comm=(.*) pid=(\d+) runtime', rest)
+        if r:
+            ev.append((t, 'run', int(r.group(2)), ''))
+            ev.append((t, 'cpu', int(m.group(3)), int(r.group(2)) == 0))
     elif kind in ('sched:sched_waking', 'sched:sched_wakeup'):
         w = wk.match(rest)
         if w:
@@ -60,7 +72,7 @@ hid = {a: i for i, a in enumerate(agents)}
 tids = {t: hid[host_of(t)] for t in parent if host_of(t) in hid}
 for a in agents:
     tids[a] = hid[a]
-ev.sort()
+ev.sort(key=lambda e: e[0])   # stable: same-time events stay in trace order
 times = [e[0] for e in ev if e[2] in tids]
 t0, t1 = times[0], times[-1]
 lo, hi = t0 + 0.1 * (t1 - t0), t1 - 0.1 * (t1 - t0)
@@ -87,7 +99,7 @@ for t, kind, tid, arg in ev:
     if kind == 'cpu':
         idle[tid] = arg
         continue
-    if kind == 'in':
+    if kind in ('in', 'run'):
         state[tid] = 'R'
     elif kind == 'out':
         state[tid] = 'W' if arg.startswith('R') else 'S'
@@ -103,7 +115,9 @@ turns = share.get('R/S', 0) + share.get('S/R', 0)
 print('# both hosts on a CPU %.1f%%; one asleep while the other is on a CPU (turns) %.1f%%; '
       'both asleep %.1f%%' % (100 * both / tot, 100 * turns / tot, 100 * share.get('S/S', 0) / tot))
 free = sum(share_free.values())
+stacked = sum(v for k, v in share_free.items() if 'W' in k)
 print('# while a CPU sat idle (%.1f%% of the time): a host asleep then waits for its peer, '
-      'not for a core' % (100 * free / tot))
+      'not for a core; a host runnable (W) then is a woken thread placed on a busy CPU '
+      '(stacked: %.1f%% of all the time)' % (100 * free / tot, 100 * stacked / tot))
 for k in sorted(share_free, key=lambda k: -share_free[k]):
     print('  %s  %5.1f%%' % (k, 100 * share_free[k] / max(free, 1e-12)))
