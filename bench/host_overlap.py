@@ -10,9 +10,9 @@ CPU but one runnable (the host has work and waits for a core: the
 machine's load), S = every thread asleep (the host waits for its peer).
 On an idle 2-core machine a pipelined transfer is R/R most of the time;
 R/S or S/R is one host waiting for the other (taking turns); W is load,
-or, while a CPU sits idle, a woken thread the scheduler placed on a busy
-CPU (a loopback socket's wake-up is a sync one: the wakee goes to the
-waker's CPU, which keeps encrypting) -- printed as "stacked".
+or, while a CPU sits idle, the wait between a wake-up and its run
+(printed as "W while a CPU idles"; its per-wake split, e.g. wake-ups put
+on the waker's busy CPU, needs the trace itself).
 sched_stat_runtime events (a task on a CPU) also set R, in case a switch
 event was lost. The states are a rough guide: a polling thread counts as
 R whether it works or spins (bench/host_work.py tells those apart).
@@ -117,7 +117,7 @@ print('# both hosts on a CPU %.1f%%; one asleep while the other is on a CPU (tur
 free = sum(share_free.values())
 stacked = sum(v for k, v in share_free.items() if 'W' in k)
 print('# while a CPU sat idle (%.1f%% of the time): a host asleep then waits for its peer, '
-      'not for a core; a host runnable (W) then is a woken thread placed on a busy CPU '
-      '(stacked: %.1f%% of all the time)' % (100 * free / tot, 100 * stacked / tot))
+      'not for a core (W while a CPU idles: %.1f%% of all the time)'
+      % (100 * free / tot, 100 * stacked / tot))
 for k in sorted(share_free, key=lambda k: -share_free[k]):
     print('  %s  %5.1f%%' % (k, 100 * share_free[k] / max(free, 1e-12)))
