@@ -11,7 +11,8 @@
 # runs the op under a cpu-clock profile and prints bench/host_work.py's
 # split of the time by which host does work (cipher, copies, TCP) and
 # which is on a CPU without work (polls that find nothing).
-# usage: [PROFILE=1] bench/bcast_timeline.sh [OP [SIZE [ITERS [key=value ...]]]]
+# KEEP=DIR keeps the trace's text (DIR/sched.txt) for bench/wake_place.py.
+# usage: [PROFILE=1] [KEEP=DIR] bench/bcast_timeline.sh [OP [SIZE [ITERS [key=value ...]]]]
 set -eu
 cd "$(dirname "$0")/.."
 op=${1:-broadcast}; size=${2:-16M}; iters=${3:-60}
@@ -23,6 +24,7 @@ perf sched record -o "$tmp/sched.data" -- build/meshrun bench collectives --host
 perf script -i "$tmp/sched.data" 2>/dev/null > "$tmp/sched.txt"
 top=$(awk '/sched_process_fork/ && /child_comm=exe/ {print $2; exit}' "$tmp/sched.txt")
 /usr/bin/python3 bench/host_overlap.py "$top" < "$tmp/sched.txt"
+if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$tmp/sched.txt" "$KEEP/"; fi
 if [ "${PROFILE:-0}" = 1 ]; then
   perf record -F 5000 -e cpu-clock -o "$tmp/prof.data" -- build/meshrun bench collectives --hosts 2 \
     --op "$op" --sizes "$size" --iters "$iters" --warmup 3 "$@" 2>&1 | grep -E '^ +[0-9]' || true
