@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The transport's tunables against the defaults, interleaved in one run (2
-# hosts x 1 device, loopback): every round runs all_gather, permute and
-# all_reduce with the defaults of configs/base.yml and with one key
+# hosts x 1 device, loopback): every round runs all_gather, permute,
+# all_reduce and broadcast (net5: at 16 MiB the one op bound by one
+# host's thread) with the defaults of configs/base.yml and with one key
 # changed at a time: at 64 KiB (500 iterations) poll_spin_us 0, 50 and
 # 1000; at 16 MiB (10 iterations) poll_spin_us=0, link_streams=2,
 # max_send_bytes=262144 and tcp_notsent_lowat_bytes=0. Prints medians and
@@ -9,7 +10,7 @@
 # average, and for each key the value it would choose: the one whose time
 # per op, as a geometric mean over the ops and sizes it ran of its median
 # over the default's, is lowest, if that is below 0.95 and its CPU per op
-# (same mean) at most 1.10 of the default's; else the default stays. ~35
+# (same mean) at most 1.10 of the default's; else the default stays. ~45
 # s a round on an idle 2-vCPU machine.
 # usage: bench/transport_ab.sh [ROUNDS]
 set -eu
@@ -32,7 +33,7 @@ run() {   # SETTING OP SIZE ITERS (SETTING: key=value, or "default")
   echo "$1 $2 $3 $t $c"
 }
 for r in $(seq 1 "$rounds"); do
-  for op in all_gather permute all_reduce; do
+  for op in all_gather permute all_reduce broadcast; do
     for v in default poll_spin_us=0 poll_spin_us=50 poll_spin_us=1000; do
       run "$v" "$op" 64K 500
     done
