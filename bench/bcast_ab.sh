@@ -4,8 +4,8 @@
 # MiB alone and at once, plaintext loopback TCP, and the two-thread
 # encrypt-send / recv-decrypt pipe), then ROUNDS interleaved rounds of
 # `meshrun bench collectives` for broadcast and permute at 16 MiB (20
-# iterations) and 64 KiB (500), with BASE (default /work/bin/meshrun-base,
-# main before this branch) and build/meshrun, and with build/meshrun under
+# iterations) and 64 KiB (500), with BASE (required: a build of the
+# commit before the change) and build/meshrun, and with build/meshrun under
 # each SETTINGS key=value (default: poll_spin_us=0 link_streams=2
 # segment_bytes=4194304). Prints medians of time and CPU per op (both
 # agents; the bench's `# cpu` line), each row's ratio to the base's, and
@@ -14,11 +14,11 @@
 # the cores if that is more. HOSTS=4 runs 4 x 1 instead of 2 x 1.
 # Prints the load average at the start and the end: time figures at load
 # mean little (bench/README.md, "The 16 MiB broadcast against its bound").
-# usage: [BASE=PATH] [HOSTS=2] [SETTINGS="k=v ..."] bench/bcast_ab.sh [ROUNDS]
+# usage: BASE=PATH [HOSTS=2] [SETTINGS="k=v ..."] bench/bcast_ab.sh [ROUNDS]
 set -eu
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
-base=${BASE:-/work/bin/meshrun-base}
+base=${BASE:?give BASE=a meshrun binary built from the commit to compare against}
 hosts=${HOSTS:-2}
 settings=${SETTINGS:-poll_spin_us=0 link_streams=2 segment_bytes=4194304}
 make -s all
