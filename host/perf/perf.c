@@ -609,11 +609,14 @@ static int memory(struct perf_parts *o, const struct shape *sh, const struct pip
 	if (!strcmp(c->opt_type, "muon"))
 		muon_work(sh, pl, mc, muon_flops, muon_xchg);
 	model_free(pl);
-	int worst = 0;
-	for (int s = 0; s < t->shape.stages; s++)
-		if (t->bufs[s] + t->scratch[s] > worst)
-			worst = t->bufs[s] + t->scratch[s];
+	/* the microbatch buffers, with the landing buffers (pipe_landing_bufs,
+	 * as the executor allocates them) */
 	double act = (double)sh->mb * sh->d.T * sh->d.C * sizeof(float);
+	int worst = 0;
+	for (int s = 0; s < t->shape.stages; s++) {
+		int nb = t->bufs[s] + t->scratch[s] + pipe_landing_bufs(t, s, (size_t)act);
+		worst = nb > worst ? nb : worst;
+	}
 	int call = sh->pc.shape.one_device ? sh->d.L : t->shape.layers_per_stage;
 	bool moe = sh->d.L_moe > 0;
 	double sets = 0, per_set = (double)call * model_layer_act_bytes(&sh->d, sh->mb, moe);
