@@ -143,7 +143,7 @@ static int plan(const struct plan_args *pa, const struct args *a)
 		.flops = pa->flops, .mem_bytes = pa->mem_gb * (double)(1 << 30),
 	};
 	if (!rc && pa->iw && (rc = iw_of(pa->iw, &mc)))
-		snprintf(err, sizeof(err), "plan: --iw takes I/B,W/B (e.g. 0.52,0.46), got '%s'", pa->iw);
+		snprintf(err, sizeof(err), "--iw takes I/B,W/B (e.g. 0.52,0.46), got '%s'", pa->iw);
 	int hosts = pa->hosts ? pa->hosts : cfg_family_product(c, true);
 	int dph = pa->dph ? pa->dph : cfg_family_product(c, false);
 	if (!rc && pa->search) {
@@ -158,7 +158,7 @@ static int plan(const struct plan_args *pa, const struct args *a)
 			rc = mb;
 		int devs = hosts * dph, th = pa->threads;
 		if (!rc && pa->cores && (rc = cores_of(pa->cores, c, mb, devs, &mc.cores)))
-			snprintf(err, sizeof(err), "plan: --cores takes a count or auto, got '%s'", pa->cores);
+			snprintf(err, sizeof(err), "--cores takes a count or auto, got '%s'", pa->cores);
 		if (!rc && pa->costs_from) {
 			/* the run's own costs: nothing measured here */
 			if (!(rc = perf_trace_read(pa->costs_from, &tr, err, sizeof(err))))

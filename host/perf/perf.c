@@ -845,7 +845,7 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 			hops(&f, sh, mc, &pc);
 			rc = fluid_run(&f);
 			if (rc == -EDEADLK)
-				snprintf(err, errlen, "plan: the table does not run to its end (a deadlock)");
+				snprintf(err, errlen, "the table does not run to its end (a deadlock)");
 		}
 		if (!rc) {
 			uint32_t st = 1u << AX_STAGE;
