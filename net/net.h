@@ -100,6 +100,9 @@ struct net_params {
 	/* A writer's turn: the bytes one thread writes on a link before it
 	 * pushes them to the wire and looks again (0: NET_MAX_SEND_DEFAULT). */
 	uint64_t max_send_bytes;
+	/* after OpenSSL's handshake, OpenSSL keeps writing and reading the
+	 * records (false: our record layer does, net/tls_rec.h) */
+	bool openssl_records;
 	/* TCP_NOTSENT_LOWAT on every link's socket (0: not set) */
 	uint64_t notsent_lowat_bytes;
 	/* TLS connections per host pair, each driven by its own stream thread

@@ -267,13 +267,15 @@ void rdv_agent_on_topology(struct link *l, const Meshrun__Topology *t)
 
 /* ---- data links: dialing, set-up, the start-up barrier ---- */
 
-/* Every link's TLS connection, dialed or accepted, renews its sending key
- * as configured. NULL on allocation failure. */
+/* Every link's TLS connection, dialed or accepted, has the records
+ * configured (tls_records) and renews its sending key as configured. NULL on allocation failure. */
 struct conn *rdv_conn_new(struct net *n, int fd, bool server)
 {
 	struct conn *c = tls_conn_new(n->ctx, fd, server);
-	if (c)
+	if (c) {
+		tls_conn_set_records(c, !n->openssl_records, n->max_send);
 		conn_set_key_update(c, n->key_update_bytes, &n->key_updates);
+	}
 	return c;
 }
 

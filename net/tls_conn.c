@@ -20,10 +20,21 @@
 #include <openssl/ssl.h>
 
 #include "net/tls.h"
+#include "net/tls_rec.h"
 
 struct tls_conn {
 	struct conn c;            /* first: a struct conn * is a struct tls_conn * */
 	SSL *ssl;
+	/* records of our own after the handshake (tls_conn_set_records):
+	 * rec is set at the switch, and from then on OpenSSL's SSL only
+	 * answers questions (the peer's certificate, the suite) */
+	bool own;
+	size_t send_bytes;
+	struct tls_rec *rec;
+	/* the application traffic secrets OpenSSL's key log reported,
+	 * until the switch takes them (then wiped) */
+	uint8_t secret[2][TLS_REC_SECRET_MAX];    /* [0] client's, [1] server's */
+	size_t secret_len[2];
 	/* the sending key is renewed every key_update_every bytes */
 	uint64_t tx_bytes, key_update_at, key_update_every;
 	_Atomic uint64_t *key_updates; /* counts renewals (may be NULL) */
@@ -170,6 +181,92 @@ static BIO *sbio_new(int fd, const bool *more, bool *drained)
 	return b;
 }
 
+/* ---- the switch to records of our own (net/tls_rec.h) ---- */
+
+static int hexval(char ch)
+{
+	return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+		: ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+/* OpenSSL's key log (NSS format, "LABEL <client random> <secret>"): the
+ * two application traffic secrets are kept on their connection for the
+ * switch; every other line (handshake secrets, the exporter) is ignored.
+ * Nothing is logged or written anywhere. */
+static void tls_keylog(const SSL *ssl, const char *line)
+{
+	static const char *const labels[2] = { "CLIENT_TRAFFIC_SECRET_0 ",
+						"SERVER_TRAFFIC_SECRET_0 " };
+	struct tls_conn *t = SSL_get_app_data(ssl);
+	if (!t || !t->own)
+		return;
+	for (int k = 0; k < 2; k++) {
+		size_t ll = strlen(labels[k]);
+		if (strncmp(line, labels[k], ll))
+			continue;
+		const char *sp = strchr(line + ll, ' ');
+		if (!sp)
+			return;
+		size_t hex = strlen(sp + 1), n = hex / 2;
+		if (hex % 2 || n > TLS_REC_SECRET_MAX)
+			return;
+		for (size_t i = 0; i < n; i++) {
+			int hi = hexval(sp[1 + 2 * i]), lo = hexval(sp[2 + 2 * i]);
+			if (hi < 0 || lo < 0) {
+				OPENSSL_cleanse(t->secret[k], sizeof(t->secret[k]));
+				return;
+			}
+			t->secret[k][i] = (uint8_t)(hi << 4 | lo);
+		}
+		t->secret_len[k] = n;
+	}
+}
+
+void tls_ctx_keylog(SSL_CTX *ctx)
+{
+	SSL_CTX_set_keylog_callback(ctx, tls_keylog);
+}
+
+/* After OpenSSL's handshake: the connection's records are ours from here
+ * (both directions at sequence number 0: no tickets, net/tls.c). OpenSSL
+ * read with read-ahead off, so it holds no byte past its handshake; if it
+ * did, those bytes would be lost to us, so that is refused. */
+static int tls_switch(struct conn *c)
+{
+	struct tls_conn *t = tc(c);
+	int rc = 0;
+	const SSL_CIPHER *ciph = SSL_get_current_cipher(t->ssl);
+	int suite = ciph ? tls_rec_suite_of(SSL_CIPHER_get_protocol_id(ciph)) : -1;
+	if (SSL_has_pending(t->ssl) || SSL_pending(t->ssl)) {
+		snprintf(c->err, sizeof(c->err),
+			 "tls: openssl holds unread bytes from %s at the switch to our records",
+			 c->peer_addr[0] ? c->peer_addr : "the peer");
+		rc = -EPROTO;
+	} else if (suite < 0) {
+		snprintf(c->err, sizeof(c->err), "tls: suite %s with %s is not one our records know",
+			 ciph ? SSL_CIPHER_get_name(ciph) : "(none)",
+			 c->peer_addr[0] ? c->peer_addr : "the peer");
+		rc = -EPROTO;
+	} else if (t->secret_len[0] != tls_rec_secret_len(suite) ||
+		   t->secret_len[1] != tls_rec_secret_len(suite)) {
+		snprintf(c->err, sizeof(c->err),
+			 "tls: openssl reported no traffic secrets for %s (is the key log callback set?)",
+			 c->peer_addr[0] ? c->peer_addr : "the peer");
+		rc = -EPROTO;
+	} else {
+		int us = SSL_is_server(t->ssl) ? 1 : 0;
+		t->rec = tls_rec_new(suite, t->secret[us], t->secret[!us], t->send_bytes, c->err,
+				     sizeof(c->err));
+		if (!t->rec)
+			rc = -EPROTO;
+		else
+			tls_rec_set_key_update(t->rec, t->key_update_every, t->key_updates);
+	}
+	OPENSSL_cleanse(t->secret, sizeof(t->secret));
+	t->secret_len[0] = t->secret_len[1] = 0;
+	return rc;
+}
+
 /* ---- TLS ---- */
 
 /* A TLS failure about certificates: ours refused by the peer (its
@@ -241,10 +338,12 @@ static int tls_handshake(struct conn *c)
 {
 	ERR_clear_error();
 	errno = 0;
+	if (tc(c)->rec)
+		return 0;
 	int ret = SSL_do_handshake(tc(c)->ssl);
 	if (ret == 1) {
 		c->want = CONN_WANT_NONE;
-		return 0;
+		return tc(c)->own ? tls_switch(c) : 0;
 	}
 	int rc = tls_result(c, ret, "tls handshake failed");
 	if (rc == 0) {
@@ -258,6 +357,8 @@ static int tls_handshake(struct conn *c)
  * read and write paths need not clear it first. */
 static ssize_t tls_read(struct conn *c, void *buf, size_t len)
 {
+	if (tc(c)->rec)
+		return tls_rec_read(tc(c)->rec, c, buf, len);
 	size_t n = 0;
 	errno = 0;
 	c->drained = false;     /* until this read's recv(), if any, says so */
@@ -269,6 +370,8 @@ static ssize_t tls_read(struct conn *c, void *buf, size_t len)
 
 static ssize_t tls_write(struct conn *c, const void *buf, size_t len)
 {
+	if (tc(c)->rec)
+		return tls_rec_write(tc(c)->rec, c, buf, len);
 	size_t n = 0;
 	errno = 0;
 	int ret = SSL_write_ex(tc(c)->ssl, buf, len, &n);
@@ -300,6 +403,8 @@ static ssize_t tls_write(struct conn *c, const void *buf, size_t len)
 
 static int tls_flush(struct conn *c)
 {
+	if (tc(c)->rec)
+		return tls_rec_flush(tc(c)->rec, c);
 	BIO *b = SSL_get_wbio(tc(c)->ssl);
 	errno = 0;
 	long r = BIO_flush(b);
@@ -316,12 +421,22 @@ static int tls_flush(struct conn *c)
 
 static bool tls_pending(struct conn *c)
 {
+	if (tc(c)->rec)
+		return tls_rec_pending(tc(c)->rec);
 	/* with read-ahead, bytes read off the socket but not yet decrypted */
 	return SSL_has_pending(tc(c)->ssl);
 }
 
 static int tls_shutdown(struct conn *c)
 {
+	if (tc(c)->rec) {
+		int rc = tls_rec_close(tc(c)->rec, c);
+		if (rc == -EAGAIN)
+			return rc;
+		/* an error: the peer is gone already, nothing left to say */
+		shutdown(c->fd, SHUT_WR);
+		return 0;
+	}
 	ERR_clear_error();
 	errno = 0;
 	int ret = SSL_shutdown(tc(c)->ssl);
@@ -339,6 +454,8 @@ static int tls_shutdown(struct conn *c)
 
 static void tls_free(struct conn *c)
 {
+	tls_rec_free(tc(c)->rec);
+	OPENSSL_cleanse(tc(c)->secret, sizeof(tc(c)->secret));
 	SSL_free(tc(c)->ssl);
 	if (c->fd >= 0)
 		close(c->fd);
@@ -357,6 +474,8 @@ static void tls_set_key_update(struct conn *c, uint64_t bytes, _Atomic uint64_t 
 	t->key_update_every = bytes;
 	t->key_update_at = t->tx_bytes + bytes;
 	t->key_updates = count;
+	if (t->rec)
+		tls_rec_set_key_update(t->rec, bytes, count);
 }
 
 static const struct conn_type conn_type_tls = {
@@ -387,6 +506,7 @@ struct conn *tls_conn_new(SSL_CTX *ctx, int fd, bool server)
 		return NULL;
 	}
 	SSL_set_bio(t->ssl, b, b);
+	SSL_set_app_data(t->ssl, t);
 	/* OpenSSL reads the socket a record and a bit at a time: one recv()
 	 * a record, not two (header, body), and no big buffer to move */
 	SSL_set_read_ahead(t->ssl, 1);
@@ -397,10 +517,38 @@ struct conn *tls_conn_new(SSL_CTX *ctx, int fd, bool server)
 	return &t->c;
 }
 
+void tls_conn_set_records(struct conn *c, bool own, size_t send_bytes)
+{
+	struct tls_conn *t = tc(c);
+	if (c->type != &conn_type_tls || t->rec)
+		return;
+	t->own = own;
+	t->send_bytes = send_bytes;
+	/* ours: OpenSSL must not read past its handshake (a header, then
+	 * exactly a body); the key log hands us the traffic secrets */
+	SSL_set_read_ahead(t->ssl, own ? 0 : 1);
+	if (own && SSL_CTX_get_keylog_callback(SSL_get_SSL_CTX(t->ssl)) != tls_keylog)
+		tls_ctx_keylog(SSL_get_SSL_CTX(t->ssl));
+}
+
+bool tls_conn_own_records(struct conn *c)
+{
+	return c->type == &conn_type_tls && tc(c)->rec;
+}
+
+struct tls_rec *tls_conn_rec(struct conn *c)
+{
+	return c->type == &conn_type_tls ? tc(c)->rec : NULL;
+}
+
 bool tls_conn_corrupt_next(struct conn *c)
 {
 	if (c->type != &conn_type_tls)
 		return false;
+	if (tc(c)->rec) {
+		tls_rec_corrupt_next(tc(c)->rec);
+		return true;
+	}
 	struct sbio *s = BIO_get_data(SSL_get_wbio(tc(c)->ssl));
 	if (!s)
 		return false;

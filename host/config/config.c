@@ -555,6 +555,11 @@ int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_
 			 c->max_send_bytes);
 		return -EINVAL;
 	}
+	if (strcmp(c->tls_records, "own") && strcmp(c->tls_records, "openssl")) {
+		snprintf(err, errlen, "config: key 'tls_records' must be own or openssl, got '%s'",
+			 c->tls_records);
+		return -EINVAL;
+	}
 	if (c->tcp_notsent_lowat_bytes < 0 || c->tcp_notsent_lowat_bytes > (64 << 20)) {
 		snprintf(err, errlen,
 			 "config: key 'tcp_notsent_lowat_bytes' must be in [0, 67108864], got %lld",
