@@ -30,7 +30,7 @@ TEST_SRC := $(wildcard tests/check_*.c)
 TESTS    := $(TEST_SRC:tests/%.c=$(B)/tests/%)
 # suites that also run under ASan/UBSan in `make test`: every parser of
 # untrusted input (frames, control messages, safetensors, config, data files)
-ASAN_TESTS := check_frame check_wire check_safetensors check_config check_data check_hostfile
+ASAN_TESTS := check_frame check_tlsrec check_wire check_safetensors check_config check_data check_hostfile
 # tests/check-layout (file and function sizes, objects that use each other,
 # includes across host/ net/ kernels/, ../shared in the docs) joins `make
 # test` with LAYOUT_CHECK=1; its self-test always runs. `make layout` runs it.
