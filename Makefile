@@ -143,7 +143,7 @@ clean:
 # $(B)/fuzz/findings/ and fails the run. `make test` replays the seeds of
 # every target with gcc's ASan/UBSan (no clang needed).
 FUZZ_PKGS    := clang libclang-rt-14-dev
-FUZZ_TARGETS := frame control stream config safetensors
+FUZZ_TARGETS := frame control stream records config safetensors
 FUZZ_S       ?= 60
 FUZZ_CC      ?= clang
 FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
