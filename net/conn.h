@@ -25,7 +25,10 @@ struct conn_type {
 	 * when a certificate failed verification (the peer's here, or ours
 	 * there); -EPROTO (not TLS, or TLS gone wrong), -ECONNRESET etc. */
 	int (*handshake)(struct conn *c);
-	/* > 0 bytes read; 0 at the peer's orderly close; -EAGAIN; < 0 error */
+	/* > 0 bytes read; 0 at the peer's orderly close; -EAGAIN; < 0 error.
+	 * May write anywhere in [buf, buf + len), also past the bytes it
+	 * returns (TLS records of our own decrypt there before their tag is
+	 * checked, net/tls_rec.h); what it returns is verified. */
 	ssize_t (*read)(struct conn *c, void *buf, size_t len);
 	/* > 0 bytes written (possibly fewer than len); -EAGAIN; < 0 error.
 	 * After -EAGAIN, retry with the same len (the buffer may move). */

@@ -1,7 +1,12 @@
 /* The TLS connection type (Valkey's tls_connection): a struct conn with
  * the SSL object and the key-renewal state behind it, over a socket BIO
- * that hands OpenSSL the socket (no buffer of ours in between). Nothing outside this file and net/tls.c touches
- * an SSL; callers ask through the conn_type table. */
+ * that hands OpenSSL the socket (no buffer of ours in between). OpenSSL
+ * does the handshake; after it, with records of our own
+ * (tls_conn_set_records), the traffic secrets its key log reported go to
+ * net/tls_rec.c, which writes and reads the records from then on, and
+ * the SSL only answers questions (the peer's certificate, the suite).
+ * Nothing outside this file and net/tls.c touches an SSL; callers ask
+ * through the conn_type table. */
 #include "net/tls_conn.h"
 
 #include <errno.h>

@@ -1,6 +1,7 @@
 /* The TLS connection type: a struct conn (net/conn.h) whose bytes go
- * through TLS 1.3 over a socket BIO that lets OpenSSL read and write the
- * socket itself (no buffer in between). Callers use
+ * through TLS 1.3: OpenSSL's handshake over a socket BIO that lets
+ * OpenSSL read and write the socket itself (no buffer in between), then
+ * records of our own (net/tls_rec.h) or OpenSSL's. Callers use
  * the conn_* calls; the peer's host identity and key renewal are asked
  * through the table, so no caller needs the SSL object. */
 #ifndef MESHRUN_TLS_CONN_H
