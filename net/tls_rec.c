@@ -298,6 +298,8 @@ ssize_t tls_rec_write(struct tls_rec *r, struct conn *c, const void *buf, size_t
 		snprintf(c->err, sizeof(c->err), "tls write: after our close_notify");
 		return -EPIPE;
 	}
+	if (!len)
+		return 0;
 	if (r->ku_owed) {
 		if ((rc = make_room(r, c, 0)))
 			return rc;
