@@ -12,9 +12,12 @@
 # see bench/peers_summary.py `ceilings`). The parts are
 # bench/peers_lib.sh's (shared with bench/peers.sh), the summary
 # bench/peers_summary.py --goals. Raw output: build/goals19.log.
-# MESHRUN_KEYS adds key=value settings to every meshrun run.
+# MESHRUN_KEYS adds key=value settings to every meshrun run. AB_KEYS
+# runs meshrun a second time each round with those settings added (e.g.
+# AB_KEYS=tls_records=openssl) and prints a second summary for them, the
+# peers' runs and AES figure shared (raw: build/goals19-b.log).
 # ~50 s a round on an idle 2-vCPU machine.
-# usage: bench/goals19.sh [ROUNDS]
+# usage: [MESHRUN_KEYS="k=v ..."] [AB_KEYS="k=v ..."] bench/goals19.sh [ROUNDS]
 set -eu
 cd "$(dirname "$0")/.."
 rounds=${1:-4}
@@ -24,7 +27,20 @@ big=10       # 16 MiB iterations
 . bench/peers_lib.sh
 peers_setup
 log=build/goals19.log
+logb=build/goals19-b.log
+ab=${AB_KEYS:-}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 : > "$log"
+[ -z "$ab" ] || : > "$logb"
+# meshrun's six ops at 64 KiB and 16 MiB with the given key=value settings
+meshrun_ops() {
+  for op in all_gather reduce_scatter all_reduce all_to_all permute broadcast; do
+    echo "# meshrun $op"
+    peers_meshrun 2 1 "$op" 64K "$small" 20 "$@"
+    peers_meshrun 2 1 "$op" 16M "$big" 3 "$@"
+  done
+}
 for round in $(seq 1 "$rounds"); do
   {
     echo "# round $round"
@@ -33,14 +49,24 @@ for round in $(seq 1 "$rounds"); do
     # user CPU time per byte, as the CPU figures of the rest
     echo "# aes-128-gcm $(openssl speed -seconds 1 -evp aes-128-gcm -bytes 16384 2>/dev/null |
       awk '/^AES-128-GCM/ {sub(/k$/, "", $2); print $2 * 1000 / 1e9}') GB/s"
-    for op in all_gather reduce_scatter all_reduce all_to_all permute broadcast; do
-      echo "# meshrun $op"
-      peers_meshrun 2 1 "$op" 64K "$small" 20 $keys
-      peers_meshrun 2 1 "$op" 16M "$big" 3 $keys
-    done
+  } > "$tmp/head"
+  meshrun_ops $keys > "$tmp/a" 2>&1
+  # AB_KEYS: meshrun once more with those settings too, in the same round
+  [ -z "$ab" ] || meshrun_ops $keys $ab > "$tmp/b" 2>&1
+  {
     peers_mpi 2 "$big" "$small" 0
     peers_gloo 2 "$big" "$small" 0
-  } 2>&1 | tee -a "$log" | grep -E '^(# (round|load|aes)|openmpi|gloo)' || true
+  } > "$tmp/peers" 2>&1
+  cat "$tmp/head" "$tmp/a" "$tmp/peers" >> "$log"
+  [ -z "$ab" ] || cat "$tmp/head" "$tmp/b" "$tmp/peers" >> "$logb"
+  grep -E '^(# (round|load|aes)|openmpi|gloo)' "$tmp/head" "$tmp/peers" -h || true
 done
 echo "# end of run, load $(cat /proc/loadavg)" >> "$log"
+[ -z "$ab" ] || echo "# meshrun settings: ${keys:-(defaults)}"
 /usr/bin/python3 bench/peers_summary.py --goals "$log"
+if [ -n "$ab" ]; then
+  echo "# end of run, load $(cat /proc/loadavg)" >> "$logb"
+  echo
+  echo "# meshrun settings: ${keys:+$keys }$ab (the same rounds; Open MPI and gloo the same runs)"
+  /usr/bin/python3 bench/peers_summary.py --goals "$logb"
+fi

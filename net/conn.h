@@ -70,7 +70,10 @@ struct conn {
 	 * was asked: the socket held no more then. With nothing buffered in
 	 * user space (conn_pending), the next read would likely meet EAGAIN,
 	 * so a reader may end its turn without that system call (net/recv.c
-	 * link_read). false after a read that made no recv() */
+	 * link_read). false after a read that made no recv() (OpenSSL's
+	 * records); with records of our own (net/tls_rec.h), a read served
+	 * from records already in user space repeats what the latest recv()
+	 * said */
 	bool drained;
 	char peer_addr[64];       /* "ip:port" of the other end */
 	char err[256];

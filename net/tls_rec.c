@@ -59,6 +59,7 @@ struct tls_rec {
 	uint8_t *in;
 	size_t in_off, in_len;
 	bool rx_closed;               /* close_notify read */
+	bool rx_short;                /* the latest recv() came back short */
 	int rx_err;                   /* a failure found after bytes were returned */
 	char rx_why[256];
 	/* the part of a record that did not fit the reader's buffer,
@@ -552,8 +553,14 @@ ssize_t tls_rec_read(struct tls_rec *r, struct conn *c, void *buf, size_t len)
 {
 	uint8_t *dst = buf;
 	size_t got = 0;
-	bool may_recv = true;
-	c->drained = false;
+	/* after a short recv(), a read that has bytes to return does not ask
+	 * the socket again (it would likely meet EAGAIN) */
+	bool may_recv = !r->rx_short;
+	/* the latest recv(), in this read or an earlier one: a read served
+	 * from records already here says what the socket said then, so the
+	 * read that completes a message tells link_read the socket is empty
+	 * (OpenSSL's record layer made a recv() for each record) */
+	c->drained = r->rx_short;
 	if (r->rx_err) {
 		snprintf(c->err, sizeof(c->err), "%s", r->rx_why);
 		return r->rx_err;
@@ -620,7 +627,7 @@ ssize_t tls_rec_read(struct tls_rec *r, struct conn *c, void *buf, size_t len)
 		while (n < 0 && errno == EINTR);
 		if (n > 0) {
 			r->in_len += (size_t)n;
-			c->drained = (size_t)n < ask;
+			r->rx_short = c->drained = (size_t)n < ask;
 			may_recv = !c->drained;
 			continue;
 		}
