@@ -52,6 +52,7 @@ struct tls_rec {
 	bool ku_owed;                 /* the peer asked for our KeyUpdate */
 	bool tx_closed;               /* close_notify queued */
 	uint64_t tx_plain, ku_at, ku_every;
+	uint64_t max_records;         /* per sending key (5.5) */
 	_Atomic uint64_t *ku_count;
 	uint64_t tx_records, rx_records;
 
@@ -167,6 +168,7 @@ struct tls_rec *tls_rec_new(enum tls_rec_suite s, const uint8_t *tx_secret,
 	}
 	r->hlen = tls_rec_secret_len(s);
 	r->send_bytes = send_bytes ? send_bytes : (1u << 20);
+	r->max_records = TLS_REC_MAX_RECORDS_PER_KEY;
 	r->out_cap = r->send_bytes + TLS_REC_MAX_PLAIN + TLS_REC_OVERHEAD + CTRL_ROOM;
 	r->out = malloc(r->out_cap);
 	r->in = malloc(TLS_REC_IN_BYTES);
@@ -316,7 +318,7 @@ ssize_t tls_rec_write(struct tls_rec *r, struct conn *c, const void *buf, size_t
 		if (rc)
 			return rc;
 		/* the cap of records per key (5.5), whatever ku_every says */
-		if (r->tx.seq >= TLS_REC_MAX_RECORDS_PER_KEY && (rc = send_key_update(r, c, false)))
+		if (r->tx.seq >= r->max_records && (rc = send_key_update(r, c, false)))
 			return rc;
 		if (seal(r, CT_APPDATA, src + n, k)) {
 			snprintf(c->err, sizeof(c->err), "tls write: encryption failed");
@@ -383,6 +385,11 @@ int tls_rec_key_update(struct tls_rec *r, struct conn *c, bool request)
 	if (!rc)
 		rc = send_key_update(r, c, request);
 	return rc;
+}
+
+void tls_rec_set_record_cap(struct tls_rec *r, uint64_t records)
+{
+	r->max_records = records;
 }
 
 void tls_rec_corrupt_next(struct tls_rec *r)

@@ -80,6 +80,9 @@ void tls_rec_set_key_update(struct tls_rec *r, uint64_t bytes, _Atomic uint64_t 
 /* Sends a KeyUpdate now, asking the peer to renew its key as well when
  * request (tests). 0 or < 0 with c->err. */
 int tls_rec_key_update(struct tls_rec *r, struct conn *c, bool request);
+/* The records one sending key encrypts at most (default and at most
+ * TLS_REC_MAX_RECORDS_PER_KEY; tests set fewer). */
+void tls_rec_set_record_cap(struct tls_rec *r, uint64_t records);
 /* Fault injection: flips a ciphertext byte of the next record written. */
 void tls_rec_corrupt_next(struct tls_rec *r);
 /* Records written and read so far, and key renewals each way (tests). */

@@ -5,7 +5,8 @@
  * OpenSSL's SSL_write -> our reader, for each of the three suites, at
  * record sizes 1, 16383, 16384, 16385 and ~1 MiB, read in odd lengths;
  * KeyUpdate both ways (OpenSSL's SSL_key_update asking for ours; ours
- * every few KiB, and ours asking for OpenSSL's); close_notify both ways;
+ * every few KiB, and ours asking for OpenSSL's; ours at the cap of
+ * records per key); close_notify both ways;
  * a flipped ciphertext byte, a replayed record and a record cut short at
  * EOF are errors that hand out no byte of the record; a client whose
  * certificate the server refuses after the client's handshake is done
@@ -231,6 +232,29 @@ START_TEST(test_key_update)
 }
 END_TEST
 
+/* The cap of records per sending key (RFC 8446 5.5; 2^24, here 3): our
+ * writer renews its key before the 4th, 7th and 10th record, and OpenSSL
+ * reads all ten. */
+START_TEST(test_record_cap)
+{
+	struct pair p;
+	uint8_t msg[10 * 100], got[10 * 100];
+	pair_open(&p, NULL, false, true);
+	struct tls_rec *rec = tls_conn_rec(p.c);
+	ck_assert_ptr_nonnull(rec);
+	tls_rec_set_record_cap(rec, 3);
+	fill(msg, sizeof(msg), 6);
+	/* one record a write of 100 bytes */
+	ck_assert_uint_eq(pump(p.c, p.s, msg, sizeof(msg), 100, whole_reads, 1, got), sizeof(msg));
+	ck_assert(!memcmp(got, msg, sizeof(msg)));
+	uint64_t tx, rx, u, v;
+	tls_rec_counts(rec, &tx, &rx, &u, &v);
+	ck_assert_uint_eq(u, 3);
+	ck_assert_uint_eq(tx, 10 + 3);     /* ten records and three KeyUpdates */
+	pair_close(&p);
+}
+END_TEST
+
 /* close_notify both ways: the bytes before it arrive, then read says 0. */
 START_TEST(test_close_notify)
 {
@@ -432,6 +456,7 @@ static Suite *tlsrec_suite(void)
 	tcase_set_timeout(tc, 30);
 	tcase_add_loop_test(tc, test_same_bytes, 0, 3);
 	tcase_add_loop_test(tc, test_key_update, 0, 3);
+	tcase_add_test(tc, test_record_cap);
 	tcase_add_test(tc, test_close_notify);
 	tcase_add_test(tc, test_bad_records);
 	tcase_add_test(tc, test_refused_after_handshake);
