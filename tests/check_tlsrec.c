@@ -6,7 +6,8 @@
  * record sizes 1, 16383, 16384, 16385 and ~1 MiB, read in odd lengths;
  * KeyUpdate both ways (OpenSSL's SSL_key_update asking for ours; ours
  * every few KiB, and ours asking for OpenSSL's; ours at the cap of
- * records per key); close_notify both ways;
+ * records per key; requests that arrive while our output buffer is full,
+ * answered by the writer); close_notify both ways;
  * a flipped ciphertext byte, a replayed record and a record cut short at
  * EOF are errors that hand out no byte of the record; a client whose
  * certificate the server refuses after the client's handshake is done
@@ -232,6 +233,80 @@ START_TEST(test_key_update)
 }
 END_TEST
 
+static ssize_t read_until(struct conn *c, uint8_t *buf, size_t len)
+{
+	ssize_t n = -EAGAIN;
+	for (int i = 0; i < 100 && n == -EAGAIN; i++)
+		n = conn_read(c, buf, len);
+	return n;
+}
+
+/* KeyUpdate requests that arrive while our output buffer is full: the
+ * reader answers the first in the room kept for control records and
+ * leaves the next owed; the writer sends it before its next record. The
+ * peer reads everything under the right keys. */
+START_TEST(test_key_update_owed)
+{
+	struct pair p;
+	static uint8_t msg[4 << 20], got[4 << 20];
+	pair_open(&p, NULL, false, true);     /* ours: the client */
+	struct tls_rec *rec = tls_conn_rec(p.c);
+	ck_assert_ptr_nonnull(rec);
+	fill(msg, sizeof(msg), 7);
+	/* fill the socket and our output buffer: nobody reads */
+	size_t w = 0;
+	ssize_t n;
+	p.c->more = true;
+	while (w < sizeof(msg) && (n = conn_write(p.c, msg + w, sizeof(msg) - w)) > 0)
+		w += (size_t)n;
+	ck_assert_int_eq(n, -EAGAIN);
+	/* and to the last bytes: byte-sized records until no room is left
+	 * but what is kept for control records */
+	while (w < sizeof(msg) && (n = conn_write(p.c, msg + w, 1)) > 0)
+		w += (size_t)n;
+	ck_assert_int_eq(n, -EAGAIN);
+	ck_assert_uint_lt(w, sizeof(msg));
+	/* three requests from OpenSSL, each with a record behind it */
+	SSL *ssl = tls_conn_ssl(p.s);
+	uint8_t small[30];
+	for (int i = 0; i < 3; i++) {
+		size_t k = 0;
+		ck_assert_int_eq(SSL_key_update(ssl, SSL_KEY_UPDATE_REQUESTED), 1);
+		ck_assert_int_eq(SSL_write_ex(ssl, "abcdefghij", 10, &k), 1);
+	}
+	size_t r = 0;
+	while (r < 30 && (n = read_until(p.c, small + r, sizeof(small) - r)) > 0)
+		r += (size_t)n;
+	ck_assert_uint_eq(r, 30);
+	ck_assert(!memcmp(small + 20, "abcdefghij", 10));
+	uint64_t tx, rx, u, v;
+	tls_rec_counts(rec, &tx, &rx, &u, &v);
+	ck_assert_uint_eq(v, 3);          /* three new read keys */
+	ck_assert_uint_eq(u, 1);          /* one answer now, one owed */
+	/* the peer reads; we write the rest (the owed answer goes first) */
+	size_t g = 0;
+	for (int i = 0; i < 100000 && g < sizeof(msg); i++) {
+		if (w < sizeof(msg)) {
+			p.c->more = false;
+			n = conn_write(p.c, msg + w, sizeof(msg) - w);
+			ck_assert_msg(n > 0 || n == -EAGAIN, "%s", p.c->err);
+			if (n > 0)
+				w += (size_t)n;
+		}
+		ck_assert_int_ne(conn_flush(p.c), -EPROTO);
+		n = conn_read(p.s, got + g, sizeof(got) - g);
+		ck_assert_msg(n > 0 || n == -EAGAIN, "%s", p.s->err);
+		if (n > 0)
+			g += (size_t)n;
+	}
+	ck_assert_uint_eq(g, sizeof(msg));
+	ck_assert(!memcmp(got, msg, sizeof(msg)));
+	tls_rec_counts(rec, &tx, &rx, &u, &v);
+	ck_assert_uint_eq(u, 2);
+	pair_close(&p);
+}
+END_TEST
+
 /* The cap of records per sending key (RFC 8446 5.5; 2^24, here 3): our
  * writer renews its key before the 4th, 7th and 10th record, and OpenSSL
  * reads all ten. */
@@ -307,14 +382,6 @@ static char *openssl_records(SSL *ssl, const uint8_t *msg, size_t n, long *len)
 	memcpy(copy, data, (size_t)*len);
 	SSL_set0_wbio(ssl, old);
 	return copy;
-}
-
-static ssize_t read_until(struct conn *c, uint8_t *buf, size_t len)
-{
-	ssize_t n = -EAGAIN;
-	for (int i = 0; i < 100 && n == -EAGAIN; i++)
-		n = conn_read(c, buf, len);
-	return n;
 }
 
 /* A flipped ciphertext byte, a replayed record, a record cut short at EOF:
@@ -456,6 +523,7 @@ static Suite *tlsrec_suite(void)
 	tcase_set_timeout(tc, 30);
 	tcase_add_loop_test(tc, test_same_bytes, 0, 3);
 	tcase_add_loop_test(tc, test_key_update, 0, 3);
+	tcase_add_test(tc, test_key_update_owed);
 	tcase_add_test(tc, test_record_cap);
 	tcase_add_test(tc, test_close_notify);
 	tcase_add_test(tc, test_bad_records);
