@@ -18,7 +18,6 @@
 #include <openssl/x509v3.h>
 
 #include "net/conn.h"
-#include "net/tls_conn.h"
 
 /* AES-128-GCM first: the fastest suite with AES-NI; the server's order
  * wins so both sides pick it. */
@@ -76,8 +75,6 @@ SSL_CTX *tls_ctx_new(const char *certs_dir, int host_id, char *err, size_t errle
 	SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
 	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 
-	/* the traffic secrets for records of our own (net/tls_rec.h) */
-	tls_ctx_keylog(ctx);
 	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
 	SSL_CTX_set_verify_depth(ctx, 2);
 

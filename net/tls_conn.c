@@ -227,11 +227,6 @@ static void tls_keylog(const SSL *ssl, const char *line)
 	}
 }
 
-void tls_ctx_keylog(SSL_CTX *ctx)
-{
-	SSL_CTX_set_keylog_callback(ctx, tls_keylog);
-}
-
 /* After OpenSSL's handshake: the connection's records are ours from here
  * (both directions at sequence number 0: no tickets, net/tls.c). OpenSSL
  * read with read-ahead off, so it holds no byte past its handshake; if it
@@ -532,8 +527,9 @@ void tls_conn_set_records(struct conn *c, bool own, size_t send_bytes)
 	/* ours: OpenSSL must not read past its handshake (a header, then
 	 * exactly a body); the key log hands us the traffic secrets */
 	SSL_set_read_ahead(t->ssl, own ? 0 : 1);
-	if (own && SSL_CTX_get_keylog_callback(SSL_get_SSL_CTX(t->ssl)) != tls_keylog)
-		tls_ctx_keylog(SSL_get_SSL_CTX(t->ssl));
+	SSL_CTX *ctx = SSL_get_SSL_CTX(t->ssl);
+	if (own && SSL_CTX_get_keylog_callback(ctx) != tls_keylog)
+		SSL_CTX_set_keylog_callback(ctx, tls_keylog);
 }
 
 bool tls_conn_own_records(struct conn *c)

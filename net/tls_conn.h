@@ -26,17 +26,16 @@ struct conn *tls_conn_new(SSL_CTX *ctx, int fd, bool server);
  * OpenSSL (own false, the default of tls_conn_new) or net/tls_rec.c
  * (own true: the same TLS 1.3 records, RFC 8446 section 5, with OpenSSL's
  * AEAD; written into a buffer that goes to send() once it holds about
- * send_bytes, 0: 1 MiB). Before the handshake only. */
+ * send_bytes, 0: 1 MiB). Before the handshake only. own sets the key log
+ * callback of c's SSL_CTX (the traffic secrets come through it): the
+ * thread that does so must be the only one starting handshakes on that
+ * context then (the net thread does all of a net's). */
 void tls_conn_set_records(struct conn *c, bool own, size_t send_bytes);
 /* true once the connection's records are ours (after the handshake). */
 bool tls_conn_own_records(struct conn *c);
 /* Our record layer under c, NULL before the switch or with OpenSSL's
  * (tests: counts and a KeyUpdate on demand, net/tls_rec.h). */
 struct tls_rec *tls_conn_rec(struct conn *c);
-/* Sets the key log callback through which a connection with records of
- * its own takes its traffic secrets (tls_ctx_new does it). */
-void tls_ctx_keylog(SSL_CTX *ctx);
-
 /* The SSL object under a TLS connection (NULL for another type). For tests
  * that inspect or drive TLS itself (the negotiated cipher, records
  * encrypted into memory); the runtime never needs it. */
