@@ -157,13 +157,19 @@ struct tls_rec *tls_rec_new(enum tls_rec_suite s, const uint8_t *tx_secret,
 	}
 	switch (s) {
 	case TLS_REC_AES_128_GCM_SHA256:
-		r->cipher = EVP_aes_128_gcm(), r->md = "SHA256", r->klen = 16;
+		r->cipher = EVP_aes_128_gcm();
+		r->md = "SHA256";
+		r->klen = 16;
 		break;
 	case TLS_REC_AES_256_GCM_SHA384:
-		r->cipher = EVP_aes_256_gcm(), r->md = "SHA384", r->klen = 32;
+		r->cipher = EVP_aes_256_gcm();
+		r->md = "SHA384";
+		r->klen = 32;
 		break;
 	default:
-		r->cipher = EVP_chacha20_poly1305(), r->md = "SHA256", r->klen = 32;
+		r->cipher = EVP_chacha20_poly1305();
+		r->md = "SHA256";
+		r->klen = 32;
 		break;
 	}
 	r->hlen = tls_rec_secret_len(s);
