@@ -24,6 +24,7 @@
 #include "host/mesh/shard.h"
 #include "host/obs/trace.h"
 #include "host/util/clock.h"
+#include "host/util/threads.h"
 #include "net/coll.h"
 #include "proto/meshrun.pb-c.h"
 
@@ -223,6 +224,21 @@ static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const
 
 #define XCHG_GROUP 0x4000u  /* above every mesh group id (axis masks), below P2P_GROUP */
 
+/* The expert exchanges' communication thread, started on first use (or
+ * before the device thread raises its nice value: it inherits it). */
+static int start_xcoll(struct job_ctx *c)
+{
+	if (c->xcoll)
+		return 0;
+	c->xcoll = coll_dev_new(c->xport, c->device, c->segment_bytes, c->timeout_s);
+	if (!c->xcoll) {
+		snprintf(c->err, c->errlen, "train: unable to start the expert exchanges' communication thread");
+		return -EAGAIN;
+	}
+	coll_set_step(c->xcoll, (uint64_t)c->step);
+	return 0;
+}
+
 static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *recv_bytes,
 				const void *in, const size_t *send_bytes, const char *name, void **h)
 {
@@ -230,18 +246,13 @@ static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size
 	const struct coll_group *g = group_of(c, axes);
 	if (!g)
 		return -ENOMEM;
-	if (!c->xcoll) {
-		c->xcoll = coll_dev_new(c->xport, c->device, c->segment_bytes, c->timeout_s);
-		if (!c->xcoll) {
-			snprintf(c->err, c->errlen, "train: unable to start the expert exchanges' communication thread");
-			return -EAGAIN;
-		}
-		coll_set_step(c->xcoll, (uint64_t)c->step);
-	}
+	int rc = start_xcoll(c);
+	if (rc)
+		return rc;
 	struct coll_group x = *g;
 	x.id += XCHG_GROUP;
 	double t = util_now_s();
-	int rc = job_start(c, t, coll_all_to_all_async(c->xcoll, &x, out, recv_bytes, in, send_bytes, c->err,
+	rc = job_start(c, t, coll_all_to_all_async(c->xcoll, &x, out, recv_bytes, in, send_bytes, c->err,
 						    c->errlen), "all_to_all", axes, name, h);
 	if (!rc)
 		((struct job_pending *)*h)->xchg = true;
@@ -800,6 +811,14 @@ int train_job(struct device_ctx *dev)
 		ret = -EAGAIN;
 		goto out;
 	}
+	/* the device computes at device_nice; the threads that move bytes
+	 * must not inherit it, so an MoE model's exchange thread starts now */
+	if (c->device_nice > 0 && c->num_experts > 1 && (ret = start_xcoll(&jc)))
+		goto out;
+	if ((ret = util_device_nice(c)))
+		fprintf(stderr, "meshrun: device %d: device_nice=%lld not applied (%s); computing at "
+			"nice %d\n", dev->device_id, c->device_nice, strerror(-ret), util_thread_nice());
+	ret = 0;
 	const struct coll_group *rg = group_of(&jc, rows), *allg = group_of(&jc, (1u << AX_COUNT) - 1);
 	if (!rg || !allg) {
 		ret = -ENOMEM;
@@ -844,6 +863,7 @@ int train_job(struct device_ctx *dev)
 			 .wait_send = job_p2p_wait_send, .probe = job_p2p_probe, .ctx = &jc },
 	};
 	if (o->trace) {
+		xport_set_stamps(jc.xport, true);   /* the p2p row's times */
 		jc.tr = malloc(sizeof(*jc.tr));
 		if (!jc.tr) {
 			snprintf(err, errlen, "train: out of memory for the trace");
