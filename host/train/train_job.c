@@ -483,6 +483,7 @@ static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void 
 	}
 	if (!r && c->nposted == (int)(sizeof(c->posted) / sizeof(c->posted[0])))
 		return 1;  /* no room: not filled, the recv posts it */
+	double t0 = util_now_s(), c0 = c->tr ? util_thread_cpu_s() : 0;
 	if (!r && (rc = xport_irecv(c->xport, dev, c->device, &m, buf, bytes, &r))) {
 		xport_failed(c->xport, c->err, c->errlen);
 		return rc == -ENOMEM ? rc : -EHOSTDOWN;
@@ -492,6 +493,11 @@ static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void 
 		return -EHOSTDOWN;  /* abandoned: the transport failed */
 	if (!rc)
 		p2p_flight(c, false, kind, idx);
+	if (c->tr) {  /* posting (and testing: it may read the link) */
+		char name[24];
+		snprintf(name, sizeof(name), "stage post %s %u", p2p_kind(kind), idx);
+		trace_span_cpu(c->tr, name, "comm", t0, util_now_s(), util_thread_cpu_s() - c0);
+	}
 	c->posted[c->nposted++] = (struct p2p_send){ .r = rc ? r : NULL, .dev = dev, .kind = kind, .idx = idx };
 	return !rc;
 }
@@ -528,13 +534,14 @@ static int job_p2p_wait_send(void *vctx, int dev, uint32_t kind, uint32_t idx)
 		struct p2p_send *p = &c->sends[i];
 		if (p->dev != dev || p->kind != kind || p->idx != idx)
 			continue;
-		double t0 = util_now_s();
+		double t0 = util_now_s(), c0 = c->tr ? util_thread_cpu_s() : 0;
 		int rc = xport_wait(p->r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
 		if (!rc)
 			p2p_flight(c, true, kind, idx);
 		*p = c->sends[--c->nsends];
 		c->waited_s += util_now_s() - t0;
-		trace_span(c->tr, "stage send wait", "comm", t0, util_now_s());
+		if (c->tr)
+			trace_span_cpu(c->tr, "stage send wait", "comm", t0, util_now_s(), util_thread_cpu_s() - c0);
 		return rc ? -EHOSTDOWN : 0;
 	}
 	return 0;
@@ -544,7 +551,7 @@ static int job_p2p_flush(void *vctx)
 {
 	struct job_ctx *c = vctx;
 	int rc = 0;
-	double t0 = util_now_s();
+	double t0 = util_now_s(), c0 = c->tr ? util_thread_cpu_s() : 0;
 	for (int i = 0; i < c->nsends; i++) {
 		int r = xport_wait(c->sends[i].r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
 				   rc ? NULL : c->err, rc ? 0 : c->errlen);
@@ -560,7 +567,8 @@ static int job_p2p_flush(void *vctx)
 			xport_wait(c->posted[i].r, 1, NULL, 0);
 	c->nposted = 0;
 	c->waited_s += util_now_s() - t0;
-	trace_span(c->tr, "stage send wait", "comm", t0, util_now_s());
+	if (c->tr)
+		trace_span_cpu(c->tr, "stage send wait", "comm", t0, util_now_s(), util_thread_cpu_s() - c0);
 	return rc;
 }
 
