@@ -10,6 +10,7 @@
 #   new   this build as it runs by default
 #   niceN this build with device_nice=N (VARIANTS="nice0 nice10": the
 #         device threads' nice value, A/B)
+#   batch this build with device_nice=0 device_batch=true (SCHED_BATCH)
 # (VARIANTS, default "base one new"; BASE is needed only for base)
 # in ROUNDS rounds (the variants interleaved, so load drifts over all
 # alike). Per run and step >= 1: bench/pipe_replay.py's measured span
@@ -50,6 +51,7 @@ for round in $(seq "$rounds"); do
         base) b=$base ;;
         one) pe=1; le=0 ;;
         nice[0-9]*) kv="device_nice=${v#nice}" ;;
+        batch) kv="device_nice=0 device_batch=true" ;;
       esac
       name=${s}_${v}_$round
       load=$(cut -d' ' -f1 /proc/loadavg)

@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 
 #include "host/cli/cli.h"
 #include "host/config/config.h"
@@ -212,6 +213,15 @@ static void *nice_thread(void *arg)
 	return NULL;
 }
 
+static void *batch_thread(void *arg)
+{
+	struct nice_probe *p = arg;
+	p->rc[0] = util_device_nice(p->c);
+	p->self[0] = util_thread_nice();
+	p->proc[0] = sched_getscheduler(0);
+	return NULL;
+}
+
 START_TEST(test_device_nice)
 {
 	static struct cfg c;
@@ -231,6 +241,15 @@ START_TEST(test_device_nice)
 		ck_assert_int_eq(p.proc[i], 7);
 	}
 	ck_assert_int_eq(task_nice(getpid(), gettid(), comm, sizeof comm), before);
+	/* device_batch: SCHED_BATCH, the nice value left as it was */
+	ck_assert_int_eq(cfg_override(&c, "device_batch=true", err, sizeof err), 0);
+	ck_assert_int_eq(cfg_override(&c, "device_nice=0", err, sizeof err), 0);
+	struct nice_probe q = { .c = &c };
+	ck_assert_int_eq(pthread_create(&th, NULL, batch_thread, &q), 0);
+	pthread_join(th, NULL);
+	ck_assert_int_eq(q.rc[0], 0);
+	ck_assert_int_eq(q.self[0], before);
+	ck_assert_int_eq(q.proc[0], SCHED_BATCH);
 
 	/* through the agents: every device thread at 7, every thread that
 	 * moves bytes (stream, net, communication) at the process's 0 */

@@ -821,11 +821,12 @@ int train_job(struct device_ctx *dev)
 	}
 	/* the device computes at device_nice; the threads that move bytes
 	 * must not inherit it, so an MoE model's exchange thread starts now */
-	if (c->device_nice > 0 && c->num_experts > 1 && (ret = start_xcoll(&jc)))
+	if ((c->device_nice > 0 || c->device_batch) && c->num_experts > 1 && (ret = start_xcoll(&jc)))
 		goto out;
 	if ((ret = util_device_nice(c)))
-		fprintf(stderr, "meshrun: device %d: device_nice=%lld not applied (%s); computing at "
-			"nice %d\n", dev->device_id, c->device_nice, strerror(-ret), util_thread_nice());
+		fprintf(stderr, "meshrun: device %d: device_nice=%lld%s not applied (%s); computing at "
+			"nice %d\n", dev->device_id, c->device_nice, c->device_batch ? " device_batch=true" : "",
+			strerror(-ret), util_thread_nice());
 	ret = 0;
 	const struct coll_group *rg = group_of(&jc, rows), *allg = group_of(&jc, (1u << AX_COUNT) - 1);
 	if (!rg || !allg) {

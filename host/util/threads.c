@@ -2,6 +2,7 @@
 #include "host/util/threads.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,12 @@ int util_thread_nice(void)
 int util_device_nice(const struct cfg *c)
 {
 	int want = (int)c->device_nice;
+	if (c->device_batch) {
+		struct sched_param sp = { 0 };
+		int rc = pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+		if (rc)
+			return -rc;
+	}
 	if (want <= util_thread_nice())
 		return 0;
 	return setpriority(PRIO_PROCESS, (id_t)gettid(), want) ? -errno : 0;

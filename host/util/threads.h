@@ -16,7 +16,8 @@ int util_blas_threads(const struct cfg *c, int devices_on_machine);
  * the scheduler then hands a thread woken by arriving bytes the core of
  * a computing device at once (README "Threads and cores"). Raising needs
  * no privilege; a thread already at or above it is left alone (lowering
- * would need CAP_SYS_NICE). Returns 0 or a negative errno. */
+ * would need CAP_SYS_NICE). With c->device_batch it also moves the
+ * thread to SCHED_BATCH. Returns 0 or a negative errno. */
 int util_device_nice(const struct cfg *c);
 
 /* The calling thread's nice value. */
