@@ -223,7 +223,8 @@ START_TEST(test_device_nice)
 {
 	static struct cfg c;
 	cfg_defaults(&c);
-	ck_assert_int_eq(c.device_nice, 10);
+	ck_assert_int_eq(c.device_nice, 0);
+	ck_assert(!c.device_batch);
 	char err[256], comm[32];
 	static struct cfg bad;
 	cfg_defaults(&bad);

@@ -819,8 +819,9 @@ int train_job(struct device_ctx *dev)
 		ret = -EAGAIN;
 		goto out;
 	}
-	/* the device computes at device_nice; the threads that move bytes
-	 * must not inherit it, so an MoE model's exchange thread starts now */
+	/* the device computes at device_nice (or under device_batch); the
+	 * threads that move bytes must not inherit it, so an MoE model's
+	 * exchange thread starts now */
 	if ((c->device_nice > 0 || c->device_batch) && c->num_experts > 1 && (ret = start_xcoll(&jc)))
 		goto out;
 	if ((ret = util_device_nice(c)))
