@@ -38,7 +38,7 @@ def main():
             pass  # forward+backward: encloses the spans above
         elif "prefetch" in n or "background" in n:
             t["bg"] += d
-        elif n.startswith("stage recv"):
+        elif n.startswith(("stage recv", "stage post")):
             t["recv"] += d
         elif n.startswith("stage send"):
             t["send"] += d

@@ -47,7 +47,9 @@
 #   SCHED/one with one receive posted ahead at a time and no landing
 #   buffers (MESHRUN_PIPE_PREPOST=1 MESHRUN_PIPE_LANDING=0: zb3's posting);
 #   SCHED/base with the binary $BASE (required then: a build of the
-#   commit before the change), for an A/B in one run
+#   commit before the change), for an A/B in one run; SCHED/niceN with
+#   device_nice=N (the device threads' nice value; default 10), SCHED/batch
+#   with device_nice=0 device_batch=true (SCHED_BATCH)
 # (BIN: a copy of build/meshrun, to keep building while it runs)
 set -eu
 cd "$(dirname "$0")/.."
@@ -132,6 +134,8 @@ for mesh in $meshes; do
         */noprepost) pp_env=0 ;;
         */one) pp_env=1; land_env=0 ;;
         */base) run_bin=${BASE:?SCHED/base needs BASE=a meshrun binary to compare against} ;;
+        */nice[0-9]*) fk="device_nice=${sv##*/nice}" ;;
+        */batch) fk="device_nice=0 device_batch=true" ;;
       esac
       case $s in
         # 8 layers: 2 chunks a stage, or one

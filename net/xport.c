@@ -60,6 +60,7 @@ struct xport {
 	pthread_mutex_t mu;
 	struct parker sleepers;  /* list head: threads asleep in xport_wait */
 	uint64_t spin_ns;        /* xport_set_poll_spin */
+	atomic_bool stamps;      /* xport_set_stamps */
 	int host_id;
 	int ndev;
 	int *dev_host;
@@ -80,6 +81,12 @@ uint64_t xport_now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* a request's trace time: 0 (no clock read) unless a trace asked */
+static uint64_t stamp(const struct xport *x)
+{
+	return atomic_load_explicit(&x->stamps, memory_order_relaxed) ? xport_now_ns() : 0;
 }
 
 static unsigned hash_key(int src, int dst, uint64_t tag)
@@ -123,6 +130,11 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 	x->sleepers.next = x->sleepers.prev = &x->sleepers;
 	pthread_mutex_init(&x->mu, NULL);
 	return x;
+}
+
+void xport_set_stamps(struct xport *x, bool on)
+{
+	atomic_store_explicit(&x->stamps, on, memory_order_relaxed);
 }
 
 void xport_set_poll_spin(struct xport *x, uint64_t spin_ns)
@@ -246,7 +258,7 @@ static void finish(struct xreq *r, int rc)
 {
 	r->rc = rc;
 	r->state = ST_DONE;
-	r->t_done_ns = xport_now_ns();
+	r->t_done_ns = stamp(r->x);
 	uintptr_t old = atomic_exchange_explicit(&r->wait, XW_DONE, memory_order_acq_rel);
 	if (old == XW_ORPHAN) {
 		req_free(r);
@@ -274,7 +286,7 @@ static struct xreq *req_new(struct xport *x, enum xreq_kind kind, int src, int d
 	r->buf = buf;
 	r->len = len;
 	r->x = x;
-	r->t_issued_ns = xport_now_ns();
+	r->t_issued_ns = stamp(x);
 	return r;
 }
 
@@ -333,7 +345,7 @@ int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 			}
 		}
 		r->state = peer || r->eager ? ST_NET : ST_SEND_WAIT_READY;
-		r->t_net_ns = r->state == ST_NET ? xport_now_ns() : 0;
+		r->t_net_ns = r->state == ST_NET ? stamp(x) : 0;
 		if (r->state == ST_SEND_WAIT_READY)
 			insert(x, r);
 	} else {
@@ -397,7 +409,7 @@ static int irecv(struct xport *x, int src, int dst, const struct xmeta *m, void 
 		x->staged_in[x->dev_host[src]] -= peer->len;
 	if (peer) {
 		r->state = ST_NET;
-		r->t_net_ns = xport_now_ns();
+		r->t_net_ns = stamp(x);
 		if (!remote)
 			peer->state = ST_NET;
 	} else {
@@ -691,7 +703,7 @@ struct xreq *xport_remote_ready(struct xport *x, int src, int dst, uint64_t tag,
 			r = NULL;
 		} else {
 			r->state = ST_NET;
-			r->t_net_ns = xport_now_ns();
+			r->t_net_ns = stamp(x);
 		}
 		goto out;
 	}
@@ -726,7 +738,7 @@ struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, 
 		*why = "differs in size from its posted receive";
 	} else if (r) {
 		r->state = ST_NET;
-		r->t_net_ns = xport_now_ns();
+		r->t_net_ns = stamp(x);
 	} else if (eager) {
 		/* no receive yet: stage it, within the credit the sender keeps */
 		int h = x->dev_host[src];
@@ -738,7 +750,7 @@ struct xreq *xport_remote_data(struct xport *x, int src, int dst, uint64_t tag, 
 			   (r->buf = malloc(len ? len : 1))) {
 			r->tag = tag;
 			r->state = ST_STAGING;
-			r->t_net_ns = xport_now_ns();
+			r->t_net_ns = stamp(x);
 			x->staged_in[h] += len;
 		} else {
 			free(r);

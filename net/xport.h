@@ -64,9 +64,10 @@ struct xreq {
 	const float *addend;     /* recv: NULL, or buf = data + addend (float32) */
 	bool eager;              /* send: goes out without a RecvReady */
 	uintptr_t net_ctx;       /* the net layer's, while it holds the request */
-	/* xport_now_ns() times, for traces: posted; handed to the net layer
-	 * (a send: its receive was ready; a receive: its data began to
-	 * arrive; 0: never); completed */
+	/* xport_now_ns() times, for traces (all 0 unless xport_set_stamps
+	 * turned them on): posted; handed to the net layer (a send: its
+	 * receive was ready; a receive: its data began to arrive; 0: never);
+	 * completed */
 	uint64_t t_issued_ns, t_net_ns, t_done_ns;
 	/* private to xport.c */
 	int state;
@@ -140,6 +141,12 @@ int xport_irecv_add(struct xport *x, int src, int dst, const struct xmeta *m,
  * Every host of a job must set the same values. max_bytes 0 (the default):
  * every send waits for its RecvReady. */
 void xport_set_eager(struct xport *x, size_t max_bytes, size_t credit_bytes);
+
+/* Whether requests are stamped with their times (struct xreq, and
+ * xport_last_times): on only while a trace records them, so an untraced
+ * run reads no clock per request. Off by default. Any thread may call
+ * it; a request takes what it finds at each stamp. */
+void xport_set_stamps(struct xport *x, bool on);
 
 /* How long a thread waiting on a remote request polls its link (the
  * poll hook) without progress before it sleeps; 0 (the default): it

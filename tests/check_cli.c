@@ -7,13 +7,17 @@
  * address is its own class (7) naming the address and the verify error;
  * a flood of refused connections is a few lines with a count; the local
  * launcher's keys leave the disk once the agents have read them; meshrun
- * runs on the CPU's own OpenBLAS kernels where the library falls back. */
+ * runs on the CPU's own OpenBLAS kernels where the library falls back;
+ * device threads compute at device_nice and the threads that move bytes
+ * do not. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 
 #include "host/cli/cli.h"
+#include "host/config/config.h"
 #include "host/util/threads.h"
 #include "tests/proc.h"
 
@@ -162,6 +166,132 @@ START_TEST(test_blas_kernels)
 	matmul_core(core, sizeof core);
 	if (want)
 		ck_assert_msg(strcmp(core, "Prescott"), "meshrun ran on Prescott on a CPU with %s", want);
+}
+END_TEST
+
+/* ---- device_nice ---- */
+
+/* A thread's nice value as the kernel reports it (field 19 of
+ * /proc/PID/task/TID/stat; the name in field 2 may hold spaces), its name
+ * into comm; -100 if it is gone. */
+static int task_nice(int pid, int tid, char *comm, size_t n)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", pid, tid);
+	char *st = slurp(path);   /* proc.h's buffer: not ours to free */
+	char *open = strchr(st, '('), *close = strrchr(st, ')');
+	int nice = -100;
+	if (open && close && close > open) {
+		snprintf(comm, n, "%.*s", (int)(close - open - 1), open + 1);
+		long f[17];
+		if (sscanf(close + 2, "%*c %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld",
+			   &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9], &f[10],
+			   &f[11], &f[12], &f[13], &f[14], &f[15]) == 16)
+			nice = (int)f[15];   /* field 19: the 16th after the state */
+	}
+	return nice;
+}
+
+struct nice_probe {
+	struct cfg *c;
+	int rc[2], self[2], proc[2];
+};
+
+static void *nice_thread(void *arg)
+{
+	struct nice_probe *p = arg;
+	char comm[32];
+	for (int i = 0; i < 2; i++) {
+		p->rc[i] = util_device_nice(p->c);
+		p->self[i] = util_thread_nice();
+		p->proc[i] = task_nice(getpid(), gettid(), comm, sizeof comm);
+		p->c->device_nice = 3;   /* the second call must not lower it */
+	}
+	return NULL;
+}
+
+static void *batch_thread(void *arg)
+{
+	struct nice_probe *p = arg;
+	p->rc[0] = util_device_nice(p->c);
+	p->self[0] = util_thread_nice();
+	p->proc[0] = sched_getscheduler(0);
+	return NULL;
+}
+
+START_TEST(test_device_nice)
+{
+	static struct cfg c;
+	cfg_defaults(&c);
+	ck_assert_int_eq(c.device_nice, 0);
+	ck_assert(!c.device_batch);
+	char err[256], comm[32];
+	static struct cfg bad;
+	cfg_defaults(&bad);
+	ck_assert_int_eq(cfg_override(&bad, "device_nice=20", err, sizeof err), 0);
+	ck_assert_int_ne(cfg_finish(&bad, 1, 1, err, sizeof err), 0);
+	ck_assert_msg(strstr(err, "device_nice"), "%s", err);
+	ck_assert_int_eq(cfg_override(&c, "device_nice=7", err, sizeof err), 0);
+	int before = task_nice(getpid(), gettid(), comm, sizeof comm);
+	struct nice_probe p = { .c = &c };
+	pthread_t th;
+	ck_assert_int_eq(pthread_create(&th, NULL, nice_thread, &p), 0);
+	pthread_join(th, NULL);
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(p.rc[i], 0);
+		ck_assert_int_eq(p.self[i], 7);
+		ck_assert_int_eq(p.proc[i], 7);
+	}
+	ck_assert_int_eq(task_nice(getpid(), gettid(), comm, sizeof comm), before);
+	/* device_batch: SCHED_BATCH, the nice value left as it was */
+	ck_assert_int_eq(cfg_override(&c, "device_batch=true", err, sizeof err), 0);
+	ck_assert_int_eq(cfg_override(&c, "device_nice=0", err, sizeof err), 0);
+	struct nice_probe q = { .c = &c };
+	ck_assert_int_eq(pthread_create(&th, NULL, batch_thread, &q), 0);
+	pthread_join(th, NULL);
+	ck_assert_int_eq(q.rc[0], 0);
+	ck_assert_int_eq(q.self[0], before);
+	ck_assert_int_eq(q.proc[0], SCHED_BATCH);
+
+	/* through the agents: every device thread at 7, every thread that
+	 * moves bytes (stream, net, communication) at the process's 0 */
+	struct proc r;
+	proc_meshrun(&r, "local", "local", "--hosts", "2", "--config", TINY, "steps=1000000",
+		     "openblas_threads=1", "device_nice=7", (char *)NULL);
+	ck_assert_msg(proc_wait_output(&r, "completed step: 2,", 60), "no step:\n%s", slurp(r.err));
+	int dev = 0, mover = 0;
+	DIR *d = opendir("/proc");
+	ck_assert_ptr_nonnull(d);
+	for (struct dirent *e; (e = readdir(d));) {
+		int pid = atoi(e->d_name);
+		if (pid <= 0 || pid == r.pid || getpgid(pid) != r.pid)
+			continue;
+		char path[64];
+		snprintf(path, sizeof(path), "/proc/%d/task", pid);
+		DIR *t = opendir(path);
+		if (!t)
+			continue;
+		for (struct dirent *te; (te = readdir(t));) {
+			int tid = atoi(te->d_name);
+			int nice = tid > 0 ? task_nice(pid, tid, comm, sizeof comm) : -100;
+			if (nice == -100)
+				continue;
+			if (!strncmp(comm, "mr-dev", 6)) {
+				ck_assert_msg(nice == 7, "%s of pid %d at nice %d", comm, pid, nice);
+				dev++;
+			} else if (!strncmp(comm, "mr-stream", 9) || !strcmp(comm, "mr-net") ||
+				   !strncmp(comm, "mr-comm", 7)) {
+				ck_assert_msg(nice == 0, "%s of pid %d at nice %d", comm, pid, nice);
+				mover++;
+			}
+		}
+		closedir(t);
+	}
+	closedir(d);
+	ck_assert_int_eq(dev, 2);
+	ck_assert_int_ge(mover, 6);   /* per agent a stream, the net and a comm thread */
+	kill(-r.pid, SIGINT);
+	ck_assert_int_eq(proc_wait(&r, 10), EXIT_INTERRUPTED);
 }
 END_TEST
 
@@ -496,6 +626,7 @@ int main(void)
 		{ "refused flood", test_refused_rate_limited, 60 },
 		{ "local keys", test_local_keys_leave_the_disk, 90 },
 		{ "blas kernels", test_blas_kernels, 60 },
+		{ "device nice", test_device_nice, 90 },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		TCase *tc = tcase_create(cases[i].name);

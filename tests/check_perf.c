@@ -416,10 +416,15 @@ struct tspan {
 	double ts, cpu;
 };
 
-/* xfer: device 0's two sends on its row with their CPU, 0.05 s each (a
- * trace with the transfers' CPU: its 0.1 s in no span is theirs) */
-static void write_trace(const char *path, const struct tspan *sp, int n, double opt, bool xfer)
+/* send > 0: device 0's two sends on its row with their CPU, send s each
+ * (a trace with the transfers' CPU: at 0.05 its 0.1 s in no span is
+ * theirs); wait > 0: its executor's one send wait a step, with that CPU,
+ * and one receive posted ahead with post (a trace with the executor's
+ * spans) */
+static void write_trace_exec(const char *path, const struct tspan *sp, int n, double opt, double send,
+			     double wait, double post)
 {
+	bool xfer = send > 0;
 	FILE *f = fopen(path, "w");
 	ck_assert_ptr_nonnull(f);
 	fprintf(f, "{\"traceEvents\": [\n");
@@ -443,13 +448,24 @@ static void write_trace(const char *path, const struct tspan *sp, int n, double 
 		for (int i = 0; xfer && i < 2; i++)
 			fprintf(f, ",\n{\"name\": \"stage send act %d\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, "
 				"\"tid\": 0, \"args\": {\"step\": %d, \"cpu_us\": %.3f}}", i, base + k * (0.81 + i) * 1e6,
-				k * 0.05e6, step, k * 0.05e6);
+				k * send * 1e6, step, k * send * 1e6);
+		if (wait > 0)
+			fprintf(f, ",\n{\"name\": \"stage send wait\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, "
+				"\"tid\": 0, \"args\": {\"step\": %d, \"cpu_us\": %.3f}}\n,{\"name\": \"stage post grad 5\", "
+				"\"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, \"tid\": 0, \"args\": {\"step\": %d, "
+				"\"cpu_us\": %.3f}}", base + k * 16.83 * 1e6, k * 0.01e6, step, k * wait * 1e6,
+				base + k * 7.31 * 1e6, k * 0.001e6, step, k * post * 1e6);
 		for (int d = 0; d < 2; d++)
 			fprintf(f, ",\n{\"name\": \"optimizer\", \"cat\": \"compute\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, "
 				"\"pid\": %d, \"tid\": %d, \"args\": {\"step\": %d}}", base + 90e6, k * opt * 1e6, d, d, step);
 	}
 	fprintf(f, "\n]}\n");
 	fclose(f);
+}
+
+static void write_trace(const char *path, const struct tspan *sp, int n, double opt, bool xfer)
+{
+	write_trace_exec(path, sp, n, opt, xfer ? 0.05 : 0, 0, 0);
 }
 
 START_TEST(test_costs_from)
@@ -518,6 +534,26 @@ START_TEST(test_costs_from)
 	ck_assert_msg(perf_predict(&c, &mc, NULL, &p, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(fabs(p.table - 16.88) < 1e-6 && p.xfer_by == PERF_XFER_TRACED, "table %.9g, by hand 16.88",
 		      p.table);
+	ck_assert(!tr.exec_traced);
+	/* the executor's spans: device 0's send waits (0.04 s CPU a step)
+	 * are its two sends' (0.05 + 0.02 each), the same table as sends of
+	 * 0.07 s; its posting (0.003 s) its receives', which have no CPU
+	 * traced here, so nothing is charged for them */
+	double tables[2];
+	for (int v = 0; v < 2; v++) {
+		perf_trace_release(&tr);
+		write_trace_exec(path, sp, (int)(sizeof(sp) / sizeof(sp[0])), 0.25, v ? 0.07 : 0.05, v ? 0 : 0.04,
+				 v ? 0 : 0.003);
+		ck_assert_msg(perf_trace_read(path, &tr, err, sizeof(err)) == 0, "%s", err);
+		ck_assert_int_eq(tr.exec_traced, !v);
+		ck_assert_msg(fabs(tr.wait_cpu[0] - (v ? 0 : 0.04)) < 1e-9 && fabs(tr.post_cpu[0] - (v ? 0 : 0.003)) < 1e-9 &&
+			      tr.wait_cpu[1] == 0, "wait %g, post %g", tr.wait_cpu[0], tr.post_cpu[0]);
+		mc.run_by = PERF_RUN_KIND;
+		ck_assert_msg(perf_predict(&c, &mc, NULL, &p, err, sizeof(err)) == 0, "%s", err);
+		tables[v] = p.table;
+	}
+	ck_assert_msg(fabs(tables[0] - tables[1]) < 1e-9 && tables[0] > 17.08 + 1e-6,
+		      "table with the waits %.9g, with sends of 0.07 s %.9g (0.05 s: 17.08)", tables[0], tables[1]);
 	mc.run_by = PERF_RUN_KIND;
 	/* the same trace against another M, schedule, mesh */
 	const char *bad[][3] = { { "pipeline_schedule=1f1b", "num_pipeline_microbatches=4", "microbatches" },

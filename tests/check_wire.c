@@ -285,6 +285,37 @@ START_TEST(test_data)
 }
 END_TEST
 
+/* The request times are read only while a trace asks (xport_set_stamps):
+ * a message between two devices of this host, waited on both ends. */
+START_TEST(test_stamps)
+{
+	static const int dev_host[2] = { 0, 0 };
+	struct xport *x = xport_new(0, 2, dev_host, &ops, NULL);
+	ck_assert_ptr_nonnull(x);
+	for (int on = 0; on < 2; on++) {
+		xport_set_stamps(x, on);
+		struct xmeta m = { .group = 1, .seq = (uint64_t)on, .chunk = 0 };
+		char a[16] = "stamped", b[16];
+		struct xreq *s, *r;
+		ck_assert_int_eq(xport_irecv(x, 0, 1, &m, b, sizeof(b), &r), 0);
+		ck_assert_int_eq(xport_isend(x, 0, 1, &m, a, sizeof(a), &s), 0);
+		ck_assert_int_eq(xport_wait(s, xport_now_ns() + 1000000000ull, err, sizeof(err)), 0);
+		ck_assert_int_eq(xport_wait(r, xport_now_ns() + 1000000000ull, err, sizeof(err)), 0);
+		ck_assert_str_eq(b, "stamped");
+		struct xtimes t = xport_last_times();
+		if (on)
+			ck_assert_msg(t.issued_ns > 0 && t.done_ns >= t.issued_ns &&
+				      (!t.net_ns || (t.net_ns >= t.issued_ns && t.net_ns <= t.done_ns)),
+				      "issued %llu net %llu done %llu", (unsigned long long)t.issued_ns,
+				      (unsigned long long)t.net_ns, (unsigned long long)t.done_ns);
+		else
+			ck_assert_msg(!t.issued_ns && !t.net_ns && !t.done_ns, "untraced, yet issued %llu done %llu",
+				      (unsigned long long)t.issued_ns, (unsigned long long)t.done_ns);
+	}
+	xport_free(x);
+}
+END_TEST
+
 START_TEST(test_peer_text)
 {
 	char out[8];
@@ -301,7 +332,7 @@ static Suite *wire_suite(void)
 	const struct { const char *name; const TTest *t; } cases[] = {
 		{ "seq", test_seq }, { "stage", test_stage }, { "hello", test_hello },
 		{ "topology", test_topology }, { "link_hello", test_link_hello },
-		{ "data", test_data }, { "peer_text", test_peer_text },
+		{ "data", test_data }, { "stamps", test_stamps }, { "peer_text", test_peer_text },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		TCase *tc = tcase_create(cases[i].name);

@@ -91,11 +91,13 @@ static void print_run(const struct perf_parts *p, const struct perf_trace *tr, c
 		printf("%.2f%s\n", cores, cores == tr->cores ? " (the run's, fitted to its compute spans)" : "");
 	else
 		printf("not shared (the walls have the sharing in them)\n");
-	printf("transfers: %s\n",
+	printf("transfers: %s%s\n",
 	       p->xfer_by == PERF_XFER_TRACED ? "each send and receive its traced CPU (the stage's mean)" :
 	       p->xfer_by == PERF_XFER_UNTRACED ? "each send its device's untraced time over its sends (a trace "
 						  "without the transfers' CPU)" :
-	       "not charged (a trace without the transfers' CPU)");
+	       "not charged (a trace without the transfers' CPU)",
+	       p->xfer_by == PERF_XFER_TRACED && tr->exec_traced ?
+	       ", with the executor's: a receive its share of posting ahead, a send its share of the send waits" : "");
 	printf("run_step_s: %.4f\n", tr->step_s);
 	printf("run: step %.4f s (plan %+.1f%%), forward+backward %.4f s (plan's table %.4f s, %+.1f%%), optimizer "
 	       "%.4f s\n", tr->step_s, tr->step_s > 0 ? 100 * (p->step - tr->step_s) / tr->step_s : 0, tr->fb_s,

@@ -444,6 +444,7 @@ static const struct cfg_range {
 	{ "connect_timeout_s", 0, INFINITY, true, false },
 	{ "collective_timeout_s", 0, INFINITY, true, false },
 	{ "openblas_threads", 0, 4096, false, false },
+	{ "device_nice", 0, 19, false, false },
 };
 
 static double key_number(const struct cfg *c, const struct cfg_key *k)

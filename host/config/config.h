@@ -169,7 +169,9 @@ struct cfg_list {
 	X(INT,   log_period, "1", 1, "") \
 	X(INT,   checkpoint_period, "0", 1, "0: only at the end when --checkpoint-dir is given") \
 	X(STR,   checkpoint_dtype, "f32", 1, "f32 | bf16: the dtype of saved model weights") \
-	X(INT,   openblas_threads, "0", 0, "0: cores / devices on this host")
+	X(INT,   openblas_threads, "0", 0, "0: cores / devices on this host") \
+	X(INT,   device_nice, "0", 0, "the nice value a device thread computes at (0-19, README \"Threads and cores\"), above its host's stream, net and communication threads (nice 0), so that one woken by arriving bytes may take the core from a computing device; 0 (the default, measured best on a shared machine): no change") \
+	X(BOOL,  device_batch, "false", 0, "true: device threads compute under SCHED_BATCH (never preempting a woken thread; measured against device_nice in bench/README.md)")
 
 #define CFG_ICI_KEY(X, e, name, stem, def) \
 	X(INT, ici_##stem##_parallelism, def, 1, "devices of a host along the " #name " axis")

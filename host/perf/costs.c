@@ -151,6 +151,8 @@ void perf_trace_release(struct perf_trace *tr)
 	free(tr->nsend);
 	free(tr->nrecv);
 	free(tr->fb_cpu);
+	free(tr->post_cpu);
+	free(tr->wait_cpu);
 	memset(tr, 0, sizeof(*tr));
 }
 
@@ -196,7 +198,10 @@ int perf_trace_read(const char *path, struct perf_trace *tr, char *err, size_t e
 	tr->nsend = calloc((size_t)tr->ndev, sizeof(int));
 	tr->nrecv = calloc((size_t)tr->ndev, sizeof(int));
 	tr->fb_cpu = calloc((size_t)tr->ndev, sizeof(double));
-	if (!tr->sp || !tr->n || !cap || !tr->send_cpu || !tr->recv_cpu || !tr->nsend || !tr->nrecv || !tr->fb_cpu) {
+	tr->post_cpu = calloc((size_t)tr->ndev, sizeof(double));
+	tr->wait_cpu = calloc((size_t)tr->ndev, sizeof(double));
+	if (!tr->sp || !tr->n || !cap || !tr->send_cpu || !tr->recv_cpu || !tr->nsend || !tr->nrecv || !tr->fb_cpu ||
+	    !tr->post_cpu || !tr->wait_cpu) {
 		free(cap);
 		rc = -ENOMEM;
 		goto out;
@@ -229,6 +234,12 @@ int perf_trace_read(const char *path, struct perf_trace *tr, char *err, size_t e
 			*(snd ? &tr->send_cpu[tid] : &tr->recv_cpu[tid]) += cpu;
 			(*(snd ? &tr->nsend[tid] : &tr->nrecv[tid]))++;
 			tr->xfer_traced |= snd;
+		}
+		/* the executor's own: posting receives ahead, waiting for sends */
+		bool post = !strncmp(nm->valuestring, "stage post ", 11);
+		if ((post || !strcmp(nm->valuestring, "stage send wait")) && cpu >= 0) {
+			*(post ? &tr->post_cpu[tid] : &tr->wait_cpu[tid]) += cpu;
+			tr->exec_traced = true;
 		}
 		if (span_op(nm->valuestring) < 0)
 			continue;

@@ -764,9 +764,11 @@ static int run_costs(const struct pipe_table *t, const struct shape *sh, const s
 	for (int j = 0; !rc && j < S * PA_COUNT; j++)
 		cost[j] = n[j] > 0 ? cost[j] / n[j] : 0;
 	/* the transfers: each send and receive its traced CPU (the mean of
-	 * the stage's over the steps read), with every --costs-by; from an
-	 * older trace without it, at walls, a send its device's untraced
-	 * time over its sends (the stage's devices' mean) */
+	 * the stage's over the steps read), with every --costs-by; where the
+	 * trace has them, a receive also its share of the executor's posting
+	 * ahead and a send its share of the waits for sends; from an older
+	 * trace without it, at walls, a send its device's untraced time over
+	 * its sends (the stage's devices' mean) */
 	for (int s = 0; tr->xfer_traced && !rc && s < S; s++) {
 		double sc = 0, rcpu = 0;
 		int ns = 0, nr = 0;
@@ -774,9 +776,9 @@ static int run_costs(const struct pipe_table *t, const struct shape *sh, const s
 			mesh_coords(&sh->m, d, coord);
 			if (coord[AX_STAGE] != s)
 				continue;
-			sc += tr->send_cpu[d];
+			sc += tr->send_cpu[d] + tr->wait_cpu[d];
 			ns += tr->nsend[d];
-			rcpu += tr->recv_cpu[d];
+			rcpu += tr->recv_cpu[d] + tr->post_cpu[d];
 			nr += tr->nrecv[d];
 		}
 		cost[s * PA_COUNT + PA_SEND] = ns ? sc / ns : 0;

@@ -119,6 +119,13 @@ struct perf_trace {
 	double *send_cpu, *recv_cpu;
 	int *nsend, *nrecv;
 	bool xfer_traced;
+	/* [ndev] the executor's own transport work on the device thread,
+	 * over the steps read: the CPU of its "stage post" spans (posting
+	 * receives ahead, testing them) and of its "stage send wait" spans
+	 * (waiting for a send before its buffer is reused, polling the
+	 * link); exec_traced false for a trace without them (older ones) */
+	double *post_cpu, *wait_cpu;
+	bool exec_traced;
 	/* [ndev] the device thread's CPU in its forward+backward, mean a step
 	 * (-1: not traced) */
 	double *fb_cpu;

@@ -24,6 +24,7 @@
 #include "host/mesh/shard.h"
 #include "host/obs/trace.h"
 #include "host/util/clock.h"
+#include "host/util/threads.h"
 #include "net/coll.h"
 #include "proto/meshrun.pb-c.h"
 
@@ -223,6 +224,21 @@ static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const
 
 #define XCHG_GROUP 0x4000u  /* above every mesh group id (axis masks), below P2P_GROUP */
 
+/* The expert exchanges' communication thread, started on first use (or
+ * before the device thread raises its nice value: it inherits it). */
+static int start_xcoll(struct job_ctx *c)
+{
+	if (c->xcoll)
+		return 0;
+	c->xcoll = coll_dev_new(c->xport, c->device, c->segment_bytes, c->timeout_s);
+	if (!c->xcoll) {
+		snprintf(c->err, c->errlen, "train: unable to start the expert exchanges' communication thread");
+		return -EAGAIN;
+	}
+	coll_set_step(c->xcoll, (uint64_t)c->step);
+	return 0;
+}
+
 static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *recv_bytes,
 				const void *in, const size_t *send_bytes, const char *name, void **h)
 {
@@ -230,18 +246,13 @@ static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size
 	const struct coll_group *g = group_of(c, axes);
 	if (!g)
 		return -ENOMEM;
-	if (!c->xcoll) {
-		c->xcoll = coll_dev_new(c->xport, c->device, c->segment_bytes, c->timeout_s);
-		if (!c->xcoll) {
-			snprintf(c->err, c->errlen, "train: unable to start the expert exchanges' communication thread");
-			return -EAGAIN;
-		}
-		coll_set_step(c->xcoll, (uint64_t)c->step);
-	}
+	int rc = start_xcoll(c);
+	if (rc)
+		return rc;
 	struct coll_group x = *g;
 	x.id += XCHG_GROUP;
 	double t = util_now_s();
-	int rc = job_start(c, t, coll_all_to_all_async(c->xcoll, &x, out, recv_bytes, in, send_bytes, c->err,
+	rc = job_start(c, t, coll_all_to_all_async(c->xcoll, &x, out, recv_bytes, in, send_bytes, c->err,
 						    c->errlen), "all_to_all", axes, name, h);
 	if (!rc)
 		((struct job_pending *)*h)->xchg = true;
@@ -472,6 +483,7 @@ static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void 
 	}
 	if (!r && c->nposted == (int)(sizeof(c->posted) / sizeof(c->posted[0])))
 		return 1;  /* no room: not filled, the recv posts it */
+	double t0 = util_now_s(), c0 = c->tr ? util_thread_cpu_s() : 0;
 	if (!r && (rc = xport_irecv(c->xport, dev, c->device, &m, buf, bytes, &r))) {
 		xport_failed(c->xport, c->err, c->errlen);
 		return rc == -ENOMEM ? rc : -EHOSTDOWN;
@@ -481,6 +493,11 @@ static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void 
 		return -EHOSTDOWN;  /* abandoned: the transport failed */
 	if (!rc)
 		p2p_flight(c, false, kind, idx);
+	if (c->tr) {  /* posting (and testing: it may read the link) */
+		char name[24];
+		snprintf(name, sizeof(name), "stage post %s %u", p2p_kind(kind), idx);
+		trace_span_cpu(c->tr, name, "comm", t0, util_now_s(), util_thread_cpu_s() - c0);
+	}
 	c->posted[c->nposted++] = (struct p2p_send){ .r = rc ? r : NULL, .dev = dev, .kind = kind, .idx = idx };
 	return !rc;
 }
@@ -517,13 +534,14 @@ static int job_p2p_wait_send(void *vctx, int dev, uint32_t kind, uint32_t idx)
 		struct p2p_send *p = &c->sends[i];
 		if (p->dev != dev || p->kind != kind || p->idx != idx)
 			continue;
-		double t0 = util_now_s();
+		double t0 = util_now_s(), c0 = c->tr ? util_thread_cpu_s() : 0;
 		int rc = xport_wait(p->r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
 		if (!rc)
 			p2p_flight(c, true, kind, idx);
 		*p = c->sends[--c->nsends];
 		c->waited_s += util_now_s() - t0;
-		trace_span(c->tr, "stage send wait", "comm", t0, util_now_s());
+		if (c->tr)
+			trace_span_cpu(c->tr, "stage send wait", "comm", t0, util_now_s(), util_thread_cpu_s() - c0);
 		return rc ? -EHOSTDOWN : 0;
 	}
 	return 0;
@@ -533,7 +551,7 @@ static int job_p2p_flush(void *vctx)
 {
 	struct job_ctx *c = vctx;
 	int rc = 0;
-	double t0 = util_now_s();
+	double t0 = util_now_s(), c0 = c->tr ? util_thread_cpu_s() : 0;
 	for (int i = 0; i < c->nsends; i++) {
 		int r = xport_wait(c->sends[i].r, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9),
 				   rc ? NULL : c->err, rc ? 0 : c->errlen);
@@ -549,7 +567,8 @@ static int job_p2p_flush(void *vctx)
 			xport_wait(c->posted[i].r, 1, NULL, 0);
 	c->nposted = 0;
 	c->waited_s += util_now_s() - t0;
-	trace_span(c->tr, "stage send wait", "comm", t0, util_now_s());
+	if (c->tr)
+		trace_span_cpu(c->tr, "stage send wait", "comm", t0, util_now_s(), util_thread_cpu_s() - c0);
 	return rc;
 }
 
@@ -800,6 +819,16 @@ int train_job(struct device_ctx *dev)
 		ret = -EAGAIN;
 		goto out;
 	}
+	/* the device computes at device_nice (or under device_batch); the
+	 * threads that move bytes must not inherit it, so an MoE model's
+	 * exchange thread starts now */
+	if ((c->device_nice > 0 || c->device_batch) && c->num_experts > 1 && (ret = start_xcoll(&jc)))
+		goto out;
+	if ((ret = util_device_nice(c)))
+		fprintf(stderr, "meshrun: device %d: device_nice=%lld%s not applied (%s); computing at "
+			"nice %d\n", dev->device_id, c->device_nice, c->device_batch ? " device_batch=true" : "",
+			strerror(-ret), util_thread_nice());
+	ret = 0;
 	const struct coll_group *rg = group_of(&jc, rows), *allg = group_of(&jc, (1u << AX_COUNT) - 1);
 	if (!rg || !allg) {
 		ret = -ENOMEM;
@@ -844,6 +873,7 @@ int train_job(struct device_ctx *dev)
 			 .wait_send = job_p2p_wait_send, .probe = job_p2p_probe, .ctx = &jc },
 	};
 	if (o->trace) {
+		xport_set_stamps(jc.xport, true);   /* the p2p row's times */
 		jc.tr = malloc(sizeof(*jc.tr));
 		if (!jc.tr) {
 			snprintf(err, errlen, "train: out of memory for the trace");

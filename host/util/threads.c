@@ -2,10 +2,12 @@
 #include "host/util/threads.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "host/config/config.h"
@@ -16,6 +18,27 @@ int util_agents_on_machine(void)
 	const char *v = getenv("MESHRUN_LOCAL_AGENTS");
 	int n = v ? atoi(v) : 1;
 	return n > 0 ? n : 1;
+}
+
+int util_thread_nice(void)
+{
+	errno = 0;
+	int v = getpriority(PRIO_PROCESS, (id_t)gettid());
+	return errno ? 0 : v;
+}
+
+int util_device_nice(const struct cfg *c)
+{
+	int want = (int)c->device_nice;
+	if (c->device_batch) {
+		struct sched_param sp = { 0 };
+		int rc = pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+		if (rc)
+			return -rc;
+	}
+	if (want <= util_thread_nice())
+		return 0;
+	return setpriority(PRIO_PROCESS, (id_t)gettid(), want) ? -errno : 0;
 }
 
 int util_blas_threads(const struct cfg *c, int devices_on_machine)

@@ -9,6 +9,20 @@ struct cfg;
  * max(1, online cores / devices on this machine); returns the count. */
 int util_blas_threads(const struct cfg *c, int devices_on_machine);
 
+/* Raises the calling thread's nice value to c->device_nice (Linux:
+ * nice is per thread; threads it starts later inherit it). A device
+ * thread calls it once its communication threads exist, so they stay at
+ * the process's nice, as the stream and net threads do, and a thread
+ * woken by arriving bytes may take a computing device's core (README
+ * "Threads and cores": off by default, as measured). Raising needs no
+ * privilege; a thread already at or above it is left alone (lowering
+ * would need CAP_SYS_NICE). With c->device_batch it also moves the
+ * thread to SCHED_BATCH. Returns 0 or a negative errno. */
+int util_device_nice(const struct cfg *c);
+
+/* The calling thread's nice value. */
+int util_thread_nice(void);
+
 /* Agents sharing this machine: set by `meshrun local` for its children
  * (MESHRUN_LOCAL_AGENTS), else 1. */
 int util_agents_on_machine(void);
