@@ -775,6 +775,22 @@ static int resume(struct device_ctx *dev, struct trainer *t, struct job_ctx *jc,
 	return rc;
 }
 
+/* The device computes at device_nice (or under device_batch); the threads
+ * that move bytes must not inherit it, so an MoE model's exchange thread
+ * starts first. A setting the system refuses is said, not fatal. */
+static int device_priority(struct device_ctx *dev, struct job_ctx *jc)
+{
+	const struct cfg *c = dev->cfg;
+	int rc;
+	if ((c->device_nice > 0 || c->device_batch) && c->num_experts > 1 && (rc = start_xcoll(jc)))
+		return rc;
+	if ((rc = util_device_nice(c)))
+		fprintf(stderr, "meshrun: device %d: device_nice=%lld%s not applied (%s); computing at "
+			"nice %d\n", dev->device_id, c->device_nice, c->device_batch ? " device_batch=true" : "",
+			strerror(-rc), util_thread_nice());
+	return 0;
+}
+
 int train_job(struct device_ctx *dev)
 {
 	const struct train_opts *o = dev->job_arg;
@@ -819,16 +835,8 @@ int train_job(struct device_ctx *dev)
 		ret = -EAGAIN;
 		goto out;
 	}
-	/* the device computes at device_nice (or under device_batch); the
-	 * threads that move bytes must not inherit it, so an MoE model's
-	 * exchange thread starts now */
-	if ((c->device_nice > 0 || c->device_batch) && c->num_experts > 1 && (ret = start_xcoll(&jc)))
+	if ((ret = device_priority(dev, &jc)))
 		goto out;
-	if ((ret = util_device_nice(c)))
-		fprintf(stderr, "meshrun: device %d: device_nice=%lld%s not applied (%s); computing at "
-			"nice %d\n", dev->device_id, c->device_nice, c->device_batch ? " device_batch=true" : "",
-			strerror(-ret), util_thread_nice());
-	ret = 0;
 	const struct coll_group *rg = group_of(&jc, rows), *allg = group_of(&jc, (1u << AX_COUNT) - 1);
 	if (!rg || !allg) {
 		ret = -ENOMEM;
