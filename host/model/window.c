@@ -1,9 +1,13 @@
 /* The FSDP weight window of host/model/window.h: slots, gathers into
- * them, reduce-scatters out of them. A gather sends this device's shards
- * of a group's tensors packed per gather group (the tensors gathered over
- * the same axes), receives every member's packs and places each member's
- * blocks into the compute-shaped window; a reduce-scatter is the
- * transpose. */
+ * them, reduce-scatters out of them. A gather of a group is one
+ * collective per gather group (the tensors gathered over the same axes).
+ * With the comm's list form it lands in the window where the weights
+ * lie: this device's shards are copied into their blocks, and the list of
+ * every member's blocks' runs is all-gathered in place. Otherwise (no
+ * list form, a list too long, or no window free when it goes out) it
+ * sends this device's shards packed, receives every member's packs and
+ * places each member's blocks into the compute-shaped window. A
+ * reduce-scatter packs (the transpose of the packed gather). */
 #include "host/model/window.h"
 
 #include <assert.h>
@@ -13,13 +17,17 @@
 #include <string.h>
 
 #define WIN_MAX_GROUPS 8            /* distinct gather axis sets */
+#define WIN_MAX_RUNS 16384          /* net/coll.h's COLL_MAX_IOV: runs x members */
+#define WIN_MIN_RUN 64              /* a list whose runs average fewer floats packs */
 
 enum slot_state { SLOT_FREE, SLOT_GATHERING, SLOT_READY };
 
 struct win_slot {
 	enum slot_state state;
 	int l0, l1;                 /* the group it holds */
-	int win;                    /* READY: its window (layer groups), else -1 */
+	int win;                    /* its weight window (layer groups, from the
+				     * moment its gather goes out), else -1 */
+	int gwin;                   /* READY: its gradient window (layer groups), else -1 */
 };
 
 struct win {
@@ -31,6 +39,7 @@ struct win {
 	size_t cnum[2];             /* compute-shaped floats: [0] non-layer, [1] one layer */
 	size_t snum[2];             /* this device's shards of them */
 	struct mesh_members gg[WIN_MAX_GROUPS];  /* gather groups */
+	int grank[WIN_MAX_GROUPS];  /* this device's rank in each */
 	int ngg;
 	/* buffers: the non-layer group's weights and gradients, each layer
 	 * window's; the packed buffers a gather sends from (part) and lands
@@ -38,14 +47,25 @@ struct win {
 	 * (part) */
 	void *mem;
 	float *wnl, *gnl;
-	float **wl, **gl;           /* [lo.windows] lcap layers each */
+	float **wl, **gl;           /* [lo.windows + 1] and [lo.windows], lcap
+				     * layers each: one weight window more, for
+				     * the gather in flight to land in */
 	float *gsend, *grecv, *ssend, *srecv;
 	void *gh[WIN_MAX_GROUPS], *sh[WIN_MAX_GROUPS];
 	float *params, *grads;
 	/* state */
 	int nslots;                 /* lo.windows + 2 */
 	struct win_slot *slot;      /* [nslots] */
-	int *owner;                 /* [lo.windows] the READY slot in each layer window, or -1 */
+	int *owner;                 /* [lo.windows + 1] the slot (READY, or its gather
+				     * in flight) in each layer weight window, or -1 */
+	int *gowner;                /* [lo.windows] the READY slot in each gradient window */
+	/* the list of the gather in flight: runs (grown on demand), each
+	 * member's count, and which gather groups went as lists */
+	struct model_run *run;
+	int runcap;
+	size_t counts[MESH_MAX_DEVICES];
+	bool listed[WIN_MAX_GROUPS];
+	size_t copied;              /* floats the window copied (packs, places, sums) */
 	int nl_ready;               /* the READY non-layer slot, or -1 */
 	int landing;                /* slot whose gather is in flight, or -1 */
 	int *queue, qn;             /* GATHERING slots not started yet, oldest first */
@@ -91,7 +111,7 @@ static float *block(const struct win *w, bool grads, int i, int l, int k)
 	const struct win_slot *s = &w->slot[k];
 	if (!w->t[i].p->stacked)
 		return (grads ? w->gnl : w->wnl) + w->woff[i];
-	float *base = grads ? w->gl[s->win] : w->wl[s->win];
+	float *base = grads ? w->gl[s->gwin] : w->wl[s->win];
 	return base + (size_t)(l - s->l0) * w->cnum[1] + w->woff[i];
 }
 
@@ -128,6 +148,7 @@ static void place_blocks(struct win *w, const struct mesh_members *gg, int ks, b
 				off += param_slice_numel(p);
 			}
 	}
+	w->copied += pack * (size_t)gg->n;
 }
 
 static int add_gather_group(struct win *w, uint32_t axes, int dev)
@@ -137,10 +158,16 @@ static int add_gather_group(struct win *w, uint32_t axes, int dev)
 			return 0;
 	if (w->ngg == WIN_MAX_GROUPS)
 		return -ENOSPC;
-	int rc = mesh_members_init(w->mesh, dev, axes, &w->gg[w->ngg]);
-	if (!rc)
-		w->ngg++;
-	return rc;
+	struct mesh_members *gg = &w->gg[w->ngg];
+	int rc = mesh_members_init(w->mesh, dev, axes, gg), me[AX_COUNT];
+	if (rc)
+		return rc;
+	mesh_coords(w->mesh, dev, me);
+	for (int r = 0; r < gg->n; r++)
+		if (!memcmp(gg->coord[r], me, sizeof(me)))
+			w->grank[w->ngg] = r;
+	w->ngg++;
+	return 0;
 }
 
 struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *t, int n,
@@ -157,17 +184,19 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->landing = w->nl_ready = -1;
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
-	w->wl = calloc((size_t)lo->windows, sizeof(*w->wl));
+	w->wl = calloc((size_t)lo->windows + 1, sizeof(*w->wl));
 	w->gl = calloc((size_t)lo->windows, sizeof(*w->gl));
-	w->owner = malloc(sizeof(*w->owner) * (size_t)lo->windows);
+	w->owner = malloc(sizeof(*w->owner) * ((size_t)lo->windows + 1));
+	w->gowner = malloc(sizeof(*w->gowner) * (size_t)lo->windows);
 	w->slot = calloc((size_t)w->nslots, sizeof(*w->slot));
 	w->queue = malloc(sizeof(*w->queue) * (size_t)w->nslots);
-	if (!w->t || !w->woff || !w->wl || !w->gl || !w->owner || !w->slot || !w->queue)
+	if (!w->t || !w->woff || !w->wl || !w->gl || !w->owner || !w->gowner || !w->slot || !w->queue)
 		goto fail;
 	for (int j = 0; j < lo->windows; j++)
-		w->owner[j] = -1;
+		w->owner[j] = w->gowner[j] = -1;
+	w->owner[lo->windows] = -1;
 	for (int k = 0; k < w->nslots; k++)
-		w->slot[k].win = -1;
+		w->slot[k].win = w->slot[k].gwin = -1;
 	memcpy(w->t, t, sizeof(*w->t) * (size_t)n);
 	/* the non-layer tensors, then one slice of every stacked one */
 	for (int i = 0; i < n; i++) {
@@ -198,6 +227,8 @@ void win_free(struct win *w)
 	free(w->wl);
 	free(w->gl);
 	free(w->owner);
+	free(w->gowner);
+	free(w->run);
 	free(w->slot);
 	free(w->queue);
 	free(w);
@@ -216,7 +247,7 @@ size_t win_numel(const struct win *w)
 {
 	size_t whole, part;
 	packed_sizes(w, &whole, &part);
-	return 2 * (w->cnum[0] + (size_t)w->lo.windows * w->lo.lcap * w->cnum[1]) + 2 * whole + 2 * part;
+	return 2 * w->cnum[0] + (2 * (size_t)w->lo.windows + 1) * w->lo.lcap * w->cnum[1] + 2 * whole + 2 * part;
 }
 
 static float *take(char *base, size_t *used, size_t n)
@@ -237,6 +268,7 @@ static size_t lay_out(struct win *w, char *base)
 		w->wl[j] = take(base, &used, lay);
 		w->gl[j] = take(base, &used, lay);
 	}
+	w->wl[w->lo.windows] = take(base, &used, lay);
 	w->gsend = take(base, &used, part);
 	w->grecv = take(base, &used, whole);
 	w->ssend = take(base, &used, whole);
@@ -265,6 +297,8 @@ void win_begin(struct win *w, const struct model_comm *comm, int *rc)
 
 int win_gathers(const struct win *w) { return w->gathers; }
 
+size_t win_copied(const struct win *w) { return w->copied; }
+
 int win_slots(const struct win *w) { return w->nslots; }
 
 /* A collective that finished (or failed): the first failure is kept. */
@@ -290,7 +324,118 @@ static void check_group(const struct win *w, int l0, int l1)
 	(void)w, (void)l0, (void)l1;
 }
 
-/* Sends the oldest queued gather, when none is in flight. */
+/* Appends a run to the list (merged into the last when it continues
+ * it); false when out of memory. */
+static bool add_run(struct win *w, int *nrun, float *buf, size_t n)
+{
+	struct model_run *last = *nrun ? &w->run[*nrun - 1] : NULL;
+	if (!n)
+		return true;
+	if (last && last->buf + last->n == buf) {
+		last->n += n;
+		return true;
+	}
+	if (*nrun == w->runcap) {
+		int cap = w->runcap ? 2 * w->runcap : 256;
+		struct model_run *r = realloc(w->run, sizeof(*r) * (size_t)cap);
+		if (!r)
+			return false;
+		w->run = r;
+		w->runcap = cap;
+	}
+	w->run[(*nrun)++] = (struct model_run){ buf, n };
+	return true;
+}
+
+/* The runs of member r's block of tensor i's layer l in landing slot k's
+ * window (rows of the innermost dimension, as plan_copy_block walks them). */
+static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int i, int l, int k, int *nrun)
+{
+	const struct param_info *p = w->t[i].p;
+	const struct plan_param *pp = w->t[i].pp;
+	int o[SHARD_MAX_DIMS], idx[SHARD_MAX_DIMS] = { 0 }, s0 = p->stacked ? 1 : 0, nd = p->ndim - s0;
+	const int *ts = pp->cshape + s0, *bs = p->shape + s0, *off = o + s0;
+	size_t run = nd ? (size_t)bs[nd - 1] : 1, nrows = 1;
+	float *tensor = block(w, false, i, l, k);
+	plan_block_offsets(pp, w->mesh, gg->axes, gg->coord[r], o);
+	for (int d = 0; d < nd; d++)
+		if (bs[d] == 0)
+			return true;
+	for (int d = 0; d + 1 < nd; d++)
+		nrows *= (size_t)bs[d];
+	for (size_t row = 0; row < nrows; row++) {
+		size_t t = 0;
+		for (int d = 0; d < nd; d++)
+			t = t * (size_t)ts[d] + (size_t)(off[d] + (d + 1 < nd ? idx[d] : 0));
+		if (!add_run(w, nrun, tensor + t, run))
+			return false;
+		for (int d = nd - 2; d >= 0; d--) {
+			if (++idx[d] < bs[d])
+				break;
+			idx[d] = 0;
+		}
+	}
+	return true;
+}
+
+/* The list of every member's blocks of gather group g of landing slot k,
+ * in rank order: its length, or 0 when the gather should pack instead (a
+ * list too long for the collective, or of runs too short to be worth it). */
+static int list_runs(struct win *w, int g, int k, size_t pack)
+{
+	const struct mesh_members *gg = &w->gg[g];
+	const struct win_slot *s = &w->slot[k];
+	int nrun = 0;
+	for (int r = 0; r < gg->n; r++) {
+		w->counts[r] = pack;
+		for (int l = s->l0; l < s->l1; l++)
+			for (int i = 0; i < w->n; i++)
+				if (in_group(w, i, l, gg->axes, false) && !block_runs(w, gg, r, i, l, k, &nrun))
+					return 0;
+	}
+	if (nrun > WIN_MAX_RUNS / gg->n || pack * (size_t)gg->n < (size_t)nrun * WIN_MIN_RUN)
+		return 0;
+	return nrun;
+}
+
+/* Copies this device's shards of gather group g into their blocks of
+ * landing slot k's window (the list all-gather's input). */
+static void place_own(struct win *w, int g, int k)
+{
+	const struct mesh_members *gg = &w->gg[g];
+	const struct win_slot *s = &w->slot[k];
+	for (int l = s->l0; l < s->l1; l++)
+		for (int i = 0; i < w->n; i++) {
+			if (!in_group(w, i, l, gg->axes, false))
+				continue;
+			const struct param_info *p = w->t[i].p;
+			int o[SHARD_MAX_DIMS], s0 = p->stacked ? 1 : 0;
+			plan_block_offsets(w->t[i].pp, w->mesh, gg->axes, gg->coord[w->grank[g]], o);
+			plan_copy_block(block(w, false, i, l, k), w->t[i].pp->cshape + s0,
+					storage(w, w->params, i, l), p->shape + s0, o + s0, p->ndim - s0, true);
+			w->copied += param_slice_numel(p);
+		}
+}
+
+/* A free weight window for layer slot k: there are windows + 1 and at
+ * most windows READY slots beside the one gather in flight. */
+static int free_window(const struct win *w, int k)
+{
+	int free = -1;
+	for (int j = 0; j <= w->lo.windows; j++) {
+		int o = w->owner[j];
+		if (o < 0 && free < 0)
+			free = j;
+		/* READY layer groups never overlap: win_block finds one by layer */
+		assert(o < 0 || w->slot[o].state != SLOT_READY || w->slot[o].l1 <= w->slot[k].l0 ||
+		       w->slot[o].l0 >= w->slot[k].l1 || k == o);
+	}
+	assert(free >= 0);
+	return free;
+}
+
+/* Sends the oldest queued gather, when none is in flight: into its
+ * window as a list where it can, else packed. */
 static void start_next(struct win *w)
 {
 	const struct model_comm *c = w->comm;
@@ -300,10 +445,30 @@ static void start_next(struct win *w)
 	int k = w->queue[0], l0 = w->slot[k].l0, l1 = w->slot[k].l1;
 	memmove(w->queue, w->queue + 1, sizeof(*w->queue) * (size_t)--w->qn);
 	w->landing = k;
+	/* the window it lands in: a layer group's now (there is always one
+	 * free); the non-layer one's when no READY slot holds it */
+	bool win_ok = true;
+	if (l0 != WIN_NONLAYER) {
+		w->slot[k].win = free_window(w, k);
+		w->owner[w->slot[k].win] = k;
+	} else {
+		win_ok = w->nl_ready < 0;
+	}
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
-		size_t pack = 0;
+		size_t pack = pack_size(w, gg, l0, l1, false);
+		int nrun;
+		w->listed[g] = false;
+		if (!pack)
+			continue;
+		if (c->start_all_gather_v && win_ok && (nrun = list_runs(w, g, k, pack)) > 0) {
+			place_own(w, g, k);
+			w->listed[g] = true;
+			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, &w->gh[g]);
+			continue;
+		}
 		float *send = w->gsend + soff, *recv = w->grecv + roff;
+		pack = 0;
 		for (int l = l0; l < l1; l++)
 			for (int i = 0; i < w->n; i++) {
 				if (!in_group(w, i, l, gg->axes, false))
@@ -312,8 +477,7 @@ static void start_next(struct win *w)
 				memcpy(send + pack, storage(w, w->params, i, l), n * sizeof(float));
 				pack += n;
 			}
-		if (!pack)
-			continue;
+		w->copied += pack;
 		if (c->start_all_gather)
 			*w->rc = c->start_all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float), &w->gh[g]);
 		else
@@ -333,26 +497,11 @@ int win_gather_start(struct win *w, int k, int l0, int l1)
 	check_slot(w, k);
 	assert(w->slot[k].state == SLOT_FREE);
 	check_group(w, l0, l1);
-	w->slot[k] = (struct win_slot){ SLOT_GATHERING, l0, l1, -1 };
+	w->slot[k] = (struct win_slot){ SLOT_GATHERING, l0, l1, -1, -1 };
 	w->gathers += l0 >= 0 && w->cnum[1] > 0;  /* one that moves weights */
 	w->queue[w->qn++] = k;
 	start_next(w);
 	return *w->rc;
-}
-
-/* A free window for READY slot k (a layer group); none is a caller's bug. */
-static int free_window(const struct win *w, int k)
-{
-	int free = -1;
-	for (int j = 0; j < w->lo.windows; j++) {
-		int o = w->owner[j];
-		if (o < 0 && free < 0)
-			free = j;
-		/* READY layer groups never overlap: win_block finds one by layer */
-		assert(o < 0 || w->slot[o].l1 <= w->slot[k].l0 || w->slot[o].l0 >= w->slot[k].l1);
-	}
-	assert(free >= 0);
-	return free;
 }
 
 /* Waits for the gather in flight, places it into a window (READY) and
@@ -367,14 +516,18 @@ static void finish_landing(struct win *w)
 		assert(w->nl_ready < 0);
 		w->nl_ready = k;
 	} else {
-		s->win = free_window(w, k);
-		w->owner[s->win] = k;
+		int free = -1;
+		for (int j = 0; j < w->lo.windows && free < 0; j++)
+			free = w->gowner[j] < 0 ? j : -1;
+		assert(free >= 0);  /* at most windows READY layer slots */
+		s->gwin = free;
+		w->gowner[free] = k;
 	}
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, s->l0, s->l1, false);
 		wait_handle(w, &w->gh[g]);
-		if (!pack || *w->rc)
+		if (!pack || *w->rc || w->listed[g])
 			continue;
 		place_blocks(w, gg, k, false, w->grecv + roff, pack, true);
 		roff += pack * (size_t)gg->n;
@@ -400,12 +553,14 @@ void win_release(struct win *w, int k)
 	struct win_slot *s = &w->slot[k];
 	check_slot(w, k);
 	assert(s->state == SLOT_READY);
-	if (s->l0 == WIN_NONLAYER)
+	if (s->l0 == WIN_NONLAYER) {
 		w->nl_ready = -1;
-	else
+	} else {
 		w->owner[s->win] = -1;
+		w->gowner[s->gwin] = -1;
+	}
 	s->state = SLOT_FREE;
-	s->win = -1;
+	s->win = s->gwin = -1;
 }
 
 void win_zero_grads(struct win *w, int k)
@@ -438,6 +593,7 @@ int win_scatter_finish(struct win *w)
 				for (size_t j = 0; j < n; j++)
 					dst[j] += w->srecv[roff + j];
 				roff += n;
+				w->copied += n;
 			}
 	}
 	return *w->rc;
@@ -482,18 +638,22 @@ int win_end(struct win *w)
 	w->landing = w->nl_ready = -1;
 	w->qn = 0;
 	for (int j = 0; j < w->lo.windows; j++)
-		w->owner[j] = -1;
+		w->owner[j] = w->gowner[j] = -1;
+	w->owner[w->lo.windows] = -1;
 	for (int k = 0; k < w->nslots; k++)
-		w->slot[k] = (struct win_slot){ SLOT_FREE, 0, 0, -1 };
+		w->slot[k] = (struct win_slot){ SLOT_FREE, 0, 0, -1, -1 };
 	return *w->rc;
 }
 
 void win_poison(struct win *w)
 {
 	size_t lay = (size_t)w->lo.lcap * w->cnum[1];
-	for (int j = 0; j < w->lo.windows && w->mem; j++)
-		for (size_t k = 0; k < lay; k++)
-			w->wl[j][k] = w->gl[j][k] = NAN;
+	for (int j = 0; j <= w->lo.windows && w->mem; j++)
+		for (size_t k = 0; k < lay; k++) {
+			w->wl[j][k] = NAN;
+			if (j < w->lo.windows)
+				w->gl[j][k] = NAN;
+		}
 }
 
 float *win_block(struct win *w, bool grads, int i, int l)
@@ -502,9 +662,9 @@ float *win_block(struct win *w, bool grads, int i, int l)
 		assert(w->nl_ready >= 0);
 		return block(w, grads, i, l, w->nl_ready);
 	}
-	for (int j = 0; j < w->lo.windows; j++) {
+	for (int j = 0; j <= w->lo.windows; j++) {
 		int k = w->owner[j];
-		if (k >= 0 && l >= w->slot[k].l0 && l < w->slot[k].l1)
+		if (k >= 0 && w->slot[k].state == SLOT_READY && l >= w->slot[k].l0 && l < w->slot[k].l1)
 			return block(w, grads, i, l, k);
 	}
 	assert(!"no READY slot holds the layer");

@@ -15,14 +15,21 @@
  * accumulated, zeroed (win_zero_grads) and sent back (win_scatter_start).
  *
  * The memory is fixed at creation: one compute-shaped window of weights
- * and one of gradients for the non-layer group, `windows` of each for
- * layer groups (lcap layers each), and one packed buffer each way for the
- * collectives. A READY slot owns one window (its gradients live beside
- * its weights); a GATHERING slot owns none: its gather lands packed and
- * wait() places it into a free window. Hence the rules (programmer
- * errors, asserted): at most one READY non-layer slot and at most
- * `windows` READY layer slots, so wait() for a layer group needs a free
- * layer window; a READY layer slot's layers overlap no other READY one's.
+ * and one of gradients for the non-layer group, `windows` + 1 weight
+ * windows and `windows` gradient windows for layer groups (lcap layers
+ * each), and one packed buffer each way for the collectives. A layer
+ * slot takes a weight window when its gather goes out and lands in it
+ * (the one more is for that gather: at most `windows` are READY beside
+ * it), and a gradient window when it is READY. With the comm's list form
+ * (start_all_gather_v) a gather lands where the weights lie: this
+ * device's shards are copied into their blocks and the members' blocks
+ * all-gathered in place, with no packing; it packs instead (lands packed,
+ * and wait() places each member's blocks) without the list form, for a
+ * list too long or of too short runs (a block split along columns is
+ * one run per row), and for the non-layer group while a READY slot
+ * holds it. Hence the rules (programmer errors, asserted): at most one
+ * READY non-layer slot and at most `windows` READY layer slots; a READY
+ * layer slot's layers overlap no other READY one's.
  *
  * Gathers run one at a time, in the order they were started: a gather
  * started while another is in flight is queued, and goes out when the
@@ -108,6 +115,9 @@ void win_zero_grads(struct win *w, int k);
  * are not counted, nor any when no layer tensor is gathered): a
  * schedule's gathers per step. */
 int win_gathers(const struct win *w);
+/* Floats the window has copied since it was made (packing, own shards,
+ * placing, adding gradients in): the copies the collectives cost. */
+size_t win_copied(const struct win *w);
 /* Starts reduce-scattering READY slot k's gradients into the gradient
  * shards (adding to them), after finishing the one before: one in
  * flight. The gradient window is free again on return. */

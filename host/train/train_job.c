@@ -221,6 +221,28 @@ static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const
 			 "reduce_scatter (background)", axes, NULL, h);
 }
 
+/* The FSDP window's gather of a layer group straight into its window:
+ * one all-gather over the list of every member's runs, in place. */
+static int job_start_all_gather_v(void *vctx, uint32_t axes, const struct model_run *run, int nrun,
+				  const size_t *counts, void **h)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = group_of(c, axes);
+	if (!g)
+		return -ENOMEM;
+	struct coll_iov *iov = malloc(sizeof(*iov) * (size_t)(nrun + 1));
+	if (!iov) {
+		snprintf(c->err, c->errlen, "train: out of memory");
+		return -ENOMEM;
+	}
+	for (int i = 0; i < nrun; i++)
+		iov[i] = (struct coll_iov){ run[i].buf, run[i].n };
+	double t = util_now_s();
+	struct coll_handle *ch = coll_all_gather_v_async(c->coll, g, iov, nrun, counts, c->err, c->errlen);
+	free(iov);  /* copied by the call */
+	return job_start(c, t, ch, "all_gather (prefetch)", axes, NULL, h);
+}
+
 #define XCHG_GROUP 0x4000u  /* above every mesh group id (axis masks), below P2P_GROUP */
 
 static int job_start_all_to_all(void *vctx, uint32_t axes, void *out, const size_t *recv_bytes,
@@ -828,6 +850,7 @@ int train_job(struct device_ctx *dev)
 			.reduce_scatter = job_reduce_scatter, .all_to_all = job_all_to_all,
 			.start_all_gather = job_start_all_gather,
 			.start_reduce_scatter = job_start_reduce_scatter,
+			.start_all_gather_v = job_start_all_gather_v,
 			.start_all_to_all = job_start_all_to_all, .wait = job_wait,
 			.span = o->trace ? job_span : NULL, .ctx = &jc },
 		.sum = job_sum, .err = err, .errlen = errlen,
