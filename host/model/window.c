@@ -51,6 +51,7 @@ struct win {
 				     * layers each: one weight window more, for
 				     * the gather in flight to land in */
 	float *gsend, *grecv, *ssend, *srecv;
+	void *gmem;                 /* gsend and grecv: allocated when a gather first packs */
 	void *gh[WIN_MAX_GROUPS], *sh[WIN_MAX_GROUPS];
 	float *params, *grads;
 	/* state */
@@ -222,6 +223,7 @@ void win_free(struct win *w)
 	for (int k = 0; k < w->ngg; k++)
 		mesh_members_free(&w->gg[k]);
 	free(w->mem);
+	free(w->gmem);
 	free(w->woff);
 	free(w->t);
 	free(w->wl);
@@ -247,7 +249,7 @@ size_t win_numel(const struct win *w)
 {
 	size_t whole, part;
 	packed_sizes(w, &whole, &part);
-	return 2 * w->cnum[0] + (2 * (size_t)w->lo.windows + 1) * w->lo.lcap * w->cnum[1] + 2 * whole + 2 * part;
+	return 2 * w->cnum[0] + (2 * (size_t)w->lo.windows + 1) * w->lo.lcap * w->cnum[1] + whole + part;
 }
 
 static float *take(char *base, size_t *used, size_t n)
@@ -269,11 +271,26 @@ static size_t lay_out(struct win *w, char *base)
 		w->gl[j] = take(base, &used, lay);
 	}
 	w->wl[w->lo.windows] = take(base, &used, lay);
-	w->gsend = take(base, &used, part);
-	w->grecv = take(base, &used, whole);
 	w->ssend = take(base, &used, whole);
 	w->srecv = take(base, &used, part);
 	return used;
+}
+
+/* A packed gather's buffers (none until one packs); 0 or -ENOMEM. */
+static int gather_buffers(struct win *w)
+{
+	size_t whole, part, used = 0;
+	if (w->gmem)
+		return 0;
+	packed_sizes(w, &whole, &part);
+	take(NULL, &used, part);
+	take(NULL, &used, whole);
+	if (!(w->gmem = aligned_alloc(64, used)))
+		return -ENOMEM;
+	used = 0;
+	w->gsend = take(w->gmem, &used, part);
+	w->grecv = take(w->gmem, &used, whole);
+	return 0;
 }
 
 int win_alloc(struct win *w, float *params, float *grads)
@@ -467,6 +484,8 @@ static void start_next(struct win *w)
 			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, &w->gh[g]);
 			continue;
 		}
+		if ((*w->rc = gather_buffers(w)))
+			break;
 		float *send = w->gsend + soff, *recv = w->grecv + roff;
 		pack = 0;
 		for (int l = l0; l < l1; l++)

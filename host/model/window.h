@@ -14,10 +14,11 @@
  * and while READY its weights can be read (win_block) and its gradients
  * accumulated, zeroed (win_zero_grads) and sent back (win_scatter_start).
  *
- * The memory is fixed at creation: one compute-shaped window of weights
+ * The memory is fixed at creation (but for a packed gather's, below): one compute-shaped window of weights
  * and one of gradients for the non-layer group, `windows` + 1 weight
  * windows and `windows` gradient windows for layer groups (lcap layers
- * each), and one packed buffer each way for the collectives. A layer
+ * each), and the packed buffers of a reduce-scatter (what it sends, the
+ * whole group, and receives, this device's part). A layer
  * slot takes a weight window when its gather goes out and lands in it
  * (the one more is for that gather: at most `windows` are READY beside
  * it), and a gradient window when it is READY. With the comm's list form
@@ -27,7 +28,9 @@
  * and wait() places each member's blocks) without the list form, for a
  * list too long or of too short runs (a block split along columns is
  * one run per row), and for the non-layer group while a READY slot
- * holds it. Hence the rules (programmer errors, asserted): at most one
+ * holds it; the first gather that packs allocates its packed buffers
+ * then (a part and a whole group: what win_numel does not count; -ENOMEM
+ * when that fails). Hence the rules (programmer errors, asserted): at most one
  * READY non-layer slot and at most `windows` READY layer slots; a READY
  * layer slot's layers overlap no other READY one's.
  *
@@ -89,7 +92,8 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
  * 0 or -ENOMEM. */
 int win_alloc(struct win *w, float *params, float *grads);
 void win_free(struct win *w);
-/* Floats the buffers take (whether allocated or not). */
+/* Floats the buffers take (whether allocated or not), but for a packed
+ * gather's, allocated only if one packs. */
 size_t win_numel(const struct win *w);
 /* The slots a caller may number: 0 .. win_slots() - 1 (windows + 2). */
 int win_slots(const struct win *w);
