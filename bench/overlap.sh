@@ -53,11 +53,14 @@
 # usage: bench/overlap.sh [STEPS] [ROUNDS] [OLD_MESHRUN] [ONLY]
 #   OLD_MESHRUN: a build to compare with, run in the same rounds ("" for
 #   none): data=2 (dpold) and ZeRO-1 data=2 (zero1old) with buckets,
+#   FSDP 2x2 (fsdpold), FSDP + pipeline (fsdpppold), fsdp=4 AdamW
+#   (f4adamwold),
 #   Muon under fsdp=4 (f4old; last session: Muon on every device
 #   that shares a matrix, before host/optim/muon.c) and ZeRO-1 x fsdp 2x2
 #   (zfsdpold; main before the first FSDP gathers were started beside
 #   ZeRO-1 and by Muon's update: the A/B of that change alone). ONLY: an extended regex of the runs to make (names:
-#   dp dp0 dpold fsdp fsdp0 zero1 zero10 zero1old zfsdp zfsdp0 zfsdpold fsdppp f4adamw
+#   dp dp0 dpold fsdp fsdp0 fsdpold zero1 zero10 zero1old zfsdp zfsdp0 zfsdpold fsdppp
+#   fsdpppold f4adamw f4adamwold
 #   f4muon f4muon0 f4old torch dsexpsize dsexpround_robin, the same for dsfsdp
 #   and dsep; the single device always runs); default: every run but
 #   torch and the ds rows (issue 20's table, about 5 minutes idle);
@@ -237,6 +240,11 @@ for r in $(seq 1 "$rounds"); do
   two4=$(avg $tmp/two4.jsonl step_time_s)
   row two4 "single x2 at once, again" $one4 $two4
   row fsdp "fsdp 2x2 (4 devices, 2 cores)" $one4 $two4
+  if [ -n "$old" ]; then
+    run fsdpold "$old" local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+      dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2
+    row fsdpold "fsdp 2x2, OLD_MESHRUN" $one4 $two4
+  fi
   run fsdp0 $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
     dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2 grad_bucket_mb=0
   row fsdp0 "fsdp 2x2, grad_bucket_mb=0" $one4 $two4
@@ -261,11 +269,21 @@ for r in $(seq 1 "$rounds"); do
   run fsdppp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
     ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
   row fsdppp "fsdp=2 x stage=2 (4 devices)" $one4 $two4
+  if [ -n "$old" ]; then
+    run fsdpppold "$old" local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+      ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
+    row fsdpppold "fsdp=2 x stage=2, OLD_MESHRUN" $one4 $two4
+  fi
   for o in adamw muon; do
     run f4$o $B local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
       ici_fsdp_parallelism=4 opt_type=$o learning_rate=0.001
     row f4$o "fsdp=4 $o" $one4 $two4
   done
+  if [ -n "$old" ]; then
+    run f4adamwold "$old" local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
+      ici_fsdp_parallelism=4 opt_type=adamw learning_rate=0.001
+    row f4adamwold "fsdp=4 adamw, OLD_MESHRUN" $one4 $two4
+  fi
   run f4muon0 $B local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
     ici_fsdp_parallelism=4 opt_type=muon learning_rate=0.001 grad_bucket_mb=0
   row f4muon0 "fsdp=4 muon, grad_bucket_mb=0" $one4 $two4
