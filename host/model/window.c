@@ -19,6 +19,7 @@
 #define WIN_MAX_GROUPS 8            /* distinct gather axis sets */
 #define WIN_MAX_RUNS 16384          /* net/coll.h's COLL_MAX_IOV: runs x members */
 #define WIN_MIN_RUN 64              /* a list whose runs average fewer floats packs */
+#define WIN_MAX_CHUNKS 16           /* list all-gathers a gather group may take */
 
 enum slot_state { SLOT_FREE, SLOT_GATHERING, SLOT_READY };
 
@@ -52,7 +53,7 @@ struct win {
 				     * the gather in flight to land in */
 	float *gsend, *grecv, *ssend, *srecv;
 	void *gmem;                 /* gsend and grecv: allocated when a gather first packs */
-	void *gh[WIN_MAX_GROUPS], *sh[WIN_MAX_GROUPS];
+	void *gh[WIN_MAX_GROUPS][WIN_MAX_CHUNKS], *sh[WIN_MAX_GROUPS];
 	float *params, *grads;
 	/* state */
 	int nslots;                 /* lo.windows + 2 */
@@ -60,10 +61,12 @@ struct win {
 	int *owner;                 /* [lo.windows + 1] the slot (READY, or its gather
 				     * in flight) in each layer weight window, or -1 */
 	int *gowner;                /* [lo.windows] the READY slot in each gradient window */
-	/* the list of the gather in flight: runs (grown on demand), each
-	 * member's count, and which gather groups went as lists */
-	struct model_run *run;
-	int runcap;
+	/* the list of the gather in flight: every member's rows, as
+	 * block_runs walks them (members in rank order, the same count
+	 * each); one list collective's runs; each member's count; and
+	 * which gather groups went as lists (grown on demand) */
+	struct model_run *row, *run;
+	int rowcap, runcap;
 	size_t counts[MESH_MAX_DEVICES];
 	bool listed[WIN_MAX_GROUPS];
 	size_t copied;              /* floats the window copied (packs, places, sums) */
@@ -231,6 +234,7 @@ void win_free(struct win *w)
 	free(w->owner);
 	free(w->gowner);
 	free(w->run);
+	free(w->row);
 	free(w->slot);
 	free(w->queue);
 	free(w);
@@ -341,31 +345,30 @@ static void check_group(const struct win *w, int l0, int l1)
 	(void)w, (void)l0, (void)l1;
 }
 
-/* Appends a run to the list (merged into the last when it continues
- * it); false when out of memory. */
-static bool add_run(struct win *w, int *nrun, float *buf, size_t n)
+/* Appends a run to list *v (cap *cap, *nrun long), merged into the last
+ * when merge and it continues it; false when out of memory. */
+static bool add_run(struct model_run **v, int *cap, int *nrun, float *buf, size_t n, bool merge)
 {
-	struct model_run *last = *nrun ? &w->run[*nrun - 1] : NULL;
-	if (!n)
-		return true;
-	if (last && last->buf + last->n == buf) {
+	struct model_run *last = *nrun ? &(*v)[*nrun - 1] : NULL;
+	if (merge && last && last->buf + last->n == buf) {
 		last->n += n;
 		return true;
 	}
-	if (*nrun == w->runcap) {
-		int cap = w->runcap ? 2 * w->runcap : 256;
-		struct model_run *r = realloc(w->run, sizeof(*r) * (size_t)cap);
+	if (*nrun == *cap) {
+		int c = *cap ? 2 * *cap : 256;
+		struct model_run *r = realloc(*v, sizeof(*r) * (size_t)c);
 		if (!r)
 			return false;
-		w->run = r;
-		w->runcap = cap;
+		*v = r;
+		*cap = c;
 	}
-	w->run[(*nrun)++] = (struct model_run){ buf, n };
+	(*v)[(*nrun)++] = (struct model_run){ buf, n };
 	return true;
 }
 
-/* The runs of member r's block of tensor i's layer l in landing slot k's
- * window (rows of the innermost dimension, as plan_copy_block walks them). */
+/* Appends the rows of member r's block of tensor i's layer l in landing
+ * slot k's window to w->row (rows of the innermost dimension, as
+ * plan_copy_block walks them). */
 static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int i, int l, int k, int *nrun)
 {
 	const struct param_info *p = w->t[i].p;
@@ -384,7 +387,7 @@ static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int 
 		size_t t = 0;
 		for (int d = 0; d < nd; d++)
 			t = t * (size_t)ts[d] + (size_t)(off[d] + (d + 1 < nd ? idx[d] : 0));
-		if (!add_run(w, nrun, tensor + t, run))
+		if (!add_run(&w->row, &w->rowcap, nrun, tensor + t, run, false))
 			return false;
 		for (int d = nd - 2; d >= 0; d--) {
 			if (++idx[d] < bs[d])
@@ -395,24 +398,66 @@ static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int 
 	return true;
 }
 
-/* The list of every member's blocks of gather group g of landing slot k,
- * in rank order: its length, or 0 when the gather should pack instead (a
- * list too long for the collective, or of runs too short to be worth it). */
-static int list_runs(struct win *w, int g, int k, size_t pack)
+/* Every member's rows of gather group g's blocks of landing slot k, in
+ * rank order, into w->row: the rows a member has (the same for each), or
+ * 0 when out of memory. */
+static int list_rows(struct win *w, int g, int k)
 {
 	const struct mesh_members *gg = &w->gg[g];
 	const struct win_slot *s = &w->slot[k];
-	int nrun = 0;
-	for (int r = 0; r < gg->n; r++) {
-		w->counts[r] = pack;
+	int nrow = 0;
+	for (int r = 0; r < gg->n; r++)
 		for (int l = s->l0; l < s->l1; l++)
 			for (int i = 0; i < w->n; i++)
-				if (in_group(w, i, l, gg->axes, false) && !block_runs(w, gg, r, i, l, k, &nrun))
+				if (in_group(w, i, l, gg->axes, false) && !block_runs(w, gg, r, i, l, k, &nrow))
 					return 0;
+	return nrow / gg->n;
+}
+
+/* Rows a member gives one list collective: all of its members' at most
+ * COLL_MAX_IOV / n runs. */
+static int chunk_rows(const struct mesh_members *gg)
+{
+	return WIN_MAX_RUNS / gg->n / gg->n;
+}
+
+/* The list of chunk c (rows [c R, c R + R) of every member, R =
+ * chunk_rows, m rows a member) into w->run, adjacent runs merged, and
+ * each member's count into w->counts: its length. */
+static int list_chunk(struct win *w, const struct mesh_members *gg, int m, int c)
+{
+	int R = chunk_rows(gg), j0 = c * R, j1 = j0 + R < m ? j0 + R : m, nrun = 0;
+	for (int r = 0; r < gg->n; r++) {
+		w->counts[r] = 0;
+		for (int j = j0; j < j1; j++) {
+			const struct model_run *x = &w->row[(size_t)r * (size_t)m + (size_t)j];
+			if (!add_run(&w->run, &w->runcap, &nrun, x->buf, x->n, true))
+				return -1;
+			w->counts[r] += x->n;
+		}
 	}
-	if (nrun > WIN_MAX_RUNS / gg->n || pack * (size_t)gg->n < (size_t)nrun * WIN_MIN_RUN)
-		return 0;
 	return nrun;
+}
+
+/* Whether gather group g of landing slot k goes as lists: the chunks
+ * (*nchunk of them, m rows a member) fit WIN_MAX_CHUNKS and their runs
+ * average WIN_MIN_RUN floats or more. */
+static bool listable(struct win *w, int g, int k, size_t pack, int *m, int *nchunk)
+{
+	const struct mesh_members *gg = &w->gg[g];
+	size_t runs = 0;
+	if (!(*m = list_rows(w, g, k)))
+		return false;
+	*nchunk = (*m + chunk_rows(gg) - 1) / chunk_rows(gg);
+	if (*nchunk > WIN_MAX_CHUNKS)
+		return false;
+	for (int c = 0; c < *nchunk; c++) {
+		int n = list_chunk(w, gg, *m, c);
+		if (n < 0)
+			return false;
+		runs += (size_t)n;
+	}
+	return pack * (size_t)gg->n >= runs * WIN_MIN_RUN;
 }
 
 /* Copies this device's shards of gather group g into their blocks of
@@ -474,14 +519,18 @@ static void start_next(struct win *w)
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, l0, l1, false);
-		int nrun;
+		int m, nchunk;
 		w->listed[g] = false;
 		if (!pack)
 			continue;
-		if (c->start_all_gather_v && win_ok && (nrun = list_runs(w, g, k, pack)) > 0) {
+		if (c->start_all_gather_v && win_ok && listable(w, g, k, pack, &m, &nchunk)) {
 			place_own(w, g, k);
 			w->listed[g] = true;
-			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, &w->gh[g]);
+			for (int ch = 0; ch < nchunk && !*w->rc; ch++) {
+				int nrun = list_chunk(w, gg, m, ch);
+				*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts,
+							       &w->gh[g][ch]);
+			}
 			continue;
 		}
 		if ((*w->rc = gather_buffers(w)))
@@ -498,7 +547,7 @@ static void start_next(struct win *w)
 			}
 		w->copied += pack;
 		if (c->start_all_gather)
-			*w->rc = c->start_all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float), &w->gh[g]);
+			*w->rc = c->start_all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float), &w->gh[g][0]);
 		else
 			*w->rc = c->all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float));
 		soff += pack;
@@ -545,7 +594,8 @@ static void finish_landing(struct win *w)
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, s->l0, s->l1, false);
-		wait_handle(w, &w->gh[g]);
+		for (int ch = 0; ch < WIN_MAX_CHUNKS; ch++)
+			wait_handle(w, &w->gh[g][ch]);
 		if (!pack || *w->rc || w->listed[g])
 			continue;
 		place_blocks(w, gg, k, false, w->grecv + roff, pack, true);
@@ -649,7 +699,8 @@ int win_scatter_start(struct win *w, int k)
 int win_end(struct win *w)
 {
 	for (int g = 0; g < w->ngg; g++) {
-		wait_handle(w, &w->gh[g]);
+		for (int ch = 0; ch < WIN_MAX_CHUNKS; ch++)
+			wait_handle(w, &w->gh[g][ch]);
 		wait_handle(w, &w->sh[g]);
 	}
 	w->scattering = false;
