@@ -1,13 +1,14 @@
 /* The FSDP weight window of host/model/window.h: slots, gathers into
- * them, reduce-scatters out of them. A gather of a group is one
- * collective per gather group (the tensors gathered over the same axes).
- * With the comm's list form it lands in the window where the weights
- * lie: this device's shards are copied into their blocks, and the list of
- * every member's blocks' runs is all-gathered in place. Otherwise (no
- * list form, a list too long, or no window free when it goes out) it
- * sends this device's shards packed, receives every member's packs and
- * places each member's blocks into the compute-shaped window. A
- * reduce-scatter packs (the transpose of the packed gather). */
+ * them, reduce-scatters out of them. A gather of a group goes per gather
+ * group (the tensors gathered over the same axes). With the comm's list
+ * form it lands in the window where the weights lie: this device's
+ * shards are copied into their blocks, and the list of every member's
+ * blocks' runs is all-gathered in place (cut into several collectives
+ * when longer than one takes). Otherwise (no list form, a list too long
+ * or of too short runs, or the non-layer window held) it sends this
+ * device's shards packed, receives every member's packs and places each
+ * member's blocks into the compute-shaped window. A reduce-scatter packs
+ * (the transpose of the packed gather). */
 #include "host/model/window.h"
 
 #include <assert.h>
