@@ -244,8 +244,8 @@ START_TEST(test_gather_whole_in_order)
 END_TEST
 
 /* The same gathers over the list form: every gathered layer tensor's
- * element equals the whole model's, and the window copied only this
- * device's shards (half of what the packed gather moves in and out). */
+ * element equals the whole model's, and the window copied this device's
+ * shards and the staged (column-split) tensors' blocks only. */
 static void *gather_listed(void *arg)
 {
 	struct dev *d = arg;
@@ -284,14 +284,26 @@ START_TEST(test_gather_listed_in_place)
 	both(gather_listed);
 	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
 	ck_assert_str_eq(pair.order, "vv");
-	/* two layers' own shards: half of each layer's gathered floats */
-	size_t own = 0;
+	/* two layers' own shards (half of each layer's gathered floats),
+	 * copied into their blocks, and the tensors split along columns
+	 * (rows shorter than a list item is worth: staged) placed from the
+	 * staging buffer, both members' (the packed gather copies every
+	 * tensor so: 3 x own) */
+	size_t own = 0, staged = 0;
 	for (int id = 0; id < P_COUNT; id++) {
-		const struct param_info *p = param_id(devs[0].m, id);
-		if (p && p->stacked && (p->split & (1u << AX_FSDP)))
-			own += p->numel / (size_t)p->shape[0] * 2;
+		const struct param_info *p = param_id(devs[0].m, id), *pw = param_id(whole, id);
+		if (!p || !p->stacked || !(p->split & (1u << AX_FSDP)))
+			continue;
+		own += p->numel / (size_t)p->shape[0] * 2;
+		for (int d = 2; d < p->ndim; d++)
+			if (p->shape[d] != pw->shape[d]) {
+				staged += p->numel / (size_t)p->shape[0] * 2;
+				break;
+			}
 	}
-	ck_assert_uint_eq(listed_copies[0], own);
+	ck_assert_uint_gt(staged, 0);
+	ck_assert_uint_lt(staged, own);
+	ck_assert_uint_eq(listed_copies[0], own + 2 * staged);
 }
 END_TEST
 

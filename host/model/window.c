@@ -19,7 +19,7 @@
 
 #define WIN_MAX_GROUPS 8            /* distinct gather axis sets */
 #define WIN_MAX_RUNS 16384          /* net/coll.h's COLL_MAX_IOV: runs x members */
-#define WIN_MIN_RUN 64              /* a list whose runs average fewer floats packs */
+#define WIN_MIN_RUN 16384           /* rows shorter go through the staging buffer */
 #define WIN_MAX_CHUNKS 16           /* list all-gathers a gather group may take */
 
 enum slot_state { SLOT_FREE, SLOT_GATHERING, SLOT_READY };
@@ -70,6 +70,9 @@ struct win {
 	int rowcap, runcap;
 	size_t counts[MESH_MAX_DEVICES];
 	bool listed[WIN_MAX_GROUPS];
+	/* the gather in flight's staging, per gather group: floats a member
+	 * stages, at grecv + sbase, member after member */
+	size_t stage[WIN_MAX_GROUPS], sbase[WIN_MAX_GROUPS];
 	size_t copied;              /* floats the window copied (packs, places, sums) */
 	int nl_ready;               /* the READY non-layer slot, or -1 */
 	int landing;                /* slot whose gather is in flight, or -1 */
@@ -367,10 +370,32 @@ static bool add_run(struct model_run **v, int *cap, int *nrun, float *buf, size_
 	return true;
 }
 
+/* Member r's part of gather group gg's staging. */
+static float *staging(const struct win *w, const struct mesh_members *gg, int r)
+{
+	int g = (int)(gg - w->gg);
+	return w->grecv + w->sbase[g] + (size_t)r * w->stage[g];
+}
+
+/* Whether tensor i's blocks go through the staging buffer: they are
+ * rows of their tensor (not whole rows, so one run each) shorter than
+ * WIN_MIN_RUN floats. A list item is a message: such rows would cost
+ * one each, more than packing them costs (measured: bench/README.md). */
+static bool staged(const struct win *w, int i)
+{
+	const struct param_info *p = w->t[i].p;
+	const int *ts = w->t[i].pp->cshape, *bs = p->shape;
+	for (int d = p->stacked ? 2 : 1; d < p->ndim; d++)
+		if (bs[d] != ts[d])
+			return (size_t)bs[p->ndim - 1] < WIN_MIN_RUN;
+	return false;
+}
+
 /* Appends the rows of member r's block of tensor i's layer l in landing
  * slot k's window to w->row (rows of the innermost dimension, as
  * plan_copy_block walks them). */
-static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int i, int l, int k, int *nrun)
+static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int i, int l, int k, int *nrun,
+		       size_t *soff)
 {
 	const struct param_info *p = w->t[i].p;
 	const struct plan_param *pp = w->t[i].pp;
@@ -378,6 +403,12 @@ static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int 
 	const int *ts = pp->cshape + s0, *bs = p->shape + s0, *off = o + s0;
 	size_t run = nd ? (size_t)bs[nd - 1] : 1, nrows = 1;
 	float *tensor = block(w, false, i, l, k);
+	if (staged(w, i)) {
+		/* one run: its block in member r's part of the staging buffer */
+		size_t n = param_slice_numel(p);
+		*soff += n;
+		return add_run(&w->row, &w->rowcap, nrun, staging(w, gg, r) + *soff - n, n, false);
+	}
 	plan_block_offsets(pp, w->mesh, gg->axes, gg->coord[r], o);
 	for (int d = 0; d < nd; d++)
 		if (bs[d] == 0)
@@ -407,11 +438,13 @@ static int list_rows(struct win *w, int g, int k)
 	const struct mesh_members *gg = &w->gg[g];
 	const struct win_slot *s = &w->slot[k];
 	int nrow = 0;
-	for (int r = 0; r < gg->n; r++)
+	for (int r = 0; r < gg->n; r++) {
+		size_t soff = 0;
 		for (int l = s->l0; l < s->l1; l++)
 			for (int i = 0; i < w->n; i++)
-				if (in_group(w, i, l, gg->axes, false) && !block_runs(w, gg, r, i, l, k, &nrow))
+				if (in_group(w, i, l, gg->axes, false) && !block_runs(w, gg, r, i, l, k, &nrow, &soff))
 					return 0;
+	}
 	return nrow / gg->n;
 }
 
@@ -441,24 +474,26 @@ static int list_chunk(struct win *w, const struct mesh_members *gg, int m, int c
 }
 
 /* Whether gather group g of landing slot k goes as lists: the chunks
- * (*nchunk of them, m rows a member) fit WIN_MAX_CHUNKS and their runs
- * average WIN_MIN_RUN floats or more. */
+ * (*nchunk of them, m rows a member) fit WIN_MAX_CHUNKS. Sets w->stage
+ * (the floats a member stages) and allocates the staging buffer. */
 static bool listable(struct win *w, int g, int k, size_t pack, int *m, int *nchunk)
 {
 	const struct mesh_members *gg = &w->gg[g];
-	size_t runs = 0;
+	const struct win_slot *s = &w->slot[k];
+	w->stage[g] = 0;
+	for (int l = s->l0; l < s->l1; l++)
+		for (int i = 0; i < w->n; i++)
+			if (in_group(w, i, l, gg->axes, false) && staged(w, i))
+				w->stage[g] += param_slice_numel(w->t[i].p);
+	if (w->stage[g] && gather_buffers(w))
+		return false;
 	if (!(*m = list_rows(w, g, k)))
 		return false;
 	*nchunk = (*m + chunk_rows(gg) - 1) / chunk_rows(gg);
 	if (*nchunk > WIN_MAX_CHUNKS)
 		return false;
-	for (int c = 0; c < *nchunk; c++) {
-		int n = list_chunk(w, gg, *m, c);
-		if (n < 0)
-			return false;
-		runs += (size_t)n;
-	}
-	return pack * (size_t)gg->n >= runs * WIN_MIN_RUN;
+	(void)pack;
+	return true;
 }
 
 /* Copies this device's shards of gather group g into their blocks of
@@ -467,17 +502,49 @@ static void place_own(struct win *w, int g, int k)
 {
 	const struct mesh_members *gg = &w->gg[g];
 	const struct win_slot *s = &w->slot[k];
+	size_t soff = 0;
 	for (int l = s->l0; l < s->l1; l++)
 		for (int i = 0; i < w->n; i++) {
 			if (!in_group(w, i, l, gg->axes, false))
 				continue;
 			const struct param_info *p = w->t[i].p;
 			int o[SHARD_MAX_DIMS], s0 = p->stacked ? 1 : 0;
+			if (staged(w, i)) {
+				size_t n = param_slice_numel(p);
+				memcpy(staging(w, gg, w->grank[g]) + soff, storage(w, w->params, i, l),
+				       n * sizeof(float));
+				soff += n;
+				w->copied += n;
+				continue;
+			}
 			plan_block_offsets(w->t[i].pp, w->mesh, gg->axes, gg->coord[w->grank[g]], o);
 			plan_copy_block(block(w, false, i, l, k), w->t[i].pp->cshape + s0,
 					storage(w, w->params, i, l), p->shape + s0, o + s0, p->ndim - s0, true);
 			w->copied += param_slice_numel(p);
 		}
+}
+
+/* Places every member's staged blocks of a listed gather (gg) of slot k
+ * from the staging buffer into the window. */
+static void place_staged(struct win *w, const struct mesh_members *gg, int k)
+{
+	const struct win_slot *s = &w->slot[k];
+	for (int r = 0; r < gg->n && w->stage[gg - w->gg]; r++) {
+		size_t soff = 0;
+		for (int l = s->l0; l < s->l1; l++)
+			for (int i = 0; i < w->n; i++) {
+				if (!in_group(w, i, l, gg->axes, false) || !staged(w, i))
+					continue;
+				const struct param_info *p = w->t[i].p;
+				int o[SHARD_MAX_DIMS], s0 = p->stacked ? 1 : 0;
+				plan_block_offsets(w->t[i].pp, w->mesh, gg->axes, gg->coord[r], o);
+				plan_copy_block(block(w, false, i, l, k), w->t[i].pp->cshape + s0,
+						staging(w, gg, r) + soff, p->shape + s0, o + s0,
+						p->ndim - s0, true);
+				soff += param_slice_numel(p);
+				w->copied += param_slice_numel(p);
+			}
+	}
 }
 
 /* A free weight window for layer slot k: there are windows + 1 and at
@@ -524,9 +591,11 @@ static void start_next(struct win *w)
 		w->listed[g] = false;
 		if (!pack)
 			continue;
+		w->sbase[g] = roff;  /* where its staging or its packs land */
 		if (c->start_all_gather_v && win_ok && listable(w, g, k, pack, &m, &nchunk)) {
 			place_own(w, g, k);
 			w->listed[g] = true;
+			roff += w->stage[g] * (size_t)gg->n;
 			for (int ch = 0; ch < nchunk && !*w->rc; ch++) {
 				int nrun = list_chunk(w, gg, m, ch);
 				*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts,
@@ -579,7 +648,6 @@ static void finish_landing(struct win *w)
 {
 	int k = w->landing;
 	struct win_slot *s = &w->slot[k];
-	size_t roff = 0;
 	w->landing = -1;
 	if (s->l0 == WIN_NONLAYER) {
 		assert(w->nl_ready < 0);
@@ -597,10 +665,13 @@ static void finish_landing(struct win *w)
 		size_t pack = pack_size(w, gg, s->l0, s->l1, false);
 		for (int ch = 0; ch < WIN_MAX_CHUNKS; ch++)
 			wait_handle(w, &w->gh[g][ch]);
-		if (!pack || *w->rc || w->listed[g])
+		if (!pack || *w->rc)
 			continue;
-		place_blocks(w, gg, k, false, w->grecv + roff, pack, true);
-		roff += pack * (size_t)gg->n;
+		if (w->listed[g]) {
+			place_staged(w, gg, k);
+			continue;
+		}
+		place_blocks(w, gg, k, false, w->grecv + w->sbase[g], pack, true);
 	}
 	s->state = SLOT_READY;
 	start_next(w);
