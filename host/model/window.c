@@ -4,7 +4,7 @@
  * form it lands in the window where the weights lie: this device's
  * shards are copied into their blocks, and the list of every member's
  * blocks' runs is all-gathered in place (cut into several collectives
- * when longer than one takes). Otherwise (no list form, a list too long
+ * when longer than one takes; blocks of short rows staged). Otherwise (no list form, a list too long
  * or of too short runs, or the non-layer window held) it sends this
  * device's shards packed, receives every member's packs and places each
  * member's blocks into the compute-shaped window. A reduce-scatter packs

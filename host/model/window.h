@@ -26,10 +26,12 @@
  * device's shards are copied into their blocks and the members' blocks
  * all-gathered in place, with no packing (a list longer than a
  * collective takes is cut into several, up to 16, each the same rows of
- * every member); it packs instead (lands packed, and wait() places each
- * member's blocks) without the list form, for a list longer than that
- * or of too short runs (a block split along columns is one run per
- * row), and for the non-layer group while a READY slot holds it; the first gather that packs allocates its packed buffers
+ * every member). Blocks that are short rows of their tensor (a split
+ * along columns: one run, one message, per row) are staged instead: one
+ * run each in a staging buffer inside the same list, placed on landing.
+ * It packs the whole group (lands packed, and wait() places each
+ * member's blocks) without the list form, for a list longer than that,
+ * and for the non-layer group while a READY slot holds it; the first gather that packs or stages allocates the packed buffers
  * then (a part and a whole group: what win_numel does not count; -ENOMEM
  * when that fails). Hence the rules (programmer errors, asserted): at most one
  * READY non-layer slot and at most `windows` READY layer slots; a READY
