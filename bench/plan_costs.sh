@@ -25,6 +25,10 @@
 # share less than a core (a loaded machine) it is as close as the model,
 # so only rows where the two differ test the model's timeline (an idle
 # machine, where 4 devices on 2 cores leave cores free in the bubble).
+# "walls, untraced": --costs-by wall on the same trace with its send
+# spans taken out, so each send is charged its device's untraced time
+# (the fallback for older traces), against "walls" with each transfer its
+# traced CPU.
 # usage: [STEPS=3] [ROWS="MESH:M:SCHED[/fill]:RECOMPUTE ..."] [BIN=meshrun] bench/plan_costs.sh
 #   default rows: bench/sched_goals.sh's 14 (4x1 M 4, 8, 16; interleaved_1f1b
 #   and zbv; 2x2; recompute on)
@@ -38,8 +42,8 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 bin=$tmp/meshrun
 if [ -n "${BIN:-}" ]; then cp "$BIN" "$bin"; else make -s all; cp build/meshrun "$bin"; fi
 . bench/sched_env.sh  # $model, and the link: $lat_us, $gbps
-echo "| mesh | M | schedule | recompute | step s | plan s (own) | error | plan s (run's costs) | error | plan s (each action's) | error | plan s (walls) | error | action cpu s run/plan | cores plan/run | worst stage end error | saturated s | error | load |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| mesh | M | schedule | recompute | step s | plan s (own) | error | plan s (run's costs) | error | plan s (each action's) | error | plan s (walls) | error | action cpu s run/plan | cores plan/run | worst stage end error | saturated s | error | walls, untraced s | error | load |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 t0=$(date +%s)
 for r in $rows; do
   IFS=: read -r mesh M sv rc <<<"$r"
@@ -69,24 +73,35 @@ for r in $rows; do
     --link-gbps "$gbps" --link-latency-us "$lat_us" >$tmp/each 2>&1 || { cat $tmp/each; exit 1; }
   "$bin" plan $model --hosts $hosts --devices-per-host $dph $args --costs-from $tmp/t.json --costs-by wall \
     --link-gbps "$gbps" --link-latency-us "$lat_us" >$tmp/wall 2>&1 || { cat $tmp/wall; exit 1; }
-  python3 - "$mesh" "$M" "$sv" "$rc" $tmp/m.jsonl $tmp/own $tmp/run $tmp/each $tmp/wall "$load" <<'PY' | tee -a $tmp/rows
+  python3 - $tmp/t.json $tmp/t0.json <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+t["traceEvents"] = [e for e in t["traceEvents"] if not (e.get("name", "").startswith("stage send ")
+                                                         and "cpu_us" in e.get("args", {}))]
+json.dump(t, open(sys.argv[2], "w"))
+PY
+  "$bin" plan $model --hosts $hosts --devices-per-host $dph $args --costs-from $tmp/t0.json --costs-by wall \
+    --link-gbps "$gbps" --link-latency-us "$lat_us" >$tmp/wall0 2>&1 || { cat $tmp/wall0; exit 1; }
+  grep -q "^transfers: each send its device's untraced" $tmp/wall0 && grep -q "^transfers: each send and receive its traced" $tmp/wall \
+    || { echo "plan_costs.sh: the transfers were not charged as expected" >&2; exit 1; }
+  python3 - "$mesh" "$M" "$sv" "$rc" $tmp/m.jsonl $tmp/own $tmp/run $tmp/each $tmp/wall $tmp/wall0 "$load" <<'PY' | tee -a $tmp/rows
 import json, re, sys
-mesh, M, s, rc, m, own, run, each, wall, load = sys.argv[1:]
+mesh, M, s, rc, m, own, run, each, wall, wall0, load = sys.argv[1:]
 rows = [json.loads(l) for l in open(m)][1:]
 step = sum(r["step_time_s"] for r in rows) / len(rows)
-txt = {f: open(f).read() for f in (own, run, each, wall)}
+txt = {f: open(f).read() for f in (own, run, each, wall, wall0)}
 pred = lambda f: float(re.search(r"^predicted_step_s: (\S+)", txt[f], re.M).group(1))
 table = lambda f: sum(float(x) for x in re.search(r"^work by action: F=(\S+),B=(\S+),I=(\S+),W=(\S+),own=(\S+),",
                                                   txt[f], re.M).groups())
 cores = lambda f: re.search(r"(?:share|cores) (\d+\.\d+)", re.search(r"^(cores|costs):.*$", txt[f], re.M).group(0)).group(1)
 ends = [float(x) for x in re.findall(r"last end \S+ s \(([-+]\S+)%\)", txt[run])]
-o, n, a, w = pred(own), pred(run), pred(each), pred(wall)
+o, n, a, w, w0 = pred(own), pred(run), pred(each), pred(wall), pred(wall0)
 e = lambda p: 100 * (p - step) / step
 ptable = float(re.search(r"^parts: table (\S+) s", txt[run], re.M).group(1))
 sat = table(run) / float(cores(run)) + n - ptable
 print(f"| {mesh} | {M} | {s} | {rc} | {step:.2f} | {o:.2f} | {e(o):+.0f}% | {n:.2f} | {e(n):+.0f}% | {a:.2f} | {e(a):+.0f}% | {w:.2f} | {e(w):+.0f}% | "
       f"{table(run):.2f}/{table(own):.2f} | {cores(own)}/{cores(run)} | {max(ends, key=abs):+.0f}% | "
-      f"{sat:.2f} | {e(sat):+.0f}% | {load} |")
+      f"{sat:.2f} | {e(sat):+.0f}% | {w0:.2f} | {e(w0):+.0f}% | {load} |")
 PY
 done
 python3 - $tmp/rows <<'PY'
@@ -96,6 +111,6 @@ err = lambda r, i: abs(float(r[i].strip().rstrip("%")))
 n = len(rows)
 print(f"# within 15%: plan (own measurement) {sum(err(r, 7) <= 15 for r in rows)} of {n}, "
       f"plan (run's costs) {sum(err(r, 9) <= 15 for r in rows)} of {n}, each action's {sum(err(r, 11) <= 15 for r in rows)} of {n}, walls {sum(err(r, 13) <= 15 for r in rows)} of {n}, "
-      f"saturated {sum(err(r, 18) <= 15 for r in rows)} of {n}")
+      f"saturated {sum(err(r, 18) <= 15 for r in rows)} of {n}, walls untraced {sum(err(r, 20) <= 15 for r in rows)} of {n}")
 PY
 echo "# $(( $(date +%s) - t0 )) s; load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -320,6 +320,12 @@ static void pipelined_fill(struct result *res, bool moe, int S, const char *sche
 		model_init(st[s].m, 11, 0.2f);
 		ck_assert_msg(pipe_exec_new(&st[s].x, &t, s, pc.first_layer, dev, st[s].m, mb, err, sizeof(err)) == 0,
 			      "%s", err);
+		/* the landing buffers it allocates are the rule's `meshrun
+		 * schedule` and plan count: 4 (every stage receives; a
+		 * microbatch's input is far under 16 MiB) */
+		ck_assert_int_eq(pipe_exec_landing_bufs(st[s].x),
+				 pipe_landing_bufs(pipe_exec_table(st[s].x), s, sizeof(float) * (size_t)mb * d.T * d.C));
+		ck_assert_int_eq(pipe_exec_landing_bufs(st[s].x), 4);
 		st[s].ctx = (struct stage_ctx){ .mb = &box, .me = s, .probe_at = -1 };
 		st[s].io = (struct pipe_p2p){ mb_send, mb_recv, mb_wait_send, mb_flush,
 					      fill == FILL_LATE ? mb_probe : fill == FILL_HERE ? mb_probe_here :

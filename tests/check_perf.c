@@ -416,7 +416,9 @@ struct tspan {
 	double ts, cpu;
 };
 
-static void write_trace(const char *path, const struct tspan *sp, int n, double opt)
+/* xfer: device 0's two sends on its row with their CPU, 0.05 s each (a
+ * trace with the transfers' CPU: its 0.1 s in no span is theirs) */
+static void write_trace(const char *path, const struct tspan *sp, int n, double opt, bool xfer)
 {
 	FILE *f = fopen(path, "w");
 	ck_assert_ptr_nonnull(f);
@@ -438,6 +440,10 @@ static void write_trace(const char *path, const struct tspan *sp, int n, double 
 			fprintf(f, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, \"tid\": 0, "
 				"\"args\": {\"step\": %d}}", row[i].name, base + k * row[i].t0 * 1e6,
 				k * (row[i].t1 - row[i].t0) * 1e6, step);
+		for (int i = 0; xfer && i < 2; i++)
+			fprintf(f, ",\n{\"name\": \"stage send act %d\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, "
+				"\"tid\": 0, \"args\": {\"step\": %d, \"cpu_us\": %.3f}}", i, base + k * (0.81 + i) * 1e6,
+				k * 0.05e6, step, k * 0.05e6);
 		for (int d = 0; d < 2; d++)
 			fprintf(f, ",\n{\"name\": \"optimizer\", \"cat\": \"compute\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, "
 				"\"pid\": %d, \"tid\": %d, \"args\": {\"step\": %d}}", base + 90e6, k * opt * 1e6, d, d, step);
@@ -459,7 +465,7 @@ START_TEST(test_costs_from)
 	int fd = mkstemp(path);
 	ck_assert_int_ge(fd, 0);
 	close(fd);
-	write_trace(path, sp, (int)(sizeof(sp) / sizeof(sp[0])), 0.25);
+	write_trace(path, sp, (int)(sizeof(sp) / sizeof(sp[0])), 0.25, false);
 	struct perf_trace tr;
 	ck_assert_msg(perf_trace_read(path, &tr, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_int_eq(tr.ndev, 2);
@@ -494,6 +500,24 @@ START_TEST(test_costs_from)
 		      tr.untraced[1]);
 	ck_assert_msg(perf_predict(&c, &mc, NULL, &p, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(fabs(p.table - 16.88) < 1e-6, "table %.9g, by hand 16.88", p.table);
+	ck_assert_int_eq(p.xfer_by, PERF_XFER_UNTRACED);
+	mc.run_by = PERF_RUN_KIND;
+	/* the same run traced with its sends' CPU: nothing is left
+	 * untraced; each send costs its 0.05 s with every --costs-by, so
+	 * kind's table is 17.03 + 0.05 (stage 1 starts its chains 0.05 s
+	 * later, as at walls) and the walls' the same 16.88 */
+	perf_trace_release(&tr);
+	write_trace(path, sp, (int)(sizeof(sp) / sizeof(sp[0])), 0.25, true);
+	ck_assert_msg(perf_trace_read(path, &tr, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(tr.xfer_traced && tr.nsend[0] == 2 && fabs(tr.send_cpu[0] - 0.1) < 1e-9 && fabs(tr.untraced[0]) < 1e-9,
+		      "traced %d, sends %d, %g s, untraced %g", tr.xfer_traced, tr.nsend[0], tr.send_cpu[0], tr.untraced[0]);
+	ck_assert_msg(perf_predict(&c, &mc, NULL, &p, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(fabs(p.table - 17.08) < 1e-6 && p.xfer_by == PERF_XFER_TRACED, "table %.9g, by hand 17.08",
+		      p.table);
+	mc.run_by = PERF_RUN_WALL;
+	ck_assert_msg(perf_predict(&c, &mc, NULL, &p, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(fabs(p.table - 16.88) < 1e-6 && p.xfer_by == PERF_XFER_TRACED, "table %.9g, by hand 16.88",
+		      p.table);
 	mc.run_by = PERF_RUN_KIND;
 	/* the same trace against another M, schedule, mesh */
 	const char *bad[][3] = { { "pipeline_schedule=1f1b", "num_pipeline_microbatches=4", "microbatches" },

@@ -350,6 +350,10 @@ START_TEST(test_trace_slots)
 	ck_assert_msg(root, "trace is not JSON");
 	cJSON *evs = cJSON_GetObjectItem(root, "traceEvents"), *e;
 	int fwd[2] = { 0 }, bwd[2] = { 0 }, recv_act[2] = { 0 }, p2p_r[2] = { 0 }, p2p_s[2] = { 0 };
+	int send_act[2] = { 0 }, sc_act[2] = { 0 };
+	/* a device thread's CPU in each step's forward+backward, and in the
+	 * spans of its row inside it (compute, sends, receives: disjoint) */
+	double fb_cpu[2][2] = { { 0 } }, in_cpu[2][2] = { { 0 } };
 	cJSON_ArrayForEach(e, evs) {
 		if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
 			continue;
@@ -363,10 +367,19 @@ START_TEST(test_trace_slots)
 			if (tid / TRACE_FLIGHT_TID == 3) {
 				p2p_r[tid % TRACE_FLIGHT_TID] += !strncmp(name, "r act ", 6);
 				p2p_s[tid % TRACE_FLIGHT_TID] += !strncmp(name, "s act ", 6);
+				sc_act[tid % TRACE_FLIGHT_TID] += !strncmp(name, "sc act ", 7);
 			}
 			continue;
 		}
 		ck_assert(tid >= 0 && tid < 2);
+		cJSON *args = cJSON_GetObjectItem(e, "args"), *cpu = cJSON_GetObjectItem(args, "cpu_us");
+		int step = cJSON_GetObjectItem(args, "step")->valueint;
+		bool sends = !strncmp(name, "stage send act ", 15), recvs = !strncmp(name, "stage recv ", 11);
+		if (sends || recvs || !strcmp(name, "forward+backward"))
+			ck_assert_msg(cJSON_IsNumber(cpu) && cpu->valuedouble >= 0, "'%s' without args.cpu_us", name);
+		send_act[tid] += sends;
+		if (step >= 0 && step < 2 && cJSON_IsNumber(cpu))
+			*(!strcmp(name, "forward+backward") ? &fb_cpu[tid][step] : &in_cpu[tid][step]) += cpu->valuedouble;
 		fwd[tid] += !strncmp(name, "F mb", 4);
 		bwd[tid] += !strncmp(name, "B mb", 4);
 		recv_act[tid] += !strncmp(name, "stage recv act", 14);
@@ -382,6 +395,17 @@ START_TEST(test_trace_slots)
 	ck_assert_int_eq(p2p_r[1], recv_act[1]);
 	ck_assert_int_eq(p2p_r[0], recv_act[0]);
 	ck_assert_int_eq(p2p_s[0], recv_act[1]);
+	/* each send call is on its device's row with its CPU, and what the
+	 * spans inside a forward+backward took is in its CPU (2 ms slack:
+	 * the clocks are read a few instructions apart) */
+	ck_assert_int_eq(send_act[0], sc_act[0]);
+	ck_assert_int_eq(send_act[1], sc_act[1]);
+	ck_assert_int_eq(send_act[0], recv_act[1]);
+	for (int d = 0; d < 2; d++)
+		for (int st = 0; st < 2; st++)
+			ck_assert_msg(in_cpu[d][st] <= fb_cpu[d][st] + 2000 && in_cpu[d][st] > 0,
+				      "device %d step %d: spans' CPU %.0f us, forward+backward's %.0f us", d, st,
+				      in_cpu[d][st], fb_cpu[d][st]);
 	cJSON_Delete(root);
 	free(text);
 }

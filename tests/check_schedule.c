@@ -447,8 +447,32 @@ START_TEST(test_other_weight_modes)
 		ck_assert_int_eq(st.reduce_scatters, L);
 		ck_assert_int_eq(t.act_sets[0], 1);
 		ck_assert_int_eq(t.bufs[0], L + 2);  /* every layer's input, the output, its gradient */
+		ck_assert_int_eq(pipe_landing_bufs(&t, 0, 4), 0);  /* receives nothing */
 		pipe_table_free(&t);
 	}
+}
+END_TEST
+
+/* The landing buffers' rule (pipe_landing_bufs, which the executor
+ * allocates by): 4 of a receiving stage's microbatch buffers, fewer where
+ * 4 pass 64 MiB, at least one; the one-device table's none is in
+ * test_other_weight_modes, the executor's own count in check_exec. */
+START_TEST(test_landing_rule)
+{
+	struct pipe_shape p = shape(PIPE_1F1B, 2, 2, 1, PIPE_W_ITER);
+	struct pipe_table t;
+	build(&t, &p);
+	const size_t MiB = 1u << 20;
+	for (int s = 0; s < 2; s++) {
+		ck_assert_int_eq(pipe_landing_bufs(&t, s, 4), 4);
+		ck_assert_int_eq(pipe_landing_bufs(&t, s, 16 * MiB), 4);
+		ck_assert_int_eq(pipe_landing_bufs(&t, s, 16 * MiB + 1), 3);
+		ck_assert_int_eq(pipe_landing_bufs(&t, s, 20 * MiB), 3);
+		ck_assert_int_eq(pipe_landing_bufs(&t, s, 32 * MiB), 2);
+		ck_assert_int_eq(pipe_landing_bufs(&t, s, 64 * MiB), 1);
+		ck_assert_int_eq(pipe_landing_bufs(&t, s, 200 * MiB), 1);
+	}
+	pipe_table_free(&t);
 }
 END_TEST
 
@@ -810,7 +834,7 @@ START_TEST(test_command)
 	ck_assert_str_eq(cells[15], "7.1");
 	ck_assert_str_eq(cells[16], ".");
 	/* each stage saves R*M = 16 chunk inputs (the formula's) */
-	ck_assert_int_eq(row_cells(out, "memory per device", "\n  0 ", cells), 7);
+	ck_assert_int_eq(row_cells(out, "memory per device", "\n  0 ", cells), 8);
 	ck_assert_str_eq(cells[0], "16");
 	ck_assert_str_eq(cells[1], "16");
 	/* stage 0's actions: its owned microbatches embedded first (0 and 4) */
@@ -832,9 +856,15 @@ START_TEST(test_command)
 	ck_assert_str_eq(cells[4], "B");
 	ck_assert_str_eq(cells[6], "B");
 	ck_assert_str_eq(cells[7], "F");
-	ck_assert_int_eq(row_cells(out, "memory per device", "\n  0 ", cells), 7);
+	ck_assert_int_eq(row_cells(out, "memory per device", "\n  0 ", cells), 8);
 	ck_assert_str_eq(cells[0], "4");
-	ck_assert_int_eq(row_cells(out, "memory per device", "\n  3 ", cells), 7);
+	/* 4 landing buffers (a 4 x 64 x 128 float input is 131072 bytes, far
+	 * under 64 MiB / 4); bytes: 131072 x (6 buffers + 1 scratch + 4
+	 * landing) + one set of 2131968 */
+	ck_assert_str_eq(cells[2], "6");
+	ck_assert_str_eq(cells[4], "4");
+	ck_assert_str_eq(cells[7], "3573760");
+	ck_assert_int_eq(row_cells(out, "memory per device", "\n  3 ", cells), 8);
 	ck_assert_str_eq(cells[0], "1");
 
 	/* zbv prints its table, and the stashes of its split backward: a
@@ -846,9 +876,9 @@ START_TEST(test_command)
 	ck_assert_msg(!strstr(out, "refuses"), "%s", out);
 	ck_assert_msg(strstr(out, "bubble: 0.000"), "%s", out);
 	ck_assert_msg(strstr(out, "one layer's stash of the split backward: "), "%s", out);
-	ck_assert_int_eq(row_cells(out, "memory per device", "\n  0 ", cells), 7);
-	ck_assert_int_ge(atoi(cells[5]), 1);
-	ck_assert_int_le(atoi(cells[5]), 2);
+	ck_assert_int_eq(row_cells(out, "memory per device", "\n  0 ", cells), 8);
+	ck_assert_int_ge(atoi(cells[6]), 1);
+	ck_assert_int_le(atoi(cells[6]), 2);
 
 	/* measured costs: a forward is 2 slots, the backward what it took here */
 	rc = run_meshrun("schedule --config configs/llama-tiny.yml ici_pipeline_parallelism=2 "
@@ -881,6 +911,7 @@ int main(void)
 	tcase_add_test(tc, test_window_rule);
 	tcase_add_test(tc, test_other_weight_modes);
 	tcase_add_test(tc, test_maxtext_rule_is_wrong);
+	tcase_add_test(tc, test_landing_rule);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("validator");
 	tcase_set_timeout(tc, 20);

@@ -91,6 +91,11 @@ static void print_run(const struct perf_parts *p, const struct perf_trace *tr, c
 		printf("%.2f%s\n", cores, cores == tr->cores ? " (the run's, fitted to its compute spans)" : "");
 	else
 		printf("not shared (the walls have the sharing in them)\n");
+	printf("transfers: %s\n",
+	       p->xfer_by == PERF_XFER_TRACED ? "each send and receive its traced CPU (the stage's mean)" :
+	       p->xfer_by == PERF_XFER_UNTRACED ? "each send its device's untraced time over its sends (a trace "
+						  "without the transfers' CPU)" :
+	       "not charged (a trace without the transfers' CPU)");
 	printf("run_step_s: %.4f\n", tr->step_s);
 	printf("run: step %.4f s (plan %+.1f%%), forward+backward %.4f s (plan's table %.4f s, %+.1f%%), optimizer "
 	       "%.4f s\n", tr->step_s, tr->step_s > 0 ? 100 * (p->step - tr->step_s) / tr->step_s : 0, tr->fb_s,
@@ -138,7 +143,7 @@ static int plan(const struct plan_args *pa, const struct args *a)
 		.flops = pa->flops, .mem_bytes = pa->mem_gb * (double)(1 << 30),
 	};
 	if (!rc && pa->iw && (rc = iw_of(pa->iw, &mc)))
-		snprintf(err, sizeof(err), "plan: --iw takes I/B,W/B (e.g. 0.52,0.46), got '%s'", pa->iw);
+		snprintf(err, sizeof(err), "--iw takes I/B,W/B (e.g. 0.52,0.46), got '%s'", pa->iw);
 	int hosts = pa->hosts ? pa->hosts : cfg_family_product(c, true);
 	int dph = pa->dph ? pa->dph : cfg_family_product(c, false);
 	if (!rc && pa->search) {
@@ -153,7 +158,7 @@ static int plan(const struct plan_args *pa, const struct args *a)
 			rc = mb;
 		int devs = hosts * dph, th = pa->threads;
 		if (!rc && pa->cores && (rc = cores_of(pa->cores, c, mb, devs, &mc.cores)))
-			snprintf(err, sizeof(err), "plan: --cores takes a count or auto, got '%s'", pa->cores);
+			snprintf(err, sizeof(err), "--cores takes a count or auto, got '%s'", pa->cores);
 		if (!rc && pa->costs_from) {
 			/* the run's own costs: nothing measured here */
 			if (!(rc = perf_trace_read(pa->costs_from, &tr, err, sizeof(err))))

@@ -309,13 +309,14 @@ static int print_memory(const struct pipe_table *t, const struct shard_spec *in,
 	       in->local[2], act, layer_act);
 	if (split)
 		printf("; one layer's stash of the split backward: %zu bytes", layer_stash);
-	printf(")\n  %-6s %10s %8s %8s %8s %8s %8s %16s\n", "stage", "peak saved", "formula", "buffers", "scratch",
-	       "act sets", "stashes", "bytes");
+	printf(")\n  %-6s %10s %8s %8s %8s %8s %8s %8s %16s\n", "stage", "peak saved", "formula", "buffers", "scratch",
+	       "landing", "act sets", "stashes", "bytes");
 	for (int s = 0; s < S; s++) {
 		struct pipe_stats st;
 		pipe_stage_stats(t, s, &st);
 		int f = pipe_peak_formula(&t->shape, s);
-		size_t bytes = act * (size_t)(t->bufs[s] + t->scratch[s]) +
+		int land = pipe_landing_bufs(t, s, act);
+		size_t bytes = act * (size_t)(t->bufs[s] + t->scratch[s] + land) +
 			       layer_act * (size_t)lps * (size_t)t->act_sets[s] +
 			       layer_stash * (size_t)lps * (size_t)t->w_stashes[s];
 		most = bytes > most ? bytes : most;
@@ -326,14 +327,15 @@ static int print_memory(const struct pipe_table *t, const struct shard_spec *in,
 		}
 		char fs[16];
 		snprintf(fs, sizeof(fs), f < 0 ? "-" : "%d", f);
-		printf("  %-6d %10d %8s %8d %8d %8d %8d %16zu\n", s, st.peak_saved, fs, t->bufs[s], t->scratch[s],
-		       t->act_sets[s], t->w_stashes[s], bytes);
+		printf("  %-6d %10d %8s %8d %8d %8d %8d %8d %16zu\n", s, st.peak_saved, fs, t->bufs[s], t->scratch[s],
+		       land, t->act_sets[s], t->w_stashes[s], bytes);
 	}
 	print_bytes("most on one device", most);
 	printf("  (peak saved: chunk inputs held from their forward to their backward, in chunks; buffers: "
 	       "every microbatch-sized value the stage holds, from the action that makes or receives it to "
-	       "its last reader and the send's receipt; act sets: saved layer activations of %d layer%s each, %s)\n",
-	       lps, lps == 1 ? "" : "s", t->shape.recompute ? "one: each backward recomputes its forward"
+	       "its last reader and the send's receipt; landing: buffers a receive posted ahead lands in while its own is "
+	       "in use, up to %d of them, %u MiB at most, none on a stage that receives nothing; act sets: saved layer activations of %d layer%s each, %s)\n",
+	       PIPE_LANDING, PIPE_LANDING_BYTES >> 20, lps, lps == 1 ? "" : "s", t->shape.recompute ? "one: each backward recomputes its forward"
 							 : "one per chunk in flight");
 	if (split)
 		printf("  (stashes: the split backward's, one per chunk between its I and its W, holding its layers' "

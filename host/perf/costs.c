@@ -146,6 +146,11 @@ void perf_trace_release(struct perf_trace *tr)
 	free(tr->sp);
 	free(tr->n);
 	free(tr->untraced);
+	free(tr->send_cpu);
+	free(tr->recv_cpu);
+	free(tr->nsend);
+	free(tr->nrecv);
+	free(tr->fb_cpu);
 	memset(tr, 0, sizeof(*tr));
 }
 
@@ -185,8 +190,13 @@ int perf_trace_read(const char *path, struct perf_trace *tr, char *err, size_t e
 	tr->step1 = hi;
 	tr->sp = calloc((size_t)tr->ndev, sizeof(*tr->sp));
 	tr->n = calloc((size_t)tr->ndev, sizeof(*tr->n));
-	int *cap = calloc((size_t)tr->ndev, sizeof(int));
-	if (!tr->sp || !tr->n || !cap) {
+	int *cap = calloc((size_t)tr->ndev, sizeof(int)), nfbc = 0;
+	tr->send_cpu = calloc((size_t)tr->ndev, sizeof(double));
+	tr->recv_cpu = calloc((size_t)tr->ndev, sizeof(double));
+	tr->nsend = calloc((size_t)tr->ndev, sizeof(int));
+	tr->nrecv = calloc((size_t)tr->ndev, sizeof(int));
+	tr->fb_cpu = calloc((size_t)tr->ndev, sizeof(double));
+	if (!tr->sp || !tr->n || !cap || !tr->send_cpu || !tr->recv_cpu || !tr->nsend || !tr->nrecv || !tr->fb_cpu) {
 		free(cap);
 		rc = -ENOMEM;
 		goto out;
@@ -204,13 +214,24 @@ int perf_trace_read(const char *path, struct perf_trace *tr, char *err, size_t e
 		} else if (!strcmp(nm->valuestring, "optimizer")) {
 			opt_s += dur;
 			nopt++;
-		} else if (!strcmp(nm->valuestring, "forward+backward")) {
+		}
+		double cpu = num(args, "cpu_us", -1) * 1e-6;
+		if (!strcmp(nm->valuestring, "forward+backward")) {
 			fb_s += dur;
 			nfb++;
+			tr->fb_cpu[tid] += cpu;
+			nfbc += cpu >= 0;
+		}
+		/* a transfer with its CPU ("stage send act 3", "stage recv grad 4";
+		 * not the send waits) */
+		bool snd = !strncmp(nm->valuestring, "stage send ", 11) && strncmp(nm->valuestring, "stage send wait", 15);
+		if ((snd || !strncmp(nm->valuestring, "stage recv ", 11)) && cpu >= 0) {
+			*(snd ? &tr->send_cpu[tid] : &tr->recv_cpu[tid]) += cpu;
+			(*(snd ? &tr->nsend[tid] : &tr->nrecv[tid]))++;
+			tr->xfer_traced |= snd;
 		}
 		if (span_op(nm->valuestring) < 0)
 			continue;
-		double cpu = num(args, "cpu_us", -1) * 1e-6;
 		if (cpu < 0 || dur < 0) {
 			snprintf(err, errlen, "--costs-from '%s': span '%s' of device %d has no %s", path,
 				 nm->valuestring, tid, cpu < 0 ? "args.cpu_us" : "dur");
@@ -236,6 +257,8 @@ int perf_trace_read(const char *path, struct perf_trace *tr, char *err, size_t e
 		s->cpu = cpu;
 	}
 	free(cap);
+	for (int d = 0; !rc && d < tr->ndev; d++)  /* a step's, or -1 untraced */
+		tr->fb_cpu[d] = nfbc == nfb && nfb ? tr->fb_cpu[d] / (tr->step1 - tr->step0 + 1) : -1;
 	for (int d = 0; !rc && d < tr->ndev; d++)
 		if (tr->n[d])
 			qsort(tr->sp[d], (size_t)tr->n[d], sizeof(*tr->sp[d]), cmp_ts);

@@ -132,7 +132,7 @@ static int measure_layer(const struct model_dims *d, bool moe, int rows, clockid
 		out->layer_w = mean(runs[6], RUNS);
 	}
 	if (rc == -ENOMEM)
-		snprintf(err, errlen, "plan: out of memory measuring a layer of %d rows", rows);
+		snprintf(err, errlen, "out of memory measuring a layer of %d rows", rows);
 	model_free(m);
 	free(in);
 	free(tg);

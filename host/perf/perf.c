@@ -485,8 +485,8 @@ static int durations(struct fluid *f, const struct shape *sh, const struct perf_
 			const struct pipe_action *a = &t->a[s][k];
 			double *d = &f->dur[s][k];
 			if (run) {  /* the run's own: its kind's mean on this stage, or its
-				     * own mean (no transfer CPU) */
-				*d = a->op == PA_SEND ? run[s * PA_COUNT + PA_SEND] : !cpu_op(a->op) ? 0 :
+				     * own mean; a transfer's as run_costs charged it */
+				*d = a->op == PA_SEND || a->op == PA_RECV ? run[s * PA_COUNT + a->op] : !cpu_op(a->op) ? 0 :
 				     each ? each[s][k] : run[s * PA_COUNT + a->op];
 				continue;
 			}
@@ -609,11 +609,14 @@ static int memory(struct perf_parts *o, const struct shape *sh, const struct pip
 	if (!strcmp(c->opt_type, "muon"))
 		muon_work(sh, pl, mc, muon_flops, muon_xchg);
 	model_free(pl);
-	int worst = 0;
-	for (int s = 0; s < t->shape.stages; s++)
-		if (t->bufs[s] + t->scratch[s] > worst)
-			worst = t->bufs[s] + t->scratch[s];
+	/* the microbatch buffers, with the landing buffers (pipe_landing_bufs,
+	 * as the executor allocates them) */
 	double act = (double)sh->mb * sh->d.T * sh->d.C * sizeof(float);
+	int worst = 0;
+	for (int s = 0; s < t->shape.stages; s++) {
+		int nb = t->bufs[s] + t->scratch[s] + pipe_landing_bufs(t, s, (size_t)act);
+		worst = nb > worst ? nb : worst;
+	}
 	int call = sh->pc.shape.one_device ? sh->d.L : t->shape.layers_per_stage;
 	bool moe = sh->d.L_moe > 0;
 	double sets = 0, per_set = (double)call * model_layer_act_bytes(&sh->d, sh->mb, moe);
@@ -760,9 +763,26 @@ static int run_costs(const struct pipe_table *t, const struct shape *sh, const s
 	}
 	for (int j = 0; !rc && j < S * PA_COUNT; j++)
 		cost[j] = n[j] > 0 ? cost[j] / n[j] : 0;
-	/* at walls, a send: its device's untraced time over its sends (the
-	 * stage's devices' mean) */
-	for (int d = 0; wall && !rc && d < tr->ndev; d++) {
+	/* the transfers: each send and receive its traced CPU (the mean of
+	 * the stage's over the steps read), with every --costs-by; from an
+	 * older trace without it, at walls, a send its device's untraced
+	 * time over its sends (the stage's devices' mean) */
+	for (int s = 0; tr->xfer_traced && !rc && s < S; s++) {
+		double sc = 0, rcpu = 0;
+		int ns = 0, nr = 0;
+		for (int d = 0; d < tr->ndev; d++) {
+			mesh_coords(&sh->m, d, coord);
+			if (coord[AX_STAGE] != s)
+				continue;
+			sc += tr->send_cpu[d];
+			ns += tr->nsend[d];
+			rcpu += tr->recv_cpu[d];
+			nr += tr->nrecv[d];
+		}
+		cost[s * PA_COUNT + PA_SEND] = ns ? sc / ns : 0;
+		cost[s * PA_COUNT + PA_RECV] = nr ? rcpu / nr : 0;
+	}
+	for (int d = 0; wall && !tr->xfer_traced && !rc && d < tr->ndev; d++) {
 		mesh_coords(&sh->m, d, coord);
 		int s = coord[AX_STAGE], sends = 0;
 		for (int k = 0; k < t->n[s]; k++)
@@ -804,6 +824,9 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 				rc = -ENOMEM;
 		if (run && !rc && (rc = run_costs(&t, sh, mc->run, mc->run_by == PERF_RUN_WALL, run, each, err, errlen)))
 			goto out;
+		if (run)
+			o->xfer_by = mc->run->xfer_traced ? PERF_XFER_TRACED :
+				     mc->run_by == PERF_RUN_WALL ? PERF_XFER_UNTRACED : PERF_XFER_NONE;
 		uint32_t fsdp_axes = 1u << AX_FSDP | 1u << AX_FSDP_T;
 		const struct perf_link *fl = over_dcn(&sh->m, fsdp_axes) ? &mc->dcn : &mc->ici;
 		double outside = sh->pc.layers_before + sh->pc.layers_after;
@@ -822,7 +845,7 @@ int perf_predict(const struct cfg *c, const struct perf_machine *mc, const struc
 			hops(&f, sh, mc, &pc);
 			rc = fluid_run(&f);
 			if (rc == -EDEADLK)
-				snprintf(err, errlen, "plan: the table does not run to its end (a deadlock)");
+				snprintf(err, errlen, "the table does not run to its end (a deadlock)");
 		}
 		if (!rc) {
 			uint32_t st = 1u << AX_STAGE;

@@ -111,6 +111,17 @@ struct perf_trace {
 	 * and writing (net/direct.c runs them on the device thread) and the
 	 * executor's own time; mean over the steps read */
 	double *untraced;
+	/* [ndev] the transfers' CPU (the device thread's, args.cpu_us of
+	 * the "stage send" spans, encrypting and writing, and of the "stage
+	 * recv" spans, polling the link: reading, decrypting, apart from
+	 * their walls, the waits) and their counts, over the steps read;
+	 * xfer_traced false for a trace without them (older ones) */
+	double *send_cpu, *recv_cpu;
+	int *nsend, *nrecv;
+	bool xfer_traced;
+	/* [ndev] the device thread's CPU in its forward+backward, mean a step
+	 * (-1: not traced) */
+	double *fb_cpu;
 	/* the cores the devices got: C such that the compute spans' CPU is
 	 * the integral of min(devices computing, C) over their time (the
 	 * fluid model's share, fitted); at most the most at once */
@@ -140,6 +151,8 @@ struct perf_parts {
 	double work;          /* every device's compute and optimizer at full
 			       * speed, summed: the CPU seconds a step needs */
 	double work_kind[PERF_KINDS];  /* the table's part of it by action kind */
+	/* with a run's costs, what the transfers were charged: */
+	enum { PERF_XFER_NONE, PERF_XFER_TRACED, PERF_XFER_UNTRACED } xfer_by;
 	/* bytes per device */
 	double mem_params, mem_grads, mem_opt, mem_window, mem_act, mem_total;
 	int stages, microbatches, chunks, mb_rows;

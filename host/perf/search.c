@@ -120,7 +120,7 @@ int perf_search(const struct cfg *c, int hosts, int dph, const struct perf_machi
 		printf("  %-78s %10.3f %9.3f %9.3f %9.3f %9.1f\n", cs[i].desc, cs[i].p.step, cs[i].p.bubble,
 		       cs[i].p.tail, cs[i].p.optimizer, cs[i].p.mem_total / (1 << 30));
 	if (!n) {
-		snprintf(err, errlen, "plan: no configuration of %d hosts x %d devices fits %.1f GiB a device",
+		snprintf(err, errlen, "no configuration of %d hosts x %d devices fits %.1f GiB a device",
 			 hosts, dph, mc->mem_bytes / (1 << 30));
 		rc = -EINVAL;
 	}

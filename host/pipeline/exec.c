@@ -29,13 +29,10 @@
 #include "host/model/window.h"
 #include "host/util/clock.h"
 
-/* receives posted ahead at most (the transport keeps as many), and
- * landing buffers for those whose table buffer is still in use (each one
- * microbatch's activations; at most PIPE_LANDING_BYTES of them, at least
- * one, on a stage that receives) */
+/* receives posted ahead at most (the transport keeps as many); landing
+ * buffers for those whose table buffer is still in use: pipe_landing_bufs
+ * (host/pipeline/schedule.h) */
 #define PIPE_PREPOST_MAX 8
-#define PIPE_LANDING 4
-#define PIPE_LANDING_BYTES (64u << 20)
 
 /* A send from a buffer not waited yet: to dev (-1: none), (kind, idx). */
 struct pipe_sent {
@@ -165,11 +162,7 @@ static int alloc_bufs(struct pipe_exec *x, int tok, int C)
 	x->nbuf = nb + ns;
 	x->ntok = tok;
 	x->nf = (size_t)tok * C;
-	size_t lb = PIPE_LANDING_BYTES / (sizeof(float) * (x->nf ? x->nf : 1));
-	bool recv = false;
-	for (int k = 0; k < x->n; k++)
-		recv |= x->a[k].op == PA_RECV;
-	x->land_max = !recv ? 0 : lb < 1 ? 1 : lb > PIPE_LANDING ? PIPE_LANDING : (int)lb;
+	x->land_max = pipe_landing_bufs(&x->t, x->stage, sizeof(float) * x->nf);
 	x->mem_n = (size_t)(x->nbuf + x->land_max) * x->nf;
 	x->mem = malloc(sizeof(float) * (x->mem_n ? x->mem_n : 1));
 	x->buf = calloc((size_t)x->nbuf + 1, sizeof(float *));
@@ -316,6 +309,7 @@ int pipe_exec_fills(const struct pipe_exec *x) { return x->fills; }
 int pipe_exec_preposts(const struct pipe_exec *x) { return x->preposts; }
 int pipe_exec_prepost_depth(const struct pipe_exec *x) { return x->prepost_depth; }
 int pipe_exec_landed(const struct pipe_exec *x) { return x->landed_early; }
+int pipe_exec_landing_bufs(const struct pipe_exec *x) { return x->land_max; }
 int pipe_exec_gathers(const struct pipe_exec *x) { return x->gathers; }
 const struct pipe_table *pipe_exec_table(const struct pipe_exec *x) { return &x->t; }
 

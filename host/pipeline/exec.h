@@ -159,6 +159,9 @@ int pipe_exec_fills(const struct pipe_exec *x);
 int pipe_exec_preposts(const struct pipe_exec *x);
 int pipe_exec_prepost_depth(const struct pipe_exec *x);
 int pipe_exec_landed(const struct pipe_exec *x);
+/* The landing buffers it allocated (pipe_landing_bufs of its stage at
+ * one microbatch's activations). */
+int pipe_exec_landing_bufs(const struct pipe_exec *x);
 
 /* Sets the hooks every later step calls (NULL: none; copied). */
 void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h);

@@ -213,6 +213,17 @@ static bool is_compute(int op)
 	return op == PA_F || op == PA_B || op == PA_I || op == PA_W;
 }
 
+int pipe_landing_bufs(const struct pipe_table *t, int s, size_t buf_bytes)
+{
+	bool recv = false;
+	for (int k = 0; k < t->n[s] && !recv; k++)
+		recv = t->a[s][k].op == PA_RECV;
+	if (!recv)
+		return 0;
+	size_t n = PIPE_LANDING_BYTES / (buf_bytes ? buf_bytes : 1);
+	return n < 1 ? 1 : n > PIPE_LANDING ? PIPE_LANDING : (int)n;
+}
+
 void pipe_stage_stats(const struct pipe_table *t, int s, struct pipe_stats *st)
 {
 	int saved = 0, live = 0;

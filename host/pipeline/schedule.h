@@ -222,6 +222,18 @@ bool pipe_split_backward(enum pipe_sched s);
 double pipe_bubble_formula(const struct pipe_shape *p);
 int pipe_peak_formula(const struct pipe_shape *p, int s);
 
+/* Landing buffers (host/pipeline/exec.c): a receive posted ahead while
+ * its own table buffer is still in use lands in one of them. A stage
+ * whose list receives allocates up to PIPE_LANDING, each of the largest
+ * message it receives (one microbatch's activations, buf_bytes: every
+ * transfer fills a microbatch buffer), at most PIPE_LANDING_BYTES of
+ * them but at least one; a stage that receives nothing, none. The
+ * executor allocates this many; `meshrun schedule` and `meshrun plan`
+ * count them in their memory. */
+#define PIPE_LANDING 4
+#define PIPE_LANDING_BYTES (64u << 20)
+int pipe_landing_bufs(const struct pipe_table *t, int s, size_t buf_bytes);
+
 /* What a table costs one stage, read off it. */
 struct pipe_stats {
 	int forwards;        /* F actions */

@@ -326,7 +326,9 @@ static int forward_backward(struct trainer *t, const struct train_comm *comm, st
 	optim_step_begin(t->opt, trainer_optim_comm(comm, &oc));
 	t->step_mc = comm ? &comm->mc : NULL;
 	st->t_fb0 = util_now_s();
+	double c0 = util_thread_cpu_s();
 	int rc = pipe_step(t, comm, ms);
+	st->cpu_fb = util_thread_cpu_s() - c0;
 	st->t_fb1 = util_now_s();
 	st->weight_gathers = pipe_exec_gathers(t->px);
 	return rc;

@@ -32,6 +32,7 @@ struct step_stats {
 	/* util_now_s() times, for traces */
 	double t_data0, t_data1; /* reading this device's rows */
 	double t_fb0, t_fb1;    /* forward and backward */
+	double cpu_fb;          /* the device thread's CPU seconds in it */
 	double t_opt0, t_opt1;  /* clipping and optimizer update */
 };
 

@@ -445,16 +445,20 @@ static int job_p2p_send(void *vctx, int dev, uint32_t kind, uint32_t idx, const 
 		c->sends = n;
 		c->capsends = cap;
 	}
-	double t0 = util_now_s();
+	double t0 = util_now_s(), c0 = c->tr ? util_thread_cpu_s() : 0;
 	int rc = xport_isend(c->xport, c->device, dev, &m, buf, bytes, &r);
 	if (rc) {
 		xport_failed(c->xport, c->err, c->errlen);
 		return rc == -ENOMEM ? rc : -EHOSTDOWN;
 	}
-	if (c->tr) {
+	if (c->tr) {  /* the call on the device row with its CPU (encrypting and
+		       * writing, when it writes), and on the p2p row */
+		double t1 = util_now_s(), cpu = util_thread_cpu_s() - c0;
 		char name[24];
+		snprintf(name, sizeof(name), "stage send %s %u", p2p_kind(kind), idx);
+		trace_span_cpu(c->tr, name, "comm", t0, t1, cpu);
 		snprintf(name, sizeof(name), "sc %s %u", p2p_kind(kind), idx);
-		trace_flight(c->tr, P2P_LANE, name, t0, util_now_s());
+		trace_flight(c->tr, P2P_LANE, name, t0, t1);
 	}
 	c->sends[c->nsends++] = (struct p2p_send){ .r = r, .dev = dev, .kind = kind, .idx = idx };
 	return 0;
@@ -509,7 +513,7 @@ static int job_p2p_recv(void *vctx, int dev, uint32_t kind, uint32_t idx, void *
 	struct xmeta m = p2p_meta(c, kind, idx);
 	struct xreq *r;
 	bool probed = take_posted(c, dev, kind, idx, &r);
-	double t0 = util_now_s();
+	double t0 = util_now_s(), c0 = c->tr ? util_thread_cpu_s() : 0;
 	int rc = probed ? 0 : xport_irecv(c->xport, dev, c->device, &m, buf, bytes, &r);
 	if (rc)
 		xport_failed(c->xport, c->err, c->errlen);
@@ -518,9 +522,12 @@ static int job_p2p_recv(void *vctx, int dev, uint32_t kind, uint32_t idx, void *
 		p2p_flight(c, false, kind, idx);
 	double t1 = util_now_s();
 	c->waited_s += t1 - t0;
-	char name[24];
-	snprintf(name, sizeof(name), "stage recv %s %u", p2p_kind(kind), idx);
-	trace_span(c->tr, name, "comm", t0, t1);
+	if (c->tr) {  /* its wall is the wait; its CPU the thread's work in it
+		       * (polling the link: reading, decrypting) */
+		char name[24];
+		snprintf(name, sizeof(name), "stage recv %s %u", p2p_kind(kind), idx);
+		trace_span_cpu(c->tr, name, "comm", t0, t1, util_thread_cpu_s() - c0);
+	}
 	return rc ? (rc == -ENOMEM ? rc : -EHOSTDOWN) : 0;
 }
 
@@ -645,7 +652,7 @@ static void job_step_begin(void *vctx, int64_t step)
 static void job_step_end(void *vctx, const struct step_stats *st, double t0, double t1)
 {
 	struct job_ctx *c = vctx;
-	trace_span(c->tr, "forward+backward", "compute", st->t_fb0, st->t_fb1);
+	trace_span_cpu(c->tr, "forward+backward", "compute", st->t_fb0, st->t_fb1, st->cpu_fb);
 	/* the executor's compute actions, each its span (F, B, I, W of a
 	 * microbatch and chunk; the owners' embed, head, embed_back; without
 	 * a pipeline chunk c is layer c, so each layer's forward and backward
