@@ -83,7 +83,9 @@ static void on_chunk(struct link *l, const struct frame_data *c, uint64_t byte_c
 		l->rx_next = 0;
 		l->rx_land = (struct xland){ 0 };
 	}
-	l->rx_dst = (uint8_t *)l->rx_req->buf + c->msg_offset;
+	size_t avail;
+	l->rx_dst = xreq_at(l->rx_req, (size_t)c->msg_offset, &avail);
+	l->rx_at = c->msg_offset;
 	l->rx_next += byte_count;
 }
 
@@ -456,6 +458,12 @@ static size_t link_read(struct link *l, size_t budget)
 				dst = bounce;
 				if (want > sizeof(bounce))
 					want = sizeof(bounce);
+			} else if (l->rx_dst && l->rx_req && l->state == LS_UP && l->rx_req->runs) {
+				/* to the end of the run: the next read, the next */
+				size_t avail;
+				dst = xreq_at(l->rx_req, (size_t)(l->rx_at + l->rx_got), &avail);
+				if (want > avail)
+					want = avail;
 			} else if (l->rx_dst && l->rx_req && l->state == LS_UP) {
 				dst = l->rx_dst + l->rx_got;
 			} else {

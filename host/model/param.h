@@ -71,6 +71,11 @@ struct model_comm {
 	 * holds its member's. run and counts may be reused on return. */
 	int (*start_all_gather_v)(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
 				  const size_t *counts, void **h);
+	/* Optional too (NULL: the window packs): start_reduce_scatter over
+	 * such a list, in place: on wait(h) the caller's own block holds
+	 * the sum over members of theirs (the others partial sums). */
+	int (*start_reduce_scatter_v)(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
+				      const size_t *counts, void **h);
 	/* Optional too (NULL: the batch split exchanges synchronously): an
 	 * all_to_all in the background, waited with wait(h); the byte
 	 * arrays may be reused on return. name says what it carries ("disp
@@ -83,6 +88,10 @@ struct model_comm {
 	 * "layer 3 fwd"). */
 	void (*span)(void *ctx, const char *name, double t0, double t1);
 	void *ctx;
+	/* Optional (NULL): where a hook-less failure (the FSDP window out of
+	 * memory) writes its one-line message. */
+	char *err;
+	size_t errlen;
 };
 
 #endif

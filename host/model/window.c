@@ -3,12 +3,14 @@
  * group (the tensors gathered over the same axes). With the comm's list
  * form it lands in the window where the weights lie: this device's
  * shards are copied into their blocks, and the list of every member's
- * blocks' runs is all-gathered in place (cut into several collectives
- * when longer than one takes; blocks of short rows staged). Otherwise (no list form, a list too long
- * or of too short runs, or the non-layer window held) it sends this
- * device's shards packed, receives every member's packs and places each
- * member's blocks into the compute-shaped window. A reduce-scatter packs
- * (the transpose of the packed gather). */
+ * blocks' rows is all-gathered in place, one collective (a segment of it
+ * is one message over however many rows it spans). Otherwise (no list
+ * form, or the non-layer window held) it sends this device's shards
+ * packed, receives every member's packs and places each member's blocks
+ * into the compute-shaped window. A layer group's reduce-scatter is the
+ * transpose: in place over the same rows of its gradient window, this
+ * device's block then added into the gradient shards; the non-layer
+ * group's (and every one without the list form) packs. */
 #include "host/model/window.h"
 
 #include <assert.h>
@@ -17,10 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <stdio.h>
+
 #define WIN_MAX_GROUPS 8            /* distinct gather axis sets */
-#define WIN_MAX_RUNS 16384          /* net/coll.h's COLL_MAX_IOV: runs x members */
-#define WIN_MIN_RUN 16384           /* rows shorter go through the staging buffer */
-#define WIN_MAX_CHUNKS 16           /* list all-gathers a gather group may take */
 
 enum slot_state { SLOT_FREE, SLOT_GATHERING, SLOT_READY };
 
@@ -46,33 +47,38 @@ struct win {
 	/* buffers: the non-layer group's weights and gradients, each layer
 	 * window's; the packed buffers a gather sends from (part) and lands
 	 * in (whole), and a reduce-scatter sends from (whole) and receives in
-	 * (part) */
-	void *mem;
+	 * (part): pk[0] the non-layer group's, pk[1] a layer group's (only
+	 * without the comm's list forms, allocated then: lmem) */
+	void *mem, *lmem;
 	float *wnl, *gnl;
-	float **wl, **gl;           /* [lo.windows + 1] and [lo.windows], lcap
-				     * layers each: one weight window more, for
-				     * the gather in flight to land in */
-	float *gsend, *grecv, *ssend, *srecv;
-	void *gmem;                 /* gsend and grecv: allocated when a gather first packs */
-	void *gh[WIN_MAX_GROUPS][WIN_MAX_CHUNKS], *sh[WIN_MAX_GROUPS];
+	float **wl, **gl;           /* [lo.windows + 1] each, lcap layers each:
+				     * one weight window more for the gather in
+				     * flight to land in, one gradient window
+				     * more for the reduce-scatter in flight */
+	struct packs {
+		float *gsend, *grecv, *ssend, *srecv;
+	} pk[2];
+	void *gh[WIN_MAX_GROUPS], *sh[WIN_MAX_GROUPS];
 	float *params, *grads;
 	/* state */
 	int nslots;                 /* lo.windows + 2 */
 	struct win_slot *slot;      /* [nslots] */
 	int *owner;                 /* [lo.windows + 1] the slot (READY, or its gather
 				     * in flight) in each layer weight window, or -1 */
-	int *gowner;                /* [lo.windows] the READY slot in each gradient window */
-	/* the list of the gather in flight: every member's rows, as
-	 * block_runs walks them (members in rank order, the same count
-	 * each); one list collective's runs; each member's count; and
-	 * which gather groups went as lists (grown on demand) */
-	struct model_run *row, *run;
-	int rowcap, runcap;
+	int *gowner;                /* [lo.windows + 1] the READY slot in each
+				     * gradient window, or -1 (GW_SCATTER: the
+				     * reduce-scatter in flight's) */
+	int sgwin;                  /* the reduce-scatter in flight's gradient
+				     * window (in place), or -1 */
+	/* a list collective's runs (every member's rows, members in rank
+	 * order, adjacent ones merged; grown on demand) and each member's
+	 * count; which gather groups of the gather in flight went as lists,
+	 * and of the reduce-scatter in flight; where the packed ones land */
+	struct model_run *run;
+	int runcap;
 	size_t counts[MESH_MAX_DEVICES];
-	bool listed[WIN_MAX_GROUPS];
-	/* the gather in flight's staging, per gather group: floats a member
-	 * stages, at grecv + sbase, member after member */
-	size_t stage[WIN_MAX_GROUPS], sbase[WIN_MAX_GROUPS];
+	bool listed[WIN_MAX_GROUPS], slisted[WIN_MAX_GROUPS];
+	size_t sbase[WIN_MAX_GROUPS];
 	size_t copied;              /* floats the window copied (packs, places, sums) */
 	int nl_ready;               /* the READY non-layer slot, or -1 */
 	int landing;                /* slot whose gather is in flight, or -1 */
@@ -113,14 +119,23 @@ static float *storage(const struct win *w, float *buf, int i, int l)
 	return buf + p->offset + (p->stacked ? param_slice_numel(p) * (size_t)slice_of(w, i, l) : 0);
 }
 
+#define GW_SCATTER (-2)
+
+/* Tensor i's compute-shaped block for layer l in layer window base
+ * (holding layers from l0), or the non-layer window's (grads or not). */
+static float *block_in(const struct win *w, float *base, bool grads, int i, int l, int l0)
+{
+	if (!w->t[i].p->stacked)
+		return (grads ? w->gnl : w->wnl) + w->woff[i];
+	return base + (size_t)(l - l0) * w->cnum[1] + w->woff[i];
+}
+
 /* Tensor i's compute-shaped block for layer l of the group in READY slot k. */
 static float *block(const struct win *w, bool grads, int i, int l, int k)
 {
 	const struct win_slot *s = &w->slot[k];
-	if (!w->t[i].p->stacked)
-		return (grads ? w->gnl : w->wnl) + w->woff[i];
-	float *base = grads ? w->gl[s->gwin] : w->wl[s->win];
-	return base + (size_t)(l - s->l0) * w->cnum[1] + w->woff[i];
+	float *base = !w->t[i].p->stacked ? NULL : grads ? w->gl[s->gwin] : w->wl[s->win];
+	return block_in(w, base, grads, i, l, s->l0);
 }
 
 /* Floats group [l0, l1) packs for gather group gg (per member). */
@@ -189,20 +204,19 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->n = n;
 	w->lo = *lo;
 	w->nslots = lo->windows + 2;
-	w->landing = w->nl_ready = -1;
+	w->landing = w->nl_ready = w->sgwin = -1;
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
 	w->wl = calloc((size_t)lo->windows + 1, sizeof(*w->wl));
-	w->gl = calloc((size_t)lo->windows, sizeof(*w->gl));
+	w->gl = calloc((size_t)lo->windows + 1, sizeof(*w->gl));
 	w->owner = malloc(sizeof(*w->owner) * ((size_t)lo->windows + 1));
-	w->gowner = malloc(sizeof(*w->gowner) * (size_t)lo->windows);
+	w->gowner = malloc(sizeof(*w->gowner) * ((size_t)lo->windows + 1));
 	w->slot = calloc((size_t)w->nslots, sizeof(*w->slot));
 	w->queue = malloc(sizeof(*w->queue) * (size_t)w->nslots);
 	if (!w->t || !w->woff || !w->wl || !w->gl || !w->owner || !w->gowner || !w->slot || !w->queue)
 		goto fail;
-	for (int j = 0; j < lo->windows; j++)
+	for (int j = 0; j <= lo->windows; j++)
 		w->owner[j] = w->gowner[j] = -1;
-	w->owner[lo->windows] = -1;
 	for (int k = 0; k < w->nslots; k++)
 		w->slot[k].win = w->slot[k].gwin = -1;
 	memcpy(w->t, t, sizeof(*w->t) * (size_t)n);
@@ -230,7 +244,7 @@ void win_free(struct win *w)
 	for (int k = 0; k < w->ngg; k++)
 		mesh_members_free(&w->gg[k]);
 	free(w->mem);
-	free(w->gmem);
+	free(w->lmem);
 	free(w->woff);
 	free(w->t);
 	free(w->wl);
@@ -238,26 +252,33 @@ void win_free(struct win *w)
 	free(w->owner);
 	free(w->gowner);
 	free(w->run);
-	free(w->row);
 	free(w->slot);
 	free(w->queue);
 	free(w);
 }
 
-/* The largest packed group (whole: what a gather receives and a
- * reduce-scatter sends) and the largest shard of one (part). */
-static void packed_sizes(const struct win *w, size_t *whole, size_t *part)
+/* A packed group (whole: what a gather receives and a reduce-scatter
+ * sends) and its shard (part): the non-layer group's, or a layer
+ * group's. */
+static void packed_sizes(const struct win *w, bool layer, size_t *whole, size_t *part)
 {
-	size_t lw = (size_t)w->lo.lcap * w->cnum[1], lp = (size_t)w->lo.lcap * w->snum[1];
-	*whole = w->cnum[0] > lw ? w->cnum[0] : lw;
-	*part = w->snum[0] > lp ? w->snum[0] : lp;
+	*whole = layer ? (size_t)w->lo.lcap * w->cnum[1] : w->cnum[0];
+	*part = layer ? (size_t)w->lo.lcap * w->snum[1] : w->snum[0];
 }
 
 size_t win_numel(const struct win *w)
 {
 	size_t whole, part;
-	packed_sizes(w, &whole, &part);
-	return 2 * w->cnum[0] + (2 * (size_t)w->lo.windows + 1) * w->lo.lcap * w->cnum[1] + whole + part;
+	packed_sizes(w, false, &whole, &part);
+	return 2 * w->cnum[0] + (2 * (size_t)w->lo.windows + 2) * w->lo.lcap * w->cnum[1] +
+	       2 * (whole + part);
+}
+
+size_t win_packed_numel(const struct win *w)
+{
+	size_t whole, part;
+	packed_sizes(w, true, &whole, &part);
+	return 2 * (whole + part);
 }
 
 static float *take(char *base, size_t *used, size_t n)
@@ -267,37 +288,48 @@ static float *take(char *base, size_t *used, size_t n)
 	return p;
 }
 
+/* Cuts a group's packed buffers out of base at *used. */
+static void lay_packs(struct win *w, bool layer, char *base, size_t *used)
+{
+	size_t whole, part;
+	packed_sizes(w, layer, &whole, &part);
+	w->pk[layer].gsend = take(base, used, part);
+	w->pk[layer].grecv = take(base, used, whole);
+	w->pk[layer].ssend = take(base, used, whole);
+	w->pk[layer].srecv = take(base, used, part);
+}
+
 /* Cuts the buffers out of base (NULL: only counts); returns the bytes. */
 static size_t lay_out(struct win *w, char *base)
 {
-	size_t used = 0, whole, part, nl = w->cnum[0], lay = (size_t)w->lo.lcap * w->cnum[1];
-	packed_sizes(w, &whole, &part);
+	size_t used = 0, nl = w->cnum[0], lay = (size_t)w->lo.lcap * w->cnum[1];
 	w->wnl = take(base, &used, nl);
 	w->gnl = take(base, &used, nl);
-	for (int j = 0; j < w->lo.windows; j++) {
+	for (int j = 0; j <= w->lo.windows; j++) {
 		w->wl[j] = take(base, &used, lay);
 		w->gl[j] = take(base, &used, lay);
 	}
-	w->wl[w->lo.windows] = take(base, &used, lay);
-	w->ssend = take(base, &used, whole);
-	w->srecv = take(base, &used, part);
+	lay_packs(w, false, base, &used);
 	return used;
 }
 
-/* A packed gather's buffers (none until one packs); 0 or -ENOMEM. */
-static int gather_buffers(struct win *w)
+/* A layer group's packed buffers, the first time one packs (the comm
+ * has no list form); 0, or -ENOMEM with a message in the comm's err. */
+static int layer_packs(struct win *w)
 {
-	size_t whole, part, used = 0;
-	if (w->gmem)
+	size_t used = 0;
+	if (w->lmem)
 		return 0;
-	packed_sizes(w, &whole, &part);
-	take(NULL, &used, part);
-	take(NULL, &used, whole);
-	if (!(w->gmem = aligned_alloc(64, used)))
+	lay_packs(w, true, NULL, &used);
+	if (!(w->lmem = aligned_alloc(64, used))) {
+		if (w->comm->err)
+			snprintf(w->comm->err, w->comm->errlen,
+				 "FSDP window: out of memory: %zu bytes for a layer group's packed "
+				 "gather and reduce-scatter buffers", used);
 		return -ENOMEM;
+	}
 	used = 0;
-	w->gsend = take(w->gmem, &used, part);
-	w->grecv = take(w->gmem, &used, whole);
+	lay_packs(w, true, w->lmem, &used);
 	return 0;
 }
 
@@ -370,45 +402,17 @@ static bool add_run(struct model_run **v, int *cap, int *nrun, float *buf, size_
 	return true;
 }
 
-/* Member r's part of gather group gg's staging. */
-static float *staging(const struct win *w, const struct mesh_members *gg, int r)
-{
-	int g = (int)(gg - w->gg);
-	return w->grecv + w->sbase[g] + (size_t)r * w->stage[g];
-}
-
-/* Whether tensor i's blocks go through the staging buffer: they are
- * rows of their tensor (not whole rows, so one run each) shorter than
- * WIN_MIN_RUN floats. A list item is a message: such rows would cost
- * one each, more than packing them costs (measured: bench/README.md). */
-static bool staged(const struct win *w, int i)
-{
-	const struct param_info *p = w->t[i].p;
-	const int *ts = w->t[i].pp->cshape, *bs = p->shape;
-	for (int d = p->stacked ? 2 : 1; d < p->ndim; d++)
-		if (bs[d] != ts[d])
-			return (size_t)bs[p->ndim - 1] < WIN_MIN_RUN;
-	return false;
-}
-
-/* Appends the rows of member r's block of tensor i's layer l in landing
- * slot k's window to w->row (rows of the innermost dimension, as
- * plan_copy_block walks them). */
-static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int i, int l, int k, int *nrun,
-		       size_t *soff)
+/* Appends the rows of member r's block of tensor i's layer l, whose
+ * compute-shaped tensor is at tensor, to w->run (rows of the innermost
+ * dimension, as plan_copy_block walks them; adjacent ones merged). */
+static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int i, float *tensor,
+		       int *nrun)
 {
 	const struct param_info *p = w->t[i].p;
 	const struct plan_param *pp = w->t[i].pp;
 	int o[SHARD_MAX_DIMS], idx[SHARD_MAX_DIMS] = { 0 }, s0 = p->stacked ? 1 : 0, nd = p->ndim - s0;
 	const int *ts = pp->cshape + s0, *bs = p->shape + s0, *off = o + s0;
 	size_t run = nd ? (size_t)bs[nd - 1] : 1, nrows = 1;
-	float *tensor = block(w, false, i, l, k);
-	if (staged(w, i)) {
-		/* one run: its block in member r's part of the staging buffer */
-		size_t n = param_slice_numel(p);
-		*soff += n;
-		return add_run(&w->row, &w->rowcap, nrun, staging(w, gg, r) + *soff - n, n, false);
-	}
 	plan_block_offsets(pp, w->mesh, gg->axes, gg->coord[r], o);
 	for (int d = 0; d < nd; d++)
 		if (bs[d] == 0)
@@ -419,7 +423,7 @@ static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int 
 		size_t t = 0;
 		for (int d = 0; d < nd; d++)
 			t = t * (size_t)ts[d] + (size_t)(off[d] + (d + 1 < nd ? idx[d] : 0));
-		if (!add_run(&w->row, &w->rowcap, nrun, tensor + t, run, false))
+		if (!add_run(&w->run, &w->runcap, nrun, tensor + t, run, true))
 			return false;
 		for (int d = nd - 2; d >= 0; d--) {
 			if (++idx[d] < bs[d])
@@ -430,70 +434,30 @@ static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int 
 	return true;
 }
 
-/* Every member's rows of gather group g's blocks of landing slot k, in
- * rank order, into w->row: the rows a member has (the same for each), or
- * 0 when out of memory. */
-static int list_rows(struct win *w, int g, int k)
+/* The list of gather group g's blocks of group [l0, l1) in layer window
+ * base (weights, or gradients with grads): every member's rows in rank
+ * order into w->run, each member's count into w->counts. The runs, or
+ * -1 when out of memory. */
+static int list_make(struct win *w, int g, float *base, bool grads, int l0, int l1)
 {
 	const struct mesh_members *gg = &w->gg[g];
-	const struct win_slot *s = &w->slot[k];
-	int nrow = 0;
+	int nrun = 0;
 	for (int r = 0; r < gg->n; r++) {
-		size_t soff = 0;
-		for (int l = s->l0; l < s->l1; l++)
+		int first = nrun;
+		size_t before = 0;
+		for (int j = 0; j < first; j++)
+			before += w->run[j].n;
+		for (int l = l0; l < l1; l++)
 			for (int i = 0; i < w->n; i++)
-				if (in_group(w, i, l, gg->axes, false) && !block_runs(w, gg, r, i, l, k, &nrow, &soff))
-					return 0;
-	}
-	return nrow / gg->n;
-}
-
-/* Rows a member gives one list collective: all of its members' at most
- * COLL_MAX_IOV / n runs. */
-static int chunk_rows(const struct mesh_members *gg)
-{
-	return WIN_MAX_RUNS / gg->n / gg->n;
-}
-
-/* The list of chunk c (rows [c R, c R + R) of every member, R =
- * chunk_rows, m rows a member) into w->run, adjacent runs merged, and
- * each member's count into w->counts: its length. */
-static int list_chunk(struct win *w, const struct mesh_members *gg, int m, int c)
-{
-	int R = chunk_rows(gg), j0 = c * R, j1 = j0 + R < m ? j0 + R : m, nrun = 0;
-	for (int r = 0; r < gg->n; r++) {
-		w->counts[r] = 0;
-		for (int j = j0; j < j1; j++) {
-			const struct model_run *x = &w->row[(size_t)r * (size_t)m + (size_t)j];
-			if (!add_run(&w->run, &w->runcap, &nrun, x->buf, x->n, true))
-				return -1;
-			w->counts[r] += x->n;
-		}
+				if (in_group(w, i, l, gg->axes, grads) &&
+				    !block_runs(w, gg, r, i, block_in(w, base, grads, i, l, l0), &nrun))
+					return -1;
+		size_t all = 0;
+		for (int j = 0; j < nrun; j++)
+			all += w->run[j].n;
+		w->counts[r] = all - before;
 	}
 	return nrun;
-}
-
-/* Whether gather group g of landing slot k goes as lists: the chunks
- * (*nchunk of them, m rows a member) fit WIN_MAX_CHUNKS. Sets w->stage
- * (the floats a member stages) and allocates the staging buffer. */
-static bool listable(struct win *w, int g, int k, size_t pack, int *m, int *nchunk)
-{
-	const struct mesh_members *gg = &w->gg[g];
-	const struct win_slot *s = &w->slot[k];
-	w->stage[g] = 0;
-	for (int l = s->l0; l < s->l1; l++)
-		for (int i = 0; i < w->n; i++)
-			if (in_group(w, i, l, gg->axes, false) && staged(w, i))
-				w->stage[g] += param_slice_numel(w->t[i].p);
-	if (w->stage[g] && gather_buffers(w))
-		return false;
-	if (!(*m = list_rows(w, g, k)))
-		return false;
-	*nchunk = (*m + chunk_rows(gg) - 1) / chunk_rows(gg);
-	if (*nchunk > WIN_MAX_CHUNKS)
-		return false;
-	(void)pack;
-	return true;
 }
 
 /* Copies this device's shards of gather group g into their blocks of
@@ -502,49 +466,17 @@ static void place_own(struct win *w, int g, int k)
 {
 	const struct mesh_members *gg = &w->gg[g];
 	const struct win_slot *s = &w->slot[k];
-	size_t soff = 0;
 	for (int l = s->l0; l < s->l1; l++)
 		for (int i = 0; i < w->n; i++) {
 			if (!in_group(w, i, l, gg->axes, false))
 				continue;
 			const struct param_info *p = w->t[i].p;
 			int o[SHARD_MAX_DIMS], s0 = p->stacked ? 1 : 0;
-			if (staged(w, i)) {
-				size_t n = param_slice_numel(p);
-				memcpy(staging(w, gg, w->grank[g]) + soff, storage(w, w->params, i, l),
-				       n * sizeof(float));
-				soff += n;
-				w->copied += n;
-				continue;
-			}
 			plan_block_offsets(w->t[i].pp, w->mesh, gg->axes, gg->coord[w->grank[g]], o);
 			plan_copy_block(block(w, false, i, l, k), w->t[i].pp->cshape + s0,
 					storage(w, w->params, i, l), p->shape + s0, o + s0, p->ndim - s0, true);
 			w->copied += param_slice_numel(p);
 		}
-}
-
-/* Places every member's staged blocks of a listed gather (gg) of slot k
- * from the staging buffer into the window. */
-static void place_staged(struct win *w, const struct mesh_members *gg, int k)
-{
-	const struct win_slot *s = &w->slot[k];
-	for (int r = 0; r < gg->n && w->stage[gg - w->gg]; r++) {
-		size_t soff = 0;
-		for (int l = s->l0; l < s->l1; l++)
-			for (int i = 0; i < w->n; i++) {
-				if (!in_group(w, i, l, gg->axes, false) || !staged(w, i))
-					continue;
-				const struct param_info *p = w->t[i].p;
-				int o[SHARD_MAX_DIMS], s0 = p->stacked ? 1 : 0;
-				plan_block_offsets(w->t[i].pp, w->mesh, gg->axes, gg->coord[r], o);
-				plan_copy_block(block(w, false, i, l, k), w->t[i].pp->cshape + s0,
-						staging(w, gg, r) + soff, p->shape + s0, o + s0,
-						p->ndim - s0, true);
-				soff += param_slice_numel(p);
-				w->copied += param_slice_numel(p);
-			}
-	}
 }
 
 /* A free weight window for layer slot k: there are windows + 1 and at
@@ -573,12 +505,13 @@ static void start_next(struct win *w)
 	if (w->landing >= 0 || !w->qn)
 		return;
 	int k = w->queue[0], l0 = w->slot[k].l0, l1 = w->slot[k].l1;
+	bool layer = l0 != WIN_NONLAYER;
 	memmove(w->queue, w->queue + 1, sizeof(*w->queue) * (size_t)--w->qn);
 	w->landing = k;
 	/* the window it lands in: a layer group's now (there is always one
 	 * free); the non-layer one's when no READY slot holds it */
 	bool win_ok = true;
-	if (l0 != WIN_NONLAYER) {
+	if (layer) {
 		w->slot[k].win = free_window(w, k);
 		w->owner[w->slot[k].win] = k;
 	} else {
@@ -587,25 +520,21 @@ static void start_next(struct win *w)
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, l0, l1, false);
-		int m, nchunk;
+		int nrun;
 		w->listed[g] = false;
 		if (!pack)
 			continue;
-		w->sbase[g] = roff;  /* where its staging or its packs land */
-		if (c->start_all_gather_v && win_ok && listable(w, g, k, pack, &m, &nchunk)) {
+		if (c->start_all_gather_v && win_ok &&
+		    (nrun = list_make(w, g, layer ? w->wl[w->slot[k].win] : NULL, false, l0, l1)) >= 0) {
 			place_own(w, g, k);
 			w->listed[g] = true;
-			roff += w->stage[g] * (size_t)gg->n;
-			for (int ch = 0; ch < nchunk && !*w->rc; ch++) {
-				int nrun = list_chunk(w, gg, m, ch);
-				*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts,
-							       &w->gh[g][ch]);
-			}
+			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, &w->gh[g]);
 			continue;
 		}
-		if ((*w->rc = gather_buffers(w)))
+		if (layer && (*w->rc = layer_packs(w)))
 			break;
-		float *send = w->gsend + soff, *recv = w->grecv + roff;
+		w->sbase[g] = roff;  /* where its packs land */
+		float *send = w->pk[layer].gsend + soff, *recv = w->pk[layer].grecv + roff;
 		pack = 0;
 		for (int l = l0; l < l1; l++)
 			for (int i = 0; i < w->n; i++) {
@@ -617,7 +546,7 @@ static void start_next(struct win *w)
 			}
 		w->copied += pack;
 		if (c->start_all_gather)
-			*w->rc = c->start_all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float), &w->gh[g][0]);
+			*w->rc = c->start_all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float), &w->gh[g]);
 		else
 			*w->rc = c->all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float));
 		soff += pack;
@@ -642,6 +571,17 @@ int win_gather_start(struct win *w, int k, int l0, int l1)
 	return *w->rc;
 }
 
+/* A free gradient window: there are windows + 1, at most windows READY
+ * layer slots hold one each and the reduce-scatter in flight one. */
+static int free_gwindow(const struct win *w)
+{
+	for (int j = 0; j <= w->lo.windows; j++)
+		if (w->gowner[j] == -1)
+			return j;
+	assert(!"no free gradient window");
+	return -1;
+}
+
 /* Waits for the gather in flight, places it into a window (READY) and
  * sends the next queued one. */
 static void finish_landing(struct win *w)
@@ -653,25 +593,17 @@ static void finish_landing(struct win *w)
 		assert(w->nl_ready < 0);
 		w->nl_ready = k;
 	} else {
-		int free = -1;
-		for (int j = 0; j < w->lo.windows && free < 0; j++)
-			free = w->gowner[j] < 0 ? j : -1;
-		assert(free >= 0);  /* at most windows READY layer slots */
-		s->gwin = free;
-		w->gowner[free] = k;
+		s->gwin = free_gwindow(w);
+		w->gowner[s->gwin] = k;
 	}
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, s->l0, s->l1, false);
-		for (int ch = 0; ch < WIN_MAX_CHUNKS; ch++)
-			wait_handle(w, &w->gh[g][ch]);
-		if (!pack || *w->rc)
+		wait_handle(w, &w->gh[g]);
+		if (!pack || *w->rc || w->listed[g])
 			continue;
-		if (w->listed[g]) {
-			place_staged(w, gg, k);
-			continue;
-		}
-		place_blocks(w, gg, k, false, w->grecv + w->sbase[g], pack, true);
+		place_blocks(w, gg, k, false, w->pk[s->l0 != WIN_NONLAYER].grecv + w->sbase[g], pack,
+			     true);
 	}
 	s->state = SLOT_READY;
 	start_next(w);
@@ -716,12 +648,32 @@ void win_zero_grads(struct win *w, int k)
 				       per_cslice(w->t[i].pp, w->t[i].p) * sizeof(float));
 }
 
+/* Adds this device's block of gather group g's tensor i, layer l, from
+ * layer gradient window base (layers from l0) into its gradient shard:
+ * storage order, as the packed path adds its received part. */
+static int add_own(struct win *w, int g, int i, int l, float *base, int l0)
+{
+	int nrun = 0;
+	if (!block_runs(w, &w->gg[g], w->grank[g], i, block_in(w, base, true, i, l, l0), &nrun))
+		return -ENOMEM;
+	float *dst = storage(w, w->grads, i, l);
+	for (int r = 0; r < nrun; r++) {
+		const float *src = w->run[r].buf;
+		for (size_t j = 0; j < w->run[r].n; j++)
+			dst[j] += src[j];
+		dst += w->run[r].n;
+		w->copied += w->run[r].n;
+	}
+	return 0;
+}
+
 int win_scatter_finish(struct win *w)
 {
 	size_t roff = 0;
 	if (!w->scattering)
 		return *w->rc;
 	w->scattering = false;
+	bool layer = w->s0 != WIN_NONLAYER;
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		wait_handle(w, &w->sh[g]);
@@ -729,31 +681,52 @@ int win_scatter_finish(struct win *w)
 			for (int i = 0; i < w->n && !*w->rc; i++) {
 				if (!in_group(w, i, l, gg->axes, true))
 					continue;
+				if (w->slisted[g]) {
+					*w->rc = add_own(w, g, i, l, w->gl[w->sgwin], w->s0);
+					continue;
+				}
 				size_t n = param_slice_numel(w->t[i].p);
 				float *dst = storage(w, w->grads, i, l);
+				const float *src = w->pk[layer].srecv + roff;
 				for (size_t j = 0; j < n; j++)
-					dst[j] += w->srecv[roff + j];
+					dst[j] += src[j];
 				roff += n;
 				w->copied += n;
 			}
 	}
+	if (w->sgwin >= 0)
+		w->gowner[w->sgwin] = -1;
+	w->sgwin = -1;
 	return *w->rc;
 }
 
 int win_scatter_start(struct win *w, int k)
 {
 	const struct model_comm *c = w->comm;
-	const struct win_slot *s = &w->slot[k];
+	struct win_slot *s = &w->slot[k];
 	size_t soff = 0, roff = 0;
+	bool layer = s->l0 != WIN_NONLAYER, inplace = false;
 	check_slot(w, k);
 	assert(s->state == SLOT_READY);
 	win_scatter_finish(w);
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, s->l0, s->l1, true);
+		int nrun;
+		w->slisted[g] = false;
 		if (!pack)
 			continue;
-		float *send = w->ssend + soff, *recv = w->srecv + roff;
+		if (layer && c->start_reduce_scatter_v &&
+		    (nrun = list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1)) >= 0) {
+			/* in place over the rows of the gradient window */
+			w->slisted[g] = inplace = true;
+			*w->rc = c->start_reduce_scatter_v(c->ctx, gg->axes, w->run, nrun, w->counts,
+							   &w->sh[g]);
+			continue;
+		}
+		if (layer && (*w->rc = layer_packs(w)))
+			break;
+		float *send = w->pk[layer].ssend + soff, *recv = w->pk[layer].srecv + roff;
 		place_blocks(w, gg, k, true, send, pack, false);
 		if (c->start_reduce_scatter)
 			*w->rc = c->start_reduce_scatter(c->ctx, gg->axes, recv, send, pack, &w->sh[g]);
@@ -761,6 +734,14 @@ int win_scatter_start(struct win *w, int k)
 			*w->rc = c->reduce_scatter(c->ctx, gg->axes, recv, send, pack);
 		soff += pack * (size_t)gg->n;
 		roff += pack;
+	}
+	if (inplace) {
+		/* the reduce-scatter keeps the gradient window; the slot takes
+		 * a free one (the caller zeroes it before writing) */
+		w->sgwin = s->gwin;
+		w->gowner[s->gwin] = GW_SCATTER;
+		s->gwin = free_gwindow(w);
+		w->gowner[s->gwin] = k;
 	}
 	w->scattering = true;
 	w->s0 = s->l0;
@@ -771,17 +752,15 @@ int win_scatter_start(struct win *w, int k)
 int win_end(struct win *w)
 {
 	for (int g = 0; g < w->ngg; g++) {
-		for (int ch = 0; ch < WIN_MAX_CHUNKS; ch++)
-			wait_handle(w, &w->gh[g][ch]);
+		wait_handle(w, &w->gh[g]);
 		wait_handle(w, &w->sh[g]);
 	}
 	w->scattering = false;
 	w->gathers = 0;
-	w->landing = w->nl_ready = -1;
+	w->landing = w->nl_ready = w->sgwin = -1;
 	w->qn = 0;
-	for (int j = 0; j < w->lo.windows; j++)
+	for (int j = 0; j <= w->lo.windows; j++)
 		w->owner[j] = w->gowner[j] = -1;
-	w->owner[w->lo.windows] = -1;
 	for (int k = 0; k < w->nslots; k++)
 		w->slot[k] = (struct win_slot){ SLOT_FREE, 0, 0, -1, -1 };
 	return *w->rc;
@@ -791,11 +770,8 @@ void win_poison(struct win *w)
 {
 	size_t lay = (size_t)w->lo.lcap * w->cnum[1];
 	for (int j = 0; j <= w->lo.windows && w->mem; j++)
-		for (size_t k = 0; k < lay; k++) {
-			w->wl[j][k] = NAN;
-			if (j < w->lo.windows)
-				w->gl[j][k] = NAN;
-		}
+		for (size_t k = 0; k < lay; k++)
+			w->wl[j][k] = w->gl[j][k] = NAN;
 }
 
 float *win_block(struct win *w, bool grads, int i, int l)

@@ -98,6 +98,9 @@ void win_free(struct win *w);
 /* Floats the buffers take (whether allocated or not), but for a packed
  * gather's, allocated only if one packs. */
 size_t win_numel(const struct win *w);
+/* Floats a layer group's packed buffers take: allocated (beyond
+ * win_numel) only when a comm without the list forms packs one. */
+size_t win_packed_numel(const struct win *w);
 /* The slots a caller may number: 0 .. win_slots() - 1 (windows + 2). */
 int win_slots(const struct win *w);
 

@@ -221,26 +221,41 @@ static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const
 			 "reduce_scatter (background)", axes, NULL, h);
 }
 
-/* The FSDP window's gather of a layer group straight into its window:
- * one all-gather over the list of every member's runs, in place. */
-static int job_start_all_gather_v(void *vctx, uint32_t axes, const struct model_run *run, int nrun,
-				  const size_t *counts, void **h)
+/* The FSDP window's collectives over a list of every member's runs, in
+ * place: a layer group's gather straight into its window (op all_gather)
+ * and its gradients' reduce-scatter out of it. */
+static int job_start_win_v(struct job_ctx *c, uint32_t op, uint32_t axes, const struct model_run *run,
+			   int nrun, const size_t *counts, void **h)
 {
-	struct job_ctx *c = vctx;
 	const struct coll_group *g = group_of(c, axes);
 	if (!g)
 		return -ENOMEM;
 	struct coll_iov *iov = malloc(sizeof(*iov) * (size_t)(nrun + 1));
 	if (!iov) {
-		snprintf(c->err, c->errlen, "train: out of memory");
+		snprintf(c->err, c->errlen, "train: out of memory for a list of %d runs", nrun);
 		return -ENOMEM;
 	}
 	for (int i = 0; i < nrun; i++)
 		iov[i] = (struct coll_iov){ run[i].buf, run[i].n };
 	double t = util_now_s();
-	struct coll_handle *ch = coll_all_gather_v_async(c->coll, g, iov, nrun, counts, c->err, c->errlen);
+	bool ag = op == MESHRUN__COLL_OP__COLL_ALL_GATHER;
+	struct coll_handle *ch = ag ? coll_all_gather_v_async(c->coll, g, iov, nrun, counts, c->err, c->errlen)
+				    : coll_reduce_scatter_v_async(c->coll, g, iov, nrun, counts, c->err, c->errlen);
 	free(iov);  /* copied by the call */
-	return job_start(c, t, ch, "all_gather (prefetch)", axes, NULL, h);
+	return job_start(c, t, ch, ag ? "all_gather (prefetch)" : "reduce_scatter (background)", axes,
+			 NULL, h);
+}
+
+static int job_start_all_gather_v(void *vctx, uint32_t axes, const struct model_run *run, int nrun,
+				  const size_t *counts, void **h)
+{
+	return job_start_win_v(vctx, MESHRUN__COLL_OP__COLL_ALL_GATHER, axes, run, nrun, counts, h);
+}
+
+static int job_start_reduce_scatter_v(void *vctx, uint32_t axes, const struct model_run *run, int nrun,
+				      const size_t *counts, void **h)
+{
+	return job_start_win_v(vctx, MESHRUN__COLL_OP__COLL_REDUCE_SCATTER, axes, run, nrun, counts, h);
 }
 
 #define XCHG_GROUP 0x4000u  /* above every mesh group id (axis masks), below P2P_GROUP */
@@ -858,8 +873,9 @@ int train_job(struct device_ctx *dev)
 			.start_all_gather = job_start_all_gather,
 			.start_reduce_scatter = job_start_reduce_scatter,
 			.start_all_gather_v = job_start_all_gather_v,
+			.start_reduce_scatter_v = job_start_reduce_scatter_v,
 			.start_all_to_all = job_start_all_to_all, .wait = job_wait,
-			.span = o->trace ? job_span : NULL, .ctx = &jc },
+			.span = o->trace ? job_span : NULL, .ctx = &jc, .err = err, .errlen = errlen },
 		.sum = job_sum, .err = err, .errlen = errlen,
 		.bg = { .all_reduce_v = job_bg_all_reduce_v, .reduce_scatter_v = job_bg_reduce_scatter_v,
 			.all_gather_v = job_bg_all_gather_v, .wait = job_wait, .ctx = &jc },
