@@ -69,6 +69,7 @@ struct xport {
 	_Atomic int fail_rc;     /* written under mu, read anywhere */
 	char fail_msg[512];
 	uint64_t local_bytes;    /* memcpy'd between devices of this host */
+	uint64_t messages;       /* sends posted by this host's devices */
 	/* eager sends (xport_set_eager): bytes sent to each host whose
 	 * RecvReady has not come back, and bytes staged from each host */
 	size_t eager_max, eager_credit;
@@ -199,6 +200,11 @@ int xport_host_of(const struct xport *x, int dev)
 	return (dev >= 0 && dev < x->ndev) ? x->dev_host[dev] : -1;
 }
 
+
+uint64_t xport_messages(struct xport *x)
+{
+	return __atomic_load_n(&x->messages, __ATOMIC_RELAXED);
+}
 
 uint64_t xport_local_bytes(struct xport *x)
 {
@@ -354,6 +360,7 @@ static int isend(struct xport *x, int src, int dst, const struct xmeta *m, const
 		return -ENOMEM;
 	if (runs)
 		set_runs(r, runs, nruns, base);
+	__atomic_add_fetch(&x->messages, 1, __ATOMIC_RELAXED);
 	bool remote = x->dev_host[dst] != x->host_id;
 	struct xreq *peer = NULL;
 

@@ -127,6 +127,8 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 void xport_free(struct xport *x);
 int xport_host_of(const struct xport *x, int dev);
 int xport_num_devices(const struct xport *x);
+/* Sends posted by this host's devices so far (messages, any length). */
+uint64_t xport_messages(struct xport *x);
 /* Bytes copied between devices of this host so far (ICI traffic). */
 uint64_t xport_local_bytes(struct xport *x);
 

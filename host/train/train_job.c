@@ -687,11 +687,12 @@ static void job_step_end(void *vctx, const struct step_stats *st, double t0, dou
 	trace_span(c->tr, "step", "step", t0, t1);
 }
 
-static void job_bytes(void *vctx, uint64_t *dcn, uint64_t *ici)
+static void job_bytes(void *vctx, uint64_t *dcn, uint64_t *ici, uint64_t *msgs)
 {
 	struct job_ctx *c = vctx;
 	*dcn = agent_dcn_bytes_sent(c->agent);
 	*ici = xport_local_bytes(c->xport);
+	*msgs = xport_messages(c->xport);
 }
 
 static void job_recovery(void *vctx, uint64_t *reconnects, uint64_t *resent)
