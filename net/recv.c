@@ -403,6 +403,35 @@ static void header_done(struct link *l)
  * socket's next bytes fire the watch (EPOLLIN, armed again as the lock
  * goes), the net thread's EV_READ, or a poller's next round. (drained is
  * asked before the bytes act: what they set off may close the conn.) */
+/* Where the current frame's payload goes next, and how much of it
+ * (*want): skipped or discarded into scratch; through bounce when it
+ * sums (*sum); else straight into the posted receive (a message over
+ * runs: to the end of the run, the next read the next). */
+static uint8_t *payload_dst(struct link *l, uint8_t *scratch, size_t nscratch, uint8_t *bounce,
+			    size_t nbounce, size_t *want, bool *sum)
+{
+	size_t w = (size_t)(l->rx_p.payload_len - l->rx_got), avail = SIZE_MAX;
+	uint8_t *dst = scratch;
+	bool land = l->rx_dst && l->rx_req && l->state == LS_UP;
+	if (l->rx_got < l->rx_skip) {
+		/* landed before a break, or a frame we have */
+		size_t skip = (size_t)(l->rx_skip - l->rx_got);
+		avail = skip < nscratch ? skip : nscratch;
+	} else if (land && l->rx_req->addend) {
+		*sum = true;
+		dst = bounce;
+		avail = nbounce;
+	} else if (land && l->rx_req->runs) {
+		dst = xreq_at(l->rx_req, (size_t)(l->rx_at + l->rx_got), &avail);
+	} else if (land) {
+		dst = l->rx_dst + l->rx_got;
+	} else {
+		avail = nscratch;
+	}
+	*want = w < avail ? w : avail;
+	return dst;
+}
+
 static size_t link_read(struct link *l, size_t budget)
 {
 	struct net *n = l->net;
@@ -445,32 +474,7 @@ static size_t link_read(struct link *l, size_t budget)
 			want = l->rx_p.header_len - l->rx_got;
 			break;
 		default:
-			want = (size_t)(l->rx_p.payload_len - l->rx_got);
-			if (l->rx_got < l->rx_skip) {
-				/* landed before a break, or a frame we have */
-				dst = scratch;
-				if (want > l->rx_skip - l->rx_got)
-					want = (size_t)(l->rx_skip - l->rx_got);
-				if (want > sizeof(scratch))
-					want = sizeof(scratch);
-			} else if (l->rx_dst && l->rx_req && l->state == LS_UP && l->rx_req->addend) {
-				sum = true;
-				dst = bounce;
-				if (want > sizeof(bounce))
-					want = sizeof(bounce);
-			} else if (l->rx_dst && l->rx_req && l->state == LS_UP && l->rx_req->runs) {
-				/* to the end of the run: the next read, the next */
-				size_t avail;
-				dst = xreq_at(l->rx_req, (size_t)(l->rx_at + l->rx_got), &avail);
-				if (want > avail)
-					want = avail;
-			} else if (l->rx_dst && l->rx_req && l->state == LS_UP) {
-				dst = l->rx_dst + l->rx_got;
-			} else {
-				dst = scratch;
-				if (want > sizeof(scratch))
-					want = sizeof(scratch);
-			}
+			dst = payload_dst(l, scratch, sizeof(scratch), bounce, sizeof(bounce), &want, &sum);
 			break;
 		}
 		ssize_t r = conn_read(l->c, dst, want);
