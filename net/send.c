@@ -248,6 +248,30 @@ static bool tx_chunk_keep(struct link *l, struct send_msg *m, struct frame_data 
 }
 
 
+/* A message over runs: the next write of the frame's payload (*len
+ * bytes left in it, cut to what is written). A run holding a record
+ * (16 KiB) or the rest of the frame is written where it lies, to its
+ * end; shorter ones are gathered a record's worth at a time (a record a
+ * row of 128 floats cost the cipher, and the peer, three times the
+ * packed message's work). On a retry the same bytes are gathered again
+ * (the TLS conn accepts a moved buffer of the same content). */
+static const uint8_t *runs_src(struct link *l, size_t *len)
+{
+	static _Thread_local uint8_t gather[16 * 1024];
+	size_t avail, at = (size_t)(l->tx_pay_at + l->tx_pay_off);
+	const uint8_t *src = xreq_at(l->tx_pay_runs, at, &avail);
+	if (avail >= *len)
+		return src;
+	if (avail >= sizeof(gather)) {
+		*len = avail;
+		return src;
+	}
+	if (*len > sizeof(gather))
+		*len = sizeof(gather);
+	xreq_copy_out(l->tx_pay_runs, at, gather, *len);
+	return gather;
+}
+
 static void tx_frame_done(struct link *l);
 
 /* Picks the next frame to write: control frames first, then the next
@@ -451,11 +475,7 @@ int send_write(struct link *l)
 		} else if (l->tx_pay_off < l->tx_pay_len) {
 			len = (size_t)(l->tx_pay_len - l->tx_pay_off);
 			if (l->tx_pay && l->tx_pay_runs) {
-				/* to the end of the run, the next one at once */
-				size_t avail;
-				src = xreq_at(l->tx_pay_runs, l->tx_pay_at + l->tx_pay_off, &avail);
-				if (len > avail)
-					len = avail;
+				src = runs_src(l, &len);
 			} else if (l->tx_pay) {
 				src = l->tx_pay + l->tx_pay_off;
 			} else {
