@@ -311,14 +311,21 @@ uint8_t *xreq_at(const struct xreq *r, size_t off, size_t *avail)
 		return (uint8_t *)r->buf + off;
 	}
 	size_t p = r->runs_base + off;
-	int lo = 0, hi = r->nruns - 1;
-	while (lo < hi) {       /* the last run starting at or before p */
+	int lo = 0, hi = r->nruns - 1, h = r->run_hint;
+	/* the last run starting at or before p: most walks go in order, so
+	 * the run found last or the next one (one holder at a time: the
+	 * link's lock, or the one thread landing a local match) */
+	for (int k = h; k <= h + 1 && k < hi; k++)
+		if (r->runs[k].off <= p && r->runs[k + 1].off > p)
+			lo = hi = k;
+	while (lo < hi) {
 		int mid = lo + (hi - lo + 1) / 2;
 		if (r->runs[mid].off <= p)
 			lo = mid;
 		else
 			hi = mid - 1;
 	}
+	((struct xreq *)r)->run_hint = lo;
 	size_t end = lo + 1 < r->nruns ? r->runs[lo + 1].off : r->runs_base + r->len;
 	*avail = end - p;
 	return r->runs[lo].at + (p - r->runs[lo].off);

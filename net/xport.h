@@ -83,6 +83,7 @@ struct xreq {
 	 * arrive; 0: never); completed */
 	uint64_t t_issued_ns, t_net_ns, t_done_ns;
 	/* private to xport.c */
+	int run_hint;            /* the run xreq_at found last (walks are in order) */
 	int state;
 	int rc;
 	/* completion: XW_PENDING, XW_DONE, XW_ORPHAN, or the parker of the
