@@ -441,9 +441,14 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 			cases[nc++] = (struct ccase){ .op = B_BCAST, .count = cnt, .root = 0 };
 			cases[nc++] = (struct ccase){ .op = B_BCAST, .count = cnt, .root = n - 1 };
 		}
-		/* the list forms over FSDP rows: a message over many runs */
-		cases[nc++] = (struct ccase){ .op = B_AG, .count = cnt, .run = 128 };
-		cases[nc++] = (struct ccase){ .op = B_RS, .count = cnt, .run = 128 };
+		/* the list forms over FSDP rows, a message over many runs of
+		 * 128 floats; beside the others at most 256K floats a rank
+		 * (their lines say the count: a test's time), above that over
+		 * runs of 8192 (longer than a record: written where they lie) */
+		size_t cap = o->lists_only ? SIZE_MAX : (1u << 18), lc = cnt < cap ? cnt : cap;
+		size_t run = cnt > (1u << 18) ? 8192 : 128;
+		cases[nc++] = (struct ccase){ .op = B_AG, .count = lc, .run = run };
+		cases[nc++] = (struct ccase){ .op = B_RS, .count = lc, .run = run };
 		for (int k = 0; k < nc; k++) {
 			const struct ccase *c = &cases[k];
 			char label[64];
@@ -461,7 +466,7 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 			struct rank_stat mine = { .wrong = verify(s, c, salt) };
 			if (mine.wrong)
 				fprintf(stderr, "mismatch: %s count %zu on device %d: element %zu is %.9g, "
-					"want %.9g (%llu wrong)\n", label, cnt, dc->device_id,
+					"want %.9g (%llu wrong)\n", label, c->count, dc->device_id,
 					s->first_bad, s->got, s->want, (unsigned long long)mine.wrong);
 			if ((rc = gather_stats(s, &mine, all, dc->err, sizeof(dc->err))))
 				return -EHOSTDOWN;
@@ -470,7 +475,7 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 				w += all[p].wrong;
 			total_wrong += w;
 			if (dc->device_id == 0)
-				printf("check %-18s count %-9zu wrong %llu\n", label, cnt,
+				printf("check %-18s count %-9zu wrong %llu\n", label, c->count,
 				       (unsigned long long)w);
 		}
 	}
