@@ -107,27 +107,12 @@ static const uint8_t *send_src(const struct ring *g, int k, int s)
 	return g->out + g->boff[send_block(g, k)] + off;
 }
 
-/* The run that holds byte p of the concatenation (the last one starting
- * at or before it: empty runs are passed over). */
-static int run_of(const struct ring *g, size_t p)
-{
-	int lo = 0, hi = g->nruns - 1;
-	while (lo < hi) {
-		int mid = lo + (hi - lo + 1) / 2;
-		if (g->runs[mid].off <= p)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
-	return lo;
-}
-
 /* Item s of block b over runs (len > 0 bytes): where it lies if inside
  * one run (*nr = 1), else NULL with the runs it spans, *i0 and *nr. */
 static uint8_t *item_at(const struct ring *g, int b, int s, size_t len, int *i0, int *nr)
 {
 	size_t p = g->boff[b] + (size_t)s * g->seg;
-	int a = run_of(g, p), z = run_of(g, p + len - 1);
+	int a = xruns_find(g->runs, g->nruns, -1, p), z = xruns_find(g->runs, g->nruns, a, p + len - 1);
 	*i0 = a;
 	*nr = z - a + 1;
 	return a == z ? g->runs[a].at + (p - g->runs[a].off) : NULL;

@@ -304,6 +304,22 @@ static void set_runs(struct xreq *r, const struct xrun *runs, int nruns, size_t 
 	r->runs_base = base;
 }
 
+int xruns_find(const struct xrun *run, int nrun, int hint, size_t p)
+{
+	int lo = 0, hi = nrun - 1;
+	for (int k = hint; k >= 0 && k <= hint + 1 && k < hi; k++)
+		if (run[k].off <= p && run[k + 1].off > p)
+			return k;
+	while (lo < hi) {
+		int mid = lo + (hi - lo + 1) / 2;
+		if (run[mid].off <= p)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
 uint8_t *xreq_at(const struct xreq *r, size_t off, size_t *avail)
 {
 	if (!r->runs) {
@@ -311,20 +327,9 @@ uint8_t *xreq_at(const struct xreq *r, size_t off, size_t *avail)
 		return (uint8_t *)r->buf + off;
 	}
 	size_t p = r->runs_base + off;
-	int lo = 0, hi = r->nruns - 1, h = r->run_hint;
-	/* the last run starting at or before p: most walks go in order, so
-	 * the run found last or the next one (one holder at a time: the
-	 * link's lock, or the one thread landing a local match) */
-	for (int k = h; k <= h + 1 && k < hi; k++)
-		if (r->runs[k].off <= p && r->runs[k + 1].off > p)
-			lo = hi = k;
-	while (lo < hi) {
-		int mid = lo + (hi - lo + 1) / 2;
-		if (r->runs[mid].off <= p)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
+	/* most walks go in order (one holder at a time: the link's lock, or
+	 * the one thread landing a local match) */
+	int lo = xruns_find(r->runs, r->nruns, r->run_hint, p);
 	((struct xreq *)r)->run_hint = lo;
 	size_t end = lo + 1 < r->nruns ? r->runs[lo + 1].off : r->runs_base + r->len;
 	*avail = end - p;

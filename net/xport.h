@@ -160,6 +160,10 @@ int xport_isendv(struct xport *x, int src, int dst, const struct xmeta *m,
 int xport_irecvv(struct xport *x, int src, int dst, const struct xmeta *m,
 		 const struct xrun *runs, int nruns, size_t base, size_t len, bool sum,
 		 struct xreq **out);
+/* The run of run[0 .. nrun) that holds byte p of their concatenation:
+ * the last one starting at or before it (empty runs are passed over);
+ * hint (or -1): a run to try first, and the one after it. */
+int xruns_find(const struct xrun *run, int nrun, int hint, size_t p);
 /* Where byte off of r's message lies, and *avail (> 0 for off < len)
  * bytes from there are contiguous. */
 uint8_t *xreq_at(const struct xreq *r, size_t off, size_t *avail);
