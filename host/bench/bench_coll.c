@@ -76,7 +76,7 @@ struct dev_state {
 
 static int reserve(float **p, size_t *cap, size_t n)
 {
-	if (n <= *cap)
+	if (n <= *cap && *p)  /* never NULL, even for 0 (memset's argument) */
 		return 0;
 	free(*p);
 	*p = malloc(n * sizeof(float) + 64);
