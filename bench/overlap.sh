@@ -46,6 +46,14 @@
 #   20 ms between the first and the last metrics line (steps 1..STEPS-1),
 #   per step and device (summed over the run's processes): run s,
 #   run-queue wait s, voluntary and involuntary switches.
+# OLD2_MESHRUN=BIN: a second build to compare with, in the same rounds:
+#   FSDP 2x2 (fsdpold2) and fsdp=4 AdamW (f4adamwold2) (issue 20's ovl5:
+#   ovl4's window, which staged column-split blocks, against OLD = main
+#   and this build).
+# Columns msgs and copies (clock-free): `messages` (sends posted by host
+#   0's devices a step) and `window_copies` (floats the FSDP window of
+#   device 0 copied a step, millions) from --metrics, "-" for a build
+#   without them.
 # OVERLAP_PERF=1: each run under `perf record -F 499` (start-up
 #   included), its samples by thread and kind (sgemm kernel, BLAS
 #   packing, copies memcpy/memmove/memset, AES (libcrypto, libssl),
@@ -53,11 +61,14 @@
 # usage: bench/overlap.sh [STEPS] [ROUNDS] [OLD_MESHRUN] [ONLY]
 #   OLD_MESHRUN: a build to compare with, run in the same rounds ("" for
 #   none): data=2 (dpold) and ZeRO-1 data=2 (zero1old) with buckets,
+#   FSDP 2x2 (fsdpold), FSDP + pipeline (fsdpppold), fsdp=4 AdamW
+#   (f4adamwold),
 #   Muon under fsdp=4 (f4old; last session: Muon on every device
 #   that shares a matrix, before host/optim/muon.c) and ZeRO-1 x fsdp 2x2
 #   (zfsdpold; main before the first FSDP gathers were started beside
 #   ZeRO-1 and by Muon's update: the A/B of that change alone). ONLY: an extended regex of the runs to make (names:
-#   dp dp0 dpold fsdp fsdp0 zero1 zero10 zero1old zfsdp zfsdp0 zfsdpold fsdppp f4adamw
+#   dp dp0 dpold fsdp fsdp0 fsdpold zero1 zero10 zero1old zfsdp zfsdp0 zfsdpold fsdppp
+#   fsdpppold f4adamw f4adamwold fsdpold2 f4adamwold2
 #   f4muon f4muon0 f4old torch dsexpsize dsexpround_robin, the same for dsfsdp
 #   and dsep; the single device always runs); default: every run but
 #   torch and the ds rows (issue 20's table, about 5 minutes idle);
@@ -67,7 +78,7 @@
 #   bench/overlap.sh 4 1 "" '^(f4|ds)'                     (the Muon rows)
 set -eu
 cd "$(dirname "$0")/.."
-steps=${1:-4}; rounds=${2:-1}; old=${3:-}
+steps=${1:-4}; rounds=${2:-1}; old=${3:-}; old2=${OLD2_MESHRUN:-}
 only=${4:-'^(dp|dp0|fsdp|fsdp0|zero1|zero10|zfsdp|zfsdp0|fsdppp|f4adamw|f4muon|f4muon0)$'}
 want() { case $1 in one|one4|two*) return 0 ;; esac; echo "$1" | grep -Eq -- "$only"; }
 make -s all
@@ -75,9 +86,15 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # copies: a rebuild while this runs does not change what it measures
 cp build/meshrun $tmp/meshrun; B=$tmp/meshrun; C=configs/llama-bench.yml
 [ -z "$old" ] || { cp "$old" $tmp/old-meshrun; old=$tmp/old-meshrun; }
+[ -z "$old2" ] || { cp "$old2" $tmp/old2-meshrun; old2=$tmp/old2-meshrun; }
 avg() { python3 -c "
 import json; r=[json.loads(l) for l in open('$1')][1:]
 print('%.4f' % (sum(x.get('$2', 0) for x in r) / len(r)))"; }
+# avgm FILE KEY SCALE: avg of KEY over steps >= 1, divided by SCALE; "-"
+# when no line has it
+avgm() { python3 -c "
+import json; r=[json.loads(l) for l in open('$1')][1:]
+print('%.2f' % (sum(x['$2'] for x in r) / len(r) / $3) if r and all('$2' in x for x in r) else '-')"; }
 optspan() { python3 -c "
 import json; e=[x for x in json.load(open('$1'))['traceEvents'] if x.get('ph')=='X' and x['tid']==0
   and x['name']=='optimizer' and x['args']['step']>=1]
@@ -203,10 +220,10 @@ row() { # NAME LABEL BASE_S [BASE2_S: the pair's, default $two]
   cpu=$(cpuof $1)
   [ -f $tmp/$1.json ] && opt=$(optspan $tmp/$1.json) && bw=$(bktwait $tmp/$1.json)
   onecpu=$(cpuof one); c2=$(cpuof two); [ -z "${4:-}" ] || c2=$(cpuof two4)
-  printf "%-42s %7.3f %6.2f %6.2f %9s %8s %9s %8s %6.2f %6.2f %7s %8s  %s\n" "$2" "$t" "$(python3 -c "print($t/$3)")" \
+  printf "%-42s %7.3f %6.2f %6.2f %9s %8s %9s %8s %6.2f %6.2f %7s %8s %7s %7s  %s\n" "$2" "$t" "$(python3 -c "print($t/$3)")" \
     "$(python3 -c "print($t/$b2)")" "$(avg $tmp/$1.jsonl comm_exposed_s)" "$bw" "$(avg $tmp/$1.jsonl comm_background_s)" \
     "$cpu" "$(python3 -c "print($cpu/$onecpu)")" "$(python3 -c "print($cpu/$c2)")" "$(peak $tmp/$1.jsonl)" \
-    "$opt" "$(cut -d' ' -f1-3 /proc/loadavg)"
+    "$opt" "$(avgm $tmp/$1.jsonl messages 1)" "$(avgm $tmp/$1.jsonl window_copies 1e6)" "$(cut -d' ' -f1-3 /proc/loadavg)"
   [ ! -s $tmp/$1.thr ] || cat $tmp/$1.thr
   if [ -n "${OVERLAP_PERF:-}" ]; then
     if [ -f $tmp/$1.pk ]; then cat $tmp/$1.pk; else python3 $tmp/pkind.py $tmp/$1.perf $steps $nd; fi
@@ -214,8 +231,8 @@ row() { # NAME LABEL BASE_S [BASE2_S: the pair's, default $two]
 }
 t0=$(date +%s)
 echo "meshrun $(git rev-parse --short HEAD 2>/dev/null), $steps steps, $rounds round(s), load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-42s %7s %6s %6s %9s %8s %9s %8s %6s %6s %7s %8s  %s\n" run step_s ratio ratio2 exposed_s bkt_wait backgr_s \
-  cpu_dev cpu_x cpu_x2 peak_mb opt_s load
+printf "%-42s %7s %6s %6s %9s %8s %9s %8s %6s %6s %7s %8s %7s %7s  %s\n" run step_s ratio ratio2 exposed_s bkt_wait backgr_s \
+  cpu_dev cpu_x cpu_x2 peak_mb opt_s msgs copies load
 for r in $(seq 1 "$rounds"); do
   echo "-- round $r"
   run one $B train --config $C
@@ -237,6 +254,16 @@ for r in $(seq 1 "$rounds"); do
   two4=$(avg $tmp/two4.jsonl step_time_s)
   row two4 "single x2 at once, again" $one4 $two4
   row fsdp "fsdp 2x2 (4 devices, 2 cores)" $one4 $two4
+  if [ -n "$old" ]; then
+    run fsdpold "$old" local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+      dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2
+    row fsdpold "fsdp 2x2, OLD_MESHRUN" $one4 $two4
+  fi
+  if [ -n "$old2" ]; then
+    run fsdpold2 "$old2" local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+      dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2
+    row fsdpold2 "fsdp 2x2, OLD2_MESHRUN" $one4 $two4
+  fi
   run fsdp0 $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
     dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2 grad_bucket_mb=0
   row fsdp0 "fsdp 2x2, grad_bucket_mb=0" $one4 $two4
@@ -261,11 +288,26 @@ for r in $(seq 1 "$rounds"); do
   run fsdppp $B local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
     ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
   row fsdppp "fsdp=2 x stage=2 (4 devices)" $one4 $two4
+  if [ -n "$old" ]; then
+    run fsdpppold "$old" local --hosts 2 --devices-per-host 2 --config $C ici_data_parallelism=1 \
+      ici_pipeline_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2
+    row fsdpppold "fsdp=2 x stage=2, OLD_MESHRUN" $one4 $two4
+  fi
   for o in adamw muon; do
     run f4$o $B local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
       ici_fsdp_parallelism=4 opt_type=$o learning_rate=0.001
     row f4$o "fsdp=4 $o" $one4 $two4
   done
+  if [ -n "$old" ]; then
+    run f4adamwold "$old" local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
+      ici_fsdp_parallelism=4 opt_type=adamw learning_rate=0.001
+    row f4adamwold "fsdp=4 adamw, OLD_MESHRUN" $one4 $two4
+  fi
+  if [ -n "$old2" ]; then
+    run f4adamwold2 "$old2" local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
+      ici_fsdp_parallelism=4 opt_type=adamw learning_rate=0.001
+    row f4adamwold2 "fsdp=4 adamw, OLD2_MESHRUN" $one4 $two4
+  fi
   run f4muon0 $B local --hosts 1 --devices-per-host 4 --config $C ici_data_parallelism=1 \
     ici_fsdp_parallelism=4 opt_type=muon learning_rate=0.001 grad_bucket_mb=0
   row f4muon0 "fsdp=4 muon, grad_bucket_mb=0" $one4 $two4

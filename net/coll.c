@@ -174,11 +174,6 @@ static int check_runs(const struct coll_group *g, struct coll_args *a, char *err
 	size_t total = 0, blocks = 0;
 	if (a->niov < 0 || (a->niov && !a->iov))
 		goto bad_buf;
-	if ((size_t)a->niov * (size_t)g->n > COLL_MAX_IOV) {
-		snprintf(err, errlen, "%s (group %u): %d runs, more than %d for a group of %d", name, g->id,
-			 a->niov, COLL_MAX_IOV / g->n, g->n);
-		return -EINVAL;
-	}
 	for (int i = 0; i < a->niov; i++) {
 		if ((a->iov[i].count && !a->iov[i].buf) || a->iov[i].count > SIZE_MAX / sizeof(float) - total)
 			goto bad_buf;

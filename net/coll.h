@@ -70,14 +70,14 @@ int coll_all_reduce(struct coll_dev *d, const struct coll_group *g, float *buf,
 		    size_t count, char *err, size_t errlen);
 /* ---- lists of runs, in place ----
  * The buffer of these is the concatenation of the runs iov[0 .. niov)
- * (any counts, 0 too), each worked on where it lies: no packing copy
- * and one collective's latency for the whole list. They run the same
- * ring with the same segments as the contiguous op on the concatenation
- * (segments are cut where a run ends), so the sums are bit for bit that
- * op's; a list of one run sends the same messages. niov is at most
- * COLL_MAX_IOV / n. iov and counts are only read during the issuing
- * call (copied). */
-#define COLL_MAX_IOV 16384
+ * (any number of runs, any counts, 0 too), each worked on where it
+ * lies: no packing copy and one collective's latency for the whole
+ * list. They run the same ring with the same segments and messages as
+ * the contiguous op on the concatenation: a segment is cut by size, and
+ * one that spans several runs is one message written and landed run by
+ * run (xport_isendv), so the sums are bit for bit that op's and the
+ * message count does not grow with the runs. iov and counts are only
+ * read during the issuing call (copied). */
 struct coll_iov {
 	float *buf;
 	size_t count;

@@ -84,6 +84,13 @@ int coll_post_recv(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
 /* A receive that sums on arrival: buf = received + addend (xport_irecv_add). */
 int coll_post_recv_add(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
 		       float *buf, const float *addend, size_t len, struct xreq **out);
+/* One message over runs (xport_isendv / xport_irecvv; sum: adds into
+ * the runs in place). */
+int coll_post_sendv(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
+		    const struct xrun *runs, int nruns, size_t base, size_t len, struct xreq **out);
+int coll_post_recvv(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
+		    const struct xrun *runs, int nruns, size_t base, size_t len, bool sum,
+		    struct xreq **out);
 /* Waits for *req (NULL: nothing to wait for) with the collective's deadline;
  * sets *req = NULL. */
 int coll_wait_req(struct coll_run *R, struct xreq **req);

@@ -53,17 +53,12 @@ struct ring {
 	 * of the schedule while the ring moves (sends read it from the
 	 * input), the rest after the last item */
 	struct coll_copy own;
-	/* a list of runs (the coll_*_v forms, in place): item s of block b
-	 * is pc[pc0[b] + s] (none past pc0[b + 1]), wherever the buffers
-	 * above would put it; NULL: item s is segment s of the block */
-	const struct piece *pc;
-	const int *pc0;
-};
-
-/* A block's segment, or the part of one inside one run. */
-struct piece {
-	size_t off, len;        /* bytes from the block's start */
-	uint8_t *at;
+	/* a list of runs (the coll_*_v forms, in place): the buffer is the
+	 * runs' concatenation (blocks at boff in it), run i from its byte
+	 * runs[i].off on; an item is one message over the runs it spans;
+	 * NULL: the buffers above */
+	struct xrun *runs;
+	int nruns;
 };
 
 static inline int mod(int a, int n)
@@ -84,10 +79,6 @@ static int recv_block(const struct ring *g, int k)
 
 static size_t seg_len(const struct ring *g, int b, int s)
 {
-	if (g->pc) {
-		int i = g->pc0[b] + s;
-		return i < g->pc0[b + 1] ? g->pc[i].len : 0;
-	}
 	size_t off = (size_t)s * g->seg;
 	if (off >= g->blen[b])
 		return 0;
@@ -116,16 +107,15 @@ static const uint8_t *send_src(const struct ring *g, int k, int s)
 	return g->out + g->boff[send_block(g, k)] + off;
 }
 
-/* Item s of block b: its offset from the block's start, and where it lies
- * in the runs (NULL: at the buffers' own block b). */
-static size_t item_off(const struct ring *g, int b, int s)
+/* Item s of block b over runs (len > 0 bytes): where it lies if inside
+ * one run (*nr = 1), else NULL with the runs it spans, *i0 and *nr. */
+static uint8_t *item_at(const struct ring *g, int b, int s, size_t len, int *i0, int *nr)
 {
-	return g->pc ? g->pc[g->pc0[b] + s].off : (size_t)s * g->seg;
-}
-
-static uint8_t *item_at(const struct ring *g, int b, int s)
-{
-	return g->pc ? g->pc[g->pc0[b] + s].at : NULL;
+	size_t p = g->boff[b] + (size_t)s * g->seg;
+	int a = xruns_find(g->runs, g->nruns, -1, p), z = xruns_find(g->runs, g->nruns, a, p + len - 1);
+	*i0 = a;
+	*nr = z - a + 1;
+	return a == z ? g->runs[a].at + (p - g->runs[a].off) : NULL;
 }
 
 /* Send index that must have completed before receive j may be posted (its
@@ -141,7 +131,7 @@ static long recv_needs_send(const struct ring *g, long j)
 	}
 	/* all_reduce gather phase overwrites the block sent at reduce step
 	 * k - nrs */
-	if ((g->inplace || g->pc) && g->nrs)
+	if ((g->inplace || g->runs) && g->nrs)
 		return j - (long)g->nrs * g->S;
 	return -1;
 }
@@ -159,11 +149,15 @@ static int ring_run(struct coll_run *R, struct ring *g)
 			if (need >= 0 && sd <= need)
 				break;
 			int k = (int)(rp / g->S), s = (int)(rp % g->S), b = recv_block(g, k);
-			size_t len = seg_len(g, b, s), off = len ? item_off(g, b, s) : 0;
-			uint8_t *at = len ? item_at(g, b, s) : NULL;
+			size_t len = seg_len(g, b, s), off = (size_t)s * g->seg;
+			int i0 = 0, nr = 1;
+			uint8_t *at = len && g->runs ? item_at(g, b, s, len, &i0, &nr) : NULL;
 			uint32_t chunk = g->chunk0 + (uint32_t)rp;
 			rq[rp % RA] = NULL;
-			if (len && k >= g->nrs)
+			if (len && nr > 1)   /* one message over several runs */
+				rc = coll_post_recvv(R, g->left, chunk, g->boff[b] + off, g->runs + i0,
+						     nr, g->boff[b] + off, len, k < g->nrs, &rq[rp % RA]);
+			else if (len && k >= g->nrs)
 				rc = coll_post_recv(R, g->left, chunk, g->boff[b] + off,
 						    at ? at : g->out + g->boff[b] + off, len, &rq[rp % RA]);
 			else if (len)   /* partial sum = got + own */
@@ -177,12 +171,18 @@ static int ring_run(struct coll_run *R, struct ring *g)
 		}
 		while (sp < T && sp < sd + SW && (sp < g->S || rd > sp - g->S)) {
 			int k = (int)(sp / g->S), s = (int)(sp % g->S), b = send_block(g, k);
-			size_t len = seg_len(g, b, s);
+			size_t len = seg_len(g, b, s), off = (size_t)s * g->seg;
+			uint32_t chunk = g->chunk0 + (uint32_t)sp;
+			int i0 = 0, nr = 1;
+			uint8_t *at = len && g->runs ? item_at(g, b, s, len, &i0, &nr) : NULL;
 			sq[sp % SW] = NULL;
-			if (len && (rc = coll_post_send(R, g->right, g->chunk0 + (uint32_t)sp,
-							 g->boff[b] + item_off(g, b, s),
-							 g->pc ? item_at(g, b, s) : send_src(g, k, s),
-							 len, &sq[sp % SW])))
+			if (len && nr > 1)
+				rc = coll_post_sendv(R, g->right, chunk, g->boff[b] + off, g->runs + i0,
+						     nr, g->boff[b] + off, len, &sq[sp % SW]);
+			else if (len)
+				rc = coll_post_send(R, g->right, chunk, g->boff[b] + off,
+						    at ? at : send_src(g, k, s), len, &sq[sp % SW]);
+			if (rc)
 				goto out_abandon;
 			sp++;
 		}
@@ -229,54 +229,28 @@ out_abandon:
 }
 
 /* Segment size: at least the configured one, and large enough that chunk
- * indices of all items fit in 16 bits; extra: items a list of runs may
- * add to a step (one per boundary between runs). */
-static size_t pick_seg(size_t seg, size_t maxblock, int steps, long extra)
+ * indices of all items fit in 16 bits. */
+static size_t pick_seg(size_t seg, size_t maxblock, int steps)
 {
-	long max_s = 65535 / (steps > 0 ? steps : 1) - extra;
-	if (max_s < 1)
-		max_s = 1;
+	long max_s = 65535 / (steps > 0 ? steps : 1);
 	size_t need = (maxblock + (size_t)max_s - 1) / (size_t)max_s;
 	need = (need + 3) & ~(size_t)3;
 	return need > seg ? need : seg;
 }
 
-/* The items of a list of runs: each block's segments cut where a run
- * ends; the step's item count S becomes the most any block has (with one
- * run, the segments themselves: the same items and chunk numbers as the
- * contiguous op). */
-static int pieces_make(struct ring *g, const struct coll_iov *iov, int niov)
+/* A list of runs: each run's byte offset in the concatenation (the items
+ * are the contiguous op's segments, cut by size wherever runs end). */
+static int runs_make(struct ring *g, const struct coll_iov *iov, int niov)
 {
-	size_t cap = (size_t)g->n * (size_t)g->S + (size_t)niov;
-	struct piece *pc = malloc(sizeof(*pc) * cap + sizeof(int) * (size_t)(g->n + 1));
-	if (!pc)
+	g->runs = malloc(sizeof(*g->runs) * (size_t)(niov ? niov : 1));
+	if (!g->runs)
 		return -ENOMEM;
-	int *pc0 = (int *)(pc + cap), np = 0, most = 0, v = 0;
-	size_t used = 0;    /* bytes of run v already in items */
-	for (int b = 0; b < g->n; b++) {
-		pc0[b] = np;
-		for (size_t o = 0; o < g->blen[b];) {
-			size_t end = (o / g->seg + 1) * g->seg;
-			if (end > g->blen[b])
-				end = g->blen[b];
-			while (used == iov[v].count * sizeof(float)) {
-				v++;
-				used = 0;
-			}
-			size_t take = iov[v].count * sizeof(float) - used;
-			if (take > end - o)
-				take = end - o;
-			pc[np++] = (struct piece){ o, take, (uint8_t *)iov[v].buf + used };
-			o += take;
-			used += take;
-		}
-		if (np - pc0[b] > most)
-			most = np - pc0[b];
+	size_t o = 0;
+	for (int i = 0; i < niov; i++) {
+		g->runs[i] = (struct xrun){ (uint8_t *)iov[i].buf, o };
+		o += iov[i].count * sizeof(float);
 	}
-	pc0[g->n] = np;
-	g->pc = pc;
-	g->pc0 = pc0;
-	g->S = most;
+	g->nruns = niov;
 	return 0;
 }
 
@@ -297,21 +271,21 @@ static int ring_setup(struct ring *g, struct coll_run *R, const size_t *blen, in
 	for (int b = 0; b < a->n; b++)
 		if (blen[b] > maxb)
 			maxb = blen[b];
-	g->seg = pick_seg(a->seg, maxb, K, a->iov ? a->niov - 1 : 0);
+	g->seg = pick_seg(a->seg, maxb, K);
 	g->S = (int)((maxb + g->seg - 1) / g->seg);
 	if (alt_bytes) {
 		g->alt = coll_scratch_get(R->scr, alt_bytes);
 		if (!g->alt)
 			return coll_fail(R, -ENOMEM, "out of memory for ring segments");
 	}
-	if (a->iov && pieces_make(g, a->iov, a->niov))
+	if (a->iov && runs_make(g, a->iov, a->niov))
 		return coll_fail(R, -ENOMEM, "out of memory for the runs' segments");
 	return 0;
 }
 
 static void ring_release(struct ring *g)
 {
-	free((void *)g->pc);
+	free(g->runs);
 }
 
 /* ---- block tables ---- */
@@ -669,7 +643,7 @@ int coll_chain_broadcast(struct coll_run *R)
 
 	if (a->bytes == 0 || n == 1)
 		return 0;
-	size_t seg = pick_seg(a->seg, a->bytes, 1, 0);
+	size_t seg = pick_seg(a->seg, a->bytes, 1);
 	long T = (long)((a->bytes + seg - 1) / seg);
 	long rp = 0, rd = 0, sp = 0, sd = 0;
 	struct xreq *rq[W] = { 0 }, *sq[W] = { 0 };

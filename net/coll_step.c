@@ -111,6 +111,33 @@ int coll_post_recv_add(struct coll_run *R, int peer, uint32_t chunk, uint64_t of
 	return 0;
 }
 
+int coll_post_sendv(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
+		    const struct xrun *runs, int nruns, size_t base, size_t len, struct xreq **out)
+{
+	struct xmeta m;
+	fill_meta(R, chunk, off, &m);
+	int rc = xport_isendv(R->x, R->me, peer, &m, runs, nruns, base, len, out);
+	if (rc) {
+		*out = NULL;
+		return post_failed(R, rc, "send to", peer);
+	}
+	return 0;
+}
+
+int coll_post_recvv(struct coll_run *R, int peer, uint32_t chunk, uint64_t off,
+		    const struct xrun *runs, int nruns, size_t base, size_t len, bool sum,
+		    struct xreq **out)
+{
+	struct xmeta m;
+	fill_meta(R, chunk, off, &m);
+	int rc = xport_irecvv(R->x, peer, R->me, &m, runs, nruns, base, len, sum, out);
+	if (rc) {
+		*out = NULL;
+		return post_failed(R, rc, "receive from", peer);
+	}
+	return 0;
+}
+
 int coll_wait_req(struct coll_run *R, struct xreq **req)
 {
 	if (!*req)

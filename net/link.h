@@ -118,6 +118,10 @@ struct ctrl_frame {
 	 * buffer is never touched again. */
 	const uint8_t *pay;
 	uint64_t pay_len;
+	/* a message over runs (struct xrun): pay is where its byte pay_at
+	 * lies, and the payload is read from pay_runs' runs */
+	const struct xreq *pay_runs;
+	uint64_t pay_at;
 	struct xreq *req;
 	uint8_t data[];
 };
@@ -234,6 +238,7 @@ struct link {
 	uint8_t *rx_hdr;
 	size_t rx_hdr_cap;
 	uint8_t *rx_dst;               /* payload destination, NULL: discard */
+	uint64_t rx_at;                /* its byte in the message (over runs) */
 	struct xreq *rx_req;           /* message in progress */
 	int rx_src, rx_dst_dev;
 	uint64_t rx_tag, rx_total, rx_next;
@@ -250,6 +255,10 @@ struct link {
 	size_t tx_hdr_len, tx_hdr_off;
 	const uint8_t *tx_pay;         /* NULL while tx_pay_len > 0: zero fill */
 	uint64_t tx_pay_len, tx_pay_off;
+	/* a message over runs: the payload is tx_pay_runs' bytes from
+	 * tx_pay_at on, written a run at a time (the conn coalesces them) */
+	const struct xreq *tx_pay_runs;
+	uint64_t tx_pay_at;
 	struct ctrl_frame *tx_ctrl;
 	struct send_msg *tx_msg;
 	bool tx_msg_last;

@@ -83,7 +83,9 @@ static void on_chunk(struct link *l, const struct frame_data *c, uint64_t byte_c
 		l->rx_next = 0;
 		l->rx_land = (struct xland){ 0 };
 	}
-	l->rx_dst = (uint8_t *)l->rx_req->buf + c->msg_offset;
+	size_t avail;
+	l->rx_dst = xreq_at(l->rx_req, (size_t)c->msg_offset, &avail);
+	l->rx_at = c->msg_offset;
 	l->rx_next += byte_count;
 }
 
@@ -401,6 +403,38 @@ static void header_done(struct link *l)
  * socket's next bytes fire the watch (EPOLLIN, armed again as the lock
  * goes), the net thread's EV_READ, or a poller's next round. (drained is
  * asked before the bytes act: what they set off may close the conn.) */
+/* Where the current frame's payload goes next, and how much of it
+ * (*want): skipped or discarded into scratch; through bounce (*via) when
+ * it sums, or when it is a message over runs shorter than a record on
+ * average (a read a record, landed run by run, not a read a run); else
+ * straight into the posted receive (over longer runs: to the end of the
+ * run, the next read the next). */
+static uint8_t *payload_dst(struct link *l, uint8_t *scratch, size_t nscratch, uint8_t *bounce,
+			    size_t nbounce, size_t *want, bool *via)
+{
+	size_t w = (size_t)(l->rx_p.payload_len - l->rx_got), avail = SIZE_MAX;
+	uint8_t *dst = scratch;
+	bool land = l->rx_dst && l->rx_req && l->state == LS_UP;
+	if (l->rx_got < l->rx_skip) {
+		/* landed before a break, or a frame we have */
+		size_t skip = (size_t)(l->rx_skip - l->rx_got);
+		avail = skip < nscratch ? skip : nscratch;
+	} else if (land && (l->rx_req->addend ||
+			    (l->rx_req->runs && l->rx_req->len / (size_t)l->rx_req->nruns < nbounce))) {
+		*via = true;
+		dst = bounce;
+		avail = nbounce;
+	} else if (land && l->rx_req->runs) {
+		dst = xreq_at(l->rx_req, (size_t)(l->rx_at + l->rx_got), &avail);
+	} else if (land) {
+		dst = l->rx_dst + l->rx_got;
+	} else {
+		avail = nscratch;
+	}
+	*want = w < avail ? w : avail;
+	return dst;
+}
+
 static size_t link_read(struct link *l, size_t budget)
 {
 	struct net *n = l->net;
@@ -432,7 +466,7 @@ static size_t link_read(struct link *l, size_t budget)
 		}
 		uint8_t *dst;
 		size_t want;
-		bool sum = false;
+		bool via = false;
 		switch (l->rx_stage) {
 		case RX_PREFIX:
 			dst = l->rx_prefix + l->rx_got;
@@ -443,26 +477,7 @@ static size_t link_read(struct link *l, size_t budget)
 			want = l->rx_p.header_len - l->rx_got;
 			break;
 		default:
-			want = (size_t)(l->rx_p.payload_len - l->rx_got);
-			if (l->rx_got < l->rx_skip) {
-				/* landed before a break, or a frame we have */
-				dst = scratch;
-				if (want > l->rx_skip - l->rx_got)
-					want = (size_t)(l->rx_skip - l->rx_got);
-				if (want > sizeof(scratch))
-					want = sizeof(scratch);
-			} else if (l->rx_dst && l->rx_req && l->state == LS_UP && l->rx_req->addend) {
-				sum = true;
-				dst = bounce;
-				if (want > sizeof(bounce))
-					want = sizeof(bounce);
-			} else if (l->rx_dst && l->rx_req && l->state == LS_UP) {
-				dst = l->rx_dst + l->rx_got;
-			} else {
-				dst = scratch;
-				if (want > sizeof(scratch))
-					want = sizeof(scratch);
-			}
+			dst = payload_dst(l, scratch, sizeof(scratch), bounce, sizeof(bounce), &want, &via);
 			break;
 		}
 		ssize_t r = conn_read(l->c, dst, want);
@@ -491,7 +506,7 @@ static size_t link_read(struct link *l, size_t budget)
 		if (!total)     /* heard from the peer: one clock read a turn */
 			l->last_rx_ns = now_ns();
 		bool drained = l->c->drained && !conn_pending(l->c), msg_done = false;
-		if (sum)
+		if (via)
 			xport_land_stream(l->rx_req, &l->rx_land, bounce, (size_t)r);
 		l->rx_got += (size_t)r;
 		total += (size_t)r;

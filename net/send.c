@@ -148,6 +148,8 @@ static void tx_set(struct link *l, struct ctrl_frame *c, bool owned)
 	l->tx_pay = c->pay;
 	l->tx_pay_len = c->pay_len;
 	l->tx_pay_off = 0;
+	l->tx_pay_runs = c->pay ? c->pay_runs : NULL;
+	l->tx_pay_at = c->pay_at;
 	l->tx_active = true;
 }
 
@@ -172,8 +174,11 @@ static bool tx_chunk_ref(struct link *l, struct send_msg *m, struct frame_data *
 	c->len = hl;
 	c->pooled = c->heartbeat = c->unseq = false;
 	c->seq = f->link_seq;
-	c->pay = (const uint8_t *)r->buf + m->off;
+	size_t avail;
+	c->pay = xreq_at(r, m->off, &avail);
 	c->pay_len = cnt;
+	c->pay_runs = r->runs ? r : NULL;
+	c->pay_at = m->off;
 	c->req = last ? r : NULL;
 	rp_keep(l, c);
 	tx_set(l, c, false);
@@ -219,13 +224,14 @@ static bool tx_chunk_keep(struct link *l, struct send_msg *m, struct frame_data 
 	}
 	memcpy(c->data, l->tx_stage, hl);
 	if (cnt)
-		memcpy(c->data + hl, (const uint8_t *)r->buf + m->off, cnt);
+		xreq_copy_out(r, m->off, c->data + hl, cnt);
 	c->len = hl + cnt;
 	c->pooled = pooled;
 	c->heartbeat = c->unseq = false;
 	c->seq = f->link_seq;
 	c->pay = NULL;
 	c->pay_len = 0;
+	c->pay_runs = NULL;
 	c->req = NULL;
 	rp_keep(l, c);
 	tx_set(l, c, false);
@@ -241,6 +247,30 @@ static bool tx_chunk_keep(struct link *l, struct send_msg *m, struct frame_data 
 	return true;
 }
 
+
+/* A message over runs: the next write of the frame's payload (*len
+ * bytes left in it, cut to what is written). A run holding a record
+ * (16 KiB) or the rest of the frame is written where it lies, to its
+ * end; shorter ones are gathered a record's worth at a time (a record a
+ * row of 128 floats cost the cipher, and the peer, three times the
+ * packed message's work). On a retry the same bytes are gathered again
+ * (the TLS conn accepts a moved buffer of the same content). */
+static const uint8_t *runs_src(struct link *l, size_t *len)
+{
+	static _Thread_local uint8_t gather[16 * 1024];
+	size_t avail, at = (size_t)(l->tx_pay_at + l->tx_pay_off);
+	const uint8_t *src = xreq_at(l->tx_pay_runs, at, &avail);
+	if (avail >= *len)
+		return src;
+	if (avail >= sizeof(gather)) {
+		*len = avail;
+		return src;
+	}
+	if (*len > sizeof(gather))
+		*len = sizeof(gather);
+	xreq_copy_out(l->tx_pay_runs, at, gather, *len);
+	return gather;
+}
 
 static void tx_frame_done(struct link *l);
 
@@ -331,14 +361,17 @@ static bool tx_next(struct link *l)
 	if (cnt <= SMALL_PAYLOAD) {
 		/* one record for header and payload */
 		if (cnt)
-			memcpy(l->tx_stage + hl, (const uint8_t *)r->buf + m->off, cnt);
+			xreq_copy_out(r, m->off, l->tx_stage + hl, cnt);
 		l->tx_hdr_len = hl + cnt;
 		l->tx_pay = NULL;
 		l->tx_pay_len = 0;
 	} else {
+		size_t avail;
 		l->tx_hdr_len = hl;
-		l->tx_pay = (const uint8_t *)r->buf + m->off;
+		l->tx_pay = xreq_at(r, m->off, &avail);
 		l->tx_pay_len = cnt;
+		l->tx_pay_runs = r->runs ? r : NULL;
+		l->tx_pay_at = m->off;
 	}
 	l->tx_pay_off = 0;
 	m->off += cnt;
@@ -441,7 +474,9 @@ int send_write(struct link *l)
 			len = l->tx_hdr_len - l->tx_hdr_off;
 		} else if (l->tx_pay_off < l->tx_pay_len) {
 			len = (size_t)(l->tx_pay_len - l->tx_pay_off);
-			if (l->tx_pay) {
+			if (l->tx_pay && l->tx_pay_runs) {
+				src = runs_src(l, &len);
+			} else if (l->tx_pay) {
 				src = l->tx_pay + l->tx_pay_off;
 			} else {
 				src = zeros;

@@ -70,6 +70,7 @@ struct xport {
 	_Atomic int fail_rc;     /* written under mu, read anywhere */
 	char fail_msg[512];
 	uint64_t local_bytes;    /* memcpy'd between devices of this host */
+	uint64_t messages;       /* sends posted by this host's devices */
 	/* eager sends (xport_set_eager): bytes sent to each host whose
 	 * RecvReady has not come back, and bytes staged from each host */
 	size_t eager_max, eager_credit;
@@ -212,6 +213,11 @@ int xport_host_of(const struct xport *x, int dev)
 }
 
 
+uint64_t xport_messages(struct xport *x)
+{
+	return __atomic_load_n(&x->messages, __ATOMIC_RELAXED);
+}
+
 uint64_t xport_local_bytes(struct xport *x)
 {
 	return __atomic_load_n(&x->local_bytes, __ATOMIC_RELAXED);
@@ -301,8 +307,74 @@ static int check_ids(struct xport *x, int local, int peer)
 	return 0;
 }
 
-int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
-		const void *buf, size_t len, struct xreq **out)
+/* Sets r's message over runs (buf NULL). */
+static void set_runs(struct xreq *r, const struct xrun *runs, int nruns, size_t base)
+{
+	r->buf = NULL;
+	r->runs = runs;
+	r->nruns = nruns;
+	r->runs_base = base;
+}
+
+int xruns_find(const struct xrun *run, int nrun, int hint, size_t p)
+{
+	int lo = 0, hi = nrun - 1;
+	for (int k = hint; k >= 0 && k <= hint + 1 && k < hi; k++)
+		if (run[k].off <= p && run[k + 1].off > p)
+			return k;
+	while (lo < hi) {
+		int mid = lo + (hi - lo + 1) / 2;
+		if (run[mid].off <= p)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+uint8_t *xreq_at(const struct xreq *r, size_t off, size_t *avail)
+{
+	if (!r->runs) {
+		*avail = r->len - off;
+		return (uint8_t *)r->buf + off;
+	}
+	size_t p = r->runs_base + off;
+	/* most walks go in order (one holder at a time: the link's lock, or
+	 * the one thread landing a local match) */
+	int lo = xruns_find(r->runs, r->nruns, r->run_hint, p);
+	((struct xreq *)r)->run_hint = lo;
+	size_t end = lo + 1 < r->nruns ? r->runs[lo + 1].off : r->runs_base + r->len;
+	*avail = end - p;
+	return r->runs[lo].at + (p - r->runs[lo].off);
+}
+
+void xreq_copy_out(const struct xreq *r, size_t off, void *dst, size_t len)
+{
+	uint8_t *d = dst;
+	while (len) {
+		size_t k;
+		const uint8_t *src = xreq_at(r, off, &k);
+		if (k > len)
+			k = len;
+		memcpy(d, src, k);
+		d += k;
+		off += k;
+		len -= k;
+	}
+}
+
+/* A local match: lands the send's whole message in the receive, a run of
+ * the sender's at a time (xport_land splits the receive's). */
+static void land_from(struct xreq *recv, const struct xreq *send)
+{
+	for (size_t off = 0, k; off < send->len; off += k) {
+		const uint8_t *src = xreq_at(send, off, &k);
+		xport_land(recv, off, src, k);
+	}
+}
+
+static int isend(struct xport *x, int src, int dst, const struct xmeta *m, const void *buf,
+		 const struct xrun *runs, int nruns, size_t base, size_t len, struct xreq **out)
 {
 	int rc = check_ids(x, src, dst);
 	if (rc)
@@ -310,6 +382,9 @@ int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 	struct xreq *r = req_new(x, XREQ_SEND, src, dst, m, (void *)buf, len);
 	if (!r)
 		return -ENOMEM;
+	if (runs)
+		set_runs(r, runs, nruns, base);
+	__atomic_add_fetch(&x->messages, 1, __ATOMIC_RELAXED);
 	bool remote = x->dev_host[dst] != x->host_id;
 	struct xreq *peer = NULL;
 
@@ -369,7 +444,7 @@ int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 	} else if (peer) {
 		int mrc = peer->len == len ? 0 : -EMSGSIZE;
 		if (!mrc && len) {
-			xport_land(peer, 0, buf, len);
+			land_from(peer, r);
 			__atomic_add_fetch(&x->local_bytes, len, __ATOMIC_RELAXED);
 		}
 		finish(peer, mrc);
@@ -383,8 +458,25 @@ out_unlock_free:
 	return rc;
 }
 
+int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
+		const void *buf, size_t len, struct xreq **out)
+{
+	return isend(x, src, dst, m, buf, NULL, 0, 0, len, out);
+}
+
+int xport_isendv(struct xport *x, int src, int dst, const struct xmeta *m,
+		 const struct xrun *runs, int nruns, size_t base, size_t len, struct xreq **out)
+{
+	if (nruns < 1 || !runs || runs[0].off > base)
+		return -EINVAL;
+	return isend(x, src, dst, m, NULL, runs, nruns, base, len, out);
+}
+
+/* runs: a message over runs (buf NULL); with an addend, it sums in place
+ * (addend then only marks the sum) */
 static int irecv(struct xport *x, int src, int dst, const struct xmeta *m, void *buf,
-		 const float *addend, size_t len, struct xreq **out)
+		 const struct xrun *runs, int nruns, size_t base, const float *addend,
+		 size_t len, struct xreq **out)
 {
 	int rc = check_ids(x, dst, src);
 	if (rc)
@@ -392,6 +484,8 @@ static int irecv(struct xport *x, int src, int dst, const struct xmeta *m, void 
 	struct xreq *r = req_new(x, XREQ_RECV, src, dst, m, buf, len);
 	if (!r)
 		return -ENOMEM;
+	if (runs)
+		set_runs(r, runs, nruns, base);
 	r->addend = addend;
 	bool remote = x->dev_host[src] != x->host_id;
 	struct xreq *peer = NULL;
@@ -431,7 +525,7 @@ static int irecv(struct xport *x, int src, int dst, const struct xmeta *m, void 
 	} else if (peer) {
 		int mrc = peer->len == len ? 0 : -EMSGSIZE;
 		if (!mrc && len) {
-			xport_land(r, 0, peer->buf, len);
+			land_from(r, peer);
 			__atomic_add_fetch(&x->local_bytes, len, __ATOMIC_RELAXED);
 		}
 		finish(peer, mrc);
@@ -448,7 +542,17 @@ out_unlock_free:
 int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
 		void *buf, size_t len, struct xreq **out)
 {
-	return irecv(x, src, dst, m, buf, NULL, len, out);
+	return irecv(x, src, dst, m, buf, NULL, 0, 0, NULL, len, out);
+}
+
+int xport_irecvv(struct xport *x, int src, int dst, const struct xmeta *m,
+		 const struct xrun *runs, int nruns, size_t base, size_t len, bool sum,
+		 struct xreq **out)
+{
+	if (nruns < 1 || !runs || runs[0].off > base || (sum && len % sizeof(float)))
+		return -EINVAL;
+	return irecv(x, src, dst, m, NULL, runs, nruns, base, sum ? (const float *)runs : NULL,
+		     len, out);
 }
 
 int xport_irecv_add(struct xport *x, int src, int dst, const struct xmeta *m,
@@ -456,19 +560,43 @@ int xport_irecv_add(struct xport *x, int src, int dst, const struct xmeta *m,
 {
 	if (len % sizeof(float) || (len && !addend))
 		return -EINVAL;
-	return irecv(x, src, dst, m, buf, addend, len, out);
+	return irecv(x, src, dst, m, buf, NULL, 0, 0, addend, len, out);
 }
+
+static void land_sum(float *dst, const float *add, const uint8_t *src, size_t n);
 
 void xport_land(struct xreq *r, size_t off, const void *data, size_t len)
 {
+	if (r->runs) {
+		/* run by run; a sum adds in place */
+		const uint8_t *src = data;
+		while (len) {
+			size_t k;
+			uint8_t *dst = xreq_at(r, off, &k);
+			if (k > len)
+				k = len;
+			if (r->addend)
+				land_sum((float *)dst, (const float *)dst, src, k / sizeof(float));
+			else
+				memcpy(dst, src, k);
+			src += k;
+			off += k;
+			len -= k;
+		}
+		return;
+	}
 	if (!r->addend) {
 		memcpy((uint8_t *)r->buf + off, data, len);
 		return;
 	}
-	float *dst = (float *)((uint8_t *)r->buf + off);
-	const float *add = (const float *)((const uint8_t *)r->addend + off);
-	const uint8_t *src = data;
-	size_t n = len / sizeof(float);
+	land_sum((float *)((uint8_t *)r->buf + off),
+		 (const float *)((const uint8_t *)r->addend + off), data, len / sizeof(float));
+}
+
+/* dst = data (n floats at src, any alignment) + add; add may be dst. */
+static void land_sum(float *dst, const float *add, const uint8_t *src, size_t n)
+{
+	const void *data = src;
 	if ((uintptr_t)src % _Alignof(float) == 0) {
 		if (add == dst)
 			fsum_acc(dst, data, n);

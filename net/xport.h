@@ -52,6 +52,16 @@ static inline uint64_t xmeta_tag(const struct xmeta *m)
 
 enum xreq_kind { XREQ_SEND, XREQ_RECV };
 
+/* A message laid over runs (xport_isendv, xport_irecvv): its bytes are
+ * [base, base + len) of the concatenation of runs run[0 .. n), run i
+ * starting at byte off of the concatenation (increasing; run[0].off <=
+ * base) and lying at at; the last run reaches base + len. The array is
+ * the caller's and must stay unchanged until the wait returns. */
+struct xrun {
+	uint8_t *at;
+	size_t off;
+};
+
 /* A request. Fields are read by the net layer; only xport.c writes them
  * (net_ctx excepted: the net layer's own word about a request it holds). */
 struct xreq {
@@ -61,6 +71,10 @@ struct xreq {
 	struct xmeta meta;
 	void *buf;               /* recv: destination; send: source (const) */
 	size_t len;
+	/* or, if runs: the message over runs (struct xrun; buf NULL) */
+	const struct xrun *runs;
+	int nruns;
+	size_t runs_base;
 	const float *addend;     /* recv: NULL, or buf = data + addend (float32) */
 	bool eager;              /* send: goes out without a RecvReady */
 	uintptr_t net_ctx;       /* the net layer's, while it holds the request */
@@ -70,6 +84,7 @@ struct xreq {
 	 * completed */
 	uint64_t t_issued_ns, t_net_ns, t_done_ns;
 	/* private to xport.c */
+	int run_hint;            /* the run xreq_at found last (walks are in order) */
 	int state;
 	int rc;
 	/* completion: XW_PENDING, XW_DONE, XW_ORPHAN, or the parker of the
@@ -114,6 +129,8 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 void xport_free(struct xport *x);
 int xport_host_of(const struct xport *x, int dev);
 int xport_num_devices(const struct xport *x);
+/* Sends posted by this host's devices so far (messages, any length). */
+uint64_t xport_messages(struct xport *x);
 /* Bytes copied between devices of this host so far (ICI traffic). */
 uint64_t xport_local_bytes(struct xport *x);
 
@@ -134,6 +151,25 @@ int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
  * (-EINVAL otherwise). One pass over buf instead of landing and summing. */
 int xport_irecv_add(struct xport *x, int src, int dst, const struct xmeta *m,
 		    float *buf, const float *addend, size_t len, struct xreq **out);
+
+/* The same over runs (struct xrun): one message whose bytes lie in the
+ * runs, written and landed run by run with no staging copy. A receive
+ * with sum adds the data into the runs (buf = data + buf: in place),
+ * as xport_irecv_add with addend == buf. */
+int xport_isendv(struct xport *x, int src, int dst, const struct xmeta *m,
+		 const struct xrun *runs, int nruns, size_t base, size_t len, struct xreq **out);
+int xport_irecvv(struct xport *x, int src, int dst, const struct xmeta *m,
+		 const struct xrun *runs, int nruns, size_t base, size_t len, bool sum,
+		 struct xreq **out);
+/* The run of run[0 .. nrun) that holds byte p of their concatenation:
+ * the last one starting at or before it (empty runs are passed over);
+ * hint (or -1): a run to try first, and the one after it. */
+int xruns_find(const struct xrun *run, int nrun, int hint, size_t p);
+/* Where byte off of r's message lies, and *avail (> 0 for off < len)
+ * bytes from there are contiguous. */
+uint8_t *xreq_at(const struct xreq *r, size_t off, size_t *avail);
+/* Copies len bytes of r's message from byte off into dst. */
+void xreq_copy_out(const struct xreq *r, size_t off, void *dst, size_t len);
 
 /* Sends of at most max_bytes to a remote device go out without waiting for
  * the receiver's RecvReady, while at most credit_bytes sent eagerly to a

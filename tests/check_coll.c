@@ -570,22 +570,25 @@ END_TEST
 /* ---- lists of runs against the contiguous op on the concatenation ---- */
 
 struct runs {
-	struct coll_iov v[512];
+	struct coll_iov *v;
 	int n;
 };
 
-/* Cuts total floats into separately allocated runs of odd and empty
- * lengths (one run when one is set), filled from flat. */
-static void runs_make(struct runs *rs, const float *flat, size_t total, bool one)
+/* Cuts total floats into separately allocated runs filled from flat:
+ * run 0, of odd and empty lengths; RUN_ONE, one run; else runs of that
+ * many floats (an FSDP block's rows). */
+#define RUN_ONE ((size_t)-1)
+static void runs_make(struct runs *rs, const float *flat, size_t total, size_t run)
 {
 	static const size_t len[] = { 3, 0, 1, 1021, 0, 7, 4099, 1, 2048, 0, 513 };
 	size_t at = 0;
 	rs->n = 0;
+	rs->v = xmalloc(sizeof(*rs->v) * (total + 3));
 	for (int k = 0; at < total || (total == 0 && rs->n < 3); k++) {
-		size_t c = one ? total : len[k % 11];
+		size_t c = run == RUN_ONE ? total : run ? run : len[k % 11];
 		if (c > total - at)
 			c = total - at;
-		rs->v[rs->n] = (struct coll_iov){ xmalloc(sizeof(float) * c), c };
+		rs->v[rs->n] = (struct coll_iov){ xmalloc(sizeof(float) * (c ? c : 1)), c };
 		memcpy(rs->v[rs->n].buf, flat + at, sizeof(float) * c);
 		rs->n++;
 		at += c;
@@ -604,6 +607,7 @@ static void runs_free(struct runs *rs)
 {
 	for (int i = 0; i < rs->n; i++)
 		free(rs->v[i].buf);
+	free(rs->v);
 }
 
 /* The first float of [0, c) where a and b differ in their bits, or c. */
@@ -617,7 +621,7 @@ static size_t first_diff(const float *a, const float *b, size_t c)
 
 struct runs_case {
 	size_t c;         /* floats per rank (all_reduce: in all) */
-	bool one;         /* a list of one run */
+	size_t run;       /* runs_make's */
 	bool async;
 };
 
@@ -661,7 +665,7 @@ static void runs_ops(struct world *w, int dev, struct coll_dev *cd)
 	/* all_reduce: the runs summed as the contiguous buffer is */
 	for (size_t i = 0; i < c; i++)
 		flat[i] = fval(dev, i);
-	runs_make(&rs, flat, c, rc_->one);
+	runs_make(&rs, flat, c, rc_->run);
 	rc = coll_all_reduce(cd, &g, flat, c, err, sizeof(err));
 	CHECK_RC(w, rc, "all_reduce", err);
 	rc = list_op(cd, &g, 'a', &rs, NULL, rc_->async, err, sizeof(err));
@@ -679,7 +683,7 @@ static void runs_ops(struct world *w, int dev, struct coll_dev *cd)
 	memset(pad, 0, sizeof(float) * most * (size_t)n);
 	for (int b = 0, v = 0; b < n; v += (int)counts[b], b++)
 		memcpy(pad + most * (size_t)b, flat + v, sizeof(float) * counts[b]);
-	runs_make(&rs, flat, total, rc_->one);
+	runs_make(&rs, flat, total, rc_->run);
 	rc = coll_reduce_scatter(cd, &g, want, pad, most, err, sizeof(err));
 	CHECK_RC(w, rc, "reduce_scatter", err);
 	rc = list_op(cd, &g, 'r', &rs, counts, rc_->async, err, sizeof(err));
@@ -695,7 +699,7 @@ static void runs_ops(struct world *w, int dev, struct coll_dev *cd)
 	for (size_t i = 0; i < counts[r]; i++)
 		got[own0 + i] = fval(dev, i);
 	runs_free(&rs);
-	runs_make(&rs, got, total, rc_->one);
+	runs_make(&rs, got, total, rc_->run);
 	rc = list_op(cd, &g, 'g', &rs, counts, rc_->async, err, sizeof(err));
 	CHECK_RC(w, rc, "all_gather_v", err);
 	runs_flat(&rs, got);
@@ -718,16 +722,20 @@ static void runs_ops(struct world *w, int dev, struct coll_dev *cd)
 }
 
 /* n = 2, 3, 4; ring (small segments, run ends inside them) and direct;
- * sizes 0, 1, odd, large; one run; async */
+ * sizes 0, 1, odd, large; one run; async; many short runs, a segment
+ * one message over them: 4354 runs of 128 floats a member (llama-bench's
+ * FSDP layer at fsdp=4), runs of 1 float */
 START_TEST(test_runs_match_contiguous)
 {
 	static const struct runs_case cases[] = {
-		{ 0, false, false }, { 1, false, false }, { 7, false, false }, { 30011, false, false },
-		{ 30011, true, false }, { 30011, false, true }, { 5, true, true },
+		{ 0, 0, false }, { 1, 0, false }, { 7, 0, false }, { 30011, 0, false },
+		{ 30011, RUN_ONE, false }, { 30011, 0, true }, { 5, RUN_ONE, true },
+		{ 4354 * 128, 128, true }, { 4099, 1, false },
 	};
 	static const size_t direct[] = { 0, 65536 };
 	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
-		for (int d = 0; d < 2; d++) {
+		/* a list of more than 64 KiB runs on the ring either way */
+		for (int d = 0; d < (cases[k].c * sizeof(float) > direct[1] ? 1 : 2); d++) {
 			struct world w = { .seg = 4096, .direct_max = direct[d], .timeout_s = 30 };
 			world_mesh(&w, _i + 2, 1, 1);
 			world_run(&w, runs_ops, (void *)&cases[k]);
@@ -753,8 +761,8 @@ START_TEST(test_runs_bad_args)
 	ck_assert_msg(strstr(err, "reduce_scatter (group 1)") && strstr(err, "4 floats"), "%s", err);
 	ck_assert_int_eq(coll_all_gather_v(cd, &g, v, 2, NULL, err, sizeof(err)), -EINVAL);
 	ck_assert_int_eq(coll_all_reduce_v(cd, &g, bad, 1, err, sizeof(err)), -EINVAL);
-	ck_assert_int_eq(coll_all_reduce_v(cd, &g, v, COLL_MAX_IOV, err, sizeof(err)), -EINVAL);
-	ck_assert_msg(strstr(err, "runs"), "%s", err);
+	ck_assert_int_eq(coll_all_reduce_v(cd, &g, v, -1, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "all_reduce (group 1): invalid run"), "%s", err);
 	coll_dev_free(cd);
 	xport_free(x);
 }
@@ -931,7 +939,7 @@ START_TEST(test_multihost_paths)
 	ck_assert_msg(rc == 0, "hosts %d devices %d %s %s %s: exit %d\n%s", H, D, argv[9], argv[10],
 		      async ? "async" : "sync", rc, out);
 	char want[80];
-	snprintf(want, sizeof(want), "check ok: 9 ops x %d counts on %d devices%s", big ? 6 : 5,
+	snprintf(want, sizeof(want), "check ok: 11 ops x %d counts on %d devices%s", big ? 6 : 5,
 		 H * D, async ? " (async forms)" : "");
 	ck_assert_msg(strstr(out, want), "no '%s' line:\n%s", want, out);
 	ck_assert_msg(!strstr(out, "mismatch"), "%s", out);

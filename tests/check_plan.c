@@ -15,6 +15,7 @@
 #include "host/model/model.h"
 #include "host/mesh/plan.h"
 #include "host/mesh/shard.h"
+#include "host/model/window.h"
 #include "host/optim/optim.h"
 #include "kernels/kernels.h"
 
@@ -210,11 +211,15 @@ START_TEST(test_fsdp_memory)
 	size_t norms = 2 * 2 * 128 + 128, whole = model_numel(m1);
 	ck_assert_uint_eq(model_numel(m), (whole - norms) / 4 + norms);
 	/* windows: embed + lm_head whole and one layer of wq wk wv wo and
-	 * the MLP, for weights and for gradients; the gather and
-	 * reduce-scatter buffers: one of the whole layer each way, one of
-	 * this device's quarter each way */
+	 * the MLP, for weights and for gradients, and one layer's weights
+	 * and gradients more (the gather in flight lands there, the
+	 * reduce-scatter in flight works there, both in place); the
+	 * non-layer group's packed buffers, a gather's and a
+	 * reduce-scatter's: the whole group and this device's quarter each
+	 * (a layer group packs only without the list forms) */
 	size_t layer = 128 * 128 * 2 + 64 * 128 * 2 + 352 * 128 * 3, nl = 2 * 256 * 128;
-	ck_assert_uint_eq(model_window_numel(m), 2 * (nl + layer) + 2 * layer + 2 * (layer / 4));
+	ck_assert_uint_eq(model_window_numel(m), 2 * (nl + layer) + 2 * layer + 2 * (nl + nl / 4));
+	ck_assert_uint_eq(win_packed_numel(model_window(m)), 2 * (layer + layer / 4));
 	/* the windows are a fixed few layers: for a deep model the shards
 	 * save more than they cost, even counting the weights alone (their
 	 * gradients and optimizer state shrink as much again) */

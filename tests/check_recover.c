@@ -9,8 +9,8 @@
  * running link; a link that cannot come back fails the job within
  * link_reconnect_timeout_s, naming the host, its address and what was
  * running; data frames dropped on the way (the drop fault) are resent
- * after the gap breaks the link, through every collective and in
- * training; every link socket carries TCP_USER_TIMEOUT, redials too.
+ * after the gap breaks the link, through every collective (the list
+ * forms' messages over many runs too) and in training; every link socket carries TCP_USER_TIMEOUT, redials too.
  * Needs MESHRUN (the binary) and root (ss -K, pidfd_getfd). */
 #include <check.h>
 #include <dirent.h>
@@ -102,7 +102,7 @@ START_TEST(test_reset_collectives)
 	int killed = reset_during(&p, 2.0, 5, 2.0);
 	ck_assert_msg(proc_wait(&p, 200) == 0, "bench failed:\n%s\n%s", slurp(p.out), slurp(p.err));
 	ck_assert_msg(killed >= 3, "only %d connections were reset", killed);
-	ck_assert_file_has(p.out, "check ok: 9 ops x 4 counts on 3 devices");
+	ck_assert_file_has(p.out, "check ok: 11 ops x 4 counts on 3 devices");
 	ck_assert_file_has(p.err, "resumed after");
 }
 END_TEST
@@ -522,13 +522,34 @@ START_TEST(test_drop_collectives)
 	proc_meshrun(&p, "coll", "bench", "collectives", "--hosts", "3", "--check-counts",
 		    "1000,300000,1000000", faults, (char *)NULL);
 	ck_assert_msg(proc_wait(&p, 120) == 0, "bench failed:\n%s\n%s", slurp(p.out), slurp(p.err));
-	ck_assert_file_has(p.out, "check ok: 9 ops x 3 counts on 3 devices");
+	ck_assert_file_has(p.out, "check ok: 11 ops x 3 counts on 3 devices");
 	ck_assert_int_lt(strlen(faults), sizeof(faults) - 1);
 	int fired = count_of(p.err, "fault: injected drop");
 	ck_assert_msg(fired == 12, "%d of 12 drops fired:\n%s", fired, slurp(p.err));
 	ck_assert_int_ge(count_of(p.err, "frames lost on the way"), 12);
 	/* both ends of each broken link say so */
 	ck_assert_int_ge(count_of(p.err, "resumed after"), 24);
+}
+END_TEST
+
+/* The list forms only (all_gather_v, reduce_scatter_v over runs of 128
+ * floats with gaps: a message over many runs), six data frames dropped
+ * on the ring's links (0->1->2->0 carry their data): each resend of a
+ * message over runs lands right, those of many fragments kept by
+ * reference to its runs and the one-fragment ones copied. */
+START_TEST(test_drop_lists)
+{
+	struct proc p;
+	proc_meshrun(&p, "lists", "bench", "collectives", "--hosts", "3", "--check-counts",
+		    "300000,1000000", "--check-lists",
+		    "faults=drop:link=0-1:frame=5,drop:link=1-2:frame=30,drop:link=2-0:frame=60,"
+		    "drop:link=0-1:frame=150,drop:link=1-2:frame=220,drop:link=2-0:frame=300",
+		    (char *)NULL);
+	ck_assert_msg(proc_wait(&p, 120) == 0, "bench failed:\n%s\n%s", slurp(p.out), slurp(p.err));
+	ck_assert_file_has(p.out, "check ok: 2 ops x 2 counts on 3 devices");
+	int fired = count_of(p.err, "fault: injected drop");
+	ck_assert_msg(fired == 6, "%d of 6 drops fired:\n%s", fired, slurp(p.err));
+	ck_assert_int_ge(count_of(p.err, "frames lost on the way"), 6);
 }
 END_TEST
 
@@ -677,6 +698,7 @@ static Suite *recover_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 200);
 	tcase_add_test(tc, test_drop_collectives);
+	tcase_add_test(tc, test_drop_lists);
 	tcase_add_test(tc, test_drop_training);
 	suite_add_tcase(s, tc);
 

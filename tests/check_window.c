@@ -75,10 +75,89 @@ static int reduce_scatter(void *ctx, uint32_t axes, float *out, const float *in,
 	return rc;
 }
 
+/* The list form, in place: each device's runs are the members' blocks
+ * in rank order; a device copies block b from device b's list. */
+struct runs {
+	const struct model_run *run;
+	int nrun;
+	size_t count;
+};
+
+/* The float at position pos of a list's concatenation. */
+static float *run_at(const struct runs *x, size_t pos)
+{
+	for (int i = 0; i < x->nrun; i++) {
+		if (pos < x->run[i].n)
+			return x->run[i].buf + pos;
+		pos -= x->run[i].n;
+	}
+	ck_abort_msg("position past the runs");
+	return NULL;
+}
+
+static struct runs lists[2];
+
+static int start_all_gather_v(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
+			      const size_t *counts, void **h)
+{
+	struct dev *d = ctx;
+	ck_assert_uint_eq(axes, 1u << AX_FSDP);
+	ck_assert_uint_eq(counts[0], counts[1]);
+	int rc = note(d, 'v');
+	lists[d->me] = (struct runs){ run, nrun, counts[0] };
+	pthread_barrier_wait(&d->p->bar);
+	int o = 1 - d->me;  /* the other's block: from its list */
+	for (size_t e = 0; e < counts[o]; e++)
+		*run_at(&lists[d->me], (size_t)o * counts[0] + e) = *run_at(&lists[o], (size_t)o * counts[0] + e);
+	pthread_barrier_wait(&d->p->bar);
+	*h = d;
+	return rc;
+}
+
+/* The list reduce-scatter, in place: started, it keeps a copy of the
+ * runs; the wait sums (so whatever the window does with the gradient
+ * window in between shows): each device's own block += the other's. */
+static struct model_run *slist[2];
+static struct runs slists[2];
+static int stoken[2];
+
+static int start_reduce_scatter_v(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
+				  const size_t *counts, void **h)
+{
+	struct dev *d = ctx;
+	ck_assert_uint_eq(axes, 1u << AX_FSDP);
+	ck_assert_uint_eq(counts[0], counts[1]);
+	int rc = note(d, 'w');
+	slist[d->me] = malloc(sizeof(*run) * (size_t)nrun);
+	memcpy(slist[d->me], run, sizeof(*run) * (size_t)nrun);
+	slists[d->me] = (struct runs){ slist[d->me], nrun, counts[0] };
+	*h = &stoken[d->me];
+	return rc;
+}
+
+static int wait_h(void *ctx, void *h)
+{
+	struct dev *d = ctx;
+	if (h != &stoken[d->me])
+		return 0;
+	struct runs *me = &slists[d->me], *o = &slists[1 - d->me];
+	size_t c = me->count, b = (size_t)d->me * c;
+	float *sum = malloc(sizeof(float) * (c + 1));
+	pthread_barrier_wait(&d->p->bar);
+	for (size_t e = 0; e < c; e++)
+		sum[e] = *run_at(me, b + e) + *run_at(o, b + e);
+	pthread_barrier_wait(&d->p->bar);
+	for (size_t e = 0; e < c; e++)
+		*run_at(me, b + e) = sum[e];
+	free(sum);
+	free(slist[d->me]);
+	return 0;
+}
+
 /* The test's config: 3 layers, fsdp=2 on one host. */
 static void fsdp_cfg(struct cfg *c, int fsdp)
 {
-	const char *kv[] = { "vocab_size=32", "base_emb_dim=16", "base_num_query_heads=2", "base_num_kv_heads=2",
+	const char *kv[] = { "vocab_size=32", "base_emb_dim=128", "base_num_query_heads=2", "base_num_kv_heads=2",
 			     "base_mlp_dim=24", "max_target_length=4", "base_num_decoder_layers=3", NULL };
 	cfg_defaults(c);
 	for (const char *const *k = kv; *k; k++)
@@ -145,9 +224,16 @@ static const struct param_info *param(struct model *m, const char *name)
 	return p;
 }
 
+/* Parameter id in m, or NULL when m has none. */
+static const struct param_info *param_id(const struct model *m, int id)
+{
+	return m->pidx[id] >= 0 ? &m->p[id] : NULL;
+}
+
 /* ---- gathers ---- */
 
 static int rc_of[2];
+static size_t listed_copies[2];
 
 static void *gather_layers(void *arg)
 {
@@ -191,13 +277,78 @@ START_TEST(test_gather_whole_in_order)
 }
 END_TEST
 
+/* The same gathers over the list form: every gathered layer tensor's
+ * element equals the whole model's, and the window copied this device's
+ * shards only (column-split blocks too: a row a run). */
+static void *gather_listed(void *arg)
+{
+	struct dev *d = arg;
+	struct model_step st = { .comm = &d->comm };
+	struct win *w = model_window(d->m);
+	d->comm.start_all_gather_v = start_all_gather_v;
+	d->comm.wait = wait_h;
+	model_step_begin(d->m, &st);
+	size_t c0 = win_copied(w);
+	rc_of[d->me] = 0;
+	win_gather_start(w, 1, 1, 2);
+	win_gather_start(w, 2, 2, 3);
+	for (int l = 1; l < 3; l++) {
+		/* layer 2's gather goes out while layer 1 is READY: it lands in
+		 * the window more */
+		rc_of[d->me] |= win_wait(w, l);
+		for (int id = 0; id < P_COUNT && d->me == 0; id++) {
+			const struct param_info *pw = param_id(whole, id), *pd = param_id(d->m, id);
+			if (!pw || !pd || !pw->stacked || !(pd->split & (1u << AX_FSDP)))
+				continue;
+			const float *want = model_params(whole) + pw->offset + pw->numel / 3 * (size_t)l;
+			const float *got = win_block(w, false, id, l);
+			for (size_t i = 0; i < pw->numel / 3; i++)
+				ck_assert_msg(got[i] == want[i], "%s layer %d element %zu: %g vs %g",
+					      pw->name, l, i, got[i], want[i]);
+		}
+		win_release(w, l);
+	}
+	listed_copies[d->me] = win_copied(w) - c0;
+	rc_of[d->me] |= model_step_end(d->m);
+	return NULL;
+}
+
+START_TEST(test_gather_listed_in_place)
+{
+	both(gather_listed);
+	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+	ck_assert_str_eq(pair.order, "vv");
+	/* two layers' own shards (half of each layer's gathered floats),
+	 * copied into their blocks, the column-split tensors' too (the
+	 * packed gather copies every tensor 3 x own) */
+	size_t own = 0, cols = 0;
+	for (int id = 0; id < P_COUNT; id++) {
+		const struct param_info *p = param_id(devs[0].m, id), *pw = param_id(whole, id);
+		if (!p || !p->stacked || !(p->split & (1u << AX_FSDP)))
+			continue;
+		own += p->numel / (size_t)p->shape[0] * 2;
+		cols += p->shape[p->ndim - 1] != pw->shape[p->ndim - 1];
+	}
+	ck_assert_uint_gt(cols, 0);  /* some blocks are many short rows */
+	ck_assert_uint_eq(listed_copies[0], own);
+}
+END_TEST
+
 /* ---- reduce-scatter ---- */
+
+static bool scatter_listed;
+static size_t scatter_copies[2];
 
 static void *scatter_layer(void *arg)
 {
 	struct dev *d = arg;
 	struct model_step st = { .comm = &d->comm };
 	struct win *w = model_window(d->m);
+	if (scatter_listed) {
+		d->comm.start_all_gather_v = start_all_gather_v;
+		d->comm.start_reduce_scatter_v = start_reduce_scatter_v;
+		d->comm.wait = wait_h;
+	}
 	memset(model_grads(d->m), 0, model_numel(d->m) * sizeof(float));
 	model_step_begin(d->m, &st);
 	win_gather_start(w, 1, 0, 1);
@@ -208,14 +359,24 @@ static void *scatter_layer(void *arg)
 	float *g = win_block(w, true, P_WQ, 0);
 	for (size_t i = 0; i < pw->numel / 3; i++)
 		g[i] = (float)(d->me + 1) * (float)(i % 7);
+	size_t c0 = win_copied(w);
 	rc_of[d->me] |= win_scatter_start(w, 1);
+	/* the slot's gradients are free at once: written before the
+	 * reduce-scatter in flight lands, they change nothing of it */
+	win_zero_grads(w, 1);
+	g = win_block(w, true, P_WQ, 0);
+	for (size_t i = 0; i < pw->numel / 3; i++)
+		g[i] = 1000.0f;
 	rc_of[d->me] |= win_scatter_finish(w);
+	scatter_copies[d->me] = win_copied(w) - c0;
 	win_release(w, 1);
 	rc_of[d->me] |= model_step_end(d->m);
 	return NULL;
 }
 
-START_TEST(test_scatter_sums_into_shards)
+/* Both devices scatter layer 0's wq gradients (packed, or in place
+ * with scatter_listed); the sums in the shards, the copies. */
+static void scatter_check(void)
 {
 	both(scatter_layer);
 	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
@@ -238,7 +399,34 @@ START_TEST(test_scatter_sums_into_shards)
 		for (size_t k = 0; k < (size_t)lr * lc; k++)
 			ck_assert(g[(size_t)lr * lc + k] == 0);
 	}
-	ck_assert_str_eq(pair.order, "gs");
+	if (!scatter_listed) {
+		ck_assert_str_eq(pair.order, "gs");
+		return;
+	}
+	/* in place over the gradient window's rows: the only copy is this
+	 * device's block added into its shards (the packed one also packs
+	 * every member's blocks: 3 x) */
+	ck_assert_str_eq(pair.order, "vw");
+	size_t own = 0;
+	for (int id = 0; id < P_COUNT; id++) {
+		const struct param_info *p = param_id(devs[0].m, id);
+		if (p && p->stacked && (p->split & (1u << AX_FSDP)) && p->opt != OPT_NONE)
+			own += p->numel / (size_t)p->shape[0];
+	}
+	ck_assert_uint_eq(scatter_copies[0], own);
+}
+
+START_TEST(test_scatter_sums_into_shards)
+{
+	scatter_listed = false;
+	scatter_check();
+}
+END_TEST
+
+START_TEST(test_scatter_listed_in_place)
+{
+	scatter_listed = true;
+	scatter_check();
 }
 END_TEST
 
@@ -324,7 +512,9 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_gather_whole_in_order);
+	tcase_add_test(tc, test_gather_listed_in_place);
 	tcase_add_test(tc, test_scatter_sums_into_shards);
+	tcase_add_test(tc, test_scatter_listed_in_place);
 	tcase_add_test(tc, test_failure_stops_collectives);
 	tcase_add_test(tc, test_poison_and_zero);
 	tcase_add_test(tc, test_sizes);

@@ -50,6 +50,10 @@ struct ccase {
 	size_t count;             /* floats: see setup() */
 	int shift, root;
 	bool uneven;
+	/* all_gather and reduce_scatter in their list forms (coll_*_v):
+	 * the concatenation is runs of `run` floats, each at a stride of
+	 * run + 1 in s->lst (a gap float between runs that must survive) */
+	size_t run;
 };
 
 struct dev_state {
@@ -59,6 +63,11 @@ struct dev_state {
 	struct mesh_group mg;
 	float *in, *out;
 	size_t cap_in, cap_out;
+	float *lst;               /* a list case's runs (struct ccase.run) */
+	size_t cap_lst;
+	struct coll_iov *iov;
+	size_t cap_iov;
+	int niov;
 	size_t *sb, *rb;          /* all_to_all sizes, bytes */
 	size_t first_bad;         /* first wrong element, or SIZE_MAX */
 	float got, want;
@@ -67,7 +76,7 @@ struct dev_state {
 
 static int reserve(float **p, size_t *cap, size_t n)
 {
-	if (n <= *cap)
+	if (n <= *cap && *p)  /* never NULL, even for 0 (memset's argument) */
 		return 0;
 	free(*p);
 	*p = malloc(n * sizeof(float) + 64);
@@ -76,6 +85,41 @@ static int reserve(float **p, size_t *cap, size_t n)
 		return -1;
 	}
 	*cap = n;
+	return 0;
+}
+
+#define LIST_GAP 7777.0f
+
+/* A list case (c->run): all_gather's own block, or reduce_scatter's
+ * whole input, laid out over runs with gaps; the same values as the
+ * contiguous op's. */
+static int setup_list(struct dev_state *s, const struct ccase *c, int salt)
+{
+	int n = s->g.n, r = s->g.rank, dev = s->dc->device_id;
+	size_t total = c->count * (size_t)n, run = c->run, nrun = (total + run - 1) / run;
+	if (reserve(&s->lst, &s->cap_lst, total + nrun + 1))
+		return -1;
+	if (nrun + 1 > s->cap_iov) {
+		free(s->iov);
+		s->cap_iov = 0;
+		if (!(s->iov = malloc(sizeof(*s->iov) * (nrun + 1))))
+			return -1;
+		s->cap_iov = nrun + 1;
+	}
+	s->niov = (int)nrun;
+	for (size_t j = 0; j < nrun; j++)
+		s->iov[j] = (struct coll_iov){ s->lst + j * (run + 1),
+					      total - j * run < run ? total - j * run : run };
+	for (size_t k = 0; k < total + nrun; k++)
+		s->lst[k] = LIST_GAP;
+	for (size_t k = 0; k < total; k++) {
+		bool mine = k / c->count == (size_t)r;
+		if (c->op == B_RS || mine)
+			s->lst[k + k / run] = c->op == B_RS ? val(dev, k, salt)
+							     : val(dev, k % c->count, salt);
+	}
+	for (int b = 0; b < n; b++)
+		s->sb[b] = c->count;    /* the blocks' counts (floats) */
 	return 0;
 }
 
@@ -101,6 +145,8 @@ static int setup(struct dev_state *s, const struct ccase *c, int salt)
 	}
 	if (reserve(&s->in, &s->cap_in, nin) || reserve(&s->out, &s->cap_out, nout))
 		return -1;
+	if (c->run)
+		return setup_list(s, c, salt);
 	switch (c->op) {
 	case B_AG:
 	case B_RS:
@@ -136,6 +182,11 @@ static struct coll_handle *start_async(struct dev_state *s, const struct ccase *
 				       size_t errlen)
 {
 	size_t cnt = c->count;
+	if (c->run)
+		return c->op == B_AG ? coll_all_gather_v_async(s->cd, &s->g, s->iov, s->niov, s->sb,
+							       err, errlen)
+				     : coll_reduce_scatter_v_async(s->cd, &s->g, s->iov, s->niov,
+								   s->sb, err, errlen);
 	switch (c->op) {
 	case B_AG:
 		return coll_all_gather_async(s->cd, &s->g, s->out, s->in, cnt * sizeof(float), err,
@@ -166,6 +217,11 @@ static int run_case(struct dev_state *s, const struct ccase *c, char *err, size_
 		return coll_wait(h, xport_now_ns() + (uint64_t)(s->dc->cfg->collective_timeout_s * 1e9),
 				 err, errlen);
 	}
+	if (c->run)
+		return c->op == B_AG ? coll_all_gather_v(s->cd, &s->g, s->iov, s->niov, s->sb, err,
+							 errlen)
+				     : coll_reduce_scatter_v(s->cd, &s->g, s->iov, s->niov, s->sb, err,
+							     errlen);
 	switch (c->op) {
 	case B_AG:
 		return coll_all_gather(s->cd, &s->g, s->out, s->in, cnt * sizeof(float), err, errlen);
@@ -194,6 +250,23 @@ static void note_bad(struct dev_state *s, size_t idx, float got, float want, uin
 	(*wrong)++;
 }
 
+/* A list case: every run's gap intact, and the output (all_gather's
+ * concatenation, reduce_scatter's own block) moved to s->out for the
+ * checks of the contiguous op. */
+static uint64_t list_out(struct dev_state *s, const struct ccase *c)
+{
+	size_t total = c->count * (size_t)s->g.n, run = c->run, nrun = (total + run - 1) / run;
+	uint64_t wrong = 0;
+	for (size_t j = 0; j + 1 < nrun; j++)
+		if (s->lst[j * (run + 1) + run] != LIST_GAP)
+			note_bad(s, j * (run + 1) + run, s->lst[j * (run + 1) + run], LIST_GAP, &wrong);
+	size_t k0 = c->op == B_AG ? 0 : (size_t)s->g.rank * c->count;
+	size_t nk = c->op == B_AG ? total : c->count;
+	for (size_t k = 0; k < nk; k++)
+		s->out[k] = s->lst[k0 + k + (k0 + k) / run];
+	return wrong;
+}
+
 /* Counts elements of the output that differ from the expected result. */
 static uint64_t verify(struct dev_state *s, const struct ccase *c, int salt)
 {
@@ -202,6 +275,8 @@ static uint64_t verify(struct dev_state *s, const struct ccase *c, int salt)
 	size_t cnt = c->count;
 	uint64_t wrong = 0;
 	s->first_bad = SIZE_MAX;
+	if (c->run && (wrong = list_out(s, c)))
+		return wrong;
 	switch (c->op) {
 	case B_AG:
 		for (size_t k = 0; k < cnt * (size_t)n; k++) {
@@ -338,6 +413,8 @@ static void case_label(const struct ccase *c, char *buf, size_t len)
 		snprintf(buf, len, "%s shift %+d", bop_names[c->op], c->shift);
 	else if (c->op == B_BCAST)
 		snprintf(buf, len, "%s root %d", bop_names[c->op], c->root);
+	else if (c->run)
+		snprintf(buf, len, "%s_v runs %zu", bop_names[c->op], c->run);
 	else
 		snprintf(buf, len, "%s", bop_names[c->op]);
 }
@@ -353,15 +430,25 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 		struct ccase cases[16];
 		int nc = 0;
 		size_t cnt = o->counts[ci];
-		cases[nc++] = (struct ccase){ .op = B_AG, .count = cnt };
-		cases[nc++] = (struct ccase){ .op = B_RS, .count = cnt };
-		cases[nc++] = (struct ccase){ .op = B_AR, .count = cnt };
-		cases[nc++] = (struct ccase){ .op = B_A2A, .count = cnt, .uneven = true };
-		cases[nc++] = (struct ccase){ .op = B_PERM, .count = cnt, .shift = 1 };
-		cases[nc++] = (struct ccase){ .op = B_PERM, .count = cnt, .shift = -1 };
-		cases[nc++] = (struct ccase){ .op = B_PERM, .count = cnt, .shift = 2 };
-		cases[nc++] = (struct ccase){ .op = B_BCAST, .count = cnt, .root = 0 };
-		cases[nc++] = (struct ccase){ .op = B_BCAST, .count = cnt, .root = n - 1 };
+		if (!o->lists_only) {
+			cases[nc++] = (struct ccase){ .op = B_AG, .count = cnt };
+			cases[nc++] = (struct ccase){ .op = B_RS, .count = cnt };
+			cases[nc++] = (struct ccase){ .op = B_AR, .count = cnt };
+			cases[nc++] = (struct ccase){ .op = B_A2A, .count = cnt, .uneven = true };
+			cases[nc++] = (struct ccase){ .op = B_PERM, .count = cnt, .shift = 1 };
+			cases[nc++] = (struct ccase){ .op = B_PERM, .count = cnt, .shift = -1 };
+			cases[nc++] = (struct ccase){ .op = B_PERM, .count = cnt, .shift = 2 };
+			cases[nc++] = (struct ccase){ .op = B_BCAST, .count = cnt, .root = 0 };
+			cases[nc++] = (struct ccase){ .op = B_BCAST, .count = cnt, .root = n - 1 };
+		}
+		/* the list forms over FSDP rows, a message over many runs of
+		 * 128 floats; beside the others at most 256K floats a rank
+		 * (their lines say the count: a test's time), above that over
+		 * runs of 8192 (longer than a record: written where they lie) */
+		size_t cap = o->lists_only ? SIZE_MAX : (1u << 18), lc = cnt < cap ? cnt : cap;
+		size_t run = cnt > (1u << 18) ? 8192 : 128;
+		cases[nc++] = (struct ccase){ .op = B_AG, .count = lc, .run = run };
+		cases[nc++] = (struct ccase){ .op = B_RS, .count = lc, .run = run };
 		for (int k = 0; k < nc; k++) {
 			const struct ccase *c = &cases[k];
 			char label[64];
@@ -379,7 +466,7 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 			struct rank_stat mine = { .wrong = verify(s, c, salt) };
 			if (mine.wrong)
 				fprintf(stderr, "mismatch: %s count %zu on device %d: element %zu is %.9g, "
-					"want %.9g (%llu wrong)\n", label, cnt, dc->device_id,
+					"want %.9g (%llu wrong)\n", label, c->count, dc->device_id,
 					s->first_bad, s->got, s->want, (unsigned long long)mine.wrong);
 			if ((rc = gather_stats(s, &mine, all, dc->err, sizeof(dc->err))))
 				return -EHOSTDOWN;
@@ -388,7 +475,7 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 				w += all[p].wrong;
 			total_wrong += w;
 			if (dc->device_id == 0)
-				printf("check %-18s count %-9zu wrong %llu\n", label, cnt,
+				printf("check %-18s count %-9zu wrong %llu\n", label, c->count,
 				       (unsigned long long)w);
 		}
 	}
@@ -396,7 +483,8 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 		if (total_wrong)
 			printf("check failed: %llu wrong elements\n", (unsigned long long)total_wrong);
 		else
-			printf("check ok: %d ops x %d counts on %d devices%s\n", 9, o->ncounts, n,
+			printf("check ok: %d ops x %d counts on %d devices%s\n", o->lists_only ? 2 : 11,
+			       o->ncounts, n,
 			       o->async ? " (async forms)" : "");
 		fflush(stdout);
 	}
@@ -580,6 +668,8 @@ out:
 	free(s->sb);
 	free(s->in);
 	free(s->out);
+	free(s->lst);
+	free(s->iov);
 	free(s);
 	return rc;
 }

@@ -27,6 +27,8 @@ struct bench_opts {
 	bool corrupt;             /* test hook: corrupt one result element */
 	bool barrier;             /* a barrier before each timed iteration */
 	bool async;               /* the _async forms and coll_wait, where they exist */
+	bool lists_only;          /* check mode: only the list forms (a test's
+				   * faults land in their messages) */
 };
 
 /* An agent_job_fn; dev->job_arg is a const struct bench_opts. Global

@@ -40,6 +40,12 @@ static inline size_t param_slice_numel(const struct param_info *p)
 	return p->stacked ? p->numel / (size_t)p->shape[0] : p->numel;
 }
 
+/* One run of floats a list collective works on where it lies. */
+struct model_run {
+	float *buf;
+	size_t n;
+};
+
 /* Collectives over the devices that differ from this one only on `axes`
  * (a mask of 1 << AX_*), ordered as mesh_group orders them. Each returns
  * 0 or a negative errno and keeps its message for the caller; the model
@@ -58,6 +64,18 @@ struct model_comm {
 	 * return gradients while the next layer's backward runs. */
 	int (*start_all_gather)(void *ctx, uint32_t axes, void *out, const void *in, size_t bytes, void **h);
 	int (*start_reduce_scatter)(void *ctx, uint32_t axes, float *out, const float *in, size_t n, void **h);
+	/* Optional too (NULL: the window packs): start_all_gather over a list
+	 * of runs, in place. The concatenation of run[0 .. nrun) is the
+	 * members' blocks in rank order, block b counts[b] floats; the
+	 * caller's own block holds its input, and on wait(h) every block
+	 * holds its member's. run and counts may be reused on return. */
+	int (*start_all_gather_v)(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
+				  const size_t *counts, void **h);
+	/* Optional too (NULL: the window packs): start_reduce_scatter over
+	 * such a list, in place: on wait(h) the caller's own block holds
+	 * the sum over members of theirs (the others partial sums). */
+	int (*start_reduce_scatter_v)(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
+				      const size_t *counts, void **h);
 	/* Optional too (NULL: the batch split exchanges synchronously): an
 	 * all_to_all in the background, waited with wait(h); the byte
 	 * arrays may be reused on return. name says what it carries ("disp
@@ -70,6 +88,10 @@ struct model_comm {
 	 * "layer 3 fwd"). */
 	void (*span)(void *ctx, const char *name, double t0, double t1);
 	void *ctx;
+	/* Optional (NULL): where a hook-less failure (the FSDP window out of
+	 * memory) writes its one-line message. */
+	char *err;
+	size_t errlen;
 };
 
 #endif

@@ -1,9 +1,16 @@
 /* The FSDP weight window of host/model/window.h: slots, gathers into
- * them, reduce-scatters out of them. A gather sends this device's shards
- * of a group's tensors packed per gather group (the tensors gathered over
- * the same axes), receives every member's packs and places each member's
- * blocks into the compute-shaped window; a reduce-scatter is the
- * transpose. */
+ * them, reduce-scatters out of them. A gather of a group goes per gather
+ * group (the tensors gathered over the same axes). With the comm's list
+ * form it lands in the window where the weights lie: this device's
+ * shards are copied into their blocks, and the list of every member's
+ * blocks' rows is all-gathered in place, one collective (a segment of it
+ * is one message over however many rows it spans). Otherwise (no list
+ * form, or the non-layer window held) it sends this device's shards
+ * packed, receives every member's packs and places each member's blocks
+ * into the compute-shaped window. A layer group's reduce-scatter is the
+ * transpose: in place over the same rows of its gradient window, this
+ * device's block then added into the gradient shards; the non-layer
+ * group's (and every one without the list form) packs. */
 #include "host/model/window.h"
 
 #include <assert.h>
@@ -12,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <stdio.h>
+
 #define WIN_MAX_GROUPS 8            /* distinct gather axis sets */
 
 enum slot_state { SLOT_FREE, SLOT_GATHERING, SLOT_READY };
@@ -19,7 +28,9 @@ enum slot_state { SLOT_FREE, SLOT_GATHERING, SLOT_READY };
 struct win_slot {
 	enum slot_state state;
 	int l0, l1;                 /* the group it holds */
-	int win;                    /* READY: its window (layer groups), else -1 */
+	int win;                    /* its weight window (layer groups, from the
+				     * moment its gather goes out), else -1 */
+	int gwin;                   /* READY: its gradient window (layer groups), else -1 */
 };
 
 struct win {
@@ -31,21 +42,44 @@ struct win {
 	size_t cnum[2];             /* compute-shaped floats: [0] non-layer, [1] one layer */
 	size_t snum[2];             /* this device's shards of them */
 	struct mesh_members gg[WIN_MAX_GROUPS];  /* gather groups */
+	int grank[WIN_MAX_GROUPS];  /* this device's rank in each */
 	int ngg;
 	/* buffers: the non-layer group's weights and gradients, each layer
 	 * window's; the packed buffers a gather sends from (part) and lands
 	 * in (whole), and a reduce-scatter sends from (whole) and receives in
-	 * (part) */
-	void *mem;
+	 * (part): pk[0] the non-layer group's, pk[1] a layer group's (only
+	 * without the comm's list forms, allocated then: lmem) */
+	void *mem, *lmem;
 	float *wnl, *gnl;
-	float **wl, **gl;           /* [lo.windows] lcap layers each */
-	float *gsend, *grecv, *ssend, *srecv;
+	float **wl, **gl;           /* [lo.windows + 1] each, lcap layers each:
+				     * one weight window more for the gather in
+				     * flight to land in, one gradient window
+				     * more for the reduce-scatter in flight */
+	struct packs {
+		float *gsend, *grecv, *ssend, *srecv;
+	} pk[2];
 	void *gh[WIN_MAX_GROUPS], *sh[WIN_MAX_GROUPS];
 	float *params, *grads;
 	/* state */
 	int nslots;                 /* lo.windows + 2 */
 	struct win_slot *slot;      /* [nslots] */
-	int *owner;                 /* [lo.windows] the READY slot in each layer window, or -1 */
+	int *owner;                 /* [lo.windows + 1] the slot (READY, or its gather
+				     * in flight) in each layer weight window, or -1 */
+	int *gowner;                /* [lo.windows + 1] the READY slot in each
+				     * gradient window, or -1 (GW_SCATTER: the
+				     * reduce-scatter in flight's) */
+	int sgwin;                  /* the reduce-scatter in flight's gradient
+				     * window (in place), or -1 */
+	/* a list collective's runs (every member's rows, members in rank
+	 * order, adjacent ones merged; grown on demand) and each member's
+	 * count; which gather groups of the gather in flight went as lists,
+	 * and of the reduce-scatter in flight; where the packed ones land */
+	struct model_run *run;
+	int runcap;
+	size_t counts[MESH_MAX_DEVICES];
+	bool listed[WIN_MAX_GROUPS], slisted[WIN_MAX_GROUPS];
+	size_t sbase[WIN_MAX_GROUPS];
+	size_t copied;              /* floats the window copied (packs, places, sums) */
 	int nl_ready;               /* the READY non-layer slot, or -1 */
 	int landing;                /* slot whose gather is in flight, or -1 */
 	int *queue, qn;             /* GATHERING slots not started yet, oldest first */
@@ -85,14 +119,23 @@ static float *storage(const struct win *w, float *buf, int i, int l)
 	return buf + p->offset + (p->stacked ? param_slice_numel(p) * (size_t)slice_of(w, i, l) : 0);
 }
 
+#define GW_SCATTER (-2)
+
+/* Tensor i's compute-shaped block for layer l in layer window base
+ * (holding layers from l0), or the non-layer window's (grads or not). */
+static float *block_in(const struct win *w, float *base, bool grads, int i, int l, int l0)
+{
+	if (!w->t[i].p->stacked)
+		return (grads ? w->gnl : w->wnl) + w->woff[i];
+	return base + (size_t)(l - l0) * w->cnum[1] + w->woff[i];
+}
+
 /* Tensor i's compute-shaped block for layer l of the group in READY slot k. */
 static float *block(const struct win *w, bool grads, int i, int l, int k)
 {
 	const struct win_slot *s = &w->slot[k];
-	if (!w->t[i].p->stacked)
-		return (grads ? w->gnl : w->wnl) + w->woff[i];
-	float *base = grads ? w->gl[s->win] : w->wl[s->win];
-	return base + (size_t)(l - s->l0) * w->cnum[1] + w->woff[i];
+	float *base = !w->t[i].p->stacked ? NULL : grads ? w->gl[s->gwin] : w->wl[s->win];
+	return block_in(w, base, grads, i, l, s->l0);
 }
 
 /* Floats group [l0, l1) packs for gather group gg (per member). */
@@ -128,6 +171,7 @@ static void place_blocks(struct win *w, const struct mesh_members *gg, int ks, b
 				off += param_slice_numel(p);
 			}
 	}
+	w->copied += pack * (size_t)gg->n;
 }
 
 static int add_gather_group(struct win *w, uint32_t axes, int dev)
@@ -137,10 +181,16 @@ static int add_gather_group(struct win *w, uint32_t axes, int dev)
 			return 0;
 	if (w->ngg == WIN_MAX_GROUPS)
 		return -ENOSPC;
-	int rc = mesh_members_init(w->mesh, dev, axes, &w->gg[w->ngg]);
-	if (!rc)
-		w->ngg++;
-	return rc;
+	struct mesh_members *gg = &w->gg[w->ngg];
+	int rc = mesh_members_init(w->mesh, dev, axes, gg), me[AX_COUNT];
+	if (rc)
+		return rc;
+	mesh_coords(w->mesh, dev, me);
+	for (int r = 0; r < gg->n; r++)
+		if (!memcmp(gg->coord[r], me, sizeof(me)))
+			w->grank[w->ngg] = r;
+	w->ngg++;
+	return 0;
 }
 
 struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *t, int n,
@@ -154,20 +204,21 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->n = n;
 	w->lo = *lo;
 	w->nslots = lo->windows + 2;
-	w->landing = w->nl_ready = -1;
+	w->landing = w->nl_ready = w->sgwin = -1;
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
-	w->wl = calloc((size_t)lo->windows, sizeof(*w->wl));
-	w->gl = calloc((size_t)lo->windows, sizeof(*w->gl));
-	w->owner = malloc(sizeof(*w->owner) * (size_t)lo->windows);
+	w->wl = calloc((size_t)lo->windows + 1, sizeof(*w->wl));
+	w->gl = calloc((size_t)lo->windows + 1, sizeof(*w->gl));
+	w->owner = malloc(sizeof(*w->owner) * ((size_t)lo->windows + 1));
+	w->gowner = malloc(sizeof(*w->gowner) * ((size_t)lo->windows + 1));
 	w->slot = calloc((size_t)w->nslots, sizeof(*w->slot));
 	w->queue = malloc(sizeof(*w->queue) * (size_t)w->nslots);
-	if (!w->t || !w->woff || !w->wl || !w->gl || !w->owner || !w->slot || !w->queue)
+	if (!w->t || !w->woff || !w->wl || !w->gl || !w->owner || !w->gowner || !w->slot || !w->queue)
 		goto fail;
-	for (int j = 0; j < lo->windows; j++)
-		w->owner[j] = -1;
+	for (int j = 0; j <= lo->windows; j++)
+		w->owner[j] = w->gowner[j] = -1;
 	for (int k = 0; k < w->nslots; k++)
-		w->slot[k].win = -1;
+		w->slot[k].win = w->slot[k].gwin = -1;
 	memcpy(w->t, t, sizeof(*w->t) * (size_t)n);
 	/* the non-layer tensors, then one slice of every stacked one */
 	for (int i = 0; i < n; i++) {
@@ -193,30 +244,41 @@ void win_free(struct win *w)
 	for (int k = 0; k < w->ngg; k++)
 		mesh_members_free(&w->gg[k]);
 	free(w->mem);
+	free(w->lmem);
 	free(w->woff);
 	free(w->t);
 	free(w->wl);
 	free(w->gl);
 	free(w->owner);
+	free(w->gowner);
+	free(w->run);
 	free(w->slot);
 	free(w->queue);
 	free(w);
 }
 
-/* The largest packed group (whole: what a gather receives and a
- * reduce-scatter sends) and the largest shard of one (part). */
-static void packed_sizes(const struct win *w, size_t *whole, size_t *part)
+/* A packed group (whole: what a gather receives and a reduce-scatter
+ * sends) and its shard (part): the non-layer group's, or a layer
+ * group's. */
+static void packed_sizes(const struct win *w, bool layer, size_t *whole, size_t *part)
 {
-	size_t lw = (size_t)w->lo.lcap * w->cnum[1], lp = (size_t)w->lo.lcap * w->snum[1];
-	*whole = w->cnum[0] > lw ? w->cnum[0] : lw;
-	*part = w->snum[0] > lp ? w->snum[0] : lp;
+	*whole = layer ? (size_t)w->lo.lcap * w->cnum[1] : w->cnum[0];
+	*part = layer ? (size_t)w->lo.lcap * w->snum[1] : w->snum[0];
 }
 
 size_t win_numel(const struct win *w)
 {
 	size_t whole, part;
-	packed_sizes(w, &whole, &part);
-	return 2 * (w->cnum[0] + (size_t)w->lo.windows * w->lo.lcap * w->cnum[1]) + 2 * whole + 2 * part;
+	packed_sizes(w, false, &whole, &part);
+	return 2 * w->cnum[0] + (2 * (size_t)w->lo.windows + 2) * w->lo.lcap * w->cnum[1] +
+	       2 * (whole + part);
+}
+
+size_t win_packed_numel(const struct win *w)
+{
+	size_t whole, part;
+	packed_sizes(w, true, &whole, &part);
+	return 2 * (whole + part);
 }
 
 static float *take(char *base, size_t *used, size_t n)
@@ -226,22 +288,49 @@ static float *take(char *base, size_t *used, size_t n)
 	return p;
 }
 
+/* Cuts a group's packed buffers out of base at *used. */
+static void lay_packs(struct win *w, bool layer, char *base, size_t *used)
+{
+	size_t whole, part;
+	packed_sizes(w, layer, &whole, &part);
+	w->pk[layer].gsend = take(base, used, part);
+	w->pk[layer].grecv = take(base, used, whole);
+	w->pk[layer].ssend = take(base, used, whole);
+	w->pk[layer].srecv = take(base, used, part);
+}
+
 /* Cuts the buffers out of base (NULL: only counts); returns the bytes. */
 static size_t lay_out(struct win *w, char *base)
 {
-	size_t used = 0, whole, part, nl = w->cnum[0], lay = (size_t)w->lo.lcap * w->cnum[1];
-	packed_sizes(w, &whole, &part);
+	size_t used = 0, nl = w->cnum[0], lay = (size_t)w->lo.lcap * w->cnum[1];
 	w->wnl = take(base, &used, nl);
 	w->gnl = take(base, &used, nl);
-	for (int j = 0; j < w->lo.windows; j++) {
+	for (int j = 0; j <= w->lo.windows; j++) {
 		w->wl[j] = take(base, &used, lay);
 		w->gl[j] = take(base, &used, lay);
 	}
-	w->gsend = take(base, &used, part);
-	w->grecv = take(base, &used, whole);
-	w->ssend = take(base, &used, whole);
-	w->srecv = take(base, &used, part);
+	lay_packs(w, false, base, &used);
 	return used;
+}
+
+/* A layer group's packed buffers, the first time one packs (the comm
+ * has no list form); 0, or -ENOMEM with a message in the comm's err. */
+static int layer_packs(struct win *w)
+{
+	size_t used = 0;
+	if (w->lmem)
+		return 0;
+	lay_packs(w, true, NULL, &used);
+	if (!(w->lmem = aligned_alloc(64, used))) {
+		if (w->comm->err)
+			snprintf(w->comm->err, w->comm->errlen,
+				 "FSDP window: out of memory: %zu bytes for a layer group's packed "
+				 "gather and reduce-scatter buffers", used);
+		return -ENOMEM;
+	}
+	used = 0;
+	lay_packs(w, true, w->lmem, &used);
+	return 0;
 }
 
 int win_alloc(struct win *w, float *params, float *grads)
@@ -264,6 +353,8 @@ void win_begin(struct win *w, const struct model_comm *comm, int *rc)
 }
 
 int win_gathers(const struct win *w) { return w->gathers; }
+
+size_t win_copied(const struct win *w) { return w->copied; }
 
 int win_slots(const struct win *w) { return w->nslots; }
 
@@ -290,7 +381,123 @@ static void check_group(const struct win *w, int l0, int l1)
 	(void)w, (void)l0, (void)l1;
 }
 
-/* Sends the oldest queued gather, when none is in flight. */
+/* Appends a run to list *v (cap *cap, *nrun long), merged into the last
+ * when merge and it continues it; false when out of memory. */
+static bool add_run(struct model_run **v, int *cap, int *nrun, float *buf, size_t n, bool merge)
+{
+	struct model_run *last = *nrun ? &(*v)[*nrun - 1] : NULL;
+	if (merge && last && last->buf + last->n == buf) {
+		last->n += n;
+		return true;
+	}
+	if (*nrun == *cap) {
+		int c = *cap ? 2 * *cap : 256;
+		struct model_run *r = realloc(*v, sizeof(*r) * (size_t)c);
+		if (!r)
+			return false;
+		*v = r;
+		*cap = c;
+	}
+	(*v)[(*nrun)++] = (struct model_run){ buf, n };
+	return true;
+}
+
+/* Appends the rows of member r's block of tensor i's layer l, whose
+ * compute-shaped tensor is at tensor, to w->run (rows of the innermost
+ * dimension, as plan_copy_block walks them; adjacent ones merged). */
+static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int i, float *tensor,
+		       int *nrun)
+{
+	const struct param_info *p = w->t[i].p;
+	const struct plan_param *pp = w->t[i].pp;
+	int o[SHARD_MAX_DIMS], idx[SHARD_MAX_DIMS] = { 0 }, s0 = p->stacked ? 1 : 0, nd = p->ndim - s0;
+	const int *ts = pp->cshape + s0, *bs = p->shape + s0, *off = o + s0;
+	size_t run = nd ? (size_t)bs[nd - 1] : 1, nrows = 1;
+	plan_block_offsets(pp, w->mesh, gg->axes, gg->coord[r], o);
+	for (int d = 0; d < nd; d++)
+		if (bs[d] == 0)
+			return true;
+	for (int d = 0; d + 1 < nd; d++)
+		nrows *= (size_t)bs[d];
+	for (size_t row = 0; row < nrows; row++) {
+		size_t t = 0;
+		for (int d = 0; d < nd; d++)
+			t = t * (size_t)ts[d] + (size_t)(off[d] + (d + 1 < nd ? idx[d] : 0));
+		if (!add_run(&w->run, &w->runcap, nrun, tensor + t, run, true))
+			return false;
+		for (int d = nd - 2; d >= 0; d--) {
+			if (++idx[d] < bs[d])
+				break;
+			idx[d] = 0;
+		}
+	}
+	return true;
+}
+
+/* The list of gather group g's blocks of group [l0, l1) in layer window
+ * base (weights, or gradients with grads): every member's rows in rank
+ * order into w->run, each member's count into w->counts. The runs, or
+ * -1 when out of memory. */
+static int list_make(struct win *w, int g, float *base, bool grads, int l0, int l1)
+{
+	const struct mesh_members *gg = &w->gg[g];
+	int nrun = 0;
+	for (int r = 0; r < gg->n; r++) {
+		int first = nrun;
+		size_t before = 0;
+		for (int j = 0; j < first; j++)
+			before += w->run[j].n;
+		for (int l = l0; l < l1; l++)
+			for (int i = 0; i < w->n; i++)
+				if (in_group(w, i, l, gg->axes, grads) &&
+				    !block_runs(w, gg, r, i, block_in(w, base, grads, i, l, l0), &nrun))
+					return -1;
+		size_t all = 0;
+		for (int j = 0; j < nrun; j++)
+			all += w->run[j].n;
+		w->counts[r] = all - before;
+	}
+	return nrun;
+}
+
+/* Copies this device's shards of gather group g into their blocks of
+ * landing slot k's window (the list all-gather's input). */
+static void place_own(struct win *w, int g, int k)
+{
+	const struct mesh_members *gg = &w->gg[g];
+	const struct win_slot *s = &w->slot[k];
+	for (int l = s->l0; l < s->l1; l++)
+		for (int i = 0; i < w->n; i++) {
+			if (!in_group(w, i, l, gg->axes, false))
+				continue;
+			const struct param_info *p = w->t[i].p;
+			int o[SHARD_MAX_DIMS], s0 = p->stacked ? 1 : 0;
+			plan_block_offsets(w->t[i].pp, w->mesh, gg->axes, gg->coord[w->grank[g]], o);
+			plan_copy_block(block(w, false, i, l, k), w->t[i].pp->cshape + s0,
+					storage(w, w->params, i, l), p->shape + s0, o + s0, p->ndim - s0, true);
+			w->copied += param_slice_numel(p);
+		}
+}
+
+/* A free weight window for layer slot k: there are windows + 1 and at
+ * most windows READY slots beside the one gather in flight. */
+static int free_window(const struct win *w, int k)
+{
+	int free = -1;
+	for (int j = 0; j <= w->lo.windows; j++) {
+		int o = w->owner[j];
+		if (o < 0 && free < 0)
+			free = j;
+		/* READY layer groups never overlap: win_block finds one by layer */
+		assert(o < 0 || w->slot[o].state != SLOT_READY || w->slot[o].l1 <= w->slot[k].l0 ||
+		       w->slot[o].l0 >= w->slot[k].l1 || k == o);
+	}
+	assert(free >= 0);
+	return free;
+}
+
+/* Sends the oldest queued gather, when none is in flight: into its
+ * window as a list where it can, else packed. */
 static void start_next(struct win *w)
 {
 	const struct model_comm *c = w->comm;
@@ -298,12 +505,37 @@ static void start_next(struct win *w)
 	if (w->landing >= 0 || !w->qn)
 		return;
 	int k = w->queue[0], l0 = w->slot[k].l0, l1 = w->slot[k].l1;
+	bool layer = l0 != WIN_NONLAYER;
 	memmove(w->queue, w->queue + 1, sizeof(*w->queue) * (size_t)--w->qn);
 	w->landing = k;
+	/* the window it lands in: a layer group's now (there is always one
+	 * free); the non-layer one's when no READY slot holds it */
+	bool win_ok = true;
+	if (layer) {
+		w->slot[k].win = free_window(w, k);
+		w->owner[w->slot[k].win] = k;
+	} else {
+		win_ok = w->nl_ready < 0;
+	}
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
-		size_t pack = 0;
-		float *send = w->gsend + soff, *recv = w->grecv + roff;
+		size_t pack = pack_size(w, gg, l0, l1, false);
+		int nrun;
+		w->listed[g] = false;
+		if (!pack)
+			continue;
+		if (c->start_all_gather_v && win_ok &&
+		    (nrun = list_make(w, g, layer ? w->wl[w->slot[k].win] : NULL, false, l0, l1)) >= 0) {
+			place_own(w, g, k);
+			w->listed[g] = true;
+			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, &w->gh[g]);
+			continue;
+		}
+		if (layer && (*w->rc = layer_packs(w)))
+			break;
+		w->sbase[g] = roff;  /* where its packs land */
+		float *send = w->pk[layer].gsend + soff, *recv = w->pk[layer].grecv + roff;
+		pack = 0;
 		for (int l = l0; l < l1; l++)
 			for (int i = 0; i < w->n; i++) {
 				if (!in_group(w, i, l, gg->axes, false))
@@ -312,8 +544,7 @@ static void start_next(struct win *w)
 				memcpy(send + pack, storage(w, w->params, i, l), n * sizeof(float));
 				pack += n;
 			}
-		if (!pack)
-			continue;
+		w->copied += pack;
 		if (c->start_all_gather)
 			*w->rc = c->start_all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float), &w->gh[g]);
 		else
@@ -333,26 +564,22 @@ int win_gather_start(struct win *w, int k, int l0, int l1)
 	check_slot(w, k);
 	assert(w->slot[k].state == SLOT_FREE);
 	check_group(w, l0, l1);
-	w->slot[k] = (struct win_slot){ SLOT_GATHERING, l0, l1, -1 };
+	w->slot[k] = (struct win_slot){ SLOT_GATHERING, l0, l1, -1, -1 };
 	w->gathers += l0 >= 0 && w->cnum[1] > 0;  /* one that moves weights */
 	w->queue[w->qn++] = k;
 	start_next(w);
 	return *w->rc;
 }
 
-/* A free window for READY slot k (a layer group); none is a caller's bug. */
-static int free_window(const struct win *w, int k)
+/* A free gradient window: there are windows + 1, at most windows READY
+ * layer slots hold one each and the reduce-scatter in flight one. */
+static int free_gwindow(const struct win *w)
 {
-	int free = -1;
-	for (int j = 0; j < w->lo.windows; j++) {
-		int o = w->owner[j];
-		if (o < 0 && free < 0)
-			free = j;
-		/* READY layer groups never overlap: win_block finds one by layer */
-		assert(o < 0 || w->slot[o].l1 <= w->slot[k].l0 || w->slot[o].l0 >= w->slot[k].l1);
-	}
-	assert(free >= 0);
-	return free;
+	for (int j = 0; j <= w->lo.windows; j++)
+		if (w->gowner[j] == -1)
+			return j;
+	assert(!"no free gradient window");
+	return -1;
 }
 
 /* Waits for the gather in flight, places it into a window (READY) and
@@ -361,23 +588,22 @@ static void finish_landing(struct win *w)
 {
 	int k = w->landing;
 	struct win_slot *s = &w->slot[k];
-	size_t roff = 0;
 	w->landing = -1;
 	if (s->l0 == WIN_NONLAYER) {
 		assert(w->nl_ready < 0);
 		w->nl_ready = k;
 	} else {
-		s->win = free_window(w, k);
-		w->owner[s->win] = k;
+		s->gwin = free_gwindow(w);
+		w->gowner[s->gwin] = k;
 	}
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, s->l0, s->l1, false);
 		wait_handle(w, &w->gh[g]);
-		if (!pack || *w->rc)
+		if (!pack || *w->rc || w->listed[g])
 			continue;
-		place_blocks(w, gg, k, false, w->grecv + roff, pack, true);
-		roff += pack * (size_t)gg->n;
+		place_blocks(w, gg, k, false, w->pk[s->l0 != WIN_NONLAYER].grecv + w->sbase[g], pack,
+			     true);
 	}
 	s->state = SLOT_READY;
 	start_next(w);
@@ -400,12 +626,14 @@ void win_release(struct win *w, int k)
 	struct win_slot *s = &w->slot[k];
 	check_slot(w, k);
 	assert(s->state == SLOT_READY);
-	if (s->l0 == WIN_NONLAYER)
+	if (s->l0 == WIN_NONLAYER) {
 		w->nl_ready = -1;
-	else
+	} else {
 		w->owner[s->win] = -1;
+		w->gowner[s->gwin] = -1;
+	}
 	s->state = SLOT_FREE;
-	s->win = -1;
+	s->win = s->gwin = -1;
 }
 
 void win_zero_grads(struct win *w, int k)
@@ -420,12 +648,32 @@ void win_zero_grads(struct win *w, int k)
 				       per_cslice(w->t[i].pp, w->t[i].p) * sizeof(float));
 }
 
+/* Adds this device's block of gather group g's tensor i, layer l, from
+ * layer gradient window base (layers from l0) into its gradient shard:
+ * storage order, as the packed path adds its received part. */
+static int add_own(struct win *w, int g, int i, int l, float *base, int l0)
+{
+	int nrun = 0;
+	if (!block_runs(w, &w->gg[g], w->grank[g], i, block_in(w, base, true, i, l, l0), &nrun))
+		return -ENOMEM;
+	float *dst = storage(w, w->grads, i, l);
+	for (int r = 0; r < nrun; r++) {
+		const float *src = w->run[r].buf;
+		for (size_t j = 0; j < w->run[r].n; j++)
+			dst[j] += src[j];
+		dst += w->run[r].n;
+		w->copied += w->run[r].n;
+	}
+	return 0;
+}
+
 int win_scatter_finish(struct win *w)
 {
 	size_t roff = 0;
 	if (!w->scattering)
 		return *w->rc;
 	w->scattering = false;
+	bool layer = w->s0 != WIN_NONLAYER;
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		wait_handle(w, &w->sh[g]);
@@ -433,30 +681,52 @@ int win_scatter_finish(struct win *w)
 			for (int i = 0; i < w->n && !*w->rc; i++) {
 				if (!in_group(w, i, l, gg->axes, true))
 					continue;
+				if (w->slisted[g]) {
+					*w->rc = add_own(w, g, i, l, w->gl[w->sgwin], w->s0);
+					continue;
+				}
 				size_t n = param_slice_numel(w->t[i].p);
 				float *dst = storage(w, w->grads, i, l);
+				const float *src = w->pk[layer].srecv + roff;
 				for (size_t j = 0; j < n; j++)
-					dst[j] += w->srecv[roff + j];
+					dst[j] += src[j];
 				roff += n;
+				w->copied += n;
 			}
 	}
+	if (w->sgwin >= 0)
+		w->gowner[w->sgwin] = -1;
+	w->sgwin = -1;
 	return *w->rc;
 }
 
 int win_scatter_start(struct win *w, int k)
 {
 	const struct model_comm *c = w->comm;
-	const struct win_slot *s = &w->slot[k];
+	struct win_slot *s = &w->slot[k];
 	size_t soff = 0, roff = 0;
+	bool layer = s->l0 != WIN_NONLAYER, inplace = false;
 	check_slot(w, k);
 	assert(s->state == SLOT_READY);
 	win_scatter_finish(w);
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, s->l0, s->l1, true);
+		int nrun;
+		w->slisted[g] = false;
 		if (!pack)
 			continue;
-		float *send = w->ssend + soff, *recv = w->srecv + roff;
+		if (layer && c->start_reduce_scatter_v &&
+		    (nrun = list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1)) >= 0) {
+			/* in place over the rows of the gradient window */
+			w->slisted[g] = inplace = true;
+			*w->rc = c->start_reduce_scatter_v(c->ctx, gg->axes, w->run, nrun, w->counts,
+							   &w->sh[g]);
+			continue;
+		}
+		if (layer && (*w->rc = layer_packs(w)))
+			break;
+		float *send = w->pk[layer].ssend + soff, *recv = w->pk[layer].srecv + roff;
 		place_blocks(w, gg, k, true, send, pack, false);
 		if (c->start_reduce_scatter)
 			*w->rc = c->start_reduce_scatter(c->ctx, gg->axes, recv, send, pack, &w->sh[g]);
@@ -464,6 +734,14 @@ int win_scatter_start(struct win *w, int k)
 			*w->rc = c->reduce_scatter(c->ctx, gg->axes, recv, send, pack);
 		soff += pack * (size_t)gg->n;
 		roff += pack;
+	}
+	if (inplace) {
+		/* the reduce-scatter keeps the gradient window; the slot takes
+		 * a free one (the caller zeroes it before writing) */
+		w->sgwin = s->gwin;
+		w->gowner[s->gwin] = GW_SCATTER;
+		s->gwin = free_gwindow(w);
+		w->gowner[s->gwin] = k;
 	}
 	w->scattering = true;
 	w->s0 = s->l0;
@@ -479,19 +757,19 @@ int win_end(struct win *w)
 	}
 	w->scattering = false;
 	w->gathers = 0;
-	w->landing = w->nl_ready = -1;
+	w->landing = w->nl_ready = w->sgwin = -1;
 	w->qn = 0;
-	for (int j = 0; j < w->lo.windows; j++)
-		w->owner[j] = -1;
+	for (int j = 0; j <= w->lo.windows; j++)
+		w->owner[j] = w->gowner[j] = -1;
 	for (int k = 0; k < w->nslots; k++)
-		w->slot[k] = (struct win_slot){ SLOT_FREE, 0, 0, -1 };
+		w->slot[k] = (struct win_slot){ SLOT_FREE, 0, 0, -1, -1 };
 	return *w->rc;
 }
 
 void win_poison(struct win *w)
 {
 	size_t lay = (size_t)w->lo.lcap * w->cnum[1];
-	for (int j = 0; j < w->lo.windows && w->mem; j++)
+	for (int j = 0; j <= w->lo.windows && w->mem; j++)
 		for (size_t k = 0; k < lay; k++)
 			w->wl[j][k] = w->gl[j][k] = NAN;
 }
@@ -502,9 +780,9 @@ float *win_block(struct win *w, bool grads, int i, int l)
 		assert(w->nl_ready >= 0);
 		return block(w, grads, i, l, w->nl_ready);
 	}
-	for (int j = 0; j < w->lo.windows; j++) {
+	for (int j = 0; j <= w->lo.windows; j++) {
 		int k = w->owner[j];
-		if (k >= 0 && l >= w->slot[k].l0 && l < w->slot[k].l1)
+		if (k >= 0 && w->slot[k].state == SLOT_READY && l >= w->slot[k].l0 && l < w->slot[k].l1)
 			return block(w, grads, i, l, k);
 	}
 	assert(!"no READY slot holds the layer");

@@ -15,23 +15,38 @@
  * accumulated, zeroed (win_zero_grads) and sent back (win_scatter_start).
  *
  * The memory is fixed at creation: one compute-shaped window of weights
- * and one of gradients for the non-layer group, `windows` of each for
- * layer groups (lcap layers each), and one packed buffer each way for the
- * collectives. A READY slot owns one window (its gradients live beside
- * its weights); a GATHERING slot owns none: its gather lands packed and
- * wait() places it into a free window. Hence the rules (programmer
- * errors, asserted): at most one READY non-layer slot and at most
- * `windows` READY layer slots, so wait() for a layer group needs a free
- * layer window; a READY layer slot's layers overlap no other READY one's.
+ * and one of gradients for the non-layer group, `windows` + 1 weight
+ * windows and `windows` + 1 gradient windows for layer groups (lcap
+ * layers each), and the non-layer group's packed buffers (a gather's:
+ * what it sends, this device's part, and receives, the whole group; a
+ * reduce-scatter's: the whole and the part). A layer slot takes a
+ * weight window when its gather goes out and lands in it (the one more
+ * is for that gather: at most `windows` are READY beside it), and a
+ * gradient window when it is READY. With the comm's list forms
+ * (start_all_gather_v, start_reduce_scatter_v) a layer group moves in
+ * place: this device's shards are copied into their blocks and the list
+ * of every member's blocks' rows is all-gathered where the weights lie;
+ * its reduce-scatter works over the same rows of its gradient window,
+ * which stays with it while the slot takes the one more (the caller
+ * zeroes it before writing), and this device's block is added into the
+ * gradient shards when it finishes. The non-layer group packs its
+ * reduce-scatter (its gradient window is the step's), and its gather
+ * while a READY slot holds it. Without the list forms every group packs;
+ * a layer group's packed buffers (win_packed_numel) are allocated the
+ * first time one does (-ENOMEM, with a one-line message in the comm's
+ * err, when that fails). Hence the rules (programmer errors, asserted):
+ * at most one READY non-layer slot and at most `windows` READY layer
+ * slots; a READY layer slot's layers overlap no other READY one's.
  *
  * Gathers run one at a time, in the order they were started: a gather
  * started while another is in flight is queued, and goes out when the
  * one before it has been waited for (wait() of a queued slot first
  * finishes those before it). So a caller that starts a gather well before
  * it waits (a schedule's GATHER entry, its first use later) hides it
- * behind the compute in between. A reduce-scatter packs the gradients on
- * start, so the slot's gradient window is free again at once; one is in
- * flight at a time (the next start finishes it).
+ * behind the compute in between. A reduce-scatter packs the gradients,
+ * or takes the slot's gradient window, on start, so the slot's gradient
+ * window is free again at once; one is in flight at a time (the next
+ * start finishes it).
  *
  * Errors: every call returns the step's error (0 or the first hook
  * error, a negative errno), which lives in the int given to win_begin;
@@ -82,8 +97,12 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
  * 0 or -ENOMEM. */
 int win_alloc(struct win *w, float *params, float *grads);
 void win_free(struct win *w);
-/* Floats the buffers take (whether allocated or not). */
+/* Floats the buffers take (whether allocated or not): every one a comm
+ * with the list forms uses. */
 size_t win_numel(const struct win *w);
+/* Floats a layer group's packed buffers take: allocated (beyond
+ * win_numel) only when a comm without the list forms packs one. */
+size_t win_packed_numel(const struct win *w);
 /* The slots a caller may number: 0 .. win_slots() - 1 (windows + 2). */
 int win_slots(const struct win *w);
 
@@ -108,9 +127,13 @@ void win_zero_grads(struct win *w, int k);
  * are not counted, nor any when no layer tensor is gathered): a
  * schedule's gathers per step. */
 int win_gathers(const struct win *w);
+/* Floats the window has copied since it was made (packing, own shards,
+ * placing, adding gradients in): the copies the collectives cost. */
+size_t win_copied(const struct win *w);
 /* Starts reduce-scattering READY slot k's gradients into the gradient
  * shards (adding to them), after finishing the one before: one in
- * flight. The gradient window is free again on return. */
+ * flight. The slot's gradient window is free again on return (in place:
+ * another one, holding anything: zero it before writing). */
 int win_scatter_start(struct win *w, int k);
 /* Waits for the reduce-scatter in flight, if any, and adds it in. */
 int win_scatter_finish(struct win *w);

@@ -74,8 +74,11 @@ static int write_metrics(struct steplog *l, const struct step_report *r, double 
 		cJSON_AddNumberToObject(j, "data_epoch", (double)r->data_epoch);
 	cJSON_AddNumberToObject(j, "reconnects", (double)r->reconnects);
 	cJSON_AddNumberToObject(j, "frames_resent", (double)r->frames_resent);
-	if (r->weight_gathers)
+	cJSON_AddNumberToObject(j, "messages", (double)r->messages);
+	if (r->weight_gathers) {
 		cJSON_AddNumberToObject(j, "weight_gathers", r->weight_gathers);
+		cJSON_AddNumberToObject(j, "window_copies", r->window_copies);
+	}
 	if (r->muon_ns > 0) {
 		cJSON_AddNumberToObject(j, "muon_ns_matrices", r->muon_ns);
 		cJSON_AddNumberToObject(j, "muon_bytes", r->muon_bytes);

@@ -53,7 +53,10 @@ struct step_report {
 				   * (written as comm_exposed_s and, its
 				   * older name, comm_wait_s) */
 	double comm_bg_s;         /* background collectives ran during it */
+	uint64_t messages;        /* sends posted by the logging host's devices */
 	int weight_gathers;       /* FSDP layer-group all-gathers (0: none, not shown) */
+	double window_copies;     /* floats the FSDP window copied on the logging
+				   * device (with weight_gathers) */
 	double muon_ns;           /* Muon's Newton-Schulz runs over the mesh (0: not shown) */
 	double muon_bytes;        /* and the bytes sent for it (with muon_ns) */
 	double muon_gflop[3];     /* their GFLOP: over the mesh, the busiest

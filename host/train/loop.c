@@ -38,11 +38,11 @@ static double comm_bg(const struct train_loop *l)
 	return l->comm_bg_s ? l->comm_bg_s(l->ctx) : 0;
 }
 
-static void bytes(const struct train_loop *l, uint64_t *dcn, uint64_t *ici)
+static void bytes(const struct train_loop *l, uint64_t *dcn, uint64_t *ici, uint64_t *msgs)
 {
-	*dcn = *ici = 0;
+	*dcn = *ici = *msgs = 0;
 	if (l->bytes)
-		l->bytes(l->ctx, dcn, ici);
+		l->bytes(l->ctx, dcn, ici, msgs);
 }
 
 /* The leader's data lines: where the run begins, each new epoch. */
@@ -60,11 +60,11 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 {
 	const struct cfg *c = trainer_cfg(l->t);
 	const struct train_opts *o = l->opts;
-	uint64_t dcn0, ici0;
+	uint64_t dcn0, ici0, msgs0;
 	int rc;
 
 	l->first_loss = l->last_loss = NAN;
-	bytes(l, &dcn0, &ici0);
+	bytes(l, &dcn0, &ici0, &msgs0);
 	for (int64_t s = start; s < c->steps; s++) {
 		struct step_stats st;
 		if (l->leader)
@@ -99,16 +99,17 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 		if (s == start)
 			l->first_loss = st.loss;
 		l->last_loss = st.loss;
-		uint64_t dcn, ici;
-		bytes(l, &dcn, &ici);
+		uint64_t dcn, ici, msgs;
+		bytes(l, &dcn, &ici, &msgs);
 		if ((c->log_period > 0 && (s % c->log_period == 0 || last)) || eval) {
 			struct data_pos pos;
 			data_position(trainer_data(l->t), s, l->global_rows, &pos);
 			struct step_report r = {
 				.step = s, .loss = st.loss, .aux = st.aux, .grad_norm = st.grad_norm,
 				.lr = st.lr, .seconds = t1 - t0, .dcn_bytes = dcn - dcn0,
-				.ici_bytes = ici - ici0, .comm_wait_s = waited, .comm_bg_s = bg,
-				.weight_gathers = st.weight_gathers, .muon_ns = st.muon_ns, .muon_bytes = st.muon_bytes,
+				.ici_bytes = ici - ici0, .messages = msgs - msgs0,
+				.comm_wait_s = waited, .comm_bg_s = bg,
+				.weight_gathers = st.weight_gathers, .window_copies = st.window_copies, .muon_ns = st.muon_ns, .muon_bytes = st.muon_bytes,
 				.muon_gflop = { st.muon_gflop[0], st.muon_gflop[1], st.muon_gflop[2] }, .data_s = st.t_data1 - st.t_data0,
 				.data_epoch = pos.epoch_rows ? pos.epoch : -1,
 				.eval_loss = ev_loss, .eval_tokens = ev_tokens,
@@ -120,6 +121,7 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 		}
 		dcn0 = dcn;
 		ici0 = ici;
+		msgs0 = msgs;
 		if (save && (rc = trainer_save(l->t, o->ckpt_dir, s + 1, err, errlen)))
 			return rc;
 	}

@@ -42,10 +42,10 @@ struct train_loop {
 	/* optional (NULL: nothing), called with ctx on every device */
 	void (*step_begin)(void *ctx, int64_t step);
 	void (*step_end)(void *ctx, const struct step_stats *st, double t0, double t1);
-	/* cumulative counters: bytes sent over DCN and ICI, seconds blocked
-	 * in communication (comm_wait_s), seconds background collectives
-	 * ran (comm_bg_s) */
-	void (*bytes)(void *ctx, uint64_t *dcn, uint64_t *ici);
+	/* cumulative counters: bytes sent over DCN and ICI, messages sent
+	 * (every device of this host), seconds blocked in communication
+	 * (comm_wait_s), seconds background collectives ran (comm_bg_s) */
+	void (*bytes)(void *ctx, uint64_t *dcn, uint64_t *ici, uint64_t *msgs);
 	/* cumulative: links this host resumed, frames it sent again doing so */
 	void (*recovery)(void *ctx, uint64_t *reconnects, uint64_t *frames_resent);
 	double (*comm_wait_s)(void *ctx);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "host/data/data.h"
+#include "host/model/window.h"
 #include "host/pipeline/pipe_config.h"
 #include "host/util/clock.h"
 
@@ -331,6 +332,10 @@ static int forward_backward(struct trainer *t, const struct train_comm *comm, st
 	st->cpu_fb = util_thread_cpu_s() - c0;
 	st->t_fb1 = util_now_s();
 	st->weight_gathers = pipe_exec_gathers(t->px);
+	/* counted from step to step: a gather the last update started too */
+	size_t copied = model_window(t->model) ? win_copied(model_window(t->model)) : 0;
+	st->window_copies = (double)(copied - t->win_copied);
+	t->win_copied = copied;
 	return rc;
 }
 

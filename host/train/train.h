@@ -25,6 +25,7 @@ struct step_stats {
 	double grad_norm;   /* before clipping */
 	double lr;
 	int weight_gathers; /* FSDP all-gathers of layer groups this step */
+	double window_copies; /* floats the FSDP window copied since the last step */
 	double muon_ns;     /* Muon: matrices orthogonalised, every device's */
 	double muon_bytes;  /* Muon: bytes sent for it, every device's */
 	double muon_gflop[3]; /* Muon: Newton-Schulz GFLOP, every device's;

@@ -18,6 +18,7 @@ struct trainer {
 	const struct mesh *mesh;     /* NULL on one device */
 	int device, coord[AX_COUNT];
 	int32_t *inputs, *targets;
+	size_t win_copied;           /* the FSDP window's copies at the last step */
 	struct pipe_exec *px;        /* the step's executor (a pipeline over
 				      * `stage`, or a table of one stage) */
 	const struct model_comm *step_mc;  /* the step's collectives, for the

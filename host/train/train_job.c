@@ -222,6 +222,43 @@ static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const
 			 "reduce_scatter (background)", axes, NULL, h);
 }
 
+/* The FSDP window's collectives over a list of every member's runs, in
+ * place: a layer group's gather straight into its window (op all_gather)
+ * and its gradients' reduce-scatter out of it. */
+static int job_start_win_v(struct job_ctx *c, uint32_t op, uint32_t axes, const struct model_run *run,
+			   int nrun, const size_t *counts, void **h)
+{
+	const struct coll_group *g = group_of(c, axes);
+	if (!g)
+		return -ENOMEM;
+	struct coll_iov *iov = malloc(sizeof(*iov) * (size_t)(nrun + 1));
+	if (!iov) {
+		snprintf(c->err, c->errlen, "train: out of memory for a list of %d runs", nrun);
+		return -ENOMEM;
+	}
+	for (int i = 0; i < nrun; i++)
+		iov[i] = (struct coll_iov){ run[i].buf, run[i].n };
+	double t = util_now_s();
+	bool ag = op == MESHRUN__COLL_OP__COLL_ALL_GATHER;
+	struct coll_handle *ch = ag ? coll_all_gather_v_async(c->coll, g, iov, nrun, counts, c->err, c->errlen)
+				    : coll_reduce_scatter_v_async(c->coll, g, iov, nrun, counts, c->err, c->errlen);
+	free(iov);  /* copied by the call */
+	return job_start(c, t, ch, ag ? "all_gather (prefetch)" : "reduce_scatter (background)", axes,
+			 NULL, h);
+}
+
+static int job_start_all_gather_v(void *vctx, uint32_t axes, const struct model_run *run, int nrun,
+				  const size_t *counts, void **h)
+{
+	return job_start_win_v(vctx, MESHRUN__COLL_OP__COLL_ALL_GATHER, axes, run, nrun, counts, h);
+}
+
+static int job_start_reduce_scatter_v(void *vctx, uint32_t axes, const struct model_run *run, int nrun,
+				      const size_t *counts, void **h)
+{
+	return job_start_win_v(vctx, MESHRUN__COLL_OP__COLL_REDUCE_SCATTER, axes, run, nrun, counts, h);
+}
+
 #define XCHG_GROUP 0x4000u  /* above every mesh group id (axis masks), below P2P_GROUP */
 
 /* The expert exchanges' communication thread, started on first use (or
@@ -669,11 +706,12 @@ static void job_step_end(void *vctx, const struct step_stats *st, double t0, dou
 	trace_span(c->tr, "step", "step", t0, t1);
 }
 
-static void job_bytes(void *vctx, uint64_t *dcn, uint64_t *ici)
+static void job_bytes(void *vctx, uint64_t *dcn, uint64_t *ici, uint64_t *msgs)
 {
 	struct job_ctx *c = vctx;
 	*dcn = agent_dcn_bytes_sent(c->agent);
 	*ici = xport_local_bytes(c->xport);
+	*msgs = xport_messages(c->xport);
 }
 
 static void job_recovery(void *vctx, uint64_t *reconnects, uint64_t *resent)
@@ -872,8 +910,10 @@ int train_job(struct device_ctx *dev)
 			.reduce_scatter = job_reduce_scatter, .all_to_all = job_all_to_all,
 			.start_all_gather = job_start_all_gather,
 			.start_reduce_scatter = job_start_reduce_scatter,
+			.start_all_gather_v = job_start_all_gather_v,
+			.start_reduce_scatter_v = job_start_reduce_scatter_v,
 			.start_all_to_all = job_start_all_to_all, .wait = job_wait,
-			.span = o->trace ? job_span : NULL, .ctx = &jc },
+			.span = o->trace ? job_span : NULL, .ctx = &jc, .err = err, .errlen = errlen },
 		.sum = job_sum, .err = err, .errlen = errlen,
 		.bg = { .all_reduce_v = job_bg_all_reduce_v, .reduce_scatter_v = job_bg_reduce_scatter_v,
 			.all_gather_v = job_bg_all_gather_v, .wait = job_wait, .ctx = &jc },
