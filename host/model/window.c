@@ -769,9 +769,16 @@ int win_end(struct win *w)
 void win_poison(struct win *w)
 {
 	size_t lay = (size_t)w->lo.lcap * w->cnum[1];
+	/* only the windows no slot holds: a gather started before the step
+	 * (the next step's first layers, from the optimizer) lands in place
+	 * in its weight window, which is not idle */
 	for (int j = 0; j <= w->lo.windows && w->mem; j++)
-		for (size_t k = 0; k < lay; k++)
-			w->wl[j][k] = w->gl[j][k] = NAN;
+		for (size_t k = 0; k < lay; k++) {
+			if (w->owner[j] < 0)
+				w->wl[j][k] = NAN;
+			if (w->gowner[j] < 0)
+				w->gl[j][k] = NAN;
+		}
 }
 
 float *win_block(struct win *w, bool grads, int i, int l)

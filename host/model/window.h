@@ -141,9 +141,10 @@ int win_scatter_finish(struct win *w);
  * what it brings is dropped) and frees every slot. */
 int win_end(struct win *w);
 
-/* Test hook: fills every layer window, weights and gradients, with NaN
- * (call between steps): what a schedule reads without gathering or
- * zeroing it first turns the loss into NaN. */
+/* Test hook: fills every layer window no slot holds, weights and
+ * gradients, with NaN (call between steps): what a schedule reads without
+ * gathering or zeroing it first turns the loss into NaN. A window a slot
+ * holds is not idle: a gather started before the step lands in it. */
 void win_poison(struct win *w);
 
 /* The compute-shaped weights (or gradients) of gathered tensor i for
