@@ -36,8 +36,12 @@ ASAN_TESTS := check_frame check_tlsrec check_wire check_safetensors check_config
 # test` with LAYOUT_CHECK=1; its self-test always runs. `make layout` runs it.
 LAYOUT_CHECK ?= 1
 LAYOUT_SUITES := tests/check-layout-selftest $(if $(filter 1,$(LAYOUT_CHECK)),tests/check-layout)
+# tests/check-docs (every name README.md and docs/ use exists in the tree,
+# configs/base.yml lists every key; reads files only, about a second)
+# joins `make test`; `make docs-check` runs it alone.
+DOCS_SUITES := tests/check-docs
 
-.PHONY: all deps test layout asan clean demo fuzz fuzz-deps fuzz-seeds soak FORCE
+.PHONY: all deps test layout docs-check asan clean demo fuzz fuzz-deps fuzz-seeds soak FORCE
 all: $(B)/meshrun
 
 # deps includes the cluster packages (cluster-deps, installed without
@@ -88,7 +92,7 @@ test: deps
 	@netns="tests/check_netns.sh tests/check_fault_netns.sh tests/check_halfopen_netns.sh"; tests/check_netns.sh --probe || netns=; \
 	MESHRUN=$(abspath $(B)/meshrun) MESHRUN_BUILD=$(abspath $(B)) tests/run-all \
 	  $(TESTS) $(ASAN_TESTS:%=$(B)/asan/tests/%) $(FUZZ_REPLAY) $$netns tests/check-launch \
-	  tests/check_soak.sh $(LAYOUT_SUITES)
+	  tests/check_soak.sh $(LAYOUT_SUITES) $(DOCS_SUITES)
 
 # The chaos run (tests/soak.sh): 2,000 steps on 3 hosts under a seeded
 # random mix of resets, drops, corruptions, delays, half-open links and
@@ -101,6 +105,9 @@ soak: all
 
 layout: all
 	@MESHRUN_BUILD=$(abspath $(B)) tests/check-layout
+
+docs-check:
+	@tests/check-docs
 
 # The main job: a real multi-host training run on loopback (2 agents x 2
 # device threads, mutually authenticated TLS 1.3 between them).

@@ -275,7 +275,7 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 	printf("model activations and backward scratch: %zu bytes per device (%.2f MiB; %d rows of %d "
 	       "tokens, every layer's saved activations%s)\n", act, act / 1048576.0, rows, d.T,
 	       d.bsplit > 1 ? ", in the batch split's two halves" : "");
-	printf("\nlinear layers (the planner's decisions, host/plan.c; axes, or none)\n");
+	printf("\nlinear layers (the planner's decisions, host/mesh/plan.c; axes, or none)\n");
 	print_linears(li, nl);
 	printf("\noptimizer state (%s; %s)\n",
 	       muon ? "muon: momentum m for matrices, adamw m+v for the rest"

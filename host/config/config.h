@@ -99,7 +99,7 @@ struct cfg_list {
 	X(INT,   head_dim, "0", 1, "0: base_emb_dim / base_num_query_heads") \
 	X(INT,   base_mlp_dim, "704", 1, "SwiGLU hidden size of dense layers") \
 	X(INT,   base_num_decoder_layers, "2", 1, "") \
-	X(INT,   vocab_size, "256", 1, "byte-level tokens: 256") \
+	X(INT,   vocab_size, "256", 1, "tokens of the vocabulary; text data (bytes) needs at least 256") \
 	X(INT,   max_target_length, "128", 1, "sequence length") \
 	X(FLOAT, normalization_layer_epsilon, "1e-05", 1, "RMSNorm epsilon") \
 	X(FLOAT, rope_max_timescale, "10000", 1, "RoPE theta") \
@@ -112,9 +112,9 @@ struct cfg_list {
 	X(STR,   routed_score_func, "softmax", 1, "softmax | sigmoid") \
 	X(BOOL,  routed_bias, "false", 1, "sigmoid router selection bias (e_score_correction_bias)") \
 	X(FLOAT, routed_bias_update_rate, "0", 1, "DeepSeek aux-loss-free bias update speed (0: off)") \
-	X(FLOAT, routed_scaling_factor, "1", 1, "") \
+	X(FLOAT, routed_scaling_factor, "1", 1, "MoE: scales the routed experts' gate weights") \
 	X(BOOL,  norm_topk_prob, "true", 1, "renormalise the top-k weights") \
-	X(FLOAT, load_balance_loss_weight, "0.01", 1, "") \
+	X(FLOAT, load_balance_loss_weight, "0.01", 1, "MoE: weight of the auxiliary load-balancing loss (0: off)") \
 	X(INT,   n_routing_groups, "-1", 1, "DeepSeek-V3 group-limited routing: expert groups (-1: none)") \
 	X(INT,   topk_routing_group, "-1", 1, "groups whose experts compete for each token (-1: all)") \
 	/* --- attention (MaxText names; docs/deepseek.md) --- */ \
@@ -137,12 +137,12 @@ struct cfg_list {
 	X(INT,   init_weights_seed, "0", 1, "") \
 	X(STR,   load_parameters_path, "", 1, "start from the weights in this directory: a meshrun checkpoint or a Hugging Face llama / deepseek_v3 directory") \
 	/* --- training --- */ \
-	X(INT,   per_device_batch_size, "4", 1, "") \
-	X(INT,   steps, "20", 1, "") \
+	X(INT,   per_device_batch_size, "4", 1, "rows a device trains on each step; the global batch is this x every device of the mesh") \
+	X(INT,   steps, "20", 1, "training steps") \
 	X(STR,   opt_type, "adamw", 1, "adamw | muon") \
 	X(FLOAT, learning_rate, "0.003", 1, "peak learning rate") \
-	X(FLOAT, warmup_steps_fraction, "0.1", 1, "") \
-	X(FLOAT, cosine_learning_rate_final_fraction, "0.1", 1, "") \
+	X(FLOAT, warmup_steps_fraction, "0.1", 1, "linear warm-up over this fraction of learning_rate_schedule_steps, then a cosine decay") \
+	X(FLOAT, cosine_learning_rate_final_fraction, "0.1", 1, "the cosine ends at this fraction of learning_rate") \
 	X(INT,   learning_rate_schedule_steps, "-1", 1, "-1: steps") \
 	X(FLOAT, adam_b1, "0.9", 1, "") \
 	X(FLOAT, adam_b2, "0.95", 1, "") \
@@ -152,7 +152,7 @@ struct cfg_list {
 	X(STR,   muon_assign, "size", 1, "which device of a Muon group orthogonalises each matrix: size (longest first, to the least loaded) | round_robin") \
 	X(FLOAT, gradient_clipping_threshold, "1", 1, "0: off") \
 	X(BOOL,  shard_optimizer_over_data, "false", 1, "ZeRO-1: shard optimizer state over the data axis") \
-	X(FLOAT, grad_bucket_mb, "25", 1, "MiB of gradients one bucket sums over the mesh at most (the first 1 MiB), each started during the backward as soon as it is final; 0: one bucket per layout bucket, summed after the backward") \
+	X(FLOAT, grad_bucket_mb, "25", 1, "MiB of gradients one bucket sums over the mesh at most (the first 1 MiB), each started during the backward as soon as it is final (ZeRO-1: reduce-scattered, its parameters gathered again bucket by bucket as the update finishes each); 0: one bucket per layout bucket, summed after the backward, ZeRO-1's gather after the whole update, FSDP's first gathers with the step") \
 	/* --- data (docs/data.md) --- */ \
 	X(STR,   dataset_type, "synthetic", 1, "synthetic | text (bytes) | llmc (llm.c shards) | raw (headerless tokens, nanoGPT's train.bin) | megatron (Megatron-LM .idx + .bin)") \
 	X(STR,   dataset_path, "", 1, "text: a file; llmc, raw: a file, a directory (its *.bin) or a glob; megatron: a PREFIX (PREFIX.idx, PREFIX.bin), a directory (its *.idx) or a glob; shards in name order") \
@@ -166,11 +166,11 @@ struct cfg_list {
 	X(INT,   eval_interval, "-1", 1, "evaluate on the held-out data after every this many steps; -1: never") \
 	X(INT,   eval_steps, "-1", 1, "global batches per evaluation; -1: every held-out row") \
 	/* --- logs and checkpoints --- */ \
-	X(INT,   log_period, "1", 1, "") \
-	X(INT,   checkpoint_period, "0", 1, "0: only at the end when --checkpoint-dir is given") \
+	X(INT,   log_period, "1", 1, "step log and --metrics line every this many steps (and the last); 0: none but evaluations") \
+	X(INT,   checkpoint_period, "0", 1, "with --checkpoint-dir, a checkpoint every this many steps and at the end; 0: only at the end") \
 	X(STR,   checkpoint_dtype, "f32", 1, "f32 | bf16: the dtype of saved model weights") \
-	X(INT,   openblas_threads, "0", 0, "0: cores / devices on this host") \
-	X(INT,   device_nice, "0", 0, "the nice value a device thread computes at (0-19, README \"Threads and cores\"), above its host's stream, net and communication threads (nice 0), so that one woken by arriving bytes may take the core from a computing device; 0 (the default, measured best on a shared machine): no change") \
+	X(INT,   openblas_threads, "0", 0, "0: max(1, cores / devices on this machine, every agent's counted)") \
+	X(INT,   device_nice, "0", 0, "the nice value a device thread computes at (0-19, README \"Threads and cores\"): a lower priority than its host's stream, net and communication threads (nice 0), so that one woken by arriving bytes may take the core from a computing device; 0 (the default, measured best on a shared machine): no change") \
 	X(BOOL,  device_batch, "false", 0, "true: device threads compute under SCHED_BATCH (never preempting a woken thread; measured against device_nice in bench/README.md)")
 
 #define CFG_ICI_KEY(X, e, name, stem, def) \
