@@ -1,4 +1,4 @@
-/* Mesh coordinates and groups; see host/mesh.h. */
+/* Mesh coordinates and groups; see host/mesh/mesh.h. */
 #include "host/mesh/mesh.h"
 
 #include <errno.h>

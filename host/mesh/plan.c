@@ -1,4 +1,4 @@
-/* The sharded-matmul planner; see host/plan.h. */
+/* The sharded-matmul planner; see host/mesh/plan.h. */
 #include "host/mesh/plan.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* Partition-spec resolution; see host/shard.h. */
+/* Partition-spec resolution; see host/mesh/shard.h. */
 #include "host/mesh/shard.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* See host/linear.h. */
+/* See host/model/linear.h. */
 #include "host/model/linear.h"
 
 #include "kernels/kernels.h"

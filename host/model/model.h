@@ -101,7 +101,7 @@ int model_dims_from_cfg(struct model_dims *d, const struct cfg *c, char *err, si
 
 /* Allocates parameters (this device's shards), gradients and activations
  * for B sequences of T. With a mesh, every tensor is placed by the
- * sharding rules and every linear layer planned (host/plan.h): weights
+ * sharding rules and every linear layer planned (host/mesh/plan.h): weights
  * split over the rows' axes are gathered per layer (FSDP), heads, MLP and
  * vocabulary split over the tensor axes, the embedding over
  * tensor_transpose, experts over their `exp` axes (tokens travel to them
