@@ -14,6 +14,7 @@
 #include "host/cli/cli.h"
 #include "host/cli/cmds.h"
 #include "host/config/config.h"
+#include "host/launch/launch.h"
 #include "host/train/check.h"
 #include "host/train/loop.h"
 #include "host/train/preflight.h"
@@ -166,6 +167,8 @@ static const struct arg_flag agent_flags[] = {
 	{ "--resume", ARG_BOOL, &ao.run.resume, 0, 0, NULL },
 	{ "--fault", ARG_APPEND, NULL, 0, 0, "faults" },
 	{ "--quiet", ARG_BOOL, &ao.run.quiet, 0, 0, NULL },
+	/* launchers only: which restart of the job this agent is */
+	{ LAUNCH_RESTART_FLAG, ARG_INT, &ao.run.restart, 0, 1000000, NULL },
 	{ NULL, 0, NULL, 0, 0, NULL },
 };
 
