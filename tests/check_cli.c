@@ -98,7 +98,8 @@ START_TEST(test_one_prefix)
 	/* and a run-time error of a command */
 	int rc = proc_run_words(&p, "shardings", "shardings --config " TINY " learning_rate=-1", 20, false);
 	ck_assert_int_eq(rc, EXIT_CONFIG);
-	ck_assert_str_eq(slurp(p.err), "meshrun: shardings: config: key 'learning_rate' must be > 0, got -1\n");
+	ck_assert_str_eq(slurp(p.err), "meshrun: shardings: config: key 'learning_rate' must be > 0, "
+				       "got -1 (learning_rate: command line)\n");
 }
 END_TEST
 
@@ -300,7 +301,7 @@ END_TEST
 START_TEST(test_config_errors_once)
 {
 	static const struct { const char *extra, *want; } bad[] = {
-		{ "learning_rate=-1", "key 'learning_rate' must be > 0, got -1" },
+		{ "learning_rate=-1", "key 'learning_rate' must be > 0, got -1 (learning_rate: command line)" },
 		{ "no_such_key=3", "unknown key 'no_such_key'" },
 		{ "--fault close:link=0-9:frame=3", "names a host beyond the job's 4 hosts" },
 		{ "--fault bogus:host=1", "key 'faults'" },

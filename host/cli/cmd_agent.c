@@ -84,7 +84,9 @@ int cli_agent_check(const struct args *a, const struct mesh_args *m, const char 
 	if (rc || (job && strcmp(job, "train")))
 		return rc;
 	mesh_init(&mesh, c);
-	return cli_exit_code(train_check(c, &mesh, err, errlen));
+	if ((rc = train_check(c, &mesh, err, errlen)))
+		cfg_error_origins(c, err, errlen);
+	return cli_exit_code(rc);
 }
 
 /* ---- `meshrun agent` ---- */
@@ -236,6 +238,7 @@ int cmd_agent(int argc, char **argv)
 	if (train && host_id == 0 &&
 	    (rc = train_preflight(&out, &cfg, &ao.run, cli_job_name("agent", job, sizeof(job)), err,
 				  sizeof(err)))) {
+		cfg_error_origins(&cfg, err, sizeof(err));
 		cli_error(who, "%s", err);
 		return cli_exit_code(rc);
 	}
@@ -265,6 +268,8 @@ int cmd_agent(int argc, char **argv)
 	}
 	rc = agent_run(&cfg, host_id, ao.listen, j->fn, train ? (void *)&ao.run : (void *)&ao.pp, err,
 		       sizeof(err));
+	if (rc)   /* the job's train_check, say: where a key came from */
+		cfg_error_origins(&cfg, err, sizeof(err));
 	hf_src_close(ao.run.weights);
 	ckpt_resume_close(ao.run.resume_from);
 	train_outputs_release(&out);

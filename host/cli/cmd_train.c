@@ -117,6 +117,8 @@ int cmd_train(int argc, char **argv)
 		rc = train_run(&c, &o, err, sizeof(err));
 		train_outputs_release(&out);
 	}
+	if (rc)   /* a key's range or shape error says where its value came from */
+		cfg_error_origins(&c, err, sizeof(err));
 	if (rc)
 		cli_error("train", "%s", err);
 	return cli_exit_code(rc);
