@@ -176,28 +176,6 @@ static void assert_same_losses(const char *file, const double *want)
 		ck_assert_msg(got[s] == want[s], "step %d: %a, uninterrupted %a", s, got[s], want[s]);
 }
 
-START_TEST(test_kill_restarts)
-{
-	double want[MAX_STEPS];
-	char m[300], ck[300];
-	straight(want);
-	snprintf(m, sizeof(m), "%s/r.jsonl", tmpdir);
-	snprintf(ck, sizeof(ck), "%s/ck", tmpdir);
-	struct proc p;
-	local_start(&p, "restart", "steps=24", "checkpoint_period=4", "--checkpoint-dir", ck,
-		    "--metrics", m, "--max-restarts", "2", NULL);
-	wait_lines(&p, "r.jsonl", 7);
-	pid_t h1 = agent_pid(p.pid, 1);
-	ck_assert_int_gt(h1, 0);
-	kill(h1, SIGKILL);
-	ck_assert_msg(proc_wait(&p, 120) == 0, "%s", slurp(p.err));
-	ck_assert_file_has(p.err, "host 1 was killed by signal 9");
-	ck_assert_file_has(p.err, "; restart 1 of 2 from checkpoint step ");
-	assert_same_losses("r.jsonl", want);
-	ck_assert_int_gt(lines("r.jsonl"), 24);   /* some steps ran twice */
-}
-END_TEST
-
 /* How many times needle occurs in the file at path. */
 static int count_in(const char *path, const char *needle)
 {
@@ -211,14 +189,12 @@ static int count_in(const char *path, const char *needle)
 /* A kill drill (--fault kill:host=1:step=6) under --max-restarts with a
  * checkpoint at step 4: the restart's agents are told they are restart
  * 1 and the kill does not fire again, so the run finishes after one
- * restart with the uninterrupted run's losses. */
-START_TEST(test_kill_drill_recovers)
+ * restart with the uninterrupted run's losses (want). */
+static void kill_drill_recovers(const double *want)
 {
-	double want[MAX_STEPS];
 	char m[300], ck[300];
-	straight(want);
 	snprintf(m, sizeof(m), "%s/drill.jsonl", tmpdir);
-	snprintf(ck, sizeof(ck), "%s/ck", tmpdir);
+	snprintf(ck, sizeof(ck), "%s/ck-drill", tmpdir);
 	struct proc p;
 	local_start(&p, "drill", "steps=24", "checkpoint_period=4", "--checkpoint-dir", ck,
 		    "--metrics", m, "--fault", "kill:host=1:step=6", "--max-restarts", "2", NULL);
@@ -234,7 +210,7 @@ START_TEST(test_kill_drill_recovers)
 	int n = lines("drill.jsonl");
 	ck_assert_msg(n == 25 || n == 26, "%d metrics lines", n);
 }
-END_TEST
+
 
 /* Waits until host 0 writes a checkpoint after a complete one: a
  * step-N.tmp beside a complete step-M, M < N. */
@@ -266,14 +242,15 @@ static void wait_writing(struct proc *p, const char *ck)
 	}
 }
 
-START_TEST(test_kill_during_checkpoint)
+/* A host killed while a checkpoint is being written, under
+ * --max-restarts and then with a plain --resume: both finish with the
+ * uninterrupted losses (want). */
+static void kill_during_checkpoint(const double *want)
 {
-	double want[MAX_STEPS];
 	char m[300], ck[300], path[400], err[256];
-	straight(want);
 	/* 4 files x 150 ms: each checkpoint takes 0.6 s to write */
 	setenv("MESHRUN_TEST_CKPT_DELAY_MS", "150", 1);
-	snprintf(ck, sizeof(ck), "%s/ck", tmpdir);
+	snprintf(ck, sizeof(ck), "%s/ck-writing", tmpdir);
 
 	/* under --max-restarts */
 	snprintf(m, sizeof(m), "%s/w.jsonl", tmpdir);
@@ -302,6 +279,32 @@ START_TEST(test_kill_during_checkpoint)
 	ck_assert_msg(proc_wait(&p, 120) == 0, "%s", slurp(p.err));
 	assert_same_losses("x.jsonl", want);
 	unsetenv("MESHRUN_TEST_CKPT_DELAY_MS");
+}
+
+/* A host killed from outside, one killed while a checkpoint is being
+ * written and one killed by a fault: each recovers with the
+ * uninterrupted losses (one straight run for the three). */
+START_TEST(test_kill_restarts)
+{
+	double want[MAX_STEPS];
+	char m[300], ck[300];
+	straight(want);
+	snprintf(m, sizeof(m), "%s/r.jsonl", tmpdir);
+	snprintf(ck, sizeof(ck), "%s/ck", tmpdir);
+	struct proc p;
+	local_start(&p, "restart", "steps=24", "checkpoint_period=4", "--checkpoint-dir", ck,
+		    "--metrics", m, "--max-restarts", "2", NULL);
+	wait_lines(&p, "r.jsonl", 7);
+	pid_t h1 = agent_pid(p.pid, 1);
+	ck_assert_int_gt(h1, 0);
+	kill(h1, SIGKILL);
+	ck_assert_msg(proc_wait(&p, 120) == 0, "%s", slurp(p.err));
+	ck_assert_file_has(p.err, "host 1 was killed by signal 9");
+	ck_assert_file_has(p.err, "; restart 1 of 2 from checkpoint step ");
+	assert_same_losses("r.jsonl", want);
+	ck_assert_int_gt(lines("r.jsonl"), 24);   /* some steps ran twice */
+	kill_during_checkpoint(want);
+	kill_drill_recovers(want);
 }
 END_TEST
 
@@ -673,8 +676,6 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 400);
 	tcase_add_test(tc, test_kill_restarts);
-	tcase_add_test(tc, test_kill_drill_recovers);
-	tcase_add_test(tc, test_kill_during_checkpoint);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("stop");
 	tcase_add_checked_fixture(tc, setup, teardown);
