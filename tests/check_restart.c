@@ -8,8 +8,8 @@
  * left; a SIGKILLed host 0 of 3 is found lost by its peers' probe of its
  * listener, long before the heartbeat timeout. A kill drill (--fault
  * kill) under --max-restarts fires once: the restart's agents carry
- * --restart 1 and skip host faults, and the run finishes with the
- * uninterrupted losses. The core's restart loop tells each launch which
+ * --restart 1 and skip host faults, while a link fault fires in both
+ * launches, and the run finishes with the uninterrupted losses. The core's restart loop tells each launch which
  * restart it is. Checkpoint directories: the newest complete step is
  * found, *.tmp is ignored. */
 #include <check.h>
@@ -189,7 +189,9 @@ static int count_in(const char *path, const char *needle)
 /* A kill drill (--fault kill:host=1:step=6) under --max-restarts with a
  * checkpoint at step 4: the restart's agents are told they are restart
  * 1 and the kill does not fire again, so the run finishes after one
- * restart with the uninterrupted run's losses (want). */
+ * restart with the uninterrupted run's losses (want). A link fault
+ * beside it (a reset of link 0-1 at its 3rd data frame, survived by
+ * replay) fires again in the restart, as link faults do. */
 static void kill_drill_recovers(const double *want)
 {
 	char m[300], ck[300];
@@ -197,10 +199,12 @@ static void kill_drill_recovers(const double *want)
 	snprintf(ck, sizeof(ck), "%s/ck-drill", tmpdir);
 	struct proc p;
 	local_start(&p, "drill", "steps=24", "checkpoint_period=4", "--checkpoint-dir", ck,
-		    "--metrics", m, "--fault", "kill:host=1:step=6", "--max-restarts", "2", NULL);
+		    "--metrics", m, "--fault", "kill:host=1:step=6", "--fault", "close:link=0-1:frame=3",
+		    "--max-restarts", "2", NULL);
 	ck_assert_msg(proc_wait(&p, 120) == 0, "%s", slurp(p.err));
 	ck_assert_int_eq(count_in(p.err, "fault: injected kill on host 1 at step 6"), 1);
-	ck_assert_int_eq(count_in(p.err, "fault: injected"), 1);
+	ck_assert_int_eq(count_in(p.err, "fault: injected close on link 0-1 at frame 3"), 2);
+	ck_assert_int_eq(count_in(p.err, "fault: injected"), 3);
 	ck_assert_int_eq(count_in(p.err, "; restart "), 1);
 	ck_assert_file_has(p.err, "host 1 was killed by signal 9");
 	ck_assert_file_has(p.err, "; restart 1 of 2 from checkpoint step 4");
