@@ -100,6 +100,17 @@ START_TEST(test_one_prefix)
 	ck_assert_int_eq(rc, EXIT_CONFIG);
 	ck_assert_str_eq(slurp(p.err), "meshrun: shardings: config: key 'learning_rate' must be > 0, "
 				       "got -1 (learning_rate: command line)\n");
+	/* train's range error names the file and line of the value; the
+	 * loader's own error (a wrong type) names it once, beside the key */
+	rc = proc_run_words(&p, "train", "train --config " TINY " base_num_query_heads=3", 20, false);
+	ck_assert_int_eq(rc, EXIT_CONFIG);
+	ck_assert_str_eq(slurp(p.err), "meshrun: train: config: key 'base_num_kv_heads' (2) must divide "
+		"'base_num_query_heads' (3) (base_num_kv_heads: '" TINY "' line 6; base_num_query_heads: "
+		"command line)\n");
+	rc = proc_run_words(&p, "train", "train --config " TINY " steps=ten", 20, false);
+	ck_assert_int_eq(rc, EXIT_CONFIG);
+	ck_assert_str_eq(slurp(p.err), "meshrun: train: config: key 'steps' (command line) wants an "
+				       "integer, got 'ten'\n");
 }
 END_TEST
 
