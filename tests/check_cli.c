@@ -77,6 +77,7 @@ START_TEST(test_one_prefix)
 		{ "train --config " TINY " --trace t.json", "meshrun: train: --trace is for local and agent" },
 		{ "eval --text x", "meshrun: eval: --checkpoint DIR is needed" },
 		{ "local --config " TINY, "meshrun: local: --hosts N is needed" },
+		{ "local --hosts 2 --config " TINY " --restart 1", "meshrun: local: --restart is set by the launcher" },
 		{ "agent --nope", "meshrun: agent: unknown option '--nope'" },
 		{ "launch --config " TINY, "meshrun: launch: --hostfile FILE (or --slurm) is needed" },
 		{ "shardings --hosts", "meshrun: shardings: --hosts needs a value" },
