@@ -187,7 +187,8 @@ START_TEST(test_local_reports_failure)
 		    "dcn_data_parallelism=3", (char *)NULL);
 	ck_assert_int_eq(proc_wait(&p, 30), EXIT_CONFIG);
 	ck_assert_str_eq(slurp(p.err), "meshrun: local: config: dcn_* parallelism multiplies to 3 "
-				       "hosts, but the run has 2 hosts\n");
+				       "hosts ('dcn_data_parallelism'=3), but the run has 2 hosts "
+				       "(dcn_data_parallelism: command line)\n");
 	/* a failure of the agents themselves: each is named, in either order */
 	proc_meshrun(&p, "local2", "local", "--hosts", "2", "--config", "configs/llama-tiny.yml",
 		    "steps=100", "per_device_batch_size=4", "--quiet", "--fault", "kill:host=1:step=2",
@@ -551,9 +552,11 @@ START_TEST(test_config_errors)
 	ck_assert_file_has(c.err, "unknown key 'no_such_key'");
 	ck_assert_file_has(c.err, "bad.yml");
 	ck_assert_int_eq(proc_wait(&d, 20), EXIT_CONFIG);
-	ck_assert_file_has(d.err, "multiplies to 3 hosts, but the run has 2 hosts");
+	ck_assert_file_has(d.err, "multiplies to 3 hosts ('dcn_data_parallelism'=3), but the run has "
+			   "2 hosts (dcn_data_parallelism: command line)");
 	ck_assert_int_eq(proc_wait(&e, 20), EXIT_CONFIG);
-	ck_assert_file_has(e.err, "multiplies to 3 devices per host, but the run has 2");
+	ck_assert_file_has(e.err, "multiplies to 3 devices per host ('ici_data_parallelism'=3), but "
+			   "the run has 2 (ici_data_parallelism: command line)");
 	ck_assert_int_eq(proc_wait(&f, 20), EXIT_USAGE);
 	ck_assert_file_has(f.err, "unknown job 'nope'");
 }

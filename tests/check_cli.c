@@ -77,6 +77,7 @@ START_TEST(test_one_prefix)
 		{ "train --config " TINY " --trace t.json", "meshrun: train: --trace is for local and agent" },
 		{ "eval --text x", "meshrun: eval: --checkpoint DIR is needed" },
 		{ "local --config " TINY, "meshrun: local: --hosts N is needed" },
+		{ "local --hosts 2 --config " TINY " --restart 1", "meshrun: local: --restart is set by the launcher" },
 		{ "agent --nope", "meshrun: agent: unknown option '--nope'" },
 		{ "launch --config " TINY, "meshrun: launch: --hostfile FILE (or --slurm) is needed" },
 		{ "shardings --hosts", "meshrun: shardings: --hosts needs a value" },
@@ -98,7 +99,19 @@ START_TEST(test_one_prefix)
 	/* and a run-time error of a command */
 	int rc = proc_run_words(&p, "shardings", "shardings --config " TINY " learning_rate=-1", 20, false);
 	ck_assert_int_eq(rc, EXIT_CONFIG);
-	ck_assert_str_eq(slurp(p.err), "meshrun: shardings: config: key 'learning_rate' must be > 0, got -1\n");
+	ck_assert_str_eq(slurp(p.err), "meshrun: shardings: config: key 'learning_rate' must be > 0, "
+				       "got -1 (learning_rate: command line)\n");
+	/* train's range error names the file and line of the value; the
+	 * loader's own error (a wrong type) names it once, beside the key */
+	rc = proc_run_words(&p, "train", "train --config " TINY " base_num_query_heads=3", 20, false);
+	ck_assert_int_eq(rc, EXIT_CONFIG);
+	ck_assert_str_eq(slurp(p.err), "meshrun: train: config: key 'base_num_kv_heads' (2) must divide "
+		"'base_num_query_heads' (3) (base_num_kv_heads: '" TINY "' line 6; base_num_query_heads: "
+		"command line)\n");
+	rc = proc_run_words(&p, "train", "train --config " TINY " steps=ten", 20, false);
+	ck_assert_int_eq(rc, EXIT_CONFIG);
+	ck_assert_str_eq(slurp(p.err), "meshrun: train: config: key 'steps' (command line) wants an "
+				       "integer, got 'ten'\n");
 }
 END_TEST
 
@@ -300,7 +313,7 @@ END_TEST
 START_TEST(test_config_errors_once)
 {
 	static const struct { const char *extra, *want; } bad[] = {
-		{ "learning_rate=-1", "key 'learning_rate' must be > 0, got -1" },
+		{ "learning_rate=-1", "key 'learning_rate' must be > 0, got -1 (learning_rate: command line)" },
 		{ "no_such_key=3", "unknown key 'no_such_key'" },
 		{ "--fault close:link=0-9:frame=3", "names a host beyond the job's 4 hosts" },
 		{ "--fault bogus:host=1", "key 'faults'" },

@@ -23,10 +23,19 @@ static const char *write_tmp(const char *text)
 	return path;
 }
 
+/* Every key of the table, by name (CFG_KEYS). */
+#define KEY_NAME(t, name, def, hash, help) #name,
+static const char *const key_names[] = { CFG_KEYS(KEY_NAME) };
+#undef KEY_NAME
+
+/* base.yml gives every key the table's default, and lists every key of
+ * the table: once (the loader refuses a key given twice in one file),
+ * and none missing (a key it lacks would keep its origin "default"). */
 START_TEST(test_base_yml_matches_defaults)
 {
-	struct cfg a, b;
+	static struct cfg a, b;
 	uint8_t ha[32], hb[32];
+	char where[400];
 	cfg_defaults(&a);
 	cfg_defaults(&b);
 	b.steps = 12345; /* make sure loading really overwrites */
@@ -35,6 +44,20 @@ START_TEST(test_base_yml_matches_defaults)
 	cfg_hash(&b, hb);
 	ck_assert_int_eq(b.steps, a.steps);
 	ck_assert_msg(memcmp(ha, hb, 32) == 0, "configs/base.yml disagrees with the key table");
+	ck_assert_int_eq(sizeof(key_names) / sizeof(key_names[0]), CFG_NKEYS);
+	for (size_t i = 0; i < CFG_NKEYS; i++) {
+		ck_assert_int_eq(cfg_key_origin(&b, key_names[i], where, sizeof(where)), 0);
+		ck_assert_msg(!strncmp(where, "'configs/base.yml' line ", 24),
+			      "configs/base.yml lacks key '%s' (its origin: %s)", key_names[i], where);
+	}
+	/* and the check can fail: a file without learning_rate leaves it
+	 * at its default */
+	const char *p = write_tmp("steps: 3\n");
+	cfg_defaults(&b);
+	ck_assert_int_eq(cfg_load_file(&b, p, err, sizeof(err)), 0);
+	cfg_key_origin(&b, "learning_rate", where, sizeof(where));
+	ck_assert_str_eq(where, "default");
+	unlink(p);
 }
 END_TEST
 
@@ -130,28 +153,43 @@ START_TEST(test_out_of_range)
 {
 	/* numbers a run cannot use are refused by cfg_finish naming the key */
 	static const struct { const char *kv, *want; } bad[] = {
-		{ "learning_rate=-1", "config: key 'learning_rate' must be > 0, got -1" },
-		{ "learning_rate=0", "config: key 'learning_rate' must be > 0, got 0" },
-		{ "adam_b1=1", "config: key 'adam_b1' must be in [0, 1), got 1" },
-		{ "adam_b2=-0.5", "config: key 'adam_b2' must be in [0, 1), got -0.5" },
-		{ "adam_eps=0", "config: key 'adam_eps' must be > 0, got 0" },
-		{ "warmup_steps_fraction=1.5", "config: key 'warmup_steps_fraction' must be in [0, 1], got 1.5" },
-		{ "gradient_clipping_threshold=-1", "config: key 'gradient_clipping_threshold' must be >= 0, got -1" },
-		{ "steps=-3", "config: key 'steps' must be >= 0, got -3" },
-		{ "checkpoint_period=-1", "config: key 'checkpoint_period' must be >= 0, got -1" },
-		{ "collective_timeout_s=0", "config: key 'collective_timeout_s' must be > 0, got 0" },
+		{ "learning_rate=-1", "config: key 'learning_rate' must be > 0, got -1 (learning_rate: "
+		  "command line)" },
+		{ "learning_rate=0", "config: key 'learning_rate' must be > 0, got 0 (learning_rate: "
+		  "command line)" },
+		{ "adam_b1=1", "config: key 'adam_b1' must be in [0, 1), got 1 (adam_b1: command line)" },
+		{ "adam_b2=-0.5", "config: key 'adam_b2' must be in [0, 1), got -0.5 (adam_b2: command line)" },
+		{ "adam_eps=0", "config: key 'adam_eps' must be > 0, got 0 (adam_eps: command line)" },
+		{ "warmup_steps_fraction=1.5", "config: key 'warmup_steps_fraction' must be in [0, 1], got "
+		  "1.5 (warmup_steps_fraction: command line)" },
+		{ "gradient_clipping_threshold=-1", "config: key 'gradient_clipping_threshold' must be >= 0, "
+		  "got -1 (gradient_clipping_threshold: command line)" },
+		{ "steps=-3", "config: key 'steps' must be >= 0, got -3 (steps: command line)" },
+		{ "checkpoint_period=-1", "config: key 'checkpoint_period' must be >= 0, got -1 "
+		  "(checkpoint_period: command line)" },
+		{ "collective_timeout_s=0", "config: key 'collective_timeout_s' must be > 0, got 0 "
+		  "(collective_timeout_s: command line)" },
+		/* keys from different places: each names its own, defaults too */
 		{ "link_silence_s=10", "config: key 'link_silence_s' (10) must be 0 or lie between "
-		  "'heartbeat_interval_s' (0.5) and 'heartbeat_timeout_s' (10)" },
+		  "'heartbeat_interval_s' (0.5) and 'heartbeat_timeout_s' (10) (link_silence_s: command "
+		  "line; heartbeat_interval_s: default; heartbeat_timeout_s: default)" },
 		{ "link_silence_s=0.5", "config: key 'link_silence_s' (0.5) must be 0 or lie between "
-		  "'heartbeat_interval_s' (0.5) and 'heartbeat_timeout_s' (10)" },
+		  "'heartbeat_interval_s' (0.5) and 'heartbeat_timeout_s' (10) (link_silence_s: command "
+		  "line; heartbeat_interval_s: default; heartbeat_timeout_s: default)" },
 		{ "link_silence_s=-1", "config: key 'link_silence_s' (-1) must be 0 or lie between "
-		  "'heartbeat_interval_s' (0.5) and 'heartbeat_timeout_s' (10)" },
-		{ "learning_rate_schedule_steps=0",
-		  "config: key 'learning_rate_schedule_steps' must be -1 (steps) or >= 1, got 0" },
+		  "'heartbeat_interval_s' (0.5) and 'heartbeat_timeout_s' (10) (link_silence_s: command "
+		  "line; heartbeat_interval_s: default; heartbeat_timeout_s: default)" },
+		/* a default that fails a check once another key moved */
+		{ "heartbeat_interval_s=20", "config: key 'heartbeat_timeout_s' (10) must exceed "
+		  "'heartbeat_interval_s' (20) > 0 (heartbeat_timeout_s: default; heartbeat_interval_s: "
+		  "command line)" },
+		{ "learning_rate_schedule_steps=0", "config: key 'learning_rate_schedule_steps' must be -1 "
+		  "(steps) or >= 1, got 0 (learning_rate_schedule_steps: command line)" },
 		{ "dataset_type=foo", "config: key 'dataset_type' has unknown value 'foo' (synthetic | text | "
-		  "llmc | raw | megatron)" },
+		  "llmc | raw | megatron) (dataset_type: command line)" },
 		{ "dataset_type=text", "config: dataset_type 'text' needs key 'dataset_path' and "
-				       "'vocab_size' >= 256 (byte tokens), got '' and 256" },
+		  "'vocab_size' >= 256 (byte tokens), got '' and 256 (dataset_path: default; vocab_size: "
+		  "default)" },
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		struct cfg c;
@@ -170,6 +208,69 @@ START_TEST(test_out_of_range)
 		ck_assert_int_eq(cfg_override(&c, good[i], err, sizeof(err)), 0);
 		ck_assert_msg(cfg_finish(&c, 1, 1, err, sizeof(err)) == 0, "%s: %s", good[i], err);
 	}
+}
+END_TEST
+
+/* A range or shape error names where the key's value came from: the
+ * file and line, the command line, a whole file (a checkpoint's
+ * config.json), or its default; a key set twice names the last place. */
+START_TEST(test_error_origins)
+{
+	static struct cfg c;
+	char text[256], want[512], base[64], p[64], q[64];
+	/* from a file, through base_config: the file that set it last */
+	snprintf(base, sizeof(base), "%s", write_tmp("steps: 3\nper_device_batch_size: 4\n"));
+	snprintf(text, sizeof(text), "base_config: %s\nsteps: 2\nlearning_rate: -2\n", base);
+	snprintf(p, sizeof(p), "%s", write_tmp(text));
+	cfg_defaults(&c);
+	ck_assert_int_eq(cfg_load_file(&c, p, err, sizeof(err)), 0);
+	ck_assert_int_eq(cfg_finish(&c, 1, 1, err, sizeof(err)), -EINVAL);
+	snprintf(want, sizeof(want), "config: key 'learning_rate' must be > 0, got -2 (learning_rate: "
+		 "'%s' line 3)", p);
+	ck_assert_str_eq(err, want);
+	cfg_key_origin(&c, "per_device_batch_size", err, sizeof(err));
+	snprintf(want, sizeof(want), "'%s' line 2", base);
+	ck_assert_str_eq(err, want);
+	/* the command line over the file: the command line */
+	ck_assert_int_eq(cfg_override(&c, "learning_rate=-3", err, sizeof(err)), 0);
+	ck_assert_int_eq(cfg_finish(&c, 1, 1, err, sizeof(err)), -EINVAL);
+	ck_assert_str_eq(err, "config: key 'learning_rate' must be > 0, got -3 (learning_rate: command "
+			 "line)");
+	/* a whole file (hf_config_apply's config.json) */
+	ck_assert_int_eq(cfg_override_at(&c, "learning_rate=-4", "/ck/config.json", err, sizeof(err)), 0);
+	ck_assert_int_eq(cfg_finish(&c, 1, 1, err, sizeof(err)), -EINVAL);
+	ck_assert_str_eq(err, "config: key 'learning_rate' must be > 0, got -4 (learning_rate: "
+			 "'/ck/config.json')");
+	/* the mesh's product names its sizes and theirs */
+	cfg_override(&c, "learning_rate=0.1", err, sizeof(err));
+	ck_assert_int_eq(cfg_finish(&c, 2, 1, err, sizeof(err)), 0);
+	snprintf(text, sizeof(text), "dcn_data_parallelism: 2\ndcn_fsdp_parallelism: 2\n");
+	snprintf(q, sizeof(q), "%s", write_tmp(text));
+	ck_assert_int_eq(cfg_load_file(&c, q, err, sizeof(err)), 0);
+	cfg_override(&c, "dcn_fsdp_parallelism=3", err, sizeof(err));
+	ck_assert_int_eq(cfg_finish(&c, 4, 1, err, sizeof(err)), -EINVAL);
+	snprintf(want, sizeof(want), "config: dcn_* parallelism multiplies to 6 hosts "
+		 "('dcn_data_parallelism'=2 x 'dcn_fsdp_parallelism'=3), but the run has 4 hosts "
+		 "(dcn_data_parallelism: '%s' line 1; dcn_fsdp_parallelism: command line)", q);
+	ck_assert_str_eq(err, want);
+	/* said once: a message that passes again is unchanged */
+	char again[1024];
+	snprintf(again, sizeof(again), "%s", err);
+	cfg_error_origins(&c, again, sizeof(again));
+	ck_assert_str_eq(again, err);
+	/* a device's line keeps its prefix; a message not about config is
+	 * left alone */
+	snprintf(again, sizeof(again), "device 0: config: key 'steps' must be >= 0, got -1");
+	cfg_error_origins(&c, again, sizeof(again));
+	snprintf(want, sizeof(want), "device 0: config: key 'steps' must be >= 0, got -1 (steps: '%s' "
+		 "line 2)", p);
+	ck_assert_str_eq(again, want);
+	snprintf(again, sizeof(again), "data: 'steps' is not a file");
+	cfg_error_origins(&c, again, sizeof(again));
+	ck_assert_str_eq(again, "data: 'steps' is not a file");
+	unlink(p);
+	unlink(q);
+	unlink(base);
 }
 END_TEST
 
@@ -232,7 +333,8 @@ START_TEST(test_mesh_sizes)
 	ck_assert_msg(cfg_finish(&c, 1, 1, err, sizeof(err)) == 0, "%s", err);
 	cfg_override(&c, "eager_max_bytes=2097152", err, sizeof(err));
 	ck_assert_int_ne(cfg_finish(&c, 1, 1, err, sizeof(err)), 0);
-	ck_assert_str_eq(err, "config: key 'eager_max_bytes' must be in [0, 1048576], got 2097152");
+	ck_assert_str_eq(err, "config: key 'eager_max_bytes' must be in [0, 1048576], got 2097152 "
+			 "(eager_max_bytes: command line)");
 }
 END_TEST
 
@@ -407,6 +509,7 @@ int main(void)
 	tcase_add_test(tc, test_overrides_and_lists);
 	tcase_add_test(tc, test_duplicate_keys);
 	tcase_add_test(tc, test_out_of_range);
+	tcase_add_test(tc, test_error_origins);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("mesh");
 	tcase_set_timeout(tc, 20);

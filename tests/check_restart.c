@@ -6,8 +6,12 @@
  * SIGSTOPped host is reported lost by its peer and killed by the
  * launcher, which returns within heartbeat_timeout_s + 2 s with no agent
  * left; a SIGKILLed host 0 of 3 is found lost by its peers' probe of its
- * listener, long before the heartbeat timeout. Checkpoint directories: the newest complete step is found, *.tmp
- * is ignored. */
+ * listener, long before the heartbeat timeout. A kill drill (--fault
+ * kill) under --max-restarts fires once: the restart's agents carry
+ * --restart 1 and skip host faults, while a link fault fires in both
+ * launches, and the run finishes with the uninterrupted losses. The core's restart loop tells each launch which
+ * restart it is. Checkpoint directories: the newest complete step is
+ * found, *.tmp is ignored. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
@@ -16,6 +20,8 @@
 #include "host/ckpt/ckpt.h"
 #include "host/cli/cli.h"
 #include "host/launch/launch.h"
+#include "host/launch/slurm.h"
+#include "host/launch/ssh.h"
 #include "tests/proc.h"
 
 extern char **environ;
@@ -170,27 +176,45 @@ static void assert_same_losses(const char *file, const double *want)
 		ck_assert_msg(got[s] == want[s], "step %d: %a, uninterrupted %a", s, got[s], want[s]);
 }
 
-START_TEST(test_kill_restarts)
+/* How many times needle occurs in the file at path. */
+static int count_in(const char *path, const char *needle)
 {
-	double want[MAX_STEPS];
-	char m[300], ck[300];
-	straight(want);
-	snprintf(m, sizeof(m), "%s/r.jsonl", tmpdir);
-	snprintf(ck, sizeof(ck), "%s/ck", tmpdir);
-	struct proc p;
-	local_start(&p, "restart", "steps=24", "checkpoint_period=4", "--checkpoint-dir", ck,
-		    "--metrics", m, "--max-restarts", "2", NULL);
-	wait_lines(&p, "r.jsonl", 7);
-	pid_t h1 = agent_pid(p.pid, 1);
-	ck_assert_int_gt(h1, 0);
-	kill(h1, SIGKILL);
-	ck_assert_msg(proc_wait(&p, 120) == 0, "%s", slurp(p.err));
-	ck_assert_file_has(p.err, "host 1 was killed by signal 9");
-	ck_assert_file_has(p.err, "; restart 1 of 2 from checkpoint step ");
-	assert_same_losses("r.jsonl", want);
-	ck_assert_int_gt(lines("r.jsonl"), 24);   /* some steps ran twice */
+	int n = 0;
+	char *s = slurp(path);
+	for (char *c = s; (c = strstr(c, needle)); c += strlen(needle))
+		n++;
+	return n;
 }
-END_TEST
+
+/* A kill drill (--fault kill:host=1:step=6) under --max-restarts with a
+ * checkpoint at step 4: the restart's agents are told they are restart
+ * 1 and the kill does not fire again, so the run finishes after one
+ * restart with the uninterrupted run's losses (want). A link fault
+ * beside it (a reset of link 0-1 at its 3rd data frame, survived by
+ * replay) fires again in the restart, as link faults do. */
+static void kill_drill_recovers(const double *want)
+{
+	char m[300], ck[300];
+	snprintf(m, sizeof(m), "%s/drill.jsonl", tmpdir);
+	snprintf(ck, sizeof(ck), "%s/ck-drill", tmpdir);
+	struct proc p;
+	local_start(&p, "drill", "steps=24", "checkpoint_period=4", "--checkpoint-dir", ck,
+		    "--metrics", m, "--fault", "kill:host=1:step=6", "--fault", "close:link=0-1:frame=3",
+		    "--max-restarts", "2", NULL);
+	ck_assert_msg(proc_wait(&p, 120) == 0, "%s", slurp(p.err));
+	ck_assert_int_eq(count_in(p.err, "fault: injected kill on host 1 at step 6"), 1);
+	ck_assert_int_eq(count_in(p.err, "fault: injected close on link 0-1 at frame 3"), 2);
+	ck_assert_int_eq(count_in(p.err, "fault: injected"), 3);
+	ck_assert_int_eq(count_in(p.err, "; restart "), 1);
+	ck_assert_file_has(p.err, "host 1 was killed by signal 9");
+	ck_assert_file_has(p.err, "; restart 1 of 2 from checkpoint step 4");
+	assert_same_losses("drill.jsonl", want);
+	/* step 4 ran twice (5 too, when host 0 logged it before it saw the
+	 * loss): the restart resumed from step 4 */
+	int n = lines("drill.jsonl");
+	ck_assert_msg(n == 25 || n == 26, "%d metrics lines", n);
+}
+
 
 /* Waits until host 0 writes a checkpoint after a complete one: a
  * step-N.tmp beside a complete step-M, M < N. */
@@ -222,14 +246,15 @@ static void wait_writing(struct proc *p, const char *ck)
 	}
 }
 
-START_TEST(test_kill_during_checkpoint)
+/* A host killed while a checkpoint is being written, under
+ * --max-restarts and then with a plain --resume: both finish with the
+ * uninterrupted losses (want). */
+static void kill_during_checkpoint(const double *want)
 {
-	double want[MAX_STEPS];
 	char m[300], ck[300], path[400], err[256];
-	straight(want);
 	/* 4 files x 150 ms: each checkpoint takes 0.6 s to write */
 	setenv("MESHRUN_TEST_CKPT_DELAY_MS", "150", 1);
-	snprintf(ck, sizeof(ck), "%s/ck", tmpdir);
+	snprintf(ck, sizeof(ck), "%s/ck-writing", tmpdir);
 
 	/* under --max-restarts */
 	snprintf(m, sizeof(m), "%s/w.jsonl", tmpdir);
@@ -258,6 +283,32 @@ START_TEST(test_kill_during_checkpoint)
 	ck_assert_msg(proc_wait(&p, 120) == 0, "%s", slurp(p.err));
 	assert_same_losses("x.jsonl", want);
 	unsetenv("MESHRUN_TEST_CKPT_DELAY_MS");
+}
+
+/* A host killed from outside, one killed while a checkpoint is being
+ * written and one killed by a fault: each recovers with the
+ * uninterrupted losses (one straight run for the three). */
+START_TEST(test_kill_restarts)
+{
+	double want[MAX_STEPS];
+	char m[300], ck[300];
+	straight(want);
+	snprintf(m, sizeof(m), "%s/r.jsonl", tmpdir);
+	snprintf(ck, sizeof(ck), "%s/ck", tmpdir);
+	struct proc p;
+	local_start(&p, "restart", "steps=24", "checkpoint_period=4", "--checkpoint-dir", ck,
+		    "--metrics", m, "--max-restarts", "2", NULL);
+	wait_lines(&p, "r.jsonl", 7);
+	pid_t h1 = agent_pid(p.pid, 1);
+	ck_assert_int_gt(h1, 0);
+	kill(h1, SIGKILL);
+	ck_assert_msg(proc_wait(&p, 120) == 0, "%s", slurp(p.err));
+	ck_assert_file_has(p.err, "host 1 was killed by signal 9");
+	ck_assert_file_has(p.err, "; restart 1 of 2 from checkpoint step ");
+	assert_same_losses("r.jsonl", want);
+	ck_assert_int_gt(lines("r.jsonl"), 24);   /* some steps ran twice */
+	kill_during_checkpoint(want);
+	kill_drill_recovers(want);
 }
 END_TEST
 
@@ -424,14 +475,17 @@ struct script {
 	bool lost[4], intr[4];
 	int64_t ckpt[4];       /* the checkpoint after launch i (-1: none) */
 	bool resumed[4];       /* what launch i was asked */
+	int restart[4];        /* which restart launch i was told it is */
 };
 
-static int script_launch(void *ctx, bool resume, struct launch_result *r, char *err, size_t errlen)
+static int script_launch(void *ctx, int restart, bool resume, struct launch_result *r, char *err,
+			 size_t errlen)
 {
 	struct script *sc = ctx;
 	int i = sc->n++;
 	ck_assert_int_lt(i, 4);
 	sc->resumed[i] = resume;
+	sc->restart[i] = restart;
 	memset(r, 0, sizeof(*r));
 	r->first = sc->rc[i] ? 0 : -1;
 	r->first_code = sc->code[i];
@@ -470,6 +524,9 @@ START_TEST(test_core_restarting)
 	ck_assert_int_eq(script_run(&a, 2), 0);
 	ck_assert_int_eq(a.n, 3);
 	ck_assert(!a.resumed[0] && !a.resumed[1] && a.resumed[2]);
+	/* each launch is told which restart it is: the first is 0 */
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(a.restart[i], i);
 	/* the limit: two restarts, then the failure stands; resume stays on */
 	struct script b = { .rc = { -ECHILD, -ECHILD, -ECHILD, 0 }, .code = { 1, 1, 1 },
 			    .ckpt = { 4, -1, -1 } };
@@ -487,6 +544,58 @@ START_TEST(test_core_restarting)
 	struct script e = { .rc = { -ECHILD, 0 }, .code = { 5 }, .lost = { true }, .ckpt = { 4 } };
 	ck_assert_int_eq(script_run(&e, 0), -ECHILD);
 	ck_assert_int_eq(e.n, 1);
+}
+END_TEST
+
+/* The ssh backend's remote command: the first launch carries no
+ * --restart (its host faults fire), the Nth restart carries --restart N
+ * after --resume; nothing else changes. */
+START_TEST(test_ssh_agent_restart_arg)
+{
+	struct hostfile_entry h[2] = { { .host = "10.0.0.1" }, { .host = "10.0.0.2" } };
+	struct ssh_launch_args a = { .hosts = h, .n = 2, .devices_per_host = 1,
+				     .restarts = { .max = 2 } };
+	char first[4096], again[4096], want[4200];
+	ssh_agent_cmd(first, sizeof(first), &a, "abc", 1, 0, false);
+	ck_assert_msg(!strstr(first, "--restart"), "%s", first);
+	ck_assert_msg(strstr(first, " --host-id 1 --hosts 2 "), "%s", first);
+	ck_assert_msg(strstr(first, " --checkpoint-dir '/tmp/meshrun-abc/ckpt'"), "%s", first);
+	ssh_agent_cmd(again, sizeof(again), &a, "abc", 1, 2, true);
+	snprintf(want, sizeof(want), "%s --resume --restart 2", first);
+	ck_assert_str_eq(again, want);
+}
+END_TEST
+
+/* The Slurm backend's srun argv: --restart N only on a restart, as two
+ * words at the end (after --resume). */
+START_TEST(test_slurm_step_restart_arg)
+{
+	char *own[] = { "--config", "x.yml", "steps=8" };
+	struct slurm_launch_args a = { .argc = 3, .argv = own, .devices_per_host = 2 };
+	char keys[1][64] = { "dcn_data_parallelism=1" };
+	struct slurm_step st = { .srun = "/usr/bin/srun", .self = "/shared/meshrun", .node = "node1",
+				 .addr = "10.0.0.2", .host = 1, .hosts = 2, .keys = (const char (*)[64])keys,
+				 .nkeys = 1 };
+	static char store[SLURM_ARGS_MAX][512];
+	char *v[SLURM_ARGS_MAX + 1];
+	int n = 0;
+	ck_assert_int_eq(slurm_step_argv(&a, &st, v, store), 0);
+	while (v[n])
+		n++;
+	ck_assert_str_eq(v[n - 1], "dcn_data_parallelism=1");
+	for (int i = 0; i < n; i++)
+		ck_assert_msg(strcmp(v[i], "--restart"), "argv %d is --restart on the first launch", i);
+	st.restart = 3;
+	st.resume = true;
+	ck_assert_int_eq(slurm_step_argv(&a, &st, v, store), 0);
+	int m = 0;
+	while (v[m])
+		m++;
+	ck_assert_int_eq(m, n + 3);
+	ck_assert_str_eq(v[n], "--resume");
+	ck_assert_str_eq(v[n + 1], "--restart");
+	ck_assert_str_eq(v[n + 2], "3");
+	ck_assert_str_eq(v[7], "agent");
 }
 END_TEST
 
@@ -510,9 +619,10 @@ static int script_regroup(void *ctx, char *what, size_t whatlen, char *why, size
 	return 0;
 }
 
-static int regroup_launch(void *ctx, bool resume, struct launch_result *r, char *err, size_t errlen)
+static int regroup_launch(void *ctx, int restart, bool resume, struct launch_result *r, char *err,
+			  size_t errlen)
 {
-	return script_launch(&((struct regroup_script *)ctx)->sc, resume, r, err, errlen);
+	return script_launch(&((struct regroup_script *)ctx)->sc, restart, resume, r, err, errlen);
 }
 
 static int64_t regroup_ckpt(void *ctx)
@@ -563,12 +673,13 @@ int main(void)
 	tcase_add_test(tc, test_core_status_stderr);
 	tcase_add_test(tc, test_core_restarting);
 	tcase_add_test(tc, test_core_regroup);
+	tcase_add_test(tc, test_ssh_agent_restart_arg);
+	tcase_add_test(tc, test_slurm_step_restart_arg);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("restart");
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 400);
 	tcase_add_test(tc, test_kill_restarts);
-	tcase_add_test(tc, test_kill_during_checkpoint);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("stop");
 	tcase_add_checked_fixture(tc, setup, teardown);

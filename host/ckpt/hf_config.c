@@ -302,7 +302,7 @@ static int apply_keys(struct cfg *c, const struct rd *r, const char *const *cmdl
 				 type ? "'" : "");
 			return -EINVAL;
 		}
-		cfg_override(c, kv, err, errlen);
+		cfg_override_at(c, kv, r->path, err, errlen);
 	}
 	return 0;
 }

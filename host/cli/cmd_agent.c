@@ -14,6 +14,7 @@
 #include "host/cli/cli.h"
 #include "host/cli/cmds.h"
 #include "host/config/config.h"
+#include "host/launch/launch.h"
 #include "host/train/check.h"
 #include "host/train/loop.h"
 #include "host/train/preflight.h"
@@ -83,7 +84,9 @@ int cli_agent_check(const struct args *a, const struct mesh_args *m, const char 
 	if (rc || (job && strcmp(job, "train")))
 		return rc;
 	mesh_init(&mesh, c);
-	return cli_exit_code(train_check(c, &mesh, err, errlen));
+	if ((rc = train_check(c, &mesh, err, errlen)))
+		cfg_error_origins(c, err, errlen);
+	return cli_exit_code(rc);
 }
 
 /* ---- `meshrun agent` ---- */
@@ -166,6 +169,8 @@ static const struct arg_flag agent_flags[] = {
 	{ "--resume", ARG_BOOL, &ao.run.resume, 0, 0, NULL },
 	{ "--fault", ARG_APPEND, NULL, 0, 0, "faults" },
 	{ "--quiet", ARG_BOOL, &ao.run.quiet, 0, 0, NULL },
+	/* launchers only: which restart of the job this agent is */
+	{ LAUNCH_RESTART_FLAG, ARG_INT, &ao.run.restart, 0, 1000000, NULL },
 	{ NULL, 0, NULL, 0, 0, NULL },
 };
 
@@ -233,6 +238,7 @@ int cmd_agent(int argc, char **argv)
 	if (train && host_id == 0 &&
 	    (rc = train_preflight(&out, &cfg, &ao.run, cli_job_name("agent", job, sizeof(job)), err,
 				  sizeof(err)))) {
+		cfg_error_origins(&cfg, err, sizeof(err));
 		cli_error(who, "%s", err);
 		return cli_exit_code(rc);
 	}
@@ -262,6 +268,8 @@ int cmd_agent(int argc, char **argv)
 	}
 	rc = agent_run(&cfg, host_id, ao.listen, j->fn, train ? (void *)&ao.run : (void *)&ao.pp, err,
 		       sizeof(err));
+	if (rc)   /* the job's train_check, say: where a key came from */
+		cfg_error_origins(&cfg, err, sizeof(err));
 	hf_src_close(ao.run.weights);
 	ckpt_resume_close(ao.run.resume_from);
 	train_outputs_release(&out);

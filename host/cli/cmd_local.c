@@ -36,22 +36,29 @@ struct restarts {
 	time_t t0;
 };
 
-/* One local launch for launch_restarting; cargv has room for --resume. */
+/* One local launch for launch_restarting: the agents' arguments, then
+ * what this launch adds (cargv has room for three more). */
 struct local_run {
 	int hosts, cargc;
 	char **cargv;
-	bool resuming;                 /* --resume is in cargv */
 	const struct restarts *rs;
 };
 
-static int local_once(void *ctx, bool resume, struct launch_result *r, char *err, size_t errlen)
+static int local_once(void *ctx, int restart, bool resume, struct launch_result *r, char *err,
+		      size_t errlen)
 {
 	struct local_run *lr = ctx;
-	if (resume && !lr->resuming) {
-		lr->cargv[lr->cargc++] = "--resume";
-		lr->resuming = true;
+	char num[16];
+	int n = lr->cargc;
+	if (resume && !lr->rs->resume)
+		lr->cargv[n++] = "--resume";
+	if (restart > 0) {
+		snprintf(num, sizeof(num), "%d", restart);
+		lr->cargv[n++] = LAUNCH_RESTART_FLAG;
+		lr->cargv[n++] = num;
 	}
-	return local_launch(lr->hosts, lr->cargc, lr->cargv, &local_opts, r, err, errlen);
+	lr->cargv[n] = NULL;
+	return local_launch(lr->hosts, n, lr->cargv, &local_opts, r, err, errlen);
 }
 
 /* The newest complete checkpoint: one this command wrote, unless it
@@ -68,15 +75,15 @@ static int64_t local_checkpoint(void *ctx)
 	return -1;
 }
 
-/* Launches, and relaunches with --resume after each restartable failure,
- * at most rs->max times. cargv has room for one more argument. */
+/* Launches, and relaunches with --resume and --restart N after each
+ * restartable failure, at most rs->max times. cargv has room for three
+ * more arguments. */
 static int launch_restarting_local(const char *who, int hosts, int cargc, char **cargv,
 				   const struct restarts *rs)
 {
 	char err[1024] = "";
 	struct launch_result r;
-	struct local_run lr = { .hosts = hosts, .cargc = cargc, .cargv = cargv,
-				.resuming = rs->resume, .rs = rs };
+	struct local_run lr = { .hosts = hosts, .cargc = cargc, .cargv = cargv, .rs = rs };
 	const struct launch_restarts lrs = {
 		.max = rs->max, .resume = rs->resume, .launch = local_once,
 		.checkpoint = local_checkpoint, .retry_code = cli_restart_code, .ctx = &lr,
@@ -97,7 +104,7 @@ static int launch_local(const char *who, int hosts, const struct args *a, char *
 {
 	if (hosts < 1 || hosts > LOCAL_MAX_HOSTS)
 		return cli_usage_error(who, "--hosts must be in [1, %d], got %d", LOCAL_MAX_HOSTS, hosts);
-	char **cargv = calloc((size_t)a->argc + (size_t)nprefix + 2, sizeof(char *));
+	char **cargv = calloc((size_t)a->argc + (size_t)nprefix + 4, sizeof(char *));
 	if (!cargv) {
 		cli_error(who, "out of memory");
 		return EXIT_FAIL;
@@ -153,6 +160,7 @@ int cmd_local(int argc, char **argv)
 	const struct arg_flag own[] = {
 		{ "--hosts", ARG_INT, &hosts, 1, 1000000, NULL },
 		{ "--host-id", ARG_REFUSE, NULL, 0, 0, "--host-id is chosen by the launcher" },
+		{ LAUNCH_RESTART_FLAG, ARG_REFUSE, NULL, 0, 0, "--restart is set by the launcher" },
 		{ "--max-restarts", ARG_INT, &rs.max, 0, 1000000, NULL },
 		{ NULL, 0, NULL, 0, 0, NULL },
 	};

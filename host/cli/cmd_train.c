@@ -100,6 +100,7 @@ int cmd_train(int argc, char **argv)
 	}
 	rc = args_load_cfg(&a, &c, err, sizeof(err));
 	args_release(&a);
+	bool loaded = !rc;   /* the loader's own errors say where already */
 	struct train_outputs out = { .lock.fd = -1 };
 	char job[128];
 	struct mesh m;
@@ -117,6 +118,8 @@ int cmd_train(int argc, char **argv)
 		rc = train_run(&c, &o, err, sizeof(err));
 		train_outputs_release(&out);
 	}
+	if (rc && loaded)   /* a key's range or shape error says where its value came from */
+		cfg_error_origins(&c, err, sizeof(err));
 	if (rc)
 		cli_error("train", "%s", err);
 	return cli_exit_code(rc);

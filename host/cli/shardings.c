@@ -190,13 +190,16 @@ int shardings_describe(struct cfg *c, int hosts, int devs, char *err, size_t err
 	mesh_init(&m, c);
 	/* what the trainer refuses, refused here with the same line */
 	if ((rc = train_check(c, &m, err, errlen))) {
+		cfg_error_origins(c, err, errlen);
 		if (rc != -ENOMEM)
 			rc = -EINVAL;
 		goto out;
 	}
 	rc = -EINVAL;
-	if (model_dims_from_cfg(&d, c, err, errlen) || shard_rules_from_cfg(rules, c, err, errlen))
+	if (model_dims_from_cfg(&d, c, err, errlen) || shard_rules_from_cfg(rules, c, err, errlen)) {
+		cfg_error_origins(c, err, errlen);
 		goto out;
+	}
 	/* device 0's plans: every device's shards have the same shapes */
 	struct model_mesh mm = { .mesh = &m, .rules = rules, .device = 0 };
 	int micro = 1;

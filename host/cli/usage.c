@@ -19,7 +19,8 @@ static const struct {
 		   "[--fault SPEC ...] [--job NAME] [--quiet]\n" },
 	{ "agent", "agent --config FILE --host-id I [--hosts N] [--devices-per-host D] "
 		   "[--listen ADDR] [--job NAME] [key=value ...] [--metrics FILE] [--checkpoint-dir DIR] "
-		   "[--resume] [--trace FILE] [--fault SPEC ...] [--quiet]\n" },
+		   "[--resume] [--trace FILE] [--fault SPEC ...] [--quiet] "
+		   "[--restart N (set by launchers only)]\n" },
 	{ "launch", "launch --hostfile FILE [--ssh-config FILE] [--devices-per-host D] --config FILE "
 		    "[key=value ...] [--metrics FILE] [--trace FILE] [--checkpoint-dir DIR] [--resume] "
 		    "[--max-restarts K] [--certs DIR] [--log-dir DIR] [--keep] [--quiet] "

@@ -46,6 +46,7 @@ static const struct cfg_key keys[] = {
 #undef CFG_DESC
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
+_Static_assert(NKEYS == CFG_NKEYS, "CFG_NKEYS counts the key table");
 
 static const struct cfg_key *find_key(const char *name)
 {
@@ -150,18 +151,129 @@ void cfg_defaults(struct cfg *c)
 			abort(); /* a bad default in the table is a programmer error */
 }
 
-static int cfg_set(struct cfg *c, const char *key, const char *value, const char *origin,
-		   char *err, size_t errlen)
+/* ---- origins ---- */
+
+/* Records that key k was last set by file (NULL: the command line) at
+ * line (0: the file as a whole). */
+static void note_origin(struct cfg *c, const struct cfg_key *k, const char *file, size_t line)
+{
+	struct cfg_origins *o = &c->origin;
+	size_t i = (size_t)(k - keys);
+	o->line_of[i] = (uint32_t)line;
+	if (!file) {
+		o->file_of[i] = CFG_FROM_CMDLINE;
+		return;
+	}
+	int f = 0;
+	while (f < o->nfiles && strcmp(o->file[f], file))
+		f++;
+	if (f == o->nfiles && (f == CFG_MAX_FILES || strlen(file) >= CFG_STR)) {
+		o->file_of[i] = CFG_FROM_FILE_UNNAMED;
+		return;
+	}
+	if (f == o->nfiles)
+		strcpy(o->file[o->nfiles++], file);
+	o->file_of[i] = (int16_t)(1 + f);
+}
+
+static void origin_text(const struct cfg *c, const struct cfg_key *k, char *out, size_t n)
+{
+	const struct cfg_origins *o = &c->origin;
+	size_t i = (size_t)(k - keys);
+	int f = o->file_of[i];
+	if (f == 0)
+		snprintf(out, n, "default");
+	else if (f == CFG_FROM_CMDLINE)
+		snprintf(out, n, "command line");
+	else if (f < 0 || f > o->nfiles)
+		snprintf(out, n, "a config file");
+	else if (o->line_of[i])
+		snprintf(out, n, "'%s' line %u", o->file[f - 1], (unsigned)o->line_of[i]);
+	else
+		snprintf(out, n, "'%s'", o->file[f - 1]);
+}
+
+int cfg_key_origin(const struct cfg *c, const char *key, char *out, size_t n)
 {
 	const struct cfg_key *k = find_key(key);
+	if (!k)
+		return -EINVAL;
+	origin_text(c, k, out, n);
+	return 0;
+}
+
+void cfg_error_origins(const struct cfg *c, char *err, size_t errlen)
+{
+	char tail[1024], where[CFG_STR + 64];
+	const struct cfg_key *named[8];
+	int n = 0;
+	size_t used = 0;
+	/* "config: ...", or a device's "device 0: config: ..." */
+	const char *p = strstr(err, "config: ");
+	while (p && n < 8) {
+		const char *q = strchr(p, '\'');
+		const char *e = q ? strchr(q + 1, '\'') : NULL;
+		if (!e)
+			break;
+		char name[CFG_STR];
+		size_t len = (size_t)(e - q - 1);
+		const struct cfg_key *k = NULL;
+		if (len < sizeof(name)) {
+			memcpy(name, q + 1, len);
+			name[len] = 0;
+			k = find_key(name);
+		}
+		if (!k) {
+			/* not a key (a value, a file name): its closing quote
+			 * may be the opening one of a name after it */
+			p = e;
+			continue;
+		}
+		bool seen = false;
+		for (int i = 0; i < n; i++)
+			seen |= named[i] == k;
+		if (!seen)
+			named[n++] = k;
+		p = e + 1;
+	}
+	if (!n)
+		return;
+	for (int i = 0; i < n && used < sizeof(tail); i++) {
+		origin_text(c, named[i], where, sizeof(where));
+		used += (size_t)snprintf(tail + used, sizeof(tail) - used, "%s%s: %s", i ? "; " : " (",
+					 named[i]->name, where);
+	}
+	if (used + 2 > sizeof(tail))
+		return;   /* too long to say where: the message stands */
+	strcpy(tail + used, ")");
+	size_t el = strlen(err), tl = strlen(tail);
+	if ((el >= tl && !strcmp(err + el - tl, tail)) || el + tl >= errlen)
+		return;   /* said already, or no room */
+	memcpy(err + el, tail, tl + 1);
+}
+
+static int cfg_set(struct cfg *c, const char *key, const char *value, const char *file,
+		   size_t line, char *err, size_t errlen)
+{
+	char origin[CFG_STR + 64];
+	const struct cfg_key *k = find_key(key);
+	if (!file)
+		snprintf(origin, sizeof(origin), "command line");
+	else if (line)
+		snprintf(origin, sizeof(origin), "'%s' line %zu", file, line);
+	else
+		snprintf(origin, sizeof(origin), "'%s'", file);
 	if (!k) {
 		snprintf(err, errlen, "config: unknown key '%s' (%s)", key, origin);
 		return -EINVAL;
 	}
-	return set_value(c, k, value, origin, err, errlen);
+	int rc = set_value(c, k, value, origin, err, errlen);
+	if (!rc)
+		note_origin(c, k, file, line);
+	return rc;
 }
 
-int cfg_override(struct cfg *c, const char *kv, char *err, size_t errlen)
+int cfg_override_at(struct cfg *c, const char *kv, const char *file, char *err, size_t errlen)
 {
 	const char *eq = strchr(kv, '=');
 	char key[CFG_STR];
@@ -171,7 +283,12 @@ int cfg_override(struct cfg *c, const char *kv, char *err, size_t errlen)
 	}
 	memcpy(key, kv, eq - kv);
 	key[eq - kv] = 0;
-	return cfg_set(c, key, eq + 1, "command line", err, errlen);
+	return cfg_set(c, key, eq + 1, file, 0, err, errlen);
+}
+
+int cfg_override(struct cfg *c, const char *kv, char *err, size_t errlen)
+{
+	return cfg_override_at(c, kv, NULL, err, errlen);
 }
 
 int cfg_list_append(struct cfg *c, const char *key, const char *item, char *err, size_t errlen)
@@ -187,6 +304,7 @@ int cfg_list_append(struct cfg *c, const char *key, const char *item, char *err,
 		return -EINVAL;
 	}
 	snprintf(l->item[l->n++], CFG_STR, "%s", item);
+	note_origin(c, k, NULL, 0);
 	return 0;
 }
 
@@ -289,8 +407,8 @@ static int load_depth(struct cfg *c, const char *path, int depth, char *err, siz
 				snprintf(err, errlen, "config: key '%s' (%s) wants %s, got a list",
 					 key, origin, type_name(k->type));
 				rc = -EINVAL;
-			} else {
-				rc = set_value(c, k, seqbuf, origin, err, errlen);
+			} else if (!(rc = set_value(c, k, seqbuf, origin, err, errlen))) {
+				note_origin(c, k, path, key_line);
 			}
 			in_seq = false;
 			have_key = false;
@@ -323,7 +441,6 @@ static int load_depth(struct cfg *c, const char *path, int depth, char *err, siz
 				}
 			} else {
 				have_key = false;
-				snprintf(origin, sizeof(origin), "'%s' line %zu", path, key_line);
 				if (!strcmp(key, "base_config")) {
 					char base[4096];
 					const char *slash = strrchr(path, '/');
@@ -335,7 +452,7 @@ static int load_depth(struct cfg *c, const char *path, int depth, char *err, siz
 					rc = load_depth(c, base, depth + 1, err, errlen);
 				} else {
 					/* an empty scalar means "empty" for strings and lists */
-					rc = cfg_set(c, key, v, origin, err, errlen);
+					rc = cfg_set(c, key, v, path, key_line, err, errlen);
 				}
 			}
 		}
@@ -371,6 +488,24 @@ static const char *family_key(int dcn, int a)
 	return dcn ? axis_keys[a].dcn_key : axis_keys[a].ici_key;
 }
 
+/* "'dcn_data_parallelism'=2 x 'dcn_fsdp_parallelism'=2": the sizes
+ * of one family that make its product (those not 1 or -1), for an error
+ * that says the product is wrong. */
+static void family_terms(const struct cfg *c, int dcn, char *out, size_t n)
+{
+	size_t used = 0;
+	out[0] = 0;
+	for (int a = 0; a < AX_COUNT && used < n; a++) {
+		long long v = cfg_axis_key(c, dcn, a);
+		if (v == 1 || v == -1)
+			continue;
+		used += (size_t)snprintf(out + used, n - used, "%s'%s'=%lld", used ? " x " : "",
+					 family_key(dcn, a), v);
+	}
+	if (!out[0])
+		snprintf(out, n, "every %s key is 1", dcn ? "dcn" : "ici");
+}
+
 /* Resolves one family (ici or dcn): at most one -1, product must be want
  * (if want > 0). Returns the product. */
 static int resolve_family(struct cfg *c, int dcn, int want, int *out, char *err, size_t errlen)
@@ -397,11 +532,17 @@ static int resolve_family(struct cfg *c, int dcn, int want, int *out, char *err,
 	for (int a = 0; a < AX_COUNT; a++)
 		out[a] = (int)*axis_slot(c, dcn, a);
 	if (fill >= 0) {
-		if (want <= 0 || want % prod) {
-			snprintf(err, errlen, "config: key '%s' is -1 but %s",
-				 family_key(dcn, fill),
-				 want <= 0 ? "the number of hosts/devices is not known here"
-					   : "the other sizes do not divide it");
+		char terms[1024];
+		if (want <= 0) {
+			snprintf(err, errlen, "config: key '%s' is -1 but the number of hosts/devices is "
+				 "not known here", family_key(dcn, fill));
+			return -EINVAL;
+		}
+		if (want % prod) {
+			family_terms(c, dcn, terms, sizeof(terms));
+			snprintf(err, errlen, "config: key '%s' is -1 but the other %s sizes (%s) do not "
+				 "divide the %d %s", family_key(dcn, fill), dcn ? "dcn" : "ici", terms,
+				 want, dcn ? "hosts" : "devices per host");
 			return -EINVAL;
 		}
 		out[fill] = (int)(want / prod);
@@ -499,8 +640,9 @@ static int check_ranges(const struct cfg *c, char *err, size_t errlen)
 	return 0;
 }
 
-int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_t errlen)
+static int finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_t errlen)
 {
+	char terms[1024];
 	int h = resolve_family(c, 1, want_hosts, c->dcn, err, errlen);
 	if (h < 0)
 		return h;
@@ -508,13 +650,15 @@ int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_
 	if (d < 0)
 		return d;
 	if (want_hosts > 0 && h != want_hosts) {
-		snprintf(err, errlen, "config: dcn_* parallelism multiplies to %d hosts, but the run has %d hosts",
-			 h, want_hosts);
+		family_terms(c, 1, terms, sizeof(terms));
+		snprintf(err, errlen, "config: dcn_* parallelism multiplies to %d hosts (%s), but the run "
+			 "has %d hosts", h, terms, want_hosts);
 		return -EINVAL;
 	}
 	if (want_devices > 0 && d != want_devices) {
-		snprintf(err, errlen, "config: ici_* parallelism multiplies to %d devices per host, but the run has %d",
-			 d, want_devices);
+		family_terms(c, 0, terms, sizeof(terms));
+		snprintf(err, errlen, "config: ici_* parallelism multiplies to %d devices per host (%s), "
+			 "but the run has %d", d, terms, want_devices);
 		return -EINVAL;
 	}
 	c->num_hosts = h;
@@ -583,6 +727,14 @@ int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_
 		return -EINVAL;
 	}
 	return check_ranges(c, err, errlen);
+}
+
+int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_t errlen)
+{
+	int rc = finish(c, want_hosts, want_devices, err, errlen);
+	if (rc)
+		cfg_error_origins(c, err, errlen);
+	return rc;
 }
 
 int cfg_parse_bytes(const char *s, size_t *out)

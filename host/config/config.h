@@ -191,6 +191,25 @@ enum cfg_type { CFG_T_INT, CFG_T_FLOAT, CFG_T_BOOL, CFG_T_STR, CFG_T_LIST };
 #define CFG_ARR_STR     [CFG_STR]
 #define CFG_ARR_LIST
 
+#define CFG_COUNT_KEY(t, name, def, hash, help) +1
+#define CFG_NKEYS (0 CFG_KEYS(CFG_COUNT_KEY))
+#define CFG_MAX_FILES 32
+
+/* Where each key's value came from: the last place that set it. The
+ * loader fills it (cfg_load_file, cfg_override, cfg_override_at,
+ * cfg_list_append); a key no one set is its default. file_of[i] for key
+ * i of the table: 0 default, CFG_FROM_CMDLINE, CFG_FROM_FILE_UNNAMED (a
+ * file past the first CFG_MAX_FILES), else 1 + an index into file[];
+ * line_of[i] 0 means the file as a whole (a checkpoint's config.json). */
+#define CFG_FROM_CMDLINE (-1)
+#define CFG_FROM_FILE_UNNAMED (-2)
+struct cfg_origins {
+	int nfiles;
+	char file[CFG_MAX_FILES][CFG_STR];
+	int16_t file_of[CFG_NKEYS];
+	uint32_t line_of[CFG_NKEYS];
+};
+
 struct cfg {
 #define CFG_FIELD(t, name, def, hash, help) CFG_CTYPE_##t name CFG_ARR_##t;
 	CFG_KEYS(CFG_FIELD)
@@ -198,6 +217,8 @@ struct cfg {
 	/* derived by cfg_finish() */
 	int ici[AX_COUNT], dcn[AX_COUNT];
 	int num_hosts, devices_per_host;
+	/* not a key: for error messages only, never hashed or written */
+	struct cfg_origins origin;
 };
 
 /* Fills every key with its default. */
@@ -206,15 +227,37 @@ void cfg_defaults(struct cfg *c);
  * `base_config: FILE` loads FILE (relative to this file) first. 0 or -errno,
  * detail in err. */
 int cfg_load_file(struct cfg *c, const char *path, char *err, size_t errlen);
-/* Applies one `key=value`. 0 or -EINVAL with err naming the key. */
+/* Applies one `key=value` from the command line. 0 or -EINVAL with err
+ * naming the key. */
 int cfg_override(struct cfg *c, const char *kv, char *err, size_t errlen);
+/* The same for a `key=value` read from file as a whole (a checkpoint's
+ * config.json): the key's origin is then that file. */
+int cfg_override_at(struct cfg *c, const char *kv, const char *file, char *err, size_t errlen);
 /* Appends item to the LIST key (a repeated command-line flag such as
  * --fault). 0 or -EINVAL with err (not a list, full, a ',' in item). */
 int cfg_list_append(struct cfg *c, const char *key, const char *item, char *err, size_t errlen);
 /* Validates and derives mesh sizes; fills one -1 per family. With
  * want_hosts/want_devices > 0, checks the mesh multiplies to them (and fills
- * -1 from them). 0 or -EINVAL with err. */
+ * -1 from them). 0 or -EINVAL with err, every key it names followed by
+ * where its value came from (cfg_error_origins). */
 int cfg_finish(struct cfg *c, int want_hosts, int want_devices, char *err, size_t errlen);
+/* Where key's value came from, as error messages say it: "'FILE' line N",
+ * "'FILE'" (set from a whole file), "command line", "default" or "a
+ * config file" (past CFG_MAX_FILES). 0, or -EINVAL for an unknown key. */
+int cfg_key_origin(const struct cfg *c, const char *key, char *out, size_t n);
+/* Adds to a range or shape error about c ("config: ...", one line, or a
+ * device's "device 0: config: ...") where each key it names in quotes
+ * came from, in the order it names them:
+ *   config: key 'per_device_batch_size' must be >= 1, got -2
+ *     (per_device_batch_size: 'configs/x.yml' line 12)
+ *   config: key 'heartbeat_timeout_s' (10) must exceed 'heartbeat_interval_s'
+ *     (20) > 0 (heartbeat_timeout_s: default; heartbeat_interval_s: command line)
+ * (each on one line). At the end, so the message's own words stay as
+ * they were. A message that names no key, is not a config error or has
+ * its origins already is left alone, so it may be applied twice; the
+ * loader's own errors (unknown key, wrong type, given twice) name their
+ * file and line themselves. */
+void cfg_error_origins(const struct cfg *c, char *err, size_t errlen);
 /* A byte count like 4096, 64K, 16M, 1G (optional B): 0 or -EINVAL. */
 int cfg_parse_bytes(const char *s, size_t *out);
 /* The value of axis a's dcn_* (dcn) or ici_* size key, as configured

@@ -507,7 +507,7 @@ int launch_restarting(const char *who, const struct launch_restarts *rs, struct 
 	int rc;
 	for (int n = 1;; n++) {
 		err[0] = 0;
-		rc = rs->launch(rs->ctx, resuming, r, err, errlen);
+		rc = rs->launch(rs->ctx, n - 1, resuming, r, err, errlen);
 		if (n > rs->max || !restartable(rs, rc, r))
 			return rc;
 		char what[512] = "", why[512] = "";

@@ -33,6 +33,11 @@
 
 #define LAUNCH_MAX_FDS 4
 
+/* The agent flag a launcher sets on a restart's agents (`--restart N`,
+ * N >= 1): the Nth restart of the job, whose host faults (kill, stop)
+ * do not fire again. Never set on the first launch. */
+#define LAUNCH_RESTART_FLAG "--restart"
+
 /* Where a child's status lines (host/launch/status.h) come from. */
 enum launch_status {
 	LAUNCH_STATUS_NONE = 0,        /* no channel */
@@ -95,9 +100,12 @@ int launch_run(struct launch_child *kids, int n, const struct launch_opts *o,
 struct launch_restarts {
 	int max;                       /* restarts allowed; 0: launch once */
 	bool resume;                   /* the first launch resumes already */
-	/* one launch of every child; resume: the children resume from the
-	 * newest complete checkpoint. Returns as launch_run. */
-	int (*launch)(void *ctx, bool resume, struct launch_result *r, char *err, size_t errlen);
+	/* one launch of every child; restart: 0 for the first launch, N for
+	 * the Nth restart, passed to every agent (`meshrun agent --restart N`:
+	 * host faults fire only when it is 0); resume: the children resume
+	 * from the newest complete checkpoint. Returns as launch_run. */
+	int (*launch)(void *ctx, int restart, bool resume, struct launch_result *r, char *err,
+		      size_t errlen);
 	/* the step of the checkpoint a relaunch would resume from: the newest
 	 * complete one this job wrote (or any, when it resumed from the
 	 * start); -1: none, the relaunch starts from step 0 */
@@ -118,7 +126,8 @@ struct launch_restarts {
 
 /* Launches, and after each failure worth it (a child died, was lost or
  * failed with a retry_code; never after an interrupt) launches again, at
- * most rs->max times, with resume when a checkpoint is there; prints
+ * most rs->max times, with resume when a checkpoint is there and the
+ * restart's number (1, 2, ...: the first launch is 0); prints
  * "WHO: FAILURE; restart N of K from checkpoint step S" (or "from the
  * start (no checkpoint yet)"; once resuming, it stays so; and regroup's
  * words) on stderr before each. When regroup says no restart can work,

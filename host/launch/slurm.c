@@ -25,7 +25,7 @@
 #define PROBE_S 30.0
 /* scontrol, squeue, scancel */
 #define CMD_S 15.0
-#define ARGS_MAX 160
+#define ARGS_MAX SLURM_ARGS_MAX
 
 extern char **environ;
 
@@ -227,44 +227,59 @@ static char **step_env(const struct run *rn, char *coord, size_t coordlen)
 	return env;
 }
 
-/* argv of host i's srun: the strings it formats in store (ARGS_MAX x
- * 512), the others pointed to. */
-static int step_argv(const struct run *rn, int i, bool resume, char **v, char (*store)[512])
+int slurm_step_argv(const struct slurm_launch_args *a, const struct slurm_step *s, char **v,
+		    char (*store)[512])
 {
-	const struct slurm_launch_args *a = rn->a;
 	int n = 0;
 #define PUT(s) do { if (n + 1 >= ARGS_MAX) return -E2BIG; v[n++] = (char *)(s); } while (0)
 #define ADD(...) do { if (n + 1 >= ARGS_MAX) return -E2BIG; snprintf(store[n], 512, __VA_ARGS__); \
 	v[n] = store[n]; n++; } while (0)
-	PUT(rn->srun);
+	PUT(s->srun);
 	PUT("--nodes=1");
 	PUT("--ntasks=1");
-	ADD("--nodelist=%s", rn->node[i].name);
-	ADD("--job-name=meshrun-host%d", i);
+	ADD("--nodelist=%s", s->node);
+	ADD("--job-name=meshrun-host%d", s->host);
 	PUT("--quit-on-interrupt");
-	PUT(rn->self);
+	PUT(s->self);
 	PUT("agent");
 	PUT("--host-id");
-	ADD("%d", i);
+	ADD("%d", s->host);
 	PUT("--hosts");
-	ADD("%d", rn->n);
+	ADD("%d", s->hosts);
 	PUT("--devices-per-host");
 	ADD("%d", a->devices_per_host);
 	PUT("--listen");
-	ADD("%s:0", rn->node[i].addr);
+	ADD("%s:0", s->addr);
 	for (int k = 0; k < a->argc; k++)
 		PUT(a->argv[k]);
-	for (int k = 0; k < rn->nkeys; k++)
-		PUT(rn->keys[k]);
-	if (resume && !a->resume)
+	for (int k = 0; k < s->nkeys; k++)
+		PUT(s->keys[k]);
+	if (s->resume && !a->resume)
 		PUT("--resume");
+	if (s->restart > 0) {
+		PUT(LAUNCH_RESTART_FLAG);
+		ADD("%d", s->restart);
+	}
 #undef ADD
 #undef PUT
 	v[n] = NULL;
 	return 0;
 }
 
-static int slurm_once(void *ctx, bool resume, struct launch_result *r, char *err, size_t errlen)
+/* argv of host i's srun on the launch's restart-th run */
+static int step_argv(const struct run *rn, int i, int restart, bool resume, char **v,
+		     char (*store)[512])
+{
+	const struct slurm_step s = {
+		.srun = rn->srun, .self = rn->self, .node = rn->node[i].name, .addr = rn->node[i].addr,
+		.host = i, .hosts = rn->n, .keys = rn->keys, .nkeys = rn->nkeys, .restart = restart,
+		.resume = resume,
+	};
+	return slurm_step_argv(rn->a, &s, v, store);
+}
+
+static int slurm_once(void *ctx, int restart, bool resume, struct launch_result *r, char *err,
+		      size_t errlen)
 {
 	struct run *rn = ctx;
 	struct launch_opts o = *rn->o;
@@ -283,7 +298,7 @@ static int slurm_once(void *ctx, bool resume, struct launch_result *r, char *err
 	}
 	for (int i = 0; i < rn->n && !rc; i++) {
 		char **av = v + (size_t)i * (ARGS_MAX + 1);
-		if ((rc = step_argv(rn, i, resume, av, store[i]))) {
+		if ((rc = step_argv(rn, i, restart, resume, av, store[i]))) {
 			snprintf(err, errlen, "slurm: too many agent arguments");
 			goto out;
 		}

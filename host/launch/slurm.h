@@ -16,7 +16,8 @@
  *
  * With restarts the core's loop (launch_restarting) relaunches after a
  * failure, with --resume from the newest complete checkpoint this launch
- * wrote. Before each relaunch it asks every node of the last launch to
+ * wrote and `--restart N` on the Nth restart (host faults do not fire
+ * again). Before each relaunch it asks every node of the last launch to
  * run a trivial step (srun --overlap ... true, 30 s at most): a node that
  * cannot is gone for good (its slurmd or machine died; the allocation,
  * submitted with --no-kill, keeps the others). Then shrink (the
@@ -34,6 +35,7 @@
 
 #define SLURM_MAX_NODES 256
 #define SLURM_MAX_KEYS 8
+#define SLURM_ARGS_MAX 160
 
 /* The job on `hosts` hosts: key=value words for the agents into
  * keys[0..*n) (each at most 64 bytes), or -errno with why (one line). */
@@ -53,6 +55,25 @@ struct slurm_launch_args {
 	slurm_shrink_fn shrink;   /* NULL: a lost node ends the job */
 	void *shrink_ctx;
 };
+
+/* Host i's job step as slurm_launch starts it. */
+struct slurm_step {
+	const char *srun, *self;       /* srun's path; this binary's */
+	const char *node, *addr;       /* the node's name; its NodeAddr */
+	int host, hosts;               /* I, N */
+	const char (*keys)[64];        /* shrink's words for the agents */
+	int nkeys;
+	int restart;                   /* 0: the first launch; N: the Nth restart */
+	bool resume;                   /* this launch resumes from a checkpoint */
+};
+
+/* The srun argv of step s (above; --resume when s->resume and the
+ * agents' own arguments lack it; `--restart N` when s->restart > 0):
+ * the strings it formats go into store (SLURM_ARGS_MAX x 512), the
+ * others are pointed to. 0, or -E2BIG when it holds more than
+ * SLURM_ARGS_MAX - 1. Used by slurm_launch; exposed for tests. */
+int slurm_step_argv(const struct slurm_launch_args *a, const struct slurm_step *s, char **v,
+		    char (*store)[512]);
 
 /* Launches and supervises the agents on the allocation's nodes
  * (SLURM_JOB_NODELIST, host 0 first), restarting as above. Returns

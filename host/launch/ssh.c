@@ -494,41 +494,45 @@ out:
 /* Where the agents keep checkpoints: --checkpoint-dir, or with restarts
  * RUN/ckpt (on host 0, device 0's machine, the one that writes and reads
  * them; RUN lives as long as the launch). NULL: none. */
-static const char *ckpt_dir(const struct run *rn, char *buf, size_t len)
+static const char *ckpt_dir(const struct ssh_launch_args *a, const char *remote, char *buf,
+			    size_t len)
 {
-	if (rn->a->ckpt_dir)
-		return rn->a->ckpt_dir;
-	if (!rn->a->restarts.max)
+	if (a->ckpt_dir)
+		return a->ckpt_dir;
+	if (!a->restarts.max)
 		return NULL;
-	fmt(buf, len, "%s/ckpt", rn->remote);
+	fmt(buf, len, "%s/ckpt", remote);
 	return buf;
 }
 
 /* The agent's status lines (host/launch/status.h) go to its stderr, which
  * ssh carries back to the supervisor. RUN/started marks, on the machine's
  * own clock, when the launch's first agent started there (ssh_checkpoint). */
-static void agent_cmd(char *out, size_t len, const struct run *rn, int i, bool resume)
+void ssh_agent_cmd(char *out, size_t len, const struct ssh_launch_args *a, const char *id, int i,
+		   int restart, bool resume)
 {
-	const struct ssh_launch_args *a = rn->a;
-	char q[PATH_MAX + 64], ck[PATH_MAX];
-	const char *dir = ckpt_dir(rn, ck, sizeof(ck));
+	char q[PATH_MAX + 64], ck[PATH_MAX], remote[64];
+	fmt(remote, sizeof(remote), "/tmp/meshrun-%s", id);
+	const char *dir = ckpt_dir(a, remote, ck, sizeof(ck));
 	int k = snprintf(out, len,
 			 "cd %s && { [ -e started ] || : >started; } && echo $$ >pid && "
 			 "export %s=2 MESHRUN_JOB_ID=launch-%s && exec %s/meshrun agent "
 			 "--config %s/config.yaml --host-id %d --hosts %d --devices-per-host %d "
 			 "--listen %s:0",
-			 rn->remote, LAUNCH_STATUS_ENV, rn->id, rn->remote, rn->remote, i, a->n,
+			 remote, LAUNCH_STATUS_ENV, id, remote, remote, i, a->n,
 			 a->devices_per_host, a->hosts[i].host);
 	if (i == 0 && a->metrics)
-		k += snprintf(out + k, len - (size_t)k, " --metrics %s/metrics.jsonl", rn->remote);
+		k += snprintf(out + k, len - (size_t)k, " --metrics %s/metrics.jsonl", remote);
 	if (a->trace)
-		k += snprintf(out + k, len - (size_t)k, " --trace %s/trace.json", rn->remote);
+		k += snprintf(out + k, len - (size_t)k, " --trace %s/trace.json", remote);
 	if (dir) {
 		sq(q, sizeof(q), dir);
 		k += snprintf(out + k, len - (size_t)k, " --checkpoint-dir %s", q);
 	}
 	if (resume)
-		fmt(out + k, len - (size_t)k, " --resume");
+		k += snprintf(out + k, len - (size_t)k, " --resume");
+	if (restart > 0)
+		fmt(out + k, len - (size_t)k, " %s %d", LAUNCH_RESTART_FLAG, restart);
 }
 
 static void free_child(struct launch_child *k)
@@ -541,7 +545,8 @@ static void free_child(struct launch_child *k)
 }
 
 /* child i: this binary as the supervisor of `ssh ... agent` */
-static int make_child(struct run *rn, int i, int wfd, bool resume, struct launch_child *k)
+static int make_child(struct run *rn, int i, int wfd, int restart, bool resume,
+		      struct launch_child *k)
 {
 	struct argv_buf b;
 	char exe[PATH_MAX], fd[16], cmd[CMD_MAX];
@@ -549,7 +554,7 @@ static int make_child(struct run *rn, int i, int wfd, bool resume, struct launch
 	if (el <= 0)
 		return -EIO;
 	exe[el] = 0;
-	agent_cmd(cmd, sizeof(cmd), rn, i, resume);
+	ssh_agent_cmd(cmd, sizeof(cmd), rn->a, rn->id, i, restart, resume);
 	ssh_argv(&b, rn->a, &rn->a->hosts[i], cmd);
 	k->argv = calloc((size_t)b.n + 8, sizeof(char *));
 	if (!k->argv)
@@ -603,7 +608,7 @@ static void reap_stoppers(struct run *rn)
 		}
 }
 
-static int run_agents(struct run *rn, const struct launch_opts *lo, bool resume,
+static int run_agents(struct run *rn, const struct launch_opts *lo, int restart, bool resume,
 		      struct launch_result *r, char *err, size_t errlen)
 {
 	int n = rn->a->n, rc = 0;
@@ -631,7 +636,7 @@ static int run_agents(struct run *rn, const struct launch_opts *lo, bool resume,
 		fmt(path, sizeof(path), "%s/host%d.log", rn->a->log_dir, i);
 		rn->log[i] = fopen(path, rn->attempt > 1 ? "a" : "w");
 		k[i].envp = environ;
-		rc = make_child(rn, i, p[1], resume, &k[i]);
+		rc = make_child(rn, i, p[1], restart, resume, &k[i]);
 		if (rc) {
 			fmt(err, errlen, "unable to prepare host%d's command", i);
 			goto out;
@@ -729,7 +734,8 @@ struct once {
 /* One launch for launch_restarting: the agents run; after a failure every
  * agent still running is stopped (the relaunch's host 0 needs the
  * coordinator's port), RUN kept. */
-static int ssh_once(void *ctx, bool resume, struct launch_result *r, char *err, size_t errlen)
+static int ssh_once(void *ctx, int restart, bool resume, struct launch_result *r, char *err,
+		    size_t errlen)
 {
 	struct once *on = ctx;
 	const volatile int *intr = on->rn->a->interrupted;
@@ -740,7 +746,7 @@ static int ssh_once(void *ctx, bool resume, struct launch_result *r, char *err, 
 		return -EINTR;
 	}
 	on->rn->attempt++;
-	int rc = run_agents(on->rn, on->o, resume, r, err, errlen);
+	int rc = run_agents(on->rn, on->o, restart, resume, r, err, errlen);
 	if (rc && !r->interrupted && on->rn->attempt <= on->rn->a->restarts.max)
 		stop_round(on->rn, on->b, false, false, "stopping the agent for a restart");
 	return rc;
@@ -755,7 +761,7 @@ static int64_t ssh_checkpoint(void *ctx)
 	struct run *rn = ((struct once *)ctx)->rn;
 	struct argv_buf b;
 	char ck[PATH_MAX], q[PATH_MAX + 64], cmd[CMD_MAX], log[PATH_MAX], line[PATH_MAX + 64];
-	const char *dir = ckpt_dir(rn, ck, sizeof(ck));
+	const char *dir = ckpt_dir(rn->a, rn->remote, ck, sizeof(ck));
 	int64_t best = -1;
 	int st = 0;
 	if (!dir || !rn->copied[0])

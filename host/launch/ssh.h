@@ -31,7 +31,8 @@
  * --resume when host 0's checkpoint directory (--checkpoint-dir, else
  * RUN/ckpt: device 0, on host 0, writes and reads checkpoints) holds a
  * complete step directory written by this launch (asked with stat over
- * ssh). */
+ * ssh), and `--restart N` on the Nth restart, so that host faults (kill,
+ * stop) do not fire again. */
 #ifndef MESHRUN_SSH_H
 #define MESHRUN_SSH_H
 
@@ -80,6 +81,13 @@ struct ssh_timing {
  * err says what. */
 int ssh_launch(const struct ssh_launch_args *a, struct cfg *c, const struct launch_opts *o,
 	       struct launch_result *r, struct ssh_timing *t, char *err, size_t errlen);
+
+/* The remote command (a shell line, as above) that starts agent i of the
+ * launch whose run id is id (RUN is /tmp/meshrun-<id>): with --resume
+ * when resume, and `--restart N` on the Nth restart (restart > 0; the
+ * first launch has none). Used by ssh_launch; exposed for tests. */
+void ssh_agent_cmd(char *out, size_t len, const struct ssh_launch_args *a, const char *id, int i,
+		   int restart, bool resume);
 
 /* The per-agent supervisor: argv is {"--ssh-child", OUTFD, RUNDIR, "--",
  * ssh argv ..., remote command}. Returns its exit code (ssh's, or 128 +

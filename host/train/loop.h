@@ -22,6 +22,9 @@ struct train_opts {
 	const char *trace;        /* --trace FILE */
 	bool resume;              /* --resume */
 	bool quiet;               /* --quiet: no step log on stdout */
+	/* --restart N, set by a launcher: this is the job's Nth restart
+	 * (0: its first launch); host faults fire only in the first */
+	int restart;
 	/* load_parameters_path opened for this host's devices (NULL: the
 	 * weights are initialised, or --resume loads the run's own
 	 * checkpoint); the command opens and closes it */

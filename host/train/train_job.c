@@ -270,7 +270,11 @@ int train_job(struct device_ctx *dev)
 	if ((ret = train_check(c, dev->mesh, err, errlen)) ||
 	    (ret = agent_faults(c, dev->mesh->num_hosts, &faults, err, errlen)))
 		goto out;
-	if (dev->local_index == 0)
+	/* host faults fire in the job's first launch only: a launcher's
+	 * restart (--restart N) would otherwise meet the same kill again at
+	 * the same step and never finish; link faults fire in every launch
+	 * (the net's own copy of the plan) */
+	if (dev->local_index == 0 && o->restart == 0)
 		jc.faults = &faults;
 	jc.host = dev->host_id;
 	rules = malloc(sizeof(*rules));
