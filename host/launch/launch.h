@@ -2,12 +2,12 @@
  * and stops them all when one fails or the user interrupts. Backends say
  * what to start; the core knows nothing of agents, certificates or hosts.
  *
- * A backend (local today; ssh and Slurm later) fills one struct
+ * A backend (local.c, ssh.c, slurm.c) fills one struct
  * launch_child per process it wants: the argv and environment to exec
  * (argv[0] a path, e.g. this binary, `ssh` or `srun`), a name for reports
  * ("host 1"), and the file descriptors the child must inherit. It may set
- * a stop action, run once when the core gives up on the children (an ssh
- * backend would stop the remote agents there; Slurm would scancel). The
+ * a stop action, run once when the core gives up on the children (the ssh
+ * backend stops the remote agents there). The
  * core then:
  *   - forks and execs every child (each dies with the launcher:
  *     PR_SET_PDEATHSIG), closing the inherited descriptors in the parent;
