@@ -7,7 +7,7 @@
  * (argv[0] a path, e.g. this binary, `ssh` or `srun`), a name for reports
  * ("host 1"), and the file descriptors the child must inherit. It may set
  * a stop action, run once when the core gives up on the children (the ssh
- * backend stops the remote agents there). The
+ * and Slurm backends stop their remote agents there). The
  * core then:
  *   - forks and execs every child (each dies with the launcher:
  *     PR_SET_PDEATHSIG), closing the inherited descriptors in the parent;
