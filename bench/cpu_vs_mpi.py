@@ -113,6 +113,19 @@ def count(path, pages, callers):
     return c
 
 
+def own_cpu(path):
+    """ms per op from the program's own CPU line: meshrun's "# cpu SIZE: X us
+    per iteration", bench/mpi_coll.c's "cpu_us X" """
+    try:
+        for line in open(path, errors="replace"):
+            m = re.match(r"# cpu \d+: (\S+) us", line) or re.search(r"cpu_us\s+(\S+)", line)
+            if m:
+                return float(m.group(1)) / 1000.0
+    except OSError:
+        pass
+    return None
+
+
 def main():
     d, rounds, n, F, op, size, wire = sys.argv[1:8]
     impls = sys.argv[8:]
@@ -138,6 +151,11 @@ def main():
         print(f"| {k} | " + " | ".join(f"{res[i][k]:.2f}" for i in impls) + " |")
     tot = {i: sum(res[i].values()) for i in impls}
     print("| **total** | " + " | ".join(f"{tot[i]:.2f}" for i in impls) + " |")
+    own = {i: statistics.median(v) if (v := [x for r in range(1, rounds + 1)
+                                               if (x := own_cpu(f"{d}/{i}.{r}.2.out")) is not None])
+           else None for i in impls}
+    print("| CPU per op the program itself reports (rusage over its timed loop; a cross-check) | " +
+          " | ".join("–" if own[i] is None else f"{own[i]:.2f}" for i in impls) + " |")
     for i in impls:
         cip = res[i][CATS[0]] + res[i][CATS[1]]
         print(f"| ns per wire byte, {i}: total / beyond openssl speed's AES / beyond the run's "

@@ -61,6 +61,7 @@ for op in "${ops[@]}"; do
         perf record -q -g -F "$F" -o "$tmp/p.data" -- "${cmd[@]}" >"$tmp/out" 2>&1 ||
           { cat "$tmp/out"; exit 1; }
         perf script -i "$tmp/p.data" -F comm,ip,sym,dso 2>/dev/null >"$tmp/$op/$impl.$r.$k.txt"
+        cp "$tmp/out" "$tmp/$op/$impl.$r.$k.out"
       done
     done
   done
