@@ -9,7 +9,8 @@
 # TCP, page faults, scheduling (futex, epoll, switches), polling (our
 # spin: xport_wait/op_poll/recv_poll and sched_yield; Open MPI's
 # opal_progress and poll()), user-space copies (with their callers), the
-# sums, the rest. Counts samples, not clocks; prints the load.
+# sums, the rest. Counts samples, not clocks; prints the load. openssl
+# speed runs at the start and before each round; the median is used.
 # BASE=PATH adds another meshrun build (e.g. /work/bin/meshrun-23a) as a
 # column (BASE_KEYS="k=v ..." adds settings to that column only, e.g.
 # BASE=build/meshrun BASE_KEYS=poll_spin_us=0 weighs the spin); MESHRUN=PATH measures that build instead of build/meshrun (the
@@ -46,6 +47,10 @@ for op in "${ops[@]}"; do
   mkdir -p "$tmp/$op"
   cp "$tmp/speed.txt" "$tmp/speed.gbs" "$tmp/$op/"
   for r in $(seq 1 "$rounds"); do
+    # openssl speed once more each round: the median is what the op is weighed against
+    openssl speed -seconds 1 -evp aes-128-gcm -bytes 16384 >"$tmp/enc" 2>/dev/null
+    openssl speed -decrypt -seconds 1 -evp aes-128-gcm -bytes 16384 >"$tmp/dec" 2>/dev/null
+    echo "$(gbs "$tmp/enc") $(gbs "$tmp/dec")" >>"$tmp/$op/speed.gbs"
     for impl in $impls; do
       for k in 1 2; do
         it=$((n * k))
