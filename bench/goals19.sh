@@ -16,6 +16,13 @@
 # runs meshrun a second time each round with those settings added (e.g.
 # AB_KEYS=tls_records=openssl) and prints a second summary for them, the
 # peers' runs and AES figure shared (raw: build/goals19-b.log).
+# Every meshrun run goes under `perf record -F 999` (cpu-clock, when perf
+# is there; CIPHER_SAMPLES=0 turns it off): its libcrypto samples give the
+# cipher's CPU as the run pays it ("# cipher-samples" lines), so the
+# summary prints CPU per wire byte beyond AES twice: beyond `openssl
+# speed`'s hot 16 KiB figure (the goal's measure) and beyond the run's own
+# cipher samples (what the cipher cost in the run, cache misses and EVP
+# calls included).
 # ~50 s a round on an idle 2-vCPU machine.
 # usage: [MESHRUN_KEYS="k=v ..."] [AB_KEYS="k=v ..."] bench/goals19.sh [ROUNDS]
 set -eu
@@ -33,12 +40,29 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 : > "$log"
 [ -z "$ab" ] || : > "$logb"
+csamp=${CIPHER_SAMPLES:-1}
+command -v perf >/dev/null || csamp=0
+# peers_meshrun, under perf when csamp=1: then a line "# cipher-samples OP
+# BYTES SAMPLES HZ ITERS WARMUP" (libcrypto's samples over the whole run,
+# every thread of both agents) follows the bench's output
+meshrun_one() {
+  local op=$1 size=$2 iters=$3 warm=$4
+  shift 4
+  if [ "$csamp" != 1 ]; then
+    peers_meshrun 2 1 "$op" "$size" "$iters" "$warm" "$@"
+    return
+  fi
+  perf record -q -F 999 -o "$tmp/c.data" -- build/meshrun bench collectives --hosts 2 \
+    --devices-per-host 1 --op "$op" --sizes "$size" --iters "$iters" --warmup "$warm" "$@"
+  echo "# cipher-samples $op $(numfmt --from=iec "$size") $(perf script -i "$tmp/c.data" -F ip,dso \
+    2>/dev/null | grep -c libcrypto) 999 $iters $warm"
+}
 # meshrun's six ops at 64 KiB and 16 MiB with the given key=value settings
 meshrun_ops() {
   for op in all_gather reduce_scatter all_reduce all_to_all permute broadcast; do
     echo "# meshrun $op"
-    peers_meshrun 2 1 "$op" 64K "$small" 20 "$@"
-    peers_meshrun 2 1 "$op" 16M "$big" 3 "$@"
+    meshrun_one "$op" 64K "$small" 20 "$@"
+    meshrun_one "$op" 16M "$big" 3 "$@"
   done
 }
 for round in $(seq 1 "$rounds"); do

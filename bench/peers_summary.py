@@ -42,6 +42,17 @@ def parse(path, aes=None):
         if m:
             loads.append(line[len("# load "):].strip())
             continue
+        # bench/goals19.sh: libcrypto's perf samples over a whole meshrun
+        # run (warm-ups, iterations, one checked run): the cipher's CPU per
+        # op on the scale of the bench's "# cpu" figure (which counts the
+        # iterations and the checked run, over the iterations)
+        m = re.match(r"# cipher-samples (\S+) (\d+) (\d+) (\S+) (\d+) (\d+)", line)
+        if m:
+            op, size, k, hz, it, warm = (m.group(1), int(m.group(2)), int(m.group(3)),
+                                         float(m.group(4)), int(m.group(5)), int(m.group(6)))
+            us = k / hz * 1e6 / (it + warm + 1) * (it + 1) / it
+            runs.setdefault((shape, "meshrun-cipher", op, size), []).append((us, us, 0.0))
+            continue
         m = re.match(r"# shape (\S+)", line)
         if m:
             shape, section, pending = m.group(1), None, {}
@@ -149,8 +160,9 @@ def goals(runs, loads, path):
         print(f"\n## {size} bytes")
         print("| op | busbw meshrun / Open MPI / gloo | meshrun/Open MPI | meshrun/gloo |"
               " CPU us/op meshrun / Open MPI / gloo | AES us/op | CPU ns per wire byte:"
-              " meshrun beyond AES / Open MPI / gloo |")
-        print("|---|---|---|---|---|---|---|")
+              " meshrun beyond AES / Open MPI / gloo | meshrun's cipher in the run us/op"
+              " (x AES) | meshrun ns per wire byte beyond its own cipher samples |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for op in OPS:
             b = {i: med(runs, (shape, i, op, size), 0) for i in ("meshrun", "openmpi", "gloo")}
             c = {i: med(runs, (shape, i, op, size), 1) for i in ("meshrun", "openmpi", "gloo")}
@@ -160,12 +172,15 @@ def goals(runs, loads, path):
             if per["meshrun"] is not None and aes_us is not None:
                 per["meshrun"] = (c["meshrun"] - aes_us) * 1e3 / wire
             res[(op, size)] = (b, per, aes_us)
+            own = med(runs, (shape, "meshrun-cipher", op, size), 1)
+            own_per = None if own is None or c["meshrun"] is None else (c["meshrun"] - own) * 1e3 / wire
             print(f"| {op} | {fmt(b['meshrun'], '.3f')} / {fmt(b['openmpi'], '.3f')} / "
                   f"{fmt(b['gloo'], '.3f')} | {fmt(ratio(b['meshrun'], b['openmpi']), '.2f')} | "
                   f"{fmt(ratio(b['meshrun'], b['gloo']), '.2f')} | {fmt(c['meshrun'], '.0f')} / "
                   f"{fmt(c['openmpi'], '.0f')} / {fmt(c['gloo'], '.0f')} | {fmt(aes_us, '.0f')} | "
                   f"{fmt(per['meshrun'], '.2f')} / {fmt(per['openmpi'], '.2f')} / "
-                  f"{fmt(per['gloo'], '.2f')} |")
+                  f"{fmt(per['gloo'], '.2f')} | {fmt(own, '.0f')} ({fmt(ratio(own, aes_us), '.2f')}) | "
+                  f"{fmt(own_per, '.2f')} |")
 
     def verdict(name, pairs, want):
         """pairs: [(op, value or None)]; met when every value is >= want"""
@@ -202,6 +217,10 @@ def goals(runs, loads, path):
     else:
         print("goal: 16 MiB broadcast as close to the AES bound as the others: not judged "
               "(missing figures)")
+    print("# 'beyond AES' (the goal's measure) subtracts openssl speed's hot 16 KiB AES-GCM rate"
+          " for every wire byte sealed and opened; 'beyond its own cipher samples' subtracts"
+          " libcrypto's perf samples in the run itself (AES-GCM as the run pays it: cold"
+          " buffers, EVP calls per record). The goal lines below use the former.")
     for size, name in ((16 << 20, "16 MiB"), (65536, "64 KiB")):
         verdict(f"{name}, CPU per byte beyond AES-GCM <= Open MPI's, every op "
                 "(figure: Open MPI's over meshrun's)",

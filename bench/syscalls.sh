@@ -21,7 +21,7 @@ op=$1; size=$2; n=$3; shift 3
 rounds=${ROUNDS:-3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-calls="sendto recvfrom sendmsg recvmsg writev readv poll epoll_wait epoll_ctl futex sched_yield"
+calls="sendto recvfrom sendmsg recvmsg writev readv poll ppoll epoll_wait epoll_ctl futex sched_yield"
 ev=task-clock,raw_syscalls:sys_enter,context-switches,sched:sched_wakeup
 for c in $calls; do ev="$ev,syscalls:sys_enter_$c"; done
 # last, as the filter applies to the event before it

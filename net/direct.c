@@ -157,12 +157,20 @@ static void op_poll_end(void *ctx, struct xreq *r, bool done)
 	link_unlock(l);
 }
 
+static bool op_idle(void *ctx, struct xreq *r, uint64_t ns)
+{
+	(void)ctx;
+	struct link *l = (struct link *)r->net_ctx;   /* set by the first op_poll */
+	return l && recv_idle(l, ns);
+}
+
 static const struct xport_remote_ops ops = {
 	.recv_posted = op_recv_posted,
 	.send_ready = op_send_ready,
 	.poll = op_poll,
 	.poll_end = op_poll_end,
 	.flush = op_flush,
+	.idle = op_idle,
 };
 
 const struct xport_remote_ops *net_xport_ops(void)

@@ -307,6 +307,11 @@ void recv_stream_tick(struct net *n, int stream);
 /* A device thread waiting on link l (lock held): writes what is queued,
  * reads what came (at most budget bytes); true if anything moved. */
 bool recv_poll(struct link *l, size_t budget);
+/* A device thread whose recv_poll of l found nothing (lock not held):
+ * sleeps in ppoll() on l's socket until it has bytes to read, or room for
+ * what waits to be written, at most ns; false at once (no sleep) if the
+ * lock is taken, l is not UP or whole records wait in user space. */
+bool recv_idle(struct link *l, uint64_t ns);
 /* The listeners' callback (arg: the net). */
 void recv_accept_cb(evutil_socket_t lfd, short what, void *arg);
 

@@ -7,6 +7,7 @@
  * calls rendezvous.c, send.c, link.c and status.c in net/; called through
  * the callbacks net.c registers and by direct.c. */
 #include <errno.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -862,6 +863,27 @@ bool recv_poll(struct link *l, size_t budget)
 	if (l->state == LS_UP && l->want_write && !l->held && !l->conn_dead)
 		recv_write(l);
 	return moved > 0;
+}
+
+bool recv_idle(struct link *l, uint64_t ns)
+{
+	if (!link_trylock(l))
+		return false;     /* another thread is working on it */
+	/* a link that is not UP may have no connection at all (recovery) */
+	bool ok = l->state == LS_UP && l->c && !l->conn_dead && !l->rx_blocked &&
+		  !l->hold_reads && !conn_pending(l->c);
+	struct pollfd p = { .fd = ok ? l->c->fd : -1, .events = POLLIN };
+	if (l->want_write && !l->held)
+		p.events |= POLLOUT;
+	link_unlock(l);
+	if (!ok)
+		return false;
+	/* without the lock: should the connection be replaced meanwhile
+	 * (recovery), this wakes early or at ns, and the next poll sees it */
+	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull),
+			       .tv_nsec = (long)(ns % 1000000000ull) };
+	ppoll(&p, 1, &ts, NULL);
+	return true;
 }
 
 

@@ -729,6 +729,12 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 					spin_end = xport_now_ns() + x->spin_ns;
 					continue;
 				}
+				/* a large message: wait on the link's socket in
+				 * the kernel for the rest of the spin (no CPU
+				 * spent, still no hand-off to another thread) */
+				if (x->ops.idle && r->len >= XPORT_IDLE_MIN_BYTES &&
+				    x->ops.idle(x->ops_ctx, r, spin_end - now))
+					continue;
 				/* a yield that gave the core away (another thread
 				 * ran) says the cores are all taken: spinning on
 				 * would only keep them from the threads that make

@@ -113,14 +113,29 @@ struct xreq {
  *               poll again soon); else it is about to sleep.
  *  flush:       optional; a thread is about to wait: what recv_posted
  *               held back (a RecvReady waiting to ride on a data frame)
- *               must go now. */
+ *               must go now.
+ *  idle:        optional; a poll of req (of at least XPORT_IDLE_MIN_BYTES)
+ *               found nothing to do: the thread sleeps until req's link has
+ *               bytes to read (or room for what waits to be written), at
+ *               most ns, in the kernel rather than spinning; false if it
+ *               did not (the link is someone else's now, or bytes already
+ *               wait in user space), and the waiter spins on. */
 struct xport_remote_ops {
 	void (*recv_posted)(void *ctx, struct xreq *req);
 	void (*send_ready)(void *ctx, struct xreq *req);
 	bool (*poll)(void *ctx, struct xreq *req, bool first);
 	void (*poll_end)(void *ctx, struct xreq *req, bool done);
 	void (*flush)(void *ctx);
+	bool (*idle)(void *ctx, struct xreq *req, uint64_t ns);
 };
+
+/* A waiter on a remote request of at least this many bytes whose poll
+ * found nothing sleeps on its link's socket (xport_remote_ops.idle) for
+ * the rest of its poll_spin_us instead of spinning on sched_yield and
+ * empty recv()s: its next bytes are at least a record away, and a large
+ * message's gaps (the peer encrypting the next burst) are long against a
+ * wake-up. Smaller ones spin, for latency. */
+#define XPORT_IDLE_MIN_BYTES (256u * 1024)
 
 /* ndev_total devices; dev_host[d] is device d's host (copied). NULL ops:
  * a single-host job. Constructor: NULL on allocation failure. */
