@@ -50,11 +50,6 @@ struct tls_rec {
 	uint8_t *out;
 	size_t out_cap, out_off, out_len, send_bytes;
 	bool corked;                  /* the last send() went with MSG_MORE */
-	/* a burst's first bytes go to send() as soon as early_bytes of
-	 * records are sealed (0: never), without waiting for the rest;
-	 * early_sent: this burst's went */
-	size_t early_bytes;
-	bool early_sent;
 	bool corrupt_next;
 	bool ku_owed;                 /* the peer asked for our KeyUpdate */
 	bool tx_closed;               /* close_notify queued */
@@ -245,8 +240,6 @@ struct tls_rec *tls_rec_new(enum tls_rec_suite s, const uint8_t *tx_secret,
 	}
 	r->hlen = tls_rec_secret_len(s);
 	r->send_bytes = send_bytes ? send_bytes : (1u << 20);
-	const char *eb = getenv("MESHRUN_EARLY_BYTES");
-	r->early_bytes = eb ? strtoul(eb, NULL, 0) : 0;
 	r->max_records = TLS_REC_MAX_RECORDS_PER_KEY;
 	r->out_cap = r->send_bytes + TLS_REC_MAX_PLAIN + TLS_REC_OVERHEAD + CTRL_ROOM;
 	r->out = malloc(r->out_cap);
@@ -404,13 +397,6 @@ ssize_t tls_rec_write(struct tls_rec *r, struct conn *c, const void *buf, size_t
 			return -EPROTO;
 		}
 		n += k;
-		if (r->early_bytes && !r->early_sent && !r->corked && (n < len || c->more) &&
-		    r->out_len - r->out_off >= r->early_bytes) {
-			r->early_sent = true;
-			rc = send_out(r, c, false);
-			if (rc && rc != -EAGAIN)
-				return rc;
-		}
 	}
 	if (!n)
 		return -EAGAIN;     /* c->want set by make_room */
@@ -424,8 +410,6 @@ ssize_t tls_rec_write(struct tls_rec *r, struct conn *c, const void *buf, size_t
 		rc = send_out(r, c, c->more);
 		if (rc && rc != -EAGAIN)
 			return rc;
-		if (!rc && !c->more)
-			r->early_sent = false;
 	}
 	return (ssize_t)n;
 }
@@ -435,7 +419,6 @@ int tls_rec_flush(struct tls_rec *r, struct conn *c)
 	int rc = send_out(r, c, false);
 	if (rc)
 		return rc;
-	r->early_sent = false;          /* the burst ends here */
 	if (r->corked) {
 		/* setting TCP_NODELAY pushes what MSG_MORE held back */
 		int one = 1;
