@@ -571,6 +571,22 @@ END_TEST
  * ((x0 + x1) + x2) + ..., on every rank alike: all_reduce in place (the
  * parts before the rank's own first) and reduce_scatter (two ranks: the
  * sum on arrival). */
+/* got[i] against fval's rank-order sum at element at + i; one failure. */
+static void direct_check(struct world *w, const struct coll_group *g, const char *op,
+			 const float *got, size_t count, size_t at)
+{
+	for (size_t i = 0; i < count; i++) {
+		float want = fval(g->devs[0], at + i);
+		for (int p = 1; p < g->n; p++)
+			want = want + fval(g->devs[p], at + i);
+		if (memcmp(&want, &got[i], sizeof(float))) {
+			failf(w, "direct %s n=%d rank %d elem %zu: %.9g, rank order gives %.9g", op,
+			      g->n, g->rank, i, got[i], want);
+			return;
+		}
+	}
+}
+
 static void det_direct_ops(struct world *w, int dev, struct coll_dev *cd)
 {
 	struct mesh_group mg;
@@ -589,27 +605,8 @@ static void det_direct_ops(struct world *w, int dev, struct coll_dev *cd)
 	CHECK_RC(w, rc, "all_reduce", err);
 	rc = coll_reduce_scatter(cd, &g, out, in, rc_cnt, err, sizeof(err));
 	CHECK_RC(w, rc, "reduce_scatter", err);
-	for (size_t i = 0; i < c; i++) {
-		float want = fval(g.devs[0], i);
-		for (int p = 1; p < n; p++)
-			want = want + fval(g.devs[p], i);
-		if (memcmp(&want, &buf[i], sizeof(float))) {
-			failf(w, "direct all_reduce n=%d rank %d elem %zu: %.9g, rank order gives %.9g",
-			      n, r, i, buf[i], want);
-			break;
-		}
-	}
-	for (size_t i = 0; i < rc_cnt; i++) {
-		size_t at = (size_t)r * rc_cnt + i + 5000;
-		float want = fval(g.devs[0], at);
-		for (int p = 1; p < n; p++)
-			want = want + fval(g.devs[p], at);
-		if (memcmp(&want, &out[i], sizeof(float))) {
-			failf(w, "direct reduce_scatter n=%d rank %d elem %zu: %.9g, rank order gives %.9g",
-			      n, r, i, out[i], want);
-			break;
-		}
-	}
+	direct_check(w, &g, "all_reduce", buf, c, 0);
+	direct_check(w, &g, "reduce_scatter", out, rc_cnt, (size_t)r * rc_cnt + 5000);
 	free(buf);
 	free(in);
 	free(out);
