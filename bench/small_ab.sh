@@ -6,9 +6,11 @@
 # of both agents), then `meshrun bench collectives --iters ITERS` walls
 # and CPU (the bench's `# cpu` line) interleaved over ROUNDS rounds,
 # medians, and each build's ratio to BASE. A variant is NAME:VAR=VALUE,
-# run as build/meshrun with that environment variable set (e.g.
-# MESHRUN_EARLY_BYTES, net/tls_rec.c). Prints the load average at the
-# start and the end: times under load are the scheduler's.
+# run as build/meshrun with that environment variable set (an A/B hook
+# such as MESHRUN_EARLY_BYTES, which commit 035c5c2 adds to
+# net/tls_rec.c and the commit after it takes out again). Prints the
+# load average at the start and the end: times under load are the
+# scheduler's.
 # usage: BASE=PATH [VARIANTS="name:VAR=VAL ..."] [OPS="..."] [SIZE=64K]
 #        [ITERS=300] [COUNT_N=300] [COUNTS=0: walls only] bench/small_ab.sh [ROUNDS]
 set -eu
