@@ -4,8 +4,9 @@
 # run of 2N iterations minus one of N, over N (start-up, buffer fill and
 # the check drop out). Counts bytes, not time, so it holds under load.
 # Prints each site's bytes per op and per byte of the op's buffer (SIZE).
-# BASE=PATH measures another build too, in the same run.
-# usage: bench/copies.sh OP SIZE N [key=value ...]
+# BASE=PATH measures another build too, in the same run; HOSTS=N runs
+# N hosts (default 2).
+# usage: [BASE=PATH] [HOSTS=N] bench/copies.sh OP SIZE N [key=value ...]
 set -eu
 cd "$(dirname "$0")/.."
 op=$1; size=$2; n=$3; shift 3
@@ -16,7 +17,7 @@ for bin in ${BASE:-} build/meshrun; do
   for k in 1 2; do
     mkdir -p "$tmp/c$k"; rm -f "$tmp/c$k"/*
     MEMCPY_COUNT_DIR="$tmp/c$k" LD_PRELOAD="$tmp/memcpy_count.so" "$bin" bench collectives \
-      --hosts 2 --op "$op" --sizes "$size" --iters $((n * k)) --warmup 3 "$@" >/dev/null 2>&1
+      --hosts "${HOSTS:-2}" --op "$op" --sizes "$size" --iters $((n * k)) --warmup 3 "$@" >/dev/null 2>&1
   done
   /usr/bin/python3 - "$tmp" "$n" "$size" "$bin $op $size $*" <<'PY'
 import glob, sys
@@ -33,7 +34,7 @@ def load(k):
     return d
 a, b = load(1), load(2)
 rows = sorted(((b[k] - a.get(k, 0)) / n, k) for k in b)
-print(f"## {title}: user-space copies per op, both hosts")
+print(f"## {title}: user-space copies per op, all hosts")
 print("| call site | bytes per op | per buffer byte |")
 print("|---|---|---|")
 tot = 0

@@ -332,18 +332,23 @@ static bool use_direct(const struct coll_args *a, size_t total)
 }
 
 /* Every rank sends src (len bytes) to every other rank; rank p's copy lands
- * at dst + p * stride (own slot untouched unless own_copy). */
+ * at dst + p * stride (own slot untouched unless own_copy). With addend
+ * (two ranks only) the peer's copy is not landed but summed on arrival:
+ * dst = received + addend (xport_irecv_add), no scratch and no pass after. */
 static int direct_exchange(struct coll_run *R, uint8_t *dst, size_t stride,
 			   const uint8_t *(*src_for)(struct coll_run *, int peer, const void *),
-			   const void *ctx, size_t len)
+			   const void *ctx, size_t len, const float *addend)
 {
 	const struct coll_args *a = R->a;
 	struct xreq *reqs[2 * COLL_DIRECT_MAX_N] = { 0 };
 	int nr = 0, rc = 0;
 	for (int i = 1; i < a->n; i++) {
 		int p = mod(a->rank - i, a->n);
-		if ((rc = coll_post_recv(R, a->devs[p], 0, (size_t)p * stride,
-					 dst + (size_t)p * stride, len, &reqs[nr++])))
+		rc = addend ? coll_post_recv_add(R, a->devs[p], 0, (size_t)p * stride, (float *)dst,
+						 addend, len, &reqs[nr++])
+			    : coll_post_recv(R, a->devs[p], 0, (size_t)p * stride,
+					     dst + (size_t)p * stride, len, &reqs[nr++]);
+		if (rc)
 			goto out_abandon;
 	}
 	for (int i = 1; i < a->n; i++) {
@@ -391,7 +396,7 @@ int coll_ring_all_gather(struct coll_run *R)
 			memcpy(own, in, bpr);
 		if (a->n == 1)
 			return 0;
-		return direct_exchange(R, out, bpr, src_same, own, bpr);
+		return direct_exchange(R, out, bpr, src_same, own, bpr, NULL);
 	}
 
 	struct blocks bl;
@@ -409,12 +414,29 @@ int coll_ring_all_gather(struct coll_run *R)
 
 /* ---- reduce-scatter ---- */
 
-/* out = sum over ranks p = 0..n-1 of parts[p], in rank order. */
+/* out = sum over ranks p = 0..n-1 of parts[p], in rank order
+ * ((parts[0] + parts[1]) + ...), n >= 2, out apart from every part. The
+ * first sum writes out, so no copy of parts[0] goes before it. */
 static void sum_in_order(float *out, const float *const *parts, int n, size_t count)
 {
-	memcpy(out, parts[0], count * sizeof(float));
-	for (int p = 1; p < n; p++)
+	fsum_add(out, parts[0], parts[1], count);
+	for (int p = 2; p < n; p++)
 		fsum_acc(out, parts[p], count);
+}
+
+/* The direct all-reduce's sum, in place: buf (rank r's own part) = sum over
+ * ranks p of part p in rank order, the other parts in scr at p * count
+ * (scr's own slot unused). Parts 0..r-1 are summed into scr's slot 0 first;
+ * buf += that is the same bits as that + buf (IEEE addition is commutative),
+ * then the parts after r follow. No copy of buf or of a part. */
+static void sum_in_place(float *buf, float *scr, int r, int n, size_t count)
+{
+	for (int p = 1; p < r; p++)
+		fsum_acc(scr, scr + (size_t)p * count, count);
+	if (r)
+		fsum_acc(buf, scr, count);
+	for (int p = r + 1; p < n; p++)
+		fsum_acc(buf, scr + (size_t)p * count, count);
 }
 
 int coll_ring_reduce_scatter(struct coll_run *R)
@@ -431,15 +453,20 @@ int coll_ring_reduce_scatter(struct coll_run *R)
 		return 0;
 	}
 	if (use_direct(a, bytes * (size_t)a->n)) {
+		const float *own = in + (size_t)a->rank * cnt;
+		/* two ranks: out = the peer's block + own, summed as it arrives
+		 * (the same bits as own + peer's: IEEE addition is commutative) */
+		if (a->n == 2)
+			return direct_exchange(R, (uint8_t *)out, bytes, src_block, in, bytes, own);
 		float *scr = coll_scratch_get(R->scr, bytes * (size_t)a->n);
 		if (!scr)
 			return coll_fail(R, -ENOMEM, "out of memory");
-		int rc = direct_exchange(R, (uint8_t *)scr, bytes, src_block, in, bytes);
+		int rc = direct_exchange(R, (uint8_t *)scr, bytes, src_block, in, bytes, NULL);
 		if (rc)
 			return rc;
 		const float *parts[COLL_DIRECT_MAX_N] = { 0 };
 		for (int p = 0; p < a->n; p++)
-			parts[p] = p == a->rank ? in + (size_t)a->rank * cnt : scr + (size_t)p * cnt;
+			parts[p] = p == a->rank ? own : scr + (size_t)p * cnt;
 		sum_in_order(out, parts, a->n, cnt);
 		return 0;
 	}
@@ -471,14 +498,10 @@ int coll_ring_all_reduce(struct coll_run *R)
 		float *scr = coll_scratch_get(R->scr, bytes * (size_t)a->n);
 		if (!scr)
 			return coll_fail(R, -ENOMEM, "out of memory");
-		int rc = direct_exchange(R, (uint8_t *)scr, bytes, src_same, buf, bytes);
+		int rc = direct_exchange(R, (uint8_t *)scr, bytes, src_same, buf, bytes, NULL);
 		if (rc)
 			return rc;
-		const float *parts[COLL_DIRECT_MAX_N] = { 0 };
-		memcpy(scr + (size_t)a->rank * cnt, buf, bytes);
-		for (int p = 0; p < a->n; p++)
-			parts[p] = scr + (size_t)p * cnt;
-		sum_in_order(buf, parts, a->n, cnt);
+		sum_in_place(buf, scr, a->rank, a->n, cnt);
 		return 0;
 	}
 

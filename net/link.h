@@ -115,7 +115,9 @@ struct ctrl_frame {
 	 * message's last fragment holds its request (req), completed when
 	 * the peer acknowledges that frame (acks are cumulative) or failed
 	 * by link_release_reqs; after either, pay and req are NULL and the
-	 * buffer is never touched again. */
+	 * buffer is never touched again. A data frame's replay copy of a
+	 * payload larger than SMALL_PAYLOAD has pay point into its own data,
+	 * behind the header, so the payload goes in records of its own. */
 	const uint8_t *pay;
 	uint64_t pay_len;
 	/* a message over runs (struct xrun): pay is where its byte pay_at

@@ -195,7 +195,8 @@ static bool tx_chunk_ref(struct link *l, struct send_msg *m, struct frame_data *
 }
 
 /* Recovery: the next data fragment is copied whole (header and payload)
- * into a replay copy and written from there; its message completes when
+ * into a replay copy and written from there (a payload of more than
+ * SMALL_PAYLOAD in records of its own, as pay); its message completes when
  * its last fragment is copied, as the caller's buffer is then free. Only
  * messages of one fragment (eager sends among them) are copied: they
  * complete inside the call that writes them; longer ones are kept by
@@ -225,12 +226,18 @@ static bool tx_chunk_keep(struct link *l, struct send_msg *m, struct frame_data 
 	memcpy(c->data, l->tx_stage, hl);
 	if (cnt)
 		xreq_copy_out(r, m->off, c->data + hl, cnt);
-	c->len = hl + cnt;
 	c->pooled = pooled;
 	c->heartbeat = c->unseq = false;
 	c->seq = f->link_seq;
-	c->pay = NULL;
-	c->pay_len = 0;
+	/* a payload of more than a small one goes in records of its own
+	 * behind the header's (pay points into the copy, as the uncopied
+	 * path writes it): in the header's record, the rest of that record
+	 * would reach the peer's posted buffer through its record scratch,
+	 * a copy of up to 16 KiB per message */
+	bool apart = cnt > SMALL_PAYLOAD;
+	c->len = apart ? hl : hl + cnt;
+	c->pay = apart ? c->data + hl : NULL;
+	c->pay_len = apart ? cnt : 0;
 	c->pay_runs = NULL;
 	c->req = NULL;
 	rp_keep(l, c);

@@ -18,6 +18,7 @@
 #include <openssl/x509v3.h>
 
 #include "net/conn.h"
+#include "net/tls_rec.h"
 
 /* AES-128-GCM first: the fastest suite with AES-NI; the server's order
  * wins so both sides pick it. */
@@ -74,6 +75,13 @@ SSL_CTX *tls_ctx_new(const char *certs_dir, int host_id, char *err, size_t errle
 	SSL_CTX_set_num_tickets(ctx, 0);
 	SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
 	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	/* the traffic secrets for records of our own come through the key
+	 * log (net/tls_rec.c); a connection with OpenSSL's records carries
+	 * nothing for it to fill, so its lines are dropped */
+	if (tls_rec_keylog_set(ctx)) {
+		snprintf(err, errlen, "tls: unable to set the context's key log callback");
+		goto out_free;
+	}
 
 	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
 	SSL_CTX_set_verify_depth(ctx, 2);

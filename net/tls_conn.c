@@ -36,10 +36,10 @@ struct tls_conn {
 	bool own;
 	size_t send_bytes;
 	struct tls_rec *rec;
-	/* the application traffic secrets OpenSSL's key log reported,
+	/* the application traffic secrets OpenSSL's key log reported
+	 * (net/tls_rec.c's callback, set where the context is made),
 	 * until the switch takes them (then wiped) */
-	uint8_t secret[2][TLS_REC_SECRET_MAX];    /* [0] client's, [1] server's */
-	size_t secret_len[2];
+	struct tls_rec_secrets sec;
 	/* the sending key is renewed every key_update_every bytes */
 	uint64_t tx_bytes, key_update_at, key_update_every;
 	_Atomic uint64_t *key_updates; /* counts renewals (may be NULL) */
@@ -188,45 +188,6 @@ static BIO *sbio_new(int fd, const bool *more, bool *drained)
 
 /* ---- the switch to records of our own (net/tls_rec.h) ---- */
 
-static int hexval(char ch)
-{
-	return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-		: ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
-}
-
-/* OpenSSL's key log (NSS format, "LABEL <client random> <secret>"): the
- * two application traffic secrets are kept on their connection for the
- * switch; every other line (handshake secrets, the exporter) is ignored.
- * Nothing is logged or written anywhere. */
-static void tls_keylog(const SSL *ssl, const char *line)
-{
-	static const char *const labels[2] = { "CLIENT_TRAFFIC_SECRET_0 ",
-						"SERVER_TRAFFIC_SECRET_0 " };
-	struct tls_conn *t = SSL_get_app_data(ssl);
-	if (!t || !t->own)
-		return;
-	for (int k = 0; k < 2; k++) {
-		size_t ll = strlen(labels[k]);
-		if (strncmp(line, labels[k], ll))
-			continue;
-		const char *sp = strchr(line + ll, ' ');
-		if (!sp)
-			return;
-		size_t hex = strlen(sp + 1), n = hex / 2;
-		if (hex % 2 || n > TLS_REC_SECRET_MAX)
-			return;
-		for (size_t i = 0; i < n; i++) {
-			int hi = hexval(sp[1 + 2 * i]), lo = hexval(sp[2 + 2 * i]);
-			if (hi < 0 || lo < 0) {
-				OPENSSL_cleanse(t->secret[k], sizeof(t->secret[k]));
-				return;
-			}
-			t->secret[k][i] = (uint8_t)(hi << 4 | lo);
-		}
-		t->secret_len[k] = n;
-	}
-}
-
 /* After OpenSSL's handshake: the connection's records are ours from here
  * (both directions at sequence number 0: no tickets, net/tls.c). OpenSSL
  * read with read-ahead off, so it holds no byte past its handshake; if it
@@ -247,23 +208,22 @@ static int tls_switch(struct conn *c)
 			 ciph ? SSL_CIPHER_get_name(ciph) : "(none)",
 			 c->peer_addr[0] ? c->peer_addr : "the peer");
 		rc = -EPROTO;
-	} else if (t->secret_len[0] != tls_rec_secret_len(suite) ||
-		   t->secret_len[1] != tls_rec_secret_len(suite)) {
+	} else if (t->sec.len[0] != tls_rec_secret_len(suite) ||
+		   t->sec.len[1] != tls_rec_secret_len(suite)) {
 		snprintf(c->err, sizeof(c->err),
-			 "tls: openssl reported no traffic secrets for %s (is the key log callback set?)",
+			 "tls: openssl reported no traffic secrets for %s (a context not made by tls_ctx_new?)",
 			 c->peer_addr[0] ? c->peer_addr : "the peer");
 		rc = -EPROTO;
 	} else {
 		int us = SSL_is_server(t->ssl) ? 1 : 0;
-		t->rec = tls_rec_new(suite, t->secret[us], t->secret[!us], t->send_bytes, c->err,
+		t->rec = tls_rec_new(suite, t->sec.secret[us], t->sec.secret[!us], t->send_bytes, c->err,
 				     sizeof(c->err));
 		if (!t->rec)
 			rc = -EPROTO;
 		else
 			tls_rec_set_key_update(t->rec, t->key_update_every, t->key_updates);
 	}
-	OPENSSL_cleanse(t->secret, sizeof(t->secret));
-	t->secret_len[0] = t->secret_len[1] = 0;
+	OPENSSL_cleanse(&t->sec, sizeof(t->sec));
 	return rc;
 }
 
@@ -455,7 +415,7 @@ static int tls_shutdown(struct conn *c)
 static void tls_free(struct conn *c)
 {
 	tls_rec_free(tc(c)->rec);
-	OPENSSL_cleanse(tc(c)->secret, sizeof(tc(c)->secret));
+	OPENSSL_cleanse(&tc(c)->sec, sizeof(tc(c)->sec));
 	SSL_free(tc(c)->ssl);
 	if (c->fd >= 0)
 		close(c->fd);
@@ -525,11 +485,10 @@ void tls_conn_set_records(struct conn *c, bool own, size_t send_bytes)
 	t->own = own;
 	t->send_bytes = send_bytes;
 	/* ours: OpenSSL must not read past its handshake (a header, then
-	 * exactly a body); the key log hands us the traffic secrets */
+	 * exactly a body); the context's key log (tls_ctx_new) hands us the
+	 * traffic secrets */
 	SSL_set_read_ahead(t->ssl, own ? 0 : 1);
-	SSL_CTX *ctx = SSL_get_SSL_CTX(t->ssl);
-	if (own && SSL_CTX_get_keylog_callback(ctx) != tls_keylog)
-		SSL_CTX_set_keylog_callback(ctx, tls_keylog);
+	tls_rec_secrets_attach(t->ssl, own ? &t->sec : NULL);
 }
 
 bool tls_conn_own_records(struct conn *c)

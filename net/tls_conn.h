@@ -26,10 +26,9 @@ struct conn *tls_conn_new(SSL_CTX *ctx, int fd, bool server);
  * OpenSSL (own false, the default of tls_conn_new) or net/tls_rec.c
  * (own true: the same TLS 1.3 records, RFC 8446 section 5, with OpenSSL's
  * AEAD; written into a buffer that goes to send() once it holds about
- * send_bytes, 0: 1 MiB). Before the handshake only. own sets the key log
- * callback of c's SSL_CTX (the traffic secrets come through it): the
- * thread that does so must be the only one starting handshakes on that
- * context then (the net thread does all of a net's). */
+ * send_bytes, 0: 1 MiB). Before the handshake only. The traffic secrets
+ * come through the key log callback tls_ctx_new set on the context
+ * (net/tls_rec.c), so ctx must be one it made. */
 void tls_conn_set_records(struct conn *c, bool own, size_t send_bytes);
 /* true once the connection's records are ours (after the handshake). */
 bool tls_conn_own_records(struct conn *c);

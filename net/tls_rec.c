@@ -4,6 +4,7 @@
 #include "net/tls_rec.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/kdf.h>
+#include <openssl/ssl.h>
 
 enum {
 	CT_ALERT = 21,
@@ -82,6 +84,70 @@ int tls_rec_suite_of(uint16_t iana_id)
 size_t tls_rec_secret_len(enum tls_rec_suite s)
 {
 	return s == TLS_REC_AES_256_GCM_SHA384 ? 48 : 32;
+}
+
+/* ---- the traffic secrets, from OpenSSL's key log ---- */
+
+/* the SSL ex_data slot that holds a connection's struct tls_rec_secrets */
+static int secrets_idx = -1;
+static pthread_once_t secrets_once = PTHREAD_ONCE_INIT;
+
+static void secrets_idx_new(void)
+{
+	secrets_idx = SSL_get_ex_new_index(0, NULL, NULL, NULL, NULL);
+}
+
+static int hexval(char ch)
+{
+	return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+		: ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+/* OpenSSL's key log (NSS format, "LABEL <client random> <secret>"): the
+ * two application traffic secrets go to the SSL's tls_rec_secrets; every
+ * other line (handshake secrets, the exporter) is ignored. */
+static void keylog(const SSL *ssl, const char *line)
+{
+	static const char *const labels[2] = { "CLIENT_TRAFFIC_SECRET_0 ",
+						"SERVER_TRAFFIC_SECRET_0 " };
+	struct tls_rec_secrets *t = secrets_idx < 0 ? NULL : SSL_get_ex_data(ssl, secrets_idx);
+	if (!t)
+		return;
+	for (int k = 0; k < 2; k++) {
+		size_t ll = strlen(labels[k]);
+		if (strncmp(line, labels[k], ll))
+			continue;
+		const char *sp = strchr(line + ll, ' ');
+		if (!sp)
+			return;
+		size_t hex = strlen(sp + 1), n = hex / 2;
+		if (hex % 2 || n > TLS_REC_SECRET_MAX)
+			return;
+		for (size_t i = 0; i < n; i++) {
+			int hi = hexval(sp[1 + 2 * i]), lo = hexval(sp[2 + 2 * i]);
+			if (hi < 0 || lo < 0) {
+				OPENSSL_cleanse(t->secret[k], sizeof(t->secret[k]));
+				return;
+			}
+			t->secret[k][i] = (uint8_t)(hi << 4 | lo);
+		}
+		t->len[k] = n;
+	}
+}
+
+int tls_rec_keylog_set(SSL_CTX *ctx)
+{
+	pthread_once(&secrets_once, secrets_idx_new);
+	if (secrets_idx < 0)
+		return -1;
+	SSL_CTX_set_keylog_callback(ctx, keylog);
+	return 0;
+}
+
+int tls_rec_secrets_attach(SSL *ssl, struct tls_rec_secrets *s)
+{
+	pthread_once(&secrets_once, secrets_idx_new);
+	return secrets_idx >= 0 && SSL_set_ex_data(ssl, secrets_idx, s) == 1 ? 0 : -1;
 }
 
 /* HKDF-Expand-Label(secret, label, "", olen) (RFC 8446 7.1). */

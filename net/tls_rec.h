@@ -50,6 +50,30 @@ enum tls_rec_suite {
 
 struct tls_rec;
 
+/* OpenSSL's own typedefs (openssl/types.h), repeated so that this header
+ * does not pull in OpenSSL. */
+typedef struct ssl_st SSL;
+typedef struct ssl_ctx_st SSL_CTX;
+
+/* A handshake's two application traffic secrets as OpenSSL's key log
+ * reports them, kept for tls_rec_new. */
+struct tls_rec_secrets {
+	uint8_t secret[2][TLS_REC_SECRET_MAX];    /* [0] the client's, [1] the server's */
+	size_t len[2];
+};
+
+/* Sets ctx's key log callback, once, where the context is made (net/tls.c
+ * tls_ctx_new): during a handshake on ctx, the two application traffic
+ * secrets go to the struct tls_rec_secrets its SSL carries
+ * (tls_rec_secrets_attach); other lines, and an SSL that carries none,
+ * are ignored, and nothing is logged anywhere. 0, or -1 if OpenSSL had no
+ * ex_data index to give. */
+int tls_rec_keylog_set(SSL_CTX *ctx);
+/* From now on ssl's handshake hands its traffic secrets to s (NULL: to
+ * nothing), which must outlive the handshake. Before the handshake. 0 or
+ * -1. */
+int tls_rec_secrets_attach(SSL *ssl, struct tls_rec_secrets *s);
+
 /* The suite for an IANA cipher suite id (SSL_CIPHER_get_protocol_id), or
  * -1 when it is none of the three. */
 int tls_rec_suite_of(uint16_t iana_id);

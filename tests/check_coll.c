@@ -567,6 +567,60 @@ START_TEST(test_all_reduce_bit_exact)
 }
 END_TEST
 
+/* The direct exchange (buffers of at most direct_max) sums in rank order,
+ * ((x0 + x1) + x2) + ..., on every rank alike: all_reduce in place (the
+ * parts before the rank's own first) and reduce_scatter (two ranks: the
+ * sum on arrival). */
+/* got[i] against fval's rank-order sum at element at + i; one failure. */
+static void direct_check(struct world *w, const struct coll_group *g, const char *op,
+			 const float *got, size_t count, size_t at)
+{
+	for (size_t i = 0; i < count; i++) {
+		float want = fval(g->devs[0], at + i);
+		for (int p = 1; p < g->n; p++)
+			want = want + fval(g->devs[p], at + i);
+		if (memcmp(&want, &got[i], sizeof(float))) {
+			failf(w, "direct %s n=%d rank %d elem %zu: %.9g, rank order gives %.9g", op,
+			      g->n, g->rank, i, got[i], want);
+			return;
+		}
+	}
+}
+
+static void det_direct_ops(struct world *w, int dev, struct coll_dev *cd)
+{
+	struct mesh_group mg;
+	struct coll_group g;
+	char err[1024];
+	group_of(w, dev, 1u << AX_DATA, &mg, &g);
+	int n = g.n, r = g.rank;
+	size_t c = 1001, rc_cnt = 777;
+	float *buf = xmalloc(sizeof(float) * c), *in = xmalloc(sizeof(float) * rc_cnt * (size_t)n);
+	float *out = xmalloc(sizeof(float) * rc_cnt);
+	for (size_t i = 0; i < c; i++)
+		buf[i] = fval(dev, i);
+	for (size_t i = 0; i < rc_cnt * (size_t)n; i++)
+		in[i] = fval(dev, i + 5000);
+	int rc = coll_all_reduce(cd, &g, buf, c, err, sizeof(err));
+	CHECK_RC(w, rc, "all_reduce", err);
+	rc = coll_reduce_scatter(cd, &g, out, in, rc_cnt, err, sizeof(err));
+	CHECK_RC(w, rc, "reduce_scatter", err);
+	direct_check(w, &g, "all_reduce", buf, c, 0);
+	direct_check(w, &g, "reduce_scatter", out, rc_cnt, (size_t)r * rc_cnt + 5000);
+	free(buf);
+	free(in);
+	free(out);
+}
+
+START_TEST(test_direct_bit_exact)
+{
+	struct world w = { .seg = 65536, .direct_max = 65536, .timeout_s = 30 };
+	world_mesh(&w, _i + 2, 1, 1);
+	world_run(&w, det_direct_ops, NULL);
+	ck_assert_msg(w.failures == 0, "D=%d: %s", w.D, w.first);
+}
+END_TEST
+
 /* ---- lists of runs against the contiguous op on the concatenation ---- */
 
 struct runs {
@@ -1752,6 +1806,7 @@ static Suite *coll_suite(void)
 	tc = tcase_create("determinism");
 	tcase_set_timeout(tc, 60);
 	tcase_add_loop_test(tc, test_all_reduce_bit_exact, 0, 4);
+	tcase_add_loop_test(tc, test_direct_bit_exact, 0, 3);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("runs");
