@@ -26,12 +26,12 @@
 # the start of each mesh: a stream of messages both ways, 16/M rows x 128
 # tokens x 512 floats), and ZB-H1's idle over 1F1B's; the load average
 # beside each run.
-# usage: [STEPS=4] [ROUNDS=1] [MESHES="2x1 4x1"] [SCHEDS=...] [MS_F=20] [RATIO=20,20,10] bench/sched_sleep.sh
+# usage: [STEPS=6] [ROUNDS=1] [MESHES="2x1 4x1"] [SCHEDS=...] [MS_F=20] [RATIO=20,20,10] bench/sched_sleep.sh
 #   (BIN: a meshrun binary to run, else build/meshrun after `make`;
 #   RATIO= (empty) skips the unequal-ratio runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=${STEPS:-4}
+steps=${STEPS:-6}
 rounds=${ROUNDS:-1}
 meshes=${MESHES:-"2x1 4x1"}
 scheds=${SCHEDS:-"gpipe 1f1b interleaved_1f1b zb_h1 zbv"}
