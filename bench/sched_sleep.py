@@ -32,6 +32,10 @@ there are several):
   recv          the receives a device runs a step (the most), and beyond
                 per receive in microseconds: the per-message cost if every
                 receive were on the critical path
+  xfer cpu ms   the device thread's CPU in its sends, receives, posts and
+                send waits (the trace's `stage ...` spans' cpu_us; the
+                most of any device): transport work on the thread that
+                runs the table, which the simulator does not count
   hop ms        the link's time for one message of the run's size (`meshrun
                 bench link` at the mesh's start)
   sim+hop       the simulator's longest stage span with every message
@@ -72,7 +76,7 @@ def run_figures(d, name, S, M, sched, v, c):
     for st in steps:
         fb = {e["pid"] * 1000 + e["tid"]: e["dur"] / 1e3 for e in ev
               if e.get("name") == "forward+backward" and e["args"]["step"] == st}
-        busy, late, recv, t0, t1 = {}, {}, {}, {}, {}
+        busy, late, recv, t0, t1, xcpu = {}, {}, {}, {}, {}, {}
         for e in ev:
             if e.get("ph") != "X" or e.get("args", {}).get("step") != st:
                 continue
@@ -86,10 +90,13 @@ def run_figures(d, name, S, M, sched, v, c):
                 late[dev] = late.get(dev, 0.0) + e["dur"] / 1e3 - t
             elif e["name"].startswith("stage recv"):
                 recv[dev] = recv.get(dev, 0) + 1
+            if e["name"].startswith("stage ") and "cpu_us" in e.get("args", {}):
+                xcpu[dev] = xcpu.get(dev, 0.0) + e["args"]["cpu_us"] / 1e3
         fbw = max(fb.values())
         wall = max(t1[k] - t0[k] for k in t0) / 1e3
         top = max(busy, key=busy.get)
         per.append({"wall": wall, "fb": fbw, "busy": busy[top], "late": late[top],
+                    "xcpu": max(xcpu.values()) if xcpu else 0.0,
                     "idle": [wall - busy.get(k, 0.0) for k in sorted(fb)],
                     "recv": max(recv.values()) if recv else 0})
     sim = open("%s/%s.sched" % (d, name)).read()
@@ -125,8 +132,8 @@ def main():
         r["load"].append("%s-%s" % (la, lb))
     print("| mesh | M | schedule | F,I,W ms an action | step ms (fb) | span ms | busy ms | idle ms per device | share | "
           "formula share | share/formula | formula span ms | sim span ms | span/sim | beyond sim ms | "
-          "late ms | recv | beyond/recv us | hop ms | sim+hop span ms | span/(sim+hop) | load |")
-    print("|" + "---|" * 22)
+          "late ms | xfer cpu ms | recv | beyond/recv us | hop ms | sim+hop span ms | span/(sim+hop) | load |")
+    print("|" + "---|" * 23)
     idle_of = {}
     for key in sorted(runs, key=lambda k: (k[0], k[3], k[1])):
         mesh, M, sched, kind, c = key
@@ -147,13 +154,13 @@ def main():
         beyond = wall - sim if sim else None
         idle_of[(mesh, M, sched, kind)] = (max(idle), fidle, med(r["simhop"]) - busy)
         hop, simhop = med(r["hop"]), med(r["simhop"])
-        print("| %s | %d | %s | %s | %.1f | %.1f | %.1f | %s | %.3f | %s | %s | %s | %s | %s | %s | %.1f | %d | %s | "
+        print("| %s | %d | %s | %s | %.1f | %.1f | %.1f | %s | %.3f | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %d | %s | "
               "%.2f | %.1f | %.3f | %s |" % (
             mesh, M, sched, ",".join("%g" % x for x in c), fbw, wall, busy, "/".join("%.1f" % x for x in idle),
             share, "%.3f" % fshare if fshare is not None else "-",
             "%.2f" % (share / fshare) if fshare else "-",
             "%.1f" % fstep if fstep is not None else "-", "%.1f" % sim if sim else "-",
-            "%.3f" % (wall / sim) if sim else "-", "%.1f" % beyond if sim else "-", late, recv,
+            "%.3f" % (wall / sim) if sim else "-", "%.1f" % beyond if sim else "-", late, med(x["xcpu"] for x in p), recv,
             "%.0f" % (beyond * 1e3 / recv) if sim and recv else "-", hop, simhop, wall / simhop,
             " ".join(r["load"])))
     print()

@@ -169,7 +169,7 @@ int pipe_exec_landing_bufs(const struct pipe_exec *x);
  * embed, head, embed_back) instead of running the model, from the moment
  * its compute would start (after the waits the action does first: its
  * window slots, the send from the buffer it writes), to an absolute
- * deadline. Everything else is as with the model: the sends and
+ * deadline (the calling thread's timer slack set to 1 ns by each step). Everything else is as with the model: the sends and
  * receives (of the buffers' sizes, their bytes whatever the buffers
  * hold), the window's gathers, releases and reduce-scatters, the
  * expert-count sum, the hooks, posting ahead, the fill. The step's
