@@ -294,8 +294,8 @@ struct result {
  * posted ahead (mb_probe_land); SLEEP: table order, synthetic compute at
  * sleep_costs (sleep_check); the grads_done hooks recorded. */
 enum { FILL_OFF, FILL_LATE, FILL_HERE, PREPOST, SLEEP };
-static const struct pipe_costs sleep_costs = { .f = 0.003, .i = 0.002, .w = 0.001, .b = 0.003,
-					       .embed = 0.0005, .head = 0.001, .embed_back = 0.0005 };
+static const struct pipe_costs sleep_costs = { .f = 0.001, .i = 0.0007, .w = 0.0003, .b = 0.001,
+					       .embed = 0.0002, .head = 0.0004, .embed_back = 0.0002 };
 
 static bool compute_op(int op)
 {
@@ -321,7 +321,7 @@ static void sleep_check(const struct pipe_config *pc, struct stage *st, int S, d
 	ck_assert_msg(pipe_table_simulate(&t, &sleep_costs, false, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(wall >= t.makespan, "%s S=%d: the step took %.4f s, under its critical path %.4f s", sched, S,
 		      wall, t.makespan);
-	ck_assert_double_gt(t.makespan, 0.005);
+	ck_assert_double_gt(t.makespan, 0.002);  /* far over the tiny model's compute */
 	for (int s = 0; s < S; s++) {
 		int want[PA_COUNT] = { 0 }, got[PA_COUNT] = { 0 }, n, all = 0;
 		const struct pipe_act_time *at = pipe_exec_times(st[s].x, &n);
