@@ -9,7 +9,8 @@
  * launcher's keys leave the disk once the agents have read them; meshrun
  * runs on the CPU's own OpenBLAS kernels where the library falls back;
  * device threads compute at device_nice and the threads that move bytes
- * do not. */
+ * do not; synthetic compute (pipeline_compute=sleep) prints no loss and
+ * writes no checkpoint. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
@@ -381,6 +382,39 @@ START_TEST(test_eval_nan)
 }
 END_TEST
 
+/* Synthetic compute computes no loss: the step lines and the metrics say
+ * so and carry no number for one; a checkpoint is refused naming the key. */
+START_TEST(test_synthetic_no_loss)
+{
+	char line[512], path[300];
+	struct proc p;
+	snprintf(path, sizeof(path), "%s/m.jsonl", tmpdir);
+	snprintf(line, sizeof(line), "train --config " TINY " steps=2 max_target_length=16 "
+		 "pipeline_compute=sleep pipeline_sleep_ms=1,1,1 --metrics %s", path);
+	int rc = proc_run_words(&p, "train", line, 60, false);
+	char *out = slurp(p.out);
+	ck_assert_msg(rc == 0, "exit %d:\n%s\n%s", rc, out, slurp(p.err));
+	ck_assert_msg(lines_with(out, "completed step: ") == 2 && lines_with(out, ", loss: -, synthetic: sleep, ") == 2 &&
+		      lines_with(out, "grad_norm") == 0, "%s", out);
+	FILE *f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	char buf[4096];
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	ck_assert_msg(lines_with(buf, "\"synthetic\":\"sleep\"") == 2 && !strstr(buf, "loss") &&
+		      !strstr(buf, "grad_norm"), "%s", buf);
+	snprintf(line, sizeof(line), "train --config " TINY " steps=1 max_target_length=16 "
+		 "pipeline_compute=sleep --checkpoint-dir %s/ck", tmpdir);
+	rc = proc_run_words(&p, "train", line, 60, false);
+	ck_assert_msg(rc == EXIT_CONFIG, "exit %d:\n%s", rc, slurp(p.err));
+	ck_assert_msg(lines_with(slurp(p.err), "meshrun: train: config: --checkpoint-dir is refused with "
+				 "pipeline_compute=sleep") == 1, "%s", slurp(p.err));
+	snprintf(path, sizeof(path), "%s/ck", tmpdir);
+	ck_assert_msg(access(path, F_OK) != 0, "'%s' was made", path);
+}
+END_TEST
+
 START_TEST(test_out_of_memory)
 {
 	/* a model of 550 GB: out of memory is exit 1, not a config error (an
@@ -632,6 +666,7 @@ int main(void)
 		{ "prefix", test_one_prefix, 60 },
 		{ "config once", test_config_errors_once, 90 },
 		{ "eval nan", test_eval_nan, 90 },
+		{ "synthetic no loss", test_synthetic_no_loss, 60 },
 		{ "out of memory", test_out_of_memory, 90 },
 		{ "ctrl-c", test_ctrl_c_is_130, 90 },
 		{ "tls wrong ca", test_tls_wrong_ca, 60 },

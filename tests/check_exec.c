@@ -14,7 +14,12 @@
  * the probe lands a message that has come into its buffer at once, and
  * fills the buffer with NaN when it has not (its bytes may land any time
  * after the post), so a receive posted over a buffer still in use
- * changes the bits; they equal table order's. */
+ * changes the bits; they equal table order's. Synthetic compute
+ * (pipe_exec_set_sleep): every schedule's step takes at least the
+ * simulator's makespan at the sleeps' times (its critical path: no
+ * executor beats it, so a mode that skipped sleeps fails), runs each of
+ * the table's compute actions once (its counts by kind), each at least
+ * its sleep long, and computes no loss. */
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -28,6 +33,7 @@
 #include "host/model/model.h"
 #include "host/pipeline/exec.h"
 #include "host/pipeline/pipe_config.h"
+#include "host/util/clock.h"
 
 static char err[1024];
 
@@ -212,6 +218,7 @@ struct stage {
 	struct model_comm comm;
 	const int32_t *in, *tg;
 	double loss;
+	double t_end;  /* util_now_s() when its step returned */
 	int rc;
 };
 
@@ -223,6 +230,7 @@ static void *stage_main(void *arg)
 	memset(model_grads(st->m), 0, model_numel(st->m) * sizeof(float));
 	st->rc = pipe_exec_step(st->x, st->in, st->tg, &ms, &st->io);
 	st->loss = ms.loss_sum;
+	st->t_end = util_now_s();
 	return NULL;
 }
 
@@ -278,12 +286,64 @@ struct result {
 	int preposts, early;  /* receives posted ahead, landed by the probe */
 	int landed, depth;    /* posted into a landing buffer; most outstanding on a stage */
 	int hooks[MAXS][64][3], nhooks[MAXS];
+	double wall;  /* SLEEP: the threads' start to the last step's return */
 };
 
 /* fill: probe receives (FILL_LATE: late at first; FILL_HERE: every one
  * arrived) and fill their waits with W's; PREPOST: no fill, receives
- * posted ahead (mb_probe_land); the grads_done hooks recorded. */
-enum { FILL_OFF, FILL_LATE, FILL_HERE, PREPOST };
+ * posted ahead (mb_probe_land); SLEEP: table order, synthetic compute at
+ * sleep_costs (sleep_check); the grads_done hooks recorded. */
+enum { FILL_OFF, FILL_LATE, FILL_HERE, PREPOST, SLEEP };
+static const struct pipe_costs sleep_costs = { .f = 0.001, .i = 0.0007, .w = 0.0003, .b = 0.001,
+					       .embed = 0.0002, .head = 0.0004, .embed_back = 0.0002 };
+
+static bool compute_op(int op)
+{
+	return op == PA_F || op == PA_FC || op == PA_B || op == PA_I || op == PA_W || op == PA_EMBED ||
+	       op == PA_HEAD || op == PA_EMBED_BACK;
+}
+
+static double sleep_of(int op)
+{
+	const struct pipe_costs *c = &sleep_costs;
+	return op == PA_F || op == PA_FC ? c->f : op == PA_B ? c->b : op == PA_I ? c->i : op == PA_W ? c->w :
+	       op == PA_EMBED ? c->embed : op == PA_HEAD ? c->head : c->embed_back;
+}
+
+/* A step of synthetic compute: each stage ran every compute action of
+ * its list once (counts by kind), each at least its sleep, and no loss;
+ * and the step took at least the table's critical path at the sleeps
+ * (the simulator's makespan, every transfer free). */
+static void sleep_check(const struct pipe_config *pc, struct stage *st, int S, double wall, const char *sched)
+{
+	struct pipe_table t;
+	ck_assert_msg(pipe_table_build(&t, &pc->shape, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(pipe_table_simulate(&t, &sleep_costs, false, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(wall >= t.makespan, "%s S=%d: the step took %.4f s, under its critical path %.4f s", sched, S,
+		      wall, t.makespan);
+	ck_assert_double_gt(t.makespan, 0.002);  /* far over the tiny model's compute */
+	for (int s = 0; s < S; s++) {
+		int want[PA_COUNT] = { 0 }, got[PA_COUNT] = { 0 }, n, all = 0;
+		const struct pipe_act_time *at = pipe_exec_times(st[s].x, &n);
+		for (int k = 0; k < t.n[s]; k++)
+			if (compute_op(t.a[s][k].op)) {
+				want[t.a[s][k].op]++;
+				all++;
+			}
+		for (int i = 0; i < n; i++) {
+			got[at[i].op]++;
+			ck_assert_msg(at[i].t1 - at[i].t0 >= sleep_of(at[i].op), "%s stage %d: %s mb%d took %.6f s",
+				      sched, s, pipe_act_name(at[i].op), at[i].mb, at[i].t1 - at[i].t0);
+		}
+		for (int op = 0; op < PA_COUNT; op++)
+			ck_assert_msg(got[op] == want[op], "%s stage %d: %d %s run, the table has %d", sched, s,
+				      got[op], pipe_act_name(op), want[op]);
+		ck_assert_int_eq(pipe_exec_slept(st[s].x), all);
+		ck_assert(st[s].loss == 0);
+	}
+	pipe_table_free(&t);
+}
+
 static void pipelined_fill(struct result *res, bool moe, int S, const char *sched, bool recompute, int fill)
 {
 	struct cfg c;
@@ -332,14 +392,17 @@ static void pipelined_fill(struct result *res, bool moe, int S, const char *sche
 					      fill == PREPOST ? mb_probe_land : NULL,
 					      &st[s].ctx };
 		pipe_exec_set_fill(st[s].x, fill == FILL_LATE || fill == FILL_HERE);
+		pipe_exec_set_sleep(st[s].x, fill == SLEEP ? &sleep_costs : NULL);
 		pipe_exec_set_hooks(st[s].x, &(struct pipe_hooks){ .grads_done = record_hook, .ctx = &st[s].ctx });
 		st[s].comm = (struct model_comm){ .all_gather = mb_all_gather, .ctx = &st[s].ctx };
 		st[s].in = in;
 		st[s].tg = tg;
 	}
+	double t0 = util_now_s();
 	for (int s = 0; s < S; s++)
 		pthread_create(&st[s].th, NULL, stage_main, &st[s]);
 	res->loss = 0;
+	res->wall = 0;
 	res->fills = res->preposts = res->early = res->landed = res->depth = 0;
 	for (int s = 0; s < S; s++) {
 		pthread_join(st[s].th, NULL);
@@ -352,8 +415,12 @@ static void pipelined_fill(struct result *res, bool moe, int S, const char *sche
 		if (pipe_exec_prepost_depth(st[s].x) > res->depth)
 			res->depth = pipe_exec_prepost_depth(st[s].x);
 		res->nhooks[s] = st[s].ctx.nhooks;
+		if (st[s].t_end - t0 > res->wall)
+			res->wall = st[s].t_end - t0;
 		memcpy(res->hooks[s], st[s].ctx.hooks, sizeof(res->hooks[s]));
 	}
+	if (fill == SLEEP)
+		sleep_check(&pc, st, S, res->wall, sched);
 	/* gradients: a tensor split over stage is held once; the others are
 	 * summed over the stages first */
 	memset(res->sq, 0, sizeof(res->sq));
@@ -591,6 +658,24 @@ START_TEST(test_landing)
 }
 END_TEST
 
+/* Synthetic compute, every schedule, dense at S 2 and 4 with recompute
+ * on and off, MoE at S 2 (its counting pass and count sum): the checks
+ * of sleep_check. */
+START_TEST(test_sleep)
+{
+	struct result r;
+	for (int k = 0; k < NSCHED; k++) {
+		for (int S = 2; S <= 4; S += 2)
+			for (int rc = 0; rc < 2; rc++) {
+				pipelined_fill(&r, false, S, scheds[k], rc, SLEEP);
+				free(r.g);
+			}
+		pipelined_fill(&r, true, 2, scheds[k], false, SLEEP);
+		free(r.g);
+	}
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("exec");
@@ -611,6 +696,10 @@ int main(void)
 	tcase_set_timeout(tl, 120);
 	tcase_add_test(tl, test_landing);
 	suite_add_tcase(s, tl);
+	TCase *ts = tcase_create("sleep");
+	tcase_set_timeout(ts, 60);
+	tcase_add_test(ts, test_sleep);
+	suite_add_tcase(s, ts);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
 	int failed = srunner_ntests_failed(sr);

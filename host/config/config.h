@@ -92,6 +92,8 @@ struct cfg_list {
 	X(STR,  pipeline_schedule, "circular", 1, "circular | gpipe | 1f1b | interleaved_1f1b | zb_h1 | zbv: the order of a step's forwards and backwards (docs/pipeline.md)") \
 	X(BOOL, pipeline_recompute, "true", 1, "a backward recomputes its chunk's forward from the chunk's saved input; false: the forward keeps every layer's activations until the backward") \
 	X(BOOL, pipeline_fill_waits, "false", 1, "zb_h1, zbv: at a receive that has not arrived, run the next weight gradient (W) the device owes first, where that moves no collective (no FSDP-gathered layer weights); false: table order") \
+	X(STR,  pipeline_compute, "model", 1, "model | sleep: sleep runs every compute action of the step's table as a sleep of its time (pipeline_sleep_ms) instead of the model, everything else real (agents, links, sends and receives at the model's sizes, the window's gathers, the executor): to measure the executor and the transport against the bubble formulas; no loss, no checkpoints (docs/pipeline.md)") \
+	X(STR,  pipeline_sleep_ms, "20,20,20", 1, "pipeline_compute=sleep: F,I,W[,O] milliseconds of a forward, input-gradient and weight-gradient backward of one microbatch through one chunk (B = I + W; the counting forward F), O of each owner action (embed, head, embed_back; default 0)") \
 	/* --- model (MaxText names) --- */ \
 	X(INT,   base_emb_dim, "256", 1, "d_model") \
 	X(INT,   base_num_query_heads, "4", 1, "") \

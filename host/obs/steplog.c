@@ -53,9 +53,13 @@ static int write_metrics(struct steplog *l, const struct step_report *r, double 
 {
 	cJSON *j = cJSON_CreateObject();
 	cJSON_AddNumberToObject(j, "step", (double)r->step);
-	cJSON_AddNumberToObject(j, "loss", r->loss);
-	cJSON_AddNumberToObject(j, "aux_loss", r->aux);
-	cJSON_AddNumberToObject(j, "grad_norm", r->grad_norm);
+	if (r->synthetic) {
+		cJSON_AddStringToObject(j, "synthetic", "sleep");
+	} else {
+		cJSON_AddNumberToObject(j, "loss", r->loss);
+		cJSON_AddNumberToObject(j, "aux_loss", r->aux);
+		cJSON_AddNumberToObject(j, "grad_norm", r->grad_norm);
+	}
 	cJSON_AddNumberToObject(j, "lr", r->lr);
 	cJSON_AddNumberToObject(j, "step_time_s", r->seconds);
 	cJSON_AddNumberToObject(j, "tokens_per_s_global", tok_s);
@@ -89,7 +93,8 @@ static int write_metrics(struct steplog *l, const struct step_report *r, double 
 	/* losses printed with full precision so runs can be compared bit for bit */
 	char buf[64];
 	snprintf(buf, sizeof(buf), "%a", r->loss);
-	cJSON_AddStringToObject(j, "loss_hex", buf);
+	if (!r->synthetic)
+		cJSON_AddStringToObject(j, "loss_hex", buf);
 	if (r->eval_tokens > 0) {
 		cJSON_AddNumberToObject(j, "eval_loss", r->eval_loss);
 		cJSON_AddNumberToObject(j, "eval_tokens", (double)r->eval_tokens);
@@ -113,8 +118,11 @@ static void progress_line(struct steplog *l, const struct step_report *r, double
 	l->steps_seen++;
 	double eta = left > 0 ? l->step_s_sum / (double)l->steps_seen * (double)left : 0;
 	long e = (long)(eta + 0.5);
-	printf("\r\033[Kstep %" PRId64 "/%" PRId64 "  loss %.4f  %.0f tokens/s  ETA %ld:%02ld:%02ld",
-	       r->step + 1, l->total_steps, r->loss, tok_s, e / 3600, e / 60 % 60, e % 60);
+	char loss[32] = "-";
+	if (!r->synthetic)
+		snprintf(loss, sizeof(loss), "%.4f", r->loss);
+	printf("\r\033[Kstep %" PRId64 "/%" PRId64 "  loss %s  %.0f tokens/s  ETA %ld:%02ld:%02ld",
+	       r->step + 1, l->total_steps, loss, tok_s, e / 3600, e / 60 % 60, e % 60);
 	l->line_open = left > 0;
 	if (!l->line_open)
 		putchar('\n');
@@ -142,12 +150,18 @@ int steplog_step(struct steplog *l, const struct step_report *r, char *err, size
 		return !rc && l->metrics.fd >= 0 ? write_metrics(l, r, tok_s, tflops, mfu, mem, err, errlen) : rc;
 
 	printf("completed step: %" PRId64 ", seconds: %.3f, TFLOP/s/device: %.4f, "
-	       "Tokens/s/device: %.1f, MFU: %.1f%%, loss: %.5f",
-	       r->step, r->seconds, tflops, tok_s / l->devices, mfu * 100, r->loss);
-	if (r->aux)
+	       "Tokens/s/device: %.1f, MFU: %.1f%%, ",
+	       r->step, r->seconds, tflops, tok_s / l->devices, mfu * 100);
+	if (r->synthetic)
+		printf("loss: -, synthetic: sleep");
+	else
+		printf("loss: %.5f", r->loss);
+	if (r->aux && !r->synthetic)
 		printf(", aux_loss: %.5f", r->aux);
-	printf(", grad_norm: %.4f, lr: %.3g, dcn_bytes: %" PRIu64 ", ici_bytes: %" PRIu64
-	       ", peak_mem_mb: %ld", r->grad_norm, r->lr, r->dcn_bytes, r->ici_bytes, mem);
+	if (!r->synthetic)
+		printf(", grad_norm: %.4f", r->grad_norm);
+	printf(", lr: %.3g, dcn_bytes: %" PRIu64 ", ici_bytes: %" PRIu64
+	       ", peak_mem_mb: %ld", r->lr, r->dcn_bytes, r->ici_bytes, mem);
 	/* only once a link broke: the usual line stays as it was */
 	if (r->reconnects || r->frames_resent)
 		printf(", reconnects: %" PRIu64 ", frames_resent: %" PRIu64, r->reconnects,

@@ -69,6 +69,10 @@ struct step_report {
 	 * unmasked targets (eval_tokens 0: no evaluation) */
 	double eval_loss;
 	int64_t eval_tokens;
+	/* pipeline_compute=sleep: the step slept in place of its compute, so
+	 * loss, aux and grad_norm are no figures: the log prints "loss: -"
+	 * and the metrics line "synthetic": "sleep" without them */
+	bool synthetic;
 };
 
 /* Prints the header line; opens metrics (NULL: none), appending when

@@ -25,6 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
 
 #include "host/model/window.h"
 #include "host/util/clock.h"
@@ -84,6 +86,11 @@ struct pipe_exec {
 	int nland;                   /* this step's (MESHRUN_PIPE_LANDING) */
 	int8_t *land_of;             /* [n] the landing buffer a RECV was posted into, or -1 */
 	int landed_early;            /* receives posted into a landing buffer */
+	/* synthetic compute (pipe_exec_set_sleep): each compute action
+	 * sleeps its time instead of running the model */
+	bool sleep;
+	struct pipe_costs sleep_s;   /* seconds */
+	int slept;                   /* this step's sleeps */
 	/* the table's leading gathers, started before the step
 	 * (pipe_exec_prefetch) */
 	int npre;
@@ -304,6 +311,13 @@ void pipe_exec_free(struct pipe_exec *x)
 }
 
 void pipe_exec_poison(struct pipe_exec *x, int on) { x->poison = on; }
+int pipe_exec_slept(const struct pipe_exec *x) { return x->slept; }
+
+void pipe_exec_set_sleep(struct pipe_exec *x, const struct pipe_costs *c)
+{
+	x->sleep = c != NULL;
+	x->sleep_s = c ? *c : (struct pipe_costs){ 0 };
+}
 void pipe_exec_set_fill(struct pipe_exec *x, bool on) { x->fill = on; }
 int pipe_exec_fills(const struct pipe_exec *x) { return x->fills; }
 int pipe_exec_preposts(const struct pipe_exec *x) { return x->preposts; }
@@ -620,6 +634,30 @@ static const int32_t *tokens(const struct pipe_exec *x, const int32_t *all, int 
 	return all + (size_t)mb * x->ntok;
 }
 
+/* Synthetic compute: in place of the model's, once the action's waits
+ * are done (its window slots, the send from the buffer it writes), the
+ * device sleeps its time, to an absolute deadline from that moment (a
+ * signal or a late wake-up cannot shorten it). */
+static int synth(struct pipe_exec *x, const struct pipe_action *a)
+{
+	const struct pipe_costs *c = &x->sleep_s;
+	double s = a->op == PA_F || a->op == PA_FC ? c->f : a->op == PA_B ? c->b : a->op == PA_I ? c->i :
+		   a->op == PA_W ? c->w : a->op == PA_EMBED ? c->embed : a->op == PA_HEAD ? c->head :
+		   c->embed_back;
+	struct timespec d;
+	int rc = 0;
+	x->slept++;
+	if (s <= 0)
+		return 0;
+	clock_gettime(CLOCK_MONOTONIC, &d);
+	long long ns = d.tv_nsec + llround(s * 1e9);
+	d.tv_sec += (time_t)(ns / 1000000000);
+	d.tv_nsec = (long)(ns % 1000000000);
+	while ((rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &d, NULL)) == EINTR)
+		;
+	return -rc;
+}
+
 /* The owner's embedding of mb, through the layers before the pipeline. */
 static int run_embed(struct pipe_exec *x, const struct pipe_action *a)
 {
@@ -628,12 +666,14 @@ static int run_embed(struct pipe_exec *x, const struct pipe_action *a)
 	outside(x, &nb, &a0);
 	model_count_experts(x->m, x->t.count_pass && a->val.pass == 0 ? MODEL_COUNTS_KEEP : MODEL_COUNTS_ADD);
 	model_act_set(x->m, 0);
-	if ((rc = reuse(x, a->buf[0])) || (rc = use_slot(x, WSLOT_NONLAYER, false)))
+	if ((rc = reuse(x, a->buf[0])) || (rc = use_slot(x, WSLOT_NONLAYER, false)) ||
+	    (nb && (rc = use_slot(x, WSLOT_OUTSIDE(model_window(x->m)), false))))
 		return rc;
+	if (x->sleep)
+		return synth(x, a);
 	if (!nb)
 		return model_embed_forward(x->m, out, tokens(x, x->inputs, a->mb));
-	if ((rc = use_slot(x, WSLOT_OUTSIDE(model_window(x->m)), false)) ||
-	    (rc = model_embed_forward(x->m, scratch(x, 0), tokens(x, x->inputs, a->mb))))
+	if ((rc = model_embed_forward(x->m, scratch(x, 0), tokens(x, x->inputs, a->mb))))
 		return rc;
 	return model_layers_forward(x->m, 0, nb, out, scratch(x, 0));
 }
@@ -650,8 +690,11 @@ static int run_head(struct pipe_exec *x, const struct pipe_action *a)
 	model_count_experts(x->m, MODEL_COUNTS_KEEP);
 	model_act_set(x->m, 0);
 	if ((rc = reuse(x, a->buf[1])) || (rc = use_slot(x, WSLOT_NONLAYER, true)) ||
-	    (a0 < L && (rc = use_slot(x, WSLOT_OUTSIDE(w), true))) ||
-	    (a0 < L && (rc = model_layers_forward(x->m, a0, L, zz, y))) ||
+	    (a0 < L && (rc = use_slot(x, WSLOT_OUTSIDE(w), true))))
+		return rc;
+	if (x->sleep)
+		return synth(x, a);  /* no loss: st->loss_sum stays 0 */
+	if ((a0 < L && (rc = model_layers_forward(x->m, a0, L, zz, y))) ||
 	    (rc = model_head_forward(x->m, &l, zz, tokens(x, x->targets, a->mb))) ||
 	    (rc = model_head_backward(x->m, dy, zz, tokens(x, x->targets, a->mb))) ||
 	    (a0 < L && (rc = model_layers_backward(x->m, a0, L, dy, y))))
@@ -670,10 +713,12 @@ static int run_embed_back(struct pipe_exec *x, const struct pipe_action *a)
 	outside(x, &nb, &a0);
 	model_count_experts(x->m, MODEL_COUNTS_KEEP);
 	model_act_set(x->m, 0);
-	if ((rc = use_slot(x, WSLOT_NONLAYER, true)))
+	if ((rc = use_slot(x, WSLOT_NONLAYER, true)) ||
+	    (nb && (rc = use_slot(x, WSLOT_OUTSIDE(model_window(x->m)), true))))
 		return rc;
-	if (nb && ((rc = use_slot(x, WSLOT_OUTSIDE(model_window(x->m)), true)) ||
-		   (rc = model_embed_forward(x->m, scratch(x, 0), in)) ||
+	if (x->sleep)
+		return synth(x, a);
+	if (nb && ((rc = model_embed_forward(x->m, scratch(x, 0), in)) ||
 		   (rc = model_layers_forward(x->m, 0, nb, scratch(x, 1), scratch(x, 0))) ||
 		   (rc = model_layers_backward(x->m, 0, nb, din, scratch(x, 0)))))
 		return rc;
@@ -691,6 +736,8 @@ static int run_forward(struct pipe_exec *x, const struct pipe_action *a)
 	model_act_set(x->m, a->aset);
 	if ((a->buf[1] >= 0 && (rc = reuse(x, a->buf[1]))) || (rc = use_slot(x, WSLOT(a->slot), false)))
 		return rc;
+	if (x->sleep)
+		return synth(x, a);
 	return model_layers_forward(x->m, l0, l1, out, x->buf[a->buf[0]]);
 }
 
@@ -714,6 +761,8 @@ static int run_backward(struct pipe_exec *x, const struct pipe_action *a)
 	if ((a->op == PA_I && (rc = reuse(x, a->buf[2]))) ||
 	    (!x->ahead && (rc = use_slot(x, WSLOT(a->slot), a->op != PA_I))))
 		return rc;
+	if (x->sleep)
+		return synth(x, a);
 	if (x->t.shape.recompute && a->op != PA_W &&
 	    (rc = model_layers_forward(x->m, l0, l1, scratch(x, 0), in)))
 		return rc;
@@ -890,6 +939,11 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	x->st = st;
 	x->io = io;
 	x->ntimes = 0;
+	x->slept = 0;
+	/* synthetic compute: the device thread's sleeps end at their
+	 * deadline, not up to the default 50 us timer slack after it */
+	if (x->sleep)
+		prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 	for (int b = 0; b < x->t.bufs[x->stage]; b++)
 		x->sent[b].dev = -1;
 	x->landing_k = -1;

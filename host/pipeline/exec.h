@@ -163,6 +163,23 @@ int pipe_exec_landed(const struct pipe_exec *x);
  * one microbatch's activations). */
 int pipe_exec_landing_bufs(const struct pipe_exec *x);
 
+/* Synthetic compute (`pipeline_compute: sleep`): with c, every compute
+ * action of the table (F, FC, B, I, W, and the owners' embed, head and
+ * embed_back) sleeps its time in c (seconds: f, f for FC, b, i, w,
+ * embed, head, embed_back) instead of running the model, from the moment
+ * its compute would start (after the waits the action does first: its
+ * window slots, the send from the buffer it writes), to an absolute
+ * deadline (the calling thread's timer slack set to 1 ns by each step). Everything else is as with the model: the sends and
+ * receives (of the buffers' sizes, their bytes whatever the buffers
+ * hold), the window's gathers, releases and reduce-scatters, the
+ * expert-count sum, the hooks, posting ahead, the fill. The step's
+ * loss_sum stays 0 and the gradients are not the model's: for
+ * measuring the executor and the transport, not for training. NULL: the
+ * model (the default). */
+void pipe_exec_set_sleep(struct pipe_exec *x, const struct pipe_costs *c);
+/* Compute actions the last step slept (0 without synthetic compute). */
+int pipe_exec_slept(const struct pipe_exec *x);
+
 /* Sets the hooks every later step calls (NULL: none; copied). */
 void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h);
 

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define STAGES_KEYS "ici_pipeline_parallelism x dcn_pipeline_parallelism"
@@ -210,4 +211,39 @@ void pipe_config_one_device(struct pipe_config *out, const struct model_dims *d,
 	out->layers = d->L;
 	out->global_batch = rows;
 	out->microbatch_rows = rows;
+}
+
+int pipe_config_sleep(const struct cfg *c, struct pipe_costs *out, char *err, size_t errlen)
+{
+	double v[4] = { 0, 0, 0, 0 };
+	int n = 0;
+	const char *s = c->pipeline_sleep_ms;
+	memset(out, 0, sizeof(*out));
+	if (!strcmp(c->pipeline_compute, "model"))
+		return 0;
+	if (strcmp(c->pipeline_compute, "sleep")) {
+		snprintf(err, errlen, "config: key 'pipeline_compute' must be model or sleep, got '%s'",
+			 c->pipeline_compute);
+		return -EINVAL;
+	}
+	while (n < 4) {
+		char *end;
+		v[n] = strtod(s, &end);
+		if (end == s || !(v[n] >= 0 && v[n] <= 60000) || (*end && *end != ','))
+			break;
+		n++;
+		s = end;
+		if (!*s)
+			break;
+		s++;
+	}
+	if (n < 3 || *s) {
+		snprintf(err, errlen, "config: key 'pipeline_sleep_ms' must be F,I,W or F,I,W,O "
+			 "milliseconds in [0, 60000], got '%s'", c->pipeline_sleep_ms);
+		return -EINVAL;
+	}
+	*out = (struct pipe_costs){ .f = v[0] * 1e-3, .i = v[1] * 1e-3, .w = v[2] * 1e-3,
+				    .b = (v[1] + v[2]) * 1e-3, .embed = v[3] * 1e-3,
+				    .head = v[3] * 1e-3, .embed_back = v[3] * 1e-3 };
+	return 1;
 }

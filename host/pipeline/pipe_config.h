@@ -51,4 +51,11 @@ void pipe_config_model_mesh(const struct pipe_config *pc, struct model_mesh *mm)
  * gathered while one computes. */
 void pipe_config_one_device(struct pipe_config *out, const struct model_dims *d, int rows);
 
+/* Synthetic compute (`pipeline_compute: sleep`, docs/pipeline.md): 1 with
+ * the seconds each compute action sleeps in *out (pipeline_sleep_ms
+ * "F,I,W[,O]" in milliseconds: b = i + w, the owners' embed, head and
+ * embed_back O, 0 when not given); 0 for `model` (*out zeroed); -EINVAL
+ * with err naming the key. */
+int pipe_config_sleep(const struct cfg *c, struct pipe_costs *out, char *err, size_t errlen);
+
 #endif

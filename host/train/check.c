@@ -54,6 +54,24 @@ int train_check_pipe(const struct cfg *c, const struct pipe_config *pc, int rows
 	return 0;
 }
 
+/* Synthetic compute trains nothing: no checkpoint, no evaluation (its
+ * loss would be no loss). */
+static int check_sleep(const struct cfg *c, char *err, size_t errlen)
+{
+	struct pipe_costs sl;
+	int rc = pipe_config_sleep(c, &sl, err, errlen);
+	if (rc <= 0)
+		return rc;
+	if (c->checkpoint_period > 0 || c->eval_interval > 0 || c->load_parameters_path[0]) {
+		const char *k = c->checkpoint_period > 0 ? "checkpoint_period" : c->eval_interval > 0 ?
+				"eval_interval" : "load_parameters_path";
+		snprintf(err, errlen, "config: key '%s' is refused with pipeline_compute=sleep "
+			 "(synthetic compute trains nothing)", k);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 /* The model's shape and plans for device 0 (every device's shards have
  * the same shapes), as trainer_open makes them. */
 int train_check_keys(const struct cfg *c, struct model_dims *d, char *err, size_t errlen)
@@ -74,7 +92,7 @@ int train_check_keys(const struct cfg *c, struct model_dims *d, char *err, size_
 		snprintf(err, errlen, "config: key 'steps' must be >= 0, got %lld", c->steps);
 		return -EINVAL;
 	}
-	return 0;
+	return check_sleep(c, err, errlen);
 }
 
 static int check_model(const struct cfg *c, const struct mesh *m, const struct shard_rules *rules,

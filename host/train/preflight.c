@@ -49,6 +49,11 @@ int train_preflight(struct train_outputs *out, const struct cfg *c, const struct
 	char stale[256];
 	int rc = 0;
 	out->lock.fd = -1;
+	if (o->ckpt_dir && !strcmp(c->pipeline_compute, "sleep")) {
+		snprintf(err, errlen, "config: --checkpoint-dir is refused with pipeline_compute=sleep "
+			 "(synthetic compute trains nothing)");
+		return -EINVAL;
+	}
 	if (o->ckpt_dir) {
 		if ((rc = util_mkdir_p("checkpoint", o->ckpt_dir, err, errlen)) ||
 		    (rc = util_lock_dir(&out->lock, "checkpoint", o->ckpt_dir, job, stale, sizeof(stale),

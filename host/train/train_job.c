@@ -161,10 +161,12 @@ static void print_finished(const struct device_ctx *dev, const struct train_loop
 		if (dev->mesh->size[a] > 1)
 			used += snprintf(mesh + used, sizeof(mesh) - used, "%s%s=%d", used ? " " : "",
 					 mesh_axis_names[a], dev->mesh->size[a]);
-	printf("finished: %" PRId64 " steps on %d hosts x %d devices (%s), loss %.4f -> %.4f, %.1f s%s%s\n",
+	char loss[80] = "loss - (synthetic compute: pipeline_compute=sleep)";
+	if (strcmp(c->pipeline_compute, "sleep"))
+		snprintf(loss, sizeof(loss), "loss %.4f -> %.4f", l->first_loss, l->last_loss);
+	printf("finished: %" PRId64 " steps on %d hosts x %d devices (%s), %s, %.1f s%s%s\n",
 	       (int64_t)(c->steps - start), dev->mesh->num_hosts, dev->mesh->devices_per_host,
-	       used ? mesh : "one device", l->first_loss, l->last_loss, seconds,
-	       dir ? ", checkpoint in " : "", dir ? dir : "");
+	       used ? mesh : "one device", loss, seconds, dir ? ", checkpoint in " : "", dir ? dir : "");
 	fflush(stdout);
 }
 
