@@ -67,8 +67,10 @@ static int write_metrics(struct steplog *l, const struct step_report *r, double 
 	cJSON_AddNumberToObject(j, "comm_wait_s", r->comm_wait_s);
 	cJSON_AddNumberToObject(j, "comm_exposed_s", r->comm_wait_s);
 	cJSON_AddNumberToObject(j, "comm_background_s", r->comm_bg_s);
-	cJSON_AddNumberToObject(j, "tflops_per_device", tflops);
-	cJSON_AddNumberToObject(j, "mfu", mfu);
+	if (!r->synthetic) {
+		cJSON_AddNumberToObject(j, "tflops_per_device", tflops);
+		cJSON_AddNumberToObject(j, "mfu", mfu);
+	}
 	cJSON_AddNumberToObject(j, "dcn_bytes", (double)r->dcn_bytes);
 	cJSON_AddNumberToObject(j, "ici_bytes", (double)r->ici_bytes);
 	cJSON_AddNumberToObject(j, "peak_mem_mb", (double)mem);
@@ -149,13 +151,15 @@ int steplog_step(struct steplog *l, const struct step_report *r, char *err, size
 	if (l->mode != STEPLOG_LINES)
 		return !rc && l->metrics.fd >= 0 ? write_metrics(l, r, tok_s, tflops, mfu, mem, err, errlen) : rc;
 
-	printf("completed step: %" PRId64 ", seconds: %.3f, TFLOP/s/device: %.4f, "
-	       "Tokens/s/device: %.1f, MFU: %.1f%%, ",
-	       r->step, r->seconds, tflops, tok_s / l->devices, mfu * 100);
+	/* synthetic compute does no FLOPs: no throughput, no MFU, no loss */
 	if (r->synthetic)
-		printf("loss: -, synthetic: sleep");
+		printf("completed step: %" PRId64 ", seconds: %.3f, TFLOP/s/device: -, "
+		       "Tokens/s/device: %.1f, MFU: -, loss: -, synthetic: sleep",
+		       r->step, r->seconds, tok_s / l->devices);
 	else
-		printf("loss: %.5f", r->loss);
+		printf("completed step: %" PRId64 ", seconds: %.3f, TFLOP/s/device: %.4f, "
+		       "Tokens/s/device: %.1f, MFU: %.1f%%, loss: %.5f",
+		       r->step, r->seconds, tflops, tok_s / l->devices, mfu * 100, r->loss);
 	if (r->aux && !r->synthetic)
 		printf(", aux_loss: %.5f", r->aux);
 	if (!r->synthetic)
