@@ -26,7 +26,7 @@
 # the start of each mesh: a stream of messages both ways, 16/M rows x 128
 # tokens x 512 floats), and ZB-H1's idle over 1F1B's; the load average
 # beside each run.
-# usage: [STEPS=6] [ROUNDS=1] [MESHES="2x1 4x1"] [SCHEDS=...] [MS_F=20] [RATIO=20,20,10] bench/sched_sleep.sh
+# usage: [STEPS=6] [ROUNDS=1] [MESHES="2x1 4x1"] [MULTS="1 2 4"] [SCHEDS=...] [MS_F=20] [RATIO=20,20,10] bench/sched_sleep.sh
 #   (BIN: a meshrun binary to run, else build/meshrun after `make`;
 #   RATIO= (empty) skips the unequal-ratio runs)
 set -euo pipefail
@@ -34,6 +34,7 @@ cd "$(dirname "$0")/.."
 steps=${STEPS:-6}
 rounds=${ROUNDS:-1}
 meshes=${MESHES:-"2x1 4x1"}
+mults=${MULTS:-"1 2 4"}    # M = S times each of these
 scheds=${SCHEDS:-"gpipe 1f1b interleaved_1f1b zb_h1 zbv"}
 f=${MS_F:-20}
 ratio=${RATIO-20,20,10}
@@ -86,7 +87,8 @@ for round in $(seq $rounds); do
     "$bin" bench link --hosts 2 --sizes 4194304,2097152,1048576,524288,262144 --iters 30 >$tmp/link 2>&1 ||
       { cat $tmp/link >&2; exit 1; }
     echo "# $mesh link ms a message (4M/2M/1M/512K/256K): $(awk '$1 ~ /^[0-9]+$/ {printf "%.2f ", $2 / 1000}' $tmp/link); load $(cut -d' ' -f1-3 /proc/loadavg)"
-    for M in $S $((2 * S)) $((4 * S)); do
+    for mult in $mults; do
+      M=$((mult * S))
       for s in $scheds; do
         run "r$round-$mesh-$M-$s-eq" $S $M $s "$f,$f,$f"
       done

@@ -1128,12 +1128,16 @@ END_TEST
 START_TEST(test_link_table)
 {
 	static char out[1 << 16];
-	for (int oneway = 0; oneway < 2; oneway++) {
+	/* 0: both ways, 1: --oneway, 2: --pingpong (one message at a time,
+	 * each checked at the end like the others' last) */
+	static const char *const mode[] = { NULL, "--oneway", "--pingpong" };
+	for (int oneway = 0; oneway < 3; oneway++) {
 		char *argv[] = { (char *)meshrun_path(), "bench", "link", "--hosts", "2",
-				 "--sizes", "64K,1M", "--iters", "20", oneway ? "--oneway" : NULL, NULL };
+				 "--sizes", "64K,1M", "--iters", "20", (char *)mode[oneway], NULL };
 		int rc = run_capture(argv, out, sizeof(out), 100);
 		ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
-		ck_assert_msg(strstr(out, "size time_us GBps\n"), "no header:\n%s", out);
+		ck_assert_msg(strstr(out, oneway == 2 ? "size oneway_us GBps\n" : "size time_us GBps\n"),
+			      "no header:\n%s", out);
 		unsigned long long want[] = { 65536, 1048576 };
 		int rows = 0;
 		for (char *line = out; line && *line;
@@ -1148,8 +1152,9 @@ START_TEST(test_link_table)
 			}
 		}
 		ck_assert_msg(rows == 2, "%d rows, want 2:\n%s", rows, out);
-		check_cpu_lines(out, 2, oneway ? "per message, both agents" :
-					    "per message each way, both agents");
+		check_cpu_lines(out, 2, oneway == 2 ? "per message, host 0's agent" :
+					oneway ? "per message, both agents" :
+						 "per message each way, both agents");
 	}
 }
 END_TEST

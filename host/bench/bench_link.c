@@ -69,6 +69,98 @@ static int swap_cpu(struct device_ctx *d, int peer, const struct xmeta *meta, do
 	return 0;
 }
 
+/* --pingpong: host 0 sends a message and host 1 sends it back, one at a
+ * time; each side posts its receive before it sends, so every message
+ * finds its receive posted (as a pipeline's preposted receives do) and
+ * half a round is one message's time from the send call to the woken
+ * receiver. Prints `size oneway_us GBps` and the CPU per message. */
+static int pingpong(struct device_ctx *d, int peer, size_t s, long iters, uint64_t *seq,
+		    int si, double *cpu_us, double *busy)
+{
+	uint8_t *sb = malloc(s), *rb = malloc(s), *want = malloc(s);
+	char why[512] = "";
+	int rc = 0;
+	if (!sb || !rb || !want) {
+		snprintf(d->err, sizeof(d->err), "bench link: out of memory for %zu bytes", s);
+		free(sb);
+		free(rb);
+		free(want);
+		return -ENOMEM;
+	}
+	fill(sb, s, d->device_id);
+	fill(want, s, peer);
+	uint64_t t0 = 0;
+	double cpu0 = 0;
+	long warm = 5;
+	struct xreq *r = NULL, *snd = NULL;
+	struct xmeta meta = { .op = MESHRUN__COLL_OP__COLL_P2P, .group = LINK_GROUP,
+			      .step = (uint64_t)si };
+	/* host 1's first receive, posted ahead */
+	meta.seq = *seq;
+	if (d->host_id == 1 && xport_irecv(d->xport, peer, d->device_id, &meta, rb, s, &r))
+		rc = -EHOSTDOWN;
+	for (long i = 0; i < iters + warm && !rc; i++) {
+		uint64_t deadline = xport_now_ns() + (uint64_t)(d->cfg->collective_timeout_s * 1e9);
+		struct xmeta ping = meta, pong = meta;
+		ping.seq = *seq + 2 * (uint64_t)i;
+		pong.seq = ping.seq + 1;
+		if (i == warm) {
+			t0 = xport_now_ns();
+			cpu0 = util_cpu_us();
+		}
+		int e = 0;
+		if (d->host_id == 0) {
+			e = xport_irecv(d->xport, peer, d->device_id, &pong, rb, s, &r);
+			if (!e)
+				e = xport_isend(d->xport, d->device_id, peer, &ping, sb, s, &snd);
+			if (!e)
+				e = xport_wait(r, deadline, why, sizeof(why));
+			r = NULL;
+			if (!e && i + 1 == iters + warm && memcmp(rb, want, s))
+				e = -EIO;
+		} else {
+			e = xport_wait(r, deadline, why, sizeof(why));
+			r = NULL;
+			if (!e && i + 1 == iters + warm && memcmp(rb, want, s))
+				e = -EIO;
+			struct xmeta next = ping;
+			next.seq = ping.seq + 2;
+			if (!e && i + 1 < iters + warm)
+				e = xport_irecv(d->xport, peer, d->device_id, &next, rb, s, &r);
+			if (!e)
+				e = xport_isend(d->xport, d->device_id, peer, &pong, sb, s, &snd);
+		}
+		if (!e && snd)
+			e = xport_wait(snd, deadline, why, sizeof(why));
+		snd = NULL;
+		if (e == -EIO) {
+			snprintf(d->err, sizeof(d->err),
+				 "bench link: %zu-byte message from device %d arrived corrupted", s, peer);
+			rc = e;
+		} else if (e) {
+			xport_failed(d->xport, why, sizeof(why));
+			snprintf(d->err, sizeof(d->err), "bench link: %s", why[0] ? why : strerror(-e));
+			rc = -EHOSTDOWN;
+		}
+	}
+	if (r)
+		xport_wait(r, 1, why, sizeof(why));
+	*seq += 2 * (uint64_t)(iters + warm);
+	double us = (double)(xport_now_ns() - t0) / 1e3 / (double)iters / 2;
+	*cpu_us = (util_cpu_us() - cpu0) / (double)iters / 2;
+	*busy = us > 0 ? *cpu_us / us : 0;
+	if (!rc && d->host_id == 0 && d->local_index == 0) {
+		if (si == 0)
+			printf("size oneway_us GBps\n");
+		printf("%zu %.1f %.3f\n", s, us, (double)s / us / 1e3);
+		fflush(stdout);
+	}
+	free(sb);
+	free(rb);
+	free(want);
+	return rc;
+}
+
 int bench_link_job(struct device_ctx *d)
 {
 	const struct link_opts *o = d->job_arg;
@@ -79,6 +171,19 @@ int bench_link_job(struct device_ctx *d)
 	int rc = 0;
 
 	double cpu_us[BENCH_MAX_LIST] = { 0 }, busy[BENCH_MAX_LIST] = { 0 };
+	if (o->pingpong) {
+		for (int si = 0; si < o->nsizes && !rc; si++) {
+			long iters = o->iters ? o->iters : (long)((64ull << 20) / o->sizes[si]);
+			iters = iters < 10 ? 10 : iters > 100000 ? 100000 : iters;
+			rc = pingpong(d, peer, o->sizes[si], iters, &seq, si, &cpu_us[si], &busy[si]);
+		}
+		if (!rc && d->host_id == 0 && d->local_index == 0)
+			for (int si = 0; si < o->nsizes; si++)
+				printf("# cpu %zu: %.1f us per message, host 0's agent (user+sys); "
+				       "%.2f cores busy\n", o->sizes[si], cpu_us[si], busy[si]);
+		fflush(stdout);
+		return rc;
+	}
 	for (int si = 0; si < o->nsizes && !rc; si++) {
 		size_t s = o->sizes[si];
 		int win = (int)((64u << 20) / s);

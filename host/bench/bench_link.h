@@ -14,6 +14,7 @@ struct link_opts {
 	size_t sizes[BENCH_MAX_LIST];
 	int iters;                 /* 0: about 512 MiB per size */
 	bool oneway;               /* host 0 sends, host 1 receives */
+	bool pingpong;             /* one message at a time, there and back */
 };
 
 /* An agent_job_fn for a 2-host mesh; dev->job_arg is a const struct
@@ -23,7 +24,9 @@ struct link_opts {
  * GBps` (bytes, mean microseconds per message, GB/s per direction).
  * oneway: host 0 only sends and host 1 only receives, for comparison with
  * a single TLS stream. 0 or -errno (-EHOSTDOWN a peer lost, -EIO corrupt
- * data). */
+ * data). pingpong: one message at a time, host 0 to host 1 and back,
+ * each receive posted before the send it waits for; the row is `size
+ * oneway_us GBps`, half a round. */
 int bench_link_job(struct device_ctx *dev);
 
 #endif

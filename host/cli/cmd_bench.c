@@ -106,6 +106,7 @@ static int cmd_bench_link(int argc, char **argv)
 	const struct arg_flag flags[] = {
 		{ "--agent", ARG_BOOL, &agent, 0, 0, NULL },
 		{ "--oneway", ARG_BOOL, &o.oneway, 0, 0, NULL },
+		{ "--pingpong", ARG_BOOL, &o.pingpong, 0, 0, NULL },
 		{ "--sizes", ARG_STR, &sizes, 0, 0, NULL },
 		{ "--iters", ARG_INT, &o.iters, 1, 10000000, NULL },
 		END_FLAGS,
