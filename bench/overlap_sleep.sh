@@ -31,20 +31,22 @@
 # "optimizer" span, mean), xo: the ratio without the optimizer ((step -
 # opt_s) over the single device's: what communication adds, the
 # optimizer's own CPU, which varies with the load, taken out), the load
-# average.
+# average. msgs (clock-free): `messages` from --metrics, the sends host 0's
+# devices posted a step (mean).
 # OLD_MESHRUN=BIN: the same runs with BIN, interleaved (row name "NAME old").
+# SETS, OPTS: the sleep sets and optimizers (default "adamw muon").
 # usage: bench/overlap_sleep.sh [STEPS] [ROUNDS] [ONLY]
 #   ONLY: an extended regex of the run names (one always runs), e.g.
 #   bench/overlap_sleep.sh 5 1 '^(dp|zero1)$'
 set -eu
 cd "$(dirname "$0")/.."
 steps=${1:-5}; rounds=${2:-1}; only=${3:-.}
-sets=${SETS:-"80,80,80 20,20,20"}; old=${OLD_MESHRUN:-}
+sets=${SETS:-"80,80,80 20,20,20"}; opts=${OPTS:-"adamw muon"}; old=${OLD_MESHRUN:-}
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cp build/meshrun $tmp/meshrun; C=configs/llama-bench.yml
 [ -z "$old" ] || { cp "$old" $tmp/old; old=$tmp/old; }
-# stats METRICS TRACE: step_s exposed_s tail_s opt_s (steps >= 1)
+# stats METRICS TRACE: step_s exposed_s tail_s opt_s msgs (steps >= 1)
 stats() { python3 - "$1" "$2" <<'PYEOF'
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])][1:]
@@ -54,8 +56,9 @@ fb = {x['args']['step']: x['ts'] + x['dur'] for x in e if x['name'] == 'forward+
 op = {x['args']['step']: x for x in e if x['name'] == 'optimizer'}
 tail = [(op[s]['ts'] - fb[s]) * 1e-6 for s in fb if s in op]
 m = lambda v: sum(v) / len(v) if v else float('nan')
-print('%.4f %.4f %.4f %.4f' % (m([x['step_time_s'] for x in r]), m([x.get('comm_exposed_s', 0) for x in r]),
-                               m(tail), m([x['dur'] * 1e-6 for x in op.values()])))
+print('%.4f %.4f %.4f %.4f %.1f' % (m([x['step_time_s'] for x in r]), m([x.get('comm_exposed_s', 0) for x in r]),
+                                    m(tail), m([x['dur'] * 1e-6 for x in op.values()]),
+                                    m([x.get('messages', 0) for x in r])))
 PYEOF
 }
 # run NAME BIN SLEEPS ARGS...: one run; its stats in $tmp/NAME.st
@@ -73,9 +76,10 @@ import sys
 label, base, st, load = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4]
 if st.startswith('refused'):
     print('%-34s %s' % (label, st)); sys.exit()
-s, x, t, o = map(float, st.split())
+s, x, t, o, n = map(float, st.split())
 bs, bo = float(base[0]), float(base[3])
-print('%-34s %7.3f %6.3f %9.4f %7.4f %7.4f %6.3f  %s' % (label, s, s / bs, x, t, o, (s - o) / (bs - bo), load))
+print('%-34s %7.3f %6.3f %9.4f %7.4f %7.4f %6.3f %6.1f  %s' % (label, s, s / bs, x, t, o, (s - o) / (bs - bo), n,
+                                                              load))
 PYEOF
 }
 # scaled MS FACTOR: every value of "F,I,W" times FACTOR (whole ms)
@@ -84,10 +88,10 @@ want() { [ "$1" = one ] || echo "$1" | grep -Eq -- "$only"; }
 t0=$(date +%s)
 echo "meshrun $(git rev-parse --short HEAD 2>/dev/null), $steps steps, $rounds round(s), sets $sets," \
   "load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-34s %7s %6s %9s %7s %7s %6s  %s\n" run step_s ratio exposed_s tail_s opt_s xo load
+printf "%-34s %7s %6s %9s %7s %7s %6s %6s  %s\n" run step_s ratio exposed_s tail_s opt_s xo msgs load
 for r in $(seq 1 "$rounds"); do
   for sl in $sets; do
-    for o in adamw muon; do
+    for o in $opts; do
       echo "-- round $r, sleep $sl ms a layer, $o"
       x="opt_type=$o learning_rate=0.001"
       for b in new ${old:+old}; do
