@@ -32,9 +32,16 @@
 # opt_s) over the single device's: what communication adds, the
 # optimizer's own CPU, which varies with the load, taken out), the load
 # average. msgs (clock-free): `messages` from --metrics, the sends host 0's
-# devices posted a step (mean).
+# devices posted a step (mean). bg_s: comm_background_s (device 0's
+# communication thread's seconds running background collectives a step;
+# near the step's time less its sleeps, that thread is the bottleneck and
+# no reordering hides more).
 # OLD_MESHRUN=BIN: the same runs with BIN, interleaved (row name "NAME old").
 # SETS, OPTS: the sleep sets and optimizers (default "adamw muon").
+# ANCHOR=1: instead, each run but one (AdamW, 2 steps) with real compute
+#   and with sleeps, and bench/overlap_anchor.py's lines (after which
+#   compute action each collective was queued, step 1) diffed: "same"
+#   when sleep mode keeps every hook where the model has it.
 # usage: bench/overlap_sleep.sh [STEPS] [ROUNDS] [ONLY]
 #   ONLY: an extended regex of the run names (one always runs), e.g.
 #   bench/overlap_sleep.sh 5 1 '^(dp|zero1)$'
@@ -46,7 +53,7 @@ make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cp build/meshrun $tmp/meshrun; C=configs/llama-bench.yml
 [ -z "$old" ] || { cp "$old" $tmp/old; old=$tmp/old; }
-# stats METRICS TRACE: step_s exposed_s tail_s opt_s msgs (steps >= 1)
+# stats METRICS TRACE: step_s exposed_s tail_s opt_s msgs bg_s (steps >= 1)
 stats() { python3 - "$1" "$2" <<'PYEOF'
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])][1:]
@@ -56,9 +63,9 @@ fb = {x['args']['step']: x['ts'] + x['dur'] for x in e if x['name'] == 'forward+
 op = {x['args']['step']: x for x in e if x['name'] == 'optimizer'}
 tail = [(op[s]['ts'] - fb[s]) * 1e-6 for s in fb if s in op]
 m = lambda v: sum(v) / len(v) if v else float('nan')
-print('%.4f %.4f %.4f %.4f %.1f' % (m([x['step_time_s'] for x in r]), m([x.get('comm_exposed_s', 0) for x in r]),
+print('%.4f %.4f %.4f %.4f %.1f %.4f' % (m([x['step_time_s'] for x in r]), m([x.get('comm_exposed_s', 0) for x in r]),
                                     m(tail), m([x['dur'] * 1e-6 for x in op.values()]),
-                                    m([x.get('messages', 0) for x in r])))
+                                    m([x.get('messages', 0) for x in r]), m([x.get('comm_background_s', 0) for x in r])))
 PYEOF
 }
 # run NAME BIN SLEEPS ARGS...: one run; its stats in $tmp/NAME.st
@@ -76,19 +83,43 @@ import sys
 label, base, st, load = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4]
 if st.startswith('refused'):
     print('%-34s %s' % (label, st)); sys.exit()
-s, x, t, o, n = map(float, st.split())
+s, x, t, o, n, g = map(float, st.split())
 bs, bo = float(base[0]), float(base[3])
-print('%-34s %7.3f %6.3f %9.4f %7.4f %7.4f %6.3f %6.1f  %s' % (label, s, s / bs, x, t, o, (s - o) / (bs - bo), n,
-                                                              load))
+print('%-34s %7.3f %6.3f %9.4f %7.4f %7.4f %6.3f %6.1f %6.3f  %s' % (label, s, s / bs, x, t, o, (s - o) / (bs - bo),
+                                                                     n, g, load))
 PYEOF
 }
 # scaled MS FACTOR: every value of "F,I,W" times FACTOR (whole ms)
 scaled() { echo "$1" | awk -F, -v f="$2" '{for (i = 1; i <= NF; i++) printf "%s%d", (i > 1 ? "," : ""), $i * f}'; }
 want() { [ "$1" = one ] || echo "$1" | grep -Eq -- "$only"; }
+if [ -n "${ANCHOR:-}" ]; then
+  for n in dp zero1 fsdp22 fsdp4 fsdppp; do
+    want $n || continue
+    for mode in model sleep; do
+      case $n in
+        dp) a="--hosts 2" ;;
+        zero1) a="--hosts 2 shard_optimizer_over_data=true" ;;
+        fsdp22) a="--hosts 2 --devices-per-host 2 ici_data_parallelism=1 dcn_data_parallelism=1
+          dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2" ;;
+        fsdp4) a="--hosts 1 --devices-per-host 4 ici_data_parallelism=1 ici_fsdp_parallelism=4" ;;
+        fsdppp) a="--hosts 2 --devices-per-host 2 ici_data_parallelism=1 ici_pipeline_parallelism=2
+          dcn_data_parallelism=1 dcn_fsdp_parallelism=2 num_pipeline_microbatches=8
+          pipeline_recompute=false pipeline_fsdp_ag_per_repeat=true" ;;
+      esac
+      $tmp/meshrun local $a --config $C steps=2 openblas_threads=1 pipeline_compute=$mode \
+        pipeline_sleep_ms=20,20,20 --trace $tmp/t.json >/dev/null 2>$tmp/err || { tail -1 $tmp/err; exit 1; }
+      python3 bench/overlap_anchor.py $tmp/t.json >$tmp/$n.$mode.anc
+    done
+    if diff $tmp/$n.model.anc $tmp/$n.sleep.anc >$tmp/$n.diff; then
+      echo "$n: same ($(wc -l <$tmp/$n.model.anc) collectives)"
+    else echo "$n: differs"; cat $tmp/$n.diff; fi
+  done
+  exit 0
+fi
 t0=$(date +%s)
 echo "meshrun $(git rev-parse --short HEAD 2>/dev/null), $steps steps, $rounds round(s), sets $sets," \
   "load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-34s %7s %6s %9s %7s %7s %6s %6s  %s\n" run step_s ratio exposed_s tail_s opt_s xo msgs load
+printf "%-34s %7s %6s %9s %7s %7s %6s %6s %6s  %s\n" run step_s ratio exposed_s tail_s opt_s xo msgs bg_s load
 for r in $(seq 1 "$rounds"); do
   for sl in $sets; do
     for o in $opts; do
