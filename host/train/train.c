@@ -343,24 +343,44 @@ static int forward_backward(struct trainer *t, const struct train_comm *comm, st
 	return rc;
 }
 
-/* The loss and the MoE auxiliary loss over the rows (and stages). */
-static int sum_loss(struct trainer *t, const struct train_comm *comm, const struct model_step *ms, double *scal)
+/* The loss and the MoE auxiliary loss are summed over the axes that
+ * split the rows (and stages), the gradients' sum of squares over every
+ * axis. */
+static uint32_t loss_axes(const struct trainer *t)
 {
 	bool staged = pipe_exec_table(t->px)->shape.stages > 1;
-	uint32_t axes = model_rows_axes(t->model) | (staged ? 1u << AX_STAGE : 0);
-	scal[0] = ms->loss_sum;
-	scal[1] = ms->aux;
-	return comm ? comm->sum(comm->mc.ctx, axes, scal, 2) : 0;
+	return model_rows_axes(t->model) | (staged ? 1u << AX_STAGE : 0);
 }
 
-/* Every bucket summed (host/optim/), and the global gradient norm. */
-static int grad_norm(struct trainer *t, const struct train_comm *comm, double *norm)
+/* Whether the loss's axes make the same group as every axis: every
+ * other axis has one device, so one sum carries all three scalars (the
+ * same members in the same rank order: the same bits, one collective
+ * fewer in the step's tail). */
+static bool one_scalar_sum(const struct trainer *t)
 {
-	double ss = 0;
-	int rc = optim_sum_grads(t->opt, &ss);
-	if (!rc && comm)
-		rc = comm->sum(comm->mc.ctx, (1u << AX_COUNT) - 1, &ss, 1);
-	*norm = sqrt(ss);
+	uint32_t rest = ((1u << AX_COUNT) - 1) & ~loss_axes(t);
+	for (int a = 0; t->mesh && a < AX_COUNT; a++)
+		if ((rest & (1u << a)) && t->mesh->size[a] > 1)
+			return false;
+	return true;
+}
+
+/* Every bucket summed (host/optim/); then the loss, the MoE auxiliary
+ * loss and the global gradient norm over the mesh: scal = {loss, aux}. */
+static int sum_scalars(struct trainer *t, const struct train_comm *comm, const struct model_step *ms,
+		       double *scal, double *norm)
+{
+	double x[3] = { ms->loss_sum, ms->aux, 0 };
+	int rc = optim_sum_grads(t->opt, &x[2]);
+	if (!rc && comm) {
+		if (one_scalar_sum(t))
+			rc = comm->sum(comm->mc.ctx, (1u << AX_COUNT) - 1, x, 3);
+		else if (!(rc = comm->sum(comm->mc.ctx, loss_axes(t), x, 2)))
+			rc = comm->sum(comm->mc.ctx, (1u << AX_COUNT) - 1, &x[2], 1);
+	}
+	scal[0] = x[0];
+	scal[1] = x[1];
+	*norm = sqrt(x[2]);
 	return rc;
 }
 
@@ -394,7 +414,7 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	if (rc)
 		return rc;
 	if ((rc = step_scale(t, comm, global_rows, &ms, &denom)) || (rc = forward_backward(t, comm, &ms, st)) ||
-	    (rc = sum_loss(t, comm, &ms, scal)) || (rc = grad_norm(t, comm, &norm)))
+	    (rc = sum_scalars(t, comm, &ms, scal, &norm)))
 		goto comm_failed;
 	float clip = clip_factor(&t->cfg, norm), lr = optim_lr(t->opt, step);
 	if ((rc = update(t, comm, step, lr, clip, st)))

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Issue 20 with compute that costs no CPU: what a sharded step costs beyond
+# one device's on the same per-device work, when every compute action of
+# the step's table sleeps its time (pipeline_compute=sleep, docs/pipeline.md
+# "Synthetic compute") and the collectives, buckets, FSDP window, ZeRO-1
+# gathers, optimizer and transport are real. configs/llama-bench.yml (4
+# layers, 8 rows a device), one OpenBLAS thread a device, agents on
+# loopback TLS, --trace on every run (`local`, also for the single device).
+# Runs, each with AdamW and Muon (learning_rate=0.001), for each sleep set:
+#   one     single device (local --hosts 1): the baseline of its set and
+#           optimizer, measured in the same round
+#   dp      data=2 (2 hosts x 1)
+#   zero1   ZeRO-1 data=2 (shard_optimizer_over_data=true)
+#   fsdp22  fsdp 2x2 (dcn_fsdp=2 x ici_fsdp=2)
+#   fsdp4   fsdp=4 (1 host x 4 devices)
+#   fsdppp  fsdp=2 x stage=2 (dcn_fsdp=2, ici_pipeline=2), circular, one
+#           layer a chunk (R = 2), M = 8 microbatches, no recompute, each
+#           repeat's weights gathered one repeat ahead
+#           (pipeline_fsdp_ag_per_repeat; without it, per microbatch): each
+#           action is 1 layer of 16/8 = 2 rows, so its sleep is the
+#           per-layer time x 2/8 and a device sleeps what the single device
+#           sleeps (32 layer-rows); its ratio also holds the pipeline's
+#           bubble, which no overlap can hide
+# Sleep sets (SETS, per-layer F,I,W ms of the single device's 8 rows; a
+# step sleeps 4 layers x (F+I+W)): "80,80,80" (about 1 s a step) and
+# "20,20,20" (4x shorter: communication is harder to hide).
+# Each line: step s (mean of steps >= 1), ratio to the single device of its
+# set and optimizer, comm_exposed_s (device 0, mean), tail_s (device 0:
+# from the end of its forward+backward to the start of its optimizer span:
+# the last buckets' sums and the norm; mean), opt_s (device 0's
+# "optimizer" span, mean), xo: the ratio without the optimizer ((step -
+# opt_s) over the single device's: what communication adds, the
+# optimizer's own CPU, which varies with the load, taken out), the load
+# average. msgs (clock-free): `messages` from --metrics, the sends host 0's
+# devices posted a step (mean). bg_s: comm_background_s (device 0's
+# communication thread's seconds running background collectives a step;
+# near the step's time less its sleeps, that thread is the bottleneck and
+# no reordering hides more).
+# OLD_MESHRUN=BIN: the same runs with BIN, interleaved (row name "NAME old").
+# SETS, OPTS: the sleep sets and optimizers (default "adamw muon").
+# ANCHOR=1: instead, each run but one (AdamW, 2 steps) with real compute
+#   and with sleeps, and bench/overlap_anchor.py's lines (after which
+#   compute action each collective was queued, step 1) diffed: "same"
+#   when sleep mode keeps every hook where the model has it.
+# usage: bench/overlap_sleep.sh [STEPS] [ROUNDS] [ONLY]
+#   ONLY: an extended regex of the run names (one always runs), e.g.
+#   bench/overlap_sleep.sh 5 1 '^(dp|zero1)$'
+set -eu
+cd "$(dirname "$0")/.."
+steps=${1:-5}; rounds=${2:-1}; only=${3:-.}
+sets=${SETS:-"80,80,80 20,20,20"}; opts=${OPTS:-"adamw muon"}; old=${OLD_MESHRUN:-}
+make -s all
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+cp build/meshrun $tmp/meshrun; C=configs/llama-bench.yml
+[ -z "$old" ] || { cp "$old" $tmp/old; old=$tmp/old; }
+# stats METRICS TRACE: step_s exposed_s tail_s opt_s msgs bg_s (steps >= 1)
+stats() { python3 - "$1" "$2" <<'PYEOF'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])][1:]
+e = [x for x in json.load(open(sys.argv[2]))['traceEvents'] if x.get('ph') == 'X' and x['pid'] == 0
+     and x['tid'] == 0 and x['args'].get('step', 0) >= 1]
+fb = {x['args']['step']: x['ts'] + x['dur'] for x in e if x['name'] == 'forward+backward'}
+op = {x['args']['step']: x for x in e if x['name'] == 'optimizer'}
+tail = [(op[s]['ts'] - fb[s]) * 1e-6 for s in fb if s in op]
+m = lambda v: sum(v) / len(v) if v else float('nan')
+print('%.4f %.4f %.4f %.4f %.1f %.4f' % (m([x['step_time_s'] for x in r]), m([x.get('comm_exposed_s', 0) for x in r]),
+                                    m(tail), m([x['dur'] * 1e-6 for x in op.values()]),
+                                    m([x.get('messages', 0) for x in r]), m([x.get('comm_background_s', 0) for x in r])))
+PYEOF
+}
+# run NAME BIN SLEEPS ARGS...: one run; its stats in $tmp/NAME.st
+run() {
+  local name=$1 bin=$2 sl=$3; shift 3
+  if ! $bin local "$@" --config $C steps=$steps openblas_threads=1 pipeline_compute=sleep \
+      pipeline_sleep_ms=$sl --metrics $tmp/m.jsonl --trace $tmp/t.json >/dev/null 2>$tmp/err; then
+    echo "refused: $(grep -v '^$' $tmp/err | tail -1)" >$tmp/$name.st; return 0
+  fi
+  stats $tmp/m.jsonl $tmp/t.json >$tmp/$name.st
+}
+row() { # NAME LABEL BASE_STATS
+  python3 - "$2" "$3" "$(cat $tmp/$1.st)" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PYEOF'
+import sys
+label, base, st, load = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4]
+if st.startswith('refused'):
+    print('%-34s %s' % (label, st)); sys.exit()
+s, x, t, o, n, g = map(float, st.split())
+bs, bo = float(base[0]), float(base[3])
+print('%-34s %7.3f %6.3f %9.4f %7.4f %7.4f %6.3f %6.1f %6.3f  %s' % (label, s, s / bs, x, t, o, (s - o) / (bs - bo),
+                                                                     n, g, load))
+PYEOF
+}
+# scaled MS FACTOR: every value of "F,I,W" times FACTOR (whole ms)
+scaled() { echo "$1" | awk -F, -v f="$2" '{for (i = 1; i <= NF; i++) printf "%s%d", (i > 1 ? "," : ""), $i * f}'; }
+want() { [ "$1" = one ] || echo "$1" | grep -Eq -- "$only"; }
+if [ -n "${ANCHOR:-}" ]; then
+  for n in dp zero1 fsdp22 fsdp4 fsdppp; do
+    want $n || continue
+    for mode in model sleep; do
+      case $n in
+        dp) a="--hosts 2" ;;
+        zero1) a="--hosts 2 shard_optimizer_over_data=true" ;;
+        fsdp22) a="--hosts 2 --devices-per-host 2 ici_data_parallelism=1 dcn_data_parallelism=1
+          dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2" ;;
+        fsdp4) a="--hosts 1 --devices-per-host 4 ici_data_parallelism=1 ici_fsdp_parallelism=4" ;;
+        fsdppp) a="--hosts 2 --devices-per-host 2 ici_data_parallelism=1 ici_pipeline_parallelism=2
+          dcn_data_parallelism=1 dcn_fsdp_parallelism=2 num_pipeline_microbatches=8
+          pipeline_recompute=false pipeline_fsdp_ag_per_repeat=true" ;;
+      esac
+      $tmp/meshrun local $a --config $C steps=2 openblas_threads=1 pipeline_compute=$mode \
+        pipeline_sleep_ms=20,20,20 --trace $tmp/t.json >/dev/null 2>$tmp/err || { tail -1 $tmp/err; exit 1; }
+      python3 bench/overlap_anchor.py $tmp/t.json >$tmp/$n.$mode.anc
+    done
+    if diff $tmp/$n.model.anc $tmp/$n.sleep.anc >$tmp/$n.diff; then
+      echo "$n: same ($(wc -l <$tmp/$n.model.anc) collectives)"
+    else echo "$n: differs"; cat $tmp/$n.diff; fi
+  done
+  exit 0
+fi
+t0=$(date +%s)
+echo "meshrun $(git rev-parse --short HEAD 2>/dev/null), $steps steps, $rounds round(s), sets $sets," \
+  "load $(cut -d' ' -f1-3 /proc/loadavg)"
+printf "%-34s %7s %6s %9s %7s %7s %6s %6s %6s  %s\n" run step_s ratio exposed_s tail_s opt_s xo msgs bg_s load
+for r in $(seq 1 "$rounds"); do
+  for sl in $sets; do
+    for o in $opts; do
+      echo "-- round $r, sleep $sl ms a layer, $o"
+      x="opt_type=$o learning_rate=0.001"
+      for b in new ${old:+old}; do
+        bin=$tmp/meshrun; sfx=""; [ $b = old ] && bin=$old && sfx=" old"
+        for n in one dp zero1 fsdp22 fsdp4 fsdppp; do
+          want $n || continue
+          case $n in
+            one) run $n$b $bin $sl --hosts 1 $x ;;
+            dp) run $n$b $bin $sl --hosts 2 $x ;;
+            zero1) run $n$b $bin $sl --hosts 2 $x shard_optimizer_over_data=true ;;
+            fsdp22) run $n$b $bin $sl --hosts 2 --devices-per-host 2 $x ici_data_parallelism=1 \
+              dcn_data_parallelism=1 dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2 ;;
+            fsdp4) run $n$b $bin $sl --hosts 1 --devices-per-host 4 $x ici_data_parallelism=1 \
+              ici_fsdp_parallelism=4 ;;
+            fsdppp) run $n$b $bin "$(scaled $sl 0.25)" --hosts 2 --devices-per-host 2 $x \
+              ici_data_parallelism=1 ici_pipeline_parallelism=2 dcn_data_parallelism=1 \
+              dcn_fsdp_parallelism=2 num_pipeline_microbatches=8 pipeline_recompute=false \
+              pipeline_fsdp_ag_per_repeat=true ;;
+          esac
+          [ $n = one ] && base=$(cat $tmp/one$b.st)
+          row $n$b "$n$sfx" "$base"
+        done
+      done
+    done
+  done
+done
+echo "took $(( $(date +%s) - t0 )) s, load at the end $(cut -d' ' -f1-3 /proc/loadavg)"
