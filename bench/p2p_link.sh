@@ -9,12 +9,12 @@
 #       'name|ENV=.. key=value ..' ...
 # A variant is a name, '|', then words: NAME=VALUE with an upper-case NAME
 # is put in the environment, anything else goes to meshrun as key=value.
-# Default variants: base, first send at 128 KiB (MESHRUN_TLS_FIRST_SEND).
+# Default variants: base, and the waiter not spinning (poll_spin_us=0).
 set -u
 BIN=${BIN:-build/meshrun}
 ROUNDS=${ROUNDS:-5}
 SIZES=${SIZES:-262144,2097152}
-[ $# -gt 0 ] || set -- 'base|' 'first128k|MESHRUN_TLS_FIRST_SEND=131072'
+[ $# -gt 0 ] || set -- 'base|' 'nospin|poll_spin_us=0'
 echo "# load before: $(cat /proc/loadavg)"
 out=$(mktemp)
 for r in $(seq 1 "$ROUNDS"); do

@@ -106,10 +106,7 @@ static void op_send_ready(void *ctx, struct xreq *r)
 		xport_complete(r, fs ? -ECANCELED : -EPIPE);
 		return;
 	}
-	if (n->direct_send_max && r->len > n->direct_send_max && l->state == LS_UP)
-		link_arm_write(l);      /* link_unlock arms the stream thread */
-	else
-		write_now(l);
+	write_now(l);
 	link_unlock(l);
 }
 

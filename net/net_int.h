@@ -110,10 +110,6 @@ struct net {
 	struct link *pinned;           /* dead pinned links, freed by net_free */
 	uint64_t poll_spin_ns;         /* net_params.poll_spin_us */
 	size_t max_send;               /* net_params.max_send_bytes */
-	/* a send of more bytes than this is left to the link's stream
-	 * thread (0: the issuing thread writes every send it can;
-	 * MESHRUN_DIRECT_SEND_MAX, to measure against) */
-	size_t direct_send_max;
 	int notsent_lowat;             /* net_params.notsent_lowat_bytes (0: unset) */
 	bool openssl_records;          /* net_params.openssl_records */
 	pthread_mutex_t fault_mu;      /* the fault specs' counters */

@@ -49,9 +49,6 @@ struct tls_rec {
 	/* written records waiting for send(): [out_off, out_len) */
 	uint8_t *out;
 	size_t out_cap, out_off, out_len, send_bytes;
-	/* a burst's first send() goes once first_bytes are sealed, each next
-	 * one at twice the last up to send_bytes (ramp: the next one's) */
-	size_t first_bytes, ramp;
 	bool corked;                  /* the last send() went with MSG_MORE */
 	bool corrupt_next;
 	bool ku_owed;                 /* the peer asked for our KeyUpdate */
@@ -243,11 +240,6 @@ struct tls_rec *tls_rec_new(enum tls_rec_suite s, const uint8_t *tx_secret,
 	}
 	r->hlen = tls_rec_secret_len(s);
 	r->send_bytes = send_bytes ? send_bytes : (1u << 20);
-	const char *fb = getenv("MESHRUN_TLS_FIRST_SEND");
-	r->first_bytes = fb && *fb ? (size_t)strtoull(fb, NULL, 0) : 0;
-	if (!r->first_bytes || r->first_bytes > r->send_bytes)
-		r->first_bytes = r->send_bytes;
-	r->ramp = r->first_bytes;
 	r->max_records = TLS_REC_MAX_RECORDS_PER_KEY;
 	r->out_cap = r->send_bytes + TLS_REC_MAX_PLAIN + TLS_REC_OVERHEAD + CTRL_ROOM;
 	r->out = malloc(r->out_cap);
@@ -414,14 +406,10 @@ ssize_t tls_rec_write(struct tls_rec *r, struct conn *c, const void *buf, size_t
 			return rc;
 		r->ku_at = r->tx_plain + r->ku_every;
 	}
-	if (!r->corked)
-		r->ramp = r->first_bytes;
-	if (!c->more || r->out_len - r->out_off >= r->ramp) {
+	if (!c->more || r->out_len - r->out_off >= r->send_bytes) {
 		rc = send_out(r, c, c->more);
 		if (rc && rc != -EAGAIN)
 			return rc;
-		if (r->corked)
-			r->ramp = r->ramp > r->send_bytes / 2 ? r->send_bytes : 2 * r->ramp;
 	}
 	return (ssize_t)n;
 }
