@@ -213,6 +213,11 @@ void pipe_config_one_device(struct pipe_config *out, const struct model_dims *d,
 	out->microbatch_rows = rows;
 }
 
+bool pipe_config_synthetic(const struct cfg *c)
+{
+	return !strcmp(c->pipeline_compute, "sleep");
+}
+
 int pipe_config_sleep(const struct cfg *c, struct pipe_costs *out, char *err, size_t errlen)
 {
 	double v[4] = { 0, 0, 0, 0 };
@@ -221,7 +226,7 @@ int pipe_config_sleep(const struct cfg *c, struct pipe_costs *out, char *err, si
 	memset(out, 0, sizeof(*out));
 	if (!strcmp(c->pipeline_compute, "model"))
 		return 0;
-	if (strcmp(c->pipeline_compute, "sleep")) {
+	if (!pipe_config_synthetic(c)) {
 		snprintf(err, errlen, "config: key 'pipeline_compute' must be model or sleep, got '%s'",
 			 c->pipeline_compute);
 		return -EINVAL;

@@ -4,6 +4,7 @@
 #ifndef MESHRUN_PIPELINE_PIPE_CONFIG_H
 #define MESHRUN_PIPELINE_PIPE_CONFIG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "host/config/config.h"
@@ -57,5 +58,9 @@ void pipe_config_one_device(struct pipe_config *out, const struct model_dims *d,
  * embed_back O, 0 when not given); 0 for `model` (*out zeroed); -EINVAL
  * with err naming the key. */
 int pipe_config_sleep(const struct cfg *c, struct pipe_costs *out, char *err, size_t errlen);
+
+/* Whether the step's compute is synthetic (`pipeline_compute: sleep`):
+ * no loss, no FLOPs, no checkpoints. */
+bool pipe_config_synthetic(const struct cfg *c);
 
 #endif

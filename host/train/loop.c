@@ -5,10 +5,10 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "host/bench/bench_matmul.h"
 #include "host/data/data.h"
+#include "host/pipeline/pipe_config.h"
 #include "host/util/clock.h"
 #include "kernels/kernels.h"
 
@@ -114,7 +114,7 @@ int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen
 				.muon_gflop = { st.muon_gflop[0], st.muon_gflop[1], st.muon_gflop[2] }, .data_s = st.t_data1 - st.t_data0,
 				.data_epoch = pos.epoch_rows ? pos.epoch : -1,
 				.eval_loss = ev_loss, .eval_tokens = ev_tokens,
-				.synthetic = !strcmp(c->pipeline_compute, "sleep"),
+				.synthetic = pipe_config_synthetic(c),
 			};
 			if (l->recovery)
 				l->recovery(l->ctx, &r.reconnects, &r.frames_resent);

@@ -13,6 +13,7 @@
 
 #include "host/ckpt/resume.h"
 #include "host/model/model.h"
+#include "host/pipeline/pipe_config.h"
 #include "host/train/check.h"
 #include "host/config/config.h"
 #include "host/util/out.h"
@@ -49,7 +50,7 @@ int train_preflight(struct train_outputs *out, const struct cfg *c, const struct
 	char stale[256];
 	int rc = 0;
 	out->lock.fd = -1;
-	if (o->ckpt_dir && !strcmp(c->pipeline_compute, "sleep")) {
+	if (o->ckpt_dir && pipe_config_synthetic(c)) {
 		snprintf(err, errlen, "config: --checkpoint-dir is refused with pipeline_compute=sleep "
 			 "(synthetic compute trains nothing)");
 		return -EINVAL;

@@ -20,6 +20,7 @@
 #include "host/mesh/plan.h"
 #include "host/mesh/shard.h"
 #include "host/obs/trace.h"
+#include "host/pipeline/pipe_config.h"
 #include "host/train/check.h"
 #include "host/train/job_comm.h"
 #include "host/train/loop.h"
@@ -162,7 +163,7 @@ static void print_finished(const struct device_ctx *dev, const struct train_loop
 			used += snprintf(mesh + used, sizeof(mesh) - used, "%s%s=%d", used ? " " : "",
 					 mesh_axis_names[a], dev->mesh->size[a]);
 	char loss[80] = "loss - (synthetic compute: pipeline_compute=sleep)";
-	if (strcmp(c->pipeline_compute, "sleep"))
+	if (!pipe_config_synthetic(c))
 		snprintf(loss, sizeof(loss), "loss %.4f -> %.4f", l->first_loss, l->last_loss);
 	printf("finished: %" PRId64 " steps on %d hosts x %d devices (%s), %s, %.1f s%s%s\n",
 	       (int64_t)(c->steps - start), dev->mesh->num_hosts, dev->mesh->devices_per_host,
