@@ -176,6 +176,18 @@ static void note_origin(struct cfg *c, const struct cfg_key *k, const char *file
 	o->file_of[i] = (int16_t)(1 + f);
 }
 
+/* Where a value was given: file (NULL: the command line) at line (0: the
+ * file as a whole). */
+static void where_text(const char *file, size_t line, char *out, size_t n)
+{
+	if (!file)
+		snprintf(out, n, "command line");
+	else if (line)
+		snprintf(out, n, "'%s' line %zu", file, line);
+	else
+		snprintf(out, n, "'%s'", file);
+}
+
 static void origin_text(const struct cfg *c, const struct cfg_key *k, char *out, size_t n)
 {
 	const struct cfg_origins *o = &c->origin;
@@ -184,13 +196,11 @@ static void origin_text(const struct cfg *c, const struct cfg_key *k, char *out,
 	if (f == 0)
 		snprintf(out, n, "default");
 	else if (f == CFG_FROM_CMDLINE)
-		snprintf(out, n, "command line");
+		where_text(NULL, 0, out, n);
 	else if (f < 0 || f > o->nfiles)
 		snprintf(out, n, "a config file");
-	else if (o->line_of[i])
-		snprintf(out, n, "'%s' line %u", o->file[f - 1], (unsigned)o->line_of[i]);
 	else
-		snprintf(out, n, "'%s'", o->file[f - 1]);
+		where_text(o->file[f - 1], o->line_of[i], out, n);
 }
 
 int cfg_key_origin(const struct cfg *c, const char *key, char *out, size_t n)
@@ -257,12 +267,7 @@ static int cfg_set(struct cfg *c, const char *key, const char *value, const char
 {
 	char origin[CFG_STR + 64];
 	const struct cfg_key *k = find_key(key);
-	if (!file)
-		snprintf(origin, sizeof(origin), "command line");
-	else if (line)
-		snprintf(origin, sizeof(origin), "'%s' line %zu", file, line);
-	else
-		snprintf(origin, sizeof(origin), "'%s'", file);
+	where_text(file, line, origin, sizeof(origin));
 	if (!k) {
 		snprintf(err, errlen, "config: unknown key '%s' (%s)", key, origin);
 		return -EINVAL;
@@ -398,7 +403,7 @@ static int load_depth(struct cfg *c, const char *path, int depth, char *err, siz
 			seqlen = 0;
 			seqbuf[0] = 0;
 		} else if (t == YAML_SEQUENCE_END_EVENT) {
-			snprintf(origin, sizeof(origin), "'%s' line %zu", path, key_line);
+			where_text(path, key_line, origin, sizeof(origin));
 			const struct cfg_key *k = find_key(key);
 			if (!k) {
 				snprintf(err, errlen, "config: unknown key '%s' (%s)", key, origin);
