@@ -13,7 +13,7 @@
 # wall time, or for HOSTS > 2 its CPU times the chain's HOSTS-1 hops over
 # the cores if that is more. HOSTS=4 runs 4 x 1 instead of 2 x 1.
 # Prints the load average at the start and the end: time figures at load
-# mean little (bench/README.md, "The 16 MiB broadcast against its bound").
+# mean little (bench/results/transport.md, "The 16 MiB broadcast against its bound").
 # usage: BASE=PATH [HOSTS=2] [SETTINGS="k=v ..."] bench/bcast_ab.sh [ROUNDS]
 set -eu
 cd "$(dirname "$0")/.."

@@ -40,7 +40,7 @@
 # model with every token sent to every expert (4 experts, top 4, no
 # groups: each device gets exactly a quarter of the expert rows; from a
 # fresh start deepseek3-tiny's routing sends every token to the same few
-# experts for its first ~30 steps, see bench/README.md); wideckpt is the
+# experts for its first ~30 steps, see bench/results/deepseek.md); wideckpt is the
 # wide model started from a checkpoint whose routing has trained:
 # before the rounds (untimed) the wide model trains WARM_STEPS steps
 # (default 120) on one device (per_device_batch_size=8,

@@ -10,7 +10,7 @@
 # average before and after. A polled rate: the polls do not line up with
 # the steps' boundaries, so two runs of one configuration differed by 0.3
 # CPU s a step outside the spans; `perf record -e cpu-clock -g -p AGENT`
-# is the exact split (bench/README.md, "plan: stable figures ...").
+# is the exact split (bench/results/pipeline.md, "plan: stable figures ...").
 # usage: [BIN=build/meshrun] bench/cpu_by_thread.sh ARGS...
 #   e.g. bench/cpu_by_thread.sh --hosts 4 --config configs/llama-bench.yml base_num_decoder_layers=8 \
 #        max_target_length=128 per_device_batch_size=4 ici_data_parallelism=1 dcn_data_parallelism=1 \

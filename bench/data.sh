@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The data path against the corpus size (docs/data.md, bench/README.md#data).
+# The data path against the corpus size (docs/data.md, bench/results/loading-and-data.md#data).
 # Corpora: llm.c shards (uint16, 100M-token shards written by `meshrun data
 # pack` from random bytes) of 10 MiB, 100 MiB, 1 GiB and 2 GiB on disk, and
 # a 2 GiB Megatron dataset of 1,048,576 documents of 1,024 tokens (its

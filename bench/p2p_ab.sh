@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the transport and the executor add to a pipeline step (issue 21),
 # A/B in one run: 2 stages on 2 hosts x 1 device, M = 8, recompute off,
-# llama-bench with 8 layers at sequence 128 (bench/README.md's pipe_replay
+# llama-bench with 8 layers at sequence 128 (bench/results/pipeline.md's pipe_replay
 # command), STEPS steps traced, for each schedule of SCHEDS and each of
 #   base  the binary $BASE (required: a build of the commit before the change)
 #   one   this build, one receive posted ahead at a time, no landing

@@ -229,7 +229,7 @@ def goals(runs, loads, path):
                   (None if res[(op, size)][1]["meshrun"] is None else float("inf")))
                  for op in OPS], 1.0)
     print("goal: the cipher on more than one core where a host has more cores than links: "
-          "not judged here (2x1 on 2 vCPUs; see bench/README.md, 'The cipher on more than one "
+          "not judged here (2x1 on 2 vCPUs; see bench/results/transport.md, 'The cipher on more than one "
           "thread')")
     ceilings(res, n)
 

@@ -2,7 +2,7 @@
  * and recv(): one thread sends 1 GiB in chunks of CHUNK bytes, another
  * receives it in chunks of the same size; prints the process's CPU time
  * (user + system, both threads) per 16 MiB. No TLS. Tells whether
- * gathering TLS records into larger sends would pay (bench/README.md).
+ * gathering TLS records into larger sends would pay (bench/results/transport.md).
  * build: cc -O2 -pthread -o /tmp/tcp_chunk bench/tcp_chunk.c
  * usage: /tmp/tcp_chunk CHUNK [CHUNK ...] */
 #include <arpa/inet.h>
