@@ -42,7 +42,10 @@
 # no reordering hides more). dcn_mb (clock-free): `dcn_bytes` from --metrics
 # in MB, what host 0 moved over DCN a step (mean): with the link's rate
 # (`meshrun bench link`) it bounds what communication can hide. peak_mb:
-# host 0's peak memory (`peak_mem_mb`, the largest of the steps).
+# host 0's peak memory (`peak_mem_mb`, the largest of the steps). f0_ms:
+# device 0's waits for FSDP gathers ("all_gather" spans on its own track)
+# from its step's start to the end of its first forward (F mb0 c0), ms a
+# step (mean): what the next step's first gathers left exposed.
 # OLD_MESHRUN=BIN: the same runs with BIN, interleaved (row name "NAME old").
 # SETS, OPTS: the sleep sets and optimizers (default "adamw muon").
 # ANCHOR=1: instead, each run but one (AdamW, 2 steps) with real compute
@@ -60,7 +63,7 @@ make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cp build/meshrun $tmp/meshrun; C=configs/llama-bench.yml
 [ -z "$old" ] || { cp "$old" $tmp/old; old=$tmp/old; }
-# stats METRICS TRACE: step_s exposed_s tail_s opt_s msgs bg_s dcn_mb peak_mb (steps >= 1)
+# stats METRICS TRACE: step_s exposed_s tail_s opt_s msgs bg_s dcn_mb peak_mb f0_ms (steps >= 1)
 stats() { python3 - "$1" "$2" <<'PYEOF'
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])][1:]
@@ -69,12 +72,16 @@ e = [x for x in json.load(open(sys.argv[2]))['traceEvents'] if x.get('ph') == 'X
 fb = {x['args']['step']: x['ts'] + x['dur'] for x in e if x['name'] == 'forward+backward'}
 op = {x['args']['step']: x for x in e if x['name'] == 'optimizer'}
 tail = [(op[s]['ts'] - fb[s]) * 1e-6 for s in fb if s in op]
+st = {x['args']['step']: x['ts'] for x in e if x['name'] == 'step'}
+f0 = {x['args']['step']: x['ts'] + x['dur'] for x in e if x['name'] == 'F mb0 c0'}
+first = [sum(x['dur'] for x in e if x['name'].startswith('all_gather') and x['args'].get('step') == s
+             and st[s] <= x['ts'] < f0[s]) * 1e-3 for s in st if s in f0]
 m = lambda v: sum(v) / len(v) if v else float('nan')
-print('%.4f %.4f %.4f %.4f %.1f %.4f %.1f %d' % (m([x['step_time_s'] for x in r]), m([x.get('comm_exposed_s', 0) for x in r]),
+print('%.4f %.4f %.4f %.4f %.1f %.4f %.1f %d %.1f' % (m([x['step_time_s'] for x in r]), m([x.get('comm_exposed_s', 0) for x in r]),
                                     m(tail), m([x['dur'] * 1e-6 for x in op.values()]),
                                     m([x.get('messages', 0) for x in r]), m([x.get('comm_background_s', 0) for x in r]),
                                     m([x.get('dcn_bytes', 0) * 1e-6 for x in r]),
-                                    max([x.get('peak_mem_mb', 0) for x in r] or [0])))
+                                    max([x.get('peak_mem_mb', 0) for x in r] or [0]), m(first) if first else 0))
 PYEOF
 }
 # run NAME BIN SLEEPS ARGS...: one run; its stats in $tmp/NAME.st
@@ -92,10 +99,11 @@ import sys
 label, base, st, load = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4]
 if st.startswith('refused'):
     print('%-34s %s' % (label, st)); sys.exit()
-s, x, t, o, n, g, d, p = map(float, st.split())
+s, x, t, o, n, g, d, p, f = map(float, st.split())
 bs, bo = float(base[0]), float(base[3])
-print('%-34s %7.3f %6.3f %9.4f %7.4f %7.4f %6.3f %6.1f %6.3f %6.1f %7d  %s' % (label, s, s / bs, x, t, o,
-                                                                               (s - o) / (bs - bo), n, g, d, p, load))
+print('%-34s %7.3f %6.3f %9.4f %7.4f %7.4f %6.3f %6.1f %6.3f %6.1f %7d %6.1f  %s' % (label, s, s / bs, x, t, o,
+                                                                                     (s - o) / (bs - bo), n, g, d, p, f,
+                                                                                     load))
 PYEOF
 }
 # scaled MS FACTOR: every value of "F,I,W" times FACTOR (whole ms)
@@ -132,8 +140,8 @@ fi
 t0=$(date +%s)
 echo "meshrun $(git rev-parse --short HEAD 2>/dev/null), $steps steps, $rounds round(s), sets $sets," \
   "load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-34s %7s %6s %9s %7s %7s %6s %6s %6s %6s %7s  %s\n" run step_s ratio exposed_s tail_s opt_s xo msgs bg_s \
-  dcn_mb peak_mb load
+printf "%-34s %7s %6s %9s %7s %7s %6s %6s %6s %6s %7s %6s  %s\n" run step_s ratio exposed_s tail_s opt_s xo msgs \
+  bg_s dcn_mb peak_mb f0_ms load
 for r in $(seq 1 "$rounds"); do
   for sl in $sets; do
     for o in $opts; do
