@@ -122,7 +122,8 @@ int win_gather_start(struct win *w, int k, int l0, int l1);
  * places the weights in a free window: k is READY. Returns at once when
  * k is READY already (a schedule's second use of a slot). */
 int win_wait(struct win *w, int k);
-/* The caller is done with READY slot k's weights. */
+/* The caller is done with READY slot k's weights (a gather queued for
+ * want of a free weight window may go out now). */
 void win_release(struct win *w, int k);
 /* Zeroes READY slot k's gradient window (its gradients accumulate). */
 void win_zero_grads(struct win *w, int k);
