@@ -21,6 +21,10 @@
 #           per-layer time x 2/8 and a device sleeps what the single device
 #           sleeps (32 layer-rows); its ratio also holds the pipeline's
 #           bubble, which no overlap can hide
+#   fsdpppu the same per use (neither flag: gathered for every microbatch,
+#           MaxText's default); fsdpppo the same with pipeline_fsdp_ag_once;
+#           these two only when ONLY is given (bench/overlap_sleep.sh 4 1
+#           '^fsdppp')
 # Sleep sets (SETS, per-layer F,I,W ms of the single device's 8 rows; a
 # step sleeps 4 layers x (F+I+W)): "80,80,80" (about 1 s a step) and
 # "20,20,20" (4x shorter: communication is harder to hide).
@@ -35,7 +39,13 @@
 # devices posted a step (mean). bg_s: comm_background_s (device 0's
 # communication thread's seconds running background collectives a step;
 # near the step's time less its sleeps, that thread is the bottleneck and
-# no reordering hides more).
+# no reordering hides more). dcn_mb (clock-free): `dcn_bytes` from --metrics
+# in MB, what host 0 moved over DCN a step (mean): with the link's rate
+# (`meshrun bench link`) it bounds what communication can hide. peak_mb:
+# host 0's peak memory (`peak_mem_mb`, the largest of the steps). f0_ms:
+# device 0's waits for FSDP gathers ("all_gather" spans on its own track)
+# from its step's start to the end of its first forward (F mb0 c0), ms a
+# step (mean): what the next step's first gathers left exposed.
 # OLD_MESHRUN=BIN: the same runs with BIN, interleaved (row name "NAME old").
 # SETS, OPTS: the sleep sets and optimizers (default "adamw muon").
 # ANCHOR=1: instead, each run but one (AdamW, 2 steps) with real compute
@@ -53,7 +63,7 @@ make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cp build/meshrun $tmp/meshrun; C=configs/llama-bench.yml
 [ -z "$old" ] || { cp "$old" $tmp/old; old=$tmp/old; }
-# stats METRICS TRACE: step_s exposed_s tail_s opt_s msgs bg_s (steps >= 1)
+# stats METRICS TRACE: step_s exposed_s tail_s opt_s msgs bg_s dcn_mb peak_mb f0_ms (steps >= 1)
 stats() { python3 - "$1" "$2" <<'PYEOF'
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])][1:]
@@ -62,10 +72,16 @@ e = [x for x in json.load(open(sys.argv[2]))['traceEvents'] if x.get('ph') == 'X
 fb = {x['args']['step']: x['ts'] + x['dur'] for x in e if x['name'] == 'forward+backward'}
 op = {x['args']['step']: x for x in e if x['name'] == 'optimizer'}
 tail = [(op[s]['ts'] - fb[s]) * 1e-6 for s in fb if s in op]
+st = {x['args']['step']: x['ts'] for x in e if x['name'] == 'step'}
+f0 = {x['args']['step']: x['ts'] + x['dur'] for x in e if x['name'] == 'F mb0 c0'}
+first = [sum(x['dur'] for x in e if x['name'].startswith('all_gather') and x['args'].get('step') == s
+             and st[s] <= x['ts'] < f0[s]) * 1e-3 for s in st if s in f0]
 m = lambda v: sum(v) / len(v) if v else float('nan')
-print('%.4f %.4f %.4f %.4f %.1f %.4f' % (m([x['step_time_s'] for x in r]), m([x.get('comm_exposed_s', 0) for x in r]),
+print('%.4f %.4f %.4f %.4f %.1f %.4f %.1f %d %.1f' % (m([x['step_time_s'] for x in r]), m([x.get('comm_exposed_s', 0) for x in r]),
                                     m(tail), m([x['dur'] * 1e-6 for x in op.values()]),
-                                    m([x.get('messages', 0) for x in r]), m([x.get('comm_background_s', 0) for x in r])))
+                                    m([x.get('messages', 0) for x in r]), m([x.get('comm_background_s', 0) for x in r]),
+                                    m([x.get('dcn_bytes', 0) * 1e-6 for x in r]),
+                                    max([x.get('peak_mem_mb', 0) for x in r] or [0]), m(first) if first else 0))
 PYEOF
 }
 # run NAME BIN SLEEPS ARGS...: one run; its stats in $tmp/NAME.st
@@ -83,15 +99,20 @@ import sys
 label, base, st, load = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4]
 if st.startswith('refused'):
     print('%-34s %s' % (label, st)); sys.exit()
-s, x, t, o, n, g = map(float, st.split())
+s, x, t, o, n, g, d, p, f = map(float, st.split())
 bs, bo = float(base[0]), float(base[3])
-print('%-34s %7.3f %6.3f %9.4f %7.4f %7.4f %6.3f %6.1f %6.3f  %s' % (label, s, s / bs, x, t, o, (s - o) / (bs - bo),
-                                                                     n, g, load))
+print('%-34s %7.3f %6.3f %9.4f %7.4f %7.4f %6.3f %6.1f %6.3f %6.1f %7d %6.1f  %s' % (label, s, s / bs, x, t, o,
+                                                                                     (s - o) / (bs - bo), n, g, d, p, f,
+                                                                                     load))
 PYEOF
 }
 # scaled MS FACTOR: every value of "F,I,W" times FACTOR (whole ms)
 scaled() { echo "$1" | awk -F, -v f="$2" '{for (i = 1; i <= NF; i++) printf "%s%d", (i > 1 ? "," : ""), $i * f}'; }
-want() { [ "$1" = one ] || echo "$1" | grep -Eq -- "$only"; }
+# fsdpppu and fsdpppo only when ONLY is given (not in the default set)
+want() {
+  case $1 in one) return 0 ;; fsdpppu|fsdpppo) [ "$only" != . ] || return 1 ;; esac
+  echo "$1" | grep -Eq -- "$only"
+}
 if [ -n "${ANCHOR:-}" ]; then
   for n in dp zero1 fsdp22 fsdp4 fsdppp; do
     want $n || continue
@@ -119,7 +140,8 @@ fi
 t0=$(date +%s)
 echo "meshrun $(git rev-parse --short HEAD 2>/dev/null), $steps steps, $rounds round(s), sets $sets," \
   "load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-34s %7s %6s %9s %7s %7s %6s %6s %6s  %s\n" run step_s ratio exposed_s tail_s opt_s xo msgs bg_s load
+printf "%-34s %7s %6s %9s %7s %7s %6s %6s %6s %6s %7s %6s  %s\n" run step_s ratio exposed_s tail_s opt_s xo msgs \
+  bg_s dcn_mb peak_mb f0_ms load
 for r in $(seq 1 "$rounds"); do
   for sl in $sets; do
     for o in $opts; do
@@ -127,7 +149,7 @@ for r in $(seq 1 "$rounds"); do
       x="opt_type=$o learning_rate=0.001"
       for b in new ${old:+old}; do
         bin=$tmp/meshrun; sfx=""; [ $b = old ] && bin=$old && sfx=" old"
-        for n in one dp zero1 fsdp22 fsdp4 fsdppp; do
+        for n in one dp zero1 fsdp22 fsdp4 fsdppp fsdpppu fsdpppo; do
           want $n || continue
           case $n in
             one) run $n$b $bin $sl --hosts 1 $x ;;
@@ -141,6 +163,13 @@ for r in $(seq 1 "$rounds"); do
               ici_data_parallelism=1 ici_pipeline_parallelism=2 dcn_data_parallelism=1 \
               dcn_fsdp_parallelism=2 num_pipeline_microbatches=8 pipeline_recompute=false \
               pipeline_fsdp_ag_per_repeat=true ;;
+            fsdpppu) run $n$b $bin "$(scaled $sl 0.25)" --hosts 2 --devices-per-host 2 $x \
+              ici_data_parallelism=1 ici_pipeline_parallelism=2 dcn_data_parallelism=1 \
+              dcn_fsdp_parallelism=2 num_pipeline_microbatches=8 pipeline_recompute=false ;;
+            fsdpppo) run $n$b $bin "$(scaled $sl 0.25)" --hosts 2 --devices-per-host 2 $x \
+              ici_data_parallelism=1 ici_pipeline_parallelism=2 dcn_data_parallelism=1 \
+              dcn_fsdp_parallelism=2 num_pipeline_microbatches=8 pipeline_recompute=false \
+              pipeline_fsdp_ag_once=true ;;
           esac
           [ $n = one ] && base=$(cat $tmp/one$b.st)
           row $n$b "$n$sfx" "$base"

@@ -517,8 +517,12 @@ END_TEST
 /* FSDP: the next step's first gathers are started by the update, once
  * it has updated their shards: from the trace's order of events (not
  * from timing), on each of the ndev devices, inside every step's
- * "optimizer" span a window gather is queued ("q all_gather (prefetch)"
- * on the flight track); and with off_too, with grad_bucket_mb=0 (the
+ * "optimizer" span the table's three leading gathers (the non-layer
+ * group, layers 0 and 1) are handed to the communication thread ("q
+ * all_gather (prefetch)" on the flight track): the first layer's too, so
+ * it is on its way before the next step's first compute action (before,
+ * only the non-layer group's went, and layer 0's waited in the window
+ * until the embedding had waited for it); and with off_too, with grad_bucket_mb=0 (the
  * order before, whatever the optimizer: prefetching()) none is. With after (a span name's start), the update also has such
  * a span begin after the first gather is queued: under Muon an exchange
  * ("all_to_all", the update of the later layers' matrices), beside
@@ -576,8 +580,8 @@ static void first_gather_in_update(const char *mesh, int ndev, const char *extra
 						      "gathers in the update", d, s, inside[d][s]);
 					continue;
 				}
-				ck_assert_msg(inside[d][s] >= 1, "device %d step %d: no gather queued in the update", d,
-					      s);
+				ck_assert_msg(inside[d][s] == 3, "device %d step %d: %d gathers queued in the update, "
+					      "not 3 (the non-layer group, layers 0 and 1)", d, s, inside[d][s]);
 				ck_assert_msg(!after || later[d][s] >= 1, "device %d step %d: no %s after the first "
 					      "gather was queued", d, s, after);
 			}

@@ -290,11 +290,16 @@ static void *gather_listed(void *arg)
 	model_step_begin(d->m, &st);
 	size_t c0 = win_copied(w);
 	rc_of[d->me] = 0;
+	int calls = d->p->calls[d->me];
 	win_gather_start(w, 1, 1, 2);
 	win_gather_start(w, 2, 2, 3);
+	/* both went out before either is waited for: in place, into the
+	 * two free weight windows (before, the second waited in the queue
+	 * until the first was waited for) */
+	ck_assert_int_eq(d->p->calls[d->me] - calls, 2);
 	for (int l = 1; l < 3; l++) {
-		/* layer 2's gather goes out while layer 1 is READY: it lands in
-		 * the window more */
+		/* layer 2's gather went out before layer 1 is READY: it lands
+		 * in the window more */
 		rc_of[d->me] |= win_wait(w, l);
 		for (int id = 0; id < P_COUNT && d->me == 0; id++) {
 			const struct param_info *pw = param_id(whole, id), *pd = param_id(d->m, id);

@@ -31,6 +31,11 @@ struct win_slot {
 	int win;                    /* its weight window (layer groups, from the
 				     * moment its gather goes out), else -1 */
 	int gwin;                   /* READY: its gradient window (layer groups), else -1 */
+	/* its gather in flight: each gather group's handle, whether it went
+	 * as a list (in place), where its pack lands (packed) */
+	void *gh[WIN_MAX_GROUPS];
+	bool listed[WIN_MAX_GROUPS];
+	size_t sbase[WIN_MAX_GROUPS];
 };
 
 struct win {
@@ -58,7 +63,7 @@ struct win {
 	struct packs {
 		float *gsend, *grecv, *ssend, *srecv;
 	} pk[2];
-	void *gh[WIN_MAX_GROUPS], *sh[WIN_MAX_GROUPS];
+	void *sh[WIN_MAX_GROUPS];
 	float *params, *grads;
 	/* state */
 	int nslots;                 /* lo.windows + 2 */
@@ -77,12 +82,14 @@ struct win {
 	struct model_run *run;
 	int runcap;
 	size_t counts[MESH_MAX_DEVICES];
-	bool listed[WIN_MAX_GROUPS], slisted[WIN_MAX_GROUPS];
-	size_t sbase[WIN_MAX_GROUPS];
+	bool slisted[WIN_MAX_GROUPS];
 	size_t copied;              /* floats the window copied (packs, places, sums) */
 	int nl_ready;               /* the READY non-layer slot, or -1 */
-	int landing;                /* slot whose gather is in flight, or -1 */
-	int *queue, qn;             /* GATHERING slots not started yet, oldest first */
+	int *queue, qn;             /* GATHERING slots, oldest first: the first nfly
+				     * in flight (started), the others not yet */
+	int nfly;
+	bool packing;               /* a packed gather is in flight (its buffers are
+				     * the one set: one at a time) */
 	int gathers;                /* layer-group gathers since win_end */
 	bool scattering;            /* a reduce-scatter is in flight, of */
 	int s0, s1;                 /* this group */
@@ -204,7 +211,7 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->n = n;
 	w->lo = *lo;
 	w->nslots = lo->windows + 2;
-	w->landing = w->nl_ready = w->sgwin = -1;
+	w->nl_ready = w->sgwin = -1;
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
 	w->wl = calloc((size_t)lo->windows + 1, sizeof(*w->wl));
@@ -479,8 +486,9 @@ static void place_own(struct win *w, int g, int k)
 		}
 }
 
-/* A free weight window for layer slot k: there are windows + 1 and at
- * most windows READY slots beside the one gather in flight. */
+/* A free weight window for layer slot k, or -1: there are windows + 1
+ * and at most windows READY slots, so with no gather in flight there is
+ * one. */
 static int free_window(const struct win *w, int k)
 {
 	int free = -1;
@@ -492,48 +500,56 @@ static int free_window(const struct win *w, int k)
 		assert(o < 0 || w->slot[o].state != SLOT_READY || w->slot[o].l1 <= w->slot[k].l0 ||
 		       w->slot[o].l0 >= w->slot[k].l1 || k == o);
 	}
-	assert(free >= 0);
 	return free;
 }
 
-/* Sends the oldest queued gather, when none is in flight: into its
- * window as a list where it can, else packed. */
-static void start_next(struct win *w)
+/* Whether slot k's gather goes in place, every gather group as a list
+ * (no packed buffer): the comm has the list form, and for the non-layer
+ * group no READY slot holds its window. */
+static bool in_place(const struct win *w, int k)
+{
+	return w->comm && w->comm->start_all_gather_v && (w->slot[k].l0 != WIN_NONLAYER || w->nl_ready < 0);
+}
+
+/* Sends slot k's gather, into weight window win (a layer group's): as a
+ * list in place where it can, else packed. */
+static void send_gather(struct win *w, int k, int win)
 {
 	const struct model_comm *c = w->comm;
+	struct win_slot *s = &w->slot[k];
 	size_t soff = 0, roff = 0;
-	if (w->landing >= 0 || !w->qn)
-		return;
-	int k = w->queue[0], l0 = w->slot[k].l0, l1 = w->slot[k].l1;
-	bool layer = l0 != WIN_NONLAYER;
-	memmove(w->queue, w->queue + 1, sizeof(*w->queue) * (size_t)--w->qn);
-	w->landing = k;
-	/* the window it lands in: a layer group's now (there is always one
-	 * free); the non-layer one's when no READY slot holds it */
-	bool win_ok = true;
+	int l0 = s->l0, l1 = s->l1;
+	bool layer = l0 != WIN_NONLAYER, busy = w->packing;
 	if (layer) {
-		w->slot[k].win = free_window(w, k);
-		w->owner[w->slot[k].win] = k;
-	} else {
-		win_ok = w->nl_ready < 0;
+		s->win = win;
+		w->owner[win] = k;
 	}
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, l0, l1, false);
 		int nrun;
-		w->listed[g] = false;
+		s->listed[g] = false;
 		if (!pack)
 			continue;
-		if (c->start_all_gather_v && win_ok &&
-		    (nrun = list_make(w, g, layer ? w->wl[w->slot[k].win] : NULL, false, l0, l1)) >= 0) {
+		if (in_place(w, k) && (nrun = list_make(w, g, layer ? w->wl[win] : NULL, false, l0, l1)) >= 0) {
 			place_own(w, g, k);
-			w->listed[g] = true;
-			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, &w->gh[g]);
+			s->listed[g] = true;
+			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, &s->gh[g]);
 			continue;
+		}
+		/* the packed buffers are one set: a gather beside one in
+		 * flight goes in place only (start_next), unless its list
+		 * could not be made */
+		if (busy) {
+			if (c->err)
+				snprintf(c->err, c->errlen, "FSDP window: out of memory for the list of a gather's rows");
+			*w->rc = -ENOMEM;
+			break;
 		}
 		if (layer && (*w->rc = layer_packs(w)))
 			break;
-		w->sbase[g] = roff;  /* where its packs land */
+		w->packing = true;
+		s->sbase[g] = roff;  /* where its packs land */
 		float *send = w->pk[layer].gsend + soff, *recv = w->pk[layer].grecv + roff;
 		pack = 0;
 		for (int l = l0; l < l1; l++)
@@ -546,11 +562,31 @@ static void start_next(struct win *w)
 			}
 		w->copied += pack;
 		if (c->start_all_gather)
-			*w->rc = c->start_all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float), &w->gh[g]);
+			*w->rc = c->start_all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float), &s->gh[g]);
 		else
 			*w->rc = c->all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float));
 		soff += pack;
 		roff += pack * (size_t)gg->n;
+	}
+}
+
+/* Sends the queued gathers, oldest first, while they can go: the oldest
+ * when none is in flight; beside gathers in flight, one that goes in
+ * place into a free weight window (a packed one waits until none is in
+ * flight). So gathers started ahead (the next step's first ones, from
+ * the update) are all on the communication thread at once, back to
+ * back, none waiting for the device to wait for the one before it. */
+static void start_next(struct win *w)
+{
+	while (w->nfly < w->qn) {
+		int k = w->queue[w->nfly];
+		bool layer = w->slot[k].l0 != WIN_NONLAYER;
+		int win = layer ? free_window(w, k) : -1;
+		if (w->nfly && (!in_place(w, k) || (layer && win < 0)))
+			return;
+		assert(!layer || win >= 0);
+		w->nfly++;
+		send_gather(w, k, win);
 	}
 }
 
@@ -564,7 +600,7 @@ int win_gather_start(struct win *w, int k, int l0, int l1)
 	check_slot(w, k);
 	assert(w->slot[k].state == SLOT_FREE);
 	check_group(w, l0, l1);
-	w->slot[k] = (struct win_slot){ SLOT_GATHERING, l0, l1, -1, -1 };
+	w->slot[k] = (struct win_slot){ .state = SLOT_GATHERING, .l0 = l0, .l1 = l1, .win = -1, .gwin = -1 };
 	w->gathers += l0 >= 0 && w->cnum[1] > 0;  /* one that moves weights */
 	w->queue[w->qn++] = k;
 	start_next(w);
@@ -582,13 +618,16 @@ static int free_gwindow(const struct win *w)
 	return -1;
 }
 
-/* Waits for the gather in flight, places it into a window (READY) and
- * sends the next queued one. */
+/* Waits for the oldest gather in flight, places it into its window
+ * (READY) and sends what may go next. */
 static void finish_landing(struct win *w)
 {
-	int k = w->landing;
+	int k = w->queue[0];
 	struct win_slot *s = &w->slot[k];
-	w->landing = -1;
+	bool packed = false;
+	assert(w->nfly > 0);
+	memmove(w->queue, w->queue + 1, sizeof(*w->queue) * (size_t)--w->qn);
+	w->nfly--;
 	if (s->l0 == WIN_NONLAYER) {
 		assert(w->nl_ready < 0);
 		w->nl_ready = k;
@@ -599,12 +638,15 @@ static void finish_landing(struct win *w)
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, s->l0, s->l1, false);
-		wait_handle(w, &w->gh[g]);
-		if (!pack || *w->rc || w->listed[g])
+		wait_handle(w, &s->gh[g]);
+		packed |= pack && !s->listed[g];
+		if (!pack || *w->rc || s->listed[g])
 			continue;
-		place_blocks(w, gg, k, false, w->pk[s->l0 != WIN_NONLAYER].grecv + w->sbase[g], pack,
+		place_blocks(w, gg, k, false, w->pk[s->l0 != WIN_NONLAYER].grecv + s->sbase[g], pack,
 			     true);
 	}
+	if (packed)
+		w->packing = false;
 	s->state = SLOT_READY;
 	start_next(w);
 }
@@ -615,7 +657,6 @@ int win_wait(struct win *w, int k)
 	assert(w->slot[k].state != SLOT_FREE);
 	while (w->slot[k].state != SLOT_READY) {
 		start_next(w);
-		assert(w->landing >= 0);
 		finish_landing(w);
 	}
 	return *w->rc;
@@ -634,6 +675,8 @@ void win_release(struct win *w, int k)
 	}
 	s->state = SLOT_FREE;
 	s->win = s->gwin = -1;
+	/* a gather queued for want of a window may go now */
+	start_next(w);
 }
 
 void win_zero_grads(struct win *w, int k)
@@ -752,17 +795,18 @@ int win_scatter_start(struct win *w, int k)
 int win_end(struct win *w)
 {
 	for (int g = 0; g < w->ngg; g++) {
-		wait_handle(w, &w->gh[g]);
+		for (int k = 0; k < w->nslots; k++)
+			wait_handle(w, &w->slot[k].gh[g]);
 		wait_handle(w, &w->sh[g]);
 	}
-	w->scattering = false;
+	w->scattering = w->packing = false;
 	w->gathers = 0;
-	w->landing = w->nl_ready = w->sgwin = -1;
-	w->qn = 0;
+	w->nl_ready = w->sgwin = -1;
+	w->qn = w->nfly = 0;
 	for (int j = 0; j <= w->lo.windows; j++)
 		w->owner[j] = w->gowner[j] = -1;
 	for (int k = 0; k < w->nslots; k++)
-		w->slot[k] = (struct win_slot){ SLOT_FREE, 0, 0, -1, -1 };
+		w->slot[k] = (struct win_slot){ .state = SLOT_FREE, .win = -1, .gwin = -1 };
 	return *w->rc;
 }
 

@@ -38,12 +38,16 @@
  * at most one READY non-layer slot and at most `windows` READY layer
  * slots; a READY layer slot's layers overlap no other READY one's.
  *
- * Gathers run one at a time, in the order they were started: a gather
- * started while another is in flight is queued, and goes out when the
- * one before it has been waited for (wait() of a queued slot first
- * finishes those before it). So a caller that starts a gather well before
- * it waits (a schedule's GATHER entry, its first use later) hides it
- * behind the compute in between. A reduce-scatter packs the gradients,
+ * Gathers go out in the order they were started and are waited for in
+ * that order (wait() of a slot first finishes those before it). One that
+ * goes in place (every gather group as a list) goes out at once when a
+ * weight window is free, beside the ones in flight; one that packs, or
+ * finds no free window, is queued until none is in flight (or a window
+ * is released). So a caller that starts gathers well before it waits (a
+ * schedule's GATHER entries, their first use later; the update starting
+ * the next step's first groups) hides them behind the compute in
+ * between, and gathers started together reach the communication thread
+ * together, back to back. A reduce-scatter packs the gradients,
  * or takes the slot's gradient window, on start, so the slot's gradient
  * window is free again at once; one is in flight at a time (the next
  * start finishes it).
@@ -118,7 +122,8 @@ int win_gather_start(struct win *w, int k, int l0, int l1);
  * places the weights in a free window: k is READY. Returns at once when
  * k is READY already (a schedule's second use of a slot). */
 int win_wait(struct win *w, int k);
-/* The caller is done with READY slot k's weights. */
+/* The caller is done with READY slot k's weights (a gather queued for
+ * want of a free weight window may go out now). */
 void win_release(struct win *w, int k);
 /* Zeroes READY slot k's gradient window (its gradients accumulate). */
 void win_zero_grads(struct win *w, int k);

@@ -125,7 +125,10 @@ static int open_optim(struct trainer *t, const struct cfg *c, struct optim_place
 		      size_t errlen)
 {
 	int n = pipe_exec_grad_order(t->px, NULL, NULL, 0), rc;
-	int *l0 = malloc(sizeof(int) * (size_t)(n + 1)), *l1 = malloc(sizeof(int) * (size_t)(n + 1));
+	/* room for the order and for the groups the leading gathers read
+	 * (a stage may read more groups first than it completes) */
+	int nf = pipe_exec_first_reads(t->px, NULL, NULL, 0), cap = (n > nf ? n : nf) + 1;
+	int *l0 = malloc(sizeof(int) * (size_t)cap), *l1 = malloc(sizeof(int) * (size_t)cap);
 	if (!l0 || !l1) {
 		free(l0);
 		free(l1);
@@ -142,9 +145,10 @@ static int open_optim(struct trainer *t, const struct cfg *c, struct optim_place
 		pipe_exec_set_hooks(t->px, &(struct pipe_hooks){ .grads_done = optim_hook_grads,
 								 .weights_needed = optim_hook_weights,
 								 .ctx = t->opt });
-		/* the groups the table's leading gathers read (at most n) */
-		int k = pipe_exec_first_reads(t->px, l0, l1, n);
-		optim_set_prefetch(t->opt, prefetch, t, l0, l1, k < n ? k : n);
+		/* the groups the table's leading gathers read, every one:
+		 * the prefetch copies their shards into the windows as it
+		 * starts them, so each must be updated before it */
+		optim_set_prefetch(t->opt, prefetch, t, l0, l1, pipe_exec_first_reads(t->px, l0, l1, nf));
 	}
 	free(l0);
 	free(l1);
