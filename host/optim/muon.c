@@ -272,7 +272,7 @@ enum { MJ_SENT, MJ_BACK };
 
 /* How many newer tensors' blocks leave before one is orthogonalised,
  * and how many results stay in flight before one is applied. */
-#define MUON_AHEAD 1
+#define MUON_AHEAD 2
 
 struct muon_job {
 	struct muon_job *next;
