@@ -16,6 +16,12 @@
  *   4. one all_to_all returns each member its block of every result;
  *   5. every member applies its blocks.
  *
+ * Steps 2 and 4 run on the device's exchange thread (start_all_to_all),
+ * pipelined over the calls: a call does steps 1 and 2 of its tensor,
+ * 3 and 4 of the one MUON_AHEAD calls back, 5 of the one before that
+ * (advance), so an owner's Newton-Schulz runs while the next tensors'
+ * blocks move; muon_flush finishes them all.
+ *
  * Stacks split over experts or stages need nothing: the group is over
  * the other axes. The exchanges are Dion's pattern. The owners: longest
  * first, each to its group's least loaded member (muon_assign=size, the
