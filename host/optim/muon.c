@@ -287,18 +287,57 @@ struct muon_job {
 	size_t per, nmat, mine;
 	float *P, lr, wd;
 	struct xch x;         /* step 2's counts, then step 4's */
-	float *ob, *snd, *rcv, *outb, *res;
+	float *ob, *snd, *rcv, *outb, *res;   /* views of mem */
 	void *h;              /* the exchange in flight, or NULL */
+	/* kept across calls (o->mfree): fresh pages for every call's
+	 * buffers cost a third more page faults a step (bench/README.md) */
+	float *mem;
+	size_t cap;           /* floats at mem */
+	int ncap;             /* members x.sb, x.so have room for */
 };
 
 static void job_free(struct muon_job *jb)
 {
-	free(jb->ob);
-	free(jb->snd);
-	free(jb->rcv);
+	free(jb->mem);
 	free(jb->x.sb);
 	free(jb->x.so);
 	free(jb);
+}
+
+/* A job from the pool (or new) with room for floats and n members;
+ * NULL when out of memory. */
+static struct muon_job *job_get(struct optim *o, size_t floats, int n)
+{
+	struct muon_job *jb = o->mfree;
+	if (jb)
+		o->mfree = jb->next;
+	else if (!(jb = calloc(1, sizeof(*jb))))
+		return NULL;
+	struct muon_job keep = *jb;
+	*jb = (struct muon_job){ .mem = keep.mem, .cap = keep.cap, .ncap = keep.ncap,
+				 .x = { .sb = keep.x.sb, .so = keep.x.so } };
+	if (jb->cap < floats) {
+		free(jb->mem);
+		jb->cap = (jb->mem = malloc(sizeof(float) * floats)) ? floats : 0;
+	}
+	if (jb->ncap < n) {
+		free(jb->x.sb);
+		free(jb->x.so);
+		jb->x.sb = malloc(sizeof(size_t) * (size_t)n * 2);
+		jb->x.so = malloc(sizeof(int) * (size_t)n * 2);
+		jb->ncap = jb->x.sb && jb->x.so ? n : 0;
+	}
+	if (!jb->cap || !jb->ncap) {
+		job_free(jb);
+		return NULL;
+	}
+	return jb;
+}
+
+static void job_put(struct optim *o, struct muon_job *jb)
+{
+	jb->next = o->mfree;
+	o->mfree = jb;
 }
 
 /* Starts (mc->start_all_to_all) or runs one of a job's exchanges; name
@@ -430,7 +469,7 @@ static int advance(struct optim *o, int sent_max, int back_max)
 		if ((rc = job_apply(o, jb)))
 			return rc;
 		o->mq = jb->next;
-		job_free(jb);
+		job_put(o, jb);
 		nback--;
 	}
 	return 0;
@@ -439,39 +478,42 @@ static int advance(struct optim *o, int sent_max, int back_max)
 int muon_dist(struct optim *o, int i, int j0, int j1, float *P, const float *g, float *buf, float lr, float wd)
 {
 	const struct param_info *p = model_param(o->model, i);
-	struct muon_job *jb = calloc(1, sizeof(*jb));
-	int rc = -ENOMEM;
+	uint32_t axes = muon_group_axes(o->mesh, p);
+	const struct mesh_members *mm = members(o, axes);
+	size_t per = (size_t)p->shape[p->ndim - 2] * p->shape[p->ndim - 1], nmat = (size_t)(j1 - j0), mine = 0;
+	const int *own_of = o->mp.owner + o->mp.first[i] + j0;
+	int me = 0, rc;
+	if (!mm)
+		return -ENOMEM;
+	while (me < mm->n && !same_on(mm->coord[me], o->coord, axes))
+		me++;
+	for (size_t j = 0; j < nmat; j++)
+		mine += own_of[j] == me;
+	/* ob: this device's blocks (momentum, then results); snd, rcv: step
+	 * 2's; outb, res: step 4's */
+	size_t nf = nmat * per, own = mine * per * (size_t)mm->n + 1;
+	struct muon_job *jb = job_get(o, nf * 3 + own * 2, mm->n);
 	if (!jb)
 		return -ENOMEM;
 	jb->i = i;
-	jb->axes = muon_group_axes(o->mesh, p);
-	jb->copy = jb->axes & ~p->mat_split;
-	jb->per = (size_t)p->shape[p->ndim - 2] * p->shape[p->ndim - 1];
-	jb->nmat = (size_t)(j1 - j0);
+	jb->axes = axes;
+	jb->copy = axes & ~p->mat_split;
+	jb->per = per;
+	jb->nmat = nmat;
+	jb->mine = mine;
 	jb->P = P;
 	jb->lr = lr;
 	jb->wd = wd;
 	struct xch *x = &jb->x;
-	x->nmat = (int)jb->nmat;
-	if (!(x->g = members(o, jb->axes)))
-		goto fail;
-	x->n = x->g->n;
-	for (x->me = 0; x->me < x->n && !same_on(x->g->coord[x->me], o->coord, jb->axes); x->me++)
-		;
-	x->own = o->mp.owner + o->mp.first[i] + j0;
-	for (int j = 0; j < x->nmat; j++)
-		jb->mine += owner(x, j) == x->me;
-	/* ob: this device's blocks (momentum, then results); snd, rcv: step
-	 * 2's; outb, res: step 4's */
-	size_t nf = jb->nmat * jb->per, own = jb->mine * jb->per * (size_t)x->n + 1;
-	jb->ob = malloc(sizeof(float) * nf);
-	jb->snd = malloc(sizeof(float) * nf * 2);
-	jb->rcv = malloc(sizeof(float) * own * 2);
-	x->sb = malloc(sizeof(size_t) * (size_t)x->n * 2);
-	x->so = malloc(sizeof(int) * (size_t)x->n * 2);
-	if (!jb->ob || !jb->snd || !jb->rcv || !x->sb || !x->so)
-		goto fail;
+	x->n = mm->n;
+	x->me = me;
+	x->nmat = (int)nmat;
+	x->own = own_of;
+	x->g = mm;
+	jb->ob = jb->mem;
+	jb->snd = jb->ob + nf;
 	jb->res = jb->snd + nf;
+	jb->rcv = jb->res + nf;
 	jb->outb = jb->rcv + own;
 	x->rb = x->sb + x->n;
 	x->ro = x->so + x->n;
@@ -486,9 +528,6 @@ int muon_dist(struct optim *o, int i, int j0, int j1, float *P, const float *g, 
 	 * before; with them, this tensor's blocks travel while the one before
 	 * is orthogonalised, and that one's results while the next is */
 	return o->oc.mc->start_all_to_all ? advance(o, MUON_AHEAD, MUON_AHEAD) : advance(o, 0, 0);
-fail:
-	job_free(jb);
-	return rc;
 }
 
 int muon_flush(struct optim *o)
@@ -502,6 +541,11 @@ void muon_drop(struct optim *o)
 		struct muon_job *jb = o->mq;
 		exchange_wait(o, jb);  /* its buffers may be written until then */
 		o->mq = jb->next;
+		job_free(jb);
+	}
+	while (o->mfree) {
+		struct muon_job *jb = o->mfree;
+		o->mfree = jb->next;
 		job_free(jb);
 	}
 }

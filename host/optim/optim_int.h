@@ -118,6 +118,7 @@ struct optim {
 	struct optim_stats stats;
 	struct muon_plan mp;         /* Muon's owners (a mesh with Muon) */
 	struct muon_job *mq;         /* muon_dist's calls in flight, oldest first */
+	struct muon_job *mfree;      /* and their buffers, kept for the next calls */
 	int gpending;                /* ZeRO-1 buckets whose gather is in flight */
 	/* the next step's first gathers, started once their units are
 	 * updated (optim_set_prefetch) */
@@ -211,7 +212,8 @@ int muon_dist(struct optim *o, int i, int j0, int j1, float *P, const float *g, 
  * (before anything reads them: a gather, the end of the update). 0 or
  * -errno. */
 int muon_flush(struct optim *o);
-/* After a failure: waits for the exchanges in flight and frees them. */
+/* After a failure and at the end: waits for the exchanges in flight and
+ * frees them and the buffers kept for later calls. */
 void muon_drop(struct optim *o);
 
 #endif
