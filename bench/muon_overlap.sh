@@ -11,7 +11,8 @@
 # = opt_s - wait_s. Runs: llama-bench (4 layers, 28 matrices) and
 # deepseek-tiny (3 layers, experts), each: one (1 device), fsdp4 (1 host
 # x 4), fsdp22 (2 hosts x 2), fsdp2ep2 (deepseek only: fsdp 2 x expert 2),
-# and fsdp4 with AdamW; each mesh run with this build ("new") and with
+# and fsdp4 with AdamW (MESHES: other meshes, e.g. "fsdp2": 1 host x 2,
+# a core a device on this machine); each mesh run with this build ("new") and with
 # OLD_MESHRUN ("old"), interleaved. Two compute modes: MODES="sleep
 # model" (sleep: pipeline_compute=sleep pipeline_sleep_ms=20,20,20, the
 # table's compute sleeps and costs no CPU, bench/overlap_sleep.sh;
@@ -86,6 +87,7 @@ for r in $(seq 1 "$rounds"); do
       base=$(cut -d' ' -f2 $tmp/one.st)
       row one "one muon" "$base" new
       meshes="fsdp4 fsdp22"; [ $model = deepseek-tiny ] && meshes="fsdp4 fsdp22 fsdp2ep2"
+      meshes=${MESHES:-$meshes}
       for n in $meshes adamw4; do
         for b in new ${old:+old}; do
           x=$mu
@@ -93,6 +95,7 @@ for r in $(seq 1 "$rounds"); do
             fsdp4) a="--hosts 1 --devices-per-host 4 ici_data_parallelism=1 ici_fsdp_parallelism=4" ;;
             fsdp22) a="--hosts 2 --devices-per-host 2 ici_data_parallelism=1 dcn_data_parallelism=1
               dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2" ;;
+            fsdp2) a="--hosts 1 --devices-per-host 2 ici_data_parallelism=1 ici_fsdp_parallelism=2" ;;
             fsdp2ep2) a="--hosts 1 --devices-per-host 4 ici_data_parallelism=1 ici_fsdp_parallelism=2
               ici_expert_parallelism=2" ;;
             adamw4) a="--hosts 1 --devices-per-host 4 ici_data_parallelism=1 ici_fsdp_parallelism=4"
