@@ -514,6 +514,47 @@ START_TEST(test_zero1_collectives_under_compute)
 }
 END_TEST
 
+static int by_ts(const void *a, const void *b)
+{
+	const struct span *x = *(const struct span *const *)a, *y = *(const struct span *const *)b;
+	return (x->ts > y->ts) - (x->ts < y->ts);
+}
+
+/* Muon's exchanges in the background (host/optim/muon.c): on each
+ * device's exchange thread, which runs them one at a time in the order
+ * issued (so the order of their flights is the order of issue, not a
+ * timing), every step sends at least 7 tensors' blocks to their owners
+ * (llama's 7 matrices a layer, in pieces) and returns as many results;
+ * the first results leave only after the blocks of the two tensors
+ * after it (MUON_AHEAD): those moved while its owner orthogonalised. */
+static void muon_exchange_order(const struct spans *t, int ndev)
+{
+	const struct span **f = calloc((size_t)t->n + 1, sizeof(*f));
+	ck_assert_ptr_nonnull(f);
+	for (int d = 0; d < ndev; d++)
+		for (int s = 0; s < 2; s++) {
+			int n = 0, to = 0, back = 0, first_back = -1;
+			for (int i = 0; i < t->n; i++)
+				if (t->v[i].flight && t->v[i].dev == d && t->v[i].step == s &&
+				    !strncmp(t->v[i].name, "muon ", 5))
+					f[n++] = &t->v[i];
+			qsort(f, (size_t)n, sizeof(*f), by_ts);
+			for (int i = 0; i < n; i++) {
+				size_t len = strlen(f[i]->name);
+				bool is_back = len > 5 && !strcmp(f[i]->name + len - 5, " back");
+				if (is_back && first_back < 0)
+					first_back = to;
+				back += is_back;
+				to += !is_back;
+			}
+			ck_assert_msg(to >= 7 && to == back, "device %d step %d: %d exchanges to owners, %d back", d, s,
+				      to, back);
+			ck_assert_msg(first_back >= 3, "device %d step %d: the first results left after %d tensors' "
+				      "blocks, not 3", d, s, first_back);
+		}
+	free(f);
+}
+
 /* FSDP: the next step's first gathers are started by the update, once
  * it has updated their shards: from the trace's order of events (not
  * from timing), on each of the ndev devices, inside every step's
@@ -524,8 +565,9 @@ END_TEST
  * only the non-layer group's went, and layer 0's waited in the window
  * until the embedding had waited for it); and with off_too, with grad_bucket_mb=0 (the
  * order before, whatever the optimizer: prefetching()) none is. With after (a span name's start), the update also has such
- * a span begin after the first gather is queued: under Muon an exchange
- * ("all_to_all", the update of the later layers' matrices), beside
+ * a span begin after the first gather is queued: under Muon the wait
+ * for an exchange ("wait muon", the update of the later layers'
+ * matrices; their order: muon_exchange_order), beside
  * ZeRO-1 the queueing of a later layer's parameter gather ("q params
  * L3"): the first gathers left before the rest of the update. Every
  * queue span ("q ...") has a duration of 0 or more. */
@@ -537,6 +579,8 @@ static void first_gather_in_update(const char *mesh, int ndev, const char *extra
 			 mesh, extra, off ? "grad_bucket_mb=0" : "", tmpdir);
 		show_log_on_failure(run(args), 0);
 		struct spans t = spans_read("f.json");
+		if (strstr(extra, "opt_type=muon"))
+			muon_exchange_order(&t, ndev);
 		double o0[4][2], o1[4][2], q0[4][2];
 		int inside[4][2] = { { 0 } }, later[4][2] = { { 0 } };
 		for (int d = 0; d < 4; d++)
@@ -604,7 +648,7 @@ END_TEST
  * first, and layer 3's leaves after it). */
 START_TEST(test_fsdp_first_gather_started_by_muon_update)
 {
-	first_gather_in_update(FSDP2, 2, "opt_type=muon base_num_decoder_layers=4", "all_to_all", true);
+	first_gather_in_update(FSDP2, 2, "opt_type=muon base_num_decoder_layers=4", "wait muon", true);
 }
 END_TEST
 

@@ -16,6 +16,12 @@
  *   4. one all_to_all returns each member its block of every result;
  *   5. every member applies its blocks.
  *
+ * Steps 2 and 4 run on the device's exchange thread (start_all_to_all),
+ * pipelined over the calls: a call does steps 1 and 2 of its tensor,
+ * 3 and 4 of the one MUON_AHEAD calls back, 5 of the one before that
+ * (advance), so an owner's Newton-Schulz runs while the next tensors'
+ * blocks move; muon_flush finishes them all.
+ *
  * Stacks split over experts or stages need nothing: the group is over
  * the other axes. The exchanges are Dion's pattern. The owners: longest
  * first, each to its group's least loaded member (muon_assign=size, the
@@ -23,9 +29,11 @@
 #include "host/optim/optim_int.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/util/clock.h"
 #include "kernels/kernels.h"
 
 static const struct mesh_members *members(struct optim *o, uint32_t axes)
@@ -263,85 +271,281 @@ static void block(struct optim *o, const struct param_info *p, const struct plan
 	plan_copy_block(w, wshape, blk, bshape, off + nd - 2, 2, into);
 }
 
-int muon_dist(struct optim *o, int i, int j0, int j1, float *P, const float *g, float *buf, float lr, float wd)
+/* One call of muon_dist in flight (o->mq, oldest first). Its state only
+ * moves forward: SENT (step 2's all_to_all started) -> BACK (the owned
+ * matrices orthogonalised, step 4's started) -> applied and freed. */
+enum { MJ_SENT, MJ_BACK };
+
+/* How many newer tensors' blocks leave before one is orthogonalised,
+ * and how many results stay in flight before one is applied. */
+#define MUON_AHEAD 2
+
+struct muon_job {
+	struct muon_job *next;
+	int state, i;
+	uint32_t axes, copy;
+	size_t per, nmat, mine;
+	float *P, lr, wd;
+	struct xch x;         /* step 2's counts, then step 4's */
+	float *ob, *snd, *rcv, *outb, *res;   /* views of mem */
+	void *h;              /* the exchange in flight, or NULL */
+	/* kept across calls (o->mfree): fresh pages for every call's
+	 * buffers cost a third more page faults a step (bench/README.md) */
+	float *mem;
+	size_t cap;           /* floats at mem */
+	int ncap;             /* members x.sb, x.so have room for */
+};
+
+static void job_free(struct muon_job *jb)
 {
-	const struct param_info *p = model_param(o->model, i);
-	const struct plan_param *pp = model_param_plan(o->model, i);
+	free(jb->mem);
+	free(jb->x.sb);
+	free(jb->x.so);
+	free(jb);
+}
+
+/* A job from the pool (or new) with room for floats and n members;
+ * NULL when out of memory. */
+static struct muon_job *job_get(struct optim *o, size_t floats, int n)
+{
+	struct muon_job *jb = o->mfree;
+	if (jb)
+		o->mfree = jb->next;
+	else if (!(jb = calloc(1, sizeof(*jb))))
+		return NULL;
+	struct muon_job keep = *jb;
+	*jb = (struct muon_job){ .mem = keep.mem, .cap = keep.cap, .ncap = keep.ncap,
+				 .x = { .sb = keep.x.sb, .so = keep.x.so } };
+	if (jb->cap < floats) {
+		free(jb->mem);
+		jb->cap = (jb->mem = malloc(sizeof(float) * floats)) ? floats : 0;
+	}
+	if (jb->ncap < n) {
+		free(jb->x.sb);
+		free(jb->x.so);
+		jb->x.sb = malloc(sizeof(size_t) * (size_t)n * 2);
+		jb->x.so = malloc(sizeof(int) * (size_t)n * 2);
+		jb->ncap = jb->x.sb && jb->x.so ? n : 0;
+	}
+	if (!jb->cap || !jb->ncap) {
+		job_free(jb);
+		return NULL;
+	}
+	return jb;
+}
+
+static void job_put(struct optim *o, struct muon_job *jb)
+{
+	jb->next = o->mfree;
+	o->mfree = jb;
+}
+
+/* Starts (mc->start_all_to_all) or runs one of a job's exchanges; name
+ * it "muon <tensor> <what>" on the trace. */
+static int exchange(struct optim *o, struct muon_job *jb, void *out, const void *in, const char *what)
+{
 	const struct model_comm *mc = o->oc.mc;
-	uint32_t axes = muon_group_axes(o->mesh, p), copy = axes & ~p->mat_split;
-	int nd = p->ndim, R = p->mat_rows, C = p->mat_cols;
-	size_t per = (size_t)p->shape[nd - 2] * p->shape[nd - 1], nmat = (size_t)(j1 - j0);
-	struct xch x = { .nmat = (int)nmat, .g = members(o, axes) };
-	if (!x.g)
+	char name[96];
+	int rc;
+	jb->h = NULL;
+	if (!mc->start_all_to_all)
+		rc = mc->all_to_all(mc->ctx, jb->axes, out, jb->x.rb, in, jb->x.sb);
+	else {
+		snprintf(name, sizeof(name), "muon %s %s", model_param(o->model, jb->i)->name, what);
+		rc = mc->start_all_to_all(mc->ctx, jb->axes, out, jb->x.rb, in, jb->x.sb, name, &jb->h);
+	}
+	if (!rc)
+		o->stats.muon_bytes += sent(&jb->x);
+	return rc;
+}
+
+static int exchange_wait(struct optim *o, struct muon_job *jb)
+{
+	const struct model_comm *mc = o->oc.mc;
+	void *h = jb->h;
+	jb->h = NULL;
+	return h ? mc->wait(mc->ctx, h) : 0;
+}
+
+/* Steps 1 and 2: the momentum of this device's blocks, each block to its
+ * matrix's owner. */
+static int job_send(struct optim *o, struct muon_job *jb, const float *g, float *buf)
+{
+	struct xch *x = &jb->x;
+	size_t per = jb->per;
+	int *fill = calloc((size_t)x->n, sizeof(int));
+	if (!fill)
 		return -ENOMEM;
-	x.n = x.g->n;
-	for (x.me = 0; x.me < x.n && !same_on(x.g->coord[x.me], o->coord, axes); x.me++)
-		;
-	x.own = o->mp.owner + o->mp.first[i] + j0;
-	size_t mine = 0;
-	for (int j = 0; j < x.nmat; j++)
-		mine += owner(&x, j) == x.me;
-	/* ob: this device's blocks (momentum, then results); snd, rcv: step
-	 * 2's; outb, res: step 4's */
-	size_t own = mine * per * (size_t)x.n + 1;
-	float *ob = malloc(sizeof(float) * nmat * per), *snd = malloc(sizeof(float) * nmat * per * 2);
-	float *rcv = malloc(sizeof(float) * own * 2), *outb = rcv + own, *res = snd ? snd + nmat * per : NULL;
-	int *fill = calloc((size_t)x.n, sizeof(int)), rc = -ENOMEM;
-	x.sb = malloc(sizeof(size_t) * (size_t)x.n * 2);
-	x.so = malloc(sizeof(int) * (size_t)x.n * 2);
-	if (!ob || !snd || !rcv || !fill || !x.sb || !x.so)
-		goto out;
-	x.rb = x.sb + x.n;
-	x.ro = x.so + x.n;
-	/* 1, 2: momentum, then each block to its owner */
-	for (size_t j = 0; j < nmat; j++)
-		muon_momentum(ob + j * per, buf + j * per, g + j * per, per, (float)o->cfg.muon_momentum);
-	counts(&x, false, copy, per);
-	for (int r = 0; r < x.n; r++)
-		for (int j = 0; j < x.nmat && x.sb[r]; j++)
-			if (owner(&x, j) == r)
-				memcpy(snd + (size_t)(x.so[r] + fill[r]++) * per, ob + (size_t)j * per, per * sizeof(float));
-	if ((rc = mc->all_to_all(mc->ctx, axes, rcv, x.rb, snd, x.sb)))
-		goto out;
-	o->stats.muon_bytes += sent(&x);
-	/* 3: each owned matrix whole from its senders' blocks, orthogonalised,
-	 * every member's block of it into outb ([member][owned matrix]) */
+	for (size_t j = 0; j < jb->nmat; j++)
+		muon_momentum(jb->ob + j * per, buf + j * per, g + j * per, per, (float)o->cfg.muon_momentum);
+	counts(x, false, jb->copy, per);
+	for (int r = 0; r < x->n; r++)
+		for (int j = 0; j < x->nmat && x->sb[r]; j++)
+			if (owner(x, j) == r)
+				memcpy(jb->snd + (size_t)(x->so[r] + fill[r]++) * per, jb->ob + (size_t)j * per,
+				       per * sizeof(float));
+	free(fill);
+	jb->state = MJ_SENT;
+	return exchange(o, jb, jb->rcv, jb->snd, "to owners");
+}
+
+/* Steps 3 and 4: each owned matrix whole from its senders' blocks,
+ * orthogonalised, every member's block of it into outb ([member][owned
+ * matrix]), and those sent back. */
+static int job_orthogonalise(struct optim *o, struct muon_job *jb)
+{
+	const struct param_info *p = model_param(o->model, jb->i);
+	const struct plan_param *pp = model_param_plan(o->model, jb->i);
+	const struct model_comm *mc = o->oc.mc;
+	struct xch *x = &jb->x;
+	int R = p->mat_rows, C = p->mat_cols, rc;
+	size_t per = jb->per;
+	if ((rc = exchange_wait(o, jb)))
+		return rc;
 	float *w = o->scratch, *ns = w + (size_t)R * C;
-	for (size_t j = 0, k = 0; j < nmat; j++) {
-		if (owner(&x, (int)j) != x.me)
+	double t0 = util_now_s();
+	for (size_t j = 0, k = 0; j < jb->nmat; j++) {
+		if (owner(x, (int)j) != x->me)
 			continue;
-		for (int r = 0; r < x.n; r++)
-			if (x.rb[r])
-				block(o, p, pp, x.g->coord[r], w, rcv + ((size_t)x.ro[r] + k) * per, true);
+		for (int r = 0; r < x->n; r++)
+			if (x->rb[r])
+				block(o, p, pp, x->g->coord[r], w, jb->rcv + ((size_t)x->ro[r] + k) * per, true);
 		newton_schulz5(w, w, ns, R, C);
 		o->stats.ns_matrices++;
 		o->stats.ns_flops += newton_schulz5_flops(R, C);
-		for (int r = 0; r < x.n; r++)
-			block(o, p, pp, x.g->coord[r], w, outb + ((size_t)r * mine + k) * per, false);
+		for (int r = 0; r < x->n; r++)
+			block(o, p, pp, x->g->coord[r], w, jb->outb + ((size_t)r * jb->mine + k) * per, false);
 		k++;
 	}
-	/* 4: back to every member */
-	counts(&x, true, copy, per);
-	if ((rc = mc->all_to_all(mc->ctx, axes, res, x.rb, outb, x.sb)))
-		goto out;
-	o->stats.muon_bytes += sent(&x);
-	/* 5: the blocks in matrix order, applied */
-	memset(fill, 0, sizeof(int) * (size_t)x.n);
-	for (int q = 0; q < x.n; q++)
-		for (int j = 0; j < x.nmat; j++)
-			if (owner(&x, j) == q)
-				memcpy(ob + (size_t)j * per, res + (size_t)(x.ro[q] + fill[q]++) * per,
+	if (mc->span && jb->mine) {
+		char name[96];
+		snprintf(name, sizeof(name), "newton-schulz %s", p->name);
+		mc->span(mc->ctx, name, t0, util_now_s());
+	}
+	counts(x, true, jb->copy, per);
+	jb->state = MJ_BACK;
+	return exchange(o, jb, jb->res, jb->outb, "back");
+}
+
+/* Step 5: the blocks in matrix order, applied. */
+static int job_apply(struct optim *o, struct muon_job *jb)
+{
+	const struct param_info *p = model_param(o->model, jb->i);
+	struct xch *x = &jb->x;
+	size_t per = jb->per;
+	int rc = exchange_wait(o, jb);
+	if (rc)
+		return rc;
+	for (int q = 0, k = 0; q < x->n; q++, k = 0)
+		for (int j = 0; j < x->nmat; j++)
+			if (owner(x, j) == q)
+				memcpy(jb->ob + (size_t)j * per, jb->res + (size_t)(x->ro[q] + k++) * per,
 				       per * sizeof(float));
-	float scale = muon_scale(R, C);
+	float scale = muon_scale(p->mat_rows, p->mat_cols);
+	for (size_t j = 0; j < jb->nmat; j++)
+		muon_apply(jb->P + j * per, jb->ob + j * per, per, jb->lr, scale, jb->wd);
+	return 0;
+}
+
+/* Moves the oldest jobs on until at most `sent` wait in SENT and `back`
+ * in BACK, oldest first (the same calls in the same order on every
+ * member). */
+static int advance(struct optim *o, int sent_max, int back_max)
+{
+	int nsent = 0, nback = 0, rc;
+	for (struct muon_job *jb = o->mq; jb; jb = jb->next) {
+		nsent += jb->state == MJ_SENT;
+		nback += jb->state == MJ_BACK;
+	}
+	for (struct muon_job *jb = o->mq; jb && nsent > sent_max; jb = jb->next)
+		if (jb->state == MJ_SENT) {
+			if ((rc = job_orthogonalise(o, jb)))
+				return rc;
+			nsent--;
+			nback++;
+		}
+	while (o->mq && o->mq->state == MJ_BACK && nback > back_max) {
+		struct muon_job *jb = o->mq;
+		if ((rc = job_apply(o, jb)))
+			return rc;
+		o->mq = jb->next;
+		job_put(o, jb);
+		nback--;
+	}
+	return 0;
+}
+
+int muon_dist(struct optim *o, int i, int j0, int j1, float *P, const float *g, float *buf, float lr, float wd)
+{
+	const struct param_info *p = model_param(o->model, i);
+	uint32_t axes = muon_group_axes(o->mesh, p);
+	const struct mesh_members *mm = members(o, axes);
+	size_t per = (size_t)p->shape[p->ndim - 2] * p->shape[p->ndim - 1], nmat = (size_t)(j1 - j0), mine = 0;
+	const int *own_of = o->mp.owner + o->mp.first[i] + j0;
+	int me = 0, rc;
+	if (!mm)
+		return -ENOMEM;
+	while (me < mm->n && !same_on(mm->coord[me], o->coord, axes))
+		me++;
 	for (size_t j = 0; j < nmat; j++)
-		muon_apply(P + j * per, ob + j * per, per, lr, scale, wd);
-	rc = 0;
-out:
-	free(ob);
-	free(snd);
-	free(rcv);
-	free(fill);
-	free(x.sb);
-	free(x.so);
-	return rc;
+		mine += own_of[j] == me;
+	/* ob: this device's blocks (momentum, then results); snd, rcv: step
+	 * 2's; outb, res: step 4's */
+	size_t nf = nmat * per, own = mine * per * (size_t)mm->n + 1;
+	struct muon_job *jb = job_get(o, nf * 3 + own * 2, mm->n);
+	if (!jb)
+		return -ENOMEM;
+	jb->i = i;
+	jb->axes = axes;
+	jb->copy = axes & ~p->mat_split;
+	jb->per = per;
+	jb->nmat = nmat;
+	jb->mine = mine;
+	jb->P = P;
+	jb->lr = lr;
+	jb->wd = wd;
+	struct xch *x = &jb->x;
+	x->n = mm->n;
+	x->me = me;
+	x->nmat = (int)nmat;
+	x->own = own_of;
+	x->g = mm;
+	jb->ob = jb->mem;
+	jb->snd = jb->ob + nf;
+	jb->res = jb->snd + nf;
+	jb->rcv = jb->res + nf;
+	jb->outb = jb->rcv + own;
+	x->rb = x->sb + x->n;
+	x->ro = x->so + x->n;
+	/* queued last: every job before it is older */
+	struct muon_job **tail = &o->mq;
+	while (*tail)
+		tail = &(*tail)->next;
+	*tail = jb;
+	if ((rc = job_send(o, jb, g, buf)))
+		return rc;       /* muon_drop frees it */
+	/* without background exchanges, each call does all five steps, as
+	 * before; with them, this tensor's blocks travel while the one before
+	 * is orthogonalised, and that one's results while the next is */
+	return o->oc.mc->start_all_to_all ? advance(o, MUON_AHEAD, MUON_AHEAD) : advance(o, 0, 0);
+}
+
+int muon_flush(struct optim *o)
+{
+	return advance(o, 0, 0);
+}
+
+void muon_drop(struct optim *o)
+{
+	while (o->mq) {
+		struct muon_job *jb = o->mq;
+		exchange_wait(o, jb);  /* its buffers may be written until then */
+		o->mq = jb->next;
+		job_free(jb);
+	}
+	while (o->mfree) {
+		struct muon_job *jb = o->mfree;
+		o->mfree = jb->next;
+		job_free(jb);
+	}
 }

@@ -183,6 +183,7 @@ void optim_free(struct optim *o)
 	free(o->scratch);
 	free(o->gshard);
 	buckets_free(o);
+	muon_drop(o);
 	muon_plan_free(&o->mp);
 	for (int k = 0; k < o->ntg; k++)
 		mesh_members_free(&o->tg[k]);
@@ -429,8 +430,9 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 	bool zpre = false;
 	for (int i = 0; pre && i < o->nseg; i++)
 		zpre |= o->seg[i].zero;
-	if (pre && ((rc = units_update_early(o, step, lr)) || (!zpre && (rc = o->prefetch(o->prefetch_ctx)))))
-		return rc;
+	if (pre && ((rc = units_update_early(o, step, lr)) || (rc = muon_flush(o)) ||
+		    (!zpre && (rc = o->prefetch(o->prefetch_ctx)))))
+		goto fail;
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];
 		float *g = s->zero ? zero_part(o, s) : G + s->p0;
@@ -440,8 +442,11 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 		else if (!s->bucketed)
 			rc = optim_update_range(o, step, lr, g, o->m + s->o0, o->v + s->o0, a, a + len);
 		if (rc)
-			return rc;
+			goto fail;
 	}
+	/* Muon's last exchanges land before any gather reads the parameters */
+	if ((rc = muon_flush(o)))
+		goto fail;
 	/* ZeRO-1 in buckets: each bucket updated, then its gather started,
 	 * waited for by the next use of its weights (optim_hook_weights) */
 	if ((rc = zero_update_gather(o, step, lr, zpre)))
@@ -457,6 +462,9 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 			return rc;
 	}
 	return 0;
+fail:
+	muon_drop(o);
+	return rc;
 }
 
 float *optim_state(struct optim *o, int which)

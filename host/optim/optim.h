@@ -175,9 +175,10 @@ int optim_sum_grads(struct optim *o, double *ss);
  * [l0[i], l1[i]) of n, as pipe_hooks name them: the table's leading
  * gathers): fn(ctx) starts them, and optim_update calls it as soon as
  * it has updated this device's shards of those groups, before the rest,
- * so they travel during the rest of the update. Not with ZeRO-1's
- * buckets (their gathers come first), Muon (updated per tensor) or
- * grad_bucket_mb=0 (the order before). */
+ * so they travel during the rest of the update (under Muon once the
+ * exchanges of those shards have landed: muon_flush). Not with
+ * ZeRO-1's buckets (their gathers come first), a Muon tensor whose
+ * group spans pipeline stages, or grad_bucket_mb=0 (the order before). */
 void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx), void *ctx, const int *l0, const int *l1, int n);
 
 /* The learning rate of step (0-based): warm-up, then cosine decay. */

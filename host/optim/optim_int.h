@@ -117,6 +117,8 @@ struct optim {
 	bool armed;                  /* between optim_step_begin and the end of the sums */
 	struct optim_stats stats;
 	struct muon_plan mp;         /* Muon's owners (a mesh with Muon) */
+	struct muon_job *mq;         /* muon_dist's calls in flight, oldest first */
+	struct muon_job *mfree;      /* and their buffers, kept for the next calls */
 	int gpending;                /* ZeRO-1 buckets whose gather is in flight */
 	/* the next step's first gathers, started once their units are
 	 * updated (optim_set_prefetch) */
@@ -196,9 +198,22 @@ void bucket_name(const struct optim *o, const struct bucket *b, const char *what
  * names (collective over the group: two all_to_alls). Every member must
  * make the same calls in the same order: the result of a matrix does not
  * depend on which call carries it, so the update may take a tensor's
- * matrices in pieces (the first layers' first, optim_update).
+ * matrices in pieces (the first layers' first, optim_update). With
+ * background exchanges (mc->start_all_to_all) the call returns with its
+ * blocks on their way to the owners: the next call's leave before this
+ * one's owned matrices are orthogonalised, and this one's results travel
+ * while the next one's are; P is updated by a later call or muon_flush.
+ * Without them, every step before it returns. The momentum (buf) is
+ * updated at once; g is not read after the return.
  * 0 or the failing collective's -errno (-ENOMEM). */
 int muon_dist(struct optim *o, int i, int j0, int j1, float *P, const float *g, float *buf, float lr,
 	      float wd);
+/* Finishes every muon_dist call in flight: their parameters are updated
+ * (before anything reads them: a gather, the end of the update). 0 or
+ * -errno. */
+int muon_flush(struct optim *o);
+/* After a failure and at the end: waits for the exchanges in flight and
+ * frees them and the buffers kept for later calls. */
+void muon_drop(struct optim *o);
 
 #endif
