@@ -235,13 +235,15 @@ static int resume(struct device_ctx *dev, struct trainer *t, struct job_ctx *jc,
 }
 
 /* The device computes at device_nice (or under device_batch); the threads
- * that move bytes must not inherit it, so an MoE model's exchange thread
- * starts first. A setting the system refuses is said, not fatal. */
+ * that move bytes must not inherit it, so the exchange thread (an MoE
+ * model's expert all-to-all, Muon's exchanges on a mesh) starts first. A
+ * setting the system refuses is said, not fatal. */
 static int device_priority(struct device_ctx *dev, struct job_ctx *jc)
 {
 	const struct cfg *c = dev->cfg;
 	int rc;
-	if ((c->device_nice > 0 || c->device_batch) && c->num_experts > 1 && (rc = job_start_xcoll(jc)))
+	bool xchg = c->num_experts > 1 || (!strcmp(c->opt_type, "muon") && dev->mesh->num_devices > 1);
+	if ((c->device_nice > 0 || c->device_batch) && xchg && (rc = job_start_xcoll(jc)))
 		return rc;
 	if ((rc = util_device_nice(c)))
 		fprintf(stderr, "meshrun: device %d: device_nice=%lld%s not applied (%s); computing at "
