@@ -248,6 +248,7 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 		.link_silence_s = cfg->link_silence_s,
 		.poll_spin_us = (uint64_t)cfg->poll_spin_us,
 		.max_send_bytes = (uint64_t)cfg->max_send_bytes,
+		.p2p_handoff_bytes = (uint64_t)cfg->p2p_handoff_bytes,
 		.notsent_lowat_bytes = (uint64_t)cfg->tcp_notsent_lowat_bytes,
 		.openssl_records = !strcmp(cfg->tls_records, "openssl"),
 		.link_streams = (int)cfg->link_streams,
