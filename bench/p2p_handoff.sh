@@ -12,14 +12,14 @@
 # usage (from the worktree root):
 #   [ROUNDS=3] [STEPS=8] [BIN=build/meshrun] [MAIN=/work/bin/meshrun-2ac [MAIN_REV=2ac8099]] \
 #     bash bench/p2p_handoff.sh ['name|key=value ..' ...]
-# Default variants: base (p2p_handoff_bytes=0) and hand (65536: every
-# message above the eager size).
+# Default variants: base (p2p_handoff_bytes=0: the sending thread seals)
+# and hand (262144, the default: this run's 1 MiB messages handed off).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/meshrun}
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-8}
-[ $# -gt 0 ] || set -- 'base|p2p_handoff_bytes=0' 'hand|p2p_handoff_bytes=65536'
+[ $# -gt 0 ] || set -- 'base|p2p_handoff_bytes=0' 'hand|p2p_handoff_bytes=262144'
 tmp=$(mktemp -d /tmp/p2p-handoff.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 kv="--config configs/llama-bench.yml base_num_decoder_layers=8 max_target_length=128 ici_data_parallelism=1"

@@ -31,7 +31,7 @@
 # average beside each run.
 # VARIANTS: runs of the same binary with extra key=value's, alternating
 # run by run ("NAME|k=v k=v" words; default "base|"), e.g.
-#   VARIANTS="base| hand|p2p_handoff_bytes=262144"
+#   VARIANTS="off|p2p_handoff_bytes=0 hand|p2p_handoff_bytes=262144"
 # usage: [STEPS=6] [ROUNDS=1] [MESHES="2x1 4x1"] [MULTS="1 2 4"] [SCHEDS=...] [MS_F=20] [RATIO=20,20,10] [VARIANTS=...] bench/sched_sleep.sh
 #   (BIN: a meshrun binary to run, else build/meshrun after `make`;
 #   RATIO= (empty) skips the unequal-ratio runs)

@@ -1129,14 +1129,16 @@ START_TEST(test_link_table)
 {
 	static char out[1 << 16];
 	/* 0: both ways, 1: --oneway, 2: --pingpong (one message at a time,
-	 * each checked at the end like the others' last; the 1 MiB messages
-	 * handed to the stream threads to seal, the 64 KiB ones written by
-	 * the sending thread) */
+	 * each checked at the end like the others' last). --oneway with
+	 * every message written by the sending thread (p2p_handoff_bytes=0),
+	 * --pingpong with the 1 MiB ones handed to the stream threads to
+	 * seal and the 64 KiB ones written by the sending thread. */
 	static const char *const mode[] = { NULL, "--oneway", "--pingpong" };
 	for (int oneway = 0; oneway < 3; oneway++) {
 		char *argv[] = { (char *)meshrun_path(), "bench", "link", "--hosts", "2",
 				 "--sizes", "64K,1M", "--iters", "20", (char *)mode[oneway],
-				 oneway == 2 ? "p2p_handoff_bytes=262144" : NULL, NULL };
+				 oneway == 2 ? "p2p_handoff_bytes=262144" : oneway ? "p2p_handoff_bytes=0" : NULL,
+				 NULL };
 		int rc = run_capture(argv, out, sizeof(out), 100);
 		ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
 		ck_assert_msg(strstr(out, oneway == 2 ? "size oneway_us GBps\n" : "size time_us GBps\n"),
