@@ -21,12 +21,18 @@
 # busiest device), each device's idle (wall minus its sleeps), the
 # bubble share against its formula, the formula's and the unit-slot
 # simulator's (`meshrun schedule --costs`) longest stage span at these
-# costs, the same simulator with every message taking the link's time
-# for its size (bench/sched_hop.c; the time from `meshrun bench link` at
-# the start of each mesh: a stream of messages both ways, 16/M rows x 128
-# tokens x 512 floats), and ZB-H1's idle over 1F1B's; the load average
-# beside each run.
-# usage: [STEPS=6] [ROUNDS=1] [MESHES="2x1 4x1"] [MULTS="1 2 4"] [SCHEDS=...] [MS_F=20] [RATIO=20,20,10] bench/sched_sleep.sh
+# costs, the same simulator with every message taking one message's time
+# for its size (bench/sched_hop.c: from its send's start to the woken
+# receiver, `meshrun bench link --pingpong`'s one way, of which the send
+# call's time keeps the sending stage busy; measured at the start of each
+# mesh and variant, 16/M rows x 128 tokens x 512 floats), the same with
+# the older hop (a stream of messages both ways, `bench link`, nothing on
+# the sender: "hop(stream)"), and ZB-H1's idle over 1F1B's; the load
+# average beside each run.
+# VARIANTS: runs of the same binary with extra key=value's, alternating
+# run by run ("NAME|k=v k=v" words; default "base|"), e.g.
+#   VARIANTS="off|p2p_handoff_bytes=0 hand|p2p_handoff_bytes=262144"
+# usage: [STEPS=6] [ROUNDS=1] [MESHES="2x1 4x1"] [MULTS="1 2 4"] [SCHEDS=...] [MS_F=20] [RATIO=20,20,10] [VARIANTS=...] bench/sched_sleep.sh
 #   (BIN: a meshrun binary to run, else build/meshrun after `make`;
 #   RATIO= (empty) skips the unequal-ratio runs)
 set -euo pipefail
@@ -38,6 +44,7 @@ mults=${MULTS:-"1 2 4"}    # M = S times each of these
 scheds=${SCHEDS:-"gpipe 1f1b interleaved_1f1b zb_h1 zbv"}
 f=${MS_F:-20}
 ratio=${RATIO-20,20,10}
+variants=${VARIANTS:-"base|"}
 if [ -z "${BIN:-}" ]; then make -s all; fi
 tmp=$(mktemp -d /tmp/sched-sleep.XXXXXX)
 bin=$tmp/meshrun
@@ -52,10 +59,11 @@ model="--config configs/llama-bench.yml $model_kv"
 t0=$(date +%s)
 echo "# sched_sleep: steps=$steps rounds=$rounds F=I=W=$f ms, ratio $ratio; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
-# run NAME S M SCHED COSTS(F,I,W ms per microbatch through the stage): one
-# `local` run and the simulator at the same costs; a line for the summary
+# run NAME S M SCHED COSTS(F,I,W ms per microbatch through the stage)
+# VARIANT_NAME "K=V ...": one `local` run and the simulator at the same
+# costs; a line for the summary
 run() {
-  local name=$1 S=$2 M=$3 s=$4 costs=$5 v=1 l
+  local name=$1 S=$2 M=$3 s=$4 costs=$5 vn=$6 vkv=$7 v=1 l
   case $s in interleaved_1f1b|zbv) v=2 ;; esac
   l=$((8 / S / v))
   # per action: a chunk of 8/(S v) layers does 1/v of a stage's work
@@ -66,14 +74,19 @@ run() {
   local load
   load=$(cut -d' ' -f1 /proc/loadavg)
   "$bin" schedule $model $kv --costs "${c//,/:}" >$tmp/$name.sched 2>&1 || { cat $tmp/$name.sched >&2; exit 1; }
-  # the simulator again, each message the link's time for its size
-  local bytes=$((4194304 / M)) hop
-  hop=$(awk -v b=$bytes '$1 == b {printf "%.3f", $2 / 1000}' $tmp/link)
-  $tmp/sched_hop configs/llama-bench.yml $S ${c//,/ } $hop $model_kv $kv >$tmp/$name.hop
-  "$bin" local --hosts $S --devices-per-host 1 $model $kv steps=$steps pipeline_compute=sleep \
+  # the simulator again, each message one message's time for its size
+  # (one way, the sender's send call part of it), and the stream's time
+  local bytes=$((4194304 / M)) hop snd shop
+  hop=$(awk -v b=$bytes '$1 == b {printf "%.3f", $2 / 1000}' $tmp/pp-$vn)
+  snd=$(awk -v b=$bytes '$1 == "#" && $2 == "send" && $3 == b ":" {printf "%.3f", $4 / 1000}' $tmp/pp-$vn)
+  shop=$(awk -v b=$bytes '$1 == b {printf "%.3f", $2 / 1000}' $tmp/link)
+  $tmp/sched_hop configs/llama-bench.yml $S ${c//,/ } $hop $snd $model_kv $kv >$tmp/$name.hop
+  $tmp/sched_hop configs/llama-bench.yml $S ${c//,/ } $shop 0 $model_kv $kv >$tmp/$name.shop
+  "$bin" local --hosts $S --devices-per-host 1 $model $kv $vkv steps=$steps pipeline_compute=sleep \
     pipeline_sleep_ms=$c --trace $tmp/$name.json --metrics $tmp/$name.jsonl --quiet \
     >$tmp/$name.log 2>&1 || { cat $tmp/$name.log >&2; echo "sched_sleep: $name failed" >&2; exit 1; }
-  echo "$name $S $M $s $v $c $load $(cut -d' ' -f1 /proc/loadavg) $hop $(cat $tmp/$name.hop | tr ' ' ,)" >>$tmp/runs
+  echo "$name $S $M $s $v $c $load $(cut -d' ' -f1 /proc/loadavg) $hop $snd $(tr ' ' , <$tmp/$name.hop)" \
+    "$shop $(tr ' ' , <$tmp/$name.shop)" >>$tmp/runs
 }
 
 for round in $(seq $rounds); do
@@ -84,18 +97,30 @@ for round in $(seq $rounds); do
       *) echo "sched_sleep.sh: mesh $mesh: not 2x1 or 4x1" >&2; exit 1 ;;
     esac
     # the link's time a message of each size (loopback TLS, both ways)
-    "$bin" bench link --hosts 2 --sizes 4194304,2097152,1048576,524288,262144 --iters 30 >$tmp/link 2>&1 ||
-      { cat $tmp/link >&2; exit 1; }
-    echo "# $mesh link ms a message (4M/2M/1M/512K/256K): $(awk '$1 ~ /^[0-9]+$/ {printf "%.2f ", $2 / 1000}' $tmp/link); load $(cut -d' ' -f1-3 /proc/loadavg)"
+    sizes=4194304,2097152,1048576,524288,262144
+    "$bin" bench link --hosts 2 --sizes $sizes --iters 30 >$tmp/link 2>&1 || { cat $tmp/link >&2; exit 1; }
+    echo "# $mesh link ms a message streaming (4M/2M/1M/512K/256K): $(awk '$1 ~ /^[0-9]+$/ {printf "%.2f ", $2 / 1000}' $tmp/link); load $(cut -d' ' -f1-3 /proc/loadavg)"
+    for var in $variants; do
+      vn=${var%%|*}
+      # one message at a time: one way, and the send call's part of it
+      "$bin" bench link --hosts 2 --sizes $sizes --iters 30 --pingpong ${var#*|} >$tmp/pp-$vn 2>&1 ||
+        { cat $tmp/pp-$vn >&2; exit 1; }
+      echo "# $mesh $vn one way ms (4M/2M/1M/512K/256K): $(awk '$1 ~ /^[0-9]+$/ {printf "%.2f ", $2 / 1000}' $tmp/pp-$vn)" \
+        "send call ms: $(awk '$2 == "send" {printf "%.3f ", $4 / 1000}' $tmp/pp-$vn); load $(cut -d' ' -f1-3 /proc/loadavg)"
+    done
     for mult in $mults; do
       M=$((mult * S))
       for s in $scheds; do
-        run "r$round-$mesh-$M-$s-eq" $S $M $s "$f,$f,$f"
+        for var in $variants; do
+          run "r$round-${var%%|*}-$mesh-$M-$s-eq" $S $M $s "$f,$f,$f" "${var%%|*}" "${var#*|}"
+        done
       done
     done
     if [ -n "$ratio" ]; then
       for s in 1f1b zb_h1; do
-        run "r$round-$mesh-$((2 * S))-$s-ratio" $S $((2 * S)) $s "$ratio"
+        for var in $variants; do
+          run "r$round-${var%%|*}-$mesh-$((2 * S))-$s-ratio" $S $((2 * S)) $s "$ratio" "${var%%|*}" "${var#*|}"
+        done
       done
     fi
   done

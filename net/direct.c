@@ -5,6 +5,9 @@
  * decrypts into posted buffers, writes what is queued) before it sleeps.
  * Whatever the socket will not take at once is left queued, for the next
  * thread that holds the lock or the link's stream thread (net/link.h).
+ * A point-to-point send above p2p_handoff_bytes is only queued: the
+ * stream thread seals and writes it while the device thread goes on
+ * (its buffer stays the caller's until the send completes, as always).
  * Calls recv.c, send.c, link.c and status.c in net/. */
 #include <errno.h>
 #include <stdio.h>
@@ -106,7 +109,11 @@ static void op_send_ready(void *ctx, struct xreq *r)
 		xport_complete(r, fs ? -ECANCELED : -EPIPE);
 		return;
 	}
-	write_now(l);
+	if (n->p2p_handoff && r->len > n->p2p_handoff && r->meta.op == MESHRUN__COLL_OP__COLL_P2P &&
+	    l->state == LS_UP)
+		link_arm_write(l);      /* link_unlock arms the stream thread */
+	else
+		write_now(l);
 	link_unlock(l);
 }
 

@@ -100,6 +100,10 @@ struct net_params {
 	/* A writer's turn: the bytes one thread writes on a link before it
 	 * pushes them to the wire and looks again (0: NET_MAX_SEND_DEFAULT). */
 	uint64_t max_send_bytes;
+	/* A point-to-point send (COLL_P2P) of more bytes than this is queued
+	 * for the link's stream thread to seal and write; the issuing thread
+	 * returns at once (0: it writes what it can itself). */
+	uint64_t p2p_handoff_bytes;
 	/* after OpenSSL's handshake, OpenSSL keeps writing and reading the
 	 * records (false: our record layer does, net/tls_rec.h) */
 	bool openssl_records;

@@ -110,6 +110,7 @@ struct net {
 	struct link *pinned;           /* dead pinned links, freed by net_free */
 	uint64_t poll_spin_ns;         /* net_params.poll_spin_us */
 	size_t max_send;               /* net_params.max_send_bytes */
+	size_t p2p_handoff;            /* net_params.p2p_handoff_bytes */
 	int notsent_lowat;             /* net_params.notsent_lowat_bytes (0: unset) */
 	bool openssl_records;          /* net_params.openssl_records */
 	pthread_mutex_t fault_mu;      /* the fault specs' counters */

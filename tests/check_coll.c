@@ -1129,16 +1129,22 @@ START_TEST(test_link_table)
 {
 	static char out[1 << 16];
 	/* 0: both ways, 1: --oneway, 2: --pingpong (one message at a time,
-	 * each checked at the end like the others' last) */
+	 * each checked at the end like the others' last). --oneway with
+	 * every message written by the sending thread (p2p_handoff_bytes=0),
+	 * --pingpong with the 1 MiB ones handed to the stream threads to
+	 * seal and the 64 KiB ones written by the sending thread. */
 	static const char *const mode[] = { NULL, "--oneway", "--pingpong" };
 	for (int oneway = 0; oneway < 3; oneway++) {
 		char *argv[] = { (char *)meshrun_path(), "bench", "link", "--hosts", "2",
-				 "--sizes", "64K,1M", "--iters", "20", (char *)mode[oneway], NULL };
+				 "--sizes", "64K,1M", "--iters", "20", (char *)mode[oneway],
+				 oneway == 2 ? "p2p_handoff_bytes=262144" : oneway ? "p2p_handoff_bytes=0" : NULL,
+				 NULL };
 		int rc = run_capture(argv, out, sizeof(out), 100);
 		ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
 		ck_assert_msg(strstr(out, oneway == 2 ? "size oneway_us GBps\n" : "size time_us GBps\n"),
 			      "no header:\n%s", out);
-		unsigned long long want[] = { 65536, 1048576 };
+		static const unsigned long long want_sizes[] = { 65536, 1048576 };
+		const unsigned long long *want = want_sizes;
 		int rows = 0;
 		for (char *line = out; line && *line;
 		     line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
@@ -1155,6 +1161,18 @@ START_TEST(test_link_table)
 		check_cpu_lines(out, 2, oneway == 2 ? "per message, host 0's agent" :
 					oneway ? "per message, both agents" :
 						 "per message each way, both agents");
+		/* the pingpong's send call time, a line a size in order */
+		int sends = 0;
+		for (const char *p = out; oneway == 2 && (p = strstr(p, "# send ")); p++) {
+			unsigned long long size;
+			double us;
+			ck_assert_msg(sscanf(p, "# send %llu: %lf us in the send call", &size, &us) == 2,
+				      "bad send line in:\n%s", out);
+			ck_assert_msg(sends < 2 && size == want_sizes[sends] && us >= 0,
+				      "unexpected send line in:\n%s", out);
+			sends++;
+		}
+		ck_assert_msg(sends == (oneway == 2 ? 2 : 0), "%d send lines:\n%s", sends, out);
 	}
 }
 END_TEST

@@ -185,6 +185,53 @@ START_TEST(test_zb_h1_costs)
 }
 END_TEST
 
+/* A message's cost (bench/sched_hop.c's model): each send keeps its
+ * stage `send` long, its receive starts no sooner than `hop` after the
+ * send started, and the sender's share lengthens a 1F1B step (times
+ * only: the buffer checks assume the unit costs). */
+START_TEST(test_send_cost)
+{
+	const struct pipe_costs free_send = { .f = 1, .b = 2, .i = 1, .w = 1, .hop = 0.3 };
+	struct pipe_costs c = free_send;
+	c.send = 0.1;
+	for (int sc = 0; sc < PIPE_SCHED_COUNT; sc++) {
+		struct pipe_shape p = shape(sc, 3, 6, sc == PIPE_ZBV ? 2 : 1, PIPE_W_ONCE);
+		if (!in_domain(&p))
+			continue;
+		struct pipe_table t;
+		build(&t, &p);
+		ck_assert_msg(pipe_table_simulate(&t, &c, false, err, sizeof(err)) == 0, "%s: %s",
+			      pipe_sched_name(sc), err);
+		int sends = 0;
+		for (int s = 0; s < p.stages; s++)
+			for (int k = 0; k < t.n[s]; k++) {
+				const struct pipe_action *a = &t.a[s][k];
+				if (a->op != PA_RECV)
+					continue;
+				const struct pipe_action *snd = NULL;
+				for (int j = 0; j < t.n[a->peer] && !snd; j++) {
+					const struct pipe_action *b = &t.a[a->peer][j];
+					if (b->op == PA_SEND && b->peer == s && !memcmp(&b->val, &a->val, sizeof(a->val)))
+						snd = b;
+				}
+				ck_assert_msg(snd, "%s: a receive without its send", pipe_sched_name(sc));
+				ck_assert_msg(fabs(snd->t1 - snd->t0 - 0.1) < 1e-9, "%s: a send takes %g",
+					      pipe_sched_name(sc), snd->t1 - snd->t0);
+				ck_assert_msg(a->t0 >= snd->t0 + 0.3 - 1e-9, "%s: received at %g, sent at %g",
+					      pipe_sched_name(sc), a->t0, snd->t0);
+				sends++;
+			}
+		ck_assert_msg(sends > 0, "%s: no messages", pipe_sched_name(sc));
+		if (sc == PIPE_1F1B) {
+			double with = t.period;
+			ck_assert_int_eq(pipe_table_simulate(&t, &free_send, false, err, sizeof(err)), 0);
+			ck_assert_msg(with > t.period + 0.05, "1f1b: %g with sends, %g without", with, t.period);
+		}
+		pipe_table_free(&t);
+	}
+}
+END_TEST
+
 /* MoE (a count sum; a counting pass for the schedules that back-propagate
  * before the last forward), layers outside the pipeline, recompute off:
  * every builder's table still validates, and the owners' actions sit
@@ -902,6 +949,7 @@ int main(void)
 	tcase_add_test(tc, test_tables_match_formulas);
 	tcase_add_test(tc, test_schedules_compared);
 	tcase_add_test(tc, test_zb_h1_costs);
+	tcase_add_test(tc, test_send_cost);
 	tcase_add_test(tc, test_tables_with_moe_outside_recompute);
 	tcase_add_test(tc, test_circular_lockstep);
 	tcase_add_test(tc, test_shape_refused);

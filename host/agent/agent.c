@@ -204,6 +204,38 @@ static struct xport *agent_xport(struct agent *a, const int *dev_host)
 	return x;
 }
 
+/* The transport's parameters from the config, for host host_id. */
+static struct net_params agent_net_params(const struct cfg *cfg, const struct mesh *m, int host_id,
+					  const char *listen, const struct fault_plan *faults)
+{
+	return (struct net_params){
+		.host_id = host_id,
+		.num_hosts = m->num_hosts,
+		.devices_per_host = m->devices_per_host,
+		.coordinator = cfg->coordinator_address,
+		.listen = listen,
+		.coord_fd = env_fd("MESHRUN_COORD_FD"),
+		.data_fd = env_fd("MESHRUN_DATA_FD"),
+		.certs_dir = cfg->certs_dir,
+		.heartbeat_interval_s = cfg->heartbeat_interval_s,
+		.heartbeat_timeout_s = cfg->heartbeat_timeout_s,
+		.connect_timeout_s = cfg->connect_timeout_s,
+		.done_timeout_s = cfg->collective_timeout_s,
+		.max_frame_bytes = (uint64_t)cfg->max_frame_bytes,
+		.key_update_bytes = (uint64_t)cfg->tls_key_update_bytes,
+		.faults = faults,
+		.replay_buffer_bytes = (uint64_t)cfg->replay_buffer_bytes,
+		.reconnect_timeout_s = cfg->link_reconnect_timeout_s,
+		.link_silence_s = cfg->link_silence_s,
+		.poll_spin_us = (uint64_t)cfg->poll_spin_us,
+		.max_send_bytes = (uint64_t)cfg->max_send_bytes,
+		.p2p_handoff_bytes = (uint64_t)cfg->p2p_handoff_bytes,
+		.notsent_lowat_bytes = (uint64_t)cfg->tcp_notsent_lowat_bytes,
+		.openssl_records = !strcmp(cfg->tls_records, "openssl"),
+		.link_streams = (int)cfg->link_streams,
+	};
+}
+
 int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_job_fn job,
 	      void *job_arg, char *err, size_t errlen)
 {
@@ -227,31 +259,7 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 	if (agent_faults(cfg, a.mesh.num_hosts, &faults, err, errlen))
 		return -EINVAL;
 
-	struct net_params p = {
-		.host_id = host_id,
-		.num_hosts = a.mesh.num_hosts,
-		.devices_per_host = a.mesh.devices_per_host,
-		.coordinator = cfg->coordinator_address,
-		.listen = listen,
-		.coord_fd = env_fd("MESHRUN_COORD_FD"),
-		.data_fd = env_fd("MESHRUN_DATA_FD"),
-		.certs_dir = cfg->certs_dir,
-		.heartbeat_interval_s = cfg->heartbeat_interval_s,
-		.heartbeat_timeout_s = cfg->heartbeat_timeout_s,
-		.connect_timeout_s = cfg->connect_timeout_s,
-		.done_timeout_s = cfg->collective_timeout_s,
-		.max_frame_bytes = (uint64_t)cfg->max_frame_bytes,
-		.key_update_bytes = (uint64_t)cfg->tls_key_update_bytes,
-		.faults = &faults,
-		.replay_buffer_bytes = (uint64_t)cfg->replay_buffer_bytes,
-		.reconnect_timeout_s = cfg->link_reconnect_timeout_s,
-		.link_silence_s = cfg->link_silence_s,
-		.poll_spin_us = (uint64_t)cfg->poll_spin_us,
-		.max_send_bytes = (uint64_t)cfg->max_send_bytes,
-		.notsent_lowat_bytes = (uint64_t)cfg->tcp_notsent_lowat_bytes,
-		.openssl_records = !strcmp(cfg->tls_records, "openssl"),
-		.link_streams = (int)cfg->link_streams,
-	};
+	struct net_params p = agent_net_params(cfg, &a.mesh, host_id, listen, &faults);
 	cfg_hash(cfg, p.config_hash);
 	a.net = net_new(&p, &status, err, errlen);
 	if (!a.net)

@@ -73,9 +73,11 @@ static int swap_cpu(struct device_ctx *d, int peer, const struct xmeta *meta, do
  * time; each side posts its receive before it sends, so every message
  * finds its receive posted (as a pipeline's preposted receives do) and
  * half a round is one message's time from the send call to the woken
- * receiver. Prints `size oneway_us GBps` and the CPU per message. */
+ * receiver. Prints `size oneway_us GBps` and the CPU per message; in
+ * *send_us, host 0's time in the send call (its device thread's share of
+ * the one way: what a pipeline stage pays before its next compute). */
 static int pingpong(struct device_ctx *d, int peer, size_t s, long iters, uint64_t *seq,
-		    int si, double *cpu_us, double *busy)
+		    int si, double *cpu_us, double *busy, double *send_us)
 {
 	uint8_t *sb = malloc(s), *rb = malloc(s), *want = malloc(s);
 	char why[512] = "";
@@ -89,7 +91,7 @@ static int pingpong(struct device_ctx *d, int peer, size_t s, long iters, uint64
 	}
 	fill(sb, s, d->device_id);
 	fill(want, s, peer);
-	uint64_t t0 = 0;
+	uint64_t t0 = 0, in_send = 0;
 	double cpu0 = 0;
 	long warm = 5;
 	struct xreq *r = NULL, *snd = NULL;
@@ -107,12 +109,15 @@ static int pingpong(struct device_ctx *d, int peer, size_t s, long iters, uint64
 		if (i == warm) {
 			t0 = xport_now_ns();
 			cpu0 = util_cpu_us();
+			in_send = 0;
 		}
 		int e = 0;
 		if (d->host_id == 0) {
 			e = xport_irecv(d->xport, peer, d->device_id, &pong, rb, s, &r);
+			uint64_t c0 = xport_now_ns();
 			if (!e)
 				e = xport_isend(d->xport, d->device_id, peer, &ping, sb, s, &snd);
+			in_send += xport_now_ns() - c0;
 			if (!e)
 				e = xport_wait(r, deadline, why, sizeof(why));
 			r = NULL;
@@ -149,6 +154,7 @@ static int pingpong(struct device_ctx *d, int peer, size_t s, long iters, uint64
 	double us = (double)(xport_now_ns() - t0) / 1e3 / (double)iters / 2;
 	*cpu_us = (util_cpu_us() - cpu0) / (double)iters / 2;
 	*busy = us > 0 ? *cpu_us / us : 0;
+	*send_us = (double)in_send / 1e3 / (double)iters;
 	if (!rc && d->host_id == 0 && d->local_index == 0) {
 		if (si == 0)
 			printf("size oneway_us GBps\n");
@@ -171,16 +177,22 @@ int bench_link_job(struct device_ctx *d)
 	int rc = 0;
 
 	double cpu_us[BENCH_MAX_LIST] = { 0 }, busy[BENCH_MAX_LIST] = { 0 };
+	double send_us[BENCH_MAX_LIST] = { 0 };
 	if (o->pingpong) {
 		for (int si = 0; si < o->nsizes && !rc; si++) {
 			long iters = o->iters ? o->iters : (long)((64ull << 20) / o->sizes[si]);
 			iters = iters < 10 ? 10 : iters > 100000 ? 100000 : iters;
-			rc = pingpong(d, peer, o->sizes[si], iters, &seq, si, &cpu_us[si], &busy[si]);
+			rc = pingpong(d, peer, o->sizes[si], iters, &seq, si, &cpu_us[si], &busy[si],
+				      &send_us[si]);
 		}
 		if (!rc && d->host_id == 0 && d->local_index == 0)
 			for (int si = 0; si < o->nsizes; si++)
 				printf("# cpu %zu: %.1f us per message, host 0's agent (user+sys); "
 				       "%.2f cores busy\n", o->sizes[si], cpu_us[si], busy[si]);
+		if (!rc && d->host_id == 0 && d->local_index == 0)
+			for (int si = 0; si < o->nsizes; si++)
+				printf("# send %zu: %.1f us in the send call (host 0's device thread)\n",
+				       o->sizes[si], send_us[si]);
 		fflush(stdout);
 		return rc;
 	}

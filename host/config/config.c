@@ -700,6 +700,11 @@ static int finish(struct cfg *c, int want_hosts, int want_devices, char *err, si
 			 c->poll_spin_us);
 		return -EINVAL;
 	}
+	if (c->p2p_handoff_bytes < 0) {
+		snprintf(err, errlen, "config: key 'p2p_handoff_bytes' must be >= 0, got %lld",
+			 c->p2p_handoff_bytes);
+		return -EINVAL;
+	}
 	if (c->max_send_bytes < 16384 || c->max_send_bytes > (64 << 20)) {
 		snprintf(err, errlen, "config: key 'max_send_bytes' must be in [16384, 67108864], got %lld",
 			 c->max_send_bytes);

@@ -133,9 +133,11 @@ struct pipe_action {
 
 /* Relative costs of the actions of one microbatch through one chunk (B =
  * I + W when the backward is split), the owners' actions, and the time of
- * one transfer. */
+ * one transfer: hop from the send's start to its data at the receiver,
+ * send of it on the sending stage (its thread's time in the send call,
+ * part of hop; 0: a send costs its stage nothing). */
 struct pipe_costs {
-	double f, b, i, w, embed, head, embed_back, hop;
+	double f, b, i, w, embed, head, embed_back, hop, send;
 };
 
 /* The table: one ordered list per stage. A device of stage s runs list s

@@ -118,6 +118,8 @@ static double cost_of(const struct pipe_costs *c, int op)
 		return c->head;
 	case PA_EMBED_BACK:
 		return c->embed_back;
+	case PA_SEND:
+		return c->send;
 	default:
 		return 0;
 	}
