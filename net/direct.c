@@ -110,10 +110,12 @@ static void op_send_ready(void *ctx, struct xreq *r)
 		return;
 	}
 	if (n->p2p_handoff && r->len > n->p2p_handoff && r->meta.op == MESHRUN__COLL_OP__COLL_P2P &&
-	    l->state == LS_UP)
+	    l->state == LS_UP) {
 		link_arm_write(l);      /* link_unlock arms the stream thread */
-	else
+		atomic_fetch_add_explicit(&n->handoffs, 1, memory_order_relaxed);
+	} else {
 		write_now(l);
+	}
 	link_unlock(l);
 }
 

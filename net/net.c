@@ -592,6 +592,11 @@ uint64_t net_reconnects(struct net *n)
 	return n ? atomic_load_explicit(&n->reconnects, memory_order_relaxed) : 0;
 }
 
+uint64_t net_handoffs(struct net *n)
+{
+	return n ? atomic_load_explicit(&n->handoffs, memory_order_relaxed) : 0;
+}
+
 uint64_t net_frames_resent(struct net *n)
 {
 	return n ? atomic_load_explicit(&n->frames_resent, memory_order_relaxed) : 0;

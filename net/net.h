@@ -180,6 +180,8 @@ uint64_t net_key_updates(struct net *n);
 /* Links resumed after breaking, and frames sent again on resuming. */
 uint64_t net_reconnects(struct net *n);
 uint64_t net_frames_resent(struct net *n);
+/* Point-to-point sends handed to a stream thread (p2p_handoff_bytes). */
+uint64_t net_handoffs(struct net *n);
 
 /* Flushes what can be flushed within about a second, closes every link,
  * stops the thread and frees n. NULL is fine. */

@@ -157,6 +157,7 @@ struct net {
 	uint64_t replay_cap;           /* 0: no recovery */
 	uint64_t reconnect_timeout_ns;
 	_Atomic uint64_t reconnects, frames_resent;
+	_Atomic uint64_t handoffs;      /* sends given to a stream thread (direct.c) */
 	_Atomic uint32_t last_op;
 	_Atomic uint64_t last_step;
 };

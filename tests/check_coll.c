@@ -1520,6 +1520,7 @@ struct duo {
 	struct fault_plan faults[2];
 	int rc[2];
 	char err[2][512];
+	uint64_t handoff;      /* net_params.p2p_handoff_bytes of both hosts */
 };
 
 struct duo_start {
@@ -1548,6 +1549,7 @@ static void duo_start(struct duo *d)
 			.heartbeat_timeout_s = 20, .connect_timeout_s = 10, .done_timeout_s = 10,
 			.max_frame_bytes = 64u << 20, .replay_buffer_bytes = 64u << 20,
 			.reconnect_timeout_s = 20, .faults = &d->faults[h],
+			.p2p_handoff_bytes = d->handoff,
 		};
 		int status;
 		d->n[h] = net_new(&p, &status, d->err[h], sizeof(d->err[h]));
@@ -1634,11 +1636,13 @@ static int reset_own_connections(void)
  * send must not complete before host 1 acknowledged it: a send that
  * completed when its bytes were written would let the caller overwrite
  * the buffer (which this test does the moment the send completes) and the
- * resend would carry the new bytes. Host 1 must get the original ones. */
+ * resend would carry the new bytes. Host 1 must get the original ones.
+ * Twice: the sending thread writes the big message itself (_i = 0), and
+ * it hands it to the link's stream thread (_i = 1, p2p_handoff_bytes). */
 START_TEST(test_send_buffer_across_reset)
 {
 	enum { BIG = 256 << 10, SMALL = 1024 };
-	struct duo d = { 0 };
+	struct duo d = { .handoff = _i ? 64u << 10 : 0 };
 	char err[512];
 	/* host 1 holds reads and writes for 3 s from its second data frame */
 	ck_assert_int_eq(fault_parse(&d.faults[1], "blackhole:link=1-0:frame=2:s=3", 2, err,
@@ -1690,6 +1694,9 @@ START_TEST(test_send_buffer_across_reset)
 	 * would have been allowed to complete, and is not how it is kept) */
 	ck_assert_msg(!done, "the send completed before host 1 read a byte of it");
 	ck_assert_msg(net_reconnects(d.n[0]) + net_reconnects(d.n[1]) >= 1, "the link never broke");
+	/* the big send went the way this pass meant (the small ones never
+	 * reach the hand-off's size) */
+	ck_assert_uint_eq(net_handoffs(d.n[0]), _i ? 1 : 0);
 	for (int k = 0; k < 2; k++)
 		ck_assert_msg(xport_wait(s_small[k], long_, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(xport_wait(r_small[1], long_, err, sizeof(err)) == 0, "%s", err);
@@ -1878,7 +1885,7 @@ static Suite *coll_suite(void)
 	tc = tcase_create("replay");
 	tcase_set_timeout(tc, 60);
 	tcase_add_checked_fixture(tc, setup_certs, teardown);
-	tcase_add_test(tc, test_send_buffer_across_reset);
+	tcase_add_loop_test(tc, test_send_buffer_across_reset, 0, 2);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("idle");
