@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/losses.sh MESHRUN OUTDIR: the nine reference runs (10 steps each) a
+# bench/losses.sh MESHRUN OUTDIR: the ten reference runs (10 steps each) a
 # restructure must leave bit-identical; writes OUTDIR/<run>.hex, one
 # "step loss_hex" line per step. Compare two builds with
 #   cmp A/<run>.hex B/<run>.hex   (for each run)
@@ -26,3 +26,6 @@ run ds_ep local --hosts 2 --devices-per-host 2 --config $D per_device_batch_size
 run ds_tp_ep local --hosts 1 --devices-per-host 4 --config $D per_device_batch_size=2 ici_data_parallelism=1 ici_tensor_parallelism=2 ici_expert_parallelism=2
 run zero1 local --hosts 2 --config $L per_device_batch_size=4 shard_optimizer_over_data=true
 run tt local --hosts 1 --devices-per-host 2 --config $L per_device_batch_size=4 ici_data_parallelism=1 ici_tensor_transpose_parallelism=2
+# Muon on a mesh: each matrix orthogonalised by one owner, its blocks
+# exchanged in the background (host/optim/muon.c)
+run muon_fsdp_ep local --hosts 1 --devices-per-host 4 --config $D per_device_batch_size=2 ici_data_parallelism=1 ici_fsdp_parallelism=2 ici_expert_parallelism=2 opt_type=muon

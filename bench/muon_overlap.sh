@@ -54,9 +54,12 @@ PYEOF
 }
 # run NAME BIN MODE MODEL ARGS...
 run() {
-  local name=$1 bin=$2 mode=$3 model=$4; shift 4
-  if ! /usr/bin/time -o $tmp/cpu -f '%U %S' $bin local "$@" --config configs/$model.yml steps=$steps openblas_threads=1 pipeline_compute=$mode \
-      pipeline_sleep_ms=20,20,20 --metrics $tmp/m.jsonl --trace $tmp/t.json >/dev/null 2>$tmp/err; then
+  local name=$1 bin=$2 mode=$3 model=$4 sleep=; shift 4
+  # the model's compute is the default: left unsaid, so builds from before
+  # pipeline_compute existed run too
+  [ $mode = model ] || sleep="pipeline_compute=$mode pipeline_sleep_ms=20,20,20"
+  if ! /usr/bin/time -o $tmp/cpu -f '%U %S' $bin local "$@" --config configs/$model.yml steps=$steps openblas_threads=1 $sleep \
+      --metrics $tmp/m.jsonl --trace $tmp/t.json >/dev/null 2>$tmp/err; then
     echo "refused: $(grep -v '^$' $tmp/err | tail -1)" >$tmp/$name.st; return 0
   fi
   echo "$(stats $tmp/m.jsonl $tmp/t.json) $(awk '{print $1 + $2}' $tmp/cpu)" >$tmp/$name.st

@@ -4,7 +4,8 @@ decoder (RMSNorm, RoPE rotate_half, causal attention, SwiGLU, untied head),
 the same batch, AdamW, measured the same way as meshrun's step log.
 
 usage: OMP_WAIT_POLICY=PASSIVE bench/torch_llama.py --threads N [--steps K] [--ddp P]
-Prints one line: `torch threads=N tokens_per_s=X gflops=Y step_s=Z`. With
+Prints one line: `torch threads=N tokens_per_s=X gflops=Y step_s=Z blas=K`
+(K: the OpenBLAS kernels, the same as meshrun picks). With
 --ddp P: P processes, each its batch, DistributedDataParallel over gloo on
 127.0.0.1 (its default buckets, 25 MiB, reduced during the backward); the
 line is rank 0's, tokens_per_s per process."""
@@ -18,6 +19,39 @@ for i, x in enumerate(sys.argv):
         _t = sys.argv[i + 1]
 os.environ["OPENBLAS_NUM_THREADS"] = _t
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _blas_kernels():
+    """The kernels meshrun picks (host/util/threads.c, util_blas_kernels):
+    where OpenBLAS takes this CPU for a Prescott, SkylakeX with AVX-512
+    (F, BW, VL, DQ), else Haswell with AVX2 and FMA; None to leave OpenBLAS
+    its own choice. Asked in a child process: OpenBLAS reads
+    OPENBLAS_CORETYPE once, when it loads, and torch loads it here."""
+    import subprocess
+    q = ("import ctypes; f = ctypes.CDLL('libopenblas.so.0').openblas_get_corename; "
+         "f.restype = ctypes.c_char_p; print(f().decode())")
+    try:
+        core = subprocess.run([sys.executable, "-c", q], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if core != "Prescott":
+        return None
+    with open("/proc/cpuinfo") as f:
+        flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    if all(x in flags for x in ("avx512f", "avx512bw", "avx512vl", "avx512dq")):
+        return "SkylakeX"
+    if "avx2" in flags and "fma" in flags:
+        return "Haswell"
+    return None
+
+
+# the same OpenBLAS kernels as meshrun, or the comparison is of kernels
+# (Prescott's run ~5x slower here than SkylakeX's)
+if "OPENBLAS_CORETYPE" not in os.environ:
+    _k = _blas_kernels()
+    if _k:
+        os.environ["OPENBLAS_CORETYPE"] = _k
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -120,7 +154,8 @@ def main(rank=0):
     tok = a.batch * a.seq / best
     if rank == 0:
         print(f"torch threads={a.threads} tokens_per_s={tok:.1f} gflops={tok * flops_tok * 1e-9:.1f} "
-              f"step_s={best:.4f}" + (f" ddp={a.ddp}" if a.ddp else ""), flush=True)
+              f"step_s={best:.4f}" + (f" ddp={a.ddp}" if a.ddp else "") +
+              f" blas={os.environ.get('OPENBLAS_CORETYPE', 'its own')}", flush=True)
     if a.ddp:
         torch.distributed.destroy_process_group()
 
