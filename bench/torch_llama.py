@@ -22,32 +22,24 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _blas_kernels():
-    """The kernels meshrun picks (host/util/threads.c, util_blas_kernels):
-    where OpenBLAS takes this CPU for a Prescott, SkylakeX with AVX-512
-    (F, BW, VL, DQ), else Haswell with AVX2 and FMA; None to leave OpenBLAS
-    its own choice. Asked in a child process: OpenBLAS reads
-    OPENBLAS_CORETYPE once, when it loads, and torch loads it here."""
-    import subprocess
-    q = ("import ctypes; f = ctypes.CDLL('libopenblas.so.0').openblas_get_corename; "
-         "f.restype = ctypes.c_char_p; print(f().decode())")
+    """The OpenBLAS kernels meshrun runs on (it picks them itself where
+    OpenBLAS would fall back: host/util/threads.c), as `meshrun bench
+    matmul` names them; None if that build is not there. Asked before
+    torch loads OpenBLAS, which reads OPENBLAS_CORETYPE once, on loading."""
+    import re, subprocess
+    exe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "meshrun")
     try:
-        core = subprocess.run([sys.executable, "-c", q], capture_output=True, text=True,
-                              timeout=30).stdout.strip()
+        out = subprocess.run([exe, "bench", "matmul", "--size", "64", "--reps", "1"],
+                             capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    if core != "Prescott":
-        return None
-    with open("/proc/cpuinfo") as f:
-        flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
-    if all(x in flags for x in ("avx512f", "avx512bw", "avx512vl", "avx512dq")):
-        return "SkylakeX"
-    if "avx2" in flags and "fma" in flags:
-        return "Haswell"
-    return None
+    m = re.search(r"core (\w+):", out)
+    return m.group(1) if m else None
 
 
 # the same OpenBLAS kernels as meshrun, or the comparison is of kernels
-# (Prescott's run ~5x slower here than SkylakeX's)
+# (Prescott's, OpenBLAS's fallback on this CPU, ran ~5x slower than
+# the SkylakeX kernels meshrun picks)
 if "OPENBLAS_CORETYPE" not in os.environ:
     _k = _blas_kernels()
     if _k:
