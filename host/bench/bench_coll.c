@@ -90,13 +90,20 @@ static int reserve(float **p, size_t *cap, size_t n)
 
 #define LIST_GAP 7777.0f
 
-/* A list case (c->run): all_gather's own block, or reduce_scatter's
- * whole input, laid out over runs with gaps; the same values as the
- * contiguous op's. */
+/* The floats of a list case's runs: all_reduce's buffer, the others'
+ * n blocks. */
+static size_t list_total(const struct dev_state *s, const struct ccase *c)
+{
+	return c->op == B_AR ? c->count : c->count * (size_t)s->g.n;
+}
+
+/* A list case (c->run): all_gather's own block, or reduce_scatter's or
+ * all_reduce's whole input, laid out over runs with gaps; the same
+ * values as the contiguous op's. */
 static int setup_list(struct dev_state *s, const struct ccase *c, int salt)
 {
 	int n = s->g.n, r = s->g.rank, dev = s->dc->device_id;
-	size_t total = c->count * (size_t)n, run = c->run, nrun = (total + run - 1) / run;
+	size_t total = list_total(s, c), run = c->run, nrun = (total + run - 1) / run;
 	if (reserve(&s->lst, &s->cap_lst, total + nrun + 1))
 		return -1;
 	if (nrun + 1 > s->cap_iov) {
@@ -114,8 +121,8 @@ static int setup_list(struct dev_state *s, const struct ccase *c, int salt)
 		s->lst[k] = LIST_GAP;
 	for (size_t k = 0; k < total; k++) {
 		bool mine = k / c->count == (size_t)r;
-		if (c->op == B_RS || mine)
-			s->lst[k + k / run] = c->op == B_RS ? val(dev, k, salt)
+		if (c->op != B_AG || mine)
+			s->lst[k + k / run] = c->op != B_AG ? val(dev, k, salt)
 							     : val(dev, k % c->count, salt);
 	}
 	for (int b = 0; b < n; b++)
@@ -182,6 +189,8 @@ static struct coll_handle *start_async(struct dev_state *s, const struct ccase *
 				       size_t errlen)
 {
 	size_t cnt = c->count;
+	if (c->run && c->op == B_AR)
+		return coll_all_reduce_v_async(s->cd, &s->g, s->iov, s->niov, err, errlen);
 	if (c->run)
 		return c->op == B_AG ? coll_all_gather_v_async(s->cd, &s->g, s->iov, s->niov, s->sb,
 							       err, errlen)
@@ -217,6 +226,8 @@ static int run_case(struct dev_state *s, const struct ccase *c, char *err, size_
 		return coll_wait(h, xport_now_ns() + (uint64_t)(s->dc->cfg->collective_timeout_s * 1e9),
 				 err, errlen);
 	}
+	if (c->run && c->op == B_AR)
+		return coll_all_reduce_v(s->cd, &s->g, s->iov, s->niov, err, errlen);
 	if (c->run)
 		return c->op == B_AG ? coll_all_gather_v(s->cd, &s->g, s->iov, s->niov, s->sb, err,
 							 errlen)
@@ -255,13 +266,13 @@ static void note_bad(struct dev_state *s, size_t idx, float got, float want, uin
  * checks of the contiguous op. */
 static uint64_t list_out(struct dev_state *s, const struct ccase *c)
 {
-	size_t total = c->count * (size_t)s->g.n, run = c->run, nrun = (total + run - 1) / run;
+	size_t total = list_total(s, c), run = c->run, nrun = (total + run - 1) / run;
 	uint64_t wrong = 0;
 	for (size_t j = 0; j + 1 < nrun; j++)
 		if (s->lst[j * (run + 1) + run] != LIST_GAP)
 			note_bad(s, j * (run + 1) + run, s->lst[j * (run + 1) + run], LIST_GAP, &wrong);
-	size_t k0 = c->op == B_AG ? 0 : (size_t)s->g.rank * c->count;
-	size_t nk = c->op == B_AG ? total : c->count;
+	size_t k0 = c->op == B_RS ? (size_t)s->g.rank * c->count : 0;
+	size_t nk = c->op == B_RS ? c->count : total;
 	for (size_t k = 0; k < nk; k++)
 		s->out[k] = s->lst[k0 + k + (k0 + k) / run];
 	return wrong;
@@ -399,6 +410,8 @@ struct rank_stat {
 	double loop_us;           /* wall time of the timed loop, barriers
 				   * included, per iteration */
 	uint64_t wrong;
+	uint64_t dcn_bytes;       /* payload this device sent to other hosts
+				   * in the timed loop, all iterations */
 };
 
 static int gather_stats(struct dev_state *s, struct rank_stat *mine, struct rank_stat *all,
@@ -449,6 +462,7 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 		size_t run = cnt > (1u << 18) ? 8192 : 128;
 		cases[nc++] = (struct ccase){ .op = B_AG, .count = lc, .run = run };
 		cases[nc++] = (struct ccase){ .op = B_RS, .count = lc, .run = run };
+		cases[nc++] = (struct ccase){ .op = B_AR, .count = lc, .run = run };
 		for (int k = 0; k < nc; k++) {
 			const struct ccase *c = &cases[k];
 			char label[64];
@@ -483,7 +497,7 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 		if (total_wrong)
 			printf("check failed: %llu wrong elements\n", (unsigned long long)total_wrong);
 		else
-			printf("check ok: %d ops x %d counts on %d devices%s\n", o->lists_only ? 2 : 11,
+			printf("check ok: %d ops x %d counts on %d devices%s\n", o->lists_only ? 3 : 12,
 			       o->ncounts, n,
 			       o->async ? " (async forms)" : "");
 		fflush(stdout);
@@ -512,6 +526,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 	}
 	double cpu_us[BENCH_MAX_LIST] = { 0 }, busy[BENCH_MAX_LIST] = { 0 };
 	size_t row_bytes[BENCH_MAX_LIST] = { 0 };   /* the size column of each row */
+	uint64_t dcn_host0[BENCH_MAX_LIST] = { 0 }, dcn_all[BENCH_MAX_LIST] = { 0 };
 	for (int si = 0; si < o->nsizes; si++) {
 		/* size = the full buffer as nccl-tests defines it */
 		size_t floats = o->sizes[si] / sizeof(float);
@@ -546,16 +561,19 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		struct thr_cpu thr0[MAX_THREADS];
 		int nthr0 = dc->device_id == 0 ? thread_cpu(thr0, MAX_THREADS) : 0;
 		double total = 0, cpu0 = util_cpu_us();
-		uint64_t loop0 = xport_now_ns();
+		uint64_t loop0 = xport_now_ns(), dcn0 = 0;
 		for (int it = 0; it < o->iters; it++) {
 			if ((o->barrier || it == 0) &&
 			    (rc = coll_barrier(s->cd, &s->g, dc->err, sizeof(dc->err))))
 				return -EHOSTDOWN;
+			if (it == 0)
+				dcn0 = xport_remote_bytes(dc->xport, dc->device_id);
 			uint64_t t0 = xport_now_ns();
 			if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
 				return -EHOSTDOWN;
 			total += (double)(xport_now_ns() - t0);
 		}
+		uint64_t dcn = xport_remote_bytes(dc->xport, dc->device_id) - dcn0;
 		/* fresh inputs (all_reduce worked in place), one checked run */
 		if (setup(s, &c, salt))
 			return -EIO;
@@ -570,7 +588,8 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		struct rank_stat mine = { .time_us = total / o->iters / 1e3,
 					  .cpu_us = dc->local_index == 0 ? cpu : 0,
 					  .loop_us = loop,
-					  .wrong = verify(s, &c, salt) };
+					  .wrong = verify(s, &c, salt),
+					  .dcn_bytes = dcn };
 		if (mine.wrong)
 			fprintf(stderr, "mismatch: %s size %zu on device %d: element %zu is %.9g, "
 				"want %.9g (%llu wrong)\n", bop_names[op], size_floats * sizeof(float),
@@ -580,7 +599,11 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 			return -EHOSTDOWN;
 		double t = 0;
 		uint64_t wrong = 0;
+		dcn_host0[si] = dcn_all[si] = 0;
 		for (int p = 0; p < n; p++) {
+			dcn_all[si] += all[p].dcn_bytes;
+			if (xport_host_of(dc->xport, s->g.devs[p]) == 0)
+				dcn_host0[si] += all[p].dcn_bytes;
 			if (all[p].time_us > t)
 				t = all[p].time_us;
 			wrong += all[p].wrong;
@@ -616,6 +639,12 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 			printf("# cpu %zu: %.1f us per iteration, all agents (user+sys); "
 			       "%.2f cores busy\n", row_bytes[si],
 			       cpu_us[si], busy[si]);
+		/* payload bytes the devices posted to other hosts (no framing,
+		 * no TLS): what the algorithm sends across, a count */
+		for (int si = 0; si < o->nsizes && dc->mesh->num_hosts > 1; si++)
+			printf("# dcn %zu: %.0f bytes per iteration from host 0, %.0f from all hosts "
+			       "(payload)\n", row_bytes[si], (double)dcn_host0[si] / o->iters,
+			       (double)dcn_all[si] / o->iters);
 		fflush(stdout);
 	}
 	if (dc->device_id == 0 && dc->mesh->num_hosts > 1) {
@@ -653,6 +682,7 @@ int bench_coll_job(struct device_ctx *dc)
 	s->rb = s->sb + n;
 	if (o->direct_max >= 0)
 		coll_set_direct_max(s->cd, (size_t)o->direct_max);
+	coll_set_two_level(s->cd, dc->cfg->coll_two_level);
 
 	if (o->ncounts) {
 		rc = check_all(s, o, all);
