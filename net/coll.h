@@ -66,6 +66,10 @@ void coll_set_direct_max(struct coll_dev *d, size_t bytes);
  * Every member of a group must use the same value (it changes the
  * summation order). */
 void coll_set_two_level(struct coll_dev *d, bool on);
+/* Whether g is such a group on x's map of devices to hosts (then *hosts
+ * and *devices are H and D): the groups coll_set_two_level changes. */
+bool coll_two_level_shape(const struct xport *x, const struct coll_group *g, int *hosts,
+			  int *devices);
 
 /* out (n * bytes_per_rank) = every rank's in, in rank order. in may be
  * out + rank * bytes_per_rank (in place). */

@@ -25,27 +25,33 @@
 /* chunk numbers per phase: four phases in the 16-bit chunk space */
 #define PHASE_SPAN 16384
 
-/* The group's shape: H hosts x D devices, or false. */
-static bool shape(const struct coll_run *R, int *H, int *D)
+bool coll_two_level_shape(const struct xport *x, const struct coll_group *g, int *hosts,
+			  int *devices)
 {
-	const struct coll_args *a = R->a;
-	int n = a->n, d = 1, h0 = xport_host_of(R->x, a->devs[0]);
-	while (d < n && xport_host_of(R->x, a->devs[d]) == h0)
+	int n = g->n, d = 1, h0 = xport_host_of(x, g->devs[0]);
+	while (d < n && xport_host_of(x, g->devs[d]) == h0)
 		d++;
 	if (d < 2 || n % d || n / d < 2)
 		return false;
 	for (int i = 0; i < n; i++) {
-		int hi = xport_host_of(R->x, a->devs[i]);
-		if (i % d && hi != xport_host_of(R->x, a->devs[i - i % d]))
+		int hi = xport_host_of(x, g->devs[i]);
+		if (i % d && hi != xport_host_of(x, g->devs[i - i % d]))
 			return false;
 		/* host-major: a host's devices are one run of the group */
 		for (int j = 0; !(i % d) && j < i; j += d)
-			if (xport_host_of(R->x, a->devs[j]) == hi)
+			if (xport_host_of(x, g->devs[j]) == hi)
 				return false;
 	}
-	*H = n / d;
-	*D = d;
+	*hosts = n / d;
+	*devices = d;
 	return true;
+}
+
+static bool shape(const struct coll_run *R, int *H, int *D)
+{
+	struct coll_group g = { .id = R->a->group, .n = R->a->n, .rank = R->a->rank,
+				.devs = R->a->devs };
+	return coll_two_level_shape(R->x, &g, H, D);
 }
 
 bool coll_hier_applies(const struct coll_run *R)

@@ -993,7 +993,7 @@ START_TEST(test_multihost_paths)
 	ck_assert_msg(rc == 0, "hosts %d devices %d %s %s %s: exit %d\n%s", H, D, argv[9], argv[10],
 		      async ? "async" : "sync", rc, out);
 	char want[80];
-	snprintf(want, sizeof(want), "check ok: 11 ops x %d counts on %d devices%s", big ? 6 : 5,
+	snprintf(want, sizeof(want), "check ok: 12 ops x %d counts on %d devices%s", big ? 6 : 5,
 		 H * D, async ? " (async forms)" : "");
 	ck_assert_msg(strstr(out, want), "no '%s' line:\n%s", want, out);
 	ck_assert_msg(!strstr(out, "mismatch"), "%s", out);

@@ -412,6 +412,7 @@ struct rank_stat {
 	uint64_t wrong;
 	uint64_t dcn_bytes;       /* payload this device sent to other hosts
 				   * in the timed loop, all iterations */
+	uint64_t hash;            /* --check-bits: FNV-1a of the result */
 };
 
 static int gather_stats(struct dev_state *s, struct rank_stat *mine, struct rank_stat *all,
@@ -430,6 +431,67 @@ static void case_label(const struct ccase *c, char *buf, size_t len)
 		snprintf(buf, len, "%s_v runs %zu", bop_names[c->op], c->run);
 	else
 		snprintf(buf, len, "%s", bop_names[c->op]);
+}
+
+/* Values whose sums round, so another summation order shows in the bits. */
+static float rough(int dev, size_t i)
+{
+	return (float)((dev * 7919 + (long)(i % 100003) * 104729) % 100003) / 997.0f * (i % 2 ? 1 : -1) +
+	       1e-3f * (float)dev;
+}
+
+static uint64_t fnv(const float *p, size_t n)
+{
+	uint64_t h = 1469598103934665603ull;
+	const unsigned char *b = (const unsigned char *)p;
+	for (size_t i = 0; i < n * sizeof(float); i++)
+		h = (h ^ b[i]) * 1099511628211ull;
+	return h;
+}
+
+/* --check-bits: all_reduce, contiguous and over runs, of values that
+ * round, twice at every count: every rank's result and the rerun's must
+ * be the same bits. Prints each result's hash so separate jobs (a rerun,
+ * another setting) can be compared. Adds the cases that differ to *bad. */
+static int check_bits(struct dev_state *s, const struct bench_opts *o, struct rank_stat *all,
+		      uint64_t *bad)
+{
+	struct device_ctx *dc = s->dc;
+	int n = s->g.n, rc;
+	for (int ci = 0; ci < o->ncounts; ci++) {
+		for (int list = 0; list < 2; list++) {
+			struct ccase c = { .op = B_AR, .count = o->counts[ci], .run = list ? 128 : 0 };
+			uint64_t first = 0;
+			bool same = true;
+			for (int rerun = 0; rerun < 2; rerun++) {
+				if (setup(s, &c, 0))
+					return -EIO;
+				for (size_t i = 0; i < c.count; i++) {
+					if (list)
+						s->lst[i + i / c.run] = rough(dc->device_id, i);
+					else
+						s->out[i] = rough(dc->device_id, i);
+				}
+				if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
+					return rc == -EINVAL ? -EIO : -EHOSTDOWN;
+				struct rank_stat mine = { .wrong = list ? list_out(s, &c) : 0,
+							  .hash = fnv(s->out, c.count) };
+				if ((rc = gather_stats(s, &mine, all, dc->err, sizeof(dc->err))))
+					return -EHOSTDOWN;
+				if (!rerun)
+					first = all[0].hash;
+				for (int p = 0; p < n; p++)
+					same = same && !all[p].wrong && all[p].hash == first;
+			}
+			if (!same)
+				(*bad)++;
+			if (dc->device_id == 0)
+				printf("bits all_reduce%s count %-9zu %016llx %s\n", list ? "_v" : "  ",
+				       c.count, (unsigned long long)first,
+				       same ? "on every rank, rerun the same" : "mismatch between ranks or runs");
+		}
+	}
+	return 0;
 }
 
 /* Check mode: every op at every count; returns 0 or -errno. */
@@ -492,6 +554,11 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 				printf("check %-18s count %-9zu wrong %llu\n", label, c->count,
 				       (unsigned long long)w);
 		}
+	}
+	if (o->check_bits) {
+		int rc = check_bits(s, o, all, &total_wrong);
+		if (rc)
+			return rc;
 	}
 	if (dc->device_id == 0) {
 		if (total_wrong)
