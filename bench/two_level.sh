@@ -8,12 +8,18 @@
 # and the payload host 0 sent to other hosts per iteration (the "# dcn"
 # line: counted when posted, clock-free: the flat ring's (n-1)/n of the
 # buffer, two levels' (H-1)/H; all_reduce twice that); then on/off ratios.
-# The load average is printed with every round.
-# usage: [SHAPES="2x2 4x2"] [SIZES=16M] bench/two_level.sh [ITERS [ROUNDS]]
+# Then (TRAIN_STEPS, default 6; 0 skips it) fsdp 2x2 training of
+# configs/llama-bench.yml with compute that sleeps (pipeline_compute=sleep,
+# 20 ms a layer's F, I and W), off and on in the same rounds: the CPU
+# seconds the whole job spent (user+sys of the launcher and its agents,
+# /usr/bin/time: start-up included, the same in both), the mean step
+# (steps >= 1), comm_exposed_s and dcn_bytes (MB a step, clock-free) from
+# --metrics. The load average is printed with every round.
+# usage: [SHAPES="2x2 4x2"] [SIZES=16M] [TRAIN_STEPS=6] bench/two_level.sh [ITERS [ROUNDS]]
 set -eu
 cd "$(dirname "$0")/.."
 iters=${1:-10}; rounds=${2:-3}
-shapes=${SHAPES:-2x2}; sizes=${SIZES:-16M}
+shapes=${SHAPES:-2x2}; sizes=${SIZES:-16M}; tsteps=${TRAIN_STEPS:-6}
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cp build/meshrun $tmp/meshrun
@@ -50,6 +56,24 @@ PYEOF
       done
     done
   done
+  [ "$tsteps" -gt 0 ] || continue
+  for two in false true; do
+    /usr/bin/time -f "%U %S %e" -o $tmp/time $tmp/meshrun local --hosts 2 --devices-per-host 2 \
+      --config configs/llama-bench.yml steps=$tsteps openblas_threads=1 pipeline_compute=sleep \
+      pipeline_sleep_ms=20,20,20 ici_data_parallelism=1 dcn_data_parallelism=1 \
+      dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2 coll_two_level=$two \
+      --metrics $tmp/m.jsonl >/dev/null 2>$tmp/err || { echo "training failed: $(tail -1 $tmp/err)"; exit 1; }
+    # train TWO CPU_S WALL_S STEP_S EXPOSED_S DCN_MB
+    python3 - $two $tmp/time $tmp/m.jsonl >>$tmp/train <<'PYEOF'
+import json, sys
+two, tf, mf = sys.argv[1:]
+u, s, e = map(float, open(tf).read().split()[-3:])
+r = [json.loads(l) for l in open(mf)][1:]
+m = lambda k: sum(x.get(k, 0) for x in r) / len(r)
+print('train', two, u + s, e, m('step_time_s'), m('comm_exposed_s'), m('dcn_bytes') / 1e6)
+PYEOF
+    tail -n 1 $tmp/train | awk '{printf "fsdp22 train two_level=%-5s cpu %7.2f s  wall %6.2f s  step %.4f s  exposed %.4f s  dcn %.1f MB a step\n", $2, $3, $4, $5, $6, $7}'
+  done
 done
 echo "-- medians over $rounds round(s), on/off"
 python3 - $tmp/raw <<'PYEOF'
@@ -68,5 +92,16 @@ for (shape, op, size), v in d.items():
     n = [med('true', i) for i in range(3)]
     print('%-5s %-15s %10s %11.1f %11.1f %6.3f %11.1f %11.1f %6.3f %10.3f %10.3f %6.3f' % (
         shape, op, size, f[0], n[0], n[0] / f[0], f[1], n[1], n[1] / f[1], f[2] / 1e6, n[2] / 1e6, n[2] / f[2]))
+PYEOF
+[ "$tsteps" -gt 0 ] && python3 - $tmp/train <<'PYEOF'
+import sys, statistics as st
+d = {}
+for l in open(sys.argv[1]):
+    w = l.split()
+    d.setdefault(w[1], []).append([float(x) for x in w[2:]])
+med = lambda k, i: st.median(x[i] for x in d[k])
+names = ('cpu_s', 'wall_s', 'step_s', 'exposed_s', 'dcn_MB')
+print('fsdp22 training, medians: ' + '  '.join('%s %.4g -> %.4g (%.3f)' % (n, med('false', i), med('true', i),
+      med('true', i) / med('false', i) if med('false', i) else float('nan')) for i, n in enumerate(names)))
 PYEOF
 echo "load at the end $(cut -d' ' -f1-3 /proc/loadavg)"
