@@ -77,6 +77,8 @@ struct hier {
 	const size_t *counts;      /* n blocks */
 	struct coll_iov *pc;       /* a phase's runs, reordered */
 	size_t *sub;               /* a phase's block counts */
+	struct coll_scratch scr;   /* the phases' (a small one's direct
+				    * exchange): R's may hold the caller's copy */
 };
 
 /* Appends the pieces of floats [v, v + c) of the runs to out at *k. */
@@ -125,6 +127,7 @@ static int phase(struct coll_run *R, struct hier *s, uint32_t op, bool intra, ui
 	a2.chunk_span = PHASE_SPAN;
 	struct coll_run R2 = *R;
 	R2.a = &a2;
+	R2.scr = &s->scr;
 	return op == OP(REDUCE_SCATTER) ? coll_ring_reduce_scatter_v(&R2) : coll_ring_all_gather_v(&R2);
 }
 
@@ -164,6 +167,7 @@ static int hier_run(struct coll_run *R, const struct coll_iov *iov, int niov, co
 			rc = phase(R, &s, OP(ALL_GATHER), true, 3);
 	}
 out_free:
+	free(s.scr.p);
 	free(s.intra);
 	free(s.v0);
 	free(s.pc);
@@ -201,8 +205,10 @@ int coll_hier_exec(struct coll_run *R)
 		struct coll_iov one = { out, total * (size_t)n };
 		rc = hier_run(R, &one, 1, cnt, H, D);
 	} else {
-		/* in is the caller's: reduce a copy in place */
-		float *tmp = malloc(sizeof(float) * total * (size_t)n + 1);
+		/* in is the caller's: reduce a copy in place, in the device's
+		 * scratch (stays mapped: no page faults a call; the phases use
+		 * scratch of their own) */
+		float *tmp = coll_scratch_get(R->scr, sizeof(float) * (total * (size_t)n + 1));
 		if (!tmp) {
 			rc = coll_fail(R, -ENOMEM, "out of memory");
 			goto out_free;
@@ -212,7 +218,6 @@ int coll_hier_exec(struct coll_run *R)
 		rc = hier_run(R, &one, 1, cnt, H, D);
 		if (!rc)
 			memcpy(a->out, tmp + (size_t)a->rank * total, sizeof(float) * total);
-		free(tmp);
 	}
 out_free:
 	free(cnt);
