@@ -4,8 +4,8 @@
  * (hosts x devices), all_reduce's bits the same on every rank, on a rerun
  * inside the job, in another job and in the async forms; the bytes that
  * leave a host, counted exactly; links closed in the middle of a
- * two-level all_reduce_v; and an FSDP 2x2 training run with the key on
- * against one device. */
+ * two-level all_reduce_v. (FSDP 2x2 training with the key on against
+ * one device: check_train's test_dcn_fsdp_equals_single.) */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +13,6 @@
 
 #include "net/coll.h"
 #include "net/xport.h"
-#include "tests/equiv.h"
 #include "tests/proc.h"
 
 static void setup(void)
@@ -183,18 +182,6 @@ START_TEST(test_close_in_all_reduce)
 }
 END_TEST
 
-/* ---- training ---- */
-
-/* FSDP over 2 hosts x 2 devices (its gathers and reduce-scatters, and the
- * norm's all_reduce, take two levels): within 1e-4 of one device every
- * step, two runs bit-identical. */
-START_TEST(test_fsdp_2x2_equals_single)
-{
-	equivalence_opt("configs/llama-tiny.yml", 2, 2,
-			"dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2 coll_two_level=true", "");
-}
-END_TEST
-
 static Suite *hier_suite(void)
 {
 	Suite *s = suite_create("coll_hier");
@@ -221,11 +208,6 @@ static Suite *hier_suite(void)
 	tcase_add_test(tc, test_close_in_all_reduce);
 	suite_add_tcase(s, tc);
 
-	tc = tcase_create("training");
-	tcase_set_timeout(tc, 300);
-	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_add_test(tc, test_fsdp_2x2_equals_single);
-	suite_add_tcase(s, tc);
 	return s;
 }
 
