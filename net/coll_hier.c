@@ -174,6 +174,74 @@ out_free:
 	return rc;
 }
 
+/* One contiguous sub-collective: reduce_scatter of count floats a rank
+ * from in to out on the devs ring (n members, this one rank), chunk
+ * numbers [base, base + span); the direct exchange exactly when direct. */
+static int sub_reduce_scatter(struct coll_run *R, struct coll_scratch *scr, const int *devs, int n,
+			      int rank, float *out, const float *in, size_t count, uint32_t base,
+			      uint32_t span, bool direct)
+{
+	struct coll_args a2 = *R->a;
+	a2.op = OP(REDUCE_SCATTER);
+	a2.n = n;
+	a2.rank = rank;
+	a2.devs = devs;
+	a2.runs = false;
+	a2.iov = NULL;
+	a2.counts = NULL;
+	a2.in = in;
+	a2.out = out;
+	a2.count = count;
+	a2.two_level = false;
+	a2.direct_max = direct ? SIZE_MAX : 0;
+	a2.chunk_base = base;
+	a2.chunk_span = span;
+	struct coll_run R2 = *R;
+	R2.a = &a2;
+	R2.scr = scr;
+	return coll_ring_reduce_scatter(&R2);
+}
+
+/* The contiguous reduce_scatter, which may not write its input: the
+ * intra-host phase is H rings, one for each host's D contiguous blocks
+ * {j*D .. j*D + D-1} of in, each leaving this device's partial of block
+ * j*D + d in scratch; the inter-host phase reduce-scatters those H
+ * partials into out. No copy of the input. Every element is summed as
+ * by the list form on the same blocks: each ring takes the direct
+ * exchange exactly when the list form's phase would (on its whole
+ * buffer), so the bits are the list form's. */
+static int hier_reduce_scatter(struct coll_run *R, int H, int D)
+{
+	const struct coll_args *a = R->a;
+	size_t cnt = a->count, n = (size_t)a->n;
+	int h = a->rank / D, d = a->rank % D, rc = 0;
+	struct coll_scratch scr = { 0 };
+	int *intra = malloc(sizeof(int) * (size_t)(H + D)), *inter = intra + D;
+	float *part = coll_scratch_get(R->scr, sizeof(float) * (cnt * (size_t)H + 1));
+	if (!intra || !part) {
+		rc = coll_fail(R, -ENOMEM, "out of memory");
+		goto out_free;
+	}
+	for (int i = 0; i < D; i++)
+		intra[i] = a->devs[h * D + i];
+	for (int i = 0; i < H; i++)
+		inter[i] = a->devs[i * D + d];
+	bool direct_in = D <= COLL_DIRECT_MAX_N && cnt * n * sizeof(float) <= a->direct_max;
+	bool direct_out = H <= COLL_DIRECT_MAX_N && cnt * (size_t)H * sizeof(float) <= a->direct_max;
+	uint32_t span = (uint32_t)(PHASE_SPAN / H);
+	for (int j = 0; j < H && !rc; j++)
+		rc = sub_reduce_scatter(R, &scr, intra, D, d, part + (size_t)j * cnt,
+					(const float *)a->in + (size_t)j * (size_t)D * cnt, cnt,
+					(uint32_t)j * span, span, direct_in);
+	if (!rc)
+		rc = sub_reduce_scatter(R, &scr, inter, H, h, a->out, part, cnt, PHASE_SPAN, PHASE_SPAN,
+					direct_out);
+out_free:
+	free(scr.p);
+	free(intra);
+	return rc;
+}
+
 int coll_hier_exec(struct coll_run *R)
 {
 	const struct coll_args *a = R->a;
@@ -205,19 +273,7 @@ int coll_hier_exec(struct coll_run *R)
 		struct coll_iov one = { out, total * (size_t)n };
 		rc = hier_run(R, &one, 1, cnt, H, D);
 	} else {
-		/* in is the caller's: reduce a copy in place, in the device's
-		 * scratch (stays mapped: no page faults a call; the phases use
-		 * scratch of their own) */
-		float *tmp = coll_scratch_get(R->scr, sizeof(float) * (total * (size_t)n + 1));
-		if (!tmp) {
-			rc = coll_fail(R, -ENOMEM, "out of memory");
-			goto out_free;
-		}
-		memcpy(tmp, a->in, sizeof(float) * total * (size_t)n);
-		struct coll_iov one = { tmp, total * (size_t)n };
-		rc = hier_run(R, &one, 1, cnt, H, D);
-		if (!rc)
-			memcpy(a->out, tmp + (size_t)a->rank * total, sizeof(float) * total);
+		rc = hier_reduce_scatter(R, H, D);
 	}
 out_free:
 	free(cnt);

@@ -96,8 +96,10 @@ static void bits_lines(const char *out, char *dst, size_t len)
  * all_reduce_v over runs of 128 floats with gaps) at 0, 1, 7 floats,
  * 64 KiB and 1 MiB per rank, every element checked; then all_reduce of
  * values that round, contiguous and over runs, twice: the same bits on
- * every rank and on the rerun. 2x2 also runs the async forms in a
- * second job: the same bits again. */
+ * every rank and on the rerun; and reduce_scatter of them, contiguous
+ * (its own intra-host rings, net/coll_hier.c) and over runs: the same
+ * bits. 2x2 also runs the async forms in a second job: the same bits
+ * again. */
 START_TEST(test_check)
 {
 	static const struct { int hosts, devs; } shapes[] = { { 2, 2 }, { 3, 2 }, { 2, 3 } };
@@ -119,6 +121,8 @@ START_TEST(test_check)
 		ck_assert_msg(!strstr(out, "mismatch"), "%s", out);
 		ck_assert_msg(count_of(out, "on every rank, rerun the same") == 10,
 			      "not 10 all_reduce bit checks passed:\n%s", out);
+		ck_assert_msg(count_of(out, "contiguous and list the same on every rank") == 5,
+			      "not 5 reduce_scatter bit checks passed:\n%s", out);
 	}
 	if (_i == 0) {
 		static char b1[4096], b2[4096];
