@@ -81,6 +81,21 @@ struct hier {
 				    * exchange): R's may hold the caller's copy */
 };
 
+/* A phase's arguments: the collective's, on the sub-ring devs (n
+ * members, this one rank), with chunk numbers [base, base + span). */
+static void sub_args(struct coll_args *a2, const struct coll_args *a, uint32_t op, int n, int rank,
+		     const int *devs, uint32_t base, uint32_t span)
+{
+	*a2 = *a;
+	a2->op = op;
+	a2->n = n;
+	a2->rank = rank;
+	a2->devs = devs;
+	a2->two_level = false;
+	a2->chunk_base = base;
+	a2->chunk_span = span;
+}
+
 /* Appends the pieces of floats [v, v + c) of the runs to out at *k. */
 static void pieces(const struct coll_iov *iov, int niov, size_t v, size_t c, struct coll_iov *out,
 		   int *k)
@@ -112,19 +127,14 @@ static int phase(struct coll_run *R, struct hier *s, uint32_t op, bool intra, ui
 		}
 		all += s->sub[b];
 	}
-	struct coll_args a2 = *R->a;
-	a2.op = op;
-	a2.n = nb;
-	a2.rank = intra ? s->d : s->h;
-	a2.devs = intra ? s->intra : s->inter;
+	struct coll_args a2;
+	sub_args(&a2, R->a, op, nb, intra ? s->d : s->h, intra ? s->intra : s->inter,
+		 num * PHASE_SPAN, PHASE_SPAN);
 	a2.runs = true;
 	a2.iov = s->pc;
 	a2.niov = k;
 	a2.counts = s->sub;
 	a2.count = all;
-	a2.two_level = false;
-	a2.chunk_base = num * PHASE_SPAN;
-	a2.chunk_span = PHASE_SPAN;
 	struct coll_run R2 = *R;
 	R2.a = &a2;
 	R2.scr = &s->scr;
@@ -181,21 +191,15 @@ static int sub_reduce_scatter(struct coll_run *R, struct coll_scratch *scr, cons
 			      int rank, float *out, const float *in, size_t count, uint32_t base,
 			      uint32_t span, bool direct)
 {
-	struct coll_args a2 = *R->a;
-	a2.op = OP(REDUCE_SCATTER);
-	a2.n = n;
-	a2.rank = rank;
-	a2.devs = devs;
+	struct coll_args a2;
+	sub_args(&a2, R->a, OP(REDUCE_SCATTER), n, rank, devs, base, span);
 	a2.runs = false;
 	a2.iov = NULL;
 	a2.counts = NULL;
 	a2.in = in;
 	a2.out = out;
 	a2.count = count;
-	a2.two_level = false;
 	a2.direct_max = direct ? SIZE_MAX : 0;
-	a2.chunk_base = base;
-	a2.chunk_span = span;
 	struct coll_run R2 = *R;
 	R2.a = &a2;
 	R2.scr = scr;

@@ -20,19 +20,6 @@ static void setup(void)
 	proc_setup("check_coll_hier", 0);
 }
 
-/* Runs argv to its end or timeout_s; out gets stdout then stderr. */
-static int run_capture(char *const argv[], char *out, size_t outlen, int timeout_s)
-{
-	struct proc p;
-	proc_start(&p, "run", argv, -1);
-	int rc = proc_wait(&p, timeout_s);
-	proc_kill(&p);
-	size_t n = (size_t)snprintf(out, outlen, "%s", slurp(p.out));
-	if (n < outlen)
-		snprintf(out + n, outlen - n, "%s", slurp(p.err));
-	return rc;
-}
-
 static int count_of(const char *s, const char *needle)
 {
 	int k = 0;
@@ -113,7 +100,7 @@ START_TEST(test_check)
 				 "--devices-per-host", ds, "--check-counts", "0,1,7,16384,262144",
 				 "--check-bits", "coll_two_level=true", "segment_bytes=65536",
 				 "collective_timeout_s=60", async ? "--async" : NULL, NULL };
-		int rc = run_capture(argv, out, sizeof(out1), 110);
+		int rc = proc_capture(argv, out, sizeof(out1), 110);
 		ck_assert_msg(rc == 0, "%dx%d%s: exit %d\n%s", H, D, async ? " async" : "", rc, out);
 		snprintf(want, sizeof(want), "check ok: 12 ops x 5 counts on %d devices%s", H * D,
 			 async ? " (async forms)" : "");
@@ -155,7 +142,7 @@ START_TEST(test_dcn_bytes)
 		char *argv[] = { (char *)meshrun(), "bench", "collectives", "--hosts", "2",
 				 "--devices-per-host", "2", "--op", (char *)cases[c].op, "--sizes", "1M",
 				 "--iters", "3", "--warmup", "1", (char *)cases[c].two, NULL };
-		int rc = run_capture(argv, out1, sizeof(out1), 60);
+		int rc = proc_capture(argv, out1, sizeof(out1), 60);
 		ck_assert_msg(rc == 0, "%s %s: exit %d\n%s", cases[c].op, cases[c].two, rc, out1);
 		ck_assert_msg(strstr(out1, cases[c].want), "%s %s: no '%s' line:\n%s", cases[c].op,
 			      cases[c].two, cases[c].want, out1);
@@ -178,7 +165,7 @@ START_TEST(test_close_in_all_reduce)
 			 "faults=close:link=0-1:bytes=17301504,close:link=1-0:bytes=18350080,"
 			 "close:link=0-1:bytes=19398656,close:link=1-0:bytes=20447232",
 			 NULL };
-	int rc = run_capture(argv, out1, sizeof(out1), 100);
+	int rc = proc_capture(argv, out1, sizeof(out1), 100);
 	ck_assert_msg(rc == 0, "exit %d\n%s", rc, out1);
 	ck_assert_msg(strstr(out1, "check ok: 3 ops x 1 counts on 4 devices"), "%s", out1);
 	ck_assert_msg(count_of(out1, "fault: injected close") == 4, "not 4 closes fired:\n%s", out1);
