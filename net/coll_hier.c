@@ -82,9 +82,10 @@ struct hier {
 };
 
 /* A phase's arguments: the collective's, on the sub-ring devs (n
- * members, this one rank), with chunk numbers [base, base + span). */
-static void sub_args(struct coll_args *a2, const struct coll_args *a, uint32_t op, int n, int rank,
-		     const int *devs, uint32_t base, uint32_t span)
+ * members, this one rank; across hosts or inside one), with chunk
+ * numbers [base, base + span). */
+static void sub_args(struct coll_args *a2, const struct coll_args *a, uint32_t op, bool inter, int n,
+		     int rank, const int *devs, uint32_t base, uint32_t span)
 {
 	*a2 = *a;
 	a2->op = op;
@@ -92,6 +93,8 @@ static void sub_args(struct coll_args *a2, const struct coll_args *a, uint32_t o
 	a2->rank = rank;
 	a2->devs = devs;
 	a2->two_level = false;
+	a2->parent_op = a->op;
+	a2->inter_phase = inter;
 	a2->chunk_base = base;
 	a2->chunk_span = span;
 }
@@ -128,7 +131,7 @@ static int phase(struct coll_run *R, struct hier *s, uint32_t op, bool intra, ui
 		all += s->sub[b];
 	}
 	struct coll_args a2;
-	sub_args(&a2, R->a, op, nb, intra ? s->d : s->h, intra ? s->intra : s->inter,
+	sub_args(&a2, R->a, op, !intra, nb, intra ? s->d : s->h, intra ? s->intra : s->inter,
 		 num * PHASE_SPAN, PHASE_SPAN);
 	a2.runs = true;
 	a2.iov = s->pc;
@@ -186,13 +189,14 @@ out_free:
 
 /* One contiguous sub-collective: reduce_scatter of count floats a rank
  * from in to out on the devs ring (n members, this one rank), chunk
- * numbers [base, base + span); the direct exchange exactly when direct. */
+ * numbers [base, base + span) (the inter-host phase's from PHASE_SPAN
+ * on); the direct exchange exactly when direct. */
 static int sub_reduce_scatter(struct coll_run *R, struct coll_scratch *scr, const int *devs, int n,
 			      int rank, float *out, const float *in, size_t count, uint32_t base,
 			      uint32_t span, bool direct)
 {
 	struct coll_args a2;
-	sub_args(&a2, R->a, OP(REDUCE_SCATTER), n, rank, devs, base, span);
+	sub_args(&a2, R->a, OP(REDUCE_SCATTER), base >= PHASE_SPAN, n, rank, devs, base, span);
 	a2.runs = false;
 	a2.iov = NULL;
 	a2.counts = NULL;

@@ -49,6 +49,10 @@ struct coll_args {
 	 * collective, which share its group and sequence number, never match
 	 * each other's messages */
 	uint32_t chunk_base, chunk_span;
+	/* a phase of a two-level collective: that collective's op (errors
+	 * name it and the phase: across hosts or inside one); 0 otherwise */
+	uint32_t parent_op;
+	bool inter_phase;
 };
 
 /* A growable scratch buffer; one per executing thread of a device. */
