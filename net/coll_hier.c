@@ -141,6 +141,8 @@ static int phase(struct coll_run *R, struct hier *s, uint32_t op, bool intra, ui
 	struct coll_run R2 = *R;
 	R2.a = &a2;
 	R2.scr = &s->scr;
+	if (op == OP(ALL_REDUCE))
+		return coll_ring_all_reduce_blocks_v(&R2);
 	return op == OP(REDUCE_SCATTER) ? coll_ring_reduce_scatter_v(&R2) : coll_ring_all_gather_v(&R2);
 }
 
@@ -168,15 +170,20 @@ static int hier_run(struct coll_run *R, const struct coll_iov *iov, int niov, co
 	s.v0[0] = 0;
 	for (int b = 0; b < n; b++)
 		s.v0[b + 1] = s.v0[b] + counts[b];
-	rc = 0;
-	if (a->op != OP(ALL_GATHER)) {
-		rc = phase(R, &s, OP(REDUCE_SCATTER), true, 0);
-		if (!rc)
+	/* all_reduce's inter-host phases are one all_reduce ring (its
+	 * gather steps follow its reduce steps without a pause) */
+	switch (a->op) {
+	case OP(REDUCE_SCATTER):
+		if (!(rc = phase(R, &s, OP(REDUCE_SCATTER), true, 0)))
 			rc = phase(R, &s, OP(REDUCE_SCATTER), false, 1);
-	}
-	if (!rc && a->op != OP(REDUCE_SCATTER)) {
-		rc = phase(R, &s, OP(ALL_GATHER), false, 2);
-		if (!rc)
+		break;
+	case OP(ALL_GATHER):
+		if (!(rc = phase(R, &s, OP(ALL_GATHER), false, 2)))
+			rc = phase(R, &s, OP(ALL_GATHER), true, 3);
+		break;
+	default:
+		if (!(rc = phase(R, &s, OP(REDUCE_SCATTER), true, 0)) &&
+		    !(rc = phase(R, &s, OP(ALL_REDUCE), false, 1)))
 			rc = phase(R, &s, OP(ALL_GATHER), true, 3);
 	}
 out_free:

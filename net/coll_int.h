@@ -83,6 +83,8 @@ int coll_dissemination_barrier(struct coll_run *R);
 int coll_ring_all_reduce_v(struct coll_run *R);
 int coll_ring_reduce_scatter_v(struct coll_run *R);
 int coll_ring_all_gather_v(struct coll_run *R);
+/* all_reduce of the runs in blocks of a->counts (a two-level phase) */
+int coll_ring_all_reduce_blocks_v(struct coll_run *R);
 /* coll_hier.c: whether a two-level form applies (a->two_level, the op,
  * the group H >= 2 hosts x D >= 2 devices, uniform and host-major), and
  * runs it */

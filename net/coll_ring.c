@@ -655,6 +655,34 @@ int coll_ring_all_gather_v(struct coll_run *R)
 	return ring_v(R, R->a->n - 1, 0, R->a->counts);
 }
 
+/* all_reduce of a list of runs cut in blocks of counts[b] floats (the
+ * two-level collectives' inter-host phase): the reduce steps, then the
+ * gather steps, in one schedule, the sums of reduce_scatter_v then
+ * all_gather_v on those blocks. A small list runs those two (their
+ * direct exchanges) on the two halves of its chunk numbers. */
+int coll_ring_all_reduce_blocks_v(struct coll_run *R)
+{
+	const struct coll_args *a = R->a;
+	size_t c = most(a->counts, a->n);
+
+	if (c == 0 || a->n == 1)
+		return 0;
+	if (!use_direct(a, c * sizeof(float) * (size_t)a->n))
+		return ring_v(R, 2 * (a->n - 1), a->n - 1, a->counts);
+	struct coll_args a2 = *a;
+	struct coll_run R2 = *R;
+	uint32_t half = (a->chunk_span ? a->chunk_span : 65536) / 2;
+	R2.a = &a2;
+	a2.chunk_span = half;
+	a2.op = MESHRUN__COLL_OP__COLL_REDUCE_SCATTER;
+	int rc = ring_v(&R2, a->n - 1, a->n - 1, a->counts);
+	if (rc)
+		return rc;
+	a2.op = MESHRUN__COLL_OP__COLL_ALL_GATHER;
+	a2.chunk_base += half;
+	return ring_v(&R2, a->n - 1, 0, a->counts);
+}
+
 /* ---- broadcast: a chain root -> root+1 -> ... pipelined by segment ---- */
 
 int coll_chain_broadcast(struct coll_run *R)
