@@ -65,7 +65,9 @@ bool coll_hier_applies(const struct coll_run *R)
 	/* a byte-sized all_gather that is not whole floats keeps the ring */
 	if (a->op == OP(ALL_GATHER) && !a->runs && a->bytes % sizeof(float))
 		return false;
-	return shape(R, &H, &D);
+	/* every phase's items fit its chunk numbers (thousands of devices a
+	 * host or hosts: the flat ring) */
+	return shape(R, &H, &D) && (D - 1) * H < PHASE_SPAN && 2 * (H - 1) < PHASE_SPAN;
 }
 
 struct hier {
