@@ -8,10 +8,13 @@
  * reduce_scatter: an intra-host reduce-scatter whose block d' is the
  * blocks {h*D + d' : h} (strided, as a list of runs), then an inter-host
  * reduce-scatter among {h*D + d : h} over those blocks; all_gather the
- * reverse; all_reduce both. Every phase is the ring of coll_ring.c on a
- * list of runs in place (its direct exchange for small buffers), so the
- * sum order is fixed: the host's partial in its intra-host ring order,
- * then across hosts in theirs (not the flat ring's bits). The phases
+ * reverse; all_reduce both (its two inter-host phases one all_reduce
+ * ring). Every phase is the ring of coll_ring.c on a list of runs in
+ * place (its direct exchange for small buffers; the contiguous
+ * reduce_scatter, which may not write its input, has rings of its own
+ * with the same sums), so the sum order is fixed: the host's partial in
+ * its intra-host ring order, then across hosts in theirs (not the flat
+ * ring's bits). The phases
  * share the collective's group id and sequence number and use disjoint
  * chunk numbers, so they never take each other's messages. */
 #include <errno.h>
@@ -156,7 +159,7 @@ static int hier_run(struct coll_run *R, const struct coll_iov *iov, int niov, co
 	int n = a->n, rc;
 	struct hier s = { .H = H, .D = D, .h = a->rank / D, .d = a->rank % D, .iov = iov,
 			  .niov = niov, .counts = counts };
-	s.intra = malloc(sizeof(int) * (size_t)(n + H + D));
+	s.intra = malloc(sizeof(int) * (size_t)(H + D));
 	s.v0 = malloc(sizeof(size_t) * (size_t)(2 * n + 1));
 	s.pc = malloc(sizeof(struct coll_iov) * (size_t)(niov + n + 1));
 	if (!s.intra || !s.v0 || !s.pc) {
@@ -233,12 +236,13 @@ static int hier_reduce_scatter(struct coll_run *R, int H, int D)
 	size_t cnt = a->count, n = (size_t)a->n;
 	int h = a->rank / D, d = a->rank % D, rc = 0;
 	struct coll_scratch scr = { 0 };
-	int *intra = malloc(sizeof(int) * (size_t)(H + D)), *inter = intra + D;
+	int *intra = malloc(sizeof(int) * (size_t)(H + D)), *inter;
 	float *part = coll_scratch_get(R->scr, sizeof(float) * (cnt * (size_t)H + 1));
 	if (!intra || !part) {
 		rc = coll_fail(R, -ENOMEM, "out of memory");
 		goto out_free;
 	}
+	inter = intra + D;
 	for (int i = 0; i < D; i++)
 		intra[i] = a->devs[h * D + i];
 	for (int i = 0; i < H; i++)
