@@ -48,6 +48,11 @@
 # step (mean): what the next step's first gathers left exposed.
 # OLD_MESHRUN=BIN: the same runs with BIN, interleaved (row name "NAME old").
 # SETS, OPTS: the sleep sets and optimizers (default "adamw muon").
+# VARIANTS: every run but the single device's once per variant, in the same
+#   round ("NAME|k=v,k=v" words, rows "RUN NAME"; default one unnamed
+#   variant), e.g. the two-level collectives against the flat ring:
+#   VARIANTS="flat|coll_two_level=false two|coll_two_level=true" \
+#     OPTS=adamw bench/overlap_sleep.sh 4 2 '^fsdp22$'
 # ANCHOR=1: instead, each run but one (AdamW, 2 steps) with real compute
 #   and with sleeps, and bench/overlap_anchor.py's lines (after which
 #   compute action each collective was queued, step 1) diffed: "same"
@@ -59,6 +64,7 @@ set -eu
 cd "$(dirname "$0")/.."
 steps=${1:-5}; rounds=${2:-1}; only=${3:-.}
 sets=${SETS:-"80,80,80 20,20,20"}; opts=${OPTS:-"adamw muon"}; old=${OLD_MESHRUN:-}
+variants=${VARIANTS:-"|"}
 make -s all
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cp build/meshrun $tmp/meshrun; C=configs/llama-bench.yml
@@ -146,11 +152,15 @@ for r in $(seq 1 "$rounds"); do
   for sl in $sets; do
     for o in $opts; do
       echo "-- round $r, sleep $sl ms a layer, $o"
-      x="opt_type=$o learning_rate=0.001"
       for b in new ${old:+old}; do
         bin=$tmp/meshrun; sfx=""; [ $b = old ] && bin=$old && sfx=" old"
         for n in one dp zero1 fsdp22 fsdp4 fsdppp fsdpppu fsdpppo; do
           want $n || continue
+          for v in $variants; do
+          vn=${v%%|*}; va=$(echo "${v#*|}" | tr , ' ')
+          [ $n = one ] && [ "$v" != "${variants%% *}" ] && continue
+          [ $n = one ] && vn= && va=
+          x="opt_type=$o learning_rate=0.001 $va"
           case $n in
             one) run $n$b $bin $sl --hosts 1 $x ;;
             dp) run $n$b $bin $sl --hosts 2 $x ;;
@@ -172,7 +182,8 @@ for r in $(seq 1 "$rounds"); do
               pipeline_fsdp_ag_once=true ;;
           esac
           [ $n = one ] && base=$(cat $tmp/one$b.st)
-          row $n$b "$n$sfx" "$base"
+          row $n$b "$n$sfx${vn:+ $vn}" "$base"
+          done
         done
       done
     done

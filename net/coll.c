@@ -41,6 +41,7 @@ struct coll_dev {
 	uint64_t timeout_ns;
 	uint64_t step;
 	size_t direct_max;
+	bool two_level;
 	struct seq_entry *seqs;   /* touched by the device thread only */
 	int nseqs, capseqs;
 	struct coll_scratch scr_caller, scr_comm;
@@ -59,6 +60,8 @@ struct coll_dev {
 int coll_exec(struct coll_run *R)
 {
 	const struct coll_args *a = R->a;
+	if (coll_hier_applies(R))
+		return coll_hier_exec(R);
 	switch (a->op) {
 	case OP(ALL_GATHER): return a->runs ? coll_ring_all_gather_v(R) : coll_ring_all_gather(R);
 	case OP(REDUCE_SCATTER):
@@ -133,6 +136,11 @@ void coll_set_step(struct coll_dev *d, uint64_t step)
 void coll_set_direct_max(struct coll_dev *d, size_t bytes)
 {
 	d->direct_max = bytes;
+}
+
+void coll_set_two_level(struct coll_dev *d, bool on)
+{
+	d->two_level = on;
 }
 
 /* Next sequence number of group id on this device; -1 on no memory. */
@@ -232,6 +240,7 @@ static int check_args(struct coll_dev *d, const struct coll_group *g, struct col
 	a->step = d->step;
 	a->seg = d->seg;
 	a->direct_max = d->direct_max;
+	a->two_level = d->two_level;
 	if (a->runs)
 		return check_runs(g, a, err, errlen);
 

@@ -23,6 +23,7 @@
 #ifndef MESHRUN_COLL_H
 #define MESHRUN_COLL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -56,6 +57,19 @@ void coll_set_step(struct coll_dev *d, uint64_t step);
  * direct exchange instead of a ring. Default 65536; 0 = always ring. Every
  * member of a group must use the same value (it changes summation order). */
 void coll_set_direct_max(struct coll_dev *d, size_t bytes);
+/* all_gather, reduce_scatter and all_reduce (and their _v forms) on a
+ * group of H >= 2 hosts x D >= 2 devices each, uniform and host-major,
+ * run in two levels: within each host, then across hosts among the
+ * devices of one local index ((H-1)/H of the buffer crosses from a host,
+ * not (n-1)/n; docs/collectives.md). Other groups, and an all_gather of
+ * a size that is not whole floats, keep the flat ring. Default off.
+ * Every member of a group must use the same value (it changes the
+ * summation order). */
+void coll_set_two_level(struct coll_dev *d, bool on);
+/* Whether g is such a group on x's map of devices to hosts (then *hosts
+ * and *devices are H and D): the groups coll_set_two_level changes. */
+bool coll_two_level_shape(const struct xport *x, const struct coll_group *g, int *hosts,
+			  int *devices);
 
 /* out (n * bytes_per_rank) = every rank's in, in rank order. in may be
  * out + rank * bytes_per_rank (in place). */

@@ -41,6 +41,18 @@ struct coll_args {
 	const size_t *counts;
 	size_t seg;               /* segment bytes, multiple of 4 */
 	size_t direct_max;
+	/* all_gather, reduce_scatter and all_reduce on a group of H x D
+	 * devices: two levels (coll_hier.c) */
+	bool two_level;
+	/* the chunk numbers this run's messages use: [chunk_base, chunk_base
+	 * + chunk_span) (span 0: all 65536), so the phases of a two-level
+	 * collective, which share its group and sequence number, never match
+	 * each other's messages */
+	uint32_t chunk_base, chunk_span;
+	/* a phase of a two-level collective: that collective's op (errors
+	 * name it and the phase: across hosts or inside one); 0 otherwise */
+	uint32_t parent_op;
+	bool inter_phase;
 };
 
 /* A growable scratch buffer; one per executing thread of a device. */
@@ -71,6 +83,13 @@ int coll_dissemination_barrier(struct coll_run *R);
 int coll_ring_all_reduce_v(struct coll_run *R);
 int coll_ring_reduce_scatter_v(struct coll_run *R);
 int coll_ring_all_gather_v(struct coll_run *R);
+/* all_reduce of the runs in blocks of a->counts (a two-level phase) */
+int coll_ring_all_reduce_blocks_v(struct coll_run *R);
+/* coll_hier.c: whether a two-level form applies (a->two_level, the op,
+ * the group H >= 2 hosts x D >= 2 devices, uniform and host-major), and
+ * runs it */
+bool coll_hier_applies(const struct coll_run *R);
+int coll_hier_exec(struct coll_run *R);
 /* coll_a2a.c */
 int coll_pair_all_to_all(struct coll_run *R);
 int coll_pair_permute(struct coll_run *R);

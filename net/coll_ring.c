@@ -229,10 +229,10 @@ out_abandon:
 }
 
 /* Segment size: at least the configured one, and large enough that chunk
- * indices of all items fit in 16 bits. */
-static size_t pick_seg(size_t seg, size_t maxblock, int steps)
+ * indices of all items fit in span (0: 16 bits). */
+static size_t pick_seg(size_t seg, size_t maxblock, int steps, uint32_t span)
 {
-	long max_s = 65535 / (steps > 0 ? steps : 1);
+	long max_s = (long)(span ? span : 65535) / (steps > 0 ? steps : 1);
 	size_t need = (maxblock + (size_t)max_s - 1) / (size_t)max_s;
 	need = (need + 3) & ~(size_t)3;
 	return need > seg ? need : seg;
@@ -271,7 +271,8 @@ static int ring_setup(struct ring *g, struct coll_run *R, const size_t *blen, in
 	for (int b = 0; b < a->n; b++)
 		if (blen[b] > maxb)
 			maxb = blen[b];
-	g->seg = pick_seg(a->seg, maxb, K);
+	g->seg = pick_seg(a->seg, maxb, K, a->chunk_span);
+	g->chunk0 = a->chunk_base;
 	g->S = (int)((maxb + g->seg - 1) / g->seg);
 	if (alt_bytes) {
 		g->alt = coll_scratch_get(R->scr, alt_bytes);
@@ -344,16 +345,16 @@ static int direct_exchange(struct coll_run *R, uint8_t *dst, size_t stride,
 	int nr = 0, rc = 0;
 	for (int i = 1; i < a->n; i++) {
 		int p = mod(a->rank - i, a->n);
-		rc = addend ? coll_post_recv_add(R, a->devs[p], 0, (size_t)p * stride, (float *)dst,
-						 addend, len, &reqs[nr++])
-			    : coll_post_recv(R, a->devs[p], 0, (size_t)p * stride,
+		rc = addend ? coll_post_recv_add(R, a->devs[p], a->chunk_base, (size_t)p * stride,
+						 (float *)dst, addend, len, &reqs[nr++])
+			    : coll_post_recv(R, a->devs[p], a->chunk_base, (size_t)p * stride,
 					     dst + (size_t)p * stride, len, &reqs[nr++]);
 		if (rc)
 			goto out_abandon;
 	}
 	for (int i = 1; i < a->n; i++) {
 		int p = mod(a->rank + i, a->n);
-		if ((rc = coll_post_send(R, a->devs[p], 0, (size_t)a->rank * stride,
+		if ((rc = coll_post_send(R, a->devs[p], a->chunk_base, (size_t)a->rank * stride,
 					 src_for(R, p, ctx), len, &reqs[nr++])))
 			goto out_abandon;
 	}
@@ -654,6 +655,34 @@ int coll_ring_all_gather_v(struct coll_run *R)
 	return ring_v(R, R->a->n - 1, 0, R->a->counts);
 }
 
+/* all_reduce of a list of runs cut in blocks of counts[b] floats (the
+ * two-level collectives' inter-host phase): the reduce steps, then the
+ * gather steps, in one schedule, the sums of reduce_scatter_v then
+ * all_gather_v on those blocks. A small list runs those two (their
+ * direct exchanges) on the two halves of its chunk numbers. */
+int coll_ring_all_reduce_blocks_v(struct coll_run *R)
+{
+	const struct coll_args *a = R->a;
+	size_t c = most(a->counts, a->n);
+
+	if (c == 0 || a->n == 1)
+		return 0;
+	if (!use_direct(a, c * sizeof(float) * (size_t)a->n))
+		return ring_v(R, 2 * (a->n - 1), a->n - 1, a->counts);
+	struct coll_args a2 = *a;
+	struct coll_run R2 = *R;
+	uint32_t half = (a->chunk_span ? a->chunk_span : 65536) / 2;
+	R2.a = &a2;
+	a2.chunk_span = half;
+	a2.op = MESHRUN__COLL_OP__COLL_REDUCE_SCATTER;
+	int rc = ring_v(&R2, a->n - 1, a->n - 1, a->counts);
+	if (rc)
+		return rc;
+	a2.op = MESHRUN__COLL_OP__COLL_ALL_GATHER;
+	a2.chunk_base += half;
+	return ring_v(&R2, a->n - 1, 0, a->counts);
+}
+
 /* ---- broadcast: a chain root -> root+1 -> ... pipelined by segment ---- */
 
 int coll_chain_broadcast(struct coll_run *R)
@@ -666,7 +695,7 @@ int coll_chain_broadcast(struct coll_run *R)
 
 	if (a->bytes == 0 || n == 1)
 		return 0;
-	size_t seg = pick_seg(a->seg, a->bytes, 1);
+	size_t seg = pick_seg(a->seg, a->bytes, 1, 0);
 	long T = (long)((a->bytes + seg - 1) / seg);
 	long rp = 0, rd = 0, sp = 0, sd = 0;
 	struct xreq *rq[W] = { 0 }, *sq[W] = { 0 };

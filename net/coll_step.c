@@ -45,8 +45,14 @@ void *coll_scratch_get(struct coll_scratch *s, size_t bytes)
 int coll_fail(struct coll_run *R, int rc, const char *detail)
 {
 	const struct coll_args *a = R->a;
+	char name[64];
+	if (a->parent_op)
+		snprintf(name, sizeof(name), "%s (two-level, %s %s phase)", coll_op_name(a->parent_op),
+			 a->inter_phase ? "inter-host" : "intra-host", coll_op_name(a->op));
+	else
+		snprintf(name, sizeof(name), "%s", coll_op_name(a->op));
 	snprintf(R->err, R->errlen, "%s (group %u, seq %llu, step %llu) on device %d: %s",
-		 coll_op_name(a->op), a->group, (unsigned long long)a->seq,
+		 name, a->group, (unsigned long long)a->seq,
 		 (unsigned long long)a->step, R->me, detail);
 	xport_fail(R->x, rc, R->err);
 	return rc;
@@ -54,7 +60,9 @@ int coll_fail(struct coll_run *R, int rc, const char *detail)
 
 static void fill_meta(const struct coll_run *R, uint32_t chunk, uint64_t off, struct xmeta *m)
 {
-	m->op = R->a->op;
+	/* a two-level phase's messages carry the collective's op: a
+	 * transport error names what the caller issued */
+	m->op = R->a->parent_op ? R->a->parent_op : R->a->op;
 	m->group = R->a->group;
 	m->seq = R->a->seq;
 	m->step = R->a->step;

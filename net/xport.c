@@ -71,6 +71,7 @@ struct xport {
 	char fail_msg[512];
 	uint64_t local_bytes;    /* memcpy'd between devices of this host */
 	uint64_t messages;       /* sends posted by this host's devices */
+	uint64_t *remote_bytes;  /* per device: payload of its sends to other hosts */
 	/* eager sends (xport_set_eager): bytes sent to each host whose
 	 * RecvReady has not come back, and bytes staged from each host */
 	size_t eager_max, eager_credit;
@@ -116,9 +117,11 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 			nhosts = dev_host[d] + 1;
 	x->eager_out = calloc((size_t)nhosts, sizeof(size_t));
 	x->staged_in = calloc((size_t)nhosts, sizeof(size_t));
-	if (!x->eager_out || !x->staged_in) {
+	x->remote_bytes = calloc((size_t)(ndev_total > 0 ? ndev_total : 1), sizeof(uint64_t));
+	if (!x->eager_out || !x->staged_in || !x->remote_bytes) {
 		free(x->eager_out);
 		free(x->staged_in);
+		free(x->remote_bytes);
 		free(x->dev_host);
 		free(x);
 		return NULL;
@@ -203,6 +206,7 @@ void xport_free(struct xport *x)
 	pthread_mutex_destroy(&x->mu);
 	free(x->eager_out);
 	free(x->staged_in);
+	free(x->remote_bytes);
 	free(x->dev_host);
 	free(x);
 }
@@ -216,6 +220,13 @@ int xport_host_of(const struct xport *x, int dev)
 uint64_t xport_messages(struct xport *x)
 {
 	return __atomic_load_n(&x->messages, __ATOMIC_RELAXED);
+}
+
+uint64_t xport_remote_bytes(struct xport *x, int dev)
+{
+	if (dev < 0 || dev >= x->ndev)
+		return 0;
+	return __atomic_load_n(&x->remote_bytes[dev], __ATOMIC_RELAXED);
 }
 
 uint64_t xport_local_bytes(struct xport *x)
@@ -387,6 +398,8 @@ static int isend(struct xport *x, int src, int dst, const struct xmeta *m, const
 	__atomic_add_fetch(&x->messages, 1, __ATOMIC_RELAXED);
 	bool remote = x->dev_host[dst] != x->host_id;
 	struct xreq *peer = NULL;
+	if (remote)
+		__atomic_add_fetch(&x->remote_bytes[src], len, __ATOMIC_RELAXED);
 
 	pthread_mutex_lock(&x->mu);
 	if ((rc = atomic_load(&x->fail_rc)))

@@ -146,6 +146,10 @@ int xport_host_of(const struct xport *x, int dev);
 int xport_num_devices(const struct xport *x);
 /* Sends posted by this host's devices so far (messages, any length). */
 uint64_t xport_messages(struct xport *x);
+/* Payload bytes of the sends to other hosts posted by device dev of this
+ * host so far (DCN traffic before framing and TLS; counted once, when
+ * posted, so a resend after a link reset does not count again). */
+uint64_t xport_remote_bytes(struct xport *x, int dev);
 /* Bytes copied between devices of this host so far (ICI traffic). */
 uint64_t xport_local_bytes(struct xport *x);
 

@@ -102,7 +102,7 @@ START_TEST(test_reset_collectives)
 	int killed = reset_during(&p, 2.0, 5, 2.0);
 	ck_assert_msg(proc_wait(&p, 200) == 0, "bench failed:\n%s\n%s", slurp(p.out), slurp(p.err));
 	ck_assert_msg(killed >= 3, "only %d connections were reset", killed);
-	ck_assert_file_has(p.out, "check ok: 11 ops x 4 counts on 3 devices");
+	ck_assert_file_has(p.out, "check ok: 12 ops x 4 counts on 3 devices");
 	ck_assert_file_has(p.err, "resumed after");
 }
 END_TEST
@@ -522,7 +522,7 @@ START_TEST(test_drop_collectives)
 	proc_meshrun(&p, "coll", "bench", "collectives", "--hosts", "3", "--check-counts",
 		    "1000,300000,1000000", faults, (char *)NULL);
 	ck_assert_msg(proc_wait(&p, 120) == 0, "bench failed:\n%s\n%s", slurp(p.out), slurp(p.err));
-	ck_assert_file_has(p.out, "check ok: 11 ops x 3 counts on 3 devices");
+	ck_assert_file_has(p.out, "check ok: 12 ops x 3 counts on 3 devices");
 	ck_assert_int_lt(strlen(faults), sizeof(faults) - 1);
 	int fired = count_of(p.err, "fault: injected drop");
 	ck_assert_msg(fired == 12, "%d of 12 drops fired:\n%s", fired, slurp(p.err));
@@ -546,7 +546,7 @@ START_TEST(test_drop_lists)
 		    "drop:link=0-1:frame=150,drop:link=1-2:frame=220,drop:link=2-0:frame=300",
 		    (char *)NULL);
 	ck_assert_msg(proc_wait(&p, 120) == 0, "bench failed:\n%s\n%s", slurp(p.out), slurp(p.err));
-	ck_assert_file_has(p.out, "check ok: 2 ops x 2 counts on 3 devices");
+	ck_assert_file_has(p.out, "check ok: 3 ops x 2 counts on 3 devices");
 	int fired = count_of(p.err, "fault: injected drop");
 	ck_assert_msg(fired == 6, "%d of 6 drops fired:\n%s", fired, slurp(p.err));
 	ck_assert_int_ge(count_of(p.err, "frames lost on the way"), 6);

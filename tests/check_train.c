@@ -97,9 +97,13 @@ START_TEST(test_fsdp_equals_single)
 	equivalence("configs/deepseek-tiny.yml", 1, 2, "ici_fsdp_parallelism=2");
 }
 END_TEST
+/* fsdp over 2 hosts x 2 devices: llama-tiny with the two-level
+ * collectives (its gathers, reduce-scatters and the norm's all_reduce
+ * over all four: net/coll_hier.c), deepseek-tiny with the flat ring */
 START_TEST(test_dcn_fsdp_equals_single)
 {
-	equivalence("configs/llama-tiny.yml", 2, 2, "dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2");
+	equivalence("configs/llama-tiny.yml", 2, 2,
+		    "dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2 coll_two_level=true");
 	equivalence("configs/deepseek-tiny.yml", 2, 2, "dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2");
 }
 END_TEST

@@ -241,6 +241,21 @@ static inline char *slurp(const char *path)
 	return buf;
 }
 
+/* Runs argv (a launcher: its agents share its process group) to its end or
+ * timeout_s, then kills the group; out gets its stdout, then its stderr.
+ * Returns the exit status (or 128+signal), -1 at the timeout. */
+static inline int proc_capture(char *const argv[], char *out, size_t outlen, int timeout_s)
+{
+	struct proc p;
+	proc_start(&p, "run", argv, -1);
+	int rc = proc_wait(&p, timeout_s);
+	proc_kill(&p);
+	size_t n = (size_t)snprintf(out, outlen, "%s", slurp(p.out));
+	if (n < outlen)
+		snprintf(out + n, outlen - n, "%s", slurp(p.err));
+	return rc;
+}
+
 static inline bool file_has(const char *path, const char *needle)
 {
 	return strstr(slurp(path), needle) != NULL;

@@ -90,13 +90,20 @@ static int reserve(float **p, size_t *cap, size_t n)
 
 #define LIST_GAP 7777.0f
 
-/* A list case (c->run): all_gather's own block, or reduce_scatter's
- * whole input, laid out over runs with gaps; the same values as the
- * contiguous op's. */
+/* The floats of a list case's runs: all_reduce's buffer, the others'
+ * n blocks. */
+static size_t list_total(const struct dev_state *s, const struct ccase *c)
+{
+	return c->op == B_AR ? c->count : c->count * (size_t)s->g.n;
+}
+
+/* A list case (c->run): all_gather's own block, or reduce_scatter's or
+ * all_reduce's whole input, laid out over runs with gaps; the same
+ * values as the contiguous op's. */
 static int setup_list(struct dev_state *s, const struct ccase *c, int salt)
 {
 	int n = s->g.n, r = s->g.rank, dev = s->dc->device_id;
-	size_t total = c->count * (size_t)n, run = c->run, nrun = (total + run - 1) / run;
+	size_t total = list_total(s, c), run = c->run, nrun = (total + run - 1) / run;
 	if (reserve(&s->lst, &s->cap_lst, total + nrun + 1))
 		return -1;
 	if (nrun + 1 > s->cap_iov) {
@@ -114,8 +121,8 @@ static int setup_list(struct dev_state *s, const struct ccase *c, int salt)
 		s->lst[k] = LIST_GAP;
 	for (size_t k = 0; k < total; k++) {
 		bool mine = k / c->count == (size_t)r;
-		if (c->op == B_RS || mine)
-			s->lst[k + k / run] = c->op == B_RS ? val(dev, k, salt)
+		if (c->op != B_AG || mine)
+			s->lst[k + k / run] = c->op != B_AG ? val(dev, k, salt)
 							     : val(dev, k % c->count, salt);
 	}
 	for (int b = 0; b < n; b++)
@@ -182,6 +189,8 @@ static struct coll_handle *start_async(struct dev_state *s, const struct ccase *
 				       size_t errlen)
 {
 	size_t cnt = c->count;
+	if (c->run && c->op == B_AR)
+		return coll_all_reduce_v_async(s->cd, &s->g, s->iov, s->niov, err, errlen);
 	if (c->run)
 		return c->op == B_AG ? coll_all_gather_v_async(s->cd, &s->g, s->iov, s->niov, s->sb,
 							       err, errlen)
@@ -217,6 +226,8 @@ static int run_case(struct dev_state *s, const struct ccase *c, char *err, size_
 		return coll_wait(h, xport_now_ns() + (uint64_t)(s->dc->cfg->collective_timeout_s * 1e9),
 				 err, errlen);
 	}
+	if (c->run && c->op == B_AR)
+		return coll_all_reduce_v(s->cd, &s->g, s->iov, s->niov, err, errlen);
 	if (c->run)
 		return c->op == B_AG ? coll_all_gather_v(s->cd, &s->g, s->iov, s->niov, s->sb, err,
 							 errlen)
@@ -255,13 +266,13 @@ static void note_bad(struct dev_state *s, size_t idx, float got, float want, uin
  * checks of the contiguous op. */
 static uint64_t list_out(struct dev_state *s, const struct ccase *c)
 {
-	size_t total = c->count * (size_t)s->g.n, run = c->run, nrun = (total + run - 1) / run;
+	size_t total = list_total(s, c), run = c->run, nrun = (total + run - 1) / run;
 	uint64_t wrong = 0;
 	for (size_t j = 0; j + 1 < nrun; j++)
 		if (s->lst[j * (run + 1) + run] != LIST_GAP)
 			note_bad(s, j * (run + 1) + run, s->lst[j * (run + 1) + run], LIST_GAP, &wrong);
-	size_t k0 = c->op == B_AG ? 0 : (size_t)s->g.rank * c->count;
-	size_t nk = c->op == B_AG ? total : c->count;
+	size_t k0 = c->op == B_RS ? (size_t)s->g.rank * c->count : 0;
+	size_t nk = c->op == B_RS ? c->count : total;
 	for (size_t k = 0; k < nk; k++)
 		s->out[k] = s->lst[k0 + k + (k0 + k) / run];
 	return wrong;
@@ -399,6 +410,9 @@ struct rank_stat {
 	double loop_us;           /* wall time of the timed loop, barriers
 				   * included, per iteration */
 	uint64_t wrong;
+	uint64_t dcn_bytes;       /* payload this device sent to other hosts
+				   * in the timed loop, all iterations */
+	uint64_t hash;            /* --check-bits: FNV-1a of the result */
 };
 
 static int gather_stats(struct dev_state *s, struct rank_stat *mine, struct rank_stat *all,
@@ -417,6 +431,99 @@ static void case_label(const struct ccase *c, char *buf, size_t len)
 		snprintf(buf, len, "%s_v runs %zu", bop_names[c->op], c->run);
 	else
 		snprintf(buf, len, "%s", bop_names[c->op]);
+}
+
+/* Values whose sums round, so another summation order shows in the bits. */
+static float rough(int dev, size_t i)
+{
+	return (float)((dev * 7919 + (long)(i % 100003) * 104729) % 100003) / 997.0f * (i % 2 ? 1 : -1) +
+	       1e-3f * (float)dev;
+}
+
+static uint64_t fnv(const float *p, size_t n)
+{
+	uint64_t h = 1469598103934665603ull;
+	const unsigned char *b = (const unsigned char *)p;
+	for (size_t i = 0; i < n * sizeof(float); i++)
+		h = (h ^ b[i]) * 1099511628211ull;
+	return h;
+}
+
+/* --check-bits: all_reduce, contiguous and over runs, of values that
+ * round, twice at every count: every rank's result and the rerun's must
+ * be the same bits. Prints each result's hash so separate jobs (a rerun,
+ * another setting) can be compared. Adds the cases that differ to *bad. */
+static int check_bits(struct dev_state *s, const struct bench_opts *o, struct rank_stat *all,
+		      uint64_t *bad)
+{
+	struct device_ctx *dc = s->dc;
+	int n = s->g.n, rc;
+	for (int ci = 0; ci < o->ncounts; ci++) {
+		for (int list = 0; list < 2; list++) {
+			struct ccase c = { .op = B_AR, .count = o->counts[ci], .run = list ? 128 : 0 };
+			uint64_t first = 0;
+			bool same = true;
+			for (int rerun = 0; rerun < 2; rerun++) {
+				if (setup(s, &c, 0))
+					return -EIO;
+				for (size_t i = 0; i < c.count; i++) {
+					if (list)
+						s->lst[i + i / c.run] = rough(dc->device_id, i);
+					else
+						s->out[i] = rough(dc->device_id, i);
+				}
+				if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
+					return rc == -EINVAL ? -EIO : -EHOSTDOWN;
+				struct rank_stat mine = { .wrong = list ? list_out(s, &c) : 0,
+							  .hash = fnv(s->out, c.count) };
+				if ((rc = gather_stats(s, &mine, all, dc->err, sizeof(dc->err))))
+					return -EHOSTDOWN;
+				if (!rerun)
+					first = all[0].hash;
+				for (int p = 0; p < n; p++)
+					same = same && !all[p].wrong && all[p].hash == first;
+			}
+			if (!same)
+				(*bad)++;
+			if (dc->device_id == 0)
+				printf("bits all_reduce%s count %-9zu %016llx %s\n", list ? "_v" : "  ",
+				       c.count, (unsigned long long)first,
+				       same ? "on every rank, rerun the same" : "mismatch between ranks or runs");
+		}
+		/* reduce_scatter, contiguous and over runs: each rank's block
+		 * the same bits in both forms */
+		uint64_t h[2] = { 0, 0 };
+		for (int list = 0; list < 2; list++) {
+			struct ccase c = { .op = B_RS, .count = o->counts[ci], .run = list ? 128 : 0 };
+			size_t total = c.count * (size_t)n;
+			if (setup(s, &c, 0))
+				return -EIO;
+			for (size_t i = 0; i < total; i++) {
+				if (list)
+					s->lst[i + i / c.run] = rough(dc->device_id, i);
+				else
+					s->in[i] = rough(dc->device_id, i);
+			}
+			if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
+				return rc == -EINVAL ? -EIO : -EHOSTDOWN;
+			if (list && list_out(s, &c))
+				h[1] = ~h[0];   /* a gap overwritten: differs */
+			else
+				h[list] = fnv(s->out, c.count);
+		}
+		struct rank_stat mine = { .wrong = h[0] != h[1] };
+		if ((rc = gather_stats(s, &mine, all, dc->err, sizeof(dc->err))))
+			return -EHOSTDOWN;
+		bool same = true;
+		for (int p = 0; p < n; p++)
+			same = same && !all[p].wrong;
+		if (!same)
+			(*bad)++;
+		if (dc->device_id == 0)
+			printf("bits reduce_scatter count %-9zu %s\n", o->counts[ci],
+			       same ? "contiguous and list the same on every rank" : "contiguous and list differ");
+	}
+	return 0;
 }
 
 /* Check mode: every op at every count; returns 0 or -errno. */
@@ -449,6 +556,7 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 		size_t run = cnt > (1u << 18) ? 8192 : 128;
 		cases[nc++] = (struct ccase){ .op = B_AG, .count = lc, .run = run };
 		cases[nc++] = (struct ccase){ .op = B_RS, .count = lc, .run = run };
+		cases[nc++] = (struct ccase){ .op = B_AR, .count = lc, .run = run };
 		for (int k = 0; k < nc; k++) {
 			const struct ccase *c = &cases[k];
 			char label[64];
@@ -479,11 +587,16 @@ static int check_all(struct dev_state *s, const struct bench_opts *o, struct ran
 				       (unsigned long long)w);
 		}
 	}
+	if (o->check_bits) {
+		int rc = check_bits(s, o, all, &total_wrong);
+		if (rc)
+			return rc;
+	}
 	if (dc->device_id == 0) {
 		if (total_wrong)
 			printf("check failed: %llu wrong elements\n", (unsigned long long)total_wrong);
 		else
-			printf("check ok: %d ops x %d counts on %d devices%s\n", o->lists_only ? 2 : 11,
+			printf("check ok: %d ops x %d counts on %d devices%s\n", o->lists_only ? 3 : 12,
 			       o->ncounts, n,
 			       o->async ? " (async forms)" : "");
 		fflush(stdout);
@@ -512,6 +625,7 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 	}
 	double cpu_us[BENCH_MAX_LIST] = { 0 }, busy[BENCH_MAX_LIST] = { 0 };
 	size_t row_bytes[BENCH_MAX_LIST] = { 0 };   /* the size column of each row */
+	uint64_t dcn_host0[BENCH_MAX_LIST] = { 0 }, dcn_all[BENCH_MAX_LIST] = { 0 };
 	for (int si = 0; si < o->nsizes; si++) {
 		/* size = the full buffer as nccl-tests defines it */
 		size_t floats = o->sizes[si] / sizeof(float);
@@ -546,16 +660,19 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		struct thr_cpu thr0[MAX_THREADS];
 		int nthr0 = dc->device_id == 0 ? thread_cpu(thr0, MAX_THREADS) : 0;
 		double total = 0, cpu0 = util_cpu_us();
-		uint64_t loop0 = xport_now_ns();
+		uint64_t loop0 = xport_now_ns(), dcn0 = 0;
 		for (int it = 0; it < o->iters; it++) {
 			if ((o->barrier || it == 0) &&
 			    (rc = coll_barrier(s->cd, &s->g, dc->err, sizeof(dc->err))))
 				return -EHOSTDOWN;
+			if (it == 0)
+				dcn0 = xport_remote_bytes(dc->xport, dc->device_id);
 			uint64_t t0 = xport_now_ns();
 			if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
 				return -EHOSTDOWN;
 			total += (double)(xport_now_ns() - t0);
 		}
+		uint64_t dcn = xport_remote_bytes(dc->xport, dc->device_id) - dcn0;
 		/* fresh inputs (all_reduce worked in place), one checked run */
 		if (setup(s, &c, salt))
 			return -EIO;
@@ -570,7 +687,8 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 		struct rank_stat mine = { .time_us = total / o->iters / 1e3,
 					  .cpu_us = dc->local_index == 0 ? cpu : 0,
 					  .loop_us = loop,
-					  .wrong = verify(s, &c, salt) };
+					  .wrong = verify(s, &c, salt),
+					  .dcn_bytes = dcn };
 		if (mine.wrong)
 			fprintf(stderr, "mismatch: %s size %zu on device %d: element %zu is %.9g, "
 				"want %.9g (%llu wrong)\n", bop_names[op], size_floats * sizeof(float),
@@ -580,7 +698,11 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 			return -EHOSTDOWN;
 		double t = 0;
 		uint64_t wrong = 0;
+		dcn_host0[si] = dcn_all[si] = 0;
 		for (int p = 0; p < n; p++) {
+			dcn_all[si] += all[p].dcn_bytes;
+			if (xport_host_of(dc->xport, s->g.devs[p]) == 0)
+				dcn_host0[si] += all[p].dcn_bytes;
 			if (all[p].time_us > t)
 				t = all[p].time_us;
 			wrong += all[p].wrong;
@@ -616,6 +738,12 @@ static int time_op(struct dev_state *s, const struct bench_opts *o, int op, stru
 			printf("# cpu %zu: %.1f us per iteration, all agents (user+sys); "
 			       "%.2f cores busy\n", row_bytes[si],
 			       cpu_us[si], busy[si]);
+		/* payload bytes the devices posted to other hosts (no framing,
+		 * no TLS): what the algorithm sends across, a count */
+		for (int si = 0; si < o->nsizes && dc->mesh->num_hosts > 1; si++)
+			printf("# dcn %zu: %.0f bytes per iteration from host 0, %.0f from all hosts "
+			       "(payload)\n", row_bytes[si], (double)dcn_host0[si] / o->iters,
+			       (double)dcn_all[si] / o->iters);
 		fflush(stdout);
 	}
 	if (dc->device_id == 0 && dc->mesh->num_hosts > 1) {
@@ -653,6 +781,7 @@ int bench_coll_job(struct device_ctx *dc)
 	s->rb = s->sb + n;
 	if (o->direct_max >= 0)
 		coll_set_direct_max(s->cd, (size_t)o->direct_max);
+	coll_set_two_level(s->cd, dc->cfg->coll_two_level);
 
 	if (o->ncounts) {
 		rc = check_all(s, o, all);

@@ -29,6 +29,8 @@ struct bench_opts {
 	bool async;               /* the _async forms and coll_wait, where they exist */
 	bool lists_only;          /* check mode: only the list forms (a test's
 				   * faults land in their messages) */
+	bool check_bits;          /* check mode: all_reduce's bits the same on
+				   * every rank and on a rerun */
 };
 
 /* An agent_job_fn; dev->job_arg is a const struct bench_opts. Global

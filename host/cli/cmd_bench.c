@@ -178,6 +178,7 @@ static int cmd_bench_coll(int argc, char **argv)
 		{ "--sizes", ARG_STR, &sizes, 0, 0, NULL },
 		{ "--check-counts", ARG_STR, &counts, 0, 0, NULL },
 		{ "--check-lists", ARG_BOOL, &o.lists_only, 0, 0, NULL },
+		{ "--check-bits", ARG_BOOL, &o.check_bits, 0, 0, NULL },
 		{ "--iters", ARG_INT, &o.iters, 1, 1000000000, NULL },
 		{ "--warmup", ARG_INT, &o.warmup, 0, 1000000000, NULL },
 		{ "--direct-max", ARG_LONG, &o.direct_max, 0, 1000000000, NULL },

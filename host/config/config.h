@@ -63,6 +63,7 @@ struct cfg_list {
 	X(STR,   tls_records, "own", 0, "own | openssl: who writes and reads a link's TLS 1.3 records after OpenSSL's handshake: meshrun's record layer (the same records, OpenSSL's cipher; up to max_send_bytes a send(), 256 KiB a recv(), decrypted into the posted buffer) or OpenSSL's (one system call a 16 KiB record)") \
 	X(INT,   tcp_notsent_lowat_bytes, "262144", 0, "TCP_NOTSENT_LOWAT on every link's socket: the kernel takes more bytes only while fewer than this wait unsent, so a control frame never queues behind more (on a slow link, megabytes are seconds); 0: the kernel's default, no limit") \
 	X(INT,   link_streams, "1", 1, "TLS connections per host pair, each read by its own stream thread; a host's messages go round them, so the cipher can run on more cores than there are peers") \
+	X(BOOL,  coll_two_level, "false", 1, "all_gather, reduce_scatter and all_reduce on a group of H >= 2 hosts x D >= 2 devices each (uniform, host-major) run in two levels, within each host then across hosts among devices of one local index: (H-1)/H of the buffer leaves a host instead of (n-1)/n, in H-1 hops instead of n-1; other groups keep the flat ring; changes those groups' summation order (docs/collectives.md)") \
 	/* --- mesh: every ici_* key, then every dcn_* key, from MESH_AXES --- */ \
 	MESH_AXES(CFG_ICI_KEY, X) \
 	MESH_AXES(CFG_DCN_KEY, X) \

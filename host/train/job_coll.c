@@ -212,6 +212,7 @@ int job_start_xcoll(struct job_ctx *c)
 		return -EAGAIN;
 	}
 	coll_set_step(c->xcoll, (uint64_t)c->step);
+	coll_set_two_level(c->xcoll, c->two_level);
 	return 0;
 }
 

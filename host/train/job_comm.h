@@ -41,6 +41,7 @@ struct job_ctx {
 	 * XCHG_GROUP + the mesh group's, apart from those coll uses. */
 	struct coll_dev *xcoll;
 	size_t segment_bytes;
+	bool two_level;             /* coll_two_level */
 	const struct mesh *mesh;
 	int device;
 	struct axes_group grp[MAX_AXES_GROUPS];

@@ -261,6 +261,7 @@ int train_job(struct device_ctx *dev)
 	struct job_ctx jc = { .mesh = dev->mesh, .device = dev->device_id, .err = err, .errlen = errlen,
 			      .timeout_s = c->collective_timeout_s, .agent = dev->agent,
 			      .segment_bytes = (size_t)c->segment_bytes,
+			      .two_level = c->coll_two_level,
 			      .xport = dev->xport };
 	struct shard_rules *rules = NULL;
 	struct trainer *t = NULL;
@@ -300,6 +301,7 @@ int train_job(struct device_ctx *dev)
 		ret = -EAGAIN;
 		goto out;
 	}
+	coll_set_two_level(jc.coll, c->coll_two_level);
 	if ((ret = device_priority(dev, &jc)))
 		goto out;
 	const struct coll_group *rg = job_group(&jc, rows), *allg = job_group(&jc, (1u << AX_COUNT) - 1);
