@@ -10,6 +10,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* ---- vector instructions of the elementwise kernels (kernels/isa.c) ---- */
+/* Each set gives the same bits (kernels/isa.h says why); wider runs faster.
+ * The widest the CPU supports is chosen before main. */
+enum kernel_isa { KERNEL_ISA_BASE, KERNEL_ISA_AVX2, KERNEL_ISA_AVX512, KERNEL_ISA_COUNT };
+enum kernel_isa kernel_isa_best(void);
+/* -ENOTSUP if this CPU lacks isa; not thread-safe against running kernels */
+int kernel_isa_set(enum kernel_isa isa);
+enum kernel_isa kernel_isa(void);
+const char *kernel_isa_name(enum kernel_isa isa);
+
 /* ---- matmul (the one BLAS entry point) ---- */
 /* out (N,OC) = inp (N,C) . weight(OC,C)^T      [+= if accumulate] */
 void matmul_forward(float *out, const float *inp, const float *weight,
