@@ -1,7 +1,9 @@
 /* Pure compute on float32 row-major buffers (docs/conventions.md#kernels, llm.c conventions):
  * op_forward(out, cache..., in, params..., dims) and
  * op_backward(din, dparams..., dout, in, params, cache..., dims); backward
- * ACCUMULATES (+=) into every d-buffer; a NULL d-buffer is skipped.
+ * ACCUMULATES (+=) into every d-buffer (where a trailing accumulate = 0
+ * asks, it writes instead, with the bits a zeroed buffer would get); a
+ * NULL d-buffer is skipped.
  * No I/O, no threads of our own, no allocation: scratch is passed in.
  * matmul.c is the only caller of OpenBLAS. */
 #ifndef MESHRUN_KERNELS_H
@@ -76,9 +78,9 @@ void rope_table(float *cos_t, float *sin_t, int T, int D, float theta);
 /* x (B,T,H,D) rotated in place (out may equal inp) */
 void rope_forward(float *out, const float *inp, const float *cos_t, const float *sin_t,
 		  int B, int T, int H, int D);
-/* dinp += R^T dout */
+/* dinp += R^T dout   [= if !accumulate: no memset first, the same bits] */
 void rope_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
-		   int B, int T, int H, int D);
+		   int B, int T, int H, int D, int accumulate);
 
 /* ---- RoPE on part of each head, adjacent pairs (kernels/mla.c) ----
  * DeepSeek-V3's rope_interleave: dims (off + 2i, off + 2i + 1) of each
@@ -128,8 +130,9 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 /* ---- SwiGLU ---- */
 /* out (N,H) = silu(gate) * up */
 void swiglu_forward(float *out, const float *gate, const float *up, int N, int H);
+/* dgate, dup += ...   [= if !accumulate: no memset first, the same bits] */
 void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-		     const float *up, int N, int H);
+		     const float *up, int N, int H, int accumulate);
 
 /* ---- residual ---- */
 void residual_forward(float *out, const float *a, const float *b, int n);

@@ -369,16 +369,18 @@ KERNEL_INLINE void rope_vec(float *o, const float *x, const float *c, const floa
 	}
 }
 
-/* one head vector: o += R^T x */
-KERNEL_INLINE void rope_vec_t(float *o, const float *x, const float *c, const float *s, int half)
+/* one head vector: o += R^T x, or with acc 0 o = 0.0f + R^T x (the bits
+ * of memset(0) then +=) */
+KERNEL_INLINE void rope_vec_t(float *o, const float *x, const float *c, const float *s, int half,
+			      const int acc)
 {
 	int i = 0;
 	for (; i + EW <= half; i += EW) {
 		float lo[EW], hi[EW];
 		for (int j = 0; j < EW; j++) {
 			float x1 = x[i + j], x2 = x[i + half + j];
-			lo[j] = o[i + j] + x1 * c[i + j] + x2 * s[i + j];
-			hi[j] = o[i + half + j] + x2 * c[i + j] - x1 * s[i + j];
+			lo[j] = (acc ? o[i + j] : 0.0f) + x1 * c[i + j] + x2 * s[i + j];
+			hi[j] = (acc ? o[i + half + j] : 0.0f) + x2 * c[i + j] - x1 * s[i + j];
 		}
 		for (int j = 0; j < EW; j++) {
 			o[i + j] = lo[j];
@@ -387,8 +389,8 @@ KERNEL_INLINE void rope_vec_t(float *o, const float *x, const float *c, const fl
 	}
 	for (; i < half; i++) {
 		float x1 = x[i], x2 = x[i + half];
-		o[i] += x1 * c[i] + x2 * s[i];
-		o[i + half] += x2 * c[i] - x1 * s[i];
+		o[i] = (acc ? o[i] : 0.0f) + x1 * c[i] + x2 * s[i];
+		o[i + half] = (acc ? o[i + half] : 0.0f) + x2 * c[i] - x1 * s[i];
 	}
 }
 
@@ -410,25 +412,47 @@ KERNEL_DISPATCH(rope_forward, (float *out, const float *inp, const float *cos_t,
 		const float *sin_t, int B, int T, int H, int D),
 		(out, inp, cos_t, sin_t, B, T, H, D))
 
-KERNEL_INLINE void rope_backward_body(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
-		   int B, int T, int H, int D)
+KERNEL_INLINE void rope_backward_body(float *dinp, const float *dout, const float *cos_t,
+				      const float *sin_t, int B, int T, int H, int D, const int acc)
 {
 	// dout, dinp (B,T,H,D); cos_t, sin_t (T, D/2)
 	int half = D / 2;
-	if (!dinp)
-		return;
 	for (int b = 0; b < B; b++)
 		for (int t = 0; t < T; t++)
 			for (int h = 0; h < H; h++) {
 				size_t off = (((size_t)b * T + t) * H + h) * D;
 				rope_vec_t(dinp + off, dout + off, cos_t + (size_t)t * half,
-					   sin_t + (size_t)t * half, half);
+					   sin_t + (size_t)t * half, half, acc);
 			}
 }
 
-KERNEL_DISPATCH(rope_backward, (float *dinp, const float *dout, const float *cos_t,
-		const float *sin_t, int B, int T, int H, int D),
-		(dinp, dout, cos_t, sin_t, B, T, H, D))
+KERNEL_INLINE void rope_backward_add_body(float *dinp, const float *dout, const float *cos_t,
+					  const float *sin_t, int B, int T, int H, int D)
+{
+	rope_backward_body(dinp, dout, cos_t, sin_t, B, T, H, D, 1);
+}
+
+KERNEL_INLINE void rope_backward_set_body(float *dinp, const float *dout, const float *cos_t,
+					  const float *sin_t, int B, int T, int H, int D)
+{
+	rope_backward_body(dinp, dout, cos_t, sin_t, B, T, H, D, 0);
+}
+
+KERNEL_VARIANTS(rope_backward_add, (float *dinp, const float *dout, const float *cos_t,
+		const float *sin_t, int B, int T, int H, int D), (dinp, dout, cos_t, sin_t, B, T, H, D));
+KERNEL_VARIANTS(rope_backward_set, (float *dinp, const float *dout, const float *cos_t,
+		const float *sin_t, int B, int T, int H, int D), (dinp, dout, cos_t, sin_t, B, T, H, D));
+
+void rope_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
+		   int B, int T, int H, int D, int accumulate)
+{
+	if (!dinp)
+		return;
+	if (accumulate)
+		KERNEL(rope_backward_add)(dinp, dout, cos_t, sin_t, B, T, H, D);
+	else
+		KERNEL(rope_backward_set)(dinp, dout, cos_t, sin_t, B, T, H, D);
+}
 
 /* ---- causal attention ---- */
 
@@ -527,8 +551,11 @@ KERNEL_INLINE void swiglu_forward_body(float *out, const float *gate, const floa
 KERNEL_DISPATCH(swiglu_forward, (float *out, const float *gate, const float *up, int N, int H),
 		(out, gate, up, N, H))
 
+/* acc (a constant where it is inlined): += into the d-buffers, else =
+ * with the same bits memset(0) and += would give (0.0f + x, as a -0.0f
+ * must become +0.0f) */
 KERNEL_INLINE void swiglu_backward_body(float *dgate, float *dup, const float *dout, const float *gate,
-		     const float *up, int N, int H)
+					const float *up, int N, int H, const int acc)
 {
 	// dout, gate, up, dgate, dup (N,H)
 	/* silu'(g) = s (1 + g (1 - s)),  s = sigmoid(g) */
@@ -538,8 +565,8 @@ KERNEL_INLINE void swiglu_backward_body(float *dgate, float *dup, const float *d
 			float tg[EW], tu[EW];
 			for (int j = 0; j < EW; j++) {
 				float g = gate[i + j], s = sigmoid_fast(g), d = dout[i + j];
-				tg[j] = dgate[i + j] + d * up[i + j] * s * (1.0f + g * (1.0f - s));
-				tu[j] = dup[i + j] + d * g * s;
+				tg[j] = (acc ? dgate[i + j] : 0.0f) + d * up[i + j] * s * (1.0f + g * (1.0f - s));
+				tu[j] = (acc ? dup[i + j] : 0.0f) + d * g * s;
 			}
 			for (int j = 0; j < EW; j++) {
 				dgate[i + j] = tg[j];
@@ -551,7 +578,8 @@ KERNEL_INLINE void swiglu_backward_body(float *dgate, float *dup, const float *d
 			float tg[EW];
 			for (int j = 0; j < EW; j++) {
 				float g = gate[i + j], s = sigmoid_fast(g);
-				tg[j] = dgate[i + j] + dout[i + j] * up[i + j] * s * (1.0f + g * (1.0f - s));
+				tg[j] = (acc ? dgate[i + j] : 0.0f) +
+					dout[i + j] * up[i + j] * s * (1.0f + g * (1.0f - s));
 			}
 			for (int j = 0; j < EW; j++)
 				dgate[i + j] = tg[j];
@@ -560,7 +588,8 @@ KERNEL_INLINE void swiglu_backward_body(float *dgate, float *dup, const float *d
 		for (; i + EW <= n; i += EW) {
 			float tu[EW];
 			for (int j = 0; j < EW; j++)
-				tu[j] = dup[i + j] + dout[i + j] * gate[i + j] * sigmoid_fast(gate[i + j]);
+				tu[j] = (acc ? dup[i + j] : 0.0f) +
+					dout[i + j] * gate[i + j] * sigmoid_fast(gate[i + j]);
 			for (int j = 0; j < EW; j++)
 				dup[i + j] = tu[j];
 		}
@@ -568,15 +597,37 @@ KERNEL_INLINE void swiglu_backward_body(float *dgate, float *dup, const float *d
 	for (; i < n; i++) {
 		float g = gate[i], s = sigmoid_fast(g), d = dout[i];
 		if (dgate)
-			dgate[i] += d * up[i] * s * (1.0f + g * (1.0f - s));
+			dgate[i] = (acc ? dgate[i] : 0.0f) + d * up[i] * s * (1.0f + g * (1.0f - s));
 		if (dup)
-			dup[i] += d * g * s;
+			dup[i] = (acc ? dup[i] : 0.0f) + d * g * s;
 	}
 }
 
-KERNEL_DISPATCH(swiglu_backward, (float *dgate, float *dup, const float *dout,
-		const float *gate, const float *up, int N, int H),
-		(dgate, dup, dout, gate, up, N, H))
+KERNEL_INLINE void swiglu_backward_add_body(float *dgate, float *dup, const float *dout,
+					    const float *gate, const float *up, int N, int H)
+{
+	swiglu_backward_body(dgate, dup, dout, gate, up, N, H, 1);
+}
+
+KERNEL_INLINE void swiglu_backward_set_body(float *dgate, float *dup, const float *dout,
+					    const float *gate, const float *up, int N, int H)
+{
+	swiglu_backward_body(dgate, dup, dout, gate, up, N, H, 0);
+}
+
+KERNEL_VARIANTS(swiglu_backward_add, (float *dgate, float *dup, const float *dout,
+		const float *gate, const float *up, int N, int H), (dgate, dup, dout, gate, up, N, H));
+KERNEL_VARIANTS(swiglu_backward_set, (float *dgate, float *dup, const float *dout,
+		const float *gate, const float *up, int N, int H), (dgate, dup, dout, gate, up, N, H));
+
+void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+		     const float *up, int N, int H, int accumulate)
+{
+	if (accumulate)
+		KERNEL(swiglu_backward_add)(dgate, dup, dout, gate, up, N, H);
+	else
+		KERNEL(swiglu_backward_set)(dgate, dup, dout, gate, up, N, H);
+}
 
 /* ---- residual ---- */
 

@@ -75,10 +75,11 @@ static void case_rope(struct arena *a, int n)
 	int B = 1, T = 2, H = 2, D = 2 * n;
 	size_t sz = (size_t)B * T * H * D;
 	float *c = fill(a, (size_t)T * n, 1), *s = fill(a, (size_t)T * n, 1);
-	float *x = fill(a, sz, 2), *y = fill(a, sz, 1), *dx = fill(a, sz, 1);
+	float *x = fill(a, sz, 2), *y = fill(a, sz, 1), *dx = fill(a, sz, 1), *dx2 = fill(a, sz, 1);
 	rope_forward(y, x, c, s, B, T, H, D);
 	rope_forward(x, x, c, s, B, T, H, D);  /* in place */
-	rope_backward(dx, y, c, s, B, T, H, D);
+	rope_backward(dx, y, c, s, B, T, H, D, 1);
+	rope_backward(dx2, y, c, s, B, T, H, D, 0);
 }
 
 static void case_attention(struct arena *a, int n)
@@ -100,10 +101,12 @@ static void case_swiglu(struct arena *a, int n)
 	size_t sz = (size_t)N * n;
 	float *g = fill_wide(a, sz), *u = fill(a, sz, 2), *h = fill(a, sz, 1), *d = fill(a, sz, 1);
 	float *dg = fill(a, sz, 1), *du = fill(a, sz, 1), *dg1 = fill(a, sz, 1), *du1 = fill(a, sz, 1);
+	float *dg2 = fill(a, sz, 1), *du2 = fill(a, sz, 1);
 	swiglu_forward(h, g, u, N, n);
-	swiglu_backward(dg, du, d, g, u, N, n);
-	swiglu_backward(dg1, NULL, d, g, u, N, n);
-	swiglu_backward(NULL, du1, d, g, u, N, n);
+	swiglu_backward(dg, du, d, g, u, N, n, 1);
+	swiglu_backward(dg1, NULL, d, g, u, N, n, 1);
+	swiglu_backward(NULL, du1, d, g, u, N, n, 1);
+	swiglu_backward(dg2, du2, d, g, u, N, n, 0);
 }
 
 static void case_residual_embedding(struct arena *a, int n)

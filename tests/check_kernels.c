@@ -555,10 +555,10 @@ START_TEST(test_rope)
 	for (size_t i = 0; i < n; i++)
 		ck_assert_float_eq(inplace[i], out[i]);
 	/* R is orthogonal: R^T R x = x */
-	rope_backward(back, out, cs, sn, B, T, H, D);
+	rope_backward(back, out, cs, sn, B, T, H, D, 1);
 	for (size_t i = 0; i < n; i++)
 		ck_assert_float_eq_tol(back[i], x[i], 1e-6f);
-	rope_backward(dx, r, cs, sn, B, T, H, D);
+	rope_backward(dx, r, cs, sn, B, T, H, D, 1);
 	check_grad("rope dinp", dx, d0, 1, c.x, n, SIZE_MAX, rope_loss, &c);
 	free(cs), free(sn), free(x), free(out), free(r), free(d0), free(dx), free(back);
 	free(inplace), free(c.x), free(c.out);
@@ -892,17 +892,49 @@ START_TEST(test_swiglu)
 	swiglu_forward(out, g, u, N, H);
 	swi_loss(&c);
 	expect_close("swiglu out", out, c.out, n, TOL);
-	swiglu_backward(dg, du, r, g, u, N, H);
+	swiglu_backward(dg, du, r, g, u, N, H, 1);
 	check_grad("swiglu dgate", dg, dg0, 1, c.g, n, SIZE_MAX, swi_loss, &c);
 	check_grad("swiglu dup", du, du0, 1, c.u, n, SIZE_MAX, swi_loss, &c);
 	memcpy(dg, dg0, sizeof(float) * n);
 	memcpy(du, du0, sizeof(float) * n);
-	swiglu_backward(dg, NULL, r, g, u, N, H);
-	swiglu_backward(NULL, du, r, g, u, N, H);
+	swiglu_backward(dg, NULL, r, g, u, N, H, 1);
+	swiglu_backward(NULL, du, r, g, u, N, H, 1);
 	check_grad("swiglu dgate alone", dg, dg0, 1, c.g, n, SIZE_MAX, swi_loss, &c);
 	check_grad("swiglu dup alone", du, du0, 1, c.u, n, SIZE_MAX, swi_loss, &c);
 	free(g), free(u), free(out), free(r), free(dg0), free(du0), free(dg), free(du);
 	free(c.g), free(c.u), free(c.out);
+}
+END_TEST
+
+/* accumulate = 0 writes what memset(0) and += would: every bit, a -0.0f
+ * result included (0.0f + -0.0f is +0.0f), over a buffer of garbage */
+START_TEST(test_backward_write)
+{
+	const int N = 3, H = 19, B = 1, T = 3, Hh = 2, D = 2 * H;
+	size_t n = (size_t)N * H, nr = (size_t)B * T * Hh * D, nt = (size_t)T * H;
+	float *g = frand(n, 4), *u = frand(n, 1), *d = frand(n, 1);
+	float *dg0 = fzero(n), *du0 = fzero(n), *dg = malloc(n * sizeof(float));
+	float *du = malloc(n * sizeof(float));
+	float *cs = frand(nt, 1), *sn = frand(nt, 1), *r = frand(nr, 1), *dx0 = fzero(nr);
+	float *dx = malloc(nr * sizeof(float));
+	ck_assert_ptr_nonnull(dg);
+	ck_assert_ptr_nonnull(du);
+	ck_assert_ptr_nonnull(dx);
+	d[0] = -0.0f, u[0] = 1.0f, g[0] = 1.0f;  /* dgate and dup products of -0 */
+	r[0] = -0.0f, r[H] = -0.0f, cs[0] = 1.0f, sn[0] = 1.0f; /* -0 c + -0 s is -0 */
+	memset(dg, 0xff, n * sizeof(float)), memset(du, 0xff, n * sizeof(float));
+	memset(dx, 0xff, nr * sizeof(float));
+	swiglu_backward(dg0, du0, d, g, u, N, H, 1);
+	swiglu_backward(dg, du, d, g, u, N, H, 0);
+	ck_assert_int_eq(memcmp(dg, dg0, n * sizeof(float)), 0);
+	ck_assert_int_eq(memcmp(du, du0, n * sizeof(float)), 0);
+	ck_assert(dg[0] == 0.0f && !signbit(dg[0]) && !signbit(du[0]));
+	rope_backward(dx0, r, cs, sn, B, T, Hh, D, 1);
+	rope_backward(dx, r, cs, sn, B, T, Hh, D, 0);
+	ck_assert_int_eq(memcmp(dx, dx0, nr * sizeof(float)), 0);
+	ck_assert(dx[0] == 0.0f && !signbit(dx[0]));
+	free(g), free(u), free(d), free(dg0), free(du0), free(dg), free(du);
+	free(cs), free(sn), free(r), free(dx0), free(dx);
 }
 END_TEST
 
@@ -1408,7 +1440,7 @@ static Suite *kernels_suite(void)
 		{ "attention", { test_attention_forward, test_attention_backward }, 5 },
 		{ "rope adjacent pairs", { test_rope_adj }, 3 },
 		{ "yarn latent kv", { test_rope_yarn, test_mla_kv }, 0 },
-		{ "swiglu residual", { test_swiglu, test_residual }, 0 },
+		{ "swiglu residual", { test_swiglu, test_residual, test_backward_write }, 0 },
 		{ "xent", { test_xent }, 4 },
 		{ "xent stable", { test_xent_stable, test_xent_split }, 0 },
 		{ "adamw", { test_adamw }, 0 },

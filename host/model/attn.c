@@ -50,10 +50,8 @@ static void gqa_backward(struct model *m, int l, float *dln, const float *dout, 
 	memset(dv, 0, sizeof(float) * (size_t)N * KD);
 	attention_backward(m->dq, m->dk, dv, m->att_scratch, m->datty, a->q, a->k, a->v, a->att,
 			   m->B, d->T, d->Hq, d->Hkv, d->D, d->D, m->att_scale);
-	memset(dqr, 0, sizeof(float) * (size_t)N * QD);
-	memset(dkr, 0, sizeof(float) * (size_t)N * KD);
-	rope_backward(dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
-	rope_backward(dkr, m->dk, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
+	rope_backward(dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D, 0);
+	rope_backward(dkr, m->dk, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D, 0);
 	/* q, k and v split their heads alike: one sum of their partial dx */
 	const float *kln = wg_keep_act(m, ln, (size_t)N * C);
 	linear_backward(dln, NULL, dqr, NULL, WP(P_WQ, l), N, C, QD);

@@ -100,12 +100,12 @@ static void ffn_backward(struct model *m, int gate, int l, float *dx, const floa
 		wg_linear(m, gate + 2, l, j * wsz, kdy + rc, kh + rf, ne, F, C);
 	}
 	psum(m, m->pl[gate + 2].dx_reduce, dh, rows * F);
-	memset(dg, 0, rows * F * sizeof(float));
-	memset(du, 0, rows * F * sizeof(float));
+	/* each block writes its rows of dg and du (no memset), and only they
+	 * are read */
 	for (int i = 0; i < b->n; i++) {
 		size_t rf = (size_t)b->start[i] * F;
 		if (b->rows[i])
-			swiglu_backward(dg + rf, du + rf, dh + rf, g + rf, u + rf, b->rows[i], F);
+			swiglu_backward(dg + rf, du + rf, dh + rf, g + rf, u + rf, b->rows[i], F, 0);
 	}
 	const float *kx = wg_keep_act(m, x, rows * C);
 	for (int i = 0; i < b->n; i++) {
