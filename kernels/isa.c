@@ -7,6 +7,7 @@
 
 enum kernel_isa kernel_isa_now = KERNEL_ISA_BASE;
 
+#if defined(__x86_64__) && defined(__GNUC__)
 enum kernel_isa kernel_isa_best(void)
 {
 	/* libgcc's cpu model checks the OS saves the wide registers (XGETBV) */
@@ -17,6 +18,12 @@ enum kernel_isa kernel_isa_best(void)
 		return KERNEL_ISA_AVX2;
 	return KERNEL_ISA_BASE;
 }
+#else
+enum kernel_isa kernel_isa_best(void)
+{
+	return KERNEL_ISA_BASE;
+}
+#endif
 
 __attribute__((constructor)) static void kernel_isa_init(void)
 {

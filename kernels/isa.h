@@ -25,11 +25,18 @@
 
 extern enum kernel_isa kernel_isa_now;
 
+/* elsewhere than x86-64 every variant is the baseline build */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KERNEL_TARGET(isa) __attribute__((target(isa)))
+#else
+#define KERNEL_TARGET(isa)
+#endif
+
 /* NAME_isa[KERNEL_ISA_COUNT]: NAME_body(args) built for each instruction
  * set; params is the parenthesised parameter list, args the names in it */
 #define KERNEL_VARIANTS(name, params, args)                                            \
-	__attribute__((target("avx512f"))) static void name##_avx512 params { name##_body args; } \
-	__attribute__((target("avx2"))) static void name##_avx2 params { name##_body args; }     \
+	KERNEL_TARGET("avx512f") static void name##_avx512 params { name##_body args; } \
+	KERNEL_TARGET("avx2") static void name##_avx2 params { name##_body args; }     \
 	static void name##_base params { name##_body args; }                                  \
 	static void (*const name##_isa[KERNEL_ISA_COUNT]) params = {                          \
 		[KERNEL_ISA_BASE] = name##_base, [KERNEL_ISA_AVX2] = name##_avx2,             \
@@ -37,8 +44,8 @@ extern enum kernel_isa kernel_isa_now;
 
 /* the same for a body that returns a value of type type */
 #define KERNEL_VARIANTS_RET(type, name, params, args)                                          \
-	__attribute__((target("avx512f"))) static type name##_avx512 params { return name##_body args; } \
-	__attribute__((target("avx2"))) static type name##_avx2 params { return name##_body args; }     \
+	KERNEL_TARGET("avx512f") static type name##_avx512 params { return name##_body args; } \
+	KERNEL_TARGET("avx2") static type name##_avx2 params { return name##_body args; }     \
 	static type name##_base params { return name##_body args; }                                  \
 	static type (*const name##_isa[KERNEL_ISA_COUNT]) params = {                                 \
 		[KERNEL_ISA_BASE] = name##_base, [KERNEL_ISA_AVX2] = name##_avx2,                    \
