@@ -122,10 +122,12 @@ void mla_kv_backward(float *dkvb, float *dkr, const float *dk, const float *dv, 
  * Hq % Hkv == 0; query head h uses kv head h / (Hq/Hkv). */
 void attention_forward(float *out, float *att, const float *q, const float *k,
 		       const float *v, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale);
-/* scratch: at least T*T floats */
+/* scratch: at least T*T floats; dq, dk, dv +=   [= if !accumulate: no
+ * memset first, the same bits] */
 void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 			const float *dout, const float *q, const float *k, const float *v,
-			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale);
+			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale,
+			int accumulate);
 
 /* ---- SwiGLU ---- */
 /* out (N,H) = silu(gate) * up */

@@ -486,14 +486,23 @@ void attention_forward(float *out, float *att, const float *q, const float *k,
 
 void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 			const float *dout, const float *q, const float *k, const float *v,
-			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale)
+			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale,
+			int accumulate)
 {
 	// q, dq (B,T,Hq,Dk); k, dk (B,T,Hkv,Dk); v, dv (B,T,Hkv,Dv); dout (B,T,Hq,Dv);
 	// att (B,Hq,T,T); scratch (T,T)
 	int group = Hq / Hkv, ldq = Hq * Dk, ldk = Hkv * Dk, ldv = Hkv * Dv, ldo = Hq * Dv;
 	float *ds = scratch; /* dL/dscores of one head, lower triangle */
+	/* Without accumulate each product writes (beta 0) where it is the
+	 * first to touch its block: every dq block once, dk and dv by a kv
+	 * head's first query head. OpenBLAS zeroes C for beta 0 and then
+	 * adds, as beta 1 does onto a zeroed C; its small-matrix kernels
+	 * store alpha acc against alpha acc + 1 * 0, the same bits since
+	 * acc, summed from +0, is never -0 (and alpha > 0). */
+	float bq = accumulate ? 1.0f : 0.0f;
 	for (int b = 0; b < B; b++)
 		for (int h = 0; h < Hq; h++) {
+			float bkv = accumulate || h % group ? 1.0f : 0.0f;
 			size_t qo = (size_t)b * T * ldq + (size_t)h * Dk;
 			size_t ko = (size_t)b * T * ldk + (size_t)(h / group) * Dk;
 			size_t vo = (size_t)b * T * ldv + (size_t)(h / group) * Dv;
@@ -514,18 +523,18 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 					}
 					if (dq)
 						sgemm_rm(0, 0, i1 - i0, Dk, i1, scale, ds + (size_t)i0 * T, T,
-							 k + ko, ldk, 1.0f, dq + qo + (size_t)i0 * ldq, ldq);
+							 k + ko, ldk, bq, dq + qo + (size_t)i0 * ldq, ldq);
 				}
 			/* key block j0..j1 is seen by query rows j0..T-1 */
 			for (int j0 = 0; j0 < T; j0 += ATT_BLK) {
 				int j1 = j0 + ATT_BLK < T ? j0 + ATT_BLK : T;
 				if (dv)
 					sgemm_rm(1, 0, j1 - j0, Dv, T - j0, 1.0f, ah + (size_t)j0 * T + j0, T,
-						 dout + oo + (size_t)j0 * ldo, ldo, 1.0f,
+						 dout + oo + (size_t)j0 * ldo, ldo, bkv,
 						 dv + vo + (size_t)j0 * ldv, ldv);
 				if (dk)
 					sgemm_rm(1, 0, j1 - j0, Dk, T - j0, scale, ds + (size_t)j0 * T + j0, T,
-						 q + qo + (size_t)j0 * ldq, ldq, 1.0f,
+						 q + qo + (size_t)j0 * ldq, ldq, bkv,
 						 dk + ko + (size_t)j0 * ldk, ldk);
 			}
 		}

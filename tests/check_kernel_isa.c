@@ -92,7 +92,8 @@ static void case_attention(struct arena *a, int n)
 	float *scratch = fill(a, (size_t)T * T, 1), *dq = fill(a, (size_t)T * Hq * Dk, 1);
 	float *dk = fill(a, (size_t)T * Hkv * Dk, 1), *dv = fill(a, (size_t)T * Hkv * Dv, 1);
 	attention_forward(out, att, q, k, v, 1, T, Hq, Hkv, Dk, Dv, 0.7f);
-	attention_backward(dq, dk, dv, scratch, dout, q, k, v, att, 1, T, Hq, Hkv, Dk, Dv, 0.7f);
+	attention_backward(dq, dk, dv, scratch, dout, q, k, v, att, 1, T, Hq, Hkv, Dk, Dv, 0.7f, 1);
+	attention_backward(dq, dk, dv, scratch, dout, q, k, v, att, 1, T, Hq, Hkv, Dk, Dv, 0.7f, 0);
 }
 
 static void case_swiglu(struct arena *a, int n)

@@ -646,8 +646,8 @@ START_TEST(test_attention_backward)
 
 	attention_forward(out, att, q, k, v, B, T, Hq, Hkv, Dk, Dv, sc);
 	/* twice: gradients accumulate onto the random fill */
-	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
-	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
+	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 1);
+	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 1);
 	check_grad("attention dq", dq, dq0, 2, c.q, nq, count, att_loss, &c);
 	check_grad("attention dk", dk, dk0, 2, c.k, nk, count, att_loss, &c);
 	check_grad("attention dv", dv, dv0, 2, c.v, nv, count, att_loss, &c);
@@ -655,12 +655,25 @@ START_TEST(test_attention_backward)
 	memcpy(dq, dq0, sizeof(float) * nq);
 	memcpy(dk, dk0, sizeof(float) * nk);
 	memcpy(dv, dv0, sizeof(float) * nv);
-	attention_backward(dq, NULL, NULL, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
-	attention_backward(NULL, dk, NULL, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
-	attention_backward(NULL, NULL, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
+	attention_backward(dq, NULL, NULL, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 1);
+	attention_backward(NULL, dk, NULL, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 1);
+	attention_backward(NULL, NULL, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 1);
 	check_grad("attention dq alone", dq, dq0, 1, c.q, nq, count, att_loss, &c);
 	check_grad("attention dk alone", dk, dk0, 1, c.k, nk, count, att_loss, &c);
 	check_grad("attention dv alone", dv, dv0, 1, c.v, nv, count, att_loss, &c);
+	/* accumulate 0 over garbage gives zeroed buffers' += bit for bit
+	 * (the grouped shapes: dk, dv written by a kv head's first query head) */
+	memset(dq0, 0, sizeof(float) * nq);
+	memset(dk0, 0, sizeof(float) * nk);
+	memset(dv0, 0, sizeof(float) * nv);
+	memset(dq, 0xff, sizeof(float) * nq);
+	memset(dk, 0xff, sizeof(float) * nk);
+	memset(dv, 0xff, sizeof(float) * nv);
+	attention_backward(dq0, dk0, dv0, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 1);
+	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 0);
+	ck_assert_int_eq(memcmp(dq, dq0, sizeof(float) * nq), 0);
+	ck_assert_int_eq(memcmp(dk, dk0, sizeof(float) * nk), 0);
+	ck_assert_int_eq(memcmp(dv, dv0, sizeof(float) * nv), 0);
 	free(q), free(k), free(v), free(r), free(out), free(att), free(scratch);
 	free(dq0), free(dk0), free(dv0), free(dq), free(dk), free(dv);
 	free(c.q), free(c.k), free(c.v), free(c.out);
