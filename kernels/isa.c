@@ -46,7 +46,9 @@ enum kernel_isa kernel_isa(void)
 const char *kernel_isa_name(enum kernel_isa isa)
 {
 	static const char *const names[KERNEL_ISA_COUNT] = {
-		[KERNEL_ISA_BASE] = "sse2", [KERNEL_ISA_AVX2] = "avx2", [KERNEL_ISA_AVX512] = "avx512f",
+		[KERNEL_ISA_BASE] = "sse2",
+		[KERNEL_ISA_AVX2] = "avx2",
+		[KERNEL_ISA_AVX512] = "avx512f",
 	};
 	return (int)isa >= 0 && isa < KERNEL_ISA_COUNT ? names[isa] : "?";
 }

@@ -34,21 +34,21 @@ extern enum kernel_isa kernel_isa_now;
 
 /* NAME_isa[KERNEL_ISA_COUNT]: NAME_body(args) built for each instruction
  * set; params is the parenthesised parameter list, args the names in it */
-#define KERNEL_VARIANTS(name, params, args)                                            \
-	KERNEL_TARGET("avx512f") static void name##_avx512 params { name##_body args; } \
-	KERNEL_TARGET("avx2") static void name##_avx2 params { name##_body args; }     \
-	static void name##_base params { name##_body args; }                                  \
-	static void (*const name##_isa[KERNEL_ISA_COUNT]) params = {                          \
-		[KERNEL_ISA_BASE] = name##_base, [KERNEL_ISA_AVX2] = name##_avx2,             \
+#define KERNEL_VARIANTS(name, params, args)                                                    \
+	KERNEL_TARGET("avx512f") static void name##_avx512 params { name##_body args; }        \
+	KERNEL_TARGET("avx2") static void name##_avx2 params { name##_body args; }             \
+	static void name##_base params { name##_body args; }                                   \
+	static void (*const name##_isa[KERNEL_ISA_COUNT]) params = {                           \
+		[KERNEL_ISA_BASE] = name##_base, [KERNEL_ISA_AVX2] = name##_avx2,              \
 		[KERNEL_ISA_AVX512] = name##_avx512 }
 
 /* the same for a body that returns a value of type type */
 #define KERNEL_VARIANTS_RET(type, name, params, args)                                          \
 	KERNEL_TARGET("avx512f") static type name##_avx512 params { return name##_body args; } \
-	KERNEL_TARGET("avx2") static type name##_avx2 params { return name##_body args; }     \
-	static type name##_base params { return name##_body args; }                                  \
-	static type (*const name##_isa[KERNEL_ISA_COUNT]) params = {                                 \
-		[KERNEL_ISA_BASE] = name##_base, [KERNEL_ISA_AVX2] = name##_avx2,                    \
+	KERNEL_TARGET("avx2") static type name##_avx2 params { return name##_body args; }      \
+	static type name##_base params { return name##_body args; }                            \
+	static type (*const name##_isa[KERNEL_ISA_COUNT]) params = {                           \
+		[KERNEL_ISA_BASE] = name##_base, [KERNEL_ISA_AVX2] = name##_avx2,              \
 		[KERNEL_ISA_AVX512] = name##_avx512 }
 
 /* KERNEL_VARIANTS, and the public function NAME params calling the variant

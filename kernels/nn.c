@@ -198,8 +198,8 @@ void embedding_backward_range(float *dwte, const float *dout, const int32_t *tok
 
 /* ---- RMSNorm ---- */
 
-KERNEL_INLINE void rmsnorm_forward_body(float *out, float *rstd, const float *inp, const float *weight,
-		     int N, int C, float eps)
+KERNEL_INLINE void rmsnorm_forward_body(float *out, float *rstd, const float *inp,
+					const float *weight, int N, int C, float eps)
 {
 	// inp (N,C), weight (C), out (N,C), rstd (N)
 	for (int n = 0; n < N; n++) {
@@ -224,8 +224,9 @@ KERNEL_DISPATCH(rmsnorm_forward, (float *out, float *rstd, const float *inp,
 		const float *weight, int N, int C, float eps),
 		(out, rstd, inp, weight, N, C, eps))
 
-KERNEL_INLINE void rmsnorm_backward_body(float *dinp, float *dweight, const float *dout, const float *inp,
-		      const float *weight, const float *rstd, int N, int C)
+KERNEL_INLINE void rmsnorm_backward_body(float *dinp, float *dweight, const float *dout,
+					 const float *inp, const float *weight, const float *rstd,
+					 int N, int C)
 {
 	// dout, inp (N,C), weight (C), rstd (N); dinp (N,C), dweight (C)
 	for (int n = 0; n < N; n++) {
@@ -394,8 +395,8 @@ KERNEL_INLINE void rope_vec_t(float *o, const float *x, const float *c, const fl
 	}
 }
 
-KERNEL_INLINE void rope_forward_body(float *out, const float *inp, const float *cos_t, const float *sin_t,
-		  int B, int T, int H, int D)
+KERNEL_INLINE void rope_forward_body(float *out, const float *inp, const float *cos_t,
+				     const float *sin_t, int B, int T, int H, int D)
 {
 	// inp, out (B,T,H,D); cos_t, sin_t (T, D/2); out may equal inp
 	int half = D / 2;
@@ -439,9 +440,11 @@ KERNEL_INLINE void rope_backward_set_body(float *dinp, const float *dout, const 
 }
 
 KERNEL_VARIANTS(rope_backward_add, (float *dinp, const float *dout, const float *cos_t,
-		const float *sin_t, int B, int T, int H, int D), (dinp, dout, cos_t, sin_t, B, T, H, D));
+		const float *sin_t, int B, int T, int H, int D),
+		(dinp, dout, cos_t, sin_t, B, T, H, D));
 KERNEL_VARIANTS(rope_backward_set, (float *dinp, const float *dout, const float *cos_t,
-		const float *sin_t, int B, int T, int H, int D), (dinp, dout, cos_t, sin_t, B, T, H, D));
+		const float *sin_t, int B, int T, int H, int D),
+		(dinp, dout, cos_t, sin_t, B, T, H, D));
 
 void rope_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
 		   int B, int T, int H, int D, int accumulate)
@@ -486,8 +489,8 @@ void attention_forward(float *out, float *att, const float *q, const float *k,
 
 void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 			const float *dout, const float *q, const float *k, const float *v,
-			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale,
-			int accumulate)
+			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv,
+			float scale, int accumulate)
 {
 	// q, dq (B,T,Hq,Dk); k, dk (B,T,Hkv,Dk); v, dv (B,T,Hkv,Dv); dout (B,T,Hq,Dv);
 	// att (B,Hq,T,T); scratch (T,T)
@@ -563,8 +566,9 @@ KERNEL_DISPATCH(swiglu_forward, (float *out, const float *gate, const float *up,
 /* acc (a constant where it is inlined): += into the d-buffers, else =
  * with the same bits memset(0) and += would give (0.0f + x, as a -0.0f
  * must become +0.0f) */
-KERNEL_INLINE void swiglu_backward_body(float *dgate, float *dup, const float *dout, const float *gate,
-					const float *up, int N, int H, const int acc)
+KERNEL_INLINE void swiglu_backward_body(float *dgate, float *dup, const float *dout,
+					const float *gate, const float *up, int N, int H,
+					const int acc)
 {
 	// dout, gate, up, dgate, dup (N,H)
 	/* silu'(g) = s (1 + g (1 - s)),  s = sigmoid(g) */
@@ -574,7 +578,8 @@ KERNEL_INLINE void swiglu_backward_body(float *dgate, float *dup, const float *d
 			float tg[EW], tu[EW];
 			for (int j = 0; j < EW; j++) {
 				float g = gate[i + j], s = sigmoid_fast(g), d = dout[i + j];
-				tg[j] = (acc ? dgate[i + j] : 0.0f) + d * up[i + j] * s * (1.0f + g * (1.0f - s));
+				tg[j] = (acc ? dgate[i + j] : 0.0f) +
+					d * up[i + j] * s * (1.0f + g * (1.0f - s));
 				tu[j] = (acc ? dup[i + j] : 0.0f) + d * g * s;
 			}
 			for (int j = 0; j < EW; j++) {
@@ -606,7 +611,8 @@ KERNEL_INLINE void swiglu_backward_body(float *dgate, float *dup, const float *d
 	for (; i < n; i++) {
 		float g = gate[i], s = sigmoid_fast(g), d = dout[i];
 		if (dgate)
-			dgate[i] = (acc ? dgate[i] : 0.0f) + d * up[i] * s * (1.0f + g * (1.0f - s));
+			dgate[i] = (acc ? dgate[i] : 0.0f) +
+				   d * up[i] * s * (1.0f + g * (1.0f - s));
 		if (dup)
 			dup[i] = (acc ? dup[i] : 0.0f) + d * g * s;
 	}
@@ -625,9 +631,11 @@ KERNEL_INLINE void swiglu_backward_set_body(float *dgate, float *dup, const floa
 }
 
 KERNEL_VARIANTS(swiglu_backward_add, (float *dgate, float *dup, const float *dout,
-		const float *gate, const float *up, int N, int H), (dgate, dup, dout, gate, up, N, H));
+		const float *gate, const float *up, int N, int H),
+		(dgate, dup, dout, gate, up, N, H));
 KERNEL_VARIANTS(swiglu_backward_set, (float *dgate, float *dup, const float *dout,
-		const float *gate, const float *up, int N, int H), (dgate, dup, dout, gate, up, N, H));
+		const float *gate, const float *up, int N, int H),
+		(dgate, dup, dout, gate, up, N, H));
 
 void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
 		     const float *up, int N, int H, int accumulate)
@@ -661,7 +669,7 @@ KERNEL_DISPATCH(residual_forward, (float *out, const float *a, const float *b, i
 /* ---- softmax cross-entropy ---- */
 
 KERNEL_INLINE double softmax_xent_forward_body(float *losses, float *probs, const float *logits,
-			    const int32_t *targets, int N, int V)
+					       const int32_t *targets, int N, int V)
 {
 	// logits, probs (N,V), targets (N), losses (N)
 	double total = 0.0;
@@ -736,8 +744,9 @@ double xent_split_finish(float *losses, float *probs, const float *mx, const flo
 	return total;
 }
 
-KERNEL_INLINE void xent_split_backward_body(float *dlogits, const float *probs, const int32_t *targets, int v0,
-			 float scale, int N, int Vl)
+KERNEL_INLINE void xent_split_backward_body(float *dlogits, const float *probs,
+					    const int32_t *targets, int v0, float scale, int N,
+					    int Vl)
 {
 	// probs, dlogits (N,Vl), targets (N); the whole vocabulary when v0 = 0, Vl = V
 	if (!dlogits)

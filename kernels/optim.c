@@ -9,9 +9,8 @@
 
 /* one pass over p, g, m, v; sqrtf vectorises (kernels/ are built with
  * -fno-math-errno) and is correctly rounded at every width */
-KERNEL_INLINE void adamw_step_body(float *p, const float *g, float *m, float *v, size_t n,
-				   float lr, float b1, float b2, float eps, float wd, float bc1,
-				   float bc2)
+KERNEL_INLINE void adamw_step_body(float *p, const float *g, float *m, float *v, size_t n, float lr,
+				   float b1, float b2, float eps, float wd, float bc1, float bc2)
 {
 	// p, g, m, v (n)
 	size_t i = 0;

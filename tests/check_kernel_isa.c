@@ -61,7 +61,8 @@ typedef void (*case_fn)(struct arena *a, int n);
 static void case_rmsnorm(struct arena *a, int n)
 {
 	int N = 3;
-	float *out = fill(a, (size_t)N * n, 1), *rstd = fill(a, N, 1), *x = fill(a, (size_t)N * n, 2);
+	float *out = fill(a, (size_t)N * n, 1), *rstd = fill(a, N, 1);
+	float *x = fill(a, (size_t)N * n, 2);
 	float *w = fill(a, n, 1), *dx = fill(a, (size_t)N * n, 1), *dw = fill(a, n, 1);
 	float *dout = fill(a, (size_t)N * n, 1), *ss = fill(a, N, 1);
 	rmsnorm_forward(out, rstd, x, w, N, n, 1e-5f);
@@ -101,7 +102,8 @@ static void case_swiglu(struct arena *a, int n)
 	int N = 2;
 	size_t sz = (size_t)N * n;
 	float *g = fill_wide(a, sz), *u = fill(a, sz, 2), *h = fill(a, sz, 1), *d = fill(a, sz, 1);
-	float *dg = fill(a, sz, 1), *du = fill(a, sz, 1), *dg1 = fill(a, sz, 1), *du1 = fill(a, sz, 1);
+	float *dg = fill(a, sz, 1), *du = fill(a, sz, 1);
+	float *dg1 = fill(a, sz, 1), *du1 = fill(a, sz, 1);
 	float *dg2 = fill(a, sz, 1), *du2 = fill(a, sz, 1);
 	swiglu_forward(h, g, u, N, n);
 	swiglu_backward(dg, du, d, g, u, N, n, 1);
@@ -210,11 +212,11 @@ START_TEST(test_variants_bits)
 			if (isa > (int)kernel_isa_best())
 				continue;
 			ck_assert_uint_eq(run_under((enum kernel_isa)isa, c, n, got, cap), used);
+			const char *name = kernel_isa_name((enum kernel_isa)isa);
 			for (size_t i = 0; i < used; i++)
 				if (memcmp(&base[i], &got[i], sizeof(float)))
 					ck_abort_msg("%s n=%d %s: float %zu of %zu is %a, sse2 gives %a",
-						     cases[c].name, n, kernel_isa_name((enum kernel_isa)isa),
-						     i, used, got[i], base[i]);
+						     cases[c].name, n, name, i, used, got[i], base[i]);
 			compared++;
 		}
 	}

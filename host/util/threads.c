@@ -93,8 +93,8 @@ int util_kernel_isa(char *err, size_t errlen)
 		if (!strcmp(v, kernel_isa_name((enum kernel_isa)i))) {
 			if (!kernel_isa_set((enum kernel_isa)i))
 				return 0;
-			snprintf(err, errlen, "MESHRUN_KERNEL_ISA '%s': this CPU lacks it (best: %s)", v,
-				 kernel_isa_name(kernel_isa_best()));
+			snprintf(err, errlen, "MESHRUN_KERNEL_ISA '%s': this CPU lacks it "
+				 "(best: %s)", v, kernel_isa_name(kernel_isa_best()));
 			return -EINVAL;
 		}
 	snprintf(err, errlen, "MESHRUN_KERNEL_ISA '%s': unknown (sse2, avx2 or avx512f)", v);
