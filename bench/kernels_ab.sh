@@ -5,7 +5,11 @@
 # (openblas_threads=1); a step's figures are the difference over STEPS,
 # so start-up cancels (instructions and cycles only where perf has the
 # counters: a VM often has none). ROUNDS interleaved rounds, the median printed.
-# usage: BASE=PATH [NOW=build/meshrun] [STEPS=6] [ROUNDS=3] bench/kernels_ab.sh
+# PROFILE=1 adds, per build, perf record's CPU ms a step by where it
+# went (OpenBLAS's sgemm kernel, its packing, its small-matrix kernels,
+# memset, meshrun's own code, the rest), the same subtraction of the
+# samples of 1 and 1+STEPS steps (1000 samples a CPU second).
+# usage: BASE=PATH [NOW=build/meshrun] [STEPS=6] [ROUNDS=3] [PROFILE=1] bench/kernels_ab.sh
 set -eu
 cd "$(dirname "$0")/.."
 base=${BASE:?BASE=path of the baseline meshrun}; now=${NOW:-build/meshrun}; steps=${STEPS:-6}; rounds=${ROUNDS:-3}
@@ -48,4 +52,40 @@ for ev, name, k in (("task-clock", "CPU s", 1e-3), ("instructions", "instruction
 r = [((v[(x, "now", steps + 1, "task-clock")] - v[(x, "now", 1, "task-clock")]) /
       (v[(x, "base", steps + 1, "task-clock")] - v[(x, "base", 1, "task-clock")])) for x in rounds]
 print("CPU s a step now/base by round: " + " ".join(f"{x:.3f}" for x in r))
+PY
+[ "${PROFILE:-0}" = 1 ] || exit 0
+for b in base now; do
+	bin=$base; [ $b = now ] && bin=$now
+	for s in 1 $((steps + 1)); do
+		perf record -F 1000 -o "$tmp/perf" "$bin" train --config configs/llama-bench.yml steps=$s \
+			openblas_threads=1 >"$tmp/log" 2>&1
+		perf report -i "$tmp/perf" --no-children --stdio --sort dso,sym -n -g none 2>/dev/null |
+			awk -v b=$b -v s=$s '$1 ~ /%$/ && $2 ~ /^[0-9]+$/ { print b, s, $2, $3, $5 }'
+	done
+done >"$tmp/prof"
+echo "# load $(cat /proc/loadavg)"
+/usr/bin/python3 - "$tmp/prof" "$steps" <<'PY'
+import sys, collections
+steps = int(sys.argv[2])
+ms = collections.defaultdict(float)
+def group(dso, sym):
+    if "openblas" in dso:
+        if "copy" in sym: return "OpenBLAS packing (*copy)"
+        if "sgemm_kernel" in sym: return "OpenBLAS sgemm kernel"
+        if "small_kernel" in sym or "beta" in sym: return "OpenBLAS small kernels, beta"
+        return "OpenBLAS other"
+    if "memset" in sym: return "memset"
+    if dso.startswith("meshrun"): return "meshrun's own code"
+    return "other (kernel, libc, libm)"
+for l in open(sys.argv[1]):
+    b, s, n, dso, sym = l.split(None, 4)
+    ms[(b, group(dso, sym.strip()))] += (int(n) if int(s) > 1 else -int(n)) / steps
+groups = sorted({g for _, g in ms}, key=lambda g: -ms[("base", g)])
+print(f"| CPU ms a step, perf record ({steps} steps) | base | now | now - base |")
+print("|---|---|---|---|")
+for g in groups:
+    a, b = ms[("base", g)], ms[("now", g)]
+    print(f"| {g} | {a:.0f} | {b:.0f} | {b - a:+.0f} |")
+ta = sum(v for (b, _), v in ms.items() if b == "base"); tb = sum(v for (b, _), v in ms.items() if b == "now")
+print(f"| all | {ta:.0f} | {tb:.0f} | {tb - ta:+.0f} ({tb / ta:.3f}x) |")
 PY
