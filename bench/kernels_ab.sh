@@ -5,10 +5,12 @@
 # (openblas_threads=1); a step's figures are the difference over STEPS,
 # so start-up cancels (instructions and cycles only where perf has the
 # counters: a VM often has none). ROUNDS interleaved rounds, the median printed.
-# PROFILE=1 adds, per build, perf record's CPU ms a step by where it
-# went (OpenBLAS's sgemm kernel, its packing, its small-matrix kernels,
-# memset, meshrun's own code, the rest), the same subtraction of the
-# samples of 1 and 1+STEPS steps (1000 samples a CPU second).
+# PROFILE=1 adds ROUNDS more interleaved rounds of perf record: each
+# build's CPU ms a step by where it went (OpenBLAS's sgemm kernel, its
+# packing, its small-matrix kernels, memset, meshrun's own code, the
+# rest), by the same subtraction of 1 from 1+STEPS steps (1000 samples a
+# CPU second). The sgemm kernel's time moves with the machine's load
+# (+-10% between rounds here); the groups a change touches move less.
 # usage: BASE=PATH [NOW=build/meshrun] [STEPS=6] [ROUNDS=3] [PROFILE=1] bench/kernels_ab.sh
 set -eu
 cd "$(dirname "$0")/.."
@@ -54,18 +56,20 @@ r = [((v[(x, "now", steps + 1, "task-clock")] - v[(x, "now", 1, "task-clock")]) 
 print("CPU s a step now/base by round: " + " ".join(f"{x:.3f}" for x in r))
 PY
 [ "${PROFILE:-0}" = 1 ] || exit 0
-for b in base now; do
-	bin=$base; [ $b = now ] && bin=$now
-	for s in 1 $((steps + 1)); do
-		perf record -F 1000 -o "$tmp/perf" "$bin" train --config configs/llama-bench.yml steps=$s \
-			openblas_threads=1 >"$tmp/log" 2>&1
-		perf report -i "$tmp/perf" --no-children --stdio --sort dso,sym -n -g none 2>/dev/null |
-			awk -v b=$b -v s=$s '$1 ~ /%$/ && $2 ~ /^[0-9]+$/ { print b, s, $2, $3, $5 }'
+for r in $(seq 1 "$rounds"); do
+	for b in base now; do
+		bin=$base; [ $b = now ] && bin=$now
+		for s in 1 $((steps + 1)); do
+			perf record -F 1000 -o "$tmp/perf" "$bin" train --config configs/llama-bench.yml \
+				steps=$s openblas_threads=1 >"$tmp/log" 2>&1
+			perf report -i "$tmp/perf" --no-children --stdio --sort dso,sym -n -g none 2>/dev/null |
+				awk -v r=$r -v b=$b -v s=$s '$1 ~ /%$/ && $2 ~ /^[0-9]+$/ { print r, b, s, $2, $3, $5 }'
+		done
 	done
 done >"$tmp/prof"
 echo "# load $(cat /proc/loadavg)"
 /usr/bin/python3 - "$tmp/prof" "$steps" <<'PY'
-import sys, collections
+import sys, collections, statistics as st
 steps = int(sys.argv[2])
 ms = collections.defaultdict(float)
 def group(dso, sym):
@@ -77,15 +81,23 @@ def group(dso, sym):
     if "memset" in sym: return "memset"
     if dso.startswith("meshrun"): return "meshrun's own code"
     return "other (kernel, libc, libm)"
+rounds = set()
 for l in open(sys.argv[1]):
-    b, s, n, dso, sym = l.split(None, 4)
-    ms[(b, group(dso, sym.strip()))] += (int(n) if int(s) > 1 else -int(n)) / steps
-groups = sorted({g for _, g in ms}, key=lambda g: -ms[("base", g)])
-print(f"| CPU ms a step, perf record ({steps} steps) | base | now | now - base |")
+    r, b, s, n, dso, sym = l.split(None, 5)
+    rounds.add(r)
+    g = group(dso, sym.strip())
+    d = (int(n) if int(s) > 1 else -int(n)) / steps
+    ms[(r, b, g)] += d
+    ms[(r, b, "all")] += d
+groups = sorted({g for _, _, g in ms if g != "all"}, key=lambda g: -ms[(min(rounds), "base", g)]) + ["all"]
+med = lambda b, g: st.median([ms[(r, b, g)] for r in rounds])
+print(f"| CPU ms a step, perf record ({steps} steps, {len(rounds)} rounds, median) | base | now | now - base |")
 print("|---|---|---|---|")
 for g in groups:
-    a, b = ms[("base", g)], ms[("now", g)]
-    print(f"| {g} | {a:.0f} | {b:.0f} | {b - a:+.0f} |")
-ta = sum(v for (b, _), v in ms.items() if b == "base"); tb = sum(v for (b, _), v in ms.items() if b == "now")
-print(f"| all | {ta:.0f} | {tb:.0f} | {tb - ta:+.0f} ({tb / ta:.3f}x) |")
+    a, b = med("base", g), med("now", g)
+    print(f"| {g} | {a:.0f} | {b:.0f} | {b - a:+.0f} ({b / a:.3f}x) |" if g == "all" else
+          f"| {g} | {a:.0f} | {b:.0f} | {b - a:+.0f} |")
+for g in ("meshrun's own code", "all"):
+    print(f"{g}, now - base by round (ms): " +
+          " ".join(f"{ms[(r, 'now', g)] - ms[(r, 'base', g)]:+.0f}" for r in sorted(rounds)))
 PY
