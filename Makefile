@@ -63,6 +63,10 @@ $(B)/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
+# kernels/: sqrtf and the like without errno, so their loops vectorise; a
+# correctly rounded sqrt gives the same bits either way (kernels/isa.h)
+$(B)/kernels/%.o: ALL_CFLAGS += -fno-math-errno
+
 $(B)/proto/meshrun.pb-c.o: $(PROTO_C)
 	$(CC) $(filter-out -Werror,$(ALL_CFLAGS)) -c $< -o $@
 

@@ -1,7 +1,9 @@
 /* Pure compute on float32 row-major buffers (docs/conventions.md#kernels, llm.c conventions):
  * op_forward(out, cache..., in, params..., dims) and
  * op_backward(din, dparams..., dout, in, params, cache..., dims); backward
- * ACCUMULATES (+=) into every d-buffer; a NULL d-buffer is skipped.
+ * ACCUMULATES (+=) into every d-buffer (where a trailing accumulate = 0
+ * asks, it writes instead, with the bits a zeroed buffer would get); a
+ * NULL d-buffer is skipped.
  * No I/O, no threads of our own, no allocation: scratch is passed in.
  * matmul.c is the only caller of OpenBLAS. */
 #ifndef MESHRUN_KERNELS_H
@@ -9,6 +11,16 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* ---- vector instructions of the elementwise kernels (kernels/isa.c) ---- */
+/* Each set gives the same bits (kernels/isa.h says why); wider runs faster.
+ * The widest the CPU supports is chosen before main. */
+enum kernel_isa { KERNEL_ISA_BASE, KERNEL_ISA_AVX2, KERNEL_ISA_AVX512, KERNEL_ISA_COUNT };
+enum kernel_isa kernel_isa_best(void);
+/* -ENOTSUP if this CPU lacks isa; not thread-safe against running kernels */
+int kernel_isa_set(enum kernel_isa isa);
+enum kernel_isa kernel_isa(void);
+const char *kernel_isa_name(enum kernel_isa isa);
 
 /* ---- matmul (the one BLAS entry point) ---- */
 /* out (N,OC) = inp (N,C) . weight(OC,C)^T      [+= if accumulate] */
@@ -66,9 +78,9 @@ void rope_table(float *cos_t, float *sin_t, int T, int D, float theta);
 /* x (B,T,H,D) rotated in place (out may equal inp) */
 void rope_forward(float *out, const float *inp, const float *cos_t, const float *sin_t,
 		  int B, int T, int H, int D);
-/* dinp += R^T dout */
+/* dinp += R^T dout   [= if !accumulate: no memset first, the same bits] */
 void rope_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
-		   int B, int T, int H, int D);
+		   int B, int T, int H, int D, int accumulate);
 
 /* ---- RoPE on part of each head, adjacent pairs (kernels/mla.c) ----
  * DeepSeek-V3's rope_interleave: dims (off + 2i, off + 2i + 1) of each
@@ -110,16 +122,19 @@ void mla_kv_backward(float *dkvb, float *dkr, const float *dk, const float *dv, 
  * Hq % Hkv == 0; query head h uses kv head h / (Hq/Hkv). */
 void attention_forward(float *out, float *att, const float *q, const float *k,
 		       const float *v, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale);
-/* scratch: at least T*T floats */
+/* scratch: at least T*T floats; dq, dk, dv +=   [= if !accumulate: no
+ * memset first, the same bits] */
 void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 			const float *dout, const float *q, const float *k, const float *v,
-			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale);
+			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale,
+			int accumulate);
 
 /* ---- SwiGLU ---- */
 /* out (N,H) = silu(gate) * up */
 void swiglu_forward(float *out, const float *gate, const float *up, int N, int H);
+/* dgate, dup += ...   [= if !accumulate: no memset first, the same bits] */
 void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-		     const float *up, int N, int H);
+		     const float *up, int N, int H, int accumulate);
 
 /* ---- residual ---- */
 void residual_forward(float *out, const float *a, const float *b, int n);

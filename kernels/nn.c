@@ -1,20 +1,15 @@
 /* Transformer building blocks (docs/conventions.md#kernels): embedding, RMSNorm, RoPE, causal
  * GQA attention, SwiGLU, residual, softmax cross-entropy. Products go
- * through sgemm_rm; everything else is elementwise work kept in loops that
- * gcc vectorises without extra flags.
- *
- * gcc 12 at -O2 vectorises only loops whose trip count is a known multiple of
- * the vector width and that need no run-time alias check, so hot loops run in
- * blocks of VW into a local array that is then stored, with a scalar tail,
- * and reductions keep VW partial results. */
+ * through sgemm_rm; everything else is elementwise work in loops gcc
+ * vectorises, built for each vector instruction set (kernels/isa.h). */
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/isa.h"
 #include "kernels/kernels.h"
 
-#define VW 8
 /* attention rows per sgemm: the causal mask lets block i skip the keys of
  * blocks > i, halving the products for long sequences */
 #define ATT_BLK 64
@@ -23,7 +18,7 @@
  * Cephes' polynomial on x - n ln2, scaled by 2^n through the exponent bits.
  * The range is fixed up with integer masks at the end: under gcc's default
  * -ftrapping-math any float operation after a branch stops vectorisation. */
-static inline float exp_fast(float x)
+KERNEL_INLINE float exp_fast(float x)
 {
 	float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(x/ln2) */
 	float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
@@ -45,12 +40,14 @@ static inline float exp_fast(float x)
 	return v;
 }
 
-static inline float sigmoid_fast(float x)
+KERNEL_INLINE float sigmoid_fast(float x)
 {
 	return 1.0f / (1.0f + exp_fast(-x));
 }
 
-static float max_row(const float *x, int n)
+/* Row helpers: NAME_body inlines into a kernel's body (and so runs at its
+ * width); NAME is the dispatched call for loops that stay scalar. */
+KERNEL_INLINE float max_row_body(const float *x, int n)
 {
 	// x (n), n >= 1
 	float acc[VW], m;
@@ -69,7 +66,7 @@ static float max_row(const float *x, int n)
 }
 
 /* out (n) = exp(x - m); returns the sum (out may equal x) */
-static float exp_sum_row(float *out, const float *x, float m, int n)
+KERNEL_INLINE float exp_sum_row_body(float *out, const float *x, float m, int n)
 {
 	float acc[VW] = { 0 }, sum = 0.0f;
 	int i = 0;
@@ -91,32 +88,32 @@ static float exp_sum_row(float *out, const float *x, float m, int n)
 	return sum;
 }
 
-static void scale_row(float *x, float s, int n)
+KERNEL_INLINE void scale_row_body(float *x, float s, int n)
 {
 	int i = 0;
-	for (; i + VW <= n; i += VW)
-		for (int j = 0; j < VW; j++)
+	for (; i + EW <= n; i += EW)
+		for (int j = 0; j < EW; j++)
 			x[i + j] *= s;
 	for (; i < n; i++)
 		x[i] *= s;
 }
 
 /* y (n) += x */
-static void add_row(float *y, const float *x, int n)
+KERNEL_INLINE void add_row_body(float *y, const float *x, int n)
 {
 	int i = 0;
-	for (; i + VW <= n; i += VW) {
-		float t[VW];
-		for (int j = 0; j < VW; j++)
+	for (; i + EW <= n; i += EW) {
+		float t[EW];
+		for (int j = 0; j < EW; j++)
 			t[j] = y[i + j] + x[i + j];
-		for (int j = 0; j < VW; j++)
+		for (int j = 0; j < EW; j++)
 			y[i + j] = t[j];
 	}
 	for (; i < n; i++)
 		y[i] += x[i];
 }
 
-static float dot_row(const float *a, const float *b, int n)
+KERNEL_INLINE float dot_row_body(const float *a, const float *b, int n)
 {
 	float acc[VW] = { 0 }, s = 0.0f;
 	int i = 0;
@@ -129,6 +126,36 @@ static float dot_row(const float *a, const float *b, int n)
 		s += acc[j];
 	return s;
 }
+
+/* x (n) = softmax(x); returns nothing the caller needs */
+KERNEL_INLINE void softmax_row_body(float *x, int n)
+{
+	float sum = exp_sum_row_body(x, x, max_row_body(x, n), n);
+	scale_row_body(x, 1.0f / sum, n);
+}
+
+/* d (n) = p (d - p.d): the softmax's backward on one row, in place */
+KERNEL_INLINE void softmax_row_backward_body(float *d, const float *p, int n)
+{
+	float pd = dot_row_body(p, d, n);
+	int j = 0;
+	for (; j + EW <= n; j += EW) {
+		float t[EW];
+		for (int l = 0; l < EW; l++)
+			t[l] = p[j + l] * (d[j + l] - pd);
+		for (int l = 0; l < EW; l++)
+			d[j + l] = t[l];
+	}
+	for (; j < n; j++)
+		d[j] = p[j] * (d[j] - pd);
+}
+
+KERNEL_VARIANTS_RET(float, max_row, (const float *x, int n), (x, n));
+KERNEL_VARIANTS(scale_row, (float *x, float s, int n), (x, s, n));
+KERNEL_VARIANTS(add_row, (float *y, const float *x, int n), (y, x, n));
+KERNEL_VARIANTS_RET(float, dot_row, (const float *a, const float *b, int n), (a, b, n));
+KERNEL_VARIANTS(softmax_row, (float *x, int n), (x, n));
+KERNEL_VARIANTS(softmax_row_backward, (float *d, const float *p, int n), (d, p, n));
 
 /* ---- embedding ---- */
 
@@ -165,26 +192,26 @@ void embedding_backward_range(float *dwte, const float *dout, const int32_t *tok
 	for (int n = 0; n < N; n++) {
 		int t = tokens[n] - v0;
 		if (t >= 0 && t < Vl)
-			add_row(dwte + (size_t)t * C, dout + (size_t)n * C, C);
+			KERNEL(add_row)(dwte + (size_t)t * C, dout + (size_t)n * C, C);
 	}
 }
 
 /* ---- RMSNorm ---- */
 
-void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
-		     int N, int C, float eps)
+KERNEL_INLINE void rmsnorm_forward_body(float *out, float *rstd, const float *inp,
+					const float *weight, int N, int C, float eps)
 {
 	// inp (N,C), weight (C), out (N,C), rstd (N)
 	for (int n = 0; n < N; n++) {
 		const float *x = inp + (size_t)n * C;
 		float *o = out + (size_t)n * C;
-		float r = 1.0f / sqrtf(dot_row(x, x, C) / C + eps);
+		float r = 1.0f / sqrtf(dot_row_body(x, x, C) / C + eps);
 		int i = 0;
-		for (; i + VW <= C; i += VW) {
-			float t[VW];
-			for (int j = 0; j < VW; j++)
+		for (; i + EW <= C; i += EW) {
+			float t[EW];
+			for (int j = 0; j < EW; j++)
 				t[j] = x[i + j] * r * weight[i + j];
-			for (int j = 0; j < VW; j++)
+			for (int j = 0; j < EW; j++)
 				o[i + j] = t[j];
 		}
 		for (; i < C; i++)
@@ -193,8 +220,13 @@ void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *wei
 	}
 }
 
-void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-		      const float *weight, const float *rstd, int N, int C)
+KERNEL_DISPATCH(rmsnorm_forward, (float *out, float *rstd, const float *inp,
+		const float *weight, int N, int C, float eps),
+		(out, rstd, inp, weight, N, C, eps))
+
+KERNEL_INLINE void rmsnorm_backward_body(float *dinp, float *dweight, const float *dout,
+					 const float *inp, const float *weight, const float *rstd,
+					 int N, int C)
 {
 	// dout, inp (N,C), weight (C), rstd (N); dinp (N,C), dweight (C)
 	for (int n = 0; n < N; n++) {
@@ -202,11 +234,11 @@ void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const floa
 		float r = rstd[n];
 		if (dweight) {
 			int i = 0;
-			for (; i + VW <= C; i += VW) {
-				float t[VW];
-				for (int j = 0; j < VW; j++)
+			for (; i + EW <= C; i += EW) {
+				float t[EW];
+				for (int j = 0; j < EW; j++)
 					t[j] = dweight[i + j] + d[i + j] * x[i + j] * r;
-				for (int j = 0; j < VW; j++)
+				for (int j = 0; j < EW; j++)
 					dweight[i + j] = t[j];
 			}
 			for (; i < C; i++)
@@ -226,11 +258,11 @@ void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const floa
 				gx += acc[j];
 			float k = r * r * r * gx / C;
 			i = 0;
-			for (; i + VW <= C; i += VW) {
-				float t[VW];
-				for (int j = 0; j < VW; j++)
+			for (; i + EW <= C; i += EW) {
+				float t[EW];
+				for (int j = 0; j < EW; j++)
 					t[j] = dx[i + j] + r * d[i + j] * weight[i + j] - k * x[i + j];
-				for (int j = 0; j < VW; j++)
+				for (int j = 0; j < EW; j++)
 					dx[i + j] = t[j];
 			}
 			for (; i < C; i++)
@@ -239,6 +271,10 @@ void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const floa
 	}
 }
 
+KERNEL_DISPATCH(rmsnorm_backward, (float *dinp, float *dweight, const float *dout,
+		const float *inp, const float *weight, const float *rstd, int N, int C),
+		(dinp, dweight, dout, inp, weight, rstd, N, C))
+
 /* Split RMSNorm: a row spread over devices (tensor-transpose parallelism
  * splits the embedding); the caller sums the partial statistics over the
  * devices between the two halves of each pass. */
@@ -246,7 +282,7 @@ void rmsnorm_partial_sumsq(float *ss, const float *inp, int N, int C)
 {
 	// inp (N,C) -> ss (N)
 	for (int n = 0; n < N; n++)
-		ss[n] = dot_row(inp + (size_t)n * C, inp + (size_t)n * C, C);
+		ss[n] = KERNEL(dot_row)(inp + (size_t)n * C, inp + (size_t)n * C, C);
 }
 
 void rmsnorm_forward_split(float *out, float *rstd, const float *inp, const float *weight,
@@ -312,17 +348,17 @@ void rope_table(float *cos_t, float *sin_t, int T, int D, float theta)
 }
 
 /* one head vector: o = R x, pairing i with i + half (o may equal x) */
-static void rope_vec(float *o, const float *x, const float *c, const float *s, int half)
+KERNEL_INLINE void rope_vec(float *o, const float *x, const float *c, const float *s, int half)
 {
 	int i = 0;
-	for (; i + VW <= half; i += VW) {
-		float lo[VW], hi[VW];
-		for (int j = 0; j < VW; j++) {
+	for (; i + EW <= half; i += EW) {
+		float lo[EW], hi[EW];
+		for (int j = 0; j < EW; j++) {
 			float x1 = x[i + j], x2 = x[i + half + j];
 			lo[j] = x1 * c[i + j] - x2 * s[i + j];
 			hi[j] = x2 * c[i + j] + x1 * s[i + j];
 		}
-		for (int j = 0; j < VW; j++) {
+		for (int j = 0; j < EW; j++) {
 			o[i + j] = lo[j];
 			o[i + half + j] = hi[j];
 		}
@@ -334,31 +370,33 @@ static void rope_vec(float *o, const float *x, const float *c, const float *s, i
 	}
 }
 
-/* one head vector: o += R^T x */
-static void rope_vec_t(float *o, const float *x, const float *c, const float *s, int half)
+/* one head vector: o += R^T x, or with acc 0 o = 0.0f + R^T x (the bits
+ * of memset(0) then +=) */
+KERNEL_INLINE void rope_vec_t(float *o, const float *x, const float *c, const float *s, int half,
+			      const int acc)
 {
 	int i = 0;
-	for (; i + VW <= half; i += VW) {
-		float lo[VW], hi[VW];
-		for (int j = 0; j < VW; j++) {
+	for (; i + EW <= half; i += EW) {
+		float lo[EW], hi[EW];
+		for (int j = 0; j < EW; j++) {
 			float x1 = x[i + j], x2 = x[i + half + j];
-			lo[j] = o[i + j] + x1 * c[i + j] + x2 * s[i + j];
-			hi[j] = o[i + half + j] + x2 * c[i + j] - x1 * s[i + j];
+			lo[j] = (acc ? o[i + j] : 0.0f) + x1 * c[i + j] + x2 * s[i + j];
+			hi[j] = (acc ? o[i + half + j] : 0.0f) + x2 * c[i + j] - x1 * s[i + j];
 		}
-		for (int j = 0; j < VW; j++) {
+		for (int j = 0; j < EW; j++) {
 			o[i + j] = lo[j];
 			o[i + half + j] = hi[j];
 		}
 	}
 	for (; i < half; i++) {
 		float x1 = x[i], x2 = x[i + half];
-		o[i] += x1 * c[i] + x2 * s[i];
-		o[i + half] += x2 * c[i] - x1 * s[i];
+		o[i] = (acc ? o[i] : 0.0f) + x1 * c[i] + x2 * s[i];
+		o[i + half] = (acc ? o[i + half] : 0.0f) + x2 * c[i] - x1 * s[i];
 	}
 }
 
-void rope_forward(float *out, const float *inp, const float *cos_t, const float *sin_t,
-		  int B, int T, int H, int D)
+KERNEL_INLINE void rope_forward_body(float *out, const float *inp, const float *cos_t,
+				     const float *sin_t, int B, int T, int H, int D)
 {
 	// inp, out (B,T,H,D); cos_t, sin_t (T, D/2); out may equal inp
 	int half = D / 2;
@@ -371,20 +409,52 @@ void rope_forward(float *out, const float *inp, const float *cos_t, const float 
 			}
 }
 
-void rope_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
-		   int B, int T, int H, int D)
+KERNEL_DISPATCH(rope_forward, (float *out, const float *inp, const float *cos_t,
+		const float *sin_t, int B, int T, int H, int D),
+		(out, inp, cos_t, sin_t, B, T, H, D))
+
+KERNEL_INLINE void rope_backward_body(float *dinp, const float *dout, const float *cos_t,
+				      const float *sin_t, int B, int T, int H, int D, const int acc)
 {
 	// dout, dinp (B,T,H,D); cos_t, sin_t (T, D/2)
 	int half = D / 2;
-	if (!dinp)
-		return;
 	for (int b = 0; b < B; b++)
 		for (int t = 0; t < T; t++)
 			for (int h = 0; h < H; h++) {
 				size_t off = (((size_t)b * T + t) * H + h) * D;
 				rope_vec_t(dinp + off, dout + off, cos_t + (size_t)t * half,
-					   sin_t + (size_t)t * half, half);
+					   sin_t + (size_t)t * half, half, acc);
 			}
+}
+
+KERNEL_INLINE void rope_backward_add_body(float *dinp, const float *dout, const float *cos_t,
+					  const float *sin_t, int B, int T, int H, int D)
+{
+	rope_backward_body(dinp, dout, cos_t, sin_t, B, T, H, D, 1);
+}
+
+KERNEL_INLINE void rope_backward_set_body(float *dinp, const float *dout, const float *cos_t,
+					  const float *sin_t, int B, int T, int H, int D)
+{
+	rope_backward_body(dinp, dout, cos_t, sin_t, B, T, H, D, 0);
+}
+
+KERNEL_VARIANTS(rope_backward_add, (float *dinp, const float *dout, const float *cos_t,
+		const float *sin_t, int B, int T, int H, int D),
+		(dinp, dout, cos_t, sin_t, B, T, H, D));
+KERNEL_VARIANTS(rope_backward_set, (float *dinp, const float *dout, const float *cos_t,
+		const float *sin_t, int B, int T, int H, int D),
+		(dinp, dout, cos_t, sin_t, B, T, H, D));
+
+void rope_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
+		   int B, int T, int H, int D, int accumulate)
+{
+	if (!dinp)
+		return;
+	if (accumulate)
+		KERNEL(rope_backward_add)(dinp, dout, cos_t, sin_t, B, T, H, D);
+	else
+		KERNEL(rope_backward_set)(dinp, dout, cos_t, sin_t, B, T, H, D);
 }
 
 /* ---- causal attention ---- */
@@ -408,8 +478,7 @@ void attention_forward(float *out, float *att, const float *q, const float *k,
 					 kh, ldk, 0.0f, ah + (size_t)i0 * T, T);
 				for (int i = i0; i < i1; i++) {
 					float *row = ah + (size_t)i * T;
-					float sum = exp_sum_row(row, row, max_row(row, i + 1), i + 1);
-					scale_row(row, 1.0f / sum, i + 1);
+					KERNEL(softmax_row)(row, i + 1);
 					memset(row + i + 1, 0, sizeof(float) * (T - i - 1));
 				}
 				sgemm_rm(0, 0, i1 - i0, Dv, i1, 1.0f, ah + (size_t)i0 * T, T, vh, ldv,
@@ -420,14 +489,23 @@ void attention_forward(float *out, float *att, const float *q, const float *k,
 
 void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 			const float *dout, const float *q, const float *k, const float *v,
-			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv, float scale)
+			const float *att, int B, int T, int Hq, int Hkv, int Dk, int Dv,
+			float scale, int accumulate)
 {
 	// q, dq (B,T,Hq,Dk); k, dk (B,T,Hkv,Dk); v, dv (B,T,Hkv,Dv); dout (B,T,Hq,Dv);
 	// att (B,Hq,T,T); scratch (T,T)
 	int group = Hq / Hkv, ldq = Hq * Dk, ldk = Hkv * Dk, ldv = Hkv * Dv, ldo = Hq * Dv;
 	float *ds = scratch; /* dL/dscores of one head, lower triangle */
+	/* Without accumulate each product writes (beta 0) where it is the
+	 * first to touch its block: every dq block once, dk and dv by a kv
+	 * head's first query head. OpenBLAS zeroes C for beta 0 and then
+	 * adds, as beta 1 does onto a zeroed C; its small-matrix kernels
+	 * store alpha acc against alpha acc + 1 * 0, the same bits since
+	 * acc, summed from +0, is never -0 (and alpha > 0). */
+	float bq = accumulate ? 1.0f : 0.0f;
 	for (int b = 0; b < B; b++)
 		for (int h = 0; h < Hq; h++) {
+			float bkv = accumulate || h % group ? 1.0f : 0.0f;
 			size_t qo = (size_t)b * T * ldq + (size_t)h * Dk;
 			size_t ko = (size_t)b * T * ldk + (size_t)(h / group) * Dk;
 			size_t vo = (size_t)b * T * ldv + (size_t)(h / group) * Dv;
@@ -442,34 +520,24 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 					for (int i = i0; i < i1; i++) {
 						const float *p = ah + (size_t)i * T;
 						float *d = ds + (size_t)i * T;
-						float pd = dot_row(p, d, i + 1);
-						int j = 0;
-						for (; j + VW <= i + 1; j += VW) {
-							float t[VW];
-							for (int l = 0; l < VW; l++)
-								t[l] = p[j + l] * (d[j + l] - pd);
-							for (int l = 0; l < VW; l++)
-								d[j + l] = t[l];
-						}
-						for (; j <= i; j++)
-							d[j] = p[j] * (d[j] - pd);
+						KERNEL(softmax_row_backward)(d, p, i + 1);
 						/* the dK product below reads this block's upper part */
 						memset(d + i + 1, 0, sizeof(float) * (i1 - i - 1));
 					}
 					if (dq)
 						sgemm_rm(0, 0, i1 - i0, Dk, i1, scale, ds + (size_t)i0 * T, T,
-							 k + ko, ldk, 1.0f, dq + qo + (size_t)i0 * ldq, ldq);
+							 k + ko, ldk, bq, dq + qo + (size_t)i0 * ldq, ldq);
 				}
 			/* key block j0..j1 is seen by query rows j0..T-1 */
 			for (int j0 = 0; j0 < T; j0 += ATT_BLK) {
 				int j1 = j0 + ATT_BLK < T ? j0 + ATT_BLK : T;
 				if (dv)
 					sgemm_rm(1, 0, j1 - j0, Dv, T - j0, 1.0f, ah + (size_t)j0 * T + j0, T,
-						 dout + oo + (size_t)j0 * ldo, ldo, 1.0f,
+						 dout + oo + (size_t)j0 * ldo, ldo, bkv,
 						 dv + vo + (size_t)j0 * ldv, ldv);
 				if (dk)
 					sgemm_rm(1, 0, j1 - j0, Dk, T - j0, scale, ds + (size_t)j0 * T + j0, T,
-						 q + qo + (size_t)j0 * ldq, ldq, 1.0f,
+						 q + qo + (size_t)j0 * ldq, ldq, bkv,
 						 dk + ko + (size_t)j0 * ldk, ldk);
 			}
 		}
@@ -477,98 +545,140 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 
 /* ---- SwiGLU ---- */
 
-void swiglu_forward(float *out, const float *gate, const float *up, int N, int H)
+KERNEL_INLINE void swiglu_forward_body(float *out, const float *gate, const float *up, int N, int H)
 {
 	// gate, up, out (N,H)
 	size_t n = (size_t)N * H, i = 0;
-	for (; i + VW <= n; i += VW) {
-		float t[VW];
-		for (int j = 0; j < VW; j++)
+	for (; i + EW <= n; i += EW) {
+		float t[EW];
+		for (int j = 0; j < EW; j++)
 			t[j] = gate[i + j] * sigmoid_fast(gate[i + j]) * up[i + j];
-		for (int j = 0; j < VW; j++)
+		for (int j = 0; j < EW; j++)
 			out[i + j] = t[j];
 	}
 	for (; i < n; i++)
 		out[i] = gate[i] * sigmoid_fast(gate[i]) * up[i];
 }
 
-void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-		     const float *up, int N, int H)
+KERNEL_DISPATCH(swiglu_forward, (float *out, const float *gate, const float *up, int N, int H),
+		(out, gate, up, N, H))
+
+/* acc (a constant where it is inlined): += into the d-buffers, else =
+ * with the same bits memset(0) and += would give (0.0f + x, as a -0.0f
+ * must become +0.0f) */
+KERNEL_INLINE void swiglu_backward_body(float *dgate, float *dup, const float *dout,
+					const float *gate, const float *up, int N, int H,
+					const int acc)
 {
 	// dout, gate, up, dgate, dup (N,H)
 	/* silu'(g) = s (1 + g (1 - s)),  s = sigmoid(g) */
 	size_t n = (size_t)N * H, i = 0;
 	if (dgate && dup) {
-		for (; i + VW <= n; i += VW) {
-			float tg[VW], tu[VW];
-			for (int j = 0; j < VW; j++) {
+		for (; i + EW <= n; i += EW) {
+			float tg[EW], tu[EW];
+			for (int j = 0; j < EW; j++) {
 				float g = gate[i + j], s = sigmoid_fast(g), d = dout[i + j];
-				tg[j] = dgate[i + j] + d * up[i + j] * s * (1.0f + g * (1.0f - s));
-				tu[j] = dup[i + j] + d * g * s;
+				tg[j] = (acc ? dgate[i + j] : 0.0f) +
+					d * up[i + j] * s * (1.0f + g * (1.0f - s));
+				tu[j] = (acc ? dup[i + j] : 0.0f) + d * g * s;
 			}
-			for (int j = 0; j < VW; j++) {
+			for (int j = 0; j < EW; j++) {
 				dgate[i + j] = tg[j];
 				dup[i + j] = tu[j];
 			}
 		}
 	} else if (dgate) {
-		for (; i + VW <= n; i += VW) {
-			float tg[VW];
-			for (int j = 0; j < VW; j++) {
+		for (; i + EW <= n; i += EW) {
+			float tg[EW];
+			for (int j = 0; j < EW; j++) {
 				float g = gate[i + j], s = sigmoid_fast(g);
-				tg[j] = dgate[i + j] + dout[i + j] * up[i + j] * s * (1.0f + g * (1.0f - s));
+				tg[j] = (acc ? dgate[i + j] : 0.0f) +
+					dout[i + j] * up[i + j] * s * (1.0f + g * (1.0f - s));
 			}
-			for (int j = 0; j < VW; j++)
+			for (int j = 0; j < EW; j++)
 				dgate[i + j] = tg[j];
 		}
 	} else if (dup) {
-		for (; i + VW <= n; i += VW) {
-			float tu[VW];
-			for (int j = 0; j < VW; j++)
-				tu[j] = dup[i + j] + dout[i + j] * gate[i + j] * sigmoid_fast(gate[i + j]);
-			for (int j = 0; j < VW; j++)
+		for (; i + EW <= n; i += EW) {
+			float tu[EW];
+			for (int j = 0; j < EW; j++)
+				tu[j] = (acc ? dup[i + j] : 0.0f) +
+					dout[i + j] * gate[i + j] * sigmoid_fast(gate[i + j]);
+			for (int j = 0; j < EW; j++)
 				dup[i + j] = tu[j];
 		}
 	}
 	for (; i < n; i++) {
 		float g = gate[i], s = sigmoid_fast(g), d = dout[i];
 		if (dgate)
-			dgate[i] += d * up[i] * s * (1.0f + g * (1.0f - s));
+			dgate[i] = (acc ? dgate[i] : 0.0f) +
+				   d * up[i] * s * (1.0f + g * (1.0f - s));
 		if (dup)
-			dup[i] += d * g * s;
+			dup[i] = (acc ? dup[i] : 0.0f) + d * g * s;
 	}
+}
+
+KERNEL_INLINE void swiglu_backward_add_body(float *dgate, float *dup, const float *dout,
+					    const float *gate, const float *up, int N, int H)
+{
+	swiglu_backward_body(dgate, dup, dout, gate, up, N, H, 1);
+}
+
+KERNEL_INLINE void swiglu_backward_set_body(float *dgate, float *dup, const float *dout,
+					    const float *gate, const float *up, int N, int H)
+{
+	swiglu_backward_body(dgate, dup, dout, gate, up, N, H, 0);
+}
+
+KERNEL_VARIANTS(swiglu_backward_add, (float *dgate, float *dup, const float *dout,
+		const float *gate, const float *up, int N, int H),
+		(dgate, dup, dout, gate, up, N, H));
+KERNEL_VARIANTS(swiglu_backward_set, (float *dgate, float *dup, const float *dout,
+		const float *gate, const float *up, int N, int H),
+		(dgate, dup, dout, gate, up, N, H));
+
+void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+		     const float *up, int N, int H, int accumulate)
+{
+	if (accumulate)
+		KERNEL(swiglu_backward_add)(dgate, dup, dout, gate, up, N, H);
+	else
+		KERNEL(swiglu_backward_set)(dgate, dup, dout, gate, up, N, H);
 }
 
 /* ---- residual ---- */
 
-void residual_forward(float *out, const float *a, const float *b, int n)
+KERNEL_INLINE void residual_forward_body(float *out, const float *a, const float *b, int n)
 {
 	// a, b, out (n); out may equal a or b
 	int i = 0;
-	for (; i + VW <= n; i += VW) {
-		float t[VW];
-		for (int j = 0; j < VW; j++)
+	for (; i + EW <= n; i += EW) {
+		float t[EW];
+		for (int j = 0; j < EW; j++)
 			t[j] = a[i + j] + b[i + j];
-		for (int j = 0; j < VW; j++)
+		for (int j = 0; j < EW; j++)
 			out[i + j] = t[j];
 	}
 	for (; i < n; i++)
 		out[i] = a[i] + b[i];
 }
 
+KERNEL_DISPATCH(residual_forward, (float *out, const float *a, const float *b, int n),
+		(out, a, b, n))
+
 /* ---- softmax cross-entropy ---- */
 
-double softmax_xent_forward(float *losses, float *probs, const float *logits,
-			    const int32_t *targets, int N, int V)
+KERNEL_INLINE double softmax_xent_forward_body(float *losses, float *probs, const float *logits,
+					       const int32_t *targets, int N, int V)
 {
 	// logits, probs (N,V), targets (N), losses (N)
 	double total = 0.0;
 	for (int n = 0; n < N; n++) {
 		const float *x = logits + (size_t)n * V;
 		float *p = probs + (size_t)n * V;
-		float m = max_row(x, V);
-		float sum = exp_sum_row(p, x, m, V);
-		scale_row(p, 1.0f / sum, V);
+		float m = max_row_body(x, V);
+		float sum = exp_sum_row_body(p, x, m, V);
+		scale_row_body(p, 1.0f / sum, V);
 		if (targets[n] < 0) {  /* masked: no loss, no gradient */
 			losses[n] = 0;
 			continue;
@@ -581,6 +691,10 @@ double softmax_xent_forward(float *losses, float *probs, const float *logits,
 	return N > 0 ? total / N : 0.0;
 }
 
+KERNEL_DISPATCH_RET(double, softmax_xent_forward, (float *losses, float *probs,
+		const float *logits, const int32_t *targets, int N, int V),
+		    (losses, probs, logits, targets, N, V))
+
 void softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,
 			   float scale, int N, int V)
 {
@@ -591,7 +705,7 @@ void xent_split_max(float *mx, const float *logits, int N, int Vl)
 {
 	// logits (N,Vl), mx (N)
 	for (int n = 0; n < N; n++)
-		mx[n] = Vl > 0 ? max_row(logits + (size_t)n * Vl, Vl) : -INFINITY;
+		mx[n] = Vl > 0 ? KERNEL(max_row)(logits + (size_t)n * Vl, Vl) : -INFINITY;
 }
 
 void xent_split_sums(float *st, float *probs, const float *logits, const float *mx,
@@ -618,7 +732,7 @@ double xent_split_finish(float *losses, float *probs, const float *mx, const flo
 	// probs (N,Vl) in: exp(x - mx) from xent_split_sums; out: softmax
 	double total = 0.0;
 	for (int n = 0; n < N; n++) {
-		scale_row(probs + (size_t)n * Vl, 1.0f / st[n], Vl);
+		KERNEL(scale_row)(probs + (size_t)n * Vl, 1.0f / st[n], Vl);
 		if (targets[n] < 0) {
 			losses[n] = 0;
 			continue;
@@ -630,8 +744,9 @@ double xent_split_finish(float *losses, float *probs, const float *mx, const flo
 	return total;
 }
 
-void xent_split_backward(float *dlogits, const float *probs, const int32_t *targets, int v0,
-			 float scale, int N, int Vl)
+KERNEL_INLINE void xent_split_backward_body(float *dlogits, const float *probs,
+					    const int32_t *targets, int v0, float scale, int N,
+					    int Vl)
 {
 	// probs, dlogits (N,Vl), targets (N); the whole vocabulary when v0 = 0, Vl = V
 	if (!dlogits)
@@ -642,11 +757,11 @@ void xent_split_backward(float *dlogits, const float *probs, const int32_t *targ
 		const float *p = probs + (size_t)n * Vl;
 		float *d = dlogits + (size_t)n * Vl;
 		int i = 0;
-		for (; i + VW <= Vl; i += VW) {
-			float t[VW];
-			for (int j = 0; j < VW; j++)
+		for (; i + EW <= Vl; i += EW) {
+			float t[EW];
+			for (int j = 0; j < EW; j++)
 				t[j] = d[i + j] + p[i + j] * scale;
-			for (int j = 0; j < VW; j++)
+			for (int j = 0; j < EW; j++)
 				d[i + j] = t[j];
 		}
 		for (; i < Vl; i++)
@@ -656,3 +771,7 @@ void xent_split_backward(float *dlogits, const float *probs, const int32_t *targ
 			d[t] -= scale;
 	}
 }
+
+KERNEL_DISPATCH(xent_split_backward, (float *dlogits, const float *probs,
+		const int32_t *targets, int v0, float scale, int N, int Vl),
+		(dlogits, probs, targets, v0, scale, N, Vl))

@@ -4,17 +4,31 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/isa.h"
 #include "kernels/kernels.h"
 
-/* blocks of VW with a local array: see kernels/nn.c for why */
-#define VW 8
-
-void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
-		  float b1, float b2, float eps, float wd, int t)
+/* one pass over p, g, m, v; sqrtf vectorises (kernels/ are built with
+ * -fno-math-errno) and is correctly rounded at every width */
+KERNEL_INLINE void adamw_step_body(float *p, const float *g, float *m, float *v, size_t n, float lr,
+				   float b1, float b2, float eps, float wd, float bc1, float bc2)
 {
 	// p, g, m, v (n)
-	float bc1 = (float)(1.0 - pow(b1, t)), bc2 = (float)(1.0 - pow(b2, t));
-	for (size_t i = 0; i < n; i++) {
+	size_t i = 0;
+	for (; i + EW <= n; i += EW) {
+		float tm[EW], tv[EW], tp[EW];
+		for (int j = 0; j < EW; j++) {
+			float gi = g[i + j], pi = p[i + j];
+			tm[j] = b1 * m[i + j] + (1.0f - b1) * gi;
+			tv[j] = b2 * v[i + j] + (1.0f - b2) * gi * gi;
+			tp[j] = pi - lr * ((tm[j] / bc1) / (sqrtf(tv[j] / bc2) + eps) + wd * pi);
+		}
+		for (int j = 0; j < EW; j++) {
+			m[i + j] = tm[j];
+			v[i + j] = tv[j];
+			p[i + j] = tp[j];
+		}
+	}
+	for (; i < n; i++) {
 		float mi = b1 * m[i] + (1.0f - b1) * g[i];
 		float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
 		m[i] = mi;
@@ -23,7 +37,19 @@ void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float 
 	}
 }
 
-double sumsq(const float *x, size_t n)
+KERNEL_VARIANTS(adamw_step, (float *p, const float *g, float *m, float *v, size_t n, float lr,
+			     float b1, float b2, float eps, float wd, float bc1, float bc2),
+		(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2));
+
+void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
+		  float b1, float b2, float eps, float wd, int t)
+{
+	// p, g, m, v (n)
+	float bc1 = (float)(1.0 - pow(b1, t)), bc2 = (float)(1.0 - pow(b2, t));
+	KERNEL(adamw_step)(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
+}
+
+KERNEL_INLINE double sumsq_body(const float *x, size_t n)
 {
 	// x (n)
 	double acc[VW] = { 0 }, s = 0.0;
@@ -38,31 +64,37 @@ double sumsq(const float *x, size_t n)
 	return s;
 }
 
-void scale_inplace(float *x, size_t n, float s)
+KERNEL_DISPATCH_RET(double, sumsq, (const float *x, size_t n), (x, n))
+
+KERNEL_INLINE void scale_inplace_body(float *x, size_t n, float s)
 {
 	// x (n)
 	size_t i = 0;
-	for (; i + VW <= n; i += VW)
-		for (int j = 0; j < VW; j++)
+	for (; i + EW <= n; i += EW)
+		for (int j = 0; j < EW; j++)
 			x[i + j] *= s;
 	for (; i < n; i++)
 		x[i] *= s;
 }
 
+KERNEL_DISPATCH(scale_inplace, (float *x, size_t n, float s), (x, n, s))
+
 /* y (n) = a x + y */
-static void axpy(float *y, float a, const float *x, size_t n)
+KERNEL_INLINE void axpy_body(float *y, float a, const float *x, size_t n)
 {
 	size_t i = 0;
-	for (; i + VW <= n; i += VW) {
-		float t[VW];
-		for (int j = 0; j < VW; j++)
+	for (; i + EW <= n; i += EW) {
+		float t[EW];
+		for (int j = 0; j < EW; j++)
 			t[j] = y[i + j] + a * x[i + j];
-		for (int j = 0; j < VW; j++)
+		for (int j = 0; j < EW; j++)
 			y[i + j] = t[j];
 	}
 	for (; i < n; i++)
 		y[i] += a * x[i];
 }
+
+KERNEL_VARIANTS(axpy, (float *y, float a, const float *x, size_t n), (y, a, x, n));
 
 /* newton_schulz5's parts: X (r,c) = G (R,C) / (||G|| + 1e-7), wide
  * side last; one step into Y (A, Bm: r x r scratch); out = X back in
@@ -87,7 +119,7 @@ static void ns_step(float *Y, const float *X, float *A, float *Bm, int r, int c)
 	const float a = 3.4445f, b = -4.7750f, c2 = 2.0315f;
 	sgemm_rm(0, 1, r, r, c, 1.0f, X, c, X, c, 0.0f, A, r);
 	sgemm_rm(0, 0, r, r, r, c2, A, r, A, r, 0.0f, Bm, r);
-	axpy(Bm, b, A, (size_t)r * r);
+	KERNEL(axpy)(Bm, b, A, (size_t)r * r);
 	memcpy(Y, X, sizeof(float) * (size_t)r * c);
 	sgemm_rm(0, 0, r, c, r, 1.0f, Bm, r, X, c, a, Y, c);
 }
@@ -142,21 +174,47 @@ double newton_schulz5_flops(int R, int C)
 	return 10.0 * r * r * (2.0 * c + r);
 }
 
-void muon_momentum(float *o, float *buf, const float *g, size_t n, float mu)
+KERNEL_INLINE void muon_momentum_body(float *o, float *buf, const float *g, size_t n, float mu)
 {
 	// o, buf, g (n)
-	for (size_t i = 0; i < n; i++) {
+	size_t i = 0;
+	for (; i + EW <= n; i += EW) {
+		float tb[EW], to[EW];
+		for (int j = 0; j < EW; j++) {
+			tb[j] = mu * buf[i + j] + g[i + j];
+			to[j] = g[i + j] + mu * tb[j];
+		}
+		for (int j = 0; j < EW; j++) {
+			buf[i + j] = tb[j];
+			o[i + j] = to[j];
+		}
+	}
+	for (; i < n; i++) {
 		buf[i] = mu * buf[i] + g[i];
 		o[i] = g[i] + mu * buf[i];
 	}
 }
 
-void muon_apply(float *p, const float *o, size_t n, float lr, float k, float wd)
+KERNEL_DISPATCH(muon_momentum, (float *o, float *buf, const float *g, size_t n, float mu),
+		(o, buf, g, n, mu))
+
+KERNEL_INLINE void muon_apply_body(float *p, const float *o, size_t n, float lr, float k, float wd)
 {
 	// p, o (n)
-	for (size_t i = 0; i < n; i++)
+	size_t i = 0;
+	for (; i + EW <= n; i += EW) {
+		float t[EW];
+		for (int j = 0; j < EW; j++)
+			t[j] = p[i + j] - lr * (o[i + j] * k + wd * p[i + j]);
+		for (int j = 0; j < EW; j++)
+			p[i + j] = t[j];
+	}
+	for (; i < n; i++)
 		p[i] -= lr * (o[i] * k + wd * p[i]);
 }
+
+KERNEL_DISPATCH(muon_apply, (float *p, const float *o, size_t n, float lr, float k, float wd),
+		(p, o, n, lr, k, wd))
 
 float muon_scale(int R, int C)
 {

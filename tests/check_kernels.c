@@ -555,10 +555,10 @@ START_TEST(test_rope)
 	for (size_t i = 0; i < n; i++)
 		ck_assert_float_eq(inplace[i], out[i]);
 	/* R is orthogonal: R^T R x = x */
-	rope_backward(back, out, cs, sn, B, T, H, D);
+	rope_backward(back, out, cs, sn, B, T, H, D, 1);
 	for (size_t i = 0; i < n; i++)
 		ck_assert_float_eq_tol(back[i], x[i], 1e-6f);
-	rope_backward(dx, r, cs, sn, B, T, H, D);
+	rope_backward(dx, r, cs, sn, B, T, H, D, 1);
 	check_grad("rope dinp", dx, d0, 1, c.x, n, SIZE_MAX, rope_loss, &c);
 	free(cs), free(sn), free(x), free(out), free(r), free(d0), free(dx), free(back);
 	free(inplace), free(c.x), free(c.out);
@@ -646,8 +646,8 @@ START_TEST(test_attention_backward)
 
 	attention_forward(out, att, q, k, v, B, T, Hq, Hkv, Dk, Dv, sc);
 	/* twice: gradients accumulate onto the random fill */
-	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
-	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
+	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 1);
+	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 1);
 	check_grad("attention dq", dq, dq0, 2, c.q, nq, count, att_loss, &c);
 	check_grad("attention dk", dk, dk0, 2, c.k, nk, count, att_loss, &c);
 	check_grad("attention dv", dv, dv0, 2, c.v, nv, count, att_loss, &c);
@@ -655,12 +655,25 @@ START_TEST(test_attention_backward)
 	memcpy(dq, dq0, sizeof(float) * nq);
 	memcpy(dk, dk0, sizeof(float) * nk);
 	memcpy(dv, dv0, sizeof(float) * nv);
-	attention_backward(dq, NULL, NULL, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
-	attention_backward(NULL, dk, NULL, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
-	attention_backward(NULL, NULL, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc);
+	attention_backward(dq, NULL, NULL, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 1);
+	attention_backward(NULL, dk, NULL, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 1);
+	attention_backward(NULL, NULL, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 1);
 	check_grad("attention dq alone", dq, dq0, 1, c.q, nq, count, att_loss, &c);
 	check_grad("attention dk alone", dk, dk0, 1, c.k, nk, count, att_loss, &c);
 	check_grad("attention dv alone", dv, dv0, 1, c.v, nv, count, att_loss, &c);
+	/* accumulate 0 over garbage gives zeroed buffers' += bit for bit
+	 * (the grouped shapes: dk, dv written by a kv head's first query head) */
+	memset(dq0, 0, sizeof(float) * nq);
+	memset(dk0, 0, sizeof(float) * nk);
+	memset(dv0, 0, sizeof(float) * nv);
+	memset(dq, 0xff, sizeof(float) * nq);
+	memset(dk, 0xff, sizeof(float) * nk);
+	memset(dv, 0xff, sizeof(float) * nv);
+	attention_backward(dq0, dk0, dv0, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 1);
+	attention_backward(dq, dk, dv, scratch, r, q, k, v, att, B, T, Hq, Hkv, Dk, Dv, sc, 0);
+	ck_assert_int_eq(memcmp(dq, dq0, sizeof(float) * nq), 0);
+	ck_assert_int_eq(memcmp(dk, dk0, sizeof(float) * nk), 0);
+	ck_assert_int_eq(memcmp(dv, dv0, sizeof(float) * nv), 0);
 	free(q), free(k), free(v), free(r), free(out), free(att), free(scratch);
 	free(dq0), free(dk0), free(dv0), free(dq), free(dk), free(dv);
 	free(c.q), free(c.k), free(c.v), free(c.out);
@@ -892,17 +905,49 @@ START_TEST(test_swiglu)
 	swiglu_forward(out, g, u, N, H);
 	swi_loss(&c);
 	expect_close("swiglu out", out, c.out, n, TOL);
-	swiglu_backward(dg, du, r, g, u, N, H);
+	swiglu_backward(dg, du, r, g, u, N, H, 1);
 	check_grad("swiglu dgate", dg, dg0, 1, c.g, n, SIZE_MAX, swi_loss, &c);
 	check_grad("swiglu dup", du, du0, 1, c.u, n, SIZE_MAX, swi_loss, &c);
 	memcpy(dg, dg0, sizeof(float) * n);
 	memcpy(du, du0, sizeof(float) * n);
-	swiglu_backward(dg, NULL, r, g, u, N, H);
-	swiglu_backward(NULL, du, r, g, u, N, H);
+	swiglu_backward(dg, NULL, r, g, u, N, H, 1);
+	swiglu_backward(NULL, du, r, g, u, N, H, 1);
 	check_grad("swiglu dgate alone", dg, dg0, 1, c.g, n, SIZE_MAX, swi_loss, &c);
 	check_grad("swiglu dup alone", du, du0, 1, c.u, n, SIZE_MAX, swi_loss, &c);
 	free(g), free(u), free(out), free(r), free(dg0), free(du0), free(dg), free(du);
 	free(c.g), free(c.u), free(c.out);
+}
+END_TEST
+
+/* accumulate = 0 writes what memset(0) and += would: every bit, a -0.0f
+ * result included (0.0f + -0.0f is +0.0f), over a buffer of garbage */
+START_TEST(test_backward_write)
+{
+	const int N = 3, H = 19, B = 1, T = 3, Hh = 2, D = 2 * H;
+	size_t n = (size_t)N * H, nr = (size_t)B * T * Hh * D, nt = (size_t)T * H;
+	float *g = frand(n, 4), *u = frand(n, 1), *d = frand(n, 1);
+	float *dg0 = fzero(n), *du0 = fzero(n), *dg = malloc(n * sizeof(float));
+	float *du = malloc(n * sizeof(float));
+	float *cs = frand(nt, 1), *sn = frand(nt, 1), *r = frand(nr, 1), *dx0 = fzero(nr);
+	float *dx = malloc(nr * sizeof(float));
+	ck_assert_ptr_nonnull(dg);
+	ck_assert_ptr_nonnull(du);
+	ck_assert_ptr_nonnull(dx);
+	d[0] = -0.0f, u[0] = 1.0f, g[0] = 1.0f;  /* dgate and dup products of -0 */
+	r[0] = -0.0f, r[H] = -0.0f, cs[0] = 1.0f, sn[0] = 1.0f; /* -0 c + -0 s is -0 */
+	memset(dg, 0xff, n * sizeof(float)), memset(du, 0xff, n * sizeof(float));
+	memset(dx, 0xff, nr * sizeof(float));
+	swiglu_backward(dg0, du0, d, g, u, N, H, 1);
+	swiglu_backward(dg, du, d, g, u, N, H, 0);
+	ck_assert_int_eq(memcmp(dg, dg0, n * sizeof(float)), 0);
+	ck_assert_int_eq(memcmp(du, du0, n * sizeof(float)), 0);
+	ck_assert(dg[0] == 0.0f && !signbit(dg[0]) && !signbit(du[0]));
+	rope_backward(dx0, r, cs, sn, B, T, Hh, D, 1);
+	rope_backward(dx, r, cs, sn, B, T, Hh, D, 0);
+	ck_assert_int_eq(memcmp(dx, dx0, nr * sizeof(float)), 0);
+	ck_assert(dx[0] == 0.0f && !signbit(dx[0]));
+	free(g), free(u), free(d), free(dg0), free(du0), free(dg), free(du);
+	free(cs), free(sn), free(r), free(dx0), free(dx);
 }
 END_TEST
 
@@ -1408,7 +1453,7 @@ static Suite *kernels_suite(void)
 		{ "attention", { test_attention_forward, test_attention_backward }, 5 },
 		{ "rope adjacent pairs", { test_rope_adj }, 3 },
 		{ "yarn latent kv", { test_rope_yarn, test_mla_kv }, 0 },
-		{ "swiglu residual", { test_swiglu, test_residual }, 0 },
+		{ "swiglu residual", { test_swiglu, test_residual, test_backward_write }, 0 },
 		{ "xent", { test_xent }, 4 },
 		{ "xent stable", { test_xent_stable, test_xent_split }, 0 },
 		{ "adamw", { test_adamw }, 0 },

@@ -50,7 +50,12 @@ static bool wants_help(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+	char err[160];
 	util_blas_kernels(argv);	/* may re-execute: before anything else */
+	if (util_kernel_isa(err, sizeof err)) {
+		fprintf(stderr, "meshrun: %s\n", err);
+		return EXIT_USAGE;
+	}
 	if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
 		usage(argc < 2 ? stderr : stdout);
 		return argc < 2 ? EXIT_USAGE : EXIT_OK;

@@ -45,15 +45,10 @@ static void gqa_backward(struct model *m, int l, float *dln, const float *dout, 
 	 * read them */
 	float *dv = wg_out(m, m->dv, (size_t)N * KD), *dqr = wg_out(m, m->dqr, (size_t)N * QD);
 	float *dkr = wg_out(m, m->dkr, (size_t)N * KD);
-	memset(m->dq, 0, sizeof(float) * (size_t)N * QD);
-	memset(m->dk, 0, sizeof(float) * (size_t)N * KD);
-	memset(dv, 0, sizeof(float) * (size_t)N * KD);
 	attention_backward(m->dq, m->dk, dv, m->att_scratch, m->datty, a->q, a->k, a->v, a->att,
-			   m->B, d->T, d->Hq, d->Hkv, d->D, d->D, m->att_scale);
-	memset(dqr, 0, sizeof(float) * (size_t)N * QD);
-	memset(dkr, 0, sizeof(float) * (size_t)N * KD);
-	rope_backward(dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D);
-	rope_backward(dkr, m->dk, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D);
+			   m->B, d->T, d->Hq, d->Hkv, d->D, d->D, m->att_scale, 0);
+	rope_backward(dqr, m->dq, m->cos_t, m->sin_t, m->B, d->T, d->Hq, d->D, 0);
+	rope_backward(dkr, m->dk, m->cos_t, m->sin_t, m->B, d->T, d->Hkv, d->D, 0);
 	/* q, k and v split their heads alike: one sum of their partial dx */
 	const float *kln = wg_keep_act(m, ln, (size_t)N * C);
 	linear_backward(dln, NULL, dqr, NULL, WP(P_WQ, l), N, C, QD);

@@ -77,11 +77,8 @@ static void mla_backward(struct model *m, int l, float *dln, const float *dout, 
 	wg_linear(m, P_WO, l, 0, wg_keep(m, dout, (size_t)N * C), wg_keep_act(m, a->atty, (size_t)N * VD),
 		  N, VD, C);
 	psum(m, m->pl[P_WO].dx_reduce, m->datty, (size_t)N * VD);
-	memset(m->dq, 0, sizeof(float) * (size_t)N * QD);
-	memset(m->dk, 0, sizeof(float) * (size_t)N * QD);
-	memset(m->dv, 0, sizeof(float) * (size_t)N * VD);
 	attention_backward(m->dq, m->dk, m->dv, m->att_scratch, m->datty, a->q, a->k, a->v, a->att,
-			   m->B, d->T, H, H, Dk, d->Dv, m->att_scale);
+			   m->B, d->T, H, H, Dk, d->Dv, m->att_scale, 0);
 
 	/* queries: the rotation undone, then the projections; with heads
 	 * split the latent's gradient is partial until summed */

@@ -33,6 +33,22 @@ void norm_backward(struct model *m, float *dx, float *dw, const float *dout, con
 	rmsnorm_backward_split(dx, dw, dout, x, w, rstd, m->nstat, m->N, m->l.C, m->d.C);
 }
 
+/* A layer norm's backward: dx += and its weight's gradient. When that
+ * gradient is made now (no split-backward tape) and the rows are whole,
+ * one rmsnorm_backward reads dout and x once for both (the same bits:
+ * the two never share a buffer); else the gradient goes to wgrad.c. */
+static void layer_norm_backward(struct model *m, int id, int l, float *dx, const float *dout,
+				const float *x, const float *rstd)
+{
+	int N = m->N, C = m->l.C;
+	if (!m->wg && !m->ax_emb) {
+		rmsnorm_backward(dx, GP(id, l), dout, x, WP(id, l), rstd, N, C);
+		return;
+	}
+	norm_backward(m, dx, NULL, dout, x, WP(id, l), rstd);
+	wg_norm(m, id, l, dout, wg_keep_act(m, x, (size_t)N * C), wg_keep_act(m, rstd, (size_t)N), N, C);
+}
+
 /* Rows of a SwiGLU feed-forward in blocks: block b is rows [start[b],
  * start[b] + rows[b]) and uses matrix w[b] of the weight stacks (the
  * experts; a dense MLP or the shared expert is one block of every row). */
@@ -100,12 +116,12 @@ static void ffn_backward(struct model *m, int gate, int l, float *dx, const floa
 		wg_linear(m, gate + 2, l, j * wsz, kdy + rc, kh + rf, ne, F, C);
 	}
 	psum(m, m->pl[gate + 2].dx_reduce, dh, rows * F);
-	memset(dg, 0, rows * F * sizeof(float));
-	memset(du, 0, rows * F * sizeof(float));
+	/* each block writes its rows of dg and du (no memset), and only they
+	 * are read */
 	for (int i = 0; i < b->n; i++) {
 		size_t rf = (size_t)b->start[i] * F;
 		if (b->rows[i])
-			swiglu_backward(dg + rf, du + rf, dh + rf, g + rf, u + rf, b->rows[i], F);
+			swiglu_backward(dg + rf, du + rf, dh + rf, g + rf, u + rf, b->rows[i], F, 0);
 	}
 	const float *kx = wg_keep_act(m, x, rows * C);
 	for (int i = 0; i < b->n; i++) {
@@ -206,14 +222,11 @@ void layer_backward(struct model *m, int l, float *dres, const float *x)
 		layer_experts_backward(m, l, X, dY, dX);
 		moe_route_backward(m, l, dln);
 	}
-	norm_backward(m, dres, NULL, dln, a->xmid, WP(P_MLP_NORM, l), a->rstd2);
-	wg_norm(m, P_MLP_NORM, l, dln, wg_keep_act(m, a->xmid, (size_t)N * C), wg_keep_act(m, a->rstd2, (size_t)N),
-		N, C);
+	layer_norm_backward(m, P_MLP_NORM, l, dres, dln, a->xmid, a->rstd2);
 
 	/* attention block: dres now holds dL/d(xmid) */
 	dln = wg_out(m, m->dln, (size_t)N * C);
 	memset(dln, 0, sizeof(float) * (size_t)N * C);
 	m->attn->backward(m, l, dln, dres, a->ln1);
-	norm_backward(m, dres, NULL, dln, x, WP(P_ATTN_NORM, l), a->rstd1);
-	wg_norm(m, P_ATTN_NORM, l, dln, wg_keep_act(m, x, (size_t)N * C), wg_keep_act(m, a->rstd1, (size_t)N), N, C);
+	layer_norm_backward(m, P_ATTN_NORM, l, dres, dln, x, a->rstd1);
 }

@@ -42,9 +42,10 @@ int steplog_open(struct steplog *l, const struct steplog_info *info, const char 
 			"mid-line); cut it before appending\n", metrics);
 	if (l->mode == STEPLOG_QUIET)
 		return 0;
-	printf("sgemm peak: %.1f GFLOP/s per device (%d OpenBLAS threads, core %s); "
+	printf("sgemm peak: %.1f GFLOP/s per device (%d OpenBLAS threads, core %s, kernels %s); "
 	       "model: %.3g matmul FLOPs/token\n",
-	       l->peak_gflops, info->blas_threads, info->blas_core, l->flops_per_token);
+	       l->peak_gflops, info->blas_threads, info->blas_core, info->kernel_isa,
+	       l->flops_per_token);
 	return flush_stdout(err, errlen);
 }
 

@@ -36,6 +36,7 @@ struct steplog_info {
 	double peak_gflops;
 	int blas_threads;
 	const char *blas_core;
+	const char *kernel_isa;   /* our elementwise kernels' (kernels/isa.c) */
 	double flops_per_token;   /* matmul FLOPs per token */
 	int64_t tokens_per_step;  /* every device's */
 	int devices;

@@ -20,6 +20,7 @@ int train_log_open(struct steplog *log, const struct train_opts *o, struct train
 		.peak_gflops = bench_sgemm_peak_gflops(blas_get_threads(), 0.3),
 		.blas_threads = blas_get_threads(),
 		.blas_core = blas_core_name(),
+		.kernel_isa = kernel_isa_name(kernel_isa()),
 		.flops_per_token = model_flops_per_token(d),
 		.tokens_per_step = (int64_t)trainer_cfg(t)->per_device_batch_size * devices * d->T,
 		.devices = devices,

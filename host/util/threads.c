@@ -84,6 +84,23 @@ const char *util_blas_kernels_choice(const char *core)
 	return NULL;
 }
 
+int util_kernel_isa(char *err, size_t errlen)
+{
+	const char *v = getenv("MESHRUN_KERNEL_ISA");
+	if (!v)
+		return 0;
+	for (int i = 0; i < KERNEL_ISA_COUNT; i++)
+		if (!strcmp(v, kernel_isa_name((enum kernel_isa)i))) {
+			if (!kernel_isa_set((enum kernel_isa)i))
+				return 0;
+			snprintf(err, errlen, "MESHRUN_KERNEL_ISA '%s': this CPU lacks it "
+				 "(best: %s)", v, kernel_isa_name(kernel_isa_best()));
+			return -EINVAL;
+		}
+	snprintf(err, errlen, "MESHRUN_KERNEL_ISA '%s': unknown (sse2, avx2 or avx512f)", v);
+	return -EINVAL;
+}
+
 void util_blas_kernels(char **argv)
 {
 	if (getenv("OPENBLAS_CORETYPE"))

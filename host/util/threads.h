@@ -3,6 +3,8 @@
 #ifndef MESHRUN_THREADS_H
 #define MESHRUN_THREADS_H
 
+#include <stddef.h>
+
 struct cfg;
 
 /* Sets OpenBLAS threads from openblas_threads or the rule
@@ -49,5 +51,11 @@ void util_blas_kernels(char **argv);
 /* The kernel name util_blas_kernels would choose on a CPU with OpenBLAS
  * reporting `core` (NULL: keep what OpenBLAS chose). Exposed for tests. */
 const char *util_blas_kernels_choice(const char *core);
+
+/* Our elementwise kernels run the widest vector instructions the CPU has
+ * (kernels/isa.c; the same bits with any); MESHRUN_KERNEL_ISA=sse2, avx2
+ * or avx512f picks one (for comparisons). Returns 0, or -EINVAL with err
+ * naming a value that is unknown or that this CPU lacks. */
+int util_kernel_isa(char *err, size_t errlen);
 
 #endif
