@@ -414,7 +414,8 @@ ssize_t tls_rec_write(struct tls_rec *r, struct conn *c, const void *buf, size_t
 			return rc;
 		r->ku_at = r->tx_plain + r->ku_every;
 	}
-	if (!c->more || r->out_len - r->out_off >= r->send_bytes) {
+	size_t push = c->push && c->push < r->send_bytes ? c->push : r->send_bytes;
+	if (!c->more || r->out_len - r->out_off >= push) {
 		rc = send_out(r, c, c->more);
 		if (rc && rc != -EAGAIN)
 			return rc;
