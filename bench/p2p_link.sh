@@ -7,8 +7,10 @@
 # after. Usage (from the worktree root):
 #   [ROUNDS=5] [SIZES=262144,2097152] [BIN=build/meshrun] bash bench/p2p_link.sh \
 #       'name|ENV=.. key=value ..' ...
-# A variant is a name, '|', then words: NAME=VALUE with an upper-case NAME
-# is put in the environment, anything else goes to meshrun as key=value.
+# A variant is a name, '|', then words: BIN=PATH runs that binary for the
+# variant (e.g. main's build as the baseline), any other NAME=VALUE with an
+# upper-case NAME is put in the environment, anything else goes to meshrun
+# as key=value.
 # Default variants: base, and the waiter not spinning (poll_spin_us=0).
 set -u
 BIN=${BIN:-build/meshrun}
@@ -20,11 +22,12 @@ out=$(mktemp)
 for r in $(seq 1 "$ROUNDS"); do
 	for v in "$@"; do
 		name=${v%%|*}
-		envs=() keys=()
+		envs=() keys=() bin=$BIN
 		for w in ${v#*|}; do
-			if [[ $w =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=("$w"); else keys+=("$w"); fi
+			if [[ $w =~ ^BIN= ]]; then bin=${w#BIN=}
+			elif [[ $w =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=("$w"); else keys+=("$w"); fi
 		done
-		env "${envs[@]}" "$BIN" bench link --hosts 2 --sizes "$SIZES" --pingpong "${keys[@]}" 2>&1 |
+		env "${envs[@]}" "$bin" bench link --hosts 2 --sizes "$SIZES" --pingpong "${keys[@]}" 2>&1 |
 			awk -v n="$name" '/^[0-9]/ { print n, $1, $2 } /^# cpu/ { sub(":", "", $3); print n "-cpu", $3, $4 }' >>"$out"
 	done
 done

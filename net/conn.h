@@ -66,6 +66,11 @@ struct conn {
 	 * may hold back a partial segment (MSG_MORE) until they do; when no
 	 * more follow, conn_flush pushes whatever is held */
 	bool more;
+	/* while more follow, a type that holds written bytes back for one
+	 * large send() still sends them once this many wait, so the peer can
+	 * open the first while we seal the rest (0: its own size; set per
+	 * write by the link, net/send.c) */
+	size_t push;
 	/* the last conn_read's recv() off the socket came back short of what
 	 * was asked: the socket held no more then. With nothing buffered in
 	 * user space (conn_pending), the next read would likely meet EAGAIN,

@@ -264,6 +264,7 @@ struct link {
 	struct ctrl_frame *tx_ctrl;
 	struct send_msg *tx_msg;
 	bool tx_msg_last;
+	size_t tx_push;                /* conn.push for the frame: NET_P2P_PUSH_BYTES or 0 */
 	uint8_t *tx_stage;             /* header (+ small payload) of a data frame */
 };
 

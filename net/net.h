@@ -37,6 +37,10 @@
 #define NET_VERSION "meshrun 0.3 wire 4"
 
 #define NET_MAX_SEND_DEFAULT (1u << 20)
+/* A point-to-point message's records go to send() every this many bytes
+ * (struct conn.push), not every max_send_bytes: the peer opens them while
+ * the rest is sealed (docs/collectives.md, "One large message's time") */
+#define NET_P2P_PUSH_BYTES (256u << 10)
 
 /* Failure classes: 0 or a negative errno, as every library call reports
  * them (the CLI turns them into exit codes). Between hosts, Abort.code

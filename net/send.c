@@ -290,6 +290,7 @@ static bool tx_next(struct link *l)
 	struct net *n = l->net;
 	bool keep = n->replay_cap > 0;
 	struct ctrl_frame *c = l->hello_out;
+	l->tx_push = 0;
 	if (c) {
 		l->hello_out = NULL;
 		tx_set(l, c, true);
@@ -327,6 +328,9 @@ static bool tx_next(struct link *l)
 		return false;
 	struct xreq *r = m->req;
 	uint64_t left = r->len - m->off;
+	/* a pipeline's activation or gradient: pushed in pieces (net.h) */
+	if (r->meta.op == MESHRUN__COLL_OP__COLL_P2P)
+		l->tx_push = NET_P2P_PUSH_BYTES;
 	uint64_t cnt = left < FRAG_MAX ? left : FRAG_MAX;
 	if (cnt > l->net->lim.max_payload)
 		cnt = l->net->lim.max_payload;
@@ -499,6 +503,7 @@ int send_write(struct link *l)
 		l->c->more = len > 16384 || (hdr && l->tx_pay_len > 0) ||
 			     (!hdr && l->tx_pay_len - l->tx_pay_off > len) || l->cq_head ||
 			     l->dq_head || l->rp_next || l->hello_out;
+		l->c->push = l->tx_push;
 		ssize_t w = conn_write(l->c, src, len);
 		if (w == -EAGAIN) {
 			conn_flush(l->c);

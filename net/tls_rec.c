@@ -2,6 +2,7 @@
  * RFC 8446: records 5.1-5.4, limits 5.5, KeyUpdate 4.6.3, key schedule
  * 7.1-7.3, alerts 6. */
 #include "net/tls_rec.h"
+#include "net/rec_log.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -57,6 +58,7 @@ struct tls_rec {
 	uint64_t max_records;         /* per sending key (5.5) */
 	_Atomic uint64_t *ku_count;
 	uint64_t tx_records, rx_records;
+	uint32_t log_ports;           /* net/rec_log.h's cache of the socket's ports */
 
 	/* received bytes not yet decrypted: [in_off, in_len) */
 	uint8_t *in;
@@ -322,9 +324,12 @@ static int send_key_update(struct tls_rec *r, struct conn *c, bool request)
 static int send_out(struct tls_rec *r, struct conn *c, bool more)
 {
 	while (r->out_off < r->out_len) {
+		uint64_t t0 = rec_log_on() ? rec_log_now() : 0;
 		ssize_t n = send(c->fd, r->out + r->out_off, r->out_len - r->out_off,
 				 MSG_NOSIGNAL | (more ? MSG_MORE : 0));
 		if (n > 0) {
+			if (t0)
+				rec_log(REC_SEND, c->fd, &r->log_ports, r->tx_records, (uint64_t)n, t0);
 			r->out_off += (size_t)n;
 			r->corked = more;
 			continue;
@@ -392,10 +397,13 @@ ssize_t tls_rec_write(struct tls_rec *r, struct conn *c, const void *buf, size_t
 		/* the cap of records per key (5.5), whatever ku_every says */
 		if (r->tx.seq >= r->max_records && (rc = send_key_update(r, c, false)))
 			return rc;
+		uint64_t t0 = rec_log_on() ? rec_log_now() : 0, seq = r->tx_records;
 		if (seal(r, CT_APPDATA, src + n, k)) {
 			snprintf(c->err, sizeof(c->err), "tls write: encryption failed");
 			return -EPROTO;
 		}
+		if (t0)
+			rec_log(REC_SEAL, c->fd, &r->log_ports, seq, k, t0);
 		n += k;
 	}
 	if (!n)
@@ -406,7 +414,8 @@ ssize_t tls_rec_write(struct tls_rec *r, struct conn *c, const void *buf, size_t
 			return rc;
 		r->ku_at = r->tx_plain + r->ku_every;
 	}
-	if (!c->more || r->out_len - r->out_off >= r->send_bytes) {
+	size_t push = c->push && c->push < r->send_bytes ? c->push : r->send_bytes;
+	if (!c->more || r->out_len - r->out_off >= push) {
 		rc = send_out(r, c, c->more);
 		if (rc && rc != -EAGAIN)
 			return rc;
@@ -675,7 +684,10 @@ ssize_t tls_rec_read(struct tls_rec *r, struct conn *c, void *buf, size_t len)
 			}
 			need = 5 + rlen;
 			if (avail >= need) {
+				uint64_t t0 = rec_log_on() ? rec_log_now() : 0, seq = r->rx_records;
 				ssize_t k = open_record(r, c, dst + got, len - got);
+				if (t0)
+					rec_log(REC_OPEN, c->fd, &r->log_ports, seq, rlen, t0);
 				if (k < -1) {
 					r->rx_err = (int)k;
 					goto fail;
@@ -701,10 +713,13 @@ ssize_t tls_rec_read(struct tls_rec *r, struct conn *c, void *buf, size_t len)
 		}
 		size_t ask = TLS_REC_IN_BYTES - r->in_len;
 		ssize_t n;
+		uint64_t t0 = rec_log_on() ? rec_log_now() : 0;
 		do
 			n = recv(c->fd, r->in + r->in_len, ask, 0);
 		while (n < 0 && errno == EINTR);
 		if (n > 0) {
+			if (t0)
+				rec_log(REC_RECV, c->fd, &r->log_ports, r->rx_records, (uint64_t)n, t0);
 			r->in_len += (size_t)n;
 			r->rx_short = c->drained = (size_t)n < ask;
 			may_recv = !c->drained;

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "host/config/config.h"
@@ -1112,6 +1113,37 @@ START_TEST(test_multihost_table)
 }
 END_TEST
 
+/* The per-record logs (net/rec_log.h) a run left in dir: the bytes of
+ * all send()s that carried a record or more, and the largest. */
+static void rec_log_sends(const char *dir, unsigned long long *total, unsigned long long *largest)
+{
+	*total = *largest = 0;
+	DIR *d = opendir(dir);
+	ck_assert_msg(d, "no %s", dir);
+	struct dirent *e;
+	int files = 0;
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, "rec.", 4))
+			continue;
+		char path[512], kind[8];
+		unsigned long long bytes;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		FILE *f = fopen(path, "r");
+		ck_assert_msg(f, "%s", path);
+		files++;
+		while (fscanf(f, "%7s %*u %*d %*u %*u %*u %llu %*u %*u", kind, &bytes) == 2) {
+			if (strcmp(kind, "send") || bytes < 16384)
+				continue;
+			*total += bytes;
+			if (bytes > *largest)
+				*largest = bytes;
+		}
+		fclose(f);
+	}
+	closedir(d);
+	ck_assert_int_eq(files, 2);        /* one per agent */
+}
+
 START_TEST(test_link_table)
 {
 	static char out[1 << 16];
@@ -1126,8 +1158,27 @@ START_TEST(test_link_table)
 				 "--sizes", "64K,1M", "--iters", "20", (char *)mode[oneway],
 				 oneway == 2 ? "p2p_handoff_bytes=262144" : oneway ? "p2p_handoff_bytes=0" : NULL,
 				 NULL };
+		/* the pingpong's records logged: its messages are
+		 * point-to-point, so no send() carries more than
+		 * NET_P2P_PUSH_BYTES and the record that crossed it (with
+		 * a frame header's), where max_send_bytes is 1 MiB */
+		char logdir[128];
+		snprintf(logdir, sizeof(logdir), "%s/reclog", tmpdir);
+		if (oneway == 2) {
+			ck_assert_int_eq(mkdir(logdir, 0700), 0);
+			setenv("MESHRUN_REC_LOG", logdir, 1);
+		}
 		int rc = proc_capture(argv, out, sizeof(out), 100);
+		unsetenv("MESHRUN_REC_LOG");
 		ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
+		if (oneway == 2) {
+			unsigned long long total, largest;
+			rec_log_sends(logdir, &total, &largest);
+			/* 20 timed messages of 1 MiB each way, and more */
+			ck_assert_uint_ge(total, 40ull << 20);
+			ck_assert_uint_gt(largest, NET_P2P_PUSH_BYTES - 16384);
+			ck_assert_uint_le(largest, NET_P2P_PUSH_BYTES + 2 * (16384 + 200));
+		}
 		ck_assert_msg(strstr(out, oneway == 2 ? "size oneway_us GBps\n" : "size time_us GBps\n"),
 			      "no header:\n%s", out);
 		static const unsigned long long want_sizes[] = { 65536, 1048576 };

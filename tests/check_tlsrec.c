@@ -12,7 +12,9 @@
  * EOF are errors that hand out no byte of the record; a client whose
  * certificate the server refuses after the client's handshake is done
  * hears the alert as a certificate failure; OpenSSL holding bytes past
- * its handshake is refused at the switch. */
+ * its handshake is refused at the switch; with conn.push our writer's
+ * first send() of a burst goes after push bytes, without it after its
+ * send() size (an order of events, no clock). */
 #include <check.h>
 #include <errno.h>
 #include <signal.h>
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -64,8 +67,10 @@ static SSL_CTX *ctx_for(const char *dir, int host, const char *suite)
 	return x;
 }
 
-/* Both handshakes over a socketpair; own_s / own_c: whose records are ours. */
-static void pair_open(struct pair *p, const char *suite, bool own_s, bool own_c)
+/* Both handshakes over a socketpair; own_s / own_c: whose records are
+ * ours; our writers send() every send_bytes. */
+static void pair_open_sb(struct pair *p, const char *suite, bool own_s, bool own_c,
+			 size_t send_bytes)
 {
 	int sv[2];
 	memset(p, 0, sizeof(*p));
@@ -77,8 +82,8 @@ static void pair_open(struct pair *p, const char *suite, bool own_s, bool own_c)
 	p->s = tls_conn_new(p->sctx, sv[0], true);
 	p->c = tls_conn_new(p->cctx, sv[1], false);
 	ck_assert(p->s && p->c);
-	tls_conn_set_records(p->s, own_s, 64 * 1024);
-	tls_conn_set_records(p->c, own_c, 64 * 1024);
+	tls_conn_set_records(p->s, own_s, send_bytes);
+	tls_conn_set_records(p->c, own_c, send_bytes);
 	p->srs = p->crs = -EAGAIN;
 	for (int i = 0; i < 1000 && (p->srs == -EAGAIN || p->crs == -EAGAIN); i++) {
 		if (p->crs == -EAGAIN)
@@ -86,6 +91,11 @@ static void pair_open(struct pair *p, const char *suite, bool own_s, bool own_c)
 		if (p->srs == -EAGAIN)
 			p->srs = conn_handshake(p->s);
 	}
+}
+
+static void pair_open(struct pair *p, const char *suite, bool own_s, bool own_c)
+{
+	pair_open_sb(p, suite, own_s, own_c, 64 * 1024);
 }
 
 static void pair_close(struct pair *p)
@@ -307,6 +317,64 @@ START_TEST(test_key_update_owed)
 }
 END_TEST
 
+/* 1 MiB written in 16 KiB pieces, more following each, by our writer
+ * whose send() size is 1 MiB, with conn.push = push (0: none): returns
+ * the bytes sealed when the first byte reached the peer's socket (an
+ * order of events: the peer could have opened a record before the last
+ * was sealed), after the peer read them all intact. */
+static size_t sealed_at_first_byte(size_t push)
+{
+	enum { TOTAL = 1 << 20, PIECE = 16384 };
+	static uint8_t msg[TOTAL], got[TOTAL];
+	struct pair p;
+	pair_open_sb(&p, NULL, false, true, TOTAL);      /* ours: the client */
+	ck_assert_int_eq(p.crs, 0);
+	ck_assert_int_eq(p.srs, 0);
+	fill(msg, TOTAL, (unsigned)push);
+	size_t w = 0, g = 0, first = 0;
+	for (int i = 0; i < 200000 && g < TOTAL; i++) {
+		if (w < TOTAL) {
+			p.c->more = w + PIECE < TOTAL;
+			p.c->push = push;
+			ssize_t n = conn_write(p.c, msg + w, PIECE);
+			ck_assert_msg(n > 0 || n == -EAGAIN, "write: %zd %s", n, p.c->err);
+			if (n > 0)
+				w += (size_t)n;
+		} else {
+			ck_assert_int_ne(conn_flush(p.c), -EPROTO);
+		}
+		int queued = 0;
+		ck_assert_int_eq(ioctl(p.s->fd, FIONREAD, &queued), 0);
+		if (queued > 0 && !first)
+			first = w;
+		if (!first)
+			continue;
+		ssize_t n = conn_read(p.s, got + g, TOTAL - g);
+		ck_assert_msg(n > 0 || n == -EAGAIN, "read: %zd %s", n, p.s->err);
+		if (n > 0)
+			g += (size_t)n;
+	}
+	ck_assert_uint_eq(g, TOTAL);
+	ck_assert(!memcmp(got, msg, TOTAL));
+	pair_close(&p);
+	return first;
+}
+
+/* conn.push (a point-to-point message's, net/send.c): with it our writer
+ * sends once push bytes wait, without it only at its send() size or the
+ * end of the burst; the peer reads the same bytes either way. */
+START_TEST(test_push)
+{
+	size_t at = sealed_at_first_byte(256 * 1024);
+	ck_assert_uint_ge(at, 256 * 1024);
+	ck_assert_uint_le(at, 256 * 1024 + 16384);
+	at = sealed_at_first_byte(64 * 1024);
+	ck_assert_uint_ge(at, 64 * 1024);
+	ck_assert_uint_le(at, 64 * 1024 + 16384);
+	ck_assert_uint_eq(sealed_at_first_byte(0), 1 << 20);
+}
+END_TEST
+
 /* The cap of records per sending key (RFC 8446 5.5; 2^24, here 3): our
  * writer renews its key before the 4th, 7th and 10th record, and OpenSSL
  * reads all ten. */
@@ -525,6 +593,7 @@ static Suite *tlsrec_suite(void)
 	tcase_add_loop_test(tc, test_key_update, 0, 3);
 	tcase_add_test(tc, test_key_update_owed);
 	tcase_add_test(tc, test_record_cap);
+	tcase_add_test(tc, test_push);
 	tcase_add_test(tc, test_close_notify);
 	tcase_add_test(tc, test_bad_records);
 	tcase_add_test(tc, test_refused_after_handshake);
