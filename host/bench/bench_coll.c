@@ -16,6 +16,7 @@
 #include "host/config/config.h"
 #include "host/mesh/mesh.h"
 #include "host/util/clock.h"
+#include "host/util/mix.h"
 #include "net/coll.h"
 
 const char *const bench_coll_op_names[B_NOPS] = {
@@ -442,11 +443,19 @@ static float rough(int dev, size_t i)
 
 static uint64_t fnv(const float *p, size_t n)
 {
-	uint64_t h = 1469598103934665603ull;
-	const unsigned char *b = (const unsigned char *)p;
-	for (size_t i = 0; i < n * sizeof(float); i++)
-		h = (h ^ b[i]) * 1099511628211ull;
-	return h;
+	return fnv1a(p, n * sizeof(float));
+}
+
+/* --check-bits' input: rough values over c's buffer (in place: the runs
+ * with their gaps; contiguous: buf) for n floats */
+static void fill_rough(struct dev_state *s, const struct ccase *c, float *buf, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (c->run)
+			s->lst[i + i / c->run] = rough(s->dc->device_id, i);
+		else
+			buf[i] = rough(s->dc->device_id, i);
+	}
 }
 
 /* --check-bits: all_reduce, contiguous and over runs, of values that
@@ -466,12 +475,7 @@ static int check_bits(struct dev_state *s, const struct bench_opts *o, struct ra
 			for (int rerun = 0; rerun < 2; rerun++) {
 				if (setup(s, &c, 0))
 					return -EIO;
-				for (size_t i = 0; i < c.count; i++) {
-					if (list)
-						s->lst[i + i / c.run] = rough(dc->device_id, i);
-					else
-						s->out[i] = rough(dc->device_id, i);
-				}
+				fill_rough(s, &c, s->out, c.count);
 				if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
 					return rc == -EINVAL ? -EIO : -EHOSTDOWN;
 				struct rank_stat mine = { .wrong = list ? list_out(s, &c) : 0,
@@ -498,12 +502,7 @@ static int check_bits(struct dev_state *s, const struct bench_opts *o, struct ra
 			size_t total = c.count * (size_t)n;
 			if (setup(s, &c, 0))
 				return -EIO;
-			for (size_t i = 0; i < total; i++) {
-				if (list)
-					s->lst[i + i / c.run] = rough(dc->device_id, i);
-				else
-					s->in[i] = rough(dc->device_id, i);
-			}
+			fill_rough(s, &c, s->in, total);
 			if ((rc = run_case(s, &c, dc->err, sizeof(dc->err))))
 				return rc == -EINVAL ? -EIO : -EHOSTDOWN;
 			if (list && list_out(s, &c))

@@ -907,10 +907,7 @@ const struct param_info *model_param_by_name(const struct model *m, const char *
 
 static uint64_t name_hash(const char *s)
 {
-	uint64_t h = 1469598103934665603ull;
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ull;
-	return h;
+	return fnv1a(s, strlen(s));
 }
 
 /* N(0,1) for element i of a tensor: Box-Muller on two counter-based
