@@ -34,7 +34,7 @@
 # transfers are charged their traced CPU alone (zb5's plan), against
 # "walls" where a receive also carries its posting ahead and a send its
 # waits.
-# usage: [STEPS=3] [ROWS="MESH:M:SCHED[/fill]:RECOMPUTE ..."] [BIN=meshrun] bench/plan_costs.sh
+# usage: [KEEP=DIR] [STEPS=3] [ROWS="MESH:M:SCHED[/fill]:RECOMPUTE ..."] [BIN=meshrun] bench/plan_costs.sh
 #   default rows: bench/sched_goals.sh's 14 (4x1 M 4, 8, 16; interleaved_1f1b
 #   and zbv; 2x2; recompute on)
 set -euo pipefail
@@ -44,6 +44,8 @@ rows=${ROWS:-"4x1:4:1f1b:false 4x1:4:zb_h1:false 4x1:4:zb_h1/fill:false 4x1:8:1f
 4x1:8:zb_h1/fill:false 4x1:16:1f1b:false 4x1:16:zb_h1:false 4x1:8:interleaved_1f1b:false 4x1:8:zbv:false
 2x2:8:1f1b:false 2x2:8:zb_h1:false 4x1:8:1f1b:true 4x1:8:zb_h1:true"}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+keep=${KEEP:-}  # a directory: each row's plan outputs, trace and metrics kept there
+[ -z "$keep" ] || mkdir -p "$keep"
 bin=$tmp/meshrun
 if [ -n "${BIN:-}" ]; then cp "$BIN" "$bin"; else make -s all; cp build/meshrun "$bin"; fi
 . bench/sched_env.sh  # $model, and the link: $lat_us, $gbps
@@ -118,6 +120,10 @@ print(f"| {mesh} | {M} | {s} | {rc} | {step:.2f} | {o:.2f} | {e(o):+.0f}% | {n:.
       f"{table(run):.2f}/{table(own):.2f} | {cores(own)}/{cores(run)} | {max(ends, key=abs):+.0f}% | "
       f"{sat:.2f} | {e(sat):+.0f}% | {w0:.2f} | {e(w0):+.0f}% | {w1:.2f} | {e(w1):+.0f}% | {load} |")
 PY
+  if [ -n "$keep" ]; then
+    k=$keep/$mesh-$M-${sv//\//-}-$rc
+    mkdir -p "$k"; cp $tmp/own $tmp/run $tmp/each $tmp/wall $tmp/m.jsonl $tmp/t.json $tmp/log "$k"/
+  fi
 done
 python3 - $tmp/rows <<'PY'
 import re, sys

@@ -202,6 +202,11 @@ static int plan(const struct plan_args *pa, const struct args *a)
 				       pc && pcm.cores_window > 0 ? ", then while the layer was measured" : "");
 			if (mc.cores > 0)
 				printf("\n");
+			/* given cores: what the machine gave while measuring, to set
+			 * beside them (the same window --cores auto weighs in) */
+			if (pc && pcm.cores_seen > 0 && pa->cores && strcmp(pa->cores, "auto"))
+				printf("cores seen: the %d devices' threads got %.2f cores while the layer was measured "
+				       "(%.1f s)\n", devs, pcm.cores_seen, pcm.cores_window);
 		}
 		perf_trace_release(&tr);
 	}
