@@ -606,6 +606,20 @@ START_TEST(test_command)
 	ck_assert_msg(l && (l == out || l[-1] == '\n'), "%s", out);
 	ck_assert_msg(strtod(l + 18, NULL) > 0, "%s", out);
 	ck_assert_msg(strstr(out, "memory per device: ") && strstr(out, "schedule: S=2 stages"), "%s", out);
+	/* measured, with the cores given: the cores the devices' threads
+	 * got while the layer was measured are printed beside them, the
+	 * machine's (at most its CPUs), not the figure given */
+	rc = proc_run(&p, "plan", "plan --config configs/llama-tiny.yml --hosts 2 --cores 64 --threads 1 "
+		      "ici_data_parallelism=1 dcn_data_parallelism=1 dcn_pipeline_parallelism=2 "
+		      "pipeline_schedule=1f1b num_pipeline_microbatches=4", 30);
+	out = slurp(p.out);
+	ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+	ck_assert_msg(strstr(out, "cores: the 2 devices share 64.00 cores\n"), "%s", out);
+	l = strstr(out, "cores seen: the 2 devices' threads got ");
+	ck_assert_msg(l && l[-1] == '\n', "%s", out);
+	double seen = strtod(l + strlen("cores seen: the 2 devices' threads got "), NULL);
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	ck_assert_msg(seen > 0 && seen <= (cpus < 2 ? cpus : 2) + 0.05, "seen %g on %ld CPUs: %s", seen, cpus, out);
 	rc = proc_run(&p, "plan", "plan --config configs/llama-tiny.yml --search", 30);
 	ck_assert_int_eq(rc, 2);
 	ck_assert_msg(strstr(slurp(p.out), "--search needs --flops"), "%s", slurp(p.out));
