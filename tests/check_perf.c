@@ -381,7 +381,9 @@ END_TEST
  * thread beside: the forward that thread ran is recorded (it sets the
  * figures' level), the transfers' CPU a byte is measured for each end
  * (between 0 and a microsecond), and the cores the two threads got while
- * measuring are at most two, over at least the warm-up. */
+ * measuring are at most two, over at least the warm-up; the split
+ * backward is measured with W reading in place exactly when the run's
+ * does (pipeline_recompute false). */
 START_TEST(test_measured)
 {
 	struct cfg c;
@@ -395,6 +397,12 @@ START_TEST(test_measured)
 	ck_assert_msg(pc.cores_seen > 0 && pc.cores_seen <= 2.05 && pc.cores_window >= 0.5, "cores %g over %g s",
 		      pc.cores_seen, pc.cores_window);
 	ck_assert_int_eq(pc.rows, 2);
+	/* I and W as the run splits them: W reads the weights' inputs in
+	 * place without recompute (so I copies none), from a stash with it */
+	ck_assert(!pc.w_in_place);
+	make_cfg(&c, 1, 1, KV("pipeline_recompute=false"));
+	ck_assert_msg(perf_measure(&c, 2, 1, 0, &pc, err, sizeof(err)) == 0, "%s", err);
+	ck_assert(pc.w_in_place && pc.i_layer[0] > 0 && pc.w_layer[0] > 0);
 }
 END_TEST
 

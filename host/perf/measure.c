@@ -66,16 +66,18 @@ static void best(double *b, double t)
 /* One layer of kind moe of d at rows sequences: the mean of RUNS, in
  * CPU seconds of clk (the process's, or with threads computing beside
  * it the calling thread's). */
-static int measure_layer(const struct model_dims *d, bool moe, int rows, clockid_t clk, struct times *out,
-			 char *err, size_t errlen)
+static int measure_layer(const struct model_dims *d, bool moe, int rows, bool w_in_place, clockid_t clk,
+			 struct times *out, char *err, size_t errlen)
 {
 	struct model_dims one = *d;
 	one.bsplit = 0;  /* a layer's compute, measured unsplit (the batch split's overlap is not modelled) */
 	one.L = 1;
 	one.L_dense = moe ? 0 : 1;
 	one.L_moe = moe ? 1 : 0;
-	/* one stash: the split backward (I, then W) is timed beside B */
-	struct model_mesh split = { .pipe_w_stashes = 1 };
+	/* one stash: the split backward (I, then W) is timed beside B; W
+	 * reads the weights' inputs in place when the run's does (no
+	 * recompute: host/train/train.c), so I copies none into the stash */
+	struct model_mesh split = { .pipe_w_stashes = 1, .pipe_w_reads_acts = w_in_place };
 	struct model *m = model_new(&one, rows, &split, err, errlen);
 	size_t N = (size_t)rows * d->T, NC = N * (size_t)d->C;
 	int32_t *in = malloc(sizeof(int32_t) * N), *tg = malloc(sizeof(int32_t) * N);
@@ -380,9 +382,10 @@ int perf_measure(const struct cfg *c, int rows, int threads, int beside, struct 
 	clockid_t clk = beside > 0 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID;
 	spin_start(&g, &d, rows, beside, 0, true);
 	double w0 = util_now_s(), c0 = util_thread_cpu_s();
-	rc = measure_layer(&d, false, rows, clk, &t[0], err, errlen);
+	pc->w_in_place = !c->pipeline_recompute;
+	rc = measure_layer(&d, false, rows, pc->w_in_place, clk, &t[0], err, errlen);
 	if (!rc && d.L_moe)
-		rc = measure_layer(&d, true, rows, clk, &t[1], err, errlen);
+		rc = measure_layer(&d, true, rows, pc->w_in_place, clk, &t[1], err, errlen);
 	else
 		t[1] = t[0];
 	if (!rc)  /* beside the other devices too, as a run's transfers are */

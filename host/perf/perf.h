@@ -77,6 +77,9 @@ struct perf_compute {
 	double cores_seen, cores_window;
 	int rows;                       /* the microbatch rows they are for */
 	int threads;                    /* OpenBLAS threads they were measured with (0: analytic) */
+	bool w_in_place;                /* I and W measured with W reading the weights' inputs in
+					 * place (pipeline_recompute false, as the run's), not a
+					 * copy in the stash */
 };
 
 /* Action kinds of the table's work (perf_parts.work_kind): F (and the
