@@ -42,7 +42,9 @@ enum {
 static _Thread_local struct xtimes last_times;
 
 /* A sched_yield that takes longer than this ran another thread: the
- * cores are busy, and a waiter stops polling (xport_wait). */
+ * cores are busy, and a waiter stops polling (xport_wait) unless the poll
+ * right after it finds bytes (the thread that ran was the peer sending
+ * them: two hosts' device threads on one core). */
 #define YIELD_BUSY_NS (30ull * 1000)
 
 /* xreq.wait: a request's completion word (any other value: a parker) */
@@ -707,7 +709,7 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 	struct xport *x = r->x;
 	int rc;
 	bool poll = deadline_ns && x->spin_ns && x->ops.poll && is_remote(r);
-	bool polling = false;
+	bool polling = false, busy = false;
 	uint64_t spin_end = 0;
 
 	if (deadline_ns && x->ops.flush)
@@ -740,6 +742,12 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 				 * move, the waiter keeps reading them itself */
 				if (x->ops.poll(x->ops_ctx, r, first)) {
 					spin_end = xport_now_ns() + x->spin_ns;
+					busy = false;
+					continue;
+				}
+				/* the cores are busy and nothing came meanwhile */
+				if (busy) {
+					spin_end = 0;
 					continue;
 				}
 				/* a large message: wait on the link's socket in
@@ -751,11 +759,17 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 				/* a yield that gave the core away (another thread
 				 * ran) says the cores are all taken: spinning on
 				 * would only keep them from the threads that make
-				 * progress, so sleep instead */
+				 * progress, so sleep instead, unless the next poll
+				 * finds bytes. The thread that ran may have been
+				 * the peer's, sending them: with two hosts' device
+				 * threads on one core, each yields to the other
+				 * and sleeping handed every message to a stream
+				 * thread and a wake-up (the 64 KiB ops' slow mode,
+				 * docs/collectives.md, "The life of a message") */
 				uint64_t y0 = xport_now_ns();
 				sched_yield();
 				if (xport_now_ns() - y0 > YIELD_BUSY_NS)
-					spin_end = 0;
+					busy = true;
 				continue;
 			}
 			poll = false;
