@@ -733,50 +733,48 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 			break;
 		}
 		if (poll) {
-			if (!polling)
+			bool first = !polling;
+			if (first)
 				spin_end = now + x->spin_ns;
-			if (now < spin_end) {
-				bool first = !polling;
-				polling = true;
-				/* bounded by spin_ns without progress: while bytes
-				 * move, the waiter keeps reading them itself */
-				if (x->ops.poll(x->ops_ctx, r, first)) {
-					spin_end = xport_now_ns() + x->spin_ns;
-					busy = false;
-					continue;
-				}
-				/* the cores are busy and nothing came meanwhile */
-				if (busy) {
-					spin_end = 0;
-					continue;
-				}
-				/* a large message: wait on the link's socket in
-				 * the kernel for the rest of the spin (no CPU
-				 * spent, still no hand-off to another thread) */
-				if (x->ops.idle && r->len >= XPORT_IDLE_MIN_BYTES &&
-				    x->ops.idle(x->ops_ctx, r, spin_end - now))
-					continue;
-				/* a yield that gave the core away (another thread
-				 * ran) says the cores are all taken: spinning on
-				 * would only keep them from the threads that make
-				 * progress, so sleep instead, unless the next poll
-				 * finds bytes. The thread that ran may have been
-				 * the peer's, sending them: with two hosts' device
-				 * threads on one core, each yields to the other
-				 * and sleeping handed every message to a stream
-				 * thread and a wake-up (the 64 KiB ops' slow mode,
-				 * docs/collectives.md, "The life of a message") */
-				uint64_t y0 = xport_now_ns();
-				sched_yield();
-				if (xport_now_ns() - y0 > YIELD_BUSY_NS)
-					busy = true;
+			polling = true;
+			/* bounded by spin_ns without progress: while bytes move,
+			 * the waiter keeps reading them itself. A poll always
+			 * comes before giving up, so what came during the last
+			 * yield or idle wait is read here, not handed to the
+			 * stream thread and a wake-up */
+			if (x->ops.poll(x->ops_ctx, r, first)) {
+				spin_end = xport_now_ns() + x->spin_ns;
+				busy = false;
 				continue;
 			}
-			poll = false;
-			if (x->ops.poll_end)
-				x->ops.poll_end(x->ops_ctx, r, false);
-			polling = false;
-			continue;   /* one last look before sleeping */
+			if (busy || now >= spin_end) {
+				poll = false;
+				if (x->ops.poll_end)
+					x->ops.poll_end(x->ops_ctx, r, false);
+				polling = false;
+				continue;   /* one last look before sleeping */
+			}
+			/* a large message: wait on the link's socket in the
+			 * kernel for the rest of the spin (no CPU spent, still
+			 * no hand-off to another thread) */
+			if (x->ops.idle && r->len >= XPORT_IDLE_MIN_BYTES &&
+			    x->ops.idle(x->ops_ctx, r, spin_end - now))
+				continue;
+			/* a yield that gave the core away (another thread ran)
+			 * says the cores are all taken: spinning on would only
+			 * keep them from the threads that make progress, so
+			 * sleep, unless the poll after the yield finds bytes.
+			 * The thread that ran may have been the peer's, sending
+			 * them: with two hosts' device threads on one core each
+			 * yield runs the other, and sleeping there anyway handed
+			 * every message to a stream thread and a wake-up (the
+			 * 64 KiB ops' slow mode, docs/collectives.md, "The life
+			 * of a message") */
+			uint64_t y0 = xport_now_ns();
+			sched_yield();
+			if (xport_now_ns() - y0 > YIELD_BUSY_NS)
+				busy = true;
+			continue;
 		}
 		park(r, deadline_ns);
 	}
