@@ -13,6 +13,7 @@
 #include "net/fsum.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <stdio.h>
@@ -41,10 +42,8 @@ enum {
 /* the times of the request this thread's last xport_wait completed */
 static _Thread_local struct xtimes last_times;
 
-/* A sched_yield that takes longer than this ran another thread: the
- * cores are busy, and a waiter stops polling (xport_wait) unless the poll
- * right after it finds bytes (the thread that ran was the peer sending
- * them: two hosts' device threads on one core). */
+/* A sched_yield that takes longer than this ran another thread: if the
+ * cores are all taken (cores_taken), a waiter stops polling (xport_wait). */
 #define YIELD_BUSY_NS (30ull * 1000)
 
 /* xreq.wait: a request's completion word (any other value: a parker) */
@@ -62,6 +61,8 @@ struct xport {
 	pthread_mutex_t mu;
 	struct parker sleepers;  /* list head: threads asleep in xport_wait */
 	uint64_t spin_ns;        /* xport_set_poll_spin */
+	int ncores;              /* xport_set_cores */
+	int loadavg_fd;          /* /proc/loadavg, or -1: its runnable count */
 	atomic_bool stamps;      /* xport_set_stamps */
 	int host_id;
 	int ndev;
@@ -134,8 +135,39 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 		x->ops = *ops;
 	x->ops_ctx = ops_ctx;
 	x->sleepers.next = x->sleepers.prev = &x->sleepers;
+	cpu_set_t cpus;
+	x->ncores = sched_getaffinity(0, sizeof(cpus), &cpus) ? 1 : CPU_COUNT(&cpus);
+	x->loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
 	pthread_mutex_init(&x->mu, NULL);
 	return x;
+}
+
+void xport_set_cores(struct xport *x, int ncores)
+{
+	x->ncores = ncores;
+}
+
+/* Whether the machine's runnable threads (the fourth field of /proc/loadavg,
+ * this one among them) outnumber the cores: a yield that ran another thread
+ * then says a waiter's spin keeps a core from work, not only that a thread
+ * it shares a core with ran (on a free machine that is most often the peer
+ * host's device thread, sending what the waiter wants). Unknown: taken. */
+static bool cores_taken(const struct xport *x)
+{
+	char b[128];
+	ssize_t k = x->loadavg_fd >= 0 ? pread(x->loadavg_fd, b, sizeof(b) - 1, 0) : -1;
+	if (k <= 0)
+		return true;
+	b[k] = 0;
+	const char *p = b;
+	for (int f = 0; f < 3 && p; f++)
+		if ((p = strchr(p, ' ')))
+			p++;
+	if (!p)
+		return true;
+	char *end;
+	long running = strtol(p, &end, 10);
+	return end == p || *end != '/' || running > x->ncores;
 }
 
 void xport_set_stamps(struct xport *x, bool on)
@@ -205,6 +237,8 @@ void xport_free(struct xport *x)
 				req_free(r);
 		}
 	}
+	if (x->loadavg_fd >= 0)
+		close(x->loadavg_fd);
 	pthread_mutex_destroy(&x->mu);
 	free(x->eager_out);
 	free(x->staged_in);
@@ -709,7 +743,7 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 	struct xport *x = r->x;
 	int rc;
 	bool poll = deadline_ns && x->spin_ns && x->ops.poll && is_remote(r);
-	bool polling = false, busy = false;
+	bool polling = false;
 	uint64_t spin_end = 0;
 
 	if (deadline_ns && x->ops.flush)
@@ -733,48 +767,45 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 			break;
 		}
 		if (poll) {
-			bool first = !polling;
-			if (first)
+			if (!polling)
 				spin_end = now + x->spin_ns;
-			polling = true;
-			/* bounded by spin_ns without progress: while bytes move,
-			 * the waiter keeps reading them itself. A poll always
-			 * comes before giving up, so what came during the last
-			 * yield or idle wait is read here, not handed to the
-			 * stream thread and a wake-up */
-			if (x->ops.poll(x->ops_ctx, r, first)) {
-				spin_end = xport_now_ns() + x->spin_ns;
-				busy = false;
+			if (now < spin_end) {
+				bool first = !polling;
+				polling = true;
+				/* bounded by spin_ns without progress: while bytes
+				 * move, the waiter keeps reading them itself */
+				if (x->ops.poll(x->ops_ctx, r, first)) {
+					spin_end = xport_now_ns() + x->spin_ns;
+					continue;
+				}
+				/* a large message: wait on the link's socket in
+				 * the kernel for the rest of the spin (no CPU
+				 * spent, still no hand-off to another thread) */
+				if (x->ops.idle && r->len >= XPORT_IDLE_MIN_BYTES &&
+				    x->ops.idle(x->ops_ctx, r, spin_end - now))
+					continue;
+				/* a yield that gave the core away (another thread
+				 * ran) while the machine has more runnable threads
+				 * than cores: spinning on would only keep them from
+				 * the threads that make progress, so sleep instead.
+				 * With cores to spare the thread that ran shares
+				 * ours, most often the peer host's device thread
+				 * sending what we wait for: two hosts' device
+				 * threads on one core yield to each other, and
+				 * sleeping there handed every message to a stream
+				 * thread and a wake-up (the 64 KiB ops' slow mode,
+				 * docs/collectives.md, "The life of a message") */
+				uint64_t y0 = xport_now_ns();
+				sched_yield();
+				if (xport_now_ns() - y0 > YIELD_BUSY_NS && cores_taken(x))
+					spin_end = 0;
 				continue;
 			}
-			if (busy || now >= spin_end) {
-				poll = false;
-				if (x->ops.poll_end)
-					x->ops.poll_end(x->ops_ctx, r, false);
-				polling = false;
-				continue;   /* one last look before sleeping */
-			}
-			/* a large message: wait on the link's socket in the
-			 * kernel for the rest of the spin (no CPU spent, still
-			 * no hand-off to another thread) */
-			if (x->ops.idle && r->len >= XPORT_IDLE_MIN_BYTES &&
-			    x->ops.idle(x->ops_ctx, r, spin_end - now))
-				continue;
-			/* a yield that gave the core away (another thread ran)
-			 * says the cores are all taken: spinning on would only
-			 * keep them from the threads that make progress, so
-			 * sleep, unless the poll after the yield finds bytes.
-			 * The thread that ran may have been the peer's, sending
-			 * them: with two hosts' device threads on one core each
-			 * yield runs the other, and sleeping there anyway handed
-			 * every message to a stream thread and a wake-up (the
-			 * 64 KiB ops' slow mode, docs/collectives.md, "The life
-			 * of a message") */
-			uint64_t y0 = xport_now_ns();
-			sched_yield();
-			if (xport_now_ns() - y0 > YIELD_BUSY_NS)
-				busy = true;
-			continue;
+			poll = false;
+			if (x->ops.poll_end)
+				x->ops.poll_end(x->ops_ctx, r, false);
+			polling = false;
+			continue;   /* one last look before sleeping */
 		}
 		park(r, deadline_ns);
 	}
