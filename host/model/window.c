@@ -717,7 +717,7 @@ static int add_own(struct win *w, int g, int i, int l, float *base, int l0)
 bool win_scatter_beside(const struct win *w, int k)
 {
 	check_slot(w, k);
-	return w->comm->start_reduce_scatter && w->scattering && w->s0 != WIN_NONLAYER && !w->nscattering &&
+	return w->comm && w->comm->start_reduce_scatter && w->scattering && w->s0 != WIN_NONLAYER && !w->nscattering &&
 	       w->slot[k].state == SLOT_READY && w->slot[k].l0 == WIN_NONLAYER;
 }
 
