@@ -65,6 +65,7 @@ struct pipe_exec {
 	uint8_t *after;              /* [n] AFTER_* events once the action at k ran */
 	bool *last_rs;               /* [n] a reduce-scatter that is its group's last */
 	int landing_k;               /* such a reduce-scatter in flight, or -1 */
+	int landing_nl;              /* such a non-layer one gone out beside it, or -1 */
 	/* filling receive waits (pipe_exec_set_fill) */
 	bool fill;                   /* asked for */
 	bool filling;                /* this step: asked, and possible */
@@ -229,7 +230,7 @@ static int mark_events(struct pipe_exec *x)
 	for (int g = 0; g < G; g++)
 		if (rs[g] >= 0)
 			x->last_rs[rs[g]] = true;
-	x->landing_k = -1;
+	x->landing_k = x->landing_nl = -1;
 	free(last);
 	return 0;
 }
@@ -503,9 +504,11 @@ static int after_action(struct pipe_exec *x, int k)
 /* The group of the last reduce-scatter of its group, landed. */
 static int landed(struct pipe_exec *x)
 {
-	int k = x->landing_k;
-	x->landing_k = -1;
-	return k >= 0 ? group_landed(x, &x->a[k]) : 0;
+	int k = x->landing_k, j = x->landing_nl, rc;
+	x->landing_k = x->landing_nl = -1;
+	if (k >= 0 && (rc = group_landed(x, &x->a[k])))
+		return rc;
+	return j >= 0 ? group_landed(x, &x->a[j]) : 0;
 }
 
 void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h)
@@ -599,11 +602,16 @@ static int run_weights(struct pipe_exec *x, const struct pipe_action *a)
 	default: {
 		/* the gradients are packed and sent: the next write starts from 0 */
 		x->gzero[k] = true;
-		/* the one in flight lands first: its group may be final now */
-		if ((rc = win_scatter_finish(w)) || (rc = landed(x)) || (rc = win_scatter_start(w, k)))
+		/* the non-layer group's goes out beside a layer group's in
+		 * flight (both land at the next finish); else the one in
+		 * flight lands first: its group may be final now */
+		bool beside = win_scatter_beside(w, k);
+		if (!beside && ((rc = win_scatter_finish(w)) || (rc = landed(x))))
+			return rc;
+		if ((rc = win_scatter_start(w, k)))
 			return rc;
 		if (x->last_rs[a - x->a])
-			x->landing_k = (int)(a - x->a);
+			*(beside ? &x->landing_nl : &x->landing_k) = (int)(a - x->a);
 		return 0;
 	}
 	}
@@ -946,7 +954,7 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 		prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 	for (int b = 0; b < x->t.bufs[x->stage]; b++)
 		x->sent[b].dev = -1;
-	x->landing_k = -1;
+	x->landing_k = x->landing_nl = -1;
 	x->filling = can_fill(x);
 	x->fills = 0;
 	memset(x->ran, 0, sizeof(bool) * (size_t)x->n);
