@@ -780,6 +780,14 @@ static int count_sum(struct pipe_exec *x)
 	return model_sum_counts(x->m, axes);
 }
 
+/* The actions that compute (or sleep): the gaps between them are the
+ * executor's. */
+static bool compute_op(int op)
+{
+	return op == PA_F || op == PA_FC || op == PA_B || op == PA_I || op == PA_W || op == PA_EMBED ||
+	       op == PA_HEAD || op == PA_EMBED_BACK;
+}
+
 static bool timed(int op)
 {
 	return op != PA_SEND && op != PA_RECV && op != PA_GATHER && op != PA_RELEASE &&
@@ -878,8 +886,13 @@ static int fill_wait(struct pipe_exec *x, int k)
  * receive at j then takes the posted one; the one at k posts itself. */
 static int prepost(struct pipe_exec *x, int k)
 {
-	int out = 0, rc;
-	for (int j = k + 1; j < x->n; j++)
+	int out = 0, rc, g = k;
+	/* the receives before the next compute are taken in this gap: they
+	 * do not count against the bound (so the gap's posts can all come
+	 * at its start, before its sends) */
+	while (g < x->n && !compute_op(x->a[g].op))
+		g++;
+	for (int j = g + 1; j < x->n; j++)
 		out += x->posted[j];
 	memset(x->named, 0, sizeof(bool) * (size_t)x->nbuf);
 	for (int j = k; j < x->n && out < x->prepost; j++) {
@@ -965,15 +978,24 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	st->loss_sum = 0;
 	model_zero_counts(x->m);
 	/* the leading gathers a prefetch started are in flight already */
+	bool sent = false;  /* a send ran since the last compute */
 	for (int k = x->npre; k < x->n && !rc; k++) {
 		if (x->ran[k])
 			continue;
 		if (x->filling && x->a[k].op == PA_RECV)
 			rc = fill_wait(x, k);
-		if (!rc && x->prepost)
+		/* posts only up to the gap's first send: a send above
+		 * p2p_handoff_bytes leaves its sealing to the link's stream
+		 * thread, and a post right after it on the same link (a
+		 * stage receives from the stages it sends to) would seal it
+		 * on this thread in the RecvReady's flush, or wait for the
+		 * link while the stream thread seals it: 0.2-1.2 ms before
+		 * the next compute (bench/results/pipeline.md, inter10) */
+		if (!rc && x->prepost && !sent)
 			rc = prepost(x, k);
 		if (!rc)
 			rc = run_action(x, &x->a[k]);
+		sent = x->a[k].op == PA_SEND || (sent && !compute_op(x->a[k].op));
 	}
 	x->npre = 0;
 	if (!rc && !(rc = win_scatter_finish(w)))
