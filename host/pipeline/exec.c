@@ -634,13 +634,10 @@ static const int32_t *tokens(const struct pipe_exec *x, const int32_t *all, int 
 	return all + (size_t)mb * x->ntok;
 }
 
-#define SLEEP_SPIN_NS 150000LL
-
 /* Synthetic compute: in place of the model's, once the action's waits
  * are done (its window slots, the send from the buffer it writes), the
  * device sleeps its time, to an absolute deadline from that moment (a
- * signal or a late wake-up cannot shorten it), the last SLEEP_SPIN_NS
- * of it spinning on the clock. */
+ * signal or a late wake-up cannot shorten it). */
 static int synth(struct pipe_exec *x, const struct pipe_action *a)
 {
 	const struct pipe_costs *c = &x->sleep_s;
@@ -653,28 +650,9 @@ static int synth(struct pipe_exec *x, const struct pipe_action *a)
 	if (s <= 0)
 		return 0;
 	clock_gettime(CLOCK_MONOTONIC, &d);
-	long long ns = d.tv_nsec + llround(s * 1e9), end;
+	long long ns = d.tv_nsec + llround(s * 1e9);
 	d.tv_sec += (time_t)(ns / 1000000000);
 	d.tv_nsec = (long)(ns % 1000000000);
-	end = (long long)d.tv_sec * 1000000000 + d.tv_nsec;
-	/* the last SLEEP_SPIN_NS on the core, as a computing thread would
-	 * be: a wake-up from a sleep came 28-45 us late (p10-p50 on the
-	 * 2-core test machine, timer slack 1 ns), on every action */
-	if (s * 1e9 > 2 * SLEEP_SPIN_NS) {
-		struct timespec e = d;
-		long long w = end - SLEEP_SPIN_NS;
-		e.tv_sec = (time_t)(w / 1000000000);
-		e.tv_nsec = (long)(w % 1000000000);
-		while ((rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &e, NULL)) == EINTR)
-			;
-		if (rc)
-			return -rc;
-		struct timespec now;
-		do
-			clock_gettime(CLOCK_MONOTONIC, &now);
-		while ((long long)now.tv_sec * 1000000000 + now.tv_nsec < end);
-		return 0;
-	}
 	while ((rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &d, NULL)) == EINTR)
 		;
 	return -rc;
