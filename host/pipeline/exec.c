@@ -884,14 +884,6 @@ static int fill_wait(struct pipe_exec *x, int k)
 
 /* ---- posting receives ahead ---- */
 
-/* Before the action at k: posts the receives after it (at j > k, up to
- * x->prepost of them outstanding: posted and not yet reached) whose
- * buffer nothing from k up to them names and no send from it is in
- * flight, so each message can land while the device computes and the
- * sender, finding its receive posted, writes it at once from its own
- * thread (a rendezvous send whose receive is not posted yet waits for
- * the RecvReady, which a thread of the sender's must wake to read). The
- * receive at j then takes the posted one; the one at k posts itself. */
 /* Whether a SEND to stage p is in the actions [from, to). */
 static bool sends_to(const struct pipe_exec *x, int from, int to, int p)
 {
@@ -901,6 +893,14 @@ static bool sends_to(const struct pipe_exec *x, int from, int to, int p)
 	return false;
 }
 
+/* Before the action at k: posts the receives after it (at j > k, up to
+ * x->prepost of them outstanding: posted and not yet reached) whose
+ * buffer nothing from k up to them names and no send from it is in
+ * flight, so each message can land while the device computes and the
+ * sender, finding its receive posted, writes it at once from its own
+ * thread (a rendezvous send whose receive is not posted yet waits for
+ * the RecvReady, which a thread of the sender's must wake to read). The
+ * receive at j then takes the posted one; the one at k posts itself. */
 static int prepost(struct pipe_exec *x, int k)
 {
 	int out = 0, rc, g = k, k0 = k;
