@@ -13,6 +13,7 @@
 #include "net/fsum.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <stdio.h>
@@ -41,8 +42,8 @@ enum {
 /* the times of the request this thread's last xport_wait completed */
 static _Thread_local struct xtimes last_times;
 
-/* A sched_yield that takes longer than this ran another thread: the
- * cores are busy, and a waiter stops polling (xport_wait). */
+/* A sched_yield that takes longer than this ran another thread: if the
+ * cores are all taken (cores_taken), a waiter stops polling (xport_wait). */
 #define YIELD_BUSY_NS (30ull * 1000)
 
 /* xreq.wait: a request's completion word (any other value: a parker) */
@@ -60,6 +61,8 @@ struct xport {
 	pthread_mutex_t mu;
 	struct parker sleepers;  /* list head: threads asleep in xport_wait */
 	uint64_t spin_ns;        /* xport_set_poll_spin */
+	int ncores;              /* xport_set_cores */
+	int loadavg_fd;          /* /proc/loadavg, or -1: its runnable count */
 	atomic_bool stamps;      /* xport_set_stamps */
 	int host_id;
 	int ndev;
@@ -132,8 +135,39 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 		x->ops = *ops;
 	x->ops_ctx = ops_ctx;
 	x->sleepers.next = x->sleepers.prev = &x->sleepers;
+	cpu_set_t cpus;
+	x->ncores = sched_getaffinity(0, sizeof(cpus), &cpus) ? 1 : CPU_COUNT(&cpus);
+	x->loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
 	pthread_mutex_init(&x->mu, NULL);
 	return x;
+}
+
+void xport_set_cores(struct xport *x, int ncores)
+{
+	x->ncores = ncores;
+}
+
+/* Whether the machine's runnable threads (the fourth field of /proc/loadavg,
+ * this one among them) outnumber the cores: a yield that ran another thread
+ * then says a waiter's spin keeps a core from work, not only that a thread
+ * it shares a core with ran (on a free machine that is most often the peer
+ * host's device thread, sending what the waiter wants). Unknown: taken. */
+static bool cores_taken(const struct xport *x)
+{
+	char b[128];
+	ssize_t k = x->loadavg_fd >= 0 ? pread(x->loadavg_fd, b, sizeof(b) - 1, 0) : -1;
+	if (k <= 0)
+		return true;
+	b[k] = 0;
+	const char *p = b;
+	for (int f = 0; f < 3 && p; f++)
+		if ((p = strchr(p, ' ')))
+			p++;
+	if (!p)
+		return true;
+	char *end;
+	long running = strtol(p, &end, 10);
+	return end == p || *end != '/' || running > x->ncores;
 }
 
 void xport_set_stamps(struct xport *x, bool on)
@@ -203,6 +237,8 @@ void xport_free(struct xport *x)
 				req_free(r);
 		}
 	}
+	if (x->loadavg_fd >= 0)
+		close(x->loadavg_fd);
 	pthread_mutex_destroy(&x->mu);
 	free(x->eager_out);
 	free(x->staged_in);
@@ -749,12 +785,19 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 				    x->ops.idle(x->ops_ctx, r, spin_end - now))
 					continue;
 				/* a yield that gave the core away (another thread
-				 * ran) says the cores are all taken: spinning on
-				 * would only keep them from the threads that make
-				 * progress, so sleep instead */
+				 * ran) while the machine has more runnable threads
+				 * than cores: spinning on would only keep them from
+				 * the threads that make progress, so sleep instead.
+				 * With cores to spare the thread that ran shares
+				 * ours, most often the peer host's device thread
+				 * sending what we wait for: two hosts' device
+				 * threads on one core yield to each other, and
+				 * sleeping there handed every message to a stream
+				 * thread and a wake-up (the 64 KiB ops' slow mode,
+				 * docs/collectives.md, "The life of a message") */
 				uint64_t y0 = xport_now_ns();
 				sched_yield();
-				if (xport_now_ns() - y0 > YIELD_BUSY_NS)
+				if (xport_now_ns() - y0 > YIELD_BUSY_NS && cores_taken(x))
 					spin_end = 0;
 				continue;
 			}

@@ -207,6 +207,10 @@ void xport_set_stamps(struct xport *x, bool on);
  * poll hook) without progress before it sleeps; 0 (the default): it
  * sleeps at once. */
 void xport_set_poll_spin(struct xport *x, uint64_t spin_ns);
+/* The cores this host's threads may use (default: the creating thread's
+ * affinity). A waiter whose yield ran another thread stops polling only if
+ * the machine has more runnable threads than this; tests set it. */
+void xport_set_cores(struct xport *x, int ncores);
 
 /* Waits until req completes or deadline_ns (CLOCK_MONOTONIC; 0 = no wait,
  * just test) passes. Returns 0 and frees req; -EAGAIN if deadline_ns was 0

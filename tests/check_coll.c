@@ -15,6 +15,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1439,6 +1440,134 @@ static struct xreq *eager_arrives(struct xport *x, const struct xmeta *m, const 
 /* Small messages go out without waiting for the RecvReady, within a credit
  * per host; the receiver stages what comes before its receive, within the
  * same credit, and still sends every RecvReady, which returns the credit. */
+/* A waiter's poll hook that plays the peer: the message "arrives" when the
+ * waiter polls after more than 30 us away from its link (YIELD_BUSY_NS,
+ * net/xport.c: the thread that ran meanwhile was the peer, sending it);
+ * with deliver_on_end, when the waiter stops polling to sleep instead. */
+struct yield_peer {
+	struct xport *x;
+	uint64_t last_ns;
+	int polls, by_poll, ends;
+	bool deliver_on_end;
+	uint8_t data[256];
+};
+
+static void yield_peer_land(struct yield_peer *p, const struct xreq *req)
+{
+	const char *why;
+	struct xreq *r = xport_remote_data(p->x, req->src, req->dst, req->tag, req->len, false, &why);
+	ck_assert_msg(r != NULL, "%s", why);
+	memcpy(r->buf, p->data, r->len);
+	xport_complete(r, 0);
+}
+
+static bool yield_peer_poll(void *ctx, struct xreq *req, bool first)
+{
+	struct yield_peer *p = ctx;
+	uint64_t now = xport_now_ns();
+	bool gap = !first && now - p->last_ns > 30 * 1000;
+	p->last_ns = now;
+	p->polls++;
+	if (!gap || p->deliver_on_end || p->by_poll)
+		return false;
+	yield_peer_land(p, req);
+	p->by_poll++;
+	return true;
+}
+
+static void yield_peer_end(void *ctx, struct xreq *req, bool done)
+{
+	struct yield_peer *p = ctx;
+	if (done)
+		return;
+	/* about to sleep: the stream thread would read it now */
+	if (p->deliver_on_end && !p->ends)
+		yield_peer_land(p, req);
+	p->ends++;
+}
+
+static void yield_peer_posted(void *ctx, struct xreq *r)
+{
+	(void)ctx;
+	(void)r;
+}
+
+static atomic_bool hog_stop;
+
+static void *hog_main(void *arg)
+{
+	(void)arg;
+	while (!atomic_load_explicit(&hog_stop, memory_order_relaxed))
+		;
+	return NULL;
+}
+
+/* One remote receive waited on with a busy thread on the waiter's one
+ * CPU, so its yields give the core away. cores: xport_set_cores. */
+static void wait_beside_hog(struct yield_peer *p, int cores, int *rc, char *err, size_t errlen)
+{
+	static const struct xport_remote_ops ops = { .recv_posted = yield_peer_posted,
+						     .send_ready = yield_peer_posted,
+						     .poll = yield_peer_poll,
+						     .poll_end = yield_peer_end };
+	int hosts[2] = { 0, 1 };
+	for (size_t i = 0; i < sizeof(p->data); i++)
+		p->data[i] = (uint8_t)(i * 7 + 1);
+	p->x = xport_new(0, 2, hosts, &ops, p);
+	ck_assert_ptr_nonnull(p->x);
+	xport_set_poll_spin(p->x, 5ull * 1000 * 1000 * 1000);    /* never the limit here */
+	xport_set_cores(p->x, cores);
+	cpu_set_t was, one;
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(was), &was), 0);
+	CPU_ZERO(&one);
+	CPU_SET(sched_getcpu(), &one);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(one), &one), 0);
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setaffinity_np(&at, sizeof(one), &one);
+	pthread_t hog;
+	atomic_store(&hog_stop, false);
+	ck_assert_int_eq(pthread_create(&hog, &at, hog_main, NULL), 0);
+	pthread_attr_destroy(&at);
+	uint8_t got[256] = { 0 };
+	struct xmeta m = { .group = 3, .seq = 1 };
+	struct xreq *r;
+	ck_assert_int_eq(xport_irecv(p->x, 1, 0, &m, got, sizeof(got), &r), 0);
+	*rc = xport_wait(r, xport_now_ns() + 3ull * 1000 * 1000 * 1000, err, errlen);
+	atomic_store(&hog_stop, true);
+	pthread_join(hog, NULL);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(was), &was), 0);
+	if (!*rc)
+		ck_assert_mem_eq(got, p->data, sizeof(got));
+	xport_free(p->x);
+}
+
+/* A yield that gave the core away (another thread on the waiter's core ran
+ * for over 30 us) ends the spin only when the machine has more runnable
+ * threads than cores. With cores to spare (here: a count no machine
+ * reaches) the waiter polls on and reads what came meanwhile, from a peer
+ * that was the thread that ran: a waiter that slept instead would time
+ * out, as nothing else delivers. With the cores taken (0), it stops
+ * polling to sleep, and the data comes the sleeper's way. */
+START_TEST(test_xport_spin_on_free_cores)
+{
+	char err[256] = "";
+	int rc;
+	struct yield_peer p = { 0 };
+	wait_beside_hog(&p, 1 << 20, &rc, err, sizeof(err));
+	ck_assert_msg(rc == 0, "the waiter stopped polling with cores to spare: %s (%d polls)", err,
+		      p.polls);
+	ck_assert_int_eq(p.by_poll, 1);
+	ck_assert_int_eq(p.ends, 0);
+
+	struct yield_peer q = { .deliver_on_end = true };
+	wait_beside_hog(&q, 0, &rc, err, sizeof(err));
+	ck_assert_msg(rc == 0, "%s", err);
+	ck_assert_int_eq(q.ends, 1);
+	ck_assert_int_eq(q.by_poll, 0);
+}
+END_TEST
+
 START_TEST(test_xport_eager)
 {
 	int hosts[2] = { 0, 1 };
@@ -1861,8 +1990,10 @@ static Suite *coll_suite(void)
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("xport");
+	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_xport_recv_add);
 	tcase_add_test(tc, test_xport_eager);
+	tcase_add_test(tc, test_xport_spin_on_free_cores);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("async");

@@ -39,6 +39,7 @@ static char err[1024];
 
 #define MAXS 4
 #define MAXMSG 4096
+#define MAXIO 1024
 
 /* ---- the mailbox: sends posted, taken by their receives ---- */
 
@@ -69,12 +70,27 @@ struct stage_ctx {
 	/* the grads_done hooks in the order they came: l0, l1, landed */
 	int hooks[64][3];
 	int nhooks;
+	/* the sends and posts ahead in the order they came (util_now_s(),
+	 * 's' or 'p', the peer), for the gaps' order (posts_after_send) */
+	double io_t[MAXIO];
+	char io_op[MAXIO];
+	int io_dev[MAXIO];
+	int nio;
 };
+
+static void log_io(struct stage_ctx *c, char op, int dev)
+{
+	ck_assert_int_lt(c->nio, MAXIO);
+	c->io_t[c->nio] = util_now_s();
+	c->io_dev[c->nio] = dev;
+	c->io_op[c->nio++] = op;
+}
 
 static int mb_send(void *ctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes)
 {
 	struct stage_ctx *c = ctx;
 	struct mailbox *b = c->mb;
+	log_io(c, 's', dev);
 	pthread_mutex_lock(&b->mu);
 	ck_assert_int_lt(b->n, MAXMSG);
 	b->m[b->n++] = (struct msg){ .from = c->me, .to = dev, .kind = kind, .idx = idx, .buf = buf, .bytes = bytes };
@@ -159,6 +175,7 @@ static int mb_probe_land(void *ctx, int dev, uint32_t kind, uint32_t idx, void *
 {
 	struct stage_ctx *c = ctx;
 	struct mailbox *b = c->mb;
+	log_io(c, 'p', dev);
 	pthread_mutex_lock(&b->mu);
 	struct msg *m = find(b, dev, c->me, kind, idx);
 	if (m) {
@@ -285,6 +302,7 @@ struct result {
 	int fills;  /* W's run ahead, over the stages */
 	int preposts, early;  /* receives posted ahead, landed by the probe */
 	int landed, depth;    /* posted into a landing buffer; most outstanding on a stage */
+	int posted_after_send;  /* posts ahead after a send to their peer with no compute between */
 	int hooks[MAXS][64][3], nhooks[MAXS];
 	double wall;  /* SLEEP: the threads' start to the last step's return */
 };
@@ -342,6 +360,26 @@ static void sleep_check(const struct pipe_config *pc, struct stage *st, int S, d
 		ck_assert(st[s].loss == 0);
 	}
 	pipe_table_free(&t);
+}
+
+/* The posts ahead that came after a send to their peer with no compute
+ * action started between them (in the same gap between computes): from
+ * the calls' times and the executor's compute actions'
+ * (pipe_exec_times). */
+static int posts_after_send(const struct stage *st)
+{
+	int n, k = 0, bad = 0;
+	const struct pipe_act_time *at = pipe_exec_times(st->x, &n);
+	bool sent[MAXS] = { false };
+	for (int i = 0; i < st->ctx.nio; i++) {
+		for (; k < n && at[k].t0 <= st->ctx.io_t[i]; k++)
+			memset(sent, 0, sizeof(sent));
+		if (st->ctx.io_op[i] == 's')
+			sent[st->ctx.io_dev[i]] = true;
+		else
+			bad += sent[st->ctx.io_dev[i]];
+	}
+	return bad;
 }
 
 static void pipelined_fill(struct result *res, bool moe, int S, const char *sched, bool recompute, int fill)
@@ -403,7 +441,7 @@ static void pipelined_fill(struct result *res, bool moe, int S, const char *sche
 		pthread_create(&st[s].th, NULL, stage_main, &st[s]);
 	res->loss = 0;
 	res->wall = 0;
-	res->fills = res->preposts = res->early = res->landed = res->depth = 0;
+	res->fills = res->preposts = res->early = res->landed = res->depth = res->posted_after_send = 0;
 	for (int s = 0; s < S; s++) {
 		pthread_join(st[s].th, NULL);
 		ck_assert_int_eq(st[s].rc, 0);
@@ -415,6 +453,7 @@ static void pipelined_fill(struct result *res, bool moe, int S, const char *sche
 		if (pipe_exec_prepost_depth(st[s].x) > res->depth)
 			res->depth = pipe_exec_prepost_depth(st[s].x);
 		res->nhooks[s] = st[s].ctx.nhooks;
+		res->posted_after_send += posts_after_send(&st[s]);
 		if (st[s].t_end - t0 > res->wall)
 			res->wall = st[s].t_end - t0;
 		memcpy(res->hooks[s], st[s].ctx.hooks, sizeof(res->hooks[s]));
@@ -590,6 +629,11 @@ static int prepost_same(bool moe, int S, const char *sched, bool recompute)
 	pipelined_fill(&ahead, moe, S, sched, recompute, PREPOST);
 	ck_assert_int_eq(in_order.preposts, 0);
 	ck_assert_msg(ahead.preposts > 0, "%s S=%d: no receive posted ahead", sched, S);
+	/* a receive is posted ahead before a send of its gap to its peer,
+	 * never after one (a handed-off send's link is its stream
+	 * thread's while it seals) */
+	ck_assert_msg(ahead.posted_after_send == 0, "%s S=%d recompute %d: %d receives posted ahead after a send "
+		      "to their peer in the same gap", sched, S, recompute, ahead.posted_after_send);
 	ck_assert_msg(ahead.loss == in_order.loss, "%s S=%d recompute %d: loss %a, in order %a", sched, S,
 		      recompute, ahead.loss, in_order.loss);
 	ck_assert(!memcmp(ahead.sq, in_order.sq, sizeof(ahead.sq)));

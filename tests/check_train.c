@@ -645,6 +645,50 @@ START_TEST(test_fsdp_first_gather_started_by_update)
 }
 END_TEST
 
+/* The step's last two reduce-scatters, layer 0's and the non-layer
+ * group's: the second is queued on the communication track before the
+ * device waits for the first (the second-to-last of its reduce-scatter
+ * waits in the step), so the communication thread never idles while
+ * the device wakes to queue it. On main the device waited for layer 0's
+ * first (the order, not a time, from the trace). */
+START_TEST(test_fsdp_nonlayer_scatter_beside_layer0)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=2 --trace %s/b.json", FSDP2,
+		 tmpdir);
+	show_log_on_failure(run(args), 0);
+	struct spans t = spans_read("b.json");
+	for (int d = 0; d < 2; d++)
+		for (int s = 0; s < 2; s++) {
+			double w[2] = { -1, -1 }, q = -1;  /* the last two waits' starts, the last queueing */
+			int nw = 0, nq = 0;
+			for (int i = 0; i < t.n; i++) {
+				const struct span *sp = &t.v[i];
+				if (sp->dev != d || sp->step != s)
+					continue;
+				if (!sp->flight && !strncmp(sp->name, "reduce_scatter", 14)) {
+					nw++;
+					if (sp->ts > w[1]) {
+						w[0] = w[1];
+						w[1] = sp->ts;
+					} else if (sp->ts > w[0]) {
+						w[0] = sp->ts;
+					}
+				}
+				if (sp->flight && !strncmp(sp->name, "q reduce_scatter", 16)) {
+					nq++;
+					q = sp->ts > q ? sp->ts : q;
+				}
+			}
+			ck_assert_msg(nw >= 2 && nq >= 2, "device %d step %d: %d waits, %d queued reduce-scatters", d, s,
+				      nw, nq);
+			ck_assert_msg(q <= w[0], "device %d step %d: the non-layer reduce-scatter was queued after the "
+				      "device waited for layer 0's", d, s);
+		}
+	spans_free(&t);
+}
+END_TEST
+
 /* The same with Muon, on 4 layers (the first gathers read the head,
  * the embedding and layers 0 and 1; layers 2 and 3 are updated after
  * they left), and beside ZeRO-1 (data 2 x fsdp 2, one-layer buckets:
@@ -809,6 +853,7 @@ int main(void)
 	tcase_set_timeout(zc, 120);
 	tcase_add_test(zc, test_zero1_collectives_under_compute);
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_update);
+	tcase_add_test(zc, test_fsdp_nonlayer_scatter_beside_layer0);
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_muon_update);
 	tcase_add_test(zc, test_fsdp_first_gather_beside_zero1);
 	suite_add_tcase(s, zc);

@@ -48,6 +48,17 @@ static int note(struct dev *d, char what)
 	return ++d->p->calls[d->me] == d->p->fail_at ? -EPIPE : 0;
 }
 
+/* A wait for a started reduce-scatter: 'x' in the order (device 0),
+ * when the test notes waits. */
+static bool note_waits;
+
+static void note_wait(struct dev *d)
+{
+	int n = (int)strlen(d->p->order);
+	if (note_waits && d->me == 0 && n < 63)
+		d->p->order[n] = 'x';
+}
+
 static int all_gather(void *ctx, uint32_t axes, void *out, const void *in, size_t bytes)
 {
 	struct dev *d = ctx;
@@ -135,9 +146,37 @@ static int start_reduce_scatter_v(void *ctx, uint32_t axes, const struct model_r
 	return rc;
 }
 
+/* The packed reduce-scatter, started: the wait sums (out = own block
+ * of both devices' in); each wait of a started reduce-scatter is 'x' in
+ * the order. */
+static struct { float *out; const float *in; size_t n; } pk_rs[2];
+static int ptoken[2];
+
+static int start_reduce_scatter(void *ctx, uint32_t axes, float *out, const float *in, size_t n, void **h)
+{
+	struct dev *d = ctx;
+	ck_assert_uint_eq(axes, 1u << AX_FSDP);
+	int rc = note(d, 'p');
+	pk_rs[d->me].out = out;
+	pk_rs[d->me].in = in;
+	pk_rs[d->me].n = n;
+	*h = &ptoken[d->me];
+	return rc;
+}
+
 static int wait_h(void *ctx, void *h)
 {
 	struct dev *d = ctx;
+	if (h == &ptoken[d->me] || h == &stoken[d->me])
+		note_wait(d);
+	if (h == &ptoken[d->me]) {
+		size_t n = pk_rs[d->me].n;
+		pthread_barrier_wait(&d->p->bar);
+		for (size_t i = 0; i < n; i++)
+			pk_rs[d->me].out[i] = pk_rs[0].in[(size_t)d->me * n + i] + pk_rs[1].in[(size_t)d->me * n + i];
+		pthread_barrier_wait(&d->p->bar);
+		return 0;
+	}
 	if (h != &stoken[d->me])
 		return 0;
 	struct runs *me = &slists[d->me], *o = &slists[1 - d->me];
@@ -435,6 +474,78 @@ START_TEST(test_scatter_listed_in_place)
 }
 END_TEST
 
+/* The step's last two reduce-scatters, layer 0's (in place) and the
+ * non-layer group's (packed, started): the second goes out beside the
+ * first, before anything waits for it, and one finish lands both. */
+static void *scatter_beside(void *arg)
+{
+	struct dev *d = arg;
+	struct model_step st = { .comm = &d->comm };
+	struct win *w = model_window(d->m);
+	d->comm.start_all_gather_v = start_all_gather_v;
+	d->comm.start_reduce_scatter_v = start_reduce_scatter_v;
+	d->comm.start_reduce_scatter = start_reduce_scatter;
+	d->comm.wait = wait_h;
+	memset(model_grads(d->m), 0, model_numel(d->m) * sizeof(float));
+	model_step_begin(d->m, &st);
+	win_gather_start(w, 0, WIN_NONLAYER, 0);
+	win_gather_start(w, 1, 0, 1);
+	rc_of[d->me] = win_wait(w, 0) | win_wait(w, 1);
+	win_zero_grads(w, 0);
+	win_zero_grads(w, 1);
+	/* device r's gradient of element i of layer 0's wq and of the
+	 * embedding: (r + 1) (i mod 7) */
+	const struct param_info *pw = param(whole, "wq"), *pe = param(whole, "embed");
+	float *g = win_block(w, true, P_WQ, 0), *ge = win_block(w, true, P_EMBED, 0);
+	for (size_t i = 0; i < pw->numel / 3; i++)
+		g[i] = (float)(d->me + 1) * (float)(i % 7);
+	for (size_t i = 0; i < pe->numel; i++)
+		ge[i] = (float)(d->me + 1) * (float)(i % 7);
+	rc_of[d->me] |= win_scatter_start(w, 1);
+	ck_assert(win_scatter_beside(w, 0));
+	ck_assert(!win_scatter_beside(w, 1));
+	rc_of[d->me] |= win_scatter_start(w, 0);
+	ck_assert(!win_scatter_beside(w, 0));  /* one beside at most */
+	rc_of[d->me] |= win_scatter_finish(w);
+	win_release(w, 0);
+	win_release(w, 1);
+	rc_of[d->me] |= model_step_end(d->m);
+	return NULL;
+}
+
+/* The sums of tensor name's gradients on device r: its block of the
+ * whole tensor (last two dimensions), 3 x (i mod 7) for element i of
+ * (the first layer of) the whole tensor. */
+static void check_sums(const char *name, int r)
+{
+	const struct param_info *pw = param(whole, name), *p = param(devs[r].m, name);
+	int k = p->ndim - 2, cols = pw->global_shape[k + 1];
+	int lr = p->shape[k], lc = p->shape[k + 1], r0 = p->goff[k], c0 = p->goff[k + 1];
+	const float *g = model_grads(devs[r].m) + p->offset;
+	for (int i = 0; i < lr; i++)
+		for (int j = 0; j < lc; j++) {
+			size_t whole_i = (size_t)(r0 + i) * cols + (size_t)(c0 + j);
+			ck_assert_msg(g[(size_t)i * lc + j] == 3.0f * (float)(whole_i % 7), "device %d %s (%d, %d)",
+				      r, name, i, j);
+		}
+}
+
+START_TEST(test_scatter_nonlayer_beside)
+{
+	note_waits = true;
+	both(scatter_beside);
+	note_waits = false;
+	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+	/* the non-layer reduce-scatter ('p') right after layer 0's ('w'),
+	 * no wait ('x') between them: two waits after both */
+	ck_assert_msg(strstr(pair.order, "wpxx") != NULL, "order %s", pair.order);
+	for (int r = 0; r < 2; r++) {
+		check_sums("wq", r);
+		check_sums("embed", r);
+	}
+}
+END_TEST
+
 /* ---- errors ---- */
 
 static void *fail_second(void *arg)
@@ -520,6 +631,7 @@ int main(void)
 	tcase_add_test(tc, test_gather_listed_in_place);
 	tcase_add_test(tc, test_scatter_sums_into_shards);
 	tcase_add_test(tc, test_scatter_listed_in_place);
+	tcase_add_test(tc, test_scatter_nonlayer_beside);
 	tcase_add_test(tc, test_failure_stops_collectives);
 	tcase_add_test(tc, test_poison_and_zero);
 	tcase_add_test(tc, test_sizes);

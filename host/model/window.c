@@ -93,6 +93,10 @@ struct win {
 	int gathers;                /* layer-group gathers since win_end */
 	bool scattering;            /* a reduce-scatter is in flight, of */
 	int s0, s1;                 /* this group */
+	/* the non-layer group's reduce-scatter, gone out beside a layer
+	 * group's in flight (packed, pk[0]): its handles */
+	bool nscattering;
+	void *nsh[WIN_MAX_GROUPS];
 	const struct model_comm *comm;
 	int *rc;
 };
@@ -710,11 +714,66 @@ static int add_own(struct win *w, int g, int i, int l, float *base, int l0)
 	return 0;
 }
 
+bool win_scatter_beside(const struct win *w, int k)
+{
+	check_slot(w, k);
+	return w->comm && w->comm->start_reduce_scatter && w->scattering && w->s0 != WIN_NONLAYER && !w->nscattering &&
+	       w->slot[k].state == SLOT_READY && w->slot[k].l0 == WIN_NONLAYER;
+}
+
+/* Non-layer slot k's reduce-scatter beside the layer group's in flight:
+ * packed from its gradient window into pk[0] (the layer group's uses
+ * its own gradient window or pk[1]), its own handles. */
+static void scatter_nl_start(struct win *w, int k)
+{
+	const struct model_comm *c = w->comm;
+	size_t soff = 0, roff = 0;
+	for (int g = 0; g < w->ngg && !*w->rc; g++) {
+		const struct mesh_members *gg = &w->gg[g];
+		size_t pack = pack_size(w, gg, WIN_NONLAYER, 0, true);
+		if (!pack)
+			continue;
+		float *send = w->pk[0].ssend + soff, *recv = w->pk[0].srecv + roff;
+		place_blocks(w, gg, k, true, send, pack, false);
+		*w->rc = c->start_reduce_scatter(c->ctx, gg->axes, recv, send, pack, &w->nsh[g]);
+		soff += pack * (size_t)gg->n;
+		roff += pack;
+	}
+	w->nscattering = true;
+}
+
+/* Waits for the non-layer reduce-scatter gone out beside, and adds its
+ * parts into the gradient shards (the tensors no layer group holds). */
+static void scatter_nl_finish(struct win *w)
+{
+	size_t roff = 0;
+	if (!w->nscattering)
+		return;
+	w->nscattering = false;
+	for (int g = 0; g < w->ngg; g++) {
+		const struct mesh_members *gg = &w->gg[g];
+		wait_handle(w, &w->nsh[g]);
+		for (int i = 0; i < w->n && !*w->rc; i++) {
+			if (!in_group(w, i, WIN_NONLAYER, gg->axes, true))
+				continue;
+			size_t n = param_slice_numel(w->t[i].p);
+			float *dst = storage(w, w->grads, i, WIN_NONLAYER);
+			const float *src = w->pk[0].srecv + roff;
+			for (size_t j = 0; j < n; j++)
+				dst[j] += src[j];
+			roff += n;
+			w->copied += n;
+		}
+	}
+}
+
 int win_scatter_finish(struct win *w)
 {
 	size_t roff = 0;
-	if (!w->scattering)
+	if (!w->scattering) {
+		scatter_nl_finish(w);
 		return *w->rc;
+	}
 	w->scattering = false;
 	bool layer = w->s0 != WIN_NONLAYER;
 	for (int g = 0; g < w->ngg; g++) {
@@ -740,6 +799,8 @@ int win_scatter_finish(struct win *w)
 	if (w->sgwin >= 0)
 		w->gowner[w->sgwin] = -1;
 	w->sgwin = -1;
+	/* the non-layer one beside went out after it */
+	scatter_nl_finish(w);
 	return *w->rc;
 }
 
@@ -751,6 +812,10 @@ int win_scatter_start(struct win *w, int k)
 	bool layer = s->l0 != WIN_NONLAYER, inplace = false;
 	check_slot(w, k);
 	assert(s->state == SLOT_READY);
+	if (win_scatter_beside(w, k)) {
+		scatter_nl_start(w, k);
+		return *w->rc;
+	}
 	win_scatter_finish(w);
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
@@ -798,8 +863,9 @@ int win_end(struct win *w)
 		for (int k = 0; k < w->nslots; k++)
 			wait_handle(w, &w->slot[k].gh[g]);
 		wait_handle(w, &w->sh[g]);
+		wait_handle(w, &w->nsh[g]);
 	}
-	w->scattering = w->packing = false;
+	w->scattering = w->packing = w->nscattering = false;
 	w->gathers = 0;
 	w->nl_ready = w->sgwin = -1;
 	w->qn = w->nfly = 0;

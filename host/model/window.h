@@ -137,10 +137,19 @@ int win_gathers(const struct win *w);
 size_t win_copied(const struct win *w);
 /* Starts reduce-scattering READY slot k's gradients into the gradient
  * shards (adding to them), after finishing the one before: one in
- * flight. The slot's gradient window is free again on return (in place:
+ * flight (a non-layer group's beside a layer group's:
+ * win_scatter_beside). The slot's gradient window is free again on
+ * return (in place:
  * another one, holding anything: zero it before writing). */
 int win_scatter_start(struct win *w, int k);
-/* Waits for the reduce-scatter in flight, if any, and adds it in. */
+/* Whether READY slot k's reduce-scatter would go out beside the one in
+ * flight instead of after it: k is the non-layer group, the one in
+ * flight a layer group's (the step's last two: layer 0's and the
+ * embedding's), the comm starts them asynchronously. Then
+ * win_scatter_start does not wait, and the next win_scatter_finish
+ * finishes both, the layer group's first. */
+bool win_scatter_beside(const struct win *w, int k);
+/* Waits for the reduce-scatters in flight, if any, and adds them in. */
 int win_scatter_finish(struct win *w);
 /* The step ends: waits for whatever is still in flight (after a failure;
  * what it brings is dropped) and frees every slot. */

@@ -65,6 +65,7 @@ struct pipe_exec {
 	uint8_t *after;              /* [n] AFTER_* events once the action at k ran */
 	bool *last_rs;               /* [n] a reduce-scatter that is its group's last */
 	int landing_k;               /* such a reduce-scatter in flight, or -1 */
+	int landing_nl;              /* such a non-layer one gone out beside it, or -1 */
 	/* filling receive waits (pipe_exec_set_fill) */
 	bool fill;                   /* asked for */
 	bool filling;                /* this step: asked, and possible */
@@ -229,7 +230,7 @@ static int mark_events(struct pipe_exec *x)
 	for (int g = 0; g < G; g++)
 		if (rs[g] >= 0)
 			x->last_rs[rs[g]] = true;
-	x->landing_k = -1;
+	x->landing_k = x->landing_nl = -1;
 	free(last);
 	return 0;
 }
@@ -503,9 +504,11 @@ static int after_action(struct pipe_exec *x, int k)
 /* The group of the last reduce-scatter of its group, landed. */
 static int landed(struct pipe_exec *x)
 {
-	int k = x->landing_k;
-	x->landing_k = -1;
-	return k >= 0 ? group_landed(x, &x->a[k]) : 0;
+	int k = x->landing_k, j = x->landing_nl, rc;
+	x->landing_k = x->landing_nl = -1;
+	if (k >= 0 && (rc = group_landed(x, &x->a[k])))
+		return rc;
+	return j >= 0 ? group_landed(x, &x->a[j]) : 0;
 }
 
 void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h)
@@ -599,11 +602,16 @@ static int run_weights(struct pipe_exec *x, const struct pipe_action *a)
 	default: {
 		/* the gradients are packed and sent: the next write starts from 0 */
 		x->gzero[k] = true;
-		/* the one in flight lands first: its group may be final now */
-		if ((rc = win_scatter_finish(w)) || (rc = landed(x)) || (rc = win_scatter_start(w, k)))
+		/* the non-layer group's goes out beside a layer group's in
+		 * flight (both land at the next finish); else the one in
+		 * flight lands first: its group may be final now */
+		bool beside = win_scatter_beside(w, k);
+		if (!beside && ((rc = win_scatter_finish(w)) || (rc = landed(x))))
+			return rc;
+		if ((rc = win_scatter_start(w, k)))
 			return rc;
 		if (x->last_rs[a - x->a])
-			x->landing_k = (int)(a - x->a);
+			*(beside ? &x->landing_nl : &x->landing_k) = (int)(a - x->a);
 		return 0;
 	}
 	}
@@ -780,6 +788,14 @@ static int count_sum(struct pipe_exec *x)
 	return model_sum_counts(x->m, axes);
 }
 
+/* The actions that compute (or sleep): the gaps between them are the
+ * executor's. */
+static bool compute_op(int op)
+{
+	return op == PA_F || op == PA_FC || op == PA_B || op == PA_I || op == PA_W || op == PA_EMBED ||
+	       op == PA_HEAD || op == PA_EMBED_BACK;
+}
+
 static bool timed(int op)
 {
 	return op != PA_SEND && op != PA_RECV && op != PA_GATHER && op != PA_RELEASE &&
@@ -868,6 +884,15 @@ static int fill_wait(struct pipe_exec *x, int k)
 
 /* ---- posting receives ahead ---- */
 
+/* Whether a SEND to stage p is in the actions [from, to). */
+static bool sends_to(const struct pipe_exec *x, int from, int to, int p)
+{
+	for (int i = from; i < to; i++)
+		if (x->a[i].op == PA_SEND && x->a[i].peer == p)
+			return true;
+	return false;
+}
+
 /* Before the action at k: posts the receives after it (at j > k, up to
  * x->prepost of them outstanding: posted and not yet reached) whose
  * buffer nothing from k up to them names and no send from it is in
@@ -878,8 +903,18 @@ static int fill_wait(struct pipe_exec *x, int k)
  * receive at j then takes the posted one; the one at k posts itself. */
 static int prepost(struct pipe_exec *x, int k)
 {
-	int out = 0, rc;
-	for (int j = k + 1; j < x->n; j++)
+	int out = 0, rc, g = k, k0 = k;
+	/* the receives before the next compute are taken in this gap: they
+	 * do not count against the bound (so the gap's posts can all come
+	 * before its sends) */
+	while (g < x->n && !compute_op(x->a[g].op))
+		g++;
+	while (k0 > x->npre && !compute_op(x->a[k0 - 1].op))
+		k0--;
+	bool sends_left = false;
+	for (int i = k; i < g; i++)
+		sends_left |= x->a[i].op == PA_SEND;
+	for (int j = g + 1; j < x->n; j++)
 		out += x->posted[j];
 	memset(x->named, 0, sizeof(bool) * (size_t)x->nbuf);
 	for (int j = k; j < x->n && out < x->prepost; j++) {
@@ -890,6 +925,18 @@ static int prepost(struct pipe_exec *x, int k)
 		for (int i = 0; a->op == PA_RECV && !free_now && l < 0 && i < x->nland; i++)
 			if (!x->land_busy[i])
 				l = i;
+		/* a receive from a stage this gap sends to is posted before
+		 * that send, and then only (a send above p2p_handoff_bytes
+		 * leaves its sealing to the link's stream thread: a post on
+		 * its link after it sealed it on this thread in the
+		 * RecvReady's flush, or waited for the link while the stream
+		 * thread sealed it, 0.2-1.2 ms before the next compute); one
+		 * from another stage after the gap's sends, which it would
+		 * only delay; later receives wait for it (posts keep table
+		 * order) */
+		if (a->op == PA_RECV && j > k && !x->posted[j] &&
+		    (sends_to(x, k0, k, a->peer) || (sends_left && !sends_to(x, k, g, a->peer))))
+			break;
 		if (a->op == PA_RECV && j > k && !x->posted[j] && (free_now || l >= 0)) {
 			uint32_t kind, idx;
 			pipe_val_msg(&x->t, &a->val, &kind, &idx);
@@ -946,7 +993,7 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 		prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 	for (int b = 0; b < x->t.bufs[x->stage]; b++)
 		x->sent[b].dev = -1;
-	x->landing_k = -1;
+	x->landing_k = x->landing_nl = -1;
 	x->filling = can_fill(x);
 	x->fills = 0;
 	memset(x->ran, 0, sizeof(bool) * (size_t)x->n);
@@ -965,15 +1012,23 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	st->loss_sum = 0;
 	model_zero_counts(x->m);
 	/* the leading gathers a prefetch started are in flight already */
+	bool recvd = false;  /* a receive ran since the last compute */
 	for (int k = x->npre; k < x->n && !rc; k++) {
 		if (x->ran[k])
 			continue;
 		if (x->filling && x->a[k].op == PA_RECV)
 			rc = fill_wait(x, k);
-		if (!rc && x->prepost)
+		/* which receives prepost posts where in a gap: before the
+		 * gap's sends to their stage, the others after the sends;
+		 * none once a receive of the gap ran (the compute after it
+		 * is often what a waiting stage waits for: a post there,
+		 * into the landing buffer that receive just freed, waits for
+		 * the next gap) (bench/results/pipeline.md, inter10) */
+		if (!rc && x->prepost && !recvd)
 			rc = prepost(x, k);
 		if (!rc)
 			rc = run_action(x, &x->a[k]);
+		recvd = x->a[k].op == PA_RECV || (recvd && !compute_op(x->a[k].op));
 	}
 	x->npre = 0;
 	if (!rc && !(rc = win_scatter_finish(w)))
