@@ -25,6 +25,17 @@
 #           MaxText's default); fsdpppo the same with pipeline_fsdp_ag_once;
 #           these two only when ONLY is given (bench/overlap_sleep.sh 4 1
 #           '^fsdppp')
+#   fsdppp_zbv   the fsdppp mesh and M with pipeline_schedule=zbv (two
+#           chunks a stage in a V, one layer a chunk: the same actions of
+#           1 layer x 2 rows as fsdppp, so the same sleeps, x 2/8),
+#           ag_per_repeat; fsdppp_zbvu per use, fsdppp_zbvo ag_once (these
+#           two only when ONLY is given, as fsdpppu)
+#   fsdppp_zbh1  zb_h1 (one chunk of 2 layers a stage,
+#           num_layers_per_pipeline_stage=2): an action is 2 layers x 2
+#           rows, so its sleep is the per-layer time x 2 x 2/8
+#   fsdppp_inter interleaved_1f1b, v = 2 (one layer a chunk, x 2/8)
+#           Each: per device 8 microbatches x 2 chunk-layers x (F+I+W) at
+#           2/8 of the single device's rows, i.e. its 4 layers x (F+I+W)
 # Sleep sets (SETS, per-layer F,I,W ms of the single device's 8 rows; a
 # step sleeps 4 layers x (F+I+W)): "80,80,80" (about 1 s a step) and
 # "20,20,20" (4x shorter: communication is harder to hide).
@@ -116,7 +127,7 @@ PYEOF
 scaled() { echo "$1" | awk -F, -v f="$2" '{for (i = 1; i <= NF; i++) printf "%s%d", (i > 1 ? "," : ""), $i * f}'; }
 # fsdpppu and fsdpppo only when ONLY is given (not in the default set)
 want() {
-  case $1 in one) return 0 ;; fsdpppu|fsdpppo) [ "$only" != . ] || return 1 ;; esac
+  case $1 in one) return 0 ;; fsdpppu|fsdpppo|fsdppp_zbvu|fsdppp_zbvo) [ "$only" != . ] || return 1 ;; esac
   echo "$1" | grep -Eq -- "$only"
 }
 if [ -n "${ANCHOR:-}" ]; then
@@ -154,13 +165,16 @@ for r in $(seq 1 "$rounds"); do
       echo "-- round $r, sleep $sl ms a layer, $o"
       for b in new ${old:+old}; do
         bin=$tmp/meshrun; sfx=""; [ $b = old ] && bin=$old && sfx=" old"
-        for n in one dp zero1 fsdp22 fsdp4 fsdppp fsdpppu fsdpppo; do
+        for n in one dp zero1 fsdp22 fsdp4 fsdppp fsdpppu fsdpppo fsdppp_zbv fsdppp_zbvu fsdppp_zbvo \
+          fsdppp_zbh1 fsdppp_inter; do
           want $n || continue
           for v in $variants; do
           vn=${v%%|*}; va=$(echo "${v#*|}" | tr , ' ')
           [ $n = one ] && [ "$v" != "${variants%% *}" ] && continue
           [ $n = one ] && vn= && va=
           x="opt_type=$o learning_rate=0.001 $va"
+          pp="--hosts 2 --devices-per-host 2 $x ici_data_parallelism=1 ici_pipeline_parallelism=2
+            dcn_data_parallelism=1 dcn_fsdp_parallelism=2 num_pipeline_microbatches=8 pipeline_recompute=false"
           case $n in
             one) run $n$b $bin $sl --hosts 1 $x ;;
             dp) run $n$b $bin $sl --hosts 2 $x ;;
@@ -180,6 +194,15 @@ for r in $(seq 1 "$rounds"); do
               ici_data_parallelism=1 ici_pipeline_parallelism=2 dcn_data_parallelism=1 \
               dcn_fsdp_parallelism=2 num_pipeline_microbatches=8 pipeline_recompute=false \
               pipeline_fsdp_ag_once=true ;;
+            fsdppp_zbv) run $n$b $bin "$(scaled $sl 0.25)" $pp pipeline_schedule=zbv num_pipeline_repeats=2 \
+              pipeline_fsdp_ag_per_repeat=true ;;
+            fsdppp_zbvu) run $n$b $bin "$(scaled $sl 0.25)" $pp pipeline_schedule=zbv num_pipeline_repeats=2 ;;
+            fsdppp_zbvo) run $n$b $bin "$(scaled $sl 0.25)" $pp pipeline_schedule=zbv num_pipeline_repeats=2 \
+              pipeline_fsdp_ag_once=true ;;
+            fsdppp_zbh1) run $n$b $bin "$(scaled $sl 0.5)" $pp pipeline_schedule=zb_h1 num_pipeline_repeats=1 \
+              num_layers_per_pipeline_stage=2 pipeline_fsdp_ag_per_repeat=true ;;
+            fsdppp_inter) run $n$b $bin "$(scaled $sl 0.25)" $pp pipeline_schedule=interleaved_1f1b \
+              num_pipeline_repeats=2 pipeline_fsdp_ag_per_repeat=true ;;
           esac
           [ $n = one ] && base=$(cat $tmp/one$b.st)
           row $n$b "$n$sfx${vn:+ $vn}" "$base"
