@@ -244,12 +244,15 @@ static void chunk_weights(struct wl *w, int k, bool pre)
 static int lower_stage(struct wl *w)
 {
 	const struct pipe_shape *p = w->p;
-	int first_out = -1, last_out = -1, k0, k1, rc;
+	int first_out = -1, last_out = -1, last_own = -1, k0, k1, rc;
 	bool out_grads = false, owns = false;
 	if ((rc = index_uses(w)))
 		return rc;
 	for (int k = 0; k < w->n; k++)
-		owns |= owner_op(w->in[k].op);
+		if (owner_op(w->in[k].op)) {
+			owns = true;
+			last_own = k;
+		}
 	for (int k = 0; k < w->n; k++)
 		if (owner_op(w->in[k].op) && outside_use(p, w->in[k].op)) {
 			first_out = first_out < 0 ? k : first_out;
@@ -291,11 +294,15 @@ static int lower_stage(struct wl *w)
 				wop(w, PA_REDUCE_SCATTER, PIPE_G_OUTSIDE, 0);
 			wop(w, PA_RELEASE, PIPE_G_OUTSIDE, 0);
 		}
+		/* the non-layer group is done after the stage's last owner
+		 * action: its reduce-scatter goes out there, under the W's a
+		 * zero-bubble table still runs after it (zb_h1, zbv: e then
+		 * W of the last microbatch), not after the table's end */
+		if (at == last_own) {
+			wop(w, PA_REDUCE_SCATTER, PIPE_G_NONLAYER, 0);
+			wop(w, PA_RELEASE, PIPE_G_NONLAYER, 0);
+		}
 		k = k1;
-	}
-	if (owns) {
-		wop(w, PA_REDUCE_SCATTER, PIPE_G_NONLAYER, 0);
-		wop(w, PA_RELEASE, PIPE_G_NONLAYER, 0);
 	}
 	return w->rc;
 }
