@@ -61,7 +61,15 @@ START_TEST(test_schedule_interleaved) { schedule_cases("interleaved_1f1b"); }
 END_TEST
 START_TEST(test_schedule_zb_h1) { schedule_cases("zb_h1"); }
 END_TEST
-START_TEST(test_schedule_zbv) { schedule_cases("zbv"); }
+START_TEST(test_schedule_zbv)
+{
+	schedule_cases("zbv");
+	/* FSDP=2 with each chunk's weights gathered one chunk ahead
+	 * (bench/overlap_sleep.sh's fsdppp_zbv): the non-layer group's
+	 * reduce-scatter goes out after the last owner action, under a W */
+	equivalence_batch(LLAMA, 1, 4, PP2 " ici_fsdp_parallelism=2 num_pipeline_microbatches=8 pipeline_schedule=zbv "
+			  "pipeline_recompute=false pipeline_fsdp_ag_per_repeat=true", "base_num_decoder_layers=4", 16);
+}
 END_TEST
 /* eval_loss_hex of checkpoint tmpdir/dir's last step, on one device */
 static void eval_hex(const char *dir, char *hex, size_t n)
