@@ -839,10 +839,14 @@ static int run_action(struct pipe_exec *x, const struct pipe_action *a)
 	default:
 		rc = run_weights(x, a);
 	}
-	if (timed(a->op))
+	if (timed(a->op)) {
+		/* the CPU read inside the wall's reads, so a span's CPU is never
+		 * more than its wall: an interrupt's work (a softirq receiving
+		 * TCP) between the two reads is charged to this thread */
+		double cpu = util_thread_cpu_s() - c0;
 		x->times[x->ntimes++] = (struct pipe_act_time){ .op = a->op, .mb = a->mb, .chunk = a->chunk,
-								.t0 = t0, .t1 = util_now_s(),
-								.cpu = util_thread_cpu_s() - c0 };
+								.t0 = t0, .t1 = util_now_s(), .cpu = cpu };
+	}
 	return rc ? rc : after_action(x, (int)(a - x->a));
 }
 
