@@ -61,7 +61,8 @@ static void write_now(struct link *l)
 
 /* The RecvReady waits to ride on the next data frame to that host (a
  * device that posts a receive usually sends to the same peer next); the
- * poster's next wait sends it alone if none went (op_flush). */
+ * poster's next flush (its wait, xport_test, xport_flush) sends it
+ * alone if no data frame is queued to take it (op_flush). */
 static void op_recv_posted(void *ctx, struct xreq *r)
 {
 	struct net *n = ctx;
@@ -77,6 +78,11 @@ static void op_recv_posted(void *ctx, struct xreq *r)
 	link_unlock(l);
 }
 
+/* Sends the queued RecvReadys, each link's from this thread, except on a
+ * link with a data frame queued: its next header (written by whichever
+ * thread writes it, the stream thread for a handed-off send) carries
+ * them, and writing here would seal that data on this thread (a
+ * RecvReady posted just before a handed-off send to its host). */
 static void op_flush(void *ctx)
 {
 	struct net *n = ctx;
@@ -86,8 +92,10 @@ static void op_flush(void *ctx)
 			if (!l || !atomic_load_explicit(&l->rr_pending, memory_order_relaxed))
 				continue;
 			link_lock(l);
-			send_rr_flush(l);
-			write_now(l);
+			if (!(l->dq_head && l->state == LS_UP && !l->held)) {
+				send_rr_flush(l);
+				write_now(l);
+			}
 			link_unlock(l);
 		}
 	}

@@ -225,6 +225,14 @@ int xport_wait(struct xreq *req, uint64_t deadline_ns, char *err, size_t errlen)
  * still gets its data. 0 (req freed), -EAGAIN (pending), or a failure
  * as xport_wait's. */
 int xport_test(struct xreq *req, char *err, size_t errlen);
+/* xport_test without the flush: a receive's RecvReady stays queued, to
+ * ride on the next data frame to its host (a send the caller makes
+ * next), or to go with the next flush. */
+int xport_peek(struct xreq *req, char *err, size_t errlen);
+/* Sends the RecvReadys of posted receives still queued (the flush hook):
+ * each alone, except on a link with a data frame queued, whose next
+ * header carries them. */
+void xport_flush(struct xport *x);
 /* The times (struct xreq's t_*_ns) of the request the calling thread's
  * last xport_wait or xport_test returned 0 for (and freed). */
 struct xtimes {

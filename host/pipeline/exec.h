@@ -55,8 +55,10 @@ struct pipe_p2p {
 	 * receive of (dev, kind, idx) into buf, as recv would, unless it is
 	 * posted already, and tells without waiting whether it has arrived:
 	 * 1 yes, 0 not yet, or -errno. The recv of the same message that
-	 * follows takes the posted one (buf the same). */
-	int (*probe)(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes);
+	 * follows takes the posted one (buf the same). hold: a send to dev
+	 * follows before the next compute, so the post's word to dev (its
+	 * RecvReady) may wait to go with that send's data. */
+	int (*probe)(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, bool hold);
 	void *ctx;
 };
 
