@@ -83,9 +83,8 @@ static void op_recv_posted(void *ctx, struct xreq *r)
  * thread writes it, the stream thread for a handed-off send) carries
  * them, and writing here would seal that data on this thread (a
  * RecvReady posted just before a handed-off send to its host). */
-static void op_flush(void *ctx)
+static void flush_rr(struct net *n, bool later)
 {
-	struct net *n = ctx;
 	for (int h = 0; h < n->num_hosts; h++) {
 		for (int k = 0; k < n->nstreams && h != n->host_id; k++) {
 			struct link *l = atomic_load_explicit(&n->peers[h].dl[k], memory_order_acquire);
@@ -94,11 +93,27 @@ static void op_flush(void *ctx)
 			link_lock(l);
 			if (!(l->dq_head && l->state == LS_UP && !l->held)) {
 				send_rr_flush(l);
-				write_now(l);
+				if (later)
+					link_arm_write(l);   /* link_unlock arms the stream thread */
+				else
+					write_now(l);
 			}
 			link_unlock(l);
 		}
 	}
+}
+
+static void op_flush(void *ctx)
+{
+	flush_rr(ctx, false);
+}
+
+/* op_flush, the writing left to the link's stream thread (a device
+ * thread about to compute: no socket write and no wake-up of the peer
+ * from it). */
+static void op_flush_later(void *ctx)
+{
+	flush_rr(ctx, true);
 }
 
 static void op_send_ready(void *ctx, struct xreq *r)
@@ -188,6 +203,7 @@ static const struct xport_remote_ops ops = {
 	.poll_end = op_poll_end,
 	.flush = op_flush,
 	.idle = op_idle,
+	.flush_later = op_flush_later,
 };
 
 const struct xport_remote_ops *net_xport_ops(void)

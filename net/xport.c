@@ -851,6 +851,14 @@ void xport_flush(struct xport *x)
 		x->ops.flush(x->ops_ctx);
 }
 
+void xport_flush_later(struct xport *x)
+{
+	if (x->ops.flush_later)
+		x->ops.flush_later(x->ops_ctx);
+	else
+		xport_flush(x);
+}
+
 void xport_fail(struct xport *x, int rc, const char *msg)
 {
 	pthread_mutex_lock(&x->mu);

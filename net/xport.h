@@ -127,6 +127,9 @@ struct xport_remote_ops {
 	void (*poll_end)(void *ctx, struct xreq *req, bool done);
 	void (*flush)(void *ctx);
 	bool (*idle)(void *ctx, struct xreq *req, uint64_t ns);
+	/* optional: flush's RecvReadys queued for the links' own threads
+	 * to write (NULL: flush) */
+	void (*flush_later)(void *ctx);
 };
 
 /* A waiter on a remote request of at least this many bytes whose poll
@@ -233,6 +236,9 @@ int xport_peek(struct xreq *req, char *err, size_t errlen);
  * each alone, except on a link with a data frame queued, whose next
  * header carries them. */
 void xport_flush(struct xport *x);
+/* The same, but the RecvReadys are written by the links' stream threads
+ * (the caller does not write to a socket; they go a wake-up later). */
+void xport_flush_later(struct xport *x);
 /* The times (struct xreq's t_*_ns) of the request the calling thread's
  * last xport_wait or xport_test returned 0 for (and freed). */
 struct xtimes {

@@ -157,7 +157,7 @@ static int mb_flush(void *ctx)
 
 /* A receive is late the first time it is probed (whether its send has
  * come or not), and after that arrived once its send has come. */
-static int mb_probe(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, bool hold)
+static int mb_probe(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, int hold)
 {
 	struct stage_ctx *c = ctx;
 	struct mailbox *b = c->mb;
@@ -171,11 +171,11 @@ static int mb_probe(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, 
 
 /* A receive posted ahead: its message lands now if it has come, else
  * the buffer is poisoned (the bytes may land any time from now on). */
-static int mb_probe_land(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, bool hold)
+static int mb_probe_land(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, int hold)
 {
 	struct stage_ctx *c = ctx;
 	struct mailbox *b = c->mb;
-	log_io(c, hold ? 'h' : 'p', dev);
+	log_io(c, hold == PIPE_RR_RIDE ? 'h' : 'p', dev);
 	pthread_mutex_lock(&b->mu);
 	struct msg *m = find(b, dev, c->me, kind, idx);
 	if (m) {
@@ -193,7 +193,7 @@ static int mb_probe_land(void *ctx, int dev, uint32_t kind, uint32_t idx, void *
 }
 
 /* Every receive arrived: nothing to fill. */
-static int mb_probe_here(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, bool hold)
+static int mb_probe_here(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, int hold)
 {
 	(void)ctx, (void)dev, (void)kind, (void)idx, (void)buf, (void)bytes, (void)hold;
 	return 1;

@@ -115,7 +115,7 @@ static bool take_posted(struct job_ctx *c, int dev, uint32_t kind, uint32_t idx,
 
 /* Posts the receive (once) and tests it without waiting; the recv after
  * it takes the posted one. */
-static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, bool hold)
+static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, int hold)
 {
 	struct job_ctx *c = vctx;
 	struct xmeta m = p2p_meta(c, kind, idx);
@@ -135,17 +135,21 @@ static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void 
 	}
 	/* held: its RecvReady waits for the send to dev that follows (it
 	 * rides on that data frame; job_p2p_send flushes what did not) */
-	hold = hold && fresh && c->nheld < (int)(sizeof(c->held) / sizeof(c->held[0]));
-	if (hold)
+	if (!fresh || (hold == PIPE_RR_RIDE && c->nheld == (int)(sizeof(c->held) / sizeof(c->held[0]))))
+		hold = PIPE_RR_NOW;
+	if (hold == PIPE_RR_RIDE)
 		c->held[c->nheld++] = dev;
-	rc = hold ? xport_peek(r, c->err, c->errlen) : xport_test(r, c->err, c->errlen);
+	else if (hold == PIPE_RR_LATER)
+		xport_flush_later(c->xport);
+	rc = hold != PIPE_RR_NOW ? xport_peek(r, c->err, c->errlen) : xport_test(r, c->err, c->errlen);
 	if (rc && rc != -EAGAIN)
 		return -EHOSTDOWN;  /* abandoned: the transport failed */
 	if (!rc)
 		p2p_flight(c, false, kind, idx);
 	if (c->tr) {  /* posting (and testing: it may read the link) */
-		char name[24];
-		snprintf(name, sizeof(name), "stage post%s %s %u", hold ? " held" : "", p2p_kind(kind), idx);
+		char name[32];
+		snprintf(name, sizeof(name), "stage post%s %s %u",
+			 hold == PIPE_RR_RIDE ? " held" : hold == PIPE_RR_LATER ? " later" : "", p2p_kind(kind), idx);
 		trace_span_cpu(c->tr, name, "comm", t0, util_now_s(), util_thread_cpu_s() - c0);
 	}
 	c->posted[c->nposted++] = (struct p2p_send){ .r = rc ? r : NULL, .dev = dev, .kind = kind, .idx = idx };
