@@ -79,10 +79,11 @@ static void op_recv_posted(void *ctx, struct xreq *r)
 }
 
 /* Sends the queued RecvReadys, each link's from this thread, except on a
- * link with a data frame queued: its next header (written by whichever
- * thread writes it, the stream thread for a handed-off send) carries
- * them, and writing here would seal that data on this thread (a
- * RecvReady posted just before a handed-off send to its host). */
+ * link with a message queued and not yet begun: its first header
+ * (written by whichever thread writes it, the stream thread for a
+ * handed-off send) carries one, and writing here would seal that data
+ * on this thread (a RecvReady posted just before a handed-off send to
+ * its host). */
 static void flush_rr(struct net *n, bool later)
 {
 	for (int h = 0; h < n->num_hosts; h++) {
@@ -91,7 +92,7 @@ static void flush_rr(struct net *n, bool later)
 			if (!l || !atomic_load_explicit(&l->rr_pending, memory_order_relaxed))
 				continue;
 			link_lock(l);
-			if (!(l->dq_head && l->state == LS_UP && !l->held)) {
+			if (!(l->dq_head && !l->dq_head->off && l->state == LS_UP && !l->held)) {
 				send_rr_flush(l);
 				if (later)
 					link_arm_write(l);   /* link_unlock arms the stream thread */
