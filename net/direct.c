@@ -61,7 +61,8 @@ static void write_now(struct link *l)
 
 /* The RecvReady waits to ride on the next data frame to that host (a
  * device that posts a receive usually sends to the same peer next); the
- * poster's next wait sends it alone if none went (op_flush). */
+ * poster's next flush (its wait, xport_test, xport_flush) sends it
+ * alone if no data frame is queued to take it (op_flush). */
 static void op_recv_posted(void *ctx, struct xreq *r)
 {
 	struct net *n = ctx;
@@ -77,20 +78,43 @@ static void op_recv_posted(void *ctx, struct xreq *r)
 	link_unlock(l);
 }
 
-static void op_flush(void *ctx)
+/* Sends the queued RecvReadys, each link's from this thread, except on a
+ * link with a message queued and not yet begun: its first header
+ * (written by whichever thread writes it, the stream thread for a
+ * handed-off send) carries one, and writing here would seal that data
+ * on this thread (a RecvReady posted just before a handed-off send to
+ * its host). */
+static void flush_rr(struct net *n, bool later)
 {
-	struct net *n = ctx;
 	for (int h = 0; h < n->num_hosts; h++) {
 		for (int k = 0; k < n->nstreams && h != n->host_id; k++) {
 			struct link *l = atomic_load_explicit(&n->peers[h].dl[k], memory_order_acquire);
 			if (!l || !atomic_load_explicit(&l->rr_pending, memory_order_relaxed))
 				continue;
 			link_lock(l);
-			send_rr_flush(l);
-			write_now(l);
+			if (!(l->dq_head && !l->dq_head->off && l->state == LS_UP && !l->held)) {
+				send_rr_flush(l);
+				if (later)
+					link_arm_write(l);   /* link_unlock arms the stream thread */
+				else
+					write_now(l);
+			}
 			link_unlock(l);
 		}
 	}
+}
+
+static void op_flush(void *ctx)
+{
+	flush_rr(ctx, false);
+}
+
+/* op_flush, the writing left to the link's stream thread (a device
+ * thread about to compute: no socket write and no wake-up of the peer
+ * from it). */
+static void op_flush_later(void *ctx)
+{
+	flush_rr(ctx, true);
 }
 
 static void op_send_ready(void *ctx, struct xreq *r)
@@ -180,6 +204,7 @@ static const struct xport_remote_ops ops = {
 	.poll_end = op_poll_end,
 	.flush = op_flush,
 	.idle = op_idle,
+	.flush_later = op_flush_later,
 };
 
 const struct xport_remote_ops *net_xport_ops(void)

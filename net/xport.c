@@ -836,9 +836,27 @@ struct xtimes xport_last_times(void)
 
 int xport_test(struct xreq *r, char *err, size_t errlen)
 {
-	if (r->x->ops.flush)
-		r->x->ops.flush(r->x->ops_ctx);
+	xport_flush(r->x);
 	return xport_wait(r, 0, err, errlen);
+}
+
+int xport_peek(struct xreq *r, char *err, size_t errlen)
+{
+	return xport_wait(r, 0, err, errlen);
+}
+
+void xport_flush(struct xport *x)
+{
+	if (x->ops.flush)
+		x->ops.flush(x->ops_ctx);
+}
+
+void xport_flush_later(struct xport *x)
+{
+	if (x->ops.flush_later)
+		x->ops.flush_later(x->ops_ctx);
+	else
+		xport_flush(x);
 }
 
 void xport_fail(struct xport *x, int rc, const char *msg)

@@ -127,6 +127,9 @@ struct xport_remote_ops {
 	void (*poll_end)(void *ctx, struct xreq *req, bool done);
 	void (*flush)(void *ctx);
 	bool (*idle)(void *ctx, struct xreq *req, uint64_t ns);
+	/* optional: flush's RecvReadys queued for the links' own threads
+	 * to write (NULL: flush) */
+	void (*flush_later)(void *ctx);
 };
 
 /* A waiter on a remote request of at least this many bytes whose poll
@@ -225,6 +228,17 @@ int xport_wait(struct xreq *req, uint64_t deadline_ns, char *err, size_t errlen)
  * still gets its data. 0 (req freed), -EAGAIN (pending), or a failure
  * as xport_wait's. */
 int xport_test(struct xreq *req, char *err, size_t errlen);
+/* xport_test without the flush: a receive's RecvReady stays queued, to
+ * ride on the next data frame to its host (a send the caller makes
+ * next), or to go with the next flush. */
+int xport_peek(struct xreq *req, char *err, size_t errlen);
+/* Sends the RecvReadys of posted receives still queued (the flush hook):
+ * each alone, except on a link with a data frame queued, whose next
+ * header carries them. */
+void xport_flush(struct xport *x);
+/* The same, but the RecvReadys are written by the links' stream threads
+ * (the caller does not write to a socket; they go a wake-up later). */
+void xport_flush_later(struct xport *x);
 /* The times (struct xreq's t_*_ns) of the request the calling thread's
  * last xport_wait or xport_test returned 0 for (and freed). */
 struct xtimes {

@@ -157,11 +157,11 @@ static int mb_flush(void *ctx)
 
 /* A receive is late the first time it is probed (whether its send has
  * come or not), and after that arrived once its send has come. */
-static int mb_probe(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes)
+static int mb_probe(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, int hold)
 {
 	struct stage_ctx *c = ctx;
 	struct mailbox *b = c->mb;
-	(void)buf, (void)bytes;
+	(void)buf, (void)bytes, (void)hold;
 	pthread_mutex_lock(&b->mu);
 	bool first = c->probe_at != c->recvs, here = find(b, dev, c->me, kind, idx);
 	c->probe_at = c->recvs;
@@ -171,11 +171,11 @@ static int mb_probe(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, 
 
 /* A receive posted ahead: its message lands now if it has come, else
  * the buffer is poisoned (the bytes may land any time from now on). */
-static int mb_probe_land(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes)
+static int mb_probe_land(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, int hold)
 {
 	struct stage_ctx *c = ctx;
 	struct mailbox *b = c->mb;
-	log_io(c, 'p', dev);
+	log_io(c, hold == PIPE_RR_RIDE ? 'h' : 'p', dev);
 	pthread_mutex_lock(&b->mu);
 	struct msg *m = find(b, dev, c->me, kind, idx);
 	if (m) {
@@ -193,9 +193,9 @@ static int mb_probe_land(void *ctx, int dev, uint32_t kind, uint32_t idx, void *
 }
 
 /* Every receive arrived: nothing to fill. */
-static int mb_probe_here(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes)
+static int mb_probe_here(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, int hold)
 {
-	(void)ctx, (void)dev, (void)kind, (void)idx, (void)buf, (void)bytes;
+	(void)ctx, (void)dev, (void)kind, (void)idx, (void)buf, (void)bytes, (void)hold;
 	return 1;
 }
 
@@ -303,6 +303,7 @@ struct result {
 	int preposts, early;  /* receives posted ahead, landed by the probe */
 	int landed, depth;    /* posted into a landing buffer; most outstanding on a stage */
 	int posted_after_send;  /* posts ahead after a send to their peer with no compute between */
+	int held, held_unsent;  /* posts that held their RecvReady; of them, with no send to their peer after */
 	int hooks[MAXS][64][3], nhooks[MAXS];
 	double wall;  /* SLEEP: the threads' start to the last step's return */
 };
@@ -382,6 +383,34 @@ static int posts_after_send(const struct stage *st)
 	return bad;
 }
 
+/* The posts that held their RecvReady ('h': to ride on a send to their
+ * peer) and how many of them no send to that peer followed before the
+ * next compute action started (or the step ended). */
+static int held_unsent(const struct stage *st, int *held)
+{
+	int n, k = 0, bad = 0;
+	const struct pipe_act_time *at = pipe_exec_times(st->x, &n);
+	int owed[MAXS] = { 0 };
+	for (int i = 0; i <= st->ctx.nio; i++) {
+		for (; k < n && (i == st->ctx.nio || at[k].t0 <= st->ctx.io_t[i]); k++)
+			for (int d = 0; d < MAXS; d++) {
+				bad += owed[d];
+				owed[d] = 0;
+			}
+		if (i == st->ctx.nio)
+			break;
+		if (st->ctx.io_op[i] == 's')
+			owed[st->ctx.io_dev[i]] = 0;
+		else if (st->ctx.io_op[i] == 'h') {
+			owed[st->ctx.io_dev[i]]++;
+			(*held)++;
+		}
+	}
+	for (int d = 0; d < MAXS; d++)
+		bad += owed[d];
+	return bad;
+}
+
 static void pipelined_fill(struct result *res, bool moe, int S, const char *sched, bool recompute, int fill)
 {
 	struct cfg c;
@@ -442,6 +471,7 @@ static void pipelined_fill(struct result *res, bool moe, int S, const char *sche
 	res->loss = 0;
 	res->wall = 0;
 	res->fills = res->preposts = res->early = res->landed = res->depth = res->posted_after_send = 0;
+	res->held = res->held_unsent = 0;
 	for (int s = 0; s < S; s++) {
 		pthread_join(st[s].th, NULL);
 		ck_assert_int_eq(st[s].rc, 0);
@@ -454,6 +484,7 @@ static void pipelined_fill(struct result *res, bool moe, int S, const char *sche
 			res->depth = pipe_exec_prepost_depth(st[s].x);
 		res->nhooks[s] = st[s].ctx.nhooks;
 		res->posted_after_send += posts_after_send(&st[s]);
+		res->held_unsent += held_unsent(&st[s], &res->held);
 		if (st[s].t_end - t0 > res->wall)
 			res->wall = st[s].t_end - t0;
 		memcpy(res->hooks[s], st[s].ctx.hooks, sizeof(res->hooks[s]));
@@ -634,6 +665,13 @@ static int prepost_same(bool moe, int S, const char *sched, bool recompute)
 	 * thread's while it seals) */
 	ck_assert_msg(ahead.posted_after_send == 0, "%s S=%d recompute %d: %d receives posted ahead after a send "
 		      "to their peer in the same gap", sched, S, recompute, ahead.posted_after_send);
+	/* a post that holds its RecvReady (to ride on a send's data
+	 * frame) is followed by a send to its peer in the same gap */
+	ck_assert_msg(ahead.held_unsent == 0, "%s S=%d recompute %d: %d of %d posts held their RecvReady with no "
+		      "send to their peer before the next compute", sched, S, recompute, ahead.held_unsent,
+		      ahead.held);
+	ck_assert_msg(S == 2 || ahead.held > 0, "%s S=%d recompute %d: no post held its RecvReady", sched, S,
+		      recompute);
 	ck_assert_msg(ahead.loss == in_order.loss, "%s S=%d recompute %d: loss %a, in order %a", sched, S,
 		      recompute, ahead.loss, in_order.loss);
 	ck_assert(!memcmp(ahead.sq, in_order.sq, sizeof(ahead.sq)));

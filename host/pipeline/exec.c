@@ -75,6 +75,8 @@ struct pipe_exec {
 	int fills;
 	/* posting receives ahead (prepost) */
 	int prepost;                 /* this step: how many may be outstanding (0: none) */
+	bool hold;                   /* this step: posts before a send to their stage hold their word */
+	bool later;                  /* this step: the other posts' words go from the transport's thread */
 	bool *posted;                /* [n] a RECV posted ahead this step */
 	bool *named;                 /* [nbuf] prepost's scratch: named from k on */
 	int preposts, prepost_depth;
@@ -874,7 +876,8 @@ static int fill_wait(struct pipe_exec *x, int k)
 	int b = a->buf[0], rc = reuse(x, b), j;
 	pipe_val_msg(&x->t, &a->val, &kind, &idx);
 	while (!rc && (j = owed_w(x, k)) >= 0) {
-		rc = x->io->probe(x->io->ctx, x->stage_dev[a->peer], kind, idx, x->buf[b], sizeof(float) * x->nf);
+		rc = x->io->probe(x->io->ctx, x->stage_dev[a->peer], kind, idx, x->buf[b], sizeof(float) * x->nf,
+				  PIPE_RR_NOW);
 		if (rc)
 			return rc < 0 ? rc : 0;
 		x->ahead = true;
@@ -944,8 +947,12 @@ static int prepost(struct pipe_exec *x, int k)
 		if (a->op == PA_RECV && j > k && !x->posted[j] && (free_now || l >= 0)) {
 			uint32_t kind, idx;
 			pipe_val_msg(&x->t, &a->val, &kind, &idx);
+			/* its RecvReady rides on the gap's send to its stage
+			 * when there is one (no write of its own) */
 			rc = x->io->probe(x->io->ctx, x->stage_dev[a->peer], kind, idx,
-					  free_now ? x->buf[b] : x->land[l], sizeof(float) * x->nf);
+					  free_now ? x->buf[b] : x->land[l], sizeof(float) * x->nf,
+					  x->hold && sends_to(x, k, g, a->peer) ? PIPE_RR_RIDE :
+					  x->later ? PIPE_RR_LATER : PIPE_RR_NOW);
 			if (rc < 0)
 				return rc;
 			if (!free_now) {
@@ -1006,6 +1013,13 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	const char *pp = getenv("MESHRUN_PIPE_PREPOST");
 	x->prepost = io && io->probe && !x->filling ? pp && *pp ? atoi(pp) : PIPE_PREPOST_MAX : 0;
 	x->preposts = x->prepost_depth = x->landed_early = 0;
+	/* (MESHRUN_PIPE_RR_HOLD=0: every post writes its RecvReady at
+	 * once, as before; to measure against) */
+	const char *ph = getenv("MESHRUN_PIPE_RR_HOLD");
+	x->hold = !(ph && *ph && !atoi(ph));
+	/* (MESHRUN_PIPE_RR_LATER=0: the others from the device thread) */
+	const char *pl2 = getenv("MESHRUN_PIPE_RR_LATER");
+	x->later = !(pl2 && *pl2 && !atoi(pl2));
 	const char *pl = getenv("MESHRUN_PIPE_LANDING");
 	x->nland = pl && *pl ? atoi(pl) : x->land_max;
 	x->nland = x->nland < 0 ? 0 : x->nland > x->land_max ? x->land_max : x->nland;

@@ -46,6 +46,8 @@
  * waits for the one send named (dev, kind, idx) of this step (0 at once
  * if it was waited already); flush waits for every send started. Each
  * returns 0 or -errno (the caller keeps the message). */
+enum { PIPE_RR_NOW, PIPE_RR_RIDE, PIPE_RR_LATER };
+
 struct pipe_p2p {
 	int (*send)(void *ctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes);
 	int (*recv)(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes);
@@ -55,8 +57,12 @@ struct pipe_p2p {
 	 * receive of (dev, kind, idx) into buf, as recv would, unless it is
 	 * posted already, and tells without waiting whether it has arrived:
 	 * 1 yes, 0 not yet, or -errno. The recv of the same message that
-	 * follows takes the posted one (buf the same). */
-	int (*probe)(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes);
+	 * follows takes the posted one (buf the same). hold: when the
+	 * post's word to dev (its RecvReady) goes: PIPE_RR_NOW from this
+	 * call, PIPE_RR_RIDE with the send to dev that follows before the
+	 * next compute (its data frame carries it), PIPE_RR_LATER from the
+	 * transport's own thread. */
+	int (*probe)(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, int hold);
 	void *ctx;
 };
 

@@ -63,6 +63,8 @@ struct job_ctx {
 	int nsends, capsends;
 	struct p2p_send posted[16]; /* receives posted by a probe, not yet waited (the executor keeps up to 8) */
 	int nposted;
+	int held[16];               /* peers owed a send that carries a held RecvReady (job_p2p_probe) */
+	int nheld;
 };
 
 /* The group over axes, made on first use; NULL (with c->err) when out

@@ -75,6 +75,15 @@ static int job_p2p_send(void *vctx, int dev, uint32_t kind, uint32_t idx, const 
 		xport_failed(c->xport, c->err, c->errlen);
 		return rc == -ENOMEM ? rc : -EHOSTDOWN;
 	}
+	/* the RecvReadys held for dev have ridden on this send (or are
+	 * queued to); once none is held for a send still to come, what
+	 * could not ride (no data frame queued on its link) goes alone */
+	int kept = 0;
+	for (int i = 0; i < c->nheld; i++)
+		if (c->held[i] != dev)
+			c->held[kept++] = c->held[i];
+	if (c->nheld && !(c->nheld = kept))
+		xport_flush(c->xport);
 	if (c->tr) {  /* the call on the device row with its CPU (encrypting and
 		       * writing, when it writes), and on the p2p row */
 		double t1 = util_now_s(), cpu = util_thread_cpu_s() - c0;
@@ -106,7 +115,7 @@ static bool take_posted(struct job_ctx *c, int dev, uint32_t kind, uint32_t idx,
 
 /* Posts the receive (once) and tests it without waiting; the recv after
  * it takes the posted one. */
-static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes)
+static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes, int hold)
 {
 	struct job_ctx *c = vctx;
 	struct xmeta m = p2p_meta(c, kind, idx);
@@ -119,18 +128,28 @@ static int job_p2p_probe(void *vctx, int dev, uint32_t kind, uint32_t idx, void 
 	if (!r && c->nposted == (int)(sizeof(c->posted) / sizeof(c->posted[0])))
 		return 1;  /* no room: not filled, the recv posts it */
 	double t0 = util_now_s(), c0 = c->tr ? util_thread_cpu_s() : 0;
+	bool fresh = !r;
 	if (!r && (rc = xport_irecv(c->xport, dev, c->device, &m, buf, bytes, &r))) {
 		xport_failed(c->xport, c->err, c->errlen);
 		return rc == -ENOMEM ? rc : -EHOSTDOWN;
 	}
-	rc = xport_test(r, c->err, c->errlen);
+	/* held: its RecvReady waits for the send to dev that follows (it
+	 * rides on that data frame; job_p2p_send flushes what did not) */
+	if (!fresh || (hold == PIPE_RR_RIDE && c->nheld == (int)(sizeof(c->held) / sizeof(c->held[0]))))
+		hold = PIPE_RR_NOW;
+	if (hold == PIPE_RR_RIDE)
+		c->held[c->nheld++] = dev;
+	else if (hold == PIPE_RR_LATER)
+		xport_flush_later(c->xport);
+	rc = hold != PIPE_RR_NOW ? xport_peek(r, c->err, c->errlen) : xport_test(r, c->err, c->errlen);
 	if (rc && rc != -EAGAIN)
 		return -EHOSTDOWN;  /* abandoned: the transport failed */
 	if (!rc)
 		p2p_flight(c, false, kind, idx);
 	if (c->tr) {  /* posting (and testing: it may read the link) */
-		char name[24];
-		snprintf(name, sizeof(name), "stage post %s %u", p2p_kind(kind), idx);
+		char name[32];
+		snprintf(name, sizeof(name), "stage post%s %s %u",
+			 hold == PIPE_RR_RIDE ? " held" : hold == PIPE_RR_LATER ? " later" : "", p2p_kind(kind), idx);
 		trace_span_cpu(c->tr, name, "comm", t0, util_now_s(), util_thread_cpu_s() - c0);
 	}
 	c->posted[c->nposted++] = (struct p2p_send){ .r = rc ? r : NULL, .dev = dev, .kind = kind, .idx = idx };
@@ -196,6 +215,7 @@ static int job_p2p_flush(void *vctx)
 			rc = -EHOSTDOWN;
 	}
 	c->nsends = 0;
+	c->nheld = 0;
 	/* a receive probed and never waited: only after a failed step */
 	for (int i = 0; i < c->nposted; i++)
 		if (c->posted[i].r)
