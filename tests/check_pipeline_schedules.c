@@ -177,6 +177,22 @@ START_TEST(test_circular_no_recompute)
 }
 END_TEST
 
+/* Stages on two hosts, interleaved: a receive posted ahead holds its
+ * RecvReady for the gap's send to that stage (host/pipeline/exec.c,
+ * prepost), with two TLS connections per host pair (the held word and
+ * its send may go on different ones) and a replay buffer of two
+ * microbatches' activations (sends wait for the peer's acks): same
+ * losses as one device, nothing stuck */
+START_TEST(test_held_recv_ready_streams)
+{
+	equivalence_opt(LLAMA, 2, 1,
+			"ici_data_parallelism=1 dcn_data_parallelism=1 dcn_pipeline_parallelism=2 "
+			"num_pipeline_microbatches=4 pipeline_schedule=interleaved_1f1b link_streams=2 "
+			"replay_buffer_bytes=131072",
+			"base_num_decoder_layers=4");
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("pipeline_schedules");
@@ -190,6 +206,7 @@ int main(void)
 	tcase_add_test(tc, test_schedule_zbv);
 	tcase_add_test(tc, test_split_bit_identical);
 	tcase_add_test(tc, test_circular_no_recompute);
+	tcase_add_test(tc, test_held_recv_ready_streams);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests */
