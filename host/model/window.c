@@ -714,6 +714,25 @@ static int add_own(struct win *w, int g, int i, int l, float *base, int l0)
 	return 0;
 }
 
+/* Adds group gg's received parts of layer l (packed in recv from roff
+ * on, tensor by tensor) into the gradient shards; returns the offset
+ * after them. */
+static size_t add_parts(struct win *w, const struct mesh_members *gg, int l, const float *recv, size_t roff)
+{
+	for (int i = 0; i < w->n && !*w->rc; i++) {
+		if (!in_group(w, i, l, gg->axes, true))
+			continue;
+		size_t n = param_slice_numel(w->t[i].p);
+		float *dst = storage(w, w->grads, i, l);
+		const float *src = recv + roff;
+		for (size_t j = 0; j < n; j++)
+			dst[j] += src[j];
+		roff += n;
+		w->copied += n;
+	}
+	return roff;
+}
+
 bool win_scatter_beside(const struct win *w, int k)
 {
 	check_slot(w, k);
@@ -751,19 +770,8 @@ static void scatter_nl_finish(struct win *w)
 		return;
 	w->nscattering = false;
 	for (int g = 0; g < w->ngg; g++) {
-		const struct mesh_members *gg = &w->gg[g];
 		wait_handle(w, &w->nsh[g]);
-		for (int i = 0; i < w->n && !*w->rc; i++) {
-			if (!in_group(w, i, WIN_NONLAYER, gg->axes, true))
-				continue;
-			size_t n = param_slice_numel(w->t[i].p);
-			float *dst = storage(w, w->grads, i, WIN_NONLAYER);
-			const float *src = w->pk[0].srecv + roff;
-			for (size_t j = 0; j < n; j++)
-				dst[j] += src[j];
-			roff += n;
-			w->copied += n;
-		}
+		roff = add_parts(w, &w->gg[g], WIN_NONLAYER, w->pk[0].srecv, roff);
 	}
 }
 
@@ -779,22 +787,15 @@ int win_scatter_finish(struct win *w)
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		wait_handle(w, &w->sh[g]);
-		for (int l = w->s0; l < w->s1; l++)
-			for (int i = 0; i < w->n && !*w->rc; i++) {
-				if (!in_group(w, i, l, gg->axes, true))
-					continue;
-				if (w->slisted[g]) {
-					*w->rc = add_own(w, g, i, l, w->gl[w->sgwin], w->s0);
-					continue;
-				}
-				size_t n = param_slice_numel(w->t[i].p);
-				float *dst = storage(w, w->grads, i, l);
-				const float *src = w->pk[layer].srecv + roff;
-				for (size_t j = 0; j < n; j++)
-					dst[j] += src[j];
-				roff += n;
-				w->copied += n;
+		for (int l = w->s0; l < w->s1; l++) {
+			if (!w->slisted[g]) {
+				roff = add_parts(w, gg, l, w->pk[layer].srecv, roff);
+				continue;
 			}
+			for (int i = 0; i < w->n && !*w->rc; i++)
+				if (in_group(w, i, l, gg->axes, true))
+					*w->rc = add_own(w, g, i, l, w->gl[w->sgwin], w->s0);
+		}
 	}
 	if (w->sgwin >= 0)
 		w->gowner[w->sgwin] = -1;

@@ -982,6 +982,14 @@ static bool can_fill(const struct pipe_exec *x)
 	       pipe_split_backward(x->t.shape.sched);
 }
 
+/* Whether the environment sets name to 0 (an A/B switch that is on
+ * unless turned off). */
+static bool env_zero(const char *name)
+{
+	const char *v = getenv(name);
+	return v && *v && !atoi(v);
+}
+
 int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *targets,
 		   struct model_step *st, const struct pipe_p2p *io)
 {
@@ -1014,12 +1022,10 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	x->prepost = io && io->probe && !x->filling ? pp && *pp ? atoi(pp) : PIPE_PREPOST_MAX : 0;
 	x->preposts = x->prepost_depth = x->landed_early = 0;
 	/* (MESHRUN_PIPE_RR_HOLD=0: every post writes its RecvReady at
-	 * once, as before; to measure against) */
-	const char *ph = getenv("MESHRUN_PIPE_RR_HOLD");
-	x->hold = !(ph && *ph && !atoi(ph));
-	/* (MESHRUN_PIPE_RR_LATER=0: the others from the device thread) */
-	const char *pl2 = getenv("MESHRUN_PIPE_RR_LATER");
-	x->later = !(pl2 && *pl2 && !atoi(pl2));
+	 * once, as before; MESHRUN_PIPE_RR_LATER=0: the posts that hold
+	 * none write it from the device thread; to measure against) */
+	x->hold = !env_zero("MESHRUN_PIPE_RR_HOLD");
+	x->later = !env_zero("MESHRUN_PIPE_RR_LATER");
 	const char *pl = getenv("MESHRUN_PIPE_LANDING");
 	x->nland = pl && *pl ? atoi(pl) : x->land_max;
 	x->nland = x->nland < 0 ? 0 : x->nland > x->land_max ? x->land_max : x->nland;

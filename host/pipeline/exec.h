@@ -39,6 +39,10 @@
 #include "host/model/model.h"
 #include "host/pipeline/schedule.h"
 
+/* When a receive posted ahead tells its sender it is posted (its
+ * RecvReady): pipe_p2p.probe's hold. */
+enum { PIPE_RR_NOW, PIPE_RR_RIDE, PIPE_RR_LATER };
+
 /* Point-to-point messages to another device. A message is named by
  * (kind, idx), unique within a step for a (sender, receiver) pair. send
  * starts the transfer and returns (buf stays untouched until the send is
@@ -46,8 +50,6 @@
  * waits for the one send named (dev, kind, idx) of this step (0 at once
  * if it was waited already); flush waits for every send started. Each
  * returns 0 or -errno (the caller keeps the message). */
-enum { PIPE_RR_NOW, PIPE_RR_RIDE, PIPE_RR_LATER };
-
 struct pipe_p2p {
 	int (*send)(void *ctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes);
 	int (*recv)(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes);
