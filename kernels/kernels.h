@@ -40,10 +40,6 @@ void matmul_forward_ref(float *out, const float *inp, const float *weight,
 /* Sets OpenBLAS's process-wide thread count (0 leaves it). */
 void blas_set_threads(int n);
 int blas_get_threads(void);
-/* Products between begin and end run on one OpenBLAS thread (pairs nest,
- * across threads too); the same bits as on any count. */
-void blas_serial_begin(void);
-void blas_serial_end(void);
 const char *blas_core_name(void);
 
 /* ---- embedding ---- */

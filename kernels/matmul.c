@@ -2,7 +2,6 @@
  * (attention, Newton-Schulz) reaches BLAS through sgemm_rm, so swapping the
  * BLAS or its threading policy touches only this file. */
 #include <cblas.h>
-#include <pthread.h>
 
 #include "kernels/kernels.h"
 
@@ -59,36 +58,6 @@ void blas_set_threads(int n)
 {
 	if (n > 0)
 		openblas_set_num_threads(n);
-}
-
-/* One OpenBLAS thread for a run of small products: OpenBLAS splits a
- * product above 2^18 multiply-adds over its threads, which for attention's
- * 64-row blocks costs more in hand-offs than it gains (a llama-bench
- * layer's attention took twice one thread's time on two). The count is
- * process-wide, so regions of several device threads nest: the first in
- * sets 1, the last out restores what the first found. OpenBLAS splits a
- * product's rows and columns over its threads, never its sums, so the
- * bits do not depend on the count. */
-static pthread_mutex_t serial_mu = PTHREAD_MUTEX_INITIALIZER;
-static int serial_depth, serial_saved;
-
-void blas_serial_begin(void)
-{
-	pthread_mutex_lock(&serial_mu);
-	if (serial_depth++ == 0) {
-		serial_saved = openblas_get_num_threads();
-		if (serial_saved > 1)
-			openblas_set_num_threads(1);
-	}
-	pthread_mutex_unlock(&serial_mu);
-}
-
-void blas_serial_end(void)
-{
-	pthread_mutex_lock(&serial_mu);
-	if (--serial_depth == 0 && serial_saved > 1)
-		openblas_set_num_threads(serial_saved);
-	pthread_mutex_unlock(&serial_mu);
 }
 
 int blas_get_threads(void)

@@ -464,7 +464,6 @@ void attention_forward(float *out, float *att, const float *q, const float *k,
 {
 	// q (B,T,Hq,Dk), k (B,T,Hkv,Dk), v (B,T,Hkv,Dv), att (B,Hq,T,T), out (B,T,Hq,Dv)
 	int group = Hq / Hkv, ldq = Hq * Dk, ldk = Hkv * Dk, ldv = Hkv * Dv, ldo = Hq * Dv;
-	blas_serial_begin(); /* products of one block: too small to split */
 	for (int b = 0; b < B; b++)
 		for (int h = 0; h < Hq; h++) {
 			const float *qh = q + (size_t)b * T * ldq + (size_t)h * Dk;
@@ -486,7 +485,6 @@ void attention_forward(float *out, float *att, const float *q, const float *k,
 					 0.0f, oh + (size_t)i0 * ldo, ldo);
 			}
 		}
-	blas_serial_end();
 }
 
 void attention_backward(float *dq, float *dk, float *dv, float *scratch,
@@ -505,7 +503,6 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 	 * store alpha acc against alpha acc + 1 * 0, the same bits since
 	 * acc, summed from +0, is never -0 (and alpha > 0). */
 	float bq = accumulate ? 1.0f : 0.0f;
-	blas_serial_begin();
 	for (int b = 0; b < B; b++)
 		for (int h = 0; h < Hq; h++) {
 			float bkv = accumulate || h % group ? 1.0f : 0.0f;
@@ -544,7 +541,6 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch,
 						 dk + ko + (size_t)j0 * ldk, ldk);
 			}
 		}
-	blas_serial_end();
 }
 
 /* ---- SwiGLU ---- */
