@@ -11,8 +11,11 @@
 #include "kernels/kernels.h"
 
 /* attention rows per sgemm: the causal mask lets block i skip the keys of
- * blocks > i, halving the products for long sequences */
+ * blocks > i, halving the products for long sequences (bench/attn_blocks.sh
+ * builds other sizes: 32 changes the bits, 96-256 keep them) */
+#ifndef ATT_BLK
 #define ATT_BLK 64
+#endif
 
 /* exp(x) within 1.4 ulp on [-87.3, 88.3]; 0 below (no denormals), +inf above.
  * Cephes' polynomial on x - n ln2, scaled by 2^n through the exponent bits.
