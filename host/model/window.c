@@ -1039,8 +1039,13 @@ float *win_block(struct win *w, bool grads, int i, int l)
 	}
 	for (int j = 0; j <= w->lo.windows; j++) {
 		int k = w->owner[j];
-		if (k >= 0 && (w->slot[k].state == SLOT_READY || (w->slot[k].afirst && !grads && w->part[i] == 0)) &&
-		    l >= w->slot[k].l0 && l < w->slot[k].l1)
+		if (k < 0 || l < w->slot[k].l0 || l >= w->slot[k].l1)
+			continue;
+		/* part B of a slot whose part A alone landed (win_wait_first):
+		 * the caller read it before waiting for it; wait now */
+		if (w->slot[k].afirst && (grads || w->part[i] != 0))
+			win_wait(w, k);
+		if (w->slot[k].state == SLOT_READY || w->slot[k].afirst)
 			return block(w, grads, i, l, k);
 	}
 	assert(!"no READY slot holds the layer");
