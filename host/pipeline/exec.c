@@ -697,19 +697,25 @@ static double synth_s(const struct pipe_exec *x, const struct pipe_action *a)
 	       c->embed_back;
 }
 
+/* Sleeps to *d + s seconds (absolute; *d the deadline reached, after). */
+static int sleep_until(struct timespec *d, double s)
+{
+	int rc;
+	long long ns = d->tv_nsec + llround(s * 1e9);
+	d->tv_sec += (time_t)(ns / 1000000000);
+	d->tv_nsec = (long)(ns % 1000000000);
+	while ((rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, d, NULL)) == EINTR)
+		;
+	return -rc;
+}
+
 static int sleep_s(double s)
 {
 	struct timespec d;
-	int rc = 0;
 	if (s <= 0)
 		return 0;
 	clock_gettime(CLOCK_MONOTONIC, &d);
-	long long ns = d.tv_nsec + llround(s * 1e9);
-	d.tv_sec += (time_t)(ns / 1000000000);
-	d.tv_nsec = (long)(ns % 1000000000);
-	while ((rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &d, NULL)) == EINTR)
-		;
-	return -rc;
+	return sleep_until(&d, s);
 }
 
 static int synth(struct pipe_exec *x, const struct pipe_action *a)
@@ -720,15 +726,27 @@ static int synth(struct pipe_exec *x, const struct pipe_action *a)
 
 /* Synthetic compute of an F or B of one layer in two parts: its time
  * split as the layer's matmul FLOPs are (model_ffn_share), the first
- * block's part, the mid call, the second's. */
+ * block's part, the mid call, the second's; with one wake-up's lateness,
+ * as the action in one sleep (the first part's is not added to the
+ * second's). */
 static int synth_parts(struct pipe_exec *x, const struct pipe_action *a, int l)
 {
 	double s = synth_s(x, a), b = model_ffn_share(x->m, l), first = a->op == PA_B ? b : 1 - b;
+	struct timespec d, t0, t1;
 	int rc;
 	x->slept++;
-	if ((rc = sleep_s(s * first)) || (rc = exec_mid(x, l, a->op == PA_B)))
+	if (s <= 0)
+		return exec_mid(x, l, a->op == PA_B);
+	/* one sleep's wake-up, as the whole action's: the second part ends
+	 * s after the first began, plus what the mid call took (its waits) */
+	clock_gettime(CLOCK_MONOTONIC, &d);
+	if ((rc = sleep_until(&d, s * first)))
 		return rc;
-	return sleep_s(s * (1 - first));
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if ((rc = exec_mid(x, l, a->op == PA_B)))
+		return rc;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return sleep_until(&d, s * (1 - first) + (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
 }
 
 /* Whether action a (on one layer, l0) runs in two parts: its slot k. */
