@@ -52,6 +52,14 @@
  * window is free again at once; one is in flight at a time (the next
  * start finishes it).
  *
+ * Two parts (win_set_parts, the trainer's fsdp_layer_parts): a layer
+ * group's in-place gather goes as two collectives a gather group, part
+ * A's tensors then part B's; win_wait_first waits for part A's alone
+ * (win_block then gives part A's weights, and waits for part B's itself
+ * if asked for them). win_scatter_first sends part B's gradients while
+ * the slot stays READY and keeps its gradient window (part A's rows are
+ * still written); the slot's win_scatter_start then sends part A's.
+ *
  * Errors: every call returns the step's error (0 or the first hook
  * error, a negative errno), which lives in the int given to win_begin;
  * once it is set no collective starts, but the states still move, so the
