@@ -689,6 +689,80 @@ START_TEST(test_fsdp_nonlayer_scatter_beside_layer0)
 }
 END_TEST
 
+/* Each metrics line's loss_hex into out (at most max). */
+static int loss_hexes(const char *name, char (*out)[40], int max)
+{
+	char *text = read_tmp(name), *line = text;
+	int n = 0;
+	while (n < max && line && *line) {
+		char *nl = strchr(line, '\n');
+		if (nl)
+			*nl = 0;
+		cJSON *j = cJSON_Parse(line), *h = j ? cJSON_GetObjectItem(j, "loss_hex") : NULL;
+		ck_assert_msg(cJSON_IsString(h), "metrics line without loss_hex: %s", line);
+		snprintf(out[n++], sizeof(*out), "%s", h->valuestring);
+		cJSON_Delete(j);
+		line = nl ? nl + 1 : NULL;
+	}
+	free(text);
+	return n;
+}
+
+/* The span of device d, step s, on its own track, named name (NULL: none). */
+static const struct span *dev_span(const struct spans *t, int d, int s, const char *name)
+{
+	for (int i = 0; i < t->n; i++)
+		if (t->v[i].dev == d && t->v[i].step == s && !t->v[i].flight && !strcmp(t->v[i].name, name))
+			return &t->v[i];
+	return NULL;
+}
+
+/* fsdp_layer_parts (issue 20): layer 0's feed-forward block's
+ * reduce-scatter is queued inside layer 0's backward (after its first
+ * tenth: not the previous layer's, queued by the action before), and
+ * its gather waited for inside layer 0's forward, after its start (the
+ * attention block's weights are waited for at the start); the losses
+ * are the switch off's, bit for bit. Switch off, neither happens: only
+ * the order, from the trace. */
+START_TEST(test_fsdp_layer_parts)
+{
+	char args[512], on[10][40], off[10][40];
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 fsdp_layer_parts=true "
+		 "--trace %s/p.json --metrics %s/p.jsonl", FSDP2, tmpdir, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 --metrics %s/o.jsonl", FSDP2,
+		 tmpdir);
+	show_log_on_failure(run(args), 0);
+	ck_assert_int_eq(loss_hexes("p.jsonl", on, 10), 3);
+	ck_assert_int_eq(loss_hexes("o.jsonl", off, 10), 3);
+	for (int s = 0; s < 3; s++)
+		ck_assert_msg(!strcmp(on[s], off[s]), "step %d: loss %s with fsdp_layer_parts, %s without", s, on[s],
+			      off[s]);
+	struct spans t = spans_read("p.json");
+	for (int d = 0; d < 2; d++)
+		for (int s = 0; s < 3; s++) {
+			const struct span *b = dev_span(&t, d, s, "B mb0 c0"), *f = dev_span(&t, d, s, "F mb0 c0");
+			int rs = 0, ag = 0;
+			ck_assert_msg(b && f, "device %d step %d: no F or B of layer 0", d, s);
+			for (int i = 0; i < t.n; i++) {
+				const struct span *sp = &t.v[i];
+				if (sp->dev != d || sp->step != s)
+					continue;
+				if (sp->flight && !strncmp(sp->name, "q reduce_scatter", 16) &&
+				    sp->ts > b->ts + b->dur / 10 && sp->ts < b->ts + b->dur)
+					rs++;
+				if (!sp->flight && !strncmp(sp->name, "all_gather", 10) &&
+				    sp->ts > f->ts + f->dur / 10 && sp->ts < f->ts + f->dur)
+					ag++;
+			}
+			ck_assert_msg(rs == 1, "device %d step %d: %d reduce-scatters queued inside layer 0's backward",
+				      d, s, rs);
+			ck_assert_msg(ag >= 1, "device %d step %d: no gather waited for inside layer 0's forward", d, s);
+		}
+	spans_free(&t);
+}
+END_TEST
+
 /* The same with Muon, on 4 layers (the first gathers read the head,
  * the embedding and layers 0 and 1; layers 2 and 3 are updated after
  * they left), and beside ZeRO-1 (data 2 x fsdp 2, one-layer buckets:
@@ -854,6 +928,7 @@ int main(void)
 	tcase_add_test(zc, test_zero1_collectives_under_compute);
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_update);
 	tcase_add_test(zc, test_fsdp_nonlayer_scatter_beside_layer0);
+	tcase_add_test(zc, test_fsdp_layer_parts);
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_muon_update);
 	tcase_add_test(zc, test_fsdp_first_gather_beside_zero1);
 	suite_add_tcase(s, zc);

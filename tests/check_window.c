@@ -546,6 +546,63 @@ START_TEST(test_scatter_nonlayer_beside)
 }
 END_TEST
 
+/* ---- two parts a layer (fsdp_layer_parts) ---- */
+
+/* Layer 0 in two parts: part A's gather waited for alone, then part
+ * B's; part B's gradients reduce-scattered first (the slot keeps its
+ * gradient window, whose part A rows are written after), part A's at
+ * the slot's win_scatter_start. */
+static void *parts_layer(void *arg)
+{
+	struct dev *d = arg;
+	struct model_step st = { .comm = &d->comm };
+	struct win *w = model_window(d->m);
+	const struct param_info *pq = param(whole, "wq"), *pg = param(whole, "w_gate");
+	d->comm.start_all_gather_v = start_all_gather_v;
+	d->comm.start_reduce_scatter_v = start_reduce_scatter_v;
+	d->comm.wait = wait_h;
+	memset(model_grads(d->m), 0, model_numel(d->m) * sizeof(float));
+	model_step_begin(d->m, &st);
+	rc_of[d->me] = model_set_parts(d->m, true, NULL, NULL);
+	win_gather_start(w, 1, 0, 1);
+	rc_of[d->me] |= win_wait_first(w, 1);
+	/* part A's weights are whole */
+	ck_assert(!memcmp(win_block(w, false, P_WQ, 0), model_params(whole) + pq->offset,
+			  pq->numel / 3 * sizeof(float)));
+	rc_of[d->me] |= win_wait(w, 1);
+	ck_assert(!memcmp(win_block(w, false, P_W_GATE, 0), model_params(whole) + pg->offset,
+			  pg->numel / 3 * sizeof(float)));
+	win_zero_grads(w, 1);
+	float *g = win_block(w, true, P_W_GATE, 0);
+	for (size_t i = 0; i < pg->numel / 3; i++)
+		g[i] = (float)(d->me + 1) * (float)(i % 7);
+	rc_of[d->me] |= win_scatter_first(w, 1);
+	g = win_block(w, true, P_WQ, 0);
+	for (size_t i = 0; i < pq->numel / 3; i++)
+		g[i] = (float)(d->me + 1) * (float)(i % 7);
+	rc_of[d->me] |= win_scatter_start(w, 1);
+	rc_of[d->me] |= win_scatter_finish(w);
+	win_release(w, 1);
+	rc_of[d->me] |= model_step_end(d->m);
+	return NULL;
+}
+
+START_TEST(test_parts)
+{
+	note_waits = true;
+	both(parts_layer);
+	note_waits = false;
+	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+	/* two gathers (A, B), part B's reduce-scatter, its wait at part A's
+	 * start, part A's and its wait */
+	ck_assert_str_eq(pair.order, "vvwxwx");
+	for (int r = 0; r < 2; r++) {
+		check_sums("wq", r);
+		check_sums("w_gate", r);
+	}
+}
+END_TEST
+
 /* ---- errors ---- */
 
 static void *fail_second(void *arg)
@@ -632,6 +689,7 @@ int main(void)
 	tcase_add_test(tc, test_scatter_sums_into_shards);
 	tcase_add_test(tc, test_scatter_listed_in_place);
 	tcase_add_test(tc, test_scatter_nonlayer_beside);
+	tcase_add_test(tc, test_parts);
 	tcase_add_test(tc, test_failure_stops_collectives);
 	tcase_add_test(tc, test_poison_and_zero);
 	tcase_add_test(tc, test_sizes);

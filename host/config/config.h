@@ -90,6 +90,7 @@ struct cfg_list {
 	X(INT,  pipeline_parallel_layers, "-1", 1, "decoder layers in the pipeline, the rest run data-parallel over stage; -1: all (MoE models: all MoE layers, the dense ones run before)") \
 	X(BOOL, pipeline_delay_activation_forwarding, "false", 1, "a stage takes its input two iterations after the previous stage made it, so sends overlap compute; doubles the bubble") \
 	X(BOOL, pipeline_fsdp_ag_once, "false", 1, "gather all of a stage's weights (every repeat) once per step and reduce-scatter once at the end: repeats x weight memory") \
+	X(BOOL, fsdp_layer_parts, "false", 1, "FSDP without a pipeline: gather and reduce-scatter each layer in two parts, its attention block and its feed-forward block, so the feed-forward block's gather hides under the attention block's forward and its reduce-scatter under the attention block's backward (docs/training-step.md); the same bits") \
 	X(BOOL, pipeline_fsdp_ag_per_repeat, "false", 1, "two gathered weight slots per stage; the next repeat's weights are gathered one repeat ahead") \
 	X(STR,  pipeline_schedule, "circular", 1, "circular | gpipe | 1f1b | interleaved_1f1b | zb_h1 | zbv: the order of a step's forwards and backwards (docs/pipeline.md)") \
 	X(BOOL, pipeline_recompute, "true", 1, "a backward recomputes its chunk's forward from the chunk's saved input; false: the forward keeps every layer's activations until the backward") \

@@ -559,6 +559,33 @@ size_t model_numel(const struct model *m) { return m->numel; }
 const int32_t *model_expert_counts(const struct model *m) { return m->counts_all; }
 size_t model_window_numel(const struct model *m) { return win_numel(m->win); }
 struct win *model_window(struct model *m) { return m->win; }
+
+int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool backward), void *ctx)
+{
+	signed char part[P_COUNT];
+	for (int id = 0; id < P_COUNT; id++)
+		part[id] = id >= P_MLP_NORM && id < P_FINAL_NORM;
+	m->mid = on ? mid : NULL;
+	m->mid_ctx = on ? ctx : NULL;
+	return m->win ? win_set_parts(m->win, on ? part : NULL) : 0;
+}
+
+double model_ffn_share(const struct model *m, int l)
+{
+	const struct model_dims *d = &m->l;
+	double C = d->C, T = d->T, att, ffn;
+	if (d->mla)
+		att = (d->Rq ? C * d->Rq + (double)d->Rq * d->Hq * (d->Dn + d->Dr) : C * d->Hq * (d->Dn + d->Dr)) +
+		      C * (d->Rkv + d->Dr) + (double)d->Rkv * d->Hq * (d->Dn + d->Dv) + (double)d->Hq * d->Dv * C +
+		      T / 2 * d->Hq * (d->Dn + d->Dr + d->Dv);
+	else
+		att = C * d->Hq * d->D * 2 + C * d->Hkv * d->D * 2 + T / 2 * d->Hq * d->D * 2;
+	if (l < d->L_dense)
+		ffn = 3 * C * d->F;
+	else
+		ffn = 3 * C * ((double)d->K * d->Fe + (d->S ? m->SF : 0)) + C * d->E;
+	return att + ffn > 0 ? ffn / (att + ffn) : 0;
+}
 int model_act_sets(const struct model *m) { return m->act_sets; }
 
 size_t model_layer_act_bytes(const struct model_dims *d, int rows, bool moe)

@@ -309,6 +309,21 @@ int model_head_backward(struct model *m, float *dx, const float *x, const int32_
 struct win;
 struct win *model_window(struct model *m);
 
+/* Two parts a layer (fsdp_layer_parts): the window cuts each layer
+ * group into part A, the attention block (its norm, wq/wk/wv/wo or the
+ * MLA tensors), and part B, the rest (the MLP norm, the dense MLP or the
+ * MoE block's router, experts and shared experts); and mid, when set,
+ * is called between the two blocks of every layer: in forward before
+ * part B's first read (the MLP norm), in backward once part B's weight
+ * gradients are written (after the MLP norm's backward). A failure it
+ * returns is the pass's. on false: whole groups, no call. 0 or -ENOMEM. */
+int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool backward), void *ctx);
+/* The share of a layer's matmul FLOPs in its feed-forward block (part B)
+ * on this device's rows: the attention projections, its scores and
+ * values (causal: T/2 keys a query on average) against the MLP's or the
+ * routed and shared experts' (K of them) and the router's. */
+double model_ffn_share(const struct model *m, int l);
+
 /* Per-expert token counts of the last step, [L_moe, E] (NULL if dense),
  * summed over replicas by the counts hook; used by the router bias update. */
 const int32_t *model_expert_counts(const struct model *m);

@@ -125,6 +125,11 @@ struct model {
 	const char *lin_name[P_COUNT]; /* planned linear layers, by id */
 	int lin_w[P_COUNT];            /* and the weight each multiplies by */
 	struct win *win;            /* FSDP: gathered weights, by parameter id */
+	/* model_set_mid: called between a layer's attention and feed-forward
+	 * blocks (forward: before the MLP norm; backward: after its weight
+	 * gradient), or NULL */
+	int (*mid)(void *ctx, int l, bool backward);
+	void *mid_ctx;
 	float *nstat;               /* [2N] split-norm / split-softmax statistics */
 	float *xstat;               /* [ngather * N] gathered maxima */
 	size_t rmax;                /* rows an expert device may receive */

@@ -34,7 +34,11 @@ struct win_slot {
 	/* its gather in flight: each gather group's handle, whether it went
 	 * as a list (in place), where its pack lands (packed) */
 	void *gh[WIN_MAX_GROUPS];
+	void *ghb[WIN_MAX_GROUPS];  /* part B's, when it went in two parts */
 	bool listed[WIN_MAX_GROUPS];
+	bool split;                 /* its gather went in two parts (win_set_parts) */
+	bool afirst;                /* GATHERING: part A landed (win_wait_first) */
+	bool bsent;                 /* READY: part B's reduce-scatter went out */
 	size_t sbase[WIN_MAX_GROUPS];
 };
 
@@ -99,6 +103,13 @@ struct win {
 	void *nsh[WIN_MAX_GROUPS];
 	const struct model_comm *comm;
 	int *rc;
+	/* win_set_parts: each tensor's part (0 A, 1 B), or NULL: whole; the
+	 * part of the reduce-scatter in flight (-1: all), and whether it
+	 * keeps the slot's gradient window (part B's: the slot still writes
+	 * part A's rows of it) */
+	signed char *part;
+	int spart;
+	bool skeep;
 };
 
 static size_t per_cslice(const struct plan_param *pp, const struct param_info *p)
@@ -121,6 +132,12 @@ static bool in_group(const struct win *w, int i, int l, uint32_t axes, bool grad
 	if (!x->p || x->pp->gather != axes || (grads && x->p->opt == OPT_NONE))
 		return false;
 	return l < 0 ? !x->p->stacked : x->p->stacked && slice_of(w, i, l) >= 0;
+}
+
+/* Is tensor i in part p (p < 0: any)? */
+static bool in_part(const struct win *w, int i, int p)
+{
+	return p < 0 || !w->part || w->part[i] == p;
 }
 
 /* Tensor i's storage slice for layer l in buf (params or grads). */
@@ -150,14 +167,20 @@ static float *block(const struct win *w, bool grads, int i, int l, int k)
 }
 
 /* Floats group [l0, l1) packs for gather group gg (per member). */
-static size_t pack_size(const struct win *w, const struct mesh_members *gg, int l0, int l1, bool grads)
+static size_t pack_part(const struct win *w, const struct mesh_members *gg, int l0, int l1, bool grads,
+			int part)
 {
 	size_t pack = 0;
 	for (int l = l0; l < l1; l++)
 		for (int i = 0; i < w->n; i++)
-			if (in_group(w, i, l, gg->axes, grads))
+			if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, part))
 				pack += param_slice_numel(w->t[i].p);
 	return pack;
+}
+
+static size_t pack_size(const struct win *w, const struct mesh_members *gg, int l0, int l1, bool grads)
+{
+	return pack_part(w, gg, l0, l1, grads, -1);
 }
 
 /* Moves member r's blocks of group [l0, l1) between the packed buffer
@@ -215,7 +238,7 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->n = n;
 	w->lo = *lo;
 	w->nslots = lo->windows + 2;
-	w->nl_ready = w->sgwin = -1;
+	w->nl_ready = w->sgwin = w->spart = -1;
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
 	w->wl = calloc((size_t)lo->windows + 1, sizeof(*w->wl));
@@ -265,6 +288,7 @@ void win_free(struct win *w)
 	free(w->run);
 	free(w->slot);
 	free(w->queue);
+	free(w->part);
 	free(w);
 }
 
@@ -449,7 +473,7 @@ static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int 
  * base (weights, or gradients with grads): every member's rows in rank
  * order into w->run, each member's count into w->counts. The runs, or
  * -1 when out of memory. */
-static int list_make(struct win *w, int g, float *base, bool grads, int l0, int l1)
+static int list_make(struct win *w, int g, float *base, bool grads, int l0, int l1, int part)
 {
 	const struct mesh_members *gg = &w->gg[g];
 	int nrun = 0;
@@ -460,7 +484,7 @@ static int list_make(struct win *w, int g, float *base, bool grads, int l0, int 
 			before += w->run[j].n;
 		for (int l = l0; l < l1; l++)
 			for (int i = 0; i < w->n; i++)
-				if (in_group(w, i, l, gg->axes, grads) &&
+				if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, part) &&
 				    !block_runs(w, gg, r, i, block_in(w, base, grads, i, l, l0), &nrun))
 					return -1;
 		size_t all = 0;
@@ -473,13 +497,13 @@ static int list_make(struct win *w, int g, float *base, bool grads, int l0, int 
 
 /* Copies this device's shards of gather group g into their blocks of
  * landing slot k's window (the list all-gather's input). */
-static void place_own(struct win *w, int g, int k)
+static void place_own(struct win *w, int g, int k, int part)
 {
 	const struct mesh_members *gg = &w->gg[g];
 	const struct win_slot *s = &w->slot[k];
 	for (int l = s->l0; l < s->l1; l++)
 		for (int i = 0; i < w->n; i++) {
-			if (!in_group(w, i, l, gg->axes, false))
+			if (!in_group(w, i, l, gg->axes, false) || !in_part(w, i, part))
 				continue;
 			const struct param_info *p = w->t[i].p;
 			int o[SHARD_MAX_DIMS], s0 = p->stacked ? 1 : 0;
@@ -515,8 +539,35 @@ static bool in_place(const struct win *w, int k)
 	return w->comm && w->comm->start_all_gather_v && (w->slot[k].l0 != WIN_NONLAYER || w->nl_ready < 0);
 }
 
+/* Sends layer slot k's gather in place in two parts (win_set_parts),
+ * part A's gather groups, then part B's: two collectives a gather group. */
+static void send_split(struct win *w, int k, int win)
+{
+	const struct model_comm *c = w->comm;
+	struct win_slot *s = &w->slot[k];
+	s->split = true;
+	for (int p = 0; p < 2; p++)
+		for (int g = 0; g < w->ngg && !*w->rc; g++) {
+			size_t pack = pack_part(w, &w->gg[g], s->l0, s->l1, false, p);
+			int nrun;
+			if (!pack)
+				continue;
+			s->listed[g] = true;
+			if ((nrun = list_make(w, g, w->wl[win], false, s->l0, s->l1, p)) < 0) {
+				if (c->err)
+					snprintf(c->err, c->errlen, "FSDP window: out of memory for the list of a gather's rows");
+				*w->rc = -ENOMEM;
+				return;
+			}
+			place_own(w, g, k, p);
+			*w->rc = c->start_all_gather_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts,
+						       p ? &s->ghb[g] : &s->gh[g]);
+		}
+}
+
 /* Sends slot k's gather, into weight window win (a layer group's): as a
- * list in place where it can, else packed. */
+ * list in place where it can (in two parts with win_set_parts), else
+ * packed. */
 static void send_gather(struct win *w, int k, int win)
 {
 	const struct model_comm *c = w->comm;
@@ -527,6 +578,10 @@ static void send_gather(struct win *w, int k, int win)
 	if (layer) {
 		s->win = win;
 		w->owner[win] = k;
+		if (w->part && in_place(w, k)) {
+			send_split(w, k, win);
+			return;
+		}
 	}
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
@@ -535,8 +590,8 @@ static void send_gather(struct win *w, int k, int win)
 		s->listed[g] = false;
 		if (!pack)
 			continue;
-		if (in_place(w, k) && (nrun = list_make(w, g, layer ? w->wl[win] : NULL, false, l0, l1)) >= 0) {
-			place_own(w, g, k);
+		if (in_place(w, k) && (nrun = list_make(w, g, layer ? w->wl[win] : NULL, false, l0, l1, -1)) >= 0) {
+			place_own(w, g, k, -1);
 			s->listed[g] = true;
 			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, &s->gh[g]);
 			continue;
@@ -643,6 +698,7 @@ static void finish_landing(struct win *w)
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, s->l0, s->l1, false);
 		wait_handle(w, &s->gh[g]);
+		wait_handle(w, &s->ghb[g]);
 		packed |= pack && !s->listed[g];
 		if (!pack || *w->rc || s->listed[g])
 			continue;
@@ -652,6 +708,7 @@ static void finish_landing(struct win *w)
 	if (packed)
 		w->packing = false;
 	s->state = SLOT_READY;
+	s->afirst = false;
 	start_next(w);
 }
 
@@ -661,6 +718,24 @@ int win_wait(struct win *w, int k)
 	assert(w->slot[k].state != SLOT_FREE);
 	while (w->slot[k].state != SLOT_READY) {
 		start_next(w);
+		finish_landing(w);
+	}
+	return *w->rc;
+}
+
+int win_wait_first(struct win *w, int k)
+{
+	struct win_slot *s = &w->slot[k];
+	check_slot(w, k);
+	assert(s->state != SLOT_FREE);
+	while (s->state != SLOT_READY && !s->afirst) {
+		start_next(w);
+		if (w->queue[0] == k && s->split) {
+			for (int g = 0; g < w->ngg; g++)
+				wait_handle(w, &s->gh[g]);
+			s->afirst = true;
+			break;
+		}
 		finish_landing(w);
 	}
 	return *w->rc;
@@ -715,12 +790,13 @@ static int add_own(struct win *w, int g, int i, int l, float *base, int l0)
 }
 
 /* Adds group gg's received parts of layer l (packed in recv from roff
- * on, tensor by tensor) into the gradient shards; returns the offset
- * after them. */
-static size_t add_parts(struct win *w, const struct mesh_members *gg, int l, const float *recv, size_t roff)
+ * on, tensor by tensor: those of part, or all when part < 0) into the
+ * gradient shards; returns the offset after them. */
+static size_t add_parts(struct win *w, const struct mesh_members *gg, int l, int part, const float *recv,
+			size_t roff)
 {
 	for (int i = 0; i < w->n && !*w->rc; i++) {
-		if (!in_group(w, i, l, gg->axes, true))
+		if (!in_group(w, i, l, gg->axes, true) || !in_part(w, i, part))
 			continue;
 		size_t n = param_slice_numel(w->t[i].p);
 		float *dst = storage(w, w->grads, i, l);
@@ -771,7 +847,7 @@ static void scatter_nl_finish(struct win *w)
 	w->nscattering = false;
 	for (int g = 0; g < w->ngg; g++) {
 		wait_handle(w, &w->nsh[g]);
-		roff = add_parts(w, &w->gg[g], WIN_NONLAYER, w->pk[0].srecv, roff);
+		roff = add_parts(w, &w->gg[g], WIN_NONLAYER, -1, w->pk[0].srecv, roff);
 	}
 }
 
@@ -789,17 +865,18 @@ int win_scatter_finish(struct win *w)
 		wait_handle(w, &w->sh[g]);
 		for (int l = w->s0; l < w->s1; l++) {
 			if (!w->slisted[g]) {
-				roff = add_parts(w, gg, l, w->pk[layer].srecv, roff);
+				roff = add_parts(w, gg, l, w->spart, w->pk[layer].srecv, roff);
 				continue;
 			}
 			for (int i = 0; i < w->n && !*w->rc; i++)
-				if (in_group(w, i, l, gg->axes, true))
+				if (in_group(w, i, l, gg->axes, true) && in_part(w, i, w->spart))
 					*w->rc = add_own(w, g, i, l, w->gl[w->sgwin], w->s0);
 		}
 	}
-	if (w->sgwin >= 0)
+	if (w->sgwin >= 0 && !w->skeep)
 		w->gowner[w->sgwin] = -1;
-	w->sgwin = -1;
+	w->sgwin = w->spart = -1;
+	w->skeep = false;
 	/* the non-layer one beside went out after it */
 	scatter_nl_finish(w);
 	return *w->rc;
@@ -820,18 +897,24 @@ int win_scatter_start(struct win *w, int k)
 	win_scatter_finish(w);
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
-		size_t pack = pack_size(w, gg, s->l0, s->l1, true);
+		size_t pack = pack_part(w, gg, s->l0, s->l1, true, s->bsent ? 0 : -1);
 		int nrun;
 		w->slisted[g] = false;
 		if (!pack)
 			continue;
 		if (layer && c->start_reduce_scatter_v &&
-		    (nrun = list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1)) >= 0) {
+		    (nrun = list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1, s->bsent ? 0 : -1)) >= 0) {
 			/* in place over the rows of the gradient window */
 			w->slisted[g] = inplace = true;
 			*w->rc = c->start_reduce_scatter_v(c->ctx, gg->axes, w->run, nrun, w->counts,
 							   &w->sh[g]);
 			continue;
+		}
+		if (s->bsent) {  /* part B went out: only a list leaves it out */
+			if (c->err)
+				snprintf(c->err, c->errlen, "FSDP window: out of memory for the list of a reduce-scatter's rows");
+			*w->rc = -ENOMEM;
+			break;
 		}
 		if (layer && (*w->rc = layer_packs(w)))
 			break;
@@ -855,20 +938,76 @@ int win_scatter_start(struct win *w, int k)
 	w->scattering = true;
 	w->s0 = s->l0;
 	w->s1 = s->l1;
+	w->spart = s->bsent ? 0 : -1;
+	s->bsent = false;
 	return *w->rc;
+}
+
+int win_scatter_first(struct win *w, int k)
+{
+	const struct model_comm *c = w->comm;
+	struct win_slot *s = &w->slot[k];
+	bool any = false;
+	check_slot(w, k);
+	assert(s->state == SLOT_READY && !s->bsent);
+	if (!w->part || s->l0 == WIN_NONLAYER || !c || !c->start_reduce_scatter_v)
+		return *w->rc;
+	win_scatter_finish(w);
+	for (int g = 0; g < w->ngg && !*w->rc; g++) {
+		const struct mesh_members *gg = &w->gg[g];
+		int nrun;
+		w->slisted[g] = false;
+		if (!pack_part(w, gg, s->l0, s->l1, true, 1))
+			continue;
+		if ((nrun = list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1, 1)) < 0) {
+			if (c->err)
+				snprintf(c->err, c->errlen, "FSDP window: out of memory for the list of a reduce-scatter's rows");
+			*w->rc = -ENOMEM;
+			break;
+		}
+		w->slisted[g] = any = true;
+		*w->rc = c->start_reduce_scatter_v(c->ctx, gg->axes, w->run, nrun, w->counts, &w->sh[g]);
+	}
+	if (!any)
+		return *w->rc;
+	/* in place over part B's rows of the slot's gradient window, which
+	 * the slot keeps (part A's rows are still being written) */
+	s->bsent = true;
+	w->scattering = w->skeep = true;
+	w->sgwin = s->gwin;
+	w->spart = 1;
+	w->s0 = s->l0;
+	w->s1 = s->l1;
+	return *w->rc;
+}
+
+int win_set_parts(struct win *w, const signed char *part)
+{
+	free(w->part);
+	w->part = NULL;
+	if (!part)
+		return 0;
+	if (!(w->part = malloc((size_t)w->n)))
+		return -ENOMEM;
+	memcpy(w->part, part, (size_t)w->n);
+	return 0;
 }
 
 int win_end(struct win *w)
 {
 	for (int g = 0; g < w->ngg; g++) {
 		for (int k = 0; k < w->nslots; k++)
+		{
 			wait_handle(w, &w->slot[k].gh[g]);
+			wait_handle(w, &w->slot[k].ghb[g]);
+		}
 		wait_handle(w, &w->sh[g]);
 		wait_handle(w, &w->nsh[g]);
 	}
 	w->scattering = w->packing = w->nscattering = false;
 	w->gathers = 0;
-	w->nl_ready = w->sgwin = -1;
+	w->nl_ready = w->sgwin = w->spart = -1;
+	w->skeep = false;
 	w->qn = w->nfly = 0;
 	for (int j = 0; j <= w->lo.windows; j++)
 		w->owner[j] = w->gowner[j] = -1;
@@ -900,7 +1039,13 @@ float *win_block(struct win *w, bool grads, int i, int l)
 	}
 	for (int j = 0; j <= w->lo.windows; j++) {
 		int k = w->owner[j];
-		if (k >= 0 && w->slot[k].state == SLOT_READY && l >= w->slot[k].l0 && l < w->slot[k].l1)
+		if (k < 0 || l < w->slot[k].l0 || l >= w->slot[k].l1)
+			continue;
+		/* part B of a slot whose part A alone landed (win_wait_first):
+		 * the caller read it before waiting for it; wait now */
+		if (w->slot[k].afirst && (grads || w->part[i] != 0))
+			win_wait(w, k);
+		if (w->slot[k].state == SLOT_READY || w->slot[k].afirst)
 			return block(w, grads, i, l, k);
 	}
 	assert(!"no READY slot holds the layer");

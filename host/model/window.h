@@ -52,6 +52,14 @@
  * window is free again at once; one is in flight at a time (the next
  * start finishes it).
  *
+ * Two parts (win_set_parts, the trainer's fsdp_layer_parts): a layer
+ * group's in-place gather goes as two collectives a gather group, part
+ * A's tensors then part B's; win_wait_first waits for part A's alone
+ * (win_block then gives part A's weights, and waits for part B's itself
+ * if asked for them). win_scatter_first sends part B's gradients while
+ * the slot stays READY and keeps its gradient window (part A's rows are
+ * still written); the slot's win_scatter_start then sends part A's.
+ *
  * Errors: every call returns the step's error (0 or the first hook
  * error, a negative errno), which lives in the int given to win_begin;
  * once it is set no collective starts, but the states still move, so the
@@ -110,6 +118,14 @@ size_t win_packed_numel(const struct win *w);
 /* The slots a caller may number: 0 .. win_slots() - 1 (windows + 2). */
 int win_slots(const struct win *w);
 
+/* Cuts every layer group in two parts: part[i] (0: A, 1: B) for each
+ * tensor (copied), or NULL: whole (the default). A layer group's gather
+ * that goes in place then goes as two collectives a gather group, part
+ * A's first (win_wait_first), and its reduce-scatter may send part B
+ * first (win_scatter_first). Each element is summed over the same
+ * members in the same order either way: the same bits. Call between
+ * steps. 0 or -ENOMEM. */
+int win_set_parts(struct win *w, const signed char *part);
 /* Whether a gather of a layer group (layer) or of the non-layer group
  * moves any weights: some tensor of that kind is gathered. */
 bool win_moves(const struct win *w, bool layer);
@@ -122,6 +138,10 @@ int win_gather_start(struct win *w, int k, int l0, int l1);
  * places the weights in a free window: k is READY. Returns at once when
  * k is READY already (a schedule's second use of a slot). */
 int win_wait(struct win *w, int k);
+/* Two parts (win_set_parts): waits for slot k's part A only, when its
+ * gather went in two parts, else as win_wait. Then win_block gives part
+ * A's weights of k; win_wait(k) waits for part B. */
+int win_wait_first(struct win *w, int k);
 /* The caller is done with READY slot k's weights (a gather queued for
  * want of a free weight window may go out now). */
 void win_release(struct win *w, int k);
@@ -142,6 +162,13 @@ size_t win_copied(const struct win *w);
  * return (in place:
  * another one, holding anything: zero it before writing). */
 int win_scatter_start(struct win *w, int k);
+/* Two parts (win_set_parts): starts reduce-scattering part B of READY
+ * layer slot k's gradients (after finishing the one in flight), in
+ * place over its rows of the slot's gradient window, which the slot
+ * keeps: its part A gradients may still be written. The slot's
+ * win_scatter_start then sends part A only. Does nothing without parts,
+ * for the non-layer group, or when the comm has no list form. */
+int win_scatter_first(struct win *w, int k);
 /* Whether READY slot k's reduce-scatter would go out beside the one in
  * flight instead of after it: k is the non-layer group, the one in
  * flight a layer group's (the step's last two: layer 0's and the

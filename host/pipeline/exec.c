@@ -94,6 +94,11 @@ struct pipe_exec {
 	bool sleep;
 	struct pipe_costs sleep_s;   /* seconds */
 	int slept;                   /* this step's sleeps */
+	/* two parts a layer (pipe_exec_set_parts): the F or B running on one
+	 * layer, whose window slot the model's mid call waits for or
+	 * reduce-scatters part B of (slot -1: none) */
+	bool parts;
+	int mid_k, mid_op;
 	/* the table's leading gathers, started before the step
 	 * (pipe_exec_prefetch) */
 	int npre;
@@ -322,6 +327,42 @@ void pipe_exec_set_sleep(struct pipe_exec *x, const struct pipe_costs *c)
 	x->sleep_s = c ? *c : (struct pipe_costs){ 0 };
 }
 void pipe_exec_set_fill(struct pipe_exec *x, bool on) { x->fill = on; }
+
+/* Between a layer's attention and feed-forward blocks (model_set_parts):
+ * an F waits for part B's gather; a B sends part B's reduce-scatter
+ * (its weight gradients are written). A recomputed forward in a B, or a
+ * layer of an action that runs several, calls nothing. */
+static int exec_mid(void *ctx, int l, bool backward)
+{
+	struct pipe_exec *x = ctx;
+	struct win *w = model_window(x->m);
+	(void)l;
+	if (x->mid_k < 0)
+		return 0;
+	if (!backward && (x->mid_op == PA_F || x->mid_op == PA_FC))
+		return win_wait(w, x->mid_k);
+	if (backward && x->mid_op == PA_B)
+		return win_scatter_first(w, x->mid_k);
+	return 0;
+}
+
+int pipe_exec_set_parts(struct pipe_exec *x, bool on, char *err, size_t errlen)
+{
+	int rc;
+	x->mid_k = -1;
+	for (int k = 0; on && k < x->n; k++)
+		if (x->t.shape.stages > 1 || x->a[k].op == PA_I || x->a[k].op == PA_W) {
+			snprintf(err, errlen, "config: key 'fsdp_layer_parts' needs no pipeline: set "
+				 "'ici_pipeline_parallelism' and 'dcn_pipeline_parallelism' to 1");
+			return -EINVAL;
+		}
+	if ((rc = model_set_parts(x->m, on, exec_mid, x))) {
+		snprintf(err, errlen, "pipeline: out of memory");
+		return rc;
+	}
+	x->parts = on;
+	return 0;
+}
 int pipe_exec_fills(const struct pipe_exec *x) { return x->fills; }
 int pipe_exec_preposts(const struct pipe_exec *x) { return x->preposts; }
 int pipe_exec_prepost_depth(const struct pipe_exec *x) { return x->prepost_depth; }
@@ -648,24 +689,84 @@ static const int32_t *tokens(const struct pipe_exec *x, const int32_t *all, int 
  * are done (its window slots, the send from the buffer it writes), the
  * device sleeps its time, to an absolute deadline from that moment (a
  * signal or a late wake-up cannot shorten it). */
-static int synth(struct pipe_exec *x, const struct pipe_action *a)
+static double synth_s(const struct pipe_exec *x, const struct pipe_action *a)
 {
 	const struct pipe_costs *c = &x->sleep_s;
-	double s = a->op == PA_F || a->op == PA_FC ? c->f : a->op == PA_B ? c->b : a->op == PA_I ? c->i :
-		   a->op == PA_W ? c->w : a->op == PA_EMBED ? c->embed : a->op == PA_HEAD ? c->head :
-		   c->embed_back;
+	return a->op == PA_F || a->op == PA_FC ? c->f : a->op == PA_B ? c->b : a->op == PA_I ? c->i :
+	       a->op == PA_W ? c->w : a->op == PA_EMBED ? c->embed : a->op == PA_HEAD ? c->head :
+	       c->embed_back;
+}
+
+/* Sleeps to *d + s seconds (absolute; *d the deadline reached, after). */
+static int sleep_until(struct timespec *d, double s)
+{
+	int rc;
+	long long ns = d->tv_nsec + llround(s * 1e9);
+	d->tv_sec += (time_t)(ns / 1000000000);
+	d->tv_nsec = (long)(ns % 1000000000);
+	while ((rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, d, NULL)) == EINTR)
+		;
+	return -rc;
+}
+
+static int sleep_s(double s)
+{
 	struct timespec d;
-	int rc = 0;
-	x->slept++;
 	if (s <= 0)
 		return 0;
 	clock_gettime(CLOCK_MONOTONIC, &d);
-	long long ns = d.tv_nsec + llround(s * 1e9);
-	d.tv_sec += (time_t)(ns / 1000000000);
-	d.tv_nsec = (long)(ns % 1000000000);
-	while ((rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &d, NULL)) == EINTR)
-		;
-	return -rc;
+	return sleep_until(&d, s);
+}
+
+static int synth(struct pipe_exec *x, const struct pipe_action *a)
+{
+	x->slept++;
+	return sleep_s(synth_s(x, a));
+}
+
+/* Synthetic compute of an F or B of one layer in two parts: its time
+ * split as the layer's matmul FLOPs are (model_ffn_share), the first
+ * block's part, the mid call, the second's; with one wake-up's lateness,
+ * as the action in one sleep (the first part's is not added to the
+ * second's). */
+static int synth_parts(struct pipe_exec *x, const struct pipe_action *a, int l)
+{
+	double s = synth_s(x, a), b = model_ffn_share(x->m, l), first = a->op == PA_B ? b : 1 - b;
+	struct timespec d, t0, t1;
+	int rc;
+	x->slept++;
+	if (s <= 0)
+		return exec_mid(x, l, a->op == PA_B);
+	/* one sleep's wake-up, as the whole action's: the second part ends
+	 * s after the first began, plus what the mid call took (its waits) */
+	clock_gettime(CLOCK_MONOTONIC, &d);
+	if ((rc = sleep_until(&d, s * first)))
+		return rc;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if ((rc = exec_mid(x, l, a->op == PA_B)))
+		return rc;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return sleep_until(&d, s * (1 - first) + (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
+}
+
+/* Whether action a (on one layer, l0) runs in two parts: its slot k. */
+static bool in_parts(struct pipe_exec *x, const struct pipe_action *a, int l0, int l1, int k)
+{
+	x->mid_k = x->parts && l1 - l0 == 1 ? k : -1;
+	x->mid_op = a->op;
+	return x->mid_k >= 0;
+}
+
+/* An F or B in two parts (in_parts): sleeps or runs the model, then
+ * leaves slot k READY (a layer whose forward read no part B weight). */
+static int run_parts(struct pipe_exec *x, const struct pipe_action *a, int l0, int k, int rc)
+{
+	if (!rc && x->sleep)
+		rc = synth_parts(x, a, l0);
+	x->mid_k = -1;
+	if (!rc && a->op != PA_B)
+		rc = use_slot(x, k, false);
+	return rc;
 }
 
 /* The owner's embedding of mb, through the layers before the pipeline. */
@@ -744,6 +845,13 @@ static int run_forward(struct pipe_exec *x, const struct pipe_action *a)
 	chunk_layers(x, a->chunk, &l0, &l1);
 	model_count_experts(x->m, counting || !x->t.count_pass ? MODEL_COUNTS_ADD : MODEL_COUNTS_KEEP);
 	model_act_set(x->m, a->aset);
+	if (in_parts(x, a, l0, l1, WSLOT(a->slot))) {
+		/* part A's gather only: part B's is waited for between the blocks */
+		if ((a->buf[1] >= 0 && (rc = reuse(x, a->buf[1]))) ||
+		    (rc = win_wait_first(model_window(x->m), WSLOT(a->slot))) || x->sleep)
+			return run_parts(x, a, l0, WSLOT(a->slot), rc);
+		return run_parts(x, a, l0, WSLOT(a->slot), model_layers_forward(x->m, l0, l1, out, x->buf[a->buf[0]]));
+	}
 	if ((a->buf[1] >= 0 && (rc = reuse(x, a->buf[1]))) || (rc = use_slot(x, WSLOT(a->slot), false)))
 		return rc;
 	if (x->sleep)
@@ -771,6 +879,13 @@ static int run_backward(struct pipe_exec *x, const struct pipe_action *a)
 	if ((a->op == PA_I && (rc = reuse(x, a->buf[2]))) ||
 	    (!x->ahead && (rc = use_slot(x, WSLOT(a->slot), a->op != PA_I))))
 		return rc;
+	if (a->op == PA_B && in_parts(x, a, l0, l1, WSLOT(a->slot))) {
+		if (x->sleep)
+			return run_parts(x, a, l0, WSLOT(a->slot), 0);
+		if (x->t.shape.recompute && (rc = model_layers_forward(x->m, l0, l1, scratch(x, 0), in)))
+			return run_parts(x, a, l0, WSLOT(a->slot), rc);
+		return run_parts(x, a, l0, WSLOT(a->slot), model_layers_backward(x->m, l0, l1, g, in));
+	}
 	if (x->sleep)
 		return synth(x, a);
 	if (x->t.shape.recompute && a->op != PA_W &&

@@ -153,6 +153,14 @@ int pipe_exec_prefetch_drop(struct pipe_exec *x);
  * not move. on false, or a table without W's, or an io without probe:
  * table order. Default off. */
 void pipe_exec_set_fill(struct pipe_exec *x, bool on);
+/* fsdp_layer_parts: each F and B of one layer runs in two parts
+ * (model_set_parts): an F waits for the gather of its layer's attention
+ * block only, and for the feed-forward block's between the two; a B
+ * sends the feed-forward block's reduce-scatter between them, the
+ * attention block's at its RS as before. Not with a pipeline (or a
+ * table with I and W): -EINVAL with a one-line err naming the keys.
+ * Default off. */
+int pipe_exec_set_parts(struct pipe_exec *x, bool on, char *err, size_t errlen);
 /* W's the last step ran ahead of their place, in receive waits. */
 int pipe_exec_fills(const struct pipe_exec *x);
 /* Receives the last step posted ahead of their place (with a transport
