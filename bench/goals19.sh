@@ -14,8 +14,10 @@
 # bench/peers_summary.py --goals. Raw output: build/goals19.log.
 # MESHRUN_KEYS adds key=value settings to every meshrun run. AB_KEYS
 # runs meshrun a second time each round with those settings added (e.g.
-# AB_KEYS=tls_records=openssl) and prints a second summary for them, the
-# peers' runs and AES figure shared (raw: build/goals19-b.log).
+# AB_KEYS=tls_records=openssl; AB_KEYS=cpu_bind=none: agents bound, as
+# by default, against floating) and prints a second summary for them, the
+# peers' runs and AES figure shared (raw: build/goals19-b.log); the two
+# take turns running first, round by round.
 # Every meshrun run goes under `perf record -F 999` (cpu-clock, when perf
 # is there; CIPHER_SAMPLES=0 turns it off): its libcrypto samples give the
 # cipher's CPU as the run pays it ("# cipher-samples" lines), so the
@@ -74,9 +76,15 @@ for round in $(seq 1 "$rounds"); do
     echo "# aes-128-gcm $(openssl speed -seconds 1 -evp aes-128-gcm -bytes 16384 2>/dev/null |
       awk '/^AES-128-GCM/ {sub(/k$/, "", $2); print $2 * 1000 / 1e9}') GB/s"
   } > "$tmp/head"
-  meshrun_ops $keys > "$tmp/a" 2>&1
-  # AB_KEYS: meshrun once more with those settings too, in the same round
-  [ -z "$ab" ] || meshrun_ops $keys $ab > "$tmp/b" 2>&1
+  # AB_KEYS: meshrun once more with those settings too, in the same round,
+  # first in even rounds (so neither side always runs first)
+  if [ -n "$ab" ] && [ $((round % 2)) = 0 ]; then
+    meshrun_ops $keys $ab > "$tmp/b" 2>&1
+    meshrun_ops $keys > "$tmp/a" 2>&1
+  else
+    meshrun_ops $keys > "$tmp/a" 2>&1
+    [ -z "$ab" ] || meshrun_ops $keys $ab > "$tmp/b" 2>&1
+  fi
   {
     peers_mpi 2 "$big" "$small" 0
     peers_gloo 2 "$big" "$small" 0

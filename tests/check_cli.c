@@ -9,7 +9,8 @@
  * launcher's keys leave the disk once the agents have read them; meshrun
  * runs on the CPU's own OpenBLAS kernels where the library falls back;
  * device threads compute at device_nice and the threads that move bytes
- * do not; synthetic compute (pipeline_compute=sleep) prints no loss and
+ * do not; `local`'s agents each run on their own share of the CPUs
+ * (cpu_bind) unless it is off or they outnumber the CPUs; synthetic compute (pipeline_compute=sleep) prints no loss and
  * writes no checkpoint. */
 #include <check.h>
 #include <dirent.h>
@@ -19,6 +20,7 @@
 
 #include "host/cli/cli.h"
 #include "host/config/config.h"
+#include "host/launch/local.h"
 #include "host/util/threads.h"
 #include "tests/proc.h"
 
@@ -655,6 +657,161 @@ START_TEST(test_local_keys_leave_the_disk)
 }
 END_TEST
 
+/* ---- cpu_bind: each local agent on its own share of the CPUs ---- */
+
+/* A Cpus_allowed_list ("0-3,6") as a set; false if it does not parse. */
+static bool cpu_list(const char *s, cpu_set_t *set)
+{
+	CPU_ZERO(set);
+	while (*s && *s != '\n') {
+		char *end;
+		long a = strtol(s, &end, 10), b = a;
+		if (end == s)
+			return false;
+		if (*end == '-') {
+			s = end + 1;
+			b = strtol(s, &end, 10);
+			if (end == s)
+				return false;
+		}
+		for (long c = a; c <= b && c < CPU_SETSIZE; c++)
+			CPU_SET((int)c, set);
+		s = *end == ',' ? end + 1 : end;
+	}
+	return true;
+}
+
+/* The agents of local launcher `launcher` (its process group but not it):
+ * each one's host id (its --host-id), CPUs (/proc/PID/status) and whether
+ * its environment says MESHRUN_CPUS_SHARED=shared. Returns how many. */
+static int agent_cpus(pid_t launcher, int max, cpu_set_t *cpus, bool *env_ok, int shared)
+{
+	int n = 0;
+	DIR *d = opendir("/proc");
+	ck_assert_ptr_nonnull(d);
+	for (struct dirent *e; (e = readdir(d));) {
+		int pid = atoi(e->d_name);
+		if (pid <= 0 || pid == launcher || getpgid(pid) != launcher)
+			continue;
+		char path[64], buf[4096], want[48];
+		snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+		int fd = open(path, O_RDONLY);
+		ssize_t k = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+		if (fd >= 0)
+			close(fd);
+		if (k <= 0)
+			continue;
+		buf[k] = 0;
+		int id = -1;
+		for (char *a = buf; a < buf + k; a += strlen(a) + 1)
+			if (!strcmp(a, "--host-id") && a + strlen(a) + 1 < buf + k)
+				id = atoi(a + strlen(a) + 1);
+		if (id < 0 || id >= max)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/environ", pid);
+		fd = open(path, O_RDONLY);
+		k = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+		if (fd >= 0)
+			close(fd);
+		snprintf(want, sizeof(want), "MESHRUN_CPUS_SHARED=%d", shared);
+		env_ok[id] = false;
+		for (char *a = buf; k > 0 && a < buf + k; a += strlen(a) + 1)
+			env_ok[id] |= !strcmp(a, want);
+		snprintf(path, sizeof(path), "/proc/%d/status", pid);
+		FILE *f = fopen(path, "r");
+		ck_assert_ptr_nonnull(f);
+		bool got = false;
+		while (fgets(buf, sizeof(buf), f))
+			if (!strncmp(buf, "Cpus_allowed_list:", 18))
+				got = cpu_list(buf + 18 + strspn(buf + 18, " \t"), &cpus[id]);
+		fclose(f);
+		ck_assert_msg(got, "no Cpus_allowed_list for pid %d", pid);
+		n++;
+	}
+	closedir(d);
+	return n;
+}
+
+/* `local --hosts hosts` with cpu_bind=bind from a launcher that may use
+ * `all`: every agent on its share (the CPUs of `all` in order, cut in
+ * `hosts` runs of CPU_COUNT / hosts) when `bound`, else on all of them. */
+static void bind_case(int hosts, const char *bind, const cpu_set_t *all, bool bound)
+{
+	char nh[16], key[32], name[48];
+	snprintf(nh, sizeof(nh), "%d", hosts);
+	snprintf(key, sizeof(key), "cpu_bind=%s", bind);
+	/* a name of its own: the next run's output file is new, not this one's */
+	snprintf(name, sizeof(name), "bind-%d-%s", hosts, bind);
+	struct proc r;
+	proc_meshrun(&r, name, "local", "--hosts", nh, "--config", TINY, "steps=1000000",
+		     "openblas_threads=1", key, (char *)NULL);
+	ck_assert_msg(proc_wait_output(&r, "completed step: 1,", 60), "no step:\n%s", slurp(r.err));
+	cpu_set_t cpus[4];
+	bool env_ok[4] = { false };
+	int found = agent_cpus(r.pid, 4, cpus, env_ok, CPU_COUNT(all));
+	ck_assert_msg(found == hosts, "%d agents of %d found:\n%s", found, hosts, slurp(r.err));
+	int per = CPU_COUNT(all) / hosts;
+	for (int i = 0; i < hosts; i++) {
+		ck_assert_msg(env_ok[i], "host %d: no MESHRUN_CPUS_SHARED=%d", i, CPU_COUNT(all));
+		cpu_set_t want;
+		CPU_ZERO(&want);
+		for (int c = 0, seen = 0; bound && c < CPU_SETSIZE; c++)
+			if (CPU_ISSET(c, all) && seen++ / per == i)
+				CPU_SET(c, &want);
+		ck_assert_msg(CPU_EQUAL(&cpus[i], bound ? &want : all),
+			      "%s, %d agents on %d CPUs: host %d runs on %d CPUs, not the %d %s", key, hosts,
+			      CPU_COUNT(all), i, CPU_COUNT(&cpus[i]), bound ? per : CPU_COUNT(all),
+			      bound ? "of its share" : "of the launcher");
+	}
+	if (bound)
+		for (int i = 1; i < hosts; i++) {
+			cpu_set_t both;
+			CPU_AND(&both, &cpus[0], &cpus[i]);
+			ck_assert_int_eq(CPU_COUNT(&both), 0);
+		}
+	kill(-r.pid, SIGINT);
+	ck_assert_int_eq(proc_wait(&r, 10), EXIT_INTERRUPTED);
+}
+
+START_TEST(test_cpu_bind)
+{
+	char err[256];
+	static struct cfg c;
+	cfg_defaults(&c);
+	ck_assert_str_eq(c.cpu_bind, "auto");
+	ck_assert_int_eq(cfg_override(&c, "cpu_bind=all", err, sizeof err), 0);
+	ck_assert_int_ne(cfg_finish(&c, 1, 1, err, sizeof err), 0);
+	ck_assert_msg(strstr(err, "'cpu_bind'"), "%s", err);
+
+	/* the shares of a set with holes */
+	cpu_set_t set, share;
+	CPU_ZERO(&set);
+	static const int holes[] = { 0, 2, 4, 5, 7 };
+	for (int k = 0; k < 5; k++)
+		CPU_SET(holes[k], &set);
+	ck_assert_int_eq(local_cpu_share(&set, 2, 1, &share), 0);
+	ck_assert(CPU_ISSET(4, &share) && CPU_ISSET(5, &share) && CPU_COUNT(&share) == 2);
+	ck_assert_int_eq(local_cpu_share(&set, 6, 0, &share), -1);
+
+	/* through the launcher, from the CPUs this process may use */
+	cpu_set_t was, two;
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(was), &was), 0);
+	int n = CPU_COUNT(&was);
+	bind_case(2, "auto", &was, n >= 2);
+	bind_case(2, "none", &was, false);
+	/* more agents than CPUs: none bound (as mpirun); at most 3 agents */
+	CPU_ZERO(&two);
+	for (int cpu = 0, k = 0; cpu < CPU_SETSIZE && k < 2; cpu++)
+		if (CPU_ISSET(cpu, &was)) {
+			CPU_SET(cpu, &two);
+			k++;
+		}
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(two), &two), 0);
+	bind_case(CPU_COUNT(&two) + 1, "auto", &two, false);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(was), &was), 0);
+}
+END_TEST
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -677,6 +834,7 @@ int main(void)
 		{ "local keys", test_local_keys_leave_the_disk, 90 },
 		{ "blas kernels", test_blas_kernels, 60 },
 		{ "device nice", test_device_nice, 90 },
+		{ "cpu bind", test_cpu_bind, 90 },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		TCase *tc = tcase_create(cases[i].name);

@@ -16,6 +16,7 @@
 #include "host/cli/cli.h"
 #include "host/cli/cmds.h"
 #include "host/config/config.h"
+#include "host/launch/local.h"
 
 #define END_FLAGS { NULL, 0, NULL, 0, 0, NULL }
 
@@ -86,6 +87,8 @@ static int bench_check_config(const char *who, const struct args *a, struct mesh
 	int rc = cli_agent_check(a, m, NULL, &cfg, err, sizeof(err));
 	if (rc)
 		cli_error(who, "%s", err);
+	else
+		local_set_cpu_bind(strcmp(cfg.cpu_bind, "none") != 0);
 	return rc;
 }
 

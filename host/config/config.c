@@ -710,6 +710,11 @@ static int finish(struct cfg *c, int want_hosts, int want_devices, char *err, si
 			 c->max_send_bytes);
 		return -EINVAL;
 	}
+	if (strcmp(c->cpu_bind, "auto") && strcmp(c->cpu_bind, "none")) {
+		snprintf(err, errlen, "config: key 'cpu_bind' must be auto or none, got '%s'",
+			 c->cpu_bind);
+		return -EINVAL;
+	}
 	if (strcmp(c->tls_records, "own") && strcmp(c->tls_records, "openssl")) {
 		snprintf(err, errlen, "config: key 'tls_records' must be own or openssl, got '%s'",
 			 c->tls_records);

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -76,6 +77,8 @@ static void exec_child(const struct launch_child *c, const struct kid *k, pid_t 
 	if (c->status == LAUNCH_STATUS_FD)
 		fcntl(k->wr, F_SETFD, 0);
 	else if (c->status == LAUNCH_STATUS_STDERR && dup2(k->wr, 2) < 0)
+		_exit(127);
+	if (c->cpus && sched_setaffinity(0, sizeof(*c->cpus), c->cpus))
 		_exit(127);
 	execve(c->argv[0], c->argv, k->envp ? k->envp : c->envp);
 	_exit(127);

@@ -27,6 +27,7 @@
 #ifndef MESHRUN_LAUNCH_H
 #define MESHRUN_LAUNCH_H
 
+#include <sched.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -57,6 +58,9 @@ struct launch_child {
 	int fds[LAUNCH_MAX_FDS];       /* inherited by this child only */
 	int nfds;
 	enum launch_status status;     /* zero: none */
+	/* the CPUs the child may run on, set in it before exec (local.c's
+	 * cpu_bind); NULL: the launcher's own */
+	const cpu_set_t *cpus;
 };
 
 struct launch_opts {

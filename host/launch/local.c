@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,6 +153,47 @@ static int make_children(struct launch_child *k, int hosts, int argc, char **arg
 	return 0;
 }
 
+static bool cpu_bind = true;
+
+void local_set_cpu_bind(bool on)
+{
+	cpu_bind = on;
+}
+
+int local_cpu_share(const cpu_set_t *all, int k, int i, cpu_set_t *share)
+{
+	int n = CPU_COUNT(all);
+	if (k < 1 || i < 0 || i >= k || k > n)
+		return -1;
+	int per = n / k, seen = 0;
+	CPU_ZERO(share);
+	for (int c = 0; c < CPU_SETSIZE && seen < (i + 1) * per; c++)
+		if (CPU_ISSET(c, all)) {
+			if (seen >= i * per)
+				CPU_SET(c, share);
+			seen++;
+		}
+	return 0;
+}
+
+/* Binds child i to its share when cpu_bind and the count allow
+ * (local_set_cpu_bind); shares: room for `hosts`. Sets
+ * MESHRUN_CPUS_SHARED for the children either way. */
+static void bind_children(struct launch_child *k, int hosts, cpu_set_t *shares)
+{
+	cpu_set_t all;
+	char n[16];
+	if (sched_getaffinity(0, sizeof(all), &all))
+		return;
+	snprintf(n, sizeof(n), "%d", CPU_COUNT(&all));
+	setenv("MESHRUN_CPUS_SHARED", n, 1);
+	if (!cpu_bind || hosts < 2 || hosts > CPU_COUNT(&all))
+		return;
+	for (int i = 0; i < hosts; i++)
+		if (!local_cpu_share(&all, hosts, i, &shares[i]))
+			k[i].cpus = &shares[i];
+}
+
 /* Every agent has read its certificate and key: the job's keys leave
  * the disk (launch_opts.all_loaded). */
 static void certs_loaded(void *dir)
@@ -186,6 +228,15 @@ int local_launch(int hosts, int argc, char **argv, const struct launch_opts *o,
 		rc = -ENOMEM;
 		goto out;
 	}
+	cpu_set_t *shares = calloc((size_t)hosts, sizeof(*shares));
+	if (!shares) {
+		free(k);
+		snprintf(err, errlen, "out of memory");
+		rc = -ENOMEM;
+		goto out;
+	}
+	/* before the children's environments are made: MESHRUN_CPUS_SHARED */
+	bind_children(k, hosts, shares);
 	rc = make_children(k, hosts, argc, argv, dir, err, errlen);
 	if (rc) {
 		for (int i = 0; i < hosts; i++)
@@ -202,6 +253,7 @@ int local_launch(int hosts, int argc, char **argv, const struct launch_opts *o,
 		free_strv(k[i].envp);
 	}
 	free(k);
+	free(shares);
 out:
 	util_remove_flat_dir(dir);
 	return rc;

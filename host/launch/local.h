@@ -7,6 +7,8 @@
 #ifndef MESHRUN_LOCAL_H
 #define MESHRUN_LOCAL_H
 
+#include <sched.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "host/launch/launch.h"
@@ -16,7 +18,9 @@
 /* Starts `hosts` children named "host I", child I running
  *     <path of this binary> argv[0] ... argv[argc-1] --host-id I --hosts N
  *         certs_dir=<tmp> coordinator_address=127.0.0.1:<port>
- * with stdout/stderr inherited, MESHRUN_LOCAL_AGENTS=N and a status
+ * with stdout/stderr inherited, MESHRUN_LOCAL_AGENTS=N,
+ * MESHRUN_CPUS_SHARED (local_set_cpu_bind: each bound to its share of
+ * the CPUs, or not) and a status
  * channel (MESHRUN_STATUS_FD: host/launch/status.h), then supervises
  * them with launch_run (o: grace and report words). Returns launch_run's
  * result, or -EINVAL (hosts out of [1, LOCAL_MAX_HOSTS]) or another -errno
@@ -30,5 +34,21 @@
  * CA key); its agents die with it. */
 int local_launch(int hosts, int argc, char **argv, const struct launch_opts *o,
 		 struct launch_result *r, char *err, size_t errlen);
+
+/* cpu_bind (configs/base.yml; README "Threads and cores"): with it on
+ * (the default) and 2 <= hosts <= the CPUs this process may use
+ * (sched_getaffinity), local_launch binds child I to local_cpu_share's
+ * share I of them before it execs, as mpirun binds its ranks; more agents
+ * than CPUs, or it off: every child may run on all of them (mpirun too
+ * binds none when oversubscribed). Either way each child gets
+ * MESHRUN_CPUS_SHARED=<those CPUs' count> (util_cpus_shared). The
+ * launchers call this after their config check. */
+void local_set_cpu_bind(bool on);
+
+/* Share i (0-based) of `all` among k agents: the CPUs of `all` in
+ * number order cut into k runs of CPU_COUNT(all) / k, agent i the i-th
+ * (any CPUs left over are in no share). Returns 0, or -1 when k < 1,
+ * i is not in [0, k) or k exceeds CPU_COUNT(all). */
+int local_cpu_share(const cpu_set_t *all, int k, int i, cpu_set_t *share);
 
 #endif

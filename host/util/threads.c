@@ -43,10 +43,10 @@ int util_device_nice(const struct cfg *c)
 
 int util_blas_threads(const struct cfg *c, int devices_on_machine)
 {
-	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	int cores = util_cpus_shared();
 	int n = (int)c->openblas_threads;
 	if (n <= 0) {
-		n = (int)(cores / (devices_on_machine > 0 ? devices_on_machine : 1));
+		n = cores / (devices_on_machine > 0 ? devices_on_machine : 1);
 		if (n < 1)
 			n = 1;
 	}
@@ -54,16 +54,24 @@ int util_blas_threads(const struct cfg *c, int devices_on_machine)
 	return n;
 }
 
+int util_cpus_shared(void)
+{
+	const char *v = getenv("MESHRUN_CPUS_SHARED");
+	if (v && atoi(v) > 0)
+		return atoi(v);
+	cpu_set_t set;
+	if (!sched_getaffinity(0, sizeof(set), &set) && CPU_COUNT(&set) > 0)
+		return CPU_COUNT(&set);
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	return cores > 0 ? (int)cores : 1;
+}
+
 int util_load_threads(void)
 {
 	const char *v = getenv("MESHRUN_LOAD_THREADS");
 	if (v && atoi(v) > 0)
 		return atoi(v) > 64 ? 64 : atoi(v);
-	cpu_set_t set;
-	long cores = sysconf(_SC_NPROCESSORS_ONLN);
-	if (!sched_getaffinity(0, sizeof(set), &set) && CPU_COUNT(&set) > 0)
-		cores = CPU_COUNT(&set);
-	long n = cores / util_agents_on_machine();
+	long n = util_cpus_shared() / util_agents_on_machine();
 	return n < 1 ? 1 : n > 64 ? 64 : (int)n;
 }
 

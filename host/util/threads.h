@@ -8,7 +8,8 @@
 struct cfg;
 
 /* Sets OpenBLAS threads from openblas_threads or the rule
- * max(1, online cores / devices on this machine); returns the count. */
+ * max(1, util_cpus_shared() / devices on this machine) (bound by
+ * cpu_bind, an agent's own CPUs / its devices); returns the count. */
 int util_blas_threads(const struct cfg *c, int devices_on_machine);
 
 /* Raises the calling thread's nice value to c->device_nice (Linux:
@@ -29,10 +30,17 @@ int util_thread_nice(void);
  * (MESHRUN_LOCAL_AGENTS), else 1. */
 int util_agents_on_machine(void);
 
+/* The CPUs this machine's agents share: the count `meshrun local` passes
+ * its children (MESHRUN_CPUS_SHARED: the CPUs the launcher may use, which
+ * cpu_bind splits among them), else the CPUs this process may run on
+ * (sched_getaffinity). A bound agent's own CPUs are its share of these. */
+int util_cpus_shared(void);
+
 /* Threads a process reads a checkpoint with (host/ckpt/hf_load.c): the
  * host's devices load one after another, so the whole process's share
- * of the machine, max(1, cores it may run on / agents on the machine)
- * (at most 64); MESHRUN_LOAD_THREADS=N overrides. */
+ * of the machine, max(1, util_cpus_shared() / agents on the machine)
+ * (at most 64: a bound agent's own CPUs); MESHRUN_LOAD_THREADS=N
+ * overrides. */
 int util_load_threads(void);
 
 /* OpenBLAS picks its kernels when the library loads, before main. On a

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Issue 19: training on 2 hosts x 1 device (data=2, configs/llama-bench.yml,
+# one OpenBLAS thread a device, loopback TLS) with the agents bound
+# (cpu_bind=auto, the default) and floating (cpu_bind=none), the two
+# alternating, the order swapped each round; per variant the mean step
+# seconds (steps >= 1, host 0) of each round, comm_exposed_s and CPU s
+# per step (user+sys of the whole run / steps), then the median over the
+# rounds, with the load average. Also checks the two give the same loss_hex.
+# DPH=2: 2 hosts x 2 devices (data=4) instead.
+# ~30 s a run on an idle 2-vCPU machine.
+# usage: [DPH=1|2] bench/bind_train.sh [ROUNDS] [STEPS]
+set -eu
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+steps=${2:-6}
+make -s all
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+out=build/bind_train.log
+: > "$out"
+one() { # NAME ROUND KEY
+  /usr/bin/time -f "%U %S" -o "$tmp/$1.cpu" build/meshrun local --hosts 2 \
+    --devices-per-host "${DPH:-1}" --config configs/llama-bench.yml steps="$steps" openblas_threads=1 "$3" \
+    --metrics "$tmp/$1.$2.jsonl" > /dev/null 2>&1
+  /usr/bin/python3 - "$tmp/$1.$2.jsonl" "$tmp/$1.cpu" "$1" "$2" "$steps" <<'PY' | tee -a "$out"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+u, s = map(float, open(sys.argv[2]).read().split()[-2:])
+r = [o for o in rows if o["step"] >= 1]
+st = sum(o["step_time_s"] for o in r) / len(r)
+ce = sum(o["comm_exposed_s"] for o in r) / len(r)
+print(f"{sys.argv[3]} round {sys.argv[4]} step_s {st:.3f} comm_exposed_s {ce:.3f} "
+      f"cpu_s_per_step {(u + s) / int(sys.argv[5]):.3f} last_loss_hex {rows[-1]['loss_hex']}")
+PY
+}
+for round in $(seq 1 "$rounds"); do
+  echo "# round $round load $(cat /proc/loadavg)" | tee -a "$out"
+  if [ $((round % 2)) = 1 ]; then
+    one bound "$round" cpu_bind=auto; one unbound "$round" cpu_bind=none
+  else
+    one unbound "$round" cpu_bind=none; one bound "$round" cpu_bind=auto
+  fi
+done
+echo "# end load $(cat /proc/loadavg)" | tee -a "$out"
+/usr/bin/python3 - "$out" <<'PY'
+import statistics, sys
+v = {}
+hexes = set()
+for l in open(sys.argv[1]):
+    if l.startswith("#"):
+        continue
+    w = l.split()
+    v.setdefault(w[0], []).append((float(w[4]), float(w[6]), float(w[8])))
+    hexes.add(w[10])
+for n, rs in v.items():
+    print(f"{n:8s} median step_s {statistics.median(r[0] for r in rs):.3f} "
+          f"(low {min(r[0] for r in rs):.3f}, high {max(r[0] for r in rs):.3f}) "
+          f"comm_exposed_s {statistics.median(r[1] for r in rs):.3f} "
+          f"cpu_s_per_step {statistics.median(r[2] for r in rs):.3f}")
+print("last loss_hex the same in every run" if len(hexes) == 1 else f"last loss_hex differs: {hexes}")
+PY
