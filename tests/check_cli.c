@@ -732,19 +732,21 @@ static int agent_cpus(pid_t launcher, int max, cpu_set_t *cpus, bool *env_ok, in
 	return n;
 }
 
-/* `local --hosts hosts` with cpu_bind=bind from a launcher that may use
- * `all`: every agent on its share (the CPUs of `all` in order, cut in
- * `hosts` runs of CPU_COUNT / hosts) when `bound`, else on all of them. */
-static void bind_case(int hosts, const char *bind, const cpu_set_t *all, bool bound)
+/* `local --hosts hosts` with cpu_bind=bind and `devs` devices a host
+ * from a launcher that may use `all`: every agent on its share (the CPUs
+ * of `all` in order, cut in `hosts` runs of CPU_COUNT / hosts) when
+ * `bound`, else on all of them. */
+static void bind_case(int hosts, int devs, const char *bind, const cpu_set_t *all, bool bound)
 {
-	char nh[16], key[32], name[48];
+	char nh[16], key[32], name[48], dev[48];
 	snprintf(nh, sizeof(nh), "%d", hosts);
 	snprintf(key, sizeof(key), "cpu_bind=%s", bind);
+	snprintf(dev, sizeof(dev), "ici_data_parallelism=%d", devs);
 	/* a name of its own: the next run's output file is new, not this one's */
-	snprintf(name, sizeof(name), "bind-%d-%s", hosts, bind);
+	snprintf(name, sizeof(name), "bind-%d-%d-%s", hosts, devs, bind);
 	struct proc r;
 	proc_meshrun(&r, name, "local", "--hosts", nh, "--config", TINY, "steps=1000000",
-		     "openblas_threads=1", key, (char *)NULL);
+		     "openblas_threads=1", key, dev, (char *)NULL);
 	ck_assert_msg(proc_wait_output(&r, "completed step: 1,", 60), "no step:\n%s", slurp(r.err));
 	cpu_set_t cpus[4];
 	bool env_ok[4] = { false };
@@ -797,9 +799,10 @@ START_TEST(test_cpu_bind)
 	cpu_set_t was, two;
 	ck_assert_int_eq(sched_getaffinity(0, sizeof(was), &was), 0);
 	int n = CPU_COUNT(&was);
-	bind_case(2, "auto", &was, n >= 2);
-	bind_case(2, "none", &was, false);
-	/* more agents than CPUs: none bound (as mpirun); at most 3 agents */
+	bind_case(2, 1, "auto", &was, n >= 2);
+	bind_case(2, 1, "none", &was, false);
+	/* more agents than CPUs: none bound (as mpirun); at most 3 agents,
+	 * from a launcher that may use at most 2 CPUs */
 	CPU_ZERO(&two);
 	for (int cpu = 0, k = 0; cpu < CPU_SETSIZE && k < 2; cpu++)
 		if (CPU_ISSET(cpu, &was)) {
@@ -807,7 +810,9 @@ START_TEST(test_cpu_bind)
 			k++;
 		}
 	ck_assert_int_eq(sched_setaffinity(0, sizeof(two), &two), 0);
-	bind_case(CPU_COUNT(&two) + 1, "auto", &two, false);
+	bind_case(CPU_COUNT(&two) + 1, 1, "auto", &two, false);
+	/* more devices than CPUs (a device computes as a rank): none bound */
+	bind_case(2, 2, "auto", &two, false);
 	ck_assert_int_eq(sched_setaffinity(0, sizeof(was), &was), 0);
 }
 END_TEST

@@ -154,10 +154,12 @@ static int make_children(struct launch_child *k, int hosts, int argc, char **arg
 }
 
 static bool cpu_bind = true;
+static int cpu_bind_devices = 1;
 
-void local_set_cpu_bind(bool on)
+void local_set_cpu_bind(bool on, int devices_per_host)
 {
 	cpu_bind = on;
+	cpu_bind_devices = devices_per_host > 0 ? devices_per_host : 1;
 }
 
 int local_cpu_share(const cpu_set_t *all, int k, int i, cpu_set_t *share)
@@ -187,7 +189,8 @@ static void bind_children(struct launch_child *k, int hosts, cpu_set_t *shares)
 		return;
 	snprintf(n, sizeof(n), "%d", CPU_COUNT(&all));
 	setenv("MESHRUN_CPUS_SHARED", n, 1);
-	if (!cpu_bind || hosts < 2 || hosts > CPU_COUNT(&all))
+	/* a device is what mpirun calls a rank: each computes on a core */
+	if (!cpu_bind || hosts < 2 || (long)hosts * cpu_bind_devices > CPU_COUNT(&all))
 		return;
 	for (int i = 0; i < hosts; i++)
 		if (!local_cpu_share(&all, hosts, i, &shares[i]))

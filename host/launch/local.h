@@ -36,14 +36,15 @@ int local_launch(int hosts, int argc, char **argv, const struct launch_opts *o,
 		 struct launch_result *r, char *err, size_t errlen);
 
 /* cpu_bind (configs/base.yml; README "Threads and cores"): with it on
- * (the default) and 2 <= hosts <= the CPUs this process may use
- * (sched_getaffinity), local_launch binds child I to local_cpu_share's
- * share I of them before it execs, as mpirun binds its ranks; more agents
- * than CPUs, or it off: every child may run on all of them (mpirun too
- * binds none when oversubscribed). Either way each child gets
+ * (the default), hosts >= 2 and hosts x devices_per_host <= the CPUs
+ * this process may use (sched_getaffinity), local_launch binds child I to
+ * local_cpu_share's share I of them before it execs, as mpirun binds its
+ * ranks (a device computes as a rank does); more devices than CPUs, or it
+ * off: every child may run on all of them (mpirun too binds none when
+ * oversubscribed). Either way each child gets
  * MESHRUN_CPUS_SHARED=<those CPUs' count> (util_cpus_shared). The
  * launchers call this after their config check. */
-void local_set_cpu_bind(bool on);
+void local_set_cpu_bind(bool on, int devices_per_host);
 
 /* Share i (0-based) of `all` among k agents: the CPUs of `all` in
  * number order cut into k runs of CPU_COUNT(all) / k, agent i the i-th
