@@ -11,7 +11,6 @@
  * sleeps; a completion nobody sleeps on costs no system call. */
 #include "net/xport.h"
 #include "net/fsum.h"
-#include "proto/meshrun.pb-c.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -43,16 +42,6 @@ enum {
 /* the times of the request this thread's last xport_wait completed */
 static _Thread_local struct xtimes last_times;
 
-/* A waiter on a remote point-to-point receive of at least
- * XPORT_IDLE_MIN_BYTES waits on its link's socket (xport_remote_ops.idle)
- * this long before it parks, in turns of at most P2P_IDLE_TURN_NS (each
- * turn looks again at what waits to be written): it then reads and opens
- * the message itself when it comes, while its host's stream thread seals
- * the host's own sends, and needs no wake-up from a completer.
- * MESHRUN_P2P_IDLE_US overrides it (0: poll_spin_us, as other waits). */
-#define P2P_IDLE_NS (20ull * 1000 * 1000)
-#define P2P_IDLE_TURN_NS (1000ull * 1000)
-
 /* A sched_yield that takes longer than this ran another thread: if the
  * cores are all taken (cores_taken), a waiter stops polling (xport_wait). */
 #define YIELD_BUSY_NS (30ull * 1000)
@@ -72,8 +61,6 @@ struct xport {
 	pthread_mutex_t mu;
 	struct parker sleepers;  /* list head: threads asleep in xport_wait */
 	uint64_t spin_ns;        /* xport_set_poll_spin */
-	uint64_t p2p_idle_ns;    /* a large point-to-point receive's wait on its socket (P2P_IDLE_NS) */
-	size_t p2p_idle_min;     /* a point-to-point receive below this spins (XPORT_IDLE_MIN_BYTES) */
 	int ncores;              /* xport_set_cores */
 	int loadavg_fd;          /* /proc/loadavg, or -1: its runnable count */
 	atomic_bool stamps;      /* xport_set_stamps */
@@ -150,10 +137,6 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 	x->sleepers.next = x->sleepers.prev = &x->sleepers;
 	cpu_set_t cpus;
 	x->ncores = sched_getaffinity(0, sizeof(cpus), &cpus) ? 1 : CPU_COUNT(&cpus);
-	const char *pi = getenv("MESHRUN_P2P_IDLE_US");
-	x->p2p_idle_ns = pi && *pi ? strtoull(pi, NULL, 10) * 1000ull : P2P_IDLE_NS;
-	const char *pm = getenv("MESHRUN_P2P_IDLE_MIN");
-	x->p2p_idle_min = pm && *pm ? strtoull(pm, NULL, 10) : XPORT_IDLE_MIN_BYTES;
 	x->loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
 	pthread_mutex_init(&x->mu, NULL);
 	return x;
@@ -762,11 +745,6 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 	bool poll = deadline_ns && x->spin_ns && x->ops.poll && is_remote(r);
 	bool polling = false;
 	uint64_t spin_end = 0;
-	/* a large point-to-point receive waits on its socket longer */
-	bool p2p = r->kind == XREQ_RECV && r->meta.op == MESHRUN__COLL_OP__COLL_P2P;
-	size_t idle_min = p2p ? x->p2p_idle_min : XPORT_IDLE_MIN_BYTES;
-	bool p2p_idle = poll && x->ops.idle && p2p && r->len >= idle_min && x->p2p_idle_ns > x->spin_ns;
-	uint64_t window = p2p_idle ? x->p2p_idle_ns : x->spin_ns;
 
 	if (deadline_ns && x->ops.flush)
 		x->ops.flush(x->ops_ctx);
@@ -790,24 +768,21 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 		}
 		if (poll) {
 			if (!polling)
-				spin_end = now + window;
+				spin_end = now + x->spin_ns;
 			if (now < spin_end) {
 				bool first = !polling;
 				polling = true;
 				/* bounded by spin_ns without progress: while bytes
 				 * move, the waiter keeps reading them itself */
 				if (x->ops.poll(x->ops_ctx, r, first)) {
-					uint64_t e = xport_now_ns() + x->spin_ns;
-					if (e > spin_end)
-						spin_end = e;
+					spin_end = xport_now_ns() + x->spin_ns;
 					continue;
 				}
 				/* a large message: wait on the link's socket in
 				 * the kernel for the rest of the spin (no CPU
 				 * spent, still no hand-off to another thread) */
-				if (x->ops.idle && r->len >= idle_min &&
-				    x->ops.idle(x->ops_ctx, r, p2p_idle && spin_end - now > P2P_IDLE_TURN_NS ?
-								   P2P_IDLE_TURN_NS : spin_end - now))
+				if (x->ops.idle && r->len >= XPORT_IDLE_MIN_BYTES &&
+				    x->ops.idle(x->ops_ctx, r, spin_end - now))
 					continue;
 				/* a yield that gave the core away (another thread
 				 * ran) while the machine has more runnable threads
