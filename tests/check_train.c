@@ -628,8 +628,11 @@ static void first_gather_in_update(const char *mesh, int ndev, const char *extra
 						      "gathers in the update", d, s, inside[d][s]);
 					continue;
 				}
-				ck_assert_msg(inside[d][s] == 3, "device %d step %d: %d gathers queued in the update, "
-					      "not 3 (the non-layer group, layers 0 and 1)", d, s, inside[d][s]);
+				/* fsdp_layer_parts (auto, the default): a layer's gather in two */
+				int want = strstr(extra, "fsdp_layer_parts=false") ? 3 : 5;
+				ck_assert_msg(inside[d][s] == want, "device %d step %d: %d gathers queued in the update, "
+					      "not %d (the non-layer group, layers 0 and 1%s)", d, s, inside[d][s], want,
+					      want == 5 ? ", two parts each" : "");
 				ck_assert_msg(!after || later[d][s] >= 1, "device %d step %d: no %s after the first "
 					      "gather was queued", d, s, after);
 			}
@@ -642,6 +645,8 @@ static void first_gather_in_update(const char *mesh, int ndev, const char *extra
 START_TEST(test_fsdp_first_gather_started_by_update)
 {
 	first_gather_in_update(FSDP2, 2, "", NULL, false);
+	/* whole layers: one gather a layer */
+	first_gather_in_update(FSDP2, 2, "fsdp_layer_parts=false", NULL, false);
 }
 END_TEST
 
@@ -717,7 +722,8 @@ static const struct span *dev_span(const struct spans *t, int d, int s, const ch
 	return NULL;
 }
 
-/* fsdp_layer_parts (issue 20): layer 0's feed-forward block's
+/* fsdp_layer_parts (issue 20), auto (the default) against false: layer
+ * 0's feed-forward block's
  * reduce-scatter is queued inside layer 0's backward (after its first
  * tenth: not the previous layer's, queued by the action before), and
  * its gather waited for inside layer 0's forward, after its start (the
@@ -727,11 +733,11 @@ static const struct span *dev_span(const struct spans *t, int d, int s, const ch
 START_TEST(test_fsdp_layer_parts)
 {
 	char args[512], on[10][40], off[10][40];
-	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 fsdp_layer_parts=true "
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 "
 		 "--trace %s/p.json --metrics %s/p.jsonl", FSDP2, tmpdir, tmpdir);
 	show_log_on_failure(run(args), 0);
-	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 --metrics %s/o.jsonl", FSDP2,
-		 tmpdir);
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 fsdp_layer_parts=false "
+		 "--metrics %s/o.jsonl", FSDP2, tmpdir);
 	show_log_on_failure(run(args), 0);
 	ck_assert_int_eq(loss_hexes("p.jsonl", on, 10), 3);
 	ck_assert_int_eq(loss_hexes("o.jsonl", off, 10), 3);
@@ -873,6 +879,15 @@ START_TEST(test_unsupported_axis_refused)
 	log = read_tmp("log.out");
 	ck_assert_msg(rc == 3 && strstr(log, "tensor 'wk'") && strstr(log, "'base_num_kv_heads'") &&
 		      strstr(log, "1 heads of 32") && strstr(log, "axes tensor"),
+		      "exit %d: %s", rc, log);
+	free(log);
+	/* fsdp_layer_parts=true asks for two parts a layer: not with a
+	 * pipeline (auto, the default, leaves a pipeline's layers whole) */
+	rc = run("local --hosts 1 --devices-per-host 2 --config configs/llama-tiny.yml "
+		 "ici_data_parallelism=1 ici_pipeline_parallelism=2 fsdp_layer_parts=true steps=2");
+	log = read_tmp("log.out");
+	ck_assert_msg(rc == 3 && strstr(log, "'fsdp_layer_parts' needs no pipeline") &&
+		      strstr(log, "'ici_pipeline_parallelism'"),
 		      "exit %d: %s", rc, log);
 	free(log);
 	rc = run("train --config configs/llama-tiny.yml dataset_path=/nonexistent/text steps=1");

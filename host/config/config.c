@@ -710,6 +710,12 @@ static int finish(struct cfg *c, int want_hosts, int want_devices, char *err, si
 			 c->max_send_bytes);
 		return -EINVAL;
 	}
+	if (strcmp(c->fsdp_layer_parts, "auto") && strcmp(c->fsdp_layer_parts, "true") &&
+	    strcmp(c->fsdp_layer_parts, "false")) {
+		snprintf(err, errlen, "config: key 'fsdp_layer_parts' must be auto, true or false, got '%s'",
+			 c->fsdp_layer_parts);
+		return -EINVAL;
+	}
 	if (strcmp(c->cpu_bind, "auto") && strcmp(c->cpu_bind, "none")) {
 		snprintf(err, errlen, "config: key 'cpu_bind' must be auto or none, got '%s'",
 			 c->cpu_bind);

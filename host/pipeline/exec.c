@@ -346,16 +346,20 @@ static int exec_mid(void *ctx, int l, bool backward)
 	return 0;
 }
 
-int pipe_exec_set_parts(struct pipe_exec *x, bool on, char *err, size_t errlen)
+int pipe_exec_set_parts(struct pipe_exec *x, enum pipe_parts mode, char *err, size_t errlen)
 {
 	int rc;
+	bool fits = x->t.shape.stages == 1, on;
 	x->mid_k = -1;
-	for (int k = 0; on && k < x->n; k++)
-		if (x->t.shape.stages > 1 || x->a[k].op == PA_I || x->a[k].op == PA_W) {
-			snprintf(err, errlen, "config: key 'fsdp_layer_parts' needs no pipeline: set "
-				 "'ici_pipeline_parallelism' and 'dcn_pipeline_parallelism' to 1");
-			return -EINVAL;
-		}
+	for (int k = 0; k < x->n; k++)
+		fits &= x->a[k].op != PA_I && x->a[k].op != PA_W;
+	if (mode == PIPE_PARTS_ON && !fits) {
+		snprintf(err, errlen, "config: key 'fsdp_layer_parts' needs no pipeline: set "
+			 "'ici_pipeline_parallelism' and 'dcn_pipeline_parallelism' to 1");
+		return -EINVAL;
+	}
+	/* auto: where it applies, an FSDP window that gathers layers */
+	on = mode == PIPE_PARTS_ON || (mode == PIPE_PARTS_AUTO && fits && win_moves(model_window(x->m), true));
 	if ((rc = model_set_parts(x->m, on, exec_mid, x))) {
 		snprintf(err, errlen, "pipeline: out of memory");
 		return rc;

@@ -157,10 +157,13 @@ void pipe_exec_set_fill(struct pipe_exec *x, bool on);
  * (model_set_parts): an F waits for the gather of its layer's attention
  * block only, and for the feed-forward block's between the two; a B
  * sends the feed-forward block's reduce-scatter between them, the
- * attention block's at its RS as before. Not with a pipeline (or a
- * table with I and W): -EINVAL with a one-line err naming the keys.
- * Default off. */
-int pipe_exec_set_parts(struct pipe_exec *x, bool on, char *err, size_t errlen);
+ * attention block's at its RS as before. PIPE_PARTS_ON: not with a
+ * pipeline (or a table with I and W): -EINVAL with a one-line err naming
+ * the keys; PIPE_PARTS_AUTO (the default): on where it applies, a table
+ * without a pipeline or I and W whose window gathers layers (FSDP),
+ * else off. */
+enum pipe_parts { PIPE_PARTS_OFF, PIPE_PARTS_ON, PIPE_PARTS_AUTO };
+int pipe_exec_set_parts(struct pipe_exec *x, enum pipe_parts mode, char *err, size_t errlen);
 /* W's the last step ran ahead of their place, in receive waits. */
 int pipe_exec_fills(const struct pipe_exec *x);
 /* Receives the last step posted ahead of their place (with a transport

@@ -80,7 +80,10 @@ static int pipe_open(struct trainer *t, const struct cfg *c, const struct model_
 	if ((rc = pipe_exec_new(&t->px, &tab, stage, pc.first_layer, dev, t->model, mb, err, errlen)))
 		return rc;
 	pipe_exec_set_fill(t->px, c->pipeline_fill_waits);
-	if ((rc = pipe_exec_set_parts(t->px, c->fsdp_layer_parts, err, errlen)))
+	enum pipe_parts parts = !strcmp(c->fsdp_layer_parts, "true")	 ? PIPE_PARTS_ON :
+				!strcmp(c->fsdp_layer_parts, "false") ? PIPE_PARTS_OFF :
+									  PIPE_PARTS_AUTO;
+	if ((rc = pipe_exec_set_parts(t->px, parts, err, errlen)))
 		return rc;
 	struct pipe_costs sl;
 	if ((rc = pipe_config_sleep(c, &sl, err, errlen)) < 0)
