@@ -255,6 +255,14 @@ static void both(void *(*fn)(void *))
 		pthread_join(th[i], NULL);
 }
 
+/* Device me's gradient of element i: (me + 1) (i mod 7), so the sum
+ * over the two devices is 3 (i mod 7) (check_sums). */
+static void fill_grads(float *g, size_t n, int me)
+{
+	for (size_t i = 0; i < n; i++)
+		g[i] = (float)(me + 1) * (float)(i % 7);
+}
+
 /* The index of parameter name in m. */
 static const struct param_info *param(struct model *m, const char *name)
 {
@@ -272,6 +280,17 @@ static const struct param_info *param_id(const struct model *m, int id)
 /* ---- gathers ---- */
 
 static int rc_of[2];
+
+/* both(fn) with every collective start and wait noted in pair.order;
+ * each device's rc must be 0 */
+static void both_noted(void *(*fn)(void *))
+{
+	note_waits = true;
+	both(fn);
+	note_waits = false;
+	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+}
+
 static size_t listed_copies[2];
 
 static void *gather_layers(void *arg)
@@ -401,8 +420,7 @@ static void *scatter_layer(void *arg)
 	/* device r's gradient of every element of layer 0's wq: r + 1 */
 	const struct param_info *pw = param(whole, "wq");
 	float *g = win_block(w, true, P_WQ, 0);
-	for (size_t i = 0; i < pw->numel / 3; i++)
-		g[i] = (float)(d->me + 1) * (float)(i % 7);
+	fill_grads(g, pw->numel / 3, d->me);
 	size_t c0 = win_copied(w);
 	rc_of[d->me] |= win_scatter_start(w, 1);
 	/* the slot's gradients are free at once: written before the
@@ -497,10 +515,8 @@ static void *scatter_beside(void *arg)
 	 * embedding: (r + 1) (i mod 7) */
 	const struct param_info *pw = param(whole, "wq"), *pe = param(whole, "embed");
 	float *g = win_block(w, true, P_WQ, 0), *ge = win_block(w, true, P_EMBED, 0);
-	for (size_t i = 0; i < pw->numel / 3; i++)
-		g[i] = (float)(d->me + 1) * (float)(i % 7);
-	for (size_t i = 0; i < pe->numel; i++)
-		ge[i] = (float)(d->me + 1) * (float)(i % 7);
+	fill_grads(g, pw->numel / 3, d->me);
+	fill_grads(ge, pe->numel, d->me);
 	rc_of[d->me] |= win_scatter_start(w, 1);
 	ck_assert(win_scatter_beside(w, 0));
 	ck_assert(!win_scatter_beside(w, 1));
@@ -532,10 +548,7 @@ static void check_sums(const char *name, int r)
 
 START_TEST(test_scatter_nonlayer_beside)
 {
-	note_waits = true;
-	both(scatter_beside);
-	note_waits = false;
-	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+	both_noted(scatter_beside);
 	/* the non-layer reduce-scatter ('p') right after layer 0's ('w'),
 	 * no wait ('x') between them: two waits after both */
 	ck_assert_msg(strstr(pair.order, "wpxx") != NULL, "order %s", pair.order);
@@ -574,12 +587,10 @@ static void *parts_layer(void *arg)
 			  pg->numel / 3 * sizeof(float)));
 	win_zero_grads(w, 1);
 	float *g = win_block(w, true, P_W_GATE, 0);
-	for (size_t i = 0; i < pg->numel / 3; i++)
-		g[i] = (float)(d->me + 1) * (float)(i % 7);
+	fill_grads(g, pg->numel / 3, d->me);
 	rc_of[d->me] |= win_scatter_first(w, 1);
 	g = win_block(w, true, P_WQ, 0);
-	for (size_t i = 0; i < pq->numel / 3; i++)
-		g[i] = (float)(d->me + 1) * (float)(i % 7);
+	fill_grads(g, pq->numel / 3, d->me);
 	rc_of[d->me] |= win_scatter_start(w, 1);
 	rc_of[d->me] |= win_scatter_finish(w);
 	win_release(w, 1);
@@ -589,10 +600,7 @@ static void *parts_layer(void *arg)
 
 START_TEST(test_parts)
 {
-	note_waits = true;
-	both(parts_layer);
-	note_waits = false;
-	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+	both_noted(parts_layer);
 	/* two gathers (A, B), part B's reduce-scatter, its wait at part A's
 	 * start, part A's and its wait */
 	ck_assert_str_eq(pair.order, "vvwxwx");
