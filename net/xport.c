@@ -135,13 +135,8 @@ struct xport *xport_new(int host_id, int ndev_total, const int *dev_host,
 		x->ops = *ops;
 	x->ops_ctx = ops_ctx;
 	x->sleepers.next = x->sleepers.prev = &x->sleepers;
-	/* cores_taken compares the machine's runnable threads with the CPUs
-	 * the machine's agents share: `meshrun local` passes their count
-	 * (its cpu_bind leaves each agent only its share); else ours */
 	cpu_set_t cpus;
-	const char *shared = getenv("MESHRUN_CPUS_SHARED");
-	x->ncores = shared && atoi(shared) > 0 ? atoi(shared)
-		  : sched_getaffinity(0, sizeof(cpus), &cpus) ? 1 : CPU_COUNT(&cpus);
+	x->ncores = sched_getaffinity(0, sizeof(cpus), &cpus) ? 1 : CPU_COUNT(&cpus);
 	x->loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
 	pthread_mutex_init(&x->mu, NULL);
 	return x;

@@ -211,8 +211,10 @@ void xport_set_stamps(struct xport *x, bool on);
  * sleeps at once. */
 void xport_set_poll_spin(struct xport *x, uint64_t spin_ns);
 /* The cores this host's threads may use (default: the creating thread's
- * affinity). A waiter whose yield ran another thread stops polling only if
- * the machine has more runnable threads than this; tests set it. */
+ * affinity; the agent sets the CPUs the machine's agents share, which a
+ * bound agent's affinity is only its share of). A waiter whose yield ran
+ * another thread stops polling only if the machine has more runnable
+ * threads than this; tests set it. */
 void xport_set_cores(struct xport *x, int ncores);
 
 /* Waits until req completes or deadline_ns (CLOCK_MONOTONIC; 0 = no wait,

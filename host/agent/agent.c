@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "host/launch/status.h"
+#include "host/util/threads.h"
 #include "net/conn.h"
 #include "net/net.h"
 
@@ -200,6 +201,9 @@ static struct xport *agent_xport(struct agent *a, const int *dev_host)
 	xport_set_eager(x, (size_t)cfg->eager_max_bytes, 8 * (size_t)cfg->eager_max_bytes);
 	/* a waiting device thread reads its link itself before it sleeps */
 	xport_set_poll_spin(x, multi ? (uint64_t)cfg->poll_spin_us * 1000 : 0);
+	/* /proc/loadavg counts the machine's threads: compare them with the
+	 * CPUs the machine's agents share, not a bound agent's own share */
+	xport_set_cores(x, util_cpus_shared());
 	net_set_xport(a->net, x);
 	return x;
 }
