@@ -761,8 +761,10 @@ static bool in_parts(struct pipe_exec *x, const struct pipe_action *a, int l0, i
 	return x->mid_k >= 0;
 }
 
-/* An F or B in two parts (in_parts): sleeps or runs the model, then
- * leaves slot k READY (a layer whose forward read no part B weight). */
+/* The end of an F or B in two parts (in_parts), rc its waits' and the
+ * model's result (the model has run unless in sleep mode): sleep mode
+ * sleeps the two parts here; then slot k is left READY (a layer whose
+ * forward read no part B weight). */
 static int run_parts(struct pipe_exec *x, const struct pipe_action *a, int l0, int k, int rc)
 {
 	if (!rc && x->sleep)
@@ -851,10 +853,12 @@ static int run_forward(struct pipe_exec *x, const struct pipe_action *a)
 	model_act_set(x->m, a->aset);
 	if (in_parts(x, a, l0, l1, WSLOT(a->slot))) {
 		/* part A's gather only: part B's is waited for between the blocks */
-		if ((a->buf[1] >= 0 && (rc = reuse(x, a->buf[1]))) ||
-		    (rc = win_wait_first(model_window(x->m), WSLOT(a->slot))) || x->sleep)
-			return run_parts(x, a, l0, WSLOT(a->slot), rc);
-		return run_parts(x, a, l0, WSLOT(a->slot), model_layers_forward(x->m, l0, l1, out, x->buf[a->buf[0]]));
+		rc = a->buf[1] >= 0 ? reuse(x, a->buf[1]) : 0;
+		if (!rc)
+			rc = win_wait_first(model_window(x->m), WSLOT(a->slot));
+		if (!rc && !x->sleep)
+			rc = model_layers_forward(x->m, l0, l1, out, x->buf[a->buf[0]]);
+		return run_parts(x, a, l0, WSLOT(a->slot), rc);
 	}
 	if ((a->buf[1] >= 0 && (rc = reuse(x, a->buf[1]))) || (rc = use_slot(x, WSLOT(a->slot), false)))
 		return rc;
@@ -884,11 +888,11 @@ static int run_backward(struct pipe_exec *x, const struct pipe_action *a)
 	    (!x->ahead && (rc = use_slot(x, WSLOT(a->slot), a->op != PA_I))))
 		return rc;
 	if (a->op == PA_B && in_parts(x, a, l0, l1, WSLOT(a->slot))) {
-		if (x->sleep)
-			return run_parts(x, a, l0, WSLOT(a->slot), 0);
-		if (x->t.shape.recompute && (rc = model_layers_forward(x->m, l0, l1, scratch(x, 0), in)))
-			return run_parts(x, a, l0, WSLOT(a->slot), rc);
-		return run_parts(x, a, l0, WSLOT(a->slot), model_layers_backward(x->m, l0, l1, g, in));
+		if (!x->sleep && x->t.shape.recompute)
+			rc = model_layers_forward(x->m, l0, l1, scratch(x, 0), in);
+		if (!x->sleep && !rc)
+			rc = model_layers_backward(x->m, l0, l1, g, in);
+		return run_parts(x, a, l0, WSLOT(a->slot), rc);
 	}
 	if (x->sleep)
 		return synth(x, a);
