@@ -539,6 +539,15 @@ static bool in_place(const struct win *w, int k)
 	return w->comm && w->comm->start_all_gather_v && (w->slot[k].l0 != WIN_NONLAYER || w->nl_ready < 0);
 }
 
+/* A list of a collective's rows (a "gather" or "reduce-scatter")
+ * could not be made: the step's error, said in the comm's err. */
+static void list_oom(struct win *w, const char *what)
+{
+	if (w->comm->err)
+		snprintf(w->comm->err, w->comm->errlen, "FSDP window: out of memory for the list of a %s's rows", what);
+	*w->rc = -ENOMEM;
+}
+
 /* Sends layer slot k's gather in place in two parts (win_set_parts),
  * part A's gather groups, then part B's: two collectives a gather group. */
 static void send_split(struct win *w, int k, int win)
@@ -554,9 +563,7 @@ static void send_split(struct win *w, int k, int win)
 				continue;
 			s->listed[g] = true;
 			if ((nrun = list_make(w, g, w->wl[win], false, s->l0, s->l1, p)) < 0) {
-				if (c->err)
-					snprintf(c->err, c->errlen, "FSDP window: out of memory for the list of a gather's rows");
-				*w->rc = -ENOMEM;
+				list_oom(w, "gather");
 				return;
 			}
 			place_own(w, g, k, p);
@@ -600,9 +607,7 @@ static void send_gather(struct win *w, int k, int win)
 		 * flight goes in place only (start_next), unless its list
 		 * could not be made */
 		if (busy) {
-			if (c->err)
-				snprintf(c->err, c->errlen, "FSDP window: out of memory for the list of a gather's rows");
-			*w->rc = -ENOMEM;
+			list_oom(w, "gather");
 			break;
 		}
 		if (layer && (*w->rc = layer_packs(w)))
@@ -882,6 +887,20 @@ int win_scatter_finish(struct win *w)
 	return *w->rc;
 }
 
+/* Starts gather group g's reduce-scatter of slot s's part (< 0: the
+ * whole group) in place over the rows of the slot's gradient window;
+ * false, and nothing started, when the list cannot be made. */
+static bool scatter_listed(struct win *w, int g, const struct win_slot *s, int part)
+{
+	const struct model_comm *c = w->comm;
+	int nrun = list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1, part);
+	if (nrun < 0)
+		return false;
+	w->slisted[g] = true;
+	*w->rc = c->start_reduce_scatter_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts, &w->sh[g]);
+	return true;
+}
+
 int win_scatter_start(struct win *w, int k)
 {
 	const struct model_comm *c = w->comm;
@@ -898,22 +917,15 @@ int win_scatter_start(struct win *w, int k)
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_part(w, gg, s->l0, s->l1, true, s->bsent ? 0 : -1);
-		int nrun;
 		w->slisted[g] = false;
 		if (!pack)
 			continue;
-		if (layer && c->start_reduce_scatter_v &&
-		    (nrun = list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1, s->bsent ? 0 : -1)) >= 0) {
-			/* in place over the rows of the gradient window */
-			w->slisted[g] = inplace = true;
-			*w->rc = c->start_reduce_scatter_v(c->ctx, gg->axes, w->run, nrun, w->counts,
-							   &w->sh[g]);
+		if (layer && c->start_reduce_scatter_v && scatter_listed(w, g, s, s->bsent ? 0 : -1)) {
+			inplace = true;
 			continue;
 		}
 		if (s->bsent) {  /* part B went out: only a list leaves it out */
-			if (c->err)
-				snprintf(c->err, c->errlen, "FSDP window: out of memory for the list of a reduce-scatter's rows");
-			*w->rc = -ENOMEM;
+			list_oom(w, "reduce-scatter");
 			break;
 		}
 		if (layer && (*w->rc = layer_packs(w)))
@@ -954,19 +966,14 @@ int win_scatter_first(struct win *w, int k)
 		return *w->rc;
 	win_scatter_finish(w);
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
-		const struct mesh_members *gg = &w->gg[g];
-		int nrun;
 		w->slisted[g] = false;
-		if (!pack_part(w, gg, s->l0, s->l1, true, 1))
+		if (!pack_part(w, &w->gg[g], s->l0, s->l1, true, 1))
 			continue;
-		if ((nrun = list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1, 1)) < 0) {
-			if (c->err)
-				snprintf(c->err, c->errlen, "FSDP window: out of memory for the list of a reduce-scatter's rows");
-			*w->rc = -ENOMEM;
+		if (!scatter_listed(w, g, s, 1)) {
+			list_oom(w, "reduce-scatter");
 			break;
 		}
-		w->slisted[g] = any = true;
-		*w->rc = c->start_reduce_scatter_v(c->ctx, gg->axes, w->run, nrun, w->counts, &w->sh[g]);
+		any = true;
 	}
 	if (!any)
 		return *w->rc;
@@ -996,8 +1003,7 @@ int win_set_parts(struct win *w, const signed char *part)
 int win_end(struct win *w)
 {
 	for (int g = 0; g < w->ngg; g++) {
-		for (int k = 0; k < w->nslots; k++)
-		{
+		for (int k = 0; k < w->nslots; k++) {
 			wait_handle(w, &w->slot[k].gh[g]);
 			wait_handle(w, &w->slot[k].ghb[g]);
 		}
