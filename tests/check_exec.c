@@ -19,7 +19,8 @@
  * simulator's makespan at the sleeps' times (its critical path: no
  * executor beats it, so a mode that skipped sleeps fails), runs each of
  * the table's compute actions once (its counts by kind), each at least
- * its sleep long, and computes no loss. */
+ * its sleep long (also when each sleep's end is spun, or all of it:
+ * MESHRUN_SYNTH_SPIN_US), and computes no loss. */
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -742,7 +743,7 @@ END_TEST
 
 /* Synthetic compute, every schedule, dense at S 2 and 4 with recompute
  * on and off, MoE at S 2 (its counting pass and count sum): the checks
- * of sleep_check. */
+ * of sleep_check; and dense at S 2 with each sleep spun whole. */
 START_TEST(test_sleep)
 {
 	struct result r;
@@ -753,6 +754,12 @@ START_TEST(test_sleep)
 				free(r.g);
 			}
 		pipelined_fill(&r, true, 2, scheds[k], false, SLEEP);
+		free(r.g);
+		/* every sleep spun whole (its spun end longer than it): still
+		 * no action ends before its time */
+		setenv("MESHRUN_SYNTH_SPIN_US", "5000", 1);
+		pipelined_fill(&r, false, 2, scheds[k], false, SLEEP);
+		unsetenv("MESHRUN_SYNTH_SPIN_US");
 		free(r.g);
 	}
 }

@@ -31,6 +31,9 @@
 #include "host/model/window.h"
 #include "host/util/clock.h"
 
+/* the last part of a synthetic sleep the device thread spins through */
+#define PIPE_SYNTH_SPIN_US 100
+
 /* receives posted ahead at most (the transport keeps as many); landing
  * buffers for those whose table buffer is still in use: pipe_landing_bufs
  * (host/pipeline/schedule.h) */
@@ -701,16 +704,17 @@ static double synth_s(const struct pipe_exec *x, const struct pipe_action *a)
 	       c->embed_back;
 }
 
+/* The device thread's spun end of each sleep, set with its timer slack
+ * (pipe_exec_step): a sleep ends on time, as compute does. */
+static _Thread_local uint64_t spin_ns;
+
 /* Sleeps to *d + s seconds (absolute; *d the deadline reached, after). */
 static int sleep_until(struct timespec *d, double s)
 {
-	int rc;
 	long long ns = d->tv_nsec + llround(s * 1e9);
 	d->tv_sec += (time_t)(ns / 1000000000);
 	d->tv_nsec = (long)(ns % 1000000000);
-	while ((rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, d, NULL)) == EINTR)
-		;
-	return -rc;
+	return util_sleep_until_ns((uint64_t)d->tv_sec * 1000000000u + (uint64_t)d->tv_nsec, spin_ns);
 }
 
 static int sleep_s(double s)
@@ -1130,7 +1134,11 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	x->ntimes = 0;
 	x->slept = 0;
 	/* synthetic compute: the device thread's sleeps end at their
-	 * deadline, not up to the default 50 us timer slack after it */
+	 * deadline, not up to the default 50 us timer slack after it, nor
+	 * a wake-up after it (the spun end; MESHRUN_SYNTH_SPIN_US=n spins
+	 * n us instead, 0 none: to measure against) */
+	const char *sp = getenv("MESHRUN_SYNTH_SPIN_US");
+	spin_ns = 1000u * (uint64_t)(sp && *sp ? atoi(sp) : PIPE_SYNTH_SPIN_US);
 	if (x->sleep)
 		prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 	for (int b = 0; b < x->t.bufs[x->stage]; b++)

@@ -1,6 +1,7 @@
 /* See host/util/clock.h. */
 #include "host/util/clock.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -18,6 +19,18 @@ uint64_t util_now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int util_sleep_until_ns(uint64_t end_ns, uint64_t spin_ns)
+{
+	uint64_t w = end_ns > spin_ns ? end_ns - spin_ns : 0;
+	struct timespec ts = { .tv_sec = (time_t)(w / 1000000000u), .tv_nsec = (long)(w % 1000000000u) };
+	int rc;
+	while ((rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL)) == EINTR)
+		;
+	while (!rc && util_now_ns() < end_ns)
+		;
+	return -rc;
 }
 
 double util_cpu_us(void)

@@ -12,6 +12,13 @@ uint64_t util_now_ns(void);
 /* User + system CPU time of this process (all threads), microseconds. */
 double util_cpu_us(void);
 
+/* Sleeps to end_ns on CLOCK_MONOTONIC (absolute: a signal cannot
+ * shorten it), its last spin_ns spinning on the clock instead: a
+ * sleeping thread wakes some tens of microseconds late (the timer's
+ * interrupt, the wake-up; docs/pipeline.md, "Synthetic compute"), a
+ * spinning one ends on time. 0 or -errno. */
+int util_sleep_until_ns(uint64_t end_ns, uint64_t spin_ns);
+
 /* CPU time of the calling thread, seconds. */
 double util_thread_cpu_s(void);
 
