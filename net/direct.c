@@ -7,8 +7,7 @@
  * thread that holds the lock or the link's stream thread (net/link.h).
  * A point-to-point send above p2p_handoff_bytes is only queued: the
  * stream thread seals and writes it while the device thread goes on
- * (its buffer stays the caller's until the send completes, as always),
- * unless its caller will wait anyway (xmeta.now).
+ * (its buffer stays the caller's until the send completes, as always).
  * Calls recv.c, send.c, link.c and status.c in net/. */
 #include <errno.h>
 #include <stdio.h>
@@ -135,7 +134,7 @@ static void op_send_ready(void *ctx, struct xreq *r)
 		return;
 	}
 	if (n->p2p_handoff && r->len > n->p2p_handoff && r->meta.op == MESHRUN__COLL_OP__COLL_P2P &&
-	    !r->meta.now && l->state == LS_UP) {
+	    l->state == LS_UP) {
 		link_arm_write(l);      /* link_unlock arms the stream thread */
 		atomic_fetch_add_explicit(&n->handoffs, 1, memory_order_relaxed);
 	} else {

@@ -43,8 +43,6 @@ struct xmeta {
 	uint64_t step;    /* training step, for error messages */
 	uint32_t chunk;   /* < 65536, unique within (src, dst, group, seq) */
 	uint64_t offset;  /* byte offset within the collective's buffer (info) */
-	bool now;         /* a send: written by the calling thread, never handed
-			   * off (p2p_handoff_bytes; net/direct.c) */
 };
 
 static inline uint64_t xmeta_tag(const struct xmeta *m)

@@ -87,9 +87,8 @@ static void log_io(struct stage_ctx *c, char op, int dev)
 	c->io_op[c->nio++] = op;
 }
 
-static int mb_send(void *ctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes, bool now)
+static int mb_send(void *ctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes)
 {
-	(void)now;
 	struct stage_ctx *c = ctx;
 	struct mailbox *b = c->mb;
 	log_io(c, 's', dev);

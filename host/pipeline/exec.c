@@ -97,7 +97,6 @@ struct pipe_exec {
 	bool sleep;
 	struct pipe_costs sleep_s;   /* seconds */
 	int slept;                   /* this step's sleeps */
-	bool direct;                 /* a send the device would wait after anyway goes now (waits_next) */
 	/* two parts a layer (pipe_exec_set_parts): the F or B running on one
 	 * layer, whose window slot the model's mid call waits for or
 	 * reduce-scatters part B of (slot -1: none) */
@@ -398,28 +397,6 @@ static int reuse(struct pipe_exec *x, int b)
 	return x->io->wait_send(x->io->ctx, dev, ps->kind, ps->idx);
 }
 
-/* Whether the device would wait after the send at k anyway: the gap's
- * next receive or compute is a receive, posted ahead, that has not
- * arrived (a probe of a posted receive only tests it). Then the send is
- * better written from this thread than handed to the link's stream
- * thread, whose wake-up the message would wait for (pipe_p2p.send's now). */
-static bool compute_op(int op);
-
-static bool waits_next(struct pipe_exec *x, int k)
-{
-	int j = k + 1;
-	while (j < x->n && x->a[j].op != PA_RECV && !compute_op(x->a[j].op))
-		j++;
-	if (j == x->n || x->a[j].op != PA_RECV || !x->posted[j] || !x->io->probe)
-		return false;
-	const struct pipe_action *r = &x->a[j];
-	uint32_t kind, idx;
-	int l = x->land_of[j];
-	pipe_val_msg(&x->t, &r->val, &kind, &idx);
-	return x->io->probe(x->io->ctx, x->stage_dev[r->peer], kind, idx,
-			    l >= 0 ? x->land[l] : x->buf[r->buf[0]], sizeof(float) * x->nf, PIPE_RR_NOW) == 0;
-}
-
 static int run_send(struct pipe_exec *x, const struct pipe_action *a)
 {
 	uint32_t kind, idx;
@@ -428,8 +405,7 @@ static int run_send(struct pipe_exec *x, const struct pipe_action *a)
 	if (x->sent[b].dev >= 0 && (rc = reuse(x, b)))  /* one send in flight a buffer */
 		return rc;
 	x->sent[b] = (struct pipe_sent){ .dev = x->stage_dev[a->peer], .kind = kind, .idx = idx };
-	return x->io->send(x->io->ctx, x->stage_dev[a->peer], kind, idx, x->buf[b], sizeof(float) * x->nf,
-			   x->direct && waits_next(x, (int)(a - x->a)));
+	return x->io->send(x->io->ctx, x->stage_dev[a->peer], kind, idx, x->buf[b], sizeof(float) * x->nf);
 }
 
 /* A receive posted into a landing buffer lands there, which then takes
@@ -1181,10 +1157,6 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	 * none write it from the device thread; to measure against) */
 	x->hold = !env_zero("MESHRUN_PIPE_RR_HOLD");
 	x->later = !env_zero("MESHRUN_PIPE_RR_LATER");
-	/* (MESHRUN_PIPE_DIRECT=1: a send the device would wait after goes
-	 * from this thread, waits_next; to measure against) */
-	const char *pd = getenv("MESHRUN_PIPE_DIRECT");
-	x->direct = pd && *pd && atoi(pd);
 	const char *pl = getenv("MESHRUN_PIPE_LANDING");
 	x->nland = pl && *pl ? atoi(pl) : x->land_max;
 	x->nland = x->nland < 0 ? 0 : x->nland > x->land_max ? x->land_max : x->nland;

@@ -49,12 +49,9 @@ enum { PIPE_RR_NOW, PIPE_RR_RIDE, PIPE_RR_LATER };
  * waited: wait_send or flush); recv waits for the message; wait_send
  * waits for the one send named (dev, kind, idx) of this step (0 at once
  * if it was waited already); flush waits for every send started. Each
- * returns 0 or -errno (the caller keeps the message). send's now: the
- * device would wait after it anyway (its next receive has not arrived),
- * so the transport writes it from the calling thread rather than handing
- * it to a thread of its own (a hint; either way the message goes). */
+ * returns 0 or -errno (the caller keeps the message). */
 struct pipe_p2p {
-	int (*send)(void *ctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes, bool now);
+	int (*send)(void *ctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes);
 	int (*recv)(void *ctx, int dev, uint32_t kind, uint32_t idx, void *buf, size_t bytes);
 	int (*wait_send)(void *ctx, int dev, uint32_t kind, uint32_t idx);
 	int (*flush)(void *ctx);

@@ -54,12 +54,10 @@ static void p2p_flight(struct job_ctx *c, bool send, uint32_t kind, uint32_t idx
 	trace_flight(c->tr, P2P_LANE, name, t.net_ns * 1e-9, t.done_ns * 1e-9);
 }
 
-static int job_p2p_send(void *vctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes,
-			bool now)
+static int job_p2p_send(void *vctx, int dev, uint32_t kind, uint32_t idx, const void *buf, size_t bytes)
 {
 	struct job_ctx *c = vctx;
 	struct xmeta m = p2p_meta(c, kind, idx);
-	m.now = now;
 	struct xreq *r;
 	if (c->nsends == c->capsends) {
 		int cap = c->capsends ? 2 * c->capsends : 64;
