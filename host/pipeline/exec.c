@@ -576,26 +576,40 @@ static int leading(const struct pipe_exec *x)
 
 int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int max)
 {
+	return pipe_exec_first_reads_by(x, l0, l1, NULL, max);
+}
+
+int pipe_exec_first_reads_by(const struct pipe_exec *x, int *l0, int *l1, int *by, int max)
+{
 	int n = 0, a[2], b[2];
 	for (int k = 0; k < leading(x); k++)
 		for (int i = 0, c = reads(x, &x->a[k], a, b); i < c; i++, n++)
 			if (n < max) {
 				l0[n] = a[i];
 				l1[n] = b[i];
+				if (by)
+					by[n] = k;
 			}
 	return n;
 }
 
 int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm)
 {
+	return pipe_exec_prefetch_upto(x, comm, leading(x));
+}
+
+int pipe_exec_prefetch_upto(struct pipe_exec *x, const struct model_comm *comm, int upto)
+{
 	struct win *w = model_window(x->m);
-	int n = leading(x), rc = 0;
-	if (x->npre || !n || !w || (!win_moves(w, false) && !win_moves(w, true)))
+	int n = leading(x) < upto ? leading(x) : upto, rc = 0;
+	if (x->npre >= n || !w || (!win_moves(w, false) && !win_moves(w, true)))
 		return 0;
-	x->pre_rc = 0;
-	win_begin(w, comm, &x->pre_rc);
+	if (!x->npre) {
+		x->pre_rc = 0;
+		win_begin(w, comm, &x->pre_rc);
+	}
 	/* each waits for what it reads as in the step (ZeRO-1's gathers) */
-	for (int k = 0; k < n && !rc; k++)
+	for (int k = x->npre; k < n && !rc; k++)
 		if (!(rc = before_action(x, &x->a[k])))
 			rc = run_weights(x, &x->a[k]);
 	x->npre = n;
