@@ -99,6 +99,8 @@ struct pipe_exec {
 	 * reduce-scatters part B of (slot -1: none) */
 	bool parts;
 	int mid_k, mid_op;
+	int last_b;                  /* the table's last B (a[]), or -1 */
+	bool mid_last, mid_sent;     /* the B running is it; it sent a part */
 	/* the table's leading gathers, started before the step
 	 * (pipe_exec_prefetch) */
 	int npre;
@@ -328,21 +330,31 @@ void pipe_exec_set_sleep(struct pipe_exec *x, const struct pipe_costs *c)
 }
 void pipe_exec_set_fill(struct pipe_exec *x, bool on) { x->fill = on; }
 
-/* Between a layer's attention and feed-forward blocks (model_set_parts):
- * an F waits for part B's gather; a B sends part B's reduce-scatter
- * (its weight gradients are written). A recomputed forward in a B, or a
- * layer of an action that runs several, calls nothing. */
-static int exec_mid(void *ctx, int l, bool backward)
+/* Inside a layer's F or B in parts (model_set_parts): an F waits for
+ * the gather of parts (up to the highest: between the blocks, the
+ * feed-forward block's); a B sends the reduce-scatter of parts (their
+ * weight gradients are written): at its first call (the feed-forward
+ * block's), and at the later ones (attention parts) only in the table's
+ * last B, whose reduce-scatters no compute follows (another's go at its
+ * RS, under the next B, without the risk of waiting inside it for the
+ * one in flight). A recomputed forward in a B, or a layer of an action
+ * that runs several, calls nothing. */
+static int exec_mid(void *ctx, int l, bool backward, unsigned parts)
 {
 	struct pipe_exec *x = ctx;
 	struct win *w = model_window(x->m);
+	int top = 0;
 	(void)l;
-	if (x->mid_k < 0)
+	if (x->mid_k < 0 || !parts)
 		return 0;
+	while (parts >> (top + 1))
+		top++;
 	if (!backward && (x->mid_op == PA_F || x->mid_op == PA_FC))
-		return win_wait(w, x->mid_k);
-	if (backward && x->mid_op == PA_B)
-		return win_scatter_first(w, x->mid_k);
+		return win_wait_part(w, x->mid_k, top);
+	if (backward && x->mid_op == PA_B && (x->mid_last || !x->mid_sent)) {
+		x->mid_sent = true;
+		return win_scatter_parts(w, x->mid_k, parts);
+	}
 	return 0;
 }
 
@@ -350,7 +362,10 @@ int pipe_exec_set_parts(struct pipe_exec *x, enum pipe_parts mode, char *err, si
 {
 	int rc;
 	bool fits = x->t.shape.stages == 1, on;
-	x->mid_k = -1;
+	x->mid_k = x->last_b = -1;
+	for (int k = 0; k < x->n; k++)
+		if (x->a[k].op == PA_B)
+			x->last_b = k;
 	for (int k = 0; k < x->n; k++)
 		fits &= x->a[k].op != PA_I && x->a[k].op != PA_W;
 	if (mode == PIPE_PARTS_ON && !fits) {
@@ -742,29 +757,39 @@ static int synth(struct pipe_exec *x, const struct pipe_action *a)
 	return sleep_s(synth_s(x, a));
 }
 
-/* Synthetic compute of an F or B of one layer in two parts: its time
- * split as the layer's matmul FLOPs are (model_ffn_share), the first
- * block's part, the mid call, the second's; with one wake-up's lateness,
- * as the action in one sleep (the first part's is not added to the
- * second's). */
+/* Synthetic compute of an F or B of one layer in parts: its time split
+ * as the layer's matmul FLOPs are (model_part_steps), each step's sleep
+ * then its mid call, as the model makes them; with one wake-up's
+ * lateness, as the action in one sleep (a step's is not added to the
+ * next's). */
 static int synth_parts(struct pipe_exec *x, const struct pipe_action *a, int l)
 {
-	double s = synth_s(x, a), b = model_ffn_share(x->m, l), first = a->op == PA_B ? b : 1 - b;
+	double s = synth_s(x, a), share[MODEL_PART_STEPS], late = 0;
+	unsigned mask[MODEL_PART_STEPS];
+	bool bw = a->op == PA_B;
+	int n = model_part_steps(x->m, l, bw, share, mask), rc = 0;
 	struct timespec d, t0, t1;
-	int rc;
 	x->slept++;
-	if (s <= 0)
-		return exec_mid(x, l, a->op == PA_B);
-	/* one sleep's wake-up, as the whole action's: the second part ends
-	 * s after the first began, plus what the mid call took (its waits) */
+	if (s <= 0) {
+		for (int j = 0; j < n && !rc; j++)
+			rc = exec_mid(x, l, bw, mask[j]);
+		return rc;
+	}
+	/* one sleep's wake-up, as the whole action's: step j ends s x its
+	 * share after step j - 1, plus what the mid call between took (its
+	 * waits) */
 	clock_gettime(CLOCK_MONOTONIC, &d);
-	if ((rc = sleep_until(&d, s * first)))
-		return rc;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if ((rc = exec_mid(x, l, a->op == PA_B)))
-		return rc;
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	return sleep_until(&d, s * (1 - first) + (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
+	for (int j = 0; j < n && !rc; j++) {
+		rc = sleep_until(&d, s * share[j] + late);
+		late = 0;
+		if (rc || !mask[j])
+			continue;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		rc = exec_mid(x, l, bw, mask[j]);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		late = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	}
+	return rc;
 }
 
 /* Whether action a (on one layer, l0) runs in two parts: its slot k. */
@@ -772,6 +797,8 @@ static bool in_parts(struct pipe_exec *x, const struct pipe_action *a, int l0, i
 {
 	x->mid_k = x->parts && l1 - l0 == 1 ? k : -1;
 	x->mid_op = a->op;
+	x->mid_last = x->last_b >= 0 && a == &x->a[x->last_b];
+	x->mid_sent = false;
 	return x->mid_k >= 0;
 }
 
