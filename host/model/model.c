@@ -585,21 +585,25 @@ static bool fine_parts(const struct model *m)
 int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool backward, unsigned parts),
 		    void *ctx)
 {
-	signed char part[P_COUNT];
+	signed char part[P_COUNT], part0[P_COUNT];
 	bool fine = fine_parts(m);
 	int ffn = fine ? 4 : 1;
 	for (int id = 0; id < P_COUNT; id++)
 		part[id] = id >= P_MLP_NORM && id < P_FINAL_NORM ? ffn : 0;
+	/* only layer 0's: the step's first forward and last backward, the
+	 * boundary; the other layers' attention blocks move as one part,
+	 * under compute either way (each part is a collective more) */
+	memcpy(part0, part, sizeof(part));
 	if (fine) {
-		part[P_WK] = 1;
-		part[P_WV] = 2;
-		part[P_WO] = 3;
+		part0[P_WK] = 1;
+		part0[P_WV] = 2;
+		part0[P_WO] = 3;
 	}
 	m->mid = on ? mid : NULL;
 	m->mid_ctx = on ? ctx : NULL;
 	m->part_ffn = 1u << ffn;
 	m->part_att = fine ? 1u << 3 | 1u << 0 | 1u << 1 : 0;
-	return m->win ? win_set_parts(m->win, on ? part : NULL) : 0;
+	return m->win ? win_set_parts(m->win, on ? part : NULL, part0) : 0;
 }
 
 int model_part_steps(const struct model *m, int l, bool backward, double *share, unsigned *mask)
@@ -607,7 +611,7 @@ int model_part_steps(const struct model *m, int l, bool backward, double *share,
 	const struct model_dims *d = &m->l;
 	double b = model_ffn_share(m, l), C = d->C, T = d->T;
 	double q = C * d->Hq * d->D, k = C * d->Hkv * d->D, core = T * d->Hq * d->D, att = 2 * q + 2 * k + core;
-	if (!m->part_att) {  /* two: the blocks */
+	if (!m->part_att || l != 0) {  /* two: the blocks */
 		share[0] = backward ? b : 1 - b;
 		share[1] = 1 - share[0];
 		mask[0] = m->part_ffn;

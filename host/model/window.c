@@ -104,10 +104,11 @@ struct win {
 	const struct model_comm *comm;
 	int *rc;
 	/* win_set_parts: each tensor's part (0 .. nparts - 1), or NULL:
-	 * whole; the parts of the reduce-scatter in flight (a mask), and
+	 * whole, and in layer 0 (part0); the parts of the reduce-scatter in
+	 * flight (a mask), and
 	 * whether it keeps the slot's gradient window (parts sent ahead: the
 	 * slot still writes the other parts' rows of it) */
-	signed char *part;
+	signed char *part, *part0;
 	int nparts;
 	unsigned spart;
 	bool skeep;
@@ -135,10 +136,16 @@ static bool in_group(const struct win *w, int i, int l, uint32_t axes, bool grad
 	return l < 0 ? !x->p->stacked : x->p->stacked && slice_of(w, i, l) >= 0;
 }
 
-/* Is tensor i in one of the parts of mask? */
-static bool in_part(const struct win *w, int i, unsigned mask)
+/* Tensor i's part in layer l (win_set_parts: layer 0's may differ). */
+static int part_of(const struct win *w, int i, int l)
 {
-	return !w->part || (mask >> w->part[i] & 1u);
+	return (l == 0 ? w->part0 : w->part)[i];
+}
+
+/* Is tensor i of layer l in one of the parts of mask? */
+static bool in_part(const struct win *w, int i, int l, unsigned mask)
+{
+	return !w->part || (mask >> part_of(w, i, l) & 1u);
 }
 
 /* Tensor i's storage slice for layer l in buf (params or grads). */
@@ -174,7 +181,7 @@ static size_t pack_part(const struct win *w, const struct mesh_members *gg, int 
 	size_t pack = 0;
 	for (int l = l0; l < l1; l++)
 		for (int i = 0; i < w->n; i++)
-			if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, part))
+			if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, l, part))
 				pack += param_slice_numel(w->t[i].p);
 	return pack;
 }
@@ -487,7 +494,7 @@ static int list_make(struct win *w, int g, float *base, bool grads, int l0, int 
 			before += w->run[j].n;
 		for (int l = l0; l < l1; l++)
 			for (int i = 0; i < w->n; i++)
-				if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, part) &&
+				if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, l, part) &&
 				    !block_runs(w, gg, r, i, block_in(w, base, grads, i, l, l0), &nrun))
 					return -1;
 		size_t all = 0;
@@ -506,7 +513,7 @@ static void place_own(struct win *w, int g, int k, unsigned part)
 	const struct win_slot *s = &w->slot[k];
 	for (int l = s->l0; l < s->l1; l++)
 		for (int i = 0; i < w->n; i++) {
-			if (!in_group(w, i, l, gg->axes, false) || !in_part(w, i, part))
+			if (!in_group(w, i, l, gg->axes, false) || !in_part(w, i, l, part))
 				continue;
 			const struct param_info *p = w->t[i].p;
 			int o[SHARD_MAX_DIMS], s0 = p->stacked ? 1 : 0;
@@ -812,7 +819,7 @@ static size_t add_parts(struct win *w, const struct mesh_members *gg, int l, int
 			size_t roff)
 {
 	for (int i = 0; i < w->n && !*w->rc; i++) {
-		if (!in_group(w, i, l, gg->axes, true) || !in_part(w, i, part))
+		if (!in_group(w, i, l, gg->axes, true) || !in_part(w, i, l, part))
 			continue;
 		size_t n = param_slice_numel(w->t[i].p);
 		float *dst = storage(w, w->grads, i, l);
@@ -885,7 +892,7 @@ int win_scatter_finish(struct win *w)
 				continue;
 			}
 			for (int i = 0; i < w->n && !*w->rc; i++)
-				if (in_group(w, i, l, gg->axes, true) && in_part(w, i, w->spart))
+				if (in_group(w, i, l, gg->axes, true) && in_part(w, i, l, w->spart))
 					*w->rc = add_own(w, g, i, l, w->gl[w->sgwin], w->s0);
 		}
 	}
@@ -1007,19 +1014,21 @@ int win_scatter_parts(struct win *w, int k, unsigned parts)
 	return *w->rc;
 }
 
-int win_set_parts(struct win *w, const signed char *part)
+int win_set_parts(struct win *w, const signed char *part, const signed char *part0)
 {
 	free(w->part);
-	w->part = NULL;
+	w->part = w->part0 = NULL;
 	w->nparts = 1;
 	if (!part)
 		return 0;
-	if (!(w->part = malloc((size_t)w->n)))
+	if (!(w->part = malloc(2 * (size_t)w->n)))
 		return -ENOMEM;
+	w->part0 = w->part + w->n;
 	memcpy(w->part, part, (size_t)w->n);
-	for (int i = 0; i < w->n; i++) {
-		assert(part[i] >= 0 && part[i] < WIN_MAX_PARTS);
-		w->nparts = part[i] + 1 > w->nparts ? part[i] + 1 : w->nparts;
+	memcpy(w->part0, part0 ? part0 : part, (size_t)w->n);
+	for (int i = 0; i < 2 * w->n; i++) {
+		assert(w->part[i] >= 0 && w->part[i] < WIN_MAX_PARTS);
+		w->nparts = w->part[i] + 1 > w->nparts ? w->part[i] + 1 : w->nparts;
 	}
 	return 0;
 }
@@ -1074,8 +1083,8 @@ float *win_block(struct win *w, bool grads, int i, int l)
 		/* a part after those landed (win_wait_part): the caller reads
 		 * it before waiting for it (the model's forward, tensor by
 		 * tensor); wait now */
-		if (w->slot[k].got && (grads || w->part[i] >= w->slot[k].got))
-			win_wait_part(w, k, grads ? w->nparts - 1 : w->part[i]);
+		if (w->slot[k].got && (grads || part_of(w, i, l) >= w->slot[k].got))
+			win_wait_part(w, k, grads ? w->nparts - 1 : part_of(w, i, l));
 		if (w->slot[k].state == SLOT_READY || w->slot[k].got)
 			return block(w, grads, i, l, k);
 	}

@@ -121,14 +121,15 @@ size_t win_packed_numel(const struct win *w);
 int win_slots(const struct win *w);
 
 /* Cuts every layer group in parts: part[i] (0 .. WIN_MAX_PARTS - 1) for
- * each tensor (copied), or NULL: whole (the default); the parts are 0 ..
- * the largest given. A layer group's gather that goes in place then goes
+ * each tensor, and part0[i] in layer 0 (NULL: as part; both copied), or
+ * part NULL: whole (the default); the parts are 0 .. the largest given
+ * (a layer whose tensors leave a part empty sends no collective for it). A layer group's gather that goes in place then goes
  * as a collective a part and gather group, part 0's first
  * (win_wait_part), and its reduce-scatter may send some parts first
  * (win_scatter_parts). Each element is summed over the same members in
  * the same order either way: the same bits. Call between steps. 0 or
  * -ENOMEM. */
-int win_set_parts(struct win *w, const signed char *part);
+int win_set_parts(struct win *w, const signed char *part, const signed char *part0);
 /* Whether a gather of a layer group (layer) or of the non-layer group
  * moves any weights: some tensor of that kind is gathered. */
 bool win_moves(const struct win *w, bool layer);
