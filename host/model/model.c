@@ -568,12 +568,11 @@ struct win *model_window(struct model *m) { return m->win; }
 
 /* Grouped-query attention in four parts (model_set_parts): where each
  * projection is gathered and its block on a member is above
- * PART_MIN_BYTES (MESHRUN_FSDP_FINE_PARTS=0, to measure against: two). */
+ * PART_MIN_BYTES. */
 static bool fine_parts(const struct model *m)
 {
 	static const int proj[] = { P_WQ, P_WK, P_WV, P_WO };
-	const char *v = getenv("MESHRUN_FSDP_FINE_PARTS");
-	if (m->l.mla || (v && *v && !atoi(v)))
+	if (m->l.mla)
 		return false;
 	for (size_t j = 0; j < sizeof(proj) / sizeof(proj[0]); j++)
 		if (m->pidx[proj[j]] < 0 || !m->pp[proj[j]].gather ||

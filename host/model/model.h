@@ -312,11 +312,13 @@ struct win *model_window(struct model *m);
 /* Parts a layer (fsdp_layer_parts): the window cuts each layer group
  * into the attention block's parts and the feed-forward block's, the
  * last part (the MLP norm, the dense MLP or the MoE block's router,
- * experts and shared experts). Grouped-query attention takes four, one a
- * projection in the order forward reads them: wq (0), wk (1), wv (2),
- * wo (3), the feed-forward block 4, where each projection's block on a
- * member is above the comm's direct-exchange size (else, and for latent
- * attention, one: the attention block 0, the feed-forward block 1). mid,
+ * experts and shared experts). The attention block is one part (0); in
+ * layer 0 (the step's first forward and last backward), grouped-query
+ * attention's is four, one a projection in the order forward reads
+ * them: wq (0), wk (1), wv (2), wo (3), the feed-forward block then 4 in
+ * every layer, where each projection's block on a member is above the
+ * comm's direct-exchange size (else, and for latent attention, the
+ * feed-forward block is 1). mid,
  * when set, is called with a mask of parts (bit p: part p): in forward
  * between the two blocks (before the MLP norm, the feed-forward block's
  * part; the forward's own reads of the attention block's weights wait

@@ -132,8 +132,9 @@ struct model {
 	int (*mid)(void *ctx, int l, bool backward, unsigned parts);
 	void *mid_ctx;
 	unsigned part_ffn;          /* the feed-forward block's part */
-	unsigned part_att;          /* sent after wk's weight gradient: wo's,
-				     * wq's and wk's (grouped-query), or 0 */
+	unsigned part_att;          /* sent after wk's weight gradient in
+				     * layer 0: wo's, wq's and wk's
+				     * (grouped-query, four parts), or 0 */
 	float *nstat;               /* [2N] split-norm / split-softmax statistics */
 	float *xstat;               /* [ngather * N] gathered maxima */
 	size_t rmax;                /* rows an expert device may receive */

@@ -98,8 +98,7 @@ struct pipe_exec {
 	 * layer, whose window slot the model's mid call waits for or
 	 * reduce-scatters part B of (slot -1: none) */
 	bool parts;
-	int mid_k, mid_op;
-	int last_b;                  /* the table's last B (a[]), or -1 */
+	int mid_k, mid_op, last_b;   /* last_b: the table's last B, or -1 */
 	bool mid_last, mid_sent;     /* the B running is it; it sent a part */
 	/* the table's leading gathers, started before the step
 	 * (pipe_exec_prefetch) */
@@ -331,26 +330,20 @@ void pipe_exec_set_sleep(struct pipe_exec *x, const struct pipe_costs *c)
 void pipe_exec_set_fill(struct pipe_exec *x, bool on) { x->fill = on; }
 
 /* Inside a layer's F or B in parts (model_set_parts): an F waits for
- * the gather of parts (up to the highest: between the blocks, the
- * feed-forward block's); a B sends the reduce-scatter of parts (their
- * weight gradients are written): at its first call (the feed-forward
- * block's), and at the later ones (attention parts) only in the table's
- * last B, whose reduce-scatters no compute follows (another's go at its
- * RS, under the next B, without the risk of waiting inside it for the
- * one in flight). A recomputed forward in a B, or a layer of an action
- * that runs several, calls nothing. */
+ * the gather of parts (up to the highest); a B sends the reduce-scatter
+ * of parts (their gradients are written): at its first call (the
+ * feed-forward block's), at later ones only in the table's last B (the
+ * others' go at their RS, under the next B, no wait inside for the one
+ * in flight). A recomputed forward in a B, or a multi-layer action, no. */
 static int exec_mid(void *ctx, int l, bool backward, unsigned parts)
 {
 	struct pipe_exec *x = ctx;
 	struct win *w = model_window(x->m);
-	int top = 0;
 	(void)l;
 	if (x->mid_k < 0 || !parts)
 		return 0;
-	while (parts >> (top + 1))
-		top++;
 	if (!backward && (x->mid_op == PA_F || x->mid_op == PA_FC))
-		return win_wait_part(w, x->mid_k, top);
+		return win_wait_part(w, x->mid_k, 31 - __builtin_clz(parts));
 	if (backward && x->mid_op == PA_B && (x->mid_last || !x->mid_sent)) {
 		x->mid_sent = true;
 		return win_scatter_parts(w, x->mid_k, parts);
@@ -363,11 +356,10 @@ int pipe_exec_set_parts(struct pipe_exec *x, enum pipe_parts mode, char *err, si
 	int rc;
 	bool fits = x->t.shape.stages == 1, on;
 	x->mid_k = x->last_b = -1;
-	for (int k = 0; k < x->n; k++)
-		if (x->a[k].op == PA_B)
-			x->last_b = k;
-	for (int k = 0; k < x->n; k++)
+	for (int k = 0; k < x->n; k++) {
 		fits &= x->a[k].op != PA_I && x->a[k].op != PA_W;
+		x->last_b = x->a[k].op == PA_B ? k : x->last_b;
+	}
 	if (mode == PIPE_PARTS_ON && !fits) {
 		snprintf(err, errlen, "config: key 'fsdp_layer_parts' needs no pipeline: set "
 			 "'ici_pipeline_parallelism' and 'dcn_pipeline_parallelism' to 1");
@@ -589,12 +581,7 @@ static int leading(const struct pipe_exec *x)
 	return k;
 }
 
-int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int max)
-{
-	return pipe_exec_first_reads_by(x, l0, l1, NULL, max);
-}
-
-int pipe_exec_first_reads_by(const struct pipe_exec *x, int *l0, int *l1, int *by, int max)
+int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int *by, int max)
 {
 	int n = 0, a[2], b[2];
 	for (int k = 0; k < leading(x); k++)
@@ -608,21 +595,14 @@ int pipe_exec_first_reads_by(const struct pipe_exec *x, int *l0, int *l1, int *b
 	return n;
 }
 
-int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm)
-{
-	return pipe_exec_prefetch_upto(x, comm, leading(x));
-}
-
-int pipe_exec_prefetch_upto(struct pipe_exec *x, const struct model_comm *comm, int upto)
+int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm, int upto)
 {
 	struct win *w = model_window(x->m);
 	int n = leading(x) < upto ? leading(x) : upto, rc = 0;
 	if (x->npre >= n || !w || (!win_moves(w, false) && !win_moves(w, true)))
 		return 0;
-	if (!x->npre) {
-		x->pre_rc = 0;
-		win_begin(w, comm, &x->pre_rc);
-	}
+	x->pre_rc = x->npre ? x->pre_rc : 0;
+	win_begin(w, comm, &x->pre_rc);
 	/* each waits for what it reads as in the step (ZeRO-1's gathers) */
 	for (int k = x->npre; k < n && !rc; k++)
 		if (!(rc = before_action(x, &x->a[k])))
@@ -760,8 +740,8 @@ static int synth(struct pipe_exec *x, const struct pipe_action *a)
 /* Synthetic compute of an F or B of one layer in parts: its time split
  * as the layer's matmul FLOPs are (model_part_steps), each step's sleep
  * then its mid call, as the model makes them; with one wake-up's
- * lateness, as the action in one sleep (a step's is not added to the
- * next's). */
+ * lateness, as the action in one sleep: step j ends s x its share after
+ * step j - 1, plus what the mid call between took (its waits). */
 static int synth_parts(struct pipe_exec *x, const struct pipe_action *a, int l)
 {
 	double s = synth_s(x, a), share[MODEL_PART_STEPS], late = 0;
@@ -770,17 +750,9 @@ static int synth_parts(struct pipe_exec *x, const struct pipe_action *a, int l)
 	int n = model_part_steps(x->m, l, bw, share, mask), rc = 0;
 	struct timespec d, t0, t1;
 	x->slept++;
-	if (s <= 0) {
-		for (int j = 0; j < n && !rc; j++)
-			rc = exec_mid(x, l, bw, mask[j]);
-		return rc;
-	}
-	/* one sleep's wake-up, as the whole action's: step j ends s x its
-	 * share after step j - 1, plus what the mid call between took (its
-	 * waits) */
 	clock_gettime(CLOCK_MONOTONIC, &d);
 	for (int j = 0; j < n && !rc; j++) {
-		rc = sleep_until(&d, s * share[j] + late);
+		rc = s > 0 ? sleep_until(&d, s * share[j] + late) : 0;
 		late = 0;
 		if (rc || !mask[j])
 			continue;
