@@ -644,7 +644,9 @@ static void first_gather_in_update(const char *mesh, int ndev, const char *extra
 
 START_TEST(test_fsdp_first_gather_started_by_update)
 {
-	first_gather_in_update(FSDP2, 2, "", NULL, false);
+	/* one at a time: layer 0's shards are updated after the non-layer
+	 * group's gather left */
+	first_gather_in_update(FSDP2, 2, "", "update first 1", false);
 	/* whole layers: one gather a layer */
 	first_gather_in_update(FSDP2, 2, "fsdp_layer_parts=false", NULL, false);
 }
@@ -764,6 +766,60 @@ START_TEST(test_fsdp_layer_parts)
 			ck_assert_msg(rs == 1, "device %d step %d: %d reduce-scatters queued inside layer 0's backward",
 				      d, s, rs);
 			ck_assert_msg(ag >= 1, "device %d step %d: no gather waited for inside layer 0's forward", d, s);
+		}
+	spans_free(&t);
+}
+END_TEST
+
+/* Grouped-query attention's projections each a part of their own
+ * (d_model 512: each projection's block on a member, 64K floats, is
+ * above the comm's direct-exchange size, so the parts take the ring as
+ * the whole attention block does): the losses of whole layers, bit for
+ * bit; and from the trace (the order, not a time), on each device and
+ * step, layer 0's forward waits for four gathers or more inside it (wk,
+ * wv, wo, the feed-forward block, and its first, wq's, if it waits for
+ * it inside: two parts wait for one or two), and the
+ * step's last backward (layer 0's) queues two reduce-scatters after its
+ * start (the feed-forward block's, then wo, wq and wk's: two parts queue
+ * one), while layer 1's, not the last, queues one. */
+START_TEST(test_fsdp_projection_parts)
+{
+	const char *wide = "base_emb_dim=512 base_num_query_heads=8 base_num_kv_heads=8";
+	char args[512], on[10][40], off[10][40];
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 %s "
+		 "--trace %s/q.json --metrics %s/q.jsonl", FSDP2, wide, tmpdir, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 %s fsdp_layer_parts=false "
+		 "--metrics %s/w.jsonl", FSDP2, wide, tmpdir);
+	show_log_on_failure(run(args), 0);
+	ck_assert_int_eq(loss_hexes("q.jsonl", on, 10), 3);
+	ck_assert_int_eq(loss_hexes("w.jsonl", off, 10), 3);
+	for (int s = 0; s < 3; s++)
+		ck_assert_msg(!strcmp(on[s], off[s]), "step %d: loss %s in parts, %s in whole layers", s, on[s],
+			      off[s]);
+	struct spans t = spans_read("q.json");
+	for (int d = 0; d < 2; d++)
+		for (int s = 0; s < 3; s++) {
+			const struct span *b0 = dev_span(&t, d, s, "B mb0 c0"), *b1 = dev_span(&t, d, s, "B mb0 c1");
+			const struct span *f = dev_span(&t, d, s, "F mb0 c0");
+			int rs0 = 0, rs1 = 0, ag = 0;
+			ck_assert_msg(b0 && b1 && f, "device %d step %d: no F of layer 0 or B of layers 0 and 1", d, s);
+			for (int i = 0; i < t.n; i++) {
+				const struct span *sp = &t.v[i];
+				if (sp->dev != d || sp->step != s)
+					continue;
+				bool rs = sp->flight && !strncmp(sp->name, "q reduce_scatter", 16);
+				rs0 += rs && sp->ts > b0->ts && sp->ts < b0->ts + b0->dur;
+				rs1 += rs && sp->ts > b1->ts && sp->ts < b1->ts + b1->dur;
+				ag += !sp->flight && !strncmp(sp->name, "all_gather", 10) && sp->ts >= f->ts &&
+				      sp->ts < f->ts + f->dur;
+			}
+			ck_assert_msg(rs0 == 2, "device %d step %d: %d reduce-scatters queued inside layer 0's "
+				      "backward, not 2", d, s, rs0);
+			ck_assert_msg(rs1 == 1, "device %d step %d: %d reduce-scatters queued inside layer 1's "
+				      "backward, not 1", d, s, rs1);
+			ck_assert_msg(ag >= 4, "device %d step %d: %d gathers waited for inside layer 0's forward, "
+				      "not 4 or more", d, s, ag);
 		}
 	spans_free(&t);
 }
@@ -944,6 +1000,7 @@ int main(void)
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_update);
 	tcase_add_test(zc, test_fsdp_nonlayer_scatter_beside_layer0);
 	tcase_add_test(zc, test_fsdp_layer_parts);
+	tcase_add_test(zc, test_fsdp_projection_parts);
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_muon_update);
 	tcase_add_test(zc, test_fsdp_first_gather_beside_zero1);
 	suite_add_tcase(s, zc);

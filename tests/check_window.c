@@ -611,6 +611,73 @@ START_TEST(test_parts)
 }
 END_TEST
 
+/* Layer 0 in five parts (win_set_parts' part0: wq, wk, wv, wo, the
+ * feed-forward block), layer 1 in two: layer 0's gather goes as five
+ * collectives, wq's waited for alone and wk's by win_block when asked
+ * for; its reduce-scatter as three: the feed-forward block's, then wo's,
+ * wq's and wk's as one (win_scatter_parts, the slot keeping its
+ * gradient window while wv's rows are written), then wv's at the slot's
+ * win_scatter_start; layer 1's gather as two. */
+static void *parts5_layer(void *arg)
+{
+	struct dev *d = arg;
+	struct model_step st = { .comm = &d->comm };
+	struct win *w = model_window(d->m);
+	const char *att[] = { "wq", "wk", "wo" };
+	const int attid[] = { P_WQ, P_WK, P_WO };
+	signed char part[P_COUNT], part0[P_COUNT];
+	d->comm.start_all_gather_v = start_all_gather_v;
+	d->comm.start_reduce_scatter_v = start_reduce_scatter_v;
+	d->comm.wait = wait_h;
+	for (int i = 0; i < P_COUNT; i++)
+		part[i] = part0[i] = i >= P_MLP_NORM && i < P_FINAL_NORM ? 4 : 0;
+	part0[P_WK] = 1;
+	part0[P_WV] = 2;
+	part0[P_WO] = 3;
+	memset(model_grads(d->m), 0, model_numel(d->m) * sizeof(float));
+	model_step_begin(d->m, &st);
+	rc_of[d->me] = win_set_parts(w, part, part0);
+	win_gather_start(w, 1, 0, 1);
+	rc_of[d->me] |= win_wait_first(w, 1);
+	const struct param_info *pk = param(whole, "wk"), *pv = param(whole, "wv"), *pg = param(whole, "w_gate");
+	/* wk's part, waited for by win_block */
+	ck_assert(!memcmp(win_block(w, false, P_WK, 0), model_params(whole) + pk->offset,
+			  pk->numel / 3 * sizeof(float)));
+	rc_of[d->me] |= win_wait(w, 1);
+	ck_assert(!memcmp(win_block(w, false, P_W_GATE, 0), model_params(whole) + pg->offset,
+			  pg->numel / 3 * sizeof(float)));
+	win_zero_grads(w, 1);
+	fill_grads(win_block(w, true, P_W_GATE, 0), pg->numel / 3, d->me);
+	rc_of[d->me] |= win_scatter_parts(w, 1, 1u << 4);
+	for (int j = 0; j < 3; j++)
+		fill_grads(win_block(w, true, attid[j], 0), param(whole, att[j])->numel / 3, d->me);
+	rc_of[d->me] |= win_scatter_parts(w, 1, 1u << 0 | 1u << 1 | 1u << 3);
+	fill_grads(win_block(w, true, P_WV, 0), pv->numel / 3, d->me);
+	rc_of[d->me] |= win_scatter_start(w, 1);
+	rc_of[d->me] |= win_scatter_finish(w);
+	win_release(w, 1);
+	win_gather_start(w, 1, 1, 2);
+	rc_of[d->me] |= win_wait(w, 1);
+	win_release(w, 1);
+	rc_of[d->me] |= model_step_end(d->m);
+	win_set_parts(w, NULL, NULL);
+	return NULL;
+}
+
+START_TEST(test_parts_layer0)
+{
+	both_noted(parts5_layer);
+	ck_assert_str_eq(pair.order, "vvvvvwxwxwxvv");
+	for (int r = 0; r < 2; r++) {
+		check_sums("wq", r);
+		check_sums("wk", r);
+		check_sums("wv", r);
+		check_sums("wo", r);
+		check_sums("w_gate", r);
+	}
+}
+END_TEST
+
 /* ---- errors ---- */
 
 static void *fail_second(void *arg)
@@ -698,6 +765,7 @@ int main(void)
 	tcase_add_test(tc, test_scatter_listed_in_place);
 	tcase_add_test(tc, test_scatter_nonlayer_beside);
 	tcase_add_test(tc, test_parts);
+	tcase_add_test(tc, test_parts_layer0);
 	tcase_add_test(tc, test_failure_stops_collectives);
 	tcase_add_test(tc, test_poison_and_zero);
 	tcase_add_test(tc, test_sizes);

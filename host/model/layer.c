@@ -170,14 +170,6 @@ void layer_shared_backward(struct model *m, int l, float *dln, const float *dres
 		     a->su, a->ln2, &all, m->SF);
 }
 
-/* Between the attention and feed-forward blocks (model_set_parts): a
- * failure is the pass's, as a collective's. */
-static void layer_mid(struct model *m, int l, bool backward)
-{
-	if (m->mid && !m->hook_rc)
-		m->hook_rc = m->mid(m->mid_ctx, l, backward);
-}
-
 void layer_forward(struct model *m, int l, float *y, const float *x)
 {
 	const struct model_dims *d = &m->l;
@@ -189,7 +181,7 @@ void layer_forward(struct model *m, int l, float *y, const float *x)
 	norm_forward(m, a->ln1, a->rstd1, x, WP(P_ATTN_NORM, l));
 	m->attn->forward(m, l, tmp, a->ln1);
 	residual_forward(a->xmid, x, tmp, N * C);
-	layer_mid(m, l, false);
+	model_mid(m, l, false, m->part_ffn);
 	norm_forward(m, a->ln2, a->rstd2, a->xmid, WP(P_MLP_NORM, l));
 
 	if (l < d->L_dense) {
@@ -232,7 +224,7 @@ void layer_backward(struct model *m, int l, float *dres, const float *x)
 		moe_route_backward(m, l, dln);
 	}
 	layer_norm_backward(m, P_MLP_NORM, l, dres, dln, a->xmid, a->rstd2);
-	layer_mid(m, l, true);
+	model_mid(m, l, true, m->part_ffn);
 
 	/* attention block: dres now holds dL/d(xmid) */
 	dln = wg_out(m, m->dln, (size_t)N * C);

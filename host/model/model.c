@@ -560,14 +560,79 @@ const int32_t *model_expert_counts(const struct model *m) { return m->counts_all
 size_t model_window_numel(const struct model *m) { return win_numel(m->win); }
 struct win *model_window(struct model *m) { return m->win; }
 
-int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool backward), void *ctx)
+/* A member's block of a part (one collective) at most this size would
+ * take the comm's direct exchange (net/coll.h, coll_set_direct_max's
+ * default), which sums in another order than the ring the whole
+ * attention block's takes: another bit. */
+#define PART_MIN_BYTES 65536
+
+/* Grouped-query attention in four parts (model_set_parts): where each
+ * projection is gathered and its block on a member is above
+ * PART_MIN_BYTES. */
+static bool fine_parts(const struct model *m)
 {
-	signed char part[P_COUNT];
+	static const int proj[] = { P_WQ, P_WK, P_WV, P_WO };
+	if (m->l.mla)
+		return false;
+	for (size_t j = 0; j < sizeof(proj) / sizeof(proj[0]); j++)
+		if (m->pidx[proj[j]] < 0 || !m->pp[proj[j]].gather ||
+		    param_slice_numel(&m->p[proj[j]]) * sizeof(float) <= PART_MIN_BYTES)
+			return false;
+	return true;
+}
+
+int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool backward, unsigned parts),
+		    void *ctx)
+{
+	signed char part[P_COUNT], part0[P_COUNT];
+	bool fine = fine_parts(m);
+	int ffn = fine ? 4 : 1;
 	for (int id = 0; id < P_COUNT; id++)
-		part[id] = id >= P_MLP_NORM && id < P_FINAL_NORM;
+		part[id] = id >= P_MLP_NORM && id < P_FINAL_NORM ? ffn : 0;
+	/* only layer 0's: the step's first forward and last backward, the
+	 * boundary; the other layers' attention blocks move as one part,
+	 * under compute either way (each part is a collective more) */
+	memcpy(part0, part, sizeof(part));
+	if (fine) {
+		part0[P_WK] = 1;
+		part0[P_WV] = 2;
+		part0[P_WO] = 3;
+	}
 	m->mid = on ? mid : NULL;
 	m->mid_ctx = on ? ctx : NULL;
-	return m->win ? win_set_parts(m->win, on ? part : NULL) : 0;
+	m->part_ffn = 1u << ffn;
+	m->part_att = fine ? 1u << 3 | 1u << 0 | 1u << 1 : 0;
+	return m->win ? win_set_parts(m->win, on ? part : NULL, part0) : 0;
+}
+
+int model_part_steps(const struct model *m, int l, bool backward, double *share, unsigned *mask)
+{
+	const struct model_dims *d = &m->l;
+	double b = model_ffn_share(m, l), C = d->C, T = d->T;
+	double q = C * d->Hq * d->D, k = C * d->Hkv * d->D, core = T * d->Hq * d->D, att = 2 * q + 2 * k + core;
+	if (!m->part_att || l != 0) {  /* two: the blocks */
+		share[0] = backward ? b : 1 - b;
+		share[1] = 1 - share[0];
+		mask[0] = m->part_ffn;
+		mask[1] = 0;
+		return 2;
+	}
+	/* the attention block's (1 - b) cut as its FLOPs are */
+	double f = att > 0 ? (1 - b) / att : 0;
+	if (!backward) {
+		/* wq's projection, wk's, wv's and the scores, wo's, the MLP */
+		double sh[5] = { q * f, k * f, (k + core) * f, q * f, b };
+		unsigned mk[5] = { 1u << 1, 1u << 2, 1u << 3, m->part_ffn, 0 };
+		memcpy(share, sh, sizeof(sh));
+		memcpy(mask, mk, sizeof(mk));
+		return 5;
+	}
+	/* the MLP; wo, the scores, wq, wk; wv */
+	double sh[3] = { b, (q + core + q + k) * f, k * f };
+	unsigned mk[3] = { m->part_ffn, m->part_att, 0 };
+	memcpy(share, sh, sizeof(sh));
+	memcpy(mask, mk, sizeof(mk));
+	return 3;
 }
 
 double model_ffn_share(const struct model *m, int l)

@@ -309,15 +309,33 @@ int model_head_backward(struct model *m, float *dx, const float *x, const int32_
 struct win;
 struct win *model_window(struct model *m);
 
-/* Two parts a layer (fsdp_layer_parts): the window cuts each layer
- * group into part A, the attention block (its norm, wq/wk/wv/wo or the
- * MLA tensors), and part B, the rest (the MLP norm, the dense MLP or the
- * MoE block's router, experts and shared experts); and mid, when set,
- * is called between the two blocks of every layer: in forward before
- * part B's first read (the MLP norm), in backward once part B's weight
- * gradients are written (after the MLP norm's backward). A failure it
- * returns is the pass's. on false: whole groups, no call. 0 or -ENOMEM. */
-int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool backward), void *ctx);
+/* Parts a layer (fsdp_layer_parts): the window cuts each layer group
+ * into the attention block's parts and the feed-forward block's, the
+ * last part (the MLP norm, the dense MLP or the MoE block's router,
+ * experts and shared experts). The attention block is one part (0); in
+ * layer 0 (the step's first forward and last backward), grouped-query
+ * attention's is four, one a projection in the order forward reads
+ * them: wq (0), wk (1), wv (2), wo (3), the feed-forward block then 4 in
+ * every layer, where each projection's block on a member is above the
+ * comm's direct-exchange size (else, and for latent attention, the
+ * feed-forward block is 1). mid,
+ * when set, is called with a mask of parts (bit p: part p): in forward
+ * between the two blocks (before the MLP norm, the feed-forward block's
+ * part; the forward's own reads of the attention block's weights wait
+ * for their parts in the window); in backward once parts' weight
+ * gradients are written: the feed-forward block's after the MLP norm's
+ * backward, and (four parts) wo's, wq's and wk's after wk's weight
+ * gradient; wv's go with the layer's last reduce-scatter. A failure it
+ * returns is the pass's. on false: whole groups, no call. 0 or
+ * -ENOMEM. */
+int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool backward, unsigned parts),
+		    void *ctx);
+/* Sleep mode's plan of an F or B of layer l in parts (model_set_parts):
+ * n steps (returned, at most MODEL_PART_STEPS), step j the share[j] of
+ * the action's time (as the layer's matmul FLOPs split), then mid with
+ * mask[j] (0: none), as the model calls it. */
+#define MODEL_PART_STEPS 6
+int model_part_steps(const struct model *m, int l, bool backward, double *share, unsigned *mask);
 /* The share of a layer's matmul FLOPs in its feed-forward block (part B)
  * on this device's rows: the attention projections, its scores and
  * values (causal: T/2 keys a query on average) against the MLP's or the

@@ -125,11 +125,16 @@ struct model {
 	const char *lin_name[P_COUNT]; /* planned linear layers, by id */
 	int lin_w[P_COUNT];            /* and the weight each multiplies by */
 	struct win *win;            /* FSDP: gathered weights, by parameter id */
-	/* model_set_mid: called between a layer's attention and feed-forward
-	 * blocks (forward: before the MLP norm; backward: after its weight
-	 * gradient), or NULL */
-	int (*mid)(void *ctx, int l, bool backward);
+	/* model_set_parts: called between a layer's attention and
+	 * feed-forward blocks (forward: before the MLP norm; backward: after
+	 * its weight gradient) and in the attention block's backward, with
+	 * the parts (masks) named below, or NULL */
+	int (*mid)(void *ctx, int l, bool backward, unsigned parts);
 	void *mid_ctx;
+	unsigned part_ffn;          /* the feed-forward block's part */
+	unsigned part_att;          /* sent after wk's weight gradient in
+				     * layer 0: wo's, wq's and wk's
+				     * (grouped-query, four parts), or 0 */
 	float *nstat;               /* [2N] split-norm / split-softmax statistics */
 	float *xstat;               /* [ngather * N] gathered maxima */
 	size_t rmax;                /* rows an expert device may receive */
@@ -245,6 +250,16 @@ static inline float *wsel(struct model *m, bool grads, int id, int l)
 	if (m->pp[id].slice)
 		b += m->c0;
 	return b;
+}
+
+/* The parts hook (model_set_parts) with mask parts (0: nothing); a
+ * failure is the pass's, as a collective's. Not in a batch-split
+ * backward: a half's weight gradients are not the layer's yet (the
+ * layer's reduce-scatter sends them all). */
+static inline void model_mid(struct model *m, int l, bool backward, unsigned parts)
+{
+	if (m->mid && parts && !m->hook_rc && !(backward && (m->other || m->half)))
+		m->hook_rc = m->mid(m->mid_ctx, l, backward, parts);
 }
 
 #define WP(id, l) wsel(m, false, id, l)

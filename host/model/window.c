@@ -22,6 +22,7 @@
 #include <stdio.h>
 
 #define WIN_MAX_GROUPS 8            /* distinct gather axis sets */
+#define ALL_PARTS (~0u)             /* a parts mask: every tensor */
 
 enum slot_state { SLOT_FREE, SLOT_GATHERING, SLOT_READY };
 
@@ -33,12 +34,11 @@ struct win_slot {
 	int gwin;                   /* READY: its gradient window (layer groups), else -1 */
 	/* its gather in flight: each gather group's handle, whether it went
 	 * as a list (in place), where its pack lands (packed) */
-	void *gh[WIN_MAX_GROUPS];
-	void *ghb[WIN_MAX_GROUPS];  /* part B's, when it went in two parts */
+	void *gh[WIN_MAX_PARTS][WIN_MAX_GROUPS];  /* [0] the whole, or each part's */
 	bool listed[WIN_MAX_GROUPS];
-	bool split;                 /* its gather went in two parts (win_set_parts) */
-	bool afirst;                /* GATHERING: part A landed (win_wait_first) */
-	bool bsent;                 /* READY: part B's reduce-scatter went out */
+	bool split;                 /* its gather went in parts (win_set_parts) */
+	int got;                    /* GATHERING: parts [0, got) landed (win_wait_part) */
+	unsigned sent;              /* READY: the parts whose reduce-scatter went out */
 	size_t sbase[WIN_MAX_GROUPS];
 };
 
@@ -103,12 +103,14 @@ struct win {
 	void *nsh[WIN_MAX_GROUPS];
 	const struct model_comm *comm;
 	int *rc;
-	/* win_set_parts: each tensor's part (0 A, 1 B), or NULL: whole; the
-	 * part of the reduce-scatter in flight (-1: all), and whether it
-	 * keeps the slot's gradient window (part B's: the slot still writes
-	 * part A's rows of it) */
-	signed char *part;
-	int spart;
+	/* win_set_parts: each tensor's part (0 .. nparts - 1), or NULL:
+	 * whole, and in layer 0 (part0); the parts of the reduce-scatter in
+	 * flight (a mask), and
+	 * whether it keeps the slot's gradient window (parts sent ahead: the
+	 * slot still writes the other parts' rows of it) */
+	signed char *part, *part0;
+	int nparts;
+	unsigned spart;
 	bool skeep;
 };
 
@@ -134,10 +136,16 @@ static bool in_group(const struct win *w, int i, int l, uint32_t axes, bool grad
 	return l < 0 ? !x->p->stacked : x->p->stacked && slice_of(w, i, l) >= 0;
 }
 
-/* Is tensor i in part p (p < 0: any)? */
-static bool in_part(const struct win *w, int i, int p)
+/* Tensor i's part in layer l (win_set_parts: layer 0's may differ). */
+static int part_of(const struct win *w, int i, int l)
 {
-	return p < 0 || !w->part || w->part[i] == p;
+	return (l == 0 ? w->part0 : w->part)[i];
+}
+
+/* Is tensor i of layer l in one of the parts of mask? */
+static bool in_part(const struct win *w, int i, int l, unsigned mask)
+{
+	return !w->part || (mask >> part_of(w, i, l) & 1u);
 }
 
 /* Tensor i's storage slice for layer l in buf (params or grads). */
@@ -168,19 +176,19 @@ static float *block(const struct win *w, bool grads, int i, int l, int k)
 
 /* Floats group [l0, l1) packs for gather group gg (per member). */
 static size_t pack_part(const struct win *w, const struct mesh_members *gg, int l0, int l1, bool grads,
-			int part)
+			unsigned part)
 {
 	size_t pack = 0;
 	for (int l = l0; l < l1; l++)
 		for (int i = 0; i < w->n; i++)
-			if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, part))
+			if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, l, part))
 				pack += param_slice_numel(w->t[i].p);
 	return pack;
 }
 
 static size_t pack_size(const struct win *w, const struct mesh_members *gg, int l0, int l1, bool grads)
 {
-	return pack_part(w, gg, l0, l1, grads, -1);
+	return pack_part(w, gg, l0, l1, grads, ALL_PARTS);
 }
 
 /* Moves member r's blocks of group [l0, l1) between the packed buffer
@@ -238,7 +246,9 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->n = n;
 	w->lo = *lo;
 	w->nslots = lo->windows + 2;
-	w->nl_ready = w->sgwin = w->spart = -1;
+	w->nl_ready = w->sgwin = -1;
+	w->spart = ALL_PARTS;
+	w->nparts = 1;
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
 	w->wl = calloc((size_t)lo->windows + 1, sizeof(*w->wl));
@@ -473,7 +483,7 @@ static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int 
  * base (weights, or gradients with grads): every member's rows in rank
  * order into w->run, each member's count into w->counts. The runs, or
  * -1 when out of memory. */
-static int list_make(struct win *w, int g, float *base, bool grads, int l0, int l1, int part)
+static int list_make(struct win *w, int g, float *base, bool grads, int l0, int l1, unsigned part)
 {
 	const struct mesh_members *gg = &w->gg[g];
 	int nrun = 0;
@@ -484,7 +494,7 @@ static int list_make(struct win *w, int g, float *base, bool grads, int l0, int 
 			before += w->run[j].n;
 		for (int l = l0; l < l1; l++)
 			for (int i = 0; i < w->n; i++)
-				if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, part) &&
+				if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, l, part) &&
 				    !block_runs(w, gg, r, i, block_in(w, base, grads, i, l, l0), &nrun))
 					return -1;
 		size_t all = 0;
@@ -497,13 +507,13 @@ static int list_make(struct win *w, int g, float *base, bool grads, int l0, int 
 
 /* Copies this device's shards of gather group g into their blocks of
  * landing slot k's window (the list all-gather's input). */
-static void place_own(struct win *w, int g, int k, int part)
+static void place_own(struct win *w, int g, int k, unsigned part)
 {
 	const struct mesh_members *gg = &w->gg[g];
 	const struct win_slot *s = &w->slot[k];
 	for (int l = s->l0; l < s->l1; l++)
 		for (int i = 0; i < w->n; i++) {
-			if (!in_group(w, i, l, gg->axes, false) || !in_part(w, i, part))
+			if (!in_group(w, i, l, gg->axes, false) || !in_part(w, i, l, part))
 				continue;
 			const struct param_info *p = w->t[i].p;
 			int o[SHARD_MAX_DIMS], s0 = p->stacked ? 1 : 0;
@@ -548,27 +558,27 @@ static void list_oom(struct win *w, const char *what)
 	*w->rc = -ENOMEM;
 }
 
-/* Sends layer slot k's gather in place in two parts (win_set_parts),
- * part A's gather groups, then part B's: two collectives a gather group. */
+/* Sends layer slot k's gather in place in parts (win_set_parts), part
+ * 0's gather groups, then part 1's, ...: a collective a part and gather
+ * group. */
 static void send_split(struct win *w, int k, int win)
 {
 	const struct model_comm *c = w->comm;
 	struct win_slot *s = &w->slot[k];
 	s->split = true;
-	for (int p = 0; p < 2; p++)
+	for (int p = 0; p < w->nparts; p++)
 		for (int g = 0; g < w->ngg && !*w->rc; g++) {
-			size_t pack = pack_part(w, &w->gg[g], s->l0, s->l1, false, p);
+			size_t pack = pack_part(w, &w->gg[g], s->l0, s->l1, false, 1u << p);
 			int nrun;
 			if (!pack)
 				continue;
 			s->listed[g] = true;
-			if ((nrun = list_make(w, g, w->wl[win], false, s->l0, s->l1, p)) < 0) {
+			if ((nrun = list_make(w, g, w->wl[win], false, s->l0, s->l1, 1u << p)) < 0) {
 				list_oom(w, "gather");
 				return;
 			}
-			place_own(w, g, k, p);
-			*w->rc = c->start_all_gather_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts,
-						       p ? &s->ghb[g] : &s->gh[g]);
+			place_own(w, g, k, 1u << p);
+			*w->rc = c->start_all_gather_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts, &s->gh[p][g]);
 		}
 }
 
@@ -597,10 +607,11 @@ static void send_gather(struct win *w, int k, int win)
 		s->listed[g] = false;
 		if (!pack)
 			continue;
-		if (in_place(w, k) && (nrun = list_make(w, g, layer ? w->wl[win] : NULL, false, l0, l1, -1)) >= 0) {
-			place_own(w, g, k, -1);
+		if (in_place(w, k) &&
+		    (nrun = list_make(w, g, layer ? w->wl[win] : NULL, false, l0, l1, ALL_PARTS)) >= 0) {
+			place_own(w, g, k, ALL_PARTS);
 			s->listed[g] = true;
-			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, &s->gh[g]);
+			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, &s->gh[0][g]);
 			continue;
 		}
 		/* the packed buffers are one set: a gather beside one in
@@ -626,7 +637,7 @@ static void send_gather(struct win *w, int k, int win)
 			}
 		w->copied += pack;
 		if (c->start_all_gather)
-			*w->rc = c->start_all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float), &s->gh[g]);
+			*w->rc = c->start_all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float), &s->gh[0][g]);
 		else
 			*w->rc = c->all_gather(c->ctx, gg->axes, recv, send, pack * sizeof(float));
 		soff += pack;
@@ -702,8 +713,8 @@ static void finish_landing(struct win *w)
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_size(w, gg, s->l0, s->l1, false);
-		wait_handle(w, &s->gh[g]);
-		wait_handle(w, &s->ghb[g]);
+		for (int p = 0; p < WIN_MAX_PARTS; p++)
+			wait_handle(w, &s->gh[p][g]);
 		packed |= pack && !s->listed[g];
 		if (!pack || *w->rc || s->listed[g])
 			continue;
@@ -713,7 +724,7 @@ static void finish_landing(struct win *w)
 	if (packed)
 		w->packing = false;
 	s->state = SLOT_READY;
-	s->afirst = false;
+	s->got = 0;
 	start_next(w);
 }
 
@@ -728,22 +739,29 @@ int win_wait(struct win *w, int k)
 	return *w->rc;
 }
 
-int win_wait_first(struct win *w, int k)
+int win_wait_part(struct win *w, int k, int p)
 {
 	struct win_slot *s = &w->slot[k];
 	check_slot(w, k);
 	assert(s->state != SLOT_FREE);
-	while (s->state != SLOT_READY && !s->afirst) {
+	while (s->state != SLOT_READY && s->got <= p) {
 		start_next(w);
-		if (w->queue[0] == k && s->split) {
-			for (int g = 0; g < w->ngg; g++)
-				wait_handle(w, &s->gh[g]);
-			s->afirst = true;
+		/* parts before the last: their own handles (the last lands
+		 * the slot, READY) */
+		if (w->queue[0] == k && s->split && p + 1 < w->nparts) {
+			for (; s->got <= p; s->got++)
+				for (int g = 0; g < w->ngg; g++)
+					wait_handle(w, &s->gh[s->got][g]);
 			break;
 		}
 		finish_landing(w);
 	}
 	return *w->rc;
+}
+
+int win_wait_first(struct win *w, int k)
+{
+	return win_wait_part(w, k, 0);
 }
 
 void win_release(struct win *w, int k)
@@ -801,7 +819,7 @@ static size_t add_parts(struct win *w, const struct mesh_members *gg, int l, int
 			size_t roff)
 {
 	for (int i = 0; i < w->n && !*w->rc; i++) {
-		if (!in_group(w, i, l, gg->axes, true) || !in_part(w, i, part))
+		if (!in_group(w, i, l, gg->axes, true) || !in_part(w, i, l, part))
 			continue;
 		size_t n = param_slice_numel(w->t[i].p);
 		float *dst = storage(w, w->grads, i, l);
@@ -874,13 +892,14 @@ int win_scatter_finish(struct win *w)
 				continue;
 			}
 			for (int i = 0; i < w->n && !*w->rc; i++)
-				if (in_group(w, i, l, gg->axes, true) && in_part(w, i, w->spart))
+				if (in_group(w, i, l, gg->axes, true) && in_part(w, i, l, w->spart))
 					*w->rc = add_own(w, g, i, l, w->gl[w->sgwin], w->s0);
 		}
 	}
 	if (w->sgwin >= 0 && !w->skeep)
 		w->gowner[w->sgwin] = -1;
-	w->sgwin = w->spart = -1;
+	w->sgwin = -1;
+	w->spart = ALL_PARTS;
 	w->skeep = false;
 	/* the non-layer one beside went out after it */
 	scatter_nl_finish(w);
@@ -890,7 +909,7 @@ int win_scatter_finish(struct win *w)
 /* Starts gather group g's reduce-scatter of slot s's part (< 0: the
  * whole group) in place over the rows of the slot's gradient window;
  * false, and nothing started, when the list cannot be made. */
-static bool scatter_listed(struct win *w, int g, const struct win_slot *s, int part)
+static bool scatter_listed(struct win *w, int g, const struct win_slot *s, unsigned part)
 {
 	const struct model_comm *c = w->comm;
 	int nrun = list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1, part);
@@ -916,15 +935,15 @@ int win_scatter_start(struct win *w, int k)
 	win_scatter_finish(w);
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
-		size_t pack = pack_part(w, gg, s->l0, s->l1, true, s->bsent ? 0 : -1);
+		size_t pack = pack_part(w, gg, s->l0, s->l1, true, ~s->sent);
 		w->slisted[g] = false;
 		if (!pack)
 			continue;
-		if (layer && c->start_reduce_scatter_v && scatter_listed(w, g, s, s->bsent ? 0 : -1)) {
+		if (layer && c->start_reduce_scatter_v && scatter_listed(w, g, s, ~s->sent)) {
 			inplace = true;
 			continue;
 		}
-		if (s->bsent) {  /* part B went out: only a list leaves it out */
+		if (s->sent) {  /* parts went out: only a list leaves them out */
 			list_oom(w, "reduce-scatter");
 			break;
 		}
@@ -950,26 +969,32 @@ int win_scatter_start(struct win *w, int k)
 	w->scattering = true;
 	w->s0 = s->l0;
 	w->s1 = s->l1;
-	w->spart = s->bsent ? 0 : -1;
-	s->bsent = false;
+	w->spart = ~s->sent;
+	s->sent = 0;
 	return *w->rc;
 }
 
 int win_scatter_first(struct win *w, int k)
 {
+	return win_scatter_parts(w, k, w->part ? 1u << (w->nparts - 1) : 0);
+}
+
+int win_scatter_parts(struct win *w, int k, unsigned parts)
+{
 	const struct model_comm *c = w->comm;
 	struct win_slot *s = &w->slot[k];
 	bool any = false;
 	check_slot(w, k);
-	assert(s->state == SLOT_READY && !s->bsent);
-	if (!w->part || s->l0 == WIN_NONLAYER || !c || !c->start_reduce_scatter_v)
+	assert(s->state == SLOT_READY);
+	parts &= ~s->sent;
+	if (!w->part || !parts || s->l0 == WIN_NONLAYER || !c || !c->start_reduce_scatter_v)
 		return *w->rc;
 	win_scatter_finish(w);
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		w->slisted[g] = false;
-		if (!pack_part(w, &w->gg[g], s->l0, s->l1, true, 1))
+		if (!pack_part(w, &w->gg[g], s->l0, s->l1, true, parts))
 			continue;
-		if (!scatter_listed(w, g, s, 1)) {
+		if (!scatter_listed(w, g, s, parts)) {
 			list_oom(w, "reduce-scatter");
 			break;
 		}
@@ -977,42 +1002,50 @@ int win_scatter_first(struct win *w, int k)
 	}
 	if (!any)
 		return *w->rc;
-	/* in place over part B's rows of the slot's gradient window, which
-	 * the slot keeps (part A's rows are still being written) */
-	s->bsent = true;
+	/* in place over those parts' rows of the slot's gradient window,
+	 * which the slot keeps (the other parts' rows are still being
+	 * written) */
+	s->sent |= parts;
 	w->scattering = w->skeep = true;
 	w->sgwin = s->gwin;
-	w->spart = 1;
+	w->spart = parts;
 	w->s0 = s->l0;
 	w->s1 = s->l1;
 	return *w->rc;
 }
 
-int win_set_parts(struct win *w, const signed char *part)
+int win_set_parts(struct win *w, const signed char *part, const signed char *part0)
 {
 	free(w->part);
-	w->part = NULL;
+	w->part = w->part0 = NULL;
+	w->nparts = 1;
 	if (!part)
 		return 0;
-	if (!(w->part = malloc((size_t)w->n)))
+	if (!(w->part = malloc(2 * (size_t)w->n)))
 		return -ENOMEM;
+	w->part0 = w->part + w->n;
 	memcpy(w->part, part, (size_t)w->n);
+	memcpy(w->part0, part0 ? part0 : part, (size_t)w->n);
+	for (int i = 0; i < 2 * w->n; i++) {
+		assert(w->part[i] >= 0 && w->part[i] < WIN_MAX_PARTS);
+		w->nparts = w->part[i] + 1 > w->nparts ? w->part[i] + 1 : w->nparts;
+	}
 	return 0;
 }
 
 int win_end(struct win *w)
 {
 	for (int g = 0; g < w->ngg; g++) {
-		for (int k = 0; k < w->nslots; k++) {
-			wait_handle(w, &w->slot[k].gh[g]);
-			wait_handle(w, &w->slot[k].ghb[g]);
-		}
+		for (int k = 0; k < w->nslots; k++)
+			for (int p = 0; p < WIN_MAX_PARTS; p++)
+				wait_handle(w, &w->slot[k].gh[p][g]);
 		wait_handle(w, &w->sh[g]);
 		wait_handle(w, &w->nsh[g]);
 	}
 	w->scattering = w->packing = w->nscattering = false;
 	w->gathers = 0;
-	w->nl_ready = w->sgwin = w->spart = -1;
+	w->nl_ready = w->sgwin = -1;
+	w->spart = ALL_PARTS;
 	w->skeep = false;
 	w->qn = w->nfly = 0;
 	for (int j = 0; j <= w->lo.windows; j++)
@@ -1047,11 +1080,12 @@ float *win_block(struct win *w, bool grads, int i, int l)
 		int k = w->owner[j];
 		if (k < 0 || l < w->slot[k].l0 || l >= w->slot[k].l1)
 			continue;
-		/* part B of a slot whose part A alone landed (win_wait_first):
-		 * the caller read it before waiting for it; wait now */
-		if (w->slot[k].afirst && (grads || w->part[i] != 0))
-			win_wait(w, k);
-		if (w->slot[k].state == SLOT_READY || w->slot[k].afirst)
+		/* a part after those landed (win_wait_part): the caller reads
+		 * it before waiting for it (the model's forward, tensor by
+		 * tensor); wait now */
+		if (w->slot[k].got && (grads || part_of(w, i, l) >= w->slot[k].got))
+			win_wait_part(w, k, grads ? w->nparts - 1 : part_of(w, i, l));
+		if (w->slot[k].state == SLOT_READY || w->slot[k].got)
 			return block(w, grads, i, l, k);
 	}
 	assert(!"no READY slot holds the layer");

@@ -52,13 +52,14 @@
  * window is free again at once; one is in flight at a time (the next
  * start finishes it).
  *
- * Two parts (win_set_parts, the trainer's fsdp_layer_parts): a layer
- * group's in-place gather goes as two collectives a gather group, part
- * A's tensors then part B's; win_wait_first waits for part A's alone
- * (win_block then gives part A's weights, and waits for part B's itself
- * if asked for them). win_scatter_first sends part B's gradients while
- * the slot stays READY and keeps its gradient window (part A's rows are
- * still written); the slot's win_scatter_start then sends part A's.
+ * Parts (win_set_parts, the trainer's fsdp_layer_parts): a layer
+ * group's in-place gather goes as a collective a part and gather group,
+ * part 0's tensors, then part 1's, ...; win_wait_part waits for the
+ * first parts alone (win_block then gives their weights, and waits for
+ * a later part itself if asked for it). win_scatter_parts sends some
+ * parts' gradients while the slot stays READY and keeps its gradient
+ * window (the other parts' rows are still written); the slot's
+ * win_scatter_start then sends the rest.
  *
  * Errors: every call returns the step's error (0 or the first hook
  * error, a negative errno), which lives in the int given to win_begin;
@@ -75,6 +76,7 @@
 #include "host/model/param.h"
 
 #define WIN_NONLAYER (-1)
+#define WIN_MAX_PARTS 8  /* win_set_parts: parts a layer group may be cut in */
 
 /* One tensor of the model as the window sees it (p NULL: absent). Only
  * tensors whose plan gathers them (pp->gather) are in the window. */
@@ -118,14 +120,16 @@ size_t win_packed_numel(const struct win *w);
 /* The slots a caller may number: 0 .. win_slots() - 1 (windows + 2). */
 int win_slots(const struct win *w);
 
-/* Cuts every layer group in two parts: part[i] (0: A, 1: B) for each
- * tensor (copied), or NULL: whole (the default). A layer group's gather
- * that goes in place then goes as two collectives a gather group, part
- * A's first (win_wait_first), and its reduce-scatter may send part B
- * first (win_scatter_first). Each element is summed over the same
- * members in the same order either way: the same bits. Call between
- * steps. 0 or -ENOMEM. */
-int win_set_parts(struct win *w, const signed char *part);
+/* Cuts every layer group in parts: part[i] (0 .. WIN_MAX_PARTS - 1) for
+ * each tensor, and part0[i] in layer 0 (NULL: as part; both copied), or
+ * part NULL: whole (the default); the parts are 0 .. the largest given
+ * (a layer whose tensors leave a part empty sends no collective for it). A layer group's gather that goes in place then goes
+ * as a collective a part and gather group, part 0's first
+ * (win_wait_part), and its reduce-scatter may send some parts first
+ * (win_scatter_parts). Each element is summed over the same members in
+ * the same order either way: the same bits. Call between steps. 0 or
+ * -ENOMEM. */
+int win_set_parts(struct win *w, const signed char *part, const signed char *part0);
 /* Whether a gather of a layer group (layer) or of the non-layer group
  * moves any weights: some tensor of that kind is gathered. */
 bool win_moves(const struct win *w, bool layer);
@@ -138,9 +142,11 @@ int win_gather_start(struct win *w, int k, int l0, int l1);
  * places the weights in a free window: k is READY. Returns at once when
  * k is READY already (a schedule's second use of a slot). */
 int win_wait(struct win *w, int k);
-/* Two parts (win_set_parts): waits for slot k's part A only, when its
- * gather went in two parts, else as win_wait. Then win_block gives part
- * A's weights of k; win_wait(k) waits for part B. */
+/* Parts (win_set_parts): waits for slot k's parts 0 .. p only, when its
+ * gather went in parts, else as win_wait. Then win_block gives those
+ * parts' weights of k (and waits itself for a later part asked for);
+ * win_wait(k) waits for every part. win_wait_first: part 0. */
+int win_wait_part(struct win *w, int k, int p);
 int win_wait_first(struct win *w, int k);
 /* The caller is done with READY slot k's weights (a gather queued for
  * want of a free weight window may go out now). */
@@ -162,12 +168,15 @@ size_t win_copied(const struct win *w);
  * return (in place:
  * another one, holding anything: zero it before writing). */
 int win_scatter_start(struct win *w, int k);
-/* Two parts (win_set_parts): starts reduce-scattering part B of READY
- * layer slot k's gradients (after finishing the one in flight), in
- * place over its rows of the slot's gradient window, which the slot
- * keeps: its part A gradients may still be written. The slot's
- * win_scatter_start then sends part A only. Does nothing without parts,
- * for the non-layer group, or when the comm has no list form. */
+/* Parts (win_set_parts): starts reduce-scattering the parts of mask
+ * `parts` (bit p: part p) of READY layer slot k's gradients not sent yet,
+ * as one collective a gather group (after finishing the one in flight),
+ * in place over their rows of the slot's gradient window, which the
+ * slot keeps: the other parts' gradients may still be written. The
+ * slot's win_scatter_start then sends the parts not sent. Does nothing
+ * without parts, for the non-layer group, or when the comm has no list
+ * form. win_scatter_first: the last part (the feed-forward block's). */
+int win_scatter_parts(struct win *w, int k, unsigned parts);
 int win_scatter_first(struct win *w, int k);
 /* Whether READY slot k's reduce-scatter would go out beside the one in
  * flight instead of after it: k is the non-layer group, the one in

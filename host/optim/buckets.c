@@ -384,28 +384,29 @@ static int update_floats(struct optim *o, const struct seg *s, int64_t step, flo
 }
 
 /* The early units' pieces of seg s (every seg: -1; not ZeRO-1's, which
- * zero.c updates bucket by bucket) into out, in layout
- * order, each run of adjacent ones of one seg merged into one piece (a
- * Muon tensor's early layers then take one exchange); their count. */
-static int early_runs(const struct optim *o, int s, struct piece *out)
+ * zero.c updates bucket by bucket) whose early is `first` (0: any) into
+ * out, in layout order, each run of adjacent ones of one seg merged into
+ * one piece (a Muon tensor's early layers then take one exchange); their
+ * count. */
+static int early_runs(const struct optim *o, int s, int first, struct piece *out)
 {
 	int n = 0;
 	for (int k = 0; k < o->nu; k++)
-		for (int q = o->u[k].p0; o->u[k].early && !o->seg[o->u[k].seg].zero && (s < 0 || o->u[k].seg == s) &&
-		     q < o->u[k].p1; q++) {
+		for (int q = o->u[k].p0; o->u[k].early && (!first || o->u[k].early == first) &&
+		     !o->seg[o->u[k].seg].zero && (s < 0 || o->u[k].seg == s) && q < o->u[k].p1; q++) {
 			out[n] = o->pc[q];
 			out[n++].at = (size_t)o->u[k].seg;  /* its seg, for the merge */
 		}
 	return merge_runs(out, n);
 }
 
-int units_update_early(struct optim *o, int64_t step, float lr)
+int units_update_early(struct optim *o, int64_t step, float lr, int first)
 {
 	struct piece *run = malloc(sizeof(*run) * (size_t)(o->npc + 1));
 	int rc = 0;
 	if (!run)
 		return -ENOMEM;
-	for (int j = 0, n = early_runs(o, -1, run); j < n && !rc; j++)
+	for (int j = 0, n = early_runs(o, -1, first, run); j < n && !rc; j++)
 		rc = update_floats(o, &o->seg[run[j].at], step, lr, run[j].off, run[j].off + run[j].n);
 	free(run);
 	return rc;
@@ -418,7 +419,7 @@ int seg_update_rest(struct optim *o, int s, int64_t step, float lr)
 	int rc = 0;
 	if (!skip)
 		return -ENOMEM;
-	int n = early_runs(o, s, skip);
+	int n = early_runs(o, s, 0, skip);
 	size_t at = sg->p0;
 	for (int j = 0; j < n && !rc; j++) {
 		rc = update_floats(o, sg, step, lr, at, skip[j].off);

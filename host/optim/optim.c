@@ -6,11 +6,13 @@
 #include "host/optim/optim_int.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/util/clock.h"
 #include "host/util/mem.h"
 #include "kernels/kernels.h"
 
@@ -350,19 +352,54 @@ static void update_router_bias(struct optim *o, const struct param_info *p)
 	}
 }
 
-void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx), void *ctx, const int *l0, const int *l1, int n)
+/* Unit k is read by leading gather g: its early is the first such, + 1. */
+static void mark_early(struct optim *o, int k, int g)
+{
+	if (k >= 0 && o->u[k].gathered && (!o->u[k].early || o->u[k].early > g + 1))
+		o->u[k].early = g + 1;
+}
+
+void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx, int upto), void *ctx, const int *l0, const int *l1,
+			const int *by, int n)
 {
 	o->prefetch = fn;
 	o->prefetch_ctx = ctx;
-	for (int i = 0; i < n; i++)
+	o->nfirst = 0;
+	for (int i = 0; i < n; i++) {
+		/* Muon: one stage (a tensor's first layers in one exchange) */
+		int g = by && !o->muon ? by[i] : 0;
+		o->nfirst = o->nfirst > g + 1 ? o->nfirst : g + 1;
 		for (int key = l0[i]; key < (l0[i] < 0 ? l0[i] + 1 : l1[i]); key++)
 			for (int s = 0; s < o->nseg; s++) {
-				int k = unit_of(o, key, s, false), r = unit_of(o, key, s, true);
-				if (k >= 0)
-					o->u[k].early |= o->u[k].gathered;
-				if (r >= 0)
-					o->u[r].early |= o->u[r].gathered;
+				mark_early(o, unit_of(o, key, s, false), g);
+				mark_early(o, unit_of(o, key, s, true), g);
 			}
+	}
+}
+
+/* The early update, one leading gather at a time: the shards the first
+ * reads first (and no others), then that gather starts and travels while
+ * the shards of the next are updated, and so on; under Muon (one stage)
+ * all of them, then every exchange in flight lands, then the gathers.
+ * A trace span "update first G" for each. */
+static int update_early(struct optim *o, int64_t step, float lr)
+{
+	const struct model_comm *mc = o->oc.mc;
+	int rc = 0;
+	for (int g = 1; g <= o->nfirst && !rc; g++) {
+		double t0 = util_now_s();
+		rc = units_update_early(o, step, lr, g);
+		if (!rc && g == o->nfirst)
+			rc = muon_flush(o);
+		if (mc->span) {
+			char name[32];
+			snprintf(name, sizeof(name), "update first %d", g - 1);
+			mc->span(mc->ctx, name, t0, util_now_s());
+		}
+		if (!rc)
+			rc = o->prefetch(o->prefetch_ctx, g == o->nfirst ? INT_MAX : g);
+	}
+	return rc;
 }
 
 /* Whether Muon may take unit k's matrices ahead of the others: its
@@ -430,8 +467,8 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 	bool zpre = false;
 	for (int i = 0; pre && i < o->nseg; i++)
 		zpre |= o->seg[i].zero;
-	if (pre && ((rc = units_update_early(o, step, lr)) || (rc = muon_flush(o)) ||
-		    (!zpre && (rc = o->prefetch(o->prefetch_ctx)))))
+	if (pre && (zpre ? (rc = units_update_early(o, step, lr, 0)) || (rc = muon_flush(o))
+			 : (rc = update_early(o, step, lr))))
 		goto fail;
 	for (int i = 0; i < o->nseg; i++) {
 		struct seg *s = &o->seg[i];

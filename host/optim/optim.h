@@ -172,14 +172,19 @@ int optim_wait_params(struct optim *o);
 int optim_sum_grads(struct optim *o, double *ss);
 
 /* The next step's first gathers of FSDP-split weights (the groups
- * [l0[i], l1[i]) of n, as pipe_hooks name them: the table's leading
- * gathers): fn(ctx) starts them, and optim_update calls it as soon as
- * it has updated this device's shards of those groups, before the rest,
- * so they travel during the rest of the update (under Muon once the
- * exchanges of those shards have landed: muon_flush). Not with
+ * [l0[i], l1[i]) of n, as pipe_hooks name them, group i read by the
+ * table's leading gather by[i] (0, 1, ...; by NULL: all by the first):
+ * fn(ctx, upto) starts the leading gathers before upto (INT_MAX: all),
+ * and optim_update calls it as soon as it has updated this device's
+ * shards of those groups, before the rest, one leading gather at a
+ * time (the non-layer group's leaves while layer 0's shards are
+ * updated, ...), so they travel during the rest of the update (under
+ * Muon all at once, after the exchanges of those shards have landed:
+ * muon_flush). Not with
  * ZeRO-1's buckets (their gathers come first), a Muon tensor whose
  * group spans pipeline stages, or grad_bucket_mb=0 (the order before). */
-void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx), void *ctx, const int *l0, const int *l1, int n);
+void optim_set_prefetch(struct optim *o, int (*fn)(void *ctx, int upto), void *ctx, const int *l0, const int *l1,
+			const int *by, int n);
 
 /* The learning rate of step (0-based): warm-up, then cosine decay. */
 float optim_lr(const struct optim *o, int64_t step);

@@ -48,7 +48,8 @@ struct unit {
 	int p0, p1;          /* its pieces */
 	bool plain, gathered; /* has pieces final after their compute / after
 			       * the FSDP window's reduce-scatter landed */
-	bool early;          /* read by the step's first gathers (prefetch) */
+	int early;           /* read by the step's first gathers (prefetch):
+			      * 1 + the first of them that reads it, else 0 */
 	/* this step */
 	bool computed, landed, done;
 };
@@ -122,8 +123,9 @@ struct optim {
 	int gpending;                /* ZeRO-1 buckets whose gather is in flight */
 	/* the next step's first gathers, started once their units are
 	 * updated (optim_set_prefetch) */
-	int (*prefetch)(void *ctx);
+	int (*prefetch)(void *ctx, int upto);
 	void *prefetch_ctx;
+	int nfirst;                  /* those gathers (the largest early) */
 };
 
 /* ---- buckets.c ---- */
@@ -139,10 +141,11 @@ int bucket_issue(struct optim *o, struct bucket *b);
 /* Waits for bucket b's sums in flight. 0 or -errno. */
 int bucket_wait(struct optim *o, struct bucket *b);
 
-/* The update of the early units' pieces (of segs not split by ZeRO-1),
- * in layout order with adjacent pieces as one range (one Muon exchange
- * per tensor), and of the rest of seg s. 0 or -errno. */
-int units_update_early(struct optim *o, int64_t step, float lr);
+/* The update of the early units' pieces (of segs not split by ZeRO-1)
+ * whose early is `first` (0: every early unit), in layout order with
+ * adjacent pieces as one range (one Muon exchange per tensor), and of
+ * the rest of seg s. 0 or -errno. */
+int units_update_early(struct optim *o, int64_t step, float lr, int first);
 int seg_update_rest(struct optim *o, int s, int64_t step, float lr);
 
 /* ---- zero.c ---- */

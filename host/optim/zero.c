@@ -182,7 +182,7 @@ int zero_update_gather(struct optim *o, int64_t step, float lr, bool prefetch)
 		return rc;
 	/* the first FSDP gathers, queued behind the ZeRO-1 gathers they wait
 	 * for and ahead of the others */
-	rc = o->prefetch(o->prefetch_ctx);
+	rc = o->prefetch(o->prefetch_ctx, o->nfirst);
 	for (int k = 0; k < 2 * o->nb && !rc; k++) {
 		struct bucket *b = nth(o, k);
 		if (b && !first_read(o, b))

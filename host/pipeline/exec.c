@@ -101,7 +101,8 @@ struct pipe_exec {
 	 * layer, whose window slot the model's mid call waits for or
 	 * reduce-scatters part B of (slot -1: none) */
 	bool parts;
-	int mid_k, mid_op;
+	int mid_k, mid_op, last_b;   /* last_b: the table's last B, or -1 */
+	bool mid_last, mid_sent;     /* the B running is it; it sent a part */
 	/* the table's leading gathers, started before the step
 	 * (pipe_exec_prefetch) */
 	int npre;
@@ -331,21 +332,25 @@ void pipe_exec_set_sleep(struct pipe_exec *x, const struct pipe_costs *c)
 }
 void pipe_exec_set_fill(struct pipe_exec *x, bool on) { x->fill = on; }
 
-/* Between a layer's attention and feed-forward blocks (model_set_parts):
- * an F waits for part B's gather; a B sends part B's reduce-scatter
- * (its weight gradients are written). A recomputed forward in a B, or a
- * layer of an action that runs several, calls nothing. */
-static int exec_mid(void *ctx, int l, bool backward)
+/* Inside a layer's F or B in parts (model_set_parts): an F waits for
+ * the gather of parts (up to the highest); a B sends the reduce-scatter
+ * of parts (their gradients are written): at its first call (the
+ * feed-forward block's), at later ones only in the table's last B (the
+ * others' go at their RS, under the next B, no wait inside for the one
+ * in flight). A recomputed forward in a B, or a multi-layer action, no. */
+static int exec_mid(void *ctx, int l, bool backward, unsigned parts)
 {
 	struct pipe_exec *x = ctx;
 	struct win *w = model_window(x->m);
 	(void)l;
-	if (x->mid_k < 0)
+	if (x->mid_k < 0 || !parts)
 		return 0;
 	if (!backward && (x->mid_op == PA_F || x->mid_op == PA_FC))
-		return win_wait(w, x->mid_k);
-	if (backward && x->mid_op == PA_B)
-		return win_scatter_first(w, x->mid_k);
+		return win_wait_part(w, x->mid_k, 31 - __builtin_clz(parts));
+	if (backward && x->mid_op == PA_B && (x->mid_last || !x->mid_sent)) {
+		x->mid_sent = true;
+		return win_scatter_parts(w, x->mid_k, parts);
+	}
 	return 0;
 }
 
@@ -353,9 +358,11 @@ int pipe_exec_set_parts(struct pipe_exec *x, enum pipe_parts mode, char *err, si
 {
 	int rc;
 	bool fits = x->t.shape.stages == 1, on;
-	x->mid_k = -1;
-	for (int k = 0; k < x->n; k++)
+	x->mid_k = x->last_b = -1;
+	for (int k = 0; k < x->n; k++) {
 		fits &= x->a[k].op != PA_I && x->a[k].op != PA_W;
+		x->last_b = x->a[k].op == PA_B ? k : x->last_b;
+	}
 	if (mode == PIPE_PARTS_ON && !fits) {
 		snprintf(err, errlen, "config: key 'fsdp_layer_parts' needs no pipeline: set "
 			 "'ici_pipeline_parallelism' and 'dcn_pipeline_parallelism' to 1");
@@ -577,7 +584,7 @@ static int leading(const struct pipe_exec *x)
 	return k;
 }
 
-int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int max)
+int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int *by, int max)
 {
 	int n = 0, a[2], b[2];
 	for (int k = 0; k < leading(x); k++)
@@ -585,20 +592,22 @@ int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int max)
 			if (n < max) {
 				l0[n] = a[i];
 				l1[n] = b[i];
+				if (by)
+					by[n] = k;
 			}
 	return n;
 }
 
-int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm)
+int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm, int upto)
 {
 	struct win *w = model_window(x->m);
-	int n = leading(x), rc = 0;
-	if (x->npre || !n || !w || (!win_moves(w, false) && !win_moves(w, true)))
+	int n = leading(x) < upto ? leading(x) : upto, rc = 0;
+	if (x->npre >= n || !w || (!win_moves(w, false) && !win_moves(w, true)))
 		return 0;
-	x->pre_rc = 0;
+	x->pre_rc = x->npre ? x->pre_rc : 0;
 	win_begin(w, comm, &x->pre_rc);
 	/* each waits for what it reads as in the step (ZeRO-1's gathers) */
-	for (int k = 0; k < n && !rc; k++)
+	for (int k = x->npre; k < n && !rc; k++)
 		if (!(rc = before_action(x, &x->a[k])))
 			rc = run_weights(x, &x->a[k]);
 	x->npre = n;
@@ -732,29 +741,31 @@ static int synth(struct pipe_exec *x, const struct pipe_action *a)
 	return sleep_s(synth_s(x, a));
 }
 
-/* Synthetic compute of an F or B of one layer in two parts: its time
- * split as the layer's matmul FLOPs are (model_ffn_share), the first
- * block's part, the mid call, the second's; with one wake-up's lateness,
- * as the action in one sleep (the first part's is not added to the
- * second's). */
+/* Synthetic compute of an F or B of one layer in parts: its time split
+ * as the layer's matmul FLOPs are (model_part_steps), each step's sleep
+ * then its mid call, as the model makes them; with one wake-up's
+ * lateness, as the action in one sleep: step j ends s x its share after
+ * step j - 1, plus what the mid call between took (its waits). */
 static int synth_parts(struct pipe_exec *x, const struct pipe_action *a, int l)
 {
-	double s = synth_s(x, a), b = model_ffn_share(x->m, l), first = a->op == PA_B ? b : 1 - b;
+	double s = synth_s(x, a), share[MODEL_PART_STEPS], late = 0;
+	unsigned mask[MODEL_PART_STEPS];
+	bool bw = a->op == PA_B;
+	int n = model_part_steps(x->m, l, bw, share, mask), rc = 0;
 	struct timespec d, t0, t1;
-	int rc;
 	x->slept++;
-	if (s <= 0)
-		return exec_mid(x, l, a->op == PA_B);
-	/* one sleep's wake-up, as the whole action's: the second part ends
-	 * s after the first began, plus what the mid call took (its waits) */
 	clock_gettime(CLOCK_MONOTONIC, &d);
-	if ((rc = sleep_until(&d, s * first)))
-		return rc;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if ((rc = exec_mid(x, l, a->op == PA_B)))
-		return rc;
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	return sleep_until(&d, s * (1 - first) + (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
+	for (int j = 0; j < n && !rc; j++) {
+		rc = s > 0 ? sleep_until(&d, s * share[j] + late) : 0;
+		late = 0;
+		if (rc || !mask[j])
+			continue;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		rc = exec_mid(x, l, bw, mask[j]);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		late = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	}
+	return rc;
 }
 
 /* Whether action a (on one layer, l0) runs in two parts: its slot k. */
@@ -762,6 +773,8 @@ static bool in_parts(struct pipe_exec *x, const struct pipe_action *a, int l0, i
 {
 	x->mid_k = x->parts && l1 - l0 == 1 ? k : -1;
 	x->mid_op = a->op;
+	x->mid_last = x->last_b >= 0 && a == &x->a[x->last_b];
+	x->mid_sent = false;
 	return x->mid_k >= 0;
 }
 

@@ -132,13 +132,17 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
  * step's first compute: the non-layer group, the first layers), started
  * ahead of the step: by the optimizer as soon as it has updated the
  * shards they read (pipe_exec_first_reads names those groups, as
- * weights_needed does: up to max into l0[], l1[]; returns how many). The
- * next pipe_exec_step finds them in flight and skips them. comm: the
+ * weights_needed does: up to max into l0[], l1[], and into by[] (when
+ * not NULL) the leading gather, 0, 1, ..., that reads each; returns how
+ * many). pipe_exec_prefetch starts those before `upto` not started yet,
+ * in table order (an update that finishes one gather's shards after the
+ * other's sends each as soon as its shards are done). The next
+ * pipe_exec_step finds them in flight and skips them. comm: the
  * collectives the next step uses. pipe_exec_prefetch_drop waits for
  * them and drops them (before anything else uses the model: an eval,
  * the end of the run); the next step gathers them again. 0 or -errno. */
-int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int max);
-int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm);
+int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int *by, int max);
+int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm, int upto);
 int pipe_exec_prefetch_drop(struct pipe_exec *x);
 
 /* Filling receive waits (`pipeline_fill_waits`): at a receive that has

@@ -117,11 +117,12 @@ static int open_data(struct trainer *t, const struct cfg *c, bool eval_only, cha
 }
 
 /* The optimizer's call once it has updated the shards the next step's
- * table gathers first: they leave now (pipe_exec_prefetch). */
-static int prefetch(void *ctx)
+ * table's leading gathers before upto read: they leave now
+ * (pipe_exec_prefetch). */
+static int prefetch(void *ctx, int upto)
 {
 	struct trainer *t = ctx;
-	return t->step_mc ? pipe_exec_prefetch(t->px, t->step_mc) : 0;
+	return t->step_mc ? pipe_exec_prefetch(t->px, t->step_mc, upto) : 0;
 }
 
 /* The optimizer, its buckets in the order the step's table makes
@@ -132,11 +133,13 @@ static int open_optim(struct trainer *t, const struct cfg *c, struct optim_place
 	int n = pipe_exec_grad_order(t->px, NULL, NULL, 0), rc;
 	/* room for the order and for the groups the leading gathers read
 	 * (a stage may read more groups first than it completes) */
-	int nf = pipe_exec_first_reads(t->px, NULL, NULL, 0), cap = (n > nf ? n : nf) + 1;
+	int nf = pipe_exec_first_reads(t->px, NULL, NULL, NULL, 0), cap = (n > nf ? n : nf) + 1;
 	int *l0 = malloc(sizeof(int) * (size_t)cap), *l1 = malloc(sizeof(int) * (size_t)cap);
-	if (!l0 || !l1) {
+	int *by = malloc(sizeof(int) * (size_t)cap);
+	if (!l0 || !l1 || !by) {
 		free(l0);
 		free(l1);
+		free(by);
 		snprintf(err, errlen, "train: out of memory for the gradient order");
 		return -ENOMEM;
 	}
@@ -153,10 +156,12 @@ static int open_optim(struct trainer *t, const struct cfg *c, struct optim_place
 		/* the groups the table's leading gathers read, every one:
 		 * the prefetch copies their shards into the windows as it
 		 * starts them, so each must be updated before it */
-		optim_set_prefetch(t->opt, prefetch, t, l0, l1, pipe_exec_first_reads(t->px, l0, l1, nf));
+		nf = pipe_exec_first_reads(t->px, l0, l1, by, nf);
+		optim_set_prefetch(t->opt, prefetch, t, l0, l1, by, nf);
 	}
 	free(l0);
 	free(l1);
+	free(by);
 	return rc;
 }
 
