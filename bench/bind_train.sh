@@ -11,11 +11,11 @@
 # of 4 stages (interleaved_1f1b, v = 2, 8 layers, sequence 128, 8
 # microbatches of 2 rows, no recompute: bench/sched_sleep.sh's 4x1 run
 # with real compute); fsdp22 = 2 hosts x 2 devices, fsdp 2 x 2
-# (bench/overlap.sh's fsdp22 keys). A, B: the two variants as NAME=KEY
+# (bench/overlap.sh's fsdp22 keys); dp41 = 4 hosts x 1 device, data=4. A, B: the two variants as NAME=KEY
 # (default bound=cpu_bind=auto, unbound=cpu_bind=none), e.g.
 #   SHAPE=pipe41 A=spread=cpu_bind=spread B=none=cpu_bind=none bench/bind_train.sh 3 5
 # ~30 s a run on an idle 2-vCPU machine.
-# usage: [DPH=1|2] [SHAPE=pipe41|fsdp22] [A=N=K B=N=K] bench/bind_train.sh [ROUNDS] [STEPS]
+# usage: [DPH=1|2] [SHAPE=pipe41|fsdp22|dp41] [A=N=K B=N=K] bench/bind_train.sh [ROUNDS] [STEPS]
 set -eu
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -34,7 +34,8 @@ case ${SHAPE:-} in
     num_layers_per_pipeline_stage=1" ;;
   fsdp22) shape="--hosts 2 --devices-per-host 2 ici_data_parallelism=1 dcn_data_parallelism=1
     dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2" ;;
-  *) echo "bind_train.sh: SHAPE $SHAPE: not pipe41 or fsdp22" >&2; exit 1 ;;
+  dp41) shape="--hosts 4 --devices-per-host 1" ;;
+  *) echo "bind_train.sh: SHAPE $SHAPE: not pipe41, fsdp22 or dp41" >&2; exit 1 ;;
 esac
 a=${A:-bound=cpu_bind=auto}
 b=${B:-unbound=cpu_bind=none}
