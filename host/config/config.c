@@ -716,7 +716,8 @@ static int finish(struct cfg *c, int want_hosts, int want_devices, char *err, si
 			 c->fsdp_layer_parts);
 		return -EINVAL;
 	}
-	if (strcmp(c->cpu_bind, "auto") && strcmp(c->cpu_bind, "none") && strcmp(c->cpu_bind, "spread")) {
+	if (strcmp(c->cpu_bind, "auto") && strcmp(c->cpu_bind, "none") &&
+	    strcmp(c->cpu_bind, "spread")) {
 		snprintf(err, errlen, "config: key 'cpu_bind' must be auto, none or spread, got '%s'",
 			 c->cpu_bind);
 		return -EINVAL;
