@@ -202,14 +202,8 @@ static void bind_children(struct launch_child *k, int hosts, cpu_set_t *shares)
 	setenv("MESHRUN_CPUS_SHARED", n, 1);
 	if (cpu_bind == BIND_NONE || hosts < 2)
 		return;
-	/* auto: a device is what mpirun calls a rank: each computes on a
-	 * core; agents of one device each are bound even when they outnumber
-	 * the CPUs, round-robin as spread (4 x 1 on 2 CPUs measured no slower
-	 * with real compute, and neighbours' messages faster: bench/results/
-	 * pipeline.md, spread13); several devices an agent that do not fit
-	 * float (2 x 2 bound was slower, bind12) */
-	if (cpu_bind == BIND_AUTO && cpu_bind_devices > 1 &&
-	    (long)hosts * cpu_bind_devices > CPU_COUNT(&all))
+	/* auto: a device is what mpirun calls a rank: each computes on a core */
+	if (cpu_bind == BIND_AUTO && (long)hosts * cpu_bind_devices > CPU_COUNT(&all))
 		return;
 	for (int i = 0; i < hosts; i++)
 		if (!local_cpu_spread(&all, hosts, i, &shares[i]))

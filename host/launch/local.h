@@ -40,10 +40,9 @@ int local_launch(int hosts, int argc, char **argv, const struct launch_opts *o,
  * - "auto" (the default): with hosts >= 2 and hosts x devices_per_host
  *   <= the CPUs this process may use (sched_getaffinity), local_launch
  *   binds child I to local_cpu_share's share I of them before it execs,
- *   as mpirun binds its ranks (a device computes as a rank does); one
- *   device a host and more hosts than CPUs: as spread (round-robin, one
- *   CPU each); several devices a host and more devices than CPUs: every
- *   child may run on all of them (as mpirun when oversubscribed).
+ *   as mpirun binds its ranks (a device computes as a rank does); more
+ *   devices than CPUs: every child may run on all of them (mpirun too
+ *   binds none when oversubscribed).
  * - "spread": with hosts >= 2, child I is bound to local_cpu_spread's
  *   share I whatever the devices: hosts <= CPUs as auto's shares, more
  *   hosts than CPUs one CPU each, round-robin, so children I and I+1
