@@ -7,8 +7,11 @@
 # runs were slow (over 1.3x the op's fastest run of any variant).
 # VARIANTS: space-separated NAME=BIN[,key=value...] (BIN a meshrun
 # binary; default: bound and unbound of build/meshrun). Raw: build/bind_ab.log.
+# HOSTS=4: 4 hosts x 1 device instead (e.g. cpu_bind=spread against
+# cpu_bind=none: VARIANTS="spread=build/meshrun,cpu_bind=spread
+# none=build/meshrun,cpu_bind=none").
 # ~3 s a variant a round on an idle 2-vCPU machine.
-# usage: [VARIANTS="..."] [SIZE=64K] [ITERS=500] bench/bind_ab.sh [ROUNDS]
+# usage: [VARIANTS="..."] [SIZE=64K] [ITERS=500] [HOSTS=2|4] bench/bind_ab.sh [ROUNDS]
 set -eu
 cd "$(dirname "$0")/.."
 rounds=${1:-10}
@@ -31,7 +34,7 @@ for round in $(seq 1 "$rounds"); do
     keys=""
     [ "$bin" = "$spec" ] || keys=${spec#*,}
     for op in $ops; do
-      t=$("$bin" bench collectives --hosts 2 --devices-per-host 1 --op "$op" --sizes "$size" \
+      t=$("$bin" bench collectives --hosts "${HOSTS:-2}" --devices-per-host 1 --op "$op" --sizes "$size" \
         --iters "$iters" --warmup 20 ${keys//,/ } 2>&1 | awk '$1 ~ /^[0-9]+$/ && NF == 6 {print $3}')
       echo "$name $op ${t:-fail}" >> "$log"
     done

@@ -7,8 +7,15 @@
 # per step (user+sys of the whole run / steps), then the median over the
 # rounds, with the load average. Also checks the two give the same loss_hex.
 # DPH=2: 2 hosts x 2 devices (data=4) instead.
+# SHAPE (issue 20/21, spread13): pipe41 = 4 hosts x 1 device, a pipeline
+# of 4 stages (interleaved_1f1b, v = 2, 8 layers, sequence 128, 8
+# microbatches of 2 rows, no recompute: bench/sched_sleep.sh's 4x1 run
+# with real compute); fsdp22 = 2 hosts x 2 devices, fsdp 2 x 2
+# (bench/overlap.sh's fsdp22 keys); dp41 = 4 hosts x 1 device, data=4. A, B: the two variants as NAME=KEY
+# (default bound=cpu_bind=auto, unbound=cpu_bind=none), e.g.
+#   SHAPE=pipe41 A=spread=cpu_bind=spread B=none=cpu_bind=none bench/bind_train.sh 3 5
 # ~30 s a run on an idle 2-vCPU machine.
-# usage: [DPH=1|2] bench/bind_train.sh [ROUNDS] [STEPS]
+# usage: [DPH=1|2] [SHAPE=pipe41|fsdp22|dp41] [A=N=K B=N=K] bench/bind_train.sh [ROUNDS] [STEPS]
 set -eu
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -18,9 +25,24 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 out=build/bind_train.log
 : > "$out"
+shape="--hosts 2 --devices-per-host ${DPH:-1}"
+case ${SHAPE:-} in
+  "") ;;
+  pipe41) shape="--hosts 4 --devices-per-host 1 base_num_decoder_layers=8 max_target_length=128
+    ici_data_parallelism=1 dcn_data_parallelism=1 pipeline_recompute=false dcn_pipeline_parallelism=4
+    per_device_batch_size=4 pipeline_schedule=interleaved_1f1b num_pipeline_microbatches=8
+    num_layers_per_pipeline_stage=1" ;;
+  fsdp22) shape="--hosts 2 --devices-per-host 2 ici_data_parallelism=1 dcn_data_parallelism=1
+    dcn_fsdp_parallelism=2 ici_fsdp_parallelism=2" ;;
+  dp41) shape="--hosts 4 --devices-per-host 1" ;;
+  *) echo "bind_train.sh: SHAPE $SHAPE: not pipe41, fsdp22 or dp41" >&2; exit 1 ;;
+esac
+a=${A:-bound=cpu_bind=auto}
+b=${B:-unbound=cpu_bind=none}
 one() { # NAME ROUND KEY
-  /usr/bin/time -f "%U %S" -o "$tmp/$1.cpu" build/meshrun local --hosts 2 \
-    --devices-per-host "${DPH:-1}" --config configs/llama-bench.yml steps="$steps" openblas_threads=1 "$3" \
+  # shellcheck disable=SC2086
+  /usr/bin/time -f "%U %S" -o "$tmp/$1.cpu" build/meshrun local $shape \
+    --config configs/llama-bench.yml steps="$steps" openblas_threads=1 "$3" \
     --metrics "$tmp/$1.$2.jsonl" > /dev/null 2>&1
   /usr/bin/python3 - "$tmp/$1.$2.jsonl" "$tmp/$1.cpu" "$1" "$2" "$steps" <<'PY' | tee -a "$out"
 import json, sys
@@ -36,9 +58,9 @@ PY
 for round in $(seq 1 "$rounds"); do
   echo "# round $round load $(cat /proc/loadavg)" | tee -a "$out"
   if [ $((round % 2)) = 1 ]; then
-    one bound "$round" cpu_bind=auto; one unbound "$round" cpu_bind=none
+    one "${a%%=*}" "$round" "${a#*=}"; one "${b%%=*}" "$round" "${b#*=}"
   else
-    one unbound "$round" cpu_bind=none; one bound "$round" cpu_bind=auto
+    one "${b%%=*}" "$round" "${b#*=}"; one "${a%%=*}" "$round" "${a#*=}"
   fi
 done
 echo "# end load $(cat /proc/loadavg)" | tee -a "$out"

@@ -10,7 +10,8 @@
  * runs on the CPU's own OpenBLAS kernels where the library falls back;
  * device threads compute at device_nice and the threads that move bytes
  * do not; `local`'s agents each run on their own share of the CPUs
- * (cpu_bind) unless it is off or they outnumber the CPUs; synthetic compute (pipeline_compute=sleep) prints no loss and
+ * (cpu_bind) unless it is off or they outnumber the CPUs, and with
+ * cpu_bind spread round-robin on one CPU each when they do; synthetic compute (pipeline_compute=sleep) prints no loss and
  * writes no checkpoint. */
 #include <check.h>
 #include <dirent.h>
@@ -733,10 +734,12 @@ static int agent_cpus(pid_t launcher, int max, cpu_set_t *cpus, bool *env_ok, in
 }
 
 /* `local --hosts hosts` with cpu_bind=bind and `devs` devices a host
- * from a launcher that may use `all`: every agent on its share (the CPUs
- * of `all` in order, cut in `hosts` runs of CPU_COUNT / hosts) when
- * `bound`, else on all of them. */
-static void bind_case(int hosts, int devs, const char *bind, const cpu_set_t *all, bool bound)
+ * from a launcher that may use `all`: with slots > 0, agent i on run
+ * (i mod slots) of the CPUs of `all` in order cut in `slots` runs of
+ * CPU_COUNT / slots (auto: slots = hosts; spread: min(hosts, CPUs));
+ * with slots 0, every agent on all of them. Each agent is told the
+ * launcher's count either way, so its thread rules count as floating. */
+static void bind_case(int hosts, int devs, const char *bind, const cpu_set_t *all, int slots)
 {
 	char nh[16], key[32], name[48], dev[48];
 	snprintf(nh, sizeof(nh), "%d", hosts);
@@ -752,24 +755,28 @@ static void bind_case(int hosts, int devs, const char *bind, const cpu_set_t *al
 	bool env_ok[4] = { false };
 	int found = agent_cpus(r.pid, 4, cpus, env_ok, CPU_COUNT(all));
 	ck_assert_msg(found == hosts, "%d agents of %d found:\n%s", found, hosts, slurp(r.err));
-	int per = CPU_COUNT(all) / hosts;
+	int per = slots ? CPU_COUNT(all) / slots : CPU_COUNT(all);
 	for (int i = 0; i < hosts; i++) {
 		ck_assert_msg(env_ok[i], "host %d: no MESHRUN_CPUS_SHARED=%d", i, CPU_COUNT(all));
 		cpu_set_t want;
 		CPU_ZERO(&want);
-		for (int c = 0, seen = 0; bound && c < CPU_SETSIZE; c++)
-			if (CPU_ISSET(c, all) && seen++ / per == i)
+		for (int c = 0, seen = 0; slots && c < CPU_SETSIZE; c++)
+			if (CPU_ISSET(c, all) && seen++ / per == i % slots)
 				CPU_SET(c, &want);
-		ck_assert_msg(CPU_EQUAL(&cpus[i], bound ? &want : all),
+		ck_assert_msg(CPU_EQUAL(&cpus[i], slots ? &want : all),
 			      "%s, %d agents on %d CPUs: host %d runs on %d CPUs, not the %d %s", key, hosts,
-			      CPU_COUNT(all), i, CPU_COUNT(&cpus[i]), bound ? per : CPU_COUNT(all),
-			      bound ? "of its share" : "of the launcher");
+			      CPU_COUNT(all), i, CPU_COUNT(&cpus[i]), per,
+			      slots ? "of its share" : "of the launcher");
 	}
-	if (bound)
-		for (int i = 1; i < hosts; i++) {
+	/* agents in different slots share no CPU, agents in one slot all of theirs */
+	for (int i = 0; slots && i < hosts; i++)
+		for (int j = i + 1; j < hosts; j++) {
 			cpu_set_t both;
-			CPU_AND(&both, &cpus[0], &cpus[i]);
-			ck_assert_int_eq(CPU_COUNT(&both), 0);
+			CPU_AND(&both, &cpus[i], &cpus[j]);
+			if (i % slots == j % slots)
+				ck_assert_msg(CPU_EQUAL(&cpus[i], &cpus[j]), "%s: hosts %d and %d", key, i, j);
+			else
+				ck_assert_msg(CPU_COUNT(&both) == 0, "%s: hosts %d and %d share a CPU", key, i, j);
 		}
 	kill(-r.pid, SIGINT);
 	ck_assert_int_eq(proc_wait(&r, 10), EXIT_INTERRUPTED);
@@ -783,7 +790,9 @@ START_TEST(test_cpu_bind)
 	ck_assert_str_eq(c.cpu_bind, "auto");
 	ck_assert_int_eq(cfg_override(&c, "cpu_bind=all", err, sizeof err), 0);
 	ck_assert_int_ne(cfg_finish(&c, 1, 1, err, sizeof err), 0);
-	ck_assert_msg(strstr(err, "'cpu_bind'"), "%s", err);
+	ck_assert_msg(strstr(err, "'cpu_bind'") && strstr(err, "auto, none or spread"), "%s", err);
+	ck_assert_int_eq(cfg_override(&c, "cpu_bind=spread", err, sizeof err), 0);
+	ck_assert_int_eq(cfg_finish(&c, 1, 1, err, sizeof err), 0);
 
 	/* the shares of a set with holes */
 	cpu_set_t set, share;
@@ -794,13 +803,18 @@ START_TEST(test_cpu_bind)
 	ck_assert_int_eq(local_cpu_share(&set, 2, 1, &share), 0);
 	ck_assert(CPU_ISSET(4, &share) && CPU_ISSET(5, &share) && CPU_COUNT(&share) == 2);
 	ck_assert_int_eq(local_cpu_share(&set, 6, 0, &share), -1);
+	/* spread: 7 agents on 5 CPUs, one each, round-robin */
+	ck_assert_int_eq(local_cpu_spread(&set, 7, 6, &share), 0);
+	ck_assert(CPU_ISSET(2, &share) && CPU_COUNT(&share) == 1);
+	ck_assert_int_eq(local_cpu_spread(&set, 2, 1, &share), 0);
+	ck_assert(CPU_ISSET(4, &share) && CPU_ISSET(5, &share) && CPU_COUNT(&share) == 2);
 
 	/* through the launcher, from the CPUs this process may use */
 	cpu_set_t was, two;
 	ck_assert_int_eq(sched_getaffinity(0, sizeof(was), &was), 0);
 	int n = CPU_COUNT(&was);
-	bind_case(2, 1, "auto", &was, n >= 2);
-	bind_case(2, 1, "none", &was, false);
+	bind_case(2, 1, "auto", &was, n >= 2 ? 2 : 0);
+	bind_case(2, 1, "none", &was, 0);
 	/* more agents than CPUs: none bound (as mpirun); at most 3 agents,
 	 * from a launcher that may use at most 2 CPUs */
 	CPU_ZERO(&two);
@@ -810,9 +824,15 @@ START_TEST(test_cpu_bind)
 			k++;
 		}
 	ck_assert_int_eq(sched_setaffinity(0, sizeof(two), &two), 0);
-	bind_case(CPU_COUNT(&two) + 1, 1, "auto", &two, false);
+	int m = CPU_COUNT(&two);
+	bind_case(m + 1, 1, "auto", &two, 0);
 	/* more devices than CPUs (a device computes as a rank): none bound */
-	bind_case(2, 2, "auto", &two, false);
+	bind_case(2, 2, "auto", &two, 0);
+	/* spread: 4 agents round-robin on the (up to) 2 CPUs, one CPU each:
+	 * agents 0 and 2 on one, 0 and 1 on different ones when there are 2 */
+	bind_case(4, 1, "spread", &two, m);
+	/* spread binds whatever the devices: 2 x 2 as 2 x 1 */
+	bind_case(2, 2, "spread", &two, m < 2 ? m : 2);
 	ck_assert_int_eq(sched_setaffinity(0, sizeof(was), &was), 0);
 }
 END_TEST

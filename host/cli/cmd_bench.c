@@ -88,7 +88,7 @@ static int bench_check_config(const char *who, const struct args *a, struct mesh
 	if (rc)
 		cli_error(who, "%s", err);
 	else
-		local_set_cpu_bind(strcmp(cfg.cpu_bind, "none") != 0, cfg.devices_per_host);
+		local_set_cpu_bind(cfg.cpu_bind, cfg.devices_per_host);
 	return rc;
 }
 

@@ -185,7 +185,7 @@ int cmd_local(int argc, char **argv)
 		cli_error("local", "%s", err);
 		return rc;
 	}
-	local_set_cpu_bind(strcmp(c.cpu_bind, "none") != 0, c.devices_per_host);
+	local_set_cpu_bind(c.cpu_bind, c.devices_per_host);
 	rc = check_restarts(&c, &rs);
 	/* a checkpoint that cannot continue this run, said once, nothing started */
 	if (!rc && rs.resume && rs.ckpt_dir && !strcmp(cli_agent_job(), "train") &&

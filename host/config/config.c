@@ -716,8 +716,9 @@ static int finish(struct cfg *c, int want_hosts, int want_devices, char *err, si
 			 c->fsdp_layer_parts);
 		return -EINVAL;
 	}
-	if (strcmp(c->cpu_bind, "auto") && strcmp(c->cpu_bind, "none")) {
-		snprintf(err, errlen, "config: key 'cpu_bind' must be auto or none, got '%s'",
+	if (strcmp(c->cpu_bind, "auto") && strcmp(c->cpu_bind, "none") &&
+	    strcmp(c->cpu_bind, "spread")) {
+		snprintf(err, errlen, "config: key 'cpu_bind' must be auto, none or spread, got '%s'",
 			 c->cpu_bind);
 		return -EINVAL;
 	}

@@ -177,7 +177,7 @@ struct cfg_list {
 	X(INT,   openblas_threads, "0", 0, "0: max(1, cores / devices on this machine, every agent's counted)") \
 	X(INT,   device_nice, "0", 0, "the nice value a device thread computes at (0-19, README \"Threads and cores\"): a lower priority than its host's stream, net and communication threads (nice 0), so that one woken by arriving bytes may take the core from a computing device; 0 (the default, measured best on a shared machine): no change") \
 	X(BOOL,  device_batch, "false", 0, "true: device threads compute under SCHED_BATCH (never preempting a woken thread; measured against device_nice in bench/README.md)") \
-	X(STR,   cpu_bind, "auto", 0, "auto | none: auto: meshrun local (and bench link, bench collectives) binds each of its k agents to its own k-th of the CPUs it may use when k x devices a host <= those CPUs, as mpirun binds ranks (README \"Threads and cores\"); none: every agent may run on all of them; ssh and Slurm launches start one agent a host and never bind")
+	X(STR,   cpu_bind, "auto", 0, "auto | none | spread: auto: meshrun local (and bench link, bench collectives) binds each of its k agents to its own k-th of the CPUs it may use when k x devices a host <= those CPUs, as mpirun binds ranks (README \"Threads and cores\"); none: every agent may run on all of them; spread: always binds, k <= CPUs as auto, more agents than CPUs agent i on CPU i mod CPUs, so neighbours i and i+1 never share one (emulates hosts with their own cores); ssh and Slurm launches start one agent a host and never bind")
 
 #define CFG_ICI_KEY(X, e, name, stem, def) \
 	X(INT, ici_##stem##_parallelism, def, 1, "devices of a host along the " #name " axis")

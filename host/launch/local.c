@@ -153,12 +153,12 @@ static int make_children(struct launch_child *k, int hosts, int argc, char **arg
 	return 0;
 }
 
-static bool cpu_bind = true;
+static enum { BIND_NONE, BIND_AUTO, BIND_SPREAD } cpu_bind = BIND_AUTO;
 static int cpu_bind_devices = 1;
 
-void local_set_cpu_bind(bool on, int devices_per_host)
+void local_set_cpu_bind(const char *mode, int devices_per_host)
 {
-	cpu_bind = on;
+	cpu_bind = !strcmp(mode, "none") ? BIND_NONE : !strcmp(mode, "spread") ? BIND_SPREAD : BIND_AUTO;
 	cpu_bind_devices = devices_per_host > 0 ? devices_per_host : 1;
 }
 
@@ -178,9 +178,20 @@ int local_cpu_share(const cpu_set_t *all, int k, int i, cpu_set_t *share)
 	return 0;
 }
 
+int local_cpu_spread(const cpu_set_t *all, int k, int i, cpu_set_t *share)
+{
+	int n = CPU_COUNT(all);
+	if (k < 1 || i < 0 || i >= k || n < 1)
+		return -1;
+	int slots = k < n ? k : n;
+	return local_cpu_share(all, slots, i % slots, share);
+}
+
 /* Binds child i to its share when cpu_bind and the count allow
  * (local_set_cpu_bind); shares: room for `hosts`. Sets
- * MESHRUN_CPUS_SHARED for the children either way. */
+ * MESHRUN_CPUS_SHARED for the children either way: the launcher's
+ * count, also for agents that spread puts on one CPU together, so every
+ * thread rule counts as it does for floating agents. */
 static void bind_children(struct launch_child *k, int hosts, cpu_set_t *shares)
 {
 	cpu_set_t all;
@@ -189,11 +200,13 @@ static void bind_children(struct launch_child *k, int hosts, cpu_set_t *shares)
 		return;
 	snprintf(n, sizeof(n), "%d", CPU_COUNT(&all));
 	setenv("MESHRUN_CPUS_SHARED", n, 1);
-	/* a device is what mpirun calls a rank: each computes on a core */
-	if (!cpu_bind || hosts < 2 || (long)hosts * cpu_bind_devices > CPU_COUNT(&all))
+	if (cpu_bind == BIND_NONE || hosts < 2)
+		return;
+	/* auto: a device is what mpirun calls a rank: each computes on a core */
+	if (cpu_bind == BIND_AUTO && (long)hosts * cpu_bind_devices > CPU_COUNT(&all))
 		return;
 	for (int i = 0; i < hosts; i++)
-		if (!local_cpu_share(&all, hosts, i, &shares[i]))
+		if (!local_cpu_spread(&all, hosts, i, &shares[i]))
 			k[i].cpus = &shares[i];
 }
 

@@ -35,21 +35,33 @@
 int local_launch(int hosts, int argc, char **argv, const struct launch_opts *o,
 		 struct launch_result *r, char *err, size_t errlen);
 
-/* cpu_bind (configs/base.yml; README "Threads and cores"): with it on
- * (the default), hosts >= 2 and hosts x devices_per_host <= the CPUs
- * this process may use (sched_getaffinity), local_launch binds child I to
- * local_cpu_share's share I of them before it execs, as mpirun binds its
- * ranks (a device computes as a rank does); more devices than CPUs, or it
- * off: every child may run on all of them (mpirun too binds none when
- * oversubscribed). Either way each child gets
- * MESHRUN_CPUS_SHARED=<those CPUs' count> (util_cpus_shared). The
- * launchers call this after their config check. */
-void local_set_cpu_bind(bool on, int devices_per_host);
+/* cpu_bind (configs/base.yml; README "Threads and cores"), mode one of
+ * the key's values:
+ * - "auto" (the default): with hosts >= 2 and hosts x devices_per_host
+ *   <= the CPUs this process may use (sched_getaffinity), local_launch
+ *   binds child I to local_cpu_share's share I of them before it execs,
+ *   as mpirun binds its ranks (a device computes as a rank does); more
+ *   devices than CPUs: every child may run on all of them (mpirun too
+ *   binds none when oversubscribed).
+ * - "spread": with hosts >= 2, child I is bound to local_cpu_spread's
+ *   share I whatever the devices: hosts <= CPUs as auto's shares, more
+ *   hosts than CPUs one CPU each, round-robin, so children I and I+1
+ *   (pipeline and ring neighbours) never share a CPU when there are two
+ *   or more. For emulating hosts that each have their own cores.
+ * - "none": no child is bound.
+ * Either way each child gets MESHRUN_CPUS_SHARED=<those CPUs' count>
+ * (util_cpus_shared). The launchers call this after their config check. */
+void local_set_cpu_bind(const char *mode, int devices_per_host);
 
 /* Share i (0-based) of `all` among k agents: the CPUs of `all` in
  * number order cut into k runs of CPU_COUNT(all) / k, agent i the i-th
  * (any CPUs left over are in no share). Returns 0, or -1 when k < 1,
  * i is not in [0, k) or k exceeds CPU_COUNT(all). */
 int local_cpu_share(const cpu_set_t *all, int k, int i, cpu_set_t *share);
+
+/* cpu_bind spread's share i of `all` among k agents: with s = min(k,
+ * CPU_COUNT(all)), local_cpu_share(all, s, i mod s). Returns 0, or -1
+ * when k < 1, i is not in [0, k) or `all` is empty. */
+int local_cpu_spread(const cpu_set_t *all, int k, int i, cpu_set_t *share);
 
 #endif
