@@ -31,9 +31,6 @@
 #include "host/model/window.h"
 #include "host/util/clock.h"
 
-/* the last part of a synthetic sleep the device thread spins through */
-#define PIPE_SYNTH_SPIN_US 100
-
 /* receives posted ahead at most (the transport keeps as many); landing
  * buffers for those whose table buffer is still in use: pipe_landing_bufs
  * (host/pipeline/schedule.h) */
@@ -717,22 +714,17 @@ static double synth_s(const struct pipe_exec *x, const struct pipe_action *a)
  * (pipe_exec_step): a sleep ends on time, as compute does. */
 static _Thread_local uint64_t spin_ns;
 
-/* Sleeps to *d + s seconds (absolute; *d the deadline reached, after). */
-static int sleep_until(struct timespec *d, double s)
+/* Sleeps to *d + s seconds (monotonic ns; *d the deadline reached, after). */
+static int sleep_until(uint64_t *d, double s)
 {
-	long long ns = d->tv_nsec + llround(s * 1e9);
-	d->tv_sec += (time_t)(ns / 1000000000);
-	d->tv_nsec = (long)(ns % 1000000000);
-	return util_sleep_until_ns((uint64_t)d->tv_sec * 1000000000u + (uint64_t)d->tv_nsec, spin_ns);
+	*d += (uint64_t)llround(s * 1e9);
+	return util_sleep_until_ns(*d, spin_ns);
 }
 
 static int sleep_s(double s)
 {
-	struct timespec d;
-	if (s <= 0)
-		return 0;
-	clock_gettime(CLOCK_MONOTONIC, &d);
-	return sleep_until(&d, s);
+	uint64_t d = util_now_ns();
+	return s > 0 ? sleep_until(&d, s) : 0;
 }
 
 static int synth(struct pipe_exec *x, const struct pipe_action *a)
@@ -752,18 +744,16 @@ static int synth_parts(struct pipe_exec *x, const struct pipe_action *a, int l)
 	unsigned mask[MODEL_PART_STEPS];
 	bool bw = a->op == PA_B;
 	int n = model_part_steps(x->m, l, bw, share, mask), rc = 0;
-	struct timespec d, t0, t1;
+	uint64_t d = util_now_ns(), t0;
 	x->slept++;
-	clock_gettime(CLOCK_MONOTONIC, &d);
 	for (int j = 0; j < n && !rc; j++) {
 		rc = s > 0 ? sleep_until(&d, s * share[j] + late) : 0;
 		late = 0;
 		if (rc || !mask[j])
 			continue;
-		clock_gettime(CLOCK_MONOTONIC, &t0);
+		t0 = util_now_ns();
 		rc = exec_mid(x, l, bw, mask[j]);
-		clock_gettime(CLOCK_MONOTONIC, &t1);
-		late = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+		late = (double)(util_now_ns() - t0) * 1e-9;
 	}
 	return rc;
 }
@@ -1148,10 +1138,10 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	x->slept = 0;
 	/* synthetic compute: the device thread's sleeps end at their
 	 * deadline, not up to the default 50 us timer slack after it, nor
-	 * a wake-up after it (the spun end; MESHRUN_SYNTH_SPIN_US=n spins
-	 * n us instead, 0 none: to measure against) */
+	 * a wake-up after it: their last 100 us spun (MESHRUN_SYNTH_SPIN_US=n
+	 * spins n us instead, 0 none: to measure against) */
 	const char *sp = getenv("MESHRUN_SYNTH_SPIN_US");
-	spin_ns = 1000u * (uint64_t)(sp && *sp ? atoi(sp) : PIPE_SYNTH_SPIN_US);
+	spin_ns = 1000u * (uint64_t)(sp && *sp ? atoi(sp) : 100);
 	if (x->sleep)
 		prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 	for (int b = 0; b < x->t.bufs[x->stage]; b++)
