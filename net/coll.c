@@ -92,7 +92,7 @@ struct coll_dev *coll_dev_new(struct xport *x, int device_id, size_t segment_byt
 	if (d->seg < 4)
 		d->seg = 4;
 	d->timeout_ns = timeout_s > 0 ? (uint64_t)(timeout_s * 1e9) : 600000000000ull;
-	d->direct_max = 65536;
+	d->direct_max = COLL_DIRECT_MAX_DEFAULT;
 	pthread_mutex_init(&d->mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);

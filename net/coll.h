@@ -54,8 +54,10 @@ void coll_dev_free(struct coll_dev *d);
 void coll_set_step(struct coll_dev *d, uint64_t step);
 /* Buffers of at most this many bytes (the full buffer: all_gather output,
  * reduce_scatter input, all_reduce buffer) in groups of at most 16 use one
- * direct exchange instead of a ring. Default 65536; 0 = always ring. Every
- * member of a group must use the same value (it changes summation order). */
+ * direct exchange instead of a ring. Default COLL_DIRECT_MAX_DEFAULT; 0 =
+ * always ring. Every member of a group must use the same value (it changes
+ * summation order). */
+#define COLL_DIRECT_MAX_DEFAULT 65536
 void coll_set_direct_max(struct coll_dev *d, size_t bytes);
 /* all_gather, reduce_scatter and all_reduce (and their _v forms) on a
  * group of H >= 2 hosts x D >= 2 devices each, uniform and host-major,

@@ -732,20 +732,30 @@ static const struct span *dev_span(const struct spans *t, int d, int s, const ch
  * attention block's weights are waited for at the start); the losses
  * are the switch off's, bit for bit. Switch off, neither happens: only
  * the order, from the trace. */
+/* llama-tiny on FSDP2 for 3 steps with `extra`, in parts (traced to
+ * NAME.json) and in whole layers (fsdp_layer_parts=false): the same
+ * loss_hex each step. */
+static void parts_same_losses(const char *extra, const char *name)
+{
+	char args[512], on[10][40], off[10][40], f[64];
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 %s "
+		 "--trace %s/%s.json --metrics %s/%s.jsonl", FSDP2, extra, tmpdir, name, tmpdir, name);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 %s fsdp_layer_parts=false "
+		 "--metrics %s/%s-whole.jsonl", FSDP2, extra, tmpdir, name);
+	show_log_on_failure(run(args), 0);
+	snprintf(f, sizeof(f), "%s.jsonl", name);
+	ck_assert_int_eq(loss_hexes(f, on, 10), 3);
+	snprintf(f, sizeof(f), "%s-whole.jsonl", name);
+	ck_assert_int_eq(loss_hexes(f, off, 10), 3);
+	for (int s = 0; s < 3; s++)
+		ck_assert_msg(!strcmp(on[s], off[s]), "step %d: loss %s in parts, %s in whole layers", s, on[s],
+			      off[s]);
+}
+
 START_TEST(test_fsdp_layer_parts)
 {
-	char args[512], on[10][40], off[10][40];
-	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 "
-		 "--trace %s/p.json --metrics %s/p.jsonl", FSDP2, tmpdir, tmpdir);
-	show_log_on_failure(run(args), 0);
-	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 fsdp_layer_parts=false "
-		 "--metrics %s/o.jsonl", FSDP2, tmpdir);
-	show_log_on_failure(run(args), 0);
-	ck_assert_int_eq(loss_hexes("p.jsonl", on, 10), 3);
-	ck_assert_int_eq(loss_hexes("o.jsonl", off, 10), 3);
-	for (int s = 0; s < 3; s++)
-		ck_assert_msg(!strcmp(on[s], off[s]), "step %d: loss %s with fsdp_layer_parts, %s without", s, on[s],
-			      off[s]);
+	parts_same_losses("", "p");
 	struct spans t = spans_read("p.json");
 	for (int d = 0; d < 2; d++)
 		for (int s = 0; s < 3; s++) {
@@ -784,19 +794,7 @@ END_TEST
  * one), while layer 1's, not the last, queues one. */
 START_TEST(test_fsdp_projection_parts)
 {
-	const char *wide = "base_emb_dim=512 base_num_query_heads=8 base_num_kv_heads=8";
-	char args[512], on[10][40], off[10][40];
-	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 %s "
-		 "--trace %s/q.json --metrics %s/q.jsonl", FSDP2, wide, tmpdir, tmpdir);
-	show_log_on_failure(run(args), 0);
-	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 %s fsdp_layer_parts=false "
-		 "--metrics %s/w.jsonl", FSDP2, wide, tmpdir);
-	show_log_on_failure(run(args), 0);
-	ck_assert_int_eq(loss_hexes("q.jsonl", on, 10), 3);
-	ck_assert_int_eq(loss_hexes("w.jsonl", off, 10), 3);
-	for (int s = 0; s < 3; s++)
-		ck_assert_msg(!strcmp(on[s], off[s]), "step %d: loss %s in parts, %s in whole layers", s, on[s],
-			      off[s]);
+	parts_same_losses("base_emb_dim=512 base_num_query_heads=8 base_num_kv_heads=8", "q");
 	struct spans t = spans_read("q.json");
 	for (int d = 0; d < 2; d++)
 		for (int s = 0; s < 3; s++) {

@@ -402,6 +402,17 @@ END_TEST
 static bool scatter_listed;
 static size_t scatter_copies[2];
 
+/* Device d's step begun with the list (in-place) gathers and
+ * reduce-scatters, its gradients zeroed. */
+static void listed_step(struct dev *d, struct model_step *st)
+{
+	d->comm.start_all_gather_v = start_all_gather_v;
+	d->comm.start_reduce_scatter_v = start_reduce_scatter_v;
+	d->comm.wait = wait_h;
+	memset(model_grads(d->m), 0, model_numel(d->m) * sizeof(float));
+	model_step_begin(d->m, st);
+}
+
 static void *scatter_layer(void *arg)
 {
 	struct dev *d = arg;
@@ -500,12 +511,8 @@ static void *scatter_beside(void *arg)
 	struct dev *d = arg;
 	struct model_step st = { .comm = &d->comm };
 	struct win *w = model_window(d->m);
-	d->comm.start_all_gather_v = start_all_gather_v;
-	d->comm.start_reduce_scatter_v = start_reduce_scatter_v;
 	d->comm.start_reduce_scatter = start_reduce_scatter;
-	d->comm.wait = wait_h;
-	memset(model_grads(d->m), 0, model_numel(d->m) * sizeof(float));
-	model_step_begin(d->m, &st);
+	listed_step(d, &st);
 	win_gather_start(w, 0, WIN_NONLAYER, 0);
 	win_gather_start(w, 1, 0, 1);
 	rc_of[d->me] = win_wait(w, 0) | win_wait(w, 1);
@@ -571,11 +578,7 @@ static void *parts_layer(void *arg)
 	struct model_step st = { .comm = &d->comm };
 	struct win *w = model_window(d->m);
 	const struct param_info *pq = param(whole, "wq"), *pg = param(whole, "w_gate");
-	d->comm.start_all_gather_v = start_all_gather_v;
-	d->comm.start_reduce_scatter_v = start_reduce_scatter_v;
-	d->comm.wait = wait_h;
-	memset(model_grads(d->m), 0, model_numel(d->m) * sizeof(float));
-	model_step_begin(d->m, &st);
+	listed_step(d, &st);
 	rc_of[d->me] = model_set_parts(d->m, true, NULL, NULL);
 	win_gather_start(w, 1, 0, 1);
 	rc_of[d->me] |= win_wait_first(w, 1);
@@ -626,16 +629,12 @@ static void *parts5_layer(void *arg)
 	const char *att[] = { "wq", "wk", "wo" };
 	const int attid[] = { P_WQ, P_WK, P_WO };
 	signed char part[P_COUNT], part0[P_COUNT];
-	d->comm.start_all_gather_v = start_all_gather_v;
-	d->comm.start_reduce_scatter_v = start_reduce_scatter_v;
-	d->comm.wait = wait_h;
 	for (int i = 0; i < P_COUNT; i++)
 		part[i] = part0[i] = i >= P_MLP_NORM && i < P_FINAL_NORM ? 4 : 0;
 	part0[P_WK] = 1;
 	part0[P_WV] = 2;
 	part0[P_WO] = 3;
-	memset(model_grads(d->m), 0, model_numel(d->m) * sizeof(float));
-	model_step_begin(d->m, &st);
+	listed_step(d, &st);
 	rc_of[d->me] = win_set_parts(w, part, part0);
 	win_gather_start(w, 1, 0, 1);
 	rc_of[d->me] |= win_wait_first(w, 1);

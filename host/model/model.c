@@ -18,6 +18,7 @@
 #include "host/model/model_int.h"
 #include "host/util/mem.h"
 #include "kernels/kernels.h"
+#include "net/coll.h"
 
 /* ---- allocation ---- */
 
@@ -560,15 +561,11 @@ const int32_t *model_expert_counts(const struct model *m) { return m->counts_all
 size_t model_window_numel(const struct model *m) { return win_numel(m->win); }
 struct win *model_window(struct model *m) { return m->win; }
 
-/* A member's block of a part (one collective) at most this size would
- * take the comm's direct exchange (net/coll.h, coll_set_direct_max's
- * default), which sums in another order than the ring the whole
- * attention block's takes: another bit. */
-#define PART_MIN_BYTES 65536
-
 /* Grouped-query attention in four parts (model_set_parts): where each
- * projection is gathered and its block on a member is above
- * PART_MIN_BYTES. */
+ * projection is gathered and its block on a member is above the comm's
+ * direct-exchange size (a smaller part's collective would take the
+ * direct exchange, which sums in another order than the ring the whole
+ * attention block's takes: another bit). */
 static bool fine_parts(const struct model *m)
 {
 	static const int proj[] = { P_WQ, P_WK, P_WV, P_WO };
@@ -576,7 +573,7 @@ static bool fine_parts(const struct model *m)
 		return false;
 	for (size_t j = 0; j < sizeof(proj) / sizeof(proj[0]); j++)
 		if (m->pidx[proj[j]] < 0 || !m->pp[proj[j]].gather ||
-		    param_slice_numel(&m->p[proj[j]]) * sizeof(float) <= PART_MIN_BYTES)
+		    param_slice_numel(&m->p[proj[j]]) * sizeof(float) <= COLL_DIRECT_MAX_DEFAULT)
 			return false;
 	return true;
 }
