@@ -44,13 +44,12 @@ def parse(path, aes=None):
             continue
         # bench/goals19.sh: libcrypto's perf samples over a whole meshrun
         # run (warm-ups, iterations, one checked run): the cipher's CPU per
-        # op on the scale of the bench's "# cpu" figure (which counts the
-        # iterations and the checked run, over the iterations)
+        # op, as the bench's "# cpu" figure counts its timed loop alone
         m = re.match(r"# cipher-samples (\S+) (\d+) (\d+) (\S+) (\d+) (\d+)", line)
         if m:
             op, size, k, hz, it, warm = (m.group(1), int(m.group(2)), int(m.group(3)),
                                          float(m.group(4)), int(m.group(5)), int(m.group(6)))
-            us = k / hz * 1e6 / (it + warm + 1) * (it + 1) / it
+            us = k / hz * 1e6 / (it + warm + 1)
             runs.setdefault((shape, "meshrun-cipher", op, size), []).append((us, us, 0.0))
             continue
         m = re.match(r"# shape (\S+)", line)
