@@ -42,7 +42,7 @@ struct dir {
 };
 
 struct tls_rec {
-	const EVP_CIPHER *cipher;
+	EVP_CIPHER *cipher;           /* fetched once (EVP_CIPHER_fetch), ours to free */
 	const char *md;               /* the suite's hash, for HKDF */
 	size_t hlen, klen;
 	struct dir tx, rx;
@@ -225,17 +225,17 @@ struct tls_rec *tls_rec_new(enum tls_rec_suite s, const uint8_t *tx_secret,
 	}
 	switch (s) {
 	case TLS_REC_AES_128_GCM_SHA256:
-		r->cipher = EVP_aes_128_gcm();
+		r->cipher = EVP_CIPHER_fetch(NULL, "AES-128-GCM", NULL);
 		r->md = "SHA256";
 		r->klen = 16;
 		break;
 	case TLS_REC_AES_256_GCM_SHA384:
-		r->cipher = EVP_aes_256_gcm();
+		r->cipher = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL);
 		r->md = "SHA384";
 		r->klen = 32;
 		break;
 	default:
-		r->cipher = EVP_chacha20_poly1305();
+		r->cipher = EVP_CIPHER_fetch(NULL, "ChaCha20-Poly1305", NULL);
 		r->md = "SHA256";
 		r->klen = 32;
 		break;
@@ -250,7 +250,7 @@ struct tls_rec *tls_rec_new(enum tls_rec_suite s, const uint8_t *tx_secret,
 	r->rx.ctx = EVP_CIPHER_CTX_new();
 	memcpy(r->tx.secret, tx_secret, r->hlen);
 	memcpy(r->rx.secret, rx_secret, r->hlen);
-	if (!r->out || !r->in || !r->tx.ctx || !r->rx.ctx || dir_keys(r, &r->tx, 1) ||
+	if (!r->cipher || !r->out || !r->in || !r->tx.ctx || !r->rx.ctx || dir_keys(r, &r->tx, 1) ||
 	    dir_keys(r, &r->rx, 0)) {
 		snprintf(err, errlen, "tls records: unable to set up the %s keys", r->md);
 		tls_rec_free(r);
@@ -265,6 +265,7 @@ void tls_rec_free(struct tls_rec *r)
 		return;
 	EVP_CIPHER_CTX_free(r->tx.ctx);
 	EVP_CIPHER_CTX_free(r->rx.ctx);
+	EVP_CIPHER_free(r->cipher);
 	free(r->out);
 	free(r->in);
 	/* the secrets, ivs and whatever plaintext is left */
@@ -273,6 +274,17 @@ void tls_rec_free(struct tls_rec *r)
 }
 
 /* ---- writing ---- */
+
+/* The AEAD tag as an OSSL_PARAM of its own: read after a seal with
+ * EVP_CIPHER_CTX_get_params, given to the open's init. Straight to the
+ * provider, without EVP_CIPHER_CTX_ctrl's translation of a ctrl into
+ * parameters. */
+static void tag_param(OSSL_PARAM p[2], uint8_t *tag)
+{
+	p[0] = (OSSL_PARAM){ OSSL_CIPHER_PARAM_AEAD_TAG, OSSL_PARAM_OCTET_STRING, tag, TAG_LEN,
+			     OSSL_PARAM_UNMODIFIED };
+	p[1] = (OSSL_PARAM)OSSL_PARAM_END;
+}
 
 /* Encrypts one record of type with n bytes of src to r->out + out_len. */
 static int seal(struct tls_rec *r, uint8_t type, const uint8_t *src, size_t n)
@@ -285,14 +297,16 @@ static int seal(struct tls_rec *r, uint8_t type, const uint8_t *src, size_t n)
 	d[2] = 3;
 	d[3] = (uint8_t)(rlen >> 8);
 	d[4] = (uint8_t)rlen;
+	OSSL_PARAM tag[2];
 	nonce(&r->tx, iv);
+	tag_param(tag, d + 5 + n + 1);
 	EVP_CIPHER_CTX *x = r->tx.ctx;
 	if (EVP_EncryptInit_ex(x, NULL, NULL, NULL, iv) != 1 ||
 	    EVP_EncryptUpdate(x, NULL, &o, d, 5) != 1 ||
 	    (n && EVP_EncryptUpdate(x, d + 5, &o, src, (int)n) != 1) ||
 	    EVP_EncryptUpdate(x, d + 5 + n, &o, &type, 1) != 1 ||
 	    EVP_EncryptFinal_ex(x, d + 5 + n + 1, &o) != 1 ||
-	    EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, TAG_LEN, d + 5 + n + 1) != 1)
+	    EVP_CIPHER_CTX_get_params(x, tag) != 1)
 		return -1;
 	if (r->corrupt_next) {
 		/* past the header: ciphertext or tag, which the peer rejects */
@@ -569,14 +583,16 @@ static ssize_t open_record(struct tls_rec *r, struct conn *c, uint8_t *dst, size
 	unsigned long long rec = (unsigned long long)r->rx_records;
 	size_t n1 = inner < cap ? inner : cap;
 	uint8_t iv[IV_LEN];
+	OSSL_PARAM tag[2];
 	int o;
 	nonce(&r->rx, iv);
+	/* the expected tag goes in with the nonce: one call to the provider */
+	tag_param(tag, (uint8_t *)(h + 5 + inner));
 	EVP_CIPHER_CTX *x = r->rx.ctx;
-	if (EVP_DecryptInit_ex(x, NULL, NULL, NULL, iv) != 1 ||
+	if (EVP_DecryptInit_ex2(x, NULL, NULL, iv, tag) != 1 ||
 	    EVP_DecryptUpdate(x, NULL, &o, h, 5) != 1 ||
 	    (n1 && EVP_DecryptUpdate(x, dst, &o, h + 5, (int)n1) != 1) ||
 	    (inner > n1 && EVP_DecryptUpdate(x, r->plain, &o, h + 5 + n1, (int)(inner - n1)) != 1) ||
-	    EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_SET_TAG, TAG_LEN, (void *)(h + 5 + inner)) != 1 ||
 	    EVP_DecryptFinal_ex(x, r->plain + (inner - n1), &o) != 1)
 		return rx_fail(c, -EPROTO, "bad record mac", rec);
 	r->rx.seq++;
