@@ -27,8 +27,8 @@ int main(int argc, char **argv)
 	int S = atoi(argv[1]), M = atoi(argv[2]), v = 2;
 	double f = atof(argv[3]), i = atof(argv[4]), w = atof(argv[5]), snd = atof(argv[6]);
 	double fidle = (S - 1) * (f + i + w);
-	printf("| S | M | g | hop ms | span ms | busy ms | idle ms | idle / formula (%.1f ms) | peak (stage 0) | "
-	       "formula peak |\n|---|---|---|---|---|---|---|---|---|---|\n", fidle);
+	printf("| S | M | g | hop ms | span ms | busy ms | idle ms | formula idle ms | idle / formula | "
+	       "peak (stage 0) | formula peak |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
 	for (int g = S; g <= M; g++) {
 		struct pipe_shape p = { .sched = PIPE_INTERLEAVED, .stages = S, .microbatches = M, .repeats = v,
 					.group = g == S ? 0 : g, .layers_per_stage = 1, .delay = 1,
@@ -55,8 +55,8 @@ int main(int argc, char **argv)
 				busy = st.busy > busy ? st.busy : busy;
 			}
 			double idle = t.period - busy;
-			printf("| %d | %d | %d | %.2f | %.1f | %.1f | %.1f | %.3f | %d | %d |\n", S, M, g, c.hop,
-			       t.period, busy, idle, idle / fidle, peak, pipe_peak_formula(&p, 0));
+			printf("| %d | %d | %d | %.2f | %.1f | %.1f | %.1f | %.1f | %.3f | %d | %d |\n", S, M, g, c.hop,
+			       t.period, busy, idle, fidle, idle / fidle, peak, pipe_peak_formula(&p, 0));
 		}
 		pipe_table_free(&t);
 	}
