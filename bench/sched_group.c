@@ -11,15 +11,52 @@
  * Built against build/libmeshrun.a (bench/sched_group.sh builds and runs
  * it):
  *   cc -std=c11 -D_GNU_SOURCE -O2 -I. -Ibuild bench/sched_group.c build/libmeshrun.a $(LIBS)
- * usage: sched_group S M F I W SEND H [H ...] */
+ * usage: sched_group S M F I W SEND H [H ...]
+ *        sched_group grid S M G SLOTS: the first SLOTS unit slots of each
+ *        stage at F 1, B 2, no hop (a forward's cell m.c: microbatch m
+ *        through the stage's chunk c; a backward's two cells b) */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "host/pipeline/schedule.h"
+
+static int grid(int S, int M, int g, int slots)
+{
+	char err[1024];
+	struct pipe_shape p = { .sched = PIPE_INTERLEAVED, .stages = S, .microbatches = M, .repeats = 2,
+				.group = g, .layers_per_stage = 1, .delay = 1, .wmode = PIPE_W_ITER,
+				.recompute = false };
+	struct pipe_table t;
+	if (pipe_table_build(&t, &p, err, sizeof(err))) {
+		fprintf(stderr, "sched_group: %s\n", err);
+		return 1;
+	}
+	for (int s = 0; s < S; s++) {
+		printf("stage %d", s);
+		for (int u = 0; u < slots; u++) {
+			const char *cell = ".";
+			char buf[16];
+			for (int k = 0; k < t.n[s]; k++) {
+				const struct pipe_action *a = &t.a[s][k];
+				if ((a->op != PA_F && a->op != PA_B) || a->t0 > u + 0.5 || a->t1 < u + 0.5)
+					continue;
+				snprintf(buf, sizeof(buf), "%d.%d", a->mb, a->chunk / S);
+				cell = a->op == PA_F ? buf : "b";
+			}
+			printf(" %4s", cell);
+		}
+		printf("\n");
+	}
+	pipe_table_free(&t);
+	return 0;
+}
 
 int main(int argc, char **argv)
 {
 	char err[1024];
+	if (argc == 6 && !strcmp(argv[1], "grid"))
+		return grid(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
 	if (argc < 8) {
 		fprintf(stderr, "usage: sched_group S M F I W SEND H [H ...]\n");
 		return 2;
