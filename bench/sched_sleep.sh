@@ -30,7 +30,8 @@
 # the sender: "hop(stream)"), and ZB-H1's idle over 1F1B's; the load
 # average beside each run.
 # VARIANTS: runs of the same binary with extra key=value's, alternating
-# run by run ("NAME|k=v k=v" words; default "base|"), e.g.
+# run by run ("NAME|k=v+k=v" words, + between a variant's key=value's;
+# default "base|"), e.g.
 #   VARIANTS="off|p2p_handoff_bytes=0 hand|p2p_handoff_bytes=262144"
 # pipeline_interleave_group=X in a variant goes to the interleaved_1f1b
 # runs only, X a number, M (the run's microbatches) or next (the least
@@ -91,7 +92,7 @@ group_kv() {
 # costs; a line for the summary
 run() {
   local name=$1 S=$2 M=$3 s=$4 costs=$5 vn=$6 vkv v=1 l
-  vkv=$(group_kv $2 $3 $4 "$7")
+  vkv=$(group_kv $2 $3 $4 "${7//+/ }")
   case $s in interleaved_1f1b|zbv) v=2 ;; esac
   l=$((8 / S / v))
   # per action: a chunk of 8/(S v) layers does 1/v of a stage's work
@@ -131,7 +132,7 @@ for round in $(seq $rounds); do
     for var in $variants; do
       vn=${var%%|*}
       # one message at a time: one way, and the send call's part of it
-      "$bin" bench link --hosts 2 --sizes $sizes --iters 30 --pingpong $(group_kv 1 1 none "${var#*|}") >$tmp/pp-$vn 2>&1 ||
+      "$bin" bench link --hosts 2 --sizes $sizes --iters 30 --pingpong $(group_kv 1 1 none "$(tr + ' ' <<<"${var#*|}")") >$tmp/pp-$vn 2>&1 ||
         { cat $tmp/pp-$vn >&2; exit 1; }
       echo "# $mesh $vn one way ms (4M/2M/1M/512K/256K): $(awk '$1 ~ /^[0-9]+$/ {printf "%.2f ", $2 / 1000}' $tmp/pp-$vn)" \
         "send call ms: $(awk '$2 == "send" {printf "%.3f ", $4 / 1000}' $tmp/pp-$vn); load $(cut -d' ' -f1-3 /proc/loadavg)"
