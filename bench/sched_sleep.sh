@@ -30,8 +30,13 @@
 # the sender: "hop(stream)"), and ZB-H1's idle over 1F1B's; the load
 # average beside each run.
 # VARIANTS: runs of the same binary with extra key=value's, alternating
-# run by run ("NAME|k=v k=v" words; default "base|"), e.g.
+# run by run ("NAME|k=v+k=v" words, + between a variant's key=value's;
+# default "base|"), e.g.
 #   VARIANTS="off|p2p_handoff_bytes=0 hand|p2p_handoff_bytes=262144"
+# pipeline_interleave_group=X in a variant goes to the interleaved_1f1b
+# runs only, X a number, M (the run's microbatches) or next (the least
+# group above S whose last group is 0 or above S, else S), e.g.
+#   VARIANTS="base| next|pipeline_interleave_group=next gM|pipeline_interleave_group=M"
 # usage: [STEPS=6] [ROUNDS=1] [MESHES="2x1 4x1"] [MULTS="1 2 4"] [SCHEDS=...] [MS_F=20] [RATIO=20,20,10] [VARIANTS=...] bench/sched_sleep.sh
 #   (BIN: a meshrun binary to run, else build/meshrun after `make`;
 #   RATIO= (empty) skips the unequal-ratio runs)
@@ -59,11 +64,35 @@ model="--config configs/llama-bench.yml $model_kv"
 t0=$(date +%s)
 echo "# sched_sleep: steps=$steps rounds=$rounds F=I=W=$f ms, ratio $ratio; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
+# the variant's key=value's for a run of schedule $3 (S $1, M $2):
+# pipeline_interleave_group for interleaved_1f1b only, M and next resolved
+group_kv() {
+  local S=$1 M=$2 s=$3 kv out="" g
+  for kv in $4; do
+    case $kv in
+      pipeline_interleave_group=*)
+        [ "$s" = interleaved_1f1b ] || continue
+        g=${kv#*=}
+        if [ "$g" = M ]; then g=$M; fi
+        if [ "$g" = next ]; then
+          g=$S
+          for ((k = S + 1; k <= M; k++)); do
+            if [ $((M % k)) -eq 0 ] || [ $((M % k)) -gt $S ]; then g=$k; break; fi
+          done
+        fi
+        kv=pipeline_interleave_group=$g ;;
+    esac
+    out="$out $kv"
+  done
+  echo "$out"
+}
+
 # run NAME S M SCHED COSTS(F,I,W ms per microbatch through the stage)
 # VARIANT_NAME "K=V ...": one `local` run and the simulator at the same
 # costs; a line for the summary
 run() {
-  local name=$1 S=$2 M=$3 s=$4 costs=$5 vn=$6 vkv=$7 v=1 l
+  local name=$1 S=$2 M=$3 s=$4 costs=$5 vn=$6 vkv v=1 l
+  vkv=$(group_kv $2 $3 $4 "${7//+/ }")
   case $s in interleaved_1f1b|zbv) v=2 ;; esac
   l=$((8 / S / v))
   # per action: a chunk of 8/(S v) layers does 1/v of a stage's work
@@ -73,15 +102,15 @@ run() {
   kv="$kv num_pipeline_microbatches=$M num_layers_per_pipeline_stage=$l"
   local load
   load=$(cut -d' ' -f1 /proc/loadavg)
-  "$bin" schedule $model $kv --costs "${c//,/:}" >$tmp/$name.sched 2>&1 || { cat $tmp/$name.sched >&2; exit 1; }
+  "$bin" schedule $model $kv $vkv --costs "${c//,/:}" >$tmp/$name.sched 2>&1 || { cat $tmp/$name.sched >&2; exit 1; }
   # the simulator again, each message one message's time for its size
   # (one way, the sender's send call part of it), and the stream's time
   local bytes=$((4194304 / M)) hop snd shop
   hop=$(awk -v b=$bytes '$1 == b {printf "%.3f", $2 / 1000}' $tmp/pp-$vn)
   snd=$(awk -v b=$bytes '$1 == "#" && $2 == "send" && $3 == b ":" {printf "%.3f", $4 / 1000}' $tmp/pp-$vn)
   shop=$(awk -v b=$bytes '$1 == b {printf "%.3f", $2 / 1000}' $tmp/link)
-  $tmp/sched_hop configs/llama-bench.yml $S ${c//,/ } $hop $snd $model_kv $kv >$tmp/$name.hop
-  $tmp/sched_hop configs/llama-bench.yml $S ${c//,/ } $shop 0 $model_kv $kv >$tmp/$name.shop
+  $tmp/sched_hop configs/llama-bench.yml $S ${c//,/ } $hop $snd $model_kv $kv $vkv >$tmp/$name.hop
+  $tmp/sched_hop configs/llama-bench.yml $S ${c//,/ } $shop 0 $model_kv $kv $vkv >$tmp/$name.shop
   "$bin" local --hosts $S --devices-per-host 1 $model $kv $vkv steps=$steps pipeline_compute=sleep \
     pipeline_sleep_ms=$c --trace $tmp/$name.json --metrics $tmp/$name.jsonl --quiet \
     >$tmp/$name.log 2>&1 || { cat $tmp/$name.log >&2; echo "sched_sleep: $name failed" >&2; exit 1; }
@@ -103,7 +132,7 @@ for round in $(seq $rounds); do
     for var in $variants; do
       vn=${var%%|*}
       # one message at a time: one way, and the send call's part of it
-      "$bin" bench link --hosts 2 --sizes $sizes --iters 30 --pingpong ${var#*|} >$tmp/pp-$vn 2>&1 ||
+      "$bin" bench link --hosts 2 --sizes $sizes --iters 30 --pingpong $(group_kv 1 1 none "$(tr + ' ' <<<"${var#*|}")") >$tmp/pp-$vn 2>&1 ||
         { cat $tmp/pp-$vn >&2; exit 1; }
       echo "# $mesh $vn one way ms (4M/2M/1M/512K/256K): $(awk '$1 ~ /^[0-9]+$/ {printf "%.2f ", $2 / 1000}' $tmp/pp-$vn)" \
         "send call ms: $(awk '$2 == "send" {printf "%.3f ", $4 / 1000}' $tmp/pp-$vn); load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -169,6 +169,37 @@ START_TEST(test_split_bit_identical)
 }
 END_TEST
 
+/* A group of g > S microbatches a chunk (pipeline_interleave_group)
+ * changes when a stage runs a chunk's microbatches, not the order its
+ * gradients add up in (each chunk still runs its microbatches in order):
+ * the losses are g = S's bit for bit. S = 2 with a last group shorter
+ * than the others (M = 8, g = 3: groups of 3, 3, 2), S = 4 with recompute
+ * off and one group (g = M = 8). */
+static void group_same_losses(const char *cmd, int g)
+{
+	char args[1024];
+	double la[10], lb[10];
+	snprintf(args, sizeof(args), "%s --metrics %s/ga.jsonl", cmd, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "%s pipeline_interleave_group=%d --metrics %s/gb.jsonl", cmd, g, tmpdir);
+	show_log_on_failure(run(args), 0);
+	ck_assert_int_eq(losses("ga.jsonl", la, 10), 10);
+	ck_assert_int_eq(losses("gb.jsonl", lb, 10), 10);
+	for (int k = 0; k < 10; k++)
+		ck_assert_msg(la[k] == lb[k], "group %d against the stages', step %d: %a vs %a", g, k, lb[k], la[k]);
+}
+
+START_TEST(test_group_bit_identical)
+{
+	group_same_losses("local --hosts 1 --devices-per-host 2 --config " LLAMA " steps=10 per_device_batch_size=4 "
+			  PP2 " num_pipeline_microbatches=8 base_num_decoder_layers=4 "
+			  "pipeline_schedule=interleaved_1f1b", 3);
+	group_same_losses("local --hosts 1 --devices-per-host 4 --config " LLAMA " steps=10 per_device_batch_size=2 "
+			  "ici_data_parallelism=1 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
+			  "base_num_decoder_layers=8 pipeline_schedule=interleaved_1f1b pipeline_recompute=false", 8);
+}
+END_TEST
+
 /* the circular schedule without recompute: MoE with repeats and FSDP */
 START_TEST(test_circular_no_recompute)
 {
@@ -207,6 +238,11 @@ int main(void)
 	tcase_add_test(tc, test_split_bit_identical);
 	tcase_add_test(tc, test_circular_no_recompute);
 	tcase_add_test(tc, test_held_recv_ready_streams);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("group");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, test_group_bit_identical);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	/* no fork: the single-device baselines are cached across tests */

@@ -232,6 +232,131 @@ START_TEST(test_send_cost)
 }
 END_TEST
 
+/* Interleaved 1F1B with a group of g > S microbatches a chunk
+ * (pipeline_interleave_group), S in 2..8, M in S..4S, v in {2, 4}, every
+ * g in (S, M]: refused when the last group (M mod g) is neither 0 nor at
+ * least S, else validated with the formula's bubble, each stage's peak
+ * min(vM, 2(S-1-s) + (v-1)g + 1), and every chunk's forwards and
+ * backwards in microbatch order (so its gradients add up in the order
+ * of g = S: the same bits). g = S given is the default's table. */
+static void same_order(const struct pipe_table *a, const struct pipe_table *b)
+{
+	for (int s = 0; s < a->shape.stages; s++) {
+		ck_assert_int_eq(a->n[s], b->n[s]);
+		for (int k = 0; k < a->n[s]; k++) {
+			ck_assert_int_eq(a->a[s][k].op, b->a[s][k].op);
+			ck_assert_int_eq(a->a[s][k].mb, b->a[s][k].mb);
+			ck_assert_int_eq(a->a[s][k].chunk, b->a[s][k].chunk);
+		}
+	}
+}
+
+START_TEST(test_group_tables)
+{
+	int built = 0, refused = 0;
+	for (int S = 2; S <= 8; S++)
+		for (int M = S; M <= 4 * S; M++)
+			for (int v = 2; v <= 4; v *= 2)
+				for (int g = S; g <= M; g++) {
+					struct pipe_shape p = shape(PIPE_INTERLEAVED, S, M, v, PIPE_W_ONCE);
+					struct pipe_table t, t0;
+					p.group = g;
+					if (M % g && M % g < S) {
+						ck_assert_int_eq(pipe_table_build(&t, &p, err, sizeof(err)), -EINVAL);
+						ck_assert_msg(strstr(err, g == S ? "a multiple of the stages" : "last group"),
+							      "%s", err);
+						refused++;
+						continue;
+					}
+					build(&t, &p);
+					if (g == S) {
+						p.group = 0;
+						build(&t0, &p);
+						same_order(&t, &t0);
+						pipe_table_free(&t0);
+						p.group = g;
+					}
+					check_structure(&t);
+					double f = pipe_bubble_formula(&p), got = pipe_table_bubble(&t);
+					ck_assert_msg(fabs(got - f) < 1e-9, "S=%d M=%d v=%d g=%d: bubble %.6f, formula %.6f",
+						      S, M, v, g, got, f);
+					for (int s = 0; s < S; s++) {
+						struct pipe_stats st;
+						int w = 2 * (S - 1 - s) + (v - 1) * g + 1, last[2][32];
+						pipe_stage_stats(&t, s, &st);
+						ck_assert_int_eq(pipe_peak_formula(&p, s), w < v * M ? w : v * M);
+						ck_assert_msg(st.peak_saved == pipe_peak_formula(&p, s),
+							      "S=%d M=%d v=%d g=%d stage %d: peak %d, formula %d", S, M, v, g,
+							      s, st.peak_saved, pipe_peak_formula(&p, s));
+						memset(last, -1, sizeof(last));
+						for (int k = 0; k < t.n[s]; k++) {
+							const struct pipe_action *a = &t.a[s][k];
+							if (a->op != PA_F && a->op != PA_B)
+								continue;
+							int *l = &last[a->op == PA_B][a->chunk];
+							ck_assert_msg(a->mb == *l + 1, "S=%d M=%d v=%d g=%d stage %d: %s of mb %d "
+								      "after mb %d in chunk %d", S, M, v, g, s,
+								      pipe_act_name(a->op), a->mb, *l, a->chunk);
+							*l = a->mb;
+						}
+					}
+					pipe_table_free(&t);
+					built++;
+				}
+	ck_assert_int_gt(built, 800);
+	ck_assert_int_gt(refused, 500);
+	/* a group outside [S, M], or for another schedule */
+	struct pipe_table t;
+	struct pipe_shape p = shape(PIPE_INTERLEAVED, 4, 8, 2, PIPE_W_ONCE);
+	p.group = 3;
+	ck_assert_int_eq(pipe_table_build(&t, &p, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "[stages, microbatches]"), "%s", err);
+	p.group = 9;
+	ck_assert_int_eq(pipe_table_build(&t, &p, err, sizeof(err)), -EINVAL);
+	p = shape(PIPE_1F1B, 4, 8, 1, PIPE_W_ONCE);
+	p.group = 8;
+	ck_assert_int_eq(pipe_table_build(&t, &p, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "interleaved_1f1b"), "%s", err);
+}
+END_TEST
+
+/* Why the group: with every transfer taking `hop` (bench/sched_hop.c's
+ * model; here a twentieth of a forward), g = S puts 4S - 2 hops on the
+ * critical path (each chunk change waits for a microbatch to go round
+ * the ring of stages, with no slack), a group whose every part is larger
+ * than S only the ramp's 2(S - 1) (one microbatch down the stages and
+ * its gradient back), and a last group of exactly S brings S back. At
+ * no hop every one idles the formula's (S-1)(F+B). */
+START_TEST(test_group_hops)
+{
+	const double hop = 0.05;
+	for (int S = 2; S <= 8; S++)
+		for (int M = S; M <= 4 * S; M += S)
+			for (int g = S; g <= M; g++) {
+				if (M % g && M % g < S)
+					continue;
+				struct pipe_shape p = shape(PIPE_INTERLEAVED, S, M, 2, PIPE_W_ONCE);
+				struct pipe_costs c = { .f = 1, .b = 2, .i = 1, .w = 1 };
+				struct pipe_table t;
+				struct pipe_stats st;
+				p.recompute = false;
+				p.group = g;
+				build(&t, &p);
+				pipe_stage_stats(&t, 0, &st);
+				ck_assert_msg(fabs(t.period - st.busy - (S - 1) * 3.0) < 1e-9, "S=%d M=%d g=%d: idle %g",
+					      S, M, g, t.period - st.busy);
+				c.hop = hop;
+				ck_assert_int_eq(pipe_table_simulate(&t, &c, false, err, sizeof(err)), 0);
+				pipe_stage_stats(&t, 0, &st);
+				int hops = g == S ? 4 * S - 2 : M % g == S ? 3 * S - 2 : 2 * (S - 1);
+				ck_assert_msg(fabs(t.period - st.busy - (S - 1) * 3.0 - hops * hop) < 1e-9,
+					      "S=%d M=%d g=%d: idle %g, want %g + %d hops", S, M, g, t.period - st.busy,
+					      (S - 1) * 3.0, hops);
+				pipe_table_free(&t);
+			}
+}
+END_TEST
+
 /* MoE (a count sum; a counting pass for the schedules that back-propagate
  * before the last forward), layers outside the pipeline, recompute off:
  * every builder's table still validates, and the owners' actions sit
@@ -755,6 +880,13 @@ START_TEST(test_keys_resolve)
 					    "pipeline_schedule=interleaved_1f1b")), 0);
 	ck_assert_int_eq(pc.shape.repeats, 2);
 	ck_assert_int_eq(pc.shape.sched, PIPE_INTERLEAVED);
+	ck_assert_int_eq(pc.shape.group, 0);
+	/* a group: M need not be a multiple of S when the last group is >= S */
+	ck_assert_int_eq(resolve(&pc, 4, KV("ici_pipeline_parallelism=4", "base_num_decoder_layers=8",
+					    "pipeline_schedule=interleaved_1f1b", "num_pipeline_microbatches=9",
+					    "per_device_batch_size=9", "pipeline_interleave_group=5")), 0);
+	ck_assert_int_eq(pc.shape.group, 5);
+	ck_assert_int_eq(pc.shape.microbatches, 9);
 	ck_assert_int_eq(resolve(&pc, 4, KV("ici_pipeline_parallelism=4", "base_num_decoder_layers=8",
 					    "pipeline_schedule=zbv")), 0);
 	ck_assert_int_eq(pc.shape.sched, PIPE_ZBV);
@@ -807,6 +939,19 @@ START_TEST(test_keys_refused)
 		{ KV("ici_pipeline_parallelism=2", "pipeline_schedule=1f1b", "num_pipeline_microbatches=4",
 		     "pipeline_delay_activation_forwarding=true"), 2,
 		  { "'pipeline_delay_activation_forwarding'", "circular only", "pipeline_schedule=1f1b" } },
+		{ KV("ici_pipeline_parallelism=4", "base_num_decoder_layers=8", "pipeline_schedule=interleaved_1f1b",
+		     "num_pipeline_microbatches=8", "pipeline_interleave_group=6"), 4,
+		  { "'num_pipeline_microbatches' (8) mod 'pipeline_interleave_group' (6)", "last group of 2",
+		    "fewer than the 4 stages" } },
+		{ KV("ici_pipeline_parallelism=4", "base_num_decoder_layers=8", "pipeline_schedule=interleaved_1f1b",
+		     "num_pipeline_microbatches=8", "pipeline_interleave_group=9"), 4,
+		  { "'pipeline_interleave_group' (9)", "-1 or in [4, 8]", "'num_pipeline_microbatches'" } },
+		{ KV("ici_pipeline_parallelism=4", "base_num_decoder_layers=8", "pipeline_schedule=interleaved_1f1b",
+		     "num_pipeline_microbatches=8", "pipeline_interleave_group=3"), 4,
+		  { "'pipeline_interleave_group' (3)", "at least the 4 stages", "ici_pipeline_parallelism" } },
+		{ KV("ici_pipeline_parallelism=2", "pipeline_schedule=1f1b", "num_pipeline_microbatches=4",
+		     "pipeline_interleave_group=4"), 2,
+		  { "'pipeline_interleave_group' (4)", "interleaved_1f1b only", "pipeline_schedule=1f1b" } },
 		{ KV("ici_pipeline_parallelism=2", "base_num_decoder_layers=8", "pipeline_schedule=interleaved_1f1b",
 		     "pipeline_fsdp_ag_per_repeat=true"), 2,
 		  { "'pipeline_fsdp_ag_per_repeat'", "pipeline_schedule=interleaved_1f1b", "4 chunks" } },
@@ -927,6 +1072,21 @@ START_TEST(test_command)
 	ck_assert_int_ge(atoi(cells[6]), 1);
 	ck_assert_int_le(atoi(cells[6]), 2);
 
+	/* interleaved with a group of 8: named, and stage 0 holds 2(S-1) + g + 1 = 15
+	 * chunk inputs (11 with the paper's g = S) */
+	rc = run_meshrun("schedule --config configs/llama-tiny.yml ici_pipeline_parallelism=4 "
+			 "base_num_decoder_layers=8 num_pipeline_microbatches=8 pipeline_schedule=interleaved_1f1b "
+			 "pipeline_interleave_group=8", out, sizeof(out));
+	ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+	ck_assert_msg(strstr(out, "group: g=8 microbatches through a chunk"), "%s", out);
+	ck_assert_int_eq(row_cells(out, "memory per device", "\n  0 ", cells), 8);
+	ck_assert_str_eq(cells[0], "15");
+	ck_assert_str_eq(cells[1], "15");
+	ck_assert_int_eq(row_cells(out, "actions of each stage", "stage 0:", cells) > 18, 1);
+	ck_assert_str_eq(cells[14], "E7");
+	ck_assert_str_eq(cells[15], "F7.0");
+	ck_assert_str_eq(cells[16], "F0.1");
+
 	/* measured costs: a forward is 2 slots, the backward what it took here */
 	rc = run_meshrun("schedule --config configs/llama-tiny.yml ici_pipeline_parallelism=2 "
 			 "pipeline_schedule=1f1b --costs measured", out, sizeof(out));
@@ -950,6 +1110,8 @@ int main(void)
 	tcase_add_test(tc, test_schedules_compared);
 	tcase_add_test(tc, test_zb_h1_costs);
 	tcase_add_test(tc, test_send_cost);
+	tcase_add_test(tc, test_group_tables);
+	tcase_add_test(tc, test_group_hops);
 	tcase_add_test(tc, test_tables_with_moe_outside_recompute);
 	tcase_add_test(tc, test_circular_lockstep);
 	tcase_add_test(tc, test_shape_refused);

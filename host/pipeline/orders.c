@@ -36,23 +36,37 @@ static int order_gpipe(const struct pipe_shape *p, int s, struct pipe_action *ou
 }
 
 /* Interleaved 1F1B (Narayanan et al. 2021), v chunks a stage; v = 1 is
- * 1F1B. The j-th forward of a stage is microbatch (j / (S v)) S + j mod S
- * of its local chunk (j / S) mod v: groups of S microbatches go through
- * one chunk, then the next; the backward walks the chunks the other way.
- * Stage s first runs 2(S-1-s) + (v-1)S forwards (S-1-s for v = 1), then
- * alternates one forward and one backward, then drains the backwards. */
+ * 1F1B. Microbatches go through a chunk in groups of g (the shape's
+ * group, S by default; Megatron-LM's microbatch_group_size_per_vp_stage):
+ * the j-th forward of a stage is, for j in group G = j / (g v) (of g
+ * microbatches, the last one of the M mod g left over when that is not
+ * 0), microbatch G g + (j - G g v) mod r of its local chunk (j - G g v) /
+ * r, r the group's size; the backward walks the chunks the other way in
+ * the same order. Stage s first runs 2(S-1-s) + (v-1)g forwards (S-1-s
+ * for v = 1), then alternates one forward and one backward, then drains
+ * the backwards. With g = S (and M a multiple of S) this is the paper's
+ * order: groups of S microbatches through one chunk, then the next. A
+ * larger group gives the ring of stages g - S slots of slack at each
+ * chunk change, which absorbs the transfers there, for (v-1)(g-S) more
+ * warm-up forwards (saved chunk inputs) on every stage. */
+static int group_of(const struct pipe_shape *p)
+{
+	return p->group > 0 ? p->group : p->stages;
+}
+
 /* The q-th forward (or backward) of stage s in the interleaved order. */
 static struct pipe_action interleaved_op(const struct pipe_shape *p, int s, int q, bool fwd)
 {
-	int S = p->stages, v = p->repeats;
-	int m = (q / (S * v)) * S + q % S, k = (q / S) % v;
-	return op(fwd ? PA_F : PA_B, m, (fwd ? k : v - 1 - k) * S + s, -1);
+	int v = p->repeats, M = p->microbatches, g = group_of(p);
+	int first = q / (g * v) * g, r = M - first < g ? M - first : g;
+	int off = q - first * v, m = first + off % r, k = off / r;
+	return op(fwd ? PA_F : PA_B, m, (fwd ? k : v - 1 - k) * p->stages + s, -1);
 }
 
 static int order_interleaved(const struct pipe_shape *p, int s, struct pipe_action *out)
 {
 	int S = p->stages, v = p->repeats, total = v * p->microbatches, n = 0;
-	int warm = v == 1 ? S - 1 - s : 2 * (S - 1 - s) + (v - 1) * S;
+	int warm = v == 1 ? S - 1 - s : 2 * (S - 1 - s) + (v - 1) * group_of(p);
 	if (warm > total)
 		warm = total;
 	for (int q = 0; q < warm; q++)

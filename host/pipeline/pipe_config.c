@@ -116,7 +116,9 @@ static int resolve_microbatches(struct pipe_config *p, const struct cfg *c, char
 	long long M = c->num_pipeline_microbatches;
 	if (M == -1)
 		M = (long long)d * S;
-	bool multiple = p->shape.sched == PIPE_CIRCULAR || p->shape.sched == PIPE_INTERLEAVED;
+	/* interleaved_1f1b with a group: its own rule (resolve_group) */
+	bool multiple = p->shape.sched == PIPE_CIRCULAR ||
+			(p->shape.sched == PIPE_INTERLEAVED && c->pipeline_interleave_group == -1);
 	if (M < 1 || (multiple && M % S)) {
 		if (multiple)
 			snprintf(err, errlen, "config: key 'num_pipeline_microbatches' (%lld) must be -1 or a "
@@ -139,6 +141,36 @@ static int resolve_microbatches(struct pipe_config *p, const struct cfg *c, char
 	}
 	p->shape.microbatches = (int)M;
 	p->microbatch_rows = (int)(p->global_batch / M);
+	return 0;
+}
+
+/* interleaved_1f1b's group of microbatches a chunk (orders.c): -1 the
+ * stages; else in [S, M] with a last group of 0 or >= S microbatches. */
+static int resolve_group(struct pipe_config *p, const struct cfg *c, char *err, size_t errlen)
+{
+	int S = p->shape.stages, M = p->shape.microbatches;
+	long long g = c->pipeline_interleave_group;
+	if (g == -1)
+		return 0;
+	if (p->shape.sched != PIPE_INTERLEAVED) {
+		snprintf(err, errlen, "config: key 'pipeline_interleave_group' (%lld) applies to "
+			 "pipeline_schedule=interleaved_1f1b only, got pipeline_schedule=%s; use -1", g,
+			 pipe_sched_name(p->shape.sched));
+		return -EINVAL;
+	}
+	if (g < S || g > M) {
+		snprintf(err, errlen, "config: key 'pipeline_interleave_group' (%lld) must be -1 or in [%d, %d]: "
+			 "at least the %d stages (" STAGES_KEYS "), at most the %d 'num_pipeline_microbatches'",
+			 g, S, M, S, M);
+		return -EINVAL;
+	}
+	if (M % g && M % g < S) {
+		snprintf(err, errlen, "config: 'num_pipeline_microbatches' (%d) mod 'pipeline_interleave_group' "
+			 "(%lld) leaves a last group of %lld microbatches, fewer than the %d stages ("
+			 STAGES_KEYS "): choose a group that divides it or leaves at least %d", M, g, M % g, S, S);
+		return -EINVAL;
+	}
+	p->shape.group = (int)g;
 	return 0;
 }
 
@@ -181,6 +213,8 @@ int pipe_config_resolve(struct pipe_config *out, const struct cfg *c, const stru
 		rc = check_combination(&p, err, errlen);
 	if (!rc)
 		rc = resolve_microbatches(&p, c, err, errlen);
+	if (!rc)
+		rc = resolve_group(&p, c, err, errlen);
 	p.shape.outside = p.layers_before ? PIPE_OUT_BEFORE : p.layers_after ? PIPE_OUT_AFTER : PIPE_OUT_NONE;
 	if (!rc)
 		rc = pipe_shape_check(&p.shape, err, errlen);

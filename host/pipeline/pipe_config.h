@@ -32,7 +32,9 @@ struct pipe_config {
  * pipeline_recompute whether a backward recomputes its forward.
  * Checks, each refused with one line naming the keys: S x R x Lps equals
  * the pipelined layers, the schedule's chunks per stage (gpipe, 1f1b,
- * zb_h1 one, zbv two), M a multiple of S (circular, interleaved_1f1b),
+ * zb_h1 one, zbv two), M a multiple of S (circular, interleaved_1f1b
+ * without pipeline_interleave_group), pipeline_interleave_group -1 or
+ * in [S, M] leaving a last group of 0 or >= S (interleaved_1f1b only),
  * M >= 2S with the delay, the delay with circular only, the global batch
  * divisible by M, not both pipeline_fsdp_ag_once and
  * pipeline_fsdp_ag_per_repeat, the latter not beside an interleaved

@@ -110,8 +110,11 @@ bool pipe_needs_count_pass(const struct pipe_shape *p)
 /* One line naming the shape and why it cannot run. */
 static int refuse(const struct pipe_shape *p, char *err, size_t errlen, const char *why)
 {
-	snprintf(err, errlen, "pipeline: %s S=%d M=%d v=%d Lps=%d d=%d: %s", pipe_sched_name(p->sched),
-		 p->stages, p->microbatches, p->repeats, p->layers_per_stage, p->delay, why);
+	char g[24] = "";
+	if (p->group)
+		snprintf(g, sizeof(g), " g=%d", p->group);
+	snprintf(err, errlen, "pipeline: %s S=%d M=%d v=%d%s Lps=%d d=%d: %s", pipe_sched_name(p->sched),
+		 p->stages, p->microbatches, p->repeats, g, p->layers_per_stage, p->delay, why);
 	return -EINVAL;
 }
 
@@ -120,6 +123,8 @@ int pipe_shape_check(const struct pipe_shape *p, char *err, size_t errlen)
 	int S = p->stages, M = p->microbatches, v = p->repeats;
 	if (p->sched < 0 || p->sched >= PIPE_SCHED_COUNT)
 		return refuse(p, err, errlen, "unknown schedule");
+	if (p->group && p->sched != PIPE_INTERLEAVED)
+		return refuse(p, err, errlen, "a group of microbatches a chunk is for interleaved_1f1b");
 	if (S < 1 || S > 4096)
 		return refuse(p, err, errlen, "stages must be in [1, 4096]");
 	if (M < 1 || v < 1 || p->layers_per_stage < 1)
@@ -138,10 +143,16 @@ int pipe_shape_check(const struct pipe_shape *p, char *err, size_t errlen)
 		if (p->delay == 2 && M < 2 * S)
 			return refuse(p, err, errlen, "a delay of 2 needs at least 2 x stages microbatches");
 		break;
-	case PIPE_INTERLEAVED:
-		if (M % S)
-			return refuse(p, err, errlen, "microbatches must be a multiple of the stages");
+	case PIPE_INTERLEAVED: {
+		int g = p->group ? p->group : S;
+		if (p->group && (g < S || g > M))
+			return refuse(p, err, errlen, "the group of microbatches a chunk runs at a time must be "
+				      "in [stages, microbatches]");
+		if (M % g && M % g < S)
+			return refuse(p, err, errlen, g == S ? "microbatches must be a multiple of the stages"
+				      : "the last group (microbatches mod the group) must be 0 or >= the stages");
 		break;
+	}
 	case PIPE_ZBV:
 		if (v != 2)
 			return refuse(p, err, errlen, "zbv runs two chunks per stage");
@@ -195,7 +206,7 @@ int pipe_peak_formula(const struct pipe_shape *p, int s)
 	case PIPE_INTERLEAVED: {
 		if (v == 1)
 			return S - s < M ? S - s : M;
-		int w = 2 * (S - s - 1) + (v - 1) * S + 1;
+		int w = 2 * (S - s - 1) + (v - 1) * (p->group ? p->group : S) + 1;
 		return w < v * M ? w : v * M;
 	}
 	case PIPE_ZB_H1:

@@ -60,6 +60,10 @@ struct pipe_shape {
 	int stages;           /* S >= 1 */
 	int microbatches;     /* M >= 1 */
 	int repeats;          /* v: chunks per stage */
+	int group;            /* interleaved_1f1b: microbatches a chunk runs
+			       * before the next (g; 0: S, the paper's);
+			       * S <= g <= M, the last group M mod g when not
+			       * 0, which must then be >= S */
 	int layers_per_stage; /* Lps: layers of a chunk */
 	int delay;            /* d: 1, or 2 (circular only) */
 	enum pipe_wmode wmode;
@@ -220,7 +224,8 @@ bool pipe_split_backward(enum pipe_sched s);
  * (idle fraction of the longest stage span; -1 when the schedule has no
  * closed form for the shape) and the peak of microbatch activations
  * stage s holds for its backward (chunk inputs from their F to their B or
- * W), in chunk units. */
+ * W), in chunk units (interleaved: min(v M, 2(S-1-s) + (v-1) g + 1), g
+ * the group). */
 double pipe_bubble_formula(const struct pipe_shape *p);
 int pipe_peak_formula(const struct pipe_shape *p, int s);
 
