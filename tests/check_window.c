@@ -728,6 +728,8 @@ static void *poison_zero(void *arg)
 		ck_assert(isnan(g[i]));
 	}
 	win_zero_grads(w, 1);
+	/* zeroed when asked for (its zeroing is deferred: test_deferred_zero) */
+	ck_assert(win_block(w, true, P_WQ, 0) == g);
 	for (size_t i = 0; i < pw->numel / 3; i++)
 		ck_assert(g[i] == 0);
 	win_release(w, 1);
@@ -739,6 +741,81 @@ START_TEST(test_poison_and_zero)
 {
 	both(poison_zero);
 	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+}
+END_TEST
+
+/* Deferred zeroing: win_zero_grads marks a layer's blocks; the first
+ * write that covers one writes it (poison and all), a reader or a partial
+ * writer gets it zeroed, and the reduce-scatter zeroes what nobody
+ * touched before it sends. */
+static size_t defer_zeroed[2];
+
+static void *defer_zero(void *arg)
+{
+	struct dev *d = arg;
+	struct model_step st = { .comm = &d->comm };
+	struct win *w = model_window(d->m);
+	win_poison(w);
+	listed_step(d, &st);
+	win_gather_start(w, 1, 0, 1);
+	rc_of[d->me] = win_wait(w, 1);
+	size_t nq = param(whole, "wq")->numel / 3, nk = param(whole, "wk")->numel / 3, z0 = win_zeroed(w);
+	float *gq = win_block(w, true, P_WQ, 0), *gk = win_block(w, true, P_WK, 0);
+	float *gv = win_block(w, true, P_WV, 0);
+	win_zero_grads(w, 1);
+	ck_assert_uint_eq(win_zeroed(w), z0);  /* nothing zeroed yet */
+	ck_assert(isnan(gq[0]) && isnan(gk[0]) && isnan(gv[nk - 1]));
+	/* wq: its first write covers it: written, not zeroed; once */
+	ck_assert(win_grad_write(w, P_WQ, 0, nq));
+	ck_assert(!win_grad_write(w, P_WQ, 0, nq));
+	fill_grads(gq, nq, d->me);
+	/* wk: a write of part of it: zeroed first, added to */
+	ck_assert(!win_grad_write(w, P_WK, 0, nk - 1));
+	for (size_t i = 0; i < nk; i++)
+		ck_assert(gk[i] == 0);
+	ck_assert_uint_eq(win_zeroed(w), z0 + nk);
+	/* wv: read: zeroed */
+	ck_assert(win_block(w, true, P_WV, 0) == gv && gv[nk - 1] == 0);
+	/* the rest (wo, the feed-forward's) untouched: the reduce-scatter
+	 * zeroes them before it sends */
+	rc_of[d->me] |= win_scatter_start(w, 1);
+	rc_of[d->me] |= win_scatter_finish(w);
+	defer_zeroed[d->me] = win_zeroed(w) - z0;
+	win_release(w, 1);
+	rc_of[d->me] |= model_step_end(d->m);
+	return NULL;
+}
+
+START_TEST(test_deferred_zero)
+{
+	both(defer_zero);
+	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+	/* every layer 0 gradient block but wq's zeroed, once */
+	size_t all = 0, nq = param(whole, "wq")->numel / 3;
+	for (int id = 0; id < P_COUNT; id++) {
+		const struct param_info *p = param_id(whole, id);
+		if (p && p->stacked && p->opt != OPT_NONE && devs[0].m->pp[id].gather)
+			all += p->numel / (size_t)p->shape[0];
+	}
+	ck_assert_uint_eq(defer_zeroed[0], all - nq);
+	for (int r = 0; r < 2; r++) {
+		const float *g = model_grads(devs[r].m);
+		/* the sums: 3 x (i mod 7) in wq's shards, 0 elsewhere (not NaN) */
+		const struct param_info *pw = param(whole, "wq"), *p = param(devs[r].m, "wq");
+		int cols = pw->global_shape[2], lc = p->shape[2];
+		for (int i = 0; i < p->shape[1]; i++)
+			for (int j = 0; j < lc; j++) {
+				size_t wi = (size_t)(p->goff[1] + i) * cols + (size_t)(p->goff[2] + j);
+				ck_assert(g[p->offset + (size_t)i * lc + j] == 3.0f * (float)(wi % 7));
+			}
+		for (int id = 0; id < P_COUNT; id++) {
+			const struct param_info *q = param_id(devs[r].m, id);
+			if (!q || !q->stacked || id == P_WQ)
+				continue;
+			for (size_t k = 0; k < q->numel / (size_t)q->shape[0]; k++)
+				ck_assert_msg(g[q->offset + k] == 0, "device %d %s element %zu", r, q->name, k);
+		}
+	}
 }
 END_TEST
 
@@ -767,6 +844,7 @@ int main(void)
 	tcase_add_test(tc, test_parts_layer0);
 	tcase_add_test(tc, test_failure_stops_collectives);
 	tcase_add_test(tc, test_poison_and_zero);
+	tcase_add_test(tc, test_deferred_zero);
 	tcase_add_test(tc, test_sizes);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);

@@ -112,6 +112,13 @@ struct win {
 	int nparts;
 	unsigned spart;
 	bool skeep;
+	/* deferred zeroing (win_zero_grads): [gradient window][layer of its
+	 * group][tensor], 1 while the block holds stale gradients that its
+	 * first write overwrites (win_grad_write) or anything else zeroes
+	 * first; floats zeroed since the window was made */
+	unsigned char *pend;
+	size_t zeroed;
+	bool zero_now;              /* MESHRUN_FSDP_ZERO_NOW=1: no deferring (measuring) */
 };
 
 static size_t per_cslice(const struct plan_param *pp, const struct param_info *p)
@@ -172,6 +179,44 @@ static float *block(const struct win *w, bool grads, int i, int l, int k)
 	const struct win_slot *s = &w->slot[k];
 	float *base = !w->t[i].p->stacked ? NULL : grads ? w->gl[s->gwin] : w->wl[s->win];
 	return block_in(w, base, grads, i, l, s->l0);
+}
+
+/* The deferred-zero mark of tensor i's block of layer l in gradient
+ * window gwin, which holds the layers of a group from l0. */
+static unsigned char *pend_at(const struct win *w, int gwin, int i, int l, int l0)
+{
+	return &w->pend[((size_t)gwin * (size_t)w->lo.lcap + (size_t)(l - l0)) * (size_t)w->n + (size_t)i];
+}
+
+/* Gradient window gwin holds nothing stale (it changes hands). */
+static void pend_clear(struct win *w, int gwin)
+{
+	if (gwin >= 0)
+		memset(pend_at(w, gwin, 0, 0, 0), 0, (size_t)w->lo.lcap * (size_t)w->n);
+}
+
+/* Zeroes tensor i's gradient block of layer l in READY slot k. */
+static void zero_block(struct win *w, int i, int l, int k)
+{
+	size_t n = per_cslice(w->t[i].pp, w->t[i].p);
+	memset(block(w, true, i, l, k), 0, n * sizeof(float));
+	w->zeroed += n;
+}
+
+/* Zeroes the blocks of READY layer slot k in the parts of mask still
+ * marked (before anything but their writer reads them: a
+ * reduce-scatter). */
+static void pend_flush(struct win *w, int k, unsigned mask)
+{
+	const struct win_slot *s = &w->slot[k];
+	for (int l = s->l0; l < s->l1 && s->l0 != WIN_NONLAYER; l++)
+		for (int i = 0; i < w->n; i++) {
+			unsigned char *p = pend_at(w, s->gwin, i, l, s->l0);
+			if (*p && in_part(w, i, l, mask)) {
+				zero_block(w, i, l, k);
+				*p = 0;
+			}
+		}
 }
 
 /* Floats group [l0, l1) packs for gather group gg (per member). */
@@ -249,6 +294,7 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->nl_ready = w->sgwin = -1;
 	w->spart = ALL_PARTS;
 	w->nparts = 1;
+	w->zero_now = getenv("MESHRUN_FSDP_ZERO_NOW") && atoi(getenv("MESHRUN_FSDP_ZERO_NOW"));
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
 	w->wl = calloc((size_t)lo->windows + 1, sizeof(*w->wl));
@@ -257,7 +303,9 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->gowner = malloc(sizeof(*w->gowner) * ((size_t)lo->windows + 1));
 	w->slot = calloc((size_t)w->nslots, sizeof(*w->slot));
 	w->queue = malloc(sizeof(*w->queue) * (size_t)w->nslots);
-	if (!w->t || !w->woff || !w->wl || !w->gl || !w->owner || !w->gowner || !w->slot || !w->queue)
+	w->pend = calloc(((size_t)lo->windows + 1) * (size_t)lo->lcap * (size_t)(n ? n : 1), 1);
+	if (!w->t || !w->woff || !w->wl || !w->gl || !w->owner || !w->gowner || !w->slot || !w->queue ||
+	    !w->pend)
 		goto fail;
 	for (int j = 0; j <= lo->windows; j++)
 		w->owner[j] = w->gowner[j] = -1;
@@ -299,6 +347,7 @@ void win_free(struct win *w)
 	free(w->slot);
 	free(w->queue);
 	free(w->part);
+	free(w->pend);
 	free(w);
 }
 
@@ -709,6 +758,7 @@ static void finish_landing(struct win *w)
 	} else {
 		s->gwin = free_gwindow(w);
 		w->gowner[s->gwin] = k;
+		pend_clear(w, s->gwin);
 	}
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
@@ -774,6 +824,7 @@ void win_release(struct win *w, int k)
 	} else {
 		w->owner[s->win] = -1;
 		w->gowner[s->gwin] = -1;
+		pend_clear(w, s->gwin);
 	}
 	s->state = SLOT_FREE;
 	s->win = s->gwin = -1;
@@ -787,11 +838,26 @@ void win_zero_grads(struct win *w, int k)
 	check_slot(w, k);
 	assert(s->state == SLOT_READY);
 	for (int l = s->l0; l < s->l1; l++)
-		for (int i = 0; i < w->n; i++)
-			if (w->t[i].p && w->t[i].pp->gather && in_group(w, i, l, w->t[i].pp->gather, true))
-				memset(block(w, true, i, l, k), 0,
-				       per_cslice(w->t[i].pp, w->t[i].p) * sizeof(float));
+		for (int i = 0; i < w->n; i++) {
+			if (!w->t[i].p || !w->t[i].pp->gather || !in_group(w, i, l, w->t[i].pp->gather, true))
+				continue;
+			if (s->l0 == WIN_NONLAYER || w->zero_now)
+				zero_block(w, i, l, k);
+			else
+				*pend_at(w, s->gwin, i, l, s->l0) = 1;
+		}
 }
+
+void win_grads_written(struct win *w, int k)
+{
+	const struct win_slot *s = &w->slot[k];
+	check_slot(w, k);
+	assert(s->state == SLOT_READY);
+	if (s->l0 != WIN_NONLAYER)
+		pend_clear(w, s->gwin);
+}
+
+size_t win_zeroed(const struct win *w) { return w->zeroed; }
 
 /* Adds this device's block of gather group g's tensor i, layer l, from
  * layer gradient window base (layers from l0) into its gradient shard:
@@ -933,6 +999,7 @@ int win_scatter_start(struct win *w, int k)
 		return *w->rc;
 	}
 	win_scatter_finish(w);
+	pend_flush(w, k, ~s->sent);
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_part(w, gg, s->l0, s->l1, true, ~s->sent);
@@ -965,6 +1032,7 @@ int win_scatter_start(struct win *w, int k)
 		w->gowner[s->gwin] = GW_SCATTER;
 		s->gwin = free_gwindow(w);
 		w->gowner[s->gwin] = k;
+		pend_clear(w, s->gwin);
 	}
 	w->scattering = true;
 	w->s0 = s->l0;
@@ -990,6 +1058,7 @@ int win_scatter_parts(struct win *w, int k, unsigned parts)
 	if (!w->part || !parts || s->l0 == WIN_NONLAYER || !c || !c->start_reduce_scatter_v)
 		return *w->rc;
 	win_scatter_finish(w);
+	pend_flush(w, k, parts);
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		w->slisted[g] = false;
 		if (!pack_part(w, &w->gg[g], s->l0, s->l1, true, parts))
@@ -1048,8 +1117,10 @@ int win_end(struct win *w)
 	w->spart = ALL_PARTS;
 	w->skeep = false;
 	w->qn = w->nfly = 0;
-	for (int j = 0; j <= w->lo.windows; j++)
+	for (int j = 0; j <= w->lo.windows; j++) {
 		w->owner[j] = w->gowner[j] = -1;
+		pend_clear(w, j);
+	}
 	for (int k = 0; k < w->nslots; k++)
 		w->slot[k] = (struct win_slot){ .state = SLOT_FREE, .win = -1, .gwin = -1 };
 	return *w->rc;
@@ -1070,12 +1141,10 @@ void win_poison(struct win *w)
 		}
 }
 
-float *win_block(struct win *w, bool grads, int i, int l)
+/* The slot whose weights of tensor i, layer l (stacked) can be read
+ * (READY, or the part holding it landed), or -1. */
+static int slot_holding(struct win *w, bool grads, int i, int l)
 {
-	if (!w->t[i].p->stacked) {
-		assert(w->nl_ready >= 0);
-		return block(w, grads, i, l, w->nl_ready);
-	}
 	for (int j = 0; j <= w->lo.windows; j++) {
 		int k = w->owner[j];
 		if (k < 0 || l < w->slot[k].l0 || l >= w->slot[k].l1)
@@ -1086,8 +1155,42 @@ float *win_block(struct win *w, bool grads, int i, int l)
 		if (w->slot[k].got && (grads || part_of(w, i, l) >= w->slot[k].got))
 			win_wait_part(w, k, grads ? w->nparts - 1 : part_of(w, i, l));
 		if (w->slot[k].state == SLOT_READY || w->slot[k].got)
-			return block(w, grads, i, l, k);
+			return k;
 	}
-	assert(!"no READY slot holds the layer");
-	return NULL;
+	return -1;
+}
+
+bool win_grad_write(struct win *w, int i, int l, size_t n)
+{
+	if (!w->t[i].p->stacked)
+		return false;
+	int k = slot_holding(w, true, i, l);
+	assert(k >= 0 && w->slot[k].state == SLOT_READY);
+	unsigned char *p = pend_at(w, w->slot[k].gwin, i, l, w->slot[k].l0);
+	if (!*p)
+		return false;
+	*p = 0;
+	if (n == per_cslice(w->t[i].pp, w->t[i].p))
+		return true;
+	zero_block(w, i, l, k);
+	return false;
+}
+
+float *win_block(struct win *w, bool grads, int i, int l)
+{
+	if (!w->t[i].p->stacked) {
+		assert(w->nl_ready >= 0);
+		return block(w, grads, i, l, w->nl_ready);
+	}
+	int k = slot_holding(w, grads, i, l);
+	assert(k >= 0 && "no READY slot holds the layer");
+	if (grads) {
+		/* read or added to: zeroed first if its zeroing was deferred */
+		unsigned char *p = pend_at(w, w->slot[k].gwin, i, l, w->slot[k].l0);
+		if (*p) {
+			zero_block(w, i, l, k);
+			*p = 0;
+		}
+	}
+	return block(w, grads, i, l, k);
 }

@@ -28,7 +28,8 @@
  * of every member's blocks' rows is all-gathered where the weights lie;
  * its reduce-scatter works over the same rows of its gradient window,
  * which stays with it while the slot takes the one more (the caller
- * zeroes it before writing), and this device's block is added into the
+ * zeroes it before writing: win_zero_grads, which leaves a block a
+ * first write overwrites whole unzeroed), and this device's block is added into the
  * gradient shards when it finishes. The non-layer group packs its
  * reduce-scatter (its gradient window is the step's), and its gather
  * while a READY slot holds it. Without the list forms every group packs;
@@ -151,8 +152,26 @@ int win_wait_first(struct win *w, int k);
 /* The caller is done with READY slot k's weights (a gather queued for
  * want of a free weight window may go out now). */
 void win_release(struct win *w, int k);
-/* Zeroes READY slot k's gradient window (its gradients accumulate). */
+/* Zeroes READY slot k's gradient window (its gradients accumulate): the
+ * non-layer group's at once; a layer group's blocks are only marked, and
+ * each is zeroed when first asked for (win_block, a reduce-scatter of it)
+ * unless its first writer overwrites it whole instead (win_grad_write),
+ * so a backward whose weight gradients are products writes each once
+ * instead of zeroing 13 MB (llama-bench) before it. Every reader sees
+ * zeros and the sums; the same bits (a write is 0 + x but for the sign
+ * of a zero, and a shard's += turns -0 into +0). */
 void win_zero_grads(struct win *w, int k);
+/* Whether the caller may write (not add) the n floats of tensor i's
+ * gradient of layer l from its block's start: the block's zeroing was
+ * deferred and n covers it (it is no longer marked; the caller must
+ * write it whole now). A marked block n does not cover is zeroed here
+ * (false: add as always). Layer l is in a READY slot. */
+bool win_grad_write(struct win *w, int i, int l, size_t n);
+/* Every marked block of READY slot k is written (sleep mode's compute,
+ * which writes nothing, as the model's first writes would): no zeroing. */
+void win_grads_written(struct win *w, int k);
+/* Floats the window has zeroed since it was made. */
+size_t win_zeroed(const struct win *w);
 /* Layer-group gathers started since the last win_end (a gather started
  * ahead of the step, pipe_exec_prefetch, counts in it; the non-layer group's
  * are not counted, nor any when no layer tensor is gathered): a
