@@ -67,7 +67,6 @@ struct win {
 	struct packs {
 		float *gsend, *grecv, *ssend, *srecv;
 	} pk[2];
-	void *sh[WIN_MAX_GROUPS];
 	float *params, *grads;
 	/* state */
 	int nslots;                 /* lo.windows + 2 */
@@ -77,8 +76,6 @@ struct win {
 	int *gowner;                /* [lo.windows + 1] the READY slot in each
 				     * gradient window, or -1 (GW_SCATTER: the
 				     * reduce-scatter in flight's) */
-	int sgwin;                  /* the reduce-scatter in flight's gradient
-				     * window (in place), or -1 */
 	/* a list collective's runs (every member's rows, members in rank
 	 * order, adjacent ones merged; grown on demand) and each member's
 	 * count; which gather groups of the gather in flight went as lists,
@@ -86,7 +83,6 @@ struct win {
 	struct model_run *run;
 	int runcap;
 	size_t counts[MESH_MAX_DEVICES];
-	bool slisted[WIN_MAX_GROUPS];
 	size_t copied;              /* floats the window copied (packs, places, sums) */
 	int nl_ready;               /* the READY non-layer slot, or -1 */
 	int *queue, qn;             /* GATHERING slots, oldest first: the first nfly
@@ -95,8 +91,21 @@ struct win {
 	bool packing;               /* a packed gather is in flight (its buffers are
 				     * the one set: one at a time) */
 	int gathers;                /* layer-group gathers since win_end */
-	bool scattering;            /* a reduce-scatter is in flight, of */
-	int s0, s1;                 /* this group */
+	/* the reduce-scatters in flight, oldest first (two: a layer's parts
+	 * sent ahead beside its parts before, win_scatter_parts): each one's
+	 * group, gradient window (in place) or -1, whether each gather group
+	 * went as a list, its handles, its parts (a mask) and whether it
+	 * keeps the slot's gradient window (parts sent ahead: the slot
+	 * still writes the other parts' rows of it) */
+	struct scat {
+		int s0, s1, sgwin;
+		bool slisted[WIN_MAX_GROUPS];
+		void *sh[WIN_MAX_GROUPS];
+		unsigned spart;
+		bool skeep;
+	} sc[2];
+	int nsc;
+	bool rs_one;                /* MESHRUN_FSDP_RS_ONE=1: one in flight (measuring) */
 	/* the non-layer group's reduce-scatter, gone out beside a layer
 	 * group's in flight (packed, pk[0]): its handles */
 	bool nscattering;
@@ -104,14 +113,9 @@ struct win {
 	const struct model_comm *comm;
 	int *rc;
 	/* win_set_parts: each tensor's part (0 .. nparts - 1), or NULL:
-	 * whole, and in layer 0 (part0); the parts of the reduce-scatter in
-	 * flight (a mask), and
-	 * whether it keeps the slot's gradient window (parts sent ahead: the
-	 * slot still writes the other parts' rows of it) */
+	 * whole, and in layer 0 (part0) */
 	signed char *part, *part0;
 	int nparts;
-	unsigned spart;
-	bool skeep;
 	/* deferred zeroing (win_zero_grads): [gradient window][layer of its
 	 * group][tensor], 1 while the block holds stale gradients that its
 	 * first write overwrites (win_grad_write) or anything else zeroes
@@ -291,9 +295,9 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->n = n;
 	w->lo = *lo;
 	w->nslots = lo->windows + 2;
-	w->nl_ready = w->sgwin = -1;
-	w->spart = ALL_PARTS;
+	w->nl_ready = -1;
 	w->nparts = 1;
+	w->rs_one = getenv("MESHRUN_FSDP_RS_ONE") && atoi(getenv("MESHRUN_FSDP_RS_ONE"));
 	w->zero_now = getenv("MESHRUN_FSDP_ZERO_NOW") && atoi(getenv("MESHRUN_FSDP_ZERO_NOW"));
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
@@ -901,7 +905,8 @@ static size_t add_parts(struct win *w, const struct mesh_members *gg, int l, int
 bool win_scatter_beside(const struct win *w, int k)
 {
 	check_slot(w, k);
-	return w->comm && w->comm->start_reduce_scatter && w->scattering && w->s0 != WIN_NONLAYER && !w->nscattering &&
+	return w->comm && w->comm->start_reduce_scatter && w->nsc && w->sc[w->nsc - 1].s0 != WIN_NONLAYER &&
+	       !w->nscattering &&
 	       w->slot[k].state == SLOT_READY && w->slot[k].l0 == WIN_NONLAYER;
 }
 
@@ -940,34 +945,34 @@ static void scatter_nl_finish(struct win *w)
 	}
 }
 
-int win_scatter_finish(struct win *w)
+/* Waits for reduce-scatter c in flight and adds it in. */
+static void scatter_land(struct win *w, struct scat *c)
 {
 	size_t roff = 0;
-	if (!w->scattering) {
-		scatter_nl_finish(w);
-		return *w->rc;
-	}
-	w->scattering = false;
-	bool layer = w->s0 != WIN_NONLAYER;
+	bool layer = c->s0 != WIN_NONLAYER;
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
-		wait_handle(w, &w->sh[g]);
-		for (int l = w->s0; l < w->s1; l++) {
-			if (!w->slisted[g]) {
-				roff = add_parts(w, gg, l, w->spart, w->pk[layer].srecv, roff);
+		wait_handle(w, &c->sh[g]);
+		for (int l = c->s0; l < c->s1; l++) {
+			if (!c->slisted[g]) {
+				roff = add_parts(w, gg, l, c->spart, w->pk[layer].srecv, roff);
 				continue;
 			}
 			for (int i = 0; i < w->n && !*w->rc; i++)
-				if (in_group(w, i, l, gg->axes, true) && in_part(w, i, l, w->spart))
-					*w->rc = add_own(w, g, i, l, w->gl[w->sgwin], w->s0);
+				if (in_group(w, i, l, gg->axes, true) && in_part(w, i, l, c->spart))
+					*w->rc = add_own(w, g, i, l, w->gl[c->sgwin], c->s0);
 		}
 	}
-	if (w->sgwin >= 0 && !w->skeep)
-		w->gowner[w->sgwin] = -1;
-	w->sgwin = -1;
-	w->spart = ALL_PARTS;
-	w->skeep = false;
-	/* the non-layer one beside went out after it */
+	if (c->sgwin >= 0 && !c->skeep)
+		w->gowner[c->sgwin] = -1;
+}
+
+int win_scatter_finish(struct win *w)
+{
+	for (int j = 0; j < w->nsc; j++)
+		scatter_land(w, &w->sc[j]);
+	w->nsc = 0;
+	/* the non-layer one beside went out after them */
 	scatter_nl_finish(w);
 	return *w->rc;
 }
@@ -978,11 +983,12 @@ int win_scatter_finish(struct win *w)
 static bool scatter_listed(struct win *w, int g, const struct win_slot *s, unsigned part)
 {
 	const struct model_comm *c = w->comm;
+	struct scat *x = &w->sc[w->nsc];
 	int nrun = list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1, part);
 	if (nrun < 0)
 		return false;
-	w->slisted[g] = true;
-	*w->rc = c->start_reduce_scatter_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts, &w->sh[g]);
+	x->slisted[g] = true;
+	*w->rc = c->start_reduce_scatter_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts, &x->sh[g]);
 	return true;
 }
 
@@ -1000,10 +1006,11 @@ int win_scatter_start(struct win *w, int k)
 	}
 	win_scatter_finish(w);
 	pend_flush(w, k, ~s->sent);
+	struct scat *x = &w->sc[0];
+	*x = (struct scat){ .s0 = s->l0, .s1 = s->l1, .sgwin = -1, .spart = ~s->sent };
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_part(w, gg, s->l0, s->l1, true, ~s->sent);
-		w->slisted[g] = false;
 		if (!pack)
 			continue;
 		if (layer && c->start_reduce_scatter_v && scatter_listed(w, g, s, ~s->sent)) {
@@ -1019,7 +1026,7 @@ int win_scatter_start(struct win *w, int k)
 		float *send = w->pk[layer].ssend + soff, *recv = w->pk[layer].srecv + roff;
 		place_blocks(w, gg, k, true, send, pack, false);
 		if (c->start_reduce_scatter)
-			*w->rc = c->start_reduce_scatter(c->ctx, gg->axes, recv, send, pack, &w->sh[g]);
+			*w->rc = c->start_reduce_scatter(c->ctx, gg->axes, recv, send, pack, &x->sh[g]);
 		else
 			*w->rc = c->reduce_scatter(c->ctx, gg->axes, recv, send, pack);
 		soff += pack * (size_t)gg->n;
@@ -1028,16 +1035,13 @@ int win_scatter_start(struct win *w, int k)
 	if (inplace) {
 		/* the reduce-scatter keeps the gradient window; the slot takes
 		 * a free one (the caller zeroes it before writing) */
-		w->sgwin = s->gwin;
+		x->sgwin = s->gwin;
 		w->gowner[s->gwin] = GW_SCATTER;
 		s->gwin = free_gwindow(w);
 		w->gowner[s->gwin] = k;
 		pend_clear(w, s->gwin);
 	}
-	w->scattering = true;
-	w->s0 = s->l0;
-	w->s1 = s->l1;
-	w->spart = ~s->sent;
+	w->nsc = 1;
 	s->sent = 0;
 	return *w->rc;
 }
@@ -1057,10 +1061,15 @@ int win_scatter_parts(struct win *w, int k, unsigned parts)
 	parts &= ~s->sent;
 	if (!w->part || !parts || s->l0 == WIN_NONLAYER || !c || !c->start_reduce_scatter_v)
 		return *w->rc;
-	win_scatter_finish(w);
+	/* one more in flight beside the slot's parts before (the same
+	 * gradient window, other rows), the same choice on every member;
+	 * else the one in flight lands first */
+	if (w->rs_one || w->nsc != 1 || !w->sc[0].skeep || w->sc[0].s0 != s->l0 || w->nscattering)
+		win_scatter_finish(w);
 	pend_flush(w, k, parts);
+	struct scat *x = &w->sc[w->nsc];
+	*x = (struct scat){ .s0 = s->l0, .s1 = s->l1, .sgwin = s->gwin, .spart = parts, .skeep = true };
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
-		w->slisted[g] = false;
 		if (!pack_part(w, &w->gg[g], s->l0, s->l1, true, parts))
 			continue;
 		if (!scatter_listed(w, g, s, parts)) {
@@ -1075,11 +1084,7 @@ int win_scatter_parts(struct win *w, int k, unsigned parts)
 	 * which the slot keeps (the other parts' rows are still being
 	 * written) */
 	s->sent |= parts;
-	w->scattering = w->skeep = true;
-	w->sgwin = s->gwin;
-	w->spart = parts;
-	w->s0 = s->l0;
-	w->s1 = s->l1;
+	w->nsc++;
 	return *w->rc;
 }
 
@@ -1108,14 +1113,14 @@ int win_end(struct win *w)
 		for (int k = 0; k < w->nslots; k++)
 			for (int p = 0; p < WIN_MAX_PARTS; p++)
 				wait_handle(w, &w->slot[k].gh[p][g]);
-		wait_handle(w, &w->sh[g]);
+		for (int j = 0; j < w->nsc; j++)
+			wait_handle(w, &w->sc[j].sh[g]);
 		wait_handle(w, &w->nsh[g]);
 	}
-	w->scattering = w->packing = w->nscattering = false;
+	w->nsc = 0;
+	w->packing = w->nscattering = false;
 	w->gathers = 0;
-	w->nl_ready = w->sgwin = -1;
-	w->spart = ALL_PARTS;
-	w->skeep = false;
+	w->nl_ready = -1;
 	w->qn = w->nfly = 0;
 	for (int j = 0; j <= w->lo.windows; j++) {
 		w->owner[j] = w->gowner[j] = -1;

@@ -51,7 +51,8 @@
  * together, back to back. A reduce-scatter packs the gradients,
  * or takes the slot's gradient window, on start, so the slot's gradient
  * window is free again at once; one is in flight at a time (the next
- * start finishes it).
+ * start finishes it), but for a layer's parts sent ahead
+ * (win_scatter_parts), of which two may be.
  *
  * Parts (win_set_parts, the trainer's fsdp_layer_parts): a layer
  * group's in-place gather goes as a collective a part and gather group,
@@ -189,7 +190,10 @@ size_t win_copied(const struct win *w);
 int win_scatter_start(struct win *w, int k);
 /* Parts (win_set_parts): starts reduce-scattering the parts of mask
  * `parts` (bit p: part p) of READY layer slot k's gradients not sent yet,
- * as one collective a gather group (after finishing the one in flight),
+ * as one collective a gather group (after finishing the one in flight,
+ * unless that is k's parts sent before alone: then both are in flight,
+ * landing in order at the next finish; a rule of the calls alone, so
+ * every member issues the same collectives),
  * in place over their rows of the slot's gradient window, which the
  * slot keeps: the other parts' gradients may still be written. The
  * slot's win_scatter_start then sends the parts not sent. Does nothing
