@@ -664,6 +664,14 @@ static void *parts5_layer(void *arg)
 	win_gather_start(w, 1, 1, 2);
 	rc_of[d->me] |= win_wait(w, 1);
 	win_release(w, 1);
+	/* layer 0 again in the step (a backward's): whole, one gather */
+	win_gather_start(w, 1, 0, 1);
+	rc_of[d->me] |= win_wait(w, 1);
+	ck_assert(!memcmp(win_block(w, false, P_WK, 0), model_params(whole) + pk->offset,
+			  pk->numel / 3 * sizeof(float)));
+	ck_assert(!memcmp(win_block(w, false, P_W_GATE, 0), model_params(whole) + pg->offset,
+			  pg->numel / 3 * sizeof(float)));
+	win_release(w, 1);
 	rc_of[d->me] |= model_step_end(d->m);
 	win_set_parts(w, NULL, NULL);
 	return NULL;
@@ -673,8 +681,9 @@ START_TEST(test_parts_layer0)
 {
 	both_noted(parts5_layer);
 	/* the attention's parts go out beside the feed-forward's in flight
-	 * (two reduce-scatters), both waited for by the layer's own */
-	ck_assert_str_eq(pair.order, "vvvvvwwxxwxvv");
+	 * (two reduce-scatters), both waited for by the layer's own; layer
+	 * 1 in two parts, then layer 0's second gather whole */
+	ck_assert_str_eq(pair.order, "vvvvvwwxxwxvvv");
 	for (int r = 0; r < 2; r++) {
 		check_sums("wq", r);
 		check_sums("wk", r);

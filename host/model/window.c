@@ -37,6 +37,8 @@ struct win_slot {
 	void *gh[WIN_MAX_PARTS][WIN_MAX_GROUPS];  /* [0] the whole, or each part's */
 	bool listed[WIN_MAX_GROUPS];
 	bool split;                 /* its gather went in parts (win_set_parts) */
+	bool whole;                 /* its layer was gathered before in the step:
+				     * whole, for a backward that waits for all */
 	int got;                    /* GATHERING: parts [0, got) landed (win_wait_part) */
 	unsigned sent;              /* READY: the parts whose reduce-scatter went out */
 	size_t sbase[WIN_MAX_GROUPS];
@@ -91,6 +93,8 @@ struct win {
 	bool packing;               /* a packed gather is in flight (its buffers are
 				     * the one set: one at a time) */
 	int gathers;                /* layer-group gathers since win_end */
+	bool *seen;                 /* [nseen] layers gathered since win_end */
+	int nseen;
 	/* the reduce-scatters in flight, oldest first (two: a layer's parts
 	 * sent ahead beside its parts before, win_scatter_parts): each one's
 	 * group, gradient window (in place) or -1, whether each gather group
@@ -106,6 +110,7 @@ struct win {
 	} sc[2];
 	int nsc;
 	bool rs_one;                /* MESHRUN_FSDP_RS_ONE=1: one in flight (measuring) */
+	bool split_all;             /* MESHRUN_FSDP_SPLIT_ALL=1: every gather in parts (measuring) */
 	/* the non-layer group's reduce-scatter, gone out beside a layer
 	 * group's in flight (packed, pk[0]): its handles */
 	bool nscattering;
@@ -298,6 +303,7 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->nl_ready = -1;
 	w->nparts = 1;
 	w->rs_one = getenv("MESHRUN_FSDP_RS_ONE") && atoi(getenv("MESHRUN_FSDP_RS_ONE"));
+	w->split_all = getenv("MESHRUN_FSDP_SPLIT_ALL") && atoi(getenv("MESHRUN_FSDP_SPLIT_ALL"));
 	w->zero_now = getenv("MESHRUN_FSDP_ZERO_NOW") && atoi(getenv("MESHRUN_FSDP_ZERO_NOW"));
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
@@ -352,6 +358,7 @@ void win_free(struct win *w)
 	free(w->queue);
 	free(w->part);
 	free(w->pend);
+	free(w->seen);
 	free(w);
 }
 
@@ -648,7 +655,7 @@ static void send_gather(struct win *w, int k, int win)
 	if (layer) {
 		s->win = win;
 		w->owner[win] = k;
-		if (w->part && in_place(w, k)) {
+		if (w->part && in_place(w, k) && !s->whole) {
 			send_split(w, k, win);
 			return;
 		}
@@ -730,6 +737,20 @@ int win_gather_start(struct win *w, int k, int l0, int l1)
 	check_group(w, l0, l1);
 	w->slot[k] = (struct win_slot){ .state = SLOT_GATHERING, .l0 = l0, .l1 = l1, .win = -1, .gwin = -1 };
 	w->gathers += l0 >= 0 && w->cnum[1] > 0;  /* one that moves weights */
+	/* a layer's second gather in a step (the backward's, waited for
+	 * whole) goes whole: one collective a gather group, not one a part */
+	if (l0 >= 0 && l0 >= w->nseen && !w->split_all) {
+		bool *v = realloc(w->seen, sizeof(*v) * (size_t)(l0 + 1) * 2);
+		if (v) {
+			memset(v + w->nseen, 0, sizeof(*v) * (size_t)((l0 + 1) * 2 - w->nseen));
+			w->seen = v;
+			w->nseen = (l0 + 1) * 2;
+		}
+	}
+	if (l0 >= 0 && l0 < w->nseen) {
+		w->slot[k].whole = w->seen[l0];
+		w->seen[l0] = true;
+	}
 	w->queue[w->qn++] = k;
 	start_next(w);
 	return *w->rc;
@@ -1120,6 +1141,8 @@ int win_end(struct win *w)
 	w->nsc = 0;
 	w->packing = w->nscattering = false;
 	w->gathers = 0;
+	if (w->seen)
+		memset(w->seen, 0, sizeof(*w->seen) * (size_t)w->nseen);
 	w->nl_ready = -1;
 	w->qn = w->nfly = 0;
 	for (int j = 0; j <= w->lo.windows; j++) {
