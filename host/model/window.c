@@ -109,8 +109,6 @@ struct win {
 		bool skeep;
 	} sc[2];
 	int nsc;
-	bool rs_one;                /* MESHRUN_FSDP_RS_ONE=1: one in flight (measuring) */
-	bool split_all;             /* MESHRUN_FSDP_SPLIT_ALL=1: every gather in parts (measuring) */
 	/* the non-layer group's reduce-scatter, gone out beside a layer
 	 * group's in flight (packed, pk[0]): its handles */
 	bool nscattering;
@@ -127,7 +125,6 @@ struct win {
 	 * first; floats zeroed since the window was made */
 	unsigned char *pend;
 	size_t zeroed;
-	bool zero_now;              /* MESHRUN_FSDP_ZERO_NOW=1: no deferring (measuring) */
 };
 
 static size_t per_cslice(const struct plan_param *pp, const struct param_info *p)
@@ -302,9 +299,6 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->nslots = lo->windows + 2;
 	w->nl_ready = -1;
 	w->nparts = 1;
-	w->rs_one = getenv("MESHRUN_FSDP_RS_ONE") && atoi(getenv("MESHRUN_FSDP_RS_ONE"));
-	w->split_all = getenv("MESHRUN_FSDP_SPLIT_ALL") && atoi(getenv("MESHRUN_FSDP_SPLIT_ALL"));
-	w->zero_now = getenv("MESHRUN_FSDP_ZERO_NOW") && atoi(getenv("MESHRUN_FSDP_ZERO_NOW"));
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
 	w->wl = calloc((size_t)lo->windows + 1, sizeof(*w->wl));
@@ -739,7 +733,7 @@ int win_gather_start(struct win *w, int k, int l0, int l1)
 	w->gathers += l0 >= 0 && w->cnum[1] > 0;  /* one that moves weights */
 	/* a layer's second gather in a step (the backward's, waited for
 	 * whole) goes whole: one collective a gather group, not one a part */
-	if (l0 >= 0 && l0 >= w->nseen && !w->split_all) {
+	if (l0 >= 0 && l0 >= w->nseen) {
 		bool *v = realloc(w->seen, sizeof(*v) * (size_t)(l0 + 1) * 2);
 		if (v) {
 			memset(v + w->nseen, 0, sizeof(*v) * (size_t)((l0 + 1) * 2 - w->nseen));
@@ -866,7 +860,7 @@ void win_zero_grads(struct win *w, int k)
 		for (int i = 0; i < w->n; i++) {
 			if (!w->t[i].p || !w->t[i].pp->gather || !in_group(w, i, l, w->t[i].pp->gather, true))
 				continue;
-			if (s->l0 == WIN_NONLAYER || w->zero_now)
+			if (s->l0 == WIN_NONLAYER)
 				zero_block(w, i, l, k);
 			else
 				*pend_at(w, s->gwin, i, l, s->l0) = 1;
@@ -1085,7 +1079,7 @@ int win_scatter_parts(struct win *w, int k, unsigned parts)
 	/* one more in flight beside the slot's parts before (the same
 	 * gradient window, other rows), the same choice on every member;
 	 * else the one in flight lands first */
-	if (w->rs_one || w->nsc != 1 || !w->sc[0].skeep || w->sc[0].s0 != s->l0 || w->nscattering)
+	if (w->nsc != 1 || !w->sc[0].skeep || w->sc[0].s0 != s->l0 || w->nscattering)
 		win_scatter_finish(w);
 	pend_flush(w, k, parts);
 	struct scat *x = &w->sc[w->nsc];
