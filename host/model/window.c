@@ -17,9 +17,8 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
-
 #include <stdio.h>
+#include <string.h>
 
 #define WIN_MAX_GROUPS 8            /* distinct gather axis sets */
 #define ALL_PARTS (~0u)             /* a parts mask: every tensor */
@@ -93,8 +92,7 @@ struct win {
 	bool packing;               /* a packed gather is in flight (its buffers are
 				     * the one set: one at a time) */
 	int gathers;                /* layer-group gathers since win_end */
-	bool *seen;                 /* [nseen] layers gathered since win_end */
-	int nseen;
+	uint64_t seen[4];           /* layers < 256 gathered since win_end */
 	/* the reduce-scatters in flight, oldest first (two: a layer's parts
 	 * sent ahead beside its parts before, win_scatter_parts): each one's
 	 * group, gradient window (in place) or -1, whether each gather group
@@ -103,10 +101,9 @@ struct win {
 	 * still writes the other parts' rows of it) */
 	struct scat {
 		int s0, s1, sgwin;
-		bool slisted[WIN_MAX_GROUPS];
+		bool slisted[WIN_MAX_GROUPS], skeep;
 		void *sh[WIN_MAX_GROUPS];
 		unsigned spart;
-		bool skeep;
 	} sc[2];
 	int nsc;
 	/* the non-layer group's reduce-scatter, gone out beside a layer
@@ -194,8 +191,7 @@ static unsigned char *pend_at(const struct win *w, int gwin, int i, int l, int l
 	return &w->pend[((size_t)gwin * (size_t)w->lo.lcap + (size_t)(l - l0)) * (size_t)w->n + (size_t)i];
 }
 
-/* Gradient window gwin holds nothing stale (it changes hands). */
-static void pend_clear(struct win *w, int gwin)
+static void pend_clear(struct win *w, int gwin)  /* gwin changes hands */
 {
 	if (gwin >= 0)
 		memset(pend_at(w, gwin, 0, 0, 0), 0, (size_t)w->lo.lcap * (size_t)w->n);
@@ -209,20 +205,24 @@ static void zero_block(struct win *w, int i, int l, int k)
 	w->zeroed += n;
 }
 
-/* Zeroes the blocks of READY layer slot k in the parts of mask still
- * marked (before anything but their writer reads them: a
- * reduce-scatter). */
+/* Whether tensor i's block of layer l in READY layer slot k was marked
+ * (its zeroing deferred); it is not any more. */
+static bool unmark(struct win *w, int i, int l, int k)
+{
+	unsigned char *p = pend_at(w, w->slot[k].gwin, i, l, w->slot[k].l0), was = *p;
+	*p = 0;
+	return was;
+}
+
+/* Zeroes the marked blocks of READY slot k's parts of mask (before a
+ * reduce-scatter reads them). */
 static void pend_flush(struct win *w, int k, unsigned mask)
 {
 	const struct win_slot *s = &w->slot[k];
 	for (int l = s->l0; l < s->l1 && s->l0 != WIN_NONLAYER; l++)
-		for (int i = 0; i < w->n; i++) {
-			unsigned char *p = pend_at(w, s->gwin, i, l, s->l0);
-			if (*p && in_part(w, i, l, mask)) {
+		for (int i = 0; i < w->n; i++)
+			if (in_part(w, i, l, mask) && unmark(w, i, l, k))
 				zero_block(w, i, l, k);
-				*p = 0;
-			}
-		}
 }
 
 /* Floats group [l0, l1) packs for gather group gg (per member). */
@@ -352,7 +352,6 @@ void win_free(struct win *w)
 	free(w->queue);
 	free(w->part);
 	free(w->pend);
-	free(w->seen);
 	free(w);
 }
 
@@ -733,17 +732,9 @@ int win_gather_start(struct win *w, int k, int l0, int l1)
 	w->gathers += l0 >= 0 && w->cnum[1] > 0;  /* one that moves weights */
 	/* a layer's second gather in a step (the backward's, waited for
 	 * whole) goes whole: one collective a gather group, not one a part */
-	if (l0 >= 0 && l0 >= w->nseen) {
-		bool *v = realloc(w->seen, sizeof(*v) * (size_t)(l0 + 1) * 2);
-		if (v) {
-			memset(v + w->nseen, 0, sizeof(*v) * (size_t)((l0 + 1) * 2 - w->nseen));
-			w->seen = v;
-			w->nseen = (l0 + 1) * 2;
-		}
-	}
-	if (l0 >= 0 && l0 < w->nseen) {
-		w->slot[k].whole = w->seen[l0];
-		w->seen[l0] = true;
+	if (l0 >= 0 && l0 < 256) {
+		w->slot[k].whole = w->seen[l0 / 64] >> (l0 % 64) & 1;
+		w->seen[l0 / 64] |= 1ull << (l0 % 64);
 	}
 	w->queue[w->qn++] = k;
 	start_next(w);
@@ -1135,8 +1126,7 @@ int win_end(struct win *w)
 	w->nsc = 0;
 	w->packing = w->nscattering = false;
 	w->gathers = 0;
-	if (w->seen)
-		memset(w->seen, 0, sizeof(*w->seen) * (size_t)w->nseen);
+	memset(w->seen, 0, sizeof(w->seen));
 	w->nl_ready = -1;
 	w->qn = w->nfly = 0;
 	for (int j = 0; j <= w->lo.windows; j++) {
@@ -1188,10 +1178,8 @@ bool win_grad_write(struct win *w, int i, int l, size_t n)
 		return false;
 	int k = slot_holding(w, true, i, l);
 	assert(k >= 0 && w->slot[k].state == SLOT_READY);
-	unsigned char *p = pend_at(w, w->slot[k].gwin, i, l, w->slot[k].l0);
-	if (!*p)
+	if (!unmark(w, i, l, k))
 		return false;
-	*p = 0;
 	if (n == per_cslice(w->t[i].pp, w->t[i].p))
 		return true;
 	zero_block(w, i, l, k);
@@ -1206,13 +1194,7 @@ float *win_block(struct win *w, bool grads, int i, int l)
 	}
 	int k = slot_holding(w, grads, i, l);
 	assert(k >= 0 && "no READY slot holds the layer");
-	if (grads) {
-		/* read or added to: zeroed first if its zeroing was deferred */
-		unsigned char *p = pend_at(w, w->slot[k].gwin, i, l, w->slot[k].l0);
-		if (*p) {
-			zero_block(w, i, l, k);
-			*p = 0;
-		}
-	}
+	if (grads && unmark(w, i, l, k))  /* read or added to: zeroed first */
+		zero_block(w, i, l, k);
 	return block(w, grads, i, l, k);
 }
