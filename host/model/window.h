@@ -57,7 +57,8 @@
  * Parts (win_set_parts, the trainer's fsdp_layer_parts): a layer
  * group's in-place gather goes as a collective a part and gather group,
  * part 0's tensors, then part 1's, ... (but a layer's second gather
- * since win_end, a backward's, which waits for all, goes whole); win_wait_part waits for the
+ * since win_end, a backward's, which waits for all, goes whole: layers
+ * below 256); win_wait_part waits for the
  * first parts alone (win_block then gives their weights, and waits for
  * a later part itself if asked for it). win_scatter_parts sends some
  * parts' gradients while the slot stays READY and keeps its gradient
