@@ -18,6 +18,7 @@
 #include "host/mesh/mesh.h"
 #include "host/mesh/shard.h"
 #include "host/model/model.h"
+#include "host/model/linear.h"
 #include "host/model/model_int.h"
 #include "host/model/window.h"
 
@@ -127,10 +128,13 @@ static int start_all_gather_v(void *ctx, uint32_t axes, const struct model_run *
 
 /* The list reduce-scatter, in place: started, it keeps a copy of the
  * runs; the wait sums (so whatever the window does with the gradient
- * window in between shows): each device's own block += the other's. */
-static struct model_run *slist[2];
-static struct runs slists[2];
-static int stoken[2];
+ * window in between shows): each device's own block += the other's. Two
+ * may be in flight: the j-th a device starts is [me][j mod 2], the same
+ * collective on both. */
+static struct model_run *slist[2][2];
+static struct runs slists[2][2];
+static int stoken[2][2];
+static int sstarted[2];
 
 static int start_reduce_scatter_v(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
 				  const size_t *counts, void **h)
@@ -138,11 +142,11 @@ static int start_reduce_scatter_v(void *ctx, uint32_t axes, const struct model_r
 	struct dev *d = ctx;
 	ck_assert_uint_eq(axes, 1u << AX_FSDP);
 	ck_assert_uint_eq(counts[0], counts[1]);
-	int rc = note(d, 'w');
-	slist[d->me] = malloc(sizeof(*run) * (size_t)nrun);
-	memcpy(slist[d->me], run, sizeof(*run) * (size_t)nrun);
-	slists[d->me] = (struct runs){ slist[d->me], nrun, counts[0] };
-	*h = &stoken[d->me];
+	int rc = note(d, 'w'), j = sstarted[d->me]++ % 2;
+	slist[d->me][j] = malloc(sizeof(*run) * (size_t)nrun);
+	memcpy(slist[d->me][j], run, sizeof(*run) * (size_t)nrun);
+	slists[d->me][j] = (struct runs){ slist[d->me][j], nrun, counts[0] };
+	*h = &stoken[d->me][j];
 	return rc;
 }
 
@@ -167,7 +171,8 @@ static int start_reduce_scatter(void *ctx, uint32_t axes, float *out, const floa
 static int wait_h(void *ctx, void *h)
 {
 	struct dev *d = ctx;
-	if (h == &ptoken[d->me] || h == &stoken[d->me])
+	int j = h == &stoken[d->me][1];
+	if (h == &ptoken[d->me] || h == &stoken[d->me][j])
 		note_wait(d);
 	if (h == &ptoken[d->me]) {
 		size_t n = pk_rs[d->me].n;
@@ -177,9 +182,9 @@ static int wait_h(void *ctx, void *h)
 		pthread_barrier_wait(&d->p->bar);
 		return 0;
 	}
-	if (h != &stoken[d->me])
+	if (h != &stoken[d->me][j])
 		return 0;
-	struct runs *me = &slists[d->me], *o = &slists[1 - d->me];
+	struct runs *me = &slists[d->me][j], *o = &slists[1 - d->me][j];
 	size_t c = me->count, b = (size_t)d->me * c;
 	float *sum = malloc(sizeof(float) * (c + 1));
 	pthread_barrier_wait(&d->p->bar);
@@ -189,7 +194,7 @@ static int wait_h(void *ctx, void *h)
 	for (size_t e = 0; e < c; e++)
 		*run_at(me, b + e) = sum[e];
 	free(sum);
-	free(slist[d->me]);
+	free(slist[d->me][j]);
 	return 0;
 }
 
@@ -223,6 +228,7 @@ static void setup(void)
 	ck_assert_msg(shard_rules_from_cfg(&rules2, &cfg2, err, sizeof(err)) == 0, "%s", err);
 	mesh_init(&mesh2, &cfg2);
 	memset(&pair, 0, sizeof(pair));
+	memset(sstarted, 0, sizeof(sstarted));
 	pthread_barrier_init(&pair.bar, NULL, 2);
 	for (int i = 0; i < 2; i++) {
 		struct model_mesh mm = { .mesh = &mesh2, .rules = &rules2, .device = i };
@@ -658,6 +664,14 @@ static void *parts5_layer(void *arg)
 	win_gather_start(w, 1, 1, 2);
 	rc_of[d->me] |= win_wait(w, 1);
 	win_release(w, 1);
+	/* layer 0 again in the step (a backward's): whole, one gather */
+	win_gather_start(w, 1, 0, 1);
+	rc_of[d->me] |= win_wait(w, 1);
+	ck_assert(!memcmp(win_block(w, false, P_WK, 0), model_params(whole) + pk->offset,
+			  pk->numel / 3 * sizeof(float)));
+	ck_assert(!memcmp(win_block(w, false, P_W_GATE, 0), model_params(whole) + pg->offset,
+			  pg->numel / 3 * sizeof(float)));
+	win_release(w, 1);
 	rc_of[d->me] |= model_step_end(d->m);
 	win_set_parts(w, NULL, NULL);
 	return NULL;
@@ -666,7 +680,10 @@ static void *parts5_layer(void *arg)
 START_TEST(test_parts_layer0)
 {
 	both_noted(parts5_layer);
-	ck_assert_str_eq(pair.order, "vvvvvwxwxwxvv");
+	/* the attention's parts go out beside the feed-forward's in flight
+	 * (two reduce-scatters), both waited for by the layer's own; layer
+	 * 1 in two parts, then layer 0's second gather whole */
+	ck_assert_str_eq(pair.order, "vvvvvwwxxwxvvv");
 	for (int r = 0; r < 2; r++) {
 		check_sums("wq", r);
 		check_sums("wk", r);
@@ -728,6 +745,8 @@ static void *poison_zero(void *arg)
 		ck_assert(isnan(g[i]));
 	}
 	win_zero_grads(w, 1);
+	/* zeroed when asked for (its zeroing is deferred: test_deferred_zero) */
+	ck_assert(win_block(w, true, P_WQ, 0) == g);
 	for (size_t i = 0; i < pw->numel / 3; i++)
 		ck_assert(g[i] == 0);
 	win_release(w, 1);
@@ -739,6 +758,129 @@ START_TEST(test_poison_and_zero)
 {
 	both(poison_zero);
 	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+}
+END_TEST
+
+/* Deferred zeroing: win_zero_grads marks a layer's blocks; the first
+ * write that covers one writes it (poison and all), a reader or a partial
+ * writer gets it zeroed, and the reduce-scatter zeroes what nobody
+ * touched before it sends. */
+static size_t defer_zeroed[2];
+
+static void *defer_zero(void *arg)
+{
+	struct dev *d = arg;
+	struct model_step st = { .comm = &d->comm };
+	struct win *w = model_window(d->m);
+	win_poison(w);
+	listed_step(d, &st);
+	win_gather_start(w, 1, 0, 1);
+	rc_of[d->me] = win_wait(w, 1);
+	size_t nq = param(whole, "wq")->numel / 3, nk = param(whole, "wk")->numel / 3, z0 = win_zeroed(w);
+	float *gq = win_block(w, true, P_WQ, 0), *gk = win_block(w, true, P_WK, 0);
+	float *gv = win_block(w, true, P_WV, 0);
+	win_zero_grads(w, 1);
+	ck_assert_uint_eq(win_zeroed(w), z0);  /* nothing zeroed yet */
+	ck_assert(isnan(gq[0]) && isnan(gk[0]) && isnan(gv[nk - 1]));
+	/* wq: its first write covers it: written, not zeroed; once */
+	ck_assert(win_grad_write(w, P_WQ, 0, nq));
+	ck_assert(!win_grad_write(w, P_WQ, 0, nq));
+	fill_grads(gq, nq, d->me);
+	/* wk: a write of part of it: zeroed first, added to */
+	ck_assert(!win_grad_write(w, P_WK, 0, nk - 1));
+	for (size_t i = 0; i < nk; i++)
+		ck_assert(gk[i] == 0);
+	ck_assert_uint_eq(win_zeroed(w), z0 + nk);
+	/* wv: read: zeroed */
+	ck_assert(win_block(w, true, P_WV, 0) == gv && gv[nk - 1] == 0);
+	/* the rest (wo, the feed-forward's) untouched: the reduce-scatter
+	 * zeroes them before it sends */
+	rc_of[d->me] |= win_scatter_start(w, 1);
+	rc_of[d->me] |= win_scatter_finish(w);
+	defer_zeroed[d->me] = win_zeroed(w) - z0;
+	win_release(w, 1);
+	rc_of[d->me] |= model_step_end(d->m);
+	return NULL;
+}
+
+/* The model's weight gradient (wgrad.c) on a deferred block: its first
+ * write writes the product over the poison without zeroing, bit for bit
+ * what adding it into a zeroed block gives; the second adds. */
+static void *first_write(void *arg)
+{
+	struct dev *d = arg;
+	struct model_step st = { .comm = &d->comm };
+	struct win *w = model_window(d->m);
+	int N = 5, C = d->m->l.C, OC = d->m->l.Hq * d->m->l.D;
+	size_t nq = (size_t)C * OC;
+	float *dout = malloc(sizeof(float) * (size_t)N * OC), *inp = malloc(sizeof(float) * (size_t)N * C);
+	float *ref = calloc(nq, sizeof(float));
+	for (int i = 0; i < N * OC; i++)
+		dout[i] = (float)((i * 37 + d->me) % 19) / 7.0f - 1.0f;
+	for (int i = 0; i < N * C; i++)
+		inp[i] = (float)((i * 11) % 23) / 5.0f - 2.0f;
+	linear_backward(NULL, ref, dout, inp, NULL, N, C, OC);
+	win_poison(w);
+	listed_step(d, &st);
+	win_gather_start(w, 1, 0, 1);
+	rc_of[d->me] = win_wait(w, 1);
+	ck_assert_uint_eq(nq, param(whole, "wq")->numel / 3);
+	win_zero_grads(w, 1);
+	size_t z0 = win_zeroed(w);
+	wg_linear(d->m, P_WQ, 0, 0, dout, inp, N, C, OC);
+	ck_assert_uint_eq(win_zeroed(w), z0);
+	const float *g = win_block(w, true, P_WQ, 0);
+	ck_assert(!memcmp(g, ref, nq * sizeof(float)));
+	wg_linear(d->m, P_WQ, 0, 0, dout, inp, N, C, OC);
+	for (size_t i = 0; i < nq; i++)
+		ck_assert(g[i] == ref[i] + ref[i]);
+	rc_of[d->me] |= win_scatter_start(w, 1);
+	rc_of[d->me] |= win_scatter_finish(w);
+	win_release(w, 1);
+	rc_of[d->me] |= model_step_end(d->m);
+	free(dout);
+	free(inp);
+	free(ref);
+	return NULL;
+}
+
+START_TEST(test_first_write_model)
+{
+	both(first_write);
+	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+}
+END_TEST
+
+START_TEST(test_deferred_zero)
+{
+	both(defer_zero);
+	ck_assert_int_eq(rc_of[0] | rc_of[1], 0);
+	/* every layer 0 gradient block but wq's zeroed, once */
+	size_t all = 0, nq = param(whole, "wq")->numel / 3;
+	for (int id = 0; id < P_COUNT; id++) {
+		const struct param_info *p = param_id(whole, id);
+		if (p && p->stacked && p->opt != OPT_NONE && devs[0].m->pp[id].gather)
+			all += p->numel / (size_t)p->shape[0];
+	}
+	ck_assert_uint_eq(defer_zeroed[0], all - nq);
+	for (int r = 0; r < 2; r++) {
+		const float *g = model_grads(devs[r].m);
+		/* the sums: 3 x (i mod 7) in wq's shards, 0 elsewhere (not NaN) */
+		const struct param_info *pw = param(whole, "wq"), *p = param(devs[r].m, "wq");
+		int cols = pw->global_shape[2], lc = p->shape[2];
+		for (int i = 0; i < p->shape[1]; i++)
+			for (int j = 0; j < lc; j++) {
+				size_t wi = (size_t)(p->goff[1] + i) * cols + (size_t)(p->goff[2] + j);
+				ck_assert(g[p->offset + (size_t)i * lc + j] == 3.0f * (float)(wi % 7));
+			}
+		for (int id = 0; id < P_COUNT; id++) {
+			const struct param_info *q = param_id(devs[r].m, id);
+			if (!q || !q->stacked || id == P_WQ)
+				continue;
+			for (size_t k = 0; k < q->numel / (size_t)q->shape[0]; k++)
+				ck_assert_msg(g[q->offset + k] == 0, "device %d %s element %zu", r, q->name, k);
+		}
+	}
 }
 END_TEST
 
@@ -767,6 +909,8 @@ int main(void)
 	tcase_add_test(tc, test_parts_layer0);
 	tcase_add_test(tc, test_failure_stops_collectives);
 	tcase_add_test(tc, test_poison_and_zero);
+	tcase_add_test(tc, test_deferred_zero);
+	tcase_add_test(tc, test_first_write_model);
 	tcase_add_test(tc, test_sizes);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);

@@ -6,11 +6,17 @@
 #ifndef MESHRUN_LINEAR_H
 #define MESHRUN_LINEAR_H
 
+#include <stdbool.h>
+
 void linear_forward(float *out, const float *inp, const float *w, int N, int C, int OC);
 /* out += inp . W^T */
 void linear_forward_acc(float *out, const float *inp, const float *w, int N, int C, int OC);
 /* dinp += dout . W; dw += dout^T . inp (either may be NULL) */
 void linear_backward(float *dinp, float *dw, const float *dout, const float *inp,
 		     const float *w, int N, int C, int OC);
+/* dw (OC,C) = dout^T . inp, += with accumulate: a weight's gradient
+ * alone (the bits of linear_backward's into a zeroed dw, but for a
+ * zero's sign) */
+void linear_wgrad(float *dw, const float *dout, const float *inp, int N, int C, int OC, bool accumulate);
 
 #endif

@@ -262,6 +262,15 @@ static inline void model_mid(struct model *m, int l, bool backward, unsigned par
 		m->hook_rc = m->mid(m->mid_ctx, l, backward, parts);
 }
 
+/* Whether this first write of n floats of parameter id's gradient of
+ * layer l, from its start, may write instead of add: its FSDP window
+ * block's zeroing was deferred (win_grad_write; else it is zeroed now,
+ * or it was never deferred). */
+static inline bool grad_first(struct model *m, int id, int l, size_t n)
+{
+	return m->pidx[id] >= 0 && m->pp[id].gather && win_grad_write(m->win, id, l, n);
+}
+
 #define WP(id, l) wsel(m, false, id, l)
 #define GP(id, l) wsel(m, true, id, l)
 

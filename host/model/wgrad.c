@@ -57,11 +57,14 @@ const float *wg_keep_act(struct model *m, const float *buf, size_t n)
 
 static void run(struct model *m, const struct wg_entry *e)
 {
-	float *dw = GP(e->id, e->l) + e->woff;
-	if (e->op == WG_NORM)
-		rmsnorm_backward(NULL, dw, e->dout, e->inp, NULL, e->rstd, e->N, e->C);
-	else
-		linear_backward(NULL, dw, e->dout, e->inp, NULL, e->N, e->C, e->OC);
+	if (e->op == WG_NORM) {
+		rmsnorm_backward(NULL, GP(e->id, e->l) + e->woff, e->dout, e->inp, NULL, e->rstd, e->N, e->C);
+		return;
+	}
+	/* the step's first write of a window block it covers whole writes
+	 * instead of adding to a zeroed one (win_grad_write) */
+	bool first = grad_first(m, e->id, e->l, e->woff ? 0 : (size_t)e->OC * (size_t)e->C);
+	linear_wgrad(GP(e->id, e->l) + e->woff, e->dout, e->inp, e->N, e->C, e->OC, !first);
 }
 
 static void add(struct model *m, const struct wg_entry *e)

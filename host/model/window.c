@@ -17,9 +17,8 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
-
 #include <stdio.h>
+#include <string.h>
 
 #define WIN_MAX_GROUPS 8            /* distinct gather axis sets */
 #define ALL_PARTS (~0u)             /* a parts mask: every tensor */
@@ -37,6 +36,8 @@ struct win_slot {
 	void *gh[WIN_MAX_PARTS][WIN_MAX_GROUPS];  /* [0] the whole, or each part's */
 	bool listed[WIN_MAX_GROUPS];
 	bool split;                 /* its gather went in parts (win_set_parts) */
+	bool whole;                 /* its layer was gathered before in the step:
+				     * whole, for a backward that waits for all */
 	int got;                    /* GATHERING: parts [0, got) landed (win_wait_part) */
 	unsigned sent;              /* READY: the parts whose reduce-scatter went out */
 	size_t sbase[WIN_MAX_GROUPS];
@@ -67,7 +68,6 @@ struct win {
 	struct packs {
 		float *gsend, *grecv, *ssend, *srecv;
 	} pk[2];
-	void *sh[WIN_MAX_GROUPS];
 	float *params, *grads;
 	/* state */
 	int nslots;                 /* lo.windows + 2 */
@@ -77,8 +77,6 @@ struct win {
 	int *gowner;                /* [lo.windows + 1] the READY slot in each
 				     * gradient window, or -1 (GW_SCATTER: the
 				     * reduce-scatter in flight's) */
-	int sgwin;                  /* the reduce-scatter in flight's gradient
-				     * window (in place), or -1 */
 	/* a list collective's runs (every member's rows, members in rank
 	 * order, adjacent ones merged; grown on demand) and each member's
 	 * count; which gather groups of the gather in flight went as lists,
@@ -86,7 +84,6 @@ struct win {
 	struct model_run *run;
 	int runcap;
 	size_t counts[MESH_MAX_DEVICES];
-	bool slisted[WIN_MAX_GROUPS];
 	size_t copied;              /* floats the window copied (packs, places, sums) */
 	int nl_ready;               /* the READY non-layer slot, or -1 */
 	int *queue, qn;             /* GATHERING slots, oldest first: the first nfly
@@ -95,8 +92,20 @@ struct win {
 	bool packing;               /* a packed gather is in flight (its buffers are
 				     * the one set: one at a time) */
 	int gathers;                /* layer-group gathers since win_end */
-	bool scattering;            /* a reduce-scatter is in flight, of */
-	int s0, s1;                 /* this group */
+	uint64_t seen[4];           /* layers < 256 gathered since win_end */
+	/* the reduce-scatters in flight, oldest first (two: a layer's parts
+	 * sent ahead beside its parts before, win_scatter_parts): each one's
+	 * group, gradient window (in place) or -1, whether each gather group
+	 * went as a list, its handles, its parts (a mask) and whether it
+	 * keeps the slot's gradient window (parts sent ahead: the slot
+	 * still writes the other parts' rows of it) */
+	struct scat {
+		int s0, s1, sgwin;
+		bool slisted[WIN_MAX_GROUPS], skeep;
+		void *sh[WIN_MAX_GROUPS];
+		unsigned spart;
+	} sc[2];
+	int nsc;
 	/* the non-layer group's reduce-scatter, gone out beside a layer
 	 * group's in flight (packed, pk[0]): its handles */
 	bool nscattering;
@@ -104,14 +113,15 @@ struct win {
 	const struct model_comm *comm;
 	int *rc;
 	/* win_set_parts: each tensor's part (0 .. nparts - 1), or NULL:
-	 * whole, and in layer 0 (part0); the parts of the reduce-scatter in
-	 * flight (a mask), and
-	 * whether it keeps the slot's gradient window (parts sent ahead: the
-	 * slot still writes the other parts' rows of it) */
+	 * whole, and in layer 0 (part0) */
 	signed char *part, *part0;
 	int nparts;
-	unsigned spart;
-	bool skeep;
+	/* deferred zeroing (win_zero_grads): [gradient window][layer of its
+	 * group][tensor], 1 while the block holds stale gradients that its
+	 * first write overwrites (win_grad_write) or anything else zeroes
+	 * first; floats zeroed since the window was made */
+	unsigned char *pend;
+	size_t zeroed;
 };
 
 static size_t per_cslice(const struct plan_param *pp, const struct param_info *p)
@@ -172,6 +182,47 @@ static float *block(const struct win *w, bool grads, int i, int l, int k)
 	const struct win_slot *s = &w->slot[k];
 	float *base = !w->t[i].p->stacked ? NULL : grads ? w->gl[s->gwin] : w->wl[s->win];
 	return block_in(w, base, grads, i, l, s->l0);
+}
+
+/* The deferred-zero mark of tensor i's block of layer l in gradient
+ * window gwin, which holds the layers of a group from l0. */
+static unsigned char *pend_at(const struct win *w, int gwin, int i, int l, int l0)
+{
+	return &w->pend[((size_t)gwin * (size_t)w->lo.lcap + (size_t)(l - l0)) * (size_t)w->n + (size_t)i];
+}
+
+static void pend_clear(struct win *w, int gwin)  /* gwin changes hands */
+{
+	if (gwin >= 0)
+		memset(pend_at(w, gwin, 0, 0, 0), 0, (size_t)w->lo.lcap * (size_t)w->n);
+}
+
+/* Zeroes tensor i's gradient block of layer l in READY slot k. */
+static void zero_block(struct win *w, int i, int l, int k)
+{
+	size_t n = per_cslice(w->t[i].pp, w->t[i].p);
+	memset(block(w, true, i, l, k), 0, n * sizeof(float));
+	w->zeroed += n;
+}
+
+/* Whether tensor i's block of layer l in READY layer slot k was marked
+ * (its zeroing deferred); it is not any more. */
+static bool unmark(struct win *w, int i, int l, int k)
+{
+	unsigned char *p = pend_at(w, w->slot[k].gwin, i, l, w->slot[k].l0), was = *p;
+	*p = 0;
+	return was;
+}
+
+/* Zeroes the marked blocks of READY slot k's parts of mask (before a
+ * reduce-scatter reads them). */
+static void pend_flush(struct win *w, int k, unsigned mask)
+{
+	const struct win_slot *s = &w->slot[k];
+	for (int l = s->l0; l < s->l1 && s->l0 != WIN_NONLAYER; l++)
+		for (int i = 0; i < w->n; i++)
+			if (in_part(w, i, l, mask) && unmark(w, i, l, k))
+				zero_block(w, i, l, k);
 }
 
 /* Floats group [l0, l1) packs for gather group gg (per member). */
@@ -246,8 +297,7 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->n = n;
 	w->lo = *lo;
 	w->nslots = lo->windows + 2;
-	w->nl_ready = w->sgwin = -1;
-	w->spart = ALL_PARTS;
+	w->nl_ready = -1;
 	w->nparts = 1;
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
@@ -257,7 +307,9 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->gowner = malloc(sizeof(*w->gowner) * ((size_t)lo->windows + 1));
 	w->slot = calloc((size_t)w->nslots, sizeof(*w->slot));
 	w->queue = malloc(sizeof(*w->queue) * (size_t)w->nslots);
-	if (!w->t || !w->woff || !w->wl || !w->gl || !w->owner || !w->gowner || !w->slot || !w->queue)
+	w->pend = calloc(((size_t)lo->windows + 1) * (size_t)lo->lcap * (size_t)(n ? n : 1), 1);
+	if (!w->t || !w->woff || !w->wl || !w->gl || !w->owner || !w->gowner || !w->slot || !w->queue ||
+	    !w->pend)
 		goto fail;
 	for (int j = 0; j <= lo->windows; j++)
 		w->owner[j] = w->gowner[j] = -1;
@@ -299,6 +351,7 @@ void win_free(struct win *w)
 	free(w->slot);
 	free(w->queue);
 	free(w->part);
+	free(w->pend);
 	free(w);
 }
 
@@ -595,7 +648,7 @@ static void send_gather(struct win *w, int k, int win)
 	if (layer) {
 		s->win = win;
 		w->owner[win] = k;
-		if (w->part && in_place(w, k)) {
+		if (w->part && in_place(w, k) && !s->whole) {
 			send_split(w, k, win);
 			return;
 		}
@@ -677,6 +730,12 @@ int win_gather_start(struct win *w, int k, int l0, int l1)
 	check_group(w, l0, l1);
 	w->slot[k] = (struct win_slot){ .state = SLOT_GATHERING, .l0 = l0, .l1 = l1, .win = -1, .gwin = -1 };
 	w->gathers += l0 >= 0 && w->cnum[1] > 0;  /* one that moves weights */
+	/* a layer's second gather in a step (the backward's, waited for
+	 * whole) goes whole: one collective a gather group, not one a part */
+	if (l0 >= 0 && l0 < 256) {
+		w->slot[k].whole = w->seen[l0 / 64] >> (l0 % 64) & 1;
+		w->seen[l0 / 64] |= 1ull << (l0 % 64);
+	}
 	w->queue[w->qn++] = k;
 	start_next(w);
 	return *w->rc;
@@ -709,6 +768,7 @@ static void finish_landing(struct win *w)
 	} else {
 		s->gwin = free_gwindow(w);
 		w->gowner[s->gwin] = k;
+		pend_clear(w, s->gwin);
 	}
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
@@ -774,6 +834,7 @@ void win_release(struct win *w, int k)
 	} else {
 		w->owner[s->win] = -1;
 		w->gowner[s->gwin] = -1;
+		pend_clear(w, s->gwin);
 	}
 	s->state = SLOT_FREE;
 	s->win = s->gwin = -1;
@@ -787,11 +848,26 @@ void win_zero_grads(struct win *w, int k)
 	check_slot(w, k);
 	assert(s->state == SLOT_READY);
 	for (int l = s->l0; l < s->l1; l++)
-		for (int i = 0; i < w->n; i++)
-			if (w->t[i].p && w->t[i].pp->gather && in_group(w, i, l, w->t[i].pp->gather, true))
-				memset(block(w, true, i, l, k), 0,
-				       per_cslice(w->t[i].pp, w->t[i].p) * sizeof(float));
+		for (int i = 0; i < w->n; i++) {
+			if (!w->t[i].p || !w->t[i].pp->gather || !in_group(w, i, l, w->t[i].pp->gather, true))
+				continue;
+			if (s->l0 == WIN_NONLAYER)
+				zero_block(w, i, l, k);
+			else
+				*pend_at(w, s->gwin, i, l, s->l0) = 1;
+		}
 }
+
+void win_grads_written(struct win *w, int k)
+{
+	const struct win_slot *s = &w->slot[k];
+	check_slot(w, k);
+	assert(s->state == SLOT_READY);
+	if (s->l0 != WIN_NONLAYER)
+		pend_clear(w, s->gwin);
+}
+
+size_t win_zeroed(const struct win *w) { return w->zeroed; }
 
 /* Adds this device's block of gather group g's tensor i, layer l, from
  * layer gradient window base (layers from l0) into its gradient shard:
@@ -835,7 +911,8 @@ static size_t add_parts(struct win *w, const struct mesh_members *gg, int l, int
 bool win_scatter_beside(const struct win *w, int k)
 {
 	check_slot(w, k);
-	return w->comm && w->comm->start_reduce_scatter && w->scattering && w->s0 != WIN_NONLAYER && !w->nscattering &&
+	return w->comm && w->comm->start_reduce_scatter && w->nsc && w->sc[w->nsc - 1].s0 != WIN_NONLAYER &&
+	       !w->nscattering &&
 	       w->slot[k].state == SLOT_READY && w->slot[k].l0 == WIN_NONLAYER;
 }
 
@@ -874,34 +951,34 @@ static void scatter_nl_finish(struct win *w)
 	}
 }
 
-int win_scatter_finish(struct win *w)
+/* Waits for reduce-scatter c in flight and adds it in. */
+static void scatter_land(struct win *w, struct scat *c)
 {
 	size_t roff = 0;
-	if (!w->scattering) {
-		scatter_nl_finish(w);
-		return *w->rc;
-	}
-	w->scattering = false;
-	bool layer = w->s0 != WIN_NONLAYER;
+	bool layer = c->s0 != WIN_NONLAYER;
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
-		wait_handle(w, &w->sh[g]);
-		for (int l = w->s0; l < w->s1; l++) {
-			if (!w->slisted[g]) {
-				roff = add_parts(w, gg, l, w->spart, w->pk[layer].srecv, roff);
+		wait_handle(w, &c->sh[g]);
+		for (int l = c->s0; l < c->s1; l++) {
+			if (!c->slisted[g]) {
+				roff = add_parts(w, gg, l, c->spart, w->pk[layer].srecv, roff);
 				continue;
 			}
 			for (int i = 0; i < w->n && !*w->rc; i++)
-				if (in_group(w, i, l, gg->axes, true) && in_part(w, i, l, w->spart))
-					*w->rc = add_own(w, g, i, l, w->gl[w->sgwin], w->s0);
+				if (in_group(w, i, l, gg->axes, true) && in_part(w, i, l, c->spart))
+					*w->rc = add_own(w, g, i, l, w->gl[c->sgwin], c->s0);
 		}
 	}
-	if (w->sgwin >= 0 && !w->skeep)
-		w->gowner[w->sgwin] = -1;
-	w->sgwin = -1;
-	w->spart = ALL_PARTS;
-	w->skeep = false;
-	/* the non-layer one beside went out after it */
+	if (c->sgwin >= 0 && !c->skeep)
+		w->gowner[c->sgwin] = -1;
+}
+
+int win_scatter_finish(struct win *w)
+{
+	for (int j = 0; j < w->nsc; j++)
+		scatter_land(w, &w->sc[j]);
+	w->nsc = 0;
+	/* the non-layer one beside went out after them */
 	scatter_nl_finish(w);
 	return *w->rc;
 }
@@ -912,11 +989,12 @@ int win_scatter_finish(struct win *w)
 static bool scatter_listed(struct win *w, int g, const struct win_slot *s, unsigned part)
 {
 	const struct model_comm *c = w->comm;
+	struct scat *x = &w->sc[w->nsc];
 	int nrun = list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1, part);
 	if (nrun < 0)
 		return false;
-	w->slisted[g] = true;
-	*w->rc = c->start_reduce_scatter_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts, &w->sh[g]);
+	x->slisted[g] = true;
+	*w->rc = c->start_reduce_scatter_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts, &x->sh[g]);
 	return true;
 }
 
@@ -933,10 +1011,12 @@ int win_scatter_start(struct win *w, int k)
 		return *w->rc;
 	}
 	win_scatter_finish(w);
+	pend_flush(w, k, ~s->sent);
+	struct scat *x = &w->sc[0];
+	*x = (struct scat){ .s0 = s->l0, .s1 = s->l1, .sgwin = -1, .spart = ~s->sent };
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = pack_part(w, gg, s->l0, s->l1, true, ~s->sent);
-		w->slisted[g] = false;
 		if (!pack)
 			continue;
 		if (layer && c->start_reduce_scatter_v && scatter_listed(w, g, s, ~s->sent)) {
@@ -952,7 +1032,7 @@ int win_scatter_start(struct win *w, int k)
 		float *send = w->pk[layer].ssend + soff, *recv = w->pk[layer].srecv + roff;
 		place_blocks(w, gg, k, true, send, pack, false);
 		if (c->start_reduce_scatter)
-			*w->rc = c->start_reduce_scatter(c->ctx, gg->axes, recv, send, pack, &w->sh[g]);
+			*w->rc = c->start_reduce_scatter(c->ctx, gg->axes, recv, send, pack, &x->sh[g]);
 		else
 			*w->rc = c->reduce_scatter(c->ctx, gg->axes, recv, send, pack);
 		soff += pack * (size_t)gg->n;
@@ -961,15 +1041,13 @@ int win_scatter_start(struct win *w, int k)
 	if (inplace) {
 		/* the reduce-scatter keeps the gradient window; the slot takes
 		 * a free one (the caller zeroes it before writing) */
-		w->sgwin = s->gwin;
+		x->sgwin = s->gwin;
 		w->gowner[s->gwin] = GW_SCATTER;
 		s->gwin = free_gwindow(w);
 		w->gowner[s->gwin] = k;
+		pend_clear(w, s->gwin);
 	}
-	w->scattering = true;
-	w->s0 = s->l0;
-	w->s1 = s->l1;
-	w->spart = ~s->sent;
+	w->nsc = 1;
 	s->sent = 0;
 	return *w->rc;
 }
@@ -989,9 +1067,15 @@ int win_scatter_parts(struct win *w, int k, unsigned parts)
 	parts &= ~s->sent;
 	if (!w->part || !parts || s->l0 == WIN_NONLAYER || !c || !c->start_reduce_scatter_v)
 		return *w->rc;
-	win_scatter_finish(w);
+	/* one more in flight beside the slot's parts before (the same
+	 * gradient window, other rows), the same choice on every member;
+	 * else the one in flight lands first */
+	if (w->nsc != 1 || !w->sc[0].skeep || w->sc[0].s0 != s->l0 || w->nscattering)
+		win_scatter_finish(w);
+	pend_flush(w, k, parts);
+	struct scat *x = &w->sc[w->nsc];
+	*x = (struct scat){ .s0 = s->l0, .s1 = s->l1, .sgwin = s->gwin, .spart = parts, .skeep = true };
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
-		w->slisted[g] = false;
 		if (!pack_part(w, &w->gg[g], s->l0, s->l1, true, parts))
 			continue;
 		if (!scatter_listed(w, g, s, parts)) {
@@ -1006,11 +1090,7 @@ int win_scatter_parts(struct win *w, int k, unsigned parts)
 	 * which the slot keeps (the other parts' rows are still being
 	 * written) */
 	s->sent |= parts;
-	w->scattering = w->skeep = true;
-	w->sgwin = s->gwin;
-	w->spart = parts;
-	w->s0 = s->l0;
-	w->s1 = s->l1;
+	w->nsc++;
 	return *w->rc;
 }
 
@@ -1039,17 +1119,20 @@ int win_end(struct win *w)
 		for (int k = 0; k < w->nslots; k++)
 			for (int p = 0; p < WIN_MAX_PARTS; p++)
 				wait_handle(w, &w->slot[k].gh[p][g]);
-		wait_handle(w, &w->sh[g]);
+		for (int j = 0; j < w->nsc; j++)
+			wait_handle(w, &w->sc[j].sh[g]);
 		wait_handle(w, &w->nsh[g]);
 	}
-	w->scattering = w->packing = w->nscattering = false;
+	w->nsc = 0;
+	w->packing = w->nscattering = false;
 	w->gathers = 0;
-	w->nl_ready = w->sgwin = -1;
-	w->spart = ALL_PARTS;
-	w->skeep = false;
+	memset(w->seen, 0, sizeof(w->seen));
+	w->nl_ready = -1;
 	w->qn = w->nfly = 0;
-	for (int j = 0; j <= w->lo.windows; j++)
+	for (int j = 0; j <= w->lo.windows; j++) {
 		w->owner[j] = w->gowner[j] = -1;
+		pend_clear(w, j);
+	}
 	for (int k = 0; k < w->nslots; k++)
 		w->slot[k] = (struct win_slot){ .state = SLOT_FREE, .win = -1, .gwin = -1 };
 	return *w->rc;
@@ -1070,12 +1153,10 @@ void win_poison(struct win *w)
 		}
 }
 
-float *win_block(struct win *w, bool grads, int i, int l)
+/* The slot whose weights of tensor i, layer l (stacked) can be read
+ * (READY, or the part holding it landed), or -1. */
+static int slot_holding(struct win *w, bool grads, int i, int l)
 {
-	if (!w->t[i].p->stacked) {
-		assert(w->nl_ready >= 0);
-		return block(w, grads, i, l, w->nl_ready);
-	}
 	for (int j = 0; j <= w->lo.windows; j++) {
 		int k = w->owner[j];
 		if (k < 0 || l < w->slot[k].l0 || l >= w->slot[k].l1)
@@ -1086,8 +1167,34 @@ float *win_block(struct win *w, bool grads, int i, int l)
 		if (w->slot[k].got && (grads || part_of(w, i, l) >= w->slot[k].got))
 			win_wait_part(w, k, grads ? w->nparts - 1 : part_of(w, i, l));
 		if (w->slot[k].state == SLOT_READY || w->slot[k].got)
-			return block(w, grads, i, l, k);
+			return k;
 	}
-	assert(!"no READY slot holds the layer");
-	return NULL;
+	return -1;
+}
+
+bool win_grad_write(struct win *w, int i, int l, size_t n)
+{
+	if (!w->t[i].p->stacked)
+		return false;
+	int k = slot_holding(w, true, i, l);
+	assert(k >= 0 && w->slot[k].state == SLOT_READY);
+	if (!unmark(w, i, l, k))
+		return false;
+	if (n == per_cslice(w->t[i].pp, w->t[i].p))
+		return true;
+	zero_block(w, i, l, k);
+	return false;
+}
+
+float *win_block(struct win *w, bool grads, int i, int l)
+{
+	if (!w->t[i].p->stacked) {
+		assert(w->nl_ready >= 0);
+		return block(w, grads, i, l, w->nl_ready);
+	}
+	int k = slot_holding(w, grads, i, l);
+	assert(k >= 0 && "no READY slot holds the layer");
+	if (grads && unmark(w, i, l, k))  /* read or added to: zeroed first */
+		zero_block(w, i, l, k);
+	return block(w, grads, i, l, k);
 }

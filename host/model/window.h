@@ -28,7 +28,8 @@
  * of every member's blocks' rows is all-gathered where the weights lie;
  * its reduce-scatter works over the same rows of its gradient window,
  * which stays with it while the slot takes the one more (the caller
- * zeroes it before writing), and this device's block is added into the
+ * zeroes it before writing: win_zero_grads, which leaves a block a
+ * first write overwrites whole unzeroed), and this device's block is added into the
  * gradient shards when it finishes. The non-layer group packs its
  * reduce-scatter (its gradient window is the step's), and its gather
  * while a READY slot holds it. Without the list forms every group packs;
@@ -50,11 +51,14 @@
  * together, back to back. A reduce-scatter packs the gradients,
  * or takes the slot's gradient window, on start, so the slot's gradient
  * window is free again at once; one is in flight at a time (the next
- * start finishes it).
+ * start finishes it), but for a layer's parts sent ahead
+ * (win_scatter_parts), of which two may be.
  *
  * Parts (win_set_parts, the trainer's fsdp_layer_parts): a layer
  * group's in-place gather goes as a collective a part and gather group,
- * part 0's tensors, then part 1's, ...; win_wait_part waits for the
+ * part 0's tensors, then part 1's, ... (but a layer's second gather
+ * since win_end, a backward's, which waits for all, goes whole: layers
+ * below 256); win_wait_part waits for the
  * first parts alone (win_block then gives their weights, and waits for
  * a later part itself if asked for it). win_scatter_parts sends some
  * parts' gradients while the slot stays READY and keeps its gradient
@@ -151,8 +155,26 @@ int win_wait_first(struct win *w, int k);
 /* The caller is done with READY slot k's weights (a gather queued for
  * want of a free weight window may go out now). */
 void win_release(struct win *w, int k);
-/* Zeroes READY slot k's gradient window (its gradients accumulate). */
+/* Zeroes READY slot k's gradient window (its gradients accumulate): the
+ * non-layer group's at once; a layer group's blocks are only marked, and
+ * each is zeroed when first asked for (win_block, a reduce-scatter of it)
+ * unless its first writer overwrites it whole instead (win_grad_write),
+ * so a backward whose weight gradients are products writes each once
+ * instead of zeroing 13 MB (llama-bench) before it. Every reader sees
+ * zeros and the sums; the same bits (a write is 0 + x but for the sign
+ * of a zero, and a shard's += turns -0 into +0). */
 void win_zero_grads(struct win *w, int k);
+/* Whether the caller may write (not add) the n floats of tensor i's
+ * gradient of layer l from its block's start: the block's zeroing was
+ * deferred and n covers it (it is no longer marked; the caller must
+ * write it whole now). A marked block n does not cover is zeroed here
+ * (false: add as always). Layer l is in a READY slot. */
+bool win_grad_write(struct win *w, int i, int l, size_t n);
+/* Every marked block of READY slot k is written (sleep mode's compute,
+ * which writes nothing, as the model's first writes would): no zeroing. */
+void win_grads_written(struct win *w, int k);
+/* Floats the window has zeroed since it was made. */
+size_t win_zeroed(const struct win *w);
 /* Layer-group gathers started since the last win_end (a gather started
  * ahead of the step, pipe_exec_prefetch, counts in it; the non-layer group's
  * are not counted, nor any when no layer tensor is gathered): a
@@ -170,7 +192,10 @@ size_t win_copied(const struct win *w);
 int win_scatter_start(struct win *w, int k);
 /* Parts (win_set_parts): starts reduce-scattering the parts of mask
  * `parts` (bit p: part p) of READY layer slot k's gradients not sent yet,
- * as one collective a gather group (after finishing the one in flight),
+ * as one collective a gather group (after finishing the one in flight,
+ * unless that is k's parts sent before alone: then both are in flight,
+ * landing in order at the next finish; a rule of the calls alone, so
+ * every member issues the same collectives),
  * in place over their rows of the slot's gradient window, which the
  * slot keeps: the other parts' gradients may still be written. The
  * slot's win_scatter_start then sends the parts not sent. Does nothing

@@ -674,13 +674,15 @@ static int run_weights(struct pipe_exec *x, const struct pipe_action *a)
 }
 
 /* Waits for window slot k; when grads, zeroes its gradients first if a
- * gather or reduce-scatter left them to be. */
+ * gather or reduce-scatter left them to be (sleep mode: as writes do). */
 static int use_slot(struct pipe_exec *x, int k, bool grads)
 {
 	struct win *w = model_window(x->m);
 	int rc = win_wait(w, k);
 	if (!rc && grads && x->gzero[k]) {
 		win_zero_grads(w, k);
+		if (x->sleep)
+			win_grads_written(w, k);
 		x->gzero[k] = false;
 	}
 	return rc;
