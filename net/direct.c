@@ -19,7 +19,6 @@
 #define POLL_BUDGET (256u * 1024)
 /* how long a link stays with its last poller after its request completed
  * (the stream thread looks every millisecond) */
-#define LINGER_NS (1000ull * 1000)
 
 /* The stream (of link_streams) that carries the messages of tag, and
  * their RecvReadys, acks and the polls of their waiters: a collective's
@@ -180,11 +179,12 @@ static void op_poll_end(void *ctx, struct xreq *r, bool done)
 		 * read now, and the stream thread is not armed just to be
 		 * quieted again by the next poll (it lingers) */
 		recv_poll(l, POLL_BUDGET);
+		l->linger_ns = now_ns() + LINGER_NS;
 		if (!l->lingering) {
 			l->lingering = true;
 			atomic_fetch_add(&n->lingering, 1);
+			stream_linger(l);
 		}
-		l->linger_ns = now_ns() + LINGER_NS;
 	}
 	/* else link_unlock arms the stream thread again */
 	link_unlock(l);

@@ -271,6 +271,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 			if (l->lingering && !l->pollers && now > l->linger_ns) {
 				l->lingering = false;
 				atomic_fetch_sub(&n->lingering, 1);
+				atomic_fetch_add_explicit(&n->linger_lapses, 1, memory_order_relaxed);
 			}
 			write_up(l);
 			break;
@@ -595,6 +596,11 @@ uint64_t net_reconnects(struct net *n)
 uint64_t net_handoffs(struct net *n)
 {
 	return n ? atomic_load_explicit(&n->handoffs, memory_order_relaxed) : 0;
+}
+
+uint64_t net_linger_lapses(struct net *n)
+{
+	return n ? atomic_load_explicit(&n->linger_lapses, memory_order_relaxed) : 0;
 }
 
 uint64_t net_frames_resent(struct net *n)

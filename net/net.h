@@ -186,6 +186,9 @@ uint64_t net_reconnects(struct net *n);
 uint64_t net_frames_resent(struct net *n);
 /* Point-to-point sends handed to a stream thread (p2p_handoff_bytes). */
 uint64_t net_handoffs(struct net *n);
+/* Lingering links the net thread's tick had to end, their stream thread
+ * not having come back for them (0 when stream_linger works). */
+uint64_t net_linger_lapses(struct net *n);
 
 /* Flushes what can be flushed within about a second, closes every link,
  * stops the thread and frees n. NULL is fine. */

@@ -27,6 +27,9 @@
 #include "net/wire_check.h"
 
 #define TICK_MS        50
+/* how long a link whose last poller's request completed stays unread by
+ * its stream thread (the poller will likely wait again at once) */
+#define LINGER_NS      (1000ull * 1000)
 /* Bytes per read turn before yielding (the event loop, or the lock for a
  * stream thread). A write turn is net_params.max_send_bytes. Reading
  * gets the larger turn: on a link busy both ways, 1 MiB turns each way
@@ -158,6 +161,7 @@ struct net {
 	uint64_t reconnect_timeout_ns;
 	_Atomic uint64_t reconnects, frames_resent;
 	_Atomic uint64_t handoffs;      /* sends given to a stream thread (direct.c) */
+	_Atomic uint64_t linger_lapses; /* lingers the tick ended (net_linger_lapses) */
 	_Atomic uint32_t last_op;
 	_Atomic uint64_t last_step;
 };
@@ -224,6 +228,10 @@ int stream_add(struct link *l);
 void stream_arm(struct link *l, uint32_t events);
 /* Takes it out again (before its socket closes). */
 void stream_del(struct link *l);
+/* l has just begun to linger (n->lingering raised): if its stream thread
+ * sleeps with no timeout, it is woken when the linger would run out, so
+ * it looks (recv_stream_tick) and arms the link again. */
+void stream_linger(struct link *l);
 /* The events word of a turn a link's stream callback asked for again
  * (it returned true): no epoll event, the budget ran out with records
  * left in OpenSSL's buffer. */

@@ -7,8 +7,13 @@
  * finds the link busy never spins on it. A link whose turn ended with
  * records left in OpenSSL's buffer (the callback returns true) goes on the
  * thread's list of links owed another turn, given round-robin after the
- * events of each poll, so no link holds the thread from the others. Knows
- * nothing of frames or TLS; calls nothing in net/ but the callback. */
+ * events of each poll, so no link holds the thread from the others.
+ * While a link lingers (a device thread just stopped polling it, its
+ * socket unarmed) the thread looks every millisecond; a linger that
+ * begins while the thread sleeps with no timeout arms the thread's timer
+ * (stream_linger), or nothing would read that link until the net
+ * thread's tick, up to 50 ms later. Knows nothing of frames or TLS;
+ * calls nothing in net/ but the callbacks. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -17,6 +22,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include "net/net_int.h"
@@ -28,6 +34,9 @@ struct stream_thr {
 	int index;
 	pthread_t thread;
 	int epfd, evfd;          /* evfd: stop */
+	int tfd;                 /* the linger timer (stream_linger) */
+	_Atomic bool asleep;     /* in epoll_wait with no timeout */
+	_Atomic bool timer_set;  /* tfd armed and not yet read */
 	bool started;
 	struct link *again_head, *again_tail;   /* links owed another turn */
 };
@@ -55,18 +64,36 @@ static void *stream_main(void *arg)
 	for (;;) {
 		/* while a link lingers (a device thread just stopped polling
 		 * it), look every millisecond whether its linger ran out */
-		bool linger = atomic_load_explicit(&t->n->lingering, memory_order_relaxed) > 0;
+		/* asleep is stored before lingering is read, as
+		 * stream_linger raises lingering before it reads asleep: one
+		 * of the two sees the other (sequentially consistent) */
+		atomic_store(&t->asleep, true);
+		bool linger = atomic_load(&t->n->lingering) > 0;
+		if (t->again_head || linger)
+			atomic_store(&t->asleep, false);
 		int k = epoll_wait(t->epfd, ev, STREAM_EVENTS,
 				   t->again_head ? 0 : linger ? 1 : -1);
+		atomic_store(&t->asleep, false);
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k < 0)
 			return NULL;
-		if (linger)
+		bool timer = false;
+		for (int i = 0; i < k; i++)
+			if (ev[i].data.ptr == t) {
+				uint64_t expiries;
+				if (read(t->tfd, &expiries, sizeof(expiries)) < 0)
+					expiries = 0;  /* EAGAIN: disarmed meanwhile */
+				atomic_store(&t->timer_set, false);
+				timer = true;
+			}
+		if (linger || timer)
 			t->n->stream_tick(t->n, t->index);
 		for (int i = 0; i < k; i++) {
 			if (!ev[i].data.ptr)
 				return NULL;   /* stream_stop */
+			if (ev[i].data.ptr == t)
+				continue;      /* the linger timer, above */
 			if (t->n->stream_cb(ev[i].data.ptr, ev[i].events))
 				owe_turn(t, ev[i].data.ptr);
 		}
@@ -95,15 +122,19 @@ int stream_start(struct net *n, int count, char *err, size_t errlen)
 	}
 	n->nstreams = count;
 	for (int i = 0; i < count; i++)
-		n->streams[i].epfd = n->streams[i].evfd = -1;
+		n->streams[i].epfd = n->streams[i].evfd = n->streams[i].tfd = -1;
 	for (int i = 0; i < count; i++) {
 		struct stream_thr *t = &n->streams[i];
 		t->n = n;
 		t->index = i;
 		t->epfd = epoll_create1(EPOLL_CLOEXEC);
 		t->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		t->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
 		struct epoll_event e = { .events = EPOLLIN, .data.ptr = NULL };
-		if (t->epfd < 0 || t->evfd < 0 || epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->evfd, &e) ||
+		struct epoll_event et = { .events = EPOLLIN, .data.ptr = t };
+		if (t->epfd < 0 || t->evfd < 0 || t->tfd < 0 ||
+		    epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->evfd, &e) ||
+		    epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->tfd, &et) ||
 		    pthread_create(&t->thread, NULL, stream_main, t)) {
 			snprintf(err, errlen, "net: unable to start stream thread %d: %s", i,
 				 strerror(errno));
@@ -128,6 +159,8 @@ void stream_stop(struct net *n)
 			close(t->epfd);
 		if (t->evfd >= 0)
 			close(t->evfd);
+		if (t->tfd >= 0)
+			close(t->tfd);
 	}
 	free(n->streams);
 	n->streams = NULL;
@@ -155,6 +188,19 @@ void stream_arm(struct link *l, uint32_t events)
 	struct epoll_event e = { .events = events | EPOLLONESHOT, .data.ptr = l };
 	if (!epoll_ctl(stream_epfd(l), EPOLL_CTL_MOD, l->c->fd, &e))
 		l->armed = events;
+}
+
+void stream_linger(struct link *l)
+{
+	if (!l->net->nstreams)
+		return;
+	struct stream_thr *t = &l->net->streams[l->stream % l->net->nstreams];
+	if (!atomic_load(&t->asleep) || atomic_exchange(&t->timer_set, true))
+		return;
+	/* one shot, when the linger would run out */
+	struct itimerspec when = { .it_value = { .tv_nsec = LINGER_NS } };
+	if (timerfd_settime(t->tfd, 0, &when, NULL))
+		atomic_store(&t->timer_set, false);
 }
 
 void stream_del(struct link *l)

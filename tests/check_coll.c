@@ -1875,6 +1875,46 @@ START_TEST(test_send_buffer_across_reset)
 }
 END_TEST
 
+/* ---- a lingering link is read again without the net thread's tick ---- */
+
+/* A device thread that polled a link for a request that completed leaves
+ * it lingering: its socket unarmed, its stream thread to come back for it
+ * after LINGER_NS (1 ms) if nobody polls again. The stream thread may
+ * have been asleep with no timeout when the linger began (nothing else
+ * lingered): then only stream_linger's timer brings it back, and without
+ * it the net thread's tick (every 50 ms) ended the linger, and whatever
+ * came on the link in between waited unread (fsdp 2x2's 15-50 ms gathers
+ * at a step's start, 2026-11-30). Five polled receives on host 1, each
+ * followed by 120 ms with nothing on the link (two ticks): no linger may
+ * be left for the tick. A count, no clock: the stream thread would have
+ * to go unscheduled for 49 ms to miss its timer. */
+START_TEST(test_linger_ends_without_tick)
+{
+	enum { N = 4096 };
+	struct duo d = { .handoff = 0 };
+	char err[512];
+	duo_start(&d);
+	uint8_t out[N], in[N];
+	memset(out, 0x3c, sizeof(out));
+	struct xmeta m = { .op = MESHRUN__COLL_OP__COLL_P2P, .group = 3 };
+	uint64_t long_ = xport_now_ns() + 30ull * 1000 * 1000 * 1000;
+	for (int k = 0; k < 5; k++) {
+		struct xreq *s, *r;
+		m.chunk = (uint32_t)k;
+		memset(in, 0, sizeof(in));
+		ck_assert_int_eq(xport_irecv(d.x[1], 0, 1, &m, in, N, &r), 0);
+		ck_assert_int_eq(xport_isend(d.x[0], 0, 1, &m, out, N, &s), 0);
+		/* host 1's wait polls the link (poll_spin_us 200 ms) */
+		ck_assert_msg(xport_wait(r, long_, err, sizeof(err)) == 0, "%s", err);
+		ck_assert_msg(xport_wait(s, long_, err, sizeof(err)) == 0, "%s", err);
+		ck_assert_mem_eq(in, out, N);
+		usleep(120 * 1000);
+	}
+	ck_assert_uint_eq(net_linger_lapses(d.n[1]), 0);
+	duo_free(&d);
+}
+END_TEST
+
 /* ---- idle: no busy loop outlives a bounded spin ---- */
 
 /* CPU time (ns) every thread of process pid has used so far, from
@@ -2055,6 +2095,7 @@ static Suite *coll_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_checked_fixture(tc, setup_certs, teardown);
 	tcase_add_loop_test(tc, test_send_buffer_across_reset, 0, 2);
+	tcase_add_test(tc, test_linger_ends_without_tick);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("idle");
