@@ -164,7 +164,7 @@ struct link {
 	int pollers;                   /* device threads polling it now */
 	/* the last poller's request completed: it will likely poll again at
 	 * once, so the stream thread stays quiet until linger_ns (it looks
-	 * every millisecond meanwhile, recv_stream_tick) */
+	 * every LINGER_LOOK_MS meanwhile, recv_stream_tick) */
 	bool lingering;
 	uint64_t linger_ns;
 	/* RecvReadys posted but not yet framed: the next data frame to the

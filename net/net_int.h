@@ -30,6 +30,12 @@
 /* how long a link whose last poller's request completed stays unread by
  * its stream thread (the poller will likely wait again at once) */
 #define LINGER_NS      (1000ull * 1000)
+/* how often a stream thread looks at its lingering links (ms): each look
+ * is a wake-up, and a device thread that waits again and again keeps a
+ * link lingering, so a look every millisecond cost 1-3 us of the stream
+ * thread per 64 KiB op; a link its device thread left is read again
+ * within LINGER_NS plus this */
+#define LINGER_LOOK_MS 4
 /* Bytes per read turn before yielding (the event loop, or the lock for a
  * stream thread). A write turn is net_params.max_send_bytes. Reading
  * gets the larger turn: on a link busy both ways, 1 MiB turns each way
@@ -105,7 +111,7 @@ struct net {
 	 * call up into recv.c */
 	event_callback_fn link_cb, defer_cb;
 	bool (*stream_cb)(struct link *l, uint32_t events);
-	/* a stream thread's look, every millisecond while links linger */
+	/* a stream thread's look, every LINGER_LOOK_MS while links linger */
 	void (*stream_tick)(struct net *n, int stream);
 	_Atomic int lingering;          /* links lingering (struct link) */
 	struct stream_thr *streams;
@@ -311,7 +317,7 @@ void recv_defer_cb(evutil_socket_t fd, short what, void *arg);
 /* A stream thread's events on an UP data link (or STREAM_AGAIN): true if
  * it wants another turn after the thread's other links. */
 bool recv_stream_cb(struct link *l, uint32_t events);
-/* A stream thread's look at its lingering links (every millisecond while
+/* A stream thread's look at its lingering links (every LINGER_LOOK_MS while
  * any lingers): one whose linger ran out is armed again. */
 void recv_stream_tick(struct net *n, int stream);
 /* A device thread waiting on link l (lock held): writes what is queued,

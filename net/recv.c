@@ -833,7 +833,9 @@ void recv_stream_tick(struct net *n, int stream)
 	for (int h = 0; h < n->num_hosts; h++) {
 		struct link *l = h == n->host_id ? NULL :
 			atomic_load_explicit(&n->peers[h].dl[stream], memory_order_acquire);
-		if (!l || !l->lingering)
+		/* a look without the lock first: a link its device thread is
+		 * polling, or whose linger has time left, is not taken from it */
+		if (!l || !l->lingering || l->pollers || now < l->linger_ns)
 			continue;
 		link_lock(l);
 		if (l->lingering && !l->pollers && now >= l->linger_ns) {

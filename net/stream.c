@@ -9,7 +9,7 @@
  * thread's list of links owed another turn, given round-robin after the
  * events of each poll, so no link holds the thread from the others.
  * While a link lingers (a device thread just stopped polling it, its
- * socket unarmed) the thread looks every millisecond; a linger that
+ * socket unarmed) the thread looks every LINGER_LOOK_MS; a linger that
  * begins while the thread sleeps with no timeout arms the thread's timer
  * (stream_linger), or nothing would read that link until the net
  * thread's tick, up to 50 ms later. Knows nothing of frames or TLS;
@@ -63,7 +63,7 @@ static void *stream_main(void *arg)
 	pthread_setname_np(pthread_self(), name);
 	for (;;) {
 		/* while a link lingers (a device thread just stopped polling
-		 * it), look every millisecond whether its linger ran out */
+		 * it), look every LINGER_LOOK_MS whether its linger ran out */
 		/* asleep is stored before lingering is read, as
 		 * stream_linger raises lingering before it reads asleep: one
 		 * of the two sees the other (sequentially consistent) */
@@ -72,7 +72,7 @@ static void *stream_main(void *arg)
 		if (t->again_head || linger)
 			atomic_store(&t->asleep, false);
 		int k = epoll_wait(t->epfd, ev, STREAM_EVENTS,
-				   t->again_head ? 0 : linger ? 1 : -1);
+				   t->again_head ? 0 : linger ? LINGER_LOOK_MS : -1);
 		atomic_store(&t->asleep, false);
 		if (k < 0 && errno == EINTR)
 			continue;
@@ -197,8 +197,8 @@ void stream_linger(struct link *l)
 	struct stream_thr *t = &l->net->streams[l->stream % l->net->nstreams];
 	if (!atomic_load(&t->asleep) || atomic_exchange(&t->timer_set, true))
 		return;
-	/* one shot, when the linger would run out */
-	struct itimerspec when = { .it_value = { .tv_nsec = LINGER_NS } };
+	/* one shot, at the thread's next look */
+	struct itimerspec when = { .it_value = { .tv_nsec = LINGER_LOOK_MS * 1000 * 1000 } };
 	if (timerfd_settime(t->tfd, 0, &when, NULL))
 		atomic_store(&t->timer_set, false);
 }
