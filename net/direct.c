@@ -17,8 +17,6 @@
 
 /* bytes a polling thread reads per turn before it looks at its request */
 #define POLL_BUDGET (256u * 1024)
-/* how long a link stays with its last poller after its request completed
- * (the stream thread looks every millisecond) */
 
 /* The stream (of link_streams) that carries the messages of tag, and
  * their RecvReadys, acks and the polls of their waiters: a collective's

@@ -235,8 +235,9 @@ void stream_arm(struct link *l, uint32_t events);
 /* Takes it out again (before its socket closes). */
 void stream_del(struct link *l);
 /* l has just begun to linger (n->lingering raised): if its stream thread
- * sleeps with no timeout, it is woken when the linger would run out, so
- * it looks (recv_stream_tick) and arms the link again. */
+ * sleeps with no timeout, its timer wakes it at its next look
+ * (LINGER_LOOK_MS), so it ends the linger (recv_stream_tick) and arms the
+ * link again. */
 void stream_linger(struct link *l);
 /* The events word of a turn a link's stream callback asked for again
  * (it returned true): no epoll event, the budget ran out with records

@@ -81,9 +81,8 @@ static void *stream_main(void *arg)
 		bool timer = false;
 		for (int i = 0; i < k; i++)
 			if (ev[i].data.ptr == t) {
-				uint64_t expiries;
-				if (read(t->tfd, &expiries, sizeof(expiries)) < 0)
-					expiries = 0;  /* EAGAIN: disarmed meanwhile */
+				uint64_t expiries;   /* read to rearm the fd's readiness */
+				(void)!read(t->tfd, &expiries, sizeof(expiries));
 				atomic_store(&t->timer_set, false);
 				timer = true;
 			}

@@ -384,7 +384,7 @@ static void print_head(const struct pipe_config *pc, const struct model_dims *d,
 	       p->layers_per_stage, p->layers_per_stage == 1 ? "" : "s", p->delay, p->recompute ? "on" : "off");
 	if (p->sched == PIPE_INTERLEAVED && p->repeats > 1)
 		printf("group: g=%d microbatches through a chunk before the next (pipeline_interleave_group%s); "
-		       "stage s first runs 2(S-1-s) + (v-1)g forwards\n", p->group ? p->group : p->stages,
+		       "stage s first runs 2(S-1-s) + (v-1)g forwards\n", pipe_group(p),
 		       p->group && p->group != p->stages ? "" : ": the stages, the paper's order");
 	printf("layers: %d pipelined (decoder layers %d..%d; chunk c runs layers c*Lps .. c*Lps+Lps-1 on stage %s)",
 	       pc->layers, pc->first_layer, pc->first_layer + pc->layers - 1,

@@ -49,15 +49,11 @@ static int order_gpipe(const struct pipe_shape *p, int s, struct pipe_action *ou
  * larger group gives the ring of stages g - S slots of slack at each
  * chunk change, which absorbs the transfers there, for (v-1)(g-S) more
  * warm-up forwards (saved chunk inputs) on every stage. */
-static int group_of(const struct pipe_shape *p)
-{
-	return p->group > 0 ? p->group : p->stages;
-}
 
 /* The q-th forward (or backward) of stage s in the interleaved order. */
 static struct pipe_action interleaved_op(const struct pipe_shape *p, int s, int q, bool fwd)
 {
-	int v = p->repeats, M = p->microbatches, g = group_of(p);
+	int v = p->repeats, M = p->microbatches, g = pipe_group(p);
 	int first = q / (g * v) * g, r = M - first < g ? M - first : g;
 	int off = q - first * v, m = first + off % r, k = off / r;
 	return op(fwd ? PA_F : PA_B, m, (fwd ? k : v - 1 - k) * p->stages + s, -1);
@@ -66,7 +62,7 @@ static struct pipe_action interleaved_op(const struct pipe_shape *p, int s, int 
 static int order_interleaved(const struct pipe_shape *p, int s, struct pipe_action *out)
 {
 	int S = p->stages, v = p->repeats, total = v * p->microbatches, n = 0;
-	int warm = v == 1 ? S - 1 - s : 2 * (S - 1 - s) + (v - 1) * group_of(p);
+	int warm = v == 1 ? S - 1 - s : 2 * (S - 1 - s) + (v - 1) * pipe_group(p);
 	if (warm > total)
 		warm = total;
 	for (int q = 0; q < warm; q++)

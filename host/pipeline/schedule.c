@@ -30,6 +30,11 @@ int pipe_sched_parse(const char *name)
 	return -1;
 }
 
+int pipe_group(const struct pipe_shape *p)
+{
+	return p->group > 0 ? p->group : p->stages;
+}
+
 bool pipe_split_backward(enum pipe_sched s)
 {
 	return s == PIPE_ZB_H1 || s == PIPE_ZBV;
@@ -144,7 +149,7 @@ int pipe_shape_check(const struct pipe_shape *p, char *err, size_t errlen)
 			return refuse(p, err, errlen, "a delay of 2 needs at least 2 x stages microbatches");
 		break;
 	case PIPE_INTERLEAVED: {
-		int g = p->group ? p->group : S;
+		int g = pipe_group(p);
 		if (p->group && (g < S || g > M))
 			return refuse(p, err, errlen, "the group of microbatches a chunk runs at a time must be "
 				      "in [stages, microbatches]");
@@ -206,7 +211,7 @@ int pipe_peak_formula(const struct pipe_shape *p, int s)
 	case PIPE_INTERLEAVED: {
 		if (v == 1)
 			return S - s < M ? S - s : M;
-		int w = 2 * (S - s - 1) + (v - 1) * (p->group ? p->group : S) + 1;
+		int w = 2 * (S - s - 1) + (v - 1) * pipe_group(p) + 1;
 		return w < v * M ? w : v * M;
 	}
 	case PIPE_ZB_H1:

@@ -219,6 +219,9 @@ int pipe_weight_windows(const struct pipe_shape *p);
 bool pipe_needs_count_pass(const struct pipe_shape *p);
 /* Whether the schedule splits the backward into I and W. */
 bool pipe_split_backward(enum pipe_sched s);
+/* interleaved_1f1b's group: the microbatches a chunk runs before the
+ * next (the shape's group, or S when it has none). */
+int pipe_group(const struct pipe_shape *p);
 
 /* The formulas of docs/pipeline.md at F=1, B=2 (or I = W = 1): the bubble
  * (idle fraction of the longest stage span; -1 when the schedule has no
