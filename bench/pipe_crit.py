@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """A traced pipeline step's critical path, and where its time went.
 
-usage: pipe_crit.py TRACE.json F,I,W [--path]
+usage: pipe_crit.py TRACE.json F,I,W [--path] [--split [HOP_MS]]
   (F, I, W: the sleep of one action in ms, pipeline_compute=sleep's
   pipeline_sleep_ms; B = I + W, the owners' actions 0)
 
@@ -24,11 +24,25 @@ device's previous action ended). A message's time splits into the
 sender's executor (making action's end to its send call), the transfer
 (send call to the receive's landing: sealing, the socket, reading,
 opening), the wake (landing to the receive's return on the receiver) and
-the receiver's executor (the return to the next action's start). Each
+the receiver's executor (the return to the next action's start). A receive that returned after
+the device's previous action ended, for a message made before it, is
+"recv wait" (the message was late, not the executor). Each
 compute action on the path is its sleep and its overshoot (late). The
 sums over the path equal the span; the simulator with a message's time
 (sched_hop) charges each message on its path one hop and nothing else.
 Prints per step the path's sums and its message count; --path lists it.
+
+--split cuts each path message's transfer further: the send call to the
+receiver's first bytes read ("rn" starts: the sender's stream thread
+woken, the first 256 KiB sealed and written, the receiver's reader
+woken), and those to the landing (the rest sealed, read and opened);
+and it says what else was on the wire meanwhile: the other messages of
+the step whose send call to landing overlaps this one's, counted and in
+ms of overlap (on a machine whose cores the stages share, another
+message's seal and open take the CPU this one's need). With HOP_MS (a
+message's one-way time alone, `bench link --pingpong`) it gives the
+path's transfers over that hop, for the messages that went alone and
+for those that shared the wire.
 """
 import json
 import re
@@ -51,6 +65,13 @@ def main():
     ev = ev["traceEvents"] if isinstance(ev, dict) else ev
     c = [float(x) * 1e3 for x in sys.argv[2].split(",")]  # us
     show = "--path" in sys.argv
+    split = "--split" in sys.argv
+    hop = None
+    if split and sys.argv.index("--split") + 1 < len(sys.argv):
+        try:
+            hop = float(sys.argv[sys.argv.index("--split") + 1]) * 1e3
+        except ValueError:
+            pass
     xs = [e for e in ev if e.get("ph") == "X" and "step" in e.get("args", {})]
     hosts = sorted({e["pid"] for e in xs})
     # per (step, host): compute actions, receives, flights
@@ -123,9 +144,18 @@ def main():
         span = {h: A[h][-1][1] - A[h][0][0] for h in hosts if A[h]}
         h = max(span, key=span.get)
         i = len(A[h]) - 1
-        s = dict.fromkeys(["compute", "late", "exec", "msg sender exec", "msg transfer", "msg wake",
-                           "msg receiver exec", "start"], 0.0)
-        nmsg, path = 0, []
+        s = dict.fromkeys(["compute", "late", "exec", "recv wait", "msg sender exec", "msg transfer",
+                           "msg wake", "msg receiver exec", "start"], 0.0)
+        # every message of the step: (send call, landing) on host 0's clock
+        wins = {}
+        for hh in hosts:
+            for (kind, msg), (a, b) in F[hh].items():
+                if kind == "sc":
+                    wins.setdefault(msg, [None, None])[0] = a
+                elif kind == "r":
+                    wins.setdefault(msg, [None, None])[1] = b
+        wins = {m: w for m, w in wins.items() if w[0] is not None and w[1] is not None}
+        nmsg, path, splits = 0, [], []
         t_end = A[h][i][1]
         while True:
             t0, t1, name = A[h][i]
@@ -155,10 +185,24 @@ def main():
                 s["msg wake"] += r1 - land
                 s["msg transfer"] += land - sc[0]
                 s["msg sender exec"] += sc[0] - A[S][j][1]
+                rn = F[h].get(("rn", msg))
+                first = min(max(rn[0], sc[0]), land) if rn else land
+                ov = [min(land, w[1]) - max(sc[0], w[0]) for m2, w in wins.items() if m2 != msg]
+                ov = [x for x in ov if x > 0]
+                splits.append((msg, land - sc[0], first - sc[0], land - first, len(ov), sum(ov)))
                 path.append("   msg %s h%d->h%d: made %.3f call %.3f landed %.3f returned %.3f" % (
                     msg, S, h, A[S][j][1] / 1e3, sc[0] / 1e3, land / 1e3, r1 / 1e3))
                 nmsg += 1
                 h, i = S, j
+            elif prev is not None and best and best[1] > prev + 20 and best[1] - best[0] > 20:
+                # a message made before this device's previous action
+                # ended, still on its way after it: the gap is its
+                # transfer, not this device's executor
+                s["recv wait"] += best[1] - prev
+                s["exec"] += t0 - best[1]
+                path.append("   wait %s (made before h%d's previous action ended): %.3f ms" % (
+                    best[2], h, (best[1] - prev) / 1e3))
+                i -= 1
             elif prev is not None:
                 s["exec"] += t0 - prev
                 i -= 1
@@ -167,19 +211,41 @@ def main():
                 t_start = t0
                 break
         tot = sum(v for k, v in s.items() if k != "start")
-        sums_all.append((s, nmsg, span[max(span, key=span.get)], tot))
+        sums_all.append((s, nmsg, span[max(span, key=span.get)], tot, splits))
         print("step %d: longest span %.1f ms (host %d); path %.1f ms, %d messages: " % (
             st, max(span.values()) / 1e3, max(span, key=span.get), tot / 1e3, nmsg)
               + ", ".join("%s %.2f" % (k, v / 1e3) for k, v in s.items()))
         if show:
             for line in reversed(path):
                 print("  " + line)
+        if split:
+            for msg, tr, fb, rest, n, o in reversed(splits):
+                print("   split %-9s transfer %.3f = to first bytes %.3f + rest %.3f; %d others on the wire, %.3f ms overlap" % (
+                    msg, tr / 1e3, fb / 1e3, rest / 1e3, n, o / 1e3))
     if sums_all:
         keys = list(sums_all[0][0])
         print("median over steps >= 1: span %.1f ms, path %.1f ms, messages %d; " % (
             statistics.median(x[2] for x in sums_all) / 1e3, statistics.median(x[3] for x in sums_all) / 1e3,
             statistics.median(x[1] for x in sums_all))
               + ", ".join("%s %.2f" % (k, statistics.median(x[0][k] for x in sums_all) / 1e3) for k in keys))
+    if split and sums_all:
+        sp = [m for x in sums_all for m in x[4]]
+        med = lambda xs: statistics.median(xs) / 1e3 if xs else float("nan")
+        print("split over steps >= 1, %d path messages: transfer %.3f ms median = to first bytes %.3f + rest %.3f; "
+              "alone (no other message on the wire) %d, median %.3f ms; with others %d, median %.3f ms, "
+              "%.1f others, %.3f ms overlap" % (
+                  len(sp), med([m[1] for m in sp]), med([m[2] for m in sp]), med([m[3] for m in sp]),
+                  sum(1 for m in sp if m[4] == 0), med([m[1] for m in sp if m[4] == 0]),
+                  sum(1 for m in sp if m[4] > 0), med([m[1] for m in sp if m[4] > 0]),
+                  statistics.median([m[4] for m in sp if m[4] > 0] or [0]),
+                  med([m[5] for m in sp if m[4] > 0])))
+        if hop is not None:
+            n = len(sums_all)
+            over = sum(m[1] - hop for m in sp) / n
+            alone = sum(m[1] - hop for m in sp if m[4] == 0) / n
+            print("path transfers over the hop (%.3f ms a message), a step: %.2f ms, of which %.2f on messages "
+                  "alone and %.2f on messages that shared the wire" % (hop / 1e3, over / 1e3, alone / 1e3,
+                                                                        (over - alone) / 1e3))
 
 
 if __name__ == "__main__":

@@ -33,11 +33,15 @@
 # run by run ("NAME|k=v+k=v" words, + between a variant's key=value's;
 # default "base|"), e.g.
 #   VARIANTS="off|p2p_handoff_bytes=0 hand|p2p_handoff_bytes=262144"
+# A MESHRUN_*=V word in a variant goes to the runs' environment, not
+# their command line (e.g. "slice|MESHRUN_STREAM_SLICE_US=100").
 # pipeline_interleave_group=X in a variant goes to the interleaved_1f1b
 # runs only, X a number, M (the run's microbatches) or next (the least
 # group above S whose last group is 0 or above S, else S), e.g.
 #   VARIANTS="base| next|pipeline_interleave_group=next gM|pipeline_interleave_group=M"
-# usage: [STEPS=6] [ROUNDS=1] [MESHES="2x1 4x1"] [MULTS="1 2 4"] [SCHEDS=...] [MS_F=20] [RATIO=20,20,10] [VARIANTS=...] bench/sched_sleep.sh
+# KEEP=DIR keeps the runs' traces, logs and summaries there
+# (bench/pipe_crit.py reads the traces).
+# usage: [STEPS=6] [ROUNDS=1] [MESHES="2x1 4x1"] [MULTS="1 2 4"] [SCHEDS=...] [MS_F=20] [RATIO=20,20,10] [VARIANTS=...] [KEEP=DIR] bench/sched_sleep.sh
 #   (BIN: a meshrun binary to run, else build/meshrun after `make`;
 #   RATIO= (empty) skips the unequal-ratio runs)
 set -euo pipefail
@@ -54,7 +58,7 @@ if [ -z "${BIN:-}" ]; then make -s all; fi
 tmp=$(mktemp -d /tmp/sched-sleep.XXXXXX)
 bin=$tmp/meshrun
 cp "${BIN:-build/meshrun}" "$bin"
-trap 'rm -rf "$tmp"' EXIT
+trap 'if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp -r "$tmp"/. "$KEEP"/; fi; rm -rf "$tmp"' EXIT
 libs="$(pkg-config --libs openblas libcjson yaml-0.1 libprotobuf-c libevent_core libevent_pthreads libssl libcrypto) -lm -pthread"
 cc -std=c11 -D_GNU_SOURCE -O2 -I. -Ibuild $(pkg-config --cflags openblas libcjson) bench/sched_hop.c \
   build/libmeshrun.a $libs -o $tmp/sched_hop
@@ -64,12 +68,22 @@ model="--config configs/llama-bench.yml $model_kv"
 t0=$(date +%s)
 echo "# sched_sleep: steps=$steps rounds=$rounds F=I=W=$f ms, ratio $ratio; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
+# the variant's MESHRUN_*=V words, for env(1)
+env_kv() {
+  local kv out=""
+  for kv in $1; do
+    case $kv in MESHRUN_*=*) out="$out $kv" ;; esac
+  done
+  echo "$out"
+}
+
 # the variant's key=value's for a run of schedule $3 (S $1, M $2):
 # pipeline_interleave_group for interleaved_1f1b only, M and next resolved
 group_kv() {
   local S=$1 M=$2 s=$3 kv out="" g
   for kv in $4; do
     case $kv in
+      MESHRUN_*=*) continue ;;
       pipeline_interleave_group=*)
         [ "$s" = interleaved_1f1b ] || continue
         g=${kv#*=}
@@ -111,7 +125,7 @@ run() {
   shop=$(awk -v b=$bytes '$1 == b {printf "%.3f", $2 / 1000}' $tmp/link)
   $tmp/sched_hop configs/llama-bench.yml $S ${c//,/ } $hop $snd $model_kv $kv $vkv >$tmp/$name.hop
   $tmp/sched_hop configs/llama-bench.yml $S ${c//,/ } $shop 0 $model_kv $kv $vkv >$tmp/$name.shop
-  "$bin" local --hosts $S --devices-per-host 1 $model $kv $vkv steps=$steps pipeline_compute=sleep \
+  env $(env_kv "${7//+/ }") "$bin" local --hosts $S --devices-per-host 1 $model $kv $vkv steps=$steps pipeline_compute=sleep \
     pipeline_sleep_ms=$c --trace $tmp/$name.json --metrics $tmp/$name.jsonl --quiet \
     >$tmp/$name.log 2>&1 || { cat $tmp/$name.log >&2; echo "sched_sleep: $name failed" >&2; exit 1; }
   echo "$name $S $M $s $v $c $load $(cut -d' ' -f1 /proc/loadavg) $hop $snd $(tr ' ' , <$tmp/$name.hop)" \
@@ -132,7 +146,7 @@ for round in $(seq $rounds); do
     for var in $variants; do
       vn=${var%%|*}
       # one message at a time: one way, and the send call's part of it
-      "$bin" bench link --hosts 2 --sizes $sizes --iters 30 --pingpong $(group_kv 1 1 none "$(tr + ' ' <<<"${var#*|}")") >$tmp/pp-$vn 2>&1 ||
+      env $(env_kv "$(tr + ' ' <<<"${var#*|}")") "$bin" bench link --hosts 2 --sizes $sizes --iters 30 --pingpong $(group_kv 1 1 none "$(tr + ' ' <<<"${var#*|}")") >$tmp/pp-$vn 2>&1 ||
         { cat $tmp/pp-$vn >&2; exit 1; }
       echo "# $mesh $vn one way ms (4M/2M/1M/512K/256K): $(awk '$1 ~ /^[0-9]+$/ {printf "%.2f ", $2 / 1000}' $tmp/pp-$vn)" \
         "send call ms: $(awk '$2 == "send" {printf "%.3f ", $4 / 1000}' $tmp/pp-$vn); load $(cut -d' ' -f1-3 /proc/loadavg)"
