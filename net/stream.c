@@ -20,10 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -56,43 +54,6 @@ static void owe_turn(struct stream_thr *t, struct link *l)
 	t->again_tail = l;
 }
 
-/* sched_setattr(2)'s argument (not in glibc's headers) */
-struct stream_sched_attr {
-	uint32_t size, policy;
-	uint64_t flags;
-	int32_t nice;
-	uint32_t priority;
-	uint64_t runtime, deadline, period;
-};
-
-/* For measuring (bench/sched_sleep.sh): MESHRUN_STREAM_SLICE_US=n asks
- * the fair scheduler for an n us slice for this thread (Linux 6.12 and
- * later; a short slice lets a woken thread preempt the running one), and
- * MESHRUN_STREAM_CPU=spread binds it to the (host mod CPUs)-th CPU it may
- * use, so neighbouring hosts' stream threads never share one. */
-static void stream_sched(struct stream_thr *t)
-{
-	const char *s = getenv("MESHRUN_STREAM_SLICE_US");
-	if (s && *s && atoi(s) > 0) {
-		struct stream_sched_attr a = { .size = sizeof(a), .runtime = (uint64_t)atoi(s) * 1000 };
-		(void)syscall(SYS_sched_setattr, 0, &a, 0);
-	}
-	const char *b = getenv("MESHRUN_STREAM_CPU");
-	cpu_set_t set;
-	if (b && !strcmp(b, "spread") && !sched_getaffinity(0, sizeof(set), &set) &&
-	    CPU_COUNT(&set) > 1) {
-		int want = t->n->host_id % CPU_COUNT(&set);
-		for (int c = 0; c < CPU_SETSIZE; c++) {
-			if (CPU_ISSET(c, &set) && want-- == 0) {
-				CPU_ZERO(&set);
-				CPU_SET(c, &set);
-				(void)pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-				break;
-			}
-		}
-	}
-}
-
 static void *stream_main(void *arg)
 {
 	struct stream_thr *t = arg;
@@ -100,7 +61,6 @@ static void *stream_main(void *arg)
 	char name[16];
 	snprintf(name, sizeof(name), "mr-stream%d", t->index);
 	pthread_setname_np(pthread_self(), name);
-	stream_sched(t);
 	for (;;) {
 		/* while a link lingers (a device thread just stopped polling
 		 * it), look every LINGER_LOOK_MS whether its linger ran out */

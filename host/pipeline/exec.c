@@ -25,9 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "host/model/window.h"
 #include "host/pipeline/exec_int.h"
@@ -574,15 +572,6 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	spin_ns = 1000u * (uint64_t)(sp && *sp ? atoi(sp) : 100);
 	if (x->sleep)
 		prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-	/* (MESHRUN_SYNTH_SLICE_US=n: the device thread asks the fair
-	 * scheduler for an n us slice, so its wake-ups preempt; measuring) */
-	const char *sl = getenv("MESHRUN_SYNTH_SLICE_US");
-	if (x->sleep && sl && atoi(sl) > 0) {
-		struct { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t prio;
-			 uint64_t runtime, deadline, period; } a = { .size = sizeof(a),
-								     .runtime = 1000ull * (uint64_t)atoi(sl) };
-		(void)syscall(SYS_sched_setattr, 0, &a, 0);
-	}
 	for (int b = 0; b < x->t.bufs[x->stage]; b++)
 		x->sent[b].dev = -1;
 	x->landing_k = x->landing_nl = -1;
