@@ -15,6 +15,7 @@
 #include <sys/epoll.h>
 
 #include "net/net_int.h"
+#include "net/rec_log.h"
 #include "net/tls.h"
 
 static size_t link_read(struct link *l, size_t budget);
@@ -769,7 +770,18 @@ void recv_defer_cb(evutil_socket_t fd, short what, void *arg)
  * to read cannot hold the thread. Device threads polling the link read
  * it themselves, and a link held, blocked or failed is left alone: its
  * owner arms the watch again (link_watch) when that ends. */
+static bool stream_cb(struct link *l, uint32_t events);
+
 bool recv_stream_cb(struct link *l, uint32_t events)
+{
+	uint64_t t0 = rec_log_on() ? rec_log_now() : 0;
+	bool again = stream_cb(l, events);
+	if (t0)
+		rec_mark(REC_STREAM, 0, events, t0);
+	return again;
+}
+
+static bool stream_cb(struct link *l, uint32_t events)
 {
 	bool again = false;
 	if (events & STREAM_AGAIN) {

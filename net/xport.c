@@ -11,6 +11,7 @@
  * sleeps; a completion nobody sleeps on costs no system call. */
 #include "net/xport.h"
 #include "net/fsum.h"
+#include "net/rec_log.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -510,7 +511,11 @@ out_unlock_free:
 int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 		const void *buf, size_t len, struct xreq **out)
 {
-	return isend(x, src, dst, m, buf, NULL, 0, 0, len, out);
+	uint64_t t0 = rec_log_on() ? rec_log_now() : 0;
+	int rc = isend(x, src, dst, m, buf, NULL, 0, 0, len, out);
+	if (t0)
+		rec_mark(REC_ISEND, m->seq, len, t0);
+	return rc;
 }
 
 int xport_isendv(struct xport *x, int src, int dst, const struct xmeta *m,
@@ -591,7 +596,11 @@ out_unlock_free:
 int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
 		void *buf, size_t len, struct xreq **out)
 {
-	return irecv(x, src, dst, m, buf, NULL, 0, 0, NULL, len, out);
+	uint64_t t0 = rec_log_on() ? rec_log_now() : 0;
+	int rc = irecv(x, src, dst, m, buf, NULL, 0, 0, NULL, len, out);
+	if (t0)
+		rec_mark(REC_IRECV, m->seq, len, t0);
+	return rc;
 }
 
 int xport_irecvv(struct xport *x, int src, int dst, const struct xmeta *m,
@@ -722,8 +731,12 @@ static void park(struct xreq *r, uint64_t deadline_ns)
 	uintptr_t exp = XW_PENDING;
 	if (atomic_compare_exchange_strong(&r->wait, &exp, (uintptr_t)&p)) {
 		uint64_t now = xport_now_ns();
-		if (!atomic_load(&x->fail_rc) && now < deadline_ns)
+		if (!atomic_load(&x->fail_rc) && now < deadline_ns) {
+			uint64_t t0 = rec_log_on() ? rec_log_now() : 0;
 			futex_wait(&p.word, 0, deadline_ns - now);
+			if (t0)
+				rec_mark(REC_PARK, r->meta.seq, r->len, t0);
+		}
 		exp = (uintptr_t)&p;
 		if (!atomic_compare_exchange_strong(&r->wait, &exp, XW_PENDING)) {
 			/* completed meanwhile: the completer is about to set
@@ -738,7 +751,19 @@ static void park(struct xreq *r, uint64_t deadline_ns)
 	pthread_mutex_unlock(&x->mu);
 }
 
+static int wait_req(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen);
+
 int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
+{
+	if (!deadline_ns || !rec_log_on())
+		return wait_req(r, deadline_ns, err, errlen);
+	uint64_t t0 = rec_log_now(), seq = r->meta.seq, len = r->len;
+	int rc = wait_req(r, deadline_ns, err, errlen);
+	rec_mark(REC_WAIT, seq, len, t0);
+	return rc;
+}
+
+static int wait_req(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 {
 	struct xport *x = r->x;
 	int rc;
@@ -774,7 +799,10 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 				polling = true;
 				/* bounded by spin_ns without progress: while bytes
 				 * move, the waiter keeps reading them itself */
+				uint64_t t0 = rec_log_on() ? rec_log_now() : 0;
 				if (x->ops.poll(x->ops_ctx, r, first)) {
+					if (t0)
+						rec_mark(REC_POLL, r->meta.seq, r->len, t0);
 					spin_end = xport_now_ns() + x->spin_ns;
 					continue;
 				}
