@@ -58,6 +58,13 @@ struct parker {
 };
 enum { PK_DONE = 1, PK_FAIL = 2 };
 
+/* xport_hold_wakes: this thread's completions of sleepers' requests, woken
+ * at xport_release_wakes (a stream thread's turn, after the link's lock
+ * is let go) */
+#define HELD_MAX 16
+static _Thread_local int hold_depth, nheld;
+static _Thread_local struct parker *held[HELD_MAX];
+
 struct xport {
 	pthread_mutex_t mu;
 	struct parker sleepers;  /* list head: threads asleep in xport_wait */
@@ -75,6 +82,7 @@ struct xport {
 	char fail_msg[512];
 	uint64_t local_bytes;    /* memcpy'd between devices of this host */
 	uint64_t messages;       /* sends posted by this host's devices */
+	_Atomic uint64_t wakes_held;   /* wake-ups xport_hold_wakes put off */
 	uint64_t *remote_bytes;  /* per device: payload of its sends to other hosts */
 	/* eager sends (xport_set_eager): bytes sent to each host whose
 	 * RecvReady has not come back, and bytes staged from each host */
@@ -318,10 +326,42 @@ static void finish(struct xreq *r, int rc)
 		req_free(r);
 	} else if (old != XW_PENDING) {
 		struct parker *p = (struct parker *)old;
+		if (hold_depth && nheld < HELD_MAX) {
+			/* p stays on its waiter's stack until PK_DONE is set */
+			held[nheld++] = p;
+			atomic_fetch_add_explicit(&r->x->wakes_held, 1, memory_order_relaxed);
+			return;
+		}
 		/* the parker lives on its waiter's stack until it sees this bit */
 		atomic_fetch_or_explicit(&p->word, PK_DONE, memory_order_release);
 		futex_wake(&p->word);
 	}
+}
+
+void xport_hold_wakes(void)
+{
+	hold_depth++;
+}
+
+int xport_wakes_held(void)
+{
+	return nheld;
+}
+
+void xport_release_wakes(void)
+{
+	if (--hold_depth > 0)
+		return;
+	for (int i = 0; i < nheld; i++) {
+		atomic_fetch_or_explicit(&held[i]->word, PK_DONE, memory_order_release);
+		futex_wake(&held[i]->word);
+	}
+	nheld = 0;
+}
+
+uint64_t xport_wakes_deferred(struct xport *x)
+{
+	return atomic_load_explicit(&x->wakes_held, memory_order_relaxed);
 }
 
 static struct xreq *req_new(struct xport *x, enum xreq_kind kind, int src, int dst,
