@@ -14,7 +14,11 @@ lined up by seq (one clock: CLOCK_MONOTONIC). Prints, for the median op
 host's events in us from the op's start on host 0, then medians over all
 ops of each part: the op's span, the time in posts, seals, send()s,
 recv()s, opens, waits, parks, stream turns, and the gap between the last
-wait's end and the next op (the return and the caller's loop).
+wait's end and the next op (the return and the caller's loop); and, per
+sleep of a device thread (park: its spin given up), the wake-up (from
+the last record its host's other threads opened to the wait's end) and
+how long its next post took (one that finds the link's lock taken sleeps
+on it).
 
 Usage: op_timeline.py DIR [SKIP]   (SKIP: ops left out at the start, 50)
 """
@@ -119,3 +123,38 @@ for k in sorted(keys):
         n = [c.get(k, 0) for p, c in rows[h]]
         line += f"  h{h} {st.median(v):6.1f} us mean {st.mean(v):6.1f} ({st.mean(n):4.2f})"
     print(line)
+
+# after a sleep: each park of a device thread; the time from the last
+# record its host's other threads opened before the wait ended (the
+# stream thread's completion) to the wait's end (the wake-up), and how
+# long the device thread's next post took (a post that finds the link's
+# lock taken sleeps on it)
+print("## after a sleep (park) of a device thread")
+for h, ev in enumerate(hosts):
+    devs = cuts[h][1]
+    nops = len(cuts[h][0])
+    parks = wake = 0
+    lat, post = [], []
+    last_open = None
+    state = None
+    for t0, t1, k, tid, cpu, seq, nb in ev:
+        if k == "open" and tid not in devs:
+            last_open = t1
+        if tid not in devs:
+            continue
+        if k == "park":
+            parks += 1
+            state = t1
+        elif k == "wait" and isinstance(state, int) and t1 >= state:
+            if last_open is not None and last_open <= t1:
+                lat.append((t1 - last_open) / 1e3)
+            state = "post"
+        elif k in ("irecv", "isend") and state == "post":
+            post.append((t1 - t0) / 1e3)
+            state = None
+
+    def q(a, x):
+        return sorted(a)[min(int(len(a) * x), len(a) - 1)] if a else float("nan")
+    print(f"  h{h} parks {parks} ({parks / max(nops, 1):.3f} per op); wake-up (stream's last open"
+          f" -> wait's end) p50 {q(lat, .5):.1f} p90 {q(lat, .9):.1f} us; next post p50"
+          f" {q(post, .5):.1f} p90 {q(post, .9):.1f} max {max(post) if post else 0:.1f} us")
