@@ -556,12 +556,19 @@ static size_t link_read(struct link *l, size_t budget)
 		}
 		if (drained && msg_done)
 			break;
-		/* a stream thread that completed a sleeper's request (its
-		 * wake-up held): the sleeper reads what follows itself, into
-		 * its posted buffers, once it runs; the rest of the turn would
-		 * only keep the lock it will want (recv_stream_cb) */
-		if (msg_done && xport_wakes_held())
-			break;
+		/* a stream thread that completed a sleeper's receive (its
+		 * wake-up held): after a small message the sleeper reads what
+		 * follows itself, into its posted buffers, once it runs; the
+		 * rest of the turn would only keep it waiting, and keep the
+		 * lock it will want at its next post (recv_stream_cb). After a
+		 * large one (a waiter that sleeps in the kernel between its
+		 * records, XPORT_IDLE_MIN_BYTES) the turn goes on: it is woken
+		 * now, as the next segment is likely on its way here */
+		if (msg_done && xport_wakes_held()) {
+			if (l->rx_total < XPORT_IDLE_MIN_BYTES)
+				break;
+			xport_wake_held();
+		}
 	}
 	if (l->state == LS_BROKEN || l->conn_dead)
 		return total;

@@ -326,7 +326,9 @@ static void finish(struct xreq *r, int rc)
 		req_free(r);
 	} else if (old != XW_PENDING) {
 		struct parker *p = (struct parker *)old;
-		if (hold_depth && nheld < HELD_MAX) {
+		/* receives only: a send's wake-up (an ack ended it) is
+		 * not held, as the turn goes on past it */
+		if (hold_depth && nheld < HELD_MAX && r->kind == XREQ_RECV) {
 			/* p stays on its waiter's stack until PK_DONE is set */
 			held[nheld++] = p;
 			atomic_fetch_add_explicit(&r->x->wakes_held, 1, memory_order_relaxed);
@@ -348,15 +350,20 @@ int xport_wakes_held(void)
 	return nheld;
 }
 
-void xport_release_wakes(void)
+void xport_wake_held(void)
 {
-	if (--hold_depth > 0)
-		return;
 	for (int i = 0; i < nheld; i++) {
 		atomic_fetch_or_explicit(&held[i]->word, PK_DONE, memory_order_release);
 		futex_wake(&held[i]->word);
 	}
 	nheld = 0;
+}
+
+void xport_release_wakes(void)
+{
+	if (--hold_depth > 0)
+		return;
+	xport_wake_held();
 }
 
 uint64_t xport_wakes_deferred(struct xport *x)

@@ -1625,6 +1625,21 @@ START_TEST(test_xport_wake_held)
 	pthread_join(t, NULL);
 	ck_assert_int_eq(v.rc, 0);
 	ck_assert_uint_eq(xport_wakes_deferred(b), 1);
+	/* a send's wake-up is not held (an ack may end it mid-turn, and
+	 * the turn goes on) */
+	struct held_waiter u = { 0 };
+	m.seq = 3;
+	ck_assert_int_eq(xport_isend(b, 1, 0, &m, got, sizeof(got), &u.r), 0);
+	ck_assert_int_eq(pthread_create(&t, NULL, held_wait, &u), 0);
+	while (atomic_load(&u.r->wait) <= 2)
+		sched_yield();
+	xport_hold_wakes();
+	xport_complete(u.r, 0);
+	ck_assert_int_eq(xport_wakes_held(), 0);
+	pthread_join(t, NULL);
+	xport_release_wakes();
+	ck_assert_int_eq(u.rc, 0);
+	ck_assert_uint_eq(xport_wakes_deferred(b), 1);
 	xport_free(b);
 }
 END_TEST
