@@ -8,15 +8,14 @@
  * chunk slot k in 1 + k, the layers outside the pipeline in the last.
  * The one departure from table order: a W run ahead in a receive's wait
  * (pipe_exec_set_fill; fill_wait below), marked so the loop skips it at
- * its own place. Receives are posted ahead of their place (prepost
- * below), into their own buffer once no action before them touches it,
- * else into a landing buffer that takes the buffer's place at the RECV:
- * a message over the rendezvous size waits for its receive to be posted,
- * so a receive posted only when the device reaches it (or, the table's
- * buffers being as few as its lifetimes allow, only once the buffer's
- * last reader ran) costs the sender a wake-up of its stream thread to
- * read the RecvReady and write the message, even when it sent long
- * before. */
+ * its own place. Receives are posted ahead of their place
+ * (exec_post.c). The weights' side of each action (the window's slots,
+ * gathers and reduce-scatters, the owner's hooks) is exec_win.c's.
+ *
+ * The executor's rooms: exec.c (this file: building the executor, the
+ * step's loop, the actions) -> exec_win.c (weights and hooks) and
+ * exec_post.c (receives posted ahead), which call nothing of exec.c; all
+ * share exec_int.h. */
 #include "host/pipeline/exec.h"
 
 #include <errno.h>
@@ -29,117 +28,8 @@
 #include <time.h>
 
 #include "host/model/window.h"
+#include "host/pipeline/exec_int.h"
 #include "host/util/clock.h"
-
-/* receives posted ahead at most (the transport keeps as many); landing
- * buffers for those whose table buffer is still in use: pipe_landing_bufs
- * (host/pipeline/schedule.h) */
-#define PIPE_PREPOST_MAX 8
-
-/* A send from a buffer not waited yet: to dev (-1: none), (kind, idx). */
-struct pipe_sent {
-	int dev;
-	uint32_t kind, idx;
-};
-
-struct pipe_exec {
-	struct pipe_table t;
-	const struct pipe_action *a; /* this stage's list */
-	int n, stage, first_layer;
-	int *stage_dev;
-	struct model *m;
-	size_t nf;                   /* floats of one microbatch's activations */
-	int ntok;                    /* tokens of one microbatch */
-	float *mem;                  /* every buffer below */
-	size_t mem_n;
-	float **buf;                 /* [bufs + scratch] */
-	int nbuf;
-	struct pipe_sent *sent;      /* [bufs] */
-	bool *gzero;                 /* [window slots] the next gradient write zeroes them */
-	int poison;
-	int gathers;
-	struct pipe_act_time *times;
-	int ntimes;
-	/* the owner's hooks, and when the table fires them */
-	struct pipe_hooks hooks;
-	uint8_t *after;              /* [n] AFTER_* events once the action at k ran */
-	bool *last_rs;               /* [n] a reduce-scatter that is its group's last */
-	int landing_k;               /* such a reduce-scatter in flight, or -1 */
-	int landing_nl;              /* such a non-layer one gone out beside it, or -1 */
-	/* filling receive waits (pipe_exec_set_fill) */
-	bool fill;                   /* asked for */
-	bool filling;                /* this step: asked, and possible */
-	bool ahead;                  /* the action running is a W run ahead */
-	int *w_of_i;                 /* [n] a W's I (its index), else -1 */
-	bool *ran;                   /* [n] run ahead of its place this step */
-	int fills;
-	/* posting receives ahead (prepost) */
-	int prepost;                 /* this step: how many may be outstanding (0: none) */
-	bool hold;                   /* this step: posts before a send to their stage hold their word */
-	bool later;                  /* this step: the other posts' words go from the transport's thread */
-	bool *posted;                /* [n] a RECV posted ahead this step */
-	bool *named;                 /* [nbuf] prepost's scratch: named from k on */
-	int preposts, prepost_depth;
-	/* landing buffers: a receive whose table buffer is still in use is
-	 * posted into one of these, which takes the table buffer's place at
-	 * the RECV (the two pointers swap) */
-	float *land[PIPE_LANDING];
-	bool land_busy[PIPE_LANDING];
-	int land_max;                /* allocated */
-	int nland;                   /* this step's (MESHRUN_PIPE_LANDING) */
-	int8_t *land_of;             /* [n] the landing buffer a RECV was posted into, or -1 */
-	int landed_early;            /* receives posted into a landing buffer */
-	/* synthetic compute (pipe_exec_set_sleep): each compute action
-	 * sleeps its time instead of running the model */
-	bool sleep;
-	struct pipe_costs sleep_s;   /* seconds */
-	int slept;                   /* this step's sleeps */
-	/* two parts a layer (pipe_exec_set_parts): the F or B running on one
-	 * layer, whose window slot the model's mid call waits for or
-	 * reduce-scatters part B of (slot -1: none) */
-	bool parts;
-	int mid_k, mid_op, last_b;   /* last_b: the table's last B, or -1 */
-	bool mid_last, mid_sent;     /* the B running is it; it sent a part */
-	/* the table's leading gathers, started before the step
-	 * (pipe_exec_prefetch) */
-	int npre;
-	int pre_rc;
-	/* the step in progress */
-	const int32_t *inputs, *targets;
-	struct model_step *st;
-	const struct pipe_p2p *io;
-};
-
-/* What an action completes (pipe_hooks.grads_done, landed false). */
-enum { AFTER_CHUNK = 1, AFTER_HEAD = 2, AFTER_EMBED = 4 };
-
-#define WSLOT_NONLAYER 0
-#define WSLOT(k) (1 + (k))
-#define WSLOT_OUTSIDE(w) (win_slots(w) - 1)
-
-static int wslot(const struct pipe_exec *x, const struct pipe_action *a)
-{
-	struct win *w = model_window(x->m);
-	if (a->chunk == PIPE_G_NONLAYER)
-		return WSLOT_NONLAYER;
-	if (a->chunk == PIPE_G_OUTSIDE)
-		return WSLOT_OUTSIDE(w);
-	return WSLOT(a->slot);
-}
-
-/* The decoder layers [*l0, *l1) of chunk c. */
-static void chunk_layers(const struct pipe_exec *x, int c, int *l0, int *l1)
-{
-	*l0 = x->first_layer + c * x->t.shape.layers_per_stage;
-	*l1 = *l0 + x->t.shape.layers_per_stage;
-}
-
-/* The layers outside the pipeline: [0, *nb) before it, [*a0, L) after. */
-static void outside(const struct pipe_exec *x, int *nb, int *a0)
-{
-	*nb = x->first_layer;
-	*a0 = x->first_layer + x->t.nchunks * x->t.shape.layers_per_stage;
-}
 
 /* Checks that the model holds (in its own storage) the layers of every
  * chunk of this stage, and has the table's activation sets and window. */
@@ -195,54 +85,6 @@ static int alloc_bufs(struct pipe_exec *x, int tok, int C)
 	return 0;
 }
 
-/* The weight group a window action names: chunk c, or nchunks for the
- * non-layer tensors, nchunks + 1 for the layers outside the pipeline. */
-static int wgroup(const struct pipe_exec *x, const struct pipe_action *a)
-{
-	return a->chunk >= 0 ? a->chunk : a->chunk == PIPE_G_NONLAYER ? x->t.nchunks : x->t.nchunks + 1;
-}
-
-/* Where each group's gradients become final: after the last B or W of a
- * chunk, the last head, the last embedding backward; and which
- * reduce-scatter is a group's last. */
-static int mark_events(struct pipe_exec *x)
-{
-	int G = x->t.nchunks + 2, *last = malloc(sizeof(int) * (size_t)(x->t.nchunks + G + 2));
-	x->after = calloc((size_t)x->n + 1, 1);
-	x->last_rs = calloc((size_t)x->n + 1, sizeof(bool));
-	if (!last || !x->after || !x->last_rs) {
-		free(last);
-		return -ENOMEM;
-	}
-	int *rs = last + x->t.nchunks, head = -1, eback = -1;
-	for (int i = 0; i < x->t.nchunks + G; i++)
-		last[i] = -1;
-	for (int k = 0; k < x->n; k++) {
-		const struct pipe_action *a = &x->a[k];
-		if (a->op == PA_B || a->op == PA_W)
-			last[a->chunk] = k;
-		else if (a->op == PA_HEAD)
-			head = k;
-		else if (a->op == PA_EMBED_BACK)
-			eback = k;
-		else if (a->op == PA_REDUCE_SCATTER)
-			rs[wgroup(x, a)] = k;
-	}
-	for (int c = 0; c < x->t.nchunks; c++)
-		if (last[c] >= 0)
-			x->after[last[c]] |= AFTER_CHUNK;
-	if (head >= 0)
-		x->after[head] |= AFTER_HEAD;
-	if (eback >= 0)
-		x->after[eback] |= AFTER_EMBED;
-	for (int g = 0; g < G; g++)
-		if (rs[g] >= 0)
-			x->last_rs[rs[g]] = true;
-	x->landing_k = x->landing_nl = -1;
-	free(last);
-	return 0;
-}
-
 /* Each W's I, for filling receive waits with W's. */
 static int mark_w(struct pipe_exec *x)
 {
@@ -284,7 +126,7 @@ int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int f
 	if ((rc = check_model(x, err, errlen)))
 		goto fail;
 	x->stage_dev = malloc(sizeof(int) * (size_t)S);
-	if (!x->stage_dev || alloc_bufs(x, mb_rows * d->T, d->C) || mark_events(x) ||
+	if (!x->stage_dev || alloc_bufs(x, mb_rows * d->T, d->C) || exec_mark_events(x) ||
 	    mark_w(x))
 		goto oom;
 	memcpy(x->stage_dev, stage_dev, sizeof(int) * (size_t)S);
@@ -329,51 +171,6 @@ void pipe_exec_set_sleep(struct pipe_exec *x, const struct pipe_costs *c)
 }
 void pipe_exec_set_fill(struct pipe_exec *x, bool on) { x->fill = on; }
 
-/* Inside a layer's F or B in parts (model_set_parts): an F waits for
- * the gather of parts (up to the highest); a B sends the reduce-scatter
- * of parts (their gradients are written): at its first call (the
- * feed-forward block's), at later ones only in the table's last B (the
- * others' go at their RS, under the next B, no wait inside for the one
- * in flight). A recomputed forward in a B, or a multi-layer action, no. */
-static int exec_mid(void *ctx, int l, bool backward, unsigned parts)
-{
-	struct pipe_exec *x = ctx;
-	struct win *w = model_window(x->m);
-	(void)l;
-	if (x->mid_k < 0 || !parts)
-		return 0;
-	if (!backward && (x->mid_op == PA_F || x->mid_op == PA_FC))
-		return win_wait_part(w, x->mid_k, 31 - __builtin_clz(parts));
-	if (backward && x->mid_op == PA_B && (x->mid_last || !x->mid_sent)) {
-		x->mid_sent = true;
-		return win_scatter_parts(w, x->mid_k, parts);
-	}
-	return 0;
-}
-
-int pipe_exec_set_parts(struct pipe_exec *x, enum pipe_parts mode, char *err, size_t errlen)
-{
-	int rc;
-	bool fits = x->t.shape.stages == 1, on;
-	x->mid_k = x->last_b = -1;
-	for (int k = 0; k < x->n; k++) {
-		fits &= x->a[k].op != PA_I && x->a[k].op != PA_W;
-		x->last_b = x->a[k].op == PA_B ? k : x->last_b;
-	}
-	if (mode == PIPE_PARTS_ON && !fits) {
-		snprintf(err, errlen, "config: key 'fsdp_layer_parts' needs no pipeline: set "
-			 "'ici_pipeline_parallelism' and 'dcn_pipeline_parallelism' to 1");
-		return -EINVAL;
-	}
-	/* auto: where it applies, an FSDP window that gathers layers */
-	on = mode == PIPE_PARTS_ON || (mode == PIPE_PARTS_AUTO && fits && win_moves(model_window(x->m), true));
-	if ((rc = model_set_parts(x->m, on, exec_mid, x))) {
-		snprintf(err, errlen, "pipeline: out of memory");
-		return rc;
-	}
-	x->parts = on;
-	return 0;
-}
 int pipe_exec_fills(const struct pipe_exec *x) { return x->fills; }
 int pipe_exec_preposts(const struct pipe_exec *x) { return x->preposts; }
 int pipe_exec_prepost_depth(const struct pipe_exec *x) { return x->prepost_depth; }
@@ -427,263 +224,6 @@ static int run_recv(struct pipe_exec *x, const struct pipe_action *a)
 		x->land[l] = x->buf[b];
 		x->buf[b] = into;
 		x->land_busy[l] = false;
-	}
-	return rc;
-}
-
-/* ---- the owner's hooks ---- */
-
-static int grads_done(struct pipe_exec *x, int l0, int l1, bool landed)
-{
-	return x->hooks.grads_done ? x->hooks.grads_done(x->hooks.ctx, l0, l1, landed) : 0;
-}
-
-/* The layers outside the pipeline that the owner action op runs (before
- * the pipeline: the embedding's; after it: the head's): [*l0, *l1), empty
- * when *l0 == *l1. */
-static void outside_of(const struct pipe_exec *x, bool head, int *l0, int *l1)
-{
-	int nb, a0;
-	outside(x, &nb, &a0);
-	*l0 = head ? a0 : 0;
-	*l1 = head ? model_dims(x->m)->L : nb;
-}
-
-/* grads_done(landed) for the window group a reduce-scatter names. */
-static int group_landed(struct pipe_exec *x, const struct pipe_action *a)
-{
-	int l0, l1, nb, a0, rc;
-	if (a->chunk == PIPE_G_NONLAYER)
-		return (rc = grads_done(x, PIPE_HOOK_HEAD, 0, true)) ? rc : grads_done(x, PIPE_HOOK_EMBED, 0, true);
-	if (a->chunk >= 0) {
-		chunk_layers(x, a->chunk, &l0, &l1);
-	} else {
-		outside(x, &nb, &a0);
-		l0 = nb ? 0 : a0;
-		l1 = nb ? nb : model_dims(x->m)->L;
-	}
-	return grads_done(x, l0, l1, true);
-}
-
-/* The groups whose gradients the action at k completed (grads_done,
- * landed false), in the order they are told: at most 2. */
-static int completed(const struct pipe_exec *x, int k, int *l0, int *l1)
-{
-	int n = 0, o0, o1;
-	uint8_t ev = x->after[k];
-	if (ev & AFTER_CHUNK) {
-		chunk_layers(x, x->a[k].chunk, &l0[n], &l1[n]);
-		n++;
-	}
-	for (int head = 1; head >= 0; head--) {
-		if (!(ev & (head ? AFTER_HEAD : AFTER_EMBED)))
-			continue;
-		l0[n] = head ? PIPE_HOOK_HEAD : PIPE_HOOK_EMBED;
-		l1[n++] = 0;
-		outside_of(x, head, &o0, &o1);
-		if (o0 < o1) {
-			l0[n] = o0;
-			l1[n++] = o1;
-		}
-	}
-	return n;
-}
-
-/* The groups whose weights action a reads (its compute, or a gather of
- * them): at most 2. */
-static int reads(const struct pipe_exec *x, const struct pipe_action *a, int *l0, int *l1)
-{
-	int n = 0, nb, a0, L = model_dims(x->m)->L;
-	outside(x, &nb, &a0);
-	switch (a->op) {
-	case PA_EMBED:
-	case PA_EMBED_BACK:
-	case PA_HEAD: {
-		bool head = a->op == PA_HEAD;
-		l0[n] = head ? PIPE_HOOK_HEAD : PIPE_HOOK_EMBED;
-		l1[n++] = 0;
-		if (head ? a0 < L : nb > 0) {
-			l0[n] = head ? a0 : 0;
-			l1[n++] = head ? L : nb;
-		}
-		return n;
-	}
-	case PA_F:
-	case PA_FC:
-	case PA_B:
-	case PA_I:
-	case PA_W:
-		chunk_layers(x, a->chunk, &l0[0], &l1[0]);
-		return 1;
-	case PA_GATHER:
-		/* a gather that moves nothing reads nothing */
-		if (!win_moves(model_window(x->m), a->chunk != PIPE_G_NONLAYER))
-			return 0;
-		if (a->chunk == PIPE_G_NONLAYER) {
-			l0[0] = PIPE_HOOK_HEAD;
-			l0[1] = PIPE_HOOK_EMBED;
-			l1[0] = l1[1] = 0;
-			return 2;
-		}
-		if (a->chunk == PIPE_G_OUTSIDE) {
-			l0[0] = nb ? 0 : a0;
-			l1[0] = nb ? nb : L;
-		} else {
-			chunk_layers(x, a->chunk, &l0[0], &l1[0]);
-		}
-		return 1;
-	default:
-		return 0;
-	}
-}
-
-static int before_action(struct pipe_exec *x, const struct pipe_action *a)
-{
-	int l0[2], l1[2], n = x->hooks.weights_needed ? reads(x, a, l0, l1) : 0, rc;
-	for (int i = 0; i < n; i++)
-		if ((rc = x->hooks.weights_needed(x->hooks.ctx, l0[i], l1[i], a->op == PA_GATHER)))
-			return rc;
-	return 0;
-}
-
-static int after_action(struct pipe_exec *x, int k)
-{
-	int l0[4], l1[4], n = x->after[k] && x->hooks.grads_done ? completed(x, k, l0, l1) : 0, rc;
-	for (int i = 0; i < n; i++)
-		if ((rc = grads_done(x, l0[i], l1[i], false)))
-			return rc;
-	return 0;
-}
-
-/* The group of the last reduce-scatter of its group, landed. */
-static int landed(struct pipe_exec *x)
-{
-	int k = x->landing_k, j = x->landing_nl, rc;
-	x->landing_k = x->landing_nl = -1;
-	if (k >= 0 && (rc = group_landed(x, &x->a[k])))
-		return rc;
-	return j >= 0 ? group_landed(x, &x->a[j]) : 0;
-}
-
-void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h)
-{
-	x->hooks = h ? *h : (struct pipe_hooks){ 0 };
-}
-
-static int run_weights(struct pipe_exec *x, const struct pipe_action *a);
-
-/* The table's leading gathers: the actions before its first other. */
-static int leading(const struct pipe_exec *x)
-{
-	int k = 0;
-	while (k < x->n && x->a[k].op == PA_GATHER)
-		k++;
-	return k;
-}
-
-int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int *by, int max)
-{
-	int n = 0, a[2], b[2];
-	for (int k = 0; k < leading(x); k++)
-		for (int i = 0, c = reads(x, &x->a[k], a, b); i < c; i++, n++)
-			if (n < max) {
-				l0[n] = a[i];
-				l1[n] = b[i];
-				if (by)
-					by[n] = k;
-			}
-	return n;
-}
-
-int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm, int upto)
-{
-	struct win *w = model_window(x->m);
-	int n = leading(x) < upto ? leading(x) : upto, rc = 0;
-	if (x->npre >= n || !w || (!win_moves(w, false) && !win_moves(w, true)))
-		return 0;
-	x->pre_rc = x->npre ? x->pre_rc : 0;
-	win_begin(w, comm, &x->pre_rc);
-	/* each waits for what it reads as in the step (ZeRO-1's gathers) */
-	for (int k = x->npre; k < n && !rc; k++)
-		if (!(rc = before_action(x, &x->a[k])))
-			rc = run_weights(x, &x->a[k]);
-	x->npre = n;
-	return rc;
-}
-
-int pipe_exec_prefetch_drop(struct pipe_exec *x)
-{
-	struct win *w = model_window(x->m);
-	if (!x->npre)
-		return 0;
-	x->npre = 0;
-	return win_end(w);
-}
-
-int pipe_exec_grad_order(const struct pipe_exec *x, int *l0, int *l1, int max)
-{
-	int n = 0, a[4], b[4];
-	for (int k = 0; k < x->n; k++)
-		for (int i = 0, c = completed(x, k, a, b); i < c; i++, n++)
-			if (n < max) {
-				l0[n] = a[i];
-				l1[n] = b[i];
-			}
-	return n;
-}
-
-/* ---- weights ---- */
-
-static int run_weights(struct pipe_exec *x, const struct pipe_action *a)
-{
-	struct win *w = model_window(x->m);
-	int k = wslot(x, a), l0 = WIN_NONLAYER, l1 = 0, nb, a0, rc;
-	/* a W run ahead left its slot's gather (of no weights) unwaited */
-	if (x->filling && a->chunk >= 0 && a->op != PA_GATHER && (rc = win_wait(w, k)))
-		return rc;
-	switch (a->op) {
-	case PA_GATHER:
-		x->gzero[k] = true;
-		if (a->chunk == PIPE_G_OUTSIDE) {
-			outside(x, &nb, &a0);
-			l0 = nb ? 0 : a0;
-			l1 = nb ? nb : model_dims(x->m)->L;
-		} else if (a->chunk >= 0) {
-			chunk_layers(x, a->chunk, &l0, &l1);
-		}
-		return win_gather_start(w, k, l0, l1);
-	case PA_RELEASE:
-		win_release(w, k);
-		return 0;
-	default: {
-		/* the gradients are packed and sent: the next write starts from 0 */
-		x->gzero[k] = true;
-		/* the non-layer group's goes out beside a layer group's in
-		 * flight (both land at the next finish); else the one in
-		 * flight lands first: its group may be final now */
-		bool beside = win_scatter_beside(w, k);
-		if (!beside && ((rc = win_scatter_finish(w)) || (rc = landed(x))))
-			return rc;
-		if ((rc = win_scatter_start(w, k)))
-			return rc;
-		if (x->last_rs[a - x->a])
-			*(beside ? &x->landing_nl : &x->landing_k) = (int)(a - x->a);
-		return 0;
-	}
-	}
-}
-
-/* Waits for window slot k; when grads, zeroes its gradients first if a
- * gather or reduce-scatter left them to be (sleep mode: as writes do). */
-static int use_slot(struct pipe_exec *x, int k, bool grads)
-{
-	struct win *w = model_window(x->m);
-	int rc = win_wait(w, k);
-	if (!rc && grads && x->gzero[k]) {
-		win_zero_grads(w, k);
-		if (x->sleep)
-			win_grads_written(w, k);
-		x->gzero[k] = false;
 	}
 	return rc;
 }
@@ -780,7 +320,7 @@ static int run_parts(struct pipe_exec *x, const struct pipe_action *a, int l0, i
 		rc = synth_parts(x, a, l0);
 	x->mid_k = -1;
 	if (!rc && a->op != PA_B)
-		rc = use_slot(x, k, false);
+		rc = exec_use_slot(x, k, false);
 	return rc;
 }
 
@@ -792,8 +332,8 @@ static int run_embed(struct pipe_exec *x, const struct pipe_action *a)
 	outside(x, &nb, &a0);
 	model_count_experts(x->m, x->t.count_pass && a->val.pass == 0 ? MODEL_COUNTS_KEEP : MODEL_COUNTS_ADD);
 	model_act_set(x->m, 0);
-	if ((rc = reuse(x, a->buf[0])) || (rc = use_slot(x, WSLOT_NONLAYER, false)) ||
-	    (nb && (rc = use_slot(x, WSLOT_OUTSIDE(model_window(x->m)), false))))
+	if ((rc = reuse(x, a->buf[0])) || (rc = exec_use_slot(x, WSLOT_NONLAYER, false)) ||
+	    (nb && (rc = exec_use_slot(x, WSLOT_OUTSIDE(model_window(x->m)), false))))
 		return rc;
 	if (x->sleep)
 		return synth(x, a);
@@ -815,8 +355,8 @@ static int run_head(struct pipe_exec *x, const struct pipe_action *a)
 	float *zz = a0 < L ? scratch(x, 0) : y;  /* the head's input */
 	model_count_experts(x->m, MODEL_COUNTS_KEEP);
 	model_act_set(x->m, 0);
-	if ((rc = reuse(x, a->buf[1])) || (rc = use_slot(x, WSLOT_NONLAYER, true)) ||
-	    (a0 < L && (rc = use_slot(x, WSLOT_OUTSIDE(w), true))))
+	if ((rc = reuse(x, a->buf[1])) || (rc = exec_use_slot(x, WSLOT_NONLAYER, true)) ||
+	    (a0 < L && (rc = exec_use_slot(x, WSLOT_OUTSIDE(w), true))))
 		return rc;
 	if (x->sleep)
 		return synth(x, a);  /* no loss: st->loss_sum stays 0 */
@@ -839,8 +379,8 @@ static int run_embed_back(struct pipe_exec *x, const struct pipe_action *a)
 	outside(x, &nb, &a0);
 	model_count_experts(x->m, MODEL_COUNTS_KEEP);
 	model_act_set(x->m, 0);
-	if ((rc = use_slot(x, WSLOT_NONLAYER, true)) ||
-	    (nb && (rc = use_slot(x, WSLOT_OUTSIDE(model_window(x->m)), true))))
+	if ((rc = exec_use_slot(x, WSLOT_NONLAYER, true)) ||
+	    (nb && (rc = exec_use_slot(x, WSLOT_OUTSIDE(model_window(x->m)), true))))
 		return rc;
 	if (x->sleep)
 		return synth(x, a);
@@ -869,7 +409,7 @@ static int run_forward(struct pipe_exec *x, const struct pipe_action *a)
 			rc = model_layers_forward(x->m, l0, l1, out, x->buf[a->buf[0]]);
 		return run_parts(x, a, l0, WSLOT(a->slot), rc);
 	}
-	if ((a->buf[1] >= 0 && (rc = reuse(x, a->buf[1]))) || (rc = use_slot(x, WSLOT(a->slot), false)))
+	if ((a->buf[1] >= 0 && (rc = reuse(x, a->buf[1]))) || (rc = exec_use_slot(x, WSLOT(a->slot), false)))
 		return rc;
 	if (x->sleep)
 		return synth(x, a);
@@ -894,7 +434,7 @@ static int run_backward(struct pipe_exec *x, const struct pipe_action *a)
 	 * (the window gathers no layer: fill_wait), before its slot is
 	 * gathered */
 	if ((a->op == PA_I && (rc = reuse(x, a->buf[2]))) ||
-	    (!x->ahead && (rc = use_slot(x, WSLOT(a->slot), a->op != PA_I))))
+	    (!x->ahead && (rc = exec_use_slot(x, WSLOT(a->slot), a->op != PA_I))))
 		return rc;
 	if (a->op == PA_B && in_parts(x, a, l0, l1, WSLOT(a->slot))) {
 		if (!x->sleep && x->t.shape.recompute)
@@ -922,14 +462,6 @@ static int count_sum(struct pipe_exec *x)
 	return model_sum_counts(x->m, axes);
 }
 
-/* The actions that compute (or sleep): the gaps between them are the
- * executor's. */
-static bool compute_op(int op)
-{
-	return op == PA_F || op == PA_FC || op == PA_B || op == PA_I || op == PA_W || op == PA_EMBED ||
-	       op == PA_HEAD || op == PA_EMBED_BACK;
-}
-
 static bool timed(int op)
 {
 	return op != PA_SEND && op != PA_RECV && op != PA_GATHER && op != PA_RELEASE &&
@@ -938,7 +470,7 @@ static bool timed(int op)
 
 static int run_action(struct pipe_exec *x, const struct pipe_action *a)
 {
-	int rc = before_action(x, a);
+	int rc = exec_before(x, a);
 	if (rc)
 		return rc;
 	double t0 = util_now_s(), c0 = timed(a->op) ? util_thread_cpu_s() : 0;
@@ -971,7 +503,7 @@ static int run_action(struct pipe_exec *x, const struct pipe_action *a)
 		rc = run_recv(x, a);
 		break;
 	default:
-		rc = run_weights(x, a);
+		rc = exec_weights(x, a);
 	}
 	if (timed(a->op)) {
 		/* the CPU read inside the wall's reads, so a span's CPU is never
@@ -981,23 +513,10 @@ static int run_action(struct pipe_exec *x, const struct pipe_action *a)
 		x->times[x->ntimes++] = (struct pipe_act_time){ .op = a->op, .mb = a->mb, .chunk = a->chunk,
 								.t0 = t0, .t1 = util_now_s(), .cpu = cpu };
 	}
-	return rc ? rc : after_action(x, (int)(a - x->a));
+	return rc ? rc : exec_after(x, (int)(a - x->a));
 }
 
 /* ---- filling receive waits ---- */
-
-/* The W the device may run ahead of the receive at k: the first W not
- * run yet (W's keep their order), if its I has run and it completes no
- * group (its grads_done hook stays in place); else -1. */
-static int owed_w(const struct pipe_exec *x, int k)
-{
-	for (int j = k + 1; j < x->n; j++) {
-		if (x->a[j].op != PA_W || x->ran[j])
-			continue;
-		return x->w_of_i[j] < k && !x->after[j] ? j : -1;
-	}
-	return -1;
-}
 
 /* Before the receive at k: while it has not arrived and a W is owed,
  * runs that W. */
@@ -1007,7 +526,7 @@ static int fill_wait(struct pipe_exec *x, int k)
 	uint32_t kind, idx;
 	int b = a->buf[0], rc = reuse(x, b), j;
 	pipe_val_msg(&x->t, &a->val, &kind, &idx);
-	while (!rc && (j = owed_w(x, k)) >= 0) {
+	while (!rc && (j = exec_owed_w(x, k)) >= 0) {
 		rc = x->io->probe(x->io->ctx, x->stage_dev[a->peer], kind, idx, x->buf[b], sizeof(float) * x->nf,
 				  PIPE_RR_NOW);
 		if (rc)
@@ -1019,99 +538,6 @@ static int fill_wait(struct pipe_exec *x, int k)
 		x->fills++;
 	}
 	return rc;
-}
-
-/* ---- posting receives ahead ---- */
-
-/* Whether a SEND to stage p is in the actions [from, to). */
-static bool sends_to(const struct pipe_exec *x, int from, int to, int p)
-{
-	for (int i = from; i < to; i++)
-		if (x->a[i].op == PA_SEND && x->a[i].peer == p)
-			return true;
-	return false;
-}
-
-/* Before the action at k: posts the receives after it (at j > k, up to
- * x->prepost of them outstanding: posted and not yet reached) whose
- * buffer nothing from k up to them names and no send from it is in
- * flight, so each message can land while the device computes and the
- * sender, finding its receive posted, writes it at once from its own
- * thread (a rendezvous send whose receive is not posted yet waits for
- * the RecvReady, which a thread of the sender's must wake to read). The
- * receive at j then takes the posted one; the one at k posts itself. */
-static int prepost(struct pipe_exec *x, int k)
-{
-	int out = 0, rc, g = k, k0 = k;
-	/* the receives before the next compute are taken in this gap: they
-	 * do not count against the bound (so the gap's posts can all come
-	 * before its sends) */
-	while (g < x->n && !compute_op(x->a[g].op))
-		g++;
-	while (k0 > x->npre && !compute_op(x->a[k0 - 1].op))
-		k0--;
-	bool sends_left = false;
-	for (int i = k; i < g; i++)
-		sends_left |= x->a[i].op == PA_SEND;
-	for (int j = g + 1; j < x->n; j++)
-		out += x->posted[j];
-	memset(x->named, 0, sizeof(bool) * (size_t)x->nbuf);
-	for (int j = k; j < x->n && out < x->prepost; j++) {
-		const struct pipe_action *a = &x->a[j];
-		int b = a->buf[0];
-		int l = -1;
-		bool free_now = a->op == PA_RECV && !x->named[b] && x->sent[b].dev < 0;
-		for (int i = 0; a->op == PA_RECV && !free_now && l < 0 && i < x->nland; i++)
-			if (!x->land_busy[i])
-				l = i;
-		/* a receive from a stage this gap sends to is posted before
-		 * that send, and then only (a send above p2p_handoff_bytes
-		 * leaves its sealing to the link's stream thread: a post on
-		 * its link after it sealed it on this thread in the
-		 * RecvReady's flush, or waited for the link while the stream
-		 * thread sealed it, 0.2-1.2 ms before the next compute); one
-		 * from another stage after the gap's sends, which it would
-		 * only delay; later receives wait for it (posts keep table
-		 * order) */
-		if (a->op == PA_RECV && j > k && !x->posted[j] &&
-		    (sends_to(x, k0, k, a->peer) || (sends_left && !sends_to(x, k, g, a->peer))))
-			break;
-		if (a->op == PA_RECV && j > k && !x->posted[j] && (free_now || l >= 0)) {
-			uint32_t kind, idx;
-			pipe_val_msg(&x->t, &a->val, &kind, &idx);
-			/* its RecvReady rides on the gap's send to its stage
-			 * when there is one (no write of its own) */
-			rc = x->io->probe(x->io->ctx, x->stage_dev[a->peer], kind, idx,
-					  free_now ? x->buf[b] : x->land[l], sizeof(float) * x->nf,
-					  x->hold && sends_to(x, k, g, a->peer) ? PIPE_RR_RIDE :
-					  x->later ? PIPE_RR_LATER : PIPE_RR_NOW);
-			if (rc < 0)
-				return rc;
-			if (!free_now) {
-				x->land_of[j] = (int8_t)l;
-				x->land_busy[l] = true;
-				x->landed_early++;
-			}
-			x->posted[j] = true;
-			x->preposts++;
-			out++;
-			if (out > x->prepost_depth)
-				x->prepost_depth = out;
-		}
-		for (int i = 0; i < 3; i++)
-			if (a->buf[i] >= 0)
-				x->named[a->buf[i]] = true;
-	}
-	return 0;
-}
-
-/* Whether this step fills receive waits: asked for, a transport that
- * probes, and a window that moves no layer weights (so a W needs none
- * of the window's collectives). */
-static bool can_fill(const struct pipe_exec *x)
-{
-	return x->fill && x->io && x->io->probe && !win_moves(model_window(x->m), true) &&
-	       pipe_split_backward(x->t.shape.sched);
 }
 
 /* Whether the environment sets name to 0 (an A/B switch that is on
@@ -1149,7 +575,7 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	for (int b = 0; b < x->t.bufs[x->stage]; b++)
 		x->sent[b].dev = -1;
 	x->landing_k = x->landing_nl = -1;
-	x->filling = can_fill(x);
+	x->filling = exec_can_fill(x);
 	x->fills = 0;
 	memset(x->ran, 0, sizeof(bool) * (size_t)x->n);
 	/* (MESHRUN_PIPE_PREPOST=n: at most n outstanding, 0 each receive
@@ -1185,14 +611,14 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 		 * into the landing buffer that receive just freed, waits for
 		 * the next gap) (bench/results/pipeline.md, inter10) */
 		if (!rc && x->prepost && !recvd)
-			rc = prepost(x, k);
+			rc = exec_prepost(x, k);
 		if (!rc)
 			rc = run_action(x, &x->a[k]);
 		recvd = x->a[k].op == PA_RECV || (recvd && !compute_op(x->a[k].op));
 	}
 	x->npre = 0;
 	if (!rc && !(rc = win_scatter_finish(w)))
-		rc = landed(x);
+		rc = exec_landed(x);
 	int frc = io ? io->flush(io->ctx) : 0;
 	x->gathers = win_gathers(w);
 	int erc = model_step_end(x->m);
