@@ -619,9 +619,10 @@ int win_scatter_start(struct win *w, int k)
 		scatter_nl_start(w, k);
 		return *w->rc;
 	}
-	win_scatter_finish(w);
+	if (!win_scatter_follows(w, k))
+		win_scatter_finish(w);
 	rows_pend_flush(w, k, ~s->sent);
-	struct scat *x = &w->sc[0];
+	struct scat *x = &w->sc[w->nsc];
 	*x = (struct scat){ .s0 = s->l0, .s1 = s->l1, .sgwin = -1, .spart = ~s->sent };
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
@@ -656,9 +657,26 @@ int win_scatter_start(struct win *w, int k)
 		w->gowner[s->gwin] = k;
 		rows_pend_clear(w, s->gwin);
 	}
-	w->nsc = 1;
+	w->nsc++;
 	s->sent = 0;
 	return *w->rc;
+}
+
+bool win_scatter_follows(const struct win *w, int k)
+{
+	const struct win_slot *s = &w->slot[k];
+	bool rest = false;
+	check_slot(w, k);
+	if (!w->nsc || w->nsc == WIN_SCATTERS || w->nscattering || s->state != SLOT_READY || !s->sent)
+		return false;
+	for (int j = 0; j < w->nsc; j++)
+		if (!w->sc[j].skeep || w->sc[j].s0 != s->l0)
+			return false;
+	/* a rest to send (in place, as the parts went): else the slot keeps
+	 * the gradient window they still read */
+	for (int g = 0; g < w->ngg && !rest; g++)
+		rest = rows_pack_part(w, &w->gg[g], s->l0, s->l1, true, ~s->sent) > 0;
+	return rest;
 }
 
 int win_scatter_first(struct win *w, int k)
@@ -676,10 +694,12 @@ int win_scatter_parts(struct win *w, int k, unsigned parts)
 	parts &= ~s->sent;
 	if (!w->part || !parts || s->l0 == WIN_NONLAYER || !c || !c->start_reduce_scatter_v)
 		return *w->rc;
-	/* one more in flight beside the slot's parts before (the same
-	 * gradient window, other rows), the same choice on every member;
-	 * else the one in flight lands first */
-	if (w->nsc != 1 || !w->sc[0].skeep || w->sc[0].s0 != s->l0 || w->nscattering)
+	/* one more in flight beside those before (the slot's parts before:
+	 * the same gradient window, other rows; another layer group's:
+	 * its own), the same choice on every member: a rule of the calls
+	 * alone; the in-flight ones land first only when they fill the
+	 * queue or the non-layer group's went beside them */
+	if (w->nsc == WIN_SCATTERS || w->nscattering)
 		win_scatter_finish(w);
 	rows_pend_flush(w, k, parts);
 	struct scat *x = &w->sc[w->nsc];

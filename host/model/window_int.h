@@ -16,6 +16,7 @@
 
 #define WIN_MAX_GROUPS 8            /* distinct gather axis sets */
 #define ALL_PARTS (~0u)             /* a parts mask: every tensor */
+#define WIN_SCATTERS 4              /* reduce-scatters in flight at most */
 
 enum slot_state { SLOT_FREE, SLOT_GATHERING, SLOT_READY };
 
@@ -87,8 +88,9 @@ struct win {
 				     * the one set: one at a time) */
 	int gathers;                /* layer-group gathers since win_end */
 	uint64_t seen[4];           /* layers < 256 gathered since win_end */
-	/* the reduce-scatters in flight, oldest first (two: a layer's parts
-	 * sent ahead beside its parts before, win_scatter_parts): each one's
+	/* the reduce-scatters in flight, oldest first (up to WIN_SCATTERS:
+	 * parts sent ahead beside those in flight, win_scatter_parts, and
+	 * a slot's rest beside its parts, win_scatter_follows): each one's
 	 * group, gradient window (in place) or -1, whether each gather group
 	 * went as a list, its handles, its parts (a mask) and whether it
 	 * keeps the slot's gradient window (parts sent ahead: the slot
@@ -98,7 +100,7 @@ struct win {
 		bool slisted[WIN_MAX_GROUPS], skeep;
 		void *sh[WIN_MAX_GROUPS];
 		unsigned spart;
-	} sc[2];
+	} sc[WIN_SCATTERS];
 	int nsc;
 	/* the non-layer group's reduce-scatter, gone out beside a layer
 	 * group's in flight (packed, pk[0]): its handles */

@@ -333,7 +333,10 @@ int exec_weights(struct pipe_exec *x, const struct pipe_action *a)
 		 * flight (both land at the next finish); else the one in
 		 * flight lands first: its group may be final now */
 		bool beside = win_scatter_beside(w, k);
-		if (!beside && ((rc = win_scatter_finish(w)) || (rc = exec_landed(x))))
+		/* the slot's rest goes out beside its parts sent ahead, all
+		 * that is in flight (whatever was before them has landed) */
+		if (win_scatter_follows(w, k) ? (rc = exec_landed(x)) :
+		    !beside && ((rc = win_scatter_finish(w)) || (rc = exec_landed(x))))
 			return rc;
 		if ((rc = win_scatter_start(w, k)))
 			return rc;
