@@ -131,7 +131,7 @@ want() {
   echo "$1" | grep -Eq -- "$only"
 }
 if [ -n "${ANCHOR:-}" ]; then
-  for n in dp zero1 fsdp22 fsdp4 fsdppp; do
+  for n in dp zero1 fsdp22 fsdp4 fsdppp fsdppp_zbv; do
     want $n || continue
     for mode in model sleep; do
       case $n in
@@ -143,6 +143,10 @@ if [ -n "${ANCHOR:-}" ]; then
         fsdppp) a="--hosts 2 --devices-per-host 2 ici_data_parallelism=1 ici_pipeline_parallelism=2
           dcn_data_parallelism=1 dcn_fsdp_parallelism=2 num_pipeline_microbatches=8
           pipeline_recompute=false pipeline_fsdp_ag_per_repeat=true" ;;
+        fsdppp_zbv) a="--hosts 2 --devices-per-host 2 ici_data_parallelism=1 ici_pipeline_parallelism=2
+          dcn_data_parallelism=1 dcn_fsdp_parallelism=2 num_pipeline_microbatches=8
+          pipeline_recompute=false pipeline_schedule=zbv num_pipeline_repeats=2
+          pipeline_fsdp_ag_per_repeat=true" ;;
       esac
       $tmp/meshrun local $a --config $C steps=2 openblas_threads=1 pipeline_compute=$mode \
         pipeline_sleep_ms=20,20,20 --trace $tmp/t.json >/dev/null 2>$tmp/err || { tail -1 $tmp/err; exit 1; }

@@ -27,10 +27,14 @@ trap cleanup EXIT
 cp "$BASE" "$tmp/base"
 cp build/meshrun "$tmp/new"
 for b in base new; do
-  # the line of xport_wait where the spin ends (poll = false;)
-  line=$(perf probe -x "$tmp/$b" -L xport_wait 2>/dev/null | awk '/poll = false;/ {print $1; exit}')
-  [ -n "$line" ] || { echo "waiter_sleeps.sh: no 'poll = false;' line in $b's xport_wait" >&2; exit 1; }
-  perf probe -q -x "$tmp/$b" -a "$grp:${b}_wait=xport_wait" -a "$grp:${b}_giveup=xport_wait:$line" \
+  # the line where the spin ends (poll = false;): in xport_wait, or since
+  # small15 in wait_req, which xport_wait calls
+  for fn in xport_wait wait_req; do
+    line=$(perf probe -x "$tmp/$b" -L $fn 2>/dev/null | awk '/poll = false;/ && $1 ~ /^[0-9]+$/ {print $1; exit}')
+    [ -z "$line" ] || break
+  done
+  [ -n "$line" ] || { echo "waiter_sleeps.sh: no 'poll = false;' line in $b's xport_wait or wait_req" >&2; exit 1; }
+  perf probe -q -x "$tmp/$b" -a "$grp:${b}_wait=xport_wait" -a "$grp:${b}_giveup=$fn:$line" \
     -a "$grp:${b}_stream=recv_stream_cb"
 done
 echo "# load $(cat /proc/loadavg)"

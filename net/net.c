@@ -268,7 +268,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 			 * stream thread missed */
 			if (atomic_load_explicit(&l->rr_pending, memory_order_relaxed))
 				send_rr_flush(l);
-			if (l->lingering && !l->pollers && now > l->linger_ns) {
+			if (l->lingering && !l->pollers && now > l->linger_ns + LINGER_LAPSE_NS) {
 				l->lingering = false;
 				atomic_fetch_sub(&n->lingering, 1);
 				atomic_fetch_add_explicit(&n->linger_lapses, 1, memory_order_relaxed);

@@ -36,6 +36,12 @@
  * thread per 64 KiB op; a link its device thread left is read again
  * within LINGER_NS plus this */
 #define LINGER_LOOK_MS 4
+/* The net thread's tick ends a linger its stream thread has not ended
+ * LINGER_LAPSE_NS after it ran out (a backstop, counted in
+ * net_linger_lapses); one ended sooner is the stream thread's to end, so
+ * a lapse is a look missed by a whole tick, never a tick that happened
+ * to come between a linger's end and the next look. */
+#define LINGER_LAPSE_NS ((uint64_t)TICK_MS * 1000 * 1000)
 /* Bytes per read turn before yielding (the event loop, or the lock for a
  * stream thread). A write turn is net_params.max_send_bytes. Reading
  * gets the larger turn: on a link busy both ways, 1 MiB turns each way

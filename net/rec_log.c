@@ -36,7 +36,8 @@ static void dump(void)
 	FILE *f = fopen(path, "w");
 	if (!f)
 		return;
-	static const char *const names[] = { "seal", "open", "send", "recv" };
+	static const char *const names[] = { "seal", "open", "send", "recv", "irecv", "isend",
+						    "wait", "poll", "park", "stream" };
 	uint32_t n = atomic_load(&nev);
 	if (n > REC_LOG_MAX)
 		n = REC_LOG_MAX;
@@ -96,5 +97,16 @@ void rec_log(enum rec_log_kind k, int fd, uint32_t *ports, uint64_t seq, uint64_
 	evs[i] = (struct ev){ .t0 = t0, .t1 = t1, .seq = seq, .bytes = bytes,
 			      .tid = (uint32_t)syscall(SYS_gettid), .cpu = (int16_t)sched_getcpu(),
 			      .lport = (uint16_t)(pp >> 16), .pport = (uint16_t)pp,
+			      .kind = (uint8_t)k };
+}
+
+void rec_mark(enum rec_log_kind k, uint64_t seq, uint64_t bytes, uint64_t t0)
+{
+	uint64_t t1 = rec_log_now();
+	uint32_t i = atomic_fetch_add(&nev, 1);
+	if (i >= REC_LOG_MAX)
+		return;
+	evs[i] = (struct ev){ .t0 = t0, .t1 = t1, .seq = seq, .bytes = bytes,
+			      .tid = (uint32_t)syscall(SYS_gettid), .cpu = (int16_t)sched_getcpu(),
 			      .kind = (uint8_t)k };
 }

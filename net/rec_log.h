@@ -12,7 +12,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum rec_log_kind { REC_SEAL, REC_OPEN, REC_SEND, REC_RECV };
+enum rec_log_kind {
+	REC_SEAL, REC_OPEN, REC_SEND, REC_RECV,
+	/* marks of a message's path beyond the socket (rec_mark): a posted
+	 * receive, a posted send, a whole xport_wait, a poll that moved
+	 * bytes, a sleep in park(), a stream thread's turn on a link */
+	REC_IRECV, REC_ISEND, REC_WAIT, REC_POLL, REC_PARK, REC_STREAM,
+};
 
 /* Whether the log is on (the first call reads the environment). */
 bool rec_log_on(void);
@@ -22,5 +28,8 @@ uint64_t rec_log_now(void);
  * ports (0: not asked yet), kept by the caller per connection. */
 void rec_log(enum rec_log_kind k, int fd, uint32_t *ports, uint64_t seq, uint64_t bytes,
 	     uint64_t t0);
+
+/* An event of no socket (the marks above) from t0 to now. */
+void rec_mark(enum rec_log_kind k, uint64_t seq, uint64_t bytes, uint64_t t0);
 
 #endif

@@ -15,6 +15,7 @@
 #include <sys/epoll.h>
 
 #include "net/net_int.h"
+#include "net/rec_log.h"
 #include "net/tls.h"
 
 static size_t link_read(struct link *l, size_t budget);
@@ -555,6 +556,19 @@ static size_t link_read(struct link *l, size_t budget)
 		}
 		if (drained && msg_done)
 			break;
+		/* a stream thread that completed a sleeper's receive (its
+		 * wake-up held): after a small message the sleeper reads what
+		 * follows itself, into its posted buffers, once it runs; the
+		 * rest of the turn would only keep it waiting, and keep the
+		 * lock it will want at its next post (recv_stream_cb). After a
+		 * large one (a waiter that sleeps in the kernel between its
+		 * records, XPORT_IDLE_MIN_BYTES) the turn goes on: it is woken
+		 * now, as the next segment is likely on its way here */
+		if (msg_done && xport_wakes_held()) {
+			if (l->rx_total < XPORT_IDLE_MIN_BYTES)
+				break;
+			xport_wake_held();
+		}
 	}
 	if (l->state == LS_BROKEN || l->conn_dead)
 		return total;
@@ -769,7 +783,32 @@ void recv_defer_cb(evutil_socket_t fd, short what, void *arg)
  * to read cannot hold the thread. Device threads polling the link read
  * it themselves, and a link held, blocked or failed is left alone: its
  * owner arms the watch again (link_watch) when that ends. */
+static bool stream_cb(struct link *l, uint32_t events);
+
+/* MESHRUN_STREAM_WAKE=now: the stream thread wakes a sleeper at once,
+ * under the link's lock, and reads on (as before small15), for A/B */
+static int wake_late = -1;
+
 bool recv_stream_cb(struct link *l, uint32_t events)
+{
+	if (wake_late < 0) {
+		const char *e = getenv("MESHRUN_STREAM_WAKE");
+		wake_late = !(e && !strcmp(e, "now"));
+	}
+	uint64_t t0 = rec_log_on() ? rec_log_now() : 0;
+	/* a sleeper whose request this turn completes is woken after the
+	 * link's lock is let go, and the turn ends there (link_read) */
+	if (wake_late)
+		xport_hold_wakes();
+	bool again = stream_cb(l, events);
+	if (wake_late)
+		xport_release_wakes();
+	if (t0)
+		rec_mark(REC_STREAM, 0, events, t0);
+	return again;
+}
+
+static bool stream_cb(struct link *l, uint32_t events)
 {
 	bool again = false;
 	if (events & STREAM_AGAIN) {
@@ -820,7 +859,8 @@ bool recv_stream_cb(struct link *l, uint32_t events)
 		 * the armed watch, and meanwhile the thread's other links get
 		 * their turn */
 		if (l->state == LS_UP && !l->rx_blocked && !l->hold_reads && !l->conn_dead)
-			again = link_read(l, READ_BUDGET) >= READ_BUDGET && l->state == LS_UP &&
+			again = (link_read(l, READ_BUDGET) >= READ_BUDGET || xport_wakes_held()) &&
+				l->state == LS_UP &&
 				!l->conn_dead && conn_pending(l->c);
 	}
 	link_unlock(l);

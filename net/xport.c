@@ -11,6 +11,7 @@
  * sleeps; a completion nobody sleeps on costs no system call. */
 #include "net/xport.h"
 #include "net/fsum.h"
+#include "net/rec_log.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -57,6 +58,13 @@ struct parker {
 };
 enum { PK_DONE = 1, PK_FAIL = 2 };
 
+/* xport_hold_wakes: this thread's completions of sleepers' requests, woken
+ * at xport_release_wakes (a stream thread's turn, after the link's lock
+ * is let go) */
+#define HELD_MAX 16
+static _Thread_local int hold_depth, nheld;
+static _Thread_local struct parker *held[HELD_MAX];
+
 struct xport {
 	pthread_mutex_t mu;
 	struct parker sleepers;  /* list head: threads asleep in xport_wait */
@@ -74,6 +82,7 @@ struct xport {
 	char fail_msg[512];
 	uint64_t local_bytes;    /* memcpy'd between devices of this host */
 	uint64_t messages;       /* sends posted by this host's devices */
+	_Atomic uint64_t wakes_held;   /* wake-ups xport_hold_wakes put off */
 	uint64_t *remote_bytes;  /* per device: payload of its sends to other hosts */
 	/* eager sends (xport_set_eager): bytes sent to each host whose
 	 * RecvReady has not come back, and bytes staged from each host */
@@ -317,10 +326,49 @@ static void finish(struct xreq *r, int rc)
 		req_free(r);
 	} else if (old != XW_PENDING) {
 		struct parker *p = (struct parker *)old;
+		/* receives only: a send's wake-up (an ack ended it) is
+		 * not held, as the turn goes on past it */
+		if (hold_depth && nheld < HELD_MAX && r->kind == XREQ_RECV) {
+			/* p stays on its waiter's stack until PK_DONE is set */
+			held[nheld++] = p;
+			atomic_fetch_add_explicit(&r->x->wakes_held, 1, memory_order_relaxed);
+			return;
+		}
 		/* the parker lives on its waiter's stack until it sees this bit */
 		atomic_fetch_or_explicit(&p->word, PK_DONE, memory_order_release);
 		futex_wake(&p->word);
 	}
+}
+
+void xport_hold_wakes(void)
+{
+	hold_depth++;
+}
+
+int xport_wakes_held(void)
+{
+	return nheld;
+}
+
+void xport_wake_held(void)
+{
+	for (int i = 0; i < nheld; i++) {
+		atomic_fetch_or_explicit(&held[i]->word, PK_DONE, memory_order_release);
+		futex_wake(&held[i]->word);
+	}
+	nheld = 0;
+}
+
+void xport_release_wakes(void)
+{
+	if (--hold_depth > 0)
+		return;
+	xport_wake_held();
+}
+
+uint64_t xport_wakes_deferred(struct xport *x)
+{
+	return atomic_load_explicit(&x->wakes_held, memory_order_relaxed);
 }
 
 static struct xreq *req_new(struct xport *x, enum xreq_kind kind, int src, int dst,
@@ -510,7 +558,11 @@ out_unlock_free:
 int xport_isend(struct xport *x, int src, int dst, const struct xmeta *m,
 		const void *buf, size_t len, struct xreq **out)
 {
-	return isend(x, src, dst, m, buf, NULL, 0, 0, len, out);
+	uint64_t t0 = rec_log_on() ? rec_log_now() : 0;
+	int rc = isend(x, src, dst, m, buf, NULL, 0, 0, len, out);
+	if (t0)
+		rec_mark(REC_ISEND, m->seq, len, t0);
+	return rc;
 }
 
 int xport_isendv(struct xport *x, int src, int dst, const struct xmeta *m,
@@ -591,7 +643,11 @@ out_unlock_free:
 int xport_irecv(struct xport *x, int src, int dst, const struct xmeta *m,
 		void *buf, size_t len, struct xreq **out)
 {
-	return irecv(x, src, dst, m, buf, NULL, 0, 0, NULL, len, out);
+	uint64_t t0 = rec_log_on() ? rec_log_now() : 0;
+	int rc = irecv(x, src, dst, m, buf, NULL, 0, 0, NULL, len, out);
+	if (t0)
+		rec_mark(REC_IRECV, m->seq, len, t0);
+	return rc;
 }
 
 int xport_irecvv(struct xport *x, int src, int dst, const struct xmeta *m,
@@ -722,8 +778,12 @@ static void park(struct xreq *r, uint64_t deadline_ns)
 	uintptr_t exp = XW_PENDING;
 	if (atomic_compare_exchange_strong(&r->wait, &exp, (uintptr_t)&p)) {
 		uint64_t now = xport_now_ns();
-		if (!atomic_load(&x->fail_rc) && now < deadline_ns)
+		if (!atomic_load(&x->fail_rc) && now < deadline_ns) {
+			uint64_t t0 = rec_log_on() ? rec_log_now() : 0;
 			futex_wait(&p.word, 0, deadline_ns - now);
+			if (t0)
+				rec_mark(REC_PARK, r->meta.seq, r->len, t0);
+		}
 		exp = (uintptr_t)&p;
 		if (!atomic_compare_exchange_strong(&r->wait, &exp, XW_PENDING)) {
 			/* completed meanwhile: the completer is about to set
@@ -738,7 +798,19 @@ static void park(struct xreq *r, uint64_t deadline_ns)
 	pthread_mutex_unlock(&x->mu);
 }
 
+static int wait_req(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen);
+
 int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
+{
+	if (!deadline_ns || !rec_log_on())
+		return wait_req(r, deadline_ns, err, errlen);
+	uint64_t t0 = rec_log_now(), seq = r->meta.seq, len = r->len;
+	int rc = wait_req(r, deadline_ns, err, errlen);
+	rec_mark(REC_WAIT, seq, len, t0);
+	return rc;
+}
+
+static int wait_req(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 {
 	struct xport *x = r->x;
 	int rc;
@@ -774,7 +846,10 @@ int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 				polling = true;
 				/* bounded by spin_ns without progress: while bytes
 				 * move, the waiter keeps reading them itself */
+				uint64_t t0 = rec_log_on() ? rec_log_now() : 0;
 				if (x->ops.poll(x->ops_ctx, r, first)) {
+					if (t0)
+						rec_mark(REC_POLL, r->meta.seq, r->len, t0);
 					spin_end = xport_now_ns() + x->spin_ns;
 					continue;
 				}

@@ -217,6 +217,22 @@ void xport_set_poll_spin(struct xport *x, uint64_t spin_ns);
  * threads than this; tests set it. */
 void xport_set_cores(struct xport *x, int ncores);
 
+/* Held wake-ups: between xport_hold_wakes and xport_release_wakes (they
+ * nest), a receive this thread completes whose waiter sleeps is marked
+ * done, but its waiter is woken only at the release (sends wake at once). A link's stream
+ * thread holds them over its turn, so the device thread it wakes does not
+ * preempt it on their shared core while it still holds the link's lock
+ * (the woken thread then blocked on that lock at its next post: two more
+ * context switches, and under load the lock's holder preempted for
+ * milliseconds). xport_wakes_held: how many this thread holds now;
+ * xport_wakes_deferred: how many were ever held, on x. */
+void xport_hold_wakes(void);
+void xport_release_wakes(void);
+/* Wakes what this thread holds now; the hold goes on. */
+void xport_wake_held(void);
+int xport_wakes_held(void);
+uint64_t xport_wakes_deferred(struct xport *x);
+
 /* Waits until req completes or deadline_ns (CLOCK_MONOTONIC; 0 = no wait,
  * just test) passes. Returns 0 and frees req; -EAGAIN if deadline_ns was 0
  * and it is still pending (req stays valid); -ETIMEDOUT, or the failure code

@@ -1568,6 +1568,82 @@ START_TEST(test_xport_spin_on_free_cores)
 }
 END_TEST
 
+/* A stream thread's held wake-up (xport_hold_wakes, small15): a request
+ * completed while wake-ups are held leaves its sleeping waiter asleep
+ * until xport_release_wakes, so the woken device thread does not preempt
+ * the completer while it still holds the link's lock. The waiter cannot
+ * return before the release (it waits for PK_DONE), so no clock decides. */
+struct held_waiter {
+	struct xreq *r;
+	_Atomic int done;
+	int rc;
+};
+
+static void *held_wait(void *arg)
+{
+	struct held_waiter *w = arg;
+	char err[256];
+	w->rc = xport_wait(w->r, xport_now_ns() + 20000000000ull, err, sizeof(err));
+	atomic_store(&w->done, 1);
+	return NULL;
+}
+
+START_TEST(test_xport_wake_held)
+{
+	int hosts[2] = { 0, 1 };
+	struct mock_net nb = { 0 };
+	struct xport *b = xport_new(1, 2, hosts, &mock_ops, &nb);
+	ck_assert_ptr_nonnull(b);
+	float got[4];
+	struct xmeta m = { .group = 3, .seq = 1 };
+	struct held_waiter w = { 0 };
+	ck_assert_int_eq(xport_irecv(b, 0, 1, &m, got, sizeof(got), &w.r), 0);
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, held_wait, &w), 0);
+	/* asleep: its parker is in the request's completion word */
+	while (atomic_load(&w.r->wait) <= 2)
+		sched_yield();
+	xport_hold_wakes();
+	xport_complete(w.r, 0);
+	ck_assert_int_eq(xport_wakes_held(), 1);
+	ck_assert_uint_eq(xport_wakes_deferred(b), 1);
+	for (int i = 0; i < 100; i++)
+		sched_yield();
+	ck_assert_int_eq(atomic_load(&w.done), 0);
+	xport_release_wakes();
+	ck_assert_int_eq(xport_wakes_held(), 0);
+	pthread_join(t, NULL);
+	ck_assert_int_eq(w.rc, 0);
+	/* outside a hold a completion wakes at once, as before */
+	struct held_waiter v = { 0 };
+	m.seq = 2;
+	ck_assert_int_eq(xport_irecv(b, 0, 1, &m, got, sizeof(got), &v.r), 0);
+	ck_assert_int_eq(pthread_create(&t, NULL, held_wait, &v), 0);
+	while (atomic_load(&v.r->wait) <= 2)
+		sched_yield();
+	xport_complete(v.r, 0);
+	pthread_join(t, NULL);
+	ck_assert_int_eq(v.rc, 0);
+	ck_assert_uint_eq(xport_wakes_deferred(b), 1);
+	/* a send's wake-up is not held (an ack may end it mid-turn, and
+	 * the turn goes on) */
+	struct held_waiter u = { 0 };
+	m.seq = 3;
+	ck_assert_int_eq(xport_isend(b, 1, 0, &m, got, sizeof(got), &u.r), 0);
+	ck_assert_int_eq(pthread_create(&t, NULL, held_wait, &u), 0);
+	while (atomic_load(&u.r->wait) <= 2)
+		sched_yield();
+	xport_hold_wakes();
+	xport_complete(u.r, 0);
+	ck_assert_int_eq(xport_wakes_held(), 0);
+	pthread_join(t, NULL);
+	xport_release_wakes();
+	ck_assert_int_eq(u.rc, 0);
+	ck_assert_uint_eq(xport_wakes_deferred(b), 1);
+	xport_free(b);
+}
+END_TEST
+
 START_TEST(test_xport_eager)
 {
 	int hosts[2] = { 0, 1 };
@@ -2034,6 +2110,7 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, test_xport_recv_add);
 	tcase_add_test(tc, test_xport_eager);
 	tcase_add_test(tc, test_xport_spin_on_free_cores);
+	tcase_add_test(tc, test_xport_wake_held);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("async");

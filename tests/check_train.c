@@ -735,14 +735,14 @@ static const struct span *dev_span(const struct spans *t, int d, int s, const ch
 /* llama-tiny on FSDP2 for 3 steps with `extra`, in parts (traced to
  * NAME.json) and in whole layers (fsdp_layer_parts=false): the same
  * loss_hex each step. */
-static void parts_same_losses(const char *extra, const char *name)
+static void parts_same_losses(const char *mesh, const char *extra, const char *name)
 {
 	char args[512], on[10][40], off[10][40], f[64];
 	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 %s "
-		 "--trace %s/%s.json --metrics %s/%s.jsonl", FSDP2, extra, tmpdir, name, tmpdir, name);
+		 "--trace %s/%s.json --metrics %s/%s.jsonl", mesh, extra, tmpdir, name, tmpdir, name);
 	show_log_on_failure(run(args), 0);
 	snprintf(args, sizeof(args), "local %s --config configs/llama-tiny.yml steps=3 %s fsdp_layer_parts=false "
-		 "--metrics %s/%s-whole.jsonl", FSDP2, extra, tmpdir, name);
+		 "--metrics %s/%s-whole.jsonl", mesh, extra, tmpdir, name);
 	show_log_on_failure(run(args), 0);
 	snprintf(f, sizeof(f), "%s.jsonl", name);
 	ck_assert_int_eq(loss_hexes(f, on, 10), 3);
@@ -755,7 +755,7 @@ static void parts_same_losses(const char *extra, const char *name)
 
 START_TEST(test_fsdp_layer_parts)
 {
-	parts_same_losses("", "p");
+	parts_same_losses(FSDP2, "", "p");
 	struct spans t = spans_read("p.json");
 	for (int d = 0; d < 2; d++)
 		for (int s = 0; s < 3; s++) {
@@ -794,7 +794,7 @@ END_TEST
  * one), while layer 1's, not the last, queues one. */
 START_TEST(test_fsdp_projection_parts)
 {
-	parts_same_losses("base_emb_dim=512 base_num_query_heads=8 base_num_kv_heads=8", "q");
+	parts_same_losses(FSDP2, "base_emb_dim=512 base_num_query_heads=8 base_num_kv_heads=8", "q");
 	struct spans t = spans_read("q.json");
 	for (int d = 0; d < 2; d++)
 		for (int s = 0; s < 3; s++) {
@@ -818,6 +818,48 @@ START_TEST(test_fsdp_projection_parts)
 				      "backward, not 1", d, s, rs1);
 			ck_assert_msg(ag >= 4, "device %d step %d: %d gathers waited for inside layer 0's forward, "
 				      "not 4 or more", d, s, ag);
+		}
+	spans_free(&t);
+}
+END_TEST
+
+/* fsdp_layer_parts under zbv (fsdp 2 x stage 2, one layer a chunk:
+ * pipe_losses' zbv_fsdp), auto against false: the same losses; on every
+ * device and step the last W of each of its two chunks (mb 7's) queues
+ * a reduce-scatter inside it (its feed-forward block's part: the rest
+ * goes at the RS action after it), and the first F of each chunk waits
+ * inside it for each of its layer's parts (a wait a part, whether the
+ * part has landed or not: whole, one). */
+START_TEST(test_zbv_fsdp_parts)
+{
+	const char *zbv = "--hosts 1 --devices-per-host 4 ici_data_parallelism=1 ici_pipeline_parallelism=2 "
+			  "ici_fsdp_parallelism=2 num_pipeline_microbatches=8 pipeline_schedule=zbv "
+			  "base_num_decoder_layers=4 num_pipeline_repeats=2";
+	parts_same_losses(zbv, "", "z");
+	struct spans t = spans_read("z.json");
+	for (int d = 0; d < 4; d++)
+		for (int s = 0; s < 3; s++) {
+			int c[2] = { d / 2, 3 - d / 2 }, wrs = 0, fag = 0;  /* stage d / 2's chunks in the V */
+			for (int j = 0; j < 2; j++) {
+				char wn[32], fn[32];
+				snprintf(wn, sizeof(wn), "W mb7 c%d", c[j]);
+				snprintf(fn, sizeof(fn), "F mb0 c%d", c[j]);
+				const struct span *w = dev_span(&t, d, s, wn), *f = dev_span(&t, d, s, fn);
+				ck_assert_msg(w && f, "device %d step %d: no %s or %s", d, s, wn, fn);
+				for (int i = 0; i < t.n; i++) {
+					const struct span *sp = &t.v[i];
+					if (sp->dev != d || sp->step != s)
+						continue;
+					wrs += sp->flight && !strncmp(sp->name, "q reduce_scatter", 16) && sp->ts > w->ts &&
+					       sp->ts < w->ts + w->dur;
+					fag += !sp->flight && !strncmp(sp->name, "all_gather", 10) && sp->ts >= f->ts &&
+					       sp->ts < f->ts + f->dur;
+				}
+			}
+			ck_assert_msg(wrs == 2, "device %d step %d: %d reduce-scatters queued inside its chunks' "
+				      "last W's, not 2", d, s, wrs);
+			ck_assert_msg(fag >= 4, "device %d step %d: %d gathers waited for inside its chunks' first "
+				      "F's, not 4 or more", d, s, fag);
 		}
 	spans_free(&t);
 }
@@ -999,6 +1041,7 @@ int main(void)
 	tcase_add_test(zc, test_fsdp_nonlayer_scatter_beside_layer0);
 	tcase_add_test(zc, test_fsdp_layer_parts);
 	tcase_add_test(zc, test_fsdp_projection_parts);
+	tcase_add_test(zc, test_zbv_fsdp_parts);
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_muon_update);
 	tcase_add_test(zc, test_fsdp_first_gather_beside_zero1);
 	suite_add_tcase(s, zc);

@@ -128,12 +128,13 @@ static int start_all_gather_v(void *ctx, uint32_t axes, const struct model_run *
 
 /* The list reduce-scatter, in place: started, it keeps a copy of the
  * runs; the wait sums (so whatever the window does with the gradient
- * window in between shows): each device's own block += the other's. Two
- * may be in flight: the j-th a device starts is [me][j mod 2], the same
- * collective on both. */
-static struct model_run *slist[2][2];
-static struct runs slists[2][2];
-static int stoken[2][2];
+ * window in between shows): each device's own block += the other's. Four
+ * may be in flight (WIN_SCATTERS): the j-th a device starts is
+ * [me][j mod 4], the same collective on both. */
+#define FAKE_RS 4
+static struct model_run *slist[2][FAKE_RS];
+static struct runs slists[2][FAKE_RS];
+static int stoken[2][FAKE_RS];
 static int sstarted[2];
 
 static int start_reduce_scatter_v(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
@@ -142,7 +143,7 @@ static int start_reduce_scatter_v(void *ctx, uint32_t axes, const struct model_r
 	struct dev *d = ctx;
 	ck_assert_uint_eq(axes, 1u << AX_FSDP);
 	ck_assert_uint_eq(counts[0], counts[1]);
-	int rc = note(d, 'w'), j = sstarted[d->me]++ % 2;
+	int rc = note(d, 'w'), j = sstarted[d->me]++ % FAKE_RS;
 	slist[d->me][j] = malloc(sizeof(*run) * (size_t)nrun);
 	memcpy(slist[d->me][j], run, sizeof(*run) * (size_t)nrun);
 	slists[d->me][j] = (struct runs){ slist[d->me][j], nrun, counts[0] };
@@ -171,7 +172,9 @@ static int start_reduce_scatter(void *ctx, uint32_t axes, float *out, const floa
 static int wait_h(void *ctx, void *h)
 {
 	struct dev *d = ctx;
-	int j = h == &stoken[d->me][1];
+	int j = 0;
+	while (j + 1 < FAKE_RS && h != &stoken[d->me][j])
+		j++;
 	if (h == &ptoken[d->me] || h == &stoken[d->me][j])
 		note_wait(d);
 	if (h == &ptoken[d->me]) {
@@ -610,9 +613,10 @@ static void *parts_layer(void *arg)
 START_TEST(test_parts)
 {
 	both_noted(parts_layer);
-	/* two gathers (A, B), part B's reduce-scatter, its wait at part A's
-	 * start, part A's and its wait */
-	ck_assert_str_eq(pair.order, "vvwxwx");
+	/* two gathers (A, B), part B's reduce-scatter, part A's beside it
+	 * (win_scatter_follows: the slot's parts alone in flight), both
+	 * waits */
+	ck_assert_str_eq(pair.order, "vvwwxx");
 	for (int r = 0; r < 2; r++) {
 		check_sums("wq", r);
 		check_sums("w_gate", r);
@@ -677,13 +681,55 @@ static void *parts5_layer(void *arg)
 	return NULL;
 }
 
+/* Layer 1's feed-forward part goes out beside layer 0's reduce-scatter
+ * in flight (win_scatter_parts does not wait for another layer's); its
+ * rest waits for both (another group's is in flight), then goes. */
+static void *parts_beside(void *arg)
+{
+	struct dev *d = arg;
+	struct model_step st = { .comm = &d->comm };
+	struct win *w = model_window(d->m);
+	const struct param_info *pq = param(whole, "wq"), *pg = param(whole, "w_gate");
+	listed_step(d, &st);
+	rc_of[d->me] = model_set_parts(d->m, true, NULL, NULL);
+	for (int l = 0; l < 2; l++) {
+		win_gather_start(w, 1, l, l + 1);
+		rc_of[d->me] |= win_wait(w, 1);
+		win_zero_grads(w, 1);
+		fill_grads(win_block(w, true, P_W_GATE, l), pg->numel / 3, d->me);
+		if (l)
+			rc_of[d->me] |= win_scatter_first(w, 1);
+		fill_grads(win_block(w, true, P_WQ, l), pq->numel / 3, d->me);
+		rc_of[d->me] |= win_scatter_start(w, 1);
+		win_release(w, 1);
+	}
+	rc_of[d->me] |= win_scatter_finish(w);
+	rc_of[d->me] |= model_step_end(d->m);
+	return NULL;
+}
+
+START_TEST(test_parts_beside)
+{
+	both_noted(parts_beside);
+	/* layer 0: two gathers, its reduce-scatter; layer 1: two gathers,
+	 * its feed-forward part beside layer 0's in flight (no wait before
+	 * it), then both waited for before its rest */
+	ck_assert_str_eq(pair.order, "vvwvvwxxwx");
+	for (int r = 0; r < 2; r++) {
+		check_sums("wq", r);
+		check_sums("w_gate", r);
+	}
+}
+END_TEST
+
 START_TEST(test_parts_layer0)
 {
 	both_noted(parts5_layer);
 	/* the attention's parts go out beside the feed-forward's in flight
-	 * (two reduce-scatters), both waited for by the layer's own; layer
-	 * 1 in two parts, then layer 0's second gather whole */
-	ck_assert_str_eq(pair.order, "vvvvvwwxxwxvvv");
+	 * (two reduce-scatters), wv's beside both (three), all waited for
+	 * at the finish; layer 1 in two parts, then layer 0's second gather
+	 * whole */
+	ck_assert_str_eq(pair.order, "vvvvvwwwxxxvvv");
 	for (int r = 0; r < 2; r++) {
 		check_sums("wq", r);
 		check_sums("wk", r);
@@ -907,6 +953,7 @@ int main(void)
 	tcase_add_test(tc, test_scatter_nonlayer_beside);
 	tcase_add_test(tc, test_parts);
 	tcase_add_test(tc, test_parts_layer0);
+	tcase_add_test(tc, test_parts_beside);
 	tcase_add_test(tc, test_failure_stops_collectives);
 	tcase_add_test(tc, test_poison_and_zero);
 	tcase_add_test(tc, test_deferred_zero);

@@ -585,7 +585,7 @@ int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool 
 	bool fine = fine_parts(m);
 	int ffn = fine ? 4 : 1;
 	for (int id = 0; id < P_COUNT; id++)
-		part[id] = id >= P_MLP_NORM && id < P_FINAL_NORM ? ffn : 0;
+		part[id] = model_ffn_id(id) ? ffn : 0;
 	/* only layer 0's: the step's first forward and last backward, the
 	 * boundary; the other layers' attention blocks move as one part,
 	 * under compute either way (each part is a collective more) */
@@ -632,10 +632,13 @@ int model_part_steps(const struct model *m, int l, bool backward, double *share,
 	return 3;
 }
 
-double model_ffn_share(const struct model *m, int l)
+/* The feed-forward block's share of layer l's matmul FLOPs, with the
+ * attention's scores and values (scores) or without (a W's weight
+ * gradients alone). */
+static double ffn_share(const struct model *m, int l, bool scores)
 {
 	const struct model_dims *d = &m->l;
-	double C = d->C, T = d->T, att, ffn;
+	double C = d->C, T = scores ? d->T : 0, att, ffn;
 	if (d->mla)
 		att = (d->Rq ? C * d->Rq + (double)d->Rq * d->Hq * (d->Dn + d->Dr) : C * d->Hq * (d->Dn + d->Dr)) +
 		      C * (d->Rkv + d->Dr) + (double)d->Rkv * d->Hq * (d->Dn + d->Dv) + (double)d->Hq * d->Dv * C +
@@ -647,6 +650,20 @@ double model_ffn_share(const struct model *m, int l)
 	else
 		ffn = 3 * C * ((double)d->K * d->Fe + (d->S ? m->SF : 0)) + C * d->E;
 	return att + ffn > 0 ? ffn / (att + ffn) : 0;
+}
+
+double model_ffn_share(const struct model *m, int l)
+{
+	return ffn_share(m, l, true);
+}
+
+int model_part_steps_w(const struct model *m, int l, double *share, unsigned *mask)
+{
+	share[0] = ffn_share(m, l, false);
+	share[1] = 1 - share[0];
+	mask[0] = m->part_ffn;
+	mask[1] = 0;
+	return 2;
 }
 int model_act_sets(const struct model *m) { return m->act_sets; }
 

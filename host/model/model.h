@@ -336,6 +336,12 @@ int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool 
  * mask[j] (0: none), as the model calls it. */
 #define MODEL_PART_STEPS 6
 int model_part_steps(const struct model *m, int l, bool backward, double *share, unsigned *mask);
+/* The same for a W (the weight gradients of a split backward, from its
+ * I's tape) of layer l: the feed-forward block's weight gradients, then
+ * mid with its part, then the attention's (as model_layers_backward_weight
+ * calls it: the caller acts on it in the last W before the layer's
+ * reduce-scatter only). */
+int model_part_steps_w(const struct model *m, int l, double *share, unsigned *mask);
 /* The share of a layer's matmul FLOPs in its feed-forward block (part B)
  * on this device's rows: the attention projections, its scores and
  * values (causal: T/2 keys a query on average) against the MLP's or the

@@ -252,6 +252,12 @@ static inline float *wsel(struct model *m, bool grads, int id, int l)
 	return b;
 }
 
+/* Whether parameter id is the feed-forward block's (its part, model_set_parts). */
+static inline bool model_ffn_id(int id)
+{
+	return id >= P_MLP_NORM && id < P_FINAL_NORM;
+}
+
 /* The parts hook (model_set_parts) with mask parts (0: nothing); a
  * failure is the pass's, as a collective's. Not in a batch-split
  * backward: a half's weight gradients are not the layer's yet (the

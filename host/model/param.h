@@ -94,4 +94,31 @@ struct model_comm {
 	size_t errlen;
 };
 
+/* The FSDP weight window's (host/model/window.h) shapes: what it moves
+ * and how it is cut. */
+struct plan_param;
+
+#define WIN_NONLAYER (-1)
+#define WIN_MAX_PARTS 8  /* win_set_parts: parts a layer group may be cut in */
+
+/* One tensor of the model as the window sees it (p NULL: absent). Only
+ * tensors whose plan gathers them (pp->gather) are in the window. */
+struct win_tensor {
+	const struct param_info *p;     /* storage shard: shape, offset */
+	const struct plan_param *pp;    /* gathered axes, compute shape */
+};
+
+/* How the window is cut. */
+struct win_layout {
+	int lcap;     /* layers a layer group may hold (>= 1) */
+	int windows;  /* layer groups READY at once (>= 1): 1 for a model
+		       * run layer by layer, a pipeline schedule's weight
+		       * slots for a stage */
+	/* The slice of stacked tensor i (an index of t) that holds layer l in
+	 * this device's storage, or -1 (or >= its shape[0]) when this device
+	 * does not store layer l of it. Called often: keep it cheap. */
+	int (*slice)(const void *ctx, int i, int l);
+	const void *ctx;
+};
+
 #endif

@@ -107,8 +107,13 @@ void wg_record(struct model *m, struct wg_tape *t, int l)
 void wg_replay(struct model *m, struct wg_tape *t, int l)
 {
 	assert(t->layer == l);  /* this stash holds layer l's I */
-	for (int i = 0; i < t->n; i++)
+	for (int i = 0; i < t->n; i++) {
 		run(m, &t->e[i]);
+		/* the feed-forward block's weight gradients, recorded first,
+		 * are written: its part may go (model_set_parts) */
+		if (model_ffn_id(t->e[i].id) && i + 1 < t->n && !model_ffn_id(t->e[i + 1].id))
+			model_mid(m, l, true, m->part_ffn);
+	}
 	t->layer = -1;
 }
 

@@ -10,8 +10,10 @@
  * into the compute-shaped window. A layer group's reduce-scatter is the
  * transpose: in place over the same rows of its gradient window, this
  * device's block then added into the gradient shards; the non-layer
- * group's (and every one without the list form) packs. */
+ * group's (and every one without the list form) packs. Where blocks and
+ * rows lie, and the copies, are window_rows.c's. */
 #include "host/model/window.h"
+#include "host/model/window_int.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -19,253 +21,6 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
-
-#define WIN_MAX_GROUPS 8            /* distinct gather axis sets */
-#define ALL_PARTS (~0u)             /* a parts mask: every tensor */
-
-enum slot_state { SLOT_FREE, SLOT_GATHERING, SLOT_READY };
-
-struct win_slot {
-	enum slot_state state;
-	int l0, l1;                 /* the group it holds */
-	int win;                    /* its weight window (layer groups, from the
-				     * moment its gather goes out), else -1 */
-	int gwin;                   /* READY: its gradient window (layer groups), else -1 */
-	/* its gather in flight: each gather group's handle, whether it went
-	 * as a list (in place), where its pack lands (packed) */
-	void *gh[WIN_MAX_PARTS][WIN_MAX_GROUPS];  /* [0] the whole, or each part's */
-	bool listed[WIN_MAX_GROUPS];
-	bool split;                 /* its gather went in parts (win_set_parts) */
-	bool whole;                 /* its layer was gathered before in the step:
-				     * whole, for a backward that waits for all */
-	int got;                    /* GATHERING: parts [0, got) landed (win_wait_part) */
-	unsigned sent;              /* READY: the parts whose reduce-scatter went out */
-	size_t sbase[WIN_MAX_GROUPS];
-};
-
-struct win {
-	const struct mesh *mesh;
-	int n;
-	struct win_tensor *t;       /* [n] */
-	struct win_layout lo;
-	size_t *woff;               /* [n] a gathered tensor's block in its window (per layer) */
-	size_t cnum[2];             /* compute-shaped floats: [0] non-layer, [1] one layer */
-	size_t snum[2];             /* this device's shards of them */
-	struct mesh_members gg[WIN_MAX_GROUPS];  /* gather groups */
-	int grank[WIN_MAX_GROUPS];  /* this device's rank in each */
-	int ngg;
-	/* buffers: the non-layer group's weights and gradients, each layer
-	 * window's; the packed buffers a gather sends from (part) and lands
-	 * in (whole), and a reduce-scatter sends from (whole) and receives in
-	 * (part): pk[0] the non-layer group's, pk[1] a layer group's (only
-	 * without the comm's list forms, allocated then: lmem) */
-	void *mem, *lmem;
-	float *wnl, *gnl;
-	float **wl, **gl;           /* [lo.windows + 1] each, lcap layers each:
-				     * one weight window more for the gather in
-				     * flight to land in, one gradient window
-				     * more for the reduce-scatter in flight */
-	struct packs {
-		float *gsend, *grecv, *ssend, *srecv;
-	} pk[2];
-	float *params, *grads;
-	/* state */
-	int nslots;                 /* lo.windows + 2 */
-	struct win_slot *slot;      /* [nslots] */
-	int *owner;                 /* [lo.windows + 1] the slot (READY, or its gather
-				     * in flight) in each layer weight window, or -1 */
-	int *gowner;                /* [lo.windows + 1] the READY slot in each
-				     * gradient window, or -1 (GW_SCATTER: the
-				     * reduce-scatter in flight's) */
-	/* a list collective's runs (every member's rows, members in rank
-	 * order, adjacent ones merged; grown on demand) and each member's
-	 * count; which gather groups of the gather in flight went as lists,
-	 * and of the reduce-scatter in flight; where the packed ones land */
-	struct model_run *run;
-	int runcap;
-	size_t counts[MESH_MAX_DEVICES];
-	size_t copied;              /* floats the window copied (packs, places, sums) */
-	int nl_ready;               /* the READY non-layer slot, or -1 */
-	int *queue, qn;             /* GATHERING slots, oldest first: the first nfly
-				     * in flight (started), the others not yet */
-	int nfly;
-	bool packing;               /* a packed gather is in flight (its buffers are
-				     * the one set: one at a time) */
-	int gathers;                /* layer-group gathers since win_end */
-	uint64_t seen[4];           /* layers < 256 gathered since win_end */
-	/* the reduce-scatters in flight, oldest first (two: a layer's parts
-	 * sent ahead beside its parts before, win_scatter_parts): each one's
-	 * group, gradient window (in place) or -1, whether each gather group
-	 * went as a list, its handles, its parts (a mask) and whether it
-	 * keeps the slot's gradient window (parts sent ahead: the slot
-	 * still writes the other parts' rows of it) */
-	struct scat {
-		int s0, s1, sgwin;
-		bool slisted[WIN_MAX_GROUPS], skeep;
-		void *sh[WIN_MAX_GROUPS];
-		unsigned spart;
-	} sc[2];
-	int nsc;
-	/* the non-layer group's reduce-scatter, gone out beside a layer
-	 * group's in flight (packed, pk[0]): its handles */
-	bool nscattering;
-	void *nsh[WIN_MAX_GROUPS];
-	const struct model_comm *comm;
-	int *rc;
-	/* win_set_parts: each tensor's part (0 .. nparts - 1), or NULL:
-	 * whole, and in layer 0 (part0) */
-	signed char *part, *part0;
-	int nparts;
-	/* deferred zeroing (win_zero_grads): [gradient window][layer of its
-	 * group][tensor], 1 while the block holds stale gradients that its
-	 * first write overwrites (win_grad_write) or anything else zeroes
-	 * first; floats zeroed since the window was made */
-	unsigned char *pend;
-	size_t zeroed;
-};
-
-static size_t per_cslice(const struct plan_param *pp, const struct param_info *p)
-{
-	return p->stacked ? pp->cnumel / (size_t)pp->cshape[0] : pp->cnumel;
-}
-
-/* The storage slice of layer l of stacked tensor i here, or -1. */
-static int slice_of(const struct win *w, int i, int l)
-{
-	int q = w->lo.slice(w->lo.ctx, i, l);
-	return q >= 0 && q < w->t[i].p->shape[0] ? q : -1;
-}
-
-/* Is tensor i gathered over axes and in layer l's part of a group (l < 0:
- * the non-layer tensors)? With grads, only tensors that have gradients. */
-static bool in_group(const struct win *w, int i, int l, uint32_t axes, bool grads)
-{
-	const struct win_tensor *x = &w->t[i];
-	if (!x->p || x->pp->gather != axes || (grads && x->p->opt == OPT_NONE))
-		return false;
-	return l < 0 ? !x->p->stacked : x->p->stacked && slice_of(w, i, l) >= 0;
-}
-
-/* Tensor i's part in layer l (win_set_parts: layer 0's may differ). */
-static int part_of(const struct win *w, int i, int l)
-{
-	return (l == 0 ? w->part0 : w->part)[i];
-}
-
-/* Is tensor i of layer l in one of the parts of mask? */
-static bool in_part(const struct win *w, int i, int l, unsigned mask)
-{
-	return !w->part || (mask >> part_of(w, i, l) & 1u);
-}
-
-/* Tensor i's storage slice for layer l in buf (params or grads). */
-static float *storage(const struct win *w, float *buf, int i, int l)
-{
-	const struct param_info *p = w->t[i].p;
-	return buf + p->offset + (p->stacked ? param_slice_numel(p) * (size_t)slice_of(w, i, l) : 0);
-}
-
-#define GW_SCATTER (-2)
-
-/* Tensor i's compute-shaped block for layer l in layer window base
- * (holding layers from l0), or the non-layer window's (grads or not). */
-static float *block_in(const struct win *w, float *base, bool grads, int i, int l, int l0)
-{
-	if (!w->t[i].p->stacked)
-		return (grads ? w->gnl : w->wnl) + w->woff[i];
-	return base + (size_t)(l - l0) * w->cnum[1] + w->woff[i];
-}
-
-/* Tensor i's compute-shaped block for layer l of the group in READY slot k. */
-static float *block(const struct win *w, bool grads, int i, int l, int k)
-{
-	const struct win_slot *s = &w->slot[k];
-	float *base = !w->t[i].p->stacked ? NULL : grads ? w->gl[s->gwin] : w->wl[s->win];
-	return block_in(w, base, grads, i, l, s->l0);
-}
-
-/* The deferred-zero mark of tensor i's block of layer l in gradient
- * window gwin, which holds the layers of a group from l0. */
-static unsigned char *pend_at(const struct win *w, int gwin, int i, int l, int l0)
-{
-	return &w->pend[((size_t)gwin * (size_t)w->lo.lcap + (size_t)(l - l0)) * (size_t)w->n + (size_t)i];
-}
-
-static void pend_clear(struct win *w, int gwin)  /* gwin changes hands */
-{
-	if (gwin >= 0)
-		memset(pend_at(w, gwin, 0, 0, 0), 0, (size_t)w->lo.lcap * (size_t)w->n);
-}
-
-/* Zeroes tensor i's gradient block of layer l in READY slot k. */
-static void zero_block(struct win *w, int i, int l, int k)
-{
-	size_t n = per_cslice(w->t[i].pp, w->t[i].p);
-	memset(block(w, true, i, l, k), 0, n * sizeof(float));
-	w->zeroed += n;
-}
-
-/* Whether tensor i's block of layer l in READY layer slot k was marked
- * (its zeroing deferred); it is not any more. */
-static bool unmark(struct win *w, int i, int l, int k)
-{
-	unsigned char *p = pend_at(w, w->slot[k].gwin, i, l, w->slot[k].l0), was = *p;
-	*p = 0;
-	return was;
-}
-
-/* Zeroes the marked blocks of READY slot k's parts of mask (before a
- * reduce-scatter reads them). */
-static void pend_flush(struct win *w, int k, unsigned mask)
-{
-	const struct win_slot *s = &w->slot[k];
-	for (int l = s->l0; l < s->l1 && s->l0 != WIN_NONLAYER; l++)
-		for (int i = 0; i < w->n; i++)
-			if (in_part(w, i, l, mask) && unmark(w, i, l, k))
-				zero_block(w, i, l, k);
-}
-
-/* Floats group [l0, l1) packs for gather group gg (per member). */
-static size_t pack_part(const struct win *w, const struct mesh_members *gg, int l0, int l1, bool grads,
-			unsigned part)
-{
-	size_t pack = 0;
-	for (int l = l0; l < l1; l++)
-		for (int i = 0; i < w->n; i++)
-			if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, l, part))
-				pack += param_slice_numel(w->t[i].p);
-	return pack;
-}
-
-static size_t pack_size(const struct win *w, const struct mesh_members *gg, int l0, int l1, bool grads)
-{
-	return pack_part(w, gg, l0, l1, grads, ALL_PARTS);
-}
-
-/* Moves member r's blocks of group [l0, l1) between the packed buffer
- * (pack floats per member) and the window. */
-static void place_blocks(struct win *w, const struct mesh_members *gg, int ks, bool grads,
-			 float *packed, size_t pack, bool into_window)
-{
-	int l0 = w->slot[ks].l0, l1 = w->slot[ks].l1;
-	for (int r = 0; r < gg->n; r++) {
-		size_t off = 0;
-		for (int l = l0; l < l1; l++)
-			for (int i = 0; i < w->n; i++) {
-				if (!in_group(w, i, l, gg->axes, grads))
-					continue;
-				const struct param_info *p = w->t[i].p;
-				const struct plan_param *pp = w->t[i].pp;
-				int o[SHARD_MAX_DIMS], k = p->stacked ? 1 : 0;
-				plan_block_offsets(pp, w->mesh, gg->axes, gg->coord[r], o);
-				plan_copy_block(block(w, grads, i, l, ks), pp->cshape + k,
-						packed + (size_t)r * pack + off, p->shape + k, o + k,
-						p->ndim - k, into_window);
-				off += param_slice_numel(p);
-			}
-	}
-	w->copied += pack * (size_t)gg->n;
-}
 
 static int add_gather_group(struct win *w, uint32_t axes, int dev)
 {
@@ -479,104 +234,6 @@ static void check_group(const struct win *w, int l0, int l1)
 	(void)w, (void)l0, (void)l1;
 }
 
-/* Appends a run to list *v (cap *cap, *nrun long), merged into the last
- * when merge and it continues it; false when out of memory. */
-static bool add_run(struct model_run **v, int *cap, int *nrun, float *buf, size_t n, bool merge)
-{
-	struct model_run *last = *nrun ? &(*v)[*nrun - 1] : NULL;
-	if (merge && last && last->buf + last->n == buf) {
-		last->n += n;
-		return true;
-	}
-	if (*nrun == *cap) {
-		int c = *cap ? 2 * *cap : 256;
-		struct model_run *r = realloc(*v, sizeof(*r) * (size_t)c);
-		if (!r)
-			return false;
-		*v = r;
-		*cap = c;
-	}
-	(*v)[(*nrun)++] = (struct model_run){ buf, n };
-	return true;
-}
-
-/* Appends the rows of member r's block of tensor i's layer l, whose
- * compute-shaped tensor is at tensor, to w->run (rows of the innermost
- * dimension, as plan_copy_block walks them; adjacent ones merged). */
-static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int i, float *tensor,
-		       int *nrun)
-{
-	const struct param_info *p = w->t[i].p;
-	const struct plan_param *pp = w->t[i].pp;
-	int o[SHARD_MAX_DIMS], idx[SHARD_MAX_DIMS] = { 0 }, s0 = p->stacked ? 1 : 0, nd = p->ndim - s0;
-	const int *ts = pp->cshape + s0, *bs = p->shape + s0, *off = o + s0;
-	size_t run = nd ? (size_t)bs[nd - 1] : 1, nrows = 1;
-	plan_block_offsets(pp, w->mesh, gg->axes, gg->coord[r], o);
-	for (int d = 0; d < nd; d++)
-		if (bs[d] == 0)
-			return true;
-	for (int d = 0; d + 1 < nd; d++)
-		nrows *= (size_t)bs[d];
-	for (size_t row = 0; row < nrows; row++) {
-		size_t t = 0;
-		for (int d = 0; d < nd; d++)
-			t = t * (size_t)ts[d] + (size_t)(off[d] + (d + 1 < nd ? idx[d] : 0));
-		if (!add_run(&w->run, &w->runcap, nrun, tensor + t, run, true))
-			return false;
-		for (int d = nd - 2; d >= 0; d--) {
-			if (++idx[d] < bs[d])
-				break;
-			idx[d] = 0;
-		}
-	}
-	return true;
-}
-
-/* The list of gather group g's blocks of group [l0, l1) in layer window
- * base (weights, or gradients with grads): every member's rows in rank
- * order into w->run, each member's count into w->counts. The runs, or
- * -1 when out of memory. */
-static int list_make(struct win *w, int g, float *base, bool grads, int l0, int l1, unsigned part)
-{
-	const struct mesh_members *gg = &w->gg[g];
-	int nrun = 0;
-	for (int r = 0; r < gg->n; r++) {
-		int first = nrun;
-		size_t before = 0;
-		for (int j = 0; j < first; j++)
-			before += w->run[j].n;
-		for (int l = l0; l < l1; l++)
-			for (int i = 0; i < w->n; i++)
-				if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, l, part) &&
-				    !block_runs(w, gg, r, i, block_in(w, base, grads, i, l, l0), &nrun))
-					return -1;
-		size_t all = 0;
-		for (int j = 0; j < nrun; j++)
-			all += w->run[j].n;
-		w->counts[r] = all - before;
-	}
-	return nrun;
-}
-
-/* Copies this device's shards of gather group g into their blocks of
- * landing slot k's window (the list all-gather's input). */
-static void place_own(struct win *w, int g, int k, unsigned part)
-{
-	const struct mesh_members *gg = &w->gg[g];
-	const struct win_slot *s = &w->slot[k];
-	for (int l = s->l0; l < s->l1; l++)
-		for (int i = 0; i < w->n; i++) {
-			if (!in_group(w, i, l, gg->axes, false) || !in_part(w, i, l, part))
-				continue;
-			const struct param_info *p = w->t[i].p;
-			int o[SHARD_MAX_DIMS], s0 = p->stacked ? 1 : 0;
-			plan_block_offsets(w->t[i].pp, w->mesh, gg->axes, gg->coord[w->grank[g]], o);
-			plan_copy_block(block(w, false, i, l, k), w->t[i].pp->cshape + s0,
-					storage(w, w->params, i, l), p->shape + s0, o + s0, p->ndim - s0, true);
-			w->copied += param_slice_numel(p);
-		}
-}
-
 /* A free weight window for layer slot k, or -1: there are windows + 1
  * and at most windows READY slots, so with no gather in flight there is
  * one. */
@@ -602,15 +259,6 @@ static bool in_place(const struct win *w, int k)
 	return w->comm && w->comm->start_all_gather_v && (w->slot[k].l0 != WIN_NONLAYER || w->nl_ready < 0);
 }
 
-/* A list of a collective's rows (a "gather" or "reduce-scatter")
- * could not be made: the step's error, said in the comm's err. */
-static void list_oom(struct win *w, const char *what)
-{
-	if (w->comm->err)
-		snprintf(w->comm->err, w->comm->errlen, "FSDP window: out of memory for the list of a %s's rows", what);
-	*w->rc = -ENOMEM;
-}
-
 /* Sends layer slot k's gather in place in parts (win_set_parts), part
  * 0's gather groups, then part 1's, ...: a collective a part and gather
  * group. */
@@ -621,16 +269,16 @@ static void send_split(struct win *w, int k, int win)
 	s->split = true;
 	for (int p = 0; p < w->nparts; p++)
 		for (int g = 0; g < w->ngg && !*w->rc; g++) {
-			size_t pack = pack_part(w, &w->gg[g], s->l0, s->l1, false, 1u << p);
+			size_t pack = rows_pack_part(w, &w->gg[g], s->l0, s->l1, false, 1u << p);
 			int nrun;
 			if (!pack)
 				continue;
 			s->listed[g] = true;
-			if ((nrun = list_make(w, g, w->wl[win], false, s->l0, s->l1, 1u << p)) < 0) {
-				list_oom(w, "gather");
+			if ((nrun = rows_list_make(w, g, w->wl[win], false, s->l0, s->l1, 1u << p)) < 0) {
+				rows_list_oom(w, "gather");
 				return;
 			}
-			place_own(w, g, k, 1u << p);
+			rows_place_own(w, g, k, 1u << p);
 			*w->rc = c->start_all_gather_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts, &s->gh[p][g]);
 		}
 }
@@ -655,14 +303,14 @@ static void send_gather(struct win *w, int k, int win)
 	}
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
-		size_t pack = pack_size(w, gg, l0, l1, false);
+		size_t pack = rows_pack_size(w, gg, l0, l1, false);
 		int nrun;
 		s->listed[g] = false;
 		if (!pack)
 			continue;
 		if (in_place(w, k) &&
-		    (nrun = list_make(w, g, layer ? w->wl[win] : NULL, false, l0, l1, ALL_PARTS)) >= 0) {
-			place_own(w, g, k, ALL_PARTS);
+		    (nrun = rows_list_make(w, g, layer ? w->wl[win] : NULL, false, l0, l1, ALL_PARTS)) >= 0) {
+			rows_place_own(w, g, k, ALL_PARTS);
 			s->listed[g] = true;
 			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, &s->gh[0][g]);
 			continue;
@@ -671,7 +319,7 @@ static void send_gather(struct win *w, int k, int win)
 		 * flight goes in place only (start_next), unless its list
 		 * could not be made */
 		if (busy) {
-			list_oom(w, "gather");
+			rows_list_oom(w, "gather");
 			break;
 		}
 		if (layer && (*w->rc = layer_packs(w)))
@@ -768,17 +416,17 @@ static void finish_landing(struct win *w)
 	} else {
 		s->gwin = free_gwindow(w);
 		w->gowner[s->gwin] = k;
-		pend_clear(w, s->gwin);
+		rows_pend_clear(w, s->gwin);
 	}
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
-		size_t pack = pack_size(w, gg, s->l0, s->l1, false);
+		size_t pack = rows_pack_size(w, gg, s->l0, s->l1, false);
 		for (int p = 0; p < WIN_MAX_PARTS; p++)
 			wait_handle(w, &s->gh[p][g]);
 		packed |= pack && !s->listed[g];
 		if (!pack || *w->rc || s->listed[g])
 			continue;
-		place_blocks(w, gg, k, false, w->pk[s->l0 != WIN_NONLAYER].grecv + s->sbase[g], pack,
+		rows_place_blocks(w, gg, k, false, w->pk[s->l0 != WIN_NONLAYER].grecv + s->sbase[g], pack,
 			     true);
 	}
 	if (packed)
@@ -834,7 +482,7 @@ void win_release(struct win *w, int k)
 	} else {
 		w->owner[s->win] = -1;
 		w->gowner[s->gwin] = -1;
-		pend_clear(w, s->gwin);
+		rows_pend_clear(w, s->gwin);
 	}
 	s->state = SLOT_FREE;
 	s->win = s->gwin = -1;
@@ -852,7 +500,7 @@ void win_zero_grads(struct win *w, int k)
 			if (!w->t[i].p || !w->t[i].pp->gather || !in_group(w, i, l, w->t[i].pp->gather, true))
 				continue;
 			if (s->l0 == WIN_NONLAYER)
-				zero_block(w, i, l, k);
+				rows_zero_block(w, i, l, k);
 			else
 				*pend_at(w, s->gwin, i, l, s->l0) = 1;
 		}
@@ -864,49 +512,10 @@ void win_grads_written(struct win *w, int k)
 	check_slot(w, k);
 	assert(s->state == SLOT_READY);
 	if (s->l0 != WIN_NONLAYER)
-		pend_clear(w, s->gwin);
+		rows_pend_clear(w, s->gwin);
 }
 
 size_t win_zeroed(const struct win *w) { return w->zeroed; }
-
-/* Adds this device's block of gather group g's tensor i, layer l, from
- * layer gradient window base (layers from l0) into its gradient shard:
- * storage order, as the packed path adds its received part. */
-static int add_own(struct win *w, int g, int i, int l, float *base, int l0)
-{
-	int nrun = 0;
-	if (!block_runs(w, &w->gg[g], w->grank[g], i, block_in(w, base, true, i, l, l0), &nrun))
-		return -ENOMEM;
-	float *dst = storage(w, w->grads, i, l);
-	for (int r = 0; r < nrun; r++) {
-		const float *src = w->run[r].buf;
-		for (size_t j = 0; j < w->run[r].n; j++)
-			dst[j] += src[j];
-		dst += w->run[r].n;
-		w->copied += w->run[r].n;
-	}
-	return 0;
-}
-
-/* Adds group gg's received parts of layer l (packed in recv from roff
- * on, tensor by tensor: those of part, or all when part < 0) into the
- * gradient shards; returns the offset after them. */
-static size_t add_parts(struct win *w, const struct mesh_members *gg, int l, int part, const float *recv,
-			size_t roff)
-{
-	for (int i = 0; i < w->n && !*w->rc; i++) {
-		if (!in_group(w, i, l, gg->axes, true) || !in_part(w, i, l, part))
-			continue;
-		size_t n = param_slice_numel(w->t[i].p);
-		float *dst = storage(w, w->grads, i, l);
-		const float *src = recv + roff;
-		for (size_t j = 0; j < n; j++)
-			dst[j] += src[j];
-		roff += n;
-		w->copied += n;
-	}
-	return roff;
-}
 
 bool win_scatter_beside(const struct win *w, int k)
 {
@@ -925,11 +534,11 @@ static void scatter_nl_start(struct win *w, int k)
 	size_t soff = 0, roff = 0;
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
-		size_t pack = pack_size(w, gg, WIN_NONLAYER, 0, true);
+		size_t pack = rows_pack_size(w, gg, WIN_NONLAYER, 0, true);
 		if (!pack)
 			continue;
 		float *send = w->pk[0].ssend + soff, *recv = w->pk[0].srecv + roff;
-		place_blocks(w, gg, k, true, send, pack, false);
+		rows_place_blocks(w, gg, k, true, send, pack, false);
 		*w->rc = c->start_reduce_scatter(c->ctx, gg->axes, recv, send, pack, &w->nsh[g]);
 		soff += pack * (size_t)gg->n;
 		roff += pack;
@@ -947,7 +556,7 @@ static void scatter_nl_finish(struct win *w)
 	w->nscattering = false;
 	for (int g = 0; g < w->ngg; g++) {
 		wait_handle(w, &w->nsh[g]);
-		roff = add_parts(w, &w->gg[g], WIN_NONLAYER, -1, w->pk[0].srecv, roff);
+		roff = rows_add_parts(w, &w->gg[g], WIN_NONLAYER, -1, w->pk[0].srecv, roff);
 	}
 }
 
@@ -961,12 +570,12 @@ static void scatter_land(struct win *w, struct scat *c)
 		wait_handle(w, &c->sh[g]);
 		for (int l = c->s0; l < c->s1; l++) {
 			if (!c->slisted[g]) {
-				roff = add_parts(w, gg, l, c->spart, w->pk[layer].srecv, roff);
+				roff = rows_add_parts(w, gg, l, c->spart, w->pk[layer].srecv, roff);
 				continue;
 			}
 			for (int i = 0; i < w->n && !*w->rc; i++)
 				if (in_group(w, i, l, gg->axes, true) && in_part(w, i, l, c->spart))
-					*w->rc = add_own(w, g, i, l, w->gl[c->sgwin], c->s0);
+					*w->rc = rows_add_own(w, g, i, l, w->gl[c->sgwin], c->s0);
 		}
 	}
 	if (c->sgwin >= 0 && !c->skeep)
@@ -990,7 +599,7 @@ static bool scatter_listed(struct win *w, int g, const struct win_slot *s, unsig
 {
 	const struct model_comm *c = w->comm;
 	struct scat *x = &w->sc[w->nsc];
-	int nrun = list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1, part);
+	int nrun = rows_list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1, part);
 	if (nrun < 0)
 		return false;
 	x->slisted[g] = true;
@@ -1010,13 +619,14 @@ int win_scatter_start(struct win *w, int k)
 		scatter_nl_start(w, k);
 		return *w->rc;
 	}
-	win_scatter_finish(w);
-	pend_flush(w, k, ~s->sent);
-	struct scat *x = &w->sc[0];
+	if (!win_scatter_follows(w, k))
+		win_scatter_finish(w);
+	rows_pend_flush(w, k, ~s->sent);
+	struct scat *x = &w->sc[w->nsc];
 	*x = (struct scat){ .s0 = s->l0, .s1 = s->l1, .sgwin = -1, .spart = ~s->sent };
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
-		size_t pack = pack_part(w, gg, s->l0, s->l1, true, ~s->sent);
+		size_t pack = rows_pack_part(w, gg, s->l0, s->l1, true, ~s->sent);
 		if (!pack)
 			continue;
 		if (layer && c->start_reduce_scatter_v && scatter_listed(w, g, s, ~s->sent)) {
@@ -1024,13 +634,13 @@ int win_scatter_start(struct win *w, int k)
 			continue;
 		}
 		if (s->sent) {  /* parts went out: only a list leaves them out */
-			list_oom(w, "reduce-scatter");
+			rows_list_oom(w, "reduce-scatter");
 			break;
 		}
 		if (layer && (*w->rc = layer_packs(w)))
 			break;
 		float *send = w->pk[layer].ssend + soff, *recv = w->pk[layer].srecv + roff;
-		place_blocks(w, gg, k, true, send, pack, false);
+		rows_place_blocks(w, gg, k, true, send, pack, false);
 		if (c->start_reduce_scatter)
 			*w->rc = c->start_reduce_scatter(c->ctx, gg->axes, recv, send, pack, &x->sh[g]);
 		else
@@ -1045,11 +655,28 @@ int win_scatter_start(struct win *w, int k)
 		w->gowner[s->gwin] = GW_SCATTER;
 		s->gwin = free_gwindow(w);
 		w->gowner[s->gwin] = k;
-		pend_clear(w, s->gwin);
+		rows_pend_clear(w, s->gwin);
 	}
-	w->nsc = 1;
+	w->nsc++;
 	s->sent = 0;
 	return *w->rc;
+}
+
+bool win_scatter_follows(const struct win *w, int k)
+{
+	const struct win_slot *s = &w->slot[k];
+	bool rest = false;
+	check_slot(w, k);
+	if (!w->nsc || w->nsc == WIN_SCATTERS || w->nscattering || s->state != SLOT_READY || !s->sent)
+		return false;
+	for (int j = 0; j < w->nsc; j++)
+		if (!w->sc[j].skeep || w->sc[j].s0 != s->l0)
+			return false;
+	/* a rest to send (in place, as the parts went): else the slot keeps
+	 * the gradient window they still read */
+	for (int g = 0; g < w->ngg && !rest; g++)
+		rest = rows_pack_part(w, &w->gg[g], s->l0, s->l1, true, ~s->sent) > 0;
+	return rest;
 }
 
 int win_scatter_first(struct win *w, int k)
@@ -1067,19 +694,21 @@ int win_scatter_parts(struct win *w, int k, unsigned parts)
 	parts &= ~s->sent;
 	if (!w->part || !parts || s->l0 == WIN_NONLAYER || !c || !c->start_reduce_scatter_v)
 		return *w->rc;
-	/* one more in flight beside the slot's parts before (the same
-	 * gradient window, other rows), the same choice on every member;
-	 * else the one in flight lands first */
-	if (w->nsc != 1 || !w->sc[0].skeep || w->sc[0].s0 != s->l0 || w->nscattering)
+	/* one more in flight beside those before (the slot's parts before:
+	 * the same gradient window, other rows; another layer group's:
+	 * its own), the same choice on every member: a rule of the calls
+	 * alone; the in-flight ones land first only when they fill the
+	 * queue or the non-layer group's went beside them */
+	if (w->nsc == WIN_SCATTERS || w->nscattering)
 		win_scatter_finish(w);
-	pend_flush(w, k, parts);
+	rows_pend_flush(w, k, parts);
 	struct scat *x = &w->sc[w->nsc];
 	*x = (struct scat){ .s0 = s->l0, .s1 = s->l1, .sgwin = s->gwin, .spart = parts, .skeep = true };
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
-		if (!pack_part(w, &w->gg[g], s->l0, s->l1, true, parts))
+		if (!rows_pack_part(w, &w->gg[g], s->l0, s->l1, true, parts))
 			continue;
 		if (!scatter_listed(w, g, s, parts)) {
-			list_oom(w, "reduce-scatter");
+			rows_list_oom(w, "reduce-scatter");
 			break;
 		}
 		any = true;
@@ -1131,7 +760,7 @@ int win_end(struct win *w)
 	w->qn = w->nfly = 0;
 	for (int j = 0; j <= w->lo.windows; j++) {
 		w->owner[j] = w->gowner[j] = -1;
-		pend_clear(w, j);
+		rows_pend_clear(w, j);
 	}
 	for (int k = 0; k < w->nslots; k++)
 		w->slot[k] = (struct win_slot){ .state = SLOT_FREE, .win = -1, .gwin = -1 };
@@ -1178,11 +807,11 @@ bool win_grad_write(struct win *w, int i, int l, size_t n)
 		return false;
 	int k = slot_holding(w, true, i, l);
 	assert(k >= 0 && w->slot[k].state == SLOT_READY);
-	if (!unmark(w, i, l, k))
+	if (!rows_unmark(w, i, l, k))
 		return false;
 	if (n == per_cslice(w->t[i].pp, w->t[i].p))
 		return true;
-	zero_block(w, i, l, k);
+	rows_zero_block(w, i, l, k);
 	return false;
 }
 
@@ -1194,7 +823,7 @@ float *win_block(struct win *w, bool grads, int i, int l)
 	}
 	int k = slot_holding(w, grads, i, l);
 	assert(k >= 0 && "no READY slot holds the layer");
-	if (grads && unmark(w, i, l, k))  /* read or added to: zeroed first */
-		zero_block(w, i, l, k);
+	if (grads && rows_unmark(w, i, l, k))  /* read or added to: zeroed first */
+		rows_zero_block(w, i, l, k);
 	return block(w, grads, i, l, k);
 }

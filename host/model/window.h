@@ -52,7 +52,9 @@
  * or takes the slot's gradient window, on start, so the slot's gradient
  * window is free again at once; one is in flight at a time (the next
  * start finishes it), but for a layer's parts sent ahead
- * (win_scatter_parts), of which two may be.
+ * (win_scatter_parts), which go beside the ones in flight, and the
+ * rest of a slot whose parts alone are in flight (win_scatter_follows):
+ * up to four.
  *
  * Parts (win_set_parts, the trainer's fsdp_layer_parts): a layer
  * group's in-place gather goes as a collective a part and gather group,
@@ -79,28 +81,8 @@
 #include "host/mesh/plan.h"
 #include "host/model/param.h"
 
-#define WIN_NONLAYER (-1)
-#define WIN_MAX_PARTS 8  /* win_set_parts: parts a layer group may be cut in */
-
-/* One tensor of the model as the window sees it (p NULL: absent). Only
- * tensors whose plan gathers them (pp->gather) are in the window. */
-struct win_tensor {
-	const struct param_info *p;     /* storage shard: shape, offset */
-	const struct plan_param *pp;    /* gathered axes, compute shape */
-};
-
-/* How the window is cut. */
-struct win_layout {
-	int lcap;     /* layers a layer group may hold (>= 1) */
-	int windows;  /* layer groups READY at once (>= 1): 1 for a model
-		       * run layer by layer, a pipeline schedule's weight
-		       * slots for a stage */
-	/* The slice of stacked tensor i (an index of t) that holds layer l in
-	 * this device's storage, or -1 (or >= its shape[0]) when this device
-	 * does not store layer l of it. Called often: keep it cheap. */
-	int (*slice)(const void *ctx, int i, int l);
-	const void *ctx;
-};
+/* WIN_NONLAYER, WIN_MAX_PARTS, struct win_tensor and struct win_layout
+ * are in host/model/param.h (types the window's rooms share). */
 
 struct win;
 
@@ -186,16 +168,17 @@ size_t win_copied(const struct win *w);
 /* Starts reduce-scattering READY slot k's gradients into the gradient
  * shards (adding to them), after finishing the one before: one in
  * flight (a non-layer group's beside a layer group's:
- * win_scatter_beside). The slot's gradient window is free again on
+ * win_scatter_beside; the slot's rest beside its parts sent ahead:
+ * win_scatter_follows). The slot's gradient window is free again on
  * return (in place:
  * another one, holding anything: zero it before writing). */
 int win_scatter_start(struct win *w, int k);
 /* Parts (win_set_parts): starts reduce-scattering the parts of mask
  * `parts` (bit p: part p) of READY layer slot k's gradients not sent yet,
- * as one collective a gather group (after finishing the one in flight,
- * unless that is k's parts sent before alone: then both are in flight,
- * landing in order at the next finish; a rule of the calls alone, so
- * every member issues the same collectives),
+ * as one collective a gather group (beside the ones in flight, all
+ * landing in order at the next finish, unless they are four or the
+ * non-layer group's went beside them: then they land first; a rule of
+ * the calls alone, so every member issues the same collectives),
  * in place over their rows of the slot's gradient window, which the
  * slot keeps: the other parts' gradients may still be written. The
  * slot's win_scatter_start then sends the parts not sent. Does nothing
@@ -210,6 +193,12 @@ int win_scatter_first(struct win *w, int k);
  * win_scatter_start does not wait, and the next win_scatter_finish
  * finishes both, the layer group's first. */
 bool win_scatter_beside(const struct win *w, int k);
+/* Whether READY layer slot k's win_scatter_start sends the parts not
+ * sent yet beside its parts sent ahead (win_scatter_parts), which are
+ * all that is in flight, instead of finishing them first: a rule of the
+ * calls alone (the same on every member); all land in order at the next
+ * win_scatter_finish. */
+bool win_scatter_follows(const struct win *w, int k);
 /* Waits for the reduce-scatters in flight, if any, and adds them in. */
 int win_scatter_finish(struct win *w);
 /* The step ends: waits for whatever is still in flight (after a failure;

@@ -284,8 +284,9 @@ static int synth_parts(struct pipe_exec *x, const struct pipe_action *a, int l)
 {
 	double s = synth_s(x, a), share[MODEL_PART_STEPS], late = 0;
 	unsigned mask[MODEL_PART_STEPS];
-	bool bw = a->op == PA_B;
-	int n = model_part_steps(x->m, l, bw, share, mask), rc = 0;
+	bool bw = a->op == PA_B || a->op == PA_W;
+	int n = a->op == PA_W ? model_part_steps_w(x->m, l, share, mask) : model_part_steps(x->m, l, bw, share, mask),
+	    rc = 0;
 	uint64_t d = util_now_ns(), t0;
 	x->slept++;
 	for (int j = 0; j < n && !rc; j++) {
@@ -305,7 +306,7 @@ static bool in_parts(struct pipe_exec *x, const struct pipe_action *a, int l0, i
 {
 	x->mid_k = x->parts && l1 - l0 == 1 ? k : -1;
 	x->mid_op = a->op;
-	x->mid_last = x->last_b >= 0 && a == &x->a[x->last_b];
+	x->mid_last = a->op == PA_W ? exec_w_sends(x, (int)(a - x->a)) : x->last_b >= 0 && a == &x->a[x->last_b];
 	x->mid_sent = false;
 	return x->mid_k >= 0;
 }
@@ -319,7 +320,7 @@ static int run_parts(struct pipe_exec *x, const struct pipe_action *a, int l0, i
 	if (!rc && x->sleep)
 		rc = synth_parts(x, a, l0);
 	x->mid_k = -1;
-	if (!rc && a->op != PA_B)
+	if (!rc && (a->op == PA_F || a->op == PA_FC))
 		rc = exec_use_slot(x, k, false);
 	return rc;
 }
@@ -443,6 +444,10 @@ static int run_backward(struct pipe_exec *x, const struct pipe_action *a)
 			rc = model_layers_backward(x->m, l0, l1, g, in);
 		return run_parts(x, a, l0, WSLOT(a->slot), rc);
 	}
+	/* a W in parts: the feed-forward block's gradients go at its call */
+	if (a->op == PA_W && !x->ahead && in_parts(x, a, l0, l1, WSLOT(a->slot)))
+		return run_parts(x, a, l0, WSLOT(a->slot),
+				 x->sleep ? 0 : model_layers_backward_weight(x->m, l0, l1, g, in));
 	if (x->sleep)
 		return synth(x, a);
 	if (x->t.shape.recompute && a->op != PA_W &&

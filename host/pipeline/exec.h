@@ -157,15 +157,16 @@ int pipe_exec_prefetch_drop(struct pipe_exec *x);
  * not move. on false, or a table without W's, or an io without probe:
  * table order. Default off. */
 void pipe_exec_set_fill(struct pipe_exec *x, bool on);
-/* fsdp_layer_parts: each F and B of one layer runs in two parts
+/* fsdp_layer_parts: each F, B and W of one layer runs in two parts
  * (model_set_parts): an F waits for the gather of its layer's attention
  * block only, and for the feed-forward block's between the two; a B
  * sends the feed-forward block's reduce-scatter between them, the
- * attention block's at its RS as before. PIPE_PARTS_ON: not with a
- * pipeline (or a table with I and W): -EINVAL with a one-line err naming
- * the keys; PIPE_PARTS_AUTO (the default): on where it applies, a table
- * without a pipeline or I and W whose window gathers layers (FSDP),
- * else off. */
+ * attention block's at its RS as before; a W the same when it is its
+ * slot's last write before the slot's RS. Where it applies: a table
+ * without a pipeline or I and W, or a split-backward table (I and W,
+ * no B) of one layer a chunk (zbv). PIPE_PARTS_ON elsewhere: -EINVAL
+ * with a one-line err naming the keys; PIPE_PARTS_AUTO (the default):
+ * on where it applies and the window gathers layers (FSDP), else off. */
 enum pipe_parts { PIPE_PARTS_OFF, PIPE_PARTS_ON, PIPE_PARTS_AUTO };
 int pipe_exec_set_parts(struct pipe_exec *x, enum pipe_parts mode, char *err, size_t errlen);
 /* W's the last step ran ahead of their place, in receive waits. */

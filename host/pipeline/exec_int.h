@@ -145,6 +145,9 @@ int exec_use_slot(struct pipe_exec *x, int k, bool grads);
 /* the model's mid call in a layer's F or B in parts (ctx: the executor);
  * synthetic compute makes it as the model would */
 int exec_mid(void *ctx, int l, bool backward, unsigned parts);
+/* Whether W action k is its slot's last write of gradients before the
+ * slot's reduce-scatter (the next action on the slot is that RS). */
+bool exec_w_sends(const struct pipe_exec *x, int k);
 
 /* exec_post.c: receives posted ahead */
 int exec_owed_w(const struct pipe_exec *x, int k);

@@ -62,12 +62,14 @@ int exec_mark_events(struct pipe_exec *x)
 	return 0;
 }
 
-/* Inside a layer's F or B in parts (model_set_parts): an F waits for
+/* Inside a layer's F, B or W in parts (model_set_parts): an F waits for
  * the gather of parts (up to the highest); a B sends the reduce-scatter
  * of parts (their gradients are written): at its first call (the
  * feed-forward block's), at later ones only in the table's last B (the
  * others' go at their RS, under the next B, no wait inside for the one
- * in flight). A recomputed forward in a B, or a multi-layer action, no. */
+ * in flight); a W (its one call, the feed-forward block's) only when it
+ * is its slot's last write before the slot's RS (exec_w_sends). A
+ * recomputed forward in a B, or a multi-layer action, no. */
 int exec_mid(void *ctx, int l, bool backward, unsigned parts)
 {
 	struct pipe_exec *x = ctx;
@@ -77,6 +79,10 @@ int exec_mid(void *ctx, int l, bool backward, unsigned parts)
 		return 0;
 	if (!backward && (x->mid_op == PA_F || x->mid_op == PA_FC))
 		return win_wait_part(w, x->mid_k, 31 - __builtin_clz(parts));
+	if (backward && x->mid_op == PA_W && x->mid_last && !x->mid_sent) {
+		x->mid_sent = true;
+		return win_scatter_parts(w, x->mid_k, parts);
+	}
 	if (backward && x->mid_op == PA_B && (x->mid_last || !x->mid_sent)) {
 		x->mid_sent = true;
 		return win_scatter_parts(w, x->mid_k, parts);
@@ -84,18 +90,38 @@ int exec_mid(void *ctx, int l, bool backward, unsigned parts)
 	return 0;
 }
 
+bool exec_w_sends(const struct pipe_exec *x, int k)
+{
+	int s = wslot(x, &x->a[k]);
+	for (int j = k + 1; j < x->n; j++) {
+		const struct pipe_action *b = &x->a[j];
+		bool writes = b->op == PA_B || b->op == PA_W || b->op == PA_GATHER || b->op == PA_RELEASE;
+		if ((writes || b->op == PA_REDUCE_SCATTER) && wslot(x, b) == s)
+			return b->op == PA_REDUCE_SCATTER;
+	}
+	return false;
+}
+
 int pipe_exec_set_parts(struct pipe_exec *x, enum pipe_parts mode, char *err, size_t errlen)
 {
-	int rc;
-	bool fits = x->t.shape.stages == 1, on;
+	int rc, l0 = 0, l1 = 1;
+	bool split = false, b = false, on, fits;
 	x->mid_k = x->last_b = -1;
 	for (int k = 0; k < x->n; k++) {
-		fits &= x->a[k].op != PA_I && x->a[k].op != PA_W;
+		split |= x->a[k].op == PA_I || x->a[k].op == PA_W;
+		b |= x->a[k].op == PA_B;
 		x->last_b = x->a[k].op == PA_B ? k : x->last_b;
 	}
+	if (x->t.nchunks > 0)
+		chunk_layers(x, 0, &l0, &l1);
+	/* no pipeline; or a split backward (zbv, zb_h1) of one layer a
+	 * chunk, whose F's wait by part and whose W's send the feed-forward
+	 * block's part before the layer's RS */
+	fits = (x->t.shape.stages == 1 && !split) || (split && !b && l1 - l0 == 1);
 	if (mode == PIPE_PARTS_ON && !fits) {
-		snprintf(err, errlen, "config: key 'fsdp_layer_parts' needs no pipeline: set "
-			 "'ici_pipeline_parallelism' and 'dcn_pipeline_parallelism' to 1");
+		snprintf(err, errlen, "config: key 'fsdp_layer_parts' needs no pipeline, or a split backward "
+			 "(zbv, zb_h1) of one layer a chunk: set 'ici_pipeline_parallelism' and "
+			 "'dcn_pipeline_parallelism' to 1");
 		return -EINVAL;
 	}
 	/* auto: where it applies, an FSDP window that gathers layers */
@@ -333,7 +359,10 @@ int exec_weights(struct pipe_exec *x, const struct pipe_action *a)
 		 * flight (both land at the next finish); else the one in
 		 * flight lands first: its group may be final now */
 		bool beside = win_scatter_beside(w, k);
-		if (!beside && ((rc = win_scatter_finish(w)) || (rc = exec_landed(x))))
+		/* the slot's rest goes out beside its parts sent ahead, all
+		 * that is in flight (whatever was before them has landed) */
+		if (win_scatter_follows(w, k) ? (rc = exec_landed(x)) :
+		    !beside && ((rc = win_scatter_finish(w)) || (rc = exec_landed(x))))
 			return rc;
 		if ((rc = win_scatter_start(w, k)))
 			return rc;
