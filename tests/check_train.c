@@ -725,13 +725,14 @@ static const struct span *dev_span(const struct spans *t, int d, int s, const ch
 }
 
 /* fsdp_layer_parts (issue 20), auto (the default) against false: layer
- * 0's feed-forward block's
- * reduce-scatter is queued inside layer 0's backward (after its first
- * tenth: not the previous layer's, queued by the action before), and
- * its gather waited for inside layer 0's forward, after its start (the
- * attention block's weights are waited for at the start); the losses
- * are the switch off's, bit for bit. Switch off, neither happens: only
- * the order, from the trace. */
+ * 0's feed-forward block's reduce-scatter is queued inside layer 0's
+ * backward (the previous layer's goes at the RS action before it, the
+ * rest of layer 0's at the one after it), and layer 0's forward waits
+ * inside it for each of its two parts (a wait a part, landed or not;
+ * whole, one); the losses are the switch off's, bit for bit. Only the
+ * order, from the trace: no share of an action's time decides (until
+ * the tenth session the counts began after the action's first tenth,
+ * which load could move). */
 /* llama-tiny on FSDP2 for 3 steps with `extra`, in parts (traced to
  * NAME.json) and in whole layers (fsdp_layer_parts=false): the same
  * loss_hex each step. */
@@ -766,16 +767,17 @@ START_TEST(test_fsdp_layer_parts)
 				const struct span *sp = &t.v[i];
 				if (sp->dev != d || sp->step != s)
 					continue;
-				if (sp->flight && !strncmp(sp->name, "q reduce_scatter", 16) &&
-				    sp->ts > b->ts + b->dur / 10 && sp->ts < b->ts + b->dur)
+				if (sp->flight && !strncmp(sp->name, "q reduce_scatter", 16) && sp->ts > b->ts &&
+				    sp->ts < b->ts + b->dur)
 					rs++;
-				if (!sp->flight && !strncmp(sp->name, "all_gather", 10) &&
-				    sp->ts > f->ts + f->dur / 10 && sp->ts < f->ts + f->dur)
+				if (!sp->flight && !strncmp(sp->name, "all_gather", 10) && sp->ts >= f->ts &&
+				    sp->ts < f->ts + f->dur)
 					ag++;
 			}
 			ck_assert_msg(rs == 1, "device %d step %d: %d reduce-scatters queued inside layer 0's backward",
 				      d, s, rs);
-			ck_assert_msg(ag >= 1, "device %d step %d: no gather waited for inside layer 0's forward", d, s);
+			ck_assert_msg(ag >= 2, "device %d step %d: %d gathers waited for inside layer 0's forward, not 2 "
+				      "or more", d, s, ag);
 		}
 	spans_free(&t);
 }
