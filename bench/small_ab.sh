@@ -12,7 +12,7 @@
 # load average at the start and the end: times under load are the
 # scheduler's.
 # usage: BASE=PATH [VARIANTS="name:VAR=VAL ..."] [OPS="..."] [SIZE=64K]
-#        [ITERS=300] [COUNT_N=300] [COUNTS=0: walls only] bench/small_ab.sh [ROUNDS]
+#        [ITERS=300] [COUNT_N=3000] [COUNTS=0: walls only] bench/small_ab.sh [ROUNDS]
 set -eu
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -37,7 +37,7 @@ bins=""
 for i in $impls; do [ "${i%%:*}" = new ] || bins="$bins ${i#*:}"; done
 if [ "${COUNTS:-1}" != 0 ]; then
   for op in $ops; do
-    BASE="$bins" ROUNDS=$rounds bench/syscalls.sh "$op" "$size" "${COUNT_N:-300}"
+    BASE="$bins" ROUNDS=$rounds bench/syscalls.sh "$op" "$size" "${COUNT_N:-3000}"
   done
 fi
 echo "# walls: median us per op and CPU us per op (both agents), $rounds rounds of $iters iterations"

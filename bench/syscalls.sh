@@ -8,6 +8,10 @@
 # a hand-off to a thread that slept), and recv-EAGAIN: the recvfrom calls
 # that found the socket empty (a poller's probe, or a read turn's end).
 # Per op = (run of 2N iterations - run of N) / N, so start-up drops out;
+# what varies with time rather than ops (the 50 ms tick, heartbeats, the
+# handshakes' retries) does not, so N must make the ops dominate: at
+# 64 KiB, N = 300 (9 ms of ops) gave negative counts at load 1-3, N =
+# 3000 does not (bench/small_ab.sh's default since the tenth session);
 # the median over ROUNDS rounds (default 3), interleaved, as a livelock
 # or a stretch of load comes in bursts. BASE=PATH measures another build
 # too; MPI=1 measures Open MPI at the same op and size (bench/mpi_coll.c,
