@@ -28,24 +28,14 @@ agents (the log's processes), or other processes.
 usage: p2p_wake.py DIR [MIN_BYTES] [PERF_SCRIPT]
 """
 import bisect
-import glob
-import os
 import re
 import statistics as st
 import sys
 from collections import defaultdict
 
+from rec_events import bursts as cut, directions, load
+
 GAP_NS = 250000
-
-
-def load(d):
-    ev = []
-    for p in glob.glob(os.path.join(d, "rec.*.log")):
-        pid = int(p.rsplit(".", 2)[1])
-        for line in open(p):
-            k, tid, cpu, lp, pp, seq, nb, t0, t1 = line.split()
-            ev.append((k, pid, int(tid), int(cpu), int(lp), int(pp), int(seq), int(nb), int(t0), int(t1)))
-    return ev
 
 
 def sched(path, mine):
@@ -90,9 +80,7 @@ def main():
     for L in by_thr.values():
         L.sort(key=lambda e: e[8])
     starts = {k: [e[8] for e in L] for k, L in by_thr.items()}
-    tx, rx = defaultdict(list), defaultdict(list)
-    for e in ev:
-        (tx if e[0] in ("seal", "send") else rx)[(e[4], e[5])].append(e)
+    tx, rx = directions(ev)
 
     def busy_other(thr, key, a, b):
         L, s = by_thr[thr], 0
@@ -106,18 +94,8 @@ def main():
 
     rows, occ = [], defaultdict(float)
     for key, es in tx.items():
-        es.sort(key=lambda e: e[8])
         peer = sorted(rx.get((key[1], key[0]), []), key=lambda e: e[8])
-        bursts, cur, last = [], [], None
-        for e in es:
-            if e[0] == "seal" and last is not None and e[8] - last > GAP_NS:
-                bursts.append(cur)
-                cur = []
-            if e[0] == "seal":
-                last = e[9]
-            cur.append(e)
-        bursts.append(cur)
-        for b in bursts:
+        for b in cut(es, GAP_NS):
             seals = [e for e in b if e[0] == "seal"]
             size = sum(e[7] for e in seals)
             if not seals or not lo <= size < 2 * lo:

@@ -21,22 +21,11 @@ the burst's first seal:
 
 Usage: rec_timeline.py DIR [MIN_BYTES] [GAP_US]   (default 65536, 250)
 """
-import glob
-import os
 import statistics as st
 import sys
 from collections import defaultdict
 
-
-def load(d):
-    ev = []
-    for p in glob.glob(os.path.join(d, "rec.*.log")):
-        pid = int(p.rsplit(".", 2)[1])
-        for line in open(p):
-            k, tid, cpu, lp, pp, seq, nb, t0, t1 = line.split()
-            ev.append((k, pid, int(tid), int(cpu), int(lp), int(pp), int(seq), int(nb),
-                       int(t0), int(t1)))
-    return ev
+from rec_events import bursts as cut, directions, load
 
 
 def main():
@@ -44,25 +33,11 @@ def main():
     min_bytes = int(sys.argv[2]) if len(sys.argv) > 2 else 65536
     gap = (int(sys.argv[3]) if len(sys.argv) > 3 else 250) * 1000
     ev = load(d)
-    tx = defaultdict(list)   # (lport, pport) of the sender -> seals and sends
-    rx = defaultdict(list)   # (lport, pport) of the receiver -> opens and recvs
-    for e in ev:
-        (tx if e[0] in ("seal", "send") else rx)[(e[4], e[5])].append(e)
+    tx, rx = directions(ev)
     rows = defaultdict(list)
     for key, es in tx.items():
-        es.sort(key=lambda e: e[8])
         peer = sorted(rx.get((key[1], key[0]), []), key=lambda e: e[8])
-        bursts, cur, last = [], [], None
-        for e in es:
-            if e[0] == "seal" and last is not None and e[8] - last > gap:
-                bursts.append(cur)
-                cur = []
-            if e[0] == "seal":
-                last = e[9]
-            cur.append(e)
-        if cur:
-            bursts.append(cur)
-        for b in bursts:
+        for b in cut(es, gap):
             seals = [e for e in b if e[0] == "seal"]
             # a send() that began before the burst's first seal is the last one's
             # (and a send() of less than a record carries a frame header or a
