@@ -724,6 +724,23 @@ static const struct span *dev_span(const struct spans *t, int d, int s, const ch
 	return NULL;
 }
 
+/* The spans of device d, step s inside span `in` (starting in it): with
+ * rs, the reduce-scatters queued on the flight track after it began
+ * (one queued by the action before starts before it); else the gathers
+ * it waited for on its own track, from its start. An order, not a time. */
+static int inside(const struct spans *t, int d, int s, const struct span *in, bool rs)
+{
+	int n = 0;
+	for (int i = 0; i < t->n; i++) {
+		const struct span *sp = &t->v[i];
+		if (sp->dev != d || sp->step != s || sp->flight != rs || sp->ts >= in->ts + in->dur)
+			continue;
+		n += rs ? !strncmp(sp->name, "q reduce_scatter", 16) && sp->ts > in->ts
+			: !strncmp(sp->name, "all_gather", 10) && sp->ts >= in->ts;
+	}
+	return n;
+}
+
 /* fsdp_layer_parts (issue 20), auto (the default) against false: layer
  * 0's feed-forward block's reduce-scatter is queued inside layer 0's
  * backward (the previous layer's goes at the RS action before it, the
@@ -761,19 +778,8 @@ START_TEST(test_fsdp_layer_parts)
 	for (int d = 0; d < 2; d++)
 		for (int s = 0; s < 3; s++) {
 			const struct span *b = dev_span(&t, d, s, "B mb0 c0"), *f = dev_span(&t, d, s, "F mb0 c0");
-			int rs = 0, ag = 0;
 			ck_assert_msg(b && f, "device %d step %d: no F or B of layer 0", d, s);
-			for (int i = 0; i < t.n; i++) {
-				const struct span *sp = &t.v[i];
-				if (sp->dev != d || sp->step != s)
-					continue;
-				if (sp->flight && !strncmp(sp->name, "q reduce_scatter", 16) && sp->ts > b->ts &&
-				    sp->ts < b->ts + b->dur)
-					rs++;
-				if (!sp->flight && !strncmp(sp->name, "all_gather", 10) && sp->ts >= f->ts &&
-				    sp->ts < f->ts + f->dur)
-					ag++;
-			}
+			int rs = inside(&t, d, s, b, true), ag = inside(&t, d, s, f, false);
 			ck_assert_msg(rs == 1, "device %d step %d: %d reduce-scatters queued inside layer 0's backward",
 				      d, s, rs);
 			ck_assert_msg(ag >= 2, "device %d step %d: %d gathers waited for inside layer 0's forward, not 2 "
@@ -802,18 +808,9 @@ START_TEST(test_fsdp_projection_parts)
 		for (int s = 0; s < 3; s++) {
 			const struct span *b0 = dev_span(&t, d, s, "B mb0 c0"), *b1 = dev_span(&t, d, s, "B mb0 c1");
 			const struct span *f = dev_span(&t, d, s, "F mb0 c0");
-			int rs0 = 0, rs1 = 0, ag = 0;
 			ck_assert_msg(b0 && b1 && f, "device %d step %d: no F of layer 0 or B of layers 0 and 1", d, s);
-			for (int i = 0; i < t.n; i++) {
-				const struct span *sp = &t.v[i];
-				if (sp->dev != d || sp->step != s)
-					continue;
-				bool rs = sp->flight && !strncmp(sp->name, "q reduce_scatter", 16);
-				rs0 += rs && sp->ts > b0->ts && sp->ts < b0->ts + b0->dur;
-				rs1 += rs && sp->ts > b1->ts && sp->ts < b1->ts + b1->dur;
-				ag += !sp->flight && !strncmp(sp->name, "all_gather", 10) && sp->ts >= f->ts &&
-				      sp->ts < f->ts + f->dur;
-			}
+			int rs0 = inside(&t, d, s, b0, true), rs1 = inside(&t, d, s, b1, true),
+			    ag = inside(&t, d, s, f, false);
 			ck_assert_msg(rs0 == 2, "device %d step %d: %d reduce-scatters queued inside layer 0's "
 				      "backward, not 2", d, s, rs0);
 			ck_assert_msg(rs1 == 1, "device %d step %d: %d reduce-scatters queued inside layer 1's "
@@ -848,15 +845,8 @@ START_TEST(test_zbv_fsdp_parts)
 				snprintf(fn, sizeof(fn), "F mb0 c%d", c[j]);
 				const struct span *w = dev_span(&t, d, s, wn), *f = dev_span(&t, d, s, fn);
 				ck_assert_msg(w && f, "device %d step %d: no %s or %s", d, s, wn, fn);
-				for (int i = 0; i < t.n; i++) {
-					const struct span *sp = &t.v[i];
-					if (sp->dev != d || sp->step != s)
-						continue;
-					wrs += sp->flight && !strncmp(sp->name, "q reduce_scatter", 16) && sp->ts > w->ts &&
-					       sp->ts < w->ts + w->dur;
-					fag += !sp->flight && !strncmp(sp->name, "all_gather", 10) && sp->ts >= f->ts &&
-					       sp->ts < f->ts + f->dur;
-				}
+				wrs += inside(&t, d, s, w, true);
+				fag += inside(&t, d, s, f, false);
 			}
 			ck_assert_msg(wrs == 2, "device %d step %d: %d reduce-scatters queued inside its chunks' "
 				      "last W's, not 2", d, s, wrs);
