@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "net/coll_int.h"
+#include "net/fsum.h"
 #include "proto/meshrun.pb-c.h"
 
 #define OP(x) MESHRUN__COLL_OP__COLL_##x
@@ -27,6 +28,7 @@ struct coll_handle {
 	int *devs;                /* owned copies of the caller's arrays */
 	size_t *sizes;
 	struct coll_iov *iov;
+	struct coll_move *own;
 	struct coll_handle *next;
 	int rc;
 	bool done, abandoned;
@@ -57,7 +59,32 @@ struct coll_dev {
 
 /* ---- dispatch ---- */
 
+/* The own block's moves (coll_move): copied (fill) or added. */
+static void moves_run(const struct coll_move *mv, int n, bool add)
+{
+	for (int i = 0; i < n; i++) {
+		if (add)
+			fsum_acc(mv[i].dst, mv[i].src, mv[i].count);
+		else
+			memcpy(mv[i].dst, mv[i].src, mv[i].count * sizeof(float));
+	}
+}
+
+static int dispatch(struct coll_run *R);
+
 int coll_exec(struct coll_run *R)
+{
+	const struct coll_args *a = R->a;
+	bool gather = a->op == OP(ALL_GATHER);
+	if (a->nown && gather)
+		moves_run(a->own, a->nown, false);
+	int rc = dispatch(R);
+	if (a->nown && !gather && !rc)
+		moves_run(a->own, a->nown, true);
+	return rc;
+}
+
+static int dispatch(struct coll_run *R)
 {
 	const struct coll_args *a = R->a;
 	if (coll_hier_applies(R))
@@ -188,6 +215,11 @@ static int check_runs(const struct coll_group *g, struct coll_args *a, char *err
 		total += a->iov[i].count;
 	}
 	a->count = total;
+	if (a->nown < 0 || (a->nown && (!a->own || a->op == OP(ALL_REDUCE))))
+		goto bad_buf;
+	for (int i = 0; i < a->nown; i++)
+		if (a->own[i].count && (!a->own[i].dst || !a->own[i].src))
+			goto bad_buf;
 	if (a->op == OP(ALL_REDUCE))
 		return 0;
 	if (!a->counts)
@@ -354,8 +386,14 @@ static struct coll_handle *run_async(struct coll_dev *d, const struct coll_group
 			a->counts = memcpy(h->iov + a->niov, a->counts, sizeof(size_t) * nc);
 		a->iov = h->iov;
 	}
+	if (a->nown) {
+		h->own = malloc(sizeof(struct coll_move) * (size_t)a->nown);
+		if (!h->own)
+			goto out_free_iov;
+		a->own = memcpy(h->own, a->own, sizeof(struct coll_move) * (size_t)a->nown);
+	}
 	if (take_seq(d, g->id, &a->seq))
-		goto out_free_iov;
+		goto out_free_own;
 	a->devs = h->devs;
 	h->a = *a;
 	h->d = d;
@@ -372,6 +410,8 @@ static struct coll_handle *run_async(struct coll_dev *d, const struct coll_group
 		pthread_cond_signal(&d->cv);
 	return h;
 
+out_free_own:
+	free(h->own);
 out_free_iov:
 	free(h->iov);
 out_free_sizes:
@@ -390,6 +430,7 @@ static void handle_free(struct coll_handle *h)
 	free(h->devs);
 	free(h->sizes);
 	free(h->iov);
+	free(h->own);
 	free(h);
 }
 
@@ -626,5 +667,25 @@ struct coll_handle *coll_all_gather_v_async(struct coll_dev *d, const struct col
 {
 	struct coll_args a = { .op = OP(ALL_GATHER), .runs = true, .iov = iov, .niov = niov,
 			       .counts = counts };
+	return run_async(d, g, &a, err, errlen);
+}
+
+struct coll_handle *coll_all_gather_v_fill_async(struct coll_dev *d, const struct coll_group *g,
+						 const struct coll_iov *iov, int niov, const size_t *counts,
+						 const struct coll_move *own, int nown, char *err,
+						 size_t errlen)
+{
+	struct coll_args a = { .op = OP(ALL_GATHER), .runs = true, .iov = iov, .niov = niov,
+			       .counts = counts, .own = own, .nown = nown };
+	return run_async(d, g, &a, err, errlen);
+}
+
+struct coll_handle *coll_reduce_scatter_v_add_async(struct coll_dev *d, const struct coll_group *g,
+						    const struct coll_iov *iov, int niov, const size_t *counts,
+						    const struct coll_move *own, int nown, char *err,
+						    size_t errlen)
+{
+	struct coll_args a = { .op = OP(REDUCE_SCATTER), .runs = true, .iov = iov, .niov = niov,
+			       .counts = counts, .own = own, .nown = nown };
 	return run_async(d, g, &a, err, errlen);
 }

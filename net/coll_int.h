@@ -39,6 +39,11 @@ struct coll_args {
 	const struct coll_iov *iov;
 	int niov;
 	const size_t *counts;
+	/* the list forms' own block (coll_move): filled before the
+	 * collective (all_gather) or its sums added out after it
+	 * (reduce_scatter) */
+	const struct coll_move *own;
+	int nown;
 	size_t seg;               /* segment bytes, multiple of 4 */
 	size_t direct_max;
 	/* all_gather, reduce_scatter and all_reduce on a group of H x D
