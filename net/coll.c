@@ -12,7 +12,6 @@
 #include <time.h>
 
 #include "net/coll_int.h"
-#include "net/fsum.h"
 #include "proto/meshrun.pb-c.h"
 
 #define OP(x) MESHRUN__COLL_OP__COLL_##x
@@ -59,28 +58,20 @@ struct coll_dev {
 
 /* ---- dispatch ---- */
 
-/* The own block's moves (coll_move): copied (fill) or added. */
-static void moves_run(const struct coll_move *mv, int n, bool add)
-{
-	for (int i = 0; i < n; i++) {
-		if (add)
-			fsum_acc(mv[i].dst, mv[i].src, mv[i].count);
-		else
-			memcpy(mv[i].dst, mv[i].src, mv[i].count * sizeof(float));
-	}
-}
-
 static int dispatch(struct coll_run *R);
 
+/* The own block's moves (coll_move): a list all-gather's ring fills
+ * them a segment ahead of its sends (coll_ring.c), the two-level one
+ * here first; a reduce-scatter's sums are added out after it. */
 int coll_exec(struct coll_run *R)
 {
 	const struct coll_args *a = R->a;
 	bool gather = a->op == OP(ALL_GATHER);
-	if (a->nown && gather)
-		moves_run(a->own, a->nown, false);
+	if (a->nown && gather && coll_hier_applies(R))
+		coll_moves_run(a->own, a->nown, false);
 	int rc = dispatch(R);
 	if (a->nown && !gather && !rc)
-		moves_run(a->own, a->nown, true);
+		coll_moves_run(a->own, a->nown, true);
 	return rc;
 }
 
@@ -217,13 +208,21 @@ static int check_runs(const struct coll_group *g, struct coll_args *a, char *err
 	a->count = total;
 	if (a->nown < 0 || (a->nown && (!a->own || a->op == OP(ALL_REDUCE))))
 		goto bad_buf;
-	for (int i = 0; i < a->nown; i++)
+	size_t moved = 0;
+	for (int i = 0; i < a->nown; i++) {
 		if (a->own[i].count && (!a->own[i].dst || !a->own[i].src))
 			goto bad_buf;
+		moved += a->own[i].count;
+	}
 	if (a->op == OP(ALL_REDUCE))
 		return 0;
 	if (!a->counts)
 		goto bad_buf;
+	if (a->nown && a->op == OP(ALL_GATHER) && moved != a->counts[g->rank]) {
+		snprintf(err, errlen, "%s (group %u): the moves fill %zu floats of the own block's %zu",
+			 name, g->id, moved, a->counts[g->rank]);
+		return -EINVAL;
+	}
 	for (int b = 0; b < g->n && blocks <= total; b++)
 		blocks = a->counts[b] > total - blocks ? total + 1 : blocks + a->counts[b];
 	if (blocks != total) {

@@ -128,9 +128,12 @@ struct coll_move {
 };
 
 /* coll_all_gather_v_async whose own block is filled by the collective:
- * dst = src for each of own[0 .. nown), before anything is sent (the
- * dsts lie in block `rank` and should cover it; the srcs must not be
- * written until coll_wait returns). */
+ * dst = src for each of own[0 .. nown), each float before it is sent.
+ * The moves' dsts, one after another, are block `rank`'s floats in
+ * order (their counts add up to counts[rank], else -EINVAL), so the
+ * ring fills the block a segment ahead of its sends (a two-level or
+ * direct one first, whole). The srcs must not be written until
+ * coll_wait returns. */
 struct coll_handle *coll_all_gather_v_fill_async(struct coll_dev *d, const struct coll_group *g,
 						 const struct coll_iov *iov, int niov, const size_t *counts,
 						 const struct coll_move *own, int nown, char *err,

@@ -141,5 +141,7 @@ struct coll_copy {
 
 /* Copies up to chunk bytes (all that is left when chunk is 0). */
 void coll_copy_step(struct coll_copy *c, size_t chunk);
+/* Runs moves mv[0 .. n): dst = src, or (add) dst += src. */
+void coll_moves_run(const struct coll_move *mv, int n, bool add);
 
 #endif

@@ -951,7 +951,7 @@ START_TEST(test_runs_own_moves)
 }
 END_TEST
 
-/* Bad moves are refused before anything is sent; an all_reduce has none. */
+/* Bad moves are refused before anything is sent. */
 START_TEST(test_runs_own_bad_args)
 {
 	int hosts[2] = { 0, 0 }, devs[2] = { 0, 1 };
@@ -965,6 +965,10 @@ START_TEST(test_runs_own_bad_args)
 	char err[256];
 	ck_assert_ptr_null(coll_all_gather_v_fill_async(cd, &g, v, 1, counts, bad, 1, err, sizeof(err)));
 	ck_assert_msg(strstr(err, "all_gather (group 1): invalid run"), "%s", err);
+	/* a gather's moves fill its own block (2 floats) whole */
+	ok[0].count = 1;
+	ck_assert_ptr_null(coll_all_gather_v_fill_async(cd, &g, v, 1, counts, ok, 1, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "the moves fill 1 floats of the own block's 2"), "%s", err);
 	ck_assert_ptr_null(coll_reduce_scatter_v_add_async(cd, &g, v, 1, counts, ok, -1, err, sizeof(err)));
 	ck_assert_ptr_null(coll_reduce_scatter_v_add_async(cd, &g, v, 1, counts, NULL, 1, err, sizeof(err)));
 	coll_dev_free(cd);

@@ -75,9 +75,10 @@ struct model_comm {
 	/* Optional too (NULL: the window packs): start_all_gather over a list
 	 * of runs, in place. The concatenation of run[0 .. nrun) is the
 	 * members' blocks in rank order, block b counts[b] floats; the
-	 * collective fills the caller's own block first, dst = src for
-	 * each of own[0 .. nown) in order (in the background: the srcs
-	 * stay unwritten until wait), and on wait(h) every block holds its
+	 * collective fills the caller's own block, dst = src for each of
+	 * own[0 .. nown) (their dsts one after another are the own block's
+	 * floats in the list's order; in the background: the srcs stay
+	 * unwritten until wait), and on wait(h) every block holds its
 	 * member's. run, counts and own may be reused on return. */
 	int (*start_all_gather_v)(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
 				  const size_t *counts, const struct model_move *own, int nown, void **h);
