@@ -27,6 +27,7 @@ struct coll_handle {
 	int *devs;                /* owned copies of the caller's arrays */
 	size_t *sizes;
 	struct coll_iov *iov;
+	struct coll_move *own;
 	struct coll_handle *next;
 	int rc;
 	bool done, abandoned;
@@ -57,7 +58,24 @@ struct coll_dev {
 
 /* ---- dispatch ---- */
 
+static int dispatch(struct coll_run *R);
+
+/* The own block's moves (coll_move): a list all-gather's ring fills
+ * them a segment ahead of its sends (coll_ring.c), the two-level one
+ * here first; a reduce-scatter's sums are added out after it. */
 int coll_exec(struct coll_run *R)
+{
+	const struct coll_args *a = R->a;
+	bool gather = a->op == OP(ALL_GATHER);
+	if (a->nown && gather && coll_hier_applies(R))
+		coll_moves_run(a->own, a->nown, false);
+	int rc = dispatch(R);
+	if (a->nown && !gather && !rc)
+		coll_moves_run(a->own, a->nown, true);
+	return rc;
+}
+
+static int dispatch(struct coll_run *R)
 {
 	const struct coll_args *a = R->a;
 	if (coll_hier_applies(R))
@@ -188,10 +206,23 @@ static int check_runs(const struct coll_group *g, struct coll_args *a, char *err
 		total += a->iov[i].count;
 	}
 	a->count = total;
+	if (a->nown < 0 || (a->nown && (!a->own || a->op == OP(ALL_REDUCE))))
+		goto bad_buf;
+	size_t moved = 0;
+	for (int i = 0; i < a->nown; i++) {
+		if (a->own[i].count && (!a->own[i].dst || !a->own[i].src))
+			goto bad_buf;
+		moved += a->own[i].count;
+	}
 	if (a->op == OP(ALL_REDUCE))
 		return 0;
 	if (!a->counts)
 		goto bad_buf;
+	if (a->nown && a->op == OP(ALL_GATHER) && moved != a->counts[g->rank]) {
+		snprintf(err, errlen, "%s (group %u): the moves fill %zu floats of the own block's %zu",
+			 name, g->id, moved, a->counts[g->rank]);
+		return -EINVAL;
+	}
 	for (int b = 0; b < g->n && blocks <= total; b++)
 		blocks = a->counts[b] > total - blocks ? total + 1 : blocks + a->counts[b];
 	if (blocks != total) {
@@ -354,8 +385,14 @@ static struct coll_handle *run_async(struct coll_dev *d, const struct coll_group
 			a->counts = memcpy(h->iov + a->niov, a->counts, sizeof(size_t) * nc);
 		a->iov = h->iov;
 	}
+	if (a->nown) {
+		h->own = malloc(sizeof(struct coll_move) * (size_t)a->nown);
+		if (!h->own)
+			goto out_free_iov;
+		a->own = memcpy(h->own, a->own, sizeof(struct coll_move) * (size_t)a->nown);
+	}
 	if (take_seq(d, g->id, &a->seq))
-		goto out_free_iov;
+		goto out_free_own;
 	a->devs = h->devs;
 	h->a = *a;
 	h->d = d;
@@ -372,6 +409,8 @@ static struct coll_handle *run_async(struct coll_dev *d, const struct coll_group
 		pthread_cond_signal(&d->cv);
 	return h;
 
+out_free_own:
+	free(h->own);
 out_free_iov:
 	free(h->iov);
 out_free_sizes:
@@ -390,6 +429,7 @@ static void handle_free(struct coll_handle *h)
 	free(h->devs);
 	free(h->sizes);
 	free(h->iov);
+	free(h->own);
 	free(h);
 }
 
@@ -626,5 +666,25 @@ struct coll_handle *coll_all_gather_v_async(struct coll_dev *d, const struct col
 {
 	struct coll_args a = { .op = OP(ALL_GATHER), .runs = true, .iov = iov, .niov = niov,
 			       .counts = counts };
+	return run_async(d, g, &a, err, errlen);
+}
+
+struct coll_handle *coll_all_gather_v_fill_async(struct coll_dev *d, const struct coll_group *g,
+						 const struct coll_iov *iov, int niov, const size_t *counts,
+						 const struct coll_move *own, int nown, char *err,
+						 size_t errlen)
+{
+	struct coll_args a = { .op = OP(ALL_GATHER), .runs = true, .iov = iov, .niov = niov,
+			       .counts = counts, .own = own, .nown = nown };
+	return run_async(d, g, &a, err, errlen);
+}
+
+struct coll_handle *coll_reduce_scatter_v_add_async(struct coll_dev *d, const struct coll_group *g,
+						    const struct coll_iov *iov, int niov, const size_t *counts,
+						    const struct coll_move *own, int nown, char *err,
+						    size_t errlen)
+{
+	struct coll_args a = { .op = OP(REDUCE_SCATTER), .runs = true, .iov = iov, .niov = niov,
+			       .counts = counts, .own = own, .nown = nown };
 	return run_async(d, g, &a, err, errlen);
 }

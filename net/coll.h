@@ -115,6 +115,39 @@ int coll_reduce_scatter_v(struct coll_dev *d, const struct coll_group *g, const 
 int coll_all_gather_v(struct coll_dev *d, const struct coll_group *g, const struct coll_iov *iov,
 		      int niov, const size_t *counts, char *err, size_t errlen);
 
+/* The own block's copies, done by the collective (on the communication
+ * thread for the async forms), so the caller's thread copies nothing: a
+ * list all-gather's own block filled from where this rank keeps it, a
+ * list reduce-scatter's own sums added into where it keeps them. A move
+ * is count floats from src to dst; moves are run in order, element by
+ * element in index order, and are copied by the issuing call. */
+struct coll_move {
+	float *dst;
+	const float *src;
+	size_t count;
+};
+
+/* coll_all_gather_v_async whose own block is filled by the collective:
+ * dst = src for each of own[0 .. nown), each float before it is sent.
+ * The moves' dsts, one after another, are block `rank`'s floats in
+ * order (their counts add up to counts[rank], else -EINVAL), so the
+ * ring fills the block a segment ahead of its sends (a two-level or
+ * direct one first, whole). The srcs must not be written until
+ * coll_wait returns. */
+struct coll_handle *coll_all_gather_v_fill_async(struct coll_dev *d, const struct coll_group *g,
+						 const struct coll_iov *iov, int niov, const size_t *counts,
+						 const struct coll_move *own, int nown, char *err,
+						 size_t errlen);
+/* coll_reduce_scatter_v_async that, once block `rank` holds its sums and
+ * only if the collective succeeded, adds them out: dst[j] += src[j] for
+ * each of own[0 .. nown) (the srcs lie in block `rank`; the dsts must
+ * not be touched until coll_wait returns). The same bits as the caller
+ * adding them after coll_wait. */
+struct coll_handle *coll_reduce_scatter_v_add_async(struct coll_dev *d, const struct coll_group *g,
+						    const struct coll_iov *iov, int niov, const size_t *counts,
+						    const struct coll_move *own, int nown, char *err,
+						    size_t errlen);
+
 /* Rank r sends in's block i (send_bytes[i] bytes, blocks packed in rank
  * order) to rank i and receives rank i's block for it into out's block i
  * (recv_bytes[i] bytes, packed in rank order). Zeros allowed; rank i's

@@ -102,6 +102,8 @@ static void sub_args(struct coll_args *a2, const struct coll_args *a, uint32_t o
 	a2->inter_phase = inter;
 	a2->chunk_base = base;
 	a2->chunk_span = span;
+	a2->own = NULL;           /* the collective's own block was filled before */
+	a2->nown = 0;
 }
 
 /* Appends the pieces of floats [v, v + c) of the runs to out at *k. */

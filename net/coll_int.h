@@ -39,6 +39,11 @@ struct coll_args {
 	const struct coll_iov *iov;
 	int niov;
 	const size_t *counts;
+	/* the list forms' own block (coll_move): filled before the
+	 * collective (all_gather) or its sums added out after it
+	 * (reduce_scatter) */
+	const struct coll_move *own;
+	int nown;
 	size_t seg;               /* segment bytes, multiple of 4 */
 	size_t direct_max;
 	/* all_gather, reduce_scatter and all_reduce on a group of H x D
@@ -136,5 +141,7 @@ struct coll_copy {
 
 /* Copies up to chunk bytes (all that is left when chunk is 0). */
 void coll_copy_step(struct coll_copy *c, size_t chunk);
+/* Runs moves mv[0 .. n): dst = src, or (add) dst += src. */
+void coll_moves_run(const struct coll_move *mv, int n, bool add);
 
 #endif

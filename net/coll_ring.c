@@ -59,6 +59,12 @@ struct ring {
 	 * NULL: the buffers above */
 	struct xrun *runs;
 	int nruns;
+	/* all_gather_v: its own block filled by the moves (coll_move, in
+	 * the block's order) a segment ahead of that segment's send: moves
+	 * [fi, fn) left, fo floats of move fi done, fdone of the block */
+	const struct coll_move *fmv;
+	int fi, fn;
+	size_t fo, fdone;
 };
 
 static inline int mod(int a, int n)
@@ -136,6 +142,23 @@ static long recv_needs_send(const struct ring *g, long j)
 	return -1;
 }
 
+/* Fills the own block's first upto floats (the moves' order is the
+ * block's), or all the moves with SIZE_MAX. */
+static void fill_to(struct ring *g, size_t upto)
+{
+	while (g->fi < g->fn && g->fdone < upto) {
+		const struct coll_move *m = &g->fmv[g->fi];
+		size_t k = m->count - g->fo < upto - g->fdone ? m->count - g->fo : upto - g->fdone;
+		memcpy(m->dst + g->fo, m->src + g->fo, k * sizeof(float));
+		g->fo += k;
+		g->fdone += k;
+		if (g->fo == m->count) {
+			g->fi++;
+			g->fo = 0;
+		}
+	}
+}
+
 static int ring_run(struct coll_run *R, struct ring *g)
 {
 	long T = (long)g->K * g->S;
@@ -176,6 +199,8 @@ static int ring_run(struct coll_run *R, struct ring *g)
 			int i0 = 0, nr = 1;
 			uint8_t *at = len && g->runs ? item_at(g, b, s, len, &i0, &nr) : NULL;
 			sq[sp % SW] = NULL;
+			if (k == 0 && g->fmv)
+				fill_to(g, (off + len) / sizeof(float));
 			if (len && nr > 1)
 				rc = coll_post_sendv(R, g->right, chunk, g->boff[b] + off, g->runs + i0,
 						     nr, g->boff[b] + off, len, &sq[sp % SW]);
@@ -220,6 +245,8 @@ static int ring_run(struct coll_run *R, struct ring *g)
 		}
 	}
 	coll_copy_step(&g->own, 0);
+	if (g->fmv)
+		fill_to(g, SIZE_MAX);
 	return 0;
 
 out_abandon:
@@ -619,15 +646,21 @@ static int ring_v(struct coll_run *R, int K, int nrs, const size_t *counts)
 {
 	const struct coll_args *a = R->a;
 	size_t c = counts ? most(counts, a->n) : a->count;
+	/* a gather's own block: filled first, or on the ring a segment
+	 * ahead of its sends */
+	bool fill = a->nown && a->op == MESHRUN__COLL_OP__COLL_ALL_GATHER;
+	bool ring = c && a->n > 1 && !use_direct(a, c * sizeof(float) * (counts ? (size_t)a->n : 1));
 
+	if (fill && !ring)
+		coll_moves_run(a->own, a->nown, false);
 	if (c == 0 || a->n == 1)
 		return 0;
-	if (use_direct(a, c * sizeof(float) * (counts ? (size_t)a->n : 1)))
+	if (!ring)
 		return packed(R, c, counts);
 	struct blocks bl;
 	if (counts ? blocks_counts(&bl, counts, a->n) : blocks_init(&bl, a->n, c, sizeof(float)))
 		return coll_fail(R, -ENOMEM, "out of memory");
-	struct ring g = { .boff = bl.off, .blen = bl.len };
+	struct ring g = { .boff = bl.off, .blen = bl.len, .fmv = fill ? a->own : NULL, .fn = fill ? a->nown : 0 };
 	int rc = ring_setup(&g, R, bl.len, K, nrs, 0);
 	if (!rc)
 		rc = ring_run(R, &g);

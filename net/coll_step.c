@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "net/coll_int.h"
+#include "net/fsum.h"
 #include "proto/meshrun.pb-c.h"
 
 #define OP(x) MESHRUN__COLL_OP__COLL_##x
@@ -194,4 +195,14 @@ void coll_copy_step(struct coll_copy *c, size_t chunk)
 	c->dst += k;
 	c->src += k;
 	c->len -= k;
+}
+
+void coll_moves_run(const struct coll_move *mv, int n, bool add)
+{
+	for (int i = 0; i < n; i++) {
+		if (add)
+			fsum_acc(mv[i].dst, mv[i].src, mv[i].count);
+		else
+			memcpy(mv[i].dst, mv[i].src, mv[i].count * sizeof(float));
+	}
 }

@@ -3,7 +3,9 @@
  * in ring and direct modes; uneven all-to-all; async overlap (all-to-all
  * too, with the times it ran); bit-exact reduction order; concurrent
  * groups on a 2x2x2 mesh; lists of runs (coll_*_v) bit for bit against the
- * contiguous op; errors name the collective. Then the same checks across real agents over TLS on loopback
+ * contiguous op, and their own block's moves (a gather's filled, a
+ * reduce-scatter's sums added out by the collective); errors name the
+ * collective. Then the same checks across real agents over TLS on loopback
  * via `$MESHRUN bench collectives --check-counts`, and a host killed in the
  * middle of an all_reduce. */
 #include <check.h>
@@ -819,6 +821,156 @@ START_TEST(test_runs_bad_args)
 	ck_assert_int_eq(coll_all_reduce_v(cd, &g, bad, 1, err, sizeof(err)), -EINVAL);
 	ck_assert_int_eq(coll_all_reduce_v(cd, &g, v, -1, err, sizeof(err)), -EINVAL);
 	ck_assert_msg(strstr(err, "all_reduce (group 1): invalid run"), "%s", err);
+	coll_dev_free(cd);
+	xport_free(x);
+}
+END_TEST
+
+/* ---- the own block's moves (coll_*_v_fill_async, _add_async) ---- */
+
+/* Moves between floats [v0, v0 + c) of the runs' concatenation and the
+ * flat array mem (to_runs: into the runs), cut at run ends and every
+ * `cut` floats; their number. */
+static int own_moves(const struct runs *rs, size_t v0, size_t c, float *mem, bool to_runs, size_t cut,
+		     struct coll_move *mv)
+{
+	int n = 0;
+	for (int i = 0; i < rs->n && c; i++) {
+		if (v0 >= rs->v[i].count) {
+			v0 -= rs->v[i].count;
+			continue;
+		}
+		size_t k = rs->v[i].count - v0 < c ? rs->v[i].count - v0 : c;
+		for (size_t o = 0; o < k; o += cut) {
+			size_t m = k - o < cut ? k - o : cut;
+			float *r = rs->v[i].buf + v0 + o;
+			mv[n++] = (struct coll_move){ to_runs ? r : mem, to_runs ? mem : r, m };
+			mem += m;
+		}
+		c -= k;
+		v0 = 0;
+	}
+	return n;
+}
+
+/* A list all-gather whose own block only the collective fills (the runs
+ * hold -1 there), from an array apart; a list reduce-scatter whose own
+ * sums the collective adds into an array apart: that array's first
+ * values plus the contiguous op's sums, bit for bit. */
+static void runs_own(struct world *w, int dev, struct coll_dev *cd)
+{
+	const struct runs_case *rc_ = w->arg;
+	struct mesh_group mg;
+	struct coll_group g;
+	char err[1024];
+	group_of(w, dev, 1u << AX_DATA, &mg, &g);
+	int n = g.n, r = g.rank, rc, nmv;
+	size_t c = rc_->c, counts[8], total = 0, most = 0, own0 = 0, at;
+	for (int b = 0; b < n; b++) {
+		counts[b] = c > 3 ? c - (size_t)((b * 5) % 4) : c;
+		own0 += b < r ? counts[b] : 0;
+		total += counts[b];
+		most = counts[b] > most ? counts[b] : most;
+	}
+	float *flat = xmalloc(sizeof(float) * (total + most * (size_t)n + 3 * most + 1));
+	float *pad = flat + total, *want = pad + most * (size_t)n, *src = want + most, *dst = src + most;
+	struct coll_move *mv = xmalloc(sizeof(*mv) * (total + 8));
+	struct runs rs;
+	struct coll_handle *h;
+
+	/* all_gather: the own block from src, by the collective */
+	for (size_t i = 0; i < total; i++)
+		flat[i] = -1.0f;
+	for (size_t i = 0; i < counts[r]; i++)
+		src[i] = fval(dev, i);
+	runs_make(&rs, flat, total, rc_->run);
+	nmv = own_moves(&rs, own0, counts[r], src, true, 1000, mv);
+	h = coll_all_gather_v_fill_async(cd, &g, rs.v, rs.n, counts, mv, nmv, err, sizeof(err));
+	rc = h ? coll_wait(h, xport_now_ns() + 30000000000ull, err, sizeof(err)) : -EINVAL;
+	CHECK_RC(w, rc, "all_gather_v_fill", err);
+	runs_flat(&rs, flat);
+	runs_free(&rs);
+	at = 0;
+	for (int b = 0; b < n; b++) {
+		for (size_t i = 0; i < counts[b]; i++) {
+			float x = fval(g.devs[b], i);
+			if (memcmp(&x, &flat[at + i], sizeof(float))) {
+				failf(w, "all_gather_v_fill n=%d c=%zu rank %d block %d elem %zu: %.9g, want %.9g",
+				      n, c, r, b, i, flat[at + i], x);
+				b = n;
+				break;
+			}
+		}
+		at += b < n ? counts[b] : 0;
+	}
+
+	/* reduce_scatter: the own sums added into dst, by the collective */
+	for (size_t i = 0; i < total; i++)
+		flat[i] = fval(dev, i);
+	memset(pad, 0, sizeof(float) * most * (size_t)n);
+	for (int b = 0, v = 0; b < n; v += (int)counts[b], b++)
+		memcpy(pad + most * (size_t)b, flat + v, sizeof(float) * counts[b]);
+	rc = coll_reduce_scatter(cd, &g, want, pad, most, err, sizeof(err));
+	CHECK_RC(w, rc, "reduce_scatter", err);
+	for (size_t i = 0; i < counts[r]; i++)
+		dst[i] = 0.25f * (float)i + 0.1f;
+	runs_make(&rs, flat, total, rc_->run);
+	nmv = own_moves(&rs, own0, counts[r], dst, false, 777, mv);
+	h = coll_reduce_scatter_v_add_async(cd, &g, rs.v, rs.n, counts, mv, nmv, err, sizeof(err));
+	rc = h ? coll_wait(h, xport_now_ns() + 30000000000ull, err, sizeof(err)) : -EINVAL;
+	runs_free(&rs);
+	CHECK_RC(w, rc, "reduce_scatter_v_add", err);
+	for (size_t i = 0; i < counts[r]; i++) {
+		float x = (0.25f * (float)i + 0.1f) + want[i];
+		if (memcmp(&x, &dst[i], sizeof(float))) {
+			failf(w, "reduce_scatter_v_add n=%d c=%zu rank %d elem %zu: %.9g, want %.9g", n, c, r,
+			      i, dst[i], x);
+			break;
+		}
+	}
+	free(mv);
+	free(flat);
+}
+
+/* n = 2, 3, 4; ring and direct; sizes 0, 1, odd, large; short runs */
+START_TEST(test_runs_own_moves)
+{
+	static const struct runs_case cases[] = {
+		{ 0, 0, true }, { 1, 0, true }, { 7, RUN_ONE, true }, { 30011, 0, true }, { 4099, 1, true },
+	};
+	static const size_t direct[] = { 0, 65536 };
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		for (int d = 0; d < (cases[k].c * sizeof(float) > direct[1] ? 1 : 2); d++) {
+			struct world w = { .seg = 4096, .direct_max = direct[d], .timeout_s = 30 };
+			world_mesh(&w, _i + 2, 1, 1);
+			world_run(&w, runs_own, (void *)&cases[k]);
+			ck_assert_msg(w.failures == 0, "D=%d case %zu direct_max %zu: %s", w.D, k, direct[d],
+				      w.first);
+		}
+	}
+}
+END_TEST
+
+/* Bad moves are refused before anything is sent. */
+START_TEST(test_runs_own_bad_args)
+{
+	int hosts[2] = { 0, 0 }, devs[2] = { 0, 1 };
+	struct xport *x = xport_new(0, 2, hosts, NULL, NULL);
+	struct coll_dev *cd = coll_dev_new(x, 0, 4096, 5);
+	struct coll_group g = { .id = 1, .n = 2, .rank = 0, .devs = devs };
+	float a[4], b[2];
+	struct coll_iov v[1] = { { a, 4 } };
+	struct coll_move ok[1] = { { a, b, 2 } }, bad[1] = { { a, NULL, 2 } };
+	size_t counts[2] = { 2, 2 };
+	char err[256];
+	ck_assert_ptr_null(coll_all_gather_v_fill_async(cd, &g, v, 1, counts, bad, 1, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "all_gather (group 1): invalid run"), "%s", err);
+	/* a gather's moves fill its own block (2 floats) whole */
+	ok[0].count = 1;
+	ck_assert_ptr_null(coll_all_gather_v_fill_async(cd, &g, v, 1, counts, ok, 1, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "the moves fill 1 floats of the own block's 2"), "%s", err);
+	ck_assert_ptr_null(coll_reduce_scatter_v_add_async(cd, &g, v, 1, counts, ok, -1, err, sizeof(err)));
+	ck_assert_ptr_null(coll_reduce_scatter_v_add_async(cd, &g, v, 1, counts, NULL, 1, err, sizeof(err)));
 	coll_dev_free(cd);
 	xport_free(x);
 }
@@ -2129,6 +2281,8 @@ static Suite *coll_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_loop_test(tc, test_runs_match_contiguous, 0, 3);
 	tcase_add_test(tc, test_runs_bad_args);
+	tcase_add_loop_test(tc, test_runs_own_moves, 0, 3);
+	tcase_add_test(tc, test_runs_own_bad_args);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("groups");

@@ -109,13 +109,31 @@ static float *run_at(const struct runs *x, size_t pos)
 
 static struct runs lists[2];
 
+/* The own block's moves the comm did (floats, each device), and of
+ * them the gather's whose destination held NaN before (poisoned: the
+ * window had not filled it itself). */
+static size_t comm_moved[2], comm_filled_nan[2];
+
+static void run_moves(struct dev *d, const struct model_move *own, int nown, bool add)
+{
+	for (int m = 0; m < nown; m++) {
+		for (size_t e = 0; e < own[m].n; e++) {
+			comm_filled_nan[d->me] += !add && isnan(own[m].dst[e]);
+			own[m].dst[e] = add ? own[m].dst[e] + own[m].src[e] : own[m].src[e];
+		}
+		comm_moved[d->me] += own[m].n;
+	}
+}
+
 static int start_all_gather_v(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
-			      const size_t *counts, void **h)
+			      const size_t *counts, const struct model_move *own, int nown, void **h)
 {
 	struct dev *d = ctx;
 	ck_assert_uint_eq(axes, 1u << AX_FSDP);
 	ck_assert_uint_eq(counts[0], counts[1]);
 	int rc = note(d, 'v');
+	/* the own block first, as the collective does before it sends */
+	run_moves(d, own, nown, false);
 	lists[d->me] = (struct runs){ run, nrun, counts[0] };
 	pthread_barrier_wait(&d->p->bar);
 	int o = 1 - d->me;  /* the other's block: from its list */
@@ -133,12 +151,14 @@ static int start_all_gather_v(void *ctx, uint32_t axes, const struct model_run *
  * [me][j mod 4], the same collective on both. */
 #define FAKE_RS 4
 static struct model_run *slist[2][FAKE_RS];
+static struct model_move *smoves[2][FAKE_RS];
+static int snmoves[2][FAKE_RS];
 static struct runs slists[2][FAKE_RS];
 static int stoken[2][FAKE_RS];
 static int sstarted[2];
 
 static int start_reduce_scatter_v(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
-				  const size_t *counts, void **h)
+				  const size_t *counts, const struct model_move *own, int nown, void **h)
 {
 	struct dev *d = ctx;
 	ck_assert_uint_eq(axes, 1u << AX_FSDP);
@@ -146,6 +166,9 @@ static int start_reduce_scatter_v(void *ctx, uint32_t axes, const struct model_r
 	int rc = note(d, 'w'), j = sstarted[d->me]++ % FAKE_RS;
 	slist[d->me][j] = malloc(sizeof(*run) * (size_t)nrun);
 	memcpy(slist[d->me][j], run, sizeof(*run) * (size_t)nrun);
+	smoves[d->me][j] = malloc(sizeof(*own) * (size_t)(nown + 1));
+	memcpy(smoves[d->me][j], own, sizeof(*own) * (size_t)nown);
+	snmoves[d->me][j] = nown;
 	slists[d->me][j] = (struct runs){ slist[d->me][j], nrun, counts[0] };
 	*h = &stoken[d->me][j];
 	return rc;
@@ -196,6 +219,9 @@ static int wait_h(void *ctx, void *h)
 	pthread_barrier_wait(&d->p->bar);
 	for (size_t e = 0; e < c; e++)
 		*run_at(me, b + e) = sum[e];
+	/* then the own sums added out, as the collective does */
+	run_moves(d, smoves[d->me][j], snmoves[d->me][j], true);
+	free(smoves[d->me][j]);
 	free(sum);
 	free(slist[d->me][j]);
 	return 0;
@@ -232,6 +258,8 @@ static void setup(void)
 	mesh_init(&mesh2, &cfg2);
 	memset(&pair, 0, sizeof(pair));
 	memset(sstarted, 0, sizeof(sstarted));
+	memset(comm_moved, 0, sizeof(comm_moved));
+	memset(comm_filled_nan, 0, sizeof(comm_filled_nan));
 	pthread_barrier_init(&pair.bar, NULL, 2);
 	for (int i = 0; i < 2; i++) {
 		struct model_mesh mm = { .mesh = &mesh2, .rules = &rules2, .device = i };
@@ -345,8 +373,9 @@ START_TEST(test_gather_whole_in_order)
 END_TEST
 
 /* The same gathers over the list form: every gathered layer tensor's
- * element equals the whole model's, and the window copied this device's
- * shards only (column-split blocks too: a row a run). */
+ * element equals the whole model's, and this device's shards only were
+ * copied (column-split blocks too: a row a run), by the comm (the own
+ * block's moves): the window, poisoned before, left them NaN. */
 static void *gather_listed(void *arg)
 {
 	struct dev *d = arg;
@@ -354,6 +383,7 @@ static void *gather_listed(void *arg)
 	struct win *w = model_window(d->m);
 	d->comm.start_all_gather_v = start_all_gather_v;
 	d->comm.wait = wait_h;
+	win_poison(w);
 	model_step_begin(d->m, &st);
 	size_t c0 = win_copied(w);
 	rc_of[d->me] = 0;
@@ -403,6 +433,11 @@ START_TEST(test_gather_listed_in_place)
 	}
 	ck_assert_uint_gt(cols, 0);  /* some blocks are many short rows */
 	ck_assert_uint_eq(listed_copies[0], own);
+	/* the comm filled them (counted by the window when it started them) */
+	for (int r = 0; r < 2; r++) {
+		ck_assert_uint_eq(comm_moved[r], own);
+		ck_assert_uint_eq(comm_filled_nan[r], own);
+	}
 }
 END_TEST
 
@@ -487,7 +522,8 @@ static void scatter_check(void)
 	}
 	/* in place over the gradient window's rows: the only copy is this
 	 * device's block added into its shards (the packed one also packs
-	 * every member's blocks: 3 x) */
+	 * every member's blocks: 3 x), by the comm (its moves, after the
+	 * sum); the gather's own shards were the comm's too */
 	ck_assert_str_eq(pair.order, "vw");
 	size_t own = 0;
 	for (int id = 0; id < P_COUNT; id++) {
@@ -496,6 +532,13 @@ static void scatter_check(void)
 			own += p->numel / (size_t)p->shape[0];
 	}
 	ck_assert_uint_eq(scatter_copies[0], own);
+	size_t gathered = 0;
+	for (int id = 0; id < P_COUNT; id++) {
+		const struct param_info *p = param_id(devs[0].m, id);
+		if (p && p->stacked && (p->split & (1u << AX_FSDP)))
+			gathered += p->numel / (size_t)p->shape[0];
+	}
+	ck_assert_uint_eq(comm_moved[0], gathered + own);
 }
 
 START_TEST(test_scatter_sums_into_shards)

@@ -46,6 +46,14 @@ struct model_run {
 	size_t n;
 };
 
+/* count floats from src to dst: the own block's copies a list
+ * collective does itself (start_all_gather_v, start_reduce_scatter_v). */
+struct model_move {
+	float *dst;
+	const float *src;
+	size_t n;
+};
+
 /* Collectives over the devices that differ from this one only on `axes`
  * (a mask of 1 << AX_*), ordered as mesh_group orders them. Each returns
  * 0 or a negative errno and keeps its message for the caller; the model
@@ -67,15 +75,20 @@ struct model_comm {
 	/* Optional too (NULL: the window packs): start_all_gather over a list
 	 * of runs, in place. The concatenation of run[0 .. nrun) is the
 	 * members' blocks in rank order, block b counts[b] floats; the
-	 * caller's own block holds its input, and on wait(h) every block
-	 * holds its member's. run and counts may be reused on return. */
+	 * collective fills the caller's own block, dst = src for each of
+	 * own[0 .. nown) (their dsts one after another are the own block's
+	 * floats in the list's order; in the background: the srcs stay
+	 * unwritten until wait), and on wait(h) every block holds its
+	 * member's. run, counts and own may be reused on return. */
 	int (*start_all_gather_v)(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
-				  const size_t *counts, void **h);
+				  const size_t *counts, const struct model_move *own, int nown, void **h);
 	/* Optional too (NULL: the window packs): start_reduce_scatter over
-	 * such a list, in place: on wait(h) the caller's own block holds
-	 * the sum over members of theirs (the others partial sums). */
+	 * such a list, in place: the caller's own block gets the sum over
+	 * members of theirs (the others partial sums), which the collective
+	 * then adds out, dst += src for each of own[0 .. nown) in order,
+	 * before wait(h) returns 0 (not on a failure). */
 	int (*start_reduce_scatter_v)(void *ctx, uint32_t axes, const struct model_run *run, int nrun,
-				      const size_t *counts, void **h);
+				      const size_t *counts, const struct model_move *own, int nown, void **h);
 	/* Optional too (NULL: the batch split exchanges synchronously): an
 	 * all_to_all in the background, waited with wait(h); the byte
 	 * arrays may be reused on return. name says what it carries ("disp

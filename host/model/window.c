@@ -1,15 +1,17 @@
 /* The FSDP weight window of host/model/window.h: slots, gathers into
  * them, reduce-scatters out of them. A gather of a group goes per gather
  * group (the tensors gathered over the same axes). With the comm's list
- * form it lands in the window where the weights lie: this device's
- * shards are copied into their blocks, and the list of every member's
- * blocks' rows is all-gathered in place, one collective (a segment of it
- * is one message over however many rows it spans). Otherwise (no list
+ * form it lands in the window where the weights lie: the list of every
+ * member's blocks' rows is all-gathered in place, one collective (a
+ * segment of it is one message over however many rows it spans), which
+ * first copies this device's shards into their blocks itself (the own
+ * block's moves: on the communication thread, not the device's). Otherwise (no list
  * form, or the non-layer window held) it sends this device's shards
  * packed, receives every member's packs and places each member's blocks
  * into the compute-shaped window. A layer group's reduce-scatter is the
  * transpose: in place over the same rows of its gradient window, this
- * device's block then added into the gradient shards; the non-layer
+ * device's block then added into the gradient shards by the collective
+ * (its moves again); the non-layer
  * group's (and every one without the list form) packs. Where blocks and
  * rows lie, and the copies, are window_rows.c's. */
 #include "host/model/window.h"
@@ -103,6 +105,8 @@ void win_free(struct win *w)
 	free(w->owner);
 	free(w->gowner);
 	free(w->run);
+	free(w->mv);
+	free(w->orow);
 	free(w->slot);
 	free(w->queue);
 	free(w->part);
@@ -270,16 +274,17 @@ static void send_split(struct win *w, int k, int win)
 	for (int p = 0; p < w->nparts; p++)
 		for (int g = 0; g < w->ngg && !*w->rc; g++) {
 			size_t pack = rows_pack_part(w, &w->gg[g], s->l0, s->l1, false, 1u << p);
-			int nrun;
+			int nrun, nmv;
 			if (!pack)
 				continue;
 			s->listed[g] = true;
-			if ((nrun = rows_list_make(w, g, w->wl[win], false, s->l0, s->l1, 1u << p)) < 0) {
+			if ((nrun = rows_list_make(w, g, w->wl[win], false, s->l0, s->l1, 1u << p)) < 0 ||
+			    (nmv = rows_own_moves(w, g, w->wl[win], false, s->l0, s->l1, 1u << p)) < 0) {
 				rows_list_oom(w, "gather");
 				return;
 			}
-			rows_place_own(w, g, k, 1u << p);
-			*w->rc = c->start_all_gather_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts, &s->gh[p][g]);
+			*w->rc = c->start_all_gather_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts, w->mv, nmv,
+						       &s->gh[p][g]);
 		}
 }
 
@@ -304,15 +309,16 @@ static void send_gather(struct win *w, int k, int win)
 	for (int g = 0; g < w->ngg && !*w->rc; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		size_t pack = rows_pack_size(w, gg, l0, l1, false);
-		int nrun;
+		int nrun, nmv;
+		float *base = layer ? w->wl[win] : NULL;
 		s->listed[g] = false;
 		if (!pack)
 			continue;
-		if (in_place(w, k) &&
-		    (nrun = rows_list_make(w, g, layer ? w->wl[win] : NULL, false, l0, l1, ALL_PARTS)) >= 0) {
-			rows_place_own(w, g, k, ALL_PARTS);
+		if (in_place(w, k) && (nrun = rows_list_make(w, g, base, false, l0, l1, ALL_PARTS)) >= 0 &&
+		    (nmv = rows_own_moves(w, g, base, false, l0, l1, ALL_PARTS)) >= 0) {
 			s->listed[g] = true;
-			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, &s->gh[0][g]);
+			*w->rc = c->start_all_gather_v(c->ctx, gg->axes, w->run, nrun, w->counts, w->mv, nmv,
+						       &s->gh[0][g]);
 			continue;
 		}
 		/* the packed buffers are one set: a gather beside one in
@@ -560,7 +566,8 @@ static void scatter_nl_finish(struct win *w)
 	}
 }
 
-/* Waits for reduce-scatter c in flight and adds it in. */
+/* Waits for reduce-scatter c in flight and adds it in (a list's own
+ * block the collective added). */
 static void scatter_land(struct win *w, struct scat *c)
 {
 	size_t roff = 0;
@@ -568,15 +575,8 @@ static void scatter_land(struct win *w, struct scat *c)
 	for (int g = 0; g < w->ngg; g++) {
 		const struct mesh_members *gg = &w->gg[g];
 		wait_handle(w, &c->sh[g]);
-		for (int l = c->s0; l < c->s1; l++) {
-			if (!c->slisted[g]) {
-				roff = rows_add_parts(w, gg, l, c->spart, w->pk[layer].srecv, roff);
-				continue;
-			}
-			for (int i = 0; i < w->n && !*w->rc; i++)
-				if (in_group(w, i, l, gg->axes, true) && in_part(w, i, l, c->spart))
-					*w->rc = rows_add_own(w, g, i, l, w->gl[c->sgwin], c->s0);
-		}
+		for (int l = c->s0; l < c->s1 && !c->slisted[g]; l++)
+			roff = rows_add_parts(w, gg, l, c->spart, w->pk[layer].srecv, roff);
 	}
 	if (c->sgwin >= 0 && !c->skeep)
 		w->gowner[c->sgwin] = -1;
@@ -599,11 +599,11 @@ static bool scatter_listed(struct win *w, int g, const struct win_slot *s, unsig
 {
 	const struct model_comm *c = w->comm;
 	struct scat *x = &w->sc[w->nsc];
-	int nrun = rows_list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1, part);
-	if (nrun < 0)
+	int nrun = rows_list_make(w, g, w->gl[s->gwin], true, s->l0, s->l1, part), nmv;
+	if (nrun < 0 || (nmv = rows_own_moves(w, g, w->gl[s->gwin], true, s->l0, s->l1, part)) < 0)
 		return false;
 	x->slisted[g] = true;
-	*w->rc = c->start_reduce_scatter_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts, &x->sh[g]);
+	*w->rc = c->start_reduce_scatter_v(c->ctx, w->gg[g].axes, w->run, nrun, w->counts, w->mv, nmv, &x->sh[g]);
 	return true;
 }
 

@@ -24,13 +24,16 @@
  * is for that gather: at most `windows` are READY beside it), and a
  * gradient window when it is READY. With the comm's list forms
  * (start_all_gather_v, start_reduce_scatter_v) a layer group moves in
- * place: this device's shards are copied into their blocks and the list
- * of every member's blocks' rows is all-gathered where the weights lie;
+ * place: this device's shards are copied into their blocks (by the
+ * collective: the window hands it the moves) and the list of every
+ * member's blocks' rows is all-gathered where the weights lie;
  * its reduce-scatter works over the same rows of its gradient window,
  * which stays with it while the slot takes the one more (the caller
  * zeroes it before writing: win_zero_grads, which leaves a block a
  * first write overwrites whole unzeroed), and this device's block is added into the
- * gradient shards when it finishes. The non-layer group packs its
+ * gradient shards when it finishes (by the collective, its moves: the
+ * shards' gradients of a group in flight must not be touched until it
+ * is finished, nor its weight shards written until its gather is). The non-layer group packs its
  * reduce-scatter (its gradient window is the step's), and its gather
  * while a READY slot holds it. Without the list forms every group packs;
  * a layer group's packed buffers (win_packed_numel) are allocated the
@@ -163,7 +166,9 @@ size_t win_zeroed(const struct win *w);
  * schedule's gathers per step. */
 int win_gathers(const struct win *w);
 /* Floats the window has copied since it was made (packing, own shards,
- * placing, adding gradients in): the copies the collectives cost. */
+ * placing, adding gradients in): the copies the collectives cost (a
+ * list collective's own-block moves, which it does itself, counted when
+ * it starts). */
 size_t win_copied(const struct win *w);
 /* Starts reduce-scattering READY slot k's gradients into the gradient
  * shards (adding to them), after finishing the one before: one in

@@ -79,7 +79,16 @@ struct win {
 	struct model_run *run;
 	int runcap;
 	size_t counts[MESH_MAX_DEVICES];
-	size_t copied;              /* floats the window copied (packs, places, sums) */
+	/* the own block's moves a list collective does itself (a gather's
+	 * shards in, a reduce-scatter's sums out), and the rows they are
+	 * cut from (grown on demand) */
+	struct model_move *mv;
+	int mvcap;
+	struct model_run *orow;
+	int orowcap;
+	size_t copied;              /* floats the window copied (packs, places, sums),
+				     * or handed to a list collective to move
+				     * (counted when it starts) */
 	int nl_ready;               /* the READY non-layer slot, or -1 */
 	int *queue, qn;             /* GATHERING slots, oldest first: the first nfly
 				     * in flight (started), the others not yet */
@@ -203,16 +212,16 @@ size_t rows_pack_size(const struct win *w, const struct mesh_members *gg, int l0
 void rows_place_blocks(struct win *w, const struct mesh_members *gg, int ks, bool grads,
 			 float *packed, size_t pack, bool into_window);
 /* Lists of rows (in place): every member's blocks into w->run and
- * w->counts (the runs, or -1); this device's shards into their blocks
- * (a gather's input); a list that could not be made (the step's
- * -ENOMEM, said in the comm's err). */
+ * w->counts (the runs, or -1); this device's blocks' moves into w->mv
+ * (the moves, or -1): from its shards into them (a gather's input) or
+ * (grads) out of them added into its gradient shards (a reduce-scatter's
+ * sums), which the collective does, on its thread; a list that could
+ * not be made (the step's -ENOMEM, said in the comm's err). */
 int rows_list_make(struct win *w, int g, float *base, bool grads, int l0, int l1, unsigned part);
-void rows_place_own(struct win *w, int g, int k, unsigned part);
+int rows_own_moves(struct win *w, int g, float *base, bool grads, int l0, int l1, unsigned part);
 void rows_list_oom(struct win *w, const char *what);
-/* A reduce-scatter landed: this device's block (in place: 0 or -ENOMEM)
- * or its received parts (packed: the offset after them) added into the
- * gradient shards. */
-int rows_add_own(struct win *w, int g, int i, int l, float *base, int l0);
+/* A packed reduce-scatter landed: its received parts added into the
+ * gradient shards (the offset after them). */
 size_t rows_add_parts(struct win *w, const struct mesh_members *gg, int l, int part, const float *recv,
 			size_t roff);
 

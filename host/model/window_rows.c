@@ -109,10 +109,11 @@ static bool add_run(struct model_run **v, int *cap, int *nrun, float *buf, size_
 }
 
 /* Appends the rows of member r's block of tensor i's layer l, whose
- * compute-shaped tensor is at tensor, to w->run (rows of the innermost
- * dimension, as plan_copy_block walks them; adjacent ones merged). */
+ * compute-shaped tensor is at tensor, to list *v (cap *cap, *nrun long;
+ * rows of the innermost dimension, as plan_copy_block walks them;
+ * adjacent ones merged). */
 static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int i, float *tensor,
-		       int *nrun)
+		       struct model_run **v, int *cap, int *nrun)
 {
 	const struct param_info *p = w->t[i].p;
 	const struct plan_param *pp = w->t[i].pp;
@@ -129,7 +130,7 @@ static bool block_runs(struct win *w, const struct mesh_members *gg, int r, int 
 		size_t t = 0;
 		for (int d = 0; d < nd; d++)
 			t = t * (size_t)ts[d] + (size_t)(off[d] + (d + 1 < nd ? idx[d] : 0));
-		if (!add_run(&w->run, &w->runcap, nrun, tensor + t, run, true))
+		if (!add_run(v, cap, nrun, tensor + t, run, true))
 			return false;
 		for (int d = nd - 2; d >= 0; d--) {
 			if (++idx[d] < bs[d])
@@ -156,7 +157,8 @@ int rows_list_make(struct win *w, int g, float *base, bool grads, int l0, int l1
 		for (int l = l0; l < l1; l++)
 			for (int i = 0; i < w->n; i++)
 				if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, l, part) &&
-				    !block_runs(w, gg, r, i, block_in(w, base, grads, i, l, l0), &nrun))
+				    !block_runs(w, gg, r, i, block_in(w, base, grads, i, l, l0), &w->run, &w->runcap,
+						&nrun))
 					return -1;
 		size_t all = 0;
 		for (int j = 0; j < nrun; j++)
@@ -166,23 +168,56 @@ int rows_list_make(struct win *w, int g, float *base, bool grads, int l0, int l1
 	return nrun;
 }
 
-/* Copies this device's shards of gather group g into their blocks of
- * landing slot k's window (the list all-gather's input). */
-void rows_place_own(struct win *w, int g, int k, unsigned part)
+/* Appends a move to w->mv (*nmv long), merged into the last when both
+ * its ends continue it; false when out of memory. */
+static bool add_move(struct win *w, int *nmv, float *dst, const float *src, size_t n)
+{
+	struct model_move *last = *nmv ? &w->mv[*nmv - 1] : NULL;
+	if (last && last->dst + last->n == dst && last->src + last->n == src) {
+		last->n += n;
+		return true;
+	}
+	if (*nmv == w->mvcap) {
+		int c = w->mvcap ? 2 * w->mvcap : 256;
+		struct model_move *m = realloc(w->mv, sizeof(*m) * (size_t)c);
+		if (!m)
+			return false;
+		w->mv = m;
+		w->mvcap = c;
+	}
+	w->mv[(*nmv)++] = (struct model_move){ dst, src, n };
+	return true;
+}
+
+/* This device's blocks of gather group g's tensors of group [l0, l1)
+ * (of part) in layer window base: a gather's moves from its weight
+ * shards into them, or (grads) a reduce-scatter's out of them, added
+ * into its gradient shards (storage order, as the packed path adds its
+ * received part), into w->mv, tensor by tensor; the moves, or -1 when
+ * out of memory. Counted as copied here: the collective moves them. */
+int rows_own_moves(struct win *w, int g, float *base, bool grads, int l0, int l1, unsigned part)
 {
 	const struct mesh_members *gg = &w->gg[g];
-	const struct win_slot *s = &w->slot[k];
-	for (int l = s->l0; l < s->l1; l++)
+	int nmv = 0;
+	for (int l = l0; l < l1; l++)
 		for (int i = 0; i < w->n; i++) {
-			if (!in_group(w, i, l, gg->axes, false) || !in_part(w, i, l, part))
+			int nrow = 0;
+			if (!in_group(w, i, l, gg->axes, grads) || !in_part(w, i, l, part))
 				continue;
-			const struct param_info *p = w->t[i].p;
-			int o[SHARD_MAX_DIMS], s0 = p->stacked ? 1 : 0;
-			plan_block_offsets(w->t[i].pp, w->mesh, gg->axes, gg->coord[w->grank[g]], o);
-			plan_copy_block(block(w, false, i, l, k), w->t[i].pp->cshape + s0,
-					storage(w, w->params, i, l), p->shape + s0, o + s0, p->ndim - s0, true);
-			w->copied += param_slice_numel(p);
+			if (!block_runs(w, gg, w->grank[g], i, block_in(w, base, grads, i, l, l0), &w->orow,
+					&w->orowcap, &nrow))
+				return -1;
+			float *sh = storage(w, grads ? w->grads : w->params, i, l);
+			for (int r = 0; r < nrow; r++) {
+				float *row = w->orow[r].buf;
+				size_t n = w->orow[r].n;
+				if (!add_move(w, &nmv, grads ? sh : row, grads ? row : sh, n))
+					return -1;
+				sh += n;
+				w->copied += n;
+			}
 		}
+	return nmv;
 }
 
 /* A list of a collective's rows (a "gather" or "reduce-scatter")
@@ -192,25 +227,6 @@ void rows_list_oom(struct win *w, const char *what)
 	if (w->comm->err)
 		snprintf(w->comm->err, w->comm->errlen, "FSDP window: out of memory for the list of a %s's rows", what);
 	*w->rc = -ENOMEM;
-}
-
-/* Adds this device's block of gather group g's tensor i, layer l, from
- * layer gradient window base (layers from l0) into its gradient shard:
- * storage order, as the packed path adds its received part. */
-int rows_add_own(struct win *w, int g, int i, int l, float *base, int l0)
-{
-	int nrun = 0;
-	if (!block_runs(w, &w->gg[g], w->grank[g], i, block_in(w, base, true, i, l, l0), &nrun))
-		return -ENOMEM;
-	float *dst = storage(w, w->grads, i, l);
-	for (int r = 0; r < nrun; r++) {
-		const float *src = w->run[r].buf;
-		for (size_t j = 0; j < w->run[r].n; j++)
-			dst[j] += src[j];
-		dst += w->run[r].n;
-		w->copied += w->run[r].n;
-	}
-	return 0;
 }
 
 /* Adds group gg's received parts of layer l (packed in recv from roff

@@ -163,39 +163,45 @@ static int job_start_reduce_scatter(void *vctx, uint32_t axes, float *out, const
 
 /* The FSDP window's collectives over a list of every member's runs, in
  * place: a layer group's gather straight into its window (op all_gather)
- * and its gradients' reduce-scatter out of it. */
+ * and its gradients' reduce-scatter out of it, the own block's copies
+ * (own) on the communication thread. */
 static int job_start_win_v(struct job_ctx *c, uint32_t op, uint32_t axes, const struct model_run *run,
-			   int nrun, const size_t *counts, void **h)
+			   int nrun, const size_t *counts, const struct model_move *own, int nown, void **h)
 {
 	const struct coll_group *g = job_group(c, axes);
 	if (!g)
 		return -ENOMEM;
-	struct coll_iov *iov = malloc(sizeof(*iov) * (size_t)(nrun + 1));
+	struct coll_iov *iov = malloc(sizeof(*iov) * (size_t)(nrun + 1) + sizeof(struct coll_move) * (size_t)nown);
 	if (!iov) {
 		snprintf(c->err, c->errlen, "train: out of memory for a list of %d runs", nrun);
 		return -ENOMEM;
 	}
+	struct coll_move *mv = (struct coll_move *)(iov + nrun + 1);
 	for (int i = 0; i < nrun; i++)
 		iov[i] = (struct coll_iov){ run[i].buf, run[i].n };
+	for (int i = 0; i < nown; i++)
+		mv[i] = (struct coll_move){ own[i].dst, own[i].src, own[i].n };
 	double t = util_now_s();
 	bool ag = op == MESHRUN__COLL_OP__COLL_ALL_GATHER;
-	struct coll_handle *ch = ag ? coll_all_gather_v_async(c->coll, g, iov, nrun, counts, c->err, c->errlen)
-				    : coll_reduce_scatter_v_async(c->coll, g, iov, nrun, counts, c->err, c->errlen);
+	struct coll_handle *ch =
+		ag ? coll_all_gather_v_fill_async(c->coll, g, iov, nrun, counts, mv, nown, c->err, c->errlen)
+		   : coll_reduce_scatter_v_add_async(c->coll, g, iov, nrun, counts, mv, nown, c->err, c->errlen);
 	free(iov);  /* copied by the call */
 	return job_start(c, t, ch, ag ? "all_gather (prefetch)" : "reduce_scatter (background)", axes,
 			 NULL, h);
 }
 
 static int job_start_all_gather_v(void *vctx, uint32_t axes, const struct model_run *run, int nrun,
-				  const size_t *counts, void **h)
+				  const size_t *counts, const struct model_move *own, int nown, void **h)
 {
-	return job_start_win_v(vctx, MESHRUN__COLL_OP__COLL_ALL_GATHER, axes, run, nrun, counts, h);
+	return job_start_win_v(vctx, MESHRUN__COLL_OP__COLL_ALL_GATHER, axes, run, nrun, counts, own, nown, h);
 }
 
 static int job_start_reduce_scatter_v(void *vctx, uint32_t axes, const struct model_run *run, int nrun,
-				      const size_t *counts, void **h)
+				      const size_t *counts, const struct model_move *own, int nown, void **h)
 {
-	return job_start_win_v(vctx, MESHRUN__COLL_OP__COLL_REDUCE_SCATTER, axes, run, nrun, counts, h);
+	return job_start_win_v(vctx, MESHRUN__COLL_OP__COLL_REDUCE_SCATTER, axes, run, nrun, counts, own, nown,
+			       h);
 }
 
 #define XCHG_GROUP 0x4000u  /* above every mesh group id (axis masks), below P2P_GROUP */

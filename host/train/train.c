@@ -154,8 +154,9 @@ static int open_optim(struct trainer *t, const struct cfg *c, struct optim_place
 								 .weights_needed = optim_hook_weights,
 								 .ctx = t->opt });
 		/* the groups the table's leading gathers read, every one:
-		 * the prefetch copies their shards into the windows as it
-		 * starts them, so each must be updated before it */
+		 * the prefetch's gathers copy their shards into the windows
+		 * (on the communication thread, once they run), so each
+		 * must be updated before it starts and not written after */
 		nf = pipe_exec_first_reads(t->px, l0, l1, by, nf);
 		optim_set_prefetch(t->opt, prefetch, t, l0, l1, by, nf);
 	}
