@@ -17,7 +17,9 @@
 # AB_KEYS=tls_records=openssl; AB_KEYS=cpu_bind=none: agents bound, as
 # by default, against floating) and prints a second summary for them, the
 # peers' runs and AES figure shared (raw: build/goals19-b.log); the two
-# take turns running first, round by round.
+# take turns running first, round by round. BASE=PATH runs another build
+# (e.g. /work/bin/meshrun-s11) as that second run instead, with the same
+# settings (AB_KEYS, if given, go to BASE's runs).
 # Every meshrun run goes under `perf record -F 999` (cpu-clock, when perf
 # is there; CIPHER_SAMPLES=0 turns it off): its libcrypto samples give the
 # cipher's CPU as the run pays it ("# cipher-samples" lines), so the
@@ -26,7 +28,7 @@
 # cipher samples (what the cipher cost in the run, cache misses and EVP
 # calls included).
 # ~50 s a round on an idle 2-vCPU machine.
-# usage: [MESHRUN_KEYS="k=v ..."] [AB_KEYS="k=v ..."] bench/goals19.sh [ROUNDS]
+# usage: [MESHRUN_KEYS="k=v ..."] [AB_KEYS="k=v ..."] [BASE=bin] bench/goals19.sh [ROUNDS]
 set -eu
 cd "$(dirname "$0")/.."
 rounds=${1:-4}
@@ -38,10 +40,11 @@ peers_setup
 log=build/goals19.log
 logb=build/goals19-b.log
 ab=${AB_KEYS:-}
+base=${BASE:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 : > "$log"
-[ -z "$ab" ] || : > "$logb"
+[ -z "$ab$base" ] || : > "$logb"
 csamp=${CIPHER_SAMPLES:-1}
 command -v perf >/dev/null || csamp=0
 # peers_meshrun, under perf when csamp=1: then a line "# cipher-samples OP
@@ -56,7 +59,7 @@ meshrun_one() {
     peers_meshrun 2 1 "$op" "$size" "$iters" "$warm" "$@"
     return
   fi
-  perf record -q -F 999 -o "$tmp/c.data" -- build/meshrun bench collectives --hosts 2 \
+  perf record -q -F 999 -o "$tmp/c.data" -- "${MR_BIN:-build/meshrun}" bench collectives --hosts 2 \
     --devices-per-host 1 --op "$op" --sizes "$size" --iters "$iters" --warmup "$warm" "$@"
   echo "# cipher-samples $op $(numfmt --from=iec "$size") $(perf script -i "$tmp/c.data" \
     -F comm,ip,dso 2>/dev/null | grep -c -E '^ *mr-(dev|stream).*libcrypto') 999 $iters $warm"
@@ -80,27 +83,27 @@ for round in $(seq 1 "$rounds"); do
   } > "$tmp/head"
   # AB_KEYS: meshrun once more with those settings too, in the same round,
   # first in even rounds (so neither side always runs first)
-  if [ -n "$ab" ] && [ $((round % 2)) = 0 ]; then
-    meshrun_ops $keys $ab > "$tmp/b" 2>&1
+  if [ -n "$ab$base" ] && [ $((round % 2)) = 0 ]; then
+    MR_BIN=${base:-build/meshrun} meshrun_ops $keys $ab > "$tmp/b" 2>&1
     meshrun_ops $keys > "$tmp/a" 2>&1
   else
     meshrun_ops $keys > "$tmp/a" 2>&1
-    [ -z "$ab" ] || meshrun_ops $keys $ab > "$tmp/b" 2>&1
+    [ -z "$ab$base" ] || MR_BIN=${base:-build/meshrun} meshrun_ops $keys $ab > "$tmp/b" 2>&1
   fi
   {
     peers_mpi 2 "$big" "$small" 0
     peers_gloo 2 "$big" "$small" 0
   } > "$tmp/peers" 2>&1
   cat "$tmp/head" "$tmp/a" "$tmp/peers" >> "$log"
-  [ -z "$ab" ] || cat "$tmp/head" "$tmp/b" "$tmp/peers" >> "$logb"
+  [ -z "$ab$base" ] || cat "$tmp/head" "$tmp/b" "$tmp/peers" >> "$logb"
   grep -E '^(# (round|load|aes)|openmpi|gloo)' "$tmp/head" "$tmp/peers" -h || true
 done
 echo "# end of run, load $(cat /proc/loadavg)" >> "$log"
-[ -z "$ab" ] || echo "# meshrun settings: ${keys:-(defaults)}"
+[ -z "$ab$base" ] || echo "# meshrun settings: ${keys:-(defaults)}"
 /usr/bin/python3 bench/peers_summary.py --goals "$log"
-if [ -n "$ab" ]; then
+if [ -n "$ab$base" ]; then
   echo "# end of run, load $(cat /proc/loadavg)" >> "$logb"
   echo
-  echo "# meshrun settings: ${keys:+$keys }$ab (the same rounds; Open MPI and gloo the same runs)"
+  echo "# meshrun ${base:+build $base, }settings: ${keys:+$keys }${ab:-(defaults)} (the same rounds; Open MPI and gloo the same runs)"
   /usr/bin/python3 bench/peers_summary.py --goals "$logb"
 fi

@@ -16,11 +16,12 @@ peers_setup() {
 }
 
 # peers_meshrun HOSTS DEVICES OP SIZE ITERS WARMUP [flags and key=value ...]
-# (the caller prints "# meshrun OP" before an op's sizes)
+# (the caller prints "# meshrun OP" before an op's sizes); MR_BIN: the
+# build (default build/meshrun)
 peers_meshrun() {
   local h=$1 d=$2 op=$3 size=$4 iters=$5 warm=$6
   shift 6
-  build/meshrun bench collectives --hosts "$h" --devices-per-host "$d" --op "$op" \
+  "${MR_BIN:-build/meshrun}" bench collectives --hosts "$h" --devices-per-host "$d" --op "$op" \
     --sizes "$size" --iters "$iters" --warmup "$warm" "$@"
 }
 

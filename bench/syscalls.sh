@@ -5,8 +5,9 @@
 # switches, CPU time (cpu-us: task-clock, every thread of both agents,
 # in us per op), wake-ups (sched:sched_wakeup: a sleeping thread made
 # runnable, by a futex, an epoll_ctl's event or a socket's bytes; each is
-# a hand-off to a thread that slept), and recv-EAGAIN: the recvfrom calls
-# that found the socket empty (a poller's probe, or a read turn's end).
+# a hand-off to a thread that slept), recv-EAGAIN: the recvfrom calls
+# that found the socket empty (a poller's probe, or a read turn's end),
+# and send-EAGAIN: the sendto calls that found it full.
 # Per op = (run of 2N iterations - run of N) / N, so start-up drops out;
 # what varies with time rather than ops (the 50 ms tick, heartbeats, the
 # handshakes' retries) does not, so N must make the ops dominate: at
@@ -29,7 +30,7 @@ calls="sendto recvfrom sendmsg recvmsg writev readv poll ppoll epoll_wait epoll_
 ev=task-clock,raw_syscalls:sys_enter,context-switches,sched:sched_wakeup
 for c in $calls; do ev="$ev,syscalls:sys_enter_$c"; done
 # last, as the filter applies to the event before it
-eagain=(-e syscalls:sys_exit_recvfrom --filter "ret == -11")
+eagain=(-e syscalls:sys_exit_recvfrom --filter "ret == -11" -e syscalls:sys_exit_sendto --filter "ret == -11")
 case $size in 64K) slot="0 N 0" ;; 1M) slot="0 0 N" ;; 16M) slot="N 0 0" ;; *) slot="" ;; esac
 echo "# load $(cat /proc/loadavg)"
 for r in $(seq 1 "$rounds"); do
@@ -49,6 +50,7 @@ for r in $(seq 1 "$rounds"); do
       NF > 8 && $1 ~ /^[0-9.]+$/ {
         name = $3; sub(/syscalls:sys_enter_/, "", name); sub(/raw_syscalls:sys_enter/, "syscalls", name)
         sub(/sched:sched_wakeup/, "wake-ups", name); sub(/syscalls:sys_exit_recvfrom/, "recv-EAGAIN", name)
+        sub(/syscalls:sys_exit_sendto/, "send-EAGAIN", name)
         v = ($(NF / 2 + 1) - $1) / n
         if (name == "task-clock") { name = "cpu-us"; v *= 1000 }   # ms -> us
         printf "%s %s %.2f\n", impl, name, v }'

@@ -135,6 +135,8 @@ static void op_send_ready(void *ctx, struct xreq *r)
 		link_arm_write(l);      /* link_unlock arms the stream thread */
 		atomic_fetch_add_explicit(&n->handoffs, 1, memory_order_relaxed);
 	} else {
+		if (r->len >= XPORT_IDLE_MIN_BYTES)
+			recv_before_send(l);
 		write_now(l);
 	}
 	link_unlock(l);
@@ -159,7 +161,7 @@ static bool op_poll(void *ctx, struct xreq *r, bool first)
 	} else if (!link_trylock(l)) {
 		return false;     /* another thread is working on it */
 	}
-	bool moved = recv_poll(l, POLL_BUDGET);
+	bool moved = recv_poll(l, POLL_BUDGET, r->len >= XPORT_IDLE_MIN_BYTES);
 	link_unlock(l);
 	return moved;
 }
@@ -176,7 +178,7 @@ static void op_poll_end(void *ctx, struct xreq *r, bool done)
 		/* it will likely wait again at once: what came meanwhile is
 		 * read now, and the stream thread is not armed just to be
 		 * quieted again by the next poll (it lingers) */
-		recv_poll(l, POLL_BUDGET);
+		recv_poll(l, POLL_BUDGET, false);
 		l->linger_ns = now_ns() + LINGER_NS;
 		if (!l->lingering) {
 			l->lingering = true;

@@ -593,6 +593,16 @@ uint64_t net_reconnects(struct net *n)
 	return n ? atomic_load_explicit(&n->reconnects, memory_order_relaxed) : 0;
 }
 
+uint64_t net_reads_before_send(struct net *n)
+{
+	return n ? atomic_load_explicit(&n->reads_before_send, memory_order_relaxed) : 0;
+}
+
+uint64_t net_polls_read_first(struct net *n)
+{
+	return n ? atomic_load_explicit(&n->polls_read_first, memory_order_relaxed) : 0;
+}
+
 uint64_t net_handoffs(struct net *n)
 {
 	return n ? atomic_load_explicit(&n->handoffs, memory_order_relaxed) : 0;

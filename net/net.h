@@ -186,6 +186,12 @@ uint64_t net_reconnects(struct net *n);
 uint64_t net_frames_resent(struct net *n);
 /* Point-to-point sends handed to a stream thread (p2p_handoff_bytes). */
 uint64_t net_handoffs(struct net *n);
+/* Bytes a device thread read from a link just before sealing a large
+ * send on it (recv_before_send, net/recv.c). */
+uint64_t net_reads_before_send(struct net *n);
+/* Polls of a waiter on a large message that read bytes while output
+ * waited queued on the link: read before that write (recv_poll). */
+uint64_t net_polls_read_first(struct net *n);
 /* Lingering links the net thread's tick had to end, their stream thread
  * not having come back for them (0 when stream_linger works). */
 uint64_t net_linger_lapses(struct net *n);

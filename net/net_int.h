@@ -173,6 +173,8 @@ struct net {
 	uint64_t reconnect_timeout_ns;
 	_Atomic uint64_t reconnects, frames_resent;
 	_Atomic uint64_t handoffs;      /* sends given to a stream thread (direct.c) */
+	_Atomic uint64_t reads_before_send; /* bytes a large send's poster read first (recv.c) */
+	_Atomic uint64_t polls_read_first;  /* large polls that read with output queued (recv.c) */
 	_Atomic uint64_t linger_lapses; /* lingers the tick ended (net_linger_lapses) */
 	_Atomic uint32_t last_op;
 	_Atomic uint64_t last_step;
@@ -328,8 +330,13 @@ bool recv_stream_cb(struct link *l, uint32_t events);
  * any lingers): one whose linger ran out is armed again. */
 void recv_stream_tick(struct net *n, int stream);
 /* A device thread waiting on link l (lock held): writes what is queued,
- * reads what came (at most budget bytes); true if anything moved. */
-bool recv_poll(struct link *l, size_t budget);
+ * reads what came (at most budget bytes), writes again; true if anything
+ * moved. large (a request of XPORT_IDLE_MIN_BYTES or more): reads first,
+ * then one write turn. */
+bool recv_poll(struct link *l, size_t budget, bool large);
+/* A device thread about to seal a large send on l (lock held): reads
+ * what waits first, at most a write turn's bytes, into posted buffers. */
+void recv_before_send(struct link *l);
 /* A device thread whose recv_poll of l found nothing (lock not held):
  * sleeps in ppoll() on l's socket until it has bytes to read, or room for
  * what waits to be written, at most ns; false at once (no sleep) if the

@@ -2143,6 +2143,92 @@ START_TEST(test_linger_ends_without_tick)
 }
 END_TEST
 
+/* ---- a large exchange reads before it seals ---- */
+
+struct fdx {
+	struct duo *d;
+	int h, rc;
+	char err[512];
+	uint8_t *out, *in;
+};
+
+enum { FDX_SEG = 1 << 20, FDX_SEGS = 8, FDX_ROUNDS = 3 };
+
+/* One host's side of a permute-like exchange: every receive posted, then
+ * every send at once, then the waits, FDX_ROUNDS times. */
+static void *fdx_main(void *arg)
+{
+	struct fdx *f = arg;
+	int me = f->h, peer = 1 - f->h;
+	struct xport *x = f->d->x[me];
+	uint64_t long_ = xport_now_ns() + 30ull * 1000 * 1000 * 1000;
+	for (int r = 0; r < FDX_ROUNDS && !f->rc; r++) {
+		struct xreq *rr[FDX_SEGS], *ss[FDX_SEGS];
+		struct xmeta m = { .op = MESHRUN__COLL_OP__COLL_PERMUTE, .group = 7,
+				   .seq = (uint64_t)r + 1 };
+		for (int k = 0; k < FDX_SEGS; k++) {
+			m.chunk = (uint32_t)k;
+			ck_assert_int_eq(xport_irecv(x, peer, me, &m, f->in + (size_t)k * FDX_SEG,
+						     FDX_SEG, &rr[k]), 0);
+		}
+		for (int k = 0; k < FDX_SEGS; k++) {
+			m.chunk = (uint32_t)k;
+			ck_assert_int_eq(xport_isend(x, me, peer, &m, f->out + (size_t)k * FDX_SEG,
+						     FDX_SEG, &ss[k]), 0);
+		}
+		for (int k = 0; k < FDX_SEGS && !f->rc; k++) {
+			f->rc = xport_wait(rr[k], long_, f->err, sizeof(f->err));
+			if (!f->rc)
+				f->rc = xport_wait(ss[k], long_, f->err, sizeof(f->err));
+		}
+	}
+	return NULL;
+}
+
+/* Both hosts post 8 MiB of sends at once while 8 MiB comes the other
+ * way, as a 16 MiB permute does. A device thread about to seal a large
+ * send reads what the peer sent first (recv_before_send), and its poll
+ * while it waits reads before it writes a turn (recv_poll); before,
+ * each host sealed its whole window while the other's bytes waited in
+ * its socket, and the socket copies found them cold. Counts, no clock:
+ * 3 rounds of 8 posts a host, each with the peer's bytes on their way;
+ * MESHRUN_POLL_ORDER=write (the old order) gives 0 and 0. */
+START_TEST(test_exchange_reads_first)
+{
+	struct duo d = { .handoff = 0 };
+	duo_start(&d);
+	struct fdx f[2];
+	pthread_t t[2];
+	for (int h = 0; h < 2; h++) {
+		f[h] = (struct fdx){ .d = &d, .h = h };
+		f[h].out = malloc((size_t)FDX_SEGS * FDX_SEG);
+		f[h].in = calloc(FDX_SEGS, FDX_SEG);
+		ck_assert(f[h].out && f[h].in);
+		for (size_t i = 0; i < (size_t)FDX_SEGS * FDX_SEG; i++)
+			f[h].out[i] = (uint8_t)(i * 7 + (size_t)h * 101);
+	}
+	for (int h = 0; h < 2; h++)
+		ck_assert_int_eq(pthread_create(&t[h], NULL, fdx_main, &f[h]), 0);
+	for (int h = 0; h < 2; h++)
+		pthread_join(t[h], NULL);
+	for (int h = 0; h < 2; h++) {
+		ck_assert_msg(f[h].rc == 0, "host %d: %s", h, f[h].err);
+		ck_assert_mem_eq(f[h].in, f[1 - h].out, (size_t)FDX_SEGS * FDX_SEG);
+	}
+	uint64_t rb = net_reads_before_send(d.n[0]) + net_reads_before_send(d.n[1]);
+	uint64_t pr = net_polls_read_first(d.n[0]) + net_polls_read_first(d.n[1]);
+	/* which of the two reads first varies run to run (rb 0 and pr 31-76,
+	 * or rb 2-12 MB and pr 1-5), so their sum is what must not be 0 */
+	ck_assert_msg(rb > 0 || pr > 0, "no send or poll read the peer's bytes before it wrote: "
+		      "%llu bytes, %llu polls", (unsigned long long)rb, (unsigned long long)pr);
+	duo_free(&d);
+	for (int h = 0; h < 2; h++) {
+		free(f[h].out);
+		free(f[h].in);
+	}
+}
+END_TEST
+
 /* ---- idle: no busy loop outlives a bounded spin ---- */
 
 /* CPU time (ns) every thread of process pid has used so far, from
@@ -2327,6 +2413,7 @@ static Suite *coll_suite(void)
 	tcase_add_checked_fixture(tc, setup_certs, teardown);
 	tcase_add_loop_test(tc, test_send_buffer_across_reset, 0, 2);
 	tcase_add_test(tc, test_linger_ends_without_tick);
+	tcase_add_test(tc, test_exchange_reads_first);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("idle");
