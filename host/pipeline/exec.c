@@ -20,7 +20,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -605,9 +604,6 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	model_zero_counts(x->m);
 	/* the leading gathers a prefetch started are in flight already */
 	bool recvd = false;  /* a receive ran since the last compute */
-	bool sent = false;   /* a send ran since the last compute */
-	const char *yv = getenv("MESHRUN_PIPE_YIELD");
-	bool yield = yv && *yv && atoi(yv);
 	for (int k = x->npre; k < x->n && !rc; k++) {
 		if (x->ran[k])
 			continue;
@@ -621,15 +617,9 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 		 * the next gap) (bench/results/pipeline.md, inter10) */
 		if (!rc && x->prepost && !recvd)
 			rc = exec_prepost(x, k);
-		/* (MESHRUN_PIPE_YIELD=1: before a compute that follows a
-		 * send, the core is offered to the thread the send armed; to
-		 * measure) */
-		if (!rc && yield && sent && compute_op(x->a[k].op))
-			sched_yield();
 		if (!rc)
 			rc = run_action(x, &x->a[k]);
 		recvd = x->a[k].op == PA_RECV || (recvd && !compute_op(x->a[k].op));
-		sent = x->a[k].op == PA_SEND || (sent && !compute_op(x->a[k].op));
 	}
 	x->npre = 0;
 	if (!rc && !(rc = win_scatter_finish(w)))
