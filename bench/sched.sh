@@ -49,8 +49,11 @@
 #   SCHED/base with the binary $BASE (required then: a build of the
 #   commit before the change), for an A/B in one run; SCHED/niceN with
 #   device_nice=N (the device threads' nice value; default 10), SCHED/batch
-#   with device_nice=0 device_batch=true (SCHED_BATCH)
+#   with device_nice=0 device_batch=true (SCHED_BATCH), SCHED/KEY=V[+KEY=V]
+#   with those keys (e.g. 1f1b/p2p_handoff_bytes=0), SCHED/MESHRUN_X=V[+...]
+#   with those in the environment (e.g. 1f1b/MESHRUN_PIPE_YIELD=1)
 # (BIN: a copy of build/meshrun, to keep building while it runs)
+# (KEEP=DIR: keep every run's trace, metrics, log and schedstat samples in DIR)
 set -eu
 cd "$(dirname "$0")/.."
 steps=${1:-3}
@@ -59,7 +62,13 @@ ms=${3:-"4 8 16"}
 scheds=${4:-"circular gpipe 1f1b interleaved_1f1b zb_h1 zbv"}
 bin=${BIN:-build/meshrun}
 [ -n "${BIN:-}" ] || make -s all
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+tmp=$(mktemp -d)
+# KEEP=DIR: the runs' traces, metrics, logs and schedstat samples copied there
+if [ -n "${KEEP:-}" ]; then
+  mkdir -p "$KEEP"; trap 'cp -r "$tmp"/. "$KEEP"/; rm -rf "$tmp"' EXIT
+else
+  trap 'rm -rf "$tmp"' EXIT
+fi
 . bench/sched_env.sh  # $model, and the link: $lat_us, $gbps
 rounds=${ROUNDS:-1}
 
@@ -127,7 +136,7 @@ for mesh in $meshes; do
   for M in $ms; do
     for sv in $scheds; do
       # SCHED/fill, SCHED/nofill: the schedule with pipeline_fill_waits true, false
-      s=${sv%/*}; fk=""; pp_env=""; land_env=""; run_bin=$bin
+      s=${sv%/*}; fk=""; pp_env=""; land_env=""; run_bin=$bin; envv=""
       case $sv in
         */fill) fk="pipeline_fill_waits=true" ;;
         */nofill) fk="pipeline_fill_waits=false" ;;
@@ -136,6 +145,8 @@ for mesh in $meshes; do
         */base) run_bin=${BASE:?SCHED/base needs BASE=a meshrun binary to compare against} ;;
         */nice[0-9]*) fk="device_nice=${sv##*/nice}" ;;
         */batch) fk="device_nice=0 device_batch=true" ;;
+        */MESHRUN_*=*) envv="${sv#*/}"; envv="${envv//+/ }" ;;
+        */*=*) fk="${sv#*/}"; fk="${fk//+/ }" ;;
       esac
       case $s in
         # 8 layers: 2 chunks a stage, or one
@@ -157,7 +168,8 @@ for mesh in $meshes; do
       pbub=${pbub:-nan}
       pkind=$(sed -n 's/^work by action: \([^ ]*\) s,.*/\1/p' $tmp/plan)
       name=${mesh}_${M}_${sv//\//_}_$round
-      read -r peaks cpu < <(MESHRUN_PIPE_PREPOST=$pp_env MESHRUN_PIPE_LANDING=$land_env RUN_BIN=$run_bin run $name $hosts $dph $args)
+      read -r peaks cpu < <([ -z "$envv" ] || export $envv
+        MESHRUN_PIPE_PREPOST=$pp_env MESHRUN_PIPE_LANDING=$land_env RUN_BIN=$run_bin run $name $hosts $dph $args)
       [ "$peaks" != failed ] || { echo "sched.sh: run $name failed (its log above)" >&2; exit 1; }
       read -r step bub idle idles kind fill costs form split sshare < <(bench/sched.py $tmp/$name.jsonl $tmp/$name.json \
         --sched $s --stages $S --schedstat $tmp/$name.ss)

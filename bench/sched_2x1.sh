@@ -22,7 +22,8 @@
 #   (MS: part 1's M's; MS4: part 2's, empty to skip it; SCHEDS: part 1's
 #   schedules, default "gpipe 1f1b zb_h1 interleaved_1f1b"; a variant such
 #   as zb_h1/noprepost, bench/sched.sh's, is summed up as its own row
-#   against the same variant of 1f1b)
+#   against the same variant of 1f1b; KEEP=DIR keeps every run's trace
+#   for bench/pipe_excess.py DIR/*.json and bench/pipe_crit.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${STEPS:-3}
