@@ -904,18 +904,35 @@ static bool reads_first(void)
 	return read_first;
 }
 
+/* One read turn of l (lock held): at most budget bytes, into posted
+ * buffers; the bytes read (0 when the link may not be read). */
+static size_t read_turn(struct link *l, size_t budget)
+{
+	if (l->state != LS_UP || l->conn_dead || l->rx_blocked || l->hold_reads)
+		return 0;
+	return link_read(l, budget);
+}
+
+/* One write turn of what is queued on l (lock held); whether any byte
+ * left. */
+static bool write_turn(struct link *l)
+{
+	if (l->state != LS_UP || l->conn_dead || !l->want_write || l->held)
+		return false;
+	uint64_t before = atomic_load_explicit(&l->net->bytes_sent, memory_order_relaxed);
+	recv_write(l);
+	return atomic_load_explicit(&l->net->bytes_sent, memory_order_relaxed) != before;
+}
+
 void recv_before_send(struct link *l)
 {
-	if (!reads_first() || l->state != LS_UP || l->conn_dead || l->rx_blocked || l->hold_reads)
-		return;
-	size_t got = link_read(l, l->net->max_send);
+	size_t got = reads_first() ? read_turn(l, l->net->max_send) : 0;
 	if (got)
 		atomic_fetch_add_explicit(&l->net->reads_before_send, got, memory_order_relaxed);
 }
 
 bool recv_poll(struct link *l, size_t budget, bool large)
 {
-	size_t moved = 0;
 	if (l->state != LS_UP || l->conn_dead)
 		return false;
 	if (large && reads_first()) {
@@ -925,29 +942,16 @@ bool recv_poll(struct link *l, size_t budget, bool large)
 		 * the other's bytes waited in the socket (a 16 MiB permute's
 		 * receive queues at 0.6 MiB on average, up to 7.5) */
 		bool queued = l->want_write;
-		size_t got = !l->rx_blocked && !l->hold_reads ? link_read(l, budget) : 0;
+		size_t got = read_turn(l, budget);
 		if (got && queued)
 			atomic_fetch_add_explicit(&l->net->polls_read_first, 1, memory_order_relaxed);
-		moved += got;
-		if (l->state == LS_UP && l->want_write && !l->held && !l->conn_dead) {
-			uint64_t before = atomic_load_explicit(&l->net->bytes_sent,
-							       memory_order_relaxed);
-			recv_write(l);
-			moved += atomic_load_explicit(&l->net->bytes_sent, memory_order_relaxed) !=
-				 before;
-		}
-		return moved > 0;
+		bool wrote = write_turn(l);
+		return got || wrote;
 	}
-	if (l->want_write && !l->held) {
-		uint64_t before = atomic_load_explicit(&l->net->bytes_sent, memory_order_relaxed);
-		recv_write(l);
-		moved += atomic_load_explicit(&l->net->bytes_sent, memory_order_relaxed) != before;
-	}
-	if (l->state == LS_UP && !l->rx_blocked && !l->hold_reads && !l->conn_dead)
-		moved += link_read(l, budget);
-	if (l->state == LS_UP && l->want_write && !l->held && !l->conn_dead)
-		recv_write(l);
-	return moved > 0;
+	bool moved = write_turn(l);
+	moved |= read_turn(l, budget) > 0;
+	write_turn(l);
+	return moved;
 }
 
 bool recv_idle(struct link *l, uint64_t ns)
