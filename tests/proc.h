@@ -1,11 +1,11 @@
 /* Process helpers shared by the suites that start real processes
- * (check_agent, check_tls, check_train, check_train_fault, check_coll,
- * check_shard, check_report, ...): start with output to files, wait with a
- * timeout or for a line of output, run a meshrun command line to its end
- * (proc_run), kill everything at exit, read outputs, remove directories,
- * free loopback ports. Header-only: each suite is one translation unit;
- * `static inline` keeps a suite that does not use every helper free of
- * unused-function warnings. */
+ * (check_agent, check_tls, check_train, check_train_fault, check_xport,
+ * check_coll_agents, check_shard, check_report, ...): start with output to
+ * files, wait with a timeout or for a line of output, run a meshrun
+ * command line to its end (proc_run), kill everything at exit, read
+ * outputs, remove directories, free loopback ports. Header-only: each
+ * suite is one translation unit; `static inline` keeps a suite that does
+ * not use every helper free of unused-function warnings. */
 #ifndef MESHRUN_TESTS_PROC_H
 #define MESHRUN_TESTS_PROC_H
 
