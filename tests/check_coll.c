@@ -579,6 +579,7 @@ START_TEST(test_timeout_names_collective)
 	ck_assert_msg(w.failures == 0, "%s", w.first);
 }
 END_TEST
+
 static Suite *coll_suite(void)
 {
 	Suite *s = suite_create("coll");

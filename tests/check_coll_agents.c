@@ -29,6 +29,7 @@ static void setup(void)
 {
 	proc_setup("check_coll_agents", 0);
 }
+
 /* The shapes test_multihost_paths does not run (it runs 2x1, 3x2 and
  * 4x1, each four ways) */
 START_TEST(test_multihost_check)
@@ -363,6 +364,7 @@ START_TEST(test_multihost_host_lost)
 		      "a surviving host is blamed:\n%s", errs);
 }
 END_TEST
+
 static Suite *coll_agents_suite(void)
 {
 	Suite *s = suite_create("coll_agents");

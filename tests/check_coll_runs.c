@@ -366,6 +366,7 @@ START_TEST(test_runs_own_bad_args)
 	xport_free(x);
 }
 END_TEST
+
 static Suite *coll_runs_suite(void)
 {
 	Suite *s = suite_create("coll_runs");

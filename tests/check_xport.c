@@ -888,6 +888,7 @@ START_TEST(test_idle_agents)
 	ck_assert_int_eq(proc_wait(&p, 30), 0);
 }
 END_TEST
+
 static void setup_certs(void)
 {
 	proc_setup("check_xport", 2);
