@@ -149,9 +149,6 @@ static struct xreq *eager_arrives(struct xport *x, const struct xmeta *m, const 
 	return r;
 }
 
-/* Small messages go out without waiting for the RecvReady, within a credit
- * per host; the receiver stages what comes before its receive, within the
- * same credit, and still sends every RecvReady, which returns the credit. */
 /* A waiter's poll hook that plays the peer: the message "arrives" when the
  * waiter polls after more than 30 us away from its link (YIELD_BUSY_NS,
  * net/xport.c: the thread that ran meanwhile was the peer, sending it);
@@ -356,6 +353,9 @@ START_TEST(test_xport_wake_held)
 }
 END_TEST
 
+/* Small messages go out without waiting for the RecvReady, within a credit
+ * per host; the receiver stages what comes before its receive, within the
+ * same credit, and still sends every RecvReady, which returns the credit. */
 START_TEST(test_xport_eager)
 {
 	int hosts[2] = { 0, 1 };
