@@ -46,7 +46,9 @@ int aead_impl_parse(const char *word, enum aead_impl *impl)
 
 /* One manager for the process, made once: its table of the CPU's code
  * paths is only read after init_mb_mgr_auto, so threads share it (the GCM
- * calls keep their state in the key and the context they are given). */
+ * calls keep their state in the key and the context they are given; each
+ * also stores 0, or an error code for a NULL argument, in the library's
+ * process-wide error word, which nothing reads after mgr_make). */
 static IMB_MGR *mgr;
 static IMB_ARCH mgr_arch;
 static pthread_once_t mgr_once = PTHREAD_ONCE_INIT;
