@@ -15,7 +15,6 @@
 #endif
 
 struct aead {
-	enum aead_alg alg;
 	bool enc;
 	bool ipsec;                /* ipsec-mb's code, else OpenSSL's */
 	EVP_CIPHER *cipher;        /* OpenSSL: fetched once, ours to free */
@@ -26,6 +25,11 @@ struct aead {
 	 * says so only when LINUX is defined); aead_new aligns the struct */
 	_Alignas(64) struct gcm_key_data key;
 	_Alignas(64) struct gcm_context_data run;
+	/* the key size's and the direction's calls, from the manager */
+	aes_gcm_pre_t pre;
+	aes_gcm_init_var_iv_t init;
+	aes_gcm_enc_dec_update_t update;
+	aes_gcm_enc_dec_finalize_t finalize;
 #endif
 };
 
@@ -109,12 +113,19 @@ struct aead *aead_new(enum aead_alg alg, enum aead_impl impl, bool enc, char *er
 		return NULL;
 	}
 	memset(a, 0, size);
-	a->alg = alg;
 	a->enc = enc;
 #ifdef MESHRUN_IPSEC_MB
 	if (gcm && impl != AEAD_IMPL_OPENSSL) {
-		if (mgr_get()) {
+		const IMB_MGR *m = mgr_get();
+		if (m) {
+			bool k128 = alg == AEAD_AES_128_GCM;
 			a->ipsec = true;
+			a->pre = k128 ? m->gcm128_pre : m->gcm256_pre;
+			a->init = k128 ? m->gcm128_init_var_iv : m->gcm256_init_var_iv;
+			a->update = enc ? (k128 ? m->gcm128_enc_update : m->gcm256_enc_update)
+					: (k128 ? m->gcm128_dec_update : m->gcm256_dec_update);
+			a->finalize = enc ? (k128 ? m->gcm128_enc_finalize : m->gcm256_enc_finalize)
+					  : (k128 ? m->gcm128_dec_finalize : m->gcm256_dec_finalize);
 			return a;
 		}
 		if (impl == AEAD_IMPL_IPSEC_MB) {
@@ -150,10 +161,7 @@ int aead_set_key(struct aead *a, const uint8_t *key)
 {
 #ifdef MESHRUN_IPSEC_MB
 	if (a->ipsec) {
-		if (a->alg == AEAD_AES_128_GCM)
-			IMB_AES128_GCM_PRE(mgr, key, &a->key);
-		else
-			IMB_AES256_GCM_PRE(mgr, key, &a->key);
+		a->pre(key, &a->key);
 		return 0;
 	}
 #endif
@@ -185,28 +193,26 @@ static int evp_run(EVP_CIPHER_CTX *x, const uint8_t *aad, size_t aadlen,
 	return EVP_CipherFinal_ex(x, end, &o) == 1 ? 0 : -1;
 }
 
+#ifdef MESHRUN_IPSEC_MB
+/* ipsec-mb's run over the pieces, sealing or opening as a was made: the
+ * tag it computes to tag. */
+static void imb_run(struct aead *a, const uint8_t *iv, const uint8_t *aad, size_t aadlen,
+		    const struct aead_piece *p, int np, uint8_t *tag)
+{
+	a->init(&a->key, &a->run, iv, AEAD_IV_LEN, aad, aadlen);
+	for (int i = 0; i < np; i++)
+		if (p[i].len)
+			a->update(&a->key, &a->run, p[i].out, p[i].in, p[i].len);
+	a->finalize(&a->key, &a->run, tag, AEAD_TAG_LEN);
+}
+#endif
+
 int aead_seal(struct aead *a, const uint8_t iv[AEAD_IV_LEN], const uint8_t *aad, size_t aadlen,
 	      const struct aead_piece *p, int np, uint8_t tag[AEAD_TAG_LEN])
 {
 #ifdef MESHRUN_IPSEC_MB
 	if (a->ipsec) {
-		bool k128 = a->alg == AEAD_AES_128_GCM;
-		if (k128)
-			IMB_AES128_GCM_INIT_VAR_IV(mgr, &a->key, &a->run, iv, AEAD_IV_LEN, aad, aadlen);
-		else
-			IMB_AES256_GCM_INIT_VAR_IV(mgr, &a->key, &a->run, iv, AEAD_IV_LEN, aad, aadlen);
-		for (int i = 0; i < np; i++) {
-			if (!p[i].len)
-				continue;
-			if (k128)
-				IMB_AES128_GCM_ENC_UPDATE(mgr, &a->key, &a->run, p[i].out, p[i].in, p[i].len);
-			else
-				IMB_AES256_GCM_ENC_UPDATE(mgr, &a->key, &a->run, p[i].out, p[i].in, p[i].len);
-		}
-		if (k128)
-			IMB_AES128_GCM_ENC_FINALIZE(mgr, &a->key, &a->run, tag, AEAD_TAG_LEN);
-		else
-			IMB_AES256_GCM_ENC_FINALIZE(mgr, &a->key, &a->run, tag, AEAD_TAG_LEN);
+		imb_run(a, iv, aad, aadlen, p, np, tag);
 		return 0;
 	}
 #endif
@@ -223,24 +229,8 @@ int aead_open(struct aead *a, const uint8_t iv[AEAD_IV_LEN], const uint8_t *aad,
 {
 #ifdef MESHRUN_IPSEC_MB
 	if (a->ipsec) {
-		bool k128 = a->alg == AEAD_AES_128_GCM;
 		uint8_t got[AEAD_TAG_LEN];
-		if (k128)
-			IMB_AES128_GCM_INIT_VAR_IV(mgr, &a->key, &a->run, iv, AEAD_IV_LEN, aad, aadlen);
-		else
-			IMB_AES256_GCM_INIT_VAR_IV(mgr, &a->key, &a->run, iv, AEAD_IV_LEN, aad, aadlen);
-		for (int i = 0; i < np; i++) {
-			if (!p[i].len)
-				continue;
-			if (k128)
-				IMB_AES128_GCM_DEC_UPDATE(mgr, &a->key, &a->run, p[i].out, p[i].in, p[i].len);
-			else
-				IMB_AES256_GCM_DEC_UPDATE(mgr, &a->key, &a->run, p[i].out, p[i].in, p[i].len);
-		}
-		if (k128)
-			IMB_AES128_GCM_DEC_FINALIZE(mgr, &a->key, &a->run, got, AEAD_TAG_LEN);
-		else
-			IMB_AES256_GCM_DEC_FINALIZE(mgr, &a->key, &a->run, got, AEAD_TAG_LEN);
+		imb_run(a, iv, aad, aadlen, p, np, got);
 		return CRYPTO_memcmp(got, tag, AEAD_TAG_LEN) ? -1 : 0;
 	}
 #endif
