@@ -8,6 +8,14 @@ DEB_PKGS := build-essential pkg-config libevent-dev libssl-dev libprotobuf-c-dev
 PKGS     := openblas libcjson yaml-0.1 libprotobuf-c libevent_core \
             libevent_pthreads libssl libcrypto
 
+# Intel's ipsec-mb (Debian's libipsec-mb-dev, amd64 only) seals and opens
+# our TLS records' AES-GCM at about 3x the speed of Debian 12's OpenSSL 3.0,
+# which has no VAES/AVX-512 code for it (net/aead.c). A build without it
+# uses OpenSSL's cipher (tls_cipher_impl: auto).
+DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
+DEB_PKGS += $(if $(filter amd64,$(DEB_ARCH)),libipsec-mb-dev)
+IPSEC_MB  = $(if $(wildcard /usr/include/intel-ipsec-mb.h),1)
+
 CC       ?= cc
 B        := build
 CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -MMD -MP \
@@ -17,10 +25,10 @@ PKG_LIBS    = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_LIBS  = $(shell pkg-config --libs check 2>/dev/null)
 CFLAGS     ?=
 SAN        ?=
-ALL_CFLAGS  = $(CFLAGS_BASE) $(PKG_CFLAGS) $(SAN) $(CFLAGS)
+ALL_CFLAGS  = $(CFLAGS_BASE) $(PKG_CFLAGS) $(if $(IPSEC_MB),-DMESHRUN_IPSEC_MB) $(SAN) $(CFLAGS)
 # a sanitizer finding ends the process, so the suite fails on it
 ASAN_FLAGS  = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
-LDLIBS      = $(PKG_LIBS) -lm -pthread
+LDLIBS      = $(PKG_LIBS) $(if $(IPSEC_MB),-lIPSec_MB) -lm -pthread
 
 PROTO_C  := $(B)/proto/meshrun.pb-c.c
 PROTO_H  := $(B)/proto/meshrun.pb-c.h

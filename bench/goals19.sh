@@ -2,7 +2,10 @@
 # Issue 19's goals in one run (2 hosts x 1 device, loopback): every op at
 # 64 KiB and 16 MiB, meshrun (TLS) against Open MPI (TCP) and gloo
 # (torch.distributed), interleaved, ROUNDS rounds (each round runs every
-# implementation once, and measures AES-128-GCM with `openssl speed`);
+# implementation once, and measures AES-128-GCM as the run seals it:
+# `meshrun bench cipher`'s seal rate for the implementation the run's
+# settings pick, ipsec-mb or OpenSSL, or `openssl speed` for a build
+# without that command);
 # prints medians of busbw, the ratios the goals name (meshrun/Open MPI at
 # 64 KiB, meshrun/gloo at 16 MiB), CPU us per op of each, CPU per wire
 # byte beyond AES-GCM against Open MPI's and gloo's CPU per byte, the load
@@ -21,7 +24,8 @@
 # (e.g. /work/bin/meshrun-s11) as that second run instead, with the same
 # settings (AB_KEYS, if given, go to BASE's runs).
 # Every meshrun run goes under `perf record -F 999` (cpu-clock, when perf
-# is there; CIPHER_SAMPLES=0 turns it off): its libcrypto samples give the
+# is there; CIPHER_SAMPLES=0 turns it off): its libcrypto and libIPSec_MB
+# samples give the
 # cipher's CPU as the run pays it ("# cipher-samples" lines), so the
 # summary prints CPU per wire byte beyond AES twice: beyond `openssl
 # speed`'s hot 16 KiB figure (the goal's measure) and beyond the run's own
@@ -62,7 +66,7 @@ meshrun_one() {
   perf record -q -F 999 -o "$tmp/c.data" -- "${MR_BIN:-build/meshrun}" bench collectives --hosts 2 \
     --devices-per-host 1 --op "$op" --sizes "$size" --iters "$iters" --warmup "$warm" "$@"
   echo "# cipher-samples $op $(numfmt --from=iec "$size") $(perf script -i "$tmp/c.data" \
-    -F comm,ip,dso 2>/dev/null | grep -c -E '^ *mr-(dev|stream).*libcrypto') 999 $iters $warm"
+    -F comm,ip,dso 2>/dev/null | grep -c -E '^ *mr-(dev|stream).*(libcrypto|libIPSec_MB)') 999 $iters $warm"
 }
 # meshrun's six ops at 64 KiB and 16 MiB with the given key=value settings
 meshrun_ops() {
@@ -72,15 +76,39 @@ meshrun_ops() {
     meshrun_one "$op" 16M "$big" 3 "$@"
   done
 }
+# "# aes-128-gcm R GB/s": AES-128-GCM's CPU-time rate on 16 KiB records
+# as build BIN seals them with key=value settings KEYS: its `bench cipher`
+# line for the implementation those settings pick (tls_cipher_impl,
+# tls_records), or `openssl speed`'s when BIN has no such command or the
+# records are OpenSSL's
+aes_line() {
+  local bin=$1 impl=auto r=
+  shift
+  for kv in "$@"; do
+    case $kv in
+      tls_cipher_impl=*) impl=${kv#*=} ;;
+      tls_records=openssl) impl=openssl-records ;;
+    esac
+  done
+  if [ "$impl" != openssl-records ]; then
+    r=$("$bin" bench cipher --ms 1000 2>/dev/null | awk -v want="$impl" '
+      /^cipher auto:/ { auto = $3 }
+      /^cipher AES-128-GCM / { name = $3; sub(/:$/, "", name); rate[name] = $(NF - 6) }
+      END { if (want == "auto") want = auto; if (want in rate) print rate[want] }')
+  fi
+  [ -n "$r" ] || r=$(openssl speed -seconds 1 -evp aes-128-gcm -bytes 16384 2>/dev/null |
+    awk '/^AES-128-GCM/ {sub(/k$/, "", $2); print $2 * 1000 / 1e9}')
+  echo "# aes-128-gcm $r GB/s"
+}
 for round in $(seq 1 "$rounds"); do
   {
     echo "# round $round"
     echo "# load $(cat /proc/loadavg)"
     echo "# shape 2x1"
-    # user CPU time per byte, as the CPU figures of the rest
-    echo "# aes-128-gcm $(openssl speed -seconds 1 -evp aes-128-gcm -bytes 16384 2>/dev/null |
-      awk '/^AES-128-GCM/ {sub(/k$/, "", $2); print $2 * 1000 / 1e9}') GB/s"
   } > "$tmp/head"
+  # user CPU time per byte, as the CPU figures of the rest
+  aes_line build/meshrun $keys > "$tmp/aes"
+  [ -z "$ab$base" ] || aes_line "${base:-build/meshrun}" $keys $ab > "$tmp/aesb"
   # AB_KEYS: meshrun once more with those settings too, in the same round,
   # first in even rounds (so neither side always runs first)
   if [ -n "$ab$base" ] && [ $((round % 2)) = 0 ]; then
@@ -94,9 +122,9 @@ for round in $(seq 1 "$rounds"); do
     peers_mpi 2 "$big" "$small" 0
     peers_gloo 2 "$big" "$small" 0
   } > "$tmp/peers" 2>&1
-  cat "$tmp/head" "$tmp/a" "$tmp/peers" >> "$log"
-  [ -z "$ab$base" ] || cat "$tmp/head" "$tmp/b" "$tmp/peers" >> "$logb"
-  grep -E '^(# (round|load|aes)|openmpi|gloo)' "$tmp/head" "$tmp/peers" -h || true
+  cat "$tmp/head" "$tmp/aes" "$tmp/a" "$tmp/peers" >> "$log"
+  [ -z "$ab$base" ] || cat "$tmp/head" "$tmp/aesb" "$tmp/b" "$tmp/peers" >> "$logb"
+  grep -E '^(# (round|load|aes)|openmpi|gloo)' "$tmp/head" "$tmp/aes" "$tmp/peers" -h || true
 done
 echo "# end of run, load $(cat /proc/loadavg)" >> "$log"
 [ -z "$ab$base" ] || echo "# meshrun settings: ${keys:-(defaults)}"

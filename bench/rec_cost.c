@@ -8,7 +8,9 @@
  * `perf record`; bench/rec_cost.sh does both. Not a timed test.
  * SPAN > CHUNK walks the writes and reads through buffers of SPAN bytes
  * (a 16 MiB op's cold source and destination) instead of one hot chunk.
- * usage: rec_cost MIB [CHUNK] [SEND_BYTES] [SPAN]   (defaults 64, 262144, 1 MiB, CHUNK) */
+ * IMPL picks who seals and opens (net/aead.h: auto, ipsec-mb, openssl).
+ * usage: rec_cost MIB [CHUNK] [SEND_BYTES] [SPAN] [IMPL]
+ *        (defaults 64, 262144, 1 MiB, CHUNK, auto) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,11 @@ int main(int argc, char **argv)
 	size_t chunk = argc > 2 ? strtoull(argv[2], NULL, 0) : 262144;
 	size_t sb = argc > 3 ? strtoull(argv[3], NULL, 0) : 0;
 	size_t span = argc > 4 ? strtoull(argv[4], NULL, 0) : 0;
+	enum aead_impl impl = AEAD_IMPL_AUTO;
+	if (argc > 5 && aead_impl_parse(argv[5], &impl)) {
+		fprintf(stderr, "rec_cost: IMPL is auto, ipsec-mb or openssl, not '%s'\n", argv[5]);
+		return 2;
+	}
 	uint8_t a[32], b[32];
 	char err[256];
 	int sv[2];
@@ -37,8 +44,8 @@ int main(int argc, char **argv)
 	int big = 4 << 20;
 	setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
 	setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
-	struct tls_rec *w = tls_rec_new(TLS_REC_AES_128_GCM_SHA256, a, b, sb, err, sizeof(err));
-	struct tls_rec *r = tls_rec_new(TLS_REC_AES_128_GCM_SHA256, b, a, sb, err, sizeof(err));
+	struct tls_rec *w = tls_rec_new(TLS_REC_AES_128_GCM_SHA256, impl, a, b, sb, err, sizeof(err));
+	struct tls_rec *r = tls_rec_new(TLS_REC_AES_128_GCM_SHA256, impl, b, a, sb, err, sizeof(err));
 	uint8_t *src0 = malloc(span), *dst0 = malloc(span);
 	if (!w || !r || !src0 || !dst0) {
 		fprintf(stderr, "rec_cost: %s\n", err);
@@ -82,8 +89,8 @@ int main(int argc, char **argv)
 	}
 	uint64_t tx, rx, tu, ru;
 	tls_rec_counts(w, &tx, &rx, &tu, &ru);
-	printf("rec_cost %zu MiB, %zu-byte writes: %llu records\n", mib, chunk,
-	       (unsigned long long)tx);
+	printf("rec_cost %zu MiB, %zu-byte writes: %llu records, sealed by %s\n", mib, chunk,
+	       (unsigned long long)tx, tls_rec_cipher_impl(w));
 	if (memcmp(src0, dst0, span < total ? span : total)) {
 		fprintf(stderr, "rec_cost: bytes differ\n");
 		return 1;

@@ -21,9 +21,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 bin=${BIN:-}
 if [ -z "$bin" ]; then
-  make -s build/net/tls_rec.o build/net/rec_log.o build/net/conn.o
+  make -s build/net/tls_rec.o build/net/aead.o build/net/rec_log.o build/net/conn.o
+  # ipsec-mb where the build has it (the Makefile's test)
+  imb=; [ -e /usr/include/intel-ipsec-mb.h ] && imb=-lIPSec_MB
   cc -std=c11 -D_GNU_SOURCE -O2 -g -I. -o "$tmp/rec_cost" bench/rec_cost.c build/net/tls_rec.o \
-    build/net/rec_log.o build/net/conn.o -lssl -lcrypto -pthread
+    build/net/aead.o build/net/rec_log.o build/net/conn.o -lssl -lcrypto $imb -pthread
   bin=$tmp/rec_cost
 fi
 for k in 1 2; do

@@ -413,6 +413,7 @@ struct net *net_new(const struct net_params *p, int *status, char *err, size_t e
 	n->max_send = p->max_send_bytes ? (size_t)p->max_send_bytes : NET_MAX_SEND_DEFAULT;
 	n->p2p_handoff = (size_t)p->p2p_handoff_bytes;
 	n->openssl_records = p->openssl_records;
+	n->tls_cipher = p->tls_cipher;
 	n->notsent_lowat = p->notsent_lowat_bytes > INT_MAX ? INT_MAX : (int)p->notsent_lowat_bytes;
 	n->lim.max_payload = p->max_frame_bytes;
 	n->key_update_bytes = p->key_update_bytes;

@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "net/aead.h"
 #include "net/xport.h"
 #include "proto/meshrun.pb-c.h"
 
@@ -111,6 +112,9 @@ struct net_params {
 	/* after OpenSSL's handshake, OpenSSL keeps writing and reading the
 	 * records (false: our record layer does, net/tls_rec.h) */
 	bool openssl_records;
+	/* who seals and opens our records' AES-GCM (net/aead.h): ipsec-mb
+	 * where this build has it (AEAD_IMPL_AUTO, the default 0), or OpenSSL */
+	enum aead_impl tls_cipher;
 	/* TCP_NOTSENT_LOWAT on every link's socket (0: not set) */
 	uint64_t notsent_lowat_bytes;
 	/* TLS connections per host pair, each driven by its own stream thread

@@ -128,6 +128,7 @@ struct net {
 	size_t p2p_handoff;            /* net_params.p2p_handoff_bytes */
 	int notsent_lowat;             /* net_params.notsent_lowat_bytes (0: unset) */
 	bool openssl_records;          /* net_params.openssl_records */
+	enum aead_impl tls_cipher;     /* net_params.tls_cipher */
 	pthread_mutex_t fault_mu;      /* the fault specs' counters */
 	int coord_lfd, data_lfd;
 	char data_addr[128];

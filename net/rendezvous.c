@@ -273,7 +273,7 @@ struct conn *rdv_conn_new(struct net *n, int fd, bool server)
 {
 	struct conn *c = tls_conn_new(n->ctx, fd, server);
 	if (c) {
-		tls_conn_set_records(c, !n->openssl_records, n->max_send);
+		tls_conn_set_records(c, !n->openssl_records, n->max_send, n->tls_cipher);
 		conn_set_key_update(c, n->key_update_bytes, &n->key_updates);
 	}
 	return c;

@@ -35,6 +35,7 @@ struct tls_conn {
 	 * answers questions (the peer's certificate, the suite) */
 	bool own;
 	size_t send_bytes;
+	enum aead_impl cipher;
 	struct tls_rec *rec;
 	/* the application traffic secrets OpenSSL's key log reported
 	 * (net/tls_rec.c's callback, set where the context is made),
@@ -216,8 +217,8 @@ static int tls_switch(struct conn *c)
 		rc = -EPROTO;
 	} else {
 		int us = SSL_is_server(t->ssl) ? 1 : 0;
-		t->rec = tls_rec_new(suite, t->sec.secret[us], t->sec.secret[!us], t->send_bytes, c->err,
-				     sizeof(c->err));
+		t->rec = tls_rec_new(suite, t->cipher, t->sec.secret[us], t->sec.secret[!us],
+				     t->send_bytes, c->err, sizeof(c->err));
 		if (!t->rec)
 			rc = -EPROTO;
 		else
@@ -477,13 +478,14 @@ struct conn *tls_conn_new(SSL_CTX *ctx, int fd, bool server)
 	return &t->c;
 }
 
-void tls_conn_set_records(struct conn *c, bool own, size_t send_bytes)
+void tls_conn_set_records(struct conn *c, bool own, size_t send_bytes, enum aead_impl cipher)
 {
 	struct tls_conn *t = tc(c);
 	if (c->type != &conn_type_tls || t->rec)
 		return;
 	t->own = own;
 	t->send_bytes = send_bytes;
+	t->cipher = cipher;
 	/* ours: OpenSSL must not read past its handshake (a header, then
 	 * exactly a body); the context's key log (tls_ctx_new) hands us the
 	 * traffic secrets */

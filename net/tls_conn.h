@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 
+#include "net/aead.h"
 #include "net/conn.h"
 
 /* OpenSSL's own typedefs (openssl/types.h), repeated so that this header
@@ -24,12 +25,13 @@ struct conn *tls_conn_new(SSL_CTX *ctx, int fd, bool server);
 
 /* Who writes and reads the records once OpenSSL's handshake is done:
  * OpenSSL (own false, the default of tls_conn_new) or net/tls_rec.c
- * (own true: the same TLS 1.3 records, RFC 8446 section 5, with OpenSSL's
- * AEAD; written into a buffer that goes to send() once it holds about
- * send_bytes, 0: 1 MiB). Before the handshake only. The traffic secrets
- * come through the key log callback tls_ctx_new set on the context
- * (net/tls_rec.c), so ctx must be one it made. */
-void tls_conn_set_records(struct conn *c, bool own, size_t send_bytes);
+ * (own true: the same TLS 1.3 records, RFC 8446 section 5, sealed and
+ * opened by cipher's implementation, net/aead.h; written into a buffer
+ * that goes to send() once it holds about send_bytes, 0: 1 MiB). Before
+ * the handshake only. The traffic secrets come through the key log
+ * callback tls_ctx_new set on the context (net/tls_rec.c), so ctx must be
+ * one it made. */
+void tls_conn_set_records(struct conn *c, bool own, size_t send_bytes, enum aead_impl cipher);
 /* true once the connection's records are ours (after the handshake). */
 bool tls_conn_own_records(struct conn *c);
 /* Our record layer under c, NULL before the switch or with OpenSSL's

@@ -2,6 +2,7 @@
  * RFC 8446: records 5.1-5.4, limits 5.5, KeyUpdate 4.6.3, key schedule
  * 7.1-7.3, alerts 6. */
 #include "net/tls_rec.h"
+#include "net/aead.h"
 #include "net/rec_log.h"
 
 #include <errno.h>
@@ -16,7 +17,6 @@
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <openssl/kdf.h>
 #include <openssl/ssl.h>
 
@@ -32,17 +32,16 @@ enum {
 	CTRL_ROOM = 2 * 64,
 };
 
-/* One direction: its traffic secret, key (in the cipher context), iv and
- * record sequence number. */
+/* One direction: its traffic secret, key (in its cipher), iv and record
+ * sequence number. */
 struct dir {
-	EVP_CIPHER_CTX *ctx;
+	struct aead *aead;
 	uint8_t secret[TLS_REC_SECRET_MAX];
 	uint8_t iv[IV_LEN];
 	uint64_t seq, updates;
 };
 
 struct tls_rec {
-	EVP_CIPHER *cipher;           /* fetched once (EVP_CIPHER_fetch), ours to free */
 	const char *md;               /* the suite's hash, for HKDF */
 	size_t hlen, klen;
 	struct dir tx, rx;
@@ -181,13 +180,12 @@ static int expand_label(const struct tls_rec *r, const uint8_t *secret, const ch
 }
 
 /* Key and iv of d from its secret (7.3); the sequence number restarts. */
-static int dir_keys(struct tls_rec *r, struct dir *d, int enc)
+static int dir_keys(struct tls_rec *r, struct dir *d)
 {
 	uint8_t key[32];
 	int rc = -1;
 	if (!expand_label(r, d->secret, "key", key, r->klen) &&
-	    !expand_label(r, d->secret, "iv", d->iv, IV_LEN) &&
-	    EVP_CipherInit_ex(d->ctx, r->cipher, NULL, key, NULL, enc) == 1)
+	    !expand_label(r, d->secret, "iv", d->iv, IV_LEN) && !aead_set_key(d->aead, key))
 		rc = 0;
 	OPENSSL_cleanse(key, sizeof(key));
 	d->seq = 0;
@@ -196,7 +194,7 @@ static int dir_keys(struct tls_rec *r, struct dir *d, int enc)
 
 /* The next generation of d's secret and keys (7.2); the old secret is
  * overwritten. */
-static int dir_update(struct tls_rec *r, struct dir *d, int enc)
+static int dir_update(struct tls_rec *r, struct dir *d)
 {
 	uint8_t next[TLS_REC_SECRET_MAX];
 	if (expand_label(r, d->secret, "traffic upd", next, r->hlen))
@@ -204,7 +202,7 @@ static int dir_update(struct tls_rec *r, struct dir *d, int enc)
 	memcpy(d->secret, next, r->hlen);
 	OPENSSL_cleanse(next, sizeof(next));
 	d->updates++;
-	return dir_keys(r, d, enc);
+	return dir_keys(r, d);
 }
 
 /* The per-record nonce: iv XOR the sequence number, left-padded (5.3). */
@@ -215,9 +213,10 @@ static void nonce(const struct dir *d, uint8_t *n)
 		n[IV_LEN - 1 - i] ^= (uint8_t)(d->seq >> (8 * i));
 }
 
-struct tls_rec *tls_rec_new(enum tls_rec_suite s, const uint8_t *tx_secret,
+struct tls_rec *tls_rec_new(enum tls_rec_suite s, enum aead_impl impl, const uint8_t *tx_secret,
 			    const uint8_t *rx_secret, size_t send_bytes, char *err, size_t errlen)
 {
+	enum aead_alg alg;
 	struct tls_rec *r = calloc(1, sizeof(*r));
 	if (!r) {
 		snprintf(err, errlen, "tls records: out of memory");
@@ -225,17 +224,17 @@ struct tls_rec *tls_rec_new(enum tls_rec_suite s, const uint8_t *tx_secret,
 	}
 	switch (s) {
 	case TLS_REC_AES_128_GCM_SHA256:
-		r->cipher = EVP_CIPHER_fetch(NULL, "AES-128-GCM", NULL);
+		alg = AEAD_AES_128_GCM;
 		r->md = "SHA256";
 		r->klen = 16;
 		break;
 	case TLS_REC_AES_256_GCM_SHA384:
-		r->cipher = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL);
+		alg = AEAD_AES_256_GCM;
 		r->md = "SHA384";
 		r->klen = 32;
 		break;
 	default:
-		r->cipher = EVP_CIPHER_fetch(NULL, "ChaCha20-Poly1305", NULL);
+		alg = AEAD_CHACHA20_POLY1305;
 		r->md = "SHA256";
 		r->klen = 32;
 		break;
@@ -246,12 +245,19 @@ struct tls_rec *tls_rec_new(enum tls_rec_suite s, const uint8_t *tx_secret,
 	r->out_cap = r->send_bytes + TLS_REC_MAX_PLAIN + TLS_REC_OVERHEAD + CTRL_ROOM;
 	r->out = malloc(r->out_cap);
 	r->in = malloc(TLS_REC_IN_BYTES);
-	r->tx.ctx = EVP_CIPHER_CTX_new();
-	r->rx.ctx = EVP_CIPHER_CTX_new();
 	memcpy(r->tx.secret, tx_secret, r->hlen);
 	memcpy(r->rx.secret, rx_secret, r->hlen);
-	if (!r->cipher || !r->out || !r->in || !r->tx.ctx || !r->rx.ctx || dir_keys(r, &r->tx, 1) ||
-	    dir_keys(r, &r->rx, 0)) {
+	if (!r->out || !r->in) {
+		snprintf(err, errlen, "tls records: out of memory");
+		tls_rec_free(r);
+		return NULL;
+	}
+	if (!(r->tx.aead = aead_new(alg, impl, true, err, errlen)) ||
+	    !(r->rx.aead = aead_new(alg, impl, false, err, errlen))) {
+		tls_rec_free(r);
+		return NULL;
+	}
+	if (dir_keys(r, &r->tx) || dir_keys(r, &r->rx)) {
 		snprintf(err, errlen, "tls records: unable to set up the %s keys", r->md);
 		tls_rec_free(r);
 		return NULL;
@@ -263,9 +269,8 @@ void tls_rec_free(struct tls_rec *r)
 {
 	if (!r)
 		return;
-	EVP_CIPHER_CTX_free(r->tx.ctx);
-	EVP_CIPHER_CTX_free(r->rx.ctx);
-	EVP_CIPHER_free(r->cipher);
+	aead_free(r->tx.aead);
+	aead_free(r->rx.aead);
 	free(r->out);
 	free(r->in);
 	/* the secrets, ivs and whatever plaintext is left */
@@ -273,40 +278,27 @@ void tls_rec_free(struct tls_rec *r)
 	free(r);
 }
 
-/* ---- writing ---- */
-
-/* The AEAD tag as an OSSL_PARAM of its own: read after a seal with
- * EVP_CIPHER_CTX_get_params, given to the open's init. Straight to the
- * provider, without EVP_CIPHER_CTX_ctrl's translation of a ctrl into
- * parameters. */
-static void tag_param(OSSL_PARAM p[2], uint8_t *tag)
+const char *tls_rec_cipher_impl(const struct tls_rec *r)
 {
-	p[0] = (OSSL_PARAM){ OSSL_CIPHER_PARAM_AEAD_TAG, OSSL_PARAM_OCTET_STRING, tag, TAG_LEN,
-			     OSSL_PARAM_UNMODIFIED };
-	p[1] = (OSSL_PARAM)OSSL_PARAM_END;
+	return aead_impl_name(r->tx.aead);
 }
+
+/* ---- writing ---- */
 
 /* Encrypts one record of type with n bytes of src to r->out + out_len. */
 static int seal(struct tls_rec *r, uint8_t type, const uint8_t *src, size_t n)
 {
 	uint8_t *d = r->out + r->out_len, iv[IV_LEN];
 	size_t rlen = n + 1 + TAG_LEN;
-	int o;
 	d[0] = CT_APPDATA;
 	d[1] = 3;
 	d[2] = 3;
 	d[3] = (uint8_t)(rlen >> 8);
 	d[4] = (uint8_t)rlen;
-	OSSL_PARAM tag[2];
+	/* TLSInnerPlaintext: the content, then its type */
+	const struct aead_piece text[2] = { { src, d + 5, n }, { &type, d + 5 + n, 1 } };
 	nonce(&r->tx, iv);
-	tag_param(tag, d + 5 + n + 1);
-	EVP_CIPHER_CTX *x = r->tx.ctx;
-	if (EVP_EncryptInit_ex(x, NULL, NULL, NULL, iv) != 1 ||
-	    EVP_EncryptUpdate(x, NULL, &o, d, 5) != 1 ||
-	    (n && EVP_EncryptUpdate(x, d + 5, &o, src, (int)n) != 1) ||
-	    EVP_EncryptUpdate(x, d + 5 + n, &o, &type, 1) != 1 ||
-	    EVP_EncryptFinal_ex(x, d + 5 + n + 1, &o) != 1 ||
-	    EVP_CIPHER_CTX_get_params(x, tag) != 1)
+	if (aead_seal(r->tx.aead, iv, d, 5, text, 2, d + 5 + n + 1))
 		return -1;
 	if (r->corrupt_next) {
 		/* past the header: ciphertext or tag, which the peer rejects */
@@ -323,7 +315,7 @@ static int seal(struct tls_rec *r, uint8_t type, const uint8_t *src, size_t n)
 static int send_key_update(struct tls_rec *r, struct conn *c, bool request)
 {
 	const uint8_t ku[5] = { HS_KEY_UPDATE, 0, 0, 1, request ? 1 : 0 };
-	if (seal(r, CT_HANDSHAKE, ku, sizeof(ku)) || dir_update(r, &r->tx, 1)) {
+	if (seal(r, CT_HANDSHAKE, ku, sizeof(ku)) || dir_update(r, &r->tx)) {
 		snprintf(c->err, sizeof(c->err), "tls key update failed after %llu bytes",
 			 (unsigned long long)r->tx_plain);
 		return -EPROTO;
@@ -583,17 +575,10 @@ static ssize_t open_record(struct tls_rec *r, struct conn *c, uint8_t *dst, size
 	unsigned long long rec = (unsigned long long)r->rx_records;
 	size_t n1 = inner < cap ? inner : cap;
 	uint8_t iv[IV_LEN];
-	OSSL_PARAM tag[2];
-	int o;
+	const struct aead_piece text[2] = { { h + 5, dst, n1 },
+					    { h + 5 + n1, r->plain, inner - n1 } };
 	nonce(&r->rx, iv);
-	/* the expected tag goes in with the nonce: one call to the provider */
-	tag_param(tag, (uint8_t *)(h + 5 + inner));
-	EVP_CIPHER_CTX *x = r->rx.ctx;
-	if (EVP_DecryptInit_ex2(x, NULL, NULL, iv, tag) != 1 ||
-	    EVP_DecryptUpdate(x, NULL, &o, h, 5) != 1 ||
-	    (n1 && EVP_DecryptUpdate(x, dst, &o, h + 5, (int)n1) != 1) ||
-	    (inner > n1 && EVP_DecryptUpdate(x, r->plain, &o, h + 5 + n1, (int)(inner - n1)) != 1) ||
-	    EVP_DecryptFinal_ex(x, r->plain + (inner - n1), &o) != 1)
+	if (aead_open(r->rx.aead, iv, h, 5, text, 2, h + 5 + inner))
 		return rx_fail(c, -EPROTO, "bad record mac", rec);
 	r->rx.seq++;
 	r->rx_records++;
@@ -640,7 +625,7 @@ static ssize_t open_record(struct tls_rec *r, struct conn *c, uint8_t *dst, size
 	if (plen != 5 || m[0] != HS_KEY_UPDATE || m[1] || m[2] || m[3] != 1 || m[4] > 1)
 		return rx_fail(c, -EPROTO, m[0] == HS_KEY_UPDATE ? "malformed key update"
 				   : "unexpected handshake message", rec);
-	if (dir_update(r, &r->rx, 0))
+	if (dir_update(r, &r->rx))
 		return rx_fail(c, -EPROTO, "key update failed", rec);
 	if (m[4]) {
 		/* answered before our next record; now if there is room (the

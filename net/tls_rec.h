@@ -1,16 +1,17 @@
 /* TLS 1.3 records of our own after OpenSSL's handshake ("kTLS in user
  * space"): once OpenSSL has done the whole handshake (certificates,
  * identity pinning), a connection's records are written and read here,
- * byte for byte as RFC 8446 section 5 has them, with OpenSSL's EVP AEAD
- * for the cipher. This is what OpenSSL does when it hands a connection to
- * kTLS, done in user space. Private to net/ (net/tls_conn.c drives it; the
- * record tests and tests/fuzz/fuzz_records.c drive it over a socket).
+ * byte for byte as RFC 8446 section 5 has them. This is what OpenSSL
+ * does when it hands a connection to kTLS, done in user space. Private to
+ * net/ (net/tls_conn.c drives it; the record tests and
+ * tests/fuzz/fuzz_records.c drive it over a socket).
  *
  * Records: a 5-byte header (type 23, 0x0303, length), the AEAD of
  * TLSInnerPlaintext (content, its content type, no padding) under the
  * header as AAD, the nonce the direction's iv XOR its record sequence
  * number; keys and ivs from the traffic secrets by HKDF-Expand-Label
  * (section 7.1, 7.3); KeyUpdate (4.6.3, 7.2) both ways; close_notify.
+ * The cipher is net/aead.h's: ipsec-mb's AES-GCM or OpenSSL's EVP.
  *
  * Write: records of up to 2^14 plaintext bytes are encrypted from the
  * caller's buffer into an output buffer, which goes to send() once it
@@ -30,6 +31,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "net/aead.h"
 #include "net/conn.h"
 
 #define TLS_REC_MAX_PLAIN   16384                 /* 2^14, RFC 8446 5.1 */
@@ -81,13 +83,16 @@ int tls_rec_suite_of(uint16_t iana_id);
 size_t tls_rec_secret_len(enum tls_rec_suite s);
 
 /* Records with both directions' application traffic secrets (tx: ours,
- * rx: the peer's), both sequence numbers at 0; output goes to the kernel
- * in sends of about send_bytes (0: 1 MiB). The secrets are copied (and
- * wiped on renewal and free). NULL with err on failure. */
-struct tls_rec *tls_rec_new(enum tls_rec_suite s, const uint8_t *tx_secret,
+ * rx: the peer's), both sequence numbers at 0, sealed and opened by impl
+ * (net/aead.h); output goes to the kernel in sends of about send_bytes
+ * (0: 1 MiB). The secrets are copied (and wiped on renewal and free). NULL
+ * with err on failure. */
+struct tls_rec *tls_rec_new(enum tls_rec_suite s, enum aead_impl impl, const uint8_t *tx_secret,
 			    const uint8_t *rx_secret, size_t send_bytes, char *err, size_t errlen);
 /* Wipes the keys and frees r (NULL is fine). */
 void tls_rec_free(struct tls_rec *r);
+/* Who seals and opens r's records (aead_impl_name). */
+const char *tls_rec_cipher_impl(const struct tls_rec *r);
 
 /* The conn_type calls (net/conn.h). read may write anywhere in
  * [buf, buf + len), also bytes it does not return (a record's content type,

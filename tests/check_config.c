@@ -190,6 +190,8 @@ START_TEST(test_out_of_range)
 		{ "dataset_type=text", "config: dataset_type 'text' needs key 'dataset_path' and "
 		  "'vocab_size' >= 256 (byte tokens), got '' and 256 (dataset_path: default; vocab_size: "
 		  "default)" },
+		{ "tls_cipher_impl=aesni", "config: key 'tls_cipher_impl' must be auto, ipsec-mb or "
+		  "openssl, got 'aesni' (tls_cipher_impl: command line)" },
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		struct cfg c;
@@ -201,13 +203,23 @@ START_TEST(test_out_of_range)
 	/* the edges that are fine */
 	const char *good[] = { "learning_rate=1e-9", "adam_b1=0", "warmup_steps_fraction=1",
 			       "learning_rate_schedule_steps=-1", "steps=0", "gradient_clipping_threshold=0",
-			       "link_silence_s=0", "link_silence_s=0.6", "link_silence_s=9.9" };
+			       "link_silence_s=0", "link_silence_s=0.6", "link_silence_s=9.9",
+			       "tls_cipher_impl=openssl", "tls_cipher_impl=ipsec-mb" };
 	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
 		struct cfg c;
 		cfg_defaults(&c);
 		ck_assert_int_eq(cfg_override(&c, good[i], err, sizeof(err)), 0);
 		ck_assert_msg(cfg_finish(&c, 1, 1, err, sizeof(err)) == 0, "%s: %s", good[i], err);
 	}
+	/* ipsec-mb seals our records only: not with OpenSSL's */
+	struct cfg c;
+	cfg_defaults(&c);
+	ck_assert_int_eq(cfg_override(&c, "tls_records=openssl", err, sizeof(err)), 0);
+	ck_assert_int_eq(cfg_override(&c, "tls_cipher_impl=ipsec-mb", err, sizeof(err)), 0);
+	ck_assert_int_eq(cfg_finish(&c, 1, 1, err, sizeof(err)), -EINVAL);
+	ck_assert_str_eq(err, "config: key 'tls_cipher_impl' is ipsec-mb, which seals our own "
+			 "records, but key 'tls_records' is openssl (OpenSSL's records use its cipher) "
+			 "(tls_cipher_impl: command line; tls_records: command line)");
 }
 END_TEST
 

@@ -2,8 +2,11 @@
  * a socketpair with the cluster's test certificates: OpenSSL does the
  * handshake on both ends, then one end's records are ours and the other's
  * OpenSSL's. Our writer -> OpenSSL's SSL_read gets the same bytes, and
- * OpenSSL's SSL_write -> our reader, for each of the three suites, at
- * record sizes 1, 16383, 16384, 16385 and ~1 MiB, read in odd lengths;
+ * OpenSSL's SSL_write -> our reader, for each of the three suites and
+ * both our ciphers' implementations (net/aead.h: ipsec-mb's AES-GCM where
+ * built, OpenSSL's), at record sizes 1, 16383, 16384, 16385 and ~1 MiB,
+ * read in odd lengths; ours sealed by ipsec-mb to ours opened by OpenSSL
+ * and back;
  * KeyUpdate both ways (OpenSSL's SSL_key_update asking for ours; ours
  * every few KiB, and ours asking for OpenSSL's; ours at the cap of
  * records per key; requests that arrive while our output buffer is full,
@@ -40,10 +43,31 @@
 static const char *const suites[] = {
 	"TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256",
 };
+/* Who seals our records (net/aead.h) on the server's and the client's
+ * side: tests that loop over suites x implementations set them. */
+static enum aead_impl impl_s, impl_c;
+
+/* Loop index i of a suites x implementations test: the suite, and auto
+ * (ipsec-mb for AES-GCM where built) or OpenSSL on both ends. */
+static const char *suite_impl(int i)
+{
+	impl_s = impl_c = i < 3 ? AEAD_IMPL_AUTO : AEAD_IMPL_OPENSSL;
+	return suites[i % 3];
+}
+
+/* The implementation rec uses is the one asked for. */
+static void check_impl(struct tls_rec *rec, enum aead_impl impl, const char *suite)
+{
+	const char *name = tls_rec_cipher_impl(rec);
+	bool fast = impl != AEAD_IMPL_OPENSSL && aead_have_ipsec_mb() && !strstr(suite, "CHACHA");
+	ck_assert_msg(!strncmp(name, fast ? "ipsec-mb" : "openssl", fast ? 8 : 7),
+		      "%s: sealed by %s", suite, name);
+}
 
 static void setup(void)
 {
 	proc_setup("check_tlsrec", 2);
+	impl_s = impl_c = AEAD_IMPL_AUTO;
 	char dir[300], err[256];
 	snprintf(dir, sizeof(dir), "%s/other", tmpdir);
 	mkdir(dir, 0700);
@@ -82,8 +106,8 @@ static void pair_open_sb(struct pair *p, const char *suite, bool own_s, bool own
 	p->s = tls_conn_new(p->sctx, sv[0], true);
 	p->c = tls_conn_new(p->cctx, sv[1], false);
 	ck_assert(p->s && p->c);
-	tls_conn_set_records(p->s, own_s, send_bytes);
-	tls_conn_set_records(p->c, own_c, send_bytes);
+	tls_conn_set_records(p->s, own_s, send_bytes, impl_s);
+	tls_conn_set_records(p->c, own_c, send_bytes, impl_c);
 	p->srs = p->crs = -EAGAIN;
 	for (int i = 0; i < 1000 && (p->srs == -EAGAIN || p->crs == -EAGAIN); i++) {
 		if (p->crs == -EAGAIN)
@@ -148,11 +172,12 @@ static const size_t sizes[] = { 1, 16383, 16384, 16385, (1u << 20) + 7 };
 static const size_t odd_reads[] = { 1, 7, 16383, 5, 16385, 100003, 3 };
 static const size_t whole_reads[] = { 1u << 21 };
 
-/* Both directions between our records and OpenSSL's, for one suite (the
- * loop index), writes whole and in odd pieces, reads whole and odd. */
+/* Both directions between our records and OpenSSL's, for one suite and
+ * one of our ciphers' implementations (the loop index), writes whole and
+ * in odd pieces, reads whole and odd. */
 START_TEST(test_same_bytes)
 {
-	const char *suite = suites[_i];
+	const char *suite = suite_impl(_i);
 	size_t maxn = sizes[sizeof(sizes) / sizeof(sizes[0]) - 1];
 	uint8_t *msg = malloc(maxn), *got = malloc(maxn);
 	ck_assert(msg && got);
@@ -167,6 +192,7 @@ START_TEST(test_same_bytes)
 		struct conn *w = p.c, *r = p.s;
 		ck_assert(tls_conn_own_records(ours));
 		ck_assert(!tls_conn_own_records(dir == 0 ? p.s : p.c));
+		check_impl(tls_conn_rec(ours), impl_s, suite);
 		uint64_t tx0, rx0, u0, v0;
 		tls_rec_counts(tls_conn_rec(ours), &tx0, &rx0, &u0, &v0);
 		size_t records = 0;
@@ -203,11 +229,13 @@ START_TEST(test_key_update)
 {
 	struct pair p;
 	uint8_t msg[300000], got[300000];
-	pair_open(&p, suites[_i], true, false);      /* ours: the server */
+	const char *suite = suite_impl(_i);
+	pair_open(&p, suite, true, false);           /* ours: the server */
 	ck_assert_int_eq(p.crs, 0);
 	ck_assert_int_eq(p.srs, 0);
 	struct tls_rec *rec = tls_conn_rec(p.s);
 	ck_assert_ptr_nonnull(rec);
+	check_impl(rec, impl_s, suite);
 	uint64_t tx, rx, u, v;
 
 	/* OpenSSL -> ours, after SSL_key_update(requested) */
@@ -528,7 +556,7 @@ START_TEST(test_refused_after_handshake)
 	conn_set_nonblock(sv[0]);
 	conn_set_nonblock(sv[1]);
 	struct conn *s = tls_conn_new(sctx, sv[0], true), *c = tls_conn_new(cctx, sv[1], false);
-	tls_conn_set_records(c, true, 0);
+	tls_conn_set_records(c, true, 0, AEAD_IMPL_AUTO);
 	int crs = -EAGAIN, srs = -EAGAIN;
 	for (int i = 0; i < 1000 && (srs == -EAGAIN || crs == -EAGAIN); i++) {
 		if (crs == -EAGAIN)
@@ -560,8 +588,8 @@ START_TEST(test_switch_refuses_unread)
 	conn_set_nonblock(sv[0]);
 	conn_set_nonblock(sv[1]);
 	struct conn *s = tls_conn_new(sctx, sv[0], true), *c = tls_conn_new(cctx, sv[1], false);
-	tls_conn_set_records(s, true, 0);
-	tls_conn_set_records(c, true, 0);
+	tls_conn_set_records(s, true, 0, AEAD_IMPL_AUTO);
+	tls_conn_set_records(c, true, 0, AEAD_IMPL_AUTO);
 	SSL_set_read_ahead(tls_conn_ssl(s), 1);
 	int crs = -EAGAIN, srs = -EAGAIN;
 	for (int i = 0; i < 1000 && crs == -EAGAIN; i++) {
@@ -583,14 +611,50 @@ START_TEST(test_switch_refuses_unread)
 }
 END_TEST
 
+/* Our records on both ends, sealed by ipsec-mb on one and OpenSSL on the
+ * other (AES-128-GCM, AES-256-GCM: the loop index), both ways, with
+ * KeyUpdates each way: the two implementations are one cipher. */
+START_TEST(test_across_impls)
+{
+	if (!aead_have_ipsec_mb())
+		return;        /* one implementation: nothing to cross */
+	struct pair p;
+	static uint8_t msg[200000], got[200000];
+	impl_s = AEAD_IMPL_IPSEC_MB;
+	impl_c = AEAD_IMPL_OPENSSL;
+	pair_open(&p, suites[_i], true, true);
+	ck_assert_int_eq(p.crs, 0);
+	ck_assert_int_eq(p.srs, 0);
+	check_impl(tls_conn_rec(p.s), impl_s, suites[_i]);
+	check_impl(tls_conn_rec(p.c), impl_c, suites[_i]);
+	_Atomic uint64_t ns = 0, nc = 0;
+	conn_set_key_update(p.s, 30000, &ns);
+	conn_set_key_update(p.c, 45000, &nc);
+	for (int round = 0; round < 2; round++) {
+		fill(msg, sizeof(msg), (unsigned)(round + 3 * _i));
+		ck_assert_uint_eq(pump(p.s, p.c, msg, sizeof(msg), 20001, odd_reads, 7, got),
+				  sizeof(msg));
+		ck_assert(!memcmp(got, msg, sizeof(msg)));
+		fill(msg, sizeof(msg), (unsigned)(round + 3 * _i + 100));
+		ck_assert_uint_eq(pump(p.c, p.s, msg, sizeof(msg), 16385, odd_reads, 7, got),
+				  sizeof(msg));
+		ck_assert(!memcmp(got, msg, sizeof(msg)));
+	}
+	ck_assert_uint_ge(atomic_load(&ns), 2);
+	ck_assert_uint_ge(atomic_load(&nc), 2);
+	pair_close(&p);
+}
+END_TEST
+
 static Suite *tlsrec_suite(void)
 {
 	Suite *s = suite_create("tlsrec");
 	TCase *tc = tcase_create("records");
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 30);
-	tcase_add_loop_test(tc, test_same_bytes, 0, 3);
-	tcase_add_loop_test(tc, test_key_update, 0, 3);
+	tcase_add_loop_test(tc, test_same_bytes, 0, 6);
+	tcase_add_loop_test(tc, test_key_update, 0, 6);
+	tcase_add_loop_test(tc, test_across_impls, 0, 2);
 	tcase_add_test(tc, test_key_update_owed);
 	tcase_add_test(tc, test_record_cap);
 	tcase_add_test(tc, test_push);

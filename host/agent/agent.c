@@ -212,6 +212,8 @@ static struct xport *agent_xport(struct agent *a, const int *dev_host)
 static struct net_params agent_net_params(const struct cfg *cfg, const struct mesh *m, int host_id,
 					  const char *listen, const struct fault_plan *faults)
 {
+	enum aead_impl cipher = AEAD_IMPL_AUTO;
+	aead_impl_parse(cfg->tls_cipher_impl, &cipher);     /* the config allows only its words */
 	return (struct net_params){
 		.host_id = host_id,
 		.num_hosts = m->num_hosts,
@@ -236,6 +238,7 @@ static struct net_params agent_net_params(const struct cfg *cfg, const struct me
 		.p2p_handoff_bytes = (uint64_t)cfg->p2p_handoff_bytes,
 		.notsent_lowat_bytes = (uint64_t)cfg->tcp_notsent_lowat_bytes,
 		.openssl_records = !strcmp(cfg->tls_records, "openssl"),
+		.tls_cipher = cipher,
 		.link_streams = (int)cfg->link_streams,
 	};
 }
@@ -264,6 +267,11 @@ int agent_run(const struct cfg *cfg, int host_id, const char *listen_at, agent_j
 		return -EINVAL;
 
 	struct net_params p = agent_net_params(cfg, &a.mesh, host_id, listen, &faults);
+	if (p.tls_cipher == AEAD_IMPL_IPSEC_MB && !aead_have_ipsec_mb()) {
+		snprintf(err, errlen, "config: key 'tls_cipher_impl' is ipsec-mb, but this build has "
+			 "no ipsec-mb (install libipsec-mb-dev and rebuild, or set it to auto)");
+		return -EINVAL;
+	}
 	cfg_hash(cfg, p.config_hash);
 	a.net = net_new(&p, &status, err, errlen);
 	if (!a.net)

@@ -1,5 +1,6 @@
-/* `meshrun bench WHAT`: matmul peak, raw TLS link throughput, collectives,
- * loading a checkpoint, a layer's split backward. Benchmarks print figures; they never pass or fail on speed. link and
+/* `meshrun bench WHAT`: matmul peak, the records' cipher, raw TLS link
+ * throughput, collectives, loading a checkpoint, a layer's split backward.
+ * Benchmarks print figures; they never pass or fail on speed. link and
  * collectives start their own agents on loopback, which run this command
  * again with --agent. */
 #include <errno.h>
@@ -9,6 +10,7 @@
 
 #include "host/agent/agent.h"
 #include "host/bench/bench_backward.h"
+#include "host/bench/bench_cipher.h"
 #include "host/bench/bench_coll.h"
 #include "host/bench/bench_link.h"
 #include "host/bench/bench_load.h"
@@ -41,6 +43,28 @@ static int cmd_bench_matmul(int argc, char **argv)
 	if (rc)
 		return cli_usage_error("bench matmul", "%s", err);
 	return cli_exit_code(bench_matmul_run(threads, size, reps));
+}
+
+static int cmd_bench_cipher(int argc, char **argv)
+{
+	int bytes = 16384, ms = 300;
+	struct args a;
+	char err[256];
+	const struct arg_flag flags[] = {
+		{ "--bytes", ARG_INT, &bytes, 1, 1 << 24, NULL },
+		{ "--ms", ARG_INT, &ms, 1, 60000, NULL },
+		END_FLAGS,
+	};
+	const struct arg_flag *const tables[] = { flags, NULL };
+	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
+	if (!rc && a.noverrides) {
+		snprintf(err, sizeof(err), "unexpected argument '%s'", a.overrides[0]);
+		rc = -EINVAL;
+	}
+	args_release(&a);
+	if (rc)
+		return cli_usage_error("bench cipher", "%s", err);
+	return cli_exit_code(bench_cipher_run((size_t)bytes, ms / 1000.0));
 }
 
 /* A comma-separated list of byte counts, each in [lo, hi]. */
@@ -274,9 +298,11 @@ int cmd_bench(int argc, char **argv)
 		return cmd_bench_load(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "matmul"))
 		return cmd_bench_matmul(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "cipher"))
+		return cmd_bench_cipher(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "link"))
 		return cmd_bench_link(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "collectives"))
 		return cmd_bench_coll(argc - 1, argv + 1);
-	return cli_usage_error("bench", "give matmul, link, collectives, load or backward");
+	return cli_usage_error("bench", "give matmul, cipher, link, collectives, load or backward");
 }

@@ -39,6 +39,7 @@ static const struct {
 		  "INPUT... -o DIR\n"
 		  "       meshrun data check --config FILE [key=value ...]\n" },
 	{ "bench", "bench matmul [--threads N] [--size N] [--reps N]\n"
+		   "       meshrun bench cipher [--bytes N] [--ms MS]\n"
 		   "       meshrun bench link --hosts 2 --sizes 16M[,64K ...] [--iters K] [--oneway | --pingpong]\n"
 		   "       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "
 		   "--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [--async] [key=value ...]\n"

@@ -727,6 +727,18 @@ static int finish(struct cfg *c, int want_hosts, int want_devices, char *err, si
 			 c->tls_records);
 		return -EINVAL;
 	}
+	if (strcmp(c->tls_cipher_impl, "auto") && strcmp(c->tls_cipher_impl, "ipsec-mb") &&
+	    strcmp(c->tls_cipher_impl, "openssl")) {
+		snprintf(err, errlen,
+			 "config: key 'tls_cipher_impl' must be auto, ipsec-mb or openssl, got '%s'",
+			 c->tls_cipher_impl);
+		return -EINVAL;
+	}
+	if (!strcmp(c->tls_cipher_impl, "ipsec-mb") && !strcmp(c->tls_records, "openssl")) {
+		snprintf(err, errlen, "config: key 'tls_cipher_impl' is ipsec-mb, which seals our own "
+			 "records, but key 'tls_records' is openssl (OpenSSL's records use its cipher)");
+		return -EINVAL;
+	}
 	if (c->tcp_notsent_lowat_bytes < 0 || c->tcp_notsent_lowat_bytes > (64 << 20)) {
 		snprintf(err, errlen,
 			 "config: key 'tcp_notsent_lowat_bytes' must be in [0, 67108864], got %lld",

@@ -42,8 +42,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memset(a, 0x11, sizeof(a));
 	memset(b, 0x22, sizeof(b));
 	/* the reader's peer sends under b and receives under a */
-	struct tls_rec *rd = tls_rec_new(suite, a, b, 0, err, sizeof(err));
-	struct tls_rec *wr = tls_rec_new(suite, b, a, 64 * 1024, err, sizeof(err));
+	struct tls_rec *rd = tls_rec_new(suite, AEAD_IMPL_AUTO, a, b, 0, err, sizeof(err));
+	struct tls_rec *wr = tls_rec_new(suite, AEAD_IMPL_AUTO, b, a, 64 * 1024, err, sizeof(err));
 	FUZZ_CHECK(rd && wr);
 	int sv[2];
 	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
