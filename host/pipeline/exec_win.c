@@ -280,14 +280,17 @@ static int leading(const struct pipe_exec *x)
 	return k;
 }
 
-/* Of the leading gathers, hold those at the end of them that gather a
- * chunk the table's first chunk action does not read: each stage's
- * first gathers (the ones its first action waits for) then do not share
- * the CPU with gathers it needs only later, nor with another stage's
- * such gathers (zbv: stage 1's second chunk, two vCPUs for four devices'
- * gathers at the step's start); they start when the first chunk action
- * starts, on the same communication thread after that action's gathers.
- * (MESHRUN_PP_HOLD=0: none held, as before; to measure against.) */
+/* In a pipeline of two stages or more, of the leading gathers, hold
+ * those at the end of them that gather a chunk the table's first chunk
+ * action does not read: each stage's first gathers (the ones its first
+ * action waits for) then do not share the CPU with gathers it needs
+ * only later, nor with another stage's such gathers (zbv with
+ * pipeline_fsdp_ag_per_repeat: stage 1's second chunk, stage 0's last;
+ * four devices' gathers on two vCPUs at the step's start); they start
+ * when the first chunk action starts, on the same communication thread
+ * after that action's gathers. Without a pipeline (one stage, a chunk a
+ * layer) the update still starts layers 0 and 1. (MESHRUN_PP_HOLD=0:
+ * none held, as before; to measure against.) */
 void exec_mark_hold(struct pipe_exec *x)
 {
 	const char *e = getenv("MESHRUN_PP_HOLD");
@@ -296,7 +299,7 @@ void exec_mark_hold(struct pipe_exec *x)
 		first++;
 	x->lead = x->lead_end = n;
 	x->hold_at = -1;
-	if (first == x->n || (e && *e && !atoi(e)))
+	if (first == x->n || x->t.shape.stages < 2 || (e && *e && !atoi(e)))
 		return;
 	while (j > 0 && x->a[j - 1].chunk >= 0 && x->a[j - 1].chunk != x->a[first].chunk)
 		j--;
