@@ -149,6 +149,13 @@ static int order_zbv(const struct pipe_shape *p, int r, struct pipe_action *out)
 	}
 	for (int k = 0; k < S - r; k++) {
 		zbv_add(&z, 0, I);
+		/* the last round: the second chunk's W's owed go first, so
+		 * its last W, after which its FSDP reduce-scatter leaves, is
+		 * not right before the first chunk's (nothing waits for
+		 * these W's; each chunk's W's keep their order) */
+		if (k == S - r - 1)
+			while (z.cnt[1][W] < z.cnt[1][I])
+				zbv_add(&z, 1, W);
 		zbv_add(&z, 0, W);
 	}
 	while (z.cnt[1][W] < z.cnt[1][I])
