@@ -104,7 +104,8 @@ static int order_zb_h1(const struct pipe_shape *p, int s, struct pipe_action *ou
  * chunk, then r pairs (second chunk, first chunk), then S-r rounds of the
  * second chunk's F, I, W; steady state: F, I, W of the first chunk, then
  * of the second; cool-down: r pairs of I (first, second), S-r of I and W
- * of the first chunk, then the W's owed. */
+ * of the first chunk (in the last, the second chunk's owed W's between
+ * the I and the W), then the W's owed. */
 struct zbv_state {
 	struct pipe_action *out;
 	int n, M, chunk[2], cnt[2][3]; /* [first, second][F, I, W] */
