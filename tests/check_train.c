@@ -857,6 +857,41 @@ START_TEST(test_zbv_fsdp_parts)
 }
 END_TEST
 
+/* zbv on fsdp 2 x stage 2 with each repeat's weights gathered one
+ * repeat ahead (bench/overlap_sleep.sh's fsdppp_zbv on llama-tiny, two
+ * steps): a stage's leading gathers are its non-layer group (stage 0)
+ * and both its chunks; the second chunk's, held until the first chunk's
+ * first F starts, is queued on the flight track inside that F, on every
+ * device and step (before, all were queued before the step: none inside
+ * it). The order, not a time. */
+START_TEST(test_zbv_fsdp_second_chunk_held)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 4 --config configs/llama-tiny.yml steps=2 "
+		 "ici_data_parallelism=1 ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 "
+		 "num_pipeline_microbatches=4 pipeline_schedule=zbv base_num_decoder_layers=4 "
+		 "num_pipeline_repeats=2 pipeline_fsdp_ag_per_repeat=true --trace %s/h.json", tmpdir);
+	show_log_on_failure(run(args), 0);
+	struct spans t = spans_read("h.json");
+	for (int d = 0; d < 4; d++)
+		for (int s = 0; s < 2; s++) {
+			char fn[32];
+			snprintf(fn, sizeof(fn), "F mb0 c%d", d / 2);  /* stage d / 2's first chunk */
+			const struct span *f = dev_span(&t, d, s, fn);
+			ck_assert_msg(f, "device %d step %d: no %s", d, s, fn);
+			int held = 0;
+			for (int i = 0; i < t.n; i++) {
+				const struct span *sp = &t.v[i];
+				held += sp->dev == d && sp->flight && !strncmp(sp->name, "q all_gather", 12) &&
+					sp->ts >= f->ts && sp->ts < f->ts + f->dur;
+			}
+			ck_assert_msg(held >= 1, "device %d step %d: chunk %d's gather not queued inside %s", d, s,
+				      3 - d / 2, fn);
+		}
+	spans_free(&t);
+}
+END_TEST
+
 /* The same with Muon, on 4 layers (the first gathers read the head,
  * the embedding and layers 0 and 1; layers 2 and 3 are updated after
  * they left), and beside ZeRO-1 (data 2 x fsdp 2, one-layer buckets:
@@ -1034,6 +1069,7 @@ int main(void)
 	tcase_add_test(zc, test_fsdp_layer_parts);
 	tcase_add_test(zc, test_fsdp_projection_parts);
 	tcase_add_test(zc, test_zbv_fsdp_parts);
+	tcase_add_test(zc, test_zbv_fsdp_second_chunk_held);
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_muon_update);
 	tcase_add_test(zc, test_fsdp_first_gather_beside_zero1);
 	suite_add_tcase(s, zc);

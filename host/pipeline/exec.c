@@ -129,6 +129,7 @@ int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int f
 	if (!x->stage_dev || alloc_bufs(x, mb_rows * d->T, d->C) || exec_mark_events(x) ||
 	    mark_w(x))
 		goto oom;
+	exec_mark_hold(x);
 	memcpy(x->stage_dev, stage_dev, sizeof(int) * (size_t)S);
 	*out = x;
 	return 0;
@@ -479,6 +480,9 @@ static int run_action(struct pipe_exec *x, const struct pipe_action *a)
 	if (rc)
 		return rc;
 	double t0 = util_now_s(), c0 = timed(a->op) ? util_thread_cpu_s() : 0;
+	/* the first chunk action has started: the held gathers go */
+	if (x->held && a == &x->a[x->hold_at] && (rc = exec_start_held(x)))
+		return rc;
 	switch (a->op) {
 	case PA_EMBED:
 		rc = run_embed(x, a);
@@ -602,10 +606,12 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	model_step_begin(x->m, st);
 	st->loss_sum = 0;
 	model_zero_counts(x->m);
-	/* the leading gathers a prefetch started are in flight already */
+	/* the leading gathers a prefetch started are in flight already;
+	 * the held ones start with the first chunk action */
 	bool recvd = false;  /* a receive ran since the last compute */
+	x->held = x->hold_at >= 0;
 	for (int k = x->npre; k < x->n && !rc; k++) {
-		if (x->ran[k])
+		if (x->ran[k] || (x->held && k >= x->lead && k < x->lead_end))
 			continue;
 		if (x->filling && x->a[k].op == PA_RECV)
 			rc = fill_wait(x, k);

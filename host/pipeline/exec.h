@@ -129,8 +129,10 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 		   struct model_step *st, const struct pipe_p2p *io);
 
 /* The table's leading gathers (the FSDP window's gathers before the
- * step's first compute: the non-layer group, the first layers), started
- * ahead of the step: by the optimizer as soon as it has updated the
+ * step's first compute: the non-layer group, the first layers; in a
+ * pipeline of two stages or more not those of chunks the first chunk
+ * action does not read, which the step starts when that action starts),
+ * started ahead of the step: by the optimizer as soon as it has updated the
  * shards they read (pipe_exec_first_reads names those groups, as
  * weights_needed does: up to max into l0[], l1[], and into by[] (when
  * not NULL) the leading gather, 0, 1, ..., that reads each; returns how

@@ -90,6 +90,11 @@ struct pipe_exec {
 	 * (pipe_exec_prefetch) */
 	int npre;
 	int pre_rc;
+	/* held leading gathers [lead, lead_end): those of chunks the first
+	 * chunk action (hold_at, or -1: none held) does not read, started
+	 * when it starts (exec_mark_hold) */
+	int lead, lead_end, hold_at;
+	bool held;                   /* this step: not started yet */
 	/* the step in progress */
 	const int32_t *inputs, *targets;
 	struct model_step *st;
@@ -142,6 +147,10 @@ int exec_after(struct pipe_exec *x, int k);
 int exec_landed(struct pipe_exec *x);
 int exec_weights(struct pipe_exec *x, const struct pipe_action *a);
 int exec_use_slot(struct pipe_exec *x, int k, bool grads);
+/* The held leading gathers (struct pipe_exec's lead, hold_at): marked
+ * once; started at the first chunk action (exec_start_held). */
+void exec_mark_hold(struct pipe_exec *x);
+int exec_start_held(struct pipe_exec *x);
 /* the model's mid call in a layer's F or B in parts (ctx: the executor);
  * synthetic compute makes it as the model would */
 int exec_mid(void *ctx, int l, bool backward, unsigned parts);

@@ -16,14 +16,23 @@
 /* ---- filling receive waits ---- */
 
 /* The W the device may run ahead of the receive at k: the first W not
- * run yet (W's keep their order), if its I has run and it completes no
- * group (its grads_done hook stays in place); else -1. */
+ * run yet (a chunk's W's keep their order), if its I has run and it
+ * completes no group (its grads_done hook stays in place); or, when
+ * that first W's I has not run, the first W not run yet of another
+ * chunk, on the same terms (zbv's cool-down runs the second chunk's
+ * last W before the first chunk's owed ones); else -1. */
 int exec_owed_w(const struct pipe_exec *x, int k)
 {
+	int passed = -1;  /* the chunk of a W passed over (its I has not run) */
 	for (int j = k + 1; j < x->n; j++) {
-		if (x->a[j].op != PA_W || x->ran[j])
+		const struct pipe_action *a = &x->a[j];
+		if (a->op != PA_W || x->ran[j] || (passed >= 0 && a->chunk == passed))
 			continue;
-		return x->w_of_i[j] < k && !x->after[j] ? j : -1;
+		if (x->w_of_i[j] < k)
+			return !x->after[j] ? j : -1;
+		if (passed >= 0)
+			return -1;
+		passed = a->chunk;
 	}
 	return -1;
 }

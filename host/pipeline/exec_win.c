@@ -280,10 +280,49 @@ static int leading(const struct pipe_exec *x)
 	return k;
 }
 
+/* In a pipeline of two stages or more, of the leading gathers, hold
+ * those at the end of them that gather a chunk the table's first chunk
+ * action does not read: each stage's first gathers (the ones its first
+ * action waits for) then do not share the CPU with gathers it needs
+ * only later, nor with another stage's such gathers (zbv with
+ * pipeline_fsdp_ag_per_repeat: stage 1's second chunk, stage 0's last;
+ * four devices' gathers on two vCPUs at the step's start); they start
+ * when the first chunk action starts, on the same communication thread
+ * after that action's gathers. Without a pipeline (one stage, a chunk a
+ * layer) the update still starts layers 0 and 1. (MESHRUN_PP_HOLD=0:
+ * none held, as before; to measure against.) */
+void exec_mark_hold(struct pipe_exec *x)
+{
+	const char *e = getenv("MESHRUN_PP_HOLD");
+	int n = leading(x), first = n, j = n;
+	while (first < x->n && !(compute_op(x->a[first].op) && x->a[first].chunk >= 0))
+		first++;
+	x->lead = x->lead_end = n;
+	x->hold_at = -1;
+	if (first == x->n || x->t.shape.stages < 2 || (e && *e && !atoi(e)))
+		return;
+	while (j > 0 && x->a[j - 1].chunk >= 0 && x->a[j - 1].chunk != x->a[first].chunk)
+		j--;
+	if (j < n) {
+		x->lead = j;
+		x->hold_at = first;
+	}
+}
+
+int exec_start_held(struct pipe_exec *x)
+{
+	int rc = 0;
+	x->held = false;
+	for (int k = x->lead; k < x->lead_end && !rc; k++)
+		if (!(rc = exec_before(x, &x->a[k])))
+			rc = exec_weights(x, &x->a[k]);
+	return rc;
+}
+
 int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int *by, int max)
 {
 	int n = 0, a[2], b[2];
-	for (int k = 0; k < leading(x); k++)
+	for (int k = 0; k < x->lead; k++)
 		for (int i = 0, c = reads(x, &x->a[k], a, b); i < c; i++, n++)
 			if (n < max) {
 				l0[n] = a[i];
@@ -297,7 +336,7 @@ int pipe_exec_first_reads(const struct pipe_exec *x, int *l0, int *l1, int *by, 
 int pipe_exec_prefetch(struct pipe_exec *x, const struct model_comm *comm, int upto)
 {
 	struct win *w = model_window(x->m);
-	int n = leading(x) < upto ? leading(x) : upto, rc = 0;
+	int n = x->lead < upto ? x->lead : upto, rc = 0;
 	if (x->npre >= n || !w || (!win_moves(w, false) && !win_moves(w, true)))
 		return 0;
 	x->pre_rc = x->npre ? x->pre_rc : 0;

@@ -104,7 +104,8 @@ static int order_zb_h1(const struct pipe_shape *p, int s, struct pipe_action *ou
  * chunk, then r pairs (second chunk, first chunk), then S-r rounds of the
  * second chunk's F, I, W; steady state: F, I, W of the first chunk, then
  * of the second; cool-down: r pairs of I (first, second), S-r of I and W
- * of the first chunk, then the W's owed. */
+ * of the first chunk (in the last, the second chunk's owed W's between
+ * the I and the W), then the W's owed. */
 struct zbv_state {
 	struct pipe_action *out;
 	int n, M, chunk[2], cnt[2][3]; /* [first, second][F, I, W] */
@@ -149,6 +150,13 @@ static int order_zbv(const struct pipe_shape *p, int r, struct pipe_action *out)
 	}
 	for (int k = 0; k < S - r; k++) {
 		zbv_add(&z, 0, I);
+		/* the last round: the second chunk's W's owed go first, so
+		 * its last W, after which its FSDP reduce-scatter leaves, is
+		 * not right before the first chunk's (nothing waits for
+		 * these W's; each chunk's W's keep their order) */
+		if (k == S - r - 1)
+			while (z.cnt[1][W] < z.cnt[1][I])
+				zbv_add(&z, 1, W);
 		zbv_add(&z, 0, W);
 	}
 	while (z.cnt[1][W] < z.cnt[1][I])
