@@ -102,7 +102,7 @@ struct aead *aead_new(enum aead_alg alg, enum aead_impl impl, bool enc, char *er
 #ifndef MESHRUN_IPSEC_MB
 	if (impl == AEAD_IMPL_IPSEC_MB) {
 		snprintf(err, errlen, "tls cipher: this build has no ipsec-mb (install "
-			 "libipsec-mb-dev and rebuild, or set tls_cipher_impl: openssl)");
+			 "libipsec-mb-dev and rebuild, or set tls_cipher_impl to auto or openssl)");
 		return NULL;
 	}
 #endif

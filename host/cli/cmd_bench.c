@@ -22,49 +22,45 @@
 
 #define END_FLAGS { NULL, 0, NULL, 0, 0, NULL }
 
+/* Parses flags only (no key=value): 0, or the usage error's exit code
+ * for `meshrun WHO`. */
+static int flags_only(const char *who, const struct arg_flag *flags, int argc, char **argv)
+{
+	struct args a;
+	char err[256];
+	const struct arg_flag *const tables[] = { flags, NULL };
+	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
+	if (!rc && a.noverrides) {
+		snprintf(err, sizeof(err), "unexpected argument '%s'", a.overrides[0]);
+		rc = -EINVAL;
+	}
+	args_release(&a);
+	return rc ? cli_usage_error(who, "%s", err) : 0;
+}
+
 static int cmd_bench_matmul(int argc, char **argv)
 {
 	int threads = 0, size = 2048, reps = 5;
-	struct args a;
-	char err[256];
 	const struct arg_flag flags[] = {
 		{ "--threads", ARG_INT, &threads, 1, 1024, NULL },
 		{ "--size", ARG_INT, &size, 1, 16384, NULL },
 		{ "--reps", ARG_INT, &reps, 1, 1000, NULL },
 		END_FLAGS,
 	};
-	const struct arg_flag *const tables[] = { flags, NULL };
-	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
-	if (!rc && a.noverrides) {
-		snprintf(err, sizeof(err), "unexpected argument '%s'", a.overrides[0]);
-		rc = -EINVAL;
-	}
-	args_release(&a);
-	if (rc)
-		return cli_usage_error("bench matmul", "%s", err);
-	return cli_exit_code(bench_matmul_run(threads, size, reps));
+	int rc = flags_only("bench matmul", flags, argc, argv);
+	return rc ? rc : cli_exit_code(bench_matmul_run(threads, size, reps));
 }
 
 static int cmd_bench_cipher(int argc, char **argv)
 {
 	int bytes = 16384, ms = 300;
-	struct args a;
-	char err[256];
 	const struct arg_flag flags[] = {
 		{ "--bytes", ARG_INT, &bytes, 1, 1 << 24, NULL },
 		{ "--ms", ARG_INT, &ms, 1, 60000, NULL },
 		END_FLAGS,
 	};
-	const struct arg_flag *const tables[] = { flags, NULL };
-	int rc = args_parse(&a, tables, argc, argv, err, sizeof(err));
-	if (!rc && a.noverrides) {
-		snprintf(err, sizeof(err), "unexpected argument '%s'", a.overrides[0]);
-		rc = -EINVAL;
-	}
-	args_release(&a);
-	if (rc)
-		return cli_usage_error("bench cipher", "%s", err);
-	return cli_exit_code(bench_cipher_run((size_t)bytes, ms / 1000.0));
+	int rc = flags_only("bench cipher", flags, argc, argv);
+	return rc ? rc : cli_exit_code(bench_cipher_run((size_t)bytes, ms / 1000.0));
 }
 
 /* A comma-separated list of byte counts, each in [lo, hi]. */
