@@ -209,6 +209,11 @@ int coll_wait(struct coll_handle *h, uint64_t deadline_ns, char *err, size_t err
 int coll_wait_times(struct coll_handle *h, uint64_t deadline_ns, uint64_t *run_ns, uint64_t *done_ns,
 		    char *err, size_t errlen);
 
+/* The most bytes of sends one pairwise exchange (all-to-all, permute) of
+ * this process has had outstanding at once (COLL_PAIR_SEND_BYTES bounds
+ * it past the first send; tests/check_coll.c checks that). */
+size_t coll_pair_send_peak(void);
+
 /* Name of a MESHRUN__COLL_OP__* value ("all_gather", ...), for messages. */
 const char *coll_op_name(uint32_t op);
 

@@ -3,8 +3,9 @@
  *
  * Both run two independent streams of segments, sends and receives, each
  * ordered by key (phase, segment) and bounded to a window of outstanding
- * requests (COLL_SEND_WINDOW sends; receives, which only say where data may
- * land, COLL_RECV_AHEAD). In phase p of all-to-all rank r sends to r+p and
+ * requests (COLL_SEND_WINDOW sends, and no more than COLL_PAIR_SEND_BYTES of
+ * them past the first; receives, which only say where data may land,
+ * COLL_RECV_AHEAD). In phase p of all-to-all rank r sends to r+p and
  * receives from r-p, so a send and the receive that matches it have the
  * same key on both sides; each device retires what has finished and, when
  * nothing has, blocks on its smallest outstanding key, which depends only
@@ -12,6 +13,7 @@
  * blocks send nothing (both sides know the size). Chunk index = segment
  * index within the pair's block. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +24,8 @@
 struct stream {
 	bool send;
 	int window;               /* items outstanding at most */
+	size_t max_bytes;         /* and bytes, past the first item (0: no bound) */
+	size_t bytes;             /* bytes outstanding */
 	int nphase;
 	/* position of the next item to post */
 	int p;
@@ -29,6 +33,7 @@ struct stream {
 	long posted, done;
 	struct xreq *req[MAXW];
 	uint64_t key[MAXW];
+	size_t len[MAXW];
 };
 
 struct pairwise {
@@ -53,6 +58,23 @@ static size_t seg_for(const struct pairwise *pw, size_t len)
 	size_t need = (len + 65534) / 65535;
 	need = (need + 3) & ~(size_t)3;
 	return need > pw->seg ? need : pw->seg;
+}
+
+static _Atomic size_t send_peak;
+
+size_t coll_pair_send_peak(void)
+{
+	return atomic_load_explicit(&send_peak, memory_order_relaxed);
+}
+
+/* The new high of st's bytes outstanding, if it is one (sends only). */
+static void note_peak(const struct stream *st)
+{
+	size_t p = atomic_load_explicit(&send_peak, memory_order_relaxed);
+	while (st->send && st->bytes > p &&
+	       !atomic_compare_exchange_weak_explicit(&send_peak, &p, st->bytes,
+						      memory_order_relaxed, memory_order_relaxed))
+		;
 }
 
 /* Posts the next item of st; returns 0 and sets *posted if one was posted,
@@ -80,6 +102,9 @@ static int post_next(struct pairwise *pw, struct stream *st, bool *posted)
 		if (rc)
 			return rc;
 		st->key[slot] = ((uint64_t)st->p << 32) | st->s;
+		st->len[slot] = n;
+		st->bytes += n;
+		note_peak(st);
 		st->s++;
 		st->posted++;
 		*posted = true;
@@ -88,17 +113,50 @@ static int post_next(struct pairwise *pw, struct stream *st, bool *posted)
 	return 0;
 }
 
+/* Whether st may post another item: fewer than its window outstanding,
+ * and under its byte bound unless none is. */
+static bool has_room(const struct stream *st)
+{
+	if (st->posted >= st->done + st->window)
+		return false;
+	return st->posted == st->done || !st->max_bytes || st->bytes < st->max_bytes;
+}
+
+/* The retired item's bytes leave st's count. */
+static void retire(struct stream *st)
+{
+	st->bytes -= st->len[st->done % st->window];
+	st->done++;
+}
+
+/* COLL_PAIR_SEND_BYTES, or MESHRUN_PAIR_SEND_BYTES from the environment
+ * (0: no byte bound, as before a2a18), for A/B */
+static size_t pair_send_bytes(void)
+{
+	static _Atomic long v = -2;
+	long r = atomic_load_explicit(&v, memory_order_relaxed);
+	if (r == -2) {
+		const char *e = getenv("MESHRUN_PAIR_SEND_BYTES");
+		char *end = NULL;
+		long x = e && *e ? strtol(e, &end, 10) : -1;
+		r = x >= 0 && end && !*end ? x : -1;
+		atomic_store_explicit(&v, r, memory_order_relaxed);
+	}
+	return r >= 0 ? (size_t)r : COLL_PAIR_SEND_BYTES;
+}
+
 static int pairwise_run(struct pairwise *pw, int nphase)
 {
 	struct stream st[2] = {
 		{ .send = false, .window = COLL_RECV_AHEAD, .nphase = nphase },
-		{ .send = true, .window = COLL_SEND_WINDOW, .nphase = nphase },
+		{ .send = true, .window = COLL_SEND_WINDOW, .max_bytes = pair_send_bytes(),
+		  .nphase = nphase },
 	};
 	int rc = 0;
 	for (;;) {
 		for (int i = 0; i < 2; i++) {
 			bool more = true;
-			while (more && st[i].posted < st[i].done + st[i].window)
+			while (more && has_room(&st[i]))
 				if ((rc = post_next(pw, &st[i], &more)))
 					goto out_abandon;
 		}
@@ -109,7 +167,7 @@ static int pairwise_run(struct pairwise *pw, int nphase)
 			struct stream *s = &st[i];
 			while (s->done < s->posted &&
 			       !(rc = coll_test_req(pw->R, &s->req[s->done % s->window]))) {
-				s->done++;
+				retire(s);
 				moved = true;
 			}
 			if (rc && rc != -EAGAIN)
@@ -134,7 +192,7 @@ static int pairwise_run(struct pairwise *pw, int nphase)
 		struct stream *s = &st[pick];
 		if ((rc = coll_wait_req(pw->R, &s->req[s->done % s->window])))
 			goto out_abandon;
-		s->done++;
+		retire(s);
 	}
 
 out_abandon:

@@ -17,6 +17,15 @@
  * (the net threads keep the cores busy) must not leave the link idle. */
 #define COLL_SEND_WINDOW 8
 #define COLL_RECV_AHEAD 64
+/* Bytes of sends a pairwise exchange (all-to-all, permute) keeps
+ * outstanding at most (at least one send, at most COLL_SEND_WINDOW): a
+ * send completes when the peer has it, so this bounds what waits unread
+ * in the peer's socket. With 8 MiB (8 segments of 1 MiB) both hosts of a
+ * 16 MiB all-to-all sealed their whole block at once, receive queues
+ * reached 6.7 MiB and went cold before they were read (a2a18,
+ * bench/results/transport.md). MESHRUN_PAIR_SEND_BYTES=0 in the
+ * environment lifts the bound, for A/B. */
+#define COLL_PAIR_SEND_BYTES (2u << 20)
 /* largest group that may use a direct (all-to-all) exchange */
 #define COLL_DIRECT_MAX_N 16
 
