@@ -4,7 +4,8 @@
 # variants, in one run: clock-free counts per op first (bench/syscalls.sh:
 # system calls, sendto/recvfrom, recv()s that met EAGAIN, wake-ups, CPU us
 # of both agents), then `meshrun bench collectives --iters ITERS` walls
-# and CPU (the bench's `# cpu` line) interleaved over ROUNDS rounds,
+# and CPU (the bench's `# cpu` line) interleaved over ROUNDS rounds (the
+# builds take turns going first: round r starts with the r-th),
 # medians, and each build's ratio to BASE. A variant is NAME:VAR=VALUE,
 # run as build/meshrun with that environment variable set (an A/B hook
 # such as MESHRUN_EARLY_BYTES, which commit 035c5c2 adds to
@@ -41,15 +42,17 @@ if [ "${COUNTS:-1}" != 0 ]; then
   done
 fi
 echo "# walls: median us per op and CPU us per op (both agents), $rounds rounds of $iters iterations"
+set -- $impls
 for r in $(seq 1 "$rounds"); do
   for op in $ops; do
-    for i in $impls; do
+    for i in "$@"; do
       "${i#*:}" bench collectives --hosts 2 --op "$op" --sizes "$size" --iters "$iters" --warmup 10 2>&1 |
         awk -v impl="${i%%:*}" -v op="$op" '
           /^ +[0-9]+ +[0-9]+ +[0-9.]+ / { printf "%s %s time %s\n", impl, op, $3 }
           /^# cpu [0-9]+:/ { printf "%s %s cpu %s\n", impl, op, $4 }'
     done
   done
+  set -- "${@:2}" "$1"   # the next round starts with the next build
 done > "$tmp/walls"
 /usr/bin/python3 - "$tmp/walls" <<'PY'
 import sys, statistics as st
