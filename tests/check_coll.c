@@ -2,7 +2,8 @@
  * (one xport, no network) for element counts {0, 1, 7, 262147} with every
  * element checked, in ring and direct modes; uneven all-to-all; async
  * overlap (all-to-all too, with the times it ran); bit-exact reduction
- * order; concurrent groups on a 2x2x2 mesh; errors name the collective.
+ * order; concurrent groups on a 2x2x2 mesh; the bytes of sends a pairwise
+ * exchange keeps outstanding; errors name the collective.
  * Lists of runs are in check_coll_runs.c, the transport under the
  * collectives (xport, links across a reset, idle waits) in check_xport.c,
  * the same checks across real agents in check_coll_agents.c. */
