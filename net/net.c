@@ -619,6 +619,13 @@ uint64_t net_frames_resent(struct net *n)
 	return n ? atomic_load_explicit(&n->frames_resent, memory_order_relaxed) : 0;
 }
 
+void net_link_security(struct net *n, char *buf, size_t len)
+{
+	pthread_mutex_lock(&n->mu);
+	snprintf(buf, len, "%s", n->security);
+	pthread_mutex_unlock(&n->mu);
+}
+
 uint64_t net_key_updates(struct net *n)
 {
 	return atomic_load_explicit(&n->key_updates, memory_order_relaxed);

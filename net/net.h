@@ -200,6 +200,12 @@ uint64_t net_polls_read_first(struct net *n);
  * not having come back for them (0 when stream_linger works). */
 uint64_t net_linger_lapses(struct net *n);
 
+/* What protects this host's links, for a log line (tls_conn_describe of
+ * the first data link that came up, e.g. "TLS 1.3 TLS_AES_128_GCM_SHA256,
+ * meshrun's records, AES-GCM by ipsec-mb (avx512)"); "" before any link
+ * (or on one host). */
+void net_link_security(struct net *n, char *buf, size_t len);
+
 /* Flushes what can be flushed within about a second, closes every link,
  * stops the thread and frees n. NULL is fine. */
 void net_free(struct net *n);

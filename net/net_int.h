@@ -164,6 +164,7 @@ struct net {
 	pthread_cond_t cv;
 	int status;
 	char msg[512];
+	char security[160];            /* the first data link's (net_link_security) */
 	bool ready, closed;
 	struct cmd *cmd_head, *cmd_tail;
 

@@ -10,6 +10,7 @@
 
 #include "net/net_int.h"
 #include "net/tls.h"
+#include "net/tls_conn.h"
 
 static void start_links(struct net *n);
 static void check_links(struct net *n);
@@ -377,6 +378,12 @@ void rdv_link_up(struct link *l, int peer)
 	/* device threads reach it from now on (and it is never freed
 	 * before net_free) */
 	atomic_store_explicit(&n->peers[peer].dl[l->stream], l, memory_order_release);
+	char sec[sizeof(n->security)];
+	tls_conn_describe(l->c, sec, sizeof(sec));
+	pthread_mutex_lock(&n->mu);
+	if (!n->security[0])
+		memcpy(n->security, sec, sizeof(sec));
+	pthread_mutex_unlock(&n->mu);
 	check_links(n);
 }
 

@@ -503,6 +503,23 @@ struct tls_rec *tls_conn_rec(struct conn *c)
 	return c->type == &conn_type_tls ? tc(c)->rec : NULL;
 }
 
+void tls_conn_describe(struct conn *c, char *buf, size_t len)
+{
+	if (c->type != &conn_type_tls) {
+		snprintf(buf, len, "plaintext TCP");
+		return;
+	}
+	struct tls_conn *t = tc(c);
+	const SSL_CIPHER *ciph = SSL_get_current_cipher(t->ssl);
+	const char *suite = ciph ? SSL_CIPHER_get_name(ciph) : "(no suite)";
+	if (t->rec)
+		snprintf(buf, len, "%s %s, meshrun's records, %s by %s", SSL_get_version(t->ssl), suite,
+			 strstr(suite, "CHACHA") ? "ChaCha20-Poly1305" : "AES-GCM",
+			 tls_rec_cipher_impl(t->rec));
+	else
+		snprintf(buf, len, "%s %s, OpenSSL's records", SSL_get_version(t->ssl), suite);
+}
+
 bool tls_conn_corrupt_next(struct conn *c)
 {
 	if (c->type != &conn_type_tls)

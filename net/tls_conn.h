@@ -37,6 +37,11 @@ bool tls_conn_own_records(struct conn *c);
 /* Our record layer under c, NULL before the switch or with OpenSSL's
  * (tests: counts and a KeyUpdate on demand, net/tls_rec.h). */
 struct tls_rec *tls_conn_rec(struct conn *c);
+/* What protects c's bytes, in one phrase for a log, e.g. "TLS 1.3
+ * TLS_AES_128_GCM_SHA256, meshrun's records, AES-GCM by ipsec-mb" or
+ * "..., OpenSSL's records"; "plaintext TCP" for a connection of another
+ * type. Call after the handshake. */
+void tls_conn_describe(struct conn *c, char *buf, size_t len);
 /* The SSL object under a TLS connection (NULL for another type). For tests
  * that inspect or drive TLS itself (the negotiated cipher, records
  * encrypted into memory); the runtime never needs it. */

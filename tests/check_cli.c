@@ -659,6 +659,43 @@ START_TEST(test_local_keys_leave_the_disk)
 }
 END_TEST
 
+/* The step log's header says what protects the links: the suite, whose
+ * records, and who seals them, as the keys chose; a job of one host has
+ * no links and no such line. */
+START_TEST(test_links_line)
+{
+	static const struct {
+		const char *keys, *want;
+	} runs[] = {
+#ifdef MESHRUN_IPSEC_MB
+		{ "", "links: TLSv1.3 TLS_AES_128_GCM_SHA256, meshrun's records, AES-GCM by ipsec-mb (" },
+#else
+		{ "", "links: TLSv1.3 TLS_AES_128_GCM_SHA256, meshrun's records, AES-GCM by openssl\n" },
+#endif
+		{ "tls_cipher_impl=openssl", "links: TLSv1.3 TLS_AES_128_GCM_SHA256, meshrun's records, "
+					     "AES-GCM by openssl\n" },
+		{ "tls_records=openssl", "links: TLSv1.3 TLS_AES_128_GCM_SHA256, OpenSSL's records\n" },
+		{ "-", NULL },
+	};
+	for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+		char line[512];
+		struct proc p;
+		bool one = !strcmp(runs[i].keys, "-");
+		snprintf(line, sizeof(line), "local --hosts %d --devices-per-host %d --config " TINY
+			 " steps=1 max_target_length=16 %s", one ? 1 : 2, one ? 2 : 1,
+			 one ? "" : runs[i].keys);
+		int rc = proc_run_words(&p, "local", line, 60, false);
+		char *out = slurp(p.out);
+		ck_assert_msg(rc == 0, "%s: exit %d:\n%s\n%s", line, rc, out, slurp(p.err));
+		if (one)
+			ck_assert_msg(lines_with(out, "links: ") == 0, "%s:\n%s", line, out);
+		else
+			ck_assert_msg(strstr(out, runs[i].want) && lines_with(out, "links: ") == 1,
+				      "%s: no '%s' in:\n%s", line, runs[i].want, out);
+	}
+}
+END_TEST
+
 /* ---- cpu_bind: each local agent on its own share of the CPUs ---- */
 
 /* A Cpus_allowed_list ("0-3,6") as a set; false if it does not parse. */
@@ -858,6 +895,7 @@ int main(void)
 		{ "tls foreign listener", test_tls_foreign_listener, 60 },
 		{ "refused flood", test_refused_rate_limited, 60 },
 		{ "local keys", test_local_keys_leave_the_disk, 90 },
+		{ "links line", test_links_line, 120 },
 		{ "blas kernels", test_blas_kernels, 60 },
 		{ "device nice", test_device_nice, 90 },
 		{ "cpu bind", test_cpu_bind, 90 },

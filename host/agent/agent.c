@@ -54,6 +54,14 @@ uint64_t agent_tls_key_updates(struct agent *a)
 	return a && a->net ? net_key_updates(a->net) : 0;
 }
 
+void agent_link_security(struct agent *a, char *buf, size_t len)
+{
+	if (a && a->net)
+		net_link_security(a->net, buf, len);
+	else if (len)
+		buf[0] = 0;
+}
+
 void agent_job_failed(struct device_ctx *d, int rc)
 {
 	char msg[640];

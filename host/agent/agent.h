@@ -55,6 +55,9 @@ int agent_faults(const struct cfg *cfg, int num_hosts, struct fault_plan *p, cha
 uint64_t agent_dcn_bytes_sent(struct agent *a);
 /* TLS sending keys this agent renewed on its links so far. */
 uint64_t agent_tls_key_updates(struct agent *a);
+/* What protects this host's links, in a phrase (net_link_security); ""
+ * with no links. */
+void agent_link_security(struct agent *a, char *buf, size_t len);
 /* Links resumed after breaking, and frames sent again doing so. */
 uint64_t agent_reconnects(struct agent *a);
 uint64_t agent_frames_resent(struct agent *a);

@@ -55,7 +55,7 @@ static int train_run(const struct cfg *c, const struct train_opts *o, char *err,
 	if (!o->resume && c->load_parameters_path[0] &&
 	    (rc = load_weights(t, c->load_parameters_path, !o->quiet, err, errlen)))
 		goto out;
-	if ((rc = train_log_open(&log, o, t, 1, err, errlen)))
+	if ((rc = train_log_open(&log, o, t, 1, NULL, err, errlen)))
 		goto out;
 	struct train_loop loop = {
 		.t = t, .opts = o, .global_rows = (int)c->per_device_batch_size, .leader = true,

@@ -46,6 +46,8 @@ int steplog_open(struct steplog *l, const struct steplog_info *info, const char 
 	       "model: %.3g matmul FLOPs/token\n",
 	       l->peak_gflops, info->blas_threads, info->blas_core, info->kernel_isa,
 	       l->flops_per_token);
+	if (info->links && info->links[0])
+		printf("links: %s\n", info->links);
 	return flush_stdout(err, errlen);
 }
 

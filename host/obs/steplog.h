@@ -42,6 +42,7 @@ struct steplog_info {
 	int devices;
 	int64_t total_steps;      /* the run's last step + 1 (for the progress line) */
 	bool quiet;               /* --quiet: no header, no step lines */
+	const char *links;        /* what protects the host's links (NULL, "": none) */
 };
 
 /* What one step measured. */

@@ -13,7 +13,7 @@
 #include "kernels/kernels.h"
 
 int train_log_open(struct steplog *log, const struct train_opts *o, struct trainer *t,
-		   int devices, char *err, size_t errlen)
+		   int devices, const char *links, char *err, size_t errlen)
 {
 	const struct model_dims *d = model_dims(trainer_model(t));
 	struct steplog_info info = {
@@ -26,6 +26,7 @@ int train_log_open(struct steplog *log, const struct train_opts *o, struct train
 		.devices = devices,
 		.total_steps = trainer_cfg(t)->steps,
 		.quiet = o->quiet,
+		.links = links,
 	};
 	return steplog_open(log, &info, o->metrics, o->resume, err, errlen);
 }

@@ -64,9 +64,10 @@ struct train_loop {
 int train_loop_run(struct train_loop *l, int64_t start, char *err, size_t errlen);
 
 /* Measures the sgemm peak, prints the step log's header and opens the
- * metrics file (appending on --resume) for a job of `devices` devices.
+ * metrics file (appending on --resume) for a job of `devices` devices
+ * whose host's links are protected as `links` says (NULL or "": no links).
  * 0 or -errno (the metrics file or stdout) with err. */
 int train_log_open(struct steplog *log, const struct train_opts *o, struct trainer *t,
-		   int devices, char *err, size_t errlen);
+		   int devices, const char *links, char *err, size_t errlen);
 
 #endif

@@ -331,7 +331,10 @@ int train_job(struct device_ctx *dev)
 	 * element's global index); on resume, from device 0's checkpoint */
 	if (o->resume && (ret = resume(dev, t, &jc, &all, o, &start, err, errlen)))
 		goto out;
-	if (leader && (ret = train_log_open(&log, o, t, dev->mesh->num_devices, err, errlen)))
+	char links[160] = "";
+	if (leader)
+		agent_link_security(dev->agent, links, sizeof(links));
+	if (leader && (ret = train_log_open(&log, o, t, dev->mesh->num_devices, links, err, errlen)))
 		goto out;
 
 	struct train_comm comm = { .err = err, .errlen = errlen };
