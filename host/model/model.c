@@ -599,7 +599,15 @@ int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool 
 	m->mid_ctx = on ? ctx : NULL;
 	m->part_ffn = 1u << ffn;
 	m->part_att = fine ? 1u << 3 | 1u << 0 | 1u << 1 : 0;
+	m->fine_l = -1;
 	return m->win ? win_set_parts(m->win, on ? part : NULL, part0) : 0;
+}
+
+void model_set_fine(struct model *m, int l)
+{
+	m->fine_l = m->part_att && m->mid ? l : -1;
+	if (m->win)
+		win_set_fine(m->win, m->fine_l);
 }
 
 int model_part_steps(const struct model *m, int l, bool backward, double *share, unsigned *mask)
@@ -607,7 +615,7 @@ int model_part_steps(const struct model *m, int l, bool backward, double *share,
 	const struct model_dims *d = &m->l;
 	double b = model_ffn_share(m, l), C = d->C, T = d->T;
 	double q = C * d->Hq * d->D, k = C * d->Hkv * d->D, core = T * d->Hq * d->D, att = 2 * q + 2 * k + core;
-	if (!m->part_att || l != 0) {  /* two: the blocks */
+	if (backward ? !model_fine_grads(m, l) : !m->part_att || l != 0) {  /* two: the blocks */
 		share[0] = backward ? b : 1 - b;
 		share[1] = 1 - share[0];
 		mask[0] = m->part_ffn;
@@ -659,11 +667,22 @@ double model_ffn_share(const struct model *m, int l)
 
 int model_part_steps_w(const struct model *m, int l, double *share, unsigned *mask)
 {
+	const struct model_dims *d = &m->l;
+	double q = (double)d->C * d->Hq * d->D, k = (double)d->C * d->Hkv * d->D;
 	share[0] = ffn_share(m, l, false);
-	share[1] = 1 - share[0];
 	mask[0] = m->part_ffn;
-	mask[1] = 0;
-	return 2;
+	if (!model_fine_grads(m, l)) {
+		share[1] = 1 - share[0];
+		mask[1] = 0;
+		return 2;
+	}
+	/* the attention's weight gradients as the tape runs them: wo's,
+	 * wq's and wk's, then mid with their parts; wv's */
+	share[1] = (1 - share[0]) * (2 * q + k) / (2 * q + 2 * k);
+	share[2] = 1 - share[0] - share[1];
+	mask[1] = m->part_att;
+	mask[2] = 0;
+	return 3;
 }
 int model_act_sets(const struct model *m) { return m->act_sets; }
 

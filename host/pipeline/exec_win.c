@@ -67,9 +67,10 @@ int exec_mark_events(struct pipe_exec *x)
  * of parts (their gradients are written): at its first call (the
  * feed-forward block's), at later ones only in the table's last B (the
  * others' go at their RS, under the next B, no wait inside for the one
- * in flight); a W (its one call, the feed-forward block's) only when it
- * is its slot's last write before the slot's RS (exec_w_sends). A
- * recomputed forward in a B, or a multi-layer action, no. */
+ * in flight); a W (its call, the feed-forward block's, and in a layer
+ * cut as layer 0 its second, wo's, wq's and wk's) only when it is its
+ * slot's last write before the slot's RS (exec_w_sends). A recomputed
+ * forward in a B, or a multi-layer action, no. */
 int exec_mid(void *ctx, int l, bool backward, unsigned parts)
 {
 	struct pipe_exec *x = ctx;
@@ -79,7 +80,7 @@ int exec_mid(void *ctx, int l, bool backward, unsigned parts)
 		return 0;
 	if (!backward && (x->mid_op == PA_F || x->mid_op == PA_FC))
 		return win_wait_part(w, x->mid_k, 31 - __builtin_clz(parts));
-	if (backward && x->mid_op == PA_W && x->mid_last && !x->mid_sent) {
+	if (backward && x->mid_op == PA_W && x->mid_last) {
 		x->mid_sent = true;
 		return win_scatter_parts(w, x->mid_k, parts);
 	}
@@ -131,6 +132,19 @@ int pipe_exec_set_parts(struct pipe_exec *x, enum pipe_parts mode, char *err, si
 		return rc;
 	}
 	x->parts = on;
+	/* a pipeline's split backward: the stage's last W, the step's last
+	 * weight gradients it sends (stage 0's is layer 0's, cut fine
+	 * already), sends them as layer 0's (model_set_fine: its attention
+	 * block's by projection, all but wv's inside the W) */
+	if (on && split && x->t.shape.stages > 1) {
+		int last = -1;
+		for (int k = 0; k < x->n; k++)
+			last = x->a[k].op == PA_W ? k : last;
+		if (last >= 0) {
+			chunk_layers(x, x->a[last].chunk, &l0, &l1);
+			model_set_fine(x->m, l0);
+		}
+	}
 	return 0;
 }
 
