@@ -861,10 +861,11 @@ END_TEST
  * their own (d_model 512, as test_fsdp_projection_parts): the losses of
  * whole layers, bit for bit; and on every device and step the stage's
  * last W (mb 7's of its first chunk: layer 0 on stage 0, layer 1 on
- * stage 1) queues two reduce-scatters inside it (the feed-forward
- * block's, then wo, wq and wk's once wk's weight gradient is written;
- * wv's goes at the RS after it), its other chunk's last W one. Before,
- * a W sent only the feed-forward block's: one each. */
+ * stage 1) queues three reduce-scatters inside it (the down
+ * projection's, written first; the rest of the feed-forward block's;
+ * then wo, wq and wk's once wk's weight gradient is written; wv's goes
+ * at the RS after it), its other chunk's last W one. Before, a W sent
+ * only the feed-forward block's: one each. */
 START_TEST(test_zbv_fsdp_last_w_projection_parts)
 {
 	const char *zbv = "--hosts 1 --devices-per-host 4 ici_data_parallelism=1 ici_pipeline_parallelism=2 "
@@ -882,8 +883,8 @@ START_TEST(test_zbv_fsdp_last_w_projection_parts)
 				const struct span *w = dev_span(&t, d, s, wn);
 				ck_assert_msg(w, "device %d step %d: no %s", d, s, wn);
 				int rs = inside(&t, d, s, w, true);
-				ck_assert_msg(rs == 2 - j, "device %d step %d: %d reduce-scatters queued inside %s, not %d",
-					      d, s, rs, wn, 2 - j);
+				ck_assert_msg(rs == (j ? 1 : 3), "device %d step %d: %d reduce-scatters queued inside %s, "
+					      "not %d", d, s, rs, wn, j ? 1 : 3);
 			}
 		}
 	spans_free(&t);

@@ -727,11 +727,11 @@ int win_scatter_parts(struct win *w, int k, unsigned parts)
 int win_set_parts(struct win *w, const signed char *part, const signed char *part0)
 {
 	free(w->part);
-	w->part = w->part0 = NULL;
+	w->part = w->part0 = w->partw = NULL;
 	w->nparts = 1;
 	if (!part)
 		return 0;
-	if (!(w->part = malloc(2 * (size_t)w->n)))
+	if (!(w->part = malloc(3 * (size_t)w->n)))
 		return -ENOMEM;
 	w->part0 = w->part + w->n;
 	memcpy(w->part, part, (size_t)w->n);
@@ -744,9 +744,16 @@ int win_set_parts(struct win *w, const signed char *part, const signed char *par
 	return 0;
 }
 
-void win_set_fine(struct win *w, int l)
+void win_set_fine(struct win *w, int l, const signed char *partw)
 {
 	w->fine_l = l;
+	w->partw = NULL;
+	if (!w->part || !partw)
+		return;
+	w->partw = w->part + 2 * (size_t)w->n;
+	memcpy(w->partw, partw, (size_t)w->n);
+	for (int i = 0; i < w->n; i++)
+		assert(w->partw[i] >= 0 && w->partw[i] < WIN_MAX_PARTS);
 }
 
 int win_end(struct win *w)

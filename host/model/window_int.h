@@ -118,9 +118,10 @@ struct win {
 	const struct model_comm *comm;
 	int *rc;
 	/* win_set_parts: each tensor's part (0 .. nparts - 1), or NULL:
-	 * whole, and in layer 0 (part0); win_set_fine: layer fine_l's
-	 * gradients (not its weights) take part0 too (-1: none) */
-	signed char *part, *part0;
+	 * whole, and in layer 0 (part0); win_set_fine: the gradients (not
+	 * the weights) of layer 0 and of layer fine_l (-1: none) take
+	 * partw (NULL: as before) */
+	signed char *part, *part0, *partw;
 	int nparts, fine_l;
 	/* deferred zeroing (win_zero_grads): [gradient window][layer of its
 	 * group][tensor], 1 while the block holds stale gradients that its
@@ -153,11 +154,13 @@ static inline bool in_group(const struct win *w, int i, int l, uint32_t axes, bo
 }
 
 /* Tensor i's part in layer l, of its gradients (grads) or weights
- * (win_set_parts: layer 0's may differ; win_set_fine: layer fine_l's
- * gradients' too). */
+ * (win_set_parts: layer 0's may differ; win_set_fine: layer 0's and
+ * fine_l's gradients'). */
 static inline int part_of(const struct win *w, int i, int l, bool grads)
 {
-	return (l == 0 || (grads && l == w->fine_l) ? w->part0 : w->part)[i];
+	if (grads && w->partw && (l == 0 || l == w->fine_l))
+		return w->partw[i];
+	return (l == 0 ? w->part0 : w->part)[i];
 }
 
 /* Is tensor i of layer l in one of the parts of mask (of its gradients
