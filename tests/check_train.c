@@ -926,6 +926,41 @@ START_TEST(test_zbv_fsdp_second_chunk_held)
 }
 END_TEST
 
+/* The same run: a stage whose first chunk action comes after a receive
+ * (stage 1: it waits for stage 0's first output) holds its first
+ * chunk's gather too, so on every step both its chunks' gathers (two
+ * parts each: four) are queued inside its first F, F mb0 c1; stage 0,
+ * whose first F waits for its first chunk's gather, still queues only
+ * its second chunk's (two) inside F mb0 c0. Before fsdp18 stage 1
+ * queued two there (its first chunk's left in the update). */
+START_TEST(test_zbv_fsdp_after_recv_first_chunk_held)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 4 --config configs/llama-tiny.yml steps=2 "
+		 "ici_data_parallelism=1 ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 "
+		 "num_pipeline_microbatches=4 pipeline_schedule=zbv base_num_decoder_layers=4 "
+		 "num_pipeline_repeats=2 pipeline_fsdp_ag_per_repeat=true --trace %s/h1.json", tmpdir);
+	show_log_on_failure(run(args), 0);
+	struct spans t = spans_read("h1.json");
+	for (int d = 0; d < 4; d++)
+		for (int s = 0; s < 2; s++) {
+			char fn[32];
+			snprintf(fn, sizeof(fn), "F mb0 c%d", d / 2);
+			const struct span *f = dev_span(&t, d, s, fn);
+			ck_assert_msg(f, "device %d step %d: no %s", d, s, fn);
+			int queued = 0;
+			for (int i = 0; i < t.n; i++) {
+				const struct span *sp = &t.v[i];
+				queued += sp->dev == d && sp->flight && !strncmp(sp->name, "q all_gather", 12) &&
+					  sp->ts >= f->ts && sp->ts < f->ts + f->dur;
+			}
+			ck_assert_msg(queued == (d / 2 ? 4 : 2), "device %d step %d: %d gathers queued inside %s, not %d",
+				      d, s, queued, fn, d / 2 ? 4 : 2);
+		}
+	spans_free(&t);
+}
+END_TEST
+
 /* The same with Muon, on 4 layers (the first gathers read the head,
  * the embedding and layers 0 and 1; layers 2 and 3 are updated after
  * they left), and beside ZeRO-1 (data 2 x fsdp 2, one-layer buckets:
@@ -1105,6 +1140,7 @@ int main(void)
 	tcase_add_test(zc, test_zbv_fsdp_parts);
 	tcase_add_test(zc, test_zbv_fsdp_last_w_projection_parts);
 	tcase_add_test(zc, test_zbv_fsdp_second_chunk_held);
+	tcase_add_test(zc, test_zbv_fsdp_after_recv_first_chunk_held);
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_muon_update);
 	tcase_add_test(zc, test_fsdp_first_gather_beside_zero1);
 	suite_add_tcase(s, zc);

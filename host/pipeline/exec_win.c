@@ -132,6 +132,7 @@ int pipe_exec_set_parts(struct pipe_exec *x, enum pipe_parts mode, char *err, si
 		return rc;
 	}
 	x->parts = on;
+	exec_mark_hold(x);  /* with parts, a stage may hold more */
 	/* a pipeline's split backward: the stage's last W, the step's last
 	 * weight gradients it sends (stage 0's is layer 0's, cut fine
 	 * already), sends them as layer 0's (model_set_fine: its attention
@@ -302,20 +303,29 @@ static int leading(const struct pipe_exec *x)
  * pipeline_fsdp_ag_per_repeat: stage 1's second chunk, stage 0's last;
  * four devices' gathers on two vCPUs at the step's start); they start
  * when the first chunk action starts, on the same communication thread
- * after that action's gathers. Without a pipeline (one stage, a chunk a
- * layer) the update still starts layers 0 and 1. (MESHRUN_PP_HOLD=0:
- * none held, as before; to measure against.) */
+ * after that action's gathers. A stage whose first chunk action comes
+ * after a receive (it waits for an earlier stage's output: a slot or
+ * more), with layers in parts (exec's parts: its first F waits for the
+ * attention block's part alone, the feed-forward block's under the F's
+ * first part), holds its first chunk's gather too: zbv's stage 1 then
+ * gathers once stage 0's first output has come, not beside stage 0's
+ * first gathers, which its first F waits for (fsdp18). Without a
+ * pipeline (one stage, a chunk a layer) the update still starts layers
+ * 0 and 1. (MESHRUN_PP_HOLD=0: none held; =1: not the first chunk's,
+ * as before fsdp18; to measure against.) */
 void exec_mark_hold(struct pipe_exec *x)
 {
 	const char *e = getenv("MESHRUN_PP_HOLD");
 	int n = leading(x), first = n, j = n;
+	bool recv = false;
 	while (first < x->n && !(compute_op(x->a[first].op) && x->a[first].chunk >= 0))
-		first++;
+		recv |= x->a[first++].op == PA_RECV;
 	x->lead = x->lead_end = n;
 	x->hold_at = -1;
 	if (first == x->n || x->t.shape.stages < 2 || (e && *e && !atoi(e)))
 		return;
-	while (j > 0 && x->a[j - 1].chunk >= 0 && x->a[j - 1].chunk != x->a[first].chunk)
+	bool all = recv && x->parts && !(e && *e && atoi(e) == 1);
+	while (j > 0 && x->a[j - 1].chunk >= 0 && (all || x->a[j - 1].chunk != x->a[first].chunk))
 		j--;
 	if (j < n) {
 		x->lead = j;
