@@ -857,6 +857,40 @@ START_TEST(test_zbv_fsdp_parts)
 }
 END_TEST
 
+/* The same with grouped-query attention's projections each a part of
+ * their own (d_model 512, as test_fsdp_projection_parts): the losses of
+ * whole layers, bit for bit; and on every device and step the stage's
+ * last W (mb 7's of its first chunk: layer 0 on stage 0, layer 1 on
+ * stage 1) queues three reduce-scatters inside it (the down
+ * projection's, written first; the rest of the feed-forward block's;
+ * then wo, wq and wk's once wk's weight gradient is written; wv's goes
+ * at the RS after it), its other chunk's last W one. Before, a W sent
+ * only the feed-forward block's: one each. */
+START_TEST(test_zbv_fsdp_last_w_projection_parts)
+{
+	const char *zbv = "--hosts 1 --devices-per-host 4 ici_data_parallelism=1 ici_pipeline_parallelism=2 "
+			  "ici_fsdp_parallelism=2 num_pipeline_microbatches=8 pipeline_schedule=zbv "
+			  "base_num_decoder_layers=4 num_pipeline_repeats=2 base_emb_dim=512 "
+			  "base_num_query_heads=8 base_num_kv_heads=8";
+	parts_same_losses(zbv, "", "zq");
+	struct spans t = spans_read("zq.json");
+	for (int d = 0; d < 4; d++)
+		for (int s = 0; s < 3; s++) {
+			int c[2] = { d / 2, 3 - d / 2 };  /* stage d / 2's chunks in the V */
+			for (int j = 0; j < 2; j++) {
+				char wn[32];
+				snprintf(wn, sizeof(wn), "W mb7 c%d", c[j]);
+				const struct span *w = dev_span(&t, d, s, wn);
+				ck_assert_msg(w, "device %d step %d: no %s", d, s, wn);
+				int rs = inside(&t, d, s, w, true);
+				ck_assert_msg(rs == (j ? 1 : 3), "device %d step %d: %d reduce-scatters queued inside %s, "
+					      "not %d", d, s, rs, wn, j ? 1 : 3);
+			}
+		}
+	spans_free(&t);
+}
+END_TEST
+
 /* zbv on fsdp 2 x stage 2 with each repeat's weights gathered one
  * repeat ahead (bench/overlap_sleep.sh's fsdppp_zbv on llama-tiny, two
  * steps): a stage's leading gathers are its non-layer group (stage 0)
@@ -887,6 +921,41 @@ START_TEST(test_zbv_fsdp_second_chunk_held)
 			}
 			ck_assert_msg(held >= 1, "device %d step %d: chunk %d's gather not queued inside %s", d, s,
 				      3 - d / 2, fn);
+		}
+	spans_free(&t);
+}
+END_TEST
+
+/* The same run: a stage whose first chunk action comes after a receive
+ * (stage 1: it waits for stage 0's first output) holds its first
+ * chunk's gather too, so on every step both its chunks' gathers (two
+ * parts each: four) are queued inside its first F, F mb0 c1; stage 0,
+ * whose first F waits for its first chunk's gather, still queues only
+ * its second chunk's (two) inside F mb0 c0. Before fsdp18 stage 1
+ * queued two there (its first chunk's left in the update). */
+START_TEST(test_zbv_fsdp_after_recv_first_chunk_held)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 4 --config configs/llama-tiny.yml steps=2 "
+		 "ici_data_parallelism=1 ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 "
+		 "num_pipeline_microbatches=4 pipeline_schedule=zbv base_num_decoder_layers=4 "
+		 "num_pipeline_repeats=2 pipeline_fsdp_ag_per_repeat=true --trace %s/h1.json", tmpdir);
+	show_log_on_failure(run(args), 0);
+	struct spans t = spans_read("h1.json");
+	for (int d = 0; d < 4; d++)
+		for (int s = 0; s < 2; s++) {
+			char fn[32];
+			snprintf(fn, sizeof(fn), "F mb0 c%d", d / 2);
+			const struct span *f = dev_span(&t, d, s, fn);
+			ck_assert_msg(f, "device %d step %d: no %s", d, s, fn);
+			int queued = 0;
+			for (int i = 0; i < t.n; i++) {
+				const struct span *sp = &t.v[i];
+				queued += sp->dev == d && sp->flight && !strncmp(sp->name, "q all_gather", 12) &&
+					  sp->ts >= f->ts && sp->ts < f->ts + f->dur;
+			}
+			ck_assert_msg(queued == (d / 2 ? 4 : 2), "device %d step %d: %d gathers queued inside %s, not %d",
+				      d, s, queued, fn, d / 2 ? 4 : 2);
 		}
 	spans_free(&t);
 }
@@ -1069,7 +1138,9 @@ int main(void)
 	tcase_add_test(zc, test_fsdp_layer_parts);
 	tcase_add_test(zc, test_fsdp_projection_parts);
 	tcase_add_test(zc, test_zbv_fsdp_parts);
+	tcase_add_test(zc, test_zbv_fsdp_last_w_projection_parts);
 	tcase_add_test(zc, test_zbv_fsdp_second_chunk_held);
+	tcase_add_test(zc, test_zbv_fsdp_after_recv_first_chunk_held);
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_muon_update);
 	tcase_add_test(zc, test_fsdp_first_gather_beside_zero1);
 	suite_add_tcase(s, zc);

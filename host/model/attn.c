@@ -55,7 +55,7 @@ static void gqa_backward(struct model *m, int l, float *dln, const float *dout, 
 	wg_linear(m, P_WQ, l, 0, dqr, kln, N, C, QD);
 	linear_backward(dln, NULL, dkr, NULL, WP(P_WK, l), N, C, KD);
 	wg_linear(m, P_WK, l, 0, dkr, kln, N, C, KD);
-	model_mid(m, l, true, l == 0 ? m->part_att : 0);  /* wo's, wq's and wk's are written */
+	model_mid(m, l, true, model_fine_grads(m, l) ? m->part_att : 0);  /* wo's, wq's and wk's are written */
 	linear_backward(dln, NULL, dv, NULL, WP(P_WV, l), N, C, KD);
 	wg_linear(m, P_WV, l, 0, dv, kln, N, C, KD);
 	psum(m, m->pl[P_WQ].dx_reduce, dln, (size_t)N * C);

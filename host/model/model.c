@@ -578,10 +578,12 @@ static bool fine_parts(const struct model *m)
 	return true;
 }
 
-int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool backward, unsigned parts),
-		    void *ctx)
+/* Each tensor's part (model_set_parts): in every layer (part), in layer
+ * 0 (part0), and of the gradients of a stage's last W's layer (partw:
+ * layer 0's with the down projection a part of its own, 5, sent as soon
+ * as the W has written it; part_down). */
+static bool part_maps(const struct model *m, signed char *part, signed char *part0, signed char *partw)
 {
-	signed char part[P_COUNT], part0[P_COUNT];
 	bool fine = fine_parts(m);
 	int ffn = fine ? 4 : 1;
 	for (int id = 0; id < P_COUNT; id++)
@@ -589,17 +591,41 @@ int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool 
 	/* only layer 0's: the step's first forward and last backward, the
 	 * boundary; the other layers' attention blocks move as one part,
 	 * under compute either way (each part is a collective more) */
-	memcpy(part0, part, sizeof(part));
+	memcpy(part0, part, P_COUNT);
 	if (fine) {
 		part0[P_WK] = 1;
 		part0[P_WV] = 2;
 		part0[P_WO] = 3;
 	}
+	memcpy(partw, part0, P_COUNT);
+	if (fine)
+		partw[P_W_DOWN] = 5;
+	return fine;
+}
+
+int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool backward, unsigned parts),
+		    void *ctx)
+{
+	signed char part[P_COUNT], part0[P_COUNT], partw[P_COUNT];
+	bool fine = part_maps(m, part, part0, partw);
 	m->mid = on ? mid : NULL;
 	m->mid_ctx = on ? ctx : NULL;
-	m->part_ffn = 1u << ffn;
+	/* the down projection's part (5) is the feed-forward block's too:
+	 * empty but where win_set_fine cuts it apart */
+	m->part_down = fine ? 1u << 5 : 0;
+	m->part_ffn = 1u << (fine ? 4 : 1) | m->part_down;
 	m->part_att = fine ? 1u << 3 | 1u << 0 | 1u << 1 : 0;
+	m->fine_l = -1;
 	return m->win ? win_set_parts(m->win, on ? part : NULL, part0) : 0;
+}
+
+void model_set_fine(struct model *m, int l)
+{
+	signed char part[P_COUNT], part0[P_COUNT], partw[P_COUNT];
+	bool fine = part_maps(m, part, part0, partw) && m->mid;
+	m->fine_l = fine ? l : -1;
+	if (m->win)
+		win_set_fine(m->win, m->fine_l, fine ? partw : NULL);
 }
 
 int model_part_steps(const struct model *m, int l, bool backward, double *share, unsigned *mask)
@@ -607,7 +633,7 @@ int model_part_steps(const struct model *m, int l, bool backward, double *share,
 	const struct model_dims *d = &m->l;
 	double b = model_ffn_share(m, l), C = d->C, T = d->T;
 	double q = C * d->Hq * d->D, k = C * d->Hkv * d->D, core = T * d->Hq * d->D, att = 2 * q + 2 * k + core;
-	if (!m->part_att || l != 0) {  /* two: the blocks */
+	if (backward ? !model_fine_grads(m, l) : !m->part_att || l != 0) {  /* two: the blocks */
 		share[0] = backward ? b : 1 - b;
 		share[1] = 1 - share[0];
 		mask[0] = m->part_ffn;
@@ -659,11 +685,31 @@ double model_ffn_share(const struct model *m, int l)
 
 int model_part_steps_w(const struct model *m, int l, double *share, unsigned *mask)
 {
-	share[0] = ffn_share(m, l, false);
-	share[1] = 1 - share[0];
-	mask[0] = m->part_ffn;
-	mask[1] = 0;
-	return 2;
+	const struct model_dims *d = &m->l;
+	double q = (double)d->C * d->Hq * d->D, k = (double)d->C * d->Hkv * d->D, b = ffn_share(m, l, false);
+	int n = 0;
+	if (model_fine_down(m, l)) {
+		/* the down projection's weight gradient, a third of the
+		 * dense MLP's (recorded first: ffn_backward) */
+		share[n] = b / 3;
+		mask[n++] = m->part_down;
+		b -= b / 3;
+	}
+	share[n] = b;
+	mask[n++] = m->part_ffn;
+	b = 1 - ffn_share(m, l, false);
+	if (!model_fine_grads(m, l)) {
+		share[n] = b;
+		mask[n++] = 0;
+		return n;
+	}
+	/* the attention's weight gradients as the tape runs them: wo's,
+	 * wq's and wk's, then mid with their parts; wv's */
+	share[n] = b * (2 * q + k) / (2 * q + 2 * k);
+	mask[n++] = m->part_att;
+	share[n] = b - share[n - 1];
+	mask[n++] = 0;
+	return n;
 }
 int model_act_sets(const struct model *m) { return m->act_sets; }
 

@@ -330,6 +330,13 @@ struct win *model_window(struct model *m);
  * -ENOMEM. */
 int model_set_parts(struct model *m, bool on, int (*mid)(void *ctx, int l, bool backward, unsigned parts),
 		    void *ctx);
+/* After model_set_parts (on, four parts): the weight gradients of layer
+ * l (-1: none; also reset by model_set_parts) go as layer 0's, wo's, wq's
+ * and wk's part sent after wk's weight gradient, in a B or a W (its
+ * weights gathered in two parts still); and in a W of layer 0 or l, a
+ * dense layer's down projection's first, once written (then the rest of
+ * the feed-forward block's). For a pipeline stage's last W's layer. */
+void model_set_fine(struct model *m, int l);
 /* Sleep mode's plan of an F or B of layer l in parts (model_set_parts):
  * n steps (returned, at most MODEL_PART_STEPS), step j the share[j] of
  * the action's time (as the layer's matmul FLOPs split), then mid with
@@ -340,7 +347,10 @@ int model_part_steps(const struct model *m, int l, bool backward, double *share,
  * I's tape) of layer l: the feed-forward block's weight gradients, then
  * mid with its part, then the attention's (as model_layers_backward_weight
  * calls it: the caller acts on it in the last W before the layer's
- * reduce-scatter only). */
+ * reduce-scatter only); in layer 0 or model_set_fine's, with four
+ * parts, wo's, wq's and wk's, mid with their part, then wv's; and in
+ * model_set_fine's layers, dense, first the down projection's, mid with
+ * its part. */
 int model_part_steps_w(const struct model *m, int l, double *share, unsigned *mask);
 /* The share of a layer's matmul FLOPs in its feed-forward block (part B)
  * on this device's rows: the attention projections, its scores and

@@ -135,6 +135,11 @@ struct model {
 	unsigned part_att;          /* sent after wk's weight gradient in
 				     * layer 0: wo's, wq's and wk's
 				     * (grouped-query, four parts), or 0 */
+	unsigned part_down;         /* the down projection's, in part_ffn:
+				     * model_set_fine's layers' W send it
+				     * first, or 0 */
+	int fine_l;                 /* model_set_fine: a layer whose weight
+				     * gradients go as layer 0's, or -1 */
 	float *nstat;               /* [2N] split-norm / split-softmax statistics */
 	float *xstat;               /* [ngather * N] gathered maxima */
 	size_t rmax;                /* rows an expert device may receive */
@@ -256,6 +261,21 @@ static inline float *wsel(struct model *m, bool grads, int id, int l)
 static inline bool model_ffn_id(int id)
 {
 	return id >= P_MLP_NORM && id < P_FINAL_NORM;
+}
+
+/* Whether layer l's weight gradients go in layer 0's parts (its
+ * attention block's by projection: model_set_parts, model_set_fine). */
+static inline bool model_fine_grads(const struct model *m, int l)
+{
+	return m->part_att && (l == 0 || l == m->fine_l);
+}
+
+/* Whether a W of layer l sends its down projection's gradients apart,
+ * first (model_set_fine, a dense layer: its downs are the tape's first
+ * entries, written before any other feed-forward weight gradient). */
+static inline bool model_fine_down(const struct model *m, int l)
+{
+	return m->part_down && m->fine_l >= 0 && (l == 0 || l == m->fine_l) && l < m->l.L_dense;
 }
 
 /* The parts hook (model_set_parts) with mask parts (0: nothing); a

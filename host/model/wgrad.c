@@ -109,10 +109,19 @@ void wg_replay(struct model *m, struct wg_tape *t, int l)
 	assert(t->layer == l);  /* this stash holds layer l's I */
 	for (int i = 0; i < t->n; i++) {
 		run(m, &t->e[i]);
+		/* a dense layer's down projection, recorded first, is
+		 * written (model_set_fine's layers) */
+		if (t->e[i].id == P_W_DOWN && i + 1 < t->n && t->e[i + 1].id != P_W_DOWN && model_fine_down(m, l))
+			model_mid(m, l, true, m->part_down);
 		/* the feed-forward block's weight gradients, recorded first,
 		 * are written: its part may go (model_set_parts) */
 		if (model_ffn_id(t->e[i].id) && i + 1 < t->n && !model_ffn_id(t->e[i + 1].id))
 			model_mid(m, l, true, m->part_ffn);
+		/* wo's, wq's and wk's, recorded before wv's (gqa_backward),
+		 * are written: their parts may go where the layer's weight
+		 * gradients go as layer 0's */
+		if (t->e[i].id == P_WK && model_fine_grads(m, l))
+			model_mid(m, l, true, m->part_att);
 	}
 	t->layer = -1;
 }

@@ -56,6 +56,7 @@ struct win *win_new(const struct mesh *ms, int device, const struct win_tensor *
 	w->nslots = lo->windows + 2;
 	w->nl_ready = -1;
 	w->nparts = 1;
+	w->fine_l = -1;
 	w->t = malloc(sizeof(*w->t) * (size_t)n);
 	w->woff = calloc((size_t)n, sizeof(*w->woff));
 	w->wl = calloc((size_t)lo->windows + 1, sizeof(*w->wl));
@@ -726,20 +727,33 @@ int win_scatter_parts(struct win *w, int k, unsigned parts)
 int win_set_parts(struct win *w, const signed char *part, const signed char *part0)
 {
 	free(w->part);
-	w->part = w->part0 = NULL;
+	w->part = w->part0 = w->partw = NULL;
 	w->nparts = 1;
 	if (!part)
 		return 0;
-	if (!(w->part = malloc(2 * (size_t)w->n)))
+	if (!(w->part = malloc(3 * (size_t)w->n)))
 		return -ENOMEM;
 	w->part0 = w->part + w->n;
 	memcpy(w->part, part, (size_t)w->n);
 	memcpy(w->part0, part0 ? part0 : part, (size_t)w->n);
+	w->fine_l = -1;
 	for (int i = 0; i < 2 * w->n; i++) {
 		assert(w->part[i] >= 0 && w->part[i] < WIN_MAX_PARTS);
 		w->nparts = w->part[i] + 1 > w->nparts ? w->part[i] + 1 : w->nparts;
 	}
 	return 0;
+}
+
+void win_set_fine(struct win *w, int l, const signed char *partw)
+{
+	w->fine_l = l;
+	w->partw = NULL;
+	if (!w->part || !partw)
+		return;
+	w->partw = w->part + 2 * (size_t)w->n;
+	memcpy(w->partw, partw, (size_t)w->n);
+	for (int i = 0; i < w->n; i++)
+		assert(w->partw[i] >= 0 && w->partw[i] < WIN_MAX_PARTS);
 }
 
 int win_end(struct win *w)
@@ -793,8 +807,8 @@ static int slot_holding(struct win *w, bool grads, int i, int l)
 		/* a part after those landed (win_wait_part): the caller reads
 		 * it before waiting for it (the model's forward, tensor by
 		 * tensor); wait now */
-		if (w->slot[k].got && (grads || part_of(w, i, l) >= w->slot[k].got))
-			win_wait_part(w, k, grads ? w->nparts - 1 : part_of(w, i, l));
+		if (w->slot[k].got && (grads || part_of(w, i, l, false) >= w->slot[k].got))
+			win_wait_part(w, k, grads ? w->nparts - 1 : part_of(w, i, l, false));
 		if (w->slot[k].state == SLOT_READY || w->slot[k].got)
 			return k;
 	}

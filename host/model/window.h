@@ -119,6 +119,13 @@ int win_slots(const struct win *w);
  * the same order either way: the same bits. Call between steps. 0 or
  * -ENOMEM. */
 int win_set_parts(struct win *w, const signed char *part, const signed char *part0);
+/* After win_set_parts: the gradients of layer 0 and of layer l (-1:
+ * none) are cut as partw says (a part a tensor, as win_set_parts' part;
+ * NULL: as before), their weights as before (a pipeline stage's last
+ * weight backward, on layer 0 or another: its reduce-scatter in finer
+ * parts, sent as their gradients are written; its gather as before).
+ * Each element is summed as before: the same bits. Call between steps. */
+void win_set_fine(struct win *w, int l, const signed char *partw);
 /* Whether a gather of a layer group (layer) or of the non-layer group
  * moves any weights: some tensor of that kind is gathered. */
 bool win_moves(const struct win *w, bool layer);

@@ -118,9 +118,11 @@ struct win {
 	const struct model_comm *comm;
 	int *rc;
 	/* win_set_parts: each tensor's part (0 .. nparts - 1), or NULL:
-	 * whole, and in layer 0 (part0) */
-	signed char *part, *part0;
-	int nparts;
+	 * whole, and in layer 0 (part0); win_set_fine: the gradients (not
+	 * the weights) of layer 0 and of layer fine_l (-1: none) take
+	 * partw (NULL: as before) */
+	signed char *part, *part0, *partw;
+	int nparts, fine_l;
 	/* deferred zeroing (win_zero_grads): [gradient window][layer of its
 	 * group][tensor], 1 while the block holds stale gradients that its
 	 * first write overwrites (win_grad_write) or anything else zeroes
@@ -151,16 +153,21 @@ static inline bool in_group(const struct win *w, int i, int l, uint32_t axes, bo
 	return l < 0 ? !x->p->stacked : x->p->stacked && slice_of(w, i, l) >= 0;
 }
 
-/* Tensor i's part in layer l (win_set_parts: layer 0's may differ). */
-static inline int part_of(const struct win *w, int i, int l)
+/* Tensor i's part in layer l, of its gradients (grads) or weights
+ * (win_set_parts: layer 0's may differ; win_set_fine: layer 0's and
+ * fine_l's gradients'). */
+static inline int part_of(const struct win *w, int i, int l, bool grads)
 {
+	if (grads && w->partw && (l == 0 || l == w->fine_l))
+		return w->partw[i];
 	return (l == 0 ? w->part0 : w->part)[i];
 }
 
-/* Is tensor i of layer l in one of the parts of mask? */
-static inline bool in_part(const struct win *w, int i, int l, unsigned mask)
+/* Is tensor i of layer l in one of the parts of mask (of its gradients
+ * or weights)? */
+static inline bool in_part(const struct win *w, int i, int l, bool grads, unsigned mask)
 {
-	return !w->part || (mask >> part_of(w, i, l) & 1u);
+	return !w->part || (mask >> part_of(w, i, l, grads) & 1u);
 }
 
 /* Tensor i's storage slice for layer l in buf (params or grads). */

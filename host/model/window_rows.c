@@ -41,7 +41,7 @@ void rows_pend_flush(struct win *w, int k, unsigned mask)
 	const struct win_slot *s = &w->slot[k];
 	for (int l = s->l0; l < s->l1 && s->l0 != WIN_NONLAYER; l++)
 		for (int i = 0; i < w->n; i++)
-			if (in_part(w, i, l, mask) && rows_unmark(w, i, l, k))
+			if (in_part(w, i, l, true, mask) && rows_unmark(w, i, l, k))
 				rows_zero_block(w, i, l, k);
 }
 
@@ -52,7 +52,7 @@ size_t rows_pack_part(const struct win *w, const struct mesh_members *gg, int l0
 	size_t pack = 0;
 	for (int l = l0; l < l1; l++)
 		for (int i = 0; i < w->n; i++)
-			if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, l, part))
+			if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, l, grads, part))
 				pack += param_slice_numel(w->t[i].p);
 	return pack;
 }
@@ -156,7 +156,7 @@ int rows_list_make(struct win *w, int g, float *base, bool grads, int l0, int l1
 			before += w->run[j].n;
 		for (int l = l0; l < l1; l++)
 			for (int i = 0; i < w->n; i++)
-				if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, l, part) &&
+				if (in_group(w, i, l, gg->axes, grads) && in_part(w, i, l, grads, part) &&
 				    !block_runs(w, gg, r, i, block_in(w, base, grads, i, l, l0), &w->run, &w->runcap,
 						&nrun))
 					return -1;
@@ -202,7 +202,7 @@ int rows_own_moves(struct win *w, int g, float *base, bool grads, int l0, int l1
 	for (int l = l0; l < l1; l++)
 		for (int i = 0; i < w->n; i++) {
 			int nrow = 0;
-			if (!in_group(w, i, l, gg->axes, grads) || !in_part(w, i, l, part))
+			if (!in_group(w, i, l, gg->axes, grads) || !in_part(w, i, l, grads, part))
 				continue;
 			if (!block_runs(w, gg, w->grank[g], i, block_in(w, base, grads, i, l, l0), &w->orow,
 					&w->orowcap, &nrow))
@@ -236,7 +236,7 @@ size_t rows_add_parts(struct win *w, const struct mesh_members *gg, int l, int p
 			size_t roff)
 {
 	for (int i = 0; i < w->n && !*w->rc; i++) {
-		if (!in_group(w, i, l, gg->axes, true) || !in_part(w, i, l, part))
+		if (!in_group(w, i, l, gg->axes, true) || !in_part(w, i, l, true, part))
 			continue;
 		size_t n = param_slice_numel(w->t[i].p);
 		float *dst = storage(w, w->grads, i, l);

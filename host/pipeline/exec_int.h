@@ -91,8 +91,9 @@ struct pipe_exec {
 	int npre;
 	int pre_rc;
 	/* held leading gathers [lead, lead_end): those of chunks the first
-	 * chunk action (hold_at, or -1: none held) does not read, started
-	 * when it starts (exec_mark_hold) */
+	 * chunk action (hold_at, or -1: none held) does not read (after a
+	 * receive, with parts: every chunk's), started when it starts
+	 * (exec_mark_hold) */
 	int lead, lead_end, hold_at;
 	bool held;                   /* this step: not started yet */
 	/* the step in progress */

@@ -67,9 +67,10 @@ int exec_mark_events(struct pipe_exec *x)
  * of parts (their gradients are written): at its first call (the
  * feed-forward block's), at later ones only in the table's last B (the
  * others' go at their RS, under the next B, no wait inside for the one
- * in flight); a W (its one call, the feed-forward block's) only when it
- * is its slot's last write before the slot's RS (exec_w_sends). A
- * recomputed forward in a B, or a multi-layer action, no. */
+ * in flight); a W (its call, the feed-forward block's, and in a layer
+ * cut as layer 0 its second, wo's, wq's and wk's) only when it is its
+ * slot's last write before the slot's RS (exec_w_sends). A recomputed
+ * forward in a B, or a multi-layer action, no. */
 int exec_mid(void *ctx, int l, bool backward, unsigned parts)
 {
 	struct pipe_exec *x = ctx;
@@ -79,7 +80,7 @@ int exec_mid(void *ctx, int l, bool backward, unsigned parts)
 		return 0;
 	if (!backward && (x->mid_op == PA_F || x->mid_op == PA_FC))
 		return win_wait_part(w, x->mid_k, 31 - __builtin_clz(parts));
-	if (backward && x->mid_op == PA_W && x->mid_last && !x->mid_sent) {
+	if (backward && x->mid_op == PA_W && x->mid_last) {
 		x->mid_sent = true;
 		return win_scatter_parts(w, x->mid_k, parts);
 	}
@@ -131,6 +132,20 @@ int pipe_exec_set_parts(struct pipe_exec *x, enum pipe_parts mode, char *err, si
 		return rc;
 	}
 	x->parts = on;
+	exec_mark_hold(x);  /* with parts, a stage may hold more */
+	/* a pipeline's split backward: the stage's last W, the step's last
+	 * weight gradients it sends (stage 0's is layer 0's, cut fine
+	 * already), sends them as layer 0's (model_set_fine: its attention
+	 * block's by projection, all but wv's inside the W) */
+	if (on && split && x->t.shape.stages > 1) {
+		int last = -1;
+		for (int k = 0; k < x->n; k++)
+			last = x->a[k].op == PA_W ? k : last;
+		if (last >= 0) {
+			chunk_layers(x, x->a[last].chunk, &l0, &l1);
+			model_set_fine(x->m, l0);
+		}
+	}
 	return 0;
 }
 
@@ -288,20 +303,29 @@ static int leading(const struct pipe_exec *x)
  * pipeline_fsdp_ag_per_repeat: stage 1's second chunk, stage 0's last;
  * four devices' gathers on two vCPUs at the step's start); they start
  * when the first chunk action starts, on the same communication thread
- * after that action's gathers. Without a pipeline (one stage, a chunk a
- * layer) the update still starts layers 0 and 1. (MESHRUN_PP_HOLD=0:
- * none held, as before; to measure against.) */
+ * after that action's gathers. A stage whose first chunk action comes
+ * after a receive (it waits for an earlier stage's output: a slot or
+ * more), with layers in parts (exec's parts: its first F waits for the
+ * attention block's part alone, the feed-forward block's under the F's
+ * first part), holds its first chunk's gather too: zbv's stage 1 then
+ * gathers once stage 0's first output has come, not beside stage 0's
+ * first gathers, which its first F waits for (fsdp18). Without a
+ * pipeline (one stage, a chunk a layer) the update still starts layers
+ * 0 and 1. (MESHRUN_PP_HOLD=0: none held; =1: not the first chunk's,
+ * as before fsdp18; to measure against.) */
 void exec_mark_hold(struct pipe_exec *x)
 {
 	const char *e = getenv("MESHRUN_PP_HOLD");
 	int n = leading(x), first = n, j = n;
+	bool recv = false;
 	while (first < x->n && !(compute_op(x->a[first].op) && x->a[first].chunk >= 0))
-		first++;
+		recv |= x->a[first++].op == PA_RECV;
 	x->lead = x->lead_end = n;
 	x->hold_at = -1;
 	if (first == x->n || x->t.shape.stages < 2 || (e && *e && !atoi(e)))
 		return;
-	while (j > 0 && x->a[j - 1].chunk >= 0 && x->a[j - 1].chunk != x->a[first].chunk)
+	bool all = recv && x->parts && !(e && *e && atoi(e) == 1);
+	while (j > 0 && x->a[j - 1].chunk >= 0 && (all || x->a[j - 1].chunk != x->a[first].chunk))
 		j--;
 	if (j < n) {
 		x->lead = j;
