@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where the CPU of a collective goes: `perf record` (cpu-clock, F Hz) on
 # `meshrun bench collectives --hosts 2` (both agents), the samples sorted
-# into the cipher (libcrypto: AES-GCM and GHASH), copies in user space
+# into the cipher (libcrypto: AES-GCM and GHASH; or Intel ipsec-mb's libIPSec_MB), copies in user space
 # (libc memcpy/memmove: OpenSSL's record buffers, our own), the kernel's
 # copies (to and from the socket), scheduling (switches, futex, epoll
 # sleeps), the rest of the kernel (TCP, syscalls), OpenSSL's record layer
@@ -38,11 +38,11 @@ for bin in $bins; do
   i=$((i + 1))
   /usr/bin/python3 - "$tmp" "$i" "$rounds" "$n" "$F" "$bin $op $size $*" <<'EOF'
 import sys, re, statistics
-order = ["cipher (libcrypto)", "user copies (libc memcpy)", "kernel copies",
+order = ["cipher (libcrypto, libIPSec_MB)", "user copies (libc memcpy)", "kernel copies",
          "scheduling/futex/epoll", "kernel other", "openssl record layer (libssl)",
          "meshrun", "libc other", "other"]
 def cat(line):
-    if "libcrypto" in line: return order[0]
+    if "libcrypto" in line or "libIPSec_MB" in line: return order[0]
     if "libssl" in line: return order[5]
     if "[kernel" in line:
         if re.search(r"copy_(to|from)_iter|copy_user|__pi_memcpy|copy_page|skb_copy", line): return order[2]

@@ -3,14 +3,18 @@
 # (TCP, bench/mpi_coll.c run as bench/peers_lib.sh runs it), in the same
 # run: `perf record -g` (cpu-clock, F Hz, every process of each) of N and
 # of 2N iterations, ROUNDS rounds interleaved; bench/cpu_vs_mpi.py
-# itemises the difference per op: the cipher (its AES-GCM kernels and
-# the rest of libcrypto) against `openssl speed`'s hot 16 KiB figure
-# (measured in the same run), the kernel's socket copies, the rest of its
+# itemises the difference per op: the cipher (its AES-GCM kernels:
+# libcrypto's pages `openssl speed` runs, or Intel ipsec-mb's; and the
+# rest of libcrypto) against the hot 16 KiB rate of the cipher the run
+# uses (measured in the same run: `meshrun bench cipher`'s seal and open
+# for the implementation tls_cipher_impl=auto picks, or `openssl speed`'s
+# for a build without that command), the kernel's socket copies, the rest of its
 # TCP, page faults, scheduling (futex, epoll, switches), polling (our
 # spin: xport_wait/op_poll/recv_poll and sched_yield; Open MPI's
 # opal_progress and poll()), user-space copies (with their callers), the
-# sums, the rest. Counts samples, not clocks; prints the load. openssl
-# speed runs at the start and before each round; the median is used.
+# sums, the rest. Counts samples, not clocks; prints the load. The
+# cipher's rate is measured at the start and before each round; the
+# median is used.
 # BASE=PATH adds another meshrun build (e.g. /work/bin/meshrun-23a) as a
 # column (BASE_KEYS="k=v ..." adds settings to that column only, e.g.
 # BASE=build/meshrun BASE_KEYS=poll_spin_us=0 weighs the spin); MESHRUN=PATH measures that build instead of build/meshrun (the
@@ -39,7 +43,18 @@ perf record -q -g -F 2999 -o "$tmp/sp.data" -- openssl speed -seconds 1 -evp aes
 openssl speed -decrypt -seconds 1 -evp aes-128-gcm -bytes 16384 >"$tmp/dec" 2>/dev/null
 perf script -i "$tmp/sp.data" -F comm,ip,sym,dso 2>/dev/null >"$tmp/speed.txt"
 gbs() { awk '/^AES-128-GCM/ {sub(/k$/, "", $2); print $2 * 1000 / 1e9}' "$1"; }
-echo "$(gbs "$tmp/enc") $(gbs "$tmp/dec")" >"$tmp/speed.gbs"
+# "SEAL OPEN" GB/s of AES-128-GCM as the measured build seals its records
+# by default: its `bench cipher` line for auto's implementation, else
+# openssl speed's (in $tmp/enc and $tmp/dec)
+rates() {
+  local r
+  r=$("${MESHRUN:-build/meshrun}" bench cipher --ms 1000 2>/dev/null | awk '
+    /^cipher auto:/ { auto = $3 }
+    /^cipher AES-128-GCM / { name = $3; sub(/:$/, "", name); s[name] = $(NF - 6); o[name] = $(NF - 3) }
+    END { if (auto in s) print s[auto], o[auto] }')
+  [ -n "$r" ] && echo "$r" || echo "$(gbs "$tmp/enc") $(gbs "$tmp/dec")"
+}
+rates >"$tmp/speed.gbs"
 wire() { case $1 in all_reduce) echo 2;; permute) echo 2;; *) echo 1;; esac; }
 impls="meshrun openmpi"
 [ -z "${BASE:-}" ] || impls="base meshrun openmpi"
@@ -50,7 +65,7 @@ for op in "${ops[@]}"; do
     # openssl speed once more each round: the median is what the op is weighed against
     openssl speed -seconds 1 -evp aes-128-gcm -bytes 16384 >"$tmp/enc" 2>/dev/null
     openssl speed -decrypt -seconds 1 -evp aes-128-gcm -bytes 16384 >"$tmp/dec" 2>/dev/null
-    echo "$(gbs "$tmp/enc") $(gbs "$tmp/dec")" >>"$tmp/$op/speed.gbs"
+    rates >>"$tmp/$op/speed.gbs"
     for impl in $impls; do
       for k in 1 2; do
         it=$((n * k))

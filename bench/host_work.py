@@ -3,7 +3,7 @@
 the other waits? host_overlap.py sees a polling thread as on a CPU whether
 it works or spins; this tells the two apart from a cpu-clock profile
 (bench/bcast_timeline.sh records it with PROFILE=1): each sample is work
-if it is in the cipher (libcrypto), a copy (memmove, the kernel's
+if it is in the cipher (libcrypto or ipsec-mb's libIPSec_MB), a copy (memmove, the kernel's
 _copy_to_iter / _copy_from_iter) or the TCP send/receive path, else other
 (polls that find nothing, yields, locks, the bench's own code). Per
 window of WINDOW_US (default 400 us, two samples a CPU at 5 kHz) over the
@@ -23,11 +23,11 @@ for line in sys.stdin:
     if not m:
         continue
     pid, t, sym, dso = int(m.group(1)), float(m.group(3)), m.group(4), m.group(5)
-    work = 'libcrypto' in dso or any(w in sym for w in WORK)
+    work = 'libcrypto' in dso or 'libIPSec_MB' in dso or any(w in sym for w in WORK)
     samples.append((t, pid, work))
 if not samples:
     sys.exit('host_work.py: no samples')
-# the two agents: the two pids with the most samples in libcrypto
+# the two agents: the two pids with the most samples at work
 count = {}
 for t, pid, work in samples:
     count[pid] = count.get(pid, 0) + work

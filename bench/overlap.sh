@@ -162,7 +162,7 @@ for l in out.splitlines():
     n, comm, dso, sym = int(p[0]), p[1], p[2], p[-1]
     comm = comm.rstrip('0123456789') if comm.startswith(('mr-comm', 'mr-stream')) else comm
     k = ('kernel' if '[k]' in l else 'sgemm' if 'sgemm_kernel' in sym or 'sgemm_small' in sym
-         else 'blas_pack' if 'openblas' in dso else 'aes' if 'crypto' in dso or 'ssl' in dso
+         else 'blas_pack' if 'openblas' in dso else 'aes' if 'crypto' in dso or 'ssl' in dso or 'IPSec_MB' in dso
          else 'copies' if any(x in sym for x in ('memmove', 'memcpy', 'memset')) else 'rest')
     t[comm][k] += n
     t[comm]['all'] += n
