@@ -28,49 +28,6 @@ make -s all
 tmp=$(mktemp -d /tmp/dp-ab.XXXXXX); trap 'rm -rf "$tmp"' EXIT
 cp build/meshrun $tmp/new
 C=$PWD/configs/llama-bench.yml
-cat >$tmp/ts.py <<'PYEOF'
-# ts.py ROOTPID METRICS STEPS NDEV: device thread run/rq s, other threads'
-# run s, per device per step, between the first and last metrics line
-import os, sys, time
-root, mpath, steps, nd = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-def procs():
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop(); out.append(p)
-        try:
-            for t in os.listdir('/proc/%d/task' % p):
-                todo += [int(x) for x in open('/proc/%d/task/%s/children' % (p, t)).read().split()]
-        except OSError: pass
-    return out
-def snap(last):
-    for p in procs():
-        try: tids = os.listdir('/proc/%d/task' % p)
-        except OSError: continue
-        for t in tids:
-            d = '/proc/%d/task/%s/' % (p, t)
-            try:
-                s = open(d + 'schedstat').read().split()
-                last[(p, t)] = (open(d + 'comm').read().strip(), int(s[0]) * 1e-9, int(s[1]) * 1e-9)
-            except (OSError, IndexError): pass
-def nlines():
-    try: return sum(1 for _ in open(mpath))
-    except OSError: return 0
-last, a = {}, None
-while os.path.exists('/proc/%d' % root):
-    n = nlines(); snap(last)
-    if n >= 1 and a is None: a = dict(last)
-    if n >= steps: break
-    time.sleep(0.02)
-if a is None or nlines() < steps: sys.exit('ts: the run ended before its last metrics line')
-dev = [0, 0]; rest = 0
-for k, v in last.items():
-    v0 = a.get(k, (v[0], 0, 0))
-    r, q = (v[1] - v0[1]) / (steps - 1) / nd, (v[2] - v0[2]) / (steps - 1) / nd
-    # one device: the process's main thread computes
-    if v[0].startswith('mr-dev') or (nd == 1 and r > 0.1): dev[0] += r; dev[1] += q
-    else: rest += r
-print('%.3f %.3f %.3f' % (dev[0], dev[1], rest))
-PYEOF
 avg() { python3 -c "
 import json; r=[json.loads(l) for l in open('$1')][1:]
 print('%.4f' % (sum(x.get('$2', 0) for x in r) / len(r)))"; }
@@ -88,7 +45,7 @@ for r in $(seq 1 "$rounds"); do
             for x in a b; do
               $tmp/new train --config $C steps=$steps openblas_threads=1 --metrics $m.$x >/dev/null 2>$tmp/err.$x &
               echo $! >$tmp/pid.$x
-              python3 $tmp/ts.py $! $m.$x $steps 1 >$tmp/th.$x &
+              python3 bench/thread_sample.py dev $! $m.$x $steps 1 >$tmp/th.$x &
             done
             wait $(cat $tmp/pid.a) && wait $(cat $tmp/pid.b) || { echo "$v failed:"; tail -3 $tmp/err.a $tmp/err.b; exit 1; }
             wait
@@ -103,7 +60,7 @@ print('\\n'.join(json.dumps(x) for x in [r[0][0]] + r[0][1:] + r[1][1:]))" >$m
            >/dev/null 2>$tmp/err & ;;
     esac
     pid=$!
-    case $name in two*) ;; *) th=$(python3 $tmp/ts.py $pid $m $steps $nd || echo "- - -") ;; esac
+    case $name in two*) ;; *) th=$(python3 bench/thread_sample.py dev $pid $m $steps $nd || echo "- - -") ;; esac
     wait $pid || { echo "$v failed:"; tail -3 $tmp/err; exit 1; }
     t=$(avg $m step_time_s)
     case $name in one*) one=$t ;; esac

@@ -99,54 +99,6 @@ optspan() { python3 -c "
 import json; e=[x for x in json.load(open('$1'))['traceEvents'] if x.get('ph')=='X' and x['tid']==0
   and x['name']=='optimizer' and x['args']['step']>=1]
 print('%.4f' % (sum(x['dur'] for x in e) / len(e) * 1e-6))"; }
-cat >$tmp/tsample.py <<'PYEOF'
-# tsample.py ROOTPID METRICS STEPS NDEV: CPU by thread between the first
-# and the last line of METRICS (steps 1..STEPS-1), per step and device,
-# summed over the processes under ROOTPID by thread name (mr-comm's and
-# mr-stream's digits cut)
-import os, sys, time
-root, mpath, steps, nd = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-def procs():
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop(); out.append(p)
-        try:
-            for t in os.listdir('/proc/%d/task' % p):
-                todo += [int(x) for x in open('/proc/%d/task/%s/children' % (p, t)).read().split()]
-        except OSError: pass
-    return out
-def snap(last):
-    for p in procs():
-        try: tids = os.listdir('/proc/%d/task' % p)
-        except OSError: continue
-        for t in tids:
-            d = '/proc/%d/task/%s/' % (p, t)
-            try:
-                sch = open(d + 'schedstat').read().split()
-                sw = [int(l.split()[1]) for l in open(d + 'status') if 'voluntary_ctxt' in l]
-                last[(p, t)] = (open(d + 'comm').read().strip(), int(sch[0]) * 1e-9, int(sch[1]) * 1e-9,
-                                sw[0], sw[1])
-            except (OSError, IndexError): pass
-def nlines():
-    try: return sum(1 for _ in open(mpath))
-    except OSError: return 0
-last, a = {}, None
-while os.path.exists('/proc/%d' % root):
-    n = nlines(); snap(last)
-    if n >= 1 and a is None: a = dict(last)
-    if n >= steps: break
-    time.sleep(0.02)
-if a is None or nlines() < steps: sys.exit('tsample: the run ended before its last metrics line')
-tot = {}
-for k, v in last.items():
-    v0 = a.get(k, (v[0], 0, 0, 0, 0))
-    name = v[0].rstrip('0123456789') if v[0].startswith(('mr-comm', 'mr-stream')) else v[0]
-    tot[name] = [x + (y - z) / (steps - 1) / nd for x, y, z in zip(tot.get(name, [0] * 4), v[1:], v0[1:])]
-print('    %-10s %7s %9s %7s %8s   (threads, per device per step)' % ('thread', 'run_s', 'rqwait_s',
-                                                                         'vol_sw', 'invol_sw'))
-for name, v in sorted(tot.items(), key=lambda x: -x[1][0]):
-    if v[0] >= 0.0005: print('    %-10s %7.3f %9.3f %7.0f %8.0f' % (name, v[0], v[1], v[2], v[3]))
-PYEOF
 cat >$tmp/pkind.py <<'PYEOF'
 # pkind.py PERFDATA STEPS NDEV: perf samples (499 Hz) by thread and kind,
 # CPU s per device per step (start-up included)
@@ -190,7 +142,7 @@ run() {
     /usr/bin/time -f "%U %S" -o $tmp/$name.cpu $bin "$@" steps=$steps openblas_threads=1 \
     --metrics $tmp/$name.jsonl $( [ "$1" = local ] && echo --trace $tmp/$name.json ) >/dev/null 2>$tmp/$name.err &
   local pid=$!
-  [ -z "${OVERLAP_THREADS:-}" ] || python3 $tmp/tsample.py $pid $tmp/$name.jsonl $steps $(cat $tmp/$name.nd) >$tmp/$name.thr || true
+  [ -z "${OVERLAP_THREADS:-}" ] || python3 bench/thread_sample.py names $pid $tmp/$name.jsonl $steps $(cat $tmp/$name.nd) >$tmp/$name.thr || true
   wait $pid || { echo "$name failed:"; tail -3 $tmp/$name.err; return 1; }
 }
 # run2 NAME ARGS...: two single-device runs of ARGS started together
