@@ -17,6 +17,10 @@
 #include <unistd.h>
 
 static void conn_tune(int fd);
+static void conn_congestion(int fd);
+
+/* the congestion control of our sockets (conn_congestion) */
+#define CONN_TCP_CONGESTION "cubic"
 
 const char *conn_strerror(int e)
 {
@@ -211,6 +215,7 @@ int conn_listen(const char *addr, int *fd_out, char *err, size_t errlen)
 			continue;
 		}
 		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		conn_congestion(fd);
 		if (bind(fd, a->ai_addr, a->ai_addrlen) || listen(fd, 128) || conn_set_nonblock(fd)) {
 			rc = -errno;
 			close(fd);
@@ -239,6 +244,7 @@ int conn_connect_start(const char *addr, char *err, size_t errlen)
 		freeaddrinfo(ai);
 		return rc;
 	}
+	conn_congestion(fd);
 	if (connect(fd, ai->ai_addr, ai->ai_addrlen) && errno != EINPROGRESS) {
 		rc = -errno;
 		snprintf(err, errlen, "unable to connect to '%s': %s", addr, conn_strerror(errno));
@@ -296,6 +302,26 @@ void conn_sockname(int fd, bool local, char *out, size_t outlen)
 	} else {
 		snprintf(out, outlen, "?");
 	}
+}
+
+/* TCP_CONGESTION on every socket we listen or dial on, before connect()
+ * or listen() (an accepted socket inherits its listener's; set later, a
+ * BBR socket keeps BBR's pacing): CONN_TCP_CONGESTION, else "reno" (which
+ * every user may set; cubic needs CAP_NET_ADMIN unless
+ * net.ipv4.tcp_allowed_congestion_control lists it), else the kernel's.
+ * Why not the kernel's: where that is BBR, it paces every socket with
+ * an hrtimer per burst, and on this 2-vCPU guest a 16 MiB permute's CPU
+ * was 0.71-0.78x with cubic (issue 19, bench/results/transport.md, tcp19).
+ * MESHRUN_TCP_CC=NAME picks another (an A/B hook; "kernel": leave it). */
+static void conn_congestion(int fd)
+{
+	const char *cc = getenv("MESHRUN_TCP_CC");
+	if (cc && !strcmp(cc, "kernel"))
+		return;
+	if (!cc || !*cc)
+		cc = CONN_TCP_CONGESTION;
+	if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)))
+		setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4);
 }
 
 /* TCP_NODELAY on every data socket. */
