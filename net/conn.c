@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 static void conn_tune(int fd);
-static void conn_congestion(int fd);
+static void conn_congestion(int fd, const struct sockaddr *sa);
 
 /* the congestion control of our sockets (conn_congestion) */
 #define CONN_TCP_CONGESTION "cubic"
@@ -215,7 +215,7 @@ int conn_listen(const char *addr, int *fd_out, char *err, size_t errlen)
 			continue;
 		}
 		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-		conn_congestion(fd);
+		conn_congestion(fd, a->ai_addr);
 		if (bind(fd, a->ai_addr, a->ai_addrlen) || listen(fd, 128) || conn_set_nonblock(fd)) {
 			rc = -errno;
 			close(fd);
@@ -244,7 +244,7 @@ int conn_connect_start(const char *addr, char *err, size_t errlen)
 		freeaddrinfo(ai);
 		return rc;
 	}
-	conn_congestion(fd);
+	conn_congestion(fd, ai->ai_addr);
 	if (connect(fd, ai->ai_addr, ai->ai_addrlen) && errno != EINPROGRESS) {
 		rc = -errno;
 		snprintf(err, errlen, "unable to connect to '%s': %s", addr, conn_strerror(errno));
@@ -304,19 +304,34 @@ void conn_sockname(int fd, bool local, char *out, size_t outlen)
 	}
 }
 
-/* TCP_CONGESTION on every socket we listen or dial on, before connect()
- * or listen() (an accepted socket inherits its listener's; set later, a
- * BBR socket keeps BBR's pacing): CONN_TCP_CONGESTION, else "reno" (which
- * every user may set; cubic needs CAP_NET_ADMIN unless
+/* Whether sa is a loopback address (127.0.0.0/8, ::1, ::ffff:127.x). */
+static bool is_loopback(const struct sockaddr *sa)
+{
+	if (sa->sa_family == AF_INET)
+		return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+	if (sa->sa_family == AF_INET6) {
+		const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+		return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+	}
+	return false;
+}
+
+/* TCP_CONGESTION on every socket we listen on or dial on loopback, before
+ * connect() or listen() (an accepted socket inherits its listener's; set
+ * later, a BBR socket keeps BBR's pacing): CONN_TCP_CONGESTION, else
+ * "reno" (which every user may set; cubic needs CAP_NET_ADMIN unless
  * net.ipv4.tcp_allowed_congestion_control lists it), else the kernel's.
- * Why not the kernel's: where that is BBR, it paces every socket with
- * an hrtimer per burst, and on this 2-vCPU guest a 16 MiB permute's CPU
- * was 0.71-0.78x with cubic (issue 19, bench/results/transport.md, tcp19).
- * MESHRUN_TCP_CC=NAME picks another (an A/B hook; "kernel": leave it). */
-static void conn_congestion(int fd)
+ * Why: where the kernel's is BBR, it paces every socket with an hrtimer
+ * per burst, and on loopback, with nothing to pace, a 16 MiB permute's
+ * CPU on the 2-vCPU bench machine was 0.71-0.78x with cubic (issue 19,
+ * bench/results/transport.md, tcp19). Sockets on any other address keep
+ * the kernel's choice: on a real network it is the administrator's.
+ * MESHRUN_TCP_CC=NAME picks another on loopback (an A/B hook; "kernel":
+ * leave it). */
+static void conn_congestion(int fd, const struct sockaddr *sa)
 {
 	const char *cc = getenv("MESHRUN_TCP_CC");
-	if (cc && !strcmp(cc, "kernel"))
+	if (!is_loopback(sa) || (cc && !strcmp(cc, "kernel")))
 		return;
 	if (!cc || !*cc)
 		cc = CONN_TCP_CONGESTION;
