@@ -800,6 +800,19 @@ static void park(struct xreq *r, uint64_t deadline_ns)
 
 static int wait_req(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen);
 
+/* MESHRUN_YIELD_RULE=old: a busy yield gives the spin up without a last
+ * poll (as before float20), for A/B */
+static int yield_old = -1;
+
+static bool yield_rule_old(void)
+{
+	if (yield_old < 0) {
+		const char *e = getenv("MESHRUN_YIELD_RULE");
+		yield_old = e && !strcmp(e, "old");
+	}
+	return yield_old;
+}
+
 int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
 {
 	if (!deadline_ns || !rec_log_on())
@@ -816,6 +829,7 @@ static int wait_req(struct xreq *r, uint64_t deadline_ns, char *err, size_t errl
 	int rc;
 	bool poll = deadline_ns && x->spin_ns && x->ops.poll && is_remote(r);
 	bool polling = false;
+	bool look = false;   /* one poll before giving the spin up */
 	uint64_t spin_end = 0;
 
 	if (deadline_ns && x->ops.flush)
@@ -841,7 +855,7 @@ static int wait_req(struct xreq *r, uint64_t deadline_ns, char *err, size_t errl
 		if (poll) {
 			if (!polling)
 				spin_end = now + x->spin_ns;
-			if (now < spin_end) {
+			if (now < spin_end || look) {
 				bool first = !polling;
 				polling = true;
 				/* bounded by spin_ns without progress: while bytes
@@ -851,6 +865,13 @@ static int wait_req(struct xreq *r, uint64_t deadline_ns, char *err, size_t errl
 					if (t0)
 						rec_mark(REC_POLL, r->meta.seq, r->len, t0);
 					spin_end = xport_now_ns() + x->spin_ns;
+					look = false;
+					continue;
+				}
+				if (look && !yield_rule_old()) {
+					/* nothing came while others ran: sleep */
+					look = false;
+					spin_end = 0;
 					continue;
 				}
 				/* a large message: wait on the link's socket in
@@ -872,8 +893,16 @@ static int wait_req(struct xreq *r, uint64_t deadline_ns, char *err, size_t errl
 				 * docs/collectives.md, "The life of a message") */
 				uint64_t y0 = xport_now_ns();
 				sched_yield();
-				if (xport_now_ns() - y0 > YIELD_BUSY_NS && cores_taken(x))
-					spin_end = 0;
+				uint64_t y1 = xport_now_ns();
+				if (y1 - y0 > YIELD_BUSY_NS && cores_taken(x)) {
+					if (yield_rule_old())
+						spin_end = 0;
+					else
+						look = true;
+				} else if (y1 >= spin_end && !yield_rule_old()) {
+					/* the spin ran out while others ran: one look */
+					look = true;
+				}
 				continue;
 			}
 			poll = false;

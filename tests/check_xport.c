@@ -158,6 +158,7 @@ struct yield_peer {
 	uint64_t last_ns;
 	int polls, by_poll, ends;
 	bool deliver_on_end;
+	bool land_on_end;    /* on end, land what no poll landed */
 	uint8_t data[256];
 };
 
@@ -190,7 +191,7 @@ static void yield_peer_end(void *ctx, struct xreq *req, bool done)
 	if (done)
 		return;
 	/* about to sleep: the stream thread would read it now */
-	if (p->deliver_on_end && !p->ends)
+	if ((p->deliver_on_end || (p->land_on_end && !p->by_poll)) && !p->ends)
 		yield_peer_land(p, req);
 	p->ends++;
 }
@@ -274,6 +275,26 @@ START_TEST(test_xport_spin_on_free_cores)
 	ck_assert_msg(rc == 0, "%s", err);
 	ck_assert_int_eq(q.ends, 1);
 	ck_assert_int_eq(q.by_poll, 0);
+}
+END_TEST
+
+/* With the cores taken, a busy yield still ends in one more poll before
+ * the waiter sleeps (float20): the thread that ran may have sent what it
+ * waits for, and before, the waiter slept with those bytes in its socket,
+ * for the stream thread to read and wake it (two more context switches a
+ * message on 4 x 1 floating). Here the poll after the yield finds the
+ * data, so the waiter never ends its spin; without the look, it ends it
+ * and the data lands on the end instead (ends 1, by_poll 0). */
+START_TEST(test_xport_look_after_busy_yield)
+{
+	char err[256] = "";
+	int rc;
+	struct yield_peer p = { .land_on_end = true };
+	wait_beside_hog(&p, 0, &rc, err, sizeof(err));
+	ck_assert_msg(rc == 0, "%s", err);
+	ck_assert_msg(p.by_poll == 1 && p.ends == 0,
+		      "the waiter slept without a look after its busy yield (by_poll %d, ends %d)",
+		      p.by_poll, p.ends);
 }
 END_TEST
 
@@ -912,6 +933,7 @@ static Suite *xport_suite(void)
 	tcase_add_test(tc, test_xport_recv_add);
 	tcase_add_test(tc, test_xport_eager);
 	tcase_add_test(tc, test_xport_spin_on_free_cores);
+	tcase_add_test(tc, test_xport_look_after_busy_yield);
 	tcase_add_test(tc, test_xport_wake_held);
 	suite_add_tcase(s, tc);
 
