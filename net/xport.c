@@ -891,7 +891,12 @@ static int wait_req(struct xreq *r, uint64_t deadline_ns, char *err, size_t errl
 				/* a yield that gave the core away (another thread
 				 * ran) while the machine has more runnable threads
 				 * than cores: spinning on would only keep them from
-				 * the threads that make progress, so sleep instead.
+				 * the threads that make progress, so sleep instead,
+				 * after a look (float20): what the threads that ran
+				 * sent is most often in the socket by now, and a
+				 * sleep there only woke the stream thread to read it
+				 * and wake us. While the look's polls move bytes the
+				 * waiter polls on, without another yield.
 				 * With cores to spare the thread that ran shares
 				 * ours, most often the peer host's device thread
 				 * sending what we wait for: two hosts' device
