@@ -26,10 +26,6 @@
  * bench/results/transport.md). MESHRUN_PAIR_SEND_BYTES=0 in the
  * environment lifts the bound, for A/B. */
 #define COLL_PAIR_SEND_BYTES (2u << 20)
-/* The most bytes of sends one broadcast hop of this process has had
- * outstanding at once (COLL_PAIR_SEND_BYTES bounds it past the first
- * segment, coll_ring.c; tests/check_coll.c checks that). */
-size_t coll_bcast_send_peak(void);
 /* largest group that may use a direct (all-to-all) exchange */
 #define COLL_DIRECT_MAX_N 16
 

@@ -25,7 +25,6 @@
  * all-reduce then copies the finished block to everyone, so every rank holds
  * the same bits. */
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -719,48 +718,6 @@ int coll_ring_all_reduce_blocks_v(struct coll_run *R)
 
 /* ---- broadcast: a chain root -> root+1 -> ... pipelined by segment ---- */
 
-/* Sends a hop keeps outstanding: W, and past the first no more than
- * COLL_PAIR_SEND_BYTES of them, as the pairwise exchanges (coll_a2a.c). A
- * send completes when the next host has read it, so this bounds what
- * waits unread in its socket: with W alone (8 segments of 1 MiB) the
- * root of a 16 MiB broadcast sealed 8 MiB ahead of its reader, and those
- * bytes went through cold socket memory (bcast20,
- * bench/results/transport.md). MESHRUN_BCAST_SEND_BYTES from the
- * environment sets the bound (0: W alone, as before), for A/B. */
-static int bcast_send_window(size_t seg)
-{
-	static _Atomic long v = -2;
-	long r = atomic_load_explicit(&v, memory_order_relaxed);
-	if (r == -2) {
-		const char *e = getenv("MESHRUN_BCAST_SEND_BYTES");
-		char *end = NULL;
-		long x = e && *e ? strtol(e, &end, 10) : -1;
-		r = x >= 0 && end && !*end ? x : -1;
-		atomic_store_explicit(&v, r, memory_order_relaxed);
-	}
-	size_t b = r >= 0 ? (size_t)r : COLL_PAIR_SEND_BYTES;
-	if (!b)
-		return W;
-	size_t k = b / seg;
-	return k < 1 ? 1 : k > W ? W : (int)k;
-}
-
-static _Atomic size_t bcast_peak;
-
-size_t coll_bcast_send_peak(void)
-{
-	return atomic_load_explicit(&bcast_peak, memory_order_relaxed);
-}
-
-static void bcast_note_peak(size_t bytes)
-{
-	size_t p = atomic_load_explicit(&bcast_peak, memory_order_relaxed);
-	while (bytes > p && !atomic_compare_exchange_weak_explicit(&bcast_peak, &p, bytes,
-								   memory_order_relaxed,
-								   memory_order_relaxed))
-		;
-}
-
 int coll_chain_broadcast(struct coll_run *R)
 {
 	const struct coll_args *a = R->a;
@@ -774,7 +731,6 @@ int coll_chain_broadcast(struct coll_run *R)
 	size_t seg = pick_seg(a->seg, a->bytes, 1, 0);
 	long T = (long)((a->bytes + seg - 1) / seg);
 	long rp = 0, rd = 0, sp = 0, sd = 0;
-	int sw = bcast_send_window(seg);
 	struct xreq *rq[W] = { 0 }, *sq[W] = { 0 };
 	int rc = 0;
 	if (!has_recv)
@@ -789,13 +745,11 @@ int coll_chain_broadcast(struct coll_run *R)
 				goto out_abandon;
 			rp++;
 		}
-		while (sp < T && sp < sd + sw && (!has_recv || rd > sp)) {
+		while (sp < T && sp < sd + W && (!has_recv || rd > sp)) {
 			size_t off = (size_t)sp * seg, len = a->bytes - off < seg ? a->bytes - off : seg;
 			if ((rc = coll_post_send(R, next, (uint32_t)sp, off, buf + off, len, &sq[sp % W])))
 				goto out_abandon;
 			sp++;
-			/* bytes outstanding: the sends posted and not retired */
-			bcast_note_peak((sp < T ? (size_t)sp * seg : a->bytes) - (size_t)sd * seg);
 		}
 		bool r_out = rp > rd, s_out = sp > sd;
 		if (r_out && (!s_out || rd <= sd)) {
