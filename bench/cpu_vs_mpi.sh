@@ -20,7 +20,10 @@
 # BASE=build/meshrun BASE_KEYS=poll_spin_us=0 weighs the spin); MESHRUN=PATH measures that build instead of build/meshrun (the
 # callers of memcpy are named only in a frame-pointer build: make
 # B=/tmp/fp CFLAGS=-fno-omit-frame-pointer /tmp/fp/meshrun). SIZE
-# defaults to 16M. ~1 min per op and round on 2 cores.
+# defaults to 16M. ~1 min per op and round on 2 cores. KEEP=DIR keeps
+# the perf scripts (DIR/OP/IMPL.ROUND.{1,2}.txt, with pid and tid) for
+# bench/cpu_sides.py, which splits them per process (a broadcast's root
+# and receiver) and thread.
 # usage: [BASE=bin] [MESHRUN=bin] [ROUNDS=3] [F=999] bench/cpu_vs_mpi.sh N OP... [-- key=value ...]
 set -eu
 cd "$(dirname "$0")/.."
@@ -33,8 +36,12 @@ rounds=${ROUNDS:-3}
 size=${SIZE:-16M}
 bytes=$(numfmt --from=iec "$size")
 [ -x build/mpi_coll ] || mpicc -O2 -o build/mpi_coll bench/mpi_coll.c
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+if [ -n "${KEEP:-}" ]; then
+  tmp=$KEEP; mkdir -p "$tmp"
+else
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+fi
 echo "# load $(cat /proc/loadavg)"
 # openssl speed's AES-128-GCM at 16 KiB, encrypt and decrypt (user CPU, hot)
 # and the code it runs
@@ -80,7 +87,7 @@ for op in "${ops[@]}"; do
         esac
         perf record -q -g -F "$F" -o "$tmp/p.data" -- "${cmd[@]}" >"$tmp/out" 2>&1 ||
           { cat "$tmp/out"; exit 1; }
-        perf script -i "$tmp/p.data" -F comm,ip,sym,dso 2>/dev/null >"$tmp/$op/$impl.$r.$k.txt"
+        perf script -i "$tmp/p.data" -F comm,pid,tid,ip,sym,dso 2>/dev/null >"$tmp/$op/$impl.$r.$k.txt"
         cp "$tmp/out" "$tmp/$op/$impl.$r.$k.out"
       done
     done
