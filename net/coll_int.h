@@ -26,9 +26,6 @@
  * bench/results/transport.md). MESHRUN_PAIR_SEND_BYTES=0 in the
  * environment lifts the bound, for A/B. */
 #define COLL_PAIR_SEND_BYTES (2u << 20)
-/* The sends chain broadcasts of this process have posted (a two-rank
- * broadcast's is one message, coll_ring.c; tests/check_coll.c counts). */
-unsigned long coll_bcast_sends(void);
 /* largest group that may use a direct (all-to-all) exchange */
 #define COLL_DIRECT_MAX_N 16
 

@@ -25,7 +25,6 @@
  * all-reduce then copies the finished block to everyone, so every rank holds
  * the same bits. */
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -719,30 +718,6 @@ int coll_ring_all_reduce_blocks_v(struct coll_run *R)
 
 /* ---- broadcast: a chain root -> root+1 -> ... pipelined by segment ---- */
 
-/* Two ranks: the root's one send is the whole buffer. Segments pipeline a
- * chain whose middle ranks forward; a two-rank chain has none, and each
- * segment cost a RecvReady and a prompt ack (a frame, a send() and a
- * wake-up each way) and a request. MESHRUN_BCAST_ONE=0 in the environment
- * gives back segments, for A/B. */
-static bool bcast_one_message(int n)
-{
-	static _Atomic int v = -1;
-	int r = atomic_load_explicit(&v, memory_order_relaxed);
-	if (r < 0) {
-		const char *e = getenv("MESHRUN_BCAST_ONE");
-		r = !(e && !strcmp(e, "0"));
-		atomic_store_explicit(&v, r, memory_order_relaxed);
-	}
-	return n == 2 && r;
-}
-
-static _Atomic unsigned long bcast_sends;
-
-unsigned long coll_bcast_sends(void)
-{
-	return atomic_load_explicit(&bcast_sends, memory_order_relaxed);
-}
-
 int coll_chain_broadcast(struct coll_run *R)
 {
 	const struct coll_args *a = R->a;
@@ -753,7 +728,7 @@ int coll_chain_broadcast(struct coll_run *R)
 
 	if (a->bytes == 0 || n == 1)
 		return 0;
-	size_t seg = bcast_one_message(n) ? a->bytes : pick_seg(a->seg, a->bytes, 1, 0);
+	size_t seg = pick_seg(a->seg, a->bytes, 1, 0);
 	long T = (long)((a->bytes + seg - 1) / seg);
 	long rp = 0, rd = 0, sp = 0, sd = 0;
 	struct xreq *rq[W] = { 0 }, *sq[W] = { 0 };
@@ -774,7 +749,6 @@ int coll_chain_broadcast(struct coll_run *R)
 			size_t off = (size_t)sp * seg, len = a->bytes - off < seg ? a->bytes - off : seg;
 			if ((rc = coll_post_send(R, next, (uint32_t)sp, off, buf + off, len, &sq[sp % W])))
 				goto out_abandon;
-			atomic_fetch_add_explicit(&bcast_sends, 1, memory_order_relaxed);
 			sp++;
 		}
 		bool r_out = rp > rd, s_out = sp > sd;

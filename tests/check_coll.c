@@ -16,7 +16,6 @@
 
 #include "host/mesh/mesh.h"
 #include "net/coll.h"
-#include "net/coll_int.h"
 #include "net/xport.h"
 #include "tests/coll_util.h"
 
@@ -641,44 +640,6 @@ START_TEST(test_pair_send_bound)
 }
 END_TEST
 
-static void bcast_one_ops(struct world *w, int dev, struct coll_dev *cd)
-{
-	struct mesh_group mg;
-	struct coll_group g;
-	char err[1024];
-	group_of(w, dev, 1u << AX_DATA, &mg, &g);
-	int r = g.rank;
-	uint8_t *buf = xmalloc(PB_BLOCK);
-	for (int root = 0; root < 2; root++) {
-		for (size_t i = 0; i < PB_BLOCK; i++)
-			buf[i] = r == root ? (uint8_t)(i * 13 + 71 + (size_t)root) : 0;
-		int rc = coll_broadcast(cd, &g, buf, PB_BLOCK, root, err, sizeof(err));
-		for (size_t i = 0; !rc && i < PB_BLOCK; i++)
-			if (buf[i] != (uint8_t)(i * 13 + 71 + (size_t)root)) {
-				failf(w, "broadcast root %d: rank %d byte %zu", root, r, i);
-				break;
-			}
-		CHECK_RC(w, rc, "broadcast", err);
-	}
-	free(buf);
-}
-
-/* A two-rank broadcast is one message: no rank forwards, so segments
- * (8 of 1 MiB here) only cost a RecvReady, a prompt ack and a request
- * each (bcast20). A count, no clock: two broadcasts (each rank the root
- * once) post 2 sends; with segments (MESHRUN_BCAST_ONE=0) 16. */
-START_TEST(test_bcast_two_ranks_one_message)
-{
-	struct world w = { .seg = PB_SEG, .direct_max = 65536, .timeout_s = 30 };
-	world_mesh(&w, 2, 1, 1);
-	unsigned long s0 = coll_bcast_sends();
-	world_run(&w, bcast_one_ops, NULL);
-	ck_assert_msg(w.failures == 0, "%s", w.first);
-	unsigned long k = coll_bcast_sends() - s0;
-	ck_assert_msg(k == 2, "two 8 MiB broadcasts on 2 ranks posted %lu sends, not 2", k);
-}
-END_TEST
-
 static Suite *coll_suite(void)
 {
 	Suite *s = suite_create("coll");
@@ -708,7 +669,6 @@ static Suite *coll_suite(void)
 	tc = tcase_create("pairwise");
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_pair_send_bound);
-	tcase_add_test(tc, test_bcast_two_ranks_one_message);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("errors");
