@@ -26,11 +26,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
-
 #include "host/perf/perf.h"
 #include "host/util/clock.h"
 #include "kernels/kernels.h"
+#include "net/aead.h"
 
 #define RUNS 15
 #define WARM_S 0.5
@@ -208,33 +207,38 @@ static bool io_all(int fd, unsigned char *b, size_t n, bool wr)
 /* The CPU seconds a byte of an encrypted transfer costs each end, as a
  * run's device threads pay it (net/direct.c: the sender encrypts and
  * writes, the receiver reads and decrypts into the posted buffer):
- * AES-128-GCM (the first of net/tls.c's suites) in 16 KiB records through
- * a local socket pair, the thread's CPU (user and kernel), the median of
- * RUNS rounds of XFER_ROUND bytes. 0 on failure (then not charged). */
-static void measure_xfer(double *send_cpb, double *recv_cpb)
+ * AES-128-GCM (the first of net/tls.c's suites) by the implementation
+ * the run's links use (tls_cipher_impl; OpenSSL's with tls_records:
+ * openssl; net/aead.h), in 16 KiB records through a local socket pair,
+ * the thread's CPU (user and kernel), the median of RUNS rounds of
+ * XFER_ROUND bytes. 0 on failure (then not charged). */
+static void measure_xfer(const struct cfg *c, double *send_cpb, double *recv_cpb)
 {
 	int sv[2] = { -1, -1 };
-	unsigned char key[16] = { 1 }, iv[12] = { 2 };
-	unsigned char *pt = calloc(1, XFER_REC), *ct = malloc(XFER_REC + 16), *out = malloc(XFER_REC);
-	EVP_CIPHER_CTX *e = EVP_CIPHER_CTX_new(), *d = EVP_CIPHER_CTX_new();
+	uint8_t key[16] = { 1 }, iv[AEAD_IV_LEN] = { 2 }, hdr[5] = { 23, 3, 3, 0x40, 0x11 };
+	uint8_t *pt = calloc(1, XFER_REC), *ct = malloc(XFER_REC + AEAD_TAG_LEN), *out = malloc(XFER_REC);
+	enum aead_impl impl = AEAD_IMPL_AUTO;
+	char err[128];
+	if (!strcmp(c->tls_records, "openssl"))
+		impl = AEAD_IMPL_OPENSSL;
+	else
+		aead_impl_parse(c->tls_cipher_impl, &impl);  /* the config allows only its words */
+	struct aead *e = aead_new(AEAD_AES_128_GCM, impl, true, err, sizeof(err));
+	struct aead *d = aead_new(AEAD_AES_128_GCM, impl, false, err, sizeof(err));
+	struct aead_piece sp = { pt, ct, XFER_REC }, op = { ct, out, XFER_REC };
 	double snd[RUNS], rcv[RUNS];
-	bool ok = pt && ct && out && e && d && !socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+	bool ok = pt && ct && out && e && d && !aead_set_key(e, key) && !aead_set_key(d, key) &&
+		  !socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
 	*send_cpb = *recv_cpb = 0;
 	for (int r = 0; ok && r <= RUNS; r++) {
 		double ts = 0, tr = 0;
 		for (size_t done = 0; ok && done < XFER_ROUND; done += XFER_REC) {
-			int n, m;
 			double t0 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
-			ok = EVP_EncryptInit_ex(e, EVP_aes_128_gcm(), NULL, key, iv) &&
-			     EVP_EncryptUpdate(e, ct, &n, pt, XFER_REC) && EVP_EncryptFinal_ex(e, ct + n, &m) &&
-			     EVP_CIPHER_CTX_ctrl(e, EVP_CTRL_GCM_GET_TAG, 16, ct + XFER_REC) &&
-			     io_all(sv[0], ct, XFER_REC + 16, true);
+			ok = !aead_seal(e, iv, hdr, sizeof(hdr), &sp, 1, ct + XFER_REC) &&
+			     io_all(sv[0], ct, XFER_REC + AEAD_TAG_LEN, true);
 			double t1 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
-			ok = ok && io_all(sv[1], ct, XFER_REC + 16, false) &&
-			     EVP_DecryptInit_ex(d, EVP_aes_128_gcm(), NULL, key, iv) &&
-			     EVP_DecryptUpdate(d, out, &n, ct, XFER_REC) &&
-			     EVP_CIPHER_CTX_ctrl(d, EVP_CTRL_GCM_SET_TAG, 16, ct + XFER_REC) &&
-			     EVP_DecryptFinal_ex(d, out + n, &m) > 0;
+			ok = ok && io_all(sv[1], ct, XFER_REC + AEAD_TAG_LEN, false) &&
+			     !aead_open(d, iv, hdr, sizeof(hdr), &op, 1, ct + XFER_REC);
 			ts += t1 - t0;
 			tr += cpu_s(CLOCK_THREAD_CPUTIME_ID) - t1;
 		}
@@ -250,8 +254,8 @@ static void measure_xfer(double *send_cpb, double *recv_cpb)
 	for (int k = 0; k < 2; k++)
 		if (sv[k] >= 0)
 			close(sv[k]);
-	EVP_CIPHER_CTX_free(e);
-	EVP_CIPHER_CTX_free(d);
+	aead_free(e);
+	aead_free(d);
 	free(pt);
 	free(ct);
 	free(out);
@@ -389,7 +393,7 @@ int perf_measure(const struct cfg *c, int rows, int threads, int beside, struct 
 	else
 		t[1] = t[0];
 	if (!rc)  /* beside the other devices too, as a run's transfers are */
-		measure_xfer(&pc->xfer_send, &pc->xfer_recv);
+		measure_xfer(c, &pc->xfer_send, &pc->xfer_recv);
 	int calls = 0;
 	double wall = util_now_s() - w0, mine = util_thread_cpu_s() - c0;
 	double rate = spin_join(&g, &pc->f_beside, &calls);
