@@ -42,7 +42,9 @@ static const struct {
 		   "       meshrun bench cipher [--bytes N] [--ms MS]\n"
 		   "       meshrun bench link --hosts 2 --sizes 16M[,64K ...] [--iters K] [--oneway | --pingpong]\n"
 		   "       meshrun bench collectives --hosts N [--devices-per-host D] --op OP "
-		   "--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [--async] [key=value ...]\n"
+		   "--sizes 64K,1M,16M [--iters K] [--warmup W] [--barrier] [--async] [--direct-max B] [key=value ...]\n"
+		   "       meshrun bench collectives --hosts N [--devices-per-host D] --check-counts 0,1,1000[,...] "
+		   "[--check-bits] [--check-lists] [key=value ...]\n"
 		   "       meshrun bench load [--hosts N] [--host-id I] [--devices-per-host D] "
 		   "load_parameters_path=DIR [key=value ...]\n"
 		   "       meshrun bench backward --config FILE [--rows N] [--rounds K] [key=value ...]\n" },
