@@ -891,6 +891,51 @@ START_TEST(test_zbv_fsdp_last_w_projection_parts)
 }
 END_TEST
 
+/* zbv on fsdp 2 x stage 2 (llama-tiny, M = 4, two steps): stage 1 owns
+ * no embedding or head, so its sums of them over `stage` (and their
+ * bucket behind) are queued on the flight track before its last action
+ * (W mb3 c1) starts, not after its table; stage 0's after its own last
+ * W (after its table's landings). Before, the sums ran synchronously
+ * after the table on both: no "stage sum" on the flight track. The
+ * order, not a time. */
+START_TEST(test_zbv_stage_sums_before_last_w)
+{
+	char args[512];
+	snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 4 --config configs/llama-tiny.yml steps=2 "
+		 "ici_data_parallelism=1 ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 "
+		 "num_pipeline_microbatches=4 pipeline_schedule=zbv base_num_decoder_layers=4 "
+		 "num_pipeline_repeats=2 --trace %s/ss.json", tmpdir);
+	show_log_on_failure(run(args), 0);
+	struct spans t = spans_read("ss.json");
+	for (int d = 0; d < 4; d++)
+		for (int s = 0; s < 2; s++) {
+			char fn[32], wn[2][32];
+			int st = d / 2;
+			snprintf(fn, sizeof(fn), "F mb0 c%d", st);
+			snprintf(wn[0], sizeof(wn[0]), "W mb3 c%d", st);
+			snprintf(wn[1], sizeof(wn[1]), "W mb3 c%d", 3 - st);
+			const struct span *f = dev_span(&t, d, s, fn), *w0 = dev_span(&t, d, s, wn[0]),
+					  *w1 = dev_span(&t, d, s, wn[1]);
+			ck_assert_msg(f && w0 && w1, "device %d step %d: no %s, %s or %s", d, s, fn, wn[0], wn[1]);
+			double wend = fmax(w0->ts + w0->dur, w1->ts + w1->dur);
+			int before = 0, after = 0;
+			for (int i = 0; i < t.n; i++) {
+				const struct span *sp = &t.v[i];
+				if (sp->dev != d || !sp->flight || strncmp(sp->name, "q stage sum", 11) || sp->ts < f->ts)
+					continue;
+				before += sp->ts < fmax(w0->ts, w1->ts);
+				after += sp->ts >= wend && sp->ts < wend + 1e6;  /* within the second after */
+			}
+			if (st)
+				ck_assert_msg(before >= 1, "device %d step %d: no stage sum queued before its last W", d, s);
+			else
+				ck_assert_msg(after >= 1 && !before, "device %d step %d: stage sums %d before, %d after "
+					      "its last W", d, s, before, after);
+		}
+	spans_free(&t);
+}
+END_TEST
+
 /* zbv on fsdp 2 x stage 2 with each repeat's weights gathered one
  * repeat ahead (bench/overlap_sleep.sh's fsdppp_zbv on llama-tiny, two
  * steps): a stage's leading gathers are its non-layer group (stage 0)
@@ -1140,6 +1185,7 @@ int main(void)
 	tcase_add_test(zc, test_zbv_fsdp_parts);
 	tcase_add_test(zc, test_zbv_fsdp_last_w_projection_parts);
 	tcase_add_test(zc, test_zbv_fsdp_second_chunk_held);
+	tcase_add_test(zc, test_zbv_stage_sums_before_last_w);
 	tcase_add_test(zc, test_zbv_fsdp_after_recv_first_chunk_held);
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_muon_update);
 	tcase_add_test(zc, test_fsdp_first_gather_beside_zero1);

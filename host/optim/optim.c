@@ -131,6 +131,9 @@ int optim_new(struct optim **out, struct model *m, const struct cfg *c, const st
 	o->ndata = pl->ndata > 1 ? pl->ndata : 1;
 	o->rdata = pl->rdata;
 	o->L = model_dims(m)->L;
+	o->stages = pl->stages;
+	if (!(o->sh = calloc((size_t)model_num_params(m) + 1, sizeof(void *))))
+		goto oom;
 	if (pl->mesh) {
 		o->mesh = pl->mesh;
 		o->device = pl->device;
@@ -184,6 +187,7 @@ void optim_free(struct optim *o)
 	util_big_free(o->v, opt_bytes(o));
 	free(o->scratch);
 	free(o->gshard);
+	free(o->sh);
 	buckets_free(o);
 	muon_drop(o);
 	muon_plan_free(&o->mp);
@@ -219,6 +223,9 @@ void optim_step_begin(struct optim *o, const struct optim_comm *oc)
 	o->have_oc = oc != NULL;
 	o->oc = oc ? *oc : (struct optim_comm){ 0 };
 	o->armed = o->mesh && oc;
+	o->summing = false;
+	for (int i = 0; i < model_num_params(o->model); i++)
+		o->sh[i] = NULL;
 	o->stats = (struct optim_stats){ 0 };
 	for (int k = 0; k < o->nu; k++)
 		o->u[k].computed = o->u[k].landed = o->u[k].done = false;
@@ -280,16 +287,65 @@ int optim_hook_grads(void *ctx, int l0, int l1, bool landed)
 	return 0;
 }
 
+/* Whether bucket b holds a pipeline's stage-wide tensors alone (every
+ * unit repl). */
+static bool stage_wide(const struct optim *o, const struct bucket *b)
+{
+	for (int j = b->u0; j < b->u1; j++)
+		if (!o->u[o->ubk[j]].repl)
+			return false;
+	return b->u1 > b->u0;
+}
+
+/* The stage sums, then the buckets of stage-wide tensors alone (see
+ * optim_hook_stage_sums); after: called after the table. */
+static int stage_sums(struct optim *o, bool after)
+{
+	const struct model_comm *mc = o->have_oc ? o->oc.mc : NULL;
+	const struct optim_bg *bg = o->have_oc ? o->oc.bg : NULL;
+	const uint32_t stage = 1u << AX_STAGE;
+	float *G = model_grads(o->model);
+	bool bgs = bg && bg->all_reduce;
+	int rc = 0;
+	if (o->summing || !mc || o->stages < 2 || (!after && (!o->armed || !bgs)))
+		return 0;
+	o->summing = true;
+	for (int i = 0; i < model_num_params(o->model) && !rc; i++) {
+		const struct param_info *p = model_param(o->model, i);
+		if (p->split & stage)
+			continue;
+		rc = bgs ? bg->all_reduce(bg->ctx, stage, G + p->offset, p->numel, "stage sum", &o->sh[i])
+			 : mc->all_reduce(mc->ctx, stage, G + p->offset, p->numel);
+	}
+	for (int i = 0; i < o->nb && !rc; i++)
+		if (!o->b[i].issued && !o->b[i].zero && stage_wide(o, &o->b[i])) {
+			o->stats.late += after;
+			rc = bucket_issue(o, &o->b[i]);
+		}
+	return rc;
+}
+
+int optim_hook_stage_sums(void *ctx)
+{
+	return stage_sums(ctx, false);
+}
+
 int optim_sum_grads(struct optim *o, double *ss_out)
 {
 	float *G = model_grads(o->model);
 	const uint32_t data = 1u << AX_DATA;
 	const struct model_comm *mc = o->have_oc ? o->oc.mc : NULL;
 	double ss = 0;
-	int rc = 0;
+	int rc = stage_sums(o, true);
 	o->armed = false;
 	/* what the table did not complete, in bucket order (the same on
 	 * every device); then every sum in flight lands */
+	for (int i = 0; i < model_num_params(o->model); i++) {
+		void *h = o->sh[i];
+		o->sh[i] = NULL;
+		int r = h ? o->oc.bg->wait(o->oc.bg->ctx, h) : 0;
+		rc = rc ? rc : r;
+	}
 	for (int i = 0; i < o->nb && !rc && mc; i++)
 		if (!o->b[i].issued) {
 			o->stats.late++;

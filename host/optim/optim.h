@@ -50,6 +50,11 @@ struct optim_bg {
 	int (*all_gather_v)(void *ctx, uint32_t axes, float *base, const struct optim_run *run, int nrun,
 			    const size_t *counts, const char *name, void **h);
 	int (*wait)(void *ctx, void *h);
+	/* Optional (NULL: the stage sums run synchronously, by mc, after
+	 * the table): buf's n floats summed over axes in place, the same
+	 * algorithm as mc->all_reduce's, on the same queue as the above
+	 * (so a bucket issued after it sums what it left). */
+	int (*all_reduce)(void *ctx, uint32_t axes, float *buf, size_t n, const char *name, void **h);
 	void *ctx;
 };
 
@@ -162,8 +167,19 @@ int optim_hook_weights(void *ctx, int l0, int l1, bool gathered);
  * anything but the step's table reads them: eval, checkpoints, the end
  * of the run). 0 or -errno. */
 int optim_wait_params(struct optim *o);
-/* After the table: starts the buckets left (a pipeline's tensors stored
- * on every stage, after the caller summed them over `stage`), waits for
+/* The executor's stage_sums hook (host/pipeline/exec.h, struct
+ * pipe_hooks; ctx the optimizer): a pipeline's tensors stored on every
+ * stage (not split over `stage`: embedding, head, final norm) are final
+ * on this stage. Starts their sums over `stage` in the background, one
+ * per tensor in parameter order (the order of every stage), then the
+ * buckets holding only such tensors not started yet, in bucket order
+ * (the same on every member of their groups): queued behind the stage
+ * sums, they sum what those leave. Once a step; optim_sum_grads does it
+ * when the table did not (or bg has no all_reduce: then synchronously,
+ * after the table). 0 or a failing collective's -errno. */
+int optim_hook_stage_sums(void *ctx);
+/* After the table: the stage sums unless the table started them (see
+ * optim_hook_stage_sums), then starts the buckets left, waits for
  * every bucket, reduce-scatters ZeRO-1's segs (grad_bucket_mb=0; else
  * their buckets were), and returns in *ss this
  * device's share of the squared global norm (each element divided by

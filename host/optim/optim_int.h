@@ -116,6 +116,9 @@ struct optim {
 	struct optim_comm oc;        /* copied at optim_step_begin */
 	bool have_oc;
 	bool armed;                  /* between optim_step_begin and the end of the sums */
+	int stages;                  /* the table's (struct optim_place) */
+	bool summing;                /* this step's stage sums started */
+	void **sh;                   /* [params] a stage sum in flight, or NULL */
 	struct optim_stats stats;
 	struct muon_plan mp;         /* Muon's owners (a mesh with Muon) */
 	struct muon_job *mq;         /* muon_dist's calls in flight, oldest first */

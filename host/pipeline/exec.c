@@ -105,6 +105,30 @@ static int mark_w(struct pipe_exec *x)
 	return 0;
 }
 
+/* Where the stage_sums hook goes (struct pipe_hooks): before the last
+ * compute action of a stage of a pipeline with no owner action, when no
+ * action from it on moves anything between stages; else -1. */
+static int sums_point(const struct pipe_exec *x)
+{
+	int last = -1;
+	for (int k = 0; k < x->n; k++) {
+		int op = x->a[k].op;
+		if (op == PA_EMBED || op == PA_HEAD || op == PA_EMBED_BACK)
+			return -1;
+		if (op == PA_F || op == PA_FC || op == PA_B || op == PA_I || op == PA_W)
+			last = k;
+	}
+	for (int k = last; last >= 0 && k < x->n; k++)
+		if (x->a[k].op == PA_SEND || x->a[k].op == PA_RECV)
+			return -1;
+	return x->t.shape.stages > 1 ? last : -1;
+}
+
+int pipe_exec_sums_at(const struct pipe_exec *x)
+{
+	return x->sums_at;
+}
+
 int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int first_layer,
 		  const int *stage_dev, struct model *m, int mb_rows, char *err, size_t errlen)
 {
@@ -130,6 +154,7 @@ int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int f
 	    mark_w(x))
 		goto oom;
 	exec_mark_hold(x);
+	x->sums_at = sums_point(x);
 	memcpy(x->stage_dev, stage_dev, sizeof(int) * (size_t)S);
 	*out = x;
 	return 0;
@@ -609,9 +634,13 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	/* the leading gathers a prefetch started are in flight already;
 	 * the held ones start with the first chunk action */
 	bool recvd = false;  /* a receive ran since the last compute */
+	/* (not while filling: it runs W's ahead of their place) */
+	int sums = x->filling || !x->hooks.stage_sums ? -1 : x->sums_at;
 	x->held = x->hold_at >= 0;
 	for (int k = x->npre; k < x->n && !rc; k++) {
-		if (x->ran[k] || (x->held && k >= x->lead && k < x->lead_end))
+		if (k == sums)
+			rc = x->hooks.stage_sums(x->hooks.ctx);
+		if (rc || x->ran[k] || (x->held && k >= x->lead && k < x->lead_end))
 			continue;
 		if (x->filling && x->a[k].op == PA_RECV)
 			rc = fill_wait(x, k);

@@ -93,6 +93,15 @@ struct pipe_hooks {
 	 * (ZeRO-1's gathers, started by the update before). NULL: none. 0
 	 * or -errno, which ends the step. */
 	int (*weights_needed)(void *ctx, int l0, int l1, bool gathered);
+	/* Once a step at most, on a stage of a pipeline that never writes
+	 * the tensors every stage stores (no owner action: they are zero
+	 * on it) and moves nothing between stages from its last compute
+	 * action on: before that action (pipe_exec_sums_at). The owner may
+	 * start their sums over `stage` then: every other stage's share of
+	 * the step's point-to-point traffic went before, so what it queues
+	 * behind them waits for nothing of this stage's. NULL: none. 0 or
+	 * -errno, which ends the step. */
+	int (*stage_sums)(void *ctx);
 	void *ctx;
 };
 
@@ -205,6 +214,10 @@ int pipe_exec_landing_bufs(const struct pipe_exec *x);
 void pipe_exec_set_sleep(struct pipe_exec *x, const struct pipe_costs *c);
 /* Compute actions the last step slept (0 without synthetic compute). */
 int pipe_exec_slept(const struct pipe_exec *x);
+
+/* Where this stage's table fires the stage_sums hook (struct
+ * pipe_hooks): the index of the action it goes before, or -1 (never). */
+int pipe_exec_sums_at(const struct pipe_exec *x);
 
 /* Sets the hooks every later step calls (NULL: none; copied). */
 void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h);

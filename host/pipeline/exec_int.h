@@ -48,6 +48,7 @@ struct pipe_exec {
 	int ntimes;
 	/* the owner's hooks, and when the table fires them */
 	struct pipe_hooks hooks;
+	int sums_at;                 /* the stage_sums hook before this action, or -1 */
 	uint8_t *after;              /* [n] AFTER_* events once the action at k ran */
 	bool *last_rs;               /* [n] a reduce-scatter that is its group's last */
 	int landing_k;               /* such a reduce-scatter in flight, or -1 */

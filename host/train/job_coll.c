@@ -303,6 +303,22 @@ static int job_bg_all_gather_v(void *vctx, uint32_t axes, float *base, const str
 	return job_bg_v(vctx, MESHRUN__COLL_OP__COLL_ALL_GATHER, axes, base, run, nrun, counts, name, h);
 }
 
+/* A pipeline's stage sums (optim_bg.all_reduce): buf summed in place
+ * by coll_all_reduce's algorithm, on the communication thread. */
+static int job_bg_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n, const char *name, void **h)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = job_group(c, axes);
+	*h = NULL;
+	if (!g)
+		return -ENOMEM;
+	if (g->n == 1)
+		return 0;
+	double t = util_now_s();
+	return job_bg_start(c, t, coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen), "all_reduce",
+			    axes, name, h);
+}
+
 /* Waits for a background collective (the FSDP window's or a gradient
  * bucket's): the time blocked is a "comm" span; on the flight track,
  * how long it sat in the queue ("q " and its name) and when the
@@ -374,5 +390,6 @@ void job_coll_hooks(struct job_ctx *c, bool trace, struct train_comm *comm)
 	comm->sum = job_sum;
 	comm->bg = (struct optim_bg){ .all_reduce_v = job_bg_all_reduce_v,
 				      .reduce_scatter_v = job_bg_reduce_scatter_v,
-				      .all_gather_v = job_bg_all_gather_v, .wait = job_wait, .ctx = c };
+				      .all_gather_v = job_bg_all_gather_v, .wait = job_wait,
+				      .all_reduce = job_bg_all_reduce, .ctx = c };
 }

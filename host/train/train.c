@@ -152,6 +152,7 @@ static int open_optim(struct trainer *t, const struct cfg *c, struct optim_place
 	if (!rc) {
 		pipe_exec_set_hooks(t->px, &(struct pipe_hooks){ .grads_done = optim_hook_grads,
 								 .weights_needed = optim_hook_weights,
+								 .stage_sums = optim_hook_stage_sums,
 								 .ctx = t->opt });
 		/* the groups the table's leading gathers read, every one:
 		 * the prefetch's gathers copy their shards into the windows
@@ -268,23 +269,15 @@ void trainer_free(struct trainer *t)
 	free(t);
 }
 
-/* The step's forward and backward (the schedule's table); then with a
+/* The step's forward and backward (the schedule's table). With a
  * pipeline the gradients of what runs data-parallel over `stage` (every
  * tensor not split over it: embedding, head, final norm) are summed over
- * it. */
+ * it by the optimizer: started when the table says they are final on
+ * this stage (optim_hook_stage_sums), else after it. */
 static int pipe_step(struct trainer *t, const struct train_comm *comm, struct model_step *ms)
 {
-	struct model *m = t->model;
-	float *G = model_grads(m);
-	const uint32_t stage = 1u << AX_STAGE;
 	bool staged = pipe_exec_table(t->px)->shape.stages > 1;  /* else nothing moves point to point */
-	int rc = pipe_exec_step(t->px, t->inputs, t->targets, ms, comm && staged ? &comm->p2p : NULL);
-	for (int i = 0; !rc && staged && i < model_num_params(m); i++) {
-		const struct param_info *p = model_param(m, i);
-		if (!(p->split & stage))
-			rc = comm->mc.all_reduce(comm->mc.ctx, stage, G + p->offset, p->numel);
-	}
-	return rc;
+	return pipe_exec_step(t->px, t->inputs, t->targets, ms, comm && staged ? &comm->p2p : NULL);
 }
 
 /* The unmasked targets of the global batch, at least 1: this device's
