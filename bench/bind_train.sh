@@ -12,8 +12,11 @@
 # microbatches of 2 rows, no recompute: bench/sched_sleep.sh's 4x1 run
 # with real compute); fsdp22 = 2 hosts x 2 devices, fsdp 2 x 2
 # (bench/overlap.sh's fsdp22 keys); dp41 = 4 hosts x 1 device, data=4. A, B: the two variants as NAME=KEY
-# (default bound=cpu_bind=auto, unbound=cpu_bind=none), e.g.
+# (default bound=cpu_bind=auto, unbound=cpu_bind=none), or as
+# NAME|ENV|BIN|KEYS (ENV: VAR=VALUE ...; BIN: default build/meshrun;
+# KEYS: key=value ...) to weigh builds or A/B hooks, e.g.
 #   SHAPE=pipe41 A=spread=cpu_bind=spread B=none=cpu_bind=none bench/bind_train.sh 3 5
+#   SHAPE=pipe41 A='old|MESHRUN_YIELD_RULE=old||cpu_bind=none' B='new|||cpu_bind=none' bench/bind_train.sh 3 5
 # ~30 s a run on an idle 2-vCPU machine.
 # usage: [DPH=1|2] [SHAPE=pipe41|fsdp22|dp41] [A=N=K B=N=K] bench/bind_train.sh [ROUNDS] [STEPS]
 set -eu
@@ -39,12 +42,17 @@ case ${SHAPE:-} in
 esac
 a=${A:-bound=cpu_bind=auto}
 b=${B:-unbound=cpu_bind=none}
-one() { # NAME ROUND KEY
+one() { # VARIANT ROUND
+  local name envs bin keys
+  case $1 in
+    *"|"*) IFS='|' read -r name envs bin keys <<<"$1" ;;
+    *) name=${1%%=*} envs="" bin="" keys=${1#*=} ;;
+  esac
   # shellcheck disable=SC2086
-  /usr/bin/time -f "%U %S" -o "$tmp/$1.cpu" build/meshrun local $shape \
-    --config configs/llama-bench.yml steps="$steps" openblas_threads=1 "$3" \
-    --metrics "$tmp/$1.$2.jsonl" > /dev/null 2>&1
-  /usr/bin/python3 - "$tmp/$1.$2.jsonl" "$tmp/$1.cpu" "$1" "$2" "$steps" <<'PY' | tee -a "$out"
+  env $envs /usr/bin/time -f "%U %S" -o "$tmp/$name.cpu" "${bin:-build/meshrun}" local $shape \
+    --config configs/llama-bench.yml steps="$steps" openblas_threads=1 $keys \
+    --metrics "$tmp/$name.$2.jsonl" > /dev/null 2>&1
+  /usr/bin/python3 - "$tmp/$name.$2.jsonl" "$tmp/$name.cpu" "$name" "$2" "$steps" <<'PY' | tee -a "$out"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 u, s = map(float, open(sys.argv[2]).read().split()[-2:])
@@ -57,11 +65,8 @@ PY
 }
 for round in $(seq 1 "$rounds"); do
   echo "# round $round load $(cat /proc/loadavg)" | tee -a "$out"
-  if [ $((round % 2)) = 1 ]; then
-    one "${a%%=*}" "$round" "${a#*=}"; one "${b%%=*}" "$round" "${b#*=}"
-  else
-    one "${b%%=*}" "$round" "${b#*=}"; one "${a%%=*}" "$round" "${a#*=}"
-  fi
+  if [ $((round % 2)) = 1 ]; then one "$a" "$round"; one "$b" "$round"
+  else one "$b" "$round"; one "$a" "$round"; fi
 done
 echo "# end load $(cat /proc/loadavg)" | tee -a "$out"
 /usr/bin/python3 - "$out" <<'PY'

@@ -800,24 +800,17 @@ static void park(struct xreq *r, uint64_t deadline_ns)
 
 static int wait_req(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen);
 
-/* MESHRUN_YIELD_RULE=old: a busy yield gives the spin up without a last
- * poll (as before float20); =spin: a poll after it that moves bytes
- * gives the whole spin back (yields again), for A/B */
-static int yield_mode = -1;
-enum { YR_NEW, YR_OLD, YR_SPIN };
-
-static int yield_rule(void)
-{
-	if (yield_mode < 0) {
-		const char *e = getenv("MESHRUN_YIELD_RULE");
-		yield_mode = !e ? YR_NEW : !strcmp(e, "old") ? YR_OLD : !strcmp(e, "spin") ? YR_SPIN : YR_NEW;
-	}
-	return yield_mode;
-}
+/* MESHRUN_YIELD_RULE=old: a busy yield gives the spin up without the
+ * look below (the rule before float20), for A/B */
+static int yield_old = -1;
 
 static bool yield_rule_old(void)
 {
-	return yield_rule() == YR_OLD;
+	if (yield_old < 0) {
+		const char *e = getenv("MESHRUN_YIELD_RULE");
+		yield_old = e && !strcmp(e, "old");
+	}
+	return yield_old;
 }
 
 int xport_wait(struct xreq *r, uint64_t deadline_ns, char *err, size_t errlen)
@@ -872,8 +865,6 @@ static int wait_req(struct xreq *r, uint64_t deadline_ns, char *err, size_t errl
 					if (t0)
 						rec_mark(REC_POLL, r->meta.seq, r->len, t0);
 					spin_end = xport_now_ns() + x->spin_ns;
-					if (yield_rule() == YR_SPIN)
-						look = false;
 					continue;
 				}
 				if (look && !yield_rule_old()) {
