@@ -245,6 +245,11 @@ void moe_combine_backward(float *dys, float *dweights, const float *dout, const 
  *   p -= lr * ( mhat / (sqrt(vhat) + eps) + wd * p ) */
 void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
 		  float b1, float b2, float eps, float wd, int t);
+/* The same update, bit for bit, with m and v read from m, v and written
+ * to mo, vo (other buffers), and the old p and g copied to pk, gk on the
+ * way: an update that can be taken back (the trainer's update ahead). */
+void adamw_update_keep(float *p, const float *g, const float *m, const float *v, float *mo, float *vo, float *pk,
+		       float *gk, size_t n, float lr, float b1, float b2, float eps, float wd, int t);
 /* Newton–Schulz orthogonalisation, 5 steps, (a,b,c) = (3.4445, -4.7750,
  * 2.0315), of G (R,C) scaled by 1/(||G||_F + 1e-7); works on the wide
  * orientation internally. out (R,C). scratch >= 3*max(R,C)^2 + 2*R*C floats. */

@@ -2,17 +2,22 @@
  * orthogonalisation through sgemm_rm), global-norm helpers and the learning
  * rate schedule. The caller owns the state buffers and their sharding. */
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kernels/isa.h"
 #include "kernels/kernels.h"
 
 /* one pass over p, g, m, v; sqrtf vectorises (kernels/ are built with
- * -fno-math-errno) and is correctly rounded at every width */
-KERNEL_INLINE void adamw_step_body(float *p, const float *g, float *m, float *v, size_t n, float lr,
-				   float b1, float b2, float eps, float wd, float bc1, float bc2)
+ * -fno-math-errno) and is correctly rounded at every width. m and v are
+ * read from m, v and written to mo, vo (the same buffers in place); with
+ * keep, the old p and g are copied to pk, gk on the way (keep is a
+ * constant in each caller: the copies cost nothing where it is false) */
+KERNEL_INLINE void adamw_body(float *p, const float *g, const float *m, const float *v, float *mo, float *vo,
+			      float *pk, float *gk, size_t n, float lr, float b1, float b2, float eps, float wd,
+			      float bc1, float bc2, bool keep)
 {
-	// p, g, m, v (n)
+	// p, g, m, v, mo, vo, pk, gk (n)
 	size_t i = 0;
 	for (; i + EW <= n; i += EW) {
 		float tm[EW], tv[EW], tp[EW];
@@ -22,24 +27,58 @@ KERNEL_INLINE void adamw_step_body(float *p, const float *g, float *m, float *v,
 			tv[j] = b2 * v[i + j] + (1.0f - b2) * gi * gi;
 			tp[j] = pi - lr * ((tm[j] / bc1) / (sqrtf(tv[j] / bc2) + eps) + wd * pi);
 		}
+		for (int j = 0; keep && j < EW; j++) {
+			pk[i + j] = p[i + j];
+			gk[i + j] = g[i + j];
+		}
 		for (int j = 0; j < EW; j++) {
-			m[i + j] = tm[j];
-			v[i + j] = tv[j];
+			mo[i + j] = tm[j];
+			vo[i + j] = tv[j];
 			p[i + j] = tp[j];
 		}
 	}
 	for (; i < n; i++) {
 		float mi = b1 * m[i] + (1.0f - b1) * g[i];
 		float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-		m[i] = mi;
-		v[i] = vi;
+		if (keep) {
+			pk[i] = p[i];
+			gk[i] = g[i];
+		}
+		mo[i] = mi;
+		vo[i] = vi;
 		p[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p[i]);
 	}
+}
+
+KERNEL_INLINE void adamw_step_body(float *p, const float *g, float *m, float *v, size_t n, float lr,
+				   float b1, float b2, float eps, float wd, float bc1, float bc2)
+{
+	adamw_body(p, g, m, v, m, v, NULL, NULL, n, lr, b1, b2, eps, wd, bc1, bc2, false);
 }
 
 KERNEL_VARIANTS(adamw_step, (float *p, const float *g, float *m, float *v, size_t n, float lr,
 			     float b1, float b2, float eps, float wd, float bc1, float bc2),
 		(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2));
+
+KERNEL_INLINE void adamw_keep_body(float *p, const float *g, const float *m, const float *v, float *mo, float *vo,
+				   float *pk, float *gk, size_t n, float lr, float b1, float b2, float eps, float wd,
+				   float bc1, float bc2)
+{
+	adamw_body(p, g, m, v, mo, vo, pk, gk, n, lr, b1, b2, eps, wd, bc1, bc2, true);
+}
+
+KERNEL_VARIANTS(adamw_keep, (float *p, const float *g, const float *m, const float *v, float *mo, float *vo,
+			     float *pk, float *gk, size_t n, float lr, float b1, float b2, float eps, float wd,
+			     float bc1, float bc2),
+		(p, g, m, v, mo, vo, pk, gk, n, lr, b1, b2, eps, wd, bc1, bc2));
+
+void adamw_update_keep(float *p, const float *g, const float *m, const float *v, float *mo, float *vo, float *pk,
+		       float *gk, size_t n, float lr, float b1, float b2, float eps, float wd, int t)
+{
+	// p, g, m, v, mo, vo, pk, gk (n)
+	float bc1 = (float)(1.0 - pow(b1, t)), bc2 = (float)(1.0 - pow(b2, t));
+	KERNEL(adamw_keep)(p, g, m, v, mo, vo, pk, gk, n, lr, b1, b2, eps, wd, bc1, bc2);
+}
 
 void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
 		  float b1, float b2, float eps, float wd, int t)

@@ -1045,6 +1045,65 @@ static int field_values(const char *name, const char *field, double *out, int ma
 	return n;
 }
 
+/* Each metrics line's string field (NULL when absent), strdup'ed into
+ * out (at most max; the caller frees). */
+static int field_strings(const char *name, const char *field, char **out, int max)
+{
+	char *text = read_tmp(name), *line = text;
+	int n = 0;
+	while (n < max && line && *line) {
+		char *nl = strchr(line, '\n');
+		if (nl)
+			*nl = 0;
+		cJSON *j = cJSON_Parse(line);
+		ck_assert_msg(j, "metrics line is not JSON: %s", line);
+		cJSON *f = cJSON_GetObjectItem(j, field);
+		out[n++] = cJSON_IsString(f) ? strdup(f->valuestring) : NULL;
+		cJSON_Delete(j);
+		line = nl ? nl + 1 : NULL;
+	}
+	free(text);
+	return n;
+}
+
+/* pipeline_update_ahead: zbv on fsdp 2 x stage 2 (llama-tiny, 5 steps,
+ * clipping at 3). The losses are the key-off run's bit for bit, and the
+ * leader (stage 0, whose list ends early) reports for each step what the
+ * rule gives from the key-off run's norms: after a step that clipped it
+ * waits for the sums; else it updates ahead, and that update is redone
+ * when the step clips, kept when not. The run sees all three. */
+START_TEST(test_zbv_update_ahead)
+{
+	const double thr = 3;
+	char args[768], off[8][40], on[8][40], *how[8];
+	double norm[8];
+	const char *mesh = "local --hosts 1 --devices-per-host 4 --config configs/llama-tiny.yml steps=5 "
+			   "ici_data_parallelism=1 ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 "
+			   "num_pipeline_microbatches=4 pipeline_schedule=zbv base_num_decoder_layers=4 "
+			   "num_pipeline_repeats=2 gradient_clipping_threshold=3";
+	snprintf(args, sizeof(args), "%s --metrics %s/ua-off.jsonl", mesh, tmpdir);
+	show_log_on_failure(run(args), 0);
+	snprintf(args, sizeof(args), "%s pipeline_update_ahead=true --metrics %s/ua-on.jsonl", mesh, tmpdir);
+	show_log_on_failure(run(args), 0);
+	ck_assert_int_eq(loss_hexes("ua-off.jsonl", off, 8), 5);
+	ck_assert_int_eq(loss_hexes("ua-on.jsonl", on, 8), 5);
+	ck_assert_int_eq(field_values("ua-off.jsonl", "grad_norm", norm, 8), 5);
+	ck_assert_int_eq(field_strings("ua-on.jsonl", "update_ahead", how, 8), 5);
+	bool clipped = false;
+	int seen = 0;
+	for (int s = 0; s < 5; s++) {
+		const char *want = clipped ? "waited" : norm[s] > thr ? "redone" : "kept";
+		ck_assert_msg(!strcmp(on[s], off[s]), "step %d: loss %s with the key, %s without", s, on[s], off[s]);
+		ck_assert_msg(how[s] && !strcmp(how[s], want), "step %d (norm %g): update_ahead %s, want %s", s,
+			      norm[s], how[s] ? how[s] : "(none)", want);
+		seen |= want[0] == 'w' ? 1 : want[0] == 'r' ? 2 : 4;
+		clipped = norm[s] > thr;
+		free(how[s]);
+	}
+	ck_assert_msg(seen == 7, "the run did not see waited, redone and kept (%d)", seen);
+}
+END_TEST
+
 /* Muon once per matrix: on hosts x dph devices its losses equal one
  * device's within 1e-6 relative at every step, and the Newton-Schulz
  * runs counted over every device (muon_ns_matrices) equal one device's:
@@ -1186,6 +1245,7 @@ int main(void)
 	tcase_add_test(zc, test_zbv_fsdp_last_w_projection_parts);
 	tcase_add_test(zc, test_zbv_fsdp_second_chunk_held);
 	tcase_add_test(zc, test_zbv_stage_sums_before_last_w);
+	tcase_add_test(zc, test_zbv_update_ahead);
 	tcase_add_test(zc, test_zbv_fsdp_after_recv_first_chunk_held);
 	tcase_add_test(zc, test_fsdp_first_gather_started_by_muon_update);
 	tcase_add_test(zc, test_fsdp_first_gather_beside_zero1);

@@ -84,6 +84,8 @@ static int write_metrics(struct steplog *l, const struct step_report *r, double 
 	cJSON_AddNumberToObject(j, "reconnects", (double)r->reconnects);
 	cJSON_AddNumberToObject(j, "frames_resent", (double)r->frames_resent);
 	cJSON_AddNumberToObject(j, "messages", (double)r->messages);
+	if (r->ahead)
+		cJSON_AddStringToObject(j, "update_ahead", r->ahead);
 	if (r->weight_gathers) {
 		cJSON_AddNumberToObject(j, "weight_gathers", r->weight_gathers);
 		cJSON_AddNumberToObject(j, "window_copies", r->window_copies);

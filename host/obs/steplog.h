@@ -75,6 +75,9 @@ struct step_report {
 	 * loss, aux and grad_norm are no figures: the log prints "loss: -"
 	 * and the metrics line "synthetic": "sleep" without them */
 	bool synthetic;
+	/* pipeline_update_ahead: what became of the step's update ("waited",
+	 * "kept", "redone"; metrics "update_ahead"); NULL: the key is off */
+	const char *ahead;
 };
 
 /* Prints the header line; opens metrics (NULL: none), appending when

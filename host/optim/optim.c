@@ -185,6 +185,10 @@ void optim_free(struct optim *o)
 		return;
 	util_big_free(o->m, opt_bytes(o));
 	util_big_free(o->v, opt_bytes(o));
+	util_big_free(o->malt, opt_bytes(o));
+	util_big_free(o->valt, opt_bytes(o));
+	util_big_free(o->pk, model_numel(o->model) * sizeof(float));
+	util_big_free(o->gk, model_numel(o->model) * sizeof(float));
 	free(o->scratch);
 	free(o->gshard);
 	free(o->sh);
@@ -497,6 +501,16 @@ static bool prefetching(const struct optim *o)
 	return any;
 }
 
+/* After a kept update: its m and v are current. */
+static void keep_swap(struct optim *o)
+{
+	float *m = o->m, *v = o->v;
+	o->m = o->malt;
+	o->v = o->valt;
+	o->malt = m;
+	o->valt = v;
+}
+
 int optim_update(struct optim *o, int64_t step, float lr, float clip)
 {
 	struct model *m = o->model;
@@ -540,6 +554,10 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 	/* Muon's last exchanges land before any gather reads the parameters */
 	if ((rc = muon_flush(o)))
 		goto fail;
+	if (o->keeping) {
+		o->keeping = false;
+		keep_swap(o);
+	}
 	/* ZeRO-1 in buckets: each bucket updated, then its gather started,
 	 * waited for by the next use of its weights (optim_hook_weights) */
 	if ((rc = zero_update_gather(o, step, lr, zpre)))
@@ -557,6 +575,34 @@ int optim_update(struct optim *o, int64_t step, float lr, float clip)
 	return 0;
 fail:
 	muon_drop(o);
+	return rc;
+}
+
+int optim_keep(struct optim *o)
+{
+	size_t np = model_numel(o->model) * sizeof(float);
+	if (!o->pk) {  /* what no update writes stays as it is in both */
+		o->malt = util_big_alloc(opt_bytes(o));
+		o->valt = util_big_alloc(opt_bytes(o));
+		o->pk = util_big_alloc(np);
+		o->gk = util_big_alloc(np);
+		if (!o->malt || !o->valt || !o->pk || !o->gk)
+			return -ENOMEM;
+		memcpy(o->malt, o->m, opt_bytes(o));
+		memcpy(o->valt, o->v, opt_bytes(o));
+		memcpy(o->pk, model_params(o->model), np);
+	}
+	o->keeping = true;
+	return 0;
+}
+
+int optim_restore(struct optim *o)
+{
+	size_t np = model_numel(o->model) * sizeof(float);
+	int rc = optim_wait_params(o);  /* nothing in flight writes them */
+	keep_swap(o);
+	memcpy(model_params(o->model), o->pk, np);
+	memcpy(model_grads(o->model), o->gk, np);
 	return rc;
 }
 

@@ -217,6 +217,19 @@ float optim_lr(const struct optim *o, int64_t step);
 int optim_update(struct optim *o, int64_t step, float lr, float clip);
 void optim_get_stats(const struct optim *o, struct optim_stats *st);
 
+/* An update that may have to be taken back (the trainer's update ahead,
+ * pipeline_update_ahead): optim_keep makes the next optim_update keep
+ * what it overwrites, at little cost (AdamW writes m and v to a second
+ * pair of buffers, swapped in after it, and copies the old parameters
+ * and gradients on its way: kernels' adamw_update_keep); optim_restore,
+ * before the next update, waits for ZeRO-1's gathers in flight and
+ * puts all four back, so an update redone from the same gradients gives
+ * the same bits. AdamW without ZeRO-1 only: it reads the gradients at
+ * their own layout and writes nothing else (no router bias, no Muon).
+ * 0, -ENOMEM (the buffers' first allocation) or a gather's -errno. */
+int optim_keep(struct optim *o);
+int optim_restore(struct optim *o);
+
 /* Checkpoints: m (which 0) or v (1). On one device the state is in the
  * parameters' layout: optim_state returns it. */
 float *optim_state(struct optim *o, int which);

@@ -108,6 +108,11 @@ struct optim {
 	int nb;
 	size_t opt_n;
 	float *m, *v, *scratch;
+	/* optim_keep: the next update writes m and v into these (swapped
+	 * in after it), and the old parameters and gradients into pk, gk
+	 * (layout-sized) */
+	float *malt, *valt, *pk, *gk;
+	bool keeping;                /* the next (or running) update keeps */
 	float *gshard;               /* reduced gradient parts of zero segs not
 				      * in buckets (zero_part) */
 	struct mesh_members tg[MAX_TGROUPS];

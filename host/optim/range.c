@@ -58,6 +58,11 @@ int optim_update_range(struct optim *o, int64_t step, float lr, const float *g, 
 				muon_update(P + q, g + (q - a), mb + (q - a), o->scratch, R, C, lr,
 					    (float)c->muon_momentum, pwd);
 			}
+		} else if (o->keeping) {  /* optim_keep: g is the gradients' layout at a */
+			size_t k = (size_t)(mb - o->m) + (x - a);
+			adamw_update_keep(P + x, g + (x - a), mb + (x - a), vb + (x - a), o->malt + k, o->valt + k,
+					  o->pk + x, o->gk + x, y - x, lr, (float)c->adam_b1, (float)c->adam_b2,
+					  (float)c->adam_eps, pwd, (int)step + 1);
 		} else {
 			adamw_update(P + x, g + (x - a), mb + (x - a), vb + (x - a), y - x, lr,
 				     (float)c->adam_b1, (float)c->adam_b2, (float)c->adam_eps, pwd, (int)step + 1);

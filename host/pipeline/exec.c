@@ -129,6 +129,41 @@ int pipe_exec_sums_at(const struct pipe_exec *x)
 	return x->sums_at;
 }
 
+/* Whether stage's list ends (simulated) before another stage's, by more
+ * than a hundredth of the longest. */
+static bool ends_early(const struct pipe_table *t, int stage)
+{
+	double end = 0, mine = 0;
+	for (int s = 0; s < t->shape.stages; s++)
+		for (int k = 0; k < t->n[s]; k++) {
+			double e = t->a[s][k].t1;
+			end = e > end ? e : end;
+			if (s == stage && e > mine)
+				mine = e;
+		}
+	return t->shape.stages > 1 && mine < end * 0.99;
+}
+
+bool pipe_exec_ends_early(const struct pipe_exec *x)
+{
+	return x->ends_early;
+}
+
+void pipe_exec_set_gate(struct pipe_exec *x, int (*gate)(void *ctx), void *ctx)
+{
+	x->gate = gate;
+	x->gate_ctx = ctx;
+}
+
+/* Whether action a is where the gate goes: it moves something between
+ * stages or writes gradients. */
+static bool gate_point(const struct pipe_action *a)
+{
+	return a->op == PA_SEND || a->op == PA_RECV || a->op == PA_B || a->op == PA_I || a->op == PA_W ||
+	       a->op == PA_HEAD || a->op == PA_EMBED_BACK || a->op == PA_COUNT_SUM ||
+	       a->op == PA_REDUCE_SCATTER;
+}
+
 int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int first_layer,
 		  const int *stage_dev, struct model *m, int mb_rows, char *err, size_t errlen)
 {
@@ -155,6 +190,7 @@ int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int f
 		goto oom;
 	exec_mark_hold(x);
 	x->sums_at = sums_point(x);
+	x->ends_early = ends_early(&x->t, stage);
 	memcpy(x->stage_dev, stage_dev, sizeof(int) * (size_t)S);
 	*out = x;
 	return 0;
@@ -637,7 +673,16 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	/* (not while filling: it runs W's ahead of their place) */
 	int sums = x->filling || !x->hooks.stage_sums ? -1 : x->sums_at;
 	x->held = x->hold_at >= 0;
+	x->gated = x->gate != NULL;
+	bool stopped = false;  /* by the gate */
 	for (int k = x->npre; k < x->n && !rc; k++) {
+		if (x->gated && gate_point(&x->a[k])) {
+			x->gated = false;
+			if ((rc = x->gate(x->gate_ctx))) {
+				stopped = true;
+				break;
+			}
+		}
 		if (k == sums)
 			rc = x->hooks.stage_sums(x->hooks.ctx);
 		if (rc || x->ran[k] || (x->held && k >= x->lead && k < x->lead_end))
@@ -650,15 +695,19 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 		 * is often what a waiting stage waits for: a post there,
 		 * into the landing buffer that receive just freed, waits for
 		 * the next gap) (bench/results/pipeline.md, inter10) */
-		if (!rc && x->prepost && !recvd)
+		if (!rc && x->prepost && !recvd && !x->gated)
 			rc = exec_prepost(x, k);
 		if (!rc)
 			rc = run_action(x, &x->a[k]);
 		recvd = x->a[k].op == PA_RECV || (recvd && !compute_op(x->a[k].op));
 	}
 	x->npre = 0;
+	x->gate = NULL;  /* one step's */
 	if (!rc && !(rc = win_scatter_finish(w)))
 		rc = exec_landed(x);
+	else if (stopped)  /* nothing of it stays */
+		win_end(w);
+	x->gated = false;
 	int frc = io ? io->flush(io->ctx) : 0;
 	x->gathers = win_gathers(w);
 	int erc = model_step_end(x->m);

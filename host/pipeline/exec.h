@@ -222,6 +222,25 @@ int pipe_exec_sums_at(const struct pipe_exec *x);
 /* Sets the hooks every later step calls (NULL: none; copied). */
 void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h);
 
+/* The gate: the next pipe_exec_step (only that one) calls gate(ctx)
+ * once, before its first action that moves anything between stages or
+ * writes a gradient (a send, a receive, a backward, the head, the
+ * embedding's backward, the expert-count sum, a reduce-scatter), and
+ * posts no receive ahead before it; the actions before it only gather
+ * and compute forwards. gate returns 0 to go on, or -errno, which ends
+ * the step there: its gathers in flight are waited for and dropped and
+ * every slot freed (win_end), as after a failure, and the step returns
+ * that -errno; the caller may run the step again (the trainer's
+ * update ahead: a stage that updated before the step's global norm
+ * arrived learns at its gate whether that update stands, and runs the
+ * step again after redoing it; docs/training-step.md). NULL: none. */
+void pipe_exec_set_gate(struct pipe_exec *x, int (*gate)(void *ctx), void *ctx);
+/* Whether this stage's list ends before another stage's in the table's
+ * simulated times (the table's costs): a stage that then waits at the
+ * step's end for the others (at the global norm). false without a
+ * pipeline. */
+bool pipe_exec_ends_early(const struct pipe_exec *x);
+
 /* The groups whose gradients the table completes, in the order their
  * grads_done(landed false) comes: up to max of them into l0[], l1[]
  * (PIPE_HOOK_* as above); returns how many there are. */

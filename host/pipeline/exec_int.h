@@ -49,6 +49,13 @@ struct pipe_exec {
 	/* the owner's hooks, and when the table fires them */
 	struct pipe_hooks hooks;
 	int sums_at;                 /* the stage_sums hook before this action, or -1 */
+	/* the gate (pipe_exec_set_gate): asked before the next step's first
+	 * action that moves anything between stages or writes a gradient */
+	int (*gate)(void *ctx);
+	void *gate_ctx;
+	bool gated;                  /* this step: the gate not asked yet */
+	bool ends_early;             /* the table's simulated end of this
+				      * stage is before another stage's */
 	uint8_t *after;              /* [n] AFTER_* events once the action at k ran */
 	bool *last_rs;               /* [n] a reduce-scatter that is its group's last */
 	int landing_k;               /* such a reduce-scatter in flight, or -1 */

@@ -32,6 +32,21 @@ static int check_axes(const struct cfg *c, char *err, size_t errlen)
 	return 0;
 }
 
+/* pipeline_update_ahead takes back an AdamW update that reads the
+ * gradients and writes the parameters, m and v, nothing else. */
+static int check_ahead(const struct cfg *c, bool staged, char *err, size_t errlen)
+{
+	const char *why = !staged ? "a pipeline (a stage axis of 2 or more)" :
+			  strcmp(c->opt_type, "adamw") ? "opt_type=adamw" :
+			  c->shard_optimizer_over_data && c->ici[AX_DATA] * c->dcn[AX_DATA] > 1 ?
+								      "shard_optimizer_over_data=false" :
+			  c->routed_bias_update_rate != 0 ? "routed_bias_update_rate=0" : NULL;
+	if (!c->pipeline_update_ahead || !why)
+		return 0;
+	snprintf(err, errlen, "config: key 'pipeline_update_ahead' needs %s", why);
+	return -EINVAL;
+}
+
 int train_check_pipe(const struct cfg *c, const struct pipe_config *pc, int rows, char *err,
 		     size_t errlen)
 {
@@ -51,7 +66,7 @@ int train_check_pipe(const struct cfg *c, const struct pipe_config *pc, int rows
 			 "num_pipeline_microbatches=%d microbatches", rows, pc->shape.microbatches);
 		return -EINVAL;
 	}
-	return 0;
+	return check_ahead(c, true, err, errlen);
 }
 
 /* Synthetic compute trains nothing: no checkpoint, no evaluation (its
@@ -101,7 +116,7 @@ static int check_model(const struct cfg *c, const struct mesh *m, const struct s
 	struct model_dims d;
 	int rc;
 	uint32_t rows_axes = 0;
-	if ((rc = train_check_keys(c, &d, err, errlen)))
+	if ((rc = train_check_keys(c, &d, err, errlen)) || (rc = check_ahead(c, m->size[AX_STAGE] > 1, err, errlen)))
 		return rc;
 	if (m->num_devices == 1) {
 		struct model *one = model_plan_new(&d, NULL, err, errlen);

@@ -378,6 +378,68 @@ int job_sum(void *vctx, uint32_t axes, double *x, int n)
 	return rc ? -EHOSTDOWN : 0;
 }
 
+/* job_sum in the background, on the exchanges' communication thread (so
+ * it never holds up the FSDP window's and the buckets' collectives
+ * queued behind it on the other): the same gather, the same rank-order
+ * adds, at job_sum_wait. */
+struct job_sum_bg {
+	struct coll_handle *h;
+	int n, members;
+	double *all;            /* [members][n] */
+	double in[];            /* [n]: this member's, untouched until the wait */
+};
+
+int job_sum_start(void *vctx, uint32_t axes, const double *x, int n, void **out)
+{
+	struct job_ctx *c = vctx;
+	const struct coll_group *g = job_group(c, axes);
+	*out = NULL;
+	if (!g)
+		return -ENOMEM;
+	if (g->n == 1)
+		return 0;
+	int rc = job_start_xcoll(c);
+	if (rc)
+		return rc;
+	struct job_sum_bg *b = malloc(sizeof(*b) + sizeof(double) * (size_t)n * (size_t)(g->n + 1));
+	if (!b) {
+		snprintf(c->err, c->errlen, "train: out of memory");
+		return -ENOMEM;
+	}
+	b->n = n;
+	b->members = g->n;
+	b->all = b->in + n;
+	memcpy(b->in, x, sizeof(double) * (size_t)n);
+	struct coll_group xg = *g;
+	xg.id += XCHG_GROUP;
+	b->h = coll_all_gather_async(c->xcoll, &xg, b->all, b->in, sizeof(double) * (size_t)n, c->err, c->errlen);
+	if (!b->h) {
+		free(b);
+		return -EIO;  /* c->err says why */
+	}
+	*out = b;
+	return 0;
+}
+
+int job_sum_wait(void *vctx, void *vh, double *x)
+{
+	struct job_ctx *c = vctx;
+	struct job_sum_bg *b = vh;
+	if (!b)
+		return 0;
+	double t0 = util_now_s();
+	int rc = coll_wait(b->h, xport_now_ns() + (uint64_t)(c->timeout_s * 1e9), c->err, c->errlen);
+	c->waited_s += util_now_s() - t0;
+	for (int i = 0; !rc && i < b->n; i++) {
+		double s = 0;
+		for (int r = 0; r < b->members; r++)
+			s += b->all[(size_t)r * b->n + i];
+		x[i] = s;
+	}
+	free(b);
+	return rc ? -EHOSTDOWN : 0;
+}
+
 void job_coll_hooks(struct job_ctx *c, bool trace, struct train_comm *comm)
 {
 	comm->mc = (struct model_comm){
@@ -388,6 +450,8 @@ void job_coll_hooks(struct job_ctx *c, bool trace, struct train_comm *comm)
 		.start_all_to_all = job_start_all_to_all, .wait = job_wait,
 		.span = trace ? job_span : NULL, .ctx = c, .err = c->err, .errlen = c->errlen };
 	comm->sum = job_sum;
+	comm->sum_start = job_sum_start;
+	comm->sum_wait = job_sum_wait;
 	comm->bg = (struct optim_bg){ .all_reduce_v = job_bg_all_reduce_v,
 				      .reduce_scatter_v = job_bg_reduce_scatter_v,
 				      .all_gather_v = job_bg_all_gather_v, .wait = job_wait,

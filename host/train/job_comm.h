@@ -78,6 +78,10 @@ void job_coll_hooks(struct job_ctx *c, bool trace, struct train_comm *comm);
 /* Sums doubles over the group of axes, the same way on every member. */
 int job_sum(void *vctx, uint32_t axes, double *x, int n);
 
+/* job_sum in the background (train_comm.sum_start, sum_wait). */
+int job_sum_start(void *vctx, uint32_t axes, const double *x, int n, void **h);
+int job_sum_wait(void *vctx, void *h, double *x);
+
 /* Starts the expert exchanges' communication thread (once). */
 int job_start_xcoll(struct job_ctx *c);
 

@@ -213,6 +213,9 @@ static int trainer_open_what(struct trainer **out, const struct cfg *c, int rows
 		model_init(t->model, (uint64_t)c->init_weights_seed, (float)c->init_std);
 	if ((rc = open_optim(t, c, &pl, err, errlen)))
 		goto fail;
+	t->ah.all = c->pipeline_update_ahead && t->mesh && pipe_exec_table(t->px)->shape.stages > 1;
+	t->ah.on = t->ah.all && pipe_exec_ends_early(t->px);
+	t->ah.done_step = -1;
 	t->inputs = malloc(sizeof(int32_t) * (size_t)rows * d.T);
 	t->targets = malloc(sizeof(int32_t) * (size_t)rows * d.T);
 	if (!t->inputs || !t->targets) {
@@ -329,8 +332,13 @@ static int step_scale(struct trainer *t, const struct train_comm *comm, int glob
 	return rc;
 }
 
+static int ahead_gate(void *ctx);
+static int ahead_redo(struct trainer *t);
+
 /* Forward and backward (the table), the optimizer's buckets started as
- * their gradients are final. */
+ * their gradients are final. An update that went ahead is checked at the
+ * table's gate (ahead_gate); when it must be redone, the table stopped
+ * there, and runs again after the redone update. */
 static int forward_backward(struct trainer *t, const struct train_comm *comm, struct model_step *ms,
 			    struct step_stats *st)
 {
@@ -340,7 +348,19 @@ static int forward_backward(struct trainer *t, const struct train_comm *comm, st
 	t->step_mc = comm ? &comm->mc : NULL;
 	st->t_fb0 = util_now_s();
 	double c0 = util_thread_cpu_s();
+	if (t->ah.pending)
+		pipe_exec_set_gate(t->px, ahead_gate, t);
 	int rc = pipe_step(t, comm, ms);
+	if (rc == -EAGAIN && t->ah.redo && !(rc = ahead_redo(t))) {
+		memset(model_grads(t->model), 0, model_numel(t->model) * sizeof(float));
+		optim_step_begin(t->opt, trainer_optim_comm(comm, &oc));
+		rc = pipe_step(t, comm, ms);
+	}
+	if (!rc && t->ah.pending) {  /* every pipeline stage's list exchanges something */
+		snprintf(comm->err, comm->errlen, "train: the update ahead of step %lld was never checked",
+			 (long long)t->ah.step);
+		rc = -EPROTO;
+	}
 	st->cpu_fb = util_thread_cpu_s() - c0;
 	st->t_fb1 = util_now_s();
 	st->weight_gathers = pipe_exec_gathers(t->px);
@@ -409,6 +429,141 @@ static int update(struct trainer *t, const struct train_comm *comm, int64_t step
 	return rc ? rc : count_muon(t, comm, st);
 }
 
+/* ---- The update ahead (pipeline_update_ahead) ----
+ *
+ * In a pipeline the stages end the step's table at different times, and
+ * each waits at the global gradient norm for the last. With the key,
+ * every device sums the step's scalars (loss, aux, squares) in the
+ * background; a stage whose list ends early (pipe_exec_ends_early)
+ * updates at once as if clipping scaled nothing (optim_keep first) and
+ * goes on to the next step's first gathers and forwards; at the next
+ * table's first exchange (its gate) it waits for the sums. When clipping
+ * would not scale the gradients its update stands (the same bits: a
+ * factor of 1 is no scaling); else it puts the kept state back, updates
+ * with the factor, and runs the table again from its start. A stage
+ * that saw clipping in the step it checked last waits for the sums
+ * before its next update (the norm changes slowly: the next would most
+ * likely be redone too). docs/training-step.md, "Updating ahead". */
+
+/* The scalars of the step pending: the sums started (x: loss sum, aux,
+ * this device's share of the squares), over the axes sum_scalars uses. */
+static int ahead_sums_start(struct trainer *t, const struct train_comm *comm, const double x[3])
+{
+	t->ah.h[0] = t->ah.h[1] = NULL;
+	memcpy(t->ah.x, x, sizeof(t->ah.x));
+	if (one_scalar_sum(t))
+		return comm->sum_start(comm->mc.ctx, (1u << AX_COUNT) - 1, x, 3, &t->ah.h[0]);
+	int rc = comm->sum_start(comm->mc.ctx, loss_axes(t), x, 2, &t->ah.h[0]);
+	return rc ? rc : comm->sum_start(comm->mc.ctx, (1u << AX_COUNT) - 1, &x[2], 1, &t->ah.h[1]);
+}
+
+/* Waits for them: the step's loss, aux and norm known, and its clip
+ * factor. */
+static int ahead_sums_wait(struct trainer *t)
+{
+	const struct train_comm *comm = t->ah.comm;
+	int rc = comm->sum_wait(comm->mc.ctx, t->ah.h[0], t->ah.x);
+	int r = comm->sum_wait(comm->mc.ctx, t->ah.h[1], &t->ah.x[2]);
+	t->ah.h[0] = t->ah.h[1] = NULL;
+	t->ah.clip = clip_factor(&t->cfg, sqrt(t->ah.x[2]));
+	return rc ? rc : r;
+}
+
+/* The pending update checked: it stands, or ah.redo; what
+ * trainer_settled gives. */
+static int ahead_check(struct trainer *t)
+{
+	int rc = ahead_sums_wait(t);
+	t->ah.pending = false;
+	t->ah.clipped = t->ah.clip != 1.0f;
+	t->ah.redo = !rc && t->ah.clipped;
+	t->ah.done_step = t->ah.step;
+	t->ah.done[0] = t->ah.x[0] / t->ah.denom;
+	t->ah.done[1] = t->ah.x[1];
+	t->ah.done[2] = sqrt(t->ah.x[2]);
+	t->ah.how = t->ah.redo ? AHEAD_REDONE : AHEAD_KEPT;
+	return rc;
+}
+
+/* The executor's gate: 0 when the update ahead stands, -EAGAIN to stop
+ * the table (ah.redo), or a failing sum's -errno. */
+static int ahead_gate(void *ctx)
+{
+	struct trainer *t = ctx;
+	int rc = ahead_check(t);
+	return rc ? rc : t->ah.redo ? -EAGAIN : 0;
+}
+
+/* The update redone from the kept state with the clip factor (nothing in
+ * flight reads the parameters: the stopped table dropped its gathers,
+ * trainer_settle the prefetch's). */
+static int ahead_redo(struct trainer *t)
+{
+	struct step_stats scratch;
+	t->ah.redo = false;
+	int rc = optim_restore(t->opt);
+	return rc ? rc : update(t, t->ah.comm, t->ah.step, t->ah.lr, t->ah.clip, &scratch);
+}
+
+/* The step's end with the key: the sums in the background; the update at
+ * once (this stage ends early and the last check did not clip) or after
+ * them. */
+static int ahead_end(struct trainer *t, const struct train_comm *comm, int64_t step, const struct model_step *ms,
+		     double denom, struct step_stats *st)
+{
+	double x[3] = { ms->loss_sum, ms->aux, 0 };
+	int rc = optim_sum_grads(t->opt, &x[2]);
+	if (rc || (rc = ahead_sums_start(t, comm, x)))
+		return rc;
+	t->ah.comm = comm;
+	t->ah.step = step;
+	t->ah.denom = denom;
+	t->ah.lr = optim_lr(t->opt, step);
+	st->lr = t->ah.lr;
+	if (t->ah.on && !t->ah.clipped) {
+		if ((rc = optim_keep(t->opt)) || (rc = update(t, comm, step, t->ah.lr, 1.0f, st)))
+			return rc;
+		t->ah.pending = true;
+		st->ahead = AHEAD_PENDING;
+		st->loss = st->aux = st->grad_norm = NAN;
+		return 0;
+	}
+	if ((rc = ahead_sums_wait(t)) || (rc = update(t, comm, step, t->ah.lr, t->ah.clip, st)))
+		return rc;
+	t->ah.clipped = t->ah.clip != 1.0f;
+	st->ahead = AHEAD_WAITED;
+	st->loss = t->ah.x[0] / denom;
+	st->aux = t->ah.x[1];
+	st->grad_norm = sqrt(t->ah.x[2]);
+	return 0;
+}
+
+/* (a step updated after its sums reports them itself, in trainer_step's
+ * stats) */
+int64_t trainer_settled(const struct trainer *t, struct step_stats *st)
+{
+	st->ahead = t->ah.how;
+	st->loss = t->ah.done[0];
+	st->aux = t->ah.done[1];
+	st->grad_norm = t->ah.done[2];
+	return t->ah.done_step;
+}
+
+int trainer_settle(struct trainer *t, char *err, size_t errlen)
+{
+	if (!t->ah.pending)
+		return 0;
+	const struct train_comm *comm = t->ah.comm;
+	/* the next step's first gathers the update started read the
+	 * parameters a redo rewrites */
+	int rc = ahead_check(t);
+	if (!rc && t->ah.redo && !(rc = pipe_exec_prefetch_drop(t->px)))
+		rc = ahead_redo(t);
+	if (rc && comm->err != err)
+		snprintf(err, errlen, "%s", comm->err);
+	return rc;
+}
+
 int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 		 const struct train_comm *comm, struct step_stats *st, char *err, size_t errlen)
 {
@@ -416,13 +571,20 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
 	double scal[2], norm, denom;
 	int rc;
 
+	st->ahead = AHEAD_OFF;
 	st->t_data0 = util_now_s();
 	rc = data_batch(t->data, step, global_rows, row0, t->rows, t->inputs, t->targets, err, errlen);
 	st->t_data1 = util_now_s();
 	if (rc)
 		return rc;
-	if ((rc = step_scale(t, comm, global_rows, &ms, &denom)) || (rc = forward_backward(t, comm, &ms, st)) ||
-	    (rc = sum_scalars(t, comm, &ms, scal, &norm)))
+	if ((rc = step_scale(t, comm, global_rows, &ms, &denom)) || (rc = forward_backward(t, comm, &ms, st)))
+		goto comm_failed;
+	if (t->ah.all && comm && comm->sum_start) {
+		if ((rc = ahead_end(t, comm, step, &ms, denom, st)))
+			goto comm_failed;
+		return 0;
+	}
+	if ((rc = sum_scalars(t, comm, &ms, scal, &norm)))
 		goto comm_failed;
 	float clip = clip_factor(&t->cfg, norm), lr = optim_lr(t->opt, step);
 	if ((rc = update(t, comm, step, lr, clip, st)))
@@ -440,7 +602,11 @@ comm_failed:
 
 int trainer_sync(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen)
 {
-	int rc = optim_wait_params(t->opt), r = pipe_exec_prefetch_drop(t->px);
+	int rc = trainer_settle(t, err, errlen);
+	if (rc)
+		return rc;
+	rc = optim_wait_params(t->opt);
+	int r = pipe_exec_prefetch_drop(t->px);
 	rc = rc ? rc : r;
 	if (rc && comm && comm->err != err)
 		snprintf(err, errlen, "%s", comm->err);

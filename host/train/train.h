@@ -19,6 +19,15 @@
 
 struct trainer;
 
+/* What became of a step's update under pipeline_update_ahead. */
+enum step_ahead {
+	AHEAD_OFF,     /* the key is off (or no pipeline) */
+	AHEAD_WAITED,  /* updated after the step's sums, as without the key */
+	AHEAD_KEPT,    /* updated ahead of them, and that update stood */
+	AHEAD_REDONE,  /* updated ahead, then redone with the clip factor */
+	AHEAD_PENDING, /* updated ahead, not checked yet */
+};
+
 struct step_stats {
 	double loss;        /* mean cross-entropy over the global batch */
 	double aux;         /* load-balance loss (MoE) */
@@ -35,6 +44,10 @@ struct step_stats {
 	double t_fb0, t_fb1;    /* forward and backward */
 	double cpu_fb;          /* the device thread's CPU seconds in it */
 	double t_opt0, t_opt1;  /* clipping and optimizer update */
+	/* pipeline_update_ahead: AHEAD_PENDING when the loss, aux and
+	 * grad_norm above are not known yet (NaN): trainer_settled gives
+	 * them once a later step (or trainer_settle) has checked them */
+	enum step_ahead ahead;
 };
 
 /* How devices talk: the model's collectives by axis set, and an exact sum
@@ -43,6 +56,12 @@ struct step_stats {
 struct train_comm {
 	struct model_comm mc;
 	int (*sum)(void *ctx, uint32_t axes, double *x, int n);
+	/* the same sum in the background: sum_start copies x's n doubles
+	 * and sets *h (NULL: nothing to wait for, x is its own sum);
+	 * sum_wait(h, x) waits and writes the n sums into x. On a queue of
+	 * its own: it holds up no other collective. NULL: not offered. */
+	int (*sum_start)(void *ctx, uint32_t axes, const double *x, int n, void **h);
+	int (*sum_wait)(void *ctx, void *h, double *x);
 	/* the gradient buckets' all-reduces in the background (all_reduce
 	 * NULL: they run synchronously) */
 	struct optim_bg bg;
@@ -91,6 +110,15 @@ int trainer_step(struct trainer *t, int64_t step, int global_rows, int row0,
  * trainer_ckpt_gather call it; the loop after the last step. 0 or
  * -errno with err. */
 int trainer_sync(struct trainer *t, const struct train_comm *comm, char *err, size_t errlen);
+/* pipeline_update_ahead: checks the update that went ahead, if any (the
+ * step's global sums waited for; redone, with the clip factor, when
+ * clipping scaled the gradients), so that the parameters are the step's
+ * (before an evaluation, a checkpoint, the end). trainer_sync calls it.
+ * Collective. 0 or -errno with err. */
+int trainer_settle(struct trainer *t, char *err, size_t errlen);
+/* The step last checked (-1: none) and its loss, aux, grad_norm and what
+ * became of its update, into st's fields of those names. */
+int64_t trainer_settled(const struct trainer *t, struct step_stats *st);
 int trainer_eval(struct trainer *t, int global_rows, int row0, const struct train_comm *comm,
 		 double *loss, int64_t *tokens, char *err, size_t errlen);
 

@@ -23,6 +23,25 @@ struct trainer {
 				      * `stage`, or a table of one stage) */
 	const struct model_comm *step_mc;  /* the step's collectives, for the
 				      * next step's first gathers (prefetch) */
+	/* the update ahead (pipeline_update_ahead; train.c) */
+	struct ahead {
+		bool all;            /* the key in a pipeline: every device sums the
+				      * step's scalars in the background */
+		bool on;             /* and this stage ends early: it updates ahead */
+		bool pending;        /* the last update went ahead, not checked yet */
+		bool clipped;        /* the last step checked was clipped: wait */
+		bool redo;           /* the check found the update must be redone */
+		const struct train_comm *comm;
+		void *h[2];          /* the scalars' sums in flight */
+		double x[3];         /* loss sum, aux, squares; then their sums */
+		int64_t step;        /* the step whose update is pending or was checked last */
+		float lr, clip;
+		double denom;
+		/* the step checked last (or updated after its sums) */
+		int64_t done_step;   /* -1: none */
+		double done[3];      /* its loss, aux, grad_norm */
+		enum step_ahead how; /* what became of its update */
+	} ah;
 	/* checkpoints: the whole model's table and buffers, and the groups
 	 * that gather split tensors (train_ckpt.c) */
 	struct model *gmodel;
