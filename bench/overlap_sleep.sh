@@ -30,6 +30,11 @@
 #           1 layer x 2 rows as fsdppp, so the same sleeps, x 2/8),
 #           ag_per_repeat; fsdppp_zbvu per use, fsdppp_zbvo ag_once (these
 #           two only when ONLY is given, as fsdpppu)
+#   fsdppp_zbva  fsdppp_zbv with pipeline_update_ahead=true (stage 0
+#           updates before the step's global norm arrives; docs/
+#           training-step.md, "Updating ahead"; compute that sleeps leaves
+#           the gradients zero, so clipping never scales and every update
+#           ahead stands)
 #   fsdppp_zbh1  zb_h1 (one chunk of 2 layers a stage,
 #           num_layers_per_pipeline_stage=2): an action is 2 layers x 2
 #           rows, so its sleep is the per-layer time x 2 x 2/8
@@ -169,7 +174,7 @@ for r in $(seq 1 "$rounds"); do
       echo "-- round $r, sleep $sl ms a layer, $o"
       for b in new ${old:+old}; do
         bin=$tmp/meshrun; sfx=""; [ $b = old ] && bin=$old && sfx=" old"
-        for n in one dp zero1 fsdp22 fsdp4 fsdppp fsdpppu fsdpppo fsdppp_zbv fsdppp_zbvu fsdppp_zbvo \
+        for n in one dp zero1 fsdp22 fsdp4 fsdppp fsdpppu fsdpppo fsdppp_zbv fsdppp_zbva fsdppp_zbvu fsdppp_zbvo \
           fsdppp_zbh1 fsdppp_inter; do
           want $n || continue
           for v in $variants; do
@@ -200,6 +205,8 @@ for r in $(seq 1 "$rounds"); do
               pipeline_fsdp_ag_once=true ;;
             fsdppp_zbv) run $n$b $bin "$(scaled $sl 0.25)" $pp pipeline_schedule=zbv num_pipeline_repeats=2 \
               pipeline_fsdp_ag_per_repeat=true ;;
+            fsdppp_zbva) run $n$b $bin "$(scaled $sl 0.25)" $pp pipeline_schedule=zbv num_pipeline_repeats=2 \
+              pipeline_fsdp_ag_per_repeat=true pipeline_update_ahead=true ;;
             fsdppp_zbvu) run $n$b $bin "$(scaled $sl 0.25)" $pp pipeline_schedule=zbv num_pipeline_repeats=2 ;;
             fsdppp_zbvo) run $n$b $bin "$(scaled $sl 0.25)" $pp pipeline_schedule=zbv num_pipeline_repeats=2 \
               pipeline_fsdp_ag_once=true ;;

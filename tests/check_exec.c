@@ -22,6 +22,7 @@
  * its sleep long (also when each sleep's end is spun, or all of it:
  * MESHRUN_SYNTH_SPIN_US), and computes no loss. */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -238,7 +239,20 @@ struct stage {
 	double loss;
 	double t_end;  /* util_now_s() when its step returned */
 	int rc;
+	bool gate;     /* GATE: stop the first step at its gate, run it again */
+	int gates;     /* the gate's calls */
+	int ran;       /* compute actions timed before the gate stopped it */
 };
+
+static int stop_gate(void *ctx)
+{
+	struct stage *st = ctx;
+	int n;
+	pipe_exec_times(st->x, &n);
+	st->ran = n;
+	st->gates++;
+	return -EAGAIN;
+}
 
 static void *stage_main(void *arg)
 {
@@ -246,7 +260,13 @@ static void *stage_main(void *arg)
 	struct model_step ms = { .loss_scale = 1.0f / 1024, .lb_weight = 0.01f, .global_tokens = 1024,
 				 .comm = &st->comm };
 	memset(model_grads(st->m), 0, model_numel(st->m) * sizeof(float));
+	if (st->gate)
+		pipe_exec_set_gate(st->x, stop_gate, st);
 	st->rc = pipe_exec_step(st->x, st->in, st->tg, &ms, &st->io);
+	if (st->gate && st->rc == -EAGAIN) {  /* the gate holds for one step only */
+		memset(model_grads(st->m), 0, model_numel(st->m) * sizeof(float));
+		st->rc = pipe_exec_step(st->x, st->in, st->tg, &ms, &st->io);
+	}
 	st->loss = ms.loss_sum;
 	st->t_end = util_now_s();
 	return NULL;
@@ -307,13 +327,18 @@ struct result {
 	int held, held_unsent;  /* posts that held their RecvReady; of them, with no send to their peer after */
 	int hooks[MAXS][64][3], nhooks[MAXS];
 	double wall;  /* SLEEP: the threads' start to the last step's return */
+	int gates;    /* GATE: the gate's calls, over the stages */
+	int nearly;   /* GATE: stages that end early (pipe_exec_ends_early) */
 };
 
 /* fill: probe receives (FILL_LATE: late at first; FILL_HERE: every one
  * arrived) and fill their waits with W's; PREPOST: no fill, receives
  * posted ahead (mb_probe_land); SLEEP: table order, synthetic compute at
- * sleep_costs (sleep_check); the grads_done hooks recorded. */
-enum { FILL_OFF, FILL_LATE, FILL_HERE, PREPOST, SLEEP };
+ * sleep_costs (sleep_check); GATE: table order, and a stage that ends
+ * early (pipe_exec_ends_early) has a gate that stops its step, which it
+ * then runs again (the trainer's update ahead, redone); the grads_done
+ * hooks recorded. */
+enum { FILL_OFF, FILL_LATE, FILL_HERE, PREPOST, SLEEP, GATE };
 static const struct pipe_costs sleep_costs = { .f = 0.001, .i = 0.0007, .w = 0.0003, .b = 0.001,
 					       .embed = 0.0002, .head = 0.0004, .embed_back = 0.0002 };
 
@@ -465,6 +490,8 @@ static void pipelined_fill(struct result *res, bool moe, int S, const char *sche
 		st[s].comm = (struct model_comm){ .all_gather = mb_all_gather, .ctx = &st[s].ctx };
 		st[s].in = in;
 		st[s].tg = tg;
+		st[s].gate = fill == GATE && pipe_exec_ends_early(st[s].x);
+		st[s].gates = st[s].ran = 0;
 	}
 	double t0 = util_now_s();
 	for (int s = 0; s < S; s++)
@@ -473,9 +500,14 @@ static void pipelined_fill(struct result *res, bool moe, int S, const char *sche
 	res->wall = 0;
 	res->fills = res->preposts = res->early = res->landed = res->depth = res->posted_after_send = 0;
 	res->held = res->held_unsent = 0;
+	res->gates = res->nearly = 0;
 	for (int s = 0; s < S; s++) {
 		pthread_join(st[s].th, NULL);
 		ck_assert_int_eq(st[s].rc, 0);
+		res->gates += st[s].gates;
+		res->nearly += st[s].gate;
+		/* only the embedding and forwards ran before the gate */
+		ck_assert_msg(!st[s].gate || st[s].ran >= 1, "%s S=%d stage %d: no compute before its gate", sched, S, s);
 		res->loss += st[s].loss;
 		res->fills += pipe_exec_fills(st[s].x);
 		res->preposts += pipe_exec_preposts(st[s].x);
@@ -608,6 +640,38 @@ START_TEST(test_moe)
 	for (int k = 0; k < NSCHED; k++)
 		for (int rc = 0; rc < 2; rc++)
 			equal_to_one_device(true, 2, scheds[k], rc);
+}
+END_TEST
+
+/* The gate (pipe_exec_set_gate) of a stage that ends early stops its
+ * step before the step's first exchange or gradient write, after some
+ * compute; the step run again gives table order's bits and hooks. Under
+ * zbv, stage 0 alone ends early (it starts a slot ahead) and computes
+ * before its gate; in 1F1B and the circular schedule stage 0 ends last
+ * and the others begin with a receive: no stage. */
+START_TEST(test_gate_stops_and_reruns)
+{
+	static const struct { const char *sched; int S, early; } c[] = {
+		{ "zbv", 2, 1 }, { "zbv", 4, 1 }, { "1f1b", 2, 0 }, { "circular", 2, 0 }, { "interleaved_1f1b", 2, 0 },
+	};
+	for (size_t k = 0; k < sizeof(c) / sizeof(c[0]); k++) {
+		struct result plain, gated;
+		pipelined_fill(&plain, false, c[k].S, c[k].sched, false, FILL_OFF);
+		pipelined_fill(&gated, false, c[k].S, c[k].sched, false, GATE);
+		ck_assert_msg(gated.nearly == c[k].early, "%s S=%d: %d stages end early, want %d", c[k].sched, c[k].S,
+			      gated.nearly, c[k].early);
+		ck_assert_int_eq(gated.gates, c[k].early);
+		ck_assert_msg(gated.loss == plain.loss, "%s S=%d: loss %a, plain %a", c[k].sched, c[k].S, gated.loss,
+			      plain.loss);
+		ck_assert(!memcmp(gated.sq, plain.sq, sizeof(gated.sq)));
+		ck_assert(!memcmp(gated.g, plain.g, sizeof(float) * gated.n));
+		for (int s = 0; s < c[k].S; s++) {
+			ck_assert_int_eq(gated.nhooks[s], plain.nhooks[s]);
+			ck_assert(!memcmp(gated.hooks[s], plain.hooks[s], sizeof(int) * 3 * (size_t)gated.nhooks[s]));
+		}
+		free(plain.g);
+		free(gated.g);
+	}
 }
 END_TEST
 
@@ -789,6 +853,10 @@ int main(void)
 	tcase_set_timeout(ts, 60);
 	tcase_add_test(ts, test_sleep);
 	suite_add_tcase(s, ts);
+	TCase *tg = tcase_create("gate");
+	tcase_set_timeout(tg, 120);
+	tcase_add_test(tg, test_gate_stops_and_reruns);
+	suite_add_tcase(s, tg);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
 	int failed = srunner_ntests_failed(sr);

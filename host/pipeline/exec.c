@@ -129,10 +129,19 @@ int pipe_exec_sums_at(const struct pipe_exec *x)
 	return x->sums_at;
 }
 
+static bool gate_point(const struct pipe_action *a);
+
 /* Whether stage's list ends (simulated) before another stage's, by more
- * than a hundredth of the longest. */
+ * than a hundredth of the longest, and runs a chunk's forward before its
+ * gate (a stage whose list begins with a receive, or with its own
+ * embedding and then a receive, has nothing to run ahead). */
 static bool ends_early(const struct pipe_table *t, int stage)
 {
+	int k = 0, op;
+	while (k < t->n[stage] && !gate_point(&t->a[stage][k]) && (op = t->a[stage][k].op) != PA_F && op != PA_FC)
+		k++;
+	if (k == t->n[stage] || gate_point(&t->a[stage][k]))
+		return false;
 	double end = 0, mine = 0;
 	for (int s = 0; s < t->shape.stages; s++)
 		for (int k = 0; k < t->n[s]; k++) {

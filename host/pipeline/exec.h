@@ -236,8 +236,10 @@ void pipe_exec_set_hooks(struct pipe_exec *x, const struct pipe_hooks *h);
  * step again after redoing it; docs/training-step.md). NULL: none. */
 void pipe_exec_set_gate(struct pipe_exec *x, int (*gate)(void *ctx), void *ctx);
 /* Whether this stage's list ends before another stage's in the table's
- * simulated times (the table's costs): a stage that then waits at the
- * step's end for the others (at the global norm). false without a
+ * simulated times (the table's costs), so that it waits at the step's
+ * end for the others (at the global norm), and it runs a chunk's forward
+ * before its gate (its list does not begin with a receive): what the
+ * trainer's update ahead can win on (zbv's stage 0). false without a
  * pipeline. */
 bool pipe_exec_ends_early(const struct pipe_exec *x);
 
