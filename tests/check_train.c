@@ -1025,8 +1025,9 @@ START_TEST(test_fsdp_first_gather_beside_zero1)
 }
 END_TEST
 
-/* Each metrics line's number `field` (0 when absent) into out. */
-static int field_values(const char *name, const char *field, double *out, int max)
+/* Each metrics line of file name parsed into out (at most max; the
+ * caller deletes them). */
+static int metrics_lines(const char *name, cJSON **out, int max)
 {
 	char *text = read_tmp(name), *line = text;
 	int n = 0;
@@ -1034,35 +1035,38 @@ static int field_values(const char *name, const char *field, double *out, int ma
 		char *nl = strchr(line, '\n');
 		if (nl)
 			*nl = 0;
-		cJSON *j = cJSON_Parse(line);
-		ck_assert_msg(j, "metrics line is not JSON: %s", line);
-		cJSON *f = cJSON_GetObjectItem(j, field);
-		out[n++] = cJSON_IsNumber(f) ? f->valuedouble : 0;
-		cJSON_Delete(j);
+		out[n] = cJSON_Parse(line);
+		ck_assert_msg(out[n++], "metrics line is not JSON: %s", line);
 		line = nl ? nl + 1 : NULL;
 	}
 	free(text);
 	return n;
 }
 
+/* Each metrics line's number `field` (0 when absent) into out. */
+static int field_values(const char *name, const char *field, double *out, int max)
+{
+	cJSON *j[64];
+	int n = metrics_lines(name, j, max < 64 ? max : 64);
+	for (int i = 0; i < n; i++) {
+		cJSON *f = cJSON_GetObjectItem(j[i], field);
+		out[i] = cJSON_IsNumber(f) ? f->valuedouble : 0;
+		cJSON_Delete(j[i]);
+	}
+	return n;
+}
+
 /* Each metrics line's string field (NULL when absent), strdup'ed into
- * out (at most max; the caller frees). */
+ * out (the caller frees). */
 static int field_strings(const char *name, const char *field, char **out, int max)
 {
-	char *text = read_tmp(name), *line = text;
-	int n = 0;
-	while (n < max && line && *line) {
-		char *nl = strchr(line, '\n');
-		if (nl)
-			*nl = 0;
-		cJSON *j = cJSON_Parse(line);
-		ck_assert_msg(j, "metrics line is not JSON: %s", line);
-		cJSON *f = cJSON_GetObjectItem(j, field);
-		out[n++] = cJSON_IsString(f) ? strdup(f->valuestring) : NULL;
-		cJSON_Delete(j);
-		line = nl ? nl + 1 : NULL;
+	cJSON *j[64];
+	int n = metrics_lines(name, j, max < 64 ? max : 64);
+	for (int i = 0; i < n; i++) {
+		cJSON *f = cJSON_GetObjectItem(j[i], field);
+		out[i] = cJSON_IsString(f) ? strdup(f->valuestring) : NULL;
+		cJSON_Delete(j[i]);
 	}
-	free(text);
 	return n;
 }
 

@@ -521,7 +521,12 @@ static int ahead_end(struct trainer *t, const struct train_comm *comm, int64_t s
 	t->ah.lr = optim_lr(t->opt, step);
 	st->lr = t->ah.lr;
 	if (t->ah.on && !t->ah.clipped) {
-		if ((rc = optim_keep(t->opt)) || (rc = update(t, comm, step, t->ah.lr, 1.0f, st)))
+		if ((rc = optim_keep(t->opt))) {
+			snprintf(comm->err, comm->errlen, "train: out of memory: the update ahead's copies of "
+				 "%zu floats", 2 * model_numel(t->model));
+			return rc;
+		}
+		if ((rc = update(t, comm, step, t->ah.lr, 1.0f, st)))
 			return rc;
 		t->ah.pending = true;
 		st->ahead = AHEAD_PENDING;
@@ -538,8 +543,6 @@ static int ahead_end(struct trainer *t, const struct train_comm *comm, int64_t s
 	return 0;
 }
 
-/* (a step updated after its sums reports them itself, in trainer_step's
- * stats) */
 int64_t trainer_settled(const struct trainer *t, struct step_stats *st)
 {
 	st->ahead = t->ah.how;
