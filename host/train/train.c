@@ -522,8 +522,8 @@ static int ahead_end(struct trainer *t, const struct train_comm *comm, int64_t s
 	st->lr = t->ah.lr;
 	if (t->ah.on && !t->ah.clipped) {
 		if ((rc = optim_keep(t->opt))) {
-			snprintf(comm->err, comm->errlen, "train: out of memory: the update ahead's copies of "
-				 "%zu floats", 2 * model_numel(t->model));
+			snprintf(comm->err, comm->errlen, "train: out of memory for pipeline_update_ahead's second "
+				 "parameters, gradients, m and v (%zu floats each)", model_numel(t->model));
 			return rc;
 		}
 		if ((rc = update(t, comm, step, t->ah.lr, 1.0f, st)))
