@@ -20,21 +20,23 @@ KERNEL_INLINE void adamw_body(float *p, const float *g, const float *m, const fl
 	// p, g, m, v, mo, vo, pk, gk (n)
 	size_t i = 0;
 	for (; i + EW <= n; i += EW) {
-		float tm[EW], tv[EW], tp[EW];
+		float tm[EW], tv[EW], tp[EW], tpk[EW], tgk[EW];
 		for (int j = 0; j < EW; j++) {
 			float gi = g[i + j], pi = p[i + j];
 			tm[j] = b1 * m[i + j] + (1.0f - b1) * gi;
 			tv[j] = b2 * v[i + j] + (1.0f - b2) * gi * gi;
 			tp[j] = pi - lr * ((tm[j] / bc1) / (sqrtf(tv[j] / bc2) + eps) + wd * pi);
-		}
-		for (int j = 0; keep && j < EW; j++) {
-			pk[i + j] = p[i + j];
-			gk[i + j] = g[i + j];
+			tpk[j] = pi;
+			tgk[j] = gi;
 		}
 		for (int j = 0; j < EW; j++) {
 			mo[i + j] = tm[j];
 			vo[i + j] = tv[j];
 			p[i + j] = tp[j];
+		}
+		for (int j = 0; keep && j < EW; j++) {
+			pk[i + j] = tpk[j];
+			gk[i + j] = tgk[j];
 		}
 	}
 	for (; i < n; i++) {
