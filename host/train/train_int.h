@@ -1,6 +1,8 @@
 /* Private to host/train: the trainer's state, shared by train.c (the
- * trainer and its step) and train_ckpt.c (whole tensors for checkpoints).
- * Calls go one way: train.c calls nothing of train_ckpt.c. */
+ * trainer and its step), step_end.c (the step's end: sums, clipping, the
+ * update, the update ahead) and train_ckpt.c (whole tensors for
+ * checkpoints). Calls go one way: train.c calls step_end.c, and nothing of
+ * train_ckpt.c; step_end.c calls neither. */
 #ifndef MESHRUN_TRAIN_INT_H
 #define MESHRUN_TRAIN_INT_H
 
@@ -49,6 +51,24 @@ struct trainer {
 	struct mesh_members tg[MAX_TGROUPS];
 	int ntg;
 };
+
+/* ---- step_end.c: the step's end ---- */
+
+/* After forward and backward: the sums, clipping, the learning rate, the
+ * update (or, with pipeline_update_ahead on a stage that goes ahead, the
+ * update before the sums, checked at the next table's gate); st's loss,
+ * aux, grad_norm, lr and ahead. 0 or -errno with comm's err. */
+int step_end(struct trainer *t, const struct train_comm *comm, int64_t step, const struct model_step *ms,
+	     double denom, struct step_stats *st);
+/* The executor's gate (pipe_exec_set_gate; ctx the trainer) of a step
+ * after an update ahead: 0 when that update stands, -EAGAIN to stop the
+ * table (t->ah.redo), or a failing sum's -errno. */
+int step_end_gate(void *ctx);
+/* After the gate stopped the table (or trainer_settle found it must):
+ * the update redone from the kept state with the clip factor; nothing in
+ * flight reads the parameters (the stopped table dropped its gathers,
+ * trainer_settle the prefetch's). 0 or -errno. */
+int step_end_redo(struct trainer *t);
 
 /* The optimizer's view of comm (NULL: one device). */
 static inline const struct optim_comm *trainer_optim_comm(const struct train_comm *comm,
