@@ -1070,41 +1070,70 @@ static int field_strings(const char *name, const char *field, char **out, int ma
 	return n;
 }
 
-/* pipeline_update_ahead: zbv on fsdp 2 x stage 2 (llama-tiny, 5 steps,
- * clipping at 3). The losses are the key-off run's bit for bit, and the
- * leader (stage 0, whose list ends early) reports for each step what the
- * rule gives from the key-off run's norms: after a step that clipped it
- * waits for the sums; else it updates ahead, and that update is redone
- * when the step clips, kept when not. The run sees all three. */
-START_TEST(test_zbv_update_ahead)
+/* pipeline_update_ahead, one run of zbv on fsdp 2 x stage 2 (llama-tiny,
+ * 5 steps) with clipping at thr and extra keys, against the same run
+ * without the key: the losses bit for bit, and the leader (stage 0, whose
+ * list ends early) reports for each step what the rule gives from the
+ * key-off run's norms: after a step that clipped it waits for the sums;
+ * else it updates ahead, and that update is redone when the step clips,
+ * kept when not. With evaluations (eval: every 2 steps) each gives the
+ * key-off run's held-out loss: it reads the parameters only after the
+ * pending update is checked (trainer_settle). Returns the kinds seen
+ * (1 waited, 2 redone, 4 kept) and in *redo_at the last step redone. */
+static int update_ahead_run(double thr, bool eval, int *redo_at)
 {
-	const double thr = 3;
-	char args[768], off[8][40], on[8][40], *how[8];
+	char args[768], off[8][40], on[8][40], *how[8], *ev_on[8], *ev_off[8];
 	double norm[8];
-	const char *mesh = "local --hosts 1 --devices-per-host 4 --config configs/llama-tiny.yml steps=5 "
-			   "ici_data_parallelism=1 ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 "
-			   "num_pipeline_microbatches=4 pipeline_schedule=zbv base_num_decoder_layers=4 "
-			   "num_pipeline_repeats=2 gradient_clipping_threshold=3";
-	snprintf(args, sizeof(args), "%s --metrics %s/ua-off.jsonl", mesh, tmpdir);
+	snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 4 --config configs/llama-tiny.yml steps=5 "
+		 "ici_data_parallelism=1 ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 "
+		 "num_pipeline_microbatches=4 pipeline_schedule=zbv base_num_decoder_layers=4 num_pipeline_repeats=2 "
+		 "gradient_clipping_threshold=%g %s --metrics %s/ua-off.jsonl", thr,
+		 eval ? "eval_interval=2 eval_split_fraction=0.1 eval_steps=2" : "", tmpdir);
 	show_log_on_failure(run(args), 0);
-	snprintf(args, sizeof(args), "%s pipeline_update_ahead=true --metrics %s/ua-on.jsonl", mesh, tmpdir);
+	char *m = strstr(args, " --metrics");
+	snprintf(m, sizeof(args) - (size_t)(m - args), " pipeline_update_ahead=true --metrics %s/ua-on.jsonl", tmpdir);
 	show_log_on_failure(run(args), 0);
 	ck_assert_int_eq(loss_hexes("ua-off.jsonl", off, 8), 5);
 	ck_assert_int_eq(loss_hexes("ua-on.jsonl", on, 8), 5);
 	ck_assert_int_eq(field_values("ua-off.jsonl", "grad_norm", norm, 8), 5);
 	ck_assert_int_eq(field_strings("ua-on.jsonl", "update_ahead", how, 8), 5);
+	ck_assert_int_eq(field_strings("ua-on.jsonl", "eval_loss_hex", ev_on, 8), 5);
+	ck_assert_int_eq(field_strings("ua-off.jsonl", "eval_loss_hex", ev_off, 8), 5);
 	bool clipped = false;
 	int seen = 0;
+	*redo_at = -1;
 	for (int s = 0; s < 5; s++) {
 		const char *want = clipped ? "waited" : norm[s] > thr ? "redone" : "kept";
-		ck_assert_msg(!strcmp(on[s], off[s]), "step %d: loss %s with the key, %s without", s, on[s], off[s]);
-		ck_assert_msg(how[s] && !strcmp(how[s], want), "step %d (norm %g): update_ahead %s, want %s", s,
-			      norm[s], how[s] ? how[s] : "(none)", want);
+		ck_assert_msg(!strcmp(on[s], off[s]), "thr %g step %d: loss %s with the key, %s without", thr, s, on[s],
+			      off[s]);
+		ck_assert_msg(how[s] && !strcmp(how[s], want), "thr %g step %d (norm %g): update_ahead %s, want %s",
+			      thr, s, norm[s], how[s] ? how[s] : "(none)", want);
+		bool want_ev = eval && s % 2 == 1;
+		ck_assert_msg(want_ev == (ev_on[s] != NULL) && (!ev_on[s] || (ev_off[s] && !strcmp(ev_on[s], ev_off[s]))),
+			      "thr %g step %d: eval_loss_hex %s with the key, %s without", thr, s,
+			      ev_on[s] ? ev_on[s] : "(none)", ev_off[s] ? ev_off[s] : "(none)");
 		seen |= want[0] == 'w' ? 1 : want[0] == 'r' ? 2 : 4;
+		*redo_at = want[0] == 'r' ? s : *redo_at;
 		clipped = norm[s] > thr;
 		free(how[s]);
+		free(ev_on[s]);
+		free(ev_off[s]);
 	}
-	ck_assert_msg(seen == 7, "the run did not see waited, redone and kept (%d)", seen);
+	return seen;
+}
+
+/* Two runs of update_ahead_run. Clipping at 3: step 0 clips, so its
+ * update ahead is redone at step 1's gate (the table stopped, run again);
+ * the run sees all three kinds. Clipping at 6 with evaluations after
+ * steps 1 and 3: step 0's update is kept, step 1's is redone before the
+ * evaluation that follows it reads the parameters. */
+START_TEST(test_zbv_update_ahead)
+{
+	int redo_at;
+	ck_assert_int_eq(update_ahead_run(3, false, &redo_at), 7);
+	ck_assert_int_eq(redo_at, 0);
+	int seen = update_ahead_run(6, true, &redo_at);
+	ck_assert_msg(redo_at == 1 && (seen & 4), "clipping at 6: redone last at step %d, kinds %d", redo_at, seen);
 }
 END_TEST
 
