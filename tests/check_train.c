@@ -891,6 +891,13 @@ START_TEST(test_zbv_fsdp_last_w_projection_parts)
 }
 END_TEST
 
+/* zbv on fsdp 2 x stage 2, one host of four devices, llama-tiny with
+ * four layers (one a chunk), M = 4: the tests below add their keys. */
+#define ZBV_TINY                                                                                               \
+	"local --hosts 1 --devices-per-host 4 --config configs/llama-tiny.yml ici_data_parallelism=1 "       \
+	"ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 num_pipeline_microbatches=4 pipeline_schedule=zbv " \
+	"base_num_decoder_layers=4 num_pipeline_repeats=2 "
+
 /* zbv on fsdp 2 x stage 2 (llama-tiny, M = 4, two steps): stage 1 owns
  * no embedding or head, so its sums of them over `stage` (and their
  * bucket behind) are queued on the flight track before its last action
@@ -901,10 +908,7 @@ END_TEST
 START_TEST(test_zbv_stage_sums_before_last_w)
 {
 	char args[512];
-	snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 4 --config configs/llama-tiny.yml steps=2 "
-		 "ici_data_parallelism=1 ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 "
-		 "num_pipeline_microbatches=4 pipeline_schedule=zbv base_num_decoder_layers=4 "
-		 "num_pipeline_repeats=2 --trace %s/ss.json", tmpdir);
+	snprintf(args, sizeof(args), ZBV_TINY "steps=2 --trace %s/ss.json", tmpdir);
 	show_log_on_failure(run(args), 0);
 	struct spans t = spans_read("ss.json");
 	for (int d = 0; d < 4; d++)
@@ -946,10 +950,7 @@ END_TEST
 START_TEST(test_zbv_fsdp_second_chunk_held)
 {
 	char args[512];
-	snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 4 --config configs/llama-tiny.yml steps=2 "
-		 "ici_data_parallelism=1 ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 "
-		 "num_pipeline_microbatches=4 pipeline_schedule=zbv base_num_decoder_layers=4 "
-		 "num_pipeline_repeats=2 pipeline_fsdp_ag_per_repeat=true --trace %s/h.json", tmpdir);
+	snprintf(args, sizeof(args), ZBV_TINY "steps=2 pipeline_fsdp_ag_per_repeat=true --trace %s/h.json", tmpdir);
 	show_log_on_failure(run(args), 0);
 	struct spans t = spans_read("h.json");
 	for (int d = 0; d < 4; d++)
@@ -981,10 +982,7 @@ END_TEST
 START_TEST(test_zbv_fsdp_after_recv_first_chunk_held)
 {
 	char args[512];
-	snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 4 --config configs/llama-tiny.yml steps=2 "
-		 "ici_data_parallelism=1 ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 "
-		 "num_pipeline_microbatches=4 pipeline_schedule=zbv base_num_decoder_layers=4 "
-		 "num_pipeline_repeats=2 pipeline_fsdp_ag_per_repeat=true --trace %s/h1.json", tmpdir);
+	snprintf(args, sizeof(args), ZBV_TINY "steps=2 pipeline_fsdp_ag_per_repeat=true --trace %s/h1.json", tmpdir);
 	show_log_on_failure(run(args), 0);
 	struct spans t = spans_read("h1.json");
 	for (int d = 0; d < 4; d++)
@@ -1084,10 +1082,7 @@ static int update_ahead_run(double thr, bool eval, int *redo_at)
 {
 	char args[768], off[8][40], on[8][40], *how[8], *ev_on[8], *ev_off[8];
 	double norm[8];
-	snprintf(args, sizeof(args), "local --hosts 1 --devices-per-host 4 --config configs/llama-tiny.yml steps=5 "
-		 "ici_data_parallelism=1 ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 "
-		 "num_pipeline_microbatches=4 pipeline_schedule=zbv base_num_decoder_layers=4 num_pipeline_repeats=2 "
-		 "gradient_clipping_threshold=%g %s --metrics %s/ua-off.jsonl", thr,
+	snprintf(args, sizeof(args), ZBV_TINY "steps=5 gradient_clipping_threshold=%g %s --metrics %s/ua-off.jsonl", thr,
 		 eval ? "eval_interval=2 eval_split_fraction=0.1 eval_steps=2" : "", tmpdir);
 	show_log_on_failure(run(args), 0);
 	char *m = strstr(args, " --metrics");

@@ -129,7 +129,14 @@ int pipe_exec_sums_at(const struct pipe_exec *x)
 	return x->sums_at;
 }
 
-static bool gate_point(const struct pipe_action *a);
+/* Whether action a is where the gate goes: it moves something between
+ * stages or writes gradients. */
+static bool gate_point(const struct pipe_action *a)
+{
+	return a->op == PA_SEND || a->op == PA_RECV || a->op == PA_B || a->op == PA_I || a->op == PA_W ||
+	       a->op == PA_HEAD || a->op == PA_EMBED_BACK || a->op == PA_COUNT_SUM ||
+	       a->op == PA_REDUCE_SCATTER;
+}
 
 /* Whether stage's list ends (simulated) before another stage's, by more
  * than a hundredth of the longest, and runs a chunk's forward before its
@@ -162,15 +169,6 @@ void pipe_exec_set_gate(struct pipe_exec *x, int (*gate)(void *ctx), void *ctx)
 {
 	x->gate = gate;
 	x->gate_ctx = ctx;
-}
-
-/* Whether action a is where the gate goes: it moves something between
- * stages or writes gradients. */
-static bool gate_point(const struct pipe_action *a)
-{
-	return a->op == PA_SEND || a->op == PA_RECV || a->op == PA_B || a->op == PA_I || a->op == PA_W ||
-	       a->op == PA_HEAD || a->op == PA_EMBED_BACK || a->op == PA_COUNT_SUM ||
-	       a->op == PA_REDUCE_SCATTER;
 }
 
 int pipe_exec_new(struct pipe_exec **out, struct pipe_table *t, int stage, int first_layer,
@@ -682,11 +680,11 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 	/* (not while filling: it runs W's ahead of their place) */
 	int sums = x->filling || !x->hooks.stage_sums ? -1 : x->sums_at;
 	x->held = x->hold_at >= 0;
-	x->gated = x->gate != NULL;
-	bool stopped = false;  /* by the gate */
+	bool gated = x->gate != NULL;  /* the gate not asked yet */
+	bool stopped = false;          /* by the gate */
 	for (int k = x->npre; k < x->n && !rc; k++) {
-		if (x->gated && gate_point(&x->a[k])) {
-			x->gated = false;
+		if (gated && gate_point(&x->a[k])) {
+			gated = false;
 			if ((rc = x->gate(x->gate_ctx))) {
 				stopped = true;
 				break;
@@ -704,7 +702,7 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 		 * is often what a waiting stage waits for: a post there,
 		 * into the landing buffer that receive just freed, waits for
 		 * the next gap) (bench/results/pipeline.md, inter10) */
-		if (!rc && x->prepost && !recvd && !x->gated)
+		if (!rc && x->prepost && !recvd && !gated)
 			rc = exec_prepost(x, k);
 		if (!rc)
 			rc = run_action(x, &x->a[k]);
@@ -716,7 +714,6 @@ int pipe_exec_step(struct pipe_exec *x, const int32_t *inputs, const int32_t *ta
 		rc = exec_landed(x);
 	else if (stopped)  /* nothing of it stays */
 		win_end(w);
-	x->gated = false;
 	int frc = io ? io->flush(io->ctx) : 0;
 	x->gathers = win_gathers(w);
 	int erc = model_step_end(x->m);

@@ -53,7 +53,6 @@ struct pipe_exec {
 	 * action that moves anything between stages or writes a gradient */
 	int (*gate)(void *ctx);
 	void *gate_ctx;
-	bool gated;                  /* this step: the gate not asked yet */
 	bool ends_early;             /* the table's simulated end of this
 				      * stage is before another stage's */
 	uint8_t *after;              /* [n] AFTER_* events once the action at k ran */

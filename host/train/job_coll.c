@@ -254,18 +254,25 @@ static int job_bg_start(struct job_ctx *c, double t_issue, struct coll_handle *h
 	return rc;
 }
 
+/* A background collective's group over axes: 0 and *g, 1 when this
+ * device is alone in it (nothing to move, *h stays NULL), or -ENOMEM. */
+static int bg_group(struct job_ctx *c, uint32_t axes, const struct coll_group **g, void **h)
+{
+	*h = NULL;
+	*g = job_group(c, axes);
+	return !*g ? -ENOMEM : (*g)->n == 1;
+}
+
 /* The gradient buckets' collectives (optim_bg), named by their layers:
  * one over each bucket's list of runs, in place (coll_*_v); a group of
  * one has nothing to move. */
 static int job_bg_v(struct job_ctx *c, uint32_t op, uint32_t axes, float *base, const struct optim_run *run,
 		    int nrun, const size_t *counts, const char *name, void **h)
 {
-	const struct coll_group *g = job_group(c, axes);
-	*h = NULL;
-	if (!g)
-		return -ENOMEM;
-	if (g->n == 1)
-		return 0;
+	const struct coll_group *g;
+	int rc = bg_group(c, axes, &g, h);
+	if (rc)
+		return rc < 0 ? rc : 0;
 	struct coll_iov *iov = malloc(sizeof(*iov) * (size_t)(nrun + 1));
 	if (!iov) {
 		snprintf(c->err, c->errlen, "train: out of memory");
@@ -308,12 +315,10 @@ static int job_bg_all_gather_v(void *vctx, uint32_t axes, float *base, const str
 static int job_bg_all_reduce(void *vctx, uint32_t axes, float *buf, size_t n, const char *name, void **h)
 {
 	struct job_ctx *c = vctx;
-	const struct coll_group *g = job_group(c, axes);
-	*h = NULL;
-	if (!g)
-		return -ENOMEM;
-	if (g->n == 1)
-		return 0;
+	const struct coll_group *g;
+	int rc = bg_group(c, axes, &g, h);
+	if (rc)
+		return rc < 0 ? rc : 0;
 	double t = util_now_s();
 	return job_bg_start(c, t, coll_all_reduce_async(c->coll, g, buf, n, c->err, c->errlen), "all_reduce",
 			    axes, name, h);
@@ -392,14 +397,11 @@ struct job_sum_bg {
 int job_sum_start(void *vctx, uint32_t axes, const double *x, int n, void **out)
 {
 	struct job_ctx *c = vctx;
-	const struct coll_group *g = job_group(c, axes);
-	*out = NULL;
-	if (!g)
-		return -ENOMEM;
-	if (g->n == 1)
-		return 0;
-	int rc = job_start_xcoll(c);
+	const struct coll_group *g;
+	int rc = bg_group(c, axes, &g, out);
 	if (rc)
+		return rc < 0 ? rc : 0;
+	if ((rc = job_start_xcoll(c)))
 		return rc;
 	struct job_sum_bg *b = malloc(sizeof(*b) + sizeof(double) * (size_t)n * (size_t)(g->n + 1));
 	if (!b) {
